@@ -1,0 +1,176 @@
+"""Activation memory of one decoder layer for one micro-batch.
+
+The accounting follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", section 4): every tensor the forward pass saves for the backward pass is a
+*term* below, with the region that decides how it is divided:
+
+* ``tp`` — inside the tensor-parallel region (heads, FFN columns): divided by TP;
+* ``sp`` — outside it (norms, dropout, GEMM inputs before the all-gather): divided by TP only
+  with sequence parallelism;
+* ``rep`` — replicated on every TP rank (MoE router outputs, MLA latents without SP).
+
+and the recompute class that says which recompute mode drops it (one table, :data:`KEPT_BY`):
+``input`` (the layer input, kept by every mode), ``core`` (the attention core: scores, softmax,
+dropout — dropped by selective recompute), ``body`` (everything else — dropped by full recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
+
+Region = Literal["tp", "sp", "rep"]
+Keep = Literal["input", "core", "body"]
+
+#: Which recompute classes each recompute mode keeps in memory.
+KEPT_BY: dict[str, frozenset[str]] = {
+    "none": frozenset({"input", "core", "body"}),
+    "selective": frozenset({"input", "body"}),
+    "full": frozenset({"input"}),
+}
+
+#: Bytes per element of a dropout mask (PyTorch stores bool/uint8 masks).
+DROPOUT_MASK_BYTES = 1
+#: Flash attention's saved log-sum-exp is fp32, one per (head, token).
+LSE_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationShape:
+    """Everything a layer's activation terms depend on besides the layer itself."""
+
+    #: Tokens per sequence on this rank (sequence / context parallelism).
+    seq: int
+    #: Sequence length each query attends over (== seq with CP ring attention per step).
+    kv_seq: int
+    micro_batch: int
+    hidden: int
+    tp: int
+    sequence_parallel: bool
+    #: Bytes per element of activations (2 for bf16/fp16, 4 for fp32).
+    act_bytes: int
+    #: Bytes per element of the residual stream (4 under fp32-weight autocast, else act_bytes).
+    residual_bytes: int
+    attention: str
+    dropout: bool
+    kernels: str
+    expert_tp: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    name: str
+    bytes: int
+    region: Region
+    keep: Keep
+
+
+def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
+    """Every tensor a layer saves for backward (undivided: full TP width, local sequence)."""
+    terms = _attention_terms(layer.attention, shape)
+    if layer.moe is not None:
+        terms += _moe_terms(layer.moe, shape)
+    else:
+        assert layer.mlp is not None
+        terms += _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp")
+    return terms
+
+
+def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep) -> list[Term]:
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    terms = [Term(f"{prefix} norm input", shape.residual_bytes * sbh, "sp", keep_input)]
+    if shape.kernels == "eager" and shape.residual_bytes < 4:
+        # PyTorch-reference RMSNorm upcasts its input to fp32 and saves that copy too.
+        terms.append(Term(f"{prefix} norm fp32 input", 4 * sbh, "sp", "body"))
+    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", "body"))
+    return terms
+
+
+def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
+    tokens = s * b
+    terms = _norm_terms(shape, "attention", "input")
+    if attn.kind == "mla":
+        terms += _mla_projection_terms(attn, shape)
+        q_width = attn.num_heads * attn.head_dim
+        kv_width = attn.num_heads * (attn.head_dim + attn.v_head_dim)
+    else:
+        q_width = attn.num_heads * attn.head_dim
+        kv_width = attn.num_kv_heads * (attn.head_dim + attn.v_head_dim)
+    terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "body"))
+    if shape.kernels == "eager":
+        # RoPE in eager code saves the un-rotated q, k and their rotate_half copies.
+        terms.append(Term("rope q, k copies", c * tokens * 2 * (q_width + attn.num_kv_heads * attn.head_dim), "tp", "body"))
+    heads_scores = attn.num_heads * b * s * shape.kv_seq
+    if shape.attention == "eager":
+        terms.append(Term("softmax output", c * heads_scores, "tp", "core"))
+        if shape.dropout:
+            terms.append(Term("attention dropout mask", DROPOUT_MASK_BYTES * heads_scores, "tp", "core"))
+            terms.append(Term("attention dropout output", c * heads_scores, "tp", "core"))
+    else:
+        terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
+    terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "body"))
+    if shape.dropout:
+        terms.append(Term("attention residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
+    return terms
+
+
+def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    """MLA's low-rank path: down-projected q and kv latents, their norms, the up-projection inputs."""
+    tokens = shape.seq * shape.micro_batch
+    c = shape.act_bytes
+    latent = attn.kv_lora_rank or 0
+    rope = attn.qk_rope_head_dim or 0
+    terms = [Term("kv latent (+ rope key)", c * tokens * (latent + rope), "rep", "body")]
+    terms.append(Term("kv latent norm output", c * tokens * latent, "rep", "body"))
+    if attn.q_lora_rank:
+        terms.append(Term("q latent", c * tokens * attn.q_lora_rank, "rep", "body"))
+        terms.append(Term("q latent norm output", c * tokens * attn.q_lora_rank, "rep", "body"))
+    return terms
+
+
+def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Region, prefix: str) -> list[Term]:
+    c, f = shape.act_bytes, mlp.intermediate_size
+    terms: list[Term] = []
+    if prefix == "mlp":
+        terms += _norm_terms(shape, "mlp", "body")
+    if mlp.gated:
+        # fc1 output (gate and up halves) saved by the activation, the product saved by fc2.
+        n_saved = 3 if shape.kernels == "fused" else 4  # eager: act(gate) is a separate saved tensor
+    else:
+        n_saved = 2  # activation input and output
+    terms.append(Term(f"{prefix} fc1 output / fc2 input", c * tokens * f * n_saved, region, "body"))
+    if shape.dropout and prefix == "mlp":
+        terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
+    return terms
+
+
+def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
+    """Balanced-routing MoE block: router, dispatched tokens, expert MLPs, shared expert."""
+    s, b, c, h = shape.seq, shape.micro_batch, shape.act_bytes, shape.hidden
+    tokens = s * b
+    terms = _norm_terms(shape, "mlp", "body")
+    terms.append(Term("router logits/probs (fp32) + routing map", tokens * moe.num_experts * (4 + 4 + 1), "sp", "body"))
+    routed = tokens * moe.top_k
+    terms.append(Term("dispatched tokens (grouped-GEMM input)", c * routed * h, "sp", "body"))
+    terms += _mlp_terms(moe.expert, shape, tokens=routed, region="sp", prefix="experts")
+    if moe.shared_expert is not None:
+        terms += _mlp_terms(moe.shared_expert, shape, tokens=tokens, region="tp", prefix="shared expert")
+    if shape.dropout:
+        terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * h, "sp", "body"))
+    return terms
+
+
+def divided(term: Term, shape: ActivationShape) -> int:
+    """Bytes of ``term`` on one TP rank."""
+    if term.region == "tp" or (term.region == "sp" and shape.sequence_parallel):
+        return term.bytes // shape.tp
+    return term.bytes
+
+
+def layer_activation_bytes(layer: LayerSpec, shape: ActivationShape, recompute_mode: str) -> int:
+    """Bytes one layer keeps for backward on one rank, for one micro-batch."""
+    kept = KEPT_BY[recompute_mode]
+    return sum(divided(t, shape) for t in layer_terms(layer, shape) if t.keep in kept)

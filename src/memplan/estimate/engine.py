@@ -1,0 +1,283 @@
+"""The estimator: per-GPU memory of every pipeline stage of a training job. Pure Python, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from memplan.estimate.activations import (
+    ActivationShape,
+    divided,
+    layer_activation_bytes,
+    layer_terms,
+)
+from memplan.estimate.extras import (
+    communication_bytes,
+    embedding_activation_bytes,
+    head_activation_bytes,
+    input_bytes,
+    logits_bytes,
+    optimizer_temporary_bytes,
+)
+from memplan.estimate.layout import StageLayout, pipeline_layout
+from memplan.estimate.precision import ResolvedPrecision, resolve_precision
+from memplan.estimate.result import Estimate, StageEstimate
+from memplan.estimate.states import padded_vocab, stage_params, state_bytes
+from memplan.frameworks.profiles import FrameworkProfile, get_profile
+from memplan.gpus import GPU
+from memplan.job import Job, validate_job_for_model
+from memplan.model.params import total_params
+from memplan.model.spec import LayerSpec, ModelSpec
+from memplan.units import dtype_bytes
+
+#: The CUDA caching allocator hands out whole segments (2 MiB granularity, allocator source
+#: c10/cuda/CUDACachingAllocator.cpp kLargeBuffer/kRoundLarge) and freed blocks cannot always be
+#: reused for differently sized requests. Without a trace, memplan assumes this fraction of the
+#: reserved memory is lost: the middle of the 5-30% reported for LLM training (DeepSeek-V3
+#: memory analysis; STAlloc). ``memplan alloc`` replaces it by a simulated figure.
+DEFAULT_FRAGMENTATION = 0.10
+_SEGMENT = 2 * 1024 * 1024
+
+
+def estimate(
+    model: ModelSpec,
+    job: Job | None = None,
+    *,
+    gpu: GPU | None = None,
+    fragmentation: float = DEFAULT_FRAGMENTATION,
+) -> Estimate:
+    """Estimate the per-GPU memory of training ``model`` as ``job`` describes.
+
+    Example::
+
+        >>> from memplan import estimate, load_model, Job, Parallelism
+        >>> est = estimate(load_model("llama-3.1-8b"), Job(parallel=Parallelism(world_size=8)))
+        >>> est.peak_allocated_bytes > 0
+        True
+
+    Assumptions are listed in ``Estimate.assumptions``. Known limitations: the activation terms
+    follow fused kernels (Megatron/TE) or PyTorch reference modules (``kernels="eager"``
+    profiles); other custom kernels save different tensors. Fragmentation is a stated fraction,
+    not simulated.
+    """
+    job = job or Job()
+    if not 0.0 <= fragmentation < 1.0:
+        from memplan.errors import JobConfigError
+
+        raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
+    validate_job_for_model(job, model)
+    profile = get_profile(job.framework)
+    prec = resolve_precision(job, profile)
+    divisible = job.vocab_divisible_by or profile.vocab_divisible_by
+    vocab_rows = padded_vocab(model, job.parallel.tp, divisible)
+    shape = _activation_shape(model, job, profile, prec)
+    layouts = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches)
+    cache: dict[int, tuple[int, int, int]] = {}
+    stages = tuple(
+        _stage_estimate(model, job, profile, prec, shape, layout, vocab_rows, fragmentation, cache)
+        for layout in layouts
+    )
+    peak = max(stages, key=lambda s: (s.peak_allocated_bytes, -s.stage))
+    return Estimate(
+        model=model.name,
+        framework=profile.name,
+        stages=stages,
+        peak_allocated_bytes=peak.peak_allocated_bytes,
+        peak_reserved_bytes=peak.peak_reserved_bytes,
+        peak_stage=peak.stage,
+        fragmentation=fragmentation,
+        assumptions=_assumptions(model, job, profile, prec, vocab_rows, fragmentation),
+        total_parameters=total_params(model),
+        job=_job_dict(job),
+        gpu=gpu,
+    )
+
+
+def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> ActivationShape:
+    par = job.parallel
+    seq_local = job.batch.seq_length // par.cp
+    return ActivationShape(
+        seq=seq_local,
+        kv_seq=seq_local,
+        micro_batch=job.batch.micro_batch_size,
+        hidden=model.hidden_size,
+        tp=par.tp,
+        sequence_parallel=par.sequence_parallel,
+        act_bytes=dtype_bytes(prec.compute),
+        residual_bytes=dtype_bytes(prec.residual),
+        attention=job.attention,
+        dropout=job.dropout > 0,
+        kernels=profile.kernels,
+        expert_tp=par.expert_tp,
+    )
+
+
+def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:
+    """(kept bytes under the job's recompute, full bytes, largest single term) of one layer."""
+    key = id(layer)
+    if key not in cache:
+        terms = [divided(t, shape) for t in layer_terms(layer, shape)]
+        full = layer_activation_bytes(layer, shape, "none")
+        kept = layer_activation_bytes(layer, shape, job.recompute.mode)
+        cache[key] = (kept, full, max(terms))
+    return cache[key]
+
+
+def _recomputed_layers(layout: StageLayout, job: Job) -> set[int]:
+    """Layers of this stage that run under full recompute (Megatron's uniform/block methods)."""
+    rc = job.recompute
+    if rc.mode != "full":
+        return set()
+    if rc.method == "uniform" or rc.num_layers is None:
+        return set(layout.layer_indices)
+    chosen: set[int] = set()
+    for chunk in layout.chunks:
+        chosen.update(chunk[: rc.num_layers])
+    return chosen
+
+
+def _stage_estimate(
+    model: ModelSpec,
+    job: Job,
+    profile: FrameworkProfile,
+    prec: ResolvedPrecision,
+    shape: ActivationShape,
+    layout: StageLayout,
+    vocab_rows: int,
+    fragmentation: float,
+    cache: dict[int, tuple[int, int, int]],
+) -> StageEstimate:
+    params = stage_params(model, job, layout, vocab_rows)
+    states = state_bytes(model, job, params, prec)
+    recomputed = _recomputed_layers(layout, job)
+    group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
+
+    chunk_kept: list[int] = []
+    worst_backward = 0
+    for chunk in layout.chunks:
+        kept = 0
+        for index in chunk:
+            keep, full, largest_term = _layer_costs(model.layers[index], shape, job, cache)
+            if index in recomputed:
+                kept += keep
+                worst_backward = max(worst_backward, group * full + 2 * largest_term)
+            else:
+                kept += full
+                worst_backward = max(worst_backward, 2 * largest_term)
+        chunk_kept.append(kept)
+    layer_acts = sum(chunk_kept[c] for c in layout.inflight_chunks)
+    inflight = layout.inflight_microbatches
+    other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
+    if prec.weight_copies == "autocast":
+        other_acts += params.total * dtype_bytes(prec.compute)
+    inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
+    comm = communication_bytes(job, profile, params, states, prec)
+    workspace = profile.workspace_bytes
+    static = states.parameters + states.gradients + states.master + states.optimizer + comm + workspace
+
+    # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
+    # with every in-flight forward alive, and the optimizer step (activations freed).
+    loss = job.loss if job.loss != "auto" else profile.default_loss
+    head_acts = head_activation_bytes(shape) if layout.has_head else 0
+    logits = logits_bytes(job, loss, shape, vocab_rows) if layout.has_head else 0
+    candidates = {
+        "backward": (layer_acts + other_acts + head_acts, 0, worst_backward),
+        "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job))),
+    }
+    if layout.has_head:
+        candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0)
+    phase, (acts, logit_b, temp) = max(candidates.items(), key=lambda kv: sum(kv[1]))
+    if phase == "optimizer step":
+        layer_at_peak, inputs_at_peak, acts = 0, 0, 0
+    else:
+        layer_at_peak, inputs_at_peak = layer_acts, inputs
+    peak_alloc = static + acts + logit_b + temp + inputs_at_peak
+    reserved = _reserved(peak_alloc, fragmentation)
+    return StageEstimate(
+        stage=layout.stage,
+        layers=layout.num_layers,
+        layer_indices=layout.layer_indices,
+        parameters_numel=params.total,
+        parameters_bytes=states.parameters,
+        gradients_bytes=states.gradients,
+        optimizer_bytes=states.optimizer + states.master,
+        master_weights_bytes=states.master,
+        optimizer_moments_bytes=states.optimizer,
+        activations_bytes=acts,
+        transformer_layer_activations_bytes=layer_at_peak,
+        logits_bytes=logit_b,
+        communication_bytes=comm,
+        workspace_bytes=workspace,
+        temporary_bytes=temp,
+        input_bytes=inputs_at_peak,
+        other_bytes=comm + workspace + temp + inputs_at_peak,
+        inflight_microbatches=inflight,
+        peak_phase=phase,
+        peak_allocated_bytes=peak_alloc,
+        peak_reserved_bytes=reserved,
+    )
+
+
+def _largest_tensor(model: ModelSpec, vocab_rows: int, job: Job) -> int:
+    return vocab_rows * model.hidden_size // job.parallel.tp
+
+
+def _reserved(allocated: int, fragmentation: float) -> int:
+    reserved = int(allocated / (1.0 - fragmentation))
+    return -(-reserved // _SEGMENT) * _SEGMENT
+
+
+def _job_dict(job: Job) -> dict[str, object]:
+    return dataclasses.asdict(job)
+
+
+def _assumptions(
+    model: ModelSpec,
+    job: Job,
+    profile: FrameworkProfile,
+    prec: ResolvedPrecision,
+    vocab_rows: int,
+    fragmentation: float,
+) -> tuple[str, ...]:
+    par, b = job.parallel, job.batch
+    out = [f"framework profile '{profile.name}': {profile.description}"]
+    out += list(prec.notes)
+    out.append(
+        f"layout: {par.world_size} GPUs = dp {par.data_parallel} x tp {par.tp} x pp {par.pp} x cp {par.cp}"
+        + (f", vpp {par.vpp} (interleaved 1F1B)" if par.vpp > 1 else (", 1F1B pipeline schedule" if par.pp > 1 else ""))
+        + (", sequence parallel" if par.sequence_parallel else "")
+        + (f", ep {par.ep}, etp {par.expert_tp}, expert-dp {par.expert_dp}" if model.is_moe else "")
+    )
+    out.append(
+        f"batch: micro-batch {b.micro_batch_size} x sequence {b.seq_length}, "
+        f"{job.num_microbatches} micro-batch(es) per step per DP rank"
+    )
+    if vocab_rows != model.vocab_size:
+        divisible = job.vocab_divisible_by or profile.vocab_divisible_by
+        out.append(f"vocabulary {model.vocab_size} padded to {vocab_rows} rows (multiple of {divisible} x tp)")
+    sh = job.sharding
+    if sh.fsdp != "none":
+        out.append(f"FSDP {sh.fsdp} shard: weights, gradients and optimizer states sharded over data parallelism")
+    elif sh.zero:
+        out.append(f"ZeRO stage {sh.zero}: " + ("optimizer states", "optimizer states and gradients", "optimizer states, gradients and weights")[sh.zero - 1] + " sharded over data parallelism")
+    elif sh.distributed_optimizer:
+        out.append("distributed optimizer: master weights and moments sharded over DP x CP; full gradient buffer kept")
+    else:
+        out.append("no optimizer-state sharding: every DP rank keeps full model states")
+    opt = job.optimizer
+    impl = opt.implementation if opt.implementation != "auto" else profile.default_optimizer_impl
+    out.append(f"optimizer {opt.name} ({impl} implementation)" + (f", momentum {opt.momentum}" if opt.name == "sgd" else ""))
+    if job.attention == "eager":
+        out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")
+    else:
+        out.append(f"{job.attention} attention: no s x s score matrix is kept, only the fp32 log-sum-exp per head and token")
+    rc = job.recompute
+    if rc.mode == "selective":
+        out.append("selective recompute: the attention core is recomputed; its inputs are kept")
+    elif rc.mode == "full":
+        out.append(f"full recompute ({rc.method}, {rc.num_layers or 'all'} layers): recomputed layers keep only their input")
+    out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
+    loss = job.loss if job.loss != "auto" else profile.default_loss
+    out.append(f"loss path '{loss}': logits of the newest micro-batch on the last stage")
+    out.append(f"activations kept as saved by {profile.kernels} kernels")
+    out.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments (assumed allocator fragmentation)")
+    return tuple(out)

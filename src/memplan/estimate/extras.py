@@ -1,0 +1,111 @@
+"""Terms outside the decoder layers: embedding, head and loss, inputs, framework buffers, temporaries."""
+
+from __future__ import annotations
+
+from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape
+from memplan.estimate.precision import ResolvedPrecision
+from memplan.estimate.states import StageParams, StateBytes
+from memplan.frameworks.profiles import FrameworkProfile
+from memplan.job import Job
+from memplan.units import dtype_bytes
+
+#: Megatron's data iterator puts int64 tokens, labels and position ids, an fp32 loss mask and a
+#: bool [b, 1, s, s] attention mask on the first and last stages (megatron/training/utils.py
+#: get_batch_on_this_tp_rank).
+_INT64 = 8
+_FP32 = 4
+
+
+def embedding_activation_bytes(shape: ActivationShape) -> int:
+    """Saved by the embedding stage per micro-batch: the embedding-dropout mask."""
+    if not shape.dropout:
+        return 0
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    return DROPOUT_MASK_BYTES * sbh // (shape.tp if shape.sequence_parallel else 1)
+
+
+def head_activation_bytes(shape: ActivationShape) -> int:
+    """Saved by the final norm and the output projection: the norm's input and output."""
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    divisor = shape.tp if shape.sequence_parallel else 1
+    # Under SP the output layer's input is all-gathered; Megatron saves the gathered copy.
+    return (shape.residual_bytes * sbh) // divisor + shape.act_bytes * sbh
+
+
+def logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int) -> int:
+    """Logits and cross-entropy buffers alive at the loss of one micro-batch on one TP rank."""
+    tokens = shape.seq * shape.micro_batch
+    vocab_local = vocab_rows // shape.tp
+    elements = tokens * vocab_local
+    c = shape.act_bytes
+    upcast = _FP32 * elements if c < _FP32 else 0
+    if loss == "vocab-parallel":
+        # Logits in the compute dtype + their fp32 copy, which the in-place softmax reuses and
+        # the backward keeps (Megatron tensor_parallel/cross_entropy.py).
+        return c * elements + upcast
+    if loss == "fp32-logits":
+        # Logits, the .float() copy, and log_softmax's fp32 output saved for backward.
+        return c * elements + upcast + _FP32 * elements
+    if loss == "fused":
+        # A fused cross-entropy kernel keeps the logits and writes their gradient in place.
+        return 2 * c * elements
+    # chunked: the logits of one chunk of about vocab/hidden tokens at a time, fp32 gradient
+    # accumulators for the head weight.
+    chunk_tokens = max(1, min(tokens, tokens * shape.hidden // max(vocab_local, 1)))
+    return (c + _FP32 * 2) * chunk_tokens * vocab_local + _FP32 * vocab_local * shape.hidden
+
+
+def input_bytes(shape: ActivationShape, framework: str) -> int:
+    """The batch on the GPU: token ids and labels (Megatron adds a loss mask and an s*s mask)."""
+    s, b = shape.seq, shape.micro_batch
+    base = 2 * _INT64 * s * b
+    if framework == "megatron":
+        base += _INT64 * s * b + _FP32 * s * b + b * s * shape.kv_seq
+    return base
+
+
+def communication_bytes(
+    job: Job,
+    profile: FrameworkProfile,
+    params: StageParams,
+    states: StateBytes,
+    prec: ResolvedPrecision,
+) -> int:
+    """Collective staging buffers one GPU keeps beside the model states."""
+    total = 0
+    dp = job.parallel.data_parallel * job.parallel.cp
+    if profile.ddp_bucket_copy and dp > 1 and job.sharding.zero == 0 and job.sharding.fsdp == "none":
+        total += states.gradients  # DDP's bucket copy of every gradient
+    c = dtype_bytes(prec.compute)
+    if job.sharding.fsdp != "none" or (job.sharding.zero == 3 and prec.weight_copies == "fsdp"):
+        # Unsharded compute-dtype blocks (computing + prefetched), the root module, and one
+        # block's unsharded gradient for its reduce-scatter.
+        total += profile.fsdp_live_blocks * params.largest_layer * c + params.root * c
+        total += params.largest_layer * prec.grad_bytes
+    elif job.sharding.zero == 3:
+        # DeepSpeed's own estimator: 4 bytes per parameter of the largest layer (16-bit
+        # gathered weights and gradients).
+        total += 4 * max(params.largest_layer, params.root)
+    elif job.sharding.zero in (1, 2) and profile.reduce_bucket_elements:
+        total += min(profile.reduce_bucket_elements, params.total) * prec.grad_bytes
+    return total
+
+
+def optimizer_temporary_bytes(job: Job, profile: FrameworkProfile, states: StateBytes, prec: ResolvedPrecision, largest_tensor: int) -> int:
+    """Extra memory while ``optimizer.step()`` runs.
+
+    PyTorch's foreach Adam (its default on CUDA) computes ``sqrt(v)`` for the whole parameter group
+    at once (torch/optim/adam.py ``_multi_tensor_adam``): one state-sized temporary. Fused kernels
+    (``fused=True``, apex/TE FusedAdam, DeepSpeed FusedAdam) work in place. A for-loop step needs
+    one temporary of the largest tensor.
+    """
+    impl = job.optimizer.implementation
+    if impl == "auto":
+        impl = profile.default_optimizer_impl
+    if job.optimizer.name in ("sgd", "adafactor", "adam8bit"):
+        impl = "for-loop" if impl != "fused" else impl
+    if impl == "fused":
+        return 0
+    if impl == "foreach":
+        return states.optimizer_numel * prec.state_bytes
+    return largest_tensor * prec.state_bytes

@@ -1,0 +1,96 @@
+"""Pipeline layout: which layers each pipeline rank holds and how many micro-batches are in flight.
+
+Schedules follow Megatron-LM's ``schedules.py``: non-interleaved 1F1B runs ``pp - rank - 1`` warm-up
+forwards before its first backward; the interleaved schedule runs
+``(pp - rank - 1) * 2 + (vpp - 1) * pp`` warm-up forward chunks. Activations of every forward that
+has not yet had its backward stay alive, so the peak holds warm-up + 1 forwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.job import Parallelism
+
+
+@dataclass(frozen=True, slots=True)
+class StageLayout:
+    """What pipeline rank ``stage`` holds."""
+
+    stage: int
+    #: Decoder-layer indices of each virtual chunk (model chunk) on this rank, chunk 0 first.
+    chunks: tuple[tuple[int, ...], ...]
+    #: Holds the token (and position) embedding: first rank, first chunk.
+    has_embedding: bool
+    #: Holds the final norm, the output head and the loss: last rank, last chunk.
+    has_head: bool
+    #: For each forward in flight at the peak, the chunk index it ran through (oldest first).
+    inflight_chunks: tuple[int, ...]
+
+    @property
+    def layer_indices(self) -> tuple[int, ...]:
+        return tuple(i for chunk in self.chunks for i in chunk)
+
+    @property
+    def num_layers(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks)
+
+    @property
+    def inflight_microbatches(self) -> int:
+        return len(self.inflight_chunks)
+
+
+def stage_layer_counts(num_layers: int, par: Parallelism) -> tuple[int, ...]:
+    """Decoder layers per pipeline rank (uneven first/last stage when asked for)."""
+    pp = par.pp
+    if par.first_stage_layers is None and par.last_stage_layers is None:
+        return (num_layers // pp,) * pp
+    counts: list[int | None] = [None] * pp
+    if par.first_stage_layers is not None:
+        counts[0] = par.first_stage_layers
+    if par.last_stage_layers is not None:
+        counts[-1] = par.last_stage_layers
+    fixed = sum(c for c in counts if c is not None)
+    free = [i for i, c in enumerate(counts) if c is None]
+    each = (num_layers - fixed) // len(free) if free else 0
+    return tuple(each if c is None else c for c in counts)
+
+
+def pipeline_layout(num_layers: int, par: Parallelism, num_microbatches: int) -> tuple[StageLayout, ...]:
+    """Layout of every pipeline rank for ``num_layers`` decoder layers."""
+    pp, vpp = par.pp, par.vpp
+    per_rank = stage_layer_counts(num_layers, par)
+    chunk_sizes = [[n // vpp + (1 if v < n % vpp else 0) for v in range(vpp)] for n in per_rank]
+    chunks: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]
+    next_layer = 0
+    for v in range(vpp):
+        for rank in range(pp):
+            size = chunk_sizes[rank][v]
+            chunks[rank].append(tuple(range(next_layer, next_layer + size)))
+            next_layer += size
+    stages = []
+    for rank in range(pp):
+        stages.append(
+            StageLayout(
+                stage=rank,
+                chunks=tuple(chunks[rank]),
+                has_embedding=rank == 0,
+                has_head=rank == pp - 1,
+                inflight_chunks=_inflight_chunks(rank, pp, vpp, num_microbatches),
+            )
+        )
+    return tuple(stages)
+
+
+def _inflight_chunks(rank: int, pp: int, vpp: int, num_microbatches: int) -> tuple[int, ...]:
+    """Chunk index of each forward alive at the end of warm-up (Megatron's 1F1B schedules)."""
+    if pp == 1:
+        return (0,)
+    total = num_microbatches * vpp
+    if vpp == 1:
+        warmup = min(pp - rank - 1, num_microbatches)
+        return (0,) * min(warmup + 1, num_microbatches)
+    warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+    alive = min(warmup + 1, total)
+    # Forward k runs micro-batch groups of size pp through chunk (k // pp) % vpp.
+    return tuple((k // pp) % vpp for k in range(alive))

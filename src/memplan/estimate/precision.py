@@ -1,0 +1,105 @@
+"""Resolve ``--precision`` and the dtype overrides into the dtypes a framework really keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.frameworks.profiles import FrameworkProfile
+from memplan.job import Job
+from memplan.units import dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPrecision:
+    """Concrete dtypes of every model-state tensor, with where each choice came from."""
+
+    #: dtype of the stored (possibly sharded) weights.
+    param: str
+    #: dtype the matmuls read weights in and activations are stored in.
+    compute: str
+    grad: str
+    #: dtype of a separate master copy, or None when the stored weights are the master.
+    master: str | None
+    optimizer_state: str
+    #: 16-bit copies of the weights made per use: "autocast" (saved for backward) or
+    #: "fsdp" (all-gathered per block), or None.
+    weight_copies: str | None
+    #: Residual-stream dtype (fp32 under fp32-weight autocast).
+    residual: str
+    notes: tuple[str, ...]
+
+    @property
+    def param_bytes(self) -> int:
+        return dtype_bytes(self.param)
+
+    @property
+    def grad_bytes(self) -> int:
+        return dtype_bytes(self.grad)
+
+    @property
+    def master_bytes(self) -> int:
+        return dtype_bytes(self.master) if self.master else 0
+
+    @property
+    def state_bytes(self) -> int:
+        return dtype_bytes(self.optimizer_state)
+
+    @property
+    def act_bytes(self) -> int:
+        return dtype_bytes(self.compute)
+
+
+def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
+    """The dtypes ``job`` keeps under ``profile`` (explicit ``--*-dtype`` flags win)."""
+    p = job.precision
+    compute = p.compute_dtype
+    notes: list[str] = []
+    if not p.is_mixed:
+        param = grad = state = compute
+        master = None
+        copies = None
+        residual = compute
+        notes.append(f"pure {compute}: weights, gradients and optimizer moments all in {compute}")
+    elif profile.mixed_weights == "master-copy":
+        param = compute
+        grad = profile.mixed_grad_dtype or compute
+        if job.sharding.zero == 3 and profile.zero3_grad_dtype:
+            grad = profile.zero3_grad_dtype
+        master, state, copies, residual = "fp32", "fp32", None, compute
+        notes.append(
+            f"{p.name} ({profile.name}): {compute} weights in the model, fp32 master copy and fp32 "
+            f"moments in the optimizer, gradients kept in {grad}"
+        )
+    else:
+        param, grad, master, state = "fp32", "fp32", None, "fp32"
+        if profile.mixed_weights == "autocast":
+            copies, residual = "autocast", "fp32"
+            notes.append(
+                f"{p.name} ({profile.name}): fp32 weights are the master copy; torch.autocast makes "
+                f"{compute} weight copies that autograd saves for backward; residual stream in fp32"
+            )
+        else:
+            copies, residual = "fsdp", compute
+            notes.append(
+                f"{p.name} ({profile.name}): sharded fp32 weights; FSDP all-gathers {compute} copies "
+                "of each block for its forward and backward"
+            )
+    if p.grad_dtype:
+        grad = p.grad_dtype
+        notes.append(f"gradients kept in {grad} (--grad-dtype)")
+    if p.optimizer_state_dtype:
+        state = p.optimizer_state_dtype
+        notes.append(f"optimizer moments in {state} (--optimizer-state-dtype)")
+    if p.master_dtype:
+        master = None if p.master_dtype == param else p.master_dtype
+        notes.append(f"master weights in {p.master_dtype} (--master-dtype)")
+    return ResolvedPrecision(
+        param=param,
+        compute=compute,
+        grad=grad,
+        master=master,
+        optimizer_state=state,
+        weight_copies=copies,
+        residual=residual,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,113 @@
+"""Typed results of an estimate: one :class:`StageEstimate` per pipeline stage and the whole :class:`Estimate`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memplan.gpus import GPU
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageEstimate:
+    """Memory of one GPU of a pipeline stage at that stage's peak (bytes)."""
+
+    stage: int
+    #: Decoder layers on this stage (all virtual chunks).
+    layers: int
+    layer_indices: tuple[int, ...]
+    #: Parameters held by one GPU of this stage before data-parallel sharding (numel).
+    parameters_numel: int
+    parameters_bytes: int
+    gradients_bytes: int
+    #: Optimizer moments plus master weights (optimizer-owned state).
+    optimizer_bytes: int
+    #: Master weights alone (part of optimizer_bytes).
+    master_weights_bytes: int
+    #: Optimizer moments alone (part of optimizer_bytes).
+    optimizer_moments_bytes: int
+    #: Everything saved for backward at the peak, including embedding/head/autocast copies.
+    activations_bytes: int
+    #: Activations held by transformer layers only (no embedding, head, loss).
+    transformer_layer_activations_bytes: int
+    #: Logits and cross-entropy buffers alive at the peak (zero off the last stage).
+    logits_bytes: int
+    #: Collective buffers (DDP buckets, FSDP/ZeRO-3 gathered blocks, reduce buckets).
+    communication_bytes: int
+    #: cuBLAS / Transformer Engine workspaces.
+    workspace_bytes: int
+    #: Short-lived buffers at the peak (backward working set, recompute, optimizer temporaries).
+    temporary_bytes: int
+    #: Input batch (token ids, labels, masks).
+    input_bytes: int
+    #: communication + workspace + temporary + input.
+    other_bytes: int
+    #: Forwards whose activations are alive at the peak (micro-batch chunks).
+    inflight_microbatches: int
+    #: When the peak happens: "loss", "backward" or "optimizer step".
+    peak_phase: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["layer_indices"] = list(self.layer_indices)
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """Per-GPU memory of a training job: every pipeline stage, the peak, and the assumptions."""
+
+    model: str
+    framework: str
+    stages: tuple[StageEstimate, ...]
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    #: Pipeline stage whose GPUs peak highest.
+    peak_stage: int
+    #: Fraction of reserved memory assumed lost to allocator fragmentation.
+    fragmentation: float
+    assumptions: tuple[str, ...]
+    #: Total parameters of the model (as transformers counts them).
+    total_parameters: int
+    job: dict[str, Any]
+    gpu: GPU | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the peak reserved memory fits the GPU's usable memory (None without a GPU)."""
+        if self.gpu is None:
+            return None
+        return self.peak_reserved_bytes <= self.gpu.usable_bytes
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """Usable GPU memory left at the peak (negative: short by that much)."""
+        if self.gpu is None:
+            return None
+        return self.gpu.usable_bytes - self.peak_reserved_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; every byte value is an int."""
+        data: dict[str, Any] = {
+            "model": self.model,
+            "framework": self.framework,
+            "total_parameters": self.total_parameters,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "peak_stage": self.peak_stage,
+            "fragmentation": self.fragmentation,
+            "stages": [s.to_dict() for s in self.stages],
+            "assumptions": list(self.assumptions),
+            "job": self.job,
+        }
+        if self.gpu is not None:
+            data["gpu"] = {
+                "name": self.gpu.name,
+                "total_bytes": self.gpu.total_bytes,
+                "usable_bytes": self.gpu.usable_bytes,
+                "fits": self.fits,
+                "headroom_bytes": self.headroom_bytes,
+            }
+        return data

@@ -1,0 +1,135 @@
+"""Framework profiles: named, documented facts about what each training framework allocates.
+
+Where frameworks differ (a fp32 gradient buffer, all-gather buckets, the dtype of the loss,
+workspaces) the difference is a field here, with its source, never a bare factor in a formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from memplan.errors import JobConfigError
+from memplan.units import MiB
+
+KernelStyle = Literal["fused", "eager"]
+MixedWeights = Literal["master-copy", "autocast", "fsdp-cast"]
+
+#: cuBLAS workspace PyTorch allocates through its caching allocator per handle/stream on
+#: Hopper: CUBLAS_WORKSPACE_CONFIG ":4096:8" = 8 chunks of 4096 KiB (aten/src/ATen/cuda/CublasHandlePool.cpp).
+TORCH_CUBLAS_WORKSPACE_BYTES = 32 * MiB
+#: Transformer Engine's own cuBLASLt workspace, also allocated with torch.empty
+#: (transformer_engine/pytorch/module/base.py get_workspace: 32 MiB on Hopper).
+TE_CUBLAS_WORKSPACE_BYTES = 32 * MiB
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameworkProfile:
+    """What one training framework keeps on the GPU, beyond the model's own tensors."""
+
+    name: str
+    description: str
+    #: How ``*-mixed`` precision is realised.
+    #: ``master-copy``: 16-bit weights in the model, fp32 master copy inside the optimizer
+    #: (Megatron Float16Module + DistributedOptimizer, DeepSpeed). ``autocast``: fp32 weights,
+    #: ``torch.autocast`` casts a 16-bit copy per use and autograd saves it (HF Trainer, plain
+    #: PyTorch AMP). ``fsdp-cast``: sharded fp32 weights, FSDP all-gathers 16-bit copies per block
+    #: (FSDP2 ``MixedPrecisionPolicy``, torchtitan).
+    mixed_weights: MixedWeights
+    #: Gradient dtype under mixed precision when ``--grad-dtype`` is not given (None: param dtype).
+    mixed_grad_dtype: str | None
+    #: Gradient dtype under ZeRO-3 mixed precision when different (DeepSpeed keeps fp32 partitions).
+    zero3_grad_dtype: str | None = None
+    #: Optimizer implementation when ``--optimizer-impl auto``.
+    default_optimizer_impl: Literal["foreach", "fused", "for-loop"] = "fused"
+    #: Loss path when ``--loss auto``.
+    default_loss: Literal["fp32-logits", "vocab-parallel", "fused", "chunked"] = "fp32-logits"
+    #: Vocabulary padded to a multiple of this times TP (Megatron ``--make-vocab-size-divisible-by``).
+    vocab_divisible_by: int = 1
+    #: How the layers save activations: ``fused`` (TE/Apex fused norm, bias-gelu/swiglu kernels:
+    #: Korthikanti et al.'s accounting) or ``eager`` (PyTorch reference modules as in HF
+    #: transformers: RMSNorm saves an fp32 copy of its input, SwiGLU saves gate, up and product).
+    kernels: KernelStyle = "fused"
+    #: DDP keeps gradients in separate bucket buffers (``gradient_as_bucket_view=False``, the
+    #: PyTorch default): one extra gradient-sized copy when DP > 1.
+    ddp_bucket_copy: bool = False
+    #: Library workspaces served by the caching allocator (cuBLAS, Transformer Engine).
+    workspace_bytes: int = TORCH_CUBLAS_WORKSPACE_BYTES
+    #: Unsharded blocks alive at once under FSDP/ZeRO-3 (the one computing + prefetched ones).
+    fsdp_live_blocks: int = 2
+    #: DeepSpeed ZeRO-1/2 reduce bucket, elements (``reduce_bucket_size``, default 5e8).
+    reduce_bucket_elements: int = 0
+    #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
+    allgather_bucket_elements: int = 0
+
+
+MEGATRON = FrameworkProfile(
+    name="megatron",
+    description=(
+        "Megatron-LM (mcore, Transformer Engine): bf16/fp16 weights, fp32 main-grad buffer "
+        "(accumulate_allreduce_grads_in_fp32), fp32 master weights and Adam moments in the "
+        "(distributed) optimizer, vocab-parallel cross-entropy in fp32, fused kernels."
+    ),
+    mixed_weights="master-copy",
+    mixed_grad_dtype="fp32",
+    default_optimizer_impl="fused",
+    default_loss="vocab-parallel",
+    vocab_divisible_by=128,
+    kernels="fused",
+    workspace_bytes=TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
+)
+
+TORCHTITAN = FrameworkProfile(
+    name="torchtitan",
+    description=(
+        "torchtitan / FSDP2: fp32 sharded weights, bf16 all-gathered per block "
+        "(MixedPrecisionPolicy param_dtype=bf16, reduce_dtype=fp32), fused AdamW, fp32 loss."
+    ),
+    mixed_weights="fsdp-cast",
+    mixed_grad_dtype="fp32",
+    default_optimizer_impl="fused",
+    default_loss="fp32-logits",
+    kernels="eager",
+)
+
+DEEPSPEED = FrameworkProfile(
+    name="deepspeed",
+    description=(
+        "DeepSpeed ZeRO: 16-bit weights and gradients, fp32 master weights and Adam moments "
+        "in the optimizer (ZeRO paper's 2+2+12 bytes; ZeRO-3 keeps fp32 gradient partitions as "
+        "DeepSpeed's own estimator counts), FusedAdam, reduce/all-gather buckets."
+    ),
+    mixed_weights="master-copy",
+    mixed_grad_dtype=None,
+    zero3_grad_dtype="fp32",
+    default_optimizer_impl="fused",
+    default_loss="fp32-logits",
+    kernels="eager",
+    reduce_bucket_elements=500_000_000,
+    allgather_bucket_elements=500_000_000,
+)
+
+HF = FrameworkProfile(
+    name="hf",
+    description=(
+        "Hugging Face Trainer / plain PyTorch AMP: fp32 weights and gradients, torch.autocast "
+        "bf16 weight copies saved for backward, AdamW (fused), logits upcast to fp32, eager modules, "
+        "DDP gradient buckets."
+    ),
+    mixed_weights="autocast",
+    mixed_grad_dtype="fp32",
+    default_optimizer_impl="fused",
+    default_loss="fp32-logits",
+    kernels="eager",
+    ddp_bucket_copy=True,
+)
+
+PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (MEGATRON, TORCHTITAN, DEEPSPEED, HF)}
+
+
+def get_profile(name: str) -> FrameworkProfile:
+    """The profile of a framework (``megatron``, ``torchtitan``, ``deepspeed``, ``hf``)."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise JobConfigError("--framework", f"must be one of {', '.join(PROFILES)}", name) from None

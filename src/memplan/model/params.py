@@ -1,0 +1,181 @@
+"""Parameter counts derived from a :class:`~memplan.model.spec.ModelSpec`.
+
+Counts are split by how tensor parallelism treats them, so the estimator can divide them
+without knowing the architecture:
+
+* ``tp_sharded`` — column/row-parallel weights (and column-parallel biases): divided by TP;
+* ``replicated`` — norms, row-parallel output biases, routers, MLA down-projections: every TP rank
+  holds all of them;
+* ``expert`` — routed-expert weights: divided by expert parallelism (EP) and expert TP (ETP).
+
+Totals here must equal what ``transformers`` builds from the same config (tested), so the
+vocabulary is the config's own; framework padding of the vocabulary is applied by the estimator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+
+
+@dataclass(frozen=True, slots=True)
+class ParamGroups:
+    """Numbers of parameters, grouped by how tensor/expert parallelism divides them."""
+
+    tp_sharded: int = 0
+    replicated: int = 0
+    expert: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.tp_sharded + self.replicated + self.expert
+
+    def __add__(self, other: ParamGroups) -> ParamGroups:
+        return ParamGroups(
+            self.tp_sharded + other.tp_sharded,
+            self.replicated + other.replicated,
+            self.expert + other.expert,
+        )
+
+
+def attention_params(attn: AttentionSpec, hidden: int) -> ParamGroups:
+    """Weights of one attention block (projections and q/k norms; not the pre-norm)."""
+    if attn.kind == "mla":
+        return _mla_params(attn, hidden)
+    q_out = attn.num_heads * attn.head_dim
+    kv_out = attn.num_kv_heads * attn.head_dim
+    v_out = attn.num_kv_heads * attn.v_head_dim
+    sharded = hidden * (q_out + kv_out + v_out) + attn.num_heads * attn.v_head_dim * hidden
+    if attn.qkv_bias:
+        sharded += q_out + kv_out + v_out
+    replicated = hidden if attn.out_bias else 0
+    if attn.qk_norm:
+        replicated += 2 * attn.head_dim
+    return ParamGroups(tp_sharded=sharded, replicated=replicated)
+
+
+def _mla_params(attn: AttentionSpec, hidden: int) -> ParamGroups:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and compressed kv."""
+    assert attn.kv_lora_rank is not None and attn.qk_rope_head_dim is not None
+    assert attn.qk_nope_head_dim is not None
+    heads = attn.num_heads
+    q_head = attn.qk_nope_head_dim + attn.qk_rope_head_dim
+    bias = 1 if attn.qkv_bias else 0
+    replicated = 0
+    sharded = 0
+    if attn.q_lora_rank:
+        replicated += hidden * attn.q_lora_rank + bias * attn.q_lora_rank  # W^DQ
+        replicated += attn.q_lora_rank  # q_a_layernorm
+        sharded += attn.q_lora_rank * heads * q_head  # W^UQ and W^QR
+    else:
+        sharded += hidden * heads * q_head
+    kv_a_out = attn.kv_lora_rank + attn.qk_rope_head_dim
+    replicated += hidden * kv_a_out + bias * kv_a_out  # W^DKV and W^KR
+    replicated += attn.kv_lora_rank  # kv_a_layernorm
+    sharded += attn.kv_lora_rank * heads * (attn.qk_nope_head_dim + attn.v_head_dim)  # W^UK, W^UV
+    sharded += heads * attn.v_head_dim * hidden  # W^O
+    if attn.out_bias:
+        replicated += hidden
+    return ParamGroups(tp_sharded=sharded, replicated=replicated)
+
+
+def mlp_params(mlp: MLPSpec, hidden: int) -> ParamGroups:
+    """Weights of one dense MLP: (gate,) up (column-parallel) and down (row-parallel)."""
+    n_in = 2 if mlp.gated else 1
+    sharded = (n_in + 1) * hidden * mlp.intermediate_size
+    replicated = 0
+    if mlp.bias:
+        sharded += n_in * mlp.intermediate_size
+        replicated += hidden
+    return ParamGroups(tp_sharded=sharded, replicated=replicated)
+
+
+def moe_params(moe: MoESpec, hidden: int) -> ParamGroups:
+    """Weights of one MoE block: router (replicated), routed experts, shared expert(s)."""
+    replicated = hidden * moe.num_experts
+    if moe.router_bias and not moe.router_bias_is_buffer:
+        replicated += moe.num_experts
+    expert = moe.num_experts * mlp_params(moe.expert, hidden).total
+    groups = ParamGroups(replicated=replicated, expert=expert)
+    if moe.shared_expert is not None:
+        groups = groups + mlp_params(moe.shared_expert, hidden)
+    if moe.shared_expert_gate:
+        groups = groups + ParamGroups(replicated=hidden)
+    return groups
+
+
+def norm_params(hidden: int, norm_bias: bool) -> int:
+    """Parameters of one LayerNorm/RMSNorm over the hidden state."""
+    return hidden * (2 if norm_bias else 1)
+
+
+@lru_cache(maxsize=4096)
+def layer_params(layer: LayerSpec, hidden: int, norm_bias: bool) -> ParamGroups:
+    """All weights of one decoder layer, grouped by sharding."""
+    groups = attention_params(layer.attention, hidden)
+    if layer.moe is not None:
+        groups = groups + moe_params(layer.moe, hidden)
+    else:
+        assert layer.mlp is not None
+        groups = groups + mlp_params(layer.mlp, hidden)
+    return groups + ParamGroups(replicated=layer.num_hidden_norms * norm_params(hidden, norm_bias))
+
+
+def embedding_params(model: ModelSpec, vocab_rows: int | None = None) -> int:
+    """Token-embedding weights (``vocab_rows`` defaults to the config's vocabulary)."""
+    return (vocab_rows or model.vocab_size) * model.hidden_size
+
+
+def position_embedding_params(model: ModelSpec) -> int:
+    """Learned absolute position table (GPT-2); zero for RoPE models."""
+    if model.position_embedding != "learned":
+        return 0
+    return model.max_position_embeddings * model.hidden_size
+
+
+def head_params(model: ModelSpec, vocab_rows: int | None = None) -> int:
+    """Output-projection weights that are not shared with the embedding."""
+    if model.tie_word_embeddings:
+        return 0
+    return (vocab_rows or model.vocab_size) * model.hidden_size
+
+
+def final_norm_params(model: ModelSpec) -> int:
+    return norm_params(model.hidden_size, model.norm_bias)
+
+
+def per_layer_param_counts(model: ModelSpec) -> tuple[int, ...]:
+    """Total parameters of each decoder layer, in order."""
+    return tuple(layer_params(l, model.hidden_size, model.norm_bias).total for l in model.layers)
+
+
+def total_params(model: ModelSpec, *, include_mtp: bool = False) -> int:
+    """Every trainable parameter, counted as ``transformers`` builds the model.
+
+    Multi-token-prediction modules are not built by ``transformers``; ``include_mtp`` adds them
+    (each: one extra decoder layer like the last, two norms and a 2h->h projection).
+    """
+    count = embedding_params(model) + position_embedding_params(model) + head_params(model)
+    count += final_norm_params(model) + sum(per_layer_param_counts(model))
+    if include_mtp:
+        count += model.mtp_layers * mtp_module_params(model)
+    return count
+
+
+def mtp_module_params(model: ModelSpec) -> int:
+    """One DeepSeek-V3 MTP module: two RMSNorms, a 2h->h projection, one decoder layer, a final norm."""
+    hidden = model.hidden_size
+    last = layer_params(model.layers[-1], hidden, model.norm_bias).total
+    return 3 * norm_params(hidden, model.norm_bias) + 2 * hidden * hidden + last
+
+
+def active_params(model: ModelSpec) -> int:
+    """Parameters touched per token (routed experts count ``top_k`` of ``num_experts``)."""
+    count = total_params(model)
+    for layer in model.layers:
+        if layer.moe is not None:
+            one = mlp_params(layer.moe.expert, model.hidden_size).total
+            count -= (layer.moe.num_experts - layer.moe.top_k) * one
+    return count

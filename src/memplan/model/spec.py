@@ -1,0 +1,198 @@
+"""ModelSpec: the architecture facts of a transformer, nothing about how it is trained.
+
+A ``ModelSpec`` is built from a Hugging Face ``config.json`` (:mod:`memplan.model.hf`), a shipped
+preset (:mod:`memplan.model.presets`) or Megatron-LM arguments. Parameter counts are derived from it
+by :mod:`memplan.model.params`; how parallelism divides them lives in :mod:`memplan.estimate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from memplan.errors import ModelConfigError
+
+NormKind = Literal["rmsnorm", "layernorm"]
+AttentionKind = Literal["mha", "mla"]
+PositionKind = Literal["rope", "learned", "none"]
+
+
+def _positive(owner: str, name: str, value: int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelConfigError(f"{owner}.{name}", "must be a positive integer", value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionSpec:
+    """Self-attention of one layer: multi-head / grouped-query (``mha``) or latent (``mla``)."""
+
+    kind: AttentionKind = "mha"
+    #: Number of query heads.
+    num_heads: int
+    #: Number of key/value heads (== num_heads for MHA, 1 for MQA). For MLA, equals num_heads.
+    num_kv_heads: int
+    #: Per-head dimension of queries/keys (MLA: nope + rope part).
+    head_dim: int
+    #: Per-head dimension of values (== head_dim except for MLA).
+    v_head_dim: int
+    #: Bias on the q/k/v projections.
+    qkv_bias: bool = False
+    #: Bias on the output projection.
+    out_bias: bool = False
+    #: Per-head RMSNorm on queries and keys (Qwen3, Gemma3, OLMo2 ...).
+    qk_norm: bool = False
+    #: Fraction of the head dim rotated by RoPE (GPT-NeoX ``rotary_pct``); informational.
+    rotary_fraction: float = 1.0
+    #: MLA only: query low-rank dim (None: queries projected directly).
+    q_lora_rank: int | None = None
+    #: MLA only: compressed key/value latent dim.
+    kv_lora_rank: int | None = None
+    #: MLA only: decoupled RoPE part of the query/key head.
+    qk_rope_head_dim: int | None = None
+    #: MLA only: non-rotary part of the query/key head.
+    qk_nope_head_dim: int | None = None
+    #: Sliding-window size if the layer uses local attention (None: global).
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive("attention", "num_heads", self.num_heads)
+        _positive("attention", "num_kv_heads", self.num_kv_heads)
+        _positive("attention", "head_dim", self.head_dim)
+        _positive("attention", "v_head_dim", self.v_head_dim)
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(
+                "num_key_value_heads",
+                f"must divide num_attention_heads={self.num_heads}",
+                self.num_kv_heads,
+            )
+        if self.kind == "mla":
+            for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"):
+                _positive("attention", name, getattr(self, name))
+            _positive("attention", "q_lora_rank", self.q_lora_rank, allow_none=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLPSpec:
+    """A dense feed-forward block (also the shape of one expert)."""
+
+    #: Inner (FFN) dimension.
+    intermediate_size: int
+    #: Gated (SwiGLU/GeGLU: gate, up, down = 3 matrices) or plain (up, down = 2 matrices).
+    gated: bool = True
+    #: Biases on the projections.
+    bias: bool = False
+    #: Activation function name as the config spells it (silu, gelu, gelu_pytorch_tanh, ...).
+    activation: str = "silu"
+
+    def __post_init__(self) -> None:
+        _positive("mlp", "intermediate_size", self.intermediate_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """A mixture-of-experts feed-forward block."""
+
+    #: Number of routed experts.
+    num_experts: int
+    #: Experts each token is routed to.
+    top_k: int
+    #: Shape of one routed expert.
+    expert: MLPSpec
+    #: Shared (always active) experts, fused into one MLP of this shape (None: no shared expert).
+    shared_expert: MLPSpec | None = None
+    #: Sigmoid gate on the shared expert output (Qwen2-MoE: a Linear(hidden, 1)).
+    shared_expert_gate: bool = False
+    #: Router has a learnable bias / score-correction vector of num_experts entries.
+    router_bias: bool = False
+    #: The router's score-correction bias is a buffer, not a trainable parameter (DeepSeek-V3 in HF).
+    router_bias_is_buffer: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("moe", "num_experts", self.num_experts)
+        _positive("moe", "top_k", self.top_k)
+        if self.top_k > self.num_experts:
+            raise ModelConfigError(
+                "num_experts_per_tok",
+                f"must not exceed the number of experts ({self.num_experts})",
+                self.top_k,
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSpec:
+    """One decoder layer: attention, then a dense MLP or an MoE block, with its norms."""
+
+    attention: AttentionSpec
+    #: Dense MLP (exactly one of mlp / moe is set).
+    mlp: MLPSpec | None = None
+    moe: MoESpec | None = None
+    #: Norm layers applied to the hidden state in this layer (2 pre-norms; Gemma2 has 4).
+    num_hidden_norms: int = 2
+    #: Attention and MLP read the same input (GPT-J / GPT-NeoX parallel residual).
+    parallel_residual: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.mlp is None) == (self.moe is None):
+            raise ModelConfigError("layer", "must have exactly one of a dense MLP or an MoE block", None)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Architecture facts of a decoder-only transformer (dense, GQA, MLA, MoE, MTP)."""
+
+    #: Display name (preset name or the config's path/name).
+    name: str
+    #: Hugging Face ``model_type`` (or ``megatron-gpt`` for Megatron arguments).
+    model_type: str
+    hidden_size: int
+    vocab_size: int
+    #: One entry per decoder layer, in order.
+    layers: tuple[LayerSpec, ...]
+    norm: NormKind = "rmsnorm"
+    #: LayerNorm with bias (GPT-2, GPT-NeoX); RMSNorm never has one.
+    norm_bias: bool = False
+    #: Output head shares the input embedding matrix.
+    tie_word_embeddings: bool = False
+    position_embedding: PositionKind = "rope"
+    #: Rows of the learned position table (0 unless ``position_embedding == "learned"``).
+    max_position_embeddings: int = 0
+    #: Multi-token-prediction modules (DeepSeek-V3 ``num_nextn_predict_layers``); not built by HF.
+    mtp_layers: int = 0
+    #: Layers of the layer list that are global attention vs sliding-window: informational.
+    extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        _positive("model", "hidden_size", self.hidden_size)
+        _positive("model", "vocab_size", self.vocab_size)
+        if not self.layers:
+            raise ModelConfigError("num_hidden_layers", "must be a positive integer", 0)
+        if self.position_embedding == "learned":
+            _positive("model", "max_position_embeddings", self.max_position_embeddings)
+        if self.mtp_layers < 0:
+            raise ModelConfigError("num_nextn_predict_layers", "must not be negative", self.mtp_layers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(1 for layer in self.layers if layer.is_moe)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_layers > 0
+
+    @property
+    def num_heads(self) -> int:
+        return self.layers[0].attention.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.layers[0].attention.num_kv_heads
