@@ -1,0 +1,144 @@
+"""memplan's parameter counts equal what ``transformers`` builds from the same config, exactly.
+
+Every shipped preset is built full size on the meta device (no memory, a fraction of a second
+each) and compared in total, layer by layer, and for embedding, position table, head and final
+norm. Variant configs cover the flags no preset exercises (biases, untied heads, Phi-3, GPT-NeoX,
+Qwen2-MoE dense layers, DeepSeek without q-compression).
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from memplan.model import model_from_hf_config, per_layer_param_counts, total_params
+from memplan.model.params import (
+    embedding_params,
+    final_norm_params,
+    head_params,
+    position_embedding_params,
+)
+from memplan.model.presets import preset_config, preset_names
+
+#: Keys that would make transformers do more than build the architecture (remote code, fp8).
+_NOT_ARCHITECTURE = ("auto_map", "quantization_config")
+
+
+def _numel(module: Any) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _build(config: dict[str, Any]) -> Any:
+    cfg = {k: v for k, v in config.items() if k not in _NOT_ARCHITECTURE}
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_config = transformers.AutoConfig.for_model(**cfg)
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(hf_config)
+
+
+@cache
+def _hf_preset(name: str) -> Any:
+    return _build(preset_config(name))
+
+
+def _parts(model: Any) -> dict[str, Any]:
+    """The pieces of a causal LM, whatever the family names them."""
+    base = model.base_model
+    layers = base.layers if hasattr(base, "layers") else base.h
+    norm = next(getattr(base, n) for n in ("norm", "ln_f", "final_layer_norm") if hasattr(base, n))
+    embed, out = model.get_input_embeddings(), model.get_output_embeddings()
+    head = 0 if out.weight is embed.weight else _numel(out)
+    position = base.wpe.weight.numel() if hasattr(base, "wpe") else 0
+    return {"layers": [_numel(layer) for layer in layers], "norm": _numel(norm),
+            "embed": embed.weight.numel(), "head": head, "position": position}
+
+
+def _assert_same(config: dict[str, Any], model: Any, name: str = "variant") -> None:
+    spec = model_from_hf_config(config, name=name)
+    parts = _parts(model)
+    assert list(per_layer_param_counts(spec)) == parts["layers"]
+    assert embedding_params(spec) == parts["embed"]
+    assert position_embedding_params(spec) == parts["position"]
+    assert head_params(spec) == parts["head"]
+    assert final_norm_params(spec) == parts["norm"]
+    assert total_params(spec) == _numel(model)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_preset_matches_transformers(name: str) -> None:
+    _assert_same(preset_config(name), _hf_preset(name), name)
+
+
+def _variant(base: str, **changes: Any) -> dict[str, Any]:
+    config = preset_config(base)
+    config.update(changes)
+    return config
+
+
+_SMALL_LLAMA = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000}
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "llama-biases-untied": {**_variant("llama-3.2-1b", **_SMALL_LLAMA, head_dim=None),
+                            "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False},
+    "llama-no-kv-heads": {k: v for k, v in _variant("llama-3.1-8b", **_SMALL_LLAMA).items()
+                          if k != "num_key_value_heads"},
+    "gpt2-untied-n_inner": _variant("gpt2", n_layer=2, n_inner=1000, tie_word_embeddings=False),
+    "gemma2-layer-types": _variant("gemma-2-9b", **{**_SMALL_LLAMA, "num_hidden_layers": 3},
+                                   layer_types=["full_attention", "sliding_attention", "full_attention"]),
+    "qwen3-head-dim-default": {k: v for k, v in _variant("qwen3-8b", **_SMALL_LLAMA).items()
+                               if k != "head_dim"},
+    # Phi-3-mini-4k-instruct's shape, fused qkv and gate_up projections.
+    "phi3": {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+             "sliding_window": 2047, "tie_word_embeddings": False, "max_position_embeddings": 4096},
+    # Pythia-160m's shape; then untied biases off and sequential residual.
+    "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 768, "intermediate_size": 3072,
+                 "num_hidden_layers": 12, "num_attention_heads": 12, "vocab_size": 50304,
+                 "rotary_pct": 0.25, "use_parallel_residual": True, "tie_word_embeddings": False},
+    "gpt_neox-no-bias-tied": {"model_type": "gpt_neox", "hidden_size": 128, "intermediate_size": 512,
+                              "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 500,
+                              "attention_bias": False, "use_parallel_residual": False,
+                              "tie_word_embeddings": True},
+    # Qwen1.5-MoE-A2.7B's shape, shrunk to 4 layers with a dense layer and a sparse step.
+    "qwen2_moe": {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+                  "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 16,
+                  "vocab_size": 151936, "num_experts": 60, "num_experts_per_tok": 4,
+                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [2], "tie_word_embeddings": False},
+    "qwen2_moe-step2": {"model_type": "qwen2_moe", "hidden_size": 128, "intermediate_size": 512,
+                        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "vocab_size": 500, "num_experts": 4, "num_experts_per_tok": 2,
+                        "moe_intermediate_size": 64, "shared_expert_intermediate_size": 256,
+                        "decoder_sparse_step": 2},
+    "qwen3_moe-dense-layer": _variant("qwen3-30b-a3b", num_hidden_layers=3, mlp_only_layers=[0]),
+    "deepseek_v3-no-q-lora": _variant("deepseek-v3", num_hidden_layers=4, q_lora_rank=None,
+                                      first_k_dense_replace=1, attention_bias=True),
+    "deepseek_v2-mlp-bias": _variant("deepseek-v2-lite", num_hidden_layers=3, mlp_bias=True,
+                                     q_lora_rank=512, attention_bias=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_matches_transformers(name: str) -> None:
+    _assert_same(VARIANTS[name], _build(VARIANTS[name]), name)
+
+
+def test_deepseek_v3_score_correction_bias_is_a_buffer() -> None:
+    """transformers registers ``e_score_correction_bias`` as an nn.Buffer, so it is not trainable."""
+    model = _build(VARIANTS["deepseek_v3-no-q-lora"])
+    params = {n for n, _ in model.named_parameters()}
+    buffers = {n for n, _ in model.named_buffers()}
+    assert not any(n.endswith("e_score_correction_bias") for n in params)
+    assert any(n.endswith("e_score_correction_bias") for n in buffers)
+    spec = model_from_hf_config(VARIANTS["deepseek_v3-no-q-lora"], name="v3")
+    moe = spec.layers[-1].moe
+    assert moe is not None and moe.router_bias and moe.router_bias_is_buffer
