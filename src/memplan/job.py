@@ -69,6 +69,9 @@ class Parallelism:
     first_stage_layers: int | None = None
     #: Decoder layers on the last pipeline stage when the split is uneven.
     last_stage_layers: int | None = None
+    #: Interleaved schedule: micro-batches run through one model chunk before moving to the next
+    #: (Megatron ``--microbatch-group-size-per-virtual-pipeline-stage``); None means ``pp``.
+    microbatch_group_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("--gpus", self.world_size)
@@ -95,6 +98,8 @@ class Parallelism:
                 )
         if self.vpp > 1 and self.pp == 1:
             raise JobConfigError("--vpp", "interleaving needs --pp greater than 1", self.vpp)
+        if self.microbatch_group_size is not None:
+            _check_int("--microbatch-group-size", self.microbatch_group_size)
         for name in ("first_stage_layers", "last_stage_layers"):
             value = getattr(self, name)
             if value is not None:
@@ -131,9 +136,13 @@ class Sharding:
     #: Megatron distributed optimizer (``--distributed-optimizer``): shards master weights and
     #: optimizer states over DP (ZeRO-1 like), gradients stay in a full buffer.
     distributed_optimizer: bool = False
+    #: Megatron ``--num-distributed-optimizer-instances``: the distributed optimizer shards over
+    #: DP / instances GPUs and replicates across instances.
+    distributed_optimizer_instances: int = 1
 
     def __post_init__(self) -> None:
         _check_int("--zero", self.zero, minimum=0, maximum=3)
+        _check_int("--distributed-optimizer-instances", self.distributed_optimizer_instances)
         _check_choice("--fsdp", self.fsdp, get_args(FsdpMode))
         if self.fsdp_shard_size is not None:
             _check_int("--fsdp-shard-size", self.fsdp_shard_size)
@@ -251,6 +260,11 @@ class Job:
     dropout: float = 0.0
     #: ``--loss``: how logits and cross-entropy are materialised (``auto``: the framework's way).
     loss: LossImpl = "auto"
+    #: Megatron ``--defer-embedding-wgrad-compute``: the output layer's weight gradient is
+    #: computed after the pipeline drains, so each finished micro-batch keeps its logits gradient
+    #: and the layer input; ``--wgrad-deferral-limit`` caps how many (0 = all).
+    defer_embedding_wgrad: bool = False
+    wgrad_deferral_limit: int = 0
     #: ``--framework``: whose implementation decides buffers, dtypes and workspaces.
     framework: FrameworkName = "megatron"
     #: Pad the vocabulary to a multiple of this times TP (Megatron's
@@ -265,6 +279,7 @@ class Job:
             raise JobConfigError("--dropout", "must be in [0, 1)", self.dropout)
         if self.vocab_divisible_by is not None:
             _check_int("--make-vocab-size-divisible-by", self.vocab_divisible_by)
+        _check_int("--wgrad-deferral-limit", self.wgrad_deferral_limit, minimum=0)
         self._check_batch()
 
     def _check_batch(self) -> None:

@@ -12,6 +12,7 @@ from memplan.estimate.activations import (
 )
 from memplan.estimate.extras import (
     communication_bytes,
+    deferred_wgrad_bytes,
     embedding_activation_bytes,
     head_activation_bytes,
     input_bytes,
@@ -179,6 +180,8 @@ def _stage_estimate(
     loss = job.loss if job.loss != "auto" else profile.default_loss
     head_acts = head_activation_bytes(shape) if layout.has_head else 0
     logits = logits_bytes(job, loss, shape, vocab_rows) if layout.has_head else 0
+    if layout.has_head:
+        head_acts += deferred_wgrad_bytes(job, shape, vocab_rows)
     candidates = {
         "backward": (layer_acts + other_acts + head_acts, 0, worst_backward),
         "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job))),

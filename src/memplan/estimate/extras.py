@@ -47,12 +47,26 @@ def logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int) -
         # Logits, the .float() copy, and log_softmax's fp32 output saved for backward.
         return c * elements + upcast + _FP32 * elements
     if loss == "fused":
-        # A fused cross-entropy kernel keeps the logits and writes their gradient in place.
-        return 2 * c * elements
+        # Megatron's fused vocab-parallel cross-entropy (--cross-entropy-loss-fusion) upcasts the
+        # logits and computes the fp32 gradient already in the forward, keeping it for backward:
+        # logits + fp32 copy + fp32 gradient.
+        return c * elements + upcast + _FP32 * elements
     # chunked: the logits of one chunk of about vocab/hidden tokens at a time, fp32 gradient
     # accumulators for the head weight.
     chunk_tokens = max(1, min(tokens, tokens * shape.hidden // max(vocab_local, 1)))
     return (c + _FP32 * 2) * chunk_tokens * vocab_local + _FP32 * vocab_local * shape.hidden
+
+
+def deferred_wgrad_bytes(job: Job, shape: ActivationShape, vocab_rows: int) -> int:
+    """Megatron --defer-embedding-wgrad-compute: logits gradient + head input kept per finished micro-batch."""
+    if not job.defer_embedding_wgrad:
+        return 0
+    finished = job.num_microbatches - 1
+    if job.wgrad_deferral_limit:
+        finished = min(finished, job.wgrad_deferral_limit)
+    tokens = shape.seq * shape.micro_batch
+    per_microbatch = shape.act_bytes * tokens * (vocab_rows // shape.tp + shape.hidden)
+    return max(0, finished) * per_microbatch
 
 
 def input_bytes(shape: ActivationShape, framework: str) -> int:

@@ -2,7 +2,8 @@
 
 Schedules follow Megatron-LM's ``schedules.py``: non-interleaved 1F1B runs ``pp - rank - 1`` warm-up
 forwards before its first backward; the interleaved schedule runs
-``(pp - rank - 1) * 2 + (vpp - 1) * pp`` warm-up forward chunks. Activations of every forward that
+``(pp - rank - 1) * 2 + (vpp - 1) * group`` warm-up forward chunks (``group`` = micro-batches per
+chunk before switching chunks, ``pp`` by default). Activations of every forward that
 has not yet had its backward stay alive, so the peak holds warm-up + 1 forwards.
 """
 
@@ -76,21 +77,27 @@ def pipeline_layout(num_layers: int, par: Parallelism, num_microbatches: int) ->
                 chunks=tuple(chunks[rank]),
                 has_embedding=rank == 0,
                 has_head=rank == pp - 1,
-                inflight_chunks=_inflight_chunks(rank, pp, vpp, num_microbatches),
+                inflight_chunks=_inflight_chunks(
+                    rank, pp, vpp, num_microbatches, par.microbatch_group_size or pp
+                ),
             )
         )
     return tuple(stages)
 
 
-def _inflight_chunks(rank: int, pp: int, vpp: int, num_microbatches: int) -> tuple[int, ...]:
-    """Chunk index of each forward alive at the end of warm-up (Megatron's 1F1B schedules)."""
+def _inflight_chunks(rank: int, pp: int, vpp: int, num_microbatches: int, group: int) -> tuple[int, ...]:
+    """Chunk index of each forward alive at the end of warm-up (Megatron's 1F1B schedules).
+
+    ``group`` is the number of micro-batches run through one chunk before the next chunk
+    (Megatron's ``microbatch_group_size_per_vp_stage``, default ``pp``).
+    """
     if pp == 1:
         return (0,)
     total = num_microbatches * vpp
     if vpp == 1:
         warmup = min(pp - rank - 1, num_microbatches)
         return (0,) * min(warmup + 1, num_microbatches)
-    warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+    warmup = min((pp - rank - 1) * 2 + (vpp - 1) * group, total)
     alive = min(warmup + 1, total)
-    # Forward k runs micro-batch groups of size pp through chunk (k // pp) % vpp.
-    return tuple((k // pp) % vpp for k in range(alive))
+    # Forward k runs micro-batch groups of size `group` through chunk (k // group) % vpp.
+    return tuple((k // group) % vpp for k in range(alive))

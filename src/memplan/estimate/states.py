@@ -86,6 +86,9 @@ def _shard_sizes(job: Job) -> tuple[int, int]:
     par, sh = job.parallel, job.sharding
     dense = par.data_parallel * par.cp
     expert = par.expert_dp
+    if sh.distributed_optimizer and sh.distributed_optimizer_instances > 1:
+        instances = sh.distributed_optimizer_instances
+        return max(1, dense // instances), max(1, expert // instances)
     if sh.fsdp == "hybrid":
         size = sh.fsdp_shard_size or min(dense, 8)
         return min(size, dense), min(size, expert)

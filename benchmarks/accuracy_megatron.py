@@ -1,0 +1,125 @@
+"""Accuracy of `memplan estimate` against Megatron-LM's measured peak memory on H100.
+
+For every case of the reference file (default: ../shared/reference/megatron_ci_h100.json) in
+scope — dense decoder cases of family ``gpt``, without RL (grpo), hybrid or multimodal models —
+map the launch arguments with ``memplan.frameworks.megatron_args``, estimate, and compare the last
+pipeline stage's predicted peak allocated bytes with the measured ``max_allocated_bytes`` (last
+rank). World size is nodes x gpus_per_node, 8 where the recipe does not say.
+
+Cases whose record contradicts itself are reported but left out of the summary, each with its
+evidence: a recorded batch that Megatron would refuse on the recorded GPUs (global batch not a
+multiple of micro-batch x data-parallel size), or model states at the assumed world size larger
+than the memory the same run measured as resident after its last step (so the run used more GPUs
+than assumed).
+
+Usage: python benchmarks/accuracy_megatron.py [REFERENCE.json] [--json OUT.json] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from memplan.errors import MemplanError
+from memplan.estimate import estimate
+from memplan.frameworks.megatron_args import from_megatron_args
+
+DEFAULT_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "megatron_ci_h100.json"
+GiB = 2**30
+
+
+def in_scope(case: dict) -> bool:
+    """Dense decoder GPT cases: family gpt, not RL/grpo, no MoE, not hybrid/multimodal."""
+    args = case["model_args"]
+    return (
+        case["family"] == "gpt"
+        and "grpo" not in case["name"]
+        and "--num-experts" not in args
+        and "--perform-rl-step" not in args
+    )
+
+
+def world_size(case: dict) -> int:
+    return int(case.get("nodes") or 1) * int(case.get("gpus_per_node") or 8) if case.get("nodes") else 8
+
+
+def evaluate(case: dict) -> dict:
+    row = {"name": case["name"], "measured_bytes": int(case["measured"]["max_allocated_bytes"])}
+    gpus = world_size(case)
+    row["gpus"] = gpus
+    try:
+        model, job = from_megatron_args(case["model_args"], gpus=gpus, name=case["name"])
+        result = estimate(model, job)
+    except MemplanError as exc:
+        row["error"] = str(exc)
+        row["excluded"] = f"the recorded launch is invalid on {gpus} GPUs: {exc}"
+        return row
+    last = result.stages[-1]
+    resident = int(case["measured"].get("allocated_bytes_last_step") or 0)
+    states = last.parameters_bytes + last.gradients_bytes + last.optimizer_bytes
+    if resident and states > resident:
+        row["excluded"] = (
+            f"world size not recorded: at the assumed {gpus} GPUs the model states alone "
+            f"({states / GiB:.2f} GiB) exceed the {resident / GiB:.2f} GiB measured resident after "
+            "the last step, so the run used more GPUs"
+        )
+    row.update(
+        predicted_bytes=last.peak_allocated_bytes,
+        error=None,
+        rel_error=last.peak_allocated_bytes / row["measured_bytes"] - 1.0,
+        phase=last.peak_phase,
+        states_bytes=last.parameters_bytes + last.gradients_bytes + last.optimizer_bytes,
+        activations_bytes=last.activations_bytes,
+        logits_bytes=last.logits_bytes,
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reference", nargs="?", default=str(DEFAULT_REFERENCE))
+    parser.add_argument("--json", dest="json_out", help="write the per-case rows as JSON here")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ns = parser.parse_args(argv)
+    data = json.loads(Path(ns.reference).read_text())
+    rows = [evaluate(c) for c in data["cases"] if in_scope(c)]
+    ok = [r for r in rows if r.get("error") is None and not r.get("excluded")]
+    failed = [r for r in rows if r.get("excluded")]
+    sep = " | " if ns.markdown else "  "
+    if ns.markdown:
+        print("| case | GPUs | measured GiB | predicted GiB | error | peak at |")
+        print("| --- | ---: | ---: | ---: | ---: | --- |")
+    else:
+        print(f"{'case':78s} {'GPUs':>4s} {'meas GiB':>9s} {'pred GiB':>9s} {'error':>7s}  peak at")
+    for r in ok:
+        cells = [r["name"], str(r["gpus"]), f"{r['measured_bytes'] / GiB:.2f}", f"{r['predicted_bytes'] / GiB:.2f}",
+                 f"{100 * r['rel_error']:+.1f}%", r["phase"]]
+        if ns.markdown:
+            print("| " + sep.join(cells) + " |")
+        else:
+            print(f"{cells[0]:78s} {cells[1]:>4s} {cells[2]:>9s} {cells[3]:>9s} {cells[4]:>7s}  {cells[5]}")
+    if failed:
+        print()
+        print("left out of the summary (inconsistent records):")
+    for r in failed:
+        shown = f" (predicted {r['predicted_bytes'] / GiB:.2f} GiB vs measured {r['measured_bytes'] / GiB:.2f} GiB)" if "predicted_bytes" in r else ""
+        print(f"- {r['name']}: {r['excluded']}{shown}")
+    errors = [abs(r["rel_error"]) for r in ok]
+    if errors:
+        worst = max(ok, key=lambda r: abs(r["rel_error"]))
+        print()
+        print(f"cases in scope: {len(rows)}; compared: {len(ok)}; left out: {len(failed)}")
+        print(f"median |relative error|: {100 * statistics.median(errors):.1f}%")
+        print(f"mean |relative error|:   {100 * statistics.mean(errors):.1f}%")
+        print(f"worst: {100 * abs(worst['rel_error']):.1f}% ({worst['name']})")
+        print(f"within 5%: {sum(e <= 0.05 for e in errors)}/{len(errors)}; within 25%: {sum(e <= 0.25 for e in errors)}/{len(errors)}")
+    if ns.json_out:
+        Path(ns.json_out).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Map a Megatron-LM launch (its argument list) to a ModelSpec and a Job.
+
+Accepts a command line (``pretrain_gpt.py --num-layers 32 ...``, backslash-continued lines
+allowed), a YAML/JSON mapping of flags to values (like a functional test's ``MODEL_ARGS``), or a
+mapping in Python. Every memory-relevant flag is mapped; flags that do not change memory are
+ignored; architectures memplan does not model (T5, BERT, hybrid Mamba, multimodal) are refused.
+Megatron's own defaults apply where a flag is absent (megatron/training/arguments.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from memplan.errors import ConfigError, ModelConfigError, UnsupportedError
+from memplan.frameworks.megatron_model import megatron_model_spec
+from memplan.job import Batch, Job, Optimizer, Parallelism, Precision, Recompute, Sharding
+from memplan.model.spec import ModelSpec
+
+#: Flags whose presence means an architecture memplan does not model, and its name.
+_UNSUPPORTED = {
+    "--encoder-num-layers": "T5 (encoder-decoder)",
+    "--decoder-num-layers": "T5 (encoder-decoder)",
+    "--encoder-seq-length": "T5 (encoder-decoder)",
+    "--vocab-extra-ids": "T5 (encoder-decoder)",
+    "--bert-no-binary-head": "BERT",
+    "--bert-binary-head": "BERT",
+    "--hybrid-layer-pattern": "hybrid Mamba",
+    "--hybrid-override-pattern": "hybrid Mamba",
+    "--is-hybrid-model": "hybrid Mamba",
+    "--language-model-type": "multimodal",
+    "--vision-model-type": "multimodal",
+    "--model-provider": "multimodal (custom model provider)",
+    "--total-seq-length": "multimodal",
+}
+
+
+def parse_megatron_args(source: str | Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """Normalise a command line, a token list or a mapping into ``{"--flag": value}``.
+
+    A flag followed by another flag (or nothing) is a switch and maps to ``True``; a flag given
+    several values maps to the list of them.
+    """
+    if isinstance(source, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in source.items():
+            flag = key if str(key).startswith("--") else "--" + str(key).replace("_", "-")
+            out[flag] = value
+        return out
+    if isinstance(source, str):
+        tokens = shlex.split(source.replace("\\\n", " "), comments=True)
+    else:
+        tokens = list(source)
+    args: dict[str, Any] = {}
+    current: str | None = None
+    for token in tokens:
+        if token.startswith("--"):
+            flag, eq, value = token.partition("=")
+            current = flag
+            args[flag] = value if eq else True
+        elif current is not None:
+            existing = args[current]
+            if existing is True:
+                args[current] = token
+            elif isinstance(existing, list):
+                existing.append(token)
+            else:
+                args[current] = [existing, token]
+    return args
+
+
+def read_megatron_args_file(path: str | Path) -> dict[str, Any]:
+    """Read a file holding a command line, or a YAML/JSON mapping (optionally under MODEL_ARGS)."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError("--megatron-args", f"cannot read the file ({exc.strerror})", str(path)) from None
+    stripped = text.lstrip()
+    if stripped.startswith("{") or ":" in stripped.split("\n", 1)[0] and not stripped.startswith("-"):
+        data = _load_mapping(text, str(path))
+        if "MODEL_ARGS" in data and isinstance(data["MODEL_ARGS"], Mapping):
+            data = data["MODEL_ARGS"]
+        return parse_megatron_args(data)
+    try:
+        return parse_megatron_args(text)
+    except ValueError as exc:
+        raise ConfigError("--megatron-args", f"is not a valid command line ({exc})", str(path)) from None
+
+
+def _load_mapping(text: str, where: str) -> Mapping[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError("--megatron-args", f"is not valid YAML/JSON{at}", where) from None
+    if not isinstance(data, Mapping):
+        raise ConfigError("--megatron-args", "must hold a command line or a mapping of flags", where)
+    return data
+
+
+def load_megatron_args(path: str | Path, *, gpus: int) -> tuple[ModelSpec, Job]:
+    """ModelSpec and Job for a Megatron-LM launch described in the file ``path`` on ``gpus`` GPUs."""
+    args = read_megatron_args_file(path)
+    return from_megatron_args(args, gpus=gpus, name=Path(path).stem)
+
+
+def from_megatron_args(
+    source: str | Sequence[str] | Mapping[str, Any], *, gpus: int, name: str = "megatron-gpt"
+) -> tuple[ModelSpec, Job]:
+    """ModelSpec and Job for Megatron-LM arguments on ``gpus`` GPUs."""
+    args = parse_megatron_args(source)
+    for flag, arch in _UNSUPPORTED.items():
+        if flag in args:
+            raise UnsupportedError(
+                f"{flag}: {arch} models are not supported by memplan's estimator "
+                "(decoder-only GPT, Llama-style, MoE and MLA models are)"
+            )
+    spec = str(args.get("--spec", ""))
+    if "mamba" in spec or "hybrid" in spec or "bert" in spec or "t5" in spec:
+        raise UnsupportedError(f"--spec: the layer spec {spec!r} is not a GPT decoder; not supported")
+    vocab_file = str(args.get("--vocab-file", ""))
+    if vocab_file.endswith(".txt") and "--merge-file" not in args and "--tokenizer-type" not in args:
+        raise UnsupportedError(
+            "--vocab-file: a WordPiece vocabulary without --merge-file is BERT's tokenizer; "
+            "BERT models are not supported"
+        )
+    model = megatron_model_spec(args, name=name)
+    return model, megatron_job(args, model, gpus=gpus)
+
+
+def _int(args: Mapping[str, Any], flag: str, default: int | None = None) -> int | None:
+    value = args.get(flag, default)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ModelConfigError(flag, "must be an integer", value) from None
+
+
+def _flag(args: Mapping[str, Any], flag: str) -> bool:
+    value = args.get(flag, False)
+    if isinstance(value, str):
+        return value.lower() not in ("false", "0", "no")
+    return bool(value)
+
+
+def _float(args: Mapping[str, Any], flag: str, default: float) -> float:
+    value = args.get(flag, default)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ModelConfigError(flag, "must be a number", value) from None
+
+
+def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job:
+    """The Job part of Megatron arguments (parallelism, batch, precision, optimizer, recompute)."""
+    tp = _int(args, "--tensor-model-parallel-size", 1) or 1
+    pp = _int(args, "--pipeline-model-parallel-size", 1) or 1
+    cp = _int(args, "--context-parallel-size", 1) or 1
+    vpp = 1
+    per_vstage = _int(args, "--num-layers-per-virtual-pipeline-stage")
+    if per_vstage:
+        vpp = max(1, model.num_layers // (pp * per_vstage))
+    vpp = _int(args, "--num-virtual-stages-per-pipeline-rank", vpp) or vpp
+    first = _int(args, "--decoder-first-pipeline-num-layers")
+    last = _int(args, "--decoder-last-pipeline-num-layers")
+    if _flag(args, "--account-for-embedding-in-pipeline-split") or _flag(args, "--account-for-loss-in-pipeline-split"):
+        each = (model.num_layers + _flag(args, "--account-for-embedding-in-pipeline-split")
+                + _flag(args, "--account-for-loss-in-pipeline-split")) // pp
+        if _flag(args, "--account-for-embedding-in-pipeline-split"):
+            first = each - 1
+        if _flag(args, "--account-for-loss-in-pipeline-split"):
+            last = each - 1
+    parallel = Parallelism(
+        world_size=gpus,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        cp=cp,
+        ep=_int(args, "--expert-model-parallel-size", 1) or 1,
+        etp=_int(args, "--expert-tensor-parallel-size"),
+        sequence_parallel=_flag(args, "--sequence-parallel"),
+        first_stage_layers=first,
+        last_stage_layers=last,
+        microbatch_group_size=_int(args, "--microbatch-group-size-per-virtual-pipeline-stage"),
+    )
+    mbs = _int(args, "--micro-batch-size", 1) or 1
+    gbs = _int(args, "--global-batch-size")
+    batch = Batch(micro_batch_size=mbs, seq_length=_int(args, "--seq-length", 1024) or 1024, global_batch_size=gbs)
+    return Job(
+        parallel=parallel,
+        sharding=_sharding(args),
+        batch=batch,
+        precision=_precision(args),
+        optimizer=_optimizer(args),
+        recompute=_recompute(args),
+        attention=_attention(args),
+        dropout=max(_float(args, "--hidden-dropout", 0.1), _float(args, "--attention-dropout", 0.1)),
+        loss="fused" if _flag(args, "--cross-entropy-loss-fusion") else "vocab-parallel",
+        defer_embedding_wgrad=_flag(args, "--defer-embedding-wgrad-compute"),
+        wgrad_deferral_limit=_int(args, "--wgrad-deferral-limit", 0) or 0,
+        framework="megatron",
+        vocab_divisible_by=_int(args, "--make-vocab-size-divisible-by", 128),
+    )
+
+
+def _sharding(args: Mapping[str, Any]) -> Sharding:
+    strategy = str(args.get("--data-parallel-sharding-strategy", ""))
+    if _flag(args, "--use-megatron-fsdp") or _flag(args, "--use-torch-fsdp2"):
+        zero = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(strategy, 3)
+        return Sharding(zero=zero)
+    return Sharding(
+        distributed_optimizer=_flag(args, "--use-distributed-optimizer"),
+        distributed_optimizer_instances=_int(args, "--num-distributed-optimizer-instances", 1) or 1,
+    )
+
+
+def _precision(args: Mapping[str, Any]) -> Precision:
+    if _flag(args, "--bf16"):
+        name = "bf16-mixed"
+    elif _flag(args, "--fp16"):
+        name = "fp16-mixed"
+    else:
+        return Precision(name="fp32")
+    grad = None
+    if _flag(args, "--no-accumulate-allreduce-grads-in-fp32") or str(args.get("--grad-reduce-in-bf16", "")) in ("True", "true"):
+        grad = name.removesuffix("-mixed")
+    if name == "fp16-mixed" and not _flag(args, "--accumulate-allreduce-grads-in-fp32"):
+        grad = grad or "fp16"
+    return Precision(name=name, grad_dtype=grad)  # type: ignore[arg-type]
+
+
+def _optimizer(args: Mapping[str, Any]) -> Optimizer:
+    name = str(args.get("--optimizer", "adam"))
+    if name == "sgd":
+        return Optimizer(name="sgd", momentum=_float(args, "--sgd-momentum", 0.9))
+    if name in ("adam", "adamw"):
+        return Optimizer(name="adamw")
+    raise UnsupportedError(f"--optimizer: Megatron optimizer {name!r} is not modelled (adam and sgd are)")
+
+
+def _recompute(args: Mapping[str, Any]) -> Recompute:
+    granularity = args.get("--recompute-granularity")
+    if _flag(args, "--recompute-activations"):
+        granularity = "selective"
+    if not granularity or granularity is True:
+        return Recompute()
+    method = str(args.get("--recompute-method", "uniform"))
+    return Recompute(
+        mode=str(granularity),  # type: ignore[arg-type]
+        method=method if method in ("uniform", "block") else "uniform",  # type: ignore[arg-type]
+        num_layers=_int(args, "--recompute-num-layers"),
+    )
+
+
+def _attention(args: Mapping[str, Any]) -> str:
+    backend = str(args.get("--attention-backend", "auto"))
+    if backend == "unfused":
+        return "eager"
+    if backend in ("flash", "fused", "auto") and str(args.get("--transformer-impl", "transformer_engine")) == "local":
+        # The local (non-TE) layer spec uses Megatron's unfused DotProductAttention unless flash-attn is asked for.
+        return "flash" if _flag(args, "--use-flash-attn") or backend == "flash" else "eager"
+    return "flash"
+
+
+def dumps_args(args: Mapping[str, Any]) -> str:
+    """The mapping as a JSON string (for reports)."""
+    return json.dumps(dict(args), sort_keys=True, default=str)
