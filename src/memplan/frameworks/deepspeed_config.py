@@ -1,0 +1,100 @@
+"""Apply a DeepSpeed JSON config (``ds_config.json``) to a Job, where its fields map.
+
+Mapped: ``zero_optimization.stage``, ``bf16.enabled`` / ``fp16.enabled``, ``optimizer.type``,
+``train_micro_batch_size_per_gpu``, ``train_batch_size``, ``gradient_accumulation_steps``,
+``zero_optimization.reduce_bucket_size`` is part of the deepspeed framework profile's defaults.
+``"auto"`` values (Hugging Face's integration fills them in) keep the Job's value. Offloading
+(``offload_optimizer`` / ``offload_param``) is refused until the estimator models it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from memplan.errors import ConfigError, UnsupportedError
+from memplan.job import Batch, Job, Optimizer, Precision, Sharding
+
+_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "fusedadam": "adamw", "onebitadam": "adam"}
+
+
+def read_deepspeed_config(path: str | Path) -> dict[str, Any]:
+    """Parse a DeepSpeed JSON config; a malformed file is a ConfigError naming the line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError("--deepspeed-config", f"cannot read the file ({exc.strerror})", str(path)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("--deepspeed-config", f"is not valid JSON (line {exc.lineno}: {exc.msg})", str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("--deepspeed-config", "must hold a JSON object", str(path))
+    return data
+
+
+def apply_deepspeed_config(path: str | Path, job: Job) -> Job:
+    """``job`` with the settings of the DeepSpeed config at ``path`` (framework ``deepspeed``)."""
+    return job_with_deepspeed(read_deepspeed_config(path), job)
+
+
+def _value(section: Mapping[str, Any], key: str, field: str) -> Any:
+    value = section.get(key)
+    if value == "auto":
+        return None
+    return value
+
+
+def _int_field(section: Mapping[str, Any], key: str, field: str) -> int | None:
+    value = _value(section, key, field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field, "must be a positive integer or \"auto\"", value)
+    return value
+
+
+def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
+    zero_section = config.get("zero_optimization") or {}
+    if not isinstance(zero_section, Mapping):
+        raise ConfigError("zero_optimization", "must be an object", zero_section)
+    stage = zero_section.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError("zero_optimization.stage", "must be 0, 1, 2 or 3", stage)
+    for key in ("offload_optimizer", "offload_param"):
+        device = (zero_section.get(key) or {}).get("device", "none") if isinstance(zero_section.get(key), Mapping) else "none"
+        if device not in ("none", None):
+            raise UnsupportedError(f"zero_optimization.{key}: offloading to {device} is not modelled by the estimator yet")
+    precision = job.precision
+    if (config.get("bf16") or {}).get("enabled") in (True, "true"):
+        precision = dataclasses.replace(precision, name="bf16-mixed")
+    elif (config.get("fp16") or {}).get("enabled") in (True, "true"):
+        precision = dataclasses.replace(precision, name="fp16-mixed")
+    optimizer = job.optimizer
+    opt_section = config.get("optimizer")
+    if isinstance(opt_section, Mapping) and opt_section.get("type"):
+        kind = str(opt_section["type"]).lower()
+        if kind not in _OPTIMIZERS:
+            raise UnsupportedError(f"optimizer.type: DeepSpeed optimizer {opt_section['type']!r} is not modelled")
+        params = opt_section.get("params") or {}
+        momentum = float(params.get("momentum", 0.0)) if kind == "sgd" else 0.0
+        optimizer = Optimizer(name=_OPTIMIZERS[kind], momentum=momentum, implementation="fused")  # type: ignore[arg-type]
+    batch = job.batch
+    mbs = _int_field(config, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu")
+    gbs = _int_field(config, "train_batch_size", "train_batch_size")
+    accumulation = _int_field(config, "gradient_accumulation_steps", "gradient_accumulation_steps")
+    mbs = mbs or batch.micro_batch_size
+    if gbs is None and accumulation is not None:
+        gbs = mbs * accumulation * job.parallel.data_parallel
+    batch = Batch(micro_batch_size=mbs, seq_length=batch.seq_length, global_batch_size=gbs or batch.global_batch_size)
+    return dataclasses.replace(
+        job,
+        framework="deepspeed",
+        sharding=Sharding(zero=stage),
+        precision=precision,
+        optimizer=optimizer,
+        batch=batch,
+    )
