@@ -161,6 +161,10 @@ def _stage_estimate(
             if index in recomputed:
                 kept += keep
                 worst_backward = max(worst_backward, group * full + 2 * largest_term)
+            elif job.recompute.mode == "selective":
+                # The attention core is recomputed during this layer's backward.
+                kept += keep
+                worst_backward = max(worst_backward, full - keep + 2 * largest_term)
             else:
                 kept += full
                 worst_backward = max(worst_backward, 2 * largest_term)
