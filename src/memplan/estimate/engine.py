@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from memplan.estimate.activations import (
     ActivationShape,
     divided,
@@ -26,7 +24,6 @@ from memplan.estimate.states import padded_vocab, stage_params, state_bytes
 from memplan.frameworks.profiles import FrameworkProfile, get_profile
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
-from memplan.model.params import total_params
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.units import dtype_bytes
 
@@ -87,8 +84,8 @@ def estimate(
         peak_stage=peak.stage,
         fragmentation=fragmentation,
         assumptions=_assumptions(model, job, profile, prec, vocab_rows, fragmentation),
-        total_parameters=total_params(model),
-        job=_job_dict(job),
+        total_parameters=model.total_parameters,
+        job=job,
         gpu=gpu,
     )
 
@@ -231,10 +228,6 @@ def _largest_tensor(model: ModelSpec, vocab_rows: int, job: Job) -> int:
 def _reserved(allocated: int, fragmentation: float) -> int:
     reserved = int(allocated / (1.0 - fragmentation))
     return -(-reserved // _SEGMENT) * _SEGMENT
-
-
-def _job_dict(job: Job) -> dict[str, object]:
-    return dataclasses.asdict(job)
 
 
 def _assumptions(

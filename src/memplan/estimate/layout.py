@@ -27,14 +27,12 @@ class StageLayout:
     has_head: bool
     #: For each forward in flight at the peak, the chunk index it ran through (oldest first).
     inflight_chunks: tuple[int, ...]
-
-    @property
-    def layer_indices(self) -> tuple[int, ...]:
-        return tuple(i for chunk in self.chunks for i in chunk)
+    #: Every decoder-layer index on this rank, chunk by chunk.
+    layer_indices: tuple[int, ...]
 
     @property
     def num_layers(self) -> int:
-        return sum(len(chunk) for chunk in self.chunks)
+        return len(self.layer_indices)
 
     @property
     def inflight_microbatches(self) -> int:
@@ -77,6 +75,7 @@ def pipeline_layout(num_layers: int, par: Parallelism, num_microbatches: int) ->
                 chunks=tuple(chunks[rank]),
                 has_embedding=rank == 0,
                 has_head=rank == pp - 1,
+                layer_indices=tuple(i for chunk in chunks[rank] for i in chunk),
                 inflight_chunks=_inflight_chunks(
                     rank, pp, vpp, num_microbatches, par.microbatch_group_size or pp
                 ),

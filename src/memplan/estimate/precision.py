@@ -28,25 +28,19 @@ class ResolvedPrecision:
     residual: str
     notes: tuple[str, ...]
 
-    @property
-    def param_bytes(self) -> int:
-        return dtype_bytes(self.param)
+    param_bytes: int = 0
+    grad_bytes: int = 0
+    #: 0 when there is no separate master copy.
+    master_bytes: int = 0
+    state_bytes: int = 0
+    act_bytes: int = 0
 
-    @property
-    def grad_bytes(self) -> int:
-        return dtype_bytes(self.grad)
-
-    @property
-    def master_bytes(self) -> int:
-        return dtype_bytes(self.master) if self.master else 0
-
-    @property
-    def state_bytes(self) -> int:
-        return dtype_bytes(self.optimizer_state)
-
-    @property
-    def act_bytes(self) -> int:
-        return dtype_bytes(self.compute)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "param_bytes", dtype_bytes(self.param))
+        object.__setattr__(self, "grad_bytes", dtype_bytes(self.grad))
+        object.__setattr__(self, "master_bytes", dtype_bytes(self.master) if self.master else 0)
+        object.__setattr__(self, "state_bytes", dtype_bytes(self.optimizer_state))
+        object.__setattr__(self, "act_bytes", dtype_bytes(self.compute))
 
 
 def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:

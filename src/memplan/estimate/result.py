@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memplan.gpus import GPU
+from memplan.job import Job
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +72,8 @@ class Estimate:
     assumptions: tuple[str, ...]
     #: Total parameters of the model (as transformers counts them).
     total_parameters: int
-    job: dict[str, Any]
+    #: The job that was estimated.
+    job: Job
     gpu: GPU | None = None
 
     @property
@@ -100,7 +102,7 @@ class Estimate:
             "fragmentation": self.fragmentation,
             "stages": [s.to_dict() for s in self.stages],
             "assumptions": list(self.assumptions),
-            "job": self.job,
+            "job": asdict(self.job),
         }
         if self.gpu is not None:
             data["gpu"] = {

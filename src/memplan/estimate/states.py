@@ -16,7 +16,6 @@ from memplan.job import Job
 from memplan.model.params import (
     embedding_params,
     final_norm_params,
-    layer_params,
     position_embedding_params,
 )
 from memplan.model.spec import ModelSpec
@@ -51,8 +50,9 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
     par = job.parallel
     tp, ep_etp = par.tp, par.ep * par.expert_tp
     dense = expert = largest = 0
+    all_groups = model.layer_param_groups
     for index in stage.layer_indices:
-        groups = layer_params(model.layers[index], model.hidden_size, model.norm_bias)
+        groups = all_groups[index]
         local_dense = groups.tp_sharded // tp + groups.replicated
         local_expert = groups.expert // ep_etp
         dense += local_dense

@@ -8,9 +8,13 @@ by :mod:`memplan.model.params`; how parallelism divides them lives in :mod:`memp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import cached_property
+from typing import TYPE_CHECKING, Literal
 
 from memplan.errors import ModelConfigError
+
+if TYPE_CHECKING:
+    from memplan.model.params import ParamGroups
 
 NormKind = Literal["rmsnorm", "layernorm"]
 AttentionKind = Literal["mha", "mla"]
@@ -180,6 +184,20 @@ class ModelSpec:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @cached_property
+    def layer_param_groups(self) -> tuple[ParamGroups, ...]:
+        """Parameters of each decoder layer grouped by TP sharding (computed once per spec)."""
+        from memplan.model.params import layer_params
+
+        return tuple(layer_params(layer, self.hidden_size, self.norm_bias) for layer in self.layers)
+
+    @cached_property
+    def total_parameters(self) -> int:
+        """Every trainable parameter as ``transformers`` counts them (computed once per spec)."""
+        from memplan.model.params import total_params
+
+        return total_params(self)
 
     @property
     def num_moe_layers(self) -> int:

@@ -127,7 +127,7 @@ def stage_tables(est: Estimate, *, per_table: int = STAGES_PER_TABLE) -> list[Ta
 
 def estimate_header(est: Estimate) -> Text:
     """One line: model, size, framework, precision and layout."""
-    job: dict[str, Any] = est.job
+    job = est.to_dict()["job"]
     par, batch = job.get("parallel", {}), job.get("batch", {})
     text = Text()
     text.append(est.model, style="bold")
@@ -167,9 +167,8 @@ def fit_verdict(est: Estimate) -> Text | None:
 
 
 def _notes(est: Estimate) -> list[Text]:
-    par, batch = est.job.get("parallel", {}), est.job.get("batch", {})
     notes = []
-    if par.get("pp", 1) > 1 and batch.get("global_batch_size") is None:
+    if est.job.parallel.pp > 1 and est.job.batch.global_batch_size is None:
         notes.append(Text(
             "note: --gbs not given, so 1 micro-batch per step and no pipeline warm-up micro-batches "
             "are counted; pass --gbs for the real in-flight count.", style="yellow"))
