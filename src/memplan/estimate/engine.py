@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from memplan.estimate.activations import (
-    ActivationShape,
-    divided,
-    layer_activation_bytes,
-    layer_terms,
-)
+from memplan.estimate.activations import KEPT_BY, ActivationShape, divided, layer_terms
+from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
     communication_bytes,
     deferred_wgrad_bytes,
@@ -59,8 +55,6 @@ def estimate(
     """
     job = job or Job()
     if not 0.0 <= fragmentation < 1.0:
-        from memplan.errors import JobConfigError
-
         raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
     validate_job_for_model(job, model)
     profile = get_profile(job.framework)
@@ -113,10 +107,11 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
     """(kept bytes under the job's recompute, full bytes, largest single term) of one layer."""
     key = id(layer)
     if key not in cache:
-        terms = [divided(t, shape) for t in layer_terms(layer, shape)]
-        full = layer_activation_bytes(layer, shape, "none")
-        kept = layer_activation_bytes(layer, shape, job.recompute.mode)
-        cache[key] = (kept, full, max(terms))
+        kept_classes = KEPT_BY[job.recompute.mode]
+        sized = [(divided(t, shape), t.keep) for t in layer_terms(layer, shape)]
+        full = sum(size for size, _ in sized)
+        kept = sum(size for size, keep in sized if keep in kept_classes)
+        cache[key] = (kept, full, max(size for size, _ in sized))
     return cache[key]
 
 

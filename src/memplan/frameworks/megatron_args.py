@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError, ModelConfigError, UnsupportedError
-from memplan.frameworks.megatron_model import megatron_model_spec
+from memplan.frameworks.megatron_model import flag_is_set, megatron_model_spec
 from memplan.job import Batch, Job, Optimizer, Parallelism, Precision, Recompute, Sharding
 from memplan.model.spec import ModelSpec
 
@@ -145,13 +145,6 @@ def _int(args: Mapping[str, Any], flag: str, default: int | None = None) -> int 
         raise ModelConfigError(flag, "must be an integer", value) from None
 
 
-def _flag(args: Mapping[str, Any], flag: str) -> bool:
-    value = args.get(flag, False)
-    if isinstance(value, str):
-        return value.lower() not in ("false", "0", "no")
-    return bool(value)
-
-
 def _float(args: Mapping[str, Any], flag: str, default: float) -> float:
     value = args.get(flag, default)
     try:
@@ -172,12 +165,12 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
     vpp = _int(args, "--num-virtual-stages-per-pipeline-rank", vpp) or vpp
     first = _int(args, "--decoder-first-pipeline-num-layers")
     last = _int(args, "--decoder-last-pipeline-num-layers")
-    if _flag(args, "--account-for-embedding-in-pipeline-split") or _flag(args, "--account-for-loss-in-pipeline-split"):
-        each = (model.num_layers + _flag(args, "--account-for-embedding-in-pipeline-split")
-                + _flag(args, "--account-for-loss-in-pipeline-split")) // pp
-        if _flag(args, "--account-for-embedding-in-pipeline-split"):
+    if flag_is_set(args, "--account-for-embedding-in-pipeline-split") or flag_is_set(args, "--account-for-loss-in-pipeline-split"):
+        each = (model.num_layers + flag_is_set(args, "--account-for-embedding-in-pipeline-split")
+                + flag_is_set(args, "--account-for-loss-in-pipeline-split")) // pp
+        if flag_is_set(args, "--account-for-embedding-in-pipeline-split"):
             first = each - 1
-        if _flag(args, "--account-for-loss-in-pipeline-split"):
+        if flag_is_set(args, "--account-for-loss-in-pipeline-split"):
             last = each - 1
     parallel = Parallelism(
         world_size=gpus,
@@ -187,7 +180,7 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         cp=cp,
         ep=_int(args, "--expert-model-parallel-size", 1) or 1,
         etp=_int(args, "--expert-tensor-parallel-size"),
-        sequence_parallel=_flag(args, "--sequence-parallel"),
+        sequence_parallel=flag_is_set(args, "--sequence-parallel"),
         first_stage_layers=first,
         last_stage_layers=last,
         microbatch_group_size=_int(args, "--microbatch-group-size-per-virtual-pipeline-stage"),
@@ -204,8 +197,8 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         recompute=_recompute(args),
         attention=_attention(args),
         dropout=max(_float(args, "--hidden-dropout", 0.1), _float(args, "--attention-dropout", 0.1)),
-        loss="fused" if _flag(args, "--cross-entropy-loss-fusion") else "vocab-parallel",
-        defer_embedding_wgrad=_flag(args, "--defer-embedding-wgrad-compute"),
+        loss="fused" if flag_is_set(args, "--cross-entropy-loss-fusion") else "vocab-parallel",
+        defer_embedding_wgrad=flag_is_set(args, "--defer-embedding-wgrad-compute"),
         wgrad_deferral_limit=_int(args, "--wgrad-deferral-limit", 0) or 0,
         framework="megatron",
         vocab_divisible_by=_int(args, "--make-vocab-size-divisible-by", 128),
@@ -214,26 +207,26 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
 
 def _sharding(args: Mapping[str, Any]) -> Sharding:
     strategy = str(args.get("--data-parallel-sharding-strategy", ""))
-    if _flag(args, "--use-megatron-fsdp") or _flag(args, "--use-torch-fsdp2"):
+    if flag_is_set(args, "--use-megatron-fsdp") or flag_is_set(args, "--use-torch-fsdp2"):
         zero = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(strategy, 3)
         return Sharding(zero=zero)
     return Sharding(
-        distributed_optimizer=_flag(args, "--use-distributed-optimizer"),
+        distributed_optimizer=flag_is_set(args, "--use-distributed-optimizer"),
         distributed_optimizer_instances=_int(args, "--num-distributed-optimizer-instances", 1) or 1,
     )
 
 
 def _precision(args: Mapping[str, Any]) -> Precision:
-    if _flag(args, "--bf16"):
+    if flag_is_set(args, "--bf16"):
         name = "bf16-mixed"
-    elif _flag(args, "--fp16"):
+    elif flag_is_set(args, "--fp16"):
         name = "fp16-mixed"
     else:
         return Precision(name="fp32")
     grad = None
-    if _flag(args, "--no-accumulate-allreduce-grads-in-fp32") or str(args.get("--grad-reduce-in-bf16", "")) in ("True", "true"):
+    if flag_is_set(args, "--no-accumulate-allreduce-grads-in-fp32") or str(args.get("--grad-reduce-in-bf16", "")) in ("True", "true"):
         grad = name.removesuffix("-mixed")
-    if name == "fp16-mixed" and not _flag(args, "--accumulate-allreduce-grads-in-fp32"):
+    if name == "fp16-mixed" and not flag_is_set(args, "--accumulate-allreduce-grads-in-fp32"):
         grad = grad or "fp16"
     return Precision(name=name, grad_dtype=grad)  # type: ignore[arg-type]
 
@@ -249,7 +242,7 @@ def _optimizer(args: Mapping[str, Any]) -> Optimizer:
 
 def _recompute(args: Mapping[str, Any]) -> Recompute:
     granularity = args.get("--recompute-granularity")
-    if _flag(args, "--recompute-activations"):
+    if flag_is_set(args, "--recompute-activations"):
         granularity = "selective"
     if not granularity or granularity is True:
         return Recompute()
@@ -267,7 +260,7 @@ def _attention(args: Mapping[str, Any]) -> str:
         return "eager"
     if backend in ("flash", "fused", "auto") and str(args.get("--transformer-impl", "transformer_engine")) == "local":
         # The local (non-TE) layer spec uses Megatron's unfused DotProductAttention unless flash-attn is asked for.
-        return "flash" if _flag(args, "--use-flash-attn") or backend == "flash" else "eager"
+        return "flash" if flag_is_set(args, "--use-flash-attn") or backend == "flash" else "eager"
     return "flash"
 
 

@@ -37,7 +37,7 @@ def _get_int(args: Mapping[str, Any], flag: str, default: int | None = None, *, 
     return number
 
 
-def _on(args: Mapping[str, Any], flag: str) -> bool:
+def flag_is_set(args: Mapping[str, Any], flag: str) -> bool:
     value = args.get(flag, False)
     if isinstance(value, str):
         return value.lower() not in ("false", "0", "no")
@@ -77,12 +77,12 @@ def megatron_model_spec(args: Mapping[str, Any], *, name: str) -> ModelSpec:
     layers = _get_int(args, "--num-layers", required=True)
     heads = _get_int(args, "--num-attention-heads", required=True)
     assert hidden and layers and heads
-    if _on(args, "--num-experts") or "--num-experts" in args:
+    if flag_is_set(args, "--num-experts") or "--num-experts" in args:
         raise UnsupportedError("--num-experts: MoE layers from Megatron arguments are not modelled yet")
     head_dim = _get_int(args, "--kv-channels", hidden // heads) or hidden // heads
-    groups = _get_int(args, "--num-query-groups", heads) if _on(args, "--group-query-attention") else heads
-    bias = not _on(args, "--disable-bias-linear")
-    swiglu = _on(args, "--swiglu")
+    groups = _get_int(args, "--num-query-groups", heads) if flag_is_set(args, "--group-query-attention") else heads
+    bias = not flag_is_set(args, "--disable-bias-linear")
+    swiglu = flag_is_set(args, "--swiglu")
     ffn = _get_int(args, "--ffn-hidden-size")
     if ffn is None:
         ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
@@ -91,11 +91,11 @@ def megatron_model_spec(args: Mapping[str, Any], *, name: str) -> ModelSpec:
         intermediate_size=ffn,
         gated=swiglu,
         bias=bias,
-        activation="swiglu" if swiglu else ("squared_relu" if _on(args, "--squared-relu") else "gelu"),
+        activation="swiglu" if swiglu else ("squared_relu" if flag_is_set(args, "--squared-relu") else "gelu"),
     )
     layer = LayerSpec(attention=attention, mlp=mlp)
     position = str(args.get("--position-embedding-type", "learned_absolute"))
-    if _on(args, "--use-rotary-position-embeddings"):
+    if flag_is_set(args, "--use-rotary-position-embeddings"):
         position = "rope"
     learned = position == "learned_absolute"
     norm = str(args.get("--normalization", "LayerNorm"))
@@ -107,7 +107,7 @@ def megatron_model_spec(args: Mapping[str, Any], *, name: str) -> ModelSpec:
         layers=(layer,) * layers,
         norm="rmsnorm" if norm == "RMSNorm" else "layernorm",
         norm_bias=norm != "RMSNorm",
-        tie_word_embeddings=not _on(args, "--untie-embeddings-and-output-weights"),
+        tie_word_embeddings=not flag_is_set(args, "--untie-embeddings-and-output-weights"),
         position_embedding="learned" if learned else ("rope" if position in ("rope", "mrope", "yarn") else "none"),
         max_position_embeddings=(_get_int(args, "--max-position-embeddings", _get_int(args, "--seq-length", 1024)) or 0) if learned else 0,
         mtp_layers=_get_int(args, "--mtp-num-layers", None) or 0,
@@ -115,14 +115,14 @@ def megatron_model_spec(args: Mapping[str, Any], *, name: str) -> ModelSpec:
 
 
 def _attention_spec(args: Mapping[str, Any], *, heads: int, groups: int, head_dim: int, bias: bool) -> AttentionSpec:
-    qk_norm = _on(args, "--qk-layernorm")
-    if not _on(args, "--multi-latent-attention"):
+    qk_norm = flag_is_set(args, "--qk-layernorm")
+    if not flag_is_set(args, "--multi-latent-attention"):
         return AttentionSpec(
             num_heads=heads,
             num_kv_heads=groups,
             head_dim=head_dim,
             v_head_dim=head_dim,
-            qkv_bias=bias or _on(args, "--add-qkv-bias"),
+            qkv_bias=bias or flag_is_set(args, "--add-qkv-bias"),
             out_bias=bias,
             qk_norm=qk_norm,
         )
