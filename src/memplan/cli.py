@@ -445,10 +445,22 @@ def _version(value: bool) -> None:
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
-    """memplan: how much GPU memory a training job needs, where it goes, and how to make it fit.
+    """memplan: how much GPU memory a training job needs, where it goes, and how to make it fit."""
 
-    Only `estimate` is shipped so far; trace, alloc, ckpt and fit will follow.
-    """
+
+#: Modules under :mod:`memplan.commands` that register further commands on :data:`app` when
+#: imported. Each must import nothing heavy (torch, numpy, matplotlib) at module level.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"memplan.commands.{name}")
+
+
+_register_commands()
 
 
 def main() -> None:
