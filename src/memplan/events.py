@@ -1,0 +1,253 @@
+"""The allocation event log shared by ``trace``, ``alloc`` and ``ckpt``: one format, one reader.
+
+A :class:`Trace` is the list of storage allocations and frees of one process (one rank) over one
+or more training iterations, in program order, plus the metadata that says what produced it.
+
+On disk a trace is a gzip-compressed JSON-lines file (suffix ``.mptrace`` or ``.jsonl.gz``):
+
+* line 1, the header: ``{"format": "memplan-trace", "version": 1, "meta": {...}}``;
+* every further line, one event as a JSON array in the order of :data:`EVENT_FIELDS`::
+
+      [index, kind, block, size, category, phase, iteration, op, module, stream]
+
+  ``index`` counts events from 0; ``kind`` is ``"alloc"`` or ``"free"``; ``block`` identifies the
+  storage (an alloc and its free share it; a block id may be reused after its free); ``size`` is the
+  number of bytes the program requested (before any allocator rounding); ``category`` is a
+  :class:`~memplan.categories.MemoryCategory` value; ``phase`` one of :data:`PHASES`;
+  ``iteration`` counts training iterations from 0 (``-1``: setup before the first one); ``op`` the
+  operator that allocated or freed (``aten.mm.default``), ``module`` the dotted module path
+  (``""`` outside any module); ``stream`` the CUDA stream (0 = default).
+
+Arrays rather than objects keep a million-event file small and fast to read. A reader refuses a
+file whose ``version`` is newer than :data:`TRACE_VERSION` (it cannot know what changed) and any
+line that is not a well-formed event, naming the line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memplan.categories import MemoryCategory
+from memplan.errors import ConfigError
+
+__all__ = [
+    "ALLOC",
+    "EVENT_FIELDS",
+    "FREE",
+    "PHASES",
+    "TRACE_FORMAT",
+    "TRACE_VERSION",
+    "AllocEvent",
+    "Trace",
+    "TraceMeta",
+    "read_trace",
+    "validate_events",
+    "write_trace",
+]
+
+TRACE_FORMAT = "memplan-trace"
+#: Version written by this memplan; readers accept this and older versions.
+TRACE_VERSION = 1
+
+ALLOC = "alloc"
+FREE = "free"
+_KINDS = frozenset((ALLOC, FREE))
+
+#: Phases of a training iteration an event can belong to.
+PHASES: tuple[str, ...] = ("setup", "forward", "backward", "optimizer", "other")
+_PHASES = frozenset(PHASES)
+_CATEGORIES = frozenset(c.value for c in MemoryCategory)
+
+#: Order of the fields of an event line.
+EVENT_FIELDS: tuple[str, ...] = (
+    "index", "kind", "block", "size", "category", "phase", "iteration", "op", "module", "stream",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocEvent:
+    """One allocation or free of a storage."""
+
+    index: int
+    kind: str
+    block: int
+    size: int
+    category: str = MemoryCategory.TEMPORARY.value
+    phase: str = "other"
+    iteration: int = 0
+    op: str = ""
+    module: str = ""
+    stream: int = 0
+
+    @property
+    def is_alloc(self) -> bool:
+        return self.kind == ALLOC
+
+    def to_row(self) -> list[Any]:
+        return [self.index, self.kind, self.block, self.size, self.category, self.phase,
+                self.iteration, self.op, self.module, self.stream]
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """What produced a trace.
+
+    ``device`` is ``"cuda"`` when sizes were recorded as a CUDA run requests them, ``"cpu"`` for a
+    CPU run; ``source`` names the producer (``"memplan trace"``, ``"cuda snapshot"``,
+    ``"minimalloc csv"``); ``extra`` holds anything else (model name, job, torch version, ...).
+    """
+
+    source: str = "memplan trace"
+    device: str = "cuda"
+    rank: int = 0
+    world_size: int = 1
+    iterations: int = 1
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source, "device": self.device, "rank": self.rank,
+            "world_size": self.world_size, "iterations": self.iterations, "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TraceMeta:
+        if not isinstance(data, Mapping):
+            raise ConfigError("trace header meta", "must be a JSON object", type(data).__name__)
+        known = {"source", "device", "rank", "world_size", "iterations", "extra"}
+        kwargs = {k: data[k] for k in known if k in data}
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """An ordered allocation/free log with its metadata."""
+
+    events: tuple[AllocEvent, ...]
+    meta: TraceMeta = field(default_factory=TraceMeta)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def live_bytes(self) -> Iterator[int]:
+        """Bytes live after each event (requested sizes, no allocator rounding)."""
+        live = 0
+        for event in self.events:
+            live += event.size if event.kind == ALLOC else -event.size
+            yield live
+
+    @property
+    def peak_live_bytes(self) -> int:
+        """Largest number of requested bytes alive at once: the lower bound of any allocator."""
+        return max(self.live_bytes(), default=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate_events(events: Iterable[AllocEvent]) -> None:
+    """Check the log is consistent: each free matches a live alloc of the same block and size."""
+    live: dict[int, int] = {}
+    for position, event in enumerate(events):
+        if event.size < 0:
+            raise ConfigError(f"trace event {position} size", "must be >= 0", event.size)
+        if event.kind == ALLOC:
+            if event.block in live:
+                raise ConfigError(f"trace event {position} block", "is allocated again before it was freed",
+                                  event.block)
+            live[event.block] = event.size
+        elif event.kind == FREE:
+            size = live.pop(event.block, None)
+            if size is None:
+                raise ConfigError(f"trace event {position} block", "is freed but not live", event.block)
+            if size != event.size:
+                raise ConfigError(f"trace event {position} size",
+                                  f"must equal the size of its allocation ({size})", event.size)
+        else:
+            raise ConfigError(f"trace event {position} kind", "must be 'alloc' or 'free'", event.kind)
+
+
+# ----------------------------------------------------------------------------------------------
+# File I/O
+
+
+def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write ``trace`` as gzip JSON lines (see the module docstring)."""
+    header = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "meta": trace.meta.to_dict()}
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as handle:
+        handle.write(json.dumps(header, separators=(",", ":")) + "\n")
+        dumps = json.JSONEncoder(separators=(",", ":")).encode
+        for event in trace.events:
+            handle.write(dumps(event.to_row()))
+            handle.write("\n")
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read a trace written by :func:`write_trace`; malformed or newer files raise ConfigError."""
+    name = os.fspath(path)
+    try:
+        raw = open(name, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise ConfigError("trace file", "must be a readable file", name, hint=exc.strerror or "") from None
+    with raw:
+        magic = raw.read(2)
+        raw.seek(0)
+        stream: io.TextIOBase = (
+            io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8") if magic == b"\x1f\x8b"
+            else io.TextIOWrapper(raw, encoding="utf-8")
+        )
+        try:
+            return _parse(stream, name)
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise ConfigError("trace file", "must be a complete gzip JSON-lines memplan trace", name,
+                              hint=str(exc)) from None
+
+
+def _parse(lines: Iterable[str], name: str) -> Trace:
+    iterator = iter(lines)
+    first = next(iterator, "")
+    try:
+        header = json.loads(first)
+    except json.JSONDecodeError:
+        raise ConfigError("trace file", "must start with a memplan-trace JSON header line", name) from None
+    if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
+        raise ConfigError("trace file", f"must start with a header whose format is {TRACE_FORMAT!r}", name)
+    version = header.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise ConfigError("trace header version", "must be a positive integer", version)
+    if version > TRACE_VERSION:
+        raise ConfigError("trace header version", f"is newer than this memplan reads (<= {TRACE_VERSION})",
+                          version, hint="upgrade memplan to read it")
+    meta = TraceMeta.from_dict(header.get("meta", {}))
+    events: list[AllocEvent] = []
+    append = events.append
+    loads = json.loads
+    for number, line in enumerate(iterator, start=2):
+        if not line.strip():
+            continue
+        try:
+            row = loads(line)
+            index, kind, block, size, category, phase, iteration, op, module, stream = row
+        except (json.JSONDecodeError, ValueError, TypeError):
+            raise ConfigError(f"trace file line {number}",
+                              f"must be a JSON array of {len(EVENT_FIELDS)} fields {EVENT_FIELDS}",
+                              line.strip()[:80]) from None
+        if kind not in _KINDS or type(size) is not int or size < 0 or type(block) is not int:
+            raise ConfigError(f"trace file line {number}",
+                              "must have kind 'alloc'/'free', an integer block and a size >= 0",
+                              line.strip()[:80])
+        if category not in _CATEGORIES:
+            raise ConfigError(f"trace file line {number} category",
+                              f"must be one of {sorted(_CATEGORIES)}", category)
+        if phase not in _PHASES:
+            raise ConfigError(f"trace file line {number} phase", f"must be one of {list(PHASES)}", phase)
+        append(AllocEvent(index, kind, block, size, category, phase, iteration, op, module, stream))
+    validate_events(events)
+    return Trace(events=tuple(events), meta=meta)
