@@ -12,7 +12,7 @@ multiple of micro-batch x data-parallel size), or model states at the assumed wo
 than the memory the same run measured as resident after its last step (so the run used more GPUs
 than assumed).
 
-Usage: python benchmarks/accuracy_megatron.py [REFERENCE.json] [--json OUT.json] [--markdown]
+Usage: python benchmarks/accuracy_megatron.py [REFERENCE.json] [--suite dense|moe|all] [--json OUT.json] [--markdown]
 """
 
 from __future__ import annotations
@@ -29,37 +29,85 @@ from memplan.frameworks.megatron_args import from_megatron_args
 
 DEFAULT_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "megatron_ci_h100.json"
 GiB = 2**30
+#: Largest world size tried for a recipe that does not record its own.
+MAX_INFERRED_GPUS = 1024
 
 
-def in_scope(case: dict) -> bool:
+def _states(stage) -> int:  # type: ignore[no-untyped-def]
+    return stage.parameters_bytes + stage.gradients_bytes + stage.optimizer_bytes
+
+
+def _not_rl(case: dict) -> bool:
+    return "grpo" not in case["name"] and "--perform-rl-step" not in case["model_args"]
+
+
+def in_scope_dense(case: dict) -> bool:
     """Dense decoder GPT cases: family gpt, not RL/grpo, no MoE, not hybrid/multimodal."""
-    args = case["model_args"]
-    return (
-        case["family"] == "gpt"
-        and "grpo" not in case["name"]
-        and "--num-experts" not in args
-        and "--perform-rl-step" not in args
-    )
+    return case["family"] == "gpt" and "--num-experts" not in case["model_args"] and _not_rl(case)
+
+
+def in_scope_moe(case: dict) -> bool:
+    """MoE cases: families moe and mixtral, and the MoE cases of gpt; not RL/grpo."""
+    moe = case["family"] in ("moe", "mixtral") or (case["family"] == "gpt" and "--num-experts" in case["model_args"])
+    return moe and _not_rl(case)
+
+
+SUITES = {"dense": in_scope_dense, "moe": in_scope_moe}
+
+
+def in_scope(case: dict, suite: str = "dense") -> bool:
+    if suite == "all":
+        return any(rule(case) for rule in SUITES.values())
+    return SUITES[suite](case)
+
+
+def _arg(args: dict, flag: str, default: int) -> int:
+    value = args.get(flag)
+    return default if value is None or value is True else int(value)
 
 
 def world_size(case: dict) -> int:
-    return int(case.get("nodes") or 1) * int(case.get("gpus_per_node") or 8) if case.get("nodes") else 8
+    """Recorded nodes x GPUs per node; else the smallest multiple of 8 GPUs the launch is valid on.
+
+    A release recipe that does not record its world size needs at least tp*pp*cp GPUs and a
+    multiple of ep*etp*pp (Megatron's expert grid); one H100 node has 8.
+    """
+    if case.get("nodes"):
+        return int(case["nodes"]) * int(case.get("gpus_per_node") or 8)
+    args = case["model_args"]
+    tp = _arg(args, "--tensor-model-parallel-size", 1)
+    pp = _arg(args, "--pipeline-model-parallel-size", 1)
+    cp = _arg(args, "--context-parallel-size", 1)
+    ep = _arg(args, "--expert-model-parallel-size", 1)
+    etp = _arg(args, "--expert-tensor-parallel-size", tp)
+    gpus = 8
+    while gpus % (tp * pp * cp) or gpus % (ep * etp * pp):
+        gpus += 8
+    return gpus
 
 
 def evaluate(case: dict) -> dict:
     row = {"name": case["name"], "measured_bytes": int(case["measured"]["max_allocated_bytes"])}
     gpus = world_size(case)
-    row["gpus"] = gpus
+    resident = int(case["measured"].get("allocated_bytes_last_step") or 0)
     try:
         model, job = from_megatron_args(case["model_args"], gpus=gpus, name=case["name"])
         result = estimate(model, job)
+        # A recipe without a recorded world size ran on at least enough GPUs for its model states
+        # to fit in the memory it measured as resident after its last step: double until they do.
+        while not case.get("nodes") and resident and _states(result.stages[-1]) > resident and gpus < MAX_INFERRED_GPUS:
+            gpus *= 2
+            model, job = from_megatron_args(case["model_args"], gpus=gpus, name=case["name"])
+            result = estimate(model, job)
     except MemplanError as exc:
+        row["gpus"] = gpus
         row["error"] = str(exc)
         row["excluded"] = f"the recorded launch is invalid on {gpus} GPUs: {exc}"
         return row
+    row["gpus"] = gpus
+    row["gpus_inferred"] = not case.get("nodes")
     last = result.stages[-1]
-    resident = int(case["measured"].get("allocated_bytes_last_step") or 0)
-    states = last.parameters_bytes + last.gradients_bytes + last.optimizer_bytes
+    states = _states(last)
     if resident and states > resident:
         row["excluded"] = (
             f"world size not recorded: at the assumed {gpus} GPUs the model states alone "
@@ -83,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reference", nargs="?", default=str(DEFAULT_REFERENCE))
     parser.add_argument("--json", dest="json_out", help="write the per-case rows as JSON here")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--suite", choices=("dense", "moe", "all"), default="dense",
+                        help="dense GPT cases (default), MoE cases, or both")
     ns = parser.parse_args(argv)
     data = json.loads(Path(ns.reference).read_text())
-    rows = [evaluate(c) for c in data["cases"] if in_scope(c)]
+    rows = [evaluate(c) for c in data["cases"] if in_scope(c, ns.suite)]
     ok = [r for r in rows if r.get("error") is None and not r.get("excluded")]
     failed = [r for r in rows if r.get("excluded")]
     sep = " | " if ns.markdown else "  "

@@ -233,7 +233,7 @@ def test_estimate_help_lists_every_flag() -> None:
 BAD_INPUT = [
     (["no-such-model"], "model"),
     (["llama-3.1-8b", "--tp", "3", "--gpus", "3"], "--tp"),
-    (["llama-3.1-8b", "--pp", "5", "--gpus", "5"], "--pp"),
+    (["llama-3.1-8b", "--pp", "12", "--gpus", "12"], "--pp"),
     (["llama-3.1-8b", "--gpus", "6", "--tp", "4"], "--gpus"),
     (["llama-3.1-8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--cp", "4"], "--gpus"),
     (["llama-3.1-8b", "--gpus", "8", "--dp", "3"], "--dp"),

@@ -184,6 +184,18 @@ class JobOptions:
     loss: str | None = None
     framework: str | None = None
     make_vocab_size_divisible_by: int | None = None
+    mtp_layers: int | None = None
+    moe_imbalance: float | None = None
+    capacity_factor: float | None = None
+    pad_to_capacity: bool | None = None
+    moe_dispatcher: str | None = None
+    shared_expert_parallel: str | None = None
+    fp8: str | None = None
+    fp8_params: bool | None = None
+    offload_optimizer: bool | None = None
+    optimizer_offload_fraction: float | None = None
+    offload_params: bool | None = None
+    offload_activations: bool | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "JobOptions":
@@ -226,6 +238,18 @@ _JOB_FIELDS: dict[str, tuple[str | None, str]] = {
     "loss": (None, "loss"),
     "framework": (None, "framework"),
     "make_vocab_size_divisible_by": (None, "vocab_divisible_by"),
+    "mtp_layers": (None, "mtp_layers"),
+    "moe_imbalance": ("moe", "imbalance"),
+    "capacity_factor": ("moe", "capacity_factor"),
+    "pad_to_capacity": ("moe", "pad_to_capacity"),
+    "moe_dispatcher": ("moe", "dispatcher"),
+    "shared_expert_parallel": ("moe", "shared_expert_parallel"),
+    "fp8": ("precision", "fp8"),
+    "fp8_params": ("precision", "fp8_params"),
+    "offload_optimizer": ("offload", "optimizer"),
+    "optimizer_offload_fraction": ("offload", "optimizer_fraction"),
+    "offload_params": ("offload", "params"),
+    "offload_activations": ("offload", "activations"),
 }
 #: Changing any of these re-derives dp unless --dp is given too.
 _LAYOUT_FIELDS = frozenset({"world_size", "tp", "pp", "cp"})
@@ -302,6 +326,7 @@ def _lazy(module: str, name: str, flag: str) -> Any:
 
 _PAR, _SHARD, _BATCH, _PREC = "Parallelism", "Sharding", "Batch", "Precision and optimizer"
 _ACT, _OUT = "Activations and loss", "Inputs and output"
+_MOE, _OFF = "MoE and multi-token prediction", "FP8 and offload"
 
 
 def _opt(*names: str, help: str, panel: str, metavar: str | None = None) -> Any:
@@ -342,7 +367,7 @@ def estimate_command(
     vpp: Annotated[OptInt, _opt("--vpp", help="Virtual pipeline stages per rank (interleaved 1F1B). (default: 1)", panel=_PAR)] = None,
     cp: Annotated[OptInt, _opt("--cp", help="Context-parallel size. (default: 1)", panel=_PAR)] = None,
     ep: Annotated[OptInt, _opt("--ep", help="Expert-parallel size (MoE). (default: 1)", panel=_PAR)] = None,
-    etp: Annotated[OptInt, _opt("--etp", help="Expert tensor-parallel size. (default: tp)", panel=_PAR)] = None,
+    etp: Annotated[OptInt, _opt("--etp", help="Expert tensor-parallel size. (default: 1)", panel=_PAR)] = None,
     sequence_parallel: Annotated[OptBool, _opt("--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism (needs tp > 1).", panel=_PAR)] = None,
     first_stage_layers: Annotated[OptInt, _opt("--first-stage-layers", help="Decoder layers on the first pipeline stage (uneven split).", panel=_PAR)] = None,
     last_stage_layers: Annotated[OptInt, _opt("--last-stage-layers", help="Decoder layers on the last pipeline stage (uneven split).", panel=_PAR)] = None,
@@ -368,6 +393,18 @@ def estimate_command(
     loss: Annotated[OptStr, _opt("--loss", help="auto|fp32-logits|vocab-parallel|fused|chunked. (default: auto)", panel=_ACT)] = None,
     framework: Annotated[OptStr, _opt("--framework", help="megatron|torchtitan|deepspeed|hf. (default: megatron)", panel=_ACT)] = None,
     make_vocab_size_divisible_by: Annotated[OptInt, _opt("--make-vocab-size-divisible-by", help="Pad the vocabulary to a multiple of this x tp. (default: framework's)", panel=_ACT)] = None,
+    mtp_layers: Annotated[OptInt, _opt("--mtp-layers", help="Multi-token-prediction modules trained on the last stage (DeepSeek-V3: 1). (default: 0)", panel=_MOE)] = None,
+    moe_imbalance: Annotated[OptFloat, _opt("--moe-imbalance", help="Tokens of the busiest expert over the mean (1 = balanced). (default: 1)", panel=_MOE, metavar="F")] = None,
+    capacity_factor: Annotated[OptFloat, _opt("--capacity-factor", help="Expert capacity as a multiple of the mean; tokens beyond are dropped. (default: none)", panel=_MOE, metavar="F")] = None,
+    pad_to_capacity: Annotated[OptBool, _opt("--pad-to-capacity/--no-pad-to-capacity", help="Pad every expert's input to its capacity.", panel=_MOE)] = None,
+    moe_dispatcher: Annotated[OptStr, _opt("--moe-dispatcher", help="Token dispatcher: alltoall|allgather|flex. (default: alltoall)", panel=_MOE)] = None,
+    shared_expert_parallel: Annotated[OptStr, _opt("--shared-expert-parallel", help="Shared experts split like dense weights (tp) or placed with the routed experts (expert). (default: tp)", panel=_MOE)] = None,
+    fp8: Annotated[OptStr, _opt("--fp8", help="FP8 training of linear layers (Transformer Engine): hybrid|e4m3. (default: off)", panel=_OFF)] = None,
+    fp8_params: Annotated[OptBool, _opt("--fp8-params/--no-fp8-params", help="Keep the weights themselves in FP8 (Megatron --fp8-param-gather).", panel=_OFF)] = None,
+    offload_optimizer: Annotated[OptBool, _opt("--offload-optimizer/--no-offload-optimizer", help="Master weights and optimizer moments in CPU memory (ZeRO-Offload, FSDP CPU offload).", panel=_OFF)] = None,
+    optimizer_offload_fraction: Annotated[OptFloat, _opt("--optimizer-offload-fraction", help="Fraction of the optimizer state offloaded. (default: 1)", panel=_OFF, metavar="F")] = None,
+    offload_params: Annotated[OptBool, _opt("--offload-params/--no-offload-params", help="Sharded weights in CPU memory (ZeRO-3 / FSDP only).", panel=_OFF)] = None,
+    offload_activations: Annotated[OptBool, _opt("--offload-activations/--no-offload-activations", help="Saved activations stream to CPU memory between forward and backward.", panel=_OFF)] = None,
     gpu: Annotated[OptStr, _opt("--gpu", help="GPU to check the fit against (see `memplan gpus`).", panel=_OUT, metavar="NAME")] = None,
     fragmentation: Annotated[OptFloat, _opt("--fragmentation", help="Assumed allocator fragmentation fraction. (default: 0.10)", panel=_OUT, metavar="F")] = None,
     megatron_args: Annotated[OptStr, _opt("--megatron-args", help="File with a Megatron-LM launch command line or args mapping.", panel=_OUT, metavar="FILE")] = None,

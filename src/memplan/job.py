@@ -24,6 +24,9 @@ AttentionImpl = Literal["flash", "sdpa", "eager"]
 LossImpl = Literal["auto", "fp32-logits", "vocab-parallel", "fused", "chunked"]
 FrameworkName = Literal["megatron", "torchtitan", "deepspeed", "hf"]
 FsdpMode = Literal["none", "full", "hybrid"]
+Fp8Format = Literal["hybrid", "e4m3"]
+Dispatcher = Literal["alltoall", "allgather", "flex"]
+SharedExpertParallel = Literal["tp", "expert"]
 
 #: Largest value accepted for any count (GPUs, layers, batch): beyond it the input is a typo.
 _ABSURD = 10**7
@@ -61,7 +64,9 @@ class Parallelism:
     dp: int | None = None
     #: Expert-parallel size (``--ep``): routed experts are split over ``ep`` ranks.
     ep: int = 1
-    #: Expert tensor-parallel size (``--etp``); ``None`` means the same as ``tp``.
+    #: Expert tensor-parallel size (``--etp``); ``None`` means 1: each expert whole on its EP
+    #: rank, as fine-grained MoE models train (DeepSeek-V3). Megatron's own default is ``tp``;
+    #: its argument mapping sets that explicitly.
     etp: int | None = None
     #: Megatron sequence parallelism (``--sequence-parallel``): norms/dropout shard over TP.
     sequence_parallel: bool = False
@@ -72,6 +77,10 @@ class Parallelism:
     #: Interleaved schedule: micro-batches run through one model chunk before moving to the next
     #: (Megatron ``--microbatch-group-size-per-virtual-pipeline-stage``); None means ``pp``.
     microbatch_group_size: int | None = None
+    #: Decoder layers of every model chunk in model order, ``pp * vpp`` entries (chunk ``k`` runs
+    #: on pipeline rank ``k % pp``): Megatron's ``--pipeline-model-parallel-layout``. Overrides
+    #: the even split and ``first/last_stage_layers``; ``vpp`` is ``len / pp``.
+    chunk_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_int("--gpus", self.world_size)
@@ -106,6 +115,23 @@ class Parallelism:
                 _check_int(f"--{name.replace('_', '-')}", value, minimum=0)
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
+        if self.chunk_layers is not None:
+            self._check_chunk_layers()
+
+    def _check_chunk_layers(self) -> None:
+        chunks = tuple(self.chunk_layers or ())
+        if not chunks or len(chunks) % self.pp:
+            raise JobConfigError(
+                "--pipeline-layout", f"must list a layer count for each of pp*vpp chunks (a multiple of pp={self.pp})",
+                len(chunks),
+            )
+        for count in chunks:
+            _check_int("--pipeline-layout", count, minimum=0)
+        vpp = len(chunks) // self.pp
+        if self.vpp not in (1, vpp):
+            raise JobConfigError("--vpp", f"contradicts the pipeline layout's {len(chunks)} chunks over pp={self.pp}", self.vpp)
+        object.__setattr__(self, "chunk_layers", chunks)
+        object.__setattr__(self, "vpp", vpp)
 
     @property
     def data_parallel(self) -> int:
@@ -114,7 +140,7 @@ class Parallelism:
 
     @property
     def expert_tp(self) -> int:
-        return self.tp if self.etp is None else self.etp
+        return 1 if self.etp is None else self.etp
 
     @property
     def expert_dp(self) -> int:
@@ -168,6 +194,12 @@ class Precision:
     optimizer_state_dtype: str | None = None
     #: ``--master-dtype``: dtype of master weights (None: fp32 for mixed, none for pure).
     master_dtype: str | None = None
+    #: ``--fp8``: Transformer-Engine FP8 training of the linear layers (Megatron ``--fp8-format``):
+    #: ``hybrid`` (E4M3 forward, E5M2 gradients) or ``e4m3``; None: no FP8.
+    fp8: Fp8Format | None = None
+    #: ``--fp8-params``: keep the weights themselves in FP8 (Megatron ``--fp8-param-gather``)
+    #: instead of a 16-bit weight plus FP8 copies made per step.
+    fp8_params: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("--precision", self.name, get_args(PrecisionName))
@@ -175,6 +207,22 @@ class Precision:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, normalize_dtype(value, field=f"--{name.replace('_', '-')}"))
+        if self.fp8 is not None:
+            _check_choice("--fp8", self.fp8, get_args(Fp8Format))
+            if self.compute_dtype == "fp32":
+                raise JobConfigError(
+                    "--fp8", "needs a 16-bit compute precision (--precision bf16-mixed, fp16-mixed, bf16 or fp16), "
+                    f"not {self.name}", self.fp8,
+                )
+        if self.fp8_params and self.fp8 is None:
+            raise JobConfigError("--fp8-params", "needs --fp8 (FP8 weights only exist in FP8 training)", True)
+        for name in ("grad_dtype", "master_dtype"):
+            if getattr(self, name) in ("fp8", "int8"):
+                raise JobConfigError(
+                    f"--{name.replace('_', '-')}",
+                    "cannot be an 8-bit type: FP8 training keeps gradients and master weights in 16 or 32 bits",
+                    getattr(self, name),
+                )
 
     @property
     def is_mixed(self) -> bool:
@@ -245,6 +293,74 @@ class Batch:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoEOptions:
+    """How MoE layers route and move tokens (only used by models with MoE layers)."""
+
+    #: ``--moe-imbalance``: tokens of the busiest expert over the mean (1.0 = balanced routing).
+    #: The experts on one rank are sized for the busiest one.
+    imbalance: float = 1.0
+    #: ``--capacity-factor``: each expert takes at most this times its mean share of tokens; the
+    #: rest are dropped (Megatron ``--moe-expert-capacity-factor``). None: no dropping.
+    capacity_factor: float | None = None
+    #: ``--pad-to-capacity``: every expert receives exactly its capacity (Megatron
+    #: ``--moe-pad-expert-input-to-capacity``).
+    pad_to_capacity: bool = False
+    #: ``--moe-dispatcher``: how tokens reach their experts (Megatron
+    #: ``--moe-token-dispatcher-type``): all-to-all, all-gather over the EP x TP group, or flex
+    #: (DeepEP / HybridEP all-to-all).
+    dispatcher: Dispatcher = "alltoall"
+    #: ``--shared-expert-parallel``: ``tp`` (Megatron's SharedExpertMLP: split by TP, sharded over
+    #: DP like dense weights) or ``expert`` (placed with the routed experts: split by ETP,
+    #: sharded over expert-DP, as the DeepSeek-V3 memory analysis assumes).
+    shared_expert_parallel: SharedExpertParallel = "tp"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.imbalance, (int, float)) or not 1.0 <= self.imbalance <= 1000.0:
+            raise JobConfigError("--moe-imbalance", "must be a ratio of max to mean tokens per expert in [1, 1000]", self.imbalance)
+        if self.capacity_factor is not None and not 0.0 < self.capacity_factor <= 1000.0:
+            raise JobConfigError("--capacity-factor", "must be in (0, 1000]", self.capacity_factor)
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise JobConfigError("--pad-to-capacity", "needs --capacity-factor", True)
+        _check_choice("--moe-dispatcher", self.dispatcher, get_args(Dispatcher))
+        _check_choice("--shared-expert-parallel", self.shared_expert_parallel, get_args(SharedExpertParallel))
+
+    @property
+    def routed_token_factor(self) -> float:
+        """Tokens the busiest expert of a rank receives, relative to balanced routing."""
+        if self.capacity_factor is None:
+            return float(self.imbalance)
+        if self.pad_to_capacity:
+            return float(self.capacity_factor)
+        return float(min(self.imbalance, self.capacity_factor))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Offload:
+    """What lives in CPU memory instead of on the GPU."""
+
+    #: ``--offload-optimizer``: master weights and optimizer moments (and, for DeepSpeed
+    #: ZeRO-Offload, the fp32 gradient partitions) live in CPU memory; the step runs on the CPU.
+    optimizer: bool = False
+    #: Fraction of the optimizer state offloaded (Megatron ``--optimizer-offload-fraction``).
+    optimizer_fraction: float = 1.0
+    #: ``--offload-params``: sharded weights live in CPU memory and are copied in per block
+    #: (DeepSpeed ZeRO-3 ``offload_param``, FSDP ``CPUOffloadPolicy``).
+    params: bool = False
+    #: ``--offload-activations``: each layer's saved activations move to CPU memory after its
+    #: forward and come back for its backward (Megatron ``--cpu-offloading``); the GPU keeps the
+    #: layers in computation and one in transfer.
+    activations: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.optimizer_fraction <= 1.0:
+            raise JobConfigError("--optimizer-offload-fraction", "must be in (0, 1]", self.optimizer_fraction)
+
+    @property
+    def any(self) -> bool:
+        return self.optimizer or self.params or self.activations
+
+
+@dataclass(frozen=True, kw_only=True)
 class Job:
     """Everything about a training job except the model architecture."""
 
@@ -270,6 +386,14 @@ class Job:
     #: Pad the vocabulary to a multiple of this times TP (Megatron's
     #: ``--make-vocab-size-divisible-by``); None: the framework's default.
     vocab_divisible_by: int | None = None
+    #: ``--mtp-layers``: multi-token-prediction modules trained on the last pipeline stage
+    #: (DeepSeek-V3 depth D; Megatron ``--mtp-num-layers``). 0: none (Hugging Face and torchtitan
+    #: do not train them).
+    mtp_layers: int = 0
+    #: Token routing and dispatch of MoE layers.
+    moe: MoEOptions = field(default_factory=MoEOptions)
+    #: What is kept in CPU memory.
+    offload: Offload = field(default_factory=Offload)
 
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
@@ -280,7 +404,29 @@ class Job:
         if self.vocab_divisible_by is not None:
             _check_int("--make-vocab-size-divisible-by", self.vocab_divisible_by)
         _check_int("--wgrad-deferral-limit", self.wgrad_deferral_limit, minimum=0)
+        _check_int("--mtp-layers", self.mtp_layers, minimum=0, maximum=64)
         self._check_batch()
+        self._check_offload()
+
+    def _check_offload(self) -> None:
+        sh, off = self.sharding, self.offload
+        if off.optimizer and not (sh.zero >= 1 or sh.fsdp != "none" or sh.distributed_optimizer):
+            raise JobConfigError(
+                "--offload-optimizer",
+                "needs sharded optimizer states (--zero 1/2/3, --fsdp or --distributed-optimizer), "
+                "as ZeRO-Offload, FSDP CPU offload and Megatron's optimizer offload do",
+                f"zero={sh.zero}, fsdp={sh.fsdp}",
+            )
+        if off.params and not (sh.zero == 3 or sh.fsdp != "none"):
+            raise JobConfigError(
+                "--offload-params",
+                "needs sharded parameters (--zero 3 or --fsdp full/hybrid): only ZeRO-3 and FSDP offload weights",
+                f"zero={sh.zero}, fsdp={sh.fsdp}",
+            )
+        if off.params and sh.fsdp != "none" and not off.optimizer:
+            # FSDP's CPUOffloadPolicy moves parameters, gradients and the optimizer step together.
+            object.__setattr__(self, "offload", Offload(
+                optimizer=True, optimizer_fraction=off.optimizer_fraction, params=True, activations=off.activations))
 
     def _check_batch(self) -> None:
         per_step = self.batch.micro_batch_size * self.parallel.data_parallel
@@ -322,7 +468,14 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
         )
     chunks = par.pp * par.vpp
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
-    if uneven:
+    if par.chunk_layers is not None:
+        if sum(par.chunk_layers) != model.num_layers:
+            raise JobConfigError(
+                "--pipeline-layout",
+                f"the chunks' layer counts must add up to the model's {model.num_layers} layers",
+                "+".join(map(str, par.chunk_layers)),
+            )
+    elif uneven:
         fixed = (par.first_stage_layers or 0) + (par.last_stage_layers or 0)
         inner = par.pp - (par.first_stage_layers is not None) - (par.last_stage_layers is not None)
         rest = model.num_layers - fixed
@@ -333,7 +486,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
                 f"{inner} other pipeline stages x vpp={par.vpp}",
                 (par.first_stage_layers, par.last_stage_layers),
             )
-    elif model.num_layers % chunks:
+    elif model.num_layers % chunks and (par.vpp > 1 or model.num_layers <= -(-model.num_layers // par.pp) * (par.pp - 1)):
         raise JobConfigError(
             "--pp",
             f"pp*vpp = {chunks} must divide the number of layers ({model.num_layers}); "

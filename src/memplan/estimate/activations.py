@@ -57,6 +57,10 @@ class ActivationShape:
     dropout: bool
     kernels: str
     expert_tp: int = 1
+    #: Saved GEMM inputs in FP8 (Transformer Engine FP8 training).
+    fp8: bool = False
+    #: Tokens the busiest expert receives relative to balanced routing (MoE imbalance/capacity).
+    routed_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,8 @@ class Term:
     bytes: int
     region: Region
     keep: Keep
+    #: Input of a linear layer's GEMM: saved in FP8 (1 byte per element) under FP8 training.
+    gemm_input: bool = False
 
 
 def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
@@ -84,7 +90,7 @@ def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep) -> list[T
     if shape.kernels == "eager" and shape.residual_bytes < 4:
         # PyTorch-reference RMSNorm upcasts its input to fp32 and saves that copy too.
         terms.append(Term(f"{prefix} norm fp32 input", 4 * sbh, "sp", "body"))
-    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", "body"))
+    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", "body", gemm_input=True))
     return terms
 
 
@@ -111,7 +117,7 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
             terms.append(Term("attention dropout output", c * heads_scores, "tp", "core"))
     else:
         terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
-    terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "body"))
+    terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "body", gemm_input=True))
     if shape.dropout:
         terms.append(Term("attention residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
     return terms
@@ -124,10 +130,10 @@ def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
     latent = attn.kv_lora_rank or 0
     rope = attn.qk_rope_head_dim or 0
     terms = [Term("kv latent (+ rope key)", c * tokens * (latent + rope), "rep", "body")]
-    terms.append(Term("kv latent norm output", c * tokens * latent, "rep", "body"))
+    terms.append(Term("kv latent norm output (kv up-projection input)", c * tokens * latent, "rep", "body", gemm_input=True))
     if attn.q_lora_rank:
         terms.append(Term("q latent", c * tokens * attn.q_lora_rank, "rep", "body"))
-        terms.append(Term("q latent norm output", c * tokens * attn.q_lora_rank, "rep", "body"))
+        terms.append(Term("q latent norm output (q up-projection input)", c * tokens * attn.q_lora_rank, "rep", "body", gemm_input=True))
     return terms
 
 
@@ -136,26 +142,46 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     terms: list[Term] = []
     if prefix == "mlp":
         terms += _norm_terms(shape, "mlp", "body")
-    if mlp.gated:
-        # fc1 output (gate and up halves) saved by the activation, the product saved by fc2.
-        n_saved = 3 if shape.kernels == "fused" else 4  # eager: act(gate) is a separate saved tensor
-    else:
-        n_saved = 2  # activation input and output
-    terms.append(Term(f"{prefix} fc1 output / fc2 input", c * tokens * f * n_saved, region, "body"))
+    # fc1 output (gate and up halves for a gated MLP) saved by the activation function, its
+    # output saved by fc2; eager SwiGLU also saves act(gate) as a separate tensor.
+    fc1_out = 2 if mlp.gated else 1
+    if mlp.gated and shape.kernels != "fused":
+        fc1_out += 1
+    terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body"))
+    terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True))
     if shape.dropout and prefix == "mlp":
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
     return terms
 
 
+#: Router outputs kept per token and expert: fp32 logits, fp32 scores (softmax/sigmoid) and the
+#: boolean routing map (megatron/core/transformer/moe/router.py).
+ROUTER_BYTES_PER_EXPERT = 4 + 4 + 1
+#: Per routed token: the int64 permutation index and the fp32 routing probability.
+ROUTED_INDEX_BYTES = 8 + 4
+
+
 def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
-    """Balanced-routing MoE block: router, dispatched tokens, expert MLPs, shared expert."""
+    """MoE block: router, token dispatch, expert MLPs on the tokens this rank receives, combine.
+
+    Tokens enter sequence-parallel (``s*b/tp`` per rank). Each routed copy goes to one of the
+    ``ep`` expert ranks; with expert tensor parallelism every one of the ``etp`` ranks of an
+    expert receives all its tokens and holds ``f/etp`` of its columns. So a rank runs its experts
+    on ``tokens * top_k * etp`` rows (balanced routing; times ``routed_factor`` for the busiest
+    rank) and keeps their FFN activations at ``f/etp`` width.
+    """
     s, b, c, h = shape.seq, shape.micro_batch, shape.act_bytes, shape.hidden
     tokens = s * b
     terms = _norm_terms(shape, "mlp", "body")
-    terms.append(Term("router logits/probs (fp32) + routing map", tokens * moe.num_experts * (4 + 4 + 1), "sp", "body"))
+    terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT, "sp", "body"))
     routed = tokens * moe.top_k
-    terms.append(Term("dispatched tokens (grouped-GEMM input)", c * routed * h, "sp", "body"))
-    terms += _mlp_terms(moe.expert, shape, tokens=routed, region="sp", prefix="experts")
+    terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body"))
+    received = int(routed * shape.routed_factor)
+    terms.append(Term("dispatched tokens (grouped-GEMM input)", c * received * h * shape.expert_tp, "sp", "body", gemm_input=True))
+    terms += _mlp_terms(moe.expert, shape, tokens=received, region="sp", prefix="experts")
+    # Combine weights each expert output by its routing probability: the product's backward keeps
+    # the expert outputs (back on the source rank: one row per routed copy).
+    terms.append(Term("expert outputs kept by the weighted combine", c * routed * h, "sp", "body"))
     if moe.shared_expert is not None:
         terms += _mlp_terms(moe.shared_expert, shape, tokens=tokens, region="tp", prefix="shared expert")
     if shape.dropout:
@@ -164,10 +190,13 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
 
 
 def divided(term: Term, shape: ActivationShape) -> int:
-    """Bytes of ``term`` on one TP rank."""
+    """Bytes of ``term`` on one TP rank (FP8 GEMM inputs at one byte per element)."""
+    size = term.bytes
+    if shape.fp8 and term.gemm_input and shape.act_bytes > 1:
+        size //= shape.act_bytes
     if term.region == "tp" or (term.region == "sp" and shape.sequence_parallel):
-        return term.bytes // shape.tp
-    return term.bytes
+        return size // shape.tp
+    return size
 
 
 def layer_activation_bytes(layer: LayerSpec, shape: ActivationShape, recompute_mode: str) -> int:

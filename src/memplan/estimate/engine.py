@@ -100,6 +100,8 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         dropout=job.dropout > 0,
         kernels=profile.kernels,
         expert_tp=par.expert_tp,
+        fp8=job.precision.fp8 is not None,
+        routed_factor=job.moe.routed_token_factor,
     )
 
 
@@ -140,7 +142,7 @@ def _stage_estimate(
     cache: dict[int, tuple[int, int, int]],
 ) -> StageEstimate:
     params = stage_params(model, job, layout, vocab_rows)
-    states = state_bytes(model, job, params, prec)
+    states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients)
     recomputed = _recomputed_layers(layout, job)
     group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
 
@@ -161,21 +163,33 @@ def _stage_estimate(
                 kept += full
                 worst_backward = max(worst_backward, 2 * largest_term)
         chunk_kept.append(kept)
-    layer_acts = sum(chunk_kept[c] for c in layout.inflight_chunks)
     inflight = layout.inflight_microbatches
+    mtp_acts = 0
+    if layout.has_head and job.mtp_layers:
+        mtp_acts = job.mtp_layers * _mtp_activation_bytes(model, shape, job, cache)
+        chunk_kept[-1] += mtp_acts
+    layer_acts = sum(chunk_kept[c] for c in layout.inflight_chunks)
+    cpu_acts = 0
+    if job.offload.activations and layer_acts:
+        # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
+        # layer being computed and the one being copied.
+        on_gpu = min(layer_acts, 2 * max(_layer_costs(model.layers[i], shape, job, cache)[0] for i in layout.layer_indices))
+        cpu_acts = layer_acts - on_gpu
+        layer_acts = on_gpu
     other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
     if prec.weight_copies == "autocast":
         other_acts += params.total * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm = communication_bytes(job, profile, params, states, prec)
-    workspace = profile.workspace_bytes
+    workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout)
     static = states.parameters + states.gradients + states.master + states.optimizer + comm + workspace
 
     # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
     # with every in-flight forward alive, and the optimizer step (activations freed).
     loss = job.loss if job.loss != "auto" else profile.default_loss
     head_acts = head_activation_bytes(shape) if layout.has_head else 0
-    logits = logits_bytes(job, loss, shape, vocab_rows) if layout.has_head else 0
+    # Each MTP depth computes its own logits and loss; all are alive until the backward.
+    logits = logits_bytes(job, loss, shape, vocab_rows) * (1 + job.mtp_layers) if layout.has_head else 0
     if layout.has_head:
         head_acts += deferred_wgrad_bytes(job, shape, vocab_rows)
     candidates = {
@@ -213,7 +227,39 @@ def _stage_estimate(
         peak_phase=phase,
         peak_allocated_bytes=peak_alloc,
         peak_reserved_bytes=reserved,
+        fp8_weights_bytes=states.fp8_weights,
+        mtp_parameters_numel=params.mtp,
+        cpu_parameters_bytes=states.cpu_parameters,
+        cpu_gradients_bytes=states.cpu_gradients,
+        cpu_optimizer_bytes=states.cpu_optimizer,
+        cpu_activations_bytes=cpu_acts,
     )
+
+
+def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> int:
+    """One MTP module per micro-batch: its decoder layer (shaped like the last), two input norms,
+    the concatenated 2h input of its projection, and the embedding lookup it reads."""
+    keep, full, _ = _layer_costs(model.layers[-1], shape, job, cache)
+    layer = keep if job.recompute.mode != "none" else full
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    sp = shape.tp if shape.sequence_parallel else 1
+    norms = 2 * shape.residual_bytes * sbh // sp
+    projection_input = 2 * shape.act_bytes * sbh // sp
+    return layer + norms + projection_input
+
+
+#: Transformer Engine's per-GEMM FP8 scaling state: amax history and scale for the input, the
+#: weight and the output gradient, fp32 (history length 1024 by TE's default recipe).
+FP8_AMAX_HISTORY = 1024
+
+
+def fp8_scaling_bytes(job: Job, model: ModelSpec, layout: StageLayout) -> int:
+    """FP8 scaling state of the stage's linear layers (delayed scaling): small but real."""
+    if job.precision.fp8 is None:
+        return 0
+    gemms_per_layer = 4  # qkv (or q/kv down/up), output projection, fc1, fc2
+    tensors = 3
+    return layout.num_layers * gemms_per_layer * tensors * (FP8_AMAX_HISTORY + 2) * 4
 
 
 def _largest_tensor(model: ModelSpec, vocab_rows: int, job: Job) -> int:

@@ -42,7 +42,15 @@ class StageLayout:
 def stage_layer_counts(num_layers: int, par: Parallelism) -> tuple[int, ...]:
     """Decoder layers per pipeline rank (uneven first/last stage when asked for)."""
     pp = par.pp
+    if par.chunk_layers is not None:
+        return tuple(sum(par.chunk_layers[rank::pp]) for rank in range(pp))
     if par.first_stage_layers is None and par.last_stage_layers is None:
+        if num_layers % pp:
+            # Not divisible and no split given: ceil(layers / pp) per stage, the remainder on
+            # the last stage (the split of the DeepSeek-V3 memory analysis, 61 = 15 x 4 + 1).
+            each = -(-num_layers // pp)
+            counts = [min(each, max(0, num_layers - each * rank)) for rank in range(pp)]
+            return tuple(counts)
         return (num_layers // pp,) * pp
     counts: list[int | None] = [None] * pp
     if par.first_stage_layers is not None:
@@ -59,7 +67,10 @@ def pipeline_layout(num_layers: int, par: Parallelism, num_microbatches: int) ->
     """Layout of every pipeline rank for ``num_layers`` decoder layers."""
     pp, vpp = par.pp, par.vpp
     per_rank = stage_layer_counts(num_layers, par)
-    chunk_sizes = [[n // vpp + (1 if v < n % vpp else 0) for v in range(vpp)] for n in per_rank]
+    if par.chunk_layers is not None:
+        chunk_sizes = [[par.chunk_layers[v * pp + rank] for v in range(vpp)] for rank in range(pp)]
+    else:
+        chunk_sizes = [[n // vpp + (1 if v < n % vpp else 0) for v in range(vpp)] for n in per_rank]
     chunks: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]
     next_layer = 0
     for v in range(vpp):

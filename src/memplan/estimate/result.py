@@ -49,9 +49,24 @@ class StageEstimate:
     peak_phase: str
     peak_allocated_bytes: int
     peak_reserved_bytes: int
+    #: FP8 weight copies and transposes (part of parameters_bytes).
+    fp8_weights_bytes: int = 0
+    #: Multi-token-prediction parameters on this stage (part of parameters_numel).
+    mtp_parameters_numel: int = 0
+    #: CPU memory this GPU's process needs for what was offloaded.
+    cpu_parameters_bytes: int = 0
+    cpu_gradients_bytes: int = 0
+    cpu_optimizer_bytes: int = 0
+    cpu_activations_bytes: int = 0
+
+    @property
+    def cpu_bytes(self) -> int:
+        """Offloaded bytes held in CPU memory by one GPU's process."""
+        return self.cpu_parameters_bytes + self.cpu_gradients_bytes + self.cpu_optimizer_bytes + self.cpu_activations_bytes
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["cpu_bytes"] = self.cpu_bytes
         data["layer_indices"] = list(self.layer_indices)
         return data
 
@@ -77,6 +92,11 @@ class Estimate:
     gpu: GPU | None = None
 
     @property
+    def peak_cpu_bytes(self) -> int:
+        """CPU memory the most demanding GPU process needs for offloaded state (0 without offload)."""
+        return max((s.cpu_bytes for s in self.stages), default=0)
+
+    @property
     def fits(self) -> bool | None:
         """Whether the peak reserved memory fits the GPU's usable memory (None without a GPU)."""
         if self.gpu is None:
@@ -99,6 +119,7 @@ class Estimate:
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "peak_stage": self.peak_stage,
+            "peak_cpu_bytes": self.peak_cpu_bytes,
             "fragmentation": self.fragmentation,
             "stages": [s.to_dict() for s in self.stages],
             "assumptions": list(self.assumptions),

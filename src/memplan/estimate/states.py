@@ -16,8 +16,11 @@ from memplan.job import Job
 from memplan.model.params import (
     embedding_params,
     final_norm_params,
+    layer_non_gemm_params,
+    norm_params,
     position_embedding_params,
 )
+from memplan.model.params import ParamGroups
 from memplan.model.spec import ModelSpec
 
 #: bitsandbytes 8-bit optimizers quantize each state block-wise with one fp32 absmax per block.
@@ -34,6 +37,10 @@ class StageParams:
     largest_layer: int
     #: Embedding + head + final norm (the FSDP root unit), numel.
     root: int
+    #: Weights that FP8 GEMMs read (decoder-layer linear weights), numel on this rank.
+    gemm_weights: int = 0
+    #: Of ``dense + expert``: the multi-token-prediction modules on this (last) stage, numel.
+    mtp: int = 0
 
     @property
     def total(self) -> int:
@@ -46,39 +53,78 @@ def padded_vocab(model: ModelSpec, tp: int, divisible_by: int) -> int:
     return -(-model.vocab_size // multiple) * multiple
 
 
-def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int) -> StageParams:
+def _local_layer(groups: ParamGroups, job: Job) -> tuple[int, int]:
+    """(dense, expert) numel of one layer's weights on one rank."""
     par = job.parallel
-    tp, ep_etp = par.tp, par.ep * par.expert_tp
-    dense = expert = largest = 0
+    ep_etp = par.ep * par.expert_tp
+    dense = groups.tp_sharded // par.tp + groups.replicated
+    expert = groups.expert // ep_etp
+    if groups.shared_expert and job.moe.shared_expert_parallel == "expert":
+        # Shared experts sit with the routed ones on every EP rank: split by ETP, not TP.
+        dense -= groups.shared_expert // par.tp
+        expert += groups.shared_expert // par.expert_tp
+    return dense, expert
+
+
+def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int) -> StageParams:
+    tp = job.parallel.tp
+    hidden = model.hidden_size
+    dense = expert = largest = gemm = 0
     all_groups = model.layer_param_groups
     for index in stage.layer_indices:
-        groups = all_groups[index]
-        local_dense = groups.tp_sharded // tp + groups.replicated
-        local_expert = groups.expert // ep_etp
+        local_dense, local_expert = _local_layer(all_groups[index], job)
         dense += local_dense
         expert += local_expert
         largest = max(largest, local_dense + local_expert)
+        gemm += local_dense + local_expert - layer_non_gemm_params(model.layers[index], hidden, model.norm_bias)
     root = 0
     vocab_local = embedding_params(model, vocab_rows) // tp
     if stage.has_embedding:
         root += vocab_local + position_embedding_params(model)
+    mtp = 0
     if stage.has_head:
         root += final_norm_params(model)
         # An untied head has its own weight; a tied one needs a copy of the embedding on the last
         # stage when the embedding lives on another stage (Megatron's shared word embeddings).
         if not model.tie_word_embeddings or not stage.has_embedding:
             root += vocab_local
-    return StageParams(dense=dense + root, expert=expert, largest_layer=largest, root=root)
+        if job.mtp_layers:
+            # Each MTP module: two input norms, a 2h -> h column-parallel projection, one decoder
+            # layer shaped like the last one, a final norm; the modules read the token embedding,
+            # so the last stage holds a copy of it when it lives elsewhere.
+            last = model.layers[-1]
+            layer_dense, layer_expert = _local_layer(all_groups[-1], job)
+            per_module_dense = layer_dense + 3 * norm_params(hidden, model.norm_bias) + 2 * hidden * hidden // tp
+            mtp = job.mtp_layers * (per_module_dense + layer_expert)
+            dense += job.mtp_layers * per_module_dense
+            expert += job.mtp_layers * layer_expert
+            gemm += job.mtp_layers * (layer_dense + layer_expert + 2 * hidden * hidden // tp
+                                      - layer_non_gemm_params(last, hidden, model.norm_bias))
+            if not stage.has_embedding and not model.tie_word_embeddings:
+                root += vocab_local
+    return StageParams(dense=dense + root, expert=expert, largest_layer=largest, root=root, gemm_weights=gemm, mtp=mtp)
 
 
 @dataclass(frozen=True, slots=True)
 class StateBytes:
+    """Model-state bytes on the GPU, and what offloading moved to CPU memory."""
+
     parameters: int
     gradients: int
     master: int
     optimizer: int
     #: Local numel the optimizer steps over (after sharding), for its temporaries.
     optimizer_numel: int
+    #: FP8 weight copies and their transposes (part of ``parameters``).
+    fp8_weights: int = 0
+    #: Bytes offloaded to CPU memory: weights, gradients, optimizer state (master + moments).
+    cpu_parameters: int = 0
+    cpu_gradients: int = 0
+    cpu_optimizer: int = 0
+
+    @property
+    def cpu_total(self) -> int:
+        return self.cpu_parameters + self.cpu_gradients + self.cpu_optimizer
 
 
 def _shard_sizes(job: Job) -> tuple[int, int]:
@@ -116,8 +162,21 @@ def optimizer_state_bytes(numel: int, job: Job, state_bytes: int, hidden: int) -
     return 2 * (numel // hidden) * state_bytes
 
 
-def state_bytes(model: ModelSpec, job: Job, params: StageParams, prec: ResolvedPrecision) -> StateBytes:
-    sh = job.sharding
+def state_bytes(
+    model: ModelSpec,
+    job: Job,
+    params: StageParams,
+    prec: ResolvedPrecision,
+    *,
+    offload_moves_gradients: bool = False,
+) -> StateBytes:
+    """Model states one GPU of a stage holds (and what offloading moves to CPU memory).
+
+    ``offload_moves_gradients``: the framework's optimizer offload also keeps the fp32 gradient
+    partition in CPU memory (DeepSpeed ZeRO-Offload, FSDP CPU offload); otherwise (Megatron) the
+    gradient buffer stays on the GPU and CPU memory holds a copy for the CPU optimizer step.
+    """
+    sh, off = job.sharding, job.offload
     shards = _shard_sizes(job)
     full_shard = sh.zero == 3 or sh.fsdp != "none"
     grad_shard = sh.zero >= 2 or sh.fsdp != "none"
@@ -125,10 +184,43 @@ def state_bytes(model: ModelSpec, job: Job, params: StageParams, prec: ResolvedP
     p_numel = _sharded(params.dense, params.expert, shards, full_shard)
     g_numel = _sharded(params.dense, params.expert, shards, grad_shard)
     o_numel = _sharded(params.dense, params.expert, shards, opt_shard)
+    parameters = p_numel * prec.param_bytes
+    fp8 = 0
+    if job.precision.fp8 is not None:
+        gemm = params.gemm_weights if not full_shard else -(-params.gemm_weights // shards[0])
+        if job.precision.fp8_params:
+            # FP8 weights replace the 16-bit ones (1 byte) and keep an FP8 transpose (1 byte).
+            parameters -= gemm * (prec.param_bytes - 1)
+            fp8 = gemm
+        else:
+            # Transformer Engine casts each GEMM weight to FP8 once per step and caches it and its
+            # transpose across micro-batches (Hopper FP8 GEMMs need both layouts).
+            fp8 = 2 * gemm
+        parameters += fp8
+    gradients = g_numel * prec.grad_bytes
+    master = o_numel * prec.master_bytes
+    optimizer = optimizer_state_bytes(o_numel, job, prec.state_bytes, model.hidden_size)
+    cpu_params = cpu_grads = cpu_opt = 0
+    if off.optimizer:
+        fraction = off.optimizer_fraction
+        cpu_opt = int((master + optimizer) * fraction)
+        master -= int(master * fraction)
+        optimizer -= int(optimizer * fraction)
+        # The CPU step reads fp32 gradients in CPU memory.
+        cpu_grads = int(o_numel * fraction) * 4
+        if offload_moves_gradients:
+            gradients -= int(gradients * fraction)
+    if off.params:
+        cpu_params = parameters - fp8
+        parameters = fp8
     return StateBytes(
-        parameters=p_numel * prec.param_bytes,
-        gradients=g_numel * prec.grad_bytes,
-        master=o_numel * prec.master_bytes,
-        optimizer=optimizer_state_bytes(o_numel, job, prec.state_bytes, model.hidden_size),
-        optimizer_numel=o_numel,
+        parameters=parameters,
+        gradients=gradients,
+        master=master,
+        optimizer=optimizer,
+        optimizer_numel=0 if off.optimizer and off.optimizer_fraction == 1.0 else o_numel,
+        fp8_weights=fp8,
+        cpu_parameters=cpu_params,
+        cpu_gradients=cpu_grads,
+        cpu_optimizer=cpu_opt,
     )

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError, ModelConfigError, UnsupportedError
-from memplan.frameworks.megatron_model import flag_is_set, megatron_model_spec
-from memplan.job import Batch, Job, Optimizer, Parallelism, Precision, Recompute, Sharding
+from memplan.frameworks.megatron_model import flag_is_set, megatron_model_spec, pipeline_layout_chunks
+from memplan.job import Batch, Job, MoEOptions, Offload, Optimizer, Parallelism, Precision, Recompute, Sharding
 from memplan.model.spec import ModelSpec
 
 #: Flags whose presence means an architecture memplan does not model, and its name.
@@ -172,14 +172,21 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
             first = each - 1
         if flag_is_set(args, "--account-for-loss-in-pipeline-split"):
             last = each - 1
+    chunk_layers = None
+    layout = args.get("--pipeline-model-parallel-layout")
+    if layout:
+        chunk_layers, _ = pipeline_layout_chunks(str(layout))
+        first = last = None
+        vpp = 1
     parallel = Parallelism(
         world_size=gpus,
         tp=tp,
         pp=pp,
         vpp=vpp,
+        chunk_layers=chunk_layers,
         cp=cp,
         ep=_int(args, "--expert-model-parallel-size", 1) or 1,
-        etp=_int(args, "--expert-tensor-parallel-size"),
+        etp=_int(args, "--expert-tensor-parallel-size", tp),  # Megatron: ETP defaults to TP
         sequence_parallel=flag_is_set(args, "--sequence-parallel"),
         first_stage_layers=first,
         last_stage_layers=last,
@@ -202,6 +209,30 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         wgrad_deferral_limit=_int(args, "--wgrad-deferral-limit", 0) or 0,
         framework="megatron",
         vocab_divisible_by=_int(args, "--make-vocab-size-divisible-by", 128),
+        mtp_layers=_int(args, "--mtp-num-layers", 0) or 0,
+        moe=_moe_options(args),
+        offload=_offload(args),
+    )
+
+
+def _moe_options(args: Mapping[str, Any]) -> MoEOptions:
+    dispatcher = str(args.get("--moe-token-dispatcher-type", "allgather"))
+    if dispatcher not in ("alltoall", "allgather", "flex"):
+        raise ModelConfigError("--moe-token-dispatcher-type", "must be allgather, alltoall or flex", dispatcher)
+    capacity = args.get("--moe-expert-capacity-factor")
+    return MoEOptions(
+        dispatcher=dispatcher,  # type: ignore[arg-type]
+        capacity_factor=_float(args, "--moe-expert-capacity-factor", 1.0) if capacity is not None else None,
+        pad_to_capacity=flag_is_set(args, "--moe-pad-expert-input-to-capacity") and capacity is not None,
+    )
+
+
+def _offload(args: Mapping[str, Any]) -> Offload:
+    return Offload(
+        optimizer=flag_is_set(args, "--optimizer-cpu-offload"),
+        optimizer_fraction=_float(args, "--optimizer-offload-fraction", 1.0),
+        activations=flag_is_set(args, "--cpu-offloading") and flag_is_set(args, "--cpu-offloading-activations")
+        if "--cpu-offloading-activations" in args else flag_is_set(args, "--cpu-offloading"),
     )
 
 
@@ -228,7 +259,15 @@ def _precision(args: Mapping[str, Any]) -> Precision:
         grad = name.removesuffix("-mixed")
     if name == "fp16-mixed" and not flag_is_set(args, "--accumulate-allreduce-grads-in-fp32"):
         grad = grad or "fp16"
-    return Precision(name=name, grad_dtype=grad)  # type: ignore[arg-type]
+    fp8 = args.get("--fp8-format") or (args.get("--fp8") if isinstance(args.get("--fp8"), str) else None)
+    if fp8 is not None and str(fp8) not in ("hybrid", "e4m3"):
+        raise UnsupportedError(f"--fp8-format: {fp8!r} is not modelled (hybrid and e4m3 are)")
+    return Precision(
+        name=name,  # type: ignore[arg-type]
+        grad_dtype=grad,
+        fp8=str(fp8) if fp8 is not None else None,  # type: ignore[arg-type]
+        fp8_params=fp8 is not None and (flag_is_set(args, "--fp8-param-gather") or flag_is_set(args, "--fp8-param")),
+    )
 
 
 def _optimizer(args: Mapping[str, Any]) -> Optimizer:
@@ -237,6 +276,10 @@ def _optimizer(args: Mapping[str, Any]) -> Optimizer:
         return Optimizer(name="sgd", momentum=_float(args, "--sgd-momentum", 0.9))
     if name in ("adam", "adamw"):
         return Optimizer(name="adamw")
+    if name == "muon":
+        # Muon keeps one momentum buffer per weight, like SGD with momentum (its Newton-Schulz
+        # iterations work on one matrix at a time).
+        return Optimizer(name="sgd", momentum=_float(args, "--muon-momentum", 0.95))
     raise UnsupportedError(f"--optimizer: Megatron optimizer {name!r} is not modelled (adam and sgd are)")
 
 

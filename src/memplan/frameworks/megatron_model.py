@@ -7,11 +7,12 @@ biases on linear layers, tied embeddings, one KV group per head.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 from typing import Any
 
-from memplan.errors import ModelConfigError, UnsupportedError
-from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec
+from memplan.errors import ModelConfigError
+from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 
 #: Vocabulary sizes of Megatron's tokenizers when ``--vocab-size`` is absent (the tokenizer
 #: decides; Megatron then pads it, see estimate.states.padded_vocab).
@@ -77,8 +78,6 @@ def megatron_model_spec(args: Mapping[str, Any], *, name: str) -> ModelSpec:
     layers = _get_int(args, "--num-layers", required=True)
     heads = _get_int(args, "--num-attention-heads", required=True)
     assert hidden and layers and heads
-    if flag_is_set(args, "--num-experts") or "--num-experts" in args:
-        raise UnsupportedError("--num-experts: MoE layers from Megatron arguments are not modelled yet")
     head_dim = _get_int(args, "--kv-channels", hidden // heads) or hidden // heads
     groups = _get_int(args, "--num-query-groups", heads) if flag_is_set(args, "--group-query-attention") else heads
     bias = not flag_is_set(args, "--disable-bias-linear")
@@ -93,7 +92,13 @@ def megatron_model_spec(args: Mapping[str, Any], *, name: str) -> ModelSpec:
         bias=bias,
         activation="swiglu" if swiglu else ("squared_relu" if flag_is_set(args, "--squared-relu") else "gelu"),
     )
-    layer = LayerSpec(attention=attention, mlp=mlp)
+    moe = _moe_spec(args, hidden=hidden, ffn=ffn, swiglu=swiglu, bias=bias)
+    if moe is None:
+        layer_list = (LayerSpec(attention=attention, mlp=mlp),) * layers
+    else:
+        dense_layer = LayerSpec(attention=attention, mlp=mlp)
+        moe_layer = LayerSpec(attention=attention, moe=moe)
+        layer_list = tuple(moe_layer if sparse else dense_layer for sparse in moe_layer_pattern(args, layers))
     position = str(args.get("--position-embedding-type", "learned_absolute"))
     if flag_is_set(args, "--use-rotary-position-embeddings"):
         position = "rope"
@@ -104,7 +109,7 @@ def megatron_model_spec(args: Mapping[str, Any], *, name: str) -> ModelSpec:
         model_type="megatron-gpt",
         hidden_size=hidden,
         vocab_size=tokenizer_vocab_size(args),
-        layers=(layer,) * layers,
+        layers=layer_list,
         norm="rmsnorm" if norm == "RMSNorm" else "layernorm",
         norm_bias=norm != "RMSNorm",
         tie_word_embeddings=not flag_is_set(args, "--untie-embeddings-and-output-weights"),
@@ -141,3 +146,113 @@ def _attention_spec(args: Mapping[str, Any], *, heads: int, groups: int, head_di
         qkv_bias=False,
         out_bias=bias,
     )
+
+
+def _moe_spec(args: Mapping[str, Any], *, hidden: int, ffn: int, swiglu: bool, bias: bool) -> MoESpec | None:
+    """The MoE block of ``--num-experts`` models (megatron/core/transformer/moe)."""
+    experts = _get_int(args, "--num-experts")
+    if experts is None:
+        return None
+    expert_ffn = _get_int(args, "--moe-ffn-hidden-size", ffn) or ffn
+    top_k = _get_int(args, "--moe-router-topk", 2) or 2
+    if top_k > experts:
+        raise ModelConfigError("--moe-router-topk", f"must not exceed --num-experts ({experts})", top_k)
+    act = "swiglu" if swiglu else "gelu"
+    shared_size = _get_int(args, "--moe-shared-expert-intermediate-size")
+    shared = MLPSpec(intermediate_size=shared_size, gated=swiglu, bias=bias, activation=act) if shared_size else None
+    return MoESpec(
+        num_experts=experts,
+        top_k=top_k,
+        expert=MLPSpec(intermediate_size=expert_ffn, gated=swiglu, bias=bias, activation=act),
+        shared_expert=shared,
+        shared_expert_gate=flag_is_set(args, "--moe-shared-expert-gate"),
+        # --moe-router-enable-expert-bias registers the score-correction bias as a buffer.
+        router_bias=flag_is_set(args, "--moe-router-enable-expert-bias"),
+        router_bias_is_buffer=True,
+    )
+
+
+def moe_layer_pattern(args: Mapping[str, Any], num_layers: int) -> tuple[bool, ...]:
+    """Which layers are MoE: ``--moe-layer-freq`` N (layer i is MoE when i % N == 0) or a list.
+
+    The list form is a Python expression of 0/1 lists such as ``([0]*3+[1]*11)``; it is evaluated
+    by a small arithmetic walker over list literals, ``+`` and ``*`` only (never ``eval``).
+    """
+    raw = args.get("--moe-layer-freq", 1)
+    if isinstance(raw, int) or (isinstance(raw, str) and raw.strip().isdigit()):
+        freq = int(raw)
+        if freq <= 0:
+            raise ModelConfigError("--moe-layer-freq", "must be a positive integer or a 0/1 list", raw)
+        return tuple(i % freq == 0 for i in range(num_layers))
+    values = raw if isinstance(raw, list) else _int_list_expression(str(raw), "--moe-layer-freq")
+    if len(values) != num_layers or any(v not in (0, 1) for v in values):
+        raise ModelConfigError(
+            "--moe-layer-freq", f"must list a 0 or 1 for each of the {num_layers} layers", raw
+        )
+    return tuple(bool(v) for v in values)
+
+
+def _int_list_expression(text: str, flag: str) -> list[int]:
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+        value = _walk(tree.body)
+    except (SyntaxError, ValueError, TypeError, RecursionError):
+        raise ModelConfigError(flag, "must be an integer or a list expression like ([0]*3+[1]*11)", text) from None
+    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+        raise ModelConfigError(flag, "must evaluate to a list of integers", text)
+    return value
+
+
+def _walk(node: ast.AST) -> Any:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_walk(e) for e in node.elts]
+        return items if isinstance(node, ast.List) else (items[0] if len(items) == 1 else items)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _walk(node.left), _walk(node.right)
+        if isinstance(node.op, ast.Mult) and isinstance(right, int) and not 0 <= right <= 100_000:
+            raise ValueError("repeat count out of range")
+        return left + right if isinstance(node.op, ast.Add) else left * right
+    raise ValueError("unsupported expression")
+
+
+def pipeline_layout_chunks(layout: str) -> tuple[tuple[int, ...], bool]:
+    """Decoder layers per chunk of Megatron's ``--pipeline-model-parallel-layout``, and whether MTP is last.
+
+    The layout is a string of stages separated by ``|``: ``E`` embedding, ``t`` a decoder layer,
+    ``m`` a multi-token-prediction layer, ``L`` the loss; ``X*n`` repeats a symbol and ``(..)*n`` a
+    group, e.g. ``Et*2|(tt|)*5t|tmL`` (8 chunks: 2,2,2,2,2,2,1,1 layers).
+    """
+    try:
+        flat = _expand_layout(layout.replace(" ", ""))
+    except (ValueError, IndexError, RecursionError):
+        raise ModelConfigError("--pipeline-model-parallel-layout", "is not a valid layout string", layout) from None
+    stages = flat.split("|")
+    counts = tuple(stage.count("t") for stage in stages)
+    mtp_last = all("m" not in stage for stage in stages[:-1])
+    return counts, mtp_last
+
+
+def _expand_layout(text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == "(":
+            depth, j = 1, i + 1
+            while depth:
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                j += 1
+            item, i = _expand_layout(text[i + 1 : j - 1]), j
+        elif char in "Etm L|":
+            item, i = char, i + 1
+        else:
+            raise ValueError(f"unexpected {char!r}")
+        if i < len(text) and text[i] == "*":
+            j = i + 1
+            while j < len(text) and text[j].isdigit():
+                j += 1
+            item, i = item * int(text[i + 1 : j]), j
+        out.append(item)
+    return "".join(out)

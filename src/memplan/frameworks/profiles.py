@@ -61,6 +61,10 @@ class FrameworkProfile:
     reduce_bucket_elements: int = 0
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
+    #: Optimizer offload also moves the gradient partition to CPU memory (DeepSpeed
+    #: ZeRO-Offload, FSDP ``CPUOffloadPolicy``); Megatron's ``--optimizer-cpu-offload`` keeps its
+    #: fp32 gradient buffer on the GPU and copies it to CPU memory for the step.
+    offload_moves_gradients: bool = True
 
 
 MEGATRON = FrameworkProfile(
@@ -77,6 +81,7 @@ MEGATRON = FrameworkProfile(
     vocab_divisible_by=128,
     kernels="fused",
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
+    offload_moves_gradients=False,
 )
 
 TORCHTITAN = FrameworkProfile(

@@ -8,6 +8,9 @@ without knowing the architecture:
   holds all of them;
 * ``expert`` — routed-expert weights: divided by expert parallelism (EP) and expert TP (ETP).
 
+``shared_expert`` says how much of ``tp_sharded`` belongs to shared experts, which a job may place
+with the routed experts instead (``--shared-expert-parallel expert``).
+
 Totals here must equal what ``transformers`` builds from the same config (tested), so the
 vocabulary is the config's own; framework padding of the vocabulary is applied by the estimator.
 """
@@ -27,6 +30,8 @@ class ParamGroups:
     tp_sharded: int = 0
     replicated: int = 0
     expert: int = 0
+    #: Part of ``tp_sharded`` that is shared-expert weights (not an extra group).
+    shared_expert: int = 0
 
     @property
     def total(self) -> int:
@@ -37,6 +42,7 @@ class ParamGroups:
             self.tp_sharded + other.tp_sharded,
             self.replicated + other.replicated,
             self.expert + other.expert,
+            self.shared_expert + other.shared_expert,
         )
 
 
@@ -100,7 +106,8 @@ def moe_params(moe: MoESpec, hidden: int) -> ParamGroups:
     expert = moe.num_experts * mlp_params(moe.expert, hidden).total
     groups = ParamGroups(replicated=replicated, expert=expert)
     if moe.shared_expert is not None:
-        groups = groups + mlp_params(moe.shared_expert, hidden)
+        shared = mlp_params(moe.shared_expert, hidden)
+        groups = groups + ParamGroups(tp_sharded=shared.total, shared_expert=shared.total)
     if moe.shared_expert_gate:
         groups = groups + ParamGroups(replicated=hidden)
     return groups
@@ -178,4 +185,21 @@ def active_params(model: ModelSpec) -> int:
         if layer.moe is not None:
             one = mlp_params(layer.moe.expert, model.hidden_size).total
             count -= (layer.moe.num_experts - layer.moe.top_k) * one
+    return count
+
+
+@lru_cache(maxsize=4096)
+def layer_non_gemm_params(layer: LayerSpec, hidden: int, norm_bias: bool) -> int:
+    """Weights of a layer that no matrix multiply reads as a weight (norms, router), all replicated.
+
+    FP8 training casts every other weight of the layer for its FP8 GEMMs; these stay 16-bit.
+    """
+    count = layer.num_hidden_norms * norm_params(hidden, norm_bias)
+    attn = layer.attention
+    if attn.qk_norm:
+        count += 2 * attn.head_dim
+    if attn.kind == "mla":
+        count += (attn.kv_lora_rank or 0) + (attn.q_lora_rank or 0)
+    if layer.moe is not None:
+        count += hidden * layer.moe.num_experts
     return count
