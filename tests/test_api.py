@@ -25,6 +25,8 @@ PUBLIC_API = {
     "MemplanError",
     "ModelConfigError",
     "ModelSpec",
+    "MoEOptions",
+    "Offload",
     "Optimizer",
     "Parallelism",
     "Precision",

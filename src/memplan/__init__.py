@@ -17,7 +17,7 @@ from memplan.errors import ConfigError, JobConfigError, MemplanError, ModelConfi
 from memplan.estimate import DEFAULT_FRAGMENTATION, Estimate, StageEstimate, estimate
 from memplan.frameworks import FrameworkProfile, get_profile
 from memplan.gpus import GPU, get_gpu, list_gpus
-from memplan.job import Batch, Job, Optimizer, Parallelism, Precision, Recompute, Sharding
+from memplan.job import Batch, Job, MoEOptions, Offload, Optimizer, Parallelism, Precision, Recompute, Sharding
 from memplan.model import ModelSpec, list_presets, load_model, total_params
 
 __version__ = "0.1.0"
@@ -35,6 +35,8 @@ __all__ = [
     "MemplanError",
     "ModelConfigError",
     "ModelSpec",
+    "MoEOptions",
+    "Offload",
     "Optimizer",
     "Parallelism",
     "Precision",

@@ -57,7 +57,14 @@ def test_bad_configs_name_the_field(tmp_path, data, field):
         apply_deepspeed_config(_write(tmp_path, data), Job())
 
 
-def test_offload_is_refused_until_modelled(tmp_path):
-    path = _write(tmp_path, {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})
+def test_cpu_offload_maps_and_nvme_is_refused(tmp_path):
+    path = _write(tmp_path, {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                   "offload_param": {"device": "cpu"}}})
+    job = apply_deepspeed_config(path, Job())
+    assert job.offload.optimizer and job.offload.params
+    path = _write(tmp_path, {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})
     with pytest.raises(UnsupportedError, match="offload_optimizer"):
+        apply_deepspeed_config(path, Job())
+    path = _write(tmp_path, {"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}})
+    with pytest.raises(ConfigError, match="--offload-params"):
         apply_deepspeed_config(path, Job())

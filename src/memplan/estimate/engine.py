@@ -317,6 +317,29 @@ def _assumptions(
     elif rc.mode == "full":
         out.append(f"full recompute ({rc.method}, {rc.num_layers or 'all'} layers): recomputed layers keep only their input")
     out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
+    if model.is_moe:
+        moe = job.moe
+        routing = "balanced routing" if moe.routed_token_factor == 1.0 else (
+            f"the busiest expert gets {moe.routed_token_factor:g}x its mean share of tokens"
+            + (f" (capacity factor {moe.capacity_factor:g})" if moe.capacity_factor else ""))
+        out.append(
+            f"MoE: {routing}; {moe.dispatcher} dispatcher; experts on each rank run on tokens x top-k x etp rows "
+            f"at f/etp width; shared experts {'split by TP' if moe.shared_expert_parallel == 'tp' else 'placed with the routed experts'}"
+        )
+    if job.mtp_layers:
+        out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like the last, "
+                   "a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")
+    if job.precision.fp8:
+        out.append(
+            f"FP8 ({job.precision.fp8}): linear-layer inputs saved in FP8; "
+            + ("weights kept in FP8 with an FP8 transpose" if job.precision.fp8_params
+               else "an FP8 copy and transpose of every GEMM weight cached per step beside the 16-bit weight")
+        )
+    off = job.offload
+    if off.any:
+        moved = [w for w, on in (("optimizer state", off.optimizer), ("weights", off.params), ("activations", off.activations)) if on]
+        out.append("offloaded to CPU memory: " + ", ".join(moved)
+                   + (f" ({off.optimizer_fraction:.0%} of the optimizer state)" if off.optimizer and off.optimizer_fraction < 1 else ""))
     loss = job.loss if job.loss != "auto" else profile.default_loss
     out.append(f"loss path '{loss}': logits of the newest micro-batch on the last stage")
     out.append(f"activations kept as saved by {profile.kernels} kernels")

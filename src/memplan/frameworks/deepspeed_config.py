@@ -4,7 +4,8 @@ Mapped: ``zero_optimization.stage``, ``bf16.enabled`` / ``fp16.enabled``, ``opti
 ``train_micro_batch_size_per_gpu``, ``train_batch_size``, ``gradient_accumulation_steps``,
 ``zero_optimization.reduce_bucket_size`` is part of the deepspeed framework profile's defaults.
 ``"auto"`` values (Hugging Face's integration fills them in) keep the Job's value. Offloading
-(``offload_optimizer`` / ``offload_param``) is refused until the estimator models it.
+(``offload_optimizer`` / ``offload_param`` with ``device: cpu``) maps to the job's offload; NVMe
+offload is refused (memplan reports CPU memory, not disk).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError, UnsupportedError
-from memplan.job import Batch, Job, Optimizer, Precision, Sharding
+from memplan.job import Batch, Job, Offload, Optimizer, Precision, Sharding
 
 _OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "fusedadam": "adamw", "onebitadam": "adam"}
 
@@ -64,10 +65,12 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
     stage = zero_section.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise ConfigError("zero_optimization.stage", "must be 0, 1, 2 or 3", stage)
+    offloaded: dict[str, bool] = {}
     for key in ("offload_optimizer", "offload_param"):
         device = (zero_section.get(key) or {}).get("device", "none") if isinstance(zero_section.get(key), Mapping) else "none"
-        if device not in ("none", None):
-            raise UnsupportedError(f"zero_optimization.{key}: offloading to {device} is not modelled by the estimator yet")
+        if device not in ("none", None, "cpu"):
+            raise UnsupportedError(f"zero_optimization.{key}: offloading to {device} is not modelled (cpu is)")
+        offloaded[key] = device == "cpu"
     precision = job.precision
     if (config.get("bf16") or {}).get("enabled") in (True, "true"):
         precision = dataclasses.replace(precision, name="bf16-mixed")
@@ -97,4 +100,6 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
         precision=precision,
         optimizer=optimizer,
         batch=batch,
+        offload=Offload(optimizer=offloaded["offload_optimizer"], params=offloaded["offload_param"],
+                        activations=job.offload.activations),
     )

@@ -149,6 +149,13 @@ def peak_summary(est: Estimate) -> Text:
                 style="bold")
     where = f"pipeline stage {est.peak_stage} of {len(est.stages)}, " if len(est.stages) > 1 else ""
     text.append(f" ({where}during {peak.peak_phase}; reserved assumes {est.fragmentation:.0%} fragmentation)")
+    if est.peak_cpu_bytes:
+        cpu = max(est.stages, key=lambda s: s.cpu_bytes)
+        parts = [(cpu.cpu_parameters_bytes, "weights"), (cpu.cpu_gradients_bytes, "gradients"),
+                 (cpu.cpu_optimizer_bytes, "optimizer state"), (cpu.cpu_activations_bytes, "activations")]
+        detail = ", ".join(f"{label} {_gib(n)}" for n, label in parts if n)
+        text.append(f"\nCPU memory for offloaded state: {_gib(est.peak_cpu_bytes)} GiB per GPU process ({detail})",
+                    style="bold")
     return text
 
 
