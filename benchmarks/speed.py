@@ -27,6 +27,12 @@ PROCESS_RUNS = 10
 API_SECONDS = 2.0
 
 
+#: The MoE issue's process target: DeepSeek-V3 on 1,024 GPUs (TP 2, PP 16, EP 8) with FP8 and MTP.
+DEEPSEEK_ARGS = ["estimate", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "16", "--ep", "8",
+                 "--sequence-parallel", "--distributed-optimizer", "--fp8", "hybrid", "--mtp-layers", "1",
+                 "--gbs", "1024"]
+
+
 def _command() -> list[str]:
     """The installed console script (next to this Python), else ``python -m memplan``."""
     script = Path(sys.executable).with_name("memplan")
@@ -89,6 +95,8 @@ def main() -> None:
     rows.append(("memplan estimate llama-3.1-8b (process, median of 10)", f"{seconds:.3f} s", "< 0.5 s"))
     seconds = process_seconds(["estimate", "llama-3.1-8b", "--json"])
     rows.append(("memplan estimate llama-3.1-8b --json (process)", f"{seconds:.3f} s", "< 0.5 s"))
+    seconds = process_seconds(DEEPSEEK_ARGS)
+    rows.append(("memplan estimate deepseek-v3, 1024 GPUs, 16 stages (process)", f"{seconds:.3f} s", "< 0.5 s"))
     pinned = _pin_to_one_core()
     cases = {"llama-3.1-8b, 8 GPUs tp 2, seq 8192": llama_case}
     try:
