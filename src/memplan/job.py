@@ -297,7 +297,7 @@ class MoEOptions:
     """How MoE layers route and move tokens (only used by models with MoE layers)."""
 
     #: ``--moe-imbalance``: tokens of the busiest expert over the mean (1.0 = balanced routing).
-    #: The experts on one rank are sized for the busiest one.
+    #: The rank holding it gets that expert's excess on top of an even share for its others.
     imbalance: float = 1.0
     #: ``--capacity-factor``: each expert takes at most this times its mean share of tokens; the
     #: rest are dropped (Megatron ``--moe-expert-capacity-factor``). None: no dropping.
@@ -326,7 +326,7 @@ class MoEOptions:
 
     @property
     def routed_token_factor(self) -> float:
-        """Tokens the busiest expert of a rank receives, relative to balanced routing."""
+        """Tokens the busiest expert receives, relative to its balanced share (after capacity)."""
         if self.capacity_factor is None:
             return float(self.imbalance)
         if self.pad_to_capacity:

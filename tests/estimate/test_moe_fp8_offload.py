@@ -178,3 +178,15 @@ def test_config_with_top_k_above_experts_and_missing_mla_ranks(tmp_path):
     bad.write_text(json.dumps(deepseek))
     result = CliRunner().invoke(app, ["estimate", str(bad)])
     assert result.exit_code == 2 and "kv_lora_rank" in result.stderr
+
+
+def test_imbalance_is_per_expert_and_spreads_over_the_rank():
+    from memplan.estimate.engine import rank_routed_factor
+
+    model = load_model("deepseek-v2-lite")  # 64 routed experts
+    job = Job(parallel=Parallelism(world_size=8, ep=8), moe=MoEOptions(imbalance=2.0))
+    assert rank_routed_factor(model, job) == pytest.approx((2.0 + 7) / 8)
+    assert rank_routed_factor(model, dataclasses.replace(job, parallel=Parallelism(world_size=8))) == 1.0
+    padded = dataclasses.replace(job, moe=MoEOptions(capacity_factor=1.5, pad_to_capacity=True))
+    assert rank_routed_factor(model, padded) == 1.5
+    assert rank_routed_factor(load_model("llama-3.1-8b"), job) == 1.0

@@ -101,8 +101,28 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         kernels=profile.kernels,
         expert_tp=par.expert_tp,
         fp8=job.precision.fp8 is not None,
-        routed_factor=job.moe.routed_token_factor,
+        routed_factor=rank_routed_factor(model, job),
     )
+
+
+def rank_routed_factor(model: ModelSpec, job: Job) -> float:
+    """Rows the busiest expert-parallel rank receives relative to balanced routing.
+
+    ``--moe-imbalance F`` is per expert (the busiest expert gets F x the mean). A rank holding
+    ``n = experts / ep`` experts gets at most the busiest one plus ``n - 1`` average ones:
+    ``(F + n - 1) / n``. With ``ep = 1`` every routed token is local and the factor is 1. Capacity
+    caps each expert, so also the rank (padding to capacity fills it exactly).
+    """
+    moe = next((layer.moe for layer in model.layers if layer.moe is not None), None)
+    options = job.moe
+    if moe is None:
+        return 1.0
+    if options.pad_to_capacity and options.capacity_factor is not None:
+        return float(options.capacity_factor)
+    if job.parallel.ep == 1:
+        return 1.0
+    per_rank = max(1, moe.num_experts // job.parallel.ep)
+    return (options.routed_token_factor + per_rank - 1) / per_rank
 
 
 def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:
