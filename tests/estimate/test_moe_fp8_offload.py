@@ -190,3 +190,15 @@ def test_imbalance_is_per_expert_and_spreads_over_the_rank():
     padded = dataclasses.replace(job, moe=MoEOptions(capacity_factor=1.5, pad_to_capacity=True))
     assert rank_routed_factor(model, padded) == 1.5
     assert rank_routed_factor(load_model("llama-3.1-8b"), job) == 1.0
+
+
+def test_dispatch_buffers_follow_the_dispatcher():
+    from memplan.estimate.activations import dispatch_buffer_bytes
+
+    layer = load_model("mixtral-8x7b").layers[0]
+    a2a = dispatch_buffer_bytes(layer, _shape(ep=8))
+    # all-to-all: send + receive buffers of tokens x top-k rows
+    assert a2a == 2 * 4096 * (4096 // 2) * 2 * 2
+    gathered = dispatch_buffer_bytes(layer, _shape(ep=8, dispatcher="allgather"))
+    assert gathered == (4096 // 2) * 2 * 8 * (2 * 4096 + 8 * 5)
+    assert dispatch_buffer_bytes(load_model("llama-3.1-8b").layers[0], _shape()) == 0

@@ -61,6 +61,9 @@ class ActivationShape:
     fp8: bool = False
     #: Tokens the busiest expert receives relative to balanced routing (MoE imbalance/capacity).
     routed_factor: float = 1.0
+    #: MoE token dispatcher and expert-parallel size (for the dispatch buffers).
+    dispatcher: str = "alltoall"
+    ep: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +190,24 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     if shape.dropout:
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * h, "sp", "body"))
     return terms
+
+
+def dispatch_buffer_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
+    """Transient buffers while an MoE layer moves tokens (one rank, forward or backward).
+
+    All-to-all (and flex): the permuted send buffer and the received tokens, both alive around the
+    exchange. All-gather: every token of the TP x EP group gathered on each rank (hidden states,
+    fp32 probabilities and the routing map) before the local experts pick theirs.
+    """
+    if layer.moe is None:
+        return 0
+    c, h = shape.act_bytes, shape.hidden
+    local = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
+    routed = local * layer.moe.top_k
+    if shape.dispatcher == "allgather":
+        gathered = local * shape.tp * shape.ep
+        return gathered * (c * h + layer.moe.num_experts * (4 + 1))
+    return c * h * (routed + int(routed * shape.routed_factor) * shape.expert_tp)
 
 
 def divided(term: Term, shape: ActivationShape) -> int:

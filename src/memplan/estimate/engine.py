@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memplan.estimate.activations import KEPT_BY, ActivationShape, divided, layer_terms
+from memplan.estimate.activations import KEPT_BY, ActivationShape, dispatch_buffer_bytes, divided, layer_terms
 from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
     communication_bytes,
@@ -102,6 +102,8 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         expert_tp=par.expert_tp,
         fp8=job.precision.fp8 is not None,
         routed_factor=rank_routed_factor(model, job),
+        dispatcher=job.moe.dispatcher,
+        ep=par.ep,
     )
 
 
@@ -133,7 +135,8 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         sized = [(divided(t, shape), t.keep) for t in layer_terms(layer, shape)]
         full = sum(size for size, _ in sized)
         kept = sum(size for size, keep in sized if keep in kept_classes)
-        cache[key] = (kept, full, max(size for size, _ in sized))
+        largest = max(max(size for size, _ in sized), dispatch_buffer_bytes(layer, shape))
+        cache[key] = (kept, full, largest)
     return cache[key]
 
 
