@@ -381,3 +381,24 @@ def test_estimate_process_imports_nothing_heavy() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "HEAVY []" in done.stderr
+
+
+def test_job_file_round_trip_and_flags_win(tmp_path):
+    saved = tmp_path / "job.yaml"
+    first = runner.invoke(app, ["estimate", "mixtral-8x7b", "--gpus", "16", "--tp", "2", "--ep", "8",
+                                "--fp8", "hybrid", "--moe-imbalance", "1.5", "--save-job", str(saved), "--json"])
+    assert first.exit_code == 0, first.output
+    text = saved.read_text()
+    assert "model: mixtral-8x7b" in text and "moe-imbalance: 1.5" in text and "fp8: hybrid" in text
+    again = runner.invoke(app, ["estimate", "--job", str(saved), "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["stages"] == json.loads(first.stdout)["stages"]
+    longer = runner.invoke(app, ["estimate", "--job", str(saved), "--seq", "8192", "--json"])
+    assert json.loads(longer.stdout)["job"]["batch"]["seq_length"] == 8192
+
+
+def test_job_file_with_an_unknown_field_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: gpt2\ngpus: 8\ntensor_parallel: 2\n")
+    result = runner.invoke(app, ["estimate", "--job", str(bad)])
+    assert result.exit_code == 2 and "tensor_parallel" in result.stderr and "Traceback" not in result.output

@@ -351,6 +351,10 @@ Examples:
 
   memplan estimate mistral-7b --gpus 8 --deepspeed-config ds_config.json --explain
 
+  memplan estimate --job llama-70b.yaml --seq 16384 --save-job llama-70b-16k.yaml
+
+  memplan estimate deepseek-v3 --gpus 1024 --tp 2 --pp 16 --ep 8 --fp8 hybrid --mtp-layers 1
+
 All sizes are GiB = 2^30 bytes. Exit codes: 0 ok, 1 unsupported input, 2 invalid input.
 """
 
@@ -411,16 +415,27 @@ def estimate_command(
     deepspeed_config: Annotated[OptStr, _opt("--deepspeed-config", help="DeepSpeed JSON config applied to the job.", panel=_OUT, metavar="FILE")] = None,
     explain: Annotated[bool, _opt("--explain", help="Also print the numbered assumptions.", panel=_OUT)] = False,
     json_output: Annotated[bool, _opt("--json", help="Print Estimate.to_dict() as JSON (nothing else on stdout).", panel=_OUT)] = False,
+    job_file: Annotated[OptStr, _opt("--job", help="YAML/JSON job file whose fields are these flags' names (flags typed here win).", panel=_OUT, metavar="FILE")] = None,
+    save_job: Annotated[OptStr, _opt("--save-job", help="Write the resolved job as a YAML/JSON job file.", panel=_OUT, metavar="FILE")] = None,
 ) -> None:
     """Estimate the per-GPU peak memory of training MODEL, for every pipeline stage.
 
     Prints a table per pipeline stage (GiB = 2^30 bytes): parameters, gradients, optimizer
     states, activations, logits, buffers, peak allocated and predicted reserved memory.
     """
-    options = JobOptions.from_mapping(locals())
+    given = {k: v for k, v in locals().items()
+             if v is not None and k not in ("explain", "json_output", "job_file", "save_job")}
     with handle_errors():
         from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
 
+        values = dict(given)
+        if job_file is not None:
+            from memplan.jobfile import load_job_file
+
+            values = {**load_job_file(job_file, overrides=given), **given}
+        options = JobOptions.from_mapping(values)
+        model, gpu, fragmentation = values.get("model"), values.get("gpu"), values.get("fragmentation")
+        megatron_args, deepspeed_config = values.get("megatron_args"), values.get("deepspeed_config")
         spec, job = load_job_and_model(model, options, megatron_args=megatron_args, deepspeed_config=deepspeed_config)
         gpu_spec = None
         if gpu is not None:
@@ -429,6 +444,12 @@ def estimate_command(
             gpu_spec = get_gpu(gpu)
         frag = DEFAULT_FRAGMENTATION if fragmentation is None else fragmentation
         result = estimate(spec, job, gpu=gpu_spec, fragmentation=frag)
+        if save_job is not None:
+            from memplan.jobfile import dump_job_file
+
+            for name in dump_job_file(model, job, save_job, gpu=gpu, fragmentation=fragmentation,
+                                      megatron_args=megatron_args, deepspeed_config=deepspeed_config):
+                typer.secho(f"warning: --save-job: {name} has no flag and was not written", fg="yellow", err=True)
     if json_output:
         _print_json(result.to_dict())
         return
@@ -487,7 +508,7 @@ def _root(
 
 #: Modules under :mod:`memplan.commands` that register further commands on :data:`app` when
 #: imported. Each must import nothing heavy (torch, numpy, matplotlib) at module level.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("fit", "report")
 
 
 def _register_commands() -> None:

@@ -1,0 +1,312 @@
+"""``memplan fit``: which layouts fit, the largest micro-batch / sequence, and GPU sharing.
+
+A thin client: parse the flags, call :mod:`memplan.fit`, render rich tables or JSON. Nothing heavy
+is imported at module level (rich inside the renderers, matplotlib only for ``--plot``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from memplan.cli import _Command, _print, _print_json, app, handle_errors
+from memplan.errors import ConfigError
+
+if TYPE_CHECKING:
+    from memplan.fit.colocate import Colocation
+    from memplan.fit.limits import Limit
+    from memplan.fit.results import FitResult
+    from memplan.job import Job
+    from memplan.model.spec import ModelSpec
+
+_GIB = 2**30
+_SEARCH, _LAYOUT, _OUT = "Search", "Layout for --max-mbs / --max-seq", "Output"
+
+_EPILOG = """\
+Examples:
+
+  memplan fit llama-3.1-70b --gpus 64 --gpu h100-80gb --seq 8192 --gbs 512
+
+  memplan fit deepseek-v3 --gpus 1024 --gpu h100-80gb --top 5 --json
+
+  memplan fit llama-3.1-8b --gpus 8 --max-mbs --tp 2 --recompute selective
+
+  memplan fit llama-3.1-8b --gpus 8 --max-seq --plot seq.png
+
+  memplan fit --colocate job1.yaml job2.yaml --gpu h100-80gb:3g.40gb
+
+A layout fits when its predicted reserved memory is at most the GPU's usable memory minus
+--margin. Sizes in GiB = 2^30 bytes. Exit codes: 0 ok, 1 unsupported input, 2 invalid input
+(including a model that fits no layout).
+"""
+
+
+def _opt(*names: str, help: str, panel: str, metavar: str | None = None) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=panel, metavar=metavar, show_default=False)
+
+
+@app.command("fit", cls=_Command, epilog=_EPILOG)
+def fit_command(
+    args: Annotated[list[str] | None, typer.Argument(
+        help="MODEL (preset or config.json), or with --colocate the job files.", show_default=False,
+        metavar="MODEL | JOB_FILE...")] = None,
+    gpus: Annotated[int | None, _opt("--gpus", help="Total GPUs to lay the job out on.", panel=_SEARCH)] = None,
+    gpu: Annotated[str, _opt("--gpu", help="GPU (see `memplan gpus`), or GPU:MIG-PROFILE with --colocate. (default: h100-80gb)", panel=_SEARCH, metavar="NAME")] = "h100-80gb",
+    seq: Annotated[int, _opt("--seq", help="Sequence length. (default: 4096)", panel=_SEARCH)] = 4096,
+    gbs: Annotated[int | None, _opt("--gbs", help="Global batch size in sequences. (default: about 4 Mi tokens, a multiple of --gpus)", panel=_SEARCH)] = None,
+    framework: Annotated[str, _opt("--framework", help="megatron|torchtitan|deepspeed|hf. (default: megatron)", panel=_SEARCH)] = "megatron",
+    precision: Annotated[str, _opt("--precision", help="Precision word as in `memplan estimate`. (default: bf16-mixed)", panel=_SEARCH)] = "bf16-mixed",
+    margin: Annotated[float | None, _opt("--margin", help="Share of usable GPU memory kept free. (default: 0.05)", panel=_SEARCH, metavar="F")] = None,
+    gpus_per_node: Annotated[int, _opt("--gpus-per-node", help="GPUs per node: TP and EP stay within one. (default: 8)", panel=_SEARCH)] = 8,
+    top: Annotated[int, _opt("--top", help="Candidates shown. (default: 10)", panel=_OUT)] = 10,
+    show_all: Annotated[bool, _opt("--all", help="Show every fitting candidate and rejected family.", panel=_OUT)] = False,
+    max_mbs: Annotated[bool, _opt("--max-mbs", help="Find the largest micro-batch that fits the layout.", panel=_LAYOUT)] = False,
+    max_seq: Annotated[bool, _opt("--max-seq", help="Find the longest sequence that fits the layout.", panel=_LAYOUT)] = False,
+    job: Annotated[str | None, _opt("--job", help="Job file giving the layout for --max-mbs / --max-seq.", panel=_LAYOUT, metavar="FILE")] = None,
+    tp: Annotated[int | None, _opt("--tp", help="Layout: tensor-parallel size.", panel=_LAYOUT)] = None,
+    pp: Annotated[int | None, _opt("--pp", help="Layout: pipeline-parallel size.", panel=_LAYOUT)] = None,
+    vpp: Annotated[int | None, _opt("--vpp", help="Layout: virtual pipeline stages.", panel=_LAYOUT)] = None,
+    cp: Annotated[int | None, _opt("--cp", help="Layout: context-parallel size.", panel=_LAYOUT)] = None,
+    ep: Annotated[int | None, _opt("--ep", help="Layout: expert-parallel size.", panel=_LAYOUT)] = None,
+    mbs: Annotated[int | None, _opt("--mbs", help="Layout: micro-batch (for --max-seq).", panel=_LAYOUT)] = None,
+    recompute: Annotated[str | None, _opt("--recompute", help="Layout: none|selective|full.", panel=_LAYOUT)] = None,
+    plot: Annotated[str | None, _opt("--plot", help="Write the memory curve of --max-mbs/--max-seq as a PNG.", panel=_OUT, metavar="FILE")] = None,
+    colocate: Annotated[bool, _opt("--colocate", help="The arguments are job files: can they share one GPU?", panel=_SEARCH)] = False,
+    json_output: Annotated[bool, _opt("--json", help="Print the result as JSON (nothing else on stdout).", panel=_OUT)] = False,
+) -> None:
+    """Find which parallel layouts of MODEL fit --gpus GPUs, fastest first (predicted step time).
+
+    Also: --max-mbs / --max-seq find the largest micro-batch / sequence for one layout, and
+    --colocate predicts whether several jobs can share one GPU or MIG slice.
+    """
+    from memplan.fit.results import DEFAULT_MARGIN
+
+    margin_value = DEFAULT_MARGIN if margin is None else margin
+    layout_flags = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "mbs": mbs, "recompute": recompute}
+    with handle_errors():
+        names = list(args or [])
+        if colocate:
+            shared = _colocate(names, gpu, margin_value)
+            _emit(shared.to_dict() if json_output else _colocation_table(shared), json_output)
+            return
+        if len(names) != 1:
+            raise ConfigError("MODEL", "give exactly one model (or --colocate with job files)", " ".join(names) or None)
+        if gpus is None:
+            raise ConfigError("--gpus", "is required: the number of GPUs to lay the job out on")
+        from memplan.model import load_model
+
+        model = load_model(names[0])
+        if max_mbs or max_seq:
+            _limits(model, names[0], gpus, gpu, seq, gbs, framework, precision, margin_value, gpus_per_node,
+                    job, layout_flags, max_mbs, max_seq, plot, json_output)
+            return
+        if plot is not None:
+            raise ConfigError("--plot", "needs --max-mbs or --max-seq")
+        result = _search(model, gpus, gpu, seq, gbs, framework, precision, margin_value, gpus_per_node, json_output,
+                         None if show_all else top)
+    shown = None if show_all else top
+    if json_output:
+        _print_json(result.to_dict(top=shown))
+        return
+    _print(*_fit_renderables(result, shown))
+
+
+def _emit(payload: Any, json_output: bool) -> None:
+    if json_output:
+        _print_json(payload)
+    else:
+        _print(payload)
+
+
+def _progress(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+    """A progress callback that shows a bar on stderr only once the work has taken over a second."""
+    if not enabled:
+        return None, lambda: None
+    start = time.perf_counter()
+    shown: list[Any] = []  # the rich Progress and its task id, once started
+
+    def update(done: int, total: int) -> None:
+        if not shown:
+            if time.perf_counter() - start < 1.0:
+                return
+            from rich.console import Console
+            from rich.progress import Progress
+
+            bar = Progress(console=Console(stderr=True), transient=True)
+            bar.start()
+            shown.extend([bar, bar.add_task("searching layouts", total=total)])
+        shown[0].update(shown[1], completed=done)
+
+    def stop() -> None:
+        if shown:
+            shown[0].stop()
+
+    return update, stop
+
+
+def _search(model: ModelSpec, gpus: int, gpu: str, seq: int, gbs: int | None, framework: str, precision: str,
+            margin: float, gpus_per_node: int, quiet: bool, top: int | None = 1) -> FitResult:
+    from memplan.fit.search import fit
+    from memplan.fit.space import SearchSpace
+
+    callback, stop = _progress(not quiet)
+    try:
+        return fit(model, gpus=gpus, gpu=gpu, seq=seq, gbs=gbs, framework=framework,  # type: ignore[arg-type]
+                   precision=precision, margin=margin,  # type: ignore[arg-type]
+                   space=SearchSpace(gpus_per_node=gpus_per_node), top=top, progress=callback)
+    finally:
+        stop()
+
+
+def _layout_job(model: ModelSpec, model_ref: str, gpus: int, gpu: str, seq: int, gbs: int | None, framework: str,
+                precision: str, margin: float, gpus_per_node: int, job_file: str | None,
+                flags: dict[str, Any]) -> Job:
+    """The job whose limits are searched: a job file, the layout flags, or the best fitting layout."""
+    from memplan.cli import JobOptions, build_job, load_job_and_model
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    if job_file is not None:
+        from memplan.jobfile import load_job_file
+
+        given["gpus"] = gpus
+        values = {**load_job_file(job_file, overrides=given), **given}
+        return load_job_and_model(model_ref, JobOptions.from_mapping(values),
+                                  megatron_args=values.get("megatron_args"),
+                                  deepspeed_config=values.get("deepspeed_config"))[1]
+    if given:
+        dp_ranks = gpus // max(1, (given.get("tp") or 1) * (given.get("pp") or 1) * (given.get("cp") or 1))
+        values = {"gpus": gpus, "seq": seq, "gbs": gbs, "framework": framework, "precision": precision,
+                  "sequence_parallel": (given.get("tp") or 1) > 1,
+                  "distributed_optimizer": framework == "megatron" and dp_ranks > 1, **given}
+        return build_job(JobOptions.from_mapping(values))
+    best = _search(model, gpus, gpu, seq, gbs, framework, precision, margin, gpus_per_node, True).best
+    assert best is not None
+    return best.job
+
+
+def _limits(model: ModelSpec, model_ref: str, gpus: int, gpu: str, seq: int, gbs: int | None, framework: str,
+            precision: str, margin: float, gpus_per_node: int, job_file: str | None, flags: dict[str, Any],
+            max_mbs: bool, max_seq: bool, plot: str | None, json_output: bool) -> None:
+    from memplan.fit.limits import max_micro_batch, max_seq_length, plot_limit
+
+    if max_mbs and max_seq:
+        raise ConfigError("--max-mbs", "cannot be combined with --max-seq (search one at a time)")
+    job = _layout_job(model, model_ref, gpus, gpu, seq, gbs, framework, precision, margin, gpus_per_node,
+                      job_file, flags)
+    search = max_micro_batch if max_mbs else max_seq_length
+    limit = search(model, job, gpu=gpu, margin=margin)
+    if plot is not None:
+        plot_limit(limit, plot)
+    if json_output:
+        from dataclasses import asdict
+
+        _print_json({**limit.to_dict(), "job": asdict(job)})
+        return
+    _print(*_limit_renderables(limit, job, plot))
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def _fit_renderables(result: FitResult, top: int | None) -> list[Any]:
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text(f"{result.model} on {result.gpus} x {result.gpu}: sequence {result.seq_length}, global batch "
+                f"{result.global_batch_size}, {result.framework}; limit {result.limit_bytes / _GIB:.1f} GiB per GPU "
+                f"({result.usable_bytes / _GIB:.1f} usable - {100 * result.margin:.0f}% margin)")
+    found = (f"{len(result.candidates)} fitting configurations" if result.exhaustive else
+             f"the fastest fitting configurations ({result.layouts_pruned} layouts skipped as slower; --all lists every one)")
+    table = Table(title=f"{found} of {result.layouts_searched} layouts ({result.estimates} estimates, "
+                  f"{result.seconds:.2f} s), fastest first",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("#", "layout", "mbs", "recompute"):
+        table.add_column(col, no_wrap=True)
+    for col in ("GiB/GPU", "headroom", "step s", "tokens/s", "MFU"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for rank, cand in enumerate(result.candidates[:top], start=1):
+        d = cand.to_dict()
+        table.add_row(str(rank), cand.layout.label, str(d["micro_batch_size"]), d["recompute"],
+                      f"{cand.reserved_bytes / _GIB:.1f}", Text(f"{cand.headroom_bytes / _GIB:.1f}", style="green"),
+                      f"{cand.step.total_s:.3f}", f"{cand.step.tokens_per_s:,.0f}", f"{100 * cand.step.mfu:.1f}%")
+    rejected = Table(title="Rejected families", title_justify="left", show_edge=False, pad_edge=False)
+    rejected.add_column("family", no_wrap=True)
+    rejected.add_column("layouts", justify="right")
+    rejected.add_column("why")
+    for fam in result.rejected[:top]:
+        rejected.add_row(fam.family, str(fam.layouts), Text(fam.reason, style="red"))
+    out: list[Any] = [head, table]
+    if result.rejected:
+        out.append(rejected)
+    note = "Sizes: predicted peak reserved memory of the highest pipeline stage, GiB = 2^30 bytes. " \
+           "Step time: memplan's analytical model (docs/fit.md)."
+    out.append(Text(note, style="dim"))
+    return out
+
+
+def _limit_renderables(limit: Limit, job: Job, plot: str | None) -> list[Any]:
+    from rich.table import Table
+    from rich.text import Text
+
+    par = job.parallel
+    what = limit.quantity.replace("_", " ")
+    layout = (f"tp{par.tp} pp{par.pp} vpp{par.vpp} cp{par.cp} ep{par.ep} dp{par.data_parallel}, "
+              f"recompute {job.recompute.mode}, micro-batch {job.batch.micro_batch_size}, sequence {job.batch.seq_length}")
+    table = Table(title=f"Memory by {what} on {limit.gpu} (limit {limit.limit_bytes / _GIB:.1f} GiB)",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column(what, justify="right")
+    table.add_column("allocated GiB", justify="right")
+    table.add_column("reserved GiB", justify="right")
+    table.add_column("fits")
+    for p in limit.curve:
+        table.add_row(str(p.value), f"{p.allocated_bytes / _GIB:.2f}", f"{p.reserved_bytes / _GIB:.2f}",
+                      Text("yes", style="green") if p.fits else Text("no", style="red"))
+    verdict = Text(f"largest {what} that fits: {limit.best}" if limit.best else f"no {what} fits this layout",
+                   style="bold green" if limit.best else "bold red")
+    out: list[Any] = [Text(f"layout: {layout}"), table, verdict]
+    if plot:
+        out.append(Text(f"plot written to {plot}", style="dim"))
+    return out
+
+
+def _colocate(files: list[str], gpu: str, margin: float) -> Colocation:
+    from memplan.cli import JobOptions, load_job_and_model
+    from memplan.estimate.engine import DEFAULT_FRAGMENTATION
+    from memplan.fit.colocate import SharedJob, colocate
+    from memplan.jobfile import load_job_file
+
+    if not files:
+        raise ConfigError("--colocate", "needs one or more job files")
+    jobs = []
+    for path in files:
+        values = load_job_file(path)
+        spec, job = load_job_and_model(values.get("model"), JobOptions.from_mapping(values),
+                                       megatron_args=values.get("megatron_args"),
+                                       deepspeed_config=values.get("deepspeed_config"))
+        jobs.append(SharedJob(name=Path(path).name, model=spec, job=job,
+                              fragmentation=values.get("fragmentation", DEFAULT_FRAGMENTATION)))
+    return colocate(jobs, gpu=gpu, margin=margin)
+
+
+def _colocation_table(result: Colocation) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"Processes sharing {result.device} ({result.capacity_bytes / _GIB:.1f} GiB, "
+                  f"limit {result.limit_bytes / _GIB:.1f} GiB with {100 * result.margin:.0f}% margin)",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    for col, justify in (("job", "left"), ("CUDA context GiB", "right"), ("reserved GiB", "right"), ("total GiB", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for p in result.processes:
+        table.add_row(p.name, f"{p.context_bytes / _GIB:.2f}", f"{p.reserved_bytes / _GIB:.2f}", f"{p.total_bytes / _GIB:.2f}")
+    table.add_row(Text("all", style="bold"), "", "", Text(f"{result.demand_bytes / _GIB:.2f}", style="bold"))
+    if result.fits:
+        verdict = Text(f"fits: {result.headroom_bytes / _GIB:.2f} GiB headroom", style="bold green")
+    else:
+        verdict = Text(f"does not fit: {-result.headroom_bytes / _GIB:.2f} GiB over", style="bold red")
+    return Group(table, verdict)

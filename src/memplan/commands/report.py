@@ -1,0 +1,130 @@
+"""``memplan report``: one self-contained HTML file (per-stage breakdown, fit table, timeline, segments).
+
+The timeline and the segment view come as plain JSON files until the trace/alloc commands write
+them directly: ``--timeline`` holds ``[[op_index, {"category": bytes, ...}], ...]`` and
+``--segments`` holds ``[{"address": int, "size": int, "blocks": [{"offset": int, "size": int,
+"allocated": bool, "category": str}]}, ...]``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from memplan.cli import _Command, app, handle_errors
+from memplan.errors import ConfigError
+
+_JOB, _OUT = "Job (or --job FILE)", "Report"
+
+_EPILOG = """\
+Examples:
+
+  memplan report llama-3.1-70b --gpus 64 --tp 8 --pp 2 --gbs 512 --gpu h100-80gb -o report.html
+
+  memplan report --job llama-70b.yaml --fit -o report.html
+
+  memplan report llama-3.1-8b --gpus 8 --timeline timeline.json --segments segments.json -o report.html
+
+The file needs no network: styles, scripts and charts (SVG) are inline.
+Exit codes: 0 ok, 1 unsupported input, 2 invalid input.
+"""
+
+
+def _opt(*names: str, help: str, panel: str, metavar: str | None = None) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=panel, metavar=metavar, show_default=False)
+
+
+@app.command("report", cls=_Command, epilog=_EPILOG)
+def report_command(
+    model: Annotated[str | None, typer.Argument(help="Preset name or config.json (optional with --job).",
+                                                show_default=False, metavar="MODEL")] = None,
+    output: Annotated[str, _opt("-o", "--output", help="HTML file to write.", panel=_OUT, metavar="FILE")] = "report.html",
+    job_file: Annotated[str | None, _opt("--job", help="Job file (fields as memplan estimate's flags).", panel=_JOB, metavar="FILE")] = None,
+    gpus: Annotated[int | None, _opt("--gpus", help="Total GPUs.", panel=_JOB)] = None,
+    tp: Annotated[int | None, _opt("--tp", help="Tensor-parallel size.", panel=_JOB)] = None,
+    pp: Annotated[int | None, _opt("--pp", help="Pipeline-parallel size.", panel=_JOB)] = None,
+    cp: Annotated[int | None, _opt("--cp", help="Context-parallel size.", panel=_JOB)] = None,
+    ep: Annotated[int | None, _opt("--ep", help="Expert-parallel size.", panel=_JOB)] = None,
+    mbs: Annotated[int | None, _opt("--mbs", help="Micro-batch size.", panel=_JOB)] = None,
+    gbs: Annotated[int | None, _opt("--gbs", help="Global batch size.", panel=_JOB)] = None,
+    seq: Annotated[int | None, _opt("--seq", help="Sequence length.", panel=_JOB)] = None,
+    recompute: Annotated[str | None, _opt("--recompute", help="none|selective|full.", panel=_JOB)] = None,
+    distributed_optimizer: Annotated[bool | None, _opt("--distributed-optimizer/--no-distributed-optimizer", help="Megatron distributed optimizer.", panel=_JOB)] = None,
+    framework: Annotated[str | None, _opt("--framework", help="megatron|torchtitan|deepspeed|hf.", panel=_JOB)] = None,
+    gpu: Annotated[str | None, _opt("--gpu", help="GPU to check the fit against.", panel=_JOB, metavar="NAME")] = None,
+    with_fit: Annotated[bool, _opt("--fit", help="Also search the layouts that fit (memplan fit) and add the table.", panel=_OUT)] = False,
+    timeline: Annotated[str | None, _opt("--timeline", help="JSON memory timeline by category (plain data).", panel=_OUT, metavar="FILE")] = None,
+    segments: Annotated[str | None, _opt("--segments", help="JSON allocator segments (plain data).", panel=_OUT, metavar="FILE")] = None,
+    title: Annotated[str | None, _opt("--title", help="Page title. (default: memplan report: MODEL)", panel=_OUT)] = None,
+) -> None:
+    """Write one self-contained, offline HTML report of a training job's memory."""
+    flags = {"gpus": gpus, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "mbs": mbs, "gbs": gbs, "seq": seq,
+             "recompute": recompute, "distributed_optimizer": distributed_optimizer, "framework": framework}
+    with handle_errors():
+        from memplan.cli import JobOptions, load_job_and_model
+        from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
+        from memplan.gpus import get_gpu
+        from memplan.report.html import write_html
+
+        values: dict[str, Any] = {}
+        if job_file is not None:
+            from memplan.jobfile import load_job_file
+
+            values = load_job_file(job_file, overrides=flags)
+        values.update({k: v for k, v in flags.items() if v is not None})
+        model_ref = model or values.get("model")
+        gpu_name = gpu or values.get("gpu") or "h100-80gb"
+        spec, job = load_job_and_model(model_ref, JobOptions.from_mapping(values),
+                                       megatron_args=values.get("megatron_args"),
+                                       deepspeed_config=values.get("deepspeed_config"))
+        gpu_spec = get_gpu(gpu_name.split(":", 1)[0])
+        est = estimate(spec, job, gpu=gpu_spec, fragmentation=values.get("fragmentation", DEFAULT_FRAGMENTATION))
+        fit_result = None
+        if with_fit:
+            from memplan.fit.search import fit
+
+            fit_result = fit(spec, gpus=job.parallel.world_size, gpu=gpu_spec, seq=job.batch.seq_length,
+                             gbs=job.batch.global_batch_size, framework=job.framework, top=20)
+        write_html(output, title=title or f"memplan report: {spec.name}", estimate=est, fit=fit_result,
+                   timeline=_read_timeline(timeline), segments=_read_segments(segments))
+    typer.echo(f"wrote {output}")
+
+
+def _read_json(path: str, flag: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(flag, f"cannot read the file ({exc.strerror})", path) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(flag, f"is not valid JSON ({exc.msg} at line {exc.lineno})", path) from None
+
+
+def _read_timeline(path: str | None) -> list[tuple[int, dict[str, int]]] | None:
+    if path is None:
+        return None
+    data = _read_json(path, "--timeline")
+    out = []
+    try:
+        for op, values in data:
+            out.append((int(op), {str(k): int(v) for k, v in values.items()}))
+    except (TypeError, ValueError, AttributeError):
+        raise ConfigError("--timeline", "must be a list of [op_index, {category: bytes}] pairs", path) from None
+    if not out:
+        raise ConfigError("--timeline", "holds no points", path)
+    return out
+
+
+def _read_segments(path: str | None) -> list[dict[str, Any]] | None:
+    if path is None:
+        return None
+    data = _read_json(path, "--segments")
+    if not isinstance(data, list) or not all(isinstance(s, dict) and {"address", "size"} <= s.keys() for s in data):
+        raise ConfigError("--segments", "must be a list of {address, size, blocks} objects", path)
+    for seg in data:
+        for block in seg.get("blocks", []):
+            if not isinstance(block, dict) or not {"offset", "size"} <= block.keys():
+                raise ConfigError("--segments", "each block needs offset and size", path)
+    return data

@@ -1,0 +1,57 @@
+"""``memplan fit``: which layouts fit, the largest micro-batch / sequence, GPU sharing.
+
+Public API::
+
+    from memplan.fit import fit, max_micro_batch, max_seq_length, colocate
+
+    result = fit("llama-3.1-70b", gpus=64, gpu="h100-80gb", seq=8192, gbs=512, top=10)
+    best = result.best            # Candidate: layout, job, reserved bytes, headroom, StepTime
+
+Everything here is pure Python and imports no torch.
+"""
+
+from memplan.fit.colocate import MIG_PROFILES, Colocation, ProcessMemory, SharedJob, colocate, resolve_device
+from memplan.fit.hardware import HARDWARE, Hardware
+from memplan.fit.limits import CurvePoint, Limit, max_micro_batch, max_seq_length
+from memplan.fit.results import (
+    DEFAULT_MARGIN,
+    Candidate,
+    FitError,
+    FitResult,
+    RejectedFamily,
+    fits_memory,
+    memory_limit,
+)
+from memplan.fit.search import DEFAULT_TOKENS_PER_STEP, default_global_batch, fit
+from memplan.fit.space import Layout, SearchSpace, enumerate_layouts
+from memplan.fit.steptime import StepTime, step_time
+
+__all__ = [
+    "DEFAULT_MARGIN",
+    "DEFAULT_TOKENS_PER_STEP",
+    "HARDWARE",
+    "MIG_PROFILES",
+    "Candidate",
+    "Colocation",
+    "CurvePoint",
+    "FitError",
+    "FitResult",
+    "Hardware",
+    "Layout",
+    "Limit",
+    "ProcessMemory",
+    "RejectedFamily",
+    "SearchSpace",
+    "SharedJob",
+    "StepTime",
+    "colocate",
+    "default_global_batch",
+    "enumerate_layouts",
+    "fit",
+    "fits_memory",
+    "max_micro_batch",
+    "max_seq_length",
+    "memory_limit",
+    "resolve_device",
+    "step_time",
+]

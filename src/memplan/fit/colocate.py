@@ -1,0 +1,138 @@
+"""Can several training jobs share one GPU (or one MIG slice)?
+
+Each job runs as its own process, so each brings its own CUDA context and NCCL buffers
+(``GPU.outside_allocator_bytes``, outside PyTorch's allocator) and its own caching allocator,
+which keeps every segment it ever reserved: at steady state a process holds its *peak reserved*
+memory, so the sum of the peak reserved memories is what the GPU must hold even if the peaks
+never coincide. The demand is compared with the device's (or slice's) total memory, keeping
+``margin`` free.
+
+MIG slices are named ``GPU:PROFILE`` (``h100-80gb:3g.40gb``). A profile ``Ng.Mgb`` holds k of
+the GPU's 8 memory slices; memplan gives it k/8 of the GPU's memory (the driver reports slightly
+less, a few hundred MiB, for the slice's own bookkeeping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memplan.errors import ConfigError
+from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
+from memplan.fit.results import DEFAULT_MARGIN
+from memplan.gpus import GPU, get_gpu
+from memplan.job import Job
+from memplan.model.spec import ModelSpec
+
+#: Memory slices (of 8) of each MIG profile, per GPU (NVIDIA MIG user guide, "Supported MIG
+#: Profiles" for A100 40GB/80GB, H100 80GB/94GB and H200 141GB).
+MIG_PROFILES: dict[str, dict[str, int]] = {
+    "a100-40gb": {"1g.5gb": 1, "1g.10gb": 2, "2g.10gb": 2, "3g.20gb": 4, "4g.20gb": 4, "7g.40gb": 8},
+    "a100-80gb": {"1g.10gb": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 4, "4g.40gb": 4, "7g.80gb": 8},
+    "h100-80gb": {"1g.10gb": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 4, "4g.40gb": 4, "7g.80gb": 8},
+    "h100-94gb": {"1g.12gb": 1, "1g.24gb": 2, "2g.24gb": 2, "3g.47gb": 4, "4g.47gb": 4, "7g.94gb": 8},
+    "h200": {"1g.18gb": 1, "1g.35gb": 2, "2g.35gb": 2, "3g.71gb": 4, "4g.71gb": 4, "7g.141gb": 8},
+}
+_MEMORY_SLICES = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """A whole GPU or one MIG slice of it."""
+
+    name: str
+    gpu: GPU
+    #: MIG profile (None: the whole GPU).
+    mig_profile: str | None
+    #: Memory the device offers to its processes, bytes.
+    total_bytes: int
+
+
+def resolve_device(name: str) -> Device:
+    """``h100-80gb`` or ``h100-80gb:3g.40gb``; unknown GPUs or profiles raise ConfigError (exit 2)."""
+    base, _, profile = name.partition(":")
+    gpu = get_gpu(base)
+    if not profile:
+        return Device(name=gpu.name, gpu=gpu, mig_profile=None, total_bytes=gpu.total_bytes)
+    profiles = MIG_PROFILES.get(gpu.name)
+    if profiles is None:
+        raise ConfigError("--gpu", f"{gpu.name} has no MIG profiles (MIG: {', '.join(MIG_PROFILES)})", name)
+    key = profile.strip().lower()
+    if key not in profiles:
+        raise ConfigError("--gpu", f"MIG profile of {gpu.name} must be one of {', '.join(profiles)}", profile)
+    total = gpu.total_bytes * profiles[key] // _MEMORY_SLICES
+    return Device(name=f"{gpu.name}:{key}", gpu=gpu, mig_profile=key, total_bytes=total)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedJob:
+    """One job that wants a share of the GPU: its model, job and assumed fragmentation."""
+
+    name: str
+    model: ModelSpec
+    job: Job
+    fragmentation: float = DEFAULT_FRAGMENTATION
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessMemory:
+    """What one process holds on the shared device."""
+
+    name: str
+    #: CUDA context + NCCL, outside the allocator.
+    context_bytes: int
+    #: Peak reserved by the caching allocator (peak pipeline stage).
+    reserved_bytes: int
+    allocated_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.context_bytes + self.reserved_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Colocation:
+    """Whether the jobs fit together, with the headroom (positive) or overflow (negative)."""
+
+    device: str
+    capacity_bytes: int
+    margin: float
+    #: capacity x (1 - margin).
+    limit_bytes: int
+    processes: tuple[ProcessMemory, ...]
+    demand_bytes: int
+    fits: bool
+    headroom_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for proc, row in zip(self.processes, data["processes"]):
+            row["total_bytes"] = proc.total_bytes
+        return data
+
+
+def colocate(jobs: Sequence[SharedJob], *, gpu: str, margin: float = DEFAULT_MARGIN) -> Colocation:
+    """Predict whether ``jobs`` can run side by side on one ``gpu`` (or MIG slice).
+
+    Example::
+
+        >>> from memplan import load_model, Job
+        >>> small = SharedJob(name="a", model=load_model("gpt2"), job=Job())
+        >>> colocate([small, small], gpu="h100-80gb").fits
+        True
+    """
+    if not jobs:
+        raise ConfigError("--colocate", "needs at least one job file")
+    if not 0.0 <= margin < 1.0:
+        raise ConfigError("--margin", "must be in [0, 1)", margin)
+    device = resolve_device(gpu)
+    procs = []
+    for shared in jobs:
+        est = estimate(shared.model, shared.job, fragmentation=shared.fragmentation)
+        procs.append(ProcessMemory(name=shared.name, context_bytes=device.gpu.outside_allocator_bytes,
+                                   reserved_bytes=est.peak_reserved_bytes, allocated_bytes=est.peak_allocated_bytes))
+    demand = sum(p.total_bytes for p in procs)
+    limit = int(device.total_bytes * (1.0 - margin))
+    return Colocation(device=device.name, capacity_bytes=device.total_bytes, margin=margin, limit_bytes=limit,
+                      processes=tuple(procs), demand_bytes=demand, fits=demand <= limit, headroom_bytes=limit - demand)

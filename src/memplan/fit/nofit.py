@@ -1,0 +1,62 @@
+"""What to tell a user whose model fits no layout: the least memory found and where it would fit."""
+
+from __future__ import annotations
+
+from memplan.errors import ConfigError
+from memplan.estimate.result import Estimate
+from memplan.fit.results import FitError
+from memplan.fit.search import _FULL, _Context, default_global_batch
+from memplan.fit.space import Layout, enumerate_layouts
+from memplan.units import GiB
+
+#: Largest GPU count tried when telling how many GPUs a model that fits nowhere would need.
+MAX_SUGGESTED_GPUS = 2**17
+
+
+def _total_reserved(est: Estimate) -> int:
+    """Reserved bytes over every GPU of the job (each stage has world / pp GPUs)."""
+    par = est.job.parallel
+    return sum(s.peak_reserved_bytes for s in est.stages) * (par.world_size // par.pp)
+
+
+def _smallest_fitting_world(ctx: _Context) -> tuple[int, Estimate] | None:
+    """The smallest whole-node GPU count above ``ctx.world`` at which some layout fits."""
+    gpn = ctx.space.gpus_per_node
+    world = ctx.world * 2 if ctx.world >= gpn else gpn
+    while world <= MAX_SUGGESTED_GPUS:
+        sub = _Context(**{**ctx.__dict__, "world": world, "gbs": default_global_batch(world, ctx.seq),
+                          "estimates": 0, "cache": {}})
+        layouts, _ = enumerate_layouts(ctx.model, world, seq=ctx.seq, framework=ctx.framework, space=ctx.space)
+        # Most model-parallel layouts first: they hold the least per GPU.
+        for layout in sorted(layouts, key=lambda lay: -(lay.tp * lay.pp * lay.ep * lay.cp)):
+            try:
+                est = sub.estimate(sub.job(layout, 1, _FULL))
+            except ConfigError:
+                continue
+            if est.peak_reserved_bytes <= ctx.limit:
+                return world, est
+        world *= 2
+    return None
+
+
+def no_fit_error(ctx: _Context, failed: list[tuple[Layout, Estimate]]) -> FitError:
+    """The error for a model that fits no layout: least memory found, and where it would fit."""
+    layout, est = min(failed, key=lambda m: m[1].peak_reserved_bytes)
+    total = min(_total_reserved(e) for _, e in failed)
+    text = (
+        f"fits no layout on {ctx.world} x {ctx.gpu.name}: the smallest per-GPU peak is "
+        f"{est.peak_reserved_bytes / GiB:.1f} GiB reserved ({layout.label}, full recompute, micro-batch 1) "
+        f"against {ctx.limit / GiB:.1f} GiB allowed ({ctx.gpu.usable_bytes / GiB:.1f} GiB usable minus "
+        f"{100 * (1 - ctx.limit / ctx.gpu.usable_bytes):.0f}% margin); "
+        f"it needs at least {total / GiB:,.0f} GiB over all GPUs"
+    )
+    found = _smallest_fitting_world(ctx)
+    if found is not None:
+        world, fit_est = found
+        hint = (f"it fits on {world} x {ctx.gpu.name} ({fit_est.peak_reserved_bytes / GiB:.1f} GiB per GPU with "
+                f"tp{fit_est.job.parallel.tp} pp{fit_est.job.parallel.pp} ep{fit_est.job.parallel.ep}, full recompute, "
+                f"{_total_reserved(fit_est) / GiB:,.0f} GiB in total): try --gpus {world}")
+    else:
+        hint = (f"no GPU count up to {MAX_SUGGESTED_GPUS:,} fits with the layouts of the '{ctx.framework}' "
+                "profile; try another --framework (megatron has TP/PP/EP), a shorter --seq or a larger GPU")
+    return FitError("MODEL", f"{ctx.model.name} {text}", hint=hint)

@@ -1,0 +1,331 @@
+"""``fit``: which layouts, micro-batches and recompute settings of a model fit N GPUs, fastest first.
+
+The search walks every layout of :func:`memplan.fit.space.enumerate_layouts` and, for each, the
+micro-batch sizes from 1 upwards. It relies on two monotonicities of the estimator, so that most
+layouts cost one or two estimates:
+
+* memory grows with the micro-batch (at a fixed global batch, fewer but larger micro-batches are
+  in flight), so the first micro-batch at which even full recompute does not fit ends the layout;
+* memory falls and step time grows from no recompute through selective and full recompute of the
+  first N layers of each chunk to full recompute of every layer, so the cheapest-memory member
+  (full recompute) is estimated first — if it does not fit, nothing of that layout does — and the
+  smallest N that fits is found by bisection.
+
+Of the settings that fit at one micro-batch only the fastest is kept (more recompute is never
+faster), so every candidate is a distinct (layout, micro-batch). Candidates are ranked by the
+step-time model of :mod:`memplan.fit.steptime`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from memplan.errors import ConfigError
+from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
+from memplan.estimate.result import Estimate
+from memplan.fit.hardware import Hardware, hardware_for
+from memplan.fit.results import DEFAULT_MARGIN, Candidate, FitError, FitResult, RejectedFamily, memory_limit
+from memplan.fit.space import Excluded, Layout, SearchSpace, divisors, enumerate_layouts
+from memplan.fit.steptime import step_time
+from memplan.gpus import GPU, get_gpu
+from memplan.job import Batch, FrameworkName, Job, Precision, PrecisionName, Recompute
+from memplan.model.spec import ModelSpec
+from memplan.units import GiB
+
+#: Tokens per optimizer step when ``gbs`` is not given (4 Mi tokens, the order of magnitude of
+#: LLM pre-training batches); rounded up to a multiple of the GPU count.
+DEFAULT_TOKENS_PER_STEP = 2**22
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def default_global_batch(gpus: int, seq: int) -> int:
+    """``ceil(4 Mi tokens / seq)`` sequences, at least one per GPU, rounded up to a multiple of ``gpus``."""
+    seqs = max(gpus, -(-DEFAULT_TOKENS_PER_STEP // seq))
+    return -(-seqs // gpus) * gpus
+
+
+@dataclass
+class _Context:
+    """Everything a layout's search needs; counts estimates."""
+
+    model: ModelSpec
+    world: int
+    gpu: GPU
+    hardware: Hardware
+    seq: int
+    gbs: int
+    framework: FrameworkName
+    precision: PrecisionName
+    limit: int
+    fragmentation: float
+    space: SearchSpace
+    estimates: int = 0
+    cache: dict[Job, Estimate] = field(default_factory=dict)
+
+    def job(self, layout: Layout, mbs: int, recompute: Recompute) -> Job:
+        return Job(
+            parallel=layout.parallelism(self.world), sharding=layout.sharding,
+            batch=Batch(micro_batch_size=mbs, seq_length=self.seq, global_batch_size=self.gbs),
+            precision=Precision(name=self.precision), recompute=recompute, framework=self.framework,
+        )
+
+    def estimate(self, job: Job) -> Estimate:
+        if job not in self.cache:
+            self.estimates += 1
+            self.cache[job] = estimate(self.model, job, fragmentation=self.fragmentation)
+        return self.cache[job]
+
+    def fits(self, job: Job) -> bool:
+        return self.estimate(job).peak_reserved_bytes <= self.limit
+
+    def seconds(self, job: Job) -> float:
+        """Predicted step time of ``job`` (no estimate needed)."""
+        return step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node).total_s
+
+    def candidate(self, layout: Layout, job: Job) -> Candidate:
+        est = self.estimate(job)
+        return Candidate(
+            layout=layout, job=job, reserved_bytes=est.peak_reserved_bytes,
+            allocated_bytes=est.peak_allocated_bytes, peak_stage=est.peak_stage,
+            headroom_bytes=self.limit - est.peak_reserved_bytes,
+            step=step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node),
+        )
+
+
+_FULL = Recompute(mode="full")
+_NONE = Recompute()
+_SELECTIVE = Recompute(mode="selective")
+
+
+def _chunk_layers(ctx: _Context, layout: Layout) -> int:
+    """Layers of the largest model chunk: block recompute of this many = full recompute."""
+    per_stage = [layout.first_stage_layers or 0, layout.last_stage_layers or 0]
+    if layout.first_stage_layers is None:
+        per_stage = [ctx.model.num_layers // layout.pp]
+    else:
+        inner = layout.pp - 2
+        per_stage.append((ctx.model.num_layers - sum(per_stage)) // inner if inner else 0)
+    return max(1, -(-max(per_stage) // layout.vpp))
+
+
+def _best_at(ctx: _Context, layout: Layout, mbs: int, plain_first: bool) -> Job | None:
+    """The fastest recompute setting that fits at this micro-batch, or None if none fits.
+
+    ``plain_first``: no recompute fitted at the previous micro-batch, so try it before the
+    cheapest-memory check (one estimate instead of two when it still fits).
+    """
+    plain = ctx.job(layout, mbs, _NONE)
+    if plain_first and ctx.fits(plain):
+        return plain
+    full = ctx.job(layout, mbs, _FULL)
+    if not ctx.fits(full):
+        return None
+    if ctx.fits(plain):
+        return plain
+    lo, hi = 1, _chunk_layers(ctx, layout) - 1  # smallest N of block recompute that fits
+    best = full
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        job = ctx.job(layout, mbs, Recompute(mode="full", method="block", num_layers=mid))
+        if ctx.fits(job):
+            best, hi = job, mid - 1
+        else:
+            lo = mid + 1
+    selective = ctx.job(layout, mbs, _SELECTIVE)
+    hw, gpn = ctx.hardware, ctx.space.gpus_per_node
+    if step_time(ctx.model, selective, hw, gpus_per_node=gpn).total_s < \
+            step_time(ctx.model, best, hw, gpus_per_node=gpn).total_s and ctx.fits(selective):
+        return selective
+    return best
+
+
+def _micro_batches(ctx: _Context, layout: Layout) -> list[int]:
+    """Micro-batch sizes valid for this layout: divisors of gbs / dp, at most the space's limit."""
+    return [m for m in divisors(ctx.gbs // layout.dp) if m <= ctx.space.max_micro_batch]
+
+
+def _search_layout(
+    ctx: _Context, layout: Layout, cutoff: float = math.inf
+) -> tuple[list[Candidate], Estimate | None, bool]:
+    """Fitting candidates of one layout (one per micro-batch), the cheapest estimate if none fit,
+    and whether micro-batches were skipped because even without recompute they are slower than
+    ``cutoff`` (the k-th best step time found so far)."""
+    out: list[Candidate] = []
+    plain_first = skipped = False
+    for mbs in _micro_batches(ctx, layout):
+        if ctx.seconds(ctx.job(layout, mbs, _NONE)) > cutoff:
+            skipped, plain_first = True, False
+            continue
+        job = _best_at(ctx, layout, mbs, plain_first)
+        if job is None:
+            break
+        plain_first = job.recompute.mode == "none"
+        out.append(ctx.candidate(layout, job))
+    if out or skipped:
+        return out, None, skipped and not out
+    return out, ctx.estimate(ctx.job(layout, 1, _FULL)), False
+
+
+def _family(layout: Layout) -> str:
+    parts = [f"tp{layout.tp}", f"pp{layout.pp}"]
+    if layout.cp > 1:
+        parts.append(f"cp{layout.cp}")
+    if layout.ep > 1:
+        parts.append(f"ep{layout.ep}")
+    return " ".join(parts)
+
+
+def _rejections(failed: list[tuple[Layout, Estimate]], excluded: tuple[Excluded, ...], limit: int) -> tuple[RejectedFamily, ...]:
+    groups: dict[str, list[tuple[Layout, Estimate]]] = {}
+    for layout, est in failed:
+        groups.setdefault(_family(layout), []).append((layout, est))
+    out = []
+    for family, members in groups.items():
+        layout, est = min(members, key=lambda m: m[1].peak_reserved_bytes)
+        stage = est.stages[est.peak_stage]
+        states = stage.parameters_bytes + stage.gradients_bytes + stage.optimizer_bytes
+        what = "model states alone" if states > limit else "even with full recompute and micro-batch 1"
+        out.append(RejectedFamily(
+            family=family, layouts=len(members), min_reserved_bytes=est.peak_reserved_bytes, states_bytes=states,
+            reason=f"{what}: {est.peak_reserved_bytes / GiB:.1f} GiB > {limit / GiB:.1f} GiB ({layout.label})",
+        ))
+    counts: dict[tuple[str, str], int] = {}
+    for ex in excluded:
+        counts[(ex.family, ex.reason)] = counts.get((ex.family, ex.reason), 0) + 1
+    out += [RejectedFamily(family=f, layouts=n, reason=r) for (f, r), n in counts.items()]
+    return tuple(sorted(out, key=lambda r: (r.min_reserved_bytes is None, r.min_reserved_bytes or 0)))
+
+
+def fit(
+    model: ModelSpec | str,
+    *,
+    gpus: int,
+    gpu: GPU | str = "h100-80gb",
+    seq: int = 4096,
+    gbs: int | None = None,
+    framework: FrameworkName = "megatron",
+    precision: PrecisionName = "bf16-mixed",
+    margin: float = DEFAULT_MARGIN,
+    fragmentation: float = DEFAULT_FRAGMENTATION,
+    space: SearchSpace | None = None,
+    top: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> FitResult:
+    """The layouts x micro-batches x recompute settings of ``model`` that fit ``gpus`` GPUs, fastest first.
+
+    With ``top=None`` every fitting (layout, micro-batch) is returned. With ``top=k`` the search is
+    a branch and bound that returns at least the k fastest exactly: layouts are visited in order of
+    their best possible step time (no recompute), and a layout or micro-batch whose best possible
+    time is slower than the k-th candidate found so far is not estimated (``layouts_pruned``).
+
+    Example::
+
+        >>> from memplan.fit import fit
+        >>> result = fit("llama-3.1-8b", gpus=8, gpu="h100-80gb", seq=4096)
+        >>> result.best.reserved_bytes <= result.limit_bytes
+        True
+        >>> result.best.layout.sharding_label
+        'dist-opt'
+
+    A candidate fits when its predicted peak *reserved* memory (the estimator's allocated peak
+    with ``fragmentation``) is at most the GPU's usable memory times ``1 - margin``.
+    Raises :class:`FitError` (a ConfigError) when no layout can use ``gpus`` or none fits; the
+    message says the least memory found and from how many GPUs the model would fit.
+    Known limitations: the step-time model's (see :mod:`memplan.fit.steptime`); the search
+    space's placement rules (:class:`SearchSpace`).
+    """
+    ctx = _context(model, gpus, gpu, seq, gbs, framework, precision, margin, fragmentation, space)
+    start = time.perf_counter()
+    layouts, excluded = enumerate_layouts(ctx.model, gpus, seq=seq, framework=framework, space=ctx.space)
+    usable = [lay for lay in layouts if ctx.gbs % lay.dp == 0]
+    excluded += tuple(Excluded(family=_family(lay), reason=f"--gbs {ctx.gbs} is not a multiple of dp={lay.dp}")
+                      for lay in layouts if ctx.gbs % lay.dp)
+    if not usable and layouts:
+        dps = sorted({lay.dp for lay in layouts})
+        raise FitError("--gbs", f"must be a multiple of the data-parallel size of some layout on {gpus} GPUs "
+                       f"(dp in {', '.join(map(str, dps))})", ctx.gbs)
+    if not usable:
+        reasons = "; ".join(sorted({f"{e.family}: {e.reason}" for e in excluded})[:6])
+        raise FitError("--gpus", f"no parallel layout of {ctx.model.name} can use {gpus} GPUs ({reasons})", gpus)
+    if top is not None and top < 1:
+        raise FitError("--top", "must be at least 1", top)
+    bounds: dict[Layout, float] = {}
+    if top is not None:
+        for lay in usable:
+            bounds[lay] = min((ctx.seconds(ctx.job(lay, m, _NONE)) for m in _micro_batches(ctx, lay)), default=math.inf)
+        usable.sort(key=bounds.__getitem__)
+    candidates: list[Candidate] = []
+    failed: list[tuple[Layout, Estimate]] = []
+    fastest: list[float] = []  # max-heap (negated) of the `top` best step times so far
+    pruned = 0
+    for index, layout in enumerate(usable):
+        cutoff = -fastest[0] if top is not None and len(fastest) >= top else math.inf
+        if bounds.get(layout, 0.0) > cutoff:
+            pruned = len(usable) - index  # visited in bound order: every later layout is slower
+            break
+        try:
+            found, cheapest, skipped = _search_layout(ctx, layout, cutoff)
+        except ConfigError as exc:
+            excluded += (Excluded(family=_family(layout), reason=str(exc)),)
+            continue
+        candidates += found
+        pruned += skipped
+        for cand in found if top is not None else ():
+            heapq.heappush(fastest, -cand.step.total_s)
+            if len(fastest) > top:  # type: ignore[operator]
+                heapq.heappop(fastest)
+        if cheapest is not None:
+            failed.append((layout, cheapest))
+        if progress is not None:
+            progress(index + 1, len(usable))
+    if progress is not None:
+        progress(len(usable), len(usable))
+    candidates.sort(key=lambda c: (c.step.total_s, c.reserved_bytes, c.label))
+    result = FitResult(
+        model=ctx.model.name, gpu=ctx.gpu.name, gpus=gpus, seq_length=seq, global_batch_size=ctx.gbs,
+        framework=framework, margin=margin, limit_bytes=ctx.limit, usable_bytes=ctx.gpu.usable_bytes,
+        candidates=tuple(candidates), rejected=_rejections(failed, excluded, ctx.limit),
+        layouts_searched=len(usable), estimates=ctx.estimates, seconds=time.perf_counter() - start,
+        exhaustive=top is None, layouts_pruned=pruned,
+    )
+    if not candidates:
+        from memplan.fit.nofit import no_fit_error
+
+        raise no_fit_error(ctx, failed)
+    return result
+
+
+def _context(
+    model: ModelSpec | str, gpus: int, gpu: GPU | str, seq: int, gbs: int | None, framework: FrameworkName,
+    precision: PrecisionName, margin: float, fragmentation: float, space: SearchSpace | None,
+) -> _Context:
+    from memplan.job import Parallelism
+
+    if isinstance(model, str):
+        from memplan.model import load_model
+
+        model = load_model(model)
+    gpu_spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    Parallelism(world_size=gpus)  # validates --gpus
+    Batch(seq_length=seq, global_batch_size=gbs)  # validates --seq / --gbs
+    Job(framework=framework, precision=Precision(name=precision))  # validates the words
+    if not 0.0 <= margin < 1.0:
+        raise FitError("--margin", "must be in [0, 1)", margin)
+    space = space or SearchSpace()
+    if space.gpus_per_node < 1:
+        raise FitError("--gpus-per-node", "must be at least 1", space.gpus_per_node)
+    try:
+        hw = hardware_for(gpu_spec.name)
+    except KeyError:
+        raise FitError("--gpu", "has no step-time data (see memplan.fit.steptime.HARDWARE)", gpu_spec.name) from None
+    return _Context(
+        model=model, world=gpus, gpu=gpu_spec, hardware=hw, seq=seq,
+        gbs=gbs if gbs is not None else default_global_batch(gpus, seq), framework=framework,
+        precision=precision, limit=memory_limit(gpu_spec.usable_bytes, margin),
+        fragmentation=fragmentation, space=space,
+    )

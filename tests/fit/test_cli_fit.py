@@ -1,0 +1,159 @@
+"""``memplan fit`` and ``memplan report`` on the command line: output, JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.cli import app
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "300", "NO_COLOR": "1"}
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, list(args), env=WIDE)
+
+
+def test_fit_table() -> None:
+    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--top", "3")
+    assert result.exit_code == 0, result.output
+    assert "fitting configurations" in result.stdout and "tokens/s" in result.stdout
+
+
+def test_fit_json() -> None:
+    result = invoke("fit", "llama-3.1-70b", "--gpus", "64", "--gbs", "512", "--seq", "8192", "--top", "4", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["gpus"] == 64 and data["global_batch_size"] == 512 and data["seq_length"] == 8192
+    assert len(data["candidates"]) == 4 and data["fitting"] >= 4
+    first = data["candidates"][0]
+    for key in ("tp", "pp", "dp", "micro_batch_size", "recompute", "reserved_bytes", "headroom_bytes", "tokens_per_s"):
+        assert key in first
+    assert isinstance(first["reserved_bytes"], int) and first["reserved_bytes"] <= data["limit_bytes"]
+    everything = json.loads(invoke("fit", "llama-3.1-70b", "--gpus", "64", "--gbs", "512", "--seq", "8192",
+                                   "--all", "--json").stdout)
+    assert len(everything["candidates"]) == everything["fitting"]
+
+
+def test_max_mbs_and_max_seq() -> None:
+    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-mbs", "--tp", "2", "--recompute", "selective", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["quantity"] == "micro_batch_size" and data["best"] >= 1
+    text = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-seq", "--tp", "2")
+    assert text.exit_code == 0, text.output
+    assert "largest seq length that fits" in text.stdout
+
+
+def test_max_mbs_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "mbs.png"
+    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-mbs", "--tp", "2", "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def _job(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_colocate(tmp_path: Path) -> None:
+    a = _job(tmp_path, "a.yaml", "model: gpt2\nmbs: 4\nseq: 1024\n")
+    b = _job(tmp_path, "b.yaml", "model: gpt2\nseq: 1024\nrecompute: full\n")
+    result = invoke("fit", "--colocate", a, b, "--gpu", "h100-80gb:3g.40gb", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["fits"] is True and len(data["processes"]) == 2
+    assert data["demand_bytes"] == sum(p["total_bytes"] for p in data["processes"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (("fit", "deepseek-v3", "--gpus", "8"), "fits no layout"),
+    (("fit", "llama-3.1-70b", "--gpus", "12"), "no parallel layout"),
+    (("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-81gb"), "--gpu"),
+    (("fit", "llama-3.1-8b", "--gpus", "8", "--margin", "2"), "--margin"),
+    (("fit", "llama-3.1-8b"), "--gpus: is required"),
+])
+def test_bad_input_exits_2(args: tuple[str, ...], words: str) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert words in result.output
+    assert "Traceback" not in result.output
+
+
+def test_colocate_bad_inputs_exit_2(tmp_path: Path) -> None:
+    good = _job(tmp_path, "a.yaml", "model: gpt2\n")
+    unknown = _job(tmp_path, "u.yaml", "model: gpt2\nmicro-batch: 2\n")
+    conflict = _job(tmp_path, "c.yaml", "model: gpt2\ngpus: 8\nfsdp: full\nzero: 1\n")
+    for args, words in (
+        ((good, "--gpu", "h100-80gb:5g.50gb"), "MIG profile"),
+        ((unknown, "--gpu", "h100-80gb"), "micro-batch: is not a job-file field"),
+        ((conflict, "--gpu", "h100-80gb"), "cannot be combined"),
+    ):
+        result = invoke("fit", "--colocate", *args)
+        assert result.exit_code == 2, result.output
+        assert words in result.output
+
+
+def test_report_writes_html(tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    job = _job(tmp_path, "j.yaml", "model: llama-3.1-8b\ngpus: 8\npp: 2\ndistributed-optimizer: true\ngbs: 64\n")
+    timeline = tmp_path / "t.json"
+    timeline.write_text(json.dumps([[0, {"parameter": 1000}], [1, {"parameter": 1000, "activation": 500}]]))
+    result = invoke("report", "--job", job, "--fit", "--timeline", str(timeline), "-o", str(out))
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert "Configurations that fit" in page and "Memory timeline" in page and "Per-stage memory" in page
+
+
+def test_report_bad_timeline_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "t.json"
+    bad.write_text('{"not": "a list"}')
+    result = invoke("report", "gpt2", "--timeline", str(bad), "-o", str(tmp_path / "r.html"))
+    assert result.exit_code == 2 and "--timeline" in result.output
+
+
+def test_help_has_examples() -> None:
+    for command in ("fit", "report"):
+        result = invoke(command, "--help")
+        assert result.exit_code == 0 and "Examples" in result.stdout
+
+
+def test_command_modules_import_nothing_heavy() -> None:
+    code = ("import sys, memplan.cli, memplan.commands.fit, memplan.commands.report; "
+            "print([m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_progress_bar_appears_only_after_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memplan.commands.fit as fit_cmd
+
+    clock = [100.0]
+    monkeypatch.setattr(fit_cmd.time, "perf_counter", lambda: clock[0])
+    update, stop = fit_cmd._progress(True)
+    assert update is not None
+    update(1, 10)  # before a second: nothing started
+    clock[0] += 1.5
+    update(5, 10)
+    update(10, 10)
+    stop()
+    assert fit_cmd._progress(False)[0] is None
+
+
+def test_max_mbs_from_a_job_file(tmp_path: Path) -> None:
+    job = _job(tmp_path, "j.yaml", "model: llama-3.1-8b\ntp: 2\nsequence-parallel: true\ndistributed-optimizer: true\n"
+                                   "recompute: selective\n")
+    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-mbs", "--job", job, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["job"]["parallel"]["tp"] == 2 and data["job"]["recompute"]["mode"] == "selective"
+    assert data["best"] >= 1
