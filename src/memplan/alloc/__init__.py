@@ -1,0 +1,41 @@
+"""Allocator simulation and planning: what the CUDA caching allocator reserves, and a static plan.
+
+Public surface::
+
+    load_trace_or_snapshot(path)     a memplan trace file or a torch.cuda snapshot pickle -> Trace
+    simulate(trace, settings)        replay through PyTorch's caching allocator rules -> SimResult
+    plan_trace(trace)                STAlloc-style static plan -> Plan
+    compare(trace)                   lower bound / caching / expandable / plan -> Comparison
+    AllocatorSettings                PYTORCH_CUDA_ALLOC_CONF options
+"""
+
+from __future__ import annotations
+
+import os
+
+from memplan.alloc.compare import Comparison, compare
+from memplan.alloc.planner import Plan, plan_trace
+from memplan.alloc.settings import AllocatorSettings
+from memplan.alloc.simulator import SimResult, simulate
+from memplan.alloc.snapshot import Snapshot, is_pickle, load_snapshot, snapshot_to_trace
+from memplan.events import Trace, read_trace
+
+__all__ = [
+    "AllocatorSettings",
+    "Comparison",
+    "Plan",
+    "SimResult",
+    "Snapshot",
+    "compare",
+    "load_trace_or_snapshot",
+    "plan_trace",
+    "simulate",
+]
+
+
+def load_trace_or_snapshot(path: str | os.PathLike[str]) -> tuple[Trace, AllocatorSettings | None]:
+    """Read a memplan trace, or a snapshot pickle (with its recorded allocator settings)."""
+    if is_pickle(path):
+        snapshot = load_snapshot(path)
+        return snapshot_to_trace(snapshot), snapshot.settings
+    return read_trace(path), None
