@@ -1,0 +1,33 @@
+"""``memplan trace``: run a real training step of any PyTorch model on fake tensors and record
+every allocation (see docs/trace.md).
+
+Importing this package imports no torch; :func:`trace` imports it on first call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memplan.trace.api import TraceResult
+
+__all__ = ["TraceOptions", "TraceResult", "trace"]
+
+
+def trace(model: Any, **kwargs: Any) -> TraceResult:
+    """Trace a training step of ``model`` on fake tensors; see :func:`memplan.trace.api.trace`."""
+    from memplan.trace.api import trace as _trace
+
+    return _trace(model, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TraceResult":
+        from memplan.trace.api import TraceResult
+
+        return TraceResult
+    if name == "TraceOptions":
+        from memplan.trace.options import TraceOptions
+
+        return TraceOptions
+    raise AttributeError(f"module 'memplan.trace' has no attribute {name!r}")

@@ -1,0 +1,148 @@
+"""``memplan.trace.trace(...)``: trace a training step of a model on fake tensors.
+
+Example::
+
+    >>> from memplan.trace import trace
+    >>> result = trace("gpt2", seq=512, mbs=4, precision="fp32", optimizer="adamw", device="cpu")
+    >>> result.summary.peak_allocated_bytes          # doctest: +SKIP
+    4205871104
+    >>> result.summary.by_category["activation"]     # doctest: +SKIP
+
+Assumptions: the Hugging Face model is built from its config with ``transformers`` (no weights);
+the batch is ``input_ids`` and ``labels`` (no padding mask); ``*-mixed`` precision is fp32 weights
+under ``torch.autocast`` (the estimator's ``hf`` profile); two iterations run so the second one has
+its optimizer states. Known limitations: see docs/trace.md.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memplan.events import Trace, TraceMeta
+from memplan.trace.build import BuiltModel, build_hf_model, quiet_transformers, unpacked_sequences
+from memplan.trace.distributed import simulated_ranks
+from memplan.trace.errors import translate_errors
+from memplan.trace.moe import static_grouped_mm
+from memplan.trace.options import TraceOptions
+from memplan.trace.recorder import AllocationRecorder
+from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_state, run_iterations
+from memplan.trace.summary import TraceSummary, summarize
+from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
+
+__all__ = ["TraceResult", "trace", "trace_job"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """A traced training step: the event log and what it says."""
+
+    #: The allocation/free log (see :mod:`memplan.events`), ready for ``write_trace``.
+    trace: Trace
+    #: Peak and breakdowns, computed from ``trace``.
+    summary: TraceSummary
+    #: The job that was traced.
+    options: TraceOptions
+    #: Model name (preset, config folder or script).
+    model: str
+    #: Seconds spent building and tracing.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the summary plus ``model``, ``options`` and ``timings``."""
+        from dataclasses import asdict
+
+        return {"model": self.model, **self.summary.to_dict(), "options": asdict(self.options),
+                "timings_s": {k: round(v, 3) for k, v in self.timings.items()}}
+
+
+def trace(model: str | Callable[[], Any], *, seq: int = 1024, mbs: int = 1, precision: str = "bf16-mixed",
+          optimizer: str = "adamw", recompute: str = "none", attention: str = "sdpa", device: str = "cuda",
+          fsdp: int = 1, tp: int = 1, iterations: int = 2, top: int = 10, dropout: float = 0.0,
+          optimizer_impl: str = "auto", momentum: float = 0.0, moe_routing: str = "balanced",
+          progress: Progress | None = None) -> TraceResult:
+    """Trace ``iterations`` training iterations of ``model`` on fake tensors and summarise them.
+
+    ``model`` is a preset name, a path to a Hugging Face ``config.json`` (or its folder), or a
+    callable returning ``(model, batch, optimizer, loss_fn)`` (see :mod:`memplan.trace.script`),
+    called inside the fake mode so its tensors are fake. Sizes are bytes.
+    """
+    options = TraceOptions(seq=seq, mbs=mbs, precision=precision, optimizer=optimizer,  # type: ignore[arg-type]
+                           recompute=recompute, attention=attention, device=device, fsdp=fsdp, tp=tp,  # type: ignore[arg-type]
+                           iterations=iterations, dropout=dropout, optimizer_impl=optimizer_impl,  # type: ignore[arg-type]
+                           momentum=momentum, moe_routing=moe_routing)  # type: ignore[arg-type]
+    return trace_job(model, options, top=top, progress=progress)
+
+
+def trace_job(model: str | Callable[[], Any], options: TraceOptions, *, top: int = 10,
+              progress: Progress | None = None) -> TraceResult:
+    """:func:`trace` with a ready :class:`TraceOptions`."""
+    say = progress or (lambda _message: None)
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    mode = TracingFakeMode(allow_non_fake_inputs=True)
+    with quiet_transformers(), unpacked_sequences(), static_grouped_mm(), translate_errors(model), \
+            simulated_ranks(options) as mesh, mode:
+        say("building the model on fake tensors")
+        name, job, heads = _prepare(model, options, mesh)
+        timings["build"] = time.perf_counter() - started
+        say(f"tracing {options.iterations} training iterations")
+        recorder = _trace_steps(mode, job, options, heads)
+    timings["trace"] = time.perf_counter() - started - timings["build"]
+    meta = TraceMeta(source="memplan trace", device=options.device, rank=0, world_size=options.world_size,
+                     iterations=options.iterations, extra=_meta_extra(name, options))
+    result_trace = Trace(events=recorder.events(drop_host=options.device == "cuda"), meta=meta)
+    summary = summarize(result_trace, top=top)
+    return TraceResult(result_trace, summary, options, name, timings)
+
+
+def _prepare(model: str | Callable[[], Any], options: TraceOptions, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
+    from memplan.trace.distributed import parallelize
+    from memplan.trace.moe import static_routing
+
+    if callable(model):
+        from memplan.trace.script import job_from_callable
+
+        name, job = job_from_callable(model, options)
+        heads: frozenset[str] = frozenset()
+    else:
+        built: BuiltModel = build_hf_model(model, options)
+        if options.moe_routing == "balanced":
+            static_routing(built.model)
+        apply_recompute(built.model, options.recompute)
+        parallelize(built.model, options, mesh)
+        job = hf_step_job(built.model, options, autocast=mesh is None or options.fsdp == 1)
+        name, heads = built.name, built.head_modules
+    return name, job, heads
+
+
+def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceOptions,
+                 heads: frozenset[str]) -> AllocationRecorder:
+    host_step = options.device == "cuda" and options.resolved_optimizer_impl != "fused"
+    with ModulePath() as module_path:
+        recorder = AllocationRecorder(module_of=module_path, head_modules=heads)
+        register_state(recorder, job)
+        mode.recorder = recorder
+        try:
+            with track_resize(recorder):
+                run_iterations(job, options.iterations, recorder, host_step=host_step)
+        finally:
+            mode.recorder = None
+    return recorder
+
+
+def _meta_extra(name: str, options: TraceOptions) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    import memplan
+
+    return {"model": name, "options": asdict(options), "torch": torch.__version__,
+            "memplan": getattr(memplan, "__version__", ""), "python": platform.python_version(),
+            "size_rounding": "cuda-512" if options.device == "cuda" else "none"}

@@ -1,0 +1,180 @@
+"""Build a Hugging Face causal-LM from a preset or ``config.json`` on fake tensors.
+
+No weights are downloaded or allocated: the model is constructed while a ``FakeTensorMode`` is
+active, so every parameter is a fake tensor with exact shape and dtype and no data (a 70B model
+costs a few MB of Python objects). ``transformers`` builds the architecture from the config
+(``AutoModelForCausalLM.from_config``) exactly as a training script would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memplan.errors import ModelConfigError, UnsupportedError
+from memplan.trace.options import TraceOptions
+
+__all__ = [
+    "TORCH_DTYPES",
+    "BuiltModel",
+    "build_hf_model",
+    "hf_config_dict",
+    "quiet_transformers",
+    "unpacked_sequences",
+]
+
+TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: Config keys that set a dropout probability (GPT-2 style ``*_pdrop`` and Llama style ``*_dropout``).
+_DROPOUT_SUFFIXES = ("_pdrop", "dropout")
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """A fake model and what the tracer needs to know about it."""
+
+    model: torch.nn.Module
+    #: Name for reports (preset name or config path).
+    name: str
+    #: The parsed config.json the model was built from.
+    config: dict[str, Any]
+    #: Module paths whose forward outputs are logits (the output head, the root computing the loss).
+    head_modules: frozenset[str]
+
+
+def hf_config_dict(model: str) -> tuple[str, dict[str, Any]]:
+    """A preset name or a path to a ``config.json`` (or its folder) → (name, parsed config)."""
+    from memplan.model.presets import preset_config, preset_names
+
+    if model.lower() in preset_names():
+        return model.lower(), preset_config(model)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        from memplan.model import load_model
+
+        load_model(model)  # raises the estimator's error: unknown preset, closest name, list
+        raise ModelConfigError("model", "is not a preset or a config.json", model)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelConfigError(str(path), f"cannot be read as JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelConfigError(str(path), "top level must be a JSON object", type(config).__name__)
+    config.pop("_memplan", None)
+    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return name, config
+
+
+def _hf_config(config: dict[str, Any], options: TraceOptions) -> Any:
+    import transformers
+
+    values = dict(config)
+    for key, value in config.items():
+        if isinstance(value, float) and key.endswith(_DROPOUT_SUFFIXES):
+            values[key] = options.dropout
+    values["use_cache"] = False
+    model_type = values.pop("model_type", None)
+    if not isinstance(model_type, str):
+        raise ModelConfigError("model_type", "is required in config.json to build the model with transformers")
+    try:
+        hf = transformers.AutoConfig.for_model(model_type, **values)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelConfigError("model_type", f"transformers cannot read this config ({_first_line(exc)})",
+                               model_type) from None
+    hf._attn_implementation = options.attention
+    return hf
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' config-validation and loss-type chatter while a trace runs."""
+    try:
+        import transformers
+    except ImportError:
+        yield
+        return
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+@contextmanager
+def unpacked_sequences() -> Iterator[None]:
+    """Let transformers decide about sequence packing as it does on real tensors for our batches.
+
+    ``transformers.masking_utils.find_packed_sequence_indices`` cannot read fake position ids, so
+    under fake tensors it assumes the batch may be packed and materialises a full 4-D attention
+    mask (and repeats GQA keys/values for SDPA). The traced batches are never packed (one
+    sequence per row, position ids ``0..seq-1``), for which a real run finds "not packed" and
+    uses SDPA's ``is_causal`` path: this context returns that answer after computing the same
+    temporaries.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def not_packed(position_ids: Any) -> None:
+        original(position_ids)
+
+    masking_utils.find_packed_sequence_indices = not_packed
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def build_hf_model(model: str, options: TraceOptions) -> BuiltModel:
+    """Build ``model`` (preset or config path) with ``transformers``; call inside a fake mode.
+
+    Weights are in the precision's storage dtype (fp32 for ``*-mixed``). Raises
+    :class:`ModelConfigError` when transformers cannot build the config.
+    """
+    import transformers
+
+    name, config = hf_config_dict(model)
+    dtype = torch.float32 if options.mixed else TORCH_DTYPES[options.compute_dtype]
+    try:
+        hf_config = _hf_config(config, options)
+        net = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    except (ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
+        raise ModelConfigError("model", f"transformers cannot build a causal LM from this config "
+                               f"({_first_line(exc)})", name) from None
+    except RuntimeError as exc:
+        raise UnsupportedError(f"building {name} on fake tensors failed: {_first_line(exc)}") from None
+    net.train()
+    return BuiltModel(net, name, config, _head_modules(net))
+
+
+def _head_modules(net: torch.nn.Module) -> frozenset[str]:
+    heads = {""}
+    get = getattr(net, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if head is not None:
+        for path, module in net.named_modules():
+            if module is head:
+                heads.add(path)
+    return frozenset(heads)
+
+

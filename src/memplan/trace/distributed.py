@@ -1,0 +1,133 @@
+"""Simulated ranks: FSDP2 and tensor parallelism on one process with PyTorch's fake process group.
+
+``torch.testing._internal.distributed.fake_pg`` provides a process group whose collectives return
+at once without moving data; with fake tensors nothing is computed either, so one process runs
+exactly the code rank 0 of an ``fsdp x tp`` job runs, with its real shard sizes, all-gather and
+reduce-scatter buffers and DTensor redistributions.
+
+* ``--fsdp N``: FSDP2 ``fully_shard`` on every decoder layer and on the root, with a
+  ``MixedPrecisionPolicy`` (``*-mixed``: bf16/fp16 parameters for compute, fp32 gradient
+  reduction; no autocast), as torchtitan applies it.
+* ``--tp N``: a DTensor tensor-parallel plan for Hugging Face Llama-style blocks
+  (``ColwiseParallel`` q/k/v/gate/up projections, ``RowwiseParallel`` o/down projections);
+  embeddings, norms and the output head stay replicated.
+* both: a 2-D mesh (``dp`` x ``tp``), TP inside each FSDP unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from memplan.errors import ConfigError, UnsupportedError
+from memplan.trace.build import TORCH_DTYPES
+from memplan.trace.options import TraceOptions
+
+__all__ = ["TP_PLAN", "decoder_layers", "parallelize", "simulated_ranks"]
+
+#: The tensor-parallel plan of one Llama-style decoder layer (module path → style).
+TP_PLAN: dict[str, str] = {
+    "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
+}
+
+
+@contextmanager
+def simulated_ranks(options: TraceOptions) -> Iterator[Any]:
+    """A fake process group of ``fsdp * tp`` ranks (this process is rank 0) and its device mesh.
+
+    Yields ``None`` for a single rank. Refuses to run when a process group already exists.
+    """
+    if options.world_size == 1:
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise UnsupportedError("--fsdp/--tp simulate ranks with a fake process group; this process already "
+                               "has a process group (call memplan.trace outside torch.distributed jobs)")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=options.world_size)
+    try:
+        if options.tp > 1 and options.fsdp > 1:
+            mesh = init_device_mesh("cpu", (options.fsdp, options.tp), mesh_dim_names=("dp", "tp"))
+        else:
+            mesh = init_device_mesh("cpu", (options.world_size,), mesh_dim_names=("tp" if options.tp > 1 else "dp",))
+        yield mesh
+    finally:
+        dist.destroy_process_group()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a Hugging Face decoder (``model.layers``, ``transformer.h``, ...)."""
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers", "layers"):
+        module: Any = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+            if module is None:
+                break
+        if isinstance(module, torch.nn.ModuleList) and len(module):
+            return list(module)
+    raise UnsupportedError("--fsdp/--tp: cannot find the decoder layers (looked for model.layers, transformer.h, "
+                           "gpt_neox.layers); use --script to shard the model yourself")
+
+
+def parallelize(model: torch.nn.Module, options: TraceOptions, mesh: Any) -> None:
+    """Apply the TP plan and/or FSDP2 to ``model`` in place (no-op for one rank)."""
+    if mesh is None:
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    layers = decoder_layers(model)
+    # Device meshes are small real tensors (fully_shard slices a 2-D mesh with nonzero()); the
+    # parameters stay fake because a fake tensor's operators always run in its own fake mode.
+    with unset_fake_temporarily():
+        if options.tp > 1:
+            _check_tp(model, options.tp)
+            _apply_tp(layers, mesh["tp"])
+        if options.fsdp > 1:
+            _apply_fsdp(model, layers, mesh["dp"], options)
+
+
+def _check_tp(model: torch.nn.Module, tp: int) -> None:
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if heads is not None and heads % tp:
+        raise ConfigError("--tp", f"must divide the number of attention heads ({heads})", tp)
+    if kv_heads is not None and kv_heads % tp:
+        raise ConfigError("--tp", f"must divide the number of key/value heads ({kv_heads}) for the DTensor plan", tp)
+
+
+def _apply_tp(layers: list[torch.nn.Module], mesh: Any) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for layer in layers:
+        missing = [path for path in TP_PLAN if not _has(layer, path)]
+        if missing:
+            raise UnsupportedError(f"--tp supports Llama-style blocks; this model's layers have no {', '.join(missing)}")
+        parallelize_module(layer, mesh, {path: styles[style]() for path, style in TP_PLAN.items()})
+
+
+def _has(module: torch.nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _apply_fsdp(model: torch.nn.Module, layers: list[torch.nn.Module], mesh: Any, options: TraceOptions) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[options.compute_dtype], reduce_dtype=torch.float32) \
+        if options.mixed else MixedPrecisionPolicy()
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -1,0 +1,56 @@
+"""Rich rendering of a traced step (the CLI's text output). Sizes in GiB = 2^30 bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memplan.trace.compare import Comparison
+from memplan.trace.summary import TraceSummary
+from memplan.units import format_bytes
+
+__all__ = ["render_comparison", "render_summary"]
+
+
+def _table(title: str, *columns: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_edge=False, header_style="bold")
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    return table
+
+
+def render_summary(model: str, summary: TraceSummary) -> Any:
+    """Peak, the categories at the peak, the top modules and the per-phase highs."""
+    from rich.console import Group
+    from rich.text import Text
+
+    rounding = " (CUDA allocator rounding)" if summary.device == "cuda" else ""
+    head = Text.assemble(
+        ("peak allocated ", "bold"), (format_bytes(summary.peak_allocated_bytes), "bold green"),
+        f"{rounding} — {model}, {summary.events} events over {summary.iterations} iterations; "
+        f"peak in the {summary.peak_phase} of iteration {summary.peak_iteration} at {summary.peak_op or '-'}"
+        f" in {summary.peak_module or '(top level)'}",
+    )
+    categories = _table("At the peak, by category", "category", "bytes", "share")
+    total = summary.peak_allocated_bytes or 1
+    for name, value in summary.by_category.items():
+        if value:
+            categories.add_row(name, format_bytes(value), f"{100 * value / total:.1f}%")
+    modules = _table("At the peak, by allocating module (top)", "module", "bytes")
+    for name, value in summary.by_module:
+        modules.add_row(name, format_bytes(value))
+    phases = _table("Highest live memory per phase", "phase", "bytes")
+    for name, value in summary.by_phase.items():
+        phases.add_row(name, format_bytes(value))
+    return Group(head, Text(""), categories, Text(""), modules, Text(""), phases)
+
+
+def render_comparison(comparison: Comparison) -> Any:
+    """Trace and estimator side by side, with differences per category."""
+    table = _table("Trace vs estimator (hf profile)", "category", "traced", "estimated", "difference", "rel.")
+    for row in comparison.rows:
+        rel = "-" if row.relative is None else f"{100 * row.relative:+.1f}%"
+        table.add_row(row.category, format_bytes(row.traced_bytes), format_bytes(row.estimated_bytes),
+                      format_bytes(row.difference_bytes), rel)
+    return table

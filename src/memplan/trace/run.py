@@ -1,0 +1,224 @@
+"""Running training iterations: the optimizer a job uses, recompute, autocast, and the step loop.
+
+The same loop runs the fake, traced step and the real-tensor reference step of the accuracy
+tests, so both do exactly the same things in the same order (forward → loss → backward →
+``optimizer.step()`` → ``zero_grad(set_to_none=True)``, as the Hugging Face Trainer does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memplan.categories import MemoryCategory
+from memplan.errors import UnsupportedError
+from memplan.trace.build import TORCH_DTYPES
+from memplan.trace.options import TraceOptions
+from memplan.trace.recorder import HOST, AllocationRecorder
+
+__all__ = [
+    "StepJob",
+    "apply_recompute",
+    "hf_step_job",
+    "local_tensor",
+    "make_batch",
+    "make_optimizer",
+    "register_state",
+    "run_iterations",
+]
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+_LEARNING_RATE = 1e-4
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """What one training iteration needs: ``loss_fn(model(batch), batch)`` then ``optimizer.step()``.
+
+    ``batch`` is passed as ``model(**batch)`` for a mapping, ``model(*batch)`` for a tuple/list and
+    ``model(batch)`` otherwise. ``loss_fn`` gets the model output and the batch.
+    """
+
+    model: torch.nn.Module
+    batch: Any
+    optimizer: torch.optim.Optimizer
+    loss_fn: LossFn
+    #: dtype for ``torch.autocast`` during forward and loss (None: no autocast).
+    autocast_dtype: torch.dtype | None = None
+    #: Apply CUDA's autocast fp32 policies on top of CPU autocast (a ``--device cuda`` trace).
+    cuda_autocast: bool = False
+
+
+def hf_loss(output: Any, batch: Any) -> torch.Tensor:
+    """The loss a Hugging Face causal LM computes itself when given ``labels``."""
+    return output.loss
+
+
+def make_batch(vocab_size: int, options: TraceOptions) -> dict[str, torch.Tensor]:
+    """Token ids and labels (int64, mbs x seq), as a data collator for causal LM makes them."""
+    input_ids = torch.randint(0, vocab_size, (options.mbs, options.seq), dtype=torch.long)
+    return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], options: TraceOptions) -> torch.optim.Optimizer:
+    """The optimizer of ``options`` with the implementation PyTorch picks on ``options.device``."""
+    impl = options.resolved_optimizer_impl
+    kwargs: dict[str, Any] = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+    groups = _groups_by_tensor_type(params)
+    if options.optimizer in ("adamw", "adam"):
+        cls = torch.optim.AdamW if options.optimizer == "adamw" else torch.optim.Adam
+        return cls(groups, lr=_LEARNING_RATE, **kwargs)
+    if options.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=_LEARNING_RATE, momentum=options.momentum, **kwargs)
+    raise UnsupportedError("--optimizer adafactor: PyTorch's Adafactor reads its step counter with .item(), "
+                           "which fake tensors cannot answer; trace adamw, adam or sgd (or use memplan estimate)")
+
+
+def _groups_by_tensor_type(params: Iterable[torch.nn.Parameter]) -> list[dict[str, Any]]:
+    """One param group per tensor type: foreach kernels cannot mix DTensor (TP-sharded) and plain
+    tensors (replicated embeddings), so a TP job keeps them apart as torchtitan-style code does."""
+    groups: dict[bool, list[torch.nn.Parameter]] = {}
+    for param in params:
+        groups.setdefault(hasattr(param, "_local_tensor"), []).append(param)
+    return [{"params": group} for group in groups.values()]
+
+
+def apply_recompute(model: torch.nn.Module, mode: str) -> None:
+    """``full``: checkpoint every decoder layer; ``selective``: checkpoint every attention module."""
+    if mode == "none":
+        return
+    if mode == "full":
+        kwargs = {"use_reentrant": False}
+        if callable(getattr(model, "activation_checkpointing_enable", None)):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+        elif callable(getattr(model, "gradient_checkpointing_enable", None)):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+        else:
+            raise UnsupportedError("--recompute full needs a Hugging Face model (activation_checkpointing_enable)")
+        return
+    attention = [m for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in ("self_attn", "attn")]
+    if not attention:
+        raise UnsupportedError("--recompute selective found no attention modules named self_attn or attn")
+    for module in attention:
+        _checkpoint_forward(module)
+
+
+def _checkpoint_forward(module: torch.nn.Module) -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    forward = module.forward
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = checkpointed  # type: ignore[method-assign]
+
+
+def hf_step_job(model: torch.nn.Module, options: TraceOptions, *, autocast: bool = True) -> StepJob:
+    """A Hugging Face causal LM's step: token batch, the job's optimizer, autocast for ``*-mixed``.
+
+    ``autocast=False`` when FSDP's mixed-precision policy casts the parameters instead.
+    """
+    config: Any = getattr(model, "config", None)
+    vocab = int(config.vocab_size)
+    batch = make_batch(vocab, options)
+    optimizer = make_optimizer(model.parameters(), options)
+    autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
+    return StepJob(model, batch, optimizer, hf_loss, autocast_dtype, cuda_autocast=options.device == "cuda")
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor, the tensor itself otherwise."""
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+def register_state(recorder: AllocationRecorder, job: StepJob) -> None:
+    """Register the storages alive before the step: parameters, buffers and the batch."""
+    for path, module in job.model.named_modules():
+        for param in module.parameters(recurse=False):
+            recorder.register(local_tensor(param).untyped_storage(), MemoryCategory.PARAMETER.value, path)
+        for buffer in module.buffers(recurse=False):
+            recorder.register(local_tensor(buffer).untyped_storage(), MemoryCategory.BUFFER.value, path)
+    for tensor in _batch_tensors(job.batch):
+        recorder.register(local_tensor(tensor).untyped_storage(), MemoryCategory.INPUT.value)
+
+
+def _batch_tensors(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for value in batch.values():
+            yield from _batch_tensors(value)
+    elif isinstance(batch, (tuple, list)):
+        for value in batch:
+            yield from _batch_tensors(value)
+
+
+def _forward(job: StepJob) -> torch.Tensor:
+    ctx = (torch.autocast("cpu", dtype=job.autocast_dtype) if job.autocast_dtype is not None
+           else contextlib.nullcontext())
+    policy: Any = contextlib.nullcontext()
+    if job.autocast_dtype is not None and job.cuda_autocast:
+        from memplan.trace.cuda_autocast import CudaAutocastFp32
+
+        policy = CudaAutocastFp32()
+    with ctx, policy:
+        batch = job.batch
+        if isinstance(batch, dict):
+            output = job.model(**batch)
+        elif isinstance(batch, (tuple, list)):
+            output = job.model(*batch)
+        else:
+            output = job.model(batch)
+        return job.loss_fn(output, batch)
+
+
+def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder | None = None,
+                   *, host_step: bool = False) -> None:
+    """Run ``iterations`` training iterations of ``job``; tell ``recorder`` phases and roles.
+
+    ``host_step``: optimizer ``step`` counters live in host memory (a GPU run of a non-fused,
+    non-capturable optimizer), so they are marked to be left out of a CUDA trace.
+    """
+    params = [p for group in job.optimizer.param_groups for p in group["params"]]
+    for iteration in range(iterations):
+        _set(recorder, "forward", iteration)
+        loss = _forward(job)
+        _set(recorder, "backward", iteration)
+        if recorder is not None:
+            recorder.start_backward()
+        loss.backward()
+        del loss
+        if recorder is not None:
+            _mark_gradients(recorder, params)
+        _set(recorder, "optimizer", iteration)
+        job.optimizer.step()
+        if recorder is not None:
+            _mark_optimizer_state(recorder, job.optimizer, host_step)
+        job.optimizer.zero_grad(set_to_none=True)
+    _set(recorder, "other", iterations - 1)
+
+
+def _set(recorder: AllocationRecorder | None, phase: str, iteration: int) -> None:
+    if recorder is not None:
+        recorder.phase, recorder.iteration = phase, iteration
+
+
+def _mark_gradients(recorder: AllocationRecorder, params: list[torch.Tensor]) -> None:
+    gradient = MemoryCategory.GRADIENT.value
+    for param in params:
+        if param.grad is not None:
+            recorder.mark(local_tensor(param.grad).untyped_storage(), gradient)
+
+
+def _mark_optimizer_state(recorder: AllocationRecorder, optimizer: torch.optim.Optimizer, host_step: bool) -> None:
+    state_role = MemoryCategory.OPTIMIZER_STATE.value
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                on_host = host_step and key == "step" and value.dim() == 0
+                recorder.mark(local_tensor(value).untyped_storage(), HOST if on_host else state_role)

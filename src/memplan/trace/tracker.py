@@ -1,0 +1,129 @@
+"""The tracker: a ``FakeTensorMode`` that records every storage its operators create.
+
+Fake tensors have no data but exact sizes, so a training step of any model runs in seconds and in
+almost no memory. :class:`TracingFakeMode` is PyTorch's ``FakeTensorMode`` with one addition: after
+each top-level operator it hands the storages of the outputs to an
+:class:`~memplan.trace.recorder.AllocationRecorder`. Because the fake mode sits at the bottom of
+the dispatch stack, it also sees the operators that tensor subclasses (DTensor) and FSDP run on
+local shards. ``UntypedStorage.resize_`` (which FSDP2 uses to free and re-allocate unsharded
+parameters) does not dispatch, so :func:`track_resize` patches it while a trace runs.
+
+:class:`ModulePath` follows the running module with PyTorch's ``ModTracker`` (forward hooks and
+multi-grad hooks for the backward) and reports the innermost module's dotted path.
+
+Known limitations: allocations made inside a kernel (workspaces) are invisible, as are storages
+created outside the dispatcher (``torch.from_numpy``); see docs/trace.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Self
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memplan.categories import MemoryCategory
+from memplan.trace.recorder import AllocationRecorder
+
+__all__ = ["ModulePath", "TracingFakeMode", "track_resize"]
+
+_COMMUNICATION = MemoryCategory.COMMUNICATION.value
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "fsdp", "_dtensor")
+
+
+class TracingFakeMode(FakeTensorMode):
+    """``FakeTensorMode`` that reports each new output storage to ``recorder`` (when set)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.recorder: AllocationRecorder | None = None
+        self._depth = 0
+
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # ``dispatch`` (called by FakeTensorMode.__torch_dispatch__) is overridden rather than
+        # ``__torch_dispatch__``, which TorchDispatchMode wraps once more per subclass.
+        recorder = self.recorder
+        if recorder is None or self._depth:
+            self._depth += 1
+            try:
+                return super().dispatch(func, types, args, kwargs)
+            finally:
+                self._depth -= 1
+        op = f"{func.namespace}.{func.__name__}" if hasattr(func, "namespace") else str(func)
+        recorder.op = op
+        self._depth = 1
+        try:
+            out = super().dispatch(func, types, args, kwargs)
+        except Exception as exc:
+            if not hasattr(exc, "memplan_where"):
+                exc.memplan_where = (op, recorder.module_of())  # type: ignore[attr-defined]
+            raise
+        finally:
+            self._depth = 0
+        if out is not NotImplemented:
+            communication = func.namespace in _COLLECTIVE_NAMESPACES if hasattr(func, "namespace") else False
+            for tensor in _tensors(out):
+                storage = tensor.untyped_storage()
+                recorder.see(storage, op)
+                if communication:
+                    recorder.mark(storage, _COMMUNICATION)
+        recorder.op = ""
+        return out
+
+
+def _tensors(out: Any) -> Iterator[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, (tuple, list)):
+        for item in out:
+            if isinstance(item, torch.Tensor):
+                yield item
+            elif isinstance(item, (tuple, list)):
+                yield from _tensors(item)
+
+
+@contextmanager
+def track_resize(recorder: AllocationRecorder) -> Iterator[None]:
+    """Record ``UntypedStorage.resize_`` calls (FSDP2's unsharded parameters) while inside."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: Any, size: int) -> Any:
+        result = original(storage, size)
+        recorder.resized(storage, int(size), _COMMUNICATION)
+        return result
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+class ModulePath:
+    """The dotted path of the innermost module running now, forward or backward.
+
+    Wraps ``torch.distributed._tools.mod_tracker.ModTracker``; paths are relative to the root
+    module (the root itself is ``""``), as in ``model.named_modules()``.
+    """
+
+    def __init__(self) -> None:
+        from torch.distributed._tools.mod_tracker import ModTracker
+
+        self._tracker = ModTracker()
+
+    def __enter__(self) -> Self:
+        self._tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tracker.__exit__(*exc)
+
+    def __call__(self) -> str:
+        parents = self._tracker.parents
+        if len(parents) <= 1:
+            return ""
+        innermost = max(parents, key=len)
+        _, _, path = innermost.partition(".")
+        return path
