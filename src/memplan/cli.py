@@ -508,7 +508,7 @@ def _root(
 
 #: Modules under :mod:`memplan.commands` that register further commands on :data:`app` when
 #: imported. Each must import nothing heavy (torch, numpy, matplotlib) at module level.
-COMMAND_MODULES: tuple[str, ...] = ("alloc", "fit", "report", "trace")
+COMMAND_MODULES: tuple[str, ...] = ("alloc", "ckpt", "fit", "report", "trace")
 
 
 def _register_commands() -> None:

@@ -1,0 +1,52 @@
+"""The ckpt benchmark: (a) no, (b) full, (c) static, (d) memplan checkpointing on variable-length batches.
+
+Run from the repository root (memplan installed with torch and transformers)::
+
+    python benchmarks/ckpt_bench.py             # the full benchmark, a few minutes of CPU
+    python benchmarks/ckpt_bench.py --quick     # a tiny model, seconds (smoke test)
+
+Writes ``benchmarks/results/ckpt_bench.json`` (date, machine, configuration, every run) unless
+``--output`` says otherwise, and prints the table and the targets of issue 6 (docs/ckpt.md). The
+same benchmark is ``memplan ckpt bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from memplan.ckpt.bench import BenchConfig, run_bench, with_overrides
+from memplan.ckpt.render import bench_markdown, bench_tables
+
+RESULTS = Path(__file__).parent / "results" / "ckpt_bench.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
+    parser.add_argument("--steps", type=int, help="training steps per run (default 16)")
+    parser.add_argument("--repeats", type=int, help="interleaved repetitions (default 3)")
+    parser.add_argument("--output", type=Path, default=None, help=f"JSON file (default {RESULTS}; none with --quick)")
+    args = parser.parse_args(argv)
+    cfg = with_overrides(BenchConfig.quick() if args.quick else BenchConfig(), steps=args.steps, repeats=args.repeats)
+    t0 = time.perf_counter()
+    result = run_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    elapsed = time.perf_counter() - t0
+    from rich.console import Console
+
+    Console().print(bench_tables(result))
+    print(bench_markdown(result))
+    print(f"\nbenchmark wall time: {elapsed:.0f} s")
+    output = args.output or (None if args.quick else RESULTS)
+    if output is not None:
+        data = {**result.to_dict(), "benchmark_wall_s": elapsed}
+        output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""The runtime: per batch, predict → plan → checkpoint; measure → refine; redo a step that misses.
+
+:class:`CheckpointController` is what :func:`memplan.ckpt.auto_checkpoint` attaches to a model. A
+forward pre-hook on the model reads the batch's size, the meter's live bytes and which gradients
+are still to be allocated, and picks a plan (cached per size bucket). Each block's patched
+``forward`` then runs either plainly — measuring the bytes it keeps and its time — or under
+non-reentrant ``torch.utils.checkpoint``. Gradient hooks on the block outputs cut the backward
+into phases whose peaks calibrate the non-block terms of the memory model (see
+:mod:`memplan.ckpt.planner`).
+
+Until every predictor is accepted, steps are *learning* steps: one block (the last, then the one
+before, …) runs under checkpoint and is probed by one extra plain forward whose kept bytes and time
+are measured and dropped (RNG state restored, so the step's numbers are unchanged); the other
+blocks are measured as they run. A learning step that misses the budget is redone *sheltered*
+(every block checkpointed and probed, as Mimose's first steps are). :meth:`~CheckpointController.warm_up`
+runs such steps on sample batches before training instead.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from memplan.ckpt.errors import BatchTooLargeError
+from memplan.ckpt.meter import CpuMeter, MemoryMeter
+from memplan.ckpt.model_state import state_tensors
+from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, tensors_in
+from memplan.ckpt.planner import BlockCost, Plan, PlanCache, StepCost, plan_greedy, plan_knapsack, size_bucket
+from memplan.ckpt.predictor import SizeSeries
+from memplan.ckpt.safety import drop_grads, restore_grads, rng_state, set_rng_state, stash_grads
+from memplan.ckpt.sizes import SizeFn, batch_of, measure_size
+from memplan.ckpt.stats import CkptStats
+from memplan.units import format_bytes
+
+__all__ = ["CheckpointController"]
+
+T = TypeVar("T")
+_PHASES = ("forward", "head", "block", "recompute", "tail")
+#: Each miss widens the safety margin by this share of the budget, up to _MAX_MARGIN.
+_MISS_MARGIN_STEP = 0.01
+_MAX_MARGIN = 0.2
+#: Share of the budget added to the margin per doubling of the size beyond the sizes measured.
+_EXTRAPOLATION_MARGIN = 0.03
+#: Phase terms (residuals that may hover near zero) are judged on errors relative to this share of the budget.
+_PHASE_FLOOR = 0.2
+#: Recompute times are rounded to this share of the mean block time, so near-equal blocks tie.
+_TIME_QUANTUM = 0.05
+
+
+class CheckpointController:
+    """Decides, per batch, which blocks of a model run under ``torch.utils.checkpoint``.
+
+    Created by :func:`memplan.ckpt.auto_checkpoint`; reach it as ``model.memplan_ckpt``.
+    Use :meth:`step` around forward + backward for the safety net and for measurements on CPU.
+    """
+
+    def __init__(
+        self, model: nn.Module, blocks: Sequence[nn.Module], *, budget_bytes: int, size_fn: SizeFn,
+        meter: MemoryMeter, device: torch.device, optimizer: torch.optim.Optimizer | None, margin: float,
+    ) -> None:
+        self.model = model
+        self.blocks = tuple(blocks)
+        self.budget_bytes = budget_bytes
+        self.meter = meter
+        self.device = device
+        self.optimizer = optimizer
+        self.size_fn = size_fn
+        self.planner: Callable[[Sequence[BlockCost], StepCost], Plan] = plan_knapsack
+        self._margin = margin
+        self._acts = [SizeSeries(keep="max") for _ in self.blocks]
+        self._times = [SizeSeries(keep="mean") for _ in self.blocks]
+        # phase terms have an intercept (constant buffers): a line through three sizes, not two
+        self._phases = {name: SizeSeries(keep="max", floor=_PHASE_FLOOR * budget_bytes, min_points=3)
+                        for name in _PHASES}
+        self._block_params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
+        self._cache = PlanCache()
+        self._version = 0
+        self._fixed: tuple[bool, ...] | None = None
+        self._ready = False
+        self._warm_index: int | None = None
+        self._force: str | None = None
+        self._step: StepRecord | None = None
+        self._count = dict.fromkeys(("steps", "sheltered", "learning", "misses", "over", "recomputed", "probes"), 0)
+        self._plan_seconds = 0.0
+        self._max_peak = 0
+        self._handles: list[Any] = []
+        self._last_size = 0
+        #: (size, plan, measured peak bytes) of the last finished step.
+        self.last: tuple[int, Plan, int] | None = None
+
+    # ------------------------------------------------------------------ public surface
+    @property
+    def n_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def ready(self) -> bool:
+        """Whether every predictor has been accepted once (then no more sheltered steps are run)."""
+        if not self._ready:
+            phases = [s for name, s in self._phases.items() if name != "block"]
+            self._ready = all(s.accepted for s in self._acts) and all(s.accepted for s in phases)
+        return self._ready
+
+    def stats(self) -> CkptStats:
+        """A snapshot of the counters."""
+        c = self._count
+        return CkptStats(
+            steps=c["steps"], sheltered_steps=c["sheltered"], misses=c["misses"], over_budget_steps=c["over"],
+            recomputed_forwards=c["recomputed"], probe_forwards=c["probes"], plan_seconds=self._plan_seconds,
+            plan_cache_hits=self._cache.hits, plan_cache_misses=self._cache.misses, max_peak_bytes=self._max_peak,
+        )
+
+    def series(self) -> dict[str, Any]:
+        """The predictors: per-block activation bytes and seconds, and the phase terms (name → series)."""
+        out: dict[str, Any] = {f"block{j}.act_bytes": s for j, s in enumerate(self._acts)}
+        out.update({f"block{j}.forward_s": s for j, s in enumerate(self._times)})
+        out.update({f"{name}_bytes": s for name, s in self._phases.items()})
+        return out
+
+    def fix_plan(self, checkpoint_blocks: Sequence[bool] | None) -> None:
+        """Use this plan for every batch (a static plan), or ``None`` to plan per batch again."""
+        if checkpoint_blocks is not None and len(checkpoint_blocks) != self.n_blocks:
+            raise ValueError(f"fix_plan needs {self.n_blocks} flags, got {len(checkpoint_blocks)}")
+        self._fixed = None if checkpoint_blocks is None else tuple(bool(c) for c in checkpoint_blocks)
+
+    def plan_for(
+        self, size: int, *, static_bytes: int, grad_bytes: Sequence[int] | None = None, method: str = "knapsack",
+    ) -> Plan:
+        """The plan the predictors give for a batch of ``size`` (needs measurements at a few sizes).
+
+        Plans against the budget less the safety margin; when nothing fits that, against the budget.
+        """
+        grads = tuple(grad_bytes) if grad_bytes is not None else tuple(
+            sum(p.numel() * p.element_size() for p in ps) for ps in self._block_params)
+        costs = self._block_costs(size, grads)
+        planner = plan_greedy if method == "greedy" else plan_knapsack
+        plan = planner(costs, self._step_cost(size, static_bytes, self._extrapolation_margin(size)))
+        if not plan.fits:
+            plan = planner(costs, self._step_cost(size, static_bytes, 0.0))
+        return plan
+
+    def _extrapolation_margin(self, size: int) -> float:
+        """The safety margin, widened per doubling of ``size`` beyond the sizes measured in every phase."""
+        seen = min(s.largest_size for name, s in self._phases.items() if name != "block") or 1
+        widen = _EXTRAPOLATION_MARGIN * max(0.0, math.log2(size / seen))
+        return min(_MAX_MARGIN, self._margin + widen)
+
+    def _block_costs(self, size: int, grads: Sequence[int]) -> list[BlockCost]:
+        raw = [self._times[j](size) if self._times[j].points else 1.0 for j in range(self.n_blocks)]
+        quantum = _TIME_QUANTUM * (sum(raw) / len(raw) or 1.0)
+        return [
+            BlockCost(act_bytes=math.ceil(self._acts[j](size)), grad_bytes=grads[j],
+                      recompute_s=max(quantum, round(raw[j] / quantum) * quantum))
+            for j in range(self.n_blocks)
+        ]
+
+    def _step_cost(self, size: int, static_bytes: int, margin: float) -> StepCost:
+        def term(name: str) -> int:
+            return math.ceil(self._phases[name](size))
+
+        kept = term("block" if self._phases["block"].points else "recompute")
+        return StepCost(
+            static_bytes=static_bytes,
+            forward_bytes=term("forward"),
+            head_bytes=term("head"),
+            block_bytes=kept,
+            recompute_bytes=max(kept, term("recompute")),  # a recompute holds what a kept block does, and more
+            tail_bytes=term("tail"),
+            budget_bytes=int(self.budget_bytes * (1.0 - margin)),
+        )
+
+    def warm_up(self, steps: Iterable[Callable[[], object]], *, sheltered: bool = False) -> None:
+        """Run each callable (forward + backward of a small sample batch) to seed the predictors.
+
+        By default warm-up step ``k`` checkpoints only one block (the last, then the one before, …)
+        and probes it, so the batches must fit without checkpointing; ``sheltered=True`` checkpoints
+        every block (Mimose's sheltered steps) for sizes that might not. Gradients and the RNG
+        state are restored afterwards: training continues as if nothing ran.
+        """
+        for k, fn in enumerate(steps):
+            stash, rng = stash_grads(self.model), rng_state(self.device)
+            self._warm_index = None if sheltered else self.n_blocks - 1 - k % self.n_blocks
+            try:
+                with self._metered():
+                    result, failed = self._attempt(fn, force="shelter")
+                if failed:
+                    raise BatchTooLargeError(
+                        f"a warm-up batch does not fit the budget {format_bytes(self.budget_bytes)}"
+                        + ("" if sheltered else " without checkpointing; pass sheltered=True or smaller batches"))
+                del result
+            finally:
+                self._warm_index = None
+                drop_grads(self.model)
+                restore_grads(stash)
+                set_rng_state(rng, self.device)
+
+    def step(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (forward + backward of one batch) with the safety net; return its result.
+
+        If the step runs out of memory (CUDA) or over the budget (the CPU meter's limit), its partial
+        gradients are dropped, the RNG state restored, and it is run again with every block
+        checkpointed; the miss is counted and fed to the predictors. Gradients that existed before
+        the step are set aside during it and added back afterwards.
+        """
+        stash, rng = stash_grads(self.model), rng_state(self.device)
+        try:
+            with self._metered():
+                result, failed = self._attempt(fn, force=None)
+                if failed:
+                    self._count["misses"] += 1
+                    drop_grads(self.model)
+                    set_rng_state(rng, self.device)
+                    result, failed = self._attempt(fn, force="all" if self.ready else "shelter")
+                    if failed:
+                        drop_grads(self.model)
+                        raise BatchTooLargeError(
+                            f"a batch of size {self._last_size} does not fit the budget "
+                            f"{format_bytes(self.budget_bytes)} even with every block checkpointed; "
+                            "raise the budget or split the batch")
+        finally:
+            restore_grads(stash)
+        self._count["steps"] += 1
+        return result  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ step mechanics
+    def _metered(self) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext() if self.meter.active else self.meter
+
+    def _attempt(self, fn: Callable[[], T], *, force: str | None) -> tuple[T | None, bool]:
+        self._force = force
+        try:
+            result = fn()
+        except torch.OutOfMemoryError:
+            self._abort_step()
+            failed = True
+        except BaseException:
+            self._step = None  # a bug in fn, or an interrupt: measure nothing from it
+            raise
+        else:
+            self._finish_step()
+            failed = False
+        finally:
+            self._force = None
+        if failed:
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return None, True
+        return result, False
+
+    # ------------------------------------------------------------------ hooks
+    def on_model_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook of the model: start a step and choose its plan."""
+        if self._step is not None:
+            self._finish_step()
+        if not (self.model.training and torch.is_grad_enabled()):
+            return
+        size = measure_size(self.size_fn, batch_of(args, kwargs))
+        self._last_size = size
+        self.meter.adopt(state_tensors(self.model, self.optimizer))
+        self.meter.adopt(tensors_in((args, kwargs)))
+        static = self.meter.current_bytes
+        grads = tuple(sum(p.numel() * p.element_size() for p in ps if p.grad is None) for ps in self._block_params)
+        t0 = time.perf_counter()
+        plan, probe = self._choose(size, static, grads)
+        self._plan_seconds += time.perf_counter() - t0
+        metered = self.meter.active or not isinstance(self.meter, CpuMeter)
+        self._step = StepRecord(size=size, plan=plan, static_bytes=static, grad_bytes=grads, probe=probe,
+                                metered=metered)
+        self._count["sheltered"] += probe
+        self.meter.mark()
+
+    def _choose(self, size: int, static: int, grads: tuple[int, ...]) -> tuple[Plan, bool]:
+        n = self.n_blocks
+        if self._force == "all":
+            return Plan(checkpoint=(True,) * n, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="all"), False
+        if self._fixed is not None:
+            return Plan(checkpoint=self._fixed, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="static"), False
+        if self._force == "shelter" and self._warm_index is not None:
+            flags = tuple(j == self._warm_index for j in range(n))
+            return Plan(checkpoint=flags, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="static"), True
+        if self._force == "shelter":
+            return Plan(checkpoint=(True,) * n, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="all"), True
+        if not self.ready:  # a learning step: one block checkpointed and probed, the others measured
+            flags = tuple(j == n - 1 - self._count["learning"] % n for j in range(n))
+            self._count["learning"] += 1
+            return Plan(checkpoint=flags, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="static"), True
+        index, upper = size_bucket(size)
+        key = (index, static >> 20, self._version, any(grads))
+        plan = self._cache.get(key)
+        if plan is None:
+            plan = self.plan_for(upper, static_bytes=static, grad_bytes=grads)
+            self._cache.put(key, plan)
+        return plan, False
+
+    def block_forward(self, j: int, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The patched ``forward`` of block ``j``: plain (measured) or checkpointed, as planned."""
+        st = self._step
+        if st is None or not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        if j == 0:
+            self._hook(st, grad_tensor((args, kwargs)), -1)
+        if st.plan.checkpoint[j]:
+            if st.probe:
+                self._probe(st, j, forward, args, kwargs)
+            out = checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            self._count["recomputed"] += 1
+        else:
+            before, t0 = self.meter.current_bytes, time.perf_counter()
+            out = forward(*args, **kwargs)
+            st.times[j] = time.perf_counter() - t0
+            st.acts[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+        st.peaks[("forward", j)] = self.meter.mark()
+        self._hook(st, grad_tensor(out), j)
+        return out
+
+    def _probe(self, st: StepRecord, j: int, forward: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        rng, before, peak = rng_state(self.device), self.meter.current_bytes, self.meter.peak_bytes
+        t0 = time.perf_counter()
+        out = forward(*args, **kwargs)
+        st.times[j] = time.perf_counter() - t0
+        st.acts[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+        del out
+        set_rng_state(rng, self.device)
+        if isinstance(self.meter, CpuMeter):
+            self.meter.mark()
+            self.meter._peak = max(peak, self.meter.current_bytes)
+        self._count["probes"] += 1
+
+    def _hook(self, st: StepRecord, tensor: torch.Tensor | None, j: int) -> None:
+        if tensor is not None and tensor.requires_grad:
+            tensor.register_hook(lambda _grad: self._boundary(st, j))
+
+    def _boundary(self, st: StepRecord, j: int) -> None:
+        """Gradient of block j's output is complete: the phase before it ends, block j's begins."""
+        st.peaks[st.phase] = max(st.peaks.get(st.phase, 0), self.meter.mark())
+        st.phase = j if j >= 0 else "tail"
+
+    # ------------------------------------------------------------------ learning
+    def _finish_step(self) -> None:
+        st, self._step = self._step, None
+        if st is None:
+            return
+        st.peaks[st.phase] = max(st.peaks.get(st.phase, 0), self.meter.mark())
+        if not st.metered:
+            return
+        peak = max(st.peaks.values())
+        self._max_peak = max(self._max_peak, peak)
+        self.last = (st.size, st.plan, peak)
+        if peak > self.budget_bytes:
+            self._count["over"] += 1
+        self._observe(st)
+
+    def _abort_step(self) -> None:
+        st, self._step = self._step, None
+        if st is None:
+            return
+        st.peaks[st.phase] = max(st.peaks.get(st.phase, 0), self.meter.mark())
+        self._margin = min(_MAX_MARGIN, self._margin + _MISS_MARGIN_STEP)
+        self._version += 1
+        if st.metered:
+            self._observe(st)
+
+    def _observe(self, st: StepRecord) -> None:
+        """Feed the step's measurements to the predictors; new information invalidates cached plans."""
+        changed = False
+        for j, value in st.acts.items():
+            changed |= self._acts[j].add(st.size, value)
+            self._times[j].add(st.size, st.times[j])
+        acts = [st.acts.get(j, self._acts[j](st.size) if self._acts[j].points else None) for j in range(self.n_blocks)]
+        if any(a is None for a in acts):
+            if changed:
+                self._version += 1
+            return
+        for name, term in phase_terms(st, [float(a) for a in acts if a is not None]).items():
+            changed |= self._phases[name].add(st.size, term)
+        if changed:
+            self._version += 1

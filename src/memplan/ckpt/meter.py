@@ -1,0 +1,228 @@
+"""Memory meters: live tensor bytes on CPU (a dispatch mode) and CUDA (allocator statistics).
+
+Both meters answer the same three questions — bytes live now, the peak since the last mark, and
+whether a limit was crossed — so the planner, the safety net and the benchmark run unchanged on a
+laptop and on a GPU.
+
+* :class:`CpuMeter` counts the bytes of every tensor *storage* that is alive, the way PyTorch's
+  ``MemTracker`` does: a :class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every
+  operator's outputs; a new storage is counted once and uncounted by a weak-reference callback
+  when it dies. Outputs that alias an input (views, in-place and ``out=`` ops, marked in the
+  operator's schema) are skipped, so pre-existing tensors are never double counted. Tensors that
+  existed before the meter started are counted only when :meth:`CpuMeter.adopt` is given them.
+  With ``limit_bytes`` set, the operator whose output crosses the limit raises
+  :class:`OutOfBudgetError` — a simulated out-of-memory at the exact point a GPU would fail.
+* :class:`CudaMeter` reads ``torch.cuda.memory_allocated`` / ``max_memory_allocated``; the caching
+  allocator raises the real ``torch.OutOfMemoryError``.
+
+Known limitations: the CPU meter counts storage bytes, not allocator blocks (no 512-byte rounding,
+no fragmentation); tensors created outside the meter and never adopted are invisible to it.
+
+Example::
+
+    meter = CpuMeter()
+    with meter:
+        meter.adopt(model.parameters())
+        loss = model(x).sum(); loss.backward()
+    print(meter.peak_bytes)
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["CpuMeter", "CudaMeter", "MemoryMeter", "OutOfBudgetError", "make_meter", "storage_bytes"]
+
+
+class OutOfBudgetError(torch.OutOfMemoryError):
+    """The CPU meter's live bytes crossed its limit: what a GPU with that much memory would raise."""
+
+
+class MemoryMeter(Protocol):
+    """What the planner and the safety net need from a meter (CPU or CUDA)."""
+
+    #: Raise an out-of-memory error when live bytes exceed this (``None``: never).
+    limit_bytes: int | None
+
+    @property
+    def active(self) -> bool: ...
+
+    @property
+    def current_bytes(self) -> int: ...
+
+    @property
+    def peak_bytes(self) -> int: ...
+
+    def __enter__(self) -> MemoryMeter: ...  # noqa: PYI034 (typing.Self needs Python 3.11)
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def adopt(self, tensors: Iterable[Any]) -> None: ...
+
+    def mark(self) -> int: ...
+
+
+def storage_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (non-tensors and meta tensors ignored)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            st = t.untyped_storage()
+            seen[st._cdata] = st.nbytes()
+    return sum(seen.values())
+
+
+def _aliasing_outputs(func: Any) -> tuple[bool, ...]:
+    """Per schema return: does it alias an input (views, in-place, ``out=``)?"""
+    try:
+        return tuple(ret.alias_info is not None for ret in func._schema.returns)
+    except AttributeError:  # pragma: no cover - non-ATen callables
+        return ()
+
+
+class CpuMeter(TorchDispatchMode):
+    """Live tensor-storage bytes seen through a dispatch mode; the meter for CPU runs and tests."""
+
+    def __init__(self, *, limit_bytes: int | None = None) -> None:
+        super().__init__()
+        self.limit_bytes = limit_bytes
+        self._live: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._current = 0
+        self._peak = 0
+        self._depth = 0
+        self._alias_cache: dict[Any, tuple[bool, ...]] = {}
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether the meter is entered (counting) now."""
+        return self._depth > 0
+
+    @property
+    def current_bytes(self) -> int:
+        """Bytes of counted storages alive now."""
+        return self._current
+
+    @property
+    def peak_bytes(self) -> int:
+        """Highest :attr:`current_bytes` since the last :meth:`mark` (or since creation)."""
+        return self._peak
+
+    def mark(self) -> int:
+        """Return the peak since the last mark and start a new phase at the current bytes."""
+        peak, self._peak = self._peak, self._current
+        return peak
+
+    # -- counting --------------------------------------------------------------------------
+    def adopt(self, tensors: Iterable[Any]) -> None:
+        """Count tensors that existed before the meter started (weights, grads, optimizer states, batch)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._count(t, check=False)
+
+    def _count(self, t: torch.Tensor, *, check: bool) -> None:
+        if t.device.type == "meta":
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse / opaque tensors own no plain storage
+            return
+        key = st._cdata
+        if key in self._live:
+            return
+        n = st.nbytes()
+        self._live[key] = n
+        self._refs[key] = weakref.ref(st, functools.partial(self._forget, key))
+        self._current += n
+        self._peak = max(self._peak, self._current)
+        if check and self.limit_bytes is not None and self._current > self.limit_bytes:
+            raise OutOfBudgetError(
+                f"CPU meter: {self._current} live bytes exceed the limit of {self.limit_bytes} bytes"
+            )
+
+    def _forget(self, key: int, _ref: object = None) -> None:
+        n = self._live.pop(key, None)
+        self._refs.pop(key, None)
+        if n is not None:
+            self._current -= n
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        aliasing = self._alias_cache.get(func)
+        if aliasing is None:
+            aliasing = self._alias_cache[func] = _aliasing_outputs(func)
+        if any(aliasing) and len(aliasing) == 1:
+            return out
+        results = out if isinstance(out, (tuple, list)) else (out,)
+        for i, result in enumerate(results):
+            if i < len(aliasing) and aliasing[i]:
+                continue
+            for t in tree_leaves(result):
+                if isinstance(t, torch.Tensor):
+                    self._count(t, check=True)
+        return out
+
+    def __enter__(self) -> CpuMeter:  # noqa: PYI034
+        self._depth += 1
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self._depth -= 1
+
+
+class CudaMeter:
+    """The CUDA caching allocator's own statistics behind the :class:`MemoryMeter` interface.
+
+    ``limit_bytes`` is informational here: the allocator raises ``torch.OutOfMemoryError`` itself
+    when the device is full; use ``torch.cuda.set_per_process_memory_fraction`` to emulate a
+    smaller GPU.
+    """
+
+    def __init__(self, device: torch.device | str | int | None = None, *, limit_bytes: int | None = None) -> None:
+        self.device = torch.device(device if device is not None else "cuda")
+        self.limit_bytes = limit_bytes
+        self._depth = 0
+
+    @property
+    def active(self) -> bool:
+        return self._depth > 0
+
+    @property
+    def current_bytes(self) -> int:
+        return int(torch.cuda.memory_allocated(self.device))
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def mark(self) -> int:
+        peak = self.peak_bytes
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
+
+    def adopt(self, tensors: Iterable[Any]) -> None:
+        """Nothing to do: the allocator already knows every tensor on the device."""
+
+    def __enter__(self) -> CudaMeter:  # noqa: PYI034
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+
+
+def make_meter(device: torch.device, *, limit_bytes: int | None = None) -> MemoryMeter:
+    """The meter for ``device``: :class:`CudaMeter` on CUDA, :class:`CpuMeter` otherwise."""
+    if device.type == "cuda":
+        return CudaMeter(device, limit_bytes=limit_bytes)
+    return CpuMeter(limit_bytes=limit_bytes)

@@ -1,0 +1,89 @@
+"""One step's record and the inversion of the phase model: what each measured phase implies.
+
+The planner (:mod:`memplan.ckpt.planner`) predicts each phase's peak from the per-block activation
+bytes and the non-block terms ``H_*``; :func:`phase_terms` runs that formula backwards, turning the
+meter's measured phase peaks into observations of the ``H_*`` terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from memplan.ckpt.planner import Plan
+
+__all__ = ["PhaseKey", "StepRecord", "grad_tensor", "new_bytes", "phase_terms", "tensors_in"]
+
+#: "head", "tail", a block index (its backward) or ("forward", block index).
+PhaseKey = str | int | tuple[str, int]
+
+
+@dataclass(kw_only=True)
+class StepRecord:
+    """What one forward/backward is doing and what was measured during it."""
+
+    size: int
+    plan: Plan
+    static_bytes: int
+    grad_bytes: tuple[int, ...]
+    #: Probe checkpointed blocks with one plain forward (sheltered and warm-up steps).
+    probe: bool
+    #: Whether the meter was counting (on CPU only inside it), i.e. whether the numbers mean anything.
+    metered: bool
+    acts: dict[int, int] = field(default_factory=dict)
+    times: dict[int, float] = field(default_factory=dict)
+    peaks: dict[PhaseKey, int] = field(default_factory=dict)
+    #: The phase running now: "head" until the first block's output gradient, then block indices, then "tail".
+    phase: str | int = "head"
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a nest of tuples, lists and dicts."""
+    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def new_bytes(out: Any, inputs: Any) -> int:
+    """Bytes of the storages of ``out`` that are not storages of ``inputs``."""
+    old = {t.untyped_storage()._cdata for t in tensors_in(inputs)}
+    new = {}
+    for t in tensors_in(out):
+        st = t.untyped_storage()
+        if st._cdata not in old:
+            new[st._cdata] = st.nbytes()
+    return sum(new.values())
+
+
+def grad_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in ``obj`` that requires grad (a block's hidden states)."""
+    return next((t for t in tensors_in(obj) if t.requires_grad), None)
+
+
+def phase_terms(st: StepRecord, acts: list[float]) -> dict[str, float]:
+    """Invert the planner's phase formulas: the non-block bytes each measured phase implies."""
+    kept = [not c for c in st.plan.checkpoint]
+    terms: dict[str, float] = {}
+    forward_terms, kept_before = [], 0.0
+    for i, a in enumerate(acts):
+        if ("forward", i) in st.peaks:
+            forward_terms.append(st.peaks[("forward", i)] - st.static_bytes - kept_before - a)
+        kept_before += a if kept[i] else 0.0
+    if forward_terms:
+        terms["forward"] = max(forward_terms)
+    if "head" in st.peaks:
+        terms["head"] = st.peaks["head"] - st.static_bytes - sum(a for a, k in zip(acts, kept) if k)
+    grads, kept_before = 0.0, sum(a for a, k in zip(acts, kept) if k)
+    block_terms: dict[str, list[float]] = {"block": [], "recompute": []}
+    for i in reversed(range(len(acts))):
+        if kept[i]:
+            kept_before -= acts[i]
+        grads += st.grad_bytes[i]
+        if i in st.peaks:
+            name = "block" if kept[i] else "recompute"
+            block_terms[name].append(st.peaks[i] - st.static_bytes - grads - kept_before - acts[i])
+    terms.update({name: max(values) for name, values in block_terms.items() if values})
+    if "tail" in st.peaks:
+        terms["tail"] = st.peaks["tail"] - st.static_bytes - grads
+    return terms

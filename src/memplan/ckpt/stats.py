@@ -1,0 +1,34 @@
+"""Counters of a checkpointing controller, as a frozen snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["CkptStats"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CkptStats:
+    """What :class:`~memplan.ckpt.CheckpointController` has done so far."""
+
+    #: Training steps run through ``step()`` (a redone step counts once).
+    steps: int
+    #: Steps run to measure the predictors (one block checkpointed and probed; or, sheltered, all of them).
+    sheltered_steps: int
+    #: Steps that exceeded the budget (out-of-memory, or the CPU meter's limit) and were redone.
+    misses: int
+    #: Steps that ended above the budget without an error (possible on CUDA, which has room beyond the budget).
+    over_budget_steps: int
+    #: Block forwards run under checkpoint, i.e. block forwards recomputed in backward.
+    recomputed_forwards: int
+    #: Extra block forwards run to measure activations (sheltered steps and warm-up).
+    probe_forwards: int
+    #: Seconds spent choosing plans, in total.
+    plan_seconds: float
+    plan_cache_hits: int
+    plan_cache_misses: int
+    #: Highest peak the meter measured over the steps (bytes).
+    max_peak_bytes: int
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)

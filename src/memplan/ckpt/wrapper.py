@@ -1,0 +1,131 @@
+"""``auto_checkpoint``: give a model input-aware activation checkpointing under a memory budget."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from memplan.ckpt.blocks import find_blocks, validate_blocks
+from memplan.ckpt.controller import CheckpointController
+from memplan.ckpt.meter import make_meter
+from memplan.ckpt.model_state import check_budget, model_state_bytes
+from memplan.ckpt.sizes import SizeFn, default_size
+from memplan.errors import ConfigError
+from memplan.units import parse_bytes
+
+__all__ = ["DEFAULT_MARGIN", "auto_checkpoint", "controller_of", "remove_checkpointing"]
+
+#: Share of the budget kept free for what the predictors cannot see (allocator rounding, noise).
+DEFAULT_MARGIN = 0.02
+_ATTR = "memplan_ckpt"
+
+
+def auto_checkpoint(
+    model: nn.Module,
+    budget: int | str,
+    *,
+    blocks: Iterable[nn.Module] | None = None,
+    size_fn: SizeFn | None = None,
+    device: torch.device | str | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    margin: float = DEFAULT_MARGIN,
+) -> nn.Module:
+    """Make each training forward of ``model`` checkpoint only the blocks this batch needs to fit ``budget``.
+
+    Example::
+
+        model = auto_checkpoint(GPT2LMHeadModel(config), "6GiB", optimizer=opt)
+        ctl = model.memplan_ckpt
+        for batch in loader:
+            opt.zero_grad(set_to_none=True)
+            ctl.step(lambda: model(**batch).loss.backward())   # forward + backward, safety net
+            opt.step()
+
+    Args:
+        model: any ``nn.Module``; returned with its blocks' ``forward`` patched in place (state-dict
+            keys unchanged) and its controller at ``model.memplan_ckpt``.
+        budget: bytes, or a size string such as ``"6GiB"`` / ``"24GB"`` (GiB = 2^30, GB = 10^9).
+        blocks: the modules to checkpoint one by one, in forward order (default: the model's
+            repeated layers, e.g. ``transformer.h`` of GPT-2 or ``model.layers`` of Llama).
+        size_fn: ``size_fn(batch) -> int``, the input size the predictors use; ``batch`` is the
+            forward's first positional argument, or its keyword arguments as a dict (default:
+            batch × sequence length of ``input_ids`` / the first tensor).
+        device: where the model trains (default: its first parameter's device); CUDA uses the
+            allocator's statistics, anything else the CPU meter.
+        optimizer: counted in the model states (default: AdamW's two moments per weight are assumed
+            for the budget check, and on CPU the states are not metered).
+        margin: share of the budget kept free for what the predictors cannot see.
+
+    Assumptions: blocks run in the given order, once per forward; the step is one forward and one
+    backward (gradient accumulation: call :meth:`~CheckpointController.step` per micro-batch).
+
+    Known limitations: eval / ``no_grad`` forwards pass straight through; on CPU only steps run
+    through ``step()`` (or inside ``model.memplan_ckpt.meter``) are measured.
+    """
+    budget_bytes = parse_bytes(budget, field="budget")
+    if budget_bytes <= 0:
+        raise ConfigError("budget", "must be a positive size such as 6GiB", budget)
+    if not 0.0 <= margin < 0.5:
+        raise ConfigError("margin", "must be a share of the budget in [0, 0.5)", margin)
+    if getattr(model, _ATTR, None) is not None:
+        raise ConfigError("model", "already has auto_checkpoint applied", type(model).__name__,
+                          hint="call remove_checkpointing(model) first to change the budget")
+    if _hf_checkpointing(model):
+        raise ConfigError("model", "has Hugging Face gradient checkpointing enabled", type(model).__name__,
+                          hint="call model.gradient_checkpointing_disable() first; memplan decides per block")
+    found = validate_blocks(model, blocks) if blocks is not None else find_blocks(model)[0]
+    check_budget(budget_bytes, model_state_bytes(model, optimizer))
+    dev = torch.device(device) if device is not None else _model_device(model)
+    controller = CheckpointController(
+        model, found, budget_bytes=budget_bytes, size_fn=size_fn or default_size,
+        meter=make_meter(dev, limit_bytes=budget_bytes), device=dev, optimizer=optimizer, margin=margin,
+    )
+    _install(model, controller)
+    return model
+
+
+def _hf_checkpointing(model: nn.Module) -> bool:
+    """Whether Hugging Face's own gradient checkpointing is on (its attribute was renamed in v5)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or name in vars(model):
+            return bool(getattr(model, name))
+    return False
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _install(model: nn.Module, controller: CheckpointController) -> None:
+    handles: list[Any] = [model.register_forward_pre_hook(controller.on_model_forward, with_kwargs=True)]
+    for j, block in enumerate(controller.blocks):
+        if "forward" in vars(block):
+            raise ConfigError("blocks", f"block {j} ({type(block).__name__}) already has a patched forward")
+        block.forward = functools.partial(controller.block_forward, j, block.forward)  # type: ignore[method-assign]
+    controller._handles = handles
+    setattr(model, _ATTR, controller)
+
+
+def controller_of(model: nn.Module) -> CheckpointController:
+    """The controller :func:`auto_checkpoint` attached to ``model`` (unwraps DDP's ``.module``)."""
+    inner = getattr(model, "module", model)
+    controller = getattr(inner, _ATTR, None) or getattr(model, _ATTR, None)
+    if controller is None:
+        raise ConfigError("model", "has no auto_checkpoint applied", type(model).__name__)
+    return controller
+
+
+def remove_checkpointing(model: nn.Module) -> nn.Module:
+    """Undo :func:`auto_checkpoint`: restore the blocks' own ``forward`` and drop the hook."""
+    controller = controller_of(model)
+    for handle in controller._handles:
+        handle.remove()
+    for block in controller.blocks:
+        vars(block).pop("forward", None)
+    delattr(getattr(model, "module", model) if hasattr(getattr(model, "module", model), _ATTR) else model, _ATTR)
+    return model
