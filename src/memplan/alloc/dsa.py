@@ -6,26 +6,49 @@
 2. **Greedy placements** over several orderings (size, lifetime, area, start time), each buffer at
    the lowest gap that fits among the placed buffers it overlaps in time (first fit) or at the
    tightest such gap (best fit) — the "greedy by size" family used by TFLite and STAlloc.
-3. **Search** at the capacity (or at the lower bound): MiniMalloc's depth-first search
-   (Moffitt, ASPLOS'23; see :class:`_Search`) with its canonical, dominance and section-inference
-   pruning, round-robin over preorderings with a doubling node limit.
+3. **Search** at the lower bound (briefly, when a looser capacity is given), then at the capacity:
+   MiniMalloc's depth-first search (Moffitt, ASPLOS'23; see :class:`_Search`) with its canonical,
+   dominance, section-inference and hatless pruning and dynamic decomposition, round robin over
+   preorderings with a doubling node limit. It runs in the optional C extension ``_dsa_search``
+   when built (``setup.py``), else in pure Python (same offsets, ~65x slower).
 
 Large components (more than :data:`SEARCH_LIMIT` buffers) get the greedy passes only.
 """
 
 from __future__ import annotations
 
+import importlib
+import itertools
+import operator
+import os
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal
 
 import numpy as np
 
-__all__ = ["SEARCH_LIMIT", "DSAResult", "live_peak", "solve", "validate"]
+_native: ModuleType | None
+try:  # the optional C extension (setup.py); without it the same search runs in pure Python
+    _native = importlib.import_module("memplan.alloc._dsa_search")
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+
+__all__ = ["HAS_NATIVE", "PURE_PYTHON_ENV", "SEARCH_LIMIT", "DSAResult", "live_peak", "solve", "validate"]
+
+#: True when the C search core (``memplan.alloc._dsa_search``) was built and imported.
+HAS_NATIVE = _native is not None
+#: Set this environment variable to ``1`` to run the pure-Python search even when the C core is built.
+PURE_PYTHON_ENV = "MEMPLAN_DSA_PURE_PYTHON"
 
 #: Components with more buffers than this are not searched (greedy passes only).
 SEARCH_LIMIT = 2500
+#: Given a capacity above the lower bound, the search tries the bound first for this share of the
+#: time, at most LOWER_BOUND_SECONDS (MiniMalloc C: 0.02 s at its bound; D and J: bound infeasible or hard).
+LOWER_BOUND_SHARE = 0.1
+LOWER_BOUND_SECONDS = 1.0
 #: Above this many buffers only the size ordering is tried (a greedy pass costs O(n^2) vector work).
 GREEDY_LIMIT = 6000
 
@@ -106,152 +129,217 @@ def _greedy(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, order: np.n
     return offsets
 
 
-class _Timeout(Exception):
-    pass
-
-
-class _NodeLimit(Exception):
-    pass
+_OK, _NOT_FOUND, _ABORTED, _TIMEOUT = range(4)
+_STATUS = {_OK: "ok", _NOT_FOUND: "infeasible", _ABORTED: "timeout", _TIMEOUT: "timeout"}
+#: MiniMalloc's default preorderings, tried round robin: letters of T (largest unplaced total of a
+#: section the buffer spans), W (lifetime), A (size x lifetime), each larger first.
+HEURISTICS = ("WAT", "TAW", "TWA")
+_CLOCK_EVERY = 16
 
 
 class _Search:
     """MiniMalloc's search (Moffitt, ASPLOS'23), re-implemented from its published description.
 
-    Buffers are placed in non-decreasing offset order, each at its minimum offset (the highest top
-    of the placed buffers it overlaps in time). Pruning: *canonical* (an offset below the last one,
-    or equal with a smaller preorder index, is skipped), *dominance* (no buffer is placed at or
-    above the lowest top any unplaced buffer could reach — that would leave a needless gap), and
-    *section inference*: in every time section, ``max(offset, floor) + unplaced sizes <= capacity``
-    where the floor is raised to the lowest minimum offset of the section's unplaced buffers.
+    The pure-Python twin of ``_dsa_search.c`` (same algorithm, same offsets, ~65x slower). Buffers
+    are placed in non-decreasing offset order, each at its minimum offset (the highest top of the
+    placed buffers it overlaps in time); candidates are ordered by (minimum offset, preorder rank).
+    Pruning: *canonical* (an offset below the last one, or equal with a smaller rank, is skipped),
+    *dominance* (no buffer goes at or above the lowest top an unplaced buffer could reach),
+    *section inference* (in every time section ``max(offset, floor) + unplaced bytes <= capacity``,
+    the floor raised to the lowest minimum offset of the section's unplaced buffers) and *hatless*
+    (a buffer with no unplaced buffer overlapping it is tried at one place only). *Dynamic
+    decomposition*: once no unplaced buffer crosses a section boundary, each side is solved apart.
     """
 
     def __init__(self, starts: list[int], ends: list[int], sizes: list[int], capacity: int,
-                 deadline: float, key: str, node_limit: int) -> None:
+                 deadline: float) -> None:
         n = len(starts)
-        self.n, self.sizes, self.capacity, self.deadline, self.node_limit = n, sizes, capacity, deadline, node_limit
+        if any(z <= 0 for z in sizes) or any(e <= s for s, e in zip(starts, ends)):
+            raise ValueError("the search needs positive sizes (zero defeats dominance) and start < end")
+        self.n, self.sizes, self.capacity, self.deadline = n, sizes, capacity, deadline
+        self.width = [e - s for s, e in zip(starts, ends)]
         points = sorted(set(starts) | set(ends))
         where = {p: k for k, p in enumerate(points)}
-        self.sec = [(where[starts[i]], where[ends[i]]) for i in range(n)]
-        n_sec = max(len(points) - 1, 1)
-        self.total = [0] * n_sec
-        members: list[list[int]] = [[] for _ in range(n_sec)]
-        for i, (a, b) in enumerate(self.sec):
-            for s in range(a, b):
-                self.total[s] += sizes[i]
-                members[s].append(i)
-        # buffers of every section, flattened, for a vectorised per-section minimum (reduceat)
-        self.flat = np.asarray([i for m in members for i in m] or [0], dtype=np.int64)
-        self.flat_starts = np.cumsum([0] + [len(m) for m in members[:-1]]).astype(np.int64)
-        self.nonempty = np.asarray([bool(m) for m in members])
-        self.floor = [0] * n_sec
-        self.overlaps = [[j for j in range(n) if j != i and starts[j] < ends[i] and starts[i] < ends[j]]
+        self.lo = [where[t] for t in starts]
+        self.hi = [where[t] for t in ends]
+        self.n_sec = max(len(points) - 1, 1)
+        self.members: list[list[int]] = [[] for _ in range(self.n_sec)]
+        self.total0 = [0] * self.n_sec
+        self.cuts0 = [0] * self.n_sec
+        for i in range(n):
+            for s in range(self.lo[i], self.hi[i]):
+                self.members[s].append(i)
+                self.total0[s] += sizes[i]
+                if s + 1 < self.hi[i]:
+                    self.cuts0[s] += 1
+        s_np, e_np = np.asarray(starts), np.asarray(ends)
+        self.overlaps = [[int(j) for j in np.nonzero((s_np < ends[i]) & (e_np > starts[i]))[0] if j != i]
                          for i in range(n)]
-        features = {"T": [max(self.total[a:b]) for a, b in self.sec], "W": [b - a for a, b in self.sec],
-                    "A": [sizes[i] * (ends[i] - starts[i]) for i in range(n)]}
-        preorder = sorted(range(n), key=lambda i: tuple(-features[c][i] for c in key) + (i,))
-        self.rank = [0] * n
-        for r, i in enumerate(preorder):
-            self.rank[i] = r
-        self.min_off = [0] * n
-        self.min_off_np = np.zeros(n, dtype=np.int64)
-        self.unplaced_np = np.ones(n, dtype=bool)
-        self.unplaced = set(range(n))
-        self.offsets = [0] * n
         self.nodes = 0
-        self._saved: list[list[int]] = []
 
-    def run(self) -> list[int] | None:
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * self.n + 1000))
-        return list(self.offsets) if self._search(0, 0) else None
+    def run(self, heuristics: Sequence[str]) -> tuple[str, list[int] | None, int]:
+        """Round robin over the preorderings under a node limit that doubles each round."""
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 8 * self.n + 1000))
+        limit = max(self.n, 1)
+        while True:
+            limit *= 2
+            for key in heuristics:
+                self._reset(key, limit)
+                # independent partitions from the start: the section boundaries no buffer crosses
+                points = [0] + [s + 1 for s in range(self.n_sec - 1) if self.cuts0[s] == 0] + [self.n_sec]
+                status = self._solve_parts(list(range(self.n)), points)
+                if status != _ABORTED:
+                    return _STATUS[status], (self.solution if status == _OK else None), self.nodes
+                if time.perf_counter() > self.deadline:
+                    return "timeout", None, self.nodes
 
-    def _search(self, last: int, last_rank: int) -> bool:
-        unplaced = self.unplaced
-        if not unplaced:
-            return True
+    def _reset(self, key: str, limit: int) -> None:
+        self.key, self.nodes_left = key, limit
+        self.off = [-1] * self.n
+        self.min_off = [0] * self.n
+        self.solution = [-1] * self.n
+        self.floor = [0] * self.n_sec
+        self.total = list(self.total0)
+        self.cuts = list(self.cuts0)
+
+    def _preorder(self, bufs: list[int]) -> list[int]:
+        total, sizes, width = self.total, self.sizes, self.width
+
+        def features(i: int) -> tuple[int, ...]:
+            value = {"T": max(total[self.lo[i]:self.hi[i]]), "W": width[i], "A": sizes[i] * width[i]}
+            return tuple(-value[ch] for ch in self.key) + (i,)
+
+        return sorted(bufs, key=features)
+
+    def _sub_solve(self, bufs: list[int], plo: int, phi: int) -> int:
+        return self._search(self._preorder(bufs), plo, phi, 0, 0)
+
+    def _solve_parts(self, order: list[int], points: list[int]) -> int:
+        """Unplaced buffers of ``order`` as independent partitions split at the boundaries ``points``."""
+        off, lo, hi = self.off, self.lo, self.hi
+        for a, b in itertools.pairwise(points):
+            sub = [j for j in order if off[j] < 0 and lo[j] < b and a < hi[j]]
+            if sub:
+                status = self._sub_solve(sub, a, b)
+                if status != _OK:
+                    return status
+        return _OK
+
+    def _search(self, order: list[int], plo: int, phi: int, min_offset: int, min_rank: int) -> int:
+        if self.nodes_left <= 0:
+            return _ABORTED
+        self.nodes_left -= 1
         self.nodes += 1
-        if self.nodes > self.node_limit:
-            raise _NodeLimit
-        if self.nodes & 63 == 0 and time.perf_counter() > self.deadline:
-            raise _Timeout
-        sizes, min_off, rank = self.sizes, self.min_off, self.rank
-        order = sorted((min_off[i], rank[i], i) for i in unplaced)
-        lowest_top = min(min_off[i] + sizes[i] for i in unplaced)
-        for off, r, i in order:
-            if off >= lowest_top:
-                break  # dominance: every remaining choice leaves a needless gap
-            if off < last or (off == last and r < last_rank):
+        if self.nodes % _CLOCK_EVERY == 0 and time.perf_counter() > self.deadline:
+            return _TIMEOUT
+        off, min_off, sizes = self.off, self.min_off, self.sizes
+        cands = sorted((min_off[i], r, i) for r, i in enumerate(order) if off[i] < 0)
+        if not cands:  # a leaf: every buffer of this partition is placed
+            for i in order:
+                self.solution[i] = off[i]
+            return _OK
+        min_height = min(o + sizes[i] for o, _, i in cands)
+        totals = self.total[plo:phi]
+        most, hot_at = max(totals), -1
+        for o, r, i in cands:
+            if o < min_offset or (o == min_offset and r < min_rank):
                 continue  # canonical order
-            changes = self._place(i, off)
-            if self._feasible(i, off) and self._search(off, r):
-                return True
-            self._unplace(i, changes)
-        return False
+            if o >= min_height:
+                break  # dominance: a gap an unplaced buffer could fill
+            excess = o + most - self.capacity
+            if excess > 0:  # i must cover every section it would leave over capacity (exact shortcut)
+                if hot_at != o:
+                    hot = [s for s, t in enumerate(totals, plo) if o + t > self.capacity]
+                    hot_at = o
+                if sizes[i] < excess or self.lo[i] > hot[0] or self.hi[i] <= hot[-1]:
+                    if all(off[j] >= 0 for j in self.overlaps[i]):
+                        return _NOT_FOUND  # hatless
+                    continue
+            saved, hatless, ok = self._place(i, o, plo, phi)
+            status = self._decompose(order, plo, phi, o, r, i) if ok else _NOT_FOUND
+            self._unplace(i, saved)
+            if status != _NOT_FOUND or hatless:
+                return status
+        return _NOT_FOUND
 
-    def _place(self, i: int, off: int) -> list[tuple[int, int]]:
-        top = off + self.sizes[i]
-        changes = []
+    def _place(self, i: int, o: int, plo: int, phi: int) -> tuple[tuple[list, list], bool, bool]:
+        """Place i at o; returns the undo record, whether i is hatless, and whether the partial
+        placement passes section inference on ``[plo, phi)``."""
+        off, min_off, floor, total, lo, hi = self.off, self.min_off, self.floor, self.total, self.lo, self.hi
+        top = o + self.sizes[i]
+        off[i] = o
+        min_changes: list[tuple[int, int]] = []
+        floor_changes: list[tuple[int, int]] = []
+        for s in range(lo[i], hi[i]):
+            floor_changes.append((s, floor[s]))
+            floor[s] = top
+            total[s] -= self.sizes[i]
+        if not self._feasible(plo, phi, o):  # raising floors below can only make it worse
+            return (min_changes, floor_changes), all(off[j] >= 0 for j in self.overlaps[i]), False
+        affected: set[int] = set()
+        hatless = True
         for j in self.overlaps[i]:
-            if j in self.unplaced and self.min_off[j] < top:
-                changes.append((j, self.min_off[j]))
-                self.min_off[j] = top
-                self.min_off_np[j] = top
-        a, b = self.sec[i]
-        self._saved.append(self.floor[a:b])
-        for s in range(a, b):
-            self.floor[s] = top
-            self.total[s] -= self.sizes[i]
-        self.unplaced.discard(i)
-        self.unplaced_np[i] = False
-        self.offsets[i] = off
-        return changes
-
-    def _unplace(self, i: int, changes: list[tuple[int, int]]) -> None:
-        a, b = self.sec[i]
-        self.floor[a:b] = self._saved.pop()
-        for s in range(a, b):
-            self.total[s] += self.sizes[i]
-        for j, value in reversed(changes):
-            self.min_off[j] = value
-            self.min_off_np[j] = value
-        self.unplaced.add(i)
-        self.unplaced_np[i] = True
-
-    def _feasible(self, i: int, off: int) -> bool:
-        cap, total, floor = self.capacity, self.total, self.floor
-        if off + max(total) > cap:
-            return False
-        a, b = self.sec[i]
-        if any(floor[s] + total[s] > cap for s in range(a, b)):
-            return False
-        if not self.unplaced:
-            return True
-        values = np.where(self.unplaced_np[self.flat], self.min_off_np[self.flat], _BIG)
-        lowest = np.minimum.reduceat(values, self.flat_starts)
-        lowest[~self.nonempty] = _BIG
-        tot = np.asarray(total)
-        eff = np.maximum(np.maximum(np.asarray(floor), lowest), off)
-        return bool(((eff + tot)[tot > 0] <= cap).all())
-
-
-_BIG = np.int64(1) << 62
-_HEURISTICS = ("TWA", "WAT", "ATW", "TAW")
-
-
-def _search_with_restarts(starts: list[int], ends: list[int], sizes: list[int], capacity: int,
-                          deadline: float) -> list[int] | None:
-    """MiniMalloc's round robin: each preordering (T total, W width, A area) under a node limit
-    that doubles until one finds a solution or time runs out."""
-    limit = max(len(starts), 1)
-    while time.perf_counter() < deadline:
-        limit *= 2
-        for key in _HEURISTICS:
-            try:
-                return _Search(starts, ends, sizes, capacity, deadline, key, limit).run()
-            except _NodeLimit:
+            if off[j] >= 0:
                 continue
-            except _Timeout:
-                return None
-    return None
+            hatless = False
+            if min_off[j] < top:
+                min_changes.append((j, min_off[j]))
+                min_off[j] = top
+                affected.update(range(lo[j], hi[j]))
+        ok = True
+        for s in affected:  # a section's floor is at least the lowest minimum offset of its unplaced buffers
+            if floor[s] >= top:
+                continue  # a changed buffer here now has minimum offset top: no raise
+            lowest = min((min_off[b] for b in self.members[s] if off[b] < 0), default=None)
+            if lowest is not None and floor[s] < lowest:
+                floor_changes.append((s, floor[s]))
+                floor[s] = lowest
+                ok = ok and not (plo <= s < phi and max(lowest, o) + total[s] > self.capacity)
+        return (min_changes, floor_changes), hatless, ok
+
+    def _unplace(self, i: int, saved: tuple[list, list]) -> None:
+        min_changes, floor_changes = saved
+        for s, value in reversed(floor_changes):
+            self.floor[s] = value
+        for s in range(self.lo[i], self.hi[i]):
+            self.total[s] += self.sizes[i]
+        for j, value in reversed(min_changes):
+            self.min_off[j] = value
+        self.off[i] = -1
+
+    def _feasible(self, plo: int, phi: int, o: int) -> bool:
+        floor, total = self.floor[plo:phi], self.total[plo:phi]
+        return o + max(total) <= self.capacity and max(map(operator.add, floor, total)) <= self.capacity
+
+    def _decompose(self, order: list[int], plo: int, phi: int, o: int, rank: int, i: int) -> int:
+        self.solution[i] = o
+        cuts, lo, hi = self.cuts, self.lo, self.hi
+        points = [plo]
+        for s in range(lo[i], hi[i] - 1):
+            cuts[s] -= 1
+            if cuts[s] == 0:
+                points.append(s + 1)
+        if len(points) == 1:
+            status = self._search(order, plo, phi, o, rank)
+        else:
+            status = self._solve_parts(order, [*points, phi])
+        for s in range(lo[i], hi[i] - 1):
+            cuts[s] += 1
+        return status
+
+
+def _search_offsets(starts: list[int], ends: list[int], sizes: list[int], capacity: int, deadline: float,
+                    engine: str) -> list[int] | None:
+    """Offsets within ``capacity`` from the C search core (or its pure-Python twin), or None."""
+    budget = deadline - time.perf_counter()
+    if budget <= 0:
+        return None
+    native = engine == "c" or (engine == "auto" and os.environ.get(PURE_PYTHON_ENV) != "1")
+    if _native is not None and native:
+        _, offsets, _ = _native.search(starts, ends, sizes, capacity, budget, list(HEURISTICS))
+    else:
+        _, offsets, _ = _Search(starts, ends, sizes, capacity, deadline).run(HEURISTICS)
+    return offsets
 
 
 def _orders(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> dict[str, np.ndarray]:
@@ -265,7 +353,7 @@ def _orders(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> dict[str
 
 
 def _solve_component(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, capacity: int | None,
-                     deadline: float, rng: np.random.Generator) -> tuple[np.ndarray, str, bool]:
+                     deadline: float, rng: np.random.Generator, engine: str) -> tuple[np.ndarray, str, bool]:
     n = len(starts)
     lower = live_peak(starts.tolist(), ends.tolist(), sizes.tolist())
     best, best_peak, method = np.zeros(n, dtype=np.int64), None, ""
@@ -281,17 +369,19 @@ def _solve_component(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, ca
             if peak == lower:
                 return best, method, True
     assert best_peak is not None
-    if n <= SEARCH_LIMIT:
-        # the lower bound first (tight: the pruning is strongest), then the capacity, half the time each
-        targets = [lower] + ([capacity] if capacity is not None and lower < capacity < best_peak else [])
-        for k, target in enumerate(targets):
+    fits = capacity is not None and best_peak <= capacity
+    if n <= SEARCH_LIMIT and not fits:
+        # the lower bound first (the pruning is strongest when tight; a short try when a looser
+        # capacity is asked for), then that capacity with the rest of the time
+        targets = [lower] + ([capacity] if capacity is not None and capacity > lower else [])
+        for target in targets:
             now = time.perf_counter()
-            if now > deadline:
-                break
-            share = now + (deadline - now) / (len(targets) - k)
-            found = _search_with_restarts(starts.tolist(), ends.tolist(), sizes.tolist(), target, share)
+            until = deadline if target != lower or len(targets) == 1 else \
+                now + min(LOWER_BOUND_SHARE * (deadline - now), LOWER_BOUND_SECONDS)
+            found = _search_offsets(starts.tolist(), ends.tolist(), sizes.tolist(), target, until, engine)
             if found is not None:
-                return np.asarray(found, dtype=np.int64), "search", target == lower
+                offs = np.asarray(found, dtype=np.int64)
+                return offs, "search", int((offs + sizes).max()) == lower
         # perturbation: random swaps of the best greedy order, keep the best
         base = orders["size"]
         while time.perf_counter() < deadline and n > 1:
@@ -309,14 +399,21 @@ def _solve_component(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, ca
 
 
 def solve(starts: Sequence[int], ends: Sequence[int], sizes: Sequence[int], *, capacity: int | None = None,
-          time_limit: float = 10.0, seed: int = 0) -> DSAResult:
+          time_limit: float = 10.0, seed: int = 0,
+          engine: Literal["auto", "c", "python"] = "auto") -> DSAResult:
     """Offsets for buffers live on ``[start, end)``; tries to fit ``capacity`` when one is given.
+
+    ``engine`` picks the search core: ``"auto"`` (C when built, unless the environment variable
+    :data:`PURE_PYTHON_ENV` is ``1``), ``"c"`` (C when built, whatever the environment says) or
+    ``"python"`` (always pure Python).
 
     Example::
 
         >>> solve([0, 0, 2], [2, 3, 4], [4, 4, 8]).peak
         12
     """
+    if engine not in ("auto", "c", "python"):
+        raise ValueError(f"engine must be 'auto', 'c' or 'python', not {engine!r}")
     s = np.asarray(starts, dtype=np.int64)
     e = np.asarray(ends, dtype=np.int64)
     z = np.asarray(sizes, dtype=np.int64)
@@ -333,7 +430,8 @@ def solve(starts: Sequence[int], ends: Sequence[int], sizes: Sequence[int], *, c
         idx = nonzero[comp]
         remaining = deadline_total - time.perf_counter()
         share = remaining * max(len(idx), 1) / max(sum(len(c) for c in comps[k:]), 1)
-        offs, method, opt = _solve_component(s[idx], e[idx], z[idx], capacity, time.perf_counter() + share, rng)
+        until = time.perf_counter() + share
+        offs, method, opt = _solve_component(s[idx], e[idx], z[idx], capacity, until, rng, engine)
         offsets[idx] = offs
         methods.add(method)
         optimal &= opt
