@@ -18,6 +18,7 @@ PUBLIC_API = {
     "Batch",
     "ConfigError",
     "Estimate",
+    "FitResult",
     "FrameworkProfile",
     "Job",
     "JobConfigError",
@@ -33,15 +34,20 @@ PUBLIC_API = {
     "Recompute",
     "Sharding",
     "StageEstimate",
+    "Trace",
     "UnsupportedError",
     "__version__",
     "estimate",
+    "fit",
     "get_gpu",
     "get_profile",
     "list_gpus",
     "list_presets",
     "load_model",
+    "read_trace",
     "total_params",
+    "trace",
+    "write_trace",
 }
 
 
@@ -67,6 +73,22 @@ def test_estimate_does_not_import_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_trace_fit_and_ckpt_are_lazy_callable_packages() -> None:
+    code = (
+        "import sys\n"
+        "import memplan\n"
+        "assert not any(m in sys.modules for m in ('memplan.fit', 'memplan.trace', 'memplan.ckpt'))\n"
+        "result = memplan.fit('llama-3.1-8b', gpus=8, gpu='h100-80gb', top=1)\n"
+        "assert isinstance(result, memplan.FitResult) and result.best is not None\n"
+        "import memplan.fit.search\n"
+        "assert callable(memplan.fit) and memplan.fit.fit is memplan.fit.search.fit\n"
+        "assert callable(memplan.trace) and 'torch' not in sys.modules\n"
+        "assert memplan.ckpt.auto_checkpoint and 'torch' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,23 @@ The public API mirrors the ``memplan`` command line::
     result = estimate(model, job, gpu=get_gpu("h100-80gb"))
     print(result.peak_allocated_bytes, result.fits)
 
-Everything here is importable without torch.
+``memplan.trace(...)`` (fake-tensor tracing), ``memplan.fit(...)`` (layout search) and
+``memplan.ckpt.auto_checkpoint(...)`` (input-aware checkpointing) mirror ``memplan trace``,
+``memplan fit`` and ``memplan ckpt``. ``memplan.trace`` and ``memplan.fit`` are their packages,
+callable as the functions ``memplan.trace.trace`` and ``memplan.fit.fit``.
+
+Importing memplan imports no torch, and only what ``memplan estimate`` needs: ``trace``, ``fit``
+and ``ckpt`` are imported on first access (``ckpt`` needs torch; ``trace`` imports it on its
+first call).
 """
+
+import importlib
+from typing import Any
 
 from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError, JobConfigError, MemplanError, ModelConfigError, UnsupportedError
 from memplan.estimate import DEFAULT_FRAGMENTATION, Estimate, StageEstimate, estimate
+from memplan.events import Trace, read_trace, write_trace
 from memplan.frameworks import FrameworkProfile, get_profile
 from memplan.gpus import GPU, get_gpu, list_gpus
 from memplan.job import Batch, Job, MoEOptions, Offload, Optimizer, Parallelism, Precision, Recompute, Sharding
@@ -28,6 +39,7 @@ __all__ = [
     "Batch",
     "ConfigError",
     "Estimate",
+    "FitResult",
     "FrameworkProfile",
     "Job",
     "JobConfigError",
@@ -43,13 +55,30 @@ __all__ = [
     "Recompute",
     "Sharding",
     "StageEstimate",
+    "Trace",
     "UnsupportedError",
     "__version__",
     "estimate",
+    "fit",
     "get_gpu",
     "get_profile",
     "list_gpus",
     "list_presets",
     "load_model",
+    "read_trace",
     "total_params",
+    "trace",
+    "write_trace",
 ]
+
+
+_LAZY = {"fit": "memplan.fit", "trace": "memplan.trace", "ckpt": "memplan.ckpt"}
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``fit``, ``trace`` and ``ckpt`` on first use; ``FitResult`` from ``memplan.fit``."""
+    if name in _LAZY:
+        return importlib.import_module(_LAZY[name])
+    if name == "FitResult":
+        return importlib.import_module("memplan.fit").FitResult
+    raise AttributeError(f"module 'memplan' has no attribute {name!r}")

@@ -112,7 +112,9 @@ def test_byte_fields_are_non_negative_ints_and_parts_add_up(case: tuple[ModelSpe
         parts = (
             stage.parameters_bytes + stage.gradients_bytes + stage.optimizer_bytes
             + stage.activations_bytes + stage.logits_bytes + stage.other_bytes
+            - stage.gradients_absent_at_peak_bytes
         )
+        assert stage.gradients_absent_at_peak_bytes <= stage.gradients_bytes
         assert stage.peak_allocated_bytes == parts
         assert stage.optimizer_bytes == stage.master_weights_bytes + stage.optimizer_moments_bytes
         assert stage.peak_reserved_bytes >= stage.peak_allocated_bytes

@@ -100,12 +100,21 @@ def test_megatron_distributed_optimizer_6_plus_12_over_dp(world: int, cp: int) -
 
 
 def test_hf_autocast_weight_copies_are_activations() -> None:
-    """HF bf16-mixed: fp32 weights; autograd saves each matmul's bf16 weight copy (2 bytes/param)."""
+    """HF bf16-mixed: fp32 weights; autograd saves the bf16 copy of every weight a linear layer
+    reads (2 bytes each): the decoder's linear weights and the output head, not the token
+    embedding table or the norms."""
+    from memplan.model.params import layer_non_gemm_params
+
     model = small_model()
-    s = estimate(model, job(framework="hf")).stages[0]
-    sbh = 64 * 1 * HIDDEN
+    seq = 4096  # long enough for the loss, not the optimizer step, to be the peak
+    s = estimate(model, job(framework="hf", batch=Batch(seq_length=seq))).stages[0]
+    assert s.peak_phase in ("loss", "backward") and s.gradients_absent_at_peak_bytes == s.gradients_bytes
+    sbh = seq * 1 * HIDDEN
     head = 4 * sbh + 2 * sbh  # final norm's fp32 input + the bf16 output-layer input
-    assert s.activations_bytes == s.transformer_layer_activations_bytes + 2 * s.parameters_numel + head
+    linear = sum(g.total - layer_non_gemm_params(layer, HIDDEN, model.norm_bias)
+                 for g, layer in zip(model.layer_param_groups, model.layers))
+    linear += model.vocab_size * HIDDEN  # the output head
+    assert s.activations_bytes == s.transformer_layer_activations_bytes + 2 * linear + head
     assert s.parameters_numel == total_params(model)
 
 

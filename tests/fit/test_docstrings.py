@@ -17,7 +17,7 @@ def test_docstring_examples(name: str) -> None:
 
 
 def test_public_names_resolve() -> None:
-    import memplan.fit as fit_api
+    fit_api = importlib.import_module("memplan.fit")
 
     assert sorted(fit_api.__all__) == sorted(set(fit_api.__all__))
     for name in fit_api.__all__:

@@ -64,6 +64,10 @@ class ActivationShape:
     #: MoE token dispatcher and expert-parallel size (for the dispatch buffers).
     dispatcher: str = "alltoall"
     ep: int = 1
+    #: ``rmsnorm`` or ``layernorm`` (what an eager norm saves differs).
+    norm: str = "rmsnorm"
+    #: fp32 weights under ``torch.autocast``: every linear casts (and saves) its own 16-bit input.
+    autocast: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,20 +91,33 @@ def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
     return terms
 
 
-def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep) -> list[Term]:
+def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers: int = 1) -> list[Term]:
+    """A pre-norm: its input, what the norm itself saves, and its output as the next GEMMs' input.
+
+    ``consumers`` is the number of linear layers reading the output (q, k, v: 3 unless fused);
+    under autocast each casts the fp32 output itself and saves its own 16-bit copy.
+    """
     sbh = shape.seq * shape.micro_batch * shape.hidden
     terms = [Term(f"{prefix} norm input", shape.residual_bytes * sbh, "sp", keep_input)]
-    if shape.kernels == "eager" and shape.residual_bytes < 4:
-        # PyTorch-reference RMSNorm upcasts its input to fp32 and saves that copy too.
-        terms.append(Term(f"{prefix} norm fp32 input", 4 * sbh, "sp", "body"))
+    if shape.kernels == "eager" and shape.norm == "rmsnorm":
+        # The reference RMSNorm computes in fp32 and returns weight * x_normed.to(input dtype): it
+        # saves an fp32 copy of a 16-bit input (an fp32 input is saved as is) and x_normed.
+        if shape.residual_bytes < 4:
+            terms.append(Term(f"{prefix} norm fp32 input", 4 * sbh, "sp", "body"))
+        else:
+            terms.append(Term(f"{prefix} norm normalized input", shape.residual_bytes * sbh, "sp", "body"))
     terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", "body", gemm_input=True))
+    if shape.autocast and consumers > 1:
+        terms.append(Term(f"{prefix} norm output, autocast copies of the other {consumers - 1} GEMMs",
+                          (consumers - 1) * shape.act_bytes * sbh, "sp", "body", gemm_input=True))
     return terms
 
 
 def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
     tokens = s * b
-    terms = _norm_terms(shape, "attention", "input")
+    consumers = 2 if attn.kind == "mla" else (1 if attn.fused_qkv else 3)
+    terms = _norm_terms(shape, "attention", "input", consumers)
     if attn.kind == "mla":
         terms += _mla_projection_terms(attn, shape)
         q_width = attn.num_heads * attn.head_dim
@@ -109,9 +126,13 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
         q_width = attn.num_heads * attn.head_dim
         kv_width = attn.num_kv_heads * (attn.head_dim + attn.v_head_dim)
     terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "body"))
-    if shape.kernels == "eager":
-        # RoPE in eager code saves the un-rotated q, k and their rotate_half copies.
-        terms.append(Term("rope q, k copies", c * tokens * 2 * (q_width + attn.num_kv_heads * attn.head_dim), "tp", "body"))
+    # (RoPE multiplies q and k by cos/sin tables that need no gradient: it saves nothing more.)
+    if attn.qk_norm:
+        k_width = attn.num_kv_heads * attn.head_dim
+        # Per-head q/k norms: the projection outputs (fp32 copies in eager code) and, in eager
+        # code, the normalized tensors in the projection's dtype.
+        per_element = (4 + c) if shape.kernels == "eager" else c
+        terms.append(Term("q, k norms", per_element * tokens * (q_width + k_width), "tp", "body"))
     heads_scores = attn.num_heads * b * s * shape.kv_seq
     if shape.attention == "eager":
         terms.append(Term("softmax output", c * heads_scores, "tp", "core"))
@@ -144,7 +165,8 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     c, f = shape.act_bytes, mlp.intermediate_size
     terms: list[Term] = []
     if prefix == "mlp":
-        terms += _norm_terms(shape, "mlp", "body")
+        consumers = 2 if mlp.gated and not mlp.fused_gate_up else 1
+        terms += _norm_terms(shape, "mlp", "body", consumers)
     # fc1 output (gate and up halves for a gated MLP) saved by the activation function, its
     # output saved by fc2; eager SwiGLU also saves act(gate) as a separate tensor.
     fc1_out = 2 if mlp.gated else 1
@@ -152,6 +174,11 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
         fc1_out += 1
     terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body"))
     terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True))
+    if mlp.activation == "gelu_new" and shape.kernels == "eager":
+        # GPT-2's NewGELUActivation is a Python formula: it also saves tanh(...), 1 + tanh(...) and
+        # 0.5 * x; under CUDA autocast its pow runs in fp32, so those are fp32.
+        per_element = 12 if shape.autocast else 3 * c
+        terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body"))
     if shape.dropout and prefix == "mlp":
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
     return terms

@@ -104,6 +104,8 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         routed_factor=rank_routed_factor(model, job),
         dispatcher=job.moe.dispatcher,
         ep=par.ep,
+        norm=model.norm,
+        autocast=prec.weight_copies == "autocast",
     )
 
 
@@ -201,7 +203,10 @@ def _stage_estimate(
         layer_acts = on_gpu
     other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
     if prec.weight_copies == "autocast":
-        other_acts += params.total * dtype_bytes(prec.compute)
+        # torch.autocast casts the weights linear layers read (the decoder's and the output
+        # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
+        head = vocab_rows * model.hidden_size // job.parallel.tp if layout.has_head else 0
+        other_acts += (params.gemm_weights + head) * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm = communication_bytes(job, profile, params, states, prec)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout)
@@ -215,18 +220,24 @@ def _stage_estimate(
     logits = logits_bytes(job, loss, shape, vocab_rows) * (1 + job.mtp_layers) if layout.has_head else 0
     if layout.has_head:
         head_acts += deferred_wgrad_bytes(job, shape, vocab_rows)
+    # Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none
+    # during the forward, the loss and the start of the backward of a step's only micro-batch;
+    # the backward then builds them up while it frees activations: the head's gradient first.
+    no_grads_yet = profile.frees_gradients and job.num_microbatches == 1
+    absent = states.gradients if no_grads_yet else 0
+    head_grads = states.gradients * params.root // max(params.total, 1) if no_grads_yet else 0
     candidates = {
-        "backward": (layer_acts + other_acts + head_acts, 0, worst_backward),
-        "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job))),
+        "backward": (layer_acts + other_acts + head_acts, 0, worst_backward + head_grads, absent),
+        "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job)), 0),
     }
     if layout.has_head:
-        candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0)
-    phase, (acts, logit_b, temp) = max(candidates.items(), key=lambda kv: sum(kv[1]))
+        candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
+    phase, (acts, logit_b, temp, not_yet) = max(candidates.items(), key=lambda kv: sum(kv[1][:3]) - kv[1][3])
     if phase == "optimizer step":
         layer_at_peak, inputs_at_peak, acts = 0, 0, 0
     else:
         layer_at_peak, inputs_at_peak = layer_acts, inputs
-    peak_alloc = static + acts + logit_b + temp + inputs_at_peak
+    peak_alloc = static - not_yet + acts + logit_b + temp + inputs_at_peak
     reserved = _reserved(peak_alloc, fragmentation)
     return StageEstimate(
         stage=layout.stage,
@@ -256,6 +267,9 @@ def _stage_estimate(
         cpu_gradients_bytes=states.cpu_gradients,
         cpu_optimizer_bytes=states.cpu_optimizer,
         cpu_activations_bytes=cpu_acts,
+        gradients_absent_at_peak_bytes=not_yet,
+        forward_activations_bytes=layer_acts + other_acts + head_acts,
+        loss_logits_bytes=logits,
     )
 
 

@@ -58,6 +58,13 @@ class StageEstimate:
     cpu_gradients_bytes: int = 0
     cpu_optimizer_bytes: int = 0
     cpu_activations_bytes: int = 0
+    #: Of ``gradients_bytes``: not allocated yet at the peak (frameworks that free gradients after
+    #: each step peak at the loss or the start of the backward, before most gradients exist).
+    gradients_absent_at_peak_bytes: int = 0
+    #: Activations saved for backward when the newest forward ends, whatever the peak phase.
+    forward_activations_bytes: int = 0
+    #: Logits and loss buffers at the loss of one micro-batch (last stage), whatever the peak phase.
+    loss_logits_bytes: int = 0
 
     @property
     def cpu_bytes(self) -> int:

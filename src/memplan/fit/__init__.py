@@ -10,6 +10,10 @@ Public API::
 Everything here is pure Python and imports no torch.
 """
 
+import sys
+import types
+from typing import Any
+
 from memplan.fit.colocate import MIG_PROFILES, Colocation, ProcessMemory, SharedJob, colocate, resolve_device
 from memplan.fit.hardware import HARDWARE, Hardware
 from memplan.fit.limits import CurvePoint, Limit, max_micro_batch, max_seq_length
@@ -55,3 +59,13 @@ __all__ = [
     "resolve_device",
     "step_time",
 ]
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, callable as its main function: ``memplan.fit(...)`` is ``memplan.fit.fit(...)``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return fit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -65,6 +65,10 @@ class FrameworkProfile:
     #: ZeRO-Offload, FSDP ``CPUOffloadPolicy``); Megatron's ``--optimizer-cpu-offload`` keeps its
     #: fp32 gradient buffer on the GPU and copies it to CPU memory for the step.
     offload_moves_gradients: bool = True
+    #: ``optimizer.zero_grad(set_to_none=True)`` (PyTorch's and the HF Trainer's default; FSDP2)
+    #: frees every gradient after the step, so none exist until the next backward makes them.
+    #: Megatron and DeepSpeed keep persistent gradient buffers.
+    frees_gradients: bool = False
 
 
 MEGATRON = FrameworkProfile(
@@ -95,6 +99,7 @@ TORCHTITAN = FrameworkProfile(
     default_optimizer_impl="fused",
     default_loss="fp32-logits",
     kernels="eager",
+    frees_gradients=True,
 )
 
 DEEPSPEED = FrameworkProfile(
@@ -127,6 +132,7 @@ HF = FrameworkProfile(
     default_loss="fp32-logits",
     kernels="eager",
     ddp_bucket_copy=True,
+    frees_gradients=True,
 )
 
 PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (MEGATRON, TORCHTITAN, DEEPSPEED, HF)}

@@ -203,6 +203,8 @@ class _DenseFamily:
     window: _WindowRule = "none"
     tie: bool = False
     act_key: str = "hidden_act"
+    #: q/k/v and gate/up are single fused projections (Phi-3).
+    fused: bool = False
 
 
 _DENSE: dict[str, _DenseFamily] = {
@@ -213,7 +215,7 @@ _DENSE: dict[str, _DenseFamily] = {
                           window="qwen"),
     "gemma2": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, norms=4, head_dim=256,
                            window="alternate", tie=True, act_key="hidden_activation"),
-    "phi3": _DenseFamily(window="all"),
+    "phi3": _DenseFamily(window="all", fused=True),
 }
 
 
@@ -223,9 +225,12 @@ def _dense(f: _Fields, name: str, model_type: str) -> ModelSpec:
     bias = f.flag(fam.bias_key, False) if fam.bias_key else fam.qkv_bias
     attn = _gqa(f, hidden, bias=bias, out_bias=bias and fam.out_bias_follows, qk_norm=fam.qk_norm,
                 head_dim_default=fam.head_dim)
+    if fam.fused:
+        attn = replace(attn, fused_qkv=True)
     act = f.text(fam.act_key, "") or f.text("hidden_act", "silu")
     mlp_bias = f.flag(fam.mlp_bias_key, False) if fam.mlp_bias_key else False
-    mlp = MLPSpec(intermediate_size=f.integer("intermediate_size"), bias=mlp_bias, activation=act)
+    mlp = MLPSpec(intermediate_size=f.integer("intermediate_size"), bias=mlp_bias, activation=act,
+                  fused_gate_up=fam.fused)
     kinds = [(_with_window(attn, w), mlp) for w in _windows(f, n_layers, fam.window)]
     layers = _stack(kinds, num_hidden_norms=fam.norms)
     return _model(f, name, model_type, layers, tie_default=fam.tie, hidden=hidden)
@@ -236,7 +241,7 @@ def _gpt2(f: _Fields, name: str, model_type: str) -> ModelSpec:
     if hidden % heads:
         raise ModelConfigError("n_head", f"must divide n_embd={hidden}", heads)
     attn = AttentionSpec(num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
-                         v_head_dim=hidden // heads, qkv_bias=True, out_bias=True)
+                         v_head_dim=hidden // heads, qkv_bias=True, out_bias=True, fused_qkv=True)
     mlp = MLPSpec(intermediate_size=f.integer("n_inner", 4 * hidden), gated=False, bias=True,
                   activation=f.text("activation_function", "gelu_new"))
     layers = _stack([(attn, mlp)] * f.integer("n_layer"))
@@ -253,7 +258,8 @@ def _gpt_neox(f: _Fields, name: str, model_type: str) -> ModelSpec:
     rope = f.raw("rope_parameters") or f.raw("rope_scaling") or {}
     rotary = f.number("rotary_pct", rope.get("partial_rotary_factor", 0.25) if isinstance(rope, dict) else 0.25)
     attn = AttentionSpec(num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
-                         v_head_dim=hidden // heads, qkv_bias=bias, out_bias=bias, rotary_fraction=rotary)
+                         v_head_dim=hidden // heads, qkv_bias=bias, out_bias=bias, rotary_fraction=rotary,
+                         fused_qkv=True)
     mlp = MLPSpec(intermediate_size=f.integer("intermediate_size"), gated=False, bias=True,
                   activation=f.text("hidden_act", "gelu"))
     layers = _stack([(attn, mlp)] * f.integer("num_hidden_layers"),

@@ -59,6 +59,8 @@ class AttentionSpec:
     qk_nope_head_dim: int | None = None
     #: Sliding-window size if the layer uses local attention (None: global).
     sliding_window: int | None = None
+    #: q, k and v come from one fused projection (GPT-2 ``c_attn``, GPT-NeoX, Phi-3 ``qkv_proj``).
+    fused_qkv: bool = False
 
     def __post_init__(self) -> None:
         _positive("attention", "num_heads", self.num_heads)
@@ -89,6 +91,8 @@ class MLPSpec:
     bias: bool = False
     #: Activation function name as the config spells it (silu, gelu, gelu_pytorch_tanh, ...).
     activation: str = "silu"
+    #: Gate and up come from one fused projection (Phi-3 ``gate_up_proj``).
+    fused_gate_up: bool = False
 
     def __post_init__(self) -> None:
         _positive("mlp", "intermediate_size", self.intermediate_size)

@@ -6,6 +6,8 @@ Importing this package imports no torch; :func:`trace` imports it on first call.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,3 +33,13 @@ def __getattr__(name: str) -> Any:
 
         return TraceOptions
     raise AttributeError(f"module 'memplan.trace' has no attribute {name!r}")
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, callable as its main function: ``memplan.trace(...)`` is ``memplan.trace.trace(...)``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return trace(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

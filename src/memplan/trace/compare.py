@@ -7,8 +7,9 @@ or a plain PyTorch loop does. Each row pairs a trace category with an estimator 
 * parameters, gradients, optimizer states: the trace's highest live requested bytes of that
   category (they are steady; the estimator counts elements, not allocator rounding), against ``parameters_bytes``, ``gradients_bytes``, ``optimizer_bytes``;
 * activations: the trace's highest live activation bytes (reached when the backward starts),
-  against ``activations_bytes`` (everything saved for backward at the estimator's peak);
-* logits, communication: highest live bytes against ``logits_bytes``, ``communication_bytes``;
+  against ``forward_activations_bytes`` (everything saved for backward when the forward ends);
+* logits: highest live bytes against ``loss_logits_bytes`` (at the loss);
+* communication: highest live bytes against ``communication_bytes``;
 * peak: the trace's peak allocated against ``peak_allocated_bytes``.
 """
 
@@ -87,31 +88,24 @@ _PAIRS = (
 )
 
 
-_AT_LOSS = frozenset({"activation", "logits"})
+#: Categories read at the loss rather than at the estimator's peak.
+_AT_LOSS = {"activation": "forward_activations_bytes", "logits": "loss_logits_bytes"}
 
 
 def compare_with_estimate(model: str, options: TraceOptions, summary: TraceSummary) -> Comparison:
     """Run ``memplan.estimate`` for ``model`` and ``options`` and pair it with ``summary``.
 
-    The estimator reports each category at its own peak moment; when that is the optimizer step
-    (activations already freed), activations and logits are read from a second estimate of the
-    same job with a plain SGD step, whose peak is the loss (activation terms do not depend on the
-    optimizer).
+    Activations and logits are compared with what the estimator keeps when the forward ends and at
+    the loss, whatever phase its peak falls in.
     """
-    from dataclasses import replace
-
     from memplan.estimate.engine import estimate
-    from memplan.job import Optimizer
     from memplan.model import load_model
 
     spec, job = load_model(model), estimate_job(options)
     result = estimate(spec, job)
-    stage = at_loss = result.stages[0]
-    if stage.peak_phase != "loss":
-        probe = replace(job, optimizer=Optimizer(name="sgd", implementation="for-loop"))
-        at_loss = estimate(spec, probe).stages[0]
+    stage = result.stages[0]
     rows = [ComparisonRow(category, summary.max_requested_by_category.get(category, 0),
-                          int(getattr(at_loss if category in _AT_LOSS else stage, field)))
+                          int(getattr(stage, _AT_LOSS.get(category, field))))
             for category, field in _PAIRS]
     rows.append(ComparisonRow("peak allocated", summary.peak_allocated_bytes, result.peak_allocated_bytes))
     return Comparison(tuple(rows), tuple(result.assumptions))
