@@ -1,7 +1,7 @@
 """``memplan report``: one self-contained HTML file (per-stage breakdown, fit table, timeline, segments).
 
-The timeline and the segment view come as plain JSON files until the trace/alloc commands write
-them directly: ``--timeline`` holds ``[[op_index, {"category": bytes, ...}], ...]`` and
+The timeline and the segment view come from ``--trace`` (a memplan trace or a CUDA memory
+snapshot, see :mod:`memplan.report.trace_data`) or as plain JSON files: ``--timeline`` holds ``[[op_index, {"category": bytes, ...}], ...]`` and
 ``--segments`` holds ``[{"address": int, "size": int, "blocks": [{"offset": int, "size": int,
 "allocated": bool, "category": str}]}, ...]``.
 """
@@ -27,6 +27,8 @@ Examples:
   memplan report --job llama-70b.yaml --fit -o report.html
 
   memplan report llama-3.1-8b --gpus 8 --timeline timeline.json --segments segments.json -o report.html
+
+  memplan trace gpt2 --seq 1024 -o gpt2.mptrace && memplan report gpt2 --trace gpt2.mptrace -o report.html
 
 The file needs no network: styles, scripts and charts (SVG) are inline.
 Exit codes: 0 ok, 1 unsupported input, 2 invalid input.
@@ -56,6 +58,7 @@ def report_command(
     framework: Annotated[str | None, _opt("--framework", help="megatron|torchtitan|deepspeed|hf.", panel=_JOB)] = None,
     gpu: Annotated[str | None, _opt("--gpu", help="GPU to check the fit against.", panel=_JOB, metavar="NAME")] = None,
     with_fit: Annotated[bool, _opt("--fit", help="Also search the layouts that fit (memplan fit) and add the table.", panel=_OUT)] = False,
+    trace_file: Annotated[str | None, _opt("--trace", help="A memplan trace (memplan trace -o) or a CUDA memory snapshot: adds the timeline by category and the simulated allocator's segments at peak reserved.", panel=_OUT, metavar="FILE")] = None,
     timeline: Annotated[str | None, _opt("--timeline", help="JSON memory timeline by category (plain data).", panel=_OUT, metavar="FILE")] = None,
     segments: Annotated[str | None, _opt("--segments", help="JSON allocator segments (plain data).", panel=_OUT, metavar="FILE")] = None,
     title: Annotated[str | None, _opt("--title", help="Page title. (default: memplan report: MODEL)", panel=_OUT)] = None,
@@ -88,8 +91,20 @@ def report_command(
 
             fit_result = fit(spec, gpus=job.parallel.world_size, gpu=gpu_spec, seq=job.batch.seq_length,
                              gbs=job.batch.global_batch_size, framework=job.framework, top=20)
+        timeline_data, segment_data = _read_timeline(timeline), _read_segments(segments)
+        if trace_file is not None:
+            import os
+
+            from memplan.alloc import load_trace_or_snapshot
+            from memplan.report.trace_data import category_timeline, peak_segments
+
+            if not os.path.isfile(trace_file):
+                raise ConfigError("--trace", "must be an existing trace or snapshot file", trace_file)
+            traced, settings = load_trace_or_snapshot(trace_file)
+            timeline_data = timeline_data or category_timeline(traced)
+            segment_data = segment_data or peak_segments(traced, settings)
         write_html(output, title=title or f"memplan report: {spec.name}", estimate=est, fit=fit_result,
-                   timeline=_read_timeline(timeline), segments=_read_segments(segments))
+                   timeline=timeline_data, segments=segment_data)
     typer.echo(f"wrote {output}")
 
 
