@@ -15,6 +15,7 @@ from memplan.alloc.settings import AllocatorSettings
 from memplan.alloc.snapshot import load_snapshot
 
 WITH_TRACE = [p for p in SNAPSHOTS if load_snapshot(p).has_trace]
+pytestmark = pytest.mark.skipif(not WITH_TRACE, reason="no real snapshots in ../shared/reference/snapshots")
 
 
 @pytest.mark.parametrize("path", WITH_TRACE, ids=lambda p: p.name)
