@@ -44,8 +44,11 @@ def logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int) -
         # the backward keeps (Megatron tensor_parallel/cross_entropy.py).
         return c * elements + upcast
     if loss == "fp32-logits":
-        # Logits, the .float() copy, and log_softmax's fp32 output saved for backward.
-        return c * elements + upcast + _FP32 * elements
+        # Forward: the logits, their .float() copy and log_softmax's fp32 output saved for
+        # backward. The backward of log_softmax then holds that output, its incoming gradient and
+        # the gradient it produces, all fp32 (the 16-bit logits are gone by then when the loop
+        # keeps only the loss, as the HF Trainer does; checked with memplan trace).
+        return max(c * elements + upcast + _FP32 * elements, 3 * _FP32 * elements)
     if loss == "fused":
         # Megatron's fused vocab-parallel cross-entropy (--cross-entropy-loss-fusion) upcasts the
         # logits and computes the fp32 gradient already in the forward, keeping it for backward:
