@@ -224,10 +224,14 @@ def _fit_renderables(result: FitResult, top: int | None) -> list[Any]:
     table = Table(title=f"{found} of {result.layouts_searched} layouts ({result.estimates} estimates, "
                   f"{result.seconds:.2f} s), fastest first",
                   title_justify="left", show_edge=False, pad_edge=False)
-    for col in ("#", "layout", "mbs", "recompute"):
-        table.add_column(col, no_wrap=True)
+    # Numbers never wrap or shrink below their header; the layout and recompute labels fold
+    # onto a second line in a narrow terminal instead.
+    table.add_column("#", no_wrap=True, min_width=2)
+    table.add_column("layout", overflow="fold")
+    table.add_column("mbs", no_wrap=True, min_width=3)
+    table.add_column("recompute", overflow="fold", min_width=9)
     for col in ("GiB/GPU", "headroom", "step s", "tokens/s", "MFU"):
-        table.add_column(col, justify="right", no_wrap=True)
+        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for rank, cand in enumerate(result.candidates[:top], start=1):
         d = cand.to_dict()
         table.add_row(str(rank), cand.layout.label, str(d["micro_batch_size"]), d["recompute"],
