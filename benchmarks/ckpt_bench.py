@@ -2,12 +2,14 @@
 
 Run from the repository root (memplan installed with torch and transformers)::
 
-    python benchmarks/ckpt_bench.py             # the full benchmark, a few minutes of CPU
+    python benchmarks/ckpt_bench.py             # the full benchmark, about 7 minutes of CPU
     python benchmarks/ckpt_bench.py --quick     # a tiny model, seconds (smoke test)
 
 Writes ``benchmarks/results/ckpt_bench.json`` (date, machine, configuration, every run) unless
 ``--output`` says otherwise, and prints the table and the targets of issue 6 (docs/ckpt.md). The
-same benchmark is ``memplan ckpt bench``.
+same benchmark is ``memplan ckpt bench``. One metered pass gives memory, recompute counts and losses;
+``--repeats`` unmetered passes give the timings (see :mod:`memplan.ckpt.bench`). Run one benchmark
+process at a time: the methods' timings are only comparable without competing load.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
     parser.add_argument("--steps", type=int, help="training steps per run (default 16)")
-    parser.add_argument("--repeats", type=int, help="interleaved repetitions (default 3)")
+    parser.add_argument("--repeats", type=int, help="timed (unmetered) interleaved repetitions after the metered pass (default 3)")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON file (default {RESULTS}; none with --quick)")
     args = parser.parse_args(argv)
     cfg = with_overrides(BenchConfig.quick() if args.quick else BenchConfig(), steps=args.steps, repeats=args.repeats)

@@ -32,43 +32,58 @@ def _rows(result: BenchResult) -> list[list[str]]:
         tp = m["throughput_tokens_per_s"]
         rows.append([
             _LABELS[method],
-            f"{tp['median']:.1f} ({tp['min']:.1f}-{tp['max']:.1f})",
+            f"{tp['per_step_median']:.1f}",
+            f"{tp['min']:.1f}-{tp['max']:.1f}",
+            f"{m['metered_throughput_tokens_per_s']:.1f}",
             f"{m['steps_within_budget_pct']:.0f} %",
             f"{m['max_peak_bytes'] / MiB:,.0f}",
-            str(m["recomputed_forwards"]),
+            str(m["recomputed_forwards"]) + (f" + {m['probe_forwards']} probes" if m["probe_forwards"] else ""),
             str(m["warmup_forwards"]),
             str(m["misses"]),
         ])
     return rows
 
 
-_HEADER = ["method", "tokens/s median (min-max)", "steps in budget", "max peak MiB",
-           "recomputed block fwds", "warm-up block fwds", "misses redone"]
+_HEADER = ["method", "tokens/s (per-step median)", "per-run min-max", "metered tokens/s", "steps in budget (metered)",
+           "max peak MiB", "recomputed block fwds", "warm-up block fwds", "misses redone"]
+
+
+def _ratio_rows(result: BenchResult) -> list[list[str]]:
+    ratios = result.summary()["ratios"]
+    return [[name, f"{r['per_step_median']:.3f}", f"{r['min']:.3f}-{r['max']:.3f}"] for name, r in ratios.items()]
 
 
 def bench_tables(result: BenchResult) -> Group:
     """The comparison table and the targets table."""
     cfg = result.config
     table = Table(title=(
-        f"GPT-2-style {result.n_params / 1e6:.1f}M params, {cfg.steps} steps x {cfg.repeats} interleaved runs, "
+        f"GPT-2-style {result.n_params / 1e6:.1f}M params, {cfg.steps} steps, 1 metered + {cfg.repeats} timed "
+        f"interleaved runs, "
         f"budget {result.budget_bytes / MiB:,.0f} MiB"), title_justify="left", caption=_LEGEND,
         caption_justify="left")
     for i, name in enumerate(_HEADER):
         table.add_column(name, justify="left" if i == 0 else "right")
     for row in _rows(result):
         table.add_row(*row)
+    ratios = Table(title="throughput ratios", title_justify="left")
+    for name in ("ratio", "per-step median", "per-run min-max"):
+        ratios.add_column(name, justify="left" if name == "ratio" else "right")
+    for row in _ratio_rows(result):
+        ratios.add_row(*row)
     targets = Table(title="targets", title_justify="left")
     for name in ("target", "measured", "wanted", "met"):
         targets.add_column(name, justify="left" if name == "target" else "right")
     for name, t in result.summary()["targets"].items():
         targets.add_row(name, f"{t['value']:.3g}", t["target"], "yes" if t["met"] else "no")
-    return Group(table, targets)
+    return Group(table, ratios, targets)
 
 
 def bench_markdown(result: BenchResult) -> str:
     """The comparison table as Markdown (for docs)."""
     lines = ["| " + " | ".join(_HEADER) + " |", "| --- |" + " ---: |" * (len(_HEADER) - 1)]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(result)]
+    lines += ["", "| ratio | per-step median | per-run min-max |", "| --- | ---: | ---: |"]
+    lines += ["| " + " | ".join(row) + " |" for row in _ratio_rows(result)]
     return "\n".join(lines)
 
 
