@@ -75,7 +75,7 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 def bench_command(
     quick: Annotated[bool, typer.Option("--quick", help="A tiny model and a few steps (seconds).")] = False,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps per run. (default: 16)", show_default=False)] = None,
-    repeats: Annotated[int | None, typer.Option("--repeats", help="Interleaved repetitions. (default: 3)", show_default=False)] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="Timed, interleaved repetitions after the one metered pass. (default: 3)", show_default=False)] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of lengths, tokens and weights. (default: 0)", show_default=False)] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the full result as JSON (nothing else on stdout).")] = False,
     output: Annotated[str | None, typer.Option("--output", help="Also write the JSON result to this file.", metavar="FILE")] = None,
