@@ -29,7 +29,7 @@ RESULTS = Path(__file__).parent / "results" / "ckpt_bench.json"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
-    parser.add_argument("--steps", type=int, help="training steps per run (default 16)")
+    parser.add_argument("--steps", type=int, help="training steps per run (default 32)")
     parser.add_argument("--repeats", type=int, help="timed (unmetered) interleaved repetitions after the metered pass (default 3)")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON file (default {RESULTS}; none with --quick)")
     args = parser.parse_args(argv)

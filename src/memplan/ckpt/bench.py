@@ -77,7 +77,7 @@ class BenchConfig:
     #: Sequences per batch; every sequence of a batch has the batch's length (no padding).
     batch_size: int = 2
     #: Training steps per run; every method sees the same batches.
-    steps: int = 16
+    steps: int = 32
     #: Timed (unmetered) repetitions after the one metered pass; within each, the four methods run in
     #: lockstep, step by step (order rotated). Throughput comes from per-step medians over these.
     repeats: int = 3

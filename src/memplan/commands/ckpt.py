@@ -74,7 +74,7 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 @ckpt_app.command("bench", cls=_Command, epilog=_BENCH_EPILOG)
 def bench_command(
     quick: Annotated[bool, typer.Option("--quick", help="A tiny model and a few steps (seconds).")] = False,
-    steps: Annotated[int | None, typer.Option("--steps", help="Training steps per run. (default: 16)", show_default=False)] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps per run. (default: 32)", show_default=False)] = None,
     repeats: Annotated[int | None, typer.Option("--repeats", help="Timed, interleaved repetitions after the one metered pass. (default: 3)", show_default=False)] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of lengths, tokens and weights. (default: 0)", show_default=False)] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the full result as JSON (nothing else on stdout).")] = False,
