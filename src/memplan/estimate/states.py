@@ -16,7 +16,6 @@ from memplan.job import Job
 from memplan.model.params import (
     embedding_params,
     final_norm_params,
-    layer_non_gemm_params,
     norm_params,
     position_embedding_params,
 )
@@ -70,13 +69,13 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
     tp = job.parallel.tp
     hidden = model.hidden_size
     dense = expert = largest = gemm = 0
-    all_groups = model.layer_param_groups
+    all_groups, non_gemm = model.layer_param_groups, model.layer_non_gemm_params
     for index in stage.layer_indices:
         local_dense, local_expert = _local_layer(all_groups[index], job)
         dense += local_dense
         expert += local_expert
         largest = max(largest, local_dense + local_expert)
-        gemm += local_dense + local_expert - layer_non_gemm_params(model.layers[index], hidden, model.norm_bias)
+        gemm += local_dense + local_expert - non_gemm[index]
     root = 0
     vocab_local = embedding_params(model, vocab_rows) // tp
     if stage.has_embedding:
@@ -92,14 +91,13 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
             # Each MTP module: two input norms, a 2h -> h column-parallel projection, one decoder
             # layer shaped like the last one, a final norm; the modules read the token embedding,
             # so the last stage holds a copy of it when it lives elsewhere.
-            last = model.layers[-1]
             layer_dense, layer_expert = _local_layer(all_groups[-1], job)
             per_module_dense = layer_dense + 3 * norm_params(hidden, model.norm_bias) + 2 * hidden * hidden // tp
             mtp = job.mtp_layers * (per_module_dense + layer_expert)
             dense += job.mtp_layers * per_module_dense
             expert += job.mtp_layers * layer_expert
             gemm += job.mtp_layers * (layer_dense + layer_expert + 2 * hidden * hidden // tp
-                                      - layer_non_gemm_params(last, hidden, model.norm_bias))
+                                      - non_gemm[-1])
             if not stage.has_embedding and not model.tie_word_embeddings:
                 root += vocab_local
     return StageParams(dense=dense + root, expert=expert, largest_layer=largest, root=root, gemm_weights=gemm, mtp=mtp)

@@ -197,6 +197,13 @@ class ModelSpec:
         return tuple(layer_params(layer, self.hidden_size, self.norm_bias) for layer in self.layers)
 
     @cached_property
+    def layer_non_gemm_params(self) -> tuple[int, ...]:
+        """Per decoder layer: weights no matrix multiply reads (norms, router), computed once per spec."""
+        from memplan.model.params import layer_non_gemm_params
+
+        return tuple(layer_non_gemm_params(layer, self.hidden_size, self.norm_bias) for layer in self.layers)
+
+    @cached_property
     def total_parameters(self) -> int:
         """Every trainable parameter as ``transformers`` counts them (computed once per spec)."""
         from memplan.model.params import total_params
