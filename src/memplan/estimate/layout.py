@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.job import Parallelism
+from memplan.job import Parallelism, default_uneven_split
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +45,9 @@ def stage_layer_counts(num_layers: int, par: Parallelism) -> tuple[int, ...]:
     if par.chunk_layers is not None:
         return tuple(sum(par.chunk_layers[rank::pp]) for rank in range(pp))
     if par.first_stage_layers is None and par.last_stage_layers is None:
-        if num_layers % pp:
-            # Not divisible and no split given: ceil(layers / pp) per stage, the remainder on
-            # the last stage (the split of the DeepSeek-V3 memory analysis, 61 = 15 x 4 + 1).
-            each = -(-num_layers // pp)
-            counts = [min(each, max(0, num_layers - each * rank)) for rank in range(pp)]
-            return tuple(counts)
+        split = default_uneven_split(num_layers, pp) if num_layers % pp else None
+        if split is not None:
+            return (split[0],) * (pp - 1) + (split[1],)
         return (num_layers // pp,) * pp
     counts: list[int | None] = [None] * pp
     if par.first_stage_layers is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memplan.job import FrameworkName, Parallelism, Sharding
+from memplan.job import FrameworkName, Parallelism, Sharding, default_uneven_split
 from memplan.model.spec import ModelSpec
 
 #: Below this many tokens per CP rank the ring exchange of context parallelism cannot hide
@@ -121,9 +121,8 @@ def pipeline_split(num_layers: int, pp: int, vpp: int) -> tuple[int | None, int 
     """
     if num_layers % (pp * vpp) == 0:
         return (None, None)
-    each = -(-num_layers // pp)
-    if vpp == 1 and pp >= 2 and num_layers - each * (pp - 1) >= 1:
-        return (each, num_layers - each * (pp - 1))
+    if vpp == 1 and (split := default_uneven_split(num_layers, pp)) is not None:
+        return split
     if pp < 3:
         return None
     middle = -(-num_layers // pp)
