@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memplan import Batch, Job, MoEOptions, Parallelism, Precision, Recompute, Sharding, estimate, load_model
-from memplan.model.params import attention_params, layer_params, mlp_params, moe_params, total_params
+from memplan.model.params import attention_params, mlp_params, moe_params, total_params
 
 GiB = 2**30
 DOC = Path(__file__).resolve().parents[1] / "docs" / "deepseek-v3.md"
@@ -93,10 +93,8 @@ def reproduce() -> Reproduction:
     sizes = (stages[0].parameters_numel, stages[1].parameters_numel, stages[15].parameters_numel)
     megatron = estimate(model, analysis_job(0)).stages[1]
     paper_placement = estimate(model, analysis_job(0, shared_expert_parallel="expert")).stages[1]
-    norms = 4 * (layer_params(moe_layer, hidden, model.norm_bias).replicated
-                 - moe_params(moe_layer.moe, hidden).replicated
-                 - attention_params(attn, hidden).replicated
-                 + attn.q_lora_rank + attn.kv_lora_rank)
+    # Norms of a 4-layer stage: every non-GEMM weight of the layer except the router.
+    norms = 4 * (model.layer_non_gemm_params[3] - hidden * moe_layer.moe.num_experts)
     expert = mlp_params(moe_layer.moe.expert, hidden).total
     device_moe = 4 * (32 * expert + expert + hidden * moe_layer.moe.num_experts)
     recompute = estimate(model, analysis_job(1, recompute="full")).stages[1]

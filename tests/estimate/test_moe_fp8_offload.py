@@ -202,3 +202,16 @@ def test_dispatch_buffers_follow_the_dispatcher():
     gathered = dispatch_buffer_bytes(layer, _shape(ep=8, dispatcher="allgather"))
     assert gathered == (4096 // 2) * 2 * 8 * (2 * 4096 + 8 * 5)
     assert dispatch_buffer_bytes(load_model("llama-3.1-8b").layers[0], _shape()) == 0
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({}, False),
+    ({"--cpu-offloading": True}, True),
+    ({"--cpu-offloading": True, "--cpu-offloading-activations": "false"}, False),
+    ({"--cpu-offloading-activations": True}, False),
+])
+def test_megatron_activation_offload_flags(extra, expected):
+    base = {"--num-layers": 2, "--hidden-size": 256, "--num-attention-heads": 4, "--vocab-size": 1000,
+            "--tokenizer-type": "HuggingFaceTokenizer", "--bf16": True}
+    _, job = from_megatron_args({**base, **extra}, gpus=1)
+    assert job.offload.activations is expected

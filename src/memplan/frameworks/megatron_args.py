@@ -231,8 +231,9 @@ def _offload(args: Mapping[str, Any]) -> Offload:
     return Offload(
         optimizer=flag_is_set(args, "--optimizer-cpu-offload"),
         optimizer_fraction=_float(args, "--optimizer-offload-fraction", 1.0),
-        activations=flag_is_set(args, "--cpu-offloading") and flag_is_set(args, "--cpu-offloading-activations")
-        if "--cpu-offloading-activations" in args else flag_is_set(args, "--cpu-offloading"),
+        # --cpu-offloading moves activations unless --cpu-offloading-activations says otherwise.
+        activations=flag_is_set(args, "--cpu-offloading")
+        and ("--cpu-offloading-activations" not in args or flag_is_set(args, "--cpu-offloading-activations")),
     )
 
 
