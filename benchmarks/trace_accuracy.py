@@ -25,7 +25,7 @@ from typing import Any
 
 from memplan.trace import trace
 from memplan.trace.compare import compare_with_estimate
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import trace_setup
 from memplan.trace.reference import measure_hf_reference
 
 HERE = Path(__file__).resolve().parent
@@ -48,7 +48,7 @@ def profiler_rows(cases: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
     """Traced (fake, --device cpu) peak against the profiler's peak on real CPU tensors."""
     rows = []
     for model, seq, mbs in cases:
-        options = TraceOptions(seq=seq, mbs=mbs, precision="fp32", optimizer="adamw", device="cpu")
+        options = trace_setup(seq=seq, mbs=mbs, precision="fp32", optimizer="adamw", device="cpu")
         started = time.perf_counter()
         measured = measure_hf_reference(model, options)
         real_s = time.perf_counter() - started

@@ -50,9 +50,9 @@ else:
     from memplan.trace.build import build_hf_model, quiet_transformers, unpacked_sequences
     from memplan.trace.distributed import parallelize, simulated_ranks
     from memplan.trace.moe import static_grouped_mm, static_routing
-    from memplan.trace.options import TraceOptions
+    from memplan.trace.setup import trace_setup
     from memplan.trace.run import hf_step_job, run_iterations
-    options = TraceOptions(seq=seq, mbs=1, precision=precision, optimizer="adamw", device="cuda", fsdp=fsdp)
+    options = trace_setup(seq=seq, mbs=1, precision=precision, optimizer="adamw", device="cuda", fsdp=fsdp)
     with quiet_transformers(), unpacked_sequences(), static_grouped_mm(), simulated_ranks(options) as mesh, \
             FakeTensorMode(allow_non_fake_inputs=True):
         built = build_hf_model(model, options)
@@ -70,12 +70,12 @@ _AB_CHILD = r'''
 import json, sys, time
 from torch._subclasses.fake_tensor import FakeTensorMode
 from memplan.trace.build import build_hf_model, quiet_transformers, unpacked_sequences
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import trace_setup
 from memplan.trace.recorder import AllocationRecorder
 from memplan.trace.run import hf_step_job, register_state, run_iterations
 from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
 model, seq, precision, repeats = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-options = TraceOptions(seq=seq, mbs=1, precision=precision, optimizer="adamw", device="cuda")
+options = trace_setup(seq=seq, mbs=1, precision=precision, optimizer="adamw", device="cuda")
 times = {"untracked": [], "traced": []}
 with quiet_transformers(), unpacked_sequences():
     for _ in range(repeats):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from memplan.cli import JobOptions, app, build_job
+from memplan.cli import app
+from memplan.jobflags import build_job, job_flags
 from memplan.job import Job, Parallelism
 from memplan.report.text import stage_breakdown
 
@@ -324,20 +325,33 @@ def test_usage_errors_exit_2() -> None:
 
 
 def test_build_job_keeps_defaults_and_overrides_given_flags() -> None:
-    assert build_job(JobOptions()) == Job()
+    assert build_job({}) == Job()
     base = Job(parallel=Parallelism(world_size=16, tp=2))
-    job = build_job(JobOptions(pp=2, seq=1024, precision="bf16"), base)
+    job = build_job({"pp": 2, "seq": 1024, "precision": "bf16", "tp": None}, base)
     assert (job.parallel.world_size, job.parallel.tp, job.parallel.pp, job.parallel.dp) == (16, 2, 2, 4)
     assert job.batch.seq_length == 1024 and job.precision.name == "bf16"
     assert base.parallel.pp == 1  # the base is not mutated
 
 
-def test_job_options_cover_every_estimate_flag() -> None:
-    import dataclasses
+def test_every_job_flag_is_an_option_of_the_job_commands() -> None:
+    """The job options are generated from the Job's declarations: every flag, once, in each command."""
+    import typer.main
 
-    from memplan.cli import _JOB_FIELDS
+    names = {f.flag for f in job_flags()}
+    assert len(names) == len(job_flags()) >= 45
+    click_app = typer.main.get_command(app)
+    for command in ("estimate", "report", "trace"):
+        declared = [o for p in click_app.commands[command].params for o in p.opts]  # type: ignore[attr-defined]
+        assert names <= set(declared), command
+        assert len(declared) == len(set(declared)), command
 
-    assert set(_JOB_FIELDS) == {f.name for f in dataclasses.fields(JobOptions)}
+
+def test_fsdp_integer_means_shard_group() -> None:
+    assert build_job({"fsdp": "8"}).sharding.fsdp == "full"
+    assert build_job({"fsdp": "8"}).parallel.world_size == 8
+    job = build_job({"fsdp": 8, "gpus": 32})
+    assert (job.sharding.fsdp, job.sharding.fsdp_shard_size) == ("hybrid", 8)
+    assert build_job({"fsdp": "1"}).sharding.fsdp == "none"
 
 
 # ---------------------------------------------------------------------------- real process

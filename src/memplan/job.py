@@ -9,7 +9,7 @@ layers) live in :func:`validate_job_for_model`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
 from memplan.model.spec import ModelSpec
@@ -27,6 +27,22 @@ FsdpMode = Literal["none", "full", "hybrid"]
 Fp8Format = Literal["hybrid", "e4m3"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
 SharedExpertParallel = Literal["tp", "expert"]
+
+#: Help panels of the command-line options generated from the fields (see :mod:`memplan.jobflags`).
+PARALLEL, SHARDING, BATCH = "Parallelism", "Sharding", "Batch"
+PRECISION, ACTIVATIONS = "Precision and optimizer", "Activations and loss"
+MOE, FP8_OFFLOAD = "MoE and multi-token prediction", "FP8 and offload"
+
+
+def knob(default: Any, flag: str, help: str, *, panel: str, metavar: str | None = None) -> Any:
+    """A job field with its command-line flag and documentation, declared once.
+
+    :mod:`memplan.jobflags` reads this metadata to build the command-line options (``help`` is
+    their help text), job-file fields and error names; the field's type decides the option's type
+    and a ``Literal`` its choices.
+    """
+    return field(default=default, metadata={"flag": flag, "help": help, "panel": panel, "metavar": metavar})
+
 
 #: Largest value accepted for any count (GPUs, layers, batch): beyond it the input is a typo.
 _ABSURD = 10**7
@@ -50,30 +66,24 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 class Parallelism:
     """Parallel layout. ``dp`` is derived from ``world_size`` when not given."""
 
-    #: Total number of GPUs (``--gpus``).
-    world_size: int = 1
-    #: Tensor-parallel size (``--tp``).
-    tp: int = 1
-    #: Pipeline-parallel size (``--pp``).
-    pp: int = 1
-    #: Virtual pipeline stages (model chunks) per pipeline rank (``--vpp``); 1 = no interleaving.
-    vpp: int = 1
-    #: Context-parallel size (``--cp``): the sequence is split over ``cp`` ranks.
-    cp: int = 1
-    #: Data-parallel size (``--dp``); ``None`` derives world_size / (tp * pp * cp).
-    dp: int | None = None
-    #: Expert-parallel size (``--ep``): routed experts are split over ``ep`` ranks.
-    ep: int = 1
-    #: Expert tensor-parallel size (``--etp``); ``None`` means 1: each expert whole on its EP
-    #: rank, as fine-grained MoE models train (DeepSeek-V3). Megatron's own default is ``tp``;
-    #: its argument mapping sets that explicitly.
-    etp: int | None = None
-    #: Megatron sequence parallelism (``--sequence-parallel``): norms/dropout shard over TP.
-    sequence_parallel: bool = False
-    #: Decoder layers on the first pipeline stage when the split is uneven.
-    first_stage_layers: int | None = None
-    #: Decoder layers on the last pipeline stage when the split is uneven.
-    last_stage_layers: int | None = None
+    world_size: int = knob(1, "--gpus", "Total GPUs (world size).", panel=PARALLEL)
+    tp: int = knob(1, "--tp", "Tensor-parallel size.", panel=PARALLEL)
+    pp: int = knob(1, "--pp", "Pipeline-parallel size.", panel=PARALLEL)
+    vpp: int = knob(1, "--vpp", "Virtual pipeline stages (model chunks) per pipeline rank; 1 = no interleaving.",
+                    panel=PARALLEL)
+    cp: int = knob(1, "--cp", "Context-parallel size: the sequence is split over cp ranks.", panel=PARALLEL)
+    dp: int | None = knob(None, "--dp", "Data-parallel size. (default: gpus / (tp*pp*cp))", panel=PARALLEL)
+    ep: int = knob(1, "--ep", "Expert-parallel size: routed experts are split over ep ranks (MoE).", panel=PARALLEL)
+    #: None means 1: each expert whole on its EP rank, as fine-grained MoE models train
+    #: (DeepSeek-V3). Megatron's own default is ``tp``; its argument mapping sets that explicitly.
+    etp: int | None = knob(None, "--etp", "Expert tensor-parallel size. (default: 1)", panel=PARALLEL)
+    sequence_parallel: bool = knob(False, "--sequence-parallel",
+                                   "Megatron sequence parallelism: norms and dropout shard over TP (needs tp > 1).",
+                                   panel=PARALLEL)
+    first_stage_layers: int | None = knob(None, "--first-stage-layers",
+                                          "Decoder layers on the first pipeline stage (uneven split).", panel=PARALLEL)
+    last_stage_layers: int | None = knob(None, "--last-stage-layers",
+                                         "Decoder layers on the last pipeline stage (uneven split).", panel=PARALLEL)
     #: Interleaved schedule: micro-batches run through one model chunk before moving to the next
     #: (Megatron ``--microbatch-group-size-per-virtual-pipeline-stage``); None means ``pp``.
     microbatch_group_size: int | None = None
@@ -152,16 +162,17 @@ class Parallelism:
 class Sharding:
     """Optimizer-state / gradient / parameter sharding across data parallelism."""
 
-    #: ZeRO stage (``--zero``): 1 shards optimizer states, 2 also gradients, 3 also parameters.
-    zero: int = 0
-    #: FSDP (``--fsdp``): ``full`` = shard everything over DP (like ZeRO-3); ``hybrid`` = shard
-    #: within groups of ``fsdp_shard_size`` GPUs and replicate across them.
-    fsdp: FsdpMode = "none"
-    #: GPUs per hybrid-shard group (``--fsdp-shard-size``); default: min(dp, 8).
-    fsdp_shard_size: int | None = None
-    #: Megatron distributed optimizer (``--distributed-optimizer``): shards master weights and
-    #: optimizer states over DP (ZeRO-1 like), gradients stay in a full buffer.
-    distributed_optimizer: bool = False
+    zero: int = knob(0, "--zero", "ZeRO stage 0-3: 1 shards optimizer states, 2 also gradients, 3 also parameters.",
+                     panel=SHARDING)
+    fsdp: FsdpMode = knob("none", "--fsdp",
+                          "FSDP sharding: full = shard everything over DP (like ZeRO-3); hybrid = shard within "
+                          "groups of --fsdp-shard-size GPUs, replicate across them. An integer N means: shard over N "
+                          "GPUs (full when N = --gpus, which it sets when --gpus is not given).", panel=SHARDING)
+    fsdp_shard_size: int | None = knob(None, "--fsdp-shard-size", "GPUs per hybrid-shard group. (default: min(dp, 8))",
+                                       panel=SHARDING)
+    distributed_optimizer: bool = knob(False, "--distributed-optimizer",
+                                       "Megatron distributed optimizer: master weights and optimizer states sharded "
+                                       "over DP (ZeRO-1 like); gradients stay in a full buffer.", panel=SHARDING)
     #: Megatron ``--num-distributed-optimizer-instances``: the distributed optimizer shards over
     #: DP / instances GPUs and replicates across instances.
     distributed_optimizer_instances: int = 1
@@ -186,20 +197,21 @@ class Precision:
     override both.
     """
 
-    #: ``--precision``.
-    name: PrecisionName = "bf16-mixed"
-    #: ``--grad-dtype``: dtype of stored gradients (None: framework default).
-    grad_dtype: str | None = None
-    #: ``--optimizer-state-dtype``: dtype of optimizer moments (None: fp32 unless pure precision).
-    optimizer_state_dtype: str | None = None
-    #: ``--master-dtype``: dtype of master weights (None: fp32 for mixed, none for pure).
-    master_dtype: str | None = None
-    #: ``--fp8``: Transformer-Engine FP8 training of the linear layers (Megatron ``--fp8-format``):
-    #: ``hybrid`` (E4M3 forward, E5M2 gradients) or ``e4m3``; None: no FP8.
-    fp8: Fp8Format | None = None
-    #: ``--fp8-params``: keep the weights themselves in FP8 (Megatron ``--fp8-param-gather``)
-    #: instead of a 16-bit weight plus FP8 copies made per step.
-    fp8_params: bool = False
+    name: PrecisionName = knob("bf16-mixed", "--precision",
+                               "fp32/bf16/fp16 keep everything in that dtype; *-mixed computes in 16 bits and keeps "
+                               "fp32 master weights.", panel=PRECISION)
+    grad_dtype: str | None = knob(None, "--grad-dtype", "Gradient dtype override (fp32, bf16, ...). "
+                                  "(default: the framework's)", panel=PRECISION)
+    optimizer_state_dtype: str | None = knob(None, "--optimizer-state-dtype", "Optimizer-moment dtype override. "
+                                             "(default: fp32 unless pure precision)", panel=PRECISION)
+    master_dtype: str | None = knob(None, "--master-dtype", "Master-weight dtype override. "
+                                    "(default: fp32 for *-mixed, none for pure precision)", panel=PRECISION)
+    #: Megatron ``--fp8-format``: ``hybrid`` is E4M3 forward, E5M2 gradients.
+    fp8: Fp8Format | None = knob(None, "--fp8", "FP8 training of linear layers (Transformer Engine). (default: off)",
+                                 panel=FP8_OFFLOAD)
+    #: Megatron ``--fp8-param-gather``.
+    fp8_params: bool = knob(False, "--fp8-params", "Keep the weights themselves in FP8 instead of a 16-bit weight "
+                            "plus FP8 copies made per step.", panel=FP8_OFFLOAD)
 
     def __post_init__(self) -> None:
         _check_choice("--precision", self.name, get_args(PrecisionName))
@@ -238,13 +250,11 @@ class Precision:
 class Optimizer:
     """Optimizer and its implementation (which decides the step's temporaries)."""
 
-    #: ``--optimizer``.
-    name: OptimizerName = "adamw"
-    #: SGD momentum (``--momentum``); 0 keeps no momentum buffer.
-    momentum: float = 0.0
-    #: ``--optimizer-impl``: PyTorch's foreach (default on GPU), fused, or a per-tensor loop;
-    #: ``auto`` takes the framework's default.
-    implementation: OptimizerImpl = "auto"
+    name: OptimizerName = knob("adamw", "--optimizer", "Optimizer.", panel=PRECISION)
+    momentum: float = knob(0.0, "--momentum", "SGD momentum; 0 keeps no momentum buffer.", panel=PRECISION)
+    implementation: OptimizerImpl = knob("auto", "--optimizer-impl",
+                                         "PyTorch optimizer implementation (temporaries of the step); auto = the "
+                                         "framework profile's (fused for every profile).", panel=PRECISION)
 
     def __post_init__(self) -> None:
         _check_choice("--optimizer", self.name, get_args(OptimizerName))
@@ -257,15 +267,13 @@ class Optimizer:
 class Recompute:
     """Activation recomputation (checkpointing)."""
 
-    #: ``--recompute``: none; selective (the attention core is recomputed); full (layers keep
-    #: only their input).
-    mode: RecomputeMode = "none"
-    #: ``--recompute-method`` for full recompute: ``uniform`` checkpoints groups of
-    #: ``num_layers`` layers keeping one input per group; ``block`` fully recomputes the first
-    #: ``num_layers`` layers of each stage and keeps the rest whole.
-    method: RecomputeMethod = "uniform"
-    #: ``--recompute-layers`` (None: every layer for block, groups of 1 for uniform).
-    num_layers: int | None = None
+    mode: RecomputeMode = knob("none", "--recompute", "Activation recompute: selective recomputes the attention "
+                               "core; full keeps only each layer's input.", panel=ACTIVATIONS)
+    method: RecomputeMethod = knob("uniform", "--recompute-method",
+                                   "Full recompute: uniform checkpoints groups of --recompute-layers layers; block "
+                                   "recomputes the first --recompute-layers layers of each stage.", panel=ACTIVATIONS)
+    num_layers: int | None = knob(None, "--recompute-layers", "Layers per group (uniform) or per stage (block). "
+                                  "(default: 1 for uniform, every layer for block)", panel=ACTIVATIONS)
 
     def __post_init__(self) -> None:
         _check_choice("--recompute", self.mode, get_args(RecomputeMode))
@@ -278,12 +286,10 @@ class Recompute:
 class Batch:
     """Sizes of one step."""
 
-    #: ``--mbs``: sequences per micro-batch per data-parallel rank.
-    micro_batch_size: int = 1
-    #: ``--seq``: tokens per sequence.
-    seq_length: int = 4096
-    #: ``--gbs``: sequences per optimizer step over all DP ranks (None: mbs * dp, no accumulation).
-    global_batch_size: int | None = None
+    micro_batch_size: int = knob(1, "--mbs", "Micro-batch size: sequences per GPU per micro-batch.", panel=BATCH)
+    seq_length: int = knob(4096, "--seq", "Sequence length in tokens.", panel=BATCH)
+    global_batch_size: int | None = knob(None, "--gbs", "Global batch size in sequences per optimizer step; sets "
+                                         "the micro-batches per step. (default: mbs*dp, no accumulation)", panel=BATCH)
 
     def __post_init__(self) -> None:
         _check_int("--mbs", self.micro_batch_size)
@@ -296,23 +302,22 @@ class Batch:
 class MoEOptions:
     """How MoE layers route and move tokens (only used by models with MoE layers)."""
 
-    #: ``--moe-imbalance``: tokens of the busiest expert over the mean (1.0 = balanced routing).
-    #: The rank holding it gets that expert's excess on top of an even share for its others.
-    imbalance: float = 1.0
-    #: ``--capacity-factor``: each expert takes at most this times its mean share of tokens; the
-    #: rest are dropped (Megatron ``--moe-expert-capacity-factor``). None: no dropping.
-    capacity_factor: float | None = None
-    #: ``--pad-to-capacity``: every expert receives exactly its capacity (Megatron
-    #: ``--moe-pad-expert-input-to-capacity``).
-    pad_to_capacity: bool = False
-    #: ``--moe-dispatcher``: how tokens reach their experts (Megatron
-    #: ``--moe-token-dispatcher-type``): all-to-all, all-gather over the EP x TP group, or flex
-    #: (DeepEP / HybridEP all-to-all).
-    dispatcher: Dispatcher = "alltoall"
-    #: ``--shared-expert-parallel``: ``tp`` (Megatron's SharedExpertMLP: split by TP, sharded over
-    #: DP like dense weights) or ``expert`` (placed with the routed experts: split by ETP,
-    #: sharded over expert-DP, as the DeepSeek-V3 memory analysis assumes).
-    shared_expert_parallel: SharedExpertParallel = "tp"
+    #: The rank holding the busiest expert gets its excess on top of an even share for its others.
+    imbalance: float = knob(1.0, "--moe-imbalance", "Tokens of the busiest expert over the mean (1 = balanced).",
+                            panel=MOE, metavar="F")
+    #: Megatron ``--moe-expert-capacity-factor``.
+    capacity_factor: float | None = knob(None, "--capacity-factor", "Expert capacity as a multiple of the mean "
+                                         "share; tokens beyond are dropped. (default: no dropping)", panel=MOE,
+                                         metavar="F")
+    #: Megatron ``--moe-pad-expert-input-to-capacity``.
+    pad_to_capacity: bool = knob(False, "--pad-to-capacity", "Pad every expert's input to its capacity.", panel=MOE)
+    #: Megatron ``--moe-token-dispatcher-type``; flex is DeepEP / HybridEP.
+    dispatcher: Dispatcher = knob("alltoall", "--moe-dispatcher", "Token dispatcher: all-to-all, all-gather over "
+                                  "the EP x TP group, or flex.", panel=MOE)
+    #: ``tp``: Megatron's SharedExpertMLP; ``expert``: as the DeepSeek-V3 memory analysis assumes.
+    shared_expert_parallel: SharedExpertParallel = knob(
+        "tp", "--shared-expert-parallel", "Shared experts split like dense weights (tp) or placed with the routed "
+        "experts (expert).", panel=MOE)
 
     def __post_init__(self) -> None:
         if not isinstance(self.imbalance, (int, float)) or not 1.0 <= self.imbalance <= 1000.0:
@@ -338,18 +343,18 @@ class MoEOptions:
 class Offload:
     """What lives in CPU memory instead of on the GPU."""
 
-    #: ``--offload-optimizer``: master weights and optimizer moments (and, for DeepSpeed
-    #: ZeRO-Offload, the fp32 gradient partitions) live in CPU memory; the step runs on the CPU.
-    optimizer: bool = False
-    #: Fraction of the optimizer state offloaded (Megatron ``--optimizer-offload-fraction``).
-    optimizer_fraction: float = 1.0
-    #: ``--offload-params``: sharded weights live in CPU memory and are copied in per block
-    #: (DeepSpeed ZeRO-3 ``offload_param``, FSDP ``CPUOffloadPolicy``).
-    params: bool = False
-    #: ``--offload-activations``: each layer's saved activations move to CPU memory after its
-    #: forward and come back for its backward (Megatron ``--cpu-offloading``); the GPU keeps the
-    #: layers in computation and one in transfer.
-    activations: bool = False
+    #: DeepSpeed ZeRO-Offload also moves the fp32 gradient partitions; the step runs on the CPU.
+    optimizer: bool = knob(False, "--offload-optimizer", "Master weights and optimizer moments in CPU memory "
+                           "(ZeRO-Offload, FSDP CPU offload).", panel=FP8_OFFLOAD)
+    #: Megatron ``--optimizer-offload-fraction``.
+    optimizer_fraction: float = knob(1.0, "--optimizer-offload-fraction", "Fraction of the optimizer state "
+                                     "offloaded.", panel=FP8_OFFLOAD, metavar="F")
+    #: DeepSpeed ZeRO-3 ``offload_param``, FSDP ``CPUOffloadPolicy``: copied in per block.
+    params: bool = knob(False, "--offload-params", "Sharded weights in CPU memory (ZeRO-3 / FSDP only).",
+                        panel=FP8_OFFLOAD)
+    #: Megatron ``--cpu-offloading``: the GPU keeps the layers in computation and one in transfer.
+    activations: bool = knob(False, "--offload-activations", "Saved activations stream to CPU memory between "
+                             "forward and backward.", panel=FP8_OFFLOAD)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.optimizer_fraction <= 1.0:
@@ -370,26 +375,26 @@ class Job:
     precision: Precision = field(default_factory=Precision)
     optimizer: Optimizer = field(default_factory=Optimizer)
     recompute: Recompute = field(default_factory=Recompute)
-    #: ``--attention``: flash/sdpa keep no s*s score matrix; eager keeps scores and softmax.
-    attention: AttentionImpl = "flash"
-    #: ``--dropout``: dropout probability on attention and hidden states (masks are kept).
-    dropout: float = 0.0
-    #: ``--loss``: how logits and cross-entropy are materialised (``auto``: the framework's way).
-    loss: LossImpl = "auto"
+    #: ``memplan trace`` runs both flash and sdpa as PyTorch SDPA (its flash kernel on CUDA).
+    attention: AttentionImpl = knob("flash", "--attention", "Attention kernel: flash/sdpa keep no s*s score "
+                                    "matrix; eager keeps scores and softmax.", panel=ACTIVATIONS)
+    dropout: float = knob(0.0, "--dropout", "Dropout probability on attention and hidden states (masks are kept).",
+                          panel=ACTIVATIONS, metavar="P")
+    loss: LossImpl = knob("auto", "--loss", "How logits and cross-entropy are materialised; auto = the framework "
+                          "profile's.", panel=ACTIVATIONS)
     #: Megatron ``--defer-embedding-wgrad-compute``: the output layer's weight gradient is
     #: computed after the pipeline drains, so each finished micro-batch keeps its logits gradient
     #: and the layer input; ``--wgrad-deferral-limit`` caps how many (0 = all).
     defer_embedding_wgrad: bool = False
     wgrad_deferral_limit: int = 0
-    #: ``--framework``: whose implementation decides buffers, dtypes and workspaces.
-    framework: FrameworkName = "megatron"
-    #: Pad the vocabulary to a multiple of this times TP (Megatron's
-    #: ``--make-vocab-size-divisible-by``); None: the framework's default.
-    vocab_divisible_by: int | None = None
-    #: ``--mtp-layers``: multi-token-prediction modules trained on the last pipeline stage
-    #: (DeepSeek-V3 depth D; Megatron ``--mtp-num-layers``). 0: none (Hugging Face and torchtitan
-    #: do not train them).
-    mtp_layers: int = 0
+    #: The profile (memplan.frameworks.profiles) decides every ``auto`` default for all engines.
+    framework: FrameworkName = knob("megatron", "--framework", "Whose implementation decides buffers, dtypes, "
+                                    "kernels and workspaces (memplan trace: hf unless given).", panel=ACTIVATIONS)
+    vocab_divisible_by: int | None = knob(None, "--make-vocab-size-divisible-by", "Pad the vocabulary to a "
+                                          "multiple of this x tp. (default: the framework's)", panel=ACTIVATIONS)
+    #: DeepSeek-V3 depth D; Megatron ``--mtp-num-layers``. Hugging Face and torchtitan train none.
+    mtp_layers: int = knob(0, "--mtp-layers", "Multi-token-prediction modules trained on the last pipeline stage.",
+                           panel=MOE)
     #: Token routing and dispatch of MoE layers.
     moe: MoEOptions = field(default_factory=MoEOptions)
     #: What is kept in CPU memory.

@@ -15,13 +15,9 @@ A job file is a flat mapping. Keys are the flag names without ``--`` (``sequence
     recompute: selective
     gpu: h100-80gb
 
-:func:`load_job_file` returns the values under the parameter names of the ``estimate`` command
-(``JobOptions`` field names plus ``model``, ``gpu``, ``fragmentation``, ``megatron_args``,
-``deepspeed_config``), so a command merges them under its own flags::
-
-    given = {k: v for k, v in locals().items() if v is not None}
-    values = {**load_job_file(path, overrides=given), **given}
-    options = JobOptions.from_mapping(values)
+:func:`load_job_file` returns the values under the job flags' names (:mod:`memplan.jobflags`)
+plus ``model``, ``gpu``, ``fragmentation``, ``megatron_args`` and ``deepspeed_config``;
+:func:`memplan.inputs.load_job` merges them under the flags typed on the command line.
 
 Unknown fields, duplicated fields, values of the wrong type and settings that contradict each
 other raise :class:`~memplan.errors.ConfigError` naming the file and the field (exit code 2).
@@ -29,10 +25,8 @@ other raise :class:`~memplan.errors.ConfigError` naming the file and the field (
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +37,7 @@ from memplan.errors import ConfigError
 
 __all__ = ["EXTRA_FIELDS", "dump_job_file", "job_file_fields", "load_job_file"]
 
-#: Fields of a job file beyond the job flags (JobOptions), with their types.
+#: Fields of a job file beyond the job flags (memplan.jobflags), with their types.
 EXTRA_FIELDS: dict[str, type] = {
     "model": str,
     "gpu": str,
@@ -64,15 +58,9 @@ _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
 
 def job_file_fields() -> dict[str, type]:
     """Every field a job file may hold and its type (int, float, str or bool)."""
-    from memplan.cli import JobOptions
+    from memplan.jobflags import job_flags
 
-    hints = typing.get_type_hints(JobOptions)
-    out: dict[str, type] = {}
-    for f in dataclasses.fields(JobOptions):
-        kinds = [k for k in typing.get_args(hints[f.name]) if k is not type(None)] or [hints[f.name]]
-        out[f.name] = kinds[0]
-    out.update(EXTRA_FIELDS)
-    return out
+    return {**{f.name: f.kind for f in job_flags()}, **EXTRA_FIELDS}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
@@ -132,29 +120,28 @@ def _check_type(name: str, value: Any, kind: type) -> Any:
     raise ConfigError(name, f"must be {'a' if kind is not int else 'an'} {kind.__name__}", value)
 
 
-def load_job_file(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Read and validate a job file; return ``{estimate parameter name: value}`` for the fields it sets.
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a job file; return ``{field name: value}`` (``JobFlag.name`` plus the extra fields).
 
-    The values are checked by building the :class:`~memplan.job.Job` they describe (and, when the
-    file names a model, by checking the layout against it), so an invalid file fails here with the
-    field named, not later. ``overrides`` are values given on the command line that will replace
-    the file's (``None`` values ignored): validation uses the merged job, the return value only the
-    file's fields. Relative ``megatron-args`` / ``deepspeed-config`` paths are resolved against the
-    file's folder.
+    Checks the file's syntax, its field names and their types, and settings that only mean
+    something together; the values themselves are checked when :func:`memplan.inputs.load_job`
+    builds the job (errors then name the file and the field). Relative ``megatron-args`` /
+    ``deepspeed-config`` paths are resolved against the file's folder.
     """
     file = Path(path)
-    given = {k: v for k, v in (overrides or {}).items() if v is not None and k in job_file_fields()}
     try:
-        raw = _read(file)
-        values = _normalise(raw, file)
-        _check_conflicts({**values, **given})
-        _validate({**values, **given})
+        values = _normalise(_read(file), file)
+        check_conflicts(values)
     except ConfigError as exc:
-        if exc.field.startswith(f"{file}:") or exc.field == "--job":
-            raise
-        field = exc.field.removeprefix("--")
-        raise ConfigError(f"{file}: {field}", exc.rule, exc.value, hint=_hint(exc)) from None
+        raise in_file(exc, file) from None
     return values
+
+
+def in_file(exc: ConfigError, file: Path) -> ConfigError:
+    """``exc`` with its field prefixed by the job file's path (unless it already names the file)."""
+    if exc.field.startswith(f"{file}:") or exc.field == "--job":
+        return exc
+    return ConfigError(f"{file}: {exc.field.removeprefix('--')}", exc.rule, exc.value, hint=_hint(exc))
 
 
 def _hint(exc: ConfigError) -> str:
@@ -185,33 +172,13 @@ def _normalise(raw: dict[Any, Any], file: Path) -> dict[str, Any]:
     return values
 
 
-def _check_conflicts(values: dict[str, Any]) -> None:
+def check_conflicts(values: Mapping[str, Any]) -> None:
+    """Refuse a field that only applies under another field's values (e.g. momentum without sgd)."""
     for name, condition, allowed in _REQUIRES:
         if name in values and values.get(condition) not in allowed:
             raise ConfigError(name.replace("_", "-"), f"only applies with {condition.replace('_', '-')}: {' or '.join(allowed)} "
                               f"(the file has {condition.replace('_', '-')}: {values.get(condition, 'not set')})",
                               values[name])
-
-
-def _validate(values: dict[str, Any]) -> None:
-    from memplan.cli import JobOptions, load_job_and_model
-    from memplan.job import validate_job_for_model
-
-    if "fragmentation" in values and not 0.0 <= values["fragmentation"] < 1.0:
-        raise ConfigError("fragmentation", "must be in [0, 1)", values["fragmentation"])
-    if "gpu" in values:
-        from memplan.fit.colocate import resolve_device
-
-        resolve_device(values["gpu"])
-    options = JobOptions.from_mapping(values)
-    if "model" in values or "megatron_args" in values:
-        spec, job = load_job_and_model(values.get("model"), options, megatron_args=values.get("megatron_args"),
-                                       deepspeed_config=values.get("deepspeed_config"))
-        validate_job_for_model(job, spec)
-    else:
-        from memplan.cli import build_job
-
-        build_job(options)
 
 
 def dump_job_file(
@@ -232,27 +199,18 @@ def dump_job_file(
     Returns the names of Job settings that no flag expresses (e.g. Megatron's
     ``microbatch_group_size``) and were therefore left out, so the caller can warn.
     """
-    from memplan.cli import _JOB_FIELDS
-    from memplan.job import Job
+    from memplan.jobflags import flag_values, unflagged_settings
 
-    default = Job()
     out: dict[str, Any] = {} if model_ref is None else {"model": model_ref}
     for key, value in (("megatron-args", megatron_args), ("deepspeed-config", deepspeed_config)):
         if value is not None:
             out[key] = str(Path(value).resolve())
-    covered: set[tuple[str | None, str]] = set()
-    for flag, (section, name) in _JOB_FIELDS.items():
-        covered.add((section, name))
-        value = getattr(getattr(job, section) if section else job, name)
-        base = getattr(getattr(default, section) if section else default, name)
-        if flag == "dp" or (value == base and flag != "gpus") or value is None:
-            continue
-        out[flag.replace("_", "-")] = value
+    out.update({name.replace("_", "-"): value for name, value in flag_values(job).items()})
     if gpu is not None:
         out["gpu"] = gpu
     if fragmentation is not None:
         out["fragmentation"] = fragmentation
-    dropped = _uncovered(job, default, covered)
+    dropped = unflagged_settings(job)
     file = Path(path)
     if file.suffix.lower() == ".json":
         text = json.dumps(out, indent=2) + "\n"
@@ -263,18 +221,3 @@ def dump_job_file(
     except OSError as exc:
         raise ConfigError("--save-job", f"cannot write the job file ({exc.strerror})", str(file)) from None
     return dropped
-
-
-def _uncovered(job: Any, default: Any, covered: set[tuple[str | None, str]]) -> tuple[str, ...]:
-    """Settings of ``job`` that differ from the defaults and have no flag."""
-    dropped = []
-    for f in dataclasses.fields(job):
-        value, base = getattr(job, f.name), getattr(default, f.name)
-        if dataclasses.is_dataclass(value):
-            for sub in dataclasses.fields(value):
-                if (f.name, sub.name) not in covered and sub.name != "dp" \
-                        and getattr(value, sub.name) != getattr(base, sub.name):
-                    dropped.append(f"{f.name}.{sub.name}")
-        elif (None, f.name) not in covered and value != base:
-            dropped.append(f.name)
-    return tuple(dropped)

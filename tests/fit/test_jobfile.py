@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from memplan.cli import JobOptions, build_job
 from memplan.errors import ConfigError
 from memplan.job import Batch, Job, Parallelism, Precision, Recompute, Sharding
+from memplan.inputs import JobRequest, load_job
 from memplan.jobfile import dump_job_file, load_job_file
+from memplan.jobflags import build_job, job_flags
 
 JOBS = [
     Job(),
@@ -31,7 +31,7 @@ def test_round_trip(tmp_path: Path, suffix: str, index: int) -> None:
     assert dump_job_file("llama-3.1-8b", job, path, gpu="h100-80gb") == ()
     values = load_job_file(path)
     assert values["model"] == "llama-3.1-8b" and values["gpu"] == "h100-80gb"
-    assert build_job(JobOptions.from_mapping(values)) == job
+    assert build_job(values) == job
 
 
 def test_keys_are_the_estimate_parameters(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_keys_are_the_estimate_parameters(tmp_path: Path) -> None:
     path.write_text("model: llama-3.1-8b\ngpus: 8\nsequence-parallel: true\ntp: 2\nfragmentation: 0.2\n")
     values = load_job_file(path)
     assert values == {"model": "llama-3.1-8b", "gpus": 8, "sequence_parallel": True, "tp": 2, "fragmentation": 0.2}
-    assert set(values) <= {f.name for f in dataclasses.fields(JobOptions)} | {"model", "fragmentation"}
+    assert set(values) <= {f.name for f in job_flags()} | {"model", "fragmentation"}
 
 
 def test_dump_reports_settings_without_a_flag(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_bad_job_files(tmp_path: Path, name: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
-        load_job_file(path)
+        load_job(JobRequest(job_file=str(path)))
     assert info.value.field == (field if field == "--job" else f"{path}: {field}")
     assert words in str(info.value)
 
@@ -89,19 +89,18 @@ def test_duplicate_json_key(tmp_path: Path) -> None:
 
 def test_megatron_args_round_trip(tmp_path: Path) -> None:
     """A job from a Megatron launch saves its launch file beside the flags and loads back equal."""
-    from memplan.cli import load_job_and_model
-
     args = tmp_path / "args.yaml"
     args.write_text("MODEL_ARGS:\n  --num-layers: 4\n  --hidden-size: 256\n  --num-attention-heads: 8\n"
                     "  --seq-length: 512\n  --max-position-embeddings: 512\n  --micro-batch-size: 2\n"
                     "  --global-batch-size: 32\n  --bf16: true\n  --tensor-model-parallel-size: 2\n"
                     "  --vocab-size: 1024\n")
-    spec, job = load_job_and_model(None, JobOptions(gpus=8), megatron_args=str(args))
+    loaded = load_job(JobRequest(flags={"gpus": 8}, megatron_args=str(args)))
+    spec, job = loaded.model, loaded.job
     out = tmp_path / "saved.json"
     dump_job_file(None, job, out, megatron_args=str(args))
     values = load_job_file(out)
-    spec2, job2 = load_job_and_model(values.get("model"), JobOptions.from_mapping(values),
-                                     megatron_args=values["megatron_args"])
+    reloaded = load_job(JobRequest(job_file=str(out)))
+    spec2, job2 = reloaded.model, reloaded.job
     assert job2 == job and spec2.hidden_size == spec.hidden_size
 
 
@@ -110,7 +109,9 @@ def test_overrides_are_validated_with_the_file(tmp_path: Path) -> None:
     path = tmp_path / "partial.yaml"
     path.write_text("model: llama-3.1-8b\ntp: 2\n")
     with pytest.raises(ConfigError, match="gpus"):
-        load_job_file(path)
-    assert load_job_file(path, overrides={"gpus": 8, "pp": None}) == {"model": "llama-3.1-8b", "tp": 2}
+        load_job(JobRequest(job_file=str(path)))
+    assert load_job_file(path) == {"model": "llama-3.1-8b", "tp": 2}
+    loaded = load_job(JobRequest(job_file=str(path), flags={"gpus": 8, "pp": None}))
+    assert (loaded.job.parallel.tp, loaded.job.parallel.dp) == (2, 4)
     with pytest.raises(ConfigError, match="attention heads"):
-        load_job_file(path, overrides={"gpus": 8, "tp": 8, "model": "gpt2"})
+        load_job(JobRequest(job_file=str(path), model="gpt2", flags={"gpus": 8, "tp": 8}))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.trace import trace
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import trace_setup
 from memplan.trace.reference import measure_hf_reference
 
 TOLERANCE = 0.02
@@ -15,7 +15,7 @@ TOLERANCE = 0.02
 @pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_llama"])
 def test_cpu_trace_peak_matches_profiler_memory_timeline(fixture: str, request: pytest.FixtureRequest) -> None:
     config = request.getfixturevalue(fixture)
-    options = TraceOptions(seq=64, mbs=2, precision="fp32", optimizer="adamw", device="cpu")
+    options = trace_setup(seq=64, mbs=2, precision="fp32", optimizer="adamw", device="cpu")
     measured = measure_hf_reference(config, options)
     traced = trace(config, seq=64, mbs=2, precision="fp32", optimizer="adamw", device="cpu")
     assert measured > 0
@@ -23,7 +23,7 @@ def test_cpu_trace_peak_matches_profiler_memory_timeline(fixture: str, request: 
 
 
 def test_cpu_trace_peak_matches_profiler_with_mixed_precision_and_recompute(tiny_llama: str) -> None:
-    options = TraceOptions(seq=32, mbs=2, precision="bf16-mixed", recompute="full", device="cpu", iterations=1)
+    options = trace_setup(seq=32, mbs=2, precision="bf16-mixed", recompute="full", device="cpu", iterations=1)
     measured = measure_hf_reference(tiny_llama, options)
     traced = trace(tiny_llama, seq=32, mbs=2, precision="bf16-mixed", recompute="full", device="cpu", iterations=1)
     assert abs(traced.summary.peak_allocated_bytes - measured) / measured < TOLERANCE

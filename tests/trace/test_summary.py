@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from memplan.errors import ConfigError
 from memplan.events import AllocEvent, Trace, TraceMeta
 from memplan.trace.cuda_rounding import cuda_allocated_size
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import trace_setup
 from memplan.trace.summary import summarize
 
 
@@ -50,14 +50,34 @@ def test_cuda_rounding_is_the_smallest_multiple_of_512(size: int) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [("seq", 0), ("mbs", -1), ("precision", "fp33"), ("device", "tpu"),
-                                              ("fsdp", 0), ("attention", "flash"), ("optimizer", "adam8bit"),
-                                              ("dropout", 1.0), ("recompute", "some")])
+                                              ("fsdp", 0), ("attention", "flashy"), ("dropout", 1.0),
+                                              ("recompute", "some"), ("iterations", 0), ("moe_routing", "x")])
 def test_bad_options_name_the_flag(field: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=f"--{field}"):
-        TraceOptions(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')}"):
+        trace_setup(**{field: value})
 
 
-def test_optimizer_implementation_follows_the_device() -> None:
-    assert TraceOptions(device="cuda").resolved_optimizer_impl == "foreach"
-    assert TraceOptions(device="cpu").resolved_optimizer_impl == "for-loop"
-    assert TraceOptions(device="cpu", optimizer_impl="fused").resolved_optimizer_impl == "fused"
+@pytest.mark.parametrize(("flags", "flag"), [
+    ({"pp": 2, "gpus": 2}, "--pp"), ({"zero": 2}, "--zero"), ({"fp8": "hybrid"}, "--fp8"),
+    ({"framework": "megatron"}, "--framework"), ({"gpus": 4}, "--gpus"), ({"recompute_layers": 2}, "--recompute-layers"),
+    ({"offload_activations": True}, "--offload-activations"), ({"gbs": 8}, "--gbs"), ({"loss": "chunked"}, "--loss"),
+    ({"mtp_layers": 1}, "--mtp-layers"), ({"grad_dtype": "bf16"}, "--grad-dtype"),
+])
+def test_settings_the_tracer_cannot_run_are_refused_by_flag(flags: dict[str, object], flag: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        trace_setup(**flags)
+    assert info.value.field == flag
+
+
+def test_defaults_are_the_jobs_and_the_frameworks() -> None:
+    """One job, one vocabulary: the trace's defaults are the Job's; auto means the profile's choice."""
+    from memplan.job import Job
+
+    setup = trace_setup()
+    assert setup.job == Job(framework="hf")
+    assert (setup.seq, setup.attention, setup.resolved_optimizer_impl) == (4096, "sdpa", "fused")
+    assert trace_setup(optimizer_impl="foreach").resolved_optimizer_impl == "foreach"
+    assert trace_setup(framework="torchtitan").job.framework == "torchtitan"
+    ranks = trace_setup(fsdp=4, tp=2)
+    assert (ranks.fsdp, ranks.tp, ranks.world_size) == (4, 2, 8)
+    assert trace_setup(tp=2).world_size == 2

@@ -60,6 +60,14 @@ def make_job():
 
 def broken():
     raise KeyError("no such dataset")
+
+
+def make_job_ctx(ctx):
+    blocks = [torch.nn.Linear(256, 256, dtype=ctx.param_dtype) for _ in range(4)]
+    model = torch.nn.Sequential(*blocks)
+    ctx.parallelize(model, blocks=blocks)
+    batch = torch.randn(ctx.job.batch.micro_batch_size, ctx.job.batch.seq_length, 256)
+    return model, batch, ctx.make_optimizer(model.parameters()), lambda out, batch: out.float().square().mean()
 '''
 
 
@@ -75,16 +83,47 @@ def test_script_job(tmp_path: Path) -> None:
     assert data["by_category"]["input"] == 64 * 256 * 4
 
 
+def test_script_without_context_refuses_job_flags(tmp_path: Path) -> None:
+    """A job function that takes no ctx builds its own job: --seq/--fsdp cannot reach it (exit 2)."""
+    path = tmp_path / "job.py"
+    path.write_text(SCRIPT, encoding="utf-8")
+    for flags, flag in ((["--seq", "512"], "--seq"), (["--fsdp", "2"], "--fsdp"), (["--precision", "fp32"], "--precision")):
+        result = invoke("trace", "--script", f"{path}:make_job", *flags)
+        assert result.exit_code == 2, result.output
+        assert f"{flag}: cannot apply" in result.output and "ctx" in result.output
+        _no_traceback(result)
+    data = json.loads(invoke("trace", "--script", f"{path}:make_job", "--device", "cpu", "--json").stdout)
+    assert data["options"]["job"] is None  # the flags' job was not used: not recorded as if it were
+
+
+def test_script_with_context_receives_the_job_and_the_mesh(tmp_path: Path) -> None:
+    path = tmp_path / "job.py"
+    path.write_text(SCRIPT, encoding="utf-8")
+    one = json.loads(invoke("trace", "--script", f"{path}:make_job_ctx", "--seq", "16", "--mbs", "2",
+                            "--precision", "fp32", "--optimizer-impl", "foreach", "--json").stdout)
+    two = json.loads(invoke("trace", "--script", f"{path}:make_job_ctx", "--seq", "16", "--mbs", "2",
+                            "--precision", "fp32", "--optimizer-impl", "foreach", "--fsdp", "2", "--json").stdout)
+    params = 4 * 4 * (256 * 256 + 256)
+    assert one["max_requested_by_category"]["parameter"] == params
+    assert two["max_requested_by_category"]["parameter"] == params // 2  # FSDP2 shards over ctx.mesh
+    assert one["by_category"]["input"] == 2 * 16 * 256 * 4  # --mbs x --seq reached the script
+    assert two["options"]["job"]["sharding"]["fsdp"] == "full"
+
+
 @pytest.mark.parametrize(("args", "code", "words"), [
     (["gpt3"], 2, "did you mean 'gpt2'"),
     (["gpt2", "--precision", "fp33"], 2, "--precision"),
     (["gpt2", "--seq", "0"], 2, "--seq"),
     (["gpt2", "--optimizer", "adam8bit"], 2, "bitsandbytes"),
-    (["gpt2", "--seq", "32", "--optimizer", "adafactor"], 1, ".item()"),
+    (["gpt2", "--seq", "32", "--optimizer", "adafactor"], 2, ".item()"),
     (["gpt2", "--tp", "5"], 2, "--tp: must divide the number of attention heads"),
     ([], 2, "exactly one of MODEL or --script"),
     (["--script", "nofile.py:make_job"], 2, "does not exist"),
     (["--script", "job.py"], 2, "FILE.py:FUNCTION"),
+    (["gpt2", "--pp", "2", "--gpus", "2"], 2, "--pp: is not something memplan trace can run"),
+    (["gpt2", "--framework", "megatron"], 2, "estimated only"),
+    (["gpt2", "-o", "/no/such/folder/t.mptrace"], 2, "existing folder"),
+    (["gpt2", "--snapshot", "."], 2, "not a folder"),
 ])
 def test_bad_input_is_one_line(args: list[str], code: int, words: str) -> None:
     result = invoke("trace", *args)

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memplan.cli import _Command, _Group, app, handle_errors
+from memplan.commands.common import Command as _Command, Group as _Group, app, handle_errors
 from memplan.errors import ConfigError
 
 alloc_app = typer.Typer(

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli import _Command, _Group, _print, _print_json, app, handle_errors
+from memplan.commands.common import Command as _Command, Group as _Group, app, handle_errors, print_json as _print_json, print_rich as _print
 from memplan.errors import ConfigError
 
 __all__ = ["ckpt_app"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memplan.cli import _Command, _print, _print_json, app, handle_errors
+from memplan.commands.common import Command as _Command, app, handle_errors, print_json as _print_json, print_rich as _print
 from memplan.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -166,23 +166,18 @@ def _layout_job(model: ModelSpec, model_ref: str, gpus: int, gpu: str, seq: int,
                 precision: str, margin: float, gpus_per_node: int, job_file: str | None,
                 flags: dict[str, Any]) -> Job:
     """The job whose limits are searched: a job file, the layout flags, or the best fitting layout."""
-    from memplan.cli import JobOptions, build_job, load_job_and_model
+    from memplan.inputs import JobRequest, load_job
+    from memplan.jobflags import build_job
 
     given = {k: v for k, v in flags.items() if v is not None}
     if job_file is not None:
-        from memplan.jobfile import load_job_file
-
-        given["gpus"] = gpus
-        values = {**load_job_file(job_file, overrides=given), **given}
-        return load_job_and_model(model_ref, JobOptions.from_mapping(values),
-                                  megatron_args=values.get("megatron_args"),
-                                  deepspeed_config=values.get("deepspeed_config"))[1]
+        return load_job(JobRequest(model=model_ref, flags={**given, "gpus": gpus}, job_file=job_file)).job
     if given:
         dp_ranks = gpus // max(1, (given.get("tp") or 1) * (given.get("pp") or 1) * (given.get("cp") or 1))
         values = {"gpus": gpus, "seq": seq, "gbs": gbs, "framework": framework, "precision": precision,
                   "sequence_parallel": (given.get("tp") or 1) > 1,
                   "distributed_optimizer": framework == "megatron" and dp_ranks > 1, **given}
-        return build_job(JobOptions.from_mapping(values))
+        return build_job(values)
     best = _search(model, gpus, gpu, seq, gbs, framework, precision, margin, gpus_per_node, True).best
     assert best is not None
     return best.job
@@ -278,21 +273,17 @@ def _limit_renderables(limit: Limit, job: Job, plot: str | None) -> list[Any]:
 
 
 def _colocate(files: list[str], gpu: str, margin: float) -> Colocation:
-    from memplan.cli import JobOptions, load_job_and_model
     from memplan.estimate.engine import DEFAULT_FRAGMENTATION
     from memplan.fit.colocate import SharedJob, colocate
-    from memplan.jobfile import load_job_file
+    from memplan.inputs import JobRequest, load_job
 
     if not files:
         raise ConfigError("--colocate", "needs one or more job files")
     jobs = []
     for path in files:
-        values = load_job_file(path)
-        spec, job = load_job_and_model(values.get("model"), JobOptions.from_mapping(values),
-                                       megatron_args=values.get("megatron_args"),
-                                       deepspeed_config=values.get("deepspeed_config"))
-        jobs.append(SharedJob(name=Path(path).name, model=spec, job=job,
-                              fragmentation=values.get("fragmentation", DEFAULT_FRAGMENTATION)))
+        loaded = load_job(JobRequest(job_file=path))
+        fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
+        jobs.append(SharedJob(name=Path(path).name, model=loaded.model, job=loaded.job, fragmentation=fragmentation))
     return colocate(jobs, gpu=gpu, margin=margin)
 
 

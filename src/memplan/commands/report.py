@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memplan.cli import _Command, app, handle_errors
+from memplan.commands.common import Command as _Command, app, check_output_path, handle_errors, job_options
 from memplan.errors import ConfigError
 
 _JOB, _OUT = "Job (or --job FILE)", "Report"
@@ -40,51 +40,33 @@ def _opt(*names: str, help: str, panel: str, metavar: str | None = None) -> Any:
 
 
 @app.command("report", cls=_Command, epilog=_EPILOG)
+@job_options()
 def report_command(
     model: Annotated[str | None, typer.Argument(help="Preset name or config.json (optional with --job).",
                                                 show_default=False, metavar="MODEL")] = None,
     output: Annotated[str, _opt("-o", "--output", help="HTML file to write.", panel=_OUT, metavar="FILE")] = "report.html",
     job_file: Annotated[str | None, _opt("--job", help="Job file (fields as memplan estimate's flags).", panel=_JOB, metavar="FILE")] = None,
-    gpus: Annotated[int | None, _opt("--gpus", help="Total GPUs.", panel=_JOB)] = None,
-    tp: Annotated[int | None, _opt("--tp", help="Tensor-parallel size.", panel=_JOB)] = None,
-    pp: Annotated[int | None, _opt("--pp", help="Pipeline-parallel size.", panel=_JOB)] = None,
-    cp: Annotated[int | None, _opt("--cp", help="Context-parallel size.", panel=_JOB)] = None,
-    ep: Annotated[int | None, _opt("--ep", help="Expert-parallel size.", panel=_JOB)] = None,
-    mbs: Annotated[int | None, _opt("--mbs", help="Micro-batch size.", panel=_JOB)] = None,
-    gbs: Annotated[int | None, _opt("--gbs", help="Global batch size.", panel=_JOB)] = None,
-    seq: Annotated[int | None, _opt("--seq", help="Sequence length.", panel=_JOB)] = None,
-    recompute: Annotated[str | None, _opt("--recompute", help="none|selective|full.", panel=_JOB)] = None,
-    distributed_optimizer: Annotated[bool | None, _opt("--distributed-optimizer/--no-distributed-optimizer", help="Megatron distributed optimizer.", panel=_JOB)] = None,
-    framework: Annotated[str | None, _opt("--framework", help="megatron|torchtitan|deepspeed|hf.", panel=_JOB)] = None,
-    gpu: Annotated[str | None, _opt("--gpu", help="GPU to check the fit against.", panel=_JOB, metavar="NAME")] = None,
+    gpu: Annotated[str | None, _opt("--gpu", help="GPU to check the fit against. (default: h100-80gb)", panel=_JOB, metavar="NAME")] = None,
     with_fit: Annotated[bool, _opt("--fit", help="Also search the layouts that fit (memplan fit) and add the table.", panel=_OUT)] = False,
     trace_file: Annotated[str | None, _opt("--trace", help="A memplan trace (memplan trace -o) or a CUDA memory snapshot: adds the timeline by category and the simulated allocator's segments at peak reserved.", panel=_OUT, metavar="FILE")] = None,
     timeline: Annotated[str | None, _opt("--timeline", help="JSON memory timeline by category (plain data).", panel=_OUT, metavar="FILE")] = None,
     segments: Annotated[str | None, _opt("--segments", help="JSON allocator segments (plain data).", panel=_OUT, metavar="FILE")] = None,
     title: Annotated[str | None, _opt("--title", help="Page title. (default: memplan report: MODEL)", panel=_OUT)] = None,
+    job_flags: dict[str, Any] | None = None,
 ) -> None:
     """Write one self-contained, offline HTML report of a training job's memory."""
-    flags = {"gpus": gpus, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "mbs": mbs, "gbs": gbs, "seq": seq,
-             "recompute": recompute, "distributed_optimizer": distributed_optimizer, "framework": framework}
     with handle_errors():
-        from memplan.cli import JobOptions, load_job_and_model
         from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
         from memplan.gpus import get_gpu
+        from memplan.inputs import JobRequest, load_job
         from memplan.report.html import write_html
 
-        values: dict[str, Any] = {}
-        if job_file is not None:
-            from memplan.jobfile import load_job_file
-
-            values = load_job_file(job_file, overrides=flags)
-        values.update({k: v for k, v in flags.items() if v is not None})
-        model_ref = model or values.get("model")
-        gpu_name = gpu or values.get("gpu") or "h100-80gb"
-        spec, job = load_job_and_model(model_ref, JobOptions.from_mapping(values),
-                                       megatron_args=values.get("megatron_args"),
-                                       deepspeed_config=values.get("deepspeed_config"))
-        gpu_spec = get_gpu(gpu_name.split(":", 1)[0])
-        est = estimate(spec, job, gpu=gpu_spec, fragmentation=values.get("fragmentation", DEFAULT_FRAGMENTATION))
+        check_output_path("-o", output)
+        loaded = load_job(JobRequest(model=model, flags=job_flags or {}, job_file=job_file, gpu=gpu))
+        spec, job = loaded.model, loaded.job
+        gpu_spec = get_gpu((loaded.gpu or "h100-80gb").split(":", 1)[0])
+        fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
+        est = estimate(spec, job, gpu=gpu_spec, fragmentation=fragmentation)
         fit_result = None
         if with_fit:
             from memplan.fit.search import fit

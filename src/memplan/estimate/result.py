@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from memplan.categories import MemoryCategory
 from memplan.gpus import GPU
 from memplan.job import Job
 
@@ -71,10 +72,40 @@ class StageEstimate:
         """Offloaded bytes held in CPU memory by one GPU's process."""
         return self.cpu_parameters_bytes + self.cpu_gradients_bytes + self.cpu_optimizer_bytes + self.cpu_activations_bytes
 
+    def by_category(self) -> dict[MemoryCategory, int]:
+        """Bytes live at this stage's peak per memory category; they add up to ``peak_allocated_bytes``.
+
+        Gradients count only those allocated at the peak (a framework that frees gradients after
+        each step peaks before most of them exist); optimizer moments and master weights are apart.
+        """
+        return {
+            MemoryCategory.PARAMETER: self.parameters_bytes,
+            MemoryCategory.GRADIENT: self.gradients_bytes - self.gradients_absent_at_peak_bytes,
+            MemoryCategory.OPTIMIZER_STATE: self.optimizer_moments_bytes,
+            MemoryCategory.MASTER_WEIGHT: self.master_weights_bytes,
+            MemoryCategory.ACTIVATION: self.activations_bytes,
+            MemoryCategory.LOGITS: self.logits_bytes,
+            MemoryCategory.TEMPORARY: self.temporary_bytes,
+            MemoryCategory.INPUT: self.input_bytes,
+            MemoryCategory.BUFFER: 0,
+            MemoryCategory.COMMUNICATION: self.communication_bytes,
+            MemoryCategory.WORKSPACE: self.workspace_bytes,
+        }
+
+    def highest_by_category(self) -> dict[MemoryCategory, int]:
+        """The most each category holds at any time of the step (what a trace's per-category maxima
+        measure): all gradients, activations when the newest forward ends, logits at the loss."""
+        out = self.by_category()
+        out[MemoryCategory.GRADIENT] = self.gradients_bytes
+        out[MemoryCategory.ACTIVATION] = self.forward_activations_bytes or self.activations_bytes
+        out[MemoryCategory.LOGITS] = self.loss_logits_bytes or self.logits_bytes
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["cpu_bytes"] = self.cpu_bytes
         data["layer_indices"] = list(self.layer_indices)
+        data["by_category"] = {c.value: v for c, v in self.by_category().items()}
         return data
 
 

@@ -7,10 +7,13 @@ workspaces) the difference is a field here, with its source, never a bare factor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from memplan.errors import JobConfigError
 from memplan.units import MiB
+
+if TYPE_CHECKING:
+    from memplan.job import Job
 
 KernelStyle = Literal["fused", "eager"]
 MixedWeights = Literal["master-copy", "autocast", "fsdp-cast"]
@@ -144,3 +147,15 @@ def get_profile(name: str) -> FrameworkProfile:
         return PROFILES[name]
     except KeyError:
         raise JobConfigError("--framework", f"must be one of {', '.join(PROFILES)}", name) from None
+
+
+def resolved_optimizer_impl(job: Job) -> str:
+    """``foreach``, ``fused`` or ``for-loop``: ``--optimizer-impl``, or the job's framework default
+    for ``auto`` — the one rule every engine uses."""
+    impl = job.optimizer.implementation
+    return impl if impl != "auto" else get_profile(job.framework).default_optimizer_impl
+
+
+def resolved_loss(job: Job) -> str:
+    """The loss path: ``--loss``, or the job's framework default for ``auto``."""
+    return job.loss if job.loss != "auto" else get_profile(job.framework).default_loss

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from memplan.trace.api import TraceResult
 
-__all__ = ["TraceOptions", "TraceResult", "trace"]
+__all__ = ["RunSettings", "TraceResult", "TraceSetup", "trace"]
 
 
 def trace(model: Any, **kwargs: Any) -> TraceResult:
@@ -28,10 +28,10 @@ def __getattr__(name: str) -> Any:
         from memplan.trace.api import TraceResult
 
         return TraceResult
-    if name == "TraceOptions":
-        from memplan.trace.options import TraceOptions
+    if name in ("TraceSetup", "RunSettings"):
+        from memplan.trace import setup
 
-        return TraceOptions
+        return getattr(setup, name)
     raise AttributeError(f"module 'memplan.trace' has no attribute {name!r}")
 
 

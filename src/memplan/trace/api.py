@@ -25,11 +25,12 @@ from typing import Any
 import torch
 
 from memplan.events import Trace, TraceMeta
+from memplan.job import Job
 from memplan.trace.build import BuiltModel, build_hf_model, quiet_transformers, unpacked_sequences
 from memplan.trace.distributed import simulated_ranks
 from memplan.trace.errors import translate_errors
 from memplan.trace.moe import static_grouped_mm
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import TraceSetup, trace_setup
 from memplan.trace.recorder import AllocationRecorder
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_state, run_iterations
 from memplan.trace.summary import TraceSummary, summarize
@@ -49,42 +50,57 @@ class TraceResult:
     #: Peak and breakdowns, computed from ``trace``.
     summary: TraceSummary
     #: The job that was traced.
-    options: TraceOptions
+    options: TraceSetup
     #: Model name (preset, config folder or script).
     model: str
     #: Seconds spent building and tracing.
     timings: dict[str, float] = field(default_factory=dict)
+    #: ``flags``: the job is ``options.job``; ``script``: a job function without a context built
+    #: its own job, so ``options.job`` was not used (only the run settings were).
+    job_source: str = "flags"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the summary plus ``model``, ``options`` and ``timings``."""
-        from dataclasses import asdict
-
-        return {"model": self.model, **self.summary.to_dict(), "options": asdict(self.options),
+        """JSON-ready: the summary plus ``model``, ``options`` (the job and run settings) and ``timings``."""
+        options = self.options.to_dict()
+        if self.job_source == "script":
+            options = {"job": None, "job_source": "the script's own job function", "run": options["run"]}
+        return {"model": self.model, **self.summary.to_dict(), "options": options,
                 "timings_s": {k: round(v, 3) for k, v in self.timings.items()}}
 
 
-def trace(model: str | Callable[[], Any], *, seq: int = 1024, mbs: int = 1, precision: str = "bf16-mixed",
-          optimizer: str = "adamw", recompute: str = "none", attention: str = "sdpa", device: str = "cuda",
-          fsdp: int = 1, tp: int = 1, iterations: int = 2, top: int = 10, dropout: float = 0.0,
-          optimizer_impl: str = "auto", momentum: float = 0.0, moe_routing: str = "balanced",
-          progress: Progress | None = None) -> TraceResult:
+def trace(model: str | Callable[..., Any], *, job: Job | None = None, seq: int | None = None,
+          mbs: int | None = None, precision: str | None = None, optimizer: str | None = None,
+          recompute: str | None = None, attention: str | None = None, framework: str | None = None,
+          fsdp: int | str | None = None, tp: int | None = None, device: str = "cuda", iterations: int = 2,
+          moe_routing: str = "balanced", top: int = 10, progress: Progress | None = None,
+          **job_flags: Any) -> TraceResult:
     """Trace ``iterations`` training iterations of ``model`` on fake tensors and summarise them.
 
-    ``model`` is a preset name, a path to a Hugging Face ``config.json`` (or its folder), or a
-    callable returning ``(model, batch, optimizer, loss_fn)`` (see :mod:`memplan.trace.script`),
-    called inside the fake mode so its tensors are fake. Sizes are bytes.
+    ``model`` is a preset name, a path to a Hugging Face ``config.json`` (or its folder), or a job
+    function (see :mod:`memplan.trace.script`), called inside the fake mode so its tensors are
+    fake. The job is described as on the command line — ``job=`` a :class:`~memplan.job.Job`
+    and/or job flags by name (``seq``, ``mbs``, ``precision``, ``fsdp``, ``tp``, any other flag of
+    :mod:`memplan.jobflags` as a keyword); unset flags take the Job's defaults (sequence 4096,
+    bf16-mixed, AdamW with the framework's implementation), the framework is ``hf`` unless given.
+    Sizes are bytes.
     """
-    options = TraceOptions(seq=seq, mbs=mbs, precision=precision, optimizer=optimizer,  # type: ignore[arg-type]
-                           recompute=recompute, attention=attention, device=device, fsdp=fsdp, tp=tp,  # type: ignore[arg-type]
-                           iterations=iterations, dropout=dropout, optimizer_impl=optimizer_impl,  # type: ignore[arg-type]
-                           momentum=momentum, moe_routing=moe_routing)  # type: ignore[arg-type]
-    return trace_job(model, options, top=top, progress=progress)
+    flags = {"seq": seq, "mbs": mbs, "precision": precision, "optimizer": optimizer, "recompute": recompute,
+             "attention": attention, "framework": framework, "fsdp": fsdp, "tp": tp, **job_flags}
+    setup = trace_setup(job, **{k: v for k, v in flags.items() if v is not None}, device=device,
+                        iterations=iterations, moe_routing=moe_routing)
+    return trace_job(model, setup, top=top, progress=progress)
 
 
-def trace_job(model: str | Callable[[], Any], options: TraceOptions, *, top: int = 10,
+def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int = 10,
               progress: Progress | None = None) -> TraceResult:
-    """:func:`trace` with a ready :class:`TraceOptions`."""
+    """:func:`trace` with a ready :class:`TraceSetup`."""
     say = progress or (lambda _message: None)
+    job_source = "flags"
+    if callable(model):
+        from memplan.trace.script import check_script_flags, takes_context
+
+        check_script_flags(model, options)
+        job_source = "flags" if takes_context(model) else "script"
     timings: dict[str, float] = {}
     started = time.perf_counter()
     mode = TracingFakeMode(allow_non_fake_inputs=True)
@@ -100,17 +116,17 @@ def trace_job(model: str | Callable[[], Any], options: TraceOptions, *, top: int
                      iterations=options.iterations, extra=_meta_extra(name, options))
     result_trace = Trace(events=recorder.events(drop_host=options.device == "cuda"), meta=meta)
     summary = summarize(result_trace, top=top)
-    return TraceResult(result_trace, summary, options, name, timings)
+    return TraceResult(result_trace, summary, options, name, timings, job_source)
 
 
-def _prepare(model: str | Callable[[], Any], options: TraceOptions, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
+def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
     from memplan.trace.distributed import parallelize
     from memplan.trace.moe import static_routing
 
     if callable(model):
         from memplan.trace.script import job_from_callable
 
-        name, job = job_from_callable(model, options)
+        name, job = job_from_callable(model, options, mesh)
         heads: frozenset[str] = frozenset()
     else:
         built: BuiltModel = build_hf_model(model, options)
@@ -123,7 +139,7 @@ def _prepare(model: str | Callable[[], Any], options: TraceOptions, mesh: Any) -
     return name, job, heads
 
 
-def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceOptions,
+def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,
                  heads: frozenset[str]) -> AllocationRecorder:
     host_step = options.device == "cuda" and options.resolved_optimizer_impl != "fused"
     with ModulePath() as module_path:
@@ -138,11 +154,9 @@ def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceOptions,
     return recorder
 
 
-def _meta_extra(name: str, options: TraceOptions) -> dict[str, Any]:
-    from dataclasses import asdict
-
+def _meta_extra(name: str, options: TraceSetup) -> dict[str, Any]:
     import memplan
 
-    return {"model": name, "options": asdict(options), "torch": torch.__version__,
+    return {"model": name, "options": options.to_dict(), "torch": torch.__version__,
             "memplan": getattr(memplan, "__version__", ""), "python": platform.python_version(),
             "size_rounding": "cuda-512" if options.device == "cuda" else "none"}

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from memplan.errors import ModelConfigError, UnsupportedError
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import TraceSetup
 
 __all__ = [
     "TORCH_DTYPES",
@@ -73,7 +73,7 @@ def hf_config_dict(model: str) -> tuple[str, dict[str, Any]]:
     return name, config
 
 
-def _hf_config(config: dict[str, Any], options: TraceOptions) -> Any:
+def _hf_config(config: dict[str, Any], options: TraceSetup) -> Any:
     import transformers
 
     values = dict(config)
@@ -145,7 +145,7 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def build_hf_model(model: str, options: TraceOptions) -> BuiltModel:
+def build_hf_model(model: str, options: TraceSetup) -> BuiltModel:
     """Build ``model`` (preset or config path) with ``transformers``; call inside a fake mode.
 
     Weights are in the precision's storage dtype (fp32 for ``*-mixed``). Raises

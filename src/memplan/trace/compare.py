@@ -1,16 +1,12 @@
 """``--compare-estimate``: the analytical estimator on the same model and job, next to the trace.
 
-The estimator runs with the ``hf`` framework profile (autocast mixed precision, fp32 gradients,
-``F.cross_entropy`` on fp32 logits), which is what a Hugging Face model trained by the HF Trainer
-or a plain PyTorch loop does. Each row pairs a trace category with an estimator field:
-
-* parameters, gradients, optimizer states: the trace's highest live requested bytes of that
-  category (they are steady; the estimator counts elements, not allocator rounding), against ``parameters_bytes``, ``gradients_bytes``, ``optimizer_bytes``;
-* activations: the trace's highest live activation bytes (reached when the backward starts),
-  against ``forward_activations_bytes`` (everything saved for backward when the forward ends);
-* logits: highest live bytes against ``loss_logits_bytes`` (at the loss);
-* communication: highest live bytes against ``communication_bytes``;
-* peak: the trace's peak allocated against ``peak_allocated_bytes``.
+The estimator runs on the very :class:`~memplan.job.Job` the trace ran, so both use the same
+framework profile (``hf`` unless given: autocast mixed precision, fp32 gradients,
+``F.cross_entropy`` on fp32 logits, the profile's optimizer implementation). Each row is one
+memory category (:data:`COMPARED`) at its highest over the step in both engines — the trace's
+highest live requested bytes (no allocator rounding: the estimator counts elements) against
+:meth:`StageEstimate.highest_by_category` (states are steady; activations when the newest forward
+ends; logits at the loss) — and the last row compares the peaks allocated.
 """
 
 from __future__ import annotations
@@ -18,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memplan.trace.options import TraceOptions
+from memplan.categories import MemoryCategory
+from memplan.job import Job
+from memplan.trace.setup import TraceSetup
 from memplan.trace.summary import TraceSummary
 
-__all__ = ["Comparison", "ComparisonRow", "compare_with_estimate", "estimate_job"]
+__all__ = ["COMPARED", "Comparison", "ComparisonRow", "compare_with_estimate", "estimate_job"]
 
 
 @dataclass(frozen=True)
@@ -62,50 +60,38 @@ class Comparison:
         return {"rows": [r.to_dict() for r in self.rows], "assumptions": list(self.assumptions)}
 
 
-def estimate_job(options: TraceOptions) -> Any:
-    """The :class:`memplan.job.Job` the estimator sees for ``options`` (hf profile)."""
-    from memplan.job import Batch, Job, Optimizer, Parallelism, Precision, Recompute, Sharding
-
-    return Job(
-        parallel=Parallelism(world_size=options.world_size, tp=options.tp),
-        sharding=Sharding(fsdp="full" if options.fsdp > 1 else "none"),
-        batch=Batch(micro_batch_size=options.mbs, seq_length=options.seq),
-        precision=Precision(name=options.precision),
-        optimizer=Optimizer(name=options.optimizer, momentum=options.momentum,
-                            implementation=options.resolved_optimizer_impl),  # type: ignore[arg-type]
-        recompute=Recompute(mode=options.recompute),
-        attention=options.attention, dropout=options.dropout, framework="hf",
-    )
+def estimate_job(options: TraceSetup) -> Job:
+    """The job the estimator sees: the very Job the trace ran (same framework profile, same defaults)."""
+    return options.job
 
 
-_PAIRS = (
-    ("parameter", "parameters_bytes"),
-    ("gradient", "gradients_bytes"),
-    ("optimizer_state", "optimizer_bytes"),
-    ("activation", "activations_bytes"),
-    ("logits", "logits_bytes"),
-    ("communication", "communication_bytes"),
+#: The categories compared, each at its highest over the step in both engines.
+COMPARED = (
+    MemoryCategory.PARAMETER,
+    MemoryCategory.GRADIENT,
+    MemoryCategory.OPTIMIZER_STATE,
+    MemoryCategory.MASTER_WEIGHT,
+    MemoryCategory.ACTIVATION,
+    MemoryCategory.LOGITS,
+    MemoryCategory.COMMUNICATION,
 )
 
 
-#: Categories read at the loss rather than at the estimator's peak.
-_AT_LOSS = {"activation": "forward_activations_bytes", "logits": "loss_logits_bytes"}
+def compare_with_estimate(model: str, options: TraceSetup, summary: TraceSummary) -> Comparison:
+    """Run ``memplan.estimate`` on the traced job and pair it with ``summary``, category by category.
 
-
-def compare_with_estimate(model: str, options: TraceOptions, summary: TraceSummary) -> Comparison:
-    """Run ``memplan.estimate`` for ``model`` and ``options`` and pair it with ``summary``.
-
-    Activations and logits are compared with what the estimator keeps when the forward ends and at
-    the loss, whatever phase its peak falls in.
+    Each category is compared at its highest over the step in both engines
+    (:meth:`~memplan.estimate.result.StageEstimate.highest_by_category` against the trace's
+    ``max_requested_by_category``): activations when the newest forward ends, logits at the loss,
+    whatever phase the peak falls in. The peak rows compare the peaks themselves.
     """
     from memplan.estimate.engine import estimate
     from memplan.model import load_model
 
     spec, job = load_model(model), estimate_job(options)
     result = estimate(spec, job)
-    stage = result.stages[0]
-    rows = [ComparisonRow(category, summary.max_requested_by_category.get(category, 0),
-                          int(getattr(stage, _AT_LOSS.get(category, field))))
-            for category, field in _PAIRS]
+    highest = result.stages[0].highest_by_category()
+    rows = [ComparisonRow(category.value, summary.max_requested_by_category.get(category.value, 0), highest[category])
+            for category in COMPARED]
     rows.append(ComparisonRow("peak allocated", summary.peak_allocated_bytes, result.peak_allocated_bytes))
     return Comparison(tuple(rows), tuple(result.assumptions))

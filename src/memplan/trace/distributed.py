@@ -24,7 +24,7 @@ import torch
 
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.trace.build import TORCH_DTYPES
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import TraceSetup
 
 __all__ = ["TP_PLAN", "decoder_layers", "parallelize", "simulated_ranks"]
 
@@ -37,7 +37,7 @@ TP_PLAN: dict[str, str] = {
 
 
 @contextmanager
-def simulated_ranks(options: TraceOptions) -> Iterator[Any]:
+def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
     """A fake process group of ``fsdp * tp`` ranks (this process is rank 0) and its device mesh.
 
     Yields ``None`` for a single rank. Refuses to run when a process group already exists.
@@ -77,13 +77,17 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
                            "gpt_neox.layers); use --script to shard the model yourself")
 
 
-def parallelize(model: torch.nn.Module, options: TraceOptions, mesh: Any) -> None:
-    """Apply the TP plan and/or FSDP2 to ``model`` in place (no-op for one rank)."""
+def parallelize(model: torch.nn.Module, options: TraceSetup, mesh: Any,
+                blocks: list[torch.nn.Module] | None = None) -> None:
+    """Apply the TP plan and/or FSDP2 to ``model`` in place (no-op for one rank).
+
+    ``blocks``: the repeated blocks to shard one by one (default: the Hugging Face decoder layers).
+    """
     if mesh is None:
         return
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    layers = decoder_layers(model)
+    layers = decoder_layers(model) if blocks is None else blocks
     # Device meshes are small real tensors (fully_shard slices a 2-D mesh with nonzero()); the
     # parameters stay fake because a fake tensor's operators always run in its own fake mode.
     with unset_fake_temporarily():
@@ -123,7 +127,7 @@ def _has(module: torch.nn.Module, path: str) -> bool:
     return True
 
 
-def _apply_fsdp(model: torch.nn.Module, layers: list[torch.nn.Module], mesh: Any, options: TraceOptions) -> None:
+def _apply_fsdp(model: torch.nn.Module, layers: list[torch.nn.Module], mesh: Any, options: TraceSetup) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[options.compute_dtype], reduce_dtype=torch.float32) \

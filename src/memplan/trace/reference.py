@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from memplan.trace.build import build_hf_model
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import TraceSetup
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, run_iterations
 
 __all__ = ["measure_hf_reference", "profiler_peak_bytes", "real_hf_step"]
 
 
-def real_hf_step(model: str, options: TraceOptions, *, seed: int = 0) -> StepJob:
+def real_hf_step(model: str, options: TraceSetup, *, seed: int = 0) -> StepJob:
     """The step job of ``model`` with real CPU tensors (small models only: weights are allocated)."""
     torch.manual_seed(seed)
     built = build_hf_model(model, options)
@@ -44,7 +44,7 @@ def profiler_peak_bytes(run: Callable[[], Any], device: str = "cpu") -> int:
     return max((sum(row) for row in sizes), default=0)
 
 
-def measure_hf_reference(model: str, options: TraceOptions) -> int:
+def measure_hf_reference(model: str, options: TraceSetup) -> int:
     """Peak of ``options.iterations`` real CPU iterations of ``model`` per the profiler timeline."""
     job = real_hf_step(model, options)
     return profiler_peak_bytes(lambda: run_iterations(job, options.iterations))

@@ -17,7 +17,7 @@ import torch
 from memplan.categories import MemoryCategory
 from memplan.errors import UnsupportedError
 from memplan.trace.build import TORCH_DTYPES
-from memplan.trace.options import TraceOptions
+from memplan.trace.setup import TraceSetup
 from memplan.trace.recorder import HOST, AllocationRecorder
 
 __all__ = [
@@ -58,13 +58,13 @@ def hf_loss(output: Any, batch: Any) -> torch.Tensor:
     return output.loss
 
 
-def make_batch(vocab_size: int, options: TraceOptions) -> dict[str, torch.Tensor]:
+def make_batch(vocab_size: int, options: TraceSetup) -> dict[str, torch.Tensor]:
     """Token ids and labels (int64, mbs x seq), as a data collator for causal LM makes them."""
     input_ids = torch.randint(0, vocab_size, (options.mbs, options.seq), dtype=torch.long)
     return {"input_ids": input_ids, "labels": input_ids.clone()}
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], options: TraceOptions) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable[torch.nn.Parameter], options: TraceSetup) -> torch.optim.Optimizer:
     """The optimizer of ``options`` with the implementation PyTorch picks on ``options.device``."""
     impl = options.resolved_optimizer_impl
     kwargs: dict[str, Any] = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
@@ -118,7 +118,7 @@ def _checkpoint_forward(module: torch.nn.Module) -> None:
     module.forward = checkpointed  # type: ignore[method-assign]
 
 
-def hf_step_job(model: torch.nn.Module, options: TraceOptions, *, autocast: bool = True) -> StepJob:
+def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool = True) -> StepJob:
     """A Hugging Face causal LM's step: token batch, the job's optimizer, autocast for ``*-mixed``.
 
     ``autocast=False`` when FSDP's mixed-precision policy casts the parameters instead.

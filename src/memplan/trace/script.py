@@ -1,15 +1,26 @@
 """``--script file.py:make_job``: trace the user's own model and training step.
 
-The function is called with no arguments *inside* the fake mode, so every tensor it creates
-(the model's parameters, the batch) is fake and costs no memory. It returns either a mapping with
-keys ``model``, ``batch``, ``optimizer``, ``loss_fn`` or the tuple ``(model, batch, optimizer,
-loss_fn)``; ``loss_fn(output, batch)`` turns the model output into a scalar loss. Example::
+The function is called *inside* the fake mode, so every tensor it creates (the model's
+parameters, the batch) is fake and costs no memory. It returns either a mapping with keys
+``model``, ``batch``, ``optimizer``, ``loss_fn`` or the tuple ``(model, batch, optimizer,
+loss_fn)``; ``loss_fn(output, batch)`` turns the model output into a scalar loss.
 
-    def make_job():
-        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 10))
-        batch = torch.randn(64, 1024)
-        optimizer = torch.optim.AdamW(model.parameters())
-        return model, batch, optimizer, lambda out, batch: out.square().mean()
+The contract with the command line's job flags:
+
+* ``def make_job():`` — the script defines its own job. Job flags given on the command line
+  (``--seq``, ``--precision``, ``--fsdp``...) cannot reach it and are refused (exit 2), never ignored.
+* ``def make_job(ctx):`` — the function receives a :class:`ScriptContext`: ``ctx.job`` is the
+  :class:`~memplan.job.Job` the flags describe, ``ctx.mesh`` the simulated device mesh under
+  ``--fsdp N`` / ``--tp N`` (None on one rank), and helpers that apply the job the way the tracer
+  applies it to Hugging Face models (``ctx.parallelize(model, blocks)``, ``ctx.make_optimizer(params)``,
+  ``ctx.token_batch(vocab_size)``, ``ctx.param_dtype``). The tracer itself runs the loop: autocast
+  for ``*-mixed`` precision on unsharded models, ``--iterations``, ``--device`` accounting. Example::
+
+    def make_job(ctx):
+        model = MyModel(dtype=ctx.param_dtype)           # build in the dtype: .to() cannot swap fake weights
+        ctx.parallelize(model, blocks=model.blocks)      # FSDP2 / TP as the flags say
+        batch = ctx.token_batch(vocab_size=32000)
+        return model, batch, ctx.make_optimizer(model.parameters()), lambda out, b: out.loss
 
 An exception raised by the script becomes an error naming the file and the exception (exit 1).
 """
@@ -17,18 +28,22 @@ An exception raised by the script becomes an error naming the file and the excep
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from memplan.errors import ConfigError, UnsupportedError
-from memplan.trace.options import TraceOptions
-from memplan.trace.run import StepJob
+from memplan.job import Job
+from memplan.trace.build import TORCH_DTYPES
+from memplan.trace.run import StepJob, make_batch, make_optimizer
+from memplan.trace.setup import TraceSetup
 
-__all__ = ["ScriptError", "job_from_callable", "load_script_function"]
+__all__ = ["ScriptContext", "ScriptError", "check_script_flags", "job_from_callable", "load_script_function", "takes_context"]
 
 
 class ScriptError(UnsupportedError):
@@ -61,17 +76,74 @@ def load_script_function(spec: str) -> Callable[[], Any]:
     return function  # type: ignore[no-any-return]
 
 
-def job_from_callable(function: Callable[[], Any], options: TraceOptions) -> tuple[str, StepJob]:
-    """Call ``function`` (inside the fake mode) and check what it returns."""
-    source = getattr(function, "__memplan_source__", getattr(function, "__qualname__", "the job function"))
+@dataclass(frozen=True)
+class ScriptContext:
+    """What a ``make_job(ctx)`` function receives: the job the flags describe and the simulated ranks."""
+
+    #: The job (batch, precision, optimizer, recompute, ranks) the command line describes.
+    job: Job
+    #: The fake process group's device mesh (dims ``dp`` and/or ``tp``), None on one rank.
+    mesh: Any
+    #: How the tracer runs the job (device accounting, iterations).
+    setup: TraceSetup
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype to build the weights in: fp32 for ``*-mixed``, else the compute dtype."""
+        return torch.float32 if self.setup.mixed else TORCH_DTYPES[self.setup.compute_dtype]
+
+    def make_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        """The job's optimizer (``--optimizer``, ``--momentum``, the framework's implementation)."""
+        return make_optimizer(params, self.setup)
+
+    def token_batch(self, vocab_size: int) -> dict[str, torch.Tensor]:
+        """``input_ids`` and ``labels`` of ``--mbs`` x ``--seq`` tokens."""
+        return make_batch(vocab_size, self.setup)
+
+    def parallelize(self, model: torch.nn.Module, blocks: Iterable[torch.nn.Module] | None = None) -> None:
+        """Apply ``--tp`` (Llama-style blocks) and ``--fsdp`` (``fully_shard`` per block and on the
+        root, with the precision's ``MixedPrecisionPolicy``) to ``model`` in place; no-op on one rank."""
+        from memplan.trace.distributed import parallelize
+
+        parallelize(model, self.setup, self.mesh, blocks=None if blocks is None else list(blocks))
+
+
+def takes_context(function: Callable[..., Any]) -> bool:
+    """Whether the job function accepts the :class:`ScriptContext` (one positional parameter)."""
     try:
-        returned = function()
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
+
+
+def check_script_flags(function: Callable[..., Any], setup: TraceSetup) -> None:
+    """Refuse job flags that a context-less job function cannot honour (before anything runs)."""
+    if takes_context(function):
+        return
+    given = sorted(setup.given - {"framework"})
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        name = getattr(function, "__name__", "the job function")
+        raise ConfigError(flag, f"cannot apply: {name}() takes no argument, so the script builds its own job; "
+                          f"accept a ctx argument and read ctx.job (see docs/trace.md, 'Your own model') or "
+                          f"leave out {', '.join('--' + g.replace('_', '-') for g in given)}")
+
+
+def job_from_callable(function: Callable[..., Any], options: TraceSetup, mesh: Any = None) -> tuple[str, StepJob]:
+    """Call ``function`` (inside the fake mode), with a :class:`ScriptContext` if it takes one."""
+    source = getattr(function, "__memplan_source__", getattr(function, "__qualname__", "the job function"))
+    with_context = takes_context(function)
+    try:
+        returned = function(ScriptContext(options.job, mesh, options)) if with_context else function()
     except Exception as exc:  # noqa: BLE001
         raise ScriptError(f"{source}: {getattr(function, '__name__', 'the function')}() raised "
                           f"{type(exc).__name__}: {exc}") from None
     model, batch, optimizer, loss_fn = _unpack(returned, source)
     name = f"{Path(str(source)).name}:{getattr(function, '__name__', '?')}"
-    job = StepJob(model, batch, optimizer, _guarded(loss_fn, source), None)
+    autocast = TORCH_DTYPES[options.compute_dtype] if with_context and options.mixed and options.fsdp == 1 else None
+    job = StepJob(model, batch, optimizer, _guarded(loss_fn, source), autocast,
+                  cuda_autocast=options.device == "cuda")
     return name, job
 
 

@@ -1,0 +1,131 @@
+"""``memplan estimate``, ``memplan models`` and ``memplan gpus``: the estimator and its catalogues.
+
+A thin client: the job options come from the Job's declarations (:func:`job_options`), the input
+dialects are resolved by :func:`memplan.inputs.load_job`, the maths is :func:`memplan.estimate`
+and the tables are :mod:`memplan.report.text`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+import typer
+
+from memplan.commands.common import (
+    Command,
+    app,
+    check_output_path,
+    handle_errors,
+    job_options,
+    option,
+    print_json,
+    print_rich,
+)
+
+__all__ = ["estimate_command", "gpus_command", "models_command"]
+
+_OUT = "Inputs and output"
+
+_EPILOG = """\
+Examples:
+
+  memplan estimate llama-3.1-8b --gpus 8 --gpu h100-80gb
+
+  memplan estimate llama-3.1-70b --gpus 64 --tp 8 --pp 4 --distributed-optimizer --gbs 512
+
+  memplan estimate path/to/config.json --framework torchtitan --fsdp full --gpus 16
+
+  memplan estimate --megatron-args train_args.sh --gpus 128 --json
+
+  memplan estimate mistral-7b --gpus 8 --deepspeed-config ds_config.json --explain
+
+  memplan estimate --job llama-70b.yaml --seq 16384 --save-job llama-70b-16k.yaml
+
+  memplan estimate deepseek-v3 --gpus 1024 --tp 2 --pp 16 --ep 8 --fp8 hybrid --mtp-layers 1
+
+All sizes are GiB = 2^30 bytes. Exit codes: 0 ok, 1 unsupported input, 2 invalid input.
+"""
+
+
+@app.command("estimate", cls=Command, epilog=_EPILOG)
+@job_options()
+def estimate_command(
+    model: Annotated[str | None, typer.Argument(
+        help="Preset name (see `memplan models`) or path to a Hugging Face config.json / its folder. "
+        "Optional with --megatron-args or --job.", show_default=False, metavar="MODEL")] = None,
+    gpu: Annotated[str | None, option("--gpu", help="GPU to check the fit against (see `memplan gpus`).", panel=_OUT, metavar="NAME")] = None,
+    fragmentation: Annotated[float | None, option("--fragmentation", help="Assumed allocator fragmentation fraction. (default: 0.10)", panel=_OUT, metavar="F")] = None,
+    megatron_args: Annotated[str | None, option("--megatron-args", help="File with a Megatron-LM launch command line or args mapping.", panel=_OUT, metavar="FILE")] = None,
+    deepspeed_config: Annotated[str | None, option("--deepspeed-config", help="DeepSpeed JSON config applied to the job.", panel=_OUT, metavar="FILE")] = None,
+    job_file: Annotated[str | None, option("--job", help="YAML/JSON job file whose fields are these flags' names (flags typed here win).", panel=_OUT, metavar="FILE")] = None,
+    save_job: Annotated[str | None, option("--save-job", help="Write the resolved job as a YAML/JSON job file.", panel=_OUT, metavar="FILE")] = None,
+    explain: Annotated[bool, option("--explain", help="Also print the numbered assumptions.", panel=_OUT)] = False,
+    json_output: Annotated[bool, option("--json", help="Print Estimate.to_dict() as JSON (nothing else on stdout).", panel=_OUT)] = False,
+    job_flags: dict[str, Any] | None = None,
+) -> None:
+    """Estimate the per-GPU peak memory of training MODEL, for every pipeline stage.
+
+    Prints a table per pipeline stage (GiB = 2^30 bytes): parameters, gradients, optimizer
+    states, activations, logits, buffers, peak allocated and predicted reserved memory.
+    """
+    with handle_errors():
+        from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
+        from memplan.gpus import get_gpu
+        from memplan.inputs import JobRequest, load_job
+
+        check_output_path("--save-job", save_job)
+        loaded = load_job(JobRequest(model=model, flags=job_flags or {}, job_file=job_file, gpu=gpu,
+                                     fragmentation=fragmentation, megatron_args=megatron_args,
+                                     deepspeed_config=deepspeed_config))
+        frag = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
+        result = estimate(loaded.model, loaded.job, gpu=loaded.gpu and get_gpu(loaded.gpu), fragmentation=frag)
+        if save_job is not None:
+            _save_job(loaded, save_job)
+    if json_output:
+        print_json(result.to_dict())
+        return
+    from memplan.report.text import render_estimate
+
+    print_rich(render_estimate(result, explain=explain))
+
+
+def _save_job(loaded: Any, path: str) -> None:
+    from memplan.jobfile import dump_job_file
+
+    for name in dump_job_file(loaded.model_ref, loaded.job, path, gpu=loaded.gpu, fragmentation=loaded.fragmentation,
+                              megatron_args=loaded.megatron_args, deepspeed_config=loaded.deepspeed_config):
+        typer.secho(f"warning: --save-job: {name} has no flag and was not written", fg="yellow", err=True)
+
+
+@app.command("models", cls=Command, epilog="Examples:\n\n  memplan models\n\n  memplan models --json")
+def models_command(
+    json_output: Annotated[bool, typer.Option("--json", help="Print the list as JSON.")] = False,
+) -> None:
+    """List the shipped model presets (name, type, parameters, layers, hidden size, MoE)."""
+    with handle_errors():
+        from memplan.model import list_presets
+
+        presets = list_presets()
+    if json_output:
+        print_json([dataclasses.asdict(p) for p in presets])
+        return
+    from memplan.report.text import presets_table
+
+    print_rich(presets_table(presets))
+
+
+@app.command("gpus", cls=Command, epilog="Examples:\n\n  memplan gpus\n\n  memplan gpus --json")
+def gpus_command(
+    json_output: Annotated[bool, typer.Option("--json", help="Print the catalogue as JSON.")] = False,
+) -> None:
+    """List the GPU catalogue: memory the driver reports and what PyTorch's allocator can use."""
+    from memplan.gpus import list_gpus
+
+    gpus = list_gpus()
+    if json_output:
+        print_json([{**dataclasses.asdict(g), "usable_bytes": g.usable_bytes} for g in gpus])
+        return
+    from memplan.report.text import gpus_table
+
+    print_rich(gpus_table(gpus))

@@ -1,0 +1,159 @@
+"""Every input dialect → one ``(ModelSpec, Job)``: flags, job files, Megatron arguments, DeepSpeed configs.
+
+The commands (estimate, trace, fit, report) and the Python API describe a job with a
+:class:`JobRequest` and call :func:`load_job`; nothing else turns user input into a Job. Precedence,
+lowest to highest: the base job (``Job()``, or the trace's framework), the job file, the Megatron
+arguments, the DeepSpeed config, then the flags typed on the command line — what the user typed
+wins over every file. Example::
+
+    >>> from memplan.inputs import JobRequest, load_job
+    >>> loaded = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 8, "tp": 2}))
+    >>> loaded.job.parallel.dp
+    4
+
+Errors are :class:`~memplan.errors.ConfigError` naming the flag or ``FILE: field``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memplan.errors import ConfigError, UnsupportedError
+from memplan.job import Job, validate_job_for_model
+from memplan.jobflags import build_job
+from memplan.model.spec import ModelSpec
+
+__all__ = ["JobRequest", "LoadedJob", "load_job", "request_job"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRequest:
+    """What the user gave to describe a job; ``None`` means not given."""
+
+    #: Preset name, config.json path or folder (optional with Megatron arguments or a job file naming one).
+    model: str | None = None
+    #: Job flag values by :attr:`memplan.jobflags.JobFlag.name` (``None`` values are ignored).
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    #: A YAML/JSON job file (``--job``).
+    job_file: str | None = None
+    #: A Megatron-LM launch command line or arguments mapping (``--megatron-args``).
+    megatron_args: str | None = None
+    #: A DeepSpeed JSON config (``--deepspeed-config``).
+    deepspeed_config: str | None = None
+    #: GPU name to check the fit against (``--gpu``).
+    gpu: str | None = None
+    #: Assumed allocator fragmentation (``--fragmentation``).
+    fragmentation: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedJob:
+    """The model and job a request describes, with the request's other settings resolved."""
+
+    model: ModelSpec
+    job: Job
+    #: The model as the user named it (preset, path), or None when it came from Megatron arguments.
+    model_ref: str | None
+    gpu: str | None = None
+    fragmentation: float | None = None
+    megatron_args: str | None = None
+    deepspeed_config: str | None = None
+
+
+def _given(flags: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def _merged(request: JobRequest) -> tuple[dict[str, Any], Path | None]:
+    """The request's values with the job file's underneath (flags and explicit settings win)."""
+    explicit = {"model": request.model, "megatron_args": request.megatron_args,
+                "deepspeed_config": request.deepspeed_config, "gpu": request.gpu,
+                "fragmentation": request.fragmentation, **request.flags}
+    explicit = _given(explicit)
+    if request.job_file is None:
+        return explicit, None
+    from memplan.jobfile import load_job_file
+
+    return {**load_job_file(request.job_file), **explicit}, Path(request.job_file)
+
+
+def load_job(request: JobRequest, *, base: Job | None = None) -> LoadedJob:
+    """Resolve ``request`` into a validated model and job (see the module docstring for precedence).
+
+    ``base`` replaces ``Job()`` underneath everything (``memplan trace`` passes its framework).
+    """
+    values, job_file = _merged(request)
+    try:
+        return _load(values, base)
+    except ConfigError as exc:
+        if job_file is None:
+            raise
+        from memplan.jobfile import in_file
+
+        raise in_file(exc, job_file) from None
+
+
+def request_job(request: JobRequest, *, base: Job | None = None) -> Job:
+    """The job of a request that names no model (e.g. a layout for ``fit``): flags and job file only."""
+    values, job_file = _merged(request)
+    try:
+        _check(values)
+        return build_job(values, base)
+    except ConfigError as exc:
+        if job_file is None:
+            raise
+        from memplan.jobfile import in_file
+
+        raise in_file(exc, job_file) from None
+
+
+def _check(values: Mapping[str, Any]) -> None:
+    from memplan.jobfile import check_conflicts
+
+    check_conflicts(values)
+    fragmentation = values.get("fragmentation")
+    if fragmentation is not None and not 0.0 <= fragmentation < 1.0:
+        raise ConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
+    if values.get("gpu") is not None:
+        from memplan.fit.colocate import resolve_device
+
+        resolve_device(values["gpu"])
+
+
+def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
+    _check(values)
+    spec: ModelSpec | None = None
+    megatron_args, deepspeed_config = values.get("megatron_args"), values.get("deepspeed_config")
+    if megatron_args is not None:
+        load_megatron_args = _lazy("memplan.frameworks.megatron_args", "load_megatron_args", "--megatron-args")
+        spec, base = load_megatron_args(megatron_args, gpus=values.get("gpus") or 1)
+    model_ref = values.get("model")
+    if model_ref is not None:
+        from memplan.model import load_model
+
+        spec = load_model(model_ref)
+    if spec is None:
+        raise ConfigError("MODEL", "is required (a preset name or a config.json path) unless --megatron-args "
+                          "or a job file names one")
+    job = build_job(values, base)
+    if deepspeed_config is not None:
+        apply = _lazy("memplan.frameworks.deepspeed_config", "apply_deepspeed_config", "--deepspeed-config")
+        job = build_job(values, apply(deepspeed_config, job))
+    validate_job_for_model(job, spec)
+    return LoadedJob(model=spec, job=job, model_ref=model_ref, gpu=values.get("gpu"),
+                     fragmentation=values.get("fragmentation"), megatron_args=megatron_args,
+                     deepspeed_config=deepspeed_config)
+
+
+def _lazy(module: str, name: str, flag: str) -> Any:
+    """Import ``module.name`` on first use; a build without it gets a clear error, not a traceback."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        raise UnsupportedError(f"{flag} is not available in this build of memplan ({module} is missing)") from None

@@ -1,0 +1,249 @@
+"""What a trace runs: the :class:`~memplan.job.Job` (the same one ``memplan estimate`` reads) plus
+:class:`RunSettings`, the few things only the tracer needs. No torch import.
+
+:class:`TraceSetup` is a read-only view of the two: it declares no job field of its own, so a
+traced job and an estimated job are the same object and every default lives in the Job and its
+framework profile. The tracer runs the Hugging Face model the way the job's framework does:
+
+* ``hf`` (the trace's framework when none is given) and ``torchtitan``: PyTorch modules;
+  ``*-mixed`` is ``torch.autocast`` on one rank, FSDP2's ``MixedPrecisionPolicy`` with ``--fsdp``;
+* ``flash`` and ``sdpa`` attention both run PyTorch SDPA (its flash kernel on CUDA);
+* the optimizer implementation ``auto`` is the profile's (:func:`resolved_optimizer_impl`).
+
+Job settings the tracer cannot execute (pipeline or context parallelism, ZeRO, FP8, offload,
+Megatron-only options, ...) are refused by :func:`check_traceable` with the flag named — never
+silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from memplan.errors import ConfigError
+from memplan.frameworks.profiles import resolved_optimizer_impl
+from memplan.job import Job
+from memplan.jobflags import build_job, job_flags
+
+__all__ = ["TRACE_FRAMEWORKS", "MoeRouting", "RunSettings", "TraceDevice", "TraceSetup", "check_traceable",
+           "trace_setup"]
+
+TraceDevice = Literal["cuda", "cpu"]
+#: ``balanced``: replace data-dependent MoE routing by a static, evenly balanced assignment.
+MoeRouting = Literal["error", "balanced"]
+#: Frameworks whose training step the tracer runs (the others are estimated only).
+TRACE_FRAMEWORKS = ("hf", "torchtitan")
+#: The trace's framework when the user gives none: a Hugging Face model in a plain PyTorch loop.
+DEFAULT_TRACE_FRAMEWORK = "hf"
+
+#: Job fields the tracer executes, as (section, field); every other field must keep its default.
+_TRACED: frozenset[tuple[str | None, str]] = frozenset({
+    ("parallel", "world_size"), ("parallel", "tp"), ("parallel", "dp"),
+    ("sharding", "fsdp"),
+    ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"),
+    ("precision", "name"),
+    ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
+    ("recompute", "mode"),
+    (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"),
+})
+_RUN_FIELDS = ("device", "iterations", "moe_routing")
+#: Optimizers whose step cannot run on fake tensors, and why.
+_UNTRACEABLE_OPTIMIZERS = {
+    "adam8bit": "adam8bit needs bitsandbytes and a GPU; memplan trace runs adamw, adam and sgd "
+                "(memplan estimate prices adam8bit)",
+    "adafactor": "PyTorch's Adafactor reads its step counter with .item(), which fake tensors cannot answer; "
+                 "memplan trace runs adamw, adam and sgd (memplan estimate prices adafactor)",
+}
+
+
+def _check_in(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(name, f"must be one of {', '.join(choices)}", value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """How the tracer runs a job; nothing here changes the job itself."""
+
+    #: ``--device``: ``cuda`` accounts as the CUDA caching allocator would (512-byte rounding,
+    #: step counters of non-fused optimizers on the host); ``cpu`` exactly as a CPU run allocates.
+    device: TraceDevice = "cuda"
+    #: ``--iterations``: training iterations to run (2: the second one has its optimizer states).
+    iterations: int = 2
+    #: ``--moe-routing``: what to do with data-dependent MoE routing under fake tensors.
+    moe_routing: MoeRouting = "balanced"
+
+    def __post_init__(self) -> None:
+        _check_in("--device", self.device, get_args(TraceDevice))
+        _check_in("--moe-routing", self.moe_routing, get_args(MoeRouting))
+        if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or not 1 <= self.iterations <= 100:
+            raise ConfigError("--iterations", "must be an integer in [1, 100]", self.iterations)
+
+
+def _flag_name(section: str | None, name: str) -> str:
+    for flag in job_flags():
+        if (flag.section, flag.field) == (section, name):
+            return flag.flag
+    return f"{section}.{name}" if section else name
+
+
+def check_traceable(job: Job) -> None:
+    """Refuse, naming the flag, any job setting the tracer cannot execute."""
+    if job.framework not in TRACE_FRAMEWORKS:
+        raise ConfigError("--framework", "memplan trace runs PyTorch modules as hf (Trainer or a plain loop) or "
+                          "torchtitan do; megatron and deepspeed jobs are estimated only (memplan estimate)",
+                          job.framework)
+    default = Job()
+    for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload"):
+        now, base = (getattr(job, section), getattr(default, section)) if section else (job, default)
+        for name in vars(now):
+            if (section, name) in _TRACED or (section is None and hasattr(getattr(job, name), "__dataclass_fields__")):
+                continue
+            if getattr(now, name) != getattr(base, name):
+                raise ConfigError(_flag_name(section, name), "is not something memplan trace can run (it simulates "
+                                  "FSDP and TP ranks of a PyTorch training step); estimate this job with memplan "
+                                  "estimate", getattr(now, name))
+    _check_ranks(job)
+
+
+def _check_ranks(job: Job) -> None:
+    par, sharding = job.parallel, job.sharding
+    if sharding.fsdp == "hybrid":
+        raise ConfigError("--fsdp", "hybrid sharding is not simulated by memplan trace (use full)", "hybrid")
+    if sharding.fsdp == "none" and par.data_parallel > 1:
+        raise ConfigError("--gpus", f"memplan trace simulates FSDP and TP ranks: with --fsdp none the GPUs must "
+                          f"equal --tp ({par.tp}); DDP replicas are estimated only", par.world_size)
+    if job.batch.global_batch_size not in (None, job.batch.micro_batch_size * par.data_parallel):
+        raise ConfigError("--gbs", "gradient accumulation is not traced: memplan trace runs one micro-batch per "
+                          f"step (leave --gbs out or make it mbs*dp = {job.batch.micro_batch_size * par.data_parallel})",
+                          job.batch.global_batch_size)
+    if job.optimizer.name in _UNTRACEABLE_OPTIMIZERS:
+        raise ConfigError("--optimizer", _UNTRACEABLE_OPTIMIZERS[job.optimizer.name], job.optimizer.name)
+    if job.loss not in ("auto", "fp32-logits"):
+        raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits); other loss paths are "
+                          "estimated only", job.loss)
+
+
+@dataclass(frozen=True)
+class TraceSetup:
+    """The job a trace runs and how: a read-only view of ``job`` and ``run`` in the tracer's words."""
+
+    job: Job
+    run: RunSettings = field(default_factory=RunSettings)
+    #: Names of the job flags the user gave (the rest are defaults): a job function that takes no
+    #: context must not be given any (see :mod:`memplan.trace.script`).
+    given: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        check_traceable(self.job)
+
+    @property
+    def seq(self) -> int:
+        return self.job.batch.seq_length
+
+    @property
+    def mbs(self) -> int:
+        return self.job.batch.micro_batch_size
+
+    @property
+    def precision(self) -> str:
+        return self.job.precision.name
+
+    @property
+    def mixed(self) -> bool:
+        return self.job.precision.is_mixed
+
+    @property
+    def compute_dtype(self) -> str:
+        """``fp32``, ``bf16`` or ``fp16``: the dtype matmuls run in."""
+        return self.job.precision.compute_dtype
+
+    @property
+    def optimizer(self) -> str:
+        return self.job.optimizer.name
+
+    @property
+    def momentum(self) -> float:
+        return self.job.optimizer.momentum
+
+    @property
+    def resolved_optimizer_impl(self) -> str:
+        """``foreach``, ``fused`` or ``for-loop``: the implementation the job's framework uses."""
+        return resolved_optimizer_impl(self.job)
+
+    @property
+    def recompute(self) -> str:
+        return self.job.recompute.mode
+
+    @property
+    def attention(self) -> str:
+        """The attention implementation transformers is given: ``sdpa`` (for flash too) or ``eager``."""
+        return "eager" if self.job.attention == "eager" else "sdpa"
+
+    @property
+    def dropout(self) -> float:
+        return self.job.dropout
+
+    @property
+    def tp(self) -> int:
+        return self.job.parallel.tp
+
+    @property
+    def fsdp(self) -> int:
+        """FSDP ranks (1 = no FSDP)."""
+        return self.job.parallel.data_parallel if self.job.sharding.fsdp == "full" else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.job.parallel.world_size
+
+    @property
+    def device(self) -> str:
+        return self.run.device
+
+    @property
+    def iterations(self) -> int:
+        return self.run.iterations
+
+    @property
+    def moe_routing(self) -> str:
+        return self.run.moe_routing
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job (as Job fields) and the run settings, JSON-ready."""
+        from dataclasses import asdict
+
+        return {"job": asdict(self.job), "run": asdict(self.run), "given": sorted(self.given),
+                "resolved": {"optimizer_impl": self.resolved_optimizer_impl, "attention": self.attention,
+                             "fsdp_ranks": self.fsdp, "tp_ranks": self.tp}}
+
+
+def trace_base(flags: Mapping[str, Any]) -> Job:
+    """The Job under a trace's flags: the trace's framework unless one is given."""
+    return Job(framework=DEFAULT_TRACE_FRAMEWORK) if flags.get("framework") is None else Job()
+
+
+def rank_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """``--tp N`` alone simulates N ranks: the GPU count follows the ranks when it is not given."""
+    out = {k: v for k, v in flags.items() if v is not None}
+    if "gpus" not in out and "tp" in out and not str(out.get("fsdp", "")).strip().isdigit():
+        out["gpus"] = out["tp"]
+    return out
+
+
+def trace_setup(job: Job | None = None, **values: Any) -> TraceSetup:
+    """A :class:`TraceSetup` from job flags and run settings given as keywords.
+
+    Example: ``trace_setup(seq=512, mbs=2, precision="fp32", device="cpu")``. Keywords are job flag
+    names (:mod:`memplan.jobflags`: ``seq``, ``mbs``, ``fsdp``, ``tp``, ``recompute``...) or run
+    settings (``device``, ``iterations``, ``moe_routing``); ``job`` replaces the flags' base.
+    """
+    run = RunSettings(**{k: values.pop(k) for k in _RUN_FIELDS if values.get(k) is not None})
+    for k in _RUN_FIELDS:
+        values.pop(k, None)
+    unknown = sorted(set(values) - {f.name for f in job_flags()})
+    if unknown:
+        raise ConfigError(unknown[0], "is not a job flag or a trace run setting")
+    flags = rank_flags(values)
+    return TraceSetup(build_job(flags, job if job is not None else trace_base(flags)), run, frozenset(flags))
