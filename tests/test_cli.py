@@ -416,3 +416,13 @@ def test_job_file_with_an_unknown_field_exits_2(tmp_path):
     bad.write_text("model: gpt2\ngpus: 8\ntensor_parallel: 2\n")
     result = runner.invoke(app, ["estimate", "--job", str(bad)])
     assert result.exit_code == 2 and "tensor_parallel" in result.stderr and "Traceback" not in result.output
+
+
+def test_docs_list_every_job_flag_with_its_default() -> None:
+    """docs/job.md's table of defaults is the Job's declarations (one table, kept in step)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "job.md").read_text(encoding="utf-8")
+    for flag in job_flags():
+        default = "—" if flag.default is None else ("off" if flag.default is False else str(flag.default))
+        assert f"| `{flag.flag}` | " in text and f"| {default} | {flag.help} |" in text, flag.flag

@@ -25,6 +25,7 @@ from memplan.model.params import (
     position_embedding_params,
 )
 from memplan.model.presets import preset_config, preset_names
+from memplan.model.tensors import model_tensors
 
 #: Keys that would make transformers do more than build the architecture (remote code, fp8).
 _NOT_ARCHITECTURE = ("auto_map", "quantization_config")
@@ -70,6 +71,7 @@ def _assert_same(config: dict[str, Any], model: Any, name: str = "variant") -> N
     assert head_params(spec) == parts["head"]
     assert final_norm_params(spec) == parts["norm"]
     assert total_params(spec) == _numel(model)
+    assert model_tensors(spec) == len(list(model.parameters()))  # per-tensor optimizer state (fused step)
 
 
 @pytest.mark.parametrize("name", preset_names())

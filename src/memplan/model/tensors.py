@@ -1,0 +1,61 @@
+"""How many parameter *tensors* a model has (not elements): what per-tensor optimizer state costs.
+
+PyTorch's fused (and capturable) Adam/AdamW keep one float32 ``step`` counter per parameter tensor
+on the parameters' device (``torch/optim/adam.py``: ``_init_group`` creates ``state["step"]`` on
+``p.device`` when ``fused or capturable``); the foreach and for-loop implementations keep it on the
+host. The counts here equal ``len(list(model.parameters()))`` of the model ``transformers`` builds
+from the same config (tested on every preset), as :mod:`memplan.model.params` does for elements.
+Routed experts are counted as transformers 5 stores them: one stacked ``gate_up_proj`` (or
+``gate_proj`` and ``up_proj``) and one ``down_proj`` per MoE layer, not one module per expert.
+"""
+
+from __future__ import annotations
+
+from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+
+__all__ = ["layer_tensors", "model_tensors"]
+
+
+def _attention_tensors(attn: AttentionSpec) -> int:
+    if attn.kind == "mla":
+        # q_a_proj (+bias), q_a_layernorm, q_b_proj — or q_proj alone; kv_a_proj_with_mqa (+bias),
+        # kv_a_layernorm, kv_b_proj; o_proj (+bias). Only the down-projections and o_proj take bias.
+        bias = 1 if attn.qkv_bias else 0
+        q = 3 + bias if attn.q_lora_rank else 1
+        return q + 3 + bias + (2 if attn.out_bias else 1)
+    projections = 1 if attn.fused_qkv else 3
+    count = projections * (2 if attn.qkv_bias else 1)
+    count += 2 if attn.out_bias else 1
+    return count + (2 if attn.qk_norm else 0)
+
+
+def _mlp_tensors(mlp: MLPSpec) -> int:
+    weights = (2 if mlp.fused_gate_up else 3) if mlp.gated else 2
+    return weights * (2 if mlp.bias else 1)
+
+
+def _experts_tensors(moe: MoESpec) -> int:
+    """Routed experts, stacked: ``gate_up_proj`` (gated) or ``up_proj``, and ``down_proj``."""
+    return 2 * (2 if moe.expert.bias else 1)
+
+
+def _moe_tensors(moe: MoESpec) -> int:
+    count = 1 + (1 if moe.router_bias and not moe.router_bias_is_buffer else 0)
+    count += _experts_tensors(moe)
+    if moe.shared_expert is not None:
+        count += _mlp_tensors(moe.shared_expert) + (1 if moe.shared_expert_gate else 0)
+    return count
+
+
+def layer_tensors(layer: LayerSpec, norm_bias: bool) -> int:
+    """Parameter tensors of one decoder layer (attention, MLP or MoE, and its norms)."""
+    block = _mlp_tensors(layer.mlp) if layer.mlp is not None else _moe_tensors(layer.moe)  # type: ignore[arg-type]
+    return _attention_tensors(layer.attention) + block + layer.num_hidden_norms * (2 if norm_bias else 1)
+
+
+def model_tensors(model: ModelSpec) -> int:
+    """Parameter tensors of the whole model: embeddings, position table, layers, final norm, head."""
+    count = 1 + (1 if model.position_embedding == "learned" else 0)
+    count += sum(layer_tensors(layer, model.norm_bias) for layer in model.layers)
+    count += 2 if model.norm_bias else 1
+    return count + (0 if model.tie_word_embeddings else 1)
