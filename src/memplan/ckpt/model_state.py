@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError
 from memplan.units import format_bytes
 
@@ -33,6 +34,11 @@ class ModelStateBytes:
     @property
     def total_bytes(self) -> int:
         return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+    def by_category(self) -> dict[MemoryCategory, int]:
+        """The states in the categories every engine uses (weights include the module buffers)."""
+        return {MemoryCategory.PARAMETER: self.weight_bytes, MemoryCategory.GRADIENT: self.grad_bytes,
+                MemoryCategory.OPTIMIZER_STATE: self.optimizer_bytes}
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> Iterator[torch.Tensor]:
