@@ -10,7 +10,7 @@ from memplan.errors import ConfigError
 from memplan.estimate import estimate
 from memplan.fit import FitError, fit
 from memplan.fit.results import DEFAULT_MARGIN
-from memplan.fit.search import _FULL, _NONE, _SELECTIVE, _context
+from memplan.fit.context import FULL_RECOMPUTE, NO_RECOMPUTE, SELECTIVE_RECOMPUTE, make_context
 from memplan.fit.space import SearchSpace, divisors, enumerate_layouts
 from memplan.gpus import get_gpu
 
@@ -46,12 +46,12 @@ def test_pruned_search_finds_everything_brute_force_finds() -> None:
     gpu = get_gpu("rtx-4090")
     result = fit(model, gpus=4, gpu=gpu, seq=4096, gbs=32)
     found = {(c.layout, c.job.batch.micro_batch_size) for c in result.candidates}
-    ctx = _context(model, 4, gpu, 4096, 32, "megatron", "bf16-mixed", DEFAULT_MARGIN, 0.10, None)
+    ctx = make_context(model, 4, gpu, 4096, 32, "megatron", "bf16-mixed", DEFAULT_MARGIN, 0.10, None)
     layouts, _ = enumerate_layouts(model, 4, seq=4096, framework="megatron", space=SearchSpace())
     brute = set()
     for layout in layouts:
         for mbs in divisors(32 // layout.dp):
-            if any(ctx.fits(ctx.job(layout, mbs, rc)) for rc in (_NONE, _SELECTIVE, _FULL)):
+            if any(ctx.fits(ctx.job(layout, mbs, rc)) for rc in (NO_RECOMPUTE, SELECTIVE_RECOMPUTE, FULL_RECOMPUTE)):
                 brute.add((layout, mbs))
     assert brute, "the case must have fitting configurations"
     assert brute == found

@@ -26,7 +26,8 @@ from memplan.fit.results import (
     fits_memory,
     memory_limit,
 )
-from memplan.fit.search import DEFAULT_TOKENS_PER_STEP, default_global_batch, fit
+from memplan.fit.context import DEFAULT_TOKENS_PER_STEP, default_global_batch
+from memplan.fit.search import fit
 from memplan.fit.space import Layout, SearchSpace, enumerate_layouts
 from memplan.fit.steptime import StepTime, step_time
 
