@@ -9,7 +9,7 @@ from memplan import load_model
 from memplan.errors import ConfigError
 from memplan.estimate import estimate
 from memplan.fit import FitError, fit
-from memplan.fit.results import DEFAULT_MARGIN
+from memplan.fit.results import FIT_MARGIN
 from memplan.fit.context import FULL_RECOMPUTE, NO_RECOMPUTE, SELECTIVE_RECOMPUTE, make_context
 from memplan.fit.space import SearchSpace, divisors, enumerate_layouts
 from memplan.gpus import get_gpu
@@ -19,7 +19,7 @@ def test_every_candidate_fits_and_is_ranked_by_step_time() -> None:
     model = load_model("llama-3.1-8b")
     result = fit(model, gpus=8, gpu="h100-80gb", seq=4096)
     assert result.candidates, "llama-3.1-8b must fit 8 x H100"
-    limit = int(get_gpu("h100-80gb").usable_bytes * (1 - DEFAULT_MARGIN))
+    limit = int(get_gpu("h100-80gb").usable_bytes * (1 - FIT_MARGIN))
     assert result.limit_bytes == limit
     for cand in result.candidates:
         again = estimate(model, cand.job)
@@ -46,7 +46,7 @@ def test_pruned_search_finds_everything_brute_force_finds() -> None:
     gpu = get_gpu("rtx-4090")
     result = fit(model, gpus=4, gpu=gpu, seq=4096, gbs=32)
     found = {(c.layout, c.job.batch.micro_batch_size) for c in result.candidates}
-    ctx = make_context(model, 4, gpu, 4096, 32, "megatron", "bf16-mixed", DEFAULT_MARGIN, 0.10, None)
+    ctx = make_context(model, 4, gpu, 4096, 32, "megatron", "bf16-mixed", FIT_MARGIN, 0.10, None)
     layouts, _ = enumerate_layouts(model, 4, seq=4096, framework="megatron", space=SearchSpace())
     brute = set()
     for layout in layouts:

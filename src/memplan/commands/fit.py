@@ -83,9 +83,9 @@ def fit_command(
     Also: --max-mbs / --max-seq find the largest micro-batch / sequence for one layout, and
     --colocate predicts whether several jobs can share one GPU or MIG slice.
     """
-    from memplan.fit.results import DEFAULT_MARGIN
+    from memplan.fit.results import FIT_MARGIN
 
-    margin_value = DEFAULT_MARGIN if margin is None else margin
+    margin_value = FIT_MARGIN if margin is None else margin
     layout_flags = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "mbs": mbs, "recompute": recompute}
     with handle_errors():
         names = list(args or [])

@@ -18,7 +18,7 @@ from memplan.fit.colocate import MIG_PROFILES, Colocation, ProcessMemory, Shared
 from memplan.fit.hardware import HARDWARE, Hardware
 from memplan.fit.limits import CurvePoint, Limit, max_micro_batch, max_seq_length
 from memplan.fit.results import (
-    DEFAULT_MARGIN,
+    FIT_MARGIN,
     Candidate,
     FitError,
     FitResult,
@@ -32,8 +32,8 @@ from memplan.fit.space import Layout, SearchSpace, enumerate_layouts
 from memplan.fit.steptime import StepTime, step_time
 
 __all__ = [
-    "DEFAULT_MARGIN",
     "DEFAULT_TOKENS_PER_STEP",
+    "FIT_MARGIN",
     "HARDWARE",
     "MIG_PROFILES",
     "Candidate",

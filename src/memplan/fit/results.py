@@ -14,15 +14,15 @@ from memplan.job import Job
 #: is within 5% of Megatron's measured peaks on 36 of 44 reference runs and mostly below them
 #: (docs/accuracy.md); load imbalance and allocator spikes come on top of the assumed 10%
 #: fragmentation. A layout predicted to use more than 95% of the GPU is too risky to recommend.
-DEFAULT_MARGIN = 0.05
+FIT_MARGIN = 0.05
 
 
-def memory_limit(usable_bytes: int, margin: float = DEFAULT_MARGIN) -> int:
+def memory_limit(usable_bytes: int, margin: float = FIT_MARGIN) -> int:
     """Bytes a process may reserve on a GPU with ``usable_bytes``, keeping ``margin`` of it free."""
     return int(usable_bytes * (1.0 - margin))
 
 
-def fits_memory(reserved_bytes: int, usable_bytes: int, margin: float = DEFAULT_MARGIN) -> bool:
+def fits_memory(reserved_bytes: int, usable_bytes: int, margin: float = FIT_MARGIN) -> bool:
     """The fit filter of ``memplan fit``: predicted reserved memory within the margin."""
     return reserved_bytes <= memory_limit(usable_bytes, margin)
 

@@ -34,7 +34,7 @@ from memplan.fit.context import (
     make_context,
 )
 from memplan.fit.nofit import no_fit_error
-from memplan.fit.results import DEFAULT_MARGIN, Candidate, FitError, FitResult, RejectedFamily
+from memplan.fit.results import FIT_MARGIN, Candidate, FitError, FitResult, RejectedFamily
 from memplan.fit.space import Excluded, Layout, SearchSpace, divisors, enumerate_layouts
 from memplan.fit.steptime import step_time
 from memplan.gpus import GPU
@@ -154,7 +154,7 @@ def fit(
     gbs: int | None = None,
     framework: FrameworkName = "megatron",
     precision: PrecisionName = "bf16-mixed",
-    margin: float = DEFAULT_MARGIN,
+    margin: float = FIT_MARGIN,
     fragmentation: float = DEFAULT_FRAGMENTATION,
     space: SearchSpace | None = None,
     top: int | None = None,
