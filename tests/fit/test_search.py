@@ -8,7 +8,7 @@ import pytest
 from memplan import load_model
 from memplan.errors import ConfigError
 from memplan.estimate import estimate
-from memplan.fit import FitError, fit
+from memplan.fit import FitError, NoFitError, fit
 from memplan.fit.results import FIT_MARGIN
 from memplan.fit.context import FULL_RECOMPUTE, NO_RECOMPUTE, SELECTIVE_RECOMPUTE, make_context
 from memplan.fit.space import SearchSpace, divisors, enumerate_layouts
@@ -85,12 +85,16 @@ def test_llama_70b_on_64_gpus_finds_layouts() -> None:
 
 
 def test_a_model_that_fits_nowhere_says_how_much_and_where() -> None:
-    with pytest.raises(FitError) as info:
+    with pytest.raises(NoFitError) as info:
         fit("deepseek-v3", gpus=8, gpu="h100-80gb")
+    assert not isinstance(info.value, ConfigError), "nothing fitting is a result, not bad input"
     text = str(info.value)
     assert "fits no layout on 8 x h100-80gb" in text
     assert "GiB over all GPUs" in text
-    assert "try --gpus 256" in text
+    assert "try --gpus 256" in text and info.value.hint.endswith("try --gpus 256")
+    result = info.value.result
+    assert result.candidates == () and result.best is None and result.gpus == 8
+    assert result.rejected and all(r.reason for r in result.rejected)
 
 
 def test_gpus_no_layout_can_use() -> None:

@@ -38,8 +38,8 @@ Examples:
   memplan fit --colocate job1.yaml job2.yaml --gpu h100-80gb:3g.40gb
 
 A layout fits when its predicted reserved memory is at most the GPU's usable memory minus
---margin. Sizes in GiB = 2^30 bytes. Exit codes: 0 ok, 1 unsupported input, 2 invalid input
-(including a model that fits no layout).
+--margin. Sizes in GiB = 2^30 bytes. Exit codes: 0 ok, 1 nothing fits (the result, with the
+rejected families, is still printed; with --json on stdout) or unsupported input, 2 invalid input.
 """
 
 
@@ -109,9 +109,18 @@ def fit_command(
             return
         if plot is not None:
             raise ConfigError("--plot", "needs --max-mbs or --max-seq")
-        result = _search(model, gpus, gpu, seq, gbs, framework, precision, margin_value, gpus_per_node, json_output,
-                         None if show_all else top)
-    shown = None if show_all else top
+        from memplan.fit.results import NoFitError
+
+        try:
+            result = _search(model, gpus, gpu, seq, gbs, framework, precision, margin_value, gpus_per_node,
+                             json_output, None if show_all else top)
+        except NoFitError as exc:  # a result, not bad input: show it, then the error line (exit 1)
+            _show_fit(exc.result, None if show_all else top, json_output)
+            raise
+    _show_fit(result, None if show_all else top, json_output)
+
+
+def _show_fit(result: FitResult, shown: int | None, json_output: bool) -> None:
     if json_output:
         _print_json(result.to_dict(top=shown))
         return

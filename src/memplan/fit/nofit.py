@@ -5,7 +5,7 @@ from __future__ import annotations
 from memplan.errors import ConfigError
 from memplan.estimate.result import Estimate
 from memplan.fit.context import FULL_RECOMPUTE, SearchContext, default_global_batch
-from memplan.fit.results import FitError
+from memplan.fit.results import FitResult, NoFitError
 from memplan.fit.space import Layout, enumerate_layouts
 from memplan.units import GiB
 
@@ -39,8 +39,10 @@ def _smallest_fitting_world(ctx: SearchContext) -> tuple[int, Estimate] | None:
     return None
 
 
-def no_fit_error(ctx: SearchContext, failed: list[tuple[Layout, Estimate]]) -> FitError:
-    """The error for a model that fits no layout: least memory found, and where it would fit."""
+def no_fit_error(
+    ctx: SearchContext, failed: list[tuple[Layout, Estimate]], result: FitResult
+) -> NoFitError:
+    """The error for a model that fits no layout: least memory found, where it would fit, and ``result``."""
     layout, est = min(failed, key=lambda m: m[1].peak_reserved_bytes)
     total = min(_total_reserved(e) for _, e in failed)
     text = (
@@ -59,4 +61,4 @@ def no_fit_error(ctx: SearchContext, failed: list[tuple[Layout, Estimate]]) -> F
     else:
         hint = (f"no GPU count up to {MAX_SUGGESTED_GPUS:,} fits with the layouts of the '{ctx.framework}' "
                 "profile; try another --framework (megatron has TP/PP/EP), a shorter --seq or a larger GPU")
-    return FitError("MODEL", f"{ctx.model.name} {text}", hint=hint)
+    return NoFitError(f"{ctx.model.name} {text}", result=result, hint=hint)

@@ -178,8 +178,9 @@ def fit(
 
     A candidate fits when its predicted peak *reserved* memory (the estimator's allocated peak
     with ``fragmentation``) is at most the GPU's usable memory times ``1 - margin``.
-    Raises :class:`FitError` (a ConfigError) when no layout can use ``gpus`` or none fits; the
-    message says the least memory found and from how many GPUs the model would fit.
+    Raises :class:`FitError` (a ConfigError) when an argument is invalid or no layout can use
+    ``gpus``; :class:`NoFitError` when none fits: its message says the least memory found and from
+    how many GPUs the model would fit, and its ``result`` is the FitResult with the rejected families.
     Known limitations: the step-time model's (see :mod:`memplan.fit.steptime`); the search
     space's placement rules (:class:`SearchSpace`).
     """
@@ -238,5 +239,5 @@ def fit(
         exhaustive=top is None, layouts_pruned=pruned,
     )
     if not candidates:
-        raise no_fit_error(ctx, failed)
+        raise no_fit_error(ctx, failed, result)
     return result

@@ -23,11 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["colocation_table", "fit_renderables", "limit_renderables"]
 
 
-def fit_renderables(result: FitResult, top: int | None) -> list[Any]:
-    """The request, the ``top`` fastest candidates (``None``: all), the rejected families, a note on units."""
-    head = Text(f"{result.model} on {result.gpus} x {result.gpu}: sequence {result.seq_length}, global batch "
-                f"{result.global_batch_size}, {result.framework}; limit {result.limit_bytes / GiB:.1f} GiB per GPU "
-                f"({result.usable_bytes / GiB:.1f} usable - {100 * result.margin:.0f}% margin)")
+def _candidates_table(result: FitResult, top: int | None) -> Table:
     found = (f"{len(result.candidates)} fitting configurations" if result.exhaustive else
              f"the fastest fitting configurations ({result.layouts_pruned} layouts skipped as slower; --all lists every one)")
     table = Table(title=f"{found} of {result.layouts_searched} layouts ({result.estimates} estimates, "
@@ -46,14 +42,27 @@ def fit_renderables(result: FitResult, top: int | None) -> list[Any]:
         table.add_row(str(rank), cand.layout.label, str(d["micro_batch_size"]), d["recompute"],
                       f"{cand.reserved_bytes / GiB:.1f}", Text(f"{cand.headroom_bytes / GiB:.1f}", style="green"),
                       f"{cand.step.total_s:.3f}", f"{cand.step.tokens_per_s:,.0f}", f"{100 * cand.step.mfu:.1f}%")
-    rejected = Table(title="Rejected families", title_justify="left", show_edge=False, pad_edge=False)
-    rejected.add_column("family", no_wrap=True)
-    rejected.add_column("layouts", justify="right")
-    rejected.add_column("why")
-    for fam in result.rejected[:top]:
-        rejected.add_row(fam.family, str(fam.layouts), Text(fam.reason, style="red"))
-    out: list[Any] = [head, table]
+    return table
+
+
+def fit_renderables(result: FitResult, top: int | None) -> list[Any]:
+    """The request, the ``top`` fastest candidates (``None``: all), the rejected families, a note on units."""
+    head = Text(f"{result.model} on {result.gpus} x {result.gpu}: sequence {result.seq_length}, global batch "
+                f"{result.global_batch_size}, {result.framework}; limit {result.limit_bytes / GiB:.1f} GiB per GPU "
+                f"({result.usable_bytes / GiB:.1f} usable - {100 * result.margin:.0f}% margin)")
+    out: list[Any] = [head]
+    if result.candidates:
+        out.append(_candidates_table(result, top))
+    else:  # one Text, so that console.print does not run it on after the head
+        head.append(f"\nno configuration fits: {result.layouts_searched} layouts searched ({result.estimates} "
+                    f"estimates, {result.seconds:.2f} s)", style="bold red")
     if result.rejected:
+        rejected = Table(title="Rejected families", title_justify="left", show_edge=False, pad_edge=False)
+        rejected.add_column("family", no_wrap=True)
+        rejected.add_column("layouts", justify="right")
+        rejected.add_column("why")
+        for fam in result.rejected[:top]:
+            rejected.add_row(fam.family, str(fam.layouts), Text(fam.reason, style="red"))
         out.append(rejected)
     note = "Sizes: predicted peak reserved memory of the highest pipeline stage, GiB = 2^30 bytes. " \
            "Step time: memplan's analytical model (docs/fit.md)."
