@@ -1,6 +1,6 @@
 """The shape of ``src/memplan``: no import cycles, no private names across modules, unique class names.
 
-Read from the source with :mod:`ast`, nothing is imported. Imports at module level and inside
+Read from the source with :mod:`ast` (only the ``__all__`` check imports the packages). Imports at module level and inside
 functions both count; imports under ``if TYPE_CHECKING:`` do not (they never run), nor do
 ``importlib.import_module`` calls built from variables or f-strings: the CLI registers its command
 modules with ``import_module(f"memplan.commands.{name}")`` over a literal tuple after ``app`` exists,
@@ -15,6 +15,7 @@ strict.
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -229,3 +230,13 @@ def test_public_class_names_are_unique() -> None:
             if not name.startswith("_"):
                 defined.setdefault(name, []).append(module)
     assert {name: where for name, where in defined.items() if len(where) > 1} == {}
+
+
+@pytest.mark.parametrize("package", ["memplan.alloc", "memplan.ckpt", "memplan.fit", "memplan.report", "memplan.trace"])
+def test_package_all_names_exist(package: str) -> None:
+    """Each subsystem's curated ``__all__`` names what it really exports, once each."""
+    if package == "memplan.ckpt":
+        pytest.importorskip("torch")
+    module = importlib.import_module(package)
+    assert len(module.__all__) == len(set(module.__all__))
+    assert [name for name in module.__all__ if not hasattr(module, name)] == []
