@@ -1,11 +1,11 @@
 """The shape of ``src/memplan``: no import cycles, no private names across modules, unique class names.
 
-Read from the source with :mod:`ast` (only the ``__all__`` check imports the packages). Imports at module level and inside
-functions both count; imports under ``if TYPE_CHECKING:`` do not (they never run), nor do
-``importlib.import_module`` calls built from variables or f-strings: the CLI registers its command
-modules with ``import_module(f"memplan.commands.{name}")`` over a literal tuple after ``app`` exists,
-so their ``from memplan.cli import app`` is not a cycle. (A literal ``import_module("memplan.x")``
-is an import like any other and counts.)
+Read from the source with :mod:`ast` (only the ``__all__`` check imports the packages). Imports at
+module level and inside functions both count; imports under ``if TYPE_CHECKING:`` do not (they
+never run), nor do ``importlib.import_module`` calls built from variables or f-strings: the CLI
+registers its command modules with ``import_module(f"memplan.commands.{name}")`` over a literal
+tuple after ``app`` exists, so their ``from memplan.cli import app`` is not a cycle. (A literal
+``import_module("memplan.x")`` is an import like any other and counts.)
 
 ``memplan.cli`` still takes part in a cycle and lends private names to the command modules; those
 two checks are separate tests marked ``xfail`` until the CLI is reorganised. Everything else is
