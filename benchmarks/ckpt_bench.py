@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from memplan.ckpt.bench import BenchConfig, run_bench, with_overrides
-from memplan.ckpt.render import bench_markdown, bench_tables
+from memplan.report.ckpt_text import bench_markdown, bench_tables
 
 RESULTS = Path(__file__).parent / "results" / "ckpt_bench.json"
 

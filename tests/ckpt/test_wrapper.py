@@ -11,7 +11,7 @@ from ckpt_helpers import N_LAYER, tiny_gpt2, tokens, train_step
 from memplan.ckpt import BatchTooLargeError, auto_checkpoint, controller_of, remove_checkpointing
 from memplan.ckpt.meter import CpuMeter
 from memplan.ckpt.model_state import state_tensors
-from memplan.ckpt.planner import Plan
+from memplan.ckpt.planner import CheckpointPlan
 from memplan.errors import ConfigError
 
 MiB = 2**20
@@ -125,7 +125,8 @@ def test_a_forced_miss_is_redone_and_gives_the_unforced_result(dropout: float) -
     ctl = wrapped.memplan_ckpt
     n = ctl.n_blocks
     ctl.planner = None  # not used: force the wrong plan through plan_for
-    ctl.plan_for = lambda *a, **k: Plan(checkpoint=(False,) * n, predicted_peak_bytes=0, recompute_s=0.0, fits=True)
+    ctl.plan_for = lambda *a, **k: CheckpointPlan(
+        checkpoint=(False,) * n, predicted_peak_bytes=0, recompute_s=0.0, fits=True)
     torch.manual_seed(5)
     loss = ctl.step(train_step(wrapped, batch))
     assert ctl.stats().misses == 1
@@ -144,7 +145,8 @@ def test_gradients_accumulated_before_a_step_survive_a_miss(model: torch.nn.Modu
     wrapped = _warmed(model, p_none - 64 * 1024)
     ctl = wrapped.memplan_ckpt
     ctl.step(train_step(wrapped, a))
-    ctl.plan_for = lambda *x, **k: Plan(checkpoint=(False,) * N_LAYER, predicted_peak_bytes=0, recompute_s=0.0, fits=True)
+    ctl.plan_for = lambda *x, **k: CheckpointPlan(
+        checkpoint=(False,) * N_LAYER, predicted_peak_bytes=0, recompute_s=0.0, fits=True)
     ctl.step(train_step(wrapped, b))
     assert ctl.stats().misses == 1
     for g_ref, g in zip(_grads(reference), _grads(wrapped)):

@@ -76,7 +76,6 @@ def test_colocate(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, words", [
-    (("fit", "deepseek-v3", "--gpus", "8"), "fits no layout"),
     (("fit", "llama-3.1-70b", "--gpus", "12"), "no parallel layout"),
     (("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-81gb"), "--gpu"),
     (("fit", "llama-3.1-8b", "--gpus", "8", "--margin", "2"), "--margin"),
@@ -87,6 +86,20 @@ def test_bad_input_exits_2(args: tuple[str, ...], words: str) -> None:
     assert result.exit_code == 2, result.output
     assert words in result.output
     assert "Traceback" not in result.output
+
+
+def test_nothing_fits_exits_1_and_still_prints_the_result() -> None:
+    result = invoke("fit", "deepseek-v3", "--gpus", "8", "--json")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["fitting"] == 0 and data["candidates"] == []
+    assert data["rejected"] and all(r["reason"] for r in data["rejected"])
+    assert all(r["min_reserved_bytes"] > data["limit_bytes"] for r in data["rejected"] if r["min_reserved_bytes"])
+    assert "fits no layout" in result.stderr and "try --gpus" in result.stderr
+    text = invoke("fit", "deepseek-v3", "--gpus", "8")
+    assert text.exit_code == 1, text.output
+    assert "Rejected families" in text.stdout and "fits no layout" in text.stderr
+    assert "Traceback" not in text.output
 
 
 def test_colocate_bad_inputs_exit_2(tmp_path: Path) -> None:

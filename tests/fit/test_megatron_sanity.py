@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from memplan.estimate import estimate
-from memplan.fit.results import DEFAULT_MARGIN, fits_memory
+from memplan.fit.results import FIT_MARGIN, fits_memory
 from memplan.frameworks.megatron_args import from_megatron_args
 from memplan.gpus import get_gpu
 
@@ -60,7 +60,7 @@ def test_measured_run_is_reported_as_fitting(case: dict) -> None:  # type: ignor
     model, job = _case_job(case)
     h100 = get_gpu("h100-80gb")
     est = estimate(model, job)
-    assert fits_memory(est.peak_reserved_bytes, h100.usable_bytes, DEFAULT_MARGIN), (
+    assert fits_memory(est.peak_reserved_bytes, h100.usable_bytes, FIT_MARGIN), (
         f"{case['name']} ran on H100 80GB (measured {case['measured']['max_allocated_bytes'] / 2**30:.1f} GiB) "
         f"but is predicted at {est.peak_reserved_bytes / 2**30:.1f} GiB reserved"
     )

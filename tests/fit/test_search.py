@@ -8,9 +8,9 @@ import pytest
 from memplan import load_model
 from memplan.errors import ConfigError
 from memplan.estimate import estimate
-from memplan.fit import FitError, fit
-from memplan.fit.results import DEFAULT_MARGIN
-from memplan.fit.search import _FULL, _NONE, _SELECTIVE, _context
+from memplan.fit import FitError, NoFitError, fit
+from memplan.fit.results import FIT_MARGIN
+from memplan.fit.context import FULL_RECOMPUTE, NO_RECOMPUTE, SELECTIVE_RECOMPUTE, make_context
 from memplan.fit.space import SearchSpace, divisors, enumerate_layouts
 from memplan.gpus import get_gpu
 
@@ -19,7 +19,7 @@ def test_every_candidate_fits_and_is_ranked_by_step_time() -> None:
     model = load_model("llama-3.1-8b")
     result = fit(model, gpus=8, gpu="h100-80gb", seq=4096)
     assert result.candidates, "llama-3.1-8b must fit 8 x H100"
-    limit = int(get_gpu("h100-80gb").usable_bytes * (1 - DEFAULT_MARGIN))
+    limit = int(get_gpu("h100-80gb").usable_bytes * (1 - FIT_MARGIN))
     assert result.limit_bytes == limit
     for cand in result.candidates:
         again = estimate(model, cand.job)
@@ -46,12 +46,12 @@ def test_pruned_search_finds_everything_brute_force_finds() -> None:
     gpu = get_gpu("rtx-4090")
     result = fit(model, gpus=4, gpu=gpu, seq=4096, gbs=32)
     found = {(c.layout, c.job.batch.micro_batch_size) for c in result.candidates}
-    ctx = _context(model, 4, gpu, 4096, 32, "megatron", "bf16-mixed", DEFAULT_MARGIN, 0.10, None)
+    ctx = make_context(model, 4, gpu, 4096, 32, "megatron", "bf16-mixed", FIT_MARGIN, 0.10, None)
     layouts, _ = enumerate_layouts(model, 4, seq=4096, framework="megatron", space=SearchSpace())
     brute = set()
     for layout in layouts:
         for mbs in divisors(32 // layout.dp):
-            if any(ctx.fits(ctx.job(layout, mbs, rc)) for rc in (_NONE, _SELECTIVE, _FULL)):
+            if any(ctx.fits(ctx.job(layout, mbs, rc)) for rc in (NO_RECOMPUTE, SELECTIVE_RECOMPUTE, FULL_RECOMPUTE)):
                 brute.add((layout, mbs))
     assert brute, "the case must have fitting configurations"
     assert brute == found
@@ -85,12 +85,16 @@ def test_llama_70b_on_64_gpus_finds_layouts() -> None:
 
 
 def test_a_model_that_fits_nowhere_says_how_much_and_where() -> None:
-    with pytest.raises(FitError) as info:
+    with pytest.raises(NoFitError) as info:
         fit("deepseek-v3", gpus=8, gpu="h100-80gb")
+    assert not isinstance(info.value, ConfigError), "nothing fitting is a result, not bad input"
     text = str(info.value)
     assert "fits no layout on 8 x h100-80gb" in text
     assert "GiB over all GPUs" in text
-    assert "try --gpus 256" in text
+    assert "try --gpus 256" in text and info.value.hint.endswith("try --gpus 256")
+    result = info.value.result
+    assert result.candidates == () and result.best is None and result.gpus == 8
+    assert result.rejected and all(r.reason for r in result.rejected)
 
 
 def test_gpus_no_layout_can_use() -> None:

@@ -4,8 +4,8 @@ Public surface::
 
     load_trace_or_snapshot(path)     a memplan trace file or a torch.cuda snapshot pickle -> Trace
     simulate(trace, settings)        replay through PyTorch's caching allocator rules -> SimResult
-    plan_trace(trace)                STAlloc-style static plan -> Plan
-    compare(trace)                   lower bound / caching / expandable / plan -> Comparison
+    plan_trace(trace)                STAlloc-style static plan -> StaticPlan
+    compare(trace)                   lower bound / caching / expandable / plan -> AllocatorComparison
     AllocatorSettings                PYTORCH_CUDA_ALLOC_CONF options
 """
 
@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import os
 
-from memplan.alloc.compare import Comparison, compare
-from memplan.alloc.planner import Plan, plan_trace
+from memplan.alloc.compare import AllocatorComparison, compare
+from memplan.alloc.planner import StaticPlan, plan_trace
 from memplan.alloc.settings import AllocatorSettings
 from memplan.alloc.simulator import SimResult, simulate
 from memplan.alloc.snapshot import Snapshot, is_pickle, load_snapshot, snapshot_to_trace
 from memplan.events import Trace, read_trace
 
 __all__ = [
+    "AllocatorComparison",
     "AllocatorSettings",
-    "Comparison",
-    "Plan",
     "SimResult",
     "Snapshot",
+    "StaticPlan",
     "compare",
     "load_trace_or_snapshot",
     "plan_trace",

@@ -5,22 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memplan.alloc.planner import Plan, plan_trace
+from memplan.alloc.planner import StaticPlan, plan_trace
 from memplan.alloc.settings import AllocatorSettings
 from memplan.alloc.simulator import SimResult, simulate
 from memplan.events import Trace
 
-__all__ = ["Comparison", "compare"]
+__all__ = ["AllocatorComparison", "compare"]
 
 
 @dataclass(frozen=True)
-class Comparison:
+class AllocatorComparison:
     """Peak reserved bytes of one trace under each strategy (lower bound = peak live requested bytes)."""
 
     lower_bound_bytes: int
     caching: SimResult
     expandable: SimResult
-    plan: Plan
+    plan: StaticPlan
 
     @property
     def caching_reserved_bytes(self) -> int:
@@ -55,10 +55,12 @@ class Comparison:
         }
 
 
-def compare(trace: Trace, settings: AllocatorSettings | None = None, *, time_limit: float = 20.0) -> Comparison:
+def compare(
+    trace: Trace, settings: AllocatorSettings | None = None, *, time_limit: float = 20.0
+) -> AllocatorComparison:
     """Simulate ``trace`` with and without expandable segments and plan it."""
     settings = settings or AllocatorSettings()
     caching = simulate(trace, settings.with_changes(expandable_segments=False))
     expandable = simulate(trace, settings.with_changes(expandable_segments=True))
     plan = plan_trace(trace, time_limit=time_limit)
-    return Comparison(trace.peak_live_bytes, caching, expandable, plan)
+    return AllocatorComparison(trace.peak_live_bytes, caching, expandable, plan)

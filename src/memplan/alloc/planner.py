@@ -34,7 +34,7 @@ from memplan.errors import ConfigError, MemplanError
 from memplan.events import ALLOC, Trace
 from memplan.units import format_bytes
 
-__all__ = ["DYNAMIC", "PERIODIC", "PERSISTENT", "Plan", "plan_trace"]
+__all__ = ["DYNAMIC", "PERIODIC", "PERSISTENT", "StaticPlan", "plan_trace"]
 
 PERSISTENT, PERIODIC, DYNAMIC = "persistent", "periodic", "dynamic"
 _PERSISTENT_CATEGORIES = frozenset({
@@ -46,7 +46,7 @@ JOINT_LIMIT = dsa.GREEDY_LIMIT
 
 
 @dataclass(frozen=True)
-class Plan:
+class StaticPlan:
     """A static memory plan for a trace: one pool, an offset per request."""
 
     pool_bytes: int
@@ -156,7 +156,7 @@ def _classify(arr: np.ndarray, sig: list[tuple[str, str, str, str]]) -> list[str
 
 
 def plan_trace(trace: Trace, *, capacity: int | None = None, alignment: int = 512, time_limit: float = 20.0,
-               progress: Callable[[str], None] | None = None) -> Plan:
+               progress: Callable[[str], None] | None = None) -> StaticPlan:
     """Plan ``trace``; a ``capacity`` below the lower bound is a ConfigError with both numbers."""
     began = time.perf_counter()
     lower = trace.peak_live_bytes
@@ -186,7 +186,7 @@ def plan_trace(trace: Trace, *, capacity: int | None = None, alignment: int = 51
                            f"{capacity} ({format_bytes(capacity)}); the lower bound is {lower}")
     aligned_peak = dsa.live_peak(req.start.tolist(), req.end.tolist(), req.size.tolist())
     counts = {c: int((cls == c).sum()) for c in (PERSISTENT, PERIODIC, DYNAMIC)}
-    return Plan(pool_bytes=pool, lower_bound_bytes=lower, peak_aligned_bytes=aligned_peak, alignment=alignment,
+    return StaticPlan(pool_bytes=pool, lower_bound_bytes=lower, peak_aligned_bytes=aligned_peak, alignment=alignment,
                 counts=counts, method="+".join(sorted(methods)), blocks=tuple(req.block.tolist()),
                 alloc_events=tuple(req.event.tolist()), offsets=tuple(offsets.tolist()),
                 sizes=tuple(req.size.tolist()), classes=tuple(cls.tolist()), seconds=time.perf_counter() - began)

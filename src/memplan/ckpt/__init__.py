@@ -9,7 +9,7 @@ from memplan.ckpt.blocks import find_blocks
 from memplan.ckpt.controller import CheckpointController
 from memplan.ckpt.errors import BatchTooLargeError, CkptError
 from memplan.ckpt.meter import CpuMeter, CudaMeter, MemoryMeter, OutOfBudgetError, make_meter
-from memplan.ckpt.planner import BlockCost, Plan, StepCost, plan_greedy, plan_knapsack
+from memplan.ckpt.planner import BlockCost, CheckpointPlan, StepCost, plan_greedy, plan_knapsack
 from memplan.ckpt.predictor import QuadraticFit, fit_quadratic
 from memplan.ckpt.stats import CkptStats
 from memplan.ckpt.wrapper import auto_checkpoint, controller_of, remove_checkpointing
@@ -18,13 +18,13 @@ __all__ = [
     "BatchTooLargeError",
     "BlockCost",
     "CheckpointController",
+    "CheckpointPlan",
     "CkptError",
     "CkptStats",
     "CpuMeter",
     "CudaMeter",
     "MemoryMeter",
     "OutOfBudgetError",
-    "Plan",
     "QuadraticFit",
     "StepCost",
     "auto_checkpoint",

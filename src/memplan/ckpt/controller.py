@@ -32,7 +32,7 @@ from memplan.ckpt.errors import BatchTooLargeError
 from memplan.ckpt.meter import CpuMeter, MemoryMeter
 from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, tensors_in
-from memplan.ckpt.planner import BlockCost, Plan, PlanCache, StepCost, plan_greedy, plan_knapsack, size_bucket
+from memplan.ckpt.planner import BlockCost, CheckpointPlan, PlanCache, StepCost, plan_greedy, plan_knapsack, size_bucket
 from memplan.ckpt.predictor import SizeSeries
 from memplan.ckpt.safety import drop_grads, restore_grads, rng_state, set_rng_state, stash_grads
 from memplan.ckpt.sizes import SizeFn, batch_of, measure_size
@@ -54,6 +54,11 @@ _PHASE_FLOOR = 0.2
 _TIME_QUANTUM = 0.05
 
 
+def _forced(checkpoint: tuple[bool, ...], method: str) -> CheckpointPlan:
+    """A plan chosen by rule (warm-up, shelter, fixed), not by the planner: no prediction behind it."""
+    return CheckpointPlan(checkpoint=checkpoint, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method=method)
+
+
 class CheckpointController:
     """Decides, per batch, which blocks of a model run under ``torch.utils.checkpoint``.
 
@@ -72,7 +77,7 @@ class CheckpointController:
         self.device = device
         self.optimizer = optimizer
         self.size_fn = size_fn
-        self.planner: Callable[[Sequence[BlockCost], StepCost], Plan] = plan_knapsack
+        self.planner: Callable[[Sequence[BlockCost], StepCost], CheckpointPlan] = plan_knapsack
         self._margin = margin
         self._acts = [SizeSeries(keep="max") for _ in self.blocks]
         self._times = [SizeSeries(keep="mean") for _ in self.blocks]
@@ -93,7 +98,7 @@ class CheckpointController:
         self._handles: list[Any] = []
         self._last_size = 0
         #: (size, plan, measured peak bytes) of the last finished step.
-        self.last: tuple[int, Plan, int] | None = None
+        self.last: tuple[int, CheckpointPlan, int] | None = None
 
     # ------------------------------------------------------------------ public surface
     @property
@@ -132,7 +137,7 @@ class CheckpointController:
 
     def plan_for(
         self, size: int, *, static_bytes: int, grad_bytes: Sequence[int] | None = None, method: str = "knapsack",
-    ) -> Plan:
+    ) -> CheckpointPlan:
         """The plan the predictors give for a batch of ``size`` (needs measurements at a few sizes).
 
         Plans against the budget less the safety margin; when nothing fits that, against the budget.
@@ -279,21 +284,21 @@ class CheckpointController:
         self._count["sheltered"] += probe
         self.meter.mark()
 
-    def _choose(self, size: int, static: int, grads: tuple[int, ...]) -> tuple[Plan, bool]:
+    def _choose(self, size: int, static: int, grads: tuple[int, ...]) -> tuple[CheckpointPlan, bool]:
         n = self.n_blocks
         if self._force == "all":
-            return Plan(checkpoint=(True,) * n, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="all"), False
+            return _forced((True,) * n, "all"), False
         if self._fixed is not None:
-            return Plan(checkpoint=self._fixed, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="static"), False
+            return _forced(self._fixed, "static"), False
         if self._force == "shelter" and self._warm_index is not None:
             flags = tuple(j == self._warm_index for j in range(n))
-            return Plan(checkpoint=flags, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="static"), True
+            return _forced(flags, "static"), True
         if self._force == "shelter":
-            return Plan(checkpoint=(True,) * n, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="all"), True
+            return _forced((True,) * n, "all"), True
         if not self.ready:  # a learning step: one block checkpointed and probed, the others measured
             flags = tuple(j == n - 1 - self._count["learning"] % n for j in range(n))
             self._count["learning"] += 1
-            return Plan(checkpoint=flags, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method="static"), True
+            return _forced(flags, "static"), True
         index, upper = size_bucket(size)
         key = (index, static >> 20, self._version, any(grads))
         plan = self._cache.get(key)

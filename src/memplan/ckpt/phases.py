@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from memplan.ckpt.planner import Plan
+from memplan.ckpt.planner import CheckpointPlan
 
 __all__ = ["PhaseKey", "StepRecord", "grad_tensor", "new_bytes", "phase_terms", "tensors_in"]
 
@@ -26,7 +26,7 @@ class StepRecord:
     """What one forward/backward is doing and what was measured during it."""
 
     size: int
-    plan: Plan
+    plan: CheckpointPlan
     static_bytes: int
     grad_bytes: tuple[int, ...]
     #: Probe checkpointed blocks with one plain forward (sheltered and warm-up steps).

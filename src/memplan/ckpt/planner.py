@@ -28,7 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["BlockCost", "Plan", "PlanCache", "StepCost", "plan_greedy", "plan_knapsack", "predicted_peak", "size_bucket"]
+__all__ = [
+    "BlockCost", "CheckpointPlan", "PlanCache", "StepCost", "plan_greedy", "plan_knapsack", "predicted_peak",
+    "size_bucket",
+]
 
 #: Values of blocks later in the forward get this relative bonus, so that ties keep later blocks.
 _TIE_BONUS = 1e-9
@@ -62,7 +65,7 @@ class StepCost:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class CheckpointPlan:
     """Which blocks to checkpoint for one batch, and what the model predicts for it."""
 
     #: One flag per block, in forward order: True = run under ``torch.utils.checkpoint``.
@@ -94,9 +97,9 @@ def predicted_peak(blocks: Sequence[BlockCost], step: StepCost, checkpoint: Sequ
     return max(peak, step.static_bytes + step.tail_bytes + grads)
 
 
-def _make_plan(blocks: Sequence[BlockCost], step: StepCost, checkpoint: Sequence[bool], method: str) -> Plan:
+def _make_plan(blocks: Sequence[BlockCost], step: StepCost, checkpoint: Sequence[bool], method: str) -> CheckpointPlan:
     peak = predicted_peak(blocks, step, checkpoint)
-    return Plan(
+    return CheckpointPlan(
         checkpoint=tuple(bool(c) for c in checkpoint),
         predicted_peak_bytes=peak,
         recompute_s=sum(b.recompute_s for b, c in zip(blocks, checkpoint) if c),
@@ -141,7 +144,7 @@ def _exact_keep_mask(blocks: Sequence[BlockCost], step: StepCost, values: Sequen
     return max(feasible, key=lambda s: s[1])[2] if feasible else None
 
 
-def plan_knapsack(blocks: Sequence[BlockCost], step: StepCost) -> Plan:
+def plan_knapsack(blocks: Sequence[BlockCost], step: StepCost) -> CheckpointPlan:
     """The plan that recomputes least (predicted seconds) while every predicted phase fits the budget."""
     n = len(blocks)
     values = [max(b.recompute_s, 1e-12) * (1.0 + _TIE_BONUS * j) for j, b in enumerate(blocks)]
@@ -152,7 +155,7 @@ def plan_knapsack(blocks: Sequence[BlockCost], step: StepCost) -> Plan:
     return _make_plan(blocks, step, checkpoint, "knapsack" if any(checkpoint) else "none")
 
 
-def plan_greedy(blocks: Sequence[BlockCost], step: StepCost) -> Plan:
+def plan_greedy(blocks: Sequence[BlockCost], step: StepCost) -> CheckpointPlan:
     """Mimose's greedy baseline: checkpoint blocks by bytes freed per recompute second until it fits."""
     n = len(blocks)
     checkpoint = [False] * n
@@ -177,11 +180,11 @@ def size_bucket(size: int) -> tuple[int, int]:
 class PlanCache:
     """Plans per (size bucket, static-bytes MiB, predictor version); cleared when predictors change."""
 
-    plans: dict[tuple[int, int, int, bool], Plan] = field(default_factory=dict)
+    plans: dict[tuple[int, int, int, bool], CheckpointPlan] = field(default_factory=dict)
     hits: int = 0
     misses: int = 0
 
-    def get(self, key: tuple[int, int, int, bool]) -> Plan | None:
+    def get(self, key: tuple[int, int, int, bool]) -> CheckpointPlan | None:
         plan = self.plans.get(key)
         if plan is None:
             self.misses += 1
@@ -189,5 +192,5 @@ class PlanCache:
             self.hits += 1
         return plan
 
-    def put(self, key: tuple[int, int, int, bool], plan: Plan) -> None:
+    def put(self, key: tuple[int, int, int, bool], plan: CheckpointPlan) -> None:
         self.plans[key] = plan

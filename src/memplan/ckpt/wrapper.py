@@ -17,10 +17,10 @@ from memplan.ckpt.sizes import SizeFn, default_size
 from memplan.errors import ConfigError
 from memplan.units import parse_bytes
 
-__all__ = ["DEFAULT_MARGIN", "auto_checkpoint", "controller_of", "remove_checkpointing"]
+__all__ = ["CKPT_BUDGET_MARGIN", "auto_checkpoint", "controller_of", "remove_checkpointing"]
 
 #: Share of the budget kept free for what the predictors cannot see (allocator rounding, noise).
-DEFAULT_MARGIN = 0.02
+CKPT_BUDGET_MARGIN = 0.02
 _ATTR = "memplan_ckpt"
 
 
@@ -32,7 +32,7 @@ def auto_checkpoint(
     size_fn: SizeFn | None = None,
     device: torch.device | str | None = None,
     optimizer: torch.optim.Optimizer | None = None,
-    margin: float = DEFAULT_MARGIN,
+    margin: float = CKPT_BUDGET_MARGIN,
 ) -> nn.Module:
     """Make each training forward of ``model`` checkpoint only the blocks this batch needs to fit ``budget``.
 

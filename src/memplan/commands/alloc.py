@@ -82,10 +82,6 @@ def _settings(base: Any, capacity: str | None, expandable: bool | None, max_spli
     return settings.with_changes(**changes)
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.3f}"
-
-
 @alloc_app.command("simulate", cls=_Command, epilog=_SIM_EPILOG)
 def simulate_command(
     trace: Annotated[str, typer.Argument(help=_TRACE_HELP, show_default=False)],
@@ -105,20 +101,9 @@ def simulate_command(
     if json_output:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
         return
-    from rich.table import Table
+    from memplan.report.alloc_text import simulation_table
 
-    table = Table(title=f"caching allocator: {os.path.basename(trace)} (GiB = 2^30 bytes)")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row("events", f"{result.events:,}")
-    table.add_row("peak reserved (GiB)", _gib(result.peak_reserved_bytes))
-    table.add_row("peak allocated (GiB)", _gib(result.peak_allocated_bytes))
-    table.add_row("peak requested (GiB)", _gib(result.peak_requested_bytes))
-    table.add_row("fragmentation", f"{result.fragmentation:.1%}")
-    table.add_row("segments created", f"{result.num_segment_allocs:,}")
-    table.add_row("segments at end", f"{len(result.segments):,}")
-    table.add_row("expandable segments", str(settings.expandable_segments))
-    _print(table)
+    _print(simulation_table(result, settings, os.path.basename(trace)))
     if result.oom is not None:
         typer.secho(f"predicted OOM at event {result.oom.event_index}: {result.oom.message}", fg="red")
 
@@ -149,16 +134,9 @@ def plan_command(
     if json_output:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         return
-    from rich.table import Table
+    from memplan.report.alloc_text import static_plan_table
 
-    table = Table(title=f"static plan: {os.path.basename(trace)} -> {output}")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    for key in ("pool_bytes", "lower_bound_bytes", "overhead", "fragmentation", "method", "seconds"):
-        if key in summary:
-            value = summary[key]
-            table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
-    _print(table)
+    _print(static_plan_table(summary, os.path.basename(trace), output))
 
 
 def _plan_csv(path: str, output: str, capacity: int | None, time_limit: float) -> dict[str, Any]:
@@ -199,15 +177,9 @@ def compare_command(
     if json_output:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
         return
-    from rich.table import Table
+    from memplan.report.alloc_text import comparison_table
 
-    table = Table(title=f"peak reserved memory: {os.path.basename(trace)} (GiB = 2^30 bytes)")
-    for name, justify in (("strategy", "left"), ("GiB", "right"), ("x lower bound", "right"), ("fragmentation", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for name, value, frag in result.rows():
-        ratio = value / result.lower_bound_bytes if result.lower_bound_bytes else 1.0
-        table.add_row(name, _gib(value), f"{ratio:.3f}", f"{frag:.1%}")
-    _print(table)
+    _print(comparison_table(result, os.path.basename(trace)))
 
 
 def _with_progress(n_events: int, work: Any) -> Any:

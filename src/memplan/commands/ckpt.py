@@ -96,7 +96,7 @@ def bench_command(
     if json_output:
         _print_json(data)
         return
-    from memplan.ckpt.render import bench_tables
+    from memplan.report.ckpt_text import bench_tables
 
     _print(bench_tables(result))
 
@@ -118,6 +118,6 @@ def profile_command(
     if json_output:
         _print_json(result.to_dict())
         return
-    from memplan.ckpt.render import profile_table
+    from memplan.report.ckpt_text import profile_table
 
     _print(profile_table(result))

@@ -18,12 +18,10 @@ from memplan.errors import ConfigError
 
 if TYPE_CHECKING:
     from memplan.fit.colocate import Colocation
-    from memplan.fit.limits import Limit
     from memplan.fit.results import FitResult
     from memplan.job import Job
     from memplan.model.spec import ModelSpec
 
-_GIB = 2**30
 _SEARCH, _LAYOUT, _OUT = "Search", "Layout for --max-mbs / --max-seq", "Output"
 
 _EPILOG = """\
@@ -40,8 +38,8 @@ Examples:
   memplan fit --colocate job1.yaml job2.yaml --gpu h100-80gb:3g.40gb
 
 A layout fits when its predicted reserved memory is at most the GPU's usable memory minus
---margin. Sizes in GiB = 2^30 bytes. Exit codes: 0 ok, 1 unsupported input, 2 invalid input
-(including a model that fits no layout).
+--margin. Sizes in GiB = 2^30 bytes. Exit codes: 0 ok, 1 nothing fits (the result, with the
+rejected families, is still printed; with --json on stdout) or unsupported input, 2 invalid input.
 """
 
 
@@ -83,15 +81,20 @@ def fit_command(
     Also: --max-mbs / --max-seq find the largest micro-batch / sequence for one layout, and
     --colocate predicts whether several jobs can share one GPU or MIG slice.
     """
-    from memplan.fit.results import DEFAULT_MARGIN
+    from memplan.fit.results import FIT_MARGIN
 
-    margin_value = DEFAULT_MARGIN if margin is None else margin
+    margin_value = FIT_MARGIN if margin is None else margin
     layout_flags = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "mbs": mbs, "recompute": recompute}
     with handle_errors():
         names = list(args or [])
         if colocate:
             shared = _colocate(names, gpu, margin_value)
-            _emit(shared.to_dict() if json_output else _colocation_table(shared), json_output)
+            if json_output:
+                _print_json(shared.to_dict())
+            else:
+                from memplan.report.fit_text import colocation_table
+
+                _print(colocation_table(shared))
             return
         if len(names) != 1:
             raise ConfigError("MODEL", "give exactly one model (or --colocate with job files)", " ".join(names) or None)
@@ -106,20 +109,24 @@ def fit_command(
             return
         if plot is not None:
             raise ConfigError("--plot", "needs --max-mbs or --max-seq")
-        result = _search(model, gpus, gpu, seq, gbs, framework, precision, margin_value, gpus_per_node, json_output,
-                         None if show_all else top)
-    shown = None if show_all else top
+        from memplan.fit.results import NoFitError
+
+        try:
+            result = _search(model, gpus, gpu, seq, gbs, framework, precision, margin_value, gpus_per_node,
+                             json_output, None if show_all else top)
+        except NoFitError as exc:  # a result, not bad input: show it, then the error line (exit 1)
+            _show_fit(exc.result, None if show_all else top, json_output)
+            raise
+    _show_fit(result, None if show_all else top, json_output)
+
+
+def _show_fit(result: FitResult, shown: int | None, json_output: bool) -> None:
     if json_output:
         _print_json(result.to_dict(top=shown))
         return
-    _print(*_fit_renderables(result, shown))
+    from memplan.report.fit_text import fit_renderables
 
-
-def _emit(payload: Any, json_output: bool) -> None:
-    if json_output:
-        _print_json(payload)
-    else:
-        _print(payload)
+    _print(*fit_renderables(result, shown))
 
 
 def _progress(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
@@ -201,75 +208,9 @@ def _limits(model: ModelSpec, model_ref: str, gpus: int, gpu: str, seq: int, gbs
 
         _print_json({**limit.to_dict(), "job": asdict(job)})
         return
-    _print(*_limit_renderables(limit, job, plot))
+    from memplan.report.fit_text import limit_renderables
 
-
-# ------------------------------------------------------------------------------------ rendering
-
-
-def _fit_renderables(result: FitResult, top: int | None) -> list[Any]:
-    from rich.table import Table
-    from rich.text import Text
-
-    head = Text(f"{result.model} on {result.gpus} x {result.gpu}: sequence {result.seq_length}, global batch "
-                f"{result.global_batch_size}, {result.framework}; limit {result.limit_bytes / _GIB:.1f} GiB per GPU "
-                f"({result.usable_bytes / _GIB:.1f} usable - {100 * result.margin:.0f}% margin)")
-    found = (f"{len(result.candidates)} fitting configurations" if result.exhaustive else
-             f"the fastest fitting configurations ({result.layouts_pruned} layouts skipped as slower; --all lists every one)")
-    table = Table(title=f"{found} of {result.layouts_searched} layouts ({result.estimates} estimates, "
-                  f"{result.seconds:.2f} s), fastest first",
-                  title_justify="left", show_edge=False, pad_edge=False)
-    # Numbers never wrap or shrink below their header; the layout and recompute labels fold
-    # onto a second line in a narrow terminal instead.
-    table.add_column("#", no_wrap=True, min_width=2)
-    table.add_column("layout", overflow="fold")
-    table.add_column("mbs", no_wrap=True, min_width=3)
-    table.add_column("recompute", overflow="fold", min_width=9)
-    for col in ("GiB/GPU", "headroom", "step s", "tokens/s", "MFU"):
-        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
-    for rank, cand in enumerate(result.candidates[:top], start=1):
-        d = cand.to_dict()
-        table.add_row(str(rank), cand.layout.label, str(d["micro_batch_size"]), d["recompute"],
-                      f"{cand.reserved_bytes / _GIB:.1f}", Text(f"{cand.headroom_bytes / _GIB:.1f}", style="green"),
-                      f"{cand.step.total_s:.3f}", f"{cand.step.tokens_per_s:,.0f}", f"{100 * cand.step.mfu:.1f}%")
-    rejected = Table(title="Rejected families", title_justify="left", show_edge=False, pad_edge=False)
-    rejected.add_column("family", no_wrap=True)
-    rejected.add_column("layouts", justify="right")
-    rejected.add_column("why")
-    for fam in result.rejected[:top]:
-        rejected.add_row(fam.family, str(fam.layouts), Text(fam.reason, style="red"))
-    out: list[Any] = [head, table]
-    if result.rejected:
-        out.append(rejected)
-    note = "Sizes: predicted peak reserved memory of the highest pipeline stage, GiB = 2^30 bytes. " \
-           "Step time: memplan's analytical model (docs/fit.md)."
-    out.append(Text(note, style="dim"))
-    return out
-
-
-def _limit_renderables(limit: Limit, job: Job, plot: str | None) -> list[Any]:
-    from rich.table import Table
-    from rich.text import Text
-
-    par = job.parallel
-    what = limit.quantity.replace("_", " ")
-    layout = (f"tp{par.tp} pp{par.pp} vpp{par.vpp} cp{par.cp} ep{par.ep} dp{par.data_parallel}, "
-              f"recompute {job.recompute.mode}, micro-batch {job.batch.micro_batch_size}, sequence {job.batch.seq_length}")
-    table = Table(title=f"Memory by {what} on {limit.gpu} (limit {limit.limit_bytes / _GIB:.1f} GiB)",
-                  title_justify="left", show_edge=False, pad_edge=False)
-    table.add_column(what, justify="right")
-    table.add_column("allocated GiB", justify="right")
-    table.add_column("reserved GiB", justify="right")
-    table.add_column("fits")
-    for p in limit.curve:
-        table.add_row(str(p.value), f"{p.allocated_bytes / _GIB:.2f}", f"{p.reserved_bytes / _GIB:.2f}",
-                      Text("yes", style="green") if p.fits else Text("no", style="red"))
-    verdict = Text(f"largest {what} that fits: {limit.best}" if limit.best else f"no {what} fits this layout",
-                   style="bold green" if limit.best else "bold red")
-    out: list[Any] = [Text(f"layout: {layout}"), table, verdict]
-    if plot:
-        out.append(Text(f"plot written to {plot}", style="dim"))
-    return out
+    _print(*limit_renderables(limit, job, plot))
 
 
 def _colocate(files: list[str], gpu: str, margin: float) -> Colocation:
@@ -285,23 +226,3 @@ def _colocate(files: list[str], gpu: str, margin: float) -> Colocation:
         fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
         jobs.append(SharedJob(name=Path(path).name, model=loaded.model, job=loaded.job, fragmentation=fragmentation))
     return colocate(jobs, gpu=gpu, margin=margin)
-
-
-def _colocation_table(result: Colocation) -> Any:
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=f"Processes sharing {result.device} ({result.capacity_bytes / _GIB:.1f} GiB, "
-                  f"limit {result.limit_bytes / _GIB:.1f} GiB with {100 * result.margin:.0f}% margin)",
-                  title_justify="left", show_edge=False, pad_edge=False)
-    for col, justify in (("job", "left"), ("CUDA context GiB", "right"), ("reserved GiB", "right"), ("total GiB", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for p in result.processes:
-        table.add_row(p.name, f"{p.context_bytes / _GIB:.2f}", f"{p.reserved_bytes / _GIB:.2f}", f"{p.total_bytes / _GIB:.2f}")
-    table.add_row(Text("all", style="bold"), "", "", Text(f"{result.demand_bytes / _GIB:.2f}", style="bold"))
-    if result.fits:
-        verdict = Text(f"fits: {result.headroom_bytes / _GIB:.2f} GiB headroom", style="bold green")
-    else:
-        verdict = Text(f"does not fit: {-result.headroom_bytes / _GIB:.2f} GiB over", style="bold red")
-    return Group(table, verdict)

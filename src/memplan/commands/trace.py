@@ -135,7 +135,7 @@ def _render(result: Any, comparison: Any, json_output: bool) -> None:
         return
     from rich.console import Console
 
-    from memplan.trace.report import render_comparison, render_summary
+    from memplan.report.trace_text import render_comparison, render_summary
 
     console = Console(highlight=False)
     console.print(render_summary(result.model, result.summary))

@@ -18,21 +18,23 @@ from memplan.fit.colocate import MIG_PROFILES, Colocation, ProcessMemory, Shared
 from memplan.fit.hardware import HARDWARE, Hardware
 from memplan.fit.limits import CurvePoint, Limit, max_micro_batch, max_seq_length
 from memplan.fit.results import (
-    DEFAULT_MARGIN,
+    FIT_MARGIN,
     Candidate,
     FitError,
     FitResult,
+    NoFitError,
     RejectedFamily,
     fits_memory,
     memory_limit,
 )
-from memplan.fit.search import DEFAULT_TOKENS_PER_STEP, default_global_batch, fit
+from memplan.fit.context import DEFAULT_TOKENS_PER_STEP, default_global_batch
+from memplan.fit.search import fit
 from memplan.fit.space import Layout, SearchSpace, enumerate_layouts
 from memplan.fit.steptime import StepTime, step_time
 
 __all__ = [
-    "DEFAULT_MARGIN",
     "DEFAULT_TOKENS_PER_STEP",
+    "FIT_MARGIN",
     "HARDWARE",
     "MIG_PROFILES",
     "Candidate",
@@ -43,6 +45,7 @@ __all__ = [
     "Hardware",
     "Layout",
     "Limit",
+    "NoFitError",
     "ProcessMemory",
     "RejectedFamily",
     "SearchSpace",

@@ -20,7 +20,7 @@ from typing import Any
 
 from memplan.errors import ConfigError
 from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
-from memplan.fit.results import DEFAULT_MARGIN
+from memplan.fit.results import FIT_MARGIN
 from memplan.gpus import GPU, get_gpu
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
@@ -112,7 +112,7 @@ class Colocation:
         return data
 
 
-def colocate(jobs: Sequence[SharedJob], *, gpu: str, margin: float = DEFAULT_MARGIN) -> Colocation:
+def colocate(jobs: Sequence[SharedJob], *, gpu: str, margin: float = FIT_MARGIN) -> Colocation:
     """Predict whether ``jobs`` can run side by side on one ``gpu`` (or MIG slice).
 
     Example::

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from memplan.errors import ConfigError
 from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
-from memplan.fit.results import DEFAULT_MARGIN, FitError, memory_limit
+from memplan.fit.results import FIT_MARGIN, FitError, memory_limit
 from memplan.gpus import GPU, get_gpu
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
@@ -120,7 +120,7 @@ def _limit_search(
 
 
 def max_micro_batch(
-    model: ModelSpec, job: Job, *, gpu: GPU | str, margin: float = DEFAULT_MARGIN,
+    model: ModelSpec, job: Job, *, gpu: GPU | str, margin: float = FIT_MARGIN,
     fragmentation: float = DEFAULT_FRAGMENTATION,
 ) -> Limit:
     """Largest micro-batch size of ``job`` whose predicted reserved memory fits ``gpu``.
@@ -151,7 +151,7 @@ def max_micro_batch(
 
 
 def max_seq_length(
-    model: ModelSpec, job: Job, *, gpu: GPU | str, margin: float = DEFAULT_MARGIN,
+    model: ModelSpec, job: Job, *, gpu: GPU | str, margin: float = FIT_MARGIN,
     fragmentation: float = DEFAULT_FRAGMENTATION, granularity: int = SEQ_GRANULARITY,
 ) -> Limit:
     """Largest sequence length (a multiple of ``granularity`` and of 2·cp) that fits ``gpu``."""

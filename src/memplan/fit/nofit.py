@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from memplan.errors import ConfigError
 from memplan.estimate.result import Estimate
-from memplan.fit.results import FitError
-from memplan.fit.search import _FULL, _Context, default_global_batch
+from memplan.fit.context import FULL_RECOMPUTE, SearchContext, default_global_batch
+from memplan.fit.results import FitResult, NoFitError
 from memplan.fit.space import Layout, enumerate_layouts
 from memplan.units import GiB
 
@@ -19,18 +19,18 @@ def _total_reserved(est: Estimate) -> int:
     return sum(s.peak_reserved_bytes for s in est.stages) * (par.world_size // par.pp)
 
 
-def _smallest_fitting_world(ctx: _Context) -> tuple[int, Estimate] | None:
+def _smallest_fitting_world(ctx: SearchContext) -> tuple[int, Estimate] | None:
     """The smallest whole-node GPU count above ``ctx.world`` at which some layout fits."""
     gpn = ctx.space.gpus_per_node
     world = ctx.world * 2 if ctx.world >= gpn else gpn
     while world <= MAX_SUGGESTED_GPUS:
-        sub = _Context(**{**ctx.__dict__, "world": world, "gbs": default_global_batch(world, ctx.seq),
+        sub = SearchContext(**{**ctx.__dict__, "world": world, "gbs": default_global_batch(world, ctx.seq),
                           "estimates": 0, "cache": {}})
         layouts, _ = enumerate_layouts(ctx.model, world, seq=ctx.seq, framework=ctx.framework, space=ctx.space)
         # Most model-parallel layouts first: they hold the least per GPU.
         for layout in sorted(layouts, key=lambda lay: -(lay.tp * lay.pp * lay.ep * lay.cp)):
             try:
-                est = sub.estimate(sub.job(layout, 1, _FULL))
+                est = sub.estimate(sub.job(layout, 1, FULL_RECOMPUTE))
             except ConfigError:
                 continue
             if est.peak_reserved_bytes <= ctx.limit:
@@ -39,8 +39,10 @@ def _smallest_fitting_world(ctx: _Context) -> tuple[int, Estimate] | None:
     return None
 
 
-def no_fit_error(ctx: _Context, failed: list[tuple[Layout, Estimate]]) -> FitError:
-    """The error for a model that fits no layout: least memory found, and where it would fit."""
+def no_fit_error(
+    ctx: SearchContext, failed: list[tuple[Layout, Estimate]], result: FitResult
+) -> NoFitError:
+    """The error for a model that fits no layout: least memory found, where it would fit, and ``result``."""
     layout, est = min(failed, key=lambda m: m[1].peak_reserved_bytes)
     total = min(_total_reserved(e) for _, e in failed)
     text = (
@@ -59,4 +61,4 @@ def no_fit_error(ctx: _Context, failed: list[tuple[Layout, Estimate]]) -> FitErr
     else:
         hint = (f"no GPU count up to {MAX_SUGGESTED_GPUS:,} fits with the layouts of the '{ctx.framework}' "
                 "profile; try another --framework (megatron has TP/PP/EP), a shorter --seq or a larger GPU")
-    return FitError("MODEL", f"{ctx.model.name} {text}", hint=hint)
+    return NoFitError(f"{ctx.model.name} {text}", result=result, hint=hint)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from memplan.errors import ConfigError
+from memplan.errors import ConfigError, MemplanError
 from memplan.fit.space import Layout
 from memplan.fit.steptime import StepTime
 from memplan.job import Job
@@ -14,21 +14,24 @@ from memplan.job import Job
 #: is within 5% of Megatron's measured peaks on 36 of 44 reference runs and mostly below them
 #: (docs/accuracy.md); load imbalance and allocator spikes come on top of the assumed 10%
 #: fragmentation. A layout predicted to use more than 95% of the GPU is too risky to recommend.
-DEFAULT_MARGIN = 0.05
+FIT_MARGIN = 0.05
 
 
-def memory_limit(usable_bytes: int, margin: float = DEFAULT_MARGIN) -> int:
+def memory_limit(usable_bytes: int, margin: float = FIT_MARGIN) -> int:
     """Bytes a process may reserve on a GPU with ``usable_bytes``, keeping ``margin`` of it free."""
     return int(usable_bytes * (1.0 - margin))
 
 
-def fits_memory(reserved_bytes: int, usable_bytes: int, margin: float = DEFAULT_MARGIN) -> bool:
+def fits_memory(reserved_bytes: int, usable_bytes: int, margin: float = FIT_MARGIN) -> bool:
     """The fit filter of ``memplan fit``: predicted reserved memory within the margin."""
     return reserved_bytes <= memory_limit(usable_bytes, margin)
 
 
 class FitError(ConfigError):
-    """No layout fits, or the request leaves nothing to search (CLI exit code 2)."""
+    """The request is invalid or leaves nothing to search, e.g. no layout can use the GPUs (CLI exit code 2).
+
+    A valid request that no layout fits is not bad input: that is :class:`NoFitError`.
+    """
 
 
 def recompute_label(job: Job) -> str:
@@ -136,3 +139,17 @@ class FitResult:
             "candidates": [c.to_dict() for c in shown],
             "rejected": [r.to_dict() for r in self.rejected],
         }
+
+
+class NoFitError(MemplanError):
+    """A valid request that no layout fits (CLI exit code 1): "nothing fits" is a result, not bad input.
+
+    The message says the least memory found and from how many GPUs the model would fit; ``hint``
+    is that suggestion alone. ``result`` is the search's :class:`FitResult`, without candidates, whose
+    ``rejected`` families say why each was left out (``memplan fit --json`` prints it).
+    """
+
+    def __init__(self, message: str, *, result: FitResult, hint: str = "") -> None:
+        self.result = result
+        self.hint = hint
+        super().__init__(f"{message}; {hint}" if hint else message)

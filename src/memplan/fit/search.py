@@ -22,87 +22,31 @@ import heapq
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from memplan.errors import ConfigError
-from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
+from memplan.estimate.engine import DEFAULT_FRAGMENTATION
 from memplan.estimate.result import Estimate
-from memplan.fit.hardware import Hardware, hardware_for
-from memplan.fit.results import DEFAULT_MARGIN, Candidate, FitError, FitResult, RejectedFamily, memory_limit
+from memplan.fit.context import (
+    FULL_RECOMPUTE,
+    NO_RECOMPUTE,
+    SELECTIVE_RECOMPUTE,
+    SearchContext,
+    make_context,
+)
+from memplan.fit.nofit import no_fit_error
+from memplan.fit.results import FIT_MARGIN, Candidate, FitError, FitResult, RejectedFamily
 from memplan.fit.space import Excluded, Layout, SearchSpace, divisors, enumerate_layouts
 from memplan.fit.steptime import step_time
-from memplan.gpus import GPU, get_gpu
-from memplan.job import Batch, FrameworkName, Job, Precision, PrecisionName, Recompute
+from memplan.gpus import GPU
+from memplan.job import FrameworkName, Job, PrecisionName, Recompute
 from memplan.model.spec import ModelSpec
 from memplan.units import GiB
 
-#: Tokens per optimizer step when ``gbs`` is not given (4 Mi tokens, the order of magnitude of
-#: LLM pre-training batches); rounded up to a multiple of the GPU count.
-DEFAULT_TOKENS_PER_STEP = 2**22
-
+#: Called with (layouts searched, layouts in all) as the search goes.
 ProgressCallback = Callable[[int, int], None]
 
 
-def default_global_batch(gpus: int, seq: int) -> int:
-    """``ceil(4 Mi tokens / seq)`` sequences, at least one per GPU, rounded up to a multiple of ``gpus``."""
-    seqs = max(gpus, -(-DEFAULT_TOKENS_PER_STEP // seq))
-    return -(-seqs // gpus) * gpus
-
-
-@dataclass
-class _Context:
-    """Everything a layout's search needs; counts estimates."""
-
-    model: ModelSpec
-    world: int
-    gpu: GPU
-    hardware: Hardware
-    seq: int
-    gbs: int
-    framework: FrameworkName
-    precision: PrecisionName
-    limit: int
-    fragmentation: float
-    space: SearchSpace
-    estimates: int = 0
-    cache: dict[Job, Estimate] = field(default_factory=dict)
-
-    def job(self, layout: Layout, mbs: int, recompute: Recompute) -> Job:
-        return Job(
-            parallel=layout.parallelism(self.world), sharding=layout.sharding,
-            batch=Batch(micro_batch_size=mbs, seq_length=self.seq, global_batch_size=self.gbs),
-            precision=Precision(name=self.precision), recompute=recompute, framework=self.framework,
-        )
-
-    def estimate(self, job: Job) -> Estimate:
-        if job not in self.cache:
-            self.estimates += 1
-            self.cache[job] = estimate(self.model, job, fragmentation=self.fragmentation)
-        return self.cache[job]
-
-    def fits(self, job: Job) -> bool:
-        return self.estimate(job).peak_reserved_bytes <= self.limit
-
-    def seconds(self, job: Job) -> float:
-        """Predicted step time of ``job`` (no estimate needed)."""
-        return step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node).total_s
-
-    def candidate(self, layout: Layout, job: Job) -> Candidate:
-        est = self.estimate(job)
-        return Candidate(
-            layout=layout, job=job, reserved_bytes=est.peak_reserved_bytes,
-            allocated_bytes=est.peak_allocated_bytes, peak_stage=est.peak_stage,
-            headroom_bytes=self.limit - est.peak_reserved_bytes,
-            step=step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node),
-        )
-
-
-_FULL = Recompute(mode="full")
-_NONE = Recompute()
-_SELECTIVE = Recompute(mode="selective")
-
-
-def _chunk_layers(ctx: _Context, layout: Layout) -> int:
+def _chunk_layers(ctx: SearchContext, layout: Layout) -> int:
     """Layers of the largest model chunk: block recompute of this many = full recompute."""
     per_stage = [layout.first_stage_layers or 0, layout.last_stage_layers or 0]
     if layout.first_stage_layers is None:
@@ -113,16 +57,16 @@ def _chunk_layers(ctx: _Context, layout: Layout) -> int:
     return max(1, -(-max(per_stage) // layout.vpp))
 
 
-def _best_at(ctx: _Context, layout: Layout, mbs: int, plain_first: bool) -> Job | None:
+def _best_at(ctx: SearchContext, layout: Layout, mbs: int, plain_first: bool) -> Job | None:
     """The fastest recompute setting that fits at this micro-batch, or None if none fits.
 
     ``plain_first``: no recompute fitted at the previous micro-batch, so try it before the
     cheapest-memory check (one estimate instead of two when it still fits).
     """
-    plain = ctx.job(layout, mbs, _NONE)
+    plain = ctx.job(layout, mbs, NO_RECOMPUTE)
     if plain_first and ctx.fits(plain):
         return plain
-    full = ctx.job(layout, mbs, _FULL)
+    full = ctx.job(layout, mbs, FULL_RECOMPUTE)
     if not ctx.fits(full):
         return None
     if ctx.fits(plain):
@@ -136,7 +80,7 @@ def _best_at(ctx: _Context, layout: Layout, mbs: int, plain_first: bool) -> Job 
             best, hi = job, mid - 1
         else:
             lo = mid + 1
-    selective = ctx.job(layout, mbs, _SELECTIVE)
+    selective = ctx.job(layout, mbs, SELECTIVE_RECOMPUTE)
     hw, gpn = ctx.hardware, ctx.space.gpus_per_node
     if step_time(ctx.model, selective, hw, gpus_per_node=gpn).total_s < \
             step_time(ctx.model, best, hw, gpus_per_node=gpn).total_s and ctx.fits(selective):
@@ -144,13 +88,13 @@ def _best_at(ctx: _Context, layout: Layout, mbs: int, plain_first: bool) -> Job 
     return best
 
 
-def _micro_batches(ctx: _Context, layout: Layout) -> list[int]:
+def _micro_batches(ctx: SearchContext, layout: Layout) -> list[int]:
     """Micro-batch sizes valid for this layout: divisors of gbs / dp, at most the space's limit."""
     return [m for m in divisors(ctx.gbs // layout.dp) if m <= ctx.space.max_micro_batch]
 
 
 def _search_layout(
-    ctx: _Context, layout: Layout, cutoff: float = math.inf
+    ctx: SearchContext, layout: Layout, cutoff: float = math.inf
 ) -> tuple[list[Candidate], Estimate | None, bool]:
     """Fitting candidates of one layout (one per micro-batch), the cheapest estimate if none fit,
     and whether micro-batches were skipped because even without recompute they are slower than
@@ -158,7 +102,7 @@ def _search_layout(
     out: list[Candidate] = []
     plain_first = skipped = False
     for mbs in _micro_batches(ctx, layout):
-        if ctx.seconds(ctx.job(layout, mbs, _NONE)) > cutoff:
+        if ctx.seconds(ctx.job(layout, mbs, NO_RECOMPUTE)) > cutoff:
             skipped, plain_first = True, False
             continue
         job = _best_at(ctx, layout, mbs, plain_first)
@@ -168,7 +112,7 @@ def _search_layout(
         out.append(ctx.candidate(layout, job))
     if out or skipped:
         return out, None, skipped and not out
-    return out, ctx.estimate(ctx.job(layout, 1, _FULL)), False
+    return out, ctx.estimate(ctx.job(layout, 1, FULL_RECOMPUTE)), False
 
 
 def _family(layout: Layout) -> str:
@@ -210,7 +154,7 @@ def fit(
     gbs: int | None = None,
     framework: FrameworkName = "megatron",
     precision: PrecisionName = "bf16-mixed",
-    margin: float = DEFAULT_MARGIN,
+    margin: float = FIT_MARGIN,
     fragmentation: float = DEFAULT_FRAGMENTATION,
     space: SearchSpace | None = None,
     top: int | None = None,
@@ -234,12 +178,13 @@ def fit(
 
     A candidate fits when its predicted peak *reserved* memory (the estimator's allocated peak
     with ``fragmentation``) is at most the GPU's usable memory times ``1 - margin``.
-    Raises :class:`FitError` (a ConfigError) when no layout can use ``gpus`` or none fits; the
-    message says the least memory found and from how many GPUs the model would fit.
+    Raises :class:`FitError` (a ConfigError) when an argument is invalid or no layout can use
+    ``gpus``; :class:`NoFitError` when none fits: its message says the least memory found and from
+    how many GPUs the model would fit, and its ``result`` is the FitResult with the rejected families.
     Known limitations: the step-time model's (see :mod:`memplan.fit.steptime`); the search
     space's placement rules (:class:`SearchSpace`).
     """
-    ctx = _context(model, gpus, gpu, seq, gbs, framework, precision, margin, fragmentation, space)
+    ctx = make_context(model, gpus, gpu, seq, gbs, framework, precision, margin, fragmentation, space)
     start = time.perf_counter()
     layouts, excluded = enumerate_layouts(ctx.model, gpus, seq=seq, framework=framework, space=ctx.space)
     usable = [lay for lay in layouts if ctx.gbs % lay.dp == 0]
@@ -257,7 +202,7 @@ def fit(
     bounds: dict[Layout, float] = {}
     if top is not None:
         for lay in usable:
-            bounds[lay] = min((ctx.seconds(ctx.job(lay, m, _NONE)) for m in _micro_batches(ctx, lay)), default=math.inf)
+            bounds[lay] = min((ctx.seconds(ctx.job(lay, m, NO_RECOMPUTE)) for m in _micro_batches(ctx, lay)), default=math.inf)
         usable.sort(key=bounds.__getitem__)
     candidates: list[Candidate] = []
     failed: list[tuple[Layout, Estimate]] = []
@@ -294,38 +239,5 @@ def fit(
         exhaustive=top is None, layouts_pruned=pruned,
     )
     if not candidates:
-        from memplan.fit.nofit import no_fit_error
-
-        raise no_fit_error(ctx, failed)
+        raise no_fit_error(ctx, failed, result)
     return result
-
-
-def _context(
-    model: ModelSpec | str, gpus: int, gpu: GPU | str, seq: int, gbs: int | None, framework: FrameworkName,
-    precision: PrecisionName, margin: float, fragmentation: float, space: SearchSpace | None,
-) -> _Context:
-    from memplan.job import Parallelism
-
-    if isinstance(model, str):
-        from memplan.model import load_model
-
-        model = load_model(model)
-    gpu_spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    Parallelism(world_size=gpus)  # validates --gpus
-    Batch(seq_length=seq, global_batch_size=gbs)  # validates --seq / --gbs
-    Job(framework=framework, precision=Precision(name=precision))  # validates the words
-    if not 0.0 <= margin < 1.0:
-        raise FitError("--margin", "must be in [0, 1)", margin)
-    space = space or SearchSpace()
-    if space.gpus_per_node < 1:
-        raise FitError("--gpus-per-node", "must be at least 1", space.gpus_per_node)
-    try:
-        hw = hardware_for(gpu_spec.name)
-    except KeyError:
-        raise FitError("--gpu", "has no step-time data (see memplan.fit.steptime.HARDWARE)", gpu_spec.name) from None
-    return _Context(
-        model=model, world=gpus, gpu=gpu_spec, hardware=hw, seq=seq,
-        gbs=gbs if gbs is not None else default_global_batch(gpus, seq), framework=framework,
-        precision=precision, limit=memory_limit(gpu_spec.usable_bytes, margin),
-        fragmentation=fragmentation, space=space,
-    )

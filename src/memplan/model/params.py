@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+if TYPE_CHECKING:  # annotations only: spec imports this module in its cached properties
+    from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,21 @@
-"""Rich tables of the benchmark and of a profile (the maths never prints; the CLI renders these)."""
+"""Rich renderables of ``memplan ckpt``: the benchmark (also as Markdown) and a profile.
+
+The maths never prints; the CLI and ``benchmarks/ckpt_bench.py`` render these. Imported only to
+render (it imports rich); the ckpt result types are imported for annotations only.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
 
-from memplan.ckpt.bench import METHODS, BenchResult
-from memplan.ckpt.profile import ProfileResult
 from memplan.units import MiB
+
+if TYPE_CHECKING:
+    from memplan.ckpt.bench import BenchResult
+    from memplan.ckpt.profile import ProfileResult
 
 __all__ = ["bench_markdown", "bench_tables", "profile_table"]
 
@@ -25,6 +31,8 @@ _LEGEND = ("(a) no checkpointing; (b) every block (Hugging Face checkpointing, n
 
 
 def _rows(result: BenchResult) -> list[list[str]]:
+    from memplan.ckpt.bench import METHODS
+
     summary = result.summary()
     rows = []
     for method in METHODS:

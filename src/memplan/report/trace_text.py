@@ -1,12 +1,18 @@
-"""Rich rendering of a traced step (the CLI's text output). Sizes in GiB = 2^30 bytes."""
+"""Rich renderables of ``memplan trace``: a traced step, and the trace beside the estimator.
+
+Sizes in GiB = 2^30 bytes. Imported only to render (it imports rich); the trace types are
+imported for annotations only, so rendering never imports torch.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memplan.trace.compare import Comparison
-from memplan.trace.summary import TraceSummary
 from memplan.units import format_bytes
+
+if TYPE_CHECKING:
+    from memplan.trace.compare import Comparison
+    from memplan.trace.summary import TraceSummary
 
 __all__ = ["render_comparison", "render_summary"]
 
