@@ -42,19 +42,40 @@ def test_fit_json() -> None:
 
 
 def test_max_mbs_and_max_seq() -> None:
-    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-mbs", "--tp", "2", "--recompute", "selective", "--json")
+    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-mbs", "--tp", "2", "--sequence-parallel",
+                    "--distributed-optimizer", "--recompute", "selective", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["quantity"] == "micro_batch_size" and data["best"] >= 1
-    text = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-seq", "--tp", "2")
+    text = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-seq", "--tp", "2", "--distributed-optimizer")
     assert text.exit_code == 0, text.output
     assert "largest seq length that fits" in text.stdout
+
+
+def test_layout_flags_mean_what_estimate_says() -> None:
+    """Same flags, same job: --tp 2 alone is plain data parallelism (no implicit distributed optimizer),
+    which does not hold llama-3.1-8b's fp32 Adam states — a result (exit 1), printed, not bad input."""
+    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-mbs", "--tp", "2", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["best"] == 0 and data["job"]["sharding"]["distributed_optimizer"] is False
+    assert "no micro batch size fits" in result.output
+
+
+def test_search_refuses_flags_it_chooses_and_keeps_the_others() -> None:
+    refused = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--tp", "2")
+    assert refused.exit_code == 2 and "--tp: is chosen by the layout search" in refused.output
+    sgd = json.loads(invoke("fit", "llama-3.1-8b", "--gpus", "8", "--optimizer", "sgd", "--json").stdout)
+    adam = json.loads(invoke("fit", "llama-3.1-8b", "--gpus", "8", "--json").stdout)
+    assert sgd["candidates"][0]["job"]["optimizer"]["name"] == "sgd"
+    assert sgd["candidates"][0]["reserved_bytes"] < adam["candidates"][0]["reserved_bytes"]
 
 
 def test_max_mbs_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "mbs.png"
-    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-mbs", "--tp", "2", "--plot", str(out))
+    result = invoke("fit", "llama-3.1-8b", "--gpus", "8", "--max-mbs", "--tp", "2", "--distributed-optimizer",
+                    "--plot", str(out))
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:4] == b"\x89PNG"
 

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memplan.commands.common import Command as _Command, app, handle_errors, print_json as _print_json, print_rich as _print
+from memplan.commands.common import Command as _Command
+from memplan.commands.common import app, check_output_path, handle_errors, job_options, option
+from memplan.commands.common import print_json as _print_json
+from memplan.commands.common import print_rich as _print
 from memplan.errors import ConfigError
 
 if TYPE_CHECKING:
-    from memplan.fit.colocate import Colocation
     from memplan.fit.results import FitResult
     from memplan.job import Job
     from memplan.model.spec import ModelSpec
@@ -31,7 +34,7 @@ Examples:
 
   memplan fit deepseek-v3 --gpus 1024 --gpu h100-80gb --top 5 --json
 
-  memplan fit llama-3.1-8b --gpus 8 --max-mbs --tp 2 --recompute selective
+  memplan fit llama-3.1-8b --gpus 8 --max-mbs --tp 2 --sequence-parallel --distributed-optimizer --recompute selective
 
   memplan fit llama-3.1-8b --gpus 8 --max-seq --plot seq.png
 
@@ -43,81 +46,94 @@ rejected families, is still printed; with --json on stdout) or unsupported input
 """
 
 
-def _opt(*names: str, help: str, panel: str, metavar: str | None = None) -> Any:
-    return typer.Option(*names, help=help, rich_help_panel=panel, metavar=metavar, show_default=False)
+#: Job flags the layout search chooses itself: given without --max-mbs/--max-seq they are refused
+#: (never silently replaced by the search's choice).
+SEARCHED_FLAGS = ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "sequence_parallel", "first_stage_layers",
+                  "last_stage_layers", "zero", "fsdp", "fsdp_shard_size", "distributed_optimizer", "mbs",
+                  "recompute", "recompute_method", "recompute_layers", "offload_optimizer",
+                  "optimizer_offload_fraction", "offload_params")
 
 
 @app.command("fit", cls=_Command, epilog=_EPILOG)
+@job_options()
 def fit_command(
     args: Annotated[list[str] | None, typer.Argument(
         help="MODEL (preset or config.json), or with --colocate the job files.", show_default=False,
         metavar="MODEL | JOB_FILE...")] = None,
-    gpus: Annotated[int | None, _opt("--gpus", help="Total GPUs to lay the job out on.", panel=_SEARCH)] = None,
-    gpu: Annotated[str, _opt("--gpu", help="GPU (see `memplan gpus`), or GPU:MIG-PROFILE with --colocate. (default: h100-80gb)", panel=_SEARCH, metavar="NAME")] = "h100-80gb",
-    seq: Annotated[int, _opt("--seq", help="Sequence length. (default: 4096)", panel=_SEARCH)] = 4096,
-    gbs: Annotated[int | None, _opt("--gbs", help="Global batch size in sequences. (default: about 4 Mi tokens, a multiple of --gpus)", panel=_SEARCH)] = None,
-    framework: Annotated[str, _opt("--framework", help="megatron|torchtitan|deepspeed|hf. (default: megatron)", panel=_SEARCH)] = "megatron",
-    precision: Annotated[str, _opt("--precision", help="Precision word as in `memplan estimate`. (default: bf16-mixed)", panel=_SEARCH)] = "bf16-mixed",
-    margin: Annotated[float | None, _opt("--margin", help="Share of usable GPU memory kept free. (default: 0.05)", panel=_SEARCH, metavar="F")] = None,
-    gpus_per_node: Annotated[int, _opt("--gpus-per-node", help="GPUs per node: TP and EP stay within one. (default: 8)", panel=_SEARCH)] = 8,
-    top: Annotated[int, _opt("--top", help="Candidates shown. (default: 10)", panel=_OUT)] = 10,
-    show_all: Annotated[bool, _opt("--all", help="Show every fitting candidate and rejected family.", panel=_OUT)] = False,
-    max_mbs: Annotated[bool, _opt("--max-mbs", help="Find the largest micro-batch that fits the layout.", panel=_LAYOUT)] = False,
-    max_seq: Annotated[bool, _opt("--max-seq", help="Find the longest sequence that fits the layout.", panel=_LAYOUT)] = False,
-    job: Annotated[str | None, _opt("--job", help="Job file giving the layout for --max-mbs / --max-seq.", panel=_LAYOUT, metavar="FILE")] = None,
-    tp: Annotated[int | None, _opt("--tp", help="Layout: tensor-parallel size.", panel=_LAYOUT)] = None,
-    pp: Annotated[int | None, _opt("--pp", help="Layout: pipeline-parallel size.", panel=_LAYOUT)] = None,
-    vpp: Annotated[int | None, _opt("--vpp", help="Layout: virtual pipeline stages.", panel=_LAYOUT)] = None,
-    cp: Annotated[int | None, _opt("--cp", help="Layout: context-parallel size.", panel=_LAYOUT)] = None,
-    ep: Annotated[int | None, _opt("--ep", help="Layout: expert-parallel size.", panel=_LAYOUT)] = None,
-    mbs: Annotated[int | None, _opt("--mbs", help="Layout: micro-batch (for --max-seq).", panel=_LAYOUT)] = None,
-    recompute: Annotated[str | None, _opt("--recompute", help="Layout: none|selective|full.", panel=_LAYOUT)] = None,
-    plot: Annotated[str | None, _opt("--plot", help="Write the memory curve of --max-mbs/--max-seq as a PNG.", panel=_OUT, metavar="FILE")] = None,
-    colocate: Annotated[bool, _opt("--colocate", help="The arguments are job files: can they share one GPU?", panel=_SEARCH)] = False,
-    json_output: Annotated[bool, _opt("--json", help="Print the result as JSON (nothing else on stdout).", panel=_OUT)] = False,
+    gpu: Annotated[str, option("--gpu", help="GPU (see `memplan gpus`), or GPU:MIG-PROFILE with --colocate. (default: h100-80gb)", panel=_SEARCH, metavar="NAME")] = "h100-80gb",
+    margin: Annotated[float | None, option("--margin", help="Share of usable GPU memory kept free. (default: 0.05)", panel=_SEARCH, metavar="F")] = None,
+    gpus_per_node: Annotated[int, option("--gpus-per-node", help="GPUs per node: TP and EP stay within one. (default: 8)", panel=_SEARCH)] = 8,
+    colocate: Annotated[bool, option("--colocate", help="The arguments are job files: can they share one GPU?", panel=_SEARCH)] = False,
+    max_mbs: Annotated[bool, option("--max-mbs", help="Find the largest micro-batch that fits one layout (the layout flags, --job, or the best found).", panel=_LAYOUT)] = False,
+    max_seq: Annotated[bool, option("--max-seq", help="Find the longest sequence that fits one layout.", panel=_LAYOUT)] = False,
+    job_file: Annotated[str | None, option("--job", help="Job file giving the layout for --max-mbs / --max-seq.", panel=_LAYOUT, metavar="FILE")] = None,
+    plot: Annotated[str | None, option("--plot", help="Write the memory curve of --max-mbs/--max-seq as a PNG.", panel=_OUT, metavar="FILE")] = None,
+    top: Annotated[int, option("--top", help="Candidates shown. (default: 10)", panel=_OUT)] = 10,
+    show_all: Annotated[bool, option("--all", help="Show every fitting candidate and rejected family.", panel=_OUT)] = False,
+    json_output: Annotated[bool, option("--json", help="Print the result as JSON (nothing else on stdout).", panel=_OUT)] = False,
+    job_flags: dict[str, Any] | None = None,
 ) -> None:
     """Find which parallel layouts of MODEL fit --gpus GPUs, fastest first (predicted step time).
 
-    Also: --max-mbs / --max-seq find the largest micro-batch / sequence for one layout, and
-    --colocate predicts whether several jobs can share one GPU or MIG slice.
+    The job flags are memplan estimate's: the search keeps them and chooses the layout, sharding,
+    micro-batch and recompute. --max-mbs / --max-seq find the largest micro-batch / sequence of one
+    layout, and --colocate predicts whether several jobs can share one GPU or MIG slice.
     """
     from memplan.fit.results import FIT_MARGIN
 
-    margin_value = FIT_MARGIN if margin is None else margin
-    layout_flags = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "mbs": mbs, "recompute": recompute}
+    flags, shown = dict(job_flags or {}), None if show_all else top
+    settings = _Settings(gpu=gpu, margin=FIT_MARGIN if margin is None else margin, gpus_per_node=gpus_per_node)
     with handle_errors():
+        check_output_path("--plot", plot)
         names = list(args or [])
         if colocate:
-            shared = _colocate(names, gpu, margin_value)
-            if json_output:
-                _print_json(shared.to_dict())
-            else:
-                from memplan.report.fit_text import colocation_table
-
-                _print(colocation_table(shared))
-            return
+            return _colocate(names, settings, json_output)
         if len(names) != 1:
             raise ConfigError("MODEL", "give exactly one model (or --colocate with job files)", " ".join(names) or None)
-        if gpus is None:
+        if flags.get("gpus") is None:
             raise ConfigError("--gpus", "is required: the number of GPUs to lay the job out on")
-        from memplan.model import load_model
-
-        model = load_model(names[0])
         if max_mbs or max_seq:
-            _limits(model, names[0], gpus, gpu, seq, gbs, framework, precision, margin_value, gpus_per_node,
-                    job, layout_flags, max_mbs, max_seq, plot, json_output)
-            return
-        if plot is not None:
-            raise ConfigError("--plot", "needs --max-mbs or --max-seq")
-        from memplan.fit.results import NoFitError
+            return _limits(names[0], flags, job_file, settings, max_mbs, max_seq, plot, json_output)
+        for flag, value in (("--plot", plot), ("--job", job_file)):
+            if value is not None:
+                raise ConfigError(flag, "needs --max-mbs or --max-seq")
+        _search_command(names[0], flags, settings, shown, json_output)
 
-        try:
-            result = _search(model, gpus, gpu, seq, gbs, framework, precision, margin_value, gpus_per_node,
-                             json_output, None if show_all else top)
-        except NoFitError as exc:  # a result, not bad input: show it, then the error line (exit 1)
-            _show_fit(exc.result, None if show_all else top, json_output)
-            raise
-    _show_fit(result, None if show_all else top, json_output)
+
+@dataclass(frozen=True)
+class _Settings:
+    """fit's own settings beside the job: where it must fit and how the search places ranks."""
+
+    gpu: str
+    margin: float
+    gpus_per_node: int
+
+
+def _search_command(model_ref: str, flags: dict[str, Any], settings: _Settings, shown: int | None,
+                    json_output: bool) -> None:
+    from memplan.fit.results import NoFitError
+    from memplan.jobflags import job_flags
+    from memplan.model import load_model
+
+    searched = [f.flag for f in job_flags() if f.name in SEARCHED_FLAGS and f.name in flags]
+    if searched:
+        raise ConfigError(searched[0], "is chosen by the layout search; to fix a layout use --max-mbs or --max-seq "
+                          "(or memplan estimate)", flags[searched[0].removeprefix("--").replace("-", "_")])
+    gpus = flags.pop("gpus")
+    model = load_model(model_ref)
+    try:
+        result = _search(model, gpus, _base_job(flags), settings, quiet=json_output, top=shown)
+    except NoFitError as exc:  # a result, not bad input: show it, then the error line (exit 1)
+        _show_fit(exc.result, shown, json_output)
+        raise
+    _show_fit(result, shown, json_output)
+
+
+def _base_job(flags: dict[str, Any]) -> Job:
+    """The job the search starts from: the flags it does not choose (--gbs is checked per layout)."""
+    from memplan.jobflags import build_job
+
+    return build_job({k: v for k, v in flags.items() if k != "gbs"})
 
 
 def _show_fit(result: FitResult, shown: int | None, json_output: bool) -> None:
@@ -155,65 +171,62 @@ def _progress(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callabl
     return update, stop
 
 
-def _search(model: ModelSpec, gpus: int, gpu: str, seq: int, gbs: int | None, framework: str, precision: str,
-            margin: float, gpus_per_node: int, quiet: bool, top: int | None = 1) -> FitResult:
+def _search(model: ModelSpec, gpus: int, base: Job, settings: _Settings, *, quiet: bool, top: int | None = 1,
+            gbs: int | None = None) -> FitResult:
     from memplan.fit.search import fit
     from memplan.fit.space import SearchSpace
 
     callback, stop = _progress(not quiet)
     try:
-        return fit(model, gpus=gpus, gpu=gpu, seq=seq, gbs=gbs, framework=framework,  # type: ignore[arg-type]
-                   precision=precision, margin=margin,  # type: ignore[arg-type]
-                   space=SearchSpace(gpus_per_node=gpus_per_node), top=top, progress=callback)
+        return fit(model, gpus=gpus, gpu=settings.gpu, gbs=gbs if gbs is not None else base.batch.global_batch_size,
+                   margin=settings.margin, space=SearchSpace(gpus_per_node=settings.gpus_per_node), top=top,
+                   progress=callback, base=base)
     finally:
         stop()
 
 
-def _layout_job(model: ModelSpec, model_ref: str, gpus: int, gpu: str, seq: int, gbs: int | None, framework: str,
-                precision: str, margin: float, gpus_per_node: int, job_file: str | None,
-                flags: dict[str, Any]) -> Job:
-    """The job whose limits are searched: a job file, the layout flags, or the best fitting layout."""
+def _layout_job(model: ModelSpec, model_ref: str, flags: dict[str, Any], job_file: str | None,
+                settings: _Settings) -> Job:
+    """The job whose limits are searched: a job file and/or the flags, or the best fitting layout."""
     from memplan.inputs import JobRequest, load_job
-    from memplan.jobflags import build_job
 
-    given = {k: v for k, v in flags.items() if v is not None}
-    if job_file is not None:
-        return load_job(JobRequest(model=model_ref, flags={**given, "gpus": gpus}, job_file=job_file)).job
-    if given:
-        dp_ranks = gpus // max(1, (given.get("tp") or 1) * (given.get("pp") or 1) * (given.get("cp") or 1))
-        values = {"gpus": gpus, "seq": seq, "gbs": gbs, "framework": framework, "precision": precision,
-                  "sequence_parallel": (given.get("tp") or 1) > 1,
-                  "distributed_optimizer": framework == "megatron" and dp_ranks > 1, **given}
-        return build_job(values)
-    best = _search(model, gpus, gpu, seq, gbs, framework, precision, margin, gpus_per_node, True).best
+    if job_file is not None or any(name in flags for name in SEARCHED_FLAGS):
+        return load_job(JobRequest(model=model_ref, flags=flags, job_file=job_file)).job
+    gpus = flags["gpus"]
+    base = _base_job({k: v for k, v in flags.items() if k != "gpus"})
+    best = _search(model, gpus, base, settings, quiet=True, gbs=flags.get("gbs")).best
     assert best is not None
     return best.job
 
 
-def _limits(model: ModelSpec, model_ref: str, gpus: int, gpu: str, seq: int, gbs: int | None, framework: str,
-            precision: str, margin: float, gpus_per_node: int, job_file: str | None, flags: dict[str, Any],
-            max_mbs: bool, max_seq: bool, plot: str | None, json_output: bool) -> None:
+def _limits(model_ref: str, flags: dict[str, Any], job_file: str | None, settings: _Settings, max_mbs: bool,
+            max_seq: bool, plot: str | None, json_output: bool) -> None:
     from memplan.fit.limits import max_micro_batch, max_seq_length, plot_limit
+    from memplan.model import load_model
 
     if max_mbs and max_seq:
         raise ConfigError("--max-mbs", "cannot be combined with --max-seq (search one at a time)")
-    job = _layout_job(model, model_ref, gpus, gpu, seq, gbs, framework, precision, margin, gpus_per_node,
-                      job_file, flags)
+    model = load_model(model_ref)
+    job = _layout_job(model, model_ref, flags, job_file, settings)
     search = max_micro_batch if max_mbs else max_seq_length
-    limit = search(model, job, gpu=gpu, margin=margin)
+    limit = search(model, job, gpu=settings.gpu, margin=settings.margin)
     if plot is not None:
         plot_limit(limit, plot)
     if json_output:
         from dataclasses import asdict
 
         _print_json({**limit.to_dict(), "job": asdict(job)})
-        return
-    from memplan.report.fit_text import limit_renderables
+    else:
+        from memplan.report.fit_text import limit_renderables
 
-    _print(*limit_renderables(limit, job, plot))
+        _print(*limit_renderables(limit, job, plot))
+    if not limit.best:  # a result, not bad input: shown above, then the error line (exit 1)
+        from memplan.errors import MemplanError
+
+        raise MemplanError(f"no {limit.quantity.replace('_', ' ')} fits this layout on {limit.gpu}")
 
 
-def _colocate(files: list[str], gpu: str, margin: float) -> Colocation:
+def _colocate(files: list[str], settings: _Settings, json_output: bool) -> None:
     from memplan.estimate.engine import DEFAULT_FRAGMENTATION
     from memplan.fit.colocate import SharedJob, colocate
     from memplan.inputs import JobRequest, load_job
@@ -225,4 +238,10 @@ def _colocate(files: list[str], gpu: str, margin: float) -> Colocation:
         loaded = load_job(JobRequest(job_file=path))
         fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
         jobs.append(SharedJob(name=Path(path).name, model=loaded.model, job=loaded.job, fragmentation=fragmentation))
-    return colocate(jobs, gpu=gpu, margin=margin)
+    shared = colocate(jobs, gpu=settings.gpu, margin=settings.margin)
+    if json_output:
+        _print_json(shared.to_dict())
+        return
+    from memplan.report.fit_text import colocation_table
+
+    _print(colocation_table(shared))

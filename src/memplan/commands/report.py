@@ -71,8 +71,7 @@ def report_command(
         if with_fit:
             from memplan.fit.search import fit
 
-            fit_result = fit(spec, gpus=job.parallel.world_size, gpu=gpu_spec, seq=job.batch.seq_length,
-                             gbs=job.batch.global_batch_size, framework=job.framework, top=20)
+            fit_result = fit(spec, gpus=job.parallel.world_size, gpu=gpu_spec, top=20, base=job)
         timeline_data, segment_data = _read_timeline(timeline), _read_segments(segments)
         if trace_file is not None:
             import os

@@ -6,7 +6,7 @@ fits) both work on a :class:`SearchContext`; neither imports the other's interna
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memplan.estimate.engine import estimate
 from memplan.estimate.result import Estimate
@@ -54,14 +54,18 @@ class SearchContext:
     limit: int
     fragmentation: float
     space: SearchSpace
+    #: What every searched job keeps (optimizer, attention, dtypes, MoE routing...): the search
+    #: replaces only its layout, sharding, micro-batch and recompute.
+    base: Job = field(default_factory=Job)
     estimates: int = 0
     cache: dict[Job, Estimate] = field(default_factory=dict)
 
     def job(self, layout: Layout, mbs: int, recompute: Recompute) -> Job:
-        return Job(
-            parallel=layout.parallelism(self.world), sharding=layout.sharding,
+        return replace(
+            self.base, parallel=layout.parallelism(self.world), sharding=layout.sharding,
             batch=Batch(micro_batch_size=mbs, seq_length=self.seq, global_batch_size=self.gbs),
-            precision=Precision(name=self.precision), recompute=recompute, framework=self.framework,
+            precision=replace(self.base.precision, name=self.precision), recompute=recompute,
+            framework=self.framework,
         )
 
     def estimate(self, job: Job) -> Estimate:
@@ -97,6 +101,7 @@ SELECTIVE_RECOMPUTE = Recompute(mode="selective")
 def make_context(
     model: ModelSpec | str, gpus: int, gpu: GPU | str, seq: int, gbs: int | None, framework: FrameworkName,
     precision: PrecisionName, margin: float, fragmentation: float, space: SearchSpace | None,
+    base: Job | None = None,
 ) -> SearchContext:
     """The search context of one ``fit`` call, with every argument validated (a FitError names the flag)."""
     if isinstance(model, str):
@@ -120,5 +125,5 @@ def make_context(
         model=model, world=gpus, gpu=gpu_spec, hardware=hw, seq=seq,
         gbs=gbs if gbs is not None else default_global_batch(gpus, seq), framework=framework,
         precision=precision, limit=memory_limit(gpu_spec.usable_bytes, margin),
-        fragmentation=fragmentation, space=space,
+        fragmentation=fragmentation, space=space, base=base or Job(),
     )

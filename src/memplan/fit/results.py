@@ -78,6 +78,7 @@ class Candidate:
             "tokens_per_s": self.step.tokens_per_s,
             "mfu": self.step.mfu,
             "step": self.step.to_dict(),
+            "job": asdict(self.job),
         }
 
 

@@ -150,15 +150,16 @@ def fit(
     *,
     gpus: int,
     gpu: GPU | str = "h100-80gb",
-    seq: int = 4096,
+    seq: int | None = None,
     gbs: int | None = None,
-    framework: FrameworkName = "megatron",
-    precision: PrecisionName = "bf16-mixed",
+    framework: FrameworkName | None = None,
+    precision: PrecisionName | None = None,
     margin: float = FIT_MARGIN,
     fragmentation: float = DEFAULT_FRAGMENTATION,
     space: SearchSpace | None = None,
     top: int | None = None,
     progress: ProgressCallback | None = None,
+    base: Job | None = None,
 ) -> FitResult:
     """The layouts x micro-batches x recompute settings of ``model`` that fit ``gpus`` GPUs, fastest first.
 
@@ -181,10 +182,19 @@ def fit(
     Raises :class:`FitError` (a ConfigError) when an argument is invalid or no layout can use
     ``gpus``; :class:`NoFitError` when none fits: its message says the least memory found and from
     how many GPUs the model would fit, and its ``result`` is the FitResult with the rejected families.
+    ``base`` is the job every candidate starts from (optimizer, attention, dtypes, MoE settings...;
+    default ``Job()``): the search replaces its layout, sharding, micro-batch and recompute, and
+    ``seq``, ``gbs``, ``framework``, ``precision`` default to the base's.
+
     Known limitations: the step-time model's (see :mod:`memplan.fit.steptime`); the search
     space's placement rules (:class:`SearchSpace`).
     """
-    ctx = make_context(model, gpus, gpu, seq, gbs, framework, precision, margin, fragmentation, space)
+    base = base or Job()
+    seq = base.batch.seq_length if seq is None else seq
+    gbs = base.batch.global_batch_size if gbs is None else gbs
+    framework = base.framework if framework is None else framework
+    precision = base.precision.name if precision is None else precision
+    ctx = make_context(model, gpus, gpu, seq, gbs, framework, precision, margin, fragmentation, space, base)
     start = time.perf_counter()
     layouts, excluded = enumerate_layouts(ctx.model, gpus, seq=seq, framework=framework, space=ctx.space)
     usable = [lay for lay in layouts if ctx.gbs % lay.dp == 0]
