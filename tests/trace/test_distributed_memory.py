@@ -101,11 +101,17 @@ def test_fsdp_all_gathers_one_block_in_bf16(config_path: str) -> None:
 
 
 def test_fsdp_does_not_shard_activations(config_path: str) -> None:
-    """fp32 (no mixed-precision policy, no autocast): the saved activations are the single rank's."""
+    """fp32 (no mixed-precision policy, no autocast): the saved activations are the single rank's.
+
+    So are the logits: the root's unsharded parameters, alive from its forward to its backward,
+    are FSDP communication buffers in the first iteration too (allocated by ``torch.empty`` there,
+    by ``resize_`` later).
+    """
     single = trace(config_path, seq=64, mbs=2, precision="fp32", device="cuda")
     sharded = trace(config_path, seq=64, mbs=2, precision="fp32", device="cuda", fsdp=3)
-    expected = single.summary.max_requested_by_category["activation"]
-    assert abs(sharded.summary.max_requested_by_category["activation"] - expected) <= 0.02 * expected
+    for category in ("activation", "logits"):
+        expected = single.summary.max_requested_by_category[category]
+        assert abs(sharded.summary.max_requested_by_category[category] - expected) <= 0.02 * expected
 
 
 def test_llama_1b_fsdp8_peak_is_its_shards_not_the_whole_model() -> None:

@@ -103,19 +103,34 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
 
 @contextmanager
 def track_resize(recorder: AllocationRecorder) -> Iterator[None]:
-    """Record ``UntypedStorage.resize_`` calls (FSDP2's unsharded parameters) while inside."""
+    """Record ``UntypedStorage.resize_`` calls (FSDP2's unsharded parameters) while inside.
+
+    FSDP2 allocates a parameter's unsharded storage with ``torch.empty`` the first time
+    (``FSDPParam.init_all_gather_outputs``) and by ``resize_`` afterwards; both become
+    ``communication`` once ``FSDPParam.alloc_all_gather_outputs`` has run.
+    """
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
     original = torch.UntypedStorage.resize_
+    original_alloc = FSDPParam.alloc_all_gather_outputs
 
     def resize_(storage: Any, size: int) -> Any:
         result = original(storage, size)
         recorder.resized(storage, int(size), _COMMUNICATION)
         return result
 
+    def alloc_all_gather_outputs(fsdp_param: Any) -> None:
+        original_alloc(fsdp_param)
+        for tensor in fsdp_param.all_gather_outputs:
+            recorder.mark(tensor.untyped_storage(), _COMMUNICATION)
+
     torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+    FSDPParam.alloc_all_gather_outputs = alloc_all_gather_outputs  # type: ignore[method-assign]
     try:
         yield
     finally:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+        FSDPParam.alloc_all_gather_outputs = original_alloc  # type: ignore[method-assign]
 
 
 @contextmanager
