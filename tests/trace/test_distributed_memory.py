@@ -21,10 +21,11 @@ from memplan.trace.distributed import TP_PLAN
 GiB = 2**30
 FP32_BYTES = 4
 BF16_BYTES = 2
-LAYERS = 4
-CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 640, "num_attention_heads": 8,
-          "num_key_value_heads": 2, "num_hidden_layers": LAYERS, "vocab_size": 1000, "max_position_embeddings": 512,
-          "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0}
+LAYERS, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 4, 256, 640, 8, 2, 1000
+CONFIG = {"model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+          "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "num_hidden_layers": LAYERS,
+          "vocab_size": VOCAB, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+          "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0}
 #: The optimizer phase holds parameters, gradients, two AdamW moments and one foreach temporary
 #: per parameter (``_multi_tensor_adam``'s ``exp_avg_sq_sqrt``): 5x the parameter bytes, plus
 #: CUDA's 512-byte rounding of small tensors.
@@ -39,16 +40,16 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _block_shapes() -> dict[str, tuple[int, ...]]:
-    hidden, inter = CONFIG["hidden_size"], CONFIG["intermediate_size"]
-    kv = CONFIG["num_key_value_heads"] * hidden // CONFIG["num_attention_heads"]
-    return {"self_attn.q_proj": (hidden, hidden), "self_attn.k_proj": (kv, hidden), "self_attn.v_proj": (kv, hidden),
-            "self_attn.o_proj": (hidden, hidden), "mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden),
-            "mlp.down_proj": (hidden, inter), "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,)}
+    kv = KV_HEADS * HIDDEN // HEADS
+    return {"self_attn.q_proj": (HIDDEN, HIDDEN), "self_attn.k_proj": (kv, HIDDEN),
+            "self_attn.v_proj": (kv, HIDDEN), "self_attn.o_proj": (HIDDEN, HIDDEN),
+            "mlp.gate_proj": (INTERMEDIATE, HIDDEN), "mlp.up_proj": (INTERMEDIATE, HIDDEN),
+            "mlp.down_proj": (HIDDEN, INTERMEDIATE), "input_layernorm": (HIDDEN,),
+            "post_attention_layernorm": (HIDDEN,)}
 
 
 def _root_shapes() -> list[tuple[int, ...]]:
-    hidden, vocab = CONFIG["hidden_size"], CONFIG["vocab_size"]
-    return [(vocab, hidden), (hidden,), (vocab, hidden)]  # embed_tokens, norm, lm_head (untied)
+    return [(VOCAB, HIDDEN), (HIDDEN,), (VOCAB, HIDDEN)]  # embed_tokens, norm, lm_head (untied)
 
 
 def _rank0_numel(shape: tuple[int, ...], fsdp: int, tp: int, style: str | None) -> int:
