@@ -119,3 +119,25 @@ def test_llama_1b_fsdp8_peak_is_its_shards_not_the_whole_model() -> None:
     """Recording the propagation placeholders reported 16.7 GiB here; rank 0 holds ~4.4 GiB."""
     result = trace("llama-3.2-1b", seq=128, mbs=1, precision="bf16-mixed", device="cuda", fsdp=8)
     assert result.summary.peak_allocated_bytes < 6 * GiB
+
+
+def test_dtensor_operator_records_the_local_shard_only() -> None:
+    """An elementwise op on a Shard(0) DTensor: rank 0 allocates its 1/4, not the global placeholder."""
+    import torch
+    from torch.distributed.tensor import DTensor, Shard
+
+    from memplan.trace.distributed import simulated_ranks
+    from memplan.trace.options import TraceOptions
+    from memplan.trace.recorder import AllocationRecorder
+    from memplan.trace.tracker import TracingFakeMode
+
+    rows, cols, ranks = 77, 131, 4  # shapes no other test uses: DTensor caches propagation results
+    mode = TracingFakeMode(allow_non_fake_inputs=True)
+    recorder = AllocationRecorder()
+    with simulated_ranks(TraceOptions(fsdp=ranks)) as mesh, mode:
+        sharded = DTensor.from_local(torch.empty(rows, cols), mesh, [Shard(0)], run_check=False)
+        mode.recorder = recorder
+        doubled = sharded * 2
+        mode.recorder = None
+    assert doubled.shape == (rows * ranks, cols)
+    assert [event.size for event in recorder.events(drop_host=False)] == [rows * cols * FP32_BYTES]
