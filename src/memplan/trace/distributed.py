@@ -41,6 +41,8 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
     """A fake process group of ``fsdp * tp`` ranks (this process is rank 0) and its device mesh.
 
     Yields ``None`` for a single rank. Refuses to run when a process group already exists.
+    DTensor's sharding propagation is not recorded while inside (see
+    :func:`~memplan.trace.tracker.unrecorded_sharding_propagation`).
     """
     if options.world_size == 1:
         yield None
@@ -52,13 +54,16 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
     if dist.is_initialized():
         raise UnsupportedError("--fsdp/--tp simulate ranks with a fake process group; this process already "
                                "has a process group (call memplan.trace outside torch.distributed jobs)")
+    from memplan.trace.tracker import unrecorded_sharding_propagation
+
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=options.world_size)
     try:
         if options.tp > 1 and options.fsdp > 1:
             mesh = init_device_mesh("cpu", (options.fsdp, options.tp), mesh_dim_names=("dp", "tp"))
         else:
             mesh = init_device_mesh("cpu", (options.world_size,), mesh_dim_names=("tp" if options.tp > 1 else "dp",))
-        yield mesh
+        with unrecorded_sharding_propagation():
+            yield mesh
     finally:
         dist.destroy_process_group()
 

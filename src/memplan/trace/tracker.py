@@ -8,6 +8,13 @@ the dispatch stack, it also sees the operators that tensor subclasses (DTensor) 
 local shards. ``UntypedStorage.resize_`` (which FSDP2 uses to free and re-allocate unsharded
 parameters) does not dispatch, so :func:`track_resize` patches it while a trace runs.
 
+Only storages a real rank allocates are recorded. DTensor's sharding propagation
+(``ShardingPropagator._propagate_tensor_meta_non_cached`` in
+``torch/distributed/tensor/_sharding_prop.py``) derives an operator's global output shape by
+re-running it on *global-shape* placeholders (``OpSchema.gen_fake_args``) inside whichever fake
+mode is active; on a real rank that is a throwaway ``FakeTensorMode`` that allocates nothing, in a
+trace it is this mode. :func:`unrecorded_sharding_propagation` pauses recording while it runs.
+
 :class:`ModulePath` follows the running module with PyTorch's ``ModTracker`` (forward hooks and
 multi-grad hooks for the backward) and reports the innermost module's dotted path.
 
@@ -27,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from memplan.categories import MemoryCategory
 from memplan.trace.recorder import AllocationRecorder
 
-__all__ = ["ModulePath", "TracingFakeMode", "track_resize"]
+__all__ = ["ModulePath", "TracingFakeMode", "track_resize", "unrecorded_sharding_propagation"]
 
 _COMMUNICATION = MemoryCategory.COMMUNICATION.value
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "fsdp", "_dtensor")
@@ -40,12 +47,22 @@ class TracingFakeMode(FakeTensorMode):
         super().__init__(**kwargs)
         self.recorder: AllocationRecorder | None = None
         self._depth = 0
+        self._paused = 0
+
+    @contextmanager
+    def unrecorded(self) -> Iterator[None]:
+        """Run operators in this mode without recording their outputs (they are not a rank's memory)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # ``dispatch`` (called by FakeTensorMode.__torch_dispatch__) is overridden rather than
         # ``__torch_dispatch__``, which TorchDispatchMode wraps once more per subclass.
         recorder = self.recorder
-        if recorder is None or self._depth:
+        if recorder is None or self._depth or self._paused:
             self._depth += 1
             try:
                 return super().dispatch(func, types, args, kwargs)
@@ -86,19 +103,62 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
 
 @contextmanager
 def track_resize(recorder: AllocationRecorder) -> Iterator[None]:
-    """Record ``UntypedStorage.resize_`` calls (FSDP2's unsharded parameters) while inside."""
+    """Record ``UntypedStorage.resize_`` calls (FSDP2's unsharded parameters) while inside.
+
+    FSDP2 allocates a parameter's unsharded storage with ``torch.empty`` the first time
+    (``FSDPParam.init_all_gather_outputs``) and by ``resize_`` afterwards; both become
+    ``communication`` once ``FSDPParam.alloc_all_gather_outputs`` has run.
+    """
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
     original = torch.UntypedStorage.resize_
+    original_alloc = FSDPParam.alloc_all_gather_outputs
 
     def resize_(storage: Any, size: int) -> Any:
         result = original(storage, size)
         recorder.resized(storage, int(size), _COMMUNICATION)
         return result
 
+    def alloc_all_gather_outputs(fsdp_param: Any) -> None:
+        original_alloc(fsdp_param)
+        for tensor in fsdp_param.all_gather_outputs:
+            recorder.mark(tensor.untyped_storage(), _COMMUNICATION)
+
     torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+    FSDPParam.alloc_all_gather_outputs = alloc_all_gather_outputs  # type: ignore[method-assign]
     try:
         yield
     finally:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+        FSDPParam.alloc_all_gather_outputs = original_alloc  # type: ignore[method-assign]
+
+
+@contextmanager
+def unrecorded_sharding_propagation() -> Iterator[None]:
+    """Pause the active :class:`TracingFakeMode` while DTensor propagates tensor metadata.
+
+    ``_propagate_tensor_meta_non_cached`` builds one full-size placeholder per DTensor argument
+    and runs the operator on them to learn the global output shape: for a foreach optimizer step
+    over FSDP-sharded parameters that is several copies of the whole unsharded model, none of
+    which exists on a real rank (there the placeholders live in a private ``FakeTensorMode``).
+    """
+    from torch._guards import detect_fake_mode
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self: ShardingPropagator, op_schema: Any) -> Any:
+        mode = detect_fake_mode()  # the mode the original runs its placeholders in
+        if not isinstance(mode, TracingFakeMode):
+            return original(self, op_schema)
+        with mode.unrecorded():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
 
 
 class ModulePath:
