@@ -76,7 +76,9 @@ def _param_bytes(fsdp: int, tp: int) -> int:
 
 @pytest.mark.parametrize(("fsdp", "tp"), [(3, 1), (1, 2), (3, 2)])
 def test_rank0_states_are_its_shards(config_path: str, fsdp: int, tp: int) -> None:
-    result = trace(config_path, seq=64, mbs=1, precision="bf16-mixed", device="cuda", fsdp=fsdp, tp=tp)
+    # foreach keeps Adam's step counters on the host, so every optimizer state is a shard.
+    result = trace(config_path, seq=64, mbs=1, precision="bf16-mixed", device="cuda", fsdp=fsdp, tp=tp,
+                   optimizer_impl="foreach")
     states = result.summary.max_requested_by_category
     param_bytes = _param_bytes(fsdp, tp)
     assert states["parameter"] == param_bytes
@@ -108,8 +110,8 @@ def test_fsdp_does_not_shard_activations(config_path: str) -> None:
     are FSDP communication buffers in the first iteration too (allocated by ``torch.empty`` there,
     by ``resize_`` later).
     """
-    single = trace(config_path, seq=64, mbs=2, precision="fp32", device="cuda")
-    sharded = trace(config_path, seq=64, mbs=2, precision="fp32", device="cuda", fsdp=3)
+    single = trace(config_path, seq=64, mbs=2, precision="fp32", device="cuda", optimizer_impl="foreach")
+    sharded = trace(config_path, seq=64, mbs=2, precision="fp32", device="cuda", fsdp=3, optimizer_impl="foreach")
     for category in ("activation", "logits"):
         expected = single.summary.max_requested_by_category[category]
         assert abs(sharded.summary.max_requested_by_category[category] - expected) <= 0.02 * expected
@@ -127,14 +129,14 @@ def test_dtensor_operator_records_the_local_shard_only() -> None:
     from torch.distributed.tensor import DTensor, Shard
 
     from memplan.trace.distributed import simulated_ranks
-    from memplan.trace.options import TraceOptions
+    from memplan.trace.setup import trace_setup
     from memplan.trace.recorder import AllocationRecorder
     from memplan.trace.tracker import TracingFakeMode
 
     rows, cols, ranks = 77, 131, 4  # shapes no other test uses: DTensor caches propagation results
     mode = TracingFakeMode(allow_non_fake_inputs=True)
     recorder = AllocationRecorder()
-    with simulated_ranks(TraceOptions(fsdp=ranks)) as mesh, mode:
+    with simulated_ranks(trace_setup(fsdp=ranks)) as mesh, mode:
         sharded = DTensor.from_local(torch.empty(rows, cols), mesh, [Shard(0)], run_check=False)
         mode.recorder = recorder
         doubled = sharded * 2
