@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -426,3 +428,42 @@ def test_docs_list_every_job_flag_with_its_default() -> None:
     for flag in job_flags():
         default = "—" if flag.default is None else ("off" if flag.default is False else str(flag.default))
         assert f"| `{flag.flag}` | " in text and f"| {default} | {flag.help} |" in text, flag.flag
+
+
+@pytest.mark.parametrize("command", ["estimate", "trace", "fit", "report", "alloc simulate", "alloc plan",
+                                     "ckpt bench", "ckpt profile"])
+def test_help_at_80_columns_shows_every_flag_whole(command: str) -> None:
+    import typer.main
+
+    click_command: Any = typer.main.get_command(app)
+    for word in command.split():
+        click_command = click_command.commands[word]
+    result = runner.invoke(app, [*command.split(), "--help"], env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.exit_code == 0
+    assert "…" not in result.stdout
+    words = set(re.findall(r"--[a-z0-9-]+", result.stdout))
+    for param in click_command.params:
+        for name in (*param.opts, *param.secondary_opts):
+            assert not name.startswith("--") or name in words, (command, name)
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["estimate", "gpt2", "--save-job", "{tmp}"], "--save-job"),
+    (["estimate", "gpt2", "--save-job", "{tmp}/missing/job.yaml"], "--save-job"),
+    (["report", "gpt2", "-o", "{tmp}"], "-o"),
+    (["fit", "gpt2", "--gpus", "8", "--max-mbs", "--plot", "{tmp}/no/such/mbs.png"], "--plot"),
+    (["alloc", "plan", "{tmp}/x.csv", "-o", "{tmp}"], "--output"),
+    (["ckpt", "bench", "--quick", "--output", "{tmp}/none/out.json"], "--output"),
+])
+def test_output_paths_are_checked_before_the_work(tmp_path: Path, args: list[str], flag: str) -> None:
+    result = invoke(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert result.exit_code == 2, result.output
+    assert f"error: {flag}: must be" in result.output and "Traceback" not in result.output
+
+
+def test_a_job_file_and_a_flag_that_contradict_name_both(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("model: gpt2\ngpus: 8\nfsdp: full\n")
+    result = invoke("estimate", "--job", str(job), "--zero", "2")
+    assert result.exit_code == 2
+    assert f"{job}: fsdp: cannot be combined with --zero 2" in result.output

@@ -12,7 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-from memplan.commands.common import Command as _Command, Group as _Group, app, handle_errors
+from memplan.commands.common import Command as _Command
+from memplan.commands.common import Group as _Group
+from memplan.commands.common import app, check_output_path, handle_errors
 from memplan.errors import ConfigError
 
 alloc_app = typer.Typer(
@@ -120,6 +122,7 @@ def plan_command(
     with handle_errors():
         from memplan.units import parse_bytes
 
+        check_output_path("--output", output)
         cap = parse_bytes(capacity, field="--capacity") if capacity is not None else None
         if trace.lower().endswith(".csv"):
             summary = _plan_csv(trace, output, cap, time_limit)

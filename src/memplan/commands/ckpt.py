@@ -12,7 +12,11 @@ from typing import Annotated
 
 import typer
 
-from memplan.commands.common import Command as _Command, Group as _Group, app, handle_errors, print_json as _print_json, print_rich as _print
+from memplan.commands.common import Command as _Command
+from memplan.commands.common import Group as _Group
+from memplan.commands.common import app, check_output_path, handle_errors
+from memplan.commands.common import print_json as _print_json
+from memplan.commands.common import print_rich as _print
 from memplan.errors import ConfigError
 
 __all__ = ["ckpt_app"]
@@ -84,6 +88,7 @@ def bench_command(
     with handle_errors():
         _positive(steps, "--steps")
         _positive(repeats, "--repeats")
+        check_output_path("--output", output)
         from memplan.ckpt.bench import BenchConfig, run_bench, with_overrides
 
         base = BenchConfig.quick() if quick else BenchConfig()
