@@ -28,34 +28,35 @@ _MAGIC = {
 _SNIFF_BYTES = 8192
 
 
-def read_text_file(path: str | os.PathLike[str], *, field: str, allow_empty: bool = False) -> str:
+def read_text_file(path: str | os.PathLike[str], *, field: str, allow_empty: bool = False,
+                   error: type[ConfigError] = ConfigError) -> str:
     """The UTF-8 text of ``path`` (a BOM is dropped).
 
-    Raises ConfigError(``field``, rule, path) when the path is missing or a directory, cannot be
+    Raises ``error(field, rule, path)`` (a ConfigError subclass) when the path is missing or a directory, cannot be
     read, is binary (compressed, pickle, NUL bytes), is not UTF-8, or holds only whitespace (unless
     ``allow_empty``).
     """
     name = os.fspath(path)
     file = Path(name)
     if file.is_dir():
-        raise ConfigError(field, "is a directory, not a file", name)
+        raise error(field, "is a directory, not a file", name)
     try:
         data = file.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(field, "no such file", name) from None
+        raise error(field, "no such file", name) from None
     except OSError as exc:
-        raise ConfigError(field, f"cannot read the file ({exc.strerror or exc})", name) from None
+        raise error(field, f"cannot read the file ({exc.strerror or exc})", name) from None
     for magic, kind in _MAGIC.items():
         if data.startswith(magic):
-            raise ConfigError(field, f"is a {kind} file, not text", name,
+            raise error(field, f"is a {kind} file, not text", name,
                               hint="decompress it first" if kind.endswith("compressed") else "")
     if b"\x00" in data[:_SNIFF_BYTES]:
-        raise ConfigError(field, "is a binary file, not text", name)
+        raise error(field, "is a binary file, not text", name)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ConfigError(field, f"is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})",
+        raise error(field, f"is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})",
                           name) from None
     if not allow_empty and not text.strip():
-        raise ConfigError(field, "is empty", name)
+        raise error(field, "is empty", name)
     return text
