@@ -54,3 +54,8 @@ def test_windows_line_endings_and_comments() -> None:
 def test_unterminated_quotes_are_config_errors(script: str) -> None:
     with pytest.raises(ConfigError, match="--megatron-args"):
         read_script(script, field="--megatron-args")
+
+
+def test_command_substitutions_stay_as_written() -> None:
+    (words,) = read_script("run --x `date +%s` --y $(hostname -s) --z 2\n")
+    assert words == ["run", "--x", "`date +%s`", "--y", "$(hostname -s)", "--z", "2"]

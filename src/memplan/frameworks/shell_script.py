@@ -18,8 +18,8 @@ expands), double quotes (expands, never splits), backslash escapes; assignments 
 ``$((integer arithmetic))``; unquoted expansions split into words; a command ends at a newline,
 ``;``, ``&&``, ``||``, ``|`` or ``&``; redirections (``> log``, ``2>&1``) are dropped.
 
-Known limitations: nothing is run, so ``$(command)`` and variables set by control flow (``if``,
-``for``, functions) are read in file order only; the environment is never read, so the result depends
+Known limitations: nothing is run, so ``$(command)`` and backquoted commands stay as written, and
+variables set by control flow (``if``, ``for``, functions) are read in file order only; the environment is never read, so the result depends
 on the file alone. ``"$@"`` and ``$*`` (the script's own arguments) expand to nothing, as when the
 script runs without arguments. Any other variable the script never assigns stays as written
 (``$TP``) and the word is an :class:`Unresolved` string, so callers can report it.
@@ -124,8 +124,9 @@ class _Lexer:
                 if nxt != "\n":
                     cur.append(nxt)
                     have, literal_only = True, False
-            elif char == "'":
-                cur.append(self._until("'"))
+            elif char in "'`":  # `command` is kept as written, like $(command)
+                text = self._until(char)
+                cur.append(text if char == "'" else f"`{text}`")
                 have, literal_only = True, False
             elif char == '"':
                 self._double_quoted(cur, fields)
@@ -165,8 +166,9 @@ class _Lexer:
             if char == "\\":
                 parts.append(self.text[self.pos + 1:self.pos + 2].replace("\n", ""))
                 self.pos += 2
-            elif char == "'":
-                parts.append(self._until("'"))
+            elif char in "'`":
+                text = self._until(char)
+                parts.append(text if char == "'" else f"`{text}`")
             elif char == '"':
                 fields: list[str] = []
                 self._double_quoted(parts, fields)
