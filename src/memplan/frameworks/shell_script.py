@@ -49,7 +49,10 @@ _ARITH: dict[type, Callable[[int, int], int]] = {
 
 
 class Unresolved(str):
-    """A word that is exactly one expansion of a variable the script never assigns (e.g. ``$TP``)."""
+    """Text kept as written: a variable the script never assigns (``$TP``) or a command substitution.
+
+    :func:`read_script` returns a word as ``Unresolved`` when the whole word is one such variable.
+    """
 
 
 def unresolved_hint(value: object) -> str:
@@ -134,7 +137,11 @@ class _Lexer:
             elif char == "$":
                 values, whole = self._expansion()
                 literal_only = False
-                have = self._split_into(values if whole else " ".join(values), cur, fields, have)
+                if len(values) == 1 and isinstance(values[0], Unresolved):
+                    cur.append(values[0])  # kept as written, never split
+                    have = True
+                else:
+                    have = self._split_into(values if whole else " ".join(values), cur, fields, have)
             else:
                 cur.append(char)
                 self.pos += 1
@@ -264,11 +271,11 @@ class _Lexer:
             self.pos += 2
             body = self._balanced("((", "))")
             result = self._arithmetic(body)
-            return ([str(result)] if result is not None else [self.text[start:self.pos]]), False
+            return ([str(result)] if result is not None else [Unresolved(self.text[start:self.pos])]), False
         if char == "(":
             self.pos += 1
             self._balanced("(", ")")
-            return [self.text[start:self.pos]], False
+            return [Unresolved(self.text[start:self.pos])], False
         if char == "{":
             self.pos += 1
             body = self._balanced("{", "}")
