@@ -88,3 +88,11 @@ def test_unassigned_variable_is_reported_not_dropped(tmp_path):
                     "--tensor-model-parallel-size ${TP}\n")
     with pytest.raises(ConfigError, match=r"--tensor-model-parallel-size: must be an integer .*not assigned"):
         load_megatron_args(path, gpus=8)
+
+
+def test_script_starting_with_a_test_command_is_a_script(tmp_path):
+    path = tmp_path / "train.sh"
+    path.write_text('[ -n "$DEBUG" ] && set -x\nTP=2\npython pretrain_gpt.py --num-layers 2 --hidden-size 64 '
+                    "--num-attention-heads 4 --tensor-model-parallel-size $TP\n")
+    model, job = load_megatron_args(path, gpus=2)
+    assert (model.num_layers, job.parallel.tp) == (2, 2)

@@ -106,8 +106,8 @@ def _file_form(text: str) -> str:
             continue
         if stripped.startswith("{") or _YAML_KEY.match(stripped):
             return "mapping"
-        if stripped.startswith("[") or stripped == "-" or stripped.startswith("- "):
-            return "list"
+        if stripped == "-" or stripped.startswith("- ") or stripped.startswith("[") and text.rstrip().endswith("]"):
+            return "list"  # (bash's "[ -f x ] && ..." does not end with "]")
         return "script"
     return "script"
 
