@@ -84,7 +84,10 @@ def test_unassigned_variable_is_reported_not_dropped(tmp_path):
     with pytest.raises(ConfigError, match=r"--megatron-args: uses \$GPT_ARGS where flags are expected") as info:
         load_megatron_args(path, gpus=8)
     assert str(path) in str(info.value)
-    path.write_text("python pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+    path.write_text("$GPT_ARGS --num-layers 2\n")
+    with pytest.raises(ConfigError, match=r"uses \$GPT_ARGS where flags are expected"):
+        load_megatron_args(path, gpus=8)
+    path.write_text("$LAUNCHER pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
                     "--tensor-model-parallel-size ${TP}\n")
     with pytest.raises(ConfigError, match=r"--tensor-model-parallel-size: must be an integer .*not assigned"):
         load_megatron_args(path, gpus=8)

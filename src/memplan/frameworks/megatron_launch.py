@@ -53,7 +53,7 @@ def _flags(tokens: Sequence[str]) -> dict[str, Any]:
             flag, eq, value = token.partition("=")
             current = flag
             args[flag] = value if eq else True
-        elif isinstance(token, Unresolved) and index and (current is None or args[current] is not True):
+        elif isinstance(token, Unresolved) and _where_flags_go(tokens, index, current, args):
             raise ConfigError("--megatron-args", f"uses {token} where flags are expected, but the script "
                               "never assigns it, so its flags are unknown", hint=unresolved_hint(token))
         elif current is not None:
@@ -65,6 +65,18 @@ def _flags(tokens: Sequence[str]) -> dict[str, Any]:
             else:
                 args[current] = [existing, token]
     return args
+
+
+def _where_flags_go(tokens: Sequence[str], index: int, current: str | None, args: Mapping[str, Any]) -> bool:
+    """Whether ``tokens[index]`` stands where flags, not a flag's value or the command, are expected.
+
+    The first word is the command (``$LAUNCHER pretrain_gpt.py``) unless a flag follows it directly
+    (an argument file starting with ``$GPT_ARGS --num-layers 2``); later, a word after the command or
+    after a flag that already has its value.
+    """
+    if index == 0:
+        return len(tokens) == 1 or tokens[1].startswith("--")
+    return current is None or args[current] is not True
 
 
 def read_megatron_args_file(path: str | Path) -> dict[str, Any]:
