@@ -89,7 +89,7 @@ def test_unassigned_variable_is_reported_not_dropped(tmp_path):
         load_megatron_args(path, gpus=8)
     path.write_text("$LAUNCHER pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
                     "--tensor-model-parallel-size ${TP}\n")
-    with pytest.raises(ConfigError, match=r"--tensor-model-parallel-size: must be an integer .*not assigned"):
+    with pytest.raises(ConfigError, match=r"--tensor-model-parallel-size: must be an integer .*never assigns"):
         load_megatron_args(path, gpus=8)
 
 

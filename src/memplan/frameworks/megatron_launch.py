@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError
-from memplan.frameworks.shell_script import Unresolved, read_script, unresolved_hint
+from memplan.frameworks.shell_script import Unresolved, read_script
 from memplan.textfile import read_text_file
 
 __all__ = ["parse_megatron_args", "read_megatron_args_file"]
@@ -55,7 +55,8 @@ def _flags(tokens: Sequence[str]) -> dict[str, Any]:
             args[flag] = value if eq else True
         elif isinstance(token, Unresolved) and _where_flags_go(tokens, index, current, args):
             raise ConfigError("--megatron-args", f"uses {token} where flags are expected, but the script "
-                              "never assigns it, so its flags are unknown", hint=unresolved_hint(token))
+                              "never assigns it, so its flags are unknown",
+                              hint="assign it in the file (memplan does not read the environment)")
         elif current is not None:
             existing = args[current]
             if existing is True:

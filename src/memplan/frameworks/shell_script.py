@@ -60,8 +60,8 @@ def unresolved_hint(value: object) -> str:
     text = str(value)
     if "$" not in text:
         return ""
-    return "the shell variable is not assigned in the file (memplan does not read the environment); " \
-           "assign it in the file or give the value there"
+    return "a shell variable the file never assigns (memplan does not read the environment); " \
+           "assign it in the file, or give the flag's value there"
 
 
 def read_script(text: str, *, field: str = "script") -> list[list[str]]:
