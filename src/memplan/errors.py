@@ -6,7 +6,8 @@ Hierarchy::
     ├── ConfigError              bad user input: names the field, the rule and the value (CLI exit 2)
     │   ├── ModelConfigError     a model config / preset that cannot be understood
     │   └── JobConfigError       a training-job description that is invalid or inconsistent
-    └── UnsupportedError         valid input that memplan does not model (yet); says what to try
+    ├── UnsupportedError         valid input that memplan does not model (yet); says what to try
+    └── MissingDependencyError   an optional package a feature needs is not installed; names the extra
 
 The CLI turns a ``ConfigError`` into one coloured line and exit code 2, any other
 ``MemplanError`` into one line and exit code 1. Nothing here ever prints.
@@ -20,6 +21,7 @@ __all__ = [
     "ModelConfigError",
     "JobConfigError",
     "UnsupportedError",
+    "MissingDependencyError",
 ]
 
 
@@ -52,3 +54,18 @@ class JobConfigError(ConfigError):
 
 class UnsupportedError(MemplanError):
     """The input is well formed but describes something memplan does not model."""
+
+
+class MissingDependencyError(MemplanError):
+    """An optional package (numpy, matplotlib, torch) that one feature needs is not installed.
+
+    The core (estimate, fit, alloc simulate, report) needs only typer, rich and pyyaml; the message
+    names the ``memplan[extra]`` that installs the package, e.g. ``alloc plan needs numpy; install it
+    with pip install 'memplan[alloc]'``.
+    """
+
+    def __init__(self, package: str, *, feature: str, extra: str) -> None:
+        self.package = package
+        self.feature = feature
+        self.extra = extra
+        super().__init__(f"{feature} needs {package}; install it with pip install 'memplan[{extra}]'")

@@ -82,10 +82,9 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def _read(path: Path) -> dict[Any, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError("--job", f"cannot read the job file ({exc.strerror})", str(path)) from None
+    from memplan.textfile import read_text_file
+
+    text = read_text_file(path, field="--job")
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text, object_pairs_hook=_unique_pairs)

@@ -139,3 +139,4 @@ def test_accuracy_on_moe_megatron_ci_cases():
     errors = sorted(abs(r["rel_error"]) for r in compared)
     assert statistics.median(errors) <= 0.08
     assert errors[-1] <= 0.30
+

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memplan.alloc.planner import StaticPlan, plan_trace
 from memplan.alloc.settings import AllocatorSettings
 from memplan.alloc.simulator import SimResult, simulate
 from memplan.events import Trace
+
+if TYPE_CHECKING:
+    from memplan.alloc.planner import StaticPlan
 
 __all__ = ["AllocatorComparison", "compare"]
 
@@ -58,7 +60,9 @@ class AllocatorComparison:
 def compare(
     trace: Trace, settings: AllocatorSettings | None = None, *, time_limit: float = 20.0
 ) -> AllocatorComparison:
-    """Simulate ``trace`` with and without expandable segments and plan it."""
+    """Simulate ``trace`` with and without expandable segments and plan it (the plan needs numpy)."""
+    from memplan.alloc.planner import plan_trace
+
     settings = settings or AllocatorSettings()
     caching = simulate(trace, settings.with_changes(expandable_segments=False))
     expandable = simulate(trace, settings.with_changes(expandable_segments=True))

@@ -28,7 +28,12 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    from memplan.errors import MissingDependencyError
+
+    raise MissingDependencyError("numpy", feature="the DSA solver (memplan alloc plan)", extra="alloc") from None
 
 _native: ModuleType | None
 try:  # the optional C extension (setup.py); without it the same search runs in pure Python

@@ -26,7 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    from memplan.errors import MissingDependencyError
+
+    raise MissingDependencyError("numpy", feature="the static plan (memplan alloc plan, alloc compare)", extra="alloc") from None
 
 from memplan.alloc import dsa
 from memplan.categories import MemoryCategory

@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 _FIELD = "snapshot file"
+_CATEGORIES = frozenset(c.value for c in MemoryCategory)
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -105,6 +106,8 @@ class SnapshotEntry:
     size: int
     stream: int
     time_us: int = 0
+    #: memplan's category, in snapshots written by ``memplan trace --snapshot`` ("" otherwise).
+    category: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,8 +183,12 @@ def _entry(raw: Any, index: int) -> SnapshotEntry:
     if not isinstance(raw, Mapping) or not isinstance(raw.get("action"), str):
         raise ConfigError(f"{_FIELD} trace entry {index}", "must be a dict with an 'action'", raw)
     time_us = raw.get("time_us", 0)
-    return SnapshotEntry(raw["action"], _int(raw, "addr", index, 0), _int(raw, "size", index, 0),
-                         _int(raw, "stream", index, 0), time_us if type(time_us) is int else 0)
+    size = _int(raw, "size", index, 0)
+    category = raw.get("category")
+    # memplan's own snapshots also carry the requested size and the category of each alloc.
+    return SnapshotEntry(raw["action"], _int(raw, "addr", index, 0), _int(raw, "requested_size", index, size),
+                         _int(raw, "stream", index, 0), time_us if type(time_us) is int else 0,
+                         category if type(category) is str and category in _CATEGORIES else "")
 
 
 def snapshot_to_trace(snapshot: Snapshot) -> Trace:
@@ -194,6 +201,7 @@ def snapshot_to_trace(snapshot: Snapshot) -> Trace:
     events: list[AllocEvent] = []
     live: dict[int, int] = {}
     sizes: dict[int, int] = {}
+    categories: dict[int, str] = {}
     pre: list[tuple[int, int, int, int]] = []  # (addr, size, stream, block id)
     next_id = 0
     temp = MemoryCategory.TEMPORARY.value
@@ -203,7 +211,9 @@ def snapshot_to_trace(snapshot: Snapshot) -> Trace:
         if entry.action == ALLOC:
             live[entry.addr] = next_id
             sizes[next_id] = entry.size
-            events.append(AllocEvent(0, ALLOC, next_id, entry.size, temp, "other", 0, "", "", entry.stream))
+            categories[next_id] = entry.category or temp
+            events.append(AllocEvent(0, ALLOC, next_id, entry.size, entry.category or temp, "other", 0, "", "",
+                                     entry.stream))
             next_id += 1
         elif entry.action in free_actions:
             block = live.pop(entry.addr, None)
@@ -212,7 +222,8 @@ def snapshot_to_trace(snapshot: Snapshot) -> Trace:
                 next_id += 1
                 sizes[block] = entry.size
                 pre.append((entry.addr, entry.size, entry.stream, block))
-            events.append(AllocEvent(0, FREE, block, sizes[block], temp, "other", 0, "", "", entry.stream))
+            events.append(AllocEvent(0, FREE, block, sizes[block], categories.get(block, temp), "other", 0, "", "",
+                                     entry.stream))
     known = set(live) | {p[0] for p in pre}
     for segment in snapshot.segments:
         for b in segment.blocks:

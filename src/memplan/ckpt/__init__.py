@@ -5,6 +5,14 @@ and checkpoints, per batch, only the blocks that batch needs to fit the budget; 
 anyway is redone with every block checkpointed. See ``docs/ckpt.md``.
 """
 
+try:
+    import numpy  # noqa: F401  (the predictors' least-squares fits)
+    import torch  # noqa: F401
+except ImportError as _missing:
+    from memplan.errors import MissingDependencyError
+
+    raise MissingDependencyError(_missing.name or "torch", feature="memplan ckpt", extra="ckpt") from None
+
 from memplan.ckpt.blocks import find_blocks
 from memplan.ckpt.controller import CheckpointController
 from memplan.ckpt.errors import BatchTooLargeError, CkptError

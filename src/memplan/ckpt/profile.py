@@ -73,9 +73,12 @@ def load_hf_config_dict(name_or_path: str) -> dict[str, Any]:
         path = path / "config.json"
     if not path.is_file():
         preset_config(name_or_path)  # raises the "unknown preset" error with suggestions
+    from memplan.textfile import read_text_file
+
+    text = read_text_file(path, field="model", error=ModelConfigError)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = json.loads(text)
+    except ValueError as exc:
         raise ModelConfigError("model", "is not a readable JSON config", str(path), hint=str(exc)) from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise ModelConfigError("model", "config.json must be an object with a model_type", str(path))

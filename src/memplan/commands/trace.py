@@ -147,7 +147,7 @@ def _render(result: Any, comparison: Any, json_output: bool) -> None:
 @contextmanager
 def _unexpected(debug: bool) -> Iterator[None]:
     """Turn a non-memplan exception into one line and exit 1 unless ``--debug`` asks for the traceback."""
-    from memplan.errors import MemplanError
+    from memplan.errors import MemplanError, MissingDependencyError
 
     try:
         yield
@@ -156,6 +156,8 @@ def _unexpected(debug: bool) -> Iterator[None]:
     except Exception as exc:
         if debug:
             raise
+        if isinstance(exc, ModuleNotFoundError) and exc.name in ("torch", "transformers", "numpy"):
+            raise MissingDependencyError(exc.name, feature="memplan trace", extra="trace") from None
         first = (str(exc).strip().splitlines() or [""])[0]
         typer.secho(f"error: trace failed: {type(exc).__name__}: {first} (rerun with --debug for the traceback)",
                     fg="red", err=True)

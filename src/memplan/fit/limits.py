@@ -169,8 +169,12 @@ def max_seq_length(
 
 def plot_limit(limit: Limit, path: str) -> None:
     """Write the memory curve of ``limit`` as a PNG (imports matplotlib here, not at module load)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from memplan.errors import MissingDependencyError
 
+        raise MissingDependencyError("matplotlib", feature="--plot (the memory-curve PNG)", extra="plot") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -18,16 +18,14 @@ from typing import Any
 
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.job import Batch, Job, Offload, Optimizer, Precision, Sharding
+from memplan.textfile import read_text_file
 
 _OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "fusedadam": "adamw", "onebitadam": "adam"}
 
 
 def read_deepspeed_config(path: str | Path) -> dict[str, Any]:
     """Parse a DeepSpeed JSON config; a malformed file is a ConfigError naming the line."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError("--deepspeed-config", f"cannot read the file ({exc.strerror})", str(path)) from None
+    text = read_text_file(path, field="--deepspeed-config")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -1,24 +1,30 @@
 """Map a Megatron-LM launch (its argument list) to a ModelSpec and a Job.
 
-Accepts a command line (``pretrain_gpt.py --num-layers 32 ...``, backslash-continued lines
-allowed), a YAML/JSON mapping of flags to values (like a functional test's ``MODEL_ARGS``), or a
-mapping in Python. Every memory-relevant flag is mapped; flags that do not change memory are
-ignored; architectures memplan does not model (T5, BERT, hybrid Mamba, multimodal) are refused.
-Megatron's own defaults apply where a flag is absent (megatron/training/arguments.py).
+Accepts a command line or a bash launch script (``pretrain_gpt.py --num-layers 32 ...``, with
+backslash-continued lines and the script's variables expanded), a YAML/JSON mapping of flags to
+values (like a functional test's ``MODEL_ARGS``), a YAML/JSON list of tokens, or a mapping in Python
+(read into ``{"--flag": value}`` by :mod:`memplan.frameworks.megatron_launch`). Every
+memory-relevant flag is mapped; flags that do not change memory are ignored; architectures memplan
+does not model (T5, BERT, hybrid Mamba, multimodal) are refused. Megatron's own defaults apply where
+a flag is absent (megatron/training/arguments.py).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memplan.errors import ConfigError, ModelConfigError, UnsupportedError
+from memplan.errors import ModelConfigError, UnsupportedError
+from memplan.frameworks.megatron_launch import parse_megatron_args, read_megatron_args_file
 from memplan.frameworks.megatron_model import flag_is_set, megatron_model_spec, pipeline_layout_chunks
+from memplan.frameworks.shell_script import unresolved_hint
 from memplan.job import Batch, Job, MoEOptions, Offload, Optimizer, Parallelism, Precision, Recompute, Sharding
 from memplan.model.spec import ModelSpec
+
+__all__ = ["dumps_args", "from_megatron_args", "load_megatron_args", "megatron_job", "parse_megatron_args",
+           "read_megatron_args_file"]
 
 #: Flags whose presence means an architecture memplan does not model, and its name.
 _UNSUPPORTED = {
@@ -36,73 +42,6 @@ _UNSUPPORTED = {
     "--model-provider": "multimodal (custom model provider)",
     "--total-seq-length": "multimodal",
 }
-
-
-def parse_megatron_args(source: str | Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
-    """Normalise a command line, a token list or a mapping into ``{"--flag": value}``.
-
-    A flag followed by another flag (or nothing) is a switch and maps to ``True``; a flag given
-    several values maps to the list of them.
-    """
-    if isinstance(source, Mapping):
-        out: dict[str, Any] = {}
-        for key, value in source.items():
-            flag = key if str(key).startswith("--") else "--" + str(key).replace("_", "-")
-            out[flag] = value
-        return out
-    if isinstance(source, str):
-        tokens = shlex.split(source.replace("\\\n", " "), comments=True)
-    else:
-        tokens = list(source)
-    args: dict[str, Any] = {}
-    current: str | None = None
-    for token in tokens:
-        if token.startswith("--"):
-            flag, eq, value = token.partition("=")
-            current = flag
-            args[flag] = value if eq else True
-        elif current is not None:
-            existing = args[current]
-            if existing is True:
-                args[current] = token
-            elif isinstance(existing, list):
-                existing.append(token)
-            else:
-                args[current] = [existing, token]
-    return args
-
-
-def read_megatron_args_file(path: str | Path) -> dict[str, Any]:
-    """Read a file holding a command line, or a YAML/JSON mapping (optionally under MODEL_ARGS)."""
-    file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ConfigError("--megatron-args", f"cannot read the file ({exc.strerror})", str(path)) from None
-    stripped = text.lstrip()
-    if stripped.startswith("{") or ":" in stripped.split("\n", 1)[0] and not stripped.startswith("-"):
-        data = _load_mapping(text, str(path))
-        if "MODEL_ARGS" in data and isinstance(data["MODEL_ARGS"], Mapping):
-            data = data["MODEL_ARGS"]
-        return parse_megatron_args(data)
-    try:
-        return parse_megatron_args(text)
-    except ValueError as exc:
-        raise ConfigError("--megatron-args", f"is not a valid command line ({exc})", str(path)) from None
-
-
-def _load_mapping(text: str, where: str) -> Mapping[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError("--megatron-args", f"is not valid YAML/JSON{at}", where) from None
-    if not isinstance(data, Mapping):
-        raise ConfigError("--megatron-args", "must hold a command line or a mapping of flags", where)
-    return data
 
 
 def load_megatron_args(path: str | Path, *, gpus: int) -> tuple[ModelSpec, Job]:
@@ -142,7 +81,7 @@ def _int(args: Mapping[str, Any], flag: str, default: int | None = None) -> int 
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ModelConfigError(flag, "must be an integer", value) from None
+        raise ModelConfigError(flag, "must be an integer", value, hint=unresolved_hint(value)) from None
 
 
 def _float(args: Mapping[str, Any], flag: str, default: float) -> float:
@@ -150,7 +89,7 @@ def _float(args: Mapping[str, Any], flag: str, default: float) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ModelConfigError(flag, "must be a number", value) from None
+        raise ModelConfigError(flag, "must be a number", value, hint=unresolved_hint(value)) from None
 
 
 def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memplan.errors import ModelConfigError
+from memplan.frameworks.shell_script import unresolved_hint
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 
 #: Vocabulary sizes of Megatron's tokenizers when ``--vocab-size`` is absent (the tokenizer
@@ -32,7 +33,7 @@ def _get_int(args: Mapping[str, Any], flag: str, default: int | None = None, *, 
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ModelConfigError(flag, "must be an integer", value) from None
+        raise ModelConfigError(flag, "must be an integer", value, hint=unresolved_hint(value)) from None
     if number <= 0:
         raise ModelConfigError(flag, "must be a positive integer", value)
     return number

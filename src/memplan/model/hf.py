@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from memplan.errors import ModelConfigError
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+from memplan.textfile import read_text_file
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "load_hf_config", "model_from_hf_config"]
 
@@ -387,12 +388,7 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ModelConfigError("path", "no such file", str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelConfigError("path", f"cannot be read ({exc})", str(path)) from None
+    text = read_text_file(path, field="model", error=ModelConfigError)
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:

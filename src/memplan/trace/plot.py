@@ -17,8 +17,12 @@ _ORDER = ("parameter", "buffer", "master_weight", "optimizer_state", "gradient",
 
 def plot_timeline(trace: Trace, path: str | os.PathLike[str], *, title: str = "") -> None:
     """Write a PNG of the live bytes per category after each event (GiB = 2^30 bytes)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from memplan.errors import MissingDependencyError
 
+        raise MissingDependencyError("matplotlib", feature="--plot (the timeline PNG)", extra="plot") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

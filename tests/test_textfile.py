@@ -1,0 +1,79 @@
+"""Files that are not text (binary, compressed, empty, a directory) given to any input flag: one
+``error:`` line naming the flag, the rule and the path, exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.cli import app
+
+runner = CliRunner()
+
+
+def _binary(path: Path) -> Path:
+    path.write_bytes(bytes(range(256)))
+    return path
+
+
+def _gzip(path: Path) -> Path:
+    path.write_bytes(gzip.compress(b'{"num_layers": 2}'))
+    return path
+
+
+def _latin1(path: Path) -> Path:
+    path.write_bytes("# caf\u00e9\n--num-layers 2\n".encode("latin-1"))
+    return path
+
+
+def _empty(path: Path) -> Path:
+    path.write_text(" \n\n")
+    return path
+
+
+def _directory(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+BAD_FILES: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "binary": (_binary, "is a binary file, not text"),
+    "gzip": (_gzip, "is a gzip-compressed file, not text"),
+    "latin-1": (_latin1, "is not UTF-8 text"),
+    "empty": (_empty, "is empty"),
+    "directory": (_directory, "is a directory, not a file"),
+}
+
+#: How each input flag is given a path, and the name its error line starts with.
+FLAGS: dict[str, tuple[Callable[[str], list[str]], str]] = {
+    "megatron-args": (lambda p: ["estimate", "--megatron-args", p], "--megatron-args"),
+    "deepspeed-config": (lambda p: ["estimate", "llama-3.2-1b", "--deepspeed-config", p], "--deepspeed-config"),
+    "job": (lambda p: ["estimate", "--job", p], "--job"),
+    "config-json": (lambda p: ["estimate", p], "model"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_FILES))
+@pytest.mark.parametrize("flag", list(FLAGS))
+def test_unreadable_input_file_is_one_line(tmp_path: Path, flag: str, kind: str) -> None:
+    make, rule = BAD_FILES[kind]
+    args, field = FLAGS[flag]
+    if flag == "config-json" and kind == "directory":
+        # A directory is how a Hub snapshot is given: the config.json inside it is read.
+        folder = _directory(tmp_path / "model")
+        path = _binary(folder / "config.json")
+        rule = "is a binary file, not text"
+    else:
+        path = make(tmp_path / "input.json")
+    result = runner.invoke(app, args(str(path)), env={"COLUMNS": "400", "NO_COLOR": "1"})
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {field}: {rule}")
+    assert str(path) in lines[0]
