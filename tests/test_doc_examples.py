@@ -31,7 +31,8 @@ _FILES = {
     "job2.yaml": "model: gpt2\ngpus: 1\nseq: 1024\nmbs: 4\nframework: hf\n",
     "llama-70b.yaml": ("model: llama-3.1-70b\ngpus: 64\ntp: 8\npp: 2\nsequence-parallel: true\n"
                        "distributed-optimizer: true\nseq: 8192\ngbs: 512\nrecompute: selective\ngpu: h100-80gb\n"),
-    "my-job.yaml": "model: llama-3.1-8b\ngpus: 8\ntp: 2\nrecompute: selective\n",
+    "my-job.yaml": ("model: llama-3.1-8b\ngpus: 8\ntp: 2\nsequence-parallel: true\ndistributed-optimizer: true\n"
+                    "recompute: selective\n"),
     "ds_config.json": json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
                                   "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}),
     "train_args.sh": ("#!/bin/bash\nGPUS_PER_NODE=8\ntorchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py \\\n"
