@@ -24,7 +24,7 @@ from typing import Any
 
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.job import Job, validate_job_for_model
-from memplan.jobflags import build_job
+from memplan.jobflags import build_job, check_conflicts
 from memplan.model.spec import ModelSpec
 
 __all__ = ["JobRequest", "LoadedJob", "load_job", "request_job"]
@@ -112,8 +112,6 @@ def request_job(request: JobRequest, *, base: Job | None = None) -> Job:
 
 
 def _check(values: Mapping[str, Any]) -> None:
-    from memplan.jobfile import check_conflicts
-
     check_conflicts(values)
     fragmentation = values.get("fragmentation")
     if fragmentation is not None and not 0.0 <= fragmentation < 1.0:

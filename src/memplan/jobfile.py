@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from memplan.errors import ConfigError
+from memplan.jobflags import check_conflicts
 
 __all__ = ["EXTRA_FIELDS", "dump_job_file", "job_file_fields", "load_job_file"]
 
@@ -47,15 +48,6 @@ EXTRA_FIELDS: dict[str, type] = {
 }
 #: Fields holding paths, resolved relative to the job file's folder.
 _PATH_FIELDS = ("megatron_args", "deepspeed_config")
-#: (field, condition field, allowed values): the field only means something under those values.
-_REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
-    ("recompute_method", "recompute", ("full",)),
-    ("recompute_layers", "recompute", ("full",)),
-    ("fsdp_shard_size", "fsdp", ("hybrid",)),
-    ("momentum", "optimizer", ("sgd",)),
-)
-
-
 def job_file_fields() -> dict[str, type]:
     """Every field a job file may hold and its type (int, float, str or bool)."""
     from memplan.jobflags import job_flags
@@ -169,15 +161,6 @@ def _normalise(raw: dict[Any, Any], file: Path) -> dict[str, Any]:
         if name in values and not Path(values[name]).is_absolute():
             values[name] = str(file.parent / values[name])
     return values
-
-
-def check_conflicts(values: Mapping[str, Any]) -> None:
-    """Refuse a field that only applies under another field's values (e.g. momentum without sgd)."""
-    for name, condition, allowed in _REQUIRES:
-        if name in values and values.get(condition) not in allowed:
-            raise ConfigError(name.replace("_", "-"), f"only applies with {condition.replace('_', '-')}: {' or '.join(allowed)} "
-                              f"(the file has {condition.replace('_', '-')}: {values.get(condition, 'not set')})",
-                              values[name])
 
 
 def dump_job_file(

@@ -20,11 +20,18 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from memplan.errors import JobConfigError
+from memplan.errors import ConfigError, JobConfigError
 from memplan.job import Job
 
-__all__ = ["JobFlag", "build_job", "flag_values", "job_flags", "unflagged_settings"]
+__all__ = ["JobFlag", "build_job", "check_conflicts", "flag_values", "job_flags", "unflagged_settings"]
 
+#: (flag, condition flag, allowed values): the flag only means something under those values.
+_REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
+    ("recompute_method", "recompute", ("full",)),
+    ("recompute_layers", "recompute", ("full",)),
+    ("fsdp_shard_size", "fsdp", ("hybrid",)),
+    ("momentum", "optimizer", ("sgd",)),
+)
 #: Changing any of these re-derives dp unless --dp is given too.
 _LAYOUT_FIELDS = frozenset({"world_size", "tp", "pp", "cp"})
 
@@ -159,6 +166,15 @@ def _fsdp_groups(values: dict[str, Any], base: Job | None) -> dict[str, Any]:
     else:
         raise JobConfigError("--fsdp", f"the shard group of {group} GPUs must divide the data-parallel size {dp}", fsdp)
     return out
+
+
+def check_conflicts(values: Mapping[str, Any]) -> None:
+    """Refuse a flag that only applies under another flag's values (e.g. --momentum without sgd)."""
+    for name, condition, allowed in _REQUIRES:
+        if name in values and values.get(condition) not in allowed:
+            raise ConfigError(name.replace("_", "-"), f"only applies with {condition.replace('_', '-')}: "
+                              f"{' or '.join(allowed)} (the job has {condition.replace('_', '-')}: "
+                              f"{values.get(condition, 'not set')})", values[name])
 
 
 def flag_values(job: Job, *, changed_only: bool = True) -> dict[str, Any]:
