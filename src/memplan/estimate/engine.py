@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from memplan.estimate.activations import KEPT_BY, ActivationShape, dispatch_buffer_bytes, divided, layer_terms
+from memplan.estimate.autocast import autocast_weight_copy_numel, kept_mode, tied_embedding_gradient_sum_bytes
 from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
+    checkpointed_mask_bytes,
     communication_bytes,
     deferred_wgrad_bytes,
     embedding_activation_bytes,
@@ -12,6 +14,8 @@ from memplan.estimate.extras import (
     input_bytes,
     logits_bytes,
     optimizer_temporary_bytes,
+    rope_table_bytes,
+    saved_logits_bytes,
 )
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
@@ -106,7 +110,19 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         ep=par.ep,
         norm=model.norm,
         autocast=prec.weight_copies == "autocast",
+        expert_bytes=_expert_bytes(profile, prec),
+        norm_fp32_scale=model.norm_fp32_scale,
+        rope=model.position_embedding == "rope",
     )
+
+
+def _expert_bytes(profile: FrameworkProfile, prec: ResolvedPrecision) -> int:
+    """Bytes per element of routed-expert activations: HF's grouped experts (eager profiles) cast
+    their input to the weights' dtype instead of following autocast (transformers
+    ``integrations/moe.py`` ``_grouped_mm``); fused kernels compute in the compute dtype."""
+    if profile.kernels == "eager" and prec.weight_copies == "autocast":
+        return dtype_bytes(prec.param)
+    return dtype_bytes(prec.compute)
 
 
 def rank_routed_factor(model: ModelSpec, job: Job) -> float:
@@ -130,12 +146,12 @@ def rank_routed_factor(model: ModelSpec, job: Job) -> float:
 
 
 def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:
-    """(kept bytes under the job's recompute, full bytes, largest single term) of one layer."""
+    """(kept bytes under the job's recompute, full bytes without recompute, largest single term) of one layer."""
     key = id(layer)
     if key not in cache:
-        kept_classes = KEPT_BY[job.recompute.mode]
+        kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
         sized = [(divided(t, shape), t.keep) for t in layer_terms(layer, shape)]
-        full = sum(size for size, _ in sized)
+        full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
         kept = sum(size for size, keep in sized if keep in kept_classes)
         largest = max(max(size for size, _ in sized), dispatch_buffer_bytes(layer, shape))
         cache[key] = (kept, full, largest)
@@ -202,11 +218,16 @@ def _stage_estimate(
         cpu_acts = layer_acts - on_gpu
         layer_acts = on_gpu
     other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
+    if layout.layer_indices:
+        # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
+        other_acts += (rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, kept_mode(job, profile))) * inflight
     if prec.weight_copies == "autocast":
         # torch.autocast casts the weights linear layers read (the decoder's and the output
         # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
         head = vocab_rows * model.hidden_size // job.parallel.tp if layout.has_head else 0
-        other_acts += (params.gemm_weights + head) * dtype_bytes(prec.compute)
+        layers = autocast_weight_copy_numel(model, job, layout, recomputed=recomputed, mode=kept_mode(job, profile),
+                                            eager_experts=profile.kernels == "eager")
+        other_acts += (layers + head) * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm = communication_bytes(job, profile, params, states, prec)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout)
@@ -216,8 +237,10 @@ def _stage_estimate(
     # with every in-flight forward alive, and the optimizer step (activations freed).
     loss = job.loss if job.loss != "auto" else profile.default_loss
     head_acts = head_activation_bytes(shape) if layout.has_head else 0
+    softcap = model.final_logit_softcap is not None
     # Each MTP depth computes its own logits and loss; all are alive until the backward.
-    logits = logits_bytes(job, loss, shape, vocab_rows) * (1 + job.mtp_layers) if layout.has_head else 0
+    logits = logits_bytes(job, loss, shape, vocab_rows, softcap) * (1 + job.mtp_layers) if layout.has_head else 0
+    saved_logits = saved_logits_bytes(job, loss, shape, vocab_rows, softcap) * (1 + job.mtp_layers) if layout.has_head else 0
     if layout.has_head:
         head_acts += deferred_wgrad_bytes(job, shape, vocab_rows)
     # Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none
@@ -229,11 +252,15 @@ def _stage_estimate(
     candidates = {
         "backward": (layer_acts + other_acts + head_acts, 0, worst_backward + head_grads, absent),
         "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job)), 0),
+        # The end of the backward: every gradient, activations freed, a tied embedding's two
+        # gradients being summed.
+        "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, job.parallel.tp,
+                                                                     prec.grad_bytes), 0),
     }
     if layout.has_head:
         candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
     phase, (acts, logit_b, temp, not_yet) = max(candidates.items(), key=lambda kv: sum(kv[1][:3]) - kv[1][3])
-    if phase == "optimizer step":
+    if phase in ("optimizer step", "end of backward"):
         layer_at_peak, inputs_at_peak, acts = 0, 0, 0
     else:
         layer_at_peak, inputs_at_peak = layer_acts, inputs
@@ -270,6 +297,7 @@ def _stage_estimate(
         gradients_absent_at_peak_bytes=not_yet,
         forward_activations_bytes=layer_acts + other_acts + head_acts,
         loss_logits_bytes=logits,
+        saved_logits_bytes=saved_logits,
     )
 
 

@@ -65,6 +65,8 @@ class StageEstimate:
     forward_activations_bytes: int = 0
     #: Logits and loss buffers at the loss of one micro-batch (last stage), whatever the peak phase.
     loss_logits_bytes: int = 0
+    #: Of those, still saved for the backward when it starts (fp32-logits: log-softmax's output).
+    saved_logits_bytes: int = 0
 
     @property
     def cpu_bytes(self) -> int:

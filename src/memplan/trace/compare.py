@@ -8,7 +8,8 @@ or a plain PyTorch loop does. Each row pairs a trace category with an estimator 
   category (they are steady; the estimator counts elements, not allocator rounding), against ``parameters_bytes``, ``gradients_bytes``, ``optimizer_bytes``;
 * activations: the trace's highest live activation bytes (reached when the backward starts),
   against ``forward_activations_bytes`` (everything saved for backward when the forward ends);
-* logits: highest live bytes against ``loss_logits_bytes`` (at the loss);
+* logits: highest live bytes (what the forward leaves saved for the backward, in the loss and the
+  output head) against ``saved_logits_bytes`` (the same at the start of the backward);
 * communication: highest live bytes against ``communication_bytes``;
 * peak: the trace's peak allocated against ``peak_allocated_bytes``.
 """
@@ -89,14 +90,14 @@ _PAIRS = (
 
 
 #: Categories read at the loss rather than at the estimator's peak.
-_AT_LOSS = {"activation": "forward_activations_bytes", "logits": "loss_logits_bytes"}
+_AT_LOSS = {"activation": "forward_activations_bytes", "logits": "saved_logits_bytes"}
 
 
 def compare_with_estimate(model: str, options: TraceOptions, summary: TraceSummary) -> Comparison:
     """Run ``memplan.estimate`` for ``model`` and ``options`` and pair it with ``summary``.
 
-    Activations and logits are compared with what the estimator keeps when the forward ends and at
-    the loss, whatever phase its peak falls in.
+    Activations and logits are compared with what the estimator keeps for the backward when the
+    forward ends, whatever phase its peak falls in.
     """
     from memplan.estimate.engine import estimate
     from memplan.model import load_model
