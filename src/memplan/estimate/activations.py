@@ -233,15 +233,31 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
 
 
 def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
-    """A fused q/k/v projection with RoPE (Phi-3 ``qkv_proj``) in eager code: q and k are sliced
-    out and rotated into new tensors, but v stays a view of the projection's output, so the
-    output's q and k parts stay alive as long as v is saved (GPT-2's unrotated q, k, v are all
-    views of it: nothing more)."""
+    """A fused q/k/v projection with RoPE (Phi-3 ``qkv_proj``) in eager code.
+
+    q and k are sliced out and rotated into new tensors, but v stays a strided view of the
+    projection's output, and the output lives as long as a view of it is saved:
+
+    * SDPA saves its inputs as given (the view) and, on the CPU kernel the trace runs, a
+      contiguous copy of v, which the ``q, k, v`` term counts: the whole output is extra;
+    * eager attention at micro-batch 1: the PV matmul saves the view itself (counted as v), so the
+      output's q and k parts are extra;
+    * eager attention at micro-batch > 1: the matmul cannot fold batch and heads of the strided
+      view, copies v and saves the copy: the output is freed, nothing extra.
+
+    GPT-2's unrotated q, k, v are all views of ``c_attn``'s output: nothing extra either.
+    """
     if not attn.fused_qkv or shape.kernels != "eager" or not shape.rope or attn.kind == "mla":
         return []
+    if shape.attention == "eager":
+        heads = attn.num_heads + attn.num_kv_heads if shape.micro_batch == 1 else 0
+    else:
+        heads = attn.num_heads + 2 * attn.num_kv_heads
+    if not heads:
+        return []
     tokens = shape.seq * shape.micro_batch
-    width = (attn.num_heads + attn.num_kv_heads) * attn.head_dim
-    return [Term("fused qkv output kept by the v view (q, k parts)", shape.act_bytes * tokens * width, "tp", "attn")]
+    return [Term("fused qkv output kept alive by the saved v view", shape.act_bytes * tokens * heads * attn.head_dim,
+                 "tp", "attn")]
 
 
 def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
@@ -348,6 +364,33 @@ def divided(term: Term, shape: ActivationShape) -> int:
     if term.region == "tp" or (term.region == "sp" and shape.sequence_parallel):
         return size // shape.tp
     return size
+
+
+def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
+    """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
+
+    In general two tensors of the size of the layer's largest saved term (the incoming gradient
+    and the one produced) — or an MoE layer's dispatch buffers. Under HF eager attention the s x s
+    softmax backward holds two fp32 gradients of the probabilities (the one coming from the
+    ``.to(dtype)`` cast and the one it produces), but by then autograd has released what the
+    layer's later nodes saved: the whole MLP block (its backward ran first), the output
+    projection's input and the PV matmul's 16-bit probabilities.
+    """
+    attention = _attention_terms(layer.attention, shape)
+    rest = layer_terms(layer, shape)[len(attention):]
+    eager_core = shape.kernels == "eager" and shape.attention == "eager"
+    core_names = {t.name for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
+    largest = max(divided(t, shape) for t in attention + rest if t.name not in core_names)
+    transient = max(2 * largest, dispatch_buffer_bytes(layer, shape))
+    if not eager_core:
+        return transient
+    attn = layer.attention
+    heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
+    gradients = divided(Term("softmax gradients", 2 * EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core"), shape)
+    released = sum(divided(t, shape) for t in rest if t.keep != "input")
+    released += sum(divided(t, shape) for t in attention
+                    if t.name in ("output projection input", "softmax output cast to the compute dtype (PV matmul input)"))
+    return max(transient, gradients - released)
 
 
 def layer_activation_bytes(layer: LayerSpec, shape: ActivationShape, recompute_mode: str) -> int:

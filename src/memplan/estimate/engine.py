@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memplan.estimate.activations import KEPT_BY, ActivationShape, dispatch_buffer_bytes, divided, layer_terms
+from memplan.estimate.activations import KEPT_BY, ActivationShape, backward_transient_bytes, divided, layer_terms
 from memplan.estimate.autocast import autocast_weight_copy_numel, kept_mode, tied_embedding_gradient_sum_bytes
 from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
@@ -146,15 +146,14 @@ def rank_routed_factor(model: ModelSpec, job: Job) -> float:
 
 
 def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:
-    """(kept bytes under the job's recompute, full bytes without recompute, largest single term) of one layer."""
+    """(kept bytes under the job's recompute, full bytes without recompute, backward transient) of one layer."""
     key = id(layer)
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
         sized = [(divided(t, shape), t.keep) for t in layer_terms(layer, shape)]
         full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
         kept = sum(size for size, keep in sized if keep in kept_classes)
-        largest = max(max(size for size, _ in sized), dispatch_buffer_bytes(layer, shape))
-        cache[key] = (kept, full, largest)
+        cache[key] = (kept, full, backward_transient_bytes(layer, shape))
     return cache[key]
 
 
@@ -192,17 +191,17 @@ def _stage_estimate(
     for chunk in layout.chunks:
         kept = 0
         for index in chunk:
-            keep, full, largest_term = _layer_costs(model.layers[index], shape, job, cache)
+            keep, full, transient = _layer_costs(model.layers[index], shape, job, cache)
             if index in recomputed:
                 kept += keep
-                worst_backward = max(worst_backward, group * full + 2 * largest_term)
+                worst_backward = max(worst_backward, group * full + transient)
             elif job.recompute.mode == "selective":
-                # The attention core is recomputed during this layer's backward.
+                # The attention core (or module) is recomputed during this layer's backward.
                 kept += keep
-                worst_backward = max(worst_backward, full - keep + 2 * largest_term)
+                worst_backward = max(worst_backward, full - keep + transient)
             else:
                 kept += full
-                worst_backward = max(worst_backward, 2 * largest_term)
+                worst_backward = max(worst_backward, transient)
         chunk_kept.append(kept)
     inflight = layout.inflight_microbatches
     mtp_acts = 0
