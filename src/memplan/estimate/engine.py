@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from memplan.estimate.activations import KEPT_BY, ActivationShape, backward_transient_bytes, divided, layer_terms
-from memplan.estimate.autocast import autocast_weight_copy_numel, kept_mode, tied_embedding_gradient_sum_bytes
+from memplan.estimate.autocast import (
+    attention_weight_copy_numel,
+    autocast_weight_copy_numel,
+    kept_mode,
+    layer_weight_copy_numel,
+    tied_embedding_gradient_sum_bytes,
+)
 from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
     checkpointed_mask_bytes,
@@ -192,6 +198,7 @@ def _stage_estimate(
         kept = 0
         for index in chunk:
             keep, full, transient = _layer_costs(model.layers[index], shape, job, cache)
+            transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
             if index in recomputed:
                 kept += keep
                 worst_backward = max(worst_backward, group * full + transient)
@@ -220,6 +227,7 @@ def _stage_estimate(
     if layout.layer_indices:
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
         other_acts += (rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, kept_mode(job, profile))) * inflight
+    head_copy = 0
     if prec.weight_copies == "autocast":
         # torch.autocast casts the weights linear layers read (the decoder's and the output
         # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
@@ -227,6 +235,7 @@ def _stage_estimate(
         layers = autocast_weight_copy_numel(model, job, layout, recomputed=recomputed, mode=kept_mode(job, profile),
                                             eager_experts=profile.kernels == "eager")
         other_acts += (layers + head) * dtype_bytes(prec.compute)
+        head_copy = head * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm = communication_bytes(job, profile, params, states, prec)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout)
@@ -249,7 +258,9 @@ def _stage_estimate(
     absent = states.gradients if no_grads_yet else 0
     head_grads = states.gradients * params.root // max(params.total, 1) if no_grads_yet else 0
     candidates = {
-        "backward": (layer_acts + other_acts + head_acts, 0, worst_backward + head_grads, absent),
+        # A layer's backward: the head's backward has run, so what the final norm, the head (its
+        # autocast weight copy included) and the loss saved is released, and its gradient exists.
+        "backward": (layer_acts + other_acts - head_copy, 0, worst_backward + head_grads, absent),
         "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job)), 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
@@ -298,6 +309,23 @@ def _stage_estimate(
         loss_logits_bytes=logits,
         saved_logits_bytes=saved_logits,
     )
+
+
+def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision,
+                             index: int, recomputed: set[int]) -> int:
+    """Autocast weight copies a checkpointed region makes again when it is recomputed in the
+    backward (the recompute runs under the forward's autocast state; torch.utils.checkpoint), alive
+    until that region's backward is done: the whole layer under full recompute, its attention
+    projections when the attention module is checkpointed."""
+    if prec.weight_copies != "autocast":
+        return 0
+    if index in recomputed:
+        numel = layer_weight_copy_numel(model, job, index, eager_experts=profile.kernels == "eager")
+    elif kept_mode(job, profile) == "selective-attention-module":
+        numel = attention_weight_copy_numel(model, job, index)
+    else:
+        return 0
+    return numel * dtype_bytes(prec.compute)
 
 
 def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> int:
