@@ -26,7 +26,7 @@ from memplan.estimate.extras import (
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.result import Estimate, StageEstimate
-from memplan.estimate.states import padded_vocab, stage_params, state_bytes
+from memplan.estimate.states import StageParams, StateBytes, _local_layer, padded_vocab, stage_params, state_bytes
 from memplan.frameworks.profiles import FrameworkProfile, get_profile
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
@@ -194,21 +194,23 @@ def _stage_estimate(
 
     chunk_kept: list[int] = []
     worst_backward = 0
+    #: Per layer, in forward order: (index, bytes it keeps, bytes its backward adds at its worst).
+    per_layer: list[tuple[int, int, int]] = []
     for chunk in layout.chunks:
         kept = 0
         for index in chunk:
             keep, full, transient = _layer_costs(model.layers[index], shape, job, cache)
             transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
             if index in recomputed:
-                kept += keep
-                worst_backward = max(worst_backward, group * full + transient)
+                layer_keep, layer_worst = keep, group * full + transient
             elif job.recompute.mode == "selective":
                 # The attention core (or module) is recomputed during this layer's backward.
-                kept += keep
-                worst_backward = max(worst_backward, full - keep + transient)
+                layer_keep, layer_worst = keep, full - keep + transient
             else:
-                kept += full
-                worst_backward = max(worst_backward, transient)
+                layer_keep, layer_worst = full, transient
+            kept += layer_keep
+            worst_backward = max(worst_backward, layer_worst)
+            per_layer.append((index, layer_keep, layer_worst))
         chunk_kept.append(kept)
     inflight = layout.inflight_microbatches
     mtp_acts = 0
@@ -257,10 +259,13 @@ def _stage_estimate(
     no_grads_yet = profile.frees_gradients and job.num_microbatches == 1
     absent = states.gradients if no_grads_yet else 0
     head_grads = states.gradients * params.root // max(params.total, 1) if no_grads_yet else 0
+    backward_layers, backward_temp = layer_acts, worst_backward + head_grads
+    if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1:
+        backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)
     candidates = {
         # A layer's backward: the head's backward has run, so what the final norm, the head (its
         # autocast weight copy included) and the loss saved is released, and its gradient exists.
-        "backward": (layer_acts + other_acts - head_copy, 0, worst_backward + head_grads, absent),
+        "backward": (backward_layers + other_acts - head_copy, 0, backward_temp, absent),
         "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job)), 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
@@ -309,6 +314,28 @@ def _stage_estimate(
         loss_logits_bytes=logits,
         saved_logits_bytes=saved_logits,
     )
+
+
+def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: StageParams,
+                   per_layer: list[tuple[int, int, int]], layer_acts: int, head_grads: int) -> tuple[int, int]:
+    """(layer activations still kept, temporaries incl. gradients made so far) at the worst layer of
+    a backward that starts without gradients (``zero_grad(set_to_none=True)``, one micro-batch).
+
+    The backward visits the layers last to first; when it reaches a layer, the later layers have
+    released what they kept and made their gradients. Where a layer keeps less than its gradients
+    weigh (recompute, short sequences) the worst layer is the first one, otherwise the last one.
+    """
+    per_param = states.gradients / max(params.total, 1)
+    remaining, made = layer_acts, head_grads
+    best = (layer_acts, head_grads)
+    best_total = -1
+    for index, kept, worst in reversed(per_layer):
+        if remaining + made + worst > best_total:
+            best_total, best = remaining + made + worst, (remaining, made + worst)
+        remaining -= kept
+        dense, expert = _local_layer(model.layer_param_groups[index], job)
+        made += int((dense + expert) * per_param)
+    return best
 
 
 def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision,
@@ -399,15 +426,25 @@ def _assumptions(
     opt = job.optimizer
     impl = opt.implementation if opt.implementation != "auto" else profile.default_optimizer_impl
     out.append(f"optimizer {opt.name} ({impl} implementation)" + (f", momentum {opt.momentum}" if opt.name == "sgd" else ""))
-    if job.attention == "eager":
+    if job.attention == "eager" and profile.kernels == "eager":
+        out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
+                   "its cast to the compute dtype are kept (and dropout mask/output), GQA keys/values copied per query "
+                   "head (repeat_kv), soft-capped scores' tanh output where the model caps them")
+    elif job.attention == "eager":
         out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")
     else:
         out.append(f"{job.attention} attention: no s x s score matrix is kept, only the fp32 log-sum-exp per head and token")
     rc = job.recompute
-    if rc.mode == "selective":
+    if rc.mode == "selective" and kept_mode(job, profile) == "selective-attention-module":
+        out.append("selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
+                   "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
+                   "weight copies are made again in its backward")
+    elif rc.mode == "selective":
         out.append("selective recompute: the attention core is recomputed; its inputs are kept")
     elif rc.mode == "full":
-        out.append(f"full recompute ({rc.method}, {rc.num_layers or 'all'} layers): recomputed layers keep only their input")
+        out.append(f"full recompute ({rc.method}, {rc.num_layers or 'all'} layers): recomputed layers keep only their input"
+                   + ("; their autocast weight copies are not kept (autocast's cache is cleared when the forward ends) and "
+                      "are made again by the recompute" if prec.weight_copies == "autocast" else ""))
     out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
     if model.is_moe:
         moe = job.moe
@@ -435,5 +472,11 @@ def _assumptions(
     loss = job.loss if job.loss != "auto" else profile.default_loss
     out.append(f"loss path '{loss}': logits of the newest micro-batch on the last stage")
     out.append(f"activations kept as saved by {profile.kernels} kernels")
+    if model.is_moe and profile.kernels == "eager" and prec.weight_copies == "autocast":
+        out.append("MoE experts (transformers grouped_mm) are not autocast ops: they run in the fp32 weights' dtype "
+                   "with no 16-bit weight copies; the router's linear is cast")
+    if model.tie_word_embeddings and profile.frees_gradients:
+        out.append("tied embedding: its two gradients (head and embedding) are summed at the end of the backward "
+                   "(two weight-sized temporaries)")
     out.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments (assumed allocator fragmentation)")
     return tuple(out)
