@@ -370,7 +370,7 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
     In general two tensors of the size of the layer's largest saved term (the incoming gradient
-    and the one produced) — or an MoE layer's dispatch buffers. Under HF eager attention the s x s
+    and the one produced) or of an MoE layer's dispatch buffers (as before this function). Under HF eager attention the s x s
     softmax backward holds two fp32 gradients of the probabilities (the one coming from the
     ``.to(dtype)`` cast and the one it produces), but by then autograd has released what the
     layer's later nodes saved: the whole MLP block (its backward ran first), the output
@@ -380,8 +380,9 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     rest = layer_terms(layer, shape)[len(attention):]
     eager_core = shape.kernels == "eager" and shape.attention == "eager"
     core_names = {t.name for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
-    largest = max(divided(t, shape) for t in attention + rest if t.name not in core_names)
-    transient = max(2 * largest, dispatch_buffer_bytes(layer, shape))
+    largest = max(max(divided(t, shape) for t in attention + rest if t.name not in core_names),
+                  dispatch_buffer_bytes(layer, shape))
+    transient = 2 * largest
     if not eager_core:
         return transient
     attn = layer.attention
