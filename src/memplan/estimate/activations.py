@@ -44,6 +44,8 @@ KEPT_BY: dict[str, frozenset[str]] = {
 #: Bytes per element of HF eager attention's softmax output: ``softmax(scores, dtype=float32)``
 #: (transformers ``eager_attention_forward``) whatever the compute dtype.
 EAGER_SOFTMAX_BYTES = 4
+#: Name of the term holding eager attention's probabilities cast back to the compute dtype.
+SOFTMAX_CAST = "softmax output cast to the compute dtype (PV matmul input)"
 #: Bytes per element the eager reference RMSNorm computes in (it upcasts its input to fp32).
 NORM_COMPUTE_BYTES = 4
 
@@ -200,7 +202,8 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
             terms.append(Term("attention dropout output", c * heads_scores, "tp", "core"))
     else:
         terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
-    terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn", gemm_input=True))
+    terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn",
+                      gemm_input=True))
     if shape.dropout:
         terms.append(Term("attention residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
     return terms
@@ -221,7 +224,7 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
         return [Term("softmax output", c * heads_scores, "tp", "core")]
     terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core")]
     if c < EAGER_SOFTMAX_BYTES:
-        terms.append(Term("softmax output cast to the compute dtype (PV matmul input)", c * heads_scores, "tp", "core"))
+        terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core"))
     if attn.logit_softcap is not None:
         terms.append(Term("soft-capped scores (tanh output)", c * heads_scores, "tp", "core"))
     if attn.kind != "mla" and attn.num_kv_heads < attn.num_heads:
@@ -320,7 +323,8 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     terms = _norm_terms(shape, "mlp", "body")
     if shape.kernels == "eager":
         # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
-        terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES, "sp", "body"))
+        terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
+                          "sp", "body"))
     else:
         terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT, "sp", "body"))
     routed = tokens * moe.top_k
@@ -370,7 +374,7 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
     In general two tensors of the size of the layer's largest saved term (the incoming gradient
-    and the one produced) or of an MoE layer's dispatch buffers (as before this function). Under HF eager attention the s x s
+    and the one produced) or of an MoE layer's dispatch buffers. Under HF eager attention the s x s
     softmax backward holds two fp32 gradients of the probabilities (the one coming from the
     ``.to(dtype)`` cast and the one it produces), but by then autograd has released what the
     layer's later nodes saved: the whole MLP block (its backward ran first), the output
@@ -390,7 +394,7 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     gradients = divided(Term("softmax gradients", 2 * EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core"), shape)
     released = sum(divided(t, shape) for t in rest if t.keep != "input")
     released += sum(divided(t, shape) for t in attention
-                    if t.name in ("output projection input", "softmax output cast to the compute dtype (PV matmul input)"))
+                    if t.name in ("output projection input", SOFTMAX_CAST))
     return max(transient, gradients - released)
 
 

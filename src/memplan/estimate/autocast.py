@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from memplan.estimate.layout import StageLayout
-from memplan.estimate.states import _local_layer
+from memplan.estimate.states import layer_numel_on_rank
 from memplan.frameworks.profiles import FrameworkProfile
 from memplan.job import Job
 from memplan.model.params import attention_params
@@ -60,7 +60,7 @@ def layer_weight_copy_numel(model: ModelSpec, job: Job, index: int, *, eager_exp
     """Elements autocast copies for one decoder layer's linear layers (see
     :func:`autocast_weight_copy_numel`); a recomputed layer makes them again in its backward."""
     layer = model.layers[index]
-    dense, expert = _local_layer(model.layer_param_groups[index], job)
+    dense, expert = layer_numel_on_rank(model.layer_param_groups[index], job)
     numel = dense + expert - model.layer_non_gemm_params[index]
     if layer.moe is not None and eager_experts:
         numel -= expert

@@ -26,7 +26,14 @@ from memplan.estimate.extras import (
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.result import Estimate, StageEstimate
-from memplan.estimate.states import StageParams, StateBytes, _local_layer, padded_vocab, stage_params, state_bytes
+from memplan.estimate.states import (
+    StageParams,
+    StateBytes,
+    layer_numel_on_rank,
+    padded_vocab,
+    stage_params,
+    state_bytes,
+)
 from memplan.frameworks.profiles import FrameworkProfile, get_profile
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
@@ -228,7 +235,8 @@ def _stage_estimate(
     other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
     if layout.layer_indices:
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
-        other_acts += (rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, kept_mode(job, profile))) * inflight
+        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, kept_mode(job, profile))
+        other_acts += shared * inflight
     head_copy = 0
     if prec.weight_copies == "autocast":
         # torch.autocast casts the weights linear layers read (the decoder's and the output
@@ -249,8 +257,9 @@ def _stage_estimate(
     head_acts = head_activation_bytes(shape) if layout.has_head else 0
     softcap = model.final_logit_softcap is not None
     # Each MTP depth computes its own logits and loss; all are alive until the backward.
-    logits = logits_bytes(job, loss, shape, vocab_rows, softcap) * (1 + job.mtp_layers) if layout.has_head else 0
-    saved_logits = saved_logits_bytes(job, loss, shape, vocab_rows, softcap) * (1 + job.mtp_layers) if layout.has_head else 0
+    depths = (1 + job.mtp_layers) if layout.has_head else 0
+    logits = logits_bytes(job, loss, shape, vocab_rows, softcap) * depths
+    saved_logits = saved_logits_bytes(job, loss, shape, vocab_rows, softcap) * depths
     if layout.has_head:
         head_acts += deferred_wgrad_bytes(job, shape, vocab_rows)
     # Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none
@@ -333,7 +342,7 @@ def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: Stage
         if remaining + made + worst > best_total:
             best_total, best = remaining + made + worst, (remaining, made + worst)
         remaining -= kept
-        dense, expert = _local_layer(model.layer_param_groups[index], job)
+        dense, expert = layer_numel_on_rank(model.layer_param_groups[index], job)
         made += int((dense + expert) * per_param)
     return best
 
