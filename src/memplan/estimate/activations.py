@@ -108,13 +108,19 @@ class Term:
 
 def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
     """Every tensor a layer saves for backward (undivided: full TP width, local sequence)."""
-    terms = _attention_terms(layer.attention, shape)
+    attention, rest = layer_terms_by_block(layer, shape)
+    return attention + rest
+
+
+def layer_terms_by_block(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term], list[Term]]:
+    """:func:`layer_terms` split into the attention block's and the rest (MLP/MoE block, post-norms)."""
+    attention = _attention_terms(layer.attention, shape)
     if layer.moe is not None:
-        terms += _moe_terms(layer.moe, shape)
+        rest = _moe_terms(layer.moe, shape)
     else:
         assert layer.mlp is not None
-        terms += _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp")
-    return terms + post_norm_terms(shape, layer.num_hidden_norms - 2)
+        rest = _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp")
+    return attention, rest + post_norm_terms(shape, layer.num_hidden_norms - 2)
 
 
 def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers: int = 1,
@@ -370,7 +376,8 @@ def divided(term: Term, shape: ActivationShape) -> int:
     return size
 
 
-def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
+def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
+                             blocks: tuple[list[Term], list[Term]] | None = None) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
     In general two tensors of the size of the layer's largest saved term (the incoming gradient
@@ -378,10 +385,10 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     softmax backward holds two fp32 gradients of the probabilities (the one coming from the
     ``.to(dtype)`` cast and the one it produces), but by then autograd has released what the
     layer's later nodes saved: the whole MLP block (its backward ran first), the output
-    projection's input and the PV matmul's 16-bit probabilities.
+    projection's input and the PV matmul's 16-bit probabilities. ``blocks``: the layer's terms
+    from :func:`layer_terms_by_block` when the caller has them.
     """
-    attention = _attention_terms(layer.attention, shape)
-    rest = layer_terms(layer, shape)[len(attention):]
+    attention, rest = blocks or layer_terms_by_block(layer, shape)
     eager_core = shape.kernels == "eager" and shape.attention == "eager"
     core_names = {t.name for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
     largest = max(max(divided(t, shape) for t in attention + rest if t.name not in core_names),

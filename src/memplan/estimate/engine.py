@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from memplan.estimate.activations import KEPT_BY, ActivationShape, backward_transient_bytes, divided, layer_terms
+from memplan.estimate.activations import (
+    KEPT_BY,
+    ActivationShape,
+    backward_transient_bytes,
+    divided,
+    layer_terms_by_block,
+)
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     autocast_weight_copy_numel,
@@ -163,10 +169,11 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
     key = id(layer)
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
-        sized = [(divided(t, shape), t.keep) for t in layer_terms(layer, shape)]
+        blocks = layer_terms_by_block(layer, shape)
+        sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
         kept = sum(size for size, keep in sized if keep in kept_classes)
-        cache[key] = (kept, full, backward_transient_bytes(layer, shape))
+        cache[key] = (kept, full, backward_transient_bytes(layer, shape, blocks))
     return cache[key]
 
 
