@@ -43,6 +43,7 @@ from memplan.estimate.states import (
 from memplan.frameworks.profiles import FrameworkProfile, get_profile
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
+from memplan.model.params import final_norm_params
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.units import dtype_bytes
 
@@ -274,9 +275,12 @@ def _stage_estimate(
     # the backward then builds them up while it frees activations: the head's gradient first.
     no_grads_yet = profile.frees_gradients and job.num_microbatches == 1
     absent = states.gradients if no_grads_yet else 0
-    head_grads = states.gradients * params.root // max(params.total, 1) if no_grads_yet else 0
+    # The output head's gradient (a tied one waits in autograd's buffer) and the final norm's; the
+    # embedding's gradient comes last, after every layer.
+    head_numel = (vocab_rows * model.hidden_size // job.parallel.tp + final_norm_params(model)) if layout.has_head else 0
+    head_grads = states.gradients * head_numel // max(params.total, 1) if no_grads_yet else 0
     backward_layers, backward_temp = layer_acts, worst_backward + head_grads
-    if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1:
+    if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
         backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)
     candidates = {
         # A layer's backward: the head's backward has run, so what the final norm, the head (its
