@@ -110,11 +110,14 @@ def test_hf_autocast_weight_copies_are_activations() -> None:
     s = estimate(model, job(framework="hf", batch=Batch(seq_length=seq))).stages[0]
     assert s.peak_phase in ("loss", "backward") and s.gradients_absent_at_peak_bytes == s.gradients_bytes
     sbh = seq * 1 * HIDDEN
-    head = 4 * sbh + 2 * sbh  # final norm's fp32 input + the bf16 output-layer input
+    # final norm's fp32 input and its fp32 normalized tensor + the bf16 output-layer input
+    head = 4 * sbh + 4 * sbh + 2 * sbh
+    attn = model.layers[0].attention
+    rope = 2 * seq * attn.head_dim * 4  # RoPE's fp32 cos and sin tables, saved once
     linear = sum(g.total - layer_non_gemm_params(layer, HIDDEN, model.norm_bias)
                  for g, layer in zip(model.layer_param_groups, model.layers))
     linear += model.vocab_size * HIDDEN  # the output head
-    assert s.activations_bytes == s.transformer_layer_activations_bytes + 2 * linear + head
+    assert s.activations_bytes == s.transformer_layer_activations_bytes + 2 * linear + head + rope
     assert s.parameters_numel == total_params(model)
 
 

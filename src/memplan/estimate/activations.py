@@ -11,7 +11,16 @@ Transformer Models", section 4): every tensor the forward pass saves for the bac
 
 and the recompute class that says which recompute mode drops it (one table, :data:`KEPT_BY`):
 ``input`` (the layer input, kept by every mode), ``core`` (the attention core: scores, softmax,
-dropout — dropped by selective recompute), ``body`` (everything else — dropped by full recompute).
+dropout — dropped by selective recompute), ``attn`` (the rest of the attention module: q/k/v
+projections and their inputs, RoPE, the output projection's input — dropped when the whole
+attention module is checkpointed), ``attn_input`` (the attention module's input, kept only by the
+checkpoint that recomputes that module), ``body`` (everything else — dropped by full recompute).
+
+Selective recompute has two meanings, chosen by the framework profile
+(``FrameworkProfile.selective_recompute``): ``selective`` recomputes the attention core
+(Korthikanti et al.; Megatron ``--recompute-granularity selective``); ``selective-attention-module``
+checkpoints every attention module (``self_attn``) with non-reentrant ``torch.utils.checkpoint``,
+which is what ``memplan trace --recompute selective`` runs on a Hugging Face model.
 """
 
 from __future__ import annotations
@@ -22,14 +31,23 @@ from typing import Literal
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
 
 Region = Literal["tp", "sp", "rep"]
-Keep = Literal["input", "core", "body"]
+Keep = Literal["input", "core", "attn", "attn_input", "body"]
 
 #: Which recompute classes each recompute mode keeps in memory.
 KEPT_BY: dict[str, frozenset[str]] = {
-    "none": frozenset({"input", "core", "body"}),
-    "selective": frozenset({"input", "body"}),
+    "none": frozenset({"input", "core", "attn", "body"}),
+    "selective": frozenset({"input", "attn", "body"}),
+    "selective-attention-module": frozenset({"input", "attn_input", "body"}),
     "full": frozenset({"input"}),
 }
+
+#: Bytes per element of HF eager attention's softmax output: ``softmax(scores, dtype=float32)``
+#: (transformers ``eager_attention_forward``) whatever the compute dtype.
+EAGER_SOFTMAX_BYTES = 4
+#: Name of the term holding eager attention's probabilities cast back to the compute dtype.
+SOFTMAX_CAST = "softmax output cast to the compute dtype (PV matmul input)"
+#: Bytes per element the eager reference RMSNorm computes in (it upcasts its input to fp32).
+NORM_COMPUTE_BYTES = 4
 
 #: Bytes per element of a dropout mask (PyTorch stores bool/uint8 masks).
 DROPOUT_MASK_BYTES = 1
@@ -68,6 +86,14 @@ class ActivationShape:
     norm: str = "rmsnorm"
     #: fp32 weights under ``torch.autocast``: every linear casts (and saves) its own 16-bit input.
     autocast: bool = False
+    #: Bytes per element of the routed experts' activations (0: ``act_bytes``). HF's grouped
+    #: experts (transformers ``integrations/moe.py`` ``_grouped_mm``) are not autocast ops: they
+    #: cast the input to the weights' dtype, so under autocast they run in fp32.
+    expert_bytes: int = 0
+    #: The RMSNorm scales in fp32 and casts afterwards (Gemma 2): its normalized tensor is fp32.
+    norm_fp32_scale: bool = False
+    #: Rotary position embeddings (q and k are rotated into new tensors).
+    rope: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,42 +108,82 @@ class Term:
 
 def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
     """Every tensor a layer saves for backward (undivided: full TP width, local sequence)."""
-    terms = _attention_terms(layer.attention, shape)
+    attention, rest = layer_terms_by_block(layer, shape)
+    return attention + rest
+
+
+def layer_terms_by_block(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term], list[Term]]:
+    """:func:`layer_terms` split into the attention block's and the rest (MLP/MoE block, post-norms)."""
+    attention = _attention_terms(layer.attention, shape)
     if layer.moe is not None:
-        terms += _moe_terms(layer.moe, shape)
+        rest = _moe_terms(layer.moe, shape)
     else:
         assert layer.mlp is not None
-        terms += _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp")
-    return terms
+        rest = _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp")
+    return attention, rest + post_norm_terms(shape, layer.num_hidden_norms - 2)
 
 
-def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers: int = 1) -> list[Term]:
+def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers: int = 1,
+                gemm_keep: Keep = "body") -> list[Term]:
     """A pre-norm: its input, what the norm itself saves, and its output as the next GEMMs' input.
 
     ``consumers`` is the number of linear layers reading the output (q, k, v: 3 unless fused);
     under autocast each casts the fp32 output itself and saves its own 16-bit copy.
+    ``gemm_keep`` is the recompute class of those GEMM inputs (``attn`` inside the attention module).
     """
     sbh = shape.seq * shape.micro_batch * shape.hidden
     terms = [Term(f"{prefix} norm input", shape.residual_bytes * sbh, "sp", keep_input)]
-    if shape.kernels == "eager" and shape.norm == "rmsnorm":
-        # The reference RMSNorm computes in fp32 and returns weight * x_normed.to(input dtype): it
-        # saves an fp32 copy of a 16-bit input (an fp32 input is saved as is) and x_normed.
-        if shape.residual_bytes < 4:
-            terms.append(Term(f"{prefix} norm fp32 input", 4 * sbh, "sp", "body"))
-        else:
-            terms.append(Term(f"{prefix} norm normalized input", shape.residual_bytes * sbh, "sp", "body"))
-    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", "body", gemm_input=True))
+    terms += eager_norm_terms(shape, prefix, shape.residual_bytes)
+    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True))
     if shape.autocast and consumers > 1:
         terms.append(Term(f"{prefix} norm output, autocast copies of the other {consumers - 1} GEMMs",
-                          (consumers - 1) * shape.act_bytes * sbh, "sp", "body", gemm_input=True))
+                          (consumers - 1) * shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True))
     return terms
+
+
+def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int) -> list[Term]:
+    """What an eager reference RMSNorm saves beyond an input of ``input_bytes`` per element.
+
+    transformers' ``LlamaRMSNorm`` computes ``x = input.to(float32); x * rsqrt(mean(x^2) + eps)``
+    and returns ``weight * x_normed.to(input dtype)``: it saves the fp32 input (an fp32 input as
+    is, else an fp32 copy) and ``x_normed`` in the input dtype. ``Gemma2RMSNorm`` returns
+    ``(x_normed * (1 + weight)).type_as(input)``: its ``x_normed`` is saved in fp32. The
+    pre-norm's ``norm input`` term stands for the 16-bit input-dtype tensor when the input is
+    16-bit (same bytes), so only the fp32 copy (and Gemma's fp32 excess) are added then.
+    """
+    if shape.kernels != "eager" or shape.norm != "rmsnorm":
+        return []
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    if input_bytes < NORM_COMPUTE_BYTES:
+        terms = [Term(f"{prefix} norm fp32 input", NORM_COMPUTE_BYTES * sbh, "sp", "body")]
+        if shape.norm_fp32_scale:
+            terms.append(Term(f"{prefix} norm normalized input in fp32 (beyond the input dtype)",
+                              (NORM_COMPUTE_BYTES - input_bytes) * sbh, "sp", "body"))
+        return terms
+    return [Term(f"{prefix} norm normalized input", input_bytes * sbh, "sp", "body")]
+
+
+def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
+    """Norms on a sublayer's output before the residual add (Gemma 2's post-attention and
+    post-feedforward norms): the input is the output projection's, in the compute dtype; the norm
+    saves it in fp32 (a copy when 16-bit) and its normalized tensor (see :func:`eager_norm_terms`)."""
+    if count <= 0 or shape.kernels != "eager" or shape.norm != "rmsnorm":
+        return []
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    c = shape.act_bytes
+    normalized = NORM_COMPUTE_BYTES if shape.norm_fp32_scale else c
+    return [Term("post-norms fp32 input", count * NORM_COMPUTE_BYTES * sbh, "sp", "body"),
+            Term("post-norms normalized output", count * normalized * sbh, "sp", "body")]
 
 
 def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
     tokens = s * b
     consumers = 2 if attn.kind == "mla" else (1 if attn.fused_qkv else 3)
-    terms = _norm_terms(shape, "attention", "input", consumers)
+    terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn")
+    # Checkpointing the attention module keeps its input: the norm output, in the residual dtype.
+    terms.append(Term("attention module input (checkpointed)", shape.residual_bytes * tokens * shape.hidden,
+                      "sp", "attn_input"))
     if attn.kind == "mla":
         terms += _mla_projection_terms(attn, shape)
         q_width = attn.num_heads * attn.head_dim
@@ -125,26 +191,82 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     else:
         q_width = attn.num_heads * attn.head_dim
         kv_width = attn.num_kv_heads * (attn.head_dim + attn.v_head_dim)
-    terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "body"))
+    terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn"))
     # (RoPE multiplies q and k by cos/sin tables that need no gradient: it saves nothing more.)
+    terms += _fused_qkv_terms(attn, shape)
     if attn.qk_norm:
         k_width = attn.num_kv_heads * attn.head_dim
         # Per-head q/k norms: the projection outputs (fp32 copies in eager code) and, in eager
         # code, the normalized tensors in the projection's dtype.
         per_element = (4 + c) if shape.kernels == "eager" else c
-        terms.append(Term("q, k norms", per_element * tokens * (q_width + k_width), "tp", "body"))
+        terms.append(Term("q, k norms", per_element * tokens * (q_width + k_width), "tp", "attn"))
     heads_scores = attn.num_heads * b * s * shape.kv_seq
     if shape.attention == "eager":
-        terms.append(Term("softmax output", c * heads_scores, "tp", "core"))
+        terms += _eager_core_terms(attn, shape, heads_scores)
         if shape.dropout:
             terms.append(Term("attention dropout mask", DROPOUT_MASK_BYTES * heads_scores, "tp", "core"))
             terms.append(Term("attention dropout output", c * heads_scores, "tp", "core"))
     else:
         terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
-    terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "body", gemm_input=True))
+    terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn",
+                      gemm_input=True))
     if shape.dropout:
         terms.append(Term("attention residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
     return terms
+
+
+def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores: int) -> list[Term]:
+    """The attention core without a fused kernel: the s x s probabilities (and what leads to them).
+
+    Fused kernels (Megatron's scale-mask-softmax) keep the softmax output in the compute dtype.
+    transformers' ``eager_attention_forward`` (``kernels="eager"``) instead runs
+    ``softmax(scores, dtype=float32).to(query.dtype)``: softmax saves its fp32 output and the PV
+    matmul the cast copy (none when the compute dtype is fp32); Gemma 2's soft-capping
+    ``tanh(scores / cap) * cap`` saves the tanh output; and ``repeat_kv`` copies grouped keys and
+    values to every query head before the two matmuls, which save the copies.
+    """
+    c = shape.act_bytes
+    if shape.kernels != "eager":
+        return [Term("softmax output", c * heads_scores, "tp", "core")]
+    terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core")]
+    if c < EAGER_SOFTMAX_BYTES:
+        terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core"))
+    if attn.logit_softcap is not None:
+        terms.append(Term("soft-capped scores (tanh output)", c * heads_scores, "tp", "core"))
+    if attn.kind != "mla" and attn.num_kv_heads < attn.num_heads:
+        tokens = shape.seq * shape.micro_batch
+        extra_heads = attn.num_heads - attn.num_kv_heads
+        terms.append(Term("keys and values repeated per query head (repeat_kv copies)",
+                          c * tokens * extra_heads * (attn.head_dim + attn.v_head_dim), "tp", "core"))
+    return terms
+
+
+def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    """A fused q/k/v projection with RoPE (Phi-3 ``qkv_proj``) in eager code.
+
+    q and k are sliced out and rotated into new tensors, but v stays a strided view of the
+    projection's output, and the output lives as long as a view of it is saved:
+
+    * SDPA saves its inputs as given (the view) and, on the CPU kernel the trace runs, a
+      contiguous copy of v, which the ``q, k, v`` term counts: the whole output is extra;
+    * eager attention at micro-batch 1: the PV matmul saves the view itself (counted as v), so the
+      output's q and k parts are extra;
+    * eager attention at micro-batch > 1: the matmul cannot fold batch and heads of the strided
+      view, copies v and saves the copy: the output is freed, nothing extra.
+
+    GPT-2's unrotated q, k, v are all views of ``c_attn``'s output: nothing extra either.
+    """
+    if not attn.fused_qkv or shape.kernels != "eager" or not shape.rope or attn.kind == "mla":
+        return []
+    if shape.attention == "eager":
+        heads = attn.num_heads + attn.num_kv_heads if shape.micro_batch == 1 else 0
+    else:
+        heads = attn.num_heads + 2 * attn.num_kv_heads
+    if not heads:
+        return []
+    tokens = shape.seq * shape.micro_batch
+    return [Term("fused qkv output kept alive by the saved v view", shape.act_bytes * tokens * heads * attn.head_dim,
+                 "tp", "attn")]
 
 
 def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
@@ -161,8 +283,9 @@ def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
     return terms
 
 
-def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Region, prefix: str) -> list[Term]:
-    c, f = shape.act_bytes, mlp.intermediate_size
+def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Region, prefix: str,
+               elem_bytes: int = 0) -> list[Term]:
+    c, f = elem_bytes or shape.act_bytes, mlp.intermediate_size
     terms: list[Term] = []
     if prefix == "mlp":
         consumers = 2 if mlp.gated and not mlp.fused_gate_up else 1
@@ -200,15 +323,21 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     on ``tokens * top_k * etp`` rows (balanced routing; times ``routed_factor`` for the busiest
     rank) and keeps their FFN activations at ``f/etp`` width.
     """
-    s, b, c, h = shape.seq, shape.micro_batch, shape.act_bytes, shape.hidden
+    s, b, h = shape.seq, shape.micro_batch, shape.hidden
+    c = shape.expert_bytes or shape.act_bytes
     tokens = s * b
     terms = _norm_terms(shape, "mlp", "body")
-    terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT, "sp", "body"))
+    if shape.kernels == "eager":
+        # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
+        terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
+                          "sp", "body"))
+    else:
+        terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT, "sp", "body"))
     routed = tokens * moe.top_k
     terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body"))
     received = int(routed * shape.routed_factor)
     terms.append(Term("dispatched tokens (grouped-GEMM input)", c * received * h * shape.expert_tp, "sp", "body", gemm_input=True))
-    terms += _mlp_terms(moe.expert, shape, tokens=received, region="sp", prefix="experts")
+    terms += _mlp_terms(moe.expert, shape, tokens=received, region="sp", prefix="experts", elem_bytes=c)
     # Combine weights each expert output by its routing probability: the product's backward keeps
     # the expert outputs (back on the source rank: one row per routed copy).
     terms.append(Term("expert outputs kept by the weighted combine", c * routed * h, "sp", "body"))
@@ -247,7 +376,37 @@ def divided(term: Term, shape: ActivationShape) -> int:
     return size
 
 
+def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
+                             blocks: tuple[list[Term], list[Term]] | None = None) -> int:
+    """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
+
+    In general two tensors of the size of the layer's largest saved term (the incoming gradient
+    and the one produced) or of an MoE layer's dispatch buffers. Under HF eager attention the s x s
+    softmax backward holds two fp32 gradients of the probabilities (the one coming from the
+    ``.to(dtype)`` cast and the one it produces), but by then autograd has released what the
+    layer's later nodes saved: the whole MLP block (its backward ran first), the output
+    projection's input and the PV matmul's 16-bit probabilities. ``blocks``: the layer's terms
+    from :func:`layer_terms_by_block` when the caller has them.
+    """
+    attention, rest = blocks or layer_terms_by_block(layer, shape)
+    eager_core = shape.kernels == "eager" and shape.attention == "eager"
+    core_names = {t.name for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
+    largest = max(max(divided(t, shape) for t in attention + rest if t.name not in core_names),
+                  dispatch_buffer_bytes(layer, shape))
+    transient = 2 * largest
+    if not eager_core:
+        return transient
+    attn = layer.attention
+    heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
+    gradients = divided(Term("softmax gradients", 2 * EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core"), shape)
+    released = sum(divided(t, shape) for t in rest if t.keep != "input")
+    released += sum(divided(t, shape) for t in attention
+                    if t.name in ("output projection input", SOFTMAX_CAST))
+    return max(transient, gradients - released)
+
+
 def layer_activation_bytes(layer: LayerSpec, shape: ActivationShape, recompute_mode: str) -> int:
-    """Bytes one layer keeps for backward on one rank, for one micro-batch."""
+    """Bytes one layer keeps for backward on one rank, for one micro-batch (``recompute_mode`` a
+    key of :data:`KEPT_BY`)."""
     kept = KEPT_BY[recompute_mode]
     return sum(divided(t, shape) for t in layer_terms(layer, shape) if t.keep in kept)

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from memplan.estimate.activations import KEPT_BY, ActivationShape, dispatch_buffer_bytes, divided, layer_terms
+from memplan.estimate.activations import (
+    KEPT_BY,
+    ActivationShape,
+    backward_transient_bytes,
+    divided,
+    layer_terms_by_block,
+)
+from memplan.estimate.autocast import (
+    attention_weight_copy_numel,
+    autocast_weight_copy_numel,
+    kept_mode,
+    layer_weight_copy_numel,
+    tied_embedding_gradient_sum_bytes,
+)
 from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
+    checkpointed_mask_bytes,
     communication_bytes,
     deferred_wgrad_bytes,
     embedding_activation_bytes,
@@ -12,14 +26,24 @@ from memplan.estimate.extras import (
     input_bytes,
     logits_bytes,
     optimizer_temporary_bytes,
+    rope_table_bytes,
+    saved_logits_bytes,
 )
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.result import Estimate, StageEstimate
-from memplan.estimate.states import padded_vocab, stage_params, state_bytes
+from memplan.estimate.states import (
+    StageParams,
+    StateBytes,
+    layer_numel_on_rank,
+    padded_vocab,
+    stage_params,
+    state_bytes,
+)
 from memplan.frameworks.profiles import FrameworkProfile, get_profile
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
+from memplan.model.params import final_norm_params
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.units import dtype_bytes
 
@@ -106,7 +130,19 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         ep=par.ep,
         norm=model.norm,
         autocast=prec.weight_copies == "autocast",
+        expert_bytes=_expert_bytes(profile, prec),
+        norm_fp32_scale=model.norm_fp32_scale,
+        rope=model.position_embedding == "rope",
     )
+
+
+def _expert_bytes(profile: FrameworkProfile, prec: ResolvedPrecision) -> int:
+    """Bytes per element of routed-expert activations: HF's grouped experts (eager profiles) cast
+    their input to the weights' dtype instead of following autocast (transformers
+    ``integrations/moe.py`` ``_grouped_mm``); fused kernels compute in the compute dtype."""
+    if profile.kernels == "eager" and prec.weight_copies == "autocast":
+        return dtype_bytes(prec.param)
+    return dtype_bytes(prec.compute)
 
 
 def rank_routed_factor(model: ModelSpec, job: Job) -> float:
@@ -130,15 +166,15 @@ def rank_routed_factor(model: ModelSpec, job: Job) -> float:
 
 
 def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:
-    """(kept bytes under the job's recompute, full bytes, largest single term) of one layer."""
+    """(kept bytes under the job's recompute, full bytes without recompute, backward transient) of one layer."""
     key = id(layer)
     if key not in cache:
-        kept_classes = KEPT_BY[job.recompute.mode]
-        sized = [(divided(t, shape), t.keep) for t in layer_terms(layer, shape)]
-        full = sum(size for size, _ in sized)
+        kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
+        blocks = layer_terms_by_block(layer, shape)
+        sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
+        full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
         kept = sum(size for size, keep in sized if keep in kept_classes)
-        largest = max(max(size for size, _ in sized), dispatch_buffer_bytes(layer, shape))
-        cache[key] = (kept, full, largest)
+        cache[key] = (kept, full, backward_transient_bytes(layer, shape, blocks))
     return cache[key]
 
 
@@ -173,20 +209,23 @@ def _stage_estimate(
 
     chunk_kept: list[int] = []
     worst_backward = 0
+    #: Per layer, in forward order: (index, bytes it keeps, bytes its backward adds at its worst).
+    per_layer: list[tuple[int, int, int]] = []
     for chunk in layout.chunks:
         kept = 0
         for index in chunk:
-            keep, full, largest_term = _layer_costs(model.layers[index], shape, job, cache)
+            keep, full, transient = _layer_costs(model.layers[index], shape, job, cache)
+            transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
             if index in recomputed:
-                kept += keep
-                worst_backward = max(worst_backward, group * full + 2 * largest_term)
+                layer_keep, layer_worst = keep, group * full + transient
             elif job.recompute.mode == "selective":
-                # The attention core is recomputed during this layer's backward.
-                kept += keep
-                worst_backward = max(worst_backward, full - keep + 2 * largest_term)
+                # The attention core (or module) is recomputed during this layer's backward.
+                layer_keep, layer_worst = keep, full - keep + transient
             else:
-                kept += full
-                worst_backward = max(worst_backward, 2 * largest_term)
+                layer_keep, layer_worst = full, transient
+            kept += layer_keep
+            worst_backward = max(worst_backward, layer_worst)
+            per_layer.append((index, layer_keep, layer_worst))
         chunk_kept.append(kept)
     inflight = layout.inflight_microbatches
     mtp_acts = 0
@@ -202,11 +241,19 @@ def _stage_estimate(
         cpu_acts = layer_acts - on_gpu
         layer_acts = on_gpu
     other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
+    if layout.layer_indices:
+        # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
+        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, kept_mode(job, profile))
+        other_acts += shared * inflight
+    head_copy = 0
     if prec.weight_copies == "autocast":
         # torch.autocast casts the weights linear layers read (the decoder's and the output
         # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
         head = vocab_rows * model.hidden_size // job.parallel.tp if layout.has_head else 0
-        other_acts += (params.gemm_weights + head) * dtype_bytes(prec.compute)
+        layers = autocast_weight_copy_numel(model, job, layout, recomputed=recomputed, mode=kept_mode(job, profile),
+                                            eager_experts=profile.kernels == "eager")
+        other_acts += (layers + head) * dtype_bytes(prec.compute)
+        head_copy = head * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm = communication_bytes(job, profile, params, states, prec)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout)
@@ -216,8 +263,11 @@ def _stage_estimate(
     # with every in-flight forward alive, and the optimizer step (activations freed).
     loss = job.loss if job.loss != "auto" else profile.default_loss
     head_acts = head_activation_bytes(shape) if layout.has_head else 0
+    softcap = model.final_logit_softcap is not None
     # Each MTP depth computes its own logits and loss; all are alive until the backward.
-    logits = logits_bytes(job, loss, shape, vocab_rows) * (1 + job.mtp_layers) if layout.has_head else 0
+    depths = (1 + job.mtp_layers) if layout.has_head else 0
+    logits = logits_bytes(job, loss, shape, vocab_rows, softcap) * depths
+    saved_logits = saved_logits_bytes(job, loss, shape, vocab_rows, softcap) * depths
     if layout.has_head:
         head_acts += deferred_wgrad_bytes(job, shape, vocab_rows)
     # Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none
@@ -225,15 +275,27 @@ def _stage_estimate(
     # the backward then builds them up while it frees activations: the head's gradient first.
     no_grads_yet = profile.frees_gradients and job.num_microbatches == 1
     absent = states.gradients if no_grads_yet else 0
-    head_grads = states.gradients * params.root // max(params.total, 1) if no_grads_yet else 0
+    # The output head's gradient (a tied one waits in autograd's buffer) and the final norm's; the
+    # embedding's gradient comes last, after every layer.
+    head_numel = (vocab_rows * model.hidden_size // job.parallel.tp + final_norm_params(model)) if layout.has_head else 0
+    head_grads = states.gradients * head_numel // max(params.total, 1) if no_grads_yet else 0
+    backward_layers, backward_temp = layer_acts, worst_backward + head_grads
+    if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
+        backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)
     candidates = {
-        "backward": (layer_acts + other_acts + head_acts, 0, worst_backward + head_grads, absent),
+        # A layer's backward: the head's backward has run, so what the final norm, the head (its
+        # autocast weight copy included) and the loss saved is released, and its gradient exists.
+        "backward": (backward_layers + other_acts - head_copy, 0, backward_temp, absent),
         "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job)), 0),
+        # The end of the backward: every gradient, activations freed, a tied embedding's two
+        # gradients being summed.
+        "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, job.parallel.tp,
+                                                                     prec.grad_bytes), 0),
     }
     if layout.has_head:
         candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
     phase, (acts, logit_b, temp, not_yet) = max(candidates.items(), key=lambda kv: sum(kv[1][:3]) - kv[1][3])
-    if phase == "optimizer step":
+    if phase in ("optimizer step", "end of backward"):
         layer_at_peak, inputs_at_peak, acts = 0, 0, 0
     else:
         layer_at_peak, inputs_at_peak = layer_acts, inputs
@@ -270,7 +332,47 @@ def _stage_estimate(
         gradients_absent_at_peak_bytes=not_yet,
         forward_activations_bytes=layer_acts + other_acts + head_acts,
         loss_logits_bytes=logits,
+        saved_logits_bytes=saved_logits,
     )
+
+
+def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: StageParams,
+                   per_layer: list[tuple[int, int, int]], layer_acts: int, head_grads: int) -> tuple[int, int]:
+    """(layer activations still kept, temporaries incl. gradients made so far) at the worst layer of
+    a backward that starts without gradients (``zero_grad(set_to_none=True)``, one micro-batch).
+
+    The backward visits the layers last to first; when it reaches a layer, the later layers have
+    released what they kept and made their gradients. Where a layer keeps less than its gradients
+    weigh (recompute, short sequences) the worst layer is the first one, otherwise the last one.
+    """
+    per_param = states.gradients / max(params.total, 1)
+    remaining, made = layer_acts, head_grads
+    best = (layer_acts, head_grads)
+    best_total = -1
+    for index, kept, worst in reversed(per_layer):
+        if remaining + made + worst > best_total:
+            best_total, best = remaining + made + worst, (remaining, made + worst)
+        remaining -= kept
+        dense, expert = layer_numel_on_rank(model.layer_param_groups[index], job)
+        made += int((dense + expert) * per_param)
+    return best
+
+
+def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision,
+                             index: int, recomputed: set[int]) -> int:
+    """Autocast weight copies a checkpointed region makes again when it is recomputed in the
+    backward (the recompute runs under the forward's autocast state; torch.utils.checkpoint), alive
+    until that region's backward is done: the whole layer under full recompute, its attention
+    projections when the attention module is checkpointed."""
+    if prec.weight_copies != "autocast":
+        return 0
+    if index in recomputed:
+        numel = layer_weight_copy_numel(model, job, index, eager_experts=profile.kernels == "eager")
+    elif kept_mode(job, profile) == "selective-attention-module":
+        numel = attention_weight_copy_numel(model, job, index)
+    else:
+        return 0
+    return numel * dtype_bytes(prec.compute)
 
 
 def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> int:
@@ -344,15 +446,25 @@ def _assumptions(
     opt = job.optimizer
     impl = opt.implementation if opt.implementation != "auto" else profile.default_optimizer_impl
     out.append(f"optimizer {opt.name} ({impl} implementation)" + (f", momentum {opt.momentum}" if opt.name == "sgd" else ""))
-    if job.attention == "eager":
+    if job.attention == "eager" and profile.kernels == "eager":
+        out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
+                   "its cast to the compute dtype are kept (and dropout mask/output), GQA keys/values copied per query "
+                   "head (repeat_kv), soft-capped scores' tanh output where the model caps them")
+    elif job.attention == "eager":
         out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")
     else:
         out.append(f"{job.attention} attention: no s x s score matrix is kept, only the fp32 log-sum-exp per head and token")
     rc = job.recompute
-    if rc.mode == "selective":
+    if rc.mode == "selective" and kept_mode(job, profile) == "selective-attention-module":
+        out.append("selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
+                   "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
+                   "weight copies are made again in its backward")
+    elif rc.mode == "selective":
         out.append("selective recompute: the attention core is recomputed; its inputs are kept")
     elif rc.mode == "full":
-        out.append(f"full recompute ({rc.method}, {rc.num_layers or 'all'} layers): recomputed layers keep only their input")
+        out.append(f"full recompute ({rc.method}, {rc.num_layers or 'all'} layers): recomputed layers keep only their input"
+                   + ("; their autocast weight copies are not kept (autocast's cache is cleared when the forward ends) and "
+                      "are made again by the recompute" if prec.weight_copies == "autocast" else ""))
     out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
     if model.is_moe:
         moe = job.moe
@@ -380,5 +492,11 @@ def _assumptions(
     loss = job.loss if job.loss != "auto" else profile.default_loss
     out.append(f"loss path '{loss}': logits of the newest micro-batch on the last stage")
     out.append(f"activations kept as saved by {profile.kernels} kernels")
+    if model.is_moe and profile.kernels == "eager" and prec.weight_copies == "autocast":
+        out.append("MoE experts (transformers grouped_mm) are not autocast ops: they run in the fp32 weights' dtype "
+                   "with no 16-bit weight copies; the router's linear is cast")
+    if model.tie_word_embeddings and profile.frees_gradients:
+        out.append("tied embedding: its two gradients (head and embedding) are summed at the end of the backward "
+                   "(two weight-sized temporaries)")
     out.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments (assumed allocator fragmentation)")
     return tuple(out)

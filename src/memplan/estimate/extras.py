@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape
+from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, eager_norm_terms
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, StateBytes
 from memplan.frameworks.profiles import FrameworkProfile
 from memplan.job import Job
+from memplan.model.spec import ModelSpec
 from memplan.units import dtype_bytes
 
 #: Megatron's data iterator puts int64 tokens, labels and position ids, an fp32 loss mask and a
@@ -24,16 +25,75 @@ def embedding_activation_bytes(shape: ActivationShape) -> int:
     return DROPOUT_MASK_BYTES * sbh // (shape.tp if shape.sequence_parallel else 1)
 
 
+def rope_table_bytes(model: ModelSpec, shape: ActivationShape) -> int:
+    """RoPE's cos and sin tables, saved by every layer's ``q * cos`` / ``k * sin`` (shared, once).
+
+    transformers' rotary embedding returns them as ``(1, seq, rotary_dim)`` in the hidden states'
+    dtype (the residual dtype: fp32 under autocast); ``position_ids`` has batch 1 when not given.
+    """
+    if model.position_embedding != "rope" or shape.kernels != "eager":
+        return 0
+    attn = model.layers[0].attention
+    if attn.kind == "mla":
+        return 0
+    rotary_dim = int(attn.head_dim * attn.rotary_fraction)
+    return 2 * shape.seq * rotary_dim * shape.residual_bytes
+
+
+def checkpointed_mask_bytes(model: ModelSpec, shape: ActivationShape, mode: str) -> int:
+    """4-D attention masks kept as checkpoint inputs.
+
+    Eager attention gets an explicit ``(batch, 1, seq, seq)`` additive mask in the hidden states'
+    dtype, one per kind of layer (global; sliding-window) built once per forward. Adding it to the
+    scores saves nothing, but a checkpointed decoder layer or attention module keeps its inputs,
+    the mask among them, until its backward (``torch.utils.checkpoint``).
+    """
+    if shape.attention != "eager" or shape.kernels != "eager" or mode not in ("full", "selective-attention-module"):
+        return 0
+    kinds = len({layer.attention.sliding_window for layer in model.layers})
+    return kinds * shape.micro_batch * shape.seq * shape.kv_seq * shape.residual_bytes
+
+
 def head_activation_bytes(shape: ActivationShape) -> int:
-    """Saved by the final norm and the output projection: the norm's input and output."""
+    """Saved by the final norm and the output projection: the norm's input, what an eager norm
+    saves beyond it (its normalized tensor; :func:`eager_norm_terms`) and the head's input."""
     sbh = shape.seq * shape.micro_batch * shape.hidden
     divisor = shape.tp if shape.sequence_parallel else 1
+    norm = sum(t.bytes for t in eager_norm_terms(shape, "final", shape.residual_bytes))
     # Under SP the output layer's input is all-gathered; Megatron saves the gathered copy.
-    return (shape.residual_bytes * sbh) // divisor + shape.act_bytes * sbh
+    return (shape.residual_bytes * sbh + norm) // divisor + shape.act_bytes * sbh
 
 
-def logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int) -> int:
-    """Logits and cross-entropy buffers alive at the loss of one micro-batch on one TP rank."""
+def logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int, softcap: bool = False) -> int:
+    """Logits and cross-entropy buffers alive at the loss of one micro-batch on one TP rank.
+
+    ``softcap``: the model soft-caps its logits (Gemma 2 ``cap * tanh(logits / cap)``), whose
+    tanh output, in the compute dtype, is saved for the backward (see :func:`softcap_bytes`).
+    """
+    return _logits_bytes(loss, shape, vocab_rows) + softcap_bytes(shape, vocab_rows, softcap)
+
+
+def softcap_bytes(shape: ActivationShape, vocab_rows: int, softcap: bool) -> int:
+    """Gemma 2's final logit soft-capping (transformers ``Gemma2ForCausalLM.forward``): ``tanh``
+    saves its output, one compute-dtype tensor of the logits' size (the divisions by and
+    multiplication with the constant cap save nothing)."""
+    if not softcap:
+        return 0
+    return shape.act_bytes * shape.seq * shape.micro_batch * (vocab_rows // shape.tp)
+
+
+def saved_logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int, softcap: bool = False) -> int:
+    """Logits-sized tensors still saved for the backward when it starts (what ``memplan trace``
+    files as ``logits``). For ``fp32-logits`` that is log-softmax's fp32 output only: the 16-bit
+    logits and their fp32 copy are freed with the model's output once the loss exists (the HF
+    Trainer keeps only the loss). The other paths keep what they hold at the loss."""
+    if loss == "fp32-logits":
+        elements = shape.seq * shape.micro_batch * (vocab_rows // shape.tp)
+        return _FP32 * elements + softcap_bytes(shape, vocab_rows, softcap)
+    return logits_bytes(job, loss, shape, vocab_rows, softcap)
+
+
+def _logits_bytes(loss: str, shape: ActivationShape, vocab_rows: int) -> int:
     tokens = shape.seq * shape.micro_batch
     vocab_local = vocab_rows // shape.tp
     elements = tokens * vocab_local

@@ -66,6 +66,8 @@ class StageEstimate:
     forward_activations_bytes: int = 0
     #: Logits and loss buffers at the loss of one micro-batch (last stage), whatever the peak phase.
     loss_logits_bytes: int = 0
+    #: Of those, still saved for the backward when it starts (fp32-logits: log-softmax's output).
+    saved_logits_bytes: int = 0
 
     @property
     def cpu_bytes(self) -> int:
@@ -94,11 +96,12 @@ class StageEstimate:
 
     def highest_by_category(self) -> dict[MemoryCategory, int]:
         """The most each category holds at any time of the step (what a trace's per-category maxima
-        measure): all gradients, activations when the newest forward ends, logits at the loss."""
+        measure): all gradients, activations when the newest forward ends, and the logits the loss
+        saves for the backward (what stays alive into it, as a trace's "logits" category counts)."""
         out = self.by_category()
         out[MemoryCategory.GRADIENT] = self.gradients_bytes
         out[MemoryCategory.ACTIVATION] = self.forward_activations_bytes or self.activations_bytes
-        out[MemoryCategory.LOGITS] = self.loss_logits_bytes or self.logits_bytes
+        out[MemoryCategory.LOGITS] = self.saved_logits_bytes or self.logits_bytes
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -65,6 +65,11 @@ def _local_layer(groups: ParamGroups, job: Job) -> tuple[int, int]:
     return dense, expert
 
 
+def layer_numel_on_rank(groups: ParamGroups, job: Job) -> tuple[int, int]:
+    """(dense, expert) parameters of one decoder layer on one rank (TP/EP/ETP-divided)."""
+    return _local_layer(groups, job)
+
+
 def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int) -> StageParams:
     tp = job.parallel.tp
     hidden = model.hidden_size

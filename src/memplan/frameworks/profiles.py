@@ -72,6 +72,11 @@ class FrameworkProfile:
     #: frees every gradient after the step, so none exist until the next backward makes them.
     #: Megatron and DeepSpeed keep persistent gradient buffers.
     frees_gradients: bool = False
+    #: What ``--recompute selective`` recomputes: ``attention-core`` (scores, softmax, dropout;
+    #: Megatron ``--recompute-granularity selective``, Korthikanti et al.) or ``attention-module``
+    #: (every attention module checkpointed with non-reentrant ``torch.utils.checkpoint``: what a
+    #: Hugging Face model can wrap, and what ``memplan trace --recompute selective`` runs).
+    selective_recompute: Literal["attention-core", "attention-module"] = "attention-core"
 
 
 MEGATRON = FrameworkProfile(
@@ -136,6 +141,7 @@ HF = FrameworkProfile(
     kernels="eager",
     ddp_bucket_copy=True,
     frees_gradients=True,
+    selective_recompute="attention-module",
 )
 
 PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (MEGATRON, TORCHTITAN, DEEPSPEED, HF)}

@@ -206,6 +206,9 @@ class _DenseFamily:
     act_key: str = "hidden_act"
     #: q/k/v and gate/up are single fused projections (Phi-3).
     fused: bool = False
+    #: Soft-capping of attention scores and output logits (``attn_logit_softcapping`` /
+    #: ``final_logit_softcapping``) and the fp32 ``1 + weight`` RMSNorm (Gemma 2).
+    softcap: bool = False
 
 
 _DENSE: dict[str, _DenseFamily] = {
@@ -215,7 +218,7 @@ _DENSE: dict[str, _DenseFamily] = {
     "qwen3": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, head_dim=128,
                           window="qwen"),
     "gemma2": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, norms=4, head_dim=256,
-                           window="alternate", tie=True, act_key="hidden_activation"),
+                           window="alternate", tie=True, act_key="hidden_activation", softcap=True),
     "phi3": _DenseFamily(window="all", fused=True),
 }
 
@@ -228,13 +231,27 @@ def _dense(f: _Fields, name: str, model_type: str) -> ModelSpec:
                 head_dim_default=fam.head_dim)
     if fam.fused:
         attn = replace(attn, fused_qkv=True)
+    extra: dict[str, Any] = {}
+    if fam.softcap:
+        attn = replace(attn, logit_softcap=_optional_number(f, "attn_logit_softcapping"))
+        extra = {"final_logit_softcap": _optional_number(f, "final_logit_softcapping"), "norm_fp32_scale": True}
     act = f.text(fam.act_key, "") or f.text("hidden_act", "silu")
     mlp_bias = f.flag(fam.mlp_bias_key, False) if fam.mlp_bias_key else False
     mlp = MLPSpec(intermediate_size=f.integer("intermediate_size"), bias=mlp_bias, activation=act,
                   fused_gate_up=fam.fused)
     kinds = [(_with_window(attn, w), mlp) for w in _windows(f, n_layers, fam.window)]
     layers = _stack(kinds, num_hidden_norms=fam.norms)
-    return _model(f, name, model_type, layers, tie_default=fam.tie, hidden=hidden)
+    return _model(f, name, model_type, layers, tie_default=fam.tie, hidden=hidden, **extra)
+
+
+def _optional_number(f: _Fields, key: str) -> float | None:
+    """A number the config may set to null (Gemma 2's soft-capping values)."""
+    value = f.raw(key)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ModelConfigError(key, "must be a positive number or null", value)
+    return float(value)
 
 
 def _gpt2(f: _Fields, name: str, model_type: str) -> ModelSpec:

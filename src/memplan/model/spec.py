@@ -61,6 +61,9 @@ class AttentionSpec:
     sliding_window: int | None = None
     #: q, k and v come from one fused projection (GPT-2 ``c_attn``, GPT-NeoX, Phi-3 ``qkv_proj``).
     fused_qkv: bool = False
+    #: Attention scores soft-capped as ``cap * tanh(scores / cap)`` before the softmax (Gemma 2
+    #: ``attn_logit_softcapping``); None: no capping.
+    logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         _positive("attention", "num_heads", self.num_heads)
@@ -172,6 +175,11 @@ class ModelSpec:
     max_position_embeddings: int = 0
     #: Multi-token-prediction modules (DeepSeek-V3 ``num_nextn_predict_layers``); not built by HF.
     mtp_layers: int = 0
+    #: Output logits soft-capped as ``cap * tanh(logits / cap)`` (Gemma 2 ``final_logit_softcapping``).
+    final_logit_softcap: float | None = None
+    #: The RMSNorm scales by ``1 + weight`` in fp32 and casts to the input dtype afterwards (Gemma 2
+    #: ``Gemma2RMSNorm``), so its saved normalized tensor is fp32; Llama-style norms cast first.
+    norm_fp32_scale: bool = False
     #: Layers of the layer list that are global attention vs sliding-window: informational.
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 

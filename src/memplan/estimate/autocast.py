@@ -1,0 +1,95 @@
+"""Terms of the ``hf`` profile's plain PyTorch loop that depend on autocast, recompute and tied weights.
+
+* which layer weights ``torch.autocast`` copies to 16 bits and autograd keeps until the backward;
+* which recompute classes a ``--recompute`` mode keeps (the profile decides what "selective" means);
+* the gradient sum of a tied embedding at the end of the backward.
+"""
+
+from __future__ import annotations
+
+from memplan.estimate.layout import StageLayout
+from memplan.estimate.states import layer_numel_on_rank
+from memplan.frameworks.profiles import FrameworkProfile
+from memplan.job import Job
+from memplan.model.params import attention_params
+from memplan.model.spec import ModelSpec
+
+__all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "kept_mode", "layer_weight_copy_numel",
+           "tied_embedding_gradient_sum_bytes"]
+
+
+def kept_mode(job: Job, profile: FrameworkProfile) -> str:
+    """The key of :data:`memplan.estimate.activations.KEPT_BY` for the job's recompute mode.
+
+    ``selective`` under a profile whose ``selective_recompute`` is ``attention-module`` (hf):
+    every attention module is checkpointed, so its saved tensors are dropped and its input kept.
+    """
+    mode = job.recompute.mode
+    if mode == "selective" and profile.selective_recompute == "attention-module":
+        return "selective-attention-module"
+    return mode
+
+
+def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, *, recomputed: set[int],
+                               mode: str, eager_experts: bool) -> int:
+    """Elements of the 16-bit weight copies autograd keeps for the backward under ``torch.autocast``
+    (the decoder layers' part; the output head is added by the caller).
+
+    ``torch.autocast`` casts the weight (and bias) of every linear layer it runs, caches the copy
+    for the rest of the autocast region and the linear's autograd node saves it. Not cast: norms
+    and embedding tables (not autocast ops), and, with ``eager_experts``, HF's grouped MoE experts
+    (transformers ``integrations/moe.py``: ``grouped_mm`` is not an autocast op and the input is
+    cast to the fp32 weights' dtype instead); the router is an ``F.linear`` and is cast.
+
+    Under non-reentrant checkpointing (``torch.utils.checkpoint``) the checkpointed region saves
+    nothing: its copies live only in autocast's cache, which is cleared when the forward's autocast
+    region exits, before the backward (they are recomputed with the region). So recomputed layers
+    contribute none, and under ``selective-attention-module`` the attention projections none.
+    """
+    total = 0
+    for index in layout.layer_indices:
+        if index in recomputed:
+            continue
+        total += layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
+        if mode == "selective-attention-module":
+            total -= attention_weight_copy_numel(model, job, index)
+    return total
+
+
+def layer_weight_copy_numel(model: ModelSpec, job: Job, index: int, *, eager_experts: bool) -> int:
+    """Elements autocast copies for one decoder layer's linear layers (see
+    :func:`autocast_weight_copy_numel`); a recomputed layer makes them again in its backward."""
+    layer = model.layers[index]
+    dense, expert = layer_numel_on_rank(model.layer_param_groups[index], job)
+    numel = dense + expert - model.layer_non_gemm_params[index]
+    if layer.moe is not None and eager_experts:
+        numel -= expert
+        numel += model.hidden_size * layer.moe.num_experts  # the router's F.linear weight
+    return numel
+
+
+def attention_weight_copy_numel(model: ModelSpec, job: Job, index: int) -> int:
+    """Elements autocast copies for one layer's attention projections (q, k, v, o and biases)."""
+    return _attention_linear_numel(model, index, job)
+
+
+def _attention_linear_numel(model: ModelSpec, index: int, job: Job) -> int:
+    attn = model.layers[index].attention
+    groups = attention_params(attn, model.hidden_size)
+    norms = 2 * attn.head_dim if attn.qk_norm else 0
+    return groups.tp_sharded // job.parallel.tp + groups.replicated - norms
+
+
+def tied_embedding_gradient_sum_bytes(model: ModelSpec, layout: StageLayout, vocab_rows: int, tp: int,
+                                      grad_bytes: int) -> int:
+    """Temporaries at the end of the backward when the head shares the embedding's weight.
+
+    The weight is used twice, so autograd sums its two gradients before accumulating them: the
+    head's gradient waits in the engine's input buffer until ``embedding_dense_backward`` has
+    produced the embedding's (a new vocabulary x hidden tensor), and their sum becomes ``.grad``
+    (PyTorch ``torch/csrc/autograd/input_buffer.cpp``; checked with ``memplan trace``). While the sum
+    is made, two weight-sized gradients exist beside all the others.
+    """
+    if not model.tie_word_embeddings or not (layout.has_embedding and layout.has_head):
+        return 0
+    return 2 * (vocab_rows * model.hidden_size // tp) * grad_bytes

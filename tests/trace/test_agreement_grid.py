@@ -1,0 +1,76 @@
+"""Estimate (hf profile) vs trace on a small version of benchmarks/agreement_grid.py.
+
+Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, GPT-2), short
+sequences, one rank. Tolerances as the grid's: model states equal, activations, saved logits and
+the peak within 3%.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memplan.trace import trace
+from memplan.trace.compare import compare_with_estimate
+
+TOLERANCE = 0.03
+EXACT = ("parameter", "gradient", "optimizer_state")
+CLOSE = ("activation", "logits", "peak allocated")
+
+_COMMON = {"max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0, "rms_norm_eps": 1e-6}
+CONFIGS: dict[str, dict[str, object]] = {
+    "llama": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
+    "gemma2": {"model_type": "gemma2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 128,
+               "query_pre_attn_scalar": 64, "hidden_activation": "gelu_pytorch_tanh"},
+    "phi3": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+             "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 2048, "sliding_window": 1023,
+             "pad_token_id": 0},
+    "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 128,
+                  "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
+                  "vocab_size": 2048, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
+}
+
+#: (config, seq, precision, attention, recompute)
+CELLS: tuple[object, ...] = (
+    ("llama", 512, "bf16-mixed", "eager", "none"),
+    ("llama", 512, "bf16", "sdpa", "none"),
+    ("llama", 512, "bf16-mixed", "sdpa", "selective"),
+    ("llama", 512, "bf16-mixed", "eager", "full"),
+    ("gemma2", 256, "bf16-mixed", "eager", "none"),
+    pytest.param("gemma2", 256, "bf16", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
+        "peak +4%: on a 2-layer toy the backward of the recomputed layer is a large part of the peak and "
+        "the estimator's transient (2 x the largest saved term, a bundle of three MLP tensors) exceeds the "
+        "real one (the RMSNorm backward's fp32 temporaries); docs/trace.md, agreement grid"))),
+    ("phi3", 256, "fp32", "eager", "none"),
+    ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none"),
+)
+
+
+@pytest.fixture(scope="module")
+def config_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = Path(tmp_path_factory.mktemp("agreement"))
+    paths = {}
+    for name, config in CONFIGS.items():
+        path = folder / f"{name}.json"
+        path.write_text(json.dumps({**_COMMON, **config}), encoding="utf-8")
+        paths[name] = str(path)
+    return paths
+
+
+@pytest.mark.parametrize("name, seq, precision, attention, recompute", CELLS)
+def test_estimate_agrees_with_trace(config_paths: dict[str, str], name: str, seq: int, precision: str,
+                                    attention: str, recompute: str) -> None:
+    model = config_paths[name]
+    result = trace(model, seq=seq, mbs=2, precision=precision, attention=attention, recompute=recompute,
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2)
+    rows = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}
+    for category in EXACT:
+        assert rows[category].estimated_bytes == rows[category].traced_bytes, category
+    for category in CLOSE:
+        row = rows[category]
+        assert abs(row.relative or 0.0) <= TOLERANCE, (category, row.traced_bytes, row.estimated_bytes)
