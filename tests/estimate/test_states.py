@@ -13,6 +13,8 @@ Expected bytes per parameter (weights + gradients + master + moments), Adam unle
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from memplan.estimate import estimate
@@ -50,7 +52,12 @@ def job(**kw: object) -> Job:
 
 
 def per_param(model: ModelSpec, j: Job, stage: int = 0) -> tuple[float, float, float, float]:
-    """(weights, gradients, master, moments) bytes per parameter held before sharding."""
+    """(weights, gradients, master, moments) bytes per parameter held before sharding.
+
+    With the optimizer implementation left to the framework, foreach is used: torch.optim's fused
+    Adam adds a step tensor per parameter tensor on the GPU, not per parameter (tested apart)."""
+    if j.optimizer.implementation == "auto":
+        j = dataclasses.replace(j, optimizer=dataclasses.replace(j.optimizer, implementation="foreach"))
     s = estimate(model, j).stages[stage]
     n = s.parameters_numel
     return (s.parameters_bytes / n, s.gradients_bytes / n, s.master_weights_bytes / n, s.optimizer_moments_bytes / n)
@@ -78,6 +85,19 @@ BYTES_PER_PARAM = {
 def test_bytes_per_parameter(framework: str, precision: PrecisionName) -> None:
     got = per_param(small_model(), job(framework=framework, precision=Precision(name=precision)))
     assert got == BYTES_PER_PARAM[framework, precision]
+
+
+@pytest.mark.parametrize("framework", ["hf", "torchtitan", "megatron", "deepspeed"])
+def test_fused_torch_adam_keeps_a_step_tensor_per_parameter_on_the_gpu(framework: str) -> None:
+    """torch.optim's fused AdamW: one fp32 ``step`` per parameter tensor on the device; Megatron's and
+    DeepSpeed's fused Adam count steps on the host."""
+    from memplan.model.tensors import model_tensors
+
+    model = small_model()
+    fused = estimate(model, job(framework=framework, optimizer=Optimizer(implementation="fused"))).stages[0]
+    foreach = estimate(model, job(framework=framework, optimizer=Optimizer(implementation="foreach"))).stages[0]
+    steps = 4 * model_tensors(model) if framework in ("hf", "torchtitan") else 0
+    assert fused.optimizer_moments_bytes - foreach.optimizer_moments_bytes == steps
 
 
 def test_megatron_mixed_is_18_bytes() -> None:
@@ -193,7 +213,7 @@ def test_zero_partitions_round_up() -> None:
 )
 def test_fsdp_full_and_hybrid(world: int, shard_size: int | None, fsdp: str, divisor: int) -> None:
     """torchtitan FSDP2 mixed: 16 bytes/param sharded over DP (full) or the shard group (hybrid)."""
-    j = job(framework="torchtitan", parallel=Parallelism(world_size=world),
+    j = job(framework="torchtitan", parallel=Parallelism(world_size=world), optimizer=Optimizer(implementation="foreach"),
             sharding=Sharding(fsdp=fsdp, fsdp_shard_size=shard_size))  # type: ignore[arg-type]
     s = estimate(small_model(), j).stages[0]
     n = s.parameters_numel

@@ -48,8 +48,9 @@ def _block_shapes() -> dict[str, tuple[int, ...]]:
             "post_attention_layernorm": (HIDDEN,)}
 
 
-def _root_shapes() -> list[tuple[int, ...]]:
-    return [(VOCAB, HIDDEN), (HIDDEN,), (VOCAB, HIDDEN)]  # embed_tokens, norm, lm_head (untied)
+def _root_shapes() -> list[tuple[tuple[int, ...], str | None]]:
+    # embed_tokens and norm whole on every TP rank; the untied lm_head column-parallel (HF's plan).
+    return [((VOCAB, HIDDEN), None), ((HIDDEN,), None), ((VOCAB, HIDDEN), "colwise")]
 
 
 def _rank0_numel(shape: tuple[int, ...], fsdp: int, tp: int, style: str | None) -> int:
@@ -66,12 +67,12 @@ def _block_numel(fsdp: int, tp: int) -> int:
                for path, shape in _block_shapes().items())
 
 
-def _root_numel(fsdp: int) -> int:
-    return sum(_rank0_numel(shape, fsdp, 1, None) for shape in _root_shapes())
+def _root_numel(fsdp: int, tp: int) -> int:
+    return sum(_rank0_numel(shape, fsdp, tp, style if tp > 1 else None) for shape, style in _root_shapes())
 
 
 def _param_bytes(fsdp: int, tp: int) -> int:
-    return (LAYERS * _block_numel(fsdp, tp) + _root_numel(fsdp)) * FP32_BYTES
+    return (LAYERS * _block_numel(fsdp, tp) + _root_numel(fsdp, tp)) * FP32_BYTES
 
 
 @pytest.mark.parametrize(("fsdp", "tp"), [(3, 1), (1, 2), (3, 2)])
@@ -100,7 +101,7 @@ def test_fsdp_all_gathers_one_block_in_bf16(config_path: str) -> None:
             largest[event.module] = max(largest.get(event.module, 0), event.size)
     for layer in range(LAYERS):
         assert largest[f"model.layers.{layer}"] == fsdp * _block_numel(fsdp, 1) * BF16_BYTES
-    assert largest[""] == fsdp * _root_numel(fsdp) * BF16_BYTES
+    assert largest[""] == fsdp * _root_numel(fsdp, 1) * BF16_BYTES
 
 
 def test_fsdp_does_not_shard_activations(config_path: str) -> None:

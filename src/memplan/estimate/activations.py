@@ -94,6 +94,9 @@ class ActivationShape:
     norm_fp32_scale: bool = False
     #: Rotary position embeddings (q and k are rotated into new tensors).
     rope: bool = True
+    #: Ways the vocabulary-wide tensors (logits, loss) are split: tp when TP splits the vocabulary,
+    #: 1 under Hugging Face's TP plan (logits gathered whole); 0 means ``tp``.
+    vocab_tp: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from memplan.estimate.autocast import (
 from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
     checkpointed_mask_bytes,
+    communication_by_phase,
     communication_bytes,
     deferred_wgrad_bytes,
     embedding_activation_bytes,
@@ -35,15 +36,17 @@ from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.states import (
     StageParams,
     StateBytes,
+    device_step_counters,
     layer_numel_on_rank,
     padded_vocab,
     stage_params,
     state_bytes,
 )
-from memplan.frameworks.profiles import FrameworkProfile, get_profile
+from memplan.frameworks.profiles import FrameworkProfile, get_profile, head_rows_split, resolved_loss, resolved_optimizer_impl, vocab_split
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
 from memplan.model.params import final_norm_params
+from memplan.model.tensors import stage_tensors
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.units import dtype_bytes
 
@@ -117,6 +120,7 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         micro_batch=job.batch.micro_batch_size,
         hidden=model.hidden_size,
         tp=par.tp,
+        vocab_tp=vocab_split(profile, par.tp),
         sequence_parallel=par.sequence_parallel,
         act_bytes=dtype_bytes(prec.compute),
         residual_bytes=dtype_bytes(prec.residual),
@@ -202,8 +206,10 @@ def _stage_estimate(
     fragmentation: float,
     cache: dict[int, tuple[int, int, int]],
 ) -> StageEstimate:
-    params = stage_params(model, job, layout, vocab_rows)
-    states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients)
+    params = stage_params(model, job, layout, vocab_rows, vocab_parallel=profile.vocab_parallel)
+    tensors = stage_tensors(model, layout.layer_indices, has_embedding=layout.has_embedding, has_head=layout.has_head)
+    states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients,
+                         step_counters=device_step_counters(job, profile.torch_optimizer, tensors))
     recomputed = _recomputed_layers(layout, job)
     group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
 
@@ -249,19 +255,19 @@ def _stage_estimate(
     if prec.weight_copies == "autocast":
         # torch.autocast casts the weights linear layers read (the decoder's and the output
         # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
-        head = vocab_rows * model.hidden_size // job.parallel.tp if layout.has_head else 0
+        head = _head_numel(model, profile, job, vocab_rows) if layout.has_head else 0
         layers = autocast_weight_copy_numel(model, job, layout, recomputed=recomputed, mode=kept_mode(job, profile),
                                             eager_experts=profile.kernels == "eager")
         other_acts += (layers + head) * dtype_bytes(prec.compute)
         head_copy = head * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
-    comm = communication_bytes(job, profile, params, states, prec)
+    comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec))
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout)
-    static = states.parameters + states.gradients + states.master + states.optimizer + comm + workspace
+    static = states.parameters + states.gradients + states.master + states.optimizer + workspace
 
     # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
     # with every in-flight forward alive, and the optimizer step (activations freed).
-    loss = job.loss if job.loss != "auto" else profile.default_loss
+    loss = resolved_loss(job)
     head_acts = head_activation_bytes(shape) if layout.has_head else 0
     softcap = model.final_logit_softcap is not None
     # Each MTP depth computes its own logits and loss; all are alive until the backward.
@@ -277,7 +283,7 @@ def _stage_estimate(
     absent = states.gradients if no_grads_yet else 0
     # The output head's gradient (a tied one waits in autograd's buffer) and the final norm's; the
     # embedding's gradient comes last, after every layer.
-    head_numel = (vocab_rows * model.hidden_size // job.parallel.tp + final_norm_params(model)) if layout.has_head else 0
+    head_numel = (_head_numel(model, profile, job, vocab_rows) + final_norm_params(model)) if layout.has_head else 0
     head_grads = states.gradients * head_numel // max(params.total, 1) if no_grads_yet else 0
     backward_layers, backward_temp = layer_acts, worst_backward + head_grads
     if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
@@ -289,17 +295,19 @@ def _stage_estimate(
         "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job)), 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
-        "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, job.parallel.tp,
+        "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, vocab_split(profile, job.parallel.tp),
                                                                      prec.grad_bytes), 0),
     }
     if layout.has_head:
         candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
-    phase, (acts, logit_b, temp, not_yet) = max(candidates.items(), key=lambda kv: sum(kv[1][:3]) - kv[1][3])
+    phase, (acts, logit_b, temp, not_yet) = max(candidates.items(),
+                                                key=lambda kv: sum(kv[1][:3]) - kv[1][3] + comm_at[kv[0]])
+    comm = comm_at[phase]
     if phase in ("optimizer step", "end of backward"):
         layer_at_peak, inputs_at_peak, acts = 0, 0, 0
     else:
         layer_at_peak, inputs_at_peak = layer_acts, inputs
-    peak_alloc = static - not_yet + acts + logit_b + temp + inputs_at_peak
+    peak_alloc = static + comm - not_yet + acts + logit_b + temp + inputs_at_peak
     reserved = _reserved(peak_alloc, fragmentation)
     return StageEstimate(
         stage=layout.stage,
@@ -333,6 +341,7 @@ def _stage_estimate(
         forward_activations_bytes=layer_acts + other_acts + head_acts,
         loss_logits_bytes=logits,
         saved_logits_bytes=saved_logits,
+        max_communication_bytes=max(comm_at.values()),
     )
 
 
@@ -401,8 +410,13 @@ def fp8_scaling_bytes(job: Job, model: ModelSpec, layout: StageLayout) -> int:
     return layout.num_layers * gemms_per_layer * tensors * (FP8_AMAX_HISTORY + 2) * 4
 
 
+def _head_numel(model: ModelSpec, profile: FrameworkProfile, job: Job, vocab_rows: int) -> int:
+    """The output head's weight on one TP rank."""
+    return vocab_rows * model.hidden_size // head_rows_split(profile, job.parallel.tp, model.tie_word_embeddings)
+
+
 def _largest_tensor(model: ModelSpec, vocab_rows: int, job: Job) -> int:
-    return vocab_rows * model.hidden_size // job.parallel.tp
+    return vocab_rows * model.hidden_size // vocab_split(get_profile(job.framework), job.parallel.tp)
 
 
 def _reserved(allocated: int, fragmentation: float) -> int:
@@ -444,7 +458,7 @@ def _assumptions(
     else:
         out.append("no optimizer-state sharding: every DP rank keeps full model states")
     opt = job.optimizer
-    impl = opt.implementation if opt.implementation != "auto" else profile.default_optimizer_impl
+    impl = resolved_optimizer_impl(job)
     out.append(f"optimizer {opt.name} ({impl} implementation)" + (f", momentum {opt.momentum}" if opt.name == "sgd" else ""))
     if job.attention == "eager" and profile.kernels == "eager":
         out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
@@ -489,7 +503,7 @@ def _assumptions(
         moved = [w for w, on in (("optimizer state", off.optimizer), ("weights", off.params), ("activations", off.activations)) if on]
         out.append("offloaded to CPU memory: " + ", ".join(moved)
                    + (f" ({off.optimizer_fraction:.0%} of the optimizer state)" if off.optimizer and off.optimizer_fraction < 1 else ""))
-    loss = job.loss if job.loss != "auto" else profile.default_loss
+    loss = resolved_loss(job)
     out.append(f"loss path '{loss}': logits of the newest micro-batch on the last stage")
     out.append(f"activations kept as saved by {profile.kernels} kernels")
     if model.is_moe and profile.kernels == "eager" and prec.weight_copies == "autocast":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, eager_norm_terms
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, StateBytes
-from memplan.frameworks.profiles import FrameworkProfile
+from memplan.frameworks.profiles import FrameworkProfile, resolved_optimizer_impl
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
 from memplan.units import dtype_bytes
@@ -79,7 +79,7 @@ def softcap_bytes(shape: ActivationShape, vocab_rows: int, softcap: bool) -> int
     multiplication with the constant cap save nothing)."""
     if not softcap:
         return 0
-    return shape.act_bytes * shape.seq * shape.micro_batch * (vocab_rows // shape.tp)
+    return shape.act_bytes * shape.seq * shape.micro_batch * (vocab_rows // (shape.vocab_tp or shape.tp))
 
 
 def saved_logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int, softcap: bool = False) -> int:
@@ -88,14 +88,14 @@ def saved_logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: 
     logits and their fp32 copy are freed with the model's output once the loss exists (the HF
     Trainer keeps only the loss). The other paths keep what they hold at the loss."""
     if loss == "fp32-logits":
-        elements = shape.seq * shape.micro_batch * (vocab_rows // shape.tp)
+        elements = shape.seq * shape.micro_batch * (vocab_rows // (shape.vocab_tp or shape.tp))
         return _FP32 * elements + softcap_bytes(shape, vocab_rows, softcap)
     return logits_bytes(job, loss, shape, vocab_rows, softcap)
 
 
 def _logits_bytes(loss: str, shape: ActivationShape, vocab_rows: int) -> int:
     tokens = shape.seq * shape.micro_batch
-    vocab_local = vocab_rows // shape.tp
+    vocab_local = vocab_rows // (shape.vocab_tp or shape.tp)
     elements = tokens * vocab_local
     c = shape.act_bytes
     upcast = _FP32 * elements if c < _FP32 else 0
@@ -128,7 +128,7 @@ def deferred_wgrad_bytes(job: Job, shape: ActivationShape, vocab_rows: int) -> i
     if job.wgrad_deferral_limit:
         finished = min(finished, job.wgrad_deferral_limit)
     tokens = shape.seq * shape.micro_batch
-    per_microbatch = shape.act_bytes * tokens * (vocab_rows // shape.tp + shape.hidden)
+    per_microbatch = shape.act_bytes * tokens * (vocab_rows // (shape.vocab_tp or shape.tp) + shape.hidden)
     return max(0, finished) * per_microbatch
 
 
@@ -168,6 +168,24 @@ def communication_bytes(
     return total
 
 
+def communication_by_phase(job: Job, profile: FrameworkProfile, params: StageParams, prec: ResolvedPrecision,
+                           held: int) -> dict[str, int]:
+    """Collective buffers alive at each candidate peak, for PyTorch FSDP2; ``held`` everywhere else.
+
+    FSDP2 (torch/distributed/fsdp/_fully_shard) keeps the root unit's unsharded parameters from
+    its forward to the end of the backward and reshards each block after its forward and backward:
+    at the loss, the root and the last block (prefetched for the backward) are unsharded; a
+    block's backward adds the next block's prefetch and the block's unsharded gradients for the
+    reduce-scatter (``held``); the optimizer step holds none.
+    """
+    if job.sharding.fsdp == "none" or not profile.torch_optimizer:
+        return {phase: held for phase in ("loss", "backward", "end of backward", "optimizer step")}
+    c = dtype_bytes(prec.compute)
+    root = params.root * c
+    return {"loss": root + params.largest_layer * c, "backward": held,
+            "end of backward": root + params.root * prec.grad_bytes, "optimizer step": 0}
+
+
 def optimizer_temporary_bytes(job: Job, profile: FrameworkProfile, states: StateBytes, prec: ResolvedPrecision, largest_tensor: int) -> int:
     """Extra memory while ``optimizer.step()`` runs.
 
@@ -176,9 +194,7 @@ def optimizer_temporary_bytes(job: Job, profile: FrameworkProfile, states: State
     (``fused=True``, apex/TE FusedAdam, DeepSpeed FusedAdam) work in place. A for-loop step needs
     one temporary of the largest tensor.
     """
-    impl = job.optimizer.implementation
-    if impl == "auto":
-        impl = profile.default_optimizer_impl
+    impl = resolved_optimizer_impl(job)
     if job.optimizer.name in ("sgd", "adafactor", "adam8bit"):
         impl = "for-loop" if impl != "fused" else impl
     if impl == "fused":

@@ -43,6 +43,13 @@ class ResolvedPrecision:
         object.__setattr__(self, "act_bytes", dtype_bytes(self.compute))
 
 
+def _pytorch_mixed_weights(job: Job, profile: FrameworkProfile) -> str:
+    """How fp32-weight mixed precision casts in plain PyTorch: FSDP2's ``MixedPrecisionPolicy``
+    when the weights are FSDP-sharded (torchtitan; accelerate's FSDP2), ``torch.autocast``
+    otherwise (torchtitan without FSDP enables autocast, ``maybe_enable_amp``)."""
+    return "fsdp-cast" if job.sharding.fsdp != "none" else "autocast"
+
+
 def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
     """The dtypes ``job`` keeps under ``profile`` (explicit ``--*-dtype`` flags win)."""
     p = job.precision
@@ -66,7 +73,7 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
         )
     else:
         param, grad, master, state = "fp32", "fp32", None, "fp32"
-        if profile.mixed_weights == "autocast":
+        if _pytorch_mixed_weights(job, profile) == "autocast":
             copies, residual = "autocast", "fp32"
             notes.append(
                 f"{p.name} ({profile.name}): fp32 weights are the master copy; torch.autocast makes "

@@ -68,6 +68,8 @@ class StageEstimate:
     loss_logits_bytes: int = 0
     #: Of those, still saved for the backward when it starts (fp32-logits: log-softmax's output).
     saved_logits_bytes: int = 0
+    #: Collective buffers at their most during the step (``communication_bytes`` is at the peak).
+    max_communication_bytes: int = 0
 
     @property
     def cpu_bytes(self) -> int:
@@ -102,6 +104,7 @@ class StageEstimate:
         out[MemoryCategory.GRADIENT] = self.gradients_bytes
         out[MemoryCategory.ACTIVATION] = self.forward_activations_bytes or self.activations_bytes
         out[MemoryCategory.LOGITS] = self.saved_logits_bytes or self.logits_bytes
+        out[MemoryCategory.COMMUNICATION] = max(self.max_communication_bytes, self.communication_bytes)
         return out
 
     def to_dict(self) -> dict[str, Any]:

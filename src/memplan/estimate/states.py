@@ -70,7 +70,10 @@ def layer_numel_on_rank(groups: ParamGroups, job: Job) -> tuple[int, int]:
     return _local_layer(groups, job)
 
 
-def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int) -> StageParams:
+def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int, *,
+                 vocab_parallel: bool = True) -> StageParams:
+    """Parameters one GPU of ``stage`` holds. ``vocab_parallel=False``: Hugging Face's TP plan keeps the
+    embedding (and a head tied to it) whole on every rank and splits an untied head by columns."""
     tp = job.parallel.tp
     hidden = model.hidden_size
     dense = expert = largest = gemm = 0
@@ -83,15 +86,16 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
         gemm += local_dense + local_expert - non_gemm[index]
     root = 0
     vocab_local = embedding_params(model, vocab_rows) // tp
+    embedding_local = vocab_local if vocab_parallel else embedding_params(model, vocab_rows)
     if stage.has_embedding:
-        root += vocab_local + position_embedding_params(model)
+        root += embedding_local + position_embedding_params(model)
     mtp = 0
     if stage.has_head:
         root += final_norm_params(model)
         # An untied head has its own weight; a tied one needs a copy of the embedding on the last
         # stage when the embedding lives on another stage (Megatron's shared word embeddings).
         if not model.tie_word_embeddings or not stage.has_embedding:
-            root += vocab_local
+            root += vocab_local if not model.tie_word_embeddings else embedding_local
         if job.mtp_layers:
             # Each MTP module: two input norms, a 2h -> h column-parallel projection, one decoder
             # layer shaped like the last one, a final norm; the modules read the token embedding,
@@ -150,6 +154,27 @@ def _sharded(numel_dense: int, numel_expert: int, shards: tuple[int, int], on: b
     return -(-numel_dense // shards[0]) + -(-numel_expert // shards[1])
 
 
+#: Bytes of one ``state["step"]`` tensor (float32 scalar) of torch.optim's Adam/AdamW.
+STEP_COUNTER_BYTES = 4
+
+
+def device_step_counters(job: Job, profile_torch_optimizer: bool, stage_tensors: int) -> int:
+    """Step-counter tensors an optimizer keeps on the GPU for one stage's ``stage_tensors`` parameters.
+
+    torch.optim's Adam and AdamW create ``state["step"]`` per parameter on the parameter's device
+    when ``fused`` or ``capturable`` (torch/optim/adam.py ``_init_group``), on the host otherwise;
+    FSDP and TP shard tensors but each local shard has its own step. SGD keeps none.
+    """
+    if not profile_torch_optimizer or job.optimizer.name not in ("adam", "adamw"):
+        return 0
+    impl = job.optimizer.implementation
+    if impl == "auto":
+        from memplan.frameworks.profiles import resolved_optimizer_impl
+
+        impl = resolved_optimizer_impl(job)  # type: ignore[assignment]
+    return stage_tensors if impl == "fused" else 0
+
+
 def optimizer_state_bytes(numel: int, job: Job, state_bytes: int, hidden: int) -> int:
     """Moments kept by the optimizer for ``numel`` parameters."""
     name = job.optimizer.name
@@ -172,8 +197,12 @@ def state_bytes(
     prec: ResolvedPrecision,
     *,
     offload_moves_gradients: bool = False,
+    step_counters: int = 0,
 ) -> StateBytes:
     """Model states one GPU of a stage holds (and what offloading moves to CPU memory).
+
+    ``step_counters``: per-parameter step tensors the optimizer keeps on the GPU
+    (:func:`device_step_counters`), optimizer state like the moments.
 
     ``offload_moves_gradients``: the framework's optimizer offload also keeps the fp32 gradient
     partition in CPU memory (DeepSpeed ZeRO-Offload, FSDP CPU offload); otherwise (Megatron) the
@@ -203,6 +232,7 @@ def state_bytes(
     gradients = g_numel * prec.grad_bytes
     master = o_numel * prec.master_bytes
     optimizer = optimizer_state_bytes(o_numel, job, prec.state_bytes, model.hidden_size)
+    optimizer += step_counters * STEP_COUNTER_BYTES
     cpu_params = cpu_grads = cpu_opt = 0
     if off.optimizer:
         fraction = off.optimizer_fraction

@@ -68,6 +68,16 @@ class FrameworkProfile:
     #: ZeRO-Offload, FSDP ``CPUOffloadPolicy``); Megatron's ``--optimizer-cpu-offload`` keeps its
     #: fp32 gradient buffer on the GPU and copies it to CPU memory for the step.
     offload_moves_gradients: bool = True
+    #: Tensor parallelism splits the vocabulary (Megatron's VocabParallelEmbedding and
+    #: vocab-parallel loss; torchtitan's RowwiseParallel embedding and loss_parallel). False:
+    #: Hugging Face's TP plan (transformers ``_tp_plan``): the embedding stays whole on every rank and
+    #: an untied ``lm_head`` is column-parallel with its output gathered (``colwise_gather_output``),
+    #: so every rank computes the loss on full-vocabulary logits.
+    vocab_parallel: bool = True
+    #: The optimizer is ``torch.optim``'s (HF Trainer, torchtitan): its fused (and capturable)
+    #: Adam/AdamW keep a float32 ``step`` tensor per parameter on the GPU (torch/optim/adam.py,
+    #: ``_init_group``). Megatron's and DeepSpeed's fused Adam keep the step count on the host.
+    torch_optimizer: bool = False
     #: ``optimizer.zero_grad(set_to_none=True)`` (PyTorch's and the HF Trainer's default; FSDP2)
     #: frees every gradient after the step, so none exist until the next backward makes them.
     #: Megatron and DeepSpeed keep persistent gradient buffers.
@@ -108,6 +118,7 @@ TORCHTITAN = FrameworkProfile(
     default_loss="fp32-logits",
     kernels="eager",
     frees_gradients=True,
+    torch_optimizer=True,
 )
 
 DEEPSPEED = FrameworkProfile(
@@ -141,6 +152,8 @@ HF = FrameworkProfile(
     kernels="eager",
     ddp_bucket_copy=True,
     frees_gradients=True,
+    torch_optimizer=True,
+    vocab_parallel=False,
     selective_recompute="attention-module",
 )
 
@@ -165,3 +178,14 @@ def resolved_optimizer_impl(job: Job) -> str:
 def resolved_loss(job: Job) -> str:
     """The loss path: ``--loss``, or the job's framework default for ``auto``."""
     return job.loss if job.loss != "auto" else get_profile(job.framework).default_loss
+
+
+def vocab_split(profile: FrameworkProfile, tp: int) -> int:
+    """How many ways the vocabulary-wide tensors (embedding rows, logits) are split under ``tp``."""
+    return tp if profile.vocab_parallel else 1
+
+
+def head_rows_split(profile: FrameworkProfile, tp: int, tied: bool) -> int:
+    """How many ways the output head's weight is split: over TP, except a head tied to an embedding
+    that TP does not split (Hugging Face's plan keeps the shared weight whole)."""
+    return tp if profile.vocab_parallel or not tied else 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 
-__all__ = ["layer_tensors", "model_tensors"]
+__all__ = ["layer_tensors", "model_tensors", "stage_tensors"]
 
 
 def _attention_tensors(attn: AttentionSpec) -> int:
@@ -53,9 +53,17 @@ def layer_tensors(layer: LayerSpec, norm_bias: bool) -> int:
     return _attention_tensors(layer.attention) + block + layer.num_hidden_norms * (2 if norm_bias else 1)
 
 
+def stage_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_embedding: bool, has_head: bool) -> int:
+    """Parameter tensors a pipeline stage holds: its layers, plus the embeddings on the first stage and
+    the final norm and head on the last (a tied head away from the embedding is its own copy)."""
+    count = sum(layer_tensors(model.layers[i], model.norm_bias) for i in layer_indices)
+    if has_embedding:
+        count += 1 + (1 if model.position_embedding == "learned" else 0)
+    if has_head:
+        count += (2 if model.norm_bias else 1) + (0 if model.tie_word_embeddings and has_embedding else 1)
+    return count
+
+
 def model_tensors(model: ModelSpec) -> int:
     """Parameter tensors of the whole model: embeddings, position table, layers, final norm, head."""
-    count = 1 + (1 if model.position_embedding == "learned" else 0)
-    count += sum(layer_tensors(layer, model.norm_bias) for layer in model.layers)
-    count += 2 if model.norm_bias else 1
-    return count + (0 if model.tie_word_embeddings else 1)
+    return stage_tensors(model, tuple(range(model.num_layers)), has_embedding=True, has_head=True)

@@ -8,9 +8,10 @@ reduce-scatter buffers and DTensor redistributions.
 * ``--fsdp N``: FSDP2 ``fully_shard`` on every decoder layer and on the root, with a
   ``MixedPrecisionPolicy`` (``*-mixed``: bf16/fp16 parameters for compute, fp32 gradient
   reduction; no autocast), as torchtitan applies it.
-* ``--tp N``: a DTensor tensor-parallel plan for Hugging Face Llama-style blocks
-  (``ColwiseParallel`` q/k/v/gate/up projections, ``RowwiseParallel`` o/down projections);
-  embeddings, norms and the output head stay replicated.
+* ``--tp N``: Hugging Face's tensor-parallel plan for Llama-style models (transformers
+  ``base_model_tp_plan`` and ``_tp_plan``): ``ColwiseParallel`` q/k/v/gate/up projections,
+  ``RowwiseParallel`` o/down projections, an untied head column-parallel with its logits gathered;
+  the embedding (and a head tied to it) and the norms stay whole on every rank.
 * both: a 2-D mesh (``dp`` x ``tp``), TP inside each FSDP unit.
 """
 
@@ -99,6 +100,8 @@ def parallelize(model: torch.nn.Module, options: TraceSetup, mesh: Any,
         if options.tp > 1:
             _check_tp(model, options.tp)
             _apply_tp(layers, mesh["tp"])
+            if blocks is None:
+                _apply_tp_head(model, mesh["tp"])
         if options.fsdp > 1:
             _apply_fsdp(model, layers, mesh["dp"], options)
 
@@ -122,6 +125,22 @@ def _apply_tp(layers: list[torch.nn.Module], mesh: Any) -> None:
         if missing:
             raise UnsupportedError(f"--tp supports Llama-style blocks; this model's layers have no {', '.join(missing)}")
         parallelize_module(layer, mesh, {path: styles[style]() for path, style in TP_PLAN.items()})
+
+
+def _apply_tp_head(model: torch.nn.Module, mesh: Any) -> None:
+    """Hugging Face's plan for the head (``_tp_plan = {"lm_head": "colwise_gather_output"}``): an untied
+    head is column-parallel and its logits are gathered whole; the embedding, and a head tied to it,
+    stay whole on every rank."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    head = get_out() if callable(get_out) else None
+    embedding = get_in() if callable(get_in) else None
+    if head is None or (embedding is not None and head.weight is embedding.weight):
+        return
+    path = next(name for name, module in model.named_modules() if module is head)
+    parallelize_module(model, mesh, {path: ColwiseParallel(output_layouts=Replicate())})
 
 
 def _has(module: torch.nn.Module, path: str) -> bool:

@@ -109,6 +109,10 @@ def check_traceable(job: Job) -> None:
 
 def _check_ranks(job: Job) -> None:
     par, sharding = job.parallel, job.sharding
+    if par.tp > 1 and job.framework == "torchtitan":
+        raise ConfigError("--tp", "memplan trace applies Hugging Face's tensor-parallel plan; torchtitan's "
+                          "(vocab-parallel embedding, sequence parallelism, loss parallelism) is estimated only: "
+                          "trace it with --framework hf", par.tp)
     if sharding.fsdp == "hybrid":
         raise ConfigError("--fsdp", "hybrid sharding is not simulated by memplan trace (use full)", "hybrid")
     if sharding.fsdp == "none" and par.data_parallel > 1:
