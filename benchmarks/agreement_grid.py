@@ -3,8 +3,9 @@
 Usage: PYTHONPATH=src python benchmarks/agreement_grid.py [--json OUT] [--only SUBSTRING]
 (prints a markdown table; results in benchmarks/results/agreement_grid.json)
 
-Every cell traces 2 iterations on fake tensors (``--device cuda``, AdamW foreach, one rank) and
-runs the estimator on the same job. Targets: parameters, gradients and optimizer states equal;
+Every cell traces 2 iterations on fake tensors (``--device cuda``, AdamW, foreach unless the cell
+says otherwise; one rank, or simulated FSDP2 / TP ranks) and runs the estimator on the very same
+Job. Targets: parameters, gradients and optimizer states equal;
 activations, logits and peak within :data:`TOLERANCE`. The cells were fixed before any result was
 looked at; :data:`EXCEPTIONS` lists the cells allowed to miss, each explained in docs/trace.md.
 """
@@ -34,7 +35,7 @@ CLOSE = ("activation", "logits", "peak allocated")
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    """One job of the grid (1 rank, AdamW foreach, ``--device cuda``)."""
+    """One job of the grid (AdamW, ``--device cuda``)."""
 
     model: str
     seq: int
@@ -42,10 +43,19 @@ class Cell:
     precision: str
     attention: str
     recompute: str
+    #: Simulated FSDP2 and tensor-parallel ranks.
+    fsdp: int = 1
+    tp: int = 1
+    #: ``auto`` is the framework profile's (fused).
+    optimizer_impl: str = "foreach"
+    framework: str = "hf"
 
     @property
     def key(self) -> str:
-        return f"{self.model} s{self.seq} b{self.mbs} {self.precision} {self.attention} rc={self.recompute}"
+        extra = "".join(f" {name}={value}" for name, value, default in (
+            ("fsdp", self.fsdp, 1), ("tp", self.tp, 1), ("impl", self.optimizer_impl, "foreach"),
+            ("fw", self.framework, "hf")) if value != default)
+        return f"{self.model} s{self.seq} b{self.mbs} {self.precision} {self.attention} rc={self.recompute}{extra}"
 
     @property
     def model_ref(self) -> str:
@@ -87,6 +97,20 @@ GRID: tuple[Cell, ...] = (
     Cell("qwen3-8b", 8192, 2, "bf16-mixed", "sdpa", "selective"),
     Cell("gemma-2-2b", 4096, 2, "bf16-mixed", "eager", "full"),
     Cell("phi-3-mini", 4096, 4, "bf16", "sdpa", "none"),
+    # Added with the one-Job refactor (fixed before they were run): simulated FSDP2 and TP ranks,
+    # the framework's own optimizer implementation (fused), torchtitan's profile.
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "none", fsdp=8),
+    Cell("llama-3.1-8b", 4096, 1, "bf16-mixed", "sdpa", "full", fsdp=8),
+    Cell("qwen2.5-7b", 2048, 1, "bf16", "sdpa", "selective", fsdp=8, framework="torchtitan"),
+    Cell("gemma-2-2b", 1024, 1, "bf16-mixed", "eager", "none", fsdp=8),
+    Cell("qwen3-30b-a3b", 1024, 1, "bf16-mixed", "sdpa", "none", fsdp=8),
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "none", tp=2),
+    Cell("qwen2.5-7b", 1024, 1, "bf16-mixed", "sdpa", "none", tp=2),
+    Cell("qwen3-8b", 1024, 1, "bf16-mixed", "eager", "selective", tp=2),
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "full", fsdp=4, tp=2),
+    Cell("gpt2", 1024, 1, "fp32", "sdpa", "none", optimizer_impl="auto"),
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "none", optimizer_impl="auto"),
+    Cell("qwen3-8b", 1024, 1, "bf16-mixed", "sdpa", "full", optimizer_impl="auto", framework="torchtitan"),
 )
 
 #: Cells allowed outside the tolerance, with the reason (docs/trace.md explains each).
@@ -102,8 +126,8 @@ def measure(cell: Cell) -> dict[str, object]:
     """Trace ``cell`` and estimate it; bytes and relative error per category."""
     start = time.perf_counter()
     result = trace(cell.model_ref, seq=cell.seq, mbs=cell.mbs, precision=cell.precision, attention=cell.attention,
-                   recompute=cell.recompute, optimizer="adamw", optimizer_impl="foreach", device="cuda",
-                   iterations=2)
+                   recompute=cell.recompute, optimizer="adamw", optimizer_impl=cell.optimizer_impl, device="cuda",
+                   iterations=2, fsdp=cell.fsdp, tp=cell.tp, framework=cell.framework)
     comparison = compare_with_estimate(cell.model_ref, result.options, result.summary)
     rows = {r.category: {"traced_bytes": r.traced_bytes, "estimated_bytes": r.estimated_bytes,
                          "relative": r.relative} for r in comparison.rows if r.category in EXACT + CLOSE}
@@ -121,16 +145,19 @@ def _pct(row: dict[str, object]) -> str:
 def table(results: list[dict[str, object]]) -> str:
     """The markdown table: states, then activations / logits / peak as traced → estimated (error)."""
     MiB = 2**20
-    lines = ["| model | seq×mbs | precision | attention | recompute | states | activations MiB (err) | "
-             "logits MiB (err) | peak MiB (err) | ok |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | seq×mbs | precision | attention | recompute | ranks, optimizer, framework | states | "
+             "activations MiB (err) | logits MiB (err) | peak MiB (err) | ok |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rows = r["rows"]  # type: ignore[index]
         states = "equal" if all(rows[c]["traced_bytes"] == rows[c]["estimated_bytes"] for c in EXACT) else "DIFFER"
         cols = [f"{rows[c]['traced_bytes'] / MiB:,.0f} / {rows[c]['estimated_bytes'] / MiB:,.0f} ({_pct(rows[c])})"
                 for c in CLOSE]
         ok = "yes" if r["within_tolerance"] else ("exception" if r["exception"] else "**no**")
+        setup = f"fsdp {r.get('fsdp', 1)} × tp {r.get('tp', 1)}, {r.get('optimizer_impl', 'foreach')}, " \
+                f"{r.get('framework', 'hf')}"
         lines.append(f"| {r['model']} | {r['seq']}×{r['mbs']} | {r['precision']} | {r['attention']} | "
-                     f"{r['recompute']} | {states} | " + " | ".join(cols) + f" | {ok} |")
+                     f"{r['recompute']} | {setup} | {states} | " + " | ".join(cols) + f" | {ok} |")
     return "\n".join(lines)
 
 

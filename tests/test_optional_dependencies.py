@@ -118,3 +118,8 @@ def test_trace_plot_needs_matplotlib(trace_file: Path, tmp_path: Path, monkeypat
     with pytest.raises(MissingDependencyError, match=r"^--plot \(the timeline PNG\) needs matplotlib; "
                                                      r"install it with pip install 'memplan\[plot\]'$"):
         plot_timeline(read_trace(trace_file), tmp_path / "timeline.png")
+
+
+def test_trace_plot_without_matplotlib_is_refused_before_the_trace(tmp_path: Path) -> None:
+    done = _run_without(("matplotlib",), "trace", "llama-3.2-1b", "--seq", "32", "--plot", str(tmp_path / "t.png"))
+    _assert_needs(done, "--plot (the timeline PNG)", "matplotlib", "plot")  # no "tracing ..." line first

@@ -45,3 +45,15 @@ def test_report_with_a_trace_has_all_sections(tmp_path):
     assert "activation" in text and "<script src=" not in text
     missing = CliRunner().invoke(app, ["report", "gpt2", "--trace", str(tmp_path / "nope"), "-o", str(html)])
     assert missing.exit_code == 2 and "--trace" in missing.stderr
+
+
+def test_report_of_a_trace_alone_needs_no_model(tmp_path):
+    """``memplan report --trace FILE``: the timeline and segments without an estimate."""
+    trace_path, html = tmp_path / "t.mptrace", tmp_path / "r.html"
+    write_trace(_trace(), trace_path)
+    result = CliRunner().invoke(app, ["report", "--trace", str(trace_path), "-o", str(html)])
+    assert result.exit_code == 0, result.output
+    page = html.read_text(encoding="utf-8")
+    assert "t.mptrace" in page and "parameter" in page
+    refused = CliRunner().invoke(app, ["report", "--trace", str(trace_path), "--fit", "-o", str(html)])
+    assert refused.exit_code == 2 and "--fit: needs a MODEL" in refused.output

@@ -1,7 +1,8 @@
 """Estimate (hf profile) vs trace on a small version of benchmarks/agreement_grid.py.
 
 Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, GPT-2), short
-sequences, one rank. Tolerances as the grid's: model states equal, activations, saved logits and
+sequences, one rank and simulated FSDP2 / TP ranks, foreach and the framework's own (fused)
+optimizer. Tolerances as the grid's: model states equal, activations, saved logits and
 the peak within 3%.
 """
 
@@ -35,7 +36,7 @@ CONFIGS: dict[str, dict[str, object]] = {
                   "vocab_size": 2048, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
 }
 
-#: (config, seq, precision, attention, recompute)
+#: (config, seq, precision, attention, recompute[, ranks and optimizer])
 CELLS: tuple[object, ...] = (
     ("llama", 512, "bf16-mixed", "eager", "none"),
     ("llama", 512, "bf16", "sdpa", "none"),
@@ -48,6 +49,11 @@ CELLS: tuple[object, ...] = (
         "real one (the RMSNorm backward's fp32 temporaries); docs/trace.md, agreement grid"))),
     ("phi3", 256, "fp32", "eager", "none"),
     ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none"),
+    ("llama", 256, "bf16-mixed", "sdpa", "none", {"fsdp": 4}),
+    ("llama", 256, "bf16", "sdpa", "full", {"fsdp": 2, "tp": 2}),
+    ("llama", 256, "bf16-mixed", "eager", "selective", {"tp": 2}),
+    ("llama", 256, "bf16-mixed", "sdpa", "none", {"optimizer_impl": "auto"}),
+    ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none", {"fsdp": 2, "framework": "torchtitan", "optimizer_impl": "auto"}),
 )
 
 
@@ -62,12 +68,23 @@ def config_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return paths
 
 
-@pytest.mark.parametrize("name, seq, precision, attention, recompute", CELLS)
+def _cells() -> list[object]:
+    out = []
+    for cell in CELLS:
+        values = cell.values if hasattr(cell, "values") else cell  # a pytest.param keeps its marks
+        marks = getattr(cell, "marks", ())
+        extra = values[5] if len(values) > 5 else {}
+        out.append(pytest.param(*values[:5], extra, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("name, seq, precision, attention, recompute, extra", _cells())
 def test_estimate_agrees_with_trace(config_paths: dict[str, str], name: str, seq: int, precision: str,
-                                    attention: str, recompute: str) -> None:
+                                    attention: str, recompute: str, extra: dict[str, object]) -> None:
     model = config_paths[name]
+    job = {"optimizer_impl": "foreach", **extra}
     result = trace(model, seq=seq, mbs=2, precision=precision, attention=attention, recompute=recompute,
-                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2)
+                   optimizer="adamw", device="cuda", iterations=2, **job)
     rows = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}
     for category in EXACT:
         assert rows[category].estimated_bytes == rows[category].traced_bytes, category

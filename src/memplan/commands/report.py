@@ -54,39 +54,58 @@ def report_command(
     title: Annotated[str | None, _opt("--title", help="Page title. (default: memplan report: MODEL)", panel=_OUT)] = None,
     job_flags: dict[str, Any] | None = None,
 ) -> None:
-    """Write one self-contained, offline HTML report of a training job's memory."""
+    """Write one self-contained, offline HTML report of a training job's memory.
+
+    MODEL (or --job) adds the per-stage estimate and, with --fit, the fit table; --trace alone makes
+    a report of a trace or snapshot without an estimate.
+    """
     with handle_errors():
-        from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
-        from memplan.gpus import get_gpu
-        from memplan.inputs import JobRequest, load_job
         from memplan.report.html import write_html
 
         check_output_path("-o", output)
-        loaded = load_job(JobRequest(model=model, flags=job_flags or {}, job_file=job_file, gpu=gpu))
-        spec, job = loaded.model, loaded.job
-        gpu_spec = get_gpu((loaded.gpu or "h100-80gb").split(":", 1)[0])
-        fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
-        est = estimate(spec, job, gpu=gpu_spec, fragmentation=fragmentation)
-        fit_result = None
-        if with_fit:
-            from memplan.fit.search import fit
-
-            fit_result = fit(spec, gpus=job.parallel.world_size, gpu=gpu_spec, top=20, base=job)
+        if with_fit and model is None and job_file is None:
+            raise ConfigError("--fit", "needs a MODEL or --job to search layouts for")
+        estimated = None
+        if model is not None or job_file is not None or trace_file is None or job_flags:
+            estimated = _estimate(model, job_file, gpu, job_flags or {}, with_fit)
         timeline_data, segment_data = _read_timeline(timeline), _read_segments(segments)
         if trace_file is not None:
-            import os
-
-            from memplan.alloc import load_trace_or_snapshot
-            from memplan.report.trace_data import category_timeline, peak_segments
-
-            if not os.path.isfile(trace_file):
-                raise ConfigError("--trace", "must be an existing trace or snapshot file", trace_file)
-            traced, settings = load_trace_or_snapshot(trace_file)
-            timeline_data = timeline_data or category_timeline(traced)
-            segment_data = segment_data or peak_segments(traced, settings)
-        write_html(output, title=title or f"memplan report: {spec.name}", estimate=est, fit=fit_result,
-                   timeline=timeline_data, segments=segment_data)
+            timeline_data, segment_data = _trace_views(trace_file, timeline_data, segment_data)
+        name = estimated[0].model if estimated is not None else Path(trace_file or "").name
+        write_html(output, title=title or f"memplan report: {name}", estimate=estimated and estimated[0],
+                   fit=estimated and estimated[1], timeline=timeline_data, segments=segment_data)
     typer.echo(f"wrote {output}")
+
+
+def _estimate(model: str | None, job_file: str | None, gpu: str | None, flags: dict[str, Any],
+              with_fit: bool) -> tuple[Any, Any]:
+    """The estimate of the job (and the fit search from it)."""
+    from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
+    from memplan.gpus import get_gpu
+    from memplan.inputs import JobRequest, load_job
+
+    loaded = load_job(JobRequest(model=model, flags=flags, job_file=job_file, gpu=gpu))
+    gpu_spec = get_gpu((loaded.gpu or "h100-80gb").split(":", 1)[0])
+    fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
+    est = estimate(loaded.model, loaded.job, gpu=gpu_spec, fragmentation=fragmentation)
+    if not with_fit:
+        return est, None
+    from memplan.fit.search import fit
+
+    return est, fit(loaded.model, gpus=loaded.job.parallel.world_size, gpu=gpu_spec, top=20, base=loaded.job)
+
+
+def _trace_views(path: str, timeline: Any, segments: Any) -> tuple[Any, Any]:
+    """The timeline by category and the simulated allocator's segments at peak reserved of a trace."""
+    import os
+
+    from memplan.alloc import load_trace_or_snapshot
+    from memplan.report.trace_data import category_timeline, peak_segments
+
+    if not os.path.isfile(path):
+        raise ConfigError("--trace", "must be an existing trace or snapshot file", path)
+    traced, settings = load_trace_or_snapshot(path)
+    return timeline or category_timeline(traced), segments or peak_segments(traced, settings)
 
 
 def _read_json(path: str, flag: str) -> Any:

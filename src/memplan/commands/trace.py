@@ -86,6 +86,8 @@ def trace_command(
             raise ConfigError("--compare-estimate", "needs a MODEL preset or config.json (not --script)")
         for flag, path in (("--output", output), ("--snapshot", snapshot), ("--plot", plot)):
             check_output_path(flag, path)
+        if plot is not None:
+            _require_matplotlib()
         setup = trace_setup(**(job_flags or {}), device=device, iterations=iterations, moe_routing=moe_routing)
         target: Any = model if script is None else _load_script(script, setup)
         result = trace_job(target, setup, top=top, progress=_progress(True))
@@ -96,6 +98,16 @@ def trace_command(
             comparison = compare_with_estimate(model or "", setup, result.summary)
         _write_outputs(result, output, snapshot, plot)
     _render(result, comparison, json_output)
+
+
+def _require_matplotlib() -> None:
+    """``--plot`` needs matplotlib: say so before the trace runs, not after."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        from memplan.errors import MissingDependencyError
+
+        raise MissingDependencyError("matplotlib", feature="--plot (the timeline PNG)", extra="plot")
 
 
 def _load_script(spec: str, setup: Any) -> Any:
