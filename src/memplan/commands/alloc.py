@@ -13,14 +13,10 @@ from typing import Annotated, Any
 import typer
 
 from memplan.commands.common import Command as _Command
-from memplan.commands.common import Group as _Group
-from memplan.commands.common import app, check_output_path, handle_errors
+from memplan.commands.common import check_output_path, command_group, handle_errors
 from memplan.errors import ConfigError
 
-alloc_app = typer.Typer(
-    name="alloc", cls=_Group, no_args_is_help=True, add_completion=False,
-    help="Caching-allocator simulation and STAlloc-style static memory plans.",
-)
+alloc_app = command_group("alloc", "Caching-allocator simulation and STAlloc-style static memory plans.")
 
 _TRACE_HELP = "A memplan trace (.mptrace / .jsonl.gz) or a torch.cuda.memory._dump_snapshot() pickle."
 _SIM_EPILOG = """\
@@ -196,4 +192,3 @@ def _with_progress(n_events: int, work: Any) -> Any:
         return work(lambda position: progress.update(task, completed=position))
 
 
-app.add_typer(alloc_app, name="alloc")

@@ -13,23 +13,15 @@ from typing import Annotated
 import typer
 
 from memplan.commands.common import Command as _Command
-from memplan.commands.common import Group as _Group
-from memplan.commands.common import app, check_output_path, handle_errors
+from memplan.commands.common import check_output_path, command_group, handle_errors
 from memplan.commands.common import print_json as _print_json
 from memplan.commands.common import print_rich as _print
 from memplan.errors import ConfigError
 
 __all__ = ["ckpt_app"]
 
-ckpt_app = typer.Typer(
-    name="ckpt",
-    cls=_Group,
-    help="Input-aware activation checkpointing under a memory budget (Mimose): benchmark and profiles.",
-    no_args_is_help=True,
-    add_completion=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-app.add_typer(ckpt_app, name="ckpt")
+ckpt_app = command_group(
+    "ckpt", "Input-aware activation checkpointing under a memory budget (Mimose): benchmark and profiles.")
 
 _BENCH_EPILOG = """\
 Examples:

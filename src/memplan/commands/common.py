@@ -34,6 +34,7 @@ __all__ = [
     "Group",
     "app",
     "check_output_path",
+    "command_group",
     "handle_errors",
     "job_options",
     "option",
@@ -129,6 +130,14 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def command_group(name: str, help: str) -> typer.Typer:
+    """A group of subcommands (``memplan alloc ...``) registered on :data:`app`."""
+    group = typer.Typer(name=name, cls=Group, help=help, no_args_is_help=True, add_completion=False,
+                        context_settings={"help_option_names": ["-h", "--help"]})
+    app.add_typer(group, name=name)
+    return group
 
 
 @contextmanager
