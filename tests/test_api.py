@@ -13,6 +13,8 @@ from memplan import Batch, Estimate, Job, Parallelism, StageEstimate, estimate, 
 
 #: The public surface. Changing it is an API change: update this set on purpose.
 PUBLIC_API = {
+    "build_job",
+    "load_job",
     "DEFAULT_FRAGMENTATION",
     "GPU",
     "Batch",
@@ -22,6 +24,8 @@ PUBLIC_API = {
     "FrameworkProfile",
     "Job",
     "JobConfigError",
+    "JobRequest",
+    "LoadedJob",
     "MemoryCategory",
     "MemplanError",
     "ModelConfigError",

@@ -9,6 +9,10 @@ The public API mirrors the ``memplan`` command line::
     result = estimate(model, job, gpu=get_gpu("h100-80gb"))
     print(result.peak_allocated_bytes, result.fits)
 
+    # any input dialect, as the command line reads it (flags, job file, Megatron args, DeepSpeed):
+    loaded = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 8, "tp": 2}, job_file=None))
+    result = estimate(loaded.model, loaded.job)
+
 ``memplan.trace(...)`` (fake-tensor tracing), ``memplan.fit(...)`` (layout search) and
 ``memplan.ckpt.auto_checkpoint(...)`` (input-aware checkpointing) mirror ``memplan trace``,
 ``memplan fit`` and ``memplan ckpt``. ``memplan.trace`` and ``memplan.fit`` are their packages,
@@ -28,7 +32,9 @@ from memplan.estimate import DEFAULT_FRAGMENTATION, Estimate, StageEstimate, est
 from memplan.events import Trace, read_trace, write_trace
 from memplan.frameworks import FrameworkProfile, get_profile
 from memplan.gpus import GPU, get_gpu, list_gpus
+from memplan.inputs import JobRequest, LoadedJob, load_job
 from memplan.job import Batch, Job, MoEOptions, Offload, Optimizer, Parallelism, Precision, Recompute, Sharding
+from memplan.jobflags import build_job
 from memplan.model import ModelSpec, list_presets, load_model, total_params
 
 __version__ = "0.1.0"
@@ -43,6 +49,8 @@ __all__ = [
     "FrameworkProfile",
     "Job",
     "JobConfigError",
+    "JobRequest",
+    "LoadedJob",
     "MemoryCategory",
     "MemplanError",
     "ModelConfigError",
@@ -58,12 +66,14 @@ __all__ = [
     "Trace",
     "UnsupportedError",
     "__version__",
+    "build_job",
     "estimate",
     "fit",
     "get_gpu",
     "get_profile",
     "list_gpus",
     "list_presets",
+    "load_job",
     "load_model",
     "read_trace",
     "total_params",
