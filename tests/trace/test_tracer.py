@@ -91,3 +91,10 @@ def test_cuda_trace_applies_cuda_autocast_fp32_policy(tiny_gpt2: str) -> None:
     elements = 32 * 512  # tokens x 4*hidden
     assert tanh_sizes("cpu") == {2 * elements}
     assert tanh_sizes("cuda") == {4 * elements}
+
+
+def test_full_recompute_under_cuda_autocast_policies(tiny_gpt2: str) -> None:
+    """The checkpoint's recompute in the backward sees CUDA's fp32 autocast policies like the forward
+    (GPT-2's pow runs in fp32 in both), so bf16-mixed full recompute traces."""
+    result = trace(tiny_gpt2, seq=32, mbs=1, precision="bf16-mixed", recompute="full", device="cuda", iterations=1)
+    assert result.summary.max_by_category["activation"] > 0

@@ -87,12 +87,19 @@ def _groups_by_tensor_type(params: Iterable[torch.nn.Parameter]) -> list[dict[st
     return [{"params": group} for group in groups.values()]
 
 
-def apply_recompute(model: torch.nn.Module, mode: str) -> None:
-    """``full``: checkpoint every decoder layer; ``selective``: checkpoint every attention module."""
+def apply_recompute(model: torch.nn.Module, mode: str, *, cuda_autocast: bool = False) -> None:
+    """``full``: checkpoint every decoder layer; ``selective``: checkpoint every attention module.
+
+    ``cuda_autocast``: the forward runs under CUDA's fp32 autocast policies (a ``--device cuda`` trace
+    of ``*-mixed``); the recompute in the backward gets them too (checkpoint's ``context_fn``), or
+    its dtypes would differ from the forward's and checkpoint would refuse them.
+    """
     if mode == "none":
         return
     if mode == "full":
-        kwargs = {"use_reentrant": False}
+        kwargs: dict[str, Any] = {"use_reentrant": False}
+        if cuda_autocast:
+            kwargs["context_fn"] = _recompute_with_cuda_policies
         if callable(getattr(model, "activation_checkpointing_enable", None)):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
         elif callable(getattr(model, "gradient_checkpointing_enable", None)):
@@ -104,16 +111,23 @@ def apply_recompute(model: torch.nn.Module, mode: str) -> None:
     if not attention:
         raise UnsupportedError("--recompute selective found no attention modules named self_attn or attn")
     for module in attention:
-        _checkpoint_forward(module)
+        _checkpoint_forward(module, cuda_autocast)
 
 
-def _checkpoint_forward(module: torch.nn.Module) -> None:
+def _recompute_with_cuda_policies() -> tuple[Any, Any]:
+    from memplan.trace.cuda_autocast import CudaAutocastFp32
+
+    return contextlib.nullcontext(), CudaAutocastFp32()
+
+
+def _checkpoint_forward(module: torch.nn.Module, cuda_autocast: bool = False) -> None:
     from torch.utils.checkpoint import checkpoint
 
     forward = module.forward
+    extra: dict[str, Any] = {"context_fn": _recompute_with_cuda_policies} if cuda_autocast else {}
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
     module.forward = checkpointed  # type: ignore[method-assign]
 
