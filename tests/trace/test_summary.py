@@ -62,6 +62,8 @@ def test_bad_options_name_the_flag(field: str, value: object) -> None:
     ({"framework": "megatron"}, "--framework"), ({"gpus": 4}, "--gpus"), ({"recompute_layers": 2}, "--recompute-layers"),
     ({"offload_activations": True}, "--offload-activations"), ({"gbs": 8}, "--gbs"), ({"loss": "chunked"}, "--loss"),
     ({"mtp_layers": 1}, "--mtp-layers"), ({"grad_dtype": "bf16"}, "--grad-dtype"),
+    ({"framework": "torchtitan", "recompute": "selective"}, "--recompute"),
+    ({"framework": "torchtitan", "tp": 2}, "--tp"), ({"fsdp": 8, "gpus": 16}, "--fsdp"),
 ])
 def test_settings_the_tracer_cannot_run_are_refused_by_flag(flags: dict[str, object], flag: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -261,7 +261,8 @@ def _stage_estimate(
         other_acts += (layers + head) * dtype_bytes(prec.compute)
         head_copy = head * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
-    comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec))
+    comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec),
+                                     tied=model.tie_word_embeddings)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout)
     static = states.parameters + states.gradients + states.master + states.optimizer + workspace
 
@@ -296,7 +297,7 @@ def _stage_estimate(
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
         "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, vocab_split(profile, job.parallel.tp),
-                                                                     prec.grad_bytes), 0),
+                                                                     _summed_grad_bytes(job, profile, prec)), 0),
     }
     if layout.has_head:
         candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
@@ -408,6 +409,14 @@ def fp8_scaling_bytes(job: Job, model: ModelSpec, layout: StageLayout) -> int:
     gemms_per_layer = 4  # qkv (or q/kv down/up), output projection, fc1, fc2
     tensors = 3
     return layout.num_layers * gemms_per_layer * tensors * (FP8_AMAX_HISTORY + 2) * 4
+
+
+def _summed_grad_bytes(job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> int:
+    """Bytes per element of the gradients autograd sums for a tied embedding: the stored gradient's
+    dtype, or under PyTorch FSDP2 the unsharded parameters' (compute) dtype, before the reduce-scatter."""
+    if job.sharding.fsdp != "none" and profile.torch_optimizer:
+        return dtype_bytes(prec.compute)
+    return prec.grad_bytes
 
 
 def _head_numel(model: ModelSpec, profile: FrameworkProfile, job: Job, vocab_rows: int) -> int:

@@ -169,21 +169,25 @@ def communication_bytes(
 
 
 def communication_by_phase(job: Job, profile: FrameworkProfile, params: StageParams, prec: ResolvedPrecision,
-                           held: int) -> dict[str, int]:
+                           held: int, *, tied: bool = False) -> dict[str, int]:
     """Collective buffers alive at each candidate peak, for PyTorch FSDP2; ``held`` everywhere else.
 
     FSDP2 (torch/distributed/fsdp/_fully_shard) keeps the root unit's unsharded parameters from
     its forward to the end of the backward and reshards each block after its forward and backward:
     at the loss, the root and the last block (prefetched for the backward) are unsharded; a
     block's backward adds the next block's prefetch and the block's unsharded gradients for the
-    reduce-scatter (``held``); the optimizer step holds none.
+    reduce-scatter (``held``); at the end of the backward the root's unsharded parameters and, for
+    an untied head, the root's unsharded gradients (in the compute dtype, before the reduce-scatter
+    casts them to fp32) — a tied embedding's gradients are the summed temporaries counted apart;
+    the optimizer step holds none.
     """
     if job.sharding.fsdp == "none" or not profile.torch_optimizer:
         return {phase: held for phase in ("loss", "backward", "end of backward", "optimizer step")}
     c = dtype_bytes(prec.compute)
     root = params.root * c
+    root_grads = 0 if tied else root
     return {"loss": root + params.largest_layer * c, "backward": held,
-            "end of backward": root + params.root * prec.grad_bytes, "optimizer step": 0}
+            "end of backward": root + root_grads, "optimizer step": 0}
 
 
 def optimizer_temporary_bytes(job: Job, profile: FrameworkProfile, states: StateBytes, prec: ResolvedPrecision, largest_tensor: int) -> int:

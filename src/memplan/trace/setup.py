@@ -94,6 +94,7 @@ def check_traceable(job: Job) -> None:
         raise ConfigError("--framework", "memplan trace runs PyTorch modules as hf (Trainer or a plain loop) or "
                           "torchtitan do; megatron and deepspeed jobs are estimated only (memplan estimate)",
                           job.framework)
+    _check_ranks(job)
     default = Job()
     for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload"):
         now, base = (getattr(job, section), getattr(default, section)) if section else (job, default)
@@ -104,11 +105,14 @@ def check_traceable(job: Job) -> None:
                 raise ConfigError(_flag_name(section, name), "is not something memplan trace can run (it simulates "
                                   "FSDP and TP ranks of a PyTorch training step); estimate this job with memplan "
                                   "estimate", getattr(now, name))
-    _check_ranks(job)
 
 
 def _check_ranks(job: Job) -> None:
     par, sharding = job.parallel, job.sharding
+    if job.recompute.mode == "selective" and job.framework == "torchtitan":
+        raise ConfigError("--recompute", "torchtitan's selective recompute is per-op selective checkpointing, which "
+                          "memplan trace does not run; trace --framework hf (selective: every attention module "
+                          "checkpointed) or --recompute full", "selective")
     if par.tp > 1 and job.framework == "torchtitan":
         raise ConfigError("--tp", "memplan trace applies Hugging Face's tensor-parallel plan; torchtitan's "
                           "(vocab-parallel embedding, sequence parallelism, loss parallelism) is estimated only: "
