@@ -212,6 +212,13 @@ class ModelSpec:
         return tuple(layer_non_gemm_params(layer, self.hidden_size, self.norm_bias) for layer in self.layers)
 
     @cached_property
+    def layer_tensor_counts(self) -> tuple[int, ...]:
+        """Per decoder layer: parameter tensors (not elements), computed once per spec."""
+        from memplan.model.tensors import layer_tensors
+
+        return tuple(layer_tensors(layer, self.norm_bias) for layer in self.layers)
+
+    @cached_property
     def total_parameters(self) -> int:
         """Every trainable parameter as ``transformers`` counts them (computed once per spec)."""
         from memplan.model.params import total_params

@@ -11,7 +11,10 @@ Routed experts are counted as transformers 5 stores them: one stacked ``gate_up_
 
 from __future__ import annotations
 
-from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # spec imports this module for its cached per-layer counts
+    from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 
 __all__ = ["layer_tensors", "model_tensors", "stage_tensors"]
 
@@ -56,7 +59,8 @@ def layer_tensors(layer: LayerSpec, norm_bias: bool) -> int:
 def stage_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_embedding: bool, has_head: bool) -> int:
     """Parameter tensors a pipeline stage holds: its layers, plus the embeddings on the first stage and
     the final norm and head on the last (a tied head away from the embedding is its own copy)."""
-    count = sum(layer_tensors(model.layers[i], model.norm_bias) for i in layer_indices)
+    per_layer = model.layer_tensor_counts
+    count = sum(per_layer[i] for i in layer_indices)
     if has_embedding:
         count += 1 + (1 if model.position_embedding == "learned" else 0)
     if has_head:
