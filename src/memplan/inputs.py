@@ -116,10 +116,16 @@ def _check(values: Mapping[str, Any]) -> None:
     fragmentation = values.get("fragmentation")
     if fragmentation is not None and not 0.0 <= fragmentation < 1.0:
         raise ConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
-    if values.get("gpu") is not None:
-        from memplan.fit.colocate import resolve_device
+    gpu = values.get("gpu")
+    if gpu is not None:
+        if ":" in str(gpu):  # GPU:MIG-PROFILE (a job file for fit --colocate)
+            from memplan.fit.colocate import resolve_device
 
-        resolve_device(values["gpu"])
+            resolve_device(gpu)
+        else:
+            from memplan.gpus import get_gpu
+
+            get_gpu(gpu)
 
 
 def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
