@@ -115,10 +115,10 @@ def _search_command(model_ref: str, flags: dict[str, Any], settings: _Settings, 
     from memplan.jobflags import job_flags
     from memplan.model import load_model
 
-    searched = [f.flag for f in job_flags() if f.name in SEARCHED_FLAGS and f.name in flags]
+    searched = [f for f in job_flags() if f.name in SEARCHED_FLAGS and f.name in flags]
     if searched:
-        raise ConfigError(searched[0], "is chosen by the layout search; to fix a layout use --max-mbs or --max-seq "
-                          "(or memplan estimate)", flags[searched[0].removeprefix("--").replace("-", "_")])
+        raise ConfigError(searched[0].flag, "is chosen by the layout search; to fix a layout use --max-mbs or "
+                          "--max-seq (or memplan estimate)", flags[searched[0].name])
     gpus = flags.pop("gpus")
     model = load_model(model_ref)
     try:

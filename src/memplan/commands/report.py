@@ -65,15 +65,15 @@ def report_command(
         check_output_path("-o", output)
         if with_fit and model is None and job_file is None:
             raise ConfigError("--fit", "needs a MODEL or --job to search layouts for")
-        estimated = None
+        est = fit_result = None
         if model is not None or job_file is not None or trace_file is None or job_flags:
-            estimated = _estimate(model, job_file, gpu, job_flags or {}, with_fit)
+            est, fit_result = _estimate(model, job_file, gpu, job_flags or {}, with_fit)
         timeline_data, segment_data = _read_timeline(timeline), _read_segments(segments)
         if trace_file is not None:
             timeline_data, segment_data = _trace_views(trace_file, timeline_data, segment_data)
-        name = estimated[0].model if estimated is not None else Path(trace_file or "").name
-        write_html(output, title=title or f"memplan report: {name}", estimate=estimated and estimated[0],
-                   fit=estimated and estimated[1], timeline=timeline_data, segments=segment_data)
+        name = est.model if est is not None else Path(trace_file or "").name
+        write_html(output, title=title or f"memplan report: {name}", estimate=est, fit=fit_result,
+                   timeline=timeline_data, segments=segment_data)
     typer.echo(f"wrote {output}")
 
 

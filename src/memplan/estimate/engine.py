@@ -42,7 +42,14 @@ from memplan.estimate.states import (
     stage_params,
     state_bytes,
 )
-from memplan.frameworks.profiles import FrameworkProfile, get_profile, head_rows_split, resolved_loss, resolved_optimizer_impl, vocab_split
+from memplan.frameworks.profiles import (
+    FrameworkProfile,
+    get_profile,
+    head_rows_split,
+    resolved_loss,
+    resolved_optimizer_impl,
+    vocab_split,
+)
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
 from memplan.model.params import final_norm_params
@@ -293,7 +300,7 @@ def _stage_estimate(
         # A layer's backward: the head's backward has run, so what the final norm, the head (its
         # autocast weight copy included) and the loss saved is released, and its gradient exists.
         "backward": (backward_layers + other_acts - head_copy, 0, backward_temp, absent),
-        "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job)), 0),
+        "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job, profile)), 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
         "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, vocab_split(profile, job.parallel.tp),
@@ -424,8 +431,8 @@ def _head_numel(model: ModelSpec, profile: FrameworkProfile, job: Job, vocab_row
     return vocab_rows * model.hidden_size // head_rows_split(profile, job.parallel.tp, model.tie_word_embeddings)
 
 
-def _largest_tensor(model: ModelSpec, vocab_rows: int, job: Job) -> int:
-    return vocab_rows * model.hidden_size // vocab_split(get_profile(job.framework), job.parallel.tp)
+def _largest_tensor(model: ModelSpec, vocab_rows: int, job: Job, profile: FrameworkProfile) -> int:
+    return vocab_rows * model.hidden_size // vocab_split(profile, job.parallel.tp)
 
 
 def _reserved(allocated: int, fragmentation: float) -> int:
