@@ -225,8 +225,9 @@ class ModelSpec:
 
         return total_params(self)
 
-    @property
+    @cached_property
     def num_moe_layers(self) -> int:
+        """Decoder layers with an MoE block (computed once per spec: the estimator asks per stage)."""
         return sum(1 for layer in self.layers if layer.is_moe)
 
     @property
