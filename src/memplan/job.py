@@ -180,7 +180,8 @@ class Sharding:
     def __post_init__(self) -> None:
         _check_int("--zero", self.zero, minimum=0, maximum=3)
         _check_int("--distributed-optimizer-instances", self.distributed_optimizer_instances)
-        _check_choice("--fsdp", self.fsdp, get_args(FsdpMode))
+        if self.fsdp not in get_args(FsdpMode):
+            raise JobConfigError("--fsdp", "must be none, full, hybrid, or the number of GPUs to shard over", self.fsdp)
         if self.fsdp_shard_size is not None:
             _check_int("--fsdp-shard-size", self.fsdp_shard_size)
         if self.fsdp != "none" and self.zero not in (0, 3):
