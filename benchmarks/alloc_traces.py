@@ -7,8 +7,11 @@ lower bound (peak live requested bytes), simulated caching allocator and expanda
 ``1 - plan fragmentation / caching fragmentation`` (fragmentation = 1 - peak allocated / peak
 reserved). Targets (issue 5): plan <= 1.02 x lower bound; reduction >= 85 %.
 
-Usage: python benchmarks/alloc_traces.py [--quick]   (--quick: gpt2 and the snapshots only)
-Writes benchmarks/results/alloc_traces.json. Traces are cached in $TMPDIR/memplan_alloc_traces.
+Usage: python benchmarks/alloc_traces.py [--quick] [--rows NAME,NAME...]
+(--quick: gpt2 and the snapshots only; --rows: only the named rows, e.g. "llama-3.1-8b fsdp=8",
+updated in place in the results file, the other rows and the summary kept/recomputed from it).
+Writes benchmarks/results/alloc_traces.json. Traces are cached in $TMPDIR/memplan_alloc_traces,
+made by ``python -m memplan trace`` of the interpreter running this script.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ def _trace_file(name: str, args: list[str], timeout: float) -> Path | None:
     path = CACHE / (name.replace(" ", "_").replace("=", "-") + ".mptrace")
     if not path.exists():
         try:
-            subprocess.run(["memplan", "trace", *args, "-o", str(path)], check=True, timeout=timeout,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            subprocess.run([sys.executable, "-m", "memplan", "trace", *args, "-o", str(path)], check=True,
+                           timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             print(f"{name}: trace failed ({type(exc).__name__})", file=sys.stderr)
             path.unlink(missing_ok=True)
@@ -67,17 +70,34 @@ def _row(name: str, path: Path) -> dict:
     }
 
 
+def _selected(argv: list[str]) -> set[str] | None:
+    if "--rows" not in argv:
+        return None
+    names = {n.strip() for n in argv[argv.index("--rows") + 1].split(",")}
+    known = {name for name, _ in JOBS} | {f"snapshot {p.name}" for p in SNAPSHOTS.glob("*.pickle")}
+    if names - known:
+        raise SystemExit(f"unknown rows {sorted(names - known)}; known: {sorted(known)}")
+    return names
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
+    only = _selected(sys.argv)
+    out = Path(__file__).with_name("results") / "alloc_traces.json"
     rows = []
     for name, args in JOBS[:1] if quick else JOBS:
-        path = _trace_file(name, args, timeout=900)
-        if path is not None:
-            rows.append(_row(name, path))
-            print(json.dumps(rows[-1]), flush=True)
+        if only is None or name in only:
+            path = _trace_file(name, args, timeout=900)
+            if path is not None:
+                rows.append(_row(name, path))
+                print(json.dumps(rows[-1]), flush=True)
     for path in sorted(SNAPSHOTS.glob("*.pickle")):
-        rows.append(_row(f"snapshot {path.name}", path))
-        print(json.dumps(rows[-1]), flush=True)
+        if only is None or f"snapshot {path.name}" in only:
+            rows.append(_row(f"snapshot {path.name}", path))
+            print(json.dumps(rows[-1]), flush=True)
+    if only is not None:  # the other rows as last written
+        fresh = {r["trace"]: r for r in rows}
+        rows = [fresh.pop(r["trace"], r) for r in json.loads(out.read_text())["rows"]] + list(fresh.values())
     trained = [r for r in rows if not r["trace"].startswith("snapshot")]
     summary = {
         "rows": rows,
@@ -85,7 +105,6 @@ def main() -> None:
         "mean_fragmentation_reduction_memplan_traces": (
             round(sum(r["fragmentation_reduction"] or 0 for r in trained) / len(trained), 4) if trained else None),
     }
-    out = Path(__file__).with_name("results") / "alloc_traces.json"
     out.write_text(json.dumps(summary, indent=2) + "\n")
 
 

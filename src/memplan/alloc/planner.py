@@ -3,11 +3,11 @@
 STAlloc (EuroSys'26) observes that a training iteration allocates the same tensors in the same
 order every time, so their addresses can be decided offline. The planner:
 
-1. **Classifies** each request: *persistent* (weights, gradients, optimizer states, master
-   weights, buffers; anything allocated at setup, never freed, or living across an iteration
-   boundary), *periodic* (the k-th request of its (size, category, op, module) in an iteration,
-   found with the same size in at least half of the iterations, and in at least two; with one
-   iteration, every other request) and *dynamic* (the rest, e.g. MoE token-count-dependent shapes).
+1. **Classifies** each request by its lifetime: *persistent* (allocated at setup, never freed,
+   or living across an iteration boundary: weights, optimizer states, gradients kept between
+   steps), *periodic* (the k-th request of its (category, module, size) in an iteration, found
+   in at least half of the iterations, and in at least two; with one iteration, every other
+   request) and *dynamic* (the rest, e.g. MoE token-count-dependent shapes).
 2. **Places** persistent and periodic requests by solving dynamic storage allocation
    (:mod:`memplan.alloc.dsa`: several orderings, first/best fit, search). Small traces are solved
    as one problem; large ones fold iterations: persistent requests are packed once, each distinct
@@ -34,7 +34,6 @@ except ImportError:
     raise MissingDependencyError("numpy", feature="the static plan (memplan alloc plan, alloc compare)", extra="alloc") from None
 
 from memplan.alloc import dsa
-from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError, MemplanError
 from memplan.events import ALLOC, Trace
 from memplan.units import format_bytes
@@ -42,10 +41,6 @@ from memplan.units import format_bytes
 __all__ = ["DYNAMIC", "PERIODIC", "PERSISTENT", "StaticPlan", "plan_trace"]
 
 PERSISTENT, PERIODIC, DYNAMIC = "persistent", "periodic", "dynamic"
-_PERSISTENT_CATEGORIES = frozenset({
-    MemoryCategory.PARAMETER.value, MemoryCategory.GRADIENT.value, MemoryCategory.OPTIMIZER_STATE.value,
-    MemoryCategory.MASTER_WEIGHT.value, MemoryCategory.BUFFER.value,
-})
 #: Non-dynamic requests solved as one DSA problem up to this count; above it iterations are folded.
 JOINT_LIMIT = dsa.GREEDY_LIMIT
 
@@ -110,46 +105,55 @@ class _Requests:
     cls: list[str]
 
 
-def _requests(trace: Trace, alignment: int) -> tuple[_Requests, list[tuple[str, str, str, str]]]:
+#: What identifies a request across iterations (with its rank among the iteration's requests of
+#: the same identity): category, module, requested size. The allocating op is left out: one
+#: storage may be allocated by different ops in different iterations (FSDP2 allocates an
+#: unsharded parameter with ``empty`` the first time and re-allocates it with ``resize_`` after).
+_Identity = tuple[str, str, int]
+
+
+def _requests(trace: Trace, alignment: int) -> _Requests:
     events = trace.events
     n_events = len(events)
     open_: dict[int, int] = {}
     rows: list[list[int]] = []
-    sig: list[tuple[str, str, str, str]] = []
+    identities: list[_Identity] = []
     for position, event in enumerate(events):
         if event.kind == ALLOC:
             open_[event.block] = len(rows)
             size = -(-event.size // alignment) * alignment if event.size else 0
             rows.append([event.block, position, position, n_events, size, event.iteration, -1])
-            sig.append((event.category, event.op, event.module, str(event.size)))
+            identities.append((event.category, event.module, event.size))
         else:
             row = rows[open_.pop(event.block)]
             row[3] = position
             row[6] = event.iteration
     arr = np.asarray(rows, dtype=np.int64).reshape(-1, 7)
     req = _Requests(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4], arr[:, 5], [])
-    req.cls = _classify(arr, sig)
-    return req, sig
+    req.cls = _classify(arr, identities)
+    return req
 
 
-def _classify(arr: np.ndarray, sig: list[tuple[str, str, str, str]]) -> list[str]:
+def _classify(arr: np.ndarray, identities: list[_Identity]) -> list[str]:
+    """Persistent by lifetime alone, whatever the category: a gradient freed in its own iteration
+    (``zero_grad(set_to_none=True)``, FSDP2's sharded gradients) recurs like an activation, and
+    packing it with the weights would keep its bytes from the activations of every iteration."""
     iterations = sorted({int(i) for i in arr[:, 5] if i >= 0})
     classes: list[str] = []
-    occurrence: dict[tuple[int, tuple[str, str, str, str]], int] = {}
-    keys: list[tuple[tuple[str, str, str, str], int] | None] = []
-    for row, s in zip(arr, sig):
+    occurrence: dict[tuple[int, _Identity], int] = {}
+    keys: list[tuple[_Identity, int] | None] = []
+    for row, identity in zip(arr, identities):
         iteration, free_iteration = int(row[5]), int(row[6])
-        persistent = (s[0] in _PERSISTENT_CATEGORIES or iteration < 0 or free_iteration == -1
-                      or free_iteration != iteration)
+        persistent = iteration < 0 or free_iteration != iteration  # free_iteration -1: never freed
         classes.append(PERSISTENT if persistent else PERIODIC)
         if persistent:
             keys.append(None)
             continue
-        k = occurrence.get((iteration, s), 0)
-        occurrence[(iteration, s)] = k + 1
-        keys.append((s, k))
+        k = occurrence.get((iteration, identity), 0)
+        occurrence[(iteration, identity)] = k + 1
+        keys.append((identity, k))
     if len(iterations) >= 2:
-        seen: dict[tuple[tuple[str, str, str, str], int], set[int]] = {}
+        seen: dict[tuple[_Identity, int], set[int]] = {}
         for row, key in zip(arr, keys):
             if key is not None:
                 seen.setdefault(key, set()).add(int(row[5]))
@@ -169,7 +173,7 @@ def plan_trace(trace: Trace, *, capacity: int | None = None, alignment: int = 51
         raise ConfigError("--capacity", f"cannot hold the trace: its live bytes peak at {lower} "
                           f"({format_bytes(lower)}), the lower bound of any allocator", capacity,
                           hint=f"give at least {format_bytes(lower)}")
-    req, _ = _requests(trace, alignment)
+    req = _requests(trace, alignment)
     n = len(req.size)
     offsets = np.zeros(n, dtype=np.int64)
     cls = np.asarray(req.cls)
