@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 

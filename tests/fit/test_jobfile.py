@@ -98,7 +98,7 @@ def test_megatron_args_round_trip(tmp_path: Path) -> None:
     spec, job = loaded.model, loaded.job
     out = tmp_path / "saved.json"
     dump_job_file(None, job, out, megatron_args=str(args))
-    values = load_job_file(out)
+    assert load_job_file(out)["megatron_args"] == str(args.resolve())
     reloaded = load_job(JobRequest(job_file=str(out)))
     spec2, job2 = reloaded.model, reloaded.job
     assert job2 == job and spec2.hidden_size == spec.hidden_size

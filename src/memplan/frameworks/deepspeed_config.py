@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError, UnsupportedError
-from memplan.job import Batch, Job, Offload, Optimizer, Precision, Sharding
+from memplan.job import Batch, Job, Offload, Optimizer, Sharding
 from memplan.textfile import read_text_file
 
 _OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "fusedadam": "adamw", "onebitadam": "adam"}

@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
