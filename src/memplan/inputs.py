@@ -27,7 +27,7 @@ from memplan.job import Job, validate_job_for_model
 from memplan.jobflags import build_job, check_conflicts
 from memplan.model.spec import ModelSpec
 
-__all__ = ["JobRequest", "LoadedJob", "load_job", "request_job"]
+__all__ = ["JobRequest", "LoadedJob", "load_job"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,20 +89,6 @@ def load_job(request: JobRequest, *, base: Job | None = None) -> LoadedJob:
     values, job_file = _merged(request)
     try:
         return _load(values, base)
-    except ConfigError as exc:
-        if job_file is None:
-            raise
-        from memplan.jobfile import in_file
-
-        raise in_file(exc, job_file) from None
-
-
-def request_job(request: JobRequest, *, base: Job | None = None) -> Job:
-    """The job of a request that names no model (e.g. a layout for ``fit``): flags and job file only."""
-    values, job_file = _merged(request)
-    try:
-        _check(values)
-        return build_job(values, base)
     except ConfigError as exc:
         if job_file is None:
             raise

@@ -216,10 +216,8 @@ def job_options(*, skip: Iterable[str] = ()) -> Callable[[Callable[..., None]], 
 
         @functools.wraps(func)
         def command(**kwargs: Any) -> None:
-            flags = {name: kwargs.pop(name) for name in names if kwargs.get(name) is not None}
-            for name in names:
-                kwargs.pop(name, None)
-            func(**kwargs, job_flags=flags)
+            given = {name: kwargs.pop(name, None) for name in names}
+            func(**kwargs, job_flags={name: value for name, value in given.items() if value is not None})
 
         del command.__wrapped__  # typer must read the signature below, not the original's
         command.__signature__ = inspect.Signature(own + generated)  # type: ignore[attr-defined]

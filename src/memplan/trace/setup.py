@@ -227,12 +227,12 @@ class TraceSetup:
                              "fsdp_ranks": self.fsdp, "tp_ranks": self.tp}}
 
 
-def trace_base(flags: Mapping[str, Any]) -> Job:
+def _trace_base(flags: Mapping[str, Any]) -> Job:
     """The Job under a trace's flags: the trace's framework unless one is given."""
     return Job(framework=DEFAULT_TRACE_FRAMEWORK) if flags.get("framework") is None else Job()
 
 
-def rank_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+def _rank_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
     """``--tp N`` alone simulates N ranks: the GPU count follows the ranks when it is not given."""
     out = {k: v for k, v in flags.items() if v is not None}
     if "gpus" not in out and "tp" in out and not str(out.get("fsdp", "")).strip().isdigit():
@@ -247,11 +247,10 @@ def trace_setup(job: Job | None = None, **values: Any) -> TraceSetup:
     names (:mod:`memplan.jobflags`: ``seq``, ``mbs``, ``fsdp``, ``tp``, ``recompute``...) or run
     settings (``device``, ``iterations``, ``moe_routing``); ``job`` replaces the flags' base.
     """
-    run = RunSettings(**{k: values.pop(k) for k in _RUN_FIELDS if values.get(k) is not None})
-    for k in _RUN_FIELDS:
-        values.pop(k, None)
+    run_values = {k: values.pop(k) for k in _RUN_FIELDS if k in values}
+    run = RunSettings(**{k: v for k, v in run_values.items() if v is not None})
     unknown = sorted(set(values) - {f.name for f in job_flags()})
     if unknown:
         raise ConfigError(unknown[0], "is not a job flag or a trace run setting")
-    flags = rank_flags(values)
-    return TraceSetup(build_job(flags, job if job is not None else trace_base(flags)), run, frozenset(flags))
+    flags = _rank_flags(values)
+    return TraceSetup(build_job(flags, job if job is not None else _trace_base(flags)), run, frozenset(flags))
