@@ -216,7 +216,7 @@ def _stage_estimate(
     params = stage_params(model, job, layout, vocab_rows, vocab_parallel=profile.vocab_parallel)
     tensors = stage_tensors(model, layout.layer_indices, has_embedding=layout.has_embedding, has_head=layout.has_head)
     states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients,
-                         step_counters=device_step_counters(job, profile.torch_optimizer, tensors))
+                         step_counters=device_step_counters(job, profile, tensors))
     recomputed = _recomputed_layers(layout, job)
     group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
 

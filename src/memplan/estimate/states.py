@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.precision import ResolvedPrecision
+from memplan.frameworks.profiles import FrameworkProfile, resolved_optimizer_impl
 from memplan.job import Job
 from memplan.model.params import (
     embedding_params,
@@ -158,21 +159,16 @@ def _sharded(numel_dense: int, numel_expert: int, shards: tuple[int, int], on: b
 STEP_COUNTER_BYTES = 4
 
 
-def device_step_counters(job: Job, profile_torch_optimizer: bool, stage_tensors: int) -> int:
+def device_step_counters(job: Job, profile: FrameworkProfile, stage_tensors: int) -> int:
     """Step-counter tensors an optimizer keeps on the GPU for one stage's ``stage_tensors`` parameters.
 
     torch.optim's Adam and AdamW create ``state["step"]`` per parameter on the parameter's device
     when ``fused`` or ``capturable`` (torch/optim/adam.py ``_init_group``), on the host otherwise;
     FSDP and TP shard tensors but each local shard has its own step. SGD keeps none.
     """
-    if not profile_torch_optimizer or job.optimizer.name not in ("adam", "adamw"):
+    if not profile.torch_optimizer or job.optimizer.name not in ("adam", "adamw"):
         return 0
-    impl = job.optimizer.implementation
-    if impl == "auto":
-        from memplan.frameworks.profiles import resolved_optimizer_impl
-
-        impl = resolved_optimizer_impl(job)  # type: ignore[assignment]
-    return stage_tensors if impl == "fused" else 0
+    return stage_tensors if resolved_optimizer_impl(job) == "fused" else 0
 
 
 def optimizer_state_bytes(numel: int, job: Job, state_bytes: int, hidden: int) -> int:
