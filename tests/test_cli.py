@@ -129,10 +129,10 @@ def test_json_reflects_every_job_flag() -> None:
     expected = {"world_size": 64, "tp": 2, "pp": 4, "ep": 8, "etp": 1, "dp": 8, "sequence_parallel": True}
     assert {k: job["parallel"][k] for k in expected} == expected
     assert job["sharding"]["distributed_optimizer"] is True
-    assert job["batch"] == {"micro_batch_size": 2, "seq_length": 2048, "global_batch_size": 256}
+    assert job["batch"] == {"micro_batch_size": 2, "seq_length": 2048, "global_batch_size": 256, "packing": False}
     assert job["precision"]["grad_dtype"] == "bf16"
     assert job["optimizer"]["name"] == "adam" and job["optimizer"]["implementation"] == "foreach"
-    assert job["recompute"] == {"mode": "full", "method": "block", "num_layers": 2}
+    assert job["recompute"] == {"mode": "full", "method": "block", "num_layers": 2, "reentrant": False}
     assert (job["attention"], job["dropout"], job["loss"], job["vocab_divisible_by"]) == ("sdpa", 0.1, "fused", 64)
     assert data["fragmentation"] == 0.2
     assert len(data["stages"]) == 4
@@ -250,7 +250,7 @@ BAD_INPUT = [
     (["llama-3.1-8b", "--gpus", "-1"], "--gpus"),
     (["llama-3.1-8b", "--gpu", "h300"], "--gpu"),
     (["llama-3.1-8b", "--precision", "fp8"], "--precision"),
-    (["llama-3.1-8b", "--optimizer", "lion"], "--optimizer"),
+    (["llama-3.1-8b", "--optimizer", "lamb"], "--optimizer"),
     (["llama-3.1-8b", "--recompute", "some"], "--recompute"),
     (["llama-3.1-8b", "--framework", "jax"], "--framework"),
     (["llama-3.1-8b", "--fsdp", "partial"], "--fsdp"),
@@ -426,7 +426,8 @@ def test_docs_list_every_job_flag_with_its_default() -> None:
 
     text = (Path(__file__).parents[1] / "docs" / "job.md").read_text(encoding="utf-8")
     for flag in job_flags():
-        default = "—" if flag.default is None else ("off" if flag.default is False else str(flag.default))
+        default = ("—" if flag.default in (None, "") else "off" if flag.default is False
+                   else "on" if flag.default is True else str(flag.default))
         assert f"| `{flag.flag}` | " in text and f"| {default} | {flag.help} |" in text, flag.flag
 
 

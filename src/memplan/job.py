@@ -16,12 +16,15 @@ from memplan.model.spec import ModelSpec
 from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
-OptimizerName = Literal["adamw", "adam", "sgd", "adafactor", "adam8bit"]
+OptimizerName = Literal["adamw", "adam", "sgd", "adafactor", "adam8bit", "adamw8bit", "paged-adamw8bit",
+                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit"]
 OptimizerImpl = Literal["auto", "foreach", "fused", "for-loop"]
 RecomputeMode = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 AttentionImpl = Literal["flash", "sdpa", "eager"]
-LossImpl = Literal["auto", "fp32-logits", "vocab-parallel", "fused", "chunked"]
+LossImpl = Literal["auto", "fp32-logits", "vocab-parallel", "fused", "chunked", "fused-linear"]
+PeftMethod = Literal["none", "lora", "dora"]
+QuantizeBase = Literal["none", "nf4", "fp4", "int8"]
 FrameworkName = Literal["megatron", "torchtitan", "deepspeed", "hf"]
 FsdpMode = Literal["none", "full", "hybrid"]
 Fp8Format = Literal["hybrid", "e4m3"]
@@ -32,6 +35,7 @@ SharedExpertParallel = Literal["tp", "expert"]
 PARALLEL, SHARDING, BATCH = "Parallelism", "Sharding", "Batch"
 PRECISION, ACTIVATIONS = "Precision and optimizer", "Activations and loss"
 MOE, FP8_OFFLOAD = "MoE and multi-token prediction", "FP8 and offload"
+FINETUNE = "Fine-tuning (PEFT, quantized base)"
 
 
 def knob(default: Any, flag: str, help: str, *, panel: str, metavar: str | None = None) -> Any:
@@ -251,11 +255,20 @@ class Precision:
 class Optimizer:
     """Optimizer and its implementation (which decides the step's temporaries)."""
 
-    name: OptimizerName = knob("adamw", "--optimizer", "Optimizer.", panel=PRECISION)
+    #: ``adam8bit``/``adamw8bit``/``lion8bit``: bitsandbytes block-wise 8-bit states; ``paged-*``:
+    #: bitsandbytes paged optimizers, whose states live in CUDA unified memory outside PyTorch's
+    #: caching allocator and page out to CPU memory under pressure.
+    name: OptimizerName = knob("adamw", "--optimizer", "Optimizer: torch adamw/adam/sgd/adafactor, Lion, or "
+                               "bitsandbytes 8-bit and paged variants.", panel=PRECISION)
     momentum: float = knob(0.0, "--momentum", "SGD momentum; 0 keeps no momentum buffer.", panel=PRECISION)
     implementation: OptimizerImpl = knob("auto", "--optimizer-impl",
                                          "PyTorch optimizer implementation (temporaries of the step); auto = the "
                                          "framework profile's (fused for every profile).", panel=PRECISION)
+
+    #: The step of each parameter runs in a hook as soon as its gradient is ready, and the gradient
+    #: is freed (torchtune/torchtitan ``optimizer_in_backward``; ``register_post_accumulate_grad_hook``).
+    in_backward: bool = knob(False, "--optimizer-in-backward", "Step each parameter inside the backward as soon "
+                             "as its gradient is ready, then free the gradient.", panel=PRECISION)
 
     def __post_init__(self) -> None:
         _check_choice("--optimizer", self.name, get_args(OptimizerName))
@@ -275,6 +288,10 @@ class Recompute:
                                    "recomputes the first --recompute-layers layers of each stage.", panel=ACTIVATIONS)
     num_layers: int | None = knob(None, "--recompute-layers", "Layers per group (uniform) or per stage (block). "
                                   "(default: 1 for uniform, every layer for block)", panel=ACTIVATIONS)
+    #: Hugging Face ``gradient_checkpointing_kwargs={"use_reentrant": ...}``: the reentrant
+    #: ``torch.utils.checkpoint`` variant (recomputes the whole layer, needs an input that requires grad).
+    reentrant: bool = knob(False, "--checkpoint-reentrant", "Use reentrant torch.utils.checkpoint (Hugging Face "
+                           "use_reentrant=True) for recomputed layers.", panel=ACTIVATIONS)
 
     def __post_init__(self) -> None:
         _check_choice("--recompute", self.mode, get_args(RecomputeMode))
@@ -291,6 +308,10 @@ class Batch:
     seq_length: int = knob(4096, "--seq", "Sequence length in tokens.", panel=BATCH)
     global_batch_size: int | None = knob(None, "--gbs", "Global batch size in sequences per optimizer step; sets "
                                          "the micro-batches per step. (default: mbs*dp, no accumulation)", panel=BATCH)
+    #: TRL ``packing=True``: documents concatenated into full rows with per-document positions
+    #: (flash-attention varlen); every row holds ``seq`` tokens.
+    packing: bool = knob(False, "--packing", "Sequence packing: several documents per row, attention kept per "
+                         "document (every row full).", panel=BATCH)
 
     def __post_init__(self) -> None:
         _check_int("--mbs", self.micro_batch_size)
@@ -365,6 +386,151 @@ class Offload:
     def any(self) -> bool:
         return self.optimizer or self.params or self.activations
 
+#: What ``--lora-targets all-linear`` selects: every linear layer of the decoder, not the output
+#: head (peft's ``INCLUDE_LINEAR_LAYERS_SHORTHAND``).
+ALL_LINEAR = "all-linear"
+#: What ``--lora-targets auto`` selects: peft's default for Llama, Mistral, Qwen and Gemma models
+#: (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``).
+DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
+#: Dtypes a bitsandbytes quantized layer can compute in (``bnb_4bit_compute_dtype``).
+QUANT_COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
+
+
+def _name_list(flag: str, text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in str(text).split(",") if part.strip())
+    for name in names:
+        if not all(c.isalnum() or c in "_.-*" for c in name):
+            raise JobConfigError(flag, "must be a comma list of module names (letters, digits, _ . - *)", text)
+    return names
+
+
+@dataclass(frozen=True, kw_only=True)
+class FineTuning:
+    """What trains and how: PEFT adapters, frozen and quantized base weights.
+
+    Frozen parameters keep no gradient and no optimizer state. With ``peft`` set, only the adapters
+    (and ``modules_to_save``) train unless ``trainable`` says otherwise.
+    """
+
+    peft: PeftMethod = knob("none", "--peft", "Parameter-efficient fine-tuning method (peft): LoRA adapters, or "
+                            "DoRA (LoRA plus a magnitude vector per output feature).", panel=FINETUNE)
+    lora_rank: int = knob(8, "--lora-rank", "LoRA rank r of every adapter.", panel=FINETUNE, metavar="R")
+    lora_alpha: float = knob(8.0, "--lora-alpha", "LoRA alpha (scaling alpha/r, or alpha/sqrt(r) with --rslora); "
+                             "no memory effect.", panel=FINETUNE, metavar="A")
+    #: peft applies dropout to the adapter's input and autograd keeps the dropped-out copy (and its mask).
+    lora_dropout: float = knob(0.0, "--lora-dropout", "Dropout on each adapter's input (keeps a dropped-out copy "
+                               "of the input).", panel=FINETUNE, metavar="P")
+    lora_targets: str = knob("auto", "--lora-targets", "Modules that get adapters: a comma list of names "
+                             "(q_proj,v_proj,...), all-linear (every decoder linear, not the head), or auto "
+                             "(peft's default for the architecture: q_proj,v_proj).", panel=FINETUNE, metavar="NAMES")
+    #: peft ``rank_pattern``: ``name=rank`` pairs overriding ``lora_rank`` for matching modules.
+    lora_rank_pattern: str = knob("", "--lora-rank-pattern", "Per-module ranks: comma list of NAME=R (peft "
+                                  "rank_pattern), e.g. o_proj=16,down_proj=32.", panel=FINETUNE, metavar="NAME=R,...")
+    rslora: bool = knob(False, "--rslora", "Rank-stabilised LoRA scaling alpha/sqrt(r); no memory effect.",
+                        panel=FINETUNE)
+    #: ``auto``: the adapters (and ``modules_to_save``) with --peft, everything without.
+    trainable: str = knob("auto", "--trainable", "What trains: auto (adapters with --peft, else all), all, "
+                          "adapters, or a comma list of module names/patterns trained fully (e.g. "
+                          "layers.31,norm,lm_head); everything else is frozen.", panel=FINETUNE, metavar="WHAT")
+    #: peft ``modules_to_save``: a trainable copy of each module beside the frozen original.
+    modules_to_save: str = knob("", "--modules-to-save", "Modules peft trains fully as a copy beside the frozen "
+                                "original (e.g. lm_head,embed_tokens).", panel=FINETUNE, metavar="NAMES")
+    quantize_base: QuantizeBase = knob("none", "--quantize-base", "Quantize the frozen base weights with "
+                                       "bitsandbytes: 4-bit NF4/FP4 (QLoRA) or 8-bit LLM.int8.", panel=FINETUNE)
+    double_quant: bool = knob(True, "--double-quant", "4-bit only: quantize the per-block absmax too "
+                              "(bnb_4bit_use_double_quant).", panel=FINETUNE)
+    quant_compute_dtype: str | None = knob(None, "--quant-compute-dtype", "dtype the quantized layers "
+                                           "dequantize to and compute in (bnb_4bit_compute_dtype). (default: the "
+                                           "precision's compute dtype)", panel=FINETUNE)
+    #: Fine-tuners load the base in 16 bits (``torch_dtype=torch.bfloat16``): frozen weights need no
+    #: fp32 master; ``fp32`` keeps them as full fine-tuning under ``*-mixed`` would.
+    frozen_dtype: str | None = knob(None, "--frozen-dtype", "dtype of frozen, unquantized weights. (default: the "
+                                    "compute dtype, as a base loaded with torch_dtype=bfloat16)", panel=FINETUNE)
+
+    def __post_init__(self) -> None:
+        _check_choice("--peft", self.peft, get_args(PeftMethod))
+        _check_choice("--quantize-base", self.quantize_base, get_args(QuantizeBase))
+        _check_int("--lora-rank", self.lora_rank, maximum=1_000_000)
+        if not isinstance(self.lora_alpha, (int, float)) or isinstance(self.lora_alpha, bool) or self.lora_alpha <= 0:
+            raise JobConfigError("--lora-alpha", "must be a positive number", self.lora_alpha)
+        if not isinstance(self.lora_dropout, (int, float)) or not 0.0 <= self.lora_dropout < 1.0:
+            raise JobConfigError("--lora-dropout", "must be in [0, 1)", self.lora_dropout)
+        targets = str(self.lora_targets).strip()
+        if targets not in ("auto", ALL_LINEAR):
+            if not _name_list("--lora-targets", targets):
+                raise JobConfigError("--lora-targets", "must name at least one module, or be all-linear or auto",
+                                     self.lora_targets)
+            targets = ",".join(_name_list("--lora-targets", targets))
+        object.__setattr__(self, "lora_targets", targets)
+        self.rank_pattern  # noqa: B018  (validates)
+        trainable = str(self.trainable).strip()
+        if trainable not in ("auto", "all", "adapters"):
+            if not _name_list("--trainable", trainable):
+                raise JobConfigError("--trainable", "must be auto, all, adapters or a comma list of module names",
+                                     self.trainable)
+            trainable = ",".join(_name_list("--trainable", trainable))
+        object.__setattr__(self, "trainable", trainable)
+        object.__setattr__(self, "modules_to_save", ",".join(_name_list("--modules-to-save", self.modules_to_save)))
+        if self.peft == "none":
+            if self.trainable == "adapters":
+                raise JobConfigError("--trainable", "adapters needs --peft lora or dora", self.trainable)
+            if self.modules_to_save:
+                raise JobConfigError("--modules-to-save", "needs --peft lora or dora (it is a peft setting)",
+                                     self.modules_to_save)
+        if self.quantize_base != "none":
+            if self.trainable == "all" or self.resolved_trainable == "all":
+                raise JobConfigError(
+                    "--quantize-base", "needs frozen base weights: quantized weights cannot train (use --peft lora, "
+                    "as QLoRA does, or --trainable with the modules to train)", self.quantize_base)
+        if self.quant_compute_dtype is not None:
+            dtype = normalize_dtype(self.quant_compute_dtype, field="--quant-compute-dtype")
+            if dtype not in QUANT_COMPUTE_DTYPES:
+                raise JobConfigError("--quant-compute-dtype", "bitsandbytes dequantizes to fp32, bf16 or fp16 only",
+                                     self.quant_compute_dtype)
+            if self.quantize_base == "none":
+                raise JobConfigError("--quant-compute-dtype", "only applies with --quantize-base nf4, fp4 or int8",
+                                     self.quant_compute_dtype)
+            object.__setattr__(self, "quant_compute_dtype", dtype)
+        if self.frozen_dtype is not None:
+            dtype = normalize_dtype(self.frozen_dtype, field="--frozen-dtype")
+            if dtype not in QUANT_COMPUTE_DTYPES:
+                raise JobConfigError("--frozen-dtype", "must be fp32, bf16 or fp16", self.frozen_dtype)
+            object.__setattr__(self, "frozen_dtype", dtype)
+
+    @property
+    def target_names(self) -> tuple[str, ...] | None:
+        """Named adapter targets; None for ``all-linear``."""
+        if self.lora_targets == ALL_LINEAR:
+            return None
+        if self.lora_targets == "auto":
+            return DEFAULT_LORA_TARGETS
+        return tuple(self.lora_targets.split(","))
+
+    @property
+    def rank_pattern(self) -> dict[str, int]:
+        """``--lora-rank-pattern`` as ``{name: rank}``."""
+        out: dict[str, int] = {}
+        for item in filter(None, (part.strip() for part in str(self.lora_rank_pattern).split(","))):
+            name, sep, rank = item.partition("=")
+            name, rank = name.strip(), rank.strip()
+            if not sep or not name or not rank.isdigit() or int(rank) < 1 or int(rank) > 1_000_000:
+                raise JobConfigError("--lora-rank-pattern", "must be a comma list of NAME=R with R a positive "
+                                     "integer", self.lora_rank_pattern)
+            out[name.strip()] = int(rank)
+        return out
+
+    @property
+    def resolved_trainable(self) -> str:
+        """``all``, ``adapters`` or a comma list of module names (``auto`` resolved)."""
+        if self.trainable == "auto":
+            return "adapters" if self.peft != "none" else "all"
+        return self.trainable
+
+    @property
+    def has_frozen(self) -> bool:
+        """Some base weights do not train."""
+        return self.resolved_trainable != "all"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
@@ -400,6 +566,8 @@ class Job:
     moe: MoEOptions = field(default_factory=MoEOptions)
     #: What is kept in CPU memory.
     offload: Offload = field(default_factory=Offload)
+    #: What trains: adapters, frozen and quantized base weights.
+    finetune: FineTuning = field(default_factory=FineTuning)
 
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
@@ -413,6 +581,10 @@ class Job:
         _check_int("--mtp-layers", self.mtp_layers, minimum=0, maximum=64)
         self._check_batch()
         self._check_offload()
+        if self.optimizer.in_backward and self.num_microbatches > 1:
+            raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
+                                 "gradient is freed by its step); drop --gbs or set it to mbs*dp",
+                                 self.batch.global_batch_size)
 
     def _check_offload(self) -> None:
         sh, off = self.sharding, self.offload

@@ -31,6 +31,9 @@ _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
     ("recompute_layers", "recompute", ("full",)),
     ("fsdp_shard_size", "fsdp", ("hybrid",)),
     ("momentum", "optimizer", ("sgd",)),
+    *((name, "peft", ("lora", "dora")) for name in (
+        "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_rank_pattern", "rslora")),
+    ("double_quant", "quantize_base", ("nf4", "fp4")),
 )
 #: Changing any of these re-derives dp unless --dp is given too.
 _LAYOUT_FIELDS = frozenset({"world_size", "tp", "pp", "cp"})

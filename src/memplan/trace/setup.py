@@ -96,7 +96,8 @@ def check_traceable(job: Job) -> None:
                           job.framework)
     _check_ranks(job)
     default = Job()
-    for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload"):
+    for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload",
+                    "finetune"):
         now, base = (getattr(job, section), getattr(default, section)) if section else (job, default)
         for name in vars(now):
             if (section, name) in _TRACED or (section is None and hasattr(getattr(job, name), "__dataclass_fields__")):
