@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from memplan.errors import JobConfigError
 from memplan.estimate.activations import (
     KEPT_BY,
     ActivationShape,
@@ -16,8 +19,9 @@ from memplan.estimate.autocast import (
     layer_weight_copy_numel,
     tied_embedding_gradient_sum_bytes,
 )
-from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
+    LOSS_NOTES,
+    PACKING_NOTE,
     checkpointed_mask_bytes,
     communication_by_phase,
     communication_bytes,
@@ -31,6 +35,12 @@ from memplan.estimate.extras import (
     saved_logits_bytes,
 )
 from memplan.estimate.layout import StageLayout, pipeline_layout
+from memplan.estimate.optimizers import (
+    describe_optimizer,
+    in_backward_gradient_bytes,
+    needs_small_tensors,
+    small_tensors,
+)
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.states import (
@@ -53,8 +63,8 @@ from memplan.frameworks.profiles import (
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
 from memplan.model.params import final_norm_params
-from memplan.model.tensors import stage_tensors
 from memplan.model.spec import LayerSpec, ModelSpec
+from memplan.model.tensors import stage_tensors
 from memplan.units import dtype_bytes
 
 #: The CUDA caching allocator hands out whole segments (2 MiB granularity, allocator source
@@ -215,8 +225,15 @@ def _stage_estimate(
 ) -> StageEstimate:
     params = stage_params(model, job, layout, vocab_rows, vocab_parallel=profile.vocab_parallel)
     tensors = stage_tensors(model, layout.layer_indices, has_embedding=layout.has_embedding, has_head=layout.has_head)
+    small = small_tensors(model, layout.layer_indices, has_head=layout.has_head) if needs_small_tensors(job) else None
     states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients,
-                         step_counters=device_step_counters(job, profile, tensors))
+                         step_counters=device_step_counters(job, profile, tensors), small=small)
+    largest = _largest_tensor(model, vocab_rows, job, profile)
+    step_temp = optimizer_temporary_bytes(job, profile, states, prec, largest)
+    if job.optimizer.in_backward:
+        # Optimizer hook: each gradient is stepped and freed in the backward (one alive at a time),
+        # and the per-parameter step's temporaries join the backward's.
+        states = replace(states, gradients=in_backward_gradient_bytes(states.gradients, params.total, largest))
     recomputed = _recomputed_layers(layout, job)
     group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
 
@@ -294,13 +311,15 @@ def _stage_estimate(
     head_numel = (_head_numel(model, profile, job, vocab_rows) + final_norm_params(model)) if layout.has_head else 0
     head_grads = states.gradients * head_numel // max(params.total, 1) if no_grads_yet else 0
     backward_layers, backward_temp = layer_acts, worst_backward + head_grads
+    in_backward_temp = step_temp if job.optimizer.in_backward else 0
     if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
         backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)
+    backward_temp += in_backward_temp
     candidates = {
         # A layer's backward: the head's backward has run, so what the final norm, the head (its
         # autocast weight copy included) and the loss saved is released, and its gradient exists.
         "backward": (backward_layers + other_acts - head_copy, 0, backward_temp, absent),
-        "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job, profile)), 0),
+        "optimizer step": (0, 0, step_temp, 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
         "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, vocab_split(profile, job.parallel.tp),
@@ -350,6 +369,7 @@ def _stage_estimate(
         loss_logits_bytes=logits,
         saved_logits_bytes=saved_logits,
         max_communication_bytes=max(comm_at.values()),
+        paged_optimizer_bytes=states.paged_optimizer,
     )
 
 
@@ -476,6 +496,8 @@ def _assumptions(
     opt = job.optimizer
     impl = resolved_optimizer_impl(job)
     out.append(f"optimizer {opt.name} ({impl} implementation)" + (f", momentum {opt.momentum}" if opt.name == "sgd" else ""))
+    if describe_optimizer(job):
+        out.append(describe_optimizer(job))
     if job.attention == "eager" and profile.kernels == "eager":
         out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
                    "its cast to the compute dtype are kept (and dropout mask/output), GQA keys/values copied per query "
@@ -521,6 +543,10 @@ def _assumptions(
                    + (f" ({off.optimizer_fraction:.0%} of the optimizer state)" if off.optimizer and off.optimizer_fraction < 1 else ""))
     loss = resolved_loss(job)
     out.append(f"loss path '{loss}': logits of the newest micro-batch on the last stage")
+    if loss in LOSS_NOTES:
+        out.append(LOSS_NOTES[loss])
+    if b.packing:
+        out.append(PACKING_NOTE)
     out.append(f"activations kept as saved by {profile.kernels} kernels")
     if model.is_moe and profile.kernels == "eager" and prec.weight_copies == "autocast":
         out.append("MoE experts (transformers grouped_mm) are not autocast ops: they run in the fp32 weights' dtype "

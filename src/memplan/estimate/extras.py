@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, eager_norm_terms
+from memplan.estimate.optimizers import step_temporary_bytes
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, StateBytes
-from memplan.frameworks.profiles import FrameworkProfile, resolved_optimizer_impl
+from memplan.frameworks.profiles import FrameworkProfile
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
 from memplan.units import dtype_bytes
@@ -64,13 +65,64 @@ def head_activation_bytes(shape: ActivationShape) -> int:
     return (shape.residual_bytes * sbh + norm) // divisor + shape.act_bytes * sbh
 
 
+#: torchtune ``CEWithChunkedOutputLoss`` default ``num_output_chunks``: the head runs per chunk of
+#: tokens, the loss upcasts one chunk of logits to fp32 at a time.
+CHUNKED_LOSS_CHUNKS = 8
+
+#: What each non-default loss path keeps, for the assumptions.
+LOSS_NOTES = {
+    "chunked": (f"chunked loss (torchtune CEWithChunkedOutputLoss, {CHUNKED_LOSS_CHUNKS} chunks): the 16-bit logits of "
+                "every chunk exist at the loss, each chunk is upcast to fp32 alone; log-softmax's fp32 outputs of all "
+                "chunks are saved for the backward"),
+    "fused-linear": ("fused linear cross-entropy (Liger-Kernel style): the hidden states go through the head in chunks "
+                     "of next_pow2(tokens / ceil(vocab / hidden)) tokens, so only one chunk's logits (their gradient "
+                     "computed in place) exist; the gradient of the head's input (replacing its saved input) and, when "
+                     "the head trains, of its weight are made in the forward and kept for the backward; soft-capping "
+                     "runs inside the kernel. Apple's cut-cross-entropy keeps less (it recomputes in the backward)"),
+}
+#: ``--packing``: what memplan assumes about packed rows.
+PACKING_NOTE = ("sequence packing: every row holds seq tokens (rows always full); attention stays per document "
+                "(flash-attention varlen), costing what one full row's attention costs; position_ids / cu_seqlens "
+                "are negligible")
+
+
 def logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int, softcap: bool = False) -> int:
     """Logits and cross-entropy buffers alive at the loss of one micro-batch on one TP rank.
 
     ``softcap``: the model soft-caps its logits (Gemma 2 ``cap * tanh(logits / cap)``), whose
     tanh output, in the compute dtype, is saved for the backward (see :func:`softcap_bytes`).
     """
+    if loss == "fused-linear":
+        return fused_linear_bytes(job, shape, vocab_rows)
     return _logits_bytes(loss, shape, vocab_rows) + softcap_bytes(shape, vocab_rows, softcap)
+
+
+def fused_linear_chunk_tokens(tokens: int, vocab_local: int, hidden: int) -> int:
+    """Tokens per chunk of a fused linear cross-entropy: Liger-Kernel's
+    ``next_power_of_2(ceil(tokens / ceil(vocab / hidden)))`` (a chunk's logits about the size of the
+    hidden states), at most ``tokens``."""
+    per = -(-tokens // max(1, -(-vocab_local // hidden)))
+    return min(tokens, 1 << max(0, per - 1).bit_length())
+
+
+def _head_trains(job: Job) -> bool:
+    ft = job.finetune
+    trained = ft.resolved_trainable
+    if trained == "all":
+        return True
+    names = set(trained.split(",")) | set(filter(None, ft.modules_to_save.split(",")))
+    return "lm_head" in names
+
+
+def fused_linear_bytes(job: Job, shape: ActivationShape, vocab_rows: int) -> int:
+    """``--loss fused-linear`` at the loss: one chunk's logits and the head weight's gradient (when it
+    trains; in the weights' dtype: fp32 under ``*-mixed``)."""
+    tokens = shape.seq * shape.micro_batch
+    vocab_local = vocab_rows // (shape.vocab_tp or shape.tp)
+    chunk = fused_linear_chunk_tokens(tokens, vocab_local, shape.hidden)
+    weight_bytes = _FP32 if job.precision.name.endswith("-mixed") else shape.act_bytes
+    head_grad = weight_bytes * vocab_local * shape.hidden if _head_trains(job) else 0
+    return shape.act_bytes * chunk * vocab_local + head_grad
 
 
 def softcap_bytes(shape: ActivationShape, vocab_rows: int, softcap: bool) -> int:
@@ -87,9 +139,15 @@ def saved_logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: 
     files as ``logits``). For ``fp32-logits`` that is log-softmax's fp32 output only: the 16-bit
     logits and their fp32 copy are freed with the model's output once the loss exists (the HF
     Trainer keeps only the loss). The other paths keep what they hold at the loss."""
-    if loss == "fp32-logits":
-        elements = shape.seq * shape.micro_batch * (vocab_rows // (shape.vocab_tp or shape.tp))
+    elements = shape.seq * shape.micro_batch * (vocab_rows // (shape.vocab_tp or shape.tp))
+    if loss in ("fp32-logits", "chunked"):
         return _FP32 * elements + softcap_bytes(shape, vocab_rows, softcap)
+    if loss == "fused-linear":
+        # The chunk's logits are gone; the head weight's gradient made in the forward remains.
+        tokens = shape.seq * shape.micro_batch
+        vocab_local = vocab_rows // (shape.vocab_tp or shape.tp)
+        chunk = fused_linear_chunk_tokens(tokens, vocab_local, shape.hidden)
+        return fused_linear_bytes(job, shape, vocab_rows) - shape.act_bytes * chunk * vocab_local
     return logits_bytes(job, loss, shape, vocab_rows, softcap)
 
 
@@ -114,10 +172,9 @@ def _logits_bytes(loss: str, shape: ActivationShape, vocab_rows: int) -> int:
         # logits and computes the fp32 gradient already in the forward, keeping it for backward:
         # logits + fp32 copy + fp32 gradient.
         return c * elements + upcast + _FP32 * elements
-    # chunked: the logits of one chunk of about vocab/hidden tokens at a time, fp32 gradient
-    # accumulators for the head weight.
-    chunk_tokens = max(1, min(tokens, tokens * shape.hidden // max(vocab_local, 1)))
-    return (c + _FP32 * 2) * chunk_tokens * vocab_local + _FP32 * vocab_local * shape.hidden
+    # chunked (torchtune CEWithChunkedOutputLoss): the 16-bit logits of every chunk, the fp32
+    # log-softmax outputs saved for the backward, and one chunk's fp32 upcast at a time.
+    return c * elements + _FP32 * elements + _FP32 * -(-elements // CHUNKED_LOSS_CHUNKS)
 
 
 def deferred_wgrad_bytes(job: Job, shape: ActivationShape, vocab_rows: int) -> int:
@@ -191,18 +248,5 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
 
 
 def optimizer_temporary_bytes(job: Job, profile: FrameworkProfile, states: StateBytes, prec: ResolvedPrecision, largest_tensor: int) -> int:
-    """Extra memory while ``optimizer.step()`` runs.
-
-    PyTorch's foreach Adam (its default on CUDA) computes ``sqrt(v)`` for the whole parameter group
-    at once (torch/optim/adam.py ``_multi_tensor_adam``): one state-sized temporary. Fused kernels
-    (``fused=True``, apex/TE FusedAdam, DeepSpeed FusedAdam) work in place. A for-loop step needs
-    one temporary of the largest tensor.
-    """
-    impl = resolved_optimizer_impl(job)
-    if job.optimizer.name in ("sgd", "adafactor", "adam8bit"):
-        impl = "for-loop" if impl != "fused" else impl
-    if impl == "fused":
-        return 0
-    if impl == "foreach":
-        return states.optimizer_numel * prec.state_bytes
-    return largest_tensor * prec.state_bytes
+    """Extra memory while ``optimizer.step()`` runs (:func:`memplan.estimate.optimizers.step_temporary_bytes`)."""
+    return step_temporary_bytes(job, states.optimizer_numel, largest_tensor, prec.state_bytes)

@@ -70,6 +70,9 @@ class StageEstimate:
     saved_logits_bytes: int = 0
     #: Collective buffers at their most during the step (``communication_bytes`` is at the peak).
     max_communication_bytes: int = 0
+    #: bitsandbytes paged optimizer states: in CUDA unified memory (cudaMallocManaged), outside
+    #: PyTorch's caching allocator, so not in the peaks above; paged to CPU under memory pressure.
+    paged_optimizer_bytes: int = 0
 
     @property
     def cpu_bytes(self) -> int:
@@ -141,6 +144,11 @@ class Estimate:
         return max((s.cpu_bytes for s in self.stages), default=0)
 
     @property
+    def paged_optimizer_bytes(self) -> int:
+        """Paged optimizer states of the most demanding GPU (outside the allocator; 0 unless paged)."""
+        return max((s.paged_optimizer_bytes for s in self.stages), default=0)
+
+    @property
     def fits(self) -> bool | None:
         """Whether the peak reserved memory fits the GPU's usable memory (None without a GPU)."""
         if self.gpu is None:
@@ -164,6 +172,7 @@ class Estimate:
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "peak_stage": self.peak_stage,
             "peak_cpu_bytes": self.peak_cpu_bytes,
+            "paged_optimizer_bytes": self.paged_optimizer_bytes,
             "fragmentation": self.fragmentation,
             "stages": [s.to_dict() for s in self.stages],
             "assumptions": list(self.assumptions),

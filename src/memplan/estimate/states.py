@@ -11,20 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.estimate.layout import StageLayout
+from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimizer_state_bytes: re-exported)
+    ADAM8BIT_BLOCK,
+    SmallTensors,
+    optimizer_state_bytes,
+    optimizer_states,
+)
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.frameworks.profiles import FrameworkProfile, resolved_optimizer_impl
 from memplan.job import Job
 from memplan.model.params import (
+    ParamGroups,
     embedding_params,
     final_norm_params,
     norm_params,
     position_embedding_params,
 )
-from memplan.model.params import ParamGroups
 from memplan.model.spec import ModelSpec
-
-#: bitsandbytes 8-bit optimizers quantize each state block-wise with one fp32 absmax per block.
-ADAM8BIT_BLOCK = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,9 @@ class StateBytes:
     cpu_parameters: int = 0
     cpu_gradients: int = 0
     cpu_optimizer: int = 0
+    #: bitsandbytes paged optimizer states in CUDA unified memory (not in ``optimizer``; outside
+    #: PyTorch's caching allocator).
+    paged_optimizer: int = 0
 
     @property
     def cpu_total(self) -> int:
@@ -171,21 +177,6 @@ def device_step_counters(job: Job, profile: FrameworkProfile, stage_tensors: int
     return stage_tensors if resolved_optimizer_impl(job) == "fused" else 0
 
 
-def optimizer_state_bytes(numel: int, job: Job, state_bytes: int, hidden: int) -> int:
-    """Moments kept by the optimizer for ``numel`` parameters."""
-    name = job.optimizer.name
-    if name in ("adam", "adamw"):
-        return 2 * numel * state_bytes
-    if name == "adam8bit":
-        return 2 * (numel + 4 * -(-numel // ADAM8BIT_BLOCK))
-    if name == "sgd":
-        return numel * state_bytes if job.optimizer.momentum > 0 else 0
-    # Adafactor (no first moment): one row and one column factor per matrix, about
-    # numel/cols + numel/rows; with one side of every matrix equal to the hidden size this is
-    # about 2 * numel / hidden.
-    return 2 * (numel // hidden) * state_bytes
-
-
 def state_bytes(
     model: ModelSpec,
     job: Job,
@@ -194,6 +185,7 @@ def state_bytes(
     *,
     offload_moves_gradients: bool = False,
     step_counters: int = 0,
+    small: SmallTensors | None = None,
 ) -> StateBytes:
     """Model states one GPU of a stage holds (and what offloading moves to CPU memory).
 
@@ -227,7 +219,10 @@ def state_bytes(
         parameters += fp8
     gradients = g_numel * prec.grad_bytes
     master = o_numel * prec.master_bytes
-    optimizer = optimizer_state_bytes(o_numel, job, prec.state_bytes, model.hidden_size)
+    # Optimizer hook (memplan.estimate.optimizers): ``small`` is the stage's split, scaled to the shard.
+    shard_small = small.scaled(o_numel / max(params.total, 1)) if small is not None else None
+    opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small)
+    optimizer = opt_states.device_bytes
     optimizer += step_counters * STEP_COUNTER_BYTES
     cpu_params = cpu_grads = cpu_opt = 0
     if off.optimizer:
@@ -252,4 +247,5 @@ def state_bytes(
         cpu_parameters=cpu_params,
         cpu_gradients=cpu_grads,
         cpu_optimizer=cpu_opt,
+        paged_optimizer=opt_states.paged_bytes,
     )

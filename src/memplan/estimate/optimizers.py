@@ -1,0 +1,234 @@
+"""Optimizer states and step temporaries: torch, bitsandbytes 8-bit and paged, Lion, Adafactor, SGD.
+
+Every optimizer keeps state only for the parameters it steps (the trainable ones): callers pass the
+numel the optimizer steps, and the elements of its *small* tensors, which bitsandbytes treats apart.
+
+bitsandbytes (``bitsandbytes/optim/optimizer.py``, ``Optimizer2State``/``Optimizer1State.init_state``):
+
+* 8-bit states are ``uint8`` tensors of the parameter's shape plus one fp32 ``absmax`` per block of
+  :data:`BNB_BLOCK` elements per state; a tensor with fewer than :data:`MIN_8BIT_NUMEL` elements
+  (``min_8bit_size``) keeps fp32 states instead. Two shared 256-entry fp32 quantization maps (2 KiB)
+  are not counted.
+* Paged optimizers allocate the states of tensors with at least :data:`PAGED_MIN_NUMEL` elements
+  with ``cudaMallocManaged`` (``get_state_buffer`` -> ``F.get_paged``): CUDA unified memory, outside
+  PyTorch's caching allocator, so not in ``max_memory_allocated``/``reserved``; the driver pages
+  them to CPU memory under GPU memory pressure. Smaller tensors' states, and every ``absmax``, are
+  ordinary CUDA tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from memplan.frameworks.profiles import resolved_optimizer_impl
+
+if TYPE_CHECKING:
+    from memplan.job import Job
+    from memplan.model.spec import LayerSpec, ModelSpec
+
+__all__ = [
+    "ADAM8BIT_BLOCK",
+    "BNB_BLOCK",
+    "MIN_8BIT_NUMEL",
+    "PAGED_MIN_NUMEL",
+    "OptimizerStates",
+    "SmallTensors",
+    "describe_optimizer",
+    "in_backward_gradient_bytes",
+    "needs_small_tensors",
+    "optimizer_state_bytes",
+    "optimizer_states",
+    "small_tensors",
+    "step_temporary_bytes",
+]
+
+#: bitsandbytes quantizes 8-bit states block-wise, one fp32 absmax per 256 elements (``blocksize = 256``).
+BNB_BLOCK = 256
+ADAM8BIT_BLOCK = BNB_BLOCK
+#: bitsandbytes ``min_8bit_size`` default: smaller tensors keep fp32 states.
+MIN_8BIT_NUMEL = 4096
+#: bitsandbytes ``get_state_buffer``: only tensors of at least 1e5 elements get paged states.
+PAGED_MIN_NUMEL = 100_000
+_FP32 = 4
+
+#: name -> (states per element, 8-bit?, paged?). Adafactor and SGD are priced apart.
+_KINDS: dict[str, tuple[int, bool, bool]] = {
+    "adam": (2, False, False), "adamw": (2, False, False),
+    "adam8bit": (2, True, False), "adamw8bit": (2, True, False),
+    "paged-adamw": (2, False, True), "paged-adamw8bit": (2, True, True),
+    "lion": (1, False, False), "lion8bit": (1, True, False), "paged-lion8bit": (1, True, True),
+}
+#: bitsandbytes optimizers (states fp32 whatever the precision; fused in-place CUDA kernels).
+BNB_OPTIMIZERS = frozenset(n for n in _KINDS if "8bit" in n or n.startswith("paged")) | {"lion"}
+
+
+@dataclass(frozen=True, slots=True)
+class SmallTensors:
+    """Elements of the stepped tensors below bitsandbytes' size thresholds (their total numel)."""
+
+    #: In tensors of fewer than :data:`MIN_8BIT_NUMEL` elements (fp32 states even for 8-bit optimizers).
+    below_8bit: int = 0
+    #: In tensors of fewer than :data:`PAGED_MIN_NUMEL` elements (never paged).
+    below_paged: int = 0
+    #: Elements of 1-D tensors (norms, biases): Adafactor keeps their second moment unfactored.
+    vectors: int = 0
+
+    def scaled(self, fraction: float) -> SmallTensors:
+        """The same split for a ``fraction`` of the tensors (a data-parallel shard)."""
+        return SmallTensors(below_8bit=int(self.below_8bit * fraction), below_paged=int(self.below_paged * fraction),
+                            vectors=int(self.vectors * fraction))
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerStates:
+    """Optimizer state bytes: in PyTorch's caching allocator, and in CUDA unified memory (paged)."""
+
+    device_bytes: int
+    paged_bytes: int = 0
+
+
+def needs_small_tensors(job: Job) -> bool:
+    """Whether the job's optimizer prices small tensors apart (bitsandbytes, Adafactor)."""
+    return job.optimizer.name in BNB_OPTIMIZERS or job.optimizer.name == "adafactor"
+
+
+@lru_cache(maxsize=4096)
+def _vector_sizes(layer: LayerSpec, hidden: int, norm_bias: bool) -> tuple[int, ...]:
+    """Element counts of one layer's 1-D parameters (norms, biases) and its routers (small matrices)."""
+    attn = layer.attention
+    sizes = [hidden] * (layer.num_hidden_norms * (2 if norm_bias else 1))
+    if attn.qk_norm:
+        sizes += [attn.head_dim, attn.head_dim]
+    if attn.qkv_bias and attn.kind != "mla":
+        sizes += [attn.num_heads * attn.head_dim] + [attn.num_kv_heads * attn.head_dim] * 2
+    if attn.out_bias:
+        sizes.append(hidden)
+    mlp = layer.mlp if layer.mlp is not None else None
+    if mlp is not None and mlp.bias:
+        sizes += [mlp.intermediate_size] * (2 if mlp.gated else 1) + [hidden]
+    return tuple(sizes)
+
+
+def small_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_head: bool) -> SmallTensors:
+    """The :class:`SmallTensors` of a stage's parameters (all trainable: full training).
+
+    Counts the norms, qk-norms and attention/MLP biases of its layers (and the final norm on the
+    last stage), plus each MoE router's weight, on their unsharded sizes. Expert biases are left out.
+    """
+    hidden = model.hidden_size
+    vectors: list[int] = [hidden] * (2 if model.norm_bias else 1) if has_head else []
+    routers: list[int] = []
+    for index in layer_indices:
+        layer = model.layers[index]
+        vectors += _vector_sizes(layer, hidden, model.norm_bias)
+        if layer.moe is not None:
+            routers.append(hidden * layer.moe.num_experts)
+    sizes = vectors + routers
+    return SmallTensors(below_8bit=sum(s for s in sizes if s < MIN_8BIT_NUMEL),
+                        below_paged=sum(s for s in sizes if s < PAGED_MIN_NUMEL), vectors=sum(vectors))
+
+
+def _bnb_state_bytes(numel: int, small: SmallTensors, per_element: int, eight_bit: bool, paged: bool) -> OptimizerStates:
+    """bitsandbytes states of ``numel`` elements: 8-bit plus absmax, or fp32; paged or not."""
+    fp32_numel = min(numel, small.below_8bit) if eight_bit else numel
+    quantized = numel - fp32_numel
+    blocks = -(-quantized // BNB_BLOCK) if quantized else 0
+    # Each state: one byte per element (8-bit) or four (fp32); 8-bit states add their absmax.
+    state_of = {"q": per_element * quantized, "f": per_element * _FP32 * fp32_numel}
+    absmax = per_element * _FP32 * blocks
+    if not paged:
+        return OptimizerStates(device_bytes=state_of["q"] + state_of["f"] + absmax)
+    unpaged = min(numel, small.below_paged)
+    # Tensors below the paging threshold: the smallest ones, fp32 for 8-bit optimizers up to min_8bit_size.
+    unpaged_fp32 = min(unpaged, fp32_numel)
+    unpaged_q = unpaged - unpaged_fp32
+    device = per_element * (_FP32 * unpaged_fp32 + (unpaged_q if eight_bit else _FP32 * unpaged_q))
+    total = state_of["q"] + state_of["f"]
+    return OptimizerStates(device_bytes=device + absmax, paged_bytes=total - device)
+
+
+def optimizer_states(numel: int, job: Job, state_bytes: int, hidden: int,
+                     small: SmallTensors | None = None) -> OptimizerStates:
+    """States kept by the job's optimizer for the ``numel`` parameters it steps.
+
+    ``state_bytes``: element size of torch optimizers' states (the precision's); bitsandbytes keeps
+    fp32 (or 8-bit) states whatever the parameters' dtype. ``small``: of ``numel``, the elements of
+    tensors below bitsandbytes' thresholds (zero: every tensor is large).
+    """
+    small = small or SmallTensors()
+    name = job.optimizer.name
+    if name in ("adam", "adamw"):
+        return OptimizerStates(device_bytes=2 * numel * state_bytes)
+    if name == "sgd":
+        return OptimizerStates(device_bytes=numel * state_bytes if job.optimizer.momentum > 0 else 0)
+    if name == "adafactor":
+        # Factored second moment (torch.optim.Adafactor, transformers' Adafactor, no first moment
+        # by default): a row and a column vector per matrix, about numel/cols + numel/rows; with one
+        # side of every matrix the hidden size this is about 2 * numel / hidden. 1-D tensors keep
+        # an unfactored second moment.
+        vectors = min(numel, small.vectors)
+        return OptimizerStates(device_bytes=(2 * ((numel - vectors) // hidden) + vectors) * state_bytes)
+    per_element, eight_bit, paged = _KINDS[name]
+    return _bnb_state_bytes(numel, small, per_element, eight_bit, paged)
+
+
+def optimizer_state_bytes(numel: int, job: Job, state_bytes: int, hidden: int,
+                          small: SmallTensors | None = None) -> int:
+    """Optimizer-state bytes in PyTorch's caching allocator (paged states excluded)."""
+    return optimizer_states(numel, job, state_bytes, hidden, small).device_bytes
+
+
+def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, state_bytes: int) -> int:
+    """Extra memory while the optimizer steps ``stepped_numel`` elements whose largest tensor has
+    ``largest_tensor`` elements.
+
+    PyTorch's foreach Adam (its default on CUDA) computes ``sqrt(v)`` for the whole parameter group
+    at once (torch/optim/adam.py ``_multi_tensor_adam``): one state-sized temporary. Fused kernels
+    (``fused=True``, apex/TE FusedAdam, DeepSpeed FusedAdam) and bitsandbytes' kernels (8-bit, paged,
+    Lion) work in place. A for-loop step (and SGD and Adafactor, which have no fused kernel) needs
+    one temporary of the largest tensor. With ``--optimizer-in-backward`` each parameter steps alone
+    (a foreach step over one tensor): at most one temporary of the largest tensor.
+    """
+    name = job.optimizer.name
+    if name in BNB_OPTIMIZERS:
+        return 0
+    impl = resolved_optimizer_impl(job)
+    if name in ("sgd", "adafactor"):
+        impl = "for-loop" if impl != "fused" else impl
+    if impl == "fused":
+        return 0
+    if impl == "foreach" and not job.optimizer.in_backward:
+        return stepped_numel * state_bytes
+    return largest_tensor * state_bytes
+
+
+def describe_optimizer(job: Job) -> str:
+    """One line for the assumptions: where the optimizer keeps its states."""
+    name = job.optimizer.name
+    out = ""
+    if name in _KINDS and _KINDS[name][1]:
+        out = (f"{name}: bitsandbytes 8-bit states (uint8 + one fp32 absmax per {BNB_BLOCK} elements); tensors "
+               f"under {MIN_8BIT_NUMEL} elements keep fp32 states")
+    elif name in ("lion", "paged-adamw"):
+        out = f"{name}: bitsandbytes fp32 states"
+    elif name == "adafactor":
+        out = "adafactor: factored second moment (a row and a column vector per matrix), no first moment"
+    if name.startswith("paged"):
+        out += (f"; paged: states of tensors of at least {PAGED_MIN_NUMEL:,} elements live in CUDA unified memory "
+                "(cudaMallocManaged), outside PyTorch's allocator and not in its peaks (paged_optimizer_bytes); the "
+                "driver pages them to CPU memory under GPU memory pressure")
+    if job.optimizer.in_backward:
+        out += ("; " if out else "") + ("optimizer in backward: each parameter steps in its post-accumulate-grad hook "
+                                        "and its gradient is freed; at most the largest gradient is alive")
+    return out
+
+
+def in_backward_gradient_bytes(gradients: int, stepped_numel: int, largest_tensor: int) -> int:
+    """Gradient bytes alive with ``--optimizer-in-backward``: each parameter steps in its
+    post-accumulate-grad hook and its gradient is freed at once, so at most the largest parameter's
+    gradient exists (``gradients`` are the bytes all ``stepped_numel`` gradients would take)."""
+    if stepped_numel <= 0:
+        return 0
+    return min(gradients, -(-gradients * min(largest_tensor, stepped_numel) // stepped_numel))
