@@ -19,6 +19,11 @@ from memplan.units import MiB
 #: Typical CUDA 12 contexts with lazy module loading take 0.4-0.6 GiB; NCCL adds a few hundred
 #: MiB per communicator set. 1 GiB is a conservative single figure for a training process.
 DEFAULT_OUTSIDE_ALLOCATOR_BYTES = 1024 * MiB
+#: A GeForce card usually also drives the desktop: the display server, compositor and browser hold
+#: about 0.5 GiB more on a typical Linux/Windows desktop (nvidia-smi's per-process list). memplan
+#: assumes consumer cards do; a headless card gains this back (pass a GPU with the default).
+DISPLAY_BYTES = 512 * MiB
+_CONSUMER = DEFAULT_OUTSIDE_ALLOCATOR_BYTES + DISPLAY_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,8 +35,11 @@ class GPU:
     total_bytes: int
     #: Bytes taken outside PyTorch's allocator (context, NCCL).
     outside_allocator_bytes: int = DEFAULT_OUTSIDE_ALLOCATOR_BYTES
-    #: Dense BF16 tensor-core peak, FLOP/s (for step-time models).
+    #: Dense BF16 tensor-core peak with fp32 accumulation, FLOP/s (for step-time models); FP16's on
+    #: GPUs without BF16 (``half_dtype``).
     bf16_flops: float = 0.0
+    #: 16-bit dtype the tensor cores run and ``bf16_flops`` measures: V100 and T4 have no BF16.
+    half_dtype: str = "bf16"
     description: str = ""
 
     @property
@@ -39,6 +47,30 @@ class GPU:
         """What the caching allocator can reserve before CUDA reports out of memory."""
         return self.total_bytes - self.outside_allocator_bytes
 
+
+# Fine-tuners' cards. Totals are nvidia-smi's "total" MiB as users report it (default ECC
+# setting: on for data-centre cards, which reserves part of the memory; GeForce and workstation
+# cards ship with ECC off). Peaks: NVIDIA data sheets and architecture white papers, dense tensor
+# FLOP/s with fp32 accumulation (what PyTorch uses; GeForce Ampere runs it at half the fp16-
+# accumulate rate). A10G (AWS g5) has no NVIDIA data sheet: the commonly cited figure.
+_FINE_TUNING: tuple[GPU, ...] = (
+    GPU(name="rtx-3090", total_bytes=24576 * MiB, outside_allocator_bytes=_CONSUMER, bf16_flops=71e12,
+        description="NVIDIA GeForce RTX 3090 24GB (desktop display assumed)"),
+    GPU(name="rtx-5090", total_bytes=32607 * MiB, outside_allocator_bytes=_CONSUMER, bf16_flops=209.5e12,
+        description="NVIDIA GeForce RTX 5090 32GB (desktop display assumed)"),
+    GPU(name="rtx-a6000", total_bytes=49140 * MiB, bf16_flops=154.8e12, description="NVIDIA RTX A6000 48GB"),
+    GPU(name="rtx-6000-ada", total_bytes=49140 * MiB, bf16_flops=364.2e12, description="NVIDIA RTX 6000 Ada 48GB"),
+    GPU(name="a10g", total_bytes=23028 * MiB, bf16_flops=70e12, description="NVIDIA A10G 24GB (AWS g5)"),
+    GPU(name="a10", total_bytes=23028 * MiB, bf16_flops=125e12, description="NVIDIA A10 24GB"),
+    GPU(name="l4", total_bytes=23034 * MiB, bf16_flops=121e12, description="NVIDIA L4 24GB"),
+    GPU(name="t4", total_bytes=15360 * MiB, bf16_flops=65e12, half_dtype="fp16",
+        description="NVIDIA T4 16GB (no BF16: FP16 peak)"),
+    GPU(name="v100-16gb", total_bytes=16160 * MiB, bf16_flops=125e12, half_dtype="fp16",
+        description="NVIDIA V100 SXM2 16GB (no BF16: FP16 peak)"),
+    GPU(name="v100-32gb", total_bytes=32510 * MiB, bf16_flops=125e12, half_dtype="fp16",
+        description="NVIDIA V100 SXM2 32GB (no BF16: FP16 peak)"),
+    GPU(name="a40", total_bytes=46068 * MiB, bf16_flops=149.7e12, description="NVIDIA A40 48GB"),
+)
 
 _CATALOGUE: tuple[GPU, ...] = (
     GPU(name="a100-40gb", total_bytes=40960 * MiB, bf16_flops=312e12, description="NVIDIA A100 40GB"),
@@ -48,8 +80,10 @@ _CATALOGUE: tuple[GPU, ...] = (
     GPU(name="h200", total_bytes=143771 * MiB, bf16_flops=989e12, description="NVIDIA H200 141GB"),
     GPU(name="b200", total_bytes=183359 * MiB, bf16_flops=2250e12, description="NVIDIA B200 180GB"),
     GPU(name="l40s", total_bytes=46068 * MiB, bf16_flops=362e12, description="NVIDIA L40S 48GB"),
-    GPU(name="rtx-4090", total_bytes=24564 * MiB, bf16_flops=165e12, description="NVIDIA GeForce RTX 4090 24GB"),
+    GPU(name="rtx-4090", total_bytes=24564 * MiB, outside_allocator_bytes=_CONSUMER, bf16_flops=165e12,
+        description="NVIDIA GeForce RTX 4090 24GB (desktop display assumed)"),
     GPU(name="mi300x", total_bytes=196592 * MiB, bf16_flops=1307e12, description="AMD Instinct MI300X 192GB"),
+    *_FINE_TUNING,
 )
 
 _ALIASES = {
@@ -63,6 +97,23 @@ _ALIASES = {
     "4090": "rtx-4090",
     "rtx4090": "rtx-4090",
     "mi300x-192gb": "mi300x",
+    "3090": "rtx-3090",
+    "rtx3090": "rtx-3090",
+    "5090": "rtx-5090",
+    "rtx5090": "rtx-5090",
+    "a6000": "rtx-a6000",
+    "rtxa6000": "rtx-a6000",
+    "6000-ada": "rtx-6000-ada",
+    "rtx6000-ada": "rtx-6000-ada",
+    "rtx-6000ada": "rtx-6000-ada",
+    "a10g-24gb": "a10g",
+    "a10-24gb": "a10",
+    "l4-24gb": "l4",
+    "t4-16gb": "t4",
+    "v100": "v100-32gb",
+    "v100-sxm2-16gb": "v100-16gb",
+    "v100-sxm2-32gb": "v100-32gb",
+    "a40-48gb": "a40",
 }
 
 

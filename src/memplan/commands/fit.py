@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from memplan.model.spec import ModelSpec
 
 _SEARCH, _LAYOUT, _OUT = "Search", "Layout for --max-mbs / --max-seq", "Output"
+_METHODS = "Fine-tuning methods"
 
 _EPILOG = """\
 Examples:
@@ -39,6 +40,10 @@ Examples:
   memplan fit llama-3.1-8b --gpus 8 --max-seq --plot seq.png
 
   memplan fit --colocate job1.yaml job2.yaml --gpu h100-80gb:3g.40gb
+
+  memplan fit llama-3.1-8b --gpu rtx-4090 --methods --seq 2048
+
+  memplan fit llama-3.1-8b --gpu rtx-4090 --peft lora --quantize-base nf4 --framework hf --max-seq
 
 A layout fits when its predicted reserved memory is at most the GPU's usable memory minus
 --margin. Sizes in GiB = 2^30 bytes. Exit codes: 0 ok, 1 nothing fits (the result, with the
@@ -66,6 +71,7 @@ def fit_command(
     colocate: Annotated[bool, option("--colocate", help="The arguments are job files: can they share one GPU?", panel=_SEARCH)] = False,
     max_mbs: Annotated[bool, option("--max-mbs", help="Find the largest micro-batch that fits one layout (the layout flags, --job, or the best found).", panel=_LAYOUT)] = False,
     max_seq: Annotated[bool, option("--max-seq", help="Find the longest sequence that fits one layout.", panel=_LAYOUT)] = False,
+    methods: Annotated[bool, option("--methods", help="Compare full fine-tuning, full with 8-bit AdamW, LoRA and QLoRA, each with and without gradient checkpointing, on one --gpu at --seq/--mbs: which fit, fastest first (hf profile unless --framework).", panel=_METHODS)] = False,
     job_file: Annotated[str | None, option("--job", help="Job file giving the layout for --max-mbs / --max-seq.", panel=_LAYOUT, metavar="FILE")] = None,
     plot: Annotated[str | None, option("--plot", help="Write the memory curve of --max-mbs/--max-seq as a PNG.", panel=_OUT, metavar="FILE")] = None,
     top: Annotated[int, option("--top", help="Candidates shown. (default: 10)", panel=_OUT)] = 10,
@@ -77,7 +83,9 @@ def fit_command(
 
     The job flags are memplan estimate's: the search keeps them and chooses the layout, sharding,
     micro-batch and recompute. --max-mbs / --max-seq find the largest micro-batch / sequence of one
-    layout, and --colocate predicts whether several jobs can share one GPU or MIG slice.
+    layout, and --colocate predicts whether several jobs can share one GPU or MIG slice. --methods
+    compares fine-tuning methods (full, 8-bit AdamW, LoRA, QLoRA; with and without checkpointing) on
+    one GPU. --gpus defaults to 1 for --max-mbs, --max-seq and --methods.
     """
     from memplan.fit.results import FIT_MARGIN
 
@@ -90,8 +98,13 @@ def fit_command(
             return _colocate(names, settings, json_output)
         if len(names) != 1:
             raise ConfigError("MODEL", "give exactly one model (or --colocate with job files)", " ".join(names) or None)
+        if methods:
+            return _methods(names[0], flags, settings, json_output,
+                            others={"--max-mbs": max_mbs, "--max-seq": max_seq, "--plot": plot, "--job": job_file})
         if flags.get("gpus") is None:
-            raise ConfigError("--gpus", "is required: the number of GPUs to lay the job out on")
+            if not (max_mbs or max_seq):
+                raise ConfigError("--gpus", "is required: the number of GPUs to lay the job out on")
+            flags["gpus"] = 1
         if max_mbs or max_seq:
             return _limits(names[0], flags, job_file, settings, max_mbs, max_seq, plot, json_output)
         for flag, value in (("--plot", plot), ("--job", job_file)):
@@ -190,7 +203,8 @@ def _layout_job(model: ModelSpec, model_ref: str, flags: dict[str, Any], job_fil
     """The job whose limits are searched: a job file and/or the flags, or the best fitting layout."""
     from memplan.inputs import JobRequest, load_job
 
-    if job_file is not None or any(name in flags for name in SEARCHED_FLAGS):
+    if job_file is not None or any(name in flags for name in SEARCHED_FLAGS) or flags["gpus"] == 1:
+        # One GPU has one layout: the flags' job (its recompute and micro-batch as given).
         return load_job(JobRequest(model=model_ref, flags=flags, job_file=job_file)).job
     gpus = flags["gpus"]
     base = _base_job({k: v for k, v in flags.items() if k != "gpus"})
@@ -224,6 +238,43 @@ def _limits(model_ref: str, flags: dict[str, Any], job_file: str | None, setting
         from memplan.errors import MemplanError
 
         raise MemplanError(f"no {limit.quantity.replace('_', ' ')} fits this layout on {limit.gpu}")
+
+
+#: What --methods chooses itself for each method: refused when given (never silently replaced).
+METHOD_FLAGS = ("recompute", "recompute_method", "recompute_layers", "peft", "trainable", "quantize_base", "gbs",
+                "tp", "pp", "vpp", "cp", "ep", "etp")
+
+
+def _methods(model_ref: str, flags: dict[str, Any], settings: _Settings, json_output: bool,
+             others: dict[str, Any]) -> None:
+    from memplan.fit.methods import compare_methods, methods_base_job
+    from memplan.gpus import get_gpu
+    from memplan.jobflags import build_job, job_flags
+    from memplan.model import load_model
+
+    for flag, value in others.items():
+        if value not in (None, False):
+            raise ConfigError(flag, "cannot be combined with --methods (it compares methods at one --seq/--mbs)",
+                              value)
+    chosen = [f for f in job_flags() if f.name in METHOD_FLAGS and f.name in flags]
+    if chosen:
+        raise ConfigError(chosen[0].flag, "is chosen by --methods for each method (it compares what trains and "
+                          "gradient checkpointing on one GPU); drop it", flags[chosen[0].name])
+    gpu = get_gpu(settings.gpu)
+    model = load_model(model_ref)
+    base = build_job({"gpus": 1, **flags}, base=methods_base_job(gpu))
+    result = compare_methods(model, gpu=gpu, base=base, margin=settings.margin)
+    if json_output:
+        _print_json(result.to_dict())
+    else:
+        from memplan.report.fit_text import methods_renderables
+
+        _print(*methods_renderables(result))
+    if result.best is None:  # a result, not bad input: shown above, then the error line (exit 1)
+        from memplan.errors import MemplanError
+
+        raise MemplanError(f"no fine-tuning method fits {model.name} on {gpu.name} at sequence "
+                           f"{result.seq_length}, micro-batch {result.micro_batch_size}")
 
 
 def _colocate(files: list[str], settings: _Settings, json_output: bool) -> None:

@@ -6,6 +6,7 @@ Public API::
 
     result = fit("llama-3.1-70b", gpus=64, gpu="h100-80gb", seq=8192, gbs=512, top=10)
     best = result.best            # Candidate: layout, job, reserved bytes, headroom, StepTime
+    methods = compare_methods("llama-3.1-8b", gpu="rtx-4090", seq=2048)  # full / LoRA / QLoRA on one GPU
 
 Everything here is pure Python and imports no torch.
 """
@@ -15,8 +16,10 @@ import types
 from typing import Any
 
 from memplan.fit.colocate import MIG_PROFILES, Colocation, ProcessMemory, SharedJob, colocate, resolve_device
+from memplan.fit.context import DEFAULT_TOKENS_PER_STEP, default_global_batch
 from memplan.fit.hardware import HARDWARE, Hardware
 from memplan.fit.limits import CurvePoint, Limit, max_micro_batch, max_seq_length
+from memplan.fit.methods import MethodResult, MethodsResult, compare_methods
 from memplan.fit.results import (
     FIT_MARGIN,
     Candidate,
@@ -27,7 +30,6 @@ from memplan.fit.results import (
     fits_memory,
     memory_limit,
 )
-from memplan.fit.context import DEFAULT_TOKENS_PER_STEP, default_global_batch
 from memplan.fit.search import fit
 from memplan.fit.space import Layout, SearchSpace, enumerate_layouts
 from memplan.fit.steptime import StepTime, step_time
@@ -45,6 +47,8 @@ __all__ = [
     "Hardware",
     "Layout",
     "Limit",
+    "MethodResult",
+    "MethodsResult",
     "NoFitError",
     "ProcessMemory",
     "RejectedFamily",
@@ -52,6 +56,7 @@ __all__ = [
     "SharedJob",
     "StepTime",
     "colocate",
+    "compare_methods",
     "default_global_batch",
     "enumerate_layouts",
     "fit",

@@ -25,6 +25,12 @@ slowest pipeline stage:
   micro-batch's backward; ZeRO-3/FSDP also all-gathers 16-bit weights for every forward and
   backward, hidden behind compute when shorter than it;
 * **optimizer**: a memory-bound pass over this GPU's shard of the optimizer state.
+* **fine-tuning** (``job.finetune``): frozen weights need no weight gradient, so with frozen base
+  weights the matmuls' backward is one forward's worth (gradient of the input only) instead of two;
+  adapters' FLOPs and optimizer step are neglected (LoRA adds well under 1% of the weights); a
+  quantized base (bitsandbytes) dequantizes every quantized weight to 16 bits in each forward, each
+  backward and each recompute: a memory-bound pass of :data:`DEQUANT_BYTES_PER_WEIGHT` per weight
+  at HBM speed, per micro-batch (``dequant_s``; part of ``compute_s``'s total, reported apart).
 
 Collectives run at :data:`COMM_EFFICIENCY` of the link: NVLink when the group stays within one node;
 across nodes, a rail-optimised network with one NIC per GPU, where NCCL runs one ring per NIC so
@@ -62,6 +68,9 @@ HALF_BYTES = 2
 #: Bytes the optimizer step reads and writes per parameter of its shard (fp32 master, two fp32
 #: moments read and written, fp32 gradient read, 16-bit weight written): 8 + 16 + 4 + 2.
 OPTIMIZER_BYTES_PER_PARAM = 30
+#: HBM bytes moved per weight by one bitsandbytes dequantization: the packed weight and its block
+#: scales read (4-bit: 0.5 B + absmax; int8: 1 B + a row scale) and the 16-bit weight written (2 B).
+DEQUANT_BYTES_PER_WEIGHT = {"nf4": 2.6, "fp4": 2.6, "int8": 3.0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +90,8 @@ class StepTime:
     tokens_per_s: float
     #: Model FLOPs utilisation: 6·active params + causal attention per token, without recompute.
     mfu: float
+    #: Dequantizing a bitsandbytes-quantized base (part of ``total_s``; 0 without one).
+    dequant_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -239,7 +250,9 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
         if stage == pp - 1:
             matmul += 2.0 * hidden * model.vocab_size * share
         attn = sum(attn_each)
-        compute = 3.0 * (matmul / matmul_rate + attn) + LAYER_OVERHEAD_S * n_layers
+        # Frozen weights: the backward computes the input's gradient only (one forward's FLOPs).
+        passes = 2.0 if job.finetune.has_frozen else 3.0
+        compute = passes * matmul / matmul_rate + 3.0 * attn + LAYER_OVERHEAD_S * n_layers
         recompute = attn if job.recompute.mode == "selective" else rc_frac * (matmul / matmul_rate + attn)
         act_bytes = tokens_rank * hidden * HALF_BYTES
         tp_coll = (4 + 2 * rc_frac) * 2 * (tp - 1) / tp * act_bytes / tp_bw if tp > 1 else 0.0
@@ -254,12 +267,13 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
             sent = tokens_rank / tp * hidden * HALF_BYTES * (ep - 1) / ep
             ep_comm = (4 + 2 * rc_frac) * experts * _all_to_all_seconds(hw, sent, ep, par.expert_tp, gpn)
         pp_comm = (2 * vpp * act_bytes / tp / pp_bw) if pp > 1 else 0.0
-        per_mb = compute + recompute + tp_comm + cp_comm + ep_comm + pp_comm
-        parts = (per_mb, compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm, float(stage))
+        dequant = _dequant_seconds(job, hw, sum(facts.matmul2[i] for i in idx) / 2.0 / tp, rc_frac)
+        per_mb = compute + recompute + tp_comm + cp_comm + ep_comm + pp_comm + dequant
+        parts = (per_mb, compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm, dequant)
         if worst is None or parts[0] > worst[0]:
             worst = parts
     assert worst is not None
-    per_mb, compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm, _ = worst
+    per_mb, compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm, dequant = worst
     bubble = per_mb * (pp - 1) / vpp if pp > 1 else 0.0
     dp_comm, optimizer = _dp_and_optimizer(model, job, hw, dp_bw, per_mb, compute, micro)
     total = per_mb * micro + bubble + dp_comm + optimizer
@@ -270,8 +284,18 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
         compute_s=compute * micro, recompute_s=recompute * micro, tp_comm_s=tp_comm * micro,
         cp_comm_s=cp_comm * micro, ep_comm_s=ep_comm * micro, pp_comm_s=pp_comm * micro,
         bubble_s=bubble, dp_comm_s=dp_comm, optimizer_s=optimizer, total_s=total,
-        tokens_per_s=tokens_per_s, mfu=mfu,
+        tokens_per_s=tokens_per_s, mfu=mfu, dequant_s=dequant * micro,
     )
+
+
+def _dequant_seconds(job: Job, hw: Hardware, weights: float, recompute_fraction: float) -> float:
+    """One micro-batch's dequantization of the quantized base on one GPU: forward, backward and the
+    recompute each dequantize every quantized weight (``weights``: the stage's decoder linears)."""
+    quant = job.finetune.quantize_base
+    if quant == "none":
+        return 0.0
+    passes = 2.0 + recompute_fraction
+    return passes * weights * DEQUANT_BYTES_PER_WEIGHT[quant] / hw.hbm_bytes_per_s
 
 
 def _local_params(model: ModelSpec, job: Job) -> tuple[float, float]:
@@ -299,10 +323,14 @@ def _dp_and_optimizer(
         grads = count * GRAD_REDUCE_BYTES * frac
         params = count * HALF_BYTES * frac
         comm += (grads + params if sharded else 2 * grads) / bw
+    if job.finetune.has_frozen:
+        comm = 0.0  # only the adapters' gradients are reduced: neglected
     exposed = max(0.0, comm - 2.0 / 3.0 * compute)  # hidden behind the last backward
     if sh.zero == 3 or sh.fsdp != "none":
         gather = 2 * (dense + expert) * HALF_BYTES * (max(dp, 2) - 1) / max(dp, 2) / bw
         exposed += micro * max(0.0, gather - per_mb)
     shard = (dense / dp if sharded else dense) + (expert / edp if sharded else expert)
+    if job.finetune.has_frozen:
+        return exposed, 0.0  # the adapters' step is neglected (module docstring)
     optimizer = shard * OPTIMIZER_BYTES_PER_PARAM / hw.hbm_bytes_per_s
     return exposed, optimizer

@@ -17,10 +17,11 @@ from memplan.units import GiB
 if TYPE_CHECKING:
     from memplan.fit.colocate import Colocation
     from memplan.fit.limits import Limit
+    from memplan.fit.methods import MethodsResult
     from memplan.fit.results import FitResult
     from memplan.job import Job
 
-__all__ = ["colocation_table", "fit_renderables", "limit_renderables"]
+__all__ = ["colocation_table", "fit_renderables", "limit_renderables", "methods_renderables"]
 
 
 def _candidates_table(result: FitResult, top: int | None) -> Table:
@@ -108,3 +109,39 @@ def colocation_table(result: Colocation) -> Any:
     else:
         verdict = Text(f"does not fit: {-result.headroom_bytes / GiB:.2f} GiB over", style="bold red")
     return Group(table, verdict)
+
+
+def _params(value: int | None) -> str:
+    return f"{value / 1e9:.2f}B" if value is not None else "-"
+
+
+def methods_renderables(result: MethodsResult) -> list[Any]:
+    """Every fine-tuning method on the GPU: fitting ones fastest first, the verdict, the notes.
+    The paged and trainable columns appear only when some method has them."""
+    head = Text(f"{result.model} on one {result.gpu}: sequence {result.seq_length}, micro-batch "
+                f"{result.micro_batch_size}; limit {result.limit_bytes / GiB:.1f} GiB "
+                f"({result.usable_bytes / GiB:.1f} usable - {100 * result.margin:.0f}% margin)")
+    table = Table(title="Fine-tuning methods (fitting ones fastest first)", title_justify="left", show_edge=False,
+                  pad_edge=False)
+    paged = any(m.paged_optimizer_bytes for m in result.methods)
+    trainable = any(m.trainable_params is not None for m in result.methods)
+    columns = ["#", "method", "fits", "GiB", "headroom"] + ["paged GiB"] * paged + ["trainable"] * trainable
+    for col in [*columns, "step s", "tokens/s"]:
+        left = col in ("method", "fits")
+        table.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=len(col))
+    for rank, m in enumerate(result.methods, start=1):
+        style = "green" if m.fits else "red"
+        cells: list[Any] = [str(rank), m.label.replace(" + checkpointing", " + ckpt"),
+                            Text("yes" if m.fits else "no", style=style), f"{m.reserved_bytes / GiB:.1f}",
+                            Text(f"{m.headroom_bytes / GiB:.1f}", style=style)]
+        if paged:
+            cells.append(f"{m.paged_optimizer_bytes / GiB:.1f}")
+        if trainable:
+            cells.append(_params(m.trainable_params))
+        table.add_row(*cells, f"{m.step.total_s:.3f}", f"{m.step.tokens_per_s:,.0f}")
+    best = result.best
+    verdict = Text(f"fastest that fits: {best.label}" if best else "no method fits this GPU at this sequence and "
+                   "micro-batch (try a shorter --seq or --mbs 1)", style="bold green" if best else "bold red")
+    notes = [("Sizes: predicted peak reserved memory, GiB = 2^30 bytes; paged: bitsandbytes paged optimizer "
+              "states outside the allocator; ckpt: gradient checkpointing."), *result.notes]
+    return [head, table, Group(verdict, Text("\n".join(notes), style="dim"))]

@@ -119,6 +119,9 @@ def _stage_section(est: Estimate) -> str:
         word = "fits" if est.fits else "does not fit"
         verdict = (f'<p class="{cls}">{word} on {_esc(est.gpu.name if est.gpu else "")}: headroom '
                    f'{(est.headroom_bytes or 0) / _GIB:+.2f} GiB</p>')
+    from memplan.report.text import training_split
+
+    verdict = f"<p>{est.total_parameters / 1e9:,.2f} B parameters{_esc(training_split(est))}</p>{verdict}"
     return (f"<h2>Per-stage memory (GiB = 2^30 bytes)</h2>{verdict}{_legend(labels)}"
             f"{''.join(parts)}{table}")
 

@@ -38,6 +38,7 @@ __all__ = [
     "stage_breakdown",
     "stage_table",
     "stage_tables",
+    "training_split",
 ]
 
 #: Stages shown side by side in one table; more stages are split over several tables.
@@ -124,13 +125,26 @@ def stage_tables(est: Estimate, *, per_table: int = STAGES_PER_TABLE) -> list[Ta
     ]
 
 
+def training_split(est: Estimate) -> str:
+    """`` (X B trainable, Y B frozen)`` when the estimate reports them, else empty; and the paged
+    optimizer states outside the allocator when there are any."""
+    data = est.to_dict()
+    trainable, frozen = data.get("trainable_params"), data.get("frozen_params")
+    out = ""
+    if isinstance(trainable, int) and isinstance(frozen, int):
+        out = f" ({trainable / 1e9:,.3f} B trainable, {frozen / 1e9:,.2f} B frozen)"
+    if est.paged_optimizer_bytes:
+        out += f" · {_gib(est.paged_optimizer_bytes)} GiB paged optimizer states (outside the allocator)"
+    return out
+
+
 def estimate_header(est: Estimate) -> Text:
     """One line: model, size, framework, precision and layout."""
     job = est.to_dict()["job"]
     par, batch = job.get("parallel", {}), job.get("batch", {})
     text = Text()
     text.append(est.model, style="bold")
-    text.append(f" · {est.total_parameters / 1e9:,.2f} B parameters · {est.framework}")
+    text.append(f" · {est.total_parameters / 1e9:,.2f} B parameters{training_split(est)} · {est.framework}")
     text.append(f" · {job.get('precision', {}).get('name', '?')}")
     text.append(
         f" · {par.get('world_size')} GPUs = dp {par.get('dp')} x tp {par.get('tp')} x pp {par.get('pp')}"
@@ -226,8 +240,8 @@ def gpus_table(gpus: Iterable[GPU]) -> Table:
     table.add_column("description")
     table.add_column("total GiB", justify="right")
     table.add_column("usable GiB", justify="right")
-    table.add_column("BF16 TFLOP/s", justify="right")
+    table.add_column("16-bit TFLOP/s", justify="right")
     for g in gpus:
         table.add_row(g.name, g.description, _gib(g.total_bytes), _gib(g.usable_bytes),
-                      f"{g.bf16_flops / 1e12:,.0f}" if g.bf16_flops else "")
+                      f"{g.bf16_flops / 1e12:,.0f} {g.half_dtype}" if g.bf16_flops else "")
     return table
