@@ -5,8 +5,8 @@ Example::
 
     >>> from memplan.fit import compare_methods
     >>> result = compare_methods("llama-3.2-1b", gpu="h100-80gb", seq=2048)
-    >>> [m.name for m in result.methods][:1]
-    ['full']
+    >>> len(result.methods), result.best is not None
+    (8, True)
 
 Every method starts from one base job (the user's flags: sequence, micro-batch, precision,
 attention, LoRA rank and targets, loss...) and replaces only what defines the method: what trains
