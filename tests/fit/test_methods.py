@@ -164,3 +164,19 @@ def test_limit_search_is_fast() -> None:
     max_seq_length(model, job, gpu="rtx-4090")
     compare_methods(model, gpu="rtx-4090", seq=2048)
     assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("alias, name", [("3090", "rtx-3090"), ("RTX5090", "rtx-5090"), ("a6000", "rtx-a6000"),
+                                         ("6000-ada", "rtx-6000-ada"), ("A10G", "a10g"), ("l4", "l4"), ("t4", "t4"),
+                                         ("v100", "v100-32gb"), ("v100-16gb", "v100-16gb"), ("a40", "a40")])
+def test_fine_tuners_gpus(alias: str, name: str) -> None:
+    """Every catalogue GPU has step-time data; GeForce cards keep room for a desktop display; V100/T4 are fp16."""
+    from memplan.fit.hardware import hardware_for
+    from memplan.gpus import DEFAULT_OUTSIDE_ALLOCATOR_BYTES, DISPLAY_BYTES, list_gpus
+
+    gpu = get_gpu(alias)
+    assert gpu.name == name and gpu.bf16_flops == hardware_for(name).peak_flops
+    assert all(hardware_for(g.name) for g in list_gpus())
+    geforce = name.startswith("rtx-") and name[4:].isdigit()
+    assert gpu.outside_allocator_bytes == DEFAULT_OUTSIDE_ALLOCATOR_BYTES + (DISPLAY_BYTES if geforce else 0)
+    assert gpu.half_dtype == ("fp16" if name in ("t4", "v100-16gb", "v100-32gb") else "bf16")
