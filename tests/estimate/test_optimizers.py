@@ -143,3 +143,36 @@ def test_fused_linear_chunk_rule() -> None:
 def test_packing_is_stated() -> None:
     est = estimate(load_model("llama-3.2-1b"), Job(framework="hf", batch=Batch(seq_length=1024, packing=True)))
     assert any("sequence packing" in a for a in est.assumptions)
+
+
+@pytest.mark.parametrize("name, opt_class", [("adamw8bit", "AdamW8bit"), ("paged-adamw8bit", "PagedAdamW8bit"),
+                                             ("lion8bit", "Lion8bit")])
+def test_whole_model_states_match_bitsandbytes(name: str, opt_class: str) -> None:
+    """A real transformers Qwen2 (q/k/v biases and norms under min_8bit_size) stepped by bitsandbytes on
+    CPU: its state bytes equal the estimator's (paged ones included: on CPU bitsandbytes does not page)."""
+    transformers = pytest.importorskip("transformers")
+    from memplan.model import model_from_hf_config
+
+    config = {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+              "max_position_embeddings": 512, "tie_word_embeddings": False}
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**config))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = getattr(bnb.optim, opt_class)(params)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    spec = model_from_hf_config(config, name="tiny-qwen2")
+    est = estimate(spec, Job(framework="hf", batch=Batch(seq_length=64), optimizer=Optimizer(name=name))).stages[0]
+    assert est.parameters_numel == sum(p.numel() for p in params)
+    assert est.optimizer_moments_bytes + est.paged_optimizer_bytes == _state_bytes(opt)
+
+
+def test_small_tensors_of_adapter_sizes() -> None:
+    """LoRA rank 16 on a 4096-wide projection: each adapter has 65,536 elements — 8-bit, but never paged."""
+    from memplan.estimate.optimizers import small_tensors_of_sizes
+
+    small = small_tensors_of_sizes([16 * 4096, 4096 * 16, 100])
+    assert small.below_8bit == 100 and small.below_paged == 2 * 65536 + 100
+    job = Job(framework="hf", optimizer=Optimizer(name="paged-adamw8bit"))
+    assert optimizer_states(2 * 65536 + 100, job, 4, 4096, small).paged_bytes == 0

@@ -18,6 +18,7 @@ bitsandbytes (``bitsandbytes/optim/optimizer.py``, ``Optimizer2State``/``Optimiz
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -41,6 +42,7 @@ __all__ = [
     "optimizer_state_bytes",
     "optimizer_states",
     "small_tensors",
+    "small_tensors_of_sizes",
     "step_temporary_bytes",
 ]
 
@@ -128,6 +130,15 @@ def small_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_head:
     sizes = vectors + routers
     return SmallTensors(below_8bit=sum(s for s in sizes if s < MIN_8BIT_NUMEL),
                         below_paged=sum(s for s in sizes if s < PAGED_MIN_NUMEL), vectors=sum(vectors))
+
+
+def small_tensors_of_sizes(sizes: Iterable[int], *, vectors: int = 0) -> SmallTensors:
+    """The :class:`SmallTensors` of stepped tensors given by their element counts — for a trainable set
+    that is not the whole stage (e.g. LoRA adapters: ``r x in`` and ``out x r``, each often under the
+    paging threshold). ``vectors``: the elements of its 1-D tensors."""
+    listed = tuple(sizes)
+    return SmallTensors(below_8bit=sum(n for n in listed if n < MIN_8BIT_NUMEL),
+                        below_paged=sum(n for n in listed if n < PAGED_MIN_NUMEL), vectors=vectors)
 
 
 def _bnb_state_bytes(numel: int, small: SmallTensors, per_element: int, eight_bit: bool, paged: bool) -> OptimizerStates:
