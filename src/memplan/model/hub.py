@@ -117,7 +117,7 @@ def hub_config_path(ref: str) -> Path:
     cached = huggingface_hub.try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir, revision=revision)
     if isinstance(cached, str):
         return Path(cached)
-    if _offline():
+    if _offline() or huggingface_hub.constants.HF_HUB_OFFLINE:  # the library reads it once, at import
         raise ModelConfigError("model", "is a Hugging Face Hub id whose config.json is not in the local cache and "
                                "HF_HUB_OFFLINE is set", ref, hint=f"run once online or `huggingface-cli download "
                                f"{repo_id} config.json`" + (f" --revision {revision}" if revision else ""))
@@ -130,9 +130,10 @@ def hub_config_path(ref: str) -> Path:
         path = huggingface_hub.hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache_dir,
                                                endpoint=endpoint)
     except hub_errors.GatedRepoError:
+        hint = ("your token's account has no access yet: accept the licence on the model's page" if
+                huggingface_hub.get_token() else "set HF_TOKEN or run `huggingface-cli login`")
         raise ModelConfigError("model", "is a gated Hugging Face repository: access needs a token of an account "
-                               "that accepted its licence", ref,
-                               hint="set HF_TOKEN or run `huggingface-cli login`") from None
+                               "that accepted its licence", ref, hint=hint) from None
     except hub_errors.RepositoryNotFoundError:
         hint = "check the spelling; a private repository also needs HF_TOKEN or `huggingface-cli login`"
         raise ModelConfigError("model", "is not a repository on the Hugging Face Hub", ref, hint=hint) from None
