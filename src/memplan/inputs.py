@@ -148,6 +148,16 @@ def _conditions(values: Mapping[str, Any], job: Job) -> dict[str, Any]:
     return out
 
 
+def _keep_accumulation(values: Mapping[str, Any], job: Job) -> dict[str, Any]:
+    """``values`` with ``gbs`` set so that a typed ``--mbs`` over a dialect file keeps the file's
+    micro-batches per step (its gradient accumulation) instead of contradicting its batch size."""
+    out = dict(values)
+    if "gbs" in out or "mbs" not in out or job.batch.global_batch_size is None:
+        return out
+    out["gbs"] = job.num_microbatches * int(out["mbs"]) * job.parallel.data_parallel
+    return out
+
+
 def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     _check(values)
     spec: ModelSpec | None = None
@@ -182,7 +192,7 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
         settings += read
     if dialects:
         check_conflicts(_conditions(values, job))
-        job = build_job(values, job)
+        job = build_job(_keep_accumulation(values, job), job)
     validate_job_for_model(job, spec)
     return LoadedJob(model=spec, job=job, model_ref=model_ref, gpu=values.get("gpu"),
                      fragmentation=values.get("fragmentation"), megatron_args=megatron_args,

@@ -124,3 +124,21 @@ def test_fsdp_options(tmp_path: Path) -> None:
     assert (job.sharding.fsdp, job.sharding.zero) == ("none", 2)
     with pytest.raises(ConfigError, match="fsdp"):
         hf_args_job({"fsdp": "fully_sharded"}, Job())
+
+
+def test_fit_report_and_save_job_carry_the_settings(tmp_path: Path) -> None:
+    path = _args_json(tmp_path, per_device_train_batch_size=2, torch_compile=True)
+    runner = CliRunner()
+    fit = runner.invoke(app, ["fit", "llama-3.2-1b", "--gpus", "2", "--hf-args", str(path), "--top", "1", "--json"])
+    assert fit.exit_code in (0, 1), fit.output
+    assert [s["key"] for s in json.loads(fit.stdout)["unmodelled_settings"]] == ["torch_compile"]
+    html = tmp_path / "report.html"
+    report = runner.invoke(app, ["report", "llama-3.2-1b", "--gpus", "2", "--hf-args", str(path), "-o", str(html)])
+    assert report.exit_code == 0, report.output
+    assert "torch_compile" in html.read_text()
+    saved = tmp_path / "job.yaml"
+    first = runner.invoke(app, ["estimate", "llama-3.2-1b", "--gpus", "2", "--hf-args", str(path), "--mbs", "3",
+                                "--save-job", str(saved), "--json"])
+    again = runner.invoke(app, ["estimate", "--job", str(saved), "--json"])
+    assert first.exit_code == again.exit_code == 0, again.output
+    assert json.loads(first.stdout) == json.loads(again.stdout)
