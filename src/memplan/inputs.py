@@ -170,13 +170,15 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
         load_megatron_args = _lazy("memplan.frameworks.megatron_args", "load_megatron_args", "--megatron-args")
         spec, base = load_megatron_args(megatron_args, gpus=values.get("gpus") or 1)
     model_ref = values.get("model")
+    if model_ref is None and megatron_args is None and hf_args is not None:
+        model_ref = _lazy("memplan.frameworks.hf_args", "hf_args_model", "--hf-args")(hf_args)
     if model_ref is not None:
         from memplan.model import load_model
 
         spec = load_model(model_ref)
     if spec is None:
         raise ConfigError("MODEL", "is required (a preset name, a config.json path or a Hugging Face Hub id) "
-                          "unless --megatron-args or a job file names one")
+                          "unless --megatron-args, --hf-args (model_name_or_path) or a job file names one")
     job = build_job(values, base)
     settings: list[InputSetting] = []
     if hf_args is not None:

@@ -107,6 +107,12 @@ def test_a_trl_command_line_maps(tmp_path: Path) -> None:
     assert loaded.unmodelled == ()
 
 
+def test_the_command_line_names_the_model(tmp_path: Path) -> None:
+    path = tmp_path / "run.sh"
+    path.write_text(SCRIPT.replace("meta-llama/Llama-3.2-1B", "llama-3.2-1b"))
+    assert load_job(JobRequest(hf_args=str(path))).model.name == "llama-3.2-1b"
+
+
 def test_deepspeed_inside_the_args_and_flag_precedence(tmp_path: Path) -> None:
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"},
                                                   "train_micro_batch_size_per_gpu": "auto"}))

@@ -58,7 +58,8 @@ All sizes are GiB = 2^30 bytes. Exit codes: 0 ok, 1 unsupported input, 2 invalid
 def estimate_command(
     model: Annotated[str | None, typer.Argument(
         help="Preset name (see `memplan models`), path to a Hugging Face config.json / its folder, or a "
-        "Hub id ORG/NAME[@REV] (its config.json only, from the cache first). Optional with --megatron-args or --job.", show_default=False, metavar="MODEL")] = None,
+        "Hub id ORG/NAME[@REV] (its config.json only, from the cache first). Optional with --megatron-args, --job or "
+        "--hf-args naming model_name_or_path.", show_default=False, metavar="MODEL")] = None,
     gpu: Annotated[str | None, option("--gpu", help="GPU to check the fit against (see `memplan gpus`).", panel=_OUT, metavar="NAME")] = None,
     fragmentation: Annotated[float | None, option("--fragmentation", help="Assumed allocator fragmentation fraction. (default: 0.10)", panel=_OUT, metavar="F")] = None,
     megatron_args: Annotated[str | None, option("--megatron-args", help="File with a Megatron-LM launch command line or args mapping.", panel=_OUT, metavar="FILE")] = None,

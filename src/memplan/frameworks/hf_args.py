@@ -35,7 +35,7 @@ from memplan.jobflags import build_job
 from memplan.settings import InputSetting
 from memplan.textfile import read_text_file
 
-__all__ = ["apply_hf_args", "hf_args_job", "parse_hf_command_line", "read_hf_args"]
+__all__ = ["apply_hf_args", "hf_args_job", "hf_args_model", "parse_hf_command_line", "read_hf_args"]
 
 _FLAG = "--hf-args"
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "auto": None, "bf16": "bf16", "fp16": "fp16"}
@@ -107,6 +107,12 @@ def parse_hf_command_line(text: str) -> dict[str, Any]:
     if script is None:
         return _words_to_args(words)
     return {**_words_to_args(words[:script], "launcher."), **_words_to_args(words[script + 1:])}
+
+
+def hf_args_model(path: str | Path) -> str | None:
+    """The model the arguments name (TRL ``--model_name_or_path``), used when MODEL is not given."""
+    name = read_hf_args(path).get("model_name_or_path")
+    return name if isinstance(name, str) and name.strip() else None
 
 
 def apply_hf_args(path: str | Path, job: Job) -> tuple[Job, tuple[InputSetting, ...]]:

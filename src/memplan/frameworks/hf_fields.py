@@ -81,7 +81,7 @@ NO_MEMORY_EFFECT: dict[str, str] = {
     "average_tokens_across_devices": "loss normalisation",
     "torch_compile_backend": "read with torch_compile",
     "torch_compile_mode": "read with torch_compile",
-    "model_name_or_path": "MODEL names the model",
+    "model_name_or_path": "the model when MODEL is not given (MODEL wins)",
     "model_revision": "MODEL names the model",
     "trust_remote_code": "loading option",
     "attn_implementation": "see --attention",
