@@ -173,7 +173,7 @@ def hf_args_job(args: Mapping[str, Any], job: Job, *, base_dir: Path | None = No
     for key in args:
         if key not in m.settings:
             m.settings[key] = _classify(key, args[key])
-    return out, tuple(m.settings[k] for k in args)
+    return out, (*(m.settings[k] for k in args), *(v for k, v in m.settings.items() if k not in args))
 
 
 def _classify(key: str, value: Any) -> InputSetting:
@@ -241,9 +241,13 @@ def _precision(m: _Mapping) -> None:
         for key in ("bf16", "fp16"):
             m.mark(key, "modelled", f"--precision {name} (Trainer autocasts; weights stay in the loaded dtype)")
     else:
+        note = ("the job's precision is kept (--precision, default bf16-mixed); Trainer's own default is fp32, "
+                "TRL SFTConfig's bf16")
         for key in ("bf16", "fp16"):
-            m.mark(key, "no-memory-effect", "false: the job's precision is kept (Trainer's default is fp32, "
-                   "TRL SFTConfig's bf16)")
+            m.mark(key, "no-memory-effect", f"false: {note}")
+        if "bf16" not in m.args and "fp16" not in m.args:  # a command line that names neither
+            m.settings["bf16"] = InputSetting(source=_FLAG, key="bf16", value=None, effect="modelled",
+                                              note=f"not given: {note}")
     for key in ("half_precision_backend", "fp16_opt_level", "fp16_backend"):
         m.mark(key, "no-memory-effect", "amp backend choice")
 
