@@ -36,6 +36,7 @@ from memplan.inputs import JobRequest, LoadedJob, load_job
 from memplan.job import Batch, Job, MoEOptions, Offload, Optimizer, Parallelism, Precision, Recompute, Sharding
 from memplan.jobflags import build_job
 from memplan.model import ModelSpec, list_presets, load_model, total_params
+from memplan.settings import InputSetting
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,7 @@ __all__ = [
     "Estimate",
     "FitResult",
     "FrameworkProfile",
+    "InputSetting",
     "Job",
     "JobConfigError",
     "JobRequest",
