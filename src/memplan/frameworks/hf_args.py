@@ -29,84 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError, UnsupportedError
+from memplan.frameworks.hf_args_file import parse_hf_command_line, read_hf_args, read_json_object
 from memplan.frameworks.hf_fields import NO_MEMORY_EFFECT, NOT_MODELLED, OPTIMIZERS, UNMODELLED_OPTIMIZERS
 from memplan.job import Job
 from memplan.jobflags import build_job
 from memplan.settings import InputSetting
-from memplan.textfile import read_text_file
 
 __all__ = ["apply_hf_args", "hf_args_job", "hf_args_model", "parse_hf_command_line", "read_hf_args"]
 
 _FLAG = "--hf-args"
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "auto": None, "bf16": "bf16", "fp16": "fp16"}
-
-
-def read_hf_args(path: str | Path) -> dict[str, Any]:
-    """A TrainingArguments JSON object, or the ``--flag value`` words of a script's command line."""
-    text = read_text_file(path, field=_FLAG)
-    if text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(_FLAG, f"is not valid JSON (line {exc.lineno}: {exc.msg})", str(path)) from None
-        return dict(data)
-    return parse_hf_command_line(text)
-
-
-def _value(words: list[str]) -> Any:
-    if not words:
-        return True  # a bare --flag (HfArgumentParser: nargs="?", const=True)
-    values = [_scalar(w) for w in words]
-    return values[0] if len(values) == 1 else values
-
-
-def _scalar(word: str) -> Any:
-    low = word.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(word)
-        except ValueError:
-            pass
-    if word.strip().startswith(("{", "[")):
-        try:
-            return json.loads(word)
-        except json.JSONDecodeError:
-            return word
-    return word
-
-
-def _words_to_args(words: list[str], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    key: str | None = None
-    pending: list[str] = []
-    for word in [*words, "--"]:
-        if word.startswith("--"):
-            if key is not None:
-                out[prefix + key] = _value(pending)
-            name, sep, inline = word[2:].partition("=")
-            key, pending = (name.replace("-", "_") or None), ([inline] if sep else [])
-        elif key is not None:
-            pending.append(word)
-    return out
-
-
-def parse_hf_command_line(text: str) -> dict[str, Any]:
-    """``{field: value}`` of the training command in ``text`` (the command with the most flags);
-    the launcher's flags before the ``*.py`` script are returned as ``launcher.NAME``."""
-    from memplan.frameworks.shell_script import read_script
-
-    commands = read_script(text, field=_FLAG)
-    if not commands:
-        raise ConfigError(_FLAG, "holds no command line (expected e.g. python train.py --per_device_train_batch_size 4)")
-    words = max(commands, key=lambda c: sum(w.startswith("--") for w in c))
-    script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-    if script is None:
-        return _words_to_args(words)
-    return {**_words_to_args(words[:script], "launcher."), **_words_to_args(words[script + 1:])}
 
 
 def hf_args_model(path: str | Path) -> str | None:
@@ -307,7 +239,7 @@ def _fsdp(m: _Mapping, base_dir: Path | None) -> None:
     options = ["full_shard"] if raw is True else [str(o).lower() for o in options]
     config = m.args.get("fsdp_config")
     if isinstance(config, str):
-        config = _read_json_file(config, base_dir, "fsdp_config")
+        config = read_json_object(config, base_dir, "fsdp_config")
     config = {str(k).removeprefix("fsdp_"): v for k, v in (config or {}).items()}
     if not options or options == ["no_shard"]:
         m.mark("fsdp", "no-memory-effect", "FSDP is off")
@@ -345,20 +277,6 @@ def _fsdp(m: _Mapping, base_dir: Path | None) -> None:
                else "activation_checkpointing / offload_params read; the rest has no memory effect")
 
 
-def _read_json_file(path: str, base_dir: Path | None, key: str) -> dict[str, Any]:
-    file = Path(path).expanduser()
-    if not file.is_absolute() and base_dir is not None and (base_dir / file).is_file():
-        file = base_dir / file
-    text = read_text_file(file, field=f"{_FLAG}: {key}")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{_FLAG}: {key}", f"is not valid JSON (line {exc.lineno}: {exc.msg})", path) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{_FLAG}: {key}", "must hold a JSON object", path)
-    return data
-
-
 def _deepspeed(m: _Mapping, job: Job, base_dir: Path | None) -> Job:
     value = m.args.get("deepspeed")
     if not value:
@@ -366,7 +284,7 @@ def _deepspeed(m: _Mapping, job: Job, base_dir: Path | None) -> Job:
         return job
     from memplan.frameworks.deepspeed_config import job_with_deepspeed
 
-    config = value if isinstance(value, dict) else _read_json_file(str(value), base_dir, "deepspeed")
+    config = value if isinstance(value, dict) else read_json_object(str(value), base_dir, "deepspeed")
     m.mark("deepspeed", "modelled", "applied as --deepspeed-config (framework deepspeed; \"auto\" keeps these args' "
            "values)")
     return job_with_deepspeed(config, job)
