@@ -148,3 +148,16 @@ def test_fit_report_and_save_job_carry_the_settings(tmp_path: Path) -> None:
     again = runner.invoke(app, ["estimate", "--job", str(saved), "--json"])
     assert first.exit_code == again.exit_code == 0, again.output
     assert json.loads(first.stdout) == json.loads(again.stdout)
+
+
+def test_trace_takes_the_arguments(tmp_path: Path) -> None:
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 2, "optim": "adamw_torch", "bf16": False,
+                                "fp16": False, "torch_compile": True}))
+    result = CliRunner().invoke(app, ["trace", "gpt2", "--hf-args", str(path), "--seq", "64", "--device", "cpu",
+                                      "--iterations", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    job = data["options"]["job"]
+    assert job["batch"]["micro_batch_size"] == 2 and job["precision"]["name"] == "fp32"
+    assert [s["key"] for s in data["unmodelled_settings"]] == ["torch_compile"]
