@@ -22,6 +22,7 @@ PUBLIC_API = {
     "Estimate",
     "FitResult",
     "FrameworkProfile",
+    "InputSetting",
     "Job",
     "JobConfigError",
     "JobRequest",

@@ -22,7 +22,7 @@ from memplan.cli import app
 
 ROOT = Path(__file__).parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_BLOCK = re.compile(r"```(?:bash|sh|shell|console)?\n(.*?)```", re.S)
+_BLOCK = re.compile(r"```(?:bash|sh|shell|console)?\n(.*?)```", re.DOTALL)
 
 runner = CliRunner()
 
@@ -46,7 +46,20 @@ _FILES = {
                  "    optimizer = torch.optim.AdamW(model.parameters())\n"
                  "    return model, batch, optimizer, lambda out, batch: out.square().mean()\n"),
     "buffers.csv": "id,lower,upper,size\n0,0,3,4\n1,1,4,4\n2,3,6,8\n3,5,8,4\n",
+    "training_args.json": json.dumps({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4,
+                                      "bf16": True, "fp16": False, "gradient_checkpointing": True,
+                                      "optim": "adamw_torch_fused", "learning_rate": 2e-4, "logging_steps": 10,
+                                      "torch_compile": True}),
+    "adapter_config.json": json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05,
+                                       "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                       "base_model_name_or_path": "meta-llama/Llama-3.2-1B", "bias": "none",
+                                       "task_type": "CAUSAL_LM", "inference_mode": True}),
+    "sft.sh": ("torchrun --nproc_per_node 2 sft.py --model_name_or_path meta-llama/Llama-3.2-1B \\\n"
+               "    --per_device_train_batch_size 2 --gradient_accumulation_steps 8 --bf16 --max_length 2048 \\\n"
+               "    --packing --gradient_checkpointing --use_peft --lora_r 16 --load_in_4bit --optim paged_adamw_8bit\n"),
 }
+#: The Hub ids the docs name, in an offline Hugging Face cache made in the examples' folder.
+_HUB_MODELS = {"meta-llama/Llama-3.2-1B": "llama-3.2-1b"}
 
 
 def _examples(doc: Path) -> list[str]:
@@ -64,6 +77,12 @@ def _prepare(folder: Path) -> None:
 
     for name, text in _FILES.items():
         (folder / name).write_text(text, encoding="utf-8")
+    for repo, preset in _HUB_MODELS.items():
+        snapshot = folder / "hf-cache" / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        snapshot.mkdir(parents=True)
+        (snapshot.parents[1] / "refs").mkdir()
+        (snapshot.parents[1] / "refs" / "main").write_text("0" * 40, encoding="utf-8")
+        (snapshot / "config.json").write_text(json.dumps(preset_config(preset)), encoding="utf-8")
     for sub in ("my-model", "path/to"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
         (folder / sub / "config.json").write_text(json.dumps(preset_config("llama-3.2-1b")), encoding="utf-8")
@@ -95,6 +114,8 @@ def test_every_shell_example_runs(doc: Path, tmp_path: Path, monkeypatch: pytest
         pytest.skip(f"{doc.name} has no memplan command examples")
     _prepare(tmp_path)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for line in examples:
         _run(_with_inputs(line, tmp_path))
 

@@ -33,9 +33,20 @@ from memplan.events import Trace, read_trace, write_trace
 from memplan.frameworks import FrameworkProfile, get_profile
 from memplan.gpus import GPU, get_gpu, list_gpus
 from memplan.inputs import JobRequest, LoadedJob, load_job
-from memplan.job import Batch, Job, MoEOptions, Offload, Optimizer, Parallelism, Precision, Recompute, Sharding
+from memplan.job import (
+    Batch,
+    Job,
+    MoEOptions,
+    Offload,
+    Optimizer,
+    Parallelism,
+    Precision,
+    Recompute,
+    Sharding,
+)
 from memplan.jobflags import build_job
 from memplan.model import ModelSpec, list_presets, load_model, total_params
+from memplan.settings import InputSetting
 
 __version__ = "0.1.0"
 
@@ -47,15 +58,16 @@ __all__ = [
     "Estimate",
     "FitResult",
     "FrameworkProfile",
+    "InputSetting",
     "Job",
     "JobConfigError",
     "JobRequest",
     "LoadedJob",
     "MemoryCategory",
     "MemplanError",
+    "MoEOptions",
     "ModelConfigError",
     "ModelSpec",
-    "MoEOptions",
     "Offload",
     "Optimizer",
     "Parallelism",

@@ -1,10 +1,17 @@
-"""Every input dialect → one ``(ModelSpec, Job)``: flags, job files, Megatron arguments, DeepSpeed configs.
+"""Every input dialect → one ``(ModelSpec, Job)``: flags, job files, Megatron arguments, DeepSpeed
+configs, Hugging Face TrainingArguments (``--hf-args``), PEFT adapter configs (``--peft-config``)
+and Hugging Face Hub model ids.
 
 The commands (estimate, trace, fit, report) and the Python API describe a job with a
 :class:`JobRequest` and call :func:`load_job`; nothing else turns user input into a Job. Precedence,
-lowest to highest: the base job (``Job()``, or the trace's framework), the job file, the Megatron
-arguments, the DeepSpeed config, then the flags typed on the command line — what the user typed
-wins over every file. Example::
+lowest to highest: the base job (``Job()``, or the trace's framework), the Megatron arguments, the
+HF TrainingArguments (the DeepSpeed config they name applied within them), the DeepSpeed config of
+``--deepspeed-config``, the PEFT config, then the flags — a job file's fields first, the flags typed
+on the command line last. A job file's fields are flags (``--save-job`` writes the resolved values
+beside the dialect files it names, which must reproduce the job), so they sit above every dialect
+file; what the user typed wins over everything. With ``--hf-args`` and no ``--framework`` the
+framework is ``hf``. What the dialect files say and memplan does not model is listed in
+:attr:`LoadedJob.settings` (:mod:`memplan.settings`). Example::
 
     >>> from memplan.inputs import JobRequest, load_job
     >>> loaded = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 8, "tp": 2}))
@@ -26,6 +33,7 @@ from memplan.errors import ConfigError, UnsupportedError
 from memplan.job import Job, validate_job_for_model
 from memplan.jobflags import build_job, check_conflicts
 from memplan.model.spec import ModelSpec
+from memplan.settings import InputSetting, unmodelled
 
 __all__ = ["JobRequest", "LoadedJob", "load_job"]
 
@@ -44,6 +52,10 @@ class JobRequest:
     megatron_args: str | None = None
     #: A DeepSpeed JSON config (``--deepspeed-config``).
     deepspeed_config: str | None = None
+    #: Hugging Face TrainingArguments: a to_json_string() JSON or a script command line (``--hf-args``).
+    hf_args: str | None = None
+    #: A PEFT ``adapter_config.json`` (``--peft-config``).
+    peft_config: str | None = None
     #: GPU name to check the fit against (``--gpu``).
     gpu: str | None = None
     #: Assumed allocator fragmentation (``--fragmentation``).
@@ -62,6 +74,15 @@ class LoadedJob:
     fragmentation: float | None = None
     megatron_args: str | None = None
     deepspeed_config: str | None = None
+    hf_args: str | None = None
+    peft_config: str | None = None
+    #: What each field of the dialect files did (modelled, no memory effect, not modelled).
+    settings: tuple[InputSetting, ...] = ()
+
+    @property
+    def unmodelled(self) -> tuple[InputSetting, ...]:
+        """The settings the inputs gave that memplan does not model."""
+        return unmodelled(self.settings)
 
 
 def _given(flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,7 +92,8 @@ def _given(flags: Mapping[str, Any]) -> dict[str, Any]:
 def _merged(request: JobRequest) -> tuple[dict[str, Any], Path | None]:
     """The request's values with the job file's underneath (flags and explicit settings win)."""
     explicit = {"model": request.model, "megatron_args": request.megatron_args,
-                "deepspeed_config": request.deepspeed_config, "gpu": request.gpu,
+                "deepspeed_config": request.deepspeed_config, "hf_args": request.hf_args,
+                "peft_config": request.peft_config, "gpu": request.gpu,
                 "fragmentation": request.fragmentation, **request.flags}
     explicit = _given(explicit)
     if request.job_file is None:
@@ -98,7 +120,6 @@ def load_job(request: JobRequest, *, base: Job | None = None) -> LoadedJob:
 
 
 def _check(values: Mapping[str, Any]) -> None:
-    check_conflicts(values)
     fragmentation = values.get("fragmentation")
     if fragmentation is not None and not 0.0 <= fragmentation < 1.0:
         raise ConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
@@ -114,29 +135,71 @@ def _check(values: Mapping[str, Any]) -> None:
             get_gpu(gpu)
 
 
+def _conditions(values: Mapping[str, Any], job: Job) -> dict[str, Any]:
+    """``values`` with the conditions a dialect file set (``peft: lora`` from a PEFT config) added,
+    so that ``--lora-rank`` beside ``--peft-config`` is not refused as lacking ``--peft``."""
+    from memplan.jobflags import job_flags
+
+    default, out = Job(), dict(values)
+    for flag in job_flags():
+        if flag.name in ("peft", "recompute", "fsdp", "optimizer", "quantize_base") and flag.name not in out \
+                and flag.read(job) != flag.read(default):
+            out[flag.name] = flag.read(job)
+    return out
+
+
+def _keep_accumulation(values: Mapping[str, Any], job: Job) -> dict[str, Any]:
+    """``values`` with ``gbs`` set so that a typed ``--mbs`` over a dialect file keeps the file's
+    micro-batches per step (its gradient accumulation) instead of contradicting its batch size."""
+    out = dict(values)
+    if "gbs" in out or "mbs" not in out or job.batch.global_batch_size is None:
+        return out
+    out["gbs"] = job.num_microbatches * int(out["mbs"]) * job.parallel.data_parallel
+    return out
+
+
 def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     _check(values)
     spec: ModelSpec | None = None
     megatron_args, deepspeed_config = values.get("megatron_args"), values.get("deepspeed_config")
+    hf_args, peft_config = values.get("hf_args"), values.get("peft_config")
+    dialects = hf_args is not None or deepspeed_config is not None or peft_config is not None
+    if not dialects:
+        check_conflicts(values)
     if megatron_args is not None:
         load_megatron_args = _lazy("memplan.frameworks.megatron_args", "load_megatron_args", "--megatron-args")
         spec, base = load_megatron_args(megatron_args, gpus=values.get("gpus") or 1)
     model_ref = values.get("model")
+    if model_ref is None and megatron_args is None and hf_args is not None:
+        model_ref = _lazy("memplan.frameworks.hf_args", "hf_args_model", "--hf-args")(hf_args)
     if model_ref is not None:
         from memplan.model import load_model
 
         spec = load_model(model_ref)
     if spec is None:
-        raise ConfigError("MODEL", "is required (a preset name or a config.json path) unless --megatron-args "
-                          "or a job file names one")
+        raise ConfigError("MODEL", "is required (a preset name, a config.json path or a Hugging Face Hub id) "
+                          "unless --megatron-args, --hf-args (model_name_or_path) or a job file names one")
     job = build_job(values, base)
+    settings: list[InputSetting] = []
+    if hf_args is not None:
+        apply_hf = _lazy("memplan.frameworks.hf_args", "apply_hf_args", "--hf-args")
+        job, read = apply_hf(hf_args, job)
+        settings += read
     if deepspeed_config is not None:
         apply = _lazy("memplan.frameworks.deepspeed_config", "apply_deepspeed_config", "--deepspeed-config")
-        job = build_job(values, apply(deepspeed_config, job))
+        job = apply(deepspeed_config, job)
+    if peft_config is not None:
+        apply_peft = _lazy("memplan.frameworks.peft_config", "apply_peft_config", "--peft-config")
+        job, read = apply_peft(peft_config, job, model_ref=model_ref, model=spec)
+        settings += read
+    if dialects:
+        check_conflicts(_conditions(values, job))
+        job = build_job(_keep_accumulation(values, job), job)
     validate_job_for_model(job, spec)
     return LoadedJob(model=spec, job=job, model_ref=model_ref, gpu=values.get("gpu"),
                      fragmentation=values.get("fragmentation"), megatron_args=megatron_args,
-                     deepspeed_config=deepspeed_config)
+                     deepspeed_config=deepspeed_config, hf_args=hf_args, peft_config=peft_config,
+                     settings=tuple(settings))
 
 
 def _lazy(module: str, name: str, flag: str) -> Any:

@@ -40,6 +40,7 @@ __all__ = [
     "option",
     "print_json",
     "print_rich",
+    "print_unmodelled",
 ]
 
 #: Exit code of bad input (the same code click uses for usage errors).
@@ -167,6 +168,25 @@ def print_rich(*renderables: Any) -> None:
     from rich.console import Console
 
     Console(highlight=False).print(*renderables)
+
+
+def print_unmodelled(settings: Iterable[Any]) -> None:
+    """The input settings memplan does not model, as a short warning block on stdout (none: nothing)."""
+    from memplan.settings import unmodelled
+
+    missing = unmodelled(settings)
+    if not missing:
+        return
+    typer.secho(f"Not modelled ({len(missing)} input setting{'s' if len(missing) > 1 else ''}; the estimate "
+                "assumes otherwise):", fg="yellow")
+    for item in missing:
+        typer.secho(f"  {item.source} {item.key} = {json.dumps(item.to_dict()['value'])}: {item.note}", fg="yellow")
+
+
+#: The dialect-file options every job command takes (``--hf-args``, ``--peft-config``).
+HF_ARGS_HELP = ("Hugging Face TrainingArguments: the JSON to_json_string() writes, or a text file with the script's "
+                "command line (python train.py --per_device_train_batch_size 4 ...). Sets framework hf.")
+PEFT_CONFIG_HELP = "PEFT adapter_config.json (LoRA/DoRA) applied to the job."
 
 
 def option(*names: str, help: str, panel: str, metavar: str | None = None) -> Any:

@@ -14,8 +14,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from memplan.commands.common import (
+    HF_ARGS_HELP,
+    PEFT_CONFIG_HELP,
+    app,
+    check_output_path,
+    handle_errors,
+    job_options,
+    option,
+    print_unmodelled,
+)
 from memplan.commands.common import Command as _Command
-from memplan.commands.common import app, check_output_path, handle_errors, job_options, option
 from memplan.commands.common import print_json as _print_json
 from memplan.commands.common import print_rich as _print
 from memplan.errors import ConfigError
@@ -73,6 +82,8 @@ def fit_command(
     max_seq: Annotated[bool, option("--max-seq", help="Find the longest sequence that fits one layout.", panel=_LAYOUT)] = False,
     methods: Annotated[bool, option("--methods", help="Compare full fine-tuning, full with 8-bit AdamW, LoRA and QLoRA, each with and without gradient checkpointing, on one --gpu at --seq/--mbs: which fit, fastest first (hf profile unless --framework).", panel=_METHODS)] = False,
     job_file: Annotated[str | None, option("--job", help="Job file giving the layout for --max-mbs / --max-seq.", panel=_LAYOUT, metavar="FILE")] = None,
+    hf_args: Annotated[str | None, option("--hf-args", help=HF_ARGS_HELP + " The search still chooses layout, micro-batch and recompute.", panel=_SEARCH, metavar="FILE")] = None,
+    peft_config: Annotated[str | None, option("--peft-config", help=PEFT_CONFIG_HELP, panel=_SEARCH, metavar="FILE")] = None,
     plot: Annotated[str | None, option("--plot", help="Write the memory curve of --max-mbs/--max-seq as a PNG.", panel=_OUT, metavar="FILE")] = None,
     top: Annotated[int, option("--top", help="Candidates shown. (default: 10)", panel=_OUT)] = 10,
     show_all: Annotated[bool, option("--all", help="Show every fitting candidate and rejected family.", panel=_OUT)] = False,
@@ -90,11 +101,14 @@ def fit_command(
     from memplan.fit.results import FIT_MARGIN
 
     flags, shown = dict(job_flags or {}), None if show_all else top
-    settings = _Settings(gpu=gpu, margin=FIT_MARGIN if margin is None else margin, gpus_per_node=gpus_per_node)
+    settings = _Settings(gpu=gpu, margin=FIT_MARGIN if margin is None else margin, gpus_per_node=gpus_per_node,
+                         hf_args=hf_args, peft_config=peft_config)
     with handle_errors():
         check_output_path("--plot", plot)
         names = list(args or [])
         if colocate:
+            if hf_args is not None or peft_config is not None:
+                raise ConfigError("--colocate", "takes job files; name hf-args / peft-config inside them")
             return _colocate(names, settings, json_output)
         if len(names) != 1:
             raise ConfigError("MODEL", "give exactly one model (or --colocate with job files)", " ".join(names) or None)
@@ -120,6 +134,19 @@ class _Settings:
     gpu: str
     margin: float
     gpus_per_node: int
+    hf_args: str | None = None
+    peft_config: str | None = None
+
+    @property
+    def dialects(self) -> bool:
+        return self.hf_args is not None or self.peft_config is not None
+
+    def loaded(self, model_ref: str, flags: dict[str, Any], job_file: str | None = None) -> Any:
+        """The job the flags, the job file and the dialect files describe (:func:`memplan.inputs.load_job`)."""
+        from memplan.inputs import JobRequest, load_job
+
+        return load_job(JobRequest(model=model_ref, flags=flags, job_file=job_file, hf_args=self.hf_args,
+                                   peft_config=self.peft_config))
 
 
 def _search_command(model_ref: str, flags: dict[str, Any], settings: _Settings, shown: int | None,
@@ -132,14 +159,19 @@ def _search_command(model_ref: str, flags: dict[str, Any], settings: _Settings, 
     if searched:
         raise ConfigError(searched[0].flag, "is chosen by the layout search; to fix a layout use --max-mbs or "
                           "--max-seq (or memplan estimate)", flags[searched[0].name])
-    gpus = flags.pop("gpus")
-    model = load_model(model_ref)
+    read: tuple[Any, ...] = ()
+    if settings.dialects:
+        loaded = settings.loaded(model_ref, flags)
+        model, base, read, gpus = loaded.model, loaded.job, loaded.settings, flags.pop("gpus")
+    else:
+        gpus = flags.pop("gpus")
+        model, base = load_model(model_ref), _base_job(flags)
     try:
-        result = _search(model, gpus, _base_job(flags), settings, quiet=json_output, top=shown)
+        result = _search(model, gpus, base, settings, quiet=json_output, top=shown)
     except NoFitError as exc:  # a result, not bad input: show it, then the error line (exit 1)
-        _show_fit(exc.result, shown, json_output)
+        _show_fit(exc.result, shown, json_output, read)
         raise
-    _show_fit(result, shown, json_output)
+    _show_fit(result, shown, json_output, read)
 
 
 def _base_job(flags: dict[str, Any]) -> Job:
@@ -149,13 +181,16 @@ def _base_job(flags: dict[str, Any]) -> Job:
     return build_job({k: v for k, v in flags.items() if k != "gbs"})
 
 
-def _show_fit(result: FitResult, shown: int | None, json_output: bool) -> None:
+def _show_fit(result: FitResult, shown: int | None, json_output: bool, read: tuple[Any, ...] = ()) -> None:
     if json_output:
-        _print_json(result.to_dict(top=shown))
+        from memplan.settings import settings_dict
+
+        _print_json({**result.to_dict(top=shown), **settings_dict(read)})
         return
     from memplan.report.fit_text import fit_renderables
 
     _print(*fit_renderables(result, shown))
+    print_unmodelled(read)
 
 
 def _progress(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
@@ -201,11 +236,10 @@ def _search(model: ModelSpec, gpus: int, base: Job, settings: _Settings, *, quie
 def _layout_job(model: ModelSpec, model_ref: str, flags: dict[str, Any], job_file: str | None,
                 settings: _Settings) -> Job:
     """The job whose limits are searched: a job file and/or the flags, or the best fitting layout."""
-    from memplan.inputs import JobRequest, load_job
-
-    if job_file is not None or any(name in flags for name in SEARCHED_FLAGS) or flags["gpus"] == 1:
+    if job_file is not None or settings.dialects or any(name in flags for name in SEARCHED_FLAGS) \
+            or flags["gpus"] == 1:
         # One GPU has one layout: the flags' job (its recompute and micro-batch as given).
-        return load_job(JobRequest(model=model_ref, flags=flags, job_file=job_file)).job
+        return settings.loaded(model_ref, flags, job_file).job
     gpus = flags["gpus"]
     base = _base_job({k: v for k, v in flags.items() if k != "gpus"})
     best = _search(model, gpus, base, settings, quiet=True, gbs=flags.get("gbs")).best
@@ -222,6 +256,7 @@ def _limits(model_ref: str, flags: dict[str, Any], job_file: str | None, setting
         raise ConfigError("--max-mbs", "cannot be combined with --max-seq (search one at a time)")
     model = load_model(model_ref)
     job = _layout_job(model, model_ref, flags, job_file, settings)
+    read = settings.loaded(model_ref, flags, job_file).settings if settings.dialects else ()
     search = max_micro_batch if max_mbs else max_seq_length
     limit = search(model, job, gpu=settings.gpu, margin=settings.margin)
     if plot is not None:
@@ -229,11 +264,14 @@ def _limits(model_ref: str, flags: dict[str, Any], job_file: str | None, setting
     if json_output:
         from dataclasses import asdict
 
-        _print_json({**limit.to_dict(), "job": asdict(job)})
+        from memplan.settings import settings_dict
+
+        _print_json({**limit.to_dict(), "job": asdict(job), **settings_dict(read)})
     else:
         from memplan.report.fit_text import limit_renderables
 
         _print(*limit_renderables(limit, job, plot))
+        print_unmodelled(read)
     if not limit.best:  # a result, not bad input: shown above, then the error line (exit 1)
         from memplan.errors import MemplanError
 

@@ -14,7 +14,16 @@ from typing import Annotated, Any
 
 import typer
 
-from memplan.commands.common import Command as _Command, app, check_output_path, handle_errors, job_options
+from memplan.commands.common import (
+    HF_ARGS_HELP,
+    PEFT_CONFIG_HELP,
+    app,
+    check_output_path,
+    handle_errors,
+    job_options,
+)
+from memplan.commands.common import Command as _Command
+from memplan.commands.common import print_unmodelled as _print_unmodelled
 from memplan.errors import ConfigError
 
 _JOB, _OUT = "Job (or --job FILE)", "Report"
@@ -46,6 +55,8 @@ def report_command(
                                                 show_default=False, metavar="MODEL")] = None,
     output: Annotated[str, _opt("-o", "--output", help="HTML file to write.", panel=_OUT, metavar="FILE")] = "report.html",
     job_file: Annotated[str | None, _opt("--job", help="Job file (fields as memplan estimate's flags).", panel=_JOB, metavar="FILE")] = None,
+    hf_args: Annotated[str | None, _opt("--hf-args", help=HF_ARGS_HELP, panel=_JOB, metavar="FILE")] = None,
+    peft_config: Annotated[str | None, _opt("--peft-config", help=PEFT_CONFIG_HELP, panel=_JOB, metavar="FILE")] = None,
     gpu: Annotated[str | None, _opt("--gpu", help="GPU to check the fit against. (default: h100-80gb)", panel=_JOB, metavar="NAME")] = None,
     with_fit: Annotated[bool, _opt("--fit", help="Also search the layouts that fit (memplan fit) and add the table.", panel=_OUT)] = False,
     trace_file: Annotated[str | None, _opt("--trace", help="A memplan trace (memplan trace -o) or a CUDA memory snapshot: adds the timeline by category and the simulated allocator's segments at peak reserved.", panel=_OUT, metavar="FILE")] = None,
@@ -66,33 +77,39 @@ def report_command(
         if with_fit and model is None and job_file is None:
             raise ConfigError("--fit", "needs a MODEL or --job to search layouts for")
         est = fit_result = None
+        read: tuple[Any, ...] = ()
         if model is not None or job_file is not None or trace_file is None or job_flags:
-            est, fit_result = _estimate(model, job_file, gpu, job_flags or {}, with_fit)
+            est, fit_result, read = _estimate(model, job_file, gpu, job_flags or {}, with_fit, (hf_args, peft_config))
         timeline_data, segment_data = _read_timeline(timeline), _read_segments(segments)
         if trace_file is not None:
             timeline_data, segment_data = _trace_views(trace_file, timeline_data, segment_data)
         name = est.model if est is not None else Path(trace_file or "").name
+        notes = [f"Not modelled: {s.source} {s.key} = {s.value!r}: {s.note}" for s in read
+                 if s.effect == "not-modelled"]
         write_html(output, title=title or f"memplan report: {name}", estimate=est, fit=fit_result,
-                   timeline=timeline_data, segments=segment_data)
+                   timeline=timeline_data, segments=segment_data, notes=notes)
     typer.echo(f"wrote {output}")
+    _print_unmodelled(read)
 
 
 def _estimate(model: str | None, job_file: str | None, gpu: str | None, flags: dict[str, Any],
-              with_fit: bool) -> tuple[Any, Any]:
-    """The estimate of the job (and the fit search from it)."""
+              with_fit: bool, dialects: tuple[str | None, str | None]) -> tuple[Any, Any, tuple[Any, ...]]:
+    """The estimate of the job (and the fit search from it), and the input settings read."""
     from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
     from memplan.gpus import get_gpu
     from memplan.inputs import JobRequest, load_job
 
-    loaded = load_job(JobRequest(model=model, flags=flags, job_file=job_file, gpu=gpu))
+    loaded = load_job(JobRequest(model=model, flags=flags, job_file=job_file, gpu=gpu, hf_args=dialects[0],
+                                 peft_config=dialects[1]))
     gpu_spec = get_gpu((loaded.gpu or "h100-80gb").split(":", 1)[0])
     fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
     est = estimate(loaded.model, loaded.job, gpu=gpu_spec, fragmentation=fragmentation)
     if not with_fit:
-        return est, None
+        return est, None, loaded.settings
     from memplan.fit.search import fit
 
-    return est, fit(loaded.model, gpus=loaded.job.parallel.world_size, gpu=gpu_spec, top=20, base=loaded.job)
+    return est, fit(loaded.model, gpus=loaded.job.parallel.world_size, gpu=gpu_spec, top=20, base=loaded.job), \
+        loaded.settings
 
 
 def _trace_views(path: str, timeline: Any, segments: Any) -> tuple[Any, Any]:

@@ -14,7 +14,17 @@ from typing import Annotated, Any
 
 import typer
 
-from memplan.commands.common import EXIT_ERROR, app, check_output_path, handle_errors, job_options, option
+from memplan.commands.common import (
+    EXIT_ERROR,
+    HF_ARGS_HELP,
+    PEFT_CONFIG_HELP,
+    app,
+    check_output_path,
+    handle_errors,
+    job_options,
+    option,
+    print_unmodelled,
+)
 from memplan.commands.common import Command as _Command
 from memplan.commands.common import print_json as _print_json
 
@@ -57,6 +67,8 @@ def trace_command(
     script: Annotated[str | None, option("--script", help="FILE.py:FUNCTION returning (model, batch, optimizer, loss_fn); FUNCTION(ctx) receives the job these flags describe (docs/trace.md).", panel=_RUN, metavar="FILE:FUNC")] = None,
     device: Annotated[str, option("--device", help="cuda: account as the CUDA caching allocator would; cpu: as a CPU run. (default: cuda)", panel=_RUN)] = "cuda",
     iterations: Annotated[int, option("--iterations", help="Training iterations to run. (default: 2)", panel=_RUN)] = 2,
+    hf_args: Annotated[str | None, option("--hf-args", help=HF_ARGS_HELP, panel=_RUN, metavar="FILE")] = None,
+    peft_config: Annotated[str | None, option("--peft-config", help=PEFT_CONFIG_HELP, panel=_RUN, metavar="FILE")] = None,
     moe_routing: Annotated[str, option("--moe-routing", help="balanced: static, evenly balanced MoE routing; error: refuse data-dependent routing. (default: balanced)", panel=_RUN)] = "balanced",
     output: Annotated[str | None, option("-o", "--output", help="Write the trace (gzip JSON lines, see memplan.events).", panel=_OUT, metavar="FILE")] = None,
     snapshot: Annotated[str | None, option("--snapshot", help="Write a PyTorch memory-snapshot pickle (pytorch.org/memory_viz).", panel=_OUT, metavar="FILE")] = None,
@@ -88,7 +100,8 @@ def trace_command(
             check_output_path(flag, path)
         if plot is not None:
             _require_matplotlib()
-        setup = trace_setup(**(job_flags or {}), device=device, iterations=iterations, moe_routing=moe_routing)
+        base, settings = _dialect_job(model, job_flags or {}, hf_args, peft_config)
+        setup = trace_setup(base, **(job_flags or {}), device=device, iterations=iterations, moe_routing=moe_routing)
         target: Any = model if script is None else _load_script(script, setup)
         result = trace_job(target, setup, top=top, progress=_progress(True))
         comparison = None
@@ -97,7 +110,24 @@ def trace_command(
 
             comparison = compare_with_estimate(model or "", setup, result.summary)
         _write_outputs(result, output, snapshot, plot)
-    _render(result, comparison, json_output)
+    _render(result, comparison, json_output, settings)
+
+
+def _dialect_job(model: str | None, flags: dict[str, Any], hf_args: str | None,
+                 peft_config: str | None) -> tuple[Any, tuple[Any, ...]]:
+    """The job ``--hf-args`` / ``--peft-config`` describe (None without them) and their settings."""
+    if hf_args is None and peft_config is None:
+        return None, ()
+    from memplan.errors import ConfigError
+    from memplan.inputs import JobRequest, load_job
+    from memplan.job import Job
+    from memplan.trace.setup import DEFAULT_TRACE_FRAMEWORK
+
+    if model is None:
+        raise ConfigError("--hf-args/--peft-config", "need a MODEL (not --script)")
+    base = Job(framework=DEFAULT_TRACE_FRAMEWORK) if flags.get("framework") is None else Job()
+    loaded = load_job(JobRequest(model=model, flags=flags, hf_args=hf_args, peft_config=peft_config), base=base)
+    return loaded.job, loaded.settings
 
 
 def _require_matplotlib() -> None:
@@ -138,9 +168,11 @@ def _write_outputs(result: Any, output: str | None, snapshot: str | None, plot: 
         raise ConfigError("output file", f"cannot be written ({exc.strerror})", exc.filename) from None
 
 
-def _render(result: Any, comparison: Any, json_output: bool) -> None:
+def _render(result: Any, comparison: Any, json_output: bool, settings: tuple[Any, ...] = ()) -> None:
     if json_output:
-        data = result.to_dict()
+        from memplan.settings import settings_dict
+
+        data = {**result.to_dict(), **settings_dict(settings)}
         if comparison is not None:
             data["compare_estimate"] = comparison.to_dict()
         _print_json(data)
@@ -154,6 +186,7 @@ def _render(result: Any, comparison: Any, json_output: bool) -> None:
     if comparison is not None:
         console.print()
         console.print(render_comparison(comparison))
+    print_unmodelled(settings)
 
 
 @contextmanager

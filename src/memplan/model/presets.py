@@ -125,9 +125,10 @@ def list_presets() -> list[PresetInfo]:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name, a path to a ``config.json``, or a directory containing ``config.json``.
+    """A preset name, a path to a ``config.json``, a directory containing ``config.json``, or a
+    Hugging Face Hub id ``ORG/NAME[@REVISION]`` (its config.json only, see :mod:`memplan.model.hub`).
 
-    A preset name wins over a same-named relative path. An unknown name raises
+    A preset name wins over a same-named relative path, and an existing path over a Hub id. An unknown name raises
     :class:`ModelConfigError` listing the presets and suggesting the closest one.
     """
     from memplan.model.hf import load_hf_config
@@ -139,4 +140,8 @@ def load_model(name_or_path: str) -> ModelSpec:
         return load_hf_config(path)
     if path.is_dir():
         raise ModelConfigError("model", "directory has no config.json", str(path))
+    from memplan.model.hub import hub_config_path, looks_like_hub_id, split_hub_id
+
+    if looks_like_hub_id(name_or_path):
+        return load_hf_config(hub_config_path(name_or_path), name=split_hub_id(name_or_path.strip())[0])
     raise _unknown_preset(name_or_path)

@@ -49,14 +49,20 @@ class BuiltModel:
 
 
 def hf_config_dict(model: str) -> tuple[str, dict[str, Any]]:
-    """A preset name or a path to a ``config.json`` (or its folder) → (name, parsed config)."""
+    """A preset name, a path to a ``config.json`` (or its folder) or a Hub id ``ORG/NAME[@REV]`` (its cached or
+    downloaded config.json, :mod:`memplan.model.hub`) → (name, parsed config)."""
     from memplan.model.presets import preset_config, preset_names
 
     if model.lower() in preset_names():
         return model.lower(), preset_config(model)
+    from memplan.model.hub import hub_config_path, looks_like_hub_id, split_hub_id
+
     path = Path(model).expanduser()
     if path.is_dir():
         path = path / "config.json"
+    hub_name = None
+    if not path.exists() and looks_like_hub_id(model):
+        path, hub_name = hub_config_path(model), split_hub_id(model.strip())[0]
     if not path.is_file():
         from memplan.model import load_model
 
@@ -70,7 +76,7 @@ def hf_config_dict(model: str) -> tuple[str, dict[str, Any]]:
         raise ModelConfigError(str(path), "top level must be a JSON object", type(config).__name__)
     config.pop("_memplan", None)
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return name, config
+    return hub_name or name, config
 
 
 def _hf_config(config: dict[str, Any], options: TraceSetup) -> Any:

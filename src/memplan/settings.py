@@ -1,0 +1,69 @@
+"""What each setting of an input file did: modelled, no memory effect, or not modelled.
+
+Every dialect that reads a file (``--hf-args``, ``--peft-config``, a Hub id) classifies each key it
+reads as one :class:`InputSetting`; :class:`memplan.inputs.LoadedJob` carries them and every command
+shows them (JSON ``input_settings`` and ``unmodelled_settings``; text: a warning block listing the
+not-modelled ones). Nothing an input says is dropped silently. Example::
+
+    >>> s = InputSetting(source="args.json", key="torch_compile", value=True, effect="not-modelled",
+    ...                  note="compiled graphs fuse kernels; memplan prices eager kernels")
+    >>> s.to_dict()["effect"]
+    'not-modelled'
+
+Importing this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["Effect", "InputSetting", "settings_dict", "unmodelled"]
+
+#: ``modelled``: the value changes the Job (``note`` says how); ``no-memory-effect``: the value
+#: cannot change GPU memory (logging, learning rate...); ``not-modelled``: it may change memory
+#: and memplan does not price it (``note`` says what is assumed instead).
+Effect = Literal["modelled", "no-memory-effect", "not-modelled"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputSetting:
+    """One key of an input file and what memplan did with it."""
+
+    #: The input it came from (``--hf-args``, ``--peft-config``...).
+    source: str
+    #: The key as the file spells it (``gradient_checkpointing_kwargs.use_reentrant``).
+    key: str
+    #: The value in the file (JSON-compatible).
+    value: Any
+    effect: Effect
+    #: How it was mapped (``--mbs 4``), or why it has no effect / is not modelled.
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "key": self.key, "value": _plain(self.value), "effect": self.effect,
+                "note": self.note}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data (tuples → lists, other objects → their text)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def unmodelled(settings: Iterable[InputSetting]) -> tuple[InputSetting, ...]:
+    """The settings memplan read and does not model."""
+    return tuple(s for s in settings if s.effect == "not-modelled")
+
+
+def settings_dict(settings: Iterable[InputSetting]) -> dict[str, list[dict[str, Any]]]:
+    """The JSON fields every command adds: ``input_settings`` (all) and ``unmodelled_settings``."""
+    items = tuple(settings)
+    return {"input_settings": [s.to_dict() for s in items],
+            "unmodelled_settings": [s.to_dict() for s in unmodelled(items)]}
