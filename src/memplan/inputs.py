@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -195,11 +195,23 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     if dialects:
         check_conflicts(_conditions(values, job))
         job = build_job(_keep_accumulation(values, job), job)
+    job = _fine_tuning_framework(job, values, base, megatron_args)
     validate_job_for_model(job, spec)
     return LoadedJob(model=spec, job=job, model_ref=model_ref, gpu=values.get("gpu"),
                      fragmentation=values.get("fragmentation"), megatron_args=megatron_args,
                      deepspeed_config=deepspeed_config, hf_args=hf_args, peft_config=peft_config,
                      settings=tuple(settings))
+
+
+def _fine_tuning_framework(job: Job, values: Mapping[str, Any], base: Job | None,
+                           megatron_args: str | None) -> Job:
+    """A PEFT or quantized-base job with no framework named anywhere is a Hugging Face one (peft and
+    bitsandbytes run in HF Trainer / TRL / plain PyTorch loops), not the Megatron default."""
+    named = "framework" in values or base is not None or megatron_args is not None
+    tuned = job.finetune.peft != "none" or job.finetune.quantize_base != "none"
+    if named or not tuned or job.framework != Job().framework:
+        return job
+    return replace(job, framework="hf")
 
 
 def _lazy(module: str, name: str, flag: str) -> Any:
