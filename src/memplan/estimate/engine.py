@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from memplan.errors import JobConfigError
 from memplan.estimate.activations import (
     KEPT_BY,
     ActivationShape,
@@ -9,6 +10,7 @@ from memplan.estimate.activations import (
     divided,
     layer_terms_by_block,
 )
+from memplan.estimate.adapter_acts import adapter_terms
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     autocast_weight_copy_numel,
@@ -16,7 +18,6 @@ from memplan.estimate.autocast import (
     layer_weight_copy_numel,
     tied_embedding_gradient_sum_bytes,
 )
-from memplan.errors import JobConfigError
 from memplan.estimate.extras import (
     checkpointed_mask_bytes,
     communication_by_phase,
@@ -29,6 +30,14 @@ from memplan.estimate.extras import (
     optimizer_temporary_bytes,
     rope_table_bytes,
     saved_logits_bytes,
+)
+from memplan.estimate.finetune import (
+    base_in_compute_dtype,
+    dequantized_weight_bytes,
+    finetune_assumptions,
+    finetune_counts,
+    is_finetune,
+    stage_finetune,
 )
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
@@ -53,8 +62,9 @@ from memplan.frameworks.profiles import (
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
 from memplan.model.params import final_norm_params
-from memplan.model.tensors import stage_tensors
+from memplan.model.peft_params import Adapter
 from memplan.model.spec import LayerSpec, ModelSpec
+from memplan.model.tensors import stage_tensors
 from memplan.units import dtype_bytes
 
 #: The CUDA caching allocator hands out whole segments (2 MiB granularity, allocator source
@@ -97,12 +107,13 @@ def estimate(
     vocab_rows = padded_vocab(model, job.parallel.tp, divisible)
     shape = _activation_shape(model, job, profile, prec)
     layouts = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches)
-    cache: dict[int, tuple[int, int, int]] = {}
+    cache: dict[object, tuple[int, int, int]] = {}
     stages = tuple(
         _stage_estimate(model, job, profile, prec, shape, layout, vocab_rows, fragmentation, cache)
         for layout in layouts
     )
     peak = max(stages, key=lambda s: (s.peak_allocated_bytes, -s.stage))
+    counts = finetune_counts(model, job)
     return Estimate(
         model=model.name,
         framework=profile.name,
@@ -113,6 +124,8 @@ def estimate(
         fragmentation=fragmentation,
         assumptions=_assumptions(model, job, profile, prec, vocab_rows, fragmentation),
         total_parameters=model.total_parameters,
+        trainable_params=counts.trainable if is_finetune(job) else model.total_parameters,
+        frozen_params=counts.frozen if is_finetune(job) else 0,
         job=job,
         gpu=gpu,
     )
@@ -121,6 +134,7 @@ def estimate(
 def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> ActivationShape:
     par = job.parallel
     seq_local = job.batch.seq_length // par.cp
+    base16 = base_in_compute_dtype(model, job)
     return ActivationShape(
         seq=seq_local,
         kv_seq=seq_local,
@@ -130,7 +144,7 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         vocab_tp=vocab_split(profile, par.tp),
         sequence_parallel=par.sequence_parallel,
         act_bytes=dtype_bytes(prec.compute),
-        residual_bytes=dtype_bytes(prec.residual),
+        residual_bytes=dtype_bytes(prec.compute if base16 else prec.residual),
         attention=job.attention,
         dropout=job.dropout > 0,
         kernels=profile.kernels,
@@ -140,8 +154,8 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         dispatcher=job.moe.dispatcher,
         ep=par.ep,
         norm=model.norm,
-        autocast=prec.weight_copies == "autocast",
-        expert_bytes=_expert_bytes(profile, prec),
+        autocast=prec.weight_copies == "autocast" and not base16,
+        expert_bytes=dtype_bytes(prec.compute) if base16 else _expert_bytes(profile, prec),
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",
     )
@@ -176,12 +190,31 @@ def rank_routed_factor(model: ModelSpec, job: Job) -> float:
     return (options.routed_token_factor + per_rank - 1) / per_rank
 
 
-def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:
-    """(kept bytes under the job's recompute, full bytes without recompute, backward transient) of one layer."""
-    key = id(layer)
+def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[object, tuple[int, int, int]],
+                 index: int | None = None, model: ModelSpec | None = None) -> tuple[int, int, int]:
+    """(kept bytes under the job's recompute, full bytes without recompute, backward transient) of one layer.
+
+    For a fine-tuning job (``index`` and ``model`` given) a frozen layer's GEMM inputs are not saved
+    and its adapters' terms are added (:mod:`memplan.estimate.adapter_acts`).
+    """
+    adapters: tuple[Adapter, ...] = ()
+    frozen = False
+    if model is not None and index is not None and is_finetune(job):
+        counts = finetune_counts(model, job)
+        adapters = tuple(a for a in counts.adapters if a.module.layer == index)
+        frozen = counts.layers[index].trained == 0
+    key = (id(layer), adapters, frozen)
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
-        blocks = layer_terms_by_block(layer, shape)
+        attention, rest = layer_terms_by_block(layer, shape)
+        if frozen:
+            attention = [t for t in attention if not t.gemm_input]
+            rest = [t for t in rest if not t.gemm_input]
+        if adapters:
+            prec = resolve_precision(job, get_profile(job.framework))
+            rest = rest + adapter_terms(adapters, shape, autocast=prec.weight_copies == "autocast",
+                                        dropout=job.finetune.lora_dropout > 0, compute_bytes=shape.act_bytes)
+        blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
         kept = sum(size for size, keep in sized if keep in kept_classes)
@@ -211,12 +244,14 @@ def _stage_estimate(
     layout: StageLayout,
     vocab_rows: int,
     fragmentation: float,
-    cache: dict[int, tuple[int, int, int]],
+    cache: dict[object, tuple[int, int, int]],
 ) -> StageEstimate:
     params = stage_params(model, job, layout, vocab_rows, vocab_parallel=profile.vocab_parallel)
     tensors = stage_tensors(model, layout.layer_indices, has_embedding=layout.has_embedding, has_head=layout.has_head)
+    ft = stage_finetune(model, job, layout, params.total) if is_finetune(job) else None
+    counters = device_step_counters(job, profile, tensors if ft is None else ft.trainable_tensors)
     states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients,
-                         step_counters=device_step_counters(job, profile, tensors))
+                         step_counters=counters, finetune=ft)
     recomputed = _recomputed_layers(layout, job)
     group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
 
@@ -227,8 +262,11 @@ def _stage_estimate(
     for chunk in layout.chunks:
         kept = 0
         for index in chunk:
-            keep, full, transient = _layer_costs(model.layers[index], shape, job, cache)
-            transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
+            keep, full, transient = _layer_costs(model.layers[index], shape, job, cache, index, model)
+            if ft is None:
+                transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
+            else:
+                transient += dequantized_weight_bytes(model, job, index, dtype_bytes(prec.compute))
             if index in recomputed:
                 layer_keep, layer_worst = keep, group * full + transient
             elif job.recompute.mode == "selective":
@@ -250,7 +288,7 @@ def _stage_estimate(
     if job.offload.activations and layer_acts:
         # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
         # layer being computed and the one being copied.
-        on_gpu = min(layer_acts, 2 * max(_layer_costs(model.layers[i], shape, job, cache)[0] for i in layout.layer_indices))
+        on_gpu = min(layer_acts, 2 * max(_layer_costs(model.layers[i], shape, job, cache, i, model)[0] for i in layout.layer_indices))
         cpu_acts = layer_acts - on_gpu
         layer_acts = on_gpu
     other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
@@ -265,6 +303,10 @@ def _stage_estimate(
         head = _head_numel(model, profile, job, vocab_rows) if layout.has_head else 0
         layers = autocast_weight_copy_numel(model, job, layout, recomputed=recomputed, mode=kept_mode(job, profile),
                                             eager_experts=profile.kernels == "eager")
+        if ft is not None:
+            # Only fully trained (fp32) weights are cast; 16-bit frozen weights are used as they are, and
+            # the adapters' copies are part of their layers' terms.
+            head, layers = 0, ft.full
         other_acts += (layers + head) * dtype_bytes(prec.compute)
         head_copy = head * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
@@ -303,8 +345,8 @@ def _stage_estimate(
         "optimizer step": (0, 0, optimizer_temporary_bytes(job, profile, states, prec, _largest_tensor(model, vocab_rows, job, profile)), 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
-        "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, vocab_split(profile, job.parallel.tp),
-                                                                     _summed_grad_bytes(job, profile, prec)), 0),
+        "end of backward": (0, 0, 0 if ft is not None and ft.full == 0 else tied_embedding_gradient_sum_bytes(
+            model, layout, vocab_rows, vocab_split(profile, job.parallel.tp), _summed_grad_bytes(job, profile, prec)), 0),
     }
     if layout.has_head:
         candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
@@ -392,7 +434,7 @@ def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfi
     return numel * dtype_bytes(prec.compute)
 
 
-def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> int:
+def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[object, tuple[int, int, int]]) -> int:
     """One MTP module per micro-batch: its decoder layer (shaped like the last), two input norms,
     the concatenated 2h input of its projection, and the embedding lookup it reads."""
     keep, full, _ = _layer_costs(model.layers[-1], shape, job, cache)
@@ -528,5 +570,6 @@ def _assumptions(
     if model.tie_word_embeddings and profile.frees_gradients:
         out.append("tied embedding: its two gradients (head and embedding) are summed at the end of the backward "
                    "(two weight-sized temporaries)")
+    out += finetune_assumptions(model, job)
     out.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments (assumed allocator fragmentation)")
     return tuple(out)

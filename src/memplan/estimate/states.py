@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.estimate.finetune import ADAPTER_BYTES, StageFinetune, frozen_bytes_per_element
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.frameworks.profiles import FrameworkProfile, resolved_optimizer_impl
 from memplan.job import Job
 from memplan.model.params import (
+    ParamGroups,
     embedding_params,
     final_norm_params,
     norm_params,
     position_embedding_params,
 )
-from memplan.model.params import ParamGroups
 from memplan.model.spec import ModelSpec
 
 #: bitsandbytes 8-bit optimizers quantize each state block-wise with one fp32 absmax per block.
@@ -194,6 +195,7 @@ def state_bytes(
     *,
     offload_moves_gradients: bool = False,
     step_counters: int = 0,
+    finetune: StageFinetune | None = None,
 ) -> StateBytes:
     """Model states one GPU of a stage holds (and what offloading moves to CPU memory).
 
@@ -213,6 +215,9 @@ def state_bytes(
     g_numel = _sharded(params.dense, params.expert, shards, grad_shard)
     o_numel = _sharded(params.dense, params.expert, shards, opt_shard)
     parameters = p_numel * prec.param_bytes
+    if finetune is not None:
+        return _finetune_state_bytes(model, job, params, prec, finetune, (full_shard, grad_shard, opt_shard),
+                                     step_counters)
     fp8 = 0
     if job.precision.fp8 is not None:
         gemm = params.gemm_weights if not full_shard else -(-params.gemm_weights // shards[0])
@@ -253,3 +258,29 @@ def state_bytes(
         cpu_gradients=cpu_grads,
         cpu_optimizer=cpu_opt,
     )
+
+
+def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec: ResolvedPrecision,
+                          ft: StageFinetune, sharded: tuple[bool, bool, bool], step_counters: int) -> StateBytes:
+    """Model states when part of the model is frozen (:mod:`memplan.estimate.finetune`).
+
+    Fully trained weights follow the job's precision; adapters are fp32 with fp32 gradients and no
+    master copy; frozen weights have no gradient, master or optimizer state. ZeRO/FSDP divide each
+    over data parallelism as in full training (dense shard group). Offload is not applied here.
+    """
+    shards = _shard_sizes(job)
+    full_shard, grad_shard, opt_shard = sharded
+
+    def share(numel: int, on: bool) -> int:
+        return _sharded(numel, 0, shards, on)
+
+    frozen_bytes = ft.frozen * frozen_bytes_per_element(job) + ft.quantized_bytes
+    parameters = (share(ft.full, full_shard) * prec.param_bytes + share(ft.adapter, full_shard) * ADAPTER_BYTES
+                  + (-(-frozen_bytes // shards[0]) if full_shard else frozen_bytes))
+    gradients = share(ft.full, grad_shard) * prec.grad_bytes + share(ft.adapter, grad_shard) * ADAPTER_BYTES
+    master = share(ft.full, opt_shard) * prec.master_bytes
+    o_numel = share(ft.trainable, opt_shard)
+    optimizer = optimizer_state_bytes(o_numel, job, prec.state_bytes, model.hidden_size)
+    optimizer += step_counters * STEP_COUNTER_BYTES
+    return StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
+                      optimizer_numel=o_numel)
