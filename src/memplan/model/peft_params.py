@@ -274,3 +274,36 @@ def _slot(model: ModelSpec, module: str) -> int:
         if _under(p.module, (module,)):
             return model.num_layers if p.layer is None else p.layer
     return model.num_layers
+
+
+def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
+    """Module names the fine-tuning flags give must exist in ``model`` and ranks must fit the layers
+    they target; raise :class:`~memplan.errors.JobConfigError` naming the flag."""
+    from memplan.errors import JobConfigError
+
+    linears = list(model_linears(model))
+    listing = ", ".join(sorted({m.name.rpartition(".")[2] for m in linears}))
+    modules, _ = _split_targets(model, ft) if ft.peft != "none" else ((), ())
+    for target in modules or ():
+        if not any(matches(m.name, target) for m in linears):
+            raise JobConfigError("--lora-targets", f"must name modules of the model (its linear layers: {listing})",
+                                 target)
+    if ft.peft != "none" and fused_gate_up_complete(model, ft) is False:
+        raise JobConfigError("--lora-targets", "must name both expert projections fused into gate_up_proj "
+                             "(peft refuses one alone)", ft.lora_targets)
+    if ft.peft != "none" and ft.target_names is not None:
+        for a in adapter_targets(model, ft):
+            rank = _rank(a.name, ft.lora_rank, ft.rank_pattern)
+            if rank > min(a.in_features, a.out_features):
+                flag = "--lora-rank-pattern" if rank != ft.lora_rank else "--lora-rank"
+                raise JobConfigError(flag, f"must not exceed min(in, out) = {min(a.in_features, a.out_features)} "
+                                     f"of the targeted layer {a.name}", rank)
+    names = _module_names(model)
+    for flag, text in (("--modules-to-save", ft.modules_to_save),
+                       ("--trainable", "" if ft.resolved_trainable in ("all", "adapters") else ft.resolved_trainable)):
+        for key in filter(None, text.split(",")):
+            hit = (any(n.endswith(key) for n in names) if flag == "--modules-to-save"
+                   else any(matches(n, key) for n in names))
+            if not hit:
+                raise JobConfigError(flag, f"must name modules of the model (its linear layers: {listing}; "
+                                     "or embed_tokens, norm, layers.N)", key)
