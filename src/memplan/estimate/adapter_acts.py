@@ -25,31 +25,67 @@ from memplan.model.peft_params import Adapter
 ADAPTER_BYTES = 4
 
 
+#: Linear layers reading the attention block's input norm (their input needs no gradient in the first
+#: layer when the embedding is frozen).
+ATTENTION_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
+                                     "c_attn", "query_key_value"})
+
+
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
-                  compute_bytes: int) -> list[Term]:
-    """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed)."""
+                  compute_bytes: int, input_needs_grad: bool = True) -> list[Term]:
+    """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
+
+    ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
+    the attention norm's output save no weight copy and no dropout mask (autograd keeps what the
+    input's gradient needs only when the input requires grad), and DoRA one scale vector less.
+    """
     tokens = shape.seq * shape.micro_batch
     terms: list[Term] = []
     lora_bytes = compute_bytes if autocast else ADAPTER_BYTES
     for a in adapters:
         if a.experts > 1 or m_is_parameter(a):
             continue  # peft ParamWrapper: adds B @ A to the weight; not priced (stated in the assumptions)
-        m, r, rows = a.module, a.rank, tokens
+        m, r = a.module, a.rank
         name = m.name.rpartition(".")[2]
+        grad_in = input_needs_grad or name not in ATTENTION_INPUT_LINEARS
         terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'fp32 copy'})",
-                          int(lora_bytes * rows * m.in_features), "rep", "body"))
-        if dropout:
-            terms.append(Term(f"{name} lora dropout mask", int(DROPOUT_MASK_BYTES * rows * m.in_features), "rep", "body"))
-        terms.append(Term(f"{name} lora_B input (lora_A output)", int(lora_bytes * rows * r), "rep", "body"))
+                          lora_bytes * tokens * m.in_features, "rep", "body"))
+        if dropout and grad_in:
+            terms.append(Term(f"{name} lora dropout mask", DROPOUT_MASK_BYTES * tokens * m.in_features, "rep", "body"))
+        terms.append(Term(f"{name} lora_B input (lora_A output)", lora_bytes * tokens * r, "rep", "body"))
         if autocast:
-            terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies",
-                              compute_bytes * a.experts * a.rank * (m.in_features + m.out_features), "rep", "body"))
+            # lora_B's copy is always kept (lora_A's output requires grad); lora_A's only when its input does.
+            copies = r * m.out_features + (r * m.in_features if grad_in else 0)
+            terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies", compute_bytes * copies, "rep", "body"))
         if a.dora:
+            # weight_norm (fp32, kept by magnitude / weight_norm), the scale and scale - 1 (fp32), the base
+            # result (compute dtype) and lora_B's result (adapter dtype) kept by the two products.
+            scales = 3 if grad_in else 2
+            terms.append(Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"))
             terms.append(Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
-                              int((compute_bytes + lora_bytes) * rows * m.out_features), "rep", "body"))
+                              (compute_bytes + lora_bytes) * tokens * m.out_features, "rep", "body"))
     return terms
 
 
 def m_is_parameter(adapter: Adapter) -> bool:
     """The adapter wraps a parameter (a router's ``gate.weight``), not a module."""
     return adapter.module.name.endswith(".weight")
+
+
+def frozen_layer_terms(terms: list[Term], shape: ActivationShape, first: bool) -> list[Term]:
+    """A frozen block's terms: no GEMM input is saved for a frozen weight (flash/SDPA attention still
+    keeps its own output, which the output projection reads), nor a norm's normalized input for its
+    frozen weight; the layer input stays for checkpointing (class ``input``, kept only by recompute).
+    ``first``: the block's input needs no gradient either, so the input norm saves nothing."""
+    out: list[Term] = []
+    for t in terms:
+        if t.gemm_input and not (t.name == "output projection input" and shape.attention != "eager"):
+            continue
+        if t.name.endswith("norm input"):
+            if t.keep == "input":
+                out.append(Term(t.name, t.bytes, t.region, "ckpt_input"))
+            continue
+        if first and t.name.startswith("attention norm"):
+            continue
+        out.append(t)
+    return out

@@ -10,7 +10,7 @@ from memplan.estimate.activations import (
     divided,
     layer_terms_by_block,
 )
-from memplan.estimate.adapter_acts import adapter_terms
+from memplan.estimate.adapter_acts import adapter_terms, frozen_layer_terms
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     autocast_weight_copy_numel,
@@ -198,22 +198,25 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
     and its adapters' terms are added (:mod:`memplan.estimate.adapter_acts`).
     """
     adapters: tuple[Adapter, ...] = ()
-    frozen = False
+    frozen = first = False
     if model is not None and index is not None and is_finetune(job):
         counts = finetune_counts(model, job)
         adapters = tuple(a for a in counts.adapters if a.module.layer == index)
         frozen = counts.layers[index].trained == 0
-    key = (id(layer), adapters, frozen)
+        # The first layer's input (the frozen embedding's output) needs no gradient: what only that
+        # gradient needs is not saved (checkpointing makes the input require grad: HF enable_input_require_grads).
+        first = index == 0 and counts.root.trained == 0 and job.recompute.mode == "none"
+    key = (id(layer), adapters, frozen, first)
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
         attention, rest = layer_terms_by_block(layer, shape)
         if frozen:
-            attention = [t for t in attention if not t.gemm_input]
-            rest = [t for t in rest if not t.gemm_input]
+            attention, rest = frozen_layer_terms(attention, shape, first), frozen_layer_terms(rest, shape, False)
         if adapters:
             prec = resolve_precision(job, get_profile(job.framework))
             rest = rest + adapter_terms(adapters, shape, autocast=prec.weight_copies == "autocast",
-                                        dropout=job.finetune.lora_dropout > 0, compute_bytes=shape.act_bytes)
+                                        dropout=job.finetune.lora_dropout > 0, compute_bytes=shape.act_bytes,
+                                        input_needs_grad=not first)
         blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
@@ -573,3 +576,11 @@ def _assumptions(
     out += finetune_assumptions(model, job)
     out.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments (assumed allocator fragmentation)")
     return tuple(out)
+
+
+def layer_activation_costs(model: ModelSpec, job: Job, index: int) -> tuple[int, int, int]:
+    """(bytes kept under the job's recompute, bytes kept without recompute, backward transient) of
+    decoder layer ``index`` for one micro-batch on one rank: the per-layer figures the estimate sums."""
+    profile = get_profile(job.framework)
+    shape = _activation_shape(model, job, profile, resolve_precision(job, profile))
+    return _layer_costs(model.layers[index], shape, job, {}, index, model)

@@ -1,0 +1,101 @@
+"""The estimator's per-layer activations of fine-tuning jobs equal what autograd really keeps.
+
+A small Llama is built in bf16 (a frozen base loaded with ``torch_dtype=bfloat16``), wrapped by real
+peft and run forward on the CPU, with and without ``torch.autocast`` (the hf profile's bf16-mixed
+and pure bf16). Every tensor autograd saves is recorded with ``saved_tensors_hooks``; the ones
+still alive when the forward ends are summed per decoder layer (each storage once, parameters
+excluded) and compared with :func:`memplan.estimate.engine.layer_activation_costs`.
+
+Known differences, added explicitly below: each eager RMSNorm also keeps its fp32 ``rsqrt`` (4 bytes
+per token) which the estimator does not price; the RoPE cos/sin tables are first saved by layer 0
+(the estimator counts them once per stage, outside the layers); and on the CPU dropout keeps a mask
+in its input's dtype (fp32 after peft's cast) where CUDA keeps one byte per element.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from memplan.estimate.engine import layer_activation_costs
+from memplan.job import Batch, FineTuning, Job, Precision
+from memplan.model import model_from_hf_config
+
+CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+          "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": False}
+SEQ = 64
+HEAD_DIM = 32
+
+
+def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool) -> dict[int, int]:
+    """Bytes autograd keeps per decoder layer at the end of the forward (see the module docstring)."""
+    torch.manual_seed(0)
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformers.AutoConfig.for_model(**CONFIG, attn_implementation="sdpa")
+        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+        model = peft.get_peft_model(model, peft.LoraConfig(**lora))
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    current: list[int | None] = [None]
+    for i, layer in enumerate(model.base_model.model.model.layers):
+        layer.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__(0, i))
+        layer.register_forward_hook(lambda m, a, o: current.__setitem__(0, None))
+    refs: list[tuple[int, Any]] = []
+
+    def pack(t: Any) -> Any:
+        if current[0] is not None and t.untyped_storage().data_ptr() not in params:
+            refs.append((current[0], weakref.ref(t)))
+        return t
+
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, SEQ))
+    with (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+          torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)):
+        loss = model(input_ids=ids, labels=ids).loss
+    per: dict[int, int] = defaultdict(int)
+    seen: set[int] = set()
+    for layer, ref in refs:
+        t = ref()
+        if t is not None and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            per[layer] += t.untyped_storage().nbytes()
+    del loss
+    return dict(per)
+
+
+QV = {"target_modules": ["q_proj", "v_proj"]}
+CASES = {
+    "lora-r8-qv": ({"r": 8, **QV}, FineTuning(peft="lora", lora_targets="q_proj,v_proj")),
+    "lora-r8-qv-dropout": ({"r": 8, "lora_dropout": 0.1, **QV},
+                           FineTuning(peft="lora", lora_targets="q_proj,v_proj", lora_dropout=0.1)),
+    "lora-r64-all-linear": ({"r": 64, "target_modules": "all-linear"},
+                            FineTuning(peft="lora", lora_rank=64, lora_targets="all-linear")),
+    "dora-r16-qv": ({"r": 16, "use_dora": True, **QV}, FineTuning(peft="dora", lora_rank=16, lora_targets="q_proj,v_proj")),
+}
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
+@pytest.mark.parametrize("case", CASES)
+def test_layer_activations_equal_autograd(case: str, precision: str) -> None:
+    lora, ft = CASES[case]
+    measured = saved_bytes_per_layer(lora, autocast=precision == "bf16-mixed")
+    spec = model_from_hf_config(CONFIG, name="small-llama")
+    job = Job(framework="hf", precision=Precision(name=precision), batch=Batch(seq_length=SEQ), finetune=ft,
+              attention="sdpa")
+    rsqrt = 4 * SEQ
+    rope_tables = 2 * SEQ * HEAD_DIM * 2
+    # CPU dropout keeps an fp32 mask of each adapter's input (q and v read the hidden size) where CUDA keeps
+    # a bool; the first layer keeps none (its input needs no gradient).
+    cpu_mask = (4 - 1) * SEQ * CONFIG["hidden_size"] * 2 if ft.lora_dropout else 0
+    first, second = (layer_activation_costs(spec, job, i)[1] for i in range(2))
+    assert measured[1] == second + 2 * rsqrt + cpu_mask
+    assert measured[0] == first + rsqrt + rope_tables
