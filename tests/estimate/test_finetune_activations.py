@@ -6,6 +6,9 @@ and pure bf16). Every tensor autograd saves is recorded with ``saved_tensors_hoo
 still alive when the forward ends are summed per decoder layer (each storage once, parameters
 excluded) and compared with :func:`memplan.estimate.engine.layer_activation_costs`.
 
+QLoRA: the decoder linear layers are replaced by bitsandbytes ``Linear4bit`` (its CPU backend) and
+wrapped by peft's bitsandbytes LoRA layer.
+
 Known differences, added explicitly below: each eager RMSNorm also keeps its fp32 ``rsqrt`` (4 bytes
 per token) which the estimator does not price; the RoPE cos/sin tables are first saved by layer 0
 (the estimator counts them once per stage, outside the layers); and on the CPU dropout keeps a mask
@@ -35,7 +38,22 @@ SEQ = 64
 HEAD_DIM = 32
 
 
-def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool) -> dict[int, int]:
+def _quantize_nf4(module: Any) -> None:
+    """Replace every decoder linear layer by a bitsandbytes ``Linear4bit`` (NF4, double quant, bf16 compute),
+    as ``from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True, ...))`` does."""
+    bnb = pytest.importorskip("bitsandbytes")
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.Linear):
+            layer = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True)
+            layer.weight = bnb.nn.Params4bit(child.weight.data.float(), requires_grad=False, quant_type="nf4",
+                                             compress_statistics=True)
+            setattr(module, name, layer.to("cpu"))
+        else:
+            _quantize_nf4(child)
+
+
+def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: bool = False) -> dict[int, int]:
     """Bytes autograd keeps per decoder layer at the end of the forward (see the module docstring)."""
     torch.manual_seed(0)
     transformers.logging.set_verbosity_error()
@@ -43,6 +61,9 @@ def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool) -> dict[int, int
         warnings.simplefilter("ignore")
         config = transformers.AutoConfig.for_model(**CONFIG, attn_implementation="sdpa")
         model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+        if quantize:
+            _quantize_nf4(model.model)
+            model.is_loaded_in_4bit = True  # what peft reads to wrap Linear4bit with its bnb LoRA layer
         model = peft.get_peft_model(model, peft.LoraConfig(**lora))
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -83,11 +104,23 @@ CASES = {
 }
 
 
+QLORA = {
+    "qlora-r64-all-linear": ({"r": 64, "target_modules": "all-linear"},
+                             FineTuning(peft="lora", lora_rank=64, lora_targets="all-linear", quantize_base="nf4")),
+    "qlora-r8-qv": ({"r": 8, **QV}, FineTuning(peft="lora", lora_targets="q_proj,v_proj", quantize_base="nf4")),
+}
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
-@pytest.mark.parametrize("case", CASES)
-def test_layer_activations_equal_autograd(case: str, precision: str) -> None:
-    lora, ft = CASES[case]
-    measured = saved_bytes_per_layer(lora, autocast=precision == "bf16-mixed")
+@pytest.mark.parametrize("case", [*CASES, *QLORA])
+def test_layer_activations_equal_autograd(case: str, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    lora, ft = {**CASES, **QLORA}[case]
+    if precision == "bf16-mixed":
+        # peft's bitsandbytes layers skip the fp32 input cast when torch.is_autocast_enabled() (CUDA autocast);
+        # on the CPU that check is False under CPU autocast, so it answers as on a GPU.
+        original = torch.is_autocast_enabled
+        monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: True if not a else original(*a))
+    measured = saved_bytes_per_layer(lora, autocast=precision == "bf16-mixed", quantize=case in QLORA)
     spec = model_from_hf_config(CONFIG, name="small-llama")
     job = Job(framework="hf", precision=Precision(name=precision), batch=Batch(seq_length=SEQ), finetune=ft,
               attention="sdpa")

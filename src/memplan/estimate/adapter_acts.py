@@ -31,25 +31,51 @@ ATTENTION_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "
                                      "c_attn", "query_key_value"})
 
 
+#: Linear layers reading the MLP block's input norm (a shared input).
+MLP_INPUT_LINEARS = frozenset({"gate_proj", "up_proj", "gate_up_proj", "c_fc", "dense_h_to_4h"})
+#: Linear layers reading the attention output, which flash/SDPA attention keeps anyway.
+ATTENTION_OUTPUT_LINEARS = frozenset({"o_proj", "dense"})
+
+
+def _shared_input(name: str, module: str, attention: str) -> str | None:
+    """The input an adapter shares with its neighbours when peft passes ``x`` on uncast (None: its own)."""
+    if name in ATTENTION_INPUT_LINEARS:
+        return "attention norm output"
+    if name in MLP_INPUT_LINEARS:
+        return module.rpartition(".")[0] + " input"
+    if (name in ATTENTION_OUTPUT_LINEARS or module.endswith("attn.c_proj")) and attention != "eager":
+        return ""  # kept by the attention kernel already (the layer's "output projection input" term)
+    return None
+
+
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
-                  compute_bytes: int, input_needs_grad: bool = True) -> list[Term]:
+                  compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
     ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
     the attention norm's output save no weight copy and no dropout mask (autograd keeps what the
     input's gradient needs only when the input requires grad), and DoRA one scale vector less.
+    ``uncast_input``: peft's bitsandbytes layers (``lora/bnb.py``) under CUDA autocast pass ``x`` on
+    without the fp32 cast, so ``lora_A`` saves the 16-bit input itself, one tensor for the adapters
+    that read the same input (q/k/v, gate/up).
     """
     tokens = shape.seq * shape.micro_batch
     terms: list[Term] = []
     lora_bytes = compute_bytes if autocast else ADAPTER_BYTES
+    shared: set[str] = set()
     for a in adapters:
         if a.experts > 1 or m_is_parameter(a):
             continue  # peft ParamWrapper: adds B @ A to the weight; not priced (stated in the assumptions)
         m, r = a.module, a.rank
         name = m.name.rpartition(".")[2]
         grad_in = input_needs_grad or name not in ATTENTION_INPUT_LINEARS
-        terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'fp32 copy'})",
-                          lora_bytes * tokens * m.in_features, "rep", "body"))
+        group = _shared_input(name, m.name, shape.attention) if uncast_input and not dropout else None
+        if group is None:
+            terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'fp32 copy'})",
+                              lora_bytes * tokens * m.in_features, "rep", "body"))
+        elif group and group not in shared:
+            shared.add(group)
+            terms.append(Term(f"{group} (kept by lora_A)", compute_bytes * tokens * m.in_features, "rep", "body"))
         if dropout and grad_in:
             terms.append(Term(f"{name} lora dropout mask", DROPOUT_MASK_BYTES * tokens * m.in_features, "rep", "body"))
         terms.append(Term(f"{name} lora_B input (lora_A output)", lora_bytes * tokens * r, "rep", "body"))

@@ -199,6 +199,7 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
     """
     adapters: tuple[Adapter, ...] = ()
     frozen = first = False
+    counts = None
     if model is not None and index is not None and is_finetune(job):
         counts = finetune_counts(model, job)
         adapters = tuple(a for a in counts.adapters if a.module.layer == index)
@@ -206,17 +207,20 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         # The first layer's input (the frozen embedding's output) needs no gradient: what only that
         # gradient needs is not saved (checkpointing makes the input require grad: HF enable_input_require_grads).
         first = index == 0 and counts.root.trained == 0 and job.recompute.mode == "none"
-    key = (id(layer), adapters, frozen, first)
+    key = (id(layer), adapters, frozen, first, job.finetune.quantize_base)
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
         attention, rest = layer_terms_by_block(layer, shape)
-        if frozen:
+        quantized = bool(counts.layers[index].quantized) if frozen else False  # type: ignore[union-attr]
+        # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
+        if frozen and not (quantized and job.finetune.quantize_base == "int8"):
             attention, rest = frozen_layer_terms(attention, shape, first), frozen_layer_terms(rest, shape, False)
         if adapters:
             prec = resolve_precision(job, get_profile(job.framework))
-            rest = rest + adapter_terms(adapters, shape, autocast=prec.weight_copies == "autocast",
+            autocast = prec.weight_copies == "autocast"
+            rest = rest + adapter_terms(adapters, shape, autocast=autocast,
                                         dropout=job.finetune.lora_dropout > 0, compute_bytes=shape.act_bytes,
-                                        input_needs_grad=not first)
+                                        input_needs_grad=not first, uncast_input=quantized and autocast)
         blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep in sized if keep in KEPT_BY["none"])

@@ -180,7 +180,9 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
                    "fp32-cast input (a 16-bit copy under autocast), lora_A's output"
                    + (", its dropout mask" if ft.lora_dropout > 0 else "")
                    + (", and DoRA's base and LoRA results" if ft.peft == "dora" else "")
-                   + "; frozen linear layers save no input")
+                   + "; frozen linear layers save no input (bitsandbytes 8-bit layers keep theirs); peft's "
+                   "bitsandbytes layers under autocast skip the fp32 cast and keep the 16-bit input once per "
+                   "shared input")
         if ft.peft == "dora":
             out.append("DoRA's forward temporaries (identity matrix, combined weight and its norm per layer) are "
                        "not priced")
