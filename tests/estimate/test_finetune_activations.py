@@ -53,14 +53,17 @@ def _quantize_nf4(module: Any) -> None:
             _quantize_nf4(child)
 
 
-def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: bool = False) -> dict[int, int]:
+def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: bool = False,
+                          config: dict[str, Any] | None = None) -> dict[int, int]:
     """Bytes autograd keeps per decoder layer at the end of the forward (see the module docstring)."""
     torch.manual_seed(0)
     transformers.logging.set_verbosity_error()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = transformers.AutoConfig.for_model(**CONFIG, attn_implementation="sdpa")
-        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+        cfg = config or CONFIG
+        attention = "eager" if cfg["model_type"] == "gemma2" else "sdpa"
+        hf_config = transformers.AutoConfig.for_model(**cfg, attn_implementation=attention)
+        model = transformers.AutoModelForCausalLM.from_config(hf_config).to(torch.bfloat16)
         if quantize:
             _quantize_nf4(model.model)
             model.is_loaded_in_4bit = True  # what peft reads to wrap Linear4bit with its bnb LoRA layer
@@ -78,7 +81,7 @@ def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: bool =
             refs.append((current[0], weakref.ref(t)))
         return t
 
-    ids = torch.randint(0, CONFIG["vocab_size"], (1, SEQ))
+    ids = torch.randint(0, (config or CONFIG)["vocab_size"], (1, SEQ))
     with (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
           torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)):
         loss = model(input_ids=ids, labels=ids).loss
@@ -132,3 +135,28 @@ def test_layer_activations_equal_autograd(case: str, precision: str, monkeypatch
     first, second = (layer_activation_costs(spec, job, i)[1] for i in range(2))
     assert measured[1] == second + 2 * rsqrt + cpu_mask
     assert measured[0] == first + rsqrt + rope_tables
+
+
+SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+         "head_dim": HEAD_DIM, "vocab_size": 1000}
+FAMILIES = {
+    # Gemma 2 needs eager attention (soft-capping); each of its 4 norms also keeps the fp32 (1 + weight).
+    "gemma2": ({"model_type": "gemma2", **SMALL, "num_key_value_heads": 4, "sliding_window": 4096,
+                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}, 4 * (4 * SEQ + 4 * 256)),
+    # Qwen3's per-head q/k norms keep an fp32 rsqrt per head and token (8 + 2 heads).
+    "qwen3": ({"model_type": "qwen3", **SMALL, "num_key_value_heads": 2, "tie_word_embeddings": False},
+              2 * 4 * SEQ + 4 * SEQ * (8 + 2)),
+}
+
+
+@pytest.mark.parametrize("case", ["lora-r8-qv", "lora-r64-all-linear"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layer_activations_equal_autograd_gemma2_qwen3(family: str, case: str) -> None:
+    """A decoder layer after the first (the first one's q/k may need no gradient, a detail not priced)."""
+    config, unpriced = FAMILIES[family]
+    lora, ft = CASES[case]
+    measured = saved_bytes_per_layer(lora, autocast=True, config=config)
+    spec = model_from_hf_config(config, name=family)
+    job = Job(framework="hf", batch=Batch(seq_length=SEQ), finetune=ft,
+              attention="eager" if family == "gemma2" else "sdpa")
+    assert measured[1] == layer_activation_costs(spec, job, 1)[1] + unpriced

@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, Term
+from memplan.estimate.activations import DROPOUT_MASK_BYTES, NORM_COMPUTE_BYTES, ActivationShape, Term
 from memplan.model.peft_params import Adapter
 
 #: Adapter weights' dtype (peft ``autocast_adapter_dtype=True``).
@@ -101,7 +101,8 @@ def m_is_parameter(adapter: Adapter) -> bool:
 def frozen_layer_terms(terms: list[Term], shape: ActivationShape, first: bool) -> list[Term]:
     """A frozen block's terms: no GEMM input is saved for a frozen weight (flash/SDPA attention still
     keeps its own output, which the output projection reads), nor a norm's normalized input for its
-    frozen weight; the layer input stays for checkpointing (class ``input``, kept only by recompute).
+    frozen weight (nor Gemma's fp32 normalized tensors, nor the per-head q/k norms' normalized output);
+    the layer input stays for checkpointing (class ``input``, kept only by recompute).
     ``first``: the block's input needs no gradient either, so the input norm saves nothing."""
     out: list[Term] = []
     for t in terms:
@@ -113,5 +114,11 @@ def frozen_layer_terms(terms: list[Term], shape: ActivationShape, first: bool) -
             continue
         if first and t.name.startswith("attention norm"):
             continue
+        if "normalized" in t.name:
+            continue  # kept only for the norm weight's gradient
+        if t.name == "q, k norms" and shape.kernels == "eager":
+            # Eager per-head norms keep an fp32 copy of their input and the normalized tensor; only the first
+            # serves the input's gradient.
+            t = Term(t.name, t.bytes * NORM_COMPUTE_BYTES // (NORM_COMPUTE_BYTES + shape.act_bytes), t.region, t.keep)
         out.append(t)
     return out
