@@ -58,3 +58,15 @@ def test_qlora_base_is_about_half_a_byte_per_weight() -> None:
     base = est.stages[0].parameters_bytes - 4 * (est.trainable_params)
     assert 0.5 * linear + 2 * embedding < base < 0.53 * linear + 2 * embedding + 10**6
     assert est.trainable_params + est.frozen_params == model.total_parameters + est.trainable_params
+
+
+def test_modules_to_save_copy_keeps_the_frozen_dtype() -> None:
+    """peft deep-copies the module: a bf16 copy of the head with bf16 gradients and AdamW moments."""
+    model = load_model("llama-3.2-1b")
+    ft = FineTuning(peft="lora", modules_to_save="lm_head")
+    stage = estimate(model, Job(framework="hf", finetune=ft)).stages[0]
+    adapters = 16 * 8 * ((2048 + 2048) + (2048 + 512))
+    head = model.vocab_size * model.hidden_size
+    assert stage.parameters_bytes == 2 * model.total_parameters + 4 * adapters + 2 * head
+    assert stage.gradients_bytes == 4 * adapters + 2 * head
+    assert stage.optimizer_moments_bytes == 2 * 4 * adapters + 2 * 2 * head + 4 * (2 * 16 * 2 + 1)

@@ -36,6 +36,7 @@ from memplan.estimate.finetune import (
     dequantized_weight_bytes,
     finetune_assumptions,
     finetune_counts,
+    head_activation_bytes_finetune,
     is_finetune,
     stage_finetune,
 )
@@ -326,6 +327,8 @@ def _stage_estimate(
     # with every in-flight forward alive, and the optimizer step (activations freed).
     loss = resolved_loss(job)
     head_acts = head_activation_bytes(shape) if layout.has_head else 0
+    if layout.has_head and ft is not None:
+        head_acts = head_activation_bytes_finetune(model, job, shape)
     softcap = model.final_logit_softcap is not None
     # Each MTP depth computes its own logits and loss; all are alive until the backward.
     depths = (1 + job.mtp_layers) if layout.has_head else 0
@@ -341,7 +344,7 @@ def _stage_estimate(
     # The output head's gradient (a tied one waits in autograd's buffer) and the final norm's; the
     # embedding's gradient comes last, after every layer.
     head_numel = (_head_numel(model, profile, job, vocab_rows) + final_norm_params(model)) if layout.has_head else 0
-    head_grads = states.gradients * head_numel // max(params.total, 1) if no_grads_yet else 0
+    head_grads = states.gradients * head_numel // max(params.total, 1) if no_grads_yet and ft is None else 0
     backward_layers, backward_temp = layer_acts, worst_backward + head_grads
     if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
         backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)

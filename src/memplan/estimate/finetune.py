@@ -6,7 +6,8 @@ What trains comes from :mod:`memplan.model.peft_params`; this module prices it o
   stored in ``--frozen-dtype`` (default the compute dtype: a base loaded with ``torch_dtype=bfloat16``);
 * peft adapters (``lora_A``/``lora_B``, DoRA magnitudes) are fp32: peft creates them beside the base
   weight and ``get_peft_model(autocast_adapter_dtype=True)`` upcasts 16-bit adapters to fp32;
-* fully trained modules and ``modules_to_save`` copies follow the job's precision as full training does;
+* fully trained modules follow the job's precision as full training does; ``modules_to_save`` copies
+  are deep copies of the frozen module, in its dtype, with gradients and optimizer moments in it too;
 * bitsandbytes 4-bit (``Linear4bit``, :func:`quantized_weight_bytes`) and 8-bit (``Linear8bitLt``)
   replace the frozen decoder linear weights; embeddings, norms, routers, fused experts and the
   output head stay unquantized.
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.estimate.activations import ActivationShape, eager_norm_terms
 from memplan.estimate.layout import StageLayout
 from memplan.job import Job
-from memplan.model.peft_params import FinetuneParams, PartCounts, finetune_params
+from memplan.model.linears import model_parameters
+from memplan.model.peft_params import FinetuneParams, PartCounts, finetune_params, saved_modules
 from memplan.model.spec import ModelSpec
 from memplan.units import dtype_bytes
 
@@ -63,7 +66,7 @@ def int8_bytes(numel: int, rows: int) -> int:
 class StageFinetune:
     """Numel (and quantized bytes) of one GPU of a stage, split by what trains."""
 
-    #: Base weights trained fully plus ``modules_to_save`` copies (the job's precision).
+    #: Base weights trained fully (the job's precision).
     full: int
     #: Adapter parameters (fp32).
     adapter: int
@@ -77,10 +80,13 @@ class StageFinetune:
     largest_quantized: int
     #: Trainable parameter tensors (each gets its own optimizer step counter).
     trainable_tensors: int = 0
+    #: ``modules_to_save`` copies: peft deep-copies the frozen module, so they keep its dtype
+    #: (``frozen_dtype``), and so do their gradients and torch optimizer moments.
+    copies: int = 0
 
     @property
     def trainable(self) -> int:
-        return self.full + self.adapter
+        return self.full + self.adapter + self.copies
 
 
 def stage_finetune(model: ModelSpec, job: Job, layout: StageLayout, local_total: int) -> StageFinetune:
@@ -100,14 +106,28 @@ def stage_finetune(model: ModelSpec, job: Job, layout: StageLayout, local_total:
     quantized = [(n, p) for p in parts for n in p.quantized]
     q_bytes = sum(_quantized_bytes(n, model, ft.quantize_base, ft.double_quant) for n, _ in quantized)
     return StageFinetune(
-        full=int(sum(p.trained + p.copies for p in parts) * scale),
+        full=int(sum(p.trained for p in parts) * scale),
+        copies=int(sum(p.copies for p in parts) * scale),
         adapter=int(sum(p.adapter for p in parts) * scale),
         frozen=int(sum(p.frozen for p in parts) * scale),
         quantized_bytes=int(q_bytes * scale),
         quantized_numel=int(sum(n for n, _ in quantized) * scale),
         largest_quantized=int(max((n for n, _ in quantized), default=0) * scale),
-        trainable_tensors=_adapter_tensors(counts, layout, ft.peft == "dora"),
+        trainable_tensors=_adapter_tensors(counts, layout, ft.peft == "dora") + _copy_tensors(model, job, layout),
     )
+
+
+def _copy_tensors(model: ModelSpec, job: Job, layout: StageLayout) -> int:
+    """Parameter tensors of the stage's ``modules_to_save`` copies (a tied head's copy has its own weight)."""
+    layers = set(layout.layer_indices)
+    root = layout.has_head or layout.has_embedding
+    count = 0
+    for module in saved_modules(model, job.finetune):
+        tensors = [p for p in model_parameters(model) if p.module == module or p.module.startswith(module + ".")]
+        if not tensors and module == "lm_head":
+            count += 1 if root else 0
+        count += sum(1 for p in tensors if (p.layer in layers) or (p.layer is None and root))
+    return count
 
 
 def _adapter_tensors(counts: FinetuneParams, layout: StageLayout, dora: bool) -> int:
@@ -200,4 +220,21 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     elif ft.quantize_base == "int8":
         out.append("bitsandbytes LLM.int8: decoder linear weights int8 with an fp32 scale per output row; "
                    "embeddings, norms and the head unquantized")
+    return out
+
+
+def head_activation_bytes_finetune(model: ModelSpec, job: Job, shape: ActivationShape) -> int:
+    """What the final norm and the output head save when the base is frozen: the eager norm's fp32 copy of
+    its input (what its input's gradient needs); the head's input only when the head (or a
+    ``modules_to_save`` copy of it) trains, and the normalized tensor only when the final norm trains."""
+    root = finetune_params(model, job.finetune).root
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    divisor = shape.tp if shape.sequence_parallel else 1
+    norm = [t for t in eager_norm_terms(shape, "final", shape.residual_bytes)
+            if root.trained or "normalized" not in t.name]
+    out = sum(t.bytes for t in norm) // divisor
+    if not norm:
+        out += shape.residual_bytes * sbh // divisor  # a fused or LayerNorm final norm keeps its input
+    if root.trained or root.copies or root.adapter:
+        out += shape.act_bytes * sbh
     return out

@@ -274,13 +274,18 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
     def share(numel: int, on: bool) -> int:
         return _sharded(numel, 0, shards, on)
 
-    frozen_bytes = ft.frozen * frozen_bytes_per_element(job) + ft.quantized_bytes
+    base = frozen_bytes_per_element(job)
+    frozen_bytes = ft.frozen * base + ft.quantized_bytes
     parameters = (share(ft.full, full_shard) * prec.param_bytes + share(ft.adapter, full_shard) * ADAPTER_BYTES
+                  + share(ft.copies, full_shard) * base
                   + (-(-frozen_bytes // shards[0]) if full_shard else frozen_bytes))
-    gradients = share(ft.full, grad_shard) * prec.grad_bytes + share(ft.adapter, grad_shard) * ADAPTER_BYTES
+    gradients = (share(ft.full, grad_shard) * prec.grad_bytes + share(ft.adapter, grad_shard) * ADAPTER_BYTES
+                 + share(ft.copies, grad_shard) * base)
     master = share(ft.full, opt_shard) * prec.master_bytes
     o_numel = share(ft.trainable, opt_shard)
-    optimizer = optimizer_state_bytes(o_numel, job, prec.state_bytes, model.hidden_size)
+    optimizer = optimizer_state_bytes(share(ft.full + ft.adapter, opt_shard), job, prec.state_bytes, model.hidden_size)
+    if ft.copies:
+        optimizer += optimizer_state_bytes(share(ft.copies, opt_shard), job, base, model.hidden_size)
     optimizer += step_counters * STEP_COUNTER_BYTES
     return StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
                       optimizer_numel=o_numel)
