@@ -1,7 +1,7 @@
 """memplan's linear-layer names and shapes, and its parameter list, equal what ``transformers`` builds.
 
-Each preset is built on the meta device with at most 4 decoder layers (enough for DeepSeek-V3's
-leading dense layers and its MoE layers) and compared module by module.
+Each preset is built on the meta device with at most 2 decoder layers (DeepSeek: its leading dense
+layers and one MoE layer) and compared module by module.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from memplan.model.linears import model_linears, model_parameters
 from memplan.model.params import total_params
 from memplan.model.presets import preset_config, preset_names
 
-SMALL_LAYERS = 4
+SMALL_LAYERS = 2
 VARIANTS: dict[str, dict[str, Any]] = {
     "phi3": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
              "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 33000},
@@ -39,9 +39,10 @@ def small_config(name: str) -> dict[str, Any]:
     """A preset's config (or a variant) with at most :data:`SMALL_LAYERS` decoder layers."""
     cfg = dict(VARIANTS[name]) if name in VARIANTS else preset_config(name)
     cfg = {k: v for k, v in cfg.items() if k not in ("auto_map", "quantization_config")}
+    layers = max(SMALL_LAYERS, cfg.get("first_k_dense_replace", 0) + 1)
     for key in ("num_hidden_layers", "n_layer"):
         if key in cfg:
-            cfg[key] = min(cfg[key], SMALL_LAYERS)
+            cfg[key] = min(cfg[key], layers)
     return cfg
 
 
