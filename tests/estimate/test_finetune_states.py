@@ -70,3 +70,13 @@ def test_modules_to_save_copy_keeps_the_frozen_dtype() -> None:
     assert stage.parameters_bytes == 2 * model.total_parameters + 4 * adapters + 2 * head
     assert stage.gradients_bytes == 4 * adapters + 2 * head
     assert stage.optimizer_moments_bytes == 2 * 4 * adapters + 2 * 2 * head + 4 * (2 * 16 * 2 + 1)
+
+
+@pytest.mark.parametrize("quantize", ["none", "nf4", "int8"])
+def test_categories_add_up_to_the_peak(quantize: str) -> None:
+    ft = FineTuning(peft="dora", lora_rank=16, lora_targets="all-linear", lora_dropout=0.1, quantize_base=quantize)
+    est = estimate(load_model("qwen3-8b"), Job(framework="hf", finetune=ft))
+    for stage in est.stages:
+        assert sum(stage.by_category().values()) == stage.peak_allocated_bytes
+    data = est.to_dict()
+    assert isinstance(data["trainable_params"], int) and isinstance(data["frozen_params"], int)

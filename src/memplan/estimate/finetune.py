@@ -103,8 +103,8 @@ def stage_finetune(model: ModelSpec, job: Job, layout: StageLayout, local_total:
     base = sum(p.trained + p.frozen + sum(p.quantized) for p in parts)
     scale = local_total / base if base else 0.0
     ft = job.finetune
-    quantized = [(n, p) for p in parts for n in p.quantized]
-    q_bytes = sum(_quantized_bytes(n, model, ft.quantize_base, ft.double_quant) for n, _ in quantized)
+    quantized = [(n, rows) for p in parts for n, rows in zip(p.quantized, p.quantized_rows, strict=True)]
+    q_bytes = sum(_quantized_bytes(n, rows, ft.quantize_base, ft.double_quant) for n, rows in quantized)
     return StageFinetune(
         full=int(sum(p.trained for p in parts) * scale),
         copies=int(sum(p.copies for p in parts) * scale),
@@ -139,11 +139,9 @@ def _adapter_tensors(counts: FinetuneParams, layout: StageLayout, dora: bool) ->
                      if (a.module.layer in layers) or (a.module.layer is None and root))
 
 
-def _quantized_bytes(numel: int, model: ModelSpec, method: str, double_quant: bool) -> int:
+def _quantized_bytes(numel: int, rows: int, method: str, double_quant: bool) -> int:
     if method == "int8":
-        # Rows of the weight: its output features; every decoder linear has the hidden size on one side,
-        # so rows = numel / in_features is at most numel / hidden (exact for output projections).
-        return int8_bytes(numel, max(1, numel // model.hidden_size))
+        return int8_bytes(numel, rows)
     return quantized_weight_bytes(numel, method, double_quant)
 
 

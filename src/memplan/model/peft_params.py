@@ -62,6 +62,8 @@ class PartCounts:
     adapter: int = 0
     #: Trainable ``modules_to_save`` copies.
     copies: int = 0
+    #: Output features (rows) of each quantized weight, in the order of ``quantized``.
+    quantized_rows: tuple[int, ...] = ()
 
     @property
     def trainable(self) -> int:
@@ -237,19 +239,21 @@ def _finetune_params(model: ModelSpec, ft: FineTuning) -> FinetuneParams:
     trained = [0] * (n + 1)
     frozen = [0] * (n + 1)
     quantized: list[list[int]] = [[] for _ in range(n + 1)]
+    rows: list[list[int]] = [[] for _ in range(n + 1)]
     adapter = [0] * (n + 1)
     copies = [0] * (n + 1)
     everything = ft.resolved_trainable == "all"
     full = trained_modules(model, ft)
     saved = saved_modules(model, ft)
-    quantizable = {f"{m.name}.weight" for m in model_linears(model)
-                   if m.kind != "embedding" and m.name != "lm_head"} if ft.quantize_base != "none" else set()
+    quantizable = {f"{m.name}.weight": m.out_features for m in model_linears(model)
+                   if m.kind != "embedding" and m.name != "lm_head"} if ft.quantize_base != "none" else {}
     for p in model_parameters(model):
         slot = n if p.layer is None else p.layer
         if everything or _under(p.module, full):
             trained[slot] += p.numel
         elif p.name in quantizable:
             quantized[slot].append(p.numel)
+            rows[slot].append(quantizable[p.name])
         else:
             frozen[slot] += p.numel
     for name in saved:
@@ -259,7 +263,8 @@ def _finetune_params(model: ModelSpec, ft: FineTuning) -> FinetuneParams:
                      for m in adapter_targets(model, ft)) + tuple(_parameter_adapters(model, ft))
     for a in adapters:
         adapter[n if a.module.layer is None else a.module.layer] += a.numel
-    parts = [PartCounts(trained[i], frozen[i], tuple(quantized[i]), adapter[i], copies[i]) for i in range(n + 1)]
+    parts = [PartCounts(trained[i], frozen[i], tuple(quantized[i]), adapter[i], copies[i], tuple(rows[i]))
+             for i in range(n + 1)]
     return FinetuneParams(layers=tuple(parts[:n]), root=parts[n], adapters=adapters)
 
 
