@@ -199,12 +199,12 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
     and its adapters' terms are added (:mod:`memplan.estimate.adapter_acts`).
     """
     adapters: tuple[Adapter, ...] = ()
-    frozen = first = False
-    counts = None
+    frozen = first = quantized = False
     if model is not None and index is not None and is_finetune(job):
         counts = finetune_counts(model, job)
         adapters = tuple(a for a in counts.adapters if a.module.layer == index)
         frozen = counts.layers[index].trained == 0
+        quantized = bool(counts.layers[index].quantized)
         # The first layer's input (the frozen embedding's output) needs no gradient: what only that
         # gradient needs is not saved (checkpointing makes the input require grad: HF enable_input_require_grads).
         first = index == 0 and counts.root.trained == 0 and job.recompute.mode == "none"
@@ -212,7 +212,6 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
         attention, rest = layer_terms_by_block(layer, shape)
-        quantized = bool(counts.layers[index].quantized) if frozen else False  # type: ignore[union-attr]
         # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
         if frozen and not (quantized and job.finetune.quantize_base == "int8"):
             attention, rest = frozen_layer_terms(attention, shape, first), frozen_layer_terms(rest, shape, False)
