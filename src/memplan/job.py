@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
-from memplan.model.peft_params import check_finetune_names
+from memplan.model.peft_checks import check_finetune_names
 from memplan.model.spec import ModelSpec
 from memplan.units import normalize_dtype
 

@@ -92,7 +92,7 @@ class FinetuneParams:
         return self.root.frozen_total + sum(p.frozen_total for p in self.layers)
 
 
-def _rank(name: str, default: int, pattern: dict[str, int]) -> int:
+def rank_of(name: str, default: int, pattern: dict[str, int]) -> int:
     for key, rank in pattern.items():
         if re.match(rf"(.*\.)?({key})$", name):
             return rank
@@ -114,7 +114,7 @@ _MOE_PATTERN = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe",
 _FUSED = "gate_up_proj"
 
 
-def _split_targets(model: ModelSpec, ft: FineTuning) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+def split_targets(model: ModelSpec, ft: FineTuning) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
     """(module target names, or None for every linear but the head; fused parameter targets).
 
     For MoE models peft converts the target list first: names of the v4 experts and router (``gate_proj``,
@@ -157,7 +157,7 @@ def adapter_targets(model: ModelSpec, ft: FineTuning) -> tuple[LinearModule, ...
     """Linear modules that get an adapter (none without --peft); fused expert parameters apart."""
     if ft.peft == "none":
         return ()
-    names, _ = _split_targets(model, ft)
+    names, _ = split_targets(model, ft)
     linears = model_linears(model)
     if names is None:
         return tuple(m for m in linears if m.kind != "embedding" and m.name != "lm_head")
@@ -168,7 +168,7 @@ def _parameter_adapters(model: ModelSpec, ft: FineTuning) -> list[Adapter]:
     """peft ``ParamWrapper`` adapters on fused expert parameters and routers (MoE models)."""
     if ft.peft == "none":
         return []
-    _, params = _split_targets(model, ft)
+    _, params = split_targets(model, ft)
     if not params:
         return []
     pattern = dict(ft.rank_pattern)
@@ -187,7 +187,7 @@ def _parameter_adapters(model: ModelSpec, ft: FineTuning) -> list[Adapter]:
             name, n_in, n_out, experts = shapes[target]
             full = f"{prefix}.{i}.{name}"
             module = LinearModule(full, n_in, n_out, layer=i)
-            out.append(Adapter(module, _rank(full, ft.lora_rank, pattern), False, experts))
+            out.append(Adapter(module, rank_of(full, ft.lora_rank, pattern), False, experts))
     return out
 
 
@@ -197,7 +197,7 @@ def saved_modules(model: ModelSpec, ft: FineTuning) -> tuple[str, ...]:
     if not keys:
         return ()
     out: list[str] = []
-    for name in _module_names(model):
+    for name in module_names(model):
         if any(name.endswith(k) for k in keys) and not any(name.startswith(p + ".") for p in out):
             out.append(name)
     return tuple(out)
@@ -209,10 +209,10 @@ def trained_modules(model: ModelSpec, ft: FineTuning) -> tuple[str, ...]:
     if what in ("all", "adapters"):
         return ()
     keys = what.split(",")
-    return tuple(n for n in _module_names(model) if any(matches(n, k) for k in keys))
+    return tuple(n for n in module_names(model) if any(matches(n, k) for k in keys))
 
 
-def _module_names(model: ModelSpec) -> tuple[str, ...]:
+def module_names(model: ModelSpec) -> tuple[str, ...]:
     """Every module that owns parameters, directly or below it, in model order (parents first)."""
     seen: dict[str, None] = {}
     for p in model_parameters(model):
@@ -259,7 +259,7 @@ def _finetune_params(model: ModelSpec, ft: FineTuning) -> FinetuneParams:
     for name in saved:
         size = _module_numel(model, name)
         copies[_slot(model, name)] += size
-    adapters = tuple(Adapter(m, _rank(m.name, ft.lora_rank, ft.rank_pattern), ft.peft == "dora")
+    adapters = tuple(Adapter(m, rank_of(m.name, ft.lora_rank, ft.rank_pattern), ft.peft == "dora")
                      for m in adapter_targets(model, ft)) + tuple(_parameter_adapters(model, ft))
     for a in adapters:
         adapter[n if a.module.layer is None else a.module.layer] += a.numel
@@ -280,35 +280,3 @@ def _slot(model: ModelSpec, module: str) -> int:
             return model.num_layers if p.layer is None else p.layer
     return model.num_layers
 
-
-def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
-    """Module names the fine-tuning flags give must exist in ``model`` and ranks must fit the layers
-    they target; raise :class:`~memplan.errors.JobConfigError` naming the flag."""
-    from memplan.errors import JobConfigError
-
-    linears = list(model_linears(model))
-    listing = ", ".join(sorted({m.name.rpartition(".")[2] for m in linears}))
-    modules, _ = _split_targets(model, ft) if ft.peft != "none" else ((), ())
-    for target in modules or ():
-        if not any(matches(m.name, target) for m in linears):
-            raise JobConfigError("--lora-targets", f"must name modules of the model (its linear layers: {listing})",
-                                 target)
-    if ft.peft != "none" and fused_gate_up_complete(model, ft) is False:
-        raise JobConfigError("--lora-targets", "must name both expert projections fused into gate_up_proj "
-                             "(peft refuses one alone)", ft.lora_targets)
-    if ft.peft != "none" and ft.target_names is not None:
-        for a in adapter_targets(model, ft):
-            rank = _rank(a.name, ft.lora_rank, ft.rank_pattern)
-            if rank > min(a.in_features, a.out_features):
-                flag = "--lora-rank-pattern" if rank != ft.lora_rank else "--lora-rank"
-                raise JobConfigError(flag, f"must not exceed min(in, out) = {min(a.in_features, a.out_features)} "
-                                     f"of the targeted layer {a.name}", rank)
-    names = _module_names(model)
-    for flag, text in (("--modules-to-save", ft.modules_to_save),
-                       ("--trainable", "" if ft.resolved_trainable in ("all", "adapters") else ft.resolved_trainable)):
-        for key in filter(None, text.split(",")):
-            hit = (any(n.endswith(key) for n in names) if flag == "--modules-to-save"
-                   else any(matches(n, key) for n in names))
-            if not hit:
-                raise JobConfigError(flag, f"must name modules of the model (its linear layers: {listing}; "
-                                     "or embed_tokens, norm, layers.N)", key)
