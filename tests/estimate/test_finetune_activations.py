@@ -104,6 +104,8 @@ CASES = {
     "lora-r64-all-linear": ({"r": 64, "target_modules": "all-linear"},
                             FineTuning(peft="lora", lora_rank=64, lora_targets="all-linear")),
     "dora-r16-qv": ({"r": 16, "use_dora": True, **QV}, FineTuning(peft="dora", lora_rank=16, lora_targets="q_proj,v_proj")),
+    "dora-r16-qv-dropout": ({"r": 16, "use_dora": True, "lora_dropout": 0.1, **QV},
+                            FineTuning(peft="dora", lora_rank=16, lora_targets="q_proj,v_proj", lora_dropout=0.1)),
 }
 
 

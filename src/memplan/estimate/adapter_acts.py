@@ -13,7 +13,8 @@
 * peft's ``ParamWrapper`` adapters on fused MoE expert parameters and routers (peft's conversion of
   MoE targets for transformers 5) add ``B @ A`` to the weight itself; they are not priced here.
 * DoRA (``tuners/lora/dora.py``): ``(m/||W + BA|| - 1) * base_result + m/||W + BA|| * lora_result``
-  also saves the base result and the LoRA result (``out`` wide) for the magnitude's gradient.
+  also saves the base result and the LoRA result (``out`` wide) for the magnitude's gradient; with
+  dropout the base product is recomputed on the dropped-out input and keeps a cast of the weight.
 """
 
 from __future__ import annotations
@@ -85,11 +86,17 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies", compute_bytes * copies, "rep", "body"))
         if a.dora:
             # weight_norm (fp32, kept by magnitude / weight_norm), the scale and scale - 1 (fp32), the base
-            # result (compute dtype) and lora_B's result (adapter dtype) kept by the two products.
+            # result and lora_B's result (adapter dtype) kept by the two products. With dropout peft
+            # recomputes the base product on the dropped-out input (``F.linear(x, W.to(x.dtype))``): its
+            # result is in the adapter dtype without autocast, and the linear keeps the cast weight.
             scales = 3 if grad_in else 2
+            base_bytes = ADAPTER_BYTES if dropout and not autocast else compute_bytes
             terms.append(Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"))
             terms.append(Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
-                              (compute_bytes + lora_bytes) * tokens * m.out_features, "rep", "body"))
+                              (base_bytes + lora_bytes) * tokens * m.out_features, "rep", "body"))
+            if dropout and grad_in:
+                terms.append(Term(f"{name} DoRA base weight cast for the dropped-out input",
+                                  lora_bytes * m.in_features * m.out_features, "rep", "body"))
     return terms
 
 
