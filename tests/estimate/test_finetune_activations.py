@@ -162,3 +162,15 @@ def test_layer_activations_equal_autograd_gemma2_qwen3(family: str, case: str) -
     job = Job(framework="hf", batch=Batch(seq_length=SEQ), finetune=ft,
               attention="eager" if family == "gemma2" else "sdpa")
     assert measured[1] == layer_activation_costs(spec, job, 1)[1] + unpriced
+
+
+def test_layers_before_the_first_adapter_save_nothing() -> None:
+    """LoRA on the last layer's q_proj only: nothing requires grad before it, so layer 0 saves nothing."""
+    lora = {"r": 8, "target_modules": ["layers.1.self_attn.q_proj"]}
+    measured = saved_bytes_per_layer(lora, autocast=True)
+    spec = model_from_hf_config(CONFIG, name="small-llama")
+    job = Job(framework="hf", batch=Batch(seq_length=SEQ), attention="sdpa",
+              finetune=FineTuning(peft="lora", lora_targets="layers.1.self_attn.q_proj"))
+    assert measured.get(0, 0) == layer_activation_costs(spec, job, 0)[1] == 0
+    rope_tables = 2 * SEQ * HEAD_DIM * 2
+    assert measured[1] == layer_activation_costs(spec, job, 1)[1] + 4 * SEQ + rope_tables

@@ -63,7 +63,7 @@ from memplan.frameworks.profiles import (
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
 from memplan.model.params import final_norm_params
-from memplan.model.peft_params import Adapter
+from memplan.model.peft_params import Adapter, first_trainable_layer
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.model.tensors import stage_tensors
 from memplan.units import dtype_bytes
@@ -205,9 +205,14 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         adapters = tuple(a for a in counts.adapters if a.module.layer == index)
         frozen = counts.layers[index].trained == 0
         quantized = bool(counts.layers[index].quantized)
-        # The first layer's input (the frozen embedding's output) needs no gradient: what only that
-        # gradient needs is not saved (checkpointing makes the input require grad: HF enable_input_require_grads).
-        first = index == 0 and counts.root.trained == 0 and job.recompute.mode == "none"
+        # Before the first layer with something trainable nothing requires grad and nothing is saved; that
+        # layer's input (the frozen embedding's output, or a frozen layer's) needs no gradient, so what only
+        # that gradient needs is not saved (checkpointing makes the input require grad: HF
+        # enable_input_require_grads).
+        start = first_trainable_layer(counts) if counts.root.trained + counts.root.adapter == 0 else 0
+        if index < start and job.recompute.mode == "none":
+            return (0, 0, 0)
+        first = index == start and counts.root.trained + counts.root.adapter == 0 and job.recompute.mode == "none"
     key = (id(layer), adapters, frozen, first, job.finetune.quantize_base)
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]

@@ -280,3 +280,8 @@ def _slot(model: ModelSpec, module: str) -> int:
             return model.num_layers if p.layer is None else p.layer
     return model.num_layers
 
+
+
+def first_trainable_layer(counts: FinetuneParams) -> int:
+    """Index of the first decoder layer holding a trainable parameter (the number of layers if none)."""
+    return next((i for i, part in enumerate(counts.layers) if part.trainable), len(counts.layers))
