@@ -207,8 +207,11 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
         if any(a.experts > 1 or a.module.name.endswith(".weight") for a in counts.adapters):
             out.append("adapters on fused MoE expert parameters and routers (peft ParamWrapper) are counted as "
                        "parameters; their merged-weight activations are not priced")
+    out.append("without checkpointing, layers before the first one with something trainable save nothing, and "
+               "that layer's input needs no gradient (nor do its input norm's saved tensors)")
     if ft.modules_to_save:
-        out.append(f"modules_to_save {ft.modules_to_save}: a trainable copy beside the frozen original")
+        out.append(f"modules_to_save {ft.modules_to_save}: a trainable copy beside the frozen original, in its "
+                   "dtype, with gradients and optimizer moments in that dtype")
     if ft.quantize_base in ("nf4", "fp4"):
         out.append(f"bitsandbytes {ft.quantize_base}: decoder linear weights packed 2 per byte with one "
                    + ("uint8 absmax per 64 weights, an fp32 absmax per 256 blocks and a 256-entry fp32 code"
