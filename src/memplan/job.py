@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
+from memplan.model.peft_checks import check_finetune_names
 from memplan.model.spec import ModelSpec
 from memplan.units import normalize_dtype
 
@@ -688,6 +689,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
                     "--ep", f"must divide the number of experts ({layer.moe.num_experts})", par.ep
                 )
             break
+    check_finetune_names(model, job.finetune)
     if par.ep * par.expert_tp * par.pp > par.world_size or par.world_size % (par.ep * par.expert_tp * par.pp):
         raise JobConfigError(
             "--ep",

@@ -31,14 +31,15 @@ from typing import Literal
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
 
 Region = Literal["tp", "sp", "rep"]
-Keep = Literal["input", "core", "attn", "attn_input", "body"]
+Keep = Literal["input", "core", "attn", "attn_input", "body", "ckpt_input"]
 
-#: Which recompute classes each recompute mode keeps in memory.
+#: Which recompute classes each recompute mode keeps in memory. ``ckpt_input``: a layer input only a
+#: checkpoint keeps (a frozen layer's input, which nothing else saves).
 KEPT_BY: dict[str, frozenset[str]] = {
     "none": frozenset({"input", "core", "attn", "body"}),
-    "selective": frozenset({"input", "attn", "body"}),
-    "selective-attention-module": frozenset({"input", "attn_input", "body"}),
-    "full": frozenset({"input"}),
+    "selective": frozenset({"input", "attn", "body", "ckpt_input"}),
+    "selective-attention-module": frozenset({"input", "attn_input", "body", "ckpt_input"}),
+    "full": frozenset({"input", "ckpt_input"}),
 }
 
 #: Bytes per element of HF eager attention's softmax output: ``softmax(scores, dtype=float32)``

@@ -12,6 +12,7 @@ from memplan.estimate.activations import (
     divided,
     layer_terms_by_block,
 )
+from memplan.estimate.adapter_acts import adapter_terms, frozen_layer_terms
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     autocast_weight_copy_numel,
@@ -34,12 +35,23 @@ from memplan.estimate.extras import (
     rope_table_bytes,
     saved_logits_bytes,
 )
+from memplan.estimate.finetune import (
+    base_in_compute_dtype,
+    dequantized_weight_bytes,
+    finetune_assumptions,
+    finetune_counts,
+    head_activation_bytes_finetune,
+    is_finetune,
+    stage_finetune,
+)
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.optimizers import (
+    SmallTensors,
     describe_optimizer,
     in_backward_gradient_bytes,
     needs_small_tensors,
     small_tensors,
+    small_tensors_of_sizes,
 )
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.result import Estimate, StageEstimate
@@ -63,6 +75,7 @@ from memplan.frameworks.profiles import (
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
 from memplan.model.params import final_norm_params
+from memplan.model.peft_params import Adapter, finetune_params, first_trainable_layer
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.model.tensors import stage_tensors
 from memplan.units import dtype_bytes
@@ -107,12 +120,13 @@ def estimate(
     vocab_rows = padded_vocab(model, job.parallel.tp, divisible)
     shape = _activation_shape(model, job, profile, prec)
     layouts = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches)
-    cache: dict[int, tuple[int, int, int]] = {}
+    cache: dict[object, tuple[int, int, int]] = {}
     stages = tuple(
         _stage_estimate(model, job, profile, prec, shape, layout, vocab_rows, fragmentation, cache)
         for layout in layouts
     )
     peak = max(stages, key=lambda s: (s.peak_allocated_bytes, -s.stage))
+    counts = finetune_counts(model, job)
     return Estimate(
         model=model.name,
         framework=profile.name,
@@ -123,6 +137,8 @@ def estimate(
         fragmentation=fragmentation,
         assumptions=_assumptions(model, job, profile, prec, vocab_rows, fragmentation),
         total_parameters=model.total_parameters,
+        trainable_params=counts.trainable if is_finetune(job) else model.total_parameters,
+        frozen_params=counts.frozen if is_finetune(job) else 0,
         job=job,
         gpu=gpu,
     )
@@ -131,6 +147,7 @@ def estimate(
 def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> ActivationShape:
     par = job.parallel
     seq_local = job.batch.seq_length // par.cp
+    base16 = base_in_compute_dtype(model, job)
     return ActivationShape(
         seq=seq_local,
         kv_seq=seq_local,
@@ -140,7 +157,7 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         vocab_tp=vocab_split(profile, par.tp),
         sequence_parallel=par.sequence_parallel,
         act_bytes=dtype_bytes(prec.compute),
-        residual_bytes=dtype_bytes(prec.residual),
+        residual_bytes=dtype_bytes(prec.compute if base16 else prec.residual),
         attention=job.attention,
         dropout=job.dropout > 0,
         kernels=profile.kernels,
@@ -150,8 +167,8 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         dispatcher=job.moe.dispatcher,
         ep=par.ep,
         norm=model.norm,
-        autocast=prec.weight_copies == "autocast",
-        expert_bytes=_expert_bytes(profile, prec),
+        autocast=prec.weight_copies == "autocast" and not base16,
+        expert_bytes=dtype_bytes(prec.compute) if base16 else _expert_bytes(profile, prec),
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",
     )
@@ -186,12 +203,42 @@ def rank_routed_factor(model: ModelSpec, job: Job) -> float:
     return (options.routed_token_factor + per_rank - 1) / per_rank
 
 
-def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> tuple[int, int, int]:
-    """(kept bytes under the job's recompute, full bytes without recompute, backward transient) of one layer."""
-    key = id(layer)
+def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[object, tuple[int, int, int]],
+                 index: int | None = None, model: ModelSpec | None = None) -> tuple[int, int, int]:
+    """(kept bytes under the job's recompute, full bytes without recompute, backward transient) of one layer.
+
+    For a fine-tuning job (``index`` and ``model`` given) a frozen layer's GEMM inputs are not saved
+    and its adapters' terms are added (:mod:`memplan.estimate.adapter_acts`).
+    """
+    adapters: tuple[Adapter, ...] = ()
+    frozen = first = quantized = False
+    if model is not None and index is not None and is_finetune(job):
+        counts = finetune_counts(model, job)
+        adapters = tuple(a for a in counts.adapters if a.module.layer == index)
+        frozen = counts.layers[index].trained == 0
+        quantized = bool(counts.layers[index].quantized)
+        # Before the first layer with something trainable nothing requires grad and nothing is saved; that
+        # layer's input (the frozen embedding's output, or a frozen layer's) needs no gradient, so what only
+        # that gradient needs is not saved (checkpointing makes the input require grad: HF
+        # enable_input_require_grads).
+        start = first_trainable_layer(counts) if counts.root.trained + counts.root.adapter == 0 else 0
+        if index < start and job.recompute.mode == "none":
+            return (0, 0, 0)
+        first = index == start and counts.root.trained + counts.root.adapter == 0 and job.recompute.mode == "none"
+    key = (id(layer), adapters, frozen, first, job.finetune.quantize_base)
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
-        blocks = layer_terms_by_block(layer, shape)
+        attention, rest = layer_terms_by_block(layer, shape)
+        # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
+        if frozen and not (quantized and job.finetune.quantize_base == "int8"):
+            attention, rest = frozen_layer_terms(attention, shape, first), frozen_layer_terms(rest, shape, False)
+        if adapters:
+            prec = resolve_precision(job, get_profile(job.framework))
+            autocast = prec.weight_copies == "autocast"
+            rest = rest + adapter_terms(adapters, shape, autocast=autocast,
+                                        dropout=job.finetune.lora_dropout > 0, compute_bytes=shape.act_bytes,
+                                        input_needs_grad=not first, uncast_input=quantized and autocast)
+        blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
         kept = sum(size for size, keep in sized if keep in kept_classes)
@@ -221,19 +268,26 @@ def _stage_estimate(
     layout: StageLayout,
     vocab_rows: int,
     fragmentation: float,
-    cache: dict[int, tuple[int, int, int]],
+    cache: dict[object, tuple[int, int, int]],
 ) -> StageEstimate:
     params = stage_params(model, job, layout, vocab_rows, vocab_parallel=profile.vocab_parallel)
     tensors = stage_tensors(model, layout.layer_indices, has_embedding=layout.has_embedding, has_head=layout.has_head)
-    small = small_tensors(model, layout.layer_indices, has_head=layout.has_head) if needs_small_tensors(job) else None
+    ft = stage_finetune(model, job, layout, params.total) if is_finetune(job) else None
+    counters = device_step_counters(job, profile, tensors if ft is None else ft.trainable_tensors)
+    small = None
+    if needs_small_tensors(job):
+        small = (small_tensors(model, layout.layer_indices, has_head=layout.has_head) if ft is None
+                 else _trainable_small_tensors(model, job, layout))
     states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients,
-                         step_counters=device_step_counters(job, profile, tensors), small=small)
-    largest = _largest_tensor(model, vocab_rows, job, profile)
+                         step_counters=counters, small=small, finetune=ft)
+    largest = (_largest_tensor(model, vocab_rows, job, profile) if ft is None or ft.full or ft.copies
+               else _largest_trainable(model, job, layout))
     step_temp = optimizer_temporary_bytes(job, profile, states, prec, largest)
     if job.optimizer.in_backward:
         # Optimizer hook: each gradient is stepped and freed in the backward (one alive at a time),
         # and the per-parameter step's temporaries join the backward's.
-        states = replace(states, gradients=in_backward_gradient_bytes(states.gradients, params.total, largest))
+        stepped = params.total if ft is None else ft.trainable
+        states = replace(states, gradients=in_backward_gradient_bytes(states.gradients, stepped, largest))
     recomputed = _recomputed_layers(layout, job)
     group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
 
@@ -244,8 +298,11 @@ def _stage_estimate(
     for chunk in layout.chunks:
         kept = 0
         for index in chunk:
-            keep, full, transient = _layer_costs(model.layers[index], shape, job, cache)
-            transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
+            keep, full, transient = _layer_costs(model.layers[index], shape, job, cache, index, model)
+            if ft is None:
+                transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
+            else:
+                transient += dequantized_weight_bytes(model, job, index, dtype_bytes(prec.compute))
             if index in recomputed:
                 layer_keep, layer_worst = keep, group * full + transient
             elif job.recompute.mode == "selective":
@@ -267,7 +324,7 @@ def _stage_estimate(
     if job.offload.activations and layer_acts:
         # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
         # layer being computed and the one being copied.
-        on_gpu = min(layer_acts, 2 * max(_layer_costs(model.layers[i], shape, job, cache)[0] for i in layout.layer_indices))
+        on_gpu = min(layer_acts, 2 * max(_layer_costs(model.layers[i], shape, job, cache, i, model)[0] for i in layout.layer_indices))
         cpu_acts = layer_acts - on_gpu
         layer_acts = on_gpu
     other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
@@ -282,6 +339,10 @@ def _stage_estimate(
         head = _head_numel(model, profile, job, vocab_rows) if layout.has_head else 0
         layers = autocast_weight_copy_numel(model, job, layout, recomputed=recomputed, mode=kept_mode(job, profile),
                                             eager_experts=profile.kernels == "eager")
+        if ft is not None:
+            # Only fully trained (fp32) weights are cast; 16-bit frozen weights are used as they are, and
+            # the adapters' copies are part of their layers' terms.
+            head, layers = 0, ft.full
         other_acts += (layers + head) * dtype_bytes(prec.compute)
         head_copy = head * dtype_bytes(prec.compute)
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
@@ -294,6 +355,8 @@ def _stage_estimate(
     # with every in-flight forward alive, and the optimizer step (activations freed).
     loss = resolved_loss(job)
     head_acts = head_activation_bytes(shape) if layout.has_head else 0
+    if layout.has_head and ft is not None:
+        head_acts = head_activation_bytes_finetune(model, job, shape)
     softcap = model.final_logit_softcap is not None
     # Each MTP depth computes its own logits and loss; all are alive until the backward.
     depths = (1 + job.mtp_layers) if layout.has_head else 0
@@ -309,7 +372,7 @@ def _stage_estimate(
     # The output head's gradient (a tied one waits in autograd's buffer) and the final norm's; the
     # embedding's gradient comes last, after every layer.
     head_numel = (_head_numel(model, profile, job, vocab_rows) + final_norm_params(model)) if layout.has_head else 0
-    head_grads = states.gradients * head_numel // max(params.total, 1) if no_grads_yet else 0
+    head_grads = states.gradients * head_numel // max(params.total, 1) if no_grads_yet and ft is None else 0
     backward_layers, backward_temp = layer_acts, worst_backward + head_grads
     in_backward_temp = step_temp if job.optimizer.in_backward else 0
     if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
@@ -322,8 +385,8 @@ def _stage_estimate(
         "optimizer step": (0, 0, step_temp, 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
-        "end of backward": (0, 0, tied_embedding_gradient_sum_bytes(model, layout, vocab_rows, vocab_split(profile, job.parallel.tp),
-                                                                     _summed_grad_bytes(job, profile, prec)), 0),
+        "end of backward": (0, 0, 0 if ft is not None and ft.full == 0 else tied_embedding_gradient_sum_bytes(
+            model, layout, vocab_rows, vocab_split(profile, job.parallel.tp), _summed_grad_bytes(job, profile, prec)), 0),
     }
     if layout.has_head:
         candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
@@ -412,7 +475,7 @@ def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfi
     return numel * dtype_bytes(prec.compute)
 
 
-def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[int, tuple[int, int, int]]) -> int:
+def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[object, tuple[int, int, int]]) -> int:
     """One MTP module per micro-batch: its decoder layer (shaped like the last), two input norms,
     the concatenated 2h input of its projection, and the embedding lookup it reads."""
     keep, full, _ = _layer_costs(model.layers[-1], shape, job, cache)
@@ -449,6 +512,32 @@ def _summed_grad_bytes(job: Job, profile: FrameworkProfile, prec: ResolvedPrecis
 def _head_numel(model: ModelSpec, profile: FrameworkProfile, job: Job, vocab_rows: int) -> int:
     """The output head's weight on one TP rank."""
     return vocab_rows * model.hidden_size // head_rows_split(profile, job.parallel.tp, model.tie_word_embeddings)
+
+
+def _stage_adapters(model: ModelSpec, job: Job, layout: StageLayout) -> list[Adapter]:
+    layers = set(layout.layer_indices)
+    root = layout.has_head or layout.has_embedding
+    return [a for a in finetune_params(model, job.finetune).adapters
+            if (a.module.layer in layers) or (a.module.layer is None and root)]
+
+
+def _adapter_tensor_sizes(adapter: Adapter) -> tuple[int, ...]:
+    """lora_A, lora_B (and a DoRA magnitude) of one adapter, numel each."""
+    m, rank = adapter.module, adapter.rank * adapter.experts
+    return (rank * m.in_features, m.out_features * rank) + ((m.out_features,) if adapter.dora else ())
+
+
+def _trainable_small_tensors(model: ModelSpec, job: Job, layout: StageLayout) -> SmallTensors:
+    """bitsandbytes' small-tensor split of a PEFT stage's adapters (each often under the paging threshold)."""
+    adapters = _stage_adapters(model, job, layout)
+    vectors = sum(a.module.out_features for a in adapters if a.dora)
+    return small_tensors_of_sizes((n for a in adapters for n in _adapter_tensor_sizes(a)), vectors=vectors)
+
+
+def _largest_trainable(model: ModelSpec, job: Job, layout: StageLayout) -> int:
+    """Largest trainable adapter tensor of a PEFT stage (fully trained modules: the largest tensor bound)."""
+    sizes = [n for a in _stage_adapters(model, job, layout) for n in _adapter_tensor_sizes(a)]
+    return max(sizes, default=0)
 
 
 def _largest_tensor(model: ModelSpec, vocab_rows: int, job: Job, profile: FrameworkProfile) -> int:
@@ -554,5 +643,14 @@ def _assumptions(
     if model.tie_word_embeddings and profile.frees_gradients:
         out.append("tied embedding: its two gradients (head and embedding) are summed at the end of the backward "
                    "(two weight-sized temporaries)")
+    out += finetune_assumptions(model, job)
     out.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments (assumed allocator fragmentation)")
     return tuple(out)
+
+
+def layer_activation_costs(model: ModelSpec, job: Job, index: int) -> tuple[int, int, int]:
+    """(bytes kept under the job's recompute, bytes kept without recompute, backward transient) of
+    decoder layer ``index`` for one micro-batch on one rank: the per-layer figures the estimate sums."""
+    profile = get_profile(job.framework)
+    shape = _activation_shape(model, job, profile, resolve_precision(job, profile))
+    return _layer_costs(model.layers[index], shape, job, {}, index, model)

@@ -137,6 +137,10 @@ class Estimate:
     #: The job that was estimated.
     job: Job
     gpu: GPU | None = None
+    #: Parameters that train (adapters, fully trained modules, modules_to_save copies); all under full training.
+    trainable_params: int = 0
+    #: Frozen parameters (quantized ones counted by their unquantized numel); 0 under full training.
+    frozen_params: int = 0
 
     @property
     def peak_cpu_bytes(self) -> int:
@@ -168,6 +172,8 @@ class Estimate:
             "model": self.model,
             "framework": self.framework,
             "total_parameters": self.total_parameters,
+            "trainable_params": self.trainable_params,
+            "frozen_params": self.frozen_params,
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "peak_stage": self.peak_stage,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.estimate.finetune import ADAPTER_BYTES, StageFinetune, frozen_bytes_per_element
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimizer_state_bytes: re-exported)
     ADAM8BIT_BLOCK,
@@ -186,6 +187,7 @@ def state_bytes(
     offload_moves_gradients: bool = False,
     step_counters: int = 0,
     small: SmallTensors | None = None,
+    finetune: StageFinetune | None = None,
 ) -> StateBytes:
     """Model states one GPU of a stage holds (and what offloading moves to CPU memory).
 
@@ -205,6 +207,9 @@ def state_bytes(
     g_numel = _sharded(params.dense, params.expert, shards, grad_shard)
     o_numel = _sharded(params.dense, params.expert, shards, opt_shard)
     parameters = p_numel * prec.param_bytes
+    if finetune is not None:
+        return _finetune_state_bytes(model, job, params, prec, finetune, (full_shard, grad_shard, opt_shard),
+                                     step_counters, small)
     fp8 = 0
     if job.precision.fp8 is not None:
         gemm = params.gemm_weights if not full_shard else -(-params.gemm_weights // shards[0])
@@ -249,3 +254,38 @@ def state_bytes(
         cpu_optimizer=cpu_opt,
         paged_optimizer=opt_states.paged_bytes,
     )
+
+
+def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec: ResolvedPrecision,
+                          ft: StageFinetune, sharded: tuple[bool, bool, bool], step_counters: int,
+                          small: SmallTensors | None = None) -> StateBytes:
+    """Model states when part of the model is frozen (:mod:`memplan.estimate.finetune`).
+
+    Fully trained weights follow the job's precision; adapters are fp32 with fp32 gradients and no
+    master copy; frozen weights have no gradient, master or optimizer state. ZeRO/FSDP divide each
+    over data parallelism as in full training (dense shard group). Offload is not applied here.
+    """
+    shards = _shard_sizes(job)
+    full_shard, grad_shard, opt_shard = sharded
+
+    def share(numel: int, on: bool) -> int:
+        return _sharded(numel, 0, shards, on)
+
+    base = frozen_bytes_per_element(job)
+    frozen_bytes = ft.frozen * base + ft.quantized_bytes
+    parameters = (share(ft.full, full_shard) * prec.param_bytes + share(ft.adapter, full_shard) * ADAPTER_BYTES
+                  + share(ft.copies, full_shard) * base
+                  + (-(-frozen_bytes // shards[0]) if full_shard else frozen_bytes))
+    gradients = (share(ft.full, grad_shard) * prec.grad_bytes + share(ft.adapter, grad_shard) * ADAPTER_BYTES
+                 + share(ft.copies, grad_shard) * base)
+    master = share(ft.full, opt_shard) * prec.master_bytes
+    o_numel = share(ft.trainable, opt_shard)
+    stepped = share(ft.full + ft.adapter, opt_shard)
+    shard_small = small.scaled(stepped / max(ft.full + ft.adapter, 1)) if small is not None else None
+    opt_states = optimizer_states(stepped, job, prec.state_bytes, model.hidden_size, shard_small)
+    optimizer = opt_states.device_bytes
+    if ft.copies:
+        optimizer += optimizer_state_bytes(share(ft.copies, opt_shard), job, base, model.hidden_size)
+    optimizer += step_counters * STEP_COUNTER_BYTES
+    return StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
+                      optimizer_numel=o_numel, paged_optimizer=opt_states.paged_bytes)

@@ -151,6 +151,8 @@ def estimate_header(est: Estimate) -> Text:
         f" x cp {par.get('cp')}"
     )
     text.append(f" · mbs {batch.get('micro_batch_size')} x seq {batch.get('seq_length')}")
+    if est.frozen_params:
+        text.append(f" · trainable {est.trainable_params:,} / frozen {est.frozen_params:,} parameters")
     return text
 
 

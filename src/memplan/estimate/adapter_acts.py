@@ -1,0 +1,131 @@
+"""Activations of a fine-tuning job's decoder layers: frozen base linears and peft adapters.
+
+* A frozen linear layer saves nothing new for the backward: its grad-input needs only its weight
+  (autograd saves the input of ``linear``/``mm`` only when the weight requires grad), so the GEMM
+  inputs the full-training terms count are dropped for frozen layers; bitsandbytes' ``MatMul4Bit``
+  saves only the packed weight and dequantizes it again in the backward.
+* A LoRA adapter (peft ``tuners/lora/layer.py`` ``Linear.forward``): peft casts the input to the fp32
+  adapter dtype (``_cast_input_dtype``), applies ``lora_dropout`` (an ``nn.Identity`` at p = 0), then
+  ``lora_B(lora_A(x)) * scaling``. Under ``torch.autocast`` (the hf profile's mixed precision)
+  ``lora_A`` casts that input back to 16 bits and saves the copy, and both adapters save 16-bit copies
+  of their weights; without autocast ``lora_A`` saves the fp32 input. ``lora_B`` saves ``lora_A``'s
+  output (rank wide). Dropout adds its mask (1 byte per element) and, without autocast, its output.
+* peft's ``ParamWrapper`` adapters on fused MoE expert parameters and routers (peft's conversion of
+  MoE targets for transformers 5) add ``B @ A`` to the weight itself; they are not priced here.
+* DoRA (``tuners/lora/dora.py``): ``(m/||W + BA|| - 1) * base_result + m/||W + BA|| * lora_result``
+  also saves the base result and the LoRA result (``out`` wide) for the magnitude's gradient; with
+  dropout the base product is recomputed on the dropped-out input and keeps a cast of the weight.
+"""
+
+from __future__ import annotations
+
+from memplan.estimate.activations import DROPOUT_MASK_BYTES, NORM_COMPUTE_BYTES, ActivationShape, Term
+from memplan.model.peft_params import Adapter
+
+#: Adapter weights' dtype (peft ``autocast_adapter_dtype=True``).
+ADAPTER_BYTES = 4
+
+
+#: Linear layers reading the attention block's input norm (their input needs no gradient in the first
+#: layer when the embedding is frozen).
+ATTENTION_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
+                                     "c_attn", "query_key_value"})
+
+
+#: Linear layers reading the MLP block's input norm (a shared input).
+MLP_INPUT_LINEARS = frozenset({"gate_proj", "up_proj", "gate_up_proj", "c_fc", "dense_h_to_4h"})
+#: Linear layers reading the attention output, which flash/SDPA attention keeps anyway.
+ATTENTION_OUTPUT_LINEARS = frozenset({"o_proj", "dense"})
+
+
+def _shared_input(name: str, module: str, attention: str) -> str | None:
+    """The input an adapter shares with its neighbours when peft passes ``x`` on uncast (None: its own)."""
+    if name in ATTENTION_INPUT_LINEARS:
+        return "attention norm output"
+    if name in MLP_INPUT_LINEARS:
+        return module.rpartition(".")[0] + " input"
+    if (name in ATTENTION_OUTPUT_LINEARS or module.endswith("attn.c_proj")) and attention != "eager":
+        return ""  # kept by the attention kernel already (the layer's "output projection input" term)
+    return None
+
+
+def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
+                  compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False) -> list[Term]:
+    """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
+
+    ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
+    the attention norm's output save no weight copy and no dropout mask (autograd keeps what the
+    input's gradient needs only when the input requires grad), and DoRA one scale vector less.
+    ``uncast_input``: peft's bitsandbytes layers (``lora/bnb.py``) under CUDA autocast pass ``x`` on
+    without the fp32 cast, so ``lora_A`` saves the 16-bit input itself, one tensor for the adapters
+    that read the same input (q/k/v, gate/up).
+    """
+    tokens = shape.seq * shape.micro_batch
+    terms: list[Term] = []
+    lora_bytes = compute_bytes if autocast else ADAPTER_BYTES
+    shared: set[str] = set()
+    for a in adapters:
+        if a.experts > 1 or m_is_parameter(a):
+            continue  # peft ParamWrapper: adds B @ A to the weight; not priced (stated in the assumptions)
+        m, r = a.module, a.rank
+        name = m.name.rpartition(".")[2]
+        grad_in = input_needs_grad or name not in ATTENTION_INPUT_LINEARS
+        group = _shared_input(name, m.name, shape.attention) if uncast_input and not dropout else None
+        if group is None:
+            terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'fp32 copy'})",
+                              lora_bytes * tokens * m.in_features, "rep", "body"))
+        elif group and group not in shared:
+            shared.add(group)
+            terms.append(Term(f"{group} (kept by lora_A)", compute_bytes * tokens * m.in_features, "rep", "body"))
+        if dropout and grad_in:
+            terms.append(Term(f"{name} lora dropout mask", DROPOUT_MASK_BYTES * tokens * m.in_features, "rep", "body"))
+        terms.append(Term(f"{name} lora_B input (lora_A output)", lora_bytes * tokens * r, "rep", "body"))
+        if autocast:
+            # lora_B's copy is always kept (lora_A's output requires grad); lora_A's only when its input does.
+            copies = r * m.out_features + (r * m.in_features if grad_in else 0)
+            terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies", compute_bytes * copies, "rep", "body"))
+        if a.dora:
+            # weight_norm (fp32, kept by magnitude / weight_norm), the scale and scale - 1 (fp32), the base
+            # result and lora_B's result (adapter dtype) kept by the two products. With dropout peft
+            # recomputes the base product on the dropped-out input (``F.linear(x, W.to(x.dtype))``): its
+            # result is in the adapter dtype without autocast, and the linear keeps the cast weight.
+            scales = 3 if grad_in else 2
+            base_bytes = ADAPTER_BYTES if dropout and not autocast else compute_bytes
+            terms.append(Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"))
+            terms.append(Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
+                              (base_bytes + lora_bytes) * tokens * m.out_features, "rep", "body"))
+            if dropout and grad_in:
+                terms.append(Term(f"{name} DoRA base weight cast for the dropped-out input",
+                                  lora_bytes * m.in_features * m.out_features, "rep", "body"))
+    return terms
+
+
+def m_is_parameter(adapter: Adapter) -> bool:
+    """The adapter wraps a parameter (a router's ``gate.weight``), not a module."""
+    return adapter.module.name.endswith(".weight")
+
+
+def frozen_layer_terms(terms: list[Term], shape: ActivationShape, first: bool) -> list[Term]:
+    """A frozen block's terms: no GEMM input is saved for a frozen weight (flash/SDPA attention still
+    keeps its own output, which the output projection reads), nor a norm's normalized input for its
+    frozen weight (nor Gemma's fp32 normalized tensors, nor the per-head q/k norms' normalized output);
+    the layer input stays for checkpointing (class ``input``, kept only by recompute).
+    ``first``: the block's input needs no gradient either, so the input norm saves nothing."""
+    out: list[Term] = []
+    for t in terms:
+        if t.gemm_input and not (t.name == "output projection input" and shape.attention != "eager"):
+            continue
+        if t.name.endswith("norm input"):
+            if t.keep == "input":
+                out.append(Term(t.name, t.bytes, t.region, "ckpt_input"))
+            continue
+        if first and t.name.startswith("attention norm"):
+            continue
+        if "normalized" in t.name:
+            continue  # kept only for the norm weight's gradient
+        if t.name == "q, k norms" and shape.kernels == "eager":
+            # Eager per-head norms keep an fp32 copy of their input and the normalized tensor; only the first
+            # serves the input's gradient.
+            t = Term(t.name, t.bytes * NORM_COMPUTE_BYTES // (NORM_COMPUTE_BYTES + shape.act_bytes), t.region, t.keep)
+        out.append(t)
+    return out

@@ -1,0 +1,241 @@
+"""Model states of a fine-tuning job: trainable and frozen weights, adapters, quantized base weights.
+
+What trains comes from :mod:`memplan.model.peft_params`; this module prices it on one GPU of a stage:
+
+* frozen weights keep no gradient, master copy or optimizer state; unquantized frozen weights are
+  stored in ``--frozen-dtype`` (default the compute dtype: a base loaded with ``torch_dtype=bfloat16``);
+* peft adapters (``lora_A``/``lora_B``, DoRA magnitudes) are fp32: peft creates them beside the base
+  weight and ``get_peft_model(autocast_adapter_dtype=True)`` upcasts 16-bit adapters to fp32;
+* fully trained modules follow the job's precision as full training does; ``modules_to_save`` copies
+  are deep copies of the frozen module, in its dtype, with gradients and optimizer moments in it too;
+* bitsandbytes 4-bit (``Linear4bit``, :func:`quantized_weight_bytes`) and 8-bit (``Linear8bitLt``)
+  replace the frozen decoder linear weights; embeddings, norms, routers, fused experts and the
+  output head stay unquantized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.estimate.activations import ActivationShape, eager_norm_terms
+from memplan.estimate.layout import StageLayout
+from memplan.job import Job
+from memplan.model.linears import model_parameters
+from memplan.model.peft_params import FinetuneParams, PartCounts, finetune_params, saved_modules
+from memplan.model.spec import ModelSpec
+from memplan.units import dtype_bytes
+
+#: Weights per absmax block of bitsandbytes' 4-bit quantization (``Linear4bit`` ``blocksize=64``).
+NF4_BLOCK = 64
+#: Absmax values per second-level block under double quantization (``quantize_blockwise(blocksize=256)``).
+NESTED_BLOCK = 256
+#: The 4-bit code book: 16 fp32 values per weight (``QuantState.code``, ``get_4bit_type``).
+FOUR_BIT_CODE_BYTES = 16 * 4
+#: The 8-bit dynamic code of the nested state (``state2.code``: 256 fp32 values) and its fp32 offset.
+NESTED_CODE_BYTES = 256 * 4 + 4
+#: Adapters are fp32 (peft ``autocast_adapter_dtype=True``).
+ADAPTER_BYTES = 4
+
+
+def quantized_weight_bytes(numel: int, method: str, double_quant: bool) -> int:
+    """Bytes bitsandbytes stores for one quantized weight of ``numel`` elements (checked against
+    ``bitsandbytes.functional.quantize_4bit`` and ``Linear8bitLt`` in the tests).
+
+    4-bit (nf4/fp4): two weights per uint8 byte; one absmax per 64 weights, fp32, or under double
+    quantization uint8 plus one fp32 absmax per 256 blocks, the 256-entry fp32 dynamic code and an
+    fp32 offset; and the 16-entry fp32 code book. int8 (LLM.int8): one byte per weight and one fp32
+    scale per output row (``SCB``), which needs the row count: callers pass rows via :func:`int8_bytes`.
+    """
+    if method not in ("nf4", "fp4"):
+        raise ValueError(f"not a 4-bit method: {method}")
+    packed = -(-numel // 2)
+    blocks = -(-numel // NF4_BLOCK)
+    if double_quant:
+        absmax = blocks + 4 * -(-blocks // NESTED_BLOCK) + NESTED_CODE_BYTES
+    else:
+        absmax = 4 * blocks
+    return packed + absmax + FOUR_BIT_CODE_BYTES
+
+
+def int8_bytes(numel: int, rows: int) -> int:
+    """``Linear8bitLt``: an int8 weight and an fp32 scale per output row (``Int8Params.SCB``)."""
+    return numel + 4 * rows
+
+
+@dataclass(frozen=True, slots=True)
+class StageFinetune:
+    """Numel (and quantized bytes) of one GPU of a stage, split by what trains."""
+
+    #: Base weights trained fully (the job's precision).
+    full: int
+    #: Adapter parameters (fp32).
+    adapter: int
+    #: Frozen unquantized weights (``frozen_dtype``).
+    frozen: int
+    #: Bytes of the quantized frozen weights.
+    quantized_bytes: int
+    #: Numel of the quantized frozen weights.
+    quantized_numel: int
+    #: Largest quantized weight of the stage (numel): the dequantized temporary of its forward/backward.
+    largest_quantized: int
+    #: Trainable parameter tensors (each gets its own optimizer step counter).
+    trainable_tensors: int = 0
+    #: ``modules_to_save`` copies: peft deep-copies the frozen module, so they keep its dtype
+    #: (``frozen_dtype``), and so do their gradients and torch optimizer moments.
+    copies: int = 0
+
+    @property
+    def trainable(self) -> int:
+        return self.full + self.adapter + self.copies
+
+
+def stage_finetune(model: ModelSpec, job: Job, layout: StageLayout, local_total: int) -> StageFinetune:
+    """What one GPU of ``layout`` holds, split by training role.
+
+    ``local_total`` is the stage's parameters on one rank (TP/EP-divided) from the full-training
+    accounting; every role is scaled by ``local_total / stage total`` (TP and EP divide all roles
+    alike). The embedding, head and final norm count on the stage that holds the head.
+    """
+    counts = finetune_params(model, job.finetune)
+    parts: list[PartCounts] = [counts.layers[i] for i in layout.layer_indices]
+    if layout.has_head or layout.has_embedding:
+        parts.append(counts.root)
+    base = sum(p.trained + p.frozen + sum(p.quantized) for p in parts)
+    scale = local_total / base if base else 0.0
+    ft = job.finetune
+    quantized = [(n, rows) for p in parts for n, rows in zip(p.quantized, p.quantized_rows, strict=True)]
+    q_bytes = sum(_quantized_bytes(n, rows, ft.quantize_base, ft.double_quant) for n, rows in quantized)
+    return StageFinetune(
+        full=int(sum(p.trained for p in parts) * scale),
+        copies=int(sum(p.copies for p in parts) * scale),
+        adapter=int(sum(p.adapter for p in parts) * scale),
+        frozen=int(sum(p.frozen for p in parts) * scale),
+        quantized_bytes=int(q_bytes * scale),
+        quantized_numel=int(sum(n for n, _ in quantized) * scale),
+        largest_quantized=int(max((n for n, _ in quantized), default=0) * scale),
+        trainable_tensors=_adapter_tensors(counts, layout, ft.peft == "dora") + _copy_tensors(model, job, layout),
+    )
+
+
+def _copy_tensors(model: ModelSpec, job: Job, layout: StageLayout) -> int:
+    """Parameter tensors of the stage's ``modules_to_save`` copies (a tied head's copy has its own weight)."""
+    layers = set(layout.layer_indices)
+    root = layout.has_head or layout.has_embedding
+    count = 0
+    for module in saved_modules(model, job.finetune):
+        tensors = [p for p in model_parameters(model) if p.module == module or p.module.startswith(module + ".")]
+        if not tensors and module == "lm_head":
+            count += 1 if root else 0
+        count += sum(1 for p in tensors if (p.layer in layers) or (p.layer is None and root))
+    return count
+
+
+def _adapter_tensors(counts: FinetuneParams, layout: StageLayout, dora: bool) -> int:
+    """Adapter tensors on the stage: lora_A, lora_B (and a DoRA magnitude) per adapted module."""
+    layers = set(layout.layer_indices)
+    root = layout.has_head or layout.has_embedding
+    per = 3 if dora else 2
+    return per * sum(1 for a in counts.adapters
+                     if (a.module.layer in layers) or (a.module.layer is None and root))
+
+
+def _quantized_bytes(numel: int, rows: int, method: str, double_quant: bool) -> int:
+    if method == "int8":
+        return int8_bytes(numel, rows)
+    return quantized_weight_bytes(numel, method, double_quant)
+
+
+def frozen_bytes_per_element(job: Job) -> int:
+    """Bytes per element of frozen, unquantized weights."""
+    return dtype_bytes(job.finetune.frozen_dtype or job.precision.compute_dtype)
+
+
+def is_finetune(job: Job) -> bool:
+    """The job freezes something or adds adapters."""
+    ft = job.finetune
+    return ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none"
+
+
+def finetune_counts(model: ModelSpec, job: Job) -> FinetuneParams:
+    """Trainable and frozen parameters of the whole model (full training: everything trainable)."""
+    return finetune_params(model, job.finetune)
+
+
+def base_in_compute_dtype(model: ModelSpec, job: Job) -> bool:
+    """The frozen base (embedding included) is stored in the 16-bit compute dtype: hidden states and
+    the residual stream are 16-bit and ``torch.autocast`` has no weight or input of theirs to cast."""
+    if not is_finetune(job):
+        return False
+    compute = job.precision.compute_dtype
+    return (dtype_bytes(compute) < 4 and frozen_bytes_per_element(job) == dtype_bytes(compute)
+            and finetune_params(model, job.finetune).root.trained == 0)
+
+
+def dequantized_weight_bytes(model: ModelSpec, job: Job, index: int, compute_bytes: int) -> int:
+    """The largest weight of layer ``index`` that bitsandbytes dequantizes in its backward (grad-input
+    ``grad_output @ dequantize_4bit(W)``; int8 likewise), alive beside the layer's gradients."""
+    quantized = finetune_params(model, job.finetune).layers[index].quantized
+    if not quantized:
+        return 0
+    dtype = job.finetune.quant_compute_dtype
+    per_element = dtype_bytes(dtype) if dtype else compute_bytes
+    return max(quantized) * per_element // job.parallel.tp
+
+
+def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
+    """The PEFT and quantization facts an estimate used, one line each."""
+    if not is_finetune(job):
+        return []
+    ft = job.finetune
+    counts = finetune_params(model, ft)
+    frozen_dtype = ft.frozen_dtype or job.precision.compute_dtype
+    out = [(f"fine-tuning: {counts.trainable:,} trainable and {counts.frozen:,} frozen parameters; frozen weights "
+            f"keep no gradient, master copy or optimizer state and are stored in {frozen_dtype}")]
+    if ft.peft != "none":
+        out.append(f"peft {ft.peft}: {len(counts.adapters)} adapters (rank {ft.lora_rank}"
+                   + (f", pattern {ft.lora_rank_pattern}" if ft.lora_rank_pattern else "")
+                   + ") in fp32 (autocast_adapter_dtype), fp32 gradients and optimizer state; each saves its "
+                   "fp32-cast input (a 16-bit copy under autocast), lora_A's output"
+                   + (", its dropout mask" if ft.lora_dropout > 0 else "")
+                   + (", and DoRA's base and LoRA results" if ft.peft == "dora" else "")
+                   + "; frozen linear layers save no input (bitsandbytes 8-bit layers keep theirs); peft's "
+                   "bitsandbytes layers under autocast skip the fp32 cast and keep the 16-bit input once per "
+                   "shared input")
+        if ft.peft == "dora":
+            out.append("DoRA's forward temporaries (identity matrix, combined weight and its norm per layer) are "
+                       "not priced")
+        if any(a.experts > 1 or a.module.name.endswith(".weight") for a in counts.adapters):
+            out.append("adapters on fused MoE expert parameters and routers (peft ParamWrapper) are counted as "
+                       "parameters; their merged-weight activations are not priced")
+    out.append("without checkpointing, layers before the first one with something trainable save nothing, and "
+               "that layer's input needs no gradient (nor do its input norm's saved tensors)")
+    if ft.modules_to_save:
+        out.append(f"modules_to_save {ft.modules_to_save}: a trainable copy beside the frozen original, in its "
+                   "dtype, with gradients and optimizer moments in that dtype")
+    if ft.quantize_base in ("nf4", "fp4"):
+        out.append(f"bitsandbytes {ft.quantize_base}: decoder linear weights packed 2 per byte with one "
+                   + ("uint8 absmax per 64 weights, an fp32 absmax per 256 blocks and a 256-entry fp32 code"
+                      if ft.double_quant else "fp32 absmax per 64 weights")
+                   + "; embeddings, norms, routers, fused experts and the head unquantized; the backward "
+                   "dequantizes each weight again (one temporary of the largest)")
+    elif ft.quantize_base == "int8":
+        out.append("bitsandbytes LLM.int8: decoder linear weights int8 with an fp32 scale per output row; "
+                   "embeddings, norms and the head unquantized")
+    return out
+
+
+def head_activation_bytes_finetune(model: ModelSpec, job: Job, shape: ActivationShape) -> int:
+    """What the final norm and the output head save when the base is frozen: the eager norm's fp32 copy of
+    its input (what its input's gradient needs); the head's input only when the head (or a
+    ``modules_to_save`` copy of it) trains, and the normalized tensor only when the final norm trains."""
+    root = finetune_params(model, job.finetune).root
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    divisor = shape.tp if shape.sequence_parallel else 1
+    norm = [t for t in eager_norm_terms(shape, "final", shape.residual_bytes)
+            if root.trained or "normalized" not in t.name]
+    out = sum(t.bytes for t in norm) // divisor
+    if not norm:
+        out += shape.residual_bytes * sbh // divisor  # a fused or LayerNorm final norm keeps its input
+    if root.trained or root.copies or root.adapter:
+        out += shape.act_bytes * sbh
+    return out

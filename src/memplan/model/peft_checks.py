@@ -1,0 +1,54 @@
+"""Checks of the fine-tuning flags against a model: names that match no module, ranks too large.
+
+Called by :func:`memplan.job.validate_job_for_model`; each failure is one
+:class:`~memplan.errors.JobConfigError` naming the flag, the rule and the value.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memplan.errors import JobConfigError
+from memplan.model.linears import matches, model_linears
+from memplan.model.peft_params import (
+    adapter_targets,
+    fused_gate_up_complete,
+    module_names,
+    rank_of,
+    split_targets,
+)
+
+if TYPE_CHECKING:
+    from memplan.job import FineTuning
+    from memplan.model.spec import ModelSpec
+
+
+def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
+    """Module names the fine-tuning flags give must exist in ``model`` and ranks must fit the layers
+    they target; raise :class:`~memplan.errors.JobConfigError` naming the flag."""
+    linears = list(model_linears(model))
+    listing = ", ".join(sorted({m.name.rpartition(".")[2] for m in linears}))
+    modules, _ = split_targets(model, ft) if ft.peft != "none" else ((), ())
+    for target in modules or ():
+        if not any(matches(m.name, target) for m in linears):
+            raise JobConfigError("--lora-targets", f"must name modules of the model (its linear layers: {listing})",
+                                 target)
+    if ft.peft != "none" and fused_gate_up_complete(model, ft) is False:
+        raise JobConfigError("--lora-targets", "must name both expert projections fused into gate_up_proj "
+                             "(peft refuses one alone)", ft.lora_targets)
+    if ft.peft != "none" and ft.target_names is not None:
+        for a in adapter_targets(model, ft):
+            rank = rank_of(a.name, ft.lora_rank, ft.rank_pattern)
+            if rank > min(a.in_features, a.out_features):
+                flag = "--lora-rank-pattern" if rank != ft.lora_rank else "--lora-rank"
+                raise JobConfigError(flag, f"must not exceed min(in, out) = {min(a.in_features, a.out_features)} "
+                                     f"of the targeted layer {a.name}", rank)
+    names = module_names(model)
+    for flag, text in (("--modules-to-save", ft.modules_to_save),
+                       ("--trainable", "" if ft.resolved_trainable in ("all", "adapters") else ft.resolved_trainable)):
+        for key in filter(None, text.split(",")):
+            hit = (any(n.endswith(key) for n in names) if flag == "--modules-to-save"
+                   else any(matches(n, key) for n in names))
+            if not hit:
+                raise JobConfigError(flag, f"must name modules of the model (its linear layers: {listing}; "
+                                     "or embed_tokens, norm, layers.N)", key)

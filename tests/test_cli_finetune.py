@@ -1,0 +1,39 @@
+"""Fine-tuning flags through the command line: bad module names and ranks exit 2 with one line naming
+the flag; the JSON result carries trainable and frozen parameter counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.cli import app
+
+BASE = ("estimate", "llama-3.2-1b", "--framework", "hf", "--peft", "lora")
+
+BAD = {
+    "--lora-targets": ("--lora-targets", "qq_proj"),
+    "--lora-rank": ("--lora-rank", "1000", "--lora-targets", "k_proj"),
+    "--lora-rank-pattern": ("--lora-targets", "q_proj", "--lora-rank-pattern", "q_proj=4096"),
+    "--modules-to-save": ("--modules-to-save", "no_such_module"),
+    "--trainable": ("--trainable", "layers.99"),
+}
+
+
+@pytest.mark.parametrize("flag", BAD)
+def test_bad_finetune_input_exits_2_with_one_line(flag: str) -> None:
+    result = CliRunner().invoke(app, [*BASE, *BAD[flag]])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and flag in lines[0], result.output
+    assert "Traceback" not in result.output
+
+
+def test_json_has_trainable_and_frozen_params() -> None:
+    full = json.loads(CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--framework", "hf", "--json"]).output)
+    assert full["frozen_params"] == 0 and full["trainable_params"] == full["total_parameters"]
+    lora = json.loads(CliRunner().invoke(app, [*BASE, "--json"]).output)
+    # r=8 on q_proj (2048 -> 2048) and v_proj (2048 -> 512) of 16 layers.
+    assert lora["trainable_params"] == 16 * 8 * ((2048 + 2048) + (2048 + 512))
+    assert lora["frozen_params"] == full["total_parameters"]
