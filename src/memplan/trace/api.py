@@ -19,7 +19,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -29,10 +29,11 @@ from memplan.job import Job
 from memplan.trace.build import BuiltModel, build_hf_model, quiet_transformers, unpacked_sequences
 from memplan.trace.distributed import simulated_ranks
 from memplan.trace.errors import translate_errors
+from memplan.trace.finetune import param_counts
 from memplan.trace.moe import static_grouped_mm
-from memplan.trace.setup import TraceSetup, trace_setup
 from memplan.trace.recorder import AllocationRecorder
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_state, run_iterations
+from memplan.trace.setup import TraceSetup, trace_setup
 from memplan.trace.summary import TraceSummary, summarize
 from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
 
@@ -115,7 +116,9 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
     meta = TraceMeta(source="memplan trace", device=options.device, rank=0, world_size=options.world_size,
                      iterations=options.iterations, extra=_meta_extra(name, options))
     result_trace = Trace(events=recorder.events(drop_host=options.device == "cuda"), meta=meta)
-    summary = summarize(result_trace, top=top)
+    counts = param_counts(job.model)
+    summary = replace(summarize(result_trace, top=top), trainable_params=counts.trainable,
+                      frozen_params=counts.frozen)
     return TraceResult(result_trace, summary, options, name, timings, job_source)
 
 
@@ -132,7 +135,7 @@ def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> 
         built: BuiltModel = build_hf_model(model, options)
         if options.moe_routing == "balanced":
             static_routing(built.model)
-        apply_recompute(built.model, options.recompute,
+        apply_recompute(built.model, options.recompute, reentrant=options.job.recompute.reentrant,
                         cuda_autocast=options.device == "cuda" and options.mixed and options.fsdp == 1)
         parallelize(built.model, options, mesh)
         job = hf_step_job(built.model, options, autocast=mesh is None or options.fsdp == 1)

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from memplan.errors import ModelConfigError, UnsupportedError
+from memplan.errors import MemplanError, ModelConfigError, UnsupportedError
+from memplan.trace.finetune import apply_finetune, frozen_dtype, materialize_fake, needs_finetune
 from memplan.trace.setup import TraceSetup
 
 __all__ = [
@@ -148,16 +149,23 @@ def _first_line(exc: BaseException) -> str:
 def build_hf_model(model: str, options: TraceSetup) -> BuiltModel:
     """Build ``model`` (preset or config path) with ``transformers``; call inside a fake mode.
 
-    Weights are in the precision's storage dtype (fp32 for ``*-mixed``). Raises
+    Weights are in the precision's storage dtype (fp32 for ``*-mixed``); a fine-tuning job's frozen
+    base is in its frozen dtype and wrapped as :mod:`memplan.trace.finetune` says. Raises
     :class:`ModelConfigError` when transformers cannot build the config.
     """
     import transformers
 
     name, config = hf_config_dict(model)
     dtype = torch.float32 if options.mixed else TORCH_DTYPES[options.compute_dtype]
+    finetune = options.job.finetune
     try:
         hf_config = _hf_config(config, options)
-        net = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+        if needs_finetune(finetune):
+            net = _fine_tuned(hf_config, options, storage_dtype=dtype)
+        else:
+            net = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    except MemplanError:
+        raise
     except (ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
         raise ModelConfigError("model", f"transformers cannot build a causal LM from this config "
                                f"({_first_line(exc)})", name) from None
@@ -165,6 +173,20 @@ def build_hf_model(model: str, options: TraceSetup) -> BuiltModel:
         raise UnsupportedError(f"building {name} on fake tensors failed: {_first_line(exc)}") from None
     net.train()
     return BuiltModel(net, name, config, _head_modules(net))
+
+
+def _fine_tuned(hf_config: Any, options: TraceSetup, *, storage_dtype: torch.dtype) -> torch.nn.Module:
+    """The base in the frozen dtype, quantized and wrapped on ``meta``, then made of fake tensors."""
+    import transformers
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    finetune = options.job.finetune
+    with unset_fake_temporarily(), torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(
+            hf_config, dtype=frozen_dtype(finetune, options.compute_dtype))
+        net = apply_finetune(net, finetune, storage_dtype=storage_dtype, compute_dtype=options.compute_dtype)
+    materialize_fake(net)
+    return net
 
 
 def _head_modules(net: torch.nn.Module) -> frozenset[str]:

@@ -17,8 +17,8 @@ import torch
 from memplan.categories import MemoryCategory
 from memplan.errors import UnsupportedError
 from memplan.trace.build import TORCH_DTYPES
-from memplan.trace.setup import TraceSetup
 from memplan.trace.recorder import HOST, AllocationRecorder
+from memplan.trace.setup import TraceSetup
 
 __all__ = [
     "StepJob",
@@ -65,7 +65,20 @@ def make_batch(vocab_size: int, options: TraceSetup) -> dict[str, torch.Tensor]:
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], options: TraceSetup) -> torch.optim.Optimizer:
-    """The optimizer of ``options`` with the implementation PyTorch picks on ``options.device``."""
+    """The optimizer of ``options`` over the parameters that train (``requires_grad``, as the Hugging
+    Face Trainer selects them) with the implementation PyTorch picks on ``options.device``.
+
+    ``--optimizer-in-backward``: one optimizer per parameter stepped by a post-accumulate-grad hook
+    (:class:`~memplan.trace.in_backward.InBackwardOptimizer`)."""
+    trained = [p for p in params if p.requires_grad]
+    if options.job.optimizer.in_backward:
+        from memplan.trace.in_backward import InBackwardOptimizer
+
+        return InBackwardOptimizer(trained, lambda one: _optimizer([one], options))
+    return _optimizer(trained, options)
+
+
+def _optimizer(params: list[torch.nn.Parameter], options: TraceSetup) -> torch.optim.Optimizer:
     impl = options.resolved_optimizer_impl
     kwargs: dict[str, Any] = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
     groups = _groups_by_tensor_type(params)
@@ -87,18 +100,22 @@ def _groups_by_tensor_type(params: Iterable[torch.nn.Parameter]) -> list[dict[st
     return [{"params": group} for group in groups.values()]
 
 
-def apply_recompute(model: torch.nn.Module, mode: str, *, cuda_autocast: bool = False) -> None:
+def apply_recompute(model: torch.nn.Module, mode: str, *, cuda_autocast: bool = False,
+                    reentrant: bool = False) -> None:
     """``full``: checkpoint every decoder layer; ``selective``: checkpoint every attention module.
 
-    ``cuda_autocast``: the forward runs under CUDA's fp32 autocast policies (a ``--device cuda`` trace
+    ``full`` is what the Hugging Face Trainer does for ``gradient_checkpointing=True``:
+    ``model.activation_checkpointing_enable({"use_reentrant": reentrant})``, which also makes the
+    embedding output require grad (``enable_input_require_grads``) — on a peft model too, so frozen
+    layers still pass gradients to the adapters. ``cuda_autocast``: the forward runs under CUDA's fp32 autocast policies (a ``--device cuda`` trace
     of ``*-mixed``); the recompute in the backward gets them too (checkpoint's ``context_fn``), or
     its dtypes would differ from the forward's and checkpoint would refuse them.
     """
     if mode == "none":
         return
     if mode == "full":
-        kwargs: dict[str, Any] = {"use_reentrant": False}
-        if cuda_autocast:
+        kwargs: dict[str, Any] = {"use_reentrant": reentrant}
+        if cuda_autocast and not reentrant:
             kwargs["context_fn"] = _recompute_with_cuda_policies
         if callable(getattr(model, "activation_checkpointing_enable", None)):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
@@ -127,7 +144,7 @@ def _checkpoint_forward(module: torch.nn.Module, cuda_autocast: bool = False) ->
     extra: dict[str, Any] = {"context_fn": _recompute_with_cuda_policies} if cuda_autocast else {}
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)  # selective: never reentrant
 
     module.forward = checkpointed  # type: ignore[method-assign]
 
@@ -199,6 +216,10 @@ def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder |
     non-capturable optimizer), so they are marked to be left out of a CUDA trace.
     """
     params = [p for group in job.optimizer.param_groups for p in group["params"]]
+    observe = getattr(job.optimizer, "observe", None)
+    if recorder is not None and callable(observe):  # --optimizer-in-backward: marked as each step runs
+        observe(lambda param: _mark_gradients(recorder, [param]),
+                lambda one: _mark_optimizer_state(recorder, one, host_step))
     for iteration in range(iterations):
         _set(recorder, "forward", iteration)
         loss = _forward(job)
