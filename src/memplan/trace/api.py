@@ -29,7 +29,7 @@ from memplan.job import Job
 from memplan.trace.build import BuiltModel, build_hf_model, quiet_transformers, unpacked_sequences
 from memplan.trace.distributed import simulated_ranks
 from memplan.trace.errors import translate_errors
-from memplan.trace.finetune import param_counts
+from memplan.trace.finetune import param_counts, require_peft
 from memplan.trace.moe import static_grouped_mm
 from memplan.trace.recorder import AllocationRecorder
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_state, run_iterations
@@ -96,6 +96,7 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
               progress: Progress | None = None) -> TraceResult:
     """:func:`trace` with a ready :class:`TraceSetup`."""
     say = progress or (lambda _message: None)
+    require_peft(options.job.finetune)
     job_source = "flags"
     if callable(model):
         from memplan.trace.script import check_script_flags, takes_context

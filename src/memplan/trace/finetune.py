@@ -27,7 +27,7 @@ import torch
 from memplan.errors import ConfigError, MissingDependencyError
 from memplan.job import ALL_LINEAR, FineTuning
 
-__all__ = ["ParamCounts", "apply_finetune", "materialize_fake", "needs_finetune", "param_counts"]
+__all__ = ["ParamCounts", "apply_finetune", "materialize_fake", "needs_finetune", "param_counts", "require_peft"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: Module names peft never targets with ``all-linear`` (the output head).
@@ -50,6 +50,12 @@ def needs_finetune(finetune: FineTuning) -> bool:
 def frozen_dtype(finetune: FineTuning, compute_dtype: str) -> torch.dtype:
     """The dtype frozen, unquantized weights are built in."""
     return _DTYPES[finetune.frozen_dtype or compute_dtype]
+
+
+def require_peft(finetune: FineTuning) -> None:
+    """Refuse before a trace starts when the job needs peft and it is not installed."""
+    if finetune.peft != "none":
+        _peft()
 
 
 def _peft() -> Any:
