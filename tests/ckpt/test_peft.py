@@ -36,7 +36,7 @@ def _tokens(length: int, batch: int = 2) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(length))
 
 
-def _step(model: torch.nn.Module, batch: torch.Tensor):  # noqa: ANN202
+def _step(model: torch.nn.Module, batch: torch.Tensor):
     def fn() -> torch.Tensor:
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()

@@ -1,0 +1,135 @@
+"""Fine-tuning in the tracer: real peft LoRA/DoRA on fake tensors, frozen bases, --trainable,
+--optimizer-in-backward, parameter counts against peft's own, and the refusals (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from memplan.cli import app
+from memplan.trace import trace
+from memplan.trace.build import hf_config_dict
+
+peft = pytest.importorskip("peft")
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "300", "NO_COLOR": "1"}
+SEQ = 32
+
+
+def _peft_reference(config_path: str, **lora: object) -> tuple[int, int]:
+    """(trainable, all) of the same model wrapped by peft on the meta device, as peft counts them."""
+    import transformers
+
+    _, config = hf_config_dict(config_path)
+    values = dict(config)
+    hf = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
+        wrapped = peft.get_peft_model(net, peft.LoraConfig(**lora))  # type: ignore[arg-type]
+    return wrapped.get_nb_trainable_parameters()
+
+
+def _adapter_bytes(trainable_params: int) -> int:
+    return 4 * trainable_params  # peft keeps adapters in fp32 (autocast_adapter_dtype)
+
+
+@pytest.mark.parametrize(("flags", "lora"), [
+    ({"peft": "lora"}, {"r": 8, "target_modules": ["q_proj", "v_proj"]}),
+    ({"peft": "lora", "lora_rank": 4, "lora_targets": "all-linear", "lora_rank_pattern": "down_proj=16"},
+     {"r": 4, "target_modules": "all-linear", "rank_pattern": {"down_proj": 16}}),
+    ({"peft": "dora", "lora_targets": "q_proj,k_proj,v_proj,o_proj"},
+     {"r": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "use_dora": True}),
+], ids=["lora", "lora-all-linear-pattern", "dora"])
+def test_adapters_alone_train_and_counts_equal_peft(tiny_llama: str, flags: dict[str, object],
+                                                    lora: dict[str, object]) -> None:
+    result = trace(tiny_llama, seq=SEQ, mbs=1, **flags)
+    trainable, total = _peft_reference(tiny_llama, **lora)
+    summary = result.summary
+    assert (summary.trainable_params, summary.frozen_params) == (trainable, total - trainable)
+    # only adapters have gradients (frozen weights never get one) and optimizer states (AdamW: two
+    # moments, plus a 4-byte step counter per adapter tensor)
+    assert summary.max_requested_by_category["gradient"] == _adapter_bytes(trainable)
+    states = summary.max_requested_by_category["optimizer_state"]
+    assert 2 * _adapter_bytes(trainable) <= states <= 2 * _adapter_bytes(trainable) + 4 * 64
+    data = result.to_dict()
+    assert data["trainable_params"] == trainable and data["frozen_params"] == total - trainable
+
+
+def test_the_frozen_base_is_in_the_frozen_dtype(tiny_llama: str) -> None:
+    bf16 = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    fp32 = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", frozen_dtype="fp32").summary
+    frozen = bf16.frozen_params or 0
+    adapters = _adapter_bytes(bf16.trainable_params or 0)
+    assert bf16.max_requested_by_category["parameter"] == 2 * frozen + adapters
+    assert fp32.max_requested_by_category["parameter"] == 4 * frozen + adapters
+
+
+def test_trainable_modules_without_peft(tiny_llama: str) -> None:
+    summary = trace(tiny_llama, seq=SEQ, mbs=1, trainable="layers.1,norm").summary
+    layer = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384 + 2 * 128  # q,o + k,v (GQA: half) + MLP + two norms
+    assert summary.trainable_params == layer + 128
+    # trained in fp32 under bf16-mixed (as full training), the rest frozen in bf16
+    assert summary.max_requested_by_category["gradient"] == 4 * summary.trainable_params
+    assert summary.max_requested_by_category["parameter"] == 4 * summary.trainable_params + 2 * summary.frozen_params
+
+
+def test_modules_to_save_train_a_copy_beside_the_frozen_original(tiny_llama: str) -> None:
+    plain = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    saved = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", modules_to_save="lm_head").summary
+    head = 128 * 1024
+    assert saved.trainable_params == (plain.trainable_params or 0) + head
+    assert saved.frozen_params == plain.frozen_params
+    assert saved.max_requested_by_category["gradient"] == plain.max_requested_by_category["gradient"] + 4 * head
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_lora_under_full_recompute_keeps_fewer_activations(tiny_llama: str, reentrant: bool) -> None:
+    kept = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    recomputed = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", recompute="full",
+                       checkpoint_reentrant=reentrant).summary
+    assert recomputed.max_requested_by_category["gradient"] == kept.max_requested_by_category["gradient"]
+    assert recomputed.max_requested_by_category["activation"] < kept.max_requested_by_category["activation"]
+
+
+def test_optimizer_in_backward_keeps_one_gradient_at_a_time(tiny_llama: str) -> None:
+    normal = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32").summary
+    in_backward = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32", optimizer_in_backward=True).summary
+    largest = 4 * 1024 * 128  # the embedding's (or head's) gradient
+    assert in_backward.max_requested_by_category["gradient"] == largest
+    assert normal.max_requested_by_category["gradient"] == 4 * (normal.trainable_params or 0)
+    assert in_backward.max_requested_by_category["optimizer_state"] == \
+        normal.max_requested_by_category["optimizer_state"]
+    assert in_backward.peak_allocated_bytes < normal.peak_allocated_bytes
+
+
+def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
+    result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora", "--json"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["trainable_params"] > 0 and data["frozen_params"] > data["trainable_params"]
+    text = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora"], env=WIDE)
+    assert "trainable parameters" in text.output
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--packing"], "--packing: memplan trace runs one sequence per row"),
+    (["--offload-activations"], "--offload-activations: memplan trace does not move saved tensors"),
+    (["--loss", "fused-linear"], "--loss: memplan trace runs the model's own loss"),
+    (["--loss", "chunked"], "--loss: memplan trace runs the model's own loss"),
+    (["--optimizer", "adamw8bit"], "--optimizer: adamw8bit keeps bitsandbytes 8-bit"),
+    (["--optimizer", "paged-adamw"], "--optimizer: paged-adamw keeps its states in CUDA unified memory"),
+    (["--optimizer", "lion"], "--optimizer: lion is a bitsandbytes optimizer"),
+    (["--peft", "lora", "--gpus", "2", "--fsdp", "2"], "--gpus: memplan trace runs fine-tuning"),
+    (["--peft", "lora", "--lora-targets", "nothing_here"], "--lora-targets: peft cannot wrap this model"),
+    (["--trainable", "no_such_module"], "--trainable: names no module of the model"),
+])
+def test_untraced_fine_tuning_tools_are_refused_in_one_line(tiny_llama: str, args: list[str], words: str) -> None:
+    result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", *args], env=WIDE)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.strip().splitlines() if not line.startswith("memplan trace:")]
+    assert len(lines) == 1 and words in lines[0], result.output
+    assert "Traceback" not in result.output
