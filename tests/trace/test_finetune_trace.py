@@ -133,3 +133,52 @@ def test_untraced_fine_tuning_tools_are_refused_in_one_line(tiny_llama: str, arg
     lines = [line for line in result.output.strip().splitlines() if not line.startswith("memplan trace:")]
     assert len(lines) == 1 and words in lines[0], result.output
     assert "Traceback" not in result.output
+
+
+# ------------------------------------------------------------------------------ QLoRA stand-ins
+@pytest.mark.parametrize("double_quant", [False, True], ids=["single", "double-quant"])
+@pytest.mark.parametrize("shape", [(96, 200), (128, 128), (384, 128), (1000, 72)])
+def test_the_4bit_stand_in_holds_exactly_what_bitsandbytes_stores(shape: tuple[int, int],
+                                                                   double_quant: bool) -> None:
+    functional = pytest.importorskip("bitsandbytes.functional")
+    from memplan.trace.quantized import Linear4bitStandIn
+
+    out_features, in_features = shape
+    weight = torch.randn(out_features, in_features, dtype=torch.bfloat16)
+    packed, state = functional.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=double_quant)
+    tensors = [packed, state.absmax, state.code]
+    if double_quant:
+        tensors += [state.state2.absmax, state.state2.code, state.offset]
+    stand_in = Linear4bitStandIn(torch.nn.Linear(in_features, out_features, bias=False), double_quant=double_quant,
+                                 compute_dtype=torch.bfloat16)
+    assert stand_in.storage_bytes() == sum(t.nbytes for t in tensors)
+    assert stand_in.weight.shape == packed.shape and stand_in.weight.dtype == packed.dtype
+    assert stand_in.absmax.dtype == state.absmax.dtype
+
+
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+def test_qlora_trace_runs_with_peft_lora_around_the_stand_ins(tiny_llama: str, quant: str) -> None:
+    from memplan.trace.quantized import BLOCKSIZE
+
+    plain = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    qlora = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", quantize_base=quant, double_quant=False).summary
+    trainable, total = _peft_reference(tiny_llama, r=8, target_modules=["q_proj", "v_proj"])
+    assert (qlora.trainable_params, qlora.frozen_params) == (trainable, total - trainable)
+    assert qlora.max_requested_by_category["gradient"] == plain.max_requested_by_category["gradient"]
+    # decoder linears: half a byte per weight plus an fp32 absmax per 64 weights (in the buffers)
+    linear = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384)
+    unquantized = 2 * (total - trainable - linear)  # embeddings, norms, head stay bf16
+    assert qlora.max_requested_by_category["parameter"] == linear // 2 + unquantized + _adapter_bytes(trainable)
+    assert qlora.max_requested_by_category["buffer"] >= 4 * linear // BLOCKSIZE
+    assert qlora.peak_allocated_bytes < plain.peak_allocated_bytes
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--peft", "lora", "--quantize-base", "int8"], "--quantize-base: memplan trace stands in for"),
+    (["--peft", "dora", "--quantize-base", "nf4"], "--peft: dora on a quantized base"),
+])
+def test_quantized_bases_the_stand_in_does_not_cover_are_refused(tiny_llama: str, args: list[str],
+                                                                 words: str) -> None:
+    result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", *args], env=WIDE)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output

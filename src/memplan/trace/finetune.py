@@ -4,7 +4,7 @@ What a fine-tuning script does after ``from_pretrained(..., torch_dtype=torch.bf
 the model :mod:`memplan.trace.build` constructs:
 
 1. the base is built in ``--frozen-dtype`` (default the compute dtype, as a 16-bit load does);
-2. ``--quantize-base`` swaps the decoder's linear layers for bitsandbytes stand-ins
+2. ``--quantize-base nf4|fp4`` swaps the decoder's linear layers for bitsandbytes stand-ins
    (:mod:`memplan.trace.quantized`) before peft sees them;
 3. ``--peft lora|dora`` wraps the model with ``peft.get_peft_model(model, LoraConfig(...))`` — real
    peft layers, adapters in fp32 (peft's ``autocast_adapter_dtype``);
@@ -30,8 +30,6 @@ from memplan.job import ALL_LINEAR, FineTuning
 __all__ = ["ParamCounts", "apply_finetune", "materialize_fake", "needs_finetune", "param_counts", "require_peft"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-#: Module names peft never targets with ``all-linear`` (the output head).
-_HEAD_NAMES = ("lm_head",)
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ def apply_finetune(model: torch.nn.Module, finetune: FineTuning, *, storage_dtyp
 
         quant = finetune.quant_compute_dtype or compute_dtype
         quantize_linears(model, finetune.quantize_base, double_quant=finetune.double_quant,
-                         compute_dtype=_DTYPES[quant], targets=finetune.target_names)
+                         compute_dtype=_DTYPES[quant])
     for param in model.parameters():
         param.requires_grad_(trainable == "all")
     base_trainable: set[int] = set()

@@ -49,6 +49,7 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("finetune", "peft"), ("finetune", "lora_rank"), ("finetune", "lora_alpha"), ("finetune", "lora_dropout"),
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
     ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"),
+    ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
     (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"),
 })
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
@@ -157,10 +158,12 @@ _UNTRACED_TOOLS: tuple[tuple[str, str, str], ...] = (
 
 
 def _check_finetune(job: Job) -> None:
-    if job.finetune.quantize_base != "none":
-        raise ConfigError("--quantize-base", "bitsandbytes' quantized layers cannot run on fake tensors and memplan "
-                          "trace has no stand-in for them yet; memplan estimate prices QLoRA",
-                          job.finetune.quantize_base)
+    if job.finetune.quantize_base == "int8":
+        raise ConfigError("--quantize-base", "memplan trace stands in for bitsandbytes' 4-bit layers (nf4, fp4) "
+                          "only; LLM.int8 (Linear8bitLt) is priced by memplan estimate", "int8")
+    if job.finetune.quantize_base != "none" and job.finetune.peft == "dora":
+        raise ConfigError("--peft", "dora on a quantized base needs bitsandbytes' dequantization of the weight "
+                          "norm, which the tracer's stand-in does not run; trace --peft lora", "dora")
     for section, name, reason in _UNTRACED_TOOLS:
         value = getattr(getattr(job, section), name)
         if value:
