@@ -173,8 +173,29 @@ def test_qlora_trace_runs_with_peft_lora_around_the_stand_ins(tiny_llama: str, q
     assert qlora.peak_allocated_bytes < plain.peak_allocated_bytes
 
 
+@pytest.mark.parametrize("shape", [(96, 200), (128, 384), (1000, 72)])
+def test_the_int8_stand_in_holds_exactly_what_linear8bitlt_stores(shape: tuple[int, int]) -> None:
+    bnb = pytest.importorskip("bitsandbytes")
+    from memplan.trace.quantized import Linear8bitStandIn
+
+    out_features, in_features = shape
+    real = bnb.nn.Linear8bitLt(in_features, out_features, bias=False, has_fp16_weights=False).to("cpu")
+    stand_in = Linear8bitStandIn(torch.nn.Linear(in_features, out_features, bias=False))
+    assert stand_in.storage_bytes() == real.weight.nbytes + real.weight.SCB.nbytes
+    assert stand_in.weight.dtype == real.weight.dtype and stand_in.weight.shape == real.weight.shape
+
+
+def test_int8_base_trace_runs(tiny_llama: str) -> None:
+    plain = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    int8 = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", quantize_base="int8").summary
+    assert (int8.trainable_params, int8.frozen_params) == (plain.trainable_params, plain.frozen_params)
+    linear = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384)
+    # one byte per quantized weight instead of two (bf16)
+    assert int8.max_requested_by_category["parameter"] == plain.max_requested_by_category["parameter"] - linear
+    assert int8.max_requested_by_category["gradient"] == plain.max_requested_by_category["gradient"]
+
+
 @pytest.mark.parametrize(("args", "words"), [
-    (["--peft", "lora", "--quantize-base", "int8"], "--quantize-base: memplan trace stands in for"),
     (["--peft", "dora", "--quantize-base", "nf4"], "--peft: dora on a quantized base"),
 ])
 def test_quantized_bases_the_stand_in_does_not_cover_are_refused(tiny_llama: str, args: list[str],

@@ -1,4 +1,4 @@
-"""Stand-ins for bitsandbytes' 4-bit linear layers (QLoRA), which cannot run on fake tensors.
+"""Stand-ins for bitsandbytes' quantized linear layers (QLoRA), which cannot run on fake tensors.
 
 :class:`Linear4bitStandIn` replaces a decoder ``nn.Linear`` (never the output head nor the
 embeddings) before peft wraps the model, and allocates what ``bitsandbytes.nn.Linear4bit`` holds
@@ -15,6 +15,10 @@ the packed weight is saved; the backward dequantizes again for the input's gradi
 subclasses ``nn.Linear`` so peft wraps it with its ordinary ``lora.Linear`` (whose adapters stay
 fp32, as on a uint8 bitsandbytes weight); bitsandbytes' own peft layer additionally clones the
 base output, which the stand-in does not model.
+
+:class:`Linear8bitStandIn` does the same for ``Linear8bitLt`` (LLM.int8, ``--quantize-base int8``):
+the int8 weight and an fp32 scale per row; no outlier decomposition (``threshold`` 0: with
+transformers' default 6.0 the outlier columns of each input, a data-dependent few, are also kept).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BLOCKSIZE", "NESTED_BLOCKSIZE", "Linear4bitStandIn", "quantize_linears"]
+__all__ = ["BLOCKSIZE", "NESTED_BLOCKSIZE", "Linear4bitStandIn", "Linear8bitStandIn", "quantize_linears"]
 
 #: bitsandbytes ``Linear4bit`` default ``blocksize`` (weights per absmax).
 BLOCKSIZE = 64
@@ -96,18 +100,74 @@ class Linear4bitStandIn(nn.Linear):
         return _MatMul4Bit.apply(x.to(self.compute_dtype), self.weight, self).to(dtype)
 
 
+class _MatMul8bitLt(torch.autograd.Function):
+    """``bitsandbytes.autograd._functions.MatMul8bitLt`` without outlier columns (threshold 0):
+    the input is cast to fp16 and quantized per row (int8 + fp32 scale), multiplied in int32 and
+    dequantized; the input is saved; the backward dequantizes the weight (a copy in the input's
+    dtype, scaled per row) for the input's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, layer: Linear8bitStandIn) -> torch.Tensor:
+        ctx.layer = layer
+        rows = x.reshape(-1, x.shape[-1])
+        half = rows.to(torch.float16)
+        quantized = torch.empty(rows.shape, dtype=torch.int8, device=x.device)
+        scales = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
+        del half
+        accumulated = torch.empty((rows.shape[0], layer.out_features), dtype=torch.int32, device=x.device)
+        out = torch.empty((*x.shape[:-1], layer.out_features), dtype=x.dtype, device=x.device)
+        del accumulated, quantized, scales
+        if layer.bias is not None:
+            out = out + layer.bias.to(x.dtype)
+        ctx.save_for_backward(x)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        (x,) = ctx.saved_tensors
+        layer = ctx.layer
+        weight = layer.weight.to(x.dtype, copy=True)
+        weight.mul_(layer.SCB.unsqueeze(1).mul(1.0 / 127.0))
+        return torch.matmul(grad.to(x.dtype), weight), None, None
+
+
+class Linear8bitStandIn(nn.Linear):
+    """What ``bitsandbytes.nn.Linear8bitLt`` (``has_fp16_weights=False``) holds: the int8 weight
+    (``Int8Params``, out x in) and an fp32 scale per output row (``SCB``)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        device = linear.weight.device
+        self.weight = nn.Parameter(torch.empty((self.out_features, self.in_features), dtype=torch.int8,
+                                               device=device), requires_grad=False)
+        self.bias = linear.bias
+        self.register_buffer("SCB", torch.empty(self.out_features, dtype=torch.float32, device=device))
+
+    def storage_bytes(self) -> int:
+        """Bytes of the int8 weight and its row scales (not the bias)."""
+        return self.weight.nbytes + self.SCB.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _MatMul8bitLt.apply(x, self.weight, self)
+
+
 def quantize_linears(model: nn.Module, quant: str, *, double_quant: bool, compute_dtype: torch.dtype) -> int:
     """Replace every ``nn.Linear`` of the decoder (not the head) by a 4-bit stand-in; returns how many.
 
     As ``from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True))`` does, every
     linear layer but the output head is quantized, whatever peft later targets.
     """
-    if quant not in ("nf4", "fp4"):
-        raise ValueError(f"quantize_linears: {quant!r} is not a 4-bit type")
+    if quant not in ("nf4", "fp4", "int8"):
+        raise ValueError(f"quantize_linears: {quant!r} is not nf4, fp4 or int8")
     swaps = [(path, module) for path, module in model.named_modules()
              if type(module) is nn.Linear and path.rsplit(".", 1)[-1] not in _HEAD_NAMES]
     for path, module in swaps:
         parent_path, _, name = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
-        setattr(parent, name, Linear4bitStandIn(module, double_quant=double_quant, compute_dtype=compute_dtype))
+        stand_in = (Linear8bitStandIn(module) if quant == "int8"
+                    else Linear4bitStandIn(module, double_quant=double_quant, compute_dtype=compute_dtype))
+        setattr(parent, name, stand_in)
     return len(swaps)

@@ -158,9 +158,6 @@ _UNTRACED_TOOLS: tuple[tuple[str, str, str], ...] = (
 
 
 def _check_finetune(job: Job) -> None:
-    if job.finetune.quantize_base == "int8":
-        raise ConfigError("--quantize-base", "memplan trace stands in for bitsandbytes' 4-bit layers (nf4, fp4) "
-                          "only; LLM.int8 (Linear8bitLt) is priced by memplan estimate", "int8")
     if job.finetune.quantize_base != "none" and job.finetune.peft == "dora":
         raise ConfigError("--peft", "dora on a quantized base needs bitsandbytes' dequantization of the weight "
                           "norm, which the tracer's stand-in does not run; trace --peft lora", "dora")
