@@ -106,6 +106,19 @@ def test_optimizer_in_backward_keeps_one_gradient_at_a_time(tiny_llama: str) -> 
     assert in_backward.peak_allocated_bytes < normal.peak_allocated_bytes
 
 
+def test_packing_keeps_a_mask_under_sdpa_but_not_under_flash(tiny_llama: str) -> None:
+    seq, mbs = 64, 2
+    plain = trace(tiny_llama, seq=seq, mbs=mbs, attention="sdpa").summary
+    flash = trace(tiny_llama, seq=seq, mbs=mbs, packing=True).summary
+    sdpa = trace(tiny_llama, seq=seq, mbs=mbs, attention="sdpa", packing=True).summary
+    mask = mbs * seq * seq  # one bool per (query, key) of each row: transformers' packed-sequence mask
+    act = {name: s.max_requested_by_category["activation"] for name, s in (("plain", plain), ("flash", flash),
+                                                                          ("sdpa", sdpa))}
+    assert act["sdpa"] - act["flash"] >= mask
+    # flash: only RoPE's cos/sin tables become per row (fp32, head_dim 32) with per-row position ids
+    assert act["flash"] - act["plain"] == 2 * (mbs - 1) * seq * 32 * 4
+
+
 def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
     result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora", "--json"], env=WIDE)
     assert result.exit_code == 0, result.output
@@ -116,7 +129,6 @@ def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--packing"], "--packing: memplan trace runs one sequence per row"),
     (["--offload-activations"], "--offload-activations: memplan trace does not move saved tensors"),
     (["--loss", "fused-linear"], "--loss: memplan trace runs the model's own loss"),
     (["--loss", "chunked"], "--loss: memplan trace runs the model's own loss"),

@@ -106,7 +106,8 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
     timings: dict[str, float] = {}
     started = time.perf_counter()
     mode = TracingFakeMode(allow_non_fake_inputs=True)
-    with quiet_transformers(), unpacked_sequences(), static_grouped_mm(), translate_errors(model), \
+    packed_mask = options.job.batch.packing and options.job.attention != "flash"
+    with quiet_transformers(), unpacked_sequences(not packed_mask), static_grouped_mm(), translate_errors(model), \
             simulated_ranks(options) as mesh, mode:
         say("building the model on fake tensors")
         name, job, heads = _prepare(model, options, mesh)

@@ -111,7 +111,7 @@ def quiet_transformers() -> Iterator[None]:
 
 
 @contextmanager
-def unpacked_sequences() -> Iterator[None]:
+def unpacked_sequences(enabled: bool = True) -> Iterator[None]:
     """Let transformers decide about sequence packing as it does on real tensors for our batches.
 
     ``transformers.masking_utils.find_packed_sequence_indices`` cannot read fake position ids, so
@@ -119,8 +119,12 @@ def unpacked_sequences() -> Iterator[None]:
     mask (and repeats GQA keys/values for SDPA). The traced batches are never packed (one
     sequence per row, position ids ``0..seq-1``), for which a real run finds "not packed" and
     uses SDPA's ``is_causal`` path: this context returns that answer after computing the same
-    temporaries.
+    temporaries. ``enabled=False`` (a packed batch under SDPA or eager attention) leaves
+    transformers' packed path: the 4-D mask built from the restarted position ids.
     """
+    if not enabled:
+        yield
+        return
     try:
         from transformers import masking_utils
     except ImportError:

@@ -58,10 +58,21 @@ def hf_loss(output: Any, batch: Any) -> torch.Tensor:
     return output.loss
 
 
+#: ``--packing``: documents per row of a packed batch (equal lengths; the memory does not depend on it).
+PACKED_DOCUMENTS = 4
+
+
 def make_batch(vocab_size: int, options: TraceSetup) -> dict[str, torch.Tensor]:
-    """Token ids and labels (int64, mbs x seq), as a data collator for causal LM makes them."""
+    """Token ids and labels (int64, mbs x seq), as a data collator for causal LM makes them.
+
+    ``--packing``: also ``position_ids`` restarting at every document (``PACKED_DOCUMENTS`` per row),
+    as TRL's ``DataCollatorWithFlattening`` gives them."""
     input_ids = torch.randint(0, vocab_size, (options.mbs, options.seq), dtype=torch.long)
-    return {"input_ids": input_ids, "labels": input_ids.clone()}
+    batch = {"input_ids": input_ids, "labels": input_ids.clone()}
+    if options.job.batch.packing:
+        document = max(1, -(-options.seq // PACKED_DOCUMENTS))
+        batch["position_ids"] = (torch.arange(options.seq, dtype=torch.long) % document).expand(options.mbs, -1)
+    return batch
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], options: TraceSetup) -> torch.optim.Optimizer:

@@ -41,7 +41,7 @@ DEFAULT_TRACE_FRAMEWORK = "hf"
 _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("parallel", "world_size"), ("parallel", "tp"), ("parallel", "dp"),
     ("sharding", "fsdp"),
-    ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"),
+    ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"), ("batch", "packing"),
     ("precision", "name"),
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
     ("optimizer", "in_backward"),
@@ -152,8 +152,6 @@ def _check_ranks(job: Job) -> None:
 _UNTRACED_TOOLS: tuple[tuple[str, str, str], ...] = (
     ("offload", "activations", ("--offload-activations: memplan trace does not move saved tensors to host memory "
      "(save_on_cpu); memplan estimate prices it")),
-    ("batch", "packing", ("--packing: memplan trace runs one sequence per row (the packed-sequence mask transformers "
-     "builds from restarted position ids is not traced); memplan estimate prices it")),
 )
 
 
