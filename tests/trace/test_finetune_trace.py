@@ -119,6 +119,17 @@ def test_packing_keeps_a_mask_under_sdpa_but_not_under_flash(tiny_llama: str) ->
     assert act["flash"] - act["plain"] == 2 * (mbs - 1) * seq * 32 * 4
 
 
+def test_offloaded_activations_leave_the_device_and_come_back_in_the_backward(tiny_llama: str) -> None:
+    kept = trace(tiny_llama, seq=SEQ, mbs=2, peft="lora").summary
+    offloaded = trace(tiny_llama, seq=SEQ, mbs=2, peft="lora", offload_activations=True)
+    summary = offloaded.summary
+    assert kept.max_requested_by_category["activation"] > 100_000
+    assert summary.max_requested_by_category["activation"] < 1024  # the host copies are not device memory
+    assert summary.max_requested_by_category["temporary"] > kept.max_requested_by_category["temporary"]
+    assert summary.peak_allocated_bytes < kept.peak_allocated_bytes
+    assert summary.max_requested_by_category["gradient"] == kept.max_requested_by_category["gradient"]
+
+
 def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
     result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora", "--json"], env=WIDE)
     assert result.exit_code == 0, result.output
@@ -129,7 +140,8 @@ def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--offload-activations"], "--offload-activations: memplan trace does not move saved tensors"),
+    (["--offload-activations", "--device", "cpu"], "--offload-activations: moves saved tensors from the GPU"),
+    (["--offload-activations", "--gpus", "2", "--fsdp", "2"], "--offload-activations: is traced on one rank"),
     (["--loss", "fused-linear"], "--loss: memplan trace runs the model's own loss"),
     (["--loss", "chunked"], "--loss: memplan trace runs the model's own loss"),
     (["--optimizer", "adamw8bit"], "--optimizer: adamw8bit keeps bitsandbytes 8-bit"),

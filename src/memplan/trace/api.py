@@ -154,7 +154,8 @@ def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,
         mode.recorder = recorder
         try:
             with track_resize(recorder):
-                run_iterations(job, options.iterations, recorder, host_step=host_step)
+                run_iterations(job, options.iterations, recorder, host_step=host_step,
+                               offload_activations=options.job.offload.activations)
         finally:
             mode.recorder = None
     return recorder

@@ -220,11 +220,12 @@ def _forward(job: StepJob) -> torch.Tensor:
 
 
 def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder | None = None,
-                   *, host_step: bool = False) -> None:
+                   *, host_step: bool = False, offload_activations: bool = False) -> None:
     """Run ``iterations`` training iterations of ``job``; tell ``recorder`` phases and roles.
 
     ``host_step``: optimizer ``step`` counters live in host memory (a GPU run of a non-fused,
     non-capturable optimizer), so they are marked to be left out of a CUDA trace.
+    ``offload_activations``: the forward runs under :func:`memplan.trace.offload.save_on_host`.
     """
     params = [p for group in job.optimizer.param_groups for p in group["params"]]
     observe = getattr(job.optimizer, "observe", None)
@@ -233,7 +234,8 @@ def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder |
                 lambda one: _mark_optimizer_state(recorder, one, host_step))
     for iteration in range(iterations):
         _set(recorder, "forward", iteration)
-        loss = _forward(job)
+        with _saved_tensors(recorder, offload_activations):
+            loss = _forward(job)
         _set(recorder, "backward", iteration)
         if recorder is not None:
             recorder.start_backward()
@@ -247,6 +249,14 @@ def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder |
             _mark_optimizer_state(recorder, job.optimizer, host_step)
         job.optimizer.zero_grad(set_to_none=True)
     _set(recorder, "other", iterations - 1)
+
+
+def _saved_tensors(recorder: AllocationRecorder | None, offload: bool) -> Any:
+    if not offload:
+        return contextlib.nullcontext()
+    from memplan.trace.offload import save_on_host
+
+    return save_on_host(recorder)
 
 
 def _set(recorder: AllocationRecorder | None, phase: str, iteration: int) -> None:

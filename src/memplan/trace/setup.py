@@ -44,7 +44,7 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"), ("batch", "packing"),
     ("precision", "name"),
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
-    ("optimizer", "in_backward"),
+    ("optimizer", "in_backward"), ("offload", "activations"),
     ("recompute", "mode"), ("recompute", "reentrant"),
     ("finetune", "peft"), ("finetune", "lora_rank"), ("finetune", "lora_alpha"), ("finetune", "lora_dropout"),
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
@@ -148,28 +148,18 @@ def _check_ranks(job: Job) -> None:
                           "(chunked, fused, fused-linear) are estimated only", job.loss)
 
 
-#: Fine-tuner's tools the tracer does not run yet, and why (each refused naming its flag).
-_UNTRACED_TOOLS: tuple[tuple[str, str, str], ...] = (
-    ("offload", "activations", ("--offload-activations: memplan trace does not move saved tensors to host memory "
-     "(save_on_cpu); memplan estimate prices it")),
-)
-
-
 def _check_finetune(job: Job) -> None:
     if job.finetune.quantize_base != "none" and job.finetune.peft == "dora":
         raise ConfigError("--peft", "dora on a quantized base needs bitsandbytes' dequantization of the weight "
                           "norm, which the tracer's stand-in does not run; trace --peft lora", "dora")
-    for section, name, reason in _UNTRACED_TOOLS:
-        value = getattr(getattr(job, section), name)
-        if value:
-            flag, _, rule = reason.partition(": ")
-            raise ConfigError(flag, rule, value)
     if (job.finetune.peft != "none" or job.finetune.has_frozen) and job.parallel.world_size > 1:
         raise ConfigError("--gpus", "memplan trace runs fine-tuning (--peft, --trainable) on one rank; "
                           "estimate sharded fine-tuning with memplan estimate", job.parallel.world_size)
-    if job.optimizer.in_backward and job.parallel.world_size > 1:
-        raise ConfigError("--optimizer-in-backward", "is traced on one rank only (no FSDP or TP); estimate it with "
-                          "memplan estimate", job.parallel.world_size)
+    for flag, on in (("--optimizer-in-backward", job.optimizer.in_backward),
+                     ("--offload-activations", job.offload.activations)):
+        if on and job.parallel.world_size > 1:
+            raise ConfigError(flag, "is traced on one rank only (no FSDP or TP); estimate it with memplan estimate",
+                              job.parallel.world_size)
 
 
 @dataclass(frozen=True)
@@ -184,6 +174,9 @@ class TraceSetup:
 
     def __post_init__(self) -> None:
         check_traceable(self.job)
+        if self.job.offload.activations and self.run.device == "cpu":
+            raise ConfigError("--offload-activations", "moves saved tensors from the GPU to host memory; trace it "
+                              "with --device cuda (a cpu trace has no device memory to free)", True)
 
     @property
     def seq(self) -> int:
