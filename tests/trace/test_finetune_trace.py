@@ -130,6 +130,23 @@ def test_offloaded_activations_leave_the_device_and_come_back_in_the_backward(ti
     assert summary.max_requested_by_category["gradient"] == kept.max_requested_by_category["gradient"]
 
 
+@pytest.mark.parametrize("loss", ["fused-linear", "chunked"])
+def test_fused_linear_cross_entropy_never_holds_the_whole_logits(tiny_llama: str, loss: str) -> None:
+    from memplan.trace.fused_loss import chunk_tokens
+
+    seq, mbs, vocab, hidden = 256, 2, 1024, 128
+    whole = trace(tiny_llama, seq=seq, mbs=mbs, peft="lora").summary
+    fused = trace(tiny_llama, seq=seq, mbs=mbs, peft="lora", loss=loss).summary
+    tokens = seq * mbs
+    assert chunk_tokens(tokens, vocab, hidden) == tokens // 8
+    assert whole.max_requested_by_category["logits"] >= 4 * tokens * vocab  # fp32 logits, whole
+    # one chunk of logits at a time, plus the input-gradient buffer (fp32 hidden states under bf16-mixed)
+    assert fused.max_requested_by_category["logits"] <= 4 * tokens * hidden + 64
+    assert fused.max_requested_by_category["temporary"] < 4 * tokens * vocab
+    assert fused.max_requested_by_category["gradient"] == whole.max_requested_by_category["gradient"]
+    assert fused.peak_allocated_bytes < whole.peak_allocated_bytes
+
+
 def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
     result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora", "--json"], env=WIDE)
     assert result.exit_code == 0, result.output
@@ -142,8 +159,8 @@ def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
 @pytest.mark.parametrize(("args", "words"), [
     (["--offload-activations", "--device", "cpu"], "--offload-activations: moves saved tensors from the GPU"),
     (["--offload-activations", "--gpus", "2", "--fsdp", "2"], "--offload-activations: is traced on one rank"),
-    (["--loss", "fused-linear"], "--loss: memplan trace runs the model's own loss"),
-    (["--loss", "chunked"], "--loss: memplan trace runs the model's own loss"),
+    (["--loss", "fused"], "--loss: memplan trace runs the model's own loss"),
+    (["--loss", "fused-linear", "--gpus", "2", "--fsdp", "2"], "--loss: the fused linear cross-entropy is traced"),
     (["--optimizer", "adamw8bit"], "--optimizer: adamw8bit keeps bitsandbytes 8-bit"),
     (["--optimizer", "paged-adamw"], "--optimizer: paged-adamw keeps its states in CUDA unified memory"),
     (["--optimizer", "lion"], "--optimizer: lion is a bitsandbytes optimizer"),

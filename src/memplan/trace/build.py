@@ -194,13 +194,12 @@ def _fine_tuned(hf_config: Any, options: TraceSetup, *, storage_dtype: torch.dty
 
 
 def _head_modules(net: torch.nn.Module) -> frozenset[str]:
-    heads = {""}
+    """The output head's path and the model computing the loss: the root, or the transformers model
+    inside a peft wrapper (``base_model.model``)."""
     get = getattr(net, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    if head is not None:
-        for path, module in net.named_modules():
-            if module is head:
-                heads.add(path)
+    base = getattr(net, "get_base_model", None)
+    wanted = [m for m in (get() if callable(get) else None, base() if callable(base) else None) if m is not None]
+    heads = {""} | {path for path, module in net.named_modules() if any(module is m for m in wanted)}
     return frozenset(heads)
 
 

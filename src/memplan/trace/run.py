@@ -51,6 +51,8 @@ class StepJob:
     autocast_dtype: torch.dtype | None = None
     #: Apply CUDA's autocast fp32 policies on top of CPU autocast (a ``--device cuda`` trace).
     cuda_autocast: bool = False
+    #: What the forward calls instead of ``model`` (``--loss fused-linear``: the decoder alone).
+    call: Callable[..., Any] | None = None
 
 
 def hf_loss(output: Any, batch: Any) -> torch.Tensor:
@@ -170,7 +172,37 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     batch = make_batch(vocab, options)
     optimizer = make_optimizer(model.parameters(), options)
     autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
+    if options.job.loss in ("fused-linear", "chunked"):
+        decoder, head = _decoder_and_head(model)
+        return StepJob(model, batch, optimizer, _fused_linear_loss(head), autocast_dtype,
+                       cuda_autocast=options.device == "cuda", call=_without_labels(decoder))
     return StepJob(model, batch, optimizer, hf_loss, autocast_dtype, cuda_autocast=options.device == "cuda")
+
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The transformers decoder (``get_decoder()``) and output head of ``model`` (through peft's wrapper)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
+    head = base.get_output_embeddings() if callable(getattr(base, "get_output_embeddings", None)) else None
+    if decoder is None or head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise UnsupportedError("--loss fused-linear needs a transformers causal LM with get_decoder() and an output "
+                               "head with a weight (not a modules_to_save copy)")
+    return decoder, head
+
+
+def _without_labels(decoder: torch.nn.Module) -> Callable[..., Any]:
+    def call(**batch: Any) -> Any:
+        return decoder(**{k: v for k, v in batch.items() if k != "labels"})
+    return call
+
+
+def _fused_linear_loss(head: torch.nn.Module) -> LossFn:
+    from memplan.trace.fused_loss import fused_linear_cross_entropy
+
+    def loss(output: Any, batch: Any) -> torch.Tensor:
+        labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
+        return fused_linear_cross_entropy(output.last_hidden_state, head.weight, labels)
+    return loss
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -210,7 +242,9 @@ def _forward(job: StepJob) -> torch.Tensor:
         policy = CudaAutocastFp32()
     with ctx, policy:
         batch = job.batch
-        if isinstance(batch, dict):
+        if job.call is not None:
+            output = job.call(**batch)
+        elif isinstance(batch, dict):
             output = job.model(**batch)
         elif isinstance(batch, (tuple, list)):
             output = job.model(*batch)

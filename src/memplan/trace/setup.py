@@ -143,9 +143,11 @@ def _check_ranks(job: Job) -> None:
     if job.optimizer.name in _UNTRACEABLE_OPTIMIZERS:
         raise ConfigError("--optimizer", _UNTRACEABLE_OPTIMIZERS[job.optimizer.name], job.optimizer.name)
     _check_finetune(job)
-    if job.loss not in ("auto", "fp32-logits"):
-        raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits); other loss paths "
-                          "(chunked, fused, fused-linear) are estimated only", job.loss)
+    if job.loss not in ("auto", "fp32-logits", "fused-linear", "chunked"):
+        raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits) or a fused linear "
+                          "cross-entropy (fused-linear, chunked); other loss paths are estimated only", job.loss)
+    if job.loss in ("fused-linear", "chunked") and job.parallel.world_size > 1:
+        raise ConfigError("--loss", "the fused linear cross-entropy is traced on one rank only", job.loss)
 
 
 def _check_finetune(job: Job) -> None:
