@@ -161,9 +161,6 @@ def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
     (["--offload-activations", "--gpus", "2", "--fsdp", "2"], "--offload-activations: is traced on one rank"),
     (["--loss", "fused"], "--loss: memplan trace runs the model's own loss"),
     (["--loss", "fused-linear", "--gpus", "2", "--fsdp", "2"], "--loss: the fused linear cross-entropy is traced"),
-    (["--optimizer", "adamw8bit"], "--optimizer: adamw8bit keeps bitsandbytes 8-bit"),
-    (["--optimizer", "paged-adamw"], "--optimizer: paged-adamw keeps its states in CUDA unified memory"),
-    (["--optimizer", "lion"], "--optimizer: lion is a bitsandbytes optimizer"),
     (["--peft", "lora", "--gpus", "2", "--fsdp", "2"], "--gpus: memplan trace runs fine-tuning"),
     (["--peft", "lora", "--lora-targets", "nothing_here"], "--lora-targets: peft cannot wrap this model"),
     (["--trainable", "no_such_module"], "--trainable: names no module of the model"),
@@ -244,3 +241,43 @@ def test_quantized_bases_the_stand_in_does_not_cover_are_refused(tiny_llama: str
     result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", *args], env=WIDE)
     assert result.exit_code == 2, result.output
     assert words in result.output and "Traceback" not in result.output
+
+
+# ------------------------------------------------------------------- bitsandbytes optimizer stand-ins
+_BNB_CLASSES = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit", "paged-adamw8bit": "PagedAdamW8bit",
+                "paged-adamw": "PagedAdamW", "lion": "Lion", "lion8bit": "Lion8bit", "paged-lion8bit": "PagedLion8bit"}
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    storages = {id(v.untyped_storage()): v.untyped_storage().nbytes() for state in optimizer.state.values()
+                for v in state.values() if isinstance(v, torch.Tensor)}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", sorted(_BNB_CLASSES))
+def test_bitsandbytes_optimizer_stand_ins_allocate_what_bitsandbytes_allocates(name: str) -> None:
+    bnb = pytest.importorskip("bitsandbytes")
+    from memplan.trace.bnb_optim import BitsAndBytesStandIn
+
+    def stepped(make: object) -> torch.optim.Optimizer:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.Linear(200, 10))  # 8-bit and 32-bit states
+        optimizer = make(model.parameters())  # type: ignore[operator]
+        model(torch.randn(4, 300)).sum().backward()
+        optimizer.step()
+        return optimizer
+
+    real = stepped(lambda params: getattr(bnb.optim, _BNB_CLASSES[name])(params, lr=1e-3))
+    stand_in = stepped(lambda params: BitsAndBytesStandIn(params, name, paged_on_device=False))
+    assert _state_bytes(stand_in) == _state_bytes(real)
+
+
+def test_paged_states_of_large_parameters_are_outside_the_device_total(tiny_llama: str) -> None:
+    eight_bit = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32", optimizer="adamw8bit").summary
+    paged = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32", optimizer="paged-adamw8bit").summary
+    large = 2 * 2 * 1024 * 128  # uint8 moments of the embedding and the head (>= 1e5 elements each)
+    assert eight_bit.max_requested_by_category["optimizer_state"] - paged.max_requested_by_category[
+        "optimizer_state"] == large
+    adamw = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32").summary
+    assert eight_bit.max_requested_by_category["optimizer_state"] < adamw.max_requested_by_category[
+        "optimizer_state"] / 3

@@ -16,6 +16,7 @@ import torch
 
 from memplan.categories import MemoryCategory
 from memplan.errors import UnsupportedError
+from memplan.trace.bnb_optim import BNB_OPTIMIZERS, BitsAndBytesStandIn
 from memplan.trace.build import TORCH_DTYPES
 from memplan.trace.recorder import HOST, AllocationRecorder
 from memplan.trace.setup import TraceSetup
@@ -98,6 +99,9 @@ def _optimizer(params: list[torch.nn.Parameter], options: TraceSetup) -> torch.o
     if options.optimizer in ("adamw", "adam"):
         cls = torch.optim.AdamW if options.optimizer == "adamw" else torch.optim.Adam
         return cls(groups, lr=_LEARNING_RATE, **kwargs)
+    if options.optimizer in BNB_OPTIMIZERS:
+        return BitsAndBytesStandIn(params, options.optimizer, paged_on_device=options.device == "cuda",
+                                   lr=_LEARNING_RATE)
     if options.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=_LEARNING_RATE, momentum=options.momentum, **kwargs)
     raise UnsupportedError("--optimizer adafactor: PyTorch's Adafactor reads its step counter with .item(), "
@@ -307,8 +311,9 @@ def _mark_gradients(recorder: AllocationRecorder, params: list[torch.Tensor]) ->
 
 def _mark_optimizer_state(recorder: AllocationRecorder, optimizer: torch.optim.Optimizer, host_step: bool) -> None:
     state_role = MemoryCategory.OPTIMIZER_STATE.value
+    outside = getattr(optimizer, "outside_allocator", frozenset())  # bitsandbytes' paged states
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                on_host = host_step and key == "step" and value.dim() == 0
+                on_host = (host_step and key == "step" and value.dim() == 0) or id(value) in outside
                 recorder.mark(local_tensor(value).untyped_storage(), HOST if on_host else state_role)

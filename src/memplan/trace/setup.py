@@ -55,16 +55,6 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
 #: Optimizers whose step cannot run on fake tensors, and why.
 _UNTRACEABLE_OPTIMIZERS = {
-    "adam8bit": "adam8bit needs bitsandbytes and a GPU; memplan trace runs adamw, adam and sgd "
-                "(memplan estimate prices adam8bit)",
-    **{name: f"{name} keeps bitsandbytes 8-bit block-wise states whose kernels cannot run on fake tensors; "
-              "memplan trace runs adamw, adam and sgd (memplan estimate prices it)"
-       for name in ("adamw8bit", "lion8bit")},
-    **{name: f"{name} keeps its states in CUDA unified memory outside PyTorch's allocator, which a trace "
-              "cannot record; memplan trace runs adamw, adam and sgd (memplan estimate prices it)"
-       for name in ("paged-adamw8bit", "paged-adamw", "paged-lion8bit")},
-    "lion": "lion is a bitsandbytes optimizer (bnb.optim.Lion), not run on fake tensors; memplan trace runs adamw, "
-            "adam and sgd (memplan estimate prices it)",
     "adafactor": "PyTorch's Adafactor reads its step counter with .item(), which fake tensors cannot answer; "
                  "memplan trace runs adamw, adam and sgd (memplan estimate prices adafactor)",
 }
