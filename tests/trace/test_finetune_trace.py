@@ -164,6 +164,8 @@ def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
     (["--peft", "lora", "--gpus", "2", "--fsdp", "2"], "--gpus: memplan trace runs fine-tuning"),
     (["--peft", "lora", "--lora-targets", "nothing_here"], "--lora-targets: peft cannot wrap this model"),
     (["--trainable", "no_such_module"], "--trainable: names no module of the model"),
+    (["--peft", "lora", "--quantize-base", "nf4", "--trainable", "q_proj"],
+     "--trainable: 'q_proj' holds only quantized weights"),
 ])
 def test_untraced_fine_tuning_tools_are_refused_in_one_line(tiny_llama: str, args: list[str], words: str) -> None:
     result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", *args], env=WIDE)

@@ -81,10 +81,15 @@ def _matches(path: str, name: str) -> bool:
 
 def _train_named(model: torch.nn.Module, names: tuple[str, ...]) -> None:
     for name in names:
-        hits = [p for path, p in model.named_parameters() if _matches(path.rsplit(".", 1)[0], name)]
+        hits = [p for path, p in model.named_parameters(remove_duplicate=False)
+                if _matches(path.rsplit(".", 1)[0], name)]
         if not hits:
             raise ConfigError("--trainable", f"names no module of the model ({name!r} matches no parameter's "
                               "module path)", ",".join(names))
+        hits = [p for p in hits if p.is_floating_point()]  # quantized weights cannot train
+        if not hits:
+            raise ConfigError("--trainable", f"{name!r} holds only quantized weights, which cannot train",
+                              ",".join(names))
         for param in hits:
             param.requires_grad_(True)
 
@@ -103,7 +108,6 @@ def apply_finetune(model: torch.nn.Module, finetune: FineTuning, *, storage_dtyp
                          compute_dtype=_DTYPES[quant])
     for param in model.parameters():
         param.requires_grad_(trainable == "all")
-    base_trainable: set[int] = set()
     if trainable not in ("all", "adapters"):
         _train_named(model, tuple(trainable.split(",")))
     base_trainable = {id(p) for p in model.parameters() if p.requires_grad}
