@@ -283,3 +283,33 @@ def test_paged_states_of_large_parameters_are_outside_the_device_total(tiny_llam
     adamw = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32").summary
     assert eight_bit.max_requested_by_category["optimizer_state"] < adamw.max_requested_by_category[
         "optimizer_state"] / 3
+
+
+# ------------------------------------------------------------------ against a real peft step on CPU
+@pytest.mark.parametrize("flags", [{"peft": "lora"}, {"peft": "dora", "lora_targets": "q_proj,v_proj,o_proj"},
+                                   {"peft": "lora", "recompute": "full"}], ids=["lora", "dora", "lora-recompute"])
+def test_cpu_trace_peak_matches_a_real_peft_step(tiny_llama: str, flags: dict[str, object]) -> None:
+    """The same LoRA step on real CPU tensors — transformers model loaded in bf16, wrapped by peft
+    directly (not through memplan's fine-tuning code) — measured by the profiler's memory timeline."""
+    import transformers
+
+    from memplan.trace.reference import profiler_peak_bytes
+    from memplan.trace.run import apply_recompute, hf_step_job, run_iterations
+    from memplan.trace.setup import trace_setup
+
+    options = trace_setup(seq=32, mbs=2, device="cpu", iterations=2, **flags)  # bf16-mixed
+    _, config = hf_config_dict(tiny_llama)
+    values = dict(config)
+    hf = transformers.AutoConfig.for_model(values.pop("model_type"), use_cache=False, **values)
+    hf._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
+    finetune = options.job.finetune
+    model = peft.get_peft_model(model, peft.LoraConfig(
+        r=finetune.lora_rank, lora_alpha=finetune.lora_alpha, target_modules=list(finetune.target_names or ()),
+        use_dora=finetune.peft == "dora")).train()
+    apply_recompute(model, options.recompute)
+    job = hf_step_job(model, options)
+    measured = profiler_peak_bytes(lambda: run_iterations(job, options.iterations))
+    traced = trace(tiny_llama, seq=32, mbs=2, device="cpu", **flags).summary
+    assert abs(traced.peak_allocated_bytes - measured) / measured < 0.02, (traced.peak_allocated_bytes, measured)
