@@ -313,3 +313,51 @@ def test_cpu_trace_peak_matches_a_real_peft_step(tiny_llama: str, flags: dict[st
     measured = profiler_peak_bytes(lambda: run_iterations(job, options.iterations))
     traced = trace(tiny_llama, seq=32, mbs=2, device="cpu", **flags).summary
     assert abs(traced.peak_allocated_bytes - measured) / measured < 0.02, (traced.peak_allocated_bytes, measured)
+
+
+def _bnb_quantized(model: torch.nn.Module, quant: str) -> None:
+    """Every decoder linear replaced by the real bitsandbytes layer, quantized on the CPU."""
+    bnb = pytest.importorskip("bitsandbytes")
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is not torch.nn.Linear or name == "lm_head":
+                continue
+            if quant == "int8":
+                layer = bnb.nn.Linear8bitLt(child.in_features, child.out_features, bias=False,
+                                            has_fp16_weights=False, threshold=0.0)
+                layer.weight = bnb.nn.Int8Params(child.weight.data.half(), requires_grad=False,
+                                                 has_fp16_weights=False)
+            else:
+                layer = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=False, quant_type=quant,
+                                          compute_dtype=torch.bfloat16, compress_statistics=False)
+                layer.weight = bnb.nn.Params4bit(child.weight.data.float(), requires_grad=False, quant_type=quant,
+                                                 compress_statistics=False)
+            setattr(module, name, layer.to("cpu"))
+
+
+@pytest.mark.parametrize("quant", ["nf4", "int8"])
+def test_cpu_trace_of_a_quantized_base_matches_real_bitsandbytes_layers(tiny_llama: str, quant: str) -> None:
+    """QLoRA with bitsandbytes' own layers quantized and run on the CPU (its CPU kernels), peft
+    LoRA around them, against the trace's stand-ins; peak within 2%, counts equal peft's."""
+    import transformers
+
+    from memplan.trace.reference import profiler_peak_bytes
+    from memplan.trace.run import hf_step_job, run_iterations
+    from memplan.trace.setup import trace_setup
+
+    flags = {"peft": "lora", "quantize_base": quant, "double_quant": False}
+    options = trace_setup(seq=32, mbs=2, device="cpu", iterations=2, **flags)
+    _, config = hf_config_dict(tiny_llama)
+    values = dict(config)
+    hf = transformers.AutoConfig.for_model(values.pop("model_type"), use_cache=False, **values)
+    hf._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
+    _bnb_quantized(model, quant)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"])).train()
+    job = hf_step_job(model, options)
+    measured = profiler_peak_bytes(lambda: run_iterations(job, options.iterations))
+    traced = trace(tiny_llama, seq=32, mbs=2, device="cpu", **flags).summary
+    trainable, total = model.get_nb_trainable_parameters()
+    assert (traced.trainable_params, traced.frozen_params) == (trainable, total - trainable)
+    assert abs(traced.peak_allocated_bytes - measured) / measured < 0.02, (traced.peak_allocated_bytes, measured)
