@@ -12,11 +12,14 @@ handed to autograd as the weight's ``.grad``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["FusedLinearCrossEntropy", "chunk_tokens", "fused_linear_cross_entropy"]
+from memplan.errors import UnsupportedError
+
+__all__ = ["FusedLinearCrossEntropy", "chunk_tokens", "decoder_call_and_loss", "fused_linear_cross_entropy"]
 
 
 def _next_pow2(n: int) -> int:
@@ -66,3 +69,23 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
     by padding (as transformers' ``ForCausalLMLoss``), so no copy of the hidden states is made."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     return FusedLinearCrossEntropy.apply(flat, weight, labels.reshape(-1))
+
+
+def decoder_call_and_loss(model: torch.nn.Module) -> tuple[Callable[..., Any], Callable[[Any, Any], torch.Tensor]]:
+    """What the step calls instead of ``model(**batch)`` (its decoder, without labels) and the loss
+    computed from the decoder's output and the batch's labels; through peft's wrapper too."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
+    head = base.get_output_embeddings() if callable(getattr(base, "get_output_embeddings", None)) else None
+    if decoder is None or head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise UnsupportedError("--loss fused-linear needs a transformers causal LM with get_decoder() and an output "
+                               "head with a weight")
+
+    def call(**batch: Any) -> Any:
+        return decoder(**{k: v for k, v in batch.items() if k != "labels"})
+
+    def loss(output: Any, batch: Any) -> torch.Tensor:
+        labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
+        return fused_linear_cross_entropy(output.last_hidden_state, head.weight, labels)
+
+    return call, loss

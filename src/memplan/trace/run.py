@@ -177,36 +177,12 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     optimizer = make_optimizer(model.parameters(), options)
     autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
     if options.job.loss in ("fused-linear", "chunked"):
-        decoder, head = _decoder_and_head(model)
-        return StepJob(model, batch, optimizer, _fused_linear_loss(head), autocast_dtype,
-                       cuda_autocast=options.device == "cuda", call=_without_labels(decoder))
+        from memplan.trace.fused_loss import decoder_call_and_loss
+
+        call, loss_fn = decoder_call_and_loss(model)
+        return StepJob(model, batch, optimizer, loss_fn, autocast_dtype, cuda_autocast=options.device == "cuda",
+                       call=call)
     return StepJob(model, batch, optimizer, hf_loss, autocast_dtype, cuda_autocast=options.device == "cuda")
-
-
-def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The transformers decoder (``get_decoder()``) and output head of ``model`` (through peft's wrapper)."""
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
-    head = base.get_output_embeddings() if callable(getattr(base, "get_output_embeddings", None)) else None
-    if decoder is None or head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
-        raise UnsupportedError("--loss fused-linear needs a transformers causal LM with get_decoder() and an output "
-                               "head with a weight (not a modules_to_save copy)")
-    return decoder, head
-
-
-def _without_labels(decoder: torch.nn.Module) -> Callable[..., Any]:
-    def call(**batch: Any) -> Any:
-        return decoder(**{k: v for k, v in batch.items() if k != "labels"})
-    return call
-
-
-def _fused_linear_loss(head: torch.nn.Module) -> LossFn:
-    from memplan.trace.fused_loss import fused_linear_cross_entropy
-
-    def loss(output: Any, batch: Any) -> torch.Tensor:
-        labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
-        return fused_linear_cross_entropy(output.last_hidden_state, head.weight, labels)
-    return loss
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
