@@ -123,3 +123,8 @@ def test_trace_plot_needs_matplotlib(trace_file: Path, tmp_path: Path, monkeypat
 def test_trace_plot_without_matplotlib_is_refused_before_the_trace(tmp_path: Path) -> None:
     done = _run_without(("matplotlib",), "trace", "llama-3.2-1b", "--seq", "32", "--plot", str(tmp_path / "t.png"))
     _assert_needs(done, "--plot (the timeline PNG)", "matplotlib", "plot")  # no "tracing ..." line first
+
+
+def test_trace_peft_needs_peft(tmp_path: Path) -> None:
+    done = _run_without(("peft",), "trace", "llama-3.2-1b", "--seq", "32", "--peft", "lora")
+    _assert_needs(done, "--peft (memplan trace)", "peft", "finetune")

@@ -60,7 +60,8 @@ def test_bad_options_name_the_flag(field: str, value: object) -> None:
 @pytest.mark.parametrize(("flags", "flag"), [
     ({"pp": 2, "gpus": 2}, "--pp"), ({"zero": 2}, "--zero"), ({"fp8": "hybrid"}, "--fp8"),
     ({"framework": "megatron"}, "--framework"), ({"gpus": 4}, "--gpus"), ({"recompute_layers": 2}, "--recompute-layers"),
-    ({"offload_activations": True}, "--offload-activations"), ({"gbs": 8}, "--gbs"), ({"loss": "chunked"}, "--loss"),
+    ({"offload_activations": True, "device": "cpu"}, "--offload-activations"), ({"gbs": 8}, "--gbs"),
+    ({"loss": "fused"}, "--loss"), ({"optimizer": "adafactor"}, "--optimizer"),
     ({"mtp_layers": 1}, "--mtp-layers"), ({"grad_dtype": "bf16"}, "--grad-dtype"),
     ({"framework": "torchtitan", "recompute": "selective"}, "--recompute"),
     ({"framework": "torchtitan", "tp": 2}, "--tp"), ({"fsdp": 8, "gpus": 16}, "--fsdp"),

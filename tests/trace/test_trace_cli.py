@@ -114,7 +114,7 @@ def test_script_with_context_receives_the_job_and_the_mesh(tmp_path: Path) -> No
     (["gpt3"], 2, "did you mean 'gpt2'"),
     (["gpt2", "--precision", "fp33"], 2, "--precision"),
     (["gpt2", "--seq", "0"], 2, "--seq"),
-    (["gpt2", "--optimizer", "adam8bit"], 2, "bitsandbytes"),
+    (["gpt2", "--loss", "vocab-parallel"], 2, "--loss: memplan trace runs the model's own loss"),
     (["gpt2", "--seq", "32", "--optimizer", "adafactor"], 2, ".item()"),
     (["gpt2", "--tp", "5"], 2, "--tp: must divide the number of attention heads"),
     ([], 2, "exactly one of MODEL or --script"),

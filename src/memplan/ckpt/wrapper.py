@@ -89,7 +89,11 @@ def auto_checkpoint(
 
 
 def _hf_checkpointing(model: nn.Module) -> bool:
-    """Whether Hugging Face's own gradient checkpointing is on (its attribute was renamed in v5)."""
+    """Whether Hugging Face's own gradient checkpointing is on (its attribute was renamed in v5);
+    a peft ``PeftModel`` is asked about the transformers model it wraps (``get_base_model()``)."""
+    base = getattr(model, "get_base_model", None)
+    if callable(base) and base() is not model:
+        return _hf_checkpointing(base())
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
         if hasattr(type(model), name) or name in vars(model):
             return bool(getattr(model, name))

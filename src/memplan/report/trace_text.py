@@ -38,6 +38,10 @@ def render_summary(model: str, summary: TraceSummary) -> Any:
         f"peak in the {summary.peak_phase} of iteration {summary.peak_iteration} at {summary.peak_op or '-'}"
         f" in {summary.peak_module or '(top level)'}",
     )
+    if summary.trainable_params is not None and summary.frozen_params is not None:
+        total_params = summary.trainable_params + summary.frozen_params
+        head.append(f"\ntrainable parameters {summary.trainable_params:,} of {total_params:,} "
+                    f"({summary.frozen_params:,} frozen)")
     categories = _table("At the peak, by category", "category", "bytes", "share")
     total = summary.peak_allocated_bytes or 1
     for name, value in summary.by_category.items():

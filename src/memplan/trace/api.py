@@ -19,7 +19,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -29,10 +29,11 @@ from memplan.job import Job
 from memplan.trace.build import BuiltModel, build_hf_model, quiet_transformers, unpacked_sequences
 from memplan.trace.distributed import simulated_ranks
 from memplan.trace.errors import translate_errors
+from memplan.trace.finetune import param_counts, require_peft
 from memplan.trace.moe import static_grouped_mm
-from memplan.trace.setup import TraceSetup, trace_setup
 from memplan.trace.recorder import AllocationRecorder
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_state, run_iterations
+from memplan.trace.setup import TraceSetup, trace_setup
 from memplan.trace.summary import TraceSummary, summarize
 from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
 
@@ -95,6 +96,7 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
               progress: Progress | None = None) -> TraceResult:
     """:func:`trace` with a ready :class:`TraceSetup`."""
     say = progress or (lambda _message: None)
+    require_peft(options.job.finetune)
     job_source = "flags"
     if callable(model):
         from memplan.trace.script import check_script_flags, takes_context
@@ -104,7 +106,8 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
     timings: dict[str, float] = {}
     started = time.perf_counter()
     mode = TracingFakeMode(allow_non_fake_inputs=True)
-    with quiet_transformers(), unpacked_sequences(), static_grouped_mm(), translate_errors(model), \
+    packed_mask = options.job.batch.packing and options.job.attention != "flash"
+    with quiet_transformers(), unpacked_sequences(not packed_mask), static_grouped_mm(), translate_errors(model), \
             simulated_ranks(options) as mesh, mode:
         say("building the model on fake tensors")
         name, job, heads = _prepare(model, options, mesh)
@@ -115,7 +118,9 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
     meta = TraceMeta(source="memplan trace", device=options.device, rank=0, world_size=options.world_size,
                      iterations=options.iterations, extra=_meta_extra(name, options))
     result_trace = Trace(events=recorder.events(drop_host=options.device == "cuda"), meta=meta)
-    summary = summarize(result_trace, top=top)
+    counts = param_counts(job.model)
+    summary = replace(summarize(result_trace, top=top), trainable_params=counts.trainable,
+                      frozen_params=counts.frozen)
     return TraceResult(result_trace, summary, options, name, timings, job_source)
 
 
@@ -132,7 +137,7 @@ def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> 
         built: BuiltModel = build_hf_model(model, options)
         if options.moe_routing == "balanced":
             static_routing(built.model)
-        apply_recompute(built.model, options.recompute,
+        apply_recompute(built.model, options.recompute, reentrant=options.job.recompute.reentrant,
                         cuda_autocast=options.device == "cuda" and options.mixed and options.fsdp == 1)
         parallelize(built.model, options, mesh)
         job = hf_step_job(built.model, options, autocast=mesh is None or options.fsdp == 1)
@@ -149,7 +154,8 @@ def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,
         mode.recorder = recorder
         try:
             with track_resize(recorder):
-                run_iterations(job, options.iterations, recorder, host_step=host_step)
+                run_iterations(job, options.iterations, recorder, host_step=host_step,
+                               offload_activations=options.job.offload.activations)
         finally:
             mode.recorder = None
     return recorder

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from memplan.errors import ModelConfigError, UnsupportedError
+from memplan.errors import MemplanError, ModelConfigError, UnsupportedError
+from memplan.trace.finetune import apply_finetune, frozen_dtype, materialize_fake, needs_finetune
 from memplan.trace.setup import TraceSetup
 
 __all__ = [
@@ -116,7 +117,7 @@ def quiet_transformers() -> Iterator[None]:
 
 
 @contextmanager
-def unpacked_sequences() -> Iterator[None]:
+def unpacked_sequences(enabled: bool = True) -> Iterator[None]:
     """Let transformers decide about sequence packing as it does on real tensors for our batches.
 
     ``transformers.masking_utils.find_packed_sequence_indices`` cannot read fake position ids, so
@@ -124,8 +125,12 @@ def unpacked_sequences() -> Iterator[None]:
     mask (and repeats GQA keys/values for SDPA). The traced batches are never packed (one
     sequence per row, position ids ``0..seq-1``), for which a real run finds "not packed" and
     uses SDPA's ``is_causal`` path: this context returns that answer after computing the same
-    temporaries.
+    temporaries. ``enabled=False`` (a packed batch under SDPA or eager attention) leaves
+    transformers' packed path: the 4-D mask built from the restarted position ids.
     """
+    if not enabled:
+        yield
+        return
     try:
         from transformers import masking_utils
     except ImportError:
@@ -154,16 +159,23 @@ def _first_line(exc: BaseException) -> str:
 def build_hf_model(model: str, options: TraceSetup) -> BuiltModel:
     """Build ``model`` (preset or config path) with ``transformers``; call inside a fake mode.
 
-    Weights are in the precision's storage dtype (fp32 for ``*-mixed``). Raises
+    Weights are in the precision's storage dtype (fp32 for ``*-mixed``); a fine-tuning job's frozen
+    base is in its frozen dtype and wrapped as :mod:`memplan.trace.finetune` says. Raises
     :class:`ModelConfigError` when transformers cannot build the config.
     """
     import transformers
 
     name, config = hf_config_dict(model)
     dtype = torch.float32 if options.mixed else TORCH_DTYPES[options.compute_dtype]
+    finetune = options.job.finetune
     try:
         hf_config = _hf_config(config, options)
-        net = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+        if needs_finetune(finetune):
+            net = _fine_tuned(hf_config, options, storage_dtype=dtype)
+        else:
+            net = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    except MemplanError:
+        raise
     except (ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
         raise ModelConfigError("model", f"transformers cannot build a causal LM from this config "
                                f"({_first_line(exc)})", name) from None
@@ -173,14 +185,27 @@ def build_hf_model(model: str, options: TraceSetup) -> BuiltModel:
     return BuiltModel(net, name, config, _head_modules(net))
 
 
+def _fine_tuned(hf_config: Any, options: TraceSetup, *, storage_dtype: torch.dtype) -> torch.nn.Module:
+    """The base in the frozen dtype, quantized and wrapped on ``meta``, then made of fake tensors."""
+    import transformers
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    finetune = options.job.finetune
+    with unset_fake_temporarily(), torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(
+            hf_config, dtype=frozen_dtype(finetune, options.compute_dtype))
+        net = apply_finetune(net, finetune, storage_dtype=storage_dtype, compute_dtype=options.compute_dtype)
+    materialize_fake(net)
+    return net
+
+
 def _head_modules(net: torch.nn.Module) -> frozenset[str]:
-    heads = {""}
+    """The output head's path and the model computing the loss: the root, or the transformers model
+    inside a peft wrapper (``base_model.model``)."""
     get = getattr(net, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    if head is not None:
-        for path, module in net.named_modules():
-            if module is head:
-                heads.add(path)
+    base = getattr(net, "get_base_model", None)
+    wanted = [m for m in (get() if callable(get) else None, base() if callable(base) else None) if m is not None]
+    heads = {""} | {path for path, module in net.named_modules() if any(module is m for m in wanted)}
     return frozenset(heads)
 
 

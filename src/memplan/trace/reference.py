@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from memplan.trace.build import build_hf_model
-from memplan.trace.setup import TraceSetup
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, run_iterations
+from memplan.trace.setup import TraceSetup
 
 __all__ = ["measure_hf_reference", "profiler_peak_bytes", "real_hf_step"]
 

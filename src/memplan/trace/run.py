@@ -16,9 +16,10 @@ import torch
 
 from memplan.categories import MemoryCategory
 from memplan.errors import UnsupportedError
+from memplan.trace.bnb_optim import BNB_OPTIMIZERS, BitsAndBytesStandIn
 from memplan.trace.build import TORCH_DTYPES
-from memplan.trace.setup import TraceSetup
 from memplan.trace.recorder import HOST, AllocationRecorder
+from memplan.trace.setup import TraceSetup
 
 __all__ = [
     "StepJob",
@@ -51,6 +52,8 @@ class StepJob:
     autocast_dtype: torch.dtype | None = None
     #: Apply CUDA's autocast fp32 policies on top of CPU autocast (a ``--device cuda`` trace).
     cuda_autocast: bool = False
+    #: What the forward calls instead of ``model`` (``--loss fused-linear``: the decoder alone).
+    call: Callable[..., Any] | None = None
 
 
 def hf_loss(output: Any, batch: Any) -> torch.Tensor:
@@ -58,20 +61,47 @@ def hf_loss(output: Any, batch: Any) -> torch.Tensor:
     return output.loss
 
 
+#: ``--packing``: documents per row of a packed batch (equal lengths; the memory does not depend on it).
+PACKED_DOCUMENTS = 4
+
+
 def make_batch(vocab_size: int, options: TraceSetup) -> dict[str, torch.Tensor]:
-    """Token ids and labels (int64, mbs x seq), as a data collator for causal LM makes them."""
+    """Token ids and labels (int64, mbs x seq), as a data collator for causal LM makes them.
+
+    ``--packing``: also ``position_ids`` restarting at every document (``PACKED_DOCUMENTS`` per row),
+    as TRL's ``DataCollatorWithFlattening`` gives them."""
     input_ids = torch.randint(0, vocab_size, (options.mbs, options.seq), dtype=torch.long)
-    return {"input_ids": input_ids, "labels": input_ids.clone()}
+    batch = {"input_ids": input_ids, "labels": input_ids.clone()}
+    if options.job.batch.packing:
+        document = max(1, -(-options.seq // PACKED_DOCUMENTS))
+        batch["position_ids"] = (torch.arange(options.seq, dtype=torch.long) % document).expand(options.mbs, -1)
+    return batch
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], options: TraceSetup) -> torch.optim.Optimizer:
-    """The optimizer of ``options`` with the implementation PyTorch picks on ``options.device``."""
+    """The optimizer of ``options`` over the parameters that train (``requires_grad``, as the Hugging
+    Face Trainer selects them) with the implementation PyTorch picks on ``options.device``.
+
+    ``--optimizer-in-backward``: one optimizer per parameter stepped by a post-accumulate-grad hook
+    (:class:`~memplan.trace.in_backward.InBackwardOptimizer`)."""
+    trained = [p for p in params if p.requires_grad]
+    if options.job.optimizer.in_backward:
+        from memplan.trace.in_backward import InBackwardOptimizer
+
+        return InBackwardOptimizer(trained, lambda one: _optimizer([one], options))
+    return _optimizer(trained, options)
+
+
+def _optimizer(params: list[torch.nn.Parameter], options: TraceSetup) -> torch.optim.Optimizer:
     impl = options.resolved_optimizer_impl
     kwargs: dict[str, Any] = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
     groups = _groups_by_tensor_type(params)
     if options.optimizer in ("adamw", "adam"):
         cls = torch.optim.AdamW if options.optimizer == "adamw" else torch.optim.Adam
         return cls(groups, lr=_LEARNING_RATE, **kwargs)
+    if options.optimizer in BNB_OPTIMIZERS:
+        return BitsAndBytesStandIn(params, options.optimizer, paged_on_device=options.device == "cuda",
+                                   lr=_LEARNING_RATE)
     if options.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=_LEARNING_RATE, momentum=options.momentum, **kwargs)
     raise UnsupportedError("--optimizer adafactor: PyTorch's Adafactor reads its step counter with .item(), "
@@ -87,18 +117,22 @@ def _groups_by_tensor_type(params: Iterable[torch.nn.Parameter]) -> list[dict[st
     return [{"params": group} for group in groups.values()]
 
 
-def apply_recompute(model: torch.nn.Module, mode: str, *, cuda_autocast: bool = False) -> None:
+def apply_recompute(model: torch.nn.Module, mode: str, *, cuda_autocast: bool = False,
+                    reentrant: bool = False) -> None:
     """``full``: checkpoint every decoder layer; ``selective``: checkpoint every attention module.
 
-    ``cuda_autocast``: the forward runs under CUDA's fp32 autocast policies (a ``--device cuda`` trace
+    ``full`` is what the Hugging Face Trainer does for ``gradient_checkpointing=True``:
+    ``model.activation_checkpointing_enable({"use_reentrant": reentrant})``, which also makes the
+    embedding output require grad (``enable_input_require_grads``) — on a peft model too, so frozen
+    layers still pass gradients to the adapters. ``cuda_autocast``: the forward runs under CUDA's fp32 autocast policies (a ``--device cuda`` trace
     of ``*-mixed``); the recompute in the backward gets them too (checkpoint's ``context_fn``), or
     its dtypes would differ from the forward's and checkpoint would refuse them.
     """
     if mode == "none":
         return
     if mode == "full":
-        kwargs: dict[str, Any] = {"use_reentrant": False}
-        if cuda_autocast:
+        kwargs: dict[str, Any] = {"use_reentrant": reentrant}
+        if cuda_autocast and not reentrant:
             kwargs["context_fn"] = _recompute_with_cuda_policies
         if callable(getattr(model, "activation_checkpointing_enable", None)):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
@@ -127,7 +161,7 @@ def _checkpoint_forward(module: torch.nn.Module, cuda_autocast: bool = False) ->
     extra: dict[str, Any] = {"context_fn": _recompute_with_cuda_policies} if cuda_autocast else {}
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)  # selective: never reentrant
 
     module.forward = checkpointed  # type: ignore[method-assign]
 
@@ -142,6 +176,12 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     batch = make_batch(vocab, options)
     optimizer = make_optimizer(model.parameters(), options)
     autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
+    if options.job.loss in ("fused-linear", "chunked"):
+        from memplan.trace.fused_loss import decoder_call_and_loss
+
+        call, loss_fn = decoder_call_and_loss(model)
+        return StepJob(model, batch, optimizer, loss_fn, autocast_dtype, cuda_autocast=options.device == "cuda",
+                       call=call)
     return StepJob(model, batch, optimizer, hf_loss, autocast_dtype, cuda_autocast=options.device == "cuda")
 
 
@@ -182,7 +222,9 @@ def _forward(job: StepJob) -> torch.Tensor:
         policy = CudaAutocastFp32()
     with ctx, policy:
         batch = job.batch
-        if isinstance(batch, dict):
+        if job.call is not None:
+            output = job.call(**batch)
+        elif isinstance(batch, dict):
             output = job.model(**batch)
         elif isinstance(batch, (tuple, list)):
             output = job.model(*batch)
@@ -192,16 +234,22 @@ def _forward(job: StepJob) -> torch.Tensor:
 
 
 def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder | None = None,
-                   *, host_step: bool = False) -> None:
+                   *, host_step: bool = False, offload_activations: bool = False) -> None:
     """Run ``iterations`` training iterations of ``job``; tell ``recorder`` phases and roles.
 
     ``host_step``: optimizer ``step`` counters live in host memory (a GPU run of a non-fused,
     non-capturable optimizer), so they are marked to be left out of a CUDA trace.
+    ``offload_activations``: the forward runs under :func:`memplan.trace.offload.save_on_host`.
     """
     params = [p for group in job.optimizer.param_groups for p in group["params"]]
+    observe = getattr(job.optimizer, "observe", None)
+    if recorder is not None and callable(observe):  # --optimizer-in-backward: marked as each step runs
+        observe(lambda param: _mark_gradients(recorder, [param]),
+                lambda one: _mark_optimizer_state(recorder, one, host_step))
     for iteration in range(iterations):
         _set(recorder, "forward", iteration)
-        loss = _forward(job)
+        with _saved_tensors(recorder, offload_activations):
+            loss = _forward(job)
         _set(recorder, "backward", iteration)
         if recorder is not None:
             recorder.start_backward()
@@ -215,6 +263,14 @@ def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder |
             _mark_optimizer_state(recorder, job.optimizer, host_step)
         job.optimizer.zero_grad(set_to_none=True)
     _set(recorder, "other", iterations - 1)
+
+
+def _saved_tensors(recorder: AllocationRecorder | None, offload: bool) -> Any:
+    if not offload:
+        return contextlib.nullcontext()
+    from memplan.trace.offload import save_on_host
+
+    return save_on_host(recorder)
 
 
 def _set(recorder: AllocationRecorder | None, phase: str, iteration: int) -> None:
@@ -231,8 +287,9 @@ def _mark_gradients(recorder: AllocationRecorder, params: list[torch.Tensor]) ->
 
 def _mark_optimizer_state(recorder: AllocationRecorder, optimizer: torch.optim.Optimizer, host_step: bool) -> None:
     state_role = MemoryCategory.OPTIMIZER_STATE.value
+    outside = getattr(optimizer, "outside_allocator", frozenset())  # bitsandbytes' paged states
     for state in optimizer.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
-                on_host = host_step and key == "step" and value.dim() == 0
+                on_host = (host_step and key == "step" and value.dim() == 0) or id(value) in outside
                 recorder.mark(local_tensor(value).untyped_storage(), HOST if on_host else state_role)

@@ -41,17 +41,20 @@ DEFAULT_TRACE_FRAMEWORK = "hf"
 _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("parallel", "world_size"), ("parallel", "tp"), ("parallel", "dp"),
     ("sharding", "fsdp"),
-    ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"),
+    ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"), ("batch", "packing"),
     ("precision", "name"),
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
-    ("recompute", "mode"),
+    ("optimizer", "in_backward"), ("offload", "activations"),
+    ("recompute", "mode"), ("recompute", "reentrant"),
+    ("finetune", "peft"), ("finetune", "lora_rank"), ("finetune", "lora_alpha"), ("finetune", "lora_dropout"),
+    ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
+    ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"),
+    ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
     (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"),
 })
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
 #: Optimizers whose step cannot run on fake tensors, and why.
 _UNTRACEABLE_OPTIMIZERS = {
-    "adam8bit": "adam8bit needs bitsandbytes and a GPU; memplan trace runs adamw, adam and sgd "
-                "(memplan estimate prices adam8bit)",
     "adafactor": "PyTorch's Adafactor reads its step counter with .item(), which fake tensors cannot answer; "
                  "memplan trace runs adamw, adam and sgd (memplan estimate prices adafactor)",
 }
@@ -129,9 +132,26 @@ def _check_ranks(job: Job) -> None:
                           job.batch.global_batch_size)
     if job.optimizer.name in _UNTRACEABLE_OPTIMIZERS:
         raise ConfigError("--optimizer", _UNTRACEABLE_OPTIMIZERS[job.optimizer.name], job.optimizer.name)
-    if job.loss not in ("auto", "fp32-logits"):
-        raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits); other loss paths are "
-                          "estimated only", job.loss)
+    _check_finetune(job)
+    if job.loss not in ("auto", "fp32-logits", "fused-linear", "chunked"):
+        raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits) or a fused linear "
+                          "cross-entropy (fused-linear, chunked); other loss paths are estimated only", job.loss)
+    if job.loss in ("fused-linear", "chunked") and job.parallel.world_size > 1:
+        raise ConfigError("--loss", "the fused linear cross-entropy is traced on one rank only", job.loss)
+
+
+def _check_finetune(job: Job) -> None:
+    if job.finetune.quantize_base != "none" and job.finetune.peft == "dora":
+        raise ConfigError("--peft", "dora on a quantized base needs bitsandbytes' dequantization of the weight "
+                          "norm, which the tracer's stand-in does not run; trace --peft lora", "dora")
+    if (job.finetune.peft != "none" or job.finetune.has_frozen) and job.parallel.world_size > 1:
+        raise ConfigError("--gpus", "memplan trace runs fine-tuning (--peft, --trainable) on one rank; "
+                          "estimate sharded fine-tuning with memplan estimate", job.parallel.world_size)
+    for flag, on in (("--optimizer-in-backward", job.optimizer.in_backward),
+                     ("--offload-activations", job.offload.activations)):
+        if on and job.parallel.world_size > 1:
+            raise ConfigError(flag, "is traced on one rank only (no FSDP or TP); estimate it with memplan estimate",
+                              job.parallel.world_size)
 
 
 @dataclass(frozen=True)
@@ -146,6 +166,9 @@ class TraceSetup:
 
     def __post_init__(self) -> None:
         check_traceable(self.job)
+        if self.job.offload.activations and self.run.device == "cpu":
+            raise ConfigError("--offload-activations", "moves saved tensors from the GPU to host memory; trace it "
+                              "with --device cuda (a cpu trace has no device memory to free)", True)
 
     @property
     def seq(self) -> int:

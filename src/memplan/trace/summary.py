@@ -46,6 +46,10 @@ class TraceSummary:
     #: Number of events in the trace.
     events: int
     iterations: int
+    #: Parameter elements with and without ``requires_grad`` in the traced model (None: not known,
+    #: e.g. a summary of a trace file); a quantized weight counts unpacked, as peft counts it.
+    trainable_params: int | None = None
+    frozen_params: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,6 +67,8 @@ class TraceSummary:
             "max_requested_by_category": dict(self.max_requested_by_category),
             "events": self.events,
             "iterations": self.iterations,
+            **({"trainable_params": self.trainable_params, "frozen_params": self.frozen_params}
+               if self.trainable_params is not None else {}),
             **self.extra,
         }
 

@@ -1,0 +1,363 @@
+"""Fine-tuning in the tracer: real peft LoRA/DoRA on fake tensors, frozen bases, --trainable,
+--optimizer-in-backward, parameter counts against peft's own, and the refusals (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from memplan.cli import app
+from memplan.trace import trace
+from memplan.trace.build import hf_config_dict
+
+peft = pytest.importorskip("peft")
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "300", "NO_COLOR": "1"}
+SEQ = 32
+
+
+def _peft_reference(config_path: str, **lora: object) -> tuple[int, int]:
+    """(trainable, all) of the same model wrapped by peft on the meta device, as peft counts them."""
+    import transformers
+
+    _, config = hf_config_dict(config_path)
+    values = dict(config)
+    hf = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
+        wrapped = peft.get_peft_model(net, peft.LoraConfig(**lora))  # type: ignore[arg-type]
+    return wrapped.get_nb_trainable_parameters()
+
+
+def _adapter_bytes(trainable_params: int) -> int:
+    return 4 * trainable_params  # peft keeps adapters in fp32 (autocast_adapter_dtype)
+
+
+@pytest.mark.parametrize(("flags", "lora"), [
+    ({"peft": "lora"}, {"r": 8, "target_modules": ["q_proj", "v_proj"]}),
+    ({"peft": "lora", "lora_rank": 4, "lora_targets": "all-linear", "lora_rank_pattern": "down_proj=16"},
+     {"r": 4, "target_modules": "all-linear", "rank_pattern": {"down_proj": 16}}),
+    ({"peft": "dora", "lora_targets": "q_proj,k_proj,v_proj,o_proj"},
+     {"r": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "use_dora": True}),
+], ids=["lora", "lora-all-linear-pattern", "dora"])
+def test_adapters_alone_train_and_counts_equal_peft(tiny_llama: str, flags: dict[str, object],
+                                                    lora: dict[str, object]) -> None:
+    result = trace(tiny_llama, seq=SEQ, mbs=1, **flags)
+    trainable, total = _peft_reference(tiny_llama, **lora)
+    summary = result.summary
+    assert (summary.trainable_params, summary.frozen_params) == (trainable, total - trainable)
+    # only adapters have gradients (frozen weights never get one) and optimizer states (AdamW: two
+    # moments, plus a 4-byte step counter per adapter tensor)
+    assert summary.max_requested_by_category["gradient"] == _adapter_bytes(trainable)
+    states = summary.max_requested_by_category["optimizer_state"]
+    assert 2 * _adapter_bytes(trainable) <= states <= 2 * _adapter_bytes(trainable) + 4 * 64
+    data = result.to_dict()
+    assert data["trainable_params"] == trainable and data["frozen_params"] == total - trainable
+
+
+def test_the_frozen_base_is_in_the_frozen_dtype(tiny_llama: str) -> None:
+    bf16 = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    fp32 = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", frozen_dtype="fp32").summary
+    frozen = bf16.frozen_params or 0
+    adapters = _adapter_bytes(bf16.trainable_params or 0)
+    assert bf16.max_requested_by_category["parameter"] == 2 * frozen + adapters
+    assert fp32.max_requested_by_category["parameter"] == 4 * frozen + adapters
+
+
+def test_trainable_modules_without_peft(tiny_llama: str) -> None:
+    summary = trace(tiny_llama, seq=SEQ, mbs=1, trainable="layers.1,norm").summary
+    layer = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384 + 2 * 128  # q,o + k,v (GQA: half) + MLP + two norms
+    assert summary.trainable_params == layer + 128
+    # trained in fp32 under bf16-mixed (as full training), the rest frozen in bf16
+    assert summary.max_requested_by_category["gradient"] == 4 * summary.trainable_params
+    assert summary.max_requested_by_category["parameter"] == 4 * summary.trainable_params + 2 * summary.frozen_params
+
+
+def test_modules_to_save_train_a_copy_beside_the_frozen_original(tiny_llama: str) -> None:
+    plain = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    saved = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", modules_to_save="lm_head").summary
+    head = 128 * 1024
+    assert saved.trainable_params == (plain.trainable_params or 0) + head
+    assert saved.frozen_params == plain.frozen_params
+    assert saved.max_requested_by_category["gradient"] == plain.max_requested_by_category["gradient"] + 4 * head
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_lora_under_full_recompute_keeps_fewer_activations(tiny_llama: str, reentrant: bool) -> None:
+    kept = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    recomputed = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", recompute="full",
+                       checkpoint_reentrant=reentrant).summary
+    assert recomputed.max_requested_by_category["gradient"] == kept.max_requested_by_category["gradient"]
+    assert recomputed.max_requested_by_category["activation"] < kept.max_requested_by_category["activation"]
+
+
+def test_optimizer_in_backward_keeps_one_gradient_at_a_time(tiny_llama: str) -> None:
+    normal = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32").summary
+    in_backward = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32", optimizer_in_backward=True).summary
+    largest = 4 * 1024 * 128  # the embedding's (or head's) gradient
+    assert in_backward.max_requested_by_category["gradient"] == largest
+    assert normal.max_requested_by_category["gradient"] == 4 * (normal.trainable_params or 0)
+    assert in_backward.max_requested_by_category["optimizer_state"] == \
+        normal.max_requested_by_category["optimizer_state"]
+    assert in_backward.peak_allocated_bytes < normal.peak_allocated_bytes
+
+
+def test_packing_keeps_a_mask_under_sdpa_but_not_under_flash(tiny_llama: str) -> None:
+    seq, mbs = 64, 2
+    plain = trace(tiny_llama, seq=seq, mbs=mbs, attention="sdpa").summary
+    flash = trace(tiny_llama, seq=seq, mbs=mbs, packing=True).summary
+    sdpa = trace(tiny_llama, seq=seq, mbs=mbs, attention="sdpa", packing=True).summary
+    mask = mbs * seq * seq  # one bool per (query, key) of each row: transformers' packed-sequence mask
+    act = {name: s.max_requested_by_category["activation"] for name, s in (("plain", plain), ("flash", flash),
+                                                                          ("sdpa", sdpa))}
+    assert act["sdpa"] - act["flash"] >= mask
+    # flash: only RoPE's cos/sin tables become per row (fp32, head_dim 32) with per-row position ids
+    assert act["flash"] - act["plain"] == 2 * (mbs - 1) * seq * 32 * 4
+
+
+def test_offloaded_activations_leave_the_device_and_come_back_in_the_backward(tiny_llama: str) -> None:
+    kept = trace(tiny_llama, seq=SEQ, mbs=2, peft="lora").summary
+    offloaded = trace(tiny_llama, seq=SEQ, mbs=2, peft="lora", offload_activations=True)
+    summary = offloaded.summary
+    assert kept.max_requested_by_category["activation"] > 100_000
+    assert summary.max_requested_by_category["activation"] < 1024  # the host copies are not device memory
+    assert summary.max_requested_by_category["temporary"] > kept.max_requested_by_category["temporary"]
+    assert summary.peak_allocated_bytes < kept.peak_allocated_bytes
+    assert summary.max_requested_by_category["gradient"] == kept.max_requested_by_category["gradient"]
+
+
+@pytest.mark.parametrize("loss", ["fused-linear", "chunked"])
+def test_fused_linear_cross_entropy_never_holds_the_whole_logits(tiny_llama: str, loss: str) -> None:
+    from memplan.trace.fused_loss import chunk_tokens
+
+    seq, mbs, vocab, hidden = 256, 2, 1024, 128
+    whole = trace(tiny_llama, seq=seq, mbs=mbs, peft="lora").summary
+    fused = trace(tiny_llama, seq=seq, mbs=mbs, peft="lora", loss=loss).summary
+    tokens = seq * mbs
+    assert chunk_tokens(tokens, vocab, hidden) == tokens // 8
+    assert whole.max_requested_by_category["logits"] >= 4 * tokens * vocab  # fp32 logits, whole
+    # one chunk of logits at a time, plus the input-gradient buffer (fp32 hidden states under bf16-mixed)
+    assert fused.max_requested_by_category["logits"] <= 4 * tokens * hidden + 64
+    assert fused.max_requested_by_category["temporary"] < 4 * tokens * vocab
+    assert fused.max_requested_by_category["gradient"] == whole.max_requested_by_category["gradient"]
+    assert fused.peak_allocated_bytes < whole.peak_allocated_bytes
+
+
+def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
+    result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora", "--json"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["trainable_params"] > 0 and data["frozen_params"] > data["trainable_params"]
+    text = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora"], env=WIDE)
+    assert "trainable parameters" in text.output
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--offload-activations", "--device", "cpu"], "--offload-activations: moves saved tensors from the GPU"),
+    (["--offload-activations", "--gpus", "2", "--fsdp", "2"], "--offload-activations: is traced on one rank"),
+    (["--loss", "fused"], "--loss: memplan trace runs the model's own loss"),
+    (["--loss", "fused-linear", "--gpus", "2", "--fsdp", "2"], "--loss: the fused linear cross-entropy is traced"),
+    (["--peft", "lora", "--gpus", "2", "--fsdp", "2"], "--gpus: memplan trace runs fine-tuning"),
+    (["--peft", "lora", "--lora-targets", "nothing_here"], "--lora-targets: peft cannot wrap this model"),
+    (["--trainable", "no_such_module"], "--trainable: names no module of the model"),
+    (["--peft", "lora", "--quantize-base", "nf4", "--trainable", "q_proj"],
+     "--trainable: 'q_proj' holds only quantized weights"),
+])
+def test_untraced_fine_tuning_tools_are_refused_in_one_line(tiny_llama: str, args: list[str], words: str) -> None:
+    result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", *args], env=WIDE)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.strip().splitlines() if not line.startswith("memplan trace:")]
+    assert len(lines) == 1 and words in lines[0], result.output
+    assert "Traceback" not in result.output
+
+
+# ------------------------------------------------------------------------------ QLoRA stand-ins
+@pytest.mark.parametrize("double_quant", [False, True], ids=["single", "double-quant"])
+@pytest.mark.parametrize("shape", [(96, 200), (128, 128), (384, 128), (1000, 72)])
+def test_the_4bit_stand_in_holds_exactly_what_bitsandbytes_stores(shape: tuple[int, int],
+                                                                   double_quant: bool) -> None:
+    functional = pytest.importorskip("bitsandbytes.functional")
+    from memplan.trace.quantized import Linear4bitStandIn
+
+    out_features, in_features = shape
+    weight = torch.randn(out_features, in_features, dtype=torch.bfloat16)
+    packed, state = functional.quantize_4bit(weight, blocksize=64, quant_type="nf4", compress_statistics=double_quant)
+    tensors = [packed, state.absmax, state.code]
+    if double_quant:
+        tensors += [state.state2.absmax, state.state2.code, state.offset]
+    stand_in = Linear4bitStandIn(torch.nn.Linear(in_features, out_features, bias=False), double_quant=double_quant,
+                                 compute_dtype=torch.bfloat16)
+    assert stand_in.storage_bytes() == sum(t.nbytes for t in tensors)
+    assert stand_in.weight.shape == packed.shape and stand_in.weight.dtype == packed.dtype
+    assert stand_in.absmax.dtype == state.absmax.dtype
+
+
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+def test_qlora_trace_runs_with_peft_lora_around_the_stand_ins(tiny_llama: str, quant: str) -> None:
+    from memplan.trace.quantized import BLOCKSIZE
+
+    plain = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    qlora = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", quantize_base=quant, double_quant=False).summary
+    trainable, total = _peft_reference(tiny_llama, r=8, target_modules=["q_proj", "v_proj"])
+    assert (qlora.trainable_params, qlora.frozen_params) == (trainable, total - trainable)
+    assert qlora.max_requested_by_category["gradient"] == plain.max_requested_by_category["gradient"]
+    # decoder linears: half a byte per weight plus an fp32 absmax per 64 weights (in the buffers)
+    linear = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384)
+    unquantized = 2 * (total - trainable - linear)  # embeddings, norms, head stay bf16
+    assert qlora.max_requested_by_category["parameter"] == linear // 2 + unquantized + _adapter_bytes(trainable)
+    assert qlora.max_requested_by_category["buffer"] >= 4 * linear // BLOCKSIZE
+    assert qlora.peak_allocated_bytes < plain.peak_allocated_bytes
+
+
+@pytest.mark.parametrize("shape", [(96, 200), (128, 384), (1000, 72)])
+def test_the_int8_stand_in_holds_exactly_what_linear8bitlt_stores(shape: tuple[int, int]) -> None:
+    bnb = pytest.importorskip("bitsandbytes")
+    from memplan.trace.quantized import Linear8bitStandIn
+
+    out_features, in_features = shape
+    real = bnb.nn.Linear8bitLt(in_features, out_features, bias=False, has_fp16_weights=False).to("cpu")
+    stand_in = Linear8bitStandIn(torch.nn.Linear(in_features, out_features, bias=False))
+    assert stand_in.storage_bytes() == real.weight.nbytes + real.weight.SCB.nbytes
+    assert stand_in.weight.dtype == real.weight.dtype and stand_in.weight.shape == real.weight.shape
+
+
+def test_int8_base_trace_runs(tiny_llama: str) -> None:
+    plain = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
+    int8 = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", quantize_base="int8").summary
+    assert (int8.trainable_params, int8.frozen_params) == (plain.trainable_params, plain.frozen_params)
+    linear = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384)
+    # one byte per quantized weight instead of two (bf16)
+    assert int8.max_requested_by_category["parameter"] == plain.max_requested_by_category["parameter"] - linear
+    assert int8.max_requested_by_category["gradient"] == plain.max_requested_by_category["gradient"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--peft", "dora", "--quantize-base", "nf4"], "--peft: dora on a quantized base"),
+])
+def test_quantized_bases_the_stand_in_does_not_cover_are_refused(tiny_llama: str, args: list[str],
+                                                                 words: str) -> None:
+    result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", *args], env=WIDE)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+
+
+# ------------------------------------------------------------------- bitsandbytes optimizer stand-ins
+_BNB_CLASSES = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit", "paged-adamw8bit": "PagedAdamW8bit",
+                "paged-adamw": "PagedAdamW", "lion": "Lion", "lion8bit": "Lion8bit", "paged-lion8bit": "PagedLion8bit"}
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    storages = {id(v.untyped_storage()): v.untyped_storage().nbytes() for state in optimizer.state.values()
+                for v in state.values() if isinstance(v, torch.Tensor)}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", sorted(_BNB_CLASSES))
+def test_bitsandbytes_optimizer_stand_ins_allocate_what_bitsandbytes_allocates(name: str) -> None:
+    bnb = pytest.importorskip("bitsandbytes")
+    from memplan.trace.bnb_optim import BitsAndBytesStandIn
+
+    def stepped(make: object) -> torch.optim.Optimizer:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.Linear(200, 10))  # 8-bit and 32-bit states
+        optimizer = make(model.parameters())  # type: ignore[operator]
+        model(torch.randn(4, 300)).sum().backward()
+        optimizer.step()
+        return optimizer
+
+    real = stepped(lambda params: getattr(bnb.optim, _BNB_CLASSES[name])(params, lr=1e-3))
+    stand_in = stepped(lambda params: BitsAndBytesStandIn(params, name, paged_on_device=False))
+    assert _state_bytes(stand_in) == _state_bytes(real)
+
+
+def test_paged_states_of_large_parameters_are_outside_the_device_total(tiny_llama: str) -> None:
+    eight_bit = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32", optimizer="adamw8bit").summary
+    paged = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32", optimizer="paged-adamw8bit").summary
+    large = 2 * 2 * 1024 * 128  # uint8 moments of the embedding and the head (>= 1e5 elements each)
+    assert eight_bit.max_requested_by_category["optimizer_state"] - paged.max_requested_by_category[
+        "optimizer_state"] == large
+    adamw = trace(tiny_llama, seq=SEQ, mbs=1, precision="fp32").summary
+    assert eight_bit.max_requested_by_category["optimizer_state"] < adamw.max_requested_by_category[
+        "optimizer_state"] / 3
+
+
+# ------------------------------------------------------------------ against a real peft step on CPU
+@pytest.mark.parametrize("flags", [{"peft": "lora"}, {"peft": "dora", "lora_targets": "q_proj,v_proj,o_proj"},
+                                   {"peft": "lora", "recompute": "full"}], ids=["lora", "dora", "lora-recompute"])
+def test_cpu_trace_peak_matches_a_real_peft_step(tiny_llama: str, flags: dict[str, object]) -> None:
+    """The same LoRA step on real CPU tensors — transformers model loaded in bf16, wrapped by peft
+    directly (not through memplan's fine-tuning code) — measured by the profiler's memory timeline."""
+    import transformers
+
+    from memplan.trace.reference import profiler_peak_bytes
+    from memplan.trace.run import apply_recompute, hf_step_job, run_iterations
+    from memplan.trace.setup import trace_setup
+
+    options = trace_setup(seq=32, mbs=2, device="cpu", iterations=2, **flags)  # bf16-mixed
+    _, config = hf_config_dict(tiny_llama)
+    values = dict(config)
+    hf = transformers.AutoConfig.for_model(values.pop("model_type"), use_cache=False, **values)
+    hf._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
+    finetune = options.job.finetune
+    model = peft.get_peft_model(model, peft.LoraConfig(
+        r=finetune.lora_rank, lora_alpha=finetune.lora_alpha, target_modules=list(finetune.target_names or ()),
+        use_dora=finetune.peft == "dora")).train()
+    apply_recompute(model, options.recompute)
+    job = hf_step_job(model, options)
+    measured = profiler_peak_bytes(lambda: run_iterations(job, options.iterations))
+    traced = trace(tiny_llama, seq=32, mbs=2, device="cpu", **flags).summary
+    assert abs(traced.peak_allocated_bytes - measured) / measured < 0.02, (traced.peak_allocated_bytes, measured)
+
+
+def _bnb_quantized(model: torch.nn.Module, quant: str) -> None:
+    """Every decoder linear replaced by the real bitsandbytes layer, quantized on the CPU."""
+    bnb = pytest.importorskip("bitsandbytes")
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is not torch.nn.Linear or name == "lm_head":
+                continue
+            if quant == "int8":
+                layer = bnb.nn.Linear8bitLt(child.in_features, child.out_features, bias=False,
+                                            has_fp16_weights=False, threshold=0.0)
+                layer.weight = bnb.nn.Int8Params(child.weight.data.half(), requires_grad=False,
+                                                 has_fp16_weights=False)
+            else:
+                layer = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=False, quant_type=quant,
+                                          compute_dtype=torch.bfloat16, compress_statistics=False)
+                layer.weight = bnb.nn.Params4bit(child.weight.data.float(), requires_grad=False, quant_type=quant,
+                                                 compress_statistics=False)
+            setattr(module, name, layer.to("cpu"))
+
+
+@pytest.mark.parametrize("quant", ["nf4", "int8"])
+def test_cpu_trace_of_a_quantized_base_matches_real_bitsandbytes_layers(tiny_llama: str, quant: str) -> None:
+    """QLoRA with bitsandbytes' own layers quantized and run on the CPU (its CPU kernels), peft
+    LoRA around them, against the trace's stand-ins; peak within 2%, counts equal peft's."""
+    import transformers
+
+    from memplan.trace.reference import profiler_peak_bytes
+    from memplan.trace.run import hf_step_job, run_iterations
+    from memplan.trace.setup import trace_setup
+
+    flags = {"peft": "lora", "quantize_base": quant, "double_quant": False}
+    options = trace_setup(seq=32, mbs=2, device="cpu", iterations=2, **flags)
+    _, config = hf_config_dict(tiny_llama)
+    values = dict(config)
+    hf = transformers.AutoConfig.for_model(values.pop("model_type"), use_cache=False, **values)
+    hf._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
+    _bnb_quantized(model, quant)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"])).train()
+    job = hf_step_job(model, options)
+    measured = profiler_peak_bytes(lambda: run_iterations(job, options.iterations))
+    traced = trace(tiny_llama, seq=32, mbs=2, device="cpu", **flags).summary
+    trainable, total = model.get_nb_trainable_parameters()
+    assert (traced.trainable_params, traced.frozen_params) == (trainable, total - trainable)
+    assert abs(traced.peak_allocated_bytes - measured) / measured < 0.02, (traced.peak_allocated_bytes, measured)
