@@ -74,13 +74,17 @@ class FtCase:
 
     def job_flags(self) -> dict[str, Any]:
         """The memplan job flags of this case (``memplan.trace`` keyword names)."""
-        return {"seq": SEQ, "mbs": MBS, "precision": self.precision, "optimizer": "adamw",
-                "optimizer_impl": OPTIMIZER_IMPL, "attention": "sdpa", "framework": "hf",
-                "recompute": self.recompute, "peft": self.peft, "lora_rank": self.rank, "lora_alpha": LORA_ALPHA,
+        flags = {"seq": SEQ, "mbs": MBS, "precision": self.precision, "optimizer": "adamw",
+                 "optimizer_impl": OPTIMIZER_IMPL, "attention": "sdpa", "framework": "hf", "recompute": self.recompute}
+        if self.peft == "none":
+            return flags
+        return {**flags, "peft": self.peft, "lora_rank": self.rank, "lora_alpha": LORA_ALPHA,
                 "lora_targets": self.targets, "quantize_base": self.quantize}
 
 
 CASES: tuple[FtCase, ...] = (
+    # Control: full fine-tuning of the same model, which memplan traces today — checks the meter and the loop.
+    FtCase("full-fp32", "fp32", "none", 8, "auto"),
     FtCase("lora-r8-qv-fp32", "fp32", "lora", 8, "q_proj,v_proj"),
     FtCase("lora-r8-qv-bf16", "bf16-mixed", "lora", 8, "q_proj,v_proj"),
     FtCase("lora-r64-all-bf16", "bf16-mixed", "lora", 64, "all-linear"),
@@ -112,6 +116,8 @@ def _build(case: FtCase) -> Any:
                                                      attn_implementation="sdpa")
     if case.recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if case.peft == "none":
+        return model
     targets: Any = case.targets if case.targets == "all-linear" else case.targets.split(",")
     lora = LoraConfig(r=case.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets,
                       use_dora=case.peft == "dora", task_type="CAUSAL_LM")
@@ -260,8 +266,8 @@ def markdown(data: dict[str, Any]) -> str:
         if "error" in m:
             lines.append(f"| {row['name']} | {row['precision']} | | | | error: {m['error']} | | | | | |")
             continue
-        method = f"{row['peft']} r{row['rank']} {row['targets']}" + (f" + {row['quantize']}" if row["quantize"] !=
-                                                                      "none" else "")
+        method = ("full fine-tuning" if row["peft"] == "none" else f"{row['peft']} r{row['rank']} {row['targets']}"
+                  + (f" + {row['quantize']}" if row["quantize"] != "none" else ""))
         ph = m["phase_peak_bytes"]
         lines.append(f"| {row['name']} | {row['precision']} | {method} | {row['recompute']} | "
                      f"{m['trainable_params']:,} | {m['peak_bytes'] / MiB:.1f} | {ph['forward'] / MiB:.1f} | "
