@@ -277,8 +277,9 @@ def markdown(data: dict[str, Any]) -> str:
               "|---|---:|---:|---:|---:|"]
     for row in data["cases"]:
         c = row.get("comparison") or {}
+        message = c.get("trace_cpu_error_message", "not compared yet")
         trace_col = (f"{c['trace_cpu_peak_bytes'] / MiB:.1f}" if "trace_cpu_peak_bytes" in c
-                     else f"not run: {c.get('trace_cpu_error_message', 'not compared yet')}")
+                     else f"not run: {message if len(message) < 90 else message[:87] + '...'}")
         rows = c.get("estimate_vs_trace_cuda")
         act = _pct(rows["activation"]["relative"]) if rows else "—"
         peak = _pct(rows["peak allocated"]["relative"]) if rows else "—"
