@@ -59,6 +59,24 @@ def test_method_jobs(llama8b_4090: MethodsResult) -> None:
     assert all(m.job.framework == "hf" and m.job.batch.seq_length == 2048 for m in llama8b_4090.methods)
 
 
+def test_adapters_fit_where_full_fine_tuning_does_not(llama8b_4090: MethodsResult) -> None:
+    """The fine-tuner's question: 8 B on a 24 GB card at 2k fits with QLoRA, and with LoRA only when checkpointed."""
+    methods = _by_label(llama8b_4090)
+    full, lora, qlora = methods["full"], methods["lora"], methods["qlora"]
+    assert qlora.fits and methods["qlora + checkpointing"].fits and methods["lora + checkpointing"].fits  # type: ignore[attr-defined]
+    assert qlora.reserved_bytes < lora.reserved_bytes < full.reserved_bytes  # type: ignore[attr-defined]
+    assert llama8b_4090.best is not None and llama8b_4090.best.name in ("lora", "qlora")
+    # peft's default LoRA (r8 on q_proj, v_proj) of Llama-3.1-8B: 32 layers x 8 x (4096+4096 + 4096+1024).
+    assert lora.trainable_params == 32 * 8 * (4096 + 4096 + 4096 + 1024)  # type: ignore[attr-defined]
+    assert full.frozen_params == 0 and lora.frozen_params > 8_000_000_000  # type: ignore[attr-defined]
+
+
+def test_qlora_max_seq_on_a_4090_is_positive() -> None:
+    limit = max_seq_length(load_model("llama-3.1-8b"),
+                           Job(framework="hf", finetune=FineTuning(peft="lora", quantize_base="nf4")), gpu="rtx-4090")
+    assert limit.best is not None and limit.best >= 1024
+
+
 def test_checkpointing_saves_memory_and_costs_a_forward(llama8b_4090: MethodsResult) -> None:
     methods = _by_label(llama8b_4090)
     for name in ("full", "lora", "qlora"):

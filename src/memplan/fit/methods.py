@@ -59,9 +59,9 @@ class MethodResult:
     #: Bytes left under the limit (negative: short by that much).
     headroom_bytes: int
     step: StepTime
-    #: Trainable / frozen parameters, when the estimator reports them (None otherwise).
-    trainable_params: int | None = None
-    frozen_params: int | None = None
+    #: Trainable / frozen parameters of the method's job.
+    trainable_params: int = 0
+    frozen_params: int = 0
 
     @property
     def label(self) -> str:
@@ -137,11 +137,6 @@ def _method_job(base: Job, name: str, checkpointing: bool) -> Job:
                    recompute=CHECKPOINTING[checkpointing])
 
 
-def _params_from(est_dict: dict[str, Any], key: str) -> int | None:
-    value = est_dict.get(key)
-    return value if isinstance(value, int) else None
-
-
 def compare_methods(
     model: ModelSpec | str, *, gpu: GPU | str, base: Job | None = None, seq: int | None = None,
     mbs: int | None = None, margin: float = FIT_MARGIN, fragmentation: float = DEFAULT_FRAGMENTATION,
@@ -179,13 +174,12 @@ def compare_methods(
         for checkpointing in (False, True):
             job = _method_job(base, name, checkpointing)
             est = estimate(model, job, fragmentation=fragmentation)
-            summary = est.to_dict()
             rows.append(MethodResult(
                 name=name, checkpointing=checkpointing, job=job, reserved_bytes=est.peak_reserved_bytes,
                 allocated_bytes=est.peak_allocated_bytes, paged_optimizer_bytes=est.paged_optimizer_bytes,
                 fits=est.peak_reserved_bytes <= limit, headroom_bytes=limit - est.peak_reserved_bytes,
-                step=step_time(model, job, hw), trainable_params=_params_from(summary, "trainable_params"),
-                frozen_params=_params_from(summary, "frozen_params")))
+                step=step_time(model, job, hw), trainable_params=est.trainable_params,
+                frozen_params=est.frozen_params))
     rows.sort(key=lambda m: (not m.fits, m.step.total_s if m.fits else m.reserved_bytes))
     notes = (
         (f"framework profile '{base.framework}', precision {base.precision.name}, optimizer {base.optimizer.name} "

@@ -124,7 +124,7 @@ def methods_renderables(result: MethodsResult) -> list[Any]:
     table = Table(title="Fine-tuning methods (fitting ones fastest first)", title_justify="left", show_edge=False,
                   pad_edge=False)
     paged = any(m.paged_optimizer_bytes for m in result.methods)
-    trainable = any(m.trainable_params is not None for m in result.methods)
+    trainable = any(m.frozen_params for m in result.methods)
     columns = ["#", "method", "fits", "GiB", "headroom"] + ["paged GiB"] * paged + ["trainable"] * trainable
     for col in [*columns, "step s", "tokens/s"]:
         left = col in ("method", "fits")
