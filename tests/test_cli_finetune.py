@@ -12,22 +12,39 @@ from memplan.cli import app
 
 BASE = ("estimate", "llama-3.2-1b", "--framework", "hf", "--peft", "lora")
 
-BAD = {
-    "--lora-targets": ("--lora-targets", "qq_proj"),
-    "--lora-rank": ("--lora-rank", "1000", "--lora-targets", "k_proj"),
-    "--lora-rank-pattern": ("--lora-targets", "q_proj", "--lora-rank-pattern", "q_proj=4096"),
-    "--modules-to-save": ("--modules-to-save", "no_such_module"),
-    "--trainable": ("--trainable", "layers.99"),
-}
+BAD = [
+    ("--lora-targets", ("--lora-targets", "qq_proj")),
+    ("--lora-rank", ("--lora-rank", "1000", "--lora-targets", "k_proj")),
+    ("--lora-rank", ("--lora-rank", "0")),
+    ("--lora-rank", ("--lora-rank", "-4")),
+    ("--lora-rank-pattern", ("--lora-targets", "q_proj", "--lora-rank-pattern", "q_proj=4096")),
+    ("--lora-rank-pattern", ("--lora-rank-pattern", "q_proj:8")),
+    ("--lora-dropout", ("--lora-dropout", "1.5")),
+    ("--modules-to-save", ("--modules-to-save", "no_such_module")),
+    ("--trainable", ("--trainable", "layers.99")),
+    ("--quant-compute-dtype", ("--quantize-base", "nf4", "--quant-compute-dtype", "fp8")),
+    ("--quant-compute-dtype", ("--quantize-base", "nf4", "--quant-compute-dtype", "int8")),
+]
 
 
-@pytest.mark.parametrize("flag", BAD)
-def test_bad_finetune_input_exits_2_with_one_line(flag: str) -> None:
-    result = CliRunner().invoke(app, [*BASE, *BAD[flag]])
+@pytest.mark.parametrize(("flag", "args"), BAD)
+def test_bad_finetune_input_exits_2_with_one_line(flag: str, args: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(app, [*BASE, *args])
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and flag in lines[0], result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (("--quantize-base", "nf4"), "--quantize-base"),  # a quantized base cannot train: needs --peft
+    (("--lora-rank", "16"), "lora-rank"),  # a LoRA setting without --peft
+    (("--trainable", "adapters"), "--trainable"),
+])
+def test_fine_tuning_settings_without_peft_exit_2(args: tuple[str, ...], flag: str) -> None:
+    result = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", *args])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and flag in lines[0], result.output
 
 
 def test_json_has_trainable_and_frozen_params() -> None:
