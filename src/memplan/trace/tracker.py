@@ -15,8 +15,8 @@ re-running it on *global-shape* placeholders (``OpSchema.gen_fake_args``) inside
 mode is active; on a real rank that is a throwaway ``FakeTensorMode`` that allocates nothing, in a
 trace it is this mode. :func:`unrecorded_sharding_propagation` pauses recording while it runs.
 
-:class:`ModulePath` follows the running module with PyTorch's ``ModTracker`` (forward hooks and
-multi-grad hooks for the backward) and reports the innermost module's dotted path.
+:class:`ModulePath` follows the running module (forward hooks, and multi-grad hooks for the
+backward) and reports the innermost module's dotted path.
 
 Known limitations: allocations made inside a kernel (workspaces) are invisible, as are storages
 created outside the dispatcher (``torch.from_numpy``); see docs/trace.md.
@@ -24,12 +24,16 @@ created outside the dispatcher (``torch.from_numpy``); see docs/trace.md.
 
 from __future__ import annotations
 
+import weakref
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Self
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils._pytree import tree_flatten
 
 from memplan.categories import MemoryCategory
 from memplan.trace.recorder import AllocationRecorder
@@ -164,26 +168,94 @@ def unrecorded_sharding_propagation() -> Iterator[None]:
 class ModulePath:
     """The dotted path of the innermost module running now, forward or backward.
 
-    Wraps ``torch.distributed._tools.mod_tracker.ModTracker``; paths are relative to the root
-    module (the root itself is ``""``), as in ``model.named_modules()``.
+    Paths are relative to the root module (the root itself is ``""``), as in
+    ``model.named_modules()``. The forward is followed with global module hooks; the backward with
+    ``register_multi_grad_hook(mode="any")``: a module's backward starts at the first gradient of
+    one of its outputs and ends at the first gradient of one of its inputs.
+
+    This is PyTorch's ``ModTracker`` idea without its one cost to a memory trace: ``ModTracker``
+    ends a module's backward with an ``"all"``-mode hook, which keeps each input gradient (and the
+    input's autograd node) in a buffer until the gradients of every input have arrived, so that a
+    trace with it carries gradients a real step has already freed (a DoRA layer's, a recomputed
+    block's). Nothing here holds a tensor.
     """
 
     def __init__(self) -> None:
-        from torch.distributed._tools.mod_tracker import ModTracker
-
-        self._tracker = ModTracker()
+        self._names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._active: Counter[str] = Counter()
+        self._backward_task: int | None = None
+        self._handles: list[Any] = []
 
     def __enter__(self) -> Self:
-        self._tracker.__enter__()
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self._handles = [register_module_forward_pre_hook(self._pre_forward),
+                         register_module_forward_hook(self._post_forward, always_call=True)]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._tracker.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._active.clear()
 
     def __call__(self) -> str:
-        parents = self._tracker.parents
-        if len(parents) <= 1:
+        if not self._active:
             return ""
-        innermost = max(parents, key=len)
-        _, _, path = innermost.partition(".")
-        return path
+        return max(self._active, key=len)
+
+    def _name(self, module: torch.nn.Module) -> str:
+        name = self._names.get(module)
+        if name is None:  # a module first seen outside any known one is a root
+            self._names[module] = name = ""
+            for path, sub in module.named_modules():
+                self._names.setdefault(sub, path)
+        return name
+
+    def _enter(self, name: str) -> None:
+        if name:
+            self._active[name] += 1
+
+    def _leave(self, name: str) -> None:
+        if self._active.get(name, 0) > 1:
+            self._active[name] -= 1
+        else:
+            self._active.pop(name, None)
+
+    def _in_backward(self) -> bool:
+        task = torch._C._current_graph_task_id()
+        if task == -1:
+            return False
+        if self._backward_task != task:  # the first hook of this backward: clear what is left at its end
+            self._backward_task = task
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        return True
+
+    def _end_backward(self) -> None:
+        self._active.clear()
+        self._backward_task = None
+
+    def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        name = self._name(module)
+        self._enter(name)
+        if torch._C._current_graph_task_id() != -1:
+            return  # a recomputed forward inside the backward: its gradients are not this module's
+        tensors = _requiring_grad(args)
+        if tensors:
+            register_multi_grad_hook(tensors, lambda _grad, name=name: self._in_backward() and self._leave(name),
+                                     mode="any")
+
+    def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        name = self._name(module)
+        self._leave(name)
+        if torch._C._current_graph_task_id() != -1:
+            return
+        tensors = _requiring_grad(output)
+        if tensors:
+            register_multi_grad_hook(tensors, lambda _grad, name=name: self._in_backward() and self._enter(name),
+                                     mode="any")
+
+
+def _requiring_grad(value: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(value)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
