@@ -6,8 +6,8 @@ and pure bf16). Every tensor autograd saves is recorded with ``saved_tensors_hoo
 still alive when the forward ends are summed per decoder layer (each storage once, parameters
 excluded) and compared with :func:`memplan.estimate.engine.layer_activation_costs`.
 
-QLoRA: the decoder linear layers are replaced by bitsandbytes ``Linear4bit`` (its CPU backend) and
-wrapped by peft's bitsandbytes LoRA layer.
+QLoRA: the decoder linear layers are replaced by bitsandbytes ``Linear4bit`` or ``Linear8bitLt``
+(its CPU backend) and wrapped by peft's bitsandbytes LoRA layers.
 
 Known differences, added explicitly below: each eager RMSNorm also keeps its fp32 ``rsqrt`` (4 bytes
 per token) which the estimator does not price; the RoPE cos/sin tables are first saved by layer 0
@@ -38,22 +38,29 @@ SEQ = 64
 HEAD_DIM = 32
 
 
-def _quantize_nf4(module: Any) -> None:
-    """Replace every decoder linear layer by a bitsandbytes ``Linear4bit`` (NF4, double quant, bf16 compute),
-    as ``from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True, ...))`` does."""
+def _quantize(module: Any, method: str) -> None:
+    """Replace every decoder linear layer by a bitsandbytes ``Linear4bit`` (NF4, double quant, bf16
+    compute) or ``Linear8bitLt`` (int8, ``has_fp16_weights=False``), as ``from_pretrained`` with a
+    ``BitsAndBytesConfig(load_in_4bit=True, ...)`` or ``load_in_8bit=True`` does."""
     bnb = pytest.importorskip("bitsandbytes")
     for name, child in module.named_children():
         if isinstance(child, torch.nn.Linear):
-            layer = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                      compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True)
-            layer.weight = bnb.nn.Params4bit(child.weight.data.float(), requires_grad=False, quant_type="nf4",
-                                             compress_statistics=True)
+            if method == "int8":
+                layer = bnb.nn.Linear8bitLt(child.in_features, child.out_features, bias=child.bias is not None,
+                                            has_fp16_weights=False, threshold=0.0)
+                layer.weight = bnb.nn.Int8Params(child.weight.data.half(), requires_grad=False,
+                                                 has_fp16_weights=False)
+            else:
+                layer = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                          compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True)
+                layer.weight = bnb.nn.Params4bit(child.weight.data.float(), requires_grad=False, quant_type="nf4",
+                                                 compress_statistics=True)
             setattr(module, name, layer.to("cpu"))
         else:
-            _quantize_nf4(child)
+            _quantize(child, method)
 
 
-def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: bool = False,
+def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: str = "none",
                           config: dict[str, Any] | None = None) -> dict[int, int]:
     """Bytes autograd keeps per decoder layer at the end of the forward (see the module docstring)."""
     torch.manual_seed(0)
@@ -64,9 +71,10 @@ def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: bool =
         attention = "eager" if cfg["model_type"] == "gemma2" else "sdpa"
         hf_config = transformers.AutoConfig.for_model(**cfg, attn_implementation=attention)
         model = transformers.AutoModelForCausalLM.from_config(hf_config).to(torch.bfloat16)
-        if quantize:
-            _quantize_nf4(model.model)
-            model.is_loaded_in_4bit = True  # what peft reads to wrap Linear4bit with its bnb LoRA layer
+        if quantize != "none":
+            _quantize(model.model, quantize)
+            # what peft reads to wrap the bitsandbytes layers with its bnb LoRA layers
+            setattr(model, "is_loaded_in_8bit" if quantize == "int8" else "is_loaded_in_4bit", True)
         model = peft.get_peft_model(model, peft.LoraConfig(**lora))
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -81,6 +89,17 @@ def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: bool =
             refs.append((current[0], weakref.ref(t)))
         return t
 
+    if quantize == "int8":
+        # MatMul8bitLt keeps its input in ctx.tensors, which saved_tensors_hooks do not see
+        import bitsandbytes as bnb
+
+        def keep_input(module: Any, args: Any) -> None:
+            if current[0] is not None and args[0].requires_grad:
+                refs.append((current[0], weakref.ref(args[0])))
+
+        for module in model.modules():
+            if isinstance(module, bnb.nn.Linear8bitLt):
+                module.register_forward_pre_hook(keep_input)
     ids = torch.randint(0, (config or CONFIG)["vocab_size"], (1, SEQ))
     with (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
           torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)):
@@ -113,6 +132,9 @@ QLORA = {
     "qlora-r64-all-linear": ({"r": 64, "target_modules": "all-linear"},
                              FineTuning(peft="lora", lora_rank=64, lora_targets="all-linear", quantize_base="nf4")),
     "qlora-r8-qv": ({"r": 8, **QV}, FineTuning(peft="lora", lora_targets="q_proj,v_proj", quantize_base="nf4")),
+    "int8-r64-all-linear": ({"r": 64, "target_modules": "all-linear"},
+                            FineTuning(peft="lora", lora_rank=64, lora_targets="all-linear", quantize_base="int8")),
+    "int8-r8-qv": ({"r": 8, **QV}, FineTuning(peft="lora", lora_targets="q_proj,v_proj", quantize_base="int8")),
 }
 
 
@@ -125,7 +147,8 @@ def test_layer_activations_equal_autograd(case: str, precision: str, monkeypatch
         # on the CPU that check is False under CPU autocast, so it answers as on a GPU.
         original = torch.is_autocast_enabled
         monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: True if not a else original(*a))
-    measured = saved_bytes_per_layer(lora, autocast=precision == "bf16-mixed", quantize=case in QLORA)
+    measured = saved_bytes_per_layer(lora, autocast=precision == "bf16-mixed",
+                                     quantize=ft.quantize_base)
     spec = model_from_hf_config(CONFIG, name="small-llama")
     job = Job(framework="hf", precision=Precision(name=precision), batch=Batch(seq_length=SEQ), finetune=ft,
               attention="sdpa")

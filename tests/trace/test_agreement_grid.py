@@ -2,7 +2,7 @@
 
 Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, GPT-2), short
 sequences, one rank and simulated FSDP2 / TP ranks, foreach and the framework's own (fused)
-optimizer. Tolerances as the grid's: model states equal, activations, saved logits and
+optimizer; fine-tuning (LoRA, DoRA, QLoRA nf4, int8 base) as benchmarks/finetune_grid.py. Tolerances as the grid's: model states equal, activations, saved logits and
 the peak within 3%.
 """
 
@@ -54,6 +54,14 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "eager", "selective", {"tp": 2}),
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"optimizer_impl": "auto"}),
     ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none", {"fsdp": 2, "framework": "torchtitan", "optimizer_impl": "auto"}),
+    # fine-tuning: adapters on a frozen base (issue 12's grid, small)
+    ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj"}),
+    ("llama", 256, "bf16", "sdpa", "none", {"peft": "lora", "lora_rank": 16, "lora_targets": "all-linear"}),
+    ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "dora", "lora_targets": "all-linear"}),
+    ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "all-linear", "quantize_base": "nf4"}),
+    ("llama", 256, "bf16-mixed", "sdpa", "full", {"peft": "lora", "lora_targets": "all-linear", "quantize_base": "nf4"}),
+    ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj",
+                                                  "quantize_base": "int8"}),
 )
 
 

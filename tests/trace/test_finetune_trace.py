@@ -205,11 +205,15 @@ def test_qlora_trace_runs_with_peft_lora_around_the_stand_ins(tiny_llama: str, q
     trainable, total = _peft_reference(tiny_llama, r=8, target_modules=["q_proj", "v_proj"])
     assert (qlora.trainable_params, qlora.frozen_params) == (trainable, total - trainable)
     assert qlora.max_requested_by_category["gradient"] == plain.max_requested_by_category["gradient"]
-    # decoder linears: half a byte per weight plus an fp32 absmax per 64 weights (in the buffers)
-    linear = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384)
+    # decoder linears: half a byte per weight, an fp32 absmax per 64 weights and a 16-entry fp32 code
+    # per layer (the quantization state is part of the weight: parameter memory, as the estimator has it)
+    shapes = [(128, 128)] * 2 + [(64, 128)] * 2 + [(384, 128)] * 3  # per decoder layer, 2 layers
+    state = 2 * sum(4 * (o * i // BLOCKSIZE) + 4 * 16 for o, i in shapes)
+    linear = 2 * sum(o * i for o, i in shapes)
     unquantized = 2 * (total - trainable - linear)  # embeddings, norms, head stay bf16
-    assert qlora.max_requested_by_category["parameter"] == linear // 2 + unquantized + _adapter_bytes(trainable)
-    assert qlora.max_requested_by_category["buffer"] >= 4 * linear // BLOCKSIZE
+    assert qlora.max_requested_by_category["parameter"] == (linear // 2 + state + unquantized
+                                                            + _adapter_bytes(trainable))
+    assert qlora.max_requested_by_category["buffer"] == plain.max_requested_by_category["buffer"]
     assert qlora.peak_allocated_bytes < plain.peak_allocated_bytes
 
 
@@ -230,8 +234,10 @@ def test_int8_base_trace_runs(tiny_llama: str) -> None:
     int8 = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", quantize_base="int8").summary
     assert (int8.trainable_params, int8.frozen_params) == (plain.trainable_params, plain.frozen_params)
     linear = 2 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384)
-    # one byte per quantized weight instead of two (bf16)
-    assert int8.max_requested_by_category["parameter"] == plain.max_requested_by_category["parameter"] - linear
+    # one byte per quantized weight instead of two (bf16), plus an fp32 scale per output row
+    rows = 2 * (2 * 128 + 2 * 64 + 2 * 384 + 128)
+    assert int8.max_requested_by_category["parameter"] == (plain.max_requested_by_category["parameter"]
+                                                           - linear + 4 * rows)
     assert int8.max_requested_by_category["gradient"] == plain.max_requested_by_category["gradient"]
 
 
@@ -361,3 +367,30 @@ def test_cpu_trace_of_a_quantized_base_matches_real_bitsandbytes_layers(tiny_lla
     trainable, total = model.get_nb_trainable_parameters()
     assert (traced.trainable_params, traced.frozen_params) == (trainable, total - trainable)
     assert abs(traced.peak_allocated_bytes - measured) / measured < 0.02, (traced.peak_allocated_bytes, measured)
+
+
+def test_cuda_autocast_emulation_answers_for_cuda_while_entered() -> None:
+    """peft's bitsandbytes LoRA layers ask torch.is_autocast_enabled() (CUDA); a --device cuda trace
+    runs CPU autocast and must answer as a GPU run would, and restore the functions afterwards."""
+    from memplan.trace.cuda_autocast import CudaAutocastFp32
+
+    before = (torch.is_autocast_enabled, torch.get_autocast_dtype)
+    with torch.autocast("cpu", dtype=torch.bfloat16), CudaAutocastFp32():
+        assert torch.is_autocast_enabled() and torch.is_autocast_enabled("cuda")
+        assert torch.get_autocast_dtype("cuda") == torch.bfloat16
+    with CudaAutocastFp32():
+        assert not torch.is_autocast_enabled()
+    assert (torch.is_autocast_enabled, torch.get_autocast_dtype) == before
+    assert not torch.is_autocast_enabled()
+
+
+def test_quantized_base_without_bitsandbytes_is_refused_naming_the_extra(tiny_llama: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from peft.tuners.lora import bnb as peft_bnb
+
+    monkeypatch.delattr(peft_bnb, "Linear4bit", raising=False)
+    result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora", "--quantize-base", "nf4"],
+                           env=WIDE)
+    assert result.exit_code == 1, result.output
+    assert "needs bitsandbytes" in result.output and "memplan[qlora]" in result.output
+    assert "Traceback" not in result.output

@@ -50,7 +50,8 @@ def _shared_input(name: str, module: str, attention: str) -> str | None:
 
 
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
-                  compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False) -> list[Term]:
+                  compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False,
+                  base_keeps_input: bool = False) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
     ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
@@ -58,7 +59,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     input's gradient needs only when the input requires grad), and DoRA one scale vector less.
     ``uncast_input``: peft's bitsandbytes layers (``lora/bnb.py``) under CUDA autocast pass ``x`` on
     without the fp32 cast, so ``lora_A`` saves the 16-bit input itself, one tensor for the adapters
-    that read the same input (q/k/v, gate/up).
+    that read the same input (q/k/v, gate/up). ``base_keeps_input`` (with ``uncast_input``): the
+    base layer saves that very input already (bitsandbytes' 8-bit matmul), so ``lora_A`` adds nothing.
     """
     tokens = shape.seq * shape.micro_batch
     terms: list[Term] = []
@@ -71,7 +73,9 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
         name = m.name.rpartition(".")[2]
         grad_in = input_needs_grad or name not in ATTENTION_INPUT_LINEARS
         group = _shared_input(name, m.name, shape.attention) if uncast_input and not dropout else None
-        if group is None:
+        if uncast_input and not dropout and base_keeps_input and grad_in:
+            pass  # the base layer's saved input is lora_A's input
+        elif group is None:
             terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'fp32 copy'})",
                               lora_bytes * tokens * m.in_features, "rep", "body"))
         elif group and group not in shared:
@@ -105,14 +109,20 @@ def m_is_parameter(adapter: Adapter) -> bool:
     return adapter.module.name.endswith(".weight")
 
 
-def frozen_layer_terms(terms: list[Term], shape: ActivationShape, first: bool) -> list[Term]:
+def frozen_layer_terms(terms: list[Term], shape: ActivationShape, first: bool, *,
+                       gemm_inputs_kept: bool = False) -> list[Term]:
     """A frozen block's terms: no GEMM input is saved for a frozen weight (flash/SDPA attention still
     keeps its own output, which the output projection reads), nor a norm's normalized input for its
     frozen weight (nor Gemma's fp32 normalized tensors, nor the per-head q/k norms' normalized output);
     the layer input stays for checkpointing (class ``input``, kept only by recompute).
-    ``first``: the block's input needs no gradient either, so the input norm saves nothing."""
+    ``first``: the block's input needs no gradient either, so the input norm saves nothing.
+    ``gemm_inputs_kept``: the frozen linears keep their inputs anyway (bitsandbytes' 8-bit matmul,
+    ``MatMul8bitLt``, saves its input in ``ctx.tensors``)."""
     out: list[Term] = []
     for t in terms:
+        if t.gemm_input and gemm_inputs_kept and not (first and t.name.startswith("attention norm")):
+            out.append(t)  # (in the first layer q, k and v get an input that needs no gradient: not kept)
+            continue
         if t.gemm_input and not (t.name == "output projection input" and shape.attention != "eager"):
             continue
         if t.name.endswith("norm input"):

@@ -229,15 +229,18 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
     if key not in cache:
         kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
         attention, rest = layer_terms_by_block(layer, shape)
-        # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
-        if frozen and not (quantized and job.finetune.quantize_base == "int8"):
-            attention, rest = frozen_layer_terms(attention, shape, first), frozen_layer_terms(rest, shape, False)
+        if frozen:
+            # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
+            kept_inputs = quantized and job.finetune.quantize_base == "int8"
+            attention = frozen_layer_terms(attention, shape, first, gemm_inputs_kept=kept_inputs)
+            rest = frozen_layer_terms(rest, shape, False, gemm_inputs_kept=kept_inputs)
         if adapters:
             prec = resolve_precision(job, get_profile(job.framework))
             autocast = prec.weight_copies == "autocast"
             rest = rest + adapter_terms(adapters, shape, autocast=autocast,
                                         dropout=job.finetune.lora_dropout > 0, compute_bytes=shape.act_bytes,
-                                        input_needs_grad=not first, uncast_input=quantized and autocast)
+                                        input_needs_grad=not first, uncast_input=quantized and autocast,
+                                        base_keeps_input=quantized and job.finetune.quantize_base == "int8")
         blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep in sized if keep in KEPT_BY["none"])

@@ -136,6 +136,9 @@ class StateBytes:
     #: bitsandbytes paged optimizer states in CUDA unified memory (not in ``optimizer``; outside
     #: PyTorch's caching allocator).
     paged_optimizer: int = 0
+    #: Element size of the optimizer states the step's temporaries follow (0: the precision's);
+    #: peft adapters are fp32 whatever the precision.
+    state_element_bytes: int = 0
 
     @property
     def cpu_total(self) -> int:
@@ -282,10 +285,22 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
     o_numel = share(ft.trainable, opt_shard)
     stepped = share(ft.full + ft.adapter, opt_shard)
     shard_small = small.scaled(stepped / max(ft.full + ft.adapter, 1)) if small is not None else None
-    opt_states = optimizer_states(stepped, job, prec.state_bytes, model.hidden_size, shard_small)
-    optimizer = opt_states.device_bytes
+    # torch optimizers keep states in each parameter's dtype: the precision's for trained weights,
+    # fp32 for adapters (bitsandbytes' own dtypes ignore this)
+    full_n, adapter_n = share(ft.full, opt_shard), share(ft.adapter, opt_shard)
+    if full_n and adapter_n:
+        parts = [optimizer_states(n, job, nbytes, model.hidden_size,
+                                  shard_small.scaled(n / stepped) if shard_small is not None else None)
+                 for n, nbytes in ((full_n, prec.state_bytes), (adapter_n, ADAPTER_BYTES))]
+        device, paged = sum(p.device_bytes for p in parts), sum(p.paged_bytes for p in parts)
+    else:
+        one = optimizer_states(stepped, job, prec.state_bytes if full_n else ADAPTER_BYTES, model.hidden_size,
+                               shard_small)
+        device, paged = one.device_bytes, one.paged_bytes
+    optimizer = device
     if ft.copies:
         optimizer += optimizer_state_bytes(share(ft.copies, opt_shard), job, base, model.hidden_size)
     optimizer += step_counters * STEP_COUNTER_BYTES
     return StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
-                      optimizer_numel=o_numel, paged_optimizer=opt_states.paged_bytes)
+                      optimizer_numel=o_numel, paged_optimizer=paged,
+                      state_element_bytes=prec.state_bytes if full_n else ADAPTER_BYTES)

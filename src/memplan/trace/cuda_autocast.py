@@ -12,11 +12,16 @@ these two CUDA policies while CPU autocast is enabled:
 * *fp32*: 16-bit floating tensor arguments are cast to fp32 first (autocast's copies, which
   autograd records and may save);
 * *fp32_set_opt_dtype*: reductions and softmaxes get ``dtype=torch.float32`` (no input copy).
+
+While the mode is entered, ``torch.is_autocast_enabled()`` and ``torch.get_autocast_dtype`` answer
+for ``"cuda"`` (and with no device, which means CUDA) what CPU autocast is doing: code that asks
+whether CUDA autocast is on — peft's bitsandbytes LoRA layers skip their fp32 input cast when it
+is — takes the path it takes on a GPU.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -50,6 +55,27 @@ def _has_low(args: tuple[Any, ...]) -> bool:
 
 class CudaAutocastFp32(TorchFunctionMode):
     """Apply CUDA autocast's fp32 policies on top of CPU autocast (active only while it is enabled)."""
+
+    def __enter__(self) -> Self:
+        self._saved = (torch.is_autocast_enabled, torch.get_autocast_dtype)
+        enabled, dtype = self._saved
+
+        def is_autocast_enabled(device_type: str | None = None) -> bool:
+            return enabled("cpu" if device_type in (None, "cuda") else device_type)
+
+        def get_autocast_dtype(device_type: str) -> torch.dtype:
+            return dtype("cpu" if device_type == "cuda" else device_type)
+
+        torch.is_autocast_enabled = is_autocast_enabled  # type: ignore[assignment]
+        torch.get_autocast_dtype = get_autocast_dtype  # type: ignore[assignment]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            torch.is_autocast_enabled, torch.get_autocast_dtype = self._saved  # type: ignore[assignment]
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

@@ -69,9 +69,32 @@ def lora_config(finetune: FineTuning) -> Any:
     peft = _peft()
     targets: Any = ALL_LINEAR if finetune.target_names is None else list(finetune.target_names)
     save = [name for name in finetune.modules_to_save.split(",") if name] or None
-    return peft.LoraConfig(r=finetune.lora_rank, lora_alpha=finetune.lora_alpha, lora_dropout=finetune.lora_dropout,
-                           target_modules=targets, use_dora=finetune.peft == "dora", use_rslora=finetune.rslora,
-                           rank_pattern=finetune.rank_pattern, modules_to_save=save, task_type="CAUSAL_LM")
+    config = peft.LoraConfig(r=finetune.lora_rank, lora_alpha=finetune.lora_alpha,
+                             lora_dropout=finetune.lora_dropout, target_modules=targets,
+                             use_dora=finetune.peft == "dora", use_rslora=finetune.rslora,
+                             rank_pattern=finetune.rank_pattern, modules_to_save=save, task_type="CAUSAL_LM")
+    if finetune.quantize_base != "none":
+        config._register_custom_module(_bitsandbytes_lora_layers())
+    return config
+
+
+def _bitsandbytes_lora_layers() -> dict[type, type]:
+    """peft's own LoRA layers for bitsandbytes weights (``peft/tuners/lora/bnb.py``), for the stand-ins.
+
+    They differ from the ordinary ``lora.Linear`` in memory: under autocast they pass the input on
+    without the fp32 cast (``lora_A`` keeps the 16-bit input itself, shared by q/k/v and gate/up) and
+    the 4-bit layer clones the base output. peft defines them only when bitsandbytes imports.
+    """
+    from memplan.trace.quantized import Linear4bitStandIn, Linear8bitStandIn
+
+    try:
+        from peft.tuners.lora import bnb
+    except ImportError:
+        bnb = None
+    if bnb is None or not hasattr(bnb, "Linear4bit") or not hasattr(bnb, "Linear8bitLt"):
+        raise MissingDependencyError("bitsandbytes", feature="--quantize-base (memplan trace: peft's "
+                                     "bitsandbytes LoRA layers)", extra="qlora")
+    return {Linear4bitStandIn: bnb.Linear4bit, Linear8bitStandIn: bnb.Linear8bitLt}
 
 
 def _matches(path: str, name: str) -> bool:

@@ -12,9 +12,8 @@ embeddings) before peft wraps the model, and allocates what ``bitsandbytes.nn.Li
 Forward and backward follow ``bitsandbytes.autograd._functions.MatMul4Bit``: the weight is
 dequantized to the compute dtype (a temporary the size of the weight) and multiplied; nothing but
 the packed weight is saved; the backward dequantizes again for the input's gradient. The stand-in
-subclasses ``nn.Linear`` so peft wraps it with its ordinary ``lora.Linear`` (whose adapters stay
-fp32, as on a uint8 bitsandbytes weight); bitsandbytes' own peft layer additionally clones the
-base output, which the stand-in does not model.
+subclasses ``nn.Linear``; the trace has peft wrap it with peft's own bitsandbytes LoRA layer
+(``peft/tuners/lora/bnb.py``, :func:`memplan.trace.finetune.lora_config`), as it wraps the real one.
 
 :class:`Linear8bitStandIn` does the same for ``Linear8bitLt`` (LLM.int8, ``--quantize-base int8``):
 the int8 weight and an fp32 scale per row; no outlier decomposition (``threshold`` 0: with
@@ -65,6 +64,9 @@ class _MatMul4Bit(torch.autograd.Function):
 
 class Linear4bitStandIn(nn.Linear):
     """What ``bitsandbytes.nn.Linear4bit`` allocates and computes, runnable on fake tensors."""
+
+    #: The buffers are the quantized weight's state: the trace counts them as parameter memory.
+    buffers_are_weight_state = True
 
     def __init__(self, linear: nn.Linear, *, double_quant: bool, compute_dtype: torch.dtype) -> None:
         nn.Module.__init__(self)
@@ -136,6 +138,9 @@ class _MatMul8bitLt(torch.autograd.Function):
 class Linear8bitStandIn(nn.Linear):
     """What ``bitsandbytes.nn.Linear8bitLt`` (``has_fp16_weights=False``) holds: the int8 weight
     (``Int8Params``, out x in) and an fp32 scale per output row (``SCB``)."""
+
+    #: The buffers are the quantized weight's state: the trace counts them as parameter memory.
+    buffers_are_weight_state = True
 
     def __init__(self, linear: nn.Linear) -> None:
         nn.Module.__init__(self)

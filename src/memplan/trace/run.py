@@ -195,8 +195,11 @@ def register_state(recorder: AllocationRecorder, job: StepJob) -> None:
     for path, module in job.model.named_modules():
         for param in module.parameters(recurse=False):
             recorder.register(local_tensor(param).untyped_storage(), MemoryCategory.PARAMETER.value, path)
+        # a quantized layer's buffers (absmax, codes, row scales) are part of its weight
+        category = MemoryCategory.PARAMETER if getattr(module, "buffers_are_weight_state", False) \
+            else MemoryCategory.BUFFER
         for buffer in module.buffers(recurse=False):
-            recorder.register(local_tensor(buffer).untyped_storage(), MemoryCategory.BUFFER.value, path)
+            recorder.register(local_tensor(buffer).untyped_storage(), category.value, path)
     for tensor in _batch_tensors(job.batch):
         recorder.register(local_tensor(tensor).untyped_storage(), MemoryCategory.INPUT.value)
 

@@ -169,7 +169,8 @@ class ModulePath:
     """The dotted path of the innermost module running now, forward or backward.
 
     Paths are relative to the root module (the root itself is ``""``), as in
-    ``model.named_modules()``. The forward is followed with global module hooks; the backward with
+    ``model.named_modules()``: the deepest entered module on the line of the most recently entered
+    one. The forward is followed with global module hooks; the backward with
     ``register_multi_grad_hook(mode="any")``: a module's backward starts at the first gradient of
     one of its outputs and ends at the first gradient of one of its inputs.
 
@@ -202,7 +203,12 @@ class ModulePath:
     def __call__(self) -> str:
         if not self._active:
             return ""
-        return max(self._active, key=len)
+        # The most recently entered module and its line (ancestors, descendants): in the backward a
+        # sibling branch can stay entered until its own input gradient arrives, later.
+        last = next(reversed(self._active))
+        line = [name for name in self._active
+                if name == last or name.startswith(last + ".") or last.startswith(name + ".")]
+        return max(line, key=len)
 
     def _name(self, module: torch.nn.Module) -> str:
         name = self._names.get(module)
@@ -214,7 +220,7 @@ class ModulePath:
 
     def _enter(self, name: str) -> None:
         if name:
-            self._active[name] += 1
+            self._active[name] = self._active.pop(name, 0) + 1  # (re)entered: now the most recent
 
     def _leave(self, name: str) -> None:
         if self._active.get(name, 0) > 1:
