@@ -61,7 +61,7 @@ def _quantize(module: Any, method: str) -> None:
 
 
 def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: str = "none",
-                          config: dict[str, Any] | None = None) -> dict[int, int]:
+                          config: dict[str, Any] | None = None, dtype: Any = None) -> dict[int, int]:
     """Bytes autograd keeps per decoder layer at the end of the forward (see the module docstring)."""
     torch.manual_seed(0)
     transformers.logging.set_verbosity_error()
@@ -70,7 +70,7 @@ def saved_bytes_per_layer(lora: dict[str, Any], autocast: bool, quantize: str = 
         cfg = config or CONFIG
         attention = "eager" if cfg["model_type"] == "gemma2" else "sdpa"
         hf_config = transformers.AutoConfig.for_model(**cfg, attn_implementation=attention)
-        model = transformers.AutoModelForCausalLM.from_config(hf_config).to(torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(hf_config).to(dtype or torch.bfloat16)
         if quantize != "none":
             _quantize(model.model, quantize)
             # what peft reads to wrap the bitsandbytes layers with its bnb LoRA layers
@@ -138,22 +138,25 @@ QLORA = {
 }
 
 
-@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16", "fp32"])
 @pytest.mark.parametrize("case", [*CASES, *QLORA])
 def test_layer_activations_equal_autograd(case: str, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
     lora, ft = {**CASES, **QLORA}[case]
+    if precision == "fp32" and case in QLORA:
+        pytest.skip("a quantized base computes in 16 bits")
     if precision == "bf16-mixed":
         # peft's bitsandbytes layers skip the fp32 input cast when torch.is_autocast_enabled() (CUDA autocast);
         # on the CPU that check is False under CPU autocast, so it answers as on a GPU.
         original = torch.is_autocast_enabled
         monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: True if not a else original(*a))
     measured = saved_bytes_per_layer(lora, autocast=precision == "bf16-mixed",
-                                     quantize=ft.quantize_base)
+                                     quantize=ft.quantize_base,
+                                     dtype=torch.float32 if precision == "fp32" else torch.bfloat16)
     spec = model_from_hf_config(CONFIG, name="small-llama")
     job = Job(framework="hf", precision=Precision(name=precision), batch=Batch(seq_length=SEQ), finetune=ft,
               attention="sdpa")
     rsqrt = 4 * SEQ
-    rope_tables = 2 * SEQ * HEAD_DIM * 2
+    rope_tables = 2 * SEQ * HEAD_DIM * (4 if precision == "fp32" else 2)
     # CPU dropout keeps an fp32 mask of each adapter's input (q and v read the hidden size) where CUDA keeps
     # a bool; the first layer keeps none (its input needs no gradient).
     cpu_mask = (4 - 1) * SEQ * CONFIG["hidden_size"] * 2 if ft.lora_dropout else 0

@@ -98,7 +98,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             terms.append(Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"))
             terms.append(Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
                               (base_bytes + lora_bytes) * tokens * m.out_features, "rep", "body"))
-            if dropout and grad_in:
+            # (fp32 without autocast: the weight already has x's dtype, no cast)
+            if dropout and grad_in and (autocast or compute_bytes != lora_bytes):
                 terms.append(Term(f"{name} DoRA base weight cast for the dropped-out input",
                                   lora_bytes * m.in_features * m.out_features, "rep", "body"))
     return terms
@@ -126,7 +127,9 @@ def frozen_layer_terms(terms: list[Term], shape: ActivationShape, first: bool, *
         if t.gemm_input and not (t.name == "output projection input" and shape.attention != "eager"):
             continue
         if t.name.endswith("norm input"):
-            if t.keep == "input":
+            if shape.act_bytes == NORM_COMPUTE_BYTES and not (first and t.name.startswith("attention norm")):
+                out.append(t)  # fp32: no fp32 copy; the norm's pow/mul keep the input itself for its gradient
+            elif t.keep == "input":
                 out.append(Term(t.name, t.bytes, t.region, "ckpt_input"))
             continue
         if first and t.name.startswith("attention norm"):

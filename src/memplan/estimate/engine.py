@@ -12,7 +12,7 @@ from memplan.estimate.activations import (
     divided,
     layer_terms_by_block,
 )
-from memplan.estimate.adapter_acts import adapter_terms, frozen_layer_terms
+from memplan.estimate.adapter_acts import ADAPTER_BYTES, adapter_terms, frozen_layer_terms
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     autocast_weight_copy_numel,
@@ -239,7 +239,9 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
             autocast = prec.weight_copies == "autocast"
             rest = rest + adapter_terms(adapters, shape, autocast=autocast,
                                         dropout=job.finetune.lora_dropout > 0, compute_bytes=shape.act_bytes,
-                                        input_needs_grad=not first, uncast_input=quantized and autocast,
+                                        input_needs_grad=not first,
+                                        # peft's cast to the fp32 adapters is a no-op on fp32 activations
+                                        uncast_input=(quantized and autocast) or shape.act_bytes == ADAPTER_BYTES,
                                         base_keeps_input=quantized and job.finetune.quantize_base == "int8")
         blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
