@@ -24,6 +24,9 @@ _COMMON = {"max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0
 CONFIGS: dict[str, dict[str, object]] = {
     "llama": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
               "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
+    # a wide MLP at a short sequence: DoRA's in x in identity of down_proj sets the peak
+    "llama_wide": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 2048, "num_attention_heads": 8,
+                   "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
     "gemma2": {"model_type": "gemma2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 128,
@@ -58,6 +61,12 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj"}),
     ("llama", 256, "bf16", "sdpa", "none", {"peft": "lora", "lora_rank": 16, "lora_targets": "all-linear"}),
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "dora", "lora_targets": "all-linear"}),
+    ("llama_wide", 64, "bf16-mixed", "sdpa", "none", {"peft": "dora", "lora_targets": "all-linear"}),
+    pytest.param("llama_wide", 64, "bf16-mixed", "sdpa", "full", {"peft": "dora", "lora_targets": "all-linear"},
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "peak -3.6%: in the recomputed forward the estimator adds DoRA's temporaries to the whole "
+                     "layer's activations and misses ~1.6 MB the trace holds beside them on this toy (qwen2.5-7b at "
+                     "seq 512: -0.5%); docs/benchmarks.md, fine-tuning grid"))),
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "all-linear", "quantize_base": "nf4"}),
     ("llama", 256, "bf16-mixed", "sdpa", "full", {"peft": "lora", "lora_targets": "all-linear", "quantize_base": "nf4"}),
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj",

@@ -105,6 +105,37 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     return terms
 
 
+def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, compute_bytes: int,
+                           base_bytes: int) -> int:
+    """Peak of the temporaries peft's DoRA forward allocates for the largest adapted linear of a layer.
+
+    ``DoraLinearLayer.forward`` (peft ``tuners/lora/dora.py``) rebuilds the adapted weight on every
+    call: ``lora_B(lora_A(eye(in)))`` — an fp32 ``in x in`` identity (under autocast also its 16-bit
+    copy, which ``lora_A``'s graph keeps while the result lives; without autocast the graph keeps the
+    identity itself) and an ``in x out`` product —, the product and the base weight cast to the fp32
+    input's dtype, then ``weight + scaling * lora_weight`` (two fp32 ``out x in`` tensors) for the
+    norm. ``base_bytes``: element size of the base weight as the layer holds it (a quantized base is
+    dequantized to the compute dtype first).
+    """
+    worst = 0
+    x_bytes = ADAPTER_BYTES  # peft casts the input to the adapters' fp32
+    for a in adapters:
+        if not a.dora or a.experts > 1 or m_is_parameter(a):
+            continue
+        i, o = a.module.in_features, a.module.out_features
+        eye, eye_copy = ADAPTER_BYTES * i * i, (compute_bytes * i * i if autocast else 0)
+        kept_eye = eye_copy if autocast else eye
+        product = (compute_bytes if autocast else ADAPTER_BYTES) * i * o
+        product_cast = x_bytes * i * o if product != x_bytes * i * o else 0
+        weight_cast = x_bytes * i * o if base_bytes != x_bytes else 0
+        combined = kept_eye + (product_cast or product) + weight_cast
+        worst = max(worst,
+                    eye + eye_copy + product,  # lora_B's output while the identity lives
+                    kept_eye + product + product_cast,  # the cast of the product
+                    combined + 2 * x_bytes * i * o)  # scaling * lora_weight and the sum, for the norm
+    return worst
+
+
 def m_is_parameter(adapter: Adapter) -> bool:
     """The adapter wraps a parameter (a router's ``gate.weight``), not a module."""
     return adapter.module.name.endswith(".weight")

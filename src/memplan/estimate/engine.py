@@ -12,7 +12,12 @@ from memplan.estimate.activations import (
     divided,
     layer_terms_by_block,
 )
-from memplan.estimate.adapter_acts import ADAPTER_BYTES, adapter_terms, frozen_layer_terms
+from memplan.estimate.adapter_acts import (
+    ADAPTER_BYTES,
+    adapter_terms,
+    dora_forward_transient,
+    frozen_layer_terms,
+)
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     autocast_weight_copy_numel,
@@ -40,6 +45,7 @@ from memplan.estimate.finetune import (
     dequantized_weight_bytes,
     finetune_assumptions,
     finetune_counts,
+    frozen_bytes_per_element,
     head_activation_bytes_finetune,
     is_finetune,
     stage_finetune,
@@ -251,6 +257,18 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
     return cache[key]
 
 
+def _dora_transient(model: ModelSpec, job: Job, shape: ActivationShape, layout: StageLayout) -> int:
+    """DoRA's forward temporaries at the stage's largest adapted linear (0 without DoRA)."""
+    if job.finetune.peft != "dora":
+        return 0
+    layers = set(layout.layer_indices)
+    adapters = tuple(a for a in finetune_counts(model, job).adapters if a.module.layer in layers)
+    prec = resolve_precision(job, get_profile(job.framework))
+    quantized = job.finetune.quantize_base != "none"
+    return dora_forward_transient(adapters, autocast=prec.weight_copies == "autocast", compute_bytes=shape.act_bytes,
+                                  base_bytes=shape.act_bytes if quantized else frozen_bytes_per_element(job))
+
+
 def _recomputed_layers(layout: StageLayout, job: Job) -> set[int]:
     """Layers of this stage that run under full recompute (Megatron's uniform/block methods)."""
     rc = job.recompute
@@ -296,6 +314,7 @@ def _stage_estimate(
     recomputed = _recomputed_layers(layout, job)
     group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
 
+    dora = _dora_transient(model, job, shape, layout) if ft is not None else 0
     chunk_kept: list[int] = []
     worst_backward = 0
     #: Per layer, in forward order: (index, bytes it keeps, bytes its backward adds at its worst).
@@ -309,7 +328,8 @@ def _stage_estimate(
             else:
                 transient += dequantized_weight_bytes(model, job, index, dtype_bytes(prec.compute))
             if index in recomputed:
-                layer_keep, layer_worst = keep, group * full + transient
+                # the recomputed forward rebuilds DoRA's weights too (its temporaries, then the backward's)
+                layer_keep, layer_worst = keep, group * full + max(transient, dora)
             elif job.recompute.mode == "selective":
                 # The attention core (or module) is recomputed during this layer's backward.
                 layer_keep, layer_worst = keep, full - keep + transient
@@ -395,6 +415,10 @@ def _stage_estimate(
     }
     if layout.has_head:
         candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
+    if dora and not recomputed:
+        # DoRA's weight temporaries in the last layer's forward, the layers' activations held
+        candidates["forward"] = (layer_acts + other_acts, 0, dora, absent)
+        comm_at = {**comm_at, "forward": comm_at["loss"]}
     phase, (acts, logit_b, temp, not_yet) = max(candidates.items(),
                                                 key=lambda kv: sum(kv[1][:3]) - kv[1][3] + comm_at[kv[0]])
     comm = comm_at[phase]
