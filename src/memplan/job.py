@@ -341,6 +341,9 @@ class MoEOptions:
     shared_expert_parallel: SharedExpertParallel = knob(
         "tp", "--shared-expert-parallel", "Shared experts split like dense weights (tp) or placed with the routed "
         "experts (expert).", panel=MOE)
+    #: Megatron ``--moe-grouped-gemm`` with Transformer Engine (TEGroupedMLP / ``GroupedLinear``).
+    grouped_gemm: bool = knob(False, "--moe-grouped-gemm", "Experts run as Transformer Engine grouped GEMMs "
+                              "(Megatron --moe-grouped-gemm): four extra cuBLAS workspaces.", panel=MOE)
 
     def __post_init__(self) -> None:
         if not isinstance(self.imbalance, (int, float)) or not 1.0 <= self.imbalance <= 1000.0:

@@ -71,6 +71,8 @@ from memplan.estimate.states import (
     state_bytes,
 )
 from memplan.frameworks.profiles import (
+    TE_GROUPED_GEMM_WORKSPACE_BYTES,
+    TE_GROUPED_GEMM_WORKSPACES,
     FrameworkProfile,
     get_profile,
     head_rows_split,
@@ -373,7 +375,8 @@ def _stage_estimate(
     inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec),
                                      tied=model.tie_word_embeddings)
-    workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout)
+    workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
+        job, model, layout)
     static = states.parameters + states.gradients + states.master + states.optimizer + workspace
 
     # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
@@ -528,6 +531,16 @@ def fp8_scaling_bytes(job: Job, model: ModelSpec, layout: StageLayout) -> int:
     gemms_per_layer = 4  # qkv (or q/kv down/up), output projection, fc1, fc2
     tensors = 3
     return layout.num_layers * gemms_per_layer * tensors * (FP8_AMAX_HISTORY + 2) * 4
+
+
+def grouped_gemm_workspace_bytes(job: Job, model: ModelSpec, layout: StageLayout) -> int:
+    """Transformer Engine's per-stream cuBLAS workspaces of its grouped GEMM (``--moe-grouped-gemm``),
+    allocated once a stage runs its experts (:data:`TE_GROUPED_GEMM_WORKSPACES`)."""
+    if not job.moe.grouped_gemm or job.framework != "megatron":
+        return 0
+    if not any(model.layers[i].moe is not None for i in layout.layer_indices):
+        return 0
+    return TE_GROUPED_GEMM_WORKSPACES * TE_GROUPED_GEMM_WORKSPACE_BYTES
 
 
 def _summed_grad_bytes(job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> int:

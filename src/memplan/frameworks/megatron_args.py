@@ -163,6 +163,9 @@ def _moe_options(args: Mapping[str, Any]) -> MoEOptions:
         dispatcher=dispatcher,  # type: ignore[arg-type]
         capacity_factor=_float(args, "--moe-expert-capacity-factor", 1.0) if capacity is not None else None,
         pad_to_capacity=flag_is_set(args, "--moe-pad-expert-input-to-capacity") and capacity is not None,
+        # the legacy GroupedMLP (--transformer-impl local) uses the grouped_gemm package, no TE workspaces
+        grouped_gemm=flag_is_set(args, "--moe-grouped-gemm")
+        and str(args.get("--transformer-impl", "transformer_engine")) != "local",
     )
 
 

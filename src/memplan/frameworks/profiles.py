@@ -24,6 +24,13 @@ TORCH_CUBLAS_WORKSPACE_BYTES = 32 * MiB
 #: Transformer Engine's own cuBLASLt workspace, also allocated with torch.empty
 #: (transformer_engine/pytorch/module/base.py get_workspace: 32 MiB on Hopper).
 TE_CUBLAS_WORKSPACE_BYTES = 32 * MiB
+#: Transformer Engine's grouped GEMM (``GroupedLinear``, Megatron's TEGroupedMLP under
+#: ``--moe-grouped-gemm``) runs its GEMMs on several streams, each with a cuBLAS workspace of its own
+#: allocated with torch.empty on first use and kept (transformer_engine/pytorch/module/base.py
+#: ``get_multi_stream_cublas_workspace``: ``tex.get_num_cublas_streams()`` = 4 workspaces of
+#: ``get_cublas_workspace_size_bytes()`` = 32 MiB + 256 B on Hopper).
+TE_GROUPED_GEMM_WORKSPACES = 4
+TE_GROUPED_GEMM_WORKSPACE_BYTES = 32 * MiB + 256
 
 
 @dataclass(frozen=True, kw_only=True)
