@@ -29,8 +29,6 @@ from memplan.frameworks.megatron_args import from_megatron_args
 
 DEFAULT_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "megatron_ci_h100.json"
 GiB = 2**30
-#: Largest world size tried for a recipe that does not record its own.
-MAX_INFERRED_GPUS = 1024
 
 
 def _states(stage) -> int:  # type: ignore[no-untyped-def]
@@ -67,7 +65,8 @@ def _arg(args: dict, flag: str, default: int) -> int:
 
 
 def world_size(case: dict) -> int:
-    """Recorded nodes x GPUs per node; else the smallest multiple of 8 GPUs the launch is valid on.
+    """Recorded nodes x GPUs per node; else the smallest multiple of 8 GPUs the launch is valid on
+    (never inferred from the measurement).
 
     A release recipe that does not record its world size needs at least tp*pp*cp GPUs and a
     multiple of ep*etp*pp (Megatron's expert grid); one H100 node has 8.
@@ -89,31 +88,27 @@ def world_size(case: dict) -> int:
 def evaluate(case: dict) -> dict:
     row = {"name": case["name"], "measured_bytes": int(case["measured"]["max_allocated_bytes"])}
     gpus = world_size(case)
+    row["gpus"] = gpus
+    row["gpus_recorded"] = bool(case.get("nodes"))
     resident = int(case["measured"].get("allocated_bytes_last_step") or 0)
     try:
         model, job = from_megatron_args(case["model_args"], gpus=gpus, name=case["name"])
         result = estimate(model, job)
-        # A recipe without a recorded world size ran on at least enough GPUs for its model states
-        # to fit in the memory it measured as resident after its last step: double until they do.
-        while not case.get("nodes") and resident and _states(result.stages[-1]) > resident and gpus < MAX_INFERRED_GPUS:
-            gpus *= 2
-            model, job = from_megatron_args(case["model_args"], gpus=gpus, name=case["name"])
-            result = estimate(model, job)
     except MemplanError as exc:
-        row["gpus"] = gpus
         row["error"] = str(exc)
         row["excluded"] = f"the recorded launch is invalid on {gpus} GPUs: {exc}"
         return row
-    row["gpus"] = gpus
-    row["gpus_inferred"] = not case.get("nodes")
     last = result.stages[-1]
     states = _states(last)
     if resident and states > resident:
-        row["excluded"] = (
-            f"world size not recorded: at the assumed {gpus} GPUs the model states alone "
-            f"({states / GiB:.2f} GiB) exceed the {resident / GiB:.2f} GiB measured resident after "
-            "the last step, so the run used more GPUs"
-        )
+        # Only for recipes without a recorded world size (a recorded one would be a contradiction):
+        # the run held less than these states, so it ran on more GPUs than the smallest valid grid.
+        remark = (f"at the assumed {gpus} GPUs the model states alone ({states / GiB:.2f} GiB) exceed the "
+                  f"{resident / GiB:.2f} GiB measured resident after the last step: the run used more GPUs")
+        if row["gpus_recorded"]:
+            row["excluded"] = remark
+        else:
+            row["remark"] = remark
     row.update(
         predicted_bytes=last.peak_allocated_bytes,
         error=None,
@@ -126,6 +121,38 @@ def evaluate(case: dict) -> dict:
     return row
 
 
+def compared_rows(rows: list[dict], *, recorded: bool) -> list[dict]:
+    """Rows with a prediction, of recipes with (``recorded``) or without a recorded world size."""
+    return [r for r in rows if r.get("error") is None and not r.get("excluded") and r["gpus_recorded"] == recorded]
+
+
+def _print_table(rows: list[dict], markdown: bool) -> None:
+    sep = " | " if markdown else "  "
+    if markdown:
+        print("| case | GPUs | measured GiB | predicted GiB | error | peak at |")
+        print("| --- | ---: | ---: | ---: | ---: | --- |")
+    else:
+        print(f"{'case':78s} {'GPUs':>4s} {'meas GiB':>9s} {'pred GiB':>9s} {'error':>7s}  peak at")
+    for r in rows:
+        cells = [r["name"], str(r["gpus"]), f"{r['measured_bytes'] / GiB:.2f}", f"{r['predicted_bytes'] / GiB:.2f}",
+                 f"{100 * r['rel_error']:+.1f}%", r["phase"]]
+        if markdown:
+            print("| " + sep.join(cells) + " |")
+        else:
+            print(f"{cells[0]:78s} {cells[1]:>4s} {cells[2]:>9s} {cells[3]:>9s} {cells[4]:>7s}  {cells[5]}")
+
+
+def _print_summary(rows: list[dict]) -> None:
+    errors = [abs(r["rel_error"]) for r in rows]
+    if not errors:
+        return
+    worst = max(rows, key=lambda r: abs(r["rel_error"]))
+    print(f"median |relative error|: {100 * statistics.median(errors):.1f}%")
+    print(f"mean |relative error|:   {100 * statistics.mean(errors):.1f}%")
+    print(f"worst: {100 * abs(worst['rel_error']):.1f}% ({worst['name']})")
+    print(f"within 5%: {sum(e <= 0.05 for e in errors)}/{len(errors)}; within 25%: {sum(e <= 0.25 for e in errors)}/{len(errors)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reference", nargs="?", default=str(DEFAULT_REFERENCE))
@@ -136,36 +163,30 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     data = json.loads(Path(ns.reference).read_text())
     rows = [evaluate(c) for c in data["cases"] if in_scope(c, ns.suite)]
-    ok = [r for r in rows if r.get("error") is None and not r.get("excluded")]
+    recorded, apart = compared_rows(rows, recorded=True), compared_rows(rows, recorded=False)
     failed = [r for r in rows if r.get("excluded")]
-    sep = " | " if ns.markdown else "  "
-    if ns.markdown:
-        print("| case | GPUs | measured GiB | predicted GiB | error | peak at |")
-        print("| --- | ---: | ---: | ---: | ---: | --- |")
-    else:
-        print(f"{'case':78s} {'GPUs':>4s} {'meas GiB':>9s} {'pred GiB':>9s} {'error':>7s}  peak at")
-    for r in ok:
-        cells = [r["name"], str(r["gpus"]), f"{r['measured_bytes'] / GiB:.2f}", f"{r['predicted_bytes'] / GiB:.2f}",
-                 f"{100 * r['rel_error']:+.1f}%", r["phase"]]
-        if ns.markdown:
-            print("| " + sep.join(cells) + " |")
-        else:
-            print(f"{cells[0]:78s} {cells[1]:>4s} {cells[2]:>9s} {cells[3]:>9s} {cells[4]:>7s}  {cells[5]}")
+    print("Recorded world size (the targets apply here):")
+    _print_table(recorded, ns.markdown)
+    print()
+    print(f"cases in scope: {len(rows)}; compared with a recorded world size: {len(recorded)}; "
+          f"without one (below): {len(apart)}; left out: {len(failed)}")
+    _print_summary(recorded)
+    if apart:
+        print()
+        print("Release recipes without a recorded world size (reported apart; the smallest valid GPU grid is "
+              "assumed, not inferred from the measurement):")
+        _print_table(apart, ns.markdown)
+        for r in apart:
+            if r.get("remark"):
+                print(f"- {r['name']}: {r['remark']}")
+        print()
+        _print_summary(apart)
     if failed:
         print()
-        print("left out of the summary (inconsistent records):")
+        print("left out (inconsistent records):")
     for r in failed:
         shown = f" (predicted {r['predicted_bytes'] / GiB:.2f} GiB vs measured {r['measured_bytes'] / GiB:.2f} GiB)" if "predicted_bytes" in r else ""
         print(f"- {r['name']}: {r['excluded']}{shown}")
-    errors = [abs(r["rel_error"]) for r in ok]
-    if errors:
-        worst = max(ok, key=lambda r: abs(r["rel_error"]))
-        print()
-        print(f"cases in scope: {len(rows)}; compared: {len(ok)}; left out: {len(failed)}")
-        print(f"median |relative error|: {100 * statistics.median(errors):.1f}%")
-        print(f"mean |relative error|:   {100 * statistics.mean(errors):.1f}%")
-        print(f"worst: {100 * abs(worst['rel_error']):.1f}% ({worst['name']})")
-        print(f"within 5%: {sum(e <= 0.05 for e in errors)}/{len(errors)}; within 25%: {sum(e <= 0.25 for e in errors)}/{len(errors)}")
     if ns.json_out:
         Path(ns.json_out).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
