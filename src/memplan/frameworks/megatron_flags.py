@@ -35,12 +35,12 @@ _LIST_FILE = "megatron_flag_list.txt"
 #: (flag, value) pairs whose value changes the classification of a modelled flag.
 _BY_VALUE: dict[tuple[str, str], tuple[Effect, str]] = {
     ("--moe-token-dispatcher-type", "flex"): (
-        "not-modelled", "flex (DeepEP / HybridEP) dispatch buffers are not priced; memplan prices the "
-        "all-to-all dispatcher's permuted send and receive buffers instead"),
+        "not-modelled", ("flex (DeepEP / HybridEP) dispatch buffers are not priced; memplan prices the "
+        "all-to-all dispatcher's permuted send and receive buffers instead")),
     ("--optimizer", "muon"): (
-        "not-modelled", "Muon priced as SGD with momentum (one fp32 buffer per parameter); the states of "
+        "not-modelled", ("Muon priced as SGD with momentum (one fp32 buffer per parameter); the states of "
         "its scalar optimizer (Adam for embeddings, output layer, biases, norms) and the Newton-Schulz "
-        "temporaries are not priced"),
+        "temporaries are not priced")),
 }
 
 
