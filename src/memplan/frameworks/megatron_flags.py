@@ -37,6 +37,8 @@ _BY_VALUE: dict[tuple[str, str], tuple[Effect, str]] = {
     ("--moe-token-dispatcher-type", "flex"): (
         "not-modelled", ("flex (DeepEP / HybridEP) dispatch buffers are not priced; memplan prices the "
         "all-to-all dispatcher's permuted send and receive buffers instead")),
+    ("--cuda-graph-impl", "none"): ("no-memory-effect", "no CUDA graphs (Megatron's default)"),
+    ("--cp-comm-type", "p2p"): ("modelled", "ring (p2p) exchange of K/V, as memplan prices context parallelism"),
     ("--optimizer", "muon"): (
         "not-modelled", ("Muon priced as SGD with momentum (one fp32 buffer per parameter); the states of "
         "its scalar optimizer (Adam for embeddings, output layer, biases, norms) and the Newton-Schulz "
