@@ -61,6 +61,11 @@ def test_modelled_means_the_reader_reads_it() -> None:
     assert sorted(flag for flag in read if classify(flag) is None) == []
 
 
+def test_refused_means_the_reader_refuses_it() -> None:
+    refused = {flag for flag in flag_list() | OLDER_FLAGS if classify(flag)[1].startswith("refused")}  # type: ignore[index]
+    assert refused == set(megatron_args_module._UNSUPPORTED)
+
+
 @pytest.mark.parametrize("flag", ["--cuda-graph-impl", "--cuda-graph-scope", "--cuda-graph-modules",
                                   "--external-cuda-graph", "--enable-cuda-graph",
                                   "--fine-grained-activation-offloading", "--muon-tp-mode", "--tp-comm-overlap",

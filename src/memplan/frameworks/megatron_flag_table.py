@@ -96,8 +96,9 @@ _NONE: Effect = "no-memory-effect"
 GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
     # Architectures memplan refuses (the launch is an error; listed so that none is silent).
     (_NM, _REFUSED_T5, ("--encoder-num-layers", "--decoder-num-layers", "--encoder-seq-length",
-                        "--decoder-seq-length", "--vocab-extra-ids", "--relative-attention-num-buckets",
-                        "--relative-attention-max-distance")),
+                        "--vocab-extra-ids")),
+    (_NM, "T5 (encoder-decoder) option; encoder-decoder models are not modelled",
+     ("--decoder-seq-length", "--relative-attention-num-buckets", "--relative-attention-max-distance")),
     (_NM, "refused: BERT models are not supported", ("--bert-no-binary-head", "--bert-binary-head")),
     (_NM, _REFUSED_HYBRID, ("--hybrid-layer-pattern", "--hybrid-override-pattern", "--is-hybrid-model")),
     (_NM, "hybrid Mamba layers are not modelled", ("--disable-mamba-mem-eff-path",)),
@@ -244,17 +245,18 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
           "not priced"), ("--reset-attention-mask", "--no-create-attention-mask-in-dataloader")),
     (_NM, "upcycling converts a dense checkpoint to MoE at load time (both models held then); not priced",
      ("--moe-use-upcycling", "--moe-upcycling-granularity")),
-    (_NM, ("kernel fusion choice changes which intermediates are kept; memplan prices Megatron's "
-          "default (fused) kernels"),
+    (_NM, ("kernel fusion switch: it changes which intermediates are kept, and memplan prices one kernel "
+           "choice per layer whatever the switch says"),
      ("--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
-      "--no-bias-dropout-fusion",
-      "--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
-      "--moe-permute-fusion",
-      "--moe-router-fusion", "--moe-grouped-gemm", "--use-grouped-gemm-for-shared-expert",
-      "--use-grouped-gemm-for-dense-mlp", "--fused-residual-rmsnorm", "--use-transformer-engine-op-fuser",
-      "--cross-entropy-fusion-impl", "--disable-jit-fuser", "--flash-attention-version",
-      "--no-clone-scatter-output-in-embedding", "--disable-clone-scatter-output-in-embedding",
-      "--moe-mlp-glu-interleave-size", "--moe-shared-expert-glu-interleave-size")),
+      "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion",
+      "--no-persist-layer-norm", "--moe-permute-fusion", "--moe-router-fusion", "--fused-residual-rmsnorm",
+      "--use-transformer-engine-op-fuser", "--cross-entropy-fusion-impl", "--disable-jit-fuser",
+      "--flash-attention-version", "--no-clone-scatter-output-in-embedding",
+      "--disable-clone-scatter-output-in-embedding", "--moe-mlp-glu-interleave-size",
+      "--moe-shared-expert-glu-interleave-size")),
+    (_NM, ("grouped GEMM or per-expert GEMMs: memplan prices the same kept expert inputs for both; the "
+           "grouped path's workspace and any padding are not priced separately"),
+     ("--moe-grouped-gemm", "--use-grouped-gemm-for-shared-expert", "--use-grouped-gemm-for-dense-mlp")),
     (_NONE, ("values inside the same tensors (initialisation, scaling constants, RoPE frequencies, "
             "loss weights)"),
      ("--init-method-std", "--embedding-init-method-std", "--init-method-xavier-uniform", "--norm-epsilon",
