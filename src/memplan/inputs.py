@@ -166,9 +166,11 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     dialects = hf_args is not None or deepspeed_config is not None or peft_config is not None
     if not dialects:
         check_conflicts(values)
+    settings: list[InputSetting] = []
     if megatron_args is not None:
-        load_megatron_args = _lazy("memplan.frameworks.megatron_args", "load_megatron_args", "--megatron-args")
-        spec, base = load_megatron_args(megatron_args, gpus=values.get("gpus") or 1)
+        load_launch = _lazy("memplan.frameworks.megatron_args", "load_megatron_launch", "--megatron-args")
+        spec, base, read = load_launch(megatron_args, gpus=values.get("gpus") or 1)
+        settings += read
     model_ref = values.get("model")
     if model_ref is None and megatron_args is None and hf_args is not None:
         model_ref = _lazy("memplan.frameworks.hf_args", "hf_args_model", "--hf-args")(hf_args)
@@ -180,7 +182,6 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
         raise ConfigError("MODEL", "is required (a preset name, a config.json path or a Hugging Face Hub id) "
                           "unless --megatron-args, --hf-args (model_name_or_path) or a job file names one")
     job = build_job(values, base)
-    settings: list[InputSetting] = []
     if hf_args is not None:
         apply_hf = _lazy("memplan.frameworks.hf_args", "apply_hf_args", "--hf-args")
         job, read = apply_hf(hf_args, job)

@@ -3,9 +3,10 @@
 Accepts a command line or a bash launch script (``pretrain_gpt.py --num-layers 32 ...``, with
 backslash-continued lines and the script's variables expanded), a YAML/JSON mapping of flags to
 values (like a functional test's ``MODEL_ARGS``), a YAML/JSON list of tokens, or a mapping in Python
-(read into ``{"--flag": value}`` by :mod:`memplan.frameworks.megatron_launch`). Every
-memory-relevant flag is mapped; flags that do not change memory are ignored; architectures memplan
-does not model (T5, BERT, hybrid Mamba, multimodal) are refused. Megatron's own defaults apply where
+(read into ``{"--flag": value}`` by :mod:`memplan.frameworks.megatron_launch`). The flags memplan
+models are mapped; every flag of the launch is reported with what memplan did with it
+(:mod:`memplan.frameworks.megatron_flags`); architectures memplan does not model (T5, BERT, hybrid
+Mamba, multimodal) are refused. Megatron's own defaults apply where
 a flag is absent (megatron/training/arguments.py).
 """
 
@@ -17,14 +18,26 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ModelConfigError, UnsupportedError
+from memplan.frameworks.megatron_flags import megatron_settings
 from memplan.frameworks.megatron_launch import parse_megatron_args, read_megatron_args_file
 from memplan.frameworks.megatron_model import flag_is_set, megatron_model_spec, pipeline_layout_chunks
 from memplan.frameworks.shell_script import unresolved_hint
-from memplan.job import Batch, Job, MoEOptions, Offload, Optimizer, Parallelism, Precision, Recompute, Sharding
+from memplan.job import (
+    Batch,
+    Job,
+    MoEOptions,
+    Offload,
+    Optimizer,
+    Parallelism,
+    Precision,
+    Recompute,
+    Sharding,
+)
 from memplan.model.spec import ModelSpec
+from memplan.settings import InputSetting
 
-__all__ = ["dumps_args", "from_megatron_args", "load_megatron_args", "megatron_job", "parse_megatron_args",
-           "read_megatron_args_file"]
+__all__ = ["dumps_args", "from_megatron_args", "load_megatron_args", "load_megatron_launch", "megatron_job",
+           "parse_megatron_args", "read_megatron_args_file"]
 
 #: Flags whose presence means an architecture memplan does not model, and its name.
 _UNSUPPORTED = {
@@ -46,8 +59,16 @@ _UNSUPPORTED = {
 
 def load_megatron_args(path: str | Path, *, gpus: int) -> tuple[ModelSpec, Job]:
     """ModelSpec and Job for a Megatron-LM launch described in the file ``path`` on ``gpus`` GPUs."""
+    model, job, _ = load_megatron_launch(path, gpus=gpus)
+    return model, job
+
+
+def load_megatron_launch(path: str | Path, *, gpus: int) -> tuple[ModelSpec, Job, tuple[InputSetting, ...]]:
+    """ModelSpec, Job and what memplan did with each flag of the launch in ``path``
+    (:func:`memplan.frameworks.megatron_flags.megatron_settings`)."""
     args = read_megatron_args_file(path)
-    return from_megatron_args(args, gpus=gpus, name=Path(path).stem)
+    model, job = from_megatron_args(args, gpus=gpus, name=Path(path).stem)
+    return model, job, megatron_settings(args)
 
 
 def from_megatron_args(

@@ -25,7 +25,8 @@ def parse_megatron_args(source: str | Sequence[str] | Mapping[str, Any]) -> dict
     """Normalise a command line or launch script, a token list or a mapping into ``{"--flag": value}``.
 
     A flag followed by another flag (or nothing) is a switch and maps to ``True``; a flag given
-    several values maps to the list of them. A string is read as a bash script
+    several values maps to the list of them; flags before a ``*.py`` script are the launcher's
+    (torchrun, python -m ...) and are left out. A string is read as a bash script
     (:mod:`memplan.frameworks.shell_script`): its variables are expanded, and the flags of every
     command are collected (a later command's value wins). A variable the script never assigns
     standing where flags are expected is a ConfigError: its flags cannot be known.
@@ -46,10 +47,14 @@ def parse_megatron_args(source: str | Sequence[str] | Mapping[str, Any]) -> dict
 
 
 def _flags(tokens: Sequence[str]) -> dict[str, Any]:
+    """The flags of one command; flags before the training script (``torchrun --nproc_per_node 8
+    pretrain_gpt.py ...``) are the launcher's and are left out."""
     args: dict[str, Any] = {}
     current: str | None = None
     for index, token in enumerate(tokens):
-        if token.startswith("--"):
+        if token.endswith(".py") and not token.startswith("-"):
+            args, current = {}, None  # the script: what came before it was the launcher's
+        elif token.startswith("--"):
             flag, eq, value = token.partition("=")
             current = flag
             args[flag] = value if eq else True
@@ -115,7 +120,7 @@ def _file_form(text: str) -> str:
     """``mapping``, ``list`` or ``script``, from the first significant line (see read_megatron_args_file)."""
     for line in text.splitlines():
         stripped = line.strip()
-        if not stripped or stripped.startswith("#") or stripped == "---" or stripped.startswith("%"):
+        if not stripped or stripped.startswith(("#", "%")) or stripped == "---":
             continue
         if stripped.startswith("{") or _YAML_KEY.match(stripped):
             return "mapping"
