@@ -3,7 +3,9 @@
 Mapped: ``zero_optimization.stage``, ``bf16.enabled`` / ``fp16.enabled``, ``optimizer.type``,
 ``train_micro_batch_size_per_gpu``, ``train_batch_size``, ``gradient_accumulation_steps``,
 ``zero_optimization.reduce_bucket_size`` is part of the deepspeed framework profile's defaults.
-``"auto"`` values (Hugging Face's integration fills them in) keep the Job's value. Offloading
+``"auto"`` values (Hugging Face's integration fills them in) keep the Job's value. ``enabled: false``
+in ``bf16`` / ``fp16`` with neither enabled is fp32 training; a config naming neither keeps the Job's
+``--precision``. Offloading
 (``offload_optimizer`` / ``offload_param`` with ``device: cpu``) maps to the job's offload; NVMe
 offload is refused (memplan reports CPU memory, not disk). Every key of the file is classified
 (modelled / no memory effect / not modelled) by :mod:`memplan.frameworks.deepspeed_keys`;
@@ -86,6 +88,8 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
         precision = dataclasses.replace(precision, name="bf16-mixed")
     elif (config.get("fp16") or {}).get("enabled") in (True, "true"):
         precision = dataclasses.replace(precision, name="fp16-mixed")
+    elif False in (bf16.get("enabled"), (config.get("fp16") or {}).get("enabled")):
+        precision = dataclasses.replace(precision, name="fp32")  # 16-bit modes switched off: DeepSpeed trains fp32
     optimizer = job.optimizer
     opt_section = config.get("optimizer")
     if isinstance(opt_section, Mapping) and opt_section.get("type"):

@@ -46,8 +46,8 @@ KEYS: dict[str, tuple[Effect, str]] = {
              "refused", _Z + "offload_optimizer.device"),
     **_group(_M, "cpu → the parameters leave the GPU (--offload-params); none → on the GPU; nvme is refused",
              _Z + "offload_param.device"),
-    **_group(_M, "mixed precision with 16-bit weights and fp32 master weights (--precision)", "bf16.enabled",
-             "bfloat16.enabled", "fp16.enabled"),
+    **_group(_M, "true: 16-bit weights with fp32 master weights (--precision bf16-mixed / fp16-mixed); false with "
+             "neither enabled: --precision fp32", "bf16.enabled", "bfloat16.enabled", "fp16.enabled"),
     **_group(_M, "--optimizer (adam, adamw, fusedadam, onebitadam, sgd; other types are refused)", "optimizer.type"),
     **_group(_M, "SGD's momentum buffer (read for type sgd)", "optimizer.params.momentum"),
     # Run control and logging.
