@@ -80,6 +80,9 @@ DICT_LITERALS = {"pipeline": ("deepspeed/runtime/config.py", "get_pipeline_confi
 #: Names ``runtime/config.py`` reads from a ``param_dict`` that is a section, not the top level
 #: (``get_sparse_attention_mode(param_dict)`` is given the sparse_attention dict).
 NOT_TOP_LEVEL = {"attention", "mode"}
+#: Files that read the whole config, and the names its dict goes by there.
+TOP_LEVEL_READERS = {"deepspeed/runtime/config.py": ("param_dict", "config"),
+                     "deepspeed/__init__.py": ("config",)}
 #: Top-level keys read through a function parameter's default (``get_communication_data_type``).
 TOP_LEVEL_CONSTANTS = ("COMMUNICATION_DATA_TYPE", "SEQ_PARALLEL_COMMUNICATION_DATA_TYPE")
 #: Constants a section's prefix rule takes in that belong elsewhere (``SPARSE_GRADIENTS`` is top level).
@@ -142,47 +145,44 @@ def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
 
 
 def _read_literals(fn: ast.FunctionDef) -> set[str]:
-    """String keys ``fn`` reads from ``param_dict``: ``.get("k")``, ``["k"]``, ``"k" in``."""
-    out: set[str] = set()
-    for n in ast.walk(fn):
-        arg = None
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and n.args \
-                and isinstance(n.func.value, ast.Name) and n.func.value.id == "param_dict":
-            arg = n.args[0]
-        elif isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "param_dict":
-            arg = n.slice
-        elif isinstance(n, ast.Compare) and isinstance(n.ops[0], ast.In) and isinstance(n.comparators[0], ast.Name) \
-                and n.comparators[0].id == "param_dict":
-            arg = n.left
-        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-            out.add(arg.value)
-    return out
+    """String keys ``fn`` reads from ``param_dict``."""
+    args = (_dict_read(n, ("param_dict",)) for n in ast.walk(fn))
+    return {a.value for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+
+
+def _dict_read(node: ast.AST, names: tuple[str, ...]) -> ast.AST | None:
+    """The key expression of a read from a dict variable in ``names``: ``get_scalar_param(d, K)``,
+    ``d.get(K)``, ``d[K]``, ``K in d`` / ``K in d.keys()``; None for any other node."""
+    def is_dict(n: ast.AST) -> bool:
+        return isinstance(n, ast.Name) and n.id in names
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "get_scalar_param" \
+            and len(node.args) > 1 and is_dict(node.args[0]):
+        return node.args[1]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+            and is_dict(node.func.value) and node.args:
+        return node.args[0]
+    if isinstance(node, ast.Subscript) and is_dict(node.value):
+        return node.slice
+    if isinstance(node, ast.Compare) and len(node.comparators) == 1 and isinstance(node.ops[0], ast.In):
+        target = node.comparators[0]
+        if isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute):
+            target = target.func.value
+        if is_dict(target):
+            return node.left
+    return None
 
 
 def _top_level(root: Path) -> list[str]:
-    """Keys ``runtime/config.py`` reads from ``param_dict`` itself (names resolved via constants)."""
+    """Keys read from the whole config dict (names resolved via constants), file by file."""
     consts = _string_constants(_tree(root, "deepspeed/runtime/constants.py"))
     keys: set[str] = set()
-    for node in ast.walk(_tree(root, "deepspeed/runtime/config.py")):
-        arg = None
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "get_scalar_param" \
-                and isinstance(node.args[0], ast.Name) and node.args[0].id == "param_dict" and len(node.args) > 1:
-            arg = node.args[1]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "param_dict" and node.args:
-            arg = node.args[0]
-        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "param_dict":
-            arg = node.slice
-        elif isinstance(node, ast.Compare) and len(node.comparators) == 1 and isinstance(node.ops[0], ast.In):
-            target = node.comparators[0]
-            if isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute):
-                target = target.func.value
-            if isinstance(target, ast.Name) and target.id == "param_dict":
-                arg = node.left
-        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-            keys.add(arg.value)
-        elif isinstance(arg, ast.Name) and isinstance(consts.get(arg.id), str):
-            keys.add(str(consts[arg.id]))
+    for rel, names in TOP_LEVEL_READERS.items():
+        for node in ast.walk(_tree(root, rel)):
+            arg = _dict_read(node, names)
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                keys.add(arg.value)
+            elif isinstance(arg, ast.Name) and isinstance(consts.get(arg.id), str):
+                keys.add(str(consts[arg.id]))
     for name in TOP_LEVEL_CONSTANTS:
         if not isinstance(consts.get(name), str):
             sys.exit(f"extract_deepspeed_keys: constant {name} not found in deepspeed/runtime/constants.py")

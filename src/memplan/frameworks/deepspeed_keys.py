@@ -64,6 +64,9 @@ KEYS: dict[str, tuple[Effect, str]] = {
     **_group(_U, "sparse embedding gradients (smaller gradient all-reduce); memplan prices dense gradients",
              "sparse_gradients"),
     **_group(_U, "CUDA-graph capture keeps a private memory pool", "graph_harvesting"),
+    **_group(_U, "DeepSpeed-Ulysses sequence parallelism / its device mesh (activations split by sequence); "
+             "memplan takes --cp and data parallelism from the flags", "sequence_parallel_size",
+             "data_parallel_size"),
     # Precision details memplan does not price.
     **_group(_N, "loss-scaling / overflow checks", "fp16.loss_scale", "fp16.initial_scale_power",
              "fp16.loss_scale_window", "fp16.hysteresis", "fp16.consecutive_hysteresis", "fp16.min_loss_scale",
