@@ -82,6 +82,8 @@ def test_values_auto_off_assumed_and_unknown() -> None:
     assert got["compile.deepcompile"][0] == "not-modelled"
     assert got["zero_optimisation.stage"] == ("not-modelled", "not a DeepSpeed config key")
     assert deepspeed_settings({"zero_optimization": {"reduce_bucket_size": 2e8}})[0].effect == "not-modelled"
+    stage3 = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000}}
+    assert deepspeed_settings(stage3)[1].effect == "not-modelled"
 
 
 def _config(tmp_path: Path) -> Path:

@@ -208,7 +208,8 @@ _OFF: dict[str, Any] = {
     _Z + "cpu_offload_param": False, "torch_autocast.enabled": False, "amp.enabled": False,
     _Z + "offload_optimizer.ratio": 1.0,
 }
-#: Values equal to what memplan assumes (the deepspeed profile's 5e8-element reduce bucket).
+#: Values equal to what memplan assumes (the deepspeed profile's 5e8-element reduce bucket, priced
+#: at ZeRO stages 1 and 2).
 _ASSUMED: dict[str, Any] = {_Z + "reduce_bucket_size": 500_000_000}
 _AUTO = "\"auto\": Hugging Face's DeepSpeed integration fills it in from TrainingArguments; "
 
@@ -224,8 +225,10 @@ def _known(key: str, known: frozenset[str]) -> bool:
     return key in known or any(".".join(parts[:i]) + ".*" in known for i in range(1, len(parts)))
 
 
-def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None) -> tuple[Effect, str]:
-    """The effect of dotted ``key`` with ``value`` and why (see the module docstring)."""
+def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None, zero_stage: Any = 0
+             ) -> tuple[Effect, str]:
+    """The effect of dotted ``key`` with ``value`` and why (see the module docstring); ``zero_stage``
+    is the config's ``zero_optimization.stage`` (the reduce bucket is priced below stage 3)."""
     known = known if known is not None else frozenset(deepspeed_key_list())
     if not _known(key, known):
         return _U, "not a DeepSpeed config key"
@@ -242,7 +245,7 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
         return effect, _AUTO + ("memplan keeps the job's value" if effect == _M else note)
     if effect == _U and (key.endswith(".enabled") and value is False or _OFF.get(key, object()) == value):
         return _N, f"off ({note})"
-    if key in _ASSUMED and value == _ASSUMED[key]:
+    if key in _ASSUMED and value == _ASSUMED[key] and zero_stage in (0, 1, 2):
         return _M, f"the value memplan assumes ({note})"
     return effect, note
 
@@ -259,8 +262,10 @@ def _leaves(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, 
 def deepspeed_settings(config: Mapping[str, Any], source: str = "--deepspeed-config") -> tuple[InputSetting, ...]:
     """One setting per key (dotted leaf) of DeepSpeed config ``config``, classified by :func:`classify`."""
     known = frozenset(deepspeed_key_list())
+    zero = config.get("zero_optimization")
+    stage = zero.get("stage", 0) if isinstance(zero, Mapping) else 0
     out = []
     for key, value in _leaves(config):
-        effect, note = classify(key, value, known=known)
+        effect, note = classify(key, value, known=known, zero_stage=stage)
         out.append(InputSetting(source=source, key=key, value=value, effect=effect, note=note))
     return tuple(out)
