@@ -187,8 +187,9 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
         job, read = apply_hf(hf_args, job)
         settings += read
     if deepspeed_config is not None:
-        apply = _lazy("memplan.frameworks.deepspeed_config", "apply_deepspeed_config", "--deepspeed-config")
-        job = apply(deepspeed_config, job)
+        apply = _lazy("memplan.frameworks.deepspeed_config", "load_deepspeed_config", "--deepspeed-config")
+        job, read = apply(deepspeed_config, job)
+        settings += read
     if peft_config is not None:
         apply_peft = _lazy("memplan.frameworks.peft_config", "apply_peft_config", "--peft-config")
         job, read = apply_peft(peft_config, job, model_ref=model_ref, model=spec)

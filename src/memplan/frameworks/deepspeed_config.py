@@ -3,9 +3,13 @@
 Mapped: ``zero_optimization.stage``, ``bf16.enabled`` / ``fp16.enabled``, ``optimizer.type``,
 ``train_micro_batch_size_per_gpu``, ``train_batch_size``, ``gradient_accumulation_steps``,
 ``zero_optimization.reduce_bucket_size`` is part of the deepspeed framework profile's defaults.
-``"auto"`` values (Hugging Face's integration fills them in) keep the Job's value. Offloading
+``"auto"`` values (Hugging Face's integration fills them in) keep the Job's value. ``enabled: false``
+in ``bf16`` / ``fp16`` with neither enabled is fp32 training; a config naming neither keeps the Job's
+``--precision``. Offloading
 (``offload_optimizer`` / ``offload_param`` with ``device: cpu``) maps to the job's offload; NVMe
-offload is refused (memplan reports CPU memory, not disk).
+offload is refused (memplan reports CPU memory, not disk). Every key of the file is classified
+(modelled / no memory effect / not modelled) by :mod:`memplan.frameworks.deepspeed_keys`;
+:func:`load_deepspeed_config` returns those settings with the Job.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError, UnsupportedError
+from memplan.frameworks.deepspeed_keys import deepspeed_settings
 from memplan.job import Batch, Job, Offload, Optimizer, Sharding
+from memplan.settings import InputSetting
 from memplan.textfile import read_text_file
 
 _OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "fusedadam": "adamw", "onebitadam": "adam"}
@@ -38,6 +44,13 @@ def read_deepspeed_config(path: str | Path) -> dict[str, Any]:
 def apply_deepspeed_config(path: str | Path, job: Job) -> Job:
     """``job`` with the settings of the DeepSpeed config at ``path`` (framework ``deepspeed``)."""
     return job_with_deepspeed(read_deepspeed_config(path), job)
+
+
+def load_deepspeed_config(path: str | Path, job: Job) -> tuple[Job, tuple[InputSetting, ...]]:
+    """:func:`apply_deepspeed_config`, and what each key of the file did
+    (:func:`memplan.frameworks.deepspeed_keys.deepspeed_settings`)."""
+    config = read_deepspeed_config(path)
+    return job_with_deepspeed(config, job), deepspeed_settings(config)
 
 
 def _value(section: Mapping[str, Any], key: str, field: str) -> Any:
@@ -70,10 +83,13 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
             raise UnsupportedError(f"zero_optimization.{key}: offloading to {device} is not modelled (cpu is)")
         offloaded[key] = device == "cpu"
     precision = job.precision
-    if (config.get("bf16") or {}).get("enabled") in (True, "true"):
+    bf16 = config.get("bf16") or config.get("bfloat16") or {}  # bfloat16: DeepSpeed's old spelling
+    if bf16.get("enabled") in (True, "true"):
         precision = dataclasses.replace(precision, name="bf16-mixed")
     elif (config.get("fp16") or {}).get("enabled") in (True, "true"):
         precision = dataclasses.replace(precision, name="fp16-mixed")
+    elif False in (bf16.get("enabled"), (config.get("fp16") or {}).get("enabled")):
+        precision = dataclasses.replace(precision, name="fp32")  # 16-bit modes switched off: DeepSpeed trains fp32
     optimizer = job.optimizer
     opt_section = config.get("optimizer")
     if isinstance(opt_section, Mapping) and opt_section.get("type"):

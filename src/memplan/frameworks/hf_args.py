@@ -283,10 +283,13 @@ def _deepspeed(m: _Mapping, job: Job, base_dir: Path | None) -> Job:
         m.mark("deepspeed", "no-memory-effect", "not set")
         return job
     from memplan.frameworks.deepspeed_config import job_with_deepspeed
+    from memplan.frameworks.deepspeed_keys import deepspeed_settings
 
     config = value if isinstance(value, dict) else read_json_object(str(value), base_dir, "deepspeed")
     m.mark("deepspeed", "modelled", "applied as --deepspeed-config (framework deepspeed; \"auto\" keeps these args' "
            "values)")
+    for setting in deepspeed_settings(config, source=f"{_FLAG} deepspeed"):
+        m.settings[f"deepspeed.{setting.key}"] = setting
     return job_with_deepspeed(config, job)
 
 

@@ -1,0 +1,271 @@
+"""What each key of a DeepSpeed JSON config does to memplan's estimate: modelled, no memory effect, not modelled.
+
+Every key DeepSpeed reads (``deepspeed_key_list.txt``, extracted from DeepSpeed's sources by
+``scripts/extract_deepspeed_keys.py``; its first line names the DeepSpeed version and commit) is
+classified here, by exact dotted key or, where a whole section has one honest answer (monitors,
+profilers, free-form sub-keys), by section. :func:`deepspeed_settings` turns a config into one
+:class:`~memplan.settings.InputSetting` per key it contains (leaves, dotted). A key DeepSpeed does not
+know is "not modelled" ("not a DeepSpeed config key"). ``"auto"`` (Hugging Face's integration fills
+it in) is reported as such. Example::
+
+    >>> [s.effect for s in deepspeed_settings({"bf16": {"enabled": True}, "wandb": {"enabled": True}})]
+    ['modelled', 'no-memory-effect']
+
+Known limitations: the classification is by key, with a few value rules (a switch left off, a
+value equal to what memplan assumes); what memplan assumes for the rest is in each note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from importlib import resources
+from typing import Any
+
+from memplan.settings import Effect, InputSetting
+
+__all__ = ["KEYS", "SECTIONS", "classify", "deepspeed_key_list", "deepspeed_settings"]
+
+_M: Effect = "modelled"
+_N: Effect = "no-memory-effect"
+_U: Effect = "not-modelled"
+
+
+def _group(effect: Effect, note: str, *keys: str) -> dict[str, tuple[Effect, str]]:
+    return {key: (effect, note) for key in keys}
+
+
+_Z = "zero_optimization."
+_Z3 = "ZeRO-3 parameter gathering"
+#: Exact keys (they win over the section rules below).
+KEYS: dict[str, tuple[Effect, str]] = {
+    # What memplan reads (deepspeed_config.job_with_deepspeed).
+    **_group(_M, "the job's batch (--mbs / --gbs)", "train_batch_size", "train_micro_batch_size_per_gpu",
+             "gradient_accumulation_steps"),
+    **_group(_M, "--zero", _Z + "stage"),
+    **_group(_M, "cpu → the optimizer states leave the GPU (--offload-optimizer); none → on the GPU; nvme is "
+             "refused", _Z + "offload_optimizer.device"),
+    **_group(_M, "cpu → the parameters leave the GPU (--offload-params); none → on the GPU; nvme is refused",
+             _Z + "offload_param.device"),
+    **_group(_M, "true: 16-bit weights with fp32 master weights (--precision bf16-mixed / fp16-mixed); false with "
+             "neither enabled: --precision fp32", "bf16.enabled", "bfloat16.enabled", "fp16.enabled"),
+    **_group(_M, "--optimizer (adam, adamw, fusedadam, onebitadam, sgd; other types are refused)", "optimizer.type"),
+    **_group(_M, "SGD's momentum buffer (read for type sgd)", "optimizer.params.momentum"),
+    # Run control and logging.
+    **_group(_N, "logging / run control", "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
+             "log_level", "dataloader_drop_last", "zero_allow_untested_optimizer", "managed_gradient_accumulation",
+             "use_data_before_expert_parallelism", "optimizer.legacy_fusion"),
+    **_group(_N, "gradient arithmetic (scaling, clipping, reduce op); no buffers beyond the ones priced",
+             "gradient_clipping", "prescale_gradients", "gradient_predivide_factor", "gradient_allreduce_op",
+             "disable_allgather"),
+    **_group(_N, "picks DeepSpeedCPUAdam for offloaded states (host memory)", "zero_force_ds_cpu_optimizer"),
+    **_group(_U, "the dtype of gradient all-reduce / reduce-scatter buffers (fp32 doubles a 16-bit bucket); "
+             "memplan prices buckets in the gradient dtype", "communication_data_type",
+             "seq_parallel_communication_data_type"),
+    **_group(_U, "sparse embedding gradients (smaller gradient all-reduce); memplan prices dense gradients",
+             "sparse_gradients"),
+    **_group(_U, "CUDA-graph capture keeps a private memory pool", "graph_harvesting"),
+    **_group(_U, "DeepSpeed-Ulysses sequence parallelism / its device mesh (activations split by sequence); "
+             "memplan takes --cp and data parallelism from the flags", "sequence_parallel_size",
+             "data_parallel_size"),
+    # Precision details memplan does not price.
+    **_group(_N, "loss-scaling / overflow checks", "fp16.loss_scale", "fp16.initial_scale_power",
+             "fp16.loss_scale_window", "fp16.hysteresis", "fp16.consecutive_hysteresis", "fp16.min_loss_scale",
+             "bf16.check_grad_overflow", "bfloat16.check_grad_overflow"),
+    **_group(_U, "keeps master weights and gradients in 16 bits (no fp32 copies); memplan prices fp32 master "
+             "weights and gradients", "fp16.fp16_master_weights_and_grads", "bf16.bf16_master_weights_and_grads",
+             "bfloat16.bf16_master_weights_and_grads"),
+    **_group(_U, "keeps the optimizer states in bf16; memplan prices fp32 states", "bf16.bf16_optimizer_states",
+             "bfloat16.bf16_optimizer_states"),
+    **_group(_U, "applies each gradient to the fp32 gradient buffer at once (frees the 16-bit gradients early)",
+             "bf16.immediate_grad_update", "bfloat16.immediate_grad_update"),
+    **_group(_U, "autocasts the forward (fp32 weights cast per op); memplan prices DeepSpeed's 16-bit weights",
+             "fp16.auto_cast"),
+    **_group(_U, "DeepSpeed's torch.autocast mode: fp32 weights cast per op; memplan prices the bf16/fp16 "
+             "sections' 16-bit weights with fp32 master copies", "torch_autocast.enabled", "torch_autocast.dtype",
+             "torch_autocast.lower_precision_safe_modules"),
+    **_group(_U, "dtype of gradient accumulation / parameters / buffers; memplan takes dtypes from the precision "
+             "sections", "data_types.grad_accum_dtype", "data_types.param_dtype", "data_types.buffer_dtype"),
+    **_group(_U, "NVIDIA apex AMP (its opt_level decides the weight copies); memplan prices DeepSpeed's own "
+             "bf16/fp16 modes", "amp.enabled"),
+    # ZeRO buffers and schedules memplan does not model.
+    _Z + "reduce_bucket_size": (_U, ("ZeRO-1/2 gradient reduce bucket; memplan prices DeepSpeed's default 5e8 "
+                                "elements (ZeRO-3: the largest layer)")),
+    _Z + "allgather_bucket_size": (_U, "ZeRO-1/2 parameter all-gather bucket after the step; not priced"),
+    **_group(_U, "copies gradients into one preallocated buffer (false: no copy); memplan prices the reduce "
+             "bucket only", _Z + "contiguous_gradients"),
+    **_group(_U, "overlapping communication keeps reduce buckets and gathered parameters alive longer; not "
+             "priced", _Z + "overlap_comm"),
+    **_group(_U, "reduce-scatter vs all-reduce of gradients (all-reduce holds full gradients); not priced",
+             _Z + "reduce_scatter", _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions"),
+    **_group(_U, "optimizer step sub-group size (the fp32 working set of one step); not priced",
+             _Z + "sub_group_size"),
+    **_group(_U, f"{_Z3}: bytes of parameters prefetched ahead; memplan prices only the largest layer gathered",
+             _Z + "prefetch_bucket_size", _Z + "stage3_prefetch_bucket_size"),
+    **_group(_U, f"{_Z3}: parameters kept gathered at once (an upper bound on live full parameters); memplan "
+             "prices only the largest layer gathered", _Z + "max_live_parameters", _Z + "stage3_max_live_parameters",
+             _Z + "max_reuse_distance", _Z + "stage3_max_reuse_distance"),
+    **_group(_U, f"{_Z3}: parameters below the threshold stay unpartitioned on every GPU; not priced",
+             _Z + "param_persistence_threshold", _Z + "stage3_param_persistence_threshold",
+             _Z + "model_persistence_threshold", _Z + "stage3_model_persistence_threshold"),
+    **_group(_U, f"{_Z3}: module fetch granularity / fetch collective; not priced", _Z + "module_granularity_threshold",
+             _Z + "stage3_module_granularity_threshold", _Z + "use_all_reduce_for_fetch_params",
+             _Z + "stage3_use_all_reduce_for_fetch_params", _Z + "allgather_sequential",
+             _Z + "stage3_allgather_sequential", _Z + "leaf_module.classes", _Z + "leaf_module.names",
+             _Z + "leaf_module.name_suffixes"),
+    **_group(_U, "gathers full 16-bit weights at checkpoint save; memplan prices training steps",
+             _Z + "gather_16bit_weights_on_model_save", _Z + "stage3_gather_16bit_weights_on_model_save",
+             _Z + "stage3_gather_fp16_weights_on_model_save"),
+    **_group(_U, "ZeRO++: hierarchical partitioning keeps a secondary weight shard per node; not priced",
+             _Z + "zero_hpz_partition_size"),
+    **_group(_U, "ZeRO++ quantized communication buffers; not priced", _Z + "zero_quantized_weights",
+             _Z + "zero_quantized_nontrainable_weights", _Z + "zero_quantized_gradients"),
+    **_group(_U, "MiCS shards over a sub-group (more memory per GPU than ZeRO-3 over all); memplan shards over "
+             "all data-parallel GPUs", _Z + "mics_shard_size", _Z + "mics_hierarchical_params_gather"),
+    **_group(_U, "ZeRO-3's memory-efficient linear (does not save the gathered weight for backward); not priced",
+             _Z + "memory_efficient_linear"),
+    **_group(_U, "legacy CPU offload switches (use offload_optimizer / offload_param); not read by memplan",
+             _Z + "cpu_offload", _Z + "cpu_offload_param", _Z + "cpu_offload_use_pin_memory"),
+    **_group(_N, "checkpoint loading / checks / stage-1 implementation choice", _Z + "load_from_fp32_weights",
+             _Z + "elastic_checkpoint", _Z + "ignore_unused_parameters", _Z + "legacy_stage1",
+             _Z + "round_robin_gradients", _Z + "enable_sanity_checks", _Z + "log_trace_cache_warnings",
+             _Z + "override_module_apply", _Z + "pipeline_loading_checkpoint",
+             _Z + "save_muon_momentum_buffer_in_memory"),
+    # Offload details: host-side settings, and the ones that change GPU memory.
+    **_group(_N, "host-side offload setting (pinned host memory, NVMe paths, CPU threads)",
+             _Z + "offload_optimizer.pin_memory", _Z + "offload_optimizer.nvme_path",
+             _Z + "offload_optimizer.buffer_count", _Z + "offload_optimizer.pipeline_read",
+             _Z + "offload_optimizer.pipeline_write", _Z + "offload_optimizer.fast_init",
+             _Z + "offload_optimizer.cpuadam_cores_perc", _Z + "offload_param.pin_memory",
+             _Z + "offload_param.nvme_path", _Z + "offload_param.max_in_cpu"),
+    **_group(_U, "NVMe parameter swap buffers (buffer_count x buffer_size elements) staged in pinned memory; "
+             "not priced", _Z + "offload_param.buffer_count", _Z + "offload_param.buffer_size"),
+    _Z + "offload_optimizer.ratio": (_U, ("partial offload: this fraction of the optimizer states leaves the GPU; "
+                                     "memplan offloads all or none")),
+    _Z + "offload_optimizer.super_offload": (_U, "SuperOffload (pipelined CPU optimizer for superchips); not priced"),
+    # Activation checkpointing (deepspeed.checkpointing, used by Megatron-DeepSpeed models).
+    "activation_checkpointing.partition_activations": (_U, ("splits each checkpointed activation across tensor-"
+                                                       "parallel ranks (1/tp of the saved inputs); memplan takes "
+                                                       "recompute from --recompute, unpartitioned")),
+    "activation_checkpointing.cpu_checkpointing": (_U, ("moves checkpointed activations to CPU memory; memplan "
+                                                   "keeps them on the GPU")),
+    "activation_checkpointing.contiguous_memory_optimization": (_U, ("copies checkpoints into one preallocated "
+                                                                "buffer (less fragmentation, one buffer per "
+                                                                "checkpoint); not priced")),
+    "activation_checkpointing.number_checkpoints": (_U, "sizes the contiguous checkpoint buffer; not priced"),
+    **_group(_N, "synchronisation / profiling", "activation_checkpointing.synchronize_checkpoint_boundary",
+             "activation_checkpointing.profile"),
+    # Pipeline engine.
+    **_group(_U, "DeepSpeed's pipeline engine; memplan takes --pp / --recompute from the flags and splits layers "
+             "evenly", "pipeline.stages", "pipeline.partition", "pipeline.activation_checkpoint_interval",
+             "pipeline.pipe_partitioned", "pipeline.grad_partitioned"),
+    "pipeline.seed_layers": (_N, "random seeds per layer"),
+    "aio.use_gds": (_U, "GPUDirect Storage stages NVMe swaps in GPU buffers; not priced"),
+}
+
+#: Section rules: every key at or under the prefix not in :data:`KEYS` (longest prefix wins).
+SECTIONS: dict[str, tuple[Effect, str]] = {
+    **_group(_N, "monitoring / logging", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "timers"),
+    **_group(_N, "profiling (counts FLOPs with hooks; no tensors kept)", "flops_profiler"),
+    **_group(_N, "checkpoint storage (host / disk)", "checkpoint", "nebula", "datastates_ckpt"),
+    **_group(_N, "the autotuner's search runs separate trial jobs; this config's own settings are what train",
+             "autotuning"),
+    **_group(_N, "learning-rate schedule", "scheduler"),
+    **_group(_N, "optimizer hyper-parameter", "optimizer.params"),
+    **_group(_N, "host-side NVMe I/O settings", "aio"),
+    "amp": (_U, "apex AMP option (decides the weight copies); not priced"),
+    "elasticity": (_U, ("elastic training picks the batch and GPU count at launch; memplan prices the config's "
+                   "batch and --gpus")),
+    "eigenvalue": (_U, "eigenvalue estimation runs extra backward passes with create_graph; not priced"),
+    "progressive_layer_drop": (_U, "skips layers at random (fewer activations); memplan prices every layer"),
+    "sparse_attention": (_U, "DeepSpeed block-sparse attention kernels; memplan prices dense attention"),
+    "compression_training": (_U, ("compression training (quantization / pruning masks, layer reduction); not "
+                             "priced")),
+    "quantize_training": (_U, "MoQ quantize-aware training; not priced"),
+    "weight_quantization": (_U, "weight quantization; not priced"),
+    "data_efficiency": (_U, ("curriculum learning / random-LTD change the tokens per step and layer; memplan "
+                        "prices the full --seq")),
+    "curriculum_learning": (_U, ("legacy curriculum learning changes the sequence length per step; memplan "
+                            "prices the full --seq")),
+    "hybrid_engine": (_U, "RLHF hybrid engine (inference containers, KV cache); not priced"),
+    "compile": (_U, "DeepCompile (its own offload / activation-freeing passes); memplan prices eager DeepSpeed"),
+    "tensor_parallel": (_U, "AutoTP training; memplan takes --tp from the flags"),
+    "expert_parallel": (_U, "AutoEP expert parallelism; memplan takes --ep from the flags"),
+    _Z + "zenflow": (_U, "ZenFlow (stall-free offload: selected gradients stay on the GPU); not priced"),
+    _Z + "zeropp_loco_param": (_U, "ZeRO++ LoCo error-feedback buffers for quantized gradients; not priced"),
+}
+
+#: Values that leave a not-modelled switch with no effect (DeepSpeed's default off state).
+_OFF: dict[str, Any] = {
+    "activation_checkpointing.partition_activations": False, "activation_checkpointing.cpu_checkpointing": False,
+    "activation_checkpointing.contiguous_memory_optimization": False, "fp16.auto_cast": False,
+    "fp16.fp16_master_weights_and_grads": False, "bf16.bf16_master_weights_and_grads": False,
+    "bf16.bf16_optimizer_states": False, "bf16.immediate_grad_update": False,
+    "bfloat16.bf16_master_weights_and_grads": False, "bfloat16.bf16_optimizer_states": False,
+    "bfloat16.immediate_grad_update": False, "sparse_gradients": False,
+    "graph_harvesting": False, "aio.use_gds": False, _Z + "zero_quantized_weights": False,
+    _Z + "zero_quantized_nontrainable_weights": False, _Z + "zero_quantized_gradients": False,
+    _Z + "zero_hpz_partition_size": 1, _Z + "mics_shard_size": -1, _Z + "cpu_offload": False,
+    _Z + "cpu_offload_param": False, "torch_autocast.enabled": False, "amp.enabled": False,
+    _Z + "offload_optimizer.ratio": 1.0,
+}
+#: Values equal to what memplan assumes (the deepspeed profile's 5e8-element reduce bucket, priced
+#: at ZeRO stages 1 and 2).
+_ASSUMED: dict[str, Any] = {_Z + "reduce_bucket_size": 500_000_000}
+_AUTO = "\"auto\": Hugging Face's DeepSpeed integration fills it in from TrainingArguments; "
+
+
+def deepspeed_key_list() -> tuple[str, ...]:
+    """DeepSpeed's dotted config keys (``section.*``: free-form sub-keys), from the shipped list."""
+    text = resources.files("memplan.frameworks").joinpath("deepspeed_key_list.txt").read_text()
+    return tuple(line for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def _known(key: str, known: frozenset[str]) -> bool:
+    parts = key.split(".")
+    return key in known or any(".".join(parts[:i]) + ".*" in known for i in range(1, len(parts)))
+
+
+def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None, zero_stage: Any = 0
+             ) -> tuple[Effect, str]:
+    """The effect of dotted ``key`` with ``value`` and why (see the module docstring); ``zero_stage``
+    is the config's ``zero_optimization.stage`` (the reduce bucket is priced below stage 3)."""
+    known = known if known is not None else frozenset(deepspeed_key_list())
+    if not _known(key, known):
+        return _U, "not a DeepSpeed config key"
+    if key in KEYS:
+        effect, note = KEYS[key]
+    else:
+        prefixes = [p for p in SECTIONS if key == p or key.startswith(p + ".")]
+        if not prefixes and any(k.startswith(key + ".") for k in known):
+            return _N, "a section; its keys are classified one by one"
+        if not prefixes:
+            return _U, "a DeepSpeed key memplan has not classified"
+        effect, note = SECTIONS[max(prefixes, key=len)]
+    if value == "auto":
+        return effect, _AUTO + ("memplan keeps the job's value" if effect == _M else note)
+    if effect == _U and (key.endswith(".enabled") and value is False or _OFF.get(key, object()) == value):
+        return _N, f"off ({note})"
+    if key in _ASSUMED and value == _ASSUMED[key] and zero_stage in (0, 1, 2):
+        return _M, f"the value memplan assumes ({note})"
+    return effect, note
+
+
+def _leaves(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for name, value in config.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, key + ".")
+        else:
+            yield key, value
+
+
+def deepspeed_settings(config: Mapping[str, Any], source: str = "--deepspeed-config") -> tuple[InputSetting, ...]:
+    """One setting per key (dotted leaf) of DeepSpeed config ``config``, classified by :func:`classify`."""
+    known = frozenset(deepspeed_key_list())
+    zero = config.get("zero_optimization")
+    stage = zero.get("stage", 0) if isinstance(zero, Mapping) else 0
+    out = []
+    for key, value in _leaves(config):
+        effect, note = classify(key, value, known=known, zero_stage=stage)
+        out.append(InputSetting(source=source, key=key, value=value, effect=effect, note=note))
+    return tuple(out)
