@@ -10,6 +10,7 @@ from memplan.estimate.activations import (
     ActivationShape,
     backward_transient_bytes,
     divided,
+    layer_terms,
     layer_terms_by_block,
 )
 from memplan.estimate.adapter_acts import (
@@ -60,6 +61,7 @@ from memplan.estimate.optimizers import (
     small_tensors_of_sizes,
 )
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
+from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import dropped_sites, recomputed_peak, term_site
 from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.states import (
@@ -649,6 +651,10 @@ def _assumptions(
         out.append("selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
                    "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
                    "weight copies are made again in its backward")
+    elif rc.mode == "selective" and profile.recompute_modules:
+        shape = _activation_shape(model, job, profile, prec)
+        sites = {term_site(t) for layer in {id(x): x for x in model.layers}.values() for t in layer_terms(layer, shape)}
+        out.append(describe_recompute(rc.module_names, sites))
     elif rc.mode == "selective":
         out.append("selective recompute: the attention core is recomputed; its inputs are kept")
     elif rc.mode == "full":

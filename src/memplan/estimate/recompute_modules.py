@@ -75,3 +75,31 @@ def ineffective_modules(modules: Iterable[str], sites: Iterable[str]) -> tuple[s
     fuses every norm into a GEMM): no-ops, as in Megatron."""
     present = set(sites)
     return tuple(name for name in modules if not SITES_DROPPED_BY[name] & present)
+
+
+#: What each module's checkpoint makes again, for the estimate's assumptions.
+RECOMPUTES = {
+    "core_attn": "the attention core (scores, softmax, dropout)",
+    "layernorm": "the separate pre-attention (MLA) and pre-MLP (MoE) norms' outputs",
+    "mla_up_proj": "MLA's up-projections and RoPE (q, k, v and the latent norms' outputs)",
+    "mlp": "the dense MLP from its input",
+    "moe": "the whole MoE layer from its input",
+    "moe_act": "the experts' activation output",
+    "shared_experts": "the shared experts from their input",
+}
+
+
+def describe(modules: tuple[str, ...], sites: Iterable[str]) -> str:
+    """The assumption line for Megatron's selective recompute of ``modules`` on a model whose
+    terms have ``sites``."""
+    if not modules:
+        return "selective recompute with no --recompute-modules: nothing is recomputed"
+    text = (f"selective recompute (Megatron --recompute-modules {' '.join(modules)}): recomputed are "
+            + "; ".join(RECOMPUTES[name] for name in modules)
+            + "; their inputs are kept, and the larger of the attention block's and the MLP block's recomputed "
+            "tensors is made again during each layer's backward")
+    idle = ineffective_modules(modules, sites)
+    if idle:
+        text += (f"; {', '.join(idle)}: no effect on this model (it has no such separately recomputed part under "
+                 "Transformer Engine's layer spec; Megatron accepts the name and does nothing)")
+    return text
