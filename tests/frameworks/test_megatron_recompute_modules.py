@@ -66,3 +66,11 @@ def test_mla_up_proj_on_a_model_without_mla_is_refused() -> None:
                                     gpus=1)
     with pytest.raises(JobConfigError, match="multi-latent attention"):
         estimate(model, job)
+
+
+def test_overriding_the_recompute_mode_drops_the_mapped_modules() -> None:
+    from memplan.jobflags import build_job
+
+    _, job = from_megatron_args(DENSE + "--recompute-granularity selective --recompute-modules core_attn mlp", gpus=1)
+    assert build_job({"recompute": "full"}, job).recompute.modules is None
+    assert build_job({"mbs": 4}, job).recompute.modules == "core_attn,mlp"
