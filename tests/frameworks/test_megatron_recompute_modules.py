@@ -54,6 +54,7 @@ def test_mapped_modules_change_the_estimate() -> None:
     ("--moe-shared-expert-intermediate-size 512 --moe-shared-expert-overlap --recompute-modules shared_experts",
      ModelConfigError, "--moe-shared-expert-overlap"),
     ("--recompute-modules core_attn gdn_norm_out", JobConfigError, "does not model"),
+    ("--moe-grouped-gemm --fp8-format hybrid --recompute-modules layernorm", ModelConfigError, "delayed scaling"),
     ("--recompute-modules attn", JobConfigError, "must be a comma list of"),
 ])
 def test_megatron_refusals(extra: str, error: type[Exception], says: str) -> None:
@@ -74,3 +75,8 @@ def test_overriding_the_recompute_mode_drops_the_mapped_modules() -> None:
     _, job = from_megatron_args(DENSE + "--recompute-granularity selective --recompute-modules core_attn mlp", gpus=1)
     assert build_job({"recompute": "full"}, job).recompute.modules is None
     assert build_job({"mbs": 4}, job).recompute.modules == "core_attn,mlp"
+
+
+def test_fp8_with_a_recipe_other_than_delayed_may_recompute_norms() -> None:
+    assert _modules(MOE + "--recompute-granularity selective --fp8-format hybrid --fp8-recipe tensorwise "
+                    "--moe-grouped-gemm --recompute-modules layernorm moe_act")[0] == "layernorm,moe_act"

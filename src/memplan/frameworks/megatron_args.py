@@ -266,6 +266,11 @@ def _recompute_modules(args: Mapping[str, Any]) -> str | None:
     if "shared_experts" in names and flag_is_set(args, "--moe-shared-expert-overlap"):
         raise ModelConfigError("--recompute-modules", "shared_experts cannot be recomputed with "
                                "--moe-shared-expert-overlap (Megatron refuses it)", " ".join(names))
+    fp8 = args.get("--fp8-format") or isinstance(args.get("--fp8"), str)
+    delayed = str(args.get("--fp8-recipe", "delayed")) == "delayed"  # TransformerConfig's default recipe
+    if fp8 and delayed and {"moe_act", "layernorm"} & set(names):
+        raise ModelConfigError("--recompute-modules", "moe_act and layernorm recompute need an FP8 recipe other "
+                               "than delayed scaling (Megatron refuses them; set --fp8-recipe)", " ".join(names))
     return ",".join(names)
 
 
