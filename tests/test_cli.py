@@ -132,7 +132,8 @@ def test_json_reflects_every_job_flag() -> None:
     assert job["batch"] == {"micro_batch_size": 2, "seq_length": 2048, "global_batch_size": 256, "packing": False}
     assert job["precision"]["grad_dtype"] == "bf16"
     assert job["optimizer"]["name"] == "adam" and job["optimizer"]["implementation"] == "foreach"
-    assert job["recompute"] == {"mode": "full", "method": "block", "num_layers": 2, "reentrant": False}
+    assert job["recompute"] == {"mode": "full", "method": "block", "num_layers": 2, "reentrant": False,
+                               "modules": None}
     assert (job["attention"], job["dropout"], job["loss"], job["vocab_divisible_by"]) == ("sdpa", 0.1, "fused", 64)
     assert data["fragmentation"] == 0.2
     assert len(data["stages"]) == 4

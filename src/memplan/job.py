@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
+from memplan.frameworks.profiles import get_profile
 from memplan.model.peft_checks import check_finetune_names
 from memplan.model.spec import ModelSpec
 from memplan.units import normalize_dtype
@@ -278,6 +279,19 @@ class Optimizer:
             raise JobConfigError("--momentum", "must be in [0, 1)", self.momentum)
 
 
+#: Megatron's ``--recompute-modules`` choices memplan models (megatron/core/transformer/
+#: transformer_config.py ``recompute_modules``), and its default.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+#: Megatron choices for layer kinds memplan has no model of: what they recompute.
+UNMODELLED_RECOMPUTE_MODULES = {
+    "gdn_norm_out": "the GatedDeltaNet output norm",
+    "gdp_in_proj": "the GatedDeltaProduct input projection",
+    "gdp_qkv": "the GatedDeltaProduct causal conv and q/k/v preparation",
+    "mhc": "hyper-connection mixing",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Recompute:
     """Activation recomputation (checkpointing)."""
@@ -294,11 +308,42 @@ class Recompute:
     reentrant: bool = knob(False, "--checkpoint-reentrant", "Use reentrant torch.utils.checkpoint (Hugging Face "
                            "use_reentrant=True) for recomputed layers.", panel=ACTIVATIONS)
 
+    #: Megatron ``--recompute-modules`` (comma list here, space-separated there): the sub-modules a
+    #: ``selective`` recompute checkpoints. None: the framework's default (Megatron: core_attn).
+    modules: str | None = knob(None, "--recompute-modules", "Megatron selective recompute: a comma list of "
+                               f"{', '.join(RECOMPUTE_MODULES)}. (default: core_attn)", panel=ACTIVATIONS,
+                               metavar="LIST")
+
     def __post_init__(self) -> None:
         _check_choice("--recompute", self.mode, get_args(RecomputeMode))
         _check_choice("--recompute-method", self.method, get_args(RecomputeMethod))
         if self.num_layers is not None:
             _check_int("--recompute-layers", self.num_layers, minimum=0)
+        if self.modules is not None:
+            object.__setattr__(self, "modules", _recompute_module_list(self.modules))
+            if self.mode != "selective":
+                raise JobConfigError("--recompute-modules", "only applies with --recompute selective (Megatron "
+                                     f"ignores it otherwise); the job has --recompute {self.mode}", self.modules)
+
+    @property
+    def module_names(self) -> tuple[str, ...]:
+        """The sub-modules selective recompute checkpoints (Megatron's default: the attention core)."""
+        if self.modules is None:
+            return DEFAULT_RECOMPUTE_MODULES
+        return tuple(name for name in self.modules.split(",") if name)
+
+
+def _recompute_module_list(text: str) -> str:
+    """``text`` as a canonical comma list (order kept, repeats dropped); unknown names refused."""
+    names = dict.fromkeys(part.strip() for part in str(text).replace(" ", ",").split(",") if part.strip())
+    for name in names:
+        if name in UNMODELLED_RECOMPUTE_MODULES:
+            raise JobConfigError("--recompute-modules", f"{name} recomputes {UNMODELLED_RECOMPUTE_MODULES[name]}, "
+                                 "which memplan does not model", text)
+        if name not in RECOMPUTE_MODULES:
+            raise JobConfigError("--recompute-modules", f"must be a comma list of {', '.join(RECOMPUTE_MODULES)}",
+                                 text)
+    return ",".join(names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -585,6 +630,10 @@ class Job:
         _check_int("--mtp-layers", self.mtp_layers, minimum=0, maximum=64)
         self._check_batch()
         self._check_offload()
+        if self.recompute.modules is not None and not get_profile(self.framework).recompute_modules:
+            raise JobConfigError("--recompute-modules", f"is a Megatron-LM policy the chosen framework does not "
+                                 f"have (--framework {self.framework}); use --framework megatron or drop it",
+                                 self.recompute.modules)
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
@@ -658,6 +707,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             f"must divide the number of key/value heads ({attn.num_kv_heads}) or be a multiple of it",
             par.tp,
         )
+    _check_recompute_modules(job, model)
     chunks = par.pp * par.vpp
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
     if par.chunk_layers is not None:
@@ -699,3 +749,18 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             f"ep*etp*pp = {par.ep}*{par.expert_tp}*{par.pp} must divide --gpus={par.world_size}",
             par.ep,
         )
+
+
+def _check_recompute_modules(job: Job, model: ModelSpec) -> None:
+    """Megatron's own refusals of ``--recompute-modules`` for a model without the module
+    (transformer_config.py); moe and shared_experts without such layers are no-ops there too."""
+    if job.recompute.mode != "selective" or job.recompute.modules is None:
+        return
+    names = job.recompute.module_names
+    if "mla_up_proj" in names and not any(layer.attention.kind == "mla" for layer in model.layers):
+        raise JobConfigError("--recompute-modules", "mla_up_proj needs multi-latent attention, which this model "
+                             "does not have (Megatron refuses it too)", job.recompute.modules)
+    if "moe_act" in names and not model.is_moe:
+        raise JobConfigError("--recompute-modules", "moe_act needs MoE layers with grouped-GEMM experts, which "
+                             "this dense model does not have (Megatron refuses it without --moe-grouped-gemm)",
+                             job.recompute.modules)

@@ -135,6 +135,9 @@ def build_job(values: Mapping[str, Any], base: Job | None = None) -> Job:
     par = changes.get("parallel", {})
     if _LAYOUT_FIELDS & par.keys() and "dp" not in par:
         par["dp"] = None  # derived again from the new layout
+    rc = changes.get("recompute", {})
+    if rc.get("mode", "selective") != "selective" and "modules" not in rc:
+        rc["modules"] = None  # a base job's modules (e.g. from --megatron-args) only mean something under selective
     top = changes.pop(None, {})
     for section, section_values in changes.items():
         assert section is not None

@@ -108,6 +108,9 @@ class Term:
     keep: Keep
     #: Input of a linear layer's GEMM: saved in FP8 (1 byte per element) under FP8 training.
     gemm_input: bool = False
+    #: Which checkpointable part of a Megatron layer saves it (:data:`memplan.estimate.recompute_modules.
+    #: SITES_DROPPED_BY` says which ``--recompute-modules`` drop each); "" for none.
+    site: str = ""
 
 
 def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
@@ -128,20 +131,22 @@ def layer_terms_by_block(layer: LayerSpec, shape: ActivationShape) -> tuple[list
 
 
 def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers: int = 1,
-                gemm_keep: Keep = "body") -> list[Term]:
+                gemm_keep: Keep = "body", site: str = "") -> list[Term]:
     """A pre-norm: its input, what the norm itself saves, and its output as the next GEMMs' input.
 
     ``consumers`` is the number of linear layers reading the output (q, k, v: 3 unless fused);
     under autocast each casts the fp32 output itself and saves its own 16-bit copy.
-    ``gemm_keep`` is the recompute class of those GEMM inputs (``attn`` inside the attention module).
+    ``gemm_keep`` is the recompute class of those GEMM inputs (``attn`` inside the attention module),
+    ``site`` the Megatron module whose recompute drops the output.
     """
     sbh = shape.seq * shape.micro_batch * shape.hidden
     terms = [Term(f"{prefix} norm input", shape.residual_bytes * sbh, "sp", keep_input)]
     terms += eager_norm_terms(shape, prefix, shape.residual_bytes)
-    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True))
+    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True,
+                      site=site))
     if shape.autocast and consumers > 1:
         terms.append(Term(f"{prefix} norm output, autocast copies of the other {consumers - 1} GEMMs",
-                          (consumers - 1) * shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True))
+                          (consumers - 1) * shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True, site=site))
     return terms
 
 
@@ -184,7 +189,10 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
     tokens = s * b
     consumers = 2 if attn.kind == "mla" else (1 if attn.fused_qkv else 3)
-    terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn")
+    # Megatron's TE layer spec fuses the pre-attention norm into linear_qkv except under MLA, where
+    # it is its own module, which ``layernorm`` recompute can discard (gpt_layer_specs.py).
+    terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn",
+                        site="input_norm" if attn.kind == "mla" else "")
     # Checkpointing the attention module keeps its input: the norm output, in the residual dtype.
     terms.append(Term("attention module input (checkpointed)", shape.residual_bytes * tokens * shape.hidden,
                       "sp", "attn_input"))
@@ -195,7 +203,8 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     else:
         q_width = attn.num_heads * attn.head_dim
         kv_width = attn.num_kv_heads * (attn.head_dim + attn.v_head_dim)
-    terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn"))
+    terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn",
+                      site="mla_up" if attn.kind == "mla" else ""))
     # (RoPE multiplies q and k by cos/sin tables that need no gradient: it saves nothing more.)
     terms += _fused_qkv_terms(attn, shape)
     if attn.qk_norm:
@@ -280,32 +289,44 @@ def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
     latent = attn.kv_lora_rank or 0
     rope = attn.qk_rope_head_dim or 0
     terms = [Term("kv latent (+ rope key)", c * tokens * (latent + rope), "rep", "body")]
-    terms.append(Term("kv latent norm output (kv up-projection input)", c * tokens * latent, "rep", "body", gemm_input=True))
+    terms.append(Term("kv latent norm output (kv up-projection input)", c * tokens * latent, "rep", "body",
+                      gemm_input=True, site="mla_up"))
     if attn.q_lora_rank:
         terms.append(Term("q latent", c * tokens * attn.q_lora_rank, "rep", "body"))
-        terms.append(Term("q latent norm output (q up-projection input)", c * tokens * attn.q_lora_rank, "rep", "body", gemm_input=True))
+        terms.append(Term("q latent norm output (q up-projection input)", c * tokens * attn.q_lora_rank, "rep",
+                          "body", gemm_input=True, site="mla_up"))
     return terms
+
+
+#: Sites of an MLP's (fc1 output, activation output) by the MLP's role: the routed experts'
+#: activation output is what ``moe_act`` recomputes (experts.py), the rest the whole module's.
+_MLP_SITES = {"mlp": ("mlp", "mlp"), "experts": ("moe", "moe_act"),
+              "shared expert": ("shared_experts", "shared_experts")}
 
 
 def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Region, prefix: str,
                elem_bytes: int = 0) -> list[Term]:
     c, f = elem_bytes or shape.act_bytes, mlp.intermediate_size
+    fc1_site, fc2_site = _MLP_SITES[prefix]
     terms: list[Term] = []
     if prefix == "mlp":
         consumers = 2 if mlp.gated and not mlp.fused_gate_up else 1
-        terms += _norm_terms(shape, "mlp", "body", consumers)
+        # TE fuses this norm into linear_fc1: its output is saved inside the MLP module.
+        terms += _norm_terms(shape, "mlp", "body", consumers, site="mlp")
     # fc1 output (gate and up halves for a gated MLP) saved by the activation function, its
     # output saved by fc2; eager SwiGLU also saves act(gate) as a separate tensor.
     fc1_out = 2 if mlp.gated else 1
     if mlp.gated and shape.kernels != "fused":
         fc1_out += 1
-    terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body"))
-    terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True))
+    terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body",
+                      site=fc1_site))
+    terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True, site=fc2_site))
     if mlp.activation == "gelu_new" and shape.kernels == "eager":
         # GPT-2's NewGELUActivation is a Python formula: it also saves tanh(...), 1 + tanh(...) and
         # 0.5 * x; under CUDA autocast its pow runs in fp32, so those are fp32.
         per_element = 12 if shape.autocast else 3 * c
-        terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body"))
+        terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body",
+                          site=fc2_site))
     if shape.dropout and prefix == "mlp":
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
     return terms
@@ -330,21 +351,24 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     s, b, h = shape.seq, shape.micro_batch, shape.hidden
     c = shape.expert_bytes or shape.act_bytes
     tokens = s * b
-    terms = _norm_terms(shape, "mlp", "body")
+    # A separate pre-MLP norm in Megatron's TE spec (its output, the MoE layer's input: ``layernorm``).
+    terms = _norm_terms(shape, "mlp", "body", site="pre_mlp_norm")
     if shape.kernels == "eager":
         # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
         terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
-                          "sp", "body"))
+                          "sp", "body", site="moe"))
     else:
-        terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT, "sp", "body"))
+        terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT,
+                          "sp", "body", site="moe"))
     routed = tokens * moe.top_k
-    terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body"))
+    terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body", site="moe"))
     received = int(routed * shape.routed_factor)
-    terms.append(Term("dispatched tokens (grouped-GEMM input)", c * received * h * shape.expert_tp, "sp", "body", gemm_input=True))
+    terms.append(Term("dispatched tokens (grouped-GEMM input)", c * received * h * shape.expert_tp, "sp", "body",
+                      gemm_input=True, site="moe"))
     terms += _mlp_terms(moe.expert, shape, tokens=received, region="sp", prefix="experts", elem_bytes=c)
     # Combine weights each expert output by its routing probability: the product's backward keeps
     # the expert outputs (back on the source rank: one row per routed copy).
-    terms.append(Term("expert outputs kept by the weighted combine", c * routed * h, "sp", "body"))
+    terms.append(Term("expert outputs kept by the weighted combine", c * routed * h, "sp", "body", site="moe"))
     if moe.shared_expert is not None:
         terms += _mlp_terms(moe.shared_expert, shape, tokens=tokens, region="tp", prefix="shared expert")
     if shape.dropout:

@@ -10,6 +10,7 @@ from memplan.estimate.activations import (
     ActivationShape,
     backward_transient_bytes,
     divided,
+    layer_terms,
     layer_terms_by_block,
 )
 from memplan.estimate.adapter_acts import (
@@ -60,6 +61,8 @@ from memplan.estimate.optimizers import (
     small_tensors_of_sizes,
 )
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
+from memplan.estimate.recompute_modules import describe as describe_recompute
+from memplan.estimate.recompute_modules import dropped_sites, recomputed_peak, term_site
 from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.states import (
     StageParams,
@@ -128,7 +131,7 @@ def estimate(
     vocab_rows = padded_vocab(model, job.parallel.tp, divisible)
     shape = _activation_shape(model, job, profile, prec)
     layouts = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches)
-    cache: dict[object, tuple[int, int, int]] = {}
+    cache: dict[object, LayerCosts] = {}
     stages = tuple(
         _stage_estimate(model, job, profile, prec, shape, layout, vocab_rows, fragmentation, cache)
         for layout in layouts
@@ -211,9 +214,14 @@ def rank_routed_factor(model: ModelSpec, job: Job) -> float:
     return (options.routed_token_factor + per_rank - 1) / per_rank
 
 
-def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[object, tuple[int, int, int]],
-                 index: int | None = None, model: ModelSpec | None = None) -> tuple[int, int, int]:
-    """(kept bytes under the job's recompute, full bytes without recompute, backward transient) of one layer.
+#: Of one layer: (kept bytes under the job's recompute, full bytes without recompute, backward
+#: transient, bytes made again at the worst point of its backward under selective recompute).
+LayerCosts = tuple[int, int, int, int]
+
+
+def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[object, LayerCosts],
+                 index: int | None = None, model: ModelSpec | None = None) -> LayerCosts:
+    """(kept, full, backward transient, recomputed at the worst point) of one layer (:data:`LayerCosts`).
 
     For a fine-tuning job (``index`` and ``model`` given) a frozen layer's GEMM inputs are not saved
     and its adapters' terms are added (:mod:`memplan.estimate.adapter_acts`).
@@ -231,11 +239,11 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         # enable_input_require_grads).
         start = first_trainable_layer(counts) if counts.root.trained + counts.root.adapter == 0 else 0
         if index < start and job.recompute.mode == "none":
-            return (0, 0, 0)
+            return (0, 0, 0, 0)
         first = index == start and counts.root.trained + counts.root.adapter == 0 and job.recompute.mode == "none"
     key = (id(layer), adapters, frozen, first, job.finetune.quantize_base)
     if key not in cache:
-        kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
+        kept_classes, dropped = _kept_policy(job)
         attention, rest = layer_terms_by_block(layer, shape)
         if frozen:
             # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
@@ -252,11 +260,25 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
                                         uncast_input=(quantized and autocast) or shape.act_bytes == ADAPTER_BYTES,
                                         base_keeps_input=quantized and job.finetune.quantize_base == "int8")
         blocks = (attention, rest)
-        sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
-        full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
-        kept = sum(size for size, keep in sized if keep in kept_classes)
-        cache[key] = (kept, full, backward_transient_bytes(layer, shape, blocks))
+        sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
+        full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
+        kept = sum(size for size, keep, site in sized if keep in kept_classes and site not in dropped)
+        rebuilt = full - kept
+        if dropped:
+            # only one block's recomputed tensors are alive at a time (recompute_modules.py)
+            rebuilt -= sum(size for size, _, site in sized if site in dropped)
+            rebuilt += recomputed_peak([(size, site) for size, _, site in sized], dropped)
+        cache[key] = (kept, full, backward_transient_bytes(layer, shape, blocks), rebuilt)
     return cache[key]
+
+
+def _kept_policy(job: Job) -> tuple[frozenset[str], frozenset[str]]:
+    """(recompute classes kept, sites dropped) under the job's recompute: Megatron's selective
+    recompute drops the sites of its ``--recompute-modules`` (:mod:`memplan.estimate.recompute_modules`)."""
+    profile = get_profile(job.framework)
+    if job.recompute.mode != "selective" or not profile.recompute_modules:
+        return KEPT_BY[kept_mode(job, profile)], frozenset()
+    return KEPT_BY["selective"] | {"core"}, dropped_sites(job.recompute.module_names)
 
 
 def _dora_transient(model: ModelSpec, job: Job, shape: ActivationShape, layout: StageLayout) -> int:
@@ -293,7 +315,7 @@ def _stage_estimate(
     layout: StageLayout,
     vocab_rows: int,
     fragmentation: float,
-    cache: dict[object, tuple[int, int, int]],
+    cache: dict[object, LayerCosts],
 ) -> StageEstimate:
     params = stage_params(model, job, layout, vocab_rows, vocab_parallel=profile.vocab_parallel)
     tensors = stage_tensors(model, layout.layer_indices, has_embedding=layout.has_embedding, has_head=layout.has_head)
@@ -324,7 +346,7 @@ def _stage_estimate(
     for chunk in layout.chunks:
         kept = 0
         for index in chunk:
-            keep, full, transient = _layer_costs(model.layers[index], shape, job, cache, index, model)
+            keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
             if ft is None:
                 transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
             else:
@@ -333,8 +355,8 @@ def _stage_estimate(
                 # the recomputed forward rebuilds DoRA's weights too (its temporaries, then the backward's)
                 layer_keep, layer_worst = keep, group * full + max(transient, dora)
             elif job.recompute.mode == "selective":
-                # The attention core (or module) is recomputed during this layer's backward.
-                layer_keep, layer_worst = keep, full - keep + transient
+                # The recomputed modules are made again during this layer's backward.
+                layer_keep, layer_worst = keep, rebuilt + transient
             else:
                 layer_keep, layer_worst = full, transient
             kept += layer_keep
@@ -507,10 +529,10 @@ def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfi
     return numel * dtype_bytes(prec.compute)
 
 
-def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[object, tuple[int, int, int]]) -> int:
+def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, cache: dict[object, LayerCosts]) -> int:
     """One MTP module per micro-batch: its decoder layer (shaped like the last), two input norms,
     the concatenated 2h input of its projection, and the embedding lookup it reads."""
-    keep, full, _ = _layer_costs(model.layers[-1], shape, job, cache)
+    keep, full, _, _ = _layer_costs(model.layers[-1], shape, job, cache)
     layer = keep if job.recompute.mode != "none" else full
     sbh = shape.seq * shape.micro_batch * shape.hidden
     sp = shape.tp if shape.sequence_parallel else 1
@@ -642,6 +664,10 @@ def _assumptions(
         out.append("selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
                    "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
                    "weight copies are made again in its backward")
+    elif rc.mode == "selective" and profile.recompute_modules:
+        shape = _activation_shape(model, job, profile, prec)
+        sites = {term_site(t) for layer in {id(x): x for x in model.layers}.values() for t in layer_terms(layer, shape)}
+        out.append(describe_recompute(rc.module_names, sites))
     elif rc.mode == "selective":
         out.append("selective recompute: the attention core is recomputed; its inputs are kept")
     elif rc.mode == "full":
@@ -695,4 +721,4 @@ def layer_activation_costs(model: ModelSpec, job: Job, index: int) -> tuple[int,
     decoder layer ``index`` for one micro-batch on one rank: the per-layer figures the estimate sums."""
     profile = get_profile(job.framework)
     shape = _activation_shape(model, job, profile, resolve_precision(job, profile))
-    return _layer_costs(model.layers[index], shape, job, {}, index, model)
+    return _layer_costs(model.layers[index], shape, job, {}, index, model)[:3]

@@ -251,6 +251,12 @@ def _recompute(args: Mapping[str, Any]) -> Recompute:
     granularity = args.get("--recompute-granularity")
     if flag_is_set(args, "--recompute-activations"):
         granularity = "selective"
+    if flag_is_set(args, "--moe-layer-recompute"):
+        # deprecated: Megatron turns it into selective recompute with "moe" added to the modules
+        if granularity == "full":
+            raise ModelConfigError("--moe-layer-recompute", "cannot be combined with --recompute-granularity "
+                                   "full (Megatron refuses it too)", True)
+        granularity = "selective"
     if not granularity or granularity is True:
         return Recompute()
     method = str(args.get("--recompute-method", "uniform"))
@@ -258,7 +264,38 @@ def _recompute(args: Mapping[str, Any]) -> Recompute:
         mode=str(granularity),  # type: ignore[arg-type]
         method=method if method in ("uniform", "block") else "uniform",  # type: ignore[arg-type]
         num_layers=_int(args, "--recompute-num-layers"),
+        modules=_recompute_modules(args) if granularity == "selective" else None,
     )
+
+
+def _recompute_modules(args: Mapping[str, Any]) -> str | None:
+    """Megatron ``--recompute-modules a b c`` (nargs list; default core_attn) as a comma list, with
+    Megatron's refusals that need other arguments (transformer_config.py). Megatron reads the
+    modules only under selective granularity, so the caller passes them only then."""
+    value = args.get("--recompute-modules")
+    moe_layer = flag_is_set(args, "--moe-layer-recompute")
+    if value is None and not moe_layer:
+        return None
+    if value is None:
+        names = ["core_attn"]
+    elif isinstance(value, list):
+        names = [str(v) for v in value]
+    else:  # one name, or the flag with none (True): an empty list, which Megatron accepts
+        names = [] if value is True else str(value).replace(",", " ").split()
+    if moe_layer and "moe" not in names:
+        names.append("moe")
+    if "moe_act" in names and not flag_is_set(args, "--moe-grouped-gemm"):
+        raise ModelConfigError("--recompute-modules", "moe_act needs --moe-grouped-gemm (Megatron refuses it "
+                               "otherwise)", " ".join(names))
+    if "shared_experts" in names and flag_is_set(args, "--moe-shared-expert-overlap"):
+        raise ModelConfigError("--recompute-modules", "shared_experts cannot be recomputed with "
+                               "--moe-shared-expert-overlap (Megatron refuses it)", " ".join(names))
+    fp8 = args.get("--fp8-format") or isinstance(args.get("--fp8"), str)
+    delayed = str(args.get("--fp8-recipe", "delayed")) == "delayed"  # TransformerConfig's default recipe
+    if fp8 and delayed and {"moe_act", "layernorm"} & set(names):
+        raise ModelConfigError("--recompute-modules", "moe_act and layernorm recompute need an FP8 recipe other "
+                               "than delayed scaling (Megatron refuses them; set --fp8-recipe)", " ".join(names))
+    return ",".join(names)
 
 
 def _attention(args: Mapping[str, Any]) -> str:

@@ -94,6 +94,9 @@ class FrameworkProfile:
     #: (every attention module checkpointed with non-reentrant ``torch.utils.checkpoint``: what a
     #: Hugging Face model can wrap, and what ``memplan trace --recompute selective`` runs).
     selective_recompute: Literal["attention-core", "attention-module"] = "attention-core"
+    #: ``--recompute-modules`` (Megatron's per-sub-module selective recompute) exists; without it
+    #: the flag is refused.
+    recompute_modules: bool = False
 
 
 MEGATRON = FrameworkProfile(
@@ -111,6 +114,7 @@ MEGATRON = FrameworkProfile(
     kernels="fused",
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
+    recompute_modules=True,
 )
 
 TORCHTITAN = FrameworkProfile(

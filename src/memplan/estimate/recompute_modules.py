@@ -1,0 +1,105 @@
+"""Megatron's fine-grained selective recompute (``--recompute-granularity selective
+--recompute-modules ...``): which saved tensors each sub-module's checkpoint drops.
+
+Every activation term carries a *site* (:attr:`memplan.estimate.activations.Term.site`): the part
+of a Megatron layer (Transformer Engine layer spec) that saves it. A module's checkpoint keeps its
+own inputs and drops what its inside saves (megatron/core/transformer, commit d98e8a6):
+
+* ``core_attn`` — the attention core (scores, softmax, dropout; ``attention.py``): the ``core``
+  recompute class, exactly as ``--recompute selective`` has always meant;
+* ``layernorm`` — ``input_layernorm`` and ``pre_mlp_layernorm`` run under
+  ``CheckpointWithoutOutput`` (``transformer_layer.py``): each norm's input stays, its output is
+  discarded once the next block has run. The TE spec fuses those norms into ``linear_qkv`` and
+  ``linear_fc1`` (``IdentityOp``), so only MLA's input norm and MoE layers' pre-MLP norm are
+  separate modules that this reaches;
+* ``mla_up_proj`` — MLA's q/kv up-projections and RoPE under ``CheckpointWithoutOutput``
+  (``multi_latent_attention.py``): the latents stay, the latent norms' outputs and q, k, v go;
+* ``mlp`` — the dense MLP under ``tensor_parallel.checkpoint`` with its input kept: the fused
+  norm's output, fc1's output and the activation's output go (MoE layers: no effect);
+* ``moe`` — the whole MoE layer checkpointed (``moe_layer.py``): only its input (the pre-MLP norm's
+  output) stays; router, dispatch, experts, combine and shared experts go;
+* ``moe_act`` — the grouped experts' activation function (``experts.py``): its output (fc2's input)
+  goes, fc1's output stays;
+* ``shared_experts`` — the shared experts checkpointed on the MoE layer's input.
+
+The dropped tensors are made again during the layer's backward: the attention block's (core,
+q/k/v, input norm) before the attention backward, the MLP block's before the MLP backward. The
+larger of the two is held on top of the layer's saved tensors at its backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from memplan.estimate.activations import Term
+
+#: Sites each ``--recompute-modules`` choice drops (``core`` is the ``core`` recompute class).
+SITES_DROPPED_BY: dict[str, frozenset[str]] = {
+    "core_attn": frozenset({"core"}),
+    "layernorm": frozenset({"input_norm", "pre_mlp_norm"}),
+    "mla_up_proj": frozenset({"mla_up"}),
+    "mlp": frozenset({"mlp"}),
+    "moe": frozenset({"moe", "moe_act", "shared_experts"}),
+    "moe_act": frozenset({"moe_act"}),
+    "shared_experts": frozenset({"shared_experts"}),
+}
+#: Sites recomputed at the attention block's backward (the others at the MLP block's).
+ATTENTION_SITES = frozenset({"core", "input_norm", "mla_up"})
+
+
+def term_site(term: Term) -> str:
+    """The site of ``term``: its own tag, or ``core`` for the attention core's terms."""
+    return "core" if term.keep == "core" else term.site
+
+
+def dropped_sites(modules: Iterable[str]) -> frozenset[str]:
+    """Every site the checkpoints of ``modules`` drop."""
+    return frozenset().union(*(SITES_DROPPED_BY[name] for name in modules))
+
+
+def recomputed_peak(sized: Iterable[tuple[int, str]], dropped: frozenset[str]) -> int:
+    """Bytes made again at the worst point of a layer's backward: the larger of the attention
+    block's and the MLP block's dropped terms (``sized``: (bytes on one rank, site) pairs)."""
+    attention = mlp = 0
+    for size, site in sized:
+        if site in dropped:
+            if site in ATTENTION_SITES:
+                attention += size
+            else:
+                mlp += size
+    return max(attention, mlp)
+
+
+def ineffective_modules(modules: Iterable[str], sites: Iterable[str]) -> tuple[str, ...]:
+    """``modules`` that drop nothing the model saves (moe on a dense model, layernorm where TE
+    fuses every norm into a GEMM): no-ops, as in Megatron."""
+    present = set(sites)
+    return tuple(name for name in modules if not SITES_DROPPED_BY[name] & present)
+
+
+#: What each module's checkpoint makes again, for the estimate's assumptions.
+RECOMPUTES = {
+    "core_attn": "the attention core (scores, softmax, dropout)",
+    "layernorm": "the separate pre-attention (MLA) and pre-MLP (MoE) norms' outputs",
+    "mla_up_proj": "MLA's up-projections and RoPE (q, k, v and the latent norms' outputs)",
+    "mlp": "the dense MLP from its input",
+    "moe": "the whole MoE layer from its input",
+    "moe_act": "the experts' activation output",
+    "shared_experts": "the shared experts from their input",
+}
+
+
+def describe(modules: tuple[str, ...], sites: Iterable[str]) -> str:
+    """The assumption line for Megatron's selective recompute of ``modules`` on a model whose
+    terms have ``sites``."""
+    if not modules:
+        return "selective recompute with no --recompute-modules: nothing is recomputed"
+    text = (f"selective recompute (Megatron --recompute-modules {' '.join(modules)}): recomputed are "
+            + "; ".join(RECOMPUTES[name] for name in modules)
+            + "; their inputs are kept, and the larger of the attention block's and the MLP block's recomputed "
+            "tensors is made again during each layer's backward")
+    idle = ineffective_modules(modules, sites)
+    if idle:
+        text += (f"; {', '.join(idle)}: no effect on this model (it has no such separately recomputed part under "
+                 "Transformer Engine's layer spec; Megatron accepts the name and does nothing)")
+    return text
