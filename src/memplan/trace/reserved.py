@@ -29,7 +29,8 @@ class SimulatedReserved:
     """Peak reserved bytes of a replayed trace, and how the reserved bytes split over streams then."""
 
     peak_reserved_bytes: int
-    #: The simulator's peak of allocated (rounded) bytes: the trace's own peak allocated.
+    #: The simulator's peak of allocated bytes, counted in whole blocks as PyTorch counts them (a
+    #: large block is not split for a remainder under 1 MiB): at least the trace's peak allocated.
     peak_allocated_bytes: int
     #: Index of the first event at which the reserved peak is reached.
     peak_event_index: int
