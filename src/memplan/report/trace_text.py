@@ -12,6 +12,7 @@ from memplan.units import format_bytes
 
 if TYPE_CHECKING:
     from memplan.trace.compare import Comparison
+    from memplan.trace.reserved import SimulatedReserved
     from memplan.trace.summary import TraceSummary
 
 __all__ = ["render_comparison", "render_summary"]
@@ -38,6 +39,9 @@ def render_summary(model: str, summary: TraceSummary) -> Any:
         f"peak in the {summary.peak_phase} of iteration {summary.peak_iteration} at {summary.peak_op or '-'}"
         f" in {summary.peak_module or '(top level)'}",
     )
+    if summary.reserved is not None:
+        head.append("\n")
+        head.append_text(_reserved_line(summary.reserved))
     if summary.trainable_params is not None and summary.frozen_params is not None:
         total_params = summary.trainable_params + summary.frozen_params
         head.append(f"\ntrainable parameters {summary.trainable_params:,} of {total_params:,} "
@@ -54,6 +58,22 @@ def render_summary(model: str, summary: TraceSummary) -> Any:
     for name, value in summary.by_phase.items():
         phases.add_row(name, format_bytes(value))
     return Group(head, Text(""), categories, Text(""), modules, Text(""), phases)
+
+
+def _reserved_line(reserved: SimulatedReserved) -> Any:
+    """``peak reserved X (simulated ...)``, with the per-stream split when more than one stream allocates."""
+    from rich.text import Text
+
+    from memplan.trace.streams import stream_names
+
+    line = Text.assemble(("peak reserved ", "bold"), (format_bytes(reserved.peak_reserved_bytes), "bold"),
+                         f" (simulated caching allocator, default settings; fragmentation "
+                         f"{100 * reserved.fragmentation:.1f}%)")
+    if len(reserved.by_stream) > 1:
+        names = stream_names(frozenset(reserved.by_stream))
+        split = ", ".join(f"{names[sid]} {format_bytes(value)}" for sid, value in sorted(reserved.by_stream.items()))
+        line.append(f"\nreserved at that peak by stream: {split}")
+    return line
 
 
 def render_comparison(comparison: Comparison) -> Any:

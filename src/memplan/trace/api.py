@@ -32,8 +32,10 @@ from memplan.trace.errors import translate_errors
 from memplan.trace.finetune import param_counts, require_peft
 from memplan.trace.moe import static_grouped_mm
 from memplan.trace.recorder import AllocationRecorder
+from memplan.trace.reserved import simulate_reserved
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_state, run_iterations
 from memplan.trace.setup import TraceSetup, trace_setup
+from memplan.trace.streams import StreamIds, fsdp_stream_ids
 from memplan.trace.summary import TraceSummary, summarize
 from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
 
@@ -121,6 +123,10 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
     counts = param_counts(job.model)
     summary = replace(summarize(result_trace, top=top), trainable_params=counts.trainable,
                       frozen_params=counts.frozen)
+    if options.device == "cuda":
+        say("replaying the trace through the caching-allocator simulator")
+        summary = replace(summary, reserved=simulate_reserved(result_trace))
+        timings["simulate"] = time.perf_counter() - started - timings["build"] - timings["trace"]
     return TraceResult(result_trace, summary, options, name, timings, job_source)
 
 
@@ -148,12 +154,13 @@ def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> 
 def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,
                  heads: frozenset[str]) -> AllocationRecorder:
     host_step = options.device == "cuda" and options.resolved_optimizer_impl != "fused"
+    streams = StreamIds()
     with ModulePath() as module_path:
-        recorder = AllocationRecorder(module_of=module_path, head_modules=heads)
+        recorder = AllocationRecorder(module_of=module_path, head_modules=heads, stream_of=streams)
         register_state(recorder, job)
         mode.recorder = recorder
         try:
-            with track_resize(recorder):
+            with track_resize(recorder), fsdp_stream_ids(streams):
                 run_iterations(job, options.iterations, recorder, host_step=host_step,
                                offload_activations=options.job.offload.activations)
         finally:

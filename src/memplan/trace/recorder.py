@@ -54,6 +54,7 @@ class _Block:
     iteration: int
     module: str
     op: str = ""
+    stream: int = 0
     role: str | None = None
     forward_alive: bool = False
 
@@ -65,9 +66,12 @@ class AllocationRecorder:
     ``module_of`` returns the dotted path of the module running now ("" outside any module).
     ``head_modules`` are the module paths whose forward allocations alive at the backward are
     logits rather than activations (the output head and the top-level module computing the loss).
+    ``stream_of`` returns the id of the stream current now (see :mod:`memplan.trace.streams`); a
+    block keeps the stream it was allocated on, and its free carries that stream too.
     """
 
     module_of: Callable[[], str] = lambda: ""
+    stream_of: Callable[[], int] = lambda: 0
     head_modules: frozenset[str] = frozenset()
     phase: str = "setup"
     iteration: int = -1
@@ -118,7 +122,7 @@ class AllocationRecorder:
                 block.forward_alive = True
 
     def _alloc(self, storage: Any, size: int, op: str, module: str) -> _Block:
-        block = _Block(self._next, size, self.phase, self.iteration, module, op)
+        block = _Block(self._next, size, self.phase, self.iteration, module, op, self.stream_of())
         self._next += 1
         key = id(storage)
         self._live[key] = block
@@ -163,7 +167,7 @@ class AllocationRecorder:
             if drop_host and block.role == HOST:
                 continue
             out.append(AllocEvent(index, kind, block.block, block.size, self.category(block),
-                                  phase, iteration, op, module))
+                                  phase, iteration, op, module, block.stream))
             index += 1
         return tuple(out)
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memplan.categories import MemoryCategory
 from memplan.events import ALLOC, PHASES, AllocEvent, Trace
 from memplan.trace.cuda_rounding import cuda_allocated_size
+
+if TYPE_CHECKING:
+    from memplan.trace.reserved import SimulatedReserved
 
 __all__ = ["TraceSummary", "summarize", "timeline"]
 
@@ -50,6 +53,9 @@ class TraceSummary:
     #: e.g. a summary of a trace file); a quantized weight counts unpacked, as peft counts it.
     trainable_params: int | None = None
     frozen_params: int | None = None
+    #: Reserved memory from replaying this trace through the caching-allocator simulator, per
+    #: stream (``cuda`` traces made by ``memplan trace``; None otherwise).
+    reserved: SimulatedReserved | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,6 +75,7 @@ class TraceSummary:
             "iterations": self.iterations,
             **({"trainable_params": self.trainable_params, "frozen_params": self.frozen_params}
                if self.trainable_params is not None else {}),
+            **({"simulated_reserved": self.reserved.to_dict()} if self.reserved is not None else {}),
             **self.extra,
         }
 
