@@ -190,9 +190,9 @@ def apply_torchtitan_config(path: str | Path, job: Job, *, model: ModelSpec, mod
         elif key not in known:
             r.settings[key] = InputSetting(source=_FLAG, key=key, value=value, effect="not-modelled",
                                            note=f"not a field of torchtitan's JobConfig at {torchtitan_commit()[:7]}")
-        else:  # a field the mapping reads only under a condition the file does not meet
-            r.settings[key] = InputSetting(source=_FLAG, key=key, value=value, effect="no-memory-effect",
-                                           note="no effect in this configuration")
+        else:  # a JobConfig field no table or mapping covers: say so rather than guess
+            r.settings[key] = InputSetting(source=_FLAG, key=key, value=value, effect="not-modelled",
+                                           note="memplan does not read this field")
     order = [k for k in config if k in r.settings] + [k for k in r.settings if k not in config]
     return out, tuple(r.settings[k] for k in order)
 
@@ -219,8 +219,8 @@ def _model(r: _Reader, model_given: bool) -> None:
     else:
         r.mark("model.converters", "no-memory-effect", "no converter")
     fsdp_fp8 = "quantize.linear.float8.enable_fsdp_float8_all_gather"
-    if r.get(fsdp_fp8):
-        r.mark(fsdp_fp8, "not-modelled", "FP8 all-gathers shrink the unsharded weights; memplan gathers 16 bits")
+    r.mark(fsdp_fp8, "not-modelled" if r.get(fsdp_fp8) else "no-memory-effect",
+           "FP8 all-gathers shrink the unsharded weights; memplan gathers 16 bits" if r.get(fsdp_fp8) else "off")
     for key in ("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
                 "quantize.linear.float8.recipe_name", "quantize.linear.float8.filter_fqns",
                 "quantize.linear.float8.emulate"):
@@ -284,14 +284,15 @@ def _parallel(r: _Reader, gpus: int | None, base_world: int) -> tuple[int, int]:
         ("enable_async_tensor_parallel", True, "async TP (compiled) buffers are not modelled"),
         ("expert_parallel_comm_backend", "deepep", "DeepEP buffers are not modelled"),
     ):
-        if r.get(p + key) == bad:
-            r.mark(p + key, "not-modelled", note)
-    if cp > 1:
-        r.mark(p + "context_parallel_rotate_method", "not-modelled",
-               "the K/V exchange buffers of CP attention are priced as memplan's ring attention")
+        on = r.get(p + key) == bad
+        r.mark(p + key, "not-modelled" if on else "no-memory-effect", note if on else "off / the default")
+    r.mark(p + "context_parallel_rotate_method", "not-modelled" if cp > 1 else "no-memory-effect",
+           "the K/V exchange buffers of CP attention are priced as memplan's ring attention" if cp > 1
+           else "no context parallelism")
     for key in ("module_fqns_per_model_part", "pipeline_parallel_schedule_csv"):
-        if r.get(p + key):
-            r.mark(p + key, "not-modelled", "a hand-made split / schedule; memplan uses torchtitan's generated one")
+        on = bool(r.get(p + key))
+        r.mark(p + key, "not-modelled" if on else "no-memory-effect",
+               "a hand-made split / schedule; memplan uses torchtitan's generated one" if on else "not set")
     return rep * shard, pp
 
 
@@ -414,6 +415,8 @@ def _precision(r: _Reader) -> None:
     if r.get(t + "enable_cpu_offload"):
         r.flags.update(offload_params=True, offload_optimizer=True)
         r.mark(t + "enable_cpu_offload", "modelled", "--offload-params --offload-optimizer (FSDP CPUOffloadPolicy)")
+    else:
+        r.mark(t + "enable_cpu_offload", "no-memory-effect", "off")
 
 
 def _optimizer(r: _Reader) -> None:
@@ -432,6 +435,8 @@ def _optimizer(r: _Reader) -> None:
     if r.get(o + "early_step_in_backward"):
         r.flags["optimizer_in_backward"] = True
         r.mark(o + "early_step_in_backward", "modelled", "--optimizer-in-backward")
+    else:
+        r.mark(o + "early_step_in_backward", "no-memory-effect", "off")
 
 
 def _recompute(r: _Reader, chunks: tuple[int, ...] | None, pp: int, num_layers: int) -> None:
