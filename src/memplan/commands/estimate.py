@@ -111,7 +111,8 @@ def _save_job(loaded: Any, path: str) -> None:
 
     for name in dump_job_file(loaded.model_ref, loaded.job, path, gpu=loaded.gpu, fragmentation=loaded.fragmentation,
                               megatron_args=loaded.megatron_args, deepspeed_config=loaded.deepspeed_config,
-                              hf_args=loaded.hf_args, peft_config=loaded.peft_config):
+                              hf_args=loaded.hf_args, peft_config=loaded.peft_config,
+                              torchtitan_config=loaded.torchtitan_config):
         typer.secho(f"warning: --save-job: {name} has no flag and was not written", fg="yellow", err=True)
 
 
