@@ -12,7 +12,15 @@ from typer.testing import CliRunner
 from memplan.cli import app
 from memplan.errors import ConfigError
 from memplan.frameworks.torchtitan_config import stage_layers
-from memplan.frameworks.torchtitan_fields import NO_MEMORY_EFFECT, PRESETS, _data, field_list, flavors
+from memplan.frameworks.torchtitan_fields import (
+    NO_MEMORY_EFFECT,
+    PRESETS,
+    field_defaults,
+    field_list,
+    field_types,
+    flavors,
+    torchtitan_commit,
+)
 from memplan.inputs import JobRequest, load_job
 
 DATA = Path(__file__).parent.parent / "data" / "torchtitan"
@@ -57,11 +65,11 @@ def test_shipped_llama3_405b_maps_tp_float8_and_full_recompute() -> None:
     assert {s.key for s in loaded.unmodelled} >= {"compile.enable"}
 
 
-def _sample(field: dict[str, Any]) -> Any:
+def _sample(key: str) -> Any:
     """A TOML value for a field: its default, or one of its type when the default is None."""
-    if field["default"] is not None:
-        return field["default"]
-    kind = field["type"]
+    if field_defaults()[key] is not None:
+        return field_defaults()[key]
+    kind = field_types()[key]
     if kind.startswith("list"):
         return []
     if "int" in kind:
@@ -75,8 +83,8 @@ def _sample(field: dict[str, Any]) -> Any:
 
 def _every_field_toml() -> str:
     sections: dict[str, list[str]] = {}
-    for field in _data()["fields"]:
-        section, _, key = field["key"].rpartition(".")
+    for field in field_list():
+        section, _, key = field.rpartition(".")
         sections.setdefault(section, []).append(f"{key} = {json.dumps(_sample(field))}")
     return "\n".join(f"[{name}]\n" + "\n".join(lines) for name, lines in sections.items())
 
@@ -102,7 +110,7 @@ def test_tables_name_only_real_fields_and_flavors() -> None:
     for (name, flavor), preset in PRESETS.items():
         assert flavor in known[name], (name, flavor)
         assert load_job(JobRequest(model=preset)).model.num_layers > 0
-    assert len(_data()["commit"]) == 40
+    assert len(torchtitan_commit()) == 40
 
 
 def test_unknown_key_is_reported_not_modelled(tmp_path: Path) -> None:

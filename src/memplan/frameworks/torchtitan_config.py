@@ -34,6 +34,7 @@ from memplan.errors import ConfigError, MissingDependencyError
 from memplan.frameworks.torchtitan_fields import (
     NO_MEMORY_EFFECT,
     PRESETS,
+    field_defaults,
     field_list,
     flavors,
     torchtitan_commit,
@@ -92,16 +93,10 @@ def _flatten(data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return out
 
 
-def _defaults() -> dict[str, Any]:
-    from memplan.frameworks.torchtitan_fields import _data
-
-    return {f["key"]: f["default"] for f in _data()["fields"]}
-
-
 def torchtitan_model(path: str | Path) -> str:
     """The memplan preset of the file's ``[model] name`` / ``flavor`` (used when MODEL is not given)."""
     config = read_torchtitan_config(path)
-    defaults = _defaults()
+    defaults = field_defaults()
     name = config.get("model.name", defaults["model.name"])
     flavor = config.get("model.flavor", defaults["model.flavor"])
     known = flavors()
@@ -125,7 +120,7 @@ class _Reader:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config
-        self.defaults = _defaults()
+        self.defaults = field_defaults()
         self.flags: dict[str, Any] = {"framework": "torchtitan"}
         self.settings: dict[str, InputSetting] = {}
 
@@ -276,9 +271,12 @@ def _parallel(r: _Reader, gpus: int | None, base_world: int) -> tuple[int, int]:
     if reshard not in ("default", "always", "never"):
         raise r.error(p + "fsdp_reshard_after_forward", "must be default, always or never")
     keeps = reshard == "never" or (reshard == "default" and pp > 1)
-    r.mark(p + "fsdp_reshard_after_forward", "not-modelled" if keeps and group > 1 else "modelled",
-           "parameters stay unsharded from forward to backward; memplan reshards after each block"
-           if keeps and group > 1 else "reshard after forward (memplan's FSDP)")
+    if group == 1:
+        r.mark(p + "fsdp_reshard_after_forward", "no-memory-effect", "no FSDP")
+    else:
+        r.mark(p + "fsdp_reshard_after_forward", "not-modelled" if keeps else "modelled",
+               "parameters stay unsharded from forward to backward; memplan reshards after each block"
+               if keeps else "reshard after forward (memplan's FSDP)")
     for key, bad, note in (
         ("disable_loss_parallel", True, "loss on full-vocabulary logits; memplan prices TP's vocab-parallel loss"),
         ("enable_async_tensor_parallel", True, "async TP (compiled) buffers are not modelled"),

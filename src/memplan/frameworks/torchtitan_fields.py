@@ -15,7 +15,7 @@ import json
 from importlib import resources
 from typing import Any
 
-__all__ = ["NO_MEMORY_EFFECT", "PRESETS", "field_list", "flavors", "torchtitan_commit"]
+__all__ = ["NO_MEMORY_EFFECT", "PRESETS", "field_defaults", "field_list", "field_types", "flavors", "torchtitan_commit"]
 
 #: torchtitan (model name, flavor) → memplan preset with the same shapes (checked against each
 #: flavor's ``*ModelArgs`` in ``torchtitan/models/<name>/__init__.py``; deepseek_v3 16B has
@@ -109,6 +109,16 @@ def _data() -> dict[str, Any]:
 def field_list() -> tuple[str, ...]:
     """Every leaf field of torchtitan's ``JobConfig`` as ``section.key`` (``training.dataloader.num_workers``)."""
     return tuple(f["key"] for f in _data()["fields"])
+
+
+def field_defaults() -> dict[str, Any]:
+    """torchtitan's default of every field (``None`` where torchtitan's is None or not a literal)."""
+    return {f["key"]: f["default"] for f in _data()["fields"]}
+
+
+def field_types() -> dict[str, str]:
+    """The annotation of every field as torchtitan writes it (``int | None``)."""
+    return {f["key"]: f["type"] for f in _data()["fields"]}
 
 
 def flavors() -> dict[str, tuple[str, ...]]:
