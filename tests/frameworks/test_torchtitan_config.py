@@ -247,3 +247,32 @@ def test_fit_trace_and_report_take_the_option(tmp_path: Path) -> None:
     fit = runner.invoke(app, ["fit", "llama-3.1-8b", "--gpus", "64", "--torchtitan-config", str(LLAMA3_8B),
                               "--top", "1", "--json"])
     assert fit.exit_code in (0, 1), fit.output
+
+
+def _extractor() -> Any:
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "tools" / "torchtitan_fields.py"
+    spec = importlib.util.spec_from_file_location("torchtitan_fields_tool", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_extraction_script_walks_nested_dataclasses_and_flavor_dicts() -> None:
+    tool = _extractor()
+    source = (
+        "from dataclasses import dataclass, field\n"
+        "@dataclass\nclass Loader:\n    num_workers: int = 0\n"
+        "@dataclass\nclass Training:\n    seq_len: int = 2048\n    path: str | None = None\n"
+        "    loader: Loader = field(default_factory=Loader)\n"
+        "    names: list[str] = field(default_factory=lambda: ['output'])\n"
+        "@dataclass\nclass JobConfig:\n    training: Training = field(default_factory=Training)\n"
+    )
+    leaves = tool._leaves(tool._classes(source), "JobConfig", "")
+    assert [(f["key"], f["default"]) for f in leaves] == [
+        ("training.seq_len", 2048), ("training.path", None), ("training.loader.num_workers", 0),
+        ("training.names", ["output"])]
+    flavor_source = "__all__ = ['x']\nargs = {'debugmodel': Args(dim=4), '8B': Args(dim=8)}\n"
+    assert tool._flavors(flavor_source) == ["debugmodel", "8B"]

@@ -237,7 +237,8 @@ def _parallel(r: _Reader, gpus: int | None, base_world: int) -> tuple[int, int]:
     if shard == -1:
         if world_hint % others:
             raise r.error(p + "data_parallel_shard_degree", f"-1 takes the GPUs left over after replicate x cp x tp "
-                          f"x pp = {others}, which must divide --gpus {world_hint}")
+                          f"x pp = {others}, which must divide --gpus {world_hint}"
+                          + ("" if gpus else " (give --gpus: torchtitan reads the world size from the launcher)"))
         shard = world_hint // others
         note = f"{shard} (the GPUs left over of --gpus {world_hint})"
     else:
