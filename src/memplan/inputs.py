@@ -194,7 +194,7 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     settings: list[InputSetting] = []
     if torchtitan_config is not None:
         apply_tt = _lazy("memplan.frameworks.torchtitan_config", "apply_torchtitan_config", "--torchtitan-config")
-        job, read = apply_tt(torchtitan_config, job, model=spec, model_given=model_given, gpus=values.get("gpus"))
+        job, read = apply_tt(torchtitan_config, job, model=spec, model_given=model_given, typed=values)
         settings += read
     if hf_args is not None:
         apply_hf = _lazy("memplan.frameworks.hf_args", "apply_hf_args", "--hf-args")

@@ -198,6 +198,9 @@ def test_memory_budget_and_unknown_optimizer_are_not_modelled(tmp_path: Path) ->
 def test_typed_flags_win(tmp_path: Path) -> None:
     job = _load(LLAMA3_8B, gpus=64, seq=4096, recompute="full").job
     assert (job.batch.seq_length, job.recompute.mode) == (4096, "full")
+    # A typed --tp replaces the file's degree before -1 resolves: dp 32, no gradient accumulation.
+    job = _load(LLAMA3_8B, gpus=64, tp=2).job
+    assert (job.parallel.tp, job.parallel.dp, job.batch.global_batch_size, job.num_microbatches) == (2, 32, 32, 1)
 
 
 def _cli(*args: str) -> Any:

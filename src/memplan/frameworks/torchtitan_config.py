@@ -148,19 +148,22 @@ class _Reader:
 
 
 def apply_torchtitan_config(path: str | Path, job: Job, *, model: ModelSpec, model_given: bool,
-                            gpus: int | None) -> tuple[Job, tuple[InputSetting, ...]]:
+                            typed: Mapping[str, Any] | None = None) -> tuple[Job, tuple[InputSetting, ...]]:
     """``job`` with the settings of the torchtitan TOML at ``path``, and what each field did.
 
     ``model`` is the model the job trains (its layer count decides the pipeline split and which
     layers per-layer checkpointing wraps); ``model_given``: MODEL was typed, so ``[model]`` does not
-    name it; ``gpus``: the ``--gpus`` given, which ``data_parallel_shard_degree = -1`` fills.
+    name it; ``typed``: the flags given beside the file (they win later): ``gpus``, which
+    ``data_parallel_shard_degree = -1`` fills, and ``tp``/``pp``/``cp``, which replace the file's
+    degrees before the -1 is resolved, so that the batch and FSDP group follow them as in torchtitan.
     """
     config = read_torchtitan_config(path)
     if not model_given:
         torchtitan_model(path)  # the same checks that chose the preset
     r = _Reader(config)
     _model(r, model_given)
-    dp, pp = _parallel(r, gpus, job.parallel.world_size)
+    typed = typed or {}
+    dp, pp = _parallel(r, typed, job.parallel.world_size)
     chunks = _pipeline(r, model.num_layers, pp)
     _batch(r, dp, pp)
     _precision(r)
@@ -223,14 +226,16 @@ def _model(r: _Reader, model_given: bool) -> None:
                "float8 recipe detail (scales are per tensor or per row)" if fp8 else "no float8 converter")
 
 
-def _parallel(r: _Reader, gpus: int | None, base_world: int) -> tuple[int, int]:
+def _parallel(r: _Reader, typed: Mapping[str, Any], base_world: int) -> tuple[int, int]:
     """Resolve the degrees as torchtitan's ``ParallelDims`` does against ``--gpus`` (else the base
-    job's GPU count); returns (dp, pp)."""
+    job's GPU count); typed ``--tp/--pp/--cp`` replace the file's. Returns (dp, pp)."""
     p = "parallelism."
+    gpus = typed.get("gpus")
     rep = r.degree(p + "data_parallel_replicate_degree")
     shard = r.degree(p + "data_parallel_shard_degree", auto=True)
-    cp, tp, pp = (r.degree(p + k) for k in ("context_parallel_degree", "tensor_parallel_degree",
-                                            "pipeline_parallel_degree"))
+    cp, tp, pp = (typed[flag] if isinstance(typed.get(flag), int) else r.degree(p + key)
+                  for flag, key in (("cp", "context_parallel_degree"), ("tp", "tensor_parallel_degree"),
+                                    ("pp", "pipeline_parallel_degree")))
     ep, etp = r.degree(p + "expert_parallel_degree"), r.degree(p + "expert_tensor_parallel_degree")
     others = rep * cp * tp * pp
     world_hint = gpus or base_world
