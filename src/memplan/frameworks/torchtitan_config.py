@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +174,6 @@ def apply_torchtitan_config(path: str | Path, job: Job, *, model: ModelSpec, mod
     try:
         out = build_job(r.flags, job)
         if chunks is not None:
-            from dataclasses import replace
-
             out = replace(out, parallel=replace(out.parallel, chunk_layers=chunks, vpp=len(chunks) // pp))
     except ConfigError as exc:
         raise ConfigError(f"{_FLAG}: {exc.field}", exc.rule, exc.value) from None
