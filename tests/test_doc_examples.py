@@ -54,6 +54,9 @@ _FILES = {
                                        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
                                        "base_model_name_or_path": "meta-llama/Llama-3.2-1B", "bias": "none",
                                        "task_type": "CAUSAL_LM", "inference_mode": True}),
+    "llama3_8b.toml": (Path(__file__).parent / "data" / "torchtitan" / "llama3_8b.toml").read_text(encoding="utf-8"),
+    "train.toml": ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\nseq_len = 8192\n'
+                   '[parallelism]\ntensor_parallel_degree = 2\n[activation_checkpoint]\nmode = "full"\n'),
     "sft.sh": ("torchrun --nproc_per_node 2 sft.py --model_name_or_path meta-llama/Llama-3.2-1B \\\n"
                "    --per_device_train_batch_size 2 --gradient_accumulation_steps 8 --bf16 --max_length 2048 \\\n"
                "    --packing --gradient_checkpointing --use_peft --lora_r 16 --load_in_4bit --optim paged_adamw_8bit\n"),

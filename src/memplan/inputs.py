@@ -1,16 +1,17 @@
 """Every input dialect → one ``(ModelSpec, Job)``: flags, job files, Megatron arguments, DeepSpeed
-configs, Hugging Face TrainingArguments (``--hf-args``), PEFT adapter configs (``--peft-config``)
-and Hugging Face Hub model ids.
+configs, Hugging Face TrainingArguments (``--hf-args``), PEFT adapter configs (``--peft-config``),
+torchtitan training TOMLs (``--torchtitan-config``) and Hugging Face Hub model ids.
 
 The commands (estimate, trace, fit, report) and the Python API describe a job with a
 :class:`JobRequest` and call :func:`load_job`; nothing else turns user input into a Job. Precedence,
 lowest to highest: the base job (``Job()``, or the trace's framework), the Megatron arguments, the
-HF TrainingArguments (the DeepSpeed config they name applied within them), the DeepSpeed config of
+torchtitan TOML, the HF TrainingArguments (the DeepSpeed config they name applied within them), the DeepSpeed config of
 ``--deepspeed-config``, the PEFT config, then the flags — a job file's fields first, the flags typed
 on the command line last. A job file's fields are flags (``--save-job`` writes the resolved values
 beside the dialect files it names, which must reproduce the job), so they sit above every dialect
 file; what the user typed wins over everything. With ``--hf-args`` and no ``--framework`` the
-framework is ``hf``. What the dialect files say and memplan does not model is listed in
+framework is ``hf``; with ``--torchtitan-config``, ``torchtitan``, and without MODEL its ``[model]
+name``/``flavor`` names the preset. What the dialect files say and memplan does not model is listed in
 :attr:`LoadedJob.settings` (:mod:`memplan.settings`). Example::
 
     >>> from memplan.inputs import JobRequest, load_job
@@ -56,6 +57,8 @@ class JobRequest:
     hf_args: str | None = None
     #: A PEFT ``adapter_config.json`` (``--peft-config``).
     peft_config: str | None = None
+    #: A torchtitan training TOML (``--torchtitan-config``).
+    torchtitan_config: str | None = None
     #: GPU name to check the fit against (``--gpu``).
     gpu: str | None = None
     #: Assumed allocator fragmentation (``--fragmentation``).
@@ -76,6 +79,7 @@ class LoadedJob:
     deepspeed_config: str | None = None
     hf_args: str | None = None
     peft_config: str | None = None
+    torchtitan_config: str | None = None
     #: What each field of the dialect files did (modelled, no memory effect, not modelled).
     settings: tuple[InputSetting, ...] = ()
 
@@ -93,7 +97,8 @@ def _merged(request: JobRequest) -> tuple[dict[str, Any], Path | None]:
     """The request's values with the job file's underneath (flags and explicit settings win)."""
     explicit = {"model": request.model, "megatron_args": request.megatron_args,
                 "deepspeed_config": request.deepspeed_config, "hf_args": request.hf_args,
-                "peft_config": request.peft_config, "gpu": request.gpu,
+                "peft_config": request.peft_config, "torchtitan_config": request.torchtitan_config,
+                "gpu": request.gpu,
                 "fragmentation": request.fragmentation, **request.flags}
     explicit = _given(explicit)
     if request.job_file is None:
@@ -163,7 +168,9 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     spec: ModelSpec | None = None
     megatron_args, deepspeed_config = values.get("megatron_args"), values.get("deepspeed_config")
     hf_args, peft_config = values.get("hf_args"), values.get("peft_config")
-    dialects = hf_args is not None or deepspeed_config is not None or peft_config is not None
+    torchtitan_config = values.get("torchtitan_config")
+    dialects = hf_args is not None or deepspeed_config is not None or peft_config is not None \
+        or torchtitan_config is not None
     if not dialects:
         check_conflicts(values)
     settings: list[InputSetting] = []
@@ -172,6 +179,10 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
         spec, base, read = load_launch(megatron_args, gpus=values.get("gpus") or 1)
         settings += read
     model_ref = values.get("model")
+    model_given = model_ref is not None
+    if model_ref is None and megatron_args is None and torchtitan_config is not None:
+        model_ref = _lazy("memplan.frameworks.torchtitan_config", "torchtitan_model",
+                          "--torchtitan-config")(torchtitan_config)
     if model_ref is None and megatron_args is None and hf_args is not None:
         model_ref = _lazy("memplan.frameworks.hf_args", "hf_args_model", "--hf-args")(hf_args)
     if model_ref is not None:
@@ -182,6 +193,10 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
         raise ConfigError("MODEL", "is required (a preset name, a config.json path or a Hugging Face Hub id) "
                           "unless --megatron-args, --hf-args (model_name_or_path) or a job file names one")
     job = build_job(values, base)
+    if torchtitan_config is not None:
+        apply_tt = _lazy("memplan.frameworks.torchtitan_config", "apply_torchtitan_config", "--torchtitan-config")
+        job, read = apply_tt(torchtitan_config, job, model=spec, model_given=model_given, typed=values)
+        settings += read
     if hf_args is not None:
         apply_hf = _lazy("memplan.frameworks.hf_args", "apply_hf_args", "--hf-args")
         job, read = apply_hf(hf_args, job)
@@ -202,7 +217,7 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     return LoadedJob(model=spec, job=job, model_ref=model_ref, gpu=values.get("gpu"),
                      fragmentation=values.get("fragmentation"), megatron_args=megatron_args,
                      deepspeed_config=deepspeed_config, hf_args=hf_args, peft_config=peft_config,
-                     settings=tuple(settings))
+                     torchtitan_config=torchtitan_config, settings=tuple(settings))
 
 
 def _fine_tuning_framework(job: Job, values: Mapping[str, Any], base: Job | None,

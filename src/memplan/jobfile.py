@@ -16,8 +16,8 @@ A job file is a flat mapping. Keys are the flag names without ``--`` (``sequence
     gpu: h100-80gb
 
 :func:`load_job_file` returns the values under the job flags' names (:mod:`memplan.jobflags`)
-plus ``model``, ``gpu``, ``fragmentation``, ``megatron_args``, ``deepspeed_config``, ``hf_args`` and
-``peft_config``;
+plus ``model``, ``gpu``, ``fragmentation``, ``megatron_args``, ``deepspeed_config``, ``hf_args``,
+``peft_config`` and ``torchtitan_config``;
 :func:`memplan.inputs.load_job` merges them under the flags typed on the command line.
 
 Unknown fields, duplicated fields, values of the wrong type and settings that contradict each
@@ -47,9 +47,10 @@ EXTRA_FIELDS: dict[str, type] = {
     "deepspeed_config": str,
     "hf_args": str,
     "peft_config": str,
+    "torchtitan_config": str,
 }
 #: Fields holding paths, resolved relative to the job file's folder.
-_PATH_FIELDS = ("megatron_args", "deepspeed_config", "hf_args", "peft_config")
+_PATH_FIELDS = ("megatron_args", "deepspeed_config", "hf_args", "peft_config", "torchtitan_config")
 def job_file_fields() -> dict[str, type]:
     """Every field a job file may hold and its type (int, float, str or bool)."""
     from memplan.jobflags import job_flags
@@ -176,6 +177,7 @@ def dump_job_file(
     deepspeed_config: str | None = None,
     hf_args: str | None = None,
     peft_config: str | None = None,
+    torchtitan_config: str | None = None,
 ) -> tuple[str, ...]:
     """Write ``job`` (a :class:`~memplan.job.Job`) for model ``model_ref`` as a job file.
 
@@ -189,7 +191,7 @@ def dump_job_file(
 
     out: dict[str, Any] = {} if model_ref is None else {"model": model_ref}
     for key, value in (("megatron-args", megatron_args), ("deepspeed-config", deepspeed_config),
-                       ("hf-args", hf_args), ("peft-config", peft_config)):
+                       ("hf-args", hf_args), ("peft-config", peft_config), ("torchtitan-config", torchtitan_config)):
         if value is not None:
             out[key] = str(Path(value).resolve())
     out.update({name.replace("_", "-"): value for name, value in flag_values(job).items()})

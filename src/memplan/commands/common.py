@@ -187,6 +187,9 @@ def print_unmodelled(settings: Iterable[Any]) -> None:
 HF_ARGS_HELP = ("Hugging Face TrainingArguments: the JSON to_json_string() writes, or a text file with the script's "
                 "command line (python train.py --per_device_train_batch_size 4 ...). Sets framework hf.")
 PEFT_CONFIG_HELP = "PEFT adapter_config.json (LoRA/DoRA) applied to the job."
+TORCHTITAN_CONFIG_HELP = ("torchtitan training TOML (--job.config_file): its [model] name/flavor names the preset "
+                          "when MODEL is not given; parallelism, batch, precision, checkpointing. Sets framework "
+                          "torchtitan.")
 
 
 def option(*names: str, help: str, panel: str, metavar: str | None = None) -> Any:

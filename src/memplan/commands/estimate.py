@@ -15,6 +15,7 @@ import typer
 from memplan.commands.common import (
     HF_ARGS_HELP,
     PEFT_CONFIG_HELP,
+    TORCHTITAN_CONFIG_HELP,
     Command,
     app,
     check_output_path,
@@ -45,6 +46,8 @@ Examples:
 
   memplan estimate meta-llama/Llama-3.2-3B --hf-args training_args.json --peft-config adapter_config.json
 
+  memplan estimate --torchtitan-config llama3_8b.toml --gpus 64
+
   memplan estimate --job llama-70b.yaml --seq 16384 --save-job llama-70b-16k.yaml
 
   memplan estimate deepseek-v3 --gpus 1024 --tp 2 --pp 16 --ep 8 --fp8 hybrid --mtp-layers 1
@@ -58,14 +61,15 @@ All sizes are GiB = 2^30 bytes. Exit codes: 0 ok, 1 unsupported input, 2 invalid
 def estimate_command(
     model: Annotated[str | None, typer.Argument(
         help="Preset name (see `memplan models`), path to a Hugging Face config.json / its folder, or a "
-        "Hub id ORG/NAME[@REV] (its config.json only, from the cache first). Optional with --megatron-args, --job or "
-        "--hf-args naming model_name_or_path.", show_default=False, metavar="MODEL")] = None,
+        "Hub id ORG/NAME[@REV] (its config.json only, from the cache first). Optional with --megatron-args, --job, "
+        "--torchtitan-config or --hf-args naming model_name_or_path.", show_default=False, metavar="MODEL")] = None,
     gpu: Annotated[str | None, option("--gpu", help="GPU to check the fit against (see `memplan gpus`).", panel=_OUT, metavar="NAME")] = None,
     fragmentation: Annotated[float | None, option("--fragmentation", help="Assumed allocator fragmentation fraction. (default: 0.10)", panel=_OUT, metavar="F")] = None,
     megatron_args: Annotated[str | None, option("--megatron-args", help="File with a Megatron-LM launch command line or args mapping.", panel=_OUT, metavar="FILE")] = None,
     deepspeed_config: Annotated[str | None, option("--deepspeed-config", help="DeepSpeed JSON config applied to the job.", panel=_OUT, metavar="FILE")] = None,
     hf_args: Annotated[str | None, option("--hf-args", help=HF_ARGS_HELP, panel=_OUT, metavar="FILE")] = None,
     peft_config: Annotated[str | None, option("--peft-config", help=PEFT_CONFIG_HELP, panel=_OUT, metavar="FILE")] = None,
+    torchtitan_config: Annotated[str | None, option("--torchtitan-config", help=TORCHTITAN_CONFIG_HELP, panel=_OUT, metavar="FILE")] = None,
     job_file: Annotated[str | None, option("--job", help="YAML/JSON job file whose fields are these flags' names (flags typed here win).", panel=_OUT, metavar="FILE")] = None,
     save_job: Annotated[str | None, option("--save-job", help="Write the resolved job as a YAML/JSON job file.", panel=_OUT, metavar="FILE")] = None,
     explain: Annotated[bool, option("--explain", help="Also print the numbered assumptions.", panel=_OUT)] = False,
@@ -86,7 +90,7 @@ def estimate_command(
         loaded = load_job(JobRequest(model=model, flags=job_flags or {}, job_file=job_file, gpu=gpu,
                                      fragmentation=fragmentation, megatron_args=megatron_args,
                                      deepspeed_config=deepspeed_config, hf_args=hf_args,
-                                     peft_config=peft_config))
+                                     peft_config=peft_config, torchtitan_config=torchtitan_config))
         frag = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
         result = estimate(loaded.model, loaded.job, gpu=loaded.gpu and get_gpu(loaded.gpu), fragmentation=frag)
         if save_job is not None:
@@ -107,7 +111,8 @@ def _save_job(loaded: Any, path: str) -> None:
 
     for name in dump_job_file(loaded.model_ref, loaded.job, path, gpu=loaded.gpu, fragmentation=loaded.fragmentation,
                               megatron_args=loaded.megatron_args, deepspeed_config=loaded.deepspeed_config,
-                              hf_args=loaded.hf_args, peft_config=loaded.peft_config):
+                              hf_args=loaded.hf_args, peft_config=loaded.peft_config,
+                              torchtitan_config=loaded.torchtitan_config):
         typer.secho(f"warning: --save-job: {name} has no flag and was not written", fg="yellow", err=True)
 
 

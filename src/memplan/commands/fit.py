@@ -17,6 +17,7 @@ import typer
 from memplan.commands.common import (
     HF_ARGS_HELP,
     PEFT_CONFIG_HELP,
+    TORCHTITAN_CONFIG_HELP,
     app,
     check_output_path,
     handle_errors,
@@ -84,6 +85,7 @@ def fit_command(
     job_file: Annotated[str | None, option("--job", help="Job file giving the layout for --max-mbs / --max-seq.", panel=_LAYOUT, metavar="FILE")] = None,
     hf_args: Annotated[str | None, option("--hf-args", help=HF_ARGS_HELP + " The search still chooses layout, micro-batch and recompute.", panel=_SEARCH, metavar="FILE")] = None,
     peft_config: Annotated[str | None, option("--peft-config", help=PEFT_CONFIG_HELP, panel=_SEARCH, metavar="FILE")] = None,
+    torchtitan_config: Annotated[str | None, option("--torchtitan-config", help=TORCHTITAN_CONFIG_HELP + " The search still chooses layout, micro-batch and recompute.", panel=_SEARCH, metavar="FILE")] = None,
     plot: Annotated[str | None, option("--plot", help="Write the memory curve of --max-mbs/--max-seq as a PNG.", panel=_OUT, metavar="FILE")] = None,
     top: Annotated[int, option("--top", help="Candidates shown. (default: 10)", panel=_OUT)] = 10,
     show_all: Annotated[bool, option("--all", help="Show every fitting candidate and rejected family.", panel=_OUT)] = False,
@@ -102,12 +104,12 @@ def fit_command(
 
     flags, shown = dict(job_flags or {}), None if show_all else top
     settings = _Settings(gpu=gpu, margin=FIT_MARGIN if margin is None else margin, gpus_per_node=gpus_per_node,
-                         hf_args=hf_args, peft_config=peft_config)
+                         hf_args=hf_args, peft_config=peft_config, torchtitan_config=torchtitan_config)
     with handle_errors():
         check_output_path("--plot", plot)
         names = list(args or [])
         if colocate:
-            if hf_args is not None or peft_config is not None:
+            if settings.dialects:
                 raise ConfigError("--colocate", "takes job files; name hf-args / peft-config inside them")
             return _colocate(names, settings, json_output)
         if len(names) != 1:
@@ -136,17 +138,18 @@ class _Settings:
     gpus_per_node: int
     hf_args: str | None = None
     peft_config: str | None = None
+    torchtitan_config: str | None = None
 
     @property
     def dialects(self) -> bool:
-        return self.hf_args is not None or self.peft_config is not None
+        return self.hf_args is not None or self.peft_config is not None or self.torchtitan_config is not None
 
     def loaded(self, model_ref: str, flags: dict[str, Any], job_file: str | None = None) -> Any:
         """The job the flags, the job file and the dialect files describe (:func:`memplan.inputs.load_job`)."""
         from memplan.inputs import JobRequest, load_job
 
         return load_job(JobRequest(model=model_ref, flags=flags, job_file=job_file, hf_args=self.hf_args,
-                                   peft_config=self.peft_config))
+                                   peft_config=self.peft_config, torchtitan_config=self.torchtitan_config))
 
 
 def _search_command(model_ref: str, flags: dict[str, Any], settings: _Settings, shown: int | None,

@@ -17,6 +17,7 @@ import typer
 from memplan.commands.common import (
     HF_ARGS_HELP,
     PEFT_CONFIG_HELP,
+    TORCHTITAN_CONFIG_HELP,
     app,
     check_output_path,
     handle_errors,
@@ -57,6 +58,7 @@ def report_command(
     job_file: Annotated[str | None, _opt("--job", help="Job file (fields as memplan estimate's flags).", panel=_JOB, metavar="FILE")] = None,
     hf_args: Annotated[str | None, _opt("--hf-args", help=HF_ARGS_HELP, panel=_JOB, metavar="FILE")] = None,
     peft_config: Annotated[str | None, _opt("--peft-config", help=PEFT_CONFIG_HELP, panel=_JOB, metavar="FILE")] = None,
+    torchtitan_config: Annotated[str | None, _opt("--torchtitan-config", help=TORCHTITAN_CONFIG_HELP, panel=_JOB, metavar="FILE")] = None,
     gpu: Annotated[str | None, _opt("--gpu", help="GPU to check the fit against. (default: h100-80gb)", panel=_JOB, metavar="NAME")] = None,
     with_fit: Annotated[bool, _opt("--fit", help="Also search the layouts that fit (memplan fit) and add the table.", panel=_OUT)] = False,
     trace_file: Annotated[str | None, _opt("--trace", help="A memplan trace (memplan trace -o) or a CUDA memory snapshot: adds the timeline by category and the simulated allocator's segments at peak reserved.", panel=_OUT, metavar="FILE")] = None,
@@ -78,8 +80,9 @@ def report_command(
             raise ConfigError("--fit", "needs a MODEL or --job to search layouts for")
         est = fit_result = None
         read: tuple[Any, ...] = ()
-        if model is not None or job_file is not None or trace_file is None or job_flags:
-            est, fit_result, read = _estimate(model, job_file, gpu, job_flags or {}, with_fit, (hf_args, peft_config))
+        if model is not None or job_file is not None or trace_file is None or job_flags or torchtitan_config:
+            est, fit_result, read = _estimate(model, job_file, gpu, job_flags or {}, with_fit,
+                                              (hf_args, peft_config, torchtitan_config))
         timeline_data, segment_data = _read_timeline(timeline), _read_segments(segments)
         if trace_file is not None:
             timeline_data, segment_data = _trace_views(trace_file, timeline_data, segment_data)
@@ -93,14 +96,14 @@ def report_command(
 
 
 def _estimate(model: str | None, job_file: str | None, gpu: str | None, flags: dict[str, Any],
-              with_fit: bool, dialects: tuple[str | None, str | None]) -> tuple[Any, Any, tuple[Any, ...]]:
+              with_fit: bool, dialects: tuple[str | None, str | None, str | None]) -> tuple[Any, Any, tuple[Any, ...]]:
     """The estimate of the job (and the fit search from it), and the input settings read."""
     from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
     from memplan.gpus import get_gpu
     from memplan.inputs import JobRequest, load_job
 
     loaded = load_job(JobRequest(model=model, flags=flags, job_file=job_file, gpu=gpu, hf_args=dialects[0],
-                                 peft_config=dialects[1]))
+                                 peft_config=dialects[1], torchtitan_config=dialects[2]))
     gpu_spec = get_gpu((loaded.gpu or "h100-80gb").split(":", 1)[0])
     fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
     est = estimate(loaded.model, loaded.job, gpu=gpu_spec, fragmentation=fragmentation)

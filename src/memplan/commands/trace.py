@@ -18,6 +18,7 @@ from memplan.commands.common import (
     EXIT_ERROR,
     HF_ARGS_HELP,
     PEFT_CONFIG_HELP,
+    TORCHTITAN_CONFIG_HELP,
     app,
     check_output_path,
     handle_errors,
@@ -69,6 +70,7 @@ def trace_command(
     iterations: Annotated[int, option("--iterations", help="Training iterations to run. (default: 2)", panel=_RUN)] = 2,
     hf_args: Annotated[str | None, option("--hf-args", help=HF_ARGS_HELP, panel=_RUN, metavar="FILE")] = None,
     peft_config: Annotated[str | None, option("--peft-config", help=PEFT_CONFIG_HELP, panel=_RUN, metavar="FILE")] = None,
+    torchtitan_config: Annotated[str | None, option("--torchtitan-config", help=TORCHTITAN_CONFIG_HELP + " Traces MODEL's Hugging Face modules under that job, not torchtitan's model code.", panel=_RUN, metavar="FILE")] = None,
     moe_routing: Annotated[str, option("--moe-routing", help="balanced: static, evenly balanced MoE routing; error: refuse data-dependent routing. (default: balanced)", panel=_RUN)] = "balanced",
     output: Annotated[str | None, option("-o", "--output", help="Write the trace (gzip JSON lines, see memplan.events).", panel=_OUT, metavar="FILE")] = None,
     snapshot: Annotated[str | None, option("--snapshot", help="Write a PyTorch memory-snapshot pickle (pytorch.org/memory_viz).", panel=_OUT, metavar="FILE")] = None,
@@ -100,7 +102,7 @@ def trace_command(
             check_output_path(flag, path)
         if plot is not None:
             _require_matplotlib()
-        base, settings = _dialect_job(model, job_flags or {}, hf_args, peft_config)
+        base, settings = _dialect_job(model, job_flags or {}, hf_args, peft_config, torchtitan_config)
         setup = trace_setup(base, **(job_flags or {}), device=device, iterations=iterations, moe_routing=moe_routing)
         target: Any = model if script is None else _load_script(script, setup)
         result = trace_job(target, setup, top=top, progress=_progress(True))
@@ -114,9 +116,10 @@ def trace_command(
 
 
 def _dialect_job(model: str | None, flags: dict[str, Any], hf_args: str | None,
-                 peft_config: str | None) -> tuple[Any, tuple[Any, ...]]:
-    """The job ``--hf-args`` / ``--peft-config`` describe (None without them) and their settings."""
-    if hf_args is None and peft_config is None:
+                 peft_config: str | None, torchtitan_config: str | None = None) -> tuple[Any, tuple[Any, ...]]:
+    """The job ``--hf-args`` / ``--peft-config`` / ``--torchtitan-config`` describe (None without
+    them) and their settings."""
+    if hf_args is None and peft_config is None and torchtitan_config is None:
         return None, ()
     from memplan.errors import ConfigError
     from memplan.inputs import JobRequest, load_job
@@ -124,9 +127,10 @@ def _dialect_job(model: str | None, flags: dict[str, Any], hf_args: str | None,
     from memplan.trace.setup import DEFAULT_TRACE_FRAMEWORK
 
     if model is None:
-        raise ConfigError("--hf-args/--peft-config", "need a MODEL (not --script)")
+        raise ConfigError("--hf-args/--peft-config/--torchtitan-config", "need a MODEL (not --script)")
     base = Job(framework=DEFAULT_TRACE_FRAMEWORK) if flags.get("framework") is None else Job()
-    loaded = load_job(JobRequest(model=model, flags=flags, hf_args=hf_args, peft_config=peft_config), base=base)
+    loaded = load_job(JobRequest(model=model, flags=flags, hf_args=hf_args, peft_config=peft_config,
+                                 torchtitan_config=torchtitan_config), base=base)
     return loaded.job, loaded.settings
 
 
