@@ -61,6 +61,7 @@ from memplan.estimate.optimizers import (
 )
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.result import Estimate, StageEstimate
+from memplan.estimate.sac import sac_kept_terms
 from memplan.estimate.states import (
     StageParams,
     StateBytes,
@@ -233,7 +234,8 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         first = index == start and counts.root.trained + counts.root.adapter == 0 and job.recompute.mode == "none"
     key = (id(layer), adapters, frozen, first, job.finetune.quantize_base)
     if key not in cache:
-        kept_classes = KEPT_BY[kept_mode(job, get_profile(job.framework))]
+        mode = kept_mode(job, get_profile(job.framework))
+        kept_classes = KEPT_BY[mode]
         attention, rest = layer_terms_by_block(layer, shape)
         if frozen:
             # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
@@ -252,8 +254,17 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep in sized if keep in KEPT_BY["none"])
+        transient = backward_transient_bytes(layer, shape, blocks)
+        sac = sac_kept_terms(layer, shape) if mode == "selective-per-op" else None
+        if mode == "selective-per-op" and sac is None:
+            # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
+            kept_classes = KEPT_BY["selective"]
         kept = sum(size for size, keep in sized if keep in kept_classes)
-        cache[key] = (kept, full, backward_transient_bytes(layer, shape, blocks))
+        if sac is not None:
+            # The cached op outputs; those autograd does not save also sit beside the recomputed layer.
+            kept += sum(divided(t, shape) for t in sac[0])
+            transient += sum(divided(t, shape) for t in sac[1])
+        cache[key] = (kept, full, transient)
     return cache[key]
 
 
@@ -331,7 +342,8 @@ def _stage_estimate(
                 # the recomputed forward rebuilds DoRA's weights too (its temporaries, then the backward's)
                 layer_keep, layer_worst = keep, group * full + max(transient, dora)
             elif job.recompute.mode == "selective":
-                # The attention core (or module) is recomputed during this layer's backward.
+                # The attention core (or module, or under per-op SAC the rest of the layer) is recomputed
+                # during this layer's backward.
                 layer_keep, layer_worst = keep, full - keep + transient
             else:
                 layer_keep, layer_worst = full, transient
@@ -495,7 +507,7 @@ def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfi
     projections when the attention module is checkpointed."""
     if prec.weight_copies != "autocast":
         return 0
-    if index in recomputed:
+    if index in recomputed or kept_mode(job, profile) == "selective-per-op":
         numel = layer_weight_copy_numel(model, job, index, eager_experts=profile.kernels == "eager")
     elif kept_mode(job, profile) == "selective-attention-module":
         numel = attention_weight_copy_numel(model, job, index)
@@ -629,6 +641,14 @@ def _assumptions(
         out.append("selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
                    "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
                    "weight copies are made again in its backward")
+    elif rc.mode == "selective" and kept_mode(job, profile) == "selective-per-op":
+        out.append("selective recompute: torchtitan's per-op selective activation checkpointing (SelectiveAC) of every "
+                   "decoder layer: its input and the outputs of the saved ops are kept (matmuls except every second "
+                   "mm of each layer call, the attention kernel's output and log-sum-exp; with a bias a linear is an "
+                   "addmm, always kept), the rest is recomputed in its backward"
+                   + ("; MoE/MLA layers are not modelled op by op: the attention core's recompute stands in"
+                      if any(layer.moe is not None or layer.attention.kind == "mla" for layer in model.layers)
+                      else ""))
     elif rc.mode == "selective":
         out.append("selective recompute: the attention core is recomputed; its inputs are kept")
     elif rc.mode == "full":
