@@ -66,3 +66,19 @@ def test_assumptions_say_what_is_kept() -> None:
     assert "per-op selective activation checkpointing" in text and "every second mm" in text
     moe = " ".join(estimate(load_model("qwen3-30b-a3b"), replace(_job("torchtitan", "selective"))).assumptions)
     assert "MoE/MLA layers are not modelled op by op" in moe
+
+
+def test_step_time_recomputes_the_dropped_matmuls_not_the_attention() -> None:
+    """fit's step time: torchtitan's selective recomputes k, o and up (36% of a Llama layer's linear
+    FLOPs), more than Megatron's selective (the attention core), less than full recompute."""
+    from memplan.estimate.sac import recomputed_linear_fraction
+    from memplan.fit import HARDWARE
+    from memplan.fit.steptime import step_time
+
+    model = load_model("llama-3.2-1b")
+    h, f, kv = 2048, 8192, 512
+    assert recomputed_linear_fraction(model.layers[0], h) == (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)
+    hw = next(iter(HARDWARE.values()))
+    seconds = {(fw, m): step_time(model, _job(fw, m), hw).recompute_s
+               for fw in ("torchtitan", "megatron") for m in ("selective", "full")}
+    assert seconds["megatron", "selective"] < seconds["torchtitan", "selective"] < seconds["torchtitan", "full"]

@@ -27,7 +27,7 @@ from typing import Literal
 from memplan.estimate.activations import LSE_BYTES, ActivationShape, Region, Term
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec
 
-__all__ = ["SAVED_OPS", "OpOutput", "layer_op_outputs", "sac_kept", "sac_kept_terms"]
+__all__ = ["SAVED_OPS", "OpOutput", "layer_op_outputs", "recomputed_linear_fraction", "sac_kept", "sac_kept_terms"]
 
 Op = Literal["mm", "addmm", "bmm", "attention", "other"]
 
@@ -44,9 +44,11 @@ class OpOutput:
     #: Autograd saves this tensor anyway (it is among :func:`layer_terms`'): the layer's recompute
     #: in the backward reuses the cached output instead of making it again.
     saved_by_autograd: bool = True
+    #: A linear layer's input features (its FLOPs are ``2 * tokens * in * out``); 0 for other ops.
+    in_features: int = 0
 
 
-def _linear(name: str, out_features: int, tokens: int, shape: ActivationShape, bias: bool,
+def _linear(name: str, in_features: int, out_features: int, tokens: int, shape: ActivationShape, bias: bool,
             saved_by_autograd: bool = True) -> OpOutput:
     """A linear layer on a 2-D view of its input: ``mm`` (``addmm`` with a bias) of ``tokens`` rows.
 
@@ -54,7 +56,7 @@ def _linear(name: str, out_features: int, tokens: int, shape: ActivationShape, b
     output and down projections) is a whole partial sum on every rank before its reduction."""
     region: Region = "tp" if saved_by_autograd else "rep"
     return OpOutput("addmm" if bias else "mm", Term(f"{name} output", shape.act_bytes * tokens * out_features,
-                                                     region, "body"), saved_by_autograd)
+                                                     region, "body"), saved_by_autograd, in_features)
 
 
 def _attention_ops(attn: AttentionSpec, shape: ActivationShape) -> list[OpOutput]:
@@ -64,12 +66,13 @@ def _attention_ops(attn: AttentionSpec, shape: ActivationShape) -> list[OpOutput
     k_width = attn.num_kv_heads * attn.head_dim
     v_width = attn.num_kv_heads * attn.v_head_dim
     out_width = attn.num_heads * attn.v_head_dim
+    h = shape.hidden
     if attn.fused_qkv:
-        ops = [_linear("qkv projection", q_width + k_width + v_width, tokens, shape, attn.qkv_bias)]
+        ops = [_linear("qkv projection", h, q_width + k_width + v_width, tokens, shape, attn.qkv_bias)]
     else:
-        ops = [_linear("q projection", q_width, tokens, shape, attn.qkv_bias),
-               _linear("k projection", k_width, tokens, shape, attn.qkv_bias),
-               _linear("v projection", v_width, tokens, shape, attn.qkv_bias)]
+        ops = [_linear("q projection", h, q_width, tokens, shape, attn.qkv_bias),
+               _linear("k projection", h, k_width, tokens, shape, attn.qkv_bias),
+               _linear("v projection", h, v_width, tokens, shape, attn.qkv_bias)]
     if shape.attention == "eager":
         # q k^T and probabilities x v are batched matmuls (bmm): both outputs kept.
         scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
@@ -81,22 +84,22 @@ def _attention_ops(attn: AttentionSpec, shape: ActivationShape) -> list[OpOutput
         ops.append(OpOutput("attention", Term("attention log-sum-exp", LSE_BYTES * attn.num_heads * tokens,
                                               "tp", "body")))
     # The output projection's output is added to the residual: autograd saves it nowhere.
-    ops.append(_linear("output projection", shape.hidden, tokens, shape, attn.out_bias, saved_by_autograd=False))
+    ops.append(_linear("output projection", out_width, h, tokens, shape, attn.out_bias, saved_by_autograd=False))
     return ops
 
 
 def _mlp_ops(mlp: MLPSpec, shape: ActivationShape) -> list[OpOutput]:
     tokens = shape.seq * shape.micro_batch
-    f = mlp.intermediate_size
+    f, h = mlp.intermediate_size, shape.hidden
     if mlp.gated and mlp.fused_gate_up:
-        ops = [_linear("gate/up projection", 2 * f, tokens, shape, mlp.bias)]
+        ops = [_linear("gate/up projection", h, 2 * f, tokens, shape, mlp.bias)]
     elif mlp.gated:
         # gate first (the activation's input), then up: transformers and torchtitan (w1, w3) alike
-        ops = [_linear("gate projection", f, tokens, shape, mlp.bias),
-               _linear("up projection", f, tokens, shape, mlp.bias)]
+        ops = [_linear("gate projection", h, f, tokens, shape, mlp.bias),
+               _linear("up projection", h, f, tokens, shape, mlp.bias)]
     else:
-        ops = [_linear("fc1", f, tokens, shape, mlp.bias)]
-    ops.append(_linear("down projection", shape.hidden, tokens, shape, mlp.bias, saved_by_autograd=False))
+        ops = [_linear("fc1", h, f, tokens, shape, mlp.bias)]
+    ops.append(_linear("down projection", f, h, tokens, shape, mlp.bias, saved_by_autograd=False))
     return ops
 
 
@@ -131,3 +134,17 @@ def sac_kept_terms(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term]
         return None
     kept = sac_kept(ops)
     return [o.term for o in kept], [o.term for o in kept if not o.saved_by_autograd]
+
+
+def recomputed_linear_fraction(layer: LayerSpec, hidden: int) -> float | None:
+    """Share of a layer's linear-layer FLOPs its backward recomputes (the dropped ``mm`` calls);
+    ``None`` for a layer :func:`layer_op_outputs` does not list. The attention kernel is kept."""
+    unit = ActivationShape(seq=1, kv_seq=1, micro_batch=1, hidden=hidden, tp=1, sequence_parallel=False,
+                           act_bytes=1, residual_bytes=1, attention="flash", dropout=False, kernels="eager")
+    ops = layer_op_outputs(layer, unit)
+    if ops is None:
+        return None
+    linears = [o for o in ops if o.op in ("mm", "addmm")]
+    kept = {id(o) for o in sac_kept(linears)}
+    total = sum(o.in_features * o.term.bytes for o in linears)
+    return sum(o.in_features * o.term.bytes for o in linears if id(o) not in kept) / total
