@@ -8,7 +8,8 @@ block is recomputed in its backward (which reuses the cached outputs). Marked ``
 
 * the ops of its save list: the partitioner's compute-intensive ops (``mm``, ``addmm``, ``bmm``,
   the SDPA flash / efficient kernels, ...), the other SDPA variants, ``max`` (FP8 amax), ``topk``
-  and the reduce-scatter / all-to-all collectives;
+  and the reduce-scatter / all-to-all collectives (a row-parallel output's reduce-scatter under TP
+  with sequence parallelism is listed; ``max`` and ``topk`` have no part in a dense bf16 layer);
 * except every second ``mm`` (or ``linear``): the policy counts them per block call in forward
   order and recomputes the even-numbered ones (the 2nd, 4th, ...). ``addmm`` (a linear with a
   bias) and ``bmm`` are not counted and always kept.
@@ -29,10 +30,10 @@ from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec
 
 __all__ = ["SAVED_OPS", "OpOutput", "layer_op_outputs", "recomputed_linear_fraction", "sac_kept", "sac_kept_terms"]
 
-Op = Literal["mm", "addmm", "bmm", "attention", "other"]
+Op = Literal["mm", "addmm", "bmm", "attention", "reduce-scatter", "other"]
 
 #: Ops whose outputs torchtitan's policy keeps (``mm`` only every other one, see :func:`sac_kept`).
-SAVED_OPS: frozenset[str] = frozenset({"mm", "addmm", "bmm", "attention"})
+SAVED_OPS: frozenset[str] = frozenset({"mm", "addmm", "bmm", "attention", "reduce-scatter"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,18 @@ def _attention_ops(attn: AttentionSpec, shape: ActivationShape) -> list[OpOutput
                                               "tp", "body")))
     # The output projection's output is added to the residual: autograd saves it nowhere.
     ops.append(_linear("output projection", out_width, h, tokens, shape, attn.out_bias, saved_by_autograd=False))
-    return ops
+    return ops + _row_parallel_reduction("output projection", shape)
+
+
+def _row_parallel_reduction(name: str, shape: ActivationShape) -> list[OpOutput]:
+    """Under TP with sequence parallelism a row-parallel output's partial sums are reduce-scattered
+    (``_c10d_functional.reduce_scatter_tensor``, in the save list); without it they are all-reduced
+    (not in the list)."""
+    if shape.tp == 1 or not shape.sequence_parallel:
+        return []
+    tokens = shape.seq * shape.micro_batch
+    return [OpOutput("reduce-scatter", Term(f"{name} reduce-scatter output", shape.act_bytes * tokens * shape.hidden,
+                                            "sp", "body"), saved_by_autograd=False)]
 
 
 def _mlp_ops(mlp: MLPSpec, shape: ActivationShape) -> list[OpOutput]:
@@ -100,7 +112,7 @@ def _mlp_ops(mlp: MLPSpec, shape: ActivationShape) -> list[OpOutput]:
     else:
         ops = [_linear("fc1", h, f, tokens, shape, mlp.bias)]
     ops.append(_linear("down projection", f, h, tokens, shape, mlp.bias, saved_by_autograd=False))
-    return ops
+    return ops + _row_parallel_reduction("down projection", shape)
 
 
 def layer_op_outputs(layer: LayerSpec, shape: ActivationShape) -> list[OpOutput] | None:

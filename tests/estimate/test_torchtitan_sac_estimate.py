@@ -1,7 +1,7 @@
 """torchtitan's per-op selective checkpointing in the estimator (``--framework torchtitan --recompute selective``).
 
 Which op outputs the policy keeps on real layers is checked against the tracer's run of the same
-policy in tests/trace/test_sac.py; here: the rule on op lists, and what the estimate makes of it.
+policy in tests/trace/test_torchtitan_sac_trace.py; here: the rule on op lists, and what the estimate makes of it.
 """
 
 from __future__ import annotations
@@ -82,3 +82,11 @@ def test_step_time_recomputes_the_dropped_matmuls_not_the_attention() -> None:
     seconds = {(fw, m): step_time(model, _job(fw, m), hw).recompute_s
                for fw in ("torchtitan", "megatron") for m in ("selective", "full")}
     assert seconds["megatron", "selective"] < seconds["torchtitan", "selective"] < seconds["torchtitan", "full"]
+
+
+def test_sequence_parallel_keeps_the_row_parallel_reduce_scatter_outputs() -> None:
+    layer = load_model("llama-3.2-1b").layers[0]
+    tp = replace(SHAPE, tp=2, sequence_parallel=True)
+    names = [o.term.name for o in sac_kept(layer_op_outputs(layer, tp) or [])]
+    assert "output projection reduce-scatter output" in names and "down projection reduce-scatter output" in names
+    assert not any("reduce-scatter" in o.term.name for o in layer_op_outputs(layer, replace(tp, sequence_parallel=False)) or [])
