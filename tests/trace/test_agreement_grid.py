@@ -31,6 +31,8 @@ CONFIGS: dict[str, dict[str, object]] = {
                "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 128,
                "query_pre_attn_scalar": 64, "hidden_activation": "gelu_pytorch_tanh"},
+    "qwen2": {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
     "phi3": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
              "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 2048, "sliding_window": 1023,
              "pad_token_id": 0},
@@ -57,6 +59,16 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "eager", "selective", {"tp": 2}),
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"optimizer_impl": "auto"}),
     ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none", {"fsdp": 2, "framework": "torchtitan", "optimizer_impl": "auto"}),
+    # torchtitan's selective recompute: per-op SAC of every decoder layer (both engines)
+    ("llama", 512, "bf16-mixed", "sdpa", "selective", {"framework": "torchtitan"}),
+    ("llama", 256, "bf16-mixed", "sdpa", "selective", {"framework": "torchtitan", "fsdp": 2}),
+    ("llama", 256, "bf16", "sdpa", "selective", {"framework": "torchtitan"}),
+    ("qwen2", 256, "bf16-mixed", "sdpa", "selective", {"framework": "torchtitan"}),  # biased q/k/v: addmm
+    pytest.param("llama", 256, "bf16-mixed", "eager", "selective", {"framework": "torchtitan"},
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "peak +7% (activations -0.04%): the recomputed layer's backward transient is priced as under "
+                     "full recompute, which overestimates this toy's too (torchtitan full recompute, same cell: "
+                     "+3.8%); docs/trace.md, recompute"))),
     # fine-tuning: adapters on a frozen base (issue 12's grid, small)
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj"}),
     ("llama", 256, "bf16", "sdpa", "none", {"peft": "lora", "lora_rank": 16, "lora_targets": "all-linear"}),

@@ -20,7 +20,9 @@ Selective recompute has two meanings, chosen by the framework profile
 (``FrameworkProfile.selective_recompute``): ``selective`` recomputes the attention core
 (Korthikanti et al.; Megatron ``--recompute-granularity selective``); ``selective-attention-module``
 checkpoints every attention module (``self_attn``) with non-reentrant ``torch.utils.checkpoint``,
-which is what ``memplan trace --recompute selective`` runs on a Hugging Face model.
+which is what ``memplan trace --recompute selective`` runs on a Hugging Face model;
+``selective-per-op`` is torchtitan's per-op selective activation checkpointing
+(:mod:`memplan.estimate.sac`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ KEPT_BY: dict[str, frozenset[str]] = {
     "selective": frozenset({"input", "attn", "body", "ckpt_input"}),
     "selective-attention-module": frozenset({"input", "attn_input", "body", "ckpt_input"}),
     "full": frozenset({"input", "ckpt_input"}),
+    # torchtitan's per-op SAC: of what autograd saves only the layer input; the outputs of the
+    # policy's kept ops are added by :mod:`memplan.estimate.sac`.
+    "selective-per-op": frozenset({"input", "ckpt_input"}),
 }
 
 #: Bytes per element of HF eager attention's softmax output: ``softmax(scores, dtype=float32)``

@@ -23,10 +23,14 @@ def kept_mode(job: Job, profile: FrameworkProfile) -> str:
 
     ``selective`` under a profile whose ``selective_recompute`` is ``attention-module`` (hf):
     every attention module is checkpointed, so its saved tensors are dropped and its input kept.
+    ``selective`` under ``per-op`` (torchtitan): every decoder layer is checkpointed with torchtitan's
+    per-op policy (:mod:`memplan.estimate.sac`).
     """
     mode = job.recompute.mode
     if mode == "selective" and profile.selective_recompute == "attention-module":
         return "selective-attention-module"
+    if mode == "selective" and profile.selective_recompute == "per-op":
+        return "selective-per-op"
     return mode
 
 
@@ -44,11 +48,12 @@ def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, 
     Under non-reentrant checkpointing (``torch.utils.checkpoint``) the checkpointed region saves
     nothing: its copies live only in autocast's cache, which is cleared when the forward's autocast
     region exits, before the backward (they are recomputed with the region). So recomputed layers
-    contribute none, and under ``selective-attention-module`` the attention projections none.
+    contribute none, and under ``selective-attention-module`` the attention projections none; under
+    ``selective-per-op`` (every layer checkpointed, casts not in the save list) no layer any.
     """
     total = 0
     for index in layout.layer_indices:
-        if index in recomputed:
+        if index in recomputed or mode == "selective-per-op":
             continue
         total += layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
         if mode == "selective-attention-module":

@@ -64,6 +64,7 @@ from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import dropped_sites, recomputed_peak, term_site
 from memplan.estimate.result import Estimate, StageEstimate
+from memplan.estimate.sac import sac_kept_terms
 from memplan.estimate.states import (
     StageParams,
     StateBytes,
@@ -243,6 +244,7 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         first = index == start and counts.root.trained + counts.root.adapter == 0 and job.recompute.mode == "none"
     key = (id(layer), adapters, frozen, first, job.finetune.quantize_base)
     if key not in cache:
+        mode = kept_mode(job, get_profile(job.framework))
         kept_classes, dropped = _kept_policy(job)
         attention, rest = layer_terms_by_block(layer, shape)
         if frozen:
@@ -262,13 +264,22 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
+        transient = backward_transient_bytes(layer, shape, blocks)
+        sac = sac_kept_terms(layer, shape) if mode == "selective-per-op" else None
+        if mode == "selective-per-op" and sac is None:
+            # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
+            kept_classes = KEPT_BY["selective"]
         kept = sum(size for size, keep, site in sized if keep in kept_classes and site not in dropped)
+        if sac is not None:
+            # The cached op outputs; those autograd does not save also sit beside the recomputed layer.
+            kept += sum(divided(t, shape) for t in sac[0])
+            transient += sum(divided(t, shape) for t in sac[1])
         rebuilt = full - kept
         if dropped:
             # only one block's recomputed tensors are alive at a time (recompute_modules.py)
             rebuilt -= sum(size for size, _, site in sized if site in dropped)
             rebuilt += recomputed_peak([(size, site) for size, _, site in sized], dropped)
-        cache[key] = (kept, full, backward_transient_bytes(layer, shape, blocks), rebuilt)
+        cache[key] = (kept, full, transient, rebuilt)
     return cache[key]
 
 
@@ -355,7 +366,8 @@ def _stage_estimate(
                 # the recomputed forward rebuilds DoRA's weights too (its temporaries, then the backward's)
                 layer_keep, layer_worst = keep, group * full + max(transient, dora)
             elif job.recompute.mode == "selective":
-                # The recomputed modules are made again during this layer's backward.
+                # The recomputed modules (the attention core, the attention module, or under per-op
+                # SAC the rest of the layer) are made again during this layer's backward.
                 layer_keep, layer_worst = keep, rebuilt + transient
             else:
                 layer_keep, layer_worst = full, transient
@@ -520,7 +532,7 @@ def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfi
     projections when the attention module is checkpointed."""
     if prec.weight_copies != "autocast":
         return 0
-    if index in recomputed:
+    if index in recomputed or kept_mode(job, profile) == "selective-per-op":
         numel = layer_weight_copy_numel(model, job, index, eager_experts=profile.kernels == "eager")
     elif kept_mode(job, profile) == "selective-attention-module":
         numel = attention_weight_copy_numel(model, job, index)
@@ -668,6 +680,14 @@ def _assumptions(
         shape = _activation_shape(model, job, profile, prec)
         sites = {term_site(t) for layer in {id(x): x for x in model.layers}.values() for t in layer_terms(layer, shape)}
         out.append(describe_recompute(rc.module_names, sites))
+    elif rc.mode == "selective" and kept_mode(job, profile) == "selective-per-op":
+        out.append("selective recompute: torchtitan's per-op selective activation checkpointing (SelectiveAC) of every "
+                   "decoder layer: its input and the outputs of the saved ops are kept (matmuls except every second "
+                   "mm of each layer call, the attention kernel's output and log-sum-exp; with a bias a linear is an "
+                   "addmm, always kept), the rest is recomputed in its backward"
+                   + ("; MoE/MLA layers are not modelled op by op: the attention core's recompute stands in"
+                      if any(layer.moe is not None or layer.attention.kind == "mla" for layer in model.layers)
+                      else ""))
     elif rc.mode == "selective":
         out.append("selective recompute: the attention core is recomputed; its inputs are kept")
     elif rc.mode == "full":

@@ -49,7 +49,7 @@ def checkpointed_mask_bytes(model: ModelSpec, shape: ActivationShape, mode: str)
     scores saves nothing, but a checkpointed decoder layer or attention module keeps its inputs,
     the mask among them, until its backward (``torch.utils.checkpoint``).
     """
-    if shape.attention != "eager" or shape.kernels != "eager" or mode not in ("full", "selective-attention-module"):
+    if shape.attention != "eager" or shape.kernels != "eager" or mode not in ("full", "selective-attention-module", "selective-per-op"):
         return 0
     kinds = len({layer.attention.sliding_window for layer in model.layers})
     return kinds * shape.micro_batch * shape.seq * shape.kv_seq * shape.residual_bytes

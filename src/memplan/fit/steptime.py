@@ -6,7 +6,7 @@ slowest pipeline stage:
 * **compute**: forward FLOPs of the stage's layers (matmuls at ``2·params`` per token, causal
   attention core at ``2·seq·heads·(d_qk + d_v)/2`` per token), backward = 2 × forward, plus the
   recomputed forward (full recompute: the whole forward of recomputed layers; selective: the
-  attention core), divided over ``tp·cp`` GPUs (balanced MoE routing gives every GPU of a stage
+  attention core, or under torchtitan's per-op checkpointing the ``mm`` calls it drops), divided over ``tp·cp`` GPUs (balanced MoE routing gives every GPU of a stage
   the same share of expert work) and run at :data:`MATMUL_EFFICIENCY` /
   :data:`ATTENTION_EFFICIENCY` of the GPU's dense BF16 peak, plus a fixed
   :data:`LAYER_OVERHEAD_S` per layer and micro-batch (kernel launches and tails);
@@ -44,7 +44,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from memplan.estimate.sac import recomputed_linear_fraction
 from memplan.fit.hardware import Hardware
+from memplan.frameworks.profiles import get_profile
 from memplan.job import Job
 from memplan.model.params import attention_params, mlp_params
 from memplan.model.spec import LayerSpec, ModelSpec
@@ -174,6 +176,18 @@ def _stage_layer_counts(model: ModelSpec, job: Job) -> tuple[int, ...]:
     return stage_layer_counts(model.num_layers, job.parallel)
 
 
+def _per_op_recompute_s(model: ModelSpec, idx: range, matmul2: tuple[float, ...], per_flop_s: float,
+                        attn_each: list[float]) -> float:
+    """torchtitan's per-op selective checkpointing: each layer's backward recomputes its dropped
+    ``mm`` calls (:func:`memplan.estimate.sac.recomputed_linear_fraction`), not its attention; a
+    layer not listed op by op (MoE, MLA) recomputes its attention core as Megatron's selective does."""
+    total = 0.0
+    for i, attn in zip(idx, attn_each, strict=True):
+        fraction = recomputed_linear_fraction(model.layers[i], model.hidden_size)
+        total += attn if fraction is None else fraction * matmul2[i] * per_flop_s
+    return total
+
+
 def _recompute_fraction(job: Job, layers_on_stage: int) -> float:
     """Fraction of the stage's layers whose whole forward runs again in the backward."""
     rc = job.recompute
@@ -253,7 +267,12 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
         # Frozen weights: the backward computes the input's gradient only (one forward's FLOPs).
         passes = 2.0 if job.finetune.has_frozen else 3.0
         compute = passes * matmul / matmul_rate + 3.0 * attn + LAYER_OVERHEAD_S * n_layers
-        recompute = attn if job.recompute.mode == "selective" else rc_frac * (matmul / matmul_rate + attn)
+        if job.recompute.mode == "selective" and get_profile(job.framework).selective_recompute == "per-op":
+            recompute = _per_op_recompute_s(model, idx, facts.matmul2, share / matmul_rate, attn_each)
+        elif job.recompute.mode == "selective":
+            recompute = attn
+        else:
+            recompute = rc_frac * (matmul / matmul_rate + attn)
         act_bytes = tokens_rank * hidden * HALF_BYTES
         tp_coll = (4 + 2 * rc_frac) * 2 * (tp - 1) / tp * act_bytes / tp_bw if tp > 1 else 0.0
         tp_comm = tp_coll * n_layers

@@ -92,8 +92,10 @@ class FrameworkProfile:
     #: What ``--recompute selective`` recomputes: ``attention-core`` (scores, softmax, dropout;
     #: Megatron ``--recompute-granularity selective``, Korthikanti et al.) or ``attention-module``
     #: (every attention module checkpointed with non-reentrant ``torch.utils.checkpoint``: what a
-    #: Hugging Face model can wrap, and what ``memplan trace --recompute selective`` runs).
-    selective_recompute: Literal["attention-core", "attention-module"] = "attention-core"
+    #: Hugging Face model can wrap, and what ``memplan trace --recompute selective`` runs) or
+    #: ``per-op`` (torchtitan's ``SelectiveAC``: every block checkpointed with a per-op policy that
+    #: keeps the outputs of matmuls, attention kernels and collectives, every second mm recomputed).
+    selective_recompute: Literal["attention-core", "attention-module", "per-op"] = "attention-core"
     #: ``--recompute-modules`` (Megatron's per-sub-module selective recompute) exists; without it
     #: the flag is refused.
     recompute_modules: bool = False
@@ -130,6 +132,7 @@ TORCHTITAN = FrameworkProfile(
     kernels="eager",
     frees_gradients=True,
     torch_optimizer=True,
+    selective_recompute="per-op",
 )
 
 DEEPSPEED = FrameworkProfile(

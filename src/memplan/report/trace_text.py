@@ -78,7 +78,7 @@ def _reserved_line(reserved: SimulatedReserved) -> Any:
 
 def render_comparison(comparison: Comparison) -> Any:
     """Trace and estimator side by side, with differences per category."""
-    table = _table("Trace vs estimator (hf profile)", "category", "traced", "estimated", "difference", "rel.")
+    table = _table(f"Trace vs estimator ({comparison.framework} profile)", "category", "traced", "estimated", "difference", "rel.")
     for row in comparison.rows:
         rel = "-" if row.relative is None else f"{100 * row.relative:+.1f}%"
         table.add_row(row.category, format_bytes(row.traced_bytes), format_bytes(row.estimated_bytes),

@@ -54,6 +54,8 @@ class Comparison:
 
     rows: tuple[ComparisonRow, ...]
     assumptions: tuple[str, ...]
+    #: The framework profile the estimator priced the job with (the trace's ``--framework``).
+    framework: str = "hf"
 
     def row(self, category: str) -> ComparisonRow:
         return next(r for r in self.rows if r.category == category)
@@ -98,4 +100,4 @@ def compare_with_estimate(model: str, options: TraceSetup, summary: TraceSummary
     # Library workspaces are allocated by the kernels, which a fake-tensor trace never runs.
     workspace = result.stages[0].workspace_bytes if len(result.stages) == 1 else 0
     rows.append(ComparisonRow("peak allocated", summary.peak_allocated_bytes, result.peak_allocated_bytes - workspace))
-    return Comparison(tuple(rows), tuple(result.assumptions))
+    return Comparison(tuple(rows), tuple(result.assumptions), job.framework)

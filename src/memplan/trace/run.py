@@ -118,8 +118,10 @@ def _groups_by_tensor_type(params: Iterable[torch.nn.Parameter]) -> list[dict[st
 
 
 def apply_recompute(model: torch.nn.Module, mode: str, *, cuda_autocast: bool = False,
-                    reentrant: bool = False) -> None:
-    """``full``: checkpoint every decoder layer; ``selective``: checkpoint every attention module.
+                    reentrant: bool = False, per_op: bool = False) -> None:
+    """``full``: checkpoint every decoder layer; ``selective``: checkpoint every attention module,
+    or with ``per_op`` (``--framework torchtitan``) every decoder layer with torchtitan's per-op
+    selective checkpointing policy (:mod:`memplan.trace.sac`).
 
     ``full`` is what the Hugging Face Trainer does for ``gradient_checkpointing=True``:
     ``model.activation_checkpointing_enable({"use_reentrant": reentrant})``, which also makes the
@@ -141,6 +143,11 @@ def apply_recompute(model: torch.nn.Module, mode: str, *, cuda_autocast: bool = 
         else:
             raise UnsupportedError("--recompute full needs a Hugging Face model (activation_checkpointing_enable)")
         return
+    if per_op:
+        from memplan.trace.sac import apply_torchtitan_sac
+
+        apply_torchtitan_sac(model, _cuda_policies if cuda_autocast else None)
+        return
     attention = [m for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in ("self_attn", "attn")]
     if not attention:
         raise UnsupportedError("--recompute selective found no attention modules named self_attn or attn")
@@ -152,6 +159,12 @@ def _recompute_with_cuda_policies() -> tuple[Any, Any]:
     from memplan.trace.cuda_autocast import CudaAutocastFp32
 
     return contextlib.nullcontext(), CudaAutocastFp32()
+
+
+def _cuda_policies() -> Any:
+    from memplan.trace.cuda_autocast import CudaAutocastFp32
+
+    return CudaAutocastFp32()
 
 
 def _checkpoint_forward(module: torch.nn.Module, cuda_autocast: bool = False) -> None:

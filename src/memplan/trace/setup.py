@@ -113,10 +113,6 @@ def check_traceable(job: Job) -> None:
 
 def _check_ranks(job: Job) -> None:
     par, sharding = job.parallel, job.sharding
-    if job.recompute.mode == "selective" and job.framework == "torchtitan":
-        raise ConfigError("--recompute", "torchtitan's selective recompute is per-op selective checkpointing, which "
-                          "memplan trace does not run; trace --framework hf (selective: every attention module "
-                          "checkpointed) or --recompute full", "selective")
     if par.tp > 1 and job.framework == "torchtitan":
         raise ConfigError("--tp", "memplan trace applies Hugging Face's tensor-parallel plan; torchtitan's "
                           "(vocab-parallel embedding, sequence parallelism, loss parallelism) is estimated only: "
