@@ -15,6 +15,7 @@ Importing this module imports nothing heavy.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -41,6 +42,10 @@ class InputSetting:
     #: How it was mapped (``--mbs 4``), or why it has no effect / is not modelled.
     note: str = ""
 
+    def describe(self) -> str:
+        """One line: ``--hf-args torch_compile = true: not modelled (...)``."""
+        return f"{self.source} {self.key} = {json.dumps(_plain(self.value))}: {self.note}".rstrip(": ")
+
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "key": self.key, "value": _plain(self.value), "effect": self.effect,
                 "note": self.note}
@@ -62,8 +67,9 @@ def unmodelled(settings: Iterable[InputSetting]) -> tuple[InputSetting, ...]:
     return tuple(s for s in settings if s.effect == "not-modelled")
 
 
-def settings_dict(settings: Iterable[InputSetting]) -> dict[str, list[dict[str, Any]]]:
-    """The JSON fields every command adds: ``input_settings`` (all) and ``unmodelled_settings``."""
+def settings_dict(settings: Iterable[InputSetting]) -> dict[str, list[Any]]:
+    """The JSON fields every command adds: ``input_settings`` (every key read, as objects) and
+    ``unmodelled_settings`` (what was not modelled, one string each: :meth:`InputSetting.describe`)."""
     items = tuple(settings)
     return {"input_settings": [s.to_dict() for s in items],
-            "unmodelled_settings": [s.to_dict() for s in unmodelled(items)]}
+            "unmodelled_settings": [s.describe() for s in unmodelled(items)]}

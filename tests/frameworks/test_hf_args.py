@@ -137,7 +137,7 @@ def test_fit_report_and_save_job_carry_the_settings(tmp_path: Path) -> None:
     runner = CliRunner()
     fit = runner.invoke(app, ["fit", "llama-3.2-1b", "--gpus", "2", "--hf-args", str(path), "--top", "1", "--json"])
     assert fit.exit_code in (0, 1), fit.output
-    assert [s["key"] for s in json.loads(fit.stdout)["unmodelled_settings"]] == ["torch_compile"]
+    assert [s.split(" = ")[0] for s in json.loads(fit.stdout)["unmodelled_settings"]] == ["--hf-args torch_compile"]
     html = tmp_path / "report.html"
     report = runner.invoke(app, ["report", "llama-3.2-1b", "--gpus", "2", "--hf-args", str(path), "-o", str(html)])
     assert report.exit_code == 0, report.output
@@ -160,4 +160,4 @@ def test_trace_takes_the_arguments(tmp_path: Path) -> None:
     data = json.loads(result.stdout[result.stdout.index("{"):])
     job = data["options"]["job"]
     assert job["batch"]["micro_batch_size"] == 2 and job["precision"]["name"] == "fp32"
-    assert [s["key"] for s in data["unmodelled_settings"]] == ["torch_compile"]
+    assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == ["--hf-args torch_compile"]

@@ -120,19 +120,22 @@ def test_launch_reports_every_flag_in_json(tmp_path: Path) -> None:
     assert by_key["--tensor-model-parallel-size"]["value"] == "2"
     assert by_key["--save"]["effect"] == "no-memory-effect"
     assert "--nproc_per_node" not in by_key  # torchrun's, before the script
-    unmodelled = {s["key"]: s["value"] for s in data["unmodelled_settings"]}
+    unmodelled = {s["key"]: s["value"] for s in data["input_settings"] if s["effect"] == "not-modelled"}
     assert unmodelled == {"--cuda-graph-impl": "transformer_engine", "--tp-comm-overlap": True}
+    assert len(data["unmodelled_settings"]) == 2
+    assert all(isinstance(line, str) for line in data["unmodelled_settings"])
+    assert any(line.startswith("--megatron-args --tp-comm-overlap = true") for line in data["unmodelled_settings"])
 
 
-def test_launch_text_output_has_one_yellow_warning_block(tmp_path: Path) -> None:
+def test_launch_text_output_has_one_yellow_warning_line(tmp_path: Path) -> None:
     path = tmp_path / "launch.sh"
     path.write_text(LAUNCH)
     result = CliRunner().invoke(app, ["estimate", "--megatron-args", str(path), "--gpus", "2"], color=True)
     assert result.exit_code == 0, result.output
     assert result.output.count("Not modelled (2 input settings") == 1
     yellow = [line for line in result.output.splitlines() if line.startswith("\x1b[33m")]
-    assert len(yellow) == 3
-    assert "--cuda-graph-impl" in yellow[1] and "--tp-comm-overlap" in yellow[2]
+    assert len(yellow) == 1
+    assert "--cuda-graph-impl" in yellow[0] and "--tp-comm-overlap" in yellow[0]
 
 
 def test_load_job_carries_the_settings(tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def test_json_output_lists_the_settings(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--peft-config", str(path), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert [s["key"] for s in data["unmodelled_settings"]] == ["bias"]
+    assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == ["--peft-config bias"]
     assert {s["effect"] for s in data["input_settings"]} <= {"modelled", "no-memory-effect", "not-modelled"}
     text = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--peft-config", str(path)], env={"COLUMNS": "300"})
     assert "Not modelled" in text.stdout and "bias" in text.stdout

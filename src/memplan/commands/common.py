@@ -171,16 +171,16 @@ def print_rich(*renderables: Any) -> None:
 
 
 def print_unmodelled(settings: Iterable[Any]) -> None:
-    """The input settings memplan does not model, as a short warning block on stdout (none: nothing)."""
+    """The input settings memplan does not model, as one yellow line on stdout (none: nothing); the
+    reasons are in ``--json`` (``unmodelled_settings``)."""
     from memplan.settings import unmodelled
 
     missing = unmodelled(settings)
     if not missing:
         return
+    names = ", ".join(f"{item.source} {item.key}" for item in missing)
     typer.secho(f"Not modelled ({len(missing)} input setting{'s' if len(missing) > 1 else ''}; the estimate "
-                "assumes otherwise):", fg="yellow")
-    for item in missing:
-        typer.secho(f"  {item.source} {item.key} = {json.dumps(item.to_dict()['value'])}: {item.note}", fg="yellow")
+                f"assumes otherwise; why: --json unmodelled_settings): {names}", fg="yellow")
 
 
 #: The dialect-file options every job command takes (``--hf-args``, ``--peft-config``).
