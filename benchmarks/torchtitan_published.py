@@ -1,0 +1,77 @@
+"""memplan against torchtitan's published memory readings (not shipped in ../shared/reference).
+
+Source: torchtitan ``docs/performance.md`` (pytorch/torchtitan), "Table 1: 1D Parallelism (FSDP).
+Llama 3.1 8B model. 8 GPUs. Local batch size 2, global batch size 16. Selective activation
+checkpointing." — 8 x H100 (96 GB HBM), ``llama3_8b.toml`` (seq_len 8192, selective_ac_option
+"op", bf16 parameters with fp32 reduce, AdamW), row "FSDP" (no torch.compile, no Float8):
+**82.4 GiB**, torchtitan's memory reading (its metrics log the CUDA caching allocator's peak
+*reserved* memory). The compiled and Float8 rows are not compared (memplan models neither).
+
+Each row runs, with the same flags, ``memplan estimate`` (peak allocated, and peak reserved with
+its fixed fragmentation assumption) and ``memplan trace --device cuda`` on simulated FSDP ranks
+(peak allocated, and peak reserved from replaying the trace through the caching-allocator simulator
+with FSDP2's streams). Usage: PYTHONPATH=src python benchmarks/torchtitan_published.py [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "torchtitan_published.json"
+GiB = 2**30
+
+ROWS = (
+    {"name": "llama3.1-8b FSDP 8 x H100, lbs 2, seq 8192, selective op AC",
+     "source": "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
+     "published_gib": 82.4, "counter": "peak reserved",
+     "model": "llama-3.1-8b", "flags": {"framework": "torchtitan", "fsdp": 8, "seq": 8192, "mbs": 2,
+                                        "recompute": "selective", "precision": "bf16-mixed"}},
+)
+
+
+def run(row: dict) -> dict:
+    from memplan.estimate import estimate
+    from memplan.inputs import JobRequest, load_job
+    from memplan.trace import trace
+
+    flags = row["flags"]
+    loaded = load_job(JobRequest(model=row["model"], flags={**flags, "gpus": flags["fsdp"]}))
+    stage = estimate(loaded.model, loaded.job).stages[0]
+    start = time.perf_counter()
+    result = trace(row["model"], device="cuda", **flags)
+    seconds = time.perf_counter() - start
+    data = result.to_dict()
+    reserved = data.get("simulated_reserved", {}).get("peak_reserved_bytes")
+    published = row["published_gib"] * GiB
+    out = {**row, "estimate_allocated_gib": stage.peak_allocated_bytes / GiB,
+           "estimate_reserved_gib": stage.peak_reserved_bytes / GiB,
+           "trace_allocated_gib": result.summary.peak_allocated_bytes / GiB,
+           "trace_reserved_gib": None if reserved is None else reserved / GiB, "trace_seconds": round(seconds, 1)}
+    out["estimate_reserved_vs_published"] = stage.peak_reserved_bytes / published - 1
+    out["trace_reserved_vs_published"] = None if reserved is None else reserved / published - 1
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default=str(DEFAULT_OUT))
+    ns = parser.parse_args()
+    rows = [run(row) for row in ROWS]
+    for r in rows:
+        trace_res = "-" if r["trace_reserved_gib"] is None else f"{r['trace_reserved_gib']:.2f}"
+        print(f"{r['name']}: published {r['published_gib']} GiB ({r['counter']}); estimate "
+              f"{r['estimate_allocated_gib']:.2f} allocated / {r['estimate_reserved_gib']:.2f} reserved "
+              f"({100 * r['estimate_reserved_vs_published']:+.1f}%); trace {r['trace_allocated_gib']:.2f} allocated / "
+              f"{trace_res} reserved (simulated, "
+              f"{100 * (r['trace_reserved_vs_published'] or 0):+.1f}%); trace {r['trace_seconds']} s")
+    Path(ns.json).write_text(json.dumps({"updated": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+                                         "rows": rows}, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
