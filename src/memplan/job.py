@@ -19,7 +19,8 @@ from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 OptimizerName = Literal["adamw", "adam", "sgd", "adafactor", "adam8bit", "adamw8bit", "paged-adamw8bit",
-                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit"]
+                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit", "muon"]
+MuonTpMode = Literal["duplicated", "blockwise", "distributed"]
 OptimizerImpl = Literal["auto", "foreach", "fused", "for-loop"]
 RecomputeMode = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
@@ -260,8 +261,9 @@ class Optimizer:
     #: ``adam8bit``/``adamw8bit``/``lion8bit``: bitsandbytes block-wise 8-bit states; ``paged-*``:
     #: bitsandbytes paged optimizers, whose states live in CUDA unified memory outside PyTorch's
     #: caching allocator and page out to CPU memory under pressure.
-    name: OptimizerName = knob("adamw", "--optimizer", "Optimizer: torch adamw/adam/sgd/adafactor, Lion, or "
-                               "bitsandbytes 8-bit and paged variants.", panel=PRECISION)
+    name: OptimizerName = knob("adamw", "--optimizer", "Optimizer: torch adamw/adam/sgd/adafactor, Lion, "
+                               "bitsandbytes 8-bit and paged variants, or Megatron's Muon (2-D weights; Adam for "
+                               "the rest).", panel=PRECISION)
     momentum: float = knob(0.0, "--momentum", "SGD momentum; 0 keeps no momentum buffer.", panel=PRECISION)
     implementation: OptimizerImpl = knob("auto", "--optimizer-impl",
                                          "PyTorch optimizer implementation (temporaries of the step); auto = the "
@@ -272,8 +274,18 @@ class Optimizer:
     in_backward: bool = knob(False, "--optimizer-in-backward", "Step each parameter inside the backward as soon "
                              "as its gradient is ready, then free the gradient.", panel=PRECISION)
 
+    #: Muon only (Megatron ``--muon-tp-mode``): how a tensor-parallel weight is orthogonalized —
+    #: ``duplicated`` gathers the full matrix on every rank, ``blockwise`` and ``distributed`` keep the shard.
+    muon_tp_mode: MuonTpMode = knob("duplicated", "--muon-tp-mode", "Muon: Newton-Schulz on the gathered full "
+                                    "matrix (duplicated) or on the TP shard (blockwise, distributed).",
+                                    panel=PRECISION)
+    #: Muon only (Megatron ``--muon-nesterov``): the Nesterov update is a copy of the gradient.
+    muon_nesterov: bool = knob(False, "--muon-nesterov", "Muon: Nesterov momentum (one more gradient-sized "
+                               "temporary in the step).", panel=PRECISION)
+
     def __post_init__(self) -> None:
         _check_choice("--optimizer", self.name, get_args(OptimizerName))
+        _check_choice("--muon-tp-mode", self.muon_tp_mode, get_args(MuonTpMode))
         _check_choice("--optimizer-impl", self.implementation, get_args(OptimizerImpl))
         if not 0.0 <= self.momentum < 1.0:
             raise JobConfigError("--momentum", "must be in [0, 1)", self.momentum)

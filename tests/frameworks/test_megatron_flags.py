@@ -69,7 +69,7 @@ def test_refused_means_the_reader_refuses_it() -> None:
 
 @pytest.mark.parametrize("flag", [
     "--cuda-graph-impl", "--cuda-graph-scope", "--cuda-graph-modules", "--external-cuda-graph",
-    "--enable-cuda-graph", "--fine-grained-activation-offloading", "--muon-tp-mode", "--tp-comm-overlap",
+    "--enable-cuda-graph", "--fine-grained-activation-offloading", "--muon-use-syrk", "--tp-comm-overlap",
     "--cp-comm-type", "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm"])
 def test_issue_flags_are_stated_not_modelled(flag: str) -> None:
     assert classify(flag, "a2a")[0] == "not-modelled"  # type: ignore[index]
@@ -79,7 +79,11 @@ def test_value_decides_for_dispatcher_optimizer_and_cuda_graphs() -> None:
     assert classify("--moe-token-dispatcher-type", "alltoall")[0] == "modelled"  # type: ignore[index]
     assert classify("--moe-token-dispatcher-type", "flex")[0] == "not-modelled"  # type: ignore[index]
     assert classify("--optimizer", "adam")[0] == "modelled"  # type: ignore[index]
-    assert classify("--optimizer", "muon")[0] == "not-modelled"  # type: ignore[index]
+    assert classify("--optimizer", "muon")[0] == "modelled"  # type: ignore[index]
+    assert classify("--muon-tp-mode", "distributed")[0] == "modelled"  # type: ignore[index]
+    assert classify("--muon-scalar-optimizer", "lion")[0] == "not-modelled"  # type: ignore[index]
+    assert classify("--muon-fp32-matmul-prec", "medium")[0] == "modelled"  # type: ignore[index]
+    assert classify("--muon-fp32-matmul-prec", "high")[0] == "not-modelled"  # type: ignore[index]
     assert classify("--cuda-graph-impl", "none")[0] == "no-memory-effect"  # type: ignore[index]
 
 

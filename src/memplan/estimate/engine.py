@@ -56,6 +56,7 @@ from memplan.estimate.optimizers import (
     SmallTensors,
     describe_optimizer,
     in_backward_gradient_bytes,
+    muon_step_bytes,
     needs_small_tensors,
     small_tensors,
     small_tensors_of_sizes,
@@ -336,11 +337,16 @@ def _stage_estimate(
     if needs_small_tensors(job):
         small = (small_tensors(model, layout.layer_indices, has_head=layout.has_head) if ft is None
                  else _trainable_small_tensors(model, job, layout))
+    # Muon's scalar optimizer steps the embedding, output layer (root) and the layers' 1-D tensors.
+    scalar = (params.root + small_tensors(model, layout.layer_indices, has_head=False).vectors
+              if job.optimizer.name == "muon" and ft is None else 0)
     states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients,
-                         step_counters=counters, small=small, finetune=ft)
+                         step_counters=counters, small=small, finetune=ft, muon_scalar=scalar)
     largest = (_largest_tensor(model, vocab_rows, job, profile) if ft is None or ft.full or ft.copies
                else _largest_trainable(model, job, layout))
     step_temp = optimizer_temporary_bytes(job, profile, states, prec, largest)
+    if job.optimizer.name == "muon" and states.optimizer_numel:
+        step_temp = max(step_temp, muon_step_bytes(model, job, layout.layer_indices))
     if job.optimizer.in_backward:
         # Optimizer hook: each gradient is stepped and freed in the backward (one alive at a time),
         # and the per-parameter step's temporaries join the backward's.

@@ -27,7 +27,7 @@ from memplan.frameworks.profiles import resolved_optimizer_impl
 
 if TYPE_CHECKING:
     from memplan.job import Job
-    from memplan.model.spec import LayerSpec, ModelSpec
+    from memplan.model.spec import LayerSpec, MLPSpec, ModelSpec
 
 __all__ = [
     "ADAM8BIT_BLOCK",
@@ -38,6 +38,8 @@ __all__ = [
     "SmallTensors",
     "describe_optimizer",
     "in_backward_gradient_bytes",
+    "muon_matrices",
+    "muon_step_bytes",
     "needs_small_tensors",
     "optimizer_state_bytes",
     "optimizer_states",
@@ -92,8 +94,9 @@ class OptimizerStates:
 
 
 def needs_small_tensors(job: Job) -> bool:
-    """Whether the job's optimizer prices small tensors apart (bitsandbytes, Adafactor)."""
-    return job.optimizer.name in BNB_OPTIMIZERS or job.optimizer.name == "adafactor"
+    """Whether the job's optimizer prices small tensors apart (bitsandbytes, Adafactor, and Muon,
+    whose scalar optimizer steps the 1-D tensors)."""
+    return job.optimizer.name in BNB_OPTIMIZERS or job.optimizer.name in ("adafactor", "muon")
 
 
 @lru_cache(maxsize=4096)
@@ -161,15 +164,23 @@ def _bnb_state_bytes(numel: int, small: SmallTensors, per_element: int, eight_bi
 
 
 def optimizer_states(numel: int, job: Job, state_bytes: int, hidden: int,
-                     small: SmallTensors | None = None) -> OptimizerStates:
+                     small: SmallTensors | None = None, *, muon_scalar: int = 0) -> OptimizerStates:
     """States kept by the job's optimizer for the ``numel`` parameters it steps.
 
     ``state_bytes``: element size of torch optimizers' states (the precision's); bitsandbytes keeps
     fp32 (or 8-bit) states whatever the parameters' dtype. ``small``: of ``numel``, the elements of
     tensors below bitsandbytes' thresholds (zero: every tensor is large).
+
+    Muon (Megatron ``--optimizer muon``, Emerging-Optimizers' ``OrthogonalizedOptimizer``): one
+    ``momentum_buffer`` (``zeros_like`` of the fp32 main parameter) per 2-D weight; its scalar
+    optimizer (Adam, ``--muon-scalar-optimizer``) keeps two moments for the ``muon_scalar`` elements
+    of the embedding, output layer and 1-D tensors (``_is_muon_excluded``).
     """
     small = small or SmallTensors()
     name = job.optimizer.name
+    if name == "muon":
+        scalar = min(numel, muon_scalar)
+        return OptimizerStates(device_bytes=(numel - scalar) * state_bytes + 2 * scalar * state_bytes)
     if name in ("adam", "adamw"):
         return OptimizerStates(device_bytes=2 * numel * state_bytes)
     if name == "sgd":
@@ -210,9 +221,94 @@ def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, stat
         impl = "for-loop" if impl != "fused" else impl
     if impl == "fused":
         return 0
+    if name == "muon":
+        # Its scalar Adam (embedding, output layer, 1-D tensors); Muon's own step: muon_step_bytes.
+        return largest_tensor * state_bytes
     if impl == "foreach" and not job.optimizer.in_backward:
         return stepped_numel * state_bytes
     return largest_tensor * state_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MuonMatrix:
+    """One 2-D weight Muon orthogonalizes: its full shape and how tensor parallelism splits it."""
+
+    rows: int
+    cols: int
+    #: Tensor-parallel group size of the weight (1: not split).
+    tp: int = 1
+    #: The split dimension (0: column-parallel rows, 1: row-parallel columns); None: replicated.
+    partition_dim: int | None = None
+
+
+def muon_matrices(layer: LayerSpec, hidden: int, tp: int, expert_tp: int) -> tuple[MuonMatrix, ...]:
+    """The 2-D weights of one decoder layer as Megatron's Muon orthogonalizes them.
+
+    With ``--muon-split-qkv`` (Megatron's default) the fused QKV gradient is split into its query,
+    key and value parts, each orthogonalized alone; the query part is the largest. Column-parallel
+    weights (QKV, fc1) are split on rows, row-parallel ones (proj, fc2) on columns; the MoE router is
+    replicated. Routed experts are one matrix each (Transformer Engine grouped linear).
+    """
+    attn = layer.attention
+    out: list[MuonMatrix] = [
+        MuonMatrix(attn.num_heads * attn.head_dim, hidden, tp, 0),
+        MuonMatrix(hidden, attn.num_heads * attn.v_head_dim, tp, 1),
+    ]
+
+    def mlp(spec: MLPSpec, size: int) -> list[MuonMatrix]:
+        up = spec.intermediate_size * (2 if spec.gated else 1)
+        return [MuonMatrix(up, hidden, size, 0), MuonMatrix(hidden, spec.intermediate_size, size, 1)]
+
+    if layer.mlp is not None:
+        out += mlp(layer.mlp, tp)
+    if layer.moe is not None:
+        out += mlp(layer.moe.expert, expert_tp)
+        out.append(MuonMatrix(layer.moe.num_experts, hidden))
+        if layer.moe.shared_expert is not None:
+            out += mlp(layer.moe.shared_expert, tp)
+    return tuple(out)
+
+
+def _muon_matrix_bytes(m: MuonMatrix, mode: str, nesterov: bool) -> int:
+    """Peak bytes one Muon step of ``m`` allocates on top of the states.
+
+    Emerging-Optimizers' ``newton_schulz``: the fp32 momentum is normalized (fp32 copy), cast to bf16
+    (``fp32_matmul_prec`` medium, Megatron's default), and each iteration makes the Gram matrix
+    ``A = X X^T`` and ``B`` (min(m, n)^2 each, bf16) and a new bf16 iterate while the old one lives;
+    the result is cast back to fp32 and scaled twice (``orth * scale * extra_scale``: two fp32
+    copies). ``duplicated`` TP (``newton_schulz_tp``) first all-gathers the shards into a list and
+    concatenates them: two fp32 copies of the full matrix alive through the iteration.
+    ``distributed`` keeps the shard and all-reduces a Gram matrix of its unsplit dimension.
+    Nesterov (``grad.lerp(momentum)``) adds one fp32 copy of the local gradient.
+    """
+    split = m.partition_dim is not None and m.tp > 1
+    rows = m.rows // m.tp if split and m.partition_dim == 0 else m.rows
+    cols = m.cols // m.tp if split and m.partition_dim == 1 else m.cols
+    local = rows * cols
+    if split and mode == "duplicated":
+        full, side = m.rows * m.cols, min(m.rows, m.cols)
+        peak = max(2 * _FP32 * full + _FP32 * full + 2 * full, 2 * _FP32 * full + 4 * full + 4 * side * side)
+    else:
+        side = (m.cols if m.partition_dim == 0 else m.rows) if split else min(rows, cols)
+        peak = max(3 * _FP32 * local, 4 * local + 4 * side * side)
+    return peak + (_FP32 * local if nesterov else 0)
+
+
+def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...]) -> int:
+    """Peak extra bytes of a Muon step over a stage's layers: Muon steps one weight at a time, so the
+    largest :func:`_muon_matrix_bytes`. The query part of a split QKV is preceded by fp32 copies of
+    the three parts (``reshape`` of non-contiguous views), the whole local QKV gradient."""
+    opt, par = job.optimizer, job.parallel
+    peak = 0
+    for index in layer_indices:
+        layer = model.layers[index]
+        matrices = muon_matrices(layer, model.hidden_size, par.tp, par.expert_tp)
+        attn = layer.attention
+        qkv_local = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim * model.hidden_size // par.tp
+        for i, m in enumerate(matrices):
+            extra = _FP32 * qkv_local if i == 0 and attn.kind != "mla" else 0
+            peak = max(peak, extra + _muon_matrix_bytes(m, opt.muon_tp_mode, opt.muon_nesterov))
+    return peak
 
 
 def describe_optimizer(job: Job) -> str:
@@ -224,6 +320,9 @@ def describe_optimizer(job: Job) -> str:
                f"under {MIN_8BIT_NUMEL} elements keep fp32 states")
     elif name in ("lion", "paged-adamw"):
         out = f"{name}: bitsandbytes fp32 states"
+    elif name == "muon":
+        out = ("muon: one fp32 momentum per 2-D weight; Adam moments for the embedding, output layer, norms and "
+               f"biases; Newton-Schulz on one weight at a time ({job.optimizer.muon_tp_mode} TP mode)")
     elif name == "adafactor":
         out = "adafactor: factored second moment (a row and a column vector per matrix), no first moment"
     if name.startswith("paged"):

@@ -191,6 +191,7 @@ def state_bytes(
     step_counters: int = 0,
     small: SmallTensors | None = None,
     finetune: StageFinetune | None = None,
+    muon_scalar: int = 0,
 ) -> StateBytes:
     """Model states one GPU of a stage holds (and what offloading moves to CPU memory).
 
@@ -200,6 +201,9 @@ def state_bytes(
     ``offload_moves_gradients``: the framework's optimizer offload also keeps the fp32 gradient
     partition in CPU memory (DeepSpeed ZeRO-Offload, FSDP CPU offload); otherwise (Megatron) the
     gradient buffer stays on the GPU and CPU memory holds a copy for the CPU optimizer step.
+
+    ``muon_scalar``: with Muon, the stage's (dense) elements its scalar optimizer steps, sharded
+    like the other dense parameters.
     """
     sh, off = job.sharding, job.offload
     shards = _shard_sizes(job)
@@ -229,7 +233,8 @@ def state_bytes(
     master = o_numel * prec.master_bytes
     # Optimizer hook (memplan.estimate.optimizers): ``small`` is the stage's split, scaled to the shard.
     shard_small = small.scaled(o_numel / max(params.total, 1)) if small is not None else None
-    opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small)
+    scalar = _sharded(muon_scalar, 0, shards, opt_shard)
+    opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small, muon_scalar=scalar)
     optimizer = opt_states.device_bytes
     optimizer += step_counters * STEP_COUNTER_BYTES
     cpu_params = cpu_grads = cpu_opt = 0

@@ -206,7 +206,8 @@ def _sharding(args: Mapping[str, Any]) -> Sharding:
         zero = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(strategy, 3)
         return Sharding(zero=zero)
     return Sharding(
-        distributed_optimizer=flag_is_set(args, "--use-distributed-optimizer"),
+        # dist_muon: Megatron's layer-wise distributed optimizer (states sharded over data parallel).
+        distributed_optimizer=flag_is_set(args, "--use-distributed-optimizer") or args.get("--optimizer") == "dist_muon",
         distributed_optimizer_instances=_int(args, "--num-distributed-optimizer-instances", 1) or 1,
     )
 
@@ -240,11 +241,14 @@ def _optimizer(args: Mapping[str, Any]) -> Optimizer:
         return Optimizer(name="sgd", momentum=_float(args, "--sgd-momentum", 0.9))
     if name in ("adam", "adamw"):
         return Optimizer(name="adamw")
-    if name == "muon":
-        # Muon keeps one momentum buffer per weight, like SGD with momentum (its Newton-Schulz
-        # iterations work on one matrix at a time).
-        return Optimizer(name="sgd", momentum=_float(args, "--muon-momentum", 0.95))
-    raise UnsupportedError(f"--optimizer: Megatron optimizer {name!r} is not modelled (adam and sgd are)")
+    if name in ("muon", "dist_muon"):
+        # dist_muon: Megatron's deprecated spelling of muon with the layer-wise distributed optimizer.
+        scalar = str(args.get("--muon-scalar-optimizer", "adam"))
+        if scalar != "adam":
+            raise UnsupportedError(f"--muon-scalar-optimizer: {scalar!r} is not modelled (adam is)")
+        return Optimizer(name="muon", muon_tp_mode=str(args.get("--muon-tp-mode", "duplicated")),  # type: ignore[arg-type]
+                         muon_nesterov=flag_is_set(args, "--muon-nesterov"))
+    raise UnsupportedError(f"--optimizer: Megatron optimizer {name!r} is not modelled (adam, sgd and muon are)")
 
 
 def _recompute(args: Mapping[str, Any]) -> Recompute:

@@ -55,7 +55,9 @@ MODELLED: dict[str, str] = {
         "--use-distributed-optimizer", "--num-distributed-optimizer-instances", "--use-megatron-fsdp",
         "--use-torch-fsdp2", "--data-parallel-sharding-strategy",
     ), _SHARDING),
-    **dict.fromkeys(("--optimizer", "--sgd-momentum", "--muon-momentum"), "optimizer and its states"),
+    **dict.fromkeys(("--optimizer", "--sgd-momentum", "--muon-scalar-optimizer"),
+                    "optimizer and its states"),
+    **dict.fromkeys(("--muon-tp-mode", "--muon-nesterov"), "Muon's Newton-Schulz step temporaries"),
     **dict.fromkeys((
         "--recompute-activations", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
         "--recompute-modules",
@@ -121,12 +123,11 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
      ("--moe-paged-stash", "--moe-paged-stash-page-size", "--moe-paged-stash-buffer-size-factor-cuda",
       "--moe-paged-stash-buffer-size-factor-cpu")),
     # Optimizers and their states.
-    (_NM, ("Muon options that change its temporaries or state layout (TP gathering for Newton-Schulz, "
-          "unsplit QKV, the scalar optimizer's states) are not priced"),
-     ("--muon-tp-mode", "--muon-no-split-qkv", "--muon-scalar-optimizer", "--muon-use-syrk")),
+    (_NM, ("Muon options that change its step temporaries (unsplit QKV, the Triton SYRK Gram kernel, fp32 "
+          "instead of bf16 Newton-Schulz iterates) are not priced; memplan prices split QKV and bf16 iterates"),
+     ("--muon-no-split-qkv", "--muon-use-syrk", "--muon-fp32-matmul-prec")),
     (_NONE, "Muon update rule (scaling, coefficients, iterations reuse the same buffers)",
-     ("--muon-nesterov", "--muon-scale-mode", "--muon-fp32-matmul-prec", "--muon-coefficient-type",
-      "--muon-num-ns-steps", "--muon-extra-scale-factor")),
+     ("--muon-momentum", "--muon-scale-mode", "--muon-coefficient-type", "--muon-num-ns-steps", "--muon-extra-scale-factor")),
     (_NONE, "optimizer hyper-parameter", ("--adam-beta1", "--adam-beta2", "--adam-eps", "--lion-beta1",
                                           "--lion-beta2", "--weight-decay", "--start-weight-decay",
                                           "--end-weight-decay", "--weight-decay-incr-style", "--clip-grad",

@@ -39,10 +39,10 @@ _BY_VALUE: dict[tuple[str, str], tuple[Effect, str]] = {
         "all-to-all dispatcher's permuted send and receive buffers instead")),
     ("--cuda-graph-impl", "none"): ("no-memory-effect", "no CUDA graphs (Megatron's default)"),
     ("--cp-comm-type", "p2p"): ("modelled", "ring (p2p) exchange of K/V, as memplan prices context parallelism"),
-    ("--optimizer", "muon"): (
-        "not-modelled", ("Muon priced as SGD with momentum (one fp32 buffer per parameter); the states of "
-        "its scalar optimizer (Adam for embeddings, output layer, biases, norms) and the Newton-Schulz "
-        "temporaries are not priced")),
+    ("--muon-fp32-matmul-prec", "medium"): (
+        "modelled", "bf16 Newton-Schulz iterates (Megatron's default), as memplan prices Muon's step"),
+    ("--muon-scalar-optimizer", "lion"): (
+        "not-modelled", "Lion as Muon's scalar optimizer is not modelled (memplan refuses it; adam is)"),
 }
 
 
