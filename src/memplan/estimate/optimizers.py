@@ -289,7 +289,7 @@ def _muon_matrix_bytes(m: MuonMatrix, mode: str, nesterov: bool) -> int:
         full, side = m.rows * m.cols, min(m.rows, m.cols)
         peak = max(2 * _FP32 * full + _FP32 * full + 2 * full, 2 * _FP32 * full + 4 * full + 4 * side * side)
     else:
-        side = (m.cols if m.partition_dim == 0 else m.rows) if split else min(rows, cols)
+        side = (m.cols if m.partition_dim == 0 else m.rows) if split and mode == "distributed" else min(rows, cols)
         peak = max(3 * _FP32 * local, 4 * local + 4 * side * side)
     return peak + (_FP32 * local if nesterov else 0)
 
