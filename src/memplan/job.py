@@ -646,6 +646,9 @@ class Job:
             raise JobConfigError("--recompute-modules", f"is a Megatron-LM policy the chosen framework does not "
                                  f"have (--framework {self.framework}); use --framework megatron or drop it",
                                  self.recompute.modules)
+        if self.optimizer.name == "muon" and self.framework != "megatron":
+            raise JobConfigError("--optimizer", "muon is priced as Megatron-LM's Muon (its parameter split and "
+                                 "Newton-Schulz step); use --framework megatron", self.optimizer.name)
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.errors import UnsupportedError
+from memplan.errors import JobConfigError, UnsupportedError
 from memplan.estimate import estimate
 from memplan.estimate.optimizers import muon_step_bytes
 from memplan.frameworks.megatron_args import from_megatron_args
@@ -102,3 +102,25 @@ def test_megatron_args_map_muon() -> None:
     assert job.optimizer.name == "muon" and job.sharding.distributed_optimizer
     with pytest.raises(UnsupportedError, match="--muon-scalar-optimizer"):
         from_megatron_args(base + "--optimizer muon --muon-scalar-optimizer lion", gpus=1)
+
+
+def test_muon_is_megatrons() -> None:
+    with pytest.raises(JobConfigError, match="--optimizer"):
+        Job(framework="hf", optimizer=Optimizer(name="muon"))
+
+
+def test_learned_position_table_is_muons() -> None:
+    """Megatron flags only the word embedding and output layer as embeddings: a learned position table
+    (2-D) is stepped by Muon, and its Newton-Schulz step counts on the embedding stage."""
+    attn = AttentionSpec(num_heads=4, num_kv_heads=4, head_dim=H // 4, v_head_dim=H // 4)
+    layer = LayerSpec(attention=attn, mlp=MLPSpec(intermediate_size=H, gated=False))
+    positions = 4096
+    model = ModelSpec(name="p", model_type="gpt2", hidden_size=H, vocab_size=VOCAB, layers=(layer,),
+                      tie_word_embeddings=True, position_embedding="learned", max_position_embeddings=positions)
+    s = estimate(model, _job()).stages[0]
+    muon = 4 * H * H + 2 * H * H + positions * H
+    adam = VOCAB * H + H + 2 * H
+    assert s.parameters_numel == muon + adam
+    assert s.optimizer_moments_bytes == 4 * muon + 8 * adam
+    assert muon_step_bytes(model, _job(), (0,), has_embedding=True) == 12 * positions * H
+    assert muon_step_bytes(model, _job(), (0,)) < 12 * positions * H

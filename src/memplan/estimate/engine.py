@@ -87,7 +87,7 @@ from memplan.frameworks.profiles import (
 )
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
-from memplan.model.params import final_norm_params
+from memplan.model.params import final_norm_params, position_embedding_params
 from memplan.model.peft_params import Adapter, finetune_params, first_trainable_layer
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.model.tensors import stage_tensors
@@ -337,8 +337,10 @@ def _stage_estimate(
     if needs_small_tensors(job):
         small = (small_tensors(model, layout.layer_indices, has_head=layout.has_head) if ft is None
                  else _trainable_small_tensors(model, job, layout))
-    # Muon's scalar optimizer steps the embedding, output layer (root) and the layers' 1-D tensors.
-    scalar = (params.root + small_tensors(model, layout.layer_indices, has_head=False).vectors
+    # Muon's scalar optimizer steps the word embedding, output layer and final norm (root) and the
+    # layers' 1-D tensors; a learned position table is 2-D and not flagged as an embedding: Muon's.
+    scalar = (params.root - (position_embedding_params(model) if layout.has_embedding else 0)
+              + small_tensors(model, layout.layer_indices, has_head=False).vectors
               if job.optimizer.name == "muon" and ft is None else 0)
     states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients,
                          step_counters=counters, small=small, finetune=ft, muon_scalar=scalar)
@@ -346,7 +348,8 @@ def _stage_estimate(
                else _largest_trainable(model, job, layout))
     step_temp = optimizer_temporary_bytes(job, profile, states, prec, largest)
     if job.optimizer.name == "muon" and states.optimizer_numel:
-        step_temp = max(step_temp, muon_step_bytes(model, job, layout.layer_indices))
+        step_temp = max(step_temp, muon_step_bytes(model, job, layout.layer_indices,
+                                                    has_embedding=layout.has_embedding))
     if job.optimizer.in_backward:
         # Optimizer hook: each gradient is stepped and freed in the backward (one alive at a time),
         # and the per-parameter step's temporaries join the backward's.

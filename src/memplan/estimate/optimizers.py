@@ -294,12 +294,17 @@ def _muon_matrix_bytes(m: MuonMatrix, mode: str, nesterov: bool) -> int:
     return peak + (_FP32 * local if nesterov else 0)
 
 
-def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...]) -> int:
+def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], *,
+                    has_embedding: bool = False) -> int:
     """Peak extra bytes of a Muon step over a stage's layers: Muon steps one weight at a time, so the
     largest :func:`_muon_matrix_bytes`. The query part of a split QKV is preceded by fp32 copies of
-    the three parts (``reshape`` of non-contiguous views), the whole local QKV gradient."""
+    the three parts (``reshape`` of non-contiguous views), the whole local QKV gradient. A learned
+    position table (on the embedding stage) is a replicated 2-D weight Muon steps too."""
     opt, par = job.optimizer, job.parallel
     peak = 0
+    if has_embedding and model.position_embedding == "learned":
+        table = MuonMatrix(model.max_position_embeddings, model.hidden_size)
+        peak = _muon_matrix_bytes(table, opt.muon_tp_mode, opt.muon_nesterov)
     for index in layer_indices:
         layer = model.layers[index]
         matrices = muon_matrices(layer, model.hidden_size, par.tp, par.expert_tp)

@@ -133,7 +133,9 @@ def _method_job(base: Job, name: str, checkpointing: bool) -> Job:
         opt = base.optimizer
     return replace(base, finetune=finetune, optimizer=Optimizer(name=opt.name, momentum=opt.momentum,
                                                                 implementation=opt.implementation,
-                                                                in_backward=opt.in_backward),
+                                                                in_backward=opt.in_backward,
+                                                                muon_tp_mode=opt.muon_tp_mode,
+                                                                muon_nesterov=opt.muon_nesterov),
                    recompute=CHECKPOINTING[checkpointing])
 
 
