@@ -649,6 +649,10 @@ class Job:
         if self.optimizer.name == "muon" and self.framework != "megatron":
             raise JobConfigError("--optimizer", "muon is priced as Megatron-LM's Muon (its parameter split and "
                                  "Newton-Schulz step); use --framework megatron", self.optimizer.name)
+        ft = self.finetune
+        if self.optimizer.name == "muon" and (ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none"):
+            raise JobConfigError("--optimizer", "muon is priced for full training only (its Muon/Adam split of "
+                                 "frozen or adapter parameters is not modelled)", self.optimizer.name)
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",

@@ -13,7 +13,7 @@ from memplan.errors import JobConfigError, UnsupportedError
 from memplan.estimate import estimate
 from memplan.estimate.optimizers import muon_step_bytes
 from memplan.frameworks.megatron_args import from_megatron_args
-from memplan.job import Batch, Job, Optimizer, Parallelism, Sharding
+from memplan.job import Batch, FineTuning, Job, Optimizer, Parallelism, Sharding
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec
 
 H, VOCAB, LAYERS = 256, 1024, 4
@@ -104,9 +104,11 @@ def test_megatron_args_map_muon() -> None:
         from_megatron_args(base + "--optimizer muon --muon-scalar-optimizer lion", gpus=1)
 
 
-def test_muon_is_megatrons() -> None:
+def test_muon_is_megatrons_and_full_training() -> None:
     with pytest.raises(JobConfigError, match="--optimizer"):
         Job(framework="hf", optimizer=Optimizer(name="muon"))
+    with pytest.raises(JobConfigError, match="full training"):
+        Job(framework="megatron", optimizer=Optimizer(name="muon"), finetune=FineTuning(peft="lora"))
 
 
 def test_learned_position_table_is_muons() -> None:
@@ -124,3 +126,37 @@ def test_learned_position_table_is_muons() -> None:
     assert s.optimizer_moments_bytes == 4 * muon + 8 * adam
     assert muon_step_bytes(model, _job(), (0,), has_embedding=True) == 12 * positions * H
     assert muon_step_bytes(model, _job(), (0,)) < 12 * positions * H
+
+
+def test_mla_projections_and_latent_norms() -> None:
+    """MLA (no fused QKV to split): replicated down projections, column-parallel up projections; its
+    two latent norms are 1-D, stepped by Adam."""
+    attn = AttentionSpec(kind="mla", num_heads=4, num_kv_heads=4, head_dim=48, v_head_dim=32, q_lora_rank=96,
+                         kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32)
+    layer = LayerSpec(attention=attn, mlp=MLPSpec(intermediate_size=64, gated=False))
+    model = ModelSpec(name="m", model_type="deepseek_v3", hidden_size=H, vocab_size=VOCAB, layers=(layer,))
+    muon = (96 * H + 4 * 48 * 96 + (64 + 16) * H + 4 * (32 + 32) * 64 + H * 4 * 32  # MLA
+            + 2 * 64 * H)  # MLP
+    adam = 2 * VOCAB * H + H + 2 * H + 96 + 64
+    s = estimate(model, _job()).stages[0]
+    assert s.parameters_numel == muon + adam
+    assert s.optimizer_moments_bytes == 4 * muon + 8 * adam
+    # The largest matrix is the output projection (256 x 128), not a 192 x 256 direct query projection
+    # (the query goes through its 96-rank latent); no QKV split copies.
+    assert muon_step_bytes(model, _job(), (0,)) == 12 * H * 4 * 32
+
+
+def test_tensor_parallel_biases_are_adams_on_their_rank() -> None:
+    """GPT-2-like biases with tp 2: the QKV and fc1 biases are split, the output ones whole."""
+    attn = AttentionSpec(num_heads=4, num_kv_heads=4, head_dim=H // 4, v_head_dim=H // 4, qkv_bias=True,
+                         out_bias=True)
+    layer = LayerSpec(attention=attn, mlp=MLPSpec(intermediate_size=4 * H, gated=False, bias=True))
+    model = ModelSpec(name="b", model_type="gpt2", hidden_size=H, vocab_size=VOCAB, layers=(layer,),
+                      norm="layernorm", norm_bias=True, tie_word_embeddings=True)
+    job = Job(framework="megatron", batch=Batch(micro_batch_size=1, seq_length=64), optimizer=Optimizer(name="muon"),
+              parallel=Parallelism(world_size=2, tp=2))
+    s = estimate(model, job).stages[0]
+    muon = (4 * H * H + 2 * 4 * H * H) // 2
+    adam = VOCAB * H // 2 + 2 * H + 2 * 2 * H + 3 * H // 2 + H + 4 * H // 2 + H
+    assert s.parameters_numel == muon + adam
+    assert s.optimizer_moments_bytes == 4 * muon + 8 * adam

@@ -56,6 +56,7 @@ from memplan.estimate.optimizers import (
     SmallTensors,
     describe_optimizer,
     in_backward_gradient_bytes,
+    muon_scalar_numel,
     muon_step_bytes,
     needs_small_tensors,
     small_tensors,
@@ -87,7 +88,7 @@ from memplan.frameworks.profiles import (
 )
 from memplan.gpus import GPU
 from memplan.job import Job, validate_job_for_model
-from memplan.model.params import final_norm_params, position_embedding_params
+from memplan.model.params import final_norm_params
 from memplan.model.peft_params import Adapter, finetune_params, first_trainable_layer
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.model.tensors import stage_tensors
@@ -337,10 +338,8 @@ def _stage_estimate(
     if needs_small_tensors(job):
         small = (small_tensors(model, layout.layer_indices, has_head=layout.has_head) if ft is None
                  else _trainable_small_tensors(model, job, layout))
-    # Muon's scalar optimizer steps the word embedding, output layer and final norm (root) and the
-    # layers' 1-D tensors; a learned position table is 2-D and not flagged as an embedding: Muon's.
-    scalar = (params.root - (position_embedding_params(model) if layout.has_embedding else 0)
-              + small_tensors(model, layout.layer_indices, has_head=False).vectors
+    scalar = (muon_scalar_numel(model, job, layout.layer_indices, params.root,
+                                 has_embedding=layout.has_embedding)
               if job.optimizer.name == "muon" and ft is None else 0)
     states = state_bytes(model, job, params, prec, offload_moves_gradients=profile.offload_moves_gradients,
                          step_counters=counters, small=small, finetune=ft, muon_scalar=scalar)

@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from memplan.frameworks.profiles import resolved_optimizer_impl
+from memplan.model.params import position_embedding_params
 
 if TYPE_CHECKING:
     from memplan.job import Job
@@ -39,6 +40,7 @@ __all__ = [
     "describe_optimizer",
     "in_backward_gradient_bytes",
     "muon_matrices",
+    "muon_scalar_numel",
     "muon_step_bytes",
     "needs_small_tensors",
     "optimizer_state_bytes",
@@ -94,9 +96,8 @@ class OptimizerStates:
 
 
 def needs_small_tensors(job: Job) -> bool:
-    """Whether the job's optimizer prices small tensors apart (bitsandbytes, Adafactor, and Muon,
-    whose scalar optimizer steps the 1-D tensors)."""
-    return job.optimizer.name in BNB_OPTIMIZERS or job.optimizer.name in ("adafactor", "muon")
+    """Whether the job's optimizer prices small tensors apart (bitsandbytes, Adafactor)."""
+    return job.optimizer.name in BNB_OPTIMIZERS or job.optimizer.name == "adafactor"
 
 
 @lru_cache(maxsize=4096)
@@ -245,15 +246,25 @@ def muon_matrices(layer: LayerSpec, hidden: int, tp: int, expert_tp: int) -> tup
     """The 2-D weights of one decoder layer as Megatron's Muon orthogonalizes them.
 
     With ``--muon-split-qkv`` (Megatron's default) the fused QKV gradient is split into its query,
-    key and value parts, each orthogonalized alone; the query part is the largest. Column-parallel
+    key and value parts, each orthogonalized alone; the query part (listed first) is the largest.
+    MLA (no fused QKV, never split) lists its down and up projections. Column-parallel
     weights (QKV, fc1) are split on rows, row-parallel ones (proj, fc2) on columns; the MoE router is
     replicated. Routed experts are one matrix each (Transformer Engine grouped linear).
     """
     attn = layer.attention
-    out: list[MuonMatrix] = [
-        MuonMatrix(attn.num_heads * attn.head_dim, hidden, tp, 0),
-        MuonMatrix(hidden, attn.num_heads * attn.v_head_dim, tp, 1),
-    ]
+    heads = attn.num_heads
+    out: list[MuonMatrix] = [MuonMatrix(hidden, heads * attn.v_head_dim, tp, 1)]
+    if attn.kind != "mla":
+        out.insert(0, MuonMatrix(heads * attn.head_dim, hidden, tp, 0))
+    else:
+        # Megatron's MLA: the down projections are replicated, the up projections column-parallel.
+        lora, rope, nope = attn.kv_lora_rank or 0, attn.qk_rope_head_dim or 0, attn.qk_nope_head_dim or 0
+        q_head = nope + rope
+        if attn.q_lora_rank:
+            out += [MuonMatrix(attn.q_lora_rank, hidden), MuonMatrix(heads * q_head, attn.q_lora_rank, tp, 0)]
+        else:
+            out.append(MuonMatrix(heads * q_head, hidden, tp, 0))
+        out += [MuonMatrix(lora + rope, hidden), MuonMatrix(heads * (nope + attn.v_head_dim), lora, tp, 0)]
 
     def mlp(spec: MLPSpec, size: int) -> list[MuonMatrix]:
         up = spec.intermediate_size * (2 if spec.gated else 1)
@@ -294,6 +305,43 @@ def _muon_matrix_bytes(m: MuonMatrix, mode: str, nesterov: bool) -> int:
     return peak + (_FP32 * local if nesterov else 0)
 
 
+def _layer_vectors_on_rank(layer: LayerSpec, hidden: int, norm_bias: bool, tp: int) -> int:
+    """Elements of one layer's 1-D tensors on a tensor-parallel rank: norms, qk-norms and MLA's latent
+    norms (replicated), biases of column-parallel projections (split), of row-parallel ones (whole), and
+    a trainable router bias. Routed experts' biases are left out."""
+    attn = layer.attention
+    count = layer.num_hidden_norms * hidden * (2 if norm_bias else 1)
+    if attn.qk_norm:
+        count += 2 * attn.head_dim
+    if attn.kind == "mla":
+        count += (attn.kv_lora_rank or 0) + (attn.q_lora_rank or 0)
+    elif attn.qkv_bias:
+        count += (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim // tp
+    if attn.out_bias:
+        count += hidden
+    mlps = [layer.mlp] if layer.mlp is not None else []
+    if layer.moe is not None:
+        mlps += [layer.moe.shared_expert] if layer.moe.shared_expert is not None else []
+        if layer.moe.router_bias and not layer.moe.router_bias_is_buffer:
+            count += layer.moe.num_experts
+    for mlp in mlps:
+        if mlp.bias:
+            count += mlp.intermediate_size * (2 if mlp.gated else 1) // tp + hidden
+    return count
+
+
+def muon_scalar_numel(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], root: int, *,
+                      has_embedding: bool) -> int:
+    """Elements of a stage's rank Muon's scalar optimizer (Adam) steps: Megatron's ``_is_muon_excluded``,
+    the parameters flagged ``is_embedding_or_output_parameter`` (word embedding, output layer) and every
+    tensor that is not 2-D (:func:`_layer_vectors_on_rank`). ``root``: the rank's embedding, output layer
+    and final norm; a learned position table in it is 2-D and not flagged, so Muon's."""
+    scalar = root - (position_embedding_params(model) if has_embedding else 0)
+    for index in layer_indices:
+        scalar += _layer_vectors_on_rank(model.layers[index], model.hidden_size, model.norm_bias, job.parallel.tp)
+    return scalar
+
+
 def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], *,
                     has_embedding: bool = False) -> int:
     """Peak extra bytes of a Muon step over a stage's layers: Muon steps one weight at a time, so the
@@ -311,7 +359,7 @@ def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], 
         attn = layer.attention
         qkv_local = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim * model.hidden_size // par.tp
         for i, m in enumerate(matrices):
-            extra = _FP32 * qkv_local if i == 0 and attn.kind != "mla" else 0
+            extra = _FP32 * qkv_local if i == 0 and attn.kind != "mla" else 0  # the q part of the split QKV
             peak = max(peak, extra + _muon_matrix_bytes(m, opt.muon_tp_mode, opt.muon_nesterov))
     return peak
 
