@@ -531,7 +531,7 @@ def _stage_estimate(
         cpu_optimizer_bytes=states.cpu_optimizer,
         cpu_activations_bytes=cpu_acts,
         gradients_absent_at_peak_bytes=not_yet,
-        forward_activations_bytes=layer_acts + other_acts + head_acts,
+        forward_activations_bytes=layer_acts + other_acts + head_acts + unused_buffers,
         loss_logits_bytes=logits,
         saved_logits_bytes=saved_logits,
         max_communication_bytes=max(comm_at.values()),
