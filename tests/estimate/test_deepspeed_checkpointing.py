@@ -108,3 +108,25 @@ def test_refusals() -> None:
         Recompute(mode="full", contiguous_checkpoints=8)
     with pytest.raises(JobConfigError, match="--contiguous-checkpoints"):
         Recompute(mode="full", partition_activations=True, contiguous_checkpoints=0)
+
+
+def test_cli_flags_reach_the_estimate() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    args = ["estimate", "llama-3.2-1b", "--framework", "deepspeed", "--recompute", "full", "--gpus", "4", "--tp", "4",
+            "--zero", "1", "--mbs", str(B), "--seq", str(S), "--json"]
+    plain = json.loads(CliRunner().invoke(app, args).stdout)
+    result = CliRunner().invoke(app, [*args, "--partition-activations", "--cpu-checkpointing",
+                                      "--contiguous-checkpoints", "20"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["job"]["recompute"]["contiguous_checkpoints"] == 20
+    [stage], [before] = data["stages"], plain["stages"]
+    assert stage["cpu_activations_bytes"] == 20 * INPUT // 4
+    assert before["transformer_layer_activations_bytes"] - stage["transformer_layer_activations_bytes"] == LAYERS * INPUT
+    refused = CliRunner().invoke(app, [*args, "--contiguous-checkpoints", "20"])
+    assert refused.exit_code == 2 and "--partition-activations" in refused.output
