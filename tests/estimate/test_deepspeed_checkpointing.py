@@ -65,7 +65,7 @@ def test_contiguous_buffers(tp: int) -> None:
 @pytest.mark.parametrize("tp", [2, 4])
 def test_backward_gathers_or_fetches_the_full_input(tp: int) -> None:
     # pp 2: stage 0 has no head, its peak is a layer's backward with 2 micro-batches in flight
-    def stage0(**switches: object):  # noqa: ANN202
+    def stage0(**switches: object):
         return estimate(MODEL, _job(tp, pp=2, **switches)).stages[0]
 
     base = stage0()
