@@ -130,3 +130,13 @@ def test_cli_flags_reach_the_estimate() -> None:
     assert before["transformer_layer_activations_bytes"] - stage["transformer_layer_activations_bytes"] == LAYERS * INPUT
     refused = CliRunner().invoke(app, [*args, "--contiguous-checkpoints", "20"])
     assert refused.exit_code == 2 and "--partition-activations" in refused.output
+
+
+def test_fit_search_refuses_the_switches_it_would_drop() -> None:
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    refused = CliRunner().invoke(app, ["fit", "llama-3.2-1b", "--gpus", "8", "--framework", "deepspeed",
+                                       "--partition-activations"])
+    assert refused.exit_code == 2 and "--partition-activations: is chosen by the layout search" in refused.output
