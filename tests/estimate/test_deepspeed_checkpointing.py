@@ -70,10 +70,11 @@ def test_backward_gathers_or_fetches_the_full_input(tp: int) -> None:
 
     base = stage0()
     assert base.peak_phase == "backward"
+    # the gathered full input replaces the partition; a fetched one comes back whole
     extra = {
-        "partition": (stage0(partition_activations=True), INPUT),
+        "partition": (stage0(partition_activations=True), INPUT - INPUT // tp),
         "cpu": (stage0(cpu_checkpointing=True), INPUT),
-        "both": (stage0(partition_activations=True, cpu_checkpointing=True), INPUT + INPUT // tp),
+        "both": (stage0(partition_activations=True, cpu_checkpointing=True), INPUT),
     }
     for name, (stage, gathered) in extra.items():
         assert stage.peak_phase == "backward", name
@@ -88,6 +89,11 @@ def test_contiguous_buffers_must_hold_a_warm_up() -> None:
     part = estimate(MODEL, _job(2, pp=2, partition_activations=True))
     # after a backward a forward fills 8 of 16 fresh buffers: 8 unused beside 2 micro-batches' inputs
     assert ok.stages[0].forward_activations_bytes - part.stages[0].forward_activations_bytes == 8 * INPUT // 2
+
+
+def test_tp_1_partition_is_the_whole_input() -> None:
+    plain, part = estimate(MODEL, _job(1)), estimate(MODEL, _job(1, partition_activations=True))
+    assert part.stages[0].peak_allocated_bytes == plain.stages[0].peak_allocated_bytes
 
 
 def test_no_effect_without_full_recompute() -> None:

@@ -5,9 +5,10 @@ checkpoint keeps of a layer is its input, and three config switches (``activatio
 the DeepSpeed config; ``deepspeed/runtime/activation_checkpointing/checkpointing.py``) move it:
 
 * ``partition_activations``: each tensor-parallel rank keeps 1/tp of the input (``get_partition_size``);
-  the backward all-gathers it into a full-size tensor before recomputing the layer.
+  the backward all-gathers it into a full-size tensor that replaces the partition (the partition is
+  freed) before recomputing the layer; at tp 1 the partition is the input and nothing is gathered.
 * ``cpu_checkpointing``: with partitioning, the partition is copied to CPU memory (the GPU keeps none)
-  and brought back, then gathered, in the backward. Without partitioning an asynchronous offload engine
+  and brought back, then gathered, in the backward (the full input again, once gathered). Without partitioning an asynchronous offload engine
   copies the inputs to CPU but keeps the newest one on the GPU (``keep_last_count=1``) and the one being
   copied (a forward stash of two ids): two layer inputs stay on the GPU.
 * ``contiguous_memory_optimization`` (needs partitioning; ``number_checkpoints`` = N): the first
@@ -20,7 +21,7 @@ the DeepSpeed config; ``deepspeed/runtime/activation_checkpointing/checkpointing
 Example (a 4 MiB layer input, tp 4, partitioned, on the GPU)::
 
     >>> place_checkpoint(4 << 20, partition=True, cpu=False, tp=4)
-    CheckpointPlacement(gpu_keep=1048576, cpu_keep=0, backward_extra=4194304)
+    CheckpointPlacement(gpu_keep=1048576, cpu_keep=0, backward_extra=3145728)
 
 Known limitations: partition sizes round up (DeepSpeed refuses inputs not divisible by tp); the
 small per-input size tensors and the pinned CPU buffer pool of the offload engine are not priced.
@@ -40,7 +41,8 @@ class CheckpointPlacement:
 
     gpu_keep: int
     cpu_keep: int
-    #: What the layer's backward adds on the GPU: the gathered (or fetched) full input.
+    #: What the layer's backward adds on the GPU while it recomputes: the full input (gathered or
+    #: fetched) less what the GPU kept of it.
     backward_extra: int
 
 
@@ -56,10 +58,8 @@ def place_checkpoint(keep: int, *, partition: bool, cpu: bool, tp: int) -> Check
     checkpoint is all on the CPU here; the stage loop keeps two of them on the GPU.
     """
     part = partition_bytes(keep, tp) if partition else keep
-    if cpu:
-        # brought back to the GPU (the partition), then gathered into the full input
-        return CheckpointPlacement(0, part, keep + (part if partition else 0))
-    return CheckpointPlacement(part, 0, keep if partition else 0)
+    gpu = 0 if cpu else part
+    return CheckpointPlacement(gpu, part if cpu else 0, keep - gpu)
 
 
 #: Inputs the non-partitioned CPU offload engine leaves on the GPU: the newest (``keep_last_count=1``)
