@@ -146,3 +146,18 @@ def test_fit_search_refuses_the_switches_it_would_drop() -> None:
     refused = CliRunner().invoke(app, ["fit", "llama-3.2-1b", "--gpus", "8", "--framework", "deepspeed",
                                        "--partition-activations"])
     assert refused.exit_code == 2 and "--partition-activations: is chosen by the layout search" in refused.output
+
+
+def test_fit_search_refuses_a_config_with_the_switches(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    # memplan fit reads a DeepSpeed config through Hugging Face TrainingArguments' deepspeed field
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"deepspeed": {"zero_optimization": {"stage": 1},
+                                              "activation_checkpointing": {"partition_activations": True}}}))
+    refused = CliRunner().invoke(app, ["fit", "llama-3.2-1b", "--gpus", "8", "--hf-args", str(path)])
+    assert refused.exit_code == 2 and "activation_checkpointing: is not searched by memplan fit" in refused.output

@@ -170,6 +170,11 @@ def _search_command(model_ref: str, flags: dict[str, Any], settings: _Settings, 
     else:
         gpus = flags.pop("gpus")
         model, base = load_model(model_ref), _base_job(flags)
+    if base.recompute.partition_activations or base.recompute.cpu_checkpointing:
+        # the search builds its own recompute settings, which would drop these
+        raise ConfigError("activation_checkpointing", "is not searched by memplan fit (its layouts set their own "
+                          "recompute); to price it, fix the layout with --max-mbs or --max-seq, or use memplan "
+                          "estimate", "partition_activations / cpu_checkpointing")
     try:
         result = _search(model, gpus, base, settings, quiet=json_output, top=shown)
     except NoFitError as exc:  # a result, not bad input: show it, then the error line (exit 1)
