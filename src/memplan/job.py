@@ -656,6 +656,9 @@ class Job:
             flag = "--partition-activations" if ds.partition_activations else "--cpu-checkpointing"
             raise JobConfigError(flag, "is DeepSpeed activation checkpointing; use --framework deepspeed",
                                  f"--framework {self.framework}")
+        if (ds.partition_activations or ds.cpu_checkpointing) and self.offload.activations:
+            raise JobConfigError("--offload-activations", "cannot be combined with DeepSpeed's --partition-activations "
+                                 "/ --cpu-checkpointing (both move the saved activations); choose one", True)
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",

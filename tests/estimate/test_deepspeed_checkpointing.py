@@ -10,7 +10,7 @@ from memplan import Job, load_model
 from memplan.errors import JobConfigError
 from memplan.estimate import estimate
 from memplan.estimate.engine import layer_activation_costs
-from memplan.job import Batch, Parallelism, Recompute, Sharding
+from memplan.job import Batch, Offload, Parallelism, Recompute, Sharding
 
 # llama-3.2-1b: 16 layers, hidden 2048; bf16 activations; full recompute keeps each layer's input.
 MODEL = load_model("llama-3.2-1b")
@@ -110,6 +110,9 @@ def test_no_effect_without_full_recompute() -> None:
 def test_refusals() -> None:
     with pytest.raises(JobConfigError, match="--partition-activations.*--framework deepspeed"):
         Job(recompute=Recompute(mode="full", partition_activations=True))
+    with pytest.raises(JobConfigError, match="--offload-activations"):
+        Job(framework="deepspeed", recompute=Recompute(mode="full", cpu_checkpointing=True),
+            offload=Offload(activations=True))
     with pytest.raises(JobConfigError, match="--contiguous-checkpoints.*--partition-activations"):
         Recompute(mode="full", contiguous_checkpoints=8)
     with pytest.raises(JobConfigError, match="--contiguous-checkpoints"):
