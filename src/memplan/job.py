@@ -325,9 +325,26 @@ class Recompute:
     modules: str | None = knob(None, "--recompute-modules", "Megatron selective recompute: a comma list of "
                                f"{', '.join(RECOMPUTE_MODULES)}. (default: core_attn)", panel=ACTIVATIONS,
                                metavar="LIST")
+    #: DeepSpeed ``activation_checkpointing`` (deepspeed.checkpointing, what Megatron-DeepSpeed wraps
+    #: each layer in): where full recompute's kept layer inputs live (memplan.estimate.ds_checkpointing).
+    partition_activations: bool = knob(False, "--partition-activations", "DeepSpeed: each tensor-parallel rank "
+                                       "keeps 1/tp of every checkpointed layer input (gathered in its backward).",
+                                       panel=ACTIVATIONS)
+    cpu_checkpointing: bool = knob(False, "--cpu-checkpointing", "DeepSpeed: checkpointed layer inputs are kept "
+                                   "in CPU memory and fetched in their backward.", panel=ACTIVATIONS)
+    contiguous_checkpoints: int | None = knob(None, "--contiguous-checkpoints", "DeepSpeed "
+                                              "contiguous_memory_optimization with number_checkpoints N: "
+                                              "partitions are copied into N preallocated buffers (needs "
+                                              "--partition-activations).", panel=ACTIVATIONS, metavar="N")
 
     def __post_init__(self) -> None:
         _check_choice("--recompute", self.mode, get_args(RecomputeMode))
+        if self.contiguous_checkpoints is not None:
+            _check_int("--contiguous-checkpoints", self.contiguous_checkpoints)
+            if not self.partition_activations:
+                raise JobConfigError("--contiguous-checkpoints", "needs --partition-activations (DeepSpeed's "
+                                     "contiguous checkpointing only copies partitioned activations)",
+                                     self.contiguous_checkpoints)
         _check_choice("--recompute-method", self.method, get_args(RecomputeMethod))
         if self.num_layers is not None:
             _check_int("--recompute-layers", self.num_layers, minimum=0)
@@ -653,6 +670,14 @@ class Job:
         if self.optimizer.name == "muon" and (ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none"):
             raise JobConfigError("--optimizer", "muon is priced for full training only (its Muon/Adam split of "
                                  "frozen or adapter parameters is not modelled)", self.optimizer.name)
+        ds = self.recompute
+        if (ds.partition_activations or ds.cpu_checkpointing) and self.framework != "deepspeed":
+            flag = "--partition-activations" if ds.partition_activations else "--cpu-checkpointing"
+            raise JobConfigError(flag, "is DeepSpeed activation checkpointing; use --framework deepspeed",
+                                 f"--framework {self.framework}")
+        if (ds.partition_activations or ds.cpu_checkpointing) and self.offload.activations:
+            raise JobConfigError("--offload-activations", "cannot be combined with DeepSpeed's --partition-activations "
+                                 "/ --cpu-checkpointing (both move the saved activations); choose one", True)
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",

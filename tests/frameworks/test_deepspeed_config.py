@@ -68,3 +68,33 @@ def test_cpu_offload_maps_and_nvme_is_refused(tmp_path):
     path = _write(tmp_path, {"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}})
     with pytest.raises(ConfigError, match="--offload-params"):
         apply_deepspeed_config(path, Job())
+
+
+def test_activation_checkpointing_switches_map(tmp_path):
+    section = {"partition_activations": True, "cpu_checkpointing": True, "contiguous_memory_optimization": True,
+               "number_checkpoints": 24, "synchronize_checkpoint_boundary": True, "profile": True}
+    job = apply_deepspeed_config(_write(tmp_path, {"activation_checkpointing": section}), Job())
+    rc = job.recompute
+    assert (rc.partition_activations, rc.cpu_checkpointing, rc.contiguous_checkpoints) == (True, True, 24)
+    # number_checkpoints is only read with the contiguous buffers
+    section = {"partition_activations": True, "number_checkpoints": 24}
+    rc = apply_deepspeed_config(_write(tmp_path, {"activation_checkpointing": section}), Job()).recompute
+    assert (rc.partition_activations, rc.cpu_checkpointing, rc.contiguous_checkpoints) == (True, False, None)
+
+
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ({"partition_activations": "yes"}, "activation_checkpointing.partition_activations"),
+        ({"contiguous_memory_optimization": True, "number_checkpoints": 4},
+         "activation_checkpointing.contiguous_memory_optimization"),
+        ({"partition_activations": True, "contiguous_memory_optimization": True},
+         "activation_checkpointing.number_checkpoints"),
+        ({"partition_activations": True, "contiguous_memory_optimization": True, "number_checkpoints": 0},
+         "activation_checkpointing.number_checkpoints"),
+        ([True], "activation_checkpointing"),
+    ],
+)
+def test_bad_activation_checkpointing_names_the_key(tmp_path, section, field):
+    with pytest.raises(ConfigError, match=field):
+        apply_deepspeed_config(_write(tmp_path, {"activation_checkpointing": section}), Job())

@@ -39,6 +39,7 @@ def test_the_table_names_only_deepspeed_keys() -> None:
 
 
 _Z3 = {"zero_optimization": {"stage": 3}}
+_PART = {"partition_activations": True}
 #: Per modelled key: a config that sets it, and the same config without it.
 _MODELLED_CASES = {
     "train_batch_size": ({"train_batch_size": 64}, {}),
@@ -55,6 +56,15 @@ _MODELLED_CASES = {
     "optimizer.type": ({"optimizer": {"type": "SGD"}}, {}),
     "optimizer.params.momentum": ({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}},
                                   {"optimizer": {"type": "SGD"}}),
+    "activation_checkpointing.partition_activations": ({"activation_checkpointing": {"partition_activations": True}},
+                                                       {}),
+    "activation_checkpointing.cpu_checkpointing": ({"activation_checkpointing": {"cpu_checkpointing": True}}, {}),
+    "activation_checkpointing.contiguous_memory_optimization": (
+        {"activation_checkpointing": {**_PART, "contiguous_memory_optimization": True, "number_checkpoints": 4}},
+        {"activation_checkpointing": {**_PART, "number_checkpoints": 4}}),
+    "activation_checkpointing.number_checkpoints": (
+        {"activation_checkpointing": {**_PART, "contiguous_memory_optimization": True, "number_checkpoints": 8}},
+        {"activation_checkpointing": {**_PART, "contiguous_memory_optimization": True, "number_checkpoints": 4}}),
 }
 
 
@@ -77,7 +87,7 @@ def test_values_auto_off_assumed_and_unknown() -> None:
     assert got["zero_optimization.allgather_bucket_size"][0] == "not-modelled"
     assert '"auto"' in got["zero_optimization.allgather_bucket_size"][1]
     assert got["zero_optimization.reduce_bucket_size"][0] == "modelled"
-    assert got["activation_checkpointing.cpu_checkpointing"][0] == "no-memory-effect"
+    assert got["activation_checkpointing.cpu_checkpointing"][0] == "modelled"
     assert got["elasticity.enabled"][0] == "no-memory-effect"
     assert got["compile.deepcompile"][0] == "not-modelled"
     assert got["zero_optimisation.stage"] == ("not-modelled", "not a DeepSpeed config key")
@@ -92,6 +102,7 @@ def _config(tmp_path: Path) -> Path:
         "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
         "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e7},
         "activation_checkpointing": {"partition_activations": True, "profile": False},
+        "progressive_layer_drop": {"theta": 0.5},
         "tensorboard": {"enabled": True, "output_path": "runs/", "job_name": "x"},
     }))
     return path
@@ -106,15 +117,16 @@ def test_estimate_json_reports_every_key(tmp_path: Path) -> None:
     assert effects == {
         "train_micro_batch_size_per_gpu": "modelled", "bf16.enabled": "modelled",
         "zero_optimization.stage": "modelled", "zero_optimization.stage3_prefetch_bucket_size": "not-modelled",
-        "activation_checkpointing.partition_activations": "not-modelled",
-        "activation_checkpointing.profile": "no-memory-effect", "tensorboard.enabled": "no-memory-effect",
+        "activation_checkpointing.partition_activations": "modelled",
+        "activation_checkpointing.profile": "no-memory-effect", "progressive_layer_drop.theta": "not-modelled",
+        "tensorboard.enabled": "no-memory-effect",
         "tensorboard.output_path": "no-memory-effect", "tensorboard.job_name": "no-memory-effect",
     }
     assert [s["key"] for s in data["input_settings"] if s["effect"] == "not-modelled"] == [
-        "zero_optimization.stage3_prefetch_bucket_size", "activation_checkpointing.partition_activations"]
+        "zero_optimization.stage3_prefetch_bucket_size", "progressive_layer_drop.theta"]
     assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == [
         "--deepspeed-config zero_optimization.stage3_prefetch_bucket_size",
-        "--deepspeed-config activation_checkpointing.partition_activations"]
+        "--deepspeed-config progressive_layer_drop.theta"]
 
 
 def test_estimate_text_warns(tmp_path: Path) -> None:
@@ -122,7 +134,7 @@ def test_estimate_text_warns(tmp_path: Path) -> None:
                                 env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
     [line] = [line for line in result.stdout.splitlines() if line.startswith("Not modelled (2 input settings")]
-    assert "--deepspeed-config activation_checkpointing.partition_activations" in line
+    assert "--deepspeed-config progressive_layer_drop.theta" in line
     assert "tensorboard" not in line
 
 

@@ -66,7 +66,8 @@ rejected families, is still printed; with --json on stdout) or unsupported input
 SEARCHED_FLAGS = ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "sequence_parallel", "first_stage_layers",
                   "last_stage_layers", "zero", "fsdp", "fsdp_shard_size", "distributed_optimizer", "mbs",
                   "recompute", "recompute_method", "recompute_layers", "recompute_modules", "offload_optimizer",
-                  "optimizer_offload_fraction", "offload_params")
+                  "optimizer_offload_fraction", "offload_params", "partition_activations", "cpu_checkpointing",
+                  "contiguous_checkpoints")
 
 
 @app.command("fit", cls=_Command, epilog=_EPILOG)
@@ -169,6 +170,11 @@ def _search_command(model_ref: str, flags: dict[str, Any], settings: _Settings, 
     else:
         gpus = flags.pop("gpus")
         model, base = load_model(model_ref), _base_job(flags)
+    if base.recompute.partition_activations or base.recompute.cpu_checkpointing:
+        # the search builds its own recompute settings, which would drop these
+        raise ConfigError("activation_checkpointing", "is not searched by memplan fit (its layouts set their own "
+                          "recompute); to price it, fix the layout with --max-mbs or --max-seq, or use memplan "
+                          "estimate", "partition_activations / cpu_checkpointing")
     try:
         result = _search(model, gpus, base, settings, quiet=json_output, top=shown)
     except NoFitError as exc:  # a result, not bad input: show it, then the error line (exit 1)
@@ -282,7 +288,8 @@ def _limits(model_ref: str, flags: dict[str, Any], job_file: str | None, setting
 
 
 #: What --methods chooses itself for each method: refused when given (never silently replaced).
-METHOD_FLAGS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules", "peft", "trainable", "quantize_base", "gbs",
+METHOD_FLAGS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules", "partition_activations",
+                "cpu_checkpointing", "contiguous_checkpoints", "peft", "trainable", "quantize_base", "gbs",
                 "tp", "pp", "vpp", "cp", "ep", "etp")
 
 

@@ -26,6 +26,14 @@ from memplan.estimate.autocast import (
     layer_weight_copy_numel,
     tied_embedding_gradient_sum_bytes,
 )
+from memplan.estimate.ds_checkpointing import (
+    GPU_RESIDENT_INPUTS,
+    contiguous_unused_bytes,
+    describe_ds_checkpointing,
+    ds_checkpointing_applies,
+    partition_bytes,
+    place_checkpoint,
+)
 from memplan.estimate.extras import (
     LOSS_NOTES,
     PACKING_NOTE,
@@ -358,12 +366,17 @@ def _stage_estimate(
     group = (job.recompute.num_layers or 1) if job.recompute.method == "uniform" else 1
 
     dora = _dora_transient(model, job, shape, layout) if ft is not None else 0
+    rc, tp = job.recompute, job.parallel.tp
+    deepspeed_ckpt = ds_checkpointing_applies(job)
     chunk_kept: list[int] = []
+    #: DeepSpeed checkpointing: per chunk, checkpointed inputs in CPU memory; the largest input.
+    chunk_cpu: list[int] = []
+    largest_ckpt = 0
     worst_backward = 0
     #: Per layer, in forward order: (index, bytes it keeps, bytes its backward adds at its worst).
     per_layer: list[tuple[int, int, int]] = []
     for chunk in layout.chunks:
-        kept = 0
+        kept = cpu_kept = 0
         for index in chunk:
             keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
             if ft is None:
@@ -373,6 +386,12 @@ def _stage_estimate(
             if index in recomputed:
                 # the recomputed forward rebuilds DoRA's weights too (its temporaries, then the backward's)
                 layer_keep, layer_worst = keep, group * full + max(transient, dora)
+                if deepspeed_ckpt:
+                    placed = place_checkpoint(keep, partition=rc.partition_activations, cpu=rc.cpu_checkpointing,
+                                              tp=tp)
+                    layer_keep, cpu_kept = placed.gpu_keep, cpu_kept + placed.cpu_keep
+                    layer_worst += placed.backward_extra
+                    largest_ckpt = max(largest_ckpt, keep)
             elif job.recompute.mode == "selective":
                 # The recomputed modules (the attention core, the attention module, or under per-op
                 # SAC the rest of the layer) are made again during this layer's backward.
@@ -383,13 +402,27 @@ def _stage_estimate(
             worst_backward = max(worst_backward, layer_worst)
             per_layer.append((index, layer_keep, layer_worst))
         chunk_kept.append(kept)
+        chunk_cpu.append(cpu_kept)
     inflight = layout.inflight_microbatches
     mtp_acts = 0
     if layout.has_head and job.mtp_layers:
         mtp_acts = job.mtp_layers * _mtp_activation_bytes(model, shape, job, cache)
         chunk_kept[-1] += mtp_acts
     layer_acts = sum(chunk_kept[c] for c in layout.inflight_chunks)
-    cpu_acts = 0
+    cpu_acts = sum(chunk_cpu[c] for c in layout.inflight_chunks)
+    unused_buffers = 0
+    if deepspeed_ckpt:
+        counts = [sum(1 for i in chunk if i in recomputed) for chunk in layout.chunks]
+        warmup = sum(counts[c] for c in layout.inflight_chunks)
+        if rc.cpu_checkpointing and not rc.partition_activations:
+            # the offload engine's newest input and the one being copied stay on the GPU
+            resident = min(GPU_RESIDENT_INPUTS, warmup) * largest_ckpt
+            layer_acts += resident
+            cpu_acts -= min(1, warmup) * largest_ckpt
+        unused_buffers = contiguous_unused_bytes(rc, partition_bytes(largest_ckpt, tp), warmup,
+                                                 min((n for n in counts if n), default=0))
+        if rc.cpu_checkpointing:
+            cpu_acts, unused_buffers = cpu_acts + unused_buffers, 0
     if job.offload.activations and layer_acts:
         # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
         # layer being computed and the one being copied.
@@ -459,7 +492,11 @@ def _stage_estimate(
             model, layout, vocab_rows, vocab_split(profile, job.parallel.tp), _summed_grad_bytes(job, profile, prec)), 0),
     }
     if layout.has_head:
-        candidates["loss"] = (layer_acts + other_acts + head_acts, logits, 0, absent)
+        candidates["loss"] = (layer_acts + other_acts + head_acts + unused_buffers, logits, 0, absent)
+    if unused_buffers:
+        # DeepSpeed's contiguous checkpoint buffers not yet filled, until the next backward drops them
+        candidates["forward"] = (layer_acts + other_acts + unused_buffers, 0, 0, absent)
+        comm_at = {**comm_at, "forward": comm_at["loss"]}
     if dora and not recomputed:
         # DoRA's weight temporaries in the last layer's forward, the layers' activations held
         candidates["forward"] = (layer_acts + other_acts, 0, dora, absent)
@@ -502,7 +539,7 @@ def _stage_estimate(
         cpu_optimizer_bytes=states.cpu_optimizer,
         cpu_activations_bytes=cpu_acts,
         gradients_absent_at_peak_bytes=not_yet,
-        forward_activations_bytes=layer_acts + other_acts + head_acts,
+        forward_activations_bytes=layer_acts + other_acts + head_acts + unused_buffers,
         loss_logits_bytes=logits,
         saved_logits_bytes=saved_logits,
         max_communication_bytes=max(comm_at.values()),
@@ -702,6 +739,8 @@ def _assumptions(
         out.append(f"full recompute ({rc.method}, {rc.num_layers or 'all'} layers): recomputed layers keep only their input"
                    + ("; their autocast weight copies are not kept (autocast's cache is cleared when the forward ends) and "
                       "are made again by the recompute" if prec.weight_copies == "autocast" else ""))
+    if describe_ds_checkpointing(job):
+        out.append(describe_ds_checkpointing(job))
     out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
     if model.is_moe:
         moe = job.moe

@@ -7,7 +7,10 @@ Mapped: ``zero_optimization.stage``, ``bf16.enabled`` / ``fp16.enabled``, ``opti
 in ``bf16`` / ``fp16`` with neither enabled is fp32 training; a config naming neither keeps the Job's
 ``--precision``. Offloading
 (``offload_optimizer`` / ``offload_param`` with ``device: cpu``) maps to the job's offload; NVMe
-offload is refused (memplan reports CPU memory, not disk). Every key of the file is classified
+offload is refused (memplan reports CPU memory, not disk). ``activation_checkpointing``'s
+``partition_activations``, ``cpu_checkpointing`` and ``contiguous_memory_optimization`` (with
+``number_checkpoints``) map to ``--partition-activations``, ``--cpu-checkpointing`` and
+``--contiguous-checkpoints``; they act on the layers ``--recompute full`` checkpoints. Every key of the file is classified
 (modelled / no memory effect / not modelled) by :mod:`memplan.frameworks.deepspeed_keys`;
 :func:`load_deepspeed_config` returns those settings with the Job.
 """
@@ -22,7 +25,7 @@ from typing import Any
 
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.frameworks.deepspeed_keys import deepspeed_settings
-from memplan.job import Batch, Job, Offload, Optimizer, Sharding
+from memplan.job import Batch, Job, Offload, Optimizer, Recompute, Sharding
 from memplan.settings import InputSetting
 from memplan.textfile import read_text_file
 
@@ -67,6 +70,34 @@ def _int_field(section: Mapping[str, Any], key: str, field: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(field, "must be a positive integer or \"auto\"", value)
     return value
+
+
+def _switch(section: Mapping[str, Any], key: str) -> bool:
+    value = section.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"activation_checkpointing.{key}", "must be true or false", value)
+    return value
+
+
+def _checkpointing(config: Mapping[str, Any], recompute: Recompute) -> Recompute:
+    """``recompute`` with the DeepSpeed ``activation_checkpointing`` switches of ``config``."""
+    section = config.get("activation_checkpointing")
+    if section is None:
+        return recompute
+    if not isinstance(section, Mapping):
+        raise ConfigError("activation_checkpointing", "must be an object", section)
+    partition, cpu = _switch(section, "partition_activations"), _switch(section, "cpu_checkpointing")
+    contiguous = None
+    if _switch(section, "contiguous_memory_optimization"):
+        if not partition:
+            raise ConfigError("activation_checkpointing.contiguous_memory_optimization", "needs "
+                              "partition_activations true (DeepSpeed asserts it)", True)
+        contiguous = section.get("number_checkpoints")
+        if isinstance(contiguous, bool) or not isinstance(contiguous, int) or contiguous < 1:
+            raise ConfigError("activation_checkpointing.number_checkpoints", "must be a positive integer with "
+                              "contiguous_memory_optimization (DeepSpeed sizes its buffers by it)", contiguous)
+    return dataclasses.replace(recompute, partition_activations=partition, cpu_checkpointing=cpu,
+                               contiguous_checkpoints=contiguous)
 
 
 def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
@@ -114,6 +145,7 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
         precision=precision,
         optimizer=optimizer,
         batch=batch,
+        recompute=_checkpointing(config, job.recompute),
         offload=Offload(optimizer=offloaded["offload_optimizer"], params=offloaded["offload_param"],
                         activations=job.offload.activations),
     )

@@ -143,17 +143,21 @@ KEYS: dict[str, tuple[Effect, str]] = {
                                      "memplan offloads all or none")),
     _Z + "offload_optimizer.super_offload": (_U, "SuperOffload (pipelined CPU optimizer for superchips); not priced"),
     # Activation checkpointing (deepspeed.checkpointing, used by Megatron-DeepSpeed models).
-    "activation_checkpointing.partition_activations": (_U, ("splits each checkpointed activation across tensor-"
-                                                       "parallel ranks (1/tp of the saved inputs); memplan takes "
-                                                       "recompute from --recompute, unpartitioned")),
-    "activation_checkpointing.cpu_checkpointing": (_U, ("moves checkpointed activations to CPU memory; memplan "
-                                                   "keeps them on the GPU")),
-    "activation_checkpointing.contiguous_memory_optimization": (_U, ("copies checkpoints into one preallocated "
-                                                                "buffer (less fragmentation, one buffer per "
-                                                                "checkpoint); not priced")),
-    "activation_checkpointing.number_checkpoints": (_U, "sizes the contiguous checkpoint buffer; not priced"),
-    **_group(_N, "synchronisation / profiling", "activation_checkpointing.synchronize_checkpoint_boundary",
-             "activation_checkpointing.profile"),
+    "activation_checkpointing.partition_activations": (_M, ("--partition-activations: each tensor-parallel rank "
+                                                       "keeps 1/tp of every layer input --recompute full "
+                                                       "checkpoints, gathered in its backward (no effect "
+                                                       "without --recompute full)")),
+    "activation_checkpointing.cpu_checkpointing": (_M, ("--cpu-checkpointing: the checkpointed layer inputs "
+                                                   "are kept in CPU memory and fetched in their backward (no "
+                                                   "effect without --recompute full)")),
+    "activation_checkpointing.contiguous_memory_optimization": (_M, ("--contiguous-checkpoints: partitions are "
+                                                                "copied into number_checkpoints preallocated "
+                                                                "buffers; needs partition_activations")),
+    "activation_checkpointing.number_checkpoints": (_M, ("sizes the contiguous checkpoint buffers "
+                                                    "(--contiguous-checkpoints N; read with "
+                                                    "contiguous_memory_optimization)")),
+    **_group(_N, "synchronisation / timing of each checkpoint call; no tensors kept",
+             "activation_checkpointing.synchronize_checkpoint_boundary", "activation_checkpointing.profile"),
     # Pipeline engine.
     **_group(_U, "DeepSpeed's pipeline engine; memplan takes --pp / --recompute from the flags and splits layers "
              "evenly", "pipeline.stages", "pipeline.partition", "pipeline.activation_checkpoint_interval",
@@ -196,8 +200,7 @@ SECTIONS: dict[str, tuple[Effect, str]] = {
 
 #: Values that leave a not-modelled switch with no effect (DeepSpeed's default off state).
 _OFF: dict[str, Any] = {
-    "activation_checkpointing.partition_activations": False, "activation_checkpointing.cpu_checkpointing": False,
-    "activation_checkpointing.contiguous_memory_optimization": False, "fp16.auto_cast": False,
+    "fp16.auto_cast": False,
     "fp16.fp16_master_weights_and_grads": False, "bf16.bf16_master_weights_and_grads": False,
     "bf16.bf16_optimizer_states": False, "bf16.immediate_grad_update": False,
     "bfloat16.bf16_master_weights_and_grads": False, "bfloat16.bf16_optimizer_states": False,
