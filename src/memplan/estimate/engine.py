@@ -183,6 +183,7 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         expert_bytes=dtype_bytes(prec.compute) if base16 else _expert_bytes(profile, prec),
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",
+        moe_probs_at=profile.moe_probs_at,
     )
 
 

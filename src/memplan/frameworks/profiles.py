@@ -108,6 +108,14 @@ class FrameworkProfile:
     #: ``--recompute-modules`` (Megatron's per-sub-module selective recompute) exists; without it
     #: the flag is refused.
     recompute_modules: bool = False
+    #: Where an MoE layer applies the routing probabilities. ``combine``: the expert outputs are
+    #: weighted when tokens are combined, and that product keeps them for backward (Hugging Face,
+    #: torchtitan's default). ``experts``: the experts scale their activation output by the
+    #: probabilities and the combine does not weight (Megatron-LM: ``TEGroupedMLP.forward``'s
+    #: ``bias_act_func`` and ``MLP.forward``'s ``per_token_scale`` in
+    #: megatron/core/transformer/moe/experts.py and mlp.py; every token dispatcher calls
+    #: ``unpermute`` without ``probs``).
+    moe_probs_at: Literal["combine", "experts"] = "combine"
 
 
 MEGATRON = FrameworkProfile(
@@ -126,6 +134,7 @@ MEGATRON = FrameworkProfile(
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     recompute_modules=True,
+    moe_probs_at="experts",
 )
 
 TORCHTITAN = FrameworkProfile(
