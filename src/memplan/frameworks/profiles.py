@@ -109,8 +109,8 @@ class FrameworkProfile:
     #: the flag is refused.
     recompute_modules: bool = False
     #: Where an MoE layer applies the routing probabilities. ``combine``: the expert outputs are
-    #: weighted when tokens are combined, and that product keeps them for backward (Hugging Face,
-    #: torchtitan's default). ``experts``: the experts scale their activation output by the
+    #: weighted when tokens are combined, and that product keeps them for backward (how memplan
+    #: prices every other profile). ``experts``: the experts scale their activation output by the
     #: probabilities and the combine does not weight (Megatron-LM: ``TEGroupedMLP.forward``'s
     #: ``bias_act_func`` and ``MLP.forward``'s ``per_token_scale`` in
     #: megatron/core/transformer/moe/experts.py and mlp.py; every token dispatcher calls
