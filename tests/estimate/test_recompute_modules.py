@@ -89,7 +89,7 @@ def test_moe_drops_everything_of_the_moe_layer_but_its_input() -> None:
                 + routed * (8 + 4)  # permutation indices, probabilities
                 + C * routed * H  # dispatched tokens
                 + C * routed * 3 * F_EXPERT  # experts' fc1 output and activation output
-                + C * routed * H  # expert outputs kept by the weighted combine
+                # no weighted combine: Megatron scales inside the experts (fused weighted SwiGLU)
                 + C * TOKENS * 3 * F_SHARED)  # shared experts
     assert _dropped(MOE, "moe", 1) == expected
     assert _dropped(MOE, "moe,moe_act,shared_experts", 1) == expected

@@ -103,6 +103,8 @@ class ActivationShape:
     #: Ways the vocabulary-wide tensors (logits, loss) are split: tp when TP splits the vocabulary,
     #: 1 under Hugging Face's TP plan (logits gathered whole); 0 means ``tp``.
     vocab_tp: int = 0
+    #: Where an MoE layer applies its routing probabilities (``FrameworkProfile.moe_probs_at``).
+    moe_probs_at: str = "combine"
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,14 +373,35 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     terms.append(Term("dispatched tokens (grouped-GEMM input)", c * received * h * shape.expert_tp, "sp", "body",
                       gemm_input=True, site="moe"))
     terms += _mlp_terms(moe.expert, shape, tokens=received, region="sp", prefix="experts", elem_bytes=c)
-    # Combine weights each expert output by its routing probability: the product's backward keeps
-    # the expert outputs (back on the source rank: one row per routed copy).
-    terms.append(Term("expert outputs kept by the weighted combine", c * routed * h, "sp", "body", site="moe"))
+    if shape.moe_probs_at == "experts":
+        terms += _expert_probability_terms(moe, shape, received, c)
+    else:
+        # Combine weights each expert output by its routing probability: the product's backward keeps
+        # the expert outputs (back on the source rank: one row per routed copy).
+        terms.append(Term("expert outputs kept by the weighted combine", c * routed * h, "sp", "body", site="moe"))
     if moe.shared_expert is not None:
         terms += _mlp_terms(moe.shared_expert, shape, tokens=tokens, region="tp", prefix="shared expert")
     if shape.dropout:
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * h, "sp", "body"))
     return terms
+
+
+def _expert_probability_terms(moe: MoESpec, shape: ActivationShape, received: int, c: int) -> list[Term]:
+    """What Megatron's experts keep for scaling their activation output by the routing probabilities.
+
+    ``act(fc1_output) * probs`` (fp32 probabilities, cast back to the activation dtype before fc2) is
+    an autograd product whose both operands need a gradient, so it keeps the activation output, a
+    third ``[tokens, ffn]`` tensor beside fc1's output and fc2's input. Only a gated SwiGLU /
+    quick-GeGLU expert has a fused weighted kernel (``weighted_bias_swiglu_impl``, Megatron's
+    default ``bias_activation_fusion``, or TE's ``ScaledSwiGLU`` under the op fuser) that keeps just
+    its input; a plain (GELU) expert always takes the unfused product, as Megatron refuses the fused
+    GELU with probabilities (megatron/core/transformer/moe/experts.py ``TEGroupedMLP.forward``,
+    megatron/core/transformer/mlp.py ``MLP.forward``).
+    """
+    if moe.expert.gated:
+        return []
+    return [Term("experts activation output kept by the probability product", c * received * moe.expert.intermediate_size,
+                 "sp", "body", site="moe_act")]
 
 
 def dispatch_buffer_bytes(layer: LayerSpec, shape: ActivationShape) -> int:

@@ -193,6 +193,7 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         expert_bytes=dtype_bytes(prec.compute) if base16 else _expert_bytes(profile, prec),
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",
+        moe_probs_at=profile.moe_probs_at,
     )
 
 
@@ -451,7 +452,7 @@ def _stage_estimate(
     comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec),
                                      tied=model.tie_word_embeddings)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
-        job, model, layout)
+        job, model, layout) + moe_allgather_buffer_bytes(job, model, layout, shape)
     static = states.parameters + states.gradients + states.master + states.optimizer + workspace
 
     # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
@@ -620,6 +621,28 @@ def grouped_gemm_workspace_bytes(job: Job, model: ModelSpec, layout: StageLayout
     if not any(model.layers[i].moe is not None for i in layout.layer_indices):
         return 0
     return TE_GROUPED_GEMM_WORKSPACES * TE_GROUPED_GEMM_WORKSPACE_BYTES
+
+
+def moe_allgather_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, shape: ActivationShape) -> int:
+    """Megatron's all-gather token dispatcher gathers every token of its expert-TP x EP group into the
+    global memory buffer, which is kept for the rest of the run.
+
+    ``MoEAllGatherTokenDispatcher.token_dispatch`` calls ``gather_from_sequence_parallel_region(...,
+    use_global_buffer=True)`` (megatron/core/transformer/moe/token_dispatcher.py): the output is a view
+    of ``GlobalMemoryBuffer.get_tensor(..., "mpu")`` (megatron/core/utils.py), a tensor the buffer
+    allocates at the largest size asked for and never frees. Its size: the MoE layer's tokens on one
+    rank (``s/cp * b``, divided by TP under sequence parallelism) times ``etp * ep`` rows of the hidden
+    size in the activation dtype; no gather (and no buffer) when ``etp * ep == 1``. With
+    ``--transformer-impl local`` the same buffer also serves the unfused attention scores and the
+    sequence-parallel all-gathers of the linear layers (the largest wins); those are not priced here.
+    """
+    if job.framework != "megatron" or job.moe.dispatcher != "allgather":
+        return 0
+    group = job.parallel.expert_tp * job.parallel.ep
+    if group == 1 or not any(model.layers[i].moe is not None for i in layout.layer_indices):
+        return 0
+    local_tokens = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
+    return local_tokens * group * shape.hidden * shape.act_bytes
 
 
 def _summed_grad_bytes(job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> int:

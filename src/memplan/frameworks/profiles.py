@@ -21,6 +21,15 @@ MixedWeights = Literal["master-copy", "autocast", "fsdp-cast"]
 #: cuBLAS workspace PyTorch allocates through its caching allocator per handle/stream on
 #: Hopper: CUBLAS_WORKSPACE_CONFIG ":4096:8" = 8 chunks of 4096 KiB (aten/src/ATen/cuda/CublasHandlePool.cpp).
 TORCH_CUBLAS_WORKSPACE_BYTES = 32 * MiB
+#: cuBLAS workspaces PyTorch holds in a training step whose forward and backward both run torch
+#: matmuls (Megatron's non-TE output layer, router and wgrad accumulation): the autograd engine
+#: runs the backward of CUDA ops on its own per-device worker thread
+#: (torch/csrc/autograd/engine.cpp, ``Engine::start_device_threads``); a cuBLAS handle is reserved
+#: per thread until the thread exits (aten/src/ATen/cuda/detail/DeviceThreadHandles.h,
+#: ``PoolWindow::reserve``); and the workspace is cached per (handle, stream)
+#: (aten/src/ATen/cuda/CublasHandlePool.cpp, ``cublas_handle_stream_to_workspace``). So the
+#: forward (main) thread and the backward thread each keep one :data:`TORCH_CUBLAS_WORKSPACE_BYTES`.
+TORCH_CUBLAS_WORKSPACE_THREADS = 2
 #: Transformer Engine's own cuBLASLt workspace, also allocated with torch.empty
 #: (transformer_engine/pytorch/module/base.py get_workspace: 32 MiB on Hopper).
 TE_CUBLAS_WORKSPACE_BYTES = 32 * MiB
@@ -99,6 +108,14 @@ class FrameworkProfile:
     #: ``--recompute-modules`` (Megatron's per-sub-module selective recompute) exists; without it
     #: the flag is refused.
     recompute_modules: bool = False
+    #: Where an MoE layer applies the routing probabilities. ``combine``: the expert outputs are
+    #: weighted when tokens are combined, and that product keeps them for backward (how memplan
+    #: prices every other profile). ``experts``: the experts scale their activation output by the
+    #: probabilities and the combine does not weight (Megatron-LM: ``TEGroupedMLP.forward``'s
+    #: ``bias_act_func`` and ``MLP.forward``'s ``per_token_scale`` in
+    #: megatron/core/transformer/moe/experts.py and mlp.py; every token dispatcher calls
+    #: ``unpermute`` without ``probs``).
+    moe_probs_at: Literal["combine", "experts"] = "combine"
 
 
 MEGATRON = FrameworkProfile(
@@ -114,9 +131,10 @@ MEGATRON = FrameworkProfile(
     default_loss="vocab-parallel",
     vocab_divisible_by=128,
     kernels="fused",
-    workspace_bytes=TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
+    workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     recompute_modules=True,
+    moe_probs_at="experts",
 )
 
 TORCHTITAN = FrameworkProfile(
