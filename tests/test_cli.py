@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan.cli import app
-from memplan.jobflags import build_job, job_flags
 from memplan.job import Job, Parallelism
+from memplan.jobflags import build_job, job_flags
 from memplan.report.text import stage_breakdown
 
 runner = CliRunner()
