@@ -9,6 +9,7 @@ backward would leave the peer waiting in the all-reduce (see docs/ckpt.md, DDP a
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import sys
@@ -37,7 +38,8 @@ def _worker(rank: int, port: int, out: str) -> None:
     from memplan.ckpt import auto_checkpoint, controller_of
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # a collective that waits longer than this fails the test instead of hanging the suite
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
     results = {}
     for wrapped in (False, True):
