@@ -13,6 +13,7 @@ import datetime
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,14 +73,34 @@ def _worker(rank: int, port: int, out: str) -> None:
                 "losses": (results[False]["losses"], results[True]["losses"]),
                 "replicas_equal": results[True]["replicas_equal"], "steps": results[True]["steps"],
                 "misses": results[True]["misses"]},
-               f"{out}.{rank}")
+               f"{out}.{rank}.tmp")
+    os.replace(f"{out}.{rank}.tmp", f"{out}.{rank}")  # whole or absent, for the parent's wait below
     dist.destroy_process_group()
+
+
+def _wait_for_results(context: mp.ProcessContext, paths: list[str], seconds: float = 300.0) -> None:
+    """Wait until both ranks wrote their results (a rank's error is raised here). A rank that has
+    written them but does not exit (seen on this machine: a worker idle after its last line, its
+    process never ending) is then killed, so that a stuck process exit cannot hang the suite."""
+    deadline = time.monotonic() + seconds
+    while not all(Path(p).exists() for p in paths):
+        if context.join(timeout=1.0):  # every rank exited (an error would have been raised)
+            break
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the DDP ranks wrote no results within {seconds:.0f} s")
+    for process in context.processes:
+        process.join(timeout=60.0)
+        if process.is_alive():
+            process.kill()
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_under_ddp_each_rank_runs_its_own_controller_and_the_math_is_unchanged(tmp_path) -> None:
     out = str(tmp_path / "rank")
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=2, join=True)
+    context = mp.start_processes(_worker, args=(_free_port(), out), nprocs=2, join=False, start_method="spawn")
+    _wait_for_results(context, [f"{out}.{r}" for r in range(2)])
     ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     for r in ranks:
         plain, wrapped = r["losses"]
