@@ -16,11 +16,11 @@ Importing this module imports nothing heavy.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Effect", "InputSetting", "settings_dict", "unmodelled"]
+__all__ = ["Effect", "InputSetting", "dotted_leaves", "settings_dict", "unmodelled"]
 
 #: ``modelled``: the value changes the Job (``note`` says how); ``no-memory-effect``: the value
 #: cannot change GPU memory (logging, learning rate...); ``not-modelled``: it may change memory
@@ -60,6 +60,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(v) for v in value]
     return str(value)
+
+
+def dotted_leaves(data: Mapping[str, Any], prefix: str = "", *, empty_is_leaf: bool = False
+                  ) -> Iterator[tuple[str, Any]]:
+    """The leaves of a nested config as ``("section.sub.key", value)``, in file order. An empty
+    section is a leaf of its own with ``empty_is_leaf`` (DeepSpeed's ``"monitor": {}``), else nothing."""
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping) and (value or not empty_is_leaf):
+            yield from dotted_leaves(value, key + ".", empty_is_leaf=empty_is_leaf)
+        else:
+            yield key, value
 
 
 def unmodelled(settings: Iterable[InputSetting]) -> tuple[InputSetting, ...]:

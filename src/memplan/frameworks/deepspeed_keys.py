@@ -17,11 +17,11 @@ value equal to what memplan assumes); what memplan assumes for the rest is in ea
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from memplan.settings import Effect, InputSetting
+from memplan.settings import Effect, InputSetting, dotted_leaves
 
 __all__ = ["KEYS", "SECTIONS", "classify", "deepspeed_key_list", "deepspeed_settings"]
 
@@ -253,22 +253,13 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
     return effect, note
 
 
-def _leaves(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for name, value in config.items():
-        key = f"{prefix}{name}"
-        if isinstance(value, Mapping) and value:
-            yield from _leaves(value, key + ".")
-        else:
-            yield key, value
-
-
 def deepspeed_settings(config: Mapping[str, Any], source: str = "--deepspeed-config") -> tuple[InputSetting, ...]:
     """One setting per key (dotted leaf) of DeepSpeed config ``config``, classified by :func:`classify`."""
     known = frozenset(deepspeed_key_list())
     zero = config.get("zero_optimization")
     stage = zero.get("stage", 0) if isinstance(zero, Mapping) else 0
     out = []
-    for key, value in _leaves(config):
+    for key, value in dotted_leaves(config, empty_is_leaf=True):
         effect, note = classify(key, value, known=known, zero_stage=stage)
         out.append(InputSetting(source=source, key=key, value=value, effect=effect, note=note))
     return tuple(out)

@@ -43,7 +43,7 @@ from memplan.frameworks.torchtitan_fields import (
 from memplan.job import Job
 from memplan.jobflags import build_job
 from memplan.model.spec import ModelSpec
-from memplan.settings import InputSetting
+from memplan.settings import InputSetting, dotted_leaves
 from memplan.textfile import read_text_file
 
 __all__ = ["apply_torchtitan_config", "read_torchtitan_config", "stage_layers", "torchtitan_model"]
@@ -66,7 +66,7 @@ def read_torchtitan_config(path: str | Path) -> dict[str, Any]:
         where = f"line {found.group(1)}, column {found.group(2)}" if found else "?"
         message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc)) or "syntax error"
         raise ConfigError(f"{_FLAG} {path}", f"is not valid TOML at {where}: {message}") from None
-    return _flatten(data, "")
+    return dict(dotted_leaves(data))
 
 
 def _toml() -> Any:
@@ -82,16 +82,6 @@ def _toml() -> Any:
             return tomli
         except ModuleNotFoundError:
             raise MissingDependencyError("tomli", feature=f"{_FLAG} on Python 3.10", extra="torchtitan") from None
-
-
-def _flatten(data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def torchtitan_model(path: str | Path) -> str:
