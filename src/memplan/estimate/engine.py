@@ -258,11 +258,11 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         mode = kept_mode(job, get_profile(job.framework))
         kept_classes, dropped = _kept_policy(job)
         attention, rest = layer_terms_by_block(layer, shape)
+        # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
+        int8_base = quantized and job.finetune.quantize_base == "int8"
         if frozen:
-            # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
-            kept_inputs = quantized and job.finetune.quantize_base == "int8"
-            attention = frozen_layer_terms(attention, shape, first, gemm_inputs_kept=kept_inputs)
-            rest = frozen_layer_terms(rest, shape, False, gemm_inputs_kept=kept_inputs)
+            attention = frozen_layer_terms(attention, shape, first, gemm_inputs_kept=int8_base)
+            rest = frozen_layer_terms(rest, shape, False, gemm_inputs_kept=int8_base)
         if adapters:
             prec = resolve_precision(job, get_profile(job.framework))
             autocast = prec.weight_copies == "autocast"
@@ -271,7 +271,7 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
                                         input_needs_grad=not first,
                                         # peft's cast to the fp32 adapters is a no-op on fp32 activations
                                         uncast_input=(quantized and autocast) or shape.act_bytes == ADAPTER_BYTES,
-                                        base_keeps_input=quantized and job.finetune.quantize_base == "int8")
+                                        base_keeps_input=int8_base)
         blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
