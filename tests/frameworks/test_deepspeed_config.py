@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from memplan.errors import ConfigError, UnsupportedError
+from memplan.errors import ConfigError
 from memplan.frameworks.deepspeed_config import apply_deepspeed_config
 from memplan.job import Job, Parallelism
 
@@ -57,13 +57,15 @@ def test_bad_configs_name_the_field(tmp_path, data, field):
         apply_deepspeed_config(_write(tmp_path, data), Job())
 
 
-def test_cpu_offload_maps_and_nvme_is_refused(tmp_path):
+def test_cpu_and_nvme_offload_map(tmp_path):
     path = _write(tmp_path, {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                                    "offload_param": {"device": "cpu"}}})
     job = apply_deepspeed_config(path, Job())
     assert job.offload.optimizer and job.offload.params
     path = _write(tmp_path, {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})
-    with pytest.raises(UnsupportedError, match="offload_optimizer"):
+    assert apply_deepspeed_config(path, Job()).offload.optimizer
+    path = _write(tmp_path, {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}})
+    with pytest.raises(ConfigError, match=r"offload_optimizer\.device.*none, cpu or nvme.*disk"):
         apply_deepspeed_config(path, Job())
     path = _write(tmp_path, {"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}})
     with pytest.raises(ConfigError, match="--offload-params"):

@@ -152,3 +152,23 @@ def test_hf_args_deepspeed_object_is_reported_too() -> None:
                                  "compression_training.weight_quantization.different_groups.wq1.params.start_bits"])
 def test_free_form_sub_keys_follow_their_section(key: str) -> None:
     assert classify(key, 1)[1] not in _UNCLASSIFIED
+
+
+def test_nvme_offload_is_priced_on_the_gpu_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "ds.json"
+    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"},
+                                    "offload_param": {"device": "cpu"}}}
+    path.write_text(json.dumps(config))
+    result = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--deepspeed-config", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == [
+        "--deepspeed-config zero_optimization.offload_optimizer.device"]
+    assert "NVMe" in data["unmodelled_settings"][0]
+    path.write_text(json.dumps({**config, "zero_optimization": {**config["zero_optimization"],
+                                                                 "offload_optimizer": {"device": "cpu"}}}))
+    as_cpu = json.loads(CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--deepspeed-config", str(path),
+                                                 "--json"]).stdout)
+    assert as_cpu["unmodelled_settings"] == []
+    assert as_cpu["peak_allocated_bytes"] == data["peak_allocated_bytes"]  # the GPU side is the same as cpu offload

@@ -6,8 +6,10 @@ Mapped: ``zero_optimization.stage``, ``bf16.enabled`` / ``fp16.enabled``, ``opti
 ``"auto"`` values (Hugging Face's integration fills them in) keep the Job's value. ``enabled: false``
 in ``bf16`` / ``fp16`` with neither enabled is fp32 training; a config naming neither keeps the Job's
 ``--precision``. Offloading
-(``offload_optimizer`` / ``offload_param`` with ``device: cpu``) maps to the job's offload; NVMe
-offload is refused (memplan reports CPU memory, not disk). ``activation_checkpointing``'s
+(``offload_optimizer`` / ``offload_param`` with ``device: cpu`` or ``nvme``) maps to the job's offload:
+the states leave the GPU either way. With NVMe they live on disk behind pinned swap buffers, which
+memplan does not price: its host-memory figure counts them as if they were in CPU memory, and the
+setting is reported as not modelled (:mod:`memplan.frameworks.deepspeed_keys`). ``activation_checkpointing``'s
 ``partition_activations``, ``cpu_checkpointing`` and ``contiguous_memory_optimization`` (with
 ``number_checkpoints``) map to ``--partition-activations``, ``--cpu-checkpointing`` and
 ``--contiguous-checkpoints``; they act on the layers ``--recompute full`` checkpoints. Every key of the file is classified
@@ -110,9 +112,9 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
     offloaded: dict[str, bool] = {}
     for key in ("offload_optimizer", "offload_param"):
         device = (zero_section.get(key) or {}).get("device", "none") if isinstance(zero_section.get(key), Mapping) else "none"
-        if device not in ("none", None, "cpu"):
-            raise UnsupportedError(f"zero_optimization.{key}: offloading to {device} is not modelled (cpu is)")
-        offloaded[key] = device == "cpu"
+        if device not in ("none", None, "cpu", "nvme"):
+            raise ConfigError(f"zero_optimization.{key}.device", "must be none, cpu or nvme", device)
+        offloaded[key] = device in ("cpu", "nvme")
     precision = job.precision
     bf16 = config.get("bf16") or config.get("bfloat16") or {}  # bfloat16: DeepSpeed's old spelling
     if bf16.get("enabled") in (True, "true"):

@@ -42,9 +42,9 @@ KEYS: dict[str, tuple[Effect, str]] = {
     **_group(_M, "the job's batch (--mbs / --gbs)", "train_batch_size", "train_micro_batch_size_per_gpu",
              "gradient_accumulation_steps"),
     **_group(_M, "--zero", _Z + "stage"),
-    **_group(_M, "cpu → the optimizer states leave the GPU (--offload-optimizer); none → on the GPU; nvme is "
-             "refused", _Z + "offload_optimizer.device"),
-    **_group(_M, "cpu → the parameters leave the GPU (--offload-params); none → on the GPU; nvme is refused",
+    **_group(_M, "cpu or nvme → the optimizer states leave the GPU (--offload-optimizer); none → on "
+             "the GPU", _Z + "offload_optimizer.device"),
+    **_group(_M, "cpu or nvme → the parameters leave the GPU (--offload-params); none → on the GPU",
              _Z + "offload_param.device"),
     **_group(_M, "true: 16-bit weights with fp32 master weights (--precision bf16-mixed / fp16-mixed); false with "
              "neither enabled: --precision fp32", "bf16.enabled", "bfloat16.enabled", "fp16.enabled"),
@@ -214,6 +214,12 @@ _OFF: dict[str, Any] = {
 #: Values equal to what memplan assumes (the deepspeed profile's 5e8-element reduce bucket, priced
 #: at ZeRO stages 1 and 2).
 _ASSUMED: dict[str, Any] = {_Z + "reduce_bucket_size": 500_000_000}
+#: Offload devices whose ``nvme`` value is only half modelled: the GPU side is exact (the states
+#: leave the GPU as with ``cpu``); the host side is not (disk behind pinned swap buffers).
+_NVME_DEVICE_KEYS = frozenset({_Z + "offload_optimizer.device", _Z + "offload_param.device"})
+_NVME_NOTE = ("NVMe offload: GPU memory is priced (the states leave the GPU, as with cpu), but memplan's "
+              "host-memory figure counts them as CPU memory; DeepSpeed keeps them on disk behind pinned swap "
+              "buffers that are not priced")
 _AUTO = "\"auto\": Hugging Face's DeepSpeed integration fills it in from TrainingArguments; "
 
 
@@ -248,6 +254,8 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
         return effect, _AUTO + ("memplan keeps the job's value" if effect == _M else note)
     if effect == _U and (key.endswith(".enabled") and value is False or _OFF.get(key, object()) == value):
         return _N, f"off ({note})"
+    if key in _NVME_DEVICE_KEYS and value == "nvme":
+        return _U, _NVME_NOTE
     if key in _ASSUMED and value == _ASSUMED[key] and zero_stage in (0, 1, 2):
         return _M, f"the value memplan assumes ({note})"
     return effect, note
