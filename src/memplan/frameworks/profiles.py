@@ -22,13 +22,16 @@ MixedWeights = Literal["master-copy", "autocast", "fsdp-cast"]
 #: Hopper: CUBLAS_WORKSPACE_CONFIG ":4096:8" = 8 chunks of 4096 KiB (aten/src/ATen/cuda/CublasHandlePool.cpp).
 TORCH_CUBLAS_WORKSPACE_BYTES = 32 * MiB
 #: cuBLAS workspaces PyTorch holds in a training step whose forward and backward both run torch
-#: matmuls (Megatron's non-TE output layer, router and wgrad accumulation): the autograd engine
+#: matmuls (any PyTorch model; in Megatron the non-TE output layer, router and wgrad accumulation): the autograd engine
 #: runs the backward of CUDA ops on its own per-device worker thread
 #: (torch/csrc/autograd/engine.cpp, ``Engine::start_device_threads``); a cuBLAS handle is reserved
 #: per thread until the thread exits (aten/src/ATen/cuda/detail/DeviceThreadHandles.h,
 #: ``PoolWindow::reserve``); and the workspace is cached per (handle, stream)
 #: (aten/src/ATen/cuda/CublasHandlePool.cpp, ``cublas_handle_stream_to_workspace``). So the
 #: forward (main) thread and the backward thread each keep one :data:`TORCH_CUBLAS_WORKSPACE_BYTES`.
+#: A real snapshot shows both (shared/reference/snapshots/01: one workspace allocated under a
+#: forward ``bmm``, the other under ``BmmBackward0`` in ``Engine::thread_main``;
+#: tests/estimate/test_cublas_workspaces.py).
 TORCH_CUBLAS_WORKSPACE_THREADS = 2
 #: Transformer Engine's own cuBLASLt workspace, also allocated with torch.empty
 #: (transformer_engine/pytorch/module/base.py get_workspace: 32 MiB on Hopper).
@@ -72,8 +75,9 @@ class FrameworkProfile:
     #: DDP keeps gradients in separate bucket buffers (``gradient_as_bucket_view=False``, the
     #: PyTorch default): one extra gradient-sized copy when DP > 1.
     ddp_bucket_copy: bool = False
-    #: Library workspaces served by the caching allocator (cuBLAS, Transformer Engine).
-    workspace_bytes: int = TORCH_CUBLAS_WORKSPACE_BYTES
+    #: Library workspaces served by the caching allocator (cuBLAS of the forward and the backward
+    #: thread; Transformer Engine's).
+    workspace_bytes: int = TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES
     #: Unsharded blocks alive at once under FSDP/ZeRO-3 (the one computing + prefetched ones).
     fsdp_live_blocks: int = 2
     #: DeepSpeed ZeRO-1/2 reduce bucket, elements (``reduce_bucket_size``, default 5e8).
