@@ -464,6 +464,48 @@ class Offload:
     def any(self) -> bool:
         return self.optimizer or self.params or self.activations
 
+#: Transformer Engine userbuffer overlap methods (``initialize_ub`` in transformer_engine/pytorch/module/base.py).
+UbMethod = Literal["ring_exchange", "pipeline", "bulk", "external"]
+#: The GEMMs ``initialize_ub`` makes a userbuffer for.
+UB_GEMMS = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad", "proj_wgrad",
+            "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad", "fc2_wgrad")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UbOverride:
+    """One GEMM's entry of a ``--tp-comm-overlap-cfg`` YAML (what changes its userbuffer)."""
+
+    name: str
+    method: UbMethod | None = None
+    is_reduce_scatter: bool | None = None
+    fp8_buf: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice("--tp-comm-overlap-cfg", self.name, UB_GEMMS)
+        if self.method is not None:
+            _check_choice(f"--tp-comm-overlap-cfg {self.name}.method", self.method, get_args(UbMethod))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommOverlap:
+    """Communication-overlap machinery that allocates buffers of its own (read from ``--megatron-args``)."""
+
+    #: Megatron ``--tp-comm-overlap``: Transformer Engine's userbuffers (``initialize_ub``) and its
+    #: cuBLAS workspace for the overlapped GEMMs' streams.
+    tp: bool = False
+    #: ``--tp-comm-overlap-cfg``: the YAML's per-GEMM changes to TE's default methods.
+    tp_overrides: tuple[UbOverride, ...] = ()
+    #: Where ``tp_overrides`` came from (the YAML read), or why TE's defaults are priced.
+    tp_config_note: str = ""
+    #: FP8 with ``--first-last-layers-bf16``: Megatron asks for a second, bf16 set of userbuffers.
+    tp_bf16_set: bool = False
+
+    def __post_init__(self) -> None:
+        names = [o.name for o in self.tp_overrides]
+        if len(set(names)) != len(names):
+            raise JobConfigError("--tp-comm-overlap-cfg", "names a GEMM twice", ", ".join(names))
+
+
 #: What ``--lora-targets all-linear`` selects: every linear layer of the decoder, not the output
 #: head (peft's ``INCLUDE_LINEAR_LAYERS_SHORTHAND``).
 ALL_LINEAR = "all-linear"
@@ -646,6 +688,8 @@ class Job:
     offload: Offload = field(default_factory=Offload)
     #: What trains: adapters, frozen and quantized base weights.
     finetune: FineTuning = field(default_factory=FineTuning)
+    #: Communication overlap with buffers of its own (Megatron / Transformer Engine).
+    overlap: CommOverlap = field(default_factory=CommOverlap)
 
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
@@ -678,6 +722,13 @@ class Job:
         if (ds.partition_activations or ds.cpu_checkpointing) and self.offload.activations:
             raise JobConfigError("--offload-activations", "cannot be combined with DeepSpeed's --partition-activations "
                                  "/ --cpu-checkpointing (both move the saved activations); choose one", True)
+        par = self.parallel
+        if self.overlap.tp and self.framework != "megatron":
+            raise JobConfigError("--tp-comm-overlap", "is Megatron-LM with Transformer Engine; use --framework "
+                                 "megatron", f"--framework {self.framework}")
+        if self.overlap.tp and not (par.tp > 1 and par.sequence_parallel):
+            raise JobConfigError("--tp-comm-overlap", "needs tensor parallelism > 1 with --sequence-parallel "
+                                 "(Megatron asserts it)", f"tp={par.tp}, sequence_parallel={par.sequence_parallel}")
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",

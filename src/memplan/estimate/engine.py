@@ -75,6 +75,8 @@ from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import dropped_sites, recomputed_peak, term_site
 from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.sac import sac_kept_terms
+from memplan.estimate.tp_comm_overlap import describe as describe_tp_overlap
+from memplan.estimate.tp_comm_overlap import ub_workspace_bytes, userbuffers_bytes
 from memplan.estimate.states import (
     StageParams,
     StateBytes,
@@ -453,6 +455,11 @@ def _stage_estimate(
                                      tied=model.tie_word_embeddings)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
         job, model, layout) + moe_allgather_buffer_bytes(job, model, layout, shape)
+    if layout.layer_indices:
+        workspace += ub_workspace_bytes(job.overlap)
+    outside = userbuffers_bytes(job.overlap, tokens=shape.seq * shape.micro_batch, hidden=model.hidden_size,
+                                tp=job.parallel.tp, fp8=job.precision.fp8 is not None,
+                                world_size=job.parallel.world_size)
     static = states.parameters + states.gradients + states.master + states.optimizer + workspace
 
     # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
@@ -545,6 +552,7 @@ def _stage_estimate(
         saved_logits_bytes=saved_logits,
         max_communication_bytes=max(comm_at.values()),
         paged_optimizer_bytes=states.paged_optimizer,
+        outside_allocator_bytes=outside,
     )
 
 
@@ -774,6 +782,10 @@ def _assumptions(
             f"MoE: {routing}; {moe.dispatcher} dispatcher; experts on each rank run on tokens x top-k x etp rows "
             f"at f/etp width; shared experts {'split by TP' if moe.shared_expert_parallel == 'tp' else 'placed with the routed experts'}"
         )
+    if job.overlap.tp:
+        out.append(describe_tp_overlap(job.overlap, tokens=b.seq_length // par.cp * b.micro_batch_size,
+                                       hidden=model.hidden_size, tp=par.tp, fp8=job.precision.fp8 is not None,
+                                       world_size=par.world_size))
     if job.mtp_layers:
         out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like the last, "
                    "a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")
