@@ -75,8 +75,6 @@ from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import dropped_sites, recomputed_peak, term_site
 from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.sac import sac_kept_terms
-from memplan.estimate.tp_comm_overlap import describe as describe_tp_overlap
-from memplan.estimate.tp_comm_overlap import ub_workspace_bytes, userbuffers_bytes
 from memplan.estimate.states import (
     StageParams,
     StateBytes,
@@ -86,6 +84,8 @@ from memplan.estimate.states import (
     stage_params,
     state_bytes,
 )
+from memplan.estimate.tp_comm_overlap import describe as describe_tp_overlap
+from memplan.estimate.tp_comm_overlap import ub_workspace_bytes, userbuffers_bytes
 from memplan.frameworks.profiles import (
     TE_GROUPED_GEMM_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACES,

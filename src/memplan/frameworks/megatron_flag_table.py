@@ -70,6 +70,10 @@ MODELLED: dict[str, str] = {
     "--cross-entropy-loss-fusion": "loss: fused cross-entropy keeps no fp32 logits copy",
     "--defer-embedding-wgrad-compute": "deferred embedding weight-gradient inputs kept across micro-batches",
     "--wgrad-deferral-limit": "how many micro-batches of deferred embedding inputs are kept",
+    "--tp-comm-overlap": ("Transformer Engine userbuffers (outside PyTorch's allocator) and the overlapped "
+                          "GEMMs' 3-stream cuBLAS workspace"),
+    "--tp-comm-overlap-cfg": ("per-GEMM userbuffer methods and FP8 buffers (read when the YAML can be opened; "
+                              "Transformer Engine's defaults otherwise, as the assumptions say)"),
     "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall)",
     "--moe-expert-capacity-factor": "MoE expert capacity: tokens each expert receives",
     "--moe-pad-expert-input-to-capacity": "MoE: expert inputs padded to capacity",
@@ -144,9 +148,10 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
     (_NM, "frozen layers keep no gradients or optimizer states; memplan trains every parameter",
      ("--freeze-all-layers",)),
     # Tensor / context / expert parallel communication.
-    (_NM, ("Transformer Engine TP communication overlap: userbuffers for all-gather / reduce-scatter "
-          "overlap are not priced"),
-     ("--tp-comm-overlap", "--tp-comm-overlap-cfg", "--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-wgrad",
+    (_NONE, ("TP communication overlap switch: Transformer Engine's initialize_ub allocates every GEMM's "
+            "userbuffer whatever it says (it picks which GEMMs use them); the bootstrap backend only exchanges "
+            "handles"),
+     ("--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-wgrad",
       "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-dgrad",
       "--no-tp-comm-overlap-ag", "--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs",
       "--disable-tp-comm-overlap-rs", "--no-tp-comm-split-ag", "--disable-tp-comm-split-ag",
