@@ -464,6 +464,8 @@ class Offload:
     def any(self) -> bool:
         return self.optimizer or self.params or self.activations
 
+#: Megatron ``--cp-comm-type`` values.
+CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 #: Transformer Engine userbuffer overlap methods (``initialize_ub`` in transformer_engine/pytorch/module/base.py).
 UbMethod = Literal["ring_exchange", "pipeline", "bulk", "external"]
 #: The GEMMs ``initialize_ub`` makes a userbuffer for.
@@ -499,8 +501,15 @@ class CommOverlap:
     tp_config_note: str = ""
     #: FP8 with ``--first-last-layers-bf16``: Megatron asks for a second, bf16 set of userbuffers.
     tp_bf16_set: bool = False
+    #: Megatron ``--cp-comm-type`` (one for all layers, or one per layer): how Transformer Engine's
+    #: context-parallel attention exchanges keys and values (its backward buffers differ).
+    cp_comm_types: tuple[CpCommType, ...] = ("p2p",)
 
     def __post_init__(self) -> None:
+        if not self.cp_comm_types:
+            raise JobConfigError("--cp-comm-type", "needs at least one type", self.cp_comm_types)
+        for kind in self.cp_comm_types:
+            _check_choice("--cp-comm-type", kind, get_args(CpCommType))
         names = [o.name for o in self.tp_overrides]
         if len(set(names)) != len(names):
             raise JobConfigError("--tp-comm-overlap-cfg", "names a GEMM twice", ", ".join(names))

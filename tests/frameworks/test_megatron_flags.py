@@ -71,8 +71,7 @@ def test_refused_means_the_reader_refuses_it() -> None:
 
 @pytest.mark.parametrize("flag", [
     "--cuda-graph-impl", "--cuda-graph-scope", "--cuda-graph-modules", "--external-cuda-graph",
-    "--enable-cuda-graph", "--fine-grained-activation-offloading", "--muon-use-syrk",
-    "--cp-comm-type", "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm"])
+    "--enable-cuda-graph", "--fine-grained-activation-offloading", "--muon-use-syrk", "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm"])
 def test_issue_flags_are_stated_not_modelled(flag: str) -> None:
     assert classify(flag, "a2a")[0] == "not-modelled"  # type: ignore[index]
 

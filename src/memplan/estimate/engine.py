@@ -26,6 +26,8 @@ from memplan.estimate.autocast import (
     layer_weight_copy_numel,
     tied_embedding_gradient_sum_bytes,
 )
+from memplan.estimate.cp_attention import cp_backward_extra_bytes
+from memplan.estimate.cp_attention import describe as describe_cp
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
     contiguous_unused_bytes,
@@ -382,6 +384,7 @@ def _stage_estimate(
         kept = cpu_kept = 0
         for index in chunk:
             keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
+            transient += _cp_backward_extra(model, job, shape, index)
             if ft is None:
                 transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
             else:
@@ -576,6 +579,19 @@ def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: Stage
         dense, expert = layer_numel_on_rank(model.layer_param_groups[index], job)
         made += int((dense + expert) * per_param)
     return best
+
+
+def _cp_backward_extra(model: ModelSpec, job: Job, shape: ActivationShape, index: int) -> int:
+    """Transformer Engine's context-parallel buffers in the attention backward of layer ``index``
+    (Megatron only): its own ``--cp-comm-type`` when one is given per layer, else the worst of them."""
+    kinds = job.overlap.cp_comm_types
+    if job.framework != "megatron" or job.parallel.cp == 1:
+        return 0
+    if len(kinds) == model.num_layers:
+        kinds = (kinds[index],)
+    return max(cp_backward_extra_bytes(model.layers[index].attention, kind, cp=job.parallel.cp,
+                                       tokens=shape.seq * shape.micro_batch, tp=job.parallel.tp,
+                                       act_bytes=shape.act_bytes) for kind in kinds)
 
 
 def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision,
@@ -782,6 +798,8 @@ def _assumptions(
             f"MoE: {routing}; {moe.dispatcher} dispatcher; experts on each rank run on tokens x top-k x etp rows "
             f"at f/etp width; shared experts {'split by TP' if moe.shared_expert_parallel == 'tp' else 'placed with the routed experts'}"
         )
+    if par.cp > 1 and profile.name == "megatron":
+        out.append(describe_cp(job.overlap.cp_comm_types, par.cp))
     if job.overlap.tp:
         out.append(describe_tp_overlap(job.overlap, tokens=b.seq_length // par.cp * b.micro_batch_size,
                                        hidden=model.hidden_size, tp=par.tp, fp8=job.precision.fp8 is not None,

@@ -74,6 +74,8 @@ MODELLED: dict[str, str] = {
                           "GEMMs' 3-stream cuBLAS workspace"),
     "--tp-comm-overlap-cfg": ("per-GEMM userbuffer methods and FP8 buffers (read when the YAML can be opened; "
                               "Transformer Engine's defaults otherwise, as the assumptions say)"),
+    "--cp-comm-type": ("context-parallel attention (Transformer Engine): same saved numel for every type; "
+                       "the backward's ring / all-gather / all-to-all buffers per type"),
     "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall)",
     "--moe-expert-capacity-factor": "MoE expert capacity: tokens each expert receives",
     "--moe-pad-expert-input-to-capacity": "MoE: expert inputs padded to capacity",
@@ -156,10 +158,10 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
       "--no-tp-comm-overlap-ag", "--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs",
       "--disable-tp-comm-overlap-rs", "--no-tp-comm-split-ag", "--disable-tp-comm-split-ag",
       "--no-tp-comm-split-rs", "--disable-tp-comm-split-rs", "--tp-comm-bootstrap-backend")),
-    (_NM, ("context-parallel communication type (p2p / a2a / allgather / hierarchical) changes the "
-          "K/V buffers exchanged; memplan prices ring (p2p) exchange"),
-     ("--cp-comm-type", "--hierarchical-context-parallel-sizes", "--hybrid-context-parallel",
-      "--max-seqlen-per-dp-cp-rank")),
+    (_NONE, ("hierarchical context-parallel group sizes: the a2a+p2p buffers keep the local numel whatever "
+            "the split"), ("--hierarchical-context-parallel-sizes",)),
+    (_NM, "hybrid (per-sequence) context parallelism and its sequence packing are not modelled",
+     ("--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank")),
     (_NM, "DeepEP / HybridEP / NCCL-EP dispatch buffers are not priced",
      ("--moe-enable-deepep", "--moe-flex-dispatcher-backend", "--moe-permute-fusion-into-hybridep",
       "--moe-hybridep-pad-uneven-dispatch-inputs", "--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms",

@@ -38,7 +38,6 @@ _BY_VALUE: dict[tuple[str, str], tuple[Effect, str]] = {
         "not-modelled", ("flex (DeepEP / HybridEP) dispatch buffers are not priced; memplan prices the "
         "all-to-all dispatcher's permuted send and receive buffers instead")),
     ("--cuda-graph-impl", "none"): ("no-memory-effect", "no CUDA graphs (Megatron's default)"),
-    ("--cp-comm-type", "p2p"): ("modelled", "ring (p2p) exchange of K/V, as memplan prices context parallelism"),
     ("--muon-fp32-matmul-prec", "medium"): (
         "modelled", "bf16 Newton-Schulz iterates (Megatron's default), as memplan prices Muon's step"),
     ("--muon-scalar-optimizer", "lion"): (

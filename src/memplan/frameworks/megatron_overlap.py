@@ -1,4 +1,6 @@
-"""Megatron-LM's communication-overlap flags that allocate buffers, as a :class:`~memplan.job.CommOverlap`.
+"""Megatron-LM's communication flags that allocate buffers, as a :class:`~memplan.job.CommOverlap`.
+
+``--cp-comm-type`` picks Transformer Engine's context-parallel attention (its backward buffers).
 
 ``--tp-comm-overlap`` makes Megatron call Transformer Engine's ``initialize_ub``
 (megatron/training/initialize.py ``_initialize_tp_communicators``); ``--tp-comm-overlap-cfg`` names
@@ -12,10 +14,12 @@ others (SMs, CGA size, splits, priorities, aggregation, ``use_ce``) schedule the
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from memplan.errors import ModelConfigError
+from memplan.estimate.cp_attention import CP_COMM_TYPES
 from memplan.frameworks.megatron_model import flag_is_set
 from memplan.job import UB_GEMMS, CommOverlap, UbOverride
 
@@ -26,7 +30,21 @@ _METHODS = ("ring_exchange", "pipeline", "bulk", "external")
 
 
 def comm_overlap(args: Mapping[str, Any]) -> CommOverlap:
-    """The overlap machinery a Megatron launch sets up (TP userbuffers)."""
+    """The overlap machinery a Megatron launch sets up (TP userbuffers, the CP comm types)."""
+    return replace(_tp_overlap(args), cp_comm_types=_cp_comm_types(args))
+
+
+def _cp_comm_types(args: Mapping[str, Any]) -> tuple[str, ...]:
+    """Megatron ``--cp-comm-type`` (nargs='+', default p2p): one type for every layer, or one per layer."""
+    value = args.get("--cp-comm-type", "p2p")
+    kinds = [str(v) for v in value] if isinstance(value, list) else str(value).split()
+    for kind in kinds:
+        if kind not in CP_COMM_TYPES:
+            raise ModelConfigError("--cp-comm-type", f"must be one of {', '.join(CP_COMM_TYPES)}", kind)
+    return tuple(kinds)
+
+
+def _tp_overlap(args: Mapping[str, Any]) -> CommOverlap:
     if not flag_is_set(args, "--tp-comm-overlap"):
         return CommOverlap()
     fp8 = args.get("--fp8-format") is not None or isinstance(args.get("--fp8"), str)
