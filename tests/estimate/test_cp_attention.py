@@ -65,3 +65,9 @@ def test_reader_and_flags() -> None:
     for value in ("p2p", "a2a", "allgather", "a2a+p2p"):
         assert classify("--cp-comm-type", value)[0] == "modelled"  # type: ignore[index]
     assert classify("--hierarchical-context-parallel-sizes")[0] == "no-memory-effect"  # type: ignore[index]
+
+
+def test_the_mask_keeps_its_full_key_dimension() -> None:
+    # int64 tokens, labels and position ids, fp32 loss mask on s/cp tokens; bool mask [b, 1, s/cp, s]
+    local = S // CP
+    assert _stage().input_bytes == (3 * 8 + 4) * local * B + B * local * S

@@ -453,7 +453,7 @@ def _stage_estimate(
             head, layers = 0, ft.full
         other_acts += (layers + head) * dtype_bytes(prec.compute)
         head_copy = head * dtype_bytes(prec.compute)
-    inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
+    inputs = input_bytes(shape, job.framework, job.parallel.cp) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec),
                                      tied=model.tie_word_embeddings)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
