@@ -466,6 +466,8 @@ class Offload:
 
 #: Megatron ``--cp-comm-type`` values.
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+#: Megatron ``--moe-flex-dispatcher-backend`` values.
+FlexBackend = Literal["deepep", "hybridep", "ncclep"]
 #: Transformer Engine userbuffer overlap methods (``initialize_ub`` in transformer_engine/pytorch/module/base.py).
 UbMethod = Literal["ring_exchange", "pipeline", "bulk", "external"]
 #: The GEMMs ``initialize_ub`` makes a userbuffer for.
@@ -504,12 +506,26 @@ class CommOverlap:
     #: Megatron ``--cp-comm-type`` (one for all layers, or one per layer): how Transformer Engine's
     #: context-parallel attention exchanges keys and values (its backward buffers differ).
     cp_comm_types: tuple[CpCommType, ...] = ("p2p",)
+    #: Megatron ``--overlap-moe-expert-parallel-comm``: the combined 1F1B schedule runs one
+    #: micro-batch's forward layers beside another's backward layers.
+    ep_a2a: bool = False
+    #: Megatron ``--moe-flex-dispatcher-backend`` (``flex`` dispatcher only).
+    flex_backend: FlexBackend = "deepep"
+    #: Megatron ``--moe-flex-dispatcher-num-sms``: SMs DeepEP's kernels use (its buffer has a channel
+    #: per two SMs); None: Megatron's 20.
+    flex_num_sms: int | None = None
 
     def __post_init__(self) -> None:
         if not self.cp_comm_types:
             raise JobConfigError("--cp-comm-type", "needs at least one type", self.cp_comm_types)
         for kind in self.cp_comm_types:
             _check_choice("--cp-comm-type", kind, get_args(CpCommType))
+        _check_choice("--moe-flex-dispatcher-backend", self.flex_backend, get_args(FlexBackend))
+        if self.flex_num_sms is not None:
+            _check_int("--moe-flex-dispatcher-num-sms", self.flex_num_sms, minimum=2, maximum=1024)
+            if self.flex_num_sms % 2:
+                raise JobConfigError("--moe-flex-dispatcher-num-sms", "must be even (DeepEP asserts it)",
+                                     self.flex_num_sms)
         names = [o.name for o in self.tp_overrides]
         if len(set(names)) != len(names):
             raise JobConfigError("--tp-comm-overlap-cfg", "names a GEMM twice", ", ".join(names))
@@ -735,6 +751,7 @@ class Job:
         if self.overlap.tp and self.framework != "megatron":
             raise JobConfigError("--tp-comm-overlap", "is Megatron-LM with Transformer Engine; use --framework "
                                  "megatron", f"--framework {self.framework}")
+        self._check_ep_overlap()
         if self.overlap.tp and not (par.tp > 1 and par.sequence_parallel):
             raise JobConfigError("--tp-comm-overlap", "needs tensor parallelism > 1 with --sequence-parallel "
                                  "(Megatron asserts it)", f"tp={par.tp}, sequence_parallel={par.sequence_parallel}")
@@ -742,6 +759,25 @@ class Job:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
                                  self.batch.global_batch_size)
+
+    def _check_ep_overlap(self) -> None:
+        """Megatron's refusals for ``--overlap-moe-expert-parallel-comm`` (transformer_config.py)."""
+        if not self.overlap.ep_a2a:
+            return
+        flag, par = "--overlap-moe-expert-parallel-comm", self.parallel
+        if self.framework != "megatron":
+            raise JobConfigError(flag, "is Megatron-LM's combined 1F1B schedule; use --framework megatron",
+                                 f"--framework {self.framework}")
+        if par.ep == 1:
+            raise JobConfigError(flag, "needs expert parallelism > 1 (Megatron asserts it)", f"ep={par.ep}")
+        if self.moe.dispatcher == "allgather":
+            raise JobConfigError(flag, "needs the alltoall or flex dispatcher (Megatron asserts it)", "allgather")
+        if self.recompute.mode == "full":
+            raise JobConfigError(flag, "cannot be combined with full recompute (Megatron asserts it)", "full")
+        if par.pp > 1 and par.vpp == 1:
+            raise JobConfigError(flag, "needs a virtual pipeline with pipeline parallelism (Megatron asserts one "
+                                 "is set; memplan prices it with --num-virtual-stages-per-pipeline-rank > 1)",
+                                 f"pp={par.pp}, vpp=1")
 
     def _check_offload(self) -> None:
         sh, off = self.sharding, self.offload

@@ -71,14 +71,14 @@ def test_refused_means_the_reader_refuses_it() -> None:
 
 @pytest.mark.parametrize("flag", [
     "--cuda-graph-impl", "--cuda-graph-scope", "--cuda-graph-modules", "--external-cuda-graph",
-    "--enable-cuda-graph", "--fine-grained-activation-offloading", "--muon-use-syrk", "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm"])
+    "--enable-cuda-graph", "--fine-grained-activation-offloading", "--muon-use-syrk"])
 def test_issue_flags_are_stated_not_modelled(flag: str) -> None:
     assert classify(flag, "a2a")[0] == "not-modelled"  # type: ignore[index]
 
 
 def test_value_decides_for_dispatcher_optimizer_and_cuda_graphs() -> None:
     assert classify("--moe-token-dispatcher-type", "alltoall")[0] == "modelled"  # type: ignore[index]
-    assert classify("--moe-token-dispatcher-type", "flex")[0] == "not-modelled"  # type: ignore[index]
+    assert classify("--moe-token-dispatcher-type", "flex")[0] == "modelled"  # type: ignore[index]
     assert classify("--optimizer", "adam")[0] == "modelled"  # type: ignore[index]
     assert classify("--optimizer", "muon")[0] == "modelled"  # type: ignore[index]
     assert classify("--muon-tp-mode", "distributed")[0] == "modelled"  # type: ignore[index]

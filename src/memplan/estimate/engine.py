@@ -28,6 +28,7 @@ from memplan.estimate.autocast import (
 )
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
 from memplan.estimate.cp_attention import describe as describe_cp
+from memplan.estimate.deepep import deepep_buffer_bytes
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
     contiguous_unused_bytes,
@@ -462,7 +463,7 @@ def _stage_estimate(
         workspace += ub_workspace_bytes(job.overlap)
     outside = userbuffers_bytes(job.overlap, tokens=shape.seq * shape.micro_batch, hidden=model.hidden_size,
                                 tp=job.parallel.tp, fp8=job.precision.fp8 is not None,
-                                world_size=job.parallel.world_size)
+                                world_size=job.parallel.world_size) + _deepep_bytes(model, job, layout, shape)
     static = states.parameters + states.gradients + states.master + states.optimizer + workspace
 
     # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
@@ -492,10 +493,18 @@ def _stage_estimate(
     if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
         backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)
     backward_temp += in_backward_temp
+    # Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): the next micro-batch's forward runs
+    # layer by layer beside this backward, so one more layer (and that micro-batch's batch and embedding
+    # output) is alive (megatron/core/models/common/model_chunk_schedule_plan.py).
+    ep_layer = max((keep for _, keep, _ in per_layer), default=0) if job.overlap.ep_a2a else 0
+    ep_inputs = input_bytes(shape, job.framework, job.parallel.cp) if job.overlap.ep_a2a and (
+        layout.has_embedding or layout.has_head) else 0
+    if job.overlap.ep_a2a and layout.has_embedding:
+        ep_layer += embedding_activation_bytes(shape)
     candidates = {
         # A layer's backward: the head's backward has run, so what the final norm, the head (its
         # autocast weight copy included) and the loss saved is released, and its gradient exists.
-        "backward": (backward_layers + other_acts - head_copy, 0, backward_temp, absent),
+        "backward": (backward_layers + other_acts - head_copy + ep_layer, 0, backward_temp + ep_inputs, absent),
         "optimizer step": (0, 0, step_temp, 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
@@ -519,6 +528,10 @@ def _stage_estimate(
         layer_at_peak, inputs_at_peak, acts = 0, 0, 0
     else:
         layer_at_peak, inputs_at_peak = layer_acts, inputs
+    if phase == "backward" and job.overlap.ep_a2a:
+        # the next micro-batch's layer and batch (counted with the temporaries to pick the phase)
+        layer_at_peak += ep_layer
+        temp, inputs_at_peak = temp - ep_inputs, inputs_at_peak + ep_inputs
     peak_alloc = static + comm - not_yet + acts + logit_b + temp + inputs_at_peak
     reserved = _reserved(peak_alloc, fragmentation)
     return StageEstimate(
@@ -579,6 +592,16 @@ def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: Stage
         dense, expert = layer_numel_on_rank(model.layer_param_groups[index], job)
         made += int((dense + expert) * per_param)
     return best
+
+
+def _deepep_bytes(model: ModelSpec, job: Job, layout: StageLayout, shape: ActivationShape) -> int:
+    """DeepEP's buffer, made by the first flex dispatch of a stage with MoE layers (outside the allocator)."""
+    if job.framework != "megatron" or job.moe.dispatcher != "flex" or job.overlap.flex_backend != "deepep":
+        return 0
+    if not any(model.layers[i].moe is not None for i in layout.layer_indices):
+        return 0
+    return deepep_buffer_bytes(hidden=model.hidden_size, act_bytes=shape.act_bytes,
+                               group=job.parallel.expert_tp * job.parallel.ep, num_sms=job.overlap.flex_num_sms)
 
 
 def _cp_backward_extra(model: ModelSpec, job: Job, shape: ActivationShape, index: int) -> int:
@@ -798,6 +821,15 @@ def _assumptions(
             f"MoE: {routing}; {moe.dispatcher} dispatcher; experts on each rank run on tokens x top-k x etp rows "
             f"at f/etp width; shared experts {'split by TP' if moe.shared_expert_parallel == 'tp' else 'placed with the routed experts'}"
         )
+    if model.is_moe and job.moe.dispatcher == "flex" and job.framework == "megatron":
+        out.append("flex dispatcher: " + (
+            f"DeepEP's buffer on the etp x ep group of {par.expert_tp * par.ep} ranks ({job.overlap.flex_num_sms or 20} "
+            "SMs; NVLink receive slots, 32 MiB workspace, RDMA slots past 8 ranks) allocated outside PyTorch's "
+            "allocator (outside_allocator_bytes)" if job.overlap.flex_backend == "deepep" else
+            f"{job.overlap.flex_backend}'s buffers are not priced") + "; tokens priced as the all-to-all dispatcher's")
+    if job.overlap.ep_a2a:
+        out.append("EP all-to-all overlap (combined 1F1B): the next micro-batch's forward runs layer by layer beside "
+                   "each backward, so one more layer's activations and its batch are alive in the backward")
     if par.cp > 1 and profile.name == "megatron":
         out.append(describe_cp(job.overlap.cp_comm_types, par.cp))
     if job.overlap.tp:

@@ -76,7 +76,12 @@ MODELLED: dict[str, str] = {
                               "Transformer Engine's defaults otherwise, as the assumptions say)"),
     "--cp-comm-type": ("context-parallel attention (Transformer Engine): same saved numel for every type; "
                        "the backward's ring / all-gather / all-to-all buffers per type"),
-    "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall)",
+    "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall; flex: DeepEP's buffer)",
+    "--overlap-moe-expert-parallel-comm": ("combined 1F1B schedule: one more layer and batch of the next "
+                                           "micro-batch alive in a backward"),
+    **dict.fromkeys(("--moe-enable-deepep", "--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms"),
+                    "DeepEP's communication buffer (one channel per two SMs; outside PyTorch's allocator)"),
+    "--moe-flex-dispatcher-backend": "flex dispatcher backend: DeepEP's buffer priced",
     "--moe-expert-capacity-factor": "MoE expert capacity: tokens each expert receives",
     "--moe-pad-expert-input-to-capacity": "MoE: expert inputs padded to capacity",
     # Flags of older Megatron-LM versions memplan still reads (OLDER_FLAGS).
@@ -162,15 +167,14 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
             "the split"), ("--hierarchical-context-parallel-sizes",)),
     (_NM, "hybrid (per-sequence) context parallelism and its sequence packing are not modelled",
      ("--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank")),
-    (_NM, "DeepEP / HybridEP / NCCL-EP dispatch buffers are not priced",
-     ("--moe-enable-deepep", "--moe-flex-dispatcher-backend", "--moe-permute-fusion-into-hybridep",
-      "--moe-hybridep-pad-uneven-dispatch-inputs", "--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms",
-      "--moe-hybridep-num-sms", "--moe-hybridep-num-blocks-permute", "--moe-hybridep-num-blocks-unpermute",
+    (_NM, ("HybridEP / NCCL-EP dispatch buffers are not priced (their layouts depend on the backend's build "
+          "and version); DeepEP's is"),
+     ("--moe-permute-fusion-into-hybridep", "--moe-hybridep-pad-uneven-dispatch-inputs", "--moe-hybridep-num-sms", "--moe-hybridep-num-blocks-permute", "--moe-hybridep-num-blocks-unpermute",
       "--moe-hybridep-num-sms-preprocessing", "--moe-ncclep-zero-copy", "--moe-dispatch-fwd-dtype",
       "--moe-combine-bwd-dtype")),
-    (_NM, ("expert-parallel communication overlap runs two micro-batches' layers interleaved; their "
-          "extra live activations are not priced"),
-     ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
+    (_NM, ("expert-parallel overlap options that move when activations and weight gradients are freed "
+          "(delayed wgrad, early attention release) are not priced; the combined 1F1B schedule is"),
+     ("--delay-wgrad-compute",
       "--overlap-dispatch-backward-with-experts-wgrad", "--ep-overlap-early-attn-memory-release",
       "--high-priority-a2a-comm-stream", "--moe-shared-expert-overlap")),
     (_NM, "generalized tensor parallelism (GTP weight sharding and rematerialisation) is not modelled",

@@ -35,8 +35,12 @@ _LIST_FILE = "megatron_flag_list.txt"
 #: (flag, value) pairs whose value changes the classification of a modelled flag.
 _BY_VALUE: dict[tuple[str, str], tuple[Effect, str]] = {
     ("--moe-token-dispatcher-type", "flex"): (
-        "not-modelled", ("flex (DeepEP / HybridEP) dispatch buffers are not priced; memplan prices the "
-        "all-to-all dispatcher's permuted send and receive buffers instead")),
+        "modelled", ("flex: DeepEP's buffer priced outside the allocator (HybridEP / NCCL-EP are reported under "
+        "--moe-flex-dispatcher-backend); the permuted tokens priced as the all-to-all dispatcher's")),
+    ("--moe-flex-dispatcher-backend", "hybridep"): (
+        "not-modelled", "HybridEP's buffers are not priced (their layout depends on the HybridEP build)"),
+    ("--moe-flex-dispatcher-backend", "ncclep"): (
+        "not-modelled", "NCCL-EP's buffers are not priced"),
     ("--cuda-graph-impl", "none"): ("no-memory-effect", "no CUDA graphs (Megatron's default)"),
     ("--muon-fp32-matmul-prec", "medium"): (
         "modelled", "bf16 Newton-Schulz iterates (Megatron's default), as memplan prices Muon's step"),

@@ -1,6 +1,8 @@
 """Megatron-LM's communication flags that allocate buffers, as a :class:`~memplan.job.CommOverlap`.
 
-``--cp-comm-type`` picks Transformer Engine's context-parallel attention (its backward buffers).
+``--cp-comm-type`` picks Transformer Engine's context-parallel attention (its backward buffers);
+``--overlap-moe-expert-parallel-comm`` the combined 1F1B schedule; ``--moe-flex-dispatcher-backend``
+and its SM count the flex dispatcher's communication buffer (DeepEP's).
 
 ``--tp-comm-overlap`` makes Megatron call Transformer Engine's ``initialize_ub``
 (megatron/training/initialize.py ``_initialize_tp_communicators``); ``--tp-comm-overlap-cfg`` names
@@ -27,11 +29,37 @@ __all__ = ["comm_overlap", "ub_overrides"]
 
 _FLAG = "--tp-comm-overlap-cfg"
 _METHODS = ("ring_exchange", "pipeline", "bulk", "external")
+_BACKENDS = ("deepep", "hybridep", "ncclep")
 
 
 def comm_overlap(args: Mapping[str, Any]) -> CommOverlap:
-    """The overlap machinery a Megatron launch sets up (TP userbuffers, the CP comm types)."""
-    return replace(_tp_overlap(args), cp_comm_types=_cp_comm_types(args))
+    """The communication machinery a Megatron launch sets up (TP userbuffers, CP comm types, EP overlap,
+    the flex dispatcher's backend)."""
+    return replace(_tp_overlap(args), cp_comm_types=_cp_comm_types(args),
+                   ep_a2a=flag_is_set(args, "--overlap-moe-expert-parallel-comm"),
+                   flex_backend=_flex_backend(args), flex_num_sms=_flex_num_sms(args))
+
+
+def _flex_backend(args: Mapping[str, Any]) -> str:
+    """``--moe-flex-dispatcher-backend`` (default deepep; the deprecated ``--moe-enable-deepep`` means deepep)."""
+    if flag_is_set(args, "--moe-enable-deepep"):
+        return "deepep"
+    backend = str(args.get("--moe-flex-dispatcher-backend", "deepep"))
+    if backend not in _BACKENDS:
+        raise ModelConfigError("--moe-flex-dispatcher-backend", f"must be one of {', '.join(_BACKENDS)}", backend)
+    return backend
+
+
+def _flex_num_sms(args: Mapping[str, Any]) -> int | None:
+    """``--moe-flex-dispatcher-num-sms``, else the deprecated ``--moe-deepep-num-sms`` Megatron routes to it."""
+    for flag in ("--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms"):
+        value = args.get(flag)
+        if value is not None and value is not True:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                raise ModelConfigError(flag, "must be an integer", value) from None
+    return None
 
 
 def _cp_comm_types(args: Mapping[str, Any]) -> tuple[str, ...]:
