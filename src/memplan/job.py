@@ -464,6 +464,8 @@ class Offload:
     def any(self) -> bool:
         return self.optimizer or self.params or self.activations
 
+#: Megatron ``--transformer-impl`` values.
+TransformerImpl = Literal["transformer_engine", "local"]
 #: Megatron ``--cp-comm-type`` values.
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 #: Megatron ``--moe-flex-dispatcher-backend`` values.
@@ -715,6 +717,9 @@ class Job:
     finetune: FineTuning = field(default_factory=FineTuning)
     #: Communication overlap with buffers of its own (Megatron / Transformer Engine).
     overlap: CommOverlap = field(default_factory=CommOverlap)
+    #: Megatron ``--transformer-impl``: ``local`` layers use Megatron's global memory buffer for their
+    #: sequence-parallel all-gathers and unfused attention scores.
+    transformer_impl: TransformerImpl = "transformer_engine"
 
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
@@ -752,6 +757,10 @@ class Job:
             raise JobConfigError("--tp-comm-overlap", "is Megatron-LM with Transformer Engine; use --framework "
                                  "megatron", f"--framework {self.framework}")
         self._check_ep_overlap()
+        _check_choice("--transformer-impl", self.transformer_impl, get_args(TransformerImpl))
+        if self.transformer_impl == "local" and self.framework != "megatron":
+            raise JobConfigError("--transformer-impl", "local is Megatron-LM's own layer implementation; use "
+                                 "--framework megatron", f"--framework {self.framework}")
         if self.overlap.tp and not (par.tp > 1 and par.sequence_parallel):
             raise JobConfigError("--tp-comm-overlap", "needs tensor parallelism > 1 with --sequence-parallel "
                                  "(Megatron asserts it)", f"tp={par.tp}, sequence_parallel={par.sequence_parallel}")

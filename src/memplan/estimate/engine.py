@@ -62,6 +62,7 @@ from memplan.estimate.finetune import (
     is_finetune,
     stage_finetune,
 )
+from memplan.estimate.global_buffer import local_impl_requests
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.optimizers import (
     SmallTensors,
@@ -458,7 +459,7 @@ def _stage_estimate(
     comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec),
                                      tied=model.tie_word_embeddings)
     workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
-        job, model, layout) + moe_allgather_buffer_bytes(job, model, layout, shape)
+        job, model, layout) + global_buffer_bytes(job, model, layout, shape)
     if layout.layer_indices:
         workspace += ub_workspace_bytes(job.overlap)
     outside = userbuffers_bytes(job.overlap, tokens=shape.seq * shape.micro_batch, hidden=model.hidden_size,
@@ -670,6 +671,16 @@ def grouped_gemm_workspace_bytes(job: Job, model: ModelSpec, layout: StageLayout
     return TE_GROUPED_GEMM_WORKSPACES * TE_GROUPED_GEMM_WORKSPACE_BYTES
 
 
+def global_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, shape: ActivationShape) -> int:
+    """Megatron's ``"mpu"`` global memory buffer: the largest request of the all-gather MoE dispatcher
+    and, under ``--transformer-impl local``, of the layers' sequence-parallel gathers and unfused
+    attention scores (:mod:`memplan.estimate.global_buffer`)."""
+    moe = moe_allgather_buffer_bytes(job, model, layout, shape)
+    if job.framework != "megatron" or job.transformer_impl != "local":
+        return moe
+    return max(moe, local_impl_requests(model, layout.layer_indices, shape, eager_attention=job.attention == "eager"))
+
+
 def moe_allgather_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, shape: ActivationShape) -> int:
     """Megatron's all-gather token dispatcher gathers every token of its expert-TP x EP group into the
     global memory buffer, which is kept for the rest of the run.
@@ -681,7 +692,7 @@ def moe_allgather_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, 
     rank (``s/cp * b``, divided by TP under sequence parallelism) times ``etp * ep`` rows of the hidden
     size in the activation dtype; no gather (and no buffer) when ``etp * ep == 1``. With
     ``--transformer-impl local`` the same buffer also serves the unfused attention scores and the
-    sequence-parallel all-gathers of the linear layers (the largest wins); those are not priced here.
+    sequence-parallel all-gathers of the linear layers (the largest wins: :func:`global_buffer_bytes`).
     """
     if job.framework != "megatron" or job.moe.dispatcher != "allgather":
         return 0
@@ -827,6 +838,10 @@ def _assumptions(
             "SMs; NVLink receive slots, 32 MiB workspace, RDMA slots past 8 ranks) allocated outside PyTorch's "
             "allocator (outside_allocator_bytes)" if job.overlap.flex_backend == "deepep" else
             f"{job.overlap.flex_backend}'s buffers are not priced") + "; tokens priced as the all-to-all dispatcher's")
+    if job.transformer_impl == "local":
+        out.append("--transformer-impl local: Megatron's global memory buffer holds the largest of the layers' "
+                   "sequence-parallel input gathers, the unfused attention's raw scores and the all-gather MoE "
+                   "dispatcher's tokens (workspace)")
     if job.overlap.ep_a2a:
         out.append("EP all-to-all overlap (combined 1F1B): the next micro-batch's forward runs layer by layer beside "
                    "each backward, so one more layer's activations and its batch are alive in the backward")

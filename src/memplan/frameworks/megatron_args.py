@@ -174,7 +174,15 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         moe=_moe_options(args),
         offload=_offload(args),
         overlap=comm_overlap(args),
+        transformer_impl=_transformer_impl(args),
     )
+
+
+def _transformer_impl(args: Mapping[str, Any]) -> str:
+    impl = str(args.get("--transformer-impl", "transformer_engine"))
+    if impl not in ("transformer_engine", "local"):
+        raise ModelConfigError("--transformer-impl", "must be transformer_engine or local", impl)
+    return impl
 
 
 def _moe_options(args: Mapping[str, Any]) -> MoEOptions:

@@ -64,8 +64,10 @@ MODELLED: dict[str, str] = {
     ), _RECOMPUTE),
     **dict.fromkeys(("--optimizer-cpu-offload",
                      "--optimizer-offload-fraction"), _OFFLOAD + " of optimizer states"),
-    **dict.fromkeys(("--attention-backend", "--transformer-impl", "--use-flash-attn"),
+    **dict.fromkeys(("--attention-backend", "--use-flash-attn"),
                     "attention kernel: flash/fused keeps no score matrix, unfused keeps it"),
+    "--transformer-impl": ("attention kernel (local: Megatron's unfused attention unless flash); local layers "
+                           "use Megatron's global memory buffer for their gathers and scores"),
     **dict.fromkeys(("--hidden-dropout", "--attention-dropout"), "dropout masks kept for backward"),
     "--cross-entropy-loss-fusion": "loss: fused cross-entropy keeps no fp32 logits copy",
     "--defer-embedding-wgrad-compute": "deferred embedding weight-gradient inputs kept across micro-batches",
