@@ -91,6 +91,7 @@ from memplan.estimate.states import (
 from memplan.estimate.tp_comm_overlap import describe as describe_tp_overlap
 from memplan.estimate.tp_comm_overlap import ub_workspace_bytes, userbuffers_bytes
 from memplan.frameworks.profiles import (
+    TE_CUBLAS_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACES,
     FrameworkProfile,
@@ -458,7 +459,7 @@ def _stage_estimate(
     inputs = input_bytes(shape, job.framework, job.parallel.cp) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec),
                                      tied=model.tie_word_embeddings)
-    workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
+    workspace = _profile_workspace(job, profile) + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
         job, model, layout) + global_buffer_bytes(job, model, layout, shape)
     if layout.layer_indices:
         workspace += ub_workspace_bytes(job.overlap)
@@ -671,6 +672,14 @@ def grouped_gemm_workspace_bytes(job: Job, model: ModelSpec, layout: StageLayout
     return TE_GROUPED_GEMM_WORKSPACES * TE_GROUPED_GEMM_WORKSPACE_BYTES
 
 
+def _profile_workspace(job: Job, profile: FrameworkProfile) -> int:
+    """The profile's library workspaces; Megatron's local layers run torch matmuls only, so Transformer
+    Engine's cuBLAS workspace (``get_workspace``) is never made under ``--transformer-impl local``."""
+    if job.framework == "megatron" and job.transformer_impl == "local":
+        return profile.workspace_bytes - TE_CUBLAS_WORKSPACE_BYTES
+    return profile.workspace_bytes
+
+
 def global_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, shape: ActivationShape) -> int:
     """Megatron's ``"mpu"`` global memory buffer: the largest request of the all-gather MoE dispatcher
     and, under ``--transformer-impl local``, of the layers' sequence-parallel gathers and unfused
@@ -841,7 +850,8 @@ def _assumptions(
     if job.transformer_impl == "local":
         out.append("--transformer-impl local: Megatron's global memory buffer holds the largest of the layers' "
                    "sequence-parallel input gathers, the unfused attention's raw scores and the all-gather MoE "
-                   "dispatcher's tokens (workspace)")
+                   "dispatcher's tokens (workspace); its layers run torch matmuls, so Transformer Engine's cuBLAS "
+                   "workspace is not made")
     if job.overlap.ep_a2a:
         out.append("EP all-to-all overlap (combined 1F1B): the next micro-batch's forward runs layer by layer beside "
                    "each backward, so one more layer's activations and its batch are alive in the backward")
