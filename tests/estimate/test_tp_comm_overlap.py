@@ -49,6 +49,12 @@ def test_the_overlapped_gemms_workspace_is_in_the_allocator() -> None:
     assert overlap.peak_allocated_bytes - plain.peak_allocated_bytes == three
 
 
+def test_local_layers_get_the_buffers_but_run_no_overlapped_gemm() -> None:
+    local = {"--transformer-impl": "local", "--use-flash-attn": True}
+    assert _stage({**OVERLAP, **local}).workspace_bytes == _stage({**ARGS, **local}).workspace_bytes
+    assert _stage({**OVERLAP, **local}).outside_allocator_bytes == _stage(OVERLAP).outside_allocator_bytes
+
+
 def test_fp8_all_gather_buffers_are_uint8() -> None:
     fp8 = {**OVERLAP, "--fp8-format": "hybrid"}
     # 8 all-gather GEMMs (qkv_fprop/dgrad, proj_dgrad/wgrad, fc1_fprop/dgrad, fc2_dgrad/wgrad) in uint8,

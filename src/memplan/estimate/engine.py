@@ -461,7 +461,8 @@ def _stage_estimate(
                                      tied=model.tie_word_embeddings)
     workspace = _profile_workspace(job, profile) + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
         job, model, layout) + global_buffer_bytes(job, model, layout, shape)
-    if layout.layer_indices:
+    if layout.layer_indices and job.transformer_impl != "local":
+        # made by the first overlapped TE GEMM (local layers have none; the userbuffers exist anyway)
         workspace += ub_workspace_bytes(job.overlap)
     outside = userbuffers_bytes(job.overlap, tokens=shape.seq * shape.micro_batch, hidden=model.hidden_size,
                                 tp=job.parallel.tp, fp8=job.precision.fp8 is not None,
