@@ -464,6 +464,75 @@ class Offload:
     def any(self) -> bool:
         return self.optimizer or self.params or self.activations
 
+#: Megatron ``--transformer-impl`` values.
+TransformerImpl = Literal["transformer_engine", "local"]
+#: Megatron ``--cp-comm-type`` values.
+CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+#: Megatron ``--moe-flex-dispatcher-backend`` values.
+FlexBackend = Literal["deepep", "hybridep", "ncclep"]
+#: Transformer Engine userbuffer overlap methods (``initialize_ub`` in transformer_engine/pytorch/module/base.py).
+UbMethod = Literal["ring_exchange", "pipeline", "bulk", "external"]
+#: The GEMMs ``initialize_ub`` makes a userbuffer for.
+UB_GEMMS = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad", "proj_wgrad",
+            "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad", "fc2_wgrad")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UbOverride:
+    """One GEMM's entry of a ``--tp-comm-overlap-cfg`` YAML (what changes its userbuffer)."""
+
+    name: str
+    method: UbMethod | None = None
+    is_reduce_scatter: bool | None = None
+    fp8_buf: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice("--tp-comm-overlap-cfg", self.name, UB_GEMMS)
+        if self.method is not None:
+            _check_choice(f"--tp-comm-overlap-cfg {self.name}.method", self.method, get_args(UbMethod))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommOverlap:
+    """Communication-overlap machinery that allocates buffers of its own (read from ``--megatron-args``)."""
+
+    #: Megatron ``--tp-comm-overlap``: Transformer Engine's userbuffers (``initialize_ub``) and its
+    #: cuBLAS workspace for the overlapped GEMMs' streams.
+    tp: bool = False
+    #: ``--tp-comm-overlap-cfg``: the YAML's per-GEMM changes to TE's default methods.
+    tp_overrides: tuple[UbOverride, ...] = ()
+    #: Where ``tp_overrides`` came from (the YAML read), or why TE's defaults are priced.
+    tp_config_note: str = ""
+    #: FP8 with ``--first-last-layers-bf16``: Megatron asks for a second, bf16 set of userbuffers.
+    tp_bf16_set: bool = False
+    #: Megatron ``--cp-comm-type`` (one for all layers, or one per layer): how Transformer Engine's
+    #: context-parallel attention exchanges keys and values (its backward buffers differ).
+    cp_comm_types: tuple[CpCommType, ...] = ("p2p",)
+    #: Megatron ``--overlap-moe-expert-parallel-comm``: the combined 1F1B schedule runs one
+    #: micro-batch's forward layers beside another's backward layers.
+    ep_a2a: bool = False
+    #: Megatron ``--moe-flex-dispatcher-backend`` (``flex`` dispatcher only).
+    flex_backend: FlexBackend = "deepep"
+    #: Megatron ``--moe-flex-dispatcher-num-sms``: SMs DeepEP's kernels use (its buffer has a channel
+    #: per two SMs); None: Megatron's 20.
+    flex_num_sms: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.cp_comm_types:
+            raise JobConfigError("--cp-comm-type", "needs at least one type", self.cp_comm_types)
+        for kind in self.cp_comm_types:
+            _check_choice("--cp-comm-type", kind, get_args(CpCommType))
+        _check_choice("--moe-flex-dispatcher-backend", self.flex_backend, get_args(FlexBackend))
+        if self.flex_num_sms is not None:
+            _check_int("--moe-flex-dispatcher-num-sms", self.flex_num_sms, minimum=2, maximum=1024)
+            if self.flex_num_sms % 2:
+                raise JobConfigError("--moe-flex-dispatcher-num-sms", "must be even (DeepEP asserts it)",
+                                     self.flex_num_sms)
+        names = [o.name for o in self.tp_overrides]
+        if len(set(names)) != len(names):
+            raise JobConfigError("--tp-comm-overlap-cfg", "names a GEMM twice", ", ".join(names))
+
+
 #: What ``--lora-targets all-linear`` selects: every linear layer of the decoder, not the output
 #: head (peft's ``INCLUDE_LINEAR_LAYERS_SHORTHAND``).
 ALL_LINEAR = "all-linear"
@@ -646,6 +715,11 @@ class Job:
     offload: Offload = field(default_factory=Offload)
     #: What trains: adapters, frozen and quantized base weights.
     finetune: FineTuning = field(default_factory=FineTuning)
+    #: Communication overlap with buffers of its own (Megatron / Transformer Engine).
+    overlap: CommOverlap = field(default_factory=CommOverlap)
+    #: Megatron ``--transformer-impl``: ``local`` layers use Megatron's global memory buffer for their
+    #: sequence-parallel all-gathers and unfused attention scores.
+    transformer_impl: TransformerImpl = "transformer_engine"
 
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
@@ -678,10 +752,41 @@ class Job:
         if (ds.partition_activations or ds.cpu_checkpointing) and self.offload.activations:
             raise JobConfigError("--offload-activations", "cannot be combined with DeepSpeed's --partition-activations "
                                  "/ --cpu-checkpointing (both move the saved activations); choose one", True)
+        par = self.parallel
+        if self.overlap.tp and self.framework != "megatron":
+            raise JobConfigError("--tp-comm-overlap", "is Megatron-LM with Transformer Engine; use --framework "
+                                 "megatron", f"--framework {self.framework}")
+        self._check_ep_overlap()
+        _check_choice("--transformer-impl", self.transformer_impl, get_args(TransformerImpl))
+        if self.transformer_impl == "local" and self.framework != "megatron":
+            raise JobConfigError("--transformer-impl", "local is Megatron-LM's own layer implementation; use "
+                                 "--framework megatron", f"--framework {self.framework}")
+        if self.overlap.tp and not (par.tp > 1 and par.sequence_parallel):
+            raise JobConfigError("--tp-comm-overlap", "needs tensor parallelism > 1 with --sequence-parallel "
+                                 "(Megatron asserts it)", f"tp={par.tp}, sequence_parallel={par.sequence_parallel}")
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
                                  self.batch.global_batch_size)
+
+    def _check_ep_overlap(self) -> None:
+        """Megatron's refusals for ``--overlap-moe-expert-parallel-comm`` (transformer_config.py)."""
+        if not self.overlap.ep_a2a:
+            return
+        flag, par = "--overlap-moe-expert-parallel-comm", self.parallel
+        if self.framework != "megatron":
+            raise JobConfigError(flag, "is Megatron-LM's combined 1F1B schedule; use --framework megatron",
+                                 f"--framework {self.framework}")
+        if par.ep == 1:
+            raise JobConfigError(flag, "needs expert parallelism > 1 (Megatron asserts it)", f"ep={par.ep}")
+        if self.moe.dispatcher == "allgather":
+            raise JobConfigError(flag, "needs the alltoall or flex dispatcher (Megatron asserts it)", "allgather")
+        if self.recompute.mode == "full":
+            raise JobConfigError(flag, "cannot be combined with full recompute (Megatron asserts it)", "full")
+        if par.pp > 1 and par.vpp == 1:
+            raise JobConfigError(flag, "needs a virtual pipeline with pipeline parallelism (Megatron asserts one "
+                                 "is set; memplan prices it with --num-virtual-stages-per-pipeline-rank > 1)",
+                                 f"pp={par.pp}, vpp=1")
 
     def _check_offload(self) -> None:
         sh, off = self.sharding, self.offload

@@ -119,7 +119,8 @@ def _load_benchmark():
 @pytest.mark.skipif(not REFERENCE.exists(), reason="shared reference data not present beside the checkout")
 def test_accuracy_on_dense_megatron_ci_cases():
     """Dense cases with a recorded world size: median |error| <= 1.5% (issue 13 asks 2.5%); no case
-    worse than 25% (the issue's 12% is not met: the TP-comm-overlap FP8 case is -12.9%)."""
+    worse than 12% (issue 13's target; the TP-comm-overlap FP8 case, -12.9% before TE's userbuffer
+    workspace was priced, is -1.5%)."""
     bench = _load_benchmark()
     cases = [c for c in json.loads(REFERENCE.read_text())["cases"] if bench.in_scope(c)]
     rows = [bench.evaluate(c) for c in cases]
@@ -127,7 +128,7 @@ def test_accuracy_on_dense_megatron_ci_cases():
     assert len(compared) >= 40
     errors = [abs(r["rel_error"]) for r in compared]
     assert statistics.median(errors) <= 0.015
-    assert max(errors) <= 0.25
+    assert max(errors) <= 0.12
 
 
 @pytest.mark.skipif(not REFERENCE.exists(), reason="shared reference data not present beside the checkout")

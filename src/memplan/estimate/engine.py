@@ -26,6 +26,9 @@ from memplan.estimate.autocast import (
     layer_weight_copy_numel,
     tied_embedding_gradient_sum_bytes,
 )
+from memplan.estimate.cp_attention import cp_backward_extra_bytes
+from memplan.estimate.cp_attention import describe as describe_cp
+from memplan.estimate.deepep import deepep_buffer_bytes
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
     contiguous_unused_bytes,
@@ -59,6 +62,7 @@ from memplan.estimate.finetune import (
     is_finetune,
     stage_finetune,
 )
+from memplan.estimate.global_buffer import local_impl_requests
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.optimizers import (
     SmallTensors,
@@ -84,7 +88,10 @@ from memplan.estimate.states import (
     stage_params,
     state_bytes,
 )
+from memplan.estimate.tp_comm_overlap import describe as describe_tp_overlap
+from memplan.estimate.tp_comm_overlap import ub_workspace_bytes, userbuffers_bytes
 from memplan.frameworks.profiles import (
+    TE_CUBLAS_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACES,
     FrameworkProfile,
@@ -380,6 +387,7 @@ def _stage_estimate(
         kept = cpu_kept = 0
         for index in chunk:
             keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
+            transient += _cp_backward_extra(model, job, shape, index)
             if ft is None:
                 transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
             else:
@@ -448,11 +456,17 @@ def _stage_estimate(
             head, layers = 0, ft.full
         other_acts += (layers + head) * dtype_bytes(prec.compute)
         head_copy = head * dtype_bytes(prec.compute)
-    inputs = input_bytes(shape, job.framework) * inflight if (layout.has_embedding or layout.has_head) else 0
+    inputs = input_bytes(shape, job.framework, job.parallel.cp) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec),
                                      tied=model.tie_word_embeddings)
-    workspace = profile.workspace_bytes + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
-        job, model, layout) + moe_allgather_buffer_bytes(job, model, layout, shape)
+    workspace = _profile_workspace(job, profile) + fp8_scaling_bytes(job, model, layout) + grouped_gemm_workspace_bytes(
+        job, model, layout) + global_buffer_bytes(job, model, layout, shape)
+    if layout.layer_indices and job.transformer_impl != "local":
+        # made by the first overlapped TE GEMM (local layers have none; the userbuffers exist anyway)
+        workspace += ub_workspace_bytes(job.overlap)
+    outside = userbuffers_bytes(job.overlap, tokens=shape.seq * shape.micro_batch, hidden=model.hidden_size,
+                                tp=job.parallel.tp, fp8=job.precision.fp8 is not None,
+                                world_size=job.parallel.world_size) + _deepep_bytes(model, job, layout, shape)
     static = states.parameters + states.gradients + states.master + states.optimizer + workspace
 
     # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
@@ -482,10 +496,18 @@ def _stage_estimate(
     if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
         backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)
     backward_temp += in_backward_temp
+    # Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): the next micro-batch's forward runs
+    # layer by layer beside this backward, so one more layer (and that micro-batch's batch and embedding
+    # output) is alive (megatron/core/models/common/model_chunk_schedule_plan.py).
+    ep_layer = max((keep for _, keep, _ in per_layer), default=0) if job.overlap.ep_a2a else 0
+    ep_inputs = input_bytes(shape, job.framework, job.parallel.cp) if job.overlap.ep_a2a and (
+        layout.has_embedding or layout.has_head) else 0
+    if job.overlap.ep_a2a and layout.has_embedding:
+        ep_layer += embedding_activation_bytes(shape)
     candidates = {
         # A layer's backward: the head's backward has run, so what the final norm, the head (its
         # autocast weight copy included) and the loss saved is released, and its gradient exists.
-        "backward": (backward_layers + other_acts - head_copy, 0, backward_temp, absent),
+        "backward": (backward_layers + other_acts - head_copy + ep_layer, 0, backward_temp + ep_inputs, absent),
         "optimizer step": (0, 0, step_temp, 0),
         # The end of the backward: every gradient, activations freed, a tied embedding's two
         # gradients being summed.
@@ -509,6 +531,10 @@ def _stage_estimate(
         layer_at_peak, inputs_at_peak, acts = 0, 0, 0
     else:
         layer_at_peak, inputs_at_peak = layer_acts, inputs
+    if phase == "backward" and job.overlap.ep_a2a:
+        # the next micro-batch's layer and batch (counted with the temporaries to pick the phase)
+        layer_at_peak += ep_layer
+        temp, inputs_at_peak = temp - ep_inputs, inputs_at_peak + ep_inputs
     peak_alloc = static + comm - not_yet + acts + logit_b + temp + inputs_at_peak
     reserved = _reserved(peak_alloc, fragmentation)
     return StageEstimate(
@@ -545,6 +571,7 @@ def _stage_estimate(
         saved_logits_bytes=saved_logits,
         max_communication_bytes=max(comm_at.values()),
         paged_optimizer_bytes=states.paged_optimizer,
+        outside_allocator_bytes=outside,
     )
 
 
@@ -568,6 +595,29 @@ def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: Stage
         dense, expert = layer_numel_on_rank(model.layer_param_groups[index], job)
         made += int((dense + expert) * per_param)
     return best
+
+
+def _deepep_bytes(model: ModelSpec, job: Job, layout: StageLayout, shape: ActivationShape) -> int:
+    """DeepEP's buffer, made by the first flex dispatch of a stage with MoE layers (outside the allocator)."""
+    if job.framework != "megatron" or job.moe.dispatcher != "flex" or job.overlap.flex_backend != "deepep":
+        return 0
+    if not any(model.layers[i].moe is not None for i in layout.layer_indices):
+        return 0
+    return deepep_buffer_bytes(hidden=model.hidden_size, act_bytes=shape.act_bytes,
+                               group=job.parallel.expert_tp * job.parallel.ep, num_sms=job.overlap.flex_num_sms)
+
+
+def _cp_backward_extra(model: ModelSpec, job: Job, shape: ActivationShape, index: int) -> int:
+    """Transformer Engine's context-parallel buffers in the attention backward of layer ``index``
+    (Megatron only): its own ``--cp-comm-type`` when one is given per layer, else the worst of them."""
+    kinds = job.overlap.cp_comm_types
+    if job.framework != "megatron" or job.parallel.cp == 1:
+        return 0
+    if len(kinds) == model.num_layers:
+        kinds = (kinds[index],)
+    return max(cp_backward_extra_bytes(model.layers[index].attention, kind, cp=job.parallel.cp,
+                                       tokens=shape.seq * shape.micro_batch, tp=job.parallel.tp,
+                                       act_bytes=shape.act_bytes) for kind in kinds)
 
 
 def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision,
@@ -623,6 +673,24 @@ def grouped_gemm_workspace_bytes(job: Job, model: ModelSpec, layout: StageLayout
     return TE_GROUPED_GEMM_WORKSPACES * TE_GROUPED_GEMM_WORKSPACE_BYTES
 
 
+def _profile_workspace(job: Job, profile: FrameworkProfile) -> int:
+    """The profile's library workspaces; Megatron's local layers run torch matmuls only, so Transformer
+    Engine's cuBLAS workspace (``get_workspace``) is never made under ``--transformer-impl local``."""
+    if job.framework == "megatron" and job.transformer_impl == "local":
+        return profile.workspace_bytes - TE_CUBLAS_WORKSPACE_BYTES
+    return profile.workspace_bytes
+
+
+def global_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, shape: ActivationShape) -> int:
+    """Megatron's ``"mpu"`` global memory buffer: the largest request of the all-gather MoE dispatcher
+    and, under ``--transformer-impl local``, of the layers' sequence-parallel gathers and unfused
+    attention scores (:mod:`memplan.estimate.global_buffer`)."""
+    moe = moe_allgather_buffer_bytes(job, model, layout, shape)
+    if job.framework != "megatron" or job.transformer_impl != "local":
+        return moe
+    return max(moe, local_impl_requests(model, layout.layer_indices, shape, eager_attention=job.attention == "eager"))
+
+
 def moe_allgather_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, shape: ActivationShape) -> int:
     """Megatron's all-gather token dispatcher gathers every token of its expert-TP x EP group into the
     global memory buffer, which is kept for the rest of the run.
@@ -634,7 +702,7 @@ def moe_allgather_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, 
     rank (``s/cp * b``, divided by TP under sequence parallelism) times ``etp * ep`` rows of the hidden
     size in the activation dtype; no gather (and no buffer) when ``etp * ep == 1``. With
     ``--transformer-impl local`` the same buffer also serves the unfused attention scores and the
-    sequence-parallel all-gathers of the linear layers (the largest wins); those are not priced here.
+    sequence-parallel all-gathers of the linear layers (the largest wins: :func:`global_buffer_bytes`).
     """
     if job.framework != "megatron" or job.moe.dispatcher != "allgather":
         return 0
@@ -774,6 +842,26 @@ def _assumptions(
             f"MoE: {routing}; {moe.dispatcher} dispatcher; experts on each rank run on tokens x top-k x etp rows "
             f"at f/etp width; shared experts {'split by TP' if moe.shared_expert_parallel == 'tp' else 'placed with the routed experts'}"
         )
+    if model.is_moe and job.moe.dispatcher == "flex" and job.framework == "megatron":
+        out.append("flex dispatcher: " + (
+            f"DeepEP's buffer on the etp x ep group of {par.expert_tp * par.ep} ranks ({job.overlap.flex_num_sms or 20} "
+            "SMs; NVLink receive slots, 32 MiB workspace, RDMA slots past 8 ranks) allocated outside PyTorch's "
+            "allocator (outside_allocator_bytes)" if job.overlap.flex_backend == "deepep" else
+            f"{job.overlap.flex_backend}'s buffers are not priced") + "; tokens priced as the all-to-all dispatcher's")
+    if job.transformer_impl == "local":
+        out.append("--transformer-impl local: Megatron's global memory buffer holds the largest of the layers' "
+                   "sequence-parallel input gathers, the unfused attention's raw scores and the all-gather MoE "
+                   "dispatcher's tokens (workspace); its layers run torch matmuls, so Transformer Engine's cuBLAS "
+                   "workspace is not made")
+    if job.overlap.ep_a2a:
+        out.append("EP all-to-all overlap (combined 1F1B): the next micro-batch's forward runs layer by layer beside "
+                   "each backward, so one more layer's activations and its batch are alive in the backward")
+    if par.cp > 1 and profile.name == "megatron":
+        out.append(describe_cp(job.overlap.cp_comm_types, par.cp))
+    if job.overlap.tp:
+        out.append(describe_tp_overlap(job.overlap, tokens=b.seq_length // par.cp * b.micro_batch_size,
+                                       hidden=model.hidden_size, tp=par.tp, fp8=job.precision.fp8 is not None,
+                                       world_size=par.world_size))
     if job.mtp_layers:
         out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like the last, "
                    "a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")

@@ -189,12 +189,17 @@ def deferred_wgrad_bytes(job: Job, shape: ActivationShape, vocab_rows: int) -> i
     return max(0, finished) * per_microbatch
 
 
-def input_bytes(shape: ActivationShape, framework: str) -> int:
-    """The batch on the GPU: token ids and labels (Megatron adds a loss mask and an s*s mask)."""
+def input_bytes(shape: ActivationShape, framework: str, cp: int = 1) -> int:
+    """The batch on the GPU: token ids and labels (Megatron adds a loss mask and an s*s mask).
+
+    Under context parallelism Megatron keeps each rank's ``s / cp`` tokens of every tensor, but only
+    the query rows of the mask: ``[b, 1, s / cp, s]`` (megatron/core/utils.py
+    ``_get_batch_on_this_cp_rank_per_sequence_balancing`` slices the mask along dimension 2).
+    """
     s, b = shape.seq, shape.micro_batch
     base = 2 * _INT64 * s * b
     if framework == "megatron":
-        base += _INT64 * s * b + _FP32 * s * b + b * s * shape.kv_seq
+        base += _INT64 * s * b + _FP32 * s * b + b * s * shape.kv_seq * cp
     return base
 
 

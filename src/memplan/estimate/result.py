@@ -73,6 +73,9 @@ class StageEstimate:
     #: bitsandbytes paged optimizer states: in CUDA unified memory (cudaMallocManaged), outside
     #: PyTorch's caching allocator, so not in the peaks above; paged to CPU under memory pressure.
     paged_optimizer_bytes: int = 0
+    #: Device memory libraries allocate outside PyTorch's caching allocator (Transformer Engine
+    #: userbuffers): not in the peaks above, but taken from the GPU for the whole run.
+    outside_allocator_bytes: int = 0
 
     @property
     def cpu_bytes(self) -> int:
@@ -153,18 +156,24 @@ class Estimate:
         return max((s.paged_optimizer_bytes for s in self.stages), default=0)
 
     @property
+    def outside_allocator_bytes(self) -> int:
+        """Library buffers outside PyTorch's allocator on the most demanding GPU (0 unless any)."""
+        return max((s.outside_allocator_bytes for s in self.stages), default=0)
+
+    @property
     def fits(self) -> bool | None:
-        """Whether the peak reserved memory fits the GPU's usable memory (None without a GPU)."""
+        """Whether the peak reserved memory, with the library buffers outside the allocator, fits the
+        GPU's usable memory (None without a GPU)."""
         if self.gpu is None:
             return None
-        return self.peak_reserved_bytes <= self.gpu.usable_bytes
+        return self.headroom_bytes is not None and self.headroom_bytes >= 0
 
     @property
     def headroom_bytes(self) -> int | None:
         """Usable GPU memory left at the peak (negative: short by that much)."""
         if self.gpu is None:
             return None
-        return self.gpu.usable_bytes - self.peak_reserved_bytes
+        return self.gpu.usable_bytes - max(s.peak_reserved_bytes + s.outside_allocator_bytes for s in self.stages)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; every byte value is an int."""
@@ -179,6 +188,7 @@ class Estimate:
             "peak_stage": self.peak_stage,
             "peak_cpu_bytes": self.peak_cpu_bytes,
             "paged_optimizer_bytes": self.paged_optimizer_bytes,
+            "outside_allocator_bytes": self.outside_allocator_bytes,
             "fragmentation": self.fragmentation,
             "stages": [s.to_dict() for s in self.stages],
             "assumptions": list(self.assumptions),

@@ -21,6 +21,7 @@ from memplan.errors import ModelConfigError, UnsupportedError
 from memplan.frameworks.megatron_flags import megatron_settings
 from memplan.frameworks.megatron_launch import parse_megatron_args, read_megatron_args_file
 from memplan.frameworks.megatron_model import flag_is_set, megatron_model_spec, pipeline_layout_chunks
+from memplan.frameworks.megatron_overlap import comm_overlap
 from memplan.frameworks.shell_script import unresolved_hint
 from memplan.job import (
     Batch,
@@ -172,7 +173,16 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         mtp_layers=_int(args, "--mtp-num-layers", 0) or 0,
         moe=_moe_options(args),
         offload=_offload(args),
+        overlap=comm_overlap(args),
+        transformer_impl=_transformer_impl(args),
     )
+
+
+def _transformer_impl(args: Mapping[str, Any]) -> str:
+    impl = str(args.get("--transformer-impl", "transformer_engine"))
+    if impl not in ("transformer_engine", "local"):
+        raise ModelConfigError("--transformer-impl", "must be transformer_engine or local", impl)
+    return impl
 
 
 def _moe_options(args: Mapping[str, Any]) -> MoEOptions:

@@ -64,13 +64,26 @@ MODELLED: dict[str, str] = {
     ), _RECOMPUTE),
     **dict.fromkeys(("--optimizer-cpu-offload",
                      "--optimizer-offload-fraction"), _OFFLOAD + " of optimizer states"),
-    **dict.fromkeys(("--attention-backend", "--transformer-impl", "--use-flash-attn"),
+    **dict.fromkeys(("--attention-backend", "--use-flash-attn"),
                     "attention kernel: flash/fused keeps no score matrix, unfused keeps it"),
+    "--transformer-impl": ("attention kernel (local: Megatron's unfused attention unless flash); local layers "
+                           "use Megatron's global memory buffer for their gathers and scores"),
     **dict.fromkeys(("--hidden-dropout", "--attention-dropout"), "dropout masks kept for backward"),
     "--cross-entropy-loss-fusion": "loss: fused cross-entropy keeps no fp32 logits copy",
     "--defer-embedding-wgrad-compute": "deferred embedding weight-gradient inputs kept across micro-batches",
     "--wgrad-deferral-limit": "how many micro-batches of deferred embedding inputs are kept",
-    "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall)",
+    "--tp-comm-overlap": ("Transformer Engine userbuffers (outside PyTorch's allocator) and the overlapped "
+                          "GEMMs' 3-stream cuBLAS workspace"),
+    "--tp-comm-overlap-cfg": ("per-GEMM userbuffer methods and FP8 buffers (read when the YAML can be opened; "
+                              "Transformer Engine's defaults otherwise, as the assumptions say)"),
+    "--cp-comm-type": ("context-parallel attention (Transformer Engine): same saved numel for every type; "
+                       "the backward's ring / all-gather / all-to-all buffers per type"),
+    "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall; flex: DeepEP's buffer)",
+    "--overlap-moe-expert-parallel-comm": ("combined 1F1B schedule: one more layer and batch of the next "
+                                           "micro-batch alive in a backward"),
+    **dict.fromkeys(("--moe-enable-deepep", "--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms"),
+                    "DeepEP's communication buffer (one channel per two SMs; outside PyTorch's allocator)"),
+    "--moe-flex-dispatcher-backend": "flex dispatcher backend: DeepEP's buffer priced",
     "--moe-expert-capacity-factor": "MoE expert capacity: tokens each expert receives",
     "--moe-pad-expert-input-to-capacity": "MoE: expert inputs padded to capacity",
     # Flags of older Megatron-LM versions memplan still reads (OLDER_FLAGS).
@@ -144,26 +157,26 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
     (_NM, "frozen layers keep no gradients or optimizer states; memplan trains every parameter",
      ("--freeze-all-layers",)),
     # Tensor / context / expert parallel communication.
-    (_NM, ("Transformer Engine TP communication overlap: userbuffers for all-gather / reduce-scatter "
-          "overlap are not priced"),
-     ("--tp-comm-overlap", "--tp-comm-overlap-cfg", "--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-wgrad",
+    (_NONE, ("TP communication overlap switch: Transformer Engine's initialize_ub allocates every GEMM's "
+            "userbuffer whatever it says (it picks which GEMMs use them); the bootstrap backend only exchanges "
+            "handles"),
+     ("--tp-comm-overlap-rs-dgrad", "--no-tp-comm-bulk-wgrad",
       "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-dgrad",
       "--no-tp-comm-overlap-ag", "--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs",
       "--disable-tp-comm-overlap-rs", "--no-tp-comm-split-ag", "--disable-tp-comm-split-ag",
       "--no-tp-comm-split-rs", "--disable-tp-comm-split-rs", "--tp-comm-bootstrap-backend")),
-    (_NM, ("context-parallel communication type (p2p / a2a / allgather / hierarchical) changes the "
-          "K/V buffers exchanged; memplan prices ring (p2p) exchange"),
-     ("--cp-comm-type", "--hierarchical-context-parallel-sizes", "--hybrid-context-parallel",
-      "--max-seqlen-per-dp-cp-rank")),
-    (_NM, "DeepEP / HybridEP / NCCL-EP dispatch buffers are not priced",
-     ("--moe-enable-deepep", "--moe-flex-dispatcher-backend", "--moe-permute-fusion-into-hybridep",
-      "--moe-hybridep-pad-uneven-dispatch-inputs", "--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms",
-      "--moe-hybridep-num-sms", "--moe-hybridep-num-blocks-permute", "--moe-hybridep-num-blocks-unpermute",
+    (_NONE, ("hierarchical context-parallel group sizes: the a2a+p2p buffers keep the local numel whatever "
+            "the split"), ("--hierarchical-context-parallel-sizes",)),
+    (_NM, "hybrid (per-sequence) context parallelism and its sequence packing are not modelled",
+     ("--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank")),
+    (_NM, ("HybridEP / NCCL-EP dispatch buffers are not priced (their layouts depend on the backend's build "
+          "and version); DeepEP's is"),
+     ("--moe-permute-fusion-into-hybridep", "--moe-hybridep-pad-uneven-dispatch-inputs", "--moe-hybridep-num-sms", "--moe-hybridep-num-blocks-permute", "--moe-hybridep-num-blocks-unpermute",
       "--moe-hybridep-num-sms-preprocessing", "--moe-ncclep-zero-copy", "--moe-dispatch-fwd-dtype",
       "--moe-combine-bwd-dtype")),
-    (_NM, ("expert-parallel communication overlap runs two micro-batches' layers interleaved; their "
-          "extra live activations are not priced"),
-     ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
+    (_NM, ("expert-parallel overlap options that move when activations and weight gradients are freed "
+          "(delayed wgrad, early attention release) are not priced; the combined 1F1B schedule is"),
+     ("--delay-wgrad-compute",
       "--overlap-dispatch-backward-with-experts-wgrad", "--ep-overlap-early-attn-memory-release",
       "--high-priority-a2a-comm-stream", "--moe-shared-expert-overlap")),
     (_NM, "generalized tensor parallelism (GTP weight sharding and rematerialisation) is not modelled",

@@ -8,7 +8,7 @@ so that a launch given to ``--megatron-args`` reports each flag it holds
 flags do; a few whole families share one rule (:data:`_FAMILIES`: logging, checkpointing, data
 loading, inference serving...), each stating why. Example::
 
-    >>> classify("--tp-comm-overlap", True)[0]
+    >>> classify("--external-cuda-graph", True)[0]
     'not-modelled'
     >>> classify("--num-layers", 32)[0]
     'modelled'
@@ -35,10 +35,13 @@ _LIST_FILE = "megatron_flag_list.txt"
 #: (flag, value) pairs whose value changes the classification of a modelled flag.
 _BY_VALUE: dict[tuple[str, str], tuple[Effect, str]] = {
     ("--moe-token-dispatcher-type", "flex"): (
-        "not-modelled", ("flex (DeepEP / HybridEP) dispatch buffers are not priced; memplan prices the "
-        "all-to-all dispatcher's permuted send and receive buffers instead")),
+        "modelled", ("flex: DeepEP's buffer priced outside the allocator (HybridEP / NCCL-EP are reported under "
+        "--moe-flex-dispatcher-backend); the permuted tokens priced as the all-to-all dispatcher's")),
+    ("--moe-flex-dispatcher-backend", "hybridep"): (
+        "not-modelled", "HybridEP's buffers are not priced (their layout depends on the HybridEP build)"),
+    ("--moe-flex-dispatcher-backend", "ncclep"): (
+        "not-modelled", "NCCL-EP's buffers are not priced"),
     ("--cuda-graph-impl", "none"): ("no-memory-effect", "no CUDA graphs (Megatron's default)"),
-    ("--cp-comm-type", "p2p"): ("modelled", "ring (p2p) exchange of K/V, as memplan prices context parallelism"),
     ("--muon-fp32-matmul-prec", "medium"): (
         "modelled", "bf16 Newton-Schulz iterates (Megatron's default), as memplan prices Muon's step"),
     ("--muon-scalar-optimizer", "lion"): (

@@ -135,6 +135,8 @@ def training_split(est: Estimate) -> str:
         out = f" ({trainable / 1e9:,.3f} B trainable, {frozen / 1e9:,.2f} B frozen)"
     if est.paged_optimizer_bytes:
         out += f" · {_gib(est.paged_optimizer_bytes)} GiB paged optimizer states (outside the allocator)"
+    if est.outside_allocator_bytes:
+        out += f" · {_gib(est.outside_allocator_bytes)} GiB library buffers outside the allocator"
     return out
 
 
