@@ -1,0 +1,171 @@
+"""``diagnose``: why a job ran out of GPU memory and the cheapest fix that works.
+
+Example::
+
+    >>> from memplan.doctor import diagnose
+    >>> report = diagnose("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    ...     "79.15 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.90 GiB "
+    ...     "memory in use. Of the allocated memory 66.12 GiB is allocated by PyTorch, and 9.82 GiB is "
+    ...     "reserved by PyTorch but unallocated.")
+    >>> report.verdict
+    'fragmentation'
+
+Inputs, alone or together: the OOM message; a snapshot (pickle path, ``torch.cuda.memory._snapshot()``
+dict, or loaded) or a memplan trace; a job (for fixes that change the job). The memory the allocator
+may use comes from ``capacity_bytes``, else the message (reserved + free at the OOM, or its
+``allowed`` cap), else the GPU's usable memory. Known limitations: a message alone cannot replay the
+allocator (allocator fixes are then checked by arithmetic, not verified); a snapshot without
+``Optimizer.step`` annotations has no iterations, so no growth can be seen in it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from memplan.alloc.settings import AllocatorSettings
+from memplan.alloc.snapshot import Snapshot
+from memplan.doctor.findings import (
+    message_findings,
+    rank_findings,
+    replay_findings,
+    snapshot_findings,
+    trace_findings,
+)
+from memplan.doctor.inputs import SnapshotInput, read_snapshot
+from memplan.doctor.message import OOMMessage, parse_oom_message
+from memplan.doctor.report import DoctorReport, Finding, Fix, rank_fixes
+from memplan.doctor.trace_facts import trace_facts
+from memplan.events import Trace, read_trace
+
+__all__ = ["diagnose"]
+
+
+def diagnose(
+    message: str | OOMMessage | None = None,
+    *,
+    snapshot: Snapshot | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    trace: Trace | str | os.PathLike[str] | None = None,
+    job: Any = None,
+    gpu: str | None = None,
+    capacity_bytes: int | None = None,
+    settings: AllocatorSettings | None = None,
+    verify: bool = True,
+) -> DoctorReport:
+    """Diagnose an out-of-memory (or a run at risk of one) and rank verified fixes.
+
+    ``job``: a :class:`memplan.inputs.LoadedJob` (or :class:`~memplan.inputs.JobRequest`) for job
+    fixes; ``gpu``: a catalogue GPU name (capacity and step-time data); ``settings``: the
+    ``PYTORCH_CUDA_ALLOC_CONF`` the run used (default: the snapshot's recorded one, else PyTorch's
+    defaults); ``verify=False`` skips every re-simulation and re-estimate (findings only).
+    Raises :class:`~memplan.errors.ConfigError` for unreadable or malformed inputs.
+    """
+    inputs: list[str] = []
+    notes: list[str] = []
+    msg = parse_oom_message(message) if isinstance(message, str) else message
+    if msg is not None:
+        inputs.append("message")
+    snap = read_snapshot(snapshot) if snapshot is not None else None
+    if snap is not None:
+        inputs.append("snapshot")
+    events = _trace(trace, snap)
+    if isinstance(trace, (Trace, str, os.PathLike)):
+        inputs.append("trace")
+    loaded = _loaded_job(job)
+    if loaded is not None:
+        inputs.append("job")
+    gpu = gpu or (loaded.gpu if loaded is not None else None)
+    capacity, capacity_source = _capacity(capacity_bytes, msg, gpu)
+    base_settings = settings or (snap.snapshot.settings if snap is not None else None) or AllocatorSettings()
+
+    findings: list[Finding] = []
+    if msg is not None:
+        findings.extend(message_findings(msg))
+    replay = None
+    if events is not None and capacity is not None and verify:
+        from memplan.doctor.replay import replay_trace
+
+        replay = replay_trace(events, base_settings.with_changes(capacity=capacity))
+        findings.extend(replay_findings(replay, capacity))
+    if snap is not None and (snap.trace is None or msg is not None):
+        findings.extend(snapshot_findings(snap.snapshot, msg.requested.bytes if msg is not None else None))
+    if events is not None:
+        sites = snap.sites if snap is not None and events is snap.trace else ()
+        categories_known = snap is None or events is not snap.trace
+        facts = trace_facts(events.events, site_of=(lambda i: sites[i] or "?") if sites else None,
+                            categories_known=categories_known)
+        findings.extend(trace_findings(facts, "snapshot" if not categories_known else "trace"))
+    ranked = rank_findings(findings)
+    if not inputs:
+        notes.append("nothing to diagnose: give an OOM message, a snapshot or trace, or a job")
+    if events is not None and capacity is None:
+        notes.append("no capacity (give the OOM message, --gpu or --capacity): the trace was not replayed")
+    fixes = _fixes(ranked, msg, events, replay, base_settings, capacity, loaded, gpu, notes) if verify else ()
+    return DoctorReport(verdict=_verdict(ranked, events, snap), findings=ranked, fixes=fixes, inputs=tuple(inputs),
+                        message=msg, capacity_bytes=capacity, capacity_source=capacity_source, notes=tuple(notes))
+
+
+def _trace(trace: Trace | str | os.PathLike[str] | None, snap: SnapshotInput | None) -> Trace | None:
+    if isinstance(trace, Trace):
+        return trace
+    if trace is not None:
+        return read_trace(trace)
+    return snap.trace if snap is not None else None
+
+
+def _loaded_job(job: Any) -> Any:
+    if job is None:
+        return None
+    from memplan.inputs import JobRequest, LoadedJob, load_job
+
+    if isinstance(job, JobRequest):
+        return load_job(job)
+    if isinstance(job, LoadedJob):
+        return job
+    from memplan.errors import ConfigError
+
+    raise ConfigError("job", "must be a memplan.inputs.LoadedJob or JobRequest", type(job).__name__)
+
+
+def _capacity(capacity_bytes: int | None, msg: OOMMessage | None, gpu: str | None) -> tuple[int | None, str]:
+    if capacity_bytes is not None:
+        if capacity_bytes <= 0:
+            from memplan.errors import ConfigError
+
+            raise ConfigError("capacity", "must be a positive number of bytes", capacity_bytes)
+        return capacity_bytes, "given"
+    if msg is not None:
+        return msg.pytorch_limit_bytes, "message: reserved + free" + (" (allowed cap)" if msg.allowed else "")
+    if gpu is not None:
+        from memplan.gpus import get_gpu
+
+        return get_gpu(gpu).usable_bytes, f"GPU {gpu}: usable bytes"
+    return None, ""
+
+
+def _verdict(ranked: tuple[Finding, ...], events: Trace | None, snap: SnapshotInput | None) -> str:
+    if ranked:
+        return ranked[0].verdict
+    # A recorded run with no out-of-memory in it, and nothing wrong found: it fits.
+    if snap is not None and snap.trace is not None and not any(e.action == "oom" for e in snap.snapshot.entries):
+        return "fits"
+    return "unknown"
+
+
+def _fixes(ranked: tuple[Finding, ...], msg: OOMMessage | None, events: Trace | None, replay: Any,
+           settings: AllocatorSettings, capacity: int | None, loaded: Any, gpu: str | None,
+           notes: list[str]) -> tuple[Fix, ...]:
+    problems = {f.verdict for f in ranked} - {"fits"}
+    if not problems:
+        return ()
+    from memplan.doctor.alloc_fixes import allocator_fixes
+    from memplan.doctor.job_fixes import job_fixes
+
+    fixes: list[Fix] = []
+    fixes.extend(allocator_fixes(problems, msg, events, replay, settings, capacity, notes))
+    if loaded is not None:
+        fixes.extend(job_fixes(loaded, msg, capacity, gpu, notes))
+    elif "demand" in problems or "spike" in problems:
+        notes.append("give the job (model and flags, or --job FILE) to check job changes with the estimator")
+    return rank_fixes(fixes)
