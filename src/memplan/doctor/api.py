@@ -27,6 +27,7 @@ from typing import Any
 from memplan.alloc.settings import AllocatorSettings
 from memplan.alloc.snapshot import Snapshot
 from memplan.doctor.findings import (
+    estimate_findings,
     message_findings,
     rank_findings,
     replay_findings,
@@ -96,6 +97,8 @@ def diagnose(
         facts = trace_facts(events.events, site_of=(lambda i: sites[i] or "?") if sites else None,
                             categories_known=categories_known)
         findings.extend(trace_findings(facts, "snapshot" if not categories_known else "trace"))
+    if loaded is not None and capacity is not None and verify:
+        findings.extend(_estimate_findings(loaded, capacity))
     ranked = rank_findings(findings)
     if not inputs:
         notes.append("nothing to diagnose: give an OOM message, a snapshot or trace, or a job")
@@ -142,6 +145,14 @@ def _capacity(capacity_bytes: int | None, msg: OOMMessage | None, gpu: str | Non
 
         return get_gpu(gpu).usable_bytes, f"GPU {gpu}: usable bytes"
     return None, ""
+
+
+def _estimate_findings(loaded: Any, capacity: int) -> list[Finding]:
+    from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
+
+    frag = loaded.fragmentation if loaded.fragmentation is not None else DEFAULT_FRAGMENTATION
+    est = estimate(loaded.model, loaded.job, fragmentation=frag)
+    return estimate_findings(est.peak_allocated_bytes, est.peak_reserved_bytes, capacity)
 
 
 def _verdict(ranked: tuple[Finding, ...], events: Trace | None, snap: SnapshotInput | None) -> str:

@@ -5,14 +5,19 @@ the numbers that show them; :func:`rank_findings` orders them, the verdict first
 The rules (every figure as printed, compared with the message's rounding allowed for):
 
 * **demand**: allocated + requested > what PyTorch could have held (reserved + free, or the
-  ``allowed`` cap of ``set_per_process_memory_fraction``): no packing of the live tensors fits;
+  ``allowed`` cap of ``set_per_process_memory_fraction``), or equal within the message's rounding:
+  no packing of the live tensors fits; with a job, also when the estimator's peak allocated memory
+  (no fragmentation in it) exceeds the capacity;
 * **fragmentation**: allocated + requested fits in reserved + free, so the request failed only
   because no cached block was large enough and the cache could not be returned to the device
   (the request alone fits in the reserved-but-unallocated bytes, or in those plus the free);
 * **outside_pytorch**: capacity - reserved - free is more than :data:`CONTEXT_ALLOWANCE_BYTES`
   (a CUDA context with NCCL) by at least the shortfall: without the other processes it would fit;
-* **spike**: the failed request alone is at least :data:`~memplan.doctor.trace_facts.SPIKE_SHARE`
-  of what PyTorch could hold (or, in a trace, one short-lived block is that share of the peak);
+* **spike**: the failed request alone is at least :data:`SPIKE_MESSAGE_SHARE` of what PyTorch
+  could hold (in a trace, one short-lived block is :data:`~memplan.doctor.trace_facts.SPIKE_SHARE`
+  of the peak);
+* **unknown**: the request fits in the memory the device reported free: the figures do not explain
+  the failure.
 * **leak**: see :mod:`memplan.doctor.trace_facts`.
 """
 
@@ -24,19 +29,22 @@ from memplan.alloc.simulator import SimResult
 from memplan.alloc.snapshot import Snapshot
 from memplan.doctor.message import OOMMessage
 from memplan.doctor.report import Evidence, Finding, format_bytes
-from memplan.doctor.trace_facts import SPIKE_SHARE, TraceFacts
+from memplan.doctor.trace_facts import TraceFacts
 from memplan.gpus import DEFAULT_OUTSIDE_ALLOCATOR_BYTES
 
-__all__ = ["CONTEXT_ALLOWANCE_BYTES", "message_findings", "rank_findings", "replay_findings",
+__all__ = ["CONTEXT_ALLOWANCE_BYTES", "SPIKE_MESSAGE_SHARE", "estimate_findings", "message_findings", "rank_findings", "replay_findings",
            "snapshot_findings", "trace_findings"]
 
 #: Memory a training process normally holds outside PyTorch's allocator (CUDA context, cuBLAS,
 #: NCCL): memplan's catalogue figure (:data:`memplan.gpus.DEFAULT_OUTSIDE_ALLOCATOR_BYTES`).
 CONTEXT_ALLOWANCE_BYTES = DEFAULT_OUTSIDE_ALLOCATOR_BYTES
+#: A failed request at least this share of what PyTorch could hold is a one-op spike (a message
+#: has no other blocks to compare with, so the bar is higher than a trace's).
+SPIKE_MESSAGE_SHARE = 1 / 3
 #: Below this share of reserved memory, reserved-but-unallocated bytes are not fragmentation.
 FRAGMENTED_SHARE = 0.1
 #: Order of verdicts when several hold: the root cause first.
-_PRIORITY = {"leak": 0, "outside_pytorch": 1, "fragmentation": 2, "spike": 3, "demand": 4}
+_PRIORITY = {"estimate": 0, "leak": 1, "outside_pytorch": 2, "fragmentation": 3, "spike": 4, "demand": 5}
 
 
 def _m(name: str, value: int, note: str = "", source: str = "message") -> Evidence:
@@ -75,16 +83,21 @@ def message_findings(m: OOMMessage) -> list[Finding]:
     if m.process_in_use is not None:
         base.append(_m("process_in_use_bytes", m.process_in_use.bytes, "including non-PyTorch memory"))
     out: list[Finding] = []
+    if req + m.requested.resolution_bytes <= free:
+        return [Finding(verdict="unknown", magnitude_bytes=0, evidence=tuple(base), summary=(
+            f"the request of {format_bytes(req)} fits in the {format_bytes(free)} the device reported free: the "
+            "figures do not explain the failure (the driver refused cudaMalloc: a Windows WDDM limit, MIG/MPS, "
+            "or another process took the memory meanwhile)"))]
     shortfall = alloc + req - limit
     cap_name = "the allowed cap" if m.allowed is not None and m.allowed.bytes < m.reserved.bytes + free \
         else "reserved + free"
-    if shortfall > tol:
+    if shortfall >= -tol:
         out.append(Finding(
             verdict="demand", magnitude_bytes=shortfall, evidence=(*base, _m("shortfall_bytes", shortfall,
                                                                               "allocated + requested - limit")),
             summary=(f"allocated {format_bytes(alloc)} + requested {format_bytes(req)} exceed the "
                      f"{format_bytes(limit)} PyTorch could hold ({cap_name}) by {format_bytes(shortfall)}")))
-        out.extend(_outside(m, shortfall, decisive_only=False))
+        out.extend(_outside(m, max(shortfall, 0) + tol, decisive_only=False))
     else:
         where = (f"the {format_bytes(unalloc)} reserved but unallocated" if req <= unalloc + tol else
                  f"free {format_bytes(free)} + reserved-but-unallocated {format_bytes(unalloc)}")
@@ -93,7 +106,7 @@ def message_findings(m: OOMMessage) -> list[Finding]:
             summary=(f"the request of {format_bytes(req)} would have fit in {where}; allocated "
                      f"{format_bytes(alloc)} + requested fit in the {format_bytes(limit)} PyTorch could hold, "
                      "but no cached block was large enough")))
-    if req >= SPIKE_SHARE * limit:
+    if req >= SPIKE_MESSAGE_SHARE * limit:
         out.append(Finding(
             verdict="spike", magnitude_bytes=req, evidence=(_m("requested_bytes", req), _m("limit_bytes", limit)),
             summary=(f"one request of {format_bytes(req)} is {100 * req / max(limit, 1):.0f}% of the "
@@ -199,6 +212,18 @@ def trace_findings(facts: TraceFacts, source: str) -> list[Finding]:
     return out
 
 
+def estimate_findings(peak_allocated: int, peak_reserved: int, capacity: int) -> list[Finding]:
+    """A job whose estimated peak allocated memory (before any fragmentation) exceeds the capacity."""
+    if peak_allocated <= capacity:
+        return []
+    ev = (_m("estimated_peak_allocated_bytes", peak_allocated, "memplan estimate", "estimate"),
+          _m("estimated_peak_reserved_bytes", peak_reserved, "with the assumed fragmentation", "estimate"),
+          _m("capacity_bytes", capacity, source="derived"))
+    return [Finding(verdict="demand", magnitude_bytes=peak_allocated - capacity, evidence=ev, summary=(
+        f"the job as given needs {format_bytes(peak_allocated)} allocated at its peak (memplan estimate), more "
+        f"than the {format_bytes(capacity)} PyTorch can have: no allocator setting can fit it"))]
+
+
 def rank_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     """One finding per verdict (the first given), root causes first; ``fits`` only when nothing else holds.
 
@@ -206,9 +231,16 @@ def rank_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     """
     seen: dict[str, Finding] = {}
     for f in findings:
-        seen.setdefault(f.verdict, f)
-    problems = [f for v, f in seen.items() if v != "fits"]
+        if f.verdict == "demand" and any(e.source == "estimate" for e in f.evidence):
+            seen["estimate"] = f  # the estimator's demand outranks what one message shows
+        else:
+            seen.setdefault(f.verdict, f)
+    problems = [(k, f) for k, f in seen.items() if k != "fits"]
     if not problems:
         return tuple(seen.values())
-
-    return tuple(sorted(problems, key=lambda f: (not f.decisive, _PRIORITY.get(f.verdict, 9))))
+    ranked = sorted(problems, key=lambda kf: (not kf[1].decisive, _PRIORITY.get(kf[0], 9)))
+    out: list[Finding] = []
+    for _, f in ranked:  # the estimator's demand replaces the message's
+        if not any(o.verdict == f.verdict for o in out):
+            out.append(f)
+    return tuple(out)

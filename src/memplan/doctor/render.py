@@ -37,7 +37,7 @@ def render_report(report: DoctorReport) -> Any:
         fixes = Table(title="fixes, cheapest verified first", title_justify="left", show_edge=False)
         for name, justify in (("#", "right"), ("action", "left"), ("use", "left"), ("saves", "right"),
                               ("verified", "left"), ("how", "left")):
-            fixes.add_column(name, justify=justify)  # type: ignore[arg-type]
+            fixes.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
         for rank, fix in enumerate(report.fixes, start=1):
             mark = Text("yes", style="green") if fix.verified else Text("no", style="red")
             check = fix.verified_by
