@@ -1,0 +1,132 @@
+"""memplan doctor: the real OOM corpus, the real snapshots, synthetic leak/spike/fragmentation traces, bad input."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.cli import app
+from memplan.doctor import diagnose, parse_oom_message
+from memplan.errors import ConfigError
+from memplan.events import AllocEvent, Trace
+from memplan.inputs import JobRequest, load_job
+from memplan.units import GiB, MiB
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = json.loads((ROOT / "tests/data/oom_messages/corpus.json").read_text())["cases"]
+SNAPSHOTS = ROOT.parent.parent / "shared" / "reference" / "snapshots"
+if not SNAPSHOTS.is_dir():
+    SNAPSHOTS = ROOT.parents[1] / "shared" / "reference" / "snapshots"
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c["id"] for c in CORPUS])
+def test_corpus_verdict(case: dict) -> None:
+    job = None
+    if case["job"]:
+        flags = case["job"]["flags"]
+        job = load_job(JobRequest(model=str(ROOT / case["job"]["model"]), flags=flags, gpu=case["gpu"]))
+    report = diagnose(case["message"], job=job, gpu=case["gpu"])
+    assert report.verdict == case["label"]
+    if case["label"] == "demand" and job is not None:
+        fitting = [f for f in report.fixes if f.verified and f.kind == "job"]
+        assert fitting and fitting[0].peak_bytes <= fitting[0].limit_bytes
+    doc = report.to_json()
+    assert doc["verdict"] == case["label"] and doc["evidence"]
+
+
+def test_message_figures_both_layouts() -> None:
+    old = parse_oom_message(CORPUS[1]["message"])
+    assert old.layout == "torch<=2.0" and old.reserved.bytes == round(1.01 * GiB)
+    new = parse_oom_message(CORPUS[9]["message"])
+    assert new.layout == "torch>=2.1" and new.process_in_use is not None
+    assert new.requested.bytes == 22 * MiB and new.unallocated.text == "194.87 MiB"
+
+
+def _trace(events: list[tuple[str, int, int, str, int]]) -> Trace:
+    return Trace(events=tuple(AllocEvent(i, k, b, s, c, "forward", it) for i, (k, b, s, c, it) in enumerate(events)))
+
+
+def test_synthetic_leak_names_the_growing_site() -> None:
+    rows, block = [], 0
+    for it in range(5):
+        for _ in range(4):
+            rows += [("alloc", block, 64 * MiB, "activation", it), ("free", block, 64 * MiB, "activation", it)]
+            block += 1
+        rows.append(("alloc", block, 8 * MiB, "temporary", it))  # kept forever: the leak
+        block += 1
+    events = [AllocEvent(i, k, b, s, c, "forward", it, op="aten.mul", module="loss_history" if s == 8 * MiB else "")
+              for i, (k, b, s, c, it) in enumerate(rows)]
+    report = diagnose(trace=Trace(events=tuple(events)))
+    leak = next(f for f in report.findings if f.verdict == "leak")
+    assert report.verdict == "leak" and leak.magnitude_bytes == 8 * MiB
+    assert leak.sites[0][0] == "loss_history aten.mul"
+
+
+def test_synthetic_spike() -> None:
+    rows = [("alloc", 1, 4 * GiB, "parameter", 0), ("alloc", 2, 3 * GiB, "workspace", 0),
+            ("free", 2, 3 * GiB, "workspace", 0)]
+    report = diagnose(trace=_trace(rows))
+    assert report.verdict == "spike" and report.findings[0].magnitude_bytes == 3 * GiB
+
+
+def test_synthetic_fragmentation_fixed_by_a_replayed_setting() -> None:
+    # A cached 1 GiB block is split by a 100 MiB request; the next 1 GiB request finds no block.
+    rows = [("alloc", 0, GiB, "activation", 0), ("free", 0, GiB, "activation", 0),
+            ("alloc", 1, 100 * MiB, "activation", 0), ("alloc", 2, GiB, "temporary", 0)]
+    trace = _trace(rows)
+    report = diagnose(trace=trace, capacity_bytes=1536 * MiB)
+    assert report.verdict == "fragmentation"
+    verified = [f for f in report.fixes if f.verified]
+    assert verified and verified[0].kind == "allocator" and verified[0].verified_by == "simulation"
+    assert verified[0].setting.startswith("PYTORCH_CUDA_ALLOC_CONF=")
+
+
+@pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason="../shared reference snapshots not present")
+@pytest.mark.parametrize("name,label", [("01_", "fits"), ("02_", "fits"), ("03_", "fits"), ("04_", "fits"),
+                                        ("10_", "demand")])
+def test_real_snapshots(name: str, label: str) -> None:
+    path = next(SNAPSHOTS.glob(f"{name}*.pickle"))
+    report = diagnose(snapshot=path)
+    assert report.verdict == label
+
+
+runner = CliRunner()
+
+
+def test_cli_message_on_stdin_json() -> None:
+    result = runner.invoke(app, ["doctor", "-", "--json"], input=CORPUS[0]["message"])
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert doc["verdict"] == "fragmentation"
+    fix = doc["fixes"][0]
+    assert {"action", "setting", "saves_bytes", "verified", "verified_by"} <= set(fix)
+
+
+@pytest.mark.parametrize("text", [
+    "RuntimeError: something went wrong",  # no figures
+    ("CUDA out of memory. Tried to allocate 2.00 GB. GPU 0 has a total capacity of 79.15 GiB of which 1.23 GiB "
+    "is free. Of the allocated memory 66.12 GiB is allocated by PyTorch, and 9.82 GiB is reserved by PyTorch "
+    "but unallocated."),  # mixed units
+])
+def test_bad_message_is_one_line_exit_2(text: str) -> None:
+    result = runner.invoke(app, ["doctor", "-"], input=text)
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and "OOM message" in result.output
+
+
+def test_truncated_and_hostile_pickles_exit_2(tmp_path: Path) -> None:
+    good = pickle.dumps({"segments": [], "device_traces": [[]]}, protocol=4)
+    truncated = tmp_path / "cut.pickle"
+    truncated.write_bytes(good[: len(good) // 2])
+    hostile = tmp_path / "evil.pickle"
+    hostile.write_bytes(b"\x80\x04cos\nsystem\n(S'echo hi'\ntR.")
+    for path in (truncated, hostile):
+        result = runner.invoke(app, ["doctor", str(path)])
+        assert result.exit_code == 2, result.output
+        assert len(result.output.strip().splitlines()) == 1 and "snapshot file" in result.output
+    with pytest.raises(ConfigError):
+        diagnose(snapshot=hostile)
