@@ -24,7 +24,8 @@ from typing import Any
 from memplan.alloc.constants import NO_MAX_SPLIT, ROUNDUP_INTERVALS
 from memplan.alloc.settings import AllocatorSettings
 from memplan.doctor.message import OOMMessage
-from memplan.doctor.report import Fix, format_bytes
+from memplan.doctor.report import Fix
+from memplan.doctor.words import format_bytes
 from memplan.events import Trace
 from memplan.units import MiB
 
@@ -69,31 +70,34 @@ def _candidates(base: AllocatorSettings) -> list[tuple[str, AllocatorSettings]]:
 
 
 def allocator_fixes(problems: AbstractSet[str], msg: OOMMessage | None, events: Trace | None, replay: Any,
-                    settings: AllocatorSettings, capacity: int | None, notes: list[str]) -> list[Fix]:
+                    shape: Any, settings: AllocatorSettings, capacity: int | None) -> list[Fix]:
     """Allocator settings for the problems found; replayed when a trace and a capacity are known."""
     if not problems & {"fragmentation", "demand", "spike"}:
         return []
     if events is not None and capacity is not None and replay is not None:
         if replay.oom is None:
             return []
-        return _replayed(events, settings, capacity)
+        return _replayed(events, shape, settings, capacity)
     if msg is not None and "fragmentation" in problems:
         return [_by_arithmetic(msg, settings)]
     return []
 
 
-def _replayed(events: Trace, settings: AllocatorSettings, capacity: int) -> list[Fix]:
+def _replayed(events: Trace, shape: Any, settings: AllocatorSettings, capacity: int) -> list[Fix]:
     from memplan.doctor.replay import replay_trace
 
     base = replace(settings, capacity=None)
-    base_peak = replay_trace(events, base).peak_reserved_bytes
+    base_peak = replay_trace(events, base, shape).peak_reserved_bytes
     fixes = []
     for action, candidate in _candidates(base):
-        result = replay_trace(events, replace(candidate, capacity=capacity))
+        result = replay_trace(events, replace(candidate, capacity=capacity), shape)
         fits = result.oom is None
         if fits:
             peak = result.peak_reserved_bytes
-            text = (f"replayed {result.events:,} events at {format_bytes(capacity)}: peak reserved "
+            how = (f"{result.events:,} events" if result.repeated_from is None else
+                   f"{result.events_replayed:,} of {result.events:,} events (iteration run {result.repeated_from} "
+                   "left the allocator as the one before; the rest repeat it)")
+            text = (f"replayed {how} at {format_bytes(capacity)}: peak reserved "
                     f"{format_bytes(peak)} (was {format_bytes(base_peak)} without a limit), no out-of-memory")
         else:
             peak = None

@@ -83,11 +83,12 @@ def diagnose(
     findings: list[Finding] = []
     if msg is not None:
         findings.extend(message_findings(msg))
-    replay = None
+    replay = shape = None
     if events is not None and capacity is not None and verify:
-        from memplan.doctor.replay import replay_trace
+        from memplan.doctor.replay import replay_trace, trace_shape
 
-        replay = replay_trace(events, base_settings.with_changes(capacity=capacity))
+        shape = trace_shape(events.events)
+        replay = replay_trace(events, base_settings.with_changes(capacity=capacity), shape)
         findings.extend(replay_findings(replay, capacity))
     if snap is not None and (snap.trace is None or msg is not None):
         findings.extend(snapshot_findings(snap.snapshot, msg.requested.bytes if msg is not None else None))
@@ -104,7 +105,7 @@ def diagnose(
         notes.append("nothing to diagnose: give an OOM message, a snapshot or trace, or a job")
     if events is not None and capacity is None:
         notes.append("no capacity (give the OOM message, --gpu or --capacity): the trace was not replayed")
-    fixes = _fixes(ranked, msg, events, replay, base_settings, capacity, loaded, gpu, notes) if verify else ()
+    fixes = _fixes(ranked, msg, events, replay, shape, base_settings, capacity, loaded, gpu, notes) if verify else ()
     return DoctorReport(verdict=_verdict(ranked, events, snap), findings=ranked, fixes=fixes, inputs=tuple(inputs),
                         message=msg, capacity_bytes=capacity, capacity_source=capacity_source, notes=tuple(notes))
 
@@ -164,7 +165,7 @@ def _verdict(ranked: tuple[Finding, ...], events: Trace | None, snap: SnapshotIn
     return "unknown"
 
 
-def _fixes(ranked: tuple[Finding, ...], msg: OOMMessage | None, events: Trace | None, replay: Any,
+def _fixes(ranked: tuple[Finding, ...], msg: OOMMessage | None, events: Trace | None, replay: Any, shape: Any,
            settings: AllocatorSettings, capacity: int | None, loaded: Any, gpu: str | None,
            notes: list[str]) -> tuple[Fix, ...]:
     problems = {f.verdict for f in ranked} - {"fits"}
@@ -174,7 +175,7 @@ def _fixes(ranked: tuple[Finding, ...], msg: OOMMessage | None, events: Trace | 
     from memplan.doctor.job_fixes import job_fixes
 
     fixes: list[Fix] = []
-    fixes.extend(allocator_fixes(problems, msg, events, replay, settings, capacity, notes))
+    fixes.extend(allocator_fixes(problems, msg, events, replay, shape, settings, capacity))
     if loaded is not None:
         fixes.extend(job_fixes(loaded, msg, capacity, gpu, notes))
     elif "demand" in problems or "spike" in problems:

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memplan.alloc.simulator import SimResult
 from memplan.alloc.snapshot import Snapshot
 from memplan.doctor.message import OOMMessage
-from memplan.doctor.report import Evidence, Finding, format_bytes
+from memplan.doctor.replay import ReplayResult
+from memplan.doctor.report import Evidence, Finding
 from memplan.doctor.trace_facts import TraceFacts
+from memplan.doctor.words import format_bytes
 from memplan.gpus import DEFAULT_OUTSIDE_ALLOCATOR_BYTES
 
 __all__ = ["CONTEXT_ALLOWANCE_BYTES", "SPIKE_MESSAGE_SHARE", "estimate_findings", "message_findings", "rank_findings", "replay_findings",
@@ -134,7 +135,7 @@ def _outside(m: OOMMessage, shortfall: int, *, decisive_only: bool) -> list[Find
                              f"without it the request {verb} (short by {format_bytes(shortfall)})"))]
 
 
-def replay_findings(result: SimResult, capacity: int) -> list[Finding]:
+def replay_findings(result: ReplayResult, capacity: int) -> list[Finding]:
     """Findings from replaying a trace through the allocator simulator at ``capacity`` bytes."""
     src = "simulation"
     if result.oom is None:
@@ -144,10 +145,9 @@ def replay_findings(result: SimResult, capacity: int) -> list[Finding]:
             _m("capacity_bytes", capacity, source=src)),
             summary=(f"replayed at {format_bytes(capacity)}: peak reserved {format_bytes(result.peak_reserved_bytes)}, "
                      "no out-of-memory"))]
-    allocated = result.allocated_timeline[-1] if len(result.allocated_timeline) else 0
-    reserved = result.reserved_timeline[-1] if len(result.reserved_timeline) else 0
+    allocated, reserved = result.allocated_bytes, result.reserved_bytes
     size = result.oom.alloc_size_bytes
-    largest = max((b.size for s in result.segments for b in s.blocks if not b.allocated and b.mapped), default=0)
+    largest = result.largest_free_block_bytes
     ev = (_m("requested_bytes", result.oom.requested_bytes, source=src),
           _m("allocated_bytes", allocated, "at the out-of-memory", src),
           _m("reserved_bytes", reserved, "at the out-of-memory", src),

@@ -21,7 +21,8 @@ from itertools import combinations
 from typing import Any
 
 from memplan.doctor.message import OOMMessage
-from memplan.doctor.report import Fix, format_bytes
+from memplan.doctor.report import Fix
+from memplan.doctor.words import format_bytes
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.job import FineTuning, Job, Offload, Recompute
 

@@ -1,17 +1,20 @@
-"""Rich tables of a :class:`~memplan.doctor.report.DoctorReport` for people (GiB = 2^30 bytes)."""
+"""Rich tables of a :class:`~memplan.doctor.report.DoctorReport` for people (GiB = 2^30 bytes).
+
+The report is taken untyped: :mod:`memplan.doctor.report` imports this module to render itself.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from memplan.doctor.report import VERDICT_TEXT, DoctorReport, format_bytes
+from memplan.doctor.words import VERDICT_TEXT, format_bytes
 
 __all__ = ["render_report"]
 
 _COLOUR = {"fits": "green", "unknown": "yellow"}
 
 
-def render_report(report: DoctorReport) -> Any:
+def render_report(report: Any) -> Any:
     """A group of renderables: the verdict line, the findings with their numbers, the ranked fixes."""
     from rich.console import Group
     from rich.table import Table
