@@ -130,3 +130,30 @@ def test_truncated_and_hostile_pickles_exit_2(tmp_path: Path) -> None:
         assert len(result.output.strip().splitlines()) == 1 and "snapshot file" in result.output
     with pytest.raises(ConfigError):
         diagnose(snapshot=hostile)
+
+
+def _snapshot_with_oom() -> dict:
+    """A freed 1 GiB block split by a 100 MiB request; then 1 GiB fails with 400 MiB free on the device."""
+    base = 0x7F0000000000
+    blocks = [{"address": base, "size": 100 * MiB, "requested_size": 100 * MiB, "state": "active_allocated"},
+              {"address": base + 100 * MiB, "size": 924 * MiB, "requested_size": 0, "state": "inactive"}]
+    segments = [{"device": 0, "address": base, "total_size": GiB, "stream": 0, "segment_type": "large",
+                 "blocks": blocks}]
+    entries = [{"action": "segment_alloc", "addr": base, "size": GiB, "stream": 0},
+               {"action": "alloc", "addr": base, "size": GiB, "stream": 0},
+               {"action": "free_requested", "addr": base, "size": GiB, "stream": 0},
+               {"action": "free_completed", "addr": base, "size": GiB, "stream": 0},
+               {"action": "alloc", "addr": base, "size": 100 * MiB, "stream": 0},
+               {"action": "oom", "addr": 0, "size": GiB, "stream": 0, "device_free": 400 * MiB}]
+    return {"segments": segments, "device_traces": [entries]}
+
+
+def test_snapshot_dict_ending_in_an_oom_is_fragmentation_with_a_replayed_fix() -> None:
+    report = diagnose(snapshot=_snapshot_with_oom())  # what memplan.watch passes: torch's dict
+    assert report.verdict == "fragmentation"
+    assert report.capacity_bytes == GiB + 400 * MiB and "snapshot" in report.capacity_source
+    largest = {e.name: e.value for e in report.findings[0].evidence}["largest_free_block_bytes"]
+    assert largest == 924 * MiB
+    verified = [f for f in report.fixes if f.verified]
+    assert verified and verified[0].setting.startswith("PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:")
+    assert verified[0].verified_by == "simulation"

@@ -107,7 +107,17 @@ def _replayed(events: Trace, shape: Any, settings: AllocatorSettings, capacity: 
                          saves_bytes=None if peak is None else base_peak - peak, verified=fits,
                          verified_by="simulation", verification=text, peak_bytes=peak, limit_bytes=capacity,
                          config_key=_ENV))
-    return fixes
+    return _one_max_split(fixes)
+
+
+def _one_max_split(fixes: list[Fix]) -> list[Fix]:
+    """Of the max_split_size_mb values, keep the largest that fits (the least change), else the smallest tried."""
+    splits = [f for f in fixes if "max_split_size_mb" in f.setting]
+    if not splits:
+        return fixes
+    fitting = [f for f in splits if f.verified]
+    keep = fitting[0] if fitting else splits[-1]
+    return [f for f in fixes if f not in splits or f is keep]
 
 
 def _by_arithmetic(msg: OOMMessage, settings: AllocatorSettings) -> Fix:

@@ -78,6 +78,8 @@ def diagnose(
         inputs.append("job")
     gpu = gpu or (loaded.gpu if loaded is not None else None)
     capacity, capacity_source = _capacity(capacity_bytes, msg, gpu)
+    if capacity is None and snap is not None and snap.oom_capacity_bytes is not None:
+        capacity, capacity_source = snap.oom_capacity_bytes, "snapshot: reserved + device free at its OOM"
     base_settings = settings or (snap.snapshot.settings if snap is not None else None) or AllocatorSettings()
 
     findings: list[Finding] = []
@@ -90,8 +92,9 @@ def diagnose(
         shape = trace_shape(events.events)
         replay = replay_trace(events, base_settings.with_changes(capacity=capacity), shape)
         findings.extend(replay_findings(replay, capacity))
-    if snap is not None and (snap.trace is None or msg is not None):
-        findings.extend(snapshot_findings(snap.snapshot, msg.requested.bytes if msg is not None else None))
+    if snap is not None and (snap.trace is None or msg is not None or snap.oom_requested_bytes is not None):
+        requested = msg.requested.bytes if msg is not None else snap.oom_requested_bytes
+        findings.extend(snapshot_findings(snap.snapshot, requested))
     if events is not None:
         sites = snap.sites if snap is not None and events is snap.trace else ()
         categories_known = snap is None or events is not snap.trace
@@ -107,7 +110,8 @@ def diagnose(
         notes.append("no capacity (give the OOM message, --gpu or --capacity): the trace was not replayed")
     fixes = _fixes(ranked, msg, events, replay, shape, base_settings, capacity, loaded, gpu, notes) if verify else ()
     return DoctorReport(verdict=_verdict(ranked, events, snap), findings=ranked, fixes=fixes, inputs=tuple(inputs),
-                        message=msg, capacity_bytes=capacity, capacity_source=capacity_source, notes=tuple(notes))
+                        message=msg, capacity_bytes=capacity, capacity_source=capacity_source, notes=tuple(notes),
+                        input_settings=tuple(loaded.settings) if loaded is not None else ())
 
 
 def _trace(trace: Trace | str | os.PathLike[str] | None, snap: SnapshotInput | None) -> Trace | None:
@@ -160,7 +164,7 @@ def _verdict(ranked: tuple[Finding, ...], events: Trace | None, snap: SnapshotIn
     if ranked:
         return ranked[0].verdict
     # A recorded run with no out-of-memory in it, and nothing wrong found: it fits.
-    if snap is not None and snap.trace is not None and not any(e.action == "oom" for e in snap.snapshot.entries):
+    if snap is not None and snap.trace is not None and snap.oom_requested_bytes is None:
         return "fits"
     return "unknown"
 

@@ -155,9 +155,10 @@ def replay_findings(result: ReplayResult, capacity: int) -> list[Finding]:
           _m("capacity_bytes", capacity, source=src))
     if allocated + size <= capacity:
         return [Finding(verdict="fragmentation", magnitude_bytes=reserved - allocated, evidence=ev, summary=(
-            f"replay runs out at event {result.oom.event_index}: {format_bytes(size)} requested, no segment had a "
-            f"free block that large (largest {format_bytes(largest)}), yet allocated {format_bytes(allocated)} + "
-            f"request fit in {format_bytes(capacity)}"))]
+            f"replay runs out at event {result.oom.event_index}: {format_bytes(result.oom.requested_bytes)} requested "
+            f"({format_bytes(size)} to allocate), no segment had a free block that large (largest "
+            f"{format_bytes(largest)}), yet allocated {format_bytes(allocated)} + request fit in "
+            f"{format_bytes(capacity)}"))]
     short = allocated + size - capacity
     return [Finding(verdict="demand", magnitude_bytes=short, evidence=ev, summary=(
         f"replay runs out at event {result.oom.event_index}: allocated {format_bytes(allocated)} + requested "

@@ -17,7 +17,7 @@ from typing import Any
 
 from memplan.alloc.snapshot import Snapshot, parse_snapshot, safe_loads, snapshot_to_trace
 from memplan.errors import ConfigError
-from memplan.events import ALLOC, Trace
+from memplan.events import ALLOC, AllocEvent, Trace
 
 __all__ = ["SnapshotInput", "read_snapshot"]
 
@@ -34,6 +34,9 @@ class SnapshotInput:
     sites: tuple[str, ...]
     #: Optimizer steps found in the annotations.
     steps: int
+    #: The request of the trace's ``oom`` entry, and reserved + the device free it recorded.
+    oom_requested_bytes: int | None = None
+    oom_capacity_bytes: int | None = None
 
 
 def read_snapshot(source: Snapshot | Mapping[str, Any] | str | os.PathLike[str]) -> SnapshotInput:
@@ -54,15 +57,49 @@ def read_snapshot(source: Snapshot | Mapping[str, Any] | str | os.PathLike[str])
         else:
             raw = source
             snapshot = parse_snapshot(raw, source="<snapshot>")
+    oom = _oom_entry(raw, snapshot)
     if not snapshot.has_trace:
-        return SnapshotInput(snapshot=snapshot, trace=None, sites=(), steps=0)
+        return SnapshotInput(snapshot=snapshot, trace=None, sites=(), steps=0, oom_requested_bytes=oom[0],
+                             oom_capacity_bytes=oom[1])
     trace = snapshot_to_trace(snapshot)
     entries = _raw_entries(raw, snapshot.device)
     sites, times = _entry_sites_and_times(entries, trace)
     step_ends = _step_ends(raw)
     if step_ends and times:
         trace = _with_iterations(trace, times, step_ends)
-    return SnapshotInput(snapshot=snapshot, trace=trace, sites=sites, steps=len(step_ends))
+    if oom[0] is not None:
+        trace, sites = _with_failed_request(trace, sites, oom[0])
+    return SnapshotInput(snapshot=snapshot, trace=trace, sites=sites, steps=len(step_ends), oom_requested_bytes=oom[0],
+                         oom_capacity_bytes=oom[1])
+
+
+def _with_failed_request(trace: Trace, sites: tuple[str, ...], size: int) -> tuple[Trace, tuple[str, ...]]:
+    """The trace with the request that ran out of memory appended: replays then meet it too."""
+    last = trace.events[-1] if trace.events else None
+    block = max((e.block for e in trace.events), default=-1) + 1
+    event = AllocEvent(len(trace.events), ALLOC, block, size, "temporary", "other",
+                       last.iteration if last is not None else 0, "", "", last.stream if last is not None else 0)
+    return Trace(events=(*trace.events, event), meta=trace.meta), (*sites, "the request that ran out of memory")
+
+
+def _oom_entry(raw: Any, snapshot: Snapshot) -> tuple[int | None, int | None]:
+    """The last ``oom`` entry's request and (reserved at dump + its ``device_free``), when there is one.
+
+    PyTorch records ``{"action": "oom", "size": <request>, "device_free": <bytes>}`` when an
+    allocation fails while memory history is on; the segments are dumped after it.
+    """
+    ooms = [e for e in _raw_entries(raw, snapshot.device) if isinstance(e, Mapping) and e.get("action") == "oom"]
+    if not ooms:
+        if any(e.action == "oom" for e in snapshot.entries):
+            last = [e for e in snapshot.entries if e.action == "oom"][-1]
+            return last.size, None
+        return None, None
+    last = ooms[-1]
+    size = last.get("size")
+    free = last.get("device_free")
+    reserved = sum(s.total_size for s in snapshot.segments)
+    return (size if type(size) is int else None,
+            reserved + free if type(free) is int and free >= 0 else None)
 
 
 def _raw_entries(raw: Any, device: int) -> list[Any]:

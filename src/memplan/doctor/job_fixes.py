@@ -79,6 +79,17 @@ def _changes(job: Job) -> list[_Change]:
     return out
 
 
+def _one_micro_batch(tried: list[tuple[_Change, int, float | None]], limit: int) -> list[
+        tuple[_Change, int, float | None]]:
+    """Of the single micro-batch changes, keep the largest micro-batch that fits (or the smallest tried)."""
+    alone = [t for t in tried if t[0].key == "mbs"]
+    if not alone:
+        return tried
+    fitting = [t for t in alone if t[1] <= limit]
+    keep = fitting[0] if fitting else alone[-1]
+    return [t for t in tried if t[0].key != "mbs" or t is keep]
+
+
 def _hardware(gpu: str | None, msg: OOMMessage | None, notes: list[str]) -> Any:
     from memplan.fit.hardware import hardware_for
     from memplan.gpus import list_gpus
@@ -121,6 +132,10 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
         return est.peak_reserved_bytes, (step_time(model, j, hw).total_s if hw is not None else None)
 
     base_peak, base_time = peak_and_time(job)
+    if base_peak <= limit:
+        notes.append(f"the job as given is estimated at {format_bytes(base_peak)} reserved, within the "
+                     f"{format_bytes(limit)} limit: the estimate does not reproduce this out-of-memory (inputs "
+                     "longer than --seq, another model or a cache beside the job?)")
     tried: list[tuple[_Change, int, float | None]] = []
     for change in _changes(job):
         try:
@@ -139,7 +154,7 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
             except (ConfigError, UnsupportedError):
                 continue
     fixes = []
-    for change, peak, seconds in tried:
+    for change, peak, seconds in _one_micro_batch(tried, limit):
         fits = peak <= limit
         cost = "" if seconds is None or not base_time else f"; step {base_time:.3g} s -> {seconds:.3g} s " \
             f"({100 * (seconds / base_time - 1):+.0f}%)"

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from memplan.doctor.message import OOMMessage
 from memplan.doctor.words import VERDICT_TEXT, format_bytes
+from memplan.settings import settings_dict
 
 __all__ = ["VERDICTS", "DoctorReport", "Evidence", "Finding", "Fix", "Verdict", "rank_fixes"]
 
@@ -136,6 +137,8 @@ class DoctorReport:
     capacity_source: str = ""
     #: What could not be checked and why.
     notes: tuple[str, ...] = ()
+    #: What the job's input files said, and how memplan treated each (:class:`memplan.settings.InputSetting`).
+    input_settings: tuple[Any, ...] = ()
 
     @property
     def evidence(self) -> tuple[Evidence, ...]:
@@ -155,6 +158,7 @@ class DoctorReport:
             "capacity_source": self.capacity_source,
             "message": None if self.message is None else self.message.to_dict(),
             "notes": list(self.notes),
+            **settings_dict(self.input_settings),
         }
 
     def to_text(self) -> str:
