@@ -60,10 +60,16 @@ def test_synthetic_leak_names_the_growing_site() -> None:
         block += 1
     events = [AllocEvent(i, k, b, s, c, "forward", it, op="aten.mul", module="loss_history" if s == 8 * MiB else "")
               for i, (k, b, s, c, it) in enumerate(rows)]
-    report = diagnose(trace=Trace(events=tuple(events)))
+    trace = Trace(events=tuple(events))
+    report = diagnose(trace=trace)
     leak = next(f for f in report.findings if f.verdict == "leak")
     assert report.verdict == "leak" and leak.magnitude_bytes == 8 * MiB
     assert leak.sites[0][0] == "loss_history aten.mul"
+    # At a capacity the leak outgrows, the fix (free what the site keeps) is verified by a replay.
+    report = diagnose(trace=trace, capacity_bytes=100 * MiB)
+    fix = next(f for f in report.fixes if f.kind == "code")
+    assert report.verdict == "leak" and fix.verified and fix.verified_by == "simulation"
+    assert "loss_history" in fix.action
 
 
 def test_synthetic_spike() -> None:

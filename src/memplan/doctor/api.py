@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from memplan.alloc.settings import AllocatorSettings
@@ -37,7 +38,7 @@ from memplan.doctor.findings import (
 from memplan.doctor.inputs import SnapshotInput, read_snapshot
 from memplan.doctor.message import OOMMessage, parse_oom_message
 from memplan.doctor.report import DoctorReport, Finding, Fix, rank_fixes
-from memplan.doctor.trace_facts import trace_facts
+from memplan.doctor.trace_facts import default_site, trace_facts
 from memplan.events import Trace, read_trace
 
 __all__ = ["diagnose"]
@@ -95,11 +96,12 @@ def diagnose(
     if snap is not None and (snap.trace is None or msg is not None or snap.oom_requested_bytes is not None):
         requested = msg.requested.bytes if msg is not None else snap.oom_requested_bytes
         findings.extend(snapshot_findings(snap.snapshot, requested))
+    site_of = None
     if events is not None:
         sites = snap.sites if snap is not None and events is snap.trace else ()
         categories_known = snap is None or events is not snap.trace
-        facts = trace_facts(events.events, site_of=(lambda i: sites[i] or "?") if sites else None,
-                            categories_known=categories_known)
+        site_of = (lambda i: sites[i] or "?") if sites else (lambda i: default_site(events.events[i]))
+        facts = trace_facts(events.events, site_of=site_of, categories_known=categories_known)
         findings.extend(trace_findings(facts, "snapshot" if not categories_known else "trace"))
     if loaded is not None and capacity is not None and verify:
         findings.extend(_estimate_findings(loaded, capacity))
@@ -108,7 +110,9 @@ def diagnose(
         notes.append("nothing to diagnose: give an OOM message, a snapshot or trace, or a job")
     if events is not None and capacity is None:
         notes.append("no capacity (give the OOM message, --gpu or --capacity): the trace was not replayed")
-    fixes = _fixes(ranked, msg, events, replay, shape, base_settings, capacity, loaded, gpu, notes) if verify else ()
+    context = _FixContext(msg=msg, events=events, replay=replay, shape=shape, settings=base_settings,
+                          capacity=capacity, loaded=loaded, gpu=gpu, site_of=site_of)
+    fixes = _fixes(ranked, context, notes) if verify else ()
     return DoctorReport(verdict=_verdict(ranked, events, snap), findings=ranked, fixes=fixes, inputs=tuple(inputs),
                         message=msg, capacity_bytes=capacity, capacity_source=capacity_source, notes=tuple(notes),
                         input_settings=tuple(loaded.settings) if loaded is not None else ())
@@ -169,19 +173,38 @@ def _verdict(ranked: tuple[Finding, ...], events: Trace | None, snap: SnapshotIn
     return "unknown"
 
 
-def _fixes(ranked: tuple[Finding, ...], msg: OOMMessage | None, events: Trace | None, replay: Any, shape: Any,
-           settings: AllocatorSettings, capacity: int | None, loaded: Any, gpu: str | None,
-           notes: list[str]) -> tuple[Fix, ...]:
-    problems = {f.verdict for f in ranked} - {"fits"}
+@dataclass(frozen=True)
+class _FixContext:
+    """What the fix finders need from the inputs (one bundle, not a dozen parameters)."""
+
+    msg: OOMMessage | None
+    events: Trace | None
+    replay: Any
+    shape: Any
+    settings: AllocatorSettings
+    capacity: int | None
+    loaded: Any
+    gpu: str | None
+    site_of: Any
+
+
+def _fixes(ranked: tuple[Finding, ...], c: _FixContext, notes: list[str]) -> tuple[Fix, ...]:
+    problems = {f.verdict for f in ranked} - {"fits", "unknown"}
     if not problems:
         return ()
     from memplan.doctor.alloc_fixes import allocator_fixes
     from memplan.doctor.job_fixes import job_fixes
+    from memplan.doctor.other_fixes import leak_fix, outside_fix
 
     fixes: list[Fix] = []
-    fixes.extend(allocator_fixes(problems, msg, events, replay, shape, settings, capacity))
-    if loaded is not None:
-        fixes.extend(job_fixes(loaded, msg, capacity, gpu, notes))
+    fixes.extend(allocator_fixes(problems, c.msg, c.events, c.replay, c.shape, c.settings, c.capacity))
+    for finding in ranked:
+        if finding.verdict == "leak" and c.events is not None:
+            fixes.append(leak_fix(finding, c.events, c.site_of, c.settings, c.capacity))
+        if finding.verdict == "outside_pytorch" and finding.decisive and c.msg is not None:
+            fixes.append(outside_fix(c.msg, finding))
+    if c.loaded is not None:
+        fixes.extend(job_fixes(c.loaded, c.msg, c.capacity, c.gpu, notes))
     elif "demand" in problems or "spike" in problems:
         notes.append("give the job (model and flags, or --job FILE) to check job changes with the estimator")
     return rank_fixes(fixes)

@@ -70,8 +70,9 @@ class Fix:
 
     #: What to do, for people ("Use expandable segments").
     action: str
-    #: ``allocator`` (PYTORCH_CUDA_ALLOC_CONF) or ``job`` (a training setting).
-    kind: Literal["allocator", "job"]
+    #: ``allocator`` (PYTORCH_CUDA_ALLOC_CONF), ``job`` (a training setting), ``code`` (the training
+    #: script, e.g. a leak) or ``environment`` (other processes on the GPU).
+    kind: Literal["allocator", "job", "code", "environment"]
     #: The exact line to use: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, ``--mbs 2``.
     setting: str
     #: Bytes of peak the change saves (None: not measurable from the inputs).
