@@ -163,3 +163,44 @@ def test_snapshot_dict_ending_in_an_oom_is_fragmentation_with_a_replayed_fix() -
     verified = [f for f in report.fixes if f.verified]
     assert verified and verified[0].setting.startswith("PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:")
     assert verified[0].verified_by == "simulation"
+
+
+def test_cli_log_file_with_job_flags(tmp_path: Path) -> None:
+    case = next(c for c in CORPUS if c["id"] == "alpaca-189")
+    log = tmp_path / "train.log"
+    log.write_text("Traceback (most recent call last):\n  ...\n" + case["message"] + "\n")
+    args = ["doctor", str(log), "--model", str(ROOT / case["job"]["model"]), "--gpu", "a100-80gb", "--json"]
+    for flag, value in case["job"]["flags"].items():
+        args += [f"--{flag.replace('_', '-')}", str(value)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["verdict"] == "demand" and doc["inputs"] == ["message", "job"]
+    assert any(f["verified"] and f["verified_by"] == "estimate" for f in doc["fixes"])
+    assert "unmodelled_settings" in doc
+
+
+def test_cli_trace_file_and_two_messages(tmp_path: Path) -> None:
+    from memplan.events import write_trace
+
+    rows = [("alloc", 1, 4 * GiB, "parameter", 0), ("alloc", 2, 3 * GiB, "workspace", 0),
+            ("free", 2, 3 * GiB, "workspace", 0)]
+    path = tmp_path / "step.mptrace"
+    write_trace(_trace(rows), path)
+    result = runner.invoke(app, ["doctor", str(path), "--capacity", "6GiB", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)  # 7 GiB live at the peak on 6 GiB, 3 GiB of it one workspace
+    assert doc["verdict"] == "spike" and [f["verdict"] for f in doc["findings"]] == ["spike", "demand"]
+    first, second = tmp_path / "a.log", tmp_path / "b.log"
+    first.write_text(CORPUS[0]["message"])
+    second.write_text(CORPUS[1]["message"])
+    result = runner.invoke(app, ["doctor", str(first), str(second)])
+    assert result.exit_code == 2 and "INPUT" in result.output
+
+
+def test_report_text_and_public_names() -> None:
+    from memplan import doctor
+
+    assert [n for n in doctor.__all__ if not hasattr(doctor, n)] == []
+    text = diagnose(CORPUS[0]["message"]).to_text()
+    assert text.startswith("memplan doctor: fragmentation") and "PYTORCH_CUDA_ALLOC_CONF=" in text
