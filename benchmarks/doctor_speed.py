@@ -19,6 +19,7 @@ replay runs to the end. Writes benchmarks/results/doctor_speed.json.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -84,6 +85,15 @@ def _time(label: str, trace: Trace, capacity: int | None) -> dict:
     return row
 
 
+def _machine() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"{model or platform.machine()}, {os.cpu_count()} logical CPUs (shared)"
+
+
 def main() -> int:
     from memplan.alloc.simulator import simulate
 
@@ -102,8 +112,8 @@ def main() -> int:
     moe_full = simulate(moe)
     rows.append(_time("MoE-like (no repeating iteration), fragmentation", moe,
                       (moe_full.peak_reserved_bytes + moe_full.peak_allocated_bytes) // 2))
-    result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": platform.processor()
-              or platform.machine(), "python": platform.python_version(), "target_seconds": 2.0,
+    result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": _machine(),
+              "python": platform.python_version(), "target_seconds": 2.0,
               "dense_peak_reserved_bytes": peak_r, "dense_peak_allocated_bytes": peak_a, "rows": rows}
     out = Path(__file__).parent / "results" / "doctor_speed.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -100,6 +100,23 @@ def test_real_snapshots(name: str, label: str) -> None:
     assert report.verdict == label
 
 
+@pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason="../shared reference snapshots not present")
+@pytest.mark.parametrize("name", ["01_", "02_", "03_", "04_"])
+def test_real_snapshot_squeezed_is_fragmentation_with_a_replayed_fix(name: str) -> None:
+    """Each real run at a capacity between its simulated peak allocated and peak reserved memory."""
+    from memplan.alloc.simulator import simulate
+    from memplan.doctor.inputs import read_snapshot
+
+    path = next(SNAPSHOTS.glob(f"{name}*.pickle"))
+    full = simulate(read_snapshot(path).trace)
+    capacity = (full.peak_reserved_bytes + full.peak_allocated_bytes) // 2
+    report = diagnose(snapshot=path, capacity_bytes=capacity)
+    assert report.verdict == "fragmentation"
+    best = report.fixes[0]
+    assert best.verified and best.kind == "allocator" and best.verified_by == "simulation"
+    assert best.peak_bytes <= capacity
+
+
 runner = CliRunner()
 
 
