@@ -38,17 +38,24 @@ def render_report(report: Any) -> Any:
         parts.append(table)
     if report.fixes:
         fixes = Table(title="fixes, cheapest verified first", title_justify="left", show_edge=False)
-        for name, justify in (("#", "right"), ("action", "left"), ("use", "left"), ("saves", "right"),
-                              ("verified", "left"), ("how", "left")):
+        for name, justify in (("#", "right"), ("action", "left"), ("saves", "right"), ("verified", "left"),
+                              ("how", "left")):
             fixes.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
         for rank, fix in enumerate(report.fixes, start=1):
             mark = Text("yes", style="green") if fix.verified else Text("no", style="red")
             check = fix.verified_by
-            if fix.peak_bytes is not None and fix.limit_bytes is not None:
+            if not fix.verified:
+                check += {"simulation": ": still out of memory", "estimate": ": over the limit",
+                          "arithmetic": " only (no trace to replay)"}.get(fix.verified_by, "")
+            elif fix.peak_bytes is not None and fix.limit_bytes is not None:
                 check += f": {format_bytes(fix.peak_bytes)} vs {format_bytes(fix.limit_bytes)}"
             if fix.step_time_s is not None and fix.base_step_time_s:
                 check += f", step {100 * fix.cost:+.0f}%"
-            fixes.add_row(str(rank), fix.action, fix.setting, format_bytes(fix.saves_bytes), mark, check)
+            fixes.add_row(str(rank), fix.action, format_bytes(fix.saves_bytes), mark, check)
         parts.append(fixes)
+        # The exact lines to use, never wrapped (a wrapped environment line cannot be pasted).
+        parts.append(Text("use:", style="bold"))
+        parts.extend(Text(f"  {rank}. {fix.setting}", no_wrap=True, overflow="ignore")
+                     for rank, fix in enumerate(report.fixes, start=1))
     parts.extend(Text(f"note: {n}", style="yellow") for n in report.notes)
     return Group(*parts)
