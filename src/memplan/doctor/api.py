@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memplan.alloc.settings import AllocatorSettings
@@ -63,59 +63,86 @@ def diagnose(
     defaults); ``verify=False`` skips every re-simulation and re-estimate (findings only).
     Raises :class:`~memplan.errors.ConfigError` for unreadable or malformed inputs.
     """
-    inputs: list[str] = []
+    case = _gather(message, snapshot, trace, job, gpu, capacity_bytes, settings)
+    findings: list[Finding] = []
+    if case.msg is not None:
+        findings.extend(message_findings(case.msg))
+    if case.events is not None and case.capacity is not None and verify:
+        case = _replayed(case)
+        findings.extend(replay_findings(case.replay, case.capacity))
+    snap = case.snap
+    if snap is not None and (snap.trace is None or case.msg is not None or snap.oom_requested_bytes is not None):
+        requested = case.msg.requested.bytes if case.msg is not None else snap.oom_requested_bytes
+        findings.extend(snapshot_findings(snap.snapshot, requested))
+    if case.events is not None:
+        facts = trace_facts(case.events.events, site_of=case.site_of, categories_known=case.categories_known)
+        findings.extend(trace_findings(facts, "trace" if case.categories_known else "snapshot"))
+    if case.loaded is not None and case.capacity is not None and verify:
+        findings.extend(_estimate_findings(case.loaded, case.capacity))
+    ranked = rank_findings(findings)
     notes: list[str] = []
+    if not case.inputs:
+        notes.append("nothing to diagnose: give an OOM message, a snapshot or trace, or a job")
+    if case.events is not None and case.capacity is None:
+        notes.append("no capacity (give the OOM message, --gpu or --capacity): the trace was not replayed")
+    fixes = _fixes(ranked, case, notes) if verify else ()
+    return DoctorReport(verdict=_verdict(ranked, case.events, snap), findings=ranked, fixes=fixes,
+                        inputs=case.inputs, message=case.msg, capacity_bytes=case.capacity,
+                        capacity_source=case.capacity_source, notes=tuple(notes),
+                        input_settings=tuple(case.loaded.settings) if case.loaded is not None else ())
+
+
+@dataclass(frozen=True)
+class _Case:
+    """The inputs made uniform, and the replay of the run as recorded (once a capacity is known)."""
+
+    inputs: tuple[str, ...]
+    msg: OOMMessage | None
+    snap: SnapshotInput | None
+    events: Trace | None
+    loaded: Any
+    gpu: str | None
+    capacity: int | None
+    capacity_source: str
+    settings: AllocatorSettings
+    replay: Any = None
+    shape: Any = None
+
+    @property
+    def categories_known(self) -> bool:
+        """A snapshot's trace has no categories (every block is ``temporary``)."""
+        return self.snap is None or self.events is not self.snap.trace
+
+    def site_of(self, position: int) -> str:
+        if self.snap is not None and self.events is self.snap.trace and self.snap.sites:
+            return self.snap.sites[position] or "?"
+        assert self.events is not None
+        return default_site(self.events.events[position])
+
+
+def _gather(message: str | OOMMessage | None, snapshot: Any, trace: Any, job: Any, gpu: str | None,
+            capacity_bytes: int | None, settings: AllocatorSettings | None) -> _Case:
     msg = parse_oom_message(message) if isinstance(message, str) else message
-    if msg is not None:
-        inputs.append("message")
     snap = read_snapshot(snapshot) if snapshot is not None else None
-    if snap is not None:
-        inputs.append("snapshot")
     events = _trace(trace, snap)
-    if isinstance(trace, (Trace, str, os.PathLike)):
-        inputs.append("trace")
     loaded = _loaded_job(job)
-    if loaded is not None:
-        inputs.append("job")
+    given = {"message": msg, "snapshot": snap, "trace": trace, "job": loaded}
     gpu = gpu or (loaded.gpu if loaded is not None else None)
     capacity, capacity_source = _capacity(capacity_bytes, msg, gpu)
     if capacity is None and snap is not None and snap.oom_capacity_bytes is not None:
         capacity, capacity_source = snap.oom_capacity_bytes, "snapshot: reserved + device free at its OOM"
-    base_settings = settings or (snap.snapshot.settings if snap is not None else None) or AllocatorSettings()
+    base = settings or (snap.snapshot.settings if snap is not None else None) or AllocatorSettings()
+    return _Case(inputs=tuple(k for k, v in given.items() if v is not None), msg=msg, snap=snap, events=events,
+                 loaded=loaded, gpu=gpu, capacity=capacity, capacity_source=capacity_source, settings=base)
 
-    findings: list[Finding] = []
-    if msg is not None:
-        findings.extend(message_findings(msg))
-    replay = shape = None
-    if events is not None and capacity is not None and verify:
-        from memplan.doctor.replay import replay_trace, trace_shape
 
-        shape = trace_shape(events.events)
-        replay = replay_trace(events, base_settings.with_changes(capacity=capacity), shape)
-        findings.extend(replay_findings(replay, capacity))
-    if snap is not None and (snap.trace is None or msg is not None or snap.oom_requested_bytes is not None):
-        requested = msg.requested.bytes if msg is not None else snap.oom_requested_bytes
-        findings.extend(snapshot_findings(snap.snapshot, requested))
-    site_of = None
-    if events is not None:
-        sites = snap.sites if snap is not None and events is snap.trace else ()
-        categories_known = snap is None or events is not snap.trace
-        site_of = (lambda i: sites[i] or "?") if sites else (lambda i: default_site(events.events[i]))
-        facts = trace_facts(events.events, site_of=site_of, categories_known=categories_known)
-        findings.extend(trace_findings(facts, "snapshot" if not categories_known else "trace"))
-    if loaded is not None and capacity is not None and verify:
-        findings.extend(_estimate_findings(loaded, capacity))
-    ranked = rank_findings(findings)
-    if not inputs:
-        notes.append("nothing to diagnose: give an OOM message, a snapshot or trace, or a job")
-    if events is not None and capacity is None:
-        notes.append("no capacity (give the OOM message, --gpu or --capacity): the trace was not replayed")
-    context = _FixContext(msg=msg, events=events, replay=replay, shape=shape, settings=base_settings,
-                          capacity=capacity, loaded=loaded, gpu=gpu, site_of=site_of)
-    fixes = _fixes(ranked, context, notes) if verify else ()
-    return DoctorReport(verdict=_verdict(ranked, events, snap), findings=ranked, fixes=fixes, inputs=tuple(inputs),
-                        message=msg, capacity_bytes=capacity, capacity_source=capacity_source, notes=tuple(notes),
-                        input_settings=tuple(loaded.settings) if loaded is not None else ())
+def _replayed(case: _Case) -> _Case:
+    from memplan.doctor.replay import replay_trace, trace_shape
+
+    assert case.events is not None and case.capacity is not None
+    shape = trace_shape(case.events.events)
+    replay = replay_trace(case.events, case.settings.with_changes(capacity=case.capacity), shape)
+    return replace(case, replay=replay, shape=shape)
 
 
 def _trace(trace: Trace | str | os.PathLike[str] | None, snap: SnapshotInput | None) -> Trace | None:
@@ -173,22 +200,7 @@ def _verdict(ranked: tuple[Finding, ...], events: Trace | None, snap: SnapshotIn
     return "unknown"
 
 
-@dataclass(frozen=True)
-class _FixContext:
-    """What the fix finders need from the inputs (one bundle, not a dozen parameters)."""
-
-    msg: OOMMessage | None
-    events: Trace | None
-    replay: Any
-    shape: Any
-    settings: AllocatorSettings
-    capacity: int | None
-    loaded: Any
-    gpu: str | None
-    site_of: Any
-
-
-def _fixes(ranked: tuple[Finding, ...], c: _FixContext, notes: list[str]) -> tuple[Fix, ...]:
+def _fixes(ranked: tuple[Finding, ...], c: _Case, notes: list[str]) -> tuple[Fix, ...]:
     problems = {f.verdict for f in ranked} - {"fits", "unknown"}
     if not problems:
         return ()
