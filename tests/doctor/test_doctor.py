@@ -221,3 +221,48 @@ def test_report_text_and_public_names() -> None:
     assert [n for n in doctor.__all__ if not hasattr(doctor, n)] == []
     text = diagnose(CORPUS[0]["message"]).to_text()
     assert text.startswith("memplan doctor: fragmentation") and "PYTORCH_CUDA_ALLOC_CONF=" in text
+
+
+@pytest.mark.parametrize("text,field,value", [
+    (("CUDA out of memory. Tried to allocate 94.00 MiB. GPU 0 has a total capacity of 8.00 GiB of which 4.03 GiB "
+     "is free. 2.94 GiB allowed; Of the allocated memory 2.81 GiB is allocated by PyTorch, and 20.00 MiB is "
+     "reserved by PyTorch but unallocated."), "allowed", round(2.94 * GiB)),
+    (("HIP out of memory. Tried to allocate 704.00 GiB. GPU 0 has a total capacity of 191.69 GiB of which 186.02 "
+     "GiB is free. Of the allocated memory 4.89 GiB is allocated by PyTorch, and 2.25 MiB is reserved by "
+     "PyTorch but unallocated."), "backend", "HIP"),
+    (("CUDA out of memory. Tried to allocate 48.00 MiB. GPU 0 has a total capacity of 22.04 GiB of which 11.78 "
+     "GiB is free. This process has 10.25 GiB memory in use. 10.00 GiB allowed; Of the allocated memory 9.90 GiB "
+     "is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but unallocated."), "process_in_use",
+     round(10.25 * GiB)),
+    (("CUDA out of memory. Tried to allocate 14.00 MiB. GPU 0 has a total capacity of 22.30 GiB of which 4.69 MiB "
+     "is free. Process 860120 has 22.29 GiB memory in use. Of the allocated memory 21.92 GiB is allocated by "
+     "PyTorch, with 22.00 MiB allocated in private pools (e.g., CUDA Graphs), and 16.47 MiB is reserved by "
+     "PyTorch but unallocated."), "private_pools", 22 * MiB),
+    (("RuntimeError: CUDA out of memory. Tried to allocate 12.50 MiB (GPU 0; 10.92 GiB total capacity; 8.57 MiB "
+     "already allocated; 9.28 GiB free; 4.68 MiB cached)"), "reserved", round(4.68 * MiB)),
+])
+def test_message_variants(text: str, field: str, value: object) -> None:
+    m = parse_oom_message(text)
+    got = getattr(m, field)
+    assert (got.bytes if hasattr(got, "bytes") else got) == value
+
+
+def test_message_in_a_log_wrapped_and_repeated() -> None:
+    log = ("epoch 1\nCUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 23.65 GiB of "
+           "which 0 bytes is free. Of the allocated memory 20.00 GiB is allocated by PyTorch, and 1.00 GiB is "
+           "reserved by PyTorch but unallocated.\nretrying\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity\n"
+           "of 23.65 GiB of which 10.00 MiB is free. Of the allocated memory 21.00 GiB is allocated by PyTorch,\n"
+           "and 500.00 MiB is reserved by PyTorch but unallocated.\nTraceback (most recent call last):\n  80GB\n")
+    m = parse_oom_message(log)
+    assert m.requested.bytes == 2 * GiB and m.free.bytes == 10 * MiB and m.unallocated.bytes == 500 * MiB
+
+
+def test_cli_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert runner.invoke(app, ["doctor"]).exit_code == 2
+    assert runner.invoke(app, ["doctor", str(tmp_path / "missing.log")]).exit_code == 2
+    result = runner.invoke(app, ["doctor", "-", "--capacity", "lots"], input=CORPUS[0]["message"])
+    assert result.exit_code == 2 and "--capacity" in result.output
+    cut = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has"
+    result = runner.invoke(app, ["doctor", "-"], input=cut)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
