@@ -13,7 +13,8 @@ trace already in memory; reading the gzip file is the trace format's cost, not t
 
 A fourth row times the ``fragmentation`` case on ``benchmarks/alloc_speed.py``'s trace, whose
 iterations differ (one MoE-like request per layer varies): no iteration repeats another, so every
-replay runs to the end. Writes benchmarks/results/doctor_speed.json.
+replay runs to the end. Each dense case runs three times: the best and the median are recorded,
+with the load average (the machine is shared). Writes benchmarks/results/doctor_speed.json.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -72,15 +74,19 @@ def dense_trace(target_events: int = 1_000_000, layers: int = 24) -> Trace:
     return Trace(events=tuple(events))
 
 
-def _time(label: str, trace: Trace, capacity: int | None) -> dict:
-    start = time.perf_counter()
-    report = diagnose(trace=trace, capacity_bytes=capacity)
-    seconds = time.perf_counter() - start
+def _time(label: str, trace: Trace, capacity: int | None, repeats: int = 3) -> dict:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        report = diagnose(trace=trace, capacity_bytes=capacity)
+        times.append(time.perf_counter() - start)
+    seconds = min(times)
     verified = [f for f in report.fixes if f.verified]
     row = {"case": label, "events": len(trace), "capacity_bytes": capacity, "seconds": round(seconds, 3),
+           "seconds_median": round(statistics.median(times), 3), "runs": repeats, "load_average": os.getloadavg()[0],
            "verdict": report.verdict, "fixes": len(report.fixes), "verified_fixes": len(verified),
            "first_verified": verified[0].setting if verified else None}
-    print(f"{label:40s} {seconds:6.2f} s  verdict {report.verdict}  fixes {len(report.fixes)} "
+    print(f"{label:40s} {seconds:6.2f} s (median {statistics.median(times):.2f})  verdict {report.verdict}  fixes {len(report.fixes)} "
           f"(verified {len(verified)})", flush=True)
     return row
 
@@ -111,7 +117,7 @@ def main() -> int:
     moe = synthetic_trace()
     moe_full = simulate(moe)
     rows.append(_time("MoE-like (no repeating iteration), fragmentation", moe,
-                      (moe_full.peak_reserved_bytes + moe_full.peak_allocated_bytes) // 2))
+                      (moe_full.peak_reserved_bytes + moe_full.peak_allocated_bytes) // 2, repeats=1))
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": _machine(),
               "python": platform.python_version(), "target_seconds": 2.0,
               "dense_peak_reserved_bytes": peak_r, "dense_peak_allocated_bytes": peak_a, "rows": rows}

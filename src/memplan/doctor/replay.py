@@ -42,8 +42,6 @@ class TraceShape:
     run_starts: tuple[int, ...]
     #: ``same_as_previous[r]``: run ``r`` is the same request sequence as run ``r - 1``.
     same_as_previous: tuple[bool, ...]
-    #: ``alloc_position[i]``: for an alloc event, (run, position within the run).
-    run_of_event: Sequence[int]
 
     def repeats_to_end(self, run: int) -> bool:
         """True when run ``run`` and every later run are the same sequence as run ``run - 1``."""
@@ -54,7 +52,6 @@ def trace_shape(events: Sequence[AllocEvent]) -> TraceShape:
     """The runs of ``events`` and which repeat the previous one (one linear pass)."""
     starts: list[int] = []
     same: list[bool] = []
-    run_of: list[int] = []
     where: dict[int, tuple[int, int]] = {}
     previous: list[tuple[int, ...]] | None = None
     current: list[tuple[int, ...]] = []
@@ -71,7 +68,6 @@ def trace_shape(events: Sequence[AllocEvent]) -> TraceShape:
             starts.append(position)
             start = position
             current = []
-        run_of.append(run)
         if event.kind == ALLOC:
             where[event.block] = (run, position - start)
             current.append((1, event.size, event.stream))
@@ -80,7 +76,7 @@ def trace_shape(events: Sequence[AllocEvent]) -> TraceShape:
             current.append((0, run - alloc_run, offset, event.stream))
     if run >= 0:
         same.append(previous == current)
-    return TraceShape(run_starts=tuple(starts), same_as_previous=tuple(same), run_of_event=run_of)
+    return TraceShape(run_starts=tuple(starts), same_as_previous=tuple(same))
 
 
 @dataclass(frozen=True)
@@ -137,8 +133,12 @@ def replay_trace(trace: Trace, settings: AllocatorSettings, shape: TraceShape | 
     stable_start = -1
     repeated_from = None
     replayed = 0
-    run_starts = shape.run_starts
+    run_starts = (*shape.run_starts, len(events))
+    run, next_start = -1, 0
     for position, event in enumerate(events):
+        if position == next_start:
+            run += 1
+            next_start = run_starts[run + 1]
         alloc.event_index = position
         if event.kind == ALLOC:
             try:
@@ -146,7 +146,6 @@ def replay_trace(trace: Trace, settings: AllocatorSettings, shape: TraceShape | 
             except OutOfMemory as exc:
                 oom = OOMInfo(position, exc.size, exc.alloc_size, str(exc))
                 break
-            run = shape.run_of_event[position]
             origin[event.block] = (run, position - run_starts[run])
         else:
             alloc.free(live.pop(event.block))
@@ -155,7 +154,7 @@ def replay_trace(trace: Trace, settings: AllocatorSettings, shape: TraceShape | 
         peak_r = max(peak_r, alloc.reserved)
         peak_a = max(peak_a, alloc.allocated)
         finished = run_ends.get(position)
-        if finished is not None and finished + 1 < len(run_starts) and shape.repeats_to_end(finished):
+        if finished is not None and finished + 1 < len(shape.run_starts) and shape.repeats_to_end(finished):
             if stable_start < 0:
                 stable_start = finished
             state = _state(alloc, live, origin, finished, stable_start, gc)
