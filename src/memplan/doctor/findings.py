@@ -226,22 +226,18 @@ def estimate_findings(peak_allocated: int, peak_reserved: int, capacity: int) ->
 
 
 def rank_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
-    """One finding per verdict (the first given), root causes first; ``fits`` only when nothing else holds.
+    """One finding per verdict and source (the first given), root causes first; ``fits`` only when nothing
+    else holds.
 
     A finding that is not decisive (e.g. outside memory that is only part of the shortfall) ranks last.
     """
     seen: dict[str, Finding] = {}
     for f in findings:
         if f.verdict == "demand" and any(e.source == "estimate" for e in f.evidence):
-            seen["estimate"] = f  # the estimator's demand outranks what one message shows
+            seen["estimate"] = f  # the estimator's demand outranks what one message shows; both are kept
         else:
             seen.setdefault(f.verdict, f)
     problems = [(k, f) for k, f in seen.items() if k != "fits"]
     if not problems:
         return tuple(seen.values())
-    ranked = sorted(problems, key=lambda kf: (not kf[1].decisive, _PRIORITY.get(kf[0], 9)))
-    out: list[Finding] = []
-    for _, f in ranked:  # the estimator's demand replaces the message's
-        if not any(o.verdict == f.verdict for o in out):
-            out.append(f)
-    return tuple(out)
+    return tuple(f for _, f in sorted(problems, key=lambda kf: (not kf[1].decisive, _PRIORITY.get(kf[0], 9))))

@@ -39,6 +39,8 @@ class _Change:
     key: str
     apply: Callable[[Job], Job]
     changes_training: bool = False
+    #: False when the step-time model has no term for the change (CPU offload, chunked loss).
+    priced: bool = True
 
 
 def _divisors_below(n: int) -> list[int]:
@@ -66,7 +68,8 @@ def _changes(job: Job) -> list[_Change]:
     if not job.offload.optimizer:
         out.append(_Change("Offload optimizer states to CPU memory", "--offload-optimizer", "offload_optimizer",
                            lambda j: replace(j, offload=replace(j.offload, optimizer=True)
-                                             if isinstance(j.offload, Offload) else Offload(optimizer=True))))
+                                             if isinstance(j.offload, Offload) else Offload(optimizer=True)),
+                           priced=False))
     if job.finetune.peft == "none":
         out.append(_Change("Train LoRA adapters instead of all weights (changes what trains)", "--peft lora", "peft",
                            lambda j: replace(j, finetune=FineTuning(peft="lora")), True))
@@ -75,7 +78,7 @@ def _changes(job: Job) -> list[_Change]:
                            lambda j: replace(j, finetune=FineTuning(peft="lora", quantize_base="nf4")), True))
     if job.loss not in ("chunked", "fused-linear"):
         out.append(_Change("Chunked cross-entropy loss (no full logits)", "--loss chunked", "loss",
-                           lambda j: replace(j, loss="chunked")))
+                           lambda j: replace(j, loss="chunked"), priced=False))
     return out
 
 
@@ -148,7 +151,8 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
             if a.key == b.key:
                 continue
             pair = _Change(f"{a.action} + {b.action}", f"{a.flags} {b.flags}", f"{a.key},{b.key}",
-                           lambda j, a=a, b=b: b.apply(a.apply(j)), a.changes_training or b.changes_training)
+                           lambda j, a=a, b=b: b.apply(a.apply(j)), a.changes_training or b.changes_training,
+                           a.priced and b.priced)
             try:
                 tried.append((pair, *peak_and_time(pair.apply(job))))
             except (ConfigError, UnsupportedError):
@@ -156,8 +160,13 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
     fixes = []
     for change, peak, seconds in _one_micro_batch(tried, limit):
         fits = peak <= limit
-        cost = "" if seconds is None or not base_time else f"; step {base_time:.3g} s -> {seconds:.3g} s " \
-            f"({100 * (seconds / base_time - 1):+.0f}%)"
+        if not change.priced:
+            seconds = None
+            cost = "; step time not priced (the step-time model has no term for it: expect a slower step)"
+        elif seconds is None or not base_time:
+            cost = ""
+        else:
+            cost = f"; step {base_time:.3g} s -> {seconds:.3g} s ({100 * (seconds / base_time - 1):+.0f}%)"
         text = (f"memplan estimate: peak reserved {format_bytes(peak)} (was {format_bytes(base_peak)}) "
                 f"{'<=' if fits else '>'} limit {format_bytes(limit)} ({format_bytes(capacity)} minus "
                 f"{FIT_MARGIN:.0%} margin){cost}")

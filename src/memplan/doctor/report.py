@@ -117,8 +117,11 @@ class Fix:
 
 
 def rank_fixes(fixes: list[Fix] | tuple[Fix, ...]) -> tuple[Fix, ...]:
-    """Verified first; among them those that keep the training as it is; then cheapest, then largest saving."""
-    return tuple(sorted(fixes, key=lambda f: (not f.verified, f.changes_training, f.cost, -(f.saves_bytes or 0))))
+    """Verified first; then those that keep the training as it is; then priced before unpriced job changes
+    (CPU offload: the step-time model has no term for it); then cheapest, then largest saving."""
+    return tuple(sorted(fixes, key=lambda f: (not f.verified, f.changes_training,
+                                              f.kind == "job" and f.step_time_s is None, f.cost,
+                                              -(f.saves_bytes or 0))))
 
 
 @dataclass(frozen=True)
