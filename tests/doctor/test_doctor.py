@@ -207,7 +207,9 @@ def test_cli_trace_file_and_two_messages(tmp_path: Path) -> None:
     result = runner.invoke(app, ["doctor", str(path), "--capacity", "6GiB", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # 7 GiB live at the peak on 6 GiB, 3 GiB of it one workspace
-    assert doc["verdict"] == "spike" and [f["verdict"] for f in doc["findings"]] == ["spike", "demand"]
+    assert doc["verdict"] == "demand" and [f["verdict"] for f in doc["findings"]][:2] == ["demand", "spike"]
+    assert doc["findings"][0]["evidence"][0]["name"] == "peak_live_bytes"  # the lower bound, then the replay
+    assert doc["fixes"] == [] and "no allocator setting" in " ".join(doc["notes"])
     first, second = tmp_path / "a.log", tmp_path / "b.log"
     first.write_text(CORPUS[0]["message"])
     second.write_text(CORPUS[1]["message"])

@@ -29,7 +29,9 @@ from memplan.alloc.settings import AllocatorSettings
 from memplan.alloc.snapshot import Snapshot
 from memplan.doctor.findings import (
     estimate_findings,
+    is_bound,
     message_findings,
+    peak_findings,
     rank_findings,
     replay_findings,
     snapshot_findings,
@@ -76,7 +78,10 @@ def diagnose(
         findings.extend(snapshot_findings(snap.snapshot, requested))
     if case.events is not None:
         facts = trace_facts(case.events.events, site_of=case.site_of, categories_known=case.categories_known)
-        findings.extend(trace_findings(facts, "trace" if case.categories_known else "snapshot"))
+        source = "trace" if case.categories_known else "snapshot"
+        findings.extend(trace_findings(facts, source))
+        if case.capacity is not None:
+            findings.extend(peak_findings(facts.peak_live_bytes, case.capacity, source))
     if case.loaded is not None and case.capacity is not None and verify:
         findings.extend(_estimate_findings(case.loaded, case.capacity))
     ranked = rank_findings(findings)
@@ -209,7 +214,10 @@ def _fixes(ranked: tuple[Finding, ...], c: _Case, notes: list[str]) -> tuple[Fix
     from memplan.doctor.other_fixes import leak_fix, outside_fix
 
     fixes: list[Fix] = []
-    fixes.extend(allocator_fixes(problems, c.msg, c.events, c.replay, c.shape, c.settings, c.capacity))
+    if any(is_bound(f) for f in ranked):
+        notes.append("no allocator setting was tried: the live memory alone exceeds the capacity")
+    else:
+        fixes.extend(allocator_fixes(problems, c.msg, c.events, c.replay, c.shape, c.settings, c.capacity))
     for finding in ranked:
         if finding.verdict == "leak" and c.events is not None:
             fixes.append(leak_fix(finding, c.events, c.site_of, c.settings, c.capacity))

@@ -33,7 +33,8 @@ from memplan.doctor.trace_facts import TraceFacts
 from memplan.doctor.words import format_bytes
 from memplan.gpus import DEFAULT_OUTSIDE_ALLOCATOR_BYTES
 
-__all__ = ["CONTEXT_ALLOWANCE_BYTES", "SPIKE_MESSAGE_SHARE", "estimate_findings", "message_findings", "rank_findings", "replay_findings",
+__all__ = ["CONTEXT_ALLOWANCE_BYTES", "SPIKE_MESSAGE_SHARE", "estimate_findings", "is_bound", "message_findings",
+           "peak_findings", "rank_findings", "replay_findings",
            "snapshot_findings", "trace_findings"]
 
 #: Memory a training process normally holds outside PyTorch's allocator (CUDA context, cuBLAS,
@@ -45,7 +46,7 @@ SPIKE_MESSAGE_SHARE = 1 / 3
 #: Below this share of reserved memory, reserved-but-unallocated bytes are not fragmentation.
 FRAGMENTED_SHARE = 0.1
 #: Order of verdicts when several hold: the root cause first.
-_PRIORITY = {"estimate": 0, "leak": 1, "outside_pytorch": 2, "fragmentation": 3, "spike": 4, "demand": 5}
+_PRIORITY = {"leak": 0, "outside_pytorch": 1, "bound": 2, "fragmentation": 3, "spike": 4, "demand": 5}
 
 
 def _m(name: str, value: int, note: str = "", source: str = "message") -> Evidence:
@@ -225,6 +226,23 @@ def estimate_findings(peak_allocated: int, peak_reserved: int, capacity: int) ->
         f"than the {format_bytes(capacity)} PyTorch can have: no allocator setting can fit it"))]
 
 
+def peak_findings(peak_live_bytes: int, capacity: int, source: str) -> list[Finding]:
+    """A trace whose live bytes alone (requested sizes, the lower bound of any allocator) exceed the capacity."""
+    if peak_live_bytes <= capacity:
+        return []
+    ev = (_m("peak_live_bytes", peak_live_bytes, "requested bytes live at once: any allocator's lower bound", source),
+          _m("capacity_bytes", capacity, source="derived"))
+    return [Finding(verdict="demand", magnitude_bytes=peak_live_bytes - capacity, evidence=ev, summary=(
+        f"the trace holds {format_bytes(peak_live_bytes)} live at its peak, more than the {format_bytes(capacity)} "
+        "PyTorch can have: no allocator setting can fit it"))]
+
+
+def is_bound(finding: Finding) -> bool:
+    """A demand shown by a lower bound (the estimator's peak allocated, a trace's peak live bytes)."""
+    return finding.verdict == "demand" and bool(finding.evidence) and finding.evidence[0].name in (
+        "estimated_peak_allocated_bytes", "peak_live_bytes")
+
+
 def rank_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     """One finding per verdict and source (the first given), root causes first; ``fits`` only when nothing
     else holds.
@@ -233,8 +251,8 @@ def rank_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     """
     seen: dict[str, Finding] = {}
     for f in findings:
-        if f.verdict == "demand" and any(e.source == "estimate" for e in f.evidence):
-            seen["estimate"] = f  # the estimator's demand outranks what one message shows; both are kept
+        if is_bound(f):
+            seen.setdefault("bound", f)  # a lower bound outranks what one message or replay shows; both kept
         else:
             seen.setdefault(f.verdict, f)
     problems = [(k, f) for k, f in seen.items() if k != "fits"]
