@@ -268,3 +268,28 @@ def test_cli_usage_errors_exit_2(tmp_path: Path) -> None:
     cut = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has"
     result = runner.invoke(app, ["doctor", "-"], input=cut)
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+
+
+def test_snapshot_leak_found_by_optimizer_steps_and_frames() -> None:
+    """Iterations come from torch's Optimizer.step annotations, sites from each alloc's first user frame."""
+    base, entries, notes, t = 0x7F0000000000, [], [], 1000
+    user = [{"filename": "/opt/torch/lib/python3.11/site-packages/torch/nn/modules/module.py", "name": "_call_impl",
+             "line": 1}, {"filename": "/home/me/train.py", "name": "train_step", "line": 42}]
+    for step in range(5):
+        for k in range(3):  # activations freed within the step
+            address = base + (step * 8 + k) * 64 * MiB
+            entries.append({"action": "alloc", "addr": address, "size": 32 * MiB, "stream": 0, "time_us": t})
+            entries.append({"action": "free_completed", "addr": address, "size": 32 * MiB, "stream": 0,
+                            "time_us": t + 1})
+            t += 10
+        leaked = base + (step * 8 + 7) * 64 * MiB  # kept forever by train.py:42
+        entries.append({"action": "alloc", "addr": leaked, "size": 4 * MiB, "stream": 0, "time_us": t,
+                        "frames": user})
+        t += 10
+        notes.append({"stage": "END", "name": "Optimizer.step#AdamW.step", "device": 0, "time_us": t})
+        t += 10
+    raw = {"segments": [], "device_traces": [entries], "external_annotations": notes}
+    report = diagnose(snapshot=raw)
+    leak = report.findings[0]
+    assert report.verdict == "leak" and leak.magnitude_bytes == 4 * MiB
+    assert leak.sites[0][0] == "train.py:42 in train_step"
