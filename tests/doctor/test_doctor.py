@@ -293,3 +293,21 @@ def test_snapshot_leak_found_by_optimizer_steps_and_frames() -> None:
     leak = report.findings[0]
     assert report.verdict == "leak" and leak.magnitude_bytes == 4 * MiB
     assert leak.sites[0][0] == "train.py:42 in train_step"
+
+
+def test_message_with_rank_prefixes_on_every_line() -> None:
+    log = ("[rank1]: Traceback (most recent call last):\n"
+           "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB. GPU 1 has a total\n"
+           "[rank1]: capacity of 79.10 GiB of which 1.38 GiB is free. Including non-PyTorch memory, this process has\n"
+           "[rank1]: 77.71 GiB memory in use. Of the allocated memory 74.20 GiB is allocated by PyTorch, and 2.98\n"
+           "[rank1]: GiB is reserved by PyTorch but unallocated.\n")
+    m = parse_oom_message(log)
+    assert m.device == 1 and m.unallocated.text == "2.98 GiB" and m.process_in_use is not None
+
+
+def test_other_out_of_memory_errors_say_what_they_are() -> None:
+    result = runner.invoke(app, ["doctor", "-"], input="RuntimeError: CUDA error: out of memory\nCUDA kernel errors")
+    assert result.exit_code == 2 and "driver" in result.output
+    mps = "RuntimeError: MPS backend out of memory (MPS allocated: 6.79 GB, max allowed: 18.13 GB)."
+    result = runner.invoke(app, ["doctor", "-"], input=mps)
+    assert result.exit_code == 1 and "MPS" in result.output

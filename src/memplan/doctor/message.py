@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memplan.errors import ConfigError
+from memplan.errors import ConfigError, UnsupportedError
 from memplan.units import GiB, KiB, MiB
 
 __all__ = ["Figure", "OOMMessage", "parse_oom_message"]
@@ -161,7 +161,12 @@ def _derived(value: int, resolution: int, text: str) -> Figure:
 _END = re.compile(r"If reserved|See documentation|\n\s*\n|Traceback|\n\S+Error")
 
 
+#: A launcher's prefix on every log line (``[rank0]: ``, ``host-0: [rank7]: ``).
+_RANK_PREFIX = re.compile(r"^[^\n\[]*\[rank\d+\]:[ \t]?", re.MULTILINE)
+
+
 def _message_text(tail: str) -> str:
+    tail = _RANK_PREFIX.sub("", tail)
     end = _END.search(tail, 20)
     return tail[: end.start() if end else 2000][:2000]
 
@@ -191,8 +196,10 @@ def parse_oom_message(text: str) -> OOMMessage:
     """
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(_FIELD, "must be the text of a PyTorch out-of-memory error", "")
-    heads = list(_HEAD.finditer(text))
+    heads = list(_HEAD.finditer(_RANK_PREFIX.sub("", text)))
+    text = _RANK_PREFIX.sub("", text)
     if not heads:
+        _other_errors(text)
         raise ConfigError(_FIELD, "has no 'out of memory. Tried to allocate <size>' figure; give the text of a "
                           "PyTorch OOM error", text.strip()[:80])
     head = heads[-1]
@@ -213,6 +220,19 @@ def parse_oom_message(text: str) -> OOMMessage:
         raise ConfigError(_FIELD, f"has no {missing} figures after 'Tried to allocate'; give the whole message "
                           "(torch 1.13-2.x prints total, free, allocated and reserved memory)", body[:120])
     return _new_layout(body, backend, requested, capacity, allocated)
+
+
+def _other_errors(text: str) -> None:
+    """Out-of-memory errors that are not the caching allocator's: say what they are instead of 'no figures'."""
+    if "MPS backend out of memory" in text:
+        raise UnsupportedError("the OOM message is from PyTorch's MPS (Apple) allocator; memplan doctor reads the "
+                               "CUDA/ROCm caching allocator's messages")
+    for marker, what in (("CUDA error: out of memory", ("the CUDA driver's (a kernel, cuBLAS, NCCL or context "
+                                                          "creation ran out), not the caching allocator's")),
+                         ("CUBLAS_STATUS_ALLOC_FAILED", "cuBLAS's (its workspace allocation failed)")):
+        if marker in text:
+            raise ConfigError(_FIELD, f"is {what}: it prints no figures to diagnose; give the snapshot or the "
+                              "job instead", marker)
 
 
 def _old_layout(body: str, backend: str, requested: Figure, m: re.Match[str]) -> OOMMessage:
