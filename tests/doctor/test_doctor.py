@@ -311,3 +311,9 @@ def test_other_out_of_memory_errors_say_what_they_are() -> None:
     mps = "RuntimeError: MPS backend out of memory (MPS allocated: 6.79 GB, max allowed: 18.13 GB)."
     result = runner.invoke(app, ["doctor", "-"], input=mps)
     assert result.exit_code == 1 and "MPS" in result.output
+
+
+def test_decimal_units_after_the_message_are_not_its_figures() -> None:
+    log = ("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.56 GiB already "
+           "allocated; 3.19 MiB free; 14.70 GiB reserved in total by PyTorch)\nloading the 7B model on an A100 80GB\n")
+    assert parse_oom_message(log).reserved.text == "14.70 GiB"

@@ -171,15 +171,6 @@ def _message_text(tail: str) -> str:
     return tail[: end.start() if end else 2000][:2000]
 
 
-def _check_units(text: str) -> None:
-    """Refuse a message that mixes decimal units (GB, MB) with PyTorch's binary ones."""
-    units = set(re.findall(r"\d\s*(bytes|[KMGT]iB|[KMGT]B|kB)\b", text))
-    decimal = sorted(u for u in units if u in _DECIMAL)
-    if decimal:
-        raise ConfigError(f"{_FIELD} units", "must be PyTorch's binary units (bytes, KiB, MiB, GiB) throughout; "
-                          "a message with decimal units was retyped or is not PyTorch's", ", ".join(sorted(units)))
-
-
 def parse_oom_message(text: str) -> OOMMessage:
     """The figures of the (last) PyTorch OOM message in ``text`` (a whole log may be given).
 
@@ -204,8 +195,8 @@ def parse_oom_message(text: str) -> OOMMessage:
                           "PyTorch OOM error", text.strip()[:80])
     head = heads[-1]
     # The message ends where the next one would start (logs often repeat it); join wrapped lines.
+    # Each figure is checked for PyTorch's binary units as it is read (decimal units: refused).
     body = " ".join(_message_text(text[head.start():]).split())
-    _check_units(body)
     body_match = _HEAD.match(body)
     assert body_match is not None
     requested = _figure(body_match, "requested")
