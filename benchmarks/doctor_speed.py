@@ -11,7 +11,8 @@ trace already in memory; reading the gzip file is the trace format's cost, not t
 * ``fragmentation``: replayed at a capacity between its peak allocated and peak reserved memory,
   which runs out of memory, then every allocator setting replayed to verify it.
 
-A fourth row times the ``fragmentation`` case on ``benchmarks/alloc_speed.py``'s trace, whose
+A fourth row adds what ``memplan doctor step.mptrace`` pays on top: reading the gzip JSON-lines
+file (the trace format's reader, not the doctor). A fifth times the ``fragmentation`` case on ``benchmarks/alloc_speed.py``'s trace, whose
 iterations differ (one MoE-like request per layer varies): no iteration repeats another, so every
 replay runs to the end. Each dense case runs three times: the best and the median are recorded,
 with the load average (the machine is shared). Writes benchmarks/results/doctor_speed.json.
@@ -24,12 +25,13 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from memplan.doctor import diagnose
-from memplan.events import AllocEvent, Trace
+from memplan.events import AllocEvent, Trace, read_trace, write_trace
 
 MiB = 2**20
 
@@ -91,6 +93,22 @@ def _time(label: str, trace: Trace, capacity: int | None, repeats: int = 3) -> d
     return row
 
 
+def _from_file(trace: Trace, capacity: int) -> dict:
+    """What ``memplan doctor step.mptrace`` pays on top: reading the gzip JSON-lines file."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "step.mptrace"
+        write_trace(trace, path)
+        start = time.perf_counter()
+        loaded = read_trace(path)
+        read_s = time.perf_counter() - start
+        report = diagnose(trace=loaded, capacity_bytes=capacity)
+        total = time.perf_counter() - start
+    print(f"{'dense, fragmentation, from the .mptrace file':40s} {total:6.2f} s (reading {read_s:.2f} s)", flush=True)
+    return {"case": "dense, fragmentation, read from the .mptrace file", "events": len(trace),
+            "capacity_bytes": capacity, "seconds": round(total, 3), "read_seconds": round(read_s, 3), "runs": 1,
+            "load_average": os.getloadavg()[0], "verdict": report.verdict}
+
+
 def _machine() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
@@ -111,6 +129,7 @@ def main() -> int:
         _time("dense, fits", trace, peak_r + 1024 * MiB),
         _time("dense, fragmentation (capacity between peaks)", trace, (peak_r + peak_a) // 2),
     ]
+    rows.append(_from_file(trace, (peak_r + peak_a) // 2))
     sys.path.insert(0, str(Path(__file__).parent))
     from alloc_speed import synthetic_trace
 
