@@ -34,7 +34,7 @@ def test_corpus_verdict(case: dict) -> None:
     if case["label"] == "demand" and job is not None:
         fitting = [f for f in report.fixes if f.verified and f.kind == "job"]
         assert fitting and fitting[0].peak_bytes <= fitting[0].limit_bytes
-    doc = report.to_json()
+    doc = json.loads(json.dumps(report.to_json()))
     assert doc["verdict"] == case["label"] and doc["evidence"]
 
 
@@ -317,3 +317,15 @@ def test_decimal_units_after_the_message_are_not_its_figures() -> None:
     log = ("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.56 GiB already "
            "allocated; 3.19 MiB free; 14.70 GiB reserved in total by PyTorch)\nloading the 7B model on an A100 80GB\n")
     assert parse_oom_message(log).reserved.text == "14.70 GiB"
+
+
+def test_message_and_a_snapshot_without_its_oom_entry() -> None:
+    """The message says what failed: its request is replayed at the end of the snapshot's trace."""
+    raw = _snapshot_with_oom()
+    raw["device_traces"][0].pop()  # no oom entry recorded
+    message = ("CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 1.50 GiB of which "
+               "400.00 MiB is free. Of the allocated memory 100.00 MiB is allocated by PyTorch, and 924.00 MiB is "
+               "reserved by PyTorch but unallocated.")
+    report = diagnose(message, snapshot=raw)
+    assert report.verdict == "fragmentation" and report.inputs == ("message", "snapshot")
+    assert any(f.verified and f.verified_by == "simulation" for f in report.fixes)

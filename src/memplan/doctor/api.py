@@ -37,7 +37,7 @@ from memplan.doctor.findings import (
     snapshot_findings,
     trace_findings,
 )
-from memplan.doctor.inputs import SnapshotInput, read_snapshot
+from memplan.doctor.inputs import SnapshotInput, read_snapshot, with_message_request
 from memplan.doctor.message import OOMMessage, parse_oom_message
 from memplan.doctor.report import DoctorReport, Finding, Fix, rank_fixes
 from memplan.doctor.trace_facts import default_site, trace_facts
@@ -129,6 +129,8 @@ def _gather(message: str | OOMMessage | None, snapshot: Any, trace: Any, job: An
             capacity_bytes: int | None, settings: AllocatorSettings | None) -> _Case:
     msg = parse_oom_message(message) if isinstance(message, str) else message
     snap = read_snapshot(snapshot) if snapshot is not None else None
+    if snap is not None and msg is not None:
+        snap = with_message_request(snap, msg.requested.bytes)
     events = _trace(trace, snap)
     loaded = _loaded_job(job)
     given = {"message": msg, "snapshot": snap, "trace": trace, "job": loaded}

@@ -19,7 +19,7 @@ from memplan.alloc.snapshot import Snapshot, parse_snapshot, safe_loads, snapsho
 from memplan.errors import ConfigError
 from memplan.events import ALLOC, AllocEvent, Trace
 
-__all__ = ["SnapshotInput", "read_snapshot"]
+__all__ = ["SnapshotInput", "read_snapshot", "with_message_request"]
 
 _SKIP_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python", "<frozen", "runpy.py")
 
@@ -68,18 +68,27 @@ def read_snapshot(source: Snapshot | Mapping[str, Any] | str | os.PathLike[str])
     if step_ends and times:
         trace = _with_iterations(trace, times, step_ends)
     if oom[0] is not None:
-        trace, sites = _with_failed_request(trace, sites, oom[0])
+        trace, sites = with_failed_request(trace, sites, oom[0])
     return SnapshotInput(snapshot=snapshot, trace=trace, sites=sites, steps=len(step_ends), oom_requested_bytes=oom[0],
                          oom_capacity_bytes=oom[1])
 
 
-def _with_failed_request(trace: Trace, sites: tuple[str, ...], size: int) -> tuple[Trace, tuple[str, ...]]:
+def with_failed_request(trace: Trace, sites: tuple[str, ...], size: int) -> tuple[Trace, tuple[str, ...]]:
     """The trace with the request that ran out of memory appended: replays then meet it too."""
     last = trace.events[-1] if trace.events else None
     block = max((e.block for e in trace.events), default=-1) + 1
     event = AllocEvent(len(trace.events), ALLOC, block, size, "temporary", "other",
                        last.iteration if last is not None else 0, "", "", last.stream if last is not None else 0)
     return Trace(events=(*trace.events, event), meta=trace.meta), (*sites, "the request that ran out of memory")
+
+
+def with_message_request(snap: SnapshotInput, requested: int) -> SnapshotInput:
+    """A snapshot whose trace has no ``oom`` entry, with the OOM message's request as its last event
+    (a snapshot dumped at the out-of-memory, the message telling what failed)."""
+    if snap.trace is None or snap.oom_requested_bytes is not None:
+        return snap
+    trace, sites = with_failed_request(snap.trace, snap.sites or ("",) * len(snap.trace.events), requested)
+    return replace(snap, trace=trace, sites=sites, oom_requested_bytes=requested)
 
 
 def _oom_entry(raw: Any, snapshot: Snapshot) -> tuple[int | None, int | None]:
