@@ -329,3 +329,15 @@ def test_message_and_a_snapshot_without_its_oom_entry() -> None:
     report = diagnose(message, snapshot=raw)
     assert report.verdict == "fragmentation" and report.inputs == ("message", "snapshot")
     assert any(f.verified and f.verified_by == "simulation" for f in report.fixes)
+
+
+def test_doctor_needs_neither_torch_nor_numpy() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['numpy'] = None; sys.modules['torch'] = None\n"
+            "from memplan.doctor import diagnose\n"
+            f"print(diagnose({CORPUS[0]['message']!r}).verdict)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.stdout.strip() == "fragmentation"
