@@ -341,3 +341,11 @@ def test_doctor_needs_neither_torch_nor_numpy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
     assert out.stdout.strip() == "fragmentation"
+
+
+def test_job_alone_fits_or_gets_job_fixes() -> None:
+    small = load_job(JobRequest(model="gpt2", flags={"gpus": 1, "framework": "hf", "seq": 512}))
+    assert diagnose(job=small, gpu="h100-80gb").verdict == "fits"
+    big = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 1, "framework": "hf", "seq": 2048}))
+    report = diagnose(job=big, gpu="rtx-4090")
+    assert report.verdict == "demand" and report.fixes[0].verified and report.fixes[0].kind == "job"

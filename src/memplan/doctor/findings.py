@@ -215,12 +215,17 @@ def trace_findings(facts: TraceFacts, source: str) -> list[Finding]:
 
 
 def estimate_findings(peak_allocated: int, peak_reserved: int, capacity: int) -> list[Finding]:
-    """A job whose estimated peak allocated memory (before any fragmentation) exceeds the capacity."""
-    if peak_allocated <= capacity:
-        return []
+    """A job whose estimated peak allocated memory (before any fragmentation) exceeds the capacity is
+    demand; one whose estimated peak reserved memory is within it fits (unless something else is found)."""
     ev = (_m("estimated_peak_allocated_bytes", peak_allocated, "memplan estimate", "estimate"),
           _m("estimated_peak_reserved_bytes", peak_reserved, "with the assumed fragmentation", "estimate"),
           _m("capacity_bytes", capacity, source="derived"))
+    if peak_reserved <= capacity:
+        return [Finding(verdict="fits", magnitude_bytes=capacity - peak_reserved, evidence=ev, summary=(
+            f"the job is estimated at {format_bytes(peak_reserved)} reserved at its peak, within the "
+            f"{format_bytes(capacity)} PyTorch can have"))]
+    if peak_allocated <= capacity:
+        return []
     return [Finding(verdict="demand", magnitude_bytes=peak_allocated - capacity, evidence=ev, summary=(
         f"the job as given needs {format_bytes(peak_allocated)} allocated at its peak (memplan estimate), more "
         f"than the {format_bytes(capacity)} PyTorch can have: no allocator setting can fit it"))]
