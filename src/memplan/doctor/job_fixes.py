@@ -1,0 +1,177 @@
+"""Job changes that may fix an out-of-memory, each re-estimated and priced by the step-time model.
+
+Every change starts from the user's job (:class:`memplan.inputs.LoadedJob`) and changes one thing:
+a smaller micro-batch (the global batch kept by gradient accumulation), activation recompute
+(selective, then full), a higher ZeRO stage or FSDP, optimizer offload, LoRA / QLoRA (which change
+what trains: said in the action), a chunked loss. Each is estimated with :func:`memplan.estimate`;
+it is verified when its predicted peak reserved memory is within the limit: the capacity minus
+:data:`memplan.fit.results.FIT_MARGIN` (``memplan fit``'s margin). Its cost is the step time of
+:func:`memplan.fit.steptime.step_time` relative to the job's own. When no single change fits, pairs
+of the four that save the most are tried.
+
+The GPU for the step-time model is the job's ``--gpu``, else the catalogue GPU whose memory matches
+the message's total capacity (within :data:`CAPACITY_MATCH`); without one the cost is unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from itertools import combinations
+from typing import Any
+
+from memplan.doctor.message import OOMMessage
+from memplan.doctor.report import Fix
+from memplan.doctor.words import format_bytes
+from memplan.errors import ConfigError, UnsupportedError
+from memplan.job import FineTuning, Job, Offload, Recompute
+
+__all__ = ["CAPACITY_MATCH", "job_fixes"]
+
+#: A catalogue GPU matches a message's total capacity when within this share of its memory.
+CAPACITY_MATCH = 0.03
+
+
+@dataclass(frozen=True)
+class _Change:
+    action: str
+    flags: str
+    key: str
+    apply: Callable[[Job], Job]
+    changes_training: bool = False
+    #: False when the step-time model has no term for the change (CPU offload, chunked loss).
+    priced: bool = True
+
+
+def _divisors_below(n: int) -> list[int]:
+    return [d for d in range(n - 1, 0, -1) if n % d == 0]
+
+
+def _changes(job: Job) -> list[_Change]:
+    out: list[_Change] = []
+    b, par = job.batch, job.parallel
+    gbs = b.global_batch_size or b.micro_batch_size * par.data_parallel
+    for mbs in _divisors_below(b.micro_batch_size):
+        out.append(_Change(f"Micro-batch {mbs} (global batch {gbs} kept by accumulation)", f"--mbs {mbs} --gbs {gbs}",
+                           "mbs", lambda j, m=mbs: replace(j, batch=replace(j.batch, micro_batch_size=m,
+                                                                             global_batch_size=gbs))))
+    modes = {"none": ("selective", "full"), "selective": ("full",)}.get(job.recompute.mode, ())
+    for mode in modes:
+        out.append(_Change(f"Recompute activations ({mode})", f"--recompute {mode}", "recompute",
+                           lambda j, m=mode: replace(j, recompute=Recompute(mode=m))))
+    if par.data_parallel > 1 and job.sharding.fsdp == "none":
+        for stage in range(job.sharding.zero + 1, 4):
+            out.append(_Change(f"ZeRO stage {stage}", f"--zero {stage}", "zero",
+                               lambda j, s=stage: replace(j, sharding=replace(j.sharding, zero=s))))
+        out.append(_Change("FSDP full sharding", "--fsdp full", "fsdp",
+                           lambda j: replace(j, sharding=replace(j.sharding, zero=0, fsdp="full"))))
+    if not job.offload.optimizer:
+        out.append(_Change("Offload optimizer states to CPU memory", "--offload-optimizer", "offload_optimizer",
+                           lambda j: replace(j, offload=replace(j.offload, optimizer=True)
+                                             if isinstance(j.offload, Offload) else Offload(optimizer=True)),
+                           priced=False))
+    if job.finetune.peft == "none":
+        out.append(_Change("Train LoRA adapters instead of all weights (changes what trains)", "--peft lora", "peft",
+                           lambda j: replace(j, finetune=FineTuning(peft="lora")), True))
+        out.append(_Change("QLoRA: LoRA on an NF4-quantized base (changes what trains)",
+                           "--peft lora --quantize-base nf4", "peft",
+                           lambda j: replace(j, finetune=FineTuning(peft="lora", quantize_base="nf4")), True))
+    if job.loss not in ("chunked", "fused-linear"):
+        out.append(_Change("Chunked cross-entropy loss (no full logits)", "--loss chunked", "loss",
+                           lambda j: replace(j, loss="chunked"), priced=False))
+    return out
+
+
+def _one_micro_batch(tried: list[tuple[_Change, int, float | None]], limit: int) -> list[
+        tuple[_Change, int, float | None]]:
+    """Of the single micro-batch changes, keep the largest micro-batch that fits (or the smallest tried)."""
+    alone = [t for t in tried if t[0].key == "mbs"]
+    if not alone:
+        return tried
+    fitting = [t for t in alone if t[1] <= limit]
+    keep = fitting[0] if fitting else alone[-1]
+    return [t for t in tried if t[0].key != "mbs" or t is keep]
+
+
+def _hardware(gpu: str | None, msg: OOMMessage | None, notes: list[str]) -> Any:
+    from memplan.fit.hardware import hardware_for
+    from memplan.gpus import list_gpus
+
+    name = gpu
+    if name is None and msg is not None:
+        total = msg.total.bytes
+        close = [g for g in list_gpus() if abs(g.total_bytes - total) <= CAPACITY_MATCH * g.total_bytes]
+        if close:
+            name = min(close, key=lambda g: abs(g.total_bytes - total)).name
+            notes.append(f"step times priced on {name}, the catalogue GPU closest to the message's "
+                         f"{msg.total.text} (give --gpu to choose)")
+    if name is None:
+        notes.append("no GPU known (give --gpu): job fixes are ranked by memory saved, step-time cost unknown")
+        return None
+    try:
+        return hardware_for(name)
+    except KeyError:
+        notes.append(f"no step-time data for {name}: job fixes ranked by memory saved")
+        return None
+
+
+def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: str | None,
+              notes: list[str]) -> list[Fix]:
+    """Job changes re-estimated against ``capacity`` (see the module docstring)."""
+    from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
+    from memplan.fit.results import FIT_MARGIN, memory_limit
+    from memplan.fit.steptime import step_time
+
+    if capacity is None:
+        notes.append("no capacity (message, --gpu or --capacity): job changes were not estimated")
+        return []
+    model, job = loaded.model, loaded.job
+    frag = loaded.fragmentation if loaded.fragmentation is not None else DEFAULT_FRAGMENTATION
+    limit = memory_limit(capacity, FIT_MARGIN)
+    hw = _hardware(gpu, msg, notes)
+
+    def peak_and_time(j: Job) -> tuple[int, float | None]:
+        est = estimate(model, j, fragmentation=frag)
+        return est.peak_reserved_bytes, (step_time(model, j, hw).total_s if hw is not None else None)
+
+    base_peak, base_time = peak_and_time(job)
+    if base_peak <= limit:
+        notes.append(f"the job as given is estimated at {format_bytes(base_peak)} reserved, within the "
+                     f"{format_bytes(limit)} limit: the estimate does not reproduce this out-of-memory (inputs "
+                     "longer than --seq, another model or a cache beside the job?)")
+    tried: list[tuple[_Change, int, float | None]] = []
+    for change in _changes(job):
+        try:
+            tried.append((change, *peak_and_time(change.apply(job))))
+        except (ConfigError, UnsupportedError):
+            continue
+    if not any(peak <= limit for _, peak, _ in tried):
+        best = sorted(tried, key=lambda t: t[1])[:4]
+        for (a, _, _), (b, _, _) in combinations(best, 2):
+            if a.key == b.key:
+                continue
+            pair = _Change(f"{a.action} + {b.action}", f"{a.flags} {b.flags}", f"{a.key},{b.key}",
+                           lambda j, a=a, b=b: b.apply(a.apply(j)), a.changes_training or b.changes_training,
+                           a.priced and b.priced)
+            try:
+                tried.append((pair, *peak_and_time(pair.apply(job))))
+            except (ConfigError, UnsupportedError):
+                continue
+    fixes = []
+    for change, peak, seconds in _one_micro_batch(tried, limit):
+        fits = peak <= limit
+        if not change.priced:
+            seconds = None
+            cost = "; step time not priced (the step-time model has no term for it: expect a slower step)"
+        elif seconds is None or not base_time:
+            cost = ""
+        else:
+            cost = f"; step {base_time:.3g} s -> {seconds:.3g} s ({100 * (seconds / base_time - 1):+.0f}%)"
+        text = (f"memplan estimate: peak reserved {format_bytes(peak)} (was {format_bytes(base_peak)}) "
+                f"{'<=' if fits else '>'} limit {format_bytes(limit)} ({format_bytes(capacity)} minus "
+                f"{FIT_MARGIN:.0%} margin){cost}")
+        fixes.append(Fix(action=change.action, kind="job", setting=change.flags, saves_bytes=base_peak - peak,
+                         verified=fits, verified_by="estimate", verification=text, peak_bytes=peak,
+                         limit_bytes=limit, step_time_s=seconds, base_step_time_s=base_time,
+                         config_key=change.key, changes_training=change.changes_training))
+    return fixes

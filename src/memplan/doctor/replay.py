@@ -1,0 +1,168 @@
+"""Replay a trace through memplan's caching-allocator model, stopping once the rest can only repeat.
+
+Every check the doctor makes (the run as recorded, each candidate setting) replays the trace with
+:class:`memplan.alloc.allocator.CachingAllocator`, the model :func:`memplan.alloc.simulator.simulate`
+drives, event by event. A training trace is mostly the same iteration over and over; once an
+iteration leaves the allocator exactly as the iteration before left it, and every later iteration
+is the same sequence of requests, the allocator is deterministic, so every later iteration repeats
+that one: same blocks, same segments, same peaks, no new out-of-memory. The replay stops there and
+says so (``repeated_from``); the answer is the one a full replay gives (a test compares both).
+
+What "the same" means, precisely:
+
+* two iterations (maximal runs of events with one ``iteration`` value) are the same sequence when
+  each event has the same kind, size and stream, and each free refers to the allocation the same
+  number of iterations back at the same position within its iteration;
+* two allocator states are the same when the segments, every free block (address, size, stream,
+  pool, mapping, and its garbage-collection age), every live block (address, size, requested size)
+  and the address of the next segment are equal, the live blocks matched by where they were
+  allocated, relative to the iteration for those of the repeating iterations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memplan.alloc.allocator import CachingAllocator, OutOfMemory
+from memplan.alloc.blocks import Block
+from memplan.alloc.settings import AllocatorSettings
+from memplan.alloc.simulator import OOMInfo
+from memplan.events import ALLOC, AllocEvent, Trace
+
+__all__ = ["ReplayResult", "TraceShape", "replay_trace", "trace_shape"]
+
+
+@dataclass(frozen=True)
+class TraceShape:
+    """Where the iterations of a trace start and which repeat the one before (computed once per trace)."""
+
+    #: Index of the first event of each run (a maximal stretch of one ``iteration`` value).
+    run_starts: tuple[int, ...]
+    #: ``same_as_previous[r]``: run ``r`` is the same request sequence as run ``r - 1``.
+    same_as_previous: tuple[bool, ...]
+
+    def repeats_to_end(self, run: int) -> bool:
+        """True when run ``run`` and every later run are the same sequence as run ``run - 1``."""
+        return run >= 1 and all(self.same_as_previous[run:])
+
+
+def trace_shape(events: Sequence[AllocEvent]) -> TraceShape:
+    """The runs of ``events`` and which repeat the previous one (one linear pass)."""
+    starts: list[int] = []
+    same: list[bool] = []
+    where: dict[int, tuple[int, int]] = {}
+    previous: list[tuple[int, ...]] | None = None
+    current: list[tuple[int, ...]] = []
+    iteration: Any = object()
+    run = -1
+    start = 0
+    for position, event in enumerate(events):
+        if event.iteration != iteration:
+            if run >= 0:
+                same.append(previous == current)
+                previous = current
+            iteration = event.iteration
+            run += 1
+            starts.append(position)
+            start = position
+            current = []
+        if event.kind == ALLOC:
+            where[event.block] = (run, position - start)
+            current.append((1, event.size, event.stream))
+        else:
+            alloc_run, offset = where.pop(event.block, (-1, -1))
+            current.append((0, run - alloc_run, offset, event.stream))
+    if run >= 0:
+        same.append(previous == current)
+    return TraceShape(run_starts=tuple(starts), same_as_previous=tuple(same))
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What the allocator did with a trace at some settings (peaks over the whole trace)."""
+
+    settings: AllocatorSettings
+    events: int
+    #: Events actually replayed (the rest repeat; see ``repeated_from``).
+    events_replayed: int
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    #: Reserved and allocated bytes just before the out-of-memory, or at the end.
+    reserved_bytes: int
+    allocated_bytes: int
+    #: Largest free (cached, mapped) block of any segment at that moment.
+    largest_free_block_bytes: int
+    oom: OOMInfo | None
+    #: Run index from which every later run repeats the one before it (None: replayed to the end).
+    repeated_from: int | None = None
+
+
+def _state(alloc: CachingAllocator, live: dict[int, Block], origin: dict[int, tuple[int, int]], run: int,
+           stable_start: int, gc: bool) -> tuple[Any, ...]:
+    """A hashable picture of the allocator after run ``run`` (see the module docstring)."""
+    pools = (alloc.small_pool, alloc.large_pool)
+    free = tuple(tuple(p.keys) for p in pools)
+    unmapped = tuple(tuple((k, p.unmapped[k].size) for k in p.unmapped_keys) for p in pools)
+    ages = tuple(tuple(p.free_calls - p.blocks[k].gc_base for k in p.keys) for p in pools) if gc else ()
+    blocks = []
+    for block_id, block in live.items():
+        alloc_run, offset = origin[block_id]
+        label = (run - alloc_run, offset) if alloc_run >= stable_start else (-1, block_id)
+        blocks.append((label, block.address, block.size, block.requested))
+    blocks.sort()
+    segments = tuple(sorted((a, s.size) for a, s in alloc.segments.items()))
+    return (alloc.reserved, alloc.allocated, alloc.requested, alloc._next_address, free, unmapped, ages,
+            tuple(blocks), segments)
+
+
+def replay_trace(trace: Trace, settings: AllocatorSettings, shape: TraceShape | None = None) -> ReplayResult:
+    """Replay ``trace`` at ``settings`` (a capacity makes it stop at the first out-of-memory)."""
+    events = trace.events
+    shape = shape if shape is not None else trace_shape(events)
+    alloc = CachingAllocator(settings)
+    live: dict[int, Block] = {}
+    origin: dict[int, tuple[int, int]] = {}
+    run_ends = {start - 1: run - 1 for run, start in enumerate(shape.run_starts) if run >= 1}
+    run_ends[len(events) - 1] = len(shape.run_starts) - 1
+    gc = settings.garbage_collection_threshold > 0
+    peak_r = peak_a = 0
+    oom: OOMInfo | None = None
+    previous_state: Any = None
+    stable_start = -1
+    repeated_from = None
+    replayed = 0
+    run_starts = (*shape.run_starts, len(events))
+    run, next_start = -1, 0
+    for position, event in enumerate(events):
+        if position == next_start:
+            run += 1
+            next_start = run_starts[run + 1]
+        alloc.event_index = position
+        if event.kind == ALLOC:
+            try:
+                live[event.block] = alloc.malloc(event.size, event.stream)
+            except OutOfMemory as exc:
+                oom = OOMInfo(position, exc.size, exc.alloc_size, str(exc))
+                break
+            origin[event.block] = (run, position - run_starts[run])
+        else:
+            alloc.free(live.pop(event.block))
+            del origin[event.block]
+        replayed = position + 1
+        peak_r = max(peak_r, alloc.reserved)
+        peak_a = max(peak_a, alloc.allocated)
+        finished = run_ends.get(position)
+        if finished is not None and finished + 1 < len(shape.run_starts) and shape.repeats_to_end(finished):
+            if stable_start < 0:
+                stable_start = finished
+            state = _state(alloc, live, origin, finished, stable_start, gc)
+            if state == previous_state:
+                repeated_from = finished
+                break
+            previous_state = state
+    largest = max((b.size for p in (alloc.small_pool, alloc.large_pool) for b in p.blocks.values()), default=0)
+    return ReplayResult(settings=settings, events=len(events), events_replayed=replayed, peak_reserved_bytes=peak_r,
+                        peak_allocated_bytes=peak_a, reserved_bytes=alloc.reserved, allocated_bytes=alloc.allocated,
+                        largest_free_block_bytes=largest, oom=oom, repeated_from=repeated_from)
