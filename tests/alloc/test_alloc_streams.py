@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -28,7 +27,7 @@ def fsdp_trace_file(tmp_path_factory: pytest.TempPathFactory):
     path = folder / "fsdp2.mptrace"
     write_trace(result.trace, path)
     flat = folder / "one-stream.mptrace"
-    write_trace(Trace(events=tuple(replace(e, stream=0) for e in result.trace.events), meta=result.trace.meta), flat)
+    write_trace(Trace(events=tuple(e._replace(stream=0) for e in result.trace.events), meta=result.trace.meta), flat)
     return result, path, flat
 
 

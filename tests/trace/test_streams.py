@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import replace
 
 import pytest
 import torch
@@ -85,7 +84,7 @@ def test_reserved_is_simulated_per_stream(fsdp_trace) -> None:
     assert reserved.peak_allocated_bytes >= fsdp_trace.summary.peak_allocated_bytes
     assert sum(reserved.by_stream.values()) == reserved.peak_reserved_bytes
     assert reserved.by_stream[ALL_GATHER_COPY_IN] > 0 and reserved.by_stream[REDUCE_SCATTER] > 0
-    one_stream = Trace(events=tuple(replace(e, stream=0) for e in fsdp_trace.trace.events), meta=fsdp_trace.trace.meta)
+    one_stream = Trace(events=tuple(e._replace(stream=0) for e in fsdp_trace.trace.events), meta=fsdp_trace.trace.meta)
     flat = simulate(one_stream)
     assert summarize(one_stream).peak_allocated_bytes == fsdp_trace.summary.peak_allocated_bytes
     assert reserved.peak_reserved_bytes >= flat.peak_reserved_bytes

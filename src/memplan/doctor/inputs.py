@@ -169,6 +169,6 @@ def _step_ends(raw: Any) -> list[int]:
 
 
 def _with_iterations(trace: Trace, times: list[int], step_ends: list[int]) -> Trace:
-    events = tuple(replace(e, iteration=-1 if e.phase == "setup" else bisect_right(step_ends, t))
+    events = tuple(e._replace(iteration=-1 if e.phase == "setup" else bisect_right(step_ends, t))
                    for e, t in zip(trace.events, times, strict=True))
     return Trace(events=events, meta=replace(trace.meta, iterations=len(step_ends) + 1))

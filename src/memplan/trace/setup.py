@@ -239,12 +239,22 @@ class TraceSetup:
         return self.run.moe_routing
 
     def to_dict(self) -> dict[str, Any]:
-        """The job (as Job fields) and the run settings, JSON-ready."""
+        """The job (as Job fields) and the run settings, JSON-ready (tuples as lists, as a trace
+        file reads them back)."""
         from dataclasses import asdict
 
-        return {"job": asdict(self.job), "run": asdict(self.run), "given": sorted(self.given),
+        return {"job": _json_ready(asdict(self.job)), "run": _json_ready(asdict(self.run)), "given": sorted(self.given),
                 "resolved": {"optimizer_impl": self.resolved_optimizer_impl, "attention": self.attention,
                              "fsdp_ranks": self.fsdp, "tp_ranks": self.tp}}
+
+
+def _json_ready(value: Any) -> Any:
+    """``value`` with every tuple made a list, recursively (what JSON gives back)."""
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(item) for item in value]
+    return value
 
 
 def _trace_base(flags: Mapping[str, Any]) -> Job:
