@@ -45,6 +45,9 @@ KEPT_BY: dict[str, frozenset[str]] = {
     # torchtitan's per-op SAC: of what autograd saves only the layer input; the outputs of the
     # policy's kept ops are added by :mod:`memplan.estimate.sac`.
     "selective-per-op": frozenset({"input", "ckpt_input"}),
+    # torch.compile's partitioner under a memory budget: full recompute's floor; the engine adds the
+    # budget's fraction of the rest (memory-budget policy, memplan.policies).
+    "memory-budget": frozenset({"input", "ckpt_input"}),
 }
 
 #: Bytes per element of HF eager attention's softmax output: ``softmax(scores, dtype=float32)``

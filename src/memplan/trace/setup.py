@@ -25,6 +25,7 @@ from memplan.errors import ConfigError
 from memplan.frameworks.profiles import resolved_optimizer_impl
 from memplan.job import Job
 from memplan.jobflags import build_job, job_flags
+from memplan.policies import ActivationPolicy, resolve_policy
 
 __all__ = ["TRACE_FRAMEWORKS", "MoeRouting", "RunSettings", "TraceDevice", "TraceSetup", "check_traceable",
            "trace_setup"]
@@ -45,7 +46,8 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("precision", "name"),
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
     ("optimizer", "in_backward"), ("offload", "activations"),
-    ("recompute", "mode"), ("recompute", "reentrant"),
+    ("recompute", "mode"), ("recompute", "reentrant"), ("recompute", "modules"), ("recompute", "method"),
+    ("recompute", "num_layers"),
     ("finetune", "peft"), ("finetune", "lora_rank"), ("finetune", "lora_alpha"), ("finetune", "lora_dropout"),
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
     ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"),
@@ -98,6 +100,10 @@ def check_traceable(job: Job) -> None:
                           "torchtitan do; megatron and deepspeed jobs are estimated only (memplan estimate)",
                           job.framework)
     _check_ranks(job)
+    if resolve_policy(job).name == "memory-budget":
+        raise ConfigError("--recompute", "memory-budget is decided by torch.compile's partitioner "
+                          "(activation_memory_budget), which memplan trace does not run; use memplan estimate",
+                          job.recompute.mode)
     default = Job()
     for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload",
                     "finetune"):
@@ -203,6 +209,11 @@ class TraceSetup:
     @property
     def recompute(self) -> str:
         return self.job.recompute.mode
+
+    @property
+    def policy(self) -> ActivationPolicy:
+        """The job's activation policy (:func:`memplan.policies.resolve_policy`)."""
+        return resolve_policy(self.job)
 
     @property
     def attention(self) -> str:
