@@ -366,8 +366,8 @@ class Recompute:
         if self.modules is not None:
             object.__setattr__(self, "modules", _recompute_module_list(self.modules))
             if self.mode not in ("selective", "megatron-selective"):
-                raise JobConfigError("--recompute-modules", "only applies with --recompute selective (Megatron "
-                                     f"ignores it otherwise); the job has --recompute {self.mode}", self.modules)
+                raise JobConfigError("--recompute-modules", "only applies with --recompute selective or "
+                                     f"megatron-selective (Megatron ignores it otherwise); the job has --recompute {self.mode}", self.modules)
 
     @property
     def module_names(self) -> tuple[str, ...]:

@@ -24,19 +24,37 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from memplan.errors import UnsupportedError
+from memplan.errors import ConfigError, UnsupportedError
 from memplan.policies import ActivationPolicy
 
-__all__ = ["TRACED_MODULES", "apply_policy"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TRACED_MODULES", "apply_policy", "check_runnable"]
 
 #: ``--recompute-modules`` the tracer runs.
 TRACED_MODULES = ("core_attn", "mlp", "moe", "shared_experts")
 #: Prefix of the attention implementations registered for ``core_attn``.
 _CORE_KEY = "memplan_checkpointed_core_"
+
+
+def check_runnable(policy: ActivationPolicy) -> None:
+    """Refuse, in one line naming the flag, a policy the tracer cannot run (before any model is built)."""
+    if policy.name == "memory-budget":
+        raise ConfigError("--recompute", "memory-budget is decided by torch.compile's partitioner "
+                          "(activation_memory_budget), which memplan trace does not run; use memplan estimate",
+                          policy.name)
+    if policy.name == "full" and policy.method == "uniform" and (policy.num_layers or 1) > 1:
+        raise ConfigError("--recompute-layers", "memplan trace checkpoints single decoder layers (a Hugging Face "
+                          "decoder calls them one by one): use 1 with --recompute-method uniform, or block; "
+                          "memplan estimate prices groups", policy.num_layers)
+    missing = [name for name in policy.modules if name not in TRACED_MODULES]
+    if missing:
+        raise ConfigError("--recompute-modules", f"memplan trace runs {', '.join(TRACED_MODULES)} on a Hugging "
+                          f"Face model's own sub-modules; {', '.join(missing)} has no such sub-module there (use "
+                          "memplan estimate)", ",".join(policy.modules))
 
 
 def apply_policy(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_autocast: bool = False) -> None:
@@ -45,12 +63,10 @@ def apply_policy(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_autoc
     ``cuda_autocast``: the forward runs under CUDA's fp32 autocast policies (a ``--device cuda`` trace
     of ``*-mixed``); every recompute gets them too, or its dtypes would differ from the forward's.
     """
+    check_runnable(policy)
     name = policy.name
     if name == "none":
         return
-    if name == "memory-budget":
-        raise UnsupportedError("--recompute memory-budget is decided by torch.compile's partitioner "
-                               "(activation_memory_budget), which memplan trace does not run; use memplan estimate")
     if name == "full":
         _full(model, policy, cuda_autocast)
     elif name == "torchtitan-sac":
@@ -97,10 +113,6 @@ def _cuda_policies() -> Any:
 
 
 def _full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool) -> None:
-    if policy.method == "uniform" and (policy.num_layers or 1) > 1:
-        raise UnsupportedError(f"--recompute-method uniform --recompute-layers {policy.num_layers}: a Hugging Face "
-                               "decoder calls its layers one by one, so memplan trace checkpoints single layers "
-                               "(uniform with 1, or block); use memplan estimate for groups")
     kwargs: dict[str, Any] = {"use_reentrant": policy.reentrant}
     if cuda_autocast and not policy.reentrant:
         kwargs["context_fn"] = _recompute_with_cuda_policies
@@ -118,11 +130,8 @@ def _full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool)
 
 
 def _megatron_modules(model: torch.nn.Module, modules: tuple[str, ...], cuda_autocast: bool) -> None:
-    missing = [name for name in modules if name not in TRACED_MODULES]
-    if missing:
-        raise UnsupportedError(f"--recompute-modules {','.join(missing)}: memplan trace runs "
-                               f"{', '.join(TRACED_MODULES)} on a Hugging Face model's own sub-modules; "
-                               f"{', '.join(missing)} has no such sub-module there (use memplan estimate)")
+    import torch
+
     from memplan.trace.sac import decoder_layers
 
     for layer in decoder_layers(model):

@@ -26,6 +26,7 @@ from memplan.frameworks.profiles import resolved_optimizer_impl
 from memplan.job import Job
 from memplan.jobflags import build_job, job_flags
 from memplan.policies import ActivationPolicy, resolve_policy
+from memplan.trace.policies import check_runnable
 
 __all__ = ["TRACE_FRAMEWORKS", "MoeRouting", "RunSettings", "TraceDevice", "TraceSetup", "check_traceable",
            "trace_setup"]
@@ -100,10 +101,7 @@ def check_traceable(job: Job) -> None:
                           "torchtitan do; megatron and deepspeed jobs are estimated only (memplan estimate)",
                           job.framework)
     _check_ranks(job)
-    if resolve_policy(job).name == "memory-budget":
-        raise ConfigError("--recompute", "memory-budget is decided by torch.compile's partitioner "
-                          "(activation_memory_budget), which memplan trace does not run; use memplan estimate",
-                          job.recompute.mode)
+    check_runnable(resolve_policy(job))
     default = Job()
     for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload",
                     "finetune"):
