@@ -42,11 +42,14 @@ from memplan.frameworks.profiles import get_profile
 if TYPE_CHECKING:
     from memplan.job import Job
 
-__all__ = ["POLICY_NAMES", "ActivationPolicy", "PolicyName", "framework_policies", "resolve_policy"]
+__all__ = ["HF_MODULES", "POLICY_NAMES", "ActivationPolicy", "PolicyName", "framework_policies", "resolve_policy"]
 
 PolicyName = Literal["none", "full", "megatron-selective", "attention-core", "attention-module", "torchtitan-sac",
                      "memory-budget"]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
+#: Megatron ``--recompute-modules`` that are sub-modules of a Hugging Face layer (``--framework hf``):
+#: the attention function, the dense MLP, the sparse MoE block, its shared experts.
+HF_MODULES = ("core_attn", "mlp", "moe", "shared_experts")
 #: torchtitan's ``activation_checkpoint.memory_budget`` default (torchtitan/config/job_config.py).
 DEFAULT_MEMORY_BUDGET = 0.5
 
@@ -137,6 +140,13 @@ def resolve_policy(job: Job) -> ActivationPolicy:
         raise JobConfigError("--recompute-modules", f"is a Megatron-LM policy the chosen framework does not have "
                              f"(--framework {job.framework}, --recompute {rc.mode}); use --framework megatron "
                              "with --recompute selective or drop it", rc.modules)
+    if name == "megatron-selective" and job.framework == "hf":
+        other = [m for m in rc.module_names if m not in HF_MODULES]
+        if other:
+            raise JobConfigError("--recompute-modules", f"on --framework hf checkpoints a Hugging Face layer's own "
+                                 f"sub-modules ({', '.join(HF_MODULES)}); {', '.join(other)} has none there (its "
+                                 "Megatron meaning needs Transformer Engine's layers: use --framework megatron)",
+                                 rc.modules)
     if rc.memory_budget is not None and name != "memory-budget":
         raise JobConfigError("--memory-budget", f"only applies with --recompute memory-budget (torchtitan); the "
                              f"job has --recompute {rc.mode}", rc.memory_budget)

@@ -16,7 +16,7 @@ COMMON = {"seq": 128, "mbs": 2, "precision": "bf16-mixed", "device": "cpu", "ite
 
 @pytest.mark.parametrize(("flags", "says"), [
     (["--framework", "torchtitan", "--recompute", "memory-budget"], "torch.compile's partitioner"),
-    (["--recompute", "megatron-selective", "--recompute-modules", "core_attn,layernorm"], "layernorm has no such"),
+    (["--recompute", "megatron-selective", "--recompute-modules", "core_attn,layernorm"], "layernorm has none there"),
     (["--recompute", "full", "--recompute-layers", "2"], "checkpoints single decoder layers"),
     (["--framework", "torchtitan", "--recompute", "attention-module"], "not an activation policy of --framework"),
 ])

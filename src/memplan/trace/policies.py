@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memplan.errors import ConfigError, UnsupportedError
-from memplan.policies import ActivationPolicy
+from memplan.policies import HF_MODULES, ActivationPolicy
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["TRACED_MODULES", "apply_policy", "check_runnable"]
 
 #: ``--recompute-modules`` the tracer runs.
-TRACED_MODULES = ("core_attn", "mlp", "moe", "shared_experts")
+TRACED_MODULES = HF_MODULES
 #: Prefix of the attention implementations registered for ``core_attn``.
 _CORE_KEY = "memplan_checkpointed_core_"
 
