@@ -9,7 +9,7 @@ from __future__ import annotations
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.states import layer_numel_on_rank
 from memplan.job import Job
-from memplan.model.params import attention_params
+from memplan.model.params import attention_params, mlp_params
 from memplan.model.spec import ModelSpec
 
 __all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "layer_weight_copy_numel",
@@ -48,13 +48,16 @@ def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, 
 def checkpointed_module_copy_numel(model: ModelSpec, job: Job, index: int, modules: tuple[str, ...], *,
                                    eager_experts: bool) -> int:
     """Elements autocast copies inside the blocks Megatron's ``--recompute-modules`` checkpoint in
-    layer ``index``: the dense MLP's (``mlp``) or the MoE block's (``moe``: router and shared experts;
-    eager experts are not cast). A checkpoint made on the block keeps none of them."""
-    sparse = model.layers[index].moe is not None
-    if not (("mlp" in modules and not sparse) or ("moe" in modules and sparse)):
-        return 0
-    return (layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
-            - attention_weight_copy_numel(model, job, index))
+    layer ``index``: the dense MLP's (``mlp``), the MoE block's (``moe``: router and shared experts;
+    eager experts are not cast) or the shared experts' weights (``shared_experts``). A checkpoint
+    made on the block keeps none of them."""
+    moe = model.layers[index].moe
+    if ("mlp" in modules and moe is None) or ("moe" in modules and moe is not None):
+        return (layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
+                - attention_weight_copy_numel(model, job, index))
+    if "shared_experts" in modules and moe is not None and moe.shared_expert is not None:
+        return mlp_params(moe.shared_expert, model.hidden_size).tp_sharded // job.parallel.tp
+    return 0
 
 
 def layer_weight_copy_numel(model: ModelSpec, job: Job, index: int, *, eager_experts: bool) -> int:
