@@ -144,6 +144,10 @@ EXCEPTIONS: dict[str, str] = {
         "seq == sliding window: the CPU SDPA kernel the trace runs keeps mask-derived tensors per layer",
     Cell("phi-3-mini", 4096, 4, "bf16", "sdpa", "none").key:
         "seq > sliding window (2047): the same explicit-mask CPU SDPA path as Mistral's",
+    Cell("deepseek-v2-lite", 1024, 1, "bf16-mixed", "sdpa", "megatron-selective",
+         flags=(("recompute_modules", "shared_experts"),)).key:
+        "the no-recompute baseline of HF DeepSeek-V2 already differs (-18.7%); the bytes the shared experts' "
+        "checkpoint drops agree (1,430 MiB in both engines)",
 }
 
 
