@@ -97,3 +97,15 @@ def test_memory_budget_says_it_is_an_upper_bound() -> None:
     text = " ".join(estimate(load_model("llama-3.2-1b"), _job("torchtitan", "memory-budget",
                                                               memory_budget=0.3)).assumptions)
     assert "memory_budget 0.3" in text and "upper bound" in text
+
+
+def test_uniform_groups_keep_one_input_per_group() -> None:
+    """Megatron's uniform method checkpoints groups of N layers, each keeping only its input
+    (transformer_block.py ``_checkpointed_forward``): 16 layers in groups of 4 keep 4 inputs."""
+    from memplan.estimate import estimate
+
+    model = load_model("llama-3.2-1b")
+    layers = {n: estimate(model, _job("megatron", "full", method="uniform", num_layers=n)).stages[0]
+              .transformer_layer_activations_bytes for n in (1, 4, 3)}
+    assert layers[4] * 4 == layers[1]
+    assert layers[3] * 16 == layers[1] * 6  # groups of 3 over 16 layers: 6 checkpoints (the last holds one)

@@ -398,7 +398,7 @@ def _stage_estimate(
     per_layer: list[tuple[int, int, int]] = []
     for chunk in layout.chunks:
         kept = cpu_kept = 0
-        for index in chunk:
+        for position, index in enumerate(chunk):
             keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
             if ft is None:
                 transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
@@ -407,7 +407,11 @@ def _stage_estimate(
             if index in recomputed:
                 # the recomputed forward rebuilds DoRA's weights too (its temporaries, then the backward's)
                 layer_keep, layer_worst = keep, group * full + max(transient, dora)
-                if deepspeed_ckpt:
+                if position % group:
+                    # uniform groups: one checkpoint per group of layers keeps only the group's input
+                    # (megatron/core/transformer/transformer_block.py ``_checkpointed_forward``)
+                    layer_keep = 0
+                elif deepspeed_ckpt:
                     placed = place_checkpoint(keep, partition=rc.partition_activations, cpu=rc.cpu_checkpointing,
                                               tp=tp)
                     layer_keep, cpu_kept = placed.gpu_keep, cpu_kept + placed.cpu_keep
@@ -433,7 +437,7 @@ def _stage_estimate(
     cpu_acts = sum(chunk_cpu[c] for c in layout.inflight_chunks)
     unused_buffers = 0
     if deepspeed_ckpt:
-        counts = [sum(1 for i in chunk if i in recomputed) for chunk in layout.chunks]
+        counts = [sum(1 for p, i in enumerate(chunk) if i in recomputed and p % group == 0) for chunk in layout.chunks]
         warmup = sum(counts[c] for c in layout.inflight_chunks)
         if rc.cpu_checkpointing and not rc.partition_activations:
             # the offload engine's newest input and the one being copied stay on the GPU
@@ -845,8 +849,10 @@ def _describe_policy(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
                 "default min-cut's saved bytes above the compiled region's inputs; the min-cut saves no more than "
                 "eager autograd); compiled kernels' fusion is not modelled")
     if policy.name == "full":
-        return (f"full recompute ({policy.method}, {policy.num_layers or 'all'} layers): recomputed layers keep only "
-                "their input" + ("; their autocast weight copies are not kept (autocast's cache is cleared when the "
+        grouped = policy.method == "uniform" and (policy.num_layers or 1) > 1
+        return (f"full recompute ({policy.method}, {policy.num_layers or 'all'} layers): "
+                + (f"each checkpointed group of {policy.num_layers} layers keeps only its input and is recomputed "
+                   "whole in its backward" if grouped else "recomputed layers keep only their input") + ("; their autocast weight copies are not kept (autocast's cache is cleared when the "
                                  "forward ends) and are made again by the recompute"
                                  if prec.weight_copies == "autocast" else ""))
     return "no recompute: every layer keeps what autograd saves for its backward"
