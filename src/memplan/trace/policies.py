@@ -46,6 +46,10 @@ def check_runnable(policy: ActivationPolicy) -> None:
         raise ConfigError("--recompute", "memory-budget is decided by torch.compile's partitioner "
                           "(activation_memory_budget), which memplan trace does not run; use memplan estimate",
                           policy.name)
+    if policy.name != "full" and (policy.num_layers is not None or policy.method != "uniform"):
+        flag, value = (("--recompute-layers", policy.num_layers) if policy.num_layers is not None
+                       else ("--recompute-method", policy.method))
+        raise ConfigError(flag, f"only applies with --recompute full; the job has --recompute {policy.name}", value)
     if policy.name == "full" and policy.method == "uniform" and (policy.num_layers or 1) > 1:
         raise ConfigError("--recompute-layers", "memplan trace checkpoints single decoder layers (a Hugging Face "
                           "decoder calls them one by one): use 1 with --recompute-method uniform, or block; "
