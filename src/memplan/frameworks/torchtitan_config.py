@@ -447,6 +447,9 @@ def _recompute(r: _Reader, chunks: tuple[int, ...] | None, pp: int, num_layers: 
            "a changed per-op policy is priced as torchtitan's default one" if per_op and changed
            else "torchtitan's default per-op policy" if per_op else "only with per-op selective checkpointing")
     if mode == "memory_budget":
+        if not (r.get("compile.enable") and "model" in (r.get("compile.components") or ())):
+            raise r.error(a + "mode", "memory_budget needs compile.enable = true with \"model\" in "
+                          "compile.components (torchtitan asserts the model is compiled)")
         r.flags.update(recompute="memory-budget", memory_budget=r.get(a + "memory_budget"))
         r.mark(a + "mode", "modelled", "--recompute memory-budget (torch.compile's partitioner; an upper bound)")
         r.mark(a + "selective_ac_option", "no-memory-effect", "no effect with mode memory_budget")
