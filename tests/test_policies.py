@@ -70,6 +70,7 @@ def test_a_policy_the_framework_does_not_have_is_one_line_exit_2(framework: str,
      "a Megatron-LM policy the chosen framework does not have"),
     (["--framework", "hf", "--recompute", "megatron-selective", "--recompute-modules", "mlp,moe_act"],
      "moe_act has none there"),
+    (["--framework", "hf", "--recompute", "megatron-selective", "--peft", "lora"], "priced for full training only"),
 ])
 def test_bad_policy_parameters_are_one_line_exit_2(args: list[str], says: str) -> None:
     result = runner.invoke(app, ["estimate", "llama-3.2-1b", *args], env={"COLUMNS": "400", "NO_COLOR": "1"})

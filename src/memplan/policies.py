@@ -147,6 +147,11 @@ def resolve_policy(job: Job) -> ActivationPolicy:
                                  f"sub-modules ({', '.join(HF_MODULES)}); {', '.join(other)} has none there (its "
                                  "Megatron meaning needs Transformer Engine's layers: use --framework megatron)",
                                  rc.modules)
+        ft = job.finetune
+        if ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none":
+            raise JobConfigError("--recompute", "megatron-selective on --framework hf is priced for full training "
+                                 "only (frozen layers and adapters under sub-module checkpoints are not modelled); "
+                                 "use attention-module or full with fine-tuning", rc.mode)
     if rc.memory_budget is not None and name != "memory-budget":
         raise JobConfigError("--memory-budget", f"only applies with --recompute memory-budget (torchtitan); the "
                              f"job has --recompute {rc.mode}", rc.memory_budget)
