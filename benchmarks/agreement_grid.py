@@ -1,6 +1,6 @@
 """Estimate (`--framework hf`) vs trace on a fixed grid of presets, precisions, attention and recompute modes.
 
-Usage: PYTHONPATH=src python benchmarks/agreement_grid.py [--json OUT] [--only SUBSTRING]
+Usage: PYTHONPATH=src python benchmarks/agreement_grid.py [--json OUT] [--only SUBSTRING] [--policies]
 (prints a markdown table; results in benchmarks/results/agreement_grid.json)
 
 Every cell traces 2 iterations on fake tensors (``--device cuda``, AdamW, foreach unless the cell
@@ -49,12 +49,15 @@ class Cell:
     #: ``auto`` is the framework profile's (fused).
     optimizer_impl: str = "foreach"
     framework: str = "hf"
+    #: Further job flags (activation-policy parameters: recompute_modules, recompute_method...).
+    flags: tuple[tuple[str, object], ...] = ()
 
     @property
     def key(self) -> str:
         extra = "".join(f" {name}={value}" for name, value, default in (
             ("fsdp", self.fsdp, 1), ("tp", self.tp, 1), ("impl", self.optimizer_impl, "foreach"),
             ("fw", self.framework, "hf")) if value != default)
+        extra += "".join(f" {name}={value}" for name, value in self.flags)
         return f"{self.model} s{self.seq} b{self.mbs} {self.precision} {self.attention} rc={self.recompute}{extra}"
 
     @property
@@ -115,6 +118,24 @@ GRID: tuple[Cell, ...] = (
     Cell("gpt2", 1024, 1, "fp32", "sdpa", "none", optimizer_impl="auto"),
     Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "none", optimizer_impl="auto"),
     Cell("qwen3-8b", 1024, 1, "bf16-mixed", "sdpa", "full", optimizer_impl="auto", framework="torchtitan"),
+    # Added with the activation policies (memplan.policies; fixed before they were run): every policy the
+    # tracer runs — each framework's selective, Megatron's --recompute-modules kinds on a dense and an MoE
+    # preset (on the models' own sub-modules), full recompute of N layers.
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "selective", framework="torchtitan"),
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "megatron-selective", flags=(("recompute_modules", "core_attn"),)),
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "megatron-selective", flags=(("recompute_modules", "mlp"),)),
+    Cell("llama-3.2-1b", 1024, 1, "bf16-mixed", "eager", "megatron-selective",
+         flags=(("recompute_modules", "core_attn,mlp"),)),
+    Cell("qwen3-8b", 2048, 1, "bf16", "sdpa", "megatron-selective", flags=(("recompute_modules", "core_attn,mlp"),)),
+    Cell("qwen3-30b-a3b", 1024, 1, "bf16-mixed", "sdpa", "megatron-selective", flags=(("recompute_modules", "moe"),)),
+    Cell("qwen3-30b-a3b", 1024, 1, "bf16-mixed", "sdpa", "megatron-selective",
+         flags=(("recompute_modules", "core_attn"),)),
+    Cell("deepseek-v2-lite", 1024, 1, "bf16-mixed", "sdpa", "megatron-selective",
+         flags=(("recompute_modules", "shared_experts"),)),
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "full", flags=(("recompute_method", "block"),
+                                                                    ("recompute_layers", 4))),
+    Cell("qwen3-8b", 1024, 1, "bf16-mixed", "sdpa", "full", flags=(("recompute_method", "uniform"),
+                                                                ("recompute_layers", 1))),
 )
 
 #: Cells allowed outside the tolerance, with the reason (docs/trace.md explains each).
@@ -123,6 +144,10 @@ EXCEPTIONS: dict[str, str] = {
         "seq == sliding window: the CPU SDPA kernel the trace runs keeps mask-derived tensors per layer",
     Cell("phi-3-mini", 4096, 4, "bf16", "sdpa", "none").key:
         "seq > sliding window (2047): the same explicit-mask CPU SDPA path as Mistral's",
+    Cell("deepseek-v2-lite", 1024, 1, "bf16-mixed", "sdpa", "megatron-selective",
+         flags=(("recompute_modules", "shared_experts"),)).key:
+        "the no-recompute baseline of HF DeepSeek-V2 already differs (-18.7%); the bytes the shared experts' "
+        "checkpoint drops agree (1,430 MiB in both engines)",
 }
 
 
@@ -131,13 +156,13 @@ def measure(cell: Cell) -> dict[str, object]:
     start = time.perf_counter()
     result = trace(cell.model_ref, seq=cell.seq, mbs=cell.mbs, precision=cell.precision, attention=cell.attention,
                    recompute=cell.recompute, optimizer="adamw", optimizer_impl=cell.optimizer_impl, device="cuda",
-                   iterations=2, fsdp=cell.fsdp, tp=cell.tp, framework=cell.framework)
+                   iterations=2, fsdp=cell.fsdp, tp=cell.tp, framework=cell.framework, **dict(cell.flags))
     comparison = compare_with_estimate(cell.model_ref, result.options, result.summary)
     rows = {r.category: {"traced_bytes": r.traced_bytes, "estimated_bytes": r.estimated_bytes,
                          "relative": r.relative} for r in comparison.rows if r.category in EXACT + CLOSE}
     ok = all(rows[c]["traced_bytes"] == rows[c]["estimated_bytes"] for c in EXACT) and all(
         abs(rows[c]["relative"] or 0.0) <= TOLERANCE for c in CLOSE)
-    return {**asdict(cell), "key": cell.key, "rows": rows, "within_tolerance": ok,
+    return {**asdict(cell), "flags": dict(cell.flags), "key": cell.key, "rows": rows, "within_tolerance": ok,
             "exception": EXCEPTIONS.get(cell.key), "seconds": round(time.perf_counter() - start, 1)}
 
 
@@ -149,8 +174,8 @@ def _pct(row: dict[str, object]) -> str:
 def table(results: list[dict[str, object]]) -> str:
     """The markdown table: states, then activations / logits / peak as traced → estimated (error)."""
     MiB = 2**20
-    lines = ["| model | seq×mbs | precision | attention | recompute | ranks, optimizer, framework | states | "
-             "activations MiB (err) | logits MiB (err) | peak MiB (err) | ok |",
+    lines = [("| model | seq×mbs | precision | attention | recompute | ranks, optimizer, framework | states | "
+             "activations MiB (err) | logits MiB (err) | peak MiB (err) | ok |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rows = r["rows"]  # type: ignore[index]
@@ -160,8 +185,9 @@ def table(results: list[dict[str, object]]) -> str:
         ok = "yes" if r["within_tolerance"] else ("exception" if r["exception"] else "**no**")
         setup = f"fsdp {r.get('fsdp', 1)} × tp {r.get('tp', 1)}, {r.get('optimizer_impl', 'foreach')}, " \
                 f"{r.get('framework', 'hf')}"
+        policy = " ".join([str(r["recompute"]), *(f"{k}={v}" for k, v in dict(r.get("flags") or {}).items())])
         lines.append(f"| {r['model']} | {r['seq']}×{r['mbs']} | {r['precision']} | {r['attention']} | "
-                     f"{r['recompute']} | {setup} | {states} | " + " | ".join(cols) + f" | {ok} |")
+                     f"{policy} | {setup} | {states} | " + " | ".join(cols) + f" | {ok} |")
     return "\n".join(lines)
 
 
@@ -169,10 +195,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=str(DEFAULT_OUT), help="where to write the results")
     parser.add_argument("--only", default="", help="run only the cells whose key contains this text")
+    parser.add_argument("--policies", action="store_true", help="run only the activation-policy cells "
+                        "(recompute other than none)")
     ns = parser.parse_args()
     results = []
     for cell in GRID:
-        if ns.only and ns.only not in cell.key:
+        if (ns.only and ns.only not in cell.key) or (ns.policies and cell.recompute == "none"):
             continue
         results.append(measure(cell))
         print(f"{cell.key}: {'ok' if results[-1]['within_tolerance'] else 'MISS'} "

@@ -133,8 +133,8 @@ def test_json_reflects_every_job_flag() -> None:
     assert job["precision"]["grad_dtype"] == "bf16"
     assert job["optimizer"]["name"] == "adam" and job["optimizer"]["implementation"] == "foreach"
     assert job["recompute"] == {"mode": "full", "method": "block", "num_layers": 2, "reentrant": False,
-                               "modules": None, "partition_activations": False, "cpu_checkpointing": False,
-                               "contiguous_checkpoints": None}
+                               "modules": None, "memory_budget": None, "partition_activations": False,
+                               "cpu_checkpointing": False, "contiguous_checkpoints": None}
     assert (job["attention"], job["dropout"], job["loss"], job["vocab_divisible_by"]) == ("sdpa", 0.1, "fused", 64)
     assert data["fragmentation"] == 0.2
     assert len(data["stages"]) == 4

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
-from memplan.frameworks.profiles import get_profile
 from memplan.model.peft_checks import check_finetune_names
 from memplan.model.spec import ModelSpec
+from memplan.policies import resolve_policy
 from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
@@ -22,7 +22,9 @@ OptimizerName = Literal["adamw", "adam", "sgd", "adafactor", "adam8bit", "adamw8
                         "paged-adamw", "lion", "lion8bit", "paged-lion8bit", "muon"]
 MuonTpMode = Literal["duplicated", "blockwise", "distributed"]
 OptimizerImpl = Literal["auto", "foreach", "fused", "for-loop"]
-RecomputeMode = Literal["none", "selective", "full"]
+#: ``selective`` is the framework's own selective policy; the others are :mod:`memplan.policies` names.
+RecomputeMode = Literal["none", "selective", "full", "megatron-selective", "attention-core", "attention-module",
+                        "torchtitan-sac", "memory-budget"]
 RecomputeMethod = Literal["uniform", "block"]
 AttentionImpl = Literal["flash", "sdpa", "eager"]
 LossImpl = Literal["auto", "fp32-logits", "vocab-parallel", "fused", "chunked", "fused-linear"]
@@ -308,8 +310,11 @@ UNMODELLED_RECOMPUTE_MODULES = {
 class Recompute:
     """Activation recomputation (checkpointing)."""
 
-    mode: RecomputeMode = knob("none", "--recompute", "Activation recompute: selective recomputes the attention "
-                               "core; full keeps only each layer's input.", panel=ACTIVATIONS)
+    mode: RecomputeMode = knob("none", "--recompute", "Activation policy (docs/job.md): full keeps only each "
+                               "checkpointed layer's input; selective is the framework's own selective policy "
+                               "(Megatron: its --recompute-modules; torchtitan: per-op SAC; hf: attention "
+                               "modules; deepspeed: the attention core); or an explicit policy name.",
+                               panel=ACTIVATIONS)
     method: RecomputeMethod = knob("uniform", "--recompute-method",
                                    "Full recompute: uniform checkpoints groups of --recompute-layers layers; block "
                                    "recomputes the first --recompute-layers layers of each stage.", panel=ACTIVATIONS)
@@ -325,6 +330,12 @@ class Recompute:
     modules: str | None = knob(None, "--recompute-modules", "Megatron selective recompute: a comma list of "
                                f"{', '.join(RECOMPUTE_MODULES)}. (default: core_attn)", panel=ACTIVATIONS,
                                metavar="LIST")
+    #: torchtitan ``[activation_checkpoint] memory_budget`` (torch.compile's partitioner,
+    #: ``torch._functorch.config.activation_memory_budget``). None: torchtitan's default 0.5.
+    memory_budget: float | None = knob(None, "--memory-budget", "--recompute memory-budget: the fraction b in "
+                                       "[0, 1] of the compiler's default saved activations above full "
+                                       "recompute's that may be kept. (default: 0.5)", panel=ACTIVATIONS,
+                                       metavar="B")
     #: DeepSpeed ``activation_checkpointing`` (deepspeed.checkpointing, what Megatron-DeepSpeed wraps
     #: each layer in): where full recompute's kept layer inputs live (memplan.estimate.ds_checkpointing).
     partition_activations: bool = knob(False, "--partition-activations", "DeepSpeed: each tensor-parallel rank "
@@ -348,11 +359,15 @@ class Recompute:
         _check_choice("--recompute-method", self.method, get_args(RecomputeMethod))
         if self.num_layers is not None:
             _check_int("--recompute-layers", self.num_layers, minimum=0)
+        if self.memory_budget is not None and not (isinstance(self.memory_budget, (int, float))
+                                                   and 0.0 <= self.memory_budget <= 1.0):
+            raise JobConfigError("--memory-budget", "must be a number in [0, 1] (torch's partitioner refuses "
+                                 "others)", self.memory_budget)
         if self.modules is not None:
             object.__setattr__(self, "modules", _recompute_module_list(self.modules))
-            if self.mode != "selective":
-                raise JobConfigError("--recompute-modules", "only applies with --recompute selective (Megatron "
-                                     f"ignores it otherwise); the job has --recompute {self.mode}", self.modules)
+            if self.mode not in ("selective", "megatron-selective"):
+                raise JobConfigError("--recompute-modules", "only applies with --recompute selective or "
+                                     f"megatron-selective (Megatron ignores it otherwise); the job has --recompute {self.mode}", self.modules)
 
     @property
     def module_names(self) -> tuple[str, ...]:
@@ -733,10 +748,7 @@ class Job:
         _check_int("--mtp-layers", self.mtp_layers, minimum=0, maximum=64)
         self._check_batch()
         self._check_offload()
-        if self.recompute.modules is not None and not get_profile(self.framework).recompute_modules:
-            raise JobConfigError("--recompute-modules", f"is a Megatron-LM policy the chosen framework does not "
-                                 f"have (--framework {self.framework}); use --framework megatron or drop it",
-                                 self.recompute.modules)
+        resolve_policy(self)  # refuses a policy (or --recompute-modules) the framework does not have
         if self.optimizer.name == "muon" and self.framework != "megatron":
             raise JobConfigError("--optimizer", "muon is priced as Megatron-LM's Muon (its parameter split and "
                                  "Newton-Schulz step); use --framework megatron", self.optimizer.name)
@@ -903,7 +915,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
 def _check_recompute_modules(job: Job, model: ModelSpec) -> None:
     """Megatron's own refusals of ``--recompute-modules`` for a model without the module
     (transformer_config.py); moe and shared_experts without such layers are no-ops there too."""
-    if job.recompute.mode != "selective" or job.recompute.modules is None:
+    if job.recompute.mode not in ("selective", "megatron-selective") or job.recompute.modules is None:
         return
     names = job.recompute.module_names
     if "mla_up_proj" in names and not any(layer.attention.kind == "mla" for layer in model.layers):

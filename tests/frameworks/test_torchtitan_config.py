@@ -188,11 +188,18 @@ def test_optimizer_offload_and_in_backward(tmp_path: Path) -> None:
     assert job.offload.params and job.offload.optimizer
 
 
-def test_memory_budget_and_unknown_optimizer_are_not_modelled(tmp_path: Path) -> None:
-    body = '[activation_checkpoint]\nmode = "memory_budget"\n[optimizer]\nname = "Muon"\n'
+def test_memory_budget_is_the_memory_budget_policy_and_unknown_optimizer_is_not_modelled(tmp_path: Path) -> None:
+    compiled = '[compile]\nenable = true\n'
+    body = compiled + '[activation_checkpoint]\nmode = "memory_budget"\nmemory_budget = 0.3\n[optimizer]\nname = "Muon"\n'
     loaded = _job(tmp_path, body, gpus=8)
-    assert loaded.job.recompute.mode == "none"
-    assert {"activation_checkpoint.mode", "optimizer.name"} <= {s.key for s in loaded.unmodelled}
+    assert (loaded.job.recompute.mode, loaded.job.recompute.memory_budget) == ("memory-budget", 0.3)
+    unmodelled = {s.key for s in loaded.unmodelled}
+    assert "optimizer.name" in unmodelled
+    assert not {"activation_checkpoint.mode", "activation_checkpoint.memory_budget"} & unmodelled
+    default = _job(tmp_path, compiled + '[activation_checkpoint]\nmode = "memory_budget"\n', gpus=8).job
+    assert default.recompute.memory_budget == 0.5  # torchtitan's default
+    with pytest.raises(ConfigError, match="needs compile.enable = true"):
+        _job(tmp_path, '[activation_checkpoint]\nmode = "memory_budget"\n', gpus=8)
 
 
 def test_typed_flags_win(tmp_path: Path) -> None:

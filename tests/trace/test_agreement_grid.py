@@ -2,7 +2,8 @@
 
 Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, GPT-2), short
 sequences, one rank and simulated FSDP2 / TP ranks, foreach and the framework's own (fused)
-optimizer; fine-tuning (LoRA, DoRA, QLoRA nf4, int8 base) as benchmarks/finetune_grid.py. Tolerances as the grid's: model states equal, activations, saved logits and
+optimizer; activation policies (Megatron's --recompute-modules, full recompute of N layers);
+fine-tuning (LoRA, DoRA, QLoRA nf4, int8 base) as benchmarks/finetune_grid.py. Tolerances as the grid's: model states equal, activations, saved logits and
 the peak within 3%.
 """
 
@@ -69,6 +70,12 @@ CELLS: tuple[object, ...] = (
                      "peak +7% (activations -0.04%): the recomputed layer's backward transient is priced as under "
                      "full recompute, which overestimates this toy's too (torchtitan full recompute, same cell: "
                      "+3.8%); docs/trace.md, recompute"))),
+    # activation policies run by both engines (memplan.policies): Megatron's --recompute-modules on the
+    # model's own sub-modules, full recompute of the first N layers
+    ("llama", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "core_attn"}),
+    ("llama", 256, "bf16-mixed", "eager", "megatron-selective", {"recompute_modules": "core_attn,mlp"}),
+    ("qwen3_moe", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "moe"}),
+    ("llama", 256, "bf16-mixed", "sdpa", "full", {"recompute_method": "block", "recompute_layers": 1}),
     # fine-tuning: adapters on a frozen base (issue 12's grid, small)
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj"}),
     ("llama", 256, "bf16", "sdpa", "none", {"peft": "lora", "lora_rank": 16, "lora_targets": "all-linear"}),

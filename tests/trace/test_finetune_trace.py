@@ -314,7 +314,7 @@ def test_cpu_trace_peak_matches_a_real_peft_step(tiny_llama: str, flags: dict[st
     model = peft.get_peft_model(model, peft.LoraConfig(
         r=finetune.lora_rank, lora_alpha=finetune.lora_alpha, target_modules=list(finetune.target_names or ()),
         use_dora=finetune.peft == "dora")).train()
-    apply_recompute(model, options.recompute)
+    apply_recompute(model, options.policy)
     job = hf_step_job(model, options)
     measured = profiler_peak_bytes(lambda: run_iterations(job, options.iterations))
     traced = trace(tiny_llama, seq=32, mbs=2, device="cpu", **flags).summary

@@ -65,7 +65,8 @@ rejected families, is still printed; with --json on stdout) or unsupported input
 #: (never silently replaced by the search's choice).
 SEARCHED_FLAGS = ("dp", "tp", "pp", "vpp", "cp", "ep", "etp", "sequence_parallel", "first_stage_layers",
                   "last_stage_layers", "zero", "fsdp", "fsdp_shard_size", "distributed_optimizer", "mbs",
-                  "recompute", "recompute_method", "recompute_layers", "recompute_modules", "offload_optimizer",
+                  "recompute", "recompute_method", "recompute_layers", "recompute_modules", "memory_budget",
+                  "offload_optimizer",
                   "optimizer_offload_fraction", "offload_params", "partition_activations", "cpu_checkpointing",
                   "contiguous_checkpoints")
 
@@ -288,7 +289,8 @@ def _limits(model_ref: str, flags: dict[str, Any], job_file: str | None, setting
 
 
 #: What --methods chooses itself for each method: refused when given (never silently replaced).
-METHOD_FLAGS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules", "partition_activations",
+METHOD_FLAGS = ("recompute", "recompute_method", "recompute_layers", "recompute_modules", "memory_budget",
+                "partition_activations",
                 "cpu_checkpointing", "contiguous_checkpoints", "peft", "trainable", "quantize_base", "gbs",
                 "tp", "pp", "vpp", "cp", "ep", "etp")
 

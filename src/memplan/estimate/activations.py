@@ -16,9 +16,10 @@ projections and their inputs, RoPE, the output projection's input — dropped wh
 attention module is checkpointed), ``attn_input`` (the attention module's input, kept only by the
 checkpoint that recomputes that module), ``body`` (everything else — dropped by full recompute).
 
-Selective recompute has two meanings, chosen by the framework profile
-(``FrameworkProfile.selective_recompute``): ``selective`` recomputes the attention core
-(Korthikanti et al.; Megatron ``--recompute-granularity selective``); ``selective-attention-module``
+Each activation policy (:mod:`memplan.policies`, ``ActivationPolicy.kept_classes_key``) prices its
+layers with one row: ``selective`` recomputes the attention core (Korthikanti et al.; Megatron
+``--recompute-granularity selective``, whose ``--recompute-modules`` also drop sites);
+``selective-attention-module``
 checkpoints every attention module (``self_attn``) with non-reentrant ``torch.utils.checkpoint``,
 which is what ``memplan trace --recompute selective`` runs on a Hugging Face model;
 ``selective-per-op`` is torchtitan's per-op selective activation checkpointing
@@ -45,6 +46,9 @@ KEPT_BY: dict[str, frozenset[str]] = {
     # torchtitan's per-op SAC: of what autograd saves only the layer input; the outputs of the
     # policy's kept ops are added by :mod:`memplan.estimate.sac`.
     "selective-per-op": frozenset({"input", "ckpt_input"}),
+    # torch.compile's partitioner under a memory budget: full recompute's floor; the engine adds the
+    # budget's fraction of the rest (memory-budget policy, memplan.policies).
+    "memory-budget": frozenset({"input", "ckpt_input"}),
 }
 
 #: Bytes per element of HF eager attention's softmax output: ``softmax(scores, dtype=float32)``

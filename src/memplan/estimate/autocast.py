@@ -1,7 +1,6 @@
 """Terms of the ``hf`` profile's plain PyTorch loop that depend on autocast, recompute and tied weights.
 
 * which layer weights ``torch.autocast`` copies to 16 bits and autograd keeps until the backward;
-* which recompute classes a ``--recompute`` mode keeps (the profile decides what "selective" means);
 * the gradient sum of a tied embedding at the end of the backward.
 """
 
@@ -9,33 +8,16 @@ from __future__ import annotations
 
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.states import layer_numel_on_rank
-from memplan.frameworks.profiles import FrameworkProfile
 from memplan.job import Job
-from memplan.model.params import attention_params
+from memplan.model.params import attention_params, mlp_params
 from memplan.model.spec import ModelSpec
 
-__all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "kept_mode", "layer_weight_copy_numel",
+__all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "layer_weight_copy_numel",
            "tied_embedding_gradient_sum_bytes"]
 
 
-def kept_mode(job: Job, profile: FrameworkProfile) -> str:
-    """The key of :data:`memplan.estimate.activations.KEPT_BY` for the job's recompute mode.
-
-    ``selective`` under a profile whose ``selective_recompute`` is ``attention-module`` (hf):
-    every attention module is checkpointed, so its saved tensors are dropped and its input kept.
-    ``selective`` under ``per-op`` (torchtitan): every decoder layer is checkpointed with torchtitan's
-    per-op policy (:mod:`memplan.estimate.sac`).
-    """
-    mode = job.recompute.mode
-    if mode == "selective" and profile.selective_recompute == "attention-module":
-        return "selective-attention-module"
-    if mode == "selective" and profile.selective_recompute == "per-op":
-        return "selective-per-op"
-    return mode
-
-
 def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, *, recomputed: set[int],
-                               mode: str, eager_experts: bool) -> int:
+                               mode: str, eager_experts: bool, modules: tuple[str, ...] = ()) -> int:
     """Elements of the 16-bit weight copies autograd keeps for the backward under ``torch.autocast``
     (the decoder layers' part; the output head is added by the caller).
 
@@ -49,7 +31,8 @@ def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, 
     nothing: its copies live only in autocast's cache, which is cleared when the forward's autocast
     region exits, before the backward (they are recomputed with the region). So recomputed layers
     contribute none, and under ``selective-attention-module`` the attention projections none; under
-    ``selective-per-op`` (every layer checkpointed, casts not in the save list) no layer any.
+    ``selective-per-op`` (every layer checkpointed, casts not in the save list) no layer any; under
+    Megatron's ``modules`` the checkpointed MLP / MoE blocks none (:func:`checkpointed_module_copy_numel`).
     """
     total = 0
     for index in layout.layer_indices:
@@ -58,7 +41,23 @@ def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, 
         total += layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
         if mode == "selective-attention-module":
             total -= attention_weight_copy_numel(model, job, index)
+        total -= checkpointed_module_copy_numel(model, job, index, modules, eager_experts=eager_experts)
     return total
+
+
+def checkpointed_module_copy_numel(model: ModelSpec, job: Job, index: int, modules: tuple[str, ...], *,
+                                   eager_experts: bool) -> int:
+    """Elements autocast copies inside the blocks Megatron's ``--recompute-modules`` checkpoint in
+    layer ``index``: the dense MLP's (``mlp``), the MoE block's (``moe``: router and shared experts;
+    eager experts are not cast) or the shared experts' weights (``shared_experts``). A checkpoint
+    made on the block keeps none of them."""
+    moe = model.layers[index].moe
+    if ("mlp" in modules and moe is None) or ("moe" in modules and moe is not None):
+        return (layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
+                - attention_weight_copy_numel(model, job, index))
+    if "shared_experts" in modules and moe is not None and moe.shared_expert is not None:
+        return mlp_params(moe.shared_expert, model.hidden_size).tp_sharded // job.parallel.tp
+    return 0
 
 
 def layer_weight_copy_numel(model: ModelSpec, job: Job, index: int, *, eager_experts: bool) -> int:

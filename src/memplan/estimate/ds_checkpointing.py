@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from memplan.errors import JobConfigError
 from memplan.job import Job, Recompute
+from memplan.policies import resolve_policy
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,9 @@ def contiguous_unused_bytes(rc: Recompute, part: int, warmup_checkpoints: int, n
 def ds_checkpointing_applies(job: Job) -> bool:
     """Whether DeepSpeed's checkpointing switches change the estimate: they move what full
     recompute keeps (each recomputed layer's input); other recompute modes checkpoint no layer."""
-    rc = job.recompute
-    return job.framework == "deepspeed" and rc.mode == "full" and (rc.partition_activations or rc.cpu_checkpointing)
+    policy = resolve_policy(job)
+    return (job.framework == "deepspeed" and policy.name == "full"
+            and (policy.partition_activations or policy.cpu_checkpointing))
 
 
 def describe_ds_checkpointing(job: Job) -> str | None:

@@ -22,7 +22,7 @@ from memplan.estimate.adapter_acts import (
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     autocast_weight_copy_numel,
-    kept_mode,
+    checkpointed_module_copy_numel,
     layer_weight_copy_numel,
     tied_embedding_gradient_sum_bytes,
 )
@@ -75,8 +75,13 @@ from memplan.estimate.optimizers import (
     small_tensors_of_sizes,
 )
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
+from memplan.estimate.recompute_modules import (
+    checkpoint_input_terms,
+    dropped_sites,
+    recomputed_peak,
+    term_site,
+)
 from memplan.estimate.recompute_modules import describe as describe_recompute
-from memplan.estimate.recompute_modules import dropped_sites, recomputed_peak, term_site
 from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.sac import sac_kept_terms
 from memplan.estimate.states import (
@@ -107,6 +112,7 @@ from memplan.model.params import final_norm_params
 from memplan.model.peft_params import Adapter, finetune_params, first_trainable_layer
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.model.tensors import stage_tensors
+from memplan.policies import resolve_policy
 from memplan.units import dtype_bytes
 
 #: The CUDA caching allocator hands out whole segments (2 MiB granularity, allocator source
@@ -257,12 +263,14 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         # that gradient needs is not saved (checkpointing makes the input require grad: HF
         # enable_input_require_grads).
         start = first_trainable_layer(counts) if counts.root.trained + counts.root.adapter == 0 else 0
-        if index < start and job.recompute.mode == "none":
+        plain = not resolve_policy(job).recomputes
+        if index < start and plain:
             return (0, 0, 0, 0)
-        first = index == start and counts.root.trained + counts.root.adapter == 0 and job.recompute.mode == "none"
+        first = index == start and counts.root.trained + counts.root.adapter == 0 and plain
     key = (id(layer), adapters, frozen, first, job.finetune.quantize_base)
     if key not in cache:
-        mode = kept_mode(job, get_profile(job.framework))
+        policy = resolve_policy(job)
+        mode = policy.kept_classes_key
         kept_classes, dropped = _kept_policy(job)
         attention, rest = layer_terms_by_block(layer, shape)
         # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
@@ -292,11 +300,15 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
             # The cached op outputs; those autograd does not save also sit beside the recomputed layer.
             kept += sum(divided(t, shape) for t in sac[0])
             transient += sum(divided(t, shape) for t in sac[1])
+        if policy.name == "memory-budget":
+            # torch's partitioner: at most the budget's fraction of what it saves above the region's inputs
+            kept += _budget_share(full - kept, policy.memory_budget)
         rebuilt = full - kept
         if dropped:
             # only one block's recomputed tensors are alive at a time (recompute_modules.py)
             rebuilt -= sum(size for size, _, site in sized if site in dropped)
             rebuilt += recomputed_peak([(size, site) for size, _, site in sized], dropped)
+            kept += sum(divided(t, shape) for t in checkpoint_input_terms(layer, shape, policy.modules))
         cache[key] = (kept, full, transient, rebuilt)
     return cache[key]
 
@@ -304,10 +316,18 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
 def _kept_policy(job: Job) -> tuple[frozenset[str], frozenset[str]]:
     """(recompute classes kept, sites dropped) under the job's recompute: Megatron's selective
     recompute drops the sites of its ``--recompute-modules`` (:mod:`memplan.estimate.recompute_modules`)."""
-    profile = get_profile(job.framework)
-    if job.recompute.mode != "selective" or not profile.recompute_modules:
-        return KEPT_BY[kept_mode(job, profile)], frozenset()
-    return KEPT_BY["selective"] | {"core"}, dropped_sites(job.recompute.module_names)
+    policy = resolve_policy(job)
+    if policy.name != "megatron-selective":
+        return KEPT_BY[policy.kept_classes_key], frozenset()
+    return KEPT_BY["selective"] | {"core"}, dropped_sites(policy.modules)
+
+
+def _budget_share(above_floor: int, budget: float | None) -> int:
+    """Bytes torch's partitioner may keep above full recompute's floor under ``activation_memory_budget``
+    (torch/_functorch/partitioners.py ``choose_saved_values_set``: 0 saves only the region's inputs, 1
+    the default min-cut's values, and between them the knapsack keeps the saved bytes above the inputs
+    within ``budget`` x (min-cut's - inputs')). The eager saved tensors bound the min-cut's from above."""
+    return int(above_floor * (budget if budget is not None else 1.0))
 
 
 def _dora_transient(model: ModelSpec, job: Job, shape: ActivationShape, layout: StageLayout) -> int:
@@ -325,7 +345,7 @@ def _dora_transient(model: ModelSpec, job: Job, shape: ActivationShape, layout: 
 def _recomputed_layers(layout: StageLayout, job: Job) -> set[int]:
     """Layers of this stage that run under full recompute (Megatron's uniform/block methods)."""
     rc = job.recompute
-    if rc.mode != "full":
+    if resolve_policy(job).name != "full":
         return set()
     if rc.method == "uniform" or rc.num_layers is None:
         return set(layout.layer_indices)
@@ -385,7 +405,7 @@ def _stage_estimate(
     per_layer: list[tuple[int, int, int]] = []
     for chunk in layout.chunks:
         kept = cpu_kept = 0
-        for index in chunk:
+        for position, index in enumerate(chunk):
             keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
             transient += _cp_backward_extra(model, job, shape, index)
             if ft is None:
@@ -395,13 +415,17 @@ def _stage_estimate(
             if index in recomputed:
                 # the recomputed forward rebuilds DoRA's weights too (its temporaries, then the backward's)
                 layer_keep, layer_worst = keep, group * full + max(transient, dora)
-                if deepspeed_ckpt:
+                if position % group:
+                    # uniform groups: one checkpoint per group of layers keeps only the group's input
+                    # (megatron/core/transformer/transformer_block.py ``_checkpointed_forward``)
+                    layer_keep = 0
+                elif deepspeed_ckpt:
                     placed = place_checkpoint(keep, partition=rc.partition_activations, cpu=rc.cpu_checkpointing,
                                               tp=tp)
                     layer_keep, cpu_kept = placed.gpu_keep, cpu_kept + placed.cpu_keep
                     layer_worst += placed.backward_extra
                     largest_ckpt = max(largest_ckpt, keep)
-            elif job.recompute.mode == "selective":
+            elif resolve_policy(job).partial:
                 # The recomputed modules (the attention core, the attention module, or under per-op
                 # SAC the rest of the layer) are made again during this layer's backward.
                 layer_keep, layer_worst = keep, rebuilt + transient
@@ -421,7 +445,7 @@ def _stage_estimate(
     cpu_acts = sum(chunk_cpu[c] for c in layout.inflight_chunks)
     unused_buffers = 0
     if deepspeed_ckpt:
-        counts = [sum(1 for i in chunk if i in recomputed) for chunk in layout.chunks]
+        counts = [sum(1 for p, i in enumerate(chunk) if i in recomputed and p % group == 0) for chunk in layout.chunks]
         warmup = sum(counts[c] for c in layout.inflight_chunks)
         if rc.cpu_checkpointing and not rc.partition_activations:
             # the offload engine's newest input and the one being copied stay on the GPU
@@ -441,15 +465,16 @@ def _stage_estimate(
     other_acts = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
     if layout.layer_indices:
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
-        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, kept_mode(job, profile))
+        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, resolve_policy(job).keeps_mask)
         other_acts += shared * inflight
     head_copy = 0
     if prec.weight_copies == "autocast":
         # torch.autocast casts the weights linear layers read (the decoder's and the output
         # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
         head = _head_numel(model, profile, job, vocab_rows) if layout.has_head else 0
-        layers = autocast_weight_copy_numel(model, job, layout, recomputed=recomputed, mode=kept_mode(job, profile),
-                                            eager_experts=profile.kernels == "eager")
+        policy = resolve_policy(job)
+        layers = autocast_weight_copy_numel(model, job, layout, recomputed=recomputed, mode=policy.kept_classes_key,
+                                            eager_experts=profile.kernels == "eager", modules=policy.modules)
         if ft is not None:
             # Only fully trained (fp32) weights are cast; 16-bit frozen weights are used as they are, and
             # the adapters' copies are part of their layers' terms.
@@ -628,10 +653,14 @@ def _recomputed_copies_bytes(model: ModelSpec, job: Job, profile: FrameworkProfi
     projections when the attention module is checkpointed."""
     if prec.weight_copies != "autocast":
         return 0
-    if index in recomputed or kept_mode(job, profile) == "selective-per-op":
+    mode = resolve_policy(job).kept_classes_key
+    if index in recomputed or mode == "selective-per-op":
         numel = layer_weight_copy_numel(model, job, index, eager_experts=profile.kernels == "eager")
-    elif kept_mode(job, profile) == "selective-attention-module":
+    elif mode == "selective-attention-module":
         numel = attention_weight_copy_numel(model, job, index)
+    elif resolve_policy(job).modules:
+        numel = checkpointed_module_copy_numel(model, job, index, resolve_policy(job).modules,
+                                               eager_experts=profile.kernels == "eager")
     else:
         return 0
     return numel * dtype_bytes(prec.compute)
@@ -641,7 +670,7 @@ def _mtp_activation_bytes(model: ModelSpec, shape: ActivationShape, job: Job, ca
     """One MTP module per micro-batch: its decoder layer (shaped like the last), two input norms,
     the concatenated 2h input of its projection, and the embedding lookup it reads."""
     keep, full, _, _ = _layer_costs(model.layers[-1], shape, job, cache)
-    layer = keep if job.recompute.mode != "none" else full
+    layer = keep if resolve_policy(job).recomputes else full
     sbh = shape.seq * shape.micro_batch * shape.hidden
     sp = shape.tp if shape.sequence_parallel else 1
     norms = 2 * shape.residual_bytes * sbh // sp
@@ -807,29 +836,7 @@ def _assumptions(
         out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")
     else:
         out.append(f"{job.attention} attention: no s x s score matrix is kept, only the fp32 log-sum-exp per head and token")
-    rc = job.recompute
-    if rc.mode == "selective" and kept_mode(job, profile) == "selective-attention-module":
-        out.append("selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
-                   "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
-                   "weight copies are made again in its backward")
-    elif rc.mode == "selective" and profile.recompute_modules:
-        shape = _activation_shape(model, job, profile, prec)
-        sites = {term_site(t) for layer in {id(x): x for x in model.layers}.values() for t in layer_terms(layer, shape)}
-        out.append(describe_recompute(rc.module_names, sites))
-    elif rc.mode == "selective" and kept_mode(job, profile) == "selective-per-op":
-        out.append("selective recompute: torchtitan's per-op selective activation checkpointing (SelectiveAC) of every "
-                   "decoder layer: its input and the outputs of the saved ops are kept (matmuls except every second "
-                   "mm of each layer call, the attention kernel's output and log-sum-exp; with a bias a linear is an "
-                   "addmm, always kept), the rest is recomputed in its backward"
-                   + ("; MoE/MLA layers are not modelled op by op: the attention core's recompute stands in"
-                      if any(layer.moe is not None or layer.attention.kind == "mla" for layer in model.layers)
-                      else ""))
-    elif rc.mode == "selective":
-        out.append("selective recompute: the attention core is recomputed; its inputs are kept")
-    elif rc.mode == "full":
-        out.append(f"full recompute ({rc.method}, {rc.num_layers or 'all'} layers): recomputed layers keep only their input"
-                   + ("; their autocast weight copies are not kept (autocast's cache is cleared when the forward ends) and "
-                      "are made again by the recompute" if prec.weight_copies == "autocast" else ""))
+    out.append(_describe_policy(model, job, profile, prec))
     if describe_ds_checkpointing(job):
         out.append(describe_ds_checkpointing(job))
     out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
@@ -900,3 +907,40 @@ def layer_activation_costs(model: ModelSpec, job: Job, index: int) -> tuple[int,
     profile = get_profile(job.framework)
     shape = _activation_shape(model, job, profile, resolve_precision(job, profile))
     return _layer_costs(model.layers[index], shape, job, {}, index, model)[:3]
+
+
+def _describe_policy(model: ModelSpec, job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> str:
+    """The assumption line of the job's activation policy (:mod:`memplan.policies`)."""
+    policy = resolve_policy(job)
+    if policy.name == "attention-module":
+        return ("selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
+                "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
+                "weight copies are made again in its backward")
+    if policy.name == "megatron-selective":
+        shape = _activation_shape(model, job, profile, prec)
+        sites = {term_site(t) for layer in {id(x): x for x in model.layers}.values() for t in layer_terms(layer, shape)}
+        return describe_recompute(policy.modules, sites)
+    if policy.name == "torchtitan-sac":
+        return ("selective recompute: torchtitan's per-op selective activation checkpointing (SelectiveAC) of every "
+                "decoder layer: its input and the outputs of the saved ops are kept (matmuls except every second "
+                "mm of each layer call, the attention kernel's output and log-sum-exp; with a bias a linear is an "
+                "addmm, always kept), the rest is recomputed in its backward"
+                + ("; MoE/MLA layers are not modelled op by op: the attention core's recompute stands in"
+                   if any(layer.moe is not None or layer.attention.kind == "mla" for layer in model.layers)
+                   else ""))
+    if policy.name == "attention-core":
+        return "selective recompute: the attention core is recomputed; its inputs are kept"
+    if policy.name == "memory-budget":
+        return (f"torchtitan memory_budget {policy.memory_budget:g} (torch.compile's partitioner, "
+                "activation_memory_budget): an upper bound — each layer keeps its input plus the budget's fraction of "
+                "the rest of what eager autograd saves (the partitioner's knapsack keeps at most that fraction of its "
+                "default min-cut's saved bytes above the compiled region's inputs; the min-cut saves no more than "
+                "eager autograd); compiled kernels' fusion is not modelled")
+    if policy.name == "full":
+        grouped = policy.method == "uniform" and (policy.num_layers or 1) > 1
+        return (f"full recompute ({policy.method}, {policy.num_layers or 'all'} layers): "
+                + (f"each checkpointed group of {policy.num_layers} layers keeps only its input and is recomputed "
+                   "whole in its backward" if grouped else "recomputed layers keep only their input") + ("; their autocast weight copies are not kept (autocast's cache is cleared when the "
+                                 "forward ends) and are made again by the recompute"
+                                 if prec.weight_copies == "autocast" else ""))
+    return "no recompute: every layer keeps what autograd saves for its backward"

@@ -41,15 +41,16 @@ def rope_table_bytes(model: ModelSpec, shape: ActivationShape) -> int:
     return 2 * shape.seq * rotary_dim * shape.residual_bytes
 
 
-def checkpointed_mask_bytes(model: ModelSpec, shape: ActivationShape, mode: str) -> int:
+def checkpointed_mask_bytes(model: ModelSpec, shape: ActivationShape, checkpointed: bool) -> int:
     """4-D attention masks kept as checkpoint inputs.
 
     Eager attention gets an explicit ``(batch, 1, seq, seq)`` additive mask in the hidden states'
     dtype, one per kind of layer (global; sliding-window) built once per forward. Adding it to the
     scores saves nothing, but a checkpointed decoder layer or attention module keeps its inputs,
-    the mask among them, until its backward (``torch.utils.checkpoint``).
+    the mask among them, until its backward (``torch.utils.checkpoint``). ``checkpointed``: the
+    policy checkpoints a region the mask enters (:attr:`memplan.policies.ActivationPolicy.keeps_mask`).
     """
-    if shape.attention != "eager" or shape.kernels != "eager" or mode not in ("full", "selective-attention-module", "selective-per-op"):
+    if shape.attention != "eager" or shape.kernels != "eager" or not checkpointed:
         return 0
     kinds = len({layer.attention.sliding_window for layer in model.layers})
     return kinds * shape.micro_batch * shape.seq * shape.kv_seq * shape.residual_bytes

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memplan.estimate.activations import Term
+from memplan.estimate.activations import ActivationShape, Term
+from memplan.model.spec import LayerSpec
 
 #: Sites each ``--recompute-modules`` choice drops (``core`` is the ``core`` recompute class).
 SITES_DROPPED_BY: dict[str, frozenset[str]] = {
@@ -68,6 +69,36 @@ def recomputed_peak(sized: Iterable[tuple[int, str]], dropped: frozenset[str]) -
             else:
                 mlp += size
     return max(attention, mlp)
+
+
+def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: Iterable[str]) -> list[Term]:
+    """What a sub-module checkpoint keeps as its inputs beyond the terms it leaves in place, on a layer of
+    eager (Hugging Face) modules, where every norm is its own module outside the checkpointed block.
+
+    * ``mlp`` / ``moe``: the block's input is the pre-MLP norm's output in the residual stream's dtype,
+      kept by the checkpoint instead of the 16-bit copies its GEMMs would save (dense: the norm-output
+      terms are dropped with the MLP; MoE: the pre-MLP norm's 16-bit term stays, the excess is added);
+    * ``core_attn``: the attention function's inputs; under autocast RoPE returns q and k in the
+      residual dtype (fp32 x fp32 tables), which the checkpoint keeps instead of SDPA's 16-bit copies.
+
+    Megatron's Transformer Engine layers fuse the norms into the GEMMs (no separate input): nothing.
+    """
+    if shape.kernels != "eager":
+        return []
+    names = set(modules)
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    excess = shape.residual_bytes - shape.act_bytes
+    terms: list[Term] = []
+    if "mlp" in names and layer.moe is None:
+        terms.append(Term("mlp checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input"))
+    if "moe" in names and layer.moe is not None and excess > 0:
+        terms.append(Term("MoE checkpoint input beyond its 16-bit copy", excess * sbh, "sp", "input"))
+    attn = layer.attention
+    if "core_attn" in names and excess > 0 and shape.rope and attn.kind != "mla":
+        width = (attn.num_heads + attn.num_kv_heads) * attn.head_dim
+        terms.append(Term("attention core checkpoint inputs: q, k from RoPE in the residual dtype (beyond their "
+                          "16-bit copies)", excess * shape.seq * shape.micro_batch * width, "tp", "input"))
+    return terms
 
 
 def ineffective_modules(modules: Iterable[str], sites: Iterable[str]) -> tuple[str, ...]:

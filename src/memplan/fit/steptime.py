@@ -46,10 +46,10 @@ from typing import Any
 
 from memplan.estimate.sac import recomputed_linear_fraction
 from memplan.fit.hardware import Hardware
-from memplan.frameworks.profiles import get_profile
 from memplan.job import Job
 from memplan.model.params import attention_params, mlp_params
 from memplan.model.spec import LayerSpec, ModelSpec
+from memplan.policies import resolve_policy
 
 #: Fraction of the dense BF16 peak that large transformer GEMMs reach (cuBLAS/cuBLASLt on
 #: A100/H100 sustain about 70-80% of peak on the GEMM shapes of billion-parameter layers).
@@ -191,7 +191,7 @@ def _per_op_recompute_s(model: ModelSpec, idx: range, matmul2: tuple[float, ...]
 def _recompute_fraction(job: Job, layers_on_stage: int) -> float:
     """Fraction of the stage's layers whose whole forward runs again in the backward."""
     rc = job.recompute
-    if rc.mode != "full":
+    if resolve_policy(job).name != "full":
         return 0.0
     if rc.method == "block" and rc.num_layers is not None and layers_on_stage:
         chunk_layers = max(1, layers_on_stage // job.parallel.vpp)
@@ -267,9 +267,13 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
         # Frozen weights: the backward computes the input's gradient only (one forward's FLOPs).
         passes = 2.0 if job.finetune.has_frozen else 3.0
         compute = passes * matmul / matmul_rate + 3.0 * attn + LAYER_OVERHEAD_S * n_layers
-        if job.recompute.mode == "selective" and get_profile(job.framework).selective_recompute == "per-op":
+        policy = resolve_policy(job)
+        if policy.name == "torchtitan-sac":
             recompute = _per_op_recompute_s(model, idx, facts.matmul2, share / matmul_rate, attn_each)
-        elif job.recompute.mode == "selective":
+        elif policy.name == "memory-budget":
+            # the partitioner recomputes what it does not keep: at most (1 - budget) of the layer (a bound)
+            recompute = (1.0 - (policy.memory_budget or 0.0)) * (matmul / matmul_rate + attn)
+        elif policy.partial:
             recompute = attn
         else:
             recompute = rc_frac * (matmul / matmul_rate + attn)

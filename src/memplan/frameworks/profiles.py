@@ -102,16 +102,16 @@ class FrameworkProfile:
     #: frees every gradient after the step, so none exist until the next backward makes them.
     #: Megatron and DeepSpeed keep persistent gradient buffers.
     frees_gradients: bool = False
-    #: What ``--recompute selective`` recomputes: ``attention-core`` (scores, softmax, dropout;
-    #: Megatron ``--recompute-granularity selective``, Korthikanti et al.) or ``attention-module``
-    #: (every attention module checkpointed with non-reentrant ``torch.utils.checkpoint``: what a
-    #: Hugging Face model can wrap, and what ``memplan trace --recompute selective`` runs) or
-    #: ``per-op`` (torchtitan's ``SelectiveAC``: every block checkpointed with a per-op policy that
-    #: keeps the outputs of matmuls, attention kernels and collectives, every second mm recomputed).
-    selective_recompute: Literal["attention-core", "attention-module", "per-op"] = "attention-core"
-    #: ``--recompute-modules`` (Megatron's per-sub-module selective recompute) exists; without it
-    #: the flag is refused.
-    recompute_modules: bool = False
+    #: The activation policies this framework has (:mod:`memplan.policies`); others are refused.
+    activation_policies: tuple[str, ...] = ("none", "full", "megatron-selective")
+    #: What ``--recompute selective`` means here: ``megatron-selective`` (Megatron
+    #: ``--recompute-granularity selective`` with its ``--recompute-modules``), ``attention-core``
+    #: (Megatron-DeepSpeed's selective: the attention core, Korthikanti et al.), ``attention-module``
+    #: (every attention module under non-reentrant ``torch.utils.checkpoint``: what a Hugging Face
+    #: model can wrap) or ``torchtitan-sac`` (torchtitan's ``SelectiveAC``: every block checkpointed with
+    #: a per-op policy that keeps the outputs of matmuls, attention kernels and collectives, every
+    #: second mm recomputed).
+    selective_policy: str = "megatron-selective"
     #: Where an MoE layer applies the routing probabilities. ``combine``: the expert outputs are
     #: weighted when tokens are combined, and that product keeps them for backward (how memplan
     #: prices every other profile). ``experts``: the experts scale their activation output by the
@@ -137,7 +137,6 @@ MEGATRON = FrameworkProfile(
     kernels="fused",
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
-    recompute_modules=True,
     moe_probs_at="experts",
 )
 
@@ -154,7 +153,8 @@ TORCHTITAN = FrameworkProfile(
     kernels="eager",
     frees_gradients=True,
     torch_optimizer=True,
-    selective_recompute="per-op",
+    activation_policies=("none", "full", "torchtitan-sac", "memory-budget"),
+    selective_policy="torchtitan-sac",
 )
 
 DEEPSPEED = FrameworkProfile(
@@ -172,6 +172,8 @@ DEEPSPEED = FrameworkProfile(
     kernels="eager",
     reduce_bucket_elements=500_000_000,
     allgather_bucket_elements=500_000_000,
+    activation_policies=("none", "full", "attention-core"),
+    selective_policy="attention-core",
 )
 
 HF = FrameworkProfile(
@@ -190,7 +192,8 @@ HF = FrameworkProfile(
     frees_gradients=True,
     torch_optimizer=True,
     vocab_parallel=False,
-    selective_recompute="attention-module",
+    activation_policies=("none", "full", "attention-module", "megatron-selective"),
+    selective_policy="attention-module",
 )
 
 PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (MEGATRON, TORCHTITAN, DEEPSPEED, HF)}

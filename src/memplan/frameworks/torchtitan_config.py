@@ -437,8 +437,8 @@ def _recompute(r: _Reader, chunks: tuple[int, ...] | None, pp: int, num_layers: 
     mode, option = r.get(a + "mode"), str(r.get(a + "selective_ac_option")).strip()
     if mode not in ("none", "selective", "full", "memory_budget"):
         raise r.error(a + "mode", "must be none, selective, full or memory_budget")
-    r.mark(a + "memory_budget", "not-modelled" if mode == "memory_budget" else "no-memory-effect",
-           "the compiler's min-cut under a budget is not modelled; priced without recompute"
+    r.mark(a + "memory_budget", "modelled" if mode == "memory_budget" else "no-memory-effect",
+           "--memory-budget: an upper bound of what the compiler's partitioner keeps"
            if mode == "memory_budget" else "only with mode memory_budget")
     sac_shapes = a + "per_op_sac_force_recompute_mm_shapes_by_fqns"
     changed = r.get(sac_shapes) != r.defaults.get(sac_shapes)
@@ -446,11 +446,18 @@ def _recompute(r: _Reader, chunks: tuple[int, ...] | None, pp: int, num_layers: 
     r.mark(sac_shapes, "not-modelled" if per_op and changed else "no-memory-effect",
            "a changed per-op policy is priced as torchtitan's default one" if per_op and changed
            else "torchtitan's default per-op policy" if per_op else "only with per-op selective checkpointing")
-    if mode in ("none", "memory_budget"):
+    if mode == "memory_budget":
+        if not (r.get("compile.enable") and "model" in (r.get("compile.components") or ())):
+            raise r.error(a + "mode", "memory_budget needs compile.enable = true with \"model\" in "
+                          "compile.components (torchtitan asserts the model is compiled)")
+        r.flags.update(recompute="memory-budget", memory_budget=r.get(a + "memory_budget"))
+        r.mark(a + "mode", "modelled", "--recompute memory-budget (torch.compile's partitioner; an upper bound)")
+        r.mark(a + "selective_ac_option", "no-memory-effect", "no effect with mode memory_budget")
+        return
+    if mode == "none":
         r.flags["recompute"] = "none"
-        r.mark(a + "mode", "modelled" if mode == "none" else "not-modelled",
-               "--recompute none" if mode == "none" else "memory_budget needs torch.compile; priced without recompute")
-        r.mark(a + "selective_ac_option", "no-memory-effect", f"no effect with mode {mode}")
+        r.mark(a + "mode", "modelled", "--recompute none")
+        r.mark(a + "selective_ac_option", "no-memory-effect", "no effect with mode none")
         return
     if mode == "full":
         r.flags["recompute"] = "full"

@@ -143,9 +143,8 @@ def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> 
         built: BuiltModel = build_hf_model(model, options)
         if options.moe_routing == "balanced":
             static_routing(built.model)
-        apply_recompute(built.model, options.recompute, reentrant=options.job.recompute.reentrant,
-                        cuda_autocast=options.device == "cuda" and options.mixed and options.fsdp == 1,
-                        per_op=options.job.framework == "torchtitan")
+        apply_recompute(built.model, options.policy,
+                        cuda_autocast=options.device == "cuda" and options.mixed and options.fsdp == 1)
         parallelize(built.model, options, mesh)
         job = hf_step_job(built.model, options, autocast=mesh is None or options.fsdp == 1)
         name, heads = built.name, built.head_modules

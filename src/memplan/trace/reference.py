@@ -25,7 +25,7 @@ def real_hf_step(model: str, options: TraceSetup, *, seed: int = 0) -> StepJob:
     """The step job of ``model`` with real CPU tensors (small models only: weights are allocated)."""
     torch.manual_seed(seed)
     built = build_hf_model(model, options)
-    apply_recompute(built.model, options.recompute, per_op=options.job.framework == "torchtitan")
+    apply_recompute(built.model, options.policy)
     return hf_step_job(built.model, options)
 
 

@@ -16,6 +16,7 @@ import torch
 
 from memplan.categories import MemoryCategory
 from memplan.errors import UnsupportedError
+from memplan.policies import ActivationPolicy
 from memplan.trace.bnb_optim import BNB_OPTIMIZERS, BitsAndBytesStandIn
 from memplan.trace.build import TORCH_DTYPES
 from memplan.trace.recorder import HOST, AllocationRecorder
@@ -117,66 +118,11 @@ def _groups_by_tensor_type(params: Iterable[torch.nn.Parameter]) -> list[dict[st
     return [{"params": group} for group in groups.values()]
 
 
-def apply_recompute(model: torch.nn.Module, mode: str, *, cuda_autocast: bool = False,
-                    reentrant: bool = False, per_op: bool = False) -> None:
-    """``full``: checkpoint every decoder layer; ``selective``: checkpoint every attention module,
-    or with ``per_op`` (``--framework torchtitan``) every decoder layer with torchtitan's per-op
-    selective checkpointing policy (:mod:`memplan.trace.sac`).
+def apply_recompute(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_autocast: bool = False) -> None:
+    """Apply the job's activation policy to ``model`` (:func:`memplan.trace.policies.apply_policy`)."""
+    from memplan.trace.policies import apply_policy
 
-    ``full`` is what the Hugging Face Trainer does for ``gradient_checkpointing=True``:
-    ``model.activation_checkpointing_enable({"use_reentrant": reentrant})``, which also makes the
-    embedding output require grad (``enable_input_require_grads``) — on a peft model too, so frozen
-    layers still pass gradients to the adapters. ``cuda_autocast``: the forward runs under CUDA's fp32 autocast policies (a ``--device cuda`` trace
-    of ``*-mixed``); the recompute in the backward gets them too (checkpoint's ``context_fn``), or
-    its dtypes would differ from the forward's and checkpoint would refuse them.
-    """
-    if mode == "none":
-        return
-    if mode == "full":
-        kwargs: dict[str, Any] = {"use_reentrant": reentrant}
-        if cuda_autocast and not reentrant:
-            kwargs["context_fn"] = _recompute_with_cuda_policies
-        if callable(getattr(model, "activation_checkpointing_enable", None)):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
-        elif callable(getattr(model, "gradient_checkpointing_enable", None)):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
-        else:
-            raise UnsupportedError("--recompute full needs a Hugging Face model (activation_checkpointing_enable)")
-        return
-    if per_op:
-        from memplan.trace.sac import apply_torchtitan_sac
-
-        apply_torchtitan_sac(model, _cuda_policies if cuda_autocast else None)
-        return
-    attention = [m for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in ("self_attn", "attn")]
-    if not attention:
-        raise UnsupportedError("--recompute selective found no attention modules named self_attn or attn")
-    for module in attention:
-        _checkpoint_forward(module, cuda_autocast)
-
-
-def _recompute_with_cuda_policies() -> tuple[Any, Any]:
-    from memplan.trace.cuda_autocast import CudaAutocastFp32
-
-    return contextlib.nullcontext(), CudaAutocastFp32()
-
-
-def _cuda_policies() -> Any:
-    from memplan.trace.cuda_autocast import CudaAutocastFp32
-
-    return CudaAutocastFp32()
-
-
-def _checkpoint_forward(module: torch.nn.Module, cuda_autocast: bool = False) -> None:
-    from torch.utils.checkpoint import checkpoint
-
-    forward = module.forward
-    extra: dict[str, Any] = {"context_fn": _recompute_with_cuda_policies} if cuda_autocast else {}
-
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)  # selective: never reentrant
-
-    module.forward = checkpointed  # type: ignore[method-assign]
+    apply_policy(model, policy, cuda_autocast=cuda_autocast)
 
 
 def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool = True) -> StepJob:

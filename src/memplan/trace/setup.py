@@ -25,6 +25,8 @@ from memplan.errors import ConfigError
 from memplan.frameworks.profiles import resolved_optimizer_impl
 from memplan.job import Job
 from memplan.jobflags import build_job, job_flags
+from memplan.policies import ActivationPolicy, resolve_policy
+from memplan.trace.policies import check_runnable
 
 __all__ = ["TRACE_FRAMEWORKS", "MoeRouting", "RunSettings", "TraceDevice", "TraceSetup", "check_traceable",
            "trace_setup"]
@@ -45,7 +47,8 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("precision", "name"),
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
     ("optimizer", "in_backward"), ("offload", "activations"),
-    ("recompute", "mode"), ("recompute", "reentrant"),
+    ("recompute", "mode"), ("recompute", "reentrant"), ("recompute", "modules"), ("recompute", "method"),
+    ("recompute", "num_layers"),
     ("finetune", "peft"), ("finetune", "lora_rank"), ("finetune", "lora_alpha"), ("finetune", "lora_dropout"),
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
     ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"),
@@ -98,6 +101,7 @@ def check_traceable(job: Job) -> None:
                           "torchtitan do; megatron and deepspeed jobs are estimated only (memplan estimate)",
                           job.framework)
     _check_ranks(job)
+    check_runnable(resolve_policy(job))
     default = Job()
     for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload",
                     "finetune"):
@@ -203,6 +207,11 @@ class TraceSetup:
     @property
     def recompute(self) -> str:
         return self.job.recompute.mode
+
+    @property
+    def policy(self) -> ActivationPolicy:
+        """The job's activation policy (:func:`memplan.policies.resolve_policy`)."""
+        return resolve_policy(self.job)
 
     @property
     def attention(self) -> str:

@@ -1,0 +1,171 @@
+"""Activation policies: what each decoder layer keeps for its backward and what it makes again.
+
+A policy is declared once here, resolved once from a :class:`~memplan.job.Job` and its framework
+(:func:`resolve_policy`), priced by the estimator (:mod:`memplan.estimate.engine`) and run for real
+by the tracer (:mod:`memplan.trace.policies`). Example::
+
+    >>> from memplan.job import Job, Recompute
+    >>> resolve_policy(Job(framework="torchtitan", recompute=Recompute(mode="selective"))).name
+    'torchtitan-sac'
+
+Policies (``--recompute NAME``; ``selective`` is the chosen framework's own selective policy):
+
+* ``none`` — every layer keeps what autograd saves;
+* ``full`` — checkpointed layers keep only their input (Megatron ``--recompute-granularity full``
+  with ``--recompute-method uniform|block`` and ``--recompute-num-layers N``; Hugging Face
+  ``gradient_checkpointing``; torchtitan ``mode = "full"``; DeepSpeed activation checkpointing, whose
+  ``partition_activations`` / ``cpu_checkpointing`` / contiguous buffers move the kept inputs);
+* ``megatron-selective`` — Megatron ``--recompute-granularity selective --recompute-modules ...``:
+  each listed sub-module is checkpointed on its inputs (default ``core_attn``);
+* ``attention-core`` — Megatron-DeepSpeed's selective recompute: the attention core only;
+* ``attention-module`` — every attention module (``self_attn``) under non-reentrant
+  ``torch.utils.checkpoint``: what a Hugging Face model can wrap;
+* ``torchtitan-sac`` — torchtitan's per-op selective activation checkpointing of every block;
+* ``memory-budget`` — torchtitan ``mode = "memory_budget"``: torch.compile's partitioner keeps at
+  most the budget fraction of what it could save above the compiled region's inputs
+  (``torch._functorch.config.activation_memory_budget``); priced as that upper bound.
+
+Activation offloading (``--offload-activations``) is carried by every policy as :attr:`offload`.
+
+Known limitations: the memory-budget policy is an upper bound (the knapsack may keep less); the
+tracer cannot run it (it needs torch.compile's partitioner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
+
+from memplan.errors import JobConfigError
+from memplan.frameworks.profiles import get_profile
+
+if TYPE_CHECKING:
+    from memplan.job import Job
+
+__all__ = ["HF_MODULES", "POLICY_NAMES", "ActivationPolicy", "PolicyName", "framework_policies", "resolve_policy"]
+
+PolicyName = Literal["none", "full", "megatron-selective", "attention-core", "attention-module", "torchtitan-sac",
+                     "memory-budget"]
+POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
+#: Megatron ``--recompute-modules`` that are sub-modules of a Hugging Face layer (``--framework hf``):
+#: the attention function, the dense MLP, the sparse MoE block, its shared experts.
+HF_MODULES = ("core_attn", "mlp", "moe", "shared_experts")
+#: torchtitan's ``activation_checkpoint.memory_budget`` default (torchtitan/config/job_config.py).
+DEFAULT_MEMORY_BUDGET = 0.5
+
+#: Which key of :data:`memplan.estimate.activations.KEPT_BY` each policy prices a layer with (the
+#: memory budget adds its fraction above full recompute's floor; Megatron's modules drop sites).
+_KEPT_CLASSES: dict[str, str] = {
+    "none": "none",
+    "full": "full",
+    "megatron-selective": "selective",
+    "attention-core": "selective",
+    "attention-module": "selective-attention-module",
+    "torchtitan-sac": "selective-per-op",
+    "memory-budget": "memory-budget",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationPolicy:
+    """One resolved activation policy and its parameters (see the module docstring)."""
+
+    name: PolicyName
+    framework: str
+    #: ``full``: ``uniform`` checkpoints groups of :attr:`num_layers` layers, ``block`` the first
+    #: :attr:`num_layers` layers of each stage (None: every layer).
+    method: Literal["uniform", "block"] = "uniform"
+    num_layers: int | None = None
+    #: Reentrant ``torch.utils.checkpoint`` (Hugging Face ``use_reentrant=True``).
+    reentrant: bool = False
+    #: ``megatron-selective``: the ``--recompute-modules`` it checkpoints.
+    modules: tuple[str, ...] = ()
+    #: ``memory-budget``: the partitioner's budget b in [0, 1].
+    memory_budget: float | None = None
+    #: DeepSpeed activation checkpointing switches (they act on ``full``'s kept inputs).
+    partition_activations: bool = False
+    cpu_checkpointing: bool = False
+    contiguous_checkpoints: int | None = None
+    #: Saved activations stream to CPU memory (``--offload-activations``).
+    offload: bool = False
+
+    @property
+    def kept_classes_key(self) -> str:
+        """The :data:`~memplan.estimate.activations.KEPT_BY` key this policy's layers are priced with."""
+        return _KEPT_CLASSES[self.name]
+
+    @property
+    def recomputes(self) -> bool:
+        """Something is made again in the backward."""
+        return self.name != "none"
+
+    @property
+    def partial(self) -> bool:
+        """Every layer keeps part of its saved tensors (a selective policy or the memory budget)."""
+        return self.name not in ("none", "full")
+
+    @property
+    def keeps_mask(self) -> bool:
+        """A checkpointed region takes the attention mask as an input and keeps it (eager attention)."""
+        return self.name in ("full", "attention-module", "torchtitan-sac") or "core_attn" in self.modules
+
+    @property
+    def label(self) -> str:
+        """A short human name (``full x2 block``, ``megatron-selective core_attn,mlp``)."""
+        if self.name == "full" and self.num_layers is not None:
+            return f"full {self.method} x{self.num_layers}"
+        if self.name == "megatron-selective":
+            return f"megatron-selective {','.join(self.modules) or '(no modules)'}"
+        if self.name == "memory-budget":
+            return f"memory-budget {self.memory_budget:g}"
+        return self.name
+
+
+def framework_policies(framework: str) -> tuple[str, ...]:
+    """The policies ``framework`` has (its profile's ``activation_policies``)."""
+    return get_profile(framework).activation_policies
+
+
+def resolve_policy(job: Job) -> ActivationPolicy:
+    """The activation policy ``job`` asks for: ``--recompute`` (``selective`` = the framework's own
+    selective policy) with its parameters; a policy the framework does not have is refused
+    (:class:`~memplan.errors.JobConfigError`)."""
+    rc, profile = job.recompute, get_profile(job.framework)
+    name = profile.selective_policy if rc.mode == "selective" else rc.mode
+    if name not in profile.activation_policies:
+        raise JobConfigError("--recompute", f"{name} is not an activation policy of --framework {job.framework} "
+                             f"(it has {', '.join(profile.activation_policies)}; selective means "
+                             f"{profile.selective_policy})", rc.mode)
+    if rc.modules is not None and name != "megatron-selective":
+        raise JobConfigError("--recompute-modules", f"is a Megatron-LM policy the chosen framework does not have "
+                             f"(--framework {job.framework}, --recompute {rc.mode}); use --framework megatron "
+                             "with --recompute selective or drop it", rc.modules)
+    if name == "megatron-selective" and job.framework == "hf":
+        other = [m for m in rc.module_names if m not in HF_MODULES]
+        if other:
+            raise JobConfigError("--recompute-modules", f"on --framework hf checkpoints a Hugging Face layer's own "
+                                 f"sub-modules ({', '.join(HF_MODULES)}); {', '.join(other)} has none there (its "
+                                 "Megatron meaning needs Transformer Engine's layers: use --framework megatron)",
+                                 rc.modules)
+        ft = job.finetune
+        if ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none":
+            raise JobConfigError("--recompute", "megatron-selective on --framework hf is priced for full training "
+                                 "only (frozen layers and adapters under sub-module checkpoints are not modelled); "
+                                 "use attention-module or full with fine-tuning", rc.mode)
+    if rc.memory_budget is not None and name != "memory-budget":
+        raise JobConfigError("--memory-budget", f"only applies with --recompute memory-budget (torchtitan); the "
+                             f"job has --recompute {rc.mode}", rc.memory_budget)
+    return ActivationPolicy(
+        name=name,  # type: ignore[arg-type]
+        framework=job.framework,
+        method=rc.method,
+        num_layers=rc.num_layers,
+        reentrant=rc.reentrant,
+        modules=rc.module_names if name == "megatron-selective" else (),
+        memory_budget=(DEFAULT_MEMORY_BUDGET if rc.memory_budget is None else rc.memory_budget)
+        if name == "memory-budget" else None,
+        partition_activations=rc.partition_activations,
+        cpu_checkpointing=rc.cpu_checkpointing,
+        contiguous_checkpoints=rc.contiguous_checkpoints,
+        offload=job.offload.activations,
+    )

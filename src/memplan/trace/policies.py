@@ -1,0 +1,181 @@
+"""Activation policies (:mod:`memplan.policies`) run for real on a traced Hugging Face model.
+
+* ``full`` — what the Hugging Face Trainer does for ``gradient_checkpointing=True``
+  (``activation_checkpointing_enable``, which also makes the embedding output require grad); with
+  ``--recompute-method block --recompute-layers N`` only the first N decoder layers stay checkpointed;
+* ``attention-module`` — every attention module (``self_attn``/``attn``) under non-reentrant
+  ``torch.utils.checkpoint``;
+* ``torchtitan-sac`` — every decoder layer with torchtitan's per-op policy (:mod:`memplan.trace.sac`);
+* ``megatron-selective`` / ``attention-core`` — Megatron's sub-module checkpoints on the model's own
+  sub-modules: each keeps its inputs and makes what it saves inside again in its backward
+  (megatron/core/transformer ``tensor_parallel.checkpoint``). ``core_attn``: the attention function
+  (transformers' ``AttentionInterface`` entry the attention modules call: SDPA, or the eager
+  scores/softmax/PV); ``mlp``: a dense layer's ``mlp``; ``moe``: a sparse layer's MoE block;
+  ``shared_experts``: its shared expert(s).
+
+Refused with one line: ``memory-budget`` (torch.compile's partitioner decides it, and the tracer
+runs eager code), ``full`` with uniform groups of more than one layer (a Hugging Face decoder
+calls its layers one by one), and the Megatron modules that are not sub-modules of a Hugging Face
+layer (``layernorm``'s output-discarding checkpoint, ``moe_act``, ``mla_up_proj``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from memplan.errors import ConfigError, UnsupportedError
+from memplan.policies import HF_MODULES, ActivationPolicy
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TRACED_MODULES", "apply_policy", "check_runnable"]
+
+#: ``--recompute-modules`` the tracer runs.
+TRACED_MODULES = HF_MODULES
+#: Prefix of the attention implementations registered for ``core_attn``.
+_CORE_KEY = "memplan_checkpointed_core_"
+
+
+def check_runnable(policy: ActivationPolicy) -> None:
+    """Refuse, in one line naming the flag, a policy the tracer cannot run (before any model is built)."""
+    if policy.name == "memory-budget":
+        raise ConfigError("--recompute", "memory-budget is decided by torch.compile's partitioner "
+                          "(activation_memory_budget), which memplan trace does not run; use memplan estimate",
+                          policy.name)
+    if policy.name != "full" and (policy.num_layers is not None or policy.method != "uniform"):
+        flag, value = (("--recompute-layers", policy.num_layers) if policy.num_layers is not None
+                       else ("--recompute-method", policy.method))
+        raise ConfigError(flag, f"only applies with --recompute full; the job has --recompute {policy.name}", value)
+    if policy.name == "full" and policy.method == "uniform" and (policy.num_layers or 1) > 1:
+        raise ConfigError("--recompute-layers", "memplan trace checkpoints single decoder layers (a Hugging Face "
+                          "decoder calls them one by one): use 1 with --recompute-method uniform, or block; "
+                          "memplan estimate prices groups", policy.num_layers)
+    missing = [name for name in policy.modules if name not in TRACED_MODULES]
+    if missing:
+        raise ConfigError("--recompute-modules", f"memplan trace runs {', '.join(TRACED_MODULES)} on a Hugging "
+                          f"Face model's own sub-modules; {', '.join(missing)} has no such sub-module there (use "
+                          "memplan estimate)", ",".join(policy.modules))
+
+
+def apply_policy(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_autocast: bool = False) -> None:
+    """Apply ``policy`` to ``model`` (a Hugging Face model; see the module docstring).
+
+    ``cuda_autocast``: the forward runs under CUDA's fp32 autocast policies (a ``--device cuda`` trace
+    of ``*-mixed``); every recompute gets them too, or its dtypes would differ from the forward's.
+    """
+    check_runnable(policy)
+    name = policy.name
+    if name == "none":
+        return
+    if name == "full":
+        _full(model, policy, cuda_autocast)
+    elif name == "torchtitan-sac":
+        from memplan.trace.sac import apply_torchtitan_sac
+
+        apply_torchtitan_sac(model, _cuda_policies if cuda_autocast else None)
+    elif name == "attention-module":
+        attention = [m for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in ("self_attn", "attn")]
+        if not attention:
+            raise UnsupportedError("--recompute selective found no attention modules named self_attn or attn")
+        for module in attention:
+            checkpoint_forward(module, cuda_autocast)
+    else:
+        _megatron_modules(model, policy.modules if name == "megatron-selective" else ("core_attn",), cuda_autocast)
+
+
+def checkpoint_forward(module: torch.nn.Module, cuda_autocast: bool = False) -> None:
+    """Run ``module``'s forward under non-reentrant ``torch.utils.checkpoint``."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = module.forward
+    extra = _context(cuda_autocast)
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+
+    module.forward = checkpointed  # type: ignore[method-assign]
+
+
+def _context(cuda_autocast: bool) -> dict[str, Any]:
+    return {"context_fn": _recompute_with_cuda_policies} if cuda_autocast else {}
+
+
+def _recompute_with_cuda_policies() -> tuple[Any, Any]:
+    from memplan.trace.cuda_autocast import CudaAutocastFp32
+
+    return contextlib.nullcontext(), CudaAutocastFp32()
+
+
+def _cuda_policies() -> Any:
+    from memplan.trace.cuda_autocast import CudaAutocastFp32
+
+    return CudaAutocastFp32()
+
+
+def _full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool) -> None:
+    kwargs: dict[str, Any] = {"use_reentrant": policy.reentrant}
+    if cuda_autocast and not policy.reentrant:
+        kwargs["context_fn"] = _recompute_with_cuda_policies
+    if callable(getattr(model, "activation_checkpointing_enable", None)):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    elif callable(getattr(model, "gradient_checkpointing_enable", None)):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    else:
+        raise UnsupportedError("--recompute full needs a Hugging Face model (activation_checkpointing_enable)")
+    if policy.method == "block" and policy.num_layers is not None:
+        from memplan.trace.sac import decoder_layers
+
+        for layer in decoder_layers(model)[policy.num_layers:]:
+            layer.gradient_checkpointing = False  # type: ignore[assignment]
+
+
+def _megatron_modules(model: torch.nn.Module, modules: tuple[str, ...], cuda_autocast: bool) -> None:
+    import torch
+
+    from memplan.trace.sac import decoder_layers
+
+    for layer in decoder_layers(model):
+        mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        sparse = mlp is not None and hasattr(mlp, "experts")
+        if mlp is not None and (("mlp" in modules and not sparse) or ("moe" in modules and sparse)):
+            checkpoint_forward(mlp, cuda_autocast)
+        elif sparse and "shared_experts" in modules:
+            for attr in ("shared_expert", "shared_experts", "shared_mlp"):
+                if isinstance(getattr(mlp, attr, None), torch.nn.Module):
+                    checkpoint_forward(getattr(mlp, attr), cuda_autocast)
+    if "core_attn" in modules:
+        _checkpoint_attention_core(model, cuda_autocast)
+
+
+def _checkpoint_attention_core(model: torch.nn.Module, cuda_autocast: bool) -> None:
+    """Register, beside the model's attention implementation, one that runs it under
+    ``torch.utils.checkpoint`` (with the same mask function), and switch the model's config to it."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    config: Any = model.config
+    base = config._attn_implementation
+    if base.startswith(_CORE_KEY):
+        return
+    key = _CORE_KEY + base + ("_cuda_autocast" if cuda_autocast else "")
+    AttentionInterface.register(key, _checkpointed_core(base, ALL_ATTENTION_FUNCTIONS, cuda_autocast))
+    AttentionMaskInterface.register(key, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    config._attn_implementation = key
+
+
+def _checkpointed_core(base: str, functions: Any, cuda_autocast: bool) -> Callable[..., Any]:
+    from torch.utils.checkpoint import checkpoint
+
+    extra = _context(cuda_autocast)
+
+    def core(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # eager: the model's own eager_attention_forward (Gemma's soft-capping, GPT-2's scaling...)
+        default = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        function = functions.get_interface(base, default)
+        return checkpoint(function, module, *args, use_reentrant=False, **extra, **kwargs)
+
+    return core
