@@ -1,0 +1,99 @@
+"""One side of a diff: the peak of live bytes and what is alive at it, by category, module and site.
+
+A :class:`Profile` is computed from an event stream (a memplan trace or a snapshot's device
+trace) by :func:`finish_profile`: the peak is the largest number of requested bytes alive at
+once (no allocator rounding, as :attr:`memplan.events.Trace.peak_live_bytes`), reached first at
+event ``peak_event``; each breakdown sums the sizes of the blocks alive right after that event,
+grouped by one key, so every breakdown adds up to ``peak_bytes`` exactly.
+
+The timeline kept for the HTML page is the live-bytes curve cut into at most
+:data:`TIMELINE_POINTS` equal buckets of events, each bucket shown by its largest value (the peak
+is never smoothed away).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, Literal
+
+__all__ = ["TIMELINE_POINTS", "AllocRows", "Profile", "finish_profile"]
+
+#: Most points kept of a timeline (bucket maxima).
+TIMELINE_POINTS = 1500
+
+SourceKind = Literal["trace", "snapshot"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The peak of one trace or snapshot and what was alive at it (bytes are requested sizes)."""
+
+    path: str
+    kind: SourceKind
+    #: ``"cuda:0"`` for a snapshot of device 0; a trace's meta device and rank (``"cuda rank 0"``).
+    device: str
+    #: CUDA device index of a snapshot; ``None`` for a trace.
+    device_index: int | None
+    events: int
+    peak_bytes: int
+    #: Index of the event after which the peak is first reached (-1: nothing was ever allocated).
+    peak_event: int
+    by_category: Mapping[str, int]
+    by_module: Mapping[str, int]
+    by_site: Mapping[str, int]
+    #: ``(first event of the bucket, largest live bytes in the bucket)``.
+    timeline: tuple[tuple[int, int], ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    def summary(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "device": self.device, "events": self.events,
+                "peak_bytes": self.peak_bytes, "peak_event": self.peak_event, "notes": list(self.notes)}
+
+
+@dataclass
+class AllocRows:
+    """What a reader collects in one pass, for :func:`finish_profile`.
+
+    ``deltas[i]`` is the signed size of event ``i``; ``allocs[j]`` is ``(event index, bytes, key)`` of
+    the ``j``-th allocation (``key`` indexes the reader's key table), and ``freed[j]`` the event
+    index of its free (absent while it is alive at the end).
+    """
+
+    deltas: list[int] = field(default_factory=list)
+    allocs: list[tuple[int, int, int]] = field(default_factory=list)
+    freed: dict[int, int] = field(default_factory=dict)
+
+
+def _timeline(live: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    if not live:
+        return ()
+    width = max(1, -(-len(live) // TIMELINE_POINTS))
+    return tuple((start, max(live[start:start + width])) for start in range(0, len(live), width))
+
+
+def _group(sizes: Sequence[int], keys: Sequence[int], names: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for size, key in zip(sizes, keys):
+        name = names[key]
+        out[name] = out.get(name, 0) + size
+    return out
+
+
+def finish_profile(rows: AllocRows, keys: Sequence[tuple[str, str, str]], *, path: str, kind: SourceKind,
+                   device: str, device_index: int | None, notes: Sequence[str] = ()) -> Profile:
+    """The :class:`Profile` of the events in ``rows``; ``keys[k]`` is ``(category, module, site)``."""
+    live = list(accumulate(rows.deltas))
+    peak = max(live, default=0)
+    peak_event = live.index(peak) if live and peak > 0 else -1
+    never = len(live)
+    freed = rows.freed.get
+    alive = [row for j, row in enumerate(rows.allocs) if row[0] <= peak_event and freed(j, never) > peak_event]
+    sizes = [row[1] for row in alive]
+    used = [row[2] for row in alive]
+    by = [_group(sizes, used, [k[i] for k in keys]) for i in range(3)]
+    assert all(sum(b.values()) == peak for b in by), "breakdown does not add up to the peak"
+    return Profile(path=path, kind=kind, device=device, device_index=device_index, events=len(rows.deltas),
+                   peak_bytes=peak, peak_event=peak_event, by_category=by[0], by_module=by[1], by_site=by[2],
+                   timeline=_timeline(live), notes=tuple(notes))
