@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["FrameKeys", "UNKNOWN", "frame_keys"]
+__all__ = ["UNKNOWN", "FrameKeys", "frame_keys"]
 
 #: The category of bytes whose category cannot be inferred honestly.
 UNKNOWN = "unknown"

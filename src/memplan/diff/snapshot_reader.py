@@ -50,8 +50,8 @@ def _oom_note(snapshot: Snapshot) -> list[str]:
     if not ooms:
         return []
     last = ooms[-1]
-    return [f"the trace ends in an out-of-memory error: {last.size:,} bytes requested, "
-            f"{last.addr:,} bytes free on the device (PyTorch records them as size and addr)"]
+    return [(f"the trace ends in an out-of-memory error: {last.size:,} bytes requested, "
+            f"{last.addr:,} bytes free on the device (PyTorch records them as size and addr)")]
 
 
 def profile_snapshot(raw: Any, *, path: str, device: int | None = None) -> Profile:

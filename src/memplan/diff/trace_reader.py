@@ -24,7 +24,7 @@ import gzip
 import json
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from memplan.categories import MemoryCategory

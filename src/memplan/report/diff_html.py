@@ -44,8 +44,8 @@ def _overlay(a: Profile, b: Profile) -> str:
     def py(y: float) -> float:
         return 8 + (1 - y / y_max) * (height - 8)
 
-    parts = [f'<svg role="img" aria-label="live memory of A and B" width="{width}" height="{height + bottom}" '
-             f'viewBox="0 0 {width} {height + bottom}">',
+    parts = [(f'<svg role="img" aria-label="live memory of A and B" width="{width}" height="{height + bottom}" '
+             f'viewBox="0 0 {width} {height + bottom}">'),
              f'<line x1="{left}" x2="{width}" y1="{height + 8}" y2="{height + 8}" stroke="#999"/>']
     for index, side in enumerate((a, b)):
         color, label = _COLORS[index], "AB"[index]
@@ -86,10 +86,10 @@ def render_diff_html(result: DiffResult) -> str:
     a, b = result.a, result.b
     sections = [
         "<h1>memplan diff</h1>",
-        f'<p class="meta">A: {_esc(a.path)} ({a.kind}, {_esc(a.device)}, {a.events:,} events); '
-        f"B: {_esc(b.path)} ({b.kind}, {_esc(b.device)}, {b.events:,} events)</p>",
-        f"<p>peak difference B − A: <b>{result.peak_delta_bytes / _GIB:+.3f} GiB</b> "
-        f"({result.peak_delta_bytes:+,} bytes; requested bytes alive at each peak, no allocator rounding)</p>",
+        (f'<p class="meta">A: {_esc(a.path)} ({a.kind}, {_esc(a.device)}, {a.events:,} events); '
+        f"B: {_esc(b.path)} ({b.kind}, {_esc(b.device)}, {b.events:,} events)</p>"),
+        (f"<p>peak difference B − A: <b>{result.peak_delta_bytes / _GIB:+.3f} GiB</b> "
+        f"({result.peak_delta_bytes:+,} bytes; requested bytes alive at each peak, no allocator rounding)</p>"),
         *(f'<p class="meta">note: {_esc(n)}</p>' for n in result.notes),
         _overlay(a, b),
         *(_table(name, deltas, result.peak_delta_bytes) for name, deltas in result.attributions().items()),
