@@ -93,6 +93,7 @@ def test_tables_and_page(tmp_path: Path) -> None:
     out = _invoke(a, b, "--html", page, "--top", "1")
     assert out.exit_code == 0, out.output
     assert "peak difference B − A: +70.00 MiB" in out.output
+    assert "(aten.mm.default in lm_head, forward of iteration 0)" in out.output  # where each peak falls
     assert "other (" in out.output  # --top 1 folds the rest into one row
     text = page.read_text()
     assert text.count("<polyline") == 2 and text.count("<circle") == 2
@@ -226,3 +227,16 @@ def test_state_only_snapshot_is_its_dump_time_state() -> None:
     profile = load_profile(SNAPSHOTS / "10_Yiyi_flexgen_opt_oom_state_only.pickle")
     assert set(profile.by_site) == {BEFORE_TRACE}
     assert any("state only" in note for note in profile.notes)
+
+
+def test_a_trace_and_its_memplan_snapshot_are_the_same(tmp_path: Path) -> None:
+    """``memplan trace --snapshot`` writes a snapshot whose frames carry module and operator: the diff is 0."""
+    from memplan.trace.snapshot import to_snapshot
+
+    trace_path = _write(tmp_path / "a.mptrace", _step(3, extra_workspace=True))
+    snapshot_path = tmp_path / "a.pickle"
+    snapshot_path.write_bytes(pickle.dumps(to_snapshot(read_trace(trace_path))))
+    result = diff_files(snapshot_path, trace_path)
+    assert result.a.peak_bytes == result.b.peak_bytes > 0
+    assert all(d.delta_bytes == 0 for deltas in result.attributions().values() for d in deltas)
+    assert {d.key for d in result.sites} == {d.key for d in diff_files(trace_path, trace_path).sites}

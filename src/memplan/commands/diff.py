@@ -53,8 +53,8 @@ def diff_command(
     if json_output:
         print_json(result.to_dict())
         return
-    from memplan.report.diff_text import diff_renderables
+    from memplan.report.diff_text import render_diff
 
-    print_rich(*diff_renderables(result, top=top))
+    print_rich(render_diff(result, top=top))
     if html is not None:
         typer.echo(f"wrote {html}")

@@ -13,17 +13,21 @@ is never smoothed away).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Literal
 
-__all__ = ["TIMELINE_POINTS", "AllocRows", "Profile", "finish_profile"]
+__all__ = ["TIMELINE_POINTS", "AllocRows", "Key", "Profile", "finish_profile"]
 
 #: Most points kept of a timeline (bucket maxima).
 TIMELINE_POINTS = 1500
 
 SourceKind = Literal["trace", "snapshot"]
+#: What a reader knows of an allocation: ``(category, module, site, when)``; ``when`` (``"forward of
+#: iteration 1"``, or ``""``) only describes where a peak falls, it is not an attribution.
+Key = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True)
@@ -43,13 +47,15 @@ class Profile:
     by_category: Mapping[str, int]
     by_module: Mapping[str, int]
     by_site: Mapping[str, int]
+    #: The allocation that reached the peak: its site, and its phase and iteration when known.
+    peak_at: str = ""
     #: ``(first event of the bucket, largest live bytes in the bucket)``.
     timeline: tuple[tuple[int, int], ...] = ()
     notes: tuple[str, ...] = field(default=())
 
     def summary(self) -> dict[str, Any]:
         return {"path": self.path, "kind": self.kind, "device": self.device, "events": self.events,
-                "peak_bytes": self.peak_bytes, "peak_event": self.peak_event, "notes": list(self.notes)}
+                "peak_bytes": self.peak_bytes, "peak_event": self.peak_event, "peak_at": self.peak_at, "notes": list(self.notes)}
 
 
 @dataclass
@@ -81,9 +87,17 @@ def _group(sizes: Sequence[int], keys: Sequence[int], names: Sequence[str]) -> d
     return out
 
 
-def finish_profile(rows: AllocRows, keys: Sequence[tuple[str, str, str]], *, path: str, kind: SourceKind,
+def _peak_at(rows: AllocRows, keys: Sequence[Key], peak_event: int) -> str:
+    row = bisect_left(rows.allocs, (peak_event,))
+    if peak_event < 0 or row >= len(rows.allocs) or rows.allocs[row][0] != peak_event:
+        return ""
+    _, _, site, when = keys[rows.allocs[row][2]]
+    return f"{site}, {when}" if when else site
+
+
+def finish_profile(rows: AllocRows, keys: Sequence[Key], *, path: str, kind: SourceKind,
                    device: str, device_index: int | None, notes: Sequence[str] = ()) -> Profile:
-    """The :class:`Profile` of the events in ``rows``; ``keys[k]`` is ``(category, module, site)``."""
+    """The :class:`Profile` of the events in ``rows``; ``keys[k]`` is the :data:`Key` of key ``k``."""
     live = list(accumulate(rows.deltas))
     peak = max(live, default=0)
     peak_event = live.index(peak) if live and peak > 0 else -1
@@ -95,5 +109,5 @@ def finish_profile(rows: AllocRows, keys: Sequence[tuple[str, str, str]], *, pat
     by = [_group(sizes, used, [k[i] for k in keys]) for i in range(3)]
     assert all(sum(b.values()) == peak for b in by), "breakdown does not add up to the peak"
     return Profile(path=path, kind=kind, device=device, device_index=device_index, events=len(rows.deltas),
-                   peak_bytes=peak, peak_event=peak_event, by_category=by[0], by_module=by[1], by_site=by[2],
+                   peak_bytes=peak, peak_event=peak_event, peak_at=_peak_at(rows, keys, peak_event), by_category=by[0], by_module=by[1], by_site=by[2],
                    timeline=_timeline(live), notes=tuple(notes))

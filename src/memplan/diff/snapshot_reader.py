@@ -20,28 +20,40 @@ from typing import Any
 
 from memplan.alloc.snapshot import Snapshot, parse_snapshot, safe_loads, snapshot_to_trace
 from memplan.diff.frames import OUTSIDE, UNKNOWN, frame_keys
-from memplan.diff.profile import AllocRows, Profile, finish_profile
+from memplan.diff.profile import AllocRows, Key, Profile, finish_profile
+from memplan.diff.trace_reader import trace_keys
 from memplan.errors import ConfigError
-from memplan.events import ALLOC
+from memplan.events import ALLOC, PHASES
 
 __all__ = ["BEFORE_TRACE", "profile_snapshot", "profile_snapshot_file"]
 
 #: Site of a block whose allocation is older than the snapshot's trace.
 BEFORE_TRACE = "(allocated before the trace began)"
 _FREE_ACTIONS = ("free_completed", "free")
+_BEFORE: Key = (UNKNOWN, OUTSIDE, BEFORE_TRACE, "")
 
 
-def _in_trace_keys(snapshot: Snapshot, entries: Sequence[Any]) -> list[tuple[str, str, str]]:
+def _memplan_key(category: str, raw: Mapping[str, Any]) -> Key:
+    """A snapshot written by ``memplan trace --snapshot``: one frame, the module as file, the op as name."""
+    frames = raw.get("frames")
+    frame = frames[0] if isinstance(frames, list) and frames and isinstance(frames[0], Mapping) else {}
+    module, name = str(frame.get("filename", "")), str(frame.get("name", ""))
+    op = "" if name in PHASES else name  # memplan names the frame after the phase when there is no operator
+    return trace_keys(category, op, "" if module == "(top level)" else module, "", -1)
+
+
+def _in_trace_keys(snapshot: Snapshot, entries: Sequence[Any]) -> list[Key]:
     """Keys of the trace's alloc/free events in the order :func:`snapshot_to_trace` emits them."""
     completed = any(e.action == "free_completed" for e in snapshot.entries)
     frees = _FREE_ACTIONS if completed else ("free_requested", "free")
     out = []
     for parsed, raw in zip(snapshot.entries, entries):
-        if parsed.action == ALLOC:
-            category, module, site = frame_keys(raw.get("frames") if isinstance(raw, Mapping) else None)
-            out.append((parsed.category or category, module, site))
+        if parsed.action == ALLOC and parsed.category and isinstance(raw, Mapping):
+            out.append(_memplan_key(parsed.category, raw))
+        elif parsed.action == ALLOC:
+            out.append((*frame_keys(raw.get("frames") if isinstance(raw, Mapping) else None), ""))
         elif parsed.action in frees:
-            out.append((UNKNOWN, OUTSIDE, BEFORE_TRACE))  # a free: its key is never used
+            out.append(_BEFORE)  # a free: its key is never used
     return out
 
 
@@ -64,7 +76,7 @@ def profile_snapshot(raw: Any, *, path: str, device: int | None = None) -> Profi
     setup = len(trace.events) - len(in_trace)
     if setup < 0 or any(e.phase != "setup" for e in trace.events[:setup]):
         raise ConfigError("snapshot file", "has a device trace memplan cannot align with its events", path)
-    keys: list[tuple[str, str, str]] = [(UNKNOWN, OUTSIDE, BEFORE_TRACE)]
+    keys: list[Key] = [_BEFORE]
     key_index = {keys[0]: 0}
     rows = AllocRows()
     live: dict[int, int] = {}

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 
 from memplan.categories import MemoryCategory
 from memplan.diff.frames import OUTSIDE
-from memplan.diff.profile import AllocRows, Profile, finish_profile
+from memplan.diff.profile import AllocRows, Key, Profile, finish_profile
 from memplan.errors import ConfigError
 from memplan.events import ALLOC, PHASES, TRACE_FORMAT, TRACE_VERSION, Trace, TraceMeta, read_trace
 
@@ -55,14 +55,14 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def trace_keys(category: str, op: str, module: str) -> tuple[str, str, str]:
-    """``(category, module, site)`` of a trace allocation."""
+def trace_keys(category: str, op: str, module: str, phase: str, iteration: int) -> Key:
+    """The :data:`~memplan.diff.profile.Key` of a trace allocation (site: operator and module)."""
     where = module or OUTSIDE
     site = f"{op or '(no operator)'} in {where}"
-    return category, where, site
+    return category, where, site, f"{phase} of iteration {iteration}" if iteration >= 0 else phase
 
 
-def _tail_key(tail: str) -> tuple[str, str, str]:
+def _tail_key(tail: str) -> Key:
     try:
         category, phase, iteration, op, module, stream = json.loads("[" + tail)
     except (json.JSONDecodeError, ValueError, TypeError):
@@ -70,15 +70,15 @@ def _tail_key(tail: str) -> tuple[str, str, str]:
     if category not in _CATEGORIES or phase not in _PHASES or type(iteration) is not int \
             or type(stream) is not int or not isinstance(op, str) or not isinstance(module, str):
         raise _Slow
-    return trace_keys(category, op, module)
+    return trace_keys(category, op, module, phase, iteration)
 
 
-def _rows(lines: list[str]) -> tuple[AllocRows, list[tuple[str, str, str]]]:
+def _rows(lines: list[str]) -> tuple[AllocRows, list[Key]]:
     """One pass over the event lines (the hot loop of ``memplan diff``: keep it lean)."""
     rows = AllocRows()
     allocs, freed = rows.allocs, rows.freed
     add_alloc, add_delta = allocs.append, rows.deltas.append
-    keys: list[tuple[str, str, str]] = []
+    keys: list[Key] = []
     key_of = {}  # tail text -> index into keys
     get_key = key_of.get
     live: dict[str, int] = {}  # block (as written) -> allocation row
@@ -130,12 +130,12 @@ def _device(meta: TraceMeta) -> str:
 def profile_trace(trace: Trace, *, path: str) -> Profile:
     """The profile of a trace already in memory (validated as :func:`~memplan.events.read_trace` does)."""
     rows = AllocRows()
-    keys: list[tuple[str, str, str]] = []
-    key_index: dict[tuple[str, str, str], int] = {}
+    keys: list[Key] = []
+    key_index: dict[Key, int] = {}
     live: dict[int, int] = {}
     for i, event in enumerate(trace.events):
         if event.kind == ALLOC:
-            key = trace_keys(event.category, event.op, event.module)
+            key = trace_keys(event.category, event.op, event.module, event.phase, event.iteration)
             k = key_index.setdefault(key, len(keys))
             if k == len(keys):
                 keys.append(key)

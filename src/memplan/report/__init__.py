@@ -35,7 +35,7 @@ _RENDERERS = {
     "colocation_table": "fit_text",
     "fit_renderables": "fit_text",
     "limit_renderables": "fit_text",
-    "diff_renderables": "diff_text",
+    "render_diff": "diff_text",
 }
 
 __all__ = sorted(_RENDERERS)

@@ -56,12 +56,14 @@ def _overlay(a: Profile, b: Profile) -> str:
         if side.peak_event >= 0:
             cx, cy = px(side.peak_event), py(side.peak_bytes)
             parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color}"><title>{label} peak '
-                         f"{side.peak_bytes / _GIB:.3f} GiB at event {side.peak_event}</title></circle>")
+                         f"{side.peak_bytes / _GIB:.3f} GiB at event {side.peak_event} {_esc(side.peak_at)}"
+                         "</title></circle>")
     parts.append(f'<text x="0" y="14">{y_max / _GIB:.2f} GiB</text><text x="0" y="{height + 8}">0</text>'
                  f'<text x="{left}" y="{height + 28}">event index (0 – {x_max:,}); each point is the largest '
                  f"live value of its bucket of events</text></svg>")
     legend = "".join(f'<span><i style="background:{_COLORS[i]}"></i>{"AB"[i]}: {_esc(s.path)} — peak '
-                     f"{s.peak_bytes / _GIB:.3f} GiB</span>" for i, s in enumerate((a, b)))
+                     f"{s.peak_bytes / _GIB:.3f} GiB at event {s.peak_event} {_esc(s.peak_at)}</span>"
+                     for i, s in enumerate((a, b)))
     return f'<h2>Live memory, A and B overlaid</h2><div class="legend">{legend}</div>{"".join(parts)}'
 
 

@@ -15,7 +15,7 @@ from memplan.units import format_bytes
 if TYPE_CHECKING:
     from memplan.diff.compare import Delta, DiffResult
 
-__all__ = ["diff_renderables"]
+__all__ = ["render_diff"]
 
 _TITLES = {"categories": "category", "modules": "module", "sites": "allocation site"}
 
@@ -47,8 +47,9 @@ def _table(name: str, deltas: Sequence[Delta], top: int, total: int) -> Any:
     return table
 
 
-def diff_renderables(result: DiffResult, *, top: int = 10) -> list[Any]:
+def render_diff(result: DiffResult, *, top: int = 10) -> Any:
     """The head lines and the three attribution tables of a :class:`~memplan.diff.compare.DiffResult`."""
+    from rich.console import Group
     from rich.text import Text
 
     head = Text()
@@ -56,7 +57,7 @@ def diff_renderables(result: DiffResult, *, top: int = 10) -> list[Any]:
         head.append(f"{label} ", style="bold")
         head.append(f"{side.path} ({side.kind}, {side.device}, {side.events:,} events): peak ")
         head.append(format_bytes(side.peak_bytes), style="bold")
-        head.append(f" at event {side.peak_event}\n")
+        head.append(f" at event {side.peak_event}" + (f" ({side.peak_at})" if side.peak_at else "") + "\n")
     delta = result.peak_delta_bytes
     head.append("peak difference B − A: ", style="bold")
     head.append(_signed(delta), style="bold red" if delta > 0 else "bold green")
@@ -66,4 +67,4 @@ def diff_renderables(result: DiffResult, *, top: int = 10) -> list[Any]:
         out.append(Text(f"note: {note}", style="yellow"))
     for name, deltas in result.attributions().items():
         out += [Text(""), _table(name, deltas, top, delta)]
-    return out
+    return Group(*out)
