@@ -113,6 +113,15 @@ def test_fast_reader_agrees_with_read_trace(tmp_path: Path) -> None:
     assert profile_trace_file(spaced).by_site == fast.by_site
 
 
+def test_names_with_escapes_and_commas_are_read_alike(tmp_path: Path) -> None:
+    rows = [(kind, block, size, cat, phase, 'aten.custom("x, y")', "model.blöck,0") if op else
+            (kind, block, size, cat, phase, op, module) for kind, block, size, cat, phase, op, module in _step(2)]
+    path = _write(tmp_path / "odd.mptrace", rows)
+    fast = profile_trace_file(path)
+    assert fast == profile_trace(read_trace(path), path=str(path))
+    assert 'aten.custom("x, y") in model.blöck,0' in fast.by_site
+
+
 @pytest.mark.parametrize("bad_line", [
     '[9,"alloc",99,5,"no_such_category","forward",0,"","",0]',
     '[9,"free",77,5,"temporary","forward",0,"","",0]',

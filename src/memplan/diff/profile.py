@@ -79,10 +79,13 @@ def _timeline(live: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return tuple((start, max(live[start:start + width])) for start in range(0, len(live), width))
 
 
-def _group(sizes: Sequence[int], keys: Sequence[int], names: Sequence[str]) -> dict[str, int]:
+def _group(alive: Sequence[tuple[int, int, int]], keys: Sequence[Key], field: int) -> dict[str, int]:
+    by_key: dict[int, int] = {}
+    for _, size, key in alive:
+        by_key[key] = by_key.get(key, 0) + size
     out: dict[str, int] = {}
-    for size, key in zip(sizes, keys):
-        name = names[key]
+    for key, size in by_key.items():
+        name = keys[key][field]
         out[name] = out.get(name, 0) + size
     return out
 
@@ -97,17 +100,17 @@ def _peak_at(rows: AllocRows, keys: Sequence[Key], peak_event: int) -> str:
 
 def finish_profile(rows: AllocRows, keys: Sequence[Key], *, path: str, kind: SourceKind,
                    device: str, device_index: int | None, notes: Sequence[str] = ()) -> Profile:
-    """The :class:`Profile` of the events in ``rows``; ``keys[k]`` is the :data:`Key` of key ``k``."""
+    """The :class:`Profile` of the events in ``rows``; ``keys[k]`` is the :data:`Key` of key ``k``
+    (read only for the allocations alive at the peak, so a reader may compute keys lazily)."""
     live = list(accumulate(rows.deltas))
     peak = max(live, default=0)
     peak_event = live.index(peak) if live and peak > 0 else -1
     never = len(live)
     freed = rows.freed.get
-    alive = [row for j, row in enumerate(rows.allocs) if row[0] <= peak_event and freed(j, never) > peak_event]
-    sizes = [row[1] for row in alive]
-    used = [row[2] for row in alive]
-    by = [_group(sizes, used, [k[i] for k in keys]) for i in range(3)]
+    last = bisect_left(rows.allocs, (peak_event + 1,))  # allocations are in event order
+    alive = [row for j, row in enumerate(rows.allocs[:last]) if freed(j, never) > peak_event]
+    by = [_group(alive, keys, field) for field in range(3)]
     assert all(sum(b.values()) == peak for b in by), "breakdown does not add up to the peak"
     return Profile(path=path, kind=kind, device=device, device_index=device_index, events=len(rows.deltas),
-                   peak_bytes=peak, peak_event=peak_event, peak_at=_peak_at(rows, keys, peak_event), by_category=by[0], by_module=by[1], by_site=by[2],
-                   timeline=_timeline(live), notes=tuple(notes))
+                   peak_bytes=peak, peak_event=peak_event, peak_at=_peak_at(rows, keys, peak_event),
+                   by_category=by[0], by_module=by[1], by_site=by[2], timeline=_timeline(live), notes=tuple(notes))

@@ -23,8 +23,9 @@ import gc
 import gzip
 import json
 import os
+import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from memplan.categories import MemoryCategory
@@ -37,6 +38,9 @@ __all__ = ["profile_trace", "profile_trace_file", "trace_keys"]
 
 _CATEGORIES = frozenset(c.value for c in MemoryCategory)
 _PHASES = frozenset(PHASES)
+#: A tail as ``write_trace`` writes it, with a known category and phase and no escapes in its strings.
+_CANONICAL_TAIL = re.compile(
+    '"(?:' + "|".join(sorted(_CATEGORIES)) + ')","(?:' + "|".join(PHASES) + r')",-?\d+,"[^"\\]*","[^"\\]*",\d+\]')
 
 
 class _Slow(Exception):
@@ -62,24 +66,85 @@ def trace_keys(category: str, op: str, module: str, phase: str, iteration: int) 
     return category, where, site, f"{phase} of iteration {iteration}" if iteration >= 0 else phase
 
 
-def _tail_key(tail: str) -> Key:
+def _tail_fields(tail: str) -> list:  # type: ignore[type-arg]
+    """``[category, phase, iteration, op, module, stream]`` of a line's tail (after its size)."""
+    if "\\" not in tail:  # no escapes: the strings hold no quote, so the quotes delimit them
+        parts = tail.split('"')
+        if len(parts) == 9 and parts[0] == "" and parts[2] == "," == parts[6] and parts[8][-1:] == "]":
+            middle, last = parts[4], parts[8]
+            if middle[:1] == "," == middle[-1:] and last[:1] == ",":
+                try:
+                    return [parts[1], parts[3], int(middle[1:-1]), parts[5], parts[7], int(last[1:-1])]
+                except ValueError:
+                    raise _Slow from None
     try:
-        category, phase, iteration, op, module, stream = json.loads("[" + tail)
-    except (json.JSONDecodeError, ValueError, TypeError):
+        fields = json.loads("[" + tail)
+    except json.JSONDecodeError:
         raise _Slow from None
-    if category not in _CATEGORIES or phase not in _PHASES or type(iteration) is not int \
-            or type(stream) is not int or not isinstance(op, str) or not isinstance(module, str):
+    if not isinstance(fields, list) or len(fields) != 6:
         raise _Slow
-    return trace_keys(category, op, module, phase, iteration)
+    return fields
 
 
-def _rows(lines: list[str]) -> tuple[AllocRows, list[Key]]:
+def _key_maker() -> Callable[[str], Key]:
+    """``tail -> Key``, sharing the strings of the keys that only the iteration tells apart."""
+    sites: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    whens: dict[tuple[str, int], str] = {}
+
+    def make(tail: str) -> Key:
+        category, phase, iteration, op, module, stream = _tail_fields(tail)
+        if category not in _CATEGORIES or phase not in _PHASES or type(iteration) is not int \
+                or type(stream) is not int or not isinstance(op, str) or not isinstance(module, str):
+            raise _Slow
+        triple = sites.get((category, op, module))
+        if triple is None:
+            triple = sites[category, op, module] = trace_keys(category, op, module, "", -1)[:3]
+        when = whens.get((phase, iteration))
+        if when is None:
+            when = whens[phase, iteration] = trace_keys(category, op, module, phase, iteration)[3]
+        return (*triple, when)
+
+    return make
+
+
+class _LazyKeys:
+    """``keys[k]``: the :data:`Key` of the ``k``-th distinct tail, computed on first use.
+
+    Every tail is checked when the file is read (:meth:`check`, one regular-expression match each;
+    a tail it does not match is parsed fully); only the keys of the allocations alive at the peak
+    are ever built.
+    """
+
+    def __init__(self) -> None:
+        self.tails: list[str] = []
+        self._make = _key_maker()
+        self._built: dict[int, Key] = {}
+
+    def check(self) -> None:
+        match = _CANONICAL_TAIL.fullmatch
+        for k, tail in enumerate(self.tails):
+            if match(tail) is None:
+                self._built[k] = self._make(tail)  # raises _Slow when the tail is not valid
+
+    def __getitem__(self, k: int) -> Key:
+        key = self._built.get(k)
+        if key is None:
+            key = self._built[k] = self._make(self.tails[k])
+        return key
+
+    def __len__(self) -> int:
+        return len(self.tails)
+
+
+def _rows(lines: list[str]) -> tuple[AllocRows, _LazyKeys]:
     """One pass over the event lines (the hot loop of ``memplan diff``: keep it lean)."""
     rows = AllocRows()
     allocs, freed = rows.allocs, rows.freed
     add_alloc, add_delta = allocs.append, rows.deltas.append
-    keys: list[Key] = []
-    key_of = {}  # tail text -> index into keys
+    keys = _LazyKeys()
+    tails = keys.tails
+    add_tail = tails.append
+    key_of: dict[str, int] = {}  # tail text -> index into keys
     get_key = key_of.get
     live: dict[str, int] = {}  # block (as written) -> allocation row
     pop_live = live.pop
@@ -91,8 +156,8 @@ def _rows(lines: list[str]) -> tuple[AllocRows, list[Key]]:
             raise _Slow from None
         k = get_key(tail)
         if k is None:
-            k = key_of[tail] = len(keys)
-            keys.append(_tail_key(tail))
+            k = key_of[tail] = len(tails)
+            add_tail(tail)
         if kind == '"alloc"':
             if block in live or not block.isdigit() or size < 0:
                 raise _Slow
@@ -107,6 +172,7 @@ def _rows(lines: list[str]) -> tuple[AllocRows, list[Key]]:
             add_delta(-size)
         else:
             raise _Slow
+    keys.check()
     return rows, keys
 
 
