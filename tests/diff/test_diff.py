@@ -141,6 +141,18 @@ def test_fast_reader_refuses_what_read_trace_refuses(tmp_path: Path, bad_line: s
     assert str(got.value) == str(expected.value)
 
 
+def test_invalid_utf8_is_refused_like_read_trace(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.mptrace", _step(1))
+    lines = gzip.decompress(path.read_bytes()).splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n".join([*lines[:4], b'[9,"alloc",99,5,"temporary","forward",0,"\xff","",0]', *lines[4:]]))
+    with pytest.raises(ConfigError) as expected:
+        read_trace(bad)
+    with pytest.raises(ConfigError) as got:
+        profile_trace_file(bad)
+    assert str(got.value) == str(expected.value)
+
+
 def test_parallel_reading_gives_the_serial_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a = _write(tmp_path / "a.mptrace", _step(2))
     b = _write(tmp_path / "b.mptrace", _step(5))

@@ -3,7 +3,7 @@
 :func:`memplan.events.read_trace` builds one :class:`~memplan.events.AllocEvent` per line
 (about 9 s for a million events on the 2-core development machine); a diff needs only each
 event's kind, block and size, and the (category, module, site) of each allocation. This reader
-splits each line of the canonical form :func:`memplan.events.write_trace` writes
+splits each line (as bytes) of the canonical form :func:`memplan.events.write_trace` writes
 (``[index,"alloc",block,size,<tail>]``) at its first four commas and decodes each distinct tail
 (``"category","phase",iteration,"op","module",stream``) once with :mod:`json`, applying the same
 checks as ``read_trace``: the header, the version, kinds, sizes, categories, phases, and every free
@@ -38,9 +38,11 @@ __all__ = ["profile_trace", "profile_trace_file", "trace_keys"]
 
 _CATEGORIES = frozenset(c.value for c in MemoryCategory)
 _PHASES = frozenset(PHASES)
-#: A tail as ``write_trace`` writes it, with a known category and phase and no escapes in its strings.
-_CANONICAL_TAIL = re.compile(
-    '"(?:' + "|".join(sorted(_CATEGORIES)) + ')","(?:' + "|".join(PHASES) + r')",-?\d+,"[^"\\]*","[^"\\]*",\d+\]')
+#: A tail as ``write_trace`` writes it, with a known category and phase, and strings of printable ASCII
+#: without quotes or escapes (any other tail is parsed in full).
+_CANONICAL_TAIL = re.compile((
+    '"(?:' + "|".join(sorted(_CATEGORIES)) + ')","(?:' + "|".join(PHASES) + r')",-?\d+,"[ !#-\[\]-~]*","[ !#-\[\]-~]*",\d+\]'
+).encode("ascii"))
 
 
 class _Slow(Exception):
@@ -86,12 +88,16 @@ def _tail_fields(tail: str) -> list:  # type: ignore[type-arg]
     return fields
 
 
-def _key_maker() -> Callable[[str], Key]:
+def _key_maker() -> Callable[[bytes], Key]:
     """``tail -> Key``, sharing the strings of the keys that only the iteration tells apart."""
     sites: dict[tuple[str, str, str], tuple[str, str, str]] = {}
     whens: dict[tuple[str, int], str] = {}
 
-    def make(tail: str) -> Key:
+    def make(raw: bytes) -> Key:
+        try:
+            tail = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Slow from None
         category, phase, iteration, op, module, stream = _tail_fields(tail)
         if category not in _CATEGORIES or phase not in _PHASES or type(iteration) is not int \
                 or type(stream) is not int or not isinstance(op, str) or not isinstance(module, str):
@@ -116,7 +122,7 @@ class _LazyKeys:
     """
 
     def __init__(self) -> None:
-        self.tails: list[str] = []
+        self.tails: list[bytes] = []
         self._make = _key_maker()
         self._built: dict[int, Key] = {}
 
@@ -136,7 +142,7 @@ class _LazyKeys:
         return len(self.tails)
 
 
-def _rows(lines: list[str]) -> tuple[AllocRows, _LazyKeys]:
+def _rows(lines: list[bytes]) -> tuple[AllocRows, _LazyKeys]:
     """One pass over the event lines (the hot loop of ``memplan diff``: keep it lean)."""
     rows = AllocRows()
     allocs, freed = rows.allocs, rows.freed
@@ -144,13 +150,13 @@ def _rows(lines: list[str]) -> tuple[AllocRows, _LazyKeys]:
     keys = _LazyKeys()
     tails = keys.tails
     add_tail = tails.append
-    key_of: dict[str, int] = {}  # tail text -> index into keys
+    key_of: dict[bytes, int] = {}  # tail text -> index into keys
     get_key = key_of.get
-    live: dict[str, int] = {}  # block (as written) -> allocation row
+    live: dict[bytes, int] = {}  # block (as written) -> allocation row
     pop_live = live.pop
     for i, line in enumerate(lines):
         try:
-            _, kind, block, size, tail = line.split(",", 4)
+            _, kind, block, size, tail = line.split(b",", 4)
             size = int(size)
         except ValueError:
             raise _Slow from None
@@ -158,13 +164,13 @@ def _rows(lines: list[str]) -> tuple[AllocRows, _LazyKeys]:
         if k is None:
             k = key_of[tail] = len(tails)
             add_tail(tail)
-        if kind == '"alloc"':
+        if kind == b'"alloc"':
             if block in live or not block.isdigit() or size < 0:
                 raise _Slow
             live[block] = len(allocs)
             add_alloc((i, size, k))
             add_delta(size)
-        elif kind == '"free"':
+        elif kind == b'"free"':
             row = pop_live(block, -1)
             if row < 0 or allocs[row][1] != size:
                 raise _Slow
@@ -224,12 +230,12 @@ def profile_trace_file(path: str | os.PathLike[str]) -> Profile:
         raise ConfigError("trace file", "must be a readable file", name, hint=exc.strerror or "") from None
     try:
         with _no_gc():
-            text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode("utf-8")
-            lines = text.splitlines()
-            del text
-            meta = _header(lines[0] if lines else "", name)
+            raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+            lines = raw.splitlines()
+            del raw
+            meta = _header(lines[0].decode("utf-8") if lines else "", name)
             del lines[0]
-            if sum(line[:1] == "[" for line in lines) != len(lines):
+            if sum(line[:1] == b"[" for line in lines) != len(lines):
                 raise _Slow
             rows, keys = _rows(lines)
         return finish_profile(rows, keys, path=name, kind="trace", device=_device(meta), device_index=None)
