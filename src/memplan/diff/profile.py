@@ -62,13 +62,13 @@ class Profile:
 class AllocRows:
     """What a reader collects in one pass, for :func:`finish_profile`.
 
-    ``deltas[i]`` is the signed size of event ``i``; ``allocs[j]`` is ``(event index, bytes, key)`` of
-    the ``j``-th allocation (``key`` indexes the reader's key table), and ``freed[j]`` the event
+    ``deltas[i]`` is the signed size of event ``i``; ``allocs[j]`` starts with ``(event index, bytes, key)``
+    of the ``j``-th allocation (``key`` indexes the reader's key table; a reader may append fields), and ``freed[j]`` the event
     index of its free (absent while it is alive at the end).
     """
 
     deltas: list[int] = field(default_factory=list)
-    allocs: list[tuple[int, int, int]] = field(default_factory=list)
+    allocs: list[tuple[Any, ...]] = field(default_factory=list)
     freed: dict[int, int] = field(default_factory=dict)
 
 
@@ -79,9 +79,9 @@ def _timeline(live: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return tuple((start, max(live[start:start + width])) for start in range(0, len(live), width))
 
 
-def _group(alive: Sequence[tuple[int, int, int]], keys: Sequence[Key], field: int) -> dict[str, int]:
+def _group(alive: Sequence[tuple[Any, ...]], keys: Sequence[Key], field: int) -> dict[str, int]:
     by_key: dict[int, int] = {}
-    for _, size, key in alive:
+    for _, size, key, *_ in alive:
         by_key[key] = by_key.get(key, 0) + size
     out: dict[str, int] = {}
     for key, size in by_key.items():

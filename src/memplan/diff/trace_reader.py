@@ -232,11 +232,10 @@ def profile_trace_file(path: str | os.PathLike[str]) -> Profile:
         with _no_gc():
             raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
             lines = raw.splitlines()
-            del raw
             meta = _header(lines[0].decode("utf-8") if lines else "", name)
-            del lines[0]
-            if sum(line[:1] == b"[" for line in lines) != len(lines):
+            if raw.count(b"\n[") != len(lines) - 1:  # every event line starts with "["
                 raise _Slow
+            del raw, lines[0]
             rows, keys = _rows(lines)
         return finish_profile(rows, keys, path=name, kind="trace", device=_device(meta), device_index=None)
     except (_Slow, OSError, EOFError, UnicodeDecodeError, zlib.error):
