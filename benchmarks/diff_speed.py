@@ -7,9 +7,11 @@ buffers in the backward pass, an optimizer temporary per layer. B is A with a ba
 large (activations and temporaries double). Both are written with ``memplan.events.write_trace``
 (gzip JSON lines), as ``memplan trace`` writes them.
 
-Measured: the library call ``memplan.diff.diff_files(A, B)`` (both files read in two worker
-processes, and serially), and the command ``memplan diff A B --json`` end to end (a fresh
-process: start-up, reading, attribution, JSON). Writes benchmarks/results/diff_speed.json.
+Measured, three rounds (the best of each is kept): the library call
+``memplan.diff.diff_files(A, B)`` (both files read in two worker processes, and serially), one
+file read alone, and the command ``memplan diff A B --json`` end to end (a fresh process:
+start-up, reading, attribution, JSON; wall and CPU seconds, the CPU of its workers included).
+Writes benchmarks/results/diff_speed.json.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 
 from memplan.diff import diff_files
+from memplan.diff.trace_reader import profile_trace_file
 from memplan.events import AllocEvent, Trace, TraceMeta, write_trace
 
 MiB = 2**20
@@ -86,16 +90,23 @@ def main() -> None:
         write_trace(trace, path)
         print(f"{path.name}: {len(trace):,} events, {path.stat().st_size / MiB:.1f} MiB on disk", flush=True)
     events = [sum(1 for _ in __import__("gzip").open(p, "rt")) - 1 for p in (a, b)]
+    load_before = os.getloadavg()[0]
     runs = []
     for _ in range(3):
         par_wall, _, result = _timed(lambda: diff_files(a, b))
         ser_wall, ser_cpu, _ = _timed(lambda: diff_files(a, b, parallel=False))
+        one_wall, one_cpu, _ = _timed(lambda: profile_trace_file(a))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "memplan", "diff", str(a), str(b), "--json"],
                               capture_output=True, text=True, check=True, env={**os.environ})
         cli_wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cli_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         runs.append({"library_parallel_s": round(par_wall, 3), "library_serial_s": round(ser_wall, 3),
-                     "library_serial_cpu_s": round(ser_cpu, 3), "cli_s": round(cli_wall, 3)})
+                     "library_serial_cpu_s": round(ser_cpu, 3), "one_trace_s": round(one_wall, 3),
+                     "one_trace_cpu_s": round(one_cpu, 3), "cli_s": round(cli_wall, 3),
+                     "cli_cpu_s": round(cli_cpu, 3)})
         print(runs[-1], flush=True)
     data = json.loads(done.stdout)
     for name in ("categories", "modules", "sites"):
@@ -104,7 +115,7 @@ def main() -> None:
     out = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-                   f"load average {os.getloadavg()[0]:.1f} at the end",
+                   f"1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
         "events": events,
         "peak_delta_bytes": result.peak_delta_bytes,  # type: ignore[attr-defined]
         "runs": runs,

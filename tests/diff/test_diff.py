@@ -261,3 +261,13 @@ def test_a_trace_and_its_memplan_snapshot_are_the_same(tmp_path: Path) -> None:
     assert result.a.peak_bytes == result.b.peak_bytes > 0
     assert all(d.delta_bytes == 0 for deltas in result.attributions().values() for d in deltas)
     assert {d.key for d in result.sites} == {d.key for d in diff_files(trace_path, trace_path).sites}
+
+
+def test_device_picks_one_device_of_multi_device_snapshots(tmp_path: Path) -> None:
+    two = _snapshot(1, [3 * MiB])
+    two["device_traces"][0] = _snapshot(0, [MiB, MiB])["device_traces"][0]
+    a = tmp_path / "a.pickle"
+    a.write_bytes(pickle.dumps(two))
+    assert load_profile(a).device == "cuda:0"  # the device with most trace entries by default
+    picked = diff_files(a, a, device=1)
+    assert picked.a.device == "cuda:1" and picked.a.peak_bytes == 3 * MiB
