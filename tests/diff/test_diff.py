@@ -271,3 +271,6 @@ def test_device_picks_one_device_of_multi_device_snapshots(tmp_path: Path) -> No
     assert load_profile(a).device == "cuda:0"  # the device with most trace entries by default
     picked = diff_files(a, a, device=1)
     assert picked.a.device == "cuda:1" and picked.a.peak_bytes == 3 * MiB
+    for device in ("5", "-1"):
+        out = _invoke(a, a, "--device", device)
+        assert out.exit_code == 2 and "--device" in out.output and out.output.strip().count("\n") == 0

@@ -33,6 +33,8 @@ def load_profile(path: str | os.PathLike[str], *, device: int | None = None) -> 
     entries); it is an error for a trace.
     """
     name = os.fspath(path)
+    if device is not None and device < 0:
+        raise ConfigError("--device", "must be a CUDA device index >= 0", device)
     if not os.path.isfile(name):
         raise ConfigError("input file", "must be an existing file (a memory snapshot or a memplan trace)", name)
     if is_pickle(name):

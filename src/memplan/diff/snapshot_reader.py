@@ -70,6 +70,9 @@ def profile_snapshot(raw: Any, *, path: str, device: int | None = None) -> Profi
     """The profile of an unpickled snapshot (see the module docstring)."""
     snapshot = parse_snapshot(raw, device=device, source=path)
     traces = raw.get("device_traces") if isinstance(raw, Mapping) else None
+    if device is not None and not snapshot.segments and not snapshot.entries:
+        raise ConfigError("--device", "must name a CUDA device this snapshot holds memory or events of",
+                          device, hint=path)
     entries = traces[snapshot.device] if isinstance(traces, list) and snapshot.device < len(traces) else []
     trace = snapshot_to_trace(snapshot)
     in_trace = _in_trace_keys(snapshot, entries)
