@@ -17,4 +17,6 @@ from memplan.diff.compare import Delta, DiffResult, check_comparable, diff_profi
 from memplan.diff.files import diff_files, load_profile
 from memplan.diff.profile import Profile
 
-__all__ = ["Delta", "DiffResult", "Profile", "check_comparable", "diff_files", "diff_profiles", "load_profile"]
+__all__ = [
+    "Delta", "DiffResult", "Profile", "check_comparable", "diff_files", "diff_profiles", "load_profile",
+]

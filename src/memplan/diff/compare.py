@@ -46,7 +46,8 @@ class Delta:
         return self.b_bytes - self.a_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "a_bytes": self.a_bytes, "b_bytes": self.b_bytes, "delta_bytes": self.delta_bytes}
+        return {"key": self.key, "a_bytes": self.a_bytes, "b_bytes": self.b_bytes,
+                "delta_bytes": self.delta_bytes}
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ def check_comparable(a: Profile, b: Profile) -> None:
     is a CUDA record, so a trace beside it must be a ``cuda`` trace.
     """
     if a.device_index is not None and b.device_index is not None and a.device_index != b.device_index:
-        raise ConfigError("B snapshot device", f"must be the same CUDA device as A's (cuda:{a.device_index}): "
+        raise ConfigError("B snapshot device", f"must be the same CUDA device as A's (cuda:{a.device_index}):"
+                          " "
                           "snapshots of different devices are not comparable", f"cuda:{b.device_index}",
                           hint="pick a device of a multi-device snapshot with --device")
     kinds = [p.device.split()[0] if p.kind == "trace" else "cuda" for p in (a, b)]

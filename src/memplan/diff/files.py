@@ -1,4 +1,4 @@
-"""Files in, :class:`~memplan.diff.compare.DiffResult` out: which reader each file needs, and both read at once.
+"""Files in, a :class:`~memplan.diff.compare.DiffResult` out: the reader each file needs; both read at once.
 
 A file that starts like a pickle (protocol 2 or later) is read as a CUDA memory snapshot, anything
 else as a memplan trace. Two large files are read in two worker processes at the same time
@@ -36,11 +36,13 @@ def load_profile(path: str | os.PathLike[str], *, device: int | None = None) -> 
     if device is not None and device < 0:
         raise ConfigError("--device", "must be a CUDA device index >= 0", device)
     if not os.path.isfile(name):
-        raise ConfigError("input file", "must be an existing file (a memory snapshot or a memplan trace)", name)
+        raise ConfigError("input file", "must be an existing file (a memory snapshot or a memplan trace)",
+                          name)
     if is_pickle(name):
         return profile_snapshot_file(name, device=device)
     if device is not None:
-        raise ConfigError("--device", "applies to memory snapshots only, and this file is a memplan trace", name)
+        raise ConfigError("--device", "applies to memory snapshots only, and this file is a memplan trace",
+                          name)
     return profile_trace_file(name)
 
 

@@ -55,7 +55,8 @@ class Profile:
 
     def summary(self) -> dict[str, Any]:
         return {"path": self.path, "kind": self.kind, "device": self.device, "events": self.events,
-                "peak_bytes": self.peak_bytes, "peak_event": self.peak_event, "peak_at": self.peak_at, "notes": list(self.notes)}
+                "peak_bytes": self.peak_bytes, "peak_event": self.peak_event, "peak_at": self.peak_at,
+                "notes": list(self.notes)}
 
 
 @dataclass
@@ -63,7 +64,8 @@ class AllocRows:
     """What a reader collects in one pass, for :func:`finish_profile`.
 
     ``deltas[i]`` is the signed size of event ``i``; ``allocs[j]`` starts with ``(event index, bytes, key)``
-    of the ``j``-th allocation (``key`` indexes the reader's key table; a reader may append fields), and ``freed[j]`` the event
+    of the ``j``-th allocation (``key`` indexes the reader's key table; a reader may append fields),
+    and ``freed[j]`` the event
     index of its free (absent while it is alive at the end).
     """
 
@@ -113,4 +115,5 @@ def finish_profile(rows: AllocRows, keys: Sequence[Key], *, path: str, kind: Sou
     assert all(sum(b.values()) == peak for b in by), "breakdown does not add up to the peak"
     return Profile(path=path, kind=kind, device=device, device_index=device_index, events=len(rows.deltas),
                    peak_bytes=peak, peak_event=peak_event, peak_at=_peak_at(rows, keys, peak_event),
-                   by_category=by[0], by_module=by[1], by_site=by[2], timeline=_timeline(live), notes=tuple(notes))
+                   by_category=by[0], by_module=by[1], by_site=by[2], timeline=_timeline(live),
+                   notes=tuple(notes))

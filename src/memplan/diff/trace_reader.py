@@ -41,7 +41,8 @@ _PHASES = frozenset(PHASES)
 #: A tail as ``write_trace`` writes it, with a known category and phase, and strings of printable ASCII
 #: without quotes or escapes (any other tail is parsed in full).
 _CANONICAL_TAIL = re.compile((
-    '"(?:' + "|".join(sorted(_CATEGORIES)) + ')","(?:' + "|".join(PHASES) + r')",-?\d+,"[ !#-\[\]-~]*","[ !#-\[\]-~]*",\d+\]'
+    '"(?:' + "|".join(sorted(_CATEGORIES)) + ')","(?:' + "|".join(PHASES) + ')",'
+    + r'-?\d+,"[ !#-\[\]-~]*","[ !#-\[\]-~]*",\d+\]'
 ).encode("ascii"))
 
 

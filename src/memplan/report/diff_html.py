@@ -44,7 +44,8 @@ def _overlay(a: Profile, b: Profile) -> str:
     def py(y: float) -> float:
         return 8 + (1 - y / y_max) * (height - 8)
 
-    parts = [(f'<svg role="img" aria-label="live memory of A and B" width="{width}" height="{height + bottom}" '
+    parts = [(f'<svg role="img" aria-label="live memory of A and B" width="{width}" '
+              f'height="{height + bottom}" '
              f'viewBox="0 0 {width} {height + bottom}">'),
              f'<line x1="{left}" x2="{width}" y1="{height + 8}" y2="{height + 8}" stroke="#999"/>']
     for index, side in enumerate((a, b)):
@@ -72,14 +73,17 @@ def _table(name: str, deltas: Sequence[Delta], total: int) -> str:
     changed = [d for d in deltas if d.delta_bytes]
     for d in changed:
         cls = "bad" if d.delta_bytes > 0 else "ok"
-        rows.append(f'<tr><td class="l">{_esc(d.key)}</td><td data-v="{d.a_bytes}">{d.a_bytes / _GIB:.3f}</td>'
+        rows.append(f'<tr><td class="l">{_esc(d.key)}</td>'
+                    f'<td data-v="{d.a_bytes}">{d.a_bytes / _GIB:.3f}</td>'
                     f'<td data-v="{d.b_bytes}">{d.b_bytes / _GIB:.3f}</td>'
                     f'<td class="{cls}" data-v="{d.delta_bytes}">{d.delta_bytes / _GIB:+.3f}</td></tr>')
     unchanged = len(deltas) - len(changed)
-    foot = (f"<tfoot><tr><td class=\"l\">total ({len(changed)} changed, {unchanged} unchanged)</td><td></td><td></td>"
+    foot = (f"<tfoot><tr><td class=\"l\">total ({len(changed)} changed, {unchanged} unchanged)</td>"
+            "<td></td><td></td>"
             f"<td>{total / _GIB:+.3f}</td></tr></tfoot>")
     return (f"<h2>Peak difference by {_TITLES[name]} (GiB)</h2><table class=\"sortable\"><thead><tr>"
-            f"<th class=\"l\">{_TITLES[name]}</th><th>A at its peak</th><th>B at its peak</th><th>B − A</th></tr>"
+            f"<th class=\"l\">{_TITLES[name]}</th><th>A at its peak</th><th>B at its peak</th>"
+            "<th>B − A</th></tr>"
             f"</thead><tbody>{''.join(rows)}</tbody>{foot}</table>")
 
 
@@ -91,7 +95,8 @@ def render_diff_html(result: DiffResult) -> str:
         (f'<p class="meta">A: {_esc(a.path)} ({a.kind}, {_esc(a.device)}, {a.events:,} events); '
         f"B: {_esc(b.path)} ({b.kind}, {_esc(b.device)}, {b.events:,} events)</p>"),
         (f"<p>peak difference B − A: <b>{result.peak_delta_bytes / _GIB:+.3f} GiB</b> "
-        f"({result.peak_delta_bytes:+,} bytes; requested bytes alive at each peak, no allocator rounding)</p>"),
+        f"({result.peak_delta_bytes:+,} bytes; requested bytes alive at each peak, "
+        "no allocator rounding)</p>"),
         *(f'<p class="meta">note: {_esc(n)}</p>' for n in result.notes),
         _overlay(a, b),
         *(_table(name, deltas, result.peak_delta_bytes) for name, deltas in result.attributions().items()),

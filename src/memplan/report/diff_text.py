@@ -35,7 +35,8 @@ def _table(name: str, deltas: Sequence[Delta], top: int, total: int) -> Any:
     changed = [d for d in deltas if d.delta_bytes]
     for d in changed[:top]:
         style = "red" if d.delta_bytes > 0 else "green"
-        table.add_row(d.key, format_bytes(d.a_bytes), format_bytes(d.b_bytes), f"[{style}]{_signed(d.delta_bytes)}")
+        table.add_row(d.key, format_bytes(d.a_bytes), format_bytes(d.b_bytes),
+                      f"[{style}]{_signed(d.delta_bytes)}")
     rest = changed[top:]
     if rest:
         table.add_row(f"other ({len(rest)} keys)", format_bytes(sum(d.a_bytes for d in rest)),

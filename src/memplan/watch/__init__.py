@@ -1,4 +1,4 @@
-"""``memplan.watch(...)``: on a CUDA out-of-memory error, write the snapshot and a report before it propagates.
+"""``memplan.watch(...)``: on a CUDA out-of-memory error, write the snapshot and a report first.
 
 ::
 

@@ -73,7 +73,8 @@ def oom_report(snapshot: Mapping[str, Any] | None, *, event: OomEvent | None, me
     """The report of one out-of-memory moment, as JSON-ready data (see the module docstring)."""
     report: dict[str, Any] = {
         "kind": REPORT_KIND,
-        "note": "figures only, no verdict: run `memplan doctor` on the snapshot for the cause and verified fixes",
+        "note": ("figures only, no verdict: run `memplan doctor` on the snapshot for the cause and "
+                 "verified fixes"),
         "snapshot": snapshot_path,
         "message": message,
         "oom": None,
@@ -92,7 +93,8 @@ def oom_report(snapshot: Mapping[str, Any] | None, *, event: OomEvent | None, me
     if report["oom"] is not None and report["state"] is not None:
         oom, state = report["oom"], report["state"]
         state["reserved_unallocated_bytes"] = state["reserved_bytes"] - state["allocated_bytes"]
-        state["outside_pytorch_bytes"] = oom["device_total_bytes"] - state["reserved_bytes"] - oom["device_free_bytes"]
+        state["outside_pytorch_bytes"] = (oom["device_total_bytes"] - state["reserved_bytes"]
+                                          - oom["device_free_bytes"])
     return report
 
 
@@ -105,15 +107,18 @@ def report_text(report: Mapping[str, Any]) -> str:
         lines.append(f"snapshot: {report['snapshot']}")
     oom = report.get("oom")
     if oom:
-        lines.append(f"failed request on cuda:{oom['device']}: {format_bytes(oom['requested_bytes'])}; device "
-                     f"total {format_bytes(oom['device_total_bytes'])}, free {format_bytes(oom['device_free_bytes'])}")
+        lines.append(f"failed request on cuda:{oom['device']}: {format_bytes(oom['requested_bytes'])}; "
+                     f"device total {format_bytes(oom['device_total_bytes'])}, "
+                     f"free {format_bytes(oom['device_free_bytes'])}")
     state = report.get("state")
     if state:
-        lines.append(f"reserved by PyTorch {format_bytes(state['reserved_bytes'])} in {state['segments']} segments; "
+        lines.append(f"reserved by PyTorch {format_bytes(state['reserved_bytes'])} in {state['segments']} "
+                     "segments; "
                      f"allocated {format_bytes(state['allocated_bytes'])}; largest free block inside them "
                      f"{format_bytes(state['largest_free_block_bytes'])}")
         if "outside_pytorch_bytes" in state:
-            lines.append(f"reserved but unallocated {format_bytes(state['reserved_unallocated_bytes'])}; outside "
+            lines.append(f"reserved but unallocated {format_bytes(state['reserved_unallocated_bytes'])}; "
+                         "outside "
                          f"PyTorch (total - reserved - free) {format_bytes(state['outside_pytorch_bytes'])}")
         if state["top_sites"]:
             lines.append("largest live allocation sites:")

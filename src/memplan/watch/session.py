@@ -118,7 +118,8 @@ class Watch:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError("watch directory", f"cannot be created ({exc.strerror})", str(self.directory)) from None
+            raise ConfigError("watch directory", f"cannot be created ({exc.strerror})",
+                              str(self.directory)) from None
         self._hooks.start(max_entries=self.max_entries, stacks=self.stacks)
         if not self._attached:
             self._hooks.attach_oom_observer(self._observer)
@@ -154,7 +155,8 @@ class Watch:
             event = OomEvent(int(device), int(alloc), int(device_total), int(device_free))
             self._unmatched = self._record(event, message="")
         except Exception as exc:  # noqa: BLE001 - an error here would replace the user's OOM error
-            warnings.warn(f"memplan.watch could not write its OOM report: {exc!r}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"memplan.watch could not write its OOM report: {exc!r}", RuntimeWarning,
+                          stacklevel=2)
 
     def _on_exception(self, exc: BaseException) -> None:
         record, self._unmatched = self._unmatched, None
@@ -179,7 +181,8 @@ class Watch:
             problems.append(f"no snapshot written: {exc!r}")
             snapshot_path = None
         report = oom_report(snapshot, event=event, message=message,
-                            snapshot_path=str(snapshot_path) if snapshot_path else None, problems=tuple(problems))
+                            snapshot_path=str(snapshot_path) if snapshot_path else None,
+                            problems=tuple(problems))
         record = OomRecord(snapshot_path, self.directory / f"{stem}_report.txt",
                            self.directory / f"{stem}_report.json", report)
         self._write_report(record)
