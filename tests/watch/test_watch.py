@@ -151,6 +151,9 @@ def test_at_most_max_reports_and_the_callback(tmp_path: Path) -> None:
             pass
     assert len(watcher.records) == 1 and seen == watcher.records
     assert len(list(tmp_path.glob("*.pickle"))) == 1
+    with pytest.raises(torch.OutOfMemoryError), watcher:  # a later OOM is not put in the first one's report
+        _oom_now(hooks)
+    assert watcher.records[0].report["message"] == ""
 
 
 def test_a_failing_snapshot_never_replaces_the_oom(tmp_path: Path) -> None:

@@ -149,7 +149,10 @@ class Watch:
 
     def _observer(self, device: int, alloc: int, device_total: int, device_free: int) -> None:
         """Called by the caching allocator before it raises; must never raise itself."""
-        if not self.active or len(self.records) >= self.max_reports:
+        if not self.active:
+            return
+        if len(self.records) >= self.max_reports:
+            self._unmatched = None  # this OOM is not the one the files were written for
             return
         try:
             event = OomEvent(int(device), int(alloc), int(device_total), int(device_free))
