@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Literal
 
-__all__ = ["TIMELINE_POINTS", "AllocRows", "Key", "Profile", "finish_profile"]
+__all__ = ["TIMELINE_POINTS", "AllocRows", "Key", "Profile", "bucket_width", "build_profile",
+           "finish_profile"]
 
 #: Most points kept of a timeline (bucket maxima).
 TIMELINE_POINTS = 1500
@@ -74,10 +75,13 @@ class AllocRows:
     freed: dict[int, int] = field(default_factory=dict)
 
 
+def bucket_width(events: int) -> int:
+    """Events per timeline bucket: at most :data:`TIMELINE_POINTS` buckets."""
+    return max(1, -(-events // TIMELINE_POINTS))
+
+
 def _timeline(live: Sequence[int]) -> tuple[tuple[int, int], ...]:
-    if not live:
-        return ()
-    width = max(1, -(-len(live) // TIMELINE_POINTS))
+    width = bucket_width(len(live))
     return tuple((start, max(live[start:start + width])) for start in range(0, len(live), width))
 
 
@@ -92,18 +96,31 @@ def _group(alive: Sequence[tuple[Any, ...]], keys: Sequence[Key], field: int) ->
     return out
 
 
-def _peak_at(rows: AllocRows, keys: Sequence[Key], peak_event: int) -> str:
-    row = bisect_left(rows.allocs, (peak_event,))
-    if peak_event < 0 or row >= len(rows.allocs) or rows.allocs[row][0] != peak_event:
+def _peak_at(alive: Sequence[tuple[Any, ...]], keys: Sequence[Key], peak_event: int) -> str:
+    """The allocation made at the peak event: the last one alive (rows are in event order)."""
+    if not alive or alive[-1][0] != peak_event:
         return ""
-    _, _, site, when = keys[rows.allocs[row][2]]
+    _, _, site, when = keys[alive[-1][2]]
     return f"{site}, {when}" if when else site
+
+
+def build_profile(*, alive: Sequence[tuple[Any, ...]], keys: Sequence[Key], peak_event: int, events: int,
+                  timeline: tuple[tuple[int, int], ...], path: str, kind: SourceKind, device: str,
+                  device_index: int | None, notes: Sequence[str] = ()) -> Profile:
+    """The :class:`Profile` from the rows ``(event index, bytes, key)`` alive right after ``peak_event``
+    (in event order); ``keys[k]`` is read only for those, so a reader may build keys lazily."""
+    by = [_group(alive, keys, field) for field in range(3)]
+    peak = sum(row[1] for row in alive)
+    if any(sum(b.values()) != peak for b in by):  # pragma: no cover - a grouping that loses bytes is a bug
+        raise AssertionError("a breakdown does not add up to the peak")
+    return Profile(path=path, kind=kind, device=device, device_index=device_index, events=events,
+                   peak_bytes=peak, peak_event=peak_event, peak_at=_peak_at(alive, keys, peak_event),
+                   by_category=by[0], by_module=by[1], by_site=by[2], timeline=timeline, notes=tuple(notes))
 
 
 def finish_profile(rows: AllocRows, keys: Sequence[Key], *, path: str, kind: SourceKind,
                    device: str, device_index: int | None, notes: Sequence[str] = ()) -> Profile:
-    """The :class:`Profile` of the events in ``rows``; ``keys[k]`` is the :data:`Key` of key ``k``
-    (read only for the allocations alive at the peak, so a reader may compute keys lazily)."""
+    """The :class:`Profile` of the events in ``rows``; ``keys[k]`` is the :data:`Key` of key ``k``."""
     live = list(accumulate(rows.deltas))
     peak = max(live, default=0)
     peak_event = live.index(peak) if live and peak > 0 else -1
@@ -111,9 +128,7 @@ def finish_profile(rows: AllocRows, keys: Sequence[Key], *, path: str, kind: Sou
     freed = rows.freed.get
     last = bisect_left(rows.allocs, (peak_event + 1,))  # allocations are in event order
     alive = [row for j, row in enumerate(rows.allocs[:last]) if freed(j, never) > peak_event]
-    by = [_group(alive, keys, field) for field in range(3)]
-    assert all(sum(b.values()) == peak for b in by), "breakdown does not add up to the peak"
-    return Profile(path=path, kind=kind, device=device, device_index=device_index, events=len(rows.deltas),
-                   peak_bytes=peak, peak_event=peak_event, peak_at=_peak_at(rows, keys, peak_event),
-                   by_category=by[0], by_module=by[1], by_site=by[2], timeline=_timeline(live),
-                   notes=tuple(notes))
+    if sum(row[1] for row in alive) != peak:  # pragma: no cover - the live set at the peak is the peak
+        raise AssertionError("the allocations alive at the peak do not add up to it")
+    return build_profile(alive=alive, keys=keys, peak_event=peak_event, events=len(live), timeline=_timeline(live),
+                         path=path, kind=kind, device=device, device_index=device_index, notes=notes)
