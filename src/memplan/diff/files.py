@@ -13,10 +13,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_all_start_methods, get_context
 
-from memplan.alloc.snapshot import is_pickle
 from memplan.diff.compare import DiffResult, diff_profiles
 from memplan.diff.profile import Profile
-from memplan.diff.snapshot_reader import profile_snapshot_file
 from memplan.diff.trace_reader import profile_trace_file
 from memplan.errors import ConfigError, MemplanError
 
@@ -38,7 +36,15 @@ def load_profile(path: str | os.PathLike[str], *, device: int | None = None) -> 
     if not os.path.isfile(name):
         raise ConfigError("input file", "must be an existing file (a memory snapshot or a memplan trace)",
                           name)
-    if is_pickle(name):
+    try:
+        with open(name, "rb") as handle:
+            pickled = handle.read(1) == b"\x80"  # a pickle of protocol 2 or later, as torch writes them
+    except OSError as exc:
+        raise ConfigError("input file", "must be a readable file", name, hint=exc.strerror or "") from None
+    if pickled:
+        # imported here: the snapshot reader loads memplan.alloc, which a diff of traces does not need
+        from memplan.diff.snapshot_reader import profile_snapshot_file
+
         return profile_snapshot_file(name, device=device)
     if device is not None:
         raise ConfigError("--device", "applies to memory snapshots only, and this file is a memplan trace",
