@@ -22,6 +22,7 @@ categories, so this module infers only what the frames show:
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,6 +48,11 @@ _CATEGORY_MARKS: tuple[tuple[str, str], ...] = (
 #: Installed packages whose frames are never a site: the allocation belongs to their caller.
 _INTERNAL_PACKAGES = frozenset(("torch", "torchgen", "triton", "functorch", "einops"))
 
+#: What follows ``torch/`` in the path of PyTorch's own Python files.
+_TORCH_PARTS = frozenset(("nn", "autograd", "utils", "optim", "cuda", "distributed", "amp", "fx", "_dynamo",
+                          "_inductor", "_functorch", "_higher_order_ops", "_tensor.py", "functional.py",
+                          "_ops.py", "overrides.py", "_jit_internal.py"))
+
 FrameKeys = tuple[str, str, str]
 
 
@@ -69,7 +75,11 @@ def _is_internal(filename: str) -> bool:
         if marker in lowered:
             rest = lowered[lowered.index(marker) + 1:]
             return bool(rest) and rest[0] in _INTERNAL_PACKAGES
-    return any(re.fullmatch(r"python3(\.\d+)?", p) for p in lowered)
+    # PyTorch run from a source checkout: torch/<one of its own subpackages or modules>
+    if any(a == "torch" and b in _TORCH_PARTS for a, b in itertools.pairwise(lowered)):
+        return True
+    # the standard library: lib/python3.12/..., C:\Python311\Lib\...
+    return any(re.fullmatch(r"python3\d*(\.\d+)?", p) for p in lowered)
 
 
 def _python_frames(frames: Sequence[Mapping[str, Any]]) -> list[tuple[str, int, str]]:
