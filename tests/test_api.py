@@ -52,6 +52,7 @@ PUBLIC_API = {
     "read_trace",
     "total_params",
     "trace",
+    "watch",
     "write_trace",
 }
 

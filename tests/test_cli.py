@@ -434,7 +434,7 @@ def test_docs_list_every_job_flag_with_its_default() -> None:
 
 
 @pytest.mark.parametrize("command", ["estimate", "trace", "fit", "report", "alloc simulate", "alloc plan",
-                                     "ckpt bench", "ckpt profile"])
+                                     "ckpt bench", "ckpt profile", "diff"])
 def test_help_at_80_columns_shows_every_flag_whole(command: str) -> None:
     import typer.main
 
@@ -457,6 +457,7 @@ def test_help_at_80_columns_shows_every_flag_whole(command: str) -> None:
     (["fit", "gpt2", "--gpus", "8", "--max-mbs", "--plot", "{tmp}/no/such/mbs.png"], "--plot"),
     (["alloc", "plan", "{tmp}/x.csv", "-o", "{tmp}"], "--output"),
     (["ckpt", "bench", "--quick", "--output", "{tmp}/none/out.json"], "--output"),
+    (["diff", "{tmp}/a.pickle", "{tmp}/b.pickle", "--html", "{tmp}"], "--html"),
 ])
 def test_output_paths_are_checked_before_the_work(tmp_path: Path, args: list[str], flag: str) -> None:
     result = invoke(*[a.replace("{tmp}", str(tmp_path)) for a in args])

@@ -221,7 +221,7 @@ def test_public_class_names_are_unique() -> None:
 
 
 @pytest.mark.parametrize("package", ["memplan.alloc", "memplan.ckpt", "memplan.fit", "memplan.report",
-                                     "memplan.trace"])
+                                     "memplan.trace", "memplan.diff", "memplan.watch"])
 def test_package_all_names_exist(package: str) -> None:
     """Each subsystem's curated ``__all__`` names what it really exports, once each."""
     if package == "memplan.ckpt":

@@ -15,7 +15,8 @@ The public API mirrors the ``memplan`` command line::
 
 ``memplan.trace(...)`` (fake-tensor tracing), ``memplan.fit(...)`` (layout search) and
 ``memplan.ckpt.auto_checkpoint(...)`` (input-aware checkpointing) mirror ``memplan trace``,
-``memplan fit`` and ``memplan ckpt``. ``memplan.trace`` and ``memplan.fit`` are their packages,
+``memplan fit`` and ``memplan ckpt``; ``memplan.watch(...)`` writes a snapshot and a report when a
+training run runs out of CUDA memory. ``memplan.trace`` and ``memplan.fit`` are their packages,
 callable as the functions ``memplan.trace.trace`` and ``memplan.fit.fit``.
 
 Importing memplan imports no torch, and only what ``memplan estimate`` needs: ``trace``, ``fit``
@@ -90,15 +91,16 @@ __all__ = [
     "read_trace",
     "total_params",
     "trace",
+    "watch",
     "write_trace",
 ]
 
 
-_LAZY = {"fit": "memplan.fit", "trace": "memplan.trace", "ckpt": "memplan.ckpt"}
+_LAZY = {"fit": "memplan.fit", "trace": "memplan.trace", "ckpt": "memplan.ckpt", "watch": "memplan.watch"}
 
 
 def __getattr__(name: str) -> Any:
-    """Import ``fit``, ``trace`` and ``ckpt`` on first use; ``FitResult`` from ``memplan.fit``."""
+    """Import ``fit``, ``trace``, ``ckpt`` and ``watch`` on first use; ``FitResult`` from ``memplan.fit``."""
     if name in _LAZY:
         return importlib.import_module(_LAZY[name])
     if name == "FitResult":

@@ -7,6 +7,7 @@ One module per subject, each turning typed results into ``rich`` objects and not
 * :mod:`memplan.report.alloc_text` -- ``memplan alloc``
 * :mod:`memplan.report.ckpt_text` -- ``memplan ckpt``
 * :mod:`memplan.report.fit_text` -- ``memplan fit``
+* :mod:`memplan.report.diff_text` -- ``memplan diff`` (its page: :mod:`memplan.report.diff_html`)
 
 The maths never prints; commands hand typed results to these functions and print what they
 return. Importing this package is cheap: a rendering module (and rich) is loaded on first use of
@@ -34,6 +35,7 @@ _RENDERERS = {
     "colocation_table": "fit_text",
     "fit_renderables": "fit_text",
     "limit_renderables": "fit_text",
+    "render_diff": "diff_text",
 }
 
 __all__ = sorted(_RENDERERS)

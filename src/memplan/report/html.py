@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from memplan.estimate.result import Estimate
     from memplan.fit.results import FitResult
 
-__all__ = ["TimelinePoint", "render_html", "write_html"]
+__all__ = ["TimelinePoint", "html_page", "render_html", "write_html"]
 
 TimelinePoint = tuple[int, Mapping[str, int]]
 _GIB = 2**30
@@ -243,9 +243,15 @@ def render_html(
         body.append(_timeline_section(timeline))
     if segments:
         body.append(_segments_section(segments))
+    return html_page(title, body)
+
+
+def html_page(title: str, sections: Sequence[str]) -> str:
+    """A whole page around ``sections`` (HTML fragments, already escaped): inline CSS, the table-sorting
+    script, and the memplan version at the foot. Tables with class ``sortable`` sort on a click."""
     from memplan import __version__
 
-    body.append(f'<p class="meta">memplan {_esc(__version__)}. GiB = 2^30 bytes.</p>')
+    body = [*sections, f'<p class="meta">memplan {_esc(__version__)}. GiB = 2^30 bytes.</p>']
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>{''.join(body)}"
