@@ -22,6 +22,7 @@ import pytest
 import memplan
 from memplan.alloc.snapshot import safe_loads
 from memplan.diff import load_profile
+from memplan.doctor import diagnose
 from memplan.errors import ConfigError
 from memplan.watch import OomRecord, Watch
 from memplan.watch.hooks import cuda_unavailable_reason
@@ -104,9 +105,11 @@ def test_observer_writes_snapshot_and_report(tmp_path: Path) -> None:
     assert state["reserved_unallocated_bytes"] == 6 * GiB and state["largest_free_block_bytes"] == 4 * GiB
     assert state["outside_pytorch_bytes"] == 85_520_809_984 - 76 * GiB - int(1.2 * GiB)
     assert state["top_sites"][0] == {"site": "u/model.py:54 forward", "bytes": 60 * GiB}
-    assert data["kind"] == "memplan.watch minimal summary" and "memplan doctor" in data["note"]
+    assert data["kind"] == "memplan.watch report" and "memplan doctor" in data["note"]
+    assert data["doctor"]["verdict"] == diagnose(snapshot=hooks.recorded, capacity_bytes=85_520_809_984).to_json()[
+        "verdict"]
     text = record.report_path.read_text()
-    assert "minimal summary" in text and "u/model.py:54 forward" in text
+    assert "u/model.py:54 forward" in text and "verdict" in text
     # memplan diff reads what the watch wrote.
     assert load_profile(record.snapshot_path).device == "cuda:0"
     watcher.stop()
@@ -118,7 +121,10 @@ def test_context_manager_adds_the_message_and_a_note(tmp_path: Path) -> None:
     with pytest.raises(torch.OutOfMemoryError) as caught, Watch(tmp_path, hooks=hooks) as watcher:
         _oom_now(hooks)
     (record,) = watcher.records  # one OOM, one set of files: the observer's, completed on the way out
-    assert json.loads(record.json_path.read_text())["message"] == MESSAGE
+    data = json.loads(record.json_path.read_text())
+    assert data["message"] == MESSAGE
+    # The doctor read the message's figures once the exception was seen.
+    assert data["doctor"] is not None and any(e["source"] == "message" for e in data["doctor"]["evidence"])
     assert f"error: {MESSAGE}" in record.report_path.read_text()
     assert any(str(record.snapshot_path) in note for note in caught.value.__notes__)
     assert str(caught.value) == MESSAGE and not watcher.active and hooks.calls[-1] == ("stop", None)

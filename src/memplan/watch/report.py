@@ -1,10 +1,10 @@
 """What :func:`memplan.watch` writes beside the snapshot when memory runs out.
 
-:func:`oom_report` is the one place that turns an out-of-memory moment into a report. Today it
-writes a **minimal summary** — the figures of the failed request, what the snapshot holds, and
-the allocation sites holding most memory — and no verdict: diagnosing the cause and verifying
-fixes is ``memplan doctor``'s job, which reads the same snapshot (``memplan doctor SNAPSHOT``).
-When ``memplan.doctor`` offers a Python API, this function is where it is called.
+:func:`oom_report` is the one place that turns an out-of-memory moment into a report: the figures
+of the failed request, what the snapshot holds, the allocation sites holding most memory, and
+``memplan doctor``'s verdict with its verified fixes (:func:`memplan.doctor.diagnose` on the
+same snapshot, the device's capacity and, once the exception is seen, its message). A doctor
+that cannot read its inputs leaves the figures in place and says why under ``problems``.
 
 Figures (bytes, integers): ``requested`` is the size of the failed request; ``device_total`` the
 device's memory (or the allowed maximum under ``set_per_process_memory_fraction``) and
@@ -27,10 +27,10 @@ from memplan.diff.frames import frame_keys
 from memplan.errors import ConfigError
 from memplan.units import format_bytes
 
-__all__ = ["REPORT_KIND", "OomEvent", "oom_report", "report_text"]
+__all__ = ["REPORT_KIND", "OomEvent", "oom_report", "report_text", "with_doctor"]
 
-#: ``kind`` of the report written today (the doctor's report will say ``"memplan doctor"``).
-REPORT_KIND = "memplan.watch minimal summary"
+#: ``kind`` of the report.
+REPORT_KIND = "memplan.watch report"
 _TOP_SITES = 10
 
 
@@ -73,8 +73,8 @@ def oom_report(snapshot: Mapping[str, Any] | None, *, event: OomEvent | None, me
     """The report of one out-of-memory moment, as JSON-ready data (see the module docstring)."""
     report: dict[str, Any] = {
         "kind": REPORT_KIND,
-        "note": ("figures only, no verdict: run `memplan doctor` on the snapshot for the cause and "
-                 "verified fixes"),
+        "note": ("the failure's figures and memplan doctor's verdict with verified fixes (`memplan doctor "
+                 "SNAPSHOT --gpu ... --job ...` adds job changes)"),
         "snapshot": snapshot_path,
         "message": message,
         "oom": None,
@@ -95,7 +95,40 @@ def oom_report(snapshot: Mapping[str, Any] | None, *, event: OomEvent | None, me
         state["reserved_unallocated_bytes"] = state["reserved_bytes"] - state["allocated_bytes"]
         state["outside_pytorch_bytes"] = (oom["device_total_bytes"] - state["reserved_bytes"]
                                           - oom["device_free_bytes"])
-    return report
+    return with_doctor(report, snapshot)
+
+
+def with_doctor(report: Mapping[str, Any], snapshot: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """``report`` with ``doctor`` (the doctor's JSON) and ``doctor_text`` from
+    :func:`memplan.doctor.diagnose` on its message (when it has one the doctor can read), the
+    snapshot (data or a path) and the device capacity; what stops the doctor goes to ``problems``."""
+    from memplan.doctor import diagnose
+
+    out = {**report, "doctor": None, "doctor_text": "",
+           "problems": [p for p in report.get("problems", ()) if not p.startswith(_DOCTOR_PROBLEM)]}
+    oom = report.get("oom") or {}
+    capacity = oom.get("device_total_bytes")
+    message = str(report.get("message") or "").strip()
+    if snapshot is None and not message:
+        return out
+    attempts = [message, None] if message else [None]
+    for text in attempts:
+        try:
+            diagnosis = diagnose(text, snapshot=snapshot, capacity_bytes=capacity)
+        except ConfigError as exc:
+            if text is None or snapshot is None:
+                out["problems"].append(f"{_DOCTOR_PROBLEM}: {exc}")
+                return out
+            continue  # the message holds no figures the doctor reads: the snapshot alone
+        except Exception as exc:  # noqa: BLE001 - the user's OOM must still propagate; the report says why
+            out["problems"].append(f"{_DOCTOR_PROBLEM}: {exc!r}")
+            return out
+        out["doctor"], out["doctor_text"] = diagnosis.to_json(), diagnosis.to_text()
+        return out
+    return out
+
+
+_DOCTOR_PROBLEM = "memplan doctor could not diagnose"
 
 
 def report_text(report: Mapping[str, Any]) -> str:
@@ -123,5 +156,7 @@ def report_text(report: Mapping[str, Any]) -> str:
         if state["top_sites"]:
             lines.append("largest live allocation sites:")
             lines += [f"  {format_bytes(row['bytes']):>12}  {row['site']}" for row in state["top_sites"]]
+    if report.get("doctor_text"):
+        lines += ["", report["doctor_text"].rstrip()]
     lines += [f"problem: {p}" for p in report.get("problems", ())]
     return "\n".join(lines) + "\n"

@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from memplan.errors import ConfigError
 from memplan.watch.hooks import MemoryHooks, TorchCudaHooks, cuda_unavailable_reason
-from memplan.watch.report import OomEvent, oom_report, report_text
+from memplan.watch.report import OomEvent, oom_report, report_text, with_doctor
 
 __all__ = ["OomRecord", "Watch", "watch"]
 
@@ -195,8 +195,9 @@ class Watch:
         return record
 
     def _rewrite(self, record: OomRecord, *, message: str) -> OomRecord:
+        snapshot = str(record.snapshot_path) if record.snapshot_path is not None else None
         updated = OomRecord(record.snapshot_path, record.report_path, record.json_path,
-                            {**record.report, "message": message})
+                            with_doctor({**record.report, "message": message}, snapshot))
         self._write_report(updated)
         self.records[self.records.index(record)] = updated
         return updated
@@ -204,7 +205,8 @@ class Watch:
     @staticmethod
     def _write_report(record: OomRecord) -> None:
         _write_atomic(record.report_path, report_text(record.report).encode("utf-8"))
-        _write_atomic(record.json_path, (json.dumps(record.report, indent=2) + "\n").encode("utf-8"))
+        data = {key: value for key, value in record.report.items() if key != "doctor_text"}
+        _write_atomic(record.json_path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
 def watch(directory: str | os.PathLike[str] = "oom_reports", **kwargs: Any) -> Watch:
