@@ -175,9 +175,9 @@ def _cuda_dispatch(options: TraceSetup, recorder: AllocationRecorder) -> Any:
     what CUDA keeps in host memory is left out of the trace."""
     if options.device != "cuda":
         return contextlib.nullcontext()
-    from memplan.trace.cuda_dispatch import CudaDispatch
+    from memplan.trace.cuda_dispatch import cuda_dispatch
 
-    return CudaDispatch(on_host=lambda tensor: recorder.mark(tensor.untyped_storage(), HOST))
+    return cuda_dispatch(on_host=lambda tensor: recorder.mark(tensor.untyped_storage(), HOST))
 
 
 def _meta_extra(name: str, options: TraceSetup) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Operators dispatched as CUDA dispatches them, on the fake CPU tensors of a ``--device cuda`` trace.
 
 A trace runs PyTorch's CPU build on fake tensors, so composite operators pick CPU kernels whose
-saved tensors are not CUDA's. :class:`CudaDispatch` is a ``TorchFunctionMode`` that, for fake
-tensors, replaces the two composites of a transformer training step whose CUDA kernels keep
-different memory, by the operators an H100/H200 (sm90) runs:
+saved tensors are not CUDA's. Inside :func:`cuda_dispatch`, the two composites of a transformer
+training step whose CUDA kernels keep different memory run, on fake tensors, as the operators an
+H100/H200 (sm90) runs:
 
 * ``F.scaled_dot_product_attention``: the backend PyTorch's CUDA selection picks
   (:func:`sdpa_backend`, after ``select_sdp_backend`` in
@@ -20,7 +20,7 @@ different memory, by the operators an H100/H200 (sm90) runs:
 Assumptions: torch 2.13 with its bundled cuDNN 9.20 on sm90, where ``priority_order`` puts cuDNN
 attention first (``check_prefer_cudnn_attention``: cuDNN newer than 9.15.0 on sm90); the
 ``torch.backends.cuda.*_sdp_enabled()`` switches (``sdpa_kernel``) are honoured; no CUDA-graph
-capture. Values are not computed: the mode acts only on fake tensors and leaves real ones (and
+capture. Values are not computed: it acts only on fake tensors and leaves real ones (and
 tensor subclasses such as DTensor) to PyTorch. Other differences are listed in docs/trace.md
 ("Fidelity to CUDA").
 """
@@ -28,13 +28,13 @@ tensor subclasses such as DTensor) to PyTorch. Other differences are listed in d
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-__all__ = ["SDPA_KERNEL_OPS", "CudaDispatch", "SdpaBackend", "cuda_rms_norm", "cuda_sdpa", "sdpa_backend"]
+__all__ = ["SDPA_KERNEL_OPS", "SdpaBackend", "cuda_dispatch", "cuda_rms_norm", "cuda_sdpa", "sdpa_backend"]
 
 SdpaBackend = Literal["cudnn", "flash", "efficient", "math"]
 
@@ -260,9 +260,12 @@ def cuda_rms_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: 
                   eps: float | None = None) -> torch.Tensor:
     """``rms_norm`` as CUDA runs it: the fused kernel unless ``rms_norm_symint`` falls back to the composite
     (channels-last or complex input, a weight of another dtype)."""
+    if torch.is_autocast_enabled("cpu"):  # rms_norm is on CUDA autocast's fp32 list (autocast_mode.h)
+        input = input.float() if input.dtype in _HALF else input
+        weight = weight.float() if weight is not None and weight.dtype in _HALF else weight
     fallback = input.is_complex() or _channels_last(input) or (weight is not None and weight.dtype != input.dtype)
     if fallback:
-        return torch.nn.functional.rms_norm(input, list(normalized_shape), weight, eps)
+        return torch.rms_norm(input, list(normalized_shape), weight, eps)
     return _FusedRmsNorm.apply(input, weight, tuple(normalized_shape))
 
 
@@ -320,26 +323,36 @@ def _rms_norm_arguments(input: Any, normalized_shape: Any, weight: Any = None, e
     return {"input": input, "normalized_shape": normalized_shape, "weight": weight, "eps": eps}
 
 
-class CudaDispatch(TorchFunctionMode):
-    """Run SDPA and RMSNorm on fake tensors as CUDA (sm90) runs them; everything else unchanged.
+@contextmanager
+def cuda_dispatch(on_host: Callable[[torch.Tensor], None] | None = None) -> Iterator[None]:
+    """While inside, ``F.scaled_dot_product_attention`` and ``F.rms_norm`` run on fake tensors as CUDA
+    (sm90) runs them; real tensors and tensor subclasses (DTensor) go to PyTorch's own functions.
 
-    ``on_host``: called with the outputs CUDA keeps in host memory (for a recorder to leave out).
-    Enter it *outside* :class:`~memplan.trace.cuda_autocast.CudaAutocastFp32`, so that autocast's
-    fp32 policy (``rms_norm`` is on CUDA's fp32 list) casts the arguments first, as on a GPU.
+    The two ``torch.nn.functional`` attributes are replaced (and restored on exit) rather than
+    intercepted by a ``TorchFunctionMode``: a mode is popped while it handles ``Tensor.backward``,
+    so a checkpoint's recompute inside the backward would run the CPU kernels. Code that imported
+    the functions by name before entering keeps PyTorch's. ``on_host``: called with the outputs
+    CUDA keeps in host memory (for a recorder to leave out).
     """
+    functional = torch.nn.functional
+    original_sdpa, original_rms_norm = functional.scaled_dot_product_attention, functional.rms_norm
 
-    def __init__(self, on_host: Callable[[torch.Tensor], None] | None = None) -> None:
-        super().__init__()
-        self._on_host = on_host
+    def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+        call = _sdpa_arguments(*args, **kwargs)
+        if _fake(call["query"], call["key"], call["value"], call["attn_mask"]):
+            return cuda_sdpa(**call, on_host=on_host)
+        return original_sdpa(*args, **kwargs)
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            call = _sdpa_arguments(*args, **kwargs)
-            if _fake(call["query"], call["key"], call["value"], call["attn_mask"]):
-                return cuda_sdpa(**call, on_host=self._on_host)
-        elif func is torch.nn.functional.rms_norm or func is torch.rms_norm:
-            call = _rms_norm_arguments(*args, **kwargs)
-            if _fake(call["input"], call["weight"]):
-                return cuda_rms_norm(call["input"], call["normalized_shape"], call["weight"], call["eps"])
-        return func(*args, **kwargs)
+    def rms_norm(*args: Any, **kwargs: Any) -> torch.Tensor:
+        call = _rms_norm_arguments(*args, **kwargs)
+        if _fake(call["input"], call["weight"]):
+            return cuda_rms_norm(**call)
+        return original_rms_norm(*args, **kwargs)
+
+    functional.scaled_dot_product_attention = scaled_dot_product_attention
+    functional.rms_norm = rms_norm
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original_sdpa
+        functional.rms_norm = original_rms_norm
