@@ -1,4 +1,4 @@
-"""``--device cuda`` traces run SDPA and RMSNorm as CUDA (sm90) runs them (memplan.trace.cuda_dispatch).
+"""``--device cuda`` traces run SDPA, RMSNorm and dropout as CUDA (sm90) runs them (memplan.trace.cuda_dispatch).
 
 Each stand-in is traced on a module whose only saved tensors are the kernel's own: the traced
 activation bytes must equal the outputs the CUDA operator keeps, derived here from the operator's
@@ -122,6 +122,25 @@ def test_rms_norm_is_cudas_fused_kernel() -> None:
     assert _activation(cuda) == _bytes(((B, S, 1), FP32), LOSS)
     cpu = _traced(lambda: _Norm(BF16), "cpu")  # the CPU composite keeps fp32 copies of the input
     assert _activation(cpu) >= _bytes(((B, S, 128), FP32))
+
+
+class _Dropout(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.randn(B, S, 128, dtype=BF16))
+        self.dropout = torch.nn.Dropout(0.25)
+
+    def forward(self) -> torch.Tensor:
+        return self.dropout(self.x)
+
+
+def test_dropout_keeps_cudas_boolean_mask() -> None:
+    # native_dropout: output and a bool mask of the input's shape; the backward keeps the mask
+    cuda = _traced(_Dropout, "cuda")
+    assert "aten.native_dropout.default" in _ops(cuda)
+    assert _activation(cuda) == _bytes(((B, S, 128), torch.bool), LOSS)
+    cpu = _traced(_Dropout, "cpu")  # the CPU composite keeps its scaled noise in the input dtype (unrounded)
+    assert _activation(cpu) == B * S * 128 * BF16.itemsize + FP32.itemsize
 
 
 def test_backend_rules() -> None:

@@ -15,7 +15,11 @@ H100/H200 (sm90) runs:
   shapes of PyTorch's meta kernels (``torch/_meta_registrations.py``);
 * ``F.rms_norm``: ``aten._fused_rms_norm`` (``rms_norm_symint`` in
   ``aten/src/ATen/native/layer_norm.cpp`` on CUDA), which saves the input and an fp32 ``rstd``
-  where the CPU composite keeps fp32 copies.
+  where the CPU composite keeps fp32 copies;
+* ``F.dropout`` (training, not in place, 0 < p < 1): ``aten.native_dropout``, as ``at::dropout``
+  does on CUDA (``is_fused_kernel_acceptable`` in ``aten/src/ATen/native/Dropout.cpp``), which
+  saves a 1-byte boolean mask where the CPU composite saves a scaled noise tensor of the input's
+  dtype.
 
 Assumptions: torch 2.13 with its bundled cuDNN 9.20 on sm90, where ``priority_order`` puts cuDNN
 attention first (``check_prefer_cudnn_attention``: cuDNN newer than 9.15.0 on sm90); the
@@ -34,7 +38,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["SDPA_KERNEL_OPS", "SdpaBackend", "cuda_dispatch", "cuda_rms_norm", "cuda_sdpa", "sdpa_backend"]
+__all__ = ["SDPA_KERNEL_OPS", "SdpaBackend", "cuda_dispatch", "cuda_dropout", "cuda_rms_norm", "cuda_sdpa", "sdpa_backend"]
 
 SdpaBackend = Literal["cudnn", "flash", "efficient", "math"]
 
@@ -305,6 +309,11 @@ class _FusedRmsNorm(torch.autograd.Function):
         return (grad_input if mask[0] else None), (grad_weight if mask[1] else None), None
 
 
+def cuda_dropout(input: torch.Tensor, p: float) -> torch.Tensor:
+    """Training-mode dropout as CUDA runs it: ``native_dropout``, whose backward keeps a boolean mask."""
+    return torch.native_dropout(input, p, True)[0]
+
+
 def _fake(*values: Any) -> bool:
     """Every tensor argument is a plain fake tensor (no values, no subclass)."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -325,10 +334,10 @@ def _rms_norm_arguments(input: Any, normalized_shape: Any, weight: Any = None, e
 
 @contextmanager
 def cuda_dispatch(on_host: Callable[[torch.Tensor], None] | None = None) -> Iterator[None]:
-    """While inside, ``F.scaled_dot_product_attention`` and ``F.rms_norm`` run on fake tensors as CUDA
-    (sm90) runs them; real tensors and tensor subclasses (DTensor) go to PyTorch's own functions.
+    """While inside, ``F.scaled_dot_product_attention``, ``F.rms_norm`` and ``F.dropout`` run on fake
+    tensors as CUDA (sm90) runs them; real tensors and tensor subclasses (DTensor) go to PyTorch's own functions.
 
-    The two ``torch.nn.functional`` attributes are replaced (and restored on exit) rather than
+    The ``torch.nn.functional`` attributes are replaced (and restored on exit) rather than
     intercepted by a ``TorchFunctionMode``: a mode is popped while it handles ``Tensor.backward``,
     so a checkpoint's recompute inside the backward would run the CPU kernels. Code that imported
     the functions by name before entering keeps PyTorch's. ``on_host``: called with the outputs
@@ -336,6 +345,7 @@ def cuda_dispatch(on_host: Callable[[torch.Tensor], None] | None = None) -> Iter
     """
     functional = torch.nn.functional
     original_sdpa, original_rms_norm = functional.scaled_dot_product_attention, functional.rms_norm
+    original_dropout = functional.dropout
 
     def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
         call = _sdpa_arguments(*args, **kwargs)
@@ -349,10 +359,17 @@ def cuda_dispatch(on_host: Callable[[torch.Tensor], None] | None = None) -> Iter
             return cuda_rms_norm(**call)
         return original_rms_norm(*args, **kwargs)
 
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        if _fake(input) and training and not inplace and 0 < p < 1 and input.numel() > 0:
+            return cuda_dropout(input, p)
+        return original_dropout(input, p, training, inplace)
+
     functional.scaled_dot_product_attention = scaled_dot_product_attention
     functional.rms_norm = rms_norm
+    functional.dropout = dropout
     try:
         yield
     finally:
         functional.scaled_dot_product_attention = original_sdpa
         functional.rms_norm = original_rms_norm
+        functional.dropout = original_dropout
