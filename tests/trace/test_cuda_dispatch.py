@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from memplan.trace import trace
-from memplan.trace.cuda_dispatch import cuda_dispatch, sdpa_backend
+from memplan.trace.cuda_dispatch import cuda_dispatch
 from memplan.trace.cuda_rounding import cuda_allocated_size
+from memplan.trace.cuda_sdpa import sdpa_backend
 
 B, H, KV, S = 2, 4, 2, 40  # S not a multiple of 32: the efficient kernel pads its log-sum-exp
 BF16, FP32 = torch.bfloat16, torch.float32
