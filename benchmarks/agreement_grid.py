@@ -140,10 +140,6 @@ GRID: tuple[Cell, ...] = (
 
 #: Cells allowed outside the tolerance, with the reason (docs/trace.md explains each).
 EXCEPTIONS: dict[str, str] = {
-    Cell("mistral-7b", 4096, 1, "bf16-mixed", "sdpa", "none").key:
-        "seq == sliding window: the CPU SDPA kernel the trace runs keeps mask-derived tensors per layer",
-    Cell("phi-3-mini", 4096, 4, "bf16", "sdpa", "none").key:
-        "seq > sliding window (2047): the same explicit-mask CPU SDPA path as Mistral's",
     Cell("deepseek-v2-lite", 1024, 1, "bf16-mixed", "sdpa", "megatron-selective",
          flags=(("recompute_modules", "shared_experts"),)).key:
         "the no-recompute baseline of HF DeepSeek-V2 already differs (-18.7%); the bytes the shared experts' "
@@ -175,7 +171,7 @@ def table(results: list[dict[str, object]]) -> str:
     """The markdown table: states, then activations / logits / peak as traced → estimated (error)."""
     MiB = 2**20
     lines = [("| model | seq×mbs | precision | attention | recompute | ranks, optimizer, framework | states | "
-             "activations MiB (err) | logits MiB (err) | peak MiB (err) | ok |"),
+              "activations MiB (err) | logits MiB (err) | peak MiB (err) | ok |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rows = r["rows"]  # type: ignore[index]

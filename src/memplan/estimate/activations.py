@@ -232,6 +232,7 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
             terms.append(Term("attention dropout output", c * heads_scores, "tp", "core"))
     else:
         terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
+        terms += _sdpa_mask_terms(attn, shape)
     terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn",
                       gemm_input=True))
     if shape.dropout:
@@ -261,6 +262,30 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
         tokens = shape.seq * shape.micro_batch
         extra_heads = attn.num_heads - attn.num_kv_heads
         terms.append(Term("keys and values repeated per query head (repeat_kv copies)",
+                          c * tokens * extra_heads * (attn.head_dim + attn.v_head_dim), "tp", "core"))
+    return terms
+
+
+def _sdpa_mask_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    """transformers' SDPA attention given an explicit mask: a sliding window no longer than the keys.
+
+    With a mask, ``sdpa_attention_forward`` does not pass ``enable_gqa`` and ``repeat_kv`` copies the
+    grouped keys and values to every query head (the kernel saves the copies), and CUDA's
+    ``scaled_dot_product_attention`` turns the boolean ``(batch, 1, s, s)`` mask into an additive
+    one in the query dtype (``convert_boolean_attn_mask[_cudnn]``), which the cuDNN / efficient
+    kernel saves as its bias: one per layer.
+    """
+    window = attn.sliding_window
+    if shape.attention != "sdpa" or shape.kernels != "eager" or window is None or shape.kv_seq < window:
+        return []
+    if attn.kind == "mla":
+        return []
+    c, tokens = shape.act_bytes, shape.seq * shape.micro_batch
+    terms = [Term("additive attention mask (SDPA, from the boolean sliding-window mask)",
+                  c * shape.micro_batch * shape.seq * shape.kv_seq, "rep", "core")]
+    if attn.num_kv_heads < attn.num_heads:
+        extra_heads = attn.num_heads - attn.num_kv_heads
+        terms.append(Term("keys and values repeated per query head (repeat_kv: no enable_gqa with a mask)",
                           c * tokens * extra_heads * (attn.head_dim + attn.v_head_dim), "tp", "core"))
     return terms
 

@@ -16,6 +16,7 @@ its optimizer states. Known limitations: see docs/trace.md.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from memplan.trace.distributed import simulated_ranks
 from memplan.trace.errors import translate_errors
 from memplan.trace.finetune import param_counts, require_peft
 from memplan.trace.moe import static_grouped_mm
-from memplan.trace.recorder import AllocationRecorder
+from memplan.trace.recorder import HOST, AllocationRecorder
 from memplan.trace.reserved import simulate_reserved
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_state, run_iterations
 from memplan.trace.setup import TraceSetup, trace_setup
@@ -160,12 +161,22 @@ def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,
         register_state(recorder, job)
         mode.recorder = recorder
         try:
-            with track_resize(recorder), fsdp_stream_ids(streams):
+            with track_resize(recorder), fsdp_stream_ids(streams), _cuda_dispatch(options, recorder):
                 run_iterations(job, options.iterations, recorder, host_step=host_step,
                                offload_activations=options.job.offload.activations)
         finally:
             mode.recorder = None
     return recorder
+
+
+def _cuda_dispatch(options: TraceSetup, recorder: AllocationRecorder) -> Any:
+    """``--device cuda``: SDPA and RMSNorm run CUDA's kernels (:mod:`memplan.trace.cuda_dispatch`);
+    what CUDA keeps in host memory is left out of the trace."""
+    if options.device != "cuda":
+        return contextlib.nullcontext()
+    from memplan.trace.cuda_dispatch import cuda_dispatch
+
+    return cuda_dispatch(on_host=lambda tensor: recorder.mark(tensor.untyped_storage(), HOST))
 
 
 def _meta_extra(name: str, options: TraceSetup) -> dict[str, Any]:

@@ -31,7 +31,7 @@ __all__ = ["CUDA_FP32_OPS", "CUDA_FP32_SET_DTYPE_OPS", "CudaAutocastFp32"]
 #: Function names CUDA autocast runs in fp32 by casting their inputs (autocast_mode.cpp, "fp32").
 CUDA_FP32_OPS = frozenset({
     "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
-    "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm", "norm", "dist", "pdist",
+    "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "rms_norm", "group_norm", "norm", "dist", "pdist",
     "cdist", "renorm", "logsumexp", "cosine_similarity", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
     "huber_loss", "kl_div", "binary_cross_entropy_with_logits", "cosine_embedding_loss", "poisson_nll_loss",
 })

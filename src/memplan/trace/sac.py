@@ -13,10 +13,10 @@ here follows torchtitan's:
 * every ``mm`` (or ``linear``) is counted per block call, separately in the forward and in the
   recompute, and the even-numbered ones are recomputed instead of kept.
 
-The tracer runs CPU kernels on its fake tensors, where SDPA dispatches to
-``aten._scaled_dot_product_flash_attention_for_cpu`` — the stand-in of the CUDA flash kernel
-(``aten._scaled_dot_product_flash_attention``, in the save list): same output and fp32
-log-sum-exp, so it is added to the list. Not followed: torchtitan's
+The attention op saved is whichever SDPA kernel the trace runs
+(:data:`memplan.trace.cuda_sdpa.SDPA_KERNEL_OPS`): on ``--device cuda`` the kernel CUDA picks
+(cuDNN, flash, efficient; :mod:`memplan.trace.cuda_sdpa`), on ``--device cpu`` the CPU flash
+kernel ``aten._scaled_dot_product_flash_attention_for_cpu``. Not followed: torchtitan's
 ``force_recompute_mm_shapes_by_fqns`` (default ``moe.router.gate``, a torchtitan module name no
 Hugging Face model has) and its device-to-host copies rule (no CUDA tensors here).
 """
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from memplan.errors import UnsupportedError
+from memplan.trace.cuda_sdpa import SDPA_KERNEL_OPS
 
 __all__ = ["apply_torchtitan_sac", "decoder_layers", "torchtitan_policy", "torchtitan_save_ops"]
 
@@ -40,13 +41,10 @@ def torchtitan_save_ops() -> frozenset[Any]:
 
     aten = torch.ops.aten
     ops: set[Any] = {op.default for op in get_default_op_list().compute_intensive_ops}
-    ops.update({aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_attention_math.default,
-                aten._scaled_dot_product_fused_attention_overrideable.default, aten.max.default,
-                aten.linear.default, aten.topk.default, torch._higher_order_ops.flex_attention,
+    ops.update({aten.max.default, aten.linear.default, aten.topk.default, torch._higher_order_ops.flex_attention,
                 torch.ops._c10d_functional.reduce_scatter_tensor.default,
-                torch.ops._c10d_functional.all_to_all_single.default,
-                # the CPU kernel the fake tensors run, standing in for the CUDA flash kernel
-                aten._scaled_dot_product_flash_attention_for_cpu.default})
+                torch.ops._c10d_functional.all_to_all_single.default})
+    ops.update(SDPA_KERNEL_OPS)  # the SDPA kernel the trace runs (CUDA's or, on --device cpu, the CPU one)
     return frozenset(ops)
 
 
