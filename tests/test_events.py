@@ -47,14 +47,31 @@ def test_newer_version_is_refused(tmp_path):
     ('[0, "grow", 1, 8, "activation", "forward", 0, "", "", 0]', "kind 'alloc'/'free'"),
     ('[0, "alloc", 1, -8, "activation", "forward", 0, "", "", 0]', "size >= 0"),
     ('[0, "alloc", 1, 8, "weights", "forward", 0, "", "", 0]', "category"),
+    ('[0, "alloc", 1, 8, "activation", "lunch", 0, "", "", 0]', "phase"),
+    ('[0, "alloc", 1, true, "activation", "forward", 0, "", "", 0]', "size >= 0"),
+    ('[0, "alloc", 1.5, 8, "activation", "forward", 0, "", "", 0]', "integer block"),
+    ('{"kind": "alloc"}', "JSON array of 10 fields"),
     ('[0, "free", 1, 8, "activation", "forward", 0, "", "", 0]', "freed but not live"),
     ("not json", "JSON array"),
 ])
 def test_bad_lines_are_named(tmp_path, line, message):
     path = tmp_path / "bad.mptrace"
-    _write(path, {"format": "memplan-trace", "version": 1, "meta": {}}, [line])
-    with pytest.raises(ConfigError, match=message):
+    good = '[0, "alloc", 7, 8, "activation", "forward", 0, "", "", 0]'
+    _write(path, {"format": "memplan-trace", "version": 1, "meta": {}}, [good, line])
+    with pytest.raises(ConfigError, match=message) as caught:
         read_trace(path)
+    if "not live" not in message:
+        assert "line 3" in str(caught.value)  # the bad line is named, after the header and the good line
+
+
+def test_blank_lines_and_escaped_strings_read_as_written(tmp_path):
+    path = tmp_path / "odd.mptrace"
+    module = 'a\\"b,[c]\n'  # a backslash, a quote, a comma, brackets and a newline, JSON-escaped in the file
+    lines = [json.dumps([0, "alloc", 1, 8, "activation", "forward", 0, "aten.mm", module, 0]), "",
+             json.dumps([1, "free", 1, 8, "activation", "backward", 0, "", "", 0])]
+    _write(path, {"format": "memplan-trace", "version": 1, "meta": {}}, lines)
+    events = read_trace(path).events
+    assert [e.module for e in events] == [module, ""] and [e.index for e in events] == [0, 1]
 
 
 def test_truncated_and_foreign_files(tmp_path):
