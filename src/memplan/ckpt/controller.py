@@ -41,7 +41,15 @@ from memplan.ckpt.loop_hooks import check_optimizer_params, holds_params_of
 from memplan.ckpt.meter import CpuMeter, MemoryMeter
 from memplan.ckpt.model_state import check_budget, model_state_bytes, state_tensors
 from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, tensors_in
-from memplan.ckpt.planner import BlockCost, CheckpointPlan, PlanCache, StepCost, plan_greedy, plan_knapsack, size_bucket
+from memplan.ckpt.planner import (
+    BlockCost,
+    CheckpointPlan,
+    PlanCache,
+    StepCost,
+    plan_greedy,
+    plan_knapsack,
+    size_bucket,
+)
 from memplan.ckpt.predictor import SizeSeries
 from memplan.ckpt.safety import drop_grads, restore_grads, rng_state, set_rng_state, stash_grads
 from memplan.ckpt.sizes import SizeFn, batch_of, measure_size
@@ -107,7 +115,6 @@ class CheckpointController:
         self._count = dict.fromkeys(("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps"), 0)
         self._owned = False  # the CPU meter was entered by a hook (plain loop), not by step()
         self._optimizers: dict[int, Any] = {}  # id → weak reference of the optimizers found by the hooks
-        self._params = {id(p) for p in model.parameters()}
         self._opt_depth = 0
         self._opt_peak = 0
         self._opt_over = 0
@@ -311,7 +318,7 @@ class CheckpointController:
         ref = self._optimizers.get(id(opt))
         if ref is not None and ref() is opt:
             return True
-        if not holds_params_of(opt, self._params):
+        if not holds_params_of(opt, {id(p) for p in self.model.parameters()}):  # now: fully_shard replaces them
             return False
         check_optimizer_params(self.model, opt)
         check_budget(self.budget_bytes, model_state_bytes(self.model, opt))
@@ -359,6 +366,7 @@ class CheckpointController:
             return
         size = measure_size(self.size_fn, batch_of(args, kwargs))
         self._last_size = size
+        self._block_params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]  # may be replaced
         self._enter_meter()
         self.meter.adopt(state_tensors(self.model, self.optimizer))
         self.meter.adopt(tensors_in((args, kwargs)))
