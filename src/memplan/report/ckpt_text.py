@@ -24,7 +24,8 @@ _LEGEND = ("none / full: a plain loop with no checkpointing / every block (Huggi
            "transformers.Trainer on the wrapped model (trainer-full / trainer-none: every block / none). "
            "Peaks by the benchmark's independent meter over the whole step; memplan's warm-up and learning "
            "steps are inside its runs.")
-_HEADER = ["variant", "runs", "tokens/s median", "min-max", "x full (median, min-max)", "steps over budget",
+_HEADER = ["variant", "runs", "tokens/s median", "min-max", "x full (median, min-max)", "x full by CPU s",
+           "steps over budget",
            "max peak MiB", "recomputed block fwds", "probe fwds", "sheltered", "misses"]
 
 
@@ -34,9 +35,11 @@ def _rows(result: BenchResult) -> list[list[str]]:
     for variant, v in summary["variants"].items():
         tp = v["throughput_tokens_per_s"]
         r = summary["throughput_ratio_to_full"].get(variant)
+        c = summary.get("cpu_time_ratio_to_full", {}).get(variant)
         rows.append([
             variant, str(v["runs"]), f"{tp['median']:.1f}", f"{tp['min']:.1f}-{tp['max']:.1f}",
             f"{r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})" if r else "",
+            f"{c['median']:.3f} ({c['min']:.3f}-{c['max']:.3f})" if c else "",
             str(v["steps_over_budget_max"]), f"{v['max_peak_bytes'] / MiB:,.0f}",
             "/".join(map(str, v["recomputed_forwards"])), "/".join(map(str, v["probe_forwards"])),
             "/".join(map(str, v["sheltered_steps"])), "/".join(map(str, v["misses"])),
