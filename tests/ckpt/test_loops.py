@@ -167,3 +167,18 @@ def test_compiling_a_wrapped_model_still_plans_and_keeps_the_math() -> None:
     x = tokens(8)
     assert torch.equal(compiled(input_ids=x, labels=x).loss, reference(input_ids=x, labels=x).loss)
     assert controller_of(model).stats().steps == 1
+
+
+def test_the_cpu_meter_is_left_after_the_optimizer_step_and_on_removal() -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    model = auto_checkpoint(tiny_gpt2(), "64MiB")
+    opt = torch.optim.AdamW(model.parameters())
+    x = tokens(8)
+    model(input_ids=x, labels=x).loss.backward()
+    assert _get_current_dispatch_mode() is controller_of(model).meter  # metering the step until the update
+    opt.step()
+    assert _get_current_dispatch_mode() is None
+    model(input_ids=x, labels=x).loss.backward()  # a loop that stops without an optimizer step
+    remove_checkpointing(model)
+    assert _get_current_dispatch_mode() is None
