@@ -167,6 +167,7 @@ def test_compiling_a_wrapped_model_still_plans_and_keeps_the_math() -> None:
     x = tokens(8)
     assert torch.equal(compiled(input_ids=x, labels=x).loss, reference(input_ids=x, labels=x).loss)
     assert controller_of(model).stats().steps == 1
+    remove_checkpointing(model)  # no optimizer step ended this loop: leave the CPU meter
 
 
 def test_the_cpu_meter_is_left_after_the_optimizer_step_and_on_removal() -> None:

@@ -37,9 +37,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memplan.ckpt.errors import BatchTooLargeError
-from memplan.ckpt.loop_hooks import check_optimizer_params, holds_params_of
+from memplan.ckpt.loop_hooks import LoopHooks
 from memplan.ckpt.meter import CpuMeter, MemoryMeter
-from memplan.ckpt.model_state import check_budget, model_state_bytes, state_tensors
+from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, tensors_in
 from memplan.ckpt.planner import (
     BlockCost,
@@ -79,7 +79,7 @@ def _forced(checkpoint: tuple[bool, ...], method: str) -> CheckpointPlan:
     return CheckpointPlan(checkpoint=checkpoint, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method=method)
 
 
-class CheckpointController:
+class CheckpointController(LoopHooks):
     """Decides, per batch, which blocks of a model run under ``torch.utils.checkpoint``.
 
     Created by :func:`memplan.ckpt.auto_checkpoint`; reach it as ``model.memplan_ckpt``.
@@ -295,60 +295,6 @@ class CheckpointController:
                 torch.cuda.empty_cache()
             return None, True
         return result, False
-
-    # ------------------------------------------------------------------ the CPU meter in a plain loop
-    def _enter_meter(self) -> None:
-        """On CPU, start counting at the step's forward; :meth:`release_meter` stops after the optimizer."""
-        if isinstance(self.meter, CpuMeter) and not self.meter.active:
-            self.meter.__enter__()
-            self._owned = True
-
-    def release_meter(self) -> None:
-        """Stop the CPU meter a hook started (after the optimizer's step, or an eval forward).
-
-        Call it after a loop that never steps an optimizer; :func:`remove_checkpointing` does.
-        """
-        if self._owned:
-            self._owned = False
-            self.meter.__exit__(None, None, None)
-
-    # ------------------------------------------------------------------ optimizer hooks
-    def owns_optimizer(self, opt: torch.optim.Optimizer) -> bool:
-        """Whether ``opt`` updates this model's parameters; the first time, it is checked and adopted."""
-        ref = self._optimizers.get(id(opt))
-        if ref is not None and ref() is opt:
-            return True
-        if not holds_params_of(opt, {id(p) for p in self.model.parameters()}):  # now: fully_shard replaces them
-            return False
-        check_optimizer_params(self.model, opt)
-        check_budget(self.budget_bytes, model_state_bytes(self.model, opt))
-        self._optimizers[id(opt)] = weakref.ref(opt)
-        if self.optimizer is None:
-            self.optimizer = opt
-        return True
-
-    def on_optimizer_step(self, opt: torch.optim.Optimizer) -> None:
-        """Pre-hook of the optimizer's step: the backward is over; meter the optimizer phase."""
-        self._opt_depth += 1
-        if self._opt_depth > 1:  # an optimizer wrapper (accelerate) stepping the inner one
-            return
-        if self._step is not None:
-            self._finish_step()
-        self._enter_meter()
-        self.meter.adopt(state_tensors(self.model, opt))
-        self.meter.mark()
-
-    def after_optimizer_step(self, opt: torch.optim.Optimizer) -> None:
-        """Post-hook of the optimizer's step: its peak (states created on the first step included)."""
-        self._opt_depth -= 1
-        if self._opt_depth > 0:
-            return
-        if self.meter.active or not isinstance(self.meter, CpuMeter):
-            peak = self.meter.mark()
-            self._count["opt_steps"] += 1
-            self._opt_peak = max(self._opt_peak, peak)
-            self._opt_over += peak > self.budget_bytes
-        self.release_meter()
 
     # ------------------------------------------------------------------ hooks
     def on_model_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

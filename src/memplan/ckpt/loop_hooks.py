@@ -21,9 +21,11 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from memplan.ckpt.meter import CpuMeter, MemoryMeter
+from memplan.ckpt.model_state import check_budget, model_state_bytes, state_tensors
 from memplan.errors import ConfigError
 
-__all__ = ["OptimizerSink", "check_optimizer_params", "holds_params_of", "watch_optimizers"]
+__all__ = ["LoopHooks", "OptimizerSink", "check_optimizer_params", "holds_params_of", "watch_optimizers"]
 
 
 class OptimizerSink(Protocol):
@@ -83,3 +85,79 @@ def watch_optimizers(sink: OptimizerSink) -> Callable[[], None]:
 
     weakref.finalize(sink, remove)
     return remove
+
+
+class LoopHooks:
+    """The controller's side of the loop it does not run: the CPU meter's span and the optimizer phase.
+
+    A base of :class:`~memplan.ckpt.controller.CheckpointController`, which owns the attributes
+    declared here and calls :meth:`_enter_meter` from its forward pre-hook.
+    """
+
+    model: nn.Module
+    meter: MemoryMeter
+    budget_bytes: int
+    optimizer: torch.optim.Optimizer | None
+    _owned: bool
+    _optimizers: dict[int, Any]
+    _opt_depth: int
+    _opt_peak: int
+    _opt_over: int
+    _count: dict[str, int]
+    _step: Any
+
+    def _finish_step(self) -> None:  # pragma: no cover - implemented by the controller
+        raise NotImplementedError
+
+    def _enter_meter(self) -> None:
+        """On CPU, start counting at the step's forward; :meth:`release_meter` stops after the optimizer."""
+        if isinstance(self.meter, CpuMeter) and not self.meter.active:
+            self.meter.__enter__()
+            self._owned = True
+
+    def release_meter(self) -> None:
+        """Stop the CPU meter a hook started (after the optimizer's step, or an eval forward).
+
+        Call it after a loop that never steps an optimizer; :func:`remove_checkpointing` does.
+        """
+        if self._owned:
+            self._owned = False
+            self.meter.__exit__(None, None, None)
+
+    def owns_optimizer(self, opt: torch.optim.Optimizer) -> bool:
+        """Whether ``opt`` updates this model's parameters; the first time, it is checked and adopted."""
+        ref = self._optimizers.get(id(opt))
+        if ref is not None and ref() is opt:
+            return True
+        if not holds_params_of(opt, {id(p) for p in self.model.parameters()}):  # now: fully_shard replaces them
+            return False
+        check_optimizer_params(self.model, opt)
+        check_budget(self.budget_bytes, model_state_bytes(self.model, opt))
+        self._optimizers[id(opt)] = weakref.ref(opt)
+        if self.optimizer is None:
+            self.optimizer = opt
+        return True
+
+    def on_optimizer_step(self, opt: torch.optim.Optimizer) -> None:
+        """Pre-hook of the optimizer's step: the backward is over; meter the optimizer phase."""
+        self._opt_depth += 1
+        if self._opt_depth > 1:  # an optimizer wrapper (accelerate) stepping the inner one
+            return
+        if self._step is not None:
+            self._finish_step()
+        self._enter_meter()
+        self.meter.adopt(state_tensors(self.model, opt))
+        self.meter.mark()
+
+    def after_optimizer_step(self, opt: torch.optim.Optimizer) -> None:
+        """Post-hook of the optimizer's step: its peak (states created on the first step included)."""
+        self._opt_depth -= 1
+        if self._opt_depth > 0:
+            return
+        if self.meter.active or not isinstance(self.meter, CpuMeter):
+            peak = self.meter.mark()
+            self._count["opt_steps"] += 1
+            self._opt_peak = max(self._opt_peak, peak)
+            self._opt_over += peak > self.budget_bytes
+        self.release_meter()
+
