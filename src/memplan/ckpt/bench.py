@@ -79,7 +79,7 @@ class BenchConfig:
     #: The budget sits this far from ``full``'s peak towards ``none``'s on the longest batch.
     budget_fraction: float = 0.5
     #: Lengths of memplan's warm-up batches (one sequence each) before training, inside the timed run.
-    warmup_lengths: tuple[int, ...] = (128, 256, 512, 1024)
+    warmup_lengths: tuple[int, ...] = (64, 128, 256)
     lr: float = 3e-4
     seed: int = 0
     #: torch CPU threads.
@@ -410,7 +410,7 @@ def _machine() -> dict[str, str]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": str(os.cpu_count()),
-        "torch_threads": str(torch.get_num_threads()),
+        "torch_threads": str(torch.get_num_threads()),  # called while the benchmark's thread count is set
         "load_average_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "",
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -448,11 +448,12 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
                     say(f"rep {rep + 1}/{cfg.repeats} {variant}: {run.throughput:.1f} tokens/s, "
                         f"max peak {max(run.peaks) / 2**20:,.0f} MiB, {run.recomputed_forwards} recomputed")
                     runs.append(run)
+        machine = _machine()
     finally:
         torch.set_num_threads(threads)
     return BenchResult(
         config=cfg, n_params=n_params, lengths=tuple(lengths), budget_bytes=budget, runs=tuple(runs),
-        machine=_machine(), date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        machine=machine, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
 
 
