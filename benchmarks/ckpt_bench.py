@@ -1,15 +1,14 @@
-"""The ckpt benchmark: (a) no, (b) full, (c) static, (d) memplan checkpointing on variable-length batches.
+"""The ckpt benchmark: memplan in a plain loop, with step() and under an unchanged Trainer, vs full checkpointing.
 
-Run from the repository root (memplan installed with torch and transformers)::
+Run from the repository root (memplan installed with torch, transformers and accelerate)::
 
-    python benchmarks/ckpt_bench.py             # the full benchmark, about 7 minutes of CPU
-    python benchmarks/ckpt_bench.py --quick     # a tiny model, seconds (smoke test)
+    python benchmarks/ckpt_bench.py             # the full benchmark: 30M GPT-2, about 30 minutes of CPU
+    python benchmarks/ckpt_bench.py --quick     # a tiny model, seconds: a SMOKE TEST of the machinery
 
 Writes ``benchmarks/results/ckpt_bench.json`` (date, machine, configuration, every run) unless
-``--output`` says otherwise, and prints the table and the targets of issue 6 (docs/ckpt.md). The
-same benchmark is ``memplan ckpt bench``. One metered pass gives memory, recompute counts and losses;
-``--repeats`` unmetered passes give the timings (see :mod:`memplan.ckpt.bench`). Run one benchmark
-process at a time: the methods' timings are only comparable without competing load.
+``--output`` says otherwise, and prints the tables and the targets of issue 15 (docs/ckpt.md). The
+same benchmark is ``memplan ckpt bench``. Memory is judged by an independent live-storage meter
+over the whole step, inside the timed runs (see :mod:`memplan.ckpt.bench`).
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ RESULTS = Path(__file__).parent / "results" / "ckpt_bench.json"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
-    parser.add_argument("--steps", type=int, help="training steps per run (default 32)")
-    parser.add_argument("--repeats", type=int, help="timed (unmetered) interleaved repetitions after the metered pass (default 3)")
+    parser.add_argument("--steps", type=int, help="training steps per run (default 24)")
+    parser.add_argument("--repeats", type=int, help="interleaved repetitions of the timed variants (default 3)")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON file (default {RESULTS}; none with --quick)")
     args = parser.parse_args(argv)
     cfg = with_overrides(BenchConfig.quick() if args.quick else BenchConfig(), steps=args.steps, repeats=args.repeats)

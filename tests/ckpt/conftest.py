@@ -25,3 +25,15 @@ def _one_thread():  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_dispatch_mode():  # type: ignore[no-untyped-def]
+    """A test must not leave a dispatch mode (a CPU meter) entered: it would meter every later test."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
+
+    yield
+    leaked = []
+    while _get_current_dispatch_mode() is not None:
+        leaked.append(type(_pop_mode()).__name__)
+    assert not leaked, f"dispatch modes left entered: {leaked}"

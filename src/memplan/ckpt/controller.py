@@ -8,12 +8,19 @@ non-reentrant ``torch.utils.checkpoint``. Gradient hooks on the block outputs cu
 into phases whose peaks calibrate the non-block terms of the memory model (see
 :mod:`memplan.ckpt.planner`).
 
-Until every predictor is accepted, steps are *learning* steps: one block (the last, then the one
-before, …) runs under checkpoint and is probed by one extra plain forward whose kept bytes and time
-are measured and dropped (RNG state restored, so the step's numbers are unchanged); the other
-blocks are measured as they run. A learning step that misses the budget is redone *sheltered*
-(every block checkpointed and probed, as Mimose's first steps are). :meth:`~CheckpointController.warm_up`
-runs such steps on sample batches before training instead.
+Until every predictor is accepted, steps are *sheltered* learning steps, as Mimose's first steps
+are: every block runs under checkpoint and is probed by one extra plain forward whose kept bytes
+and time are measured and dropped (RNG state restored, so the step's numbers are unchanged). A
+batch more than :data:`SHELTER_BEYOND` times larger than any measured is sheltered too, rather than
+trusting a far extrapolation. :meth:`~CheckpointController.warm_up` runs steps on sample batches
+before training instead.
+
+The model plans from its own hooks, whatever runs the loop: the forward pre-hook starts a step
+(on CPU it also enters the live-storage meter, which stays entered until the optimizer's step has
+run), a callback queued on the autograd engine ends it when the backward finishes, and global
+optimizer step hooks (:mod:`memplan.ckpt.loop_hooks`) find the optimizer holding the model's
+parameters, count its states and meter its step. Only :meth:`~CheckpointController.step` adds the
+safety net (a step redone after an out-of-memory): a plain loop cannot be rerun from a hook.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -29,14 +37,24 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memplan.ckpt.errors import BatchTooLargeError
+from memplan.ckpt.loop_hooks import LoopHooks
 from memplan.ckpt.meter import CpuMeter, MemoryMeter
 from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, tensors_in
-from memplan.ckpt.planner import BlockCost, CheckpointPlan, PlanCache, StepCost, plan_greedy, plan_knapsack, size_bucket
+from memplan.ckpt.planner import (
+    BlockCost,
+    CheckpointPlan,
+    PlanCache,
+    StepCost,
+    plan_greedy,
+    plan_knapsack,
+    size_bucket,
+)
 from memplan.ckpt.predictor import SizeSeries
 from memplan.ckpt.safety import drop_grads, restore_grads, rng_state, set_rng_state, stash_grads
 from memplan.ckpt.sizes import SizeFn, batch_of, measure_size
 from memplan.ckpt.stats import CkptStats
+from memplan.errors import UnsupportedError
 from memplan.units import format_bytes
 
 __all__ = ["CheckpointController"]
@@ -52,6 +70,8 @@ _EXTRAPOLATION_MARGIN = 0.03
 _PHASE_FLOOR = 0.2
 #: Recompute times are rounded to this share of the mean block time, so near-equal blocks tie.
 _TIME_QUANTUM = 0.05
+#: A batch this many times larger than the largest measured one is sheltered (measured, every block checkpointed).
+SHELTER_BEYOND = 2.0
 
 
 def _forced(checkpoint: tuple[bool, ...], method: str) -> CheckpointPlan:
@@ -59,7 +79,7 @@ def _forced(checkpoint: tuple[bool, ...], method: str) -> CheckpointPlan:
     return CheckpointPlan(checkpoint=checkpoint, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method=method)
 
 
-class CheckpointController:
+class CheckpointController(LoopHooks):
     """Decides, per batch, which blocks of a model run under ``torch.utils.checkpoint``.
 
     Created by :func:`memplan.ckpt.auto_checkpoint`; reach it as ``model.memplan_ckpt``.
@@ -92,7 +112,14 @@ class CheckpointController:
         self._warm_index: int | None = None
         self._force: str | None = None
         self._step: StepRecord | None = None
-        self._count = dict.fromkeys(("steps", "sheltered", "learning", "misses", "over", "recomputed", "probes"), 0)
+        self._count = dict.fromkeys(("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps"), 0)
+        self._owned = False  # the CPU meter was entered by a hook (plain loop), not by step()
+        self._optimizers: dict[int, Any] = {}  # id → weak reference of the optimizers found by the hooks
+        self._opt_depth = 0
+        self._opt_peak = 0
+        self._opt_over = 0
+        if optimizer is not None:
+            self._optimizers[id(optimizer)] = weakref.ref(optimizer)
         self._plan_seconds = 0.0
         self._max_peak = 0
         self._handles: list[Any] = []
@@ -120,6 +147,9 @@ class CheckpointController:
             steps=c["steps"], sheltered_steps=c["sheltered"], misses=c["misses"], over_budget_steps=c["over"],
             recomputed_forwards=c["recomputed"], probe_forwards=c["probes"], plan_seconds=self._plan_seconds,
             plan_cache_hits=self._cache.hits, plan_cache_misses=self._cache.misses, max_peak_bytes=self._max_peak,
+            optimizer_steps=c["opt_steps"], max_optimizer_peak_bytes=self._opt_peak,
+            optimizer_over_budget_steps=self._opt_over,
+            optimizer_states="measured" if self.optimizer is not None else "assumed AdamW (no optimizer seen yet)",
         )
 
     def series(self) -> dict[str, Any]:
@@ -231,7 +261,6 @@ class CheckpointController:
                             "raise the budget or split the batch")
         finally:
             restore_grads(stash)
-        self._count["steps"] += 1
         return result  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ step mechanics
@@ -242,6 +271,9 @@ class CheckpointController:
 
     def _attempt(self, fn: Callable[[], T], *, force: str | None) -> tuple[T | None, bool]:
         self._force = force
+        limited = isinstance(self.meter, CpuMeter)
+        if limited:  # the CPU meter simulates an out-of-memory only where the safety net can redo the step
+            self.meter.limit_bytes = self.budget_bytes
         try:
             result = fn()
         except torch.OutOfMemoryError:
@@ -255,6 +287,8 @@ class CheckpointController:
             failed = False
         finally:
             self._force = None
+            if limited:
+                self.meter.limit_bytes = None
         if failed:
             gc.collect()
             if self.device.type == "cuda":
@@ -265,12 +299,21 @@ class CheckpointController:
     # ------------------------------------------------------------------ hooks
     def on_model_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Forward pre-hook of the model: start a step and choose its plan."""
+        if torch.compiler.is_compiling():
+            raise UnsupportedError(
+                "auto_checkpoint: torch.compile is not supported (the plan changes per batch, and the CPU meter "
+                "is a dispatch mode dynamo cannot trace); train the wrapped model uncompiled, or compile "
+                "it with a fixed checkpointing policy instead")
         if self._step is not None:
             self._finish_step()
         if not (self.model.training and torch.is_grad_enabled()):
+            if self._opt_depth == 0:
+                self.release_meter()  # an evaluation forward after training steps
             return
         size = measure_size(self.size_fn, batch_of(args, kwargs))
         self._last_size = size
+        self._block_params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]  # may be replaced
+        self._enter_meter()
         self.meter.adopt(state_tensors(self.model, self.optimizer))
         self.meter.adopt(tensors_in((args, kwargs)))
         static = self.meter.current_bytes
@@ -282,6 +325,8 @@ class CheckpointController:
         self._step = StepRecord(size=size, plan=plan, static_bytes=static, grad_bytes=grads, probe=probe,
                                 metered=metered)
         self._count["sheltered"] += probe
+        if self._force is None:
+            self._count["steps"] += 1
         self.meter.mark()
 
     def _choose(self, size: int, static: int, grads: tuple[int, ...]) -> tuple[CheckpointPlan, bool]:
@@ -295,10 +340,9 @@ class CheckpointController:
             return _forced(flags, "static"), True
         if self._force == "shelter":
             return _forced((True,) * n, "all"), True
-        if not self.ready:  # a learning step: one block checkpointed and probed, the others measured
-            flags = tuple(j == n - 1 - self._count["learning"] % n for j in range(n))
-            self._count["learning"] += 1
-            return _forced(flags, "static"), True
+        seen = min(s.largest_size for name, s in self._phases.items() if name != "block")
+        if not self.ready or size > SHELTER_BEYOND * seen:  # a sheltered learning step: all checkpointed, probed
+            return _forced((True,) * n, "all"), True
         index, upper = size_bucket(size)
         key = (index, static >> 20, self._version, any(grads))
         plan = self._cache.get(key)
@@ -346,9 +390,20 @@ class CheckpointController:
             tensor.register_hook(lambda _grad: self._boundary(st, j))
 
     def _boundary(self, st: StepRecord, j: int) -> None:
-        """Gradient of block j's output is complete: the phase before it ends, block j's begins."""
+        """Gradient of block j's output is complete: the phase before it ends, block j's begins.
+
+        The first boundary of a backward queues :meth:`_end_backward` to run when the backward is over.
+        """
+        if not st.backward_started:
+            st.backward_started = True
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._end_backward(st))
         st.peaks[st.phase] = max(st.peaks.get(st.phase, 0), self.meter.mark())
         st.phase = j if j >= 0 else "tail"
+
+    def _end_backward(self, st: StepRecord) -> None:
+        """Callback at the end of the backward: the step is over (its tail phase included)."""
+        if self._step is st:
+            self._finish_step()
 
     # ------------------------------------------------------------------ learning
     def _finish_step(self) -> None:

@@ -38,6 +38,8 @@ class StepRecord:
     peaks: dict[PhaseKey, int] = field(default_factory=dict)
     #: The phase running now: "head" until the first block's output gradient, then block indices, then "tail".
     phase: str | int = "head"
+    #: Whether a gradient hook of this step has fired (the end-of-backward callback is queued then).
+    backward_started: bool = False
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:

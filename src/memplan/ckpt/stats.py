@@ -11,7 +11,7 @@ __all__ = ["CkptStats"]
 class CkptStats:
     """What :class:`~memplan.ckpt.CheckpointController` has done so far."""
 
-    #: Training steps run through ``step()`` (a redone step counts once).
+    #: Training forwards planned (micro-steps of gradient accumulation count one each; a redone step once).
     steps: int
     #: Steps run to measure the predictors (one block checkpointed and probed; or, sheltered, all of them).
     sheltered_steps: int
@@ -29,6 +29,13 @@ class CkptStats:
     plan_cache_misses: int
     #: Highest peak the meter measured over the steps (bytes).
     max_peak_bytes: int
+    #: Optimizer steps metered through the optimizer's step hooks, their highest peak, and how many
+    #: exceeded the budget (weights + gradients + states + the update's temporaries).
+    optimizer_steps: int = 0
+    max_optimizer_peak_bytes: int = 0
+    optimizer_over_budget_steps: int = 0
+    #: "measured" once an optimizer holding the model's parameters was passed or seen stepping.
+    optimizer_states: str = "assumed"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -11,10 +11,11 @@ from torch import nn
 
 from memplan.ckpt.blocks import find_blocks, validate_blocks
 from memplan.ckpt.controller import CheckpointController
+from memplan.ckpt.loop_hooks import check_optimizer_params, watch_optimizers
 from memplan.ckpt.meter import make_meter
 from memplan.ckpt.model_state import check_budget, model_state_bytes
 from memplan.ckpt.sizes import SizeFn, default_size
-from memplan.errors import ConfigError
+from memplan.errors import ConfigError, UnsupportedError
 from memplan.units import parse_bytes
 
 __all__ = ["CKPT_BUDGET_MARGIN", "auto_checkpoint", "controller_of", "remove_checkpointing"]
@@ -36,14 +37,14 @@ def auto_checkpoint(
 ) -> nn.Module:
     """Make each training forward of ``model`` checkpoint only the blocks this batch needs to fit ``budget``.
 
-    Example::
+    Example (any loop: plain, ``model.memplan_ckpt.step(fn)`` for the safety net, ``transformers.Trainer``)::
 
-        model = auto_checkpoint(GPT2LMHeadModel(config), "6GiB", optimizer=opt)
-        ctl = model.memplan_ckpt
+        model = auto_checkpoint(GPT2LMHeadModel(config), "6GiB")
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)   # found through its step hooks
         for batch in loader:
-            opt.zero_grad(set_to_none=True)
-            ctl.step(lambda: model(**batch).loss.backward())   # forward + backward, safety net
+            model(**batch).loss.backward()
             opt.step()
+            opt.zero_grad(set_to_none=True)
 
     Args:
         model: any ``nn.Module``; returned with its blocks' ``forward`` patched in place (state-dict
@@ -56,15 +57,20 @@ def auto_checkpoint(
             batch × sequence length of ``input_ids`` / the first tensor).
         device: where the model trains (default: its first parameter's device); CUDA uses the
             allocator's statistics, anything else the CPU meter.
-        optimizer: counted in the model states (default: AdamW's two moments per weight are assumed
-            for the budget check, and on CPU the states are not metered).
+        optimizer: counted in the model states. Default: the optimizer is found when it first steps
+            (global optimizer step hooks: the one holding the model's parameters); until then the
+            budget check assumes AdamW's two moments per weight.
         margin: share of the budget kept free for what the predictors cannot see.
 
-    Assumptions: blocks run in the given order, once per forward; the step is one forward and one
-    backward (gradient accumulation: call :meth:`~CheckpointController.step` per micro-batch).
+    Assumptions: blocks run in the given order, once per forward; each training forward is followed
+    by its backward (gradient accumulation: one planned micro-step per forward, the gradients
+    already accumulated counted as live).
 
-    Known limitations: eval / ``no_grad`` forwards pass straight through; on CPU only steps run
-    through ``step()`` (or inside ``model.memplan_ckpt.meter``) are measured.
+    Known limitations: eval / ``no_grad`` forwards pass straight through; the safety net (a step
+    redone after an out-of-memory) exists only in :meth:`~CheckpointController.step`; on CPU the
+    meter (a dispatch mode) stays entered from a training forward to the end of the optimizer's
+    step, so another dispatch mode entered inside that span must also be left inside it;
+    ``torch.compile`` is refused.
     """
     budget_bytes = parse_bytes(budget, field="budget")
     if budget_bytes <= 0:
@@ -77,12 +83,19 @@ def auto_checkpoint(
     if _hf_checkpointing(model):
         raise ConfigError("model", "has Hugging Face gradient checkpointing enabled", type(model).__name__,
                           hint="call model.gradient_checkpointing_disable() first; memplan decides per block")
+    if type(model).__name__ == "OptimizedModule" or hasattr(model, "_orig_mod"):
+        raise UnsupportedError(
+            "auto_checkpoint: torch.compile is not supported (the plan changes per batch); wrap the "
+            "uncompiled model and train it uncompiled")
     found = validate_blocks(model, blocks) if blocks is not None else find_blocks(model)[0]
+    if optimizer is not None:
+        check_optimizer_params(model, optimizer)
     check_budget(budget_bytes, model_state_bytes(model, optimizer))
     dev = torch.device(device) if device is not None else _model_device(model)
     controller = CheckpointController(
         model, found, budget_bytes=budget_bytes, size_fn=size_fn or default_size,
-        meter=make_meter(dev, limit_bytes=budget_bytes), device=dev, optimizer=optimizer, margin=margin,
+        meter=make_meter(dev, limit_bytes=budget_bytes if dev.type == "cuda" else None), device=dev,
+        optimizer=optimizer, margin=margin,
     )
     _install(model, controller)
     return model
@@ -111,8 +124,16 @@ def _install(model: nn.Module, controller: CheckpointController) -> None:
         if "forward" in vars(block):
             raise ConfigError("blocks", f"block {j} ({type(block).__name__}) already has a patched forward")
         block.forward = functools.partial(controller.block_forward, j, block.forward)  # type: ignore[method-assign]
+    handles.append(_Removal(watch_optimizers(controller)))
     controller._handles = handles
     setattr(model, _ATTR, controller)
+
+
+class _Removal:
+    """A removal function behind the ``remove()`` of a hook handle."""
+
+    def __init__(self, remove: Any) -> None:
+        self.remove = remove
 
 
 def controller_of(model: nn.Module) -> CheckpointController:
@@ -127,6 +148,7 @@ def controller_of(model: nn.Module) -> CheckpointController:
 def remove_checkpointing(model: nn.Module) -> nn.Module:
     """Undo :func:`auto_checkpoint`: restore the blocks' own ``forward`` and drop the hook."""
     controller = controller_of(model)
+    controller.release_meter()
     for handle in controller._handles:
         handle.remove()
     for block in controller.blocks:

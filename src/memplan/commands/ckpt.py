@@ -26,13 +26,13 @@ ckpt_app = command_group(
 _BENCH_EPILOG = """\
 Examples:
 
-  memplan ckpt bench                       # the full benchmark: a few minutes of CPU
+  memplan ckpt bench                       # the full benchmark: 30M GPT-2, about 30 minutes of CPU
 
-  memplan ckpt bench --quick               # a tiny model, seconds (a smoke test)
+  memplan ckpt bench --quick               # a tiny model, seconds (a smoke test, targets not meant to be met)
 
   memplan ckpt bench --steps 24 --repeats 5 --json --output results.json
 
-Methods: (a) no checkpointing, (b) every block (HF gradient_checkpointing_enable), (c) a static plan sized for the longest batch, (d) memplan's auto_checkpoint. MiB = 2^20 bytes.
+Variants: none / full (every block, HF activation checkpointing) in a plain loop; memplan's auto_checkpoint in a plain loop, with step(), and under an unchanged transformers.Trainer (against trainer-full). Memory by an independent whole-step meter. MiB = 2^20 bytes.
 
 Exit codes: 0 ok, 1 error, 2 invalid input.
 """
@@ -70,13 +70,13 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 @ckpt_app.command("bench", cls=_Command, epilog=_BENCH_EPILOG)
 def bench_command(
     quick: Annotated[bool, typer.Option("--quick", help="A tiny model and a few steps (seconds).")] = False,
-    steps: Annotated[int | None, typer.Option("--steps", help="Training steps per run. (default: 32)", show_default=False)] = None,
-    repeats: Annotated[int | None, typer.Option("--repeats", help="Timed, interleaved repetitions after the one metered pass. (default: 3)", show_default=False)] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps per run. (default: 24)", show_default=False)] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="Interleaved repetitions of the timed variants. (default: 3)", show_default=False)] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of lengths, tokens and weights. (default: 0)", show_default=False)] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the full result as JSON (nothing else on stdout).")] = False,
     output: Annotated[str | None, typer.Option("--output", help="Also write the JSON result to this file.", metavar="FILE")] = None,
 ) -> None:
-    """Benchmark no / full / static / memplan checkpointing on variable-length batches (CPU)."""
+    """Benchmark memplan (plain loop, step(), Trainer) against full checkpointing on variable-length batches (CPU)."""
     with handle_errors():
         _positive(steps, "--steps")
         _positive(repeats, "--repeats")

@@ -19,79 +19,68 @@ if TYPE_CHECKING:
 
 __all__ = ["bench_markdown", "bench_tables", "profile_table"]
 
-_LABELS = {
-    "none": "(a) none",
-    "full": "(b) full",
-    "static": "(c) static",
-    "memplan": "(d) memplan",
-}
-#: What each method is, printed under the table.
-_LEGEND = ("(a) no checkpointing; (b) every block (Hugging Face checkpointing, non-reentrant); "
-           "(c) a static plan sized for the longest batch; (d) memplan auto_checkpoint, warm-up included.")
+_LEGEND = ("none / full: a plain loop with no checkpointing / every block (Hugging Face, non-reentrant); "
+           "plain: auto_checkpoint + the plain loop; step: + model.memplan_ckpt.step(fn); trainer: an unchanged "
+           "transformers.Trainer on the wrapped model (trainer-full / trainer-none: every block / none). "
+           "Peaks by the benchmark's independent meter over the whole step; memplan's warm-up and learning "
+           "steps are inside its runs.")
+_HEADER = ["variant", "runs", "tokens/s median", "min-max", "x full (median, min-max)", "x full by CPU s",
+           "steps over budget",
+           "max peak MiB", "recomputed block fwds", "probe fwds", "sheltered", "misses"]
 
 
 def _rows(result: BenchResult) -> list[list[str]]:
-    from memplan.ckpt.bench import METHODS
-
     summary = result.summary()
     rows = []
-    for method in METHODS:
-        m = summary["methods"][method]
-        tp = m["throughput_tokens_per_s"]
+    for variant, v in summary["variants"].items():
+        tp = v["throughput_tokens_per_s"]
+        r = summary["throughput_ratio_to_full"].get(variant)
+        c = summary.get("cpu_time_ratio_to_full", {}).get(variant)
         rows.append([
-            _LABELS[method],
-            f"{tp['per_step_median']:.1f}",
-            f"{tp['min']:.1f}-{tp['max']:.1f}",
-            f"{m['metered_throughput_tokens_per_s']:.1f}",
-            f"{m['steps_within_budget_pct']:.0f} %",
-            f"{m['max_peak_bytes'] / MiB:,.0f}",
-            str(m["recomputed_forwards"]) + (f" + {m['probe_forwards']} probes" if m["probe_forwards"] else ""),
-            str(m["warmup_forwards"]),
-            str(m["misses"]),
+            variant, str(v["runs"]), f"{tp['median']:.1f}", f"{tp['min']:.1f}-{tp['max']:.1f}",
+            f"{r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})" if r else "",
+            f"{c['median']:.3f} ({c['min']:.3f}-{c['max']:.3f})" if c else "",
+            str(v["steps_over_budget_max"]), f"{v['max_peak_bytes'] / MiB:,.0f}",
+            "/".join(map(str, v["recomputed_forwards"])), "/".join(map(str, v["probe_forwards"])),
+            "/".join(map(str, v["sheltered_steps"])), "/".join(map(str, v["misses"])),
         ])
     return rows
 
 
-_HEADER = ["method", "tokens/s (per-step median)", "per-run min-max", "metered tokens/s", "steps in budget (metered)",
-           "max peak MiB", "recomputed block fwds", "warm-up block fwds", "misses redone"]
+def _target_rows(result: BenchResult) -> list[list[str]]:
+    return [[variant, name, f"{t['value']:.3g}", t["target"], "yes" if t["met"] else "no"]
+            for variant, per in result.summary()["targets"].items() for name, t in per.items()]
 
 
-def _ratio_rows(result: BenchResult) -> list[list[str]]:
-    ratios = result.summary()["ratios"]
-    return [[name, f"{r['per_step_median']:.3f}", f"{r['min']:.3f}-{r['max']:.3f}"] for name, r in ratios.items()]
+def _title(result: BenchResult) -> str:
+    cfg = result.config
+    smoke = "SMOKE TEST (tiny model; targets not meant to be met): " if cfg.smoke else ""
+    return (f"{smoke}GPT-2-style {result.n_params / 1e6:.1f}M params, AdamW, {cfg.batch_size} sequences x "
+            f"{cfg.steps} steps (lengths {min(result.lengths)}-{max(result.lengths)}), {cfg.repeats} interleaved "
+            f"repetitions, budget {result.budget_bytes / MiB:,.0f} MiB")
 
 
 def bench_tables(result: BenchResult) -> Group:
     """The comparison table and the targets table."""
-    cfg = result.config
-    table = Table(title=(
-        f"GPT-2-style {result.n_params / 1e6:.1f}M params, {cfg.steps} steps, 1 metered + {cfg.repeats} timed "
-        f"interleaved runs, "
-        f"budget {result.budget_bytes / MiB:,.0f} MiB"), title_justify="left", caption=_LEGEND,
-        caption_justify="left")
+    table = Table(title=_title(result), title_justify="left", caption=_LEGEND, caption_justify="left")
     for i, name in enumerate(_HEADER):
         table.add_column(name, justify="left" if i == 0 else "right")
     for row in _rows(result):
         table.add_row(*row)
-    ratios = Table(title="throughput ratios", title_justify="left")
-    for name in ("ratio", "per-step median", "per-run min-max"):
-        ratios.add_column(name, justify="left" if name == "ratio" else "right")
-    for row in _ratio_rows(result):
-        ratios.add_row(*row)
     targets = Table(title="targets", title_justify="left")
-    for name in ("target", "measured", "wanted", "met"):
-        targets.add_column(name, justify="left" if name == "target" else "right")
-    for name, t in result.summary()["targets"].items():
-        targets.add_row(name, f"{t['value']:.3g}", t["target"], "yes" if t["met"] else "no")
-    return Group(table, ratios, targets)
+    for name in ("variant", "target", "measured", "wanted", "met"):
+        targets.add_column(name, justify="left" if name in ("variant", "target") else "right")
+    for row in _target_rows(result):
+        targets.add_row(*row)
+    return Group(table, targets)
 
 
 def bench_markdown(result: BenchResult) -> str:
-    """The comparison table as Markdown (for docs)."""
-    lines = ["| " + " | ".join(_HEADER) + " |", "| --- |" + " ---: |" * (len(_HEADER) - 1)]
+    """The comparison and target tables as Markdown (for docs)."""
+    lines = [_title(result), "", "| " + " | ".join(_HEADER) + " |", "| --- |" + " ---: |" * (len(_HEADER) - 1)]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(result)]
-    lines += ["", "| ratio | per-step median | per-run min-max |", "| --- | ---: | ---: |"]
-    lines += ["| " + " | ".join(row) + " |" for row in _ratio_rows(result)]
+    lines += ["", "| variant | target | measured | wanted | met |", "| --- | --- | ---: | ---: | ---: |"]
+    lines += ["| " + " | ".join(row) + " |" for row in _target_rows(result)]
     return "\n".join(lines)
 
 
