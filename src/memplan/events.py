@@ -50,6 +50,7 @@ __all__ = [
     "AllocEvent",
     "Trace",
     "TraceMeta",
+    "gc_paused",
     "read_trace",
     "validate_events",
     "write_trace",
@@ -223,7 +224,7 @@ def _fast_parse(text: str, name: str) -> Trace | None:
     loops, the cyclic garbage collector paused while a million small objects are made); None when
     anything is off, for :func:`_parse` to find and name the bad line."""
     first, _, body = text.partition("\n")
-    with _gc_paused():
+    with gc_paused():
         try:
             header = json.loads(first)
             core = body.strip()
@@ -258,7 +259,9 @@ def _columns_valid(rows: list[Any]) -> bool:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while millions of small acyclic objects are made (it would
+    only rescan them, again and again)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

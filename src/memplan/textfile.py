@@ -13,7 +13,7 @@ from pathlib import Path
 
 from memplan.errors import ConfigError
 
-__all__ = ["read_text_file"]
+__all__ = ["read_binary_file", "read_text_file"]
 
 #: Leading bytes of compressed/archive formats people pass by mistake, and their names.
 _MAGIC = {
@@ -26,6 +26,17 @@ _MAGIC = {
 }
 #: How many leading bytes are checked for NUL (a text file never holds one).
 _SNIFF_BYTES = 8192
+
+
+def read_binary_file(path: str | os.PathLike[str], *, field: str) -> bytes:
+    """The bytes of ``path`` (a snapshot pickle, a trace); ``ConfigError(field, "must be a readable
+    file", path)`` when it cannot be read."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise ConfigError(field, "must be a readable file", name, hint=exc.strerror or "") from None
 
 
 def read_text_file(path: str | os.PathLike[str], *, field: str, allow_empty: bool = False,

@@ -26,6 +26,7 @@ from memplan.alloc.settings import AllocatorSettings
 from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError
 from memplan.events import ALLOC, FREE, AllocEvent, Trace, TraceMeta
+from memplan.textfile import read_binary_file
 
 __all__ = [
     "Snapshot",
@@ -128,11 +129,7 @@ class Snapshot:
 def load_snapshot(path: str | os.PathLike[str], *, device: int | None = None) -> Snapshot:
     """Load a snapshot pickle; malformed, truncated or hostile files raise ConfigError (exit 2)."""
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        raise ConfigError(_FIELD, "must be a readable file", name, hint=exc.strerror or "") from None
+    data = read_binary_file(name, field=_FIELD)
     raw = safe_loads(data)
     return parse_snapshot(raw, device=device, source=name)
 

@@ -14,10 +14,12 @@ is never smoothed away).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Literal
+
+from memplan.events import ALLOC
 
 __all__ = ["TIMELINE_POINTS", "AllocRows", "Key", "Profile", "bucket_width", "build_profile",
            "finish_profile"]
@@ -73,6 +75,27 @@ class AllocRows:
     deltas: list[int] = field(default_factory=list)
     allocs: list[tuple[Any, ...]] = field(default_factory=list)
     freed: dict[int, int] = field(default_factory=dict)
+
+
+def rows_of_events(events: Sequence[Any], key_of: Callable[[int, Any], Key], keys: list[Key]) -> AllocRows:
+    """One pass over validated ``events``: every allocation's row keyed by ``key_of(i, event)``
+    (an index into ``keys``, which grows as new keys appear), and the signed deltas."""
+    rows = AllocRows()
+    key_index = {key: k for k, key in enumerate(keys)}
+    live: dict[int, int] = {}
+    for i, event in enumerate(events):
+        if event.kind == ALLOC:
+            key = key_of(i, event)
+            k = key_index.setdefault(key, len(keys))
+            if k == len(keys):
+                keys.append(key)
+            live[event.block] = len(rows.allocs)
+            rows.allocs.append((i, event.size, k))
+            rows.deltas.append(event.size)
+        else:
+            rows.freed[live.pop(event.block)] = i
+            rows.deltas.append(-event.size)
+    return rows
 
 
 def bucket_width(events: int) -> int:

@@ -20,10 +20,11 @@ from typing import Any
 
 from memplan.alloc.snapshot import Snapshot, parse_snapshot, safe_loads, snapshot_to_trace
 from memplan.diff.frames import OUTSIDE, UNKNOWN, frame_keys
-from memplan.diff.profile import AllocRows, Key, Profile, finish_profile
+from memplan.diff.profile import Key, Profile, finish_profile, rows_of_events
 from memplan.diff.trace_reader import trace_keys
 from memplan.errors import ConfigError
 from memplan.events import ALLOC, PHASES
+from memplan.textfile import read_binary_file
 
 __all__ = ["BEFORE_TRACE", "profile_snapshot", "profile_snapshot_file"]
 
@@ -80,21 +81,7 @@ def profile_snapshot(raw: Any, *, path: str, device: int | None = None) -> Profi
     if setup < 0 or any(e.phase != "setup" for e in trace.events[:setup]):
         raise ConfigError("snapshot file", "has a device trace memplan cannot align with its events", path)
     keys: list[Key] = [_BEFORE]
-    key_index = {keys[0]: 0}
-    rows = AllocRows()
-    live: dict[int, int] = {}
-    for i, event in enumerate(trace.events):
-        if event.kind == ALLOC:
-            key = in_trace[i - setup] if i >= setup else keys[0]
-            k = key_index.setdefault(key, len(keys))
-            if k == len(keys):
-                keys.append(key)
-            live[event.block] = len(rows.allocs)
-            rows.allocs.append((i, event.size, k))
-            rows.deltas.append(event.size)
-        else:
-            rows.freed[live.pop(event.block)] = i
-            rows.deltas.append(-event.size)
+    rows = rows_of_events(trace.events, lambda i, _e: in_trace[i - setup] if i >= setup else keys[0], keys)
     notes = _oom_note(snapshot)
     if not snapshot.has_trace:
         notes.append("no trace in this snapshot (state only): its peak is the state at dump time")
@@ -105,9 +92,5 @@ def profile_snapshot(raw: Any, *, path: str, device: int | None = None) -> Profi
 def profile_snapshot_file(path: str | os.PathLike[str], *, device: int | None = None) -> Profile:
     """Load a snapshot pickle safely (truncated or hostile files raise ConfigError) and profile it."""
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        raise ConfigError("snapshot file", "must be a readable file", name, hint=exc.strerror or "") from None
+    data = read_binary_file(name, field="snapshot file")
     return profile_snapshot(safe_loads(data), path=name, device=device)

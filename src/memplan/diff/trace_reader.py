@@ -19,20 +19,19 @@ model.layers.0.mlp``); the **module** is the event's dotted module path.
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from memplan.categories import MemoryCategory
 from memplan.diff.frames import OUTSIDE
-from memplan.diff.profile import AllocRows, Key, Profile, finish_profile
+from memplan.diff.profile import AllocRows, Key, Profile, finish_profile, rows_of_events
 from memplan.errors import ConfigError
-from memplan.events import ALLOC, PHASES, TRACE_FORMAT, TRACE_VERSION, Trace, TraceMeta, read_trace
+from memplan.events import PHASES, TRACE_FORMAT, TRACE_VERSION, Trace, TraceMeta, gc_paused, read_trace
+from memplan.textfile import read_binary_file
 
 __all__ = ["profile_trace", "profile_trace_file", "trace_keys"]
 
@@ -48,18 +47,6 @@ _CANONICAL_TAIL = re.compile((
 
 class _Slow(Exception):
     """The fast path met a line it does not read; ``read_trace`` takes over."""
-
-
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """Millions of small objects, none cyclic: the cyclic collector would only rescan them."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def trace_keys(category: str, op: str, module: str, phase: str, iteration: int) -> Key:
@@ -202,35 +189,18 @@ def _device(meta: TraceMeta) -> str:
 
 def profile_trace(trace: Trace, *, path: str) -> Profile:
     """The profile of a trace already in memory (validated as :func:`~memplan.events.read_trace` does)."""
-    rows = AllocRows()
     keys: list[Key] = []
-    key_index: dict[Key, int] = {}
-    live: dict[int, int] = {}
-    for i, event in enumerate(trace.events):
-        if event.kind == ALLOC:
-            key = trace_keys(event.category, event.op, event.module, event.phase, event.iteration)
-            k = key_index.setdefault(key, len(keys))
-            if k == len(keys):
-                keys.append(key)
-            live[event.block] = len(rows.allocs)
-            rows.allocs.append((i, event.size, k))
-            rows.deltas.append(event.size)
-        else:
-            rows.freed[live.pop(event.block)] = i
-            rows.deltas.append(-event.size)
+    rows = rows_of_events(trace.events, lambda _i, e: trace_keys(e.category, e.op, e.module, e.phase, e.iteration),
+                          keys)
     return finish_profile(rows, keys, path=path, kind="trace", device=_device(trace.meta), device_index=None)
 
 
 def profile_trace_file(path: str | os.PathLike[str]) -> Profile:
     """Read a memplan trace file (gzip or plain JSON lines) into its :class:`Profile`."""
     name = os.fspath(path)
+    data = read_binary_file(name, field="trace file")
     try:
-        with open(name, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        raise ConfigError("trace file", "must be a readable file", name, hint=exc.strerror or "") from None
-    try:
-        with _no_gc():
+        with gc_paused():
             raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
             lines = raw.splitlines()
             meta = _header(lines[0].decode("utf-8") if lines else "", name)

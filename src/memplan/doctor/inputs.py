@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memplan.alloc.snapshot import Snapshot, parse_snapshot, safe_loads, snapshot_to_trace
-from memplan.errors import ConfigError
 from memplan.events import ALLOC, AllocEvent, Trace
+from memplan.textfile import read_binary_file
 
 __all__ = ["SnapshotInput", "read_snapshot", "with_message_request"]
 
@@ -47,11 +47,7 @@ def read_snapshot(source: Snapshot | Mapping[str, Any] | str | os.PathLike[str])
     else:
         if isinstance(source, (str, os.PathLike)):
             name = os.fspath(source)
-            try:
-                with open(name, "rb") as handle:
-                    data = handle.read()
-            except OSError as exc:
-                raise ConfigError("snapshot file", "must be a readable file", name, hint=exc.strerror or "") from None
+            data = read_binary_file(name, field="snapshot file")
             raw = safe_loads(data)
             snapshot = parse_snapshot(raw, source=name)
         else:
