@@ -136,6 +136,12 @@ GRID: tuple[Cell, ...] = (
                                                                     ("recompute_layers", 4))),
     Cell("qwen3-8b", 1024, 1, "bf16-mixed", "sdpa", "full", flags=(("recompute_method", "uniform"),
                                                                 ("recompute_layers", 1))),
+    # Activation offloading (per-tensor save_on_cpu under the hf profile), added after the estimator was
+    # aligned with it; these cells were fixed before they were run (three others, llama-3.2-1b 8192x2,
+    # gpt2 1024x8, qwen3-8b 4096 bf16, were run while aligning it and are not in the grid).
+    Cell("qwen2.5-7b", 2048, 1, "bf16-mixed", "sdpa", "none", flags=(("offload_activations", True),)),
+    Cell("gemma-2-2b", 1024, 2, "bf16-mixed", "eager", "none", flags=(("offload_activations", True),)),
+    Cell("llama-3.2-1b", 4096, 2, "bf16-mixed", "sdpa", "full", flags=(("offload_activations", True),)),
 )
 
 #: Cells allowed outside the tolerance, with the reason (docs/trace.md explains each).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from memplan.errors import JobConfigError
@@ -244,6 +245,18 @@ def rank_routed_factor(model: ModelSpec, job: Job) -> float:
 LayerCosts = tuple[int, int, int, int]
 
 
+#: The loss a loop holds through the backward: one fp32 scalar (``nll_loss``'s output).
+_LOSS_SCALAR_BYTES = 4
+
+
+def _largest_saved_term(model: ModelSpec, layer_indices: Iterable[int], shape: ActivationShape) -> int:
+    """The largest tensor one of ``layer_indices`` saves (one rank): what a per-tensor activation
+    offload brings back to the GPU for one operator's backward (an approximation: an operator that
+    saved several tensors gets all of them back at once)."""
+    return max((divided(term, shape) for index in layer_indices
+                for term in layer_terms(model.layers[index], shape)), default=0)
+
+
 def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict[object, LayerCosts],
                  index: int | None = None, model: ModelSpec | None = None) -> LayerCosts:
     """(kept, full, backward transient, recomputed at the worst point) of one layer (:data:`LayerCosts`).
@@ -456,7 +469,8 @@ def _stage_estimate(
                                                  min((n for n in counts if n), default=0))
         if rc.cpu_checkpointing:
             cpu_acts, unused_buffers = cpu_acts + unused_buffers, 0
-    if job.offload.activations and layer_acts:
+    per_tensor_offload = job.offload.activations and profile.activation_offload == "per-tensor"
+    if job.offload.activations and layer_acts and not per_tensor_offload:
         # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
         # layer being computed and the one being copied.
         on_gpu = min(layer_acts, 2 * max(_layer_costs(model.layers[i], shape, job, cache, i, model)[0] for i in layout.layer_indices))
@@ -481,6 +495,22 @@ def _stage_estimate(
             head, layers = 0, ft.full
         other_acts += (layers + head) * dtype_bytes(prec.compute)
         head_copy = head * dtype_bytes(prec.compute)
+    offload_bring_back = 0
+    if per_tensor_offload:
+        # save_on_cpu: every tensor autograd saves (the layers' and checkpointed layers' inputs, the
+        # embedding output, autocast's weight copies) is in host memory; the backward brings back one
+        # operator's at a time. Checkpointed layers share their RoPE tables (and eager masks) as
+        # checkpoint arguments, which stay on the GPU until the backward.
+        held = 0
+        if resolve_policy(job).name == "full" and recomputed and layout.layer_indices:
+            held = (rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, True)) * inflight
+        cpu_acts += layer_acts + other_acts - held
+        # a recomputed layer gets back only its checkpointed input, which its recompute then saves
+        # (made in the backward, outside save_on_cpu: already in the layer's backward working set);
+        # any other layer, the largest tensor it saved
+        plain = [index for index, _, _ in per_layer if index not in recomputed]
+        offload_bring_back = _largest_saved_term(model, plain, shape)
+        layer_acts, other_acts, head_copy = 0, held, 0
     inputs = input_bytes(shape, job.framework, job.parallel.cp) * inflight if (layout.has_embedding or layout.has_head) else 0
     comm_at = communication_by_phase(job, profile, params, prec, communication_bytes(job, profile, params, states, prec),
                                      tied=model.tie_word_embeddings)
@@ -505,6 +535,12 @@ def _stage_estimate(
     depths = (1 + job.mtp_layers) if layout.has_head else 0
     logits = logits_bytes(job, loss, shape, vocab_rows, softcap) * depths
     saved_logits = saved_logits_bytes(job, loss, shape, vocab_rows, softcap) * depths
+    if per_tensor_offload:
+        # what the loss saves goes to host memory too; the loss backward brings it back
+        cpu_acts += saved_logits + head_acts
+        offload_bring_back = max(offload_bring_back, saved_logits)
+        # only the loss value itself (an fp32 scalar per loss, held by the loop) stays on the GPU
+        saved_logits, head_acts = _LOSS_SCALAR_BYTES * depths, 0
     if layout.has_head:
         head_acts += deferred_wgrad_bytes(job, shape, vocab_rows)
     # Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none
@@ -520,7 +556,7 @@ def _stage_estimate(
     in_backward_temp = step_temp if job.optimizer.in_backward else 0
     if no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1 and not job.offload.activations:
         backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)
-    backward_temp += in_backward_temp
+    backward_temp += in_backward_temp + offload_bring_back
     # Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): the next micro-batch's forward runs
     # layer by layer beside this backward, so one more layer (and that micro-batch's batch and embedding
     # output) is alive (megatron/core/models/common/model_chunk_schedule_plan.py).

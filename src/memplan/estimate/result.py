@@ -108,8 +108,8 @@ class StageEstimate:
         saves for the backward (what stays alive into it, as a trace's "logits" category counts)."""
         out = self.by_category()
         out[MemoryCategory.GRADIENT] = self.gradients_bytes
-        out[MemoryCategory.ACTIVATION] = self.forward_activations_bytes or self.activations_bytes
-        out[MemoryCategory.LOGITS] = self.saved_logits_bytes or self.logits_bytes
+        out[MemoryCategory.ACTIVATION] = self.forward_activations_bytes
+        out[MemoryCategory.LOGITS] = self.saved_logits_bytes
         out[MemoryCategory.COMMUNICATION] = max(self.max_communication_bytes, self.communication_bytes)
         return out
 

@@ -88,6 +88,15 @@ class FrameworkProfile:
     #: ZeRO-Offload, FSDP ``CPUOffloadPolicy``); Megatron's ``--optimizer-cpu-offload`` keeps its
     #: fp32 gradient buffer on the GPU and copies it to CPU memory for the step.
     offload_moves_gradients: bool = True
+    #: What ``--offload-activations`` runs. ``layer-pipelined``: Transformer Engine's CPU offload
+    #: (Megatron ``--cpu-offloading``, ``get_cpu_offload_context``), which moves each layer's saved
+    #: tensors after its forward while the next layer computes, so the GPU keeps the layer being
+    #: computed and the one being copied. ``per-tensor``: PyTorch's
+    #: ``torch.autograd.graph.save_on_cpu`` around the forward and the loss (what a Hugging Face or
+    #: torchtitan loop wraps; TRL's ``activation_offloading`` works the same way, tensor by tensor):
+    #: every saved tensor leaves the GPU when it is saved and the backward brings back one
+    #: operator's at a time.
+    activation_offload: Literal["layer-pipelined", "per-tensor"] = "layer-pipelined"
     #: Tensor parallelism splits the vocabulary (Megatron's VocabParallelEmbedding and
     #: vocab-parallel loss; torchtitan's RowwiseParallel embedding and loss_parallel). False:
     #: Hugging Face's TP plan (transformers ``_tp_plan``): the embedding stays whole on every rank and
@@ -141,6 +150,7 @@ MEGATRON = FrameworkProfile(
 )
 
 TORCHTITAN = FrameworkProfile(
+    activation_offload="per-tensor",
     name="torchtitan",
     description=(
         "torchtitan / FSDP2: fp32 sharded weights, bf16 all-gathered per block "
@@ -177,6 +187,7 @@ DEEPSPEED = FrameworkProfile(
 )
 
 HF = FrameworkProfile(
+    activation_offload="per-tensor",
     name="hf",
     description=(
         "Hugging Face Trainer / plain PyTorch AMP: fp32 weights and gradients, torch.autocast "
