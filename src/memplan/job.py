@@ -467,9 +467,13 @@ class Offload:
     #: DeepSpeed ZeRO-3 ``offload_param``, FSDP ``CPUOffloadPolicy``: copied in per block.
     params: bool = knob(False, "--offload-params", "Sharded weights in CPU memory (ZeRO-3 / FSDP only).",
                         panel=FP8_OFFLOAD)
-    #: Megatron ``--cpu-offloading``: the GPU keeps the layers in computation and one in transfer.
+    #: How each framework offloads is its profile's ``activation_offload`` (Megatron ``--cpu-offloading``:
+    #: layer-pipelined; Hugging Face / torchtitan: PyTorch's ``save_on_cpu``, tensor by tensor).
     activations: bool = knob(False, "--offload-activations", "Saved activations stream to CPU memory between "
-                             "forward and backward.", panel=FP8_OFFLOAD)
+                             "forward and backward: under megatron / deepspeed as Transformer Engine's "
+                             "layer-pipelined CPU offload (the GPU keeps the layer computing and the one being "
+                             "copied), under hf / torchtitan as PyTorch's `save_on_cpu` (every saved tensor "
+                             "leaves; the backward brings back one operator's at a time).", panel=FP8_OFFLOAD)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.optimizer_fraction <= 1.0:
