@@ -51,6 +51,7 @@ __all__ = [
     "Trace",
     "TraceMeta",
     "gc_paused",
+    "parse_header",
     "read_trace",
     "validate_events",
     "write_trace",
@@ -222,26 +223,20 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
 def _fast_parse(text: str, name: str) -> Trace | None:
     """The events of a well-formed trace decoded as one JSON array and checked column by column (C
     loops, the cyclic garbage collector paused while a million small objects are made); None when
-    anything is off, for :func:`_parse` to find and name the bad line."""
+    an event line is off, for :func:`_parse` to find and name the bad line (a bad header raises here)."""
     first, _, body = text.partition("\n")
+    meta = parse_header(first, name)
     with gc_paused():
+        core = body.strip()
+        lines = core.replace("\n", ",") if "\n\n" not in core else ",".join(
+            line for line in core.split("\n") if line.strip())
         try:
-            header = json.loads(first)
-            core = body.strip()
-            lines = core.replace("\n", ",") if "\n\n" not in core else ",".join(
-                line for line in core.split("\n") if line.strip())
             rows = json.loads("[" + lines + "]")
         except json.JSONDecodeError:
-            return None
-        if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
-            return None
-        version = header.get("version")
-        if not isinstance(version, int) or not 1 <= version <= TRACE_VERSION:
             return None
         if rows and not _columns_valid(rows):
             return None
         events = list(map(tuple.__new__, repeat(AllocEvent), rows))
-    meta = TraceMeta.from_dict(header.get("meta", {}))
     validate_events(events)
     return Trace(events=tuple(events), meta=meta)
 
@@ -271,11 +266,11 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _parse(lines: Iterable[str], name: str) -> Trace:
-    iterator = iter(lines)
-    first = next(iterator, "")
+def parse_header(line: str, name: str) -> TraceMeta:
+    """The metadata of a trace file's header ``line``; a line that is no memplan-trace header, or a
+    version this memplan does not read, raises ConfigError (``name``: the file, for the message)."""
     try:
-        header = json.loads(first)
+        header = json.loads(line)
     except json.JSONDecodeError:
         raise ConfigError("trace file", "must start with a memplan-trace JSON header line", name) from None
     if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
@@ -286,7 +281,12 @@ def _parse(lines: Iterable[str], name: str) -> Trace:
     if version > TRACE_VERSION:
         raise ConfigError("trace header version", f"is newer than this memplan reads (<= {TRACE_VERSION})",
                           version, hint="upgrade memplan to read it")
-    meta = TraceMeta.from_dict(header.get("meta", {}))
+    return TraceMeta.from_dict(header.get("meta", {}))
+
+
+def _parse(lines: Iterable[str], name: str) -> Trace:
+    iterator = iter(lines)
+    meta = parse_header(next(iterator, ""), name)
     events: list[AllocEvent] = []
     append = events.append
     loads = json.loads

@@ -29,8 +29,7 @@ from collections.abc import Callable
 from memplan.categories import MemoryCategory
 from memplan.diff.frames import OUTSIDE
 from memplan.diff.profile import AllocRows, Key, Profile, finish_profile, rows_of_events
-from memplan.errors import ConfigError
-from memplan.events import PHASES, TRACE_FORMAT, TRACE_VERSION, Trace, TraceMeta, gc_paused, read_trace
+from memplan.events import PHASES, Trace, TraceMeta, gc_paused, parse_header, read_trace
 from memplan.textfile import read_binary_file
 
 __all__ = ["profile_trace", "profile_trace_file", "trace_keys"]
@@ -170,19 +169,6 @@ def _rows(lines: list[bytes]) -> tuple[AllocRows, _LazyKeys]:
     return rows, keys
 
 
-def _header(line: str, name: str) -> TraceMeta:
-    try:
-        header = json.loads(line)
-    except json.JSONDecodeError:
-        raise ConfigError("trace file", "must start with a memplan-trace JSON header line", name) from None
-    if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
-        raise ConfigError("trace file", f"must start with a header whose format is {TRACE_FORMAT!r}", name)
-    version = header.get("version")
-    if not isinstance(version, int) or not 1 <= version <= TRACE_VERSION:
-        raise _Slow  # read_trace names what is wrong with the version
-    return TraceMeta.from_dict(header.get("meta", {}))
-
-
 def _device(meta: TraceMeta) -> str:
     return f"{meta.device} rank {meta.rank}"
 
@@ -203,7 +189,7 @@ def profile_trace_file(path: str | os.PathLike[str]) -> Profile:
         with gc_paused():
             raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
             lines = raw.splitlines()
-            meta = _header(lines[0].decode("utf-8") if lines else "", name)
+            meta = parse_header(lines[0].decode("utf-8") if lines else "", name)
             if raw.count(b"\n[") != len(lines) - 1:  # every event line starts with "["
                 raise _Slow
             del raw, lines[0]
