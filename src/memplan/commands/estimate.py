@@ -7,7 +7,6 @@ and the tables are :mod:`memplan.report.text`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any
 
 import typer
@@ -82,8 +81,7 @@ def estimate_command(
     states, activations, logits, buffers, peak allocated and predicted reserved memory.
     """
     with handle_errors():
-        from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
-        from memplan.gpus import get_gpu
+        from memplan.documents import estimate_document
         from memplan.inputs import JobRequest, load_job
 
         check_output_path("--save-job", save_job)
@@ -91,14 +89,11 @@ def estimate_command(
                                      fragmentation=fragmentation, megatron_args=megatron_args,
                                      deepspeed_config=deepspeed_config, hf_args=hf_args,
                                      peft_config=peft_config, torchtitan_config=torchtitan_config))
-        frag = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
-        result = estimate(loaded.model, loaded.job, gpu=loaded.gpu and get_gpu(loaded.gpu), fragmentation=frag)
+        result, document = estimate_document(loaded)
         if save_job is not None:
             _save_job(loaded, save_job)
     if json_output:
-        from memplan.settings import settings_dict
-
-        print_json({**result.to_dict(), **settings_dict(loaded.settings)})
+        print_json(document)
         return
     from memplan.report.text import render_estimate
 
@@ -121,13 +116,16 @@ def models_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print the list as JSON.")] = False,
 ) -> None:
     """List the shipped model presets (name, type, parameters, layers, hidden size, MoE)."""
+    if json_output:
+        from memplan.documents import models_document
+
+        with handle_errors():
+            print_json(models_document())
+        return
     with handle_errors():
         from memplan.model import list_presets
 
         presets = list_presets()
-    if json_output:
-        print_json([dataclasses.asdict(p) for p in presets])
-        return
     from memplan.report.text import presets_table
 
     print_rich(presets_table(presets))
@@ -138,12 +136,12 @@ def gpus_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print the catalogue as JSON.")] = False,
 ) -> None:
     """List the GPU catalogue: memory the driver reports and what PyTorch's allocator can use."""
-    from memplan.gpus import list_gpus
-
-    gpus = list_gpus()
     if json_output:
-        print_json([{**dataclasses.asdict(g), "usable_bytes": g.usable_bytes} for g in gpus])
+        from memplan.documents import gpus_document
+
+        print_json(gpus_document())
         return
+    from memplan.gpus import list_gpus
     from memplan.report.text import gpus_table
 
-    print_rich(gpus_table(gpus))
+    print_rich(gpus_table(list_gpus()))
