@@ -24,7 +24,8 @@ __all__ = ["COMMAND_MODULES", "app", "main"]
 
 #: Modules under :mod:`memplan.commands` that register commands on :data:`app` when imported,
 #: in the order ``memplan --help`` lists them.
-COMMAND_MODULES: tuple[str, ...] = ("estimate", "alloc", "ckpt", "fit", "report", "trace", "doctor", "diff")
+COMMAND_MODULES: tuple[str, ...] = ("estimate", "alloc", "ckpt", "fit", "report", "trace", "doctor", "diff",
+                                     "serve")
 
 
 def _version(value: bool) -> None:

@@ -36,7 +36,7 @@ import yaml
 from memplan.errors import ConfigError
 from memplan.jobflags import check_conflicts
 
-__all__ = ["EXTRA_FIELDS", "dump_job_file", "job_file_fields", "load_job_file"]
+__all__ = ["EXTRA_FIELDS", "check_fields", "dump_job_file", "job_file_fields", "load_job_file"]
 
 #: Fields of a job file beyond the job flags (memplan.jobflags), with their types.
 EXTRA_FIELDS: dict[str, type] = {
@@ -144,6 +144,17 @@ def _hint(exc: ConfigError) -> str:
 
 
 def _normalise(raw: dict[Any, Any], file: Path) -> dict[str, Any]:
+    values = check_fields(raw)
+    for name in _PATH_FIELDS:
+        if name in values and not Path(values[name]).is_absolute():
+            values[name] = str(file.parent / values[name])
+    return values
+
+
+def check_fields(raw: dict[Any, Any]) -> dict[str, Any]:
+    """A job file's mapping → ``{field name: value}``: names normalised (``--sequence-parallel`` →
+    ``sequence_parallel``), unknown or twice-spelled fields and wrong types refused with a
+    :class:`ConfigError` naming the field; ``None`` values dropped. Paths are left as given."""
     fields = job_file_fields()
     values: dict[str, Any] = {}
     spelled: dict[str, str] = {}
@@ -160,9 +171,6 @@ def _normalise(raw: dict[Any, Any], file: Path) -> dict[str, Any]:
             continue
         values[name] = _check_type(str(key), value, fields[name])
         spelled[name] = str(key)
-    for name in _PATH_FIELDS:
-        if name in values and not Path(values[name]).is_absolute():
-            values[name] = str(file.parent / values[name])
     return values
 
 

@@ -112,6 +112,13 @@ class Colocation:
         return data
 
 
+def process_memory(shared: SharedJob, device: Device) -> ProcessMemory:
+    """What ``shared`` holds on ``device`` at steady state: its context and its peak reserved memory."""
+    est = estimate(shared.model, shared.job, fragmentation=shared.fragmentation)
+    return ProcessMemory(name=shared.name, context_bytes=device.gpu.outside_allocator_bytes,
+                         reserved_bytes=est.peak_reserved_bytes, allocated_bytes=est.peak_allocated_bytes)
+
+
 def colocate(jobs: Sequence[SharedJob], *, gpu: str, margin: float = FIT_MARGIN) -> Colocation:
     """Predict whether ``jobs`` can run side by side on one ``gpu`` (or MIG slice).
 
@@ -127,11 +134,7 @@ def colocate(jobs: Sequence[SharedJob], *, gpu: str, margin: float = FIT_MARGIN)
     if not 0.0 <= margin < 1.0:
         raise ConfigError("--margin", "must be in [0, 1)", margin)
     device = resolve_device(gpu)
-    procs = []
-    for shared in jobs:
-        est = estimate(shared.model, shared.job, fragmentation=shared.fragmentation)
-        procs.append(ProcessMemory(name=shared.name, context_bytes=device.gpu.outside_allocator_bytes,
-                                   reserved_bytes=est.peak_reserved_bytes, allocated_bytes=est.peak_allocated_bytes))
+    procs = [process_memory(shared, device) for shared in jobs]
     demand = sum(p.total_bytes for p in procs)
     limit = int(device.total_bytes * (1.0 - margin))
     return Colocation(device=device.name, capacity_bytes=device.total_bytes, margin=margin, limit_bytes=limit,

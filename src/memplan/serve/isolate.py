@@ -1,0 +1,128 @@
+"""Run one request's work in a child process with a time limit and a memory limit.
+
+A layout search or a doctor replay can take seconds and, on a hostile input, much more; a thread
+cannot be stopped, a process can. :func:`run_isolated` forks a child from the ``forkserver`` (which
+has memplan imported, so a child starts in milliseconds), caps its address space
+(``RLIMIT_AS``), waits at most ``seconds`` for its answer and kills it otherwise. The server process
+itself never runs the work, so nothing a request does can take it down.
+
+What crosses back is plain data: the answer, or an :class:`Refusal` (a status, a message and the
+field, rule and value of a :class:`~memplan.errors.ConfigError`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Refusal", "refusal_of", "run_isolated"]
+
+#: Modules the forkserver imports once, so that each child starts with them loaded and its caches
+#: warm (``__main__`` too: a child then does not import the server's main module again).
+PRELOAD = ["__main__", "memplan.serve.preload"]
+
+
+class Refusal(Exception):
+    """A request the server answers with an error status and a JSON body naming what was wrong."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, rule: str | None = None,
+                 value: Any = None) -> None:
+        super().__init__(status, message, field, rule, value)
+        self.status, self.message, self.field, self.rule, self.value = status, message, field, rule, value
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"status": self.status, "message": self.message, "field": self.field, "rule": self.rule,
+                          "value": _plain(self.value)}}
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def refusal_of(exc: BaseException) -> Refusal:
+    """The status and body memplan's own errors get (anything else is a server error, 500)."""
+    from memplan.errors import ConfigError, MissingDependencyError, UnsupportedError
+
+    if isinstance(exc, Refusal):
+        return exc
+    if isinstance(exc, ConfigError):  # a body's field is named as in a job file: tp, not --tp
+        name = exc.field.removeprefix("--")
+        text = str(exc)
+        return Refusal(400, name + text[len(exc.field):] if text.startswith(exc.field) else text, name, exc.rule,
+                       exc.value)
+    if isinstance(exc, UnsupportedError):
+        return Refusal(422, str(exc))
+    if isinstance(exc, MissingDependencyError):
+        return Refusal(501, str(exc))
+    if isinstance(exc, MemoryError):
+        return Refusal(503, "the request needs more memory than this server allows a request")
+    return Refusal(500, f"internal error ({type(exc).__name__}); the server logged it")
+
+
+def _child(conn: Any, func: Callable[..., Any], args: tuple[Any, ...], memory_bytes: int | None) -> None:
+    if memory_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    try:
+        conn.send(("ok", func(*args)))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back as a refusal
+        refusal = refusal_of(exc)
+        if refusal.status == 500:
+            import traceback
+
+            traceback.print_exc()
+        try:
+            conn.send(("refused", refusal))
+        except BaseException:  # noqa: BLE001 - an unpicklable value: send the message alone
+            conn.send(("refused", Refusal(refusal.status, refusal.message, refusal.field, refusal.rule)))
+    finally:
+        conn.close()
+
+
+def _context() -> Any:
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in methods:
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def run_isolated(func: Callable[..., Any], args: tuple[Any, ...], *, seconds: float,
+                 memory_bytes: int | None) -> Any:
+    """``func(*args)`` in a child process; its answer, or the :class:`Refusal` it raised.
+
+    Raises a 503 :class:`Refusal` when the child runs past ``seconds`` (it is killed) or dies
+    (e.g. past ``memory_bytes``).
+    """
+    ctx = _context()
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(sender, func, args, memory_bytes), daemon=True)
+    proc.start()
+    sender.close()
+    try:
+        if not receiver.poll(seconds):
+            proc.kill()
+            raise Refusal(503, f"the request ran past this server's time limit of {seconds:g} s and was stopped; "
+                          "ask a narrower question (a fixed layout, a smaller trace) or raise --time-limit",
+                          "time limit", "at most", seconds)
+        try:
+            kind, payload = receiver.recv()
+        except EOFError:
+            proc.join(5)
+            raise Refusal(503, "the request's worker process died (exit code "
+                          f"{proc.exitcode}), most likely past this server's memory limit per request") from None
+    finally:
+        receiver.close()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    if kind == "refused":
+        raise payload
+    return payload

@@ -1,0 +1,183 @@
+"""What each endpoint computes: plain data in, the command's JSON document out.
+
+Each function makes the request's own folder (for the dialect contents and the upload), turns the
+body into the library's request (:mod:`memplan.serve.bodies`), and answers with the same function
+the command line uses for ``--json`` — :func:`memplan.documents.estimate_document`,
+:func:`memplan.fit.question.answer`, :meth:`memplan.doctor.DoctorReport.to_json` — under
+:func:`~memplan.serve.guard.read_guard`. They run in a worker thread (estimate) or a child process
+(:mod:`memplan.serve.isolate`: fit, placement, doctor) and raise memplan's own errors, which
+:func:`~memplan.serve.isolate.refusal_of` turns into 4xx answers.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from memplan.errors import ConfigError
+from memplan.serve.bodies import FIT_FIELDS, job_body, take_fields
+from memplan.serve.guard import allowed_roots, read_guard
+
+__all__ = ["DOCTOR_FIELDS", "PLACE_LIMITS", "doctor_reply", "estimate_reply", "fit_reply", "place_reply"]
+
+#: The doctor's fields beside the upload (``memplan doctor``'s options), with their types.
+DOCTOR_FIELDS: dict[str, type | tuple[type, ...]] = {"message": str, "job": dict, "gpu": str, "capacity": (str, int),
+                                                     "alloc_conf": str}
+#: The most GPUs one placement request may offer, and jobs already on one GPU.
+PLACE_LIMITS = {"gpus": 4096, "jobs": 64}
+
+
+@contextmanager
+def request_folder(upload: Path | None = None) -> Iterator[Path]:
+    """A fresh folder for one request (removed afterwards), guarded: nothing outside it and the
+    allowed roots can be opened inside the block; ``upload`` (a file saved by the server) may be read."""
+    with tempfile.TemporaryDirectory(prefix="memplan-serve-") as name:
+        folder = Path(name)
+        roots = allowed_roots(folder)
+        if upload is not None:
+            roots += (str(upload.parent.resolve()),)
+        with read_guard(roots):
+            yield folder
+
+
+def estimate_reply(body: Any) -> dict[str, Any]:
+    """``POST /v1/estimate``: the document ``memplan estimate --json`` prints for this job."""
+    from memplan.documents import estimate_document
+    from memplan.inputs import load_job
+
+    with request_folder() as folder:
+        return estimate_document(load_job(job_body(body, folder).request))[1]
+
+
+#: Dialect fields ``memplan fit`` has no option for.
+_NOT_FIT = ("megatron_args", "deepspeed_config", "fragmentation")
+
+
+def fit_reply(body: Any) -> dict[str, Any]:
+    """``POST /v1/fit``: the document ``memplan fit --json`` prints (also when nothing fits)."""
+    from memplan.fit.question import FitQuestion, answer
+    from memplan.fit.results import FIT_MARGIN
+
+    with request_folder() as folder:
+        parsed = job_body(body, folder, extra=FIT_FIELDS)
+        request, extras = parsed.request, parsed.extras
+        for name in _NOT_FIT:
+            if getattr(request, name) is not None:
+                raise ConfigError(name, "is not a memplan fit setting (the search chooses the layout, sharding and "
+                                  "recompute); price it with /v1/estimate", name)
+        if request.model is None:
+            raise ConfigError("model", "is required (a preset, a Hub id, or model_config)")
+        question = FitQuestion(model=request.model, flags=dict(request.flags), gpu=request.gpu or "h100-80gb",
+                               margin=extras.get("margin", FIT_MARGIN), gpus_per_node=extras.get("gpus_per_node", 8),
+                               hf_args=request.hf_args, peft_config=request.peft_config,
+                               torchtitan_config=request.torchtitan_config, max_mbs=extras.get("max_mbs", False),
+                               max_seq=extras.get("max_seq", False), methods=extras.get("methods", False),
+                               top=None if extras.get("all") else extras.get("top", 10))
+        return answer(question).document
+
+
+def place_reply(body: Any) -> dict[str, Any]:
+    """``POST /v1/place``: which offered GPUs can take the job, with their headroom."""
+    from memplan.fit.placement import place
+    from memplan.fit.results import FIT_MARGIN
+
+    with request_folder() as folder:
+        fields = take_fields(body, {"job": dict, "gpus": list, "margin": float})
+        unknown = [k for k in body if str(k) not in fields]
+        if unknown:
+            raise ConfigError(str(unknown[0]), "is not a placement field (job, gpus, margin)")
+        for name in ("job", "gpus"):
+            if name not in fields:
+                raise ConfigError(name, "is required")
+        if len(fields["gpus"]) > PLACE_LIMITS["gpus"]:
+            raise ConfigError("gpus", f"may offer at most {PLACE_LIMITS['gpus']} GPUs per request",
+                              len(fields["gpus"]))
+        counter = iter(range(1 << 30))
+        new = _shared("job", fields["job"], folder / f"j{next(counter)}")
+        offered = [_offered(i, gpu, folder, counter) for i, gpu in enumerate(fields["gpus"])]
+        return place(new, offered, margin=fields.get("margin", FIT_MARGIN)).to_dict()
+
+
+_GPU_FIELDS: dict[str, type] = {"id": str, "gpu": str, "total_bytes": int, "free_bytes": int, "jobs": list}
+
+
+def _offered(index: int, raw: Any, folder: Path, counter: Iterator[int]) -> Any:
+    from memplan.fit.placement import OfferedGPU
+
+    where = f"gpus[{index}]"
+    fields = take_fields(raw, _GPU_FIELDS, where=where)
+    unknown = [k for k in raw if str(k).replace("-", "_") not in _GPU_FIELDS]
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", "is not a GPU field (id, gpu, total_bytes, free_bytes, jobs)")
+    for name in ("id", "gpu"):
+        if name not in fields:
+            raise ConfigError(f"{where}.{name}", "is required")
+    jobs = fields.get("jobs", [])
+    if len(jobs) > PLACE_LIMITS["jobs"]:
+        raise ConfigError(f"{where}.jobs", f"may list at most {PLACE_LIMITS['jobs']} jobs", len(jobs))
+    shared = tuple(_shared(f"{where}.jobs[{j}]", job, folder / f"j{next(counter)}") for j, job in enumerate(jobs))
+    return OfferedGPU(id=fields["id"], gpu=fields["gpu"], total_bytes=fields.get("total_bytes"),
+                      free_bytes=fields.get("free_bytes"), jobs=shared)
+
+
+def _shared(name: str, raw: Any, folder: Path) -> Any:
+    """One job of a placement body, with errors naming where it is (``gpus[0].jobs[1]: tp``)."""
+    from memplan.estimate.engine import DEFAULT_FRAGMENTATION
+    from memplan.fit.colocate import SharedJob
+    from memplan.inputs import load_job
+
+    folder.mkdir()
+    try:
+        loaded = load_job(job_body(raw, folder, where=name).request)
+    except ConfigError as exc:
+        if exc.field.startswith(name):
+            raise
+        raise ConfigError(f"{name}: {exc.field}", exc.rule, exc.value) from None
+    fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
+    return SharedJob(name=name, model=loaded.model, job=loaded.job, fragmentation=fragmentation)
+
+
+def doctor_reply(fields: dict[str, Any], upload: str | None) -> dict[str, Any]:
+    """``POST /v1/doctor``: the document ``memplan doctor --json`` prints. ``fields`` are the form's or
+    the JSON body's (:data:`DOCTOR_FIELDS`); ``upload`` the saved snapshot or trace, if any."""
+    from memplan.doctor import diagnose
+
+    saved = None if upload is None else Path(upload)
+    with request_folder(saved) as folder:
+        message = fields.get("message")
+        if message is not None and not message.strip():
+            message = None
+        loaded = None
+        if fields.get("job") is not None:
+            from memplan.inputs import load_job
+
+            loaded = load_job(job_body(fields["job"], folder, where="job").request)
+        snapshot = trace = None
+        if saved is not None:
+            with open(saved, "rb") as handle:
+                pickled = handle.read(1) == b"\x80"
+            snapshot, trace = (str(saved), None) if pickled else (None, str(saved))
+        if message is None and saved is None and loaded is None:
+            raise ConfigError("body", "give an OOM message, a snapshot or trace upload, or a job", None)
+        report = diagnose(message, snapshot=snapshot, trace=trace, job=loaded, gpu=fields.get("gpu"),
+                          capacity_bytes=_capacity(fields.get("capacity")), settings=_alloc_conf(fields.get("alloc_conf")))
+        return report.to_json()
+
+
+def _capacity(text: str | int | None) -> int | None:
+    if text is None:
+        return None
+    from memplan.units import parse_bytes
+
+    return parse_bytes(text, field="capacity")
+
+
+def _alloc_conf(text: str | None) -> Any:
+    if text is None:
+        return None
+    from memplan.alloc.settings import AllocatorSettings
+
+    return AllocatorSettings.parse(text)
