@@ -79,7 +79,10 @@ class FitQuestion:
 
 @dataclass(frozen=True)
 class FitAnswer:
-    """The answer: the JSON document, and the one-line "no" when nothing fits (the CLI exits 1 then)."""
+    """The answer: the JSON document, and the one-line "no" when nothing fits (the CLI exits 1 then).
+
+    The document's ``failure`` field holds the same sentence (null when something fits).
+    """
 
     document: dict[str, Any]
     #: None when something fits; else why not, in one sentence.
@@ -145,7 +148,8 @@ def _search_answer(question: FitQuestion, flags: dict[str, Any], progress: Progr
         result = _search(model, gpus, base, question, top=question.top, progress=progress)
     except NoFitError as exc:  # a result, not bad input
         result, failure = exc.result, str(exc)
-    return FitAnswer({**result.to_dict(top=question.top), **settings_dict(read)}, failure, result, settings=read)
+    return FitAnswer({**result.to_dict(top=question.top), "failure": failure, **settings_dict(read)}, failure, result,
+                     settings=read)
 
 
 def _base_job(flags: Mapping[str, Any]) -> Job:
@@ -190,7 +194,8 @@ def _limits(question: FitQuestion, flags: dict[str, Any]) -> FitAnswer:
     search = max_micro_batch if question.max_mbs else max_seq_length
     limit = search(model, job, gpu=question.gpu, margin=question.margin)
     failure = None if limit.best else f"no {limit.quantity.replace('_', ' ')} fits this layout on {limit.gpu}"
-    return FitAnswer({**limit.to_dict(), "job": asdict(job), **settings_dict(read)}, failure, limit, job, read)
+    return FitAnswer({**limit.to_dict(), "job": asdict(job), "failure": failure, **settings_dict(read)}, failure, limit,
+                     job, read)
 
 
 def _methods(question: FitQuestion, flags: dict[str, Any]) -> FitAnswer:
@@ -216,4 +221,4 @@ def _methods(question: FitQuestion, flags: dict[str, Any]) -> FitAnswer:
     if result.best is None:
         failure = (f"no fine-tuning method fits {model.name} on {gpu.name} at sequence {result.seq_length}, "
                    f"micro-batch {result.micro_batch_size}")
-    return FitAnswer(result.to_dict(), failure, result)
+    return FitAnswer({**result.to_dict(), "failure": failure}, failure, result)

@@ -43,10 +43,10 @@ def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
                 flag = "--lora-rank-pattern" if rank != ft.lora_rank else "--lora-rank"
                 raise JobConfigError(flag, f"must not exceed min(in, out) = {min(a.in_features, a.out_features)} "
                                      f"of the targeted layer {a.name}", rank)
-    names = module_names(model)
     for flag, text in (("--modules-to-save", ft.modules_to_save),
                        ("--trainable", "" if ft.resolved_trainable in ("all", "adapters") else ft.resolved_trainable)):
         for key in filter(None, text.split(",")):
+            names = module_names(model)
             hit = (any(n.endswith(key) for n in names) if flag == "--modules-to-save"
                    else any(matches(n, key) for n in names))
             if not hit:

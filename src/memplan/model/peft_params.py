@@ -212,6 +212,7 @@ def trained_modules(model: ModelSpec, ft: FineTuning) -> tuple[str, ...]:
     return tuple(n for n in module_names(model) if any(matches(n, k) for k in keys))
 
 
+@lru_cache(maxsize=64)
 def module_names(model: ModelSpec) -> tuple[str, ...]:
     """Every module that owns parameters, directly or below it, in model order (parents first)."""
     seen: dict[str, None] = {}

@@ -22,10 +22,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memplan.errors import ConfigError
 from memplan.inputs import JobRequest
+
+if TYPE_CHECKING:
+    from memplan.serve.work import Folder
 
 __all__ = ["DIALECT_FIELDS", "FIT_FIELDS", "JobBody", "check_model_ref", "job_body", "take_fields"]
 
@@ -94,9 +97,9 @@ def _typed(key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
     raise ConfigError(key, f"must be {_TYPE_NAMES[kind]}", value)
 
 
-def job_body(body: Any, workdir: Path, *, extra: Mapping[str, type | tuple[type, ...]] | None = None,
+def job_body(body: Any, workdir: Folder, *, extra: Mapping[str, type | tuple[type, ...]] | None = None,
              where: str = "body") -> JobBody:
-    """Check a job body and write its dialect contents into ``workdir``; ``extra`` names other fields
+    """Check a job body and write its dialect contents into ``workdir`` (made on first use); ``extra`` names other fields
     the endpoint takes (type-checked, returned in :attr:`JobBody.extras`)."""
     from memplan.jobfile import check_fields
 
@@ -124,8 +127,8 @@ def job_body(body: Any, workdir: Path, *, extra: Mapping[str, type | tuple[type,
     if model is not None:
         check_model_ref(model)
     if model_config is not None:
-        model = _write_model_config(model_config, workdir)
-    files = {name: _write_dialect(name, value, workdir) for name, value in dialects.items()}
+        model = _write_model_config(model_config, workdir.path)
+    files = {name: _write_dialect(name, value, workdir.path) for name, value in dialects.items()}
     flags = {k: v for k, v in values.items() if k not in ("gpu", "fragmentation")}
     request = JobRequest(model=model, flags=flags, gpu=values.get("gpu"), fragmentation=values.get("fragmentation"),
                          **files)

@@ -22,6 +22,7 @@ import sys
 import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 __all__ = ["allowed_roots", "read_guard"]
@@ -41,8 +42,16 @@ def _hook(event: str, args: tuple[object, ...]) -> None:
         raise PermissionError(f"memplan serve reads no files outside the request: {os.fsdecode(args[0])}")
 
 
-def allowed_roots(workdir: Path | None = None) -> tuple[str, ...]:
-    """The folders a request may read: its own folder, memplan's package, Python's, the Hub cache."""
+def allowed_roots(*folders: Path) -> tuple[str, ...]:
+    """The folders a request may read: memplan's package, Python's, the Hub cache, and ``folders``
+    (the request's own)."""
+    return _base_roots() + tuple(os.path.realpath(p) for p in folders)
+
+
+@lru_cache(maxsize=1)
+def _base_roots() -> tuple[str, ...]:
+    """memplan's package, the Python installation and site-packages, the Hub cache (facts of the
+    process's environment, read once)."""
     import memplan
 
     candidates = [Path(memplan.__file__).parent, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)]
@@ -52,8 +61,6 @@ def allowed_roots(workdir: Path | None = None) -> tuple[str, ...]:
     hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
         os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
     candidates.append(Path(hub))
-    if workdir is not None:
-        candidates.append(workdir)
     return tuple(sorted({os.path.realpath(p) for p in candidates}))
 
 

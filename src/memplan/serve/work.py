@@ -11,7 +11,9 @@ the command line uses for ``--json`` — :func:`memplan.documents.estimate_docum
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,17 +32,42 @@ DOCTOR_FIELDS: dict[str, type | tuple[type, ...]] = {"message": str, "job": dict
 PLACE_LIMITS = {"gpus": 4096, "jobs": 64}
 
 
+class Folder:
+    """A request's own folder, made on first use (most requests write nothing) and removed afterwards."""
+
+    def __init__(self, location: Path) -> None:
+        #: Where the folder is (or will be).
+        self.location = location
+
+    @property
+    def path(self) -> Path:
+        """The folder, made now if it is not there yet."""
+        self.location.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self.location
+
+    def sub(self, name: str) -> Folder:
+        """A folder inside this one, also made on first use."""
+        return Folder(self.location / name)
+
+    def remove(self) -> None:
+        if self.location.exists():
+            shutil.rmtree(self.location, ignore_errors=True)
+
+
 @contextmanager
-def request_folder(upload: Path | None = None) -> Iterator[Path]:
+def request_folder(upload: Path | None = None) -> Iterator[Folder]:
     """A fresh folder for one request (removed afterwards), guarded: nothing outside it and the
-    allowed roots can be opened inside the block; ``upload`` (a file saved by the server) may be read."""
-    with tempfile.TemporaryDirectory(prefix="memplan-serve-") as name:
-        folder = Path(name)
-        roots = allowed_roots(folder)
-        if upload is not None:
-            roots += (str(upload.parent.resolve()),)
-        with read_guard(roots):
+    allowed roots can be opened inside the block; ``upload`` (a file saved by the server) may be read.
+
+    The folder is made when a body first writes into it (:class:`Folder`); the path is reserved now.
+    """
+    folder = Folder(Path(tempfile.gettempdir()) / f"memplan-serve-{uuid.uuid4().hex}")
+    extra = (folder.location,) if upload is None else (folder.location, upload.parent)
+    try:
+        with read_guard(allowed_roots(*extra)):
             yield folder
+    finally:
+        folder.remove()
 
 
 def estimate_reply(body: Any) -> dict[str, Any]:
@@ -96,7 +123,7 @@ def place_reply(body: Any) -> dict[str, Any]:
             raise ConfigError("gpus", f"may offer at most {PLACE_LIMITS['gpus']} GPUs per request",
                               len(fields["gpus"]))
         counter = iter(range(1 << 30))
-        new = _shared("job", fields["job"], folder / f"j{next(counter)}")
+        new = _shared("job", fields["job"], folder, f"j{next(counter)}")
         offered = [_offered(i, gpu, folder, counter) for i, gpu in enumerate(fields["gpus"])]
         return place(new, offered, margin=fields.get("margin", FIT_MARGIN)).to_dict()
 
@@ -104,7 +131,7 @@ def place_reply(body: Any) -> dict[str, Any]:
 _GPU_FIELDS: dict[str, type] = {"id": str, "gpu": str, "total_bytes": int, "free_bytes": int, "jobs": list}
 
 
-def _offered(index: int, raw: Any, folder: Path, counter: Iterator[int]) -> Any:
+def _offered(index: int, raw: Any, folder: Folder, counter: Iterator[int]) -> Any:
     from memplan.fit.placement import OfferedGPU
 
     where = f"gpus[{index}]"
@@ -118,24 +145,23 @@ def _offered(index: int, raw: Any, folder: Path, counter: Iterator[int]) -> Any:
     jobs = fields.get("jobs", [])
     if len(jobs) > PLACE_LIMITS["jobs"]:
         raise ConfigError(f"{where}.jobs", f"may list at most {PLACE_LIMITS['jobs']} jobs", len(jobs))
-    shared = tuple(_shared(f"{where}.jobs[{j}]", job, folder / f"j{next(counter)}") for j, job in enumerate(jobs))
+    shared = tuple(_shared(f"{where}.jobs[{j}]", job, folder, f"j{next(counter)}") for j, job in enumerate(jobs))
     return OfferedGPU(id=fields["id"], gpu=fields["gpu"], total_bytes=fields.get("total_bytes"),
                       free_bytes=fields.get("free_bytes"), jobs=shared)
 
 
-def _shared(name: str, raw: Any, folder: Path) -> Any:
+def _shared(name: str, raw: Any, folder: Folder, sub: str) -> Any:
     """One job of a placement body, with errors naming where it is (``gpus[0].jobs[1]: tp``)."""
     from memplan.estimate.engine import DEFAULT_FRAGMENTATION
     from memplan.fit.colocate import SharedJob
     from memplan.inputs import load_job
 
-    folder.mkdir()
     try:
-        loaded = load_job(job_body(raw, folder, where=name).request)
+        loaded = load_job(job_body(raw, folder.sub(sub), where=name).request)
     except ConfigError as exc:
         if exc.field.startswith(name):
             raise
-        raise ConfigError(f"{name}: {exc.field}", exc.rule, exc.value) from None
+        raise ConfigError(f"{name}: {exc.field.removeprefix('--')}", exc.rule, exc.value) from None
     fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
     return SharedJob(name=name, model=loaded.model, job=loaded.job, fragmentation=fragmentation)
 
