@@ -4,7 +4,8 @@ Each document's shell examples run in document order in one folder (so an exampl
 an earlier one wrote, as a reader following the page would), with the input files the examples
 name (job files, a Megatron launch script, a DeepSpeed config, a config.json, a script) made
 there first. A pipe into ``jq`` is dropped and the JSON checked instead; ``a && b`` runs both.
-Usage synopses (``[--flag N]``) are not examples and are skipped. The README's Python API block
+Usage synopses (``[--flag N]``) are not examples and are skipped, and so is ``memplan serve`` (a
+server that runs until stopped; tests/serve/test_api.py starts it). The README's Python API block
 runs too.
 """
 
@@ -70,7 +71,8 @@ def _examples(doc: Path) -> list[str]:
     for block in _BLOCK.findall(doc.read_text(encoding="utf-8")):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.strip().removeprefix("$ ")
-            if line.startswith("memplan ") and not re.search(r"\[--", line):
+            # memplan serve runs until stopped: tests/serve/test_api.py starts it for real
+            if line.startswith("memplan ") and not re.search(r"\[--", line) and not line.startswith("memplan serve"):
                 out.extend(part.strip() for part in line.split("&&"))
     return out
 

@@ -128,3 +128,9 @@ def test_trace_plot_without_matplotlib_is_refused_before_the_trace(tmp_path: Pat
 def test_trace_peft_needs_peft(tmp_path: Path) -> None:
     done = _run_without(("peft",), "trace", "llama-3.2-1b", "--seq", "32", "--peft", "lora")
     _assert_needs(done, "--peft (memplan trace)", "peft", "finetune")
+
+
+@pytest.mark.parametrize("package", ["starlette", "uvicorn"])
+def test_serve_without_its_extra_names_it(package: str) -> None:
+    done = _run_without((package,), "serve", "--port", "0")
+    _assert_needs(done, "memplan serve", package, "serve")
