@@ -34,6 +34,7 @@ tracer cannot run it (it needs torch.compile's partitioner).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Literal, get_args
 
 from memplan.errors import JobConfigError
@@ -126,6 +127,7 @@ def framework_policies(framework: str) -> tuple[str, ...]:
     return get_profile(framework).activation_policies
 
 
+@lru_cache(maxsize=256)
 def resolve_policy(job: Job) -> ActivationPolicy:
     """The activation policy ``job`` asks for: ``--recompute`` (``selective`` = the framework's own
     selective policy) with its parameters; a policy the framework does not have is refused

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from memplan.categories import MemoryCategory
 from memplan.gpus import GPU
 from memplan.job import Job
+
+
+def plain_dict(obj: Any) -> Any:
+    """``dataclasses.asdict(obj)`` for frozen data whose leaves are immutable (numbers, strings,
+    None, enums, tuples of them): the same result without ``asdict``'s deep copy of every leaf,
+    which was a third of an estimate's time."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: plain_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(plain_dict(v) for v in obj)
+    if isinstance(obj, list):
+        return [plain_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {plain_dict(k): plain_dict(v) for k, v in obj.items()}
+    return obj
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +129,7 @@ class StageEstimate:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = plain_dict(self)
         data["cpu_bytes"] = self.cpu_bytes
         data["layer_indices"] = list(self.layer_indices)
         data["by_category"] = {c.value: v for c, v in self.by_category().items()}
@@ -192,7 +207,7 @@ class Estimate:
             "fragmentation": self.fragmentation,
             "stages": [s.to_dict() for s in self.stages],
             "assumptions": list(self.assumptions),
-            "job": asdict(self.job),
+            "job": plain_dict(self.job),
         }
         if self.gpu is not None:
             data["gpu"] = {

@@ -27,11 +27,14 @@ def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
     """Module names the fine-tuning flags give must exist in ``model`` and ranks must fit the layers
     they target; raise :class:`~memplan.errors.JobConfigError` naming the flag."""
     linears = list(model_linears(model))
-    listing = ", ".join(sorted({m.name.rpartition(".")[2] for m in linears}))
+
+    def listing() -> str:  # for the error messages only
+        return ", ".join(sorted({m.name.rpartition(".")[2] for m in linears}))
+
     modules, _ = split_targets(model, ft) if ft.peft != "none" else ((), ())
     for target in modules or ():
         if not any(matches(m.name, target) for m in linears):
-            raise JobConfigError("--lora-targets", f"must name modules of the model (its linear layers: {listing})",
+            raise JobConfigError("--lora-targets", f"must name modules of the model (its linear layers: {listing()})",
                                  target)
     if ft.peft != "none" and fused_gate_up_complete(model, ft) is False:
         raise JobConfigError("--lora-targets", "must name both expert projections fused into gate_up_proj "
@@ -50,5 +53,5 @@ def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
             hit = (any(n.endswith(key) for n in names) if flag == "--modules-to-save"
                    else any(matches(n, key) for n in names))
             if not hit:
-                raise JobConfigError(flag, f"must name modules of the model (its linear layers: {listing}; "
+                raise JobConfigError(flag, f"must name modules of the model (its linear layers: {listing()}; "
                                      "or embed_tokens, norm, layers.N)", key)
