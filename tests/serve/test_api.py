@@ -458,3 +458,36 @@ def test_isolated_work_is_stopped_past_its_memory_and_its_time() -> None:
         run_isolated(time.sleep, (30,), seconds=0.5, memory_bytes=None)
     assert slow.value.status == 503 and "time limit" in slow.value.message
     assert time.monotonic() - started < 10  # killed, not waited for
+
+
+def _json_values() -> Any:
+    from hypothesis import strategies as st
+
+    leaves = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) \
+        | st.text(max_size=12) | st.sampled_from(["gpt2", "llama-3.1-8b", "h100-80gb", "full", "selective", "lora",
+                                                  "nf4", "hf", "megatron", "torchtitan", "bf16-mixed", "8GiB"])
+    return st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                            max_size=3), max_leaves=6)
+
+
+def test_random_bodies_never_crash_the_server(client: httpx.Client) -> None:
+    """Property: whatever JSON a client sends, the answer is 200 or a 4xx/503 JSON error — never a 500."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from memplan.jobfile import job_file_fields
+
+    names = sorted(job_file_fields()) + ["model_config", "margin", "top", "max_mbs", "gpus", "job", "bogus"]
+    bodies = st.dictionaries(st.sampled_from(names), _json_values(), max_size=5) | _json_values()
+    paths = st.sampled_from(["/v1/estimate", "/v1/estimate", "/v1/place", "/v1/fit", "/v1/doctor"])
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=paths, body=bodies)
+    def check(path: str, body: Any) -> None:
+        response = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+        assert response.status_code in (200, 400, 413, 422, 503), (path, body, response.text[:400])
+        if response.status_code != 200:
+            assert set(response.json()["error"]) == {"status", "message", "field", "rule", "value"}
+
+    check()
+    _alive(client)
