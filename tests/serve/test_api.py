@@ -422,7 +422,8 @@ def test_read_guard_refuses_files_outside_the_request(tmp_path: Path) -> None:
 
 def test_memplan_serve_starts_and_answers() -> None:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "memplan", "serve", "--port", str(port), "--log-level", "warning"],
+    proc = subprocess.Popen([sys.executable, "-m", "memplan", "serve", "--port", str(port), "--log-level", "warning",
+                             "--workers", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
@@ -441,7 +442,7 @@ def test_memplan_serve_starts_and_answers() -> None:
 
 
 def test_memplan_serve_bad_options() -> None:
-    for args in (["--port", "70000"], ["--max-body", "lots"], ["--time-limit", "0"]):
+    for args in (["--port", "70000"], ["--max-body", "lots"], ["--time-limit", "0"], ["--workers", "0"]):
         result = runner.invoke(cli, ["serve", *args])
         assert result.exit_code == 2, (args, result.output)
 
@@ -491,3 +492,18 @@ def test_random_bodies_never_crash_the_server(client: httpx.Client) -> None:
 
     check()
     _alive(client)
+
+
+def test_workers_take_their_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from starlette.testclient import TestClient
+
+    from memplan.errors import ConfigError
+    from memplan.serve.app import LIMITS_ENV, create_app_from_environment
+
+    monkeypatch.setenv(LIMITS_ENV, json.dumps({"max_body_bytes": 20}))
+    with TestClient(create_app_from_environment()) as local:
+        _error(local.post("/v1/estimate", json={"model": "llama-3.1-8b", "gpus": 8, "tp": 2, "seq": 4096}), 413)
+    for bad in ("{not json", json.dumps({"max_bodies": 1}), json.dumps({"time_limit_s": -1})):
+        monkeypatch.setenv(LIMITS_ENV, bad)
+        with pytest.raises(ConfigError):
+            create_app_from_environment()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from memplan.commands.common import Command, app, handle_errors, option
 
@@ -30,6 +30,8 @@ def serve_command(
     host: Annotated[str, option("--host", help="Address to listen on (0.0.0.0: every interface). (default: 127.0.0.1)",
                                 panel=_SERVER)] = "127.0.0.1",
     port: Annotated[int, option("--port", help="TCP port. (default: 8000)", panel=_SERVER)] = 8000,
+    workers: Annotated[int, option("--workers", help="Worker processes on the port (each answers any request: the "
+                                   "server is stateless). (default: 1)", panel=_SERVER)] = 1,
     max_body: Annotated[str, option("--max-body", help="Largest JSON body. (default: 1MiB)", panel=_LIMITS,
                                     metavar="BYTES")] = "1MiB",
     max_upload: Annotated[str, option("--max-upload", help="Largest snapshot or trace upload to /v1/doctor. "
@@ -49,6 +51,8 @@ def serve_command(
 
         if not 0 <= port <= 65535:
             raise ConfigError("--port", "must be in 0..65535", port)
+        if workers < 1:
+            raise ConfigError("--workers", "must be at least 1", workers)
         memory = parse_bytes(memory_limit, field="--memory-limit")
         limits = ServeLimits(max_body_bytes=parse_bytes(max_body, field="--max-body"),
                              max_upload_bytes=parse_bytes(max_upload, field="--max-upload"),
@@ -59,5 +63,17 @@ def serve_command(
             from memplan.errors import MissingDependencyError
 
             raise MissingDependencyError("uvicorn", feature="memplan serve", extra="serve") from None
-        application = create_app(limits)
-    uvicorn.run(application, host=host, port=port, log_level=log_level, server_header=False)
+        if workers == 1:
+            application: Any = create_app(limits)
+            factory = False
+        else:  # uvicorn starts each worker from an import string; the limits travel in the environment
+            import dataclasses
+            import json
+            import os
+
+            from memplan.serve.app import LIMITS_ENV
+
+            os.environ[LIMITS_ENV] = json.dumps(dataclasses.asdict(limits))
+            application, factory = "memplan.serve.app:create_app_from_environment", True
+    uvicorn.run(application, host=host, port=port, log_level=log_level, server_header=False, workers=workers,
+                factory=factory)

@@ -33,9 +33,11 @@ from memplan.errors import ConfigError
 from memplan.serve.isolate import Refusal, refusal_of, run_isolated
 from memplan.serve.reading import json_body
 
-__all__ = ["STATIC_DIR", "ServeLimits", "create_app"]
+__all__ = ["LIMITS_ENV", "STATIC_DIR", "ServeLimits", "create_app", "create_app_from_environment"]
 
 _log = logging.getLogger("memplan.serve")
+#: Environment variable holding the limits (JSON of :class:`ServeLimits` fields) for worker processes.
+LIMITS_ENV = "MEMPLAN_SERVE_LIMITS"
 #: The web page's files (no CDN: everything the page loads ships here).
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -61,6 +63,20 @@ class ServeLimits:
                 raise ConfigError(name.replace("_", "-"), "must be at least 1", getattr(self, name))
         if not self.time_limit_s > 0:
             raise ConfigError("time-limit", "must be a positive number of seconds", self.time_limit_s)
+
+
+def create_app_from_environment() -> Starlette:
+    """The app with the limits in ``$MEMPLAN_SERVE_LIMITS`` (what ``memplan serve --workers N`` sets for
+    its worker processes; also usable as ``uvicorn --factory memplan.serve.app:create_app_from_environment``)."""
+    raw = os.environ.get(LIMITS_ENV, "{}")
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError:
+        raise ConfigError(LIMITS_ENV, "must be a JSON object of ServeLimits fields", raw) from None
+    if not isinstance(values, dict) or not set(values) <= {f for f in ServeLimits.__dataclass_fields__}:
+        raise ConfigError(LIMITS_ENV, f"must be a JSON object of ServeLimits fields "
+                          f"({', '.join(ServeLimits.__dataclass_fields__)})", raw)
+    return create_app(ServeLimits(**values))
 
 
 def _json(data: Any, status: int = 200) -> Response:
