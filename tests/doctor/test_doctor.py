@@ -157,18 +157,7 @@ def test_truncated_and_hostile_pickles_exit_2(tmp_path: Path) -> None:
 
 def _snapshot_with_oom() -> dict:
     """A freed 1 GiB block split by a 100 MiB request; then 1 GiB fails with 400 MiB free on the device."""
-    base = 0x7F0000000000
-    blocks = [{"address": base, "size": 100 * MiB, "requested_size": 100 * MiB, "state": "active_allocated"},
-              {"address": base + 100 * MiB, "size": 924 * MiB, "requested_size": 0, "state": "inactive"}]
-    segments = [{"device": 0, "address": base, "total_size": GiB, "stream": 0, "segment_type": "large",
-                 "blocks": blocks}]
-    entries = [{"action": "segment_alloc", "addr": base, "size": GiB, "stream": 0},
-               {"action": "alloc", "addr": base, "size": GiB, "stream": 0},
-               {"action": "free_requested", "addr": base, "size": GiB, "stream": 0},
-               {"action": "free_completed", "addr": base, "size": GiB, "stream": 0},
-               {"action": "alloc", "addr": base, "size": 100 * MiB, "stream": 0},
-               {"action": "oom", "addr": 0, "size": GiB, "stream": 0, "device_free": 400 * MiB}]
-    return {"segments": segments, "device_traces": [entries]}
+    return json.loads((ROOT / "tests/data/oom_snapshot.json").read_text())["snapshot"]
 
 
 def test_snapshot_dict_ending_in_an_oom_is_fragmentation_with_a_replayed_fix() -> None:

@@ -279,17 +279,7 @@ def test_doctor_message_and_job_is_the_cli_document(client: httpx.Client, tmp_pa
 def test_doctor_uploads_a_snapshot_and_a_trace(client: httpx.Client, tmp_path: Path) -> None:
     from memplan.events import AllocEvent, Trace, write_trace
 
-    base = 0x7F0000000000
-    blocks = [{"address": base, "size": 100 * MiB, "requested_size": 100 * MiB, "state": "active_allocated"},
-              {"address": base + 100 * MiB, "size": 924 * MiB, "requested_size": 0, "state": "inactive"}]
-    entries = [{"action": "segment_alloc", "addr": base, "size": GiB, "stream": 0},
-               {"action": "alloc", "addr": base, "size": GiB, "stream": 0},
-               {"action": "free_requested", "addr": base, "size": GiB, "stream": 0},
-               {"action": "free_completed", "addr": base, "size": GiB, "stream": 0},
-               {"action": "alloc", "addr": base, "size": 100 * MiB, "stream": 0},
-               {"action": "oom", "addr": 0, "size": GiB, "stream": 0, "device_free": 400 * MiB}]
-    snapshot = {"segments": [{"device": 0, "address": base, "total_size": GiB, "stream": 0, "segment_type": "large",
-                              "blocks": blocks}], "device_traces": [entries]}
+    snapshot = json.loads((ROOT / "tests/data/oom_snapshot.json").read_text())["snapshot"]
     path = tmp_path / "oom.pickle"
     path.write_bytes(pickle.dumps(snapshot, protocol=4))
     response = client.post("/v1/doctor", files={"file": ("oom.pickle", path.read_bytes())})
