@@ -18,7 +18,7 @@ from memplan.units import GiB, MiB
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = json.loads((ROOT / "tests/data/oom_messages/corpus.json").read_text())["cases"]
-SNAPSHOTS = ROOT.parent.parent / "shared" / "reference" / "snapshots"
+SNAPSHOTS = ROOT.parent / "shared" / "reference" / "snapshots"
 if not SNAPSHOTS.is_dir():
     SNAPSHOTS = ROOT.parents[1] / "shared" / "reference" / "snapshots"
 

@@ -191,3 +191,14 @@ def test_max_mbs_from_a_job_file(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["job"]["parallel"]["tp"] == 2 and data["job"]["recompute"]["mode"] == "selective"
     assert data["best"] >= 1
+
+
+def test_gbs_is_kept_by_the_search() -> None:
+    """--gbs is the job's global batch: every layout keeps it, and layouts it does not divide are rejected."""
+    result = runner.invoke(app, ["fit", "llama-3.1-8b", "--gpus", "8", "--gbs", "100", "--json", "--all"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["global_batch_size"] == 100 and doc["candidates"]
+    for row in doc["candidates"]:
+        assert row["global_batch_size"] == 100 and 100 % (row["dp"] * row["micro_batch_size"]) == 0
+    assert any("not a multiple of dp=8" in r["reason"] for r in doc["rejected"])

@@ -145,7 +145,7 @@ def _search_answer(question: FitQuestion, flags: dict[str, Any], progress: Progr
                           "estimate", "partition_activations / cpu_checkpointing")
     failure = None
     try:
-        result = _search(model, gpus, base, question, top=question.top, progress=progress)
+        result = _search(model, gpus, base, question, top=question.top, progress=progress, gbs=flags.get("gbs"))
     except NoFitError as exc:  # a result, not bad input
         result, failure = exc.result, str(exc)
     return FitAnswer({**result.to_dict(top=question.top), "failure": failure, **settings_dict(read)}, failure, result,

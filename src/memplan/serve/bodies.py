@@ -126,6 +126,9 @@ def job_body(body: Any, workdir: Folder, *, extra: Mapping[str, type | tuple[typ
         raise ConfigError("model_config", "cannot be combined with model (give one)", "model_config")
     if model is not None:
         check_model_ref(model)
+    elif model_config is None and not {"megatron_args", "hf_args", "torchtitan_config"} & set(dialects):
+        raise ConfigError("model", "is required: a preset (GET /v1/models), a Hub id, or model_config (or "
+                          "megatron_args, torchtitan_config or hf_args naming one)")
     if model_config is not None:
         model = _write_model_config(model_config, workdir.path)
     files = {name: _write_dialect(name, value, workdir.path) for name, value in dialects.items()}

@@ -89,9 +89,14 @@ def _get(summary: str) -> dict[str, Any]:
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document the server answers at ``GET /v1/openapi.json``."""
     job = {"$ref": "#/components/schemas/Job"}
+    from memplan.fit.question import METHOD_FLAGS, SEARCHED_FLAGS
+
     fit = {"allOf": [job], "type": "object", "properties": _FIT_EXTRA,
            "description": "A job (the search chooses layout, sharding, micro-batch and recompute unless max_mbs / "
-                          "max_seq fix the layout) and fit's settings."}
+                          "max_seq fix the layout) and fit's settings. x-searched-fields: the job fields the "
+                          "search chooses (refused without max_mbs / max_seq); x-method-fields: those methods "
+                          "chooses (refused with methods).",
+           "x-searched-fields": list(SEARCHED_FLAGS), "x-method-fields": list(METHOD_FLAGS)}
     gpu = {"type": "object", "required": ["id", "gpu"], "additionalProperties": False, "properties": {
         "id": {"type": "string"}, "gpu": {"type": "string", "description": "Catalogue name or GPU:MIG-PROFILE."},
         "total_bytes": {"type": "integer", "minimum": 1}, "free_bytes": {"type": "integer", "minimum": 0},
