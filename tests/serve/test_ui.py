@@ -206,6 +206,29 @@ def test_doctor_verdict_from_a_pasted_message(page: Any, server: str) -> None:
     assert page.get_attribute("#doctor-verdict", "data-verdict") == doc["verdict"]
 
 
+def test_doctor_verdict_from_a_chosen_trace_file(page: Any, server: str, tmp_path: Any) -> None:
+    from memplan.events import AllocEvent, Trace, write_trace
+
+    rows, block = [], 0
+    for iteration in range(5):  # 8 MiB kept at the end of every iteration: a leak
+        for _ in range(4):
+            rows += [("alloc", block, 64 * 2**20, iteration), ("free", block, 64 * 2**20, iteration)]
+            block += 1
+        rows.append(("alloc", block, 8 * 2**20, iteration))
+        block += 1
+    path = tmp_path / "leak.memplan-trace.gz"
+    write_trace(Trace(events=tuple(AllocEvent(i, kind, b, size, "activation", "forward", it)
+                                   for i, (kind, b, size, it) in enumerate(rows))), path)
+    open_page(page, server, "?panel=doctor")
+    page.set_input_files("#d-file", str(path))
+    page.click("#d-run")
+    page.wait_for_selector("#panel-doctor[data-state=done]")
+    doc = httpx.post(server + "/v1/doctor", files={"file": path.read_bytes()}, timeout=30).json()
+    assert page.get_attribute("#doctor-verdict", "data-verdict") == doc["verdict"] == "leak"
+    assert page.locator("#doctor-out .finding").count() == len(doc["findings"])
+    assert page.locator("#doctor-fixes > li").count() == len(doc["fixes"])
+
+
 def test_fit_table_and_using_a_layout(page: Any, server: str) -> None:
     open_page(page, server, "?model=llama-3.1-8b&gpu=h100-80gb&gpus=8&tp=2&panel=fit")
     page.wait_for_selector("#panel-fit[data-state=done]")  # a link to the fit panel runs the search
