@@ -275,3 +275,27 @@ def test_narrow_window_has_no_sideways_scroll(page: Any, server: str) -> None:
     settled(page, pp=4)
     assert page.evaluate("document.documentElement.scrollWidth") <= 400
     assert page.is_visible("#chart svg")
+
+
+def test_every_job_field_of_the_schema_has_a_control(page: Any, server: str) -> None:
+    open_page(page, server)
+    fields = httpx.get(server + "/v1/openapi.json").json()["components"]["schemas"]["Job"]["properties"]
+    controls = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#job [data-field]')]
+        .filter(e => e.id.startsWith('f-'))
+        .map(e => [e.dataset.field, e.tagName === 'SELECT' ? [...e.options].map(o => o.value) : e.type]))""")
+    assert controls.pop("gpu") == [g["name"] for g in httpx.get(server + "/v1/gpus").json()]
+    controls.pop("model"), controls.pop("model_config")  # the model box: preset, Hub id, config.json
+    names = set(fields) - {"model", "model_config", "gpu"}
+    assert names == set(controls)
+    for name in names:
+        prop = fields[name]
+        if "enum" in prop:
+            assert controls[name] == ["", *prop["enum"]], name
+        elif prop["type"] == "boolean":
+            assert controls[name] == ["", "true", "false"], name
+        elif prop["type"] in ("integer", "number"):
+            assert controls[name] == "number", name
+        elif prop["type"] == "string" and not name.endswith("_config"):  # a TOML file's text is a text area
+            assert controls[name] == "text", name
+        else:  # a file's content: JSON or text
+            assert controls[name] == "textarea", name

@@ -3,6 +3,7 @@
 // view), wires the form and the panels, and sends the requests; form.js builds the knobs from
 // GET /v1/openapi.json, estimate.js / fit.js / doctor.js show the server's answers, charts.js draws.
 
+import { drawStages } from "./charts.js";
 import { $, call, count, el, fieldName, gib, postJSON } from "./dom.js";
 import { doctorRequest, renderDoctor } from "./doctor.js";
 import { renderEstimate } from "./estimate.js";
@@ -50,7 +51,7 @@ function writeURL() {
   if (state.source !== "preset") q.set(PAGE_KEYS.source, state.source);
   if (state.source === "config") q.set("model_config", compactJSON(state.config));
   else if (state.model) q.set("model", state.model);
-  for (const [k, v] of Object.entries(state.fields)) q.set(k, String(v));
+  for (const [k, v] of Object.entries(state.fields)) q.set(k, text(v));
   if (state.panel !== "estimate") q.set("panel", state.panel);
   if (state.panel === "fit" && state.top !== 10) q.set(PAGE_KEYS.top, String(state.top));
   if (state.panel === "doctor") {
@@ -64,6 +65,8 @@ function writeURL() {
   if (url !== location.pathname + location.search) history.replaceState(null, "", url);
 }
 
+/** A field's value as text: objects (a pasted config) as JSON. */
+const text = (v, indent) => (typeof v === "object" && v !== null ? JSON.stringify(v, null, indent) : String(v));
 const compactJSON = (text) => { try { return JSON.stringify(JSON.parse(text)); } catch { return text; } };
 const isPreset = (name) => models.some((m) => m.name === name);
 const preferred = (list, name) => (list.find((x) => x.name === name) || list[0] || { name: "" }).name;
@@ -104,7 +107,7 @@ function showState() {
     const name = input.dataset.field;
     if (name === "model" || name === "model_config") continue;
     const v = state.fields[name];
-    input.value = v === undefined ? "" : String(v);
+    input.value = v === undefined ? "" : text(v, 1);
     if (v !== undefined && input.closest("details")) input.closest("details").open = true;
   }
   $("#fit-top").value = String(state.top);
@@ -130,7 +133,7 @@ function onFieldInput(event) {
   if ((event.type === "input") !== onInput) return;
   const raw = input.value.trim();
   if (raw === "") delete state.fields[name];
-  else state.fields[name] = typed({ type: input.dataset.kind }, raw);
+  else state.fields[name] = typed(schema[name] || {}, raw);
   changed();
 }
 
@@ -144,6 +147,8 @@ function changed() {
 let estimateTimer = null;
 let estimateAbort = null;
 let estimateSeq = 0;
+let lastEstimate = null; // redrawn at the chart's new width when the window or the panel changes
+const redraw = () => lastEstimate && drawStages(lastEstimate);
 
 function scheduleEstimate() {
   clearTimeout(estimateTimer);
@@ -180,6 +185,7 @@ async function runEstimate() {
   }
   showError("estimate", null);
   out.classList.remove("stale");
+  lastEstimate = answer.data;
   renderEstimate(answer.data, gpus);
   out.dataset.state = "done";
 }
@@ -310,6 +316,7 @@ function selectPanel(panel, focus) {
     $("#" + tab.getAttribute("aria-controls")).hidden = !on;
   }
   document.body.dataset.panel = panel;
+  if (panel === "estimate") redraw();
 }
 
 function wire() {
@@ -368,6 +375,8 @@ function wire() {
     $("#drop").classList.remove("over");
     if (e.dataTransfer.files.length) setDoctorFile(e.dataTransfer.files[0]);
   });
+  let resizing = null;
+  window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(redraw, 100); });
   window.addEventListener("popstate", () => { readURL(); showState(); scheduleEstimate(); });
 }
 

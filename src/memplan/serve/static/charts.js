@@ -26,7 +26,8 @@ export function drawStages(doc) {
   const top = Math.max(usable, ...stages.map((s) => s.peak_reserved_bytes)) / GiB || 1;
   const step = niceStep(top, 5);
   const yMax = Math.ceil(top / step) * step;
-  const W = 640, H = 300, L = 52, R = 12, T = 14, B = 34;
+  // As wide as its box (text stays at its CSS size); 640 while the panel is hidden.
+  const W = Math.max(320, Math.min(960, $("#chart").clientWidth || 640)), H = 300, L = 52, R = 12, T = 14, B = 34;
   const y = (g) => T + (H - T - B) * (1 - g / yMax);
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", class: "stack",
     "aria-label": `Stacked memory per pipeline stage; peak ${gib(doc.peak_allocated_bytes)} allocated on stage ` +

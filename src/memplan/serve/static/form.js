@@ -25,7 +25,8 @@ const GROUPS = [
     "shared_expert_parallel", "moe_grouped_gemm", "mtp_layers"]],
 ];
 // One line under a section's title.
-const GROUP_NOTES = { "Fine-tuning": "QLoRA = PEFT method lora with the base quantized to nf4." };
+const GROUP_NOTES = { "Fine-tuning": "QLoRA = PEFT method lora with the base quantized to nf4.",
+  "Framework config files": "Paste a file's content (JSON where the field takes an object); sent when you leave the box." };
 const LABELS = {
   tp: "Tensor parallel", pp: "Pipeline parallel", vpp: "Virtual pipeline", cp: "Context parallel",
   dp: "Data parallel", ep: "Expert parallel", etp: "Expert tensor parallel", mbs: "Micro-batch",
@@ -37,6 +38,10 @@ const LABELS = {
 // Fields with a fixed place in the form (model and GPU boxes).
 const FIXED = new Set(["model", "model_config", "gpu", "gpus"]);
 const SCALAR = new Set(["integer", "number", "string", "boolean"]);
+// Fields that hold a whole file's content (the job-file dialects): a text area each. Any other field
+// whose schema type is not one scalar is given one too.
+const FILE_FIELDS = ["megatron_args", "deepspeed_config", "hf_args", "peft_config", "torchtitan_config"];
+const isFile = (name, prop) => FILE_FIELDS.includes(name) || !SCALAR.has(prop.type);
 
 export function helpText(prop) {
   return (prop.description || "").replace(/\s*One of: [^.]*\.\s*/, " ").trim();
@@ -64,11 +69,12 @@ function control(name, prop) {
   } else if (prop.type === "integer" || prop.type === "number") {
     input = el("input", { id, type: "number", step: prop.type === "integer" ? "1" : "any",
       inputmode: prop.type === "integer" ? "numeric" : "decimal", placeholder: defaultText(prop) || "default" });
+  } else if (isFile(name, prop)) {
+    input = el("textarea", { id, rows: "4", spellcheck: "false", placeholder: "the file's content" });
   } else {
     input = el("input", { id, type: "text", spellcheck: "false", placeholder: defaultText(prop) || "default" });
   }
   input.dataset.field = name;
-  input.dataset.kind = prop.enum ? "string" : prop.type;
   const hid = id + "-help";
   input.setAttribute("aria-describedby", hid);
   wrap.append(label, input, el("p", { class: "help", id: hid, text: help }));
@@ -82,8 +88,11 @@ export function buildForm(schema) {
   const placed = new Set(FIXED);
   const sections = GROUPS.map(([title, open, names]) => [title, open, names.filter((n) => n in schema)]);
   for (const [, , names] of sections) names.forEach((n) => placed.add(n));
-  const rest = Object.keys(schema).filter((n) => !placed.has(n) && SCALAR.has(schema[n].type));
+  const files = Object.keys(schema).filter((n) => !placed.has(n) && isFile(n, schema[n]));
+  files.forEach((n) => placed.add(n));
+  const rest = Object.keys(schema).filter((n) => !placed.has(n));
   if (rest.length) sections.push(["More", false, rest]);
+  if (files.length) sections.push(["Framework config files", false, files]);
   for (const [title, open, names] of sections) {
     if (!names.length) continue;
     const details = el("details", { class: "box group", open });
@@ -98,9 +107,19 @@ export function buildForm(schema) {
   $("#gpu-box").append(el("p", { class: "help", id: "f-gpus-help", text: helpText(schema.gpus || {}) }));
 }
 
-/** A query-string or input value as the schema's type ("8" → 8, "true" → true); bad numbers stay text
- * (the server names the field and the rule). */
+/** A query-string or input value as the schema's type ("8" → 8, "true" → true, JSON text → an object
+ * where the field takes one); a bad value stays text (the server names the field and the rule). */
 export function typed(prop, raw) {
+  const types = [prop.type].flat();
+  if (types.includes("object") || types.includes("array")) {
+    try {
+      const value = JSON.parse(raw);
+      if (typeof value === "object" && value !== null) return value;
+    } catch {
+      // not JSON: sent as text (a command line where the field takes one)
+    }
+    return raw;
+  }
   if (prop.type === "integer" || prop.type === "number") {
     const n = Number(raw);
     return raw === "" || Number.isNaN(n) ? raw : n;
