@@ -82,6 +82,8 @@ function jobBody() {
     }
   } else if (state.model) {
     body.model = state.model;
+  } else if (state.source === "hub") {
+    return { localError: "model: type a Hugging Face Hub id (ORG/NAME) and press Enter", field: "model" };
   }
   Object.assign(body, state.fields);
   return body;
@@ -286,7 +288,7 @@ async function runDoctor() {
   $("#panel-doctor").dataset.state = "pending";
   const answer = await call("/v1/doctor", init);
   $("#d-run").disabled = false;
-  $("#d-status").textContent = "";
+  $("#d-status").textContent = answer.error ? "Refused." : `Verdict: ${answer.data.verdict}.`;
   $("#panel-doctor").dataset.state = answer.error ? "error" : "done";
   if (answer.error) {
     showError("doctor", answer.error);
