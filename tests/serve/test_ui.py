@@ -141,10 +141,23 @@ def test_numbers_follow_the_knobs_and_equal_the_api(page: Any, server: str) -> N
     assert after == expected(doc) and after["peak-allocated"] != before["peak-allocated"]
     for stage in doc["stages"]:  # the breakdown table: every category of every stage, in GiB
         column = page.locator(f"#breakdown tbody tr td:nth-child({stage['stage'] + 2})").all_text_contents()
-        for name, value in stage["by_category"].items():
-            assert (f"{value / GiB:.2f}" if value else "—") in column, name
+        cells = [f"{v / GiB:.2f}" if v else "—" for v in stage["by_category"].values()]
+        totals = [f"{stage[k] / GiB:.2f}" for k in ("peak_allocated_bytes", "peak_reserved_bytes")]
+        assert column == [str(stage["layers"]) if not stage["layer_indices"] else
+                          f"{stage['layer_indices'][0]}-{stage['layer_indices'][-1]}",
+                          str(stage["inflight_microbatches"]), stage["peak_phase"], *cells, *totals]
     query = parse_qs(urlsplit(page.url).query)
     assert query["tp"] == ["2"] and query["mbs"] == ["2"] and query["model"] == ["llama-3.1-8b"]
+
+
+def test_typing_is_debounced(page: Any, server: str) -> None:
+    open_page(page, server, "?model=llama-3.1-8b&gpu=h100-80gb&gpus=8")
+    settled(page, gpus=8)
+    before = sum(url.endswith("/v1/estimate") for url in page.requests)
+    page.locator("#f-seq").press_sequentially("8192")  # four input events, well inside 150 ms of each other
+    settled(page, seq=8192)
+    sent = sum(url.endswith("/v1/estimate") for url in page.requests) - before
+    assert 1 <= sent < 4
 
 
 def test_invalid_combination_shows_the_servers_message(page: Any, server: str) -> None:
