@@ -269,6 +269,22 @@ def test_pasted_config_json(page: Any, server: str) -> None:
     assert json.loads(parse_qs(urlsplit(page.url).query)["model_config"][0]) == CONFIG
 
 
+def test_pasted_deepspeed_config_and_what_it_did_not_model(page: Any, server: str) -> None:
+    ds = {"zero_optimization": {"stage": 2, "overlap_comm": True}, "train_micro_batch_size_per_gpu": 2,
+          "bf16": {"enabled": True}}
+    open_page(page, server, "?model=llama-3.1-8b&gpu=h100-80gb&gpus=8")
+    settled(page, gpus=8)
+    page.click("summary:has-text('Framework config files')")
+    page.fill("#f-deepspeed_config", json.dumps(ds, indent=2))
+    page.press("#f-deepspeed_config", "Tab")  # sent when the box is left
+    settled(page, deepspeed_config=ds)
+    doc = api(server, "/v1/estimate", {**BASE, "deepspeed_config": ds})
+    assert shown(page) == expected(doc)
+    assert page.locator("#input-settings tr").count() == len(doc["input_settings"]) + 1
+    assert doc["unmodelled_settings"] and page.is_visible("#unmodelled")
+    assert page.locator("#unmodelled li").all_inner_texts() == doc["unmodelled_settings"]
+
+
 def test_nothing_is_loaded_from_another_origin(page: Any, server: str) -> None:
     open_page(page, server)
     settled(page)

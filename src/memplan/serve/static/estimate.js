@@ -41,6 +41,11 @@ export function renderEstimate(doc, gpus) {
   breakdownTable(doc);
   $("#assumptions").replaceChildren(...(doc.assumptions || []).map((a) => el("li", { text: a })));
   settingsList($("#settings"), doc);
+  // Never silent: what the input files set that memplan does not price is said beside the numbers.
+  const unmodelled = doc.unmodelled_settings || [];
+  $("#unmodelled").hidden = !unmodelled.length;
+  $("#unmodelled").replaceChildren(el("strong", { text: "Not modelled: " }),
+    el("ul", {}, ...unmodelled.map((line) => el("li", { text: line }))));
 }
 
 function setBytes(sel, bytes) {
@@ -58,13 +63,15 @@ function settingsList(holder, doc) {
   holder.replaceChildren();
   const rows = doc.input_settings || [];
   if (!rows.length) return;
-  const table = el("table", { class: "plain" }, el("tr", {}, ...["input", "setting", "value", "effect"]
-    .map((h) => el("th", { scope: "col", text: h }))));
+  // Each setting an input file gave, and what memplan made of it (modelled, no memory effect, not modelled).
+  const table = el("table", { class: "plain", id: "input-settings" }, el("tr", {},
+    ...["input", "setting", "value", "effect", "note"].map((h) => el("th", { scope: "col", text: h }))));
   for (const s of rows) {
-    table.append(el("tr", {}, ...[s.source, s.name, JSON.stringify(s.value), s.effect]
-      .map((t) => el("td", { text: t === undefined ? "" : String(t) }))));
+    table.append(el("tr", { class: s.effect === "not modelled" ? "unmodelled" : null },
+      ...[s.source, s.key, JSON.stringify(s.value), s.effect, s.note]
+        .map((t) => el("td", { text: t === undefined || t === null ? "" : String(t) }))));
   }
-  holder.append(el("h4", { text: "What the inputs said" }), table);
+  holder.append(el("h4", { text: "What the input files said" }), table);
 }
 
 
