@@ -338,3 +338,22 @@ def test_job_alone_fits_or_gets_job_fixes() -> None:
     big = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 1, "framework": "hf", "seq": 2048}))
     report = diagnose(job=big, gpu="rtx-4090")
     assert report.verdict == "demand" and report.fixes[0].verified and report.fixes[0].kind == "job"
+
+
+def test_timeline_keeps_every_peak_and_marks_the_oom() -> None:
+    """At most TIMELINE_POINTS points, each the most live in its stretch: the trace's peak is a point."""
+    from memplan.doctor.trace_facts import TIMELINE_POINTS
+
+    rows = []
+    for i in range(3000):  # a 1 GiB spike inside one stretch, on a sawtooth
+        rows += [("alloc", 2 * i, (1 + i % 7) * MiB, "activation", i // 1000),
+                 ("free", 2 * i, (1 + i % 7) * MiB, "activation", i // 1000)]
+    rows.insert(3001, ("alloc", 10**6, GiB, "temporary", 1))
+    rows.insert(3002, ("free", 10**6, GiB, "temporary", 1))
+    doc = diagnose(trace=_trace(rows), capacity_bytes=512 * MiB).to_json()
+    points = doc["timeline"]["points"]
+    assert len(points) <= TIMELINE_POINTS + 1 and points[-1][0] == len(rows) - 1
+    # the spike lands on block 1500's 3 MiB (1 + 1500 % 7): the peak, and the largest point
+    assert max(p[1] for p in points) == doc["timeline"]["peak_live_bytes"] == GiB + 3 * MiB
+    assert doc["timeline"]["oom_index"] is not None and doc["timeline"]["oom_index"] <= 3002
+    assert diagnose(CORPUS[0]["message"]).to_json()["timeline"] is None  # a message has no events

@@ -240,6 +240,11 @@ def test_doctor_verdict_from_a_chosen_trace_file(page: Any, server: str, tmp_pat
     assert page.get_attribute("#doctor-verdict", "data-verdict") == doc["verdict"] == "leak"
     assert page.locator("#doctor-out .finding").count() == len(doc["findings"])
     assert page.locator("#doctor-fixes > li").count() == len(doc["fixes"])
+    # The live memory over the run: one line through the timeline's points, and the peak the API found.
+    assert len(doc["timeline"]["points"]) == len(rows)
+    label = page.get_attribute("#doctor-timeline", "aria-label")
+    assert f"peak {doc['timeline']['peak_live_bytes'] / 2**30:.2f} GiB" in label
+    assert page.locator("#doctor-timeline line.iteration").count() == 4  # five iterations
 
 
 def test_fit_table_and_using_a_layout(page: Any, server: str) -> None:

@@ -76,6 +76,7 @@ def diagnose(
     if snap is not None and (snap.trace is None or case.msg is not None or snap.oom_requested_bytes is not None):
         requested = case.msg.requested.bytes if case.msg is not None else snap.oom_requested_bytes
         findings.extend(snapshot_findings(snap.snapshot, requested))
+    facts = None
     if case.events is not None:
         facts = trace_facts(case.events.events, site_of=case.site_of, categories_known=case.categories_known)
         source = "trace" if case.categories_known else "snapshot"
@@ -94,7 +95,16 @@ def diagnose(
     return DoctorReport(verdict=_verdict(ranked, case.events, snap), findings=ranked, fixes=fixes,
                         inputs=case.inputs, message=case.msg, capacity_bytes=case.capacity,
                         capacity_source=case.capacity_source, notes=tuple(notes),
-                        input_settings=tuple(case.loaded.settings) if case.loaded is not None else ())
+                        input_settings=tuple(case.loaded.settings) if case.loaded is not None else (),
+                        timeline=facts.live_timeline if facts is not None else (),
+                        peak=(facts.peak_index, facts.peak_live_bytes) if facts is not None else None,
+                        oom_index=_oom_index(case))
+
+
+def _oom_index(case: _Case) -> int | None:
+    """The event at which the replay at the run's own settings ran out of memory, if it did."""
+    replay = case.replay
+    return replay.oom.event_index if replay is not None and replay.oom is not None else None
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,11 @@ class DoctorReport:
     notes: tuple[str, ...] = ()
     #: What the job's input files said, and how memplan treated each (:class:`memplan.settings.InputSetting`).
     input_settings: tuple[Any, ...] = ()
+    #: The live bytes over the trace or snapshot's history (:attr:`TraceFacts.live_timeline`); empty without one.
+    timeline: tuple[tuple[int, int, int], ...] = ()
+    #: Where the live bytes peaked (event index, bytes), and where the run failed (event index), if known.
+    peak: tuple[int, int] | None = None
+    oom_index: int | None = None
 
     @property
     def evidence(self) -> tuple[Evidence, ...]:
@@ -162,6 +167,10 @@ class DoctorReport:
             "capacity_source": self.capacity_source,
             "message": None if self.message is None else self.message.to_dict(),
             "notes": list(self.notes),
+            "timeline": None if not self.timeline else {
+                "points": [list(p) for p in self.timeline], "peak_index": self.peak[0] if self.peak else None,
+                "peak_live_bytes": self.peak[1] if self.peak else None, "oom_index": self.oom_index,
+                "note": "live bytes (requested sizes) over the events; each point is the most live in its stretch"},
             **settings_dict(self.input_settings),
         }
 

@@ -1,7 +1,7 @@
 """What a trace says about growth across iterations (a leak) and one-op spikes.
 
 Two passes over the events, both linear: the first records the live bytes (requested sizes) at the
-end of every iteration and where the peak is; the second rebuilds the live set at the peak and
+end of every iteration, where the peak is, and a timeline of at most :data:`TIMELINE_POINTS` points; the second rebuilds the live set at the peak and
 finds the largest short-lived block in it. A million events take well under a second.
 
 * **Growth**: the live bytes at the end of iteration ``i`` (the same point of every iteration),
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from memplan.events import ALLOC, AllocEvent
 from memplan.units import MiB
 
-__all__ = ["LEAK_MIN_BYTES", "LEAK_MIN_ITERATIONS", "SPIKE_SHARE", "TraceFacts", "trace_facts"]
+__all__ = ["LEAK_MIN_BYTES", "LEAK_MIN_ITERATIONS", "SPIKE_SHARE", "TIMELINE_POINTS", "TraceFacts", "trace_facts"]
 
 #: Smallest average growth per iteration reported as a leak (below it: noise of caches).
 LEAK_MIN_BYTES = 1 * MiB
@@ -34,6 +34,8 @@ LEAK_MIN_ITERATIONS = 2
 SPIKE_SHARE = 0.2
 #: Without categories, a block freed within this share of the trace's events is short-lived.
 SHORT_LIFETIME_SHARE = 0.05
+#: Points of the live-bytes timeline (each the most live in its stretch of events, so peaks show).
+TIMELINE_POINTS = 400
 #: Categories that are short-lived by nature.
 _SHORT_CATEGORIES = frozenset({"temporary", "workspace", "logits"})
 
@@ -55,6 +57,9 @@ class TraceFacts:
     spike_bytes: int
     spike_site: str
     spike_index: int
+    #: The live bytes over the trace, at most :data:`TIMELINE_POINTS` points: (last event index of the
+    #: stretch, most live bytes in it, iteration at its end).
+    live_timeline: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def leaking(self) -> bool:
@@ -84,6 +89,9 @@ def trace_facts(events: Sequence[AllocEvent], *, site_of: Callable[[int], str] |
     peak, peak_index = 0, -1
     ends: list[tuple[int, int]] = []
     current = None
+    width = max(1, -(-len(events) // TIMELINE_POINTS))  # events per timeline point
+    timeline: list[tuple[int, int, int]] = []
+    most, cut = 0, width - 1
     for position, event in enumerate(events):
         iteration = event.iteration
         if iteration != current:
@@ -94,17 +102,25 @@ def trace_facts(events: Sequence[AllocEvent], *, site_of: Callable[[int], str] |
             live += event.size
             if live > peak:
                 peak, peak_index = live, position
+            if live > most:  # noqa: PLR1730 - a comparison is cheaper than max() per event
+                most = live
         else:
             live -= event.size
+        if position == cut:
+            timeline.append((position, most, iteration))
+            most, cut = live, cut + width
     if current is not None and current >= 0:
         ends.append((current, live))
+    if events and (not timeline or timeline[-1][0] != len(events) - 1):
+        timeline.append((len(events) - 1, most, events[-1].iteration))
     name = site_of or (lambda position: default_site(events[position]))
     growth = _growth(ends)
     sites = _growing_sites(events, name, len(ends)) if growth else ()
     spike_bytes, spike_site, spike_index = _spike(events, peak_index, name, categories_known)
     return TraceFacts(events=len(events), peak_live_bytes=peak, peak_index=peak_index,
                       iteration_end_live=tuple(ends), growth_per_iteration_bytes=growth, growing_sites=sites,
-                      spike_bytes=spike_bytes, spike_site=spike_site, spike_index=spike_index)
+                      spike_bytes=spike_bytes, spike_site=spike_site, spike_index=spike_index,
+                      live_timeline=tuple(timeline))
 
 
 def _growth(ends: list[tuple[int, int]]) -> int:

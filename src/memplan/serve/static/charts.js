@@ -116,3 +116,55 @@ export function oomBar(m) {
       el("li", {}, el("i", { class: "requested-swatch" }), "requested")));
   return wrap;
 }
+
+/** The doctor's live-bytes timeline (doc.timeline): the most live in each stretch of events, iteration
+ * boundaries, the peak, the capacity and where the replay ran out. Null without a timeline. */
+export function timelineChart(doc) {
+  const t = doc.timeline;
+  if (!t || !(t.points || []).length) return null;
+  const points = t.points;  // [last event index, live bytes, iteration]
+  const last = points[points.length - 1][0] || 1;
+  const top = Math.max(...points.map((p) => p[1]), doc.capacity_bytes || 0) || 1;
+  const W = 640, H = 200, L = 52, R = 10, T = 10, B = 28;
+  const x = (i) => L + (W - L - R) * (i / last);
+  const y = (v) => T + (H - T - B) * (1 - v / top);
+  const step = niceStep(top / GiB, 4);
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", class: "timeline", id: "doctor-timeline",
+    "aria-label": `Live memory over ${last + 1} events; peak ${gib(t.peak_live_bytes || 0)}` +
+      (doc.capacity_bytes ? `; capacity ${gib(doc.capacity_bytes)}` : "") });
+  for (let g = 0; g * step * GiB <= top; g++) {
+    root.append(svg("line", { x1: L, x2: W - R, y1: y(g * step * GiB), y2: y(g * step * GiB), class: "grid" }),
+      svg("text", { x: L - 6, y: y(g * step * GiB) + 4, class: "tick", "text-anchor": "end" }, `${+(g * step).toFixed(2)}`));
+  }
+  for (let k = 1; k < points.length; k++) {  // iteration boundaries
+    if (points[k][2] !== points[k - 1][2]) {
+      root.append(svg("line", { x1: x(points[k - 1][0]), x2: x(points[k - 1][0]), y1: T, y2: H - B, class: "iteration" }));
+    }
+  }
+  const path = points.map((p, k) => `${k ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
+  root.append(svg("path", { d: `${path} L${x(last).toFixed(1)},${y(0)} L${x(points[0][0]).toFixed(1)},${y(0)} Z`,
+    class: "area", fill: PALETTE[0], "fill-opacity": "0.18" }));
+  root.append(svg("path", { d: path, fill: "none", stroke: PALETTE[0], "stroke-width": 1.5 }));
+  if (doc.capacity_bytes) {
+    root.append(svg("line", { x1: L, x2: W - R, y1: y(doc.capacity_bytes), y2: y(doc.capacity_bytes), class: "limit" }),
+      svg("text", { x: L + 4, y: y(doc.capacity_bytes) - 4, class: "tick limit-label" },
+        `capacity ${gib(doc.capacity_bytes)}`));
+  }
+  if (t.peak_index !== null && t.peak_index !== undefined) {
+    const right = x(t.peak_index) > (L + W - R) / 2;  // label on the side with room
+    root.append(svg("circle", { cx: x(t.peak_index), cy: y(t.peak_live_bytes), r: 3.5, fill: PALETTE[5] }),
+      svg("text", { x: x(t.peak_index) + (right ? -7 : 7), y: y(t.peak_live_bytes) + 16, class: "tick",
+        "text-anchor": right ? "end" : "start" }, `peak ${gib(t.peak_live_bytes)}`));
+  }
+  if (t.oom_index !== null && t.oom_index !== undefined) {
+    root.append(svg("line", { x1: x(t.oom_index), x2: x(t.oom_index), y1: T, y2: H - B, class: "oom-mark",
+      stroke: PALETTE[5], "stroke-dasharray": "4 3" }),
+    svg("text", { x: x(t.oom_index) - 4, y: H - B - 6, class: "tick", "text-anchor": "end" }, "out of memory"));
+  }
+  root.append(svg("text", { x: L, y: H - 8, class: "tick" }, "event 0"),
+    svg("text", { x: W - R, y: H - 8, class: "tick", "text-anchor": "end" }, `event ${last}`),
+    svg("text", { x: 12, y: T + (H - T - B) / 2, class: "tick", transform: `rotate(-90 12 ${T + (H - T - B) / 2})`,
+      "text-anchor": "middle" }, "GiB"));
+  return el("figure", { class: "chart timeline-chart" },
+    el("figcaption", { text: "Live memory over the run (requested bytes; dotted lines: iteration boundaries)" }), root);
+}

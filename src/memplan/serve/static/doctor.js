@@ -1,7 +1,8 @@
 // The doctor panel: the request (JSON, or a multipart form when a snapshot or trace is chosen) and
-// the report: the verdict, each finding with its evidence, the GPU at the OOM, the fixes ranked.
+// the report: the verdict, the GPU at the OOM, the live memory over the run, each finding with its
+// evidence, the fixes ranked.
 
-import { oomBar } from "./charts.js";
+import { oomBar, timelineChart } from "./charts.js";
 import { $, el, gib } from "./dom.js";
 
 /** The fetch options of ``POST /v1/doctor``: the fields as JSON, or as a form beside the ``file`` part. */
@@ -29,6 +30,8 @@ export function renderDoctor(doc) {
     "data-verdict": doc.verdict }, el("span", { text: doc.verdict_text || doc.verdict }));
   const parts = [head];
   if (doc.message) parts.push(oomBar(doc.message));
+  const timeline = timelineChart(doc);
+  if (timeline) parts.push(timeline);
   const facts = [`inputs: ${(doc.inputs || []).join(", ") || "none"}`];
   if (doc.capacity_bytes) facts.push(`capacity ${gib(doc.capacity_bytes)} (${doc.capacity_source})`);
   parts.push(el("p", { class: "summary", text: facts.join(" · ") }));
