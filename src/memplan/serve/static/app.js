@@ -18,6 +18,7 @@ const PAGE_KEYS = { panel: "panel", source: "src", top: "fit_top", message: "d_m
 const state = { source: "preset", model: "", config: "", fields: {}, panel: "estimate", top: 10,
   message: "", capacity: "", alloc: "", usejob: false };
 let schema = {}; // Job properties from the OpenAPI document
+let searched = []; // the job fields the layout search chooses (x-searched-fields of /v1/fit)
 let models = [];
 let gpus = [];
 let doctorFile = null;
@@ -245,7 +246,7 @@ async function runFit() {
   $("#fit-run").disabled = true;
   $("#fit-status").textContent = "Searching…";
   $("#panel-fit").dataset.state = "pending";
-  const { answer, left } = await searchFit(body);
+  const { answer, left } = await searchFit(body, searched);
   fitLeft = left;
   $("#fit-run").disabled = false;
   fitDone = true;
@@ -390,6 +391,8 @@ async function start() {
     return;
   }
   schema = spec.data.components.schemas.Job.properties;
+  const fitBody = spec.data.paths["/v1/fit"].post.requestBody.content["application/json"].schema;
+  searched = fitBody["x-searched-fields"] || [];
   models = m.data;
   gpus = g.data;
   buildForm(schema);

@@ -3,11 +3,13 @@
 
 import { $, el, fieldName, gib, postJSON } from "./dom.js";
 
-/** Ask the layout search about ``body``. It refuses the knobs it chooses itself and says which: each
- * is left out and the question asked again. {answer, left: the fields left out}. */
-export async function searchFit(body) {
+/** Ask the layout search about ``body``. The fields it chooses itself (``searched``, from the OpenAPI
+ * document) are left out first; should it still refuse one, that one is left out and the question
+ * asked again. {answer, left: the fields left out}. */
+export async function searchFit(body, searched = []) {
   const asked = { ...body };
-  const left = [];
+  const left = searched.filter((name) => name in asked);
+  for (const name of left) delete asked[name];
   for (let tries = 0; tries < 64; tries++) {
     const answer = await postJSON("/v1/fit", asked);
     const e = answer.error;
