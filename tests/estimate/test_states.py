@@ -131,8 +131,8 @@ def test_hf_autocast_weight_copies_are_activations() -> None:
     s = estimate(model, job(framework="hf", batch=Batch(seq_length=seq))).stages[0]
     assert s.peak_phase in ("loss", "backward") and s.gradients_absent_at_peak_bytes == s.gradients_bytes
     sbh = seq * 1 * HIDDEN
-    # final norm's fp32 input and its fp32 normalized tensor + the bf16 output-layer input
-    head = 4 * sbh + 4 * sbh + 2 * sbh
+    # final norm's fp32 input, its 1/rms per token and its fp32 normalized tensor + the bf16 output-layer input
+    head = 4 * sbh + 4 * seq + 4 * sbh + 2 * sbh
     attn = model.layers[0].attention
     rope = 2 * seq * attn.head_dim * 4  # RoPE's fp32 cos and sin tables, saved once
     linear = sum(g.total - layer_non_gemm_params(layer, HIDDEN, model.norm_bias)

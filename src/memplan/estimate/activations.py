@@ -174,13 +174,16 @@ def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int) -> l
     if shape.kernels != "eager" or shape.norm != "rmsnorm":
         return []
     sbh = shape.seq * shape.micro_batch * shape.hidden
+    # ``x * rsqrt(variance + eps)`` also saves the fp32 reciprocal RMS, one per token.
+    inverse_rms = Term(f"{prefix} norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * shape.seq * shape.micro_batch,
+                       "sp", "body")
     if input_bytes < NORM_COMPUTE_BYTES:
-        terms = [Term(f"{prefix} norm fp32 input", NORM_COMPUTE_BYTES * sbh, "sp", "body")]
+        terms = [Term(f"{prefix} norm fp32 input", NORM_COMPUTE_BYTES * sbh, "sp", "body"), inverse_rms]
         if shape.norm_fp32_scale:
             terms.append(Term(f"{prefix} norm normalized input in fp32 (beyond the input dtype)",
                               (NORM_COMPUTE_BYTES - input_bytes) * sbh, "sp", "body"))
         return terms
-    return [Term(f"{prefix} norm normalized input", input_bytes * sbh, "sp", "body")]
+    return [Term(f"{prefix} norm normalized input", input_bytes * sbh, "sp", "body"), inverse_rms]
 
 
 def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
@@ -193,6 +196,8 @@ def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
     c = shape.act_bytes
     normalized = NORM_COMPUTE_BYTES if shape.norm_fp32_scale else c
     return [Term("post-norms fp32 input", count * NORM_COMPUTE_BYTES * sbh, "sp", "body"),
+            Term("post-norms 1/rms (fp32, per token)", count * NORM_COMPUTE_BYTES * shape.seq * shape.micro_batch,
+                 "sp", "body"),
             Term("post-norms normalized output", count * normalized * sbh, "sp", "body")]
 
 
@@ -224,6 +229,9 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
         # code, the normalized tensors in the projection's dtype.
         per_element = (4 + c) if shape.kernels == "eager" else c
         terms.append(Term("q, k norms", per_element * tokens * (q_width + k_width), "tp", "attn"))
+        if shape.kernels == "eager":  # and each eager RMSNorm's fp32 1/rms, per head and token
+            terms.append(Term("q, k norms 1/rms (fp32, per head and token)",
+                              NORM_COMPUTE_BYTES * tokens * (attn.num_heads + attn.num_kv_heads), "tp", "attn"))
     heads_scores = attn.num_heads * b * s * shape.kv_seq
     if shape.attention == "eager":
         terms += _eager_core_terms(attn, shape, heads_scores)
@@ -324,6 +332,8 @@ def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
     c = shape.act_bytes
     latent = attn.kv_lora_rank or 0
     rope = attn.qk_rope_head_dim or 0
+    if shape.kernels == "eager":
+        return _eager_mla_projection_terms(attn, shape)
     terms = [Term("kv latent (+ rope key)", c * tokens * (latent + rope), "rep", "body")]
     terms.append(Term("kv latent norm output (kv up-projection input)", c * tokens * latent, "rep", "body",
                       gemm_input=True, site="mla_up"))
@@ -331,6 +341,36 @@ def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
         terms.append(Term("q latent", c * tokens * attn.q_lora_rank, "rep", "body"))
         terms.append(Term("q latent norm output (q up-projection input)", c * tokens * attn.q_lora_rank, "rep",
                           "body", gemm_input=True, site="mla_up"))
+    return terms
+
+
+def _eager_mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    """MLA's low-rank path in transformers' ``DeepseekV2Attention`` / ``DeepseekV3Attention``.
+
+    Each latent goes through an eager RMSNorm (:func:`eager_norm_terms`): it saves an fp32 copy of
+    the 16-bit latent, the reciprocal RMS per token and the normalized latent in the input dtype
+    (``weight * x.to(input_dtype)``); the up-projection saves its own 16-bit input (the product
+    with the fp32 weight is fp32 under autocast, which the GEMM casts back; without autocast it is
+    the product itself). The latent itself and the rope key are not saved (the norm and RoPE keep
+    copies and tables only). The value heads are a view of the kv up-projection's output, which
+    attention saves as it is: the whole output (the key's no-rope part too) stays alive. Checked
+    with ``memplan trace`` and ``torch.autograd.graph.saved_tensors_hooks`` on a DeepSeek-V2 toy.
+    """
+    tokens = shape.seq * shape.micro_batch
+    c = shape.act_bytes
+    terms: list[Term] = []
+    for name, rank, site in (("kv", attn.kv_lora_rank or 0, "mla_up"), ("q", attn.q_lora_rank or 0, "mla_up")):
+        if not rank:
+            continue
+        terms += [Term(f"{name} latent norm fp32 input", NORM_COMPUTE_BYTES * tokens * rank, "rep", "body"),
+                  Term(f"{name} latent norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * tokens, "rep", "body"),
+                  Term(f"{name} latent norm normalized (input dtype)", c * tokens * rank, "rep", "body"),
+                  Term(f"{name} latent norm output ({name} up-projection input)", c * tokens * rank, "rep", "body",
+                       gemm_input=True, site=site)]
+    if attn.kv_lora_rank:
+        nope = attn.head_dim - (attn.qk_rope_head_dim or 0)
+        terms.append(Term("kv up-projection output kept whole by the value view (its key part)",
+                          c * tokens * attn.num_heads * nope, "tp", "attn", site="mla_up"))
     return terms
 
 
@@ -388,7 +428,13 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     c = shape.expert_bytes or shape.act_bytes
     tokens = s * b
     # A separate pre-MLP norm in Megatron's TE spec (its output, the MoE layer's input: ``layernorm``).
-    terms = _norm_terms(shape, "mlp", "body", site="pre_mlp_norm")
+    # Under autocast every linear reading it casts its own copy: the router, the shared expert's
+    # GEMMs and its sigmoid gate (transformers' routed experts index the norm output as it is).
+    consumers = 1
+    if moe.shared_expert is not None:
+        consumers += (2 if moe.shared_expert.gated and not moe.shared_expert.fused_gate_up else 1)
+        consumers += 1 if moe.shared_expert_gate else 0
+    terms = _norm_terms(shape, "mlp", "body", consumers, site="pre_mlp_norm")
     if shape.kernels == "eager":
         # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
         terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
@@ -398,6 +444,11 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
                           "sp", "body", site="moe"))
     routed = tokens * moe.top_k
     terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body", site="moe"))
+    if shape.kernels == "eager":
+        # transformers' grouped_mm_experts_forward: the gather index (perm // top_k), the sort
+        # permutation and its inverse (int64 per routed copy), and the int32 per-expert offsets.
+        terms.append(Term("grouped experts' permutations and offsets", routed * 3 * 8 + moe.num_experts * 4, "sp",
+                          "body", site="moe"))
     received = int(routed * shape.routed_factor)
     terms.append(Term("dispatched tokens (grouped-GEMM input)", c * received * h * shape.expert_tp, "sp", "body",
                       gemm_input=True, site="moe"))
