@@ -461,6 +461,13 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
         terms.append(Term("expert outputs kept by the weighted combine", c * routed * h, "sp", "body", site="moe"))
     if moe.shared_expert is not None:
         terms += _mlp_terms(moe.shared_expert, shape, tokens=tokens, region="tp", prefix="shared expert")
+        if moe.shared_expert_gate:
+            # sigmoid(gate(x)) * shared_output: the product keeps both factors for its backward. It is
+            # inside Megatron's SharedExpertMLP (``shared_experts`` recompute drops it) but outside
+            # transformers' ``shared_expert`` module (Qwen2MoeSparseMoeBlock applies the gate).
+            terms.append(Term("shared expert output and its sigmoid gate (kept by their product)",
+                              shape.act_bytes * tokens * (h + 1), "sp", "body",
+                              site="" if shape.kernels == "eager" else "shared_experts"))
     if shape.dropout:
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * h, "sp", "body"))
     return terms
