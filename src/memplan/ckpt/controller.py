@@ -181,6 +181,18 @@ class CheckpointController(LoopHooks):
             plan = planner(costs, self._step_cost(size, static_bytes, 0.0))
         return plan
 
+    def measured_size(self) -> int:
+        """The largest size at which every phase of a step has been measured (0 before any step).
+
+        The backward through the blocks is one phase measured in either of its two forms: ``block``
+        (a block kept) or ``recompute`` (a block checkpointed); a step that checkpoints nothing
+        measures only the first, a sheltered step only the second. Requiring both would shelter
+        every batch beyond twice the largest *sheltered* one even after plain steps measured it.
+        """
+        p = self._phases
+        backward = max(p["block"].largest_size, p["recompute"].largest_size)
+        return min(p["forward"].largest_size, p["head"].largest_size, p["tail"].largest_size, backward)
+
     def _extrapolation_margin(self, size: int) -> float:
         """The safety margin, widened per doubling of ``size`` beyond the sizes measured in every phase."""
         seen = min(s.largest_size for name, s in self._phases.items() if name != "block") or 1
@@ -340,8 +352,7 @@ class CheckpointController(LoopHooks):
             return _forced(flags, "static"), True
         if self._force == "shelter":
             return _forced((True,) * n, "all"), True
-        seen = min(s.largest_size for name, s in self._phases.items() if name != "block")
-        if not self.ready or size > SHELTER_BEYOND * seen:  # a sheltered learning step: all checkpointed, probed
+        if not self.ready or size > SHELTER_BEYOND * self.measured_size():  # a sheltered learning step: all checkpointed, probed
             return _forced((True,) * n, "all"), True
         index, upper = size_bucket(size)
         key = (index, static >> 20, self._version, any(grads))
