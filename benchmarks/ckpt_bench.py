@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,25 @@ from memplan.ckpt.bench import BenchConfig, run_bench, with_overrides
 from memplan.report.ckpt_text import bench_markdown, bench_tables
 
 RESULTS = Path(__file__).parent / "results" / "ckpt_bench.json"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_state() -> dict[str, object]:
+    """The commit the benchmark runs from and the files that differ from it (the parameters' record).
+
+    The parameters (``BenchConfig``'s defaults, docs/ckpt.md "Benchmark parameters") are committed
+    before a run; ``changed`` lists tracked files modified since that commit (empty: the run is
+    exactly that commit). Outside a git checkout both are empty.
+    """
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": "", "changed": []}
+    return {"commit": commit, "changed": changed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help=f"JSON file (default {RESULTS}; none with --quick)")
     args = parser.parse_args(argv)
     cfg = with_overrides(BenchConfig.quick() if args.quick else BenchConfig(), steps=args.steps, repeats=args.repeats)
+    git = git_state()
     t0 = time.perf_counter()
     result = run_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     elapsed = time.perf_counter() - t0
@@ -40,10 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
     Console().print(bench_tables(result))
     print(bench_markdown(result))
-    print(f"\nbenchmark wall time: {elapsed:.0f} s")
+    print(f"\nbenchmark wall time: {elapsed:.0f} s; parameters of commit {git['commit'][:12] or '?'}"
+          + (f" with changed files {git['changed']}" if git["changed"] else ""))
     output = args.output or (None if args.quick else RESULTS)
     if output is not None:
-        data = {**result.to_dict(), "benchmark_wall_s": elapsed}
+        data = {**result.to_dict(), "benchmark_wall_s": elapsed, "git": git}
         output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {output}")
     return 0

@@ -110,6 +110,22 @@ def test_learning_steps_seed_the_predictors_without_warm_up(model: torch.nn.Modu
     assert ctl.stats().sheltered_steps == 3  # three sizes: a line with an intercept, checked on a spare point
 
 
+def test_plain_steps_extend_the_measured_range_without_checkpointing_anything(model: torch.nn.Module) -> None:
+    wrapped = auto_checkpoint(model, 64 * MiB)  # 64 MiB: every batch here fits without checkpointing
+    ctl = wrapped.memplan_ckpt
+    for n in (12, 20, 28):  # sheltered: sizes 24, 40, 56 tokens, every block checkpointed (recompute phase)
+        ctl.step(train_step(wrapped, tokens(n)))
+        wrapped.zero_grad(set_to_none=True)
+    assert ctl.ready and ctl.measured_size() == 56
+    ctl.step(train_step(wrapped, tokens(50)))  # 100 tokens: within 2x, planned; it checkpoints nothing
+    wrapped.zero_grad(set_to_none=True)
+    assert ctl.last is not None and ctl.last[1].method == "none"
+    assert ctl.measured_size() == 100  # its backward measured the blocks kept, not recomputed
+    ctl.step(train_step(wrapped, tokens(90)))  # 180 tokens: beyond 2x the sheltered sizes, within 2x of 100
+    assert ctl.last is not None and ctl.last[1].method == "none"
+    assert ctl.stats().sheltered_steps == 3
+
+
 # ------------------------------------------------------------------------------------ safety net
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_a_forced_miss_is_redone_and_gives_the_unforced_result(dropout: float) -> None:

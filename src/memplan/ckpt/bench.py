@@ -20,8 +20,8 @@ The budget is measured before the runs: ``budget_fraction`` of the way from ``fu
 
 **The judge** is :class:`~memplan.ckpt.bench_meter.StepMeter`, a live-storage counter sharing no
 code with memplan's meter, entered around each whole run: each step's peak covers forward,
-backward and the optimizer's step. memplan's warm-up (a few short batches before training, when
-``warmup_lengths`` is set) and its sheltered learning steps run inside the timed, judged runs.
+backward and the optimizer's step. memplan's warm-up (a few short batches of the training shape
+before training, when ``warmup_lengths`` is set) and its sheltered learning steps run inside the timed, judged runs.
 
 **Timing**: ``repeats`` repetitions; in each, the :data:`TIMED` variants run one after another in
 an order rotated every repetition; ``none`` and ``trainer-none`` run once (first repetition) for
@@ -78,8 +78,10 @@ class BenchConfig:
     max_length: int = 1024
     #: The budget sits this far from ``full``'s peak towards ``none``'s on the longest batch.
     budget_fraction: float = 0.5
-    #: Lengths of memplan's warm-up batches (one sequence each) before training, inside the timed run.
-    warmup_lengths: tuple[int, ...] = (64, 128, 256)
+    #: Lengths of memplan's warm-up batches (``batch_size`` sequences each, the training shape) before
+    #: training, inside the timed run. The rule (docs/ckpt.md, "Benchmark parameters"): the three
+    #: sizes the phase predictors need, doubling from ``min_length``.
+    warmup_lengths: tuple[int, ...] = (16, 32, 64)
     lr: float = 3e-4
     seed: int = 0
     #: torch CPU threads.
@@ -92,7 +94,7 @@ class BenchConfig:
         """A tiny model, seconds of CPU: a smoke test of the machinery, not of the targets."""
         return cls(n_layer=4, n_embd=64, n_head=4, vocab_size=256, n_positions=256, steps=8, repeats=1,
                    length_median=16, length_sigma=1.0, min_length=4, max_length=128,
-                   warmup_lengths=(16, 32, 64, 128), smoke=True)
+                   warmup_lengths=(4, 8, 16), smoke=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,7 +298,7 @@ def _warm_up(model: torch.nn.Module, cfg: BenchConfig, judge: StepMeter, live: _
         return
     t0 = time.perf_counter()
     judge.peak = judge.live_bytes
-    batches = _batches(cfg, cfg.warmup_lengths, cfg.seed + 7, 1)
+    batches = _batches(cfg, cfg.warmup_lengths, cfg.seed + 7, cfg.batch_size)
     controller_of(model).warm_up([lambda b=b: model(input_ids=b, labels=b).loss.backward() for b in batches])
     live.warmup_peak, live.warmup_s = judge.peak, time.perf_counter() - t0
 

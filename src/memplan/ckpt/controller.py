@@ -112,7 +112,9 @@ class CheckpointController(LoopHooks):
         self._warm_index: int | None = None
         self._force: str | None = None
         self._step: StepRecord | None = None
-        self._count = dict.fromkeys(("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps"), 0)
+        self._count = dict.fromkeys(
+            ("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps", "seeded"), 0)
+        self._seeding = False  # a fake-tensor pass of seed_from_fake is running
         self._owned = False  # the CPU meter was entered by a hook (plain loop), not by step()
         self._optimizers: dict[int, Any] = {}  # id → weak reference of the optimizers found by the hooks
         self._opt_depth = 0
@@ -150,6 +152,7 @@ class CheckpointController(LoopHooks):
             optimizer_steps=c["opt_steps"], max_optimizer_peak_bytes=self._opt_peak,
             optimizer_over_budget_steps=self._opt_over,
             optimizer_states="measured" if self.optimizer is not None else "assumed AdamW (no optimizer seen yet)",
+            seeded_passes=c["seeded"],
         )
 
     def series(self) -> dict[str, Any]:
@@ -180,6 +183,18 @@ class CheckpointController(LoopHooks):
         if not plan.fits:
             plan = planner(costs, self._step_cost(size, static_bytes, 0.0))
         return plan
+
+    def measured_size(self) -> int:
+        """The largest size at which every phase of a step has been measured (0 before any step).
+
+        The backward through the blocks is one phase measured in either of its two forms: ``block``
+        (a block kept) or ``recompute`` (a block checkpointed); a step that checkpoints nothing
+        measures only the first, a sheltered step only the second. Requiring both would shelter
+        every batch beyond twice the largest *sheltered* one even after plain steps measured it.
+        """
+        p = self._phases
+        backward = max(p["block"].largest_size, p["recompute"].largest_size)
+        return min(p["forward"].largest_size, p["head"].largest_size, p["tail"].largest_size, backward)
 
     def _extrapolation_margin(self, size: int) -> float:
         """The safety margin, widened per doubling of ``size`` beyond the sizes measured in every phase."""
@@ -235,6 +250,34 @@ class CheckpointController(LoopHooks):
                 drop_grads(self.model)
                 restore_grads(stash)
                 set_rng_state(rng, self.device)
+
+    def seed_from_fake(self, steps: Iterable[Callable[[], object]]) -> None:
+        """Seed the predictors from fake-tensor runs of sample steps: no compute, no memory used.
+
+        Each callable runs forward + backward of a sample batch; it is run twice on fake tensors
+        (:mod:`memplan.ckpt.seed`), with every block checkpointed and probed and with none. Three
+        sizes make every predictor ready; seed up to the largest batch expected and no training
+        step is sheltered. CPU meter only; gradients, RNG state and training counters unchanged.
+        """
+        from memplan.ckpt.seed import seed_from_fake
+
+        seed_from_fake(self, steps)
+
+    def run_seed_pass(self, fn: Callable[[], object], *, force: str) -> None:
+        """One fake pass of :meth:`seed_from_fake` with a forced plan: bytes observed, counters untouched."""
+        counts = dict(self._count)
+        self._force, self._seeding = force, True
+        try:
+            with self._metered():
+                fn()
+                self._finish_step()
+        except BaseException:
+            self._step = None
+            raise
+        finally:
+            self._force, self._seeding = None, False
+            self._count = counts
+        self._count["seeded"] += 1
 
     def step(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (forward + backward of one batch) with the safety net; return its result.
@@ -323,7 +366,7 @@ class CheckpointController(LoopHooks):
         self._plan_seconds += time.perf_counter() - t0
         metered = self.meter.active or not isinstance(self.meter, CpuMeter)
         self._step = StepRecord(size=size, plan=plan, static_bytes=static, grad_bytes=grads, probe=probe,
-                                metered=metered)
+                                metered=metered, seed=self._seeding)
         self._count["sheltered"] += probe
         if self._force is None:
             self._count["steps"] += 1
@@ -333,6 +376,8 @@ class CheckpointController(LoopHooks):
         n = self.n_blocks
         if self._force == "all":
             return _forced((True,) * n, "all"), False
+        if self._force == "none":
+            return _forced((False,) * n, "none"), False
         if self._fixed is not None:
             return _forced(self._fixed, "static"), False
         if self._force == "shelter" and self._warm_index is not None:
@@ -340,8 +385,7 @@ class CheckpointController(LoopHooks):
             return _forced(flags, "static"), True
         if self._force == "shelter":
             return _forced((True,) * n, "all"), True
-        seen = min(s.largest_size for name, s in self._phases.items() if name != "block")
-        if not self.ready or size > SHELTER_BEYOND * seen:  # a sheltered learning step: all checkpointed, probed
+        if not self.ready or size > SHELTER_BEYOND * self.measured_size():  # a sheltered learning step: all checkpointed, probed
             return _forced((True,) * n, "all"), True
         index, upper = size_bucket(size)
         key = (index, static >> 20, self._version, any(grads))
@@ -413,6 +457,9 @@ class CheckpointController(LoopHooks):
         st.peaks[st.phase] = max(st.peaks.get(st.phase, 0), self.meter.mark())
         if not st.metered:
             return
+        if st.seed:  # a fake pass: its peak is no training step's
+            self._observe(st)
+            return
         peak = max(st.peaks.values())
         self._max_peak = max(self._max_peak, peak)
         self.last = (st.size, st.plan, peak)
@@ -435,7 +482,8 @@ class CheckpointController(LoopHooks):
         changed = False
         for j, value in st.acts.items():
             changed |= self._acts[j].add(st.size, value)
-            self._times[j].add(st.size, st.times[j])
+            if not st.seed:  # a fake kernel takes no time
+                self._times[j].add(st.size, st.times[j])
         acts = [st.acts.get(j, self._acts[j](st.size) if self._acts[j].points else None) for j in range(self.n_blocks)]
         if any(a is None for a in acts):
             if changed:

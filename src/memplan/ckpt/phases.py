@@ -33,6 +33,8 @@ class StepRecord:
     probe: bool
     #: Whether the meter was counting (on CPU only inside it), i.e. whether the numbers mean anything.
     metered: bool
+    #: A fake-tensor pass of ``seed_from_fake``: bytes are observed, times and training counters are not.
+    seed: bool = False
     acts: dict[int, int] = field(default_factory=dict)
     times: dict[int, float] = field(default_factory=dict)
     peaks: dict[PhaseKey, int] = field(default_factory=dict)

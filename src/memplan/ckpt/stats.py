@@ -36,6 +36,8 @@ class CkptStats:
     optimizer_over_budget_steps: int = 0
     #: "measured" once an optimizer holding the model's parameters was passed or seen stepping.
     optimizer_states: str = "assumed"
+    #: Fake-tensor passes run by ``seed_from_fake`` (two per sample step; no compute, no memory).
+    seeded_passes: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -67,7 +67,8 @@ def bench_tables(result: BenchResult) -> Group:
         table.add_column(name, justify="left" if i == 0 else "right")
     for row in _rows(result):
         table.add_row(*row)
-    targets = Table(title="targets", title_justify="left")
+    title = "targets (SMOKE TEST: reported, not judged)" if result.config.smoke else "targets"
+    targets = Table(title=title, title_justify="left")
     for name in ("variant", "target", "measured", "wanted", "met"):
         targets.add_column(name, justify="left" if name in ("variant", "target") else "right")
     for row in _target_rows(result):
