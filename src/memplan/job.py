@@ -552,6 +552,52 @@ class CommOverlap:
             raise JobConfigError("--tp-comm-overlap-cfg", "names a GEMM twice", ", ".join(names))
 
 
+#: Megatron ``--cuda-graph-impl`` values (megatron/core/transformer/transformer_config.py ``cuda_graph_impl``).
+CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
+#: Megatron ``--cuda-graph-modules`` choices memplan prices (``CudaGraphModule`` of
+#: megatron/core/transformer/cuda_graph_config.py, without ``mamba``: memplan has no Mamba layers).
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaGraphs:
+    """Megatron-LM CUDA graphs (:mod:`memplan.estimate.cuda_graphs` prices them)."""
+
+    #: ``local``: Megatron's ``CudaGraphManager``; ``transformer_engine``: TE's
+    #: ``make_graphed_callables``; ``full_iteration``: one graph of the forward-backward step.
+    impl: CudaGraphImpl = knob("none", "--cuda-graph-impl", "Megatron CUDA graphs: per-layer graphs (local, "
+                               "transformer_engine) or the whole forward-backward (full_iteration); captured "
+                               "regions allocate from a private pool kept for the run.", panel=ACTIVATIONS)
+    #: Megatron ``--cuda-graph-modules`` as a comma list; empty: the whole decoder layer.
+    modules: str = knob("", "--cuda-graph-modules", "What the per-layer graphs capture: a comma list of "
+                        f"{', '.join(CUDA_GRAPH_MODULES)}. (default: the whole decoder layer)", panel=ACTIVATIONS,
+                        metavar="LIST")
+
+    def __post_init__(self) -> None:
+        _check_choice("--cuda-graph-impl", self.impl, get_args(CudaGraphImpl))
+        names = dict.fromkeys(part.strip() for part in str(self.modules).replace(" ", ",").split(",")
+                              if part.strip())
+        for name in names:
+            if name == "mamba":
+                raise JobConfigError("--cuda-graph-modules", "mamba captures Mamba layers, which memplan does not "
+                                     "model", self.modules)
+            if name not in CUDA_GRAPH_MODULES:
+                raise JobConfigError("--cuda-graph-modules", f"must be a comma list of {', '.join(CUDA_GRAPH_MODULES)}",
+                                     self.modules)
+        if "moe_preprocess" in names and "moe_router" not in names:
+            raise JobConfigError("--cuda-graph-modules", "moe_preprocess must be used together with moe_router "
+                                 "(Megatron's rule)", self.modules)
+        if names and self.impl == "full_iteration":
+            raise JobConfigError("--cuda-graph-modules", "must be empty with --cuda-graph-impl full_iteration "
+                                 "(Megatron asserts it)", self.modules)
+        object.__setattr__(self, "modules", ",".join(names))
+
+    @property
+    def module_names(self) -> tuple[str, ...]:
+        """The captured modules; () means the whole decoder layer."""
+        return tuple(name for name in self.modules.split(",") if name)
+
+
 #: What ``--lora-targets all-linear`` selects: every linear layer of the decoder, not the output
 #: head (peft's ``INCLUDE_LINEAR_LAYERS_SHORTHAND``).
 ALL_LINEAR = "all-linear"
@@ -739,6 +785,8 @@ class Job:
     #: Megatron ``--transformer-impl``: ``local`` layers use Megatron's global memory buffer for their
     #: sequence-parallel all-gathers and unfused attention scores.
     transformer_impl: TransformerImpl = "transformer_engine"
+    #: Megatron CUDA graphs.
+    cuda_graphs: CudaGraphs = field(default_factory=CudaGraphs)
 
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
@@ -773,6 +821,7 @@ class Job:
             raise JobConfigError("--tp-comm-overlap", "is Megatron-LM with Transformer Engine; use --framework "
                                  "megatron", f"--framework {self.framework}")
         self._check_ep_overlap()
+        self._check_cuda_graphs()
         _check_choice("--transformer-impl", self.transformer_impl, get_args(TransformerImpl))
         if self.transformer_impl == "local" and self.framework != "megatron":
             raise JobConfigError("--transformer-impl", "local is Megatron-LM's own layer implementation; use "
@@ -784,6 +833,25 @@ class Job:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
                                  self.batch.global_batch_size)
+
+    def _check_cuda_graphs(self) -> None:
+        """Megatron's refusals for CUDA graphs (transformer_config.py ``__post_init__``)."""
+        graphs = self.cuda_graphs
+        if graphs.impl == "none":
+            return
+        if self.framework != "megatron":
+            raise JobConfigError("--cuda-graph-impl", "is Megatron-LM's CUDA graphs; use --framework megatron",
+                                 f"--framework {self.framework}")
+        if self.offload.activations and graphs.impl != "full_iteration":
+            raise JobConfigError("--cuda-graph-impl", "per-layer CUDA graphs cannot be combined with CPU activation "
+                                 "offloading (Megatron refuses it)", graphs.impl)
+        names = graphs.module_names
+        if "moe" in names and "moe_router" in names:
+            raise JobConfigError("--cuda-graph-modules", "must not contain both moe and moe_router (Megatron asserts "
+                                 "it)", graphs.modules)
+        if "moe" in names and not (self.moe.pad_to_capacity and self.moe.capacity_factor is not None):
+            raise JobConfigError("--cuda-graph-modules", "moe needs drop-and-pad MoE (--capacity-factor with "
+                                 "--pad-to-capacity; Megatron asserts it)", graphs.modules)
 
     def _check_ep_overlap(self) -> None:
         """Megatron's refusals for ``--overlap-moe-expert-parallel-comm`` (transformer_config.py)."""
@@ -873,6 +941,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             par.tp,
         )
     _check_recompute_modules(job, model)
+    _check_cuda_graph_modules(job, model)
     chunks = par.pp * par.vpp
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
     if par.chunk_layers is not None:
@@ -929,3 +998,14 @@ def _check_recompute_modules(job: Job, model: ModelSpec) -> None:
         raise JobConfigError("--recompute-modules", "moe_act needs MoE layers with grouped-GEMM experts, which "
                              "this dense model does not have (Megatron refuses it without --moe-grouped-gemm)",
                              job.recompute.modules)
+
+
+def _check_cuda_graph_modules(job: Job, model: ModelSpec) -> None:
+    """Megatron's refusals of ``--cuda-graph-modules`` the model has no layers for (transformer_config.py)."""
+    names = job.cuda_graphs.module_names
+    if ("moe" in names or "moe_router" in names) and not model.is_moe:
+        raise JobConfigError("--cuda-graph-modules", "moe and moe_router need MoE layers, which this dense model does "
+                             "not have (Megatron refuses it too)", job.cuda_graphs.modules)
+    if "mlp" in names and all(layer.moe is not None for layer in model.layers):
+        raise JobConfigError("--cuda-graph-modules", "mlp captures dense MLPs, and every layer of this model is MoE "
+                             "(Megatron refuses it too)", job.cuda_graphs.modules)

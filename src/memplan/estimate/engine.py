@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from memplan.errors import JobConfigError
 from memplan.estimate.activations import (
@@ -29,6 +29,14 @@ from memplan.estimate.autocast import (
 )
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
 from memplan.estimate.cp_attention import describe as describe_cp
+from memplan.estimate.cuda_graphs import (
+    captured_layer_bytes,
+    captured_terms,
+    graph_count,
+    hidden_state_bytes,
+    te_static_input_bytes,
+)
+from memplan.estimate.cuda_graphs import describe as describe_cuda_graphs
 from memplan.estimate.deepep import deepep_buffer_bytes
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
@@ -416,8 +424,15 @@ def _stage_estimate(
     worst_backward = 0
     #: Per layer, in forward order: (index, bytes it keeps, bytes its backward adds at its worst).
     per_layer: list[tuple[int, int, int]] = []
+    graphed = _captured_layer(model, job, shape) if job.cuda_graphs.impl in ("local", "transformer_engine") else None
+    #: CUDA graphs: per chunk, the captured regions' saved bytes and captured layers; the worst captured backward.
+    chunk_graph: list[int] = []
+    chunk_graph_layers: list[int] = []
+    graph_worst_backward = 0
     for chunk in layout.chunks:
         kept = cpu_kept = 0
+        chunk_graph.append(0)
+        chunk_graph_layers.append(0)
         for position, index in enumerate(chunk):
             keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
             transient += _cp_backward_extra(model, job, shape, index)
@@ -447,6 +462,11 @@ def _stage_estimate(
             kept += layer_keep
             worst_backward = max(worst_backward, layer_worst)
             per_layer.append((index, layer_keep, layer_worst))
+            if graphed is not None:
+                graph_keep, graph_worst = graphed(index, layer_keep, layer_worst, index in recomputed)
+                chunk_graph[-1] += graph_keep
+                chunk_graph_layers[-1] += graph_keep > 0 or graph_worst > 0
+                graph_worst_backward = max(graph_worst_backward, graph_worst)
         chunk_kept.append(kept)
         chunk_cpu.append(cpu_kept)
     inflight = layout.inflight_microbatches
@@ -585,8 +605,10 @@ def _stage_estimate(
         # DoRA's weight temporaries in the last layer's forward, the layers' activations held
         candidates["forward"] = (layer_acts + other_acts, 0, dora, absent)
         comm_at = {**comm_at, "forward": comm_at["loss"]}
-    phase, (acts, logit_b, temp, not_yet) = max(candidates.items(),
-                                                key=lambda kv: sum(kv[1][:3]) - kv[1][3] + comm_at[kv[0]])
+    graphs = _graph_memory(job, layout, shape, candidates, comm_at, chunk_graph, chunk_graph_layers,
+                           graph_worst_backward, inputs)
+    phase, (acts, logit_b, temp, not_yet) = max(
+        candidates.items(), key=lambda kv: sum(kv[1][:3]) - kv[1][3] + comm_at[kv[0]] + graphs.extra_at(kv[0]))
     comm = comm_at[phase]
     if phase in ("optimizer step", "end of backward"):
         layer_at_peak, inputs_at_peak, acts = 0, 0, 0
@@ -596,7 +618,8 @@ def _stage_estimate(
         # the next micro-batch's layer and batch (counted with the temporaries to pick the phase)
         layer_at_peak += ep_layer
         temp, inputs_at_peak = temp - ep_inputs, inputs_at_peak + ep_inputs
-    peak_alloc = static + comm - not_yet + acts + logit_b + temp + inputs_at_peak
+    graph_extra = graphs.extra_at(phase)
+    peak_alloc = static + comm - not_yet + acts + logit_b + temp + inputs_at_peak + graph_extra
     reserved = _reserved(peak_alloc, fragmentation)
     return StageEstimate(
         stage=layout.stage,
@@ -633,7 +656,78 @@ def _stage_estimate(
         max_communication_bytes=max(comm_at.values()),
         paged_optimizer_bytes=states.paged_optimizer,
         outside_allocator_bytes=outside,
+        cuda_graph_pool_bytes=graphs.pool,
+        cuda_graph_static_bytes=graphs.static,
+        cuda_graph_extra_bytes=graph_extra,
+        cuda_graphs=graph_count(job.cuda_graphs.impl, sum(chunk_graph_layers), pp=job.parallel.pp,
+                                num_microbatches=job.num_microbatches) if layout.layer_indices else 0,
     )
+
+
+@dataclass(frozen=True)
+class _GraphMemory:
+    """CUDA-graph memory of one stage (:mod:`memplan.estimate.cuda_graphs`): the private pool, the static
+    buffers beside it, and per phase how much of the eager figures they already hold (``captured``)."""
+
+    pool: int = 0
+    static: int = 0
+    captured: dict[str, int] = field(default_factory=dict)
+
+    def extra_at(self, phase: str) -> int:
+        """Bytes the graphs hold at ``phase`` beyond the eager figures: pool and static buffers less what
+        of them the eager figures already count then."""
+        if not self.pool and not self.static:
+            return 0
+        return self.pool - self.captured.get(phase, 0) + self.static
+
+
+def _captured_layer(model: ModelSpec, job: Job, shape: ActivationShape):
+    """``(index, kept, worst, recomputed) -> (captured kept, captured backward)`` for the job's scope."""
+    modules = job.cuda_graphs.module_names
+    if job.cuda_graphs.impl == "local" and "moe_router" in modules and "moe_preprocess" not in modules:
+        modules += ("moe_preprocess",)  # the local implementation captures both (transformer_config.py)
+    kept_classes, dropped = _kept_policy(job)
+
+    def captured(index: int, keep: int, worst: int, recomputed: bool) -> tuple[int, int]:
+        if not modules:
+            return keep, worst
+        layer = model.layers[index]
+        if not captured_terms(layer, shape, modules):
+            return 0, 0
+        return captured_layer_bytes(layer, shape, modules, KEPT_BY["full"] if recomputed else kept_classes, dropped)
+    return captured
+
+
+def _graph_memory(job: Job, layout: StageLayout, shape: ActivationShape,
+                  candidates: dict[str, tuple[int, int, int, int]], comm_at: dict[str, int],
+                  chunk_graph: list[int], chunk_graph_layers: list[int], worst: int, inputs: int) -> _GraphMemory:
+    """The stage's CUDA-graph pool and static buffers, and what of each candidate peak the pool already holds."""
+    impl = job.cuda_graphs.impl
+    if impl == "none" or not layout.layer_indices:
+        return _GraphMemory()
+    if impl == "full_iteration":
+        # every phase of the forward-backward runs inside the graph; the optimizer step does not
+        captured = {name: sum(c[:3]) - c[3] + comm_at[name] for name, c in candidates.items()
+                    if name != "optimizer step"}
+        # StaticBufferLoader keeps every micro-batch's batch; the eager figures hold the in-flight ones
+        per_microbatch = inputs // max(layout.inflight_microbatches, 1)
+        covered = {name: held + inputs for name, held in captured.items()}
+        return _GraphMemory(pool=max(captured.values()), static=per_microbatch * job.num_microbatches,
+                            captured=covered)
+    inflight = layout.inflight_chunks
+    layers = sum(chunk_graph[c] for c in inflight)
+    static = chain_inputs = 0
+    if impl == "local" and not job.cuda_graphs.module_names:
+        # a chunk's first graph copies its input into the pool while the schedule keeps the received tensor
+        # for the backward (the embedding's output on the first chunk is not kept)
+        received = sum(1 for c in inflight if chunk_graph_layers[c] and not (layout.has_embedding and c == 0))
+        chain_inputs = received * hidden_state_bytes(shape, shape.act_bytes)
+    if impl == "transformer_engine":
+        attention = not job.cuda_graphs.module_names or "attn" in job.cuda_graphs.module_names
+        static = sum(chunk_graph_layers[c] for c in inflight) * te_static_input_bytes(
+            shape, cp=job.parallel.cp, attention_captured=attention)
+    held = {"backward": layers + worst, "loss": layers, "forward": layers}
+    return _GraphMemory(pool=layers + chain_inputs + worst, static=static, captured=held)
 
 
 def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: StageParams,
@@ -905,6 +999,8 @@ def _assumptions(
         out.append(describe_tp_overlap(job.overlap, tokens=b.seq_length // par.cp * b.micro_batch_size,
                                        hidden=model.hidden_size, tp=par.tp, fp8=job.precision.fp8 is not None,
                                        world_size=par.world_size))
+    if job.cuda_graphs.impl != "none":
+        out.append(describe_cuda_graphs(job.cuda_graphs.impl, job.cuda_graphs.module_names))
     if job.mtp_layers:
         out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like the last, "
                    "a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")
