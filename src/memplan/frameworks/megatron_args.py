@@ -19,6 +19,7 @@ from typing import Any
 
 from memplan.errors import ModelConfigError, UnsupportedError
 from memplan.frameworks.megatron_flags import megatron_settings
+from memplan.frameworks.megatron_graphs import cuda_graphs
 from memplan.frameworks.megatron_launch import parse_megatron_args, read_megatron_args_file
 from memplan.frameworks.megatron_model import flag_is_set, megatron_model_spec, pipeline_layout_chunks
 from memplan.frameworks.megatron_overlap import comm_overlap
@@ -175,6 +176,7 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         offload=_offload(args),
         overlap=comm_overlap(args),
         transformer_impl=_transformer_impl(args),
+        cuda_graphs=cuda_graphs(args),
     )
 
 
