@@ -70,7 +70,7 @@ def test_refused_means_the_reader_refuses_it() -> None:
     assert refused == set(megatron_args_module._UNSUPPORTED)
 
 
-@pytest.mark.parametrize("flag", ["--optimizer-cuda-graph", "--fine-grained-activation-offloading", "--muon-use-syrk"])
+@pytest.mark.parametrize("flag", ["--optimizer-cuda-graph", "--cpu-offloading-num-layers", "--muon-use-syrk"])
 def test_issue_flags_are_stated_not_modelled(flag: str) -> None:
     assert classify(flag, "a2a")[0] == "not-modelled"  # type: ignore[index]
 
@@ -78,6 +78,7 @@ def test_issue_flags_are_stated_not_modelled(flag: str) -> None:
 @pytest.mark.parametrize("flag", ["--cuda-graph-impl", "--cuda-graph-scope", "--cuda-graph-modules",
                                   "--external-cuda-graph", "--enable-cuda-graph"])
 def test_cuda_graph_flags_are_modelled(flag: str) -> None:
+    assert classify("--offload-modules", "core_attn")[0] == "modelled"  # type: ignore[index]
     assert classify(flag, "local")[0] == "modelled"  # type: ignore[index]
     assert classify("--cuda-graph-warmup-steps", 3)[0] == "no-memory-effect"  # type: ignore[index]
 

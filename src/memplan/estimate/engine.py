@@ -61,6 +61,8 @@ from memplan.estimate.extras import (
     rope_table_bytes,
     saved_logits_bytes,
 )
+from memplan.estimate.fine_offload import describe as describe_fine_offload
+from memplan.estimate.fine_offload import layer_groups, offloaded
 from memplan.estimate.finetune import (
     base_in_compute_dtype,
     dequantized_weight_bytes,
@@ -476,6 +478,10 @@ def _stage_estimate(
         chunk_kept[-1] += mtp_acts
     layer_acts = sum(chunk_kept[c] for c in layout.inflight_chunks)
     cpu_acts = sum(chunk_cpu[c] for c in layout.inflight_chunks)
+    if job.offload.module_names:
+        moved = _fine_offload(model, job, shape, layout, recomputed)
+        layer_acts, cpu_acts, worst_backward = (layer_acts - moved.cpu_bytes, cpu_acts + moved.cpu_bytes,
+                                                worst_backward + moved.reload_bytes)
     unused_buffers = 0
     if deepspeed_ckpt:
         counts = [sum(1 for p, i in enumerate(chunk) if i in recomputed and p % group == 0) for chunk in layout.chunks]
@@ -728,6 +734,20 @@ def _graph_memory(job: Job, layout: StageLayout, shape: ActivationShape,
             shape, cp=job.parallel.cp, attention_captured=attention)
     held = {"backward": layers + worst, "loss": layers, "forward": layers}
     return _GraphMemory(pool=layers + chain_inputs + worst, static=static, captured=held)
+
+
+def _fine_offload(model: ModelSpec, job: Job, shape: ActivationShape, layout: StageLayout, recomputed: set[int]):
+    """Megatron's fine-grained activation offloading on this stage (:mod:`memplan.estimate.fine_offload`)."""
+    kept_classes, dropped = _kept_policy(job)
+    off = job.offload
+
+    def groups(chunk: tuple[int, ...]) -> list[tuple[str, int]]:
+        return [group for index in chunk if index not in recomputed
+                for group in layer_groups(model.layers[index], shape, off.module_names, kept_classes=kept_classes,
+                                          dropped=dropped, min_numel=off.min_tensor_numel)]
+    per_chunk = [groups(chunk) for chunk in layout.chunks]
+    return offloaded([per_chunk[c] for c in layout.inflight_chunks], fraction=off.group_fraction,
+                     keep_bytes=layout.stage * off.pp_delta_bytes, last_stage=layout.has_head)
 
 
 def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: StageParams,
@@ -999,6 +1019,10 @@ def _assumptions(
         out.append(describe_tp_overlap(job.overlap, tokens=b.seq_length // par.cp * b.micro_batch_size,
                                        hidden=model.hidden_size, tp=par.tp, fp8=job.precision.fp8 is not None,
                                        world_size=par.world_size))
+    fine = job.offload
+    if fine.module_names:
+        out.append(describe_fine_offload(fine.module_names, min_numel=fine.min_tensor_numel,
+                                         fraction=fine.group_fraction, delta=fine.pp_delta_bytes))
     if job.cuda_graphs.impl != "none":
         out.append(describe_cuda_graphs(job.cuda_graphs.impl, job.cuda_graphs.module_names))
     if job.mtp_layers:
