@@ -494,8 +494,8 @@ class Offload:
                                  "eligible offload groups (earliest first) that are offloaded.", panel=FP8_OFFLOAD,
                                  metavar="F")
     #: Megatron ``--delta-offload-bytes-across-pp-ranks``: pipeline rank r keeps r x this many bytes on the GPU.
-    pp_delta_bytes: int = knob(0, "--delta-offload-bytes-across-pp-ranks", "Fine-grained offloading: pipeline "
-                               "rank r keeps r x this many offloadable bytes on the GPU.", panel=FP8_OFFLOAD,
+    pp_delta_bytes: int = knob(0, "--offload-pp-delta", "Fine-grained offloading: pipeline rank r keeps r x this "
+                               "many offloadable bytes on the GPU.", panel=FP8_OFFLOAD,
                                metavar="BYTES")
 
     def __post_init__(self) -> None:
@@ -522,7 +522,7 @@ class Offload:
         _check_int("--min-offloaded-tensor-size", self.min_tensor_numel, minimum=0, maximum=10**12)
         if not isinstance(self.group_fraction, (int, float)) or not 0.0 <= self.group_fraction <= 1.0:
             raise JobConfigError("--activation-offload-fraction", "must be in [0, 1]", self.group_fraction)
-        _check_int("--delta-offload-bytes-across-pp-ranks", self.pp_delta_bytes, minimum=0, maximum=10**15)
+        _check_int("--offload-pp-delta", self.pp_delta_bytes, minimum=0, maximum=10**15)
 
     @property
     def module_names(self) -> tuple[str, ...]:

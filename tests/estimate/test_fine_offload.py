@@ -42,7 +42,7 @@ def test_the_backward_reloads_two_groups_and_pipeline_ranks_keep_their_delta() -
     assert moved.cpu_activations_bytes == 2 * 16 * (QKV + PROJ) - (QKV + PROJ)
     # the backward holds the group in use and the one reloaded ahead (two q, k, v groups)
     assert eager.peak_allocated_bytes - moved.peak_allocated_bytes == moved.cpu_activations_bytes - 2 * QKV
-    last = _stages(pp=2, gbs=16, offload_modules="core_attn", delta_offload_bytes_across_pp_ranks=2 * QKV)[1]
+    last = _stages(pp=2, gbs=16, offload_modules="core_attn", offload_pp_delta=2 * QKV)[1]
     # rank 1 keeps 2 x 24 MiB from its first groups; the last layer's group stays (margin and last stage)
     assert last.cpu_activations_bytes == (16 - 1 - 2) * QKV
 
