@@ -41,11 +41,14 @@ checkpoint's extra inputs under ``--recompute-modules`` are left with the eager 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
-from memplan.estimate.activations import ActivationShape, Term, divided, layer_terms_by_block
+from memplan.estimate.activations import KEPT_BY, ActivationShape, Term, divided, layer_terms_by_block
+from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
-from memplan.model.spec import LayerSpec
+from memplan.job import CudaGraphs
+from memplan.model.spec import LayerSpec, ModelSpec
 
 #: ``get_layer_static_inputs`` makes ``hidden_states`` in bf16 whatever the training precision.
 STATIC_HIDDEN_BYTES = 2
@@ -127,3 +130,77 @@ def describe(impl: str, modules: tuple[str, ...]) -> str:
             "execution order, that keeps for the run the most they hold at once (saved tensors of every "
             "micro-batch in flight and the worst captured backward); eager memory cannot reuse it, so the optimizer "
             f"step and the loss run beside it; {statics}; graphs' driver memory not priced")
+
+
+#: ``(layer index, kept, backward worst, recomputed) -> (captured kept, captured backward)``.
+LayerCapture = Callable[[int, int, int, bool], tuple[int, int]]
+
+
+def layer_capture(model: ModelSpec, graphs: CudaGraphs, shape: ActivationShape, *, kept_classes: Iterable[str],
+                  dropped: frozenset[str]) -> LayerCapture:
+    """What a layer's captured regions hold: the whole layer's figures without ``--cuda-graph-modules``,
+    else :func:`captured_layer_bytes` under the job's recompute (full recompute: only the layer input)."""
+    modules = graphs.module_names
+    if graphs.impl == "local" and "moe_router" in modules and "moe_preprocess" not in modules:
+        modules += ("moe_preprocess",)  # the local implementation captures both (transformer_config.py)
+    kept = frozenset(kept_classes)
+
+    def captured(index: int, keep: int, worst: int, recomputed: bool) -> tuple[int, int]:
+        if not modules:
+            return keep, worst
+        layer = model.layers[index]
+        if not captured_terms(layer, shape, modules):
+            return 0, 0
+        return captured_layer_bytes(layer, shape, modules, KEPT_BY["full"] if recomputed else kept, dropped)
+    return captured
+
+
+@dataclass(frozen=True)
+class GraphMemory:
+    """CUDA-graph memory of one stage: the private pool, the static buffers beside it, and per candidate
+    peak how much of the eager figures they already hold (``captured``)."""
+
+    pool: int = 0
+    static: int = 0
+    captured: dict[str, int] = field(default_factory=dict)
+
+    def extra_at(self, phase: str) -> int:
+        """Bytes the graphs hold at ``phase`` beyond the eager figures: pool and static buffers less what
+        of them the eager figures already count then."""
+        if not self.pool and not self.static:
+            return 0
+        return self.pool - self.captured.get(phase, 0) + self.static
+
+
+def graph_memory(graphs: CudaGraphs, layout: StageLayout, shape: ActivationShape,
+                 candidates: dict[str, tuple[int, int, int, int]], comm_at: dict[str, int],
+                 chunk_graph: list[int], chunk_graph_layers: list[int], worst: int, inputs: int, *, cp: int,
+                 num_microbatches: int) -> GraphMemory:
+    """The stage's pool and static buffers from the engine's figures: ``candidates`` (per peak candidate:
+    activations, logits, temporaries, gradients not yet made) with ``comm_at`` and the batch ``inputs``;
+    per chunk the captured saved bytes and captured layers; ``worst`` the worst captured backward."""
+    impl = graphs.impl
+    if impl == "none" or not layout.layer_indices:
+        return GraphMemory()
+    if impl == "full_iteration":
+        # every phase of the forward-backward runs inside the graph; the optimizer step does not
+        captured = {name: sum(c[:3]) - c[3] + comm_at[name] for name, c in candidates.items()
+                    if name != "optimizer step"}
+        # StaticBufferLoader keeps every micro-batch's batch; the eager figures hold the in-flight ones
+        per_microbatch = inputs // max(layout.inflight_microbatches, 1)
+        covered = {name: held + inputs for name, held in captured.items()}
+        return GraphMemory(pool=max(captured.values()), static=per_microbatch * num_microbatches, captured=covered)
+    inflight = layout.inflight_chunks
+    layers = sum(chunk_graph[c] for c in inflight)
+    static = chain_inputs = 0
+    if impl == "local" and not graphs.module_names:
+        # a chunk's first graph copies its input into the pool while the schedule keeps the received tensor
+        # for the backward (the embedding's output on the first chunk is not kept)
+        received = sum(1 for c in inflight if chunk_graph_layers[c] and not (layout.has_embedding and c == 0))
+        chain_inputs = received * hidden_state_bytes(shape, shape.act_bytes)
+    if impl == "transformer_engine":
+        attention = not graphs.module_names or "attn" in graphs.module_names
+        static = sum(chunk_graph_layers[c] for c in inflight) * te_static_input_bytes(
+            shape, cp=cp, attention_captured=attention)
+    held = {"backward": layers + worst, "loss": layers, "forward": layers}
+    return GraphMemory(pool=layers + chain_inputs + worst, static=static, captured=held)

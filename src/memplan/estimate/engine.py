@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from memplan.errors import JobConfigError
 from memplan.estimate.activations import (
@@ -29,13 +29,7 @@ from memplan.estimate.autocast import (
 )
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
 from memplan.estimate.cp_attention import describe as describe_cp
-from memplan.estimate.cuda_graphs import (
-    captured_layer_bytes,
-    captured_terms,
-    graph_count,
-    hidden_state_bytes,
-    te_static_input_bytes,
-)
+from memplan.estimate.cuda_graphs import LayerCapture, graph_count, graph_memory, layer_capture
 from memplan.estimate.cuda_graphs import describe as describe_cuda_graphs
 from memplan.estimate.deepep import deepep_buffer_bytes
 from memplan.estimate.ds_checkpointing import (
@@ -61,8 +55,8 @@ from memplan.estimate.extras import (
     rope_table_bytes,
     saved_logits_bytes,
 )
+from memplan.estimate.fine_offload import Offloaded, stage_offload
 from memplan.estimate.fine_offload import describe as describe_fine_offload
-from memplan.estimate.fine_offload import layer_groups, offloaded
 from memplan.estimate.finetune import (
     base_in_compute_dtype,
     dequantized_weight_bytes,
@@ -611,8 +605,8 @@ def _stage_estimate(
         # DoRA's weight temporaries in the last layer's forward, the layers' activations held
         candidates["forward"] = (layer_acts + other_acts, 0, dora, absent)
         comm_at = {**comm_at, "forward": comm_at["loss"]}
-    graphs = _graph_memory(job, layout, shape, candidates, comm_at, chunk_graph, chunk_graph_layers,
-                           graph_worst_backward, inputs)
+    graphs = graph_memory(job.cuda_graphs, layout, shape, candidates, comm_at, chunk_graph, chunk_graph_layers,
+                          graph_worst_backward, inputs, cp=job.parallel.cp, num_microbatches=job.num_microbatches)
     phase, (acts, logit_b, temp, not_yet) = max(
         candidates.items(), key=lambda kv: sum(kv[1][:3]) - kv[1][3] + comm_at[kv[0]] + graphs.extra_at(kv[0]))
     comm = comm_at[phase]
@@ -670,84 +664,17 @@ def _stage_estimate(
     )
 
 
-@dataclass(frozen=True)
-class _GraphMemory:
-    """CUDA-graph memory of one stage (:mod:`memplan.estimate.cuda_graphs`): the private pool, the static
-    buffers beside it, and per phase how much of the eager figures they already hold (``captured``)."""
-
-    pool: int = 0
-    static: int = 0
-    captured: dict[str, int] = field(default_factory=dict)
-
-    def extra_at(self, phase: str) -> int:
-        """Bytes the graphs hold at ``phase`` beyond the eager figures: pool and static buffers less what
-        of them the eager figures already count then."""
-        if not self.pool and not self.static:
-            return 0
-        return self.pool - self.captured.get(phase, 0) + self.static
-
-
-def _captured_layer(model: ModelSpec, job: Job, shape: ActivationShape):
-    """``(index, kept, worst, recomputed) -> (captured kept, captured backward)`` for the job's scope."""
-    modules = job.cuda_graphs.module_names
-    if job.cuda_graphs.impl == "local" and "moe_router" in modules and "moe_preprocess" not in modules:
-        modules += ("moe_preprocess",)  # the local implementation captures both (transformer_config.py)
+def _captured_layer(model: ModelSpec, job: Job, shape: ActivationShape) -> LayerCapture:
+    """:func:`memplan.estimate.cuda_graphs.layer_capture` for the job's recompute."""
     kept_classes, dropped = _kept_policy(job)
-
-    def captured(index: int, keep: int, worst: int, recomputed: bool) -> tuple[int, int]:
-        if not modules:
-            return keep, worst
-        layer = model.layers[index]
-        if not captured_terms(layer, shape, modules):
-            return 0, 0
-        return captured_layer_bytes(layer, shape, modules, KEPT_BY["full"] if recomputed else kept_classes, dropped)
-    return captured
+    return layer_capture(model, job.cuda_graphs, shape, kept_classes=kept_classes, dropped=dropped)
 
 
-def _graph_memory(job: Job, layout: StageLayout, shape: ActivationShape,
-                  candidates: dict[str, tuple[int, int, int, int]], comm_at: dict[str, int],
-                  chunk_graph: list[int], chunk_graph_layers: list[int], worst: int, inputs: int) -> _GraphMemory:
-    """The stage's CUDA-graph pool and static buffers, and what of each candidate peak the pool already holds."""
-    impl = job.cuda_graphs.impl
-    if impl == "none" or not layout.layer_indices:
-        return _GraphMemory()
-    if impl == "full_iteration":
-        # every phase of the forward-backward runs inside the graph; the optimizer step does not
-        captured = {name: sum(c[:3]) - c[3] + comm_at[name] for name, c in candidates.items()
-                    if name != "optimizer step"}
-        # StaticBufferLoader keeps every micro-batch's batch; the eager figures hold the in-flight ones
-        per_microbatch = inputs // max(layout.inflight_microbatches, 1)
-        covered = {name: held + inputs for name, held in captured.items()}
-        return _GraphMemory(pool=max(captured.values()), static=per_microbatch * job.num_microbatches,
-                            captured=covered)
-    inflight = layout.inflight_chunks
-    layers = sum(chunk_graph[c] for c in inflight)
-    static = chain_inputs = 0
-    if impl == "local" and not job.cuda_graphs.module_names:
-        # a chunk's first graph copies its input into the pool while the schedule keeps the received tensor
-        # for the backward (the embedding's output on the first chunk is not kept)
-        received = sum(1 for c in inflight if chunk_graph_layers[c] and not (layout.has_embedding and c == 0))
-        chain_inputs = received * hidden_state_bytes(shape, shape.act_bytes)
-    if impl == "transformer_engine":
-        attention = not job.cuda_graphs.module_names or "attn" in job.cuda_graphs.module_names
-        static = sum(chunk_graph_layers[c] for c in inflight) * te_static_input_bytes(
-            shape, cp=job.parallel.cp, attention_captured=attention)
-    held = {"backward": layers + worst, "loss": layers, "forward": layers}
-    return _GraphMemory(pool=layers + chain_inputs + worst, static=static, captured=held)
-
-
-def _fine_offload(model: ModelSpec, job: Job, shape: ActivationShape, layout: StageLayout, recomputed: set[int]):
-    """Megatron's fine-grained activation offloading on this stage (:mod:`memplan.estimate.fine_offload`)."""
+def _fine_offload(model: ModelSpec, job: Job, shape: ActivationShape, layout: StageLayout,
+                  recomputed: set[int]) -> Offloaded:
+    """:func:`memplan.estimate.fine_offload.stage_offload` for the job's recompute."""
     kept_classes, dropped = _kept_policy(job)
-    off = job.offload
-
-    def groups(chunk: tuple[int, ...]) -> list[tuple[str, int]]:
-        return [group for index in chunk if index not in recomputed
-                for group in layer_groups(model.layers[index], shape, off.module_names, kept_classes=kept_classes,
-                                          dropped=dropped, min_numel=off.min_tensor_numel)]
-    per_chunk = [groups(chunk) for chunk in layout.chunks]
-    return offloaded([per_chunk[c] for c in layout.inflight_chunks], fraction=off.group_fraction,
-                     keep_bytes=layout.stage * off.pp_delta_bytes, last_stage=layout.has_head)
+    return stage_offload(model, job.offload, shape, layout, recomputed, kept_classes=kept_classes, dropped=dropped)
 
 
 def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: StageParams,

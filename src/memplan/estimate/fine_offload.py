@@ -38,8 +38,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from memplan.estimate.activations import ActivationShape, Term, divided, layer_terms
+from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
-from memplan.model.spec import LayerSpec
+from memplan.job import Offload
+from memplan.model.spec import LayerSpec, ModelSpec
 
 #: Offload modules in the order a layer's forward opens their groups.
 FORWARD_ORDER = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
@@ -119,6 +121,19 @@ def offloaded(instances: Sequence[list[tuple[str, int]]], *, fraction: float, ke
              for on, (_, size) in zip(flags, groups, strict=True) if on]
     largest = sorted(moved, reverse=True)[:2]
     return Offloaded(cpu_bytes=sum(moved), reload_bytes=sum(largest))
+
+
+def stage_offload(model: ModelSpec, off: Offload, shape: ActivationShape, layout: StageLayout, recomputed: set[int],
+                  *, kept_classes: Iterable[str], dropped: frozenset[str]) -> Offloaded:
+    """What fine-grained offloading moves on one rank of a stage: the groups of every in-flight chunk
+    (layers under full recompute keep only their input and offload nothing) through :func:`offloaded`."""
+    def groups(chunk: tuple[int, ...]) -> list[tuple[str, int]]:
+        return [group for index in chunk if index not in recomputed
+                for group in layer_groups(model.layers[index], shape, off.module_names, kept_classes=kept_classes,
+                                          dropped=dropped, min_numel=off.min_tensor_numel)]
+    per_chunk = [groups(chunk) for chunk in layout.chunks]
+    return offloaded([per_chunk[c] for c in layout.inflight_chunks], fraction=off.group_fraction,
+                     keep_bytes=layout.stage * off.pp_delta_bytes, last_stage=layout.has_head)
 
 
 def _keep_last_of_each_name(groups: list[tuple[str, int]], flags: list[bool]) -> None:
