@@ -111,6 +111,9 @@ def test_categories_add_up_and_graphs_are_counted() -> None:
     cats = stage.by_category()
     assert sum(cats.values()) == stage.peak_allocated_bytes
     assert cats[MemoryCategory.BUFFER] == stage.cuda_graph_extra_bytes > 0
+    assert stage.peak_allocated_bytes == (stage.parameters_bytes + stage.gradients_bytes + stage.optimizer_bytes
+                                          + stage.activations_bytes + stage.logits_bytes + stage.other_bytes
+                                          - stage.gradients_absent_at_peak_bytes)
     assert stage.cuda_graphs == graph_count("transformer_engine", 32, pp=1, num_microbatches=1) == 64
     assert graph_count("local", 16, pp=2, num_microbatches=8) == 256  # one pair per layer and micro-batch
     assert _stage(_job()).cuda_graphs == 0

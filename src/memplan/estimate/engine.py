@@ -638,7 +638,7 @@ def _stage_estimate(
         workspace_bytes=workspace,
         temporary_bytes=temp,
         input_bytes=inputs_at_peak,
-        other_bytes=comm + workspace + temp + inputs_at_peak,
+        other_bytes=comm + workspace + temp + inputs_at_peak + graph_extra,
         inflight_microbatches=inflight,
         peak_phase=phase,
         peak_allocated_bytes=peak_alloc,

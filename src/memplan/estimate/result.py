@@ -57,7 +57,7 @@ class StageEstimate:
     temporary_bytes: int
     #: Input batch (token ids, labels, masks).
     input_bytes: int
-    #: communication + workspace + temporary + input.
+    #: communication + workspace + temporary + input + CUDA graphs' extra (``cuda_graph_extra_bytes``).
     other_bytes: int
     #: Forwards whose activations are alive at the peak (micro-batch chunks).
     inflight_microbatches: int
