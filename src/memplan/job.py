@@ -8,7 +8,7 @@ layers) live in :func:`validate_job_for_model`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
@@ -454,6 +454,12 @@ class MoEOptions:
         return float(min(self.imbalance, self.capacity_factor))
 
 
+#: Megatron ``--offload-modules`` choices memplan prices (transformer_config.py ``offload_modules``, without
+#: ``gdp_qkv``: memplan has no GatedDeltaProduct layers).
+FINE_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                        "fused_group_mlp")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Offload:
     """What lives in CPU memory instead of on the GPU."""
@@ -475,12 +481,57 @@ class Offload:
                              "copied), under hf / torchtitan as PyTorch's `save_on_cpu` (every saved tensor "
                              "leaves; the backward brings back one operator's at a time).", panel=FP8_OFFLOAD)
 
+    #: Megatron ``--fine-grained-activation-offloading`` with ``--offload-modules`` (comma list here):
+    #: the saved inputs of these modules go to CPU memory group by group (:mod:`memplan.estimate.fine_offload`).
+    modules: str = knob("", "--offload-modules", "Megatron fine-grained activation offloading: a comma list of "
+                        f"{', '.join(FINE_OFFLOAD_MODULES)} whose saved inputs go to CPU memory. (default: none)",
+                        panel=FP8_OFFLOAD, metavar="LIST")
+    #: Megatron ``--min-offloaded-tensor-size``: smaller tensors (elements) stay on the GPU.
+    min_tensor_numel: int = knob(1024 * 1024, "--min-offloaded-tensor-size", "Fine-grained offloading: tensors "
+                                 "with fewer elements stay on the GPU.", panel=FP8_OFFLOAD, metavar="N")
+    #: Megatron ``--activation-offload-fraction``: the share of eligible groups offloaded (the earliest ones).
+    group_fraction: float = knob(1.0, "--activation-offload-fraction", "Fine-grained offloading: fraction of the "
+                                 "eligible offload groups (earliest first) that are offloaded.", panel=FP8_OFFLOAD,
+                                 metavar="F")
+    #: Megatron ``--delta-offload-bytes-across-pp-ranks``: pipeline rank r keeps r x this many bytes on the GPU.
+    pp_delta_bytes: int = knob(0, "--offload-pp-delta", "Fine-grained offloading: pipeline rank r keeps r x this "
+                               "many offloadable bytes on the GPU.", panel=FP8_OFFLOAD,
+                               metavar="BYTES")
+
     def __post_init__(self) -> None:
         if not 0.0 < self.optimizer_fraction <= 1.0:
             raise JobConfigError("--optimizer-offload-fraction", "must be in (0, 1]", self.optimizer_fraction)
+        names = dict.fromkeys(p.strip() for p in str(self.modules).replace(" ", ",").split(",") if p.strip())
+        for name in names:
+            if name == "gdp_qkv":
+                raise JobConfigError("--offload-modules", "gdp_qkv offloads GatedDeltaProduct layers, which memplan "
+                                     "does not model", self.modules)
+            if name not in FINE_OFFLOAD_MODULES:
+                raise JobConfigError("--offload-modules", f"must be a comma list of {', '.join(FINE_OFFLOAD_MODULES)}",
+                                     self.modules)
+        if "attn_proj" in names and "core_attn" not in names:
+            raise JobConfigError("--offload-modules", "attn_proj needs core_attn (its input is core attention's "
+                                 "output, which core attention's backward needs; Megatron refuses it)", self.modules)
+        if "fused_group_mlp" in names and names.keys() & {"expert_fc1", "moe_act"}:
+            raise JobConfigError("--offload-modules", "fused_group_mlp cannot be combined with expert_fc1 or moe_act "
+                                 "(Megatron refuses it)", self.modules)
+        object.__setattr__(self, "modules", ",".join(names))
+        if names and self.activations:
+            raise JobConfigError("--offload-modules", "fine-grained offloading cannot be combined with "
+                                 "--offload-activations (Megatron refuses it with --cpu-offloading)", self.modules)
+        _check_int("--min-offloaded-tensor-size", self.min_tensor_numel, minimum=0, maximum=10**12)
+        if not isinstance(self.group_fraction, (int, float)) or not 0.0 <= self.group_fraction <= 1.0:
+            raise JobConfigError("--activation-offload-fraction", "must be in [0, 1]", self.group_fraction)
+        _check_int("--offload-pp-delta", self.pp_delta_bytes, minimum=0, maximum=10**15)
+
+    @property
+    def module_names(self) -> tuple[str, ...]:
+        """Fine-grained offloading's modules; () when it is off."""
+        return tuple(name for name in self.modules.split(",") if name)
 
     @property
     def any(self) -> bool:
+        """Something whole (optimizer state, weights, every saved activation) lives in CPU memory."""
         return self.optimizer or self.params or self.activations
 
 #: Megatron ``--transformer-impl`` values.
@@ -550,6 +601,52 @@ class CommOverlap:
         names = [o.name for o in self.tp_overrides]
         if len(set(names)) != len(names):
             raise JobConfigError("--tp-comm-overlap-cfg", "names a GEMM twice", ", ".join(names))
+
+
+#: Megatron ``--cuda-graph-impl`` values (megatron/core/transformer/transformer_config.py ``cuda_graph_impl``).
+CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
+#: Megatron ``--cuda-graph-modules`` choices memplan prices (``CudaGraphModule`` of
+#: megatron/core/transformer/cuda_graph_config.py, without ``mamba``: memplan has no Mamba layers).
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaGraphs:
+    """Megatron-LM CUDA graphs (:mod:`memplan.estimate.cuda_graphs` prices them)."""
+
+    #: ``local``: Megatron's ``CudaGraphManager``; ``transformer_engine``: TE's
+    #: ``make_graphed_callables``; ``full_iteration``: one graph of the forward-backward step.
+    impl: CudaGraphImpl = knob("none", "--cuda-graph-impl", "Megatron CUDA graphs: per-layer graphs (local, "
+                               "transformer_engine) or the whole forward-backward (full_iteration); captured "
+                               "regions allocate from a private pool kept for the run.", panel=ACTIVATIONS)
+    #: Megatron ``--cuda-graph-modules`` as a comma list; empty: the whole decoder layer.
+    modules: str = knob("", "--cuda-graph-modules", "What the per-layer graphs capture: a comma list of "
+                        f"{', '.join(CUDA_GRAPH_MODULES)}. (default: the whole decoder layer)", panel=ACTIVATIONS,
+                        metavar="LIST")
+
+    def __post_init__(self) -> None:
+        _check_choice("--cuda-graph-impl", self.impl, get_args(CudaGraphImpl))
+        names = dict.fromkeys(part.strip() for part in str(self.modules).replace(" ", ",").split(",")
+                              if part.strip())
+        for name in names:
+            if name == "mamba":
+                raise JobConfigError("--cuda-graph-modules", "mamba captures Mamba layers, which memplan does not "
+                                     "model", self.modules)
+            if name not in CUDA_GRAPH_MODULES:
+                raise JobConfigError("--cuda-graph-modules", f"must be a comma list of {', '.join(CUDA_GRAPH_MODULES)}",
+                                     self.modules)
+        if "moe_preprocess" in names and "moe_router" not in names:
+            raise JobConfigError("--cuda-graph-modules", "moe_preprocess must be used together with moe_router "
+                                 "(Megatron's rule)", self.modules)
+        if names and self.impl == "full_iteration":
+            raise JobConfigError("--cuda-graph-modules", "must be empty with --cuda-graph-impl full_iteration "
+                                 "(Megatron asserts it)", self.modules)
+        object.__setattr__(self, "modules", ",".join(names))
+
+    @property
+    def module_names(self) -> tuple[str, ...]:
+        """The captured modules; () means the whole decoder layer."""
+        return tuple(name for name in self.modules.split(",") if name)
 
 
 #: What ``--lora-targets all-linear`` selects: every linear layer of the decoder, not the output
@@ -739,6 +836,8 @@ class Job:
     #: Megatron ``--transformer-impl``: ``local`` layers use Megatron's global memory buffer for their
     #: sequence-parallel all-gathers and unfused attention scores.
     transformer_impl: TransformerImpl = "transformer_engine"
+    #: Megatron CUDA graphs.
+    cuda_graphs: CudaGraphs = field(default_factory=CudaGraphs)
 
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
@@ -773,6 +872,8 @@ class Job:
             raise JobConfigError("--tp-comm-overlap", "is Megatron-LM with Transformer Engine; use --framework "
                                  "megatron", f"--framework {self.framework}")
         self._check_ep_overlap()
+        self._check_cuda_graphs()
+        self._check_fine_offload()
         _check_choice("--transformer-impl", self.transformer_impl, get_args(TransformerImpl))
         if self.transformer_impl == "local" and self.framework != "megatron":
             raise JobConfigError("--transformer-impl", "local is Megatron-LM's own layer implementation; use "
@@ -784,6 +885,43 @@ class Job:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
                                  self.batch.global_batch_size)
+
+    def _check_fine_offload(self) -> None:
+        """Megatron's refusals for fine-grained activation offloading (transformer_config.py ``__post_init__``)."""
+        names = self.offload.module_names
+        if not names:
+            return
+        if self.framework != "megatron":
+            raise JobConfigError("--offload-modules", "is Megatron-LM's fine-grained activation offloading; use "
+                                 "--framework megatron", f"--framework {self.framework}")
+        if self.transformer_impl != "transformer_engine":
+            raise JobConfigError("--offload-modules", "needs --transformer-impl transformer_engine (Megatron asserts "
+                                 "it)", self.transformer_impl)
+        inside_moe = {"moe_act", "expert_fc1", "fused_group_mlp"} & set(names)
+        if inside_moe and self.recompute.mode in ("selective", "megatron-selective") and \
+                "moe" in self.recompute.module_names:
+            raise JobConfigError("--offload-modules", f"cannot offload {', '.join(sorted(inside_moe))} while "
+                                 "--recompute-modules moe recomputes the whole MoE layer (Megatron refuses it)",
+                                 self.offload.modules)
+
+    def _check_cuda_graphs(self) -> None:
+        """Megatron's refusals for CUDA graphs (transformer_config.py ``__post_init__``)."""
+        graphs = self.cuda_graphs
+        if graphs.impl == "none":
+            return
+        if self.framework != "megatron":
+            raise JobConfigError("--cuda-graph-impl", "is Megatron-LM's CUDA graphs; use --framework megatron",
+                                 f"--framework {self.framework}")
+        if self.offload.activations and graphs.impl != "full_iteration":
+            raise JobConfigError("--cuda-graph-impl", "per-layer CUDA graphs cannot be combined with CPU activation "
+                                 "offloading (Megatron refuses it)", graphs.impl)
+        names = graphs.module_names
+        if "moe" in names and "moe_router" in names:
+            raise JobConfigError("--cuda-graph-modules", "must not contain both moe and moe_router (Megatron asserts "
+                                 "it)", graphs.modules)
+        if "moe" in names and not (self.moe.pad_to_capacity and self.moe.capacity_factor is not None):
+            raise JobConfigError("--cuda-graph-modules", "moe needs drop-and-pad MoE (--capacity-factor with "
+                                 "--pad-to-capacity; Megatron asserts it)", graphs.modules)
 
     def _check_ep_overlap(self) -> None:
         """Megatron's refusals for ``--overlap-moe-expert-parallel-comm`` (transformer_config.py)."""
@@ -821,8 +959,7 @@ class Job:
             )
         if off.params and sh.fsdp != "none" and not off.optimizer:
             # FSDP's CPUOffloadPolicy moves parameters, gradients and the optimizer step together.
-            object.__setattr__(self, "offload", Offload(
-                optimizer=True, optimizer_fraction=off.optimizer_fraction, params=True, activations=off.activations))
+            object.__setattr__(self, "offload", replace(off, optimizer=True))
 
     def _check_batch(self) -> None:
         per_step = self.batch.micro_batch_size * self.parallel.data_parallel
@@ -873,6 +1010,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             par.tp,
         )
     _check_recompute_modules(job, model)
+    _check_cuda_graph_modules(job, model)
     chunks = par.pp * par.vpp
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
     if par.chunk_layers is not None:
@@ -929,3 +1067,14 @@ def _check_recompute_modules(job: Job, model: ModelSpec) -> None:
         raise JobConfigError("--recompute-modules", "moe_act needs MoE layers with grouped-GEMM experts, which "
                              "this dense model does not have (Megatron refuses it without --moe-grouped-gemm)",
                              job.recompute.modules)
+
+
+def _check_cuda_graph_modules(job: Job, model: ModelSpec) -> None:
+    """Megatron's refusals of ``--cuda-graph-modules`` the model has no layers for (transformer_config.py)."""
+    names = job.cuda_graphs.module_names
+    if ("moe" in names or "moe_router" in names) and not model.is_moe:
+        raise JobConfigError("--cuda-graph-modules", "moe and moe_router need MoE layers, which this dense model does "
+                             "not have (Megatron refuses it too)", job.cuda_graphs.modules)
+    if "mlp" in names and all(layer.moe is not None for layer in model.layers):
+        raise JobConfigError("--cuda-graph-modules", "mlp captures dense MLPs, and every layer of this model is MoE "
+                             "(Megatron refuses it too)", job.cuda_graphs.modules)

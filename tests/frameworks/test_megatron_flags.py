@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import memplan.frameworks.megatron_args as megatron_args_module
+import memplan.frameworks.megatron_graphs as megatron_graphs_module
 import memplan.frameworks.megatron_model as megatron_model_module
 import memplan.frameworks.megatron_overlap as megatron_overlap_module
 from memplan.cli import app
@@ -52,7 +53,7 @@ def test_shipped_list_header_matches_its_flags() -> None:
 
 def _flags_read_by_the_reader() -> set[str]:
     source = "".join(Path(m.__file__).read_text() for m in (megatron_args_module, megatron_model_module,
-                                                                 megatron_overlap_module))
+                                                                 megatron_overlap_module, megatron_graphs_module))
     return set(re.findall(r'"(--[a-z0-9][a-z0-9-]*)"', source)) - {"--flag"}  # (a docstring's example)
 
 
@@ -69,11 +70,17 @@ def test_refused_means_the_reader_refuses_it() -> None:
     assert refused == set(megatron_args_module._UNSUPPORTED)
 
 
-@pytest.mark.parametrize("flag", [
-    "--cuda-graph-impl", "--cuda-graph-scope", "--cuda-graph-modules", "--external-cuda-graph",
-    "--enable-cuda-graph", "--fine-grained-activation-offloading", "--muon-use-syrk"])
+@pytest.mark.parametrize("flag", ["--optimizer-cuda-graph", "--cpu-offloading-num-layers", "--muon-use-syrk"])
 def test_issue_flags_are_stated_not_modelled(flag: str) -> None:
     assert classify(flag, "a2a")[0] == "not-modelled"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("flag", ["--cuda-graph-impl", "--cuda-graph-scope", "--cuda-graph-modules",
+                                  "--external-cuda-graph", "--enable-cuda-graph"])
+def test_cuda_graph_flags_are_modelled(flag: str) -> None:
+    assert classify("--offload-modules", "core_attn")[0] == "modelled"  # type: ignore[index]
+    assert classify(flag, "local")[0] == "modelled"  # type: ignore[index]
+    assert classify("--cuda-graph-warmup-steps", 3)[0] == "no-memory-effect"  # type: ignore[index]
 
 
 def test_value_decides_for_dispatcher_optimizer_and_cuda_graphs() -> None:
@@ -108,7 +115,7 @@ torchrun --nproc_per_node 2 pretrain_gpt.py \\
     --num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 \\
     --max-position-embeddings 1024 --micro-batch-size 2 --global-batch-size 16 --bf16 \\
     --tensor-model-parallel-size $TP --sequence-parallel \\
-    --cuda-graph-impl transformer_engine --empty-unused-memory-level 1 \\
+    --mlp-chunks-for-training 2 --empty-unused-memory-level 1 \\
     --lr 1e-4 --save /ckpt --log-interval 10
 """
 
@@ -126,7 +133,7 @@ def test_launch_reports_every_flag_in_json(tmp_path: Path) -> None:
     assert by_key["--save"]["effect"] == "no-memory-effect"
     assert "--nproc_per_node" not in by_key  # torchrun's, before the script
     unmodelled = {s["key"]: s["value"] for s in data["input_settings"] if s["effect"] == "not-modelled"}
-    assert unmodelled == {"--cuda-graph-impl": "transformer_engine", "--empty-unused-memory-level": "1"}
+    assert unmodelled == {"--mlp-chunks-for-training": "2", "--empty-unused-memory-level": "1"}
     assert len(data["unmodelled_settings"]) == 2
     assert all(isinstance(line, str) for line in data["unmodelled_settings"])
     assert any(line.startswith("--megatron-args --empty-unused-memory-level = ") for line in data["unmodelled_settings"])
@@ -140,14 +147,14 @@ def test_launch_text_output_has_one_yellow_warning_line(tmp_path: Path) -> None:
     assert result.output.count("Not modelled (2 input settings") == 1
     yellow = [line for line in result.output.splitlines() if line.startswith("\x1b[33m")]
     assert len(yellow) == 1
-    assert "--cuda-graph-impl" in yellow[0] and "--empty-unused-memory-level" in yellow[0]
+    assert "--mlp-chunks-for-training" in yellow[0] and "--empty-unused-memory-level" in yellow[0]
 
 
 def test_load_job_carries_the_settings(tmp_path: Path) -> None:
     path = tmp_path / "launch.sh"
     path.write_text(LAUNCH)
     loaded = load_job(JobRequest(megatron_args=str(path), flags={"gpus": 2}))
-    assert [s.key for s in loaded.unmodelled] == ["--cuda-graph-impl", "--empty-unused-memory-level"]
+    assert [s.key for s in loaded.unmodelled] == ["--mlp-chunks-for-training", "--empty-unused-memory-level"]
 
 
 def test_extraction_script_reads_literal_flags(tmp_path: Path) -> None:

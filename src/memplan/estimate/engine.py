@@ -29,6 +29,8 @@ from memplan.estimate.autocast import (
 )
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
 from memplan.estimate.cp_attention import describe as describe_cp
+from memplan.estimate.cuda_graphs import LayerCapture, graph_count, graph_memory, layer_capture
+from memplan.estimate.cuda_graphs import describe as describe_cuda_graphs
 from memplan.estimate.deepep import deepep_buffer_bytes
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
@@ -53,6 +55,8 @@ from memplan.estimate.extras import (
     rope_table_bytes,
     saved_logits_bytes,
 )
+from memplan.estimate.fine_offload import Offloaded, stage_offload
+from memplan.estimate.fine_offload import describe as describe_fine_offload
 from memplan.estimate.finetune import (
     base_in_compute_dtype,
     dequantized_weight_bytes,
@@ -416,8 +420,15 @@ def _stage_estimate(
     worst_backward = 0
     #: Per layer, in forward order: (index, bytes it keeps, bytes its backward adds at its worst).
     per_layer: list[tuple[int, int, int]] = []
+    graphed = _captured_layer(model, job, shape) if job.cuda_graphs.impl in ("local", "transformer_engine") else None
+    #: CUDA graphs: per chunk, the captured regions' saved bytes and captured layers; the worst captured backward.
+    chunk_graph: list[int] = []
+    chunk_graph_layers: list[int] = []
+    graph_worst_backward = 0
     for chunk in layout.chunks:
         kept = cpu_kept = 0
+        chunk_graph.append(0)
+        chunk_graph_layers.append(0)
         for position, index in enumerate(chunk):
             keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
             transient += _cp_backward_extra(model, job, shape, index)
@@ -447,6 +458,11 @@ def _stage_estimate(
             kept += layer_keep
             worst_backward = max(worst_backward, layer_worst)
             per_layer.append((index, layer_keep, layer_worst))
+            if graphed is not None:
+                graph_keep, graph_worst = graphed(index, layer_keep, layer_worst, index in recomputed)
+                chunk_graph[-1] += graph_keep
+                chunk_graph_layers[-1] += graph_keep > 0 or graph_worst > 0
+                graph_worst_backward = max(graph_worst_backward, graph_worst)
         chunk_kept.append(kept)
         chunk_cpu.append(cpu_kept)
     inflight = layout.inflight_microbatches
@@ -456,6 +472,10 @@ def _stage_estimate(
         chunk_kept[-1] += mtp_acts
     layer_acts = sum(chunk_kept[c] for c in layout.inflight_chunks)
     cpu_acts = sum(chunk_cpu[c] for c in layout.inflight_chunks)
+    if job.offload.module_names:
+        moved = _fine_offload(model, job, shape, layout, recomputed)
+        layer_acts, cpu_acts, worst_backward = (layer_acts - moved.cpu_bytes, cpu_acts + moved.cpu_bytes,
+                                                worst_backward + moved.reload_bytes)
     unused_buffers = 0
     if deepspeed_ckpt:
         counts = [sum(1 for p, i in enumerate(chunk) if i in recomputed and p % group == 0) for chunk in layout.chunks]
@@ -585,8 +605,10 @@ def _stage_estimate(
         # DoRA's weight temporaries in the last layer's forward, the layers' activations held
         candidates["forward"] = (layer_acts + other_acts, 0, dora, absent)
         comm_at = {**comm_at, "forward": comm_at["loss"]}
-    phase, (acts, logit_b, temp, not_yet) = max(candidates.items(),
-                                                key=lambda kv: sum(kv[1][:3]) - kv[1][3] + comm_at[kv[0]])
+    graphs = graph_memory(job.cuda_graphs, layout, shape, candidates, comm_at, chunk_graph, chunk_graph_layers,
+                          graph_worst_backward, inputs, cp=job.parallel.cp, num_microbatches=job.num_microbatches)
+    phase, (acts, logit_b, temp, not_yet) = max(
+        candidates.items(), key=lambda kv: sum(kv[1][:3]) - kv[1][3] + comm_at[kv[0]] + graphs.extra_at(kv[0]))
     comm = comm_at[phase]
     if phase in ("optimizer step", "end of backward"):
         layer_at_peak, inputs_at_peak, acts = 0, 0, 0
@@ -596,7 +618,8 @@ def _stage_estimate(
         # the next micro-batch's layer and batch (counted with the temporaries to pick the phase)
         layer_at_peak += ep_layer
         temp, inputs_at_peak = temp - ep_inputs, inputs_at_peak + ep_inputs
-    peak_alloc = static + comm - not_yet + acts + logit_b + temp + inputs_at_peak
+    graph_extra = graphs.extra_at(phase)
+    peak_alloc = static + comm - not_yet + acts + logit_b + temp + inputs_at_peak + graph_extra
     reserved = _reserved(peak_alloc, fragmentation)
     return StageEstimate(
         stage=layout.stage,
@@ -615,7 +638,7 @@ def _stage_estimate(
         workspace_bytes=workspace,
         temporary_bytes=temp,
         input_bytes=inputs_at_peak,
-        other_bytes=comm + workspace + temp + inputs_at_peak,
+        other_bytes=comm + workspace + temp + inputs_at_peak + graph_extra,
         inflight_microbatches=inflight,
         peak_phase=phase,
         peak_allocated_bytes=peak_alloc,
@@ -633,7 +656,25 @@ def _stage_estimate(
         max_communication_bytes=max(comm_at.values()),
         paged_optimizer_bytes=states.paged_optimizer,
         outside_allocator_bytes=outside,
+        cuda_graph_pool_bytes=graphs.pool,
+        cuda_graph_static_bytes=graphs.static,
+        cuda_graph_extra_bytes=graph_extra,
+        cuda_graphs=graph_count(job.cuda_graphs.impl, sum(chunk_graph_layers), pp=job.parallel.pp,
+                                num_microbatches=job.num_microbatches) if layout.layer_indices else 0,
     )
+
+
+def _captured_layer(model: ModelSpec, job: Job, shape: ActivationShape) -> LayerCapture:
+    """:func:`memplan.estimate.cuda_graphs.layer_capture` for the job's recompute."""
+    kept_classes, dropped = _kept_policy(job)
+    return layer_capture(model, job.cuda_graphs, shape, kept_classes=kept_classes, dropped=dropped)
+
+
+def _fine_offload(model: ModelSpec, job: Job, shape: ActivationShape, layout: StageLayout,
+                  recomputed: set[int]) -> Offloaded:
+    """:func:`memplan.estimate.fine_offload.stage_offload` for the job's recompute."""
+    kept_classes, dropped = _kept_policy(job)
+    return stage_offload(model, job.offload, shape, layout, recomputed, kept_classes=kept_classes, dropped=dropped)
 
 
 def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: StageParams,
@@ -905,6 +946,12 @@ def _assumptions(
         out.append(describe_tp_overlap(job.overlap, tokens=b.seq_length // par.cp * b.micro_batch_size,
                                        hidden=model.hidden_size, tp=par.tp, fp8=job.precision.fp8 is not None,
                                        world_size=par.world_size))
+    fine = job.offload
+    if fine.module_names:
+        out.append(describe_fine_offload(fine.module_names, min_numel=fine.min_tensor_numel,
+                                         fraction=fine.group_fraction, delta=fine.pp_delta_bytes))
+    if job.cuda_graphs.impl != "none":
+        out.append(describe_cuda_graphs(job.cuda_graphs.impl, job.cuda_graphs.module_names))
     if job.mtp_layers:
         out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like the last, "
                    "a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")

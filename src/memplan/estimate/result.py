@@ -57,7 +57,7 @@ class StageEstimate:
     temporary_bytes: int
     #: Input batch (token ids, labels, masks).
     input_bytes: int
-    #: communication + workspace + temporary + input.
+    #: communication + workspace + temporary + input + CUDA graphs' extra (``cuda_graph_extra_bytes``).
     other_bytes: int
     #: Forwards whose activations are alive at the peak (micro-batch chunks).
     inflight_microbatches: int
@@ -91,6 +91,16 @@ class StageEstimate:
     #: Device memory libraries allocate outside PyTorch's caching allocator (Transformer Engine
     #: userbuffers): not in the peaks above, but taken from the GPU for the whole run.
     outside_allocator_bytes: int = 0
+    #: Megatron CUDA graphs (:mod:`memplan.estimate.cuda_graphs`): the private pool's size, kept for the run.
+    cuda_graph_pool_bytes: int = 0
+    #: Static input buffers of the graphs outside the pool (Transformer Engine's sample inputs, full-iteration
+    #: batches), kept for the run.
+    cuda_graph_static_bytes: int = 0
+    #: At the peak: the pool beyond what its captured regions hold then (already in the other figures) plus the
+    #: static buffers; part of ``peak_allocated_bytes`` (category ``buffer``).
+    cuda_graph_extra_bytes: int = 0
+    #: Forward and backward graphs one rank of this stage captures.
+    cuda_graphs: int = 0
 
     @property
     def cpu_bytes(self) -> int:
@@ -112,7 +122,7 @@ class StageEstimate:
             MemoryCategory.LOGITS: self.logits_bytes,
             MemoryCategory.TEMPORARY: self.temporary_bytes,
             MemoryCategory.INPUT: self.input_bytes,
-            MemoryCategory.BUFFER: 0,
+            MemoryCategory.BUFFER: self.cuda_graph_extra_bytes,
             MemoryCategory.COMMUNICATION: self.communication_bytes,
             MemoryCategory.WORKSPACE: self.workspace_bytes,
         }

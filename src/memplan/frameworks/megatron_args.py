@@ -19,6 +19,7 @@ from typing import Any
 
 from memplan.errors import ModelConfigError, UnsupportedError
 from memplan.frameworks.megatron_flags import megatron_settings
+from memplan.frameworks.megatron_graphs import cuda_graphs
 from memplan.frameworks.megatron_launch import parse_megatron_args, read_megatron_args_file
 from memplan.frameworks.megatron_model import flag_is_set, megatron_model_spec, pipeline_layout_chunks
 from memplan.frameworks.megatron_overlap import comm_overlap
@@ -175,6 +176,7 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         offload=_offload(args),
         overlap=comm_overlap(args),
         transformer_impl=_transformer_impl(args),
+        cuda_graphs=cuda_graphs(args),
     )
 
 
@@ -201,12 +203,22 @@ def _moe_options(args: Mapping[str, Any]) -> MoEOptions:
 
 
 def _offload(args: Mapping[str, Any]) -> Offload:
+    fine = flag_is_set(args, "--fine-grained-activation-offloading")
+    modules = args.get("--offload-modules") if fine else None
+    names = [str(v) for v in modules] if isinstance(modules, list) else str(modules or "").split()
+    if fine and not names:
+        raise ModelConfigError("--offload-modules", "must name at least one module with "
+                               "--fine-grained-activation-offloading (Megatron asserts it)", modules)
     return Offload(
         optimizer=flag_is_set(args, "--optimizer-cpu-offload"),
         optimizer_fraction=_float(args, "--optimizer-offload-fraction", 1.0),
         # --cpu-offloading moves activations unless --cpu-offloading-activations says otherwise.
         activations=flag_is_set(args, "--cpu-offloading")
         and ("--cpu-offloading-activations" not in args or flag_is_set(args, "--cpu-offloading-activations")),
+        modules=",".join(names),
+        min_tensor_numel=_int(args, "--min-offloaded-tensor-size", 1024 * 1024) or 0,
+        group_fraction=_float(args, "--activation-offload-fraction", 1.0),
+        pp_delta_bytes=_int(args, "--delta-offload-bytes-across-pp-ranks", 0) or 0,
     )
 
 

@@ -76,6 +76,15 @@ MODELLED: dict[str, str] = {
                           "GEMMs' 3-stream cuBLAS workspace"),
     "--tp-comm-overlap-cfg": ("per-GEMM userbuffer methods and FP8 buffers (read when the YAML can be opened; "
                               "Transformer Engine's defaults otherwise, as the assumptions say)"),
+    **dict.fromkeys(("--fine-grained-activation-offloading", "--offload-modules", "--min-offloaded-tensor-size",
+                     "--activation-offload-fraction", "--delta-offload-bytes-across-pp-ranks"),
+                    ("fine-grained activation offloading: the listed modules' saved inputs in CPU memory, group by "
+                     "group, with Megatron's reload margin, fraction and pipeline-rank rules")),
+    **dict.fromkeys(("--cuda-graph-impl", "--enable-cuda-graph", "--external-cuda-graph"),
+                    ("CUDA graphs: the private pool kept for the run (the captured regions' most at once) and "
+                     "the graphs' static inputs")),
+    **dict.fromkeys(("--cuda-graph-modules", "--cuda-graph-scope"),
+                    "what per-layer CUDA graphs capture (their saved tensors and backward move into the pool)"),
     "--cp-comm-type": ("context-parallel attention (Transformer Engine): same saved numel for every type; "
                        "the backward's ring / all-gather / all-to-all buffers per type"),
     "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall; flex: DeepEP's buffer)",
@@ -119,17 +128,13 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
     (_NM, "hybrid Mamba layers are not modelled", ("--disable-mamba-mem-eff-path",)),
     (_NM, _REFUSED_MM, ("--language-model-type", "--vision-model-type", "--model-provider",
                         "--total-seq-length")),
-    # CUDA graphs.
-    (_NM, ("CUDA graphs: captured graphs keep static input/output buffers and a private memory pool "
-          "per graph; memplan prices eager execution"),
-     ("--cuda-graph-impl", "--cuda-graph-scope", "--cuda-graph-modules", "--external-cuda-graph",
-      "--enable-cuda-graph", "--optimizer-cuda-graph", "--cuda-graph-warmup-steps", "--te-rng-tracker")),
-    # Activation offloading.
-    (_NM, ("fine-grained activation offloading (module inputs moved to CPU) is not priced; memplan "
-          "keeps every activation on the GPU"),
-     ("--fine-grained-activation-offloading", "--offload-modules", "--min-offloaded-tensor-size",
-      "--delta-offload-bytes-across-pp-ranks", "--activation-offload-fraction",
-      "--fine-grained-offloading-max-inflight-offloads", "--delay-offload-until-cuda-graph")),
+    # CUDA graphs (the modelled ones are in MODELLED).
+    (_NM, "the optimizer step's CUDA graph (its captured temporaries) is not priced", ("--optimizer-cuda-graph",)),
+    (_NONE, ("CUDA-graph warm-up steps run eagerly before the capture; the RNG tracker's states are a few bytes "
+            "per generator"), ("--cuda-graph-warmup-steps", "--te-rng-tracker")),
+    # Activation offloading (fine-grained offloading's sizes are in MODELLED).
+    (_NONE, ("fine-grained offloading's scheduling: when D2H copies are launched or joined, not what is "
+             "offloaded"), ("--fine-grained-offloading-max-inflight-offloads", "--delay-offload-until-cuda-graph")),
     (_NM, "layer-wise activation offloading (Transformer Engine) is not priced in this form",
      ("--cpu-offloading-num-layers", "--cpu-offloading-retain-pinned-cpu-buffers")),
     (_NM, "MoE paged stash (routed-expert activations kept in paged GPU/CPU buffers) is not priced",

@@ -8,7 +8,7 @@ so that a launch given to ``--megatron-args`` reports each flag it holds
 flags do; a few whole families share one rule (:data:`_FAMILIES`: logging, checkpointing, data
 loading, inference serving...), each stating why. Example::
 
-    >>> classify("--external-cuda-graph", True)[0]
+    >>> classify("--optimizer-cuda-graph", True)[0]
     'not-modelled'
     >>> classify("--num-layers", 32)[0]
     'modelled'

@@ -56,6 +56,7 @@ BREAKDOWN_ROWS: tuple[tuple[str, Callable[[StageEstimate], int]], ...] = (
     ("communication buffers", lambda s: s.communication_bytes),
     ("workspace (cuBLAS / TE)", lambda s: s.workspace_bytes),
     ("temporaries + inputs", lambda s: s.temporary_bytes + s.input_bytes),
+    ("CUDA graphs (pool, static inputs)", lambda s: s.cuda_graph_extra_bytes),
 )
 
 
