@@ -49,8 +49,9 @@ PolicyName = Literal["none", "full", "megatron-selective", "attention-core", "at
                      "memory-budget"]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 #: Megatron ``--recompute-modules`` that are sub-modules of a Hugging Face layer (``--framework hf``):
-#: the attention function, the dense MLP, the sparse MoE block, its shared experts.
-HF_MODULES = ("core_attn", "mlp", "moe", "shared_experts")
+#: the attention function, the dense MLP, the sparse MoE block, its shared experts, the input and
+#: pre-MLP norms and the routed experts' activation (output-discarding checkpoints).
+HF_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
 #: torchtitan's ``activation_checkpoint.memory_budget`` default (torchtitan/config/job_config.py).
 DEFAULT_MEMORY_BUDGET = 0.5
 

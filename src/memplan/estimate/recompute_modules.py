@@ -37,9 +37,9 @@ from memplan.model.spec import LayerSpec
 #: Sites each ``--recompute-modules`` choice drops (``core`` is the ``core`` recompute class).
 SITES_DROPPED_BY: dict[str, frozenset[str]] = {
     "core_attn": frozenset({"core"}),
-    "layernorm": frozenset({"input_norm", "pre_mlp_norm"}),
+    "layernorm": frozenset({"input_norm", "pre_mlp_norm", "mlp_norm_out"}),
     "mla_up_proj": frozenset({"mla_up"}),
-    "mlp": frozenset({"mlp"}),
+    "mlp": frozenset({"mlp", "mlp_norm_out"}),
     "moe": frozenset({"moe", "moe_act", "shared_experts"}),
     "moe_act": frozenset({"moe_act"}),
     "shared_experts": frozenset({"shared_experts"}),
@@ -89,10 +89,13 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
     sbh = shape.seq * shape.micro_batch * shape.hidden
     excess = shape.residual_bytes - shape.act_bytes
     terms: list[Term] = []
-    if "mlp" in names and layer.moe is None:
+    # ``layernorm`` discards the pre-MLP norm's output, which these checkpoints keep as their input.
+    discarded = "layernorm" in names
+    if "mlp" in names and layer.moe is None and not discarded:
         terms.append(Term("mlp checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input"))
-    if "moe" in names and layer.moe is not None and excess > 0:
-        terms.append(Term("MoE checkpoint input beyond its 16-bit copy", excess * sbh, "sp", "input"))
+    if "moe" in names and layer.moe is not None and excess > 0 and not discarded:
+        # under autocast the router's 16-bit copy goes with the block (site moe); the fp32 output stays
+        terms.append(Term("MoE checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input"))
     attn = layer.attention
     if "core_attn" in names and excess > 0 and shape.rope and attn.kind != "mla":
         width = (attn.num_heads + attn.num_kv_heads) * attn.head_dim
