@@ -147,8 +147,9 @@ def resolve_policy(job: Job) -> ActivationPolicy:
         other = [m for m in rc.module_names if m not in HF_MODULES]
         if other:
             raise JobConfigError("--recompute-modules", f"on --framework hf checkpoints a Hugging Face layer's own "
-                                 f"sub-modules ({', '.join(HF_MODULES)}); {', '.join(other)} has none there (its "
-                                 "Megatron meaning needs Transformer Engine's layers: use --framework megatron)",
+                                 f"sub-modules ({', '.join(HF_MODULES)}); {', '.join(other)} has none there (Hugging "
+                                 "Face's MLA attention computes its up projections and RoPE inline: use --framework "
+                                 "megatron)",
                                  rc.modules)
         ft = job.finetune
         if ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none":

@@ -75,6 +75,11 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "core_attn"}),
     ("llama", 256, "bf16-mixed", "eager", "megatron-selective", {"recompute_modules": "core_attn,mlp"}),
     ("qwen3_moe", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "moe"}),
+    # Megatron's output-discarding checkpoints (memplan.trace.discard): norms, the experts' activation
+    ("llama", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "layernorm"}),
+    ("llama", 256, "bf16", "eager", "megatron-selective", {"recompute_modules": "core_attn,layernorm,mlp"}),
+    ("qwen3_moe", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "moe_act"}),
+    ("qwen3_moe", 256, "bf16", "sdpa", "megatron-selective", {"recompute_modules": "layernorm,moe_act"}),
     ("llama", 256, "bf16-mixed", "sdpa", "full", {"recompute_method": "block", "recompute_layers": 1}),
     # activation offloading: every saved tensor in host memory (save_on_cpu), one operator's back at a time
     ("llama", 512, "bf16-mixed", "sdpa", "none", {"offload_activations": True}),

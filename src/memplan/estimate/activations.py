@@ -490,7 +490,8 @@ def divided(term: Term, shape: ActivationShape) -> int:
 
 
 def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
-                             blocks: tuple[list[Term], list[Term]] | None = None) -> int:
+                             blocks: tuple[list[Term], list[Term]] | None = None,
+                             dropped: frozenset[str] = frozenset(), released_inputs: int = 0) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
     In general two tensors of the size of the layer's largest saved term (the incoming gradient
@@ -499,7 +500,9 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     ``.to(dtype)`` cast and the one it produces), but by then autograd has released what the
     layer's later nodes saved: the whole MLP block (its backward ran first), the output
     projection's input and the PV matmul's 16-bit probabilities. ``blocks``: the layer's terms
-    from :func:`layer_terms_by_block` when the caller has them.
+    from :func:`layer_terms_by_block` when the caller has them. Under Megatron's sub-module recompute
+    the MLP block's terms at ``dropped`` sites were never kept (their recompute came and went with the
+    MLP backward) and release nothing; its checkpoints' inputs (``released_inputs`` bytes) do.
     """
     attention, rest = blocks or layer_terms_by_block(layer, shape)
     eager_core = shape.kernels == "eager" and shape.attention == "eager"
@@ -512,7 +515,8 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     attn = layer.attention
     heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
     gradients = divided(Term("softmax gradients", 2 * EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core"), shape)
-    released = sum(divided(t, shape) for t in rest if t.keep != "input")
+    released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
+    released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.name in ("output projection input", SOFTMAX_CAST))
     return max(transient, gradients - released)

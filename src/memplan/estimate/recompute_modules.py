@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memplan.estimate.activations import ActivationShape, Term
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term
 from memplan.model.spec import LayerSpec
 
 #: Sites each ``--recompute-modules`` choice drops (``core`` is the ``core`` recompute class).
@@ -82,6 +82,7 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
       residual dtype (fp32 x fp32 tables), which the checkpoint keeps instead of SDPA's 16-bit copies.
 
     Megatron's Transformer Engine layers fuse the norms into the GEMMs (no separate input): nothing.
+    Each term's site is the checkpoint keeping it (``mlp``, ``moe``, ``core``).
     """
     if shape.kernels != "eager":
         return []
@@ -92,16 +93,35 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
     # ``layernorm`` discards the pre-MLP norm's output, which these checkpoints keep as their input.
     discarded = "layernorm" in names
     if "mlp" in names and layer.moe is None and not discarded:
-        terms.append(Term("mlp checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input"))
+        terms.append(Term("mlp checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input",
+                           site="mlp"))
     if "moe" in names and layer.moe is not None and excess > 0 and not discarded:
         # under autocast the router's 16-bit copy goes with the block (site moe); the fp32 output stays
-        terms.append(Term("MoE checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input"))
+        terms.append(Term("MoE checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input",
+                           site="moe"))
     attn = layer.attention
     if "core_attn" in names and excess > 0 and shape.rope and attn.kind != "mla":
         width = (attn.num_heads + attn.num_kv_heads) * attn.head_dim
         terms.append(Term("attention core checkpoint inputs: q, k from RoPE in the residual dtype (beyond their "
                           "16-bit copies)", excess * shape.seq * shape.micro_batch * width, "tp", "input"))
     return terms
+
+
+def recomputed_only_terms(shape: ActivationShape, modules: Iterable[str]) -> list[Term]:
+    """Tensors a checkpoint makes again in the backward that no term of the layer stands for.
+
+    ``layernorm`` on an eager RMSNorm with a 16-bit input: without recompute the norm saves its fp32
+    copy and its normalized tensor in the input dtype, the latter priced by the ``norm input`` term
+    (same bytes, :func:`~memplan.estimate.activations.eager_norm_terms`); under the checkpoint the
+    ``norm input`` term is the input itself, kept, and the normalized tensor comes back with the
+    recompute, once per norm (the input norm at the attention backward, the pre-MLP norm at the MLP's).
+    """
+    if ("layernorm" not in set(modules) or shape.kernels != "eager" or shape.norm != "rmsnorm"
+            or shape.residual_bytes >= NORM_COMPUTE_BYTES):
+        return []
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    return [Term(f"{prefix} norm normalized input, recomputed", shape.residual_bytes * sbh, "sp", "body", site=site)
+            for prefix, site in (("attention", "input_norm"), ("mlp", "pre_mlp_norm"))]
 
 
 def ineffective_modules(modules: Iterable[str], sites: Iterable[str]) -> tuple[str, ...]:
