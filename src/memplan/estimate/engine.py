@@ -327,8 +327,6 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
             rebuilt += recomputed_peak([(size, site) for size, _, site in sized] + again, dropped)
             kept += sum(divided(t, shape) for t in inputs)
         cache[key] = (kept, full, transient, rebuilt)
-        import os
-        if os.environ.get("MEMPLAN_DBG"): print("LAYER", index, dict(kept=kept, full=full, transient=transient, rebuilt=rebuilt))
     return cache[key]
 
 
