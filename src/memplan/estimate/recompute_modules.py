@@ -11,7 +11,9 @@ own inputs and drops what its inside saves (megatron/core/transformer, commit d9
   ``CheckpointWithoutOutput`` (``transformer_layer.py``): each norm's input stays, its output is
   discarded once the next block has run. The TE spec fuses those norms into ``linear_qkv`` and
   ``linear_fc1`` (``IdentityOp``), so only MLA's input norm and MoE layers' pre-MLP norm are
-  separate modules that this reaches;
+  separate modules that this reaches; in an eager (Hugging Face) layer every norm is one, and what
+  it saves inside goes too, but its output only where the GEMMs save it as is (not autocast's
+  copies; :class:`~memplan.estimate.activations.NormSites`);
 * ``mla_up_proj`` — MLA's q/kv up-projections and RoPE under ``CheckpointWithoutOutput``
   (``multi_latent_attention.py``): the latents stay, the latent norms' outputs and q, k, v go;
 * ``mlp`` — the dense MLP under ``tensor_parallel.checkpoint`` with its input kept: the fused
@@ -134,11 +136,13 @@ def ineffective_modules(modules: Iterable[str], sites: Iterable[str]) -> tuple[s
 #: What each module's checkpoint makes again, for the estimate's assumptions.
 RECOMPUTES = {
     "core_attn": "the attention core (scores, softmax, dropout)",
-    "layernorm": "the separate pre-attention (MLA) and pre-MLP (MoE) norms' outputs",
+    "layernorm": "the separate norms (under Transformer Engine MLA's input norm and MoE layers' pre-MLP norm; "
+                 "in an eager layer every input and pre-MLP norm): what they save and their outputs where the "
+                 "next GEMMs save them as is",
     "mla_up_proj": "MLA's up-projections and RoPE (q, k, v and the latent norms' outputs)",
     "mlp": "the dense MLP from its input",
     "moe": "the whole MoE layer from its input",
-    "moe_act": "the experts' activation output",
+    "moe_act": "the experts' activation output (and an eager gated activation's act(gate))",
     "shared_experts": "the shared experts from their input",
 }
 
