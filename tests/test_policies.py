@@ -68,8 +68,8 @@ def test_a_policy_the_framework_does_not_have_is_one_line_exit_2(framework: str,
      "only applies with --recompute selective or megatron-selective"),
     (["--framework", "torchtitan", "--recompute", "selective", "--recompute-modules", "mlp"],
      "a Megatron-LM policy the chosen framework does not have"),
-    (["--framework", "hf", "--recompute", "megatron-selective", "--recompute-modules", "mlp,moe_act"],
-     "moe_act has none there"),
+    (["--framework", "hf", "--recompute", "megatron-selective", "--recompute-modules", "mlp,mla_up_proj"],
+     "mla_up_proj has none there"),
     (["--framework", "hf", "--recompute", "megatron-selective", "--peft", "lora"], "priced for full training only"),
 ])
 def test_bad_policy_parameters_are_one_line_exit_2(args: list[str], says: str) -> None:

@@ -141,27 +141,48 @@ def layer_terms_by_block(layer: LayerSpec, shape: ActivationShape) -> tuple[list
     return attention, rest + post_norm_terms(shape, layer.num_hidden_norms - 2)
 
 
+@dataclass(frozen=True, slots=True)
+class NormSites:
+    """Which Megatron ``--recompute-modules`` site each of a pre-norm's saved tensors belongs to.
+
+    ``fused``: the GEMM inputs under fused kernels (Transformer Engine fuses the norm into the GEMM,
+    whose module then saves its output). With eager modules (a Hugging Face layer, whose norms are
+    modules of their own, reached by ``layernorm``'s output-discarding checkpoint): ``norm``, what
+    the norm saves inside; ``output``, the GEMM inputs when they are the norm's output itself;
+    ``copy``, the GEMM inputs under autocast, each linear's own 16-bit copy (not the norm's output,
+    so never discarded with it).
+    """
+
+    fused: str = ""
+    norm: str = ""
+    output: str = ""
+    copy: str = ""
+
+
 def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers: int = 1,
-                gemm_keep: Keep = "body", site: str = "") -> list[Term]:
+                gemm_keep: Keep = "body", sites: NormSites = NormSites()) -> list[Term]:
     """A pre-norm: its input, what the norm itself saves, and its output as the next GEMMs' input.
 
     ``consumers`` is the number of linear layers reading the output (q, k, v: 3 unless fused);
     under autocast each casts the fp32 output itself and saves its own 16-bit copy.
     ``gemm_keep`` is the recompute class of those GEMM inputs (``attn`` inside the attention module),
-    ``site`` the Megatron module whose recompute drops the output.
+    ``sites`` the Megatron modules whose recompute drops each part.
     """
     sbh = shape.seq * shape.micro_batch * shape.hidden
+    eager = shape.kernels == "eager"
+    site = sites.fused if not eager else (sites.copy if shape.autocast else sites.output)
     terms = [Term(f"{prefix} norm input", shape.residual_bytes * sbh, "sp", keep_input)]
-    terms += eager_norm_terms(shape, prefix, shape.residual_bytes)
+    terms += eager_norm_terms(shape, prefix, shape.residual_bytes, site=sites.norm)
     terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True,
                       site=site))
     if shape.autocast and consumers > 1:
         terms.append(Term(f"{prefix} norm output, autocast copies of the other {consumers - 1} GEMMs",
-                          (consumers - 1) * shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True, site=site))
+                          (consumers - 1) * shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True,
+                          site=sites.copy if eager else sites.fused))
     return terms
 
 
-def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int) -> list[Term]:
+def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int, site: str = "") -> list[Term]:
     """What an eager reference RMSNorm saves beyond an input of ``input_bytes`` per element.
 
     transformers' ``LlamaRMSNorm`` computes ``x = input.to(float32); x * rsqrt(mean(x^2) + eps)``
@@ -176,14 +197,14 @@ def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int) -> l
     sbh = shape.seq * shape.micro_batch * shape.hidden
     # ``x * rsqrt(variance + eps)`` also saves the fp32 reciprocal RMS, one per token.
     inverse_rms = Term(f"{prefix} norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * shape.seq * shape.micro_batch,
-                       "sp", "body")
+                       "sp", "body", site=site)
     if input_bytes < NORM_COMPUTE_BYTES:
-        terms = [Term(f"{prefix} norm fp32 input", NORM_COMPUTE_BYTES * sbh, "sp", "body"), inverse_rms]
+        terms = [Term(f"{prefix} norm fp32 input", NORM_COMPUTE_BYTES * sbh, "sp", "body", site=site), inverse_rms]
         if shape.norm_fp32_scale:
             terms.append(Term(f"{prefix} norm normalized input in fp32 (beyond the input dtype)",
-                              (NORM_COMPUTE_BYTES - input_bytes) * sbh, "sp", "body"))
+                              (NORM_COMPUTE_BYTES - input_bytes) * sbh, "sp", "body", site=site))
         return terms
-    return [Term(f"{prefix} norm normalized input", input_bytes * sbh, "sp", "body"), inverse_rms]
+    return [Term(f"{prefix} norm normalized input", input_bytes * sbh, "sp", "body", site=site), inverse_rms]
 
 
 def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
@@ -207,8 +228,8 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     consumers = 2 if attn.kind == "mla" else (1 if attn.fused_qkv else 3)
     # Megatron's TE layer spec fuses the pre-attention norm into linear_qkv except under MLA, where
     # it is its own module, which ``layernorm`` recompute can discard (gpt_layer_specs.py).
-    terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn",
-                        site="input_norm" if attn.kind == "mla" else "")
+    terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn", sites=NormSites(
+        fused="input_norm" if attn.kind == "mla" else "", norm="input_norm", output="input_norm"))
     # Checkpointing the attention module keeps its input: the norm output, in the residual dtype.
     terms.append(Term("attention module input (checkpointed)", shape.residual_bytes * tokens * shape.hidden,
                       "sp", "attn_input"))
@@ -388,14 +409,20 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     if prefix == "mlp":
         consumers = 2 if mlp.gated and not mlp.fused_gate_up else 1
         # TE fuses this norm into linear_fc1: its output is saved inside the MLP module.
-        terms += _norm_terms(shape, "mlp", "body", consumers, site="mlp")
+        terms += _norm_terms(shape, "mlp", "body", consumers, sites=NormSites(
+            fused="mlp", norm="pre_mlp_norm", output="mlp_norm_out", copy="mlp"))
     # fc1 output (gate and up halves for a gated MLP) saved by the activation function, its
     # output saved by fc2; eager SwiGLU also saves act(gate) as a separate tensor.
     fc1_out = 2 if mlp.gated else 1
-    if mlp.gated and shape.kernels != "fused":
+    eager_gate = mlp.gated and shape.kernels != "fused"
+    if eager_gate and prefix != "experts":
         fc1_out += 1
     terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body",
                       site=fc1_site))
+    if eager_gate and prefix == "experts":
+        # act(gate), saved by the product with the up half: inside the activation function (moe_act).
+        terms.append(Term(f"{prefix} activation of the gate half (eager gated activation)", c * tokens * f, region,
+                          "body", site=fc2_site))
     terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True, site=fc2_site))
     if mlp.activation == "gelu_new" and shape.kernels == "eager":
         # GPT-2's NewGELUActivation is a Python formula: it also saves tanh(...), 1 + tanh(...) and
@@ -428,13 +455,19 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     c = shape.expert_bytes or shape.act_bytes
     tokens = s * b
     # A separate pre-MLP norm in Megatron's TE spec (its output, the MoE layer's input: ``layernorm``).
-    # Under autocast every linear reading it casts its own copy: the router, the shared expert's
-    # GEMMs and its sigmoid gate (transformers' routed experts index the norm output as it is).
-    consumers = 1
-    if moe.shared_expert is not None:
-        consumers += (2 if moe.shared_expert.gated and not moe.shared_expert.fused_gate_up else 1)
-        consumers += 1 if moe.shared_expert_gate else 0
-    terms = _norm_terms(shape, "mlp", "body", consumers, site="pre_mlp_norm")
+    terms = _norm_terms(shape, "mlp", "body", sites=NormSites(
+        fused="pre_mlp_norm", norm="pre_mlp_norm", output="pre_mlp_norm", copy="moe"))
+    if shape.autocast and moe.shared_expert is not None:
+        # Under autocast every other linear reading the norm output casts its own 16-bit copy (the
+        # router's is the term above; transformers' routed experts index the output as it is): the
+        # shared expert's GEMMs (inside its module) and Qwen2-MoE's shared-expert gate (outside it).
+        sbh = tokens * h
+        shared = 2 if moe.shared_expert.gated and not moe.shared_expert.fused_gate_up else 1
+        terms.append(Term("mlp norm output, autocast copies of the shared expert's GEMMs",
+                          shared * shape.act_bytes * sbh, "sp", "body", gemm_input=True, site="shared_experts"))
+        if moe.shared_expert_gate:
+            terms.append(Term("mlp norm output, autocast copy of the shared-expert gate", shape.act_bytes * sbh, "sp",
+                              "body", gemm_input=True, site="moe"))
     if shape.kernels == "eager":
         # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
         terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
@@ -520,7 +553,8 @@ def divided(term: Term, shape: ActivationShape) -> int:
 
 
 def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
-                             blocks: tuple[list[Term], list[Term]] | None = None) -> int:
+                             blocks: tuple[list[Term], list[Term]] | None = None,
+                             dropped: frozenset[str] = frozenset(), released_inputs: int = 0) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
     In general two tensors of the size of the layer's largest saved term (the incoming gradient
@@ -529,7 +563,9 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     ``.to(dtype)`` cast and the one it produces), but by then autograd has released what the
     layer's later nodes saved: the whole MLP block (its backward ran first), the output
     projection's input and the PV matmul's 16-bit probabilities. ``blocks``: the layer's terms
-    from :func:`layer_terms_by_block` when the caller has them.
+    from :func:`layer_terms_by_block` when the caller has them. Under Megatron's sub-module recompute
+    the MLP block's terms at ``dropped`` sites were never kept (their recompute came and went with the
+    MLP backward) and release nothing; its checkpoints' inputs (``released_inputs`` bytes) do.
     """
     attention, rest = blocks or layer_terms_by_block(layer, shape)
     eager_core = shape.kernels == "eager" and shape.attention == "eager"
@@ -542,7 +578,8 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     attn = layer.attention
     heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
     gradients = divided(Term("softmax gradients", 2 * EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core"), shape)
-    released = sum(divided(t, shape) for t in rest if t.keep != "input")
+    released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
+    released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.name in ("output projection input", SOFTMAX_CAST))
     return max(transient, gradients - released)

@@ -83,6 +83,7 @@ from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     dropped_sites,
+    recomputed_only_terms,
     recomputed_peak,
     term_site,
 )
@@ -307,7 +308,9 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         blocks = (attention, rest)
         sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
         full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
-        transient = backward_transient_bytes(layer, shape, blocks)
+        inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
+        transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
+            divided(t, shape) for t in inputs if t.site in ("mlp", "moe")))
         sac = sac_kept_terms(layer, shape) if mode == "selective-per-op" else None
         if mode == "selective-per-op" and sac is None:
             # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
@@ -324,8 +327,9 @@ def _layer_costs(layer: LayerSpec, shape: ActivationShape, job: Job, cache: dict
         if dropped:
             # only one block's recomputed tensors are alive at a time (recompute_modules.py)
             rebuilt -= sum(size for size, _, site in sized if site in dropped)
-            rebuilt += recomputed_peak([(size, site) for size, _, site in sized], dropped)
-            kept += sum(divided(t, shape) for t in checkpoint_input_terms(layer, shape, policy.modules))
+            again = [(divided(t, shape), t.site) for t in recomputed_only_terms(shape, policy.modules)]
+            rebuilt += recomputed_peak([(size, site) for size, _, site in sized] + again, dropped)
+            kept += sum(divided(t, shape) for t in inputs)
         cache[key] = (kept, full, transient, rebuilt)
     return cache[key]
 

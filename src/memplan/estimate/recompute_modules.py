@@ -11,7 +11,9 @@ own inputs and drops what its inside saves (megatron/core/transformer, commit d9
   ``CheckpointWithoutOutput`` (``transformer_layer.py``): each norm's input stays, its output is
   discarded once the next block has run. The TE spec fuses those norms into ``linear_qkv`` and
   ``linear_fc1`` (``IdentityOp``), so only MLA's input norm and MoE layers' pre-MLP norm are
-  separate modules that this reaches;
+  separate modules that this reaches; in an eager (Hugging Face) layer every norm is one, and what
+  it saves inside goes too, but its output only where the GEMMs save it as is (not autocast's
+  copies; :class:`~memplan.estimate.activations.NormSites`);
 * ``mla_up_proj`` — MLA's q/kv up-projections and RoPE under ``CheckpointWithoutOutput``
   (``multi_latent_attention.py``): the latents stay, the latent norms' outputs and q, k, v go;
 * ``mlp`` — the dense MLP under ``tensor_parallel.checkpoint`` with its input kept: the fused
@@ -31,15 +33,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memplan.estimate.activations import ActivationShape, Term
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term
 from memplan.model.spec import LayerSpec
 
 #: Sites each ``--recompute-modules`` choice drops (``core`` is the ``core`` recompute class).
 SITES_DROPPED_BY: dict[str, frozenset[str]] = {
     "core_attn": frozenset({"core"}),
-    "layernorm": frozenset({"input_norm", "pre_mlp_norm"}),
+    "layernorm": frozenset({"input_norm", "pre_mlp_norm", "mlp_norm_out"}),
     "mla_up_proj": frozenset({"mla_up"}),
-    "mlp": frozenset({"mlp"}),
+    "mlp": frozenset({"mlp", "mlp_norm_out"}),
     "moe": frozenset({"moe", "moe_act", "shared_experts"}),
     "moe_act": frozenset({"moe_act"}),
     "shared_experts": frozenset({"shared_experts"}),
@@ -82,6 +84,7 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
       residual dtype (fp32 x fp32 tables), which the checkpoint keeps instead of SDPA's 16-bit copies.
 
     Megatron's Transformer Engine layers fuse the norms into the GEMMs (no separate input): nothing.
+    Each term's site is the checkpoint keeping it (``mlp``, ``moe``, ``core``).
     """
     if shape.kernels != "eager":
         return []
@@ -89,16 +92,38 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
     sbh = shape.seq * shape.micro_batch * shape.hidden
     excess = shape.residual_bytes - shape.act_bytes
     terms: list[Term] = []
-    if "mlp" in names and layer.moe is None:
-        terms.append(Term("mlp checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input"))
-    if "moe" in names and layer.moe is not None and excess > 0:
-        terms.append(Term("MoE checkpoint input beyond its 16-bit copy", excess * sbh, "sp", "input"))
+    # ``layernorm`` discards the pre-MLP norm's output, which these checkpoints keep as their input.
+    discarded = "layernorm" in names
+    if "mlp" in names and layer.moe is None and not discarded:
+        terms.append(Term("mlp checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input",
+                           site="mlp"))
+    if "moe" in names and layer.moe is not None and excess > 0 and not discarded:
+        # under autocast the router's 16-bit copy goes with the block (site moe); the fp32 output stays
+        terms.append(Term("MoE checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input",
+                           site="moe"))
     attn = layer.attention
     if "core_attn" in names and excess > 0 and shape.rope and attn.kind != "mla":
         width = (attn.num_heads + attn.num_kv_heads) * attn.head_dim
         terms.append(Term("attention core checkpoint inputs: q, k from RoPE in the residual dtype (beyond their "
                           "16-bit copies)", excess * shape.seq * shape.micro_batch * width, "tp", "input"))
     return terms
+
+
+def recomputed_only_terms(shape: ActivationShape, modules: Iterable[str]) -> list[Term]:
+    """Tensors a checkpoint makes again in the backward that no term of the layer stands for.
+
+    ``layernorm`` on an eager RMSNorm with a 16-bit input: without recompute the norm saves its fp32
+    copy and its normalized tensor in the input dtype, the latter priced by the ``norm input`` term
+    (same bytes, :func:`~memplan.estimate.activations.eager_norm_terms`); under the checkpoint the
+    ``norm input`` term is the input itself, kept, and the normalized tensor comes back with the
+    recompute, once per norm (the input norm at the attention backward, the pre-MLP norm at the MLP's).
+    """
+    if ("layernorm" not in set(modules) or shape.kernels != "eager" or shape.norm != "rmsnorm"
+            or shape.residual_bytes >= NORM_COMPUTE_BYTES):
+        return []
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    return [Term(f"{prefix} norm normalized input, recomputed", shape.residual_bytes * sbh, "sp", "body", site=site)
+            for prefix, site in (("attention", "input_norm"), ("mlp", "pre_mlp_norm"))]
 
 
 def ineffective_modules(modules: Iterable[str], sites: Iterable[str]) -> tuple[str, ...]:
@@ -111,11 +136,13 @@ def ineffective_modules(modules: Iterable[str], sites: Iterable[str]) -> tuple[s
 #: What each module's checkpoint makes again, for the estimate's assumptions.
 RECOMPUTES = {
     "core_attn": "the attention core (scores, softmax, dropout)",
-    "layernorm": "the separate pre-attention (MLA) and pre-MLP (MoE) norms' outputs",
+    "layernorm": "the separate norms (under Transformer Engine MLA's input norm and MoE layers' pre-MLP norm; "
+                 "in an eager layer every input and pre-MLP norm): what they save and their outputs where the "
+                 "next GEMMs save them as is",
     "mla_up_proj": "MLA's up-projections and RoPE (q, k, v and the latent norms' outputs)",
     "mlp": "the dense MLP from its input",
     "moe": "the whole MoE layer from its input",
-    "moe_act": "the experts' activation output",
+    "moe_act": "the experts' activation output (and an eager gated activation's act(gate))",
     "shared_experts": "the shared experts from their input",
 }
 

@@ -11,12 +11,18 @@
   (megatron/core/transformer ``tensor_parallel.checkpoint``). ``core_attn``: the attention function
   (transformers' ``AttentionInterface`` entry the attention modules call: SDPA, or the eager
   scores/softmax/PV); ``mlp``: a dense layer's ``mlp``; ``moe``: a sparse layer's MoE block;
-  ``shared_experts``: its shared expert(s).
+  ``shared_experts``: its shared expert(s);
+* ``layernorm`` / ``moe_act`` — Megatron's output-discarding checkpoint (``CheckpointWithoutOutput``,
+  :mod:`memplan.trace.discard`): ``layernorm`` on each layer's input norm and pre-MLP norm (the
+  attention and the MLP/MoE block are the modules whose backward makes the output again);
+  ``moe_act`` on the routed experts' activation (transformers' experts interface: ``_apply_gate``,
+  or ``act_fn`` for experts without a gate), skipped where ``moe`` checkpoints the whole block.
 
 Refused with one line: ``memory-budget`` (torch.compile's partitioner decides it, and the tracer
 runs eager code), ``full`` with uniform groups of more than one layer (a Hugging Face decoder
-calls its layers one by one), and the Megatron modules that are not sub-modules of a Hugging Face
-layer (``layernorm``'s output-discarding checkpoint, ``moe_act``, ``mla_up_proj``).
+calls its layers one by one), ``mla_up_proj`` (Hugging Face's MLA attention computes its up
+projections and RoPE inline, with no sub-module to checkpoint), and ``layernorm`` / ``moe_act``
+with ``--offload-activations`` (both replace saved tensors; the innermost hooks would win).
 """
 
 from __future__ import annotations
@@ -36,6 +42,16 @@ __all__ = ["TRACED_MODULES", "apply_policy", "check_runnable"]
 
 #: ``--recompute-modules`` the tracer runs.
 TRACED_MODULES = HF_MODULES
+#: ``--recompute-modules`` run as Megatron's output-discarding checkpoint (:mod:`memplan.trace.discard`).
+_DISCARDING = ("layernorm", "moe_act")
+#: A decoder layer's input norm, pre-MLP norm (Gemma's pre-feedforward norm before its post-attention
+#: one), attention and MLP block, by the attribute names of transformers' models.
+_INPUT_NORMS = ("input_layernorm", "ln_1")
+_PRE_MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
+_ATTENTIONS = ("self_attn", "attn")
+_MLPS = ("mlp", "block_sparse_moe")
+#: transformers' experts implementations that call ``_apply_gate`` / ``act_fn`` (integrations/moe.py).
+_INTERFACE_EXPERTS = ("grouped_mm", "batched_mm")
 #: Prefix of the attention implementations registered for ``core_attn``.
 _CORE_KEY = "memplan_checkpointed_core_"
 
@@ -54,6 +70,11 @@ def check_runnable(policy: ActivationPolicy) -> None:
         raise ConfigError("--recompute-layers", "memplan trace checkpoints single decoder layers (a Hugging Face "
                           "decoder calls them one by one): use 1 with --recompute-method uniform, or block; "
                           "memplan estimate prices groups", policy.num_layers)
+    discarding = [name for name in policy.modules if name in _DISCARDING]
+    if discarding and policy.offload:
+        raise ConfigError("--offload-activations", f"cannot be traced with --recompute-modules "
+                          f"{','.join(discarding)} (both replace the saved tensors of a layer); use memplan "
+                          "estimate", True)
     missing = [name for name in policy.modules if name not in TRACED_MODULES]
     if missing:
         raise ConfigError("--recompute-modules", f"memplan trace runs {', '.join(TRACED_MODULES)} on a Hugging "
@@ -149,6 +170,83 @@ def _megatron_modules(model: torch.nn.Module, modules: tuple[str, ...], cuda_aut
                     checkpoint_forward(getattr(mlp, attr), cuda_autocast)
     if "core_attn" in modules:
         _checkpoint_attention_core(model, cuda_autocast)
+    if any(name in modules for name in _DISCARDING):
+        _output_discarding(model, modules, cuda_autocast)
+
+
+def _child(module: torch.nn.Module, names: tuple[str, ...]) -> Any:
+    return next((getattr(module, name) for name in names if getattr(module, name, None) is not None), None)
+
+
+def _output_discarding(model: torch.nn.Module, modules: tuple[str, ...], cuda_autocast: bool) -> None:
+    """``layernorm`` / ``moe_act``: each decoder layer's forward runs in a :class:`DiscardScope` whose
+    checkpoints are its norms (the attention / MLP block recomputes their output at its backward's start,
+    as Megatron's hook on the next module's output does) and its experts' activation."""
+    from memplan.trace.discard import DiscardScope, autocast_restorer
+    from memplan.trace.sac import decoder_layers
+
+    capture = autocast_restorer(cuda_autocast)
+    for layer in decoder_layers(model):
+        scope = DiscardScope(capture)
+        if "layernorm" in modules:
+            pairs = ((_child(layer, _INPUT_NORMS), _child(layer, _ATTENTIONS)),
+                     (_child(layer, _PRE_MLP_NORMS), _child(layer, _MLPS)))
+            if any(part is None for pair in pairs for part in pair):
+                raise UnsupportedError(f"--recompute-modules layernorm found no input norm, pre-MLP norm, attention "
+                                       f"and MLP ({', '.join(_INPUT_NORMS + _PRE_MLP_NORMS)}; "
+                                       f"{', '.join(_ATTENTIONS + _MLPS)}) in {type(layer).__name__}")
+            for norm, consumer in pairs:
+                _discard_norm(scope, norm, consumer)
+        mlp = _child(layer, _MLPS)
+        if "moe_act" in modules and "moe" not in modules and hasattr(mlp, "experts"):
+            _discard_activation(scope, mlp.experts)
+        forward = layer.forward
+
+        def scoped(*args: Any, _forward: Any = forward, _scope: Any = scope, **kwargs: Any) -> Any:
+            with _scope.active():
+                return _forward(*args, **kwargs)
+
+        layer.forward = scoped  # type: ignore[method-assign]
+
+
+def _discard_norm(scope: Any, norm: torch.nn.Module, consumer: torch.nn.Module) -> None:
+    forward = norm.forward
+    pending: list[Any] = []
+
+    def discarding(hidden_states: torch.Tensor) -> torch.Tensor:
+        out, holder = scope.checkpoint(forward, hidden_states)
+        pending[:] = [holder] if holder is not None else []
+        return out  # type: ignore[no-any-return]
+
+    def recompute_at(_module: Any, _args: Any, output: Any) -> None:
+        if pending:
+            pending.pop().recompute_at(output)
+
+    norm.forward = discarding  # type: ignore[method-assign]
+    consumer.register_forward_hook(recompute_at)
+
+
+def _discard_activation(scope: Any, experts: torch.nn.Module) -> None:
+    implementation = getattr(getattr(experts, "config", None), "_experts_implementation", None)
+    if implementation not in _INTERFACE_EXPERTS or not hasattr(experts, "has_gate"):
+        raise UnsupportedError(f"--recompute-modules moe_act runs on transformers' {' or '.join(_INTERFACE_EXPERTS)} "
+                               f"experts (their _apply_gate / act_fn); {type(experts).__name__} runs its own "
+                               f"forward ({implementation}): use --moe-routing balanced")
+    if experts.has_gate:
+        gate = experts._apply_gate
+
+        def discarding_gate(gate_up: torch.Tensor) -> torch.Tensor:
+            return scope.checkpoint(gate, gate_up)[0]  # type: ignore[no-any-return]
+
+        experts._apply_gate = discarding_gate  # type: ignore[assignment]
+    else:
+        act = experts.act_fn
+        act_forward = act.forward
+
+        def discarding_act(x: torch.Tensor) -> torch.Tensor:
+            return scope.checkpoint(act_forward, x)[0]  # type: ignore[no-any-return]
+
+        act.forward = discarding_act  # type: ignore[method-assign]
 
 
 def _checkpoint_attention_core(model: torch.nn.Module, cuda_autocast: bool) -> None:
