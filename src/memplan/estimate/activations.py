@@ -460,11 +460,13 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     if shape.autocast and moe.shared_expert is not None:
         # Under autocast every other linear reading the norm output casts its own 16-bit copy (the
         # router's is the term above; transformers' routed experts index the output as it is): the
-        # shared expert's GEMMs (inside its module) and Qwen2-MoE's shared-expert gate (outside it).
+        # shared expert's GEMMs and Qwen2-MoE's shared-expert gate. Measured with the tracer: a
+        # ``shared_experts`` checkpoint of transformers' shared expert keeps its GEMMs' copies
+        # (tests/trace/test_policies_trace.py); only the whole MoE block's checkpoint drops them.
         sbh = tokens * h
         shared = 2 if moe.shared_expert.gated and not moe.shared_expert.fused_gate_up else 1
         terms.append(Term("mlp norm output, autocast copies of the shared expert's GEMMs",
-                          shared * shape.act_bytes * sbh, "sp", "body", gemm_input=True, site="shared_experts"))
+                          shared * shape.act_bytes * sbh, "sp", "body", gemm_input=True, site="moe"))
         if moe.shared_expert_gate:
             terms.append(Term("mlp norm output, autocast copy of the shared-expert gate", shape.act_bytes * sbh, "sp",
                               "body", gemm_input=True, site="moe"))
