@@ -16,9 +16,10 @@ invented (increasing, 2 MiB aligned) unless an address source is given.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 
-from memplan.alloc.blocks import Block, BlockPool, Segment, SegmentEvent, key_stream
+from memplan.alloc.blocks import Block, BlockPool, Segment, SegmentEvent, key_stream, size_key
 from memplan.alloc.constants import (
     ADDRESS_ALIGNMENT,
     K_LARGE_BUFFER,
@@ -131,9 +132,9 @@ class CachingAllocator:
         else:
             size = round_size(orig_size, self.settings)
         pool = self.small_pool if size <= K_SMALL_SIZE else self.large_pool
-        alloc_size = allocation_size(size)
         block = self._get_free_block(pool, stream, size)
         if block is None:
+            alloc_size = allocation_size(size)
             if self._gc:
                 self._garbage_collect()
             block = self._alloc_block(pool, stream, size, alloc_size)
@@ -183,7 +184,7 @@ class CachingAllocator:
         if self._gc:
             pool.free_calls += 1
         keys = pool.keys
-        index = pool.first_at_least(stream, size)
+        index = bisect_left(keys, size_key(stream, size))  # pool.first_at_least, one call fewer
         if index >= len(keys) or key_stream(keys[index]) != stream:
             return None
         block = pool.blocks[keys[index]]
