@@ -123,3 +123,35 @@ def test_skipped_replays_with_a_fitting_split_value() -> None:
     expected = _all_candidates_replayed(trace, capacity)
     assert [(f.setting, f.verified, f.peak_bytes, f.saves_bytes) for f in fixes] == expected
     assert any("max_split_size_mb:512" in r[0] and r[1] for r in expected)  # the first split value fits
+
+
+def _shape_by_events(events: tuple[AllocEvent, ...]) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """The module docstring's definition, event by event: the reference for ``trace_shape``'s columns."""
+    starts, same, where = [], [], {}
+    runs: list[list[tuple[int, ...]]] = []
+    for position, event in enumerate(events):
+        if not starts or event.iteration != events[position - 1].iteration:
+            starts.append(position)
+            runs.append([])
+        run, offset = len(starts) - 1, position - starts[-1]
+        if event.kind == "alloc":
+            where[event.block] = (run, offset)
+            runs[-1].append((1, event.size, event.stream))
+        else:
+            alloc_run, alloc_offset = where.pop(event.block, (-1, -1))
+            runs[-1].append((0, run - alloc_run, alloc_offset, event.stream))
+    same = [r > 0 and runs[r] == runs[r - 1] for r in range(len(runs))]
+    return tuple(starts), tuple(same)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shape_by_columns_equals_the_definition(seed: int) -> None:
+    rng = random.Random(seed)
+    base = _step_trace(8, vary=seed % 2 == 1, seed=seed).events
+    # Streams, a repeated iteration value after another, and a free of a block never allocated.
+    events = tuple(e._replace(stream=rng.choice((0, 0, 1)) if seed > 2 else 0,
+                              iteration=e.iteration if seed != 4 else e.iteration % 3) for e in base)
+    events += (AllocEvent(len(events), "free", 10**9, 8, iteration=99),)
+    shape = trace_shape(events)
+    assert (shape.run_starts, shape.same_as_previous) == _shape_by_events(events)
+    assert trace_shape(()).run_starts == () and trace_shape(()).same_as_previous == ()
