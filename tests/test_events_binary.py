@@ -53,6 +53,9 @@ def test_unknown_encoding_and_integers_beyond_64_bits_are_refused(tmp_path: Path
         write_trace(huge, tmp_path / "huge.mptrace")
     write_trace(huge, tmp_path / "huge.jsonl.gz")  # the text encoding holds any integer
     assert read_trace(tmp_path / "huge.jsonl.gz") == huge
+    flag = Trace(events=(AllocEvent(0, ALLOC, True, 8),))  # not stored as 1 behind the caller's back
+    with pytest.raises(ConfigError, match="trace event block: must be an integer"):
+        write_trace(flag, tmp_path / "flag.mptrace")
 
 
 @st.composite

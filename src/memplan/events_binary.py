@@ -137,7 +137,7 @@ def encode_trace(trace: Trace) -> bytes:
 
 
 def _int_column(field: str, values: Any) -> list[bytes]:
-    if not all(type(v) is int for v in values):
+    if not set(map(type, values)) <= {int}:  # bool and int subclasses too: array() would store them as ints
         bad = next(v for v in values if type(v) is not int)
         raise ConfigError(f"trace event {field}", "must be an integer", bad)
     low, high = (min(values), max(values)) if values else (0, 0)
