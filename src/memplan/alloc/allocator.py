@@ -187,10 +187,12 @@ class CachingAllocator:
         index = bisect_left(keys, size_key(stream, size))  # pool.first_at_least, one call fewer
         if index >= len(keys) or key_stream(keys[index]) != stream:
             return None
-        block = pool.blocks[keys[index]]
+        key = keys[index]
+        block = pool.blocks[key]
         if block.segment.expandable:
             if self._expandable:
                 block = self._best_expandable(pool, stream, index)
+                key = -1  # not known: removed by pool.remove below
             else:
                 index += 1
                 while index < len(keys) and key_stream(keys[index]) == stream \
@@ -198,13 +200,18 @@ class CachingAllocator:
                     index += 1
                 if index >= len(keys) or key_stream(keys[index]) != stream:
                     return None
-                block = pool.blocks[keys[index]]
+                key = keys[index]
+                block = pool.blocks[key]
         max_split = self._max_split
         if size < max_split <= block.size:
             return None  # do not return an oversized block for a small request
         if size >= max_split and block.size >= size + K_LARGE_BUFFER:
             return None  # an oversized block may only be rounded up within kLargeBuffer
-        pool.remove(block)
+        if key < 0:
+            pool.remove(block)
+        else:  # pool.remove without searching again: the block is keys[index]
+            del pool.blocks[key]
+            del keys[index]
         return block
 
     def _best_expandable(self, pool: BlockPool, stream: int, index: int) -> Block:
