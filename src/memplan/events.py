@@ -5,7 +5,7 @@ or more training iterations, in program order, plus the metadata that says what 
 
 On disk a trace has two encodings of the same events, told apart by their first bytes; both are
 read by :func:`read_trace`, forever. :func:`write_trace` writes the binary columnar one of
-:mod:`memplan.events_binary` (read about ten times faster) unless the path ends in ``.jsonl`` or
+:mod:`memplan.events_binary` (read about four times faster) unless the path ends in ``.jsonl`` or
 ``.jsonl.gz``, or ``encoding="jsonl"`` is asked. The JSON-lines encoding is a gzip-compressed
 (or plain) text file:
 

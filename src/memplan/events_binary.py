@@ -1,4 +1,4 @@
-"""The binary columnar encoding of a memplan trace: the same events, read ten times faster.
+"""The binary columnar encoding of a memplan trace: the same events, read four times faster.
 
 A million-event trace in gzip JSON lines takes seconds to read, most of it JSON decoding and the
 building of a million lists. This encoding stores each field of :data:`~memplan.events.EVENT_FIELDS`
@@ -62,7 +62,7 @@ MAGIC = BINARY_MAGIC
 ENCODING_VERSION = 1
 #: Most events a file may claim (2^32; a trace that long would need hundreds of GiB of memory to read).
 MAX_EVENTS = 2**32
-#: zlib level: 6 (zlib's default) writes a million events in about a second.
+#: zlib level: 6 (zlib's default); a million events compress to about 2.3 MB (2.3 bytes each).
 _LEVEL = 6
 
 #: String fields and the values their tables may hold (None: any string).
