@@ -177,6 +177,13 @@ def test_bad_tables(tmp_path: Path) -> None:
     _refused(tmp_path, _file(op=raw), "table 'op' must be a zlib stream of a JSON array of strings")
 
 
+def test_table_that_inflates_too_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memplan import events_binary
+
+    monkeypatch.setattr(events_binary, "MAX_TABLE_BYTES", 1000)
+    _refused(tmp_path, _file(module=_column("B", [0, 0], ["m" * 2000])), "table 'module' must inflate to at most 1000")
+
+
 def test_id_beyond_its_table(tmp_path: Path) -> None:
     _refused(tmp_path, _file(module=_column("B", [0, 3], ["", "m"])), "column 'module' must hold ids below its table's 2")
     _refused(tmp_path, _file(module=_column("H", [0, 300], ["", "m"])), "got 300")

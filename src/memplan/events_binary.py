@@ -19,8 +19,8 @@ not ``\\x80``, a pickle's first byte, nor ``\\x1f``, gzip's), then CR LF, Ctrl-Z
 copy would mangle. The writer picks the narrowest type that holds each column. A reader refuses,
 with one :class:`~memplan.errors.ConfigError` naming the file and the rule: a wrong magic, a newer
 encoding version, a truncated file or a column of the wrong length, an absurd event count, an
-unknown element type, a bad zlib stream, a table that is not a JSON array of strings or holds an
-unknown kind/category/phase, an id beyond its table, bytes after the last column; then the events
+unknown element type, a bad zlib stream, a table that inflates to more than MAX_TABLE_BYTES, is not
+a JSON array of strings or holds an unknown kind/category/phase, an id beyond its table, bytes after the last column; then the events
 are checked as every trace is (:func:`~memplan.events.validate_events`).
 """
 
@@ -54,7 +54,7 @@ from memplan.events import (
     validate_events,
 )
 
-__all__ = ["ENCODING_VERSION", "MAGIC", "MAX_EVENTS", "TraceColumns", "decode_columns", "decode_trace",
+__all__ = ["ENCODING_VERSION", "MAGIC", "MAX_EVENTS", "MAX_TABLE_BYTES", "TraceColumns", "decode_columns", "decode_trace",
            "encode_trace"]
 
 MAGIC = BINARY_MAGIC
@@ -62,6 +62,8 @@ MAGIC = BINARY_MAGIC
 ENCODING_VERSION = 1
 #: Most events a file may claim (2^32; a trace that long would need hundreds of GiB of memory to read).
 MAX_EVENTS = 2**32
+#: Most bytes a string table may inflate to (a million distinct 100-character names take 100 MB).
+MAX_TABLE_BYTES = 2**30
 #: zlib level: 6 (zlib's default); a million events compress to about 2.3 MB (2.3 bytes each).
 _LEVEL = 6
 
@@ -240,7 +242,9 @@ def _table(reader: _Reader, field: str) -> tuple[str, ...]:
     blob = reader.take(reader.unpack("<I", f"table {field!r} length"), f"table {field!r}")
     stream = zlib.decompressobj()
     try:
-        text = stream.decompress(blob)
+        text = stream.decompress(blob, MAX_TABLE_BYTES + 1)
+        if len(text) > MAX_TABLE_BYTES:
+            raise reader.fail(f"table {field!r} must inflate to at most {MAX_TABLE_BYTES} bytes")
         table = json.loads(text.decode("ascii"))
     except (zlib.error, UnicodeDecodeError, json.JSONDecodeError):
         table = None
