@@ -12,8 +12,19 @@ from hypothesis import strategies as st
 
 from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError
-from memplan.events import ALLOC, FREE, PHASES, AllocEvent, Trace, TraceMeta, read_trace, write_trace
-from memplan.events_binary import ENCODING_VERSION, MAGIC, MAX_EVENTS, decode_columns, encode_trace
+from memplan.events import (
+    ALLOC,
+    FREE,
+    PHASES,
+    AllocEvent,
+    Trace,
+    TraceMeta,
+    binary_columns,
+    read_trace,
+    trace_to_binary,
+    write_trace,
+)
+from memplan.events_binary import ENCODING_VERSION, MAGIC, MAX_EVENTS
 
 
 def _trace() -> Trace:
@@ -205,7 +216,7 @@ def test_events_are_validated_as_every_trace(tmp_path: Path) -> None:
     _refused(tmp_path, _file(size=_column("q", [-1, -1])), "trace event 0 size: must be >= 0")
 
 
-def test_decode_columns_keeps_ids_and_tables() -> None:
-    cols = decode_columns(encode_trace(_trace()), "t")
-    assert cols.count == 4 and cols.tables["kind"] == ("alloc", "free")
+def test_binary_columns_keep_ids_and_tables() -> None:
+    meta, cols = binary_columns(trace_to_binary(_trace()), "t")
+    assert meta == _trace().meta and cols.count == 4 and cols.tables["kind"] == ("alloc", "free")
     assert list(cols.columns["kind"]) == [0, 0, 1, 0] and cols.columns["size"].typecode in "qlL"

@@ -1,15 +1,17 @@
 """The binary columnar encoding of a memplan trace: the same events, read four times faster.
 
 A million-event trace in gzip JSON lines takes seconds to read, most of it JSON decoding and the
-building of a million lists. This encoding stores each field of :data:`~memplan.events.EVENT_FIELDS`
-as one fixed-width column (standard library only: :mod:`array`, :mod:`struct`, :mod:`zlib`) and each
-string field as small integer ids into a table of its distinct strings. Layout (little-endian)::
+building of a million lists. This encoding stores each field of an event as one fixed-width column
+(standard library only: :mod:`array`, :mod:`struct`, :mod:`zlib`) and each string field as small
+integer ids into a table of its distinct strings. This module is the container, given a
+:class:`Schema` (the fields in order, which are strings and what their tables may hold);
+:mod:`memplan.events` gives it the trace's fields and builds the events. Layout (little-endian)::
 
     magic            8 bytes  89 4D 50 54 0D 0A 1A 0A  ("\\x89MPT\\r\\n\\x1a\\n")
     encoding version u32      1
-    header length    u32      then that many bytes: the JSON header line of the JSON-lines encoding
+    header length    u32      then that many bytes of UTF-8: the JSON header line of the JSON-lines encoding
     event count      u64      N (at most MAX_EVENTS)
-    10 columns, in EVENT_FIELDS order, each:
+    one column per field, in the schema's order, each:
       element type   1 byte   struct code: b h i q (integer fields), B H I (string fields: ids)
       string fields only: table length u32, then a zlib stream of a JSON array of the distinct strings
       data length    u64      then a zlib stream of N elements of that type (N x 1, 2, 4 or 8 bytes)
@@ -18,10 +20,10 @@ The magic follows PNG's: a first byte that is not ASCII (no text reader mistakes
 not ``\\x80``, a pickle's first byte, nor ``\\x1f``, gzip's), then CR LF, Ctrl-Z and LF, which a text-mode
 copy would mangle. The writer picks the narrowest type that holds each column. A reader refuses,
 with one :class:`~memplan.errors.ConfigError` naming the file and the rule: a wrong magic, a newer
-encoding version, a truncated file or a column of the wrong length, an absurd event count, an
-unknown element type, a bad zlib stream, a table that inflates to more than MAX_TABLE_BYTES, is not
-a JSON array of strings or holds an unknown kind/category/phase, an id beyond its table, bytes after the last column; then the events
-are checked as every trace is (:func:`~memplan.events.validate_events`).
+encoding version, a header that is not UTF-8, a truncated file or a column of the wrong length, an
+absurd event count, an unknown element type, a bad zlib stream, a table that inflates to more than
+MAX_TABLE_BYTES, is not a JSON array of strings or holds a value its field does not allow, an id
+beyond its table, bytes after the last column.
 """
 
 from __future__ import annotations
@@ -33,31 +35,15 @@ import zlib
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
-from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError
-from memplan.events import (
-    ALLOC,
-    BINARY_MAGIC,
-    EVENT_FIELDS,
-    PHASES,
-    TRACE_FORMAT,
-    TRACE_VERSION,
-    AllocEvent,
-    Trace,
-    TraceMeta,
-    gc_paused,
-    parse_header,
-    validate_events,
-)
 
-__all__ = ["ENCODING_VERSION", "MAGIC", "MAX_EVENTS", "MAX_TABLE_BYTES", "TraceColumns", "decode_columns", "decode_trace",
-           "encode_trace"]
+__all__ = ["ENCODING_VERSION", "MAGIC", "MAX_EVENTS", "MAX_TABLE_BYTES", "Columns", "Schema", "decode_columns",
+           "encode_columns"]
 
-MAGIC = BINARY_MAGIC
+MAGIC = b"\x89MPT\r\n\x1a\n"
 #: Layout version written by this memplan; readers accept this and older ones.
 ENCODING_VERSION = 1
 #: Most events a file may claim (2^32; a trace that long would need hundreds of GiB of memory to read).
@@ -67,11 +53,6 @@ MAX_TABLE_BYTES = 2**30
 #: zlib level: 6 (zlib's default); a million events compress to about 2.3 MB (2.3 bytes each).
 _LEVEL = 6
 
-#: String fields and the values their tables may hold (None: any string).
-_STRING_FIELDS: Mapping[str, frozenset[str] | None] = {
-    "kind": frozenset(("alloc", "free")), "category": frozenset(c.value for c in MemoryCategory),
-    "phase": frozenset(PHASES), "op": None, "module": None,
-}
 _INT_CODES = "bhiq"
 _ID_CODES = "BHI"
 _SIZES = {"b": 1, "B": 1, "h": 2, "H": 2, "i": 4, "I": 4, "q": 8}
@@ -88,10 +69,19 @@ _ARRAY_CODES = {code: _array_code(code) for code in _SIZES}
 
 
 @dataclass(frozen=True)
-class TraceColumns:
-    """A decoded binary trace before its events are built: one array per field, string fields as ids."""
+class Schema:
+    """The fields of a record, in column order, and which are strings."""
 
-    meta: TraceMeta
+    fields: tuple[str, ...]
+    #: String field -> the values its table may hold (None: any string); every other field is an integer.
+    strings: Mapping[str, frozenset[str] | None]
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A decoded file: its header text and one array per field, string fields as ids."""
+
+    header: str
     count: int
     #: Field name -> its column (string fields: ids into ``tables[field]``).
     columns: Mapping[str, array]
@@ -114,15 +104,12 @@ class TraceColumns:
 # Writing
 
 
-def encode_trace(trace: Trace) -> bytes:
-    """The binary encoding of ``trace`` (see the module docstring)."""
-    header = json.dumps({"format": TRACE_FORMAT, "version": TRACE_VERSION, "meta": trace.meta.to_dict()},
-                        separators=(",", ":")).encode("utf-8")
-    count = len(trace.events)
-    columns = list(zip(*trace.events)) if count else [()] * len(EVENT_FIELDS)
-    parts = [MAGIC, struct.pack("<II", ENCODING_VERSION, len(header)), header, struct.pack("<Q", count)]
-    for field, values in zip(EVENT_FIELDS, columns, strict=True):
-        if field in _STRING_FIELDS:
+def encode_columns(header: str, schema: Schema, columns: Sequence[Sequence[Any]], count: int) -> bytes:
+    """The binary encoding of ``count`` records given as ``columns`` (one per field of ``schema``)."""
+    head = header.encode("utf-8")
+    parts = [MAGIC, struct.pack("<II", ENCODING_VERSION, len(head)), head, struct.pack("<Q", count)]
+    for field, values in zip(schema.fields, columns, strict=True):
+        if field in schema.strings:
             table = list(dict.fromkeys(values))
             if not all(type(s) is str for s in table):
                 bad = next(s for s in table if type(s) is not str)
@@ -197,9 +184,9 @@ class _Reader:
         return out
 
 
-def decode_columns(data: bytes, name: str) -> TraceColumns:
-    """The columns of a binary trace ``data`` (file ``name``, for messages); every rule of the module
-    docstring is checked here except the alloc/free pairing (:func:`decode_trace` checks it)."""
+def decode_columns(data: bytes, name: str, schema: Schema) -> Columns:
+    """The columns of the binary file ``data`` (``name``, for messages) of ``schema``'s records; every
+    rule of the module docstring is checked."""
     reader = _Reader(data, name)
     if bytes(reader.take(len(MAGIC), "the magic number")) != MAGIC:
         raise reader.fail(f"must start with the magic number {MAGIC!r}")
@@ -209,7 +196,7 @@ def decode_columns(data: bytes, name: str) -> TraceColumns:
                           + ("; upgrade memplan to read it" if version > ENCODING_VERSION else ""))
     header = reader.take(reader.unpack("<I", "the header length"), "the header")
     try:
-        meta = parse_header(bytes(header).decode("utf-8"), name)
+        text = bytes(header).decode("utf-8")
     except UnicodeDecodeError:
         raise reader.fail("must have a UTF-8 JSON header") from None
     count = reader.unpack("<Q", "the event count")
@@ -217,13 +204,13 @@ def decode_columns(data: bytes, name: str) -> TraceColumns:
         raise reader.fail(f"claims {count} events, more than the {MAX_EVENTS} a trace may hold")
     columns: dict[str, array] = {}
     tables: dict[str, tuple[str, ...]] = {}
-    for field in EVENT_FIELDS:
+    for field in schema.fields:
         code = bytes(reader.take(1, f"column {field!r}")).decode("latin-1")
-        allowed = _ID_CODES if field in _STRING_FIELDS else _INT_CODES
+        allowed = _ID_CODES if field in schema.strings else _INT_CODES
         if code not in allowed:
             raise reader.fail(f"column {field!r} must have element type one of {list(allowed)} (got {code!r})")
-        if field in _STRING_FIELDS:
-            tables[field] = _table(reader, field)
+        if field in schema.strings:
+            tables[field] = _table(reader, field, schema.strings[field])
         blob = reader.take(reader.unpack("<Q", f"column {field!r} length"), f"column {field!r}")
         column = array(_ARRAY_CODES[code])
         column.frombytes(reader.inflate(blob, count * _SIZES[code], f"column {field!r}"))
@@ -235,10 +222,10 @@ def decode_columns(data: bytes, name: str) -> TraceColumns:
         columns[field] = column
     if reader.pos != len(data):
         raise reader.fail(f"must end after its last column ({len(data) - reader.pos} bytes follow)")
-    return TraceColumns(meta=meta, count=count, columns=columns, tables=tables)
+    return Columns(header=text, count=count, columns=columns, tables=tables)
 
 
-def _table(reader: _Reader, field: str) -> tuple[str, ...]:
+def _table(reader: _Reader, field: str, allowed: frozenset[str] | None) -> tuple[str, ...]:
     blob = reader.take(reader.unpack("<I", f"table {field!r} length"), f"table {field!r}")
     stream = zlib.decompressobj()
     try:
@@ -250,7 +237,6 @@ def _table(reader: _Reader, field: str) -> tuple[str, ...]:
         table = None
     if not isinstance(table, list) or not all(type(s) is str for s in table) or not stream.eof:
         raise reader.fail(f"table {field!r} must be a zlib stream of a JSON array of strings") from None
-    allowed = _STRING_FIELDS[field]
     if allowed is not None and not set(table) <= allowed:
         raise reader.fail(f"table {field!r} must hold only {sorted(allowed)} "
                           f"(got {min(set(table) - allowed)!r})")
@@ -264,36 +250,3 @@ def _ids_below(column: array, size: int) -> bool:
     if column.itemsize == 1:
         return not column.tobytes().translate(None, bytes(range(size)))
     return max(column) < size
-
-
-def decode_trace(data: bytes, name: str) -> Trace:
-    """The :class:`~memplan.events.Trace` of a binary trace ``data``, validated as every trace is."""
-    cols = decode_columns(data, name)
-    with gc_paused():
-        # blocks and sizes as lists: their ints are made once for the events and the check
-        fields = [cols.values(field).tolist() if field in ("block", "size") else cols.values(field)  # type: ignore[attr-defined]
-                  for field in EVENT_FIELDS]
-        events = tuple(map(tuple.__new__, repeat(AllocEvent), zip(*fields)))
-        blocks, sizes = fields[EVENT_FIELDS.index("block")], fields[EVENT_FIELDS.index("size")]
-        valid = _pairs_valid(cols.columns["kind"].tolist(), cols.tables["kind"], blocks, sizes)
-    if not valid:
-        validate_events(events)  # raises, naming the first bad event
-    return Trace(events=events, meta=cols.meta)
-
-
-def _pairs_valid(kinds: list[int], table: Sequence[str], blocks: Sequence[int], sizes: Sequence[int]) -> bool:
-    """Sizes >= 0 and each free matching a live alloc of the same block and size (:func:`validate_events`'s
-    rules, checked on the columns in half its time)."""
-    if sizes and min(sizes) < 0:
-        return False
-    alloc_id = table.index(ALLOC) if ALLOC in table else -1
-    live: dict[int, int] = {}
-    pop = live.pop
-    for kind, block, size in zip(kinds, blocks, sizes):
-        if kind == alloc_id:
-            if block in live:
-                return False
-            live[block] = size
-        elif pop(block, -1) != size:
-            return False
-    return True

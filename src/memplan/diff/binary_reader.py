@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from memplan.diff.profile import AllocRows, Key
-from memplan.events import ALLOC, TraceMeta
-from memplan.events_binary import decode_columns
+from memplan.events import ALLOC, TraceMeta, binary_columns
 
 __all__ = ["BinarySlow", "binary_rows"]
 
@@ -51,7 +50,7 @@ def binary_rows(data: bytes, name: str,
                 make_key: Callable[[str, str, str, str, int], Key]) -> tuple[AllocRows, _Keys, TraceMeta]:
     """The diff rows, lazy keys (``make_key(category, op, module, phase, iteration)``) and metadata of
     the binary trace ``data``; :class:`BinarySlow` when its frees do not pair with its allocations."""
-    cols = decode_columns(data, name)
+    meta, cols = binary_columns(data, name)
     columns = cols.columns
     sizes = columns["size"].tolist()
     if sizes and min(sizes) < 0:
@@ -83,4 +82,4 @@ def binary_rows(data: bytes, name: str,
                 raise BinarySlow
             freed[row] = i
             add_delta(-size)
-    return rows, _Keys(combos, dict(cols.tables), make_key), cols.meta
+    return rows, _Keys(combos, dict(cols.tables), make_key), meta
