@@ -186,6 +186,9 @@ def test_bad_tables(tmp_path: Path) -> None:
     not_strings = zlib.compress(b"[1, 2]")
     raw = b"B" + struct.pack("<I", len(not_strings)) + not_strings + _column("B", [0, 0])[1:]
     _refused(tmp_path, _file(op=raw), "table 'op' must be a zlib stream of a JSON array of strings")
+    deep = zlib.compress(b"[" * 100_000 + b"]" * 100_000)  # nested past the JSON decoder's recursion limit
+    raw = b"B" + struct.pack("<I", len(deep)) + deep + _column("B", [0, 0])[1:]
+    _refused(tmp_path, _file(op=raw), "table 'op' must be a zlib stream of a JSON array of strings")
 
 
 def test_table_that_inflates_too_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,10 +207,14 @@ def test_bytes_after_the_last_column(tmp_path: Path) -> None:
     _refused(tmp_path, _file() + b"\x00", "must end after its last column \\(1 bytes follow\\)")
 
 
-def test_bad_header(tmp_path: Path) -> None:
-    header = b'{"format": "other"}'
+@pytest.mark.parametrize("header, message", [
+    (b'{"format": "other"}', "format is 'memplan-trace'"),
+    (b"[" * 100_000, "must start with a memplan-trace JSON header line"),
+    (b"\xff\xfe", "must have a UTF-8 JSON header"),
+])
+def test_bad_header(tmp_path: Path, header: bytes, message: str) -> None:
     data = MAGIC + struct.pack("<II", 1, len(header)) + header + _file()[len(_header(2)) - 8:]
-    _refused(tmp_path, data, "format is 'memplan-trace'")
+    _refused(tmp_path, data, message)
 
 
 def test_events_are_validated_as_every_trace(tmp_path: Path) -> None:

@@ -299,7 +299,7 @@ def parse_header(line: str, name: str) -> TraceMeta:
     version this memplan does not read, raises ConfigError (``name``: the file, for the message)."""
     try:
         header = json.loads(line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: arrays nested thousands deep
         raise ConfigError("trace file", "must start with a memplan-trace JSON header line", name) from None
     if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
         raise ConfigError("trace file", f"must start with a header whose format is {TRACE_FORMAT!r}", name)

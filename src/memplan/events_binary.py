@@ -233,7 +233,7 @@ def _table(reader: _Reader, field: str, allowed: frozenset[str] | None) -> tuple
         if len(text) > MAX_TABLE_BYTES:
             raise reader.fail(f"table {field!r} must inflate to at most {MAX_TABLE_BYTES} bytes")
         table = json.loads(text.decode("ascii"))
-    except (zlib.error, UnicodeDecodeError, json.JSONDecodeError):
+    except (zlib.error, UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # deep nesting too
         table = None
     if not isinstance(table, list) or not all(type(s) is str for s in table) or not stream.eof:
         raise reader.fail(f"table {field!r} must be a zlib stream of a JSON array of strings") from None
