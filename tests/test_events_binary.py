@@ -227,3 +227,18 @@ def test_binary_columns_keep_ids_and_tables() -> None:
     meta, cols = binary_columns(trace_to_binary(_trace()), "t")
     assert meta == _trace().meta and cols.count == 4 and cols.tables["kind"] == ("alloc", "free")
     assert list(cols.columns["kind"]) == [0, 0, 1, 0] and cols.columns["size"].typecode in "qlL"
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["alloc", "simulate"], ["diff"]])
+def test_cli_refuses_a_damaged_binary_trace_in_one_line(tmp_path: Path, command: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    bad = tmp_path / "cut.mptrace"
+    bad.write_bytes(_file()[:-1])
+    inputs = [str(bad), str(bad)] if command == ["diff"] else [str(bad)]
+    result = CliRunner().invoke(app, [*command, *inputs], env={"COLUMNS": "300", "NO_COLOR": "1"})
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "binary trace file: is truncated" in lines[0] and "cut.mptrace" in lines[0]
