@@ -4,18 +4,20 @@ The trace: a 24-layer transformer-shaped training step repeated until the trace 
 events (weights, gradients and Adam states at setup; per layer saved activations and temporaries in
 the forward, temporaries in the backward, optimizer temporaries), the same requests every
 iteration, as a dense model's steps are. Three diagnoses are timed (``diagnose(trace=...)``, the
-trace already in memory; reading the gzip file is the trace format's cost, not the doctor's):
+trace already in memory; reading a file is the trace format's cost, not the doctor's):
 
 * ``no capacity``: growth and spike analysis only;
 * ``fits``: replayed at a capacity above its peak;
 * ``fragmentation``: replayed at a capacity between its peak allocated and peak reserved memory,
   which runs out of memory, then every allocator setting replayed to verify it.
 
-A fourth row adds what ``memplan doctor step.mptrace`` pays on top: reading the gzip JSON-lines
-file (the trace format's reader, not the doctor). A fifth times the ``fragmentation`` case on ``benchmarks/alloc_speed.py``'s trace, whose
+A fourth and a fifth row time what ``memplan doctor step.mptrace`` pays from the file: reading it
+(the binary columnar encoding ``write_trace`` writes by default, then the gzip JSON-lines one),
+then the same diagnosis. A sixth times the ``fragmentation`` case on ``benchmarks/alloc_speed.py``'s trace, whose
 iterations differ (one MoE-like request per layer varies): no iteration repeats another, so every
-replay runs to the end. Each dense case runs three times: the best and the median are recorded,
-with the load average (the machine is shared). Writes benchmarks/results/doctor_speed.json.
+replay runs to the end. Each dense case (and each file) runs three times: the best and the median are recorded,
+with the load average (the machine is shared) and the
+least CPU seconds of the runs. Writes benchmarks/results/doctor_speed.json.
 """
 
 from __future__ import annotations
@@ -77,15 +79,17 @@ def dense_trace(target_events: int = 1_000_000, layers: int = 24) -> Trace:
 
 
 def _time(label: str, trace: Trace, capacity: int | None, repeats: int = 3) -> dict:
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         report = diagnose(trace=trace, capacity_bytes=capacity)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)
     seconds = min(times)
     verified = [f for f in report.fixes if f.verified]
     row = {"case": label, "events": len(trace), "capacity_bytes": capacity, "seconds": round(seconds, 3),
-           "seconds_median": round(statistics.median(times), 3), "runs": repeats, "load_average": os.getloadavg()[0],
+           "seconds_median": round(statistics.median(times), 3), "cpu_seconds": round(min(cpu), 3),
+           "runs": repeats, "load_average": os.getloadavg()[0],
            "verdict": report.verdict, "fixes": len(report.fixes), "verified_fixes": len(verified),
            "first_verified": verified[0].setting if verified else None}
     print(f"{label:40s} {seconds:6.2f} s (median {statistics.median(times):.2f})  verdict {report.verdict}  fixes {len(report.fixes)} "
@@ -93,20 +97,33 @@ def _time(label: str, trace: Trace, capacity: int | None, repeats: int = 3) -> d
     return row
 
 
-def _from_file(trace: Trace, capacity: int) -> dict:
-    """What ``memplan doctor step.mptrace`` pays on top: reading the gzip JSON-lines file."""
+def _from_file(trace: Trace, capacity: int, encoding: str, repeats: int = 3) -> dict:
+    """What ``memplan doctor step.mptrace`` pays: reading the file (``encoding``: ``binary`` or ``jsonl``,
+    see :mod:`memplan.events`), then the diagnosis; best and median of ``repeats`` runs."""
+    totals, reads, cpu = [], [], []
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "step.mptrace"
-        write_trace(trace, path)
+        path = Path(folder) / ("step.mptrace" if encoding == "binary" else "step.jsonl.gz")
         start = time.perf_counter()
-        loaded = read_trace(path)
-        read_s = time.perf_counter() - start
-        report = diagnose(trace=loaded, capacity_bytes=capacity)
-        total = time.perf_counter() - start
-    print(f"{'dense, fragmentation, from the .mptrace file':40s} {total:6.2f} s (reading {read_s:.2f} s)", flush=True)
-    return {"case": "dense, fragmentation, read from the .mptrace file", "events": len(trace),
-            "capacity_bytes": capacity, "seconds": round(total, 3), "read_seconds": round(read_s, 3), "runs": 1,
-            "load_average": os.getloadavg()[0], "verdict": report.verdict}
+        write_trace(trace, path, encoding=encoding)
+        write_s = time.perf_counter() - start
+        size = path.stat().st_size
+        for _ in range(repeats):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            loaded = read_trace(path)
+            reads.append(time.perf_counter() - start)
+            report = diagnose(trace=loaded, capacity_bytes=capacity)
+            totals.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
+            del loaded
+    assert report.verdict == "fragmentation"
+    label = f"dense, fragmentation, from the {encoding} file"
+    print(f"{label:40s} {min(totals):6.2f} s (median {statistics.median(totals):.2f}; reading {min(reads):.2f}, "
+          f"median {statistics.median(reads):.2f})  {size / 2**20:.1f} MiB, written in {write_s:.1f} s", flush=True)
+    return {"case": label, "encoding": encoding, "events": len(trace), "capacity_bytes": capacity,
+            "file_bytes": size, "write_seconds": round(write_s, 3),
+            "seconds": round(min(totals), 3), "seconds_median": round(statistics.median(totals), 3),
+            "cpu_seconds": round(min(cpu), 3), "read_seconds": round(min(reads), 3), "read_seconds_median": round(statistics.median(reads), 3),
+            "runs": repeats, "load_average": os.getloadavg()[0], "verdict": report.verdict}
 
 
 def _machine() -> str:
@@ -129,7 +146,7 @@ def main() -> int:
         _time("dense, fits", trace, peak_r + 1024 * MiB),
         _time("dense, fragmentation (capacity between peaks)", trace, (peak_r + peak_a) // 2),
     ]
-    rows.append(_from_file(trace, (peak_r + peak_a) // 2))
+    rows += [_from_file(trace, (peak_r + peak_a) // 2, encoding) for encoding in ("binary", "jsonl")]
     sys.path.insert(0, str(Path(__file__).parent))
     from alloc_speed import synthetic_trace
 

@@ -3,7 +3,11 @@
 A :class:`Trace` is the list of storage allocations and frees of one process (one rank) over one
 or more training iterations, in program order, plus the metadata that says what produced it.
 
-On disk a trace is a gzip-compressed JSON-lines file (suffix ``.mptrace`` or ``.jsonl.gz``):
+On disk a trace has two encodings of the same events, told apart by their first bytes; both are
+read by :func:`read_trace`, forever. :func:`write_trace` writes the binary columnar one of
+:mod:`memplan.events_binary` (read about four times faster) unless the path ends in ``.jsonl`` or
+``.jsonl.gz``, or ``encoding="jsonl"`` is asked. The JSON-lines encoding is a gzip-compressed
+(or plain) text file:
 
 * line 1, the header: ``{"format": "memplan-trace", "version": 1, "meta": {...}}``;
 * every further line, one event as a JSON array in the order of :data:`EVENT_FIELDS`::
@@ -35,24 +39,30 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError
+from memplan.events_binary import MAGIC as BINARY_MAGIC
+from memplan.events_binary import Columns, Schema, decode_columns, encode_columns
 
 __all__ = [
     "ALLOC",
+    "BINARY_MAGIC",
     "EVENT_FIELDS",
     "FREE",
     "PHASES",
+    "TRACE_ENCODINGS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
     "AllocEvent",
     "Trace",
     "TraceMeta",
+    "binary_columns",
     "gc_paused",
     "parse_header",
     "read_trace",
+    "trace_to_binary",
     "validate_events",
     "write_trace",
 ]
@@ -60,6 +70,9 @@ __all__ = [
 TRACE_FORMAT = "memplan-trace"
 #: Version written by this memplan; readers accept this and older versions.
 TRACE_VERSION = 1
+#: The two encodings of a trace file (see the module docstring).
+TraceEncoding = Literal["binary", "jsonl"]
+TRACE_ENCODINGS: tuple[str, ...] = ("binary", "jsonl")
 
 ALLOC = "alloc"
 FREE = "free"
@@ -187,10 +200,22 @@ def validate_events(events: Iterable[AllocEvent]) -> None:
 # File I/O
 
 
-def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
-    """Write ``trace`` as gzip JSON lines (see the module docstring)."""
+def write_trace(trace: Trace, path: str | os.PathLike[str], *, encoding: TraceEncoding | None = None) -> None:
+    """Write ``trace`` to ``path``: ``encoding="binary"`` (see :mod:`memplan.events_binary`) or ``"jsonl"``
+    (gzip JSON lines, see the module docstring); by default JSON lines for a path ending in ``.jsonl`` or
+    ``.jsonl.gz``, binary otherwise."""
+    name = os.fspath(path)
+    if encoding is None:
+        encoding = "jsonl" if name.endswith((".jsonl", ".jsonl.gz")) else "binary"
+    if encoding == "binary":
+        data = trace_to_binary(trace)
+        with open(name, "wb") as raw:
+            raw.write(data)
+        return
+    if encoding != "jsonl":
+        raise ConfigError("trace encoding", f"must be one of {list(TRACE_ENCODINGS)}", encoding)
     header = {"format": TRACE_FORMAT, "version": TRACE_VERSION, "meta": trace.meta.to_dict()}
-    with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as handle:
+    with gzip.open(name, "wt", encoding="utf-8", compresslevel=6) as handle:
         handle.write(json.dumps(header, separators=(",", ":")) + "\n")
         dumps = json.JSONEncoder(separators=(",", ":")).encode
         for event in trace.events:
@@ -199,17 +224,20 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace written by :func:`write_trace`; malformed or newer files raise ConfigError."""
+    """Read a trace written by :func:`write_trace` in either encoding (told apart by the first bytes);
+    malformed or newer files raise ConfigError."""
     name = os.fspath(path)
     try:
         raw = open(name, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise ConfigError("trace file", "must be a readable file", name, hint=exc.strerror or "") from None
     with raw:
-        magic = raw.read(2)
+        magic = raw.read(8)
+        if magic[:4] == BINARY_MAGIC[:4]:  # a damaged magic is named by the binary reader
+            return _binary_trace(magic + raw.read(), name)
         raw.seek(0)
         stream: io.TextIOBase = (
-            io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8") if magic == b"\x1f\x8b"
+            io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8") if magic[:2] == b"\x1f\x8b"
             else io.TextIOWrapper(raw, encoding="utf-8")
         )
         try:
@@ -271,7 +299,7 @@ def parse_header(line: str, name: str) -> TraceMeta:
     version this memplan does not read, raises ConfigError (``name``: the file, for the message)."""
     try:
         header = json.loads(line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: arrays nested thousands deep
         raise ConfigError("trace file", "must start with a memplan-trace JSON header line", name) from None
     if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
         raise ConfigError("trace file", f"must start with a header whose format is {TRACE_FORMAT!r}", name)
@@ -312,3 +340,59 @@ def _parse(lines: Iterable[str], name: str) -> Trace:
         append(AllocEvent(index, kind, block, size, category, phase, iteration, op, module, stream))
     validate_events(events)
     return Trace(events=tuple(events), meta=meta)
+
+
+# ----------------------------------------------------------------------------------------------
+# The binary encoding's fields (the container is memplan.events_binary)
+
+#: The string fields of an event and the values they may hold (None: any string).
+_BINARY_SCHEMA = Schema(fields=EVENT_FIELDS, strings={
+    "kind": _KINDS, "category": _CATEGORIES, "phase": _PHASES, "op": None, "module": None})
+
+
+def trace_to_binary(trace: Trace) -> bytes:
+    """The binary encoding of ``trace`` (:mod:`memplan.events_binary`); :func:`write_trace` writes it."""
+    header = json.dumps({"format": TRACE_FORMAT, "version": TRACE_VERSION, "meta": trace.meta.to_dict()},
+                        separators=(",", ":"))
+    count = len(trace.events)
+    columns = list(zip(*trace.events)) if count else [()] * len(EVENT_FIELDS)
+    return encode_columns(header, _BINARY_SCHEMA, columns, count)
+
+
+def binary_columns(data: bytes, name: str) -> tuple[TraceMeta, Columns]:
+    """The metadata and columns of the binary trace ``data`` (file ``name``), every rule of the encoding
+    checked but the alloc/free pairing (for a reader that needs only some columns, as ``memplan diff``)."""
+    cols = decode_columns(data, name, _BINARY_SCHEMA)
+    return parse_header(cols.header, name), cols
+
+
+def _binary_trace(data: bytes, name: str) -> Trace:
+    """The :class:`Trace` of the binary trace ``data``, validated as every trace is."""
+    meta, cols = binary_columns(data, name)
+    with gc_paused():
+        # blocks and sizes as lists: their ints are made once for the events and the check
+        fields = [cols.values(f).tolist() if f in ("block", "size") else cols.values(f)  # type: ignore[attr-defined]
+                  for f in EVENT_FIELDS]
+        events = tuple(map(tuple.__new__, repeat(AllocEvent), zip(*fields)))
+        blocks, sizes = fields[EVENT_FIELDS.index("block")], fields[EVENT_FIELDS.index("size")]
+        valid = _pairs_valid(cols.columns["kind"].tolist(), cols.tables["kind"], blocks, sizes)
+    if not valid:
+        validate_events(events)  # raises, naming the first bad event
+    return Trace(events=events, meta=meta)
+
+
+def _pairs_valid(kinds: list[int], table: tuple[str, ...], blocks: list[int], sizes: list[int]) -> bool:
+    """:func:`validate_events`'s rules on the columns (kind ids into ``table``), in half its time."""
+    if sizes and min(sizes) < 0:
+        return False
+    alloc_id = table.index(ALLOC) if ALLOC in table else -1
+    live: dict[int, int] = {}
+    pop = live.pop
+    for kind, block, size in zip(kinds, blocks, sizes):
+        if kind == alloc_id:
+            if block in live:
+                return False
+            live[block] = size
+        elif pop(block, -1) != size:
+            return False
+    return True

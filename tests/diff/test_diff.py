@@ -43,10 +43,11 @@ def _step(batch: int, *, extra_workspace: bool = False) -> list[tuple]:
     return ev
 
 
-def _write(path: Path, rows: list[tuple], *, device: str = "cuda") -> Path:
+def _write(path: Path, rows: list[tuple], *, device: str = "cuda", encoding: str = "jsonl") -> Path:
+    """A trace file (JSON lines unless ``encoding="binary"``: the JSON fast reader's tests split its lines)."""
     events = tuple(AllocEvent(i, kind, block, size, cat, phase, 0, op, module)
                    for i, (kind, block, size, cat, phase, op, module) in enumerate(rows))
-    write_trace(Trace(events, TraceMeta(device=device)), path)
+    write_trace(Trace(events, TraceMeta(device=device)), path, encoding=encoding)  # type: ignore[arg-type]
     return path
 
 
@@ -111,6 +112,27 @@ def test_fast_reader_agrees_with_read_trace(tmp_path: Path) -> None:
     lines = gzip.decompress(path.read_bytes()).decode().splitlines()
     spaced.write_text("\n".join([lines[0], *(json.dumps(json.loads(line)) for line in lines[1:])]) + "\n")
     assert profile_trace_file(spaced).by_site == fast.by_site
+
+
+def test_binary_trace_reads_as_its_events(tmp_path: Path) -> None:
+    rows = [(kind, block, size, cat, phase, 'aten.custom("x, y")', "model.blöck,0") if op else
+            (kind, block, size, cat, phase, op, module) for kind, block, size, cat, phase, op, module in _step(3)]
+    binary = _write(tmp_path / "b.mptrace", rows, encoding="binary")
+    jsonl = _write(tmp_path / "j.mptrace", rows)
+    fast = profile_trace_file(binary)
+    assert fast == profile_trace(read_trace(binary), path=str(binary))
+    assert fast.by_site == profile_trace_file(jsonl).by_site and fast.peak_bytes == profile_trace_file(jsonl).peak_bytes
+    assert 'aten.custom("x, y") in model.blöck,0' in fast.by_site
+
+
+def test_binary_trace_with_unpaired_free_is_refused_like_read_trace(tmp_path: Path) -> None:
+    rows = [*_step(1), ("free", 77, 5, "temporary", "forward", "", "")]
+    path = _write(tmp_path / "bad.mptrace", rows, encoding="binary")
+    with pytest.raises(ConfigError) as expected:
+        read_trace(path)
+    with pytest.raises(ConfigError) as got:
+        profile_trace_file(path)
+    assert str(got.value) == str(expected.value) and "freed but not live" in str(got.value)
 
 
 def test_names_with_escapes_and_commas_are_read_alike(tmp_path: Path) -> None:

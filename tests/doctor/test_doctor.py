@@ -186,12 +186,13 @@ def test_cli_log_file_with_job_flags(tmp_path: Path) -> None:
     assert "unmodelled_settings" in doc
 
 
-def test_cli_trace_file_and_two_messages(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["step.mptrace", "step.jsonl.gz"])  # the binary and the JSON-lines encodings
+def test_cli_trace_file_and_two_messages(tmp_path: Path, name: str) -> None:
     from memplan.events import write_trace
 
     rows = [("alloc", 1, 4 * GiB, "parameter", 0), ("alloc", 2, 3 * GiB, "workspace", 0),
             ("free", 2, 3 * GiB, "workspace", 0)]
-    path = tmp_path / "step.mptrace"
+    path = tmp_path / name
     write_trace(_trace(rows), path)
     result = runner.invoke(app, ["doctor", str(path), "--capacity", "6GiB", "--json"])
     assert result.exit_code == 0, result.output

@@ -76,3 +76,82 @@ def test_shape_marks_repeating_iterations() -> None:
     assert len(shape.run_starts) == 6  # setup + 5 iterations
     # Iteration 0 frees no carried gradient; iteration 1 allocates it one position later than 0 did.
     assert shape.same_as_previous == (False, False, False, False, True, True)
+
+
+def _all_candidates_replayed(trace: Trace, capacity: int) -> list[tuple[str, bool, int | None, int | None]]:
+    """The allocator fixes with every candidate and the unlimited base replayed (no replay skipped)."""
+    from dataclasses import replace
+
+    from memplan.doctor.alloc_fixes import _candidates, conf_string
+
+    base = AllocatorSettings()
+    base_peak = replay_trace(trace, base).peak_reserved_bytes
+    rows = []
+    for _, candidate in _candidates(base):
+        result = replay_trace(trace, replace(candidate, capacity=capacity))
+        fits = result.oom is None
+        peak = result.peak_reserved_bytes if fits else None
+        rows.append((f"PYTORCH_CUDA_ALLOC_CONF={conf_string(candidate)}", fits, peak,
+                     None if peak is None else base_peak - peak))
+    splits = [r for r in rows if "max_split_size_mb" in r[0]]
+    keep = next((r for r in splits if r[1]), splits[-1])
+    return [r for r in rows if r not in splits or r is keep]
+
+
+@pytest.mark.parametrize("where", [0.5, 0.9, 0.1])  # 0.1: no candidate fits, the base is never replayed
+def test_skipped_replays_do_not_change_the_fixes(where: float) -> None:
+    from memplan.doctor.alloc_fixes import _replayed
+
+    trace = _step_trace(12, vary=True, seed=3)
+    full = simulate(trace)
+    capacity = int(full.peak_allocated_bytes + where * (full.peak_reserved_bytes - full.peak_allocated_bytes))
+    fixes = _replayed(trace, trace_shape(trace.events), AllocatorSettings(), capacity)
+    expected = _all_candidates_replayed(trace, capacity)
+    assert [(f.setting, f.verified, f.peak_bytes, f.saves_bytes) for f in fixes] == expected
+    assert any(r[1] for r in expected) == (where > 0.1) and any("max_split" in r[0] for r in expected)
+
+
+def test_skipped_replays_with_a_fitting_split_value() -> None:
+    """A cached 1 GiB block split by a 100 MiB request, then 1 GiB more on 1.4 GiB: every split value fits."""
+    from memplan.doctor.alloc_fixes import _replayed
+
+    gib = 1024 * MiB
+    trace = Trace(events=(AllocEvent(0, "alloc", 1, gib), AllocEvent(1, "free", 1, gib),
+                          AllocEvent(2, "alloc", 2, 100 * MiB), AllocEvent(3, "alloc", 3, gib)))
+    capacity = gib + 400 * MiB
+    fixes = _replayed(trace, trace_shape(trace.events), AllocatorSettings(), capacity)
+    expected = _all_candidates_replayed(trace, capacity)
+    assert [(f.setting, f.verified, f.peak_bytes, f.saves_bytes) for f in fixes] == expected
+    assert any("max_split_size_mb:512" in r[0] and r[1] for r in expected)  # the first split value fits
+
+
+def _shape_by_events(events: tuple[AllocEvent, ...]) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """The module docstring's definition, event by event: the reference for ``trace_shape``'s columns."""
+    starts, same, where = [], [], {}
+    runs: list[list[tuple[int, ...]]] = []
+    for position, event in enumerate(events):
+        if not starts or event.iteration != events[position - 1].iteration:
+            starts.append(position)
+            runs.append([])
+        run, offset = len(starts) - 1, position - starts[-1]
+        if event.kind == "alloc":
+            where[event.block] = (run, offset)
+            runs[-1].append((1, event.size, event.stream))
+        else:
+            alloc_run, alloc_offset = where.pop(event.block, (-1, -1))
+            runs[-1].append((0, run - alloc_run, alloc_offset, event.stream))
+    same = [r > 0 and runs[r] == runs[r - 1] for r in range(len(runs))]
+    return tuple(starts), tuple(same)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shape_by_columns_equals_the_definition(seed: int) -> None:
+    rng = random.Random(seed)
+    base = _step_trace(8, vary=seed % 2 == 1, seed=seed).events
+    # Streams, a repeated iteration value after another, and a free of a block never allocated.
+    events = tuple(e._replace(stream=rng.choice((0, 0, 1)) if seed > 2 else 0,
+                              iteration=e.iteration if seed != 4 else e.iteration % 3) for e in base)
+    events += (AllocEvent(len(events), "free", 10**9, 8, iteration=99),)
+    shape = trace_shape(events)
+    assert (shape.run_starts, shape.same_as_previous) == _shape_by_events(events)
+    assert trace_shape(()).run_starts == () and trace_shape(()).same_as_previous == ()

@@ -16,9 +16,10 @@ invented (increasing, 2 MiB aligned) unless an address source is given.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 
-from memplan.alloc.blocks import Block, BlockPool, Segment, SegmentEvent, key_stream
+from memplan.alloc.blocks import Block, BlockPool, Segment, SegmentEvent, key_stream, size_key
 from memplan.alloc.constants import (
     ADDRESS_ALIGNMENT,
     K_LARGE_BUFFER,
@@ -131,9 +132,9 @@ class CachingAllocator:
         else:
             size = round_size(orig_size, self.settings)
         pool = self.small_pool if size <= K_SMALL_SIZE else self.large_pool
-        alloc_size = allocation_size(size)
         block = self._get_free_block(pool, stream, size)
         if block is None:
+            alloc_size = allocation_size(size)
             if self._gc:
                 self._garbage_collect()
             block = self._alloc_block(pool, stream, size, alloc_size)
@@ -183,13 +184,15 @@ class CachingAllocator:
         if self._gc:
             pool.free_calls += 1
         keys = pool.keys
-        index = pool.first_at_least(stream, size)
+        index = bisect_left(keys, size_key(stream, size))  # pool.first_at_least, one call fewer
         if index >= len(keys) or key_stream(keys[index]) != stream:
             return None
-        block = pool.blocks[keys[index]]
+        key = keys[index]
+        block = pool.blocks[key]
         if block.segment.expandable:
             if self._expandable:
                 block = self._best_expandable(pool, stream, index)
+                key = -1  # not known: removed by pool.remove below
             else:
                 index += 1
                 while index < len(keys) and key_stream(keys[index]) == stream \
@@ -197,13 +200,18 @@ class CachingAllocator:
                     index += 1
                 if index >= len(keys) or key_stream(keys[index]) != stream:
                     return None
-                block = pool.blocks[keys[index]]
+                key = keys[index]
+                block = pool.blocks[key]
         max_split = self._max_split
         if size < max_split <= block.size:
             return None  # do not return an oversized block for a small request
         if size >= max_split and block.size >= size + K_LARGE_BUFFER:
             return None  # an oversized block may only be rounded up within kLargeBuffer
-        pool.remove(block)
+        if key < 0:
+            pool.remove(block)
+        else:  # pool.remove without searching again: the block is keys[index]
+            del pool.blocks[key]
+            del keys[index]
         return block
 
     def _best_expandable(self, pool: BlockPool, stream: int, index: int) -> Block:

@@ -1,7 +1,7 @@
 """``memplan doctor``: why a job ran out of GPU memory and the cheapest verified fix.
 
 A thin client of :func:`memplan.doctor.diagnose`: the inputs are sorted by their first bytes (a
-pickle is a snapshot, a gzip or ``memplan-trace`` file a trace, any other text an OOM message or
+pickle is a snapshot, a gzip, binary-trace or ``memplan-trace`` file a trace, any other text an OOM message or
 a log holding one, ``-`` the message on stdin); the job comes from the usual job options
 (:func:`job_options`, resolved by :func:`memplan.inputs.load_job`).
 """
@@ -27,6 +27,7 @@ from memplan.commands.common import (
     print_rich,
 )
 from memplan.errors import ConfigError
+from memplan.events import BINARY_MAGIC
 
 __all__ = ["doctor_command", "sort_inputs"]
 
@@ -64,7 +65,7 @@ def sort_inputs(paths: list[str], stdin: Any = None) -> tuple[str | None, str | 
                 head = handle.read(64)
             if head[:1] == b"\x80" or path.endswith((".pickle", ".pkl")):
                 kind, value = "snapshot", path
-            elif head[:2] == b"\x1f\x8b" or head.lstrip().startswith(b'{"format"'):
+            elif head[:2] == b"\x1f\x8b" or head[:4] == BINARY_MAGIC[:4] or head.lstrip().startswith(b'{"format"'):
                 kind, value = "trace", path
             else:
                 kind = "message"

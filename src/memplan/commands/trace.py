@@ -72,7 +72,7 @@ def trace_command(
     peft_config: Annotated[str | None, option("--peft-config", help=PEFT_CONFIG_HELP, panel=_RUN, metavar="FILE")] = None,
     torchtitan_config: Annotated[str | None, option("--torchtitan-config", help=TORCHTITAN_CONFIG_HELP + " Traces MODEL's Hugging Face modules under that job, not torchtitan's model code.", panel=_RUN, metavar="FILE")] = None,
     moe_routing: Annotated[str, option("--moe-routing", help="balanced: static, evenly balanced MoE routing; error: refuse data-dependent routing. (default: balanced)", panel=_RUN)] = "balanced",
-    output: Annotated[str | None, option("-o", "--output", help="Write the trace (gzip JSON lines, see memplan.events).", panel=_OUT, metavar="FILE")] = None,
+    output: Annotated[str | None, option("-o", "--output", help="Write the trace (binary; gzip JSON lines for a .jsonl or .jsonl.gz path; see memplan.events).", panel=_OUT, metavar="FILE")] = None,
     snapshot: Annotated[str | None, option("--snapshot", help="Write a PyTorch memory-snapshot pickle (pytorch.org/memory_viz).", panel=_OUT, metavar="FILE")] = None,
     plot: Annotated[str | None, option("--plot", help="Write a PNG of live memory by category over the op index.", panel=_OUT, metavar="PNG")] = None,
     top: Annotated[int, option("--top", help="Modules listed in the by-module breakdown. (default: 10)", panel=_OUT)] = 10,

@@ -9,7 +9,8 @@ splits each line (as bytes) of the canonical form :func:`memplan.events.write_tr
 checks as ``read_trace``: the header, the version, kinds, sizes, categories, phases, and every free
 matching a live allocation of the same block and size.
 
-A line it cannot read that way (another JSON spelling, or a bad line) sends the whole file to
+A binary trace (:mod:`memplan.events_binary`) is read from its columns by
+:mod:`memplan.diff.binary_reader`. A line it cannot read that way (another JSON spelling, or a bad line) sends the whole file to
 ``read_trace``, which reads any valid spelling and names the bad line; so both readers accept and
 refuse the same files, and refuse with the same message.
 
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from memplan.categories import MemoryCategory
 from memplan.diff.frames import OUTSIDE
 from memplan.diff.profile import AllocRows, Key, Profile, finish_profile, rows_of_events
-from memplan.events import PHASES, Trace, TraceMeta, gc_paused, parse_header, read_trace
+from memplan.events import BINARY_MAGIC, PHASES, Trace, TraceMeta, gc_paused, parse_header, read_trace
 from memplan.textfile import read_binary_file
 
 __all__ = ["profile_trace", "profile_trace_file", "trace_keys"]
@@ -182,9 +183,18 @@ def profile_trace(trace: Trace, *, path: str) -> Profile:
 
 
 def profile_trace_file(path: str | os.PathLike[str]) -> Profile:
-    """Read a memplan trace file (gzip or plain JSON lines) into its :class:`Profile`."""
+    """Read a memplan trace file (binary, gzip or plain JSON lines) into its :class:`Profile`."""
     name = os.fspath(path)
     data = read_binary_file(name, field="trace file")
+    if data[:4] == BINARY_MAGIC[:4]:
+        from memplan.diff.binary_reader import BinarySlow, binary_rows
+
+        try:
+            with gc_paused():
+                rows, keys, meta = binary_rows(data, name, trace_keys)
+            return finish_profile(rows, keys, path=name, kind="trace", device=_device(meta), device_index=None)
+        except BinarySlow:
+            return profile_trace(read_trace(name), path=name)
     try:
         with gc_paused():
             raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data

@@ -84,15 +84,29 @@ def allocator_fixes(problems: AbstractSet[str], msg: OOMMessage | None, events: 
 
 
 def _replayed(events: Trace, shape: Any, settings: AllocatorSettings, capacity: int) -> list[Fix]:
+    """Replay each candidate at ``capacity``. Two replays are skipped, the answer unchanged:
+
+    * the run's own peak without a limit (a full replay) is needed only to say what a fitting
+      candidate saves, so it is replayed at the first candidate that fits, if any does;
+    * once a ``max_split_size_mb`` value fits, the smaller ones (tried after it) are not replayed:
+      :func:`_one_max_split` keeps the first fitting value and drops every other, whatever they give.
+    """
     from memplan.doctor.replay import replay_trace
 
     base = replace(settings, capacity=None)
-    base_peak = replay_trace(events, base, shape).peak_reserved_bytes
+    base_peak: int | None = None
+    split_fits = False
     fixes = []
     for action, candidate in _candidates(base):
+        splits = candidate.max_split_size != base.max_split_size
+        if splits and split_fits:
+            continue
         result = replay_trace(events, replace(candidate, capacity=capacity), shape)
         fits = result.oom is None
+        split_fits = split_fits or (splits and fits)
         if fits:
+            if base_peak is None:
+                base_peak = replay_trace(events, base, shape).peak_reserved_bytes
             peak = result.peak_reserved_bytes
             how = (f"{result.events:,} events" if result.repeated_from is None else
                    f"{result.events_replayed:,} of {result.events:,} events (iteration run {result.repeated_from} "
@@ -104,7 +118,7 @@ def _replayed(events: Trace, shape: Any, settings: AllocatorSettings, capacity: 
             text = (f"replayed at {format_bytes(capacity)}: still out of memory at event {result.oom.event_index} "
                     f"({format_bytes(result.oom.alloc_size_bytes)} requested)")
         fixes.append(Fix(action=action, kind="allocator", setting=f"{_ENV}={conf_string(candidate)}",
-                         saves_bytes=None if peak is None else base_peak - peak, verified=fits,
+                         saves_bytes=None if peak is None or base_peak is None else base_peak - peak, verified=fits,
                          verified_by="simulation", verification=text, peak_bytes=peak, limit_bytes=capacity,
                          config_key=_ENV))
     return _one_max_split(fixes)
