@@ -66,6 +66,18 @@ def _check_int(name: str, value: object, *, minimum: int = 1, maximum: int = _AB
         raise JobConfigError(name, f"must be at most {maximum:,}", value)
 
 
+def _module_names(flag: str, text: str, known: tuple[str, ...], refused: dict[str, str]) -> dict[str, None]:
+    """The names of a comma (or space) list, in order without repeats; an unknown name, or one that
+    ``refused`` explains, is a JobConfigError naming ``flag``."""
+    names = dict.fromkeys(part.strip() for part in str(text).replace(" ", ",").split(",") if part.strip())
+    for name in names:
+        if name in refused:
+            raise JobConfigError(flag, refused[name], text)
+        if name not in known:
+            raise JobConfigError(flag, f"must be a comma list of {', '.join(known)}", text)
+    return names
+
+
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise JobConfigError(name, f"must be one of {', '.join(choices)}", value)
@@ -501,14 +513,8 @@ class Offload:
     def __post_init__(self) -> None:
         if not 0.0 < self.optimizer_fraction <= 1.0:
             raise JobConfigError("--optimizer-offload-fraction", "must be in (0, 1]", self.optimizer_fraction)
-        names = dict.fromkeys(p.strip() for p in str(self.modules).replace(" ", ",").split(",") if p.strip())
-        for name in names:
-            if name == "gdp_qkv":
-                raise JobConfigError("--offload-modules", "gdp_qkv offloads GatedDeltaProduct layers, which memplan "
-                                     "does not model", self.modules)
-            if name not in FINE_OFFLOAD_MODULES:
-                raise JobConfigError("--offload-modules", f"must be a comma list of {', '.join(FINE_OFFLOAD_MODULES)}",
-                                     self.modules)
+        names = _module_names("--offload-modules", self.modules, FINE_OFFLOAD_MODULES,
+                              {"gdp_qkv": "gdp_qkv offloads GatedDeltaProduct layers, which memplan does not model"})
         if "attn_proj" in names and "core_attn" not in names:
             raise JobConfigError("--offload-modules", "attn_proj needs core_attn (its input is core attention's "
                                  "output, which core attention's backward needs; Megatron refuses it)", self.modules)
@@ -626,15 +632,8 @@ class CudaGraphs:
 
     def __post_init__(self) -> None:
         _check_choice("--cuda-graph-impl", self.impl, get_args(CudaGraphImpl))
-        names = dict.fromkeys(part.strip() for part in str(self.modules).replace(" ", ",").split(",")
-                              if part.strip())
-        for name in names:
-            if name == "mamba":
-                raise JobConfigError("--cuda-graph-modules", "mamba captures Mamba layers, which memplan does not "
-                                     "model", self.modules)
-            if name not in CUDA_GRAPH_MODULES:
-                raise JobConfigError("--cuda-graph-modules", f"must be a comma list of {', '.join(CUDA_GRAPH_MODULES)}",
-                                     self.modules)
+        names = _module_names("--cuda-graph-modules", self.modules, CUDA_GRAPH_MODULES,
+                              {"mamba": "mamba captures Mamba layers, which memplan does not model"})
         if "moe_preprocess" in names and "moe_router" not in names:
             raise JobConfigError("--cuda-graph-modules", "moe_preprocess must be used together with moe_router "
                                  "(Megatron's rule)", self.modules)
