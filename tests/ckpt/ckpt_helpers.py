@@ -1,4 +1,5 @@
-"""Helpers for the ckpt tests: tiny GPT-2 models built from a config (no download), batches, a step."""
+"""Helpers for the ckpt tests: tiny GPT-2 models built from a config (no download), batches, a step and its
+peak measured by the CPU meter."""
 
 from __future__ import annotations
 
@@ -36,3 +37,18 @@ def train_step(model: torch.nn.Module, batch: torch.Tensor) -> Callable[[], torc
         return loss.detach()
 
     return fn
+
+
+def step_peak_bytes(model: torch.nn.Module, batch: torch.Tensor) -> int:
+    """The peak live bytes of one plain training step (model state and batch included), by the CPU meter;
+    the gradients are dropped afterwards."""
+    from memplan.ckpt.meter import CpuMeter
+    from memplan.ckpt.model_state import state_tensors
+
+    meter = CpuMeter()
+    with meter:
+        meter.adopt(state_tensors(model, None))
+        meter.adopt([batch])
+        train_step(model, batch)()
+    model.zero_grad(set_to_none=True)
+    return meter.peak_bytes

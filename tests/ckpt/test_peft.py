@@ -8,12 +8,12 @@ import copy
 
 import pytest
 import torch
+from ckpt_helpers import step_peak_bytes, train_step
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from memplan.ckpt import auto_checkpoint
 from memplan.ckpt.blocks import find_blocks
-from memplan.ckpt.meter import CpuMeter
-from memplan.ckpt.model_state import model_state_bytes, state_tensors
+from memplan.ckpt.model_state import model_state_bytes
 
 peft = pytest.importorskip("peft")
 
@@ -36,22 +36,6 @@ def _tokens(length: int, batch: int = 2) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(length))
 
 
-def _step(model: torch.nn.Module, batch: torch.Tensor):
-    def fn() -> torch.Tensor:
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        return loss.detach()
-    return fn
-
-
-def _peak(model: torch.nn.Module, batch: torch.Tensor) -> int:
-    meter = CpuMeter()
-    with meter:
-        meter.adopt(state_tensors(model, None))
-        meter.adopt([batch])
-        _step(model, batch)()
-    model.zero_grad(set_to_none=True)
-    return meter.peak_bytes
 
 
 def _adapters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -79,17 +63,17 @@ def test_the_budget_check_counts_gradients_of_the_adapters_only() -> None:
 def test_lora_trains_under_auto_checkpoint_within_budget_with_the_plain_models_gradients() -> None:
     model = _lora_llama()
     plain = copy.deepcopy(model)
-    budget = _peak(copy.deepcopy(model), _tokens(40))  # long batches must checkpoint some blocks
+    budget = step_peak_bytes(copy.deepcopy(model), _tokens(40))  # long batches must checkpoint some blocks
     trained = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(trained, lr=0.1)
     opt_plain = torch.optim.SGD([p for p in plain.parameters() if p.requires_grad], lr=0.1)
     wrapped = auto_checkpoint(model, budget, optimizer=opt)
     ctl = wrapped.memplan_ckpt
-    ctl.warm_up([_step(wrapped, _tokens(n)) for n in (4, 8, 12, 16)])
+    ctl.warm_up([train_step(wrapped, _tokens(n)) for n in (4, 8, 12, 16)])
     before = {n: p.detach().clone() for n, p in _adapters(wrapped).items()}
     for n in (20, 48, 33, 64):
         batch = _tokens(n)
-        torch.testing.assert_close(ctl.step(_step(wrapped, batch)), _step(plain, batch)())
+        torch.testing.assert_close(ctl.step(train_step(wrapped, batch)), train_step(plain, batch)())
         for (name, p), q in zip(_adapters(wrapped).items(), _adapters(plain).values()):
             assert p.grad is not None, name  # the adapters receive gradients under checkpointing
             torch.testing.assert_close(p.grad, q.grad)
@@ -116,7 +100,7 @@ def test_lora_in_a_plain_loop_finds_its_optimizer_and_keeps_the_math() -> None:
     from memplan.ckpt.bench_meter import StepMeter
 
     model, plain = _lora_llama(), _lora_llama()
-    wrapped = auto_checkpoint(model, _peak(copy.deepcopy(plain), _tokens(40)))  # no optimizer=
+    wrapped = auto_checkpoint(model, step_peak_bytes(copy.deepcopy(plain), _tokens(40)))  # no optimizer=
     opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2) for m in (wrapped, plain)]
     budget = controller_of(wrapped).budget_bytes
     for n in (12, 20, 28, 16, 48, 64):
@@ -125,7 +109,7 @@ def test_lora_in_a_plain_loop_finds_its_optimizer_and_keeps_the_math() -> None:
             judge = StepMeter()
             with judge:
                 judge.start(m, opt, _tokens(n))
-                _step(m, _tokens(n))()
+                train_step(m, _tokens(n))()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             peaks.append(judge.stop())

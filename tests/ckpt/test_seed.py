@@ -6,11 +6,9 @@ import copy
 
 import pytest
 import torch
-from ckpt_helpers import tiny_gpt2, tokens, train_step
+from ckpt_helpers import step_peak_bytes, tiny_gpt2, tokens, train_step
 
 from memplan.ckpt import auto_checkpoint
-from memplan.ckpt.meter import CpuMeter
-from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.seed import fake_parameters
 from memplan.errors import UnsupportedError
 
@@ -27,15 +25,6 @@ def _fake_steps(model: torch.nn.Module, lengths: tuple[int, ...] = SEED_LENGTHS)
 
     return [lambda n=n: step(n) for n in lengths]
 
-
-def _peak(model: torch.nn.Module, batch: torch.Tensor) -> int:
-    meter = CpuMeter()
-    with meter:
-        meter.adopt(state_tensors(model, None))
-        meter.adopt([batch])
-        train_step(model, batch)()
-    model.zero_grad(set_to_none=True)
-    return meter.peak_bytes
 
 
 def test_seeding_readies_the_predictors_and_leaves_the_model_as_it_was(model: torch.nn.Module) -> None:
@@ -71,7 +60,7 @@ def test_seeded_bytes_agree_with_real_learning_steps(model: torch.nn.Module) -> 
 
 def test_a_seeded_model_trains_within_budget_without_sheltered_steps(model: torch.nn.Module) -> None:
     reference = copy.deepcopy(model)
-    budget = _peak(copy.deepcopy(model), tokens(40))  # the longer batches must checkpoint some blocks
+    budget = step_peak_bytes(copy.deepcopy(model), tokens(40))  # the longer batches must checkpoint some blocks
     wrapped = auto_checkpoint(model, budget, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     ctl = wrapped.memplan_ckpt
     ctl.seed_from_fake(_fake_steps(wrapped, (8, 16, 32, 64)))  # 64 does not fit unplanned: fake, nothing allocated

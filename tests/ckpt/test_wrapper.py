@@ -6,26 +6,15 @@ import copy
 
 import pytest
 import torch
-from ckpt_helpers import N_LAYER, tiny_gpt2, tokens, train_step
+from ckpt_helpers import N_LAYER, step_peak_bytes, tiny_gpt2, tokens, train_step
 
 from memplan.ckpt import BatchTooLargeError, auto_checkpoint, controller_of, remove_checkpointing
-from memplan.ckpt.meter import CpuMeter
-from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.planner import CheckpointPlan
 from memplan.errors import ConfigError
 
 MiB = 2**20
 WARM = (4, 8, 16, 24)
 
-
-def _peak(model: torch.nn.Module, batch: torch.Tensor) -> int:
-    meter = CpuMeter()
-    with meter:
-        meter.adopt(state_tensors(model, None))
-        meter.adopt([batch])
-        train_step(model, batch)()
-    model.zero_grad(set_to_none=True)
-    return meter.peak_bytes
 
 
 def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -43,7 +32,7 @@ def _warmed(model: torch.nn.Module, budget: int, opt: torch.optim.Optimizer | No
 def test_losses_and_gradients_equal_the_unwrapped_model_step_by_step(model: torch.nn.Module) -> None:
     plain = copy.deepcopy(model)
     lengths = [20, 48, 33, 64, 12]
-    budget = _peak(copy.deepcopy(model), tokens(40))  # long batches must checkpoint some blocks
+    budget = step_peak_bytes(copy.deepcopy(model), tokens(40))  # long batches must checkpoint some blocks
     opt_a = torch.optim.SGD(plain.parameters(), lr=0.1)
     opt_d = torch.optim.SGD(model.parameters(), lr=0.1)
     wrapped = _warmed(model, budget, opt_d)
@@ -61,7 +50,7 @@ def test_losses_and_gradients_equal_the_unwrapped_model_step_by_step(model: torc
 
 
 def test_every_step_stays_within_the_budget_measured_by_the_meter(model: torch.nn.Module) -> None:
-    budget = _peak(copy.deepcopy(model), tokens(40))
+    budget = step_peak_bytes(copy.deepcopy(model), tokens(40))
     wrapped = _warmed(model, budget)
     ctl = wrapped.memplan_ckpt
     for n in [10, 64, 30, 56, 44, 64, 20]:
@@ -73,7 +62,7 @@ def test_every_step_stays_within_the_budget_measured_by_the_meter(model: torch.n
 
 
 def test_short_batches_checkpoint_nothing_and_long_ones_checkpoint_some(model: torch.nn.Module) -> None:
-    budget = _peak(copy.deepcopy(model), tokens(40))
+    budget = step_peak_bytes(copy.deepcopy(model), tokens(40))
     wrapped = _warmed(model, budget)
     ctl = wrapped.memplan_ckpt
     ctl.step(train_step(wrapped, tokens(8)))
@@ -132,7 +121,7 @@ def test_a_forced_miss_is_redone_and_gives_the_unforced_result(dropout: float) -
     reference = tiny_gpt2(dropout=dropout)
     forced = copy.deepcopy(reference)
     batch = tokens(48)
-    p_none = _peak(copy.deepcopy(reference), batch)
+    p_none = step_peak_bytes(copy.deepcopy(reference), batch)
     torch.manual_seed(5)
     loss_ref = train_step(reference, batch)()
     grads_ref = _grads(reference)
@@ -157,7 +146,7 @@ def test_gradients_accumulated_before_a_step_survive_a_miss(model: torch.nn.Modu
     a, b = tokens(16, seed=3), tokens(48)
     train_step(reference, a)()
     train_step(reference, b)()
-    p_none = _peak(copy.deepcopy(model), b)
+    p_none = step_peak_bytes(copy.deepcopy(model), b)
     wrapped = _warmed(model, p_none - 64 * 1024)
     ctl = wrapped.memplan_ckpt
     ctl.step(train_step(wrapped, a))
@@ -170,7 +159,7 @@ def test_gradients_accumulated_before_a_step_survive_a_miss(model: torch.nn.Modu
 
 
 def test_a_batch_that_cannot_fit_at_all_is_a_clear_error(model: torch.nn.Module) -> None:
-    budget = _peak(copy.deepcopy(model), tokens(8))
+    budget = step_peak_bytes(copy.deepcopy(model), tokens(8))
     wrapped = auto_checkpoint(model, budget, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(BatchTooLargeError, match="even with every block checkpointed"):
         wrapped.memplan_ckpt.step(train_step(wrapped, tokens(128)))

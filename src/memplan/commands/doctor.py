@@ -117,6 +117,7 @@ def doctor_command(
     the cheapest fix, each verified by replaying the allocator or re-estimating the job."""
     with handle_errors():
         from memplan.doctor import diagnose
+        from memplan.doctor.inputs import alloc_conf_settings, capacity_bytes
 
         message, snapshot, trace = sort_inputs(list(inputs or []))
         dialects = (job_file, megatron_args, deepspeed_config, hf_args, peft_config, torchtitan_config)
@@ -131,24 +132,9 @@ def doctor_command(
         if message is None and snapshot is None and trace is None and loaded is None:
             raise ConfigError("INPUT", "give an OOM message (file or -), a snapshot or trace, or a job", None)
         report = diagnose(message, snapshot=snapshot, trace=trace, job=loaded, gpu=gpu,
-                          capacity_bytes=_bytes(capacity), settings=_settings(alloc_conf))
+                          capacity_bytes=capacity_bytes(capacity, field="--capacity"),
+                          settings=alloc_conf_settings(alloc_conf))
     if json_output:
         print_json(report.to_json())
         return
     print_rich(report)
-
-
-def _bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    from memplan.units import parse_bytes
-
-    return parse_bytes(text, field="--capacity")
-
-
-def _settings(conf: str | None) -> Any:
-    if conf is None:
-        return None
-    from memplan.alloc.settings import AllocatorSettings
-
-    return AllocatorSettings.parse(conf)

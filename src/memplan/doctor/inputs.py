@@ -19,7 +19,7 @@ from memplan.alloc.snapshot import Snapshot, parse_snapshot, safe_loads, snapsho
 from memplan.events import ALLOC, AllocEvent, Trace
 from memplan.textfile import read_binary_file
 
-__all__ = ["SnapshotInput", "read_snapshot", "with_message_request"]
+__all__ = ["SnapshotInput", "alloc_conf_settings", "capacity_bytes", "read_snapshot", "with_message_request"]
 
 _SKIP_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python", "<frozen", "runpy.py")
 
@@ -168,3 +168,21 @@ def _with_iterations(trace: Trace, times: list[int], step_ends: list[int]) -> Tr
     events = tuple(e._replace(iteration=-1 if e.phase == "setup" else bisect_right(step_ends, t))
                    for e, t in zip(trace.events, times, strict=True))
     return Trace(events=events, meta=replace(trace.meta, iterations=len(step_ends) + 1))
+
+
+def capacity_bytes(text: str | int | None, *, field: str) -> int | None:
+    """The memory the allocator may use, from ``78GiB`` or a number of bytes (None: not given)."""
+    if text is None:
+        return None
+    from memplan.units import parse_bytes
+
+    return parse_bytes(text, field=field)
+
+
+def alloc_conf_settings(conf: str | None) -> Any:
+    """The :class:`~memplan.alloc.settings.AllocatorSettings` of a ``PYTORCH_CUDA_ALLOC_CONF`` (None: not given)."""
+    if conf is None:
+        return None
+    from memplan.alloc.settings import AllocatorSettings
+
+    return AllocatorSettings.parse(conf)

@@ -349,12 +349,12 @@ def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
 
 def _mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     """MLA's low-rank path: down-projected q and kv latents, their norms, the up-projection inputs."""
+    if shape.kernels == "eager":
+        return _eager_mla_projection_terms(attn, shape)
     tokens = shape.seq * shape.micro_batch
     c = shape.act_bytes
     latent = attn.kv_lora_rank or 0
     rope = attn.qk_rope_head_dim or 0
-    if shape.kernels == "eager":
-        return _eager_mla_projection_terms(attn, shape)
     terms = [Term("kv latent (+ rope key)", c * tokens * (latent + rope), "rep", "body")]
     terms.append(Term("kv latent norm output (kv up-projection input)", c * tokens * latent, "rep", "body",
                       gemm_input=True, site="mla_up"))

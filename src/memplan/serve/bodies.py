@@ -67,9 +67,11 @@ class JobBody:
     extras: dict[str, Any]
 
 
-def take_fields(body: Any, allowed: Mapping[str, type | tuple[type, ...]], *,
-                where: str = "body") -> dict[str, Any]:
-    """``body``'s fields of ``allowed`` (names with ``-`` or ``_``), type-checked; other names are left."""
+def take_fields(body: Any, allowed: Mapping[str, type | tuple[type, ...]], *, where: str = "body",
+                others: str | None = None) -> dict[str, Any]:
+    """``body``'s fields of ``allowed`` (names with ``-`` or ``_``), type-checked. Other names are left,
+    or, with ``others`` (the rule, e.g. ``"is not a GPU field (id, gpu)"``), the first is refused,
+    named ``where.NAME`` (just ``NAME`` at the top of the body)."""
     if not isinstance(body, dict):
         raise ConfigError(where, "must be a JSON object", type(body).__name__)
     out: dict[str, Any] = {}
@@ -77,6 +79,8 @@ def take_fields(body: Any, allowed: Mapping[str, type | tuple[type, ...]], *,
         name = str(key).replace("-", "_")
         if name in allowed:
             out[name] = _typed(str(key), body[key], allowed[name])
+        elif others is not None:
+            raise ConfigError(str(key) if where == "body" else f"{where}.{key}", others)
     return out
 
 

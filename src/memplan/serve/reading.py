@@ -122,9 +122,5 @@ def _form_value(key: str, value: str) -> Any:
 
 
 def _checked(body: Any) -> dict[str, Any]:
-    fields = take_fields(body, DOCTOR_FIELDS)
-    unknown = [k for k in body if str(k) not in DOCTOR_FIELDS]
-    if unknown:
-        raise ConfigError(str(unknown[0]), f"is not a doctor field ({', '.join(DOCTOR_FIELDS)}, and the file part "
-                          "'file')")
-    return fields
+    return take_fields(body, DOCTOR_FIELDS, others=f"is not a doctor field ({', '.join(DOCTOR_FIELDS)}, and the "
+                       "file part 'file')")

@@ -112,52 +112,48 @@ def place_reply(body: Any) -> dict[str, Any]:
     from memplan.fit.results import FIT_MARGIN
 
     with request_folder() as folder:
-        fields = take_fields(body, {"job": dict, "gpus": list, "margin": float})
-        unknown = [k for k in body if str(k) not in fields]
-        if unknown:
-            raise ConfigError(str(unknown[0]), "is not a placement field (job, gpus, margin)")
+        fields = take_fields(body, {"job": dict, "gpus": list, "margin": float},
+                             others="is not a placement field (job, gpus, margin)")
         for name in ("job", "gpus"):
             if name not in fields:
                 raise ConfigError(name, "is required")
         if len(fields["gpus"]) > PLACE_LIMITS["gpus"]:
             raise ConfigError("gpus", f"may offer at most {PLACE_LIMITS['gpus']} GPUs per request",
                               len(fields["gpus"]))
-        counter = iter(range(1 << 30))
-        new = _shared("job", fields["job"], folder, f"j{next(counter)}")
-        offered = [_offered(i, gpu, folder, counter) for i, gpu in enumerate(fields["gpus"])]
+        new = _shared("job", fields["job"], folder)
+        offered = [_offered(i, gpu, folder) for i, gpu in enumerate(fields["gpus"])]
         return place(new, offered, margin=fields.get("margin", FIT_MARGIN)).to_dict()
 
 
 _GPU_FIELDS: dict[str, type] = {"id": str, "gpu": str, "total_bytes": int, "free_bytes": int, "jobs": list}
 
 
-def _offered(index: int, raw: Any, folder: Folder, counter: Iterator[int]) -> Any:
+def _offered(index: int, raw: Any, folder: Folder) -> Any:
     from memplan.fit.placement import OfferedGPU
 
     where = f"gpus[{index}]"
-    fields = take_fields(raw, _GPU_FIELDS, where=where)
-    unknown = [k for k in raw if str(k).replace("-", "_") not in _GPU_FIELDS]
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", "is not a GPU field (id, gpu, total_bytes, free_bytes, jobs)")
+    fields = take_fields(raw, _GPU_FIELDS, where=where,
+                         others="is not a GPU field (id, gpu, total_bytes, free_bytes, jobs)")
     for name in ("id", "gpu"):
         if name not in fields:
             raise ConfigError(f"{where}.{name}", "is required")
     jobs = fields.get("jobs", [])
     if len(jobs) > PLACE_LIMITS["jobs"]:
         raise ConfigError(f"{where}.jobs", f"may list at most {PLACE_LIMITS['jobs']} jobs", len(jobs))
-    shared = tuple(_shared(f"{where}.jobs[{j}]", job, folder, f"j{next(counter)}") for j, job in enumerate(jobs))
+    shared = tuple(_shared(f"{where}.jobs[{j}]", job, folder) for j, job in enumerate(jobs))
     return OfferedGPU(id=fields["id"], gpu=fields["gpu"], total_bytes=fields.get("total_bytes"),
                       free_bytes=fields.get("free_bytes"), jobs=shared)
 
 
-def _shared(name: str, raw: Any, folder: Folder, sub: str) -> Any:
-    """One job of a placement body, with errors naming where it is (``gpus[0].jobs[1]: tp``)."""
+def _shared(name: str, raw: Any, folder: Folder) -> Any:
+    """One job of a placement body, with errors naming where it is (``gpus[0].jobs[1]: tp``); its
+    dialect files go in a sub-folder of that name (unique within the body)."""
     from memplan.estimate.engine import DEFAULT_FRAGMENTATION
     from memplan.fit.colocate import SharedJob
     from memplan.inputs import load_job
 
     try:
-        loaded = load_job(job_body(raw, folder.sub(sub), where=name).request)
+        loaded = load_job(job_body(raw, folder.sub(name), where=name).request)
     except ConfigError as exc:
         if exc.field.startswith(name):
             raise
@@ -170,6 +166,7 @@ def doctor_reply(fields: dict[str, Any], upload: str | None) -> dict[str, Any]:
     """``POST /v1/doctor``: the document ``memplan doctor --json`` prints. ``fields`` are the form's or
     the JSON body's (:data:`DOCTOR_FIELDS`); ``upload`` the saved snapshot or trace, if any."""
     from memplan.doctor import diagnose
+    from memplan.doctor.inputs import alloc_conf_settings, capacity_bytes
 
     saved = None if upload is None else Path(upload)
     with request_folder(saved) as folder:
@@ -189,21 +186,6 @@ def doctor_reply(fields: dict[str, Any], upload: str | None) -> dict[str, Any]:
         if message is None and saved is None and loaded is None:
             raise ConfigError("body", "give an OOM message, a snapshot or trace upload, or a job", None)
         report = diagnose(message, snapshot=snapshot, trace=trace, job=loaded, gpu=fields.get("gpu"),
-                          capacity_bytes=_capacity(fields.get("capacity")), settings=_alloc_conf(fields.get("alloc_conf")))
+                          capacity_bytes=capacity_bytes(fields.get("capacity"), field="capacity"),
+                          settings=alloc_conf_settings(fields.get("alloc_conf")))
         return report.to_json()
-
-
-def _capacity(text: str | int | None) -> int | None:
-    if text is None:
-        return None
-    from memplan.units import parse_bytes
-
-    return parse_bytes(text, field="capacity")
-
-
-def _alloc_conf(text: str | None) -> Any:
-    if text is None:
-        return None
-    from memplan.alloc.settings import AllocatorSettings
-
-    return AllocatorSettings.parse(text)
