@@ -168,7 +168,6 @@ def _progress(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callabl
 
 
 def _colocate(files: list[str], gpu: str, margin: float, json_output: bool) -> None:
-    from memplan.estimate.engine import DEFAULT_FRAGMENTATION
     from memplan.fit.colocate import SharedJob, colocate
     from memplan.inputs import JobRequest, load_job
 
@@ -176,9 +175,7 @@ def _colocate(files: list[str], gpu: str, margin: float, json_output: bool) -> N
         raise ConfigError("--colocate", "needs one or more job files")
     jobs = []
     for path in files:
-        loaded = load_job(JobRequest(job_file=path))
-        fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
-        jobs.append(SharedJob(name=Path(path).name, model=loaded.model, job=loaded.job, fragmentation=fragmentation))
+        jobs.append(SharedJob.from_loaded(Path(path).name, load_job(JobRequest(job_file=path))))
     shared = colocate(jobs, gpu=gpu, margin=margin)
     if json_output:
         _print_json(shared.to_dict())

@@ -74,6 +74,12 @@ class SharedJob:
     job: Job
     fragmentation: float = DEFAULT_FRAGMENTATION
 
+    @classmethod
+    def from_loaded(cls, name: str, loaded: Any) -> SharedJob:
+        """The job a :class:`~memplan.inputs.LoadedJob` describes (its fragmentation, else the default)."""
+        fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
+        return cls(name=name, model=loaded.model, job=loaded.job, fragmentation=fragmentation)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ProcessMemory:

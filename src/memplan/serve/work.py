@@ -148,7 +148,6 @@ def _offered(index: int, raw: Any, folder: Folder) -> Any:
 def _shared(name: str, raw: Any, folder: Folder) -> Any:
     """One job of a placement body, with errors naming where it is (``gpus[0].jobs[1]: tp``); its
     dialect files go in a sub-folder of that name (unique within the body)."""
-    from memplan.estimate.engine import DEFAULT_FRAGMENTATION
     from memplan.fit.colocate import SharedJob
     from memplan.inputs import load_job
 
@@ -158,8 +157,7 @@ def _shared(name: str, raw: Any, folder: Folder) -> Any:
         if exc.field.startswith(name):
             raise
         raise ConfigError(f"{name}: {exc.field.removeprefix('--')}", exc.rule, exc.value) from None
-    fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
-    return SharedJob(name=name, model=loaded.model, job=loaded.job, fragmentation=fragmentation)
+    return SharedJob.from_loaded(name, loaded)
 
 
 def doctor_reply(fields: dict[str, Any], upload: str | None) -> dict[str, Any]:
