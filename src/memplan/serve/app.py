@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memplan.errors import ConfigError
-from memplan.serve.isolate import Refusal, refusal_of, run_isolated
+from memplan.serve.isolate import Refusal, past_time_limit, refusal_of, run_isolated
 from memplan.serve.reading import json_body
 
 __all__ = ["LIMITS_ENV", "STATIC_DIR", "ServeLimits", "create_app", "create_app_from_environment"]
@@ -143,8 +143,7 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
                 with anyio.fail_after(limits.time_limit_s):
                     return _json(await handler(request))
             except TimeoutError:
-                return _refused(Refusal(503, f"the request ran past this server's time limit of "
-                                        f"{limits.time_limit_s:g} s", "time limit", "at most", limits.time_limit_s))
+                return _refused(past_time_limit(limits.time_limit_s))
             except Exception as exc:  # noqa: BLE001 - every failure is an answer; the server keeps serving
                 refusal = refusal_of(exc)
                 if refusal.status >= 500 and not isinstance(exc, Refusal):

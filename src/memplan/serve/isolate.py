@@ -17,7 +17,7 @@ import resource
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Refusal", "refusal_of", "run_isolated"]
+__all__ = ["Refusal", "past_time_limit", "refusal_of", "run_isolated"]
 
 #: Modules the forkserver imports once, so that each child starts with them loaded and its caches
 #: warm (``__main__`` too: a child then does not import the server's main module again).
@@ -44,6 +44,12 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
+
+
+def past_time_limit(seconds: float) -> Refusal:
+    """The answer to a request stopped at the server's time limit (``seconds``: what it had left)."""
+    return Refusal(503, "the request ran past this server's time limit and was stopped; ask a narrower question "
+                   "(a fixed layout, a smaller trace) or raise --time-limit", "time limit", "at most", seconds)
 
 
 def refusal_of(exc: BaseException) -> Refusal:
@@ -108,9 +114,7 @@ def run_isolated(func: Callable[..., Any], args: tuple[Any, ...], *, seconds: fl
     try:
         if not receiver.poll(seconds):
             proc.kill()
-            raise Refusal(503, f"the request ran past this server's time limit of {seconds:g} s and was stopped; "
-                          "ask a narrower question (a fixed layout, a smaller trace) or raise --time-limit",
-                          "time limit", "at most", seconds)
+            raise past_time_limit(seconds)
         try:
             kind, payload = receiver.recv()
         except EOFError:
