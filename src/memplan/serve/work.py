@@ -86,7 +86,6 @@ _NOT_FIT = ("megatron_args", "deepspeed_config", "fragmentation")
 def fit_reply(body: Any) -> dict[str, Any]:
     """``POST /v1/fit``: the document ``memplan fit --json`` prints (also when nothing fits)."""
     from memplan.fit.question import FitQuestion, answer
-    from memplan.fit.results import FIT_MARGIN
 
     with request_folder() as folder:
         parsed = job_body(body, folder, extra=FIT_FIELDS)
@@ -97,12 +96,13 @@ def fit_reply(body: Any) -> dict[str, Any]:
                                   "recompute); price it with /v1/estimate", name)
         if request.model is None:
             raise ConfigError("model", "is required (a preset, a Hub id, or model_config)")
-        question = FitQuestion(model=request.model, flags=dict(request.flags), gpu=request.gpu or "h100-80gb",
-                               margin=extras.get("margin", FIT_MARGIN), gpus_per_node=extras.get("gpus_per_node", 8),
-                               hf_args=request.hf_args, peft_config=request.peft_config,
-                               torchtitan_config=request.torchtitan_config, max_mbs=extras.get("max_mbs", False),
-                               max_seq=extras.get("max_seq", False), methods=extras.get("methods", False),
-                               top=None if extras.get("all") else extras.get("top", 10))
+        given = {k: v for k, v in extras.items() if k != "all"}  # the rest keep FitQuestion's defaults (the CLI's)
+        if request.gpu is not None:
+            given["gpu"] = request.gpu
+        if extras.get("all"):
+            given["top"] = None
+        question = FitQuestion(model=request.model, flags=dict(request.flags), hf_args=request.hf_args,
+                               peft_config=request.peft_config, torchtitan_config=request.torchtitan_config, **given)
         return answer(question).document
 
 
