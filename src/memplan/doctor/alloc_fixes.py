@@ -11,8 +11,12 @@ first — none changes the step's arithmetic, so they rank before any job change
 
 With a trace (or a snapshot with its trace) and a capacity, every candidate is replayed through
 :mod:`memplan.alloc.simulator` at that capacity, on top of the settings the run used: it fits or it
-does not (``verified``). With a message alone nothing can be replayed: the fix is checked by
-arithmetic (the request fits in free + reserved-but-unallocated) and marked unverified.
+does not (``verified``). With a message alone (a fragmentation verdict), every candidate is
+replayed on the most fragmented allocation history consistent with the message's figures
+(:mod:`memplan.doctor.reconstruct`; ``verified_by`` is ``reconstruction``); expandable segments
+are not offered for a torch <= 2.0 message (they came in 2.1). Where no such history reproduces
+the message's out-of-memory, the fix is checked by arithmetic (the request fits in free +
+reserved-but-unallocated) and marked unverified.
 """
 
 from __future__ import annotations
@@ -79,11 +83,27 @@ def allocator_fixes(problems: AbstractSet[str], msg: OOMMessage | None, events: 
             return []
         return _replayed(events, shape, settings, capacity)
     if msg is not None and "fragmentation" in problems:
-        return [_by_arithmetic(msg, settings)]
+        return _reconstructed(msg, settings)
     return []
 
 
-def _replayed(events: Trace, shape: Any, settings: AllocatorSettings, capacity: int) -> list[Fix]:
+def _reconstructed(msg: OOMMessage, settings: AllocatorSettings) -> list[Fix]:
+    """Every candidate replayed on the most fragmented history consistent with ``msg`` (or arithmetic)."""
+    from memplan.doctor.reconstruct import message_history
+
+    history = message_history(msg, settings)
+    if history is None:
+        return [_by_arithmetic(msg, settings)]
+    fixes = _replayed(history.trace, None, settings, history.limit_bytes,
+                      expandable=msg.layout != "torch<=2.0")
+    lead = (f"on a history rebuilt from the message ({history.segments:,} segments, each with one cached hole "
+            f"of at most {format_bytes(history.largest_hole_bytes)}: the most fragmented layout consistent with "
+            "its figures, and it reproduces the out-of-memory), ")
+    return [replace(f, verified_by="reconstruction", verification=lead + f.verification) for f in fixes]
+
+
+def _replayed(events: Trace, shape: Any, settings: AllocatorSettings, capacity: int, *,
+              expandable: bool = True) -> list[Fix]:
     """Replay each candidate at ``capacity``. Two replays are skipped, the answer unchanged:
 
     * the run's own peak without a limit (a full replay) is needed only to say what a fitting
@@ -98,6 +118,8 @@ def _replayed(events: Trace, shape: Any, settings: AllocatorSettings, capacity: 
     split_fits = False
     fixes = []
     for action, candidate in _candidates(base):
+        if candidate.expandable_segments and not base.expandable_segments and not expandable:
+            continue
         splits = candidate.max_split_size != base.max_split_size
         if splits and split_fits:
             continue

@@ -45,7 +45,7 @@ def render_report(report: Any) -> Any:
             mark = Text("yes", style="green") if fix.verified else Text("no", style="red")
             check = fix.verified_by
             if not fix.verified:
-                check += {"simulation": ": still out of memory", "estimate": ": over the limit",
+                check += {"simulation": ": still out of memory", "reconstruction": ": still out of memory", "estimate": ": over the limit",
                           "arithmetic": " only (no trace to replay)"}.get(fix.verified_by, "")
             elif fix.peak_bytes is not None and fix.limit_bytes is not None:
                 check += f": {format_bytes(fix.peak_bytes)} vs {format_bytes(fix.limit_bytes)}"

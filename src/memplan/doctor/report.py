@@ -79,8 +79,9 @@ class Fix:
     saves_bytes: int | None
     #: True when memplan re-ran the job with the change and it fits.
     verified: bool
-    #: How it was checked: ``simulation`` (allocator replay), ``estimate`` (estimator + step model),
-    #: ``arithmetic`` (a bound from the message), or ``none``.
+    #: How it was checked: ``simulation`` (allocator replay), ``reconstruction`` (allocator replay of
+    #: the most fragmented history consistent with a message), ``estimate`` (estimator + step
+    #: model), ``arithmetic`` (a bound from the message), or ``none``.
     verified_by: str
     #: The check in one sentence, with its numbers.
     verification: str
