@@ -53,8 +53,24 @@ def test_deepep_buffer_across_two_nvlink_domains() -> None:
     assert _outside(args, gpus=16) == nvl + METADATA + WORKSPACE + rdma
 
 
+def test_hybridep_buffer_within_one_nvlink_domain() -> None:
+    # EP 4, 16 experts: 4 local. The dispatcher's input is S x B = 2048 tokens per rank; the buffer
+    # holds every token of the 4-rank group landing on one rank: 8192 rows.
+    rows = S * B * 4
+    tokens = rows * H * 2  # 16-bit tokens, shared by dispatch and combine
+    probs = rows * 4 * 4 * 4  # fp32, per local expert (4) and domain rank (4)
+    scales = rows * (H // 128) * 4  # FP8 scales, allocated for 16-bit dispatch too
+    flags = 2 * (S * B // 128) * 4 * 4  # per 128-token chunk and rank, dispatch and combine
+    scratch = 108 * (4 + 4) * 8  # preprocessing states
+    hybrid = {**FLEX, "--moe-flex-dispatcher-backend": "hybridep"}
+    assert _outside(hybrid) == tokens + probs + scales + flags + scratch
+    # At least 512 tokens per rank are provisioned
+    short = {**hybrid, "--seq-length": 128, "--max-position-embeddings": 128, "--micro-batch-size": 1}
+    assert _outside(short) == 512 * 4 * (H * 2 + 16 * 4 + (H // 128) * 4) + 2 * 4 * 4 * 4 + scratch
+
+
 def test_other_flex_backends_and_bad_groups() -> None:
-    assert _outside({**FLEX, "--moe-flex-dispatcher-backend": "hybridep"}) == 0  # not priced (reported)
+    assert _outside({**FLEX, "--moe-flex-dispatcher-backend": "ncclep"}) == 0  # not priced (reported)
     with pytest.raises(ConfigError, match="DeepEP"):
         _outside({**FLEX, "--expert-model-parallel-size": 1})
 
@@ -88,5 +104,6 @@ def test_flags_are_classified() -> None:
     assert classify("--overlap-moe-expert-parallel-comm")[0] == "modelled"  # type: ignore[index]
     assert classify("--moe-token-dispatcher-type", "flex")[0] == "modelled"  # type: ignore[index]
     assert classify("--moe-flex-dispatcher-backend", "deepep")[0] == "modelled"  # type: ignore[index]
-    assert classify("--moe-flex-dispatcher-backend", "hybridep")[0] == "not-modelled"  # type: ignore[index]
+    assert classify("--moe-flex-dispatcher-backend", "hybridep")[0] == "modelled"  # type: ignore[index]
+    assert classify("--moe-flex-dispatcher-backend", "ncclep")[0] == "not-modelled"  # type: ignore[index]
     assert classify("--moe-flex-dispatcher-num-sms", 24)[0] == "modelled"  # type: ignore[index]

@@ -68,6 +68,7 @@ from memplan.estimate.finetune import (
     stage_finetune,
 )
 from memplan.estimate.global_buffer import local_impl_requests
+from memplan.estimate.hybridep import hybridep_buffer_bytes
 from memplan.estimate.layout import StageLayout, pipeline_layout
 from memplan.estimate.optimizers import (
     SmallTensors,
@@ -704,13 +705,20 @@ def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: Stage
 
 
 def _deepep_bytes(model: ModelSpec, job: Job, layout: StageLayout, shape: ActivationShape) -> int:
-    """DeepEP's buffer, made by the first flex dispatch of a stage with MoE layers (outside the allocator)."""
-    if job.framework != "megatron" or job.moe.dispatcher != "flex" or job.overlap.flex_backend != "deepep":
+    """DeepEP's or HybridEP's buffer, made by the first flex dispatch of a stage with MoE layers
+    (outside the allocator)."""
+    if job.framework != "megatron" or job.moe.dispatcher != "flex" or job.overlap.flex_backend == "ncclep":
         return 0
-    if not any(model.layers[i].moe is not None for i in layout.layer_indices):
+    moe_layers = [model.layers[i].moe for i in layout.layer_indices if model.layers[i].moe is not None]
+    if not moe_layers:
         return 0
-    return deepep_buffer_bytes(hidden=model.hidden_size, act_bytes=shape.act_bytes,
-                               group=job.parallel.expert_tp * job.parallel.ep, num_sms=job.overlap.flex_num_sms)
+    group = job.parallel.expert_tp * job.parallel.ep
+    if job.overlap.flex_backend == "hybridep":
+        tokens = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
+        local = max(m.num_experts for m in moe_layers) // job.parallel.ep
+        return hybridep_buffer_bytes(hidden=model.hidden_size, tokens=tokens, local_experts=local, group=group)
+    return deepep_buffer_bytes(hidden=model.hidden_size, act_bytes=shape.act_bytes, group=group,
+                               num_sms=job.overlap.flex_num_sms)
 
 
 def _cp_backward_extra(model: ModelSpec, job: Job, shape: ActivationShape, index: int) -> int:
@@ -935,6 +943,11 @@ def _assumptions(
             f"DeepEP's buffer on the etp x ep group of {par.expert_tp * par.ep} ranks ({job.overlap.flex_num_sms or 20} "
             "SMs; NVLink receive slots, 32 MiB workspace, RDMA slots past 8 ranks) allocated outside PyTorch's "
             "allocator (outside_allocator_bytes)" if job.overlap.flex_backend == "deepep" else
+            f"HybridEP's shared dispatch/combine buffer on the etp x ep group of {par.expert_tp * par.ep} ranks "
+            "(every token of the group able to land on one rank: 16-bit tokens, fp32 probabilities per local "
+            "expert and domain rank, FP8 scales, flags), 8 ranks per NVLink domain, allocated outside PyTorch's "
+            "allocator (outside_allocator_bytes); RDMA staging across domains not priced"
+            if job.overlap.flex_backend == "hybridep" else
             f"{job.overlap.flex_backend}'s buffers are not priced") + "; tokens priced as the all-to-all dispatcher's")
     if job.transformer_impl == "local":
         out.append("--transformer-impl local: Megatron's global memory buffer holds the largest of the layers' "

@@ -174,11 +174,14 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
             "the split"), ("--hierarchical-context-parallel-sizes",)),
     (_NM, "hybrid (per-sequence) context parallelism and its sequence packing are not modelled",
      ("--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank")),
-    (_NM, ("HybridEP / NCCL-EP dispatch buffers are not priced (their layouts depend on the backend's build "
-          "and version); DeepEP's is"),
-     ("--moe-permute-fusion-into-hybridep", "--moe-hybridep-pad-uneven-dispatch-inputs", "--moe-hybridep-num-sms", "--moe-hybridep-num-blocks-permute", "--moe-hybridep-num-blocks-unpermute",
-      "--moe-hybridep-num-sms-preprocessing", "--moe-ncclep-zero-copy", "--moe-dispatch-fwd-dtype",
-      "--moe-combine-bwd-dtype")),
+    (_NONE, ("HybridEP's SM and block counts size no NVLink buffer (the preprocessing scratch is blocks x "
+            "(ranks + local experts) x 8 bytes: kilobytes, priced at 108 blocks)"),
+     ("--moe-hybridep-num-sms", "--moe-hybridep-num-blocks-permute", "--moe-hybridep-num-blocks-unpermute",
+      "--moe-hybridep-num-sms-preprocessing")),
+    (_NM, ("HybridEP's fused permute and uneven-input padding, NCCL-EP's buffers and the dispatch/combine "
+          "dtypes are not priced"),
+     ("--moe-permute-fusion-into-hybridep", "--moe-hybridep-pad-uneven-dispatch-inputs",
+      "--moe-ncclep-zero-copy", "--moe-dispatch-fwd-dtype", "--moe-combine-bwd-dtype")),
     (_NM, ("expert-parallel overlap options that move when activations and weight gradients are freed "
           "(delayed wgrad, early attention release) are not priced; the combined 1F1B schedule is"),
      ("--delay-wgrad-compute",

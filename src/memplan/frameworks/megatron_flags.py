@@ -35,10 +35,11 @@ _LIST_FILE = "megatron_flag_list.txt"
 #: (flag, value) pairs whose value changes the classification of a modelled flag.
 _BY_VALUE: dict[tuple[str, str], tuple[Effect, str]] = {
     ("--moe-token-dispatcher-type", "flex"): (
-        "modelled", ("flex: DeepEP's buffer priced outside the allocator (HybridEP / NCCL-EP are reported under "
+        "modelled", ("flex: DeepEP's or HybridEP's buffer priced outside the allocator (NCCL-EP's is reported under "
         "--moe-flex-dispatcher-backend); the permuted tokens priced as the all-to-all dispatcher's")),
     ("--moe-flex-dispatcher-backend", "hybridep"): (
-        "not-modelled", "HybridEP's buffers are not priced (their layout depends on the HybridEP build)"),
+        "modelled", ("HybridEP's shared dispatch/combine buffer priced outside the allocator (DeepEP hybrid-ep "
+                     "branch's layout, 8 ranks per NVLink domain; its RDMA staging across domains is not)")),
     ("--moe-flex-dispatcher-backend", "ncclep"): (
         "not-modelled", "NCCL-EP's buffers are not priced"),
     ("--cuda-graph-impl", "none"): ("no-memory-effect", "no CUDA graphs (Megatron's default)"),
