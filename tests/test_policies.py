@@ -69,7 +69,7 @@ def test_a_policy_the_framework_does_not_have_is_one_line_exit_2(framework: str,
     (["--framework", "torchtitan", "--recompute", "selective", "--recompute-modules", "mlp"],
      "a Megatron-LM policy the chosen framework does not have"),
     (["--framework", "hf", "--recompute", "megatron-selective", "--recompute-modules", "mlp,mla_up_proj"],
-     "mla_up_proj has none there"),
+     "mla_up_proj needs multi-latent attention"),
     (["--framework", "hf", "--recompute", "megatron-selective", "--peft", "lora"], "priced for full training only"),
 ])
 def test_bad_policy_parameters_are_one_line_exit_2(args: list[str], says: str) -> None:

@@ -1008,7 +1008,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             f"must divide the number of key/value heads ({attn.num_kv_heads}) or be a multiple of it",
             par.tp,
         )
-    _check_recompute_modules(job, model)
+    check_recompute_modules(job, model)
     _check_cuda_graph_modules(job, model)
     chunks = par.pp * par.vpp
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
@@ -1053,7 +1053,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
         )
 
 
-def _check_recompute_modules(job: Job, model: ModelSpec) -> None:
+def check_recompute_modules(job: Job, model: ModelSpec) -> None:
     """Megatron's own refusals of ``--recompute-modules`` for a model without the module
     (transformer_config.py); moe and shared_experts without such layers are no-ops there too."""
     if job.recompute.mode not in ("selective", "megatron-selective") or job.recompute.modules is None:

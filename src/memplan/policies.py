@@ -49,9 +49,10 @@ PolicyName = Literal["none", "full", "megatron-selective", "attention-core", "at
                      "memory-budget"]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 #: Megatron ``--recompute-modules`` that are sub-modules of a Hugging Face layer (``--framework hf``):
-#: the attention function, the dense MLP, the sparse MoE block, its shared experts, the input and
-#: pre-MLP norms and the routed experts' activation (output-discarding checkpoints).
-HF_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+#: the attention function, the dense MLP, the sparse MoE block, its shared experts, and as
+#: output-discarding checkpoints the input and pre-MLP norms, multi-latent attention's up-projections
+#: and RoPE, and the routed experts' activation: every kind Megatron has.
+HF_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 #: torchtitan's ``activation_checkpoint.memory_budget`` default (torchtitan/config/job_config.py).
 DEFAULT_MEMORY_BUDGET = 0.5
 
@@ -144,13 +145,6 @@ def resolve_policy(job: Job) -> ActivationPolicy:
                              f"(--framework {job.framework}, --recompute {rc.mode}); use --framework megatron "
                              "with --recompute selective or drop it", rc.modules)
     if name == "megatron-selective" and job.framework == "hf":
-        other = [m for m in rc.module_names if m not in HF_MODULES]
-        if other:
-            raise JobConfigError("--recompute-modules", f"on --framework hf checkpoints a Hugging Face layer's own "
-                                 f"sub-modules ({', '.join(HF_MODULES)}); {', '.join(other)} has none there (Hugging "
-                                 "Face's MLA attention computes its up projections and RoPE inline: use --framework "
-                                 "megatron)",
-                                 rc.modules)
         ft = job.finetune
         if ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none":
             raise JobConfigError("--recompute", "megatron-selective on --framework hf is priced for full training "

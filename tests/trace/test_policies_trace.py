@@ -20,7 +20,7 @@ COMMON = {"seq": 128, "mbs": 2, "precision": "bf16-mixed", "device": "cpu", "ite
 
 @pytest.mark.parametrize(("flags", "says"), [
     (["--framework", "torchtitan", "--recompute", "memory-budget"], "torch.compile's partitioner"),
-    (["--recompute", "megatron-selective", "--recompute-modules", "core_attn,mla_up_proj"], "mla_up_proj has none there"),
+    (["--recompute", "megatron-selective", "--recompute-modules", "core_attn,mla_up_proj"], "mla_up_proj needs multi-latent attention"),
     (["--recompute", "megatron-selective", "--recompute-modules", "layernorm", "--offload-activations"],
      "cannot be traced with --recompute-modules layernorm"),
     (["--recompute", "full", "--recompute-layers", "2"], "checkpoints single decoder layers"),

@@ -383,9 +383,11 @@ def _eager_mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> 
     for name, rank, site in (("kv", attn.kv_lora_rank or 0, "mla_up"), ("q", attn.q_lora_rank or 0, "mla_up")):
         if not rank:
             continue
-        terms += [Term(f"{name} latent norm fp32 input", NORM_COMPUTE_BYTES * tokens * rank, "rep", "body"),
-                  Term(f"{name} latent norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * tokens, "rep", "body"),
-                  Term(f"{name} latent norm normalized (input dtype)", c * tokens * rank, "rep", "body"),
+        # (all inside the stretch ``mla_up_proj`` recomputes: transformers' latent norms, as TE's fused ones)
+        terms += [Term(f"{name} latent norm fp32 input", NORM_COMPUTE_BYTES * tokens * rank, "rep", "body", site=site),
+                  Term(f"{name} latent norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * tokens, "rep", "body",
+                       site=site),
+                  Term(f"{name} latent norm normalized (input dtype)", c * tokens * rank, "rep", "body", site=site),
                   Term(f"{name} latent norm output ({name} up-projection input)", c * tokens * rank, "rep", "body",
                        gemm_input=True, site=site)]
     if attn.kv_lora_rank:

@@ -81,7 +81,9 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
       kept by the checkpoint instead of the 16-bit copies its GEMMs would save (dense: the norm-output
       terms are dropped with the MLP; MoE: the pre-MLP norm's 16-bit term stays, the excess is added);
     * ``core_attn``: the attention function's inputs; under autocast RoPE returns q and k in the
-      residual dtype (fp32 x fp32 tables), which the checkpoint keeps instead of SDPA's 16-bit copies.
+      residual dtype (fp32 x fp32 tables), which the checkpoint keeps instead of SDPA's 16-bit copies;
+    * ``mla_up_proj``: the q and kv latents (transformers' eager latent norms keep fp32 copies of them
+      instead, which go with the stretch).
 
     Megatron's Transformer Engine layers fuse the norms into the GEMMs (no separate input): nothing.
     Each term's site is the checkpoint keeping it (``mlp``, ``moe``, ``core``).
@@ -102,6 +104,12 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
         terms.append(Term("MoE checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input",
                            site="moe"))
     attn = layer.attention
+    if "mla_up_proj" in names and attn.kind == "mla":
+        # The stretch's inputs: the kv latent with the rope key (kv_a_proj_with_mqa's output) and the q
+        # latent (q_a_proj's output; without a low-rank q, q_proj's input is the attention input, kept anyway).
+        latents = (attn.kv_lora_rank or 0) + (attn.qk_rope_head_dim or 0) + (attn.q_lora_rank or 0)
+        terms.append(Term("mla_up_proj checkpoint inputs (the q and kv latents)",
+                          shape.act_bytes * shape.seq * shape.micro_batch * latents, "rep", "input"))
     if "core_attn" in names and excess > 0 and shape.rope and attn.kind != "mla":
         width = (attn.num_heads + attn.num_kv_heads) * attn.head_dim
         terms.append(Term("attention core checkpoint inputs: q, k from RoPE in the residual dtype (beyond their "

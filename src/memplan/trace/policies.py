@@ -12,17 +12,18 @@
   (transformers' ``AttentionInterface`` entry the attention modules call: SDPA, or the eager
   scores/softmax/PV); ``mlp``: a dense layer's ``mlp``; ``moe``: a sparse layer's MoE block;
   ``shared_experts``: its shared expert(s);
-* ``layernorm`` / ``moe_act`` — Megatron's output-discarding checkpoint (``CheckpointWithoutOutput``,
-  :mod:`memplan.trace.discard`): ``layernorm`` on each layer's input norm and pre-MLP norm (the
-  attention and the MLP/MoE block are the modules whose backward makes the output again);
-  ``moe_act`` on the routed experts' activation (transformers' experts interface: ``_apply_gate``,
-  or ``act_fn`` for experts without a gate), skipped where ``moe`` checkpoints the whole block.
+* ``layernorm`` / ``moe_act`` / ``mla_up_proj`` — Megatron's output-discarding checkpoint
+  (``CheckpointWithoutOutput``, :mod:`memplan.trace.discard`): ``layernorm`` on each layer's input norm
+  and pre-MLP norm (the attention and the MLP/MoE block are the modules whose backward makes the output
+  again); ``moe_act`` on the routed experts' activation (transformers' experts interface:
+  ``_apply_gate``, or ``act_fn`` for experts without a gate), skipped where ``moe`` checkpoints the whole
+  block; ``mla_up_proj`` on multi-latent attention's stretch from the latents to q, k, v
+  (:mod:`memplan.trace.mla_up`), made again when the attention core's backward starts.
 
 Refused with one line: ``memory-budget`` (torch.compile's partitioner decides it, and the tracer
 runs eager code), ``full`` with uniform groups of more than one layer (a Hugging Face decoder
-calls its layers one by one), ``mla_up_proj`` (Hugging Face's MLA attention computes its up
-projections and RoPE inline, with no sub-module to checkpoint), and ``layernorm`` / ``moe_act``
-with ``--offload-activations`` (both replace saved tensors; the innermost hooks would win).
+calls its layers one by one), and ``layernorm`` / ``moe_act`` / ``mla_up_proj`` with
+``--offload-activations`` (both replace saved tensors; the innermost hooks would win).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ __all__ = ["TRACED_MODULES", "apply_policy", "check_runnable"]
 #: ``--recompute-modules`` the tracer runs.
 TRACED_MODULES = HF_MODULES
 #: ``--recompute-modules`` run as Megatron's output-discarding checkpoint (:mod:`memplan.trace.discard`).
-_DISCARDING = ("layernorm", "moe_act")
+_DISCARDING = ("layernorm", "mla_up_proj", "moe_act")
 #: A decoder layer's input norm, pre-MLP norm (Gemma's pre-feedforward norm before its post-attention
 #: one), attention and MLP block, by the attribute names of transformers' models.
 _INPUT_NORMS = ("input_layernorm", "ln_1")
@@ -197,6 +198,14 @@ def _output_discarding(model: torch.nn.Module, modules: tuple[str, ...], cuda_au
                                        f"{', '.join(_ATTENTIONS + _MLPS)}) in {type(layer).__name__}")
             for norm, consumer in pairs:
                 _discard_norm(scope, norm, consumer)
+        if "mla_up_proj" in modules:
+            from memplan.trace.mla_up import discard_mla_up
+
+            attention = _child(layer, _ATTENTIONS)
+            if getattr(attention, "kv_a_proj_with_mqa", None) is None:
+                raise ConfigError("--recompute-modules", "mla_up_proj needs multi-latent attention, which this model "
+                                  "does not have (Megatron refuses it too)", ",".join(modules))
+            discard_mla_up(scope, attention)
         mlp = _child(layer, _MLPS)
         if "moe_act" in modules and "moe" not in modules and hasattr(mlp, "experts"):
             _discard_activation(scope, mlp.experts)
