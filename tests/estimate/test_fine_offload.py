@@ -40,8 +40,9 @@ def test_the_backward_reloads_two_groups_and_pipeline_ranks_keep_their_delta() -
     moved = _stages(pp=2, gbs=16, offload_modules="core_attn,attn_proj")[0]
     assert moved.peak_phase == "backward" and moved.inflight_microbatches == 2
     assert moved.cpu_activations_bytes == 2 * 16 * (QKV + PROJ) - (QKV + PROJ)
-    # the backward holds the group in use and the one reloaded ahead (two q, k, v groups)
-    assert eager.peak_allocated_bytes - moved.peak_allocated_bytes == moved.cpu_activations_bytes - 2 * QKV
+    # the backward holds the group in use and the next one of its chunk, reloaded ahead (neighbours: a
+    # layer's q, k, v group and its projection-input group)
+    assert eager.peak_allocated_bytes - moved.peak_allocated_bytes == moved.cpu_activations_bytes - (QKV + PROJ)
     last = _stages(pp=2, gbs=16, offload_modules="core_attn", offload_pp_delta=2 * QKV)[1]
     # rank 1 keeps 2 x 24 MiB from its first groups; the last layer's group stays (margin and last stage)
     assert last.cpu_activations_bytes == (16 - 1 - 2) * QKV
@@ -51,7 +52,9 @@ def test_rules_in_megatrons_order() -> None:
     chunk = [("core_attn", 10), ("attn_proj", 5), ("core_attn", 10), ("attn_proj", 5)]
     assert offloaded([chunk], fraction=1.0, keep_bytes=0, last_stage=False).cpu_bytes == 15  # margin: last of each
     two = offloaded([chunk, chunk], fraction=1.0, keep_bytes=0, last_stage=False)
-    assert (two.cpu_bytes, two.reload_bytes) == (15 + 30, 20)
+    assert (two.cpu_bytes, two.reload_bytes) == (15 + 30, 15)  # neighbours: 10 + 5, never the two 10s
+    alone = offloaded([[("core_attn", 10)], [("core_attn", 7)]], fraction=1.0, keep_bytes=0, last_stage=False)
+    assert alone.reload_bytes == 7  # one offloaded group per chunk (the first chunk keeps its last): itself
     # fraction 0.5: of the second chunk's 4 eligible groups the last 2 stay; the first chunk's 2 keep 1
     assert offloaded([chunk, chunk], fraction=0.5, keep_bytes=0, last_stage=False).cpu_bytes == 10 + 15
     assert offloaded([chunk, chunk], fraction=1.0, keep_bytes=12, last_stage=False).cpu_bytes == 15 - 10 - 5 + 30
@@ -110,3 +113,11 @@ def test_megatron_flags_map_to_the_job() -> None:
     assert plain.offload.modules == ""
     with pytest.raises(ConfigError):
         from_megatron_args(LAUNCH + " --fine-grained-activation-offloading", gpus=2)
+
+
+def test_an_unfused_core_attention_group_holds_what_the_core_saves_inside() -> None:
+    """``core_attn``'s group is every tensor saved inside the core's forward: with unfused attention the
+    s x s softmax output (32 heads / tp 2 x 4096 x 4096, 16-bit) beside q, k, v."""
+    moved, = _stages(attention="eager", offload_modules="core_attn")
+    softmax = 16 * 4096 * 4096 * 2
+    assert moved.cpu_activations_bytes == 31 * (QKV + softmax)

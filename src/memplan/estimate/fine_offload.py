@@ -16,8 +16,9 @@ and docs/user-guide/features/fine_grained_activation_offloading.md):
   chunk, the last ``(1 - --activation-offload-fraction)`` of the remaining eligible groups.
 * At run time a chunk whose backward comes right after its forward (the last pipeline stage) keeps the
   last group of each name (``should_bulk_offload``).
-* The backward reloads one group ahead: when a group's backward starts, the next group is copied back
-  (``on_group_start_backward`` -> ``bulk_reload``), so two groups' tensors are on the GPU at once.
+* The backward reloads one group ahead: when a group's backward starts, the next group of the same
+  chunk is copied back (``on_group_start_backward`` -> ``bulk_reload``), so two neighbouring groups'
+  tensors are on the GPU at once (the worst neighbouring pair is priced).
 
 Which of memplan's saved terms each module's group holds, under Megatron's Transformer Engine layer spec:
 ``attn_norm`` the layer input when the input norm is its own module (MLA; otherwise it is fused into the
@@ -76,6 +77,9 @@ def layer_groups(layer: LayerSpec, shape: ActivationShape, modules: Iterable[str
     for name in FORWARD_ORDER:
         if name in chosen:
             held = [terms[n] for n in group_term_names(layer, name) if n in terms]
+            if name == "core_attn":
+                # and what the attention core saves inside (unfused: the s x s softmax output, the dropout mask)
+                held += [t for t in terms.values() if t.keep == "core"]
             out.append((name, sum(size for t in held if (size := divided(t, shape)) >= min_numel * _elem(t, shape))))
     return out
 
@@ -93,7 +97,8 @@ class Offloaded:
 
     #: Saved bytes in CPU memory (off the GPU) with every micro-batch in flight.
     cpu_bytes: int
-    #: The backward's reload working set: the group being used and the next one reloaded ahead.
+    #: The backward's reload working set: the group being used and the next one reloaded ahead (the worst
+    #: neighbouring pair of one chunk).
     reload_bytes: int
 
 
@@ -117,10 +122,13 @@ def offloaded(instances: Sequence[list[tuple[str, int]]], *, fraction: float, ke
             flags[position] = False
     if last_stage and instances:
         _keep_last_of_each_name(instances[-1], offload[-1])  # should_bulk_offload, at run time
-    moved = [size for flags, groups in zip(offload, instances, strict=True)
-             for on, (_, size) in zip(flags, groups, strict=True) if on]
-    largest = sorted(moved, reverse=True)[:2]
-    return Offloaded(cpu_bytes=sum(moved), reload_bytes=sum(largest))
+    moved = [[size for on, (_, size) in zip(flags, groups, strict=True) if on]
+             for flags, groups in zip(offload, instances, strict=True)]
+    # The backward reloads the next offloaded group of the same chunk while one is in use: the worst
+    # pair of neighbours (a chunk with one offloaded group: that group alone).
+    reload = max((a + b for sizes in moved for a, b in zip(sizes, sizes[1:])), default=0)
+    reload = max(reload, max((size for sizes in moved for size in sizes), default=0))
+    return Offloaded(cpu_bytes=sum(sum(sizes) for sizes in moved), reload_bytes=reload)
 
 
 def stage_offload(model: ModelSpec, off: Offload, shape: ActivationShape, layout: StageLayout, recomputed: set[int],

@@ -35,7 +35,7 @@ def parse_megatron_args(source: str | Sequence[str] | Mapping[str, Any]) -> dict
         out: dict[str, Any] = {}
         for key, value in source.items():
             flag = key if str(key).startswith("--") else "--" + str(key).replace("_", "-")
-            out[flag] = value
+            out[flag] = _bracketed(value)
         return out
     if not isinstance(source, str):
         return _flags([str(token) for token in source])
@@ -44,6 +44,16 @@ def parse_megatron_args(source: str | Sequence[str] | Mapping[str, Any]) -> dict
         if any(word.startswith("--") for word in words):
             args.update(_flags(words))
     return args
+
+
+def _bracketed(value: Any) -> Any:
+    """A mapping's ``"[a b c]"``: Megatron's functional tests (``_run_training.sh``) strip the brackets and
+    pass the words as the flag's values (``--recompute-modules a b c``); one word is one value."""
+    if isinstance(value, str) and len(value) > 2 and value.startswith("[") and value.endswith("]") \
+            and "]" not in value[1:-1]:
+        words = value[1:-1].split()
+        return words[0] if len(words) == 1 else words
+    return value
 
 
 def _flags(tokens: Sequence[str]) -> dict[str, Any]:
