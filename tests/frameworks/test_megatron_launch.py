@@ -99,3 +99,16 @@ def test_script_starting_with_a_test_command_is_a_script(tmp_path):
                     "--num-attention-heads 4 --tensor-model-parallel-size $TP\n")
     model, job = load_megatron_args(path, gpus=2)
     assert (model.num_layers, job.parallel.tp) == (2, 2)
+
+
+def test_bracketed_values_of_the_functional_tests_are_several_arguments() -> None:
+    """Megatron's functional tests write ``--recompute-modules: "[layernorm mlp]"``; their launcher strips the
+    brackets and passes the words as separate arguments (tests/functional_tests/shell_test_utils/_run_training.sh)."""
+    from memplan.frameworks.megatron_launch import parse_megatron_args
+
+    args = parse_megatron_args({"--recompute-modules": "[layernorm mlp moe_act]", "--offload-modules": "[core_attn]",
+                                "--moe-layer-freq": "([0]*3+[1]*12)", "--pipeline-model-parallel-layout": "Et*3|mL"})
+    assert args["--recompute-modules"] == ["layernorm", "mlp", "moe_act"]
+    assert args["--offload-modules"] == "core_attn"
+    assert args["--moe-layer-freq"] == "([0]*3+[1]*12)"  # a Python expression, passed as one value
+    assert args["--pipeline-model-parallel-layout"] == "Et*3|mL"

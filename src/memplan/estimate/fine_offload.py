@@ -36,6 +36,7 @@ the pinned CPU pool's reuse across groups is not modelled (CPU bytes are what is
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from dataclasses import dataclass
 
 from memplan.estimate.activations import ActivationShape, Term, divided, layer_terms
@@ -126,7 +127,7 @@ def offloaded(instances: Sequence[list[tuple[str, int]]], *, fraction: float, ke
              for flags, groups in zip(offload, instances, strict=True)]
     # The backward reloads the next offloaded group of the same chunk while one is in use: the worst
     # pair of neighbours (a chunk with one offloaded group: that group alone).
-    reload = max((a + b for sizes in moved for a, b in zip(sizes, sizes[1:])), default=0)
+    reload = max((a + b for sizes in moved for a, b in pairwise(sizes)), default=0)
     reload = max(reload, max((size for sizes in moved for size in sizes), default=0))
     return Offloaded(cpu_bytes=sum(sum(sizes) for sizes in moved), reload_bytes=reload)
 
