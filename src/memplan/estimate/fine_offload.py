@@ -36,8 +36,8 @@ the pinned CPU pool's reuse across groups is not modelled (CPU bytes are what is
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import pairwise
 from dataclasses import dataclass
+from itertools import pairwise
 
 from memplan.estimate.activations import ActivationShape, Term, divided, layer_terms
 from memplan.estimate.layout import StageLayout
