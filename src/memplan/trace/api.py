@@ -135,6 +135,9 @@ def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> 
     from memplan.trace.distributed import parallelize
     from memplan.trace.moe import static_routing
 
+    if _is_torchtitan(model):
+        job = model.step_job(options)  # type: ignore[union-attr]
+        return model.name, job, model.head_modules(job.model)  # type: ignore[union-attr]
     if callable(model):
         from memplan.trace.script import job_from_callable
 
@@ -150,6 +153,11 @@ def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> 
         job = hf_step_job(built.model, options, autocast=mesh is None or options.fsdp == 1)
         name, heads = built.name, built.head_modules
     return name, job, heads
+
+
+def _is_torchtitan(model: object) -> bool:
+    """``memplan trace --torchtitan``'s target (:mod:`memplan.trace.torchtitan`, imported only then)."""
+    return type(model).__name__ == "TorchtitanTarget" and hasattr(model, "step_job")
 
 
 def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,

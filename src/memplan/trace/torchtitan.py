@@ -1,0 +1,292 @@
+"""``memplan trace --torchtitan FILE.toml``: trace torchtitan's own model, parallelize and optimizer code.
+
+torchtitan 0.2.x (the releases that read a training TOML with ``ConfigManager``; 0.3 configures in
+Python) is imported and run as its ``Trainer.__init__`` and ``forward_backward_step`` do, on
+memplan's simulated ranks and fake tensors:
+
+* the TOML is parsed by torchtitan's own ``ConfigManager`` (``--job.config_file FILE``);
+* the model is ``train_spec.model_cls(model_args)`` of the file's ``[model] name`` / ``flavor``
+  (``model_args.update_from_config``), built on ``meta`` under ``training.dtype`` as torchtitan
+  builds it, then given fake storage (``to_empty``) and ``init_weights`` inside the fake mode;
+* ``train_spec.parallelize_fn`` (llama3: ``parallelize_llama`` — TP with sequence and loss
+  parallelism, full or selective activation checkpointing with its per-op save list, FSDP2
+  ``fully_shard`` with its ``MixedPrecisionPolicy`` and reshard policy) runs on a ``ParallelDims``
+  mesh built over memplan's fake process group;
+* the optimizer is ``train_spec.build_optimizers_fn`` over ``[optimizer]`` (torchtitan's
+  ``OptimizersContainer``), the loss ``train_spec.build_loss_fn`` (a sum) divided by the batch's
+  tokens, under torchtitan's train context (loss parallel) and ``maybe_enable_amp``.
+
+memplan's own loop runs the iterations (forward, loss, backward, ``optimizer.step()``,
+``zero_grad``), so the result is an ordinary trace: peaks, categories, and the simulated reserved
+memory with FSDP's streams. The :class:`~memplan.job.Job` beside it is read from the same file by
+:mod:`memplan.frameworks.torchtitan_config` (what ``memplan estimate --torchtitan-config`` prices),
+and its classification of every field is the result's ``input_settings``.
+
+Known limitations: pipeline parallelism, context parallelism, HSDP/DDP replicas, ``compile``,
+float8 converters and gradient accumulation are refused (with the field named); only the llama3
+and qwen3 dense models have a :class:`~memplan.model.spec.ModelSpec` derived from their arguments
+(other models need a flavor with a memplan preset).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import importlib.metadata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memplan.errors import ConfigError, UnsupportedError
+from memplan.settings import InputSetting
+from memplan.trace.run import StepJob
+from memplan.trace.setup import TraceSetup
+
+__all__ = ["SUPPORTED_VERSIONS", "TorchtitanTarget", "require_torchtitan", "torchtitan_setup"]
+
+#: torchtitan releases whose TOML reader and trainer this adapter follows (0.3 dropped the TOML).
+SUPPORTED_VERSIONS = ("0.2.",)
+_FLAG = "--torchtitan"
+
+
+def require_torchtitan() -> str:
+    """torchtitan's version; a :class:`ConfigError` (exit 2) when it is missing or not a 0.2.x release."""
+    try:
+        importlib.import_module("torchtitan")
+        version = importlib.metadata.version("torchtitan")
+    except (importlib.metadata.PackageNotFoundError, ModuleNotFoundError):
+        raise ConfigError(_FLAG, "needs torchtitan 0.2.x installed: pip install 'memplan[torchtitan]' "
+                          "(see docs/trace.md, 'Tracing torchtitan's own code')") from None
+    if not version.startswith(SUPPORTED_VERSIONS):
+        raise ConfigError(_FLAG, "follows torchtitan 0.2.x (the releases that read a training TOML; 0.3 "
+                          "configures in Python); install torchtitan==0.2.2", f"torchtitan {version}")
+    return version
+
+
+def _import(module: str) -> Any:
+    """A torchtitan module; a missing dependency of torchtitan is named (exit 2)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(_FLAG, f"torchtitan needs {exc.name or 'a module'} that is not installed: "
+                          "pip install 'memplan[torchtitan]'") from None
+
+
+def parse_job_config(path: str | Path) -> Any:
+    """The file as torchtitan's ``ConfigManager`` reads it (its ``JobConfig``)."""
+    manager = _import("torchtitan.config.manager")
+    try:
+        return manager.ConfigManager().parse_args(["--job.config_file", str(path)])
+    except SystemExit:  # tyro prints its own message and exits on a field it cannot read
+        raise ConfigError(f"{_FLAG} {path}", "is not a torchtitan JobConfig (torchtitan's parser refused it; "
+                          "see the message above)") from None
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ConfigError(f"{_FLAG} {path}", f"torchtitan refused it: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TorchtitanTarget:
+    """What ``memplan trace --torchtitan FILE`` traces: torchtitan's code for the job in ``path``."""
+
+    #: The training TOML.
+    path: str
+    #: torchtitan's parsed ``JobConfig`` of ``path``.
+    job_config: Any
+    #: memplan's description of the same model (what the estimator prices, ``--compare-estimate``).
+    model_spec: Any = None
+
+    @property
+    def __memplan_source__(self) -> str:  # read by memplan.trace.errors for its messages
+        return self.path
+
+    @property
+    def name(self) -> str:
+        model = self.job_config.model
+        return f"torchtitan {model.name} {model.flavor}"
+
+    def step_job(self, options: TraceSetup) -> StepJob:
+        """Build model, parallelisms, optimizer and loss as torchtitan's trainer does (inside the fake mode)."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        jc = self.job_config
+        spec = _import("torchtitan.protocols.train_spec").get_train_spec(jc.model.name)
+        args = _model_args(jc)
+        dims = _parallel_dims(jc, options.world_size)
+        dtypes = _import("torchtitan.config").TORCH_DTYPE_MAP
+        with unset_fake_temporarily(), torch.device("meta"), _default_dtype(dtypes[jc.training.dtype]):
+            model = spec.model_cls(args)
+        with unset_fake_temporarily(), _cpu_meshes():  # meshes are small real tensors, as in memplan's ranks
+            if dims.world_size > 1:
+                dims.build_mesh()
+            model = spec.parallelize_fn(model, dims, jc)
+        # Storage for every parameter and buffer, as torchtitan's to_empty gives it. Its
+        # init_weights only draws values (and reassigns freqs_cis with the same shape and dtype);
+        # fake tensors have no values, and trunc_normal_ reads a scalar they cannot answer.
+        model.to_empty(device="cpu")
+        model.train()
+        optimizer = spec.build_optimizers_fn([model], jc.optimizer, dims)
+        loss_sum = spec.build_loss_fn(jc, parallel_dims=dims)
+        shape = (jc.training.local_batch_size, jc.training.seq_len)
+        batch = {"tokens": torch.randint(0, args.vocab_size, shape), "labels": torch.randint(0, args.vocab_size, shape)}
+        tokens = shape[0] * shape[1]  # torchtitan divides the summed loss by the step's valid tokens
+
+        def loss_fn(output: Any, batch: Any) -> torch.Tensor:
+            return loss_sum(output, batch["labels"]) / tokens
+
+        return StepJob(model, batch, optimizer, loss_fn, _amp_dtype(jc, dims), cuda_autocast=options.device == "cuda",
+                       call=lambda tokens, labels: model(tokens), context=_train_context(jc, dims))
+
+    @staticmethod
+    def head_modules(model: torch.nn.Module) -> frozenset[str]:
+        """The output projection (``output``) and the root: what produces the logits."""
+        return frozenset({"", "output"} if hasattr(model, "output") else {""})
+
+
+def _parallel_dims(jc: Any, world_size: int) -> Any:
+    p = jc.parallelism
+    module = _import("torchtitan.distributed.parallel_dims")
+    return module.ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
+                               cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+                               pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
+                               etp=p.expert_tensor_parallel_degree, world_size=world_size)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextlib.contextmanager
+def _cpu_meshes() -> Iterator[None]:
+    """torchtitan builds its meshes on ``torchtitan.tools.utils.device_type`` ("cuda" when no
+    accelerator is found); memplan's simulated ranks live on the CPU, so the mesh is built there
+    (the same ranks and dimension names; fake tensors stand for the GPU's memory)."""
+    module = _import("torchtitan.distributed.parallel_dims")
+    before = module.device_type
+    module.device_type = "cpu"
+    try:
+        yield
+    finally:
+        module.device_type = before
+
+
+def _amp_dtype(jc: Any, dims: Any) -> torch.dtype | None:
+    """torchtitan's ``maybe_enable_amp``: autocast to ``mixed_precision_param`` only without FSDP
+    (FSDP's MixedPrecisionPolicy casts instead) and without TP/PP."""
+    if dims.fsdp_enabled or dims.tp_enabled or dims.pp_enabled:
+        return None
+    if jc.training.mixed_precision_param == "float32":
+        return None
+    dtypes = _import("torchtitan.config").TORCH_DTYPE_MAP
+    return dtypes[jc.training.mixed_precision_param]  # type: ignore[no-any-return]
+
+
+def _train_context(jc: Any, dims: Any) -> Any:
+    """torchtitan's train context: ``loss_parallel`` under TP unless ``disable_loss_parallel``."""
+    utils = _import("torchtitan.distributed.utils")
+    return utils.get_train_context(dims.tp_enabled and not jc.parallelism.disable_loss_parallel)
+
+
+#: Job flags that may stand beside ``--torchtitan``: the GPU count is the launcher's, not the file's
+#: (``data_parallel_shard_degree = -1`` takes the GPUs left over).
+_LAUNCHER_FLAGS = frozenset({"gpus"})
+
+
+def torchtitan_setup(path: str, flags: dict[str, Any], *, device: str = "cuda", iterations: int = 2,
+                     moe_routing: str = "balanced") -> tuple[TorchtitanTarget, TraceSetup, tuple[InputSetting, ...]]:
+    """What ``memplan trace --torchtitan FILE`` runs: the target, the job memplan reads from the file
+    (its :class:`TraceSetup`) and the file's settings as memplan's TOML reader classifies them.
+
+    ``flags``: the job flags given beside the file; any but ``gpus`` is refused (the file is the job).
+    """
+    from memplan.frameworks.torchtitan_config import read_torchtitan_config
+
+    read_torchtitan_config(path)  # a missing file or malformed TOML: one memplan error first
+    given = sorted(k for k, v in flags.items() if v is not None and k not in _LAUNCHER_FLAGS)
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(flag, f"cannot stand beside {_FLAG}: the TOML is the job torchtitan runs; set it in "
+                          f"the file (the one job flag allowed is --gpus, the launcher's world size)")
+    require_torchtitan()
+    job_config = parse_job_config(path)
+    args = _model_args(job_config)
+    spec = _model_spec(job_config, args)
+    job, settings = _job(path, spec, flags.get("gpus"))
+    from memplan.trace.setup import RunSettings
+
+    run = RunSettings(device=device, iterations=iterations, moe_routing=moe_routing)  # type: ignore[arg-type]
+    try:
+        setup = TraceSetup(job, run, frozenset(k for k, v in flags.items() if v is not None), torchtitan_code=True)
+    except ConfigError as exc:
+        raise ConfigError(f"{_FLAG} {path}: {exc.field}", exc.rule, exc.value) from None
+    return TorchtitanTarget(str(path), job_config, spec), setup, settings
+
+
+def _model_args(jc: Any) -> Any:
+    """The flavor's model arguments from torchtitan's train spec (the name and flavor checked)."""
+    spec_module = _import("torchtitan.protocols.train_spec")
+    models = _import("torchtitan.models")
+    name, flavor = jc.model.name, jc.model.flavor
+    try:
+        spec = spec_module.get_train_spec(name)
+    except ValueError:
+        known = sorted(getattr(models, "_supported_models", ()))
+        raise ConfigError(f"{_FLAG}: model.name", f"is not a torchtitan model (known: {', '.join(known)})",
+                          name) from None
+    if flavor not in spec.model_args:
+        raise ConfigError(f"{_FLAG}: model.flavor", f"is not a flavor of torchtitan's {name} "
+                          f"(known: {', '.join(spec.model_args)})", flavor)
+    args = copy.deepcopy(spec.model_args[flavor])
+    args.update_from_config(jc)
+    return args
+
+
+def _model_spec(jc: Any, args: Any) -> Any:
+    """memplan's :class:`~memplan.model.spec.ModelSpec` of the flavor: from its arguments for the
+    dense llama3 / qwen3 models (their shapes as torchtitan builds them), else its preset."""
+    from memplan.frameworks.torchtitan_fields import PRESETS
+    from memplan.model import load_model
+    from memplan.model.hf import model_from_hf_config
+
+    name, flavor = jc.model.name, jc.model.flavor
+    if name == "llama3":
+        hidden = int(2 * 4 * args.dim / 3)
+        if args.ffn_dim_multiplier is not None:
+            hidden = int(args.ffn_dim_multiplier * hidden)
+        hidden = args.multiple_of * -(-hidden // args.multiple_of)  # torchtitan's FeedForward
+        config = {"model_type": "llama", "hidden_size": args.dim, "num_hidden_layers": args.n_layers,
+                  "num_attention_heads": args.n_heads, "num_key_value_heads": args.n_kv_heads or args.n_heads,
+                  "intermediate_size": hidden, "vocab_size": args.vocab_size, "rms_norm_eps": args.norm_eps,
+                  "max_position_embeddings": args.max_seq_len, "tie_word_embeddings": False}
+        return model_from_hf_config(config, name=f"torchtitan-{name}-{flavor}")
+    preset = PRESETS.get((name, flavor))
+    if preset is None:
+        raise UnsupportedError(f"{_FLAG}: memplan derives the shapes of torchtitan's llama3 flavors, and of "
+                               f"those with a preset ({', '.join(f'{n} {f}' for n, f in PRESETS)}); "
+                               f"{name} {flavor} has neither")
+    return load_model(preset)
+
+
+def _job(path: str, spec: Any, gpus: int | None) -> tuple[Any, tuple[InputSetting, ...]]:
+    """The job memplan's TOML reader makes of the file (what ``memplan estimate --torchtitan-config``
+    prices), with the file's ``[model]`` marked as the model traced."""
+    from memplan.frameworks.torchtitan_config import apply_torchtitan_config
+    from memplan.job import Job, validate_job_for_model
+
+    typed = {} if gpus is None else {"gpus": gpus}
+    job, settings = apply_torchtitan_config(path, Job(framework="torchtitan"), model=spec, model_given=True,
+                                            typed=typed)
+    validate_job_for_model(job, spec)
+    model_note = "torchtitan's own model of this name and flavor is traced"
+    settings = tuple(InputSetting(source=_FLAG, key=s.key, value=s.value, effect="modelled", note=model_note)
+                     if s.key in ("model.name", "model.flavor") else s for s in settings)
+    return job, settings
