@@ -55,6 +55,9 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
     (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"),
 })
+#: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
+#: shards the sequence between the TP regions).
+_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({("parallel", "sequence_parallel")})
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
 #: Optimizers whose step cannot run on fake tensors, and why.
 _UNTRACEABLE_OPTIMIZERS = {
@@ -105,11 +108,12 @@ def check_traceable(job: Job, *, torchtitan_code: bool = False) -> None:
     _check_ranks(job, torchtitan_code=torchtitan_code)
     check_runnable(resolve_policy(job))
     default = Job()
+    traced = _TRACED | _TORCHTITAN_CODE if torchtitan_code else _TRACED
     for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload",
                     "finetune"):
         now, base = (getattr(job, section), getattr(default, section)) if section else (job, default)
         for name in vars(now):
-            if (section, name) in _TRACED or (section is None and hasattr(getattr(job, name), "__dataclass_fields__")):
+            if (section, name) in traced or (section is None and hasattr(getattr(job, name), "__dataclass_fields__")):
                 continue
             if getattr(now, name) != getattr(base, name):
                 raise ConfigError(_flag_name(section, name), "is not something memplan trace can run (it simulates "

@@ -210,7 +210,8 @@ def torchtitan_setup(path: str, flags: dict[str, Any], *, device: str = "cuda", 
     """
     from memplan.frameworks.torchtitan_config import read_torchtitan_config
 
-    read_torchtitan_config(path)  # a missing file or malformed TOML: one memplan error first
+    with _as_torchtitan_flag():
+        read_torchtitan_config(path)  # a missing file or malformed TOML: one memplan error first
     given = sorted(k for k, v in flags.items() if v is not None and k not in _LAUNCHER_FLAGS)
     if given:
         flag = "--" + given[0].replace("_", "-")
@@ -219,8 +220,10 @@ def torchtitan_setup(path: str, flags: dict[str, Any], *, device: str = "cuda", 
     require_torchtitan()
     job_config = parse_job_config(path)
     args = _model_args(job_config)
+    _check_runnable(job_config, args)
     spec = _model_spec(job_config, args)
-    job, settings = _job(path, spec, flags.get("gpus"))
+    with _as_torchtitan_flag():
+        job, settings = _job(path, spec, flags.get("gpus"))
     from memplan.trace.setup import RunSettings
 
     run = RunSettings(device=device, iterations=iterations, moe_routing=moe_routing)  # type: ignore[arg-type]
@@ -229,6 +232,36 @@ def torchtitan_setup(path: str, flags: dict[str, Any], *, device: str = "cuda", 
     except ConfigError as exc:
         raise ConfigError(f"{_FLAG} {path}: {exc.field}", exc.rule, exc.value) from None
     return TorchtitanTarget(str(path), job_config, spec), setup, settings
+
+
+@contextlib.contextmanager
+def _as_torchtitan_flag() -> Iterator[None]:
+    """memplan's TOML reader names ``--torchtitan-config`` in its errors; here the file came with ``--torchtitan``."""
+    try:
+        yield
+    except ConfigError as exc:
+        if not exc.field.startswith("--torchtitan-config"):
+            raise
+        raise type(exc)(_FLAG + exc.field[len("--torchtitan-config"):], exc.rule, exc.value) from None
+
+
+def _check_runnable(jc: Any, args: Any) -> None:
+    """What torchtitan would run but a fake-tensor trace cannot (the rest is refused with the job's flag)."""
+    if jc.compile.enable:
+        raise ConfigError(f"{_FLAG}: compile.enable", "memplan trace runs eager kernels; torchtitan's compiled "
+                          "blocks are not traced (set it false; memplan estimate reports it as not modelled)", True)
+    p = jc.parallelism
+    for key, what in (("pipeline_parallel_degree", "pipeline parallelism (torchtitan's pipelining_fn)"),
+                      ("context_parallel_degree", "context parallelism"),
+                      ("data_parallel_replicate_degree", "replicated data parallelism (DDP / HSDP)")):
+        if getattr(p, key) != 1:
+            raise ConfigError(f"{_FLAG}: parallelism.{key}", f"{what} is not traced (memplan trace simulates FSDP "
+                              "and TP ranks); memplan estimate --torchtitan-config prices it", getattr(p, key))
+    attention = getattr(args, "attn_type", "sdpa")
+    if attention != "sdpa":
+        raise UnsupportedError(f"{_FLAG}: {jc.model.name} {jc.model.flavor} uses {attention} attention, whose "
+                               "block-causal masks torchtitan builds from its tokenizer and the batch's documents; "
+                               "memplan trace runs the sdpa flavors")
 
 
 def _model_args(jc: Any) -> Any:
