@@ -132,7 +132,7 @@ def test_cli_json_reports_the_files_settings(folder: Path) -> None:
     result = runner.invoke(app, ["trace", "--torchtitan", str(path), "--gpus", "2", "--json", "--iterations", "1",
                                  "--compare-estimate"], env={"COLUMNS": "300", "NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout[result.stdout.index("{"):])
+    data = json.loads(result.stdout)
     assert data["model"] == "torchtitan llama3 debugmodel"
     assert data["options"]["resolved"]["fsdp_ranks"] == 2
     effects = {s["key"]: s["effect"] for s in data["input_settings"]}
@@ -156,6 +156,9 @@ def test_bad_input_is_one_line_and_exit_2(folder: Path, monkeypatch: pytest.Monk
         "malformed.toml": ("[model\nname = 1", "is not valid TOML at line 1"),
         "name.toml": (good.replace('name = "llama3"', 'name = "llama9"'), "model.name: is not a torchtitan model"),
         "flavor.toml": (good.replace('"debugmodel"', '"7B"'), "model.flavor: is not a flavor of torchtitan's llama3"),
+        "type.toml": (good.replace("seq_len = 256", 'seq_len = "long"'), "training.seq_len: must be int, not str"),
+        "field.toml": (good.replace("seq_len = 256", "seq_len = 256\nsequence = 2"),
+                       "torchtitan refused it: Invalid field names"),
     }
     for name, (text, message) in cases.items():
         path = folder / name
@@ -189,11 +192,11 @@ def test_what_a_trace_cannot_run_is_refused_before_it_runs(folder: Path) -> None
 
 
 def test_torchtitan_failing_at_run_time_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchtitan.protocols.train_spec import get_train_spec
+    from torchtitan.models import llama3  # its get_train_spec() names parallelize_llama when called
 
     def parallelize(*_args: Any) -> None:
         raise RuntimeError("torchtitan could not apply its plan")
 
-    monkeypatch.setattr(get_train_spec("llama3"), "parallelize_fn", parallelize)
+    monkeypatch.setattr(llama3, "parallelize_llama", parallelize)
     code, line = _error(["--torchtitan", str(TOML), "--iterations", "1"])
     assert code == 1 and str(TOML) in line and "RuntimeError" in line and "could not apply its plan" in line

@@ -34,6 +34,9 @@ import contextlib
 import copy
 import importlib
 import importlib.metadata
+import logging
+import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,15 +80,39 @@ def _import(module: str) -> Any:
 
 
 def parse_job_config(path: str | Path) -> Any:
-    """The file as torchtitan's ``ConfigManager`` reads it (its ``JobConfig``)."""
+    """The file as torchtitan's ``ConfigManager`` reads it (its ``JobConfig``); a value of the wrong
+    type, which tyro only warns about, is refused here (exit 2)."""
     manager = _import("torchtitan.config.manager")
+    with warnings.catch_warnings(record=True) as caught, _quiet_root_logger():
+        warnings.simplefilter("always")
+        try:
+            config = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
+        except SystemExit:  # tyro prints its own message and exits on a field it cannot read
+            raise ConfigError(f"{_FLAG} {path}", "is not a torchtitan JobConfig (torchtitan's parser refused it; "
+                              "see the message above)") from None
+        except (TypeError, ValueError, AssertionError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"{_FLAG} {path}", f"torchtitan refused it: {first}") from None
+    for warning in caught:
+        found = re.search(r"field `([\w.-]+)` is annotated with type `<class '(\w+)'>`, but the default value "
+                          r"`(.*?)` has type `<class '(\w+)'>`", str(warning.message))
+        if found:
+            key = found.group(1).replace("-", "_")
+            raise ConfigError(f"{_FLAG}: {key}", f"must be {found.group(2)}, not {found.group(4)}", found.group(3))
+    return config
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """torchtitan logs on the root logger; while it parses, its warning about the tokenizer's
+    ``hf_assets_path`` (which a trace never reads) is not the user's concern."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
     try:
-        return manager.ConfigManager().parse_args(["--job.config_file", str(path)])
-    except SystemExit:  # tyro prints its own message and exits on a field it cannot read
-        raise ConfigError(f"{_FLAG} {path}", "is not a torchtitan JobConfig (torchtitan's parser refused it; "
-                          "see the message above)") from None
-    except (TypeError, ValueError, AssertionError) as exc:
-        raise ConfigError(f"{_FLAG} {path}", f"torchtitan refused it: {exc}") from None
+        yield
+    finally:
+        root.setLevel(level)
 
 
 @dataclass(frozen=True)
