@@ -128,7 +128,7 @@ def _trace_torchtitan(path: str, flags: dict[str, Any], dialects: tuple[str | No
     """``--torchtitan FILE``: torchtitan's own code for the job in the file (:mod:`memplan.trace.torchtitan`)."""
     from memplan.errors import ConfigError
     from memplan.trace.api import trace_job
-    from memplan.trace.torchtitan import torchtitan_setup
+    from memplan.trace.torchtitan_setup import torchtitan_setup
 
     if any(d is not None for d in dialects):
         raise ConfigError("--torchtitan", "the TOML is the whole job: leave out --hf-args, --peft-config and "

@@ -7,7 +7,7 @@ memplan's simulated ranks and fake tensors:
 * the TOML is parsed by torchtitan's own ``ConfigManager`` (``--job.config_file FILE``);
 * the model is ``train_spec.model_cls(model_args)`` of the file's ``[model] name`` / ``flavor``
   (``model_args.update_from_config``), built on ``meta`` under ``training.dtype`` as torchtitan
-  builds it, then given fake storage (``to_empty``) and ``init_weights`` inside the fake mode;
+  builds it, then given fake storage (``to_empty``) inside the fake mode;
 * ``train_spec.parallelize_fn`` (llama3: ``parallelize_llama`` — TP with sequence and loss
   parallelism, full or selective activation checkpointing with its per-op save list, FSDP2
   ``fully_shard`` with its ``MixedPrecisionPolicy`` and reshard policy) runs on a ``ParallelDims``
@@ -22,97 +22,40 @@ memory with FSDP's streams. The :class:`~memplan.job.Job` beside it is read from
 :mod:`memplan.frameworks.torchtitan_config` (what ``memplan estimate --torchtitan-config`` prices),
 and its classification of every field is the result's ``input_settings``.
 
-Known limitations: pipeline parallelism, context parallelism, HSDP/DDP replicas, ``compile``,
-float8 converters and gradient accumulation are refused (with the field named); only the llama3
-and qwen3 dense models have a :class:`~memplan.model.spec.ModelSpec` derived from their arguments
-(other models need a flavor with a memplan preset).
+What is refused before anything runs, and how the job and settings are read:
+:mod:`memplan.trace.torchtitan_setup`.
+
+Known limitations: torchtitan's ``init_weights`` is not run (it only draws values, which fake
+tensors have none of); the batch has no document masks (flex / varlen flavors are refused).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
-import importlib.metadata
-import logging
-import re
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from memplan.errors import ConfigError, UnsupportedError
-from memplan.settings import InputSetting
+from memplan.errors import ConfigError
 from memplan.trace.run import StepJob
 from memplan.trace.setup import TraceSetup
 
-__all__ = ["SUPPORTED_VERSIONS", "TorchtitanTarget", "require_torchtitan", "torchtitan_setup"]
+__all__ = ["FLAG", "TorchtitanTarget", "import_torchtitan"]
 
-#: torchtitan releases whose TOML reader and trainer this adapter follows (0.3 dropped the TOML).
-SUPPORTED_VERSIONS = ("0.2.",)
-_FLAG = "--torchtitan"
-
-
-def require_torchtitan() -> str:
-    """torchtitan's version; a :class:`ConfigError` (exit 2) when it is missing or not a 0.2.x release."""
-    try:
-        importlib.import_module("torchtitan")
-        version = importlib.metadata.version("torchtitan")
-    except (importlib.metadata.PackageNotFoundError, ModuleNotFoundError):
-        raise ConfigError(_FLAG, "needs torchtitan 0.2.x installed: pip install 'memplan[torchtitan]' "
-                          "(see docs/trace.md, 'Tracing torchtitan's own code')") from None
-    if not version.startswith(SUPPORTED_VERSIONS):
-        raise ConfigError(_FLAG, "follows torchtitan 0.2.x (the releases that read a training TOML; 0.3 "
-                          "configures in Python); install torchtitan==0.2.2", f"torchtitan {version}")
-    return version
+#: The command-line flag, as errors name it.
+FLAG = "--torchtitan"
 
 
-def _import(module: str) -> Any:
+def import_torchtitan(module: str) -> Any:
     """A torchtitan module; a missing dependency of torchtitan is named (exit 2)."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        raise ConfigError(_FLAG, f"torchtitan needs {exc.name or 'a module'} that is not installed: "
+        raise ConfigError(FLAG, f"torchtitan needs {exc.name or 'a module'} that is not installed: "
                           "pip install 'memplan[torchtitan]'") from None
-
-
-def parse_job_config(path: str | Path) -> Any:
-    """The file as torchtitan's ``ConfigManager`` reads it (its ``JobConfig``); a value of the wrong
-    type, which tyro only warns about, is refused here (exit 2)."""
-    manager = _import("torchtitan.config.manager")
-    with warnings.catch_warnings(record=True) as caught, _quiet_root_logger():
-        warnings.simplefilter("always")
-        try:
-            config = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
-        except SystemExit:  # tyro prints its own message and exits on a field it cannot read
-            raise ConfigError(f"{_FLAG} {path}", "is not a torchtitan JobConfig (torchtitan's parser refused it; "
-                              "see the message above)") from None
-        except (TypeError, ValueError, AssertionError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ConfigError(f"{_FLAG} {path}", f"torchtitan refused it: {first}") from None
-    for warning in caught:
-        found = re.search(r"field `([\w.-]+)` is annotated with type `<class '(\w+)'>`, but the default value "
-                          r"`(.*?)` has type `<class '(\w+)'>`", str(warning.message))
-        if found:
-            key = found.group(1).replace("-", "_")
-            raise ConfigError(f"{_FLAG}: {key}", f"must be {found.group(2)}, not {found.group(4)}", found.group(3))
-    return config
-
-
-@contextlib.contextmanager
-def _quiet_root_logger() -> Iterator[None]:
-    """torchtitan logs on the root logger; while it parses, its warning about the tokenizer's
-    ``hf_assets_path`` (which a trace never reads) is not the user's concern."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(max(level, logging.ERROR))
-    try:
-        yield
-    finally:
-        root.setLevel(level)
 
 
 @dataclass(frozen=True)
@@ -123,6 +66,8 @@ class TorchtitanTarget:
     path: str
     #: torchtitan's parsed ``JobConfig`` of ``path``.
     job_config: Any
+    #: The flavor's model arguments as torchtitan updates them from the file.
+    model_args: Any
     #: memplan's description of the same model (what the estimator prices, ``--compare-estimate``).
     model_spec: Any = None
 
@@ -140,10 +85,10 @@ class TorchtitanTarget:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         jc = self.job_config
-        spec = _import("torchtitan.protocols.train_spec").get_train_spec(jc.model.name)
-        args = _model_args(jc)
+        spec = import_torchtitan("torchtitan.protocols.train_spec").get_train_spec(jc.model.name)
+        args = self.model_args
         dims = _parallel_dims(jc, options.world_size)
-        dtypes = _import("torchtitan.config").TORCH_DTYPE_MAP
+        dtypes = import_torchtitan("torchtitan.config").TORCH_DTYPE_MAP
         with unset_fake_temporarily(), torch.device("meta"), _default_dtype(dtypes[jc.training.dtype]):
             model = spec.model_cls(args)
         with unset_fake_temporarily(), _cpu_meshes():  # meshes are small real tensors, as in memplan's ranks
@@ -175,7 +120,7 @@ class TorchtitanTarget:
 
 def _parallel_dims(jc: Any, world_size: int) -> Any:
     p = jc.parallelism
-    module = _import("torchtitan.distributed.parallel_dims")
+    module = import_torchtitan("torchtitan.distributed.parallel_dims")
     return module.ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
                                cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
                                pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
@@ -197,7 +142,7 @@ def _cpu_meshes() -> Iterator[None]:
     """torchtitan builds its meshes on ``torchtitan.tools.utils.device_type`` ("cuda" when no
     accelerator is found); memplan's simulated ranks live on the CPU, so the mesh is built there
     (the same ranks and dimension names; fake tensors stand for the GPU's memory)."""
-    module = _import("torchtitan.distributed.parallel_dims")
+    module = import_torchtitan("torchtitan.distributed.parallel_dims")
     before = module.device_type
     module.device_type = "cpu"
     try:
@@ -213,140 +158,11 @@ def _amp_dtype(jc: Any, dims: Any) -> torch.dtype | None:
         return None
     if jc.training.mixed_precision_param == "float32":
         return None
-    dtypes = _import("torchtitan.config").TORCH_DTYPE_MAP
+    dtypes = import_torchtitan("torchtitan.config").TORCH_DTYPE_MAP
     return dtypes[jc.training.mixed_precision_param]  # type: ignore[no-any-return]
 
 
 def _train_context(jc: Any, dims: Any) -> Any:
     """torchtitan's train context: ``loss_parallel`` under TP unless ``disable_loss_parallel``."""
-    utils = _import("torchtitan.distributed.utils")
+    utils = import_torchtitan("torchtitan.distributed.utils")
     return utils.get_train_context(dims.tp_enabled and not jc.parallelism.disable_loss_parallel)
-
-
-#: Job flags that may stand beside ``--torchtitan``: the GPU count is the launcher's, not the file's
-#: (``data_parallel_shard_degree = -1`` takes the GPUs left over).
-_LAUNCHER_FLAGS = frozenset({"gpus"})
-
-
-def torchtitan_setup(path: str, flags: dict[str, Any], *, device: str = "cuda", iterations: int = 2,
-                     moe_routing: str = "balanced") -> tuple[TorchtitanTarget, TraceSetup, tuple[InputSetting, ...]]:
-    """What ``memplan trace --torchtitan FILE`` runs: the target, the job memplan reads from the file
-    (its :class:`TraceSetup`) and the file's settings as memplan's TOML reader classifies them.
-
-    ``flags``: the job flags given beside the file; any but ``gpus`` is refused (the file is the job).
-    """
-    from memplan.frameworks.torchtitan_config import read_torchtitan_config
-
-    with _as_torchtitan_flag():
-        read_torchtitan_config(path)  # a missing file or malformed TOML: one memplan error first
-    given = sorted(k for k, v in flags.items() if v is not None and k not in _LAUNCHER_FLAGS)
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise ConfigError(flag, f"cannot stand beside {_FLAG}: the TOML is the job torchtitan runs; set it in "
-                          f"the file (the one job flag allowed is --gpus, the launcher's world size)")
-    require_torchtitan()
-    job_config = parse_job_config(path)
-    args = _model_args(job_config)
-    _check_runnable(job_config, args)
-    spec = _model_spec(job_config, args)
-    with _as_torchtitan_flag():
-        job, settings = _job(path, spec, flags.get("gpus"))
-    from memplan.trace.setup import RunSettings
-
-    run = RunSettings(device=device, iterations=iterations, moe_routing=moe_routing)  # type: ignore[arg-type]
-    try:
-        setup = TraceSetup(job, run, frozenset(k for k, v in flags.items() if v is not None), torchtitan_code=True)
-    except ConfigError as exc:
-        raise ConfigError(f"{_FLAG} {path}: {exc.field}", exc.rule, exc.value) from None
-    return TorchtitanTarget(str(path), job_config, spec), setup, settings
-
-
-@contextlib.contextmanager
-def _as_torchtitan_flag() -> Iterator[None]:
-    """memplan's TOML reader names ``--torchtitan-config`` in its errors; here the file came with ``--torchtitan``."""
-    try:
-        yield
-    except ConfigError as exc:
-        if not exc.field.startswith("--torchtitan-config"):
-            raise
-        raise type(exc)(_FLAG + exc.field[len("--torchtitan-config"):], exc.rule, exc.value) from None
-
-
-def _check_runnable(jc: Any, args: Any) -> None:
-    """What torchtitan would run but a fake-tensor trace cannot (the rest is refused with the job's flag)."""
-    if jc.compile.enable:
-        raise ConfigError(f"{_FLAG}: compile.enable", "memplan trace runs eager kernels; torchtitan's compiled "
-                          "blocks are not traced (set it false; memplan estimate reports it as not modelled)", True)
-    p = jc.parallelism
-    for key, what in (("pipeline_parallel_degree", "pipeline parallelism (torchtitan's pipelining_fn)"),
-                      ("context_parallel_degree", "context parallelism"),
-                      ("data_parallel_replicate_degree", "replicated data parallelism (DDP / HSDP)")):
-        if getattr(p, key) != 1:
-            raise ConfigError(f"{_FLAG}: parallelism.{key}", f"{what} is not traced (memplan trace simulates FSDP "
-                              "and TP ranks); memplan estimate --torchtitan-config prices it", getattr(p, key))
-    attention = getattr(args, "attn_type", "sdpa")
-    if attention != "sdpa":
-        raise UnsupportedError(f"{_FLAG}: {jc.model.name} {jc.model.flavor} uses {attention} attention, whose "
-                               "block-causal masks torchtitan builds from its tokenizer and the batch's documents; "
-                               "memplan trace runs the sdpa flavors")
-
-
-def _model_args(jc: Any) -> Any:
-    """The flavor's model arguments from torchtitan's train spec (the name and flavor checked)."""
-    spec_module = _import("torchtitan.protocols.train_spec")
-    models = _import("torchtitan.models")
-    name, flavor = jc.model.name, jc.model.flavor
-    try:
-        spec = spec_module.get_train_spec(name)
-    except ValueError:
-        known = sorted(getattr(models, "_supported_models", ()))
-        raise ConfigError(f"{_FLAG}: model.name", f"is not a torchtitan model (known: {', '.join(known)})",
-                          name) from None
-    if flavor not in spec.model_args:
-        raise ConfigError(f"{_FLAG}: model.flavor", f"is not a flavor of torchtitan's {name} "
-                          f"(known: {', '.join(spec.model_args)})", flavor)
-    args = copy.deepcopy(spec.model_args[flavor])
-    args.update_from_config(jc)
-    return args
-
-
-def _model_spec(jc: Any, args: Any) -> Any:
-    """memplan's :class:`~memplan.model.spec.ModelSpec` of the flavor: from its arguments for the
-    dense llama3 / qwen3 models (their shapes as torchtitan builds them), else its preset."""
-    from memplan.frameworks.torchtitan_fields import PRESETS
-    from memplan.model import load_model
-    from memplan.model.hf import model_from_hf_config
-
-    name, flavor = jc.model.name, jc.model.flavor
-    if name == "llama3":
-        hidden = int(2 * 4 * args.dim / 3)
-        if args.ffn_dim_multiplier is not None:
-            hidden = int(args.ffn_dim_multiplier * hidden)
-        hidden = args.multiple_of * -(-hidden // args.multiple_of)  # torchtitan's FeedForward
-        config = {"model_type": "llama", "hidden_size": args.dim, "num_hidden_layers": args.n_layers,
-                  "num_attention_heads": args.n_heads, "num_key_value_heads": args.n_kv_heads or args.n_heads,
-                  "intermediate_size": hidden, "vocab_size": args.vocab_size, "rms_norm_eps": args.norm_eps,
-                  "max_position_embeddings": args.max_seq_len, "tie_word_embeddings": False}
-        return model_from_hf_config(config, name=f"torchtitan-{name}-{flavor}")
-    preset = PRESETS.get((name, flavor))
-    if preset is None:
-        raise UnsupportedError(f"{_FLAG}: memplan derives the shapes of torchtitan's llama3 flavors, and of "
-                               f"those with a preset ({', '.join(f'{n} {f}' for n, f in PRESETS)}); "
-                               f"{name} {flavor} has neither")
-    return load_model(preset)
-
-
-def _job(path: str, spec: Any, gpus: int | None) -> tuple[Any, tuple[InputSetting, ...]]:
-    """The job memplan's TOML reader makes of the file (what ``memplan estimate --torchtitan-config``
-    prices), with the file's ``[model]`` marked as the model traced."""
-    from memplan.frameworks.torchtitan_config import apply_torchtitan_config
-    from memplan.job import Job, validate_job_for_model
-
-    typed = {} if gpus is None else {"gpus": gpus}
-    job, settings = apply_torchtitan_config(path, Job(framework="torchtitan"), model=spec, model_given=True,
-                                            typed=typed)
-    validate_job_for_model(job, spec)
-    model_note = "torchtitan's own model of this name and flavor is traced"
-    settings = tuple(InputSetting(source=_FLAG, key=s.key, value=s.value, effect="modelled", note=model_note)
-                     if s.key in ("model.name", "model.flavor") else s for s in settings)
-    return job, settings
