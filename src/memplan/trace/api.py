@@ -38,6 +38,7 @@ from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_st
 from memplan.trace.setup import TraceSetup, trace_setup
 from memplan.trace.streams import StreamIds, fsdp_stream_ids
 from memplan.trace.summary import TraceSummary, summarize
+from memplan.trace.torchtitan import TorchtitanTarget
 from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
 
 __all__ = ["TraceResult", "trace", "trace_job"]
@@ -95,9 +96,10 @@ def trace(model: str | Callable[..., Any], *, job: Job | None = None, seq: int |
     return trace_job(model, setup, top=top, progress=progress)
 
 
-def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int = 10,
+def trace_job(model: str | Callable[[], Any] | TorchtitanTarget, options: TraceSetup, *, top: int = 10,
               progress: Progress | None = None) -> TraceResult:
-    """:func:`trace` with a ready :class:`TraceSetup`."""
+    """:func:`trace` with a ready :class:`TraceSetup`; ``model`` may also be the target of
+    ``memplan trace --torchtitan`` (:func:`memplan.trace.torchtitan_setup.torchtitan_setup`)."""
     say = progress or (lambda _message: None)
     require_peft(options.job.finetune)
     job_source = "flags"
@@ -131,13 +133,13 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
     return TraceResult(result_trace, summary, options, name, timings, job_source)
 
 
-def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
+def _prepare(model: Any, options: TraceSetup, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
     from memplan.trace.distributed import parallelize
     from memplan.trace.moe import static_routing
 
-    if _is_torchtitan(model):
-        job = model.step_job(options)  # type: ignore[union-attr]
-        return model.name, job, model.head_modules(job.model)  # type: ignore[union-attr]
+    if isinstance(model, TorchtitanTarget):  # memplan trace --torchtitan: torchtitan's own code builds the step
+        job = model.step_job(options)
+        return model.name, job, model.head_modules(job.model)
     if callable(model):
         from memplan.trace.script import job_from_callable
 
@@ -153,11 +155,6 @@ def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> 
         job = hf_step_job(built.model, options, autocast=mesh is None or options.fsdp == 1)
         name, heads = built.name, built.head_modules
     return name, job, heads
-
-
-def _is_torchtitan(model: object) -> bool:
-    """``memplan trace --torchtitan``'s target (:mod:`memplan.trace.torchtitan`, imported only then)."""
-    return type(model).__name__ == "TorchtitanTarget" and hasattr(model, "step_job")
 
 
 def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,
