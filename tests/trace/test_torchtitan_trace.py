@@ -101,12 +101,16 @@ def test_full_checkpointing_keeps_fewer_activations_than_per_op_sac(folder: Path
         assert 0 < full < sac
 
 
-def test_tensor_parallel_shards_all_but_the_norms(folder: Path) -> None:
-    _target, setup, result = traced(folder, 2, 2, "sac-op")
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_tensor_parallel_shards_all_but_the_norms(folder: Path, gpus: int) -> None:
+    _target, setup, result = traced(folder, gpus, 2, "sac-op")
     count, _tensors, norms = torchtitan_params()
-    assert (setup.tp, setup.fsdp) == (2, 1)
-    # torchtitan's plan: embedding row-wise, output and projections sharded; norms replicated (SequenceParallel)
-    assert result.summary.max_requested_by_category["parameter"] == (count - norms) * FP32 // 2 + norms * FP32
+    fsdp = gpus // 2
+    assert (setup.tp, setup.fsdp) == (2, fsdp)
+    # torchtitan's plan: embedding row-wise, output and projections sharded; norms replicated
+    # (SequenceParallel); FSDP shards everything over the remaining ranks (a 2-D mesh at 4 GPUs)
+    expected = ((count - norms) * FP32 // 2 + norms * FP32) // fsdp
+    assert result.summary.max_requested_by_category["parameter"] == expected
 
 
 @pytest.mark.parametrize(("gpus", "ac"), [(1, "full"), (1, "sac-op"), (4, "full"), (4, "sac-op")])
