@@ -117,7 +117,7 @@ def test_script_with_context_receives_the_job_and_the_mesh(tmp_path: Path) -> No
     (["gpt2", "--loss", "vocab-parallel"], 2, "--loss: memplan trace runs the model's own loss"),
     (["gpt2", "--seq", "32", "--optimizer", "adafactor"], 2, ".item()"),
     (["gpt2", "--tp", "5"], 2, "--tp: must divide the number of attention heads"),
-    ([], 2, "exactly one of MODEL or --script"),
+    ([], 2, "exactly one of MODEL, --script FILE.py:FUNCTION or --torchtitan"),
     (["--script", "nofile.py:make_job"], 2, "does not exist"),
     (["--script", "job.py"], 2, "FILE.py:FUNCTION"),
     (["gpt2", "--pp", "2", "--gpus", "2"], 2, "--pp: is not something memplan trace can run"),

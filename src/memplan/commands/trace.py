@@ -70,6 +70,7 @@ def trace_command(
     iterations: Annotated[int, option("--iterations", help="Training iterations to run. (default: 2)", panel=_RUN)] = 2,
     hf_args: Annotated[str | None, option("--hf-args", help=HF_ARGS_HELP, panel=_RUN, metavar="FILE")] = None,
     peft_config: Annotated[str | None, option("--peft-config", help=PEFT_CONFIG_HELP, panel=_RUN, metavar="FILE")] = None,
+    torchtitan: Annotated[str | None, option("--torchtitan", help="Trace torchtitan's own model, parallelize and optimizer code for this training TOML (needs torchtitan 0.2.x: pip install 'memplan[torchtitan]'); the file is the job, only --gpus may stand beside it.", panel=_RUN, metavar="FILE.toml")] = None,
     torchtitan_config: Annotated[str | None, option("--torchtitan-config", help=TORCHTITAN_CONFIG_HELP + " Traces MODEL's Hugging Face modules under that job, not torchtitan's model code.", panel=_RUN, metavar="FILE")] = None,
     moe_routing: Annotated[str, option("--moe-routing", help="balanced: static, evenly balanced MoE routing; error: refuse data-dependent routing. (default: balanced)", panel=_RUN)] = "balanced",
     output: Annotated[str | None, option("-o", "--output", help="Write the trace (binary; gzip JSON lines for a .jsonl or .jsonl.gz path; see memplan.events).", panel=_OUT, metavar="FILE")] = None,
@@ -92,8 +93,8 @@ def trace_command(
         from memplan.trace.api import trace_job
         from memplan.trace.setup import trace_setup
 
-        if (model is None) == (script is None):
-            raise ConfigError("MODEL", "give exactly one of MODEL or --script FILE.py:FUNCTION")
+        if sum(x is not None for x in (model, script, torchtitan)) != 1:
+            raise ConfigError("MODEL", "give exactly one of MODEL, --script FILE.py:FUNCTION or --torchtitan FILE.toml")
         if top < 0:
             raise ConfigError("--top", "must be >= 0", top)
         if compare_estimate and script is not None:
@@ -102,6 +103,13 @@ def trace_command(
             check_output_path(flag, path)
         if plot is not None:
             _require_matplotlib()
+        if torchtitan is not None:
+            result, comparison, settings = _trace_torchtitan(torchtitan, job_flags or {}, (hf_args, peft_config,
+                                                             torchtitan_config), device, iterations, moe_routing,
+                                                             top, compare_estimate)
+            _write_outputs(result, output, snapshot, plot)
+            _render(result, comparison, json_output, settings)
+            return
         base, settings = _dialect_job(model, job_flags or {}, hf_args, peft_config, torchtitan_config)
         setup = trace_setup(base, **(job_flags or {}), device=device, iterations=iterations, moe_routing=moe_routing)
         target: Any = model if script is None else _load_script(script, setup)
@@ -113,6 +121,27 @@ def trace_command(
             comparison = compare_with_estimate(model or "", setup, result.summary)
         _write_outputs(result, output, snapshot, plot)
     _render(result, comparison, json_output, settings)
+
+
+def _trace_torchtitan(path: str, flags: dict[str, Any], dialects: tuple[str | None, ...], device: str,
+                     iterations: int, moe_routing: str, top: int, compare_estimate: bool) -> tuple[Any, Any, Any]:
+    """``--torchtitan FILE``: torchtitan's own code for the job in the file (:mod:`memplan.trace.torchtitan`)."""
+    from memplan.errors import ConfigError
+    from memplan.trace.api import trace_job
+    from memplan.trace.torchtitan_setup import torchtitan_setup
+
+    if any(d is not None for d in dialects):
+        raise ConfigError("--torchtitan", "the TOML is the whole job: leave out --hf-args, --peft-config and "
+                          "--torchtitan-config")
+    target, setup, settings = torchtitan_setup(path, flags, device=device, iterations=iterations,
+                                               moe_routing=moe_routing)
+    result = trace_job(target, setup, top=top, progress=_progress(True))
+    comparison = None
+    if compare_estimate:
+        from memplan.trace.compare import compare_with_estimate
+
+        comparison = compare_with_estimate(target.model_spec, setup, result.summary)
+    return result, comparison, settings
 
 
 def _dialect_job(model: str | None, flags: dict[str, Any], hf_args: str | None,

@@ -38,6 +38,7 @@ from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_st
 from memplan.trace.setup import TraceSetup, trace_setup
 from memplan.trace.streams import StreamIds, fsdp_stream_ids
 from memplan.trace.summary import TraceSummary, summarize
+from memplan.trace.torchtitan import TorchtitanTarget
 from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
 
 __all__ = ["TraceResult", "trace", "trace_job"]
@@ -95,9 +96,10 @@ def trace(model: str | Callable[..., Any], *, job: Job | None = None, seq: int |
     return trace_job(model, setup, top=top, progress=progress)
 
 
-def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int = 10,
+def trace_job(model: str | Callable[[], Any] | TorchtitanTarget, options: TraceSetup, *, top: int = 10,
               progress: Progress | None = None) -> TraceResult:
-    """:func:`trace` with a ready :class:`TraceSetup`."""
+    """:func:`trace` with a ready :class:`TraceSetup`; ``model`` may also be the target of
+    ``memplan trace --torchtitan`` (:func:`memplan.trace.torchtitan_setup.torchtitan_setup`)."""
     say = progress or (lambda _message: None)
     require_peft(options.job.finetune)
     job_source = "flags"
@@ -137,10 +139,13 @@ def trace_job(model: str | Callable[[], Any], options: TraceSetup, *, top: int =
     return TraceResult(result_trace, summary, options, name, timings, job_source)
 
 
-def _prepare(model: str | Callable[[], Any], options: TraceSetup, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
+def _prepare(model: Any, options: TraceSetup, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
     from memplan.trace.distributed import parallelize
     from memplan.trace.moe import static_routing
 
+    if isinstance(model, TorchtitanTarget):  # memplan trace --torchtitan: torchtitan's own code builds the step
+        job = model.step_job(options)
+        return model.name, job, model.head_modules(job.model)
     if callable(model):
         from memplan.trace.script import job_from_callable
 

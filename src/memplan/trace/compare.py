@@ -18,6 +18,7 @@ from typing import Any
 
 from memplan.categories import MemoryCategory
 from memplan.job import Job
+from memplan.model.spec import ModelSpec
 from memplan.trace.setup import TraceSetup
 from memplan.trace.summary import TraceSummary
 
@@ -81,7 +82,7 @@ COMPARED = (
 )
 
 
-def compare_with_estimate(model: str, options: TraceSetup, summary: TraceSummary) -> Comparison:
+def compare_with_estimate(model: str | ModelSpec, options: TraceSetup, summary: TraceSummary) -> Comparison:
     """Run ``memplan.estimate`` on the traced job and pair it with ``summary``, category by category.
 
     Each category is compared at its highest over the step in both engines
@@ -92,7 +93,8 @@ def compare_with_estimate(model: str, options: TraceSetup, summary: TraceSummary
     from memplan.estimate.engine import estimate
     from memplan.model import load_model
 
-    spec, job = load_model(model), estimate_job(options)
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    job = estimate_job(options)
     result = estimate(spec, job)
     highest = result.stages[0].highest_by_category()
     rows = [ComparisonRow(category.value, summary.max_requested_by_category.get(category.value, 0), highest[category])

@@ -55,6 +55,9 @@ class StepJob:
     cuda_autocast: bool = False
     #: What the forward calls instead of ``model`` (``--loss fused-linear``: the decoder alone).
     call: Callable[..., Any] | None = None
+    #: A context entered around each iteration's forward and backward (torchtitan's train
+    #: context: ``loss_parallel`` under TP, whose backward must run inside it too).
+    context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
 
 
 def hf_loss(output: Any, batch: Any) -> torch.Tensor:
@@ -209,14 +212,15 @@ def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder |
         observe(lambda param: _mark_gradients(recorder, [param]),
                 lambda one: _mark_optimizer_state(recorder, one, host_step))
     for iteration in range(iterations):
-        _set(recorder, "forward", iteration)
-        with _saved_tensors(recorder, offload_activations):
-            loss = _forward(job)
-        _set(recorder, "backward", iteration)
-        if recorder is not None:
-            recorder.start_backward()
-        loss.backward()
-        del loss
+        with job.context() if job.context is not None else contextlib.nullcontext():
+            _set(recorder, "forward", iteration)
+            with _saved_tensors(recorder, offload_activations):
+                loss = _forward(job)
+            _set(recorder, "backward", iteration)
+            if recorder is not None:
+                recorder.start_backward()
+            loss.backward()
+            del loss
         if recorder is not None:
             _mark_gradients(recorder, params)
         _set(recorder, "optimizer", iteration)
@@ -250,7 +254,11 @@ def _mark_gradients(recorder: AllocationRecorder, params: list[torch.Tensor]) ->
 def _mark_optimizer_state(recorder: AllocationRecorder, optimizer: torch.optim.Optimizer, host_step: bool) -> None:
     state_role = MemoryCategory.OPTIMIZER_STATE.value
     outside = getattr(optimizer, "outside_allocator", frozenset())  # bitsandbytes' paged states
-    for state in optimizer.state.values():
+    # a container of optimizers (torchtitan's OptimizersContainer) keeps its states in its members
+    members = getattr(optimizer, "optimizers", None)
+    states = [s for member in members for s in member.state.values()] if isinstance(members, list) \
+        else list(optimizer.state.values())
+    for state in states:
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 on_host = (host_step and key == "step" and value.dim() == 0) or id(value) in outside

@@ -55,6 +55,9 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
     (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"),
 })
+#: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
+#: shards the sequence between the TP regions).
+_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({("parallel", "sequence_parallel")})
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
 #: Optimizers whose step cannot run on fake tensors, and why.
 _UNTRACEABLE_OPTIMIZERS = {
@@ -94,20 +97,23 @@ def _flag_name(section: str | None, name: str) -> str:
     return f"{section}.{name}" if section else name
 
 
-def check_traceable(job: Job) -> None:
-    """Refuse, naming the flag, any job setting the tracer cannot execute."""
+def check_traceable(job: Job, *, torchtitan_code: bool = False) -> None:
+    """Refuse, naming the flag, any job setting the tracer cannot execute.
+
+    ``torchtitan_code``: torchtitan's own parallelize code runs (``--torchtitan``), so its TP plan is traced."""
     if job.framework not in TRACE_FRAMEWORKS:
         raise ConfigError("--framework", "memplan trace runs PyTorch modules as hf (Trainer or a plain loop) or "
                           "torchtitan do; megatron and deepspeed jobs are estimated only (memplan estimate)",
                           job.framework)
-    _check_ranks(job)
+    _check_ranks(job, torchtitan_code=torchtitan_code)
     check_runnable(resolve_policy(job))
     default = Job()
+    traced = _TRACED | _TORCHTITAN_CODE if torchtitan_code else _TRACED
     for section in (None, "parallel", "sharding", "batch", "precision", "optimizer", "recompute", "moe", "offload",
                     "finetune"):
         now, base = (getattr(job, section), getattr(default, section)) if section else (job, default)
         for name in vars(now):
-            if (section, name) in _TRACED or (section is None and hasattr(getattr(job, name), "__dataclass_fields__")):
+            if (section, name) in traced or (section is None and hasattr(getattr(job, name), "__dataclass_fields__")):
                 continue
             if getattr(now, name) != getattr(base, name):
                 raise ConfigError(_flag_name(section, name), "is not something memplan trace can run (it simulates "
@@ -115,9 +121,9 @@ def check_traceable(job: Job) -> None:
                                   "estimate", getattr(now, name))
 
 
-def _check_ranks(job: Job) -> None:
+def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
     par, sharding = job.parallel, job.sharding
-    if par.tp > 1 and job.framework == "torchtitan":
+    if par.tp > 1 and job.framework == "torchtitan" and not torchtitan_code:
         raise ConfigError("--tp", "memplan trace applies Hugging Face's tensor-parallel plan; torchtitan's "
                           "(vocab-parallel embedding, sequence parallelism, loss parallelism) is estimated only: "
                           "trace it with --framework hf", par.tp)
@@ -163,9 +169,12 @@ class TraceSetup:
     #: Names of the job flags the user gave (the rest are defaults): a job function that takes no
     #: context must not be given any (see :mod:`memplan.trace.script`).
     given: frozenset[str] = frozenset()
+    #: ``memplan trace --torchtitan``: torchtitan's own model and parallelize code run the job
+    #: (:mod:`memplan.trace.torchtitan`), so torchtitan's TP plan is traced, not refused.
+    torchtitan_code: bool = False
 
     def __post_init__(self) -> None:
-        check_traceable(self.job)
+        check_traceable(self.job, torchtitan_code=self.torchtitan_code)
         if self.job.offload.activations and self.run.device == "cpu":
             raise ConfigError("--offload-activations", "moves saved tensors from the GPU to host memory; trace it "
                               "with --device cuda (a cpu trace has no device memory to free)", True)
