@@ -153,7 +153,7 @@ def _error(args: list[str]) -> tuple[int, str]:
     return result.exit_code, errors[0]
 
 
-def test_bad_input_is_one_line_and_exit_2(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_input_is_one_line_and_exit_2_and_a_missing_torchtitan_exit_1(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     good = TOML.read_text(encoding="utf-8")
     cases = {
         "missing.toml": (None, "--torchtitan: no such file"),
@@ -175,8 +175,9 @@ def test_bad_input_is_one_line_and_exit_2(folder: Path, monkeypatch: pytest.Monk
     code, line = _error(["gpt2", "--torchtitan", str(TOML)])
     assert code == 2 and "exactly one of MODEL" in line
     monkeypatch.setitem(sys.modules, "torchtitan", None)  # an import of torchtitan now fails
-    code, line = _error(["--torchtitan", str(TOML)])
-    assert code == 2 and re.search(r"needs torchtitan 0\.2\.x installed: pip install 'memplan\[torchtitan\]'", line)
+    code, line = _error(["--torchtitan", str(TOML)])  # a missing optional package: exit 1, as for every extra
+    assert code == 1 and re.search(r"needs torchtitan 0\.2\.x; install it with pip install 'memplan\[torchtitan\]'",
+                                   line)
 
 
 def test_what_a_trace_cannot_run_is_refused_before_it_runs(folder: Path) -> None:

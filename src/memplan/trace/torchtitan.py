@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from memplan.errors import ConfigError
+from memplan.errors import MissingDependencyError
 from memplan.trace.run import StepJob
 from memplan.trace.setup import TraceSetup
 
@@ -50,12 +50,13 @@ FLAG = "--torchtitan"
 
 
 def import_torchtitan(module: str) -> Any:
-    """A torchtitan module; a missing dependency of torchtitan is named (exit 2)."""
+    """A torchtitan module; a missing package (torchtitan or one it imports) is named, as every optional
+    dependency is (:class:`~memplan.errors.MissingDependencyError`, exit 1)."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        raise ConfigError(FLAG, f"torchtitan needs {exc.name or 'a module'} that is not installed: "
-                          "pip install 'memplan[torchtitan]'") from None
+        raise MissingDependencyError(exc.name or "torchtitan", feature=f"memplan trace {FLAG}",
+                                     extra="torchtitan") from None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memplan.errors import ConfigError, UnsupportedError
+from memplan.errors import ConfigError, MissingDependencyError, UnsupportedError
 from memplan.settings import InputSetting
 from memplan.trace.setup import RunSettings, TraceSetup
 from memplan.trace.torchtitan import FLAG, TorchtitanTarget, import_torchtitan
@@ -39,13 +39,14 @@ _FLAG = FLAG
 
 
 def require_torchtitan() -> str:
-    """torchtitan's version; a :class:`ConfigError` (exit 2) when it is missing or not a 0.2.x release."""
+    """torchtitan's version; missing, a :class:`MissingDependencyError` (exit 1, as every optional package);
+    another release than 0.2.x, a :class:`ConfigError` (exit 2)."""
     try:
         importlib.import_module("torchtitan")
         version = importlib.metadata.version("torchtitan")
     except (importlib.metadata.PackageNotFoundError, ModuleNotFoundError):
-        raise ConfigError(_FLAG, "needs torchtitan 0.2.x installed: pip install 'memplan[torchtitan]' "
-                          "(see docs/trace.md, 'Tracing torchtitan's own code')") from None
+        raise MissingDependencyError("torchtitan 0.2.x", feature=f"memplan trace {_FLAG}",
+                                     extra="torchtitan") from None
     if not version.startswith(SUPPORTED_VERSIONS):
         raise ConfigError(_FLAG, "follows torchtitan 0.2.x (the releases that read a training TOML; 0.3 "
                           "configures in Python); install torchtitan==0.2.2", f"torchtitan {version}")
