@@ -10,7 +10,9 @@ checkpointing." — 8 x H100 (96 GB HBM), ``llama3_8b.toml`` (seq_len 8192, sele
 Each row runs, with the same flags, ``memplan estimate`` (peak allocated, and peak reserved with
 its fixed fragmentation assumption) and ``memplan trace --device cuda`` on simulated FSDP ranks
 (peak allocated, and peak reserved from replaying the trace through the caching-allocator simulator
-with FSDP2's streams). Usage: PYTHONPATH=src python benchmarks/torchtitan_published.py [--json OUT]
+with FSDP2's streams) on the Hugging Face model; and, when torchtitan 0.2.x is installed, ``memplan
+trace --torchtitan`` on torchtitan's own ``llama3_8b.toml`` with the row's local batch
+(``benchmarks/configs/torchtitan_llama3_8b_lbs2.toml``): torchtitan's model, parallelize and loss code. Usage: PYTHONPATH=src python benchmarks/torchtitan_published.py [--json OUT]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ GiB = 2**30
 ROWS = (
     {"name": "llama3.1-8b FSDP 8 x H100, lbs 2, seq 8192, selective op AC",
      "source": "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
-     "published_gib": 82.4, "counter": "peak reserved",
+     "published_gib": 82.4, "counter": "peak reserved", "torchtitan_toml": "torchtitan_llama3_8b_lbs2.toml",
      "model": "llama-3.1-8b", "flags": {"framework": "torchtitan", "fsdp": 8, "seq": 8192, "mbs": 2,
                                         "recompute": "selective", "precision": "bf16-mixed"}},
 )
@@ -54,7 +56,28 @@ def run(row: dict) -> dict:
            "trace_reserved_gib": None if reserved is None else reserved / GiB, "trace_seconds": round(seconds, 1)}
     out["estimate_reserved_vs_published"] = stage.peak_reserved_bytes / published - 1
     out["trace_reserved_vs_published"] = None if reserved is None else reserved / published - 1
+    out.update(_torchtitan_trace(row, flags, published))
     return out
+
+
+def _torchtitan_trace(row: dict, flags: dict, published: float) -> dict:
+    """``memplan trace --torchtitan`` on the row's TOML (torchtitan's own code), if torchtitan 0.2.x is here."""
+    from memplan.errors import MissingDependencyError
+    from memplan.trace.api import trace_job
+    from memplan.trace.torchtitan_setup import torchtitan_setup
+
+    toml = HERE / "configs" / row["torchtitan_toml"]
+    start = time.perf_counter()
+    try:
+        target, setup, _settings = torchtitan_setup(str(toml), {"gpus": flags["fsdp"]})
+    except MissingDependencyError as exc:
+        return {"torchtitan_trace": f"not run: {exc}"}
+    result = trace_job(target, setup)
+    reserved = result.summary.reserved.peak_reserved_bytes if result.summary.reserved else None
+    return {"torchtitan_trace_allocated_gib": result.summary.peak_allocated_bytes / GiB,
+            "torchtitan_trace_reserved_gib": None if reserved is None else reserved / GiB,
+            "torchtitan_trace_reserved_vs_published": None if reserved is None else reserved / published - 1,
+            "torchtitan_trace_seconds": round(time.perf_counter() - start, 1)}
 
 
 def main() -> None:
@@ -69,6 +92,12 @@ def main() -> None:
               f"({100 * r['estimate_reserved_vs_published']:+.1f}%); trace {r['trace_allocated_gib']:.2f} allocated / "
               f"{trace_res} reserved (simulated, "
               f"{100 * (r['trace_reserved_vs_published'] or 0):+.1f}%); trace {r['trace_seconds']} s")
+        if "torchtitan_trace_reserved_gib" in r:
+            print(f"  trace --torchtitan (torchtitan's own code): {r['torchtitan_trace_allocated_gib']:.2f} allocated / "
+                  f"{r['torchtitan_trace_reserved_gib']:.2f} reserved (simulated, "
+                  f"{100 * r['torchtitan_trace_reserved_vs_published']:+.1f}%); {r['torchtitan_trace_seconds']} s")
+        else:
+            print(f"  trace --torchtitan: {r.get('torchtitan_trace')}")
     Path(ns.json).write_text(json.dumps({"updated": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
                                          "rows": rows}, indent=1) + "\n", encoding="utf-8")
 
