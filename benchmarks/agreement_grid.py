@@ -160,13 +160,7 @@ GRID: tuple[Cell, ...] = (
 #: Cells allowed outside the tolerance, with the reason (docs/trace.md explains each).
 #: (Empty since 2026-12-03 13:00: DeepSeek-V2-Lite's ``shared_experts`` cell, listed until then at -5.0%,
 #: is at -1.1% once the estimator prices transformers' MLA and MoE as the trace runs them.)
-EXCEPTIONS: dict[str, str] = {
-    "deepseek-v2-lite s1024 b1 bf16 sdpa rc=megatron-selective recompute_modules=core_attn,layernorm,mla_up_proj": (
-        "pure bf16 on transformers' DeepSeek-V2, not the policy (what mla_up_proj drops agrees to 0.1% on a toy): "
-        "transformers keeps each router weight in fp32 (_keep_in_fp32_modules_strict), so the states differ by "
-        "6.8 MB and the router saves an fp32 copy of its input, which the estimator prices in bf16; with the "
-        "attention core's heads-first output copy on the CUDA stand-in (docs/trace.md), activations -4.9%"),
-}
+EXCEPTIONS: dict[str, str] = {}
 
 
 def measure(cell: Cell) -> dict[str, object]:

@@ -472,6 +472,11 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
         if moe.shared_expert_gate:
             terms.append(Term("mlp norm output, autocast copy of the shared-expert gate", shape.act_bytes * sbh, "sp",
                               "body", gemm_input=True, site="moe"))
+    if moe.router_fp32 and shape.kernels == "eager" and not shape.autocast and shape.act_bytes < NORM_COMPUTE_BYTES:
+        # transformers' fp32 router (DeepSeek: ``F.linear(hidden.type(float32), weight)``) saves an fp32
+        # copy of its 16-bit input; under autocast the linear casts back and saves autocast's copy instead.
+        terms.append(Term("router input cast to fp32 (fp32 router weight)", NORM_COMPUTE_BYTES * tokens * h, "sp",
+                          "body", site="moe"))
     if shape.kernels == "eager":
         # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
         terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,

@@ -43,6 +43,8 @@ class StageParams:
     root: int
     #: Weights that FP8 GEMMs read (decoder-layer linear weights), numel on this rank.
     gemm_weights: int = 0
+    #: Of ``dense``: router weights transformers keeps in fp32 (:attr:`MoESpec.router_fp32`), numel.
+    fp32_routers: int = 0
     #: Of ``dense + expert``: the multi-token-prediction modules on this (last) stage, numel.
     mtp: int = 0
 
@@ -83,7 +85,12 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
     hidden = model.hidden_size
     dense = expert = largest = gemm = 0
     all_groups, non_gemm = model.layer_param_groups, model.layer_non_gemm_params
+    routers = 0
     for index in stage.layer_indices:
+        moe = model.layers[index].moe
+        if moe is not None and moe.router_fp32:
+            routers += hidden * moe.num_experts + (moe.num_experts if moe.router_bias and not moe.router_bias_is_buffer
+                                                   else 0)
         local_dense, local_expert = _local_layer(all_groups[index], job)
         dense += local_dense
         expert += local_expert
@@ -114,7 +121,8 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
                                       - non_gemm[-1])
             if not stage.has_embedding and not model.tie_word_embeddings:
                 root += vocab_local
-    return StageParams(dense=dense + root, expert=expert, largest_layer=largest, root=root, gemm_weights=gemm, mtp=mtp)
+    return StageParams(dense=dense + root, expert=expert, largest_layer=largest, root=root, gemm_weights=gemm, mtp=mtp,
+                       fp32_routers=routers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +238,22 @@ def state_bytes(
             fp8 = 2 * gemm
         parameters += fp8
     gradients = g_numel * prec.grad_bytes
+    fp32_routers = params.fp32_routers if job.framework == "hf" and prec.param_bytes < 4 else 0
+    if fp32_routers:
+        # transformers' fp32 routers under 16-bit weights: their weights, gradients and (torch) optimizer
+        # states are fp32 (:attr:`memplan.model.spec.MoESpec.router_fp32`)
+        parameters += _sharded(fp32_routers, 0, shards, full_shard) * (4 - prec.param_bytes)
+        gradients += _sharded(fp32_routers, 0, shards, grad_shard) * (4 - prec.grad_bytes)
     master = o_numel * prec.master_bytes
     # Optimizer hook (memplan.estimate.optimizers): ``small`` is the stage's split, scaled to the shard.
     shard_small = small.scaled(o_numel / max(params.total, 1)) if small is not None else None
     scalar = _sharded(muon_scalar, 0, shards, opt_shard)
     opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small, muon_scalar=scalar)
     optimizer = opt_states.device_bytes
+    if fp32_routers:
+        routers_o = _sharded(fp32_routers, 0, shards, opt_shard)
+        optimizer += (optimizer_states(routers_o, job, 4, model.hidden_size).device_bytes
+                      - optimizer_states(routers_o, job, prec.state_bytes, model.hidden_size).device_bytes)
     optimizer += step_counters * STEP_COUNTER_BYTES
     cpu_params = cpu_grads = cpu_opt = 0
     if off.optimizer:

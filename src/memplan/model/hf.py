@@ -355,6 +355,8 @@ def _deepseek(f: _Fields, name: str, model_type: str) -> ModelSpec:
         # DeepSeek-V3's e_score_correction_bias: an nn.Buffer in transformers, not a parameter.
         router_bias=v3,
         router_bias_is_buffer=v3,
+        # DeepseekV2/V3PreTrainedModel: ``_keep_in_fp32_modules_strict`` holds ``gate.weight``.
+        router_fp32=True,
     )
     first_dense = f.integer("first_k_dense_replace", 0, minimum=0)
     freq = f.integer("moe_layer_freq", 1)

@@ -119,6 +119,9 @@ class MoESpec:
     router_bias: bool = False
     #: The router's score-correction bias is a buffer, not a trainable parameter (DeepSeek-V3 in HF).
     router_bias_is_buffer: bool = False
+    #: transformers keeps the router weight in fp32 whatever the model's dtype
+    #: (``_keep_in_fp32_modules_strict = ["gate.weight"]``) and casts the router's input to fp32.
+    router_fp32: bool = False
 
     def __post_init__(self) -> None:
         _positive("moe", "num_experts", self.num_experts)
