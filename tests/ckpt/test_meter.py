@@ -41,6 +41,22 @@ def test_adopted_tensors_count_once_and_views_of_them_not_at_all() -> None:
         del y
 
 
+def test_operators_with_several_or_list_outputs_count_each_new_storage_once() -> None:
+    x = torch.randn(8, 16)  # 512 bytes, created before the meter: not counted
+    meter = CpuMeter()
+    with meter:
+        parts = torch.split(x, 4)  # views: nothing new
+        assert meter.current_bytes == 0
+        values, indices = torch.max(x, dim=1)  # two new storages: 8 floats + 8 int64
+        assert meter.current_bytes == 32 + 64
+        doubled = torch._foreach_mul([x, x], 2.0)  # one list return: both new
+        assert meter.current_bytes == 96 + 1024
+        torch._foreach_mul_(doubled, 2.0)  # in place
+        assert meter.current_bytes == 96 + 1024
+        del values, indices, doubled, parts
+        assert meter.current_bytes == 0
+
+
 def test_backward_bytes_are_seen_and_released() -> None:
     x = torch.randn(64, 64, requires_grad=True)
     meter = CpuMeter()
