@@ -107,6 +107,11 @@ def storage_bytes(tensors: Iterable[Any]) -> int:
     return sum(seen.values())
 
 
+#: Operator namespaces that write into buffers FSDP2 resizes in place: collectives (c10d's, its
+#: functional form's) and FSDP2's own copy operators (into the unsharded parameters).
+_COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
+
+
 def _counted_outputs(func: Any) -> tuple[int, ...] | None:
     """Indices of the schema returns that are new storages (not views, in-place or ``out=`` results);
     ``None`` when the callable has no ATen schema (every output is then counted)."""
@@ -129,6 +134,8 @@ class CpuMeter(TorchDispatchMode):
         self._peak = 0
         self._depth = 0
         self._outputs: dict[Any, tuple[int, ...] | None] = {}  # operator → the returns it counts
+        #: storages a collective wrote into: FSDP2 frees and re-allocates them by resizing in place
+        self._resizable: set[int] = set()
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -147,9 +154,24 @@ class CpuMeter(TorchDispatchMode):
         return self._peak
 
     def mark(self) -> int:
-        """Return the peak since the last mark and start a new phase at the current bytes."""
+        """Return the peak since the last mark and start a new phase at the current bytes.
+
+        Storages a collective wrote into are re-read first: one FSDP2 freed (resized to 0) since
+        stops counting here.
+        """
+        for key in list(self._resizable):
+            st = self._refs[key]() if key in self._refs else None
+            if st is None:
+                self._resizable.discard(key)
+            else:
+                self._resize(key, st.nbytes())
         peak, self._peak = self._peak, self._current
         return peak
+
+    def _resize(self, key: int, n: int) -> None:
+        self._current += n - self._live[key]
+        self._live[key] = n
+        self._peak = max(self._peak, self._current)
 
     # -- counting --------------------------------------------------------------------------
     def adopt(self, tensors: Iterable[Any]) -> None:
@@ -190,6 +212,8 @@ class CpuMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if getattr(func, "namespace", "") in _COLLECTIVES:
+            self._written_by_collective(args, kwargs)
         try:
             counted = self._outputs[func]
         except KeyError:
@@ -207,6 +231,24 @@ class CpuMeter(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self._count(t, check=True)
         return out
+
+    def _written_by_collective(self, args: Any, kwargs: Any) -> None:
+        """A collective (or FSDP2's copy) writes into buffers passed to it, storages FSDP2 resized up
+        (invisible to a dispatch mode): count them at their size now, and re-read them at each mark."""
+        for t in tree_leaves((args, kwargs)):
+            if not isinstance(t, torch.Tensor):
+                continue
+            for inner in local_tensors(t):
+                if inner.is_meta:
+                    continue
+                st = inner.untyped_storage()
+                key = st._cdata
+                if key in self._live:
+                    self._resize(key, st.nbytes())
+                else:
+                    self._count(inner, check=False)
+                if key in self._live:
+                    self._resizable.add(key)
 
     def __enter__(self) -> CpuMeter:  # noqa: PYI034
         self._depth += 1
