@@ -112,3 +112,23 @@ def test_cuda_meter_reads_the_allocator() -> None:
         assert meter.current_bytes - before >= 4 << 20
         del x
         assert meter.mark() - before >= 4 << 20
+
+
+def test_a_buffer_resized_in_place_is_counted_once_written_and_uncounted_at_the_mark_after_its_free() -> None:
+    """FSDP2's all-gathered weights: storages resized up before a collective (or FSDP2's copy) writes
+    into them and resized to 0 after use — resizes no operator shows a dispatch mode."""
+    pytest.importorskip("torch.distributed.fsdp")  # registers torch.ops.fsdp
+    buf, src = torch.empty(256), torch.ones(256)
+    buf.untyped_storage().resize_(0)  # freed by a reshard before the meter started
+    meter = CpuMeter()
+    with meter:
+        meter.adopt([src])
+        buf.untyped_storage().resize_(1024)  # re-allocated for an all-gather: unseen
+        assert meter.current_bytes == 1024
+        torch.ops.fsdp.split_with_sizes_copy(src, [256], dim=0, out=[buf])
+        assert meter.current_bytes == meter.peak_bytes == 2048
+        buf.untyped_storage().resize_(0)  # freed after the block: seen at the next mark
+        assert meter.mark() == 2048 and meter.current_bytes == 1024
+        buf.untyped_storage().resize_(1024)
+        torch.ops.fsdp.split_with_sizes_copy(src, [256], dim=0, out=[buf])
+        assert meter.current_bytes == 2048
