@@ -8,10 +8,12 @@ checkpointing); its budget is halfway between the two peaks of its longest batch
 model warms up on three short batches of the rank's own, then trains. Every step is judged by the benchmark's independent meter, which counts a ``DTensor`` by this rank's shard.
 
 Known gap, not hidden: FSDP2 frees and re-allocates the all-gathered weights by resizing storages in
-place, which no dispatch-mode meter sees directly; both meters re-read such storages (memplan's at
-each phase mark, the judge's after every operator), yet on rank 0 the judge still measures some
-steps up to ~10 % above memplan's own peak (up to ~3 % over the budget, seen 15:35 UTC 2026-12-03),
-so the judge's 2 % verdict is not asserted here; the cause is not yet found.
+place, which no dispatch mode sees directly; memplan's meter re-reads the buffers collectives and
+FSDP2's copies write into (at each phase mark), the judge re-reads a storage once seen resized (after
+every operator). At the end of every backward the two then agree to the byte in the run without the
+lazy-initialisation forward; in the wrapped run the judge holds 131 KB more (about the root's two
+embedding tables) and measures rank 0's steps up to ~3.6 % over the budget (15:10 UTC 2026-12-03),
+so the judge's 2 % verdict is not asserted here; its cause is not yet found.
 """
 
 from __future__ import annotations

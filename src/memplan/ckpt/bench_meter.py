@@ -129,12 +129,18 @@ class StepMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        for owner, ref in list(self._resized.items()):
-            storage = ref()
-            if storage is None:
-                del self._resized[owner]
-            else:
-                self._recount(owner, storage)
+        if self._resized:  # resizing seen: a storage resized since it was counted may come back as an input
+            for t in tree_leaves((args, kwargs)):
+                if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+                    storage = t.untyped_storage()
+                    if storage._cdata in self._held and storage._cdata not in self._resized:
+                        self._resized[storage._cdata] = weakref.ref(storage)
+            for owner, ref in list(self._resized.items()):
+                storage = ref()
+                if storage is None:
+                    del self._resized[owner]
+                else:
+                    self._recount(owner, storage)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._add(t)
