@@ -7,13 +7,9 @@ the peak with no checkpointing) and the model with every block checkpointed (the
 checkpointing); its budget is halfway between the two peaks of its longest batch. The wrapped
 model warms up on three short batches of the rank's own, then trains. Every step is judged by the benchmark's independent meter, which counts a ``DTensor`` by this rank's shard.
 
-Known gap, not hidden: FSDP2 frees and re-allocates the all-gathered weights by resizing storages in
-place, which no dispatch mode sees directly; memplan's meter re-reads the buffers collectives and
-FSDP2's copies write into (at each phase mark), the judge re-reads a storage once seen resized (after
-every operator). At the end of every backward the two then agree to the byte in the run without the
-lazy-initialisation forward; in the wrapped run the judge holds 131 KB more (about the root's two
-embedding tables) and measures rank 0's steps up to ~3.6 % over the budget (15:10 UTC 2026-12-03),
-so the judge's 2 % verdict is not asserted here; its cause is not yet found.
+FSDP2 frees and re-allocates the all-gathered weights by resizing storages in place, which no
+dispatch mode sees directly: both meters re-read the buffers that collectives and FSDP2's copy
+operators write into (memplan's at each phase mark, the judge's after every operator).
 """
 
 from __future__ import annotations
@@ -35,6 +31,7 @@ from test_ddp import _wait_for_results
 LENGTHS = {0: (12, 20, 16, 28, 14, 24, 18), 1: (40, 72, 56, 96, 48, 80, 64)}
 #: memplan's warm-up batches per rank (three sizes, as the phase predictors need; at least half the longest)
 WARMUP = {0: (8, 12, 16), 1: (24, 36, 48)}
+SLACK = 1.02  # the issue's 2 % over the budget
 
 
 def _train(model: torch.nn.Module, rank: int, on_step: object = None) -> tuple[list[float], list[int], torch.Tensor]:
@@ -122,8 +119,8 @@ def test_fsdp2_on_two_ranks_plans_each_rank_within_its_budget_and_keeps_the_math
         reference, wrapped = r["losses"]
         assert wrapped == reference and r["same_weights"]  # checkpointing changes no gradient
         assert r["full_peak"] < r["budget"] < r["none_peak"]  # the longest batch cannot keep every block
-        # within the budget by memplan's own meter; the independent judge sees the longest batch's step
-        # well below no checkpointing's peak (its 2 % verdict is not asserted under FSDP2: docs/ckpt.md)
+        # every step within the budget by the independent judge (2 % slack) and by memplan's own meter
+        assert max(r["peaks"]) <= r["budget"] * SLACK, (r["rank"], r["peaks"], r["budget"])
         assert r["max_peak"] <= r["budget"] and r["over_budget"] == 0
         longest = LENGTHS[r["rank"]].index(max(LENGTHS[r["rank"]]))
         assert r["peaks"][longest] < r["none_peak"]

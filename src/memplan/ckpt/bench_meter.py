@@ -10,7 +10,8 @@ model and the optimizer itself. A tensor subclass wrapping others (FSDP2's ``DTe
 gradients and optimizer states) is counted by the tensors it wraps, this process's shard. A
 storage resized in place (FSDP2 frees and re-allocates its all-gathered weights so) is counted at
 its new data pointer and size from the next operator that touches it, and from then on re-read
-after every operator (a free is seen at the next operator).
+after every operator (a free is seen at the next operator); so is every buffer a collective or
+FSDP2's copy operator writes into, from that operator on.
 
 Known limitation, shared with every storage counter: bytes a kernel allocates internally and
 frees before returning (workspaces) are invisible; on CPU nothing else can see them either.
@@ -26,6 +27,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 __all__ = ["StepMeter"]
+
+#: Operator namespaces whose operators write into buffers FSDP2 resizes in place: collectives and
+#: FSDP2's own copies (its all-gathered weights).
+_WRITES_RESIZED = ("c10d", "_c10d_functional", "fsdp")
 
 
 class StepMeter(TorchDispatchMode):
@@ -81,6 +86,17 @@ class StepMeter(TorchDispatchMode):
         self.live_bytes += key[1]
         self.peak = max(self.peak, self.live_bytes)
 
+    def _watch(self, t: torch.Tensor) -> None:
+        if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+            storage = t.untyped_storage()
+            if storage._cdata in self._held:
+                self._resized.setdefault(storage._cdata, weakref.ref(storage))
+        elif hasattr(type(t), "__tensor_flatten__"):
+            for name in t.__tensor_flatten__()[0]:
+                inner = getattr(t, name)
+                if isinstance(inner, torch.Tensor):
+                    self._watch(inner)
+
     def _recount(self, owner: int, storage: Any) -> None:
         key = (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else (0, 0)
         held = self._held.get(owner)
@@ -129,6 +145,11 @@ class StepMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if getattr(func, "namespace", "") in _WRITES_RESIZED:
+            for t in tree_leaves((args, kwargs, out)):  # the buffers it writes: counted, then re-read
+                if isinstance(t, torch.Tensor):
+                    self._add(t)
+                    self._watch(t)
         if self._resized:  # resizing seen: a storage resized since it was counted may come back as an input
             for t in tree_leaves((args, kwargs)):
                 if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
