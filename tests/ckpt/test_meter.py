@@ -41,6 +41,22 @@ def test_adopted_tensors_count_once_and_views_of_them_not_at_all() -> None:
         del y
 
 
+def test_operators_with_several_or_list_outputs_count_each_new_storage_once() -> None:
+    x = torch.randn(8, 16)  # 512 bytes, created before the meter: not counted
+    meter = CpuMeter()
+    with meter:
+        parts = torch.split(x, 4)  # views: nothing new
+        assert meter.current_bytes == 0
+        values, indices = torch.max(x, dim=1)  # two new storages: 8 floats + 8 int64
+        assert meter.current_bytes == 32 + 64
+        doubled = torch._foreach_mul([x, x], 2.0)  # one list return: both new
+        assert meter.current_bytes == 96 + 1024
+        torch._foreach_mul_(doubled, 2.0)  # in place
+        assert meter.current_bytes == 96 + 1024
+        del values, indices, doubled, parts
+        assert meter.current_bytes == 0
+
+
 def test_backward_bytes_are_seen_and_released() -> None:
     x = torch.randn(64, 64, requires_grad=True)
     meter = CpuMeter()
@@ -96,3 +112,23 @@ def test_cuda_meter_reads_the_allocator() -> None:
         assert meter.current_bytes - before >= 4 << 20
         del x
         assert meter.mark() - before >= 4 << 20
+
+
+def test_a_buffer_resized_in_place_is_counted_once_written_and_uncounted_at_the_mark_after_its_free() -> None:
+    """FSDP2's all-gathered weights: storages resized up before a collective (or FSDP2's copy) writes
+    into them and resized to 0 after use — resizes no operator shows a dispatch mode."""
+    pytest.importorskip("torch.distributed.fsdp")  # registers torch.ops.fsdp
+    buf, src = torch.empty(256), torch.ones(256)
+    buf.untyped_storage().resize_(0)  # freed by a reshard before the meter started
+    meter = CpuMeter()
+    with meter:
+        meter.adopt([src])
+        buf.untyped_storage().resize_(1024)  # re-allocated for an all-gather: unseen
+        assert meter.current_bytes == 1024
+        torch.ops.fsdp.split_with_sizes_copy(src, [256], dim=0, out=[buf])
+        assert meter.current_bytes == meter.peak_bytes == 2048
+        buf.untyped_storage().resize_(0)  # freed after the block: seen at the next mark
+        assert meter.mark() == 2048 and meter.current_bytes == 1024
+        buf.untyped_storage().resize_(1024)
+        torch.ops.fsdp.split_with_sizes_copy(src, [256], dim=0, out=[buf])
+        assert meter.current_bytes == 2048

@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memplan.ckpt.errors import BatchTooLargeError
 from memplan.ckpt.loop_hooks import LoopHooks
-from memplan.ckpt.meter import CpuMeter, MemoryMeter
+from memplan.ckpt.meter import CpuMeter, MemoryMeter, tensor_bytes
 from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, tensors_in
 from memplan.ckpt.planner import (
@@ -176,7 +176,7 @@ class CheckpointController(LoopHooks):
         Plans against the budget less the safety margin; when nothing fits that, against the budget.
         """
         grads = tuple(grad_bytes) if grad_bytes is not None else tuple(
-            sum(p.numel() * p.element_size() for p in ps) for ps in self._block_params)
+            sum(tensor_bytes(p) for p in ps) for ps in self._block_params)
         costs = self._block_costs(size, grads)
         planner = plan_greedy if method == "greedy" else plan_knapsack
         plan = planner(costs, self._step_cost(size, static_bytes, self._extrapolation_margin(size)))
@@ -360,7 +360,7 @@ class CheckpointController(LoopHooks):
         self.meter.adopt(state_tensors(self.model, self.optimizer))
         self.meter.adopt(tensors_in((args, kwargs)))
         static = self.meter.current_bytes
-        grads = tuple(sum(p.numel() * p.element_size() for p in ps if p.grad is None) for ps in self._block_params)
+        grads = tuple(sum(tensor_bytes(p) for p in ps if p.grad is None) for ps in self._block_params)
         t0 = time.perf_counter()
         plan, probe = self._choose(size, static, grads)
         self._plan_seconds += time.perf_counter() - t0

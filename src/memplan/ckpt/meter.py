@@ -31,14 +31,16 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["CpuMeter", "CudaMeter", "MemoryMeter", "OutOfBudgetError", "make_meter", "storage_bytes"]
+__all__ = ["CpuMeter", "CudaMeter", "MemoryMeter", "OutOfBudgetError", "local_tensors", "make_meter", "storage_bytes",
+           "tensor_bytes"]
 
 
 class OutOfBudgetError(torch.OutOfMemoryError):
@@ -69,22 +71,55 @@ class MemoryMeter(Protocol):
     def mark(self) -> int: ...
 
 
+def local_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The plain tensors holding ``t``'s data on this process: ``t`` itself, or for a wrapper subclass
+    (a ``DTensor``: its local shard) the tensors it wraps, recursively.
+
+    A wrapper subclass's own ``untyped_storage()`` is a placeholder the size of the *global* tensor
+    (for a ``DTensor`` sharded over 2 ranks, twice the bytes this rank holds), owning no memory.
+    """
+    if type(t) is torch.Tensor or type(t) is nn.Parameter or not is_traceable_wrapper_subclass(t):
+        yield t
+        return
+    names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    for name in names:
+        inner = getattr(t, name)
+        if isinstance(inner, torch.Tensor):
+            yield from local_tensors(inner)
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s elements held on this process (a ``DTensor``: its local shard)."""
+    return sum(x.numel() * x.element_size() for x in local_tensors(t))
+
+
 def storage_bytes(tensors: Iterable[Any]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (non-tensors and meta tensors ignored)."""
+    """Bytes of the distinct storages behind ``tensors`` (non-tensors and meta tensors ignored; a
+    ``DTensor`` by its local shard)."""
     seen: dict[int, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            st = t.untyped_storage()
-            seen[st._cdata] = st.nbytes()
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        for t in local_tensors(tensor):
+            if t.device.type != "meta":
+                st = t.untyped_storage()
+                seen[st._cdata] = st.nbytes()
     return sum(seen.values())
 
 
-def _aliasing_outputs(func: Any) -> tuple[bool, ...]:
-    """Per schema return: does it alias an input (views, in-place, ``out=``)?"""
+#: Operator namespaces that write into buffers FSDP2 resizes in place: collectives (c10d's, its
+#: functional form's) and FSDP2's own copy operators (into the unsharded parameters).
+_COLLECTIVES = frozenset({"c10d", "_c10d_functional", "fsdp"})
+
+
+def _counted_outputs(func: Any) -> tuple[int, ...] | None:
+    """Indices of the schema returns that are new storages (not views, in-place or ``out=`` results);
+    ``None`` when the callable has no ATen schema (every output is then counted)."""
     try:
-        return tuple(ret.alias_info is not None for ret in func._schema.returns)
+        returns = func._schema.returns
     except AttributeError:  # pragma: no cover - non-ATen callables
-        return ()
+        return None
+    return tuple(i for i, ret in enumerate(returns) if ret.alias_info is None)
 
 
 class CpuMeter(TorchDispatchMode):
@@ -98,7 +133,9 @@ class CpuMeter(TorchDispatchMode):
         self._current = 0
         self._peak = 0
         self._depth = 0
-        self._alias_cache: dict[Any, tuple[bool, ...]] = {}
+        self._outputs: dict[Any, tuple[int, ...] | None] = {}  # operator → the returns it counts
+        #: storages a collective wrote into: FSDP2 frees and re-allocates them by resizing in place
+        self._resizable: set[int] = set()
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -117,9 +154,24 @@ class CpuMeter(TorchDispatchMode):
         return self._peak
 
     def mark(self) -> int:
-        """Return the peak since the last mark and start a new phase at the current bytes."""
+        """Return the peak since the last mark and start a new phase at the current bytes.
+
+        Storages a collective wrote into are re-read first: one FSDP2 freed (resized to 0) since
+        stops counting here.
+        """
+        for key in list(self._resizable):
+            st = self._refs[key]() if key in self._refs else None
+            if st is None:
+                self._resizable.discard(key)
+            else:
+                self._resize(key, st.nbytes())
         peak, self._peak = self._peak, self._current
         return peak
+
+    def _resize(self, key: int, n: int) -> None:
+        self._current += n - self._live[key]
+        self._live[key] = n
+        self._peak = max(self._peak, self._current)
 
     # -- counting --------------------------------------------------------------------------
     def adopt(self, tensors: Iterable[Any]) -> None:
@@ -129,7 +181,11 @@ class CpuMeter(TorchDispatchMode):
                 self._count(t, check=False)
 
     def _count(self, t: torch.Tensor, *, check: bool) -> None:
-        if t.device.type == "meta":
+        if type(t) is not torch.Tensor and type(t) is not nn.Parameter and is_traceable_wrapper_subclass(t):
+            for inner in local_tensors(t):  # a DTensor: its local shard, not its global-size placeholder
+                self._count(inner, check=check)
+            return
+        if t.is_meta:
             return
         try:
             st = t.untyped_storage()
@@ -156,19 +212,43 @@ class CpuMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        aliasing = self._alias_cache.get(func)
-        if aliasing is None:
-            aliasing = self._alias_cache[func] = _aliasing_outputs(func)
-        if any(aliasing) and len(aliasing) == 1:
+        if getattr(func, "namespace", "") in _COLLECTIVES:
+            self._written_by_collective(args, kwargs)
+        try:
+            counted = self._outputs[func]
+        except KeyError:
+            counted = self._outputs[func] = _counted_outputs(func)
+        if counted == (0,) and type(out) is torch.Tensor:  # the common case: one new tensor
+            self._count(out, check=True)
             return out
-        results = out if isinstance(out, (tuple, list)) else (out,)
-        for i, result in enumerate(results):
-            if i < len(aliasing) and aliasing[i]:
-                continue
-            for t in tree_leaves(result):
-                if isinstance(t, torch.Tensor):
-                    self._count(t, check=True)
+        if counted == ():  # views, in-place and out= operators: nothing new
+            return out
+        if counted is None or len(func._schema.returns) == 1:  # no schema, or one return (maybe a list)
+            parts = [out]
+        else:
+            parts = [out[i] for i in counted]
+        for t in tree_leaves(parts):
+            if isinstance(t, torch.Tensor):
+                self._count(t, check=True)
         return out
+
+    def _written_by_collective(self, args: Any, kwargs: Any) -> None:
+        """A collective (or FSDP2's copy) writes into buffers passed to it, storages FSDP2 resized up
+        (invisible to a dispatch mode): count them at their size now, and re-read them at each mark."""
+        for t in tree_leaves((args, kwargs)):
+            if not isinstance(t, torch.Tensor):
+                continue
+            for inner in local_tensors(t):
+                if inner.is_meta:
+                    continue
+                st = inner.untyped_storage()
+                key = st._cdata
+                if key in self._live:
+                    self._resize(key, st.nbytes())
+                else:
+                    self._count(inner, check=False)
+                if key in self._live:
+                    self._resizable.add(key)
 
     def __enter__(self) -> CpuMeter:  # noqa: PYI034
         self._depth += 1

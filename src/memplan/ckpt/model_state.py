@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from memplan.categories import MemoryCategory
+from memplan.ckpt.meter import storage_bytes
 from memplan.errors import ConfigError
 from memplan.units import format_bytes
 
@@ -61,11 +62,6 @@ def state_tensors(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
     yield from optimizer_tensors(optimizer)
 
 
-def _unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
-    seen = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
-    return sum(seen.values())
-
-
 def _assumed_states(params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer | None) -> int:
     """States per parameter when they do not exist yet: Adam-like 2, SGD with momentum 1, else 0."""
     if optimizer is None:
@@ -82,11 +78,11 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None 
     """Weights + gradients (one per trainable weight) + optimizer states, measured where they exist."""
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
-    weight = _unique_bytes(params + list(model.buffers()))
-    grad = _unique_bytes(trainable)
+    weight = storage_bytes(params + list(model.buffers()))
+    grad = storage_bytes(trainable)
     states = list(optimizer_tensors(optimizer))
     if states:
-        return ModelStateBytes(weight_bytes=weight, grad_bytes=grad, optimizer_bytes=_unique_bytes(states),
+        return ModelStateBytes(weight_bytes=weight, grad_bytes=grad, optimizer_bytes=storage_bytes(states),
                                optimizer_assumed=False)
     return ModelStateBytes(weight_bytes=weight, grad_bytes=grad,
                            optimizer_bytes=_assumed_states(trainable, optimizer) * grad, optimizer_assumed=True)

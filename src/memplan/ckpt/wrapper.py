@@ -90,7 +90,8 @@ def auto_checkpoint(
     found = validate_blocks(model, blocks) if blocks is not None else find_blocks(model)[0]
     if optimizer is not None:
         check_optimizer_params(model, optimizer)
-    check_budget(budget_bytes, model_state_bytes(model, optimizer))
+    if not _sharded_later(model):
+        check_budget(budget_bytes, model_state_bytes(model, optimizer))
     dev = torch.device(device) if device is not None else _model_device(model)
     controller = CheckpointController(
         model, found, budget_bytes=budget_bytes, size_fn=size_fn or default_size,
@@ -111,6 +112,19 @@ def _hf_checkpointing(model: nn.Module) -> bool:
         if hasattr(type(model), name) or name in vars(model):
             return bool(getattr(model, name))
     return False
+
+
+def _sharded_later(model: nn.Module) -> bool:
+    """Whether the model states cannot be checked yet: under torch.distributed with several ranks,
+    parameters not yet sharded (``fully_shard`` comes after wrapping) are the whole model, not this
+    rank's part. The check then runs when the optimizer first steps, on the parameters in place then."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return not any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _model_device(model: nn.Module) -> torch.device:
