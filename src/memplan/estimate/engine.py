@@ -929,6 +929,12 @@ def _assumptions(
     if describe_ds_checkpointing(job):
         out.append(describe_ds_checkpointing(job))
     out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
+    fp32_routers = any(layer.moe is not None and layer.moe.router_fp32 for layer in model.layers)
+    if fp32_routers and job.framework == "hf" and prec.param_bytes < 4:
+        out.append("transformers keeps the MoE router weights in fp32 (_keep_in_fp32_modules_strict): their weights, "
+                   "gradients and optimizer states are priced at 4 bytes, and each router's fp32 copy of its input as "
+                   "an activation" + ("; fine-tuning: frozen routers are priced at the base's dtype"
+                                      if is_finetune(job) else ""))
     if model.is_moe:
         moe = job.moe
         routing = "balanced routing" if moe.routed_token_factor == 1.0 else (
