@@ -72,6 +72,35 @@ def test_native_replay_equals_python(trace: Trace, alloc_settings: AllocatorSett
     assert native == python  # every field: peaks, end state, largest free block, OOM event, sizes and message
 
 
+@st.composite
+def _repeating_traces(draw: st.DrawFn) -> Trace:
+    """Iterations made of a few bodies (so some repeat the one before), blocks kept across iterations,
+    ids reused after their free, frees of blocks never allocated, iteration numbers that come back."""
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    bodies = [[(rng.random() < 0.6, rng.choice([512, 3 * MiB, 25 * MiB]), rng.randrange(2)) for _ in range(rng.randrange(1, 8))]
+              for _ in range(draw(st.integers(1, 3)))]
+    events: list[AllocEvent] = []
+    live: list[int] = []
+    next_id = 0
+    for it in draw(st.lists(st.integers(-1, 4), min_size=1, max_size=12)):
+        for is_alloc, size, stream in bodies[it % len(bodies)]:
+            if is_alloc or not live:
+                next_id = next_id + 1 if rng.random() < 0.8 else 0  # an id used again
+                live.append(next_id)
+                events.append(AllocEvent(len(events), "alloc", next_id, size, iteration=it, stream=stream))
+            else:
+                block = live.pop(0) if rng.random() < 0.9 else 10**6  # 10**6: never allocated
+                events.append(AllocEvent(len(events), "free", block, size, iteration=it, stream=stream))
+    return Trace(events=tuple(events))
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(trace=_repeating_traces())
+def test_native_shape_equals_python(trace: Trace) -> None:
+    assert trace_shape(trace.events) == trace_shape(trace.events, engine="python")
+
+
 @needs_native
 def test_native_replay_meets_every_rule() -> None:
     """The random traces above reach out-of-memory and release-and-retry at each kind of setting."""
@@ -119,6 +148,14 @@ def test_native_replay_with_many_live_blocks_and_any_64_bit_ids() -> None:
 ])
 def test_native_replay_declines_what_it_does_not_handle(events: tuple[AllocEvent, ...]) -> None:
     assert replay_native(Trace(events=events), AllocatorSettings()) is None
+
+
+@needs_native
+def test_native_shape_declines_iterations_beyond_64_bits() -> None:
+    """The shape of such a trace is the pure-Python one (the C core declines it)."""
+    events = (AllocEvent(0, "alloc", 1, MiB, iteration=2**70), AllocEvent(1, "free", 1, MiB, iteration=2**70))
+    assert replay._native.shape(events, "alloc") is None
+    assert trace_shape(events) == trace_shape(events, engine="python")
 
 
 def test_pure_python_environment_and_fallback_give_the_same_diagnosis(monkeypatch: pytest.MonkeyPatch) -> None:

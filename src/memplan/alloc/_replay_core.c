@@ -14,7 +14,10 @@
  *   alloc_kind: the string an allocation's kind equals (every other kind is a free);
  *   max_split: max_split_size; divisions: the 16 roundup_power2_divisions; capacity: None or bytes.
  * -> (events_replayed, peak_reserved, peak_allocated, reserved, allocated, largest_free_block, oom) with oom None or (event_index, requested, alloc_size, reserved, allocated);
- * -> None when the trace is outside what this core handles (a block id or stream that is not a
+ * shape(events, alloc_kind) -> (run_starts, same_as_previous): memplan.doctor.replay.trace_shape's
+ * answer, or None for iterations, block ids, sizes or streams that are not 64-bit ints.
+ *
+ * replay -> None when the trace is outside what this core handles (a block id or stream that is not a
  *    64-bit int, a size that is negative or 2**50 or more, a free of a block not allocated): the
  *    caller then replays in Python, which gives its own answer (or error) for such a trace.
  */
@@ -55,9 +58,9 @@ typedef struct {
     int by_address; /* 0: (stream, size, address) order; 1: (stream, address) (unmapped ranges) */
 } Pool;
 
-typedef struct {
+typedef struct { /* int64 -> int64 (a Block pointer in the replay, a run and offset in the shape) */
     i64 *keys;
-    Block **values;
+    i64 *values;
     unsigned char *used;
     size_t cap, n;
 } LiveMap;
@@ -188,7 +191,7 @@ static void insert(Alloc *a, Block *b) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Live blocks by id (the replay's ``live`` dict): linear probing, backward-shift deletion */
+/* Blocks by id (the replay's ``live``, the shape's ``where``): linear probing, backward-shift deletion */
 
 static size_t slot_of(const LiveMap *m, i64 key) {
     u64 h = (u64)key * 0x9E3779B97F4A7C15ULL;
@@ -197,7 +200,7 @@ static size_t slot_of(const LiveMap *m, i64 key) {
 
 static int live_grow(LiveMap *m) {
     size_t cap = m->cap ? 2 * m->cap : 1024;
-    LiveMap bigger = {calloc(cap, sizeof(i64)), calloc(cap, sizeof(Block *)), calloc(cap, 1), cap, 0};
+    LiveMap bigger = {calloc(cap, sizeof(i64)), calloc(cap, sizeof(i64)), calloc(cap, 1), cap, 0};
     if (bigger.keys == NULL || bigger.values == NULL || bigger.used == NULL) {
         free(bigger.keys);
         free(bigger.values);
@@ -222,7 +225,7 @@ static int live_grow(LiveMap *m) {
     return 0;
 }
 
-static int live_set(LiveMap *m, i64 key, Block *value) {
+static int live_set(LiveMap *m, i64 key, i64 value) {
     if (2 * (m->n + 1) > m->cap && live_grow(m) < 0)
         return -1;
     size_t s = slot_of(m, key);
@@ -237,15 +240,16 @@ static int live_set(LiveMap *m, i64 key, Block *value) {
     return 0;
 }
 
-static Block *live_pop(LiveMap *m, i64 key) {
+/* Removes key; 1 and its value in *value when it was there, else 0. */
+static int live_pop(LiveMap *m, i64 key, i64 *value) {
     if (m->cap == 0)
-        return NULL;
+        return 0;
     size_t mask = m->cap - 1, s = slot_of(m, key);
     while (m->used[s] && m->keys[s] != key)
         s = (s + 1) & mask;
     if (!m->used[s])
-        return NULL;
-    Block *value = m->values[s];
+        return 0;
+    *value = m->values[s];
     size_t hole = s, j = s;
     for (;;) { /* shift back the entries whose probe run crosses the hole */
         j = (j + 1) & mask;
@@ -260,7 +264,7 @@ static Block *live_pop(LiveMap *m, i64 key) {
     }
     m->used[hole] = 0;
     m->n--;
-    return value;
+    return 1;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -768,19 +772,19 @@ static PyObject *replay(PyObject *self, PyObject *args) {
                 oom_size = (u64)size;
                 break;
             }
-            if (live_set(&live, block_id, b) < 0)
+            if (live_set(&live, block_id, (i64)(intptr_t)b) < 0)
                 goto nomem;
             if (a.allocated > peak_a)
                 peak_a = a.allocated;
             if (a.reserved > peak_r)
                 peak_r = a.reserved;
         } else {
-            Block *b = live_pop(&live, block_id);
-            if (b == NULL) {
+            i64 found;
+            if (!live_pop(&live, block_id, &found)) {
                 unsupported = 1;
                 break;
             }
-            alloc_free(&a, b);
+            alloc_free(&a, (Block *)(intptr_t)found);
             if (a.nomem)
                 goto nomem;
         }
@@ -820,8 +824,131 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The trace's runs (memplan.doctor.replay.trace_shape) */
+
+typedef struct {
+    i64 *data; /* 4 values per event: (1, size, stream, 0) for an allocation, (0, runs back, offset, stream) */
+    size_t n, cap;
+} Run;
+
+static int run_push(Run *r, i64 a, i64 b, i64 c, i64 d) {
+    if (r->n + 4 > r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 4096;
+        i64 *data = realloc(r->data, cap * sizeof(i64));
+        if (data == NULL)
+            return -1;
+        r->data = data;
+        r->cap = cap;
+    }
+    r->data[r->n++] = a;
+    r->data[r->n++] = b;
+    r->data[r->n++] = c;
+    r->data[r->n++] = d;
+    return 0;
+}
+
+static int run_same(const Run *previous, const Run *current, int have_previous) {
+    return have_previous && previous->n == current->n
+           && memcmp(previous->data, current->data, current->n * sizeof(i64)) == 0;
+}
+
+static PyObject *shape(PyObject *self, PyObject *args) {
+    PyObject *events_obj, *kind_alloc;
+    if (!PyArg_ParseTuple(args, "OO", &events_obj, &kind_alloc))
+        return NULL;
+    PyObject *events = PySequence_Fast(events_obj, "events must be a sequence");
+    if (events == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(events);
+    PyObject **items = PySequence_Fast_ITEMS(events);
+    PyObject *starts = PyList_New(0), *same = PyList_New(0);
+    LiveMap where = {NULL, NULL, NULL, 0, 0};
+    Run runs[2] = {{NULL, 0, 0}, {NULL, 0, 0}};
+    int cur = 0, have_previous = 0, unsupported = 0, failed = starts == NULL || same == NULL;
+    i64 iteration = 0, run = -1;
+    Py_ssize_t start = 0;
+    for (Py_ssize_t position = 0; position < n && !failed && !unsupported; position++) {
+        PyObject *event = items[position];
+        i64 this_iteration, block_id, size, stream;
+        if (!PyTuple_Check(event) || PyTuple_GET_SIZE(event) < 10 || !as_i64(PyTuple_GET_ITEM(event, 6), &this_iteration)
+            || !as_i64(PyTuple_GET_ITEM(event, 2), &block_id) || !as_i64(PyTuple_GET_ITEM(event, 9), &stream)
+            || n >= (1LL << 31)) {
+            unsupported = 1;
+            break;
+        }
+        if (run < 0 || this_iteration != iteration) {
+            if (run >= 0) {
+                if (PyList_Append(same, run_same(&runs[1 - cur], &runs[cur], have_previous) ? Py_True : Py_False) < 0) {
+                    failed = 1;
+                    break;
+                }
+                have_previous = 1;
+                cur = 1 - cur;
+            }
+            runs[cur].n = 0;
+            iteration = this_iteration;
+            run++;
+            start = position;
+            PyObject *at = PyLong_FromSsize_t(position);
+            if (at == NULL || PyList_Append(starts, at) < 0) {
+                Py_XDECREF(at);
+                failed = 1;
+                break;
+            }
+            Py_DECREF(at);
+        }
+        int is_alloc = PyObject_RichCompareBool(PyTuple_GET_ITEM(event, 1), kind_alloc, Py_EQ);
+        if (is_alloc < 0) {
+            failed = 1;
+            break;
+        }
+        i64 offset = position - start;
+        if (is_alloc) {
+            if (!as_i64(PyTuple_GET_ITEM(event, 3), &size)) {
+                unsupported = 1;
+                break;
+            }
+            if (live_set(&where, block_id, (run << 32) | offset) < 0 || run_push(&runs[cur], 1, size, stream, 0) < 0)
+                failed = 1;
+        } else {
+            i64 found, alloc_run = -1, alloc_offset = -1;
+            if (live_pop(&where, block_id, &found)) {
+                alloc_run = found >> 32;
+                alloc_offset = found & 0xFFFFFFFFLL;
+            }
+            if (run_push(&runs[cur], 0, run - alloc_run, alloc_offset, stream) < 0)
+                failed = 1;
+        }
+    }
+    if (!failed && !unsupported && run >= 0
+        && PyList_Append(same, run_same(&runs[1 - cur], &runs[cur], have_previous) ? Py_True : Py_False) < 0)
+        failed = 1;
+    Py_DECREF(events);
+    free(runs[0].data);
+    free(runs[1].data);
+    free(where.keys);
+    free(where.values);
+    free(where.used);
+    if (failed || unsupported) {
+        Py_XDECREF(starts);
+        Py_XDECREF(same);
+        if (failed && !PyErr_Occurred())
+            PyErr_NoMemory();
+        if (failed)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *out = Py_BuildValue("(NN)", PyList_AsTuple(starts), PyList_AsTuple(same));
+    Py_DECREF(starts);
+    Py_DECREF(same);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"replay", replay, METH_VARARGS, "Replay a trace through the caching-allocator model (see the module comment)."},
+    {"shape", shape, METH_VARARGS,
+     "shape(events, alloc_kind) -> (run_starts, same_as_previous) | None: memplan.doctor.replay.trace_shape."},
     {NULL, NULL, 0, NULL},
 };
 

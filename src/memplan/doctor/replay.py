@@ -21,8 +21,9 @@ What "the same" means, precisely:
 A trace with no repeating tail (no iteration check would ever be made) is replayed by the optional C
 extension ``memplan.alloc._replay_core`` when it is built (``setup.py``): the same rules as
 :class:`~memplan.alloc.allocator.CachingAllocator`, the same :class:`ReplayResult` (a hypothesis test
-compares both on random traces at random settings), about ten times faster. Without it, or with
-:data:`PURE_PYTHON_ENV` set to ``1``, the pure-Python model replays every trace.
+compares both on random traces at random settings), about twenty times faster; it also computes
+:func:`trace_shape` (the same test compares). Without it, or with :data:`PURE_PYTHON_ENV` set to
+``1``, both run in pure Python.
 """
 
 from __future__ import annotations
@@ -76,8 +77,13 @@ class TraceShape:
         return len(same) >= 3 and same[-1] and same[-2]
 
 
-def trace_shape(events: Sequence[AllocEvent]) -> TraceShape:
-    """The runs of ``events`` and which repeat the previous one (one linear pass)."""
+def trace_shape(events: Sequence[AllocEvent], *, engine: Literal["auto", "python"] = "auto") -> TraceShape:
+    """The runs of ``events`` and which repeat the previous one (one linear pass; in the C core when it
+    is built, unless ``engine`` is ``"python"`` or :data:`PURE_PYTHON_ENV` is ``1``)."""
+    if engine == "auto" and _native is not None and os.environ.get(PURE_PYTHON_ENV) != "1":
+        native = _native.shape(events, ALLOC)
+        if native is not None:  # None: iterations, ids, sizes or streams beyond 64-bit ints
+            return TraceShape(run_starts=native[0], same_as_previous=native[1])
     starts: list[int] = []
     same: list[bool] = []
     where: dict[int, tuple[int, int]] = {}
