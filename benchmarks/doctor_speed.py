@@ -15,9 +15,9 @@ A fourth and a fifth row time what ``memplan doctor step.mptrace`` pays from the
 (the binary columnar encoding ``write_trace`` writes by default, then the gzip JSON-lines one),
 then the same diagnosis. A sixth times the ``fragmentation`` case on ``benchmarks/alloc_speed.py``'s trace, whose
 iterations differ (one MoE-like request per layer varies): no iteration repeats another, so every
-replay runs to the end. Each dense case (and each file) runs three times: the best and the median are recorded,
-with the load average (the machine is shared) and the
-least CPU seconds of the runs. Writes benchmarks/results/doctor_speed.json.
+replay runs to the end (in the optional C replay core when it is built: ``memplan.alloc._replay_core``).
+Every case (and each file) runs three times: the best and the median are recorded, with the load
+average (the machine is shared) and the least CPU seconds of the runs. Writes benchmarks/results/doctor_speed.json.
 """
 
 from __future__ import annotations
@@ -153,9 +153,12 @@ def main() -> int:
     moe = synthetic_trace()
     moe_full = simulate(moe)
     rows.append(_time("MoE-like (no repeating iteration), fragmentation", moe,
-                      (moe_full.peak_reserved_bytes + moe_full.peak_allocated_bytes) // 2, repeats=1))
+                      (moe_full.peak_reserved_bytes + moe_full.peak_allocated_bytes) // 2))
+    from memplan.doctor.replay import HAS_NATIVE, PURE_PYTHON_ENV
+
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": _machine(),
               "python": platform.python_version(), "target_seconds": 2.0,
+              "replay_core": "C" if HAS_NATIVE and os.environ.get(PURE_PYTHON_ENV) != "1" else "Python",
               "dense_peak_reserved_bytes": peak_r, "dense_peak_allocated_bytes": peak_a, "rows": rows}
     out = Path(__file__).parent / "results" / "doctor_speed.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

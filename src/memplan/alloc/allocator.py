@@ -33,7 +33,8 @@ from memplan.alloc.constants import (
 from memplan.alloc.settings import AllocatorSettings
 from memplan.errors import MemplanError
 
-__all__ = ["AddressSource", "CachingAllocator", "OutOfMemory", "allocation_size", "format_size", "round_size"]
+__all__ = ["AddressSource", "CachingAllocator", "OutOfMemory", "allocation_size", "format_size", "oom_message",
+           "round_size"]
 
 _FIRST_ADDRESS = 0x7F0000000000
 
@@ -56,6 +57,20 @@ def format_size(size: int) -> str:
     if size <= 1073741824:
         return f"{size / 1048576.0:.2f} MiB"
     return f"{size / 1073741824.0:.2f} GiB"
+
+
+def oom_message(capacity: int | None, reserved: int, allocated: int, alloc_size: int) -> str:
+    """The message of PyTorch's OutOfMemoryError (without the per-process NVML part) for that state."""
+    capacity = capacity or 0
+    return (
+        f"CUDA out of memory. Tried to allocate {format_size(alloc_size)}. GPU 0 has a total capacity of "
+        f"{format_size(capacity)} of which {format_size(max(capacity - reserved, 0))} is free. "
+        f"Of the allocated memory {format_size(allocated)} is allocated by PyTorch, and "
+        f"{format_size(reserved - allocated)} is reserved by PyTorch but unallocated. "
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
+        "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
 
 
 def _roundup_power2_next_division(size: int, divisions: int) -> int:
@@ -382,16 +397,7 @@ class CachingAllocator:
 
     def oom_message(self, alloc_size: int) -> str:
         """The message of PyTorch's OutOfMemoryError (without the per-process NVML part)."""
-        capacity = self.settings.capacity or 0
-        return (
-            f"CUDA out of memory. Tried to allocate {format_size(alloc_size)}. GPU 0 has a total capacity of "
-            f"{format_size(capacity)} of which {format_size(max(capacity - self.reserved, 0))} is free. "
-            f"Of the allocated memory {format_size(self.allocated)} is allocated by PyTorch, and "
-            f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but unallocated. "
-            "If reserved but unallocated memory is large try setting "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
-            "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
-        )
+        return oom_message(self.settings.capacity, self.reserved, self.allocated, alloc_size)
 
     def free_blocks(self) -> list[Block]:
         """Every cached (free, mapped) block of both pools."""

@@ -17,21 +17,43 @@ What "the same" means, precisely:
   pool, mapping, and its garbage-collection age), every live block (address, size, requested size)
   and the address of the next segment are equal, the live blocks matched by where they were
   allocated, relative to the iteration for those of the repeating iterations.
+
+A trace with no repeating tail (no iteration check would ever be made) is replayed by the optional C
+extension ``memplan.alloc._replay_core`` when it is built (``setup.py``): the same rules as
+:class:`~memplan.alloc.allocator.CachingAllocator`, the same :class:`ReplayResult` (a hypothesis test
+compares both on random traces at random settings), about twenty times faster; it also computes
+:func:`trace_shape` (the same test compares). Without it, or with :data:`PURE_PYTHON_ENV` set to
+``1``, both run in pure Python.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, Literal
 
-from memplan.alloc.allocator import CachingAllocator, OutOfMemory
+from memplan.alloc.allocator import CachingAllocator, OutOfMemory, oom_message
 from memplan.alloc.blocks import Block
 from memplan.alloc.settings import AllocatorSettings
 from memplan.alloc.simulator import OOMInfo
 from memplan.events import ALLOC, AllocEvent, Trace
 
-__all__ = ["ReplayResult", "TraceShape", "replay_trace", "trace_shape"]
+_native: ModuleType | None
+try:  # the optional C extension (setup.py); without it every trace is replayed in pure Python
+    _native = importlib.import_module("memplan.alloc._replay_core")
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+
+__all__ = ["HAS_NATIVE", "PURE_PYTHON_ENV", "ReplayResult", "TraceShape", "replay_native", "replay_trace",
+           "trace_shape"]
+
+#: True when the C replay core (``memplan.alloc._replay_core``) was built and imported.
+HAS_NATIVE = _native is not None
+#: Set this environment variable to ``1`` to replay in pure Python even when the C core is built.
+PURE_PYTHON_ENV = "MEMPLAN_REPLAY_PURE_PYTHON"
 
 
 @dataclass(frozen=True)
@@ -47,9 +69,21 @@ class TraceShape:
         """True when run ``run`` and every later run are the same sequence as run ``run - 1``."""
         return run >= 1 and all(self.same_as_previous[run:])
 
+    @property
+    def has_repeating_tail(self) -> bool:
+        """True when a replay checks the allocator's state at some run's end (a run ``r``, not the last,
+        with :meth:`repeats_to_end`): that needs the last two runs to repeat their previous ones."""
+        same = self.same_as_previous
+        return len(same) >= 3 and same[-1] and same[-2]
 
-def trace_shape(events: Sequence[AllocEvent]) -> TraceShape:
-    """The runs of ``events`` and which repeat the previous one (one linear pass)."""
+
+def trace_shape(events: Sequence[AllocEvent], *, engine: Literal["auto", "python"] = "auto") -> TraceShape:
+    """The runs of ``events`` and which repeat the previous one (one linear pass; in the C core when it
+    is built, unless ``engine`` is ``"python"`` or :data:`PURE_PYTHON_ENV` is ``1``)."""
+    if engine == "auto" and _native is not None and os.environ.get(PURE_PYTHON_ENV) != "1":
+        native = _native.shape(events, ALLOC)
+        if native is not None:  # None: iterations, ids, sizes or streams beyond 64-bit ints
+            return TraceShape(run_starts=native[0], same_as_previous=native[1])
     starts: list[int] = []
     same: list[bool] = []
     where: dict[int, tuple[int, int]] = {}
@@ -117,10 +151,40 @@ def _state(alloc: CachingAllocator, live: dict[int, Block], origin: dict[int, tu
             tuple(blocks), segments)
 
 
-def replay_trace(trace: Trace, settings: AllocatorSettings, shape: TraceShape | None = None) -> ReplayResult:
-    """Replay ``trace`` at ``settings`` (a capacity makes it stop at the first out-of-memory)."""
+def replay_native(trace: Trace, settings: AllocatorSettings) -> ReplayResult | None:
+    """Replay all of ``trace`` in the C core; None when it is not built or the trace is outside what it
+    handles (block ids or streams beyond 64 bits, sizes of 2**50 bytes or more, a free of a block not
+    allocated: the pure-Python replay gives its own answer, or error, for those)."""
+    if _native is None:
+        return None
+    out = _native.replay(trace.events, ALLOC, settings.max_split_size, settings.roundup_power2_divisions,
+                         settings.garbage_collection_threshold, settings.expandable_segments, settings.capacity)
+    if out is None:
+        return None
+    replayed, peak_r, peak_a, reserved, allocated, largest, oom = out
+    info = None
+    if oom is not None:
+        position, size, alloc_size, oom_reserved, oom_allocated = oom
+        info = OOMInfo(position, size, alloc_size, oom_message(settings.capacity, oom_reserved, oom_allocated,
+                                                                alloc_size))
+    return ReplayResult(settings=settings, events=len(trace.events), events_replayed=replayed,
+                        peak_reserved_bytes=peak_r, peak_allocated_bytes=peak_a, reserved_bytes=reserved,
+                        allocated_bytes=allocated, largest_free_block_bytes=largest, oom=info)
+
+
+def replay_trace(trace: Trace, settings: AllocatorSettings, shape: TraceShape | None = None, *,
+                 engine: Literal["auto", "python"] = "auto") -> ReplayResult:
+    """Replay ``trace`` at ``settings`` (a capacity makes it stop at the first out-of-memory).
+
+    ``engine``: ``"auto"`` replays a trace without a repeating tail in the C core when it is built
+    (unless :data:`PURE_PYTHON_ENV` is ``1``), ``"python"`` always in the pure-Python model.
+    """
     events = trace.events
     shape = shape if shape is not None else trace_shape(events)
+    if engine == "auto" and not shape.has_repeating_tail and os.environ.get(PURE_PYTHON_ENV) != "1":
+        native = replay_native(trace, settings)
+        if native is not None:
+            return native
     alloc = CachingAllocator(settings)
     malloc, free = alloc.malloc, alloc.free
     live: dict[int, Block] = {}
