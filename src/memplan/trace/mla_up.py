@@ -22,7 +22,6 @@ then ``o_proj``); a test compares outputs and gradients with the plain module.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,10 +99,9 @@ def discard_mla_up(scope: Any, attention: torch.nn.Module) -> None:
     _register_stop()
     forward = attention.forward
     low_rank_q = getattr(attention, "q_a_proj", None) is not None
-    default_core = getattr(sys.modules[type(attention).__module__], "eager_attention_forward", None)
 
     def forward_discarding_up(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from memplan.trace.policies import attention_function
 
         if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
             # The stretch is run again in the backward: a cache would be written twice.
@@ -114,7 +112,7 @@ def discard_mla_up(scope: Any, attention: torch.nn.Module) -> None:
         core_call: dict[str, Any] = {}
         region = _region(forward, attention, low_rank_q, args, kwargs, core_call)
         (query, key, value), holder = scope.checkpoint(region, q_in, kv_latent)
-        core = ALL_ATTENTION_FUNCTIONS.get_interface(core_call["base"], default_core)
+        core = attention_function(attention, core_call["base"])
         attn_output, weights = core(attention, query, key, value, *core_call["args"], **core_call["kwargs"])
         if holder is not None:
             holder.recompute_at(attn_output)

@@ -39,7 +39,7 @@ from memplan.policies import HF_MODULES, ActivationPolicy
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TRACED_MODULES", "apply_policy", "check_runnable"]
+__all__ = ["TRACED_MODULES", "apply_policy", "attention_function", "check_runnable"]
 
 #: ``--recompute-modules`` the tracer runs.
 TRACED_MODULES = HF_MODULES
@@ -201,11 +201,7 @@ def _output_discarding(model: torch.nn.Module, modules: tuple[str, ...], cuda_au
         if "mla_up_proj" in modules:
             from memplan.trace.mla_up import discard_mla_up
 
-            attention = _child(layer, _ATTENTIONS)
-            if getattr(attention, "kv_a_proj_with_mqa", None) is None:
-                raise ConfigError("--recompute-modules", "mla_up_proj needs multi-latent attention, which this model "
-                                  "does not have (Megatron refuses it too)", ",".join(modules))
-            discard_mla_up(scope, attention)
+            discard_mla_up(scope, _child(layer, _ATTENTIONS))
         mlp = _child(layer, _MLPS)
         if "moe_act" in modules and "moe" not in modules and hasattr(mlp, "experts"):
             _discard_activation(scope, mlp.experts)
@@ -262,27 +258,33 @@ def _checkpoint_attention_core(model: torch.nn.Module, cuda_autocast: bool) -> N
     """Register, beside the model's attention implementation, one that runs it under
     ``torch.utils.checkpoint`` (with the same mask function), and switch the model's config to it."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+    from transformers.modeling_utils import AttentionInterface
 
     config: Any = model.config
     base = config._attn_implementation
     if base.startswith(_CORE_KEY):
         return
     key = _CORE_KEY + base + ("_cuda_autocast" if cuda_autocast else "")
-    AttentionInterface.register(key, _checkpointed_core(base, ALL_ATTENTION_FUNCTIONS, cuda_autocast))
+    AttentionInterface.register(key, _checkpointed_core(base, cuda_autocast))
     AttentionMaskInterface.register(key, ALL_MASK_ATTENTION_FUNCTIONS[base])
     config._attn_implementation = key
 
 
-def _checkpointed_core(base: str, functions: Any, cuda_autocast: bool) -> Callable[..., Any]:
+def _checkpointed_core(base: str, cuda_autocast: bool) -> Callable[..., Any]:
     from torch.utils.checkpoint import checkpoint
 
     extra = _context(cuda_autocast)
 
     def core(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        # eager: the model's own eager_attention_forward (Gemma's soft-capping, GPT-2's scaling...)
-        default = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-        function = functions.get_interface(base, default)
-        return checkpoint(function, module, *args, use_reentrant=False, **extra, **kwargs)
+        return checkpoint(attention_function(module, base), module, *args, use_reentrant=False, **extra, **kwargs)
 
     return core
+
+
+def attention_function(module: torch.nn.Module, key: str) -> Callable[..., Any]:
+    """The attention function transformers registers as ``key`` for ``module``; for ``eager``, the model's
+    own ``eager_attention_forward`` (Gemma's soft-capping, GPT-2's scaling...)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    default = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    return ALL_ATTENTION_FUNCTIONS.get_interface(key, default)  # type: ignore[no-any-return]
