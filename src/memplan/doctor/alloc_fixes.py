@@ -90,11 +90,12 @@ def allocator_fixes(problems: AbstractSet[str], msg: OOMMessage | None, events: 
 def _reconstructed(msg: OOMMessage, settings: AllocatorSettings) -> list[Fix]:
     """Every candidate replayed on the most fragmented history consistent with ``msg`` (or arithmetic)."""
     from memplan.doctor.reconstruct import message_history
+    from memplan.doctor.replay import trace_shape
 
     history = message_history(msg, settings)
     if history is None:
         return [_by_arithmetic(msg, settings)]
-    fixes = _replayed(history.trace, None, settings, history.limit_bytes,
+    fixes = _replayed(history.trace, trace_shape(history.trace.events), settings, history.limit_bytes,
                       expandable=msg.layout != "torch<=2.0")
     lead = (f"on a history rebuilt from the message ({history.segments:,} segments, each with one cached hole "
             f"of at most {format_bytes(history.largest_hole_bytes)}: the most fragmented layout consistent with "

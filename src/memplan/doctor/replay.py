@@ -80,7 +80,7 @@ class TraceShape:
 def trace_shape(events: Sequence[AllocEvent], *, engine: Literal["auto", "python"] = "auto") -> TraceShape:
     """The runs of ``events`` and which repeat the previous one (one linear pass; in the C core when it
     is built, unless ``engine`` is ``"python"`` or :data:`PURE_PYTHON_ENV` is ``1``)."""
-    if engine == "auto" and _native is not None and os.environ.get(PURE_PYTHON_ENV) != "1":
+    if _native_allowed(engine) and _native is not None:
         native = _native.shape(events, ALLOC)
         if native is not None:  # None: iterations, ids, sizes or streams beyond 64-bit ints
             return TraceShape(run_starts=native[0], same_as_previous=native[1])
@@ -151,6 +151,11 @@ def _state(alloc: CachingAllocator, live: dict[int, Block], origin: dict[int, tu
             tuple(blocks), segments)
 
 
+def _native_allowed(engine: str) -> bool:
+    """The C core may run: ``engine`` is ``"auto"`` and :data:`PURE_PYTHON_ENV` is not ``1``."""
+    return engine == "auto" and os.environ.get(PURE_PYTHON_ENV) != "1"
+
+
 def replay_native(trace: Trace, settings: AllocatorSettings) -> ReplayResult | None:
     """Replay all of ``trace`` in the C core; None when it is not built or the trace is outside what it
     handles (block ids or streams beyond 64 bits, sizes of 2**50 bytes or more, a free of a block not
@@ -181,7 +186,7 @@ def replay_trace(trace: Trace, settings: AllocatorSettings, shape: TraceShape | 
     """
     events = trace.events
     shape = shape if shape is not None else trace_shape(events)
-    if engine == "auto" and not shape.has_repeating_tail and os.environ.get(PURE_PYTHON_ENV) != "1":
+    if _native_allowed(engine) and not shape.has_repeating_tail:
         native = replay_native(trace, settings)
         if native is not None:
             return native
