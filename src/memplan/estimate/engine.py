@@ -546,7 +546,8 @@ def _stage_estimate(
         workspace += ub_workspace_bytes(job.overlap)
     outside = userbuffers_bytes(job.overlap, tokens=shape.seq * shape.micro_batch, hidden=model.hidden_size,
                                 tp=job.parallel.tp, fp8=job.precision.fp8 is not None,
-                                world_size=job.parallel.world_size) + _deepep_bytes(model, job, layout, shape)
+                                world_size=job.parallel.world_size)
+    outside += _flex_dispatch_buffer_bytes(model, job, layout, shape)
     static = states.parameters + states.gradients + states.master + states.optimizer + workspace
 
     # Candidate peaks: the loss of the newest micro-batch (last stage), the backward of a layer
@@ -704,7 +705,7 @@ def _backward_walk(model: ModelSpec, job: Job, states: StateBytes, params: Stage
     return best
 
 
-def _deepep_bytes(model: ModelSpec, job: Job, layout: StageLayout, shape: ActivationShape) -> int:
+def _flex_dispatch_buffer_bytes(model: ModelSpec, job: Job, layout: StageLayout, shape: ActivationShape) -> int:
     """DeepEP's or HybridEP's buffer, made by the first flex dispatch of a stage with MoE layers
     (outside the allocator)."""
     if job.framework != "megatron" or job.moe.dispatcher != "flex" or job.overlap.flex_backend == "ncclep":
