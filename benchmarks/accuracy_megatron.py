@@ -142,15 +142,26 @@ def _print_table(rows: list[dict], markdown: bool) -> None:
             print(f"{cells[0]:78s} {cells[1]:>4s} {cells[2]:>9s} {cells[3]:>9s} {cells[4]:>7s}  {cells[5]}")
 
 
-def _print_summary(rows: list[dict]) -> None:
+def summary(rows: list[dict]) -> dict:
+    """Median, mean and worst absolute relative error of compared rows, and how many are within 5% / 25%."""
     errors = [abs(r["rel_error"]) for r in rows]
     if not errors:
-        return
+        return {"cases": 0}
     worst = max(rows, key=lambda r: abs(r["rel_error"]))
-    print(f"median |relative error|: {100 * statistics.median(errors):.1f}%")
-    print(f"mean |relative error|:   {100 * statistics.mean(errors):.1f}%")
-    print(f"worst: {100 * abs(worst['rel_error']):.1f}% ({worst['name']})")
-    print(f"within 5%: {sum(e <= 0.05 for e in errors)}/{len(errors)}; within 25%: {sum(e <= 0.25 for e in errors)}/{len(errors)}")
+    return {"cases": len(errors), "median_abs_error": statistics.median(errors),
+            "mean_abs_error": statistics.mean(errors), "worst_abs_error": abs(worst["rel_error"]),
+            "worst_case": worst["name"], "within_5pct": sum(e <= 0.05 for e in errors),
+            "within_25pct": sum(e <= 0.25 for e in errors)}
+
+
+def _print_summary(rows: list[dict]) -> None:
+    s = summary(rows)
+    if not s["cases"]:
+        return
+    print(f"median |relative error|: {100 * s['median_abs_error']:.1f}%")
+    print(f"mean |relative error|:   {100 * s['mean_abs_error']:.1f}%")
+    print(f"worst: {100 * s['worst_abs_error']:.1f}% ({s['worst_case']})")
+    print(f"within 5%: {s['within_5pct']}/{s['cases']}; within 25%: {s['within_25pct']}/{s['cases']}")
 
 
 def main(argv: list[str] | None = None) -> int:

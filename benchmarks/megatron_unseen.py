@@ -26,7 +26,6 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -99,16 +98,6 @@ def build_reference(checkout: Path, platform: str) -> dict:
             "measured_on": f"{platform}, torch.cuda.max_memory_allocated (largest of the run)", "cases": cases}
 
 
-def _summary(rows: list[dict]) -> dict:
-    errors = [abs(r["rel_error"]) for r in rows]
-    if not errors:
-        return {"cases": 0}
-    worst = max(rows, key=lambda r: abs(r["rel_error"]))
-    return {"cases": len(rows), "median_abs_error": statistics.median(errors),
-            "worst_abs_error": abs(worst["rel_error"]), "worst_case": worst["name"],
-            "within_5pct": sum(e <= 0.05 for e in errors)}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkout", type=Path, help="a Megatron-LM checkout")
@@ -135,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             mark = "" if r["in_shipped_h100_split"] else "  (case not shipped)"
             print(f"{r['name'][:70]:70s} {r['gpus']:4d} {r['measured_bytes'] / GiB:8.2f} "
                   f"{r['predicted_bytes'] / GiB:8.2f} {100 * r['rel_error']:+6.1f}%{mark}")
-        summary = {"recorded": _summary(recorded), "without_recorded_world_size": _summary(apart),
-                   "not_shipped": _summary([r for r in recorded if not r["in_shipped_h100_split"]]),
+        summary = {"recorded": acc.summary(recorded), "without_recorded_world_size": acc.summary(apart),
+                   "not_shipped": acc.summary([r for r in recorded if not r["in_shipped_h100_split"]]),
                    "left_out": [{"name": r["name"], "why": r["excluded"]} for r in rows if r.get("excluded")]}
         print(json.dumps(summary, indent=1))
         out["suites"][suite] = {"summary": summary, "rows": rows}
