@@ -101,7 +101,7 @@ def discard_mla_up(scope: Any, attention: torch.nn.Module) -> None:
     low_rank_q = getattr(attention, "q_a_proj", None) is not None
 
     def forward_discarding_up(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        from memplan.trace.policies import attention_function
+        from memplan.trace.hf_attention import attention_function
 
         if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
             # The stretch is run again in the backward: a cache would be written twice.

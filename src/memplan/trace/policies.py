@@ -29,7 +29,6 @@ calls its layers one by one), and ``layernorm`` / ``moe_act`` / ``mla_up_proj`` 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +38,7 @@ from memplan.policies import HF_MODULES, ActivationPolicy
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TRACED_MODULES", "apply_policy", "attention_function", "check_runnable"]
+__all__ = ["TRACED_MODULES", "apply_policy", "check_runnable"]
 
 #: ``--recompute-modules`` the tracer runs.
 TRACED_MODULES = HF_MODULES
@@ -273,18 +272,11 @@ def _checkpoint_attention_core(model: torch.nn.Module, cuda_autocast: bool) -> N
 def _checkpointed_core(base: str, cuda_autocast: bool) -> Callable[..., Any]:
     from torch.utils.checkpoint import checkpoint
 
+    from memplan.trace.hf_attention import attention_function
+
     extra = _context(cuda_autocast)
 
     def core(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         return checkpoint(attention_function(module, base), module, *args, use_reentrant=False, **extra, **kwargs)
 
     return core
-
-
-def attention_function(module: torch.nn.Module, key: str) -> Callable[..., Any]:
-    """The attention function transformers registers as ``key`` for ``module``; for ``eager``, the model's
-    own ``eager_attention_forward`` (Gemma's soft-capping, GPT-2's scaling...)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    default = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-    return ALL_ATTENTION_FUNCTIONS.get_interface(key, default)  # type: ignore[no-any-return]
