@@ -3,8 +3,10 @@ drops in the trace against what the estimator drops, and the cases it refuses.""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,32 @@ def test_the_stretch_is_discarded_and_made_again_in_the_backward() -> None:
     assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
 
 
+def test_the_attention_mask_is_not_kept_until_the_backward() -> None:
+    """Only the attention function reads the mask, and the recompute stops before it: the checkpoint must
+    not keep the (b, 1, s, s) mask alive (Megatron's fused core takes a causal flag, not a mask); the core
+    still gets the mask in the forward (gradients equal the plain module's with the same mask)."""
+    plain = _tiny("deepseek_v3", 32)
+    discarding = copy.deepcopy(plain)
+    attention = discarding.model.layers[0].self_attn
+    scope = DiscardScope(autocast_restorer(False))
+    discard_mla_up(scope, attention)
+    hidden = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(3))
+    position = plain.model.rotary_emb(hidden, torch.arange(16)[None].expand(2, -1))
+    grads = []
+    for module, context in ((plain.model.layers[0].self_attn, contextlib.nullcontext()), (attention, scope.active())):
+        x = hidden.clone().requires_grad_()
+        mask = torch.full((16, 16), float("-inf")).triu(1)[None, None].expand(2, 1, 16, 16).clone()
+        with context:
+            out, _ = module(hidden_states=x, position_embeddings=position, attention_mask=mask)
+        if module is attention:
+            alive = weakref.ref(mask)
+            del mask
+            assert alive() is None, "the mla_up_proj checkpoint keeps the attention mask until the backward"
+        out.square().sum().backward()
+        grads.append(x.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
 def test_a_kv_cache_is_refused() -> None:
     model = _tiny("deepseek_v3", 32)
     _output_discarding(model, ("mla_up_proj",), False)
@@ -90,19 +118,25 @@ def test_an_attention_without_mla_is_refused() -> None:
         discard_mla_up(scope, torch.nn.Linear(4, 4))
 
 
-def test_the_trace_drops_what_the_estimator_drops(tmp_path: Path) -> None:
-    """SDPA on the CUDA stand-in (what Megatron's fused attention saves: q, k, v as given): activations within
-    3% of the estimate with and without the recompute, and the bytes dropped within 10% of each other."""
+@pytest.mark.parametrize(("attention", "device", "precision", "mbs"), [
+    ("sdpa", "cuda", "bf16-mixed", 2),  # what Megatron's fused attention saves: q, k, v as given
+    ("eager", "cpu", "bf16", 2),  # eager PV matmul: copies the strided v and saves the copy
+    ("eager", "cpu", "bf16", 1),  # eager PV matmul: saves the v view (the whole kv up output stays)
+])
+def test_the_trace_drops_what_the_estimator_drops(tmp_path: Path, attention: str, device: str, precision: str,
+                                                   mbs: int) -> None:
+    """Activations within 1% of the estimate with and without the recompute, and the bytes dropped within 3%
+    of each other (measured 2026-12-03: every case within 0.3%, dropped within 0.5%)."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TOY), encoding="utf-8")
     traced, estimated = [], []
     for flags in ({"recompute": "none"}, {"recompute": "megatron-selective", "recompute_modules": "mla_up_proj"}):
-        result = trace(str(path), seq=512, mbs=2, precision="bf16-mixed", attention="sdpa", device="cuda",
+        result = trace(str(path), seq=512, mbs=mbs, precision=precision, attention=attention, device=device,
                        iterations=1, moe_routing="balanced", **flags)  # type: ignore[arg-type]
         rows = {r.category: r for r in compare_with_estimate(str(path), result.options, result.summary).rows}
         activation = rows["activation"]
-        assert abs(activation.relative) <= 0.03, (flags, activation)
+        assert abs(activation.relative) <= 0.01, (flags, activation)
         traced.append(activation.traced_bytes)
         estimated.append(activation.estimated_bytes)
     dropped_trace, dropped_estimate = traced[0] - traced[1], estimated[0] - estimated[1]
-    assert dropped_trace > 0 and abs(dropped_estimate - dropped_trace) <= 0.10 * dropped_trace
+    assert dropped_trace > 0 and abs(dropped_estimate - dropped_trace) <= 0.03 * dropped_trace

@@ -240,8 +240,15 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     else:
         q_width = attn.num_heads * attn.head_dim
         kv_width = attn.num_kv_heads * (attn.head_dim + attn.v_head_dim)
-    terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn",
-                      site="mla_up" if attn.kind == "mla" else ""))
+    if _eager_mla_value_copied(attn, shape):
+        # the PV matmul's own copy of v, which the core saves (recompute of the stretch keeps it)
+        v_width = attn.num_heads * attn.v_head_dim
+        terms.append(Term("q, k", c * tokens * (q_width + kv_width - v_width), "tp", "attn", site="mla_up"))
+        terms.append(Term("v copied by the eager PV matmul (strided value view, micro-batch > 1)",
+                          c * tokens * v_width, "tp", "core", site="core"))
+    else:
+        terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn",
+                          site="mla_up" if attn.kind == "mla" else ""))
     # (RoPE multiplies q and k by cos/sin tables that need no gradient: it saves nothing more.)
     terms += _fused_qkv_terms(attn, shape)
     if attn.qk_norm:
@@ -262,6 +269,11 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     else:
         terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
         terms += _sdpa_mask_terms(attn, shape)
+        if attn.kind == "mla" and shape.kernels == "eager":
+            # transformers' MLA concatenates q heads-first, the fused kernel writes its output in q's
+            # layout and saves it; ``transpose(1, 2).contiguous()`` then copies it for o_proj.
+            terms.append(Term("attention kernel output (heads-first; o_proj reads a copy)",
+                              c * tokens * attn.num_heads * attn.v_head_dim, "tp", "core", site="core"))
     terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn",
                       gemm_input=True))
     if shape.dropout:
@@ -390,11 +402,24 @@ def _eager_mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> 
                   Term(f"{name} latent norm normalized (input dtype)", c * tokens * rank, "rep", "body", site=site),
                   Term(f"{name} latent norm output ({name} up-projection input)", c * tokens * rank, "rep", "body",
                        gemm_input=True, site=site)]
-    if attn.kv_lora_rank:
+    if attn.kv_lora_rank and not _eager_mla_value_copied(attn, shape):
         nope = attn.head_dim - (attn.qk_rope_head_dim or 0)
         terms.append(Term("kv up-projection output kept whole by the value view (its key part)",
                           c * tokens * attn.num_heads * nope, "tp", "attn", site="mla_up"))
     return terms
+
+
+def _eager_mla_value_copied(attn: AttentionSpec, shape: ActivationShape) -> bool:
+    """Whether transformers' eager attention copies MLA's value heads before its PV matmul.
+
+    MLA's value heads are a strided view of the kv up-projection's output (``(b, h, s, dv)`` with the
+    key's no-rope part between heads). ``torch.matmul`` folds batch and heads into one ``bmm`` batch:
+    at micro-batch 1 that is a view, which the matmul saves (the whole output stays alive); above 1 it
+    cannot be, so the matmul copies v, saves the copy, and the output is freed. The copy belongs to
+    the attention core: ``mla_up_proj`` recompute cannot release it (checked with ``memplan trace`` on a
+    DeepSeek-V2 toy, micro-batch 1 and 2)."""
+    return (attn.kind == "mla" and bool(attn.kv_lora_rank) and shape.kernels == "eager"
+            and shape.attention == "eager" and shape.micro_batch > 1)
 
 
 #: Sites of an MLP's (fc1 output, activation output) by the MLP's role: the routed experts'

@@ -9,7 +9,7 @@ from __future__ import annotations
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.states import layer_numel_on_rank
 from memplan.job import Job
-from memplan.model.params import attention_params, mlp_params
+from memplan.model.params import attention_params, mla_up_projection_numel, mlp_params
 from memplan.model.spec import ModelSpec
 
 __all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "layer_weight_copy_numel",
@@ -49,15 +49,20 @@ def checkpointed_module_copy_numel(model: ModelSpec, job: Job, index: int, modul
                                    eager_experts: bool) -> int:
     """Elements autocast copies inside the blocks Megatron's ``--recompute-modules`` checkpoint in
     layer ``index``: the dense MLP's (``mlp``), the MoE block's (``moe``: router and shared experts;
-    eager experts are not cast) or the shared experts' weights (``shared_experts``). A checkpoint
-    made on the block keeps none of them."""
-    moe = model.layers[index].moe
+    eager experts are not cast) or the shared experts' weights (``shared_experts``), and MLA's
+    up-projections (``mla_up_proj``: the stretch runs under ``no_grad``, so autocast caches no copy).
+    A checkpoint made on the block keeps none of them."""
+    layer = model.layers[index]
+    moe = layer.moe
+    numel = 0
     if ("mlp" in modules and moe is None) or ("moe" in modules and moe is not None):
-        return (layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
-                - attention_weight_copy_numel(model, job, index))
-    if "shared_experts" in modules and moe is not None and moe.shared_expert is not None:
-        return mlp_params(moe.shared_expert, model.hidden_size).tp_sharded // job.parallel.tp
-    return 0
+        numel += (layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
+                  - attention_weight_copy_numel(model, job, index))
+    elif "shared_experts" in modules and moe is not None and moe.shared_expert is not None:
+        numel += mlp_params(moe.shared_expert, model.hidden_size).tp_sharded // job.parallel.tp
+    if "mla_up_proj" in modules and layer.attention.kind == "mla":
+        numel += mla_up_projection_numel(layer.attention, model.hidden_size) // job.parallel.tp
+    return numel
 
 
 def layer_weight_copy_numel(model: ModelSpec, job: Job, index: int, *, eager_experts: bool) -> int:

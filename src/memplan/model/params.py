@@ -64,6 +64,18 @@ def attention_params(attn: AttentionSpec, hidden: int) -> ParamGroups:
     return ParamGroups(tp_sharded=sharded, replicated=replicated)
 
 
+def mla_up_projection_numel(attn: AttentionSpec, hidden: int) -> int:
+    """Weights of MLA's up-projections, the GEMMs ``--recompute-modules mla_up_proj`` runs again: the q
+    up-projection (``q_b_proj``; without a low-rank q, ``q_proj`` on the hidden states) and the kv
+    up-projection (``kv_b_proj``), before tensor-parallel sharding."""
+    assert attn.kind == "mla" and attn.kv_lora_rank is not None and attn.qk_rope_head_dim is not None
+    assert attn.qk_nope_head_dim is not None
+    q_in = attn.q_lora_rank or hidden
+    heads = attn.num_heads
+    q = q_in * heads * (attn.qk_nope_head_dim + attn.qk_rope_head_dim)
+    return q + attn.kv_lora_rank * heads * (attn.qk_nope_head_dim + attn.v_head_dim)
+
+
 def _mla_params(attn: AttentionSpec, hidden: int) -> ParamGroups:
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and compressed kv."""
     assert attn.kv_lora_rank is not None and attn.qk_rope_head_dim is not None

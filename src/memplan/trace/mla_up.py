@@ -22,6 +22,7 @@ then ``o_proj``); a test compares outputs and gradients with the plain module.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -110,10 +111,11 @@ def discard_mla_up(scope: Any, attention: torch.nn.Module) -> None:
         q_in = attention.q_a_proj(hidden_states) if low_rank_q else hidden_states
         kv_latent = attention.kv_a_proj_with_mqa(hidden_states)
         core_call: dict[str, Any] = {}
-        region = _region(forward, attention, low_rank_q, args, kwargs, core_call)
+        region = _region(forward, attention, low_rank_q, [args, kwargs, True], core_call)
         (query, key, value), holder = scope.checkpoint(region, q_in, kv_latent)
         core = attention_function(attention, core_call["base"])
         attn_output, weights = core(attention, query, key, value, *core_call["args"], **core_call["kwargs"])
+        core_call.clear()  # the region lives until the backward: it must not keep the mask
         if holder is not None:
             holder.recompute_at(attn_output)
         batch, seq = hidden_states.shape[:-1]
@@ -122,8 +124,8 @@ def discard_mla_up(scope: Any, attention: torch.nn.Module) -> None:
     attention.forward = forward_discarding_up  # type: ignore[method-assign]
 
 
-def _region(forward: Callable[..., Any], attention: torch.nn.Module, low_rank_q: bool, args: tuple[Any, ...],
-            kwargs: dict[str, Any], core_call: dict[str, Any]) -> Callable[..., tuple[torch.Tensor, ...]]:
+def _region(forward: Callable[..., Any], attention: torch.nn.Module, low_rank_q: bool, call: list[Any],
+            core_call: dict[str, Any]) -> Callable[..., tuple[torch.Tensor, ...]]:
     """The stretch from the latents to (q, k, v), as a function of the latents: the model's own forward with
     its down-projections answering them and its attention function stopping the call."""
 
@@ -135,11 +137,31 @@ def _region(forward: Callable[..., Any], attention: torch.nn.Module, low_rank_q:
             base = stack.enter_context(_stopping_at_core(attention.config))
             try:
                 # Without a low-rank q the first input is the hidden states themselves (q_proj's input).
-                forward(q_in, *args, **kwargs)
+                forward(q_in, *call[0], **call[1])
             except _Stopped as stopped:
-                core_call.update(base=base, args=stopped.args, kwargs=stopped.kwargs)
+                if call[2]:  # the forward's own run: the core's arguments, then none for the recompute
+                    core_call.update(base=base, args=stopped.args, kwargs=stopped.kwargs)
+                    call[:] = (*_without_mask(forward, q_in, call[0], call[1]), False)
                 return stopped.qkv
         raise UnsupportedError(f"--recompute-modules mla_up_proj: {type(attention).__name__}.forward returned "
                                "without calling its attention function")
 
     return region
+
+
+def _without_mask(forward: Callable[..., Any], first: torch.Tensor, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The forward's arguments for the recompute, with ``attention_mask`` set to None.
+
+    Only the attention function reads the mask, and the recompute stops before it (the first run
+    recorded the core's arguments, mask included). Keeping the ``(b, 1, s, s)`` mask in the
+    checkpoint until the backward would hold memory Megatron's ``mla_up_proj`` does not (its fused
+    core takes the causal flag, not a mask)."""
+    try:
+        bound = inspect.signature(forward).bind_partial(first, *args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    if bound.arguments.get("attention_mask") is None:
+        return args, kwargs
+    bound.arguments["attention_mask"] = None
+    return bound.args[1:], bound.kwargs
