@@ -88,8 +88,8 @@ MODELLED: dict[str, str] = {
     "--cp-comm-type": ("context-parallel attention (Transformer Engine): same saved numel for every type; "
                        "the backward's ring / all-gather / all-to-all buffers per type"),
     "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall; flex: DeepEP's buffer)",
-    "--overlap-moe-expert-parallel-comm": ("combined 1F1B schedule: one more layer and batch of the next "
-                                           "micro-batch alive in a backward"),
+    "--overlap-moe-expert-parallel-comm": ("combined 1F1B schedule: the next micro-batch's layer beside each "
+                                           "backward layer at their worst moment, and its batch"),
     **dict.fromkeys(("--moe-enable-deepep", "--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms"),
                     "DeepEP's communication buffer (one channel per two SMs; outside PyTorch's allocator)"),
     "--delay-wgrad-compute": ("combined 1F1B: each delayed GEMM's input and output gradient kept until its "
