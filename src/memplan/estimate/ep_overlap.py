@@ -40,7 +40,9 @@ only the routed experts' grouped GEMMs, to the end of the layer's dispatch backw
 Known limitations: gradient-accumulation fusion is assumed (the weight gradients go into the main
 gradient buffer; without it each delayed grouped GEMM also holds its weight gradient); within the
 attention backward the holdings grow while the attention's tensors are freed, priced at its two ends;
-the node outputs the schedule keeps as backward roots are not priced separately.
+the first layer's delayed attention wgrad, which the schedule defers past the pipeline send, is priced
+to the end of its step like the others; the node outputs the schedule keeps as backward roots are not
+priced separately.
 """
 
 from __future__ import annotations
