@@ -4,6 +4,7 @@ overlapped shared expert. Expected bytes are worked out here from the shapes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,15 @@ from typer.testing import CliRunner
 from memplan.cli import app
 from memplan.errors import ConfigError
 from memplan.estimate import estimate
+from memplan.estimate.activations import ActivationShape
 from memplan.estimate.engine import layer_activation_costs
-from memplan.estimate.ep_overlap import LayerParts, combined_step_extra, dispatch_backward_extra
+from memplan.estimate.ep_overlap import (
+    LayerParts,
+    attention_wgrad_held,
+    combined_step_extra,
+    dispatch_backward_extra,
+    expert_wgrad_held,
+)
 from memplan.frameworks.megatron_args import from_megatron_args
 from memplan.frameworks.megatron_flags import classify
 
@@ -190,3 +198,25 @@ def test_assumption_lines() -> None:
     model, job = _build({**MIXED, DELAY: True, EARLY: True})
     text = "\n".join(estimate(model, job).assumptions)
     assert "combined 1F1B" in text and DELAY in text and EARLY in text
+
+
+def test_delayed_operands_of_latent_attention_and_shared_expert() -> None:
+    # MLA (q_lora 256, kv_lora 128, 8 heads of 64 + 32 rope, values 64) with a SwiGLU shared expert of
+    # 512, tp 2 with sequence parallelism: 1024 local tokens, 2048 gathered
+    args = {**MIXED, "--multi-latent-attention": True, "--q-lora-rank": 256, "--kv-lora-rank": 128,
+            "--qk-head-dim": 64, "--qk-pos-emb-head-dim": 32, "--v-head-dim": 64,
+            "--moe-shared-expert-intermediate-size": 512, "--moe-layer-freq": 1}
+    model, _ = _build(args)
+    shape = ActivationShape(seq=S, kv_seq=S, micro_batch=B, hidden=H, tp=2, sequence_parallel=True, act_bytes=C,
+                            residual_bytes=C, attention="flash", dropout=False, kernels="fused", expert_tp=1)
+    local = T // 2
+    down = local * H + local * (128 + 32) + local * 256  # one shared input; kv latent + rope, q latent
+    up = T * 256 + T * HEADS * 96 // 2 + T * 128 + T * HEADS * (64 + 64) // 2  # gathered latents, TP-split outputs
+    proj = T * HEADS * 64 // 2 + T * H  # its input, its gathered output gradient
+    shared = T * H + T * 2 * 512 // 2 + T * 512 // 2 + T * H
+    assert attention_wgrad_held(model.layers[1], shape) == C * (down + up + proj + shared)
+    # the routed experts' rows: s*b*top-k / tp, at full expert width (etp 1)
+    rows = T * TOPK // 2
+    assert expert_wgrad_held(model.layers[1], shape) == C * rows * (H + 2 * F_EXPERT + F_EXPERT + H)
+    fp8 = replace(shape, fp8=True)  # Transformer Engine's quantized copies: one byte per element
+    assert expert_wgrad_held(model.layers[1], fp8) * C == expert_wgrad_held(model.layers[1], shape)
