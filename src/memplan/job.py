@@ -587,6 +587,18 @@ class CommOverlap:
     #: Megatron ``--overlap-moe-expert-parallel-comm``: the combined 1F1B schedule runs one
     #: micro-batch's forward layers beside another's backward layers.
     ep_a2a: bool = False
+    #: Megatron ``--delay-wgrad-compute`` (combined 1F1B only): Transformer Engine's linears keep each
+    #: GEMM's input and output gradient until the schedule runs their weight gradient (``backward_dw``).
+    delay_wgrad: bool = False
+    #: Megatron ``--ep-overlap-early-attn-memory-release`` (combined 1F1B only): a layer's attention
+    #: backward runs before the next micro-batch's MLP forward instead of after its combine.
+    early_attn_release: bool = False
+    #: Megatron ``--overlap-dispatch-backward-with-experts-wgrad`` (plain schedules): the routed
+    #: experts' weight gradients wait for the dispatch backward (side stream), their GEMM operands kept.
+    experts_wgrad_overlap: bool = False
+    #: Megatron ``--moe-shared-expert-overlap``: the shared expert runs on a side stream beside the
+    #: dispatch, gathering its own sequence-parallel input (which its first GEMM then saves).
+    shared_expert_overlap: bool = False
     #: Megatron ``--moe-flex-dispatcher-backend`` (``flex`` dispatcher only).
     flex_backend: FlexBackend = "deepep"
     #: Megatron ``--moe-flex-dispatcher-num-sms``: SMs DeepEP's kernels use (its buffer has a channel
@@ -923,7 +935,9 @@ class Job:
                                  "--pad-to-capacity; Megatron asserts it)", graphs.modules)
 
     def _check_ep_overlap(self) -> None:
-        """Megatron's refusals for ``--overlap-moe-expert-parallel-comm`` (transformer_config.py)."""
+        """Megatron's refusals for ``--overlap-moe-expert-parallel-comm`` and the options that go with it
+        (transformer_config.py ``__post_init__``)."""
+        self._check_ep_overlap_options()
         if not self.overlap.ep_a2a:
             return
         flag, par = "--overlap-moe-expert-parallel-comm", self.parallel
@@ -936,10 +950,30 @@ class Job:
             raise JobConfigError(flag, "needs the alltoall or flex dispatcher (Megatron asserts it)", "allgather")
         if self.recompute.mode == "full":
             raise JobConfigError(flag, "cannot be combined with full recompute (Megatron asserts it)", "full")
+        if self.recompute.mode in ("selective", "megatron-selective") and "moe" in self.recompute.module_names:
+            raise JobConfigError(flag, "cannot be combined with --recompute-modules moe (Megatron asserts it)",
+                                 self.recompute.modules)
         if par.pp > 1 and par.vpp == 1:
             raise JobConfigError(flag, "needs a virtual pipeline with pipeline parallelism (Megatron asserts one "
                                  "is set; memplan prices it with --num-virtual-stages-per-pipeline-rank > 1)",
                                  f"pp={par.pp}, vpp=1")
+
+    def _check_ep_overlap_options(self) -> None:
+        """Megatron's rules for the expert-parallel overlap options (transformer_config.py)."""
+        ov, a2a = self.overlap, "--overlap-moe-expert-parallel-comm"
+        flags = (("--delay-wgrad-compute", ov.delay_wgrad), ("--ep-overlap-early-attn-memory-release",
+                 ov.early_attn_release), ("--overlap-dispatch-backward-with-experts-wgrad", ov.experts_wgrad_overlap),
+                 ("--moe-shared-expert-overlap", ov.shared_expert_overlap))
+        for flag, on in flags:
+            if on and self.framework != "megatron":
+                raise JobConfigError(flag, "is a Megatron-LM option; use --framework megatron",
+                                     f"--framework {self.framework}")
+        for flag, on in flags[:2]:
+            if on and not ov.ep_a2a:
+                raise JobConfigError(flag, f"needs {a2a} (Megatron asserts it)", "combined 1F1B off")
+        for flag, on in flags[2:]:
+            if on and ov.ep_a2a:
+                raise JobConfigError(flag, f"cannot be combined with {a2a} (Megatron asserts it)", True)
 
     def _check_offload(self) -> None:
         sh, off = self.sharding, self.offload
@@ -1010,6 +1044,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
         )
     check_recompute_modules(job, model)
     _check_cuda_graph_modules(job, model)
+    _check_shared_expert_overlap(job, model)
     chunks = par.pp * par.vpp
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
     if par.chunk_layers is not None:
@@ -1066,6 +1101,20 @@ def check_recompute_modules(job: Job, model: ModelSpec) -> None:
         raise JobConfigError("--recompute-modules", "moe_act needs MoE layers with grouped-GEMM experts, which "
                              "this dense model does not have (Megatron refuses it without --moe-grouped-gemm)",
                              job.recompute.modules)
+
+
+def _check_shared_expert_overlap(job: Job, model: ModelSpec) -> None:
+    """Megatron's refusals of ``--moe-shared-expert-overlap`` for a model with shared experts
+    (transformer_config.py; without shared experts the option does nothing)."""
+    if not job.overlap.shared_expert_overlap or not any(
+            layer.moe is not None and layer.moe.shared_expert is not None for layer in model.layers):
+        return
+    flag = "--moe-shared-expert-overlap"
+    if job.moe.dispatcher not in ("alltoall", "flex"):
+        raise JobConfigError(flag, "needs the alltoall or flex dispatcher (Megatron refuses it)", job.moe.dispatcher)
+    if job.recompute.mode in ("selective", "megatron-selective") and "shared_experts" in job.recompute.module_names:
+        raise JobConfigError(flag, "cannot be combined with --recompute-modules shared_experts (Megatron refuses "
+                             "it)", job.recompute.modules)
 
 
 def _check_cuda_graph_modules(job: Job, model: ModelSpec) -> None:

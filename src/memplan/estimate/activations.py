@@ -462,6 +462,10 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     return terms
 
 
+#: The routed experts' input rows (what the dispatch delivers and the first grouped GEMM saves).
+DISPATCHED_TOKENS = "dispatched tokens (grouped-GEMM input)"
+#: The expert outputs the weighted combine keeps (routing probabilities applied at the combine).
+EXPERT_OUTPUTS = "expert outputs kept by the weighted combine"
 #: Router outputs kept per token and expert: fp32 logits, fp32 scores (softmax/sigmoid) and the
 #: boolean routing map (megatron/core/transformer/moe/router.py).
 ROUTER_BYTES_PER_EXPERT = 4 + 4 + 1
@@ -517,7 +521,7 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
         terms.append(Term("grouped experts' permutations and offsets", routed * 3 * 8 + moe.num_experts * 4, "sp",
                           "body", site="moe"))
     received = int(routed * shape.routed_factor)
-    terms.append(Term("dispatched tokens (grouped-GEMM input)", c * received * h * shape.expert_tp, "sp", "body",
+    terms.append(Term(DISPATCHED_TOKENS, c * received * h * shape.expert_tp, "sp", "body",
                       gemm_input=True, site="moe"))
     terms += _mlp_terms(moe.expert, shape, tokens=received, region="sp", prefix="experts", elem_bytes=c)
     if shape.moe_probs_at == "experts":
@@ -525,7 +529,7 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     else:
         # Combine weights each expert output by its routing probability: the product's backward keeps
         # the expert outputs (back on the source rank: one row per routed copy).
-        terms.append(Term("expert outputs kept by the weighted combine", c * routed * h, "sp", "body", site="moe"))
+        terms.append(Term(EXPERT_OUTPUTS, c * routed * h, "sp", "body", site="moe"))
     if moe.shared_expert is not None:
         terms += _mlp_terms(moe.shared_expert, shape, tokens=tokens, region="tp", prefix="shared expert")
         if moe.shared_expert_gate:

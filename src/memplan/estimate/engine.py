@@ -10,6 +10,7 @@ from memplan.estimate.activations import (
     KEPT_BY,
     ActivationShape,
     backward_transient_bytes,
+    dispatch_buffer_bytes,
     divided,
     layer_terms,
     layer_terms_by_block,
@@ -40,6 +41,17 @@ from memplan.estimate.ds_checkpointing import (
     partition_bytes,
     place_checkpoint,
 )
+from memplan.estimate.ep_overlap import (
+    LayerParts,
+    attention_wgrad_held,
+    combined_step_extra,
+    dispatch_backward_extra,
+    expert_wgrad_held,
+    layer_parts,
+    mlp_wgrad_held,
+    shared_expert_overlap_bytes,
+)
+from memplan.estimate.ep_overlap import describe as describe_ep_overlap
 from memplan.estimate.extras import (
     LOSS_NOTES,
     PACKING_NOTE,
@@ -430,12 +442,15 @@ def _stage_estimate(
     chunk_graph: list[int] = []
     chunk_graph_layers: list[int] = []
     graph_worst_backward = 0
+    #: Combined 1F1B: each layer split into the schedule's nodes (:mod:`memplan.estimate.ep_overlap`).
+    ep_parts: list[LayerParts] = []
     for chunk in layout.chunks:
         kept = cpu_kept = 0
         chunk_graph.append(0)
         chunk_graph_layers.append(0)
         for position, index in enumerate(chunk):
             keep, full, transient, rebuilt = _layer_costs(model.layers[index], shape, job, cache, index, model)
+            keep, full = _with_shared_expert_overlap(model.layers[index], shape, job, keep, full)
             transient += _cp_backward_extra(model, job, shape, index)
             if ft is None:
                 transient += _recomputed_copies_bytes(model, job, profile, prec, index, recomputed)
@@ -460,6 +475,9 @@ def _stage_estimate(
                 layer_keep, layer_worst = keep, rebuilt + transient
             else:
                 layer_keep, layer_worst = full, transient
+            layer_worst += _experts_wgrad_extra(model.layers[index], shape, job, full, transient)
+            if job.overlap.ep_a2a:
+                ep_parts.append(_ep_parts(model.layers[index], shape, job, layer_keep, layer_worst))
             kept += layer_keep
             worst_backward = max(worst_backward, layer_worst)
             per_layer.append((index, layer_keep, layer_worst))
@@ -584,9 +602,10 @@ def _stage_estimate(
         backward_layers, backward_temp = _backward_walk(model, job, states, params, per_layer, layer_acts, head_grads)
     backward_temp += in_backward_temp + offload_bring_back
     # Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): the next micro-batch's forward runs
-    # layer by layer beside this backward, so one more layer (and that micro-batch's batch and embedding
-    # output) is alive (megatron/core/models/common/model_chunk_schedule_plan.py).
-    ep_layer = max((keep for _, keep, _ in per_layer), default=0) if job.overlap.ep_a2a else 0
+    # layer by layer beside this backward, so its layer (and that micro-batch's batch and embedding
+    # output) is alive beside it, at the layer pair's worst moment (memplan.estimate.ep_overlap).
+    ep_layer = combined_step_extra(ep_parts, early_release=job.overlap.early_attn_release) if job.overlap.ep_a2a \
+        else 0
     ep_inputs = input_bytes(shape, job.framework, job.parallel.cp) if job.overlap.ep_a2a and (
         layout.has_embedding or layout.has_head) else 0
     if job.overlap.ep_a2a and layout.has_embedding:
@@ -668,6 +687,38 @@ def _stage_estimate(
         cuda_graphs=graph_count(job.cuda_graphs.impl, sum(chunk_graph_layers), pp=job.parallel.pp,
                                 num_microbatches=job.num_microbatches) if layout.layer_indices else 0,
     )
+
+
+def _with_shared_expert_overlap(layer: LayerSpec, shape: ActivationShape, job: Job, keep: int,
+                                full: int) -> tuple[int, int]:
+    """(kept, full) with ``--moe-shared-expert-overlap``'s gathered shared-expert input (kept unless
+    recompute drops the layer's body or its MoE block)."""
+    extra = shared_expert_overlap_bytes(layer, shape) if job.overlap.shared_expert_overlap else 0
+    if not extra:
+        return keep, full
+    _, dropped = _kept_policy(job)
+    kept_too = resolve_policy(job).name != "full" and "moe" not in dropped
+    return keep + (extra if kept_too else 0), full + extra
+
+
+def _experts_wgrad_extra(layer: LayerSpec, shape: ActivationShape, job: Job, full: int, transient: int) -> int:
+    """``--overlap-dispatch-backward-with-experts-wgrad``: what an MoE layer's dispatch backward holds
+    beyond its worst backward step (Transformer Engine's grouped-GEMM experts only)."""
+    if not job.overlap.experts_wgrad_overlap or layer.moe is None or not job.moe.grouped_gemm:
+        return 0
+    parts = layer_parts(layer, shape, kept=full, transient=transient, dispatch=dispatch_buffer_bytes(layer, shape),
+                        is_kept=lambda term: True, held_mlp=expert_wgrad_held(layer, shape))
+    return dispatch_backward_extra(parts)
+
+
+def _ep_parts(layer: LayerSpec, shape: ActivationShape, job: Job, keep: int, worst: int) -> LayerParts:
+    """A layer split into the combined 1F1B schedule's nodes, with its delayed-wgrad holdings."""
+    kept_classes, dropped = _kept_policy(job)
+    delay = job.overlap.delay_wgrad
+    return layer_parts(layer, shape, kept=keep, transient=worst, dispatch=dispatch_buffer_bytes(layer, shape),
+                       is_kept=lambda t: t.keep in kept_classes and term_site(t) not in dropped,
+                       held_mlp=mlp_wgrad_held(layer, shape) if delay else 0,
+                       held_attn=attention_wgrad_held(layer, shape) if delay else 0)
 
 
 def _captured_layer(model: ModelSpec, job: Job, shape: ActivationShape) -> LayerCapture:
@@ -961,9 +1012,12 @@ def _assumptions(
                    "sequence-parallel input gathers, the unfused attention's raw scores and the all-gather MoE "
                    "dispatcher's tokens (workspace); its layers run torch matmuls, so Transformer Engine's cuBLAS "
                    "workspace is not made")
-    if job.overlap.ep_a2a:
-        out.append("EP all-to-all overlap (combined 1F1B): the next micro-batch's forward runs layer by layer beside "
-                   "each backward, so one more layer's activations and its batch are alive in the backward")
+    ov = job.overlap
+    out += describe_ep_overlap(ep_a2a=ov.ep_a2a, delay_wgrad=ov.delay_wgrad, early_release=ov.early_attn_release,
+                               experts_wgrad=ov.experts_wgrad_overlap and model.is_moe,
+                               shared_overlap=ov.shared_expert_overlap and any(
+                                   layer.moe is not None and layer.moe.shared_expert is not None
+                                   for layer in model.layers))
     if par.cp > 1 and profile.name == "megatron":
         out.append(describe_cp(job.overlap.cp_comm_types, par.cp))
     if job.overlap.tp:

@@ -88,10 +88,19 @@ MODELLED: dict[str, str] = {
     "--cp-comm-type": ("context-parallel attention (Transformer Engine): same saved numel for every type; "
                        "the backward's ring / all-gather / all-to-all buffers per type"),
     "--moe-token-dispatcher-type": "MoE token dispatch buffers (allgather / alltoall; flex: DeepEP's buffer)",
-    "--overlap-moe-expert-parallel-comm": ("combined 1F1B schedule: one more layer and batch of the next "
-                                           "micro-batch alive in a backward"),
+    "--overlap-moe-expert-parallel-comm": ("combined 1F1B schedule: the next micro-batch's layer beside each "
+                                           "backward layer at their worst moment, and its batch"),
     **dict.fromkeys(("--moe-enable-deepep", "--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms"),
                     "DeepEP's communication buffer (one channel per two SMs; outside PyTorch's allocator)"),
+    "--delay-wgrad-compute": ("combined 1F1B: each delayed GEMM's input and output gradient kept until its "
+                              "weight gradient runs (experts' across the next micro-batch's dispatch, the "
+                              "attention's and shared expert's to the end of the layer pair)"),
+    "--ep-overlap-early-attn-memory-release": ("combined 1F1B: the backward layer's attention activations freed "
+                                               "before the next micro-batch's MLP forward"),
+    "--overlap-dispatch-backward-with-experts-wgrad": ("routed experts' GEMM inputs and output gradients kept "
+                                                       "through the dispatch backward"),
+    "--moe-shared-expert-overlap": ("shared expert's first GEMM saves its gathered sequence-parallel input "
+                                    "(side-stream allocations priced as allocated bytes)"),
     "--moe-flex-dispatcher-backend": "flex dispatcher backend: DeepEP's buffer priced",
     "--moe-expert-capacity-factor": "MoE expert capacity: tokens each expert receives",
     "--moe-pad-expert-input-to-capacity": "MoE: expert inputs padded to capacity",
@@ -182,11 +191,9 @@ GROUPS: tuple[tuple[Effect, str, tuple[str, ...]], ...] = (
           "dtypes are not priced"),
      ("--moe-permute-fusion-into-hybridep", "--moe-hybridep-pad-uneven-dispatch-inputs",
       "--moe-ncclep-zero-copy", "--moe-dispatch-fwd-dtype", "--moe-combine-bwd-dtype")),
-    (_NM, ("expert-parallel overlap options that move when activations and weight gradients are freed "
-          "(delayed wgrad, early attention release) are not priced; the combined 1F1B schedule is"),
-     ("--delay-wgrad-compute",
-      "--overlap-dispatch-backward-with-experts-wgrad", "--ep-overlap-early-attn-memory-release",
-      "--high-priority-a2a-comm-stream", "--moe-shared-expert-overlap")),
+    (_NONE, ("combined 1F1B communication stream priority: the same stream and tensors, only the GPU's "
+            "scheduling order changes (megatron/core/pipeline_parallel/utils.py set_streams)"),
+     ("--high-priority-a2a-comm-stream",)),
     (_NM, "generalized tensor parallelism (GTP weight sharding and rematerialisation) is not modelled",
      ("--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards",
       "--gtp-remat-opt-in-modules", "--gtp-remat-nccl-ub", "--gtp-expert-remat-nccl-ub",

@@ -1,7 +1,9 @@
 """Megatron-LM's communication flags that allocate buffers, as a :class:`~memplan.job.CommOverlap`.
 
 ``--cp-comm-type`` picks Transformer Engine's context-parallel attention (its backward buffers);
-``--overlap-moe-expert-parallel-comm`` the combined 1F1B schedule; ``--moe-flex-dispatcher-backend``
+``--overlap-moe-expert-parallel-comm`` the combined 1F1B schedule (with ``--delay-wgrad-compute`` and
+``--ep-overlap-early-attn-memory-release``); ``--overlap-dispatch-backward-with-experts-wgrad`` and
+``--moe-shared-expert-overlap`` the plain schedule's overlaps; ``--moe-flex-dispatcher-backend``
 and its SM count the flex dispatcher's communication buffer (DeepEP's).
 
 ``--tp-comm-overlap`` makes Megatron call Transformer Engine's ``initialize_ub``
@@ -37,6 +39,10 @@ def comm_overlap(args: Mapping[str, Any]) -> CommOverlap:
     the flex dispatcher's backend)."""
     return replace(_tp_overlap(args), cp_comm_types=_cp_comm_types(args),
                    ep_a2a=flag_is_set(args, "--overlap-moe-expert-parallel-comm"),
+                   delay_wgrad=flag_is_set(args, "--delay-wgrad-compute"),
+                   early_attn_release=flag_is_set(args, "--ep-overlap-early-attn-memory-release"),
+                   experts_wgrad_overlap=flag_is_set(args, "--overlap-dispatch-backward-with-experts-wgrad"),
+                   shared_expert_overlap=flag_is_set(args, "--moe-shared-expert-overlap"),
                    flex_backend=_flex_backend(args), flex_num_sms=_flex_num_sms(args))
 
 
