@@ -17,8 +17,8 @@ Category rules, in order:
    than autocast's copies of its weight and input) or by the loss at the model's top level; this
    includes the outputs of functional collectives (:data:`COLLECTIVE`: DTensor's redistributions)
    kept for the backward, such as a sequence-parallel embedding's reduce-scatter output (the first
-   layer's input) or the reduce-scatter outputs torchtitan's per-op checkpointing caches; those
-   freed earlier are ``communication``;
+   layer's input; an activation although its hook runs at the top level) or the reduce-scatter
+   outputs torchtitan's per-op checkpointing caches; those freed earlier are ``communication``;
 3. everything else: ``temporary``.
 """
 
@@ -158,7 +158,9 @@ class AllocationRecorder:
         if block.role is not None and block.role != COLLECTIVE:
             return _OPT if block.role == HOST else block.role
         if block.forward_alive:
-            if block.module not in self.head_modules:
+            # (a collective at the top level redistributes a module's output in its hook, e.g. the
+            # embedding's reduce-scatter: the first layer's input, not the loss's)
+            if block.module not in self.head_modules or (block.role == COLLECTIVE and not block.module):
                 return _ACTIVATION
             # Autocast's copies of the head's weight and input are activations, not logits.
             return _ACTIVATION if block.module and block.op == _CAST_OP else _LOGITS
