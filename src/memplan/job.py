@@ -835,8 +835,9 @@ class Job:
     #: Megatron ``--transformer-impl``: ``local`` layers use Megatron's global memory buffer for their
     #: sequence-parallel all-gathers and unfused attention scores.
     transformer_impl: TransformerImpl = "transformer_engine"
-    #: ``--framework torchtitan`` with torchtitan's own model code (a job read from a torchtitan TOML):
-    #: what its layers save differs from transformers' modules (:mod:`memplan.frameworks.model_code`).
+    #: The job was read from a torchtitan TOML: under ``--framework torchtitan`` (its default there) it runs
+    #: torchtitan's own model code, whose layers save less than transformers' modules
+    #: (:mod:`memplan.frameworks.model_code`); another typed ``--framework`` prices that framework's code.
     torchtitan_model: bool = False
     #: Megatron CUDA graphs.
     cuda_graphs: CudaGraphs = field(default_factory=CudaGraphs)
@@ -877,9 +878,6 @@ class Job:
         self._check_cuda_graphs()
         self._check_fine_offload()
         _check_choice("--transformer-impl", self.transformer_impl, get_args(TransformerImpl))
-        if self.torchtitan_model and self.framework != "torchtitan":
-            raise JobConfigError("torchtitan_model", "is torchtitan's own model code; use --framework torchtitan",
-                                 f"--framework {self.framework}")
         if self.transformer_impl == "local" and self.framework != "megatron":
             raise JobConfigError("--transformer-impl", "local is Megatron-LM's own layer implementation; use "
                                  "--framework megatron", f"--framework {self.framework}")

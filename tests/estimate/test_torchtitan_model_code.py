@@ -11,9 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
-from memplan.errors import JobConfigError
 from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.engine import _activation_shape, estimate
 from memplan.estimate.extras import rope_table_bytes
@@ -85,6 +82,9 @@ def test_tp_without_fsdp_is_fp32_math_attention_with_gathered_gemm_inputs(tmp_pa
     assert terms["attention norm input"] == 4 * TOKENS * HIDDEN // 2
 
 
-def test_torchtitan_model_code_needs_the_torchtitan_framework() -> None:
-    with pytest.raises(JobConfigError, match="torchtitan_model"):
-        Job(framework="hf", torchtitan_model=True)
+def test_a_typed_framework_prices_its_own_code(tmp_path: Path) -> None:
+    """``--torchtitan-config FILE --framework hf``: the typed framework wins, with transformers' modules."""
+    loaded = load_job(JobRequest(model=MODEL, torchtitan_config=_toml(tmp_path), flags={"gpus": 2, "framework": "hf"}))
+    assert loaded.job.framework == "hf" and model_code(loaded.job) is HF_MODEL_CODE
+    assert model_code(Job(framework="torchtitan", torchtitan_model=True)) is TORCHTITAN_MODEL_CODE
+    assert model_code(Job(framework="torchtitan")) is HF_MODEL_CODE

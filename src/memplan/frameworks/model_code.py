@@ -57,8 +57,9 @@ TORCHTITAN_MODEL_CODE = ModelCode(name="torchtitan", fused_rms_norm=True, rope_b
 
 
 def model_code(job: Job) -> ModelCode:
-    """The model code ``job`` runs: torchtitan's own for a job read from a torchtitan TOML."""
-    return TORCHTITAN_MODEL_CODE if job.torchtitan_model else HF_MODEL_CODE
+    """The model code ``job`` runs: torchtitan's own for a job read from a torchtitan TOML and priced
+    as torchtitan (``--framework torchtitan``, the TOML's default)."""
+    return TORCHTITAN_MODEL_CODE if job.torchtitan_model and job.framework == "torchtitan" else HF_MODEL_CODE
 
 
 def sdpa_attention(code: ModelCode, attention: str, compute_bytes: int) -> str:
