@@ -12,7 +12,8 @@ its fixed fragmentation assumption) and ``memplan trace --device cuda`` on simul
 (peak allocated, and peak reserved from replaying the trace through the caching-allocator simulator
 with FSDP2's streams) on the Hugging Face model; and, when torchtitan 0.2.x is installed, ``memplan
 trace --torchtitan`` on torchtitan's own ``llama3_8b.toml`` with the row's local batch
-(``benchmarks/configs/torchtitan_llama3_8b_lbs2.toml``): torchtitan's model, parallelize and loss code. Usage: PYTHONPATH=src python benchmarks/torchtitan_published.py [--json OUT]
+(``benchmarks/configs/torchtitan_llama3_8b_lbs2.toml``): torchtitan's model, parallelize and loss code,
+beside ``memplan estimate --torchtitan-config`` of that TOML (torchtitan's own model code priced). Usage: PYTHONPATH=src python benchmarks/torchtitan_published.py [--json OUT]
 """
 
 from __future__ import annotations
@@ -56,8 +57,22 @@ def run(row: dict) -> dict:
            "trace_reserved_gib": None if reserved is None else reserved / GiB, "trace_seconds": round(seconds, 1)}
     out["estimate_reserved_vs_published"] = stage.peak_reserved_bytes / published - 1
     out["trace_reserved_vs_published"] = None if reserved is None else reserved / published - 1
+    out.update(_toml_estimate(row, flags, published))
     out.update(_torchtitan_trace(row, flags, published))
     return out
+
+
+def _toml_estimate(row: dict, flags: dict, published: float) -> dict:
+    """``memplan estimate --torchtitan-config`` on the row's TOML: torchtitan's own model code priced."""
+    from memplan.estimate import estimate
+    from memplan.inputs import JobRequest, load_job
+
+    toml = HERE / "configs" / row["torchtitan_toml"]
+    loaded = load_job(JobRequest(model=row["model"], torchtitan_config=str(toml), flags={"gpus": flags["fsdp"]}))
+    stage = estimate(loaded.model, loaded.job).stages[0]
+    return {"toml_estimate_allocated_gib": stage.peak_allocated_bytes / GiB,
+            "toml_estimate_reserved_gib": stage.peak_reserved_bytes / GiB,
+            "toml_estimate_reserved_vs_published": stage.peak_reserved_bytes / published - 1}
 
 
 def _torchtitan_trace(row: dict, flags: dict, published: float) -> dict:
@@ -92,6 +107,9 @@ def main() -> None:
               f"({100 * r['estimate_reserved_vs_published']:+.1f}%); trace {r['trace_allocated_gib']:.2f} allocated / "
               f"{trace_res} reserved (simulated, "
               f"{100 * (r['trace_reserved_vs_published'] or 0):+.1f}%); trace {r['trace_seconds']} s")
+        print(f"  estimate --torchtitan-config (torchtitan's own code): {r['toml_estimate_allocated_gib']:.2f} "
+              f"allocated / {r['toml_estimate_reserved_gib']:.2f} reserved "
+              f"({100 * r['toml_estimate_reserved_vs_published']:+.1f}%)")
         if "torchtitan_trace_reserved_gib" in r:
             print(f"  trace --torchtitan (torchtitan's own code): {r['torchtitan_trace_allocated_gib']:.2f} allocated / "
                   f"{r['torchtitan_trace_reserved_gib']:.2f} reserved (simulated, "

@@ -847,6 +847,10 @@ class Job:
     #: Megatron ``--transformer-impl``: ``local`` layers use Megatron's global memory buffer for their
     #: sequence-parallel all-gathers and unfused attention scores.
     transformer_impl: TransformerImpl = "transformer_engine"
+    #: The job was read from a torchtitan TOML: under ``--framework torchtitan`` (its default there) it runs
+    #: torchtitan's own model code, whose layers save less than transformers' modules
+    #: (:mod:`memplan.frameworks.model_code`); another typed ``--framework`` prices that framework's code.
+    torchtitan_model: bool = False
     #: Megatron CUDA graphs.
     cuda_graphs: CudaGraphs = field(default_factory=CudaGraphs)
 

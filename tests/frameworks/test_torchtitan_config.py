@@ -175,9 +175,24 @@ def test_explicit_degrees_must_match_gpus(tmp_path: Path) -> None:
 def test_precision_modes(tmp_path: Path) -> None:
     assert _job(tmp_path, '[training]\ndtype = "bfloat16"\n', gpus=8).job.precision.name == "bf16"
     assert _job(tmp_path, '[training]\nmixed_precision_param = "float32"\n', gpus=8).job.precision.name == "fp32"
-    # TP without FSDP: torchtitan applies no mixed precision at all.
+    # TP without FSDP: torchtitan applies no mixed precision at all (maybe_enable_amp); the file says
+    # bf16-mixed and the torchtitan profile resolves it to fp32, as for the same job given by flags.
+    from memplan.estimate.precision import resolve_precision
+    from memplan.frameworks.profiles import TORCHTITAN
+
     tp_only = "[parallelism]\ndata_parallel_shard_degree = 1\ntensor_parallel_degree = 8\n"
-    assert _job(tmp_path, tp_only, gpus=8).job.precision.name == "fp32"
+    job = _job(tmp_path, tp_only, gpus=8).job
+    assert job.precision.name == "bf16-mixed" and job.torchtitan_model
+    prec = resolve_precision(job, TORCHTITAN)
+    assert (prec.param, prec.compute, prec.residual, prec.weight_copies) == ("fp32", "fp32", "fp32", None)
+    assert "maybe_enable_amp" in prec.notes[0]
+    flags = load_job(JobRequest(model="llama-3.2-1b", flags={"framework": "torchtitan", "gpus": 2, "tp": 2})).job
+    assert resolve_precision(flags, TORCHTITAN).compute == "fp32"
+    fsdp_tp = load_job(JobRequest(model="llama-3.2-1b", flags={"framework": "torchtitan", "gpus": 4, "tp": 2,
+                                                               "fsdp": "full"})).job
+    assert resolve_precision(fsdp_tp, TORCHTITAN).weight_copies == "fsdp"
+    single = _job(tmp_path, "[parallelism]\ndata_parallel_shard_degree = 1\n", gpus=1).job
+    assert resolve_precision(single, TORCHTITAN).weight_copies == "autocast"
 
 
 def test_optimizer_offload_and_in_backward(tmp_path: Path) -> None:

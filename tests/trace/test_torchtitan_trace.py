@@ -25,10 +25,12 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchtitan"
 TOML = DATA / "llama3_debug.toml"
-AC = {"full": 'mode = "full"', "sac-op": 'mode = "selective"\nselective_ac_option = "op"'}
+AC = {"full": 'mode = "full"', "sac-op": 'mode = "selective"\nselective_ac_option = "op"', "none": 'mode = "none"'}
 FP32 = 4
-#: Activations traced vs estimated (the estimator above), as measured on this job (docs/trace.md).
-ACTIVATION_TOLERANCE = {"full": 0.30, "sac-op": 0.06}
+#: Activations traced vs estimated (the estimator above), as measured on this job (docs/trace.md):
+#: equal up to the cuDNN kernel's 16-byte seed and offset per layer without TP; under TP the trace
+#: files the head's all-gathered input as logits (+0.9 % to +3.3 %).
+ACTIVATION_TOLERANCE = {1: 0.001, 2: 0.05}
 
 runner = CliRunner()
 
@@ -113,20 +115,38 @@ def test_tensor_parallel_shards_all_but_the_norms(folder: Path, gpus: int) -> No
     assert result.summary.max_requested_by_category["parameter"] == expected
 
 
-@pytest.mark.parametrize(("gpus", "ac"), [(1, "full"), (1, "sac-op"), (4, "full"), (4, "sac-op")])
-def test_activations_agree_with_memplan_estimate_on_the_same_toml(folder: Path, gpus: int, ac: str) -> None:
+@pytest.mark.parametrize(("gpus", "tp", "ac"), [(1, 1, "full"), (1, 1, "sac-op"), (4, 1, "full"), (4, 1, "sac-op"),
+                                               (2, 2, "sac-op"), (2, 2, "none"), (4, 2, "sac-op")])
+def test_activations_agree_with_memplan_estimate_on_the_same_toml(folder: Path, gpus: int, tp: int, ac: str) -> None:
     from memplan.estimate.engine import estimate
     from memplan.inputs import JobRequest, load_job
 
-    _target, setup, result = traced(folder, gpus, 1, ac)
+    _target, setup, result = traced(folder, gpus, tp, ac)
     # what `memplan estimate MODEL --torchtitan-config FILE --gpus N` prices, MODEL the debugmodel's config.json
     loaded = load_job(JobRequest(model=str(DATA / "llama3_debugmodel_config.json"),
-                                 torchtitan_config=str(job_file(folder, ac=ac)), flags={"gpus": gpus}))
-    assert loaded.job == setup.job
+                                 torchtitan_config=str(job_file(folder, ac=ac, tp=tp)), flags={"gpus": gpus}))
+    assert loaded.job == setup.job and loaded.job.torchtitan_model
     highest = estimate(loaded.model, loaded.job).stages[0].highest_by_category()
     traced_bytes = result.summary.max_requested_by_category["activation"]
     estimated = highest[next(c for c in highest if c.value == "activation")]
-    assert abs(estimated - traced_bytes) <= ACTIVATION_TOLERANCE[ac] * traced_bytes
+    assert abs(estimated - traced_bytes) <= ACTIVATION_TOLERANCE[tp] * traced_bytes
+
+
+def test_tp_without_fsdp_trains_in_fp32_with_math_attention(folder: Path) -> None:
+    """torchtitan's maybe_enable_amp applies no mixed precision with TP and no FSDP; its SDPA wrapper then
+    has only the math kernel for fp32, which keeps the fp32 s x s softmax (the estimator prices the same)."""
+    from memplan.estimate.engine import estimate
+    from memplan.inputs import JobRequest, load_job
+
+    _target, _setup, result = traced(folder, 2, 2, "none")
+    kept = [e for e in result.trace.events if e.kind == "alloc" and e.category == "activation" and e.iteration == 1]
+    batch, heads, seq = 2, 16 // 2, 256
+    softmax = [e for e in kept if e.op == "aten._safe_softmax.default"]
+    assert len(softmax) == 6 and {e.size for e in softmax} == {batch * heads * seq * seq * FP32}
+    loaded = load_job(JobRequest(model=str(DATA / "llama3_debugmodel_config.json"),
+                                 torchtitan_config=str(job_file(folder, ac="none", tp=2)), flags={"gpus": 2}))
+    notes = " ".join(estimate(loaded.model, loaded.job).assumptions)
+    assert "maybe_enable_amp" in notes and "math kernel" in notes
 
 
 def test_cli_json_reports_the_files_settings(folder: Path) -> None:

@@ -150,6 +150,8 @@ def _dialect_job(model: str | None, flags: dict[str, Any], hf_args: str | None,
     them) and their settings."""
     if hf_args is None and peft_config is None and torchtitan_config is None:
         return None, ()
+    from dataclasses import replace
+
     from memplan.errors import ConfigError
     from memplan.inputs import JobRequest, load_job
     from memplan.job import Job
@@ -160,7 +162,8 @@ def _dialect_job(model: str | None, flags: dict[str, Any], hf_args: str | None,
     base = Job(framework=DEFAULT_TRACE_FRAMEWORK) if flags.get("framework") is None else Job()
     loaded = load_job(JobRequest(model=model, flags=flags, hf_args=hf_args, peft_config=peft_config,
                                  torchtitan_config=torchtitan_config), base=base)
-    return loaded.job, loaded.settings
+    # MODEL's Hugging Face modules are traced (and priced), not torchtitan's own model code
+    return replace(loaded.job, torchtitan_model=False), loaded.settings
 
 
 def _require_matplotlib() -> None:

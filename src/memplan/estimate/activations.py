@@ -63,6 +63,13 @@ NORM_COMPUTE_BYTES = 4
 DROPOUT_MASK_BYTES = 1
 #: Flash attention's saved log-sum-exp is fp32, one per (head, token).
 LSE_BYTES = 4
+#: Attention that keeps the s x s probabilities: ``eager`` (transformers' ``eager_attention_forward``)
+#: and ``math`` (SDPA's math kernel, ``_scaled_dot_product_attention_math`` in
+#: aten/src/ATen/native/transformers/attention.cpp: ``_safe_softmax`` of the scores, whose output the PV
+#: matmul and the softmax backward keep; the matmuls keep contiguous copies of q, k and v, with grouped
+#: keys and values repeated per query head). Only fp32 activations reach math here (``sdpa_attention``),
+#: where the eager accounting (fp32 softmax, no 16-bit cast) is the same; math takes no explicit mask.
+UNFUSED_ATTENTION = ("eager", "math")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,14 @@ class ActivationShape:
     vocab_tp: int = 0
     #: Where an MoE layer applies its routing probabilities (``FrameworkProfile.moe_probs_at``).
     moe_probs_at: str = "combine"
+    #: The RMSNorm is PyTorch's fused one (``aten._fused_rms_norm`` on CUDA: it saves its input and the
+    #: fp32 1/rms only; :attr:`memplan.frameworks.model_code.ModelCode.fused_rms_norm`).
+    fused_rms_norm: bool = False
+    #: Under sequence parallelism the linear layers save their all-gathered whole-sequence input
+    #: (DTensor's plan in torchtitan) instead of their shard (Megatron gathers it again in the backward).
+    gathered_gemm_inputs: bool = False
+    #: RoPE reads a precomputed buffer (torchtitan's ``freqs_cis``): no cos/sin tables per forward.
+    rope_buffer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +186,15 @@ def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers
     sbh = shape.seq * shape.micro_batch * shape.hidden
     eager = shape.kernels == "eager"
     site = sites.fused if not eager else (sites.copy if shape.autocast else sites.output)
+    # the GEMMs' input: the sequence shard, or the all-gathered whole sequence (gathered_gemm_inputs)
+    gemm_region: Region = "rep" if shape.gathered_gemm_inputs and shape.sequence_parallel else "sp"
     terms = [Term(f"{prefix} norm input", shape.residual_bytes * sbh, "sp", keep_input)]
     terms += eager_norm_terms(shape, prefix, shape.residual_bytes, site=sites.norm)
-    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True,
-                      site=site))
+    terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, gemm_region, gemm_keep,
+                      gemm_input=True, site=site))
     if shape.autocast and consumers > 1:
         terms.append(Term(f"{prefix} norm output, autocast copies of the other {consumers - 1} GEMMs",
-                          (consumers - 1) * shape.act_bytes * sbh, "sp", gemm_keep, gemm_input=True,
+                          (consumers - 1) * shape.act_bytes * sbh, gemm_region, gemm_keep, gemm_input=True,
                           site=sites.copy if eager else sites.fused))
     return terms
 
@@ -198,6 +215,9 @@ def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int, site
     # ``x * rsqrt(variance + eps)`` also saves the fp32 reciprocal RMS, one per token.
     inverse_rms = Term(f"{prefix} norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * shape.seq * shape.micro_batch,
                        "sp", "body", site=site)
+    if shape.fused_rms_norm:
+        # ``aten._fused_rms_norm`` saves the input (the norm-input term) and its fp32 rstd only (derivatives.yaml)
+        return [inverse_rms]
     if input_bytes < NORM_COMPUTE_BYTES:
         terms = [Term(f"{prefix} norm fp32 input", NORM_COMPUTE_BYTES * sbh, "sp", "body", site=site), inverse_rms]
         if shape.norm_fp32_scale:
@@ -254,14 +274,14 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     if attn.qk_norm:
         k_width = attn.num_kv_heads * attn.head_dim
         # Per-head q/k norms: the projection outputs (fp32 copies in eager code) and, in eager
-        # code, the normalized tensors in the projection's dtype.
-        per_element = (4 + c) if shape.kernels == "eager" else c
+        # code, the normalized tensors in the projection's dtype; a fused RMSNorm keeps its input only.
+        per_element = (4 + c) if shape.kernels == "eager" and not shape.fused_rms_norm else c
         terms.append(Term("q, k norms", per_element * tokens * (q_width + k_width), "tp", "attn"))
         if shape.kernels == "eager":  # and each eager RMSNorm's fp32 1/rms, per head and token
             terms.append(Term("q, k norms 1/rms (fp32, per head and token)",
                               NORM_COMPUTE_BYTES * tokens * (attn.num_heads + attn.num_kv_heads), "tp", "attn"))
     heads_scores = attn.num_heads * b * s * shape.kv_seq
-    if shape.attention == "eager":
+    if shape.attention in UNFUSED_ATTENTION:
         terms += _eager_core_terms(attn, shape, heads_scores)
         if shape.dropout:
             terms.append(Term("attention dropout mask", DROPOUT_MASK_BYTES * heads_scores, "tp", "core"))
@@ -606,7 +626,7 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     MLP backward) and release nothing; its checkpoints' inputs (``released_inputs`` bytes) do.
     """
     attention, rest = blocks or layer_terms_by_block(layer, shape)
-    eager_core = shape.kernels == "eager" and shape.attention == "eager"
+    eager_core = shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
     core_names = {t.name for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
     largest = max(max(divided(t, shape) for t in attention + rest if t.name not in core_names),
                   dispatch_buffer_bytes(layer, shape))

@@ -114,6 +114,7 @@ from memplan.estimate.states import (
 )
 from memplan.estimate.tp_comm_overlap import describe as describe_tp_overlap
 from memplan.estimate.tp_comm_overlap import ub_workspace_bytes, userbuffers_bytes
+from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
 from memplan.frameworks.profiles import (
     TE_CUBLAS_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACE_BYTES,
@@ -202,6 +203,7 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
     par = job.parallel
     seq_local = job.batch.seq_length // par.cp
     base16 = base_in_compute_dtype(model, job)
+    code = model_code(job)
     return ActivationShape(
         seq=seq_local,
         kv_seq=seq_local,
@@ -212,7 +214,7 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         sequence_parallel=par.sequence_parallel,
         act_bytes=dtype_bytes(prec.compute),
         residual_bytes=dtype_bytes(prec.compute if base16 else prec.residual),
-        attention=job.attention,
+        attention=sdpa_attention(code, job.attention, dtype_bytes(prec.compute)),
         dropout=job.dropout > 0,
         kernels=profile.kernels,
         expert_tp=par.expert_tp,
@@ -226,6 +228,9 @@ def _activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, pre
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",
         moe_probs_at=profile.moe_probs_at,
+        fused_rms_norm=code.fused_rms_norm,
+        gathered_gemm_inputs=code.sp_saves_gathered_input,
+        rope_buffer=code.rope_buffer,
     )
 
 
@@ -969,13 +974,15 @@ def _assumptions(
     out.append(f"optimizer {opt.name} ({impl} implementation)" + (f", momentum {opt.momentum}" if opt.name == "sgd" else ""))
     if describe_optimizer(job):
         out.append(describe_optimizer(job))
+    code = model_code(job)
+    out += model_code_notes(code, job.attention, dtype_bytes(prec.compute), par.sequence_parallel)
     if job.attention == "eager" and profile.kernels == "eager":
         out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
                    "its cast to the compute dtype are kept (and dropout mask/output), GQA keys/values copied per query "
                    "head (repeat_kv), soft-capped scores' tanh output where the model caps them")
     elif job.attention == "eager":
         out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")
-    else:
+    elif sdpa_attention(code, job.attention, dtype_bytes(prec.compute)) != "math":  # (math: the model code's note)
         out.append(f"{job.attention} attention: no s x s score matrix is kept, only the fp32 log-sum-exp per head and token")
     out.append(_describe_policy(model, job, profile, prec))
     if describe_ds_checkpointing(job):

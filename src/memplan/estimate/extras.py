@@ -32,8 +32,8 @@ def rope_table_bytes(model: ModelSpec, shape: ActivationShape) -> int:
     transformers' rotary embedding returns them as ``(1, seq, rotary_dim)`` in the hidden states'
     dtype (the residual dtype: fp32 under autocast); ``position_ids`` has batch 1 when not given.
     """
-    if model.position_embedding != "rope" or shape.kernels != "eager":
-        return 0
+    if model.position_embedding != "rope" or shape.kernels != "eager" or shape.rope_buffer:
+        return 0  # (a precomputed buffer, sliced as a view, allocates nothing per step)
     attn = model.layers[0].attention
     if attn.kind == "mla":
         return 0

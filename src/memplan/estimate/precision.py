@@ -46,8 +46,14 @@ class ResolvedPrecision:
 def _pytorch_mixed_weights(job: Job, profile: FrameworkProfile) -> str:
     """How fp32-weight mixed precision casts in plain PyTorch: FSDP2's ``MixedPrecisionPolicy``
     when the weights are FSDP-sharded (torchtitan; accelerate's FSDP2), ``torch.autocast``
-    otherwise (torchtitan without FSDP enables autocast, ``maybe_enable_amp``)."""
-    return "fsdp-cast" if job.sharding.fsdp != "none" else "autocast"
+    otherwise, and ``none`` where the profile applies no autocast with TP or PP
+    (:attr:`FrameworkProfile.autocast_with_tp_or_pp`: torchtitan's ``maybe_enable_amp``)."""
+    if job.sharding.fsdp != "none":
+        return "fsdp-cast"
+    par = job.parallel
+    if not profile.autocast_with_tp_or_pp and par.cp == 1 and (par.tp > 1 or par.pp > 1):
+        return "none"
+    return "autocast"
 
 
 def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
@@ -70,6 +76,14 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
         notes.append(
             f"{p.name} ({profile.name}): {compute} weights in the model, fp32 master copy and fp32 "
             f"moments in the optimizer, gradients kept in {grad}"
+        )
+    elif _pytorch_mixed_weights(job, profile) == "none":
+        param = grad = state = compute = "fp32"
+        master, copies, residual = None, None, "fp32"
+        notes.append(
+            f"{p.name} ({profile.name}): no mixed precision with TP {job.parallel.tp} / PP {job.parallel.pp} and no "
+            "FSDP (torchtitan's maybe_enable_amp applies neither autocast nor FSDP's MixedPrecisionPolicy): fp32 "
+            "weights, gradients, optimizer moments and activations"
         )
     else:
         param, grad, master, state = "fp32", "fp32", None, "fp32"

@@ -74,12 +74,15 @@ def _attention_ops(attn: AttentionSpec, shape: ActivationShape) -> list[OpOutput
         ops = [_linear("q projection", h, q_width, tokens, shape, attn.qkv_bias),
                _linear("k projection", h, k_width, tokens, shape, attn.qkv_bias),
                _linear("v projection", h, v_width, tokens, shape, attn.qkv_bias)]
+    # SDPA's math kernel (``math``) is a composite: the policy sees its decomposition (scaling muls,
+    # copies, bmm, _safe_softmax), none of which torchtitan's llama3 save list (0.2.2, commit 238fa99:
+    # mm, the SDPA kernel ops, reduce-scatter, max, ...) names; its whole attention core is recomputed.
     if shape.attention == "eager":
         # q k^T and probabilities x v are batched matmuls (bmm): both outputs kept.
         scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
         ops.append(OpOutput("bmm", Term("attention scores (q k^T)", c * scores, "tp", "body"), False))
         ops.append(OpOutput("bmm", Term("attention output (probabilities x v)", c * tokens * out_width, "tp", "body")))
-    else:
+    elif shape.attention != "math":
         # A fused kernel: its output (the output projection's input) and the fp32 log-sum-exp.
         ops.append(OpOutput("attention", Term("attention output", c * tokens * out_width, "tp", "body")))
         ops.append(OpOutput("attention", Term("attention log-sum-exp", LSE_BYTES * attn.num_heads * tokens,

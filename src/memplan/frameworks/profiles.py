@@ -129,6 +129,10 @@ class FrameworkProfile:
     #: megatron/core/transformer/moe/experts.py and mlp.py; every token dispatcher calls
     #: ``unpermute`` without ``probs``).
     moe_probs_at: Literal["combine", "experts"] = "combine"
+    #: ``*-mixed`` without FSDP runs under ``torch.autocast`` also with tensor or pipeline parallelism.
+    #: False (torchtitan's ``maybe_enable_amp``, torchtitan/distributed/utils.py): with TP or PP and no
+    #: FSDP / HSDP / CP no mixed precision is applied at all, so the step runs in fp32.
+    autocast_with_tp_or_pp: bool = True
 
 
 MEGATRON = FrameworkProfile(
@@ -165,6 +169,7 @@ TORCHTITAN = FrameworkProfile(
     torch_optimizer=True,
     activation_policies=("none", "full", "torchtitan-sac", "memory-budget"),
     selective_policy="torchtitan-sac",
+    autocast_with_tp_or_pp=False,
 )
 
 DEEPSPEED = FrameworkProfile(

@@ -162,7 +162,8 @@ def apply_torchtitan_config(path: str | Path, job: Job, *, model: ModelSpec, mod
     _recompute(r, chunks, pp, model.num_layers)
     _unmodelled_switches(r)
     try:
-        out = build_job(r.flags, job)
+        # torchtitan runs its own model code (memplan.frameworks.model_code)
+        out = replace(build_job(r.flags, job), torchtitan_model=True)
         if chunks is not None:
             out = replace(out, parallel=replace(out.parallel, chunk_layers=chunks, vpp=len(chunks) // pp))
     except ConfigError as exc:
@@ -394,12 +395,17 @@ def _precision(r: _Reader) -> None:
         precision, note = "bf16", "--precision bf16 (weights, gradients and optimizer states in bf16)"
     elif param == "float32":
         precision, note = "fp32", "--precision fp32"
-    elif not fsdp and (r.flags["tp"] > 1 or r.flags["pp"] > 1):
-        # torchtitan's maybe_enable_amp: no FSDP/CP and TP or PP → no mixed precision at all.
-        precision, note = "fp32", "--precision fp32 (torchtitan applies no mixed precision with TP/PP without FSDP)"
     else:
+        # torchtitan's maybe_enable_amp: FSDP's MixedPrecisionPolicy, else torch.autocast, but nothing with
+        # TP or PP and no FSDP: the torchtitan profile resolves it (FrameworkProfile.autocast_with_tp_or_pp)
         precision = "bf16-mixed"
-        note = "--precision bf16-mixed (" + ("FSDP MixedPrecisionPolicy)" if fsdp else "torch.autocast)")
+        if fsdp:
+            how = "FSDP MixedPrecisionPolicy"
+        elif r.flags["tp"] > 1 or r.flags["pp"] > 1:
+            how = "torchtitan applies none with TP or PP and no FSDP: fp32 activations"
+        else:
+            how = "torch.autocast"
+        note = f"--precision bf16-mixed ({how})"
     r.flags["precision"] = precision
     r.mark(t + "dtype", "modelled", note)
     r.mark(t + "mixed_precision_param", "modelled" if dtype == "float32" else "no-memory-effect",

@@ -83,6 +83,41 @@ class _FusedRmsNorm(torch.autograd.Function):
         return (grad_input if mask[0] else None), (grad_weight if mask[1] else None), None
 
 
+def _shardable_rms_norm(input: Any, weight: Any, normalized_dims: int) -> bool:
+    """A DTensor input of fake shards, sharded only outside the normalized dims, with no weight or a
+    replicated DTensor weight on the same mesh: what DTensor's ``_fused_rms_norm`` strategy takes
+    (``rms_norm_single_dim_strategy`` in torch/distributed/tensor/_ops/_math_ops.py); torchtitan's
+    ``SequenceParallel`` norms (``Shard(1)`` activations)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(input, DTensor) or not _fake(input.to_local()):
+        return False
+    first_normalized = input.dim() - normalized_dims
+    if not all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim % input.dim() < first_normalized)
+               for p in input.placements):
+        return False
+    if weight is None:
+        return True
+    return (isinstance(weight, DTensor) and weight.device_mesh == input.device_mesh and _fake(weight.to_local())
+            and all(isinstance(p, Replicate) for p in weight.placements))
+
+
+def _dtensor_rms_norm(input: Any, normalized_shape: Sequence[int], weight: Any = None, eps: float | None = None) -> Any:
+    """``rms_norm`` of a DTensor as CUDA runs it: ``rms_norm_symint`` calls ``aten._fused_rms_norm``
+    (the input's device is CUDA) and DTensor runs it on each rank's shard; the CPU build would
+    decompose it into the composite, which keeps fp32 copies. The weight's gradient of a shard is a
+    partial sum over the sharded mesh dims, as DTensor's strategy makes it."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    local_weight = None
+    if weight is not None:
+        partial = [Partial() if isinstance(p, Shard) else Replicate() for p in input.placements]
+        local_weight = weight.to_local(grad_placements=partial)
+    out = cuda_rms_norm(input.to_local(), normalized_shape, local_weight, eps)
+    return DTensor.from_local(out, input.device_mesh, input.placements, run_check=False, shape=input.shape,
+                              stride=input.stride())
+
+
 def cuda_dropout(input: torch.Tensor, p: float) -> torch.Tensor:
     """Training-mode dropout as CUDA runs it: ``native_dropout``, whose backward keeps a boolean mask."""
     return torch.native_dropout(input, p, True)[0]
@@ -131,6 +166,8 @@ def cuda_dispatch(on_host: Callable[[torch.Tensor], None] | None = None) -> Iter
         call = _rms_norm_arguments(*args, **kwargs)
         if _fake(call["input"], call["weight"]):
             return cuda_rms_norm(**call)
+        if _shardable_rms_norm(call["input"], call["weight"], len(call["normalized_shape"])):
+            return _dtensor_rms_norm(**call)
         return original_rms_norm(*args, **kwargs)
 
     def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:

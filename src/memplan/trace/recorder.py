@@ -14,7 +14,11 @@ Category rules, in order:
    step), ``communication`` (collective outputs, FSDP's unsharded parameters);
 2. allocated in a forward and still alive when that iteration's backward starts: ``activation``
    (what autograd saved for the backward), or ``logits`` when allocated by the output head (other
-   than autocast's copies of its weight and input) or by the loss at the model's top level;
+   than autocast's copies of its weight and input) or by the loss at the model's top level; this
+   includes the outputs of functional collectives (:data:`COLLECTIVE`: DTensor's redistributions)
+   kept for the backward, such as a sequence-parallel embedding's reduce-scatter output (the first
+   layer's input; an activation although its hook runs at the top level) or the reduce-scatter
+   outputs torchtitan's per-op checkpointing caches; those freed earlier are ``communication``;
 3. everything else: ``temporary``.
 """
 
@@ -28,11 +32,14 @@ from typing import Any
 from memplan.categories import MemoryCategory
 from memplan.events import ALLOC, FREE, AllocEvent
 
-__all__ = ["HOST", "AllocationRecorder"]
+__all__ = ["COLLECTIVE", "HOST", "AllocationRecorder"]
 
 #: Role of blocks that live in host memory on a GPU run (Adam's ``step`` counters): dropped from
 #: a ``cuda`` trace, kept as optimizer state in a ``cpu`` trace.
 HOST = "host"
+#: Role of the outputs of functional collectives: ``communication``, or what the forward keeps for
+#: the backward (rule 2 of the module docstring) when still alive when the backward starts.
+COLLECTIVE = "collective"
 
 _PARAMETER = MemoryCategory.PARAMETER.value
 _ACTIVATION = MemoryCategory.ACTIVATION.value
@@ -118,7 +125,7 @@ class AllocationRecorder:
     def start_backward(self) -> None:
         """Mark every role-less block of this iteration's forward that is still alive."""
         for block in self._live.values():
-            if block.role is None and block.phase == "forward" and block.iteration == self.iteration:
+            if block.role in (None, COLLECTIVE) and block.phase == "forward" and block.iteration == self.iteration:
                 block.forward_alive = True
 
     def _alloc(self, storage: Any, size: int, op: str, module: str) -> _Block:
@@ -146,10 +153,14 @@ class AllocationRecorder:
 
     def category(self, block: _Block) -> str:
         """The final category of ``block`` (see the module docstring)."""
-        if block.role is not None:
+        if block.role == COLLECTIVE and not block.forward_alive:
+            return MemoryCategory.COMMUNICATION.value
+        if block.role is not None and block.role != COLLECTIVE:
             return _OPT if block.role == HOST else block.role
         if block.forward_alive:
-            if block.module not in self.head_modules:
+            # (a collective at the top level redistributes a module's output in its hook, e.g. the
+            # embedding's reduce-scatter: the first layer's input, not the loss's)
+            if block.module not in self.head_modules or (block.role == COLLECTIVE and not block.module):
                 return _ACTIVATION
             # Autocast's copies of the head's weight and input are activations, not logits.
             return _ACTIVATION if block.module and block.op == _CAST_OP else _LOGITS

@@ -57,7 +57,8 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
 })
 #: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
 #: shards the sequence between the TP regions).
-_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({("parallel", "sequence_parallel")})
+_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({("parallel", "sequence_parallel"),
+                                                                  (None, "torchtitan_model")})
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
 #: Optimizers whose step cannot run on fake tensors, and why.
 _UNTRACEABLE_OPTIMIZERS = {

@@ -36,12 +36,14 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from memplan.categories import MemoryCategory
-from memplan.trace.recorder import AllocationRecorder
+from memplan.trace.recorder import COLLECTIVE, AllocationRecorder
 
 __all__ = ["ModulePath", "TracingFakeMode", "track_resize", "unrecorded_sharding_propagation"]
 
 _COMMUNICATION = MemoryCategory.COMMUNICATION.value
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "fsdp", "_dtensor")
+#: Functional collectives (DTensor's redistributions): their outputs may be kept for the backward.
+_FUNCTIONAL_COLLECTIVES = "_c10d_functional"
 
 
 class TracingFakeMode(FakeTensorMode):
@@ -84,12 +86,14 @@ class TracingFakeMode(FakeTensorMode):
         finally:
             self._depth = 0
         if out is not NotImplemented:
-            communication = func.namespace in _COLLECTIVE_NAMESPACES if hasattr(func, "namespace") else False
+            namespace = getattr(func, "namespace", "")
+            role = (COLLECTIVE if namespace == _FUNCTIONAL_COLLECTIVES
+                    else _COMMUNICATION if namespace in _COLLECTIVE_NAMESPACES else None)
             for tensor in _tensors(out):
                 storage = tensor.untyped_storage()
                 recorder.see(storage, op)
-                if communication:
-                    recorder.mark(storage, _COMMUNICATION)
+                if role is not None:
+                    recorder.mark(storage, role)
         recorder.op = ""
         return out
 
