@@ -103,7 +103,8 @@ def test_trace_activations_agree_with_the_estimate(tmp_path: Path, name: str) ->
       "--device", "cpu"], "--cpu-checkpointing"),
 ])
 def test_what_cannot_run_is_refused(tiny_llama: str, flags: list[str], flag: str) -> None:
-    result = CliRunner().invoke(app, ["trace", tiny_llama, "--seq", "64", *flags])
+    precision = [] if "--precision" in flags else ["--precision", "bf16"]
+    result = CliRunner().invoke(app, ["trace", tiny_llama, "--seq", "64", *precision, *flags])
     assert result.exit_code == 2, result.output
     assert flag in result.output
 

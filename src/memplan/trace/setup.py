@@ -150,12 +150,12 @@ def _check_deepspeed(job: Job) -> None:
         raise ConfigError("--precision", "DeepSpeed's mixed precision keeps fp32 master weights inside its "
                           "optimizer, which memplan trace does not run; trace the same forward with "
                           f"--precision {job.precision.name.removesuffix('-mixed')}", job.precision.name)
-    if job.parallel.world_size > 1:
-        raise ConfigError("--gpus", "a deepspeed job is traced on one rank (partitioning over tensor-parallel "
-                          "ranks and ZeRO are estimated only)", job.parallel.world_size)
     if job.sharding.fsdp != "none":
         raise ConfigError("--fsdp", "a deepspeed job shards with ZeRO, which memplan trace does not run; use "
                           "memplan estimate", job.sharding.fsdp)
+    if job.parallel.world_size > 1:
+        raise ConfigError("--gpus", "a deepspeed job is traced on one rank (partitioning over tensor-parallel "
+                          "ranks and ZeRO are estimated only)", job.parallel.world_size)
     if rc.cpu_checkpointing and not rc.partition_activations:
         raise ConfigError("--cpu-checkpointing", "without --partition-activations DeepSpeed offloads with an "
                           "asynchronous engine on CUDA streams, which memplan trace does not run; add "
