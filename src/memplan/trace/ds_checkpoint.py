@@ -6,7 +6,9 @@ Hugging Face decoder layer calls its ``_gradient_checkpointing_func`` with the l
 configured with DeepSpeed's own ``configure`` from the job's switches
 (``deepspeed/runtime/activation_checkpointing/checkpointing.py``):
 
-* ``--partition-activations`` → ``partition_activations`` (one rank: the partition is the whole input);
+* ``--partition-activations`` → ``partition_activations``, with an ``mpu`` of the simulated tensor-parallel
+  ranks (:class:`TensorParallelGroup`): each keeps 1/tp of a layer's input, gathered over the fake process
+  group in the backward (at tp 1 the partition is a copy of the whole input);
 * ``--cpu-checkpointing`` → ``checkpoint_in_cpu`` (with partitioning only, see below);
 * ``--contiguous-checkpoints N`` → ``contiguous_checkpointing`` with ``num_checkpoints`` N.
 
@@ -14,8 +16,8 @@ Three things let DeepSpeed's code run on the tracer's fake tensors, none of them
 (:func:`deepspeed_on_fake_tensors`, active while a trace runs):
 
 * the small per-input size tensors DeepSpeed saves beside each partition (``torch.tensor(arg.size())``,
-  host memory on a GPU) are made real, and its backward's gather (which reads them with ``.numpy()``)
-  runs outside the fake mode (the fake partition's own operators still run in it);
+  host memory on a GPU) are made real, their ``.numpy()`` (read by its backward's gather) answered
+  without a dispatch the fake mode would turn into a fake;
 * fake tensors all live on the CPU device, where ``.cpu()`` and ``.to(device)`` copy nothing: under
   ``--cpu-checkpointing`` each kept partition is copied into a fresh tensor counted as host memory (the
   recorder's ``host`` role) — and DeepSpeed's contiguous buffers, allocated on ``cpu``, are host memory
@@ -25,8 +27,8 @@ Three things let DeepSpeed's code run on the tracer's fake tensors, none of them
   process group, with DeepSpeed's CPU shared-memory collective kernel (a JIT-compiled C++ op for CPU
   all-reduce, no memory on a GPU) left unbuilt.
 
-Known limitations: one rank only (``--tp`` is refused; partitioning over tensor-parallel ranks
-all-gathers DTensor-free inputs, which is not simulated); ``--cpu-checkpointing`` without
+Known limitations: tensor parallelism is Hugging Face's plan (the layer inputs are whole, replicated
+tensors, as Megatron's are without sequence parallelism); no FSDP or ZeRO; ``--cpu-checkpointing`` without
 ``--partition-activations`` is refused: on a GPU DeepSpeed offloads with an asynchronous engine on CUDA
 streams (``offload_activations.py``, two newest inputs kept on the device) that the tracer does not run.
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memplan.errors import MissingDependencyError
@@ -78,11 +81,35 @@ def apply_deepspeed_checkpoint(model: torch.nn.Module, policy: ActivationPolicy)
     setter(enable=True, gradient_checkpointing_func=function)
 
 
+@dataclass(frozen=True)
+class TensorParallelGroup:
+    """The ``mpu`` DeepSpeed's ``configure`` reads (``get_tensor_model_parallel_rank/world_size/group``):
+    the simulated tensor-parallel ranks, which are the whole process group of a deepspeed trace."""
+
+    group: Any
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group)
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.group)
+
+    def get_tensor_model_parallel_group(self) -> Any:
+        return self.group
+
+
 def _configured_checkpoint(policy: ActivationPolicy) -> Callable[..., Any]:
+    import torch.distributed as dist
+
     checkpointing = import_checkpointing()
     contiguous = policy.contiguous_checkpoints is not None
     with _deepspeed_comm():
-        checkpointing.configure(None, partition_activations=policy.partition_activations,
+        mpu = TensorParallelGroup(dist.group.WORLD) if dist.get_world_size() > 1 else None
+        checkpointing.configure(mpu, partition_activations=policy.partition_activations,
                                 contiguous_checkpointing=contiguous,
                                 num_checkpoints=policy.contiguous_checkpoints if contiguous else None,
                                 checkpoint_in_cpu=policy.cpu_checkpointing, synchronize=False, profile=False)
@@ -129,8 +156,8 @@ def deepspeed_on_fake_tensors(recorder: AllocationRecorder | None, *, host: bool
     if host_recorder is not None:
         checkpointing.partition_activations = _kept_on_host(originals["partition_activations"], checkpointing,
                                                             host_recorder)
-    checkpointing.gather_partitioned_activations = _gathered(originals["gather_partitioned_activations"],
-                                                             checkpointing, bring_back=host_recorder is not None)
+        checkpointing.gather_partitioned_activations = _brought_back(originals["gather_partitioned_activations"],
+                                                                     checkpointing)
     try:
         yield
     finally:
@@ -139,7 +166,8 @@ def deepspeed_on_fake_tensors(recorder: AllocationRecorder | None, *, host: bool
 
 
 def _real_sizes(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
-    """DeepSpeed saves ``[arg, size]`` pairs; each ``size`` becomes a real tensor of the arg's shape."""
+    """DeepSpeed saves ``[arg, size]`` pairs; each ``size`` becomes a real tensor of the arg's shape whose
+    ``.numpy()`` (what DeepSpeed's gather reads) answers without the fake mode turning it into a fake."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -149,10 +177,23 @@ def _real_sizes(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
         with unset_fake_temporarily():
             for index, shape in enumerate(shapes):
                 if shape is not None:
-                    saved[2 * index + 1] = torch.tensor(shape)
+                    saved[2 * index + 1] = _shape_tensor(shape)
         return saved
 
     return sized
+
+
+def _shape_tensor(shape: tuple[int, ...]) -> Any:
+    import numpy as np
+    import torch
+
+    class ShapeTensor(torch.Tensor):
+        """``torch.tensor(shape)`` whose ``numpy()`` is the shape itself (no dispatch)."""
+
+        def numpy(self, *, force: bool = False) -> Any:
+            return np.array(shape, dtype=np.int64)
+
+    return torch.tensor(shape).as_subclass(ShapeTensor)
 
 
 def _kept_on_host(original: Callable[..., list[Any]], checkpointing: Any,
@@ -183,22 +224,17 @@ def _kept_on_host(original: Callable[..., list[Any]], checkpointing: Any,
     return partitioned
 
 
-def _gathered(original: Callable[..., tuple[Any, ...]], checkpointing: Any,
-              *, bring_back: bool) -> Callable[..., tuple[Any, ...]]:
-    """DeepSpeed's gather, its real size tensors read (``.numpy()``) outside the fake mode, which would
-    make them fake; at one rank it only views the partition. ``bring_back``: first the backward's
-    ``saved_data.to(device)``, a device copy of each host partition."""
+def _brought_back(original: Callable[..., tuple[Any, ...]], checkpointing: Any) -> Callable[..., tuple[Any, ...]]:
+    """The backward's ``saved_data.to(device)``: a device copy of each host partition before the gather."""
     import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     def gathered(tensors: Any, device: Any = None) -> tuple[Any, ...]:
-        if bring_back and checkpointing.CPU_CHECKPOINT:
+        if checkpointing.CPU_CHECKPOINT:
             for item in tensors[::2]:
                 if checkpointing.is_activation_to_checkpoint(item):
                     on_device = torch.empty(item.size(), dtype=item.dtype)
                     on_device.copy_(item)
                     item.data = on_device.data
-        with unset_fake_temporarily():
-            return original(tensors, device)
+        return original(tensors, device)
 
     return gathered

@@ -8,7 +8,9 @@ framework profile. The tracer runs the Hugging Face model the way the job's fram
 * ``hf`` (the trace's framework when none is given) and ``torchtitan``: PyTorch modules;
   ``*-mixed`` is ``torch.autocast`` on one rank, FSDP2's ``MixedPrecisionPolicy`` with ``--fsdp``;
 * ``flash`` and ``sdpa`` attention both run PyTorch SDPA (its flash kernel on CUDA);
-* the optimizer implementation ``auto`` is the profile's (:func:`resolved_optimizer_impl`).
+* the optimizer implementation ``auto`` is the profile's (:func:`resolved_optimizer_impl`);
+* ``deepspeed``: DeepSpeed's own activation checkpointing under ``--recompute full``
+  (:mod:`memplan.trace.ds_checkpoint`), without ZeRO or FSDP, in a precision the model runs in as is.
 
 Job settings the tracer cannot execute (pipeline or context parallelism, ZeRO, FP8, offload,
 Megatron-only options, ...) are refused by :func:`check_traceable` with the flag named — never
@@ -128,8 +130,8 @@ _DEEPSPEED_POLICIES = ("none", "full")
 
 
 def _check_deepspeed(job: Job) -> None:
-    """A deepspeed trace runs ``deepspeed.checkpointing`` (:mod:`memplan.trace.ds_checkpoint`) on one rank
-    with ZeRO stage 0 (a default the loop below holds) and a precision the model runs in as is; the
+    """A deepspeed trace runs ``deepspeed.checkpointing`` (:mod:`memplan.trace.ds_checkpoint`) with ZeRO
+    stage 0 (a default the loop below holds), no FSDP and a precision the model runs in as is; the
     switches act only there."""
     rc = job.recompute
     switches = [flag for flag, on in (("--partition-activations", rc.partition_activations),
@@ -153,9 +155,6 @@ def _check_deepspeed(job: Job) -> None:
     if job.sharding.fsdp != "none":
         raise ConfigError("--fsdp", "a deepspeed job shards with ZeRO, which memplan trace does not run; use "
                           "memplan estimate", job.sharding.fsdp)
-    if job.parallel.world_size > 1:
-        raise ConfigError("--gpus", "a deepspeed job is traced on one rank (partitioning over tensor-parallel "
-                          "ranks and ZeRO are estimated only)", job.parallel.world_size)
     if rc.cpu_checkpointing and not rc.partition_activations:
         raise ConfigError("--cpu-checkpointing", "without --partition-activations DeepSpeed offloads with an "
                           "asynchronous engine on CUDA streams, which memplan trace does not run; add "
