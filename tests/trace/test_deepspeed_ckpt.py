@@ -109,6 +109,7 @@ def test_trace_activations_agree_with_the_estimate(tmp_path: Path, name: str, tp
     (["--partition-activations", "--framework", "deepspeed", "--recompute", "selective"], "--recompute"),
     (["--framework", "deepspeed", "--recompute", "full", "--precision", "bf16-mixed"], "--precision"),
     (["--framework", "deepspeed", "--recompute", "full", "--zero", "1"], "--zero"),
+    (["--framework", "deepspeed", "--recompute", "full", "--checkpoint-reentrant"], "--checkpoint-reentrant"),
     (["--framework", "deepspeed", "--recompute", "full", "--fsdp", "full", "--gpus", "2"], "--fsdp"),
     (["--partition-activations", "--cpu-checkpointing", "--framework", "deepspeed", "--recompute", "full",
       "--device", "cpu"], "--cpu-checkpointing"),

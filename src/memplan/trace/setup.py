@@ -148,6 +148,9 @@ def _check_deepspeed(job: Job) -> None:
     if switches and policy != "full":
         raise ConfigError(switches[0], "acts on the layers deepspeed.checkpointing wraps: use --recompute full",
                           True)
+    if rc.reentrant:
+        raise ConfigError("--checkpoint-reentrant", "is Hugging Face's use_reentrant; DeepSpeed's checkpoint is "
+                          "an autograd.Function (reentrant) without that choice", True)
     if job.precision.name.endswith("-mixed"):
         raise ConfigError("--precision", "DeepSpeed's mixed precision keeps fp32 master weights inside its "
                           "optimizer, which memplan trace does not run; trace the same forward with "
