@@ -83,10 +83,13 @@ def test_losses_and_gradients_equal_the_plain_model(name: str) -> None:
 
 #: Contiguous buffers for more checkpoints than the 4 layers: two unused ones stay until the backward.
 SPARE_BUFFERS = {"partition_activations": True, "contiguous_checkpoints": 6}
+#: Only the first 2 layers checkpointed (the others keep everything), their inputs on the host.
+BLOCK = {"recompute_method": "block", "recompute_layers": 2, "partition_activations": True,
+         "cpu_checkpointing": True, "contiguous_checkpoints": 2}
 
 
 @needs_deepspeed
-@pytest.mark.parametrize(("name", "tp"), [*((name, 1) for name in SWITCHES), ("spare buffers", 1), ("partition", 2),
+@pytest.mark.parametrize(("name", "tp"), [*((name, 1) for name in SWITCHES), ("spare buffers", 1), ("block", 1), ("partition", 2),
                                           ("partition+cpu", 2), ("spare buffers", 2)])
 def test_trace_activations_agree_with_the_estimate(tmp_path: Path, name: str, tp: int) -> None:
     """Measured 2026-12-03: every cell within 0.1% (docs/trace.md, activation policies). At tp 2 the
@@ -97,7 +100,7 @@ def test_trace_activations_agree_with_the_estimate(tmp_path: Path, name: str, tp
     path.write_text(json.dumps(TOY), encoding="utf-8")
     result = trace(str(path), seq=512, mbs=2, precision="bf16", attention="sdpa", device="cuda", iterations=2,
                    framework="deepspeed", recompute="full", tp=tp, gpus=tp,
-                   **SWITCHES.get(name, SPARE_BUFFERS))
+                   **SWITCHES.get(name, BLOCK if name == "block" else SPARE_BUFFERS))
     rows = {r.category: r for r in compare_with_estimate(str(path), result.options, result.summary).rows}
     activation = rows["activation"]
     assert abs(activation.relative) <= 0.03, activation
@@ -110,6 +113,7 @@ def test_trace_activations_agree_with_the_estimate(tmp_path: Path, name: str, tp
     (["--framework", "deepspeed", "--recompute", "full", "--precision", "bf16-mixed"], "--precision"),
     (["--framework", "deepspeed", "--recompute", "full", "--zero", "1"], "--zero"),
     (["--framework", "deepspeed", "--recompute", "full", "--checkpoint-reentrant"], "--checkpoint-reentrant"),
+    (["--framework", "deepspeed", "--recompute", "full", "--peft", "lora"], "--peft"),
     (["--framework", "deepspeed", "--recompute", "full", "--fsdp", "full", "--gpus", "2"], "--fsdp"),
     (["--partition-activations", "--cpu-checkpointing", "--framework", "deepspeed", "--recompute", "full",
       "--device", "cpu"], "--cpu-checkpointing"),

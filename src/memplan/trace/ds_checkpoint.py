@@ -23,8 +23,8 @@ Three things let DeepSpeed's code run on the tracer's fake tensors, none of them
   recorder's ``host`` role) — and DeepSpeed's contiguous buffers, allocated on ``cpu``, are host memory
   too — and the backward copies it back to the device before DeepSpeed gathers it, as ``saved_data.to``
   does on a GPU;
-* ``deepspeed.comm`` must be initialised for ``configure`` (it logs on rank 0): over a one-rank fake
-  process group, with DeepSpeed's CPU shared-memory collective kernel (a JIT-compiled C++ op for CPU
+* ``deepspeed.comm`` must be initialised for ``configure`` (it logs on rank 0): over the simulated
+  ranks' process group, or a one-rank fake one for the call, with DeepSpeed's CPU shared-memory collective kernel (a JIT-compiled C++ op for CPU
   all-reduce, no memory on a GPU) left unbuilt.
 
 Known limitations: tensor parallelism is Hugging Face's plan (the layer inputs are whole, replicated
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from memplan.policies import ActivationPolicy
     from memplan.trace.recorder import AllocationRecorder
 
-__all__ = ["apply_deepspeed_checkpoint", "deepspeed_on_fake_tensors", "import_checkpointing"]
+__all__ = ["TensorParallelGroup", "apply_deepspeed_checkpoint", "deepspeed_on_fake_tensors", "import_checkpointing"]
 
 #: The feature and extra errors name.
 FEATURE = "memplan trace --framework deepspeed --recompute full"

@@ -144,7 +144,16 @@ def _full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool)
         from memplan.trace.ds_checkpoint import apply_deepspeed_checkpoint
 
         apply_deepspeed_checkpoint(model, policy)
-        return
+    else:
+        _hf_full(model, policy, cuda_autocast)
+    if policy.method == "block" and policy.num_layers is not None:
+        from memplan.trace.sac import decoder_layers
+
+        for layer in decoder_layers(model)[policy.num_layers:]:
+            layer.gradient_checkpointing = False  # type: ignore[assignment]
+
+
+def _hf_full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool) -> None:
     kwargs: dict[str, Any] = {"use_reentrant": policy.reentrant}
     if cuda_autocast and not policy.reentrant:
         kwargs["context_fn"] = _recompute_with_cuda_policies
@@ -154,11 +163,6 @@ def _full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
     else:
         raise UnsupportedError("--recompute full needs a Hugging Face model (activation_checkpointing_enable)")
-    if policy.method == "block" and policy.num_layers is not None:
-        from memplan.trace.sac import decoder_layers
-
-        for layer in decoder_layers(model)[policy.num_layers:]:
-            layer.gradient_checkpointing = False  # type: ignore[assignment]
 
 
 def _megatron_modules(model: torch.nn.Module, modules: tuple[str, ...], cuda_autocast: bool) -> None:

@@ -148,6 +148,12 @@ def _check_deepspeed(job: Job) -> None:
     if switches and policy != "full":
         raise ConfigError(switches[0], "acts on the layers deepspeed.checkpointing wraps: use --recompute full",
                           True)
+    finetune = job.finetune
+    if finetune.peft != "none" or finetune.has_frozen or finetune.quantize_base != "none":
+        flag = "--peft" if finetune.peft != "none" else ("--quantize-base" if finetune.quantize_base != "none"
+                                                         else "--trainable")
+        raise ConfigError(flag, "fine-tuning is traced with --framework hf (a frozen embedding would leave "
+                          "DeepSpeed's reentrant checkpoint without an input that requires grad)", True)
     if rc.reentrant:
         raise ConfigError("--checkpoint-reentrant", "is Hugging Face's use_reentrant; DeepSpeed's checkpoint is "
                           "an autograd.Function (reentrant) without that choice", True)
