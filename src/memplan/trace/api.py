@@ -172,12 +172,23 @@ def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,
         register_state(recorder, job)
         mode.recorder = recorder
         try:
-            with track_resize(recorder), fsdp_stream_ids(streams), _cuda_dispatch(options, recorder):
+            with track_resize(recorder), fsdp_stream_ids(streams), _cuda_dispatch(options, recorder), \
+                    _deepspeed_checkpointing(options, recorder):
                 run_iterations(job, options.iterations, recorder, host_step=host_step,
                                offload_activations=options.job.offload.activations)
         finally:
             mode.recorder = None
     return recorder
+
+
+def _deepspeed_checkpointing(options: TraceSetup, recorder: AllocationRecorder) -> Any:
+    """``--framework deepspeed --recompute full``: DeepSpeed's checkpoint on fake tensors
+    (:mod:`memplan.trace.ds_checkpoint`)."""
+    if options.job.framework != "deepspeed" or options.policy.name != "full":
+        return contextlib.nullcontext()
+    from memplan.trace.ds_checkpoint import deepspeed_on_fake_tensors
+
+    return deepspeed_on_fake_tensors(recorder, host=options.device == "cuda")
 
 
 def _cuda_dispatch(options: TraceSetup, recorder: AllocationRecorder) -> Any:

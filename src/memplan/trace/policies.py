@@ -3,6 +3,8 @@
 * ``full`` — what the Hugging Face Trainer does for ``gradient_checkpointing=True``
   (``activation_checkpointing_enable``, which also makes the embedding output require grad); with
   ``--recompute-method block --recompute-layers N`` only the first N decoder layers stay checkpointed;
+  under ``--framework deepspeed`` every decoder layer runs under ``deepspeed.checkpointing.checkpoint``
+  configured from the job's DeepSpeed switches (:mod:`memplan.trace.ds_checkpoint`);
 * ``attention-module`` — every attention module (``self_attn``/``attn``) under non-reentrant
   ``torch.utils.checkpoint``;
 * ``torchtitan-sac`` — every decoder layer with torchtitan's per-op policy (:mod:`memplan.trace.sac`);
@@ -138,6 +140,20 @@ def _cuda_policies() -> Any:
 
 
 def _full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool) -> None:
+    if policy.framework == "deepspeed":  # each layer under deepspeed.checkpointing.checkpoint
+        from memplan.trace.ds_checkpoint import apply_deepspeed_checkpoint
+
+        apply_deepspeed_checkpoint(model, policy)
+    else:
+        _hf_full(model, policy, cuda_autocast)
+    if policy.method == "block" and policy.num_layers is not None:
+        from memplan.trace.sac import decoder_layers
+
+        for layer in decoder_layers(model)[policy.num_layers:]:
+            layer.gradient_checkpointing = False  # type: ignore[assignment]
+
+
+def _hf_full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool) -> None:
     kwargs: dict[str, Any] = {"use_reentrant": policy.reentrant}
     if cuda_autocast and not policy.reentrant:
         kwargs["context_fn"] = _recompute_with_cuda_policies
@@ -147,11 +163,6 @@ def _full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
     else:
         raise UnsupportedError("--recompute full needs a Hugging Face model (activation_checkpointing_enable)")
-    if policy.method == "block" and policy.num_layers is not None:
-        from memplan.trace.sac import decoder_layers
-
-        for layer in decoder_layers(model)[policy.num_layers:]:
-            layer.gradient_checkpointing = False  # type: ignore[assignment]
 
 
 def _megatron_modules(model: torch.nn.Module, modules: tuple[str, ...], cuda_autocast: bool) -> None:

@@ -8,7 +8,9 @@ framework profile. The tracer runs the Hugging Face model the way the job's fram
 * ``hf`` (the trace's framework when none is given) and ``torchtitan``: PyTorch modules;
   ``*-mixed`` is ``torch.autocast`` on one rank, FSDP2's ``MixedPrecisionPolicy`` with ``--fsdp``;
 * ``flash`` and ``sdpa`` attention both run PyTorch SDPA (its flash kernel on CUDA);
-* the optimizer implementation ``auto`` is the profile's (:func:`resolved_optimizer_impl`).
+* the optimizer implementation ``auto`` is the profile's (:func:`resolved_optimizer_impl`);
+* ``deepspeed``: DeepSpeed's own activation checkpointing under ``--recompute full``
+  (:mod:`memplan.trace.ds_checkpoint`), without ZeRO or FSDP, in a precision the model runs in as is.
 
 Job settings the tracer cannot execute (pipeline or context parallelism, ZeRO, FP8, offload,
 Megatron-only options, ...) are refused by :func:`check_traceable` with the flag named — never
@@ -35,7 +37,7 @@ TraceDevice = Literal["cuda", "cpu"]
 #: ``balanced``: replace data-dependent MoE routing by a static, evenly balanced assignment.
 MoeRouting = Literal["error", "balanced"]
 #: Frameworks whose training step the tracer runs (the others are estimated only).
-TRACE_FRAMEWORKS = ("hf", "torchtitan")
+TRACE_FRAMEWORKS = ("hf", "torchtitan", "deepspeed")
 #: The trace's framework when the user gives none: a Hugging Face model in a plain PyTorch loop.
 DEFAULT_TRACE_FRAMEWORK = "hf"
 
@@ -48,7 +50,8 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
     ("optimizer", "in_backward"), ("offload", "activations"),
     ("recompute", "mode"), ("recompute", "reentrant"), ("recompute", "modules"), ("recompute", "method"),
-    ("recompute", "num_layers"),
+    ("recompute", "num_layers"), ("recompute", "partition_activations"), ("recompute", "cpu_checkpointing"),
+    ("recompute", "contiguous_checkpoints"),
     ("finetune", "peft"), ("finetune", "lora_rank"), ("finetune", "lora_alpha"), ("finetune", "lora_dropout"),
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
     ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"),
@@ -103,9 +106,10 @@ def check_traceable(job: Job, *, torchtitan_code: bool = False) -> None:
 
     ``torchtitan_code``: torchtitan's own parallelize code runs (``--torchtitan``), so its TP plan is traced."""
     if job.framework not in TRACE_FRAMEWORKS:
-        raise ConfigError("--framework", "memplan trace runs PyTorch modules as hf (Trainer or a plain loop) or "
-                          "torchtitan do; megatron and deepspeed jobs are estimated only (memplan estimate)",
-                          job.framework)
+        raise ConfigError("--framework", "memplan trace runs PyTorch modules as hf (Trainer or a plain loop), "
+                          "torchtitan or deepspeed (activation checkpointing) do; megatron jobs are estimated only "
+                          "(memplan estimate)", job.framework)
+    _check_deepspeed(job)
     _check_ranks(job, torchtitan_code=torchtitan_code)
     check_runnable(resolve_policy(job))
     default = Job()
@@ -120,6 +124,54 @@ def check_traceable(job: Job, *, torchtitan_code: bool = False) -> None:
                 raise ConfigError(_flag_name(section, name), "is not something memplan trace can run (it simulates "
                                   "FSDP and TP ranks of a PyTorch training step); estimate this job with memplan "
                                   "estimate", getattr(now, name))
+
+
+#: What a ``--framework deepspeed`` trace runs: DeepSpeed's activation checkpointing on one rank.
+_DEEPSPEED_POLICIES = ("none", "full")
+
+
+def _check_deepspeed(job: Job) -> None:
+    """A deepspeed trace runs ``deepspeed.checkpointing`` (:mod:`memplan.trace.ds_checkpoint`) with ZeRO
+    stage 0 (a default the loop below holds), no FSDP and a precision the model runs in as is; the
+    switches act only there."""
+    rc = job.recompute
+    switches = [flag for flag, on in (("--partition-activations", rc.partition_activations),
+                                      ("--cpu-checkpointing", rc.cpu_checkpointing)) if on]
+    if job.framework != "deepspeed":
+        if switches:
+            raise ConfigError(switches[0], "is DeepSpeed activation checkpointing: trace it with --framework "
+                              "deepspeed --recompute full", True)
+        return
+    policy = resolve_policy(job).name
+    if policy not in _DEEPSPEED_POLICIES:
+        raise ConfigError("--recompute", "memplan trace runs DeepSpeed's deepspeed.checkpointing on whole layers "
+                          "(none or full); other deepspeed policies are estimated only", rc.mode)
+    if switches and policy != "full":
+        raise ConfigError(switches[0], "acts on the layers deepspeed.checkpointing wraps: use --recompute full",
+                          True)
+    finetune = job.finetune
+    if finetune.peft != "none" or finetune.has_frozen or finetune.quantize_base != "none":
+        flag = "--peft" if finetune.peft != "none" else ("--quantize-base" if finetune.quantize_base != "none"
+                                                         else "--trainable")
+        raise ConfigError(flag, "fine-tuning is traced with --framework hf (a frozen embedding would leave "
+                          "DeepSpeed's reentrant checkpoint without an input that requires grad)", True)
+    if rc.reentrant:
+        raise ConfigError("--checkpoint-reentrant", "is Hugging Face's use_reentrant; DeepSpeed's checkpoint is "
+                          "an autograd.Function (reentrant) without that choice", True)
+    if job.precision.name.endswith("-mixed"):
+        raise ConfigError("--precision", "DeepSpeed's mixed precision keeps fp32 master weights inside its "
+                          "optimizer, which memplan trace does not run; trace the same forward with "
+                          f"--precision {job.precision.name.removesuffix('-mixed')}", job.precision.name)
+    if job.sharding.fsdp != "none":
+        raise ConfigError("--fsdp", "a deepspeed job shards with ZeRO, which memplan trace does not run; use "
+                          "memplan estimate", job.sharding.fsdp)
+    if rc.cpu_checkpointing and not rc.partition_activations:
+        raise ConfigError("--cpu-checkpointing", "without --partition-activations DeepSpeed offloads with an "
+                          "asynchronous engine on CUDA streams, which memplan trace does not run; add "
+                          "--partition-activations or use memplan estimate", True)
+    if job.offload.activations:
+        raise ConfigError("--offload-activations", "is priced for deepspeed as layer-pipelined offloading, "
+                          "which memplan trace does not run; use memplan estimate", True)
 
 
 def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
@@ -179,6 +231,9 @@ class TraceSetup:
         if self.job.offload.activations and self.run.device == "cpu":
             raise ConfigError("--offload-activations", "moves saved tensors from the GPU to host memory; trace it "
                               "with --device cuda (a cpu trace has no device memory to free)", True)
+        if self.job.recompute.cpu_checkpointing and self.run.device == "cpu":
+            raise ConfigError("--cpu-checkpointing", "moves checkpointed inputs from the GPU to host memory; trace "
+                              "it with --device cuda (a cpu trace has no device memory to free)", True)
 
     @property
     def seq(self) -> int:
