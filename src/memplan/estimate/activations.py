@@ -125,6 +125,12 @@ class ActivationShape:
     #: RoPE reads a precomputed buffer (torchtitan's ``freqs_cis``): no cos/sin tables per forward.
     rope_buffer: bool = False
 
+    @property
+    def local_tokens(self) -> int:
+        """Tokens of one micro-batch whose hidden states this rank holds (its sequence shard under
+        sequence parallelism)."""
+        return self.seq * self.micro_batch // (self.tp if self.sequence_parallel else 1)
+
 
 @dataclass(frozen=True, slots=True)
 class Term:
@@ -592,7 +598,7 @@ def dispatch_buffer_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     if layer.moe is None:
         return 0
     c, h = shape.act_bytes, shape.hidden
-    local = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
+    local = shape.local_tokens
     routed = local * layer.moe.top_k
     if shape.dispatcher == "allgather":
         gathered = local * shape.tp * shape.ep

@@ -94,8 +94,7 @@ def captured_layer_bytes(layer: LayerSpec, shape: ActivationShape, modules: tupl
 
 def hidden_state_bytes(shape: ActivationShape, elem_bytes: int) -> int:
     """One ``[s/cp (/tp under sequence parallelism), b, h]`` hidden-state tensor."""
-    tokens = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
-    return tokens * shape.hidden * elem_bytes
+    return shape.local_tokens * shape.hidden * elem_bytes
 
 
 def te_static_input_bytes(shape: ActivationShape, *, cp: int, attention_captured: bool) -> int:

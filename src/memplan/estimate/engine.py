@@ -771,9 +771,9 @@ def _flex_dispatch_buffer_bytes(model: ModelSpec, job: Job, layout: StageLayout,
         return 0
     group = job.parallel.expert_tp * job.parallel.ep
     if job.overlap.flex_backend == "hybridep":
-        tokens = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
         local = max(m.num_experts for m in moe_layers) // job.parallel.ep
-        return hybridep_buffer_bytes(hidden=model.hidden_size, tokens=tokens, local_experts=local, group=group)
+        return hybridep_buffer_bytes(hidden=model.hidden_size, tokens=shape.local_tokens, local_experts=local,
+                                     group=group)
     return deepep_buffer_bytes(hidden=model.hidden_size, act_bytes=shape.act_bytes, group=group,
                                num_sms=job.overlap.flex_num_sms)
 
@@ -884,8 +884,7 @@ def moe_allgather_buffer_bytes(job: Job, model: ModelSpec, layout: StageLayout, 
     group = job.parallel.expert_tp * job.parallel.ep
     if group == 1 or not any(model.layers[i].moe is not None for i in layout.layer_indices):
         return 0
-    local_tokens = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
-    return local_tokens * group * shape.hidden * shape.act_bytes
+    return shape.local_tokens * group * shape.hidden * shape.act_bytes
 
 
 def _summed_grad_bytes(job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> int:

@@ -58,7 +58,7 @@ from memplan.estimate.activations import (
     divided,
     layer_terms_by_block,
 )
-from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec
+from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
 
 __all__ = ["LayerParts", "attention_wgrad_held", "combined_step_extra", "describe", "dispatch_backward_extra",
            "expert_wgrad_held", "layer_parts", "mlp_wgrad_held", "shared_expert_overlap_bytes"]
@@ -129,11 +129,6 @@ def _operand_bytes(shape: ActivationShape) -> int:
     return 1 if shape.fp8 else shape.act_bytes
 
 
-def _local_tokens(shape: ActivationShape) -> int:
-    tokens = shape.seq * shape.micro_batch
-    return tokens // shape.tp if shape.sequence_parallel else tokens
-
-
 def _mlp_operands(mlp: MLPSpec, shape: ActivationShape) -> int:
     """A tensor-parallel MLP's two GEMMs: fc1's gathered input and output gradient, fc2's input and
     (gathered) output gradient."""
@@ -155,7 +150,7 @@ def _attention_operands(attn: AttentionSpec, shape: ActivationShape) -> int:
     rope = attn.qk_rope_head_dim or 0
     kv_lora, q_lora = attn.kv_lora_rank or 0, attn.q_lora_rank
     # down projections: duplicated linears on the local tokens, one shared input
-    local = _local_tokens(shape)
+    local = shape.local_tokens
     down = local * h + local * (kv_lora + rope) + (local * q_lora if q_lora else 0)
     # up projections: column-parallel on the gathered latents (queries from the hidden states without q_lora)
     q_in = q_lora or h
@@ -180,11 +175,16 @@ def expert_wgrad_held(layer: LayerSpec, shape: ActivationShape) -> int:
     if layer.moe is None:
         return 0
     c, h, etp = _operand_bytes(shape), shape.hidden, shape.expert_tp
-    rows = int(shape.seq * shape.micro_batch * layer.moe.top_k * shape.routed_factor) * etp
-    rows = rows // shape.tp if shape.sequence_parallel else rows
     f = layer.moe.expert.intermediate_size // etp
     fc1_out = f * (2 if layer.moe.expert.gated else 1)
-    return c * rows * (h + fc1_out + f + h)
+    return c * _expert_rows(layer.moe, shape) * (h + fc1_out + f + h)
+
+
+def _expert_rows(moe: MoESpec, shape: ActivationShape) -> int:
+    """The routed experts' rows on this rank: every routed copy of the micro-batch's tokens, times the
+    expert-TP gather, split by sequence parallelism."""
+    rows = int(shape.seq * shape.micro_batch * moe.top_k * shape.routed_factor) * shape.expert_tp
+    return rows // shape.tp if shape.sequence_parallel else rows
 
 
 def mlp_wgrad_held(layer: LayerSpec, shape: ActivationShape) -> int:
@@ -198,10 +198,8 @@ def mlp_wgrad_held(layer: LayerSpec, shape: ActivationShape) -> int:
 
 def _input_grad(layer: LayerSpec, shape: ActivationShape) -> int:
     """The MLP node's input gradient: the experts' rows, or a dense MLP's local tokens, of width h."""
-    if layer.moe is None:
-        return shape.act_bytes * _local_tokens(shape) * shape.hidden
-    rows = int(shape.seq * shape.micro_batch * layer.moe.top_k * shape.routed_factor) * shape.expert_tp
-    return shape.act_bytes * (rows // shape.tp if shape.sequence_parallel else rows) * shape.hidden
+    rows = shape.local_tokens if layer.moe is None else _expert_rows(layer.moe, shape)
+    return shape.act_bytes * rows * shape.hidden
 
 
 def layer_parts(layer: LayerSpec, shape: ActivationShape, *, kept: int, transient: int, dispatch: int,
