@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 from memplan.errors import JobConfigError
 from memplan.model.peft_checks import check_finetune_names
 from memplan.model.spec import ModelSpec
+from memplan.optimizers import optimizer_kind
 from memplan.policies import resolve_policy
 from memplan.units import normalize_dtype
 
@@ -867,13 +868,7 @@ class Job:
         self._check_batch()
         self._check_offload()
         resolve_policy(self)  # refuses a policy (or --recompute-modules) the framework does not have
-        if self.optimizer.name == "muon" and self.framework != "megatron":
-            raise JobConfigError("--optimizer", "muon is priced as Megatron-LM's Muon (its parameter split and "
-                                 "Newton-Schulz step); use --framework megatron", self.optimizer.name)
-        ft = self.finetune
-        if self.optimizer.name == "muon" and (ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none"):
-            raise JobConfigError("--optimizer", "muon is priced for full training only (its Muon/Adam split of "
-                                 "frozen or adapter parameters is not modelled)", self.optimizer.name)
+        self._check_optimizer()
         ds = self.recompute
         if (ds.partition_activations or ds.cpu_checkpointing) and self.framework != "deepspeed":
             flag = "--partition-activations" if ds.partition_activations else "--cpu-checkpointing"
@@ -997,6 +992,17 @@ class Job:
         if off.params and sh.fsdp != "none" and not off.optimizer:
             # FSDP's CPUOffloadPolicy moves parameters, gradients and the optimizer step together.
             object.__setattr__(self, "offload", replace(off, optimizer=True))
+
+    def _check_optimizer(self) -> None:
+        """Refuse an optimizer the framework cannot run, or in a setting its entry rules out."""
+        ft, sh = self.finetune, self.sharding
+        rule = optimizer_kind(self.optimizer.name).refusal(
+            framework=self.framework,
+            full_training=ft.peft == "none" and not ft.has_frozen and ft.quantize_base == "none",
+            sharded=sh.zero > 0 or sh.fsdp != "none" or sh.distributed_optimizer or self.parallel.tp > 1,
+            implementation=self.optimizer.implementation)
+        if rule:
+            raise JobConfigError("--optimizer", rule, self.optimizer.name)
 
     def _check_batch(self) -> None:
         per_step = self.batch.micro_batch_size * self.parallel.data_parallel

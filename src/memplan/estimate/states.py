@@ -29,6 +29,7 @@ from memplan.model.params import (
     position_embedding_params,
 )
 from memplan.model.spec import ModelSpec
+from memplan.optimizers import optimizer_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,7 @@ def device_step_counters(job: Job, profile: FrameworkProfile, stage_tensors: int
     when ``fused`` or ``capturable`` (torch/optim/adam.py ``_init_group``), on the host otherwise;
     FSDP and TP shard tensors but each local shard has its own step. SGD keeps none.
     """
-    if not profile.torch_optimizer or job.optimizer.name not in ("adam", "adamw"):
+    if not profile.torch_optimizer or not optimizer_kind(job.optimizer.name).fused_step_counters:
         return 0
     return stage_tensors if resolved_optimizer_impl(job) == "fused" else 0
 

@@ -28,10 +28,10 @@ from typing import Any
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.frameworks.deepspeed_keys import deepspeed_settings
 from memplan.job import Batch, Job, Offload, Optimizer, Recompute, Sharding
+from memplan.optimizers import by_dialect
 from memplan.settings import InputSetting
 from memplan.textfile import read_text_file
 
-_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "fusedadam": "adamw", "onebitadam": "adam"}
 
 
 def read_deepspeed_config(path: str | Path) -> dict[str, Any]:
@@ -126,12 +126,13 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
     optimizer = job.optimizer
     opt_section = config.get("optimizer")
     if isinstance(opt_section, Mapping) and opt_section.get("type"):
-        kind = str(opt_section["type"]).lower()
-        if kind not in _OPTIMIZERS:
+        kinds = by_dialect("deepspeed")
+        kind = kinds.get(str(opt_section["type"]).lower())
+        if kind is None:
             raise UnsupportedError(f"optimizer.type: DeepSpeed optimizer {opt_section['type']!r} is not modelled")
         params = opt_section.get("params") or {}
-        momentum = float(params.get("momentum", 0.0)) if kind == "sgd" else 0.0
-        optimizer = Optimizer(name=_OPTIMIZERS[kind], momentum=momentum, implementation="fused")  # type: ignore[arg-type]
+        values = {field: float(params.get(key, default)) for key, field, default in kind.dialects.deepspeed_params}
+        optimizer = Optimizer(name=kind.name, implementation="fused", **values)  # type: ignore[arg-type]
     batch = job.batch
     mbs = _int_field(config, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu")
     gbs = _int_field(config, "train_batch_size", "train_batch_size")

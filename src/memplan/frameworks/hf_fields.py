@@ -8,22 +8,15 @@ Fields :mod:`memplan.frameworks.hf_args` maps itself are in neither table.
 
 from __future__ import annotations
 
+from memplan.optimizers import OPTIMIZERS as REGISTERED
+
 __all__ = ["NOT_MODELLED", "NO_MEMORY_EFFECT", "OPTIMIZERS", "UNMODELLED_OPTIMIZERS"]
 
-#: ``optim`` name → (memplan --optimizer, --optimizer-impl). bitsandbytes names follow
-#: transformers' trainer_optimizer._get_bitsandbytes_optimizer ("paged" → paged, "8bit" → 8-bit).
+#: ``optim`` name → (memplan --optimizer, --optimizer-impl), read from the optimizer registry
+#: (:mod:`memplan.optimizers`: each entry's ``dialects.hf``). bitsandbytes names follow transformers'
+#: trainer_optimizer._get_bitsandbytes_optimizer ("paged" → paged, "8bit" → 8-bit).
 OPTIMIZERS: dict[str, tuple[str, str]] = {
-    "adamw_torch": ("adamw", "foreach"),  # torch.optim.AdamW without fused=True: foreach on CUDA
-    "adamw_torch_fused": ("adamw", "fused"),
-    "adafactor": ("adafactor", "auto"),
-    "sgd": ("sgd", "foreach"),
-    "adamw_bnb_8bit": ("adamw8bit", "auto"),
-    "adamw_8bit": ("adamw8bit", "auto"),
-    "paged_adamw_8bit": ("paged-adamw8bit", "auto"),
-    "paged_adamw_32bit": ("paged-adamw", "auto"),
-    "lion_32bit": ("lion", "auto"),
-    "lion_8bit": ("lion8bit", "auto"),
-    "paged_lion_8bit": ("paged-lion8bit", "auto"),
+    optim: (kind.name, impl) for kind in REGISTERED for optim, impl in kind.dialects.hf
 }
 #: Names transformers knows whose states memplan does not price.
 UNMODELLED_OPTIMIZERS = (
