@@ -298,8 +298,13 @@ class Optimizer:
     muon_nesterov: bool = knob(False, "--muon-nesterov", "Muon: Nesterov momentum (one more gradient-sized "
                                "temporary in the step).", panel=PRECISION)
 
+    #: GaLore only: the rank of each projected gradient (Hugging Face ``optim_args="rank=N"``, its default 128).
+    galore_rank: int = knob(128, "--galore-rank", "GaLore: rank of the projected gradients of the attention and "
+                            "MLP weights (their moments are rank x the larger side).", panel=PRECISION)
+
     def __post_init__(self) -> None:
         _check_choice("--optimizer", self.name, get_args(OptimizerName))
+        _check_int("--galore-rank", self.galore_rank, maximum=1 << 20)
         _check_choice("--muon-tp-mode", self.muon_tp_mode, get_args(MuonTpMode))
         _check_choice("--optimizer-impl", self.implementation, get_args(OptimizerImpl))
         if not 0.0 <= self.momentum < 1.0:

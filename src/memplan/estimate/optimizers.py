@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from memplan.frameworks.profiles import resolved_optimizer_impl
+from memplan.model.linears import layer_linears
 from memplan.model.params import position_embedding_params
 from memplan.optimizers import optimizer_kind
 from memplan.optimizers.bnb import BNB_BLOCK, MIN_8BIT_NUMEL, PAGED_MIN_NUMEL
@@ -75,6 +76,7 @@ def small_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_head:
 
     Counts the norms, qk-norms and attention/MLP biases of its layers (and the final norm on the
     last stage), plus each MoE router's weight, on their unsharded sizes. Expert biases are left out.
+    Lists the layers' linear modules (:func:`memplan.model.linears.layer_linears`) for GaLore.
     """
     hidden = model.hidden_size
     vectors: list[int] = [hidden] * (2 if model.norm_bias else 1) if has_head else []
@@ -85,8 +87,10 @@ def small_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_head:
         if layer.moe is not None:
             routers.append(hidden * layer.moe.num_experts)
     sizes = vectors + routers
+    linears = tuple(m for index in layer_indices for m in layer_linears(model.layers[index], hidden, model.model_type))
     return SmallTensors(below_8bit=sum(s for s in sizes if s < MIN_8BIT_NUMEL),
-                        below_paged=sum(s for s in sizes if s < PAGED_MIN_NUMEL), vectors=sum(vectors))
+                        below_paged=sum(s for s in sizes if s < PAGED_MIN_NUMEL), vectors=sum(vectors),
+                        linears=linears)
 
 
 def small_tensors_of_sizes(sizes: Iterable[int], *, vectors: int = 0) -> SmallTensors:

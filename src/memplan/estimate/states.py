@@ -148,6 +148,8 @@ class StateBytes:
     #: Element size of the optimizer states the step's temporaries follow (0: the precision's);
     #: peft adapters are fp32 whatever the precision.
     state_element_bytes: int = 0
+    #: Peak bytes of the step its registry entry prices from shapes (GaLore's projection); 0 for most.
+    optimizer_step: int = 0
 
     @property
     def cpu_total(self) -> int:
@@ -280,6 +282,7 @@ def state_bytes(
         cpu_gradients=cpu_grads,
         cpu_optimizer=cpu_opt,
         paged_optimizer=opt_states.paged_bytes,
+        optimizer_step=opt_states.step_bytes if o_numel else 0,
     )
 
 

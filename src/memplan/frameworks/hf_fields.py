@@ -18,8 +18,8 @@ __all__ = ["NOT_MODELLED", "NO_MEMORY_EFFECT", "OPTIMIZERS", "UNMODELLED_OPTIMIZ
 OPTIMIZERS: dict[str, tuple[str, str]] = {
     optim: (kind.name, impl) for kind in REGISTERED for optim, impl in kind.dialects.hf
 }
-#: Names transformers knows whose states memplan does not price.
-UNMODELLED_OPTIMIZERS = (
+#: transformers' ``OptimizerNames`` (5.2x ``training_args.py``) besides the bitsandbytes and torch ones above.
+_TRANSFORMERS_OPTIMIZERS = (
     "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_anyprecision", "adamw_torch_4bit", "adamw_torch_8bit",
     "ademamix", "adagrad", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit",
     "rmsprop", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit",
@@ -27,6 +27,8 @@ UNMODELLED_OPTIMIZERS = (
     "lomo", "adalomo", "grokadamw", "schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd",
     "apollo_adamw", "apollo_adamw_layerwise", "stable_adamw",
 )
+#: Names transformers knows whose states memplan does not price (no registry entry names them).
+UNMODELLED_OPTIMIZERS = tuple(name for name in _TRANSFORMERS_OPTIMIZERS if name not in OPTIMIZERS)
 
 _EVAL = "evaluation, not the training step"
 _SAVE = "checkpoint saving"

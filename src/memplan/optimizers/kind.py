@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from memplan.model.linears import LinearModule
 
 __all__ = [
     "DialectNames",
@@ -51,14 +54,14 @@ class SmallTensors:
     below_paged: int = 0
     #: Elements of 1-D tensors (norms, biases): Adafactor keeps their second moment unfactored.
     vectors: int = 0
-    #: ``(rows, cols)`` of each ``nn.Linear`` weight of the decoder layers' attention and MLP, unsharded
-    #: (the matrices GaLore projects, as Hugging Face's ``optim_target_modules=["attn", "mlp"]`` picks them).
-    matrices: tuple[tuple[int, int], ...] = ()
+    #: The linear layers of the stage's decoder layers, unsharded, named as in Hugging Face's model
+    #: relative to the layer (``self_attn.q_proj``): the weights a low-rank optimizer (GaLore) picks from.
+    linears: tuple[LinearModule, ...] = ()
 
     def scaled(self, fraction: float) -> SmallTensors:
         """The same split for a ``fraction`` of the tensors (a data-parallel shard)."""
         return SmallTensors(below_8bit=int(self.below_8bit * fraction), below_paged=int(self.below_paged * fraction),
-                            vectors=int(self.vectors * fraction), matrices=self.matrices)
+                            vectors=int(self.vectors * fraction), linears=self.linears)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,9 @@ class DialectNames:
     deepspeed_params: tuple[tuple[str, str, float], ...] = ()
     #: Hugging Face TrainingArguments ``optim`` values and the ``--optimizer-impl`` each means.
     hf: tuple[tuple[str, str], ...] = ()
+    #: Hugging Face ``optim_args`` keys read ("rank=64"): (key, Optimizer field); and keys without memory effect.
+    hf_optim_args: tuple[tuple[str, str], ...] = ()
+    hf_optim_args_no_effect: tuple[str, ...] = ()
     #: torchtitan ``[optimizer] name`` values.
     torchtitan: tuple[str, ...] = ()
 
@@ -170,7 +176,8 @@ class OptimizerKind:
     fused_step_counters: bool = False
     #: bitsandbytes paged states (CUDA unified memory).
     paged: bool = False
-    #: Frameworks that can run it (None: every framework), and the rule refusing the others.
+    #: Frameworks that can run it (None: every framework), and the rule refusing the others (``{framework}``:
+    #: the job's).
     frameworks: frozenset[str] | None = None
     framework_rule: str = ""
     #: Non-empty: refused when part of the model is frozen or adapters train (this rule).
@@ -189,7 +196,7 @@ class OptimizerKind:
     def refusal(self, *, framework: str, full_training: bool, sharded: bool, implementation: str) -> str:
         """Why a job cannot run this optimizer (empty: it can). The framework rule comes first."""
         if self.frameworks is not None and framework not in self.frameworks:
-            return self.framework_rule
+            return self.framework_rule.format(framework=framework)
         if self.full_training_rule and not full_training:
             return self.full_training_rule
         if self.unsharded_rule and sharded:

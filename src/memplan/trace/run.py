@@ -261,3 +261,13 @@ def _mark_optimizer_state(recorder: AllocationRecorder, optimizer: torch.optim.O
             if isinstance(value, torch.Tensor):
                 on_host = (host_step and key == "step" and value.dim() == 0) or id(value) in outside
                 recorder.mark(local_tensor(value).untyped_storage(), HOST if on_host else state_role)
+            else:  # a helper object's tensors (GaLore's projector keeps its projection matrix)
+                for held in _held_tensors(value):
+                    recorder.mark(local_tensor(held).untyped_storage(), state_role)
+
+
+def _held_tensors(value: object) -> Iterator[torch.Tensor]:
+    """Tensors an object in an optimizer's state holds as attributes (or in a list attribute)."""
+    for attribute in getattr(value, "__dict__", {}).values():
+        items = attribute if isinstance(attribute, (list, tuple)) else [attribute]
+        yield from (item for item in items if isinstance(item, torch.Tensor))

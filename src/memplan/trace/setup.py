@@ -49,7 +49,7 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"), ("batch", "packing"),
     ("precision", "name"),
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
-    ("optimizer", "in_backward"), ("offload", "activations"),
+    ("optimizer", "in_backward"), ("optimizer", "galore_rank"), ("offload", "activations"),
     ("recompute", "mode"), ("recompute", "reentrant"), ("recompute", "modules"), ("recompute", "method"),
     ("recompute", "num_layers"), ("recompute", "partition_activations"), ("recompute", "cpu_checkpointing"),
     ("recompute", "contiguous_checkpoints"),
