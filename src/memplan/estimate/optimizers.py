@@ -90,7 +90,7 @@ def small_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_head:
     linears = tuple(m for index in layer_indices for m in layer_linears(model.layers[index], hidden, model.model_type))
     return SmallTensors(below_8bit=sum(s for s in sizes if s < MIN_8BIT_NUMEL),
                         below_paged=sum(s for s in sizes if s < PAGED_MIN_NUMEL), vectors=sum(vectors),
-                        linears=linears)
+                        linears=linears, head=hidden * model.vocab_size if has_head and not model.tie_word_embeddings else 0)
 
 
 def small_tensors_of_sizes(sizes: Iterable[int], *, vectors: int = 0) -> SmallTensors:

@@ -57,11 +57,15 @@ class SmallTensors:
     #: The linear layers of the stage's decoder layers, unsharded, named as in Hugging Face's model
     #: relative to the layer (``self_attn.q_proj``): the weights a low-rank optimizer (GaLore) picks from.
     linears: tuple[LinearModule, ...] = ()
+    #: Elements of the stage's untied output-head weight (0: none or tied), the last parameter a Hugging Face
+    #: model lists: what a per-parameter loop steps just before the decoder layers' weights of its next group.
+    head: int = 0
 
     def scaled(self, fraction: float) -> SmallTensors:
         """The same split for a ``fraction`` of the tensors (a data-parallel shard)."""
         return SmallTensors(below_8bit=int(self.below_8bit * fraction), below_paged=int(self.below_paged * fraction),
-                            vectors=int(self.vectors * fraction), linears=self.linears)
+                            vectors=int(self.vectors * fraction), linears=self.linears,
+                            head=self.head)
 
 
 @dataclass(frozen=True, slots=True)
