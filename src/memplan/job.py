@@ -20,7 +20,7 @@ from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 OptimizerName = Literal["adamw", "adam", "sgd", "adafactor", "adam8bit", "adamw8bit", "paged-adamw8bit",
-                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit", "muon"]
+                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit", "muon", "galore-adamw"]
 MuonTpMode = Literal["duplicated", "blockwise", "distributed"]
 OptimizerImpl = Literal["auto", "foreach", "fused", "for-loop"]
 #: ``selective`` is the framework's own selective policy; the others are :mod:`memplan.policies` names.
