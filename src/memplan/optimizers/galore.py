@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memplan.errors import ConfigError, UnsupportedError
+from memplan.errors import ConfigError, MissingDependencyError, UnsupportedError
 from memplan.optimizers.kind import (
     DialectNames,
     OptimizerKind,
@@ -134,8 +134,13 @@ def _describe(settings: OptimizerSettings) -> str:
 def _build(request: TraceRequest) -> Any:
     """``GaLoreAdamW`` with Hugging Face's two parameter groups (the targets carry the rank)."""
     import torch
-    from galore_torch import GaLoreAdamW
     from transformers.trainer_utils import check_target_module_exists
+
+    try:
+        from galore_torch import GaLoreAdamW
+    except ImportError:
+        raise MissingDependencyError("galore-torch", feature="tracing --optimizer galore-adamw",
+                                     extra="galore") from None
 
     if request.model is None:
         raise UnsupportedError("--optimizer galore-adamw: GaLore picks its weights by module; trace it with the "
