@@ -20,7 +20,8 @@ from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 OptimizerName = Literal["adamw", "adam", "sgd", "adafactor", "adam8bit", "adamw8bit", "paged-adamw8bit",
-                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit", "muon", "galore-adamw"]
+                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit", "muon", "galore-adamw",
+                        "schedulefree-adamw"]
 MuonTpMode = Literal["duplicated", "blockwise", "distributed"]
 OptimizerImpl = Literal["auto", "foreach", "fused", "for-loop"]
 #: ``selective`` is the framework's own selective policy; the others are :mod:`memplan.policies` names.
@@ -277,8 +278,8 @@ class Optimizer:
     #: bitsandbytes paged optimizers, whose states live in CUDA unified memory outside PyTorch's
     #: caching allocator and page out to CPU memory under pressure.
     name: OptimizerName = knob("adamw", "--optimizer", "Optimizer: torch adamw/adam/sgd/adafactor, Lion, "
-                               "bitsandbytes 8-bit and paged variants, or Megatron's Muon (2-D weights; Adam for "
-                               "the rest).", panel=PRECISION)
+                               "bitsandbytes 8-bit and paged variants, Megatron's Muon (2-D weights; Adam for "
+                               "the rest), GaLore or schedule-free AdamW.", panel=PRECISION)
     momentum: float = knob(0.0, "--momentum", "SGD momentum; 0 keeps no momentum buffer.", panel=PRECISION)
     implementation: OptimizerImpl = knob("auto", "--optimizer-impl",
                                          "PyTorch optimizer implementation (temporaries of the step); auto = the "

@@ -19,12 +19,14 @@ from memplan.optimizers.bnb import BNB_KINDS
 from memplan.optimizers.galore import GALORE_ADAMW
 from memplan.optimizers.kind import OptimizerKind
 from memplan.optimizers.muon import MUON
+from memplan.optimizers.schedulefree import SCHEDULEFREE_ADAMW
 from memplan.optimizers.torch_optim import ADAFACTOR, ADAM, ADAMW, SGD
 
 __all__ = ["OPTIMIZERS", "OPTIMIZER_NAMES", "OptimizerKind", "by_dialect", "optimizer_kind"]
 
 #: Every optimizer memplan prices, in the order messages list them.
-OPTIMIZERS: tuple[OptimizerKind, ...] = (ADAMW, ADAM, ADAFACTOR, SGD, *BNB_KINDS, MUON, GALORE_ADAMW)
+OPTIMIZERS: tuple[OptimizerKind, ...] = (ADAMW, ADAM, ADAFACTOR, SGD, *BNB_KINDS, MUON, GALORE_ADAMW,
+                                       SCHEDULEFREE_ADAMW)
 OPTIMIZER_NAMES: tuple[str, ...] = tuple(kind.name for kind in OPTIMIZERS)
 _BY_NAME = {kind.name: kind for kind in OPTIMIZERS}
 
