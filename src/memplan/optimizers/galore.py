@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memplan.errors import ConfigError, MissingDependencyError, UnsupportedError
+from memplan.errors import ConfigError, UnsupportedError
 from memplan.optimizers.kind import (
     DialectNames,
     OptimizerKind,
@@ -37,6 +37,7 @@ from memplan.optimizers.kind import (
     StateQuery,
     StepQuery,
     TraceRequest,
+    import_package,
 )
 
 if TYPE_CHECKING:
@@ -136,12 +137,7 @@ def _build(request: TraceRequest) -> Any:
     import torch
     from transformers.trainer_utils import check_target_module_exists
 
-    try:
-        from galore_torch import GaLoreAdamW
-    except ImportError:
-        raise MissingDependencyError("galore-torch", feature="tracing --optimizer galore-adamw",
-                                     extra="galore") from None
-
+    galore = import_package("galore_torch", package="galore-torch", optimizer="galore-adamw", extra="galore")
     if request.model is None:
         raise UnsupportedError("--optimizer galore-adamw: GaLore picks its weights by module; trace it with the "
                                "model (ctx.make_optimizer(model)), not --optimizer-in-backward")
@@ -150,10 +146,9 @@ def _build(request: TraceRequest) -> Any:
              if isinstance(module, torch.nn.Linear) and check_target_module_exists(list(GALORE_TARGETS), name)}
     targets = [p for n, p in request.model.named_parameters() if n in names and id(p) in trained]
     others = [p for n, p in request.model.named_parameters() if n not in names and id(p) in trained]
-    return GaLoreAdamW([{"params": others}, {"params": targets, "rank": request.settings.galore_rank,
-                                             "update_proj_gap": _TRACED_PROJ_GAP, "scale": _SCALE,
-                                             "proj_type": _PROJ_TYPE}],
-                       lr=request.learning_rate, no_deprecation_warning=True)
+    projected = {"params": targets, "rank": request.settings.galore_rank, "update_proj_gap": _TRACED_PROJ_GAP,
+                 "scale": _SCALE, "proj_type": _PROJ_TYPE}
+    return galore.GaLoreAdamW([{"params": others}, projected], lr=request.learning_rate, no_deprecation_warning=True)
 
 
 GALORE_ADAMW = OptimizerKind(

@@ -9,9 +9,12 @@ run it. Nothing here imports torch or the job: the engines hand the entry plain 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from memplan.errors import MissingDependencyError
 
 if TYPE_CHECKING:
     from memplan.model.linears import LinearModule
@@ -26,6 +29,7 @@ __all__ = [
     "StateQuery",
     "StepQuery",
     "TraceRequest",
+    "import_package",
     "torch_step_bytes",
 ]
 
@@ -220,3 +224,11 @@ def torch_step_bytes(query: StepQuery) -> int:
     if query.implementation == "foreach" and not query.in_backward:
         return query.stepped_numel * query.state_bytes
     return query.largest_tensor * query.state_bytes
+
+
+def import_package(module: str, *, package: str, optimizer: str, extra: str) -> Any:
+    """The optimizer's own package for the tracer; missing, a one-line error naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(package, feature=f"tracing --optimizer {optimizer}", extra=extra) from None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from memplan.errors import MissingDependencyError
 from memplan.optimizers.kind import (
     DialectNames,
     OptimizerKind,
@@ -26,6 +25,7 @@ from memplan.optimizers.kind import (
     StateQuery,
     StepQuery,
     TraceRequest,
+    import_package,
     torch_step_bytes,
 )
 
@@ -51,13 +51,9 @@ def _describe(settings: OptimizerSettings) -> str:
 
 def _build(request: TraceRequest) -> Any:
     """``AdamWScheduleFree`` in train mode (it refuses to step otherwise)."""
-    try:
-        from schedulefree import AdamWScheduleFree
-    except ImportError:
-        raise MissingDependencyError("schedulefree", feature="tracing --optimizer schedulefree-adamw",
-                                     extra="schedulefree") from None
-
-    optimizer = AdamWScheduleFree(request.groups, lr=request.learning_rate,
+    package = import_package("schedulefree", package="schedulefree", optimizer="schedulefree-adamw",
+                             extra="schedulefree")
+    optimizer = package.AdamWScheduleFree(request.groups, lr=request.learning_rate,
                                   foreach=request.implementation != "for-loop")
     optimizer.train()
     return optimizer
