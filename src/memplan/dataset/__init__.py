@@ -17,10 +17,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memplan.dataset.batching import RULES, Batching, StepShapes, plan_steps
-from memplan.dataset.lengths import Fields, token_lengths
-from memplan.dataset.peaks import DatasetPeaks, WorstStep, step_peaks
-from memplan.dataset.tokenizer import TokenizerFiles, find_tokenizer
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # numpy is imported only when the package is used
+    from memplan.dataset.batching import Batching, StepShapes, plan_steps
+    from memplan.dataset.lengths import Fields, token_lengths
+    from memplan.dataset.peaks import DatasetPeaks, WorstStep, step_peaks
+    from memplan.dataset.tokenizer import TokenizerFiles, find_tokenizer
+
+from memplan.dataset.rules import RULES
+
+_LAZY = {"Batching": "batching", "StepShapes": "batching", "plan_steps": "batching", "Fields": "lengths",
+         "token_lengths": "lengths", "DatasetPeaks": "peaks", "WorstStep": "peaks", "step_peaks": "peaks",
+         "TokenizerFiles": "tokenizer", "find_tokenizer": "tokenizer"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"memplan.dataset.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'memplan.dataset' has no attribute {name!r}")
+
 
 __all__ = ["RULES", "Batching", "DatasetPeaks", "DatasetRequest", "Fields", "StepShapes", "TokenizerFiles",
            "WorstStep", "analyze", "dataset_lengths", "find_tokenizer", "plan_steps", "step_peaks"]
@@ -31,15 +49,18 @@ class DatasetRequest:
     """What ``--dataset`` and its options give."""
 
     path: str
-    fields: Fields = field(default_factory=Fields)
+    fields: Fields = field(default_factory=lambda: __getattr__("Fields")())
     #: ``--tokenizer`` (None: the model's own).
     tokenizer: str | None = None
-    batching: Batching = field(default_factory=Batching)
+    batching: Batching = field(default_factory=lambda: __getattr__("Batching")())
 
 
 def dataset_lengths(loaded: object, request: DatasetRequest) -> tuple[object, bool]:
     """The examples' token lengths (numpy int64) for ``loaded``'s model and whether they came from the cache."""
     from dataclasses import replace
+
+    from memplan.dataset.lengths import token_lengths
+    from memplan.dataset.tokenizer import find_tokenizer
 
     tokenizer = find_tokenizer(request.tokenizer, getattr(loaded, "model_ref", None))
     fields = replace(request.fields, add_eos=request.batching.rule.startswith("trl"))
@@ -49,6 +70,8 @@ def dataset_lengths(loaded: object, request: DatasetRequest) -> tuple[object, bo
 
 def analyze(loaded: object, request: DatasetRequest) -> DatasetPeaks:
     """Per-step peaks of training ``loaded`` (a :class:`memplan.inputs.LoadedJob`) on the dataset."""
+    from memplan.dataset.batching import plan_steps
+    from memplan.dataset.peaks import step_peaks
     from memplan.estimate.engine import DEFAULT_FRAGMENTATION
     from memplan.gpus import get_gpu
 

@@ -40,12 +40,11 @@ from typing import Literal
 
 import numpy as np
 
+from memplan.dataset.rules import RULES, Rule
 from memplan.errors import ConfigError
 
 __all__ = ["RULES", "Batching", "StepShapes", "plan_steps"]
 
-Rule = Literal["hf", "trl", "trl-padding-free", "trl-packing", "torchtune", "torchtune-packing"]
-RULES: tuple[str, ...] = ("hf", "trl", "trl-padding-free", "trl-packing", "torchtune", "torchtune-packing")
 #: ``datasets.Dataset.map``'s default ``batch_size``: TRL packs each block of this many rows apart.
 MAP_BLOCK = 1000
 #: SFTConfig's default ``max_length``.

@@ -90,7 +90,7 @@ def shape_job(job: Job, batch_size: int, seq_length: int, packed: bool) -> Job:
     accumulation = job.num_microbatches
     gbs = batch_size * job.parallel.data_parallel * accumulation
     batch = replace(job.batch, micro_batch_size=batch_size, seq_length=seq_length, global_batch_size=gbs,
-                    packing=packed or job.batch.packing)
+                    packing=packed)
     return replace(job, batch=batch)
 
 
