@@ -29,8 +29,8 @@ Rules (``--batching``):
     does not fit starts the next pack; ``split_across_pack=False``), every pack padded to
     ``max_seq_len``. Shape ``(rows, max_seq_len)``, priced as packed rows.
 
-The permutations use torch (``randperm``), imported only for the rules that shuffle; the estimator
-itself never imports torch.
+The permutations are ``torch.randperm``'s, reproduced with numpy (:mod:`memplan.dataset.rng`):
+batching never imports torch.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Literal
 
 import numpy as np
 
+from memplan.dataset.rng import torch_randperm
 from memplan.dataset.rules import RULES, Rule
 from memplan.errors import ConfigError
 
@@ -149,26 +150,21 @@ def _order(lengths: np.ndarray, batching: Batching, epoch: int) -> np.ndarray:
     n = len(lengths)
     if batching.sequential:
         return np.arange(n)
-    import torch
-
     if batching.rule.startswith("torchtune"):
-        generator = torch.Generator().manual_seed(0 + epoch)  # DistributedSampler(seed=0).set_epoch(epoch)
-        return torch.randperm(n, generator=generator).numpy()
+        return torch_randperm(n, 0 + epoch)  # DistributedSampler(seed=0).set_epoch(epoch)
     if batching.group_by_length:
         return _length_grouped(lengths, batching)
     seed = batching.data_seed if batching.data_seed is not None else batching.seed
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).numpy()
+    return torch_randperm(n, seed + epoch)
 
 
 def _length_grouped(lengths: np.ndarray, batching: Batching) -> np.ndarray:
-    """transformers' ``get_length_grouped_indices`` on the global RNG after ``set_seed(seed)`` (first epoch)."""
-    import torch
+    """transformers' ``get_length_grouped_indices`` on the global RNG after ``set_seed(seed)`` (first epoch).
 
-    torch.manual_seed(batching.seed)
-    torch.empty((), dtype=torch.int64).random_()  # the DataLoader iterator's base seed, drawn first
+    The DataLoader iterator draws its base seed (``random_()`` on an int64: two 32-bit outputs) first."""
     group = batching.micro_batch_size * batching.gradient_accumulation_steps
     mult = max(1, min(len(lengths) // (group * 4), 50))
-    indices = torch.randperm(len(lengths)).numpy()
+    indices = torch_randperm(len(lengths), batching.seed, skip=2)
     size = mult * group
     megabatches = [indices[i:i + size] for i in range(0, len(lengths), size)]
     megabatches = [m[np.argsort(-lengths[m], kind="stable")] for m in megabatches]
