@@ -50,14 +50,19 @@ _OPTIONS: tuple[tuple[str, str, Any, str, str | None], ...] = (
 )
 
 
-def dataset_options(*, plot: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Add the dataset options (and ``--plot FILE`` when ``plot``) to a command receiving ``dataset_flags``."""
+def dataset_options(*, plot: bool = False, emit: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Add the dataset options (``--plot FILE`` when ``plot``, ``--emit KIND FILE`` when ``emit``) to a
+    command receiving ``dataset_flags``."""
     from memplan.commands.common import option
 
     rows = list(_OPTIONS)
     if plot:
         rows.append(("plot", "--plot", str, "With --dataset: write the per-step peak against the GPU as a PNG.",
                      "FILE"))
+    if emit:
+        rows.append(("emit", "--emit", tuple[str, str], "With --dataset: write the chosen setting as the "
+                     "trainer's config: hf (TrainingArguments JSON), trl (SFTConfig JSON) or torchtune (YAML).",
+                     "KIND FILE"))
     generated = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                    annotation=Annotated[kind | None, option(flag, help=text, panel=PANEL,
                                                                             metavar=meta)])
@@ -85,7 +90,7 @@ def dataset_request(flags: Mapping[str, Any], loaded: Any) -> Any:
     """The :class:`~memplan.dataset.DatasetRequest` the flags, the job and ``--hf-args`` describe."""
     from memplan.dataset import Batching, DatasetRequest, Fields
 
-    extra = {k for k in flags if k not in ("dataset", "plot")}
+    extra = {k for k in flags if k != "dataset"}
     if "dataset" not in flags:
         if extra:
             raise ConfigError(f"--{sorted(extra)[0].replace('_', '-')}", "needs --dataset")
