@@ -82,3 +82,19 @@ def test_preset_without_tokenizer_says_so(tmp_path, write_jsonl):
 def test_dataset_options_need_dataset():
     out = _run("estimate", "llama-3.2-1b", "--batching", "trl")
     assert out.exit_code == 2 and "--batching: needs --dataset" in out.output
+
+
+def test_hf_args_give_the_batching(model_dir, text_rows, tmp_path, write_jsonl, isolated_cache):
+    """An SFTConfig JSON selects TRL's rule and its fields; a flag typed on the command line wins."""
+    path = write_jsonl(tmp_path / "t.jsonl", text_rows)
+    args = tmp_path / "sft.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 2, "packing": True, "max_length": 128,
+                                "seed": 5, "dataset_text_field": "text"}))
+    out = _run("estimate", str(model_dir), "--dataset", str(path), "--hf-args", str(args), "--json")
+    assert out.exit_code == 0, out.output
+    section = json.loads(out.stdout)["dataset"]
+    assert section["batching"] == "trl-packing" and section["worst_step"]["seq_length"] <= 256
+    out = _run("estimate", str(model_dir), "--dataset", str(path), "--hf-args", str(args), "--batching", "trl",
+               "--json")
+    section = json.loads(out.stdout)["dataset"]
+    assert section["batching"] == "trl" and section["worst_step"]["batch_size"] == 2
