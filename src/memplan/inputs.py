@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError, UnsupportedError
-from memplan.job import Job, validate_job_for_model
+from memplan.job import Job
+from memplan.jobcheck import validate_job_for_model
 from memplan.jobflags import build_job, check_conflicts
 from memplan.model.spec import ModelSpec
+from memplan.profiles import FINE_TUNING_FRAMEWORK
 from memplan.settings import InputSetting, unmodelled
 
 __all__ = ["JobRequest", "LoadedJob", "load_job"]
@@ -130,14 +132,9 @@ def _check(values: Mapping[str, Any]) -> None:
         raise ConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
     gpu = values.get("gpu")
     if gpu is not None:
-        if ":" in str(gpu):  # GPU:MIG-PROFILE (a job file for fit --colocate)
-            from memplan.fit.colocate import resolve_device
+        from memplan.gpus import resolve_device
 
-            resolve_device(gpu)
-        else:
-            from memplan.gpus import get_gpu
-
-            get_gpu(gpu)
+        resolve_device(gpu)  # a GPU, or GPU:MIG-PROFILE (a job file for fit --colocate)
 
 
 def _conditions(values: Mapping[str, Any], job: Job) -> dict[str, Any]:
@@ -228,7 +225,7 @@ def _fine_tuning_framework(job: Job, values: Mapping[str, Any], base: Job | None
     tuned = job.finetune.peft != "none" or job.finetune.quantize_base != "none"
     if named or not tuned or job.framework != Job().framework:
         return job
-    return replace(job, framework="hf")
+    return replace(job, framework=FINE_TUNING_FRAMEWORK)
 
 
 def _lazy(module: str, name: str, flag: str) -> Any:
