@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memplan.errors import ConfigError, UnsupportedError
+from memplan.errors import ConfigError, JobConfigError, UnsupportedError
 from memplan.job import Job
 from memplan.jobcheck import validate_job_for_model
 from memplan.jobflags import build_job, check_conflicts
@@ -189,7 +189,7 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     if spec is None:
         raise ConfigError("MODEL", "is required (a preset name, a config.json path or a Hugging Face Hub id) "
                           "unless --megatron-args, --hf-args (model_name_or_path) or a job file names one")
-    job = build_job(values, base)
+    job = _starting_job(values, base) if dialects else build_job(values, base)
     if torchtitan_config is not None:
         apply_tt = _lazy("memplan.frameworks.torchtitan_config", "apply_torchtitan_config", "--torchtitan-config")
         job, read = apply_tt(torchtitan_config, job, model=spec, model_given=model_given, typed=values)
@@ -215,6 +215,24 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
                      fragmentation=values.get("fragmentation"), megatron_args=megatron_args,
                      deepspeed_config=deepspeed_config, hf_args=hf_args, peft_config=peft_config,
                      torchtitan_config=torchtitan_config, settings=tuple(settings))
+
+
+def _starting_job(values: Mapping[str, Any], base: Job | None) -> Job:
+    """The job the dialect files are applied to: the typed flags over ``base``. A dialect file names its
+    own framework, so a typed flag that the starting job's framework refuses (``--recompute torchtitan-sac``
+    before a DeepSpeed config says ``deepspeed``) waits: the flags are applied again, and checked, over
+    the dialects' job."""
+    from memplan.jobflags import job_flags
+
+    names = {flag.flag: flag.name for flag in job_flags()}
+    pending = dict(values)
+    while True:
+        try:
+            return build_job(pending, base)
+        except JobConfigError as exc:
+            name = names.get(exc.field)
+            if name is None or pending.pop(name, None) is None:
+                raise
 
 
 def _fine_tuning_framework(job: Job, values: Mapping[str, Any], base: Job | None,
