@@ -68,14 +68,15 @@ def dataset_lengths(loaded: object, request: DatasetRequest) -> tuple[object, bo
     return token_lengths(request.path, fields, tokenizer, vocab_size=getattr(model, "vocab_size", None))
 
 
-def analyze(loaded: object, request: DatasetRequest) -> DatasetPeaks:
-    """Per-step peaks of training ``loaded`` (a :class:`memplan.inputs.LoadedJob`) on the dataset."""
+def analyze(loaded: object, request: DatasetRequest, *, lengths: tuple[Any, bool] | None = None) -> DatasetPeaks:
+    """Per-step peaks of training ``loaded`` (a :class:`memplan.inputs.LoadedJob`) on the dataset
+    (``lengths``: what :func:`dataset_lengths` already returned for it)."""
     from memplan.dataset.batching import plan_steps
     from memplan.dataset.peaks import step_peaks
     from memplan.estimate.engine import DEFAULT_FRAGMENTATION
     from memplan.gpus import get_gpu
 
-    lengths, cached = dataset_lengths(loaded, request)
+    lengths, cached = lengths if lengths is not None else dataset_lengths(loaded, request)
     shapes = plan_steps(lengths, request.batching)
     gpu_name = getattr(loaded, "gpu")
     fragmentation = getattr(loaded, "fragmentation")

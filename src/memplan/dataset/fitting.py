@@ -29,8 +29,9 @@ def fit_dataset(loaded: Any, flags: dict[str, Any], *, margin: float) -> tuple[d
     if loaded.gpu is None:
         raise ConfigError("--gpu", "memplan fit --dataset needs the GPU to fit")
     request = dataset_request(flags, loaded)
-    peaks = analyze(loaded, request)
-    lengths, _ = dataset_lengths(loaded, request)
+    given = dataset_lengths(loaded, request)
+    peaks = analyze(loaded, request, lengths=given)
+    lengths = given[0]
     gpu = get_gpu(loaded.gpu)
     settings = search_settings(loaded.model, loaded.job, lengths, request.batching, gpu, margin=margin)
     chosen = next((s for s in settings if s.fits), None)
