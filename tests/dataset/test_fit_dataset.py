@@ -128,3 +128,19 @@ def test_torchtune_keys_are_the_recipe_configs(model_dir, text_rows, tmp_path, w
 def test_emit_without_dataset_is_refused():
     out = CliRunner().invoke(app, ["fit", "llama-3.2-1b", "--emit", "hf", "x.json"])
     assert out.exit_code == 2 and "--emit: needs --dataset" in out.output
+
+
+def test_changes_only_when_nothing_fits_without(model_dir, chat_rows, tmp_path, write_jsonl, isolated_cache):
+    """On a 16 GB card full fine-tuning fits no setting of its own: 8-bit AdamW is tried, and listed."""
+    path = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    emitted = tmp_path / "ta.json"
+    doc = _fit(str(model_dir), "--dataset", str(path), "--messages-field", "messages", "--mbs", "4", "--gbs", "8",
+               "--gpu", "v100-16gb", "--framework", "hf", "--emit", "hf", str(emitted))
+    own = [s for s in doc["settings"] if not s["changes"]]
+    assert own and not any(s["fits"] for s in own)
+    chosen = doc["chosen"]
+    assert chosen["fits"] and chosen["changes"] == ["optimizer adamw8bit"]
+    from transformers import TrainingArguments
+
+    config = json.loads(emitted.read_text())
+    assert TrainingArguments(**{**config, "output_dir": str(tmp_path / "o")}).optim == "adamw_bnb_8bit"

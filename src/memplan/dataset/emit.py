@@ -30,6 +30,9 @@ from memplan.errors import ConfigError
 __all__ = ["EMITTERS", "emit_config"]
 
 EMITTERS = ("hf", "trl", "torchtune")
+#: memplan's optimizer names -> TrainingArguments.optim (transformers' OptimizerNames).
+_HF_OPTIM = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit", "paged-adamw8bit": "paged_adamw_8bit",
+             "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit", "lion8bit": "lion_8bit"}
 
 
 def emit_config(kind: str, setting: Setting, path: str) -> dict[str, Any]:
@@ -61,6 +64,8 @@ def _hf(setting: Setting, *, sft: bool) -> dict[str, Any]:
     }
     if b.data_seed is not None:
         data["data_seed"] = b.data_seed
+    if setting.optimizer in _HF_OPTIM:
+        data["optim"] = _HF_OPTIM[setting.optimizer]
     if sft:
         data.update({"max_length": b.max_length, "packing": b.rule == "trl-packing",
                      "padding_free": b.rule == "trl-padding-free", "shuffle_dataset": b.shuffle_dataset})
@@ -83,6 +88,7 @@ def _torchtune(setting: Setting) -> dict[str, Any]:
         "seed": b.seed,
         "dataset": {"packed": b.rule == "torchtune-packing"},
         "tokenizer": {"max_seq_len": b.max_length},
+        **({"optimizer": {"_component_": "bitsandbytes.optim.AdamW8bit"}} if setting.optimizer == "adamw8bit" else {}),
     }
 
 

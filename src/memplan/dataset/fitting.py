@@ -39,7 +39,7 @@ def fit_dataset(loaded: Any, flags: dict[str, Any], *, margin: float) -> tuple[d
         "dataset": peaks.to_dict(), "gpu": gpu.name, "margin": margin,
         "settings": [s.to_dict() for s in settings],
         "chosen": chosen.to_dict() if chosen is not None else None,
-        "not_searched": ["optimizer", "LoRA rank", "quantized base"],
+        "not_searched": ["LoRA rank"],
     }
     if chosen is not None and chosen.recompute == "full":
         no_recompute = next((s for s in settings if s.batching == chosen.batching and s.recompute == "none"), None)
@@ -84,14 +84,14 @@ def render_fit(document: dict[str, Any]) -> Any:
     table = Table(title=f"Trainer settings on the dataset ({document['gpu']}, margin {document['margin']:.0%})",
                   title_justify="left")
     for column in ("batching", "mbs x accum", "max_length", "recompute", "worst step", "worst peak GiB", "fits",
-                   "epoch s"):
+                   "epoch s", "changes"):
         table.add_column(column, justify="right")
     for row in document["settings"][:12]:
         rule = row["batching"] + (" (grouped)" if row["group_by_length"] else "")
         table.add_row(rule, f"{row['micro_batch_size']} x {row['gradient_accumulation_steps']}",
                       str(row["max_length"]), row["recompute"], "x".join(map(str, row["worst_step_shape"])),
                       f"{row['worst_peak_allocated_bytes'] / 2**30:.2f}", "yes" if row["fits"] else "no",
-                      f"{row['predicted_epoch_s']:.1f}")
+                      f"{row['predicted_epoch_s']:.1f}", ", ".join(row["changes"]) or "-")
     if document.get("selective_checkpointing"):
         table.caption = document["selective_checkpointing"]["note"]
     return table
@@ -128,6 +128,7 @@ def fit_command_dataset(model: str, job_flags: dict[str, Any], flags: dict[str, 
     else:
         print_rich(f"Chosen: --batching {chosen['batching']} mbs {chosen['micro_batch_size']} x accumulation "
                    f"{chosen['gradient_accumulation_steps']}, max_length {chosen['max_length']}, recompute "
-                   f"{chosen['recompute']}; worst step {chosen['worst_peak_allocated_bytes'] / 2**30:.2f} GiB.")
+                   f"{chosen['recompute']}; worst step {chosen['worst_peak_allocated_bytes'] / 2**30:.2f} GiB; changes: "
+                   f"{', '.join(chosen['changes']) or 'none'}.")
     if "emitted" in document:
         print_rich(f"Wrote {document['emitted']['kind']} config: {document['emitted']['path']}")

@@ -4,9 +4,10 @@ Searched, with the global batch kept (rows per optimizer step = micro-batch x ac
 the micro-batch (every divisor of the global batch, accumulation making up the rest), the batching
 rule within the trainer's family (HF Trainer: pad to the longest, or ``group_by_length``; TRL: padding,
 padding-free, ``bfd`` packing; torchtune: padding or packing), the recompute policy (none, full) and
-``max_length``: the given one first; truncations to the length percentiles p99 / p95 (rounded up to
-64 tokens) only when nothing fits without dropping tokens (they change the training data: the tokens
-lost are reported).
+``max_length``. Changes to the training itself come second, only when nothing fits without them, and
+each is listed in the setting's ``changes``: truncation to the length percentiles p99 / p95 (rounded up
+to 64 tokens; the tokens dropped are reported), 8-bit AdamW instead of AdamW/Adam, an NF4-quantized
+base under LoRA/DoRA (QLoRA). Fitting settings rank by fewest changes, then predicted epoch time.
 
 A setting fits when its worst step's predicted peak is at most the GPU's usable memory less
 ``margin``. The worst step is found among each setting's Pareto-largest shapes (the peak grows with rows
@@ -15,7 +16,7 @@ compute at each micro-batch's shape (rounded up to 64 tokens, memoised), plus th
 gradient-reduction time of every optimizer step. Packed settings hold several examples per row, so
 their steps are fewer; settings are compared by predicted epoch time.
 
-Not searched (yet): the optimizer, the LoRA rank and a quantized base; they stay as the job gives them.
+Not searched: the LoRA rank (it changes the model trained).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class Setting:
     epoch_s: float
     steps: int
     tokens_lost: int
+    optimizer: str = "adamw"
+    quantize_base: str = "none"
+    #: What this setting changes in the training itself (truncation, optimizer, quantized base).
+    changes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         b = self.batching
@@ -60,7 +65,8 @@ class Setting:
                 "gradient_accumulation_steps": self.gradient_accumulation_steps, "max_length": b.effective_max_length,
                 "recompute": self.recompute, "fits": self.fits, "worst_peak_allocated_bytes": self.worst_peak_bytes,
                 "worst_step_shape": list(self.worst_shape), "steps_per_epoch": self.steps,
-                "predicted_epoch_s": round(self.epoch_s, 3), "tokens_truncated": self.tokens_lost}
+                "predicted_epoch_s": round(self.epoch_s, 3), "tokens_truncated": self.tokens_lost,
+                "optimizer": self.optimizer, "quantize_base": self.quantize_base, "changes": list(self.changes)}
 
 
 def search_settings(model: ModelSpec, job: Job, lengths: np.ndarray, base: Batching, gpu: GPU, *,
@@ -73,11 +79,31 @@ def search_settings(model: ModelSpec, job: Job, lengths: np.ndarray, base: Batch
     rows = base.micro_batch_size * base.gradient_accumulation_steps
     settings = [_evaluate(model, job, lengths, batching, recompute, hw, limit)
                 for batching in _batchings(base, rows, lengths) for recompute in ("none", "full")]
-    lossless = [s for s in settings if s.fits and s.tokens_lost == 0]
-    if not lossless:
-        settings += [_evaluate(model, job, lengths, batching, recompute, hw, limit)
-                     for batching in _truncations(base, rows, lengths) for recompute in ("none", "full")]
-    return sorted(settings, key=lambda s: (not s.fits, s.tokens_lost > 0, s.epoch_s))
+    if not any(s.fits for s in settings):
+        trials = [(job, b) for b in _truncations(base, rows, lengths)]
+        trials += [(variant, b) for variant in _variants(model, job) for b in _batchings(base, rows, lengths)]
+        settings += [_evaluate(model, variant, lengths, batching, recompute, hw, limit, original=job)
+                     for variant, batching in trials for recompute in ("none", "full")]
+    return sorted(settings, key=lambda s: (not s.fits, len(s.changes), s.epoch_s))
+
+
+def _variants(model: ModelSpec, job: Job) -> list[Job]:
+    """The job with 8-bit AdamW, and with an NF4 base under LoRA/DoRA, where the estimator accepts them."""
+    from memplan.errors import ConfigError
+
+    out = []
+    if job.optimizer.name in ("adamw", "adam"):
+        out.append(replace(job, optimizer=replace(job.optimizer, name="adamw8bit")))
+    if job.finetune.peft != "none" and job.finetune.quantize_base == "none":
+        out.append(replace(job, finetune=replace(job.finetune, quantize_base="nf4")))
+    valid = []
+    for variant in out:
+        try:
+            estimate(model, variant)  # the estimator's own checks decide what it accepts
+        except ConfigError:
+            continue
+        valid.append(variant)
+    return valid
 
 
 def _batchings(base: Batching, rows: int, lengths: np.ndarray) -> list[Batching]:
@@ -101,7 +127,7 @@ def _truncations(base: Batching, rows: int, lengths: np.ndarray) -> list[Batchin
 
 
 def _evaluate(model: ModelSpec, job: Job, lengths: np.ndarray, batching: Batching, recompute: str, hw: Any,
-              limit: int) -> Setting:
+              limit: int, *, original: Job | None = None) -> Setting:
     shapes = plan_steps(lengths, batching)
     if len(shapes) == 0:
         raise UnsupportedError("the dataset gives no training step for the searched settings")
@@ -111,8 +137,16 @@ def _evaluate(model: ModelSpec, job: Job, lengths: np.ndarray, batching: Batchin
     epoch = _epoch_seconds(model, base, shapes, ga, hw)
     cap = batching.effective_max_length
     lost = int(np.maximum(lengths - cap, 0).sum()) if cap is not None and not batching.rule.endswith("packing") else 0
+    given = original or job
+    changes = tuple(name for name, changed in (
+        (f"truncation to {cap} tokens", lost > 0),
+        (f"optimizer {job.optimizer.name}", job.optimizer.name != given.optimizer.name),
+        (f"{job.finetune.quantize_base} base", job.finetune.quantize_base != given.finetune.quantize_base))
+        if changed)
     return Setting(batching=batching, recompute=recompute, gradient_accumulation_steps=ga, worst_peak_bytes=peak,
-                   worst_shape=worst, fits=peak <= limit, epoch_s=epoch, steps=len(shapes), tokens_lost=lost)
+                   worst_shape=worst, fits=peak <= limit, epoch_s=epoch, steps=len(shapes), tokens_lost=lost,
+                   optimizer=job.optimizer.name, quantize_base=job.finetune.quantize_base, changes=changes)
+
 
 
 def _accumulated(job: Job, batch_size: int, seq: int, packed: bool, ga: int) -> Job:
