@@ -98,3 +98,17 @@ def test_hf_args_give_the_batching(model_dir, text_rows, tmp_path, write_jsonl, 
                "--json")
     section = json.loads(out.stdout)["dataset"]
     assert section["batching"] == "trl" and section["worst_step"]["batch_size"] == 2
+
+
+def test_report_has_the_per_step_section(model_dir, chat_rows, tmp_path, write_jsonl, isolated_cache):
+    path = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
+    page = tmp_path / "r.html"
+    out = _run("report", str(model_dir), "--dataset", str(path), "--messages-field", "messages", "--mbs", "4",
+               "--gpu", "a100-40gb", "-o", str(page))
+    assert out.exit_code == 0, out.output
+    text = page.read_text()
+    estimate = json.loads(_run("estimate", str(model_dir), "--dataset", str(path), "--messages-field", "messages",
+                               "--mbs", "4", "--gpu", "a100-40gb", "--json").stdout)
+    worst = estimate["dataset"]["worst_step"]
+    assert "Per-step peak on the dataset" in text and "<polyline" in text
+    assert f"<td>{worst['index']}</td><td>{worst['batch_size']}</td><td>{worst['seq_length']}</td>" in text

@@ -180,3 +180,15 @@ def require_packages() -> None:
             __import__(name)
         except ImportError:
             raise MissingDependencyError(f"--dataset needs {name}: pip install 'memplan[dataset]'") from None
+
+
+def report_dataset(model: str | None, job_file: str | None, gpu: str | None, job_flags: dict[str, Any],
+                   flags: Mapping[str, Any], dialects: tuple[str | None, str | None, str | None]) -> tuple[Any, str]:
+    """``memplan report --dataset``: the worst step's estimate and the report's per-step section."""
+    from memplan.dataset.html import dataset_section
+    from memplan.inputs import JobRequest, load_job
+
+    loaded = load_job(JobRequest(model=model, flags=job_flags, job_file=job_file, gpu=gpu or "h100-80gb",
+                                 hf_args=dialects[0], peft_config=dialects[1], torchtitan_config=dialects[2]))
+    result, _, peaks = estimate_with_dataset(loaded, flags)
+    return result, dataset_section(peaks)
