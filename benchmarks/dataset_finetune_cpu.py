@@ -61,15 +61,6 @@ def _data(folder: Path) -> Path:
     return path
 
 
-def _flatten(nodes: Any) -> list[Any]:
-    out, stack = [], list(nodes)
-    while stack:
-        node = stack.pop()
-        out.append(node)
-        stack.extend(node.children)
-    return out
-
-
 def measure(folder: Path, data: Path) -> dict[str, Any]:
     """Train under the profiler; per-step shapes and peaks of live CPU bytes."""
     import torch
@@ -111,6 +102,8 @@ def measure(folder: Path, data: Path) -> dict[str, Any]:
 
 
 def _step_peaks(prof: Any) -> list[int]:
+    from finetune_cpu import _flatten  # the profiler event tree walk of benchmarks/finetune_cpu.py
+
     nodes = _flatten(prof.profiler.kineto_results.experimental_event_tree())
     allocs = sorted((n.start_time_ns, n.extra_fields.alloc_size) for n in nodes
                     if type(n.extra_fields).__name__ == "_ExtraFields_Allocation"

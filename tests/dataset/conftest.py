@@ -70,3 +70,17 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "cache"
     monkeypatch.setenv("MEMPLAN_CACHE", str(cache))
     return cache
+
+
+@pytest.fixture
+def make_model_dir(tokenizer_dir: Path, tmp_path: Path):
+    """``make_model_dir(config)``: a model folder with this config.json and the fixture tokenizer's files."""
+    import shutil
+
+    def make(config: dict) -> Path:
+        folder = tmp_path / "model"
+        shutil.copytree(tokenizer_dir, folder)
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    return make

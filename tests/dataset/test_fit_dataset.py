@@ -4,7 +4,6 @@ the chosen step shapes."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +21,8 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_s
 
 
 @pytest.fixture
-def model_dir(tokenizer_dir: Path, tmp_path: Path) -> Path:
-    folder = tmp_path / "model"
-    shutil.copytree(tokenizer_dir, folder)
-    (folder / "config.json").write_text(json.dumps(CONFIG))
-    return folder
+def model_dir(make_model_dir) -> Path:
+    return make_model_dir(CONFIG)
 
 
 def _fit(*args: str) -> dict:
