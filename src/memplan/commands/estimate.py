@@ -98,6 +98,7 @@ def estimate_command(
         if dataset_flags:
             from memplan.dataset.options import estimate_with_dataset
 
+            check_output_path("--plot", dataset_flags.get("plot"))
             result, document, peaks = estimate_with_dataset(loaded, dataset_flags)
         else:
             result, document = estimate_document(loaded)

@@ -105,10 +105,12 @@ def fit_command(
         if len(names) != 1:
             raise ConfigError("MODEL", "give exactly one model (or --colocate with job files)", " ".join(names) or None)
         if dataset_flags:
-            from memplan.dataset.fitting import fit_command_dataset
+            from memplan.dataset.fitting import fit_dataset_answer
 
-            return fit_command_dataset(names[0], dict(job_flags or {}), dataset_flags, gpu=gpu, margin=margin,
-                                       hf_args=hf_args, peft_config=peft_config, plot=plot, json_output=json_output)
+            check_output_path("--emit", (dataset_flags.get("emit") or (None, None))[1])
+            document, shown = fit_dataset_answer(names[0], dict(job_flags or {}), dataset_flags, gpu=gpu,
+                                                 margin=margin, hf_args=hf_args, peft_config=peft_config, plot=plot)
+            return _print_json(document) if json_output else _print(*shown)
         if plot is not None and (methods or not (max_mbs or max_seq)):
             raise ConfigError("--plot", "cannot be combined with --methods (it compares methods at one --seq/--mbs)"
                               if methods else "needs --max-mbs or --max-seq", plot)

@@ -98,17 +98,15 @@ def render_fit(document: dict[str, Any]) -> Any:
 
 
 
-def fit_command_dataset(model: str, job_flags: dict[str, Any], flags: dict[str, Any], *, gpu: str,
-                        margin: float | None, hf_args: str | None, peft_config: str | None, plot: str | None,
-                        json_output: bool) -> None:
-    """The command's ``--dataset`` branch: load the job, search, print (tables or JSON), write --plot/--emit."""
-    from memplan.commands.common import check_output_path, print_json, print_rich
+def fit_dataset_answer(model: str, job_flags: dict[str, Any], flags: dict[str, Any], *, gpu: str,
+                       margin: float | None, hf_args: str | None, peft_config: str | None,
+                       plot: str | None) -> tuple[dict[str, Any], list[Any]]:
+    """The command's ``--dataset`` branch: load the job, search, write --plot/--emit (their paths checked
+    by the command); the JSON document and what the tables show."""
+    from memplan.dataset.render import render_peaks
     from memplan.fit.results import FIT_MARGIN
     from memplan.inputs import JobRequest, load_job
 
-    check_output_path("--plot", plot)
-    if flags.get("emit") is not None:
-        check_output_path("--emit", flags["emit"][1])
     loaded = load_job(JobRequest(model=model, flags={"gpus": 1, **job_flags}, gpu=gpu, hf_args=hf_args,
                                  peft_config=peft_config))
     document, peaks = fit_dataset(loaded, flags, margin=FIT_MARGIN if margin is None else margin)
@@ -116,19 +114,15 @@ def fit_command_dataset(model: str, job_flags: dict[str, Any], flags: dict[str, 
         from memplan.dataset.plot import plot_steps
 
         plot_steps(peaks, plot)
-    if json_output:
-        print_json(document)
-        return
-    from memplan.dataset.render import render_peaks
-
-    print_rich(render_peaks(peaks), render_fit(document))
+    shown = [render_peaks(peaks), render_fit(document)]
     chosen = document["chosen"]
     if chosen is None:
-        print_rich("No searched setting fits: the worst step needs more than the GPU.")
+        shown.append("No searched setting fits: the worst step needs more than the GPU.")
     else:
-        print_rich(f"Chosen: --batching {chosen['batching']} mbs {chosen['micro_batch_size']} x accumulation "
-                   f"{chosen['gradient_accumulation_steps']}, max_length {chosen['max_length']}, recompute "
-                   f"{chosen['recompute']}; worst step {chosen['worst_peak_allocated_bytes'] / 2**30:.2f} GiB; changes: "
-                   f"{', '.join(chosen['changes']) or 'none'}.")
+        shown.append(f"Chosen: --batching {chosen['batching']} mbs {chosen['micro_batch_size']} x accumulation "
+                     f"{chosen['gradient_accumulation_steps']}, max_length {chosen['max_length']}, recompute "
+                     f"{chosen['recompute']}; worst step {chosen['worst_peak_allocated_bytes'] / 2**30:.2f} GiB; "
+                     f"changes: {', '.join(chosen['changes']) or 'none'}.")
     if "emitted" in document:
-        print_rich(f"Wrote {document['emitted']['kind']} config: {document['emitted']['path']}")
+        shown.append(f"Wrote {document['emitted']['kind']} config: {document['emitted']['path']}")
+    return document, shown

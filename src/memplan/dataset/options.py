@@ -53,8 +53,6 @@ _OPTIONS: tuple[tuple[str, str, Any, str, str | None], ...] = (
 def dataset_options(*, plot: bool = False, emit: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Add the dataset options (``--plot FILE`` when ``plot``, ``--emit KIND FILE`` when ``emit``) to a
     command receiving ``dataset_flags``."""
-    from memplan.commands.common import option
-
     rows = list(_OPTIONS)
     if plot:
         rows.append(("plot", "--plot", str, "With --dataset: write the per-step peak against the GPU as a PNG.",
@@ -64,8 +62,8 @@ def dataset_options(*, plot: bool = False, emit: bool = False) -> Callable[[Call
                      "trainer's config: hf (TrainingArguments JSON), trl (SFTConfig JSON) or torchtune (YAML).",
                      "KIND FILE"))
     generated = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                   annotation=Annotated[kind | None, option(flag, help=text, panel=PANEL,
-                                                                            metavar=meta)])
+                                   annotation=Annotated[kind | None, typer.Option(
+                                       flag, help=text, rich_help_panel=PANEL, metavar=meta, show_default=False)])
                  for name, flag, kind, text, meta in rows]
     names = [p.name for p in generated]
 
@@ -82,7 +80,6 @@ def dataset_options(*, plot: bool = False, emit: bool = False) -> Callable[[Call
         command.__annotations__ = {p.name: p.annotation for p in own + generated}
         return command
 
-    _ = typer  # typer reads the Annotated options
     return decorate
 
 
@@ -148,16 +145,14 @@ def _hf_batching(path: str | None) -> dict[str, Any]:
 
 def estimate_with_dataset(loaded: Any, flags: Mapping[str, Any]) -> tuple[Any, dict[str, Any], Any]:
     """``memplan estimate --dataset``: the worst step's estimate, its JSON document with the ``dataset``
-    section, and the :class:`~memplan.dataset.DatasetPeaks` (``--plot`` written when asked)."""
+    section, and the :class:`~memplan.dataset.DatasetPeaks` (``--plot`` written when asked; the command
+    checks its path first)."""
     from dataclasses import replace
 
     from memplan.dataset import analyze
     from memplan.dataset.peaks import shape_job
     from memplan.documents import estimate_document
 
-    from memplan.commands.common import check_output_path
-
-    check_output_path("--plot", flags.get("plot"))
     require_packages()
     peaks = analyze(loaded, dataset_request(flags, loaded))
     worst = peaks.worst
