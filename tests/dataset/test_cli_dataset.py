@@ -108,3 +108,23 @@ def test_report_has_the_per_step_section(model_dir, chat_rows, tmp_path, write_j
     worst = estimate["dataset"]["worst_step"]
     assert "Per-step peak on the dataset" in text and "<polyline" in text
     assert f"<td>{worst['index']}</td><td>{worst['batch_size']}</td><td>{worst['seq_length']}</td>" in text
+
+
+@pytest.mark.parametrize("missing", ["datasets", "numpy"])
+def test_missing_package_is_one_line(missing, tmp_path, write_jsonl):
+    import os
+    import subprocess
+    import sys
+
+    import memplan
+
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "x"}])
+    code = (f"import sys\nsys.modules[{missing!r}] = None\n"
+            f"sys.argv = ['memplan', 'estimate', 'llama-3.2-1b', '--dataset', {str(path)!r}]\n"
+            "from memplan.cli import main\nmain()\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(memplan.__file__).resolve().parents[1]), "NO_COLOR": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: --dataset needs {missing}; install it with pip install 'memplan[dataset]'"]

@@ -20,12 +20,13 @@ __all__ = ["fit_dataset"]
 
 def fit_dataset(loaded: Any, flags: dict[str, Any], *, margin: float) -> tuple[dict[str, Any], Any]:
     """The ``memplan fit --dataset`` document and the :class:`~memplan.dataset.DatasetPeaks` of the given job."""
-    from memplan.dataset import analyze, dataset_lengths
     from memplan.dataset.options import dataset_request, require_packages
+
+    require_packages()
+    from memplan.dataset import analyze, dataset_lengths
     from memplan.dataset.search import search_settings
     from memplan.gpus import get_gpu
 
-    require_packages()
     if loaded.gpu is None:
         raise ConfigError("--gpu", "memplan fit --dataset needs the GPU to fit")
     request = dataset_request(flags, loaded)
@@ -103,6 +104,9 @@ def fit_dataset_answer(model: str, job_flags: dict[str, Any], flags: dict[str, A
                        plot: str | None) -> tuple[dict[str, Any], list[Any]]:
     """The command's ``--dataset`` branch: load the job, search, write --plot/--emit (their paths checked
     by the command); the JSON document and what the tables show."""
+    from memplan.dataset.options import require_packages
+
+    require_packages()
     from memplan.dataset.render import render_peaks
     from memplan.fit.results import FIT_MARGIN
     from memplan.inputs import JobRequest, load_job

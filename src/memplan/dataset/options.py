@@ -147,13 +147,13 @@ def estimate_with_dataset(loaded: Any, flags: Mapping[str, Any]) -> tuple[Any, d
     """``memplan estimate --dataset``: the worst step's estimate, its JSON document with the ``dataset``
     section, and the :class:`~memplan.dataset.DatasetPeaks` (``--plot`` written when asked; the command
     checks its path first)."""
+    require_packages()
     from dataclasses import replace
 
     from memplan.dataset import analyze
     from memplan.dataset.peaks import shape_job
     from memplan.documents import estimate_document
 
-    require_packages()
     peaks = analyze(loaded, dataset_request(flags, loaded))
     worst = peaks.worst
     at_worst = replace(loaded, job=shape_job(loaded.job, worst.batch_size, worst.seq_length, peaks.shapes.packed))
@@ -174,12 +174,13 @@ def require_packages() -> None:
         try:
             __import__(name)
         except ImportError:
-            raise MissingDependencyError(f"--dataset needs {name}: pip install 'memplan[dataset]'") from None
+            raise MissingDependencyError(name, feature="--dataset", extra="dataset") from None
 
 
 def report_dataset(model: str | None, job_file: str | None, gpu: str | None, job_flags: dict[str, Any],
                    flags: Mapping[str, Any], dialects: tuple[str | None, str | None, str | None]) -> tuple[Any, str]:
     """``memplan report --dataset``: the worst step's estimate and the report's per-step section."""
+    require_packages()
     from memplan.dataset.html import dataset_section
     from memplan.inputs import JobRequest, load_job
 

@@ -22,7 +22,7 @@ def plot_steps(peaks: DatasetPeaks, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise MissingDependencyError("--plot needs matplotlib: pip install 'memplan[plot]'") from None
+        raise MissingDependencyError("matplotlib", feature="--plot", extra="plot") from None
     figure, axes = plt.subplots(figsize=(10, 4))
     axes.plot(peaks.peak_allocated_bytes / _GIB, linewidth=0.6, label="predicted peak allocated")
     if peaks.gpu_usable_bytes is not None:
