@@ -886,6 +886,7 @@ class Job:
         if self.overlap.tp and self.framework != "megatron":
             raise JobConfigError("--tp-comm-overlap", "is Megatron-LM with Transformer Engine; use --framework "
                                  "megatron", f"--framework {self.framework}")
+        self._check_sharding()
         self._check_ep_overlap()
         self._check_cuda_graphs()
         self._check_fine_offload()
@@ -900,6 +901,17 @@ class Job:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
                                  self.batch.global_batch_size)
+
+    def _check_sharding(self) -> None:
+        """Sharding switches of different frameworks that contradict each other."""
+        sh = self.sharding
+        if sh.distributed_optimizer and sh.zero:
+            raise JobConfigError("--distributed-optimizer", f"cannot be combined with --zero {sh.zero}: both shard the "
+                                 "optimizer states (Megatron's distributed optimizer is its own ZeRO-1); choose one",
+                                 f"--zero {sh.zero}")
+        if sh.fsdp != "none" and self.framework == "deepspeed":
+            raise JobConfigError("--fsdp", "is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 "
+                                 "for full sharding)", "--framework deepspeed")
 
     def _check_fine_offload(self) -> None:
         """Megatron's refusals for fine-grained activation offloading (transformer_config.py ``__post_init__``)."""
@@ -1076,6 +1088,10 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             "or give --first-stage-layers/--last-stage-layers for an uneven split",
             par.pp,
         )
+    if par.ep > 1 and not model.is_moe:
+        raise JobConfigError("--ep", "needs a mixture-of-experts model (expert parallelism splits routed experts; "
+                             f"{model.name} is dense); drop --ep", par.ep)
+    _check_recompute_layers(job, model)
     for layer in model.layers:
         if layer.moe is not None:
             if layer.moe.num_experts % par.ep:
@@ -1090,6 +1106,32 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             f"ep*etp*pp = {par.ep}*{par.expert_tp}*{par.pp} must divide --gpus={par.world_size}",
             par.ep,
         )
+
+
+def check_seq_positions(job: Job, model: ModelSpec) -> None:
+    """A model with learned absolute positions (GPT-2) has one table row per position: --seq cannot pass it
+    (Megatron asserts max_position_embeddings >= seq_length). Rotary models may extend their context.
+    Checked on the user's inputs (:func:`memplan.inputs.load_job`, ``memplan fit``), not by the estimator."""
+    if model.position_embedding == "learned" and job.batch.seq_length > model.max_position_embeddings:
+        raise JobConfigError("--seq", f"must be at most {model.model_type}'s {model.max_position_embeddings:,} learned "
+                             "positions (its position table has one row per position; a longer sequence indexes past "
+                             "it). Rotary-position models may extend their context; this one cannot",
+                             job.batch.seq_length)
+
+
+def _check_recompute_layers(job: Job, model: ModelSpec) -> None:
+    """``--recompute-layers`` within the layers a pipeline chunk holds (uniform groups of 0 layers mean nothing)."""
+    rc, par = job.recompute, job.parallel
+    if rc.mode != "full" or rc.num_layers is None:
+        return
+    per_chunk = -(-model.num_layers // (par.pp * par.vpp))
+    if rc.method == "uniform" and rc.num_layers == 0:
+        raise JobConfigError("--recompute-layers", "must be at least 1 with --recompute-method uniform (layers per "
+                             "checkpointed group)", 0)
+    if rc.num_layers > per_chunk:
+        raise JobConfigError("--recompute-layers", f"must be at most the {per_chunk} layers of a pipeline chunk "
+                             f"({model.num_layers} layers over pp*vpp = {par.pp * par.vpp}); give {per_chunk} to "
+                             "recompute them all", rc.num_layers)
 
 
 def check_recompute_modules(job: Job, model: ModelSpec) -> None:

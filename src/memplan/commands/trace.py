@@ -187,19 +187,27 @@ def _load_script(spec: str, setup: Any) -> Any:
 def _write_outputs(result: Any, output: str | None, snapshot: str | None, plot: str | None) -> None:
     from memplan.errors import ConfigError
 
+    import os
+
+    def wrote(what: str, path: str) -> None:  # on stderr: stdout stays the summary (or the --json document)
+        typer.secho(f"wrote {what} {path} ({os.path.getsize(path):,} bytes)", err=True)
+
     try:
         if output:
             from memplan.events import write_trace
 
             write_trace(result.trace, output)
+            wrote(f"the trace ({len(result.trace.events):,} events) to", output)
         if snapshot:
             from memplan.trace.snapshot import write_snapshot
 
             write_snapshot(result.trace, snapshot)
+            wrote("the snapshot to", snapshot)
         if plot:
             from memplan.trace.plot import plot_timeline
 
             plot_timeline(result.trace, plot, title=f"memplan trace {result.model}")
+            wrote("the plot to", plot)
     except OSError as exc:
         raise ConfigError("output file", f"cannot be written ({exc.strerror})", exc.filename) from None
 

@@ -2,8 +2,9 @@
 
 Stateless: every request carries its whole job, so any number of workers behind a load balancer
 answer alike. Each request is bounded — its body (:attr:`ServeLimits.max_body_bytes`, uploads
-:attr:`ServeLimits.max_upload_bytes`), its time (:attr:`ServeLimits.time_limit_s`, body reading
-included) and, for the work that runs in a child process (fit, placement, doctor), its memory. Bad
+:attr:`ServeLimits.max_upload_bytes`), its time (:attr:`ServeLimits.time_limit_s`, from the first byte
+of its headers, with :mod:`memplan.serve.protocol`) and its memory: every computation (estimate, fit,
+placement, doctor) runs in a child process that is killed at the time limit. Bad
 input is a 4xx JSON answer ``{"error": {"status", "message", "field", "rule", "value"}}``; nothing a
 request sends stops the server.
 """
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memplan.errors import ConfigError
 from memplan.serve.isolate import Refusal, past_time_limit, refusal_of, run_isolated
+from memplan.serve.protocol import FIRST_BYTE
 from memplan.serve.reading import json_body
 
 __all__ = ["LIMITS_ENV", "STATIC_DIR", "ServeLimits", "create_app", "create_app_from_environment"]
@@ -52,7 +54,7 @@ class ServeLimits:
     max_upload_bytes: int = 256 << 20
     #: Seconds from the first byte of the request to the answer.
     time_limit_s: float = 30.0
-    #: Address space of the child process that answers fit, placement and doctor requests (None: no cap).
+    #: Address space of the child process that answers a request (estimate, fit, placement, doctor; None: no cap).
     memory_limit_bytes: int | None = 8 << 30
     #: Child processes one worker runs at once; later requests wait (their wait counts in their time).
     max_concurrent: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
@@ -137,10 +139,10 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
 
     def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def answer(request: Request) -> Response:
-            deadline = time.monotonic() + limits.time_limit_s
+            deadline = request.scope.get(FIRST_BYTE, time.monotonic()) + limits.time_limit_s
             request.state.deadline = deadline
             try:
-                with anyio.fail_after(limits.time_limit_s):
+                with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
                     return _json(await handler(request))
             except TimeoutError:
                 return _refused(past_time_limit(limits.time_limit_s))
@@ -162,7 +164,7 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
                                            memory_bytes=limits.memory_limit_bytes))
 
     async def estimate(request: Request) -> Any:
-        return await in_thread(estimate_reply, await json_body(request))
+        return await isolated(request, estimate_reply, await json_body(request))
 
     async def fit(request: Request) -> Any:
         return await isolated(request, fit_reply, await json_body(request))

@@ -4,8 +4,8 @@ Each function makes the request's own folder (for the dialect contents and the u
 body into the library's request (:mod:`memplan.serve.bodies`), and answers with the same function
 the command line uses for ``--json`` — :func:`memplan.documents.estimate_document`,
 :func:`memplan.fit.question.answer`, :meth:`memplan.doctor.DoctorReport.to_json` — under
-:func:`~memplan.serve.guard.read_guard`. They run in a worker thread (estimate) or a child process
-(:mod:`memplan.serve.isolate`: fit, placement, doctor) and raise memplan's own errors, which
+:func:`~memplan.serve.guard.read_guard`. They run in a child process (:mod:`memplan.serve.isolate`),
+killed at the request's time limit, and raise memplan's own errors, which
 :func:`~memplan.serve.isolate.refusal_of` turns into 4xx answers.
 """
 
@@ -160,6 +160,30 @@ def _shared(name: str, raw: Any, folder: Folder) -> Any:
     return SharedJob.from_loaded(name, loaded)
 
 
+def _upload_kind(saved: Path) -> str:
+    """``pickle`` (protocol 2+, a snapshot) or ``trace``; an older pickle (protocol 0 or 1, which
+    ``torch.cuda.memory._dump_snapshot`` never writes) is refused as one, not read as a trace."""
+    import pickletools
+
+    with open(saved, "rb") as handle:
+        if handle.read(1) == b"\x80":
+            return "pickle"
+        handle.seek(0)
+        if handle.read(1) in (b"{", b"\x89", b"\x1f"):  # a JSON-lines trace, a binary trace, gzip
+            return "trace"
+        handle.seek(0)
+        try:  # opcodes are only decoded here, never run; a pickle ends with STOP
+            last = None
+            for last, _arg, _pos in pickletools.genops(handle):
+                pass
+        except Exception:  # noqa: BLE001 - not a pickle: the trace reader names what it is
+            return "trace"
+    if last is not None and last.name == "STOP":
+        raise ConfigError("file", "is a pickle of protocol 0 or 1; a snapshot is the pickle "
+                          "torch.cuda.memory._dump_snapshot writes (protocol 2 or later, starting with byte 0x80)")
+    return "trace"
+
+
 def doctor_reply(fields: dict[str, Any], upload: str | None) -> dict[str, Any]:
     """``POST /v1/doctor``: the document ``memplan doctor --json`` prints. ``fields`` are the form's or
     the JSON body's (:data:`DOCTOR_FIELDS`); ``upload`` the saved snapshot or trace, if any."""
@@ -178,8 +202,7 @@ def doctor_reply(fields: dict[str, Any], upload: str | None) -> dict[str, Any]:
             loaded = load_job(job_body(fields["job"], folder, where="job").request)
         snapshot = trace = None
         if saved is not None:
-            with open(saved, "rb") as handle:
-                pickled = handle.read(1) == b"\x80"
+            pickled = _upload_kind(saved) == "pickle"
             snapshot, trace = (str(saved), None) if pickled else (None, str(saved))
         if message is None and saved is None and loaded is None:
             raise ConfigError("body", "give an OOM message, a snapshot or trace upload, or a job", None)
