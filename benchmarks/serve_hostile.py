@@ -41,6 +41,14 @@ def _rss(proc: psutil.Process) -> int:
     return int(proc.memory_info().rss)
 
 
+def _busy(child: psutil.Process) -> bool:
+    """The child uses more than half a CPU (a finished child may exit while it is measured)."""
+    try:
+        return child.cpu_percent(0.5) > 50
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _slow_loris(port: int) -> dict[str, Any]:
     start = time.monotonic()
     sent = 0
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         long_request = {"status": replies[0].status_code, "seconds": round(time.perf_counter() - start, 2)}
         time.sleep(1.0)
         after = _rss(proc)
-        busy = [p.pid for p in proc.children(recursive=True) if p.cpu_percent(0.5) > 50]
+        busy = [p.pid for p in proc.children(recursive=True) if _busy(p)]
         result = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
             "cpus": os.cpu_count(), "load_average": os.getloadavg(), "time_limit_s": TIME_LIMIT,

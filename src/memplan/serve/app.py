@@ -3,8 +3,11 @@
 Stateless: every request carries its whole job, so any number of workers behind a load balancer
 answer alike. Each request is bounded — its body (:attr:`ServeLimits.max_body_bytes`, uploads
 :attr:`ServeLimits.max_upload_bytes`), its time (:attr:`ServeLimits.time_limit_s`, from the first byte
-of its headers, with :mod:`memplan.serve.protocol`) and its memory: every computation (estimate, fit,
-placement, doctor) runs in a child process that is killed at the time limit. Bad
+of its headers, with :mod:`memplan.serve.protocol`) and its memory: fit, placement, doctor and every
+estimate whose model the body describes (``model_config``, a Hub id, a dialect file) run in a child
+process that is killed at the time limit; an estimate of a shipped preset with flags only is bounded by
+construction (at most 126 layers, every flag within the job's limits: milliseconds) and answered in a
+thread, without a fork. Bad
 input is a 4xx JSON answer ``{"error": {"status", "message", "field", "rule", "value"}}``; nothing a
 request sends stops the server.
 """
@@ -130,7 +133,7 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
     """The application; ``limits`` bound each request (defaults: :class:`ServeLimits`)."""
     from memplan.documents import gpus_document, models_document
     from memplan.serve.openapi import openapi_document
-    from memplan.serve.work import doctor_reply, estimate_reply, fit_reply, place_reply
+    from memplan.serve.work import doctor_reply, estimate_reply, fit_reply, place_reply, preset_only
 
     limits = limits or ServeLimits()
     catalogue = {"models": models_document(), "gpus": gpus_document()}
@@ -164,7 +167,10 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
                                            memory_bytes=limits.memory_limit_bytes))
 
     async def estimate(request: Request) -> Any:
-        return await isolated(request, estimate_reply, await json_body(request))
+        body = await json_body(request)
+        if preset_only(body):  # bounded by construction: a few ms, in this process (no fork)
+            return await in_thread(estimate_reply, body)
+        return await isolated(request, estimate_reply, body)
 
     async def fit(request: Request) -> Any:
         return await isolated(request, fit_reply, await json_body(request))

@@ -5,7 +5,8 @@ body into the library's request (:mod:`memplan.serve.bodies`), and answers with 
 the command line uses for ``--json`` — :func:`memplan.documents.estimate_document`,
 :func:`memplan.fit.question.answer`, :meth:`memplan.doctor.DoctorReport.to_json` — under
 :func:`~memplan.serve.guard.read_guard`. They run in a child process (:mod:`memplan.serve.isolate`),
-killed at the request's time limit, and raise memplan's own errors, which
+killed at the request's time limit — but an estimate of a preset (:func:`preset_only`), bounded by
+construction, runs in a worker thread — and raise memplan's own errors, which
 :func:`~memplan.serve.isolate.refusal_of` turns into 4xx answers.
 """
 
@@ -23,7 +24,8 @@ from memplan.errors import ConfigError
 from memplan.serve.bodies import FIT_FIELDS, job_body, take_fields
 from memplan.serve.guard import allowed_roots, read_guard
 
-__all__ = ["DOCTOR_FIELDS", "PLACE_LIMITS", "doctor_reply", "estimate_reply", "fit_reply", "place_reply"]
+__all__ = ["DOCTOR_FIELDS", "PLACE_LIMITS", "doctor_reply", "estimate_reply", "fit_reply", "place_reply",
+           "preset_only"]
 
 #: The doctor's fields beside the upload (``memplan doctor``'s options), with their types.
 DOCTOR_FIELDS: dict[str, type | tuple[type, ...]] = {"message": str, "job": dict, "gpu": str, "capacity": (str, int),
@@ -68,6 +70,21 @@ def request_folder(upload: Path | None = None) -> Iterator[Folder]:
             yield folder
     finally:
         folder.remove()
+
+
+def preset_only(body: Any) -> bool:
+    """A job body whose model is a shipped preset and which names no file content: its estimate is bounded by
+    construction (the presets' at most 126 layers, flags within the job's limits) and takes milliseconds."""
+    from memplan.model.presets import preset_names
+
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        return False
+    if any(str(key).replace("-", "_") in ("model_config", *_DIALECTS) for key in body):
+        return False
+    return body["model"].strip().lower() in preset_names()
+
+
+_DIALECTS = ("megatron_args", "deepspeed_config", "hf_args", "peft_config", "torchtitan_config")
 
 
 def estimate_reply(body: Any) -> dict[str, Any]:
