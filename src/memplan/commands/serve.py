@@ -20,7 +20,7 @@ Examples:
        -d '{"model": "llama-3.1-8b", "gpus": 8, "tp": 2, "gpu": "h100-80gb"}'
 
 Open http://127.0.0.1:8000/ for the page; GET /v1/openapi.json describes the API. Several
-workers behind a load balancer: see docs/serve.md. Needs pip install 'memplan[serve]'.
+workers behind a load balancer: see docs/serve.md. Needs pip install 'memplan\\[serve]'.
 Exit codes: 0 stopped, 1 the server could not start, 2 invalid input.
 """
 
@@ -45,7 +45,7 @@ def serve_command(
 ) -> None:
     """Serve the estimator, fit, placement and the doctor as a JSON API, and the web page at /.
 
-    Needs the serve extra: pip install 'memplan[serve]'.
+    Needs the serve extra: pip install 'memplan\\[serve]'.
     """
     with handle_errors():
         from memplan.errors import ConfigError

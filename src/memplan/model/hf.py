@@ -404,7 +404,7 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelSpec:
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if model_type is None:
         raise ModelConfigError("model_type", "is required", hint=f"supported: {supported}")
-    if model_type not in _BUILDERS:
+    if not isinstance(model_type, str) or model_type not in _BUILDERS:
         raise ModelConfigError("model_type", "is not supported", model_type, hint=f"supported: {supported}")
     return _BUILDERS[model_type](_Fields(config), name, model_type)
 
