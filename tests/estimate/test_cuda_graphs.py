@@ -21,7 +21,7 @@ from memplan.estimate.cuda_graphs import captured_terms, graph_count, te_static_
 from memplan.estimate.engine import _activation_shape, layer_activation_costs
 from memplan.estimate.precision import resolve_precision
 from memplan.frameworks.megatron_args import from_megatron_args
-from memplan.frameworks.profiles import get_profile
+from memplan.profiles.framework import get_profile
 from memplan.jobflags import build_job
 from memplan.units import MiB
 

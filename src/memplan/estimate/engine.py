@@ -115,23 +115,22 @@ from memplan.estimate.states import (
 from memplan.estimate.tp_comm_overlap import describe as describe_tp_overlap
 from memplan.estimate.tp_comm_overlap import ub_workspace_bytes, userbuffers_bytes
 from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
-from memplan.frameworks.profiles import (
+from memplan.gpus import GPU
+from memplan.job import Job, resolved_loss, resolved_optimizer_impl
+from memplan.jobcheck import validate_job_for_model
+from memplan.model.params import final_norm_params
+from memplan.model.spec import LayerSpec, ModelSpec
+from memplan.model.tensors import stage_tensors
+from memplan.profiles.framework import (
     TE_CUBLAS_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACES,
     FrameworkProfile,
     get_profile,
     head_rows_split,
-    resolved_loss,
-    resolved_optimizer_impl,
     vocab_split,
 )
-from memplan.gpus import GPU
-from memplan.job import Job, validate_job_for_model
-from memplan.model.params import final_norm_params
-from memplan.model.peft_params import Adapter, finetune_params, first_trainable_layer
-from memplan.model.spec import LayerSpec, ModelSpec
-from memplan.model.tensors import stage_tensors
+from memplan.peft.params import Adapter, finetune_params, first_trainable_layer
 from memplan.policies import resolve_policy
 from memplan.units import dtype_bytes
 

@@ -6,8 +6,8 @@ from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, ea
 from memplan.estimate.optimizers import step_temporary_bytes
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, StateBytes
-from memplan.frameworks.profiles import FrameworkProfile
 from memplan.job import Job
+from memplan.profiles import FrameworkProfile
 from memplan.model.spec import ModelSpec
 from memplan.units import dtype_bytes
 

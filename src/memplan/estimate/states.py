@@ -19,8 +19,8 @@ from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimi
     optimizer_states,
 )
 from memplan.estimate.precision import ResolvedPrecision
-from memplan.frameworks.profiles import FrameworkProfile, resolved_optimizer_impl
-from memplan.job import Job
+from memplan.job import Job, resolved_optimizer_impl
+from memplan.profiles import FrameworkProfile
 from memplan.model.params import (
     ParamGroups,
     embedding_params,

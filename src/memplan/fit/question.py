@@ -138,7 +138,7 @@ def _search_answer(question: FitQuestion, flags: dict[str, Any], progress: Progr
     else:
         gpus = flags.pop("gpus")
         from memplan.inputs import default_seq_within_positions
-        from memplan.job import check_seq_positions
+        from memplan.jobcheck import check_seq_positions
 
         model = load_model(question.model)
         base = default_seq_within_positions(_base_job(flags), model, flags)

@@ -35,14 +35,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memplan.errors import ConfigError
 from memplan.serve.isolate import Refusal, past_time_limit, refusal_of, run_isolated
-from memplan.serve.protocol import FIRST_BYTE
+from memplan.serve.protocol import FIRST_BYTE, LIMITS_ENV
 from memplan.serve.reading import json_body
 
 __all__ = ["LIMITS_ENV", "STATIC_DIR", "ServeLimits", "create_app", "create_app_from_environment"]
 
 _log = logging.getLogger("memplan.serve")
-#: Environment variable holding the limits (JSON of :class:`ServeLimits` fields) for worker processes.
-LIMITS_ENV = "MEMPLAN_SERVE_LIMITS"
 #: The web page's files (no CDN: everything the page loads ships here).
 STATIC_DIR = Path(__file__).parent / "static"
 

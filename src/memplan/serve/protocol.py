@@ -27,6 +27,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = ["FIRST_BYTE", "GuardedH11Protocol", "GuardedProtocol", "guarded_protocol"]
 
+#: Environment variable holding the limits (JSON of ServeLimits fields) for worker processes.
+LIMITS_ENV = "MEMPLAN_SERVE_LIMITS"
 #: The scope key holding the monotonic time of the request's first byte.
 FIRST_BYTE = "memplan.first_byte"
 _RESPONSE_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
@@ -34,8 +36,6 @@ _RESPONSE_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/jso
 
 
 def _limit_from_environment() -> float:
-    from memplan.serve.app import LIMITS_ENV
-
     try:
         value = json.loads(os.environ.get(LIMITS_ENV, "{}")).get("time_limit_s", 30.0)
     except (ValueError, AttributeError):
