@@ -98,7 +98,7 @@ def estimate_command(
     from memplan.report.text import render_estimate
 
     print_rich(render_estimate(result, explain=explain))
-    print_unmodelled(loaded.settings)
+    print_unmodelled(result.settings)
 
 
 def _save_job(loaded: Any, path: str) -> None:

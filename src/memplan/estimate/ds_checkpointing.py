@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.errors import JobConfigError
+from memplan.frameworks.profiles import get_profile
 from memplan.job import Job, Recompute
 from memplan.policies import resolve_policy
 
@@ -89,7 +90,7 @@ def ds_checkpointing_applies(job: Job) -> bool:
     """Whether DeepSpeed's checkpointing switches change the estimate: they move what full
     recompute keeps (each recomputed layer's input); other recompute modes checkpoint no layer."""
     policy = resolve_policy(job)
-    return (job.framework == "deepspeed" and policy.name == "full"
+    return (get_profile(job.framework).deepspeed_checkpointing and policy.name == "full"
             and (policy.partition_activations or policy.cpu_checkpointing))
 
 

@@ -134,6 +134,30 @@ class FrameworkProfile:
     #: FSDP / HSDP / CP no mixed precision is applied at all, so the step runs in fp32.
     autocast_with_tp_or_pp: bool = True
 
+    # --- Estimator capabilities (issue 24, the ledger): what the estimator prices for this framework,
+    # --- named by the library that allocates it, so estimate/ never compares a framework's name.
+    #: Megatron-core's ``GlobalMemoryBuffer`` ("mpu"): the all-gather MoE dispatcher's gathered tokens
+    #: and, under ``--transformer-impl local``, the layers' gathers and unfused attention scores.
+    global_memory_buffer: bool = False
+    #: ``--transformer-impl local`` runs torch matmuls instead of Transformer Engine's layers: no TE
+    #: cuBLAS workspace, the global buffer serves the layers (Megatron-LM only).
+    local_transformer_impl: bool = False
+    #: Transformer Engine's context-parallel attention buffers (``--cp-comm-type``) are priced.
+    te_context_parallel: bool = False
+    #: Transformer Engine's grouped GEMM keeps its per-stream cuBLAS workspaces (``--moe-grouped-gemm``).
+    te_grouped_gemm_workspaces: bool = False
+    #: The flex token dispatcher's communication buffers (DeepEP / HybridEP) are priced.
+    flex_dispatch_buffers: bool = False
+    #: The batch carries position ids, a loss mask and a full ``[b, 1, s, s]`` attention mask beside
+    #: tokens and labels (Megatron-LM's ``get_batch``); otherwise tokens and labels only.
+    full_batch_tensors: bool = False
+    #: MoE router weights stay fp32 under a lower-precision model (transformers
+    #: ``_keep_in_fp32_modules_strict``).
+    fp32_router_weights: bool = False
+    #: DeepSpeed activation checkpointing's ``partition_activations`` / ``cpu_checkpointing`` /
+    #: contiguous buffers act on full recompute's kept inputs.
+    deepspeed_checkpointing: bool = False
+
 
 MEGATRON = FrameworkProfile(
     name="megatron",
@@ -151,6 +175,12 @@ MEGATRON = FrameworkProfile(
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     moe_probs_at="experts",
+    global_memory_buffer=True,
+    local_transformer_impl=True,
+    te_context_parallel=True,
+    te_grouped_gemm_workspaces=True,
+    flex_dispatch_buffers=True,
+    full_batch_tensors=True,
 )
 
 TORCHTITAN = FrameworkProfile(
@@ -189,6 +219,7 @@ DEEPSPEED = FrameworkProfile(
     allgather_bucket_elements=500_000_000,
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
+    deepspeed_checkpointing=True,
 )
 
 HF = FrameworkProfile(
@@ -210,6 +241,7 @@ HF = FrameworkProfile(
     vocab_parallel=False,
     activation_policies=("none", "full", "attention-module", "megatron-selective"),
     selective_policy="attention-module",
+    fp32_router_weights=True,
 )
 
 PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (MEGATRON, TORCHTITAN, DEEPSPEED, HF)}

@@ -1,0 +1,118 @@
+"""The walk over a stage's decoder layers: what each keeps and adds in its backward, per chunk.
+
+One pass in forward order gives the figures the stage's mechanics share: per virtual chunk the
+bytes kept on the GPU and in CPU memory (DeepSpeed checkpointing), the worst layer backward, the
+per-layer record the backward walk replays, the CUDA-graph captured figures and the combined-1F1B
+nodes (:mod:`memplan.estimate.ep_overlap`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.cuda_graphs import LayerCapture, layer_capture
+from memplan.estimate.ds_checkpointing import ds_checkpointing_applies, place_checkpoint
+from memplan.estimate.ep_overlap import LayerParts
+from memplan.estimate.finetune import dequantized_weight_bytes
+from memplan.estimate.layer_costs import (
+    cp_backward_extra,
+    ep_parts,
+    experts_wgrad_extra,
+    layer_costs,
+    recomputed_copies_bytes,
+    with_shared_expert_overlap,
+)
+from memplan.units import dtype_bytes
+
+
+@dataclass
+class LayerWalk:
+    """What the stage's layers keep and add, gathered in forward order."""
+
+    #: Per chunk: bytes kept on the GPU, and in CPU memory (DeepSpeed checkpointing).
+    chunk_kept: list[int] = field(default_factory=list)
+    chunk_cpu: list[int] = field(default_factory=list)
+    #: The largest checkpointed input (DeepSpeed checkpointing).
+    largest_ckpt: int = 0
+    worst_backward: int = 0
+    #: Per layer, in forward order: (index, bytes it keeps, bytes its backward adds at its worst).
+    per_layer: list[tuple[int, int, int]] = field(default_factory=list)
+    #: CUDA graphs: per chunk the captured regions' saved bytes and captured layers; the worst captured backward.
+    chunk_graph: list[int] = field(default_factory=list)
+    chunk_graph_layers: list[int] = field(default_factory=list)
+    graph_worst_backward: int = 0
+    #: Combined 1F1B: each layer split into the schedule's nodes.
+    ep_parts: list[LayerParts] = field(default_factory=list)
+
+
+def walk_layers(ctx: StageContext, dora: int) -> LayerWalk:
+    """Walk the stage's layers; ``dora`` is DoRA's forward temporaries (a recomputed forward makes them again)."""
+    run = ctx.run
+    graphed = None
+    if run.job.cuda_graphs.impl in ("local", "transformer_engine"):
+        graphed = layer_capture(run.model, run.job.cuda_graphs, run.shape, kept_classes=run.kept_classes,
+                                dropped=run.dropped)
+    walk = LayerWalk()
+    for chunk in ctx.layout.chunks:
+        walk.chunk_kept.append(0)
+        walk.chunk_cpu.append(0)
+        walk.chunk_graph.append(0)
+        walk.chunk_graph_layers.append(0)
+        for position, index in enumerate(chunk):
+            _visit(ctx, walk, position, index, dora, graphed)
+    return walk
+
+
+def _visit(ctx: StageContext, walk: LayerWalk, position: int, index: int, dora: int,
+           graphed: LayerCapture | None) -> None:
+    """Add layer ``index`` (at ``position`` in its chunk) to the walk."""
+    run = ctx.run
+    layer = run.model.layers[index]
+    keep, full, transient, rebuilt = layer_costs(run, layer, index)
+    keep, full = with_shared_expert_overlap(run, layer, keep, full)
+    transient += cp_backward_extra(run, index)
+    if run.counts is None:
+        transient += recomputed_copies_bytes(ctx, index)
+    else:
+        transient += dequantized_weight_bytes(run.model, run.job, index, dtype_bytes(run.prec.compute))
+    recomputed = index in ctx.recomputed
+    if recomputed:
+        layer_keep, layer_worst = _recomputed(ctx, walk, position, keep, full, max(transient, dora))
+    elif run.policy.partial:
+        # The recomputed modules (the attention core, the attention module, or under per-op
+        # SAC the rest of the layer) are made again during this layer's backward.
+        layer_keep, layer_worst = keep, rebuilt + transient
+    else:
+        layer_keep, layer_worst = full, transient
+    layer_worst += experts_wgrad_extra(run, layer, full, transient)
+    if run.job.overlap.ep_a2a:
+        walk.ep_parts.append(ep_parts(run, layer, layer_keep, layer_worst))
+    walk.chunk_kept[-1] += layer_keep
+    walk.worst_backward = max(walk.worst_backward, layer_worst)
+    walk.per_layer.append((index, layer_keep, layer_worst))
+    if graphed is not None:
+        graph_keep, graph_worst = graphed(index, layer_keep, layer_worst, recomputed)
+        walk.chunk_graph[-1] += graph_keep
+        walk.chunk_graph_layers[-1] += graph_keep > 0 or graph_worst > 0
+        walk.graph_worst_backward = max(walk.graph_worst_backward, graph_worst)
+
+
+def _recomputed(ctx: StageContext, walk: LayerWalk, position: int, keep: int, full: int,
+                transient: int) -> tuple[int, int]:
+    """(kept, worst backward) of a layer under full recompute: its input, then its whole forward
+    again in its backward (the recomputed forward rebuilds DoRA's weights too)."""
+    layer_keep, layer_worst = keep, ctx.group * full + transient
+    if position % ctx.group:
+        # uniform groups: one checkpoint per group of layers keeps only the group's input
+        # (megatron/core/transformer/transformer_block.py ``_checkpointed_forward``)
+        return 0, layer_worst
+    if ds_checkpointing_applies(ctx.job):
+        rc = ctx.job.recompute
+        placed = place_checkpoint(keep, partition=rc.partition_activations, cpu=rc.cpu_checkpointing,
+                                  tp=ctx.job.parallel.tp)
+        layer_keep = placed.gpu_keep
+        walk.chunk_cpu[-1] += placed.cpu_keep
+        layer_worst += placed.backward_extra
+        walk.largest_ckpt = max(walk.largest_ckpt, keep)
+    return layer_keep, layer_worst
