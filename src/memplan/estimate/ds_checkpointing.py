@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from memplan.errors import JobConfigError
 from memplan.frameworks.profiles import get_profile
 from memplan.job import Job, Recompute
-from memplan.policies import resolve_policy
+from memplan.policies import ActivationPolicy, resolve_policy
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,13 @@ def contiguous_unused_bytes(rc: Recompute, part: int, warmup_checkpoints: int, n
     return (count - newest_checkpoints) * part
 
 
-def ds_checkpointing_applies(job: Job) -> bool:
+def ds_checkpointing_applies(job: Job, policy: ActivationPolicy | None = None) -> bool:
     """Whether DeepSpeed's checkpointing switches change the estimate: they move what full
-    recompute keeps (each recomputed layer's input); other recompute modes checkpoint no layer."""
-    policy = resolve_policy(job)
-    return (get_profile(job.framework).deepspeed_checkpointing and policy.name == "full"
-            and (policy.partition_activations or policy.cpu_checkpointing))
+    recompute keeps (each recomputed layer's input); other recompute modes checkpoint no layer.
+    ``policy``: the job's resolved policy, when the caller has it."""
+    policy = policy or resolve_policy(job)
+    return (policy.name == "full" and (policy.partition_activations or policy.cpu_checkpointing)
+            and get_profile(job.framework).deepspeed_checkpointing)
 
 
 def describe_ds_checkpointing(job: Job) -> str | None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memplan.estimate.activations import (
     KEPT_BY,
+    ActivationShape,
     Term,
     backward_transient_bytes,
     dispatch_buffer_bytes,
@@ -26,7 +28,7 @@ from memplan.estimate.autocast import (
     checkpointed_module_copy_numel,
     layer_weight_copy_numel,
 )
-from memplan.estimate.context import LayerCosts, RunContext, StageContext
+from memplan.estimate.context import LayerCosts, RunContext, Same, StageContext, kept_policy
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
 from memplan.estimate.ep_overlap import (
     LayerParts,
@@ -47,6 +49,7 @@ from memplan.estimate.recompute_modules import (
 from memplan.estimate.sac import sac_kept_terms
 from memplan.model.peft_params import Adapter, first_trainable_layer
 from memplan.model.spec import LayerSpec
+from memplan.policies import ActivationPolicy
 from memplan.units import dtype_bytes
 
 
@@ -96,35 +99,45 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
     key = (id(layer), role.adapters, role.frozen, role.first, run.job.finetune.quantize_base)
     cached = run.cache.get(key)
     if cached is None:
-        cached = run.cache[key] = _priced(run, layer, _blocks(run, layer, role))
+        ft = run.job.finetune
+        cached = run.cache[key] = _layer_figures(Same(layer), run.shape, run.policy, role, ft.quantize_base,
+                                                 run.prec.weight_copies == "autocast", ft.lora_dropout > 0)
     return cached
 
 
-def _blocks(run: RunContext, layer: LayerSpec, role: LayerRole) -> tuple[list[Term], list[Term]]:
+@lru_cache(maxsize=4096)
+def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy, role: LayerRole,
+                   quantize_base: str, autocast: bool, lora_dropout: bool) -> LayerCosts:
+    """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
+    layer kinds under many layouts; the key holds the layer itself, compared by identity)."""
+    blocks = _blocks(layer.obj, shape, role, quantize_base=quantize_base, autocast=autocast,
+                     lora_dropout=lora_dropout)
+    return _priced(layer.obj, shape, policy, blocks)
+
+
+def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quantize_base: str, autocast: bool,
+            lora_dropout: bool) -> tuple[list[Term], list[Term]]:
     """(attention, rest) terms of the layer for its fine-tuning role."""
-    shape = run.shape
     attention, rest = layer_terms_by_block(layer, shape)
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
-    int8_base = role.quantized and run.job.finetune.quantize_base == "int8"
+    int8_base = role.quantized and quantize_base == "int8"
     if role.frozen:
         attention = frozen_layer_terms(attention, shape, role.first, gemm_inputs_kept=int8_base)
         rest = frozen_layer_terms(rest, shape, False, gemm_inputs_kept=int8_base)
     if role.adapters:
-        autocast = run.prec.weight_copies == "autocast"
-        rest = rest + adapter_terms(role.adapters, shape, autocast=autocast,
-                                    dropout=run.job.finetune.lora_dropout > 0, compute_bytes=shape.act_bytes,
-                                    input_needs_grad=not role.first,
+        rest = rest + adapter_terms(role.adapters, shape, autocast=autocast, dropout=lora_dropout,
+                                    compute_bytes=shape.act_bytes, input_needs_grad=not role.first,
                                     # peft's cast to the fp32 adapters is a no-op on fp32 activations
                                     uncast_input=(role.quantized and autocast) or shape.act_bytes == ADAPTER_BYTES,
                                     base_keeps_input=int8_base)
     return attention, rest
 
 
-def _priced(run: RunContext, layer: LayerSpec, blocks: tuple[list[Term], list[Term]]) -> LayerCosts:
-    """The layer's figures from its terms under the run's activation policy."""
-    shape, policy, dropped = run.shape, run.policy, run.dropped
+def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
+            blocks: tuple[list[Term], list[Term]]) -> LayerCosts:
+    """The layer's figures from its terms under the activation policy."""
+    kept_classes, dropped = kept_policy(policy)
     mode = policy.kept_classes_key
-    kept_classes = run.kept_classes
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
     inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []

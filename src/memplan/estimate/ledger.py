@@ -84,24 +84,34 @@ class Ledger:
         return sum(c.nbytes for c in self.entries if c.category == category
                    and (c.live_at(phase) if phase is not None else not c.live))
 
-    def weighed(self, phase: str) -> int:
-        """What chooses the peak at ``phase``: the moment's own bytes (no static state), gradients not
-        yet made subtracted."""
-        out = 0
+    def weighed(self) -> dict[str, int]:
+        """Per candidate moment, what chooses the peak: the moment's own bytes (no static state),
+        gradients not yet made subtracted."""
+        out = dict.fromkeys(self.phases, 0)
         for c in self.entries:
-            if c.weighs and c.live and phase in c.live:
-                if c.category == ABSENT:
-                    out -= c.nbytes
-                elif c.category in _SUMMED:
-                    out += c.nbytes
+            if c.live and c.weighs and c.nbytes:
+                sign = -1 if c.category == ABSENT else (1 if c.category in _SUMMED else 0)
+                for phase in c.live:
+                    if phase in out:
+                        out[phase] += sign * c.nbytes
         return out
 
     def peak(self) -> Peak:
         """The moment with the most weighed bytes (the first of :data:`PHASES` on a tie)."""
-        phase = max(self.phases, key=self.weighed)
-        by_category = {cat: self.total(cat, phase) for cat in (*_SUMMED, ABSENT, LAYER_ACTIVATIONS)}
+        weighed = self.weighed()
+        phase = max(self.phases, key=weighed.__getitem__)
+        by_category = dict.fromkeys((*_SUMMED, ABSENT, LAYER_ACTIVATIONS), 0)
+        comm = dict.fromkeys(self.phases, 0)
+        for c in self.entries:
+            if not c.nbytes:
+                continue
+            if c.category in by_category and (not c.live or phase in c.live):
+                by_category[c.category] += c.nbytes
+            if c.category == COMMUNICATION:
+                for p in self.phases:
+                    if not c.live or p in c.live:
+                        comm[p] += c.nbytes
         allocated = sum(by_category[c] for c in _SUMMED) - by_category[ABSENT]
-        comm = {p: self.total(COMMUNICATION, p) for p in self.phases}
         return Peak(phase=phase, by_category=by_category, allocated=allocated, communication_at=comm)
 
     def notes(self) -> list[str]:

@@ -68,8 +68,9 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         notes.append(describe_fine_offload(off.module_names, min_numel=off.min_tensor_numel,
                                            fraction=off.group_fraction, delta=off.pp_delta_bytes))
     layers, cpu, unused = _deepspeed_checkpoints(ctx, walk, layers, cpu)
-    if describe_ds_checkpointing(job):
-        notes.append(describe_ds_checkpointing(job))
+    rc = job.recompute
+    if rc.partition_activations or rc.cpu_checkpointing:
+        notes.append(describe_ds_checkpointing(job) or "")
     per_tensor = job.offload.activations and run.profile.activation_offload == "per-tensor"
     if job.offload.activations and layers and not per_tensor:
         # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
@@ -100,7 +101,7 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
 
 def _deepspeed_checkpoints(ctx: StageContext, walk: LayerWalk, layers: int, cpu: int) -> tuple[int, int, int]:
     """(layers on the GPU, CPU bytes, unused contiguous buffers) with DeepSpeed's checkpointing switches."""
-    if not ds_checkpointing_applies(ctx.job):
+    if not ds_checkpointing_applies(ctx.job, ctx.policy):
         return layers, cpu, 0
     rc, layout = ctx.job.recompute, ctx.layout
     counts = [sum(1 for p, i in enumerate(chunk) if i in ctx.recomputed and p % ctx.group == 0)

@@ -190,7 +190,7 @@ def communication(ctx: StageContext, st: StageStates, forward: bool) -> tuple[li
 def graphs(ctx: StageContext, ledger: Ledger, walk: LayerWalk, inputs: int) -> GraphMemory:
     """CUDA graphs' pool and static buffers (:mod:`memplan.estimate.cuda_graphs`), added to the ledger."""
     job = ctx.job
-    weighed = {phase: ledger.weighed(phase) for phase in ledger.phases}
+    weighed = ledger.weighed()
     memory = graph_memory(job.cuda_graphs, ctx.layout, ctx.shape, weighed, walk.chunk_graph, walk.chunk_graph_layers,
                           walk.graph_worst_backward, inputs, cp=job.parallel.cp, num_microbatches=job.num_microbatches)
     note = describe_cuda_graphs(job.cuda_graphs.impl, job.cuda_graphs.module_names) \
