@@ -86,8 +86,8 @@ def _contributions(ctx: StageContext, states: StateBytes, step_temp: int) -> Ite
     yield Contribution(OPTIMIZER, states.optimizer, note=_optimizer_note(job))
     if describe_optimizer(job):
         yield Contribution(OPTIMIZER, 0, note=describe_optimizer(job))
-    if any(layer.moe is not None and layer.moe.router_fp32 for layer in ctx.model.layers) \
-            and fp32_router_weights(job, ctx.prec):
+    if fp32_router_weights(job, ctx.prec) and any(layer.moe is not None and layer.moe.router_fp32
+                                                  for layer in ctx.model.layers):
         yield Contribution(PARAMETERS, 0, note=(
             "transformers keeps the MoE router weights in fp32 (_keep_in_fp32_modules_strict): their weights, "
             "gradients and optimizer states are priced at 4 bytes, and each router's fp32 copy of its input as "

@@ -82,6 +82,20 @@ def layer_numel_on_rank(groups: ParamGroups, job: Job) -> tuple[int, int]:
     return _local_layer(groups, job)
 
 
+def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(a representative index, how many) of each distinct layer object among ``indices`` (layers
+    that share a spec object share every per-layer figure), in first-seen order."""
+    seen: dict[int, list[int]] = {}
+    layers = model.layers
+    for index in indices:
+        entry = seen.get(id(layers[index]))
+        if entry is None:
+            seen[id(layers[index])] = [index, 1]
+        else:
+            entry[1] += 1
+    return [(index, count) for index, count in seen.values()]
+
+
 def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int, *,
                  vocab_parallel: bool = True) -> StageParams:
     """Parameters one GPU of ``stage`` holds. ``vocab_parallel=False``: Hugging Face's TP plan keeps the
@@ -91,16 +105,16 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
     dense = expert = largest = gemm = 0
     all_groups, non_gemm = model.layer_param_groups, model.layer_non_gemm_params
     routers = 0
-    for index in stage.layer_indices:
+    for index, count in _layer_kinds(model, stage.layer_indices):
         moe = model.layers[index].moe
         if moe is not None and moe.router_fp32:
-            routers += hidden * moe.num_experts + (moe.num_experts if moe.router_bias and not moe.router_bias_is_buffer
-                                                   else 0)
+            routers += count * (hidden * moe.num_experts + (
+                moe.num_experts if moe.router_bias and not moe.router_bias_is_buffer else 0))
         local_dense, local_expert = _local_layer(all_groups[index], job)
-        dense += local_dense
-        expert += local_expert
+        dense += count * local_dense
+        expert += count * local_expert
         largest = max(largest, local_dense + local_expert)
-        gemm += local_dense + local_expert - non_gemm[index]
+        gemm += count * (local_dense + local_expert - non_gemm[index])
     root = 0
     vocab_local = embedding_params(model, vocab_rows) // tp
     embedding_local = vocab_local if vocab_parallel else embedding_params(model, vocab_rows)
@@ -271,6 +285,8 @@ def _fp8_weight_bytes(job: Job, params: StageParams, prec: ResolvedPrecision, sh
 
 def _offloaded(on_gpu: StateBytes, off: Offload, moves_gradients: bool) -> StateBytes:
     """``on_gpu`` with what optimizer and weight offloading move to CPU memory."""
+    if not off.optimizer and not off.params:
+        return on_gpu
     parameters, gradients, master, optimizer = on_gpu.parameters, on_gpu.gradients, on_gpu.master, on_gpu.optimizer
     cpu_params = cpu_grads = cpu_opt = 0
     if off.optimizer:
