@@ -30,7 +30,7 @@ from typing import Any
 from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError, JobConfigError, MemplanError, ModelConfigError, UnsupportedError
 from memplan.estimate import DEFAULT_FRAGMENTATION, Estimate, StageEstimate, estimate
-from memplan.frameworks import FrameworkProfile, get_profile
+from memplan.profiles import FrameworkProfile, get_profile
 from memplan.gpus import GPU, get_gpu, list_gpus
 from memplan.inputs import JobRequest, LoadedJob, load_job
 from memplan.job import (

@@ -36,6 +36,7 @@ class ConfigError(MemplanError, ValueError):
         self.field = field
         self.rule = rule
         self.value = value
+        self.hint = hint
         text = f"{field}: {rule}"
         if value is not None:
             text += f" (got {value!r})"

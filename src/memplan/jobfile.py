@@ -135,12 +135,7 @@ def in_file(exc: ConfigError, file: Path) -> ConfigError:
     """``exc`` with its field prefixed by the job file's path (unless it already names the file)."""
     if exc.field.startswith(f"{file}:") or exc.field == "--job":
         return exc
-    return ConfigError(f"{file}: {exc.field.removeprefix('--')}", exc.rule, exc.value, hint=_hint(exc))
-
-
-def _hint(exc: ConfigError) -> str:
-    text = str(exc)
-    return text.split("; ", 1)[1] if "; " in text else ""
+    return ConfigError(f"{file}: {exc.field.removeprefix('--')}", exc.rule, exc.value, hint=exc.hint)
 
 
 def _normalise(raw: dict[Any, Any], file: Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from memplan.estimate.context import activation_shape as _activation_shape
 from memplan.estimate.engine import layer_activation_costs
 from memplan.estimate.precision import resolve_precision
 from memplan.frameworks.megatron_args import from_megatron_args
-from memplan.frameworks.profiles import get_profile
+from memplan.profiles.framework import get_profile
 from memplan.jobflags import build_job
 from memplan.units import MiB
 

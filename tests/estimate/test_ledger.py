@@ -119,7 +119,7 @@ _FRAMEWORK_NAME = re.compile(
 
 @pytest.mark.parametrize("path", sorted(ESTIMATE_DIR.glob("*.py")), ids=lambda p: p.name)
 def test_estimate_compares_no_framework_name(path: Path) -> None:
-    """Framework facts live in the profiles (memplan.frameworks.profiles): estimate/ asks their fields."""
+    """Framework facts live in the profiles (memplan.profiles.framework): estimate/ asks their fields."""
     code = [line for line in path.read_text().splitlines() if not line.lstrip().startswith(("#", '"', "'"))]
     assert not [line for line in code if _FRAMEWORK_NAME.search(line.split("#")[0])]
 

@@ -18,11 +18,11 @@ from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.recompute_modules import dropped_sites
 from memplan.estimate.states import padded_vocab
 from memplan.frameworks.model_code import model_code, sdpa_attention
-from memplan.frameworks.profiles import FrameworkProfile, get_profile, vocab_split
 from memplan.job import Job
-from memplan.model.peft_params import FinetuneParams
 from memplan.model.spec import ModelSpec
+from memplan.peft.params import FinetuneParams
 from memplan.policies import ActivationPolicy, resolve_policy
+from memplan.profiles.framework import FrameworkProfile, get_profile, vocab_split
 from memplan.units import dtype_bytes
 
 #: Of one layer: (kept bytes under the job's recompute, full bytes without recompute, backward

@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.errors import JobConfigError
-from memplan.frameworks.profiles import get_profile
 from memplan.job import Job, Recompute
 from memplan.policies import ActivationPolicy, resolve_policy
+from memplan.profiles.framework import get_profile
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from memplan.estimate.result import Estimate
 from memplan.estimate.run_notes import run_notes
 from memplan.estimate.stage import stage_estimate
 from memplan.gpus import GPU
-from memplan.job import Job, validate_job_for_model
+from memplan.job import Job
+from memplan.jobcheck import validate_job_for_model
 from memplan.model.spec import ModelSpec
 from memplan.settings import InputSetting
 

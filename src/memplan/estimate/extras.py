@@ -6,10 +6,10 @@ from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, ea
 from memplan.estimate.optimizers import step_temporary_bytes
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, StateBytes
-from memplan.frameworks.profiles import FrameworkProfile
 from memplan.job import Job
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import ModelSpec
+from memplan.profiles import FrameworkProfile
 from memplan.units import dtype_bytes
 
 #: Megatron's data iterator puts int64 tokens, labels and position ids, an fp32 loss mask and a

@@ -47,8 +47,8 @@ from memplan.estimate.recompute_modules import (
     term_site,
 )
 from memplan.estimate.sac import sac_kept_terms
-from memplan.model.peft_params import Adapter, first_trainable_layer
 from memplan.model.spec import LayerSpec
+from memplan.peft.params import Adapter, first_trainable_layer
 from memplan.policies import ActivationPolicy
 from memplan.units import dtype_bytes
 

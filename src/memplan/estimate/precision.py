@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.frameworks.profiles import FrameworkProfile
 from memplan.job import Job, Precision
+from memplan.profiles import FrameworkProfile
 from memplan.units import dtype_bytes
 
 

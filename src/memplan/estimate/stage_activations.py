@@ -25,7 +25,7 @@ from memplan.estimate.fine_offload import stage_offload
 from memplan.estimate.finetune import StageFinetune
 from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
 from memplan.estimate.layer_walk import LayerWalk
-from memplan.frameworks.profiles import head_rows_split
+from memplan.profiles.framework import head_rows_split
 from memplan.units import dtype_bytes
 
 

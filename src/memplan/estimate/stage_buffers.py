@@ -13,7 +13,7 @@ from memplan.estimate.hybridep import hybridep_buffer_bytes
 from memplan.estimate.ledger import OUTSIDE, WORKSPACE, Contribution
 from memplan.estimate.tp_comm_overlap import describe as describe_tp_overlap
 from memplan.estimate.tp_comm_overlap import ub_workspace_bytes, userbuffers_bytes
-from memplan.frameworks.profiles import (
+from memplan.profiles.framework import (
     TE_CUBLAS_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACE_BYTES,
     TE_GROUPED_GEMM_WORKSPACES,

@@ -43,8 +43,9 @@ from memplan.estimate.ledger import (
 from memplan.estimate.stage_activations import StageActivations, head_numel
 from memplan.estimate.stage_states import StageStates
 from memplan.estimate.states import layer_numel_on_rank
-from memplan.frameworks.profiles import resolved_loss, vocab_split
+from memplan.job import resolved_loss
 from memplan.model.params import final_norm_params
+from memplan.profiles.framework import vocab_split
 from memplan.units import dtype_bytes
 
 _BACKWARD, _LOSS, _FORWARD, _END = ("backward",), ("loss",), ("forward",), ("end of backward",)

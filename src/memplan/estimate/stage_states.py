@@ -36,10 +36,10 @@ from memplan.estimate.states import (
     stage_params,
     state_bytes,
 )
-from memplan.frameworks.profiles import resolved_optimizer_impl, vocab_split
-from memplan.job import Job
-from memplan.model.peft_params import Adapter, finetune_params
+from memplan.job import Job, resolved_optimizer_impl
 from memplan.model.tensors import stage_tensors
+from memplan.peft.params import Adapter, finetune_params
+from memplan.profiles.framework import vocab_split
 
 _STEP = ("optimizer step",)
 

@@ -19,8 +19,8 @@ from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimi
     optimizer_states,
 )
 from memplan.estimate.precision import ResolvedPrecision
-from memplan.frameworks.profiles import FrameworkProfile, get_profile, resolved_optimizer_impl
-from memplan.job import Job, Offload
+from memplan.job import Job, Offload, resolved_optimizer_impl
+from memplan.profiles import FrameworkProfile, get_profile
 from memplan.model.params import (
     ParamGroups,
     embedding_params,

@@ -1,6 +1,6 @@
 """Checks of the fine-tuning flags against a model: names that match no module, ranks too large.
 
-Called by :func:`memplan.job.validate_job_for_model`; each failure is one
+Called by :func:`memplan.jobcheck.validate_job_for_model`; each failure is one
 :class:`~memplan.errors.JobConfigError` naming the flag, the rule and the value.
 """
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from memplan.errors import JobConfigError
 from memplan.model.linears import matches, model_linears
-from memplan.model.peft_params import (
+from memplan.peft.params import (
     adapter_targets,
     fused_gate_up_complete,
     module_names,
