@@ -65,16 +65,24 @@ def walk_layers(ctx: StageContext, dora: int) -> LayerWalk:
         walk.chunk_cpu.append(0)
         walk.chunk_graph.append(0)
         walk.chunk_graph_layers.append(0)
-        for position, index in enumerate(chunk):
-            if run.counts is not None:
+        if run.counts is not None:
+            for position, index in enumerate(chunk):
                 _add(walk, index, _layer_visit(ctx, position, index, dora, graphed))
-                continue
-            key = ("visit", id(layers[index]), index in ctx.recomputed, position % ctx.group == 0,
+            continue
+        recomputed, group, per_layer = ctx.recomputed, ctx.group, walk.per_layer
+        for position, index in enumerate(chunk):
+            key = ("visit", id(layers[index]), index in recomputed, position % group == 0,
                    kinds[index] if per_layer_cp else None)
             visit = memo.get(key)
             if visit is None:
                 visit = memo[key] = _layer_visit(ctx, position, index, dora, graphed)
-            _add(walk, index, visit)
+            if visit.plain:  # the common case, inline: kept and worst only
+                walk.chunk_kept[-1] += visit.keep
+                if visit.worst > walk.worst_backward:
+                    walk.worst_backward = visit.worst
+                per_layer.append((index, visit.keep, visit.worst))
+            else:
+                _add(walk, index, visit)
     return walk
 
 
@@ -89,6 +97,13 @@ class _Visit:
     checkpoint: int = 0
     ep: LayerParts | None = None
     graph: tuple[int, int] | None = None
+
+    #: Only kept and worst figures (no CPU checkpoint, combined-1F1B part or captured graph).
+    plain: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        plain = not (self.cpu_keep or self.checkpoint) and self.ep is None and self.graph is None
+        object.__setattr__(self, "plain", plain)
 
 
 def _add(walk: LayerWalk, index: int, visit: _Visit) -> None:
