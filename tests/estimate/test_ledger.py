@@ -129,3 +129,10 @@ def test_estimate_compares_no_framework_name(path: Path) -> None:
 def test_estimate_dispatches_no_attention_kind_by_name(path: Path) -> None:
     """Attention kinds are entries of memplan.model.attention_kinds (optimizers.py: the optimizer registry's)."""
     assert '"mla"' not in path.read_text()
+
+
+def test_every_activation_policy_has_its_sentence() -> None:
+    from memplan.estimate.run_notes import POLICY_NOTES
+    from memplan.policies import POLICY_NAMES
+
+    assert set(POLICY_NOTES) == set(POLICY_NAMES)
