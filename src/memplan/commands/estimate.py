@@ -100,7 +100,7 @@ def estimate_command(
     print_rich(render_estimate(result, explain=explain))
     if result.fits is False and loaded.gpu is not None:
         _print_cheapest_fit(loaded)
-    print_unmodelled(loaded.settings)
+    print_unmodelled(result.settings)
 
 
 def _print_cheapest_fit(loaded: Any) -> None:
