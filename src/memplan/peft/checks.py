@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
     """Module names the fine-tuning flags give must exist in ``model`` and ranks must fit the layers
     they target; raise :class:`~memplan.errors.JobConfigError` naming the flag."""
+    if ft.peft == "none" and not ft.modules_to_save and ft.resolved_trainable in ("all", "adapters"):
+        return  # full training names nothing (the common case: no walk over the model's linears)
     linears = list(model_linears(model))
 
     def listing() -> str:  # for the error messages only

@@ -156,6 +156,30 @@ class FrameworkProfile:
     fit_expert_parallel: bool = False
     fit_shardings: tuple[ShardingChoice, ...] = ("fsdp-full", "fsdp-hybrid")
 
+    # --- Estimator capabilities (issue 24, the ledger): what the estimator prices for this framework,
+    # --- named by the library that allocates it, so estimate/ never compares a framework's name.
+    #: Megatron-core's ``GlobalMemoryBuffer`` ("mpu"): the all-gather MoE dispatcher's gathered tokens
+    #: and, under ``--transformer-impl local``, the layers' gathers and unfused attention scores.
+    global_memory_buffer: bool = False
+    #: ``--transformer-impl local`` runs torch matmuls instead of Transformer Engine's layers: no TE
+    #: cuBLAS workspace, the global buffer serves the layers (Megatron-LM only).
+    local_transformer_impl: bool = False
+    #: Transformer Engine's context-parallel attention buffers (``--cp-comm-type``) are priced.
+    te_context_parallel: bool = False
+    #: Transformer Engine's grouped GEMM keeps its per-stream cuBLAS workspaces (``--moe-grouped-gemm``).
+    te_grouped_gemm_workspaces: bool = False
+    #: The flex token dispatcher's communication buffers (DeepEP / HybridEP) are priced.
+    flex_dispatch_buffers: bool = False
+    #: The batch carries position ids, a loss mask and a full ``[b, 1, s, s]`` attention mask beside
+    #: tokens and labels (Megatron-LM's ``get_batch``); otherwise tokens and labels only.
+    full_batch_tensors: bool = False
+    #: MoE router weights stay fp32 under a lower-precision model (transformers
+    #: ``_keep_in_fp32_modules_strict``).
+    fp32_router_weights: bool = False
+    #: DeepSpeed activation checkpointing's ``partition_activations`` / ``cpu_checkpointing`` /
+    #: contiguous buffers act on full recompute's kept inputs.
+    deepspeed_checkpointing: bool = False
+
 
 MEGATRON = FrameworkProfile(
     name="megatron",
@@ -183,6 +207,12 @@ MEGATRON = FrameworkProfile(
     fit_interleaved=True,
     fit_expert_parallel=True,
     fit_shardings=("dist-opt",),
+    global_memory_buffer=True,
+    local_transformer_impl=True,
+    te_context_parallel=True,
+    te_grouped_gemm_workspaces=True,
+    flex_dispatch_buffers=True,
+    full_batch_tensors=True,
 )
 
 TORCHTITAN = FrameworkProfile(
@@ -225,6 +255,7 @@ DEEPSPEED = FrameworkProfile(
     selective_policy="attention-core",
     features=frozenset({"partition-activations", "cpu-checkpointing"}),
     fit_shardings=("zero-1", "zero-2", "zero-3"),
+    deepspeed_checkpointing=True,
 )
 
 HF = FrameworkProfile(
@@ -248,6 +279,7 @@ HF = FrameworkProfile(
     selective_policy="attention-module",
     full_training_only_policies=("megatron-selective",),
     fit_shardings=("ddp", "fsdp-full", "fsdp-hybrid"),
+    fp32_router_weights=True,
 )
 
 PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (MEGATRON, TORCHTITAN, DEEPSPEED, HF)}
