@@ -10,7 +10,7 @@
   them to CPU memory under GPU memory pressure. Smaller tensors' states, and every ``absmax``, are
   ordinary CUDA tensors.
 * Their kernels update in place: no step temporaries. States are fp32 (or 8-bit) whatever the
-  parameters' dtype. The tracer runs a stand-in (:mod:`memplan.trace.bnb_optim`) that allocates what
+  parameters' dtype. The tracer runs a stand-in (:mod:`memplan.optimizers.bnb_standin`) that allocates what
   ``init_state`` does, since the CUDA kernels cannot run on fake tensors.
 """
 
@@ -83,7 +83,7 @@ def _describe(eight_bit: bool, paged: bool, settings: OptimizerSettings) -> str:
 
 
 def _build(per_element: int, eight_bit: bool, paged: bool, request: TraceRequest) -> Any:
-    from memplan.trace.bnb_optim import BitsAndBytesStandIn
+    from memplan.optimizers.bnb_standin import BitsAndBytesStandIn  # imports torch: only when tracing
 
     return BitsAndBytesStandIn(request.params, states_per_param=per_element, bits=8 if eight_bit else 32,
                                paged=paged, paged_on_device=request.device == "cuda", lr=request.learning_rate)

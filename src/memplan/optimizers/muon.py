@@ -39,11 +39,8 @@ def _describe(settings: OptimizerSettings) -> str:
 MUON = OptimizerKind(
     name="muon", summary="Megatron's Muon: a momentum per 2-D weight, Adam for the rest",
     states=_states, step_temporaries=_scalar_adam_step, describe=_describe,
-    frameworks=frozenset({"megatron"}),
-    framework_rule=("muon is priced as Megatron-LM's Muon (its parameter split and Newton-Schulz step); "
-                    "use --framework megatron"),
-    full_training_rule=("muon is priced for full training only (its Muon/Adam split of frozen or adapter "
-                        "parameters is not modelled)"),
+    # Its framework (Megatron-LM) and full-training rules are the Megatron profile's feature
+    # (memplan.profiles.rules.FEATURES "muon"), checked before the registry's.
     dialects=DialectNames(
         megatron=("muon", "dist_muon"),  # dist_muon: the deprecated spelling with the layer-wise distributed optimizer
         megatron_flags=(MegatronFlag("--muon-scalar-optimizer", "", "str", "adam", modelled=("adam",)),

@@ -1,4 +1,5 @@
-"""Stand-ins for bitsandbytes' optimizers (8-bit, paged, Lion), whose CUDA kernels cannot run on fake tensors.
+"""The tracer's stand-in for bitsandbytes' optimizers (8-bit, paged, Lion), whose CUDA kernels cannot run on fake
+tensors. Imports torch: loaded only by the registry entries' builders (:mod:`memplan.optimizers.bnb`).
 
 :class:`BitsAndBytesStandIn` allocates each parameter's state as ``bitsandbytes.optim.optimizer``
 (0.50) ``Optimizer8bit.init_state`` does, and updates in place as its fused kernels do (no
