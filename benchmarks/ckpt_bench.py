@@ -15,13 +15,17 @@ Parameters (issue 29), fixed in this docstring and in ``BenchConfig`` before the
   and ``none``'s peak on the longest batch (AdamW moments allocated), by the independent judge.
 * memplan: ``ctl.seed`` on fake sample steps of 4 x 64, 256 and 1024 tokens (cold: torch's fake-tensor
   cache cleared first), no warm-up, no other preparation; seeding is inside every timed run.
-* 24-step run: variants ``full``, ``plain``, ``half`` (every second block checkpointed) and ``sac``
-  (every block under per-op selective checkpointing: matmul and attention outputs saved) in 2
-  interleaved repetitions (order rotated); ``none``, ``step``, ``trainer-full`` and ``trainer`` once
-  (the machine is shared by seven agents: fewer runs than issue 15's benchmark); speed target
-  1.05 x ``full``.
-* 48-step run (``--long``): ``full``, ``plain`` and ``sac`` in 2 interleaved repetitions; speed target
-  1.15 x ``full``; losses compared with ``full``'s (checkpointing changes no loss).
+* Timing: the timed variants of a run take turns **step by step** in one process (the order rotated
+  every step; ``memplan.ckpt.bench_interleave``), each with its own model, AdamW and judge; a
+  variant's time is the sum of its own steps plus, for memplan, its seeding. Static policies are
+  first checked for memory by one step on the longest batch; one that exceeds the budget is not
+  timed (reported with its peak).
+* 24-step run: ``full``, ``plain``, ``half`` (every second block checkpointed) and ``sac`` (every
+  block under per-op selective checkpointing: matmul and attention outputs saved); speed target
+  1.05 x ``full``; losses compared with ``full``'s (checkpointing changes no loss). ``step()`` and the
+  Trainer are not timed here (the machine is shared by seven agents; their loops are covered by
+  tests/ckpt).
+* 48-step run (``--long``): ``full`` and ``plain``; speed target 1.15 x ``full``.
 * Targets: 0 steps over budget by the judge (2 % slack), losses equal to ``none``, recomputed block
   forwards (forward pre-hooks inside a backward) at most 25 % of ``full``'s, the speed target, at
   least the speed of the fastest static policy (``full``, ``half``, ``sac``) none of whose steps

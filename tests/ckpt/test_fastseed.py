@@ -95,3 +95,28 @@ def test_a_skipped_block_returns_its_input_in_the_block_structure() -> None:
     out = skip_output(template, (hidden,), {})
     assert out[0] is hidden and out[1] is other
     assert skip_output(template[0], (), {"hidden_states": hidden}) is hidden
+
+
+def test_selective_and_kept_blocks_run_as_planned_with_the_plain_gradients() -> None:
+    from memplan.ckpt.opprofile import SacLevel
+    from memplan.ckpt.planner import CheckpointPlan
+
+    aten = torch.ops.aten
+    reference = tiny_gpt2()
+    wrapped = auto_checkpoint(copy.deepcopy(reference), 64 * MiB)
+    ctl = wrapped.memplan_ckpt
+    ctl.seed(_samples(wrapped))
+    level = SacLevel(keys=frozenset({(aten.addmm.default, 0), (aten.addmm.default, 2)}), saved_bytes=0,
+                     recompute_s=0.0)
+    for j in range(ctl.n_blocks):  # the tiny blocks have no level of their own (per-op overheads dominate)
+        ctl.ops.blocks[j].levels = (level,)
+    modes = ("sac0", "keep", "full", "sac0")
+    ctl.plan_for = lambda *a, **k: CheckpointPlan(  # type: ignore[method-assign]
+        checkpoint=(True, False, True, True), predicted_peak_bytes=0, recompute_s=0.0, fits=True, modes=modes)
+    batch = tokens(64)
+    assert torch.equal(train_step(reference, batch)(), train_step(wrapped, batch)())
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(reference.parameters(), wrapped.parameters()))
+    assert ctl.last is not None and ctl.last[1].modes == modes
+    stats = ctl.stats()
+    assert stats.selective_forwards == 2 and stats.recomputed_forwards == 3
+    ctl.release_meter()

@@ -72,8 +72,8 @@ class BenchConfig:
     #: Sequences per batch; every sequence of a batch has the batch's length (no padding).
     batch_size: int = 4
     steps: int = 24
-    #: Interleaved repetitions of the timed variants.
-    repeats: int = 2
+    #: Interleaved repetitions of the timed variants (whole runs; 1 when interleaved step by step).
+    repeats: int = 1
     #: Lognormal lengths (median, sigma of the log), clipped to [min_length, max_length].
     length_median: int = 80
     length_sigma: float = 1.25
@@ -90,7 +90,10 @@ class BenchConfig:
     seed_lengths: tuple[int, ...] = (64, 256, 1024)
     #: Variants run in every repetition (interleaved, order rotated) and those run once.
     timed: tuple[str, ...] = TIMED
-    once: tuple[str, ...] = ("none", "step", "trainer-full", "trainer")
+    once: tuple[str, ...] = ()
+    #: "step": the timed variants take turns step by step in one process (memplan.ckpt.bench_interleave);
+    #: "run": whole runs one after another, the order rotated each repetition (issue 15's design).
+    interleave: str = "step"
     #: The throughput target over ``full`` (issue 29: 1.05 on the 24-step run, 1.15 on the long one).
     speed_target: float = 1.05
     #: Seeding seconds allowed (issue 29: 2 s).
@@ -107,12 +110,13 @@ class BenchConfig:
         """A tiny model, seconds of CPU: a smoke test of the machinery, not of the targets."""
         return cls(n_layer=4, n_embd=64, n_head=4, vocab_size=256, n_positions=256, steps=8, repeats=1,
                    length_median=16, length_sigma=1.0, min_length=4, max_length=128,
-                   seed_lengths=(8, 32, 128), smoke=True)
+                   seed_lengths=(8, 32, 128), smoke=True, interleave="run",
+                   timed=("full", "plain", "step", "half", "sac"), once=("none", "trainer-full", "trainer"))
 
     @classmethod
     def long(cls) -> BenchConfig:
         """The longer run: 48 steps of the same distribution, memplan's plain loop against the static policies."""
-        return cls(steps=48, repeats=2, timed=("full", "plain", "sac"), once=(), speed_target=1.15)
+        return cls(steps=48, timed=("full", "plain"), speed_target=1.15)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +167,8 @@ class BenchResult:
     runs: tuple[Run, ...]
     machine: dict[str, str] = field(default_factory=dict)
     date: str = ""
+    #: Peak of one step on the longest batch for each static policy considered (the fit check).
+    static_peaks: dict[str, int] = field(default_factory=dict)
 
     def of(self, variant: str) -> list[Run]:
         return [r for r in self.runs if r.variant == variant]
@@ -219,7 +225,7 @@ class BenchResult:
                     max(r.seed_s for r in runs) <= self.config.seed_target_s),
             }
             best = self.best_static(limit)
-            if best is not None and v != "trainer" and len(self.ratios(v)) > 1:
+            if best is not None and v != "trainer" and self.ratios_to(v, best):
                 vs = _spread(self.ratios_to(v, best))["median"]
                 targets[v][f"throughput / best static that fits ({best}; median of repetitions)"] = _target(
                     vs, ">= 1", vs >= 1.0)
@@ -240,6 +246,7 @@ class BenchResult:
         return {
             "date": self.date, "machine": self.machine, "config": asdict(self.config), "n_params": self.n_params,
             "lengths": list(self.lengths), "budget_bytes": self.budget_bytes, "summary": self.summary(),
+            "static_peaks_on_longest_batch": self.static_peaks,
             "runs": [{**asdict(r), "throughput_tokens_per_s": r.throughput} for r in self.runs],
         }
 
@@ -518,7 +525,11 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
     import copy
     import tempfile
 
-    from transformers import Trainer  # noqa: F401  (imported before the first timed run, not inside it)
+    import contextlib
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):  # deepspeed, when installed, logs to stdout on import
+        from transformers import Trainer  # noqa: F401  (imported before the first timed run, not inside it)
 
     cfg = cfg or BenchConfig()
     say = progress or (lambda _msg: None)
@@ -534,12 +545,25 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
         batches = _batches(cfg, lengths, cfg.seed + 1, cfg.batch_size)
         budget = _calibrate(cfg, init, max(batches, key=lambda b: b.shape[1]))
         say(f"{n_params / 1e6:.1f}M params, budget {budget / 2**20:,.0f} MiB, lengths {lengths}")
-        runs = []
+        runs: list[Run] = []
+        static_peaks: dict[str, int] = {}
+        longest = max(batches, key=lambda b: b.shape[1])
+        if cfg.interleave == "step":
+            from memplan.ckpt.bench_interleave import fitting_statics, run_interleaved
+
+            statics = [v for v in cfg.timed if v in STATIC_POLICIES and v != "full"]
+            static_peaks = fitting_statics(cfg, init, longest, budget, statics)
+            timed = [v for v in cfg.timed if static_peaks.get(v, 0) <= budget * (1 + BUDGET_SLACK)]
+            say(f"static peaks on the longest batch (MiB): "
+                + ", ".join(f"{v} {p / 2**20:,.0f}" for v, p in static_peaks.items()) + f"; timed {timed}")
+            runs += run_interleaved(cfg, timed, init, batches, budget, say)
         with tempfile.TemporaryDirectory() as tmp:
-            timed = cfg.timed
+            timed = cfg.timed if cfg.interleave != "step" else ()
             for rep in range(cfg.repeats):
-                order = list(timed[rep % len(timed):] + timed[:rep % len(timed)])
+                order = list(timed[rep % len(timed):] + timed[:rep % len(timed)]) if timed else []
                 for variant in (order + list(cfg.once) if rep == 0 else order):
+                    if not timed and rep > 0:
+                        break
                     run = _run(variant, rep, cfg, init, batches, budget, out_dir or tmp)
                     say(f"rep {rep + 1}/{cfg.repeats} {variant}: {run.throughput:.1f} tokens/s, "
                         f"max peak {max(run.peaks) / 2**20:,.0f} MiB, {run.recomputed_forwards} recomputed")
@@ -550,6 +574,7 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
         torch.set_num_threads(threads)
     return BenchResult(
         config=cfg, n_params=n_params, lengths=tuple(lengths), budget_bytes=budget, runs=tuple(runs),
+        static_peaks=static_peaks,
         machine=machine, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
 
