@@ -484,22 +484,26 @@ def _run(variant: str, rep: int, cfg: BenchConfig, init: dict[str, torch.Tensor]
 
 
 # ------------------------------------------------------------------------------------ setup
+def longest_step_peak(variant: str, cfg: BenchConfig, init: dict[str, torch.Tensor], longest: torch.Tensor,
+                      budget: int = 0) -> int:
+    """Peak of one training step of ``variant`` on the longest batch with AdamW's moments allocated
+    (by one step on a short batch first), by the independent meter."""
+    model = _prepare(variant, cfg, init, budget)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    judge = StepMeter()
+    with judge:
+        judge.start(model, opt)
+        for b in (longest[:1, :8], longest):
+            judge.peak = judge.live_bytes
+            model(input_ids=b, labels=b).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return judge.peak
+
+
 def _calibrate(cfg: BenchConfig, init: dict[str, torch.Tensor], longest: torch.Tensor) -> int:
-    """``full``'s peak plus ``budget_fraction`` of the way to ``none``'s, on the longest batch with
-    AdamW's moments allocated (by one step on a short batch first), by the independent meter."""
-    peaks = {}
-    for variant in ("full", "none"):
-        model = _prepare(variant, cfg, init, 0)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-        judge = StepMeter()
-        with judge:
-            judge.start(model, opt)
-            for b in (longest[:1, :8], longest):
-                judge.peak = judge.live_bytes
-                model(input_ids=b, labels=b).loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        peaks[variant] = judge.peak
+    """``full``'s peak plus ``budget_fraction`` of the way to ``none``'s on the longest batch."""
+    peaks = {variant: longest_step_peak(variant, cfg, init, longest) for variant in ("full", "none")}
     return int(peaks["full"] + cfg.budget_fraction * (peaks["none"] - peaks["full"]))
 
 

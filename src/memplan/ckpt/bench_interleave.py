@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from memplan.ckpt.bench import (
-    BUDGET_SLACK,
     MEMPLAN,
     BenchConfig,
     Run,
@@ -29,6 +28,7 @@ from memplan.ckpt.bench import (
     _prepare,
     _RecomputeCounter,
     _seed,
+    longest_step_peak,
 )
 from memplan.ckpt.bench_meter import StepMeter
 
@@ -38,21 +38,7 @@ __all__ = ["fitting_statics", "run_interleaved"]
 def fitting_statics(cfg: BenchConfig, init: dict[str, torch.Tensor], longest: torch.Tensor, budget: int,
                     candidates: Sequence[str]) -> dict[str, int]:
     """Peak of one step on the longest batch (AdamW moments allocated) for each static candidate."""
-    peaks = {}
-    for variant in candidates:
-        model = _prepare(variant, cfg, init, budget)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-        judge = StepMeter()
-        with judge:
-            judge.start(model, opt)
-            for b in (longest[:1, :8], longest):
-                judge.peak = judge.live_bytes
-                model(input_ids=b, labels=b).loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        peaks[variant] = judge.peak
-        del model, opt
-    return peaks
+    return {variant: longest_step_peak(variant, cfg, init, longest, budget) for variant in candidates}
 
 
 @dataclass
@@ -129,5 +115,3 @@ def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, t
         ))
     return tuple(runs)
 
-
-__all__ += ["BUDGET_SLACK"]
