@@ -534,6 +534,11 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
 
     with contextlib.redirect_stdout(sys.stderr):  # deepspeed, when installed, logs to stdout on import
         from transformers import Trainer  # noqa: F401  (imported before the first timed run, not inside it)
+    # every module a run imports lazily, loaded now: not inside a timed run, and not a newer copy of a
+    # file edited while a long benchmark runs
+    import memplan.ckpt.bench_interleave  # noqa: F401
+    import memplan.ckpt.fastseed  # noqa: F401
+    import memplan.ckpt.wrapper  # noqa: F401
 
     cfg = cfg or BenchConfig()
     say = progress or (lambda _msg: None)
