@@ -98,7 +98,26 @@ def estimate_command(
     from memplan.report.text import render_estimate
 
     print_rich(render_estimate(result, explain=explain))
-    print_unmodelled(loaded.settings)
+    if result.fits is False and loaded.gpu is not None:
+        _print_cheapest_fit(loaded)
+    print_unmodelled(result.settings)
+
+
+def _print_cheapest_fit(loaded: Any) -> None:
+    """The cheapest single change (or pair) that makes a job fit, as ``memplan doctor`` verifies them."""
+    from memplan.doctor.job_fixes import cheapest_fit
+    from memplan.doctor.words import format_bytes
+
+    with handle_errors():
+        fix = cheapest_fit(loaded, loaded.gpu)
+    if fix is None:
+        typer.secho("No single change (micro-batch, recompute, sharding, offload, LoRA/QLoRA, chunked loss) nor "
+                    "pair of them makes it fit; try more GPUs (memplan fit).", fg="yellow")
+        return
+    cost = f", step {100 * fix.cost:+.0f}%" if fix.step_time_s is not None and fix.base_step_time_s else ""
+    typer.secho(f"To fit: {fix.setting} ({fix.action}: {format_bytes(fix.peak_bytes)} reserved within the "
+                f"{format_bytes(fix.limit_bytes)} limit{cost}; the cheapest of memplan doctor's job fixes).",
+                fg="green")
 
 
 def _save_job(loaded: Any, path: str) -> None:

@@ -106,13 +106,13 @@ def _estimate(model: str | None, job_file: str | None, gpu: str | None, flags: d
                                  peft_config=dialects[1], torchtitan_config=dialects[2]))
     gpu_spec = get_gpu((loaded.gpu or "h100-80gb").split(":", 1)[0])
     fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
-    est = estimate(loaded.model, loaded.job, gpu=gpu_spec, fragmentation=fragmentation)
+    est = estimate(loaded.model, loaded.job, gpu=gpu_spec, fragmentation=fragmentation, settings=loaded.settings)
     if not with_fit:
-        return est, None, loaded.settings
+        return est, None, est.settings
     from memplan.fit.search import fit
 
     return est, fit(loaded.model, gpus=loaded.job.parallel.world_size, gpu=gpu_spec, top=20, base=loaded.job), \
-        loaded.settings
+        est.settings
 
 
 def _trace_views(path: str, timeline: Any, segments: Any) -> tuple[Any, Any]:
