@@ -1,0 +1,187 @@
+"""The arena the training loop sees: steps, signatures, record -> plan -> replay, counters.
+
+Backend-neutral: it drives one :class:`~memplan.alloc.runtime._native.Core`; the CPU and CUDA
+backends (``cpu.py``, ``cuda.py``) route PyTorch's requests into that core, the trace replay
+(``replay.py``) calls it directly.
+
+Lifecycle of a signature (the key of a step; ``""`` unless the loop names one):
+
+1. its first step is *recorded*: the fallback pool serves it and the core logs every request;
+2. the recording is final at the end of the following step (then it is known which blocks were
+   freed during that step and which stayed); it is planned (``plans.plan_recording``) and the
+   key's later steps *replay* the plan;
+3. a replayed step whose fallbacks exceed ``rerecord_share`` of its requests has its key recorded
+   again (up to ``max_recordings``); a recording of the same shape with other sizes widens the
+   slots to the largest size seen (windows for data-dependent sizes).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from memplan.alloc.runtime._native import Core, LogRows
+from memplan.alloc.runtime.plans import SlotPlan, merge_windows, plan_recording
+from memplan.errors import ConfigError
+
+__all__ = ["Arena", "RuntimeSettings", "StepRecord"]
+
+#: Slot alignment per device: c10's CPU allocator aligns to 64 bytes (c10/core/alignment.h,
+#: gAlignment); CUDA blocks to 512 (kMinBlockSize in CUDACachingAllocator.cpp).
+ALIGNMENT = {"cpu": 64, "cuda": 512, "virtual": 512}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSettings:
+    """How the runtime records, plans and falls back."""
+
+    device: Literal["cpu", "cuda", "virtual"] = "cpu"
+    #: Fully free fallback segments are released while the pool reserves more than this.
+    fallback_limit_bytes: int = 0
+    #: Refuse an arena larger than this (0: no limit); the default allocator then serves, with a warning.
+    arena_limit_bytes: int = 0
+    #: Recordings of one signature at most (re-recorded when its replay falls back too often).
+    max_recordings: int = 3
+    #: A replayed step with more fallback requests than this share of its requests is re-recorded.
+    rerecord_share: float = 0.01
+    #: Blocks still live one step after their recording: "fallback" (in a loop) or "plan" (a profiled run).
+    persistent: Literal["fallback", "plan"] = "fallback"
+    #: Seconds the DSA solver may spend on one recording.
+    time_limit: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.device not in ALIGNMENT:
+            raise ConfigError("device", "must be 'cpu' or 'cuda'", self.device)
+        if self.persistent not in ("fallback", "plan"):
+            raise ConfigError("persistent", "must be 'fallback' or 'plan'", self.persistent)
+        for name in ("fallback_limit_bytes", "arena_limit_bytes", "max_recordings"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ConfigError(name, "must be a non-negative integer", getattr(self, name))
+
+    @property
+    def alignment(self) -> int:
+        return ALIGNMENT[self.device]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did: its key, whether it was recorded or replayed, and its counters."""
+
+    index: int
+    key: str
+    mode: Literal["record", "replay", "default"]
+    allocs: int
+    allocated_bytes: int
+    replayed_allocs: int
+    fallback_allocs: int
+    fallback_bytes: int
+
+
+@dataclass
+class _State:
+    plans: dict[str, SlotPlan] = field(default_factory=dict)
+    plan_ids: dict[str, int] = field(default_factory=dict)
+    rerecord: set[str] = field(default_factory=set)
+    awaiting: str | None = None
+    key: str = ""
+    mode: str = "record"
+    began: dict[str, int] = field(default_factory=dict)
+    history: list[StepRecord] = field(default_factory=list)
+
+
+class Arena:
+    """Steps of a training loop on the planned arena. Use through ``runtime.planned(...)``."""
+
+    def __init__(self, core: Core, settings: RuntimeSettings, *, plans: dict[str, SlotPlan] | None = None) -> None:
+        self._core = core
+        self.settings = settings
+        self._s = _State()
+        self._closed_stats: dict[str, Any] | None = None
+        for key, plan in (plans or {}).items():
+            self._install(key, plan)
+
+    # -- the loop's calls -------------------------------------------------------------------
+    def step(self, key: object = None) -> None:
+        """End the current step (iteration); the next one has signature ``key`` (default: the same)."""
+        self._finish_step()
+        self._begin(self._s.key if key is None else str(key))
+
+    def signature(self, key: object) -> None:
+        """Name the signature of the step in progress (e.g. the padded length of its batch), before
+        its allocations: requests made earlier in the step are not part of its plan."""
+        self._begin(str(key))
+
+    @property
+    def plans(self) -> dict[str, SlotPlan]:
+        return dict(self._s.plans)
+
+    @property
+    def history(self) -> tuple[StepRecord, ...]:
+        return tuple(self._s.history)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the core plus ``signatures`` (planned keys) and ``steps``."""
+        if self._closed_stats is not None:
+            return dict(self._closed_stats)
+        out: dict[str, Any] = self._core.stats()
+        out["signatures"] = len(self._s.plans)
+        out["recorded_peak_live_bytes"] = max((p.peak_live_bytes for p in self._s.plans.values()), default=0)
+        return out
+
+    # -- internals ------------------------------------------------------------------------------
+    def _install(self, key: str, plan: SlotPlan) -> None:
+        self._s.plans[key] = plan
+        self._s.plan_ids[key] = self._core.add_plan(list(plan.sizes), list(plan.requested), list(plan.offsets),
+                                                    list(plan.streams), plan.pool_bytes)
+
+    def _begin(self, key: str) -> None:
+        s = self._s
+        s.key = key
+        plan = s.plan_ids.get(key, -1) if key not in s.rerecord else -1
+        s.mode = "record" if plan < 0 else "replay"
+        if not self._core.begin_step(plan):
+            s.mode = "default"
+            warnings.warn(f"memplan runtime: the arena for signature {key!r} ({s.plans[key].pool_bytes} bytes) could not "
+                          "be allocated; the default allocator serves the rest of this run", RuntimeWarning, stacklevel=3)
+        s.began = self._core.stats()
+
+    def begin(self) -> None:
+        self._begin(self._s.key)
+
+    def _finish_step(self) -> None:
+        s = self._s
+        rows = self._core.end_step()
+        now = self._core.stats()
+        record = StepRecord(len(s.history), s.key, s.mode,  # type: ignore[arg-type]
+                            now["allocs"] - s.began["allocs"], now["allocated_bytes"] - s.began["allocated_bytes"],
+                            now["replayed_allocs"] - s.began["replayed_allocs"],
+                            now["fallback_allocs"] - s.began["fallback_allocs"],
+                            now["fallback_bytes"] - s.began["fallback_bytes"])
+        s.history.append(record)
+        if (record.mode == "replay" and record.fallback_allocs > self.settings.rerecord_share * max(record.allocs, 1)
+                and s.plans[s.key].recordings < self.settings.max_recordings):
+            s.rerecord.add(s.key)
+        if rows is not None and s.awaiting is not None:
+            self._learn(s.awaiting, rows)
+        s.awaiting = s.key if record.mode == "record" else None
+
+    def _learn(self, key: str, rows: LogRows) -> None:
+        old = self._s.plans.get(key)
+        windows = merge_windows(old, rows)
+        recordings = old.recordings + 1 if old is not None else 1
+        plan = plan_recording(rows, key=key, alignment=self.settings.alignment, persistent=self.settings.persistent,
+                              windows=windows, recordings=recordings, time_limit=self.settings.time_limit)
+        self._s.rerecord.discard(key)
+        if old is not None and old.fingerprint == plan.fingerprint and old.sizes == plan.sizes:
+            self._s.plans[key] = plan
+            return
+        self._install(key, plan)
+
+    def close(self) -> None:
+        """End the last step and close the core (its memory goes back once the last block is freed)."""
+        if self._closed_stats is not None:
+            return
+        self._finish_step()
+        self._closed_stats = self.stats()
+        self._core.close()
