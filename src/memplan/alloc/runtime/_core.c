@@ -59,7 +59,7 @@ enum {
     C_PLANNED, C_ARENA, C_FB_ALLOCS, C_FB_BYTES, C_FB_RESERVED, C_FB_PEAK, C_REPLAYED, C_REPLAYED_BYTES,
     C_RECORDED, C_ALLOCS, C_BYTES, C_LIVE, C_PEAK_LIVE, C_MISMATCH, C_OVERLAP, C_PENDING, C_ARENA_PEAK_LIVE,
     C_SMALL, C_RAW_ALLOCS, C_RAW_FREES, C_SKIPPED, C_STEPS, C_OVERSIZE, C_RESERVED, C_PEAK_RESERVED,
-    C_PLANNED_FB, C_ARENA_LIVE, C_ARENA_FAILED, N_COUNTERS
+    C_PLANNED_FB, C_ARENA_LIVE, C_ARENA_FAILED, C_STREAM_WAIT, N_COUNTERS
 };
 
 struct Segment;
@@ -84,10 +84,17 @@ typedef struct Segment { u64 addr, size; int small, stream; struct Segment *prev
 
 typedef struct { u64 off, end; } Span;
 
+typedef struct { u64 off, end; int stream; } Dirty;
+
+#define DIRTY_LIMIT 65536
+
 typedef struct Region {
     u64 addr, size, live;
     Span *spans;
     size_t n, cap;
+    Dirty *dirty;     /* ranges freed by a stream since the last mpr_synchronize (several streams only) */
+    size_t nd, capd;
+    u64 dirty_all;    /* streams (bit per id) whose frees overflowed the list: the whole region is theirs */
     struct Region *next;
 } Region;
 
@@ -420,8 +427,28 @@ static void span_release(Region *r, u64 off) {
         r->n--;
     }
 }
+/* A range last used by another stream since the last synchronisation may still be in use there. */
+static int dirty_for(Region *r, u64 off, u64 end, int sid) {
+    if (r->dirty_all & ~(1ULL << sid)) return 1;
+    for (size_t i = 0; i < r->nd; i++)
+        if (r->dirty[i].stream != sid && r->dirty[i].off < end && off < r->dirty[i].end) return 1;
+    return 0;
+}
+static void dirty_push(Region *r, u64 off, u64 end, int sid) {
+    if (r->nd == r->capd) {
+        size_t cap = r->capd ? r->capd * 2 : 256;
+        Dirty *d = cap <= DIRTY_LIMIT ? (Dirty *)realloc(r->dirty, cap * sizeof(Dirty)) : NULL;
+        if (!d) { r->dirty_all |= 1ULL << sid; return; }
+        r->dirty = d;
+        r->capd = cap;
+    }
+    r->dirty[r->nd].off = off;
+    r->dirty[r->nd].end = end;
+    r->dirty[r->nd++].stream = sid;
+}
 static void region_free(mpr_arena *a, Region *r) {
     raw_free(a, (void *)(uintptr_t)r->addr, r->size);
+    free(r->dirty);
     free(r->spans);
     free(r);
 }
@@ -479,6 +506,11 @@ static Block *arena_try(mpr_arena *a, u64 size, int sid) {
     if (!r || p->offset[hit] + need > r->size) { a->c[C_OVERSIZE]++; return NULL; }
     int claim = span_claim(r, p->offset[hit], p->offset[hit] + need);
     if (claim != 0) { a->c[C_OVERLAP]++; return NULL; }
+    if (a->n_streams > 1 && dirty_for(r, p->offset[hit], p->offset[hit] + need, sid)) {
+        span_release(r, p->offset[hit]);
+        a->c[C_STREAM_WAIT]++;
+        return NULL;
+    }
     Block *b = new_block(a);
     if (!b) { span_release(r, p->offset[hit]); return NULL; }
     b->addr = r->addr + p->offset[hit];
@@ -522,6 +554,7 @@ static void release_block(mpr_arena *a, Block *b) {
     if (b->arena) {
         Region *r = b->region;
         span_release(r, b->addr - r->addr);
+        if (a->n_streams > 1) dirty_push(r, b->addr - r->addr, b->addr - r->addr + b->size, b->stream);
         a->c[C_ARENA_LIVE] -= b->size;
         if (--r->live == 0 && r != a->region) {
             region_unlink_retired(a, r);
@@ -567,8 +600,9 @@ static u64 live_count(mpr_arena *a) { return a->n_blocks + a->c[C_PENDING]; }
 /* ---------- public API ---------- */
 
 static int load_cuda(mpr_arena *a, const char *lib, char *err, size_t errlen) {
-    const char *names[] = {lib, "libcudart.so", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so.13", NULL};
-    for (int i = lib ? 0 : 1; names[i] && !a->lib; i++) a->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    const char *names[] = {"libcudart.so", "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", NULL};
+    if (lib) a->lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL); /* a path given: that library or none */
+    for (int i = 0; !lib && names[i] && !a->lib; i++) a->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!a->lib) { snprintf(err, errlen, "cannot load the CUDA runtime library (%s)", lib ? lib : "libcudart.so"); return -1; }
     a->cuda_malloc = (int (*)(void **, size_t))dlsym(a->lib, "cudaMalloc");
     a->cuda_free = (int (*)(void *))dlsym(a->lib, "cudaFree");
@@ -674,6 +708,26 @@ u64 mpr_stream_complete(mpr_arena *a, i64 stream, u64 marker) {
             pp = &b->pnext;
         }
     }
+    int gone = a->closed && live_count(a) == 0;
+    pthread_mutex_unlock(&a->lock);
+    if (gone) destroy(a);
+    return released;
+}
+
+/* Every stream is idle (the device was synchronised): pending frees are released, no range is dirty. */
+u64 mpr_synchronize(mpr_arena *a) {
+    pthread_mutex_lock(&a->lock);
+    for (int s = 0; s < a->n_streams; s++) a->completed[s] = a->issued[s];
+    u64 released = 0;
+    while (a->pending) {
+        Block *b = a->pending;
+        a->pending = b->pnext;
+        a->c[C_PENDING]--;
+        release_block(a, b);
+        released++;
+    }
+    if (a->region) { a->region->nd = 0; a->region->dirty_all = 0; }
+    for (Region *r = a->retired; r; r = r->next) { r->nd = 0; r->dirty_all = 0; }
     int gone = a->closed && live_count(a) == 0;
     pthread_mutex_unlock(&a->lock);
     if (gone) destroy(a);

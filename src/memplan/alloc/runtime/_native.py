@@ -34,7 +34,7 @@ STAT_NAMES: tuple[str, ...] = (
     "fallback_peak_bytes", "replayed_allocs", "replayed_bytes", "recorded_allocs", "allocs", "allocated_bytes",
     "live_bytes", "peak_live_bytes", "mismatches", "overlap_refusals", "pending_frees", "arena_peak_live_bytes",
     "small_allocs", "raw_allocs", "raw_frees", "skipped_slots", "steps", "oversize", "reserved_bytes",
-    "peak_reserved_bytes", "planned_fallbacks", "arena_live_bytes", "arena_failures",
+    "peak_reserved_bytes", "planned_fallbacks", "arena_live_bytes", "arena_failures", "stream_waits",
 )
 #: End markers of a recorded request (see ``mpr_read_log``).
 END_WRAP, END_LIVE = -2, -1
@@ -91,6 +91,7 @@ _SIGNATURES = {
     "mpr_read_log": (_i64, [_p, _p, _p, _p, _p, _i64]),
     "mpr_stats": (None, [_p, _p, ctypes.c_int]),
     "mpr_reset_peaks": (None, [_p]),
+    "mpr_synchronize": (_u64, [_p]),
     "mpr_close": (None, [_p]),
     "mpr_set_current": (None, [_p]),
 }
@@ -148,6 +149,10 @@ class Core:
 
     def stream_complete(self, stream: int, marker: int) -> int:
         return int(self.lib.mpr_stream_complete(self.handle, stream, marker))
+
+    def synchronize(self) -> int:
+        """Every stream is idle: pending frees go back, ranges freed by one stream serve any other."""
+        return int(self.lib.mpr_synchronize(self.handle))
 
     def add_plan(self, sizes: list[int], requested: list[int], offsets: list[int], streams: list[int], pool: int) -> int:
         n = len(sizes)
