@@ -47,6 +47,7 @@ typedef int64_t i64;
 #define LARGE_SPLIT_MIN (1ULL << 20)
 #define HOST_ALIGN 64
 #define WINDOW 1024
+#define SWAP_WINDOW 64
 #define NO_SLOT UINT64_MAX
 #define END_WRAP (-2)
 #define END_LIVE (-1)
@@ -59,7 +60,7 @@ enum {
     C_PLANNED, C_ARENA, C_FB_ALLOCS, C_FB_BYTES, C_FB_RESERVED, C_FB_PEAK, C_REPLAYED, C_REPLAYED_BYTES,
     C_RECORDED, C_ALLOCS, C_BYTES, C_LIVE, C_PEAK_LIVE, C_MISMATCH, C_OVERLAP, C_PENDING, C_ARENA_PEAK_LIVE,
     C_SMALL, C_RAW_ALLOCS, C_RAW_FREES, C_SKIPPED, C_STEPS, C_OVERSIZE, C_RESERVED, C_PEAK_RESERVED,
-    C_PLANNED_FB, C_ARENA_LIVE, C_ARENA_FAILED, C_STREAM_WAIT, N_COUNTERS
+    C_PLANNED_FB, C_ARENA_LIVE, C_ARENA_FAILED, C_STREAM_WAIT, C_SWAPPED, N_COUNTERS
 };
 
 struct Segment;
@@ -504,16 +505,27 @@ static Block *arena_try(mpr_arena *a, u64 size, int sid) {
     if (p->offset[hit] == NO_SLOT) { a->c[C_PLANNED_FB]++; return NULL; }
     Region *r = a->region;
     if (!r || p->offset[hit] + need > r->size) { a->c[C_OVERSIZE]++; return NULL; }
-    int claim = span_claim(r, p->offset[hit], p->offset[hit] + need);
-    if (claim != 0) { a->c[C_OVERLAP]++; return NULL; }
-    if (a->n_streams > 1 && dirty_for(r, p->offset[hit], p->offset[hit] + need, sid)) {
-        span_release(r, p->offset[hit]);
+    u64 off = p->offset[hit];
+    if (span_claim(r, off, off + need) != 0) {
+        /* Requests of one size may come in another order than recorded (threads): a nearby slot of
+         * the same size and stream that is free now serves instead. */
+        u64 lo = hit > SWAP_WINDOW ? hit - SWAP_WINDOW : 0, alt = NO_SLOT;
+        for (u64 j = lo; j < p->n && j <= hit + SWAP_WINDOW && alt == NO_SLOT; j++) {
+            if (j == hit || p->stream[j] != sid || p->req[j] != size || p->offset[j] == NO_SLOT) continue;
+            if (p->offset[j] + need <= r->size && span_claim(r, p->offset[j], p->offset[j] + need) == 0) alt = j;
+        }
+        if (alt == NO_SLOT) { a->c[C_OVERLAP]++; return NULL; }
+        off = p->offset[alt];
+        a->c[C_SWAPPED]++;
+    }
+    if (a->n_streams > 1 && dirty_for(r, off, off + need, sid)) {
+        span_release(r, off);
         a->c[C_STREAM_WAIT]++;
         return NULL;
     }
     Block *b = new_block(a);
-    if (!b) { span_release(r, p->offset[hit]); return NULL; }
-    b->addr = r->addr + p->offset[hit];
+    if (!b) { span_release(r, off); return NULL; }
+    b->addr = r->addr + off;
     b->size = need;
     b->stream = sid;
     b->arena = 1;

@@ -16,7 +16,8 @@ order with start/end positions. :func:`plan_recording` lays them out with mempla
 Streams get disjoint parts of the arena (each stream's requests are solved apart and stacked), so
 the plan never hands one stream an address another stream may still be using. Slot sizes are the
 aligned requested sizes; with several recordings of the same shape (data-dependent sizes), each
-slot is the largest size recorded there (a *window*).
+slot is the largest size recorded there (a *window*) and each lifetime the union of those recorded
+(a request freed later in one step than in another keeps its slot for the longer of the two).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any, Literal
 from memplan.alloc.runtime._native import END_LIVE, END_WRAP, NO_SLOT, LogRows
 from memplan.errors import ConfigError
 
-__all__ = ["PLAN_FORMAT", "SlotPlan", "fingerprint", "load_plans", "merge_windows", "plan_recording", "save_plans"]
+__all__ = ["PLAN_FORMAT", "SlotPlan", "fingerprint", "load_plans", "plan_recording", "save_plans"]
 
 PLAN_FORMAT = "memplan-runtime-plan"
 PLAN_VERSION = 1
@@ -49,6 +50,8 @@ class SlotPlan:
     peak_live_bytes: int
     fingerprint: str
     recordings: int = 1
+    starts: tuple[int, ...] = ()
+    ends: tuple[int, ...] = ()
 
     @property
     def planned(self) -> int:
@@ -58,7 +61,8 @@ class SlotPlan:
         return {"key": self.key, "sizes": list(self.sizes), "requested": list(self.requested),
                 "offsets": [-1 if o == NO_SLOT else o for o in self.offsets], "streams": list(self.streams),
                 "pool_bytes": self.pool_bytes, "peak_live_bytes": self.peak_live_bytes,
-                "fingerprint": self.fingerprint, "recordings": self.recordings}
+                "fingerprint": self.fingerprint, "recordings": self.recordings,
+                "starts": list(self.starts), "ends": list(self.ends)}
 
 
 def fingerprint(requested: tuple[int, ...], streams: tuple[int, ...]) -> str:
@@ -83,12 +87,20 @@ def _intervals(rows: LogRows, persistent: str) -> tuple[list[int], list[int], li
 
 
 def plan_recording(rows: LogRows, *, key: str, alignment: int, persistent: Literal["fallback", "plan"] = "fallback",
-                   windows: tuple[int, ...] | None = None, recordings: int = 1, time_limit: float = 2.0) -> SlotPlan:
-    """Lay out a recorded step; ``windows`` (one size per request) overrides the recorded sizes."""
+                   previous: SlotPlan | None = None, time_limit: float = 2.0) -> SlotPlan:
+    """Lay out a recorded step. With a ``previous`` plan of the same shape (the same streams in the
+    same order), each request gets the largest size and the union of the lifetimes recorded."""
     from memplan.alloc import dsa
 
     starts, ends, planned = _intervals(rows, persistent)
-    base = windows if windows is not None else rows.requested
+    base: tuple[int, ...] = rows.requested
+    same = previous is not None and previous.streams == rows.streams and len(previous.starts) == len(starts)
+    if same and previous is not None:
+        base = tuple(max(a, b) for a, b in zip(previous.sizes, rows.requested))
+        starts = [min(a, b) for a, b in zip(previous.starts, starts)]
+        ends = [max(a, b) for a, b in zip(previous.ends, ends)]
+        planned = [p and o != NO_SLOT for p, o in zip(planned, previous.offsets)]
+    recordings = previous.recordings + 1 if previous is not None else 1
     sizes = [-(-max(z, 1) // alignment) * alignment for z in base]
     offsets = [NO_SLOT] * len(sizes)
     pool = 0
@@ -105,15 +117,7 @@ def plan_recording(rows: LogRows, *, key: str, alignment: int, persistent: Liter
     peak_live = dsa.live_peak([starts[i] for i in chosen], [ends[i] for i in chosen], [rows.requested[i] for i in chosen])
     return SlotPlan(key=key, sizes=tuple(sizes), requested=rows.requested, offsets=tuple(offsets), streams=rows.streams,
                     pool_bytes=pool, peak_live_bytes=peak_live, fingerprint=fingerprint(rows.requested, rows.streams),
-                    recordings=recordings)
-
-
-def merge_windows(old: SlotPlan | None, rows: LogRows) -> tuple[int, ...] | None:
-    """Per-request maxima when ``rows`` has the same streams in the same order as ``old`` (same shape,
-    data-dependent sizes); None when the shapes differ (the new recording replaces the old)."""
-    if old is None or old.streams != rows.streams:
-        return None
-    return tuple(max(a, b) for a, b in zip(old.sizes, rows.requested))
+                    recordings=recordings, starts=tuple(starts), ends=tuple(ends))
 
 
 def save_plans(path: str | os.PathLike[str], plans: dict[str, SlotPlan], *, alignment: int, model: str) -> None:
@@ -141,7 +145,8 @@ def _plan_from(raw: Any, where: str) -> SlotPlan:
         raise ConfigError(f"{where}.fingerprint", "does not match its requests (the plan file is corrupted)")
     return SlotPlan(key=str(raw.get("key")), sizes=tuple(lists["sizes"]), requested=requested, offsets=offsets,
                     streams=streams, pool_bytes=pool, peak_live_bytes=int(raw.get("peak_live_bytes", 0)),
-                    fingerprint=raw["fingerprint"], recordings=int(raw.get("recordings", 1)))
+                    fingerprint=raw["fingerprint"], recordings=int(raw.get("recordings", 1)),
+                    starts=tuple(raw.get("starts") or ()), ends=tuple(raw.get("ends") or ()))
 
 
 def load_plans(path: str | os.PathLike[str], *, alignment: int, model: str | None = None) -> dict[str, SlotPlan]:

@@ -10,8 +10,8 @@ Lifecycle of a signature (the key of a step; ``""`` unless the loop names one):
 2. the recording is final at the end of the following step (then it is known which blocks were
    freed during that step and which stayed); it is planned (``plans.plan_recording``) and the
    key's later steps *replay* the plan;
-3. a replayed step whose fallbacks exceed ``rerecord_share`` of its requests has its key recorded
-   again (up to ``max_recordings``); a recording of the same shape with other sizes widens the
+3. when two replayed steps of a key in a row fall back for more than ``rerecord_share`` of their
+   requests, the key is recorded again (up to ``max_recordings``); a recording of the same shape with other sizes widens the
    slots to the largest size seen (windows for data-dependent sizes).
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from memplan.alloc.runtime._native import Core, LogRows
-from memplan.alloc.runtime.plans import SlotPlan, merge_windows, plan_recording
+from memplan.alloc.runtime.plans import SlotPlan, plan_recording
 from memplan.errors import ConfigError
 
 __all__ = ["Arena", "RuntimeSettings", "StepRecord"]
@@ -43,8 +43,8 @@ class RuntimeSettings:
     arena_limit_bytes: int = 0
     #: Recordings of one signature at most (re-recorded when its replay falls back too often).
     max_recordings: int = 3
-    #: A replayed step with more fallback requests than this share of its requests is re-recorded.
-    rerecord_share: float = 0.01
+    #: Two replayed steps in a row with more fallback requests than this share of their requests: re-record.
+    rerecord_share: float = 0.0
     #: Blocks still live one step after their recording: "fallback" (in a loop) or "plan" (a profiled run).
     persistent: Literal["fallback", "plan"] = "fallback"
     #: Seconds the DSA solver may spend on one recording.
@@ -83,6 +83,8 @@ class _State:
     plans: dict[str, SlotPlan] = field(default_factory=dict)
     plan_ids: dict[str, int] = field(default_factory=dict)
     rerecord: set[str] = field(default_factory=set)
+    strikes: dict[str, int] = field(default_factory=dict)
+    default: bool = False
     awaiting: str | None = None
     key: str = ""
     mode: str = "record"
@@ -138,10 +140,10 @@ class Arena:
     def _begin(self, key: str) -> None:
         s = self._s
         s.key = key
-        plan = s.plan_ids.get(key, -1) if key not in s.rerecord else -1
-        s.mode = "record" if plan < 0 else "replay"
+        plan = s.plan_ids.get(key, -1) if key not in s.rerecord and not s.default else -1
+        s.mode = "default" if s.default else "record" if plan < 0 else "replay"
         if not self._core.begin_step(plan):
-            s.mode = "default"
+            s.mode, s.default = "default", True
             warnings.warn(f"memplan runtime: the arena for signature {key!r} ({s.plans[key].pool_bytes} bytes) could not "
                           "be allocated; the default allocator serves the rest of this run", RuntimeWarning, stacklevel=3)
         s.began = self._core.stats()
@@ -159,20 +161,22 @@ class Arena:
                             now["fallback_allocs"] - s.began["fallback_allocs"],
                             now["fallback_bytes"] - s.began["fallback_bytes"])
         s.history.append(record)
-        if (record.mode == "replay" and record.fallback_allocs > self.settings.rerecord_share * max(record.allocs, 1)
-                and s.plans[s.key].recordings < self.settings.max_recordings):
-            s.rerecord.add(s.key)
+        if record.mode == "replay":
+            over = record.fallback_allocs > self.settings.rerecord_share * max(record.allocs, 1)
+            s.strikes[s.key] = s.strikes.get(s.key, 0) + 1 if over else 0
+            # two replayed steps in a row: one alone may be a first step creating optimizer states
+            if s.strikes[s.key] >= 2 and s.plans[s.key].recordings < self.settings.max_recordings:
+                s.rerecord.add(s.key)
         if rows is not None and s.awaiting is not None:
             self._learn(s.awaiting, rows)
         s.awaiting = s.key if record.mode == "record" else None
 
     def _learn(self, key: str, rows: LogRows) -> None:
         old = self._s.plans.get(key)
-        windows = merge_windows(old, rows)
-        recordings = old.recordings + 1 if old is not None else 1
         plan = plan_recording(rows, key=key, alignment=self.settings.alignment, persistent=self.settings.persistent,
-                              windows=windows, recordings=recordings, time_limit=self.settings.time_limit)
+                              previous=old, time_limit=self.settings.time_limit)
         self._s.rerecord.discard(key)
+        self._s.strikes[key] = 0
         if old is not None and old.fingerprint == plan.fingerprint and old.sizes == plan.sizes:
             self._s.plans[key] = plan
             return
