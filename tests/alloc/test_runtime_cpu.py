@@ -111,7 +111,8 @@ def test_plan_files_are_reused_and_checked(shim, tmp_path):
         _train(5, arena)
     with runtime.planned(device="cpu", plan=path, model="tiny-gpt-16") as arena:
         losses = _train(5, arena)
-    assert [h.mode for h in arena.history[:2]] == ["replay"] * 2 and losses == _train(5)
+    # the warm-up step (optimizer states) is served by the fallback pool; the loaded plan replays next
+    assert [h.mode for h in arena.history[:3]] == ["record", "replay", "replay"] and losses == _train(5)
     with pytest.raises(ConfigError, match="another model or shape"):
         with runtime.planned(device="cpu", plan=path, model="tiny-gpt-32"):
             pass

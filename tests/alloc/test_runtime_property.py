@@ -71,7 +71,7 @@ class Model:
 def test_no_two_live_blocks_overlap_on_any_stream(templates, schedule, keyed, keep):
     core_or_skip()
     core = Core("virtual", alignment=512)
-    arena = Arena(core, RuntimeSettings(device="virtual", time_limit=0.2))
+    arena = Arena(core, RuntimeSettings(device="virtual", time_limit=0.2, warmup_steps=0))
     arena.begin()
     model = Model(core)
     for step in schedule:

@@ -12,9 +12,9 @@
  *   mpr_end_step(a)           closes the step; the log of the step *before* it is then final
  *                             (its blocks freed during this step are "wrap", still live "persistent").
  * Replay (the matcher): the k-th request of a step is matched to slot k of the plan when its stream
- * is the slot's and its size fits the slot (slots are sized to the largest size recorded there);
- * otherwise the next WINDOW slots are searched for one with the same stream and exactly the recorded
- * size (resynchronisation). No match, a slot marked fallback (persistent in the recording), a slot
+ * is the slot's and slot k recorded its size; otherwise to the next of the WINDOW slots that did
+ * (resynchronisation: slots in between are skipped); otherwise to slot k when the size fits its
+ * window (slots are sized to the largest size recorded there). No match, a slot marked fallback (persistent in the recording), a slot
  * that does not fit the region, or a slot overlapping a live or not-yet-safe block: the fallback
  * pool serves the request, counted. So no two live blocks overlap, whatever the plan says.
  * Fallback pool: 512-byte rounding, a small pool (<= 1 MiB, 2 MiB segments) and a large pool
@@ -77,7 +77,7 @@ typedef struct Block {
     u64 uses;                   /* streams (bit per id) the block was used on besides its own */
     int wait_stream[MAX_WAITS];
     u64 wait_marker[MAX_WAITS];
-    i64 rec_gen, rec_idx;
+    i64 rec_gen, rec_idx, trace_id;
     struct mpr_arena *owner;
 } Block;
 
@@ -105,6 +105,9 @@ typedef struct { u64 n, pool; u64 *size, *req, *offset; int *stream; } Plan;
 
 typedef struct { i64 n, cap, gen, pos; u64 *req; int *stream; i64 *start, *end; } Log;
 
+/* Every request and free, when asked (mpr_trace_enable): a memplan trace of the run. */
+typedef struct { i64 n, cap, next_id; i64 *id, *size, *stream, *step; unsigned char *kind; } TraceBuf;
+
 typedef struct mpr_arena {
     pthread_mutex_t lock;
     int backend, closed, passthrough;
@@ -127,6 +130,7 @@ typedef struct mpr_arena {
     int n_plans, cap_plans, active;
     u64 cursor;
     Log cur, prev, ready;
+    TraceBuf trace;
     i64 gen;
     u64 c[N_COUNTERS];
     struct mpr_arena *next_global;
@@ -484,6 +488,16 @@ static int log_push(Log *l, u64 req, int stream, i64 start) {
 
 /* ---------- malloc / free ---------- */
 
+static void trace_push(mpr_arena *a, unsigned char kind, i64 id, u64 size, i64 stream) {
+    TraceBuf *t = &a->trace;
+    if (t->n >= t->cap) return;
+    t->kind[t->n] = kind;
+    t->id[t->n] = id;
+    t->size[t->n] = (i64)size;
+    t->stream[t->n] = stream;
+    t->step[t->n++] = (i64)a->c[C_STEPS];
+}
+
 static void count_alloc(mpr_arena *a, Block *b, u64 size) {
     b->requested = size;
     a->c[C_ALLOCS]++;
@@ -496,9 +510,11 @@ static Block *arena_try(mpr_arena *a, u64 size, int sid) {
     if (a->active < 0) return NULL;
     Plan *p = &a->plans[a->active];
     u64 need = align_up(size, a->alignment), k = a->cursor, hit = NO_SLOT;
-    if (k < p->n && p->stream[k] == sid && p->size[k] >= need) hit = k;
-    for (u64 j = k + 1; hit == NO_SLOT && j < p->n && j < k + WINDOW; j++)
+    /* the slot at the cursor when it recorded this size; else the next one that did (resync); else
+     * the slot at the cursor when the size fits its window */
+    for (u64 j = k; hit == NO_SLOT && j < p->n && j < k + WINDOW; j++)
         if (p->stream[j] == sid && p->req[j] == size) hit = j;
+    if (hit == NO_SLOT && k < p->n && p->stream[k] == sid && p->size[k] >= need && p->offset[k] != NO_SLOT) hit = k;
     if (hit == NO_SLOT) { a->c[C_MISMATCH]++; return NULL; }
     a->c[C_SKIPPED] += hit - k;
     a->cursor = hit + 1;
@@ -552,6 +568,7 @@ static Block *malloc_locked(mpr_arena *a, u64 size, i64 stream) {
     }
     if (hash_put(a, b) != 0) return NULL;
     count_alloc(a, b, size);
+    if (a->trace.cap) { b->trace_id = a->trace.next_id++; trace_push(a, 0, b->trace_id, size, stream); }
     if (a->active < 0 && a->cur.gen >= 0 && log_push(&a->cur, size, sid, a->cur.pos) > 0) {
         b->rec_gen = a->cur.gen;
         b->rec_idx = a->cur.n - 1;
@@ -587,6 +604,7 @@ static int all_waits_done(mpr_arena *a, Block *b) {
 
 static void free_locked(mpr_arena *a, Block *b) {
     hash_del(a, b);
+    if (a->trace.cap) trace_push(a, 1, b->trace_id, b->requested, a->stream_handle[b->stream]);
     a->c[C_LIVE] -= b->requested;
     if (b->rec_gen >= 0 && b->rec_gen == a->cur.gen && b->rec_idx < a->cur.n) a->cur.end[b->rec_idx] = a->cur.pos;
     else if (b->rec_gen >= 0 && b->rec_gen == a->prev.gen && b->rec_idx < a->prev.n) a->prev.end[b->rec_idx] = END_WRAP;
@@ -853,17 +871,66 @@ i64 mpr_finish(mpr_arena *a) {
     return ready;
 }
 
-/* Copy the final log: requested size, stream handle, start and end positions (END_WRAP -2: freed in
- * the next step, END_LIVE -1: still live after it). */
-i64 mpr_read_log(mpr_arena *a, u64 *req, i64 *stream, i64 *start, i64 *end, i64 cap) {
+/* Copy a log: which 0, the final one (mpr_end_step's); which 1, the step just recorded, not final yet.
+ * Per request: requested size, stream handle, start and end positions (END_WRAP -2: freed in the next
+ * step, END_LIVE -1: still live after it, or not freed yet). */
+i64 mpr_read_log(mpr_arena *a, int which, u64 *req, i64 *stream, i64 *start, i64 *end, i64 cap) {
     pthread_mutex_lock(&a->lock);
-    i64 n = a->ready.n < cap ? a->ready.n : cap;
+    Log *l = which ? &a->prev : &a->ready;
+    i64 n = l->n < cap ? l->n : cap;
     for (i64 i = 0; i < n; i++) {
-        req[i] = a->ready.req[i];
-        stream[i] = a->stream_handle[a->ready.stream[i]];
-        start[i] = a->ready.start[i];
-        end[i] = a->ready.end[i];
+        req[i] = l->req[i];
+        stream[i] = a->stream_handle[l->stream[i]];
+        start[i] = l->start[i];
+        end[i] = l->end[i];
     }
+    pthread_mutex_unlock(&a->lock);
+    return n;
+}
+
+/* Length of the step just recorded (-1 when the last step was not recorded). */
+i64 mpr_recent_length(mpr_arena *a) {
+    pthread_mutex_lock(&a->lock);
+    i64 n = a->prev.gen >= 0 ? a->prev.n : -1;
+    pthread_mutex_unlock(&a->lock);
+    return n;
+}
+
+/* Keep up to `cap` events (requests and frees) from now on; 0 ok, -1 no memory. */
+int mpr_trace_enable(mpr_arena *a, i64 cap) {
+    pthread_mutex_lock(&a->lock);
+    TraceBuf *t = &a->trace;
+    t->kind = (unsigned char *)malloc((size_t)cap);
+    t->id = (i64 *)malloc((size_t)cap * sizeof(i64));
+    t->size = (i64 *)malloc((size_t)cap * sizeof(i64));
+    t->stream = (i64 *)malloc((size_t)cap * sizeof(i64));
+    t->step = (i64 *)malloc((size_t)cap * sizeof(i64));
+    int ok = t->kind && t->id && t->size && t->stream && t->step;
+    t->cap = ok ? cap : 0;
+    t->n = 0;
+    pthread_mutex_unlock(&a->lock);
+    return ok ? 0 : -1;
+}
+
+/* Copy the kept events: kind (0 request, 1 free), block id, requested bytes, stream, step. */
+i64 mpr_trace_read(mpr_arena *a, unsigned char *kind, i64 *id, i64 *size, i64 *stream, i64 *step, i64 cap) {
+    pthread_mutex_lock(&a->lock);
+    TraceBuf *t = &a->trace;
+    i64 n = t->n < cap ? t->n : cap;
+    if (n > 0) {
+        memcpy(kind, t->kind, (size_t)n);
+        memcpy(id, t->id, (size_t)n * sizeof(i64));
+        memcpy(size, t->size, (size_t)n * sizeof(i64));
+        memcpy(stream, t->stream, (size_t)n * sizeof(i64));
+        memcpy(step, t->step, (size_t)n * sizeof(i64));
+    }
+    pthread_mutex_unlock(&a->lock);
+    return n;
+}
+
+i64 mpr_trace_length(mpr_arena *a) {
+    pthread_mutex_lock(&a->lock);
+    i64 n = a->trace.n;
     pthread_mutex_unlock(&a->lock);
     return n;
 }
@@ -911,6 +978,7 @@ static void destroy(mpr_arena *a) {
     free(a->plans);
     free(a->buckets);
     free_log(&a->cur); free_log(&a->prev); free_log(&a->ready);
+    free(a->trace.kind); free(a->trace.id); free(a->trace.size); free(a->trace.stream); free(a->trace.step);
     if (a->lib) dlclose(a->lib);
     pthread_mutex_destroy(&a->lock);
     free(a);

@@ -89,7 +89,11 @@ _SIGNATURES = {
     "mpr_begin_step": (ctypes.c_int, [_p, ctypes.c_int]),
     "mpr_end_step": (_i64, [_p]),
     "mpr_finish": (_i64, [_p]),
-    "mpr_read_log": (_i64, [_p, _p, _p, _p, _p, _i64]),
+    "mpr_read_log": (_i64, [_p, ctypes.c_int, _p, _p, _p, _p, _i64]),
+    "mpr_recent_length": (_i64, [_p]),
+    "mpr_trace_enable": (ctypes.c_int, [_p, _i64]),
+    "mpr_trace_read": (_i64, [_p, _p, _p, _p, _p, _p, _i64]),
+    "mpr_trace_length": (_i64, [_p]),
     "mpr_stats": (None, [_p, _p, ctypes.c_int]),
     "mpr_reset_peaks": (None, [_p]),
     "mpr_synchronize": (_u64, [_p]),
@@ -168,18 +172,36 @@ class Core:
         return self.lib.mpr_begin_step(self.handle, plan) == 0
 
     def end_step(self) -> LogRows | None:
+        """End the step; the recording made final by it (the one of the step before), if any."""
         return self._read(self.lib.mpr_end_step(self.handle))
 
     def finish(self) -> LogRows | None:
         return self._read(self.lib.mpr_finish(self.handle))
 
-    def _read(self, n: int) -> LogRows | None:
+    def recent(self) -> LogRows | None:
+        """The step just recorded, not final yet (blocks not freed yet are END_LIVE)."""
+        return self._read(self.lib.mpr_recent_length(self.handle), which=1)
+
+    def _read(self, n: int, which: int = 0) -> LogRows | None:
         if n < 0:
             return None
         req, streams = (_u64 * max(1, n))(), (_i64 * max(1, n))()
         starts, ends = (_i64 * max(1, n))(), (_i64 * max(1, n))()
-        got = self.lib.mpr_read_log(self.handle, req, streams, starts, ends, n)
+        got = self.lib.mpr_read_log(self.handle, which, req, streams, starts, ends, n)
         return LogRows(tuple(req[:got]), tuple(streams[:got]), tuple(starts[:got]), tuple(ends[:got]))
+
+    def keep_trace(self, capacity: int) -> None:
+        """Keep every request and free (up to ``capacity`` events) from now on: see :meth:`trace`."""
+        if self.lib.mpr_trace_enable(self.handle, capacity) != 0:
+            raise MemplanError("the runtime core could not keep a trace (out of host memory)")
+
+    def trace(self) -> list[tuple[int, int, int, int, int]]:
+        """The kept events: (kind 0 request / 1 free, block id, requested bytes, stream, step)."""
+        n = int(self.lib.mpr_trace_length(self.handle))
+        kind = (ctypes.c_ubyte * max(1, n))()
+        cols = [(_i64 * max(1, n))() for _ in range(4)]
+        got = self.lib.mpr_trace_read(self.handle, kind, *cols, n)
+        return [(kind[i], cols[0][i], cols[1][i], cols[2][i], cols[3][i]) for i in range(got)]
 
     def stats(self) -> dict[str, int]:
         out = (_u64 * len(STAT_NAMES))()
