@@ -97,7 +97,6 @@ def fixed_shapes(cfg: dict, init: dict) -> dict:
             if variant == "default":
                 losses, times = _train(cfg, init, shapes)
                 default_t.append(statistics.median(times[cfg["warmup"]:]))
-                assert losses == reference or True
                 runs.append({"variant": "default", "identical": losses == reference})
             else:
                 with planned(device="cpu", trace_events=2_000_000) as arena:

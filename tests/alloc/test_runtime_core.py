@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import warnings
 
 import pytest
 from runtime_helpers import build_stub, core_or_skip
@@ -209,5 +208,3 @@ def test_settings_refuse_an_unknown_device():
 
     with pytest.raises(ConfigError, match="device"):
         RuntimeSettings(device="tpu")  # type: ignore[arg-type]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")

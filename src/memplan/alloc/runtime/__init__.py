@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,5 +77,3 @@ def replay_trace(*args: Any, **kwargs: Any) -> Any:
 
     return run(*args, **kwargs)
 
-
-_ = warnings  # the arena warns through the warnings module (session.Arena._begin)
