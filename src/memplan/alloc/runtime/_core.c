@@ -60,7 +60,7 @@ enum {
     C_PLANNED, C_ARENA, C_FB_ALLOCS, C_FB_BYTES, C_FB_RESERVED, C_FB_PEAK, C_REPLAYED, C_REPLAYED_BYTES,
     C_RECORDED, C_ALLOCS, C_BYTES, C_LIVE, C_PEAK_LIVE, C_MISMATCH, C_OVERLAP, C_PENDING, C_ARENA_PEAK_LIVE,
     C_SMALL, C_RAW_ALLOCS, C_RAW_FREES, C_SKIPPED, C_STEPS, C_OVERSIZE, C_RESERVED, C_PEAK_RESERVED,
-    C_PLANNED_FB, C_ARENA_LIVE, C_ARENA_FAILED, C_STREAM_WAIT, C_SWAPPED, N_COUNTERS
+    C_PLANNED_FB, C_ARENA_LIVE, C_ARENA_FAILED, C_STREAM_WAIT, C_SWAPPED, C_RECORDED_IN_ARENA, N_COUNTERS
 };
 
 struct Segment;
@@ -506,6 +506,8 @@ static void count_alloc(mpr_arena *a, Block *b, u64 size) {
     if (a->c[C_LIVE] > a->c[C_PEAK_LIVE]) a->c[C_PEAK_LIVE] = a->c[C_LIVE];
 }
 
+static Block *arena_block(mpr_arena *a, Region *r, u64 off, u64 need, int sid);
+
 static Block *arena_try(mpr_arena *a, u64 size, int sid) {
     if (a->active < 0) return NULL;
     Plan *p = &a->plans[a->active];
@@ -539,6 +541,14 @@ static Block *arena_try(mpr_arena *a, u64 size, int sid) {
         a->c[C_STREAM_WAIT]++;
         return NULL;
     }
+    Block *b = arena_block(a, r, off, need, sid);
+    if (!b) return NULL;
+    a->c[C_REPLAYED]++;
+    a->c[C_REPLAYED_BYTES] += size;
+    return b;
+}
+
+static Block *arena_block(mpr_arena *a, Region *r, u64 off, u64 need, int sid) {
     Block *b = new_block(a);
     if (!b) { span_release(r, off); return NULL; }
     b->addr = r->addr + off;
@@ -548,10 +558,27 @@ static Block *arena_try(mpr_arena *a, u64 size, int sid) {
     b->state = ST_LIVE;
     b->region = r;
     r->live++;
-    a->c[C_REPLAYED]++;
-    a->c[C_REPLAYED_BYTES] += size;
     a->c[C_ARENA_LIVE] += need;
     if (a->c[C_ARENA_LIVE] > a->c[C_ARENA_PEAK_LIVE]) a->c[C_ARENA_PEAK_LIVE] = a->c[C_ARENA_LIVE];
+    return b;
+}
+
+/* While a step is recorded the arena's region is idle: the lowest gap that fits serves the request
+ * (so recording a new signature does not hold the region and a whole step of fallback memory). */
+static Block *arena_gap(mpr_arena *a, u64 size, int sid) {
+    Region *r = a->region;
+    if (!r) return NULL;
+    u64 need = align_up(size, a->alignment), low = 0, off = NO_SLOT;
+    for (size_t i = 0; i < r->n && off == NO_SLOT; i++) {
+        if (r->spans[i].off >= low + need) off = low;
+        else if (r->spans[i].end > low) low = r->spans[i].end;
+    }
+    if (off == NO_SLOT && r->size >= low + need) off = low;
+    if (off == NO_SLOT) return NULL;
+    if (a->n_streams > 1 && dirty_for(r, off, off + need, sid)) return NULL;
+    if (span_claim(r, off, off + need) != 0) return NULL;
+    Block *b = arena_block(a, r, off, need, sid);
+    if (b) a->c[C_RECORDED_IN_ARENA]++;
     return b;
 }
 
@@ -559,7 +586,8 @@ static Block *malloc_locked(mpr_arena *a, u64 size, i64 stream) {
     if (size == 0 || a->passthrough || a->closed) return NULL;
     int sid = stream_id(a, stream);
     if (sid < 0) return NULL;
-    Block *b = arena_try(a, size, sid);
+    Block *b = a->active >= 0 ? arena_try(a, size, sid) : arena_gap(a, size, sid);
+    if (b && a->active < 0) a->c[C_RECORDED]++;
     if (!b) {
         b = fallback_alloc(a, size, sid);
         if (!b) return NULL;

@@ -35,7 +35,7 @@ STAT_NAMES: tuple[str, ...] = (
     "live_bytes", "peak_live_bytes", "mismatches", "overlap_refusals", "pending_frees", "arena_peak_live_bytes",
     "small_allocs", "raw_allocs", "raw_frees", "skipped_slots", "steps", "oversize", "reserved_bytes",
     "peak_reserved_bytes", "planned_fallbacks", "arena_live_bytes", "arena_failures", "stream_waits",
-    "swapped_slots",
+    "swapped_slots", "recorded_in_arena",
 )
 #: End markers of a recorded request (see ``mpr_read_log``).
 END_WRAP, END_LIVE = -2, -1
