@@ -70,19 +70,28 @@ def _train(cfg: dict, init: dict, shapes: list[tuple[int, int]], arena=None) -> 
     losses, times = [], []
     for batch, length in shapes:
         began = time.perf_counter()
-        if arena is not None:
-            arena.signature(length)
-        tokens = torch.randint(0, cfg["vocab"], (batch, length), generator=gen)
-        loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        del loss, tokens
-        if arena is not None:
-            arena.step()
+        losses.append(train_step(model, opt, cfg["vocab"], (batch, length), gen, arena))
         times.append(time.perf_counter() - began)
     return losses, times
+
+
+def train_step(model, opt, vocab: int, shape: tuple[int, int], gen, arena=None, *, device: str = "cpu",
+               autocast: torch.dtype | None = None) -> float:
+    """One step of the loop the runtime serves (shared with runtime_gpu.py): signature, forward,
+    backward, AdamW, zero_grad(set_to_none), ``arena.step()``; returns the loss."""
+    if arena is not None:
+        arena.signature(shape[1])
+    tokens = torch.randint(0, vocab, shape, generator=gen, device=device)
+    with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+        loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    value = loss.item()
+    del loss, tokens
+    if arena is not None:
+        arena.step()
+    return value
 
 
 def _load() -> str:

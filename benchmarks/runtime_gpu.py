@@ -28,6 +28,7 @@ from pathlib import Path
 from statistics import NormalDist
 
 OUT = Path(__file__).resolve().parent / "results" / "runtime_gpu.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 CFG = dict(n_layer=12, n_embd=768, n_head=12, vocab=50257, batch=8, seq=1024, steps=24, rounds=3, warmup=3,
            median=256, sigma=1.0, min_len=64, max_len=1024, bucket=128, seed=0)
 
@@ -49,6 +50,8 @@ def _lengths(cfg):
 
 
 def _run(torch, cfg, shapes, planned: bool):
+    from runtime_cpu import train_step
+
     from memplan.alloc import runtime
 
     torch.cuda.empty_cache()
@@ -64,18 +67,8 @@ def _run(torch, cfg, shapes, planned: bool):
         for batch, length in shapes:
             torch.cuda.synchronize()
             began = time.perf_counter()
-            if arena is not None:
-                arena.signature(length)
-            tokens = torch.randint(0, cfg["vocab"], (batch, length), device="cuda", generator=gen)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=tokens, labels=tokens).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            del loss, tokens
-            if arena is not None:
-                arena.step()
+            losses.append(train_step(model, opt, cfg["vocab"], (batch, length), gen, arena, device="cuda",
+                                     autocast=torch.bfloat16))
             torch.cuda.synchronize()
             times.append(time.perf_counter() - began)
     finally:
