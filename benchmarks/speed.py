@@ -4,16 +4,30 @@ Run from the repository root (memplan installed, e.g. ``pip install -e .``)::
 
     python benchmarks/speed.py            # the table
     python benchmarks/speed.py --profile  # also cProfile the API loop (top functions)
+    python benchmarks/speed.py --issue24 [--write]  # the paired issue-24 measures (below)
 
 Targets (docs/benchmarks.md): ``memplan estimate llama-3.1-8b`` < 0.5 s as a process;
 >= 5,000 API estimates per second on one core. Results are recorded in docs/benchmarks.md.
+
+Issue 24 (fixed before the results were seen): ``memplan estimate llama-3.1-8b --gpus 8`` at most
+2.5x ``python -c "import typer, rich, yaml"`` in one paired run (the two commands alternate, 11
+pairs, medians; wall time and the children's CPU time, which a shared machine's load distorts
+less), and ``estimate()`` of llama-3.1-8b, 8 GPUs data-parallel, seq 4096 at least 12,000 calls/s
+(wall and CPU time). ``--base DIR`` runs the same measures on another tree's ``src`` in the same
+pairs (the commit before the work). The start-up depends on Python's bytecode cache: with
+``PYTHONDONTWRITEBYTECODE`` set every memplan module is compiled from source on each start while
+the reference's site-packages modules have their cache; both conditions are measured.
+``--write`` stores the result in ``benchmarks/results/speed_issue24.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -78,6 +92,71 @@ def deepseek_case() -> Callable[[], object]:
     return lambda: estimate(model, job)
 
 
+RESULT = Path(__file__).resolve().parent / "results" / "speed_issue24.json"
+PAIRS = 11
+REFERENCE = ["-c", "import typer, rich, yaml"]
+ISSUE_ARGS = ["-m", "memplan", "estimate", "llama-3.1-8b", "--gpus", "8"]
+RATE_CASE = """
+import time
+from memplan import Batch, Job, Parallelism, estimate, load_model
+model = load_model("llama-3.1-8b")
+job = Job(parallel=Parallelism(world_size=8), batch=Batch(micro_batch_size=1, seq_length=4096))
+estimate(model, job)
+count, wall, cpu = 0, time.perf_counter(), time.process_time()
+while time.perf_counter() - wall < 2.0:
+    for _ in range(20):
+        estimate(model, job)
+    count += 20
+print(count / (time.perf_counter() - wall), count / (time.process_time() - cpu))
+"""
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the child, its stdout) of one process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.stdout
+
+
+def issue24(trees: dict[str, str]) -> dict[str, object]:
+    """The paired issue-24 measures for each tree (``name -> src folder``)."""
+    out: dict[str, object] = {}
+    for cache in ("no bytecode cache", "bytecode cached"):
+        envs = {name: dict(os.environ, PYTHONPATH=src) for name, src in trees.items()}
+        for env in envs.values():
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            if cache == "no bytecode cache":
+                env["PYTHONDONTWRITEBYTECODE"] = "1"
+        for src in trees.values():
+            if cache == "no bytecode cache":  # an existing cache is read even when none is written
+                for folder in Path(src).rglob("__pycache__"):
+                    shutil.rmtree(folder)
+            else:
+                subprocess.run([sys.executable, "-m", "compileall", "-q", src], check=True, capture_output=True)
+        times: dict[str, list[tuple[float, float]]] = {"reference": [], **{n: [] for n in trees}}
+        for _ in range(PAIRS):
+            times["reference"].append(_timed(REFERENCE, dict(os.environ))[:2])
+            for name, env in envs.items():
+                times[name].append(_timed(ISSUE_ARGS, env)[:2])
+        med = {n: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for n, v in times.items()}
+        ref_wall, ref_cpu = med["reference"]
+        out[f"process ({cache})"] = {
+            n: {"wall_s": round(w, 4), "cpu_s": round(c, 4), "wall_ratio": round(w / ref_wall, 2),
+                "cpu_ratio": round(c / ref_cpu, 2)} for n, (w, c) in med.items()}
+    rates: dict[str, list[list[float]]] = {n: [] for n in trees}
+    for _ in range(3):
+        for name, src in trees.items():
+            env = dict(os.environ, PYTHONPATH=src)
+            rates[name].append([round(float(x)) for x in _timed(["-c", RATE_CASE], env)[2].split()])
+    out["estimate() llama-3.1-8b, 8 GPUs DP, seq 4096 (calls/s: wall, CPU time; 3 alternating runs)"] = rates
+    out["machine"] = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+                      f"load average {os.getloadavg()[0]:.1f} at the end")
+    return out
+
+
 def _pin_to_one_core() -> str:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -88,7 +167,20 @@ def _pin_to_one_core() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", action="store_true", help="cProfile the API loops")
+    parser.add_argument("--issue24", action="store_true", help="the paired issue-24 measures")
+    parser.add_argument("--base", help="also measure this tree's src folder (the commit before the work)")
+    parser.add_argument("--write", action="store_true", help=f"store the issue-24 result in {RESULT}")
     args = parser.parse_args()
+    if args.issue24:
+        trees = {"this tree": str(Path(__file__).resolve().parents[1] / "src")}
+        if args.base:
+            trees["base"] = args.base
+        result = issue24(trees)
+        print(json.dumps(result, indent=1))
+        if args.write:
+            RESULT.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                          **result}, indent=1) + "\n")
+        return
 
     rows: list[tuple[str, str, str]] = []
     seconds = process_seconds(["estimate", "llama-3.1-8b"])

@@ -10,7 +10,7 @@ from memplan import Job, load_model
 from memplan.cli import app
 from memplan.errors import JobConfigError
 from memplan.estimate.engine import layer_activation_costs
-from memplan.frameworks.profiles import PROFILES
+from memplan.profiles.framework import PROFILES
 from memplan.job import Batch, Recompute
 from memplan.policies import POLICY_NAMES, framework_policies, resolve_policy
 

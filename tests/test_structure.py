@@ -1,11 +1,18 @@
 """The shape of ``src/memplan``: no import cycles, no private names across modules, unique class names.
 
 Read from the source with :mod:`ast` (only the ``__all__`` check imports the packages). Imports at
-module level and inside functions both count; imports under ``if TYPE_CHECKING:`` do not (they
-never run), nor do ``importlib.import_module`` calls built from variables or f-strings: the CLI
-registers its command modules with ``import_module(f"memplan.commands.{name}")`` over a literal
-tuple after ``app`` exists, so their ``from memplan.cli import app`` is not a cycle. (A literal
-``import_module("memplan.x")`` is an import like any other and counts.)
+module level and inside functions both count; for the module-level cycle check imports under ``if
+TYPE_CHECKING:`` do not (they never run), nor do ``importlib.import_module`` calls built from
+variables or f-strings: the CLI registers its command modules with
+``import_module(f"memplan.commands.{name}")`` over a literal tuple after ``app`` exists, so their
+``from memplan.cli import app`` is not a cycle. (A literal ``import_module("memplan.x")``, or any call
+given a module's literal name, such as ``memplan.inputs``' lazy loader, is an import like any other
+and counts.)
+
+Between packages the rule is stricter (docs/architecture.md, "Layers"): every import counts, those
+under ``TYPE_CHECKING`` too, so a knot cannot hide behind a type annotation or a function-level
+import. The top-level packages and modules of memplan form no cycle, and the core ones keep their
+layer order: each imports only from layers below its own (``memplan.model`` nothing of the job).
 
 The command modules share the app through ``memplan.commands.common``, which imports no command,
 so ``memplan.cli`` (which imports every command) is in no cycle. Every check is strict.
@@ -44,16 +51,17 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
-    """Every node below ``node`` (functions included) except the bodies of ``if TYPE_CHECKING:``."""
+def _runtime_nodes(node: ast.AST, *, typing: bool = False) -> Iterator[ast.AST]:
+    """Every node below ``node`` (functions included) except the bodies of ``if TYPE_CHECKING:``
+    (with ``typing``: every node, those too)."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child):
+        if not typing and isinstance(child, ast.If) and _is_type_checking(child):
             for other in child.orelse:
                 yield other
                 yield from _runtime_nodes(other)
             continue
         yield child
-        yield from _runtime_nodes(child)
+        yield from _runtime_nodes(child, typing=typing)
 
 
 def _package_of(module: str) -> str:
@@ -61,22 +69,32 @@ def _package_of(module: str) -> str:
     return module if is_package else module.rpartition(".")[0]
 
 
+#: Calls that take a module's name without importing it: ``importlib.resources`` (a package anchors
+#: its data files) and ``logging.getLogger`` (a logger named after its module).
+_NOT_IMPORTS = frozenset({"files", "as_file", "read_text", "read_binary", "open_text", "open_binary",
+                          "is_resource", "contents", "path", "getLogger"})
+
+
 def _import_module_target(node: ast.AST) -> str | None:
-    """``"memplan.x"`` of ``importlib.import_module("memplan.x")`` (a literal string only)."""
+    """``"memplan.x"`` of ``importlib.import_module("memplan.x")`` or of any call whose first argument
+    is the literal name of a memplan module (a lazy loader's ``_lazy("memplan.x", ...)``)."""
     if not isinstance(node, ast.Call) or not node.args:
         return None
     func = node.func
     named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
         isinstance(func, ast.Name) and func.id == "import_module")
     arg = node.args[0]
-    if named and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-        return arg.value if arg.value.startswith("memplan") else None
+    callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("memplan"):
+        lazy = arg.value in MODULES and callee not in _NOT_IMPORTS
+        return arg.value if named or lazy else None
     return None
 
 
-def _imports(module: str, tree: ast.Module | None = None) -> Iterator[tuple[str, str, int]]:
-    """(imported module, imported name or "", line) for each runtime import of a memplan module."""
-    for node in _runtime_nodes(MODULES[module] if tree is None else tree):
+def _imports(module: str, tree: ast.Module | None = None, *, typing: bool = False) -> Iterator[tuple[str, str, int]]:
+    """(imported module, imported name or "", line) for each runtime import of a memplan module
+    (with ``typing``: also those under ``if TYPE_CHECKING:``)."""
+    for node in _runtime_nodes(MODULES[module] if tree is None else tree, typing=typing):
         dynamic = _import_module_target(node)
         if dynamic is not None:
             yield dynamic, "", node.lineno  # type: ignore[attr-defined]
@@ -145,6 +163,57 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _unit(module: str) -> str:
+    """The top-level package or module of memplan that ``module`` belongs to (``memplan.estimate``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph(modules: dict[str, ast.Module] | None = None) -> dict[str, dict[str, str]]:
+    """Top-level unit -> {unit it imports: where, as ``module:line`` of the first such import}.
+
+    Every import counts: module level, inside functions, under ``TYPE_CHECKING``, lazy by literal name.
+    """
+    trees = MODULES if modules is None else modules
+    graph: dict[str, dict[str, str]] = {_unit(name): {} for name in trees if name != "memplan"}
+    for module, tree in trees.items():
+        if module == "memplan":
+            continue  # the package's face re-exports its parts; it is no layer of its own
+        for target, _, line in _imports(module, tree, typing=True):
+            if target != "memplan" and _unit(target) != _unit(module):
+                graph[_unit(module)].setdefault(_unit(target), f"{module}:{line}")
+    return graph
+
+
+#: The core of memplan, bottom up (docs/architecture.md, "Layers"): a unit imports only from the
+#: layers below its own, never from its own layer's other units, a higher layer or a unit not listed.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("memplan.errors",),
+    ("memplan.bounds",),
+    ("memplan.units", "memplan.categories", "memplan.textfile", "memplan.settings"),
+    ("memplan.gpus", "memplan.model"),
+    ("memplan.profiles",),
+    ("memplan.job",),
+    ("memplan.policies", "memplan.peft", "memplan.jobflags"),
+    ("memplan.jobcheck", "memplan.jobfile"),
+    ("memplan.frameworks",),
+    ("memplan.inputs", "memplan.estimate"),
+)
+
+
+def _layer_violations(graph: dict[str, dict[str, str]],
+                      layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[tuple[str, str, str]]:
+    """(unit, unit it imports, where) for each import of a layered unit that is not from a lower layer."""
+    rank = {unit: i for i, layer in enumerate(layers) for unit in layer}
+    out = []
+    for unit, targets in sorted(graph.items()):
+        if unit not in rank:
+            continue
+        for target, where in sorted(targets.items()):
+            if rank.get(target, len(layers)) >= rank[unit]:
+                out.append((unit, target, where))
+    return out
+
+
 def _private_imports() -> list[tuple[str, int, str, str]]:
     """(importing module, line, source module, name) of every ``_name`` imported from another module."""
     out = []
@@ -193,6 +262,59 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 def test_no_import_cycle() -> None:
     assert _cycles(_graph()) == []
+
+
+def _synthetic(sources: dict[str, str]) -> dict[str, ast.Module]:
+    return {name: ast.parse(text) for name, text in sources.items()}
+
+
+def test_the_package_graph_sees_hidden_imports() -> None:
+    """A knot hidden behind TYPE_CHECKING, a function-level import or a relative import is an edge."""
+    graph = _package_graph(_synthetic({
+        "memplan.low.a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memplan.high import H\n",
+        "memplan.low.b": "def f():\n    from ..mid.c import g\n",
+        "memplan.mid.c": "from memplan.low import a\n",
+        "memplan.high": "import memplan.low.b\n",
+    }))
+    assert graph == {"memplan.low": {"memplan.high": "memplan.low.a:3", "memplan.mid": "memplan.low.b:2"},
+                     "memplan.mid": {"memplan.low": "memplan.mid.c:1"}, "memplan.high": {"memplan.low": "memplan.high:1"}}
+    cycles = _cycles({unit: set(targets) for unit, targets in graph.items()})
+    assert cycles == [["memplan.high", "memplan.low", "memplan.mid"]]
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {"memplan.model": {"memplan.errors": "m:1", "memplan.job": "memplan.model.x:7"},
+             "memplan.job": {"memplan.model": "j:1"}, "memplan.errors": {}}
+    layers = (("memplan.errors",), ("memplan.model",), ("memplan.job",))
+    assert _layer_violations(graph, layers) == [("memplan.model", "memplan.job", "memplan.model.x:7")]
+    # a unit outside the layers counts as above them all; one of the same layer is refused too
+    assert _layer_violations({"memplan.errors": {"memplan.fit": "e:1", "memplan.units": "e:2"}},
+                             (("memplan.errors", "memplan.units"),)) == [
+        ("memplan.errors", "memplan.fit", "e:1"), ("memplan.errors", "memplan.units", "e:2")]
+
+
+def test_the_real_package_graph_has_the_known_edges() -> None:
+    """Guards the two checks below against passing vacuously."""
+    graph = _package_graph()
+    assert {"memplan.estimate", "memplan.job", "memplan.profiles", "memplan.frameworks"} <= set(graph)
+    assert "memplan.profiles" in graph["memplan.job"]
+    assert "memplan.job" in graph["memplan.frameworks"]
+    assert "memplan.frameworks" in graph["memplan.inputs"]  # only by lazy loading (by literal name)
+    assert "memplan.job" in graph["memplan.peft"]  # only under TYPE_CHECKING
+
+
+def test_no_package_cycle() -> None:
+    """No cycle between memplan's top-level packages and modules, every import counted."""
+    assert _cycles({unit: set(targets) for unit, targets in _package_graph().items()}) == []
+
+
+def test_core_packages_keep_their_layers() -> None:
+    """estimate/, frameworks/, job, policies, profiles, model/ ... import only from the layers below;
+    model/ imports nothing of the job."""
+    graph = _package_graph()
+    assert set(LAYERS[-1]) | {unit for layer in LAYERS for unit in layer} <= set(graph)
+    assert _layer_violations(graph) == []
+    assert "memplan.job" not in graph["memplan.model"]
 
 
 def test_no_private_name_imported_across_modules() -> None:

@@ -30,8 +30,7 @@ from typing import Any
 from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError, JobConfigError, MemplanError, ModelConfigError, UnsupportedError
 from memplan.estimate import DEFAULT_FRAGMENTATION, Estimate, StageEstimate, estimate
-from memplan.events import Trace, read_trace, write_trace
-from memplan.frameworks import FrameworkProfile, get_profile
+from memplan.profiles import FrameworkProfile, get_profile
 from memplan.gpus import GPU, get_gpu, list_gpus
 from memplan.inputs import JobRequest, LoadedJob, load_job
 from memplan.job import (
@@ -97,12 +96,17 @@ __all__ = [
 
 
 _LAZY = {"fit": "memplan.fit", "trace": "memplan.trace", "ckpt": "memplan.ckpt", "watch": "memplan.watch"}
+#: Names imported on first use from a module ``memplan estimate`` does not need (start-up time).
+_LAZY_NAMES = {"Trace": "memplan.events", "read_trace": "memplan.events", "write_trace": "memplan.events"}
 
 
 def __getattr__(name: str) -> Any:
-    """Import ``fit``, ``trace``, ``ckpt`` and ``watch`` on first use; ``FitResult`` from ``memplan.fit``."""
+    """Import ``fit``, ``trace``, ``ckpt`` and ``watch`` on first use; ``FitResult`` from ``memplan.fit``;
+    the trace file format's names from ``memplan.events``."""
     if name in _LAZY:
         return importlib.import_module(_LAZY[name])
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     if name == "FitResult":
         return importlib.import_module("memplan.fit").FitResult
     raise AttributeError(f"module 'memplan' has no attribute {name!r}")

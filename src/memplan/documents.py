@@ -14,17 +14,17 @@ from typing import Any
 from memplan.estimate.engine import DEFAULT_FRAGMENTATION, Estimate, estimate
 from memplan.gpus import get_gpu, list_gpus
 from memplan.inputs import LoadedJob
-from memplan.settings import settings_dict
 
 __all__ = ["estimate_document", "gpus_document", "models_document"]
 
 
 def estimate_document(loaded: LoadedJob) -> tuple[Estimate, dict[str, Any]]:
-    """Estimate the loaded job: the result and its JSON document (``Estimate.to_dict()`` and the
-    input settings the dialect files gave)."""
+    """Estimate the loaded job: the result and its JSON document (``Estimate.to_dict()``, which carries
+    the input settings the dialect files gave)."""
     fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
-    result = estimate(loaded.model, loaded.job, gpu=loaded.gpu and get_gpu(loaded.gpu), fragmentation=fragmentation)
-    return result, {**result.to_dict(), **settings_dict(loaded.settings)}
+    result = estimate(loaded.model, loaded.job, gpu=loaded.gpu and get_gpu(loaded.gpu), fragmentation=fragmentation,
+                      settings=loaded.settings)
+    return result, result.to_dict()
 
 
 def models_document() -> list[dict[str, Any]]:

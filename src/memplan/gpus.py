@@ -5,6 +5,10 @@
 give all of it to the caching allocator: the CUDA context (kernels, cuBLAS/cuDNN handles) and
 NCCL's own buffers live outside it. ``usable_bytes`` subtracts that overhead; it is what
 memplan compares predicted *reserved* memory against.
+
+MIG slices are named ``GPU:PROFILE`` (``h100-80gb:3g.40gb``, :func:`resolve_device`). A profile
+``Ng.Mgb`` holds k of the GPU's 8 memory slices; memplan gives it k/8 of the GPU's memory (the driver
+reports slightly less, a few hundred MiB, for the slice's own bookkeeping).
 """
 
 from __future__ import annotations
@@ -133,3 +137,43 @@ def get_gpu(name: str) -> GPU:
     close = difflib.get_close_matches(key, names, n=1)
     hint = f"did you mean {close[0]}?" if close else ""
     raise ConfigError("--gpu", f"must be one of {', '.join(names)}", name, hint=hint)
+
+
+#: Memory slices (of 8) of each MIG profile, per GPU (NVIDIA MIG user guide, "Supported MIG
+#: Profiles" for A100 40GB/80GB, H100 80GB/94GB and H200 141GB).
+MIG_PROFILES: dict[str, dict[str, int]] = {
+    "a100-40gb": {"1g.5gb": 1, "1g.10gb": 2, "2g.10gb": 2, "3g.20gb": 4, "4g.20gb": 4, "7g.40gb": 8},
+    "a100-80gb": {"1g.10gb": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 4, "4g.40gb": 4, "7g.80gb": 8},
+    "h100-80gb": {"1g.10gb": 1, "1g.20gb": 2, "2g.20gb": 2, "3g.40gb": 4, "4g.40gb": 4, "7g.80gb": 8},
+    "h100-94gb": {"1g.12gb": 1, "1g.24gb": 2, "2g.24gb": 2, "3g.47gb": 4, "4g.47gb": 4, "7g.94gb": 8},
+    "h200": {"1g.18gb": 1, "1g.35gb": 2, "2g.35gb": 2, "3g.71gb": 4, "4g.71gb": 4, "7g.141gb": 8},
+}
+_MEMORY_SLICES = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """A whole GPU or one MIG slice of it."""
+
+    name: str
+    gpu: GPU
+    #: MIG profile (None: the whole GPU).
+    mig_profile: str | None
+    #: Memory the device offers to its processes, bytes.
+    total_bytes: int
+
+
+def resolve_device(name: str) -> Device:
+    """``h100-80gb`` or ``h100-80gb:3g.40gb``; unknown GPUs or profiles raise ConfigError (exit 2)."""
+    base, _, profile = name.partition(":")
+    gpu = get_gpu(base)
+    if not profile:
+        return Device(name=gpu.name, gpu=gpu, mig_profile=None, total_bytes=gpu.total_bytes)
+    profiles = MIG_PROFILES.get(gpu.name)
+    if profiles is None:
+        raise ConfigError("--gpu", f"{gpu.name} has no MIG profiles (MIG: {', '.join(MIG_PROFILES)})", name)
+    key = profile.strip().lower()
+    if key not in profiles:
+        raise ConfigError("--gpu", f"MIG profile of {gpu.name} must be one of {', '.join(profiles)}", profile)
+    total = gpu.total_bytes * profiles[key] // _MEMORY_SLICES
+    return Device(name=f"{gpu.name}:{key}", gpu=gpu, mig_profile=key, total_bytes=total)

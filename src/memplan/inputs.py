@@ -30,10 +30,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memplan.errors import ConfigError, UnsupportedError
-from memplan.job import Job, validate_job_for_model
+from memplan.errors import ConfigError, JobConfigError, UnsupportedError
+from memplan.job import Job
+from memplan.jobcheck import check_seq_positions, validate_job_for_model
 from memplan.jobflags import build_job, check_conflicts
 from memplan.model.spec import ModelSpec
+from memplan.profiles import FINE_TUNING_FRAMEWORK
 from memplan.settings import InputSetting, unmodelled
 
 __all__ = ["JobRequest", "LoadedJob", "load_job"]
@@ -130,14 +132,9 @@ def _check(values: Mapping[str, Any]) -> None:
         raise ConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
     gpu = values.get("gpu")
     if gpu is not None:
-        if ":" in str(gpu):  # GPU:MIG-PROFILE (a job file for fit --colocate)
-            from memplan.fit.colocate import resolve_device
+        from memplan.gpus import resolve_device
 
-            resolve_device(gpu)
-        else:
-            from memplan.gpus import get_gpu
-
-            get_gpu(gpu)
+        resolve_device(gpu)  # a GPU, or GPU:MIG-PROFILE (a job file for fit --colocate)
 
 
 def _conditions(values: Mapping[str, Any], job: Job) -> dict[str, Any]:
@@ -192,7 +189,7 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     if spec is None:
         raise ConfigError("MODEL", "is required (a preset name, a config.json path or a Hugging Face Hub id) "
                           "unless --megatron-args, --hf-args (model_name_or_path) or a job file names one")
-    job = build_job(values, base)
+    job = _starting_job(values, base) if dialects else build_job(values, base)
     if torchtitan_config is not None:
         apply_tt = _lazy("memplan.frameworks.torchtitan_config", "apply_torchtitan_config", "--torchtitan-config")
         job, read = apply_tt(torchtitan_config, job, model=spec, model_given=model_given, typed=values)
@@ -213,11 +210,41 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
         check_conflicts(_conditions(values, job))
         job = build_job(_keep_accumulation(values, job), job)
     job = _fine_tuning_framework(job, values, base, megatron_args)
+    job = default_seq_within_positions(job, spec, values)
     validate_job_for_model(job, spec)
+    check_seq_positions(job, spec)
     return LoadedJob(model=spec, job=job, model_ref=model_ref, gpu=values.get("gpu"),
                      fragmentation=values.get("fragmentation"), megatron_args=megatron_args,
                      deepspeed_config=deepspeed_config, hf_args=hf_args, peft_config=peft_config,
                      torchtitan_config=torchtitan_config, settings=tuple(settings))
+
+
+def default_seq_within_positions(job: Job, spec: ModelSpec, values: Mapping[str, Any]) -> Job:
+    """A model with a learned position table (GPT-2: 1,024 rows) cannot take the default --seq 4096: when no
+    input gave a sequence length, it is the table's size (an explicit one past it is refused)."""
+    default = Job().batch.seq_length
+    if "seq" in values or spec.position_embedding != "learned" or job.batch.seq_length != default \
+            or default <= spec.max_position_embeddings:
+        return job
+    return replace(job, batch=replace(job.batch, seq_length=spec.max_position_embeddings))
+
+
+def _starting_job(values: Mapping[str, Any], base: Job | None) -> Job:
+    """The job the dialect files are applied to: the typed flags over ``base``. A dialect file names its
+    own framework, so a typed flag that the starting job's framework refuses (``--recompute torchtitan-sac``
+    before a DeepSpeed config says ``deepspeed``) waits: the flags are applied again, and checked, over
+    the dialects' job."""
+    from memplan.jobflags import job_flags
+
+    names = {flag.flag: flag.name for flag in job_flags()}
+    pending = dict(values)
+    while True:
+        try:
+            return build_job(pending, base)
+        except JobConfigError as exc:
+            name = names.get(exc.field)
+            if name is None or pending.pop(name, None) is None:
+                raise
 
 
 def _fine_tuning_framework(job: Job, values: Mapping[str, Any], base: Job | None,
@@ -228,7 +255,7 @@ def _fine_tuning_framework(job: Job, values: Mapping[str, Any], base: Job | None
     tuned = job.finetune.peft != "none" or job.finetune.quantize_base != "none"
     if named or not tuned or job.framework != Job().framework:
         return job
-    return replace(job, framework="hf")
+    return replace(job, framework=FINE_TUNING_FRAMEWORK)
 
 
 def _lazy(module: str, name: str, flag: str) -> Any:

@@ -2,8 +2,9 @@
 
 A :class:`Job` is a tree of frozen, keyword-only dataclasses. Each field is documented where it is
 defined and validated in ``__post_init__`` with an error that names the field (as the CLI flag
-spells it), the rule and the value. Checks that need the model (TP dividing heads, PP dividing
-layers) live in :func:`validate_job_for_model`.
+spells it), the rule and the value; what a framework runs and its own rules come from its profile
+(:mod:`memplan.profiles`). Checks that need the model (TP dividing heads, PP dividing layers) live in
+:func:`memplan.jobcheck.validate_job_for_model`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
-from memplan.model.peft_checks import check_finetune_names
-from memplan.model.spec import ModelSpec
-from memplan.policies import resolve_policy
+from memplan.profiles import activation_policy_name, check_features, get_profile
 from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
@@ -805,6 +804,11 @@ class FineTuning:
         """Some base weights do not train."""
         return self.resolved_trainable != "all"
 
+    @property
+    def partial(self) -> bool:
+        """Not full training: adapters, frozen or quantized base weights."""
+        return self.peft != "none" or self.has_frozen or self.quantize_base != "none"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
@@ -828,7 +832,7 @@ class Job:
     #: and the layer input; ``--wgrad-deferral-limit`` caps how many (0 = all).
     defer_embedding_wgrad: bool = False
     wgrad_deferral_limit: int = 0
-    #: The profile (memplan.frameworks.profiles) decides every ``auto`` default for all engines.
+    #: The profile (memplan.profiles.framework) decides every ``auto`` default for all engines.
     framework: FrameworkName = knob("megatron", "--framework", "Whose implementation decides buffers, dtypes, "
                                     "kernels and workspaces (memplan trace: hf unless given).", panel=ACTIVATIONS)
     vocab_divisible_by: int | None = knob(None, "--make-vocab-size-divisible-by", "Pad the vocabulary to a "
@@ -866,118 +870,30 @@ class Job:
         _check_int("--mtp-layers", self.mtp_layers, minimum=0, maximum=64)
         self._check_batch()
         self._check_offload()
-        resolve_policy(self)  # refuses a policy (or --recompute-modules) the framework does not have
-        if self.optimizer.name == "muon" and self.framework != "megatron":
-            raise JobConfigError("--optimizer", "muon is priced as Megatron-LM's Muon (its parameter split and "
-                                 "Newton-Schulz step); use --framework megatron", self.optimizer.name)
-        ft = self.finetune
-        if self.optimizer.name == "muon" and (ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none"):
-            raise JobConfigError("--optimizer", "muon is priced for full training only (its Muon/Adam split of "
-                                 "frozen or adapter parameters is not modelled)", self.optimizer.name)
-        ds = self.recompute
-        if (ds.partition_activations or ds.cpu_checkpointing) and self.framework != "deepspeed":
-            flag = "--partition-activations" if ds.partition_activations else "--cpu-checkpointing"
-            raise JobConfigError(flag, "is DeepSpeed activation checkpointing; use --framework deepspeed",
-                                 f"--framework {self.framework}")
-        if (ds.partition_activations or ds.cpu_checkpointing) and self.offload.activations:
-            raise JobConfigError("--offload-activations", "cannot be combined with DeepSpeed's --partition-activations "
-                                 "/ --cpu-checkpointing (both move the saved activations); choose one", True)
-        par = self.parallel
-        if self.overlap.tp and self.framework != "megatron":
-            raise JobConfigError("--tp-comm-overlap", "is Megatron-LM with Transformer Engine; use --framework "
-                                 "megatron", f"--framework {self.framework}")
-        self._check_ep_overlap()
-        self._check_cuda_graphs()
-        self._check_fine_offload()
         _check_choice("--transformer-impl", self.transformer_impl, get_args(TransformerImpl))
-        if self.transformer_impl == "local" and self.framework != "megatron":
-            raise JobConfigError("--transformer-impl", "local is Megatron-LM's own layer implementation; use "
-                                 "--framework megatron", f"--framework {self.framework}")
-        if self.overlap.tp and not (par.tp > 1 and par.sequence_parallel):
-            raise JobConfigError("--tp-comm-overlap", "needs tensor parallelism > 1 with --sequence-parallel "
-                                 "(Megatron asserts it)", f"tp={par.tp}, sequence_parallel={par.sequence_parallel}")
+        profile = get_profile(self.framework)
+        rc = self.recompute
+        activation_policy_name(profile, mode=rc.mode, modules=rc.modules, memory_budget=rc.memory_budget,
+                               fine_tuning=self.finetune.partial)
+        check_features(self, profile)  # the framework-specific options the profile does not run
+        for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
+            rule(self)
+        self._check_sharding()
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
                                  self.batch.global_batch_size)
 
-    def _check_fine_offload(self) -> None:
-        """Megatron's refusals for fine-grained activation offloading (transformer_config.py ``__post_init__``)."""
-        names = self.offload.module_names
-        if not names:
-            return
-        if self.framework != "megatron":
-            raise JobConfigError("--offload-modules", "is Megatron-LM's fine-grained activation offloading; use "
-                                 "--framework megatron", f"--framework {self.framework}")
-        if self.transformer_impl != "transformer_engine":
-            raise JobConfigError("--offload-modules", "needs --transformer-impl transformer_engine (Megatron asserts "
-                                 "it)", self.transformer_impl)
-        inside_moe = {"moe_act", "expert_fc1", "fused_group_mlp"} & set(names)
-        if inside_moe and self.recompute.mode in ("selective", "megatron-selective") and \
-                "moe" in self.recompute.module_names:
-            raise JobConfigError("--offload-modules", f"cannot offload {', '.join(sorted(inside_moe))} while "
-                                 "--recompute-modules moe recomputes the whole MoE layer (Megatron refuses it)",
-                                 self.offload.modules)
-
-    def _check_cuda_graphs(self) -> None:
-        """Megatron's refusals for CUDA graphs (transformer_config.py ``__post_init__``)."""
-        graphs = self.cuda_graphs
-        if graphs.impl == "none":
-            return
-        if self.framework != "megatron":
-            raise JobConfigError("--cuda-graph-impl", "is Megatron-LM's CUDA graphs; use --framework megatron",
-                                 f"--framework {self.framework}")
-        if self.offload.activations and graphs.impl != "full_iteration":
-            raise JobConfigError("--cuda-graph-impl", "per-layer CUDA graphs cannot be combined with CPU activation "
-                                 "offloading (Megatron refuses it)", graphs.impl)
-        names = graphs.module_names
-        if "moe" in names and "moe_router" in names:
-            raise JobConfigError("--cuda-graph-modules", "must not contain both moe and moe_router (Megatron asserts "
-                                 "it)", graphs.modules)
-        if "moe" in names and not (self.moe.pad_to_capacity and self.moe.capacity_factor is not None):
-            raise JobConfigError("--cuda-graph-modules", "moe needs drop-and-pad MoE (--capacity-factor with "
-                                 "--pad-to-capacity; Megatron asserts it)", graphs.modules)
-
-    def _check_ep_overlap(self) -> None:
-        """Megatron's refusals for ``--overlap-moe-expert-parallel-comm`` and the options that go with it
-        (transformer_config.py ``__post_init__``)."""
-        self._check_ep_overlap_options()
-        if not self.overlap.ep_a2a:
-            return
-        flag, par = "--overlap-moe-expert-parallel-comm", self.parallel
-        if self.framework != "megatron":
-            raise JobConfigError(flag, "is Megatron-LM's combined 1F1B schedule; use --framework megatron",
-                                 f"--framework {self.framework}")
-        if par.ep == 1:
-            raise JobConfigError(flag, "needs expert parallelism > 1 (Megatron asserts it)", f"ep={par.ep}")
-        if self.moe.dispatcher == "allgather":
-            raise JobConfigError(flag, "needs the alltoall or flex dispatcher (Megatron asserts it)", "allgather")
-        if self.recompute.mode == "full":
-            raise JobConfigError(flag, "cannot be combined with full recompute (Megatron asserts it)", "full")
-        if self.recompute.mode in ("selective", "megatron-selective") and "moe" in self.recompute.module_names:
-            raise JobConfigError(flag, "cannot be combined with --recompute-modules moe (Megatron asserts it)",
-                                 self.recompute.modules)
-        if par.pp > 1 and par.vpp == 1:
-            raise JobConfigError(flag, "needs a virtual pipeline with pipeline parallelism (Megatron asserts one "
-                                 "is set; memplan prices it with --num-virtual-stages-per-pipeline-rank > 1)",
-                                 f"pp={par.pp}, vpp=1")
-
-    def _check_ep_overlap_options(self) -> None:
-        """Megatron's rules for the expert-parallel overlap options (transformer_config.py)."""
-        ov, a2a = self.overlap, "--overlap-moe-expert-parallel-comm"
-        flags = (("--delay-wgrad-compute", ov.delay_wgrad), ("--ep-overlap-early-attn-memory-release",
-                 ov.early_attn_release), ("--overlap-dispatch-backward-with-experts-wgrad", ov.experts_wgrad_overlap),
-                 ("--moe-shared-expert-overlap", ov.shared_expert_overlap))
-        for flag, on in flags:
-            if on and self.framework != "megatron":
-                raise JobConfigError(flag, "is a Megatron-LM option; use --framework megatron",
-                                     f"--framework {self.framework}")
-        for flag, on in flags[:2]:
-            if on and not ov.ep_a2a:
-                raise JobConfigError(flag, f"needs {a2a} (Megatron asserts it)", "combined 1F1B off")
-        for flag, on in flags[2:]:
-            if on and ov.ep_a2a:
-                raise JobConfigError(flag, f"cannot be combined with {a2a} (Megatron asserts it)", True)
+    def _check_sharding(self) -> None:
+        """Sharding switches of different frameworks that contradict each other."""
+        sh = self.sharding
+        if sh.distributed_optimizer and sh.zero:
+            raise JobConfigError("--distributed-optimizer", f"cannot be combined with --zero {sh.zero}: both shard the "
+                                 "optimizer states (Megatron's distributed optimizer is its own ZeRO-1); choose one",
+                                 f"--zero {sh.zero}")
+        if sh.fsdp != "none" and self.framework == "deepspeed":
+            raise JobConfigError("--fsdp", "is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 "
+                                 "for full sharding)", "--framework deepspeed")
 
     def _check_offload(self) -> None:
         sh, off = self.sharding, self.offload
@@ -1032,101 +948,13 @@ def default_uneven_split(num_layers: int, pp: int) -> tuple[int, int] | None:
     return (each, last) if last >= 1 else None
 
 
-def validate_job_for_model(job: Job, model: ModelSpec) -> None:
-    """Checks that need both the job and the model; raise :class:`JobConfigError`."""
-    par = job.parallel
-    attn = model.layers[0].attention
-    if attn.num_heads % par.tp:
-        raise JobConfigError(
-            "--tp", f"must divide the number of attention heads ({attn.num_heads})", par.tp
-        )
-    if attn.kind == "mha" and attn.num_kv_heads % par.tp and par.tp % attn.num_kv_heads:
-        raise JobConfigError(
-            "--tp",
-            f"must divide the number of key/value heads ({attn.num_kv_heads}) or be a multiple of it",
-            par.tp,
-        )
-    check_recompute_modules(job, model)
-    _check_cuda_graph_modules(job, model)
-    _check_shared_expert_overlap(job, model)
-    chunks = par.pp * par.vpp
-    uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
-    if par.chunk_layers is not None:
-        if sum(par.chunk_layers) != model.num_layers:
-            raise JobConfigError(
-                "--pipeline-layout",
-                f"the chunks' layer counts must add up to the model's {model.num_layers} layers",
-                "+".join(map(str, par.chunk_layers)),
-            )
-    elif uneven:
-        fixed = (par.first_stage_layers or 0) + (par.last_stage_layers or 0)
-        inner = par.pp - (par.first_stage_layers is not None) - (par.last_stage_layers is not None)
-        rest = model.num_layers - fixed
-        if rest < 0 or (inner and rest % (inner * par.vpp)) or (not inner and rest):
-            raise JobConfigError(
-                "--first-stage-layers/--last-stage-layers",
-                f"the remaining {rest} of {model.num_layers} layers must divide evenly over the "
-                f"{inner} other pipeline stages x vpp={par.vpp}",
-                (par.first_stage_layers, par.last_stage_layers),
-            )
-    elif model.num_layers % chunks and (par.vpp > 1 or default_uneven_split(model.num_layers, par.pp) is None):
-        raise JobConfigError(
-            "--pp",
-            f"pp*vpp = {chunks} must divide the number of layers ({model.num_layers}); "
-            "or give --first-stage-layers/--last-stage-layers for an uneven split",
-            par.pp,
-        )
-    for layer in model.layers:
-        if layer.moe is not None:
-            if layer.moe.num_experts % par.ep:
-                raise JobConfigError(
-                    "--ep", f"must divide the number of experts ({layer.moe.num_experts})", par.ep
-                )
-            break
-    check_finetune_names(model, job.finetune)
-    if par.ep * par.expert_tp * par.pp > par.world_size or par.world_size % (par.ep * par.expert_tp * par.pp):
-        raise JobConfigError(
-            "--ep",
-            f"ep*etp*pp = {par.ep}*{par.expert_tp}*{par.pp} must divide --gpus={par.world_size}",
-            par.ep,
-        )
+def resolved_optimizer_impl(job: Job) -> str:
+    """``foreach``, ``fused`` or ``for-loop``: ``--optimizer-impl``, or the job's framework default
+    for ``auto`` — the one rule every engine uses."""
+    impl = job.optimizer.implementation
+    return impl if impl != "auto" else get_profile(job.framework).default_optimizer_impl
 
 
-def check_recompute_modules(job: Job, model: ModelSpec) -> None:
-    """Megatron's own refusals of ``--recompute-modules`` for a model without the module
-    (transformer_config.py); moe and shared_experts without such layers are no-ops there too."""
-    if job.recompute.mode not in ("selective", "megatron-selective") or job.recompute.modules is None:
-        return
-    names = job.recompute.module_names
-    if "mla_up_proj" in names and not any(layer.attention.kind == "mla" for layer in model.layers):
-        raise JobConfigError("--recompute-modules", "mla_up_proj needs multi-latent attention, which this model "
-                             "does not have (Megatron refuses it too)", job.recompute.modules)
-    if "moe_act" in names and not model.is_moe:
-        raise JobConfigError("--recompute-modules", "moe_act needs MoE layers with grouped-GEMM experts, which "
-                             "this dense model does not have (Megatron refuses it without --moe-grouped-gemm)",
-                             job.recompute.modules)
-
-
-def _check_shared_expert_overlap(job: Job, model: ModelSpec) -> None:
-    """Megatron's refusals of ``--moe-shared-expert-overlap`` for a model with shared experts
-    (transformer_config.py; without shared experts the option does nothing)."""
-    if not job.overlap.shared_expert_overlap or not any(
-            layer.moe is not None and layer.moe.shared_expert is not None for layer in model.layers):
-        return
-    flag = "--moe-shared-expert-overlap"
-    if job.moe.dispatcher not in ("alltoall", "flex"):
-        raise JobConfigError(flag, "needs the alltoall or flex dispatcher (Megatron refuses it)", job.moe.dispatcher)
-    if job.recompute.mode in ("selective", "megatron-selective") and "shared_experts" in job.recompute.module_names:
-        raise JobConfigError(flag, "cannot be combined with --recompute-modules shared_experts (Megatron refuses "
-                             "it)", job.recompute.modules)
-
-
-def _check_cuda_graph_modules(job: Job, model: ModelSpec) -> None:
-    """Megatron's refusals of ``--cuda-graph-modules`` the model has no layers for (transformer_config.py)."""
-    names = job.cuda_graphs.module_names
-    if ("moe" in names or "moe_router" in names) and not model.is_moe:
-        raise JobConfigError("--cuda-graph-modules", "moe and moe_router need MoE layers, which this dense model does "
-                             "not have (Megatron refuses it too)", job.cuda_graphs.modules)
-    if "mlp" in names and all(layer.moe is not None for layer in model.layers):
-        raise JobConfigError("--cuda-graph-modules", "mlp captures dense MLPs, and every layer of this model is MoE "
-                             "(Megatron refuses it too)", job.cuda_graphs.modules)
+def resolved_loss(job: Job) -> str:
+    """The loss path: ``--loss``, or the job's framework default for ``auto``."""
+    return job.loss if job.loss != "auto" else get_profile(job.framework).default_loss

@@ -35,13 +35,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, get_args
 
-from memplan.errors import JobConfigError
-from memplan.frameworks.profiles import get_profile
-
-if TYPE_CHECKING:
-    from memplan.job import Job
+from memplan.job import Job
+from memplan.profiles import activation_policy_name, get_profile
 
 __all__ = ["HF_MODULES", "POLICY_NAMES", "ActivationPolicy", "PolicyName", "framework_policies", "resolve_policy"]
 
@@ -134,25 +131,9 @@ def resolve_policy(job: Job) -> ActivationPolicy:
     """The activation policy ``job`` asks for: ``--recompute`` (``selective`` = the framework's own
     selective policy) with its parameters; a policy the framework does not have is refused
     (:class:`~memplan.errors.JobConfigError`)."""
-    rc, profile = job.recompute, get_profile(job.framework)
-    name = profile.selective_policy if rc.mode == "selective" else rc.mode
-    if name not in profile.activation_policies:
-        raise JobConfigError("--recompute", f"{name} is not an activation policy of --framework {job.framework} "
-                             f"(it has {', '.join(profile.activation_policies)}; selective means "
-                             f"{profile.selective_policy})", rc.mode)
-    if rc.modules is not None and name != "megatron-selective":
-        raise JobConfigError("--recompute-modules", f"is a Megatron-LM policy the chosen framework does not have "
-                             f"(--framework {job.framework}, --recompute {rc.mode}); use --framework megatron "
-                             "with --recompute selective or drop it", rc.modules)
-    if name == "megatron-selective" and job.framework == "hf":
-        ft = job.finetune
-        if ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none":
-            raise JobConfigError("--recompute", "megatron-selective on --framework hf is priced for full training "
-                                 "only (frozen layers and adapters under sub-module checkpoints are not modelled); "
-                                 "use attention-module or full with fine-tuning", rc.mode)
-    if rc.memory_budget is not None and name != "memory-budget":
-        raise JobConfigError("--memory-budget", f"only applies with --recompute memory-budget (torchtitan); the "
-                             f"job has --recompute {rc.mode}", rc.memory_budget)
+    rc = job.recompute
+    name = activation_policy_name(get_profile(job.framework), mode=rc.mode, modules=rc.modules,
+                                  memory_budget=rc.memory_budget, fine_tuning=job.finetune.partial)
     return ActivationPolicy(
         name=name,  # type: ignore[arg-type]
         framework=job.framework,

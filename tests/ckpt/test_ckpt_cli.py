@@ -77,6 +77,6 @@ def test_quick_bench_is_a_labelled_smoke_test_of_every_variant() -> None:
 
 
 def test_the_command_module_imports_no_torch() -> None:
-    code = "import sys, memplan.cli; assert 'ckpt' in memplan.cli.COMMAND_MODULES; " \
+    code = "import sys, memplan.cli; assert 'ckpt' in memplan.cli.COMMAND_MODULES; memplan.cli.app; " \
            "bad = [m for m in ('torch', 'numpy', 'transformers') if m in sys.modules]; assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,7 +10,7 @@ import pytest
 from memplan.alloc.snapshot import safe_loads
 from memplan.estimate import estimate
 from memplan.frameworks.megatron_args import from_megatron_args
-from memplan.frameworks.profiles import (
+from memplan.profiles.framework import (
     HF,
     MEGATRON,
     TORCH_CUBLAS_WORKSPACE_BYTES,

@@ -18,10 +18,11 @@ from memplan.cli import app
 from memplan.errors import ConfigError, JobConfigError
 from memplan.estimate.activations import KEPT_BY, divided, layer_terms_by_block
 from memplan.estimate.cuda_graphs import captured_terms, graph_count, te_static_input_bytes
-from memplan.estimate.engine import _activation_shape, layer_activation_costs
+from memplan.estimate.context import activation_shape as _activation_shape
+from memplan.estimate.engine import layer_activation_costs
 from memplan.estimate.precision import resolve_precision
 from memplan.frameworks.megatron_args import from_megatron_args
-from memplan.frameworks.profiles import get_profile
+from memplan.profiles.framework import get_profile
 from memplan.jobflags import build_job
 from memplan.units import MiB
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memplan.estimate import estimate
 from memplan.frameworks.megatron_args import from_megatron_args
-from memplan.frameworks.profiles import TE_GROUPED_GEMM_WORKSPACE_BYTES, TE_GROUPED_GEMM_WORKSPACES
+from memplan.profiles.framework import TE_GROUPED_GEMM_WORKSPACE_BYTES, TE_GROUPED_GEMM_WORKSPACES
 from memplan.job import Job, MoEOptions, Parallelism
 from memplan.model import load_preset
 

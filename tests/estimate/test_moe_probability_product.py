@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memplan.estimate.activations import ActivationShape, divided, layer_terms
 from memplan.frameworks.megatron_args import from_megatron_args
-from memplan.frameworks.profiles import HF, MEGATRON
+from memplan.profiles.framework import HF, MEGATRON
 
 S, B, H, F, E, K, TP, EP = 1024, 4, 512, 2048, 8, 2, 2, 4
 ARGS = {"--num-layers": 2, "--hidden-size": H, "--num-attention-heads": 8, "--seq-length": S,

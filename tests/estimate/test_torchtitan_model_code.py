@@ -12,11 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from memplan.estimate.activations import divided, layer_terms
-from memplan.estimate.engine import _activation_shape, estimate
+from memplan.estimate.context import activation_shape as _activation_shape
+from memplan.estimate.engine import estimate
 from memplan.estimate.extras import rope_table_bytes
 from memplan.estimate.precision import resolve_precision
 from memplan.frameworks.model_code import HF_MODEL_CODE, TORCHTITAN_MODEL_CODE, model_code, sdpa_attention
-from memplan.frameworks.profiles import TORCHTITAN
+from memplan.profiles.framework import TORCHTITAN
 from memplan.inputs import JobRequest, load_job
 from memplan.job import Job
 from memplan.model.spec import ModelSpec

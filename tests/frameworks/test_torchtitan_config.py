@@ -178,7 +178,7 @@ def test_precision_modes(tmp_path: Path) -> None:
     # TP without FSDP: torchtitan applies no mixed precision at all (maybe_enable_amp); the file says
     # bf16-mixed and the torchtitan profile resolves it to fp32, as for the same job given by flags.
     from memplan.estimate.precision import resolve_precision
-    from memplan.frameworks.profiles import TORCHTITAN
+    from memplan.profiles.framework import TORCHTITAN
 
     tp_only = "[parallelism]\ndata_parallel_shard_degree = 1\ntensor_parallel_degree = 8\n"
     job = _job(tmp_path, tp_only, gpus=8).job

@@ -21,7 +21,7 @@ from test_linears import ALL, meta_model, small_config
 from memplan.job import FineTuning
 from memplan.model import model_from_hf_config
 from memplan.model.linears import layer_linears
-from memplan.model.peft_params import finetune_params
+from memplan.peft.params import finetune_params
 
 
 def _two_attention_linears(spec: Any) -> tuple[str, str]:

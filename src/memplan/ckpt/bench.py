@@ -426,6 +426,9 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
     import copy
     import tempfile
 
+    # The benchmark runs on the CPU: DeepSpeed (which transformers' Trainer imports when it is installed) is told
+    # so, instead of probing for an accelerator and printing a warning that it found none.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from transformers import Trainer  # noqa: F401  (imported before the first timed run, not inside it)
 
     cfg = cfg or BenchConfig()

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
 
 Region = Literal["tp", "sp", "rep"]
@@ -251,15 +252,16 @@ def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
 def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
     tokens = s * b
-    consumers = 2 if attn.kind == "mla" else (1 if attn.fused_qkv else 3)
+    kind = attention_kind(attn)
+    consumers = kind.input_projections(attn)
     # Megatron's TE layer spec fuses the pre-attention norm into linear_qkv except under MLA, where
     # it is its own module, which ``layernorm`` recompute can discard (gpt_layer_specs.py).
     terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn", sites=NormSites(
-        fused="input_norm" if attn.kind == "mla" else "", norm="input_norm", output="input_norm"))
+        fused="input_norm" if kind.separate_input_norm else "", norm="input_norm", output="input_norm"))
     # Checkpointing the attention module keeps its input: the norm output, in the residual dtype.
     terms.append(Term("attention module input (checkpointed)", shape.residual_bytes * tokens * shape.hidden,
                       "sp", "attn_input"))
-    if attn.kind == "mla":
+    if kind.latent:
         terms += _mla_projection_terms(attn, shape)
         q_width = attn.num_heads * attn.head_dim
         kv_width = attn.num_heads * (attn.head_dim + attn.v_head_dim)
@@ -274,7 +276,7 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
                           c * tokens * v_width, "tp", "core", site="core"))
     else:
         terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn",
-                          site="mla_up" if attn.kind == "mla" else ""))
+                          site="mla_up" if kind.latent else ""))
     # (RoPE multiplies q and k by cos/sin tables that need no gradient: it saves nothing more.)
     terms += _fused_qkv_terms(attn, shape)
     if attn.qk_norm:
@@ -295,7 +297,7 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     else:
         terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
         terms += _sdpa_mask_terms(attn, shape)
-        if attn.kind == "mla" and shape.kernels == "eager":
+        if kind.latent and shape.kernels == "eager":
             # transformers' MLA concatenates q heads-first, the fused kernel writes its output in q's
             # layout and saves it; ``transpose(1, 2).contiguous()`` then copies it for o_proj.
             terms.append(Term("attention kernel output (heads-first; o_proj reads a copy)",
@@ -325,7 +327,7 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
         terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core"))
     if attn.logit_softcap is not None:
         terms.append(Term("soft-capped scores (tanh output)", c * heads_scores, "tp", "core"))
-    if attn.kind != "mla" and attn.num_kv_heads < attn.num_heads:
+    if attention_kind(attn).grouped_kv:
         tokens = shape.seq * shape.micro_batch
         extra_heads = attn.num_heads - attn.num_kv_heads
         terms.append(Term("keys and values repeated per query head (repeat_kv copies)",
@@ -345,7 +347,7 @@ def _sdpa_mask_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     window = attn.sliding_window
     if shape.attention != "sdpa" or shape.kernels != "eager" or window is None or shape.kv_seq < window:
         return []
-    if attn.kind == "mla":
+    if attention_kind(attn).latent:
         return []
     c, tokens = shape.act_bytes, shape.seq * shape.micro_batch
     terms = [Term("additive attention mask (SDPA, from the boolean sliding-window mask)",
@@ -372,7 +374,7 @@ def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
 
     GPT-2's unrotated q, k, v are all views of ``c_attn``'s output: nothing extra either.
     """
-    if not attn.fused_qkv or shape.kernels != "eager" or not shape.rope or attn.kind == "mla":
+    if not attn.fused_qkv or shape.kernels != "eager" or not shape.rope or attention_kind(attn).latent:
         return []
     if shape.attention == "eager":
         heads = attn.num_heads + attn.num_kv_heads if shape.micro_batch == 1 else 0
@@ -444,7 +446,7 @@ def _eager_mla_value_copied(attn: AttentionSpec, shape: ActivationShape) -> bool
     cannot be, so the matmul copies v, saves the copy, and the output is freed. The copy belongs to
     the attention core: ``mla_up_proj`` recompute cannot release it (checked with ``memplan trace`` on a
     DeepSeek-V2 toy, micro-batch 1 and 2)."""
-    return (attn.kind == "mla" and bool(attn.kv_lora_rank) and shape.kernels == "eager"
+    return (attention_kind(attn).latent and bool(attn.kv_lora_rank) and shape.kernels == "eager"
             and shape.attention == "eager" and shape.micro_batch > 1)
 
 
@@ -514,31 +516,7 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     # A separate pre-MLP norm in Megatron's TE spec (its output, the MoE layer's input: ``layernorm``).
     terms = _norm_terms(shape, "mlp", "body", sites=NormSites(
         fused="pre_mlp_norm", norm="pre_mlp_norm", output="pre_mlp_norm", copy="moe"))
-    if shape.autocast and moe.shared_expert is not None:
-        # Under autocast every other linear reading the norm output casts its own 16-bit copy (the
-        # router's is the term above; transformers' routed experts index the output as it is): the
-        # shared expert's GEMMs and Qwen2-MoE's shared-expert gate. Measured with the tracer: a
-        # ``shared_experts`` checkpoint of transformers' shared expert keeps its GEMMs' copies
-        # (tests/trace/test_policies_trace.py); only the whole MoE block's checkpoint drops them.
-        sbh = tokens * h
-        shared = 2 if moe.shared_expert.gated and not moe.shared_expert.fused_gate_up else 1
-        terms.append(Term("mlp norm output, autocast copies of the shared expert's GEMMs",
-                          shared * shape.act_bytes * sbh, "sp", "body", gemm_input=True, site="moe"))
-        if moe.shared_expert_gate:
-            terms.append(Term("mlp norm output, autocast copy of the shared-expert gate", shape.act_bytes * sbh, "sp",
-                              "body", gemm_input=True, site="moe"))
-    if moe.router_fp32 and shape.kernels == "eager" and not shape.autocast and shape.act_bytes < NORM_COMPUTE_BYTES:
-        # transformers' fp32 router (DeepSeek: ``F.linear(hidden.type(float32), weight)``) saves an fp32
-        # copy of its 16-bit input; under autocast the linear casts back and saves autocast's copy instead.
-        terms.append(Term("router input cast to fp32 (fp32 router weight)", NORM_COMPUTE_BYTES * tokens * h, "sp",
-                          "body", site="moe"))
-    if shape.kernels == "eager":
-        # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
-        terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
-                          "sp", "body", site="moe"))
-    else:
-        terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT,
-                          "sp", "body", site="moe"))
+    terms += _router_terms(moe, shape)
     routed = tokens * moe.top_k
     terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body", site="moe"))
     if shape.kernels == "eager":
@@ -567,6 +545,38 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
                               site="" if shape.kernels == "eager" else "shared_experts"))
     if shape.dropout:
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * h, "sp", "body"))
+    return terms
+
+
+def _router_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
+    """The router's saved tensors (and under autocast the shared expert's copies of the norm output)."""
+    tokens, h = shape.seq * shape.micro_batch, shape.hidden
+    terms: list[Term] = []
+    if shape.autocast and moe.shared_expert is not None:
+        # Under autocast every other linear reading the norm output casts its own 16-bit copy (the
+        # router's is the term above; transformers' routed experts index the output as it is): the
+        # shared expert's GEMMs and Qwen2-MoE's shared-expert gate. Measured with the tracer: a
+        # ``shared_experts`` checkpoint of transformers' shared expert keeps its GEMMs' copies
+        # (tests/trace/test_policies_trace.py); only the whole MoE block's checkpoint drops them.
+        sbh = tokens * h
+        shared = 2 if moe.shared_expert.gated and not moe.shared_expert.fused_gate_up else 1
+        terms.append(Term("mlp norm output, autocast copies of the shared expert's GEMMs",
+                          shared * shape.act_bytes * sbh, "sp", "body", gemm_input=True, site="moe"))
+        if moe.shared_expert_gate:
+            terms.append(Term("mlp norm output, autocast copy of the shared-expert gate", shape.act_bytes * sbh, "sp",
+                              "body", gemm_input=True, site="moe"))
+    if moe.router_fp32 and shape.kernels == "eager" and not shape.autocast and shape.act_bytes < NORM_COMPUTE_BYTES:
+        # transformers' fp32 router (DeepSeek: ``F.linear(hidden.type(float32), weight)``) saves an fp32
+        # copy of its 16-bit input; under autocast the linear casts back and saves autocast's copy instead.
+        terms.append(Term("router input cast to fp32 (fp32 router weight)", NORM_COMPUTE_BYTES * tokens * h, "sp",
+                          "body", site="moe"))
+    if shape.kernels == "eager":
+        # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
+        terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
+                          "sp", "body", site="moe"))
+    else:
+        terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT,
+                          "sp", "body", site="moe"))
     return terms
 
 

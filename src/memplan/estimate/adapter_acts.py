@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, NORM_COMPUTE_BYTES, ActivationShape, Term
-from memplan.model.peft_params import Adapter
+from memplan.peft.params import Adapter
 
 #: Adapter weights' dtype (peft ``autocast_adapter_dtype=True``).
 ADAPTER_BYTES = 4

@@ -33,9 +33,6 @@ from __future__ import annotations
 
 from memplan.model.spec import AttentionSpec
 
-#: Megatron ``--cp-comm-type`` values.
-CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
-
 
 def cp_backward_extra_bytes(attn: AttentionSpec, comm_type: str, *, cp: int, tokens: int, tp: int,
                             act_bytes: int) -> int:

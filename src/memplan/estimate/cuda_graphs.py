@@ -171,20 +171,19 @@ class GraphMemory:
         return self.pool - self.captured.get(phase, 0) + self.static
 
 
-def graph_memory(graphs: CudaGraphs, layout: StageLayout, shape: ActivationShape,
-                 candidates: dict[str, tuple[int, int, int, int]], comm_at: dict[str, int],
+def graph_memory(graphs: CudaGraphs, layout: StageLayout, shape: ActivationShape, weighed: dict[str, int],
                  chunk_graph: list[int], chunk_graph_layers: list[int], worst: int, inputs: int, *, cp: int,
                  num_microbatches: int) -> GraphMemory:
-    """The stage's pool and static buffers from the engine's figures: ``candidates`` (per peak candidate:
-    activations, logits, temporaries, gradients not yet made) with ``comm_at`` and the batch ``inputs``;
-    per chunk the captured saved bytes and captured layers; ``worst`` the worst captured backward."""
+    """The stage's pool and static buffers from the ledger's figures: ``weighed`` (per candidate peak:
+    activations, logits, temporaries and collective buffers less the gradients not yet made,
+    :meth:`memplan.estimate.ledger.Ledger.weighed`) and the batch ``inputs``; per chunk the captured
+    saved bytes and captured layers; ``worst`` the worst captured backward."""
     impl = graphs.impl
     if impl == "none" or not layout.layer_indices:
         return GraphMemory()
     if impl == "full_iteration":
         # every phase of the forward-backward runs inside the graph; the optimizer step does not
-        captured = {name: sum(c[:3]) - c[3] + comm_at[name] for name, c in candidates.items()
-                    if name != "optimizer step"}
+        captured = {name: held for name, held in weighed.items() if name != "optimizer step"}
         # StaticBufferLoader keeps every micro-batch's batch; the eager figures hold the in-flight ones
         per_microbatch = inputs // max(layout.inflight_microbatches, 1)
         covered = {name: held + inputs for name, held in captured.items()}

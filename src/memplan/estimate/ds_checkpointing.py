@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from memplan.errors import JobConfigError
 from memplan.job import Job, Recompute
-from memplan.policies import resolve_policy
+from memplan.policies import ActivationPolicy, resolve_policy
+from memplan.profiles.framework import get_profile
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,13 @@ def contiguous_unused_bytes(rc: Recompute, part: int, warmup_checkpoints: int, n
     return (count - newest_checkpoints) * part
 
 
-def ds_checkpointing_applies(job: Job) -> bool:
+def ds_checkpointing_applies(job: Job, policy: ActivationPolicy | None = None) -> bool:
     """Whether DeepSpeed's checkpointing switches change the estimate: they move what full
-    recompute keeps (each recomputed layer's input); other recompute modes checkpoint no layer."""
-    policy = resolve_policy(job)
-    return (job.framework == "deepspeed" and policy.name == "full"
-            and (policy.partition_activations or policy.cpu_checkpointing))
+    recompute keeps (each recomputed layer's input); other recompute modes checkpoint no layer.
+    ``policy``: the job's resolved policy, when the caller has it."""
+    policy = policy or resolve_policy(job)
+    return (policy.name == "full" and (policy.partition_activations or policy.cpu_checkpointing)
+            and get_profile(job.framework).deepspeed_checkpointing)
 
 
 def describe_ds_checkpointing(job: Job) -> str | None:

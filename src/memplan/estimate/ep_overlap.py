@@ -58,6 +58,7 @@ from memplan.estimate.activations import (
     divided,
     layer_terms_by_block,
 )
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
 
 __all__ = ["LayerParts", "attention_wgrad_held", "combined_step_extra", "describe", "dispatch_backward_extra",
@@ -144,7 +145,7 @@ def _attention_operands(attn: AttentionSpec, shape: ActivationShape) -> int:
     c, tokens, tp, h = _operand_bytes(shape), shape.seq * shape.micro_batch, shape.tp, shape.hidden
     heads = attn.num_heads
     proj = tokens * heads * attn.v_head_dim // tp + tokens * h
-    if attn.kind != "mla":
+    if not attention_kind(attn).latent:
         qkv = heads * attn.head_dim + attn.num_kv_heads * (attn.head_dim + attn.v_head_dim)
         return c * (tokens * h + tokens * qkv // tp + proj)
     rope = attn.qk_rope_head_dim or 0

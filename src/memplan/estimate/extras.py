@@ -6,9 +6,10 @@ from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, ea
 from memplan.estimate.optimizers import step_temporary_bytes
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, StateBytes
-from memplan.frameworks.profiles import FrameworkProfile
 from memplan.job import Job
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import ModelSpec
+from memplan.profiles import FrameworkProfile
 from memplan.units import dtype_bytes
 
 #: Megatron's data iterator puts int64 tokens, labels and position ids, an fp32 loss mask and a
@@ -35,7 +36,7 @@ def rope_table_bytes(model: ModelSpec, shape: ActivationShape) -> int:
     if model.position_embedding != "rope" or shape.kernels != "eager" or shape.rope_buffer:
         return 0  # (a precomputed buffer, sliced as a view, allocates nothing per step)
     attn = model.layers[0].attention
-    if attn.kind == "mla":
+    if not attention_kind(attn).full_head_rope:
         return 0
     rotary_dim = int(attn.head_dim * attn.rotary_fraction)
     return 2 * shape.seq * rotary_dim * shape.residual_bytes
@@ -190,8 +191,8 @@ def deferred_wgrad_bytes(job: Job, shape: ActivationShape, vocab_rows: int) -> i
     return max(0, finished) * per_microbatch
 
 
-def input_bytes(shape: ActivationShape, framework: str, cp: int = 1) -> int:
-    """The batch on the GPU: token ids and labels (Megatron adds a loss mask and an s*s mask).
+def input_bytes(shape: ActivationShape, full_batch: bool, cp: int = 1) -> int:
+    """The batch on the GPU: token ids and labels (``full_batch``: Megatron's position ids, loss mask and s*s mask too).
 
     Under context parallelism Megatron keeps each rank's ``s / cp`` tokens of every tensor, but only
     the query rows of the mask: ``[b, 1, s / cp, s]`` (megatron/core/utils.py
@@ -199,7 +200,7 @@ def input_bytes(shape: ActivationShape, framework: str, cp: int = 1) -> int:
     """
     s, b = shape.seq, shape.micro_batch
     base = 2 * _INT64 * s * b
-    if framework == "megatron":
+    if full_batch:
         base += _INT64 * s * b + _FP32 * s * b + b * s * shape.kv_seq * cp
     return base
 

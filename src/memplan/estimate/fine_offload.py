@@ -43,6 +43,7 @@ from memplan.estimate.activations import ActivationShape, Term, divided, layer_t
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
 from memplan.job import Offload
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import LayerSpec, ModelSpec
 
 #: Offload modules in the order a layer's forward opens their groups.
@@ -53,7 +54,7 @@ _EXPERT_FC1, _MOE_ACT = "dispatched tokens (grouped-GEMM input)", "experts fc1 o
 
 def group_term_names(layer: LayerSpec, name: str) -> tuple[str, ...]:
     """The names of the :mod:`memplan.estimate.activations` terms module ``name``'s group holds in ``layer``."""
-    mla, moe = layer.attention.kind == "mla", layer.moe is not None
+    mla, moe = attention_kind(layer.attention).latent, layer.moe is not None
     table = {
         "attn_norm": ("attention norm input",) if mla else (),
         "qkv_linear": ("attention norm output (GEMM input)",) if mla else (

@@ -1,6 +1,6 @@
 """Model states of a fine-tuning job: trainable and frozen weights, adapters, quantized base weights.
 
-What trains comes from :mod:`memplan.model.peft_params`; this module prices it on one GPU of a stage:
+What trains comes from :mod:`memplan.peft.params`; this module prices it on one GPU of a stage:
 
 * frozen weights keep no gradient, master copy or optimizer state; unquantized frozen weights are
   stored in ``--frozen-dtype`` (default the compute dtype: a base loaded with ``torch_dtype=bfloat16``);
@@ -21,7 +21,7 @@ from memplan.estimate.activations import ActivationShape, eager_norm_terms
 from memplan.estimate.layout import StageLayout
 from memplan.job import Job
 from memplan.model.linears import model_parameters
-from memplan.model.peft_params import FinetuneParams, PartCounts, finetune_params, saved_modules
+from memplan.peft.params import FinetuneParams, PartCounts, finetune_params, saved_modules
 from memplan.model.spec import ModelSpec
 from memplan.units import dtype_bytes
 

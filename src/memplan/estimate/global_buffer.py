@@ -2,7 +2,7 @@
 
 ``GlobalMemoryBuffer.get_tensor(shape, dtype, "mpu")`` (megatron/core/utils.py) hands out a view of
 one tensor per (name, dtype), reallocated to the largest size ever asked for and kept for the run.
-Besides the all-gather MoE dispatcher (priced in :func:`memplan.estimate.engine.moe_allgather_buffer_bytes`),
+Besides the all-gather MoE dispatcher (priced in :func:`memplan.estimate.stage_buffers.moe_allgather_buffer_bytes`),
 the local (non-Transformer-Engine) layers ask it for:
 
 * the sequence-parallel all-gather of a column-parallel linear layer's input, forward and backward

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from memplan.frameworks.profiles import resolved_optimizer_impl
+from memplan.job import resolved_optimizer_impl
 from memplan.model.params import position_embedding_params
 
 if TYPE_CHECKING:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.frameworks.profiles import FrameworkProfile
-from memplan.job import Job
+from memplan.job import Job, Precision
+from memplan.profiles import FrameworkProfile
 from memplan.units import dtype_bytes
 
 
@@ -99,15 +99,7 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
                 f"{p.name} ({profile.name}): sharded fp32 weights; FSDP all-gathers {compute} copies "
                 "of each block for its forward and backward"
             )
-    if p.grad_dtype:
-        grad = p.grad_dtype
-        notes.append(f"gradients kept in {grad} (--grad-dtype)")
-    if p.optimizer_state_dtype:
-        state = p.optimizer_state_dtype
-        notes.append(f"optimizer moments in {state} (--optimizer-state-dtype)")
-    if p.master_dtype:
-        master = None if p.master_dtype == param else p.master_dtype
-        notes.append(f"master weights in {p.master_dtype} (--master-dtype)")
+    grad, state, master = _explicit_dtypes(p, param, grad, state, master, notes)
     return ResolvedPrecision(
         param=param,
         compute=compute,
@@ -118,3 +110,18 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
         residual=residual,
         notes=tuple(notes),
     )
+
+
+def _explicit_dtypes(p: Precision, param: str, grad: str, state: str, master: str | None,
+                     notes: list[str]) -> tuple[str, str, str | None]:
+    """(gradient, optimizer state, master) dtypes after the explicit ``--*-dtype`` flags, noted."""
+    if p.grad_dtype:
+        grad = p.grad_dtype
+        notes.append(f"gradients kept in {grad} (--grad-dtype)")
+    if p.optimizer_state_dtype:
+        state = p.optimizer_state_dtype
+        notes.append(f"optimizer moments in {state} (--optimizer-state-dtype)")
+    if p.master_dtype:
+        master = None if p.master_dtype == param else p.master_dtype
+        notes.append(f"master weights in {p.master_dtype} (--master-dtype)")
+    return grad, state, master

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import LayerSpec
 
 #: Sites each ``--recompute-modules`` choice drops (``core`` is the ``core`` recompute class).
@@ -104,13 +105,13 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
         terms.append(Term("MoE checkpoint input (pre-MLP norm output)", shape.residual_bytes * sbh, "sp", "input",
                            site="moe"))
     attn = layer.attention
-    if "mla_up_proj" in names and attn.kind == "mla":
+    if "mla_up_proj" in names and attention_kind(attn).latent:
         # The stretch's inputs: the kv latent with the rope key (kv_a_proj_with_mqa's output) and the q
         # latent (q_a_proj's output; without a low-rank q, q_proj's input is the attention input, kept anyway).
         latents = (attn.kv_lora_rank or 0) + (attn.qk_rope_head_dim or 0) + (attn.q_lora_rank or 0)
         terms.append(Term("mla_up_proj checkpoint inputs (the q and kv latents)",
                           shape.act_bytes * shape.seq * shape.micro_batch * latents, "rep", "input"))
-    if "core_attn" in names and excess > 0 and shape.rope and attn.kind != "mla":
+    if "core_attn" in names and excess > 0 and shape.rope and not attention_kind(attn).latent:
         width = (attn.num_heads + attn.num_kv_heads) * attn.head_dim
         terms.append(Term("attention core checkpoint inputs: q, k from RoPE in the residual dtype (beyond their "
                           "16-bit copies)", excess * shape.seq * shape.micro_batch * width, "tp", "input"))

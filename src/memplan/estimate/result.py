@@ -8,6 +8,7 @@ from typing import Any
 from memplan.categories import MemoryCategory
 from memplan.gpus import GPU
 from memplan.job import Job
+from memplan.settings import InputSetting, settings_dict, unmodelled
 
 
 def plain_dict(obj: Any) -> Any:
@@ -159,6 +160,8 @@ class Estimate:
     peak_stage: int
     #: Fraction of reserved memory assumed lost to allocator fragmentation.
     fragmentation: float
+    #: The sentences that explain the figures: the job's setting and each contribution's own
+    #: (:mod:`memplan.estimate.ledger`), each once.
     assumptions: tuple[str, ...]
     #: Total parameters of the model (as transformers counts them).
     total_parameters: int
@@ -169,6 +172,14 @@ class Estimate:
     trainable_params: int = 0
     #: Frozen parameters (quantized ones counted by their unquantized numel); 0 under full training.
     frozen_params: int = 0
+    #: What each setting of the input files (``--hf-args``, ``--deepspeed-config``...) did: modelled, no
+    #: memory effect, or not modelled (:class:`~memplan.settings.InputSetting`).
+    settings: tuple[InputSetting, ...] = ()
+
+    @property
+    def unmodelled_settings(self) -> tuple[str, ...]:
+        """The input settings memplan read and does not model, one line each (never dropped silently)."""
+        return tuple(s.describe() for s in unmodelled(self.settings))
 
     @property
     def peak_cpu_bytes(self) -> int:
@@ -217,6 +228,7 @@ class Estimate:
             "fragmentation": self.fragmentation,
             "stages": [s.to_dict() for s in self.stages],
             "assumptions": list(self.assumptions),
+            **settings_dict(self.settings),
             "job": plain_dict(self.job),
         }
         if self.gpu is not None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from memplan.estimate.activations import LSE_BYTES, ActivationShape, Region, Term
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec
 
 __all__ = ["SAVED_OPS", "OpOutput", "layer_op_outputs", "recomputed_linear_fraction", "sac_kept", "sac_kept_terms"]
@@ -121,7 +122,7 @@ def _mlp_ops(mlp: MLPSpec, shape: ActivationShape) -> list[OpOutput]:
 def layer_op_outputs(layer: LayerSpec, shape: ActivationShape) -> list[OpOutput] | None:
     """The ops of a dense layer's forward that the save list names, in call order, with their
     outputs (full TP width, local sequence); ``None`` for MoE and MLA layers (not listed)."""
-    if layer.moe is not None or layer.mlp is None or layer.attention.kind == "mla":
+    if layer.moe is not None or layer.mlp is None or not attention_kind(layer.attention).per_op_sac:
         return None
     return _attention_ops(layer.attention, shape) + _mlp_ops(layer.mlp, shape)
 

@@ -8,7 +8,7 @@ weights over the expert-data-parallel group EDP = world / (EP x ETP x PP).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memplan.estimate.finetune import ADAPTER_BYTES, StageFinetune, frozen_bytes_per_element
 from memplan.estimate.layout import StageLayout
@@ -19,8 +19,8 @@ from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimi
     optimizer_states,
 )
 from memplan.estimate.precision import ResolvedPrecision
-from memplan.frameworks.profiles import FrameworkProfile, resolved_optimizer_impl
-from memplan.job import Job
+from memplan.job import Job, Offload, resolved_optimizer_impl
+from memplan.profiles import FrameworkProfile, get_profile
 from memplan.model.params import (
     ParamGroups,
     embedding_params,
@@ -72,9 +72,28 @@ def _local_layer(groups: ParamGroups, job: Job) -> tuple[int, int]:
     return dense, expert
 
 
+def fp32_router_weights(job: Job, prec: ResolvedPrecision) -> bool:
+    """The job's framework keeps MoE router weights in fp32 while the model's weights are narrower."""
+    return get_profile(job.framework).fp32_router_weights and prec.param_bytes < 4
+
+
 def layer_numel_on_rank(groups: ParamGroups, job: Job) -> tuple[int, int]:
     """(dense, expert) parameters of one decoder layer on one rank (TP/EP/ETP-divided)."""
     return _local_layer(groups, job)
+
+
+def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(a representative index, how many) of each distinct layer object among ``indices`` (layers
+    that share a spec object share every per-layer figure), in first-seen order."""
+    seen: dict[int, list[int]] = {}
+    layers = model.layers
+    for index in indices:
+        entry = seen.get(id(layers[index]))
+        if entry is None:
+            seen[id(layers[index])] = [index, 1]
+        else:
+            entry[1] += 1
+    return [(index, count) for index, count in seen.values()]
 
 
 def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int, *,
@@ -86,16 +105,16 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
     dense = expert = largest = gemm = 0
     all_groups, non_gemm = model.layer_param_groups, model.layer_non_gemm_params
     routers = 0
-    for index in stage.layer_indices:
+    for index, count in _layer_kinds(model, stage.layer_indices):
         moe = model.layers[index].moe
         if moe is not None and moe.router_fp32:
-            routers += hidden * moe.num_experts + (moe.num_experts if moe.router_bias and not moe.router_bias_is_buffer
-                                                   else 0)
+            routers += count * (hidden * moe.num_experts + (
+                moe.num_experts if moe.router_bias and not moe.router_bias_is_buffer else 0))
         local_dense, local_expert = _local_layer(all_groups[index], job)
-        dense += local_dense
-        expert += local_expert
+        dense += count * local_dense
+        expert += count * local_expert
         largest = max(largest, local_dense + local_expert)
-        gemm += local_dense + local_expert - non_gemm[index]
+        gemm += count * (local_dense + local_expert - non_gemm[index])
     root = 0
     vocab_local = embedding_params(model, vocab_rows) // tp
     embedding_local = vocab_local if vocab_parallel else embedding_params(model, vocab_rows)
@@ -225,20 +244,10 @@ def state_bytes(
     if finetune is not None:
         return _finetune_state_bytes(model, job, params, prec, finetune, (full_shard, grad_shard, opt_shard),
                                      step_counters, small)
-    fp8 = 0
-    if job.precision.fp8 is not None:
-        gemm = params.gemm_weights if not full_shard else -(-params.gemm_weights // shards[0])
-        if job.precision.fp8_params:
-            # FP8 weights replace the 16-bit ones (1 byte) and keep an FP8 transpose (1 byte).
-            parameters -= gemm * (prec.param_bytes - 1)
-            fp8 = gemm
-        else:
-            # Transformer Engine casts each GEMM weight to FP8 once per step and caches it and its
-            # transpose across micro-batches (Hopper FP8 GEMMs need both layouts).
-            fp8 = 2 * gemm
-        parameters += fp8
+    fp8, replaced = _fp8_weight_bytes(job, params, prec, shards[0] if full_shard else 1)
+    parameters += fp8 - replaced
     gradients = g_numel * prec.grad_bytes
-    fp32_routers = params.fp32_routers if job.framework == "hf" and prec.param_bytes < 4 else 0
+    fp32_routers = params.fp32_routers if fp32_router_weights(job, prec) else 0
     if fp32_routers:
         # transformers' fp32 routers under 16-bit weights: their weights, gradients and (torch) optimizer
         # states are fp32 (:attr:`memplan.model.spec.MoESpec.router_fp32`)
@@ -255,6 +264,30 @@ def state_bytes(
         optimizer += (optimizer_states(routers_o, job, 4, model.hidden_size).device_bytes
                       - optimizer_states(routers_o, job, prec.state_bytes, model.hidden_size).device_bytes)
     optimizer += step_counters * STEP_COUNTER_BYTES
+    on_gpu = StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
+                        optimizer_numel=o_numel, fp8_weights=fp8, paged_optimizer=opt_states.paged_bytes)
+    return _offloaded(on_gpu, off, offload_moves_gradients)
+
+
+def _fp8_weight_bytes(job: Job, params: StageParams, prec: ResolvedPrecision, shard: int) -> tuple[int, int]:
+    """(FP8 weight bytes, 16-bit weight bytes they replace) of the stage's GEMM weights (``shard``:
+    the ZeRO-3 / FSDP shard count of the weights, else 1)."""
+    if job.precision.fp8 is None:
+        return 0, 0
+    gemm = -(-params.gemm_weights // shard) if shard > 1 else params.gemm_weights
+    if job.precision.fp8_params:
+        # FP8 weights replace the 16-bit ones (1 byte) and keep an FP8 transpose (1 byte).
+        return gemm, gemm * (prec.param_bytes - 1)
+    # Transformer Engine casts each GEMM weight to FP8 once per step and caches it and its
+    # transpose across micro-batches (Hopper FP8 GEMMs need both layouts).
+    return 2 * gemm, 0
+
+
+def _offloaded(on_gpu: StateBytes, off: Offload, moves_gradients: bool) -> StateBytes:
+    """``on_gpu`` with what optimizer and weight offloading move to CPU memory."""
+    if not off.optimizer and not off.params:
+        return on_gpu
+    parameters, gradients, master, optimizer = on_gpu.parameters, on_gpu.gradients, on_gpu.master, on_gpu.optimizer
     cpu_params = cpu_grads = cpu_opt = 0
     if off.optimizer:
         fraction = off.optimizer_fraction
@@ -262,24 +295,15 @@ def state_bytes(
         master -= int(master * fraction)
         optimizer -= int(optimizer * fraction)
         # The CPU step reads fp32 gradients in CPU memory.
-        cpu_grads = int(o_numel * fraction) * 4
-        if offload_moves_gradients:
+        cpu_grads = int(on_gpu.optimizer_numel * fraction) * 4
+        if moves_gradients:
             gradients -= int(gradients * fraction)
     if off.params:
-        cpu_params = parameters - fp8
-        parameters = fp8
-    return StateBytes(
-        parameters=parameters,
-        gradients=gradients,
-        master=master,
-        optimizer=optimizer,
-        optimizer_numel=0 if off.optimizer and off.optimizer_fraction == 1.0 else o_numel,
-        fp8_weights=fp8,
-        cpu_parameters=cpu_params,
-        cpu_gradients=cpu_grads,
-        cpu_optimizer=cpu_opt,
-        paged_optimizer=opt_states.paged_bytes,
-    )
+        cpu_params = parameters - on_gpu.fp8_weights
+        parameters = on_gpu.fp8_weights
+    return replace(on_gpu, parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
+                   optimizer_numel=0 if off.optimizer and off.optimizer_fraction == 1.0 else on_gpu.optimizer_numel,
+                   cpu_parameters=cpu_params, cpu_gradients=cpu_grads, cpu_optimizer=cpu_opt)
 
 
 def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec: ResolvedPrecision,

@@ -15,7 +15,8 @@ import sys
 import types
 from typing import Any
 
-from memplan.fit.colocate import MIG_PROFILES, Colocation, ProcessMemory, SharedJob, colocate, resolve_device
+from memplan.fit.colocate import Colocation, ProcessMemory, SharedJob, colocate
+from memplan.gpus import MIG_PROFILES, resolve_device
 from memplan.fit.context import DEFAULT_TOKENS_PER_STEP, default_global_batch
 from memplan.fit.hardware import HARDWARE, Hardware
 from memplan.fit.limits import CurvePoint, Limit, max_micro_batch, max_seq_length

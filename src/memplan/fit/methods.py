@@ -28,6 +28,7 @@ from memplan.fit.steptime import StepTime, step_time
 from memplan.gpus import GPU, get_gpu
 from memplan.job import Batch, FineTuning, Job, Optimizer, Precision, Recompute
 from memplan.model.spec import ModelSpec
+from memplan.profiles import FINE_TUNING_FRAMEWORK
 
 __all__ = ["METHODS", "MethodResult", "MethodsResult", "compare_methods", "methods_base_job"]
 
@@ -115,7 +116,7 @@ def methods_base_job(gpu: GPU, *, seq: int = 4096, mbs: int = 1) -> Job:
     """The default base job of a comparison: the ``hf`` profile, one GPU, bf16 mixed precision (fp16
     mixed on GPUs without BF16: V100, T4)."""
     precision = "bf16-mixed" if gpu.half_dtype == "bf16" else "fp16-mixed"
-    return Job(framework="hf", precision=Precision(name=precision),
+    return Job(framework=FINE_TUNING_FRAMEWORK, precision=Precision(name=precision),
                batch=Batch(seq_length=seq, micro_batch_size=mbs))
 
 

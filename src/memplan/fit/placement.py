@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from memplan.errors import ConfigError
-from memplan.fit.colocate import SharedJob, process_memory, resolve_device
+from memplan.fit.colocate import SharedJob, process_memory
+from memplan.gpus import resolve_device
 from memplan.fit.results import FIT_MARGIN
 
 __all__ = ["OfferedGPU", "Placement", "PlacementResult", "place"]

@@ -3,7 +3,7 @@
 A :class:`Layout` is the part of a job the search chooses apart from micro-batch and recompute:
 TP, PP (with virtual stages and, where the layers do not divide, an uneven first/last stage), CP,
 EP, expert TP, DP and the sharding of model states. :func:`enumerate_layouts` lists those that
-obey the divisibility rules of :func:`memplan.job.validate_job_for_model` plus placement rules
+obey the divisibility rules of :func:`memplan.jobcheck.validate_job_for_model` plus placement rules
 (TP and the expert-parallel group inside one node by default) and records, per family, why the
 others were left out.
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from memplan.job import FrameworkName, Parallelism, Sharding, default_uneven_split
 from memplan.model.spec import ModelSpec
+from memplan.profiles import FrameworkProfile, get_profile
 
 #: Below this many tokens per CP rank the ring exchange of context parallelism cannot hide
 #: behind attention; such CP sizes are not searched.
@@ -136,29 +137,26 @@ def pipeline_split(num_layers: int, pp: int, vpp: int) -> tuple[int | None, int 
     return (first, last)
 
 
-def _shardings(framework: FrameworkName, dp: int, cp: int, gpus_per_node: int) -> tuple[Sharding, ...]:
-    """Non-dominated sharding choices of a framework at this data-parallel size."""
+#: What each sharding choice of a profile's ``fit_shardings`` builds.
+_SHARDINGS: dict[str, Sharding] = {
+    "ddp": Sharding(), "dist-opt": Sharding(distributed_optimizer=True), "zero-1": Sharding(zero=1),
+    "zero-2": Sharding(zero=2), "zero-3": Sharding(zero=3), "fsdp-full": Sharding(fsdp="full"),
+}
+
+
+def _shardings(profile: FrameworkProfile, dp: int, cp: int, gpus_per_node: int) -> tuple[Sharding, ...]:
+    """Non-dominated sharding choices of a framework at this data-parallel size (its profile's
+    ``fit_shardings``; hybrid FSDP only when data parallelism spans nodes)."""
     if dp * cp == 1:
         return (Sharding(),)
-    if framework == "megatron":
-        return (Sharding(distributed_optimizer=True),)
-    if framework == "deepspeed":
-        return (Sharding(zero=1), Sharding(zero=2), Sharding(zero=3))
-    out = [Sharding(fsdp="full")]
-    if framework == "hf":
-        out.insert(0, Sharding())
-    if dp > gpus_per_node:
-        out.append(Sharding(fsdp="hybrid", fsdp_shard_size=gpus_per_node))
+    out = []
+    for choice in profile.fit_shardings:
+        if choice == "fsdp-hybrid":
+            if dp > gpus_per_node:
+                out.append(Sharding(fsdp="hybrid", fsdp_shard_size=gpus_per_node))
+        else:
+            out.append(_SHARDINGS[choice])
     return tuple(out)
-
-
-def _framework_limits(framework: FrameworkName) -> tuple[bool, bool, bool]:
-    """(tensor/context parallel, pipeline parallel, interleaving) the framework's launcher supports."""
-    if framework == "megatron":
-        return True, True, True
-    if framework == "torchtitan":
-        return True, True, False
-    return False, False, False  # DeepSpeed ZeRO and HF Trainer: data parallel + sharding
 
 
 def enumerate_layouts(
@@ -173,7 +171,8 @@ def enumerate_layouts(
         return (), tuple(excluded)
     attn = model.layers[0].attention
     moe = next((layer.moe for layer in model.layers if layer.moe is not None), None)
-    model_parallel, pipelines, interleave = _framework_limits(framework)
+    profile = get_profile(framework)
+    model_parallel, pipelines = profile.fit_tensor_parallel, profile.fit_pipelines
     layouts: list[Layout] = []
     for tp in divisors(world_size):
         if tp > 1 and not model_parallel:
@@ -198,18 +197,18 @@ def enumerate_layouts(
                 if cp > 1 and (not model_parallel or seq % (2 * cp) or seq // cp < space.min_tokens_per_cp_rank):
                     continue
                 dp = world_size // (tp * pp * cp)
-                layouts += _expert_layouts(model, moe, tp, pp, cp, dp, world_size, framework, space, interleave, excluded)
+                layouts += _expert_layouts(model, moe, tp, pp, cp, dp, world_size, profile, space, excluded)
     return tuple(layouts), tuple(excluded)
 
 
 def _expert_layouts(
     model: ModelSpec, moe: object, tp: int, pp: int, cp: int, dp: int, world: int,
-    framework: FrameworkName, space: SearchSpace, interleave: bool, excluded: list[Excluded],
+    profile: FrameworkProfile, space: SearchSpace, excluded: list[Excluded],
 ) -> list[Layout]:
     """Layouts for one (tp, pp, cp, dp): EP/ETP choices, virtual stages, shardings."""
     experts = getattr(moe, "num_experts", None)
     expert_choices: list[tuple[int, int | None]] = [(1, None)]
-    if experts is not None and (framework == "megatron"):
+    if experts is not None and profile.fit_expert_parallel:
         expert_choices = []
         for ep in divisors(experts):
             for etp in sorted({1, tp}):
@@ -220,14 +219,14 @@ def _expert_layouts(
                     continue
                 expert_choices.append((ep, None if etp == tp else etp))
     out: list[Layout] = []
-    for vpp in range(1, (space.max_vpp if interleave and pp > 1 else 1) + 1):
+    for vpp in range(1, (space.max_vpp if profile.fit_interleaved and pp > 1 else 1) + 1):
         split = pipeline_split(model.num_layers, pp, vpp)
         if split is None:
             if vpp == 1:
                 excluded.append(Excluded(family=f"tp{tp} pp{pp}", reason=f"{model.num_layers} layers cannot be split over {pp} stages"))
             continue
         for ep, expert_tp in expert_choices:
-            for sharding in _shardings(framework, dp, cp, space.gpus_per_node):
+            for sharding in _shardings(profile, dp, cp, space.gpus_per_node):
                 out.append(Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=expert_tp, dp=dp,
                                   first_stage_layers=split[0], last_stage_layers=split[1], sharding=sharding))
     return out

@@ -1,5 +1,2 @@
-"""Framework profiles: what Megatron-LM, torchtitan/FSDP2, DeepSpeed and HF Trainer really allocate."""
-
-from memplan.frameworks.profiles import PROFILES, FrameworkProfile, get_profile
-
-__all__ = ["PROFILES", "FrameworkProfile", "get_profile"]
+"""Framework readers: Megatron-LM, torchtitan, DeepSpeed and Hugging Face launch files and configs → a
+``ModelSpec`` and a ``Job``. The framework profiles themselves are :mod:`memplan.profiles`."""

@@ -20,12 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from memplan.errors import ModelConfigError
-from memplan.estimate.cp_attention import CP_COMM_TYPES
 from memplan.frameworks.megatron_model import flag_is_set
-from memplan.job import UB_GEMMS, CommOverlap, UbOverride
+from memplan.job import UB_GEMMS, CommOverlap, CpCommType, UbOverride
 
 __all__ = ["comm_overlap", "ub_overrides"]
 
@@ -73,8 +72,8 @@ def _cp_comm_types(args: Mapping[str, Any]) -> tuple[str, ...]:
     value = args.get("--cp-comm-type", "p2p")
     kinds = [str(v) for v in value] if isinstance(value, list) else str(value).split()
     for kind in kinds:
-        if kind not in CP_COMM_TYPES:
-            raise ModelConfigError("--cp-comm-type", f"must be one of {', '.join(CP_COMM_TYPES)}", kind)
+        if kind not in get_args(CpCommType):
+            raise ModelConfigError("--cp-comm-type", f"must be one of {', '.join(get_args(CpCommType))}", kind)
     return tuple(kinds)
 
 

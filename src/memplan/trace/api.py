@@ -110,7 +110,7 @@ def trace_job(model: str | Callable[[], Any] | TorchtitanTarget, options: TraceS
         job_source = "flags" if takes_context(model) else "script"
     if isinstance(model, str) and options.job.recompute.modules is not None:
         # Megatron's refusals of --recompute-modules for this model, before anything is built
-        from memplan.job import check_recompute_modules
+        from memplan.jobcheck import check_recompute_modules
         from memplan.model import load_model
 
         check_recompute_modules(options.job, load_model(model))

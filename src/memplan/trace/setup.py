@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from memplan.errors import ConfigError
-from memplan.frameworks.profiles import resolved_optimizer_impl
-from memplan.job import Job
+from memplan.job import Job, resolved_optimizer_impl
 from memplan.jobflags import build_job, job_flags
 from memplan.policies import ActivationPolicy, resolve_policy
 from memplan.trace.policies import check_runnable

@@ -204,7 +204,8 @@ def _job(path: str, spec: Any, gpus: int | None) -> tuple[Any, tuple[InputSettin
     """The job memplan's TOML reader makes of the file (what ``memplan estimate --torchtitan-config``
     prices), with the file's ``[model]`` marked as the model traced."""
     from memplan.frameworks.torchtitan_config import apply_torchtitan_config
-    from memplan.job import Job, validate_job_for_model
+    from memplan.job import Job
+    from memplan.jobcheck import validate_job_for_model
 
     typed = {} if gpus is None else {"gpus": gpus}
     job, settings = apply_torchtitan_config(path, Job(framework="torchtitan"), model=spec, model_given=True,

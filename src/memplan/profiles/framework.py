@@ -7,16 +7,18 @@ workspaces) the difference is a field here, with its source, never a bare factor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from memplan.errors import JobConfigError
+from memplan.profiles import megatron_rules
+from memplan.profiles.rules import JobRule, ModelRule
 from memplan.units import MiB
-
-if TYPE_CHECKING:
-    from memplan.job import Job
 
 KernelStyle = Literal["fused", "eager"]
 MixedWeights = Literal["master-copy", "autocast", "fsdp-cast"]
+#: A sharding of model states that ``memplan fit`` searches (``zero-N``: DeepSpeed ZeRO stage N;
+#: ``dist-opt``: Megatron's distributed optimizer; ``fsdp-hybrid`` only where DP spans nodes).
+ShardingChoice = Literal["ddp", "dist-opt", "zero-1", "zero-2", "zero-3", "fsdp-full", "fsdp-hybrid"]
 
 #: cuBLAS workspace PyTorch allocates through its caching allocator per handle/stream on
 #: Hopper: CUBLAS_WORKSPACE_CONFIG ":4096:8" = 8 chunks of 4096 KiB (aten/src/ATen/cuda/CublasHandlePool.cpp).
@@ -134,6 +136,50 @@ class FrameworkProfile:
     #: FSDP / HSDP / CP no mixed precision is applied at all, so the step runs in fp32.
     autocast_with_tp_or_pp: bool = True
 
+    # --- What the framework runs (issue 24: capabilities instead of framework-name if-chains) ---
+    #: The framework-specific options it runs (names of :data:`memplan.profiles.rules.FEATURES`);
+    #: a job that turns on another is refused with the option's flag and the frameworks that have it.
+    features: frozenset[str] = frozenset()
+    #: Its own validity rules, run on every job of this framework (``Job.__post_init__``) and on every
+    #: job with a model (:func:`memplan.jobcheck.validate_job_for_model`); each raises ``JobConfigError``.
+    job_rules: tuple[JobRule, ...] = ()
+    model_rules: tuple[ModelRule, ...] = ()
+    #: Activation policies priced for full training only: a job with adapters, frozen or quantized
+    #: base weights under one is refused.
+    full_training_only_policies: tuple[str, ...] = ()
+    #: The layouts ``memplan fit`` searches (what the framework's usual launcher runs): tensor and
+    #: context parallelism, pipelines, interleaved (virtual) pipeline stages, expert parallelism,
+    #: and the non-dominated shardings of model states, in the order they are tried.
+    fit_tensor_parallel: bool = False
+    fit_pipelines: bool = False
+    fit_interleaved: bool = False
+    fit_expert_parallel: bool = False
+    fit_shardings: tuple[ShardingChoice, ...] = ("fsdp-full", "fsdp-hybrid")
+
+    # --- Estimator capabilities (issue 24, the ledger): what the estimator prices for this framework,
+    # --- named by the library that allocates it, so estimate/ never compares a framework's name.
+    #: Megatron-core's ``GlobalMemoryBuffer`` ("mpu"): the all-gather MoE dispatcher's gathered tokens
+    #: and, under ``--transformer-impl local``, the layers' gathers and unfused attention scores.
+    global_memory_buffer: bool = False
+    #: ``--transformer-impl local`` runs torch matmuls instead of Transformer Engine's layers: no TE
+    #: cuBLAS workspace, the global buffer serves the layers (Megatron-LM only).
+    local_transformer_impl: bool = False
+    #: Transformer Engine's context-parallel attention buffers (``--cp-comm-type``) are priced.
+    te_context_parallel: bool = False
+    #: Transformer Engine's grouped GEMM keeps its per-stream cuBLAS workspaces (``--moe-grouped-gemm``).
+    te_grouped_gemm_workspaces: bool = False
+    #: The flex token dispatcher's communication buffers (DeepEP / HybridEP) are priced.
+    flex_dispatch_buffers: bool = False
+    #: The batch carries position ids, a loss mask and a full ``[b, 1, s, s]`` attention mask beside
+    #: tokens and labels (Megatron-LM's ``get_batch``); otherwise tokens and labels only.
+    full_batch_tensors: bool = False
+    #: MoE router weights stay fp32 under a lower-precision model (transformers
+    #: ``_keep_in_fp32_modules_strict``).
+    fp32_router_weights: bool = False
+    #: DeepSpeed activation checkpointing's ``partition_activations`` / ``cpu_checkpointing`` /
+    #: contiguous buffers act on full recompute's kept inputs.
+    deepspeed_checkpointing: bool = False
+
 
 MEGATRON = FrameworkProfile(
     name="megatron",
@@ -151,6 +197,22 @@ MEGATRON = FrameworkProfile(
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     moe_probs_at="experts",
+    features=frozenset({"muon", "tp-comm-overlap", "delay-wgrad", "early-attn-release",
+                        "experts-wgrad-overlap", "shared-expert-overlap", "ep-a2a-overlap", "cuda-graphs",
+                        "fine-offload", "local-transformer-impl"}),
+    job_rules=megatron_rules.JOB_RULES,
+    model_rules=megatron_rules.MODEL_RULES,
+    fit_tensor_parallel=True,
+    fit_pipelines=True,
+    fit_interleaved=True,
+    fit_expert_parallel=True,
+    fit_shardings=("dist-opt",),
+    global_memory_buffer=True,
+    local_transformer_impl=True,
+    te_context_parallel=True,
+    te_grouped_gemm_workspaces=True,
+    flex_dispatch_buffers=True,
+    full_batch_tensors=True,
 )
 
 TORCHTITAN = FrameworkProfile(
@@ -170,6 +232,8 @@ TORCHTITAN = FrameworkProfile(
     activation_policies=("none", "full", "torchtitan-sac", "memory-budget"),
     selective_policy="torchtitan-sac",
     autocast_with_tp_or_pp=False,
+    fit_tensor_parallel=True,
+    fit_pipelines=True,
 )
 
 DEEPSPEED = FrameworkProfile(
@@ -189,6 +253,9 @@ DEEPSPEED = FrameworkProfile(
     allgather_bucket_elements=500_000_000,
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
+    features=frozenset({"partition-activations", "cpu-checkpointing"}),
+    fit_shardings=("zero-1", "zero-2", "zero-3"),
+    deepspeed_checkpointing=True,
 )
 
 HF = FrameworkProfile(
@@ -210,9 +277,15 @@ HF = FrameworkProfile(
     vocab_parallel=False,
     activation_policies=("none", "full", "attention-module", "megatron-selective"),
     selective_policy="attention-module",
+    full_training_only_policies=("megatron-selective",),
+    fit_shardings=("ddp", "fsdp-full", "fsdp-hybrid"),
+    fp32_router_weights=True,
 )
 
 PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (MEGATRON, TORCHTITAN, DEEPSPEED, HF)}
+#: The framework a fine-tuning job (adapters, a quantized base) runs under when none is named, and the
+#: one ``memplan fit --methods`` compares under: the HF Trainer / TRL / PEFT loop fine-tuners use.
+FINE_TUNING_FRAMEWORK = HF.name
 
 
 def get_profile(name: str) -> FrameworkProfile:
@@ -221,18 +294,6 @@ def get_profile(name: str) -> FrameworkProfile:
         return PROFILES[name]
     except KeyError:
         raise JobConfigError("--framework", f"must be one of {', '.join(PROFILES)}", name) from None
-
-
-def resolved_optimizer_impl(job: Job) -> str:
-    """``foreach``, ``fused`` or ``for-loop``: ``--optimizer-impl``, or the job's framework default
-    for ``auto`` — the one rule every engine uses."""
-    impl = job.optimizer.implementation
-    return impl if impl != "auto" else get_profile(job.framework).default_optimizer_impl
-
-
-def resolved_loss(job: Job) -> str:
-    """The loss path: ``--loss``, or the job's framework default for ``auto``."""
-    return job.loss if job.loss != "auto" else get_profile(job.framework).default_loss
 
 
 def vocab_split(profile: FrameworkProfile, tp: int) -> int:

@@ -1,6 +1,6 @@
 """Checks of the fine-tuning flags against a model: names that match no module, ranks too large.
 
-Called by :func:`memplan.job.validate_job_for_model`; each failure is one
+Called by :func:`memplan.jobcheck.validate_job_for_model`; each failure is one
 :class:`~memplan.errors.JobConfigError` naming the flag, the rule and the value.
 """
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from memplan.errors import JobConfigError
 from memplan.model.linears import matches, model_linears
-from memplan.model.peft_params import (
+from memplan.peft.params import (
     adapter_targets,
     fused_gate_up_complete,
     module_names,
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
     """Module names the fine-tuning flags give must exist in ``model`` and ranks must fit the layers
     they target; raise :class:`~memplan.errors.JobConfigError` naming the flag."""
+    if ft.peft == "none" and not ft.modules_to_save and ft.resolved_trainable in ("all", "adapters"):
+        return  # full training names nothing (the common case: no walk over the model's linears)
     linears = list(model_linears(model))
 
     def listing() -> str:  # for the error messages only

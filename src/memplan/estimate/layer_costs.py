@@ -1,0 +1,274 @@
+"""What one decoder layer keeps for its backward and adds during it, under the job's activation policy.
+
+:func:`layer_costs` gives a layer's :data:`~memplan.estimate.context.LayerCosts` (kept, full,
+backward transient, made again at its worst), memoised per distinct layer kind in the run's cache;
+the other functions add what a mechanic changes in one layer's figures (shared-expert overlap, the
+experts' wgrad overlap, context-parallel buffers, autocast copies a recompute makes again, MTP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from memplan.estimate.activations import (
+    KEPT_BY,
+    ActivationShape,
+    Term,
+    backward_transient_bytes,
+    dispatch_buffer_bytes,
+    divided,
+    layer_terms,
+    layer_terms_by_block,
+)
+from memplan.estimate.adapter_acts import ADAPTER_BYTES, adapter_terms, dora_forward_transient, frozen_layer_terms
+from memplan.estimate.autocast import (
+    attention_weight_copy_numel,
+    checkpointed_module_copy_numel,
+    layer_weight_copy_numel,
+)
+from memplan.estimate.context import LayerCosts, RunContext, Same, StageContext, kept_policy
+from memplan.estimate.cp_attention import cp_backward_extra_bytes
+from memplan.estimate.ep_overlap import (
+    LayerParts,
+    attention_wgrad_held,
+    dispatch_backward_extra,
+    expert_wgrad_held,
+    layer_parts,
+    mlp_wgrad_held,
+    shared_expert_overlap_bytes,
+)
+from memplan.estimate.finetune import frozen_bytes_per_element
+from memplan.estimate.recompute_modules import (
+    checkpoint_input_terms,
+    recomputed_only_terms,
+    recomputed_peak,
+    term_site,
+)
+from memplan.estimate.sac import sac_kept_terms
+from memplan.model.spec import LayerSpec
+from memplan.peft.params import Adapter, first_trainable_layer
+from memplan.policies import ActivationPolicy
+from memplan.units import dtype_bytes
+
+
+@dataclass(frozen=True)
+class LayerRole:
+    """A fine-tuned layer's part: its adapters, whether its base is frozen or quantized, and whether
+    it is the first layer with something trainable (its input needs no gradient)."""
+
+    adapters: tuple[Adapter, ...] = ()
+    frozen: bool = False
+    first: bool = False
+    quantized: bool = False
+
+
+_FULL_TRAINING = LayerRole()
+_NOTHING = (0, 0, 0, 0)
+
+
+def _role(run: RunContext, index: int | None) -> LayerRole | None:
+    """The layer's fine-tuning role; None for a layer before the first trainable one, which saves nothing."""
+    counts = run.counts
+    if counts is None or index is None:
+        return _FULL_TRAINING
+    # Before the first layer with something trainable nothing requires grad and nothing is saved; that
+    # layer's input (the frozen embedding's output, or a frozen layer's) needs no gradient, so what only
+    # that gradient needs is not saved (checkpointing makes the input require grad: HF
+    # enable_input_require_grads).
+    root_frozen = counts.root.trained + counts.root.adapter == 0
+    start = first_trainable_layer(counts) if root_frozen else 0
+    plain = not run.policy.recomputes
+    if index < start and plain:
+        return None
+    return LayerRole(adapters=tuple(a for a in counts.adapters if a.module.layer == index),
+                     frozen=counts.layers[index].trained == 0, first=index == start and root_frozen and plain,
+                     quantized=bool(counts.layers[index].quantized))
+
+
+def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> LayerCosts:
+    """(kept, full, backward transient, recomputed at the worst point) of one layer.
+
+    With ``index`` (a fine-tuning job) a frozen layer's GEMM inputs are not saved and its adapters'
+    terms are added (:mod:`memplan.estimate.adapter_acts`).
+    """
+    role = _role(run, index)
+    if role is None:
+        return _NOTHING
+    key = (id(layer), role.adapters, role.frozen, role.first, run.job.finetune.quantize_base)
+    cached = run.cache.get(key)
+    if cached is None:
+        ft = run.job.finetune
+        cached = run.cache[key] = _layer_figures(Same(layer), run.shape, run.policy, role, ft.quantize_base,
+                                                 run.prec.weight_copies == "autocast", ft.lora_dropout > 0)
+    return cached
+
+
+@lru_cache(maxsize=4096)
+def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy, role: LayerRole,
+                   quantize_base: str, autocast: bool, lora_dropout: bool) -> LayerCosts:
+    """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
+    layer kinds under many layouts; the key holds the layer itself, compared by identity)."""
+    blocks = _blocks(layer.obj, shape, role, quantize_base=quantize_base, autocast=autocast,
+                     lora_dropout=lora_dropout)
+    return _priced(layer.obj, shape, policy, blocks)
+
+
+def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quantize_base: str, autocast: bool,
+            lora_dropout: bool) -> tuple[list[Term], list[Term]]:
+    """(attention, rest) terms of the layer for its fine-tuning role."""
+    attention, rest = layer_terms_by_block(layer, shape)
+    # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
+    int8_base = role.quantized and quantize_base == "int8"
+    if role.frozen:
+        attention = frozen_layer_terms(attention, shape, role.first, gemm_inputs_kept=int8_base)
+        rest = frozen_layer_terms(rest, shape, False, gemm_inputs_kept=int8_base)
+    if role.adapters:
+        rest = rest + adapter_terms(role.adapters, shape, autocast=autocast, dropout=lora_dropout,
+                                    compute_bytes=shape.act_bytes, input_needs_grad=not role.first,
+                                    # peft's cast to the fp32 adapters is a no-op on fp32 activations
+                                    uncast_input=(role.quantized and autocast) or shape.act_bytes == ADAPTER_BYTES,
+                                    base_keeps_input=int8_base)
+    return attention, rest
+
+
+def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
+            blocks: tuple[list[Term], list[Term]]) -> LayerCosts:
+    """The layer's figures from its terms under the activation policy."""
+    kept_classes, dropped = kept_policy(policy)
+    mode = policy.kept_classes_key
+    sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
+    full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
+    inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
+    transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
+        divided(t, shape) for t in inputs if t.site in ("mlp", "moe")))
+    sac = sac_kept_terms(layer, shape) if mode == "selective-per-op" else None
+    if mode == "selective-per-op" and sac is None:
+        # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
+        kept_classes = KEPT_BY["selective"]
+    kept = sum(size for size, keep, site in sized if keep in kept_classes and site not in dropped)
+    if sac is not None:
+        # The cached op outputs; those autograd does not save also sit beside the recomputed layer.
+        kept += sum(divided(t, shape) for t in sac[0])
+        transient += sum(divided(t, shape) for t in sac[1])
+    if policy.name == "memory-budget":
+        # torch's partitioner: at most the budget's fraction of what it saves above the region's inputs
+        kept += budget_share(full - kept, policy.memory_budget)
+    rebuilt = full - kept
+    if dropped:
+        # only one block's recomputed tensors are alive at a time (recompute_modules.py)
+        rebuilt -= sum(size for size, _, site in sized if site in dropped)
+        again = [(divided(t, shape), t.site) for t in recomputed_only_terms(shape, policy.modules)]
+        rebuilt += recomputed_peak([(size, site) for size, _, site in sized] + again, dropped)
+        kept += sum(divided(t, shape) for t in inputs)
+    return kept, full, transient, rebuilt
+
+
+def budget_share(above_floor: int, budget: float | None) -> int:
+    """Bytes torch's partitioner may keep above full recompute's floor under ``activation_memory_budget``
+    (torch/_functorch/partitioners.py ``choose_saved_values_set``: 0 saves only the region's inputs, 1
+    the default min-cut's values, and between them the knapsack keeps the saved bytes above the inputs
+    within ``budget`` x (min-cut's - inputs')). The eager saved tensors bound the min-cut's from above."""
+    return int(above_floor * (budget if budget is not None else 1.0))
+
+
+def largest_saved_term(run: RunContext, layer_indices: Iterable[int]) -> int:
+    """The largest tensor one of ``layer_indices`` saves (one rank): what a per-tensor activation
+    offload brings back to the GPU for one operator's backward (an approximation: an operator that
+    saved several tensors gets all of them back at once)."""
+    shape = run.shape
+    return max((divided(term, shape) for index in layer_indices
+                for term in layer_terms(run.model.layers[index], shape)), default=0)
+
+
+def with_shared_expert_overlap(run: RunContext, layer: LayerSpec, keep: int, full: int) -> tuple[int, int]:
+    """(kept, full) with ``--moe-shared-expert-overlap``'s gathered shared-expert input (kept unless
+    recompute drops the layer's body or its MoE block)."""
+    extra = shared_expert_overlap_bytes(layer, run.shape) if run.job.overlap.shared_expert_overlap else 0
+    if not extra:
+        return keep, full
+    kept_too = run.policy.name != "full" and "moe" not in run.dropped
+    return keep + (extra if kept_too else 0), full + extra
+
+
+def experts_wgrad_extra(run: RunContext, layer: LayerSpec, full: int, transient: int) -> int:
+    """``--overlap-dispatch-backward-with-experts-wgrad``: what an MoE layer's dispatch backward holds
+    beyond its worst backward step (Transformer Engine's grouped-GEMM experts only)."""
+    if not run.job.overlap.experts_wgrad_overlap or layer.moe is None or not run.job.moe.grouped_gemm:
+        return 0
+    shape = run.shape
+    parts = layer_parts(layer, shape, kept=full, transient=transient, dispatch=dispatch_buffer_bytes(layer, shape),
+                        is_kept=lambda term: True, held_mlp=expert_wgrad_held(layer, shape))
+    return dispatch_backward_extra(parts)
+
+
+def ep_parts(run: RunContext, layer: LayerSpec, keep: int, worst: int) -> LayerParts:
+    """A layer split into the combined 1F1B schedule's nodes, with its delayed-wgrad holdings."""
+    shape, kept_classes, dropped = run.shape, run.kept_classes, run.dropped
+    delay = run.job.overlap.delay_wgrad
+    return layer_parts(layer, shape, kept=keep, transient=worst, dispatch=dispatch_buffer_bytes(layer, shape),
+                       is_kept=lambda t: t.keep in kept_classes and term_site(t) not in dropped,
+                       held_mlp=mlp_wgrad_held(layer, shape) if delay else 0,
+                       held_attn=attention_wgrad_held(layer, shape) if delay else 0)
+
+
+def cp_backward_extra(run: RunContext, index: int) -> int:
+    """Transformer Engine's context-parallel buffers in the attention backward of layer ``index``
+    (profiles with ``te_context_parallel``): its own ``--cp-comm-type`` when one is given per layer,
+    else the worst of them."""
+    job, shape = run.job, run.shape
+    kinds = job.overlap.cp_comm_types
+    if not run.profile.te_context_parallel or job.parallel.cp == 1:
+        return 0
+    if len(kinds) == run.model.num_layers:
+        kinds = (kinds[index],)
+    return max(cp_backward_extra_bytes(run.model.layers[index].attention, kind, cp=job.parallel.cp,
+                                       tokens=shape.seq * shape.micro_batch, tp=job.parallel.tp,
+                                       act_bytes=shape.act_bytes) for kind in kinds)
+
+
+def recomputed_copies_bytes(ctx: StageContext, index: int) -> int:
+    """Autocast weight copies a checkpointed region makes again when it is recomputed in the
+    backward (the recompute runs under the forward's autocast state; torch.utils.checkpoint), alive
+    until that region's backward is done: the whole layer under full recompute, its attention
+    projections when the attention module is checkpointed."""
+    run = ctx.run
+    if run.prec.weight_copies != "autocast":
+        return 0
+    mode, eager = run.policy.kept_classes_key, run.profile.kernels == "eager"
+    if index in ctx.recomputed or mode == "selective-per-op":
+        numel = layer_weight_copy_numel(run.model, run.job, index, eager_experts=eager)
+    elif mode == "selective-attention-module":
+        numel = attention_weight_copy_numel(run.model, run.job, index)
+    elif run.policy.modules:
+        numel = checkpointed_module_copy_numel(run.model, run.job, index, run.policy.modules, eager_experts=eager)
+    else:
+        return 0
+    return numel * dtype_bytes(run.prec.compute)
+
+
+def mtp_activation_bytes(run: RunContext) -> int:
+    """One MTP module per micro-batch: its decoder layer (shaped like the last), two input norms,
+    the concatenated 2h input of its projection, and the embedding lookup it reads."""
+    keep, full, _, _ = layer_costs(run, run.model.layers[-1])
+    layer = keep if run.policy.recomputes else full
+    shape = run.shape
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    sp = shape.tp if shape.sequence_parallel else 1
+    norms = 2 * shape.residual_bytes * sbh // sp
+    projection_input = 2 * shape.act_bytes * sbh // sp
+    return layer + norms + projection_input
+
+
+def dora_transient(ctx: StageContext) -> int:
+    """DoRA's forward temporaries at the stage's largest adapted linear (0 without DoRA)."""
+    run = ctx.run
+    if run.job.finetune.peft != "dora" or run.counts is None:
+        return 0
+    layers = set(ctx.layout.layer_indices)
+    adapters = tuple(a for a in run.counts.adapters if a.module.layer in layers)
+    quantized = run.job.finetune.quantize_base != "none"
+    return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
+                                  compute_bytes=run.shape.act_bytes,
+                                  base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job))

@@ -1,0 +1,169 @@
+"""The walk over a stage's decoder layers: what each keeps and adds in its backward, per chunk.
+
+One pass in forward order gives the figures the stage's mechanics share: per virtual chunk the
+bytes kept on the GPU and in CPU memory (DeepSpeed checkpointing), the worst layer backward, the
+per-layer record the backward walk replays, the CUDA-graph captured figures and the combined-1F1B
+nodes (:mod:`memplan.estimate.ep_overlap`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.cuda_graphs import LayerCapture, layer_capture
+from memplan.estimate.ds_checkpointing import ds_checkpointing_applies, place_checkpoint
+from memplan.estimate.ep_overlap import LayerParts
+from memplan.estimate.finetune import dequantized_weight_bytes
+from memplan.estimate.layer_costs import (
+    cp_backward_extra,
+    ep_parts,
+    experts_wgrad_extra,
+    layer_costs,
+    recomputed_copies_bytes,
+    with_shared_expert_overlap,
+)
+from memplan.units import dtype_bytes
+
+
+@dataclass
+class LayerWalk:
+    """What the stage's layers keep and add, gathered in forward order."""
+
+    #: Per chunk: bytes kept on the GPU, and in CPU memory (DeepSpeed checkpointing).
+    chunk_kept: list[int] = field(default_factory=list)
+    chunk_cpu: list[int] = field(default_factory=list)
+    #: The largest checkpointed input (DeepSpeed checkpointing).
+    largest_ckpt: int = 0
+    worst_backward: int = 0
+    #: Per layer, in forward order: (index, bytes it keeps, bytes its backward adds at its worst).
+    per_layer: list[tuple[int, int, int]] = field(default_factory=list)
+    #: CUDA graphs: per chunk the captured regions' saved bytes and captured layers; the worst captured backward.
+    chunk_graph: list[int] = field(default_factory=list)
+    chunk_graph_layers: list[int] = field(default_factory=list)
+    graph_worst_backward: int = 0
+    #: Combined 1F1B: each layer split into the schedule's nodes.
+    ep_parts: list[LayerParts] = field(default_factory=list)
+
+
+def walk_layers(ctx: StageContext, dora: int) -> LayerWalk:
+    """Walk the stage's layers; ``dora`` is DoRA's forward temporaries (a recomputed forward makes them again).
+
+    Under full training a layer's figures depend only on its kind, on whether it is recomputed (and
+    first of its checkpointed group) and on its context-parallel comm type, so they are computed once
+    per such key and shared by the stages of one estimate (the run's cache)."""
+    run = ctx.run
+    graphed = None
+    if run.job.cuda_graphs.impl in ("local", "transformer_engine"):
+        graphed = layer_capture(run.model, run.job.cuda_graphs, run.shape, kept_classes=run.kept_classes,
+                                dropped=run.dropped)
+    layers, kinds, memo = run.model.layers, run.job.overlap.cp_comm_types, run.cache
+    per_layer_cp = len(kinds) == len(layers)
+    walk = LayerWalk()
+    for chunk in ctx.layout.chunks:
+        walk.chunk_kept.append(0)
+        walk.chunk_cpu.append(0)
+        walk.chunk_graph.append(0)
+        walk.chunk_graph_layers.append(0)
+        if run.counts is not None:
+            for position, index in enumerate(chunk):
+                _add(walk, index, _layer_visit(ctx, position, index, dora, graphed))
+            continue
+        recomputed, group, per_layer = ctx.recomputed, ctx.group, walk.per_layer
+        for position, index in enumerate(chunk):
+            key = ("visit", id(layers[index]), index in recomputed, position % group == 0,
+                   kinds[index] if per_layer_cp else None)
+            visit = memo.get(key)
+            if visit is None:
+                visit = memo[key] = _layer_visit(ctx, position, index, dora, graphed)
+            if visit.plain:  # the common case, inline: kept and worst only
+                walk.chunk_kept[-1] += visit.keep
+                if visit.worst > walk.worst_backward:
+                    walk.worst_backward = visit.worst
+                per_layer.append((index, visit.keep, visit.worst))
+            else:
+                _add(walk, index, visit)
+    return walk
+
+
+@dataclass(frozen=True)
+class _Visit:
+    """One layer's figures in the walk."""
+
+    keep: int
+    worst: int
+    cpu_keep: int = 0
+    #: The checkpointed input DeepSpeed placed (for the largest one), 0 otherwise.
+    checkpoint: int = 0
+    ep: LayerParts | None = None
+    graph: tuple[int, int] | None = None
+
+    #: Only kept and worst figures (no CPU checkpoint, combined-1F1B part or captured graph).
+    plain: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        plain = not (self.cpu_keep or self.checkpoint) and self.ep is None and self.graph is None
+        object.__setattr__(self, "plain", plain)
+
+
+def _add(walk: LayerWalk, index: int, visit: _Visit) -> None:
+    """Add layer ``index``'s figures to the walk."""
+    walk.chunk_kept[-1] += visit.keep
+    if visit.cpu_keep or visit.checkpoint:
+        walk.chunk_cpu[-1] += visit.cpu_keep
+        walk.largest_ckpt = max(walk.largest_ckpt, visit.checkpoint)
+    if visit.worst > walk.worst_backward:
+        walk.worst_backward = visit.worst
+    walk.per_layer.append((index, visit.keep, visit.worst))
+    if visit.ep is not None:
+        walk.ep_parts.append(visit.ep)
+    if visit.graph is not None:
+        graph_keep, graph_worst = visit.graph
+        walk.chunk_graph[-1] += graph_keep
+        walk.chunk_graph_layers[-1] += graph_keep > 0 or graph_worst > 0
+        walk.graph_worst_backward = max(walk.graph_worst_backward, graph_worst)
+
+
+def _layer_visit(ctx: StageContext, position: int, index: int, dora: int, graphed: LayerCapture | None) -> _Visit:
+    """The figures of layer ``index`` at ``position`` in its chunk."""
+    run = ctx.run
+    layer = run.model.layers[index]
+    keep, full, transient, rebuilt = layer_costs(run, layer, index)
+    keep, full = with_shared_expert_overlap(run, layer, keep, full)
+    transient += cp_backward_extra(run, index)
+    if run.counts is None:
+        transient += recomputed_copies_bytes(ctx, index)
+    else:
+        transient += dequantized_weight_bytes(run.model, run.job, index, dtype_bytes(run.prec.compute))
+    recomputed = index in ctx.recomputed
+    cpu_keep = checkpoint = 0
+    if recomputed:
+        layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full, max(transient, dora))
+    elif run.policy.partial:
+        # The recomputed modules (the attention core, the attention module, or under per-op
+        # SAC the rest of the layer) are made again during this layer's backward.
+        layer_keep, layer_worst = keep, rebuilt + transient
+    else:
+        layer_keep, layer_worst = full, transient
+    layer_worst += experts_wgrad_extra(run, layer, full, transient)
+    return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint,
+                  ep=ep_parts(run, layer, layer_keep, layer_worst) if run.job.overlap.ep_a2a else None,
+                  graph=graphed(index, layer_keep, layer_worst, recomputed) if graphed is not None else None)
+
+
+def _recomputed(ctx: StageContext, position: int, keep: int, full: int,
+                transient: int) -> tuple[int, int, int, int]:
+    """(kept, worst backward, kept in CPU memory, checkpointed input placed) of a layer under full
+    recompute: its input, then its whole forward again in its backward (the recomputed forward
+    rebuilds DoRA's weights too)."""
+    layer_worst = ctx.group * full + transient
+    if position % ctx.group:
+        # uniform groups: one checkpoint per group of layers keeps only the group's input
+        # (megatron/core/transformer/transformer_block.py ``_checkpointed_forward``)
+        return 0, layer_worst, 0, 0
+    if not ds_checkpointing_applies(ctx.job, ctx.policy):
+        return keep, layer_worst, 0, 0
+    rc = ctx.job.recompute
+    placed = place_checkpoint(keep, partition=rc.partition_activations, cpu=rc.cpu_checkpointing,
+                              tp=ctx.job.parallel.tp)
+    return placed.gpu_keep, layer_worst + placed.backward_extra, placed.cpu_keep, keep

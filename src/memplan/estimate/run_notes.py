@@ -1,0 +1,121 @@
+"""The sentences that describe the job as the estimator read it (profile, precision, layout, batch,
+vocabulary, model code, attention, activation policy, dropout, MoE routing, kernels): the setting of
+every stage's mechanics, whose own sentences come with their contributions (:mod:`memplan.estimate.ledger`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from memplan.estimate.activations import layer_terms
+from memplan.estimate.context import RunContext
+from memplan.estimate.recompute_modules import describe as describe_recompute
+from memplan.estimate.recompute_modules import term_site
+from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
+from memplan.model.attention_kinds import attention_kind
+from memplan.units import dtype_bytes
+
+
+def run_notes(run: RunContext) -> list[str]:
+    """The job's setting, one sentence each."""
+    model, job, profile, prec = run.model, run.job, run.profile, run.prec
+    par, b = job.parallel, job.batch
+    out = [f"framework profile '{profile.name}': {profile.description}", *prec.notes]
+    out.append(
+        f"layout: {par.world_size} GPUs = dp {par.data_parallel} x tp {par.tp} x pp {par.pp} x cp {par.cp}"
+        + (f", vpp {par.vpp} (interleaved 1F1B)" if par.vpp > 1
+           else (", 1F1B pipeline schedule" if par.pp > 1 else ""))
+        + (", sequence parallel" if par.sequence_parallel else "")
+        + (f", ep {par.ep}, etp {par.expert_tp}, expert-dp {par.expert_dp}" if model.is_moe else ""))
+    out.append(f"batch: micro-batch {b.micro_batch_size} x sequence {b.seq_length}, "
+               f"{job.num_microbatches} micro-batch(es) per step per DP rank")
+    if run.vocab_rows != model.vocab_size:
+        divisible = job.vocab_divisible_by or profile.vocab_divisible_by
+        out.append(f"vocabulary {model.vocab_size} padded to {run.vocab_rows} rows (multiple of {divisible} x tp)")
+    out += _attention_notes(run)
+    out.append(policy_note(run))
+    out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
+    if model.is_moe:
+        moe = job.moe
+        routing = "balanced routing" if moe.routed_token_factor == 1.0 else (
+            f"the busiest expert gets {moe.routed_token_factor:g}x its mean share of tokens"
+            + (f" (capacity factor {moe.capacity_factor:g})" if moe.capacity_factor else ""))
+        out.append(
+            f"MoE: {routing}; {moe.dispatcher} dispatcher; experts on each rank run on tokens x top-k x etp rows "
+            f"at f/etp width; shared experts "
+            f"{'split by TP' if moe.shared_expert_parallel == 'tp' else 'placed with the routed experts'}")
+    out.append(f"activations kept as saved by {profile.kernels} kernels")
+    if model.is_moe and profile.kernels == "eager" and prec.weight_copies == "autocast":
+        out.append("MoE experts (transformers grouped_mm) are not autocast ops: they run in the fp32 weights' dtype "
+                   "with no 16-bit weight copies; the router's linear is cast")
+    return out
+
+
+def _attention_notes(run: RunContext) -> list[str]:
+    job, prec = run.job, run.prec
+    code = model_code(job)
+    out = list(model_code_notes(code, job.attention, dtype_bytes(prec.compute), job.parallel.sequence_parallel))
+    if job.attention == "eager" and run.profile.kernels == "eager":
+        out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
+                   "its cast to the compute dtype are kept (and dropout mask/output), GQA keys/values copied per query "
+                   "head (repeat_kv), soft-capped scores' tanh output where the model caps them")
+    elif job.attention == "eager":
+        out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")
+    elif sdpa_attention(code, job.attention, dtype_bytes(prec.compute)) != "math":  # (math: the model code's note)
+        out.append(f"{job.attention} attention: no s x s score matrix is kept, only the fp32 log-sum-exp per head "
+                   "and token")
+    return out
+
+
+def policy_note(run: RunContext) -> str:
+    """The assumption line of the job's activation policy (:mod:`memplan.policies`): one entry of
+    :data:`POLICY_NOTES` per policy."""
+    return POLICY_NOTES[run.policy.name](run)
+
+
+def _full(run: RunContext) -> str:
+    policy = run.policy
+    grouped = policy.method == "uniform" and (policy.num_layers or 1) > 1
+    return (f"full recompute ({policy.method}, {policy.num_layers or 'all'} layers): "
+            + (f"each checkpointed group of {policy.num_layers} layers keeps only its input and is recomputed "
+               "whole in its backward" if grouped else "recomputed layers keep only their input")
+            + ("; their autocast weight copies are not kept (autocast's cache is cleared when the "
+               "forward ends) and are made again by the recompute" if run.prec.weight_copies == "autocast" else ""))
+
+
+def _megatron_selective(run: RunContext) -> str:
+    layers = {id(x): x for x in run.model.layers}.values()
+    return describe_recompute(run.policy.modules, {term_site(t) for layer in layers
+                                                   for t in layer_terms(layer, run.shape)})
+
+
+def _torchtitan_sac(run: RunContext) -> str:
+    return ("selective recompute: torchtitan's per-op selective activation checkpointing (SelectiveAC) of every "
+            "decoder layer: its input and the outputs of the saved ops are kept (matmuls except every second "
+            "mm of each layer call, the attention kernel's output and log-sum-exp; with a bias a linear is an "
+            "addmm, always kept), the rest is recomputed in its backward"
+            + ("; MoE/MLA layers are not modelled op by op: the attention core's recompute stands in"
+               if any(layer.moe is not None or not attention_kind(layer.attention).per_op_sac
+                      for layer in run.model.layers) else ""))
+
+
+def _memory_budget(run: RunContext) -> str:
+    return (f"torchtitan memory_budget {run.policy.memory_budget:g} (torch.compile's partitioner, "
+            "activation_memory_budget): an upper bound — each layer keeps its input plus the budget's fraction of "
+            "the rest of what eager autograd saves (the partitioner's knapsack keeps at most that fraction of its "
+            "default min-cut's saved bytes above the compiled region's inputs; the min-cut saves no more than "
+            "eager autograd); compiled kernels' fusion is not modelled")
+
+
+#: Per activation policy (:data:`memplan.policies.POLICY_NAMES`), the sentence that explains it.
+POLICY_NOTES: dict[str, Callable[[RunContext], str]] = {
+    "none": lambda run: "no recompute: every layer keeps what autograd saves for its backward",
+    "full": _full,
+    "megatron-selective": _megatron_selective,
+    "attention-core": lambda run: "selective recompute: the attention core is recomputed; its inputs are kept",
+    "attention-module": lambda run: (
+        "selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
+        "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
+        "weight copies are made again in its backward"),
+    "torchtitan-sac": _torchtitan_sac,
+    "memory-budget": _memory_budget,
+}

@@ -1,0 +1,90 @@
+"""One pipeline stage: run its mechanics, enter their contributions in the ledger, take the peak and
+build the :class:`~memplan.estimate.result.StageEstimate` (with the contributions' sentences)."""
+
+from __future__ import annotations
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.cuda_graphs import GraphMemory, graph_count
+from memplan.estimate.layer_costs import dora_transient
+from memplan.estimate.layer_walk import walk_layers
+from memplan.estimate.ledger import (
+    ABSENT,
+    ACTIVATIONS,
+    COMMUNICATION,
+    GRAPHS,
+    INPUT,
+    LAYER_ACTIVATIONS,
+    LOGITS,
+    OUTSIDE,
+    TEMPORARY,
+    WORKSPACE,
+    Ledger,
+    Peak,
+)
+from memplan.estimate.result import StageEstimate
+from memplan.estimate.stage_activations import StageActivations, stage_activations
+from memplan.estimate.stage_buffers import stage_buffers
+from memplan.estimate.stage_peak import LossPart, communication, forward_peaks, graphs, loss_part, phase_contributions
+from memplan.estimate.stage_states import StageStates, model_states
+
+#: The CUDA caching allocator's segment granularity (reserved memory is rounded up to it).
+_SEGMENT = 2 * 1024 * 1024
+
+_BASE_PHASES = ("backward", "optimizer step", "end of backward")
+
+
+def stage_estimate(ctx: StageContext) -> tuple[StageEstimate, list[str]]:
+    """The stage's figures at its peak, and the sentences of the contributions that made them."""
+    st = model_states(ctx)
+    dora = dora_transient(ctx) if st.ft is not None else 0
+    walk = walk_layers(ctx, dora)
+    acts = stage_activations(ctx, walk, st.ft)
+    loss = loss_part(ctx, acts, st)
+    forward = forward_peaks(acts, dora, ctx)
+    ledger = Ledger(_BASE_PHASES + (("loss",) if ctx.layout.has_head else ()) + (("forward",) if forward else ()))
+    ledger.extend(st.contributions)
+    ledger.extend(stage_buffers(ctx))
+    ledger.extend(phase_contributions(ctx, st, walk, acts, loss, dora))
+    comm, max_comm = communication(ctx, st, forward)
+    ledger.extend(comm)
+    inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0
+    memory = graphs(ctx, ledger, walk, inputs)
+    peak = ledger.peak()
+    stage = _stage_figures(ctx, st, acts, loss, ledger, peak, max_comm, memory,
+                           captured_layers=sum(walk.chunk_graph_layers))
+    return stage, [*ledger.notes(), *acts.notes]
+
+
+def _stage_figures(ctx: StageContext, st: StageStates, acts: StageActivations, loss: LossPart, ledger: Ledger,
+                   peak: Peak, max_comm: int, memory: GraphMemory, *, captured_layers: int) -> StageEstimate:
+    layout, states, job = ctx.layout, st.states, ctx.job
+    workspace = ledger.total(WORKSPACE)
+    other = peak[COMMUNICATION] + workspace + peak[TEMPORARY] + peak[INPUT] + peak[GRAPHS]
+    return StageEstimate(
+        stage=layout.stage, layers=layout.num_layers, layer_indices=layout.layer_indices,
+        parameters_numel=st.params.total, parameters_bytes=states.parameters, gradients_bytes=states.gradients,
+        optimizer_bytes=states.optimizer + states.master, master_weights_bytes=states.master,
+        optimizer_moments_bytes=states.optimizer,
+        activations_bytes=peak[ACTIVATIONS], transformer_layer_activations_bytes=peak[LAYER_ACTIVATIONS],
+        logits_bytes=peak[LOGITS], communication_bytes=peak[COMMUNICATION], workspace_bytes=workspace,
+        temporary_bytes=peak[TEMPORARY], input_bytes=peak[INPUT], other_bytes=other,
+        inflight_microbatches=layout.inflight_microbatches, peak_phase=peak.phase,
+        peak_allocated_bytes=peak.allocated, peak_reserved_bytes=reserved_bytes(peak.allocated, ctx.run.fragmentation),
+        fp8_weights_bytes=states.fp8_weights, mtp_parameters_numel=st.params.mtp,
+        cpu_parameters_bytes=states.cpu_parameters, cpu_gradients_bytes=states.cpu_gradients,
+        cpu_optimizer_bytes=states.cpu_optimizer, cpu_activations_bytes=acts.cpu + loss.cpu,
+        gradients_absent_at_peak_bytes=peak[ABSENT],
+        forward_activations_bytes=acts.layers + acts.other + loss.head + acts.unused_buffers,
+        loss_logits_bytes=loss.logits, saved_logits_bytes=loss.saved_logits, max_communication_bytes=max_comm,
+        paged_optimizer_bytes=states.paged_optimizer, outside_allocator_bytes=ledger.total(OUTSIDE),
+        cuda_graph_pool_bytes=memory.pool, cuda_graph_static_bytes=memory.static,
+        cuda_graph_extra_bytes=peak[GRAPHS],
+        cuda_graphs=graph_count(job.cuda_graphs.impl, captured_layers, pp=job.parallel.pp,
+                                num_microbatches=job.num_microbatches) if layout.layer_indices else 0,
+    )
+
+
+def reserved_bytes(allocated: int, fragmentation: float) -> int:
+    """Reserved memory: ``allocated / (1 - fragmentation)`` rounded up to whole 2 MiB segments."""
+    reserved = int(allocated / (1.0 - fragmentation))
+    return -(-reserved // _SEGMENT) * _SEGMENT

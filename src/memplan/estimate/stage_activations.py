@@ -1,0 +1,150 @@
+"""Mechanic: where a stage's saved activations live at the end of its forwards.
+
+From the layer walk (:mod:`memplan.estimate.layer_walk`): the in-flight chunks' layers, the MTP
+modules, what the embedding, the shared RoPE tables and masks and the autocast weight copies save,
+and what CPU offloading moves off the GPU (fine-grained module offload, DeepSpeed checkpointing,
+layer-pipelined offload, PyTorch's ``save_on_cpu``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.estimate.autocast import autocast_weight_copy_numel
+from memplan.estimate.context import StageContext
+from memplan.estimate.ds_checkpointing import (
+    GPU_RESIDENT_INPUTS,
+    contiguous_unused_bytes,
+    describe_ds_checkpointing,
+    ds_checkpointing_applies,
+    partition_bytes,
+)
+from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
+from memplan.estimate.fine_offload import describe as describe_fine_offload
+from memplan.estimate.fine_offload import stage_offload
+from memplan.estimate.finetune import StageFinetune
+from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
+from memplan.estimate.layer_walk import LayerWalk
+from memplan.profiles.framework import head_rows_split
+from memplan.units import dtype_bytes
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """The stage's saved activations at the end of its in-flight forwards (one rank)."""
+
+    #: The decoder layers' (and MTP modules') on the GPU.
+    layers: int
+    #: Embedding output, shared RoPE tables and masks, autocast weight copies.
+    other: int
+    #: Of ``other``: the output head's autocast weight copy (released before a layer's backward).
+    head_copy: int
+    #: In CPU memory.
+    cpu: int
+    #: DeepSpeed's contiguous checkpoint buffers not yet filled.
+    unused_buffers: int
+    #: The worst layer backward, with fine-grained offload's reloads.
+    worst_backward: int
+    #: ``save_on_cpu``: the largest saved tensor a layer backward brings back (0 otherwise).
+    bring_back: int
+    per_tensor_offload: bool
+    notes: tuple[str, ...] = ()
+
+
+def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | None) -> StageActivations:
+    run, layout = ctx.run, ctx.layout
+    job, inflight_chunks = run.job, layout.inflight_chunks
+    notes: list[str] = []
+    if layout.has_head and job.mtp_layers:
+        walk.chunk_kept[-1] += job.mtp_layers * mtp_activation_bytes(run)
+    layers = sum(walk.chunk_kept[c] for c in inflight_chunks)
+    cpu = sum(walk.chunk_cpu[c] for c in inflight_chunks)
+    worst = walk.worst_backward
+    if job.offload.module_names:
+        off = job.offload
+        moved = stage_offload(run.model, off, run.shape, layout, set(ctx.recomputed), kept_classes=run.kept_classes,
+                              dropped=run.dropped)
+        layers, cpu, worst = layers - moved.cpu_bytes, cpu + moved.cpu_bytes, worst + moved.reload_bytes
+        notes.append(describe_fine_offload(off.module_names, min_numel=off.min_tensor_numel,
+                                           fraction=off.group_fraction, delta=off.pp_delta_bytes))
+    layers, cpu, unused = _deepspeed_checkpoints(ctx, walk, layers, cpu)
+    rc = job.recompute
+    if rc.partition_activations or rc.cpu_checkpointing:
+        notes.append(describe_ds_checkpointing(job) or "")
+    per_tensor = job.offload.activations and run.profile.activation_offload == "per-tensor"
+    if job.offload.activations and layers and not per_tensor:
+        # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
+        # layer being computed and the one being copied.
+        on_gpu = min(layers, 2 * max(layer_costs(run, run.model.layers[i], i)[0] for i in layout.layer_indices))
+        cpu, layers = layers - on_gpu, on_gpu
+    other, head_copy = _other_activations(ctx, ft)
+    bring_back = 0
+    if per_tensor:
+        # save_on_cpu: every tensor autograd saves (the layers' and checkpointed layers' inputs, the
+        # embedding output, autocast's weight copies) is in host memory; the backward brings back one
+        # operator's at a time. Checkpointed layers share their RoPE tables (and eager masks) as
+        # checkpoint arguments, which stay on the GPU until the backward.
+        held = 0
+        if run.policy.name == "full" and ctx.recomputed and layout.layer_indices:
+            held = (rope_table_bytes(run.model, run.shape)
+                    + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
+        cpu += layers + other - held
+        # a recomputed layer gets back only its checkpointed input, which its recompute then saves
+        # (made in the backward, outside save_on_cpu: already in the layer's backward working set);
+        # any other layer, the largest tensor it saved
+        bring_back = largest_saved_term(run, [i for i, _, _ in walk.per_layer if i not in ctx.recomputed])
+        layers, other, head_copy = 0, held, 0
+    return StageActivations(layers=layers, other=other, head_copy=head_copy, cpu=cpu, unused_buffers=unused,
+                            worst_backward=worst, bring_back=bring_back, per_tensor_offload=per_tensor,
+                            notes=tuple(notes))
+
+
+def _deepspeed_checkpoints(ctx: StageContext, walk: LayerWalk, layers: int, cpu: int) -> tuple[int, int, int]:
+    """(layers on the GPU, CPU bytes, unused contiguous buffers) with DeepSpeed's checkpointing switches."""
+    if not ds_checkpointing_applies(ctx.job, ctx.policy):
+        return layers, cpu, 0
+    rc, layout = ctx.job.recompute, ctx.layout
+    counts = [sum(1 for p, i in enumerate(chunk) if i in ctx.recomputed and p % ctx.group == 0)
+              for chunk in layout.chunks]
+    warmup = sum(counts[c] for c in layout.inflight_chunks)
+    if rc.cpu_checkpointing and not rc.partition_activations:
+        # the offload engine's newest input and the one being copied stay on the GPU
+        layers += min(GPU_RESIDENT_INPUTS, warmup) * walk.largest_ckpt
+        cpu -= min(1, warmup) * walk.largest_ckpt
+    unused = contiguous_unused_bytes(rc, partition_bytes(walk.largest_ckpt, ctx.job.parallel.tp), warmup,
+                                     min((n for n in counts if n), default=0))
+    if rc.cpu_checkpointing:
+        cpu, unused = cpu + unused, 0
+    return layers, cpu, unused
+
+
+def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int, int]:
+    """(embedding, shared tables and masks, autocast copies; of them the head's copy)."""
+    run, layout = ctx.run, ctx.layout
+    model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
+    other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
+    if layout.layer_indices:
+        # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
+        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, run.policy.keeps_mask)
+        other += shared * inflight
+    if run.prec.weight_copies != "autocast":
+        return other, 0
+    # torch.autocast casts the weights linear layers read (the decoder's and the output
+    # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
+    head = head_numel(ctx) if layout.has_head else 0
+    layers = autocast_weight_copy_numel(model, run.job, layout, recomputed=set(ctx.recomputed),
+                                        mode=run.policy.kept_classes_key,
+                                        eager_experts=run.profile.kernels == "eager", modules=run.policy.modules)
+    if ft is not None:
+        # Only fully trained (fp32) weights are cast; 16-bit frozen weights are used as they are, and
+        # the adapters' copies are part of their layers' terms.
+        head, layers = 0, ft.full
+    compute = dtype_bytes(run.prec.compute)
+    return other + (layers + head) * compute, head * compute
+
+
+def head_numel(ctx: StageContext) -> int:
+    """The output head's weight on one TP rank."""
+    model = ctx.model
+    return ctx.run.vocab_rows * model.hidden_size // head_rows_split(ctx.profile, ctx.job.parallel.tp,
+                                                                     model.tie_word_embeddings)

@@ -1,0 +1,255 @@
+"""A stage's candidate peak moments: the loss and its logits, a layer's backward (with the gradients
+a framework that frees them has made so far), the end of the backward, the forward's end, the
+collective buffers and CUDA graphs at each; the ledger takes the peak (:mod:`memplan.estimate.ledger`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from memplan.estimate.autocast import tied_embedding_gradient_sum_bytes
+from memplan.estimate.context import StageContext
+from memplan.estimate.cp_attention import describe as describe_cp
+from memplan.estimate.cuda_graphs import GraphMemory, graph_memory
+from memplan.estimate.cuda_graphs import describe as describe_cuda_graphs
+from memplan.estimate.ep_overlap import combined_step_extra
+from memplan.estimate.ep_overlap import describe as describe_ep_overlap
+from memplan.estimate.extras import (
+    LOSS_NOTES,
+    PACKING_NOTE,
+    communication_by_phase,
+    communication_bytes,
+    deferred_wgrad_bytes,
+    embedding_activation_bytes,
+    head_activation_bytes,
+    input_bytes,
+    logits_bytes,
+    saved_logits_bytes,
+)
+from memplan.estimate.finetune import head_activation_bytes_finetune
+from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.ledger import (
+    ABSENT,
+    ACTIVATIONS,
+    COMMUNICATION,
+    GRAPHS,
+    INPUT,
+    LAYER_ACTIVATIONS,
+    LOGITS,
+    TEMPORARY,
+    Contribution,
+    Ledger,
+)
+from memplan.estimate.stage_activations import StageActivations, head_numel
+from memplan.estimate.stage_states import StageStates
+from memplan.estimate.states import layer_numel_on_rank
+from memplan.job import resolved_loss
+from memplan.model.params import final_norm_params
+from memplan.profiles.framework import vocab_split
+from memplan.units import dtype_bytes
+
+_BACKWARD, _LOSS, _FORWARD, _END = ("backward",), ("loss",), ("forward",), ("end of backward",)
+_FORWARDS = ("backward", "loss", "forward")
+#: The loss a loop holds through the backward: one fp32 scalar (``nll_loss``'s output).
+_LOSS_SCALAR_BYTES = 4
+
+
+@dataclass(frozen=True)
+class LossPart:
+    """The last stage's loss: logits alive at the loss, those saved into the backward, the head's
+    saved activations, and what ``save_on_cpu`` moves or brings back."""
+
+    logits: int = 0
+    saved_logits: int = 0
+    head: int = 0
+    cpu: int = 0
+    bring_back: int = 0
+
+
+def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> LossPart:
+    """The loss of the newest micro-batch on the stage with the head (each MTP depth has its own)."""
+    run, layout = ctx.run, ctx.layout
+    if not layout.has_head:
+        return LossPart()
+    job, shape = run.job, run.shape
+    loss = resolved_loss(job)
+    head = head_activation_bytes(shape) if st.ft is None else head_activation_bytes_finetune(run.model, job, shape)
+    softcap = run.model.final_logit_softcap is not None
+    depths = 1 + job.mtp_layers
+    logits = logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
+    saved = saved_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
+    cpu = bring_back = 0
+    if acts.per_tensor_offload:
+        # what the loss saves goes to host memory too; the loss backward brings it back, and only
+        # the loss value itself (an fp32 scalar per loss, held by the loop) stays on the GPU
+        cpu, bring_back = saved + head, saved
+        saved, head = _LOSS_SCALAR_BYTES * depths, 0
+    head += deferred_wgrad_bytes(job, shape, run.vocab_rows)
+    return LossPart(logits=logits, saved_logits=saved, head=head, cpu=cpu, bring_back=bring_back)
+
+
+def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
+                        loss: LossPart, dora: int) -> Iterator[Contribution]:
+    """What is alive at each candidate moment beyond the model states and workspaces."""
+    run, layout = ctx.run, ctx.layout
+    job = run.job
+    absent = st.states.gradients if _no_grads_yet(ctx) else 0
+    yield Contribution(ABSENT, absent, _FORWARDS)
+    yield Contribution(LAYER_ACTIVATIONS, acts.layers, _FORWARDS)
+    yield Contribution(ACTIVATIONS, acts.layers, ("loss", "forward"))
+    yield Contribution(ACTIVATIONS, acts.other - acts.head_copy, _FORWARDS)
+    yield Contribution(ACTIVATIONS, acts.head_copy, ("loss", "forward"))
+    yield Contribution(ACTIVATIONS, acts.unused_buffers, ("loss", "forward"))
+    yield Contribution(ACTIVATIONS, loss.head, _LOSS)
+    yield Contribution(LOGITS, loss.logits, _LOSS)
+    yield from (Contribution(LOGITS, 0, _LOSS, note=note) for note in _loss_notes(ctx))
+    yield from _backward(ctx, st, walk, acts, loss)
+    # DoRA's weight temporaries in the last layer's forward, the layers' activations held
+    yield Contribution(TEMPORARY, dora if not ctx.recomputed else 0, _FORWARD)
+    yield Contribution(TEMPORARY, _tied_sum(ctx, st), _END, note=(
+        "tied embedding: its two gradients (head and embedding) are summed at the end of the backward "
+        "(two weight-sized temporaries)" if run.model.tie_word_embeddings and run.profile.frees_gradients else ""))
+    inputs = 0
+    if layout.has_embedding or layout.has_head:
+        inputs = input_bytes(run.shape, run.profile.full_batch_tensors, job.parallel.cp)
+    # The batch: counted at the peak, not in choosing it.
+    yield Contribution(INPUT, inputs * layout.inflight_microbatches, _FORWARDS, weighs=False,
+                       note=PACKING_NOTE if job.batch.packing else "")
+    if job.overlap.ep_a2a:
+        # Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): the next micro-batch's forward runs
+        # layer by layer beside this backward, so its layer (and that micro-batch's batch and embedding
+        # output) is alive beside it, at the layer pair's worst moment (memplan.estimate.ep_overlap).
+        ep_layer = combined_step_extra(walk.ep_parts, early_release=job.overlap.early_attn_release)
+        if layout.has_embedding:
+            ep_layer += embedding_activation_bytes(run.shape)
+        yield Contribution(ACTIVATIONS, ep_layer, _BACKWARD)
+        yield Contribution(LAYER_ACTIVATIONS, ep_layer, _BACKWARD)
+        yield Contribution(INPUT, inputs, _BACKWARD)
+    for note in _overlap_notes(ctx):
+        yield Contribution(ACTIVATIONS, 0, _BACKWARD, note=note)
+
+
+def forward_peaks(acts: StageActivations, dora: int, ctx: StageContext) -> bool:
+    """Whether the end of the forward is a candidate peak: DeepSpeed's contiguous checkpoint buffers
+    not yet filled, or DoRA's weight temporaries in the last layer's forward."""
+    return bool(acts.unused_buffers) or bool(dora and not ctx.recomputed)
+
+
+def _backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
+              loss: LossPart) -> Iterator[Contribution]:
+    """A layer's backward: the head's backward has run, so what the final norm, the head (its
+    autocast weight copy included) and the loss saved is released, and its gradient exists."""
+    run, layout, states = ctx.run, ctx.layout, st.states
+    no_grads_yet = _no_grads_yet(ctx)
+    # The output head's gradient (a tied one waits in autograd's buffer) and the final norm's; the
+    # embedding's gradient comes last, after every layer.
+    numel = (head_numel(ctx) + final_norm_params(run.model)) if layout.has_head else 0
+    head_grads = states.gradients * numel // max(st.params.total, 1) if no_grads_yet and st.ft is None else 0
+    layers, temp = acts.layers, acts.worst_backward + head_grads
+    if (no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1
+            and not run.job.offload.activations):
+        layers, temp = _backward_walk(ctx, st, walk, acts.layers, head_grads)
+    temp += (st.step_temp if run.job.optimizer.in_backward else 0) + max(acts.bring_back, loss.bring_back)
+    yield Contribution(ACTIVATIONS, layers, _BACKWARD, note=_policy_independent_note(ctx))
+    yield Contribution(TEMPORARY, temp, _BACKWARD)
+
+
+def _backward_walk(ctx: StageContext, st: StageStates, walk: LayerWalk, layer_acts: int,
+                   head_grads: int) -> tuple[int, int]:
+    """(layer activations still kept, temporaries incl. gradients made so far) at the worst layer of
+    a backward that starts without gradients (``zero_grad(set_to_none=True)``, one micro-batch).
+
+    The backward visits the layers last to first; when it reaches a layer, the later layers have
+    released what they kept and made their gradients. Where a layer keeps less than its gradients
+    weigh (recompute, short sequences) the worst layer is the first one, otherwise the last one.
+    """
+    per_param = st.states.gradients / max(st.params.total, 1)
+    remaining, made = layer_acts, head_grads
+    best = (layer_acts, head_grads)
+    best_total = -1
+    for index, kept, worst in reversed(walk.per_layer):
+        if remaining + made + worst > best_total:
+            best_total, best = remaining + made + worst, (remaining, made + worst)
+        remaining -= kept
+        dense, expert = layer_numel_on_rank(ctx.model.layer_param_groups[index], ctx.job)
+        made += int((dense + expert) * per_param)
+    return best
+
+
+def communication(ctx: StageContext, st: StageStates, forward: bool) -> tuple[list[Contribution], int]:
+    """The collective buffers alive at each moment (the end of the forward: as at the loss), and
+    their most during the step."""
+    run = ctx.run
+    comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
+                                     communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
+                                     tied=run.model.tie_word_embeddings)
+    out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward else (phase,))
+           for phase, size in comm_at.items()]
+    return out, max(comm_at.values())
+
+
+def graphs(ctx: StageContext, ledger: Ledger, walk: LayerWalk, inputs: int) -> GraphMemory:
+    """CUDA graphs' pool and static buffers (:mod:`memplan.estimate.cuda_graphs`), added to the ledger."""
+    job = ctx.job
+    weighed = ledger.weighed()
+    memory = graph_memory(job.cuda_graphs, ctx.layout, ctx.shape, weighed, walk.chunk_graph, walk.chunk_graph_layers,
+                          walk.graph_worst_backward, inputs, cp=job.parallel.cp, num_microbatches=job.num_microbatches)
+    note = describe_cuda_graphs(job.cuda_graphs.impl, job.cuda_graphs.module_names) \
+        if job.cuda_graphs.impl != "none" else ""
+    ledger.add(*(Contribution(GRAPHS, memory.extra_at(phase), (phase,)) for phase in ledger.phases))
+    ledger.add(Contribution(GRAPHS, 0, _BACKWARD, note=note))
+    return memory
+
+
+def _no_grads_yet(ctx: StageContext) -> bool:
+    """Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none during
+    the forward, the loss and the start of the backward of a step's only micro-batch; the backward
+    then builds them up while it frees activations: the head's gradient first."""
+    return ctx.profile.frees_gradients and ctx.job.num_microbatches == 1
+
+
+def _tied_sum(ctx: StageContext, st: StageStates) -> int:
+    """The end of the backward: a tied embedding's two gradients being summed (none when nothing of
+    the base trains fully)."""
+    run = ctx.run
+    if st.ft is not None and st.ft.full == 0:
+        return 0
+    return tied_embedding_gradient_sum_bytes(run.model, ctx.layout, run.vocab_rows,
+                                             vocab_split(run.profile, run.job.parallel.tp), _summed_grad_bytes(ctx))
+
+
+def _summed_grad_bytes(ctx: StageContext) -> int:
+    """Bytes per element of the gradients autograd sums for a tied embedding: the stored gradient's
+    dtype, or under PyTorch FSDP2 the unsharded parameters' (compute) dtype, before the reduce-scatter."""
+    if ctx.job.sharding.fsdp != "none" and ctx.profile.torch_optimizer:
+        return dtype_bytes(ctx.prec.compute)
+    return ctx.prec.grad_bytes
+
+
+def _loss_notes(ctx: StageContext) -> list[str]:
+    job = ctx.job
+    loss = resolved_loss(job)
+    out = [f"loss path '{loss}': logits of the newest micro-batch on the last stage"]
+    if loss in LOSS_NOTES:
+        out.append(LOSS_NOTES[loss])
+    if job.mtp_layers:
+        out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like "
+                   "the last, a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")
+    return out
+
+
+def _policy_independent_note(ctx: StageContext) -> str:
+    """Context parallelism's attention buffers in a layer's backward (Transformer Engine)."""
+    par = ctx.job.parallel
+    if par.cp > 1 and ctx.profile.te_context_parallel:
+        return describe_cp(ctx.job.overlap.cp_comm_types, par.cp)
+    return ""
+
+
+def _overlap_notes(ctx: StageContext) -> list[str]:
+    model, ov = ctx.model, ctx.job.overlap
+    return describe_ep_overlap(ep_a2a=ov.ep_a2a, delay_wgrad=ov.delay_wgrad, early_release=ov.early_attn_release,
+                               experts_wgrad=ov.experts_wgrad_overlap and model.is_moe,
+                               shared_overlap=ov.shared_expert_overlap and any(
+                                   layer.moe is not None and layer.moe.shared_expert is not None
+                                   for layer in model.layers))
