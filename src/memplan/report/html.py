@@ -227,8 +227,10 @@ def render_html(
     segments: Sequence[Mapping[str, Any]] | None = None,
     top: int = 20,
     notes: Sequence[str] = (),
+    extra_sections: Sequence[str] = (),
 ) -> str:
-    """The whole report as one HTML string (no external resources)."""
+    """The whole report as one HTML string (no external resources); ``extra_sections`` are HTML fragments
+    (already escaped) placed after the estimate (``--dataset``'s per-step section)."""
     body = [f"<h1>{_esc(title)}</h1>"]
     if estimate is not None:
         job = estimate.job.parallel
@@ -238,6 +240,7 @@ def render_html(
     body += [f'<p class="meta">{_esc(n)}</p>' for n in notes]
     if estimate is not None:
         body.append(_stage_section(estimate))
+    body += list(extra_sections)
     if fit is not None:
         body.append(_fit_section(fit, top))
     if timeline:
