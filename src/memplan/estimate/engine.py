@@ -12,9 +12,10 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from memplan.errors import JobConfigError
-from memplan.estimate.context import Same, rank_routed_factor, run_context, stage_context
+from memplan.estimate.context import rank_routed_factor, run_context, stage_context
 from memplan.estimate.layer_costs import layer_costs
 from memplan.estimate.layout import pipeline_layout
+from memplan.estimate.memo import Same
 from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.run_notes import run_notes
 from memplan.estimate.stage import stage_estimate
