@@ -199,10 +199,12 @@ def _optimizer(m: _Mapping) -> None:
 
 
 def _kwargs(m: _Mapping, key: str) -> dict[str, Any]:
+    from memplan.bounds import parse_json
+
     value = m.args.get(key)
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = parse_json(value, field=f"{_FLAG}: {key}")
         except json.JSONDecodeError:
             raise ConfigError(f"{_FLAG}: {key}", "must be a JSON object", value) from None
     if value is not None and not isinstance(value, dict):

@@ -66,6 +66,9 @@ def read_torchtitan_config(path: str | Path) -> dict[str, Any]:
         where = f"line {found.group(1)}, column {found.group(2)}" if found else "?"
         message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc)) or "syntax error"
         raise ConfigError(f"{_FLAG} {path}", f"is not valid TOML at {where}: {message}") from None
+    except RecursionError:
+        raise ConfigError(f"{_FLAG} {path}", "nests arrays or tables too deeply to read (memplan's limit "
+                          "MAX_NESTING)") from None
     return dict(dotted_leaves(data))
 
 
