@@ -67,7 +67,8 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of ``dtype`` (``fp32``, ``bf16``, ``fp16``, ``fp8``, ``int8``, ``fp64``)."""
-    return DTYPE_BYTES[normalize_dtype(dtype)]
+    size = DTYPE_BYTES.get(dtype)  # a short name already (the estimator's hot path)
+    return size if size is not None else DTYPE_BYTES[normalize_dtype(dtype)]
 
 
 def normalize_dtype(dtype: str, *, field: str = "dtype") -> str:

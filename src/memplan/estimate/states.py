@@ -9,9 +9,11 @@ weights over the expert-data-parallel group EDP = world / (EP x ETP x PP).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from memplan.estimate.finetune import ADAPTER_BYTES, StageFinetune, frozen_bytes_per_element
 from memplan.estimate.layout import StageLayout
+from memplan.estimate.memo import Same
 from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimizer_state_bytes: re-exported)
     ADAM8BIT_BLOCK,
     SmallTensors,
@@ -83,18 +85,24 @@ def layer_numel_on_rank(groups: ParamGroups, job: Job) -> tuple[int, int]:
     return _local_layer(groups, job)
 
 
-def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> list[tuple[int, int]]:
+def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """(a representative index, how many) of each distinct layer object among ``indices`` (layers
     that share a spec object share every per-layer figure), in first-seen order."""
+    return _kinds_of(Same(model), indices)
+
+
+@lru_cache(maxsize=256)
+def _kinds_of(model_key: Same, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """:func:`_layer_kinds`, memoised per model object (a frozen spec) and stage."""
     seen: dict[int, list[int]] = {}
-    layers = model.layers
+    layers = model_key.obj.layers  # type: ignore[attr-defined]
     for index in indices:
         entry = seen.get(id(layers[index]))
         if entry is None:
             seen[id(layers[index])] = [index, 1]
         else:
             entry[1] += 1
-    return [(index, count) for index, count in seen.values()]
+    return tuple((index, count) for index, count in seen.values())
 
 
 def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int, *,
