@@ -886,22 +886,22 @@ class Job:
         self._check_optimizer()  # the optimizer's registry entry: frameworks that run it, its settings
         for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
             rule(self)
-        self._check_sharding()
+        self._check_sharding(profile.fsdp_refusal)
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
                                  self.batch.global_batch_size)
 
-    def _check_sharding(self) -> None:
-        """Sharding switches of different frameworks that contradict each other."""
+    def _check_sharding(self, fsdp_refusal: str | None) -> None:
+        """Sharding switches of different frameworks that contradict each other (``fsdp_refusal``: the
+        profile's reason it has no FSDP)."""
         sh = self.sharding
         if sh.distributed_optimizer and sh.zero:
             raise JobConfigError("--distributed-optimizer", f"cannot be combined with --zero {sh.zero}: both shard the "
                                  "optimizer states (Megatron's distributed optimizer is its own ZeRO-1); choose one",
                                  f"--zero {sh.zero}")
-        if sh.fsdp != "none" and self.framework == "deepspeed":
-            raise JobConfigError("--fsdp", "is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 "
-                                 "for full sharding)", "--framework deepspeed")
+        if sh.fsdp != "none" and fsdp_refusal is not None:
+            raise JobConfigError("--fsdp", fsdp_refusal, f"--framework {self.framework}")
 
     def _check_offload(self) -> None:
         sh, off = self.sharding, self.offload

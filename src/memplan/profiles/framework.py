@@ -140,6 +140,8 @@ class FrameworkProfile:
     #: The framework-specific options it runs (names of :data:`memplan.profiles.rules.FEATURES`);
     #: a job that turns on another is refused with the option's flag and the frameworks that have it.
     features: frozenset[str] = frozenset()
+    #: Why ``--fsdp`` cannot be combined with this framework (None: it runs PyTorch FSDP).
+    fsdp_refusal: str | None = None
     #: Its own validity rules, run on every job of this framework (``Job.__post_init__``) and on every
     #: job with a model (:func:`memplan.jobcheck.validate_job_for_model`); each raises ``JobConfigError``.
     job_rules: tuple[JobRule, ...] = ()
@@ -253,6 +255,7 @@ DEEPSPEED = FrameworkProfile(
     allgather_bucket_elements=500_000_000,
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
+    fsdp_refusal="is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 for full sharding)",
     features=frozenset({"partition-activations", "cpu-checkpointing"}),
     fit_shardings=("zero-1", "zero-2", "zero-3"),
     deepspeed_checkpointing=True,
