@@ -77,6 +77,18 @@ def _module_names(flag: str, text: str, known: tuple[str, ...], refused: dict[st
     return names
 
 
+def _int_list(name: str, value: object) -> tuple[int, ...]:
+    """A comma list (``"7,8,8"``) or a sequence of integers as a tuple; anything else names ``name``."""
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",")]
+        if not all(part.lstrip("-").isdigit() for part in parts):
+            raise JobConfigError(name, "must be a comma list of integers", value)
+        return tuple(int(part) for part in parts)
+    if isinstance(value, (tuple, list)):
+        return tuple(value)
+    raise JobConfigError(name, "must be a comma list of integers", value)
+
+
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise JobConfigError(name, f"must be one of {', '.join(choices)}", value)
@@ -108,9 +120,13 @@ class Parallelism:
     #: (Megatron ``--microbatch-group-size-per-virtual-pipeline-stage``); None means ``pp``.
     microbatch_group_size: int | None = None
     #: Decoder layers of every model chunk in model order, ``pp * vpp`` entries (chunk ``k`` runs
-    #: on pipeline rank ``k % pp``): Megatron's ``--pipeline-model-parallel-layout``. Overrides
-    #: the even split and ``first/last_stage_layers``; ``vpp`` is ``len / pp``.
-    chunk_layers: tuple[int, ...] | None = None
+    #: on pipeline rank ``k % pp``); also what Megatron's ``--pipeline-model-parallel-layout`` and a
+    #: torchtitan TOML's split give. Overrides the framework's split and ``first/last_stage_layers``;
+    #: ``vpp`` is ``len / pp``. Given as a comma list (``"7,8,8"``) or a sequence of integers.
+    chunk_layers: tuple[int, ...] | None = knob(
+        None, "--stage-layers", "Decoder layers of every pipeline stage (model chunk) in model order, a comma list "
+        "of pp*vpp counts: chunk k runs on pipeline rank k % pp, and vpp is the count / pp. (default: the "
+        "framework's split)", panel=PARALLEL, metavar="N,N,...")
 
     def __post_init__(self) -> None:
         _check_int("--gpus", self.world_size)
@@ -149,14 +165,14 @@ class Parallelism:
             self._check_chunk_layers()
 
     def _check_chunk_layers(self) -> None:
-        chunks = tuple(self.chunk_layers or ())
+        chunks = _int_list("--stage-layers", self.chunk_layers)
         if not chunks or len(chunks) % self.pp:
             raise JobConfigError(
-                "--pipeline-layout", f"must list a layer count for each of pp*vpp chunks (a multiple of pp={self.pp})",
-                len(chunks),
+                "--stage-layers", f"must list a layer count for each of pp*vpp chunks (a multiple of pp={self.pp})",
+                ",".join(map(str, chunks)),
             )
         for count in chunks:
-            _check_int("--pipeline-layout", count, minimum=0)
+            _check_int("--stage-layers", count, minimum=0)
         vpp = len(chunks) // self.pp
         if self.vpp not in (1, vpp):
             raise JobConfigError("--vpp", f"contradicts the pipeline layout's {len(chunks)} chunks over pp={self.pp}", self.vpp)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +302,17 @@ def test_extraction_script_walks_nested_dataclasses_and_flavor_dicts() -> None:
         ("training.names", ["output"])]
     flavor_source = "__all__ = ['x']\nargs = {'debugmodel': Args(dim=4), '8B': Args(dim=8)}\n"
     assert tool._flavors(flavor_source) == ["debugmodel", "8B"]
+
+
+def test_flags_split_the_pipeline_as_the_toml_does(tmp_path: Path) -> None:
+    """Same job, same answer: --framework torchtitan --pp 4 --vpp 2 from flags prices torchtitan's own
+    split (the profile's rule), which is what the TOML reader gives."""
+    from memplan.estimate import estimate
+
+    body = ('[parallelism]\npipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+            "data_parallel_shard_degree = 2\n")
+    loaded = _job(tmp_path, body, gpus=8)
+    flags = replace(loaded.job, parallel=replace(loaded.job.parallel, chunk_layers=None, vpp=2))
+    toml_est, flags_est = estimate(loaded.model, loaded.job), estimate(loaded.model, flags)
+    assert [s.layers for s in toml_est.stages] == [s.layers for s in flags_est.stages] == [8, 9, 8, 7]
+    assert toml_est.peak_allocated_bytes == flags_est.peak_allocated_bytes

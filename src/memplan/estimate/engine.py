@@ -65,7 +65,7 @@ def estimate(
     run = run_context(model, job, fragmentation)
     notes = run_notes(run)
     stages = []
-    for layout in pipeline_layout(model.num_layers, job.parallel, job.num_microbatches):
+    for layout in pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split):
         stage, stage_notes = stage_estimate(stage_context(run, layout))
         stages.append(stage)
         notes += stage_notes
