@@ -29,6 +29,7 @@ AttentionImpl = Literal["flash", "sdpa", "eager"]
 LossImpl = Literal["auto", "fp32-logits", "vocab-parallel", "fused", "chunked", "fused-linear"]
 PeftMethod = Literal["none", "lora", "dora"]
 QuantizeBase = Literal["none", "nf4", "fp4", "int8"]
+AdapterDtype = Literal["auto", "fp32", "bf16", "fp16"]
 FrameworkName = Literal["megatron", "torchtitan", "deepspeed", "hf"]
 FsdpMode = Literal["none", "full", "hybrid"]
 Fp8Format = Literal["hybrid", "e4m3"]
@@ -735,10 +736,18 @@ class FineTuning:
     #: fp32 master; ``fp32`` keeps them as full fine-tuning under ``*-mixed`` would.
     frozen_dtype: str | None = knob(None, "--frozen-dtype", "dtype of frozen, unquantized weights. (default: the "
                                     "compute dtype, as a base loaded with torch_dtype=bfloat16)", panel=FINETUNE)
+    #: ``auto``: the framework's (its profile's ``adapter_dtype``): fp32 as peft's
+    #: ``get_peft_model(autocast_adapter_dtype=True)`` upcasts 16-bit adapters; ``bf16`` is what torchtune
+    #: keeps and what peft keeps with ``autocast_adapter_dtype=False`` on a bf16 base.
+    adapter_dtype: AdapterDtype = knob("auto", "--adapter-dtype", "dtype of the adapters (lora_A/B, DoRA "
+                                       "magnitudes): their weights, gradients, optimizer states and the "
+                                       "activations they compute. auto: the framework's (fp32, peft's "
+                                       "autocast_adapter_dtype=True).", panel=FINETUNE)
 
     def __post_init__(self) -> None:
         _check_choice("--peft", self.peft, get_args(PeftMethod))
         _check_choice("--quantize-base", self.quantize_base, get_args(QuantizeBase))
+        _check_choice("--adapter-dtype", self.adapter_dtype, get_args(AdapterDtype))
         _check_int("--lora-rank", self.lora_rank, maximum=1_000_000)
         if not isinstance(self.lora_alpha, (int, float)) or isinstance(self.lora_alpha, bool) or self.lora_alpha <= 0:
             raise JobConfigError("--lora-alpha", "must be a positive number", self.lora_alpha)
@@ -957,6 +966,12 @@ def resolved_optimizer_impl(job: Job) -> str:
     for ``auto`` — the one rule every engine uses."""
     impl = job.optimizer.implementation
     return impl if impl != "auto" else get_profile(job.framework).default_optimizer_impl
+
+
+def resolved_adapter_dtype(job: Job) -> str:
+    """The adapters' dtype: ``--adapter-dtype``, or the job's framework default for ``auto``."""
+    dtype = job.finetune.adapter_dtype
+    return dtype if dtype != "auto" else get_profile(job.framework).adapter_dtype
 
 
 def resolved_loss(job: Job) -> str:

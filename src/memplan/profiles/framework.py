@@ -148,6 +148,10 @@ class FrameworkProfile:
     #: each count as one layer, ``L + 2`` is split as evenly as possible over the stages (the first
     #: ``(L + 2) % stages`` stages one more) and the first and last stage give up that one layer.
     pipeline_split: PipelineSplit = "even-or-ceil"
+    #: dtype of PEFT adapters when ``--adapter-dtype auto``: ``fp32`` is peft's default
+    #: (``get_peft_model(autocast_adapter_dtype=True)`` upcasts bf16/fp16 adapters to fp32,
+    #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), which every profile here runs adapters with.
+    adapter_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
 
     # --- What the framework runs (issue 24: capabilities instead of framework-name if-chains) ---
     #: The framework-specific options it runs (names of :data:`memplan.profiles.rules.FEATURES`);
