@@ -20,6 +20,7 @@ from memplan.estimate.stage import stage_estimate
 from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.jobcheck import validate_job_for_model
+from memplan.profiles.defaults import default_settings
 from memplan.model.spec import ModelSpec
 from memplan.settings import InputSetting
 
@@ -87,7 +88,7 @@ def estimate(
         frozen_params=counts.frozen if counts is not None else 0,
         job=job,
         gpu=gpu,
-        settings=tuple(settings),
+        settings=default_settings(run.profile.unmodelled_defaults, job, tuple(settings)),
     )
 
 

@@ -242,8 +242,11 @@ def state_bytes(
     o_numel = _sharded(params.dense, params.expert, shards, opt_shard)
     parameters = p_numel * prec.param_bytes
     if finetune is not None:
-        return _finetune_state_bytes(model, job, params, prec, finetune, (full_shard, grad_shard, opt_shard),
-                                     step_counters, small)
+        # FSDP's CPU offload and ZeRO-3's offload_param move every sharded weight, the frozen (and
+        # quantized) base included; optimizer offload moves the trained parameters' states
+        return _offloaded(_finetune_state_bytes(model, job, params, prec, finetune,
+                                                (full_shard, grad_shard, opt_shard), step_counters, small),
+                          off, offload_moves_gradients)
     fp8, replaced = _fp8_weight_bytes(job, params, prec, shards[0] if full_shard else 1)
     parameters += fp8 - replaced
     gradients = g_numel * prec.grad_bytes

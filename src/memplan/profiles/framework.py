@@ -11,6 +11,7 @@ from typing import Literal
 
 from memplan.errors import JobConfigError
 from memplan.profiles import megatron_rules
+from memplan.profiles.defaults import DefaultRule, fsdp_keeps_blocks_unsharded_under_pp
 from memplan.profiles.rules import JobRule, ModelRule
 from memplan.units import MiB
 
@@ -152,6 +153,9 @@ class FrameworkProfile:
     #: (``get_peft_model(autocast_adapter_dtype=True)`` upcasts bf16/fp16 adapters to fp32,
     #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), which every profile here runs adapters with.
     adapter_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: Defaults the framework applies that memplan does not model: each rule reports one for a job
+    #: (:mod:`memplan.profiles.defaults`), also when the job comes from flags.
+    unmodelled_defaults: tuple[DefaultRule, ...] = ()
 
     # --- What the framework runs (issue 24: capabilities instead of framework-name if-chains) ---
     #: The framework-specific options it runs (names of :data:`memplan.profiles.rules.FEATURES`);
@@ -250,6 +254,7 @@ TORCHTITAN = FrameworkProfile(
     selective_policy="torchtitan-sac",
     autocast_with_tp_or_pp=False,
     pipeline_split="embedding-output-weighted",
+    unmodelled_defaults=(fsdp_keeps_blocks_unsharded_under_pp,),
     fit_tensor_parallel=True,
     fit_pipelines=True,
 )
