@@ -188,8 +188,10 @@ def _package_graph(modules: dict[str, ast.Module] | None = None) -> dict[str, di
 #: layers below its own, never from its own layer's other units, a higher layer or a unit not listed.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("memplan.errors",),
+    ("memplan.bounds",),
     ("memplan.units", "memplan.categories", "memplan.textfile", "memplan.settings"),
     ("memplan.gpus", "memplan.model"),
+    ("memplan.optimizers",),
     ("memplan.profiles",),
     ("memplan.job",),
     ("memplan.policies", "memplan.peft", "memplan.jobflags"),

@@ -77,3 +77,27 @@ def test_unreadable_input_file_is_one_line(tmp_path: Path, flag: str, kind: str)
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"error: {field}: {rule}")
     assert str(path) in lines[0]
+
+
+def test_reads_stop_at_their_cap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An endless stream or a gzip bomb is refused at the cap, having read no more than the cap."""
+    import gzip
+    import zlib
+
+    import pytest
+
+    from memplan.errors import ConfigError
+    from memplan.textfile import read_binary_file, read_capped, read_inflated
+
+    with pytest.raises(ConfigError, match="binary file"):
+        read_capped("/dev/zero", field="--job")
+    with pytest.raises(ConfigError, match="larger than 1,000 bytes"):
+        read_binary_file("/dev/zero", field="trace file", limit=1000, limit_name="X")
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = b"".join(squeeze.compress(b"\n" * (1 << 20)) for _ in range(64)) + squeeze.flush()
+    (tmp_path / "bomb.gz").write_bytes(bomb)
+    assert len(bomb) < 1 << 20
+    with pytest.raises(ConfigError, match="inflates to more than 1,048,576 bytes"):
+        read_inflated(tmp_path / "bomb.gz", field="trace file", limit=1 << 20, limit_name="MAX_TRACE_BYTES")
+    (tmp_path / "small.gz").write_bytes(gzip.compress(b"hello"))
+    assert read_inflated(tmp_path / "small.gz", field="f", limit=100, limit_name="X") == b"hello"

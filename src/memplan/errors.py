@@ -33,6 +33,8 @@ class ConfigError(MemplanError, ValueError):
     """Invalid user input. The message names the field, the rule and the given value."""
 
     def __init__(self, field: str, rule: str, value: object = None, *, hint: str = "") -> None:
+        if not str(field).isprintable():  # a key holding a newline or a control character: still one line
+            field = repr(str(field))[1:-1]
         self.field = field
         self.rule = rule
         self.value = value

@@ -41,10 +41,12 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Literal, NamedTuple
 
+from memplan.bounds import MAX_EVENTS, MAX_TRACE_BYTES
 from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError
 from memplan.events_binary import MAGIC as BINARY_MAGIC
 from memplan.events_binary import Columns, Schema, decode_columns, encode_columns
+from memplan.textfile import read_inflated
 
 __all__ = [
     "ALLOC",
@@ -227,25 +229,24 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read a trace written by :func:`write_trace` in either encoding (told apart by the first bytes);
     malformed or newer files raise ConfigError."""
     name = os.fspath(path)
+    data = read_inflated(name, field="trace file", limit=MAX_TRACE_BYTES, limit_name="MAX_TRACE_BYTES")
+    if data[:4] == BINARY_MAGIC[:4]:  # a damaged magic is named by the binary reader
+        return _binary_trace(data, name)
     try:
-        raw = open(name, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise ConfigError("trace file", "must be a readable file", name, hint=exc.strerror or "") from None
-    with raw:
-        magic = raw.read(8)
-        if magic[:4] == BINARY_MAGIC[:4]:  # a damaged magic is named by the binary reader
-            return _binary_trace(magic + raw.read(), name)
-        raw.seek(0)
-        stream: io.TextIOBase = (
-            io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8") if magic[:2] == b"\x1f\x8b"
-            else io.TextIOWrapper(raw, encoding="utf-8")
-        )
-        try:
-            text = stream.read()
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
-            raise ConfigError("trace file", "must be a complete gzip JSON-lines memplan trace", name,
-                              hint=str(exc)) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("trace file", "must be a complete gzip JSON-lines memplan trace", name,
+                          hint=str(exc)) from None
+    del data
+    check_event_lines(text.count("\n"), name)
     return _fast_parse(text, name) or _parse(text.splitlines(keepends=True), name)
+
+
+def check_event_lines(newlines: int, name: str) -> None:
+    """Refuse a JSON-lines trace of ``newlines`` line breaks that holds more than MAX_EVENTS events
+    (counted before a line is parsed)."""
+    if newlines > MAX_EVENTS + 1:
+        raise ConfigError("trace file", f"holds more than {MAX_EVENTS:,} events (memplan's limit MAX_EVENTS)", name)
 
 
 def _fast_parse(text: str, name: str) -> Trace | None:
@@ -260,7 +261,7 @@ def _fast_parse(text: str, name: str) -> Trace | None:
             line for line in core.split("\n") if line.strip())
         try:
             rows = json.loads("[" + lines + "]")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: a line nested thousands deep
             return None
         if rows and not _columns_valid(rows):
             return None
@@ -324,7 +325,7 @@ def _parse(lines: Iterable[str], name: str) -> Trace:
         try:
             row = loads(line)
             index, kind, block, size, category, phase, iteration, op, module, stream = row
-        except (json.JSONDecodeError, ValueError, TypeError):
+        except (json.JSONDecodeError, ValueError, TypeError, RecursionError):
             raise ConfigError(f"trace file line {number}",
                               f"must be a JSON array of {len(EVENT_FIELDS)} fields {EVENT_FIELDS}",
                               line.strip()[:80]) from None

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
+from memplan.bounds import MAX_EVENTS as BOUND_EVENTS
 from memplan.errors import ConfigError
 
 __all__ = ["ENCODING_VERSION", "MAGIC", "MAX_EVENTS", "MAX_TABLE_BYTES", "Columns", "Schema", "decode_columns",
@@ -46,8 +47,9 @@ __all__ = ["ENCODING_VERSION", "MAGIC", "MAX_EVENTS", "MAX_TABLE_BYTES", "Column
 MAGIC = b"\x89MPT\r\n\x1a\n"
 #: Layout version written by this memplan; readers accept this and older ones.
 ENCODING_VERSION = 1
-#: Most events a file may claim (2^32; a trace that long would need hundreds of GiB of memory to read).
-MAX_EVENTS = 2**32
+#: Most events a file may claim (memplan's limit :data:`memplan.bounds.MAX_EVENTS`, checked before a column is
+#: inflated: a file of a few MB can claim 10^9 events that would take hundreds of GiB to read).
+MAX_EVENTS = BOUND_EVENTS
 #: Most bytes a string table may inflate to (a million distinct 100-character names take 100 MB).
 MAX_TABLE_BYTES = 2**30
 #: zlib level: 6 (zlib's default); a million events compress to about 2.3 MB (2.3 bytes each).
@@ -201,7 +203,8 @@ def decode_columns(data: bytes, name: str, schema: Schema) -> Columns:
         raise reader.fail("must have a UTF-8 JSON header") from None
     count = reader.unpack("<Q", "the event count")
     if count > MAX_EVENTS:
-        raise reader.fail(f"claims {count} events, more than the {MAX_EVENTS} a trace may hold")
+        raise reader.fail(f"claims {count} events, more than the {MAX_EVENTS:,} a trace may hold (memplan's limit "
+                          "MAX_EVENTS)")
     columns: dict[str, array] = {}
     tables: dict[str, tuple[str, ...]] = {}
     for field in schema.fields:

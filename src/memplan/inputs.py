@@ -32,7 +32,7 @@ from typing import Any
 
 from memplan.errors import ConfigError, JobConfigError, UnsupportedError
 from memplan.job import Job
-from memplan.jobcheck import validate_job_for_model
+from memplan.jobcheck import check_seq_positions, validate_job_for_model
 from memplan.jobflags import build_job, check_conflicts
 from memplan.model.spec import ModelSpec
 from memplan.profiles import FINE_TUNING_FRAMEWORK
@@ -210,11 +210,23 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
         check_conflicts(_conditions(values, job))
         job = build_job(_keep_accumulation(values, job), job)
     job = _fine_tuning_framework(job, values, base, megatron_args)
+    job = default_seq_within_positions(job, spec, values)
     validate_job_for_model(job, spec)
+    check_seq_positions(job, spec)
     return LoadedJob(model=spec, job=job, model_ref=model_ref, gpu=values.get("gpu"),
                      fragmentation=values.get("fragmentation"), megatron_args=megatron_args,
                      deepspeed_config=deepspeed_config, hf_args=hf_args, peft_config=peft_config,
                      torchtitan_config=torchtitan_config, settings=tuple(settings))
+
+
+def default_seq_within_positions(job: Job, spec: ModelSpec, values: Mapping[str, Any]) -> Job:
+    """A model with a learned position table (GPT-2: 1,024 rows) cannot take the default --seq 4096: when no
+    input gave a sequence length, it is the table's size (an explicit one past it is refused)."""
+    default = Job().batch.seq_length
+    if "seq" in values or spec.position_embedding != "learned" or job.batch.seq_length != default \
+            or default <= spec.max_position_embeddings:
+        return job
+    return replace(job, batch=replace(job.batch, seq_length=spec.max_position_embeddings))
 
 
 def _starting_job(values: Mapping[str, Any], base: Job | None) -> Job:

@@ -14,11 +14,13 @@ from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
 from memplan.profiles import activation_policy_name, check_features, get_profile
+from memplan.optimizers import optimizer_kind
 from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
 OptimizerName = Literal["adamw", "adam", "sgd", "adafactor", "adam8bit", "adamw8bit", "paged-adamw8bit",
-                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit", "muon"]
+                        "paged-adamw", "lion", "lion8bit", "paged-lion8bit", "muon", "galore-adamw",
+                        "schedulefree-adamw"]
 MuonTpMode = Literal["duplicated", "blockwise", "distributed"]
 OptimizerImpl = Literal["auto", "foreach", "fused", "for-loop"]
 #: ``selective`` is the framework's own selective policy; the others are :mod:`memplan.policies` names.
@@ -292,8 +294,8 @@ class Optimizer:
     #: bitsandbytes paged optimizers, whose states live in CUDA unified memory outside PyTorch's
     #: caching allocator and page out to CPU memory under pressure.
     name: OptimizerName = knob("adamw", "--optimizer", "Optimizer: torch adamw/adam/sgd/adafactor, Lion, "
-                               "bitsandbytes 8-bit and paged variants, or Megatron's Muon (2-D weights; Adam for "
-                               "the rest).", panel=PRECISION)
+                               "bitsandbytes 8-bit and paged variants, Megatron's Muon (2-D weights; Adam for "
+                               "the rest), GaLore or schedule-free AdamW.", panel=PRECISION)
     momentum: float = knob(0.0, "--momentum", "SGD momentum; 0 keeps no momentum buffer.", panel=PRECISION)
     implementation: OptimizerImpl = knob("auto", "--optimizer-impl",
                                          "PyTorch optimizer implementation (temporaries of the step); auto = the "
@@ -313,8 +315,13 @@ class Optimizer:
     muon_nesterov: bool = knob(False, "--muon-nesterov", "Muon: Nesterov momentum (one more gradient-sized "
                                "temporary in the step).", panel=PRECISION)
 
+    #: GaLore only: the rank of each projected gradient (Hugging Face ``optim_args="rank=N"``, its default 128).
+    galore_rank: int = knob(128, "--galore-rank", "GaLore: rank of the projected gradients of the attention and "
+                            "MLP weights (their moments are rank x the larger side).", panel=PRECISION)
+
     def __post_init__(self) -> None:
         _check_choice("--optimizer", self.name, get_args(OptimizerName))
+        _check_int("--galore-rank", self.galore_rank, maximum=1 << 20)
         _check_choice("--muon-tp-mode", self.muon_tp_mode, get_args(MuonTpMode))
         _check_choice("--optimizer-impl", self.implementation, get_args(OptimizerImpl))
         if not 0.0 <= self.momentum < 1.0:
@@ -901,12 +908,25 @@ class Job:
         activation_policy_name(profile, mode=rc.mode, modules=rc.modules, memory_budget=rc.memory_budget,
                                fine_tuning=self.finetune.partial)
         check_features(self, profile)  # the framework-specific options the profile does not run
+        self._check_optimizer()  # the optimizer's registry entry: frameworks that run it, its settings
         for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
             rule(self)
+        self._check_sharding()
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
                                  self.batch.global_batch_size)
+
+    def _check_sharding(self) -> None:
+        """Sharding switches of different frameworks that contradict each other."""
+        sh = self.sharding
+        if sh.distributed_optimizer and sh.zero:
+            raise JobConfigError("--distributed-optimizer", f"cannot be combined with --zero {sh.zero}: both shard the "
+                                 "optimizer states (Megatron's distributed optimizer is its own ZeRO-1); choose one",
+                                 f"--zero {sh.zero}")
+        if sh.fsdp != "none" and self.framework == "deepspeed":
+            raise JobConfigError("--fsdp", "is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 "
+                                 "for full sharding)", "--framework deepspeed")
 
     def _check_offload(self) -> None:
         sh, off = self.sharding, self.offload
@@ -926,6 +946,17 @@ class Job:
         if off.params and sh.fsdp != "none" and not off.optimizer:
             # FSDP's CPUOffloadPolicy moves parameters, gradients and the optimizer step together.
             object.__setattr__(self, "offload", replace(off, optimizer=True))
+
+    def _check_optimizer(self) -> None:
+        """Refuse an optimizer the framework cannot run, or in a setting its entry rules out."""
+        ft, sh = self.finetune, self.sharding
+        rule = optimizer_kind(self.optimizer.name).refusal(
+            framework=self.framework,
+            full_training=not ft.partial,
+            sharded=sh.zero > 0 or sh.fsdp != "none" or sh.distributed_optimizer or self.parallel.tp > 1,
+            implementation=self.optimizer.implementation)
+        if rule:
+            raise JobConfigError("--optimizer", rule, self.optimizer.name)
 
     def _check_batch(self) -> None:
         per_step = self.batch.micro_batch_size * self.parallel.data_parallel

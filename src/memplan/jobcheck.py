@@ -13,7 +13,7 @@ from memplan.peft.checks import check_finetune_names
 from memplan.profiles import get_profile
 from memplan.profiles.pipeline_split import rule_chunk_layers
 
-__all__ = ["check_recompute_modules", "validate_job_for_model"]
+__all__ = ["check_recompute_modules", "check_seq_positions", "validate_job_for_model"]
 
 
 def validate_job_for_model(job: Job, model: ModelSpec) -> None:
@@ -62,6 +62,10 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             "or give --first-stage-layers/--last-stage-layers or --stage-layers for an uneven split",
             par.pp,
         )
+    if par.ep > 1 and not model.is_moe:
+        raise JobConfigError("--ep", "needs a mixture-of-experts model (expert parallelism splits routed experts; "
+                             f"{model.name} is dense); drop --ep", par.ep)
+    _check_recompute_layers(job, model)
     for layer in model.layers:
         if layer.moe is not None:
             if layer.moe.num_experts % par.ep:
@@ -76,6 +80,32 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             f"ep*etp*pp = {par.ep}*{par.expert_tp}*{par.pp} must divide --gpus={par.world_size}",
             par.ep,
         )
+
+
+def check_seq_positions(job: Job, model: ModelSpec) -> None:
+    """A model with learned absolute positions (GPT-2) has one table row per position: --seq cannot pass it
+    (Megatron asserts max_position_embeddings >= seq_length). Rotary models may extend their context.
+    Checked on the user's inputs (:func:`memplan.inputs.load_job`, ``memplan fit``), not by the estimator."""
+    if model.position_embedding == "learned" and job.batch.seq_length > model.max_position_embeddings:
+        raise JobConfigError("--seq", f"must be at most {model.model_type}'s {model.max_position_embeddings:,} learned "
+                             "positions (its position table has one row per position; a longer sequence indexes past "
+                             "it). Rotary-position models may extend their context; this one cannot",
+                             job.batch.seq_length)
+
+
+def _check_recompute_layers(job: Job, model: ModelSpec) -> None:
+    """``--recompute-layers`` within the layers a pipeline chunk holds (uniform groups of 0 layers mean nothing)."""
+    rc, par = job.recompute, job.parallel
+    if rc.mode != "full" or rc.num_layers is None:
+        return
+    per_chunk = -(-model.num_layers // (par.pp * par.vpp))
+    if rc.method == "uniform" and rc.num_layers == 0:
+        raise JobConfigError("--recompute-layers", "must be at least 1 with --recompute-method uniform (layers per "
+                             "checkpointed group)", 0)
+    if rc.num_layers > per_chunk:
+        raise JobConfigError("--recompute-layers", f"must be at most the {per_chunk} layers of a pipeline chunk "
+                             f"({model.num_layers} layers over pp*vpp = {par.pp * par.vpp}); give {per_chunk} to "
+                             "recompute them all", rc.num_layers)
 
 
 def check_recompute_modules(job: Job, model: ModelSpec) -> None:

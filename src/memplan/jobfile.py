@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from memplan.bounds import parse_json, parse_yaml
 from memplan.errors import ConfigError
 from memplan.jobflags import check_conflicts
 
@@ -82,9 +83,9 @@ def _read(path: Path) -> dict[Any, Any]:
     text = read_text_file(path, field="--job")
     try:
         if path.suffix.lower() == ".json":
-            data = json.loads(text, object_pairs_hook=_unique_pairs)
+            data = parse_json(text, field="--job", object_pairs_hook=_unique_pairs)
         else:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+            data = parse_yaml(text, field="--job", loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError("--job", f"is not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: "
                           f"{str(exc).splitlines()[0]}", str(path)) from None

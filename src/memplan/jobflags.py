@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from memplan.errors import ConfigError, JobConfigError
 from memplan.job import Job
+from memplan.optimizers import OPTIMIZERS
 
 __all__ = ["JobFlag", "build_job", "check_conflicts", "flag_values", "job_flags", "unflagged_settings"]
 
@@ -30,7 +31,8 @@ _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
     ("recompute_method", "recompute", ("full",)),
     ("recompute_layers", "recompute", ("full",)),
     ("fsdp_shard_size", "fsdp", ("hybrid",)),
-    ("momentum", "optimizer", ("sgd",)),
+    *((knob, "optimizer", tuple(k.name for k in OPTIMIZERS if knob in k.knobs))
+      for knob in dict.fromkeys(knob for k in OPTIMIZERS for knob in k.knobs)),
     *((name, "peft", ("lora", "dora")) for name in (
         "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_rank_pattern", "rslora")),
     ("double_quant", "quantize_base", ("nf4", "fp4")),

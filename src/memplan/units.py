@@ -67,7 +67,8 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of ``dtype`` (``fp32``, ``bf16``, ``fp16``, ``fp8``, ``int8``, ``fp64``)."""
-    return DTYPE_BYTES[normalize_dtype(dtype)]
+    size = DTYPE_BYTES.get(dtype)  # a short name already (the estimator's hot path)
+    return size if size is not None else DTYPE_BYTES[normalize_dtype(dtype)]
 
 
 def normalize_dtype(dtype: str, *, field: str = "dtype") -> str:
@@ -97,6 +98,8 @@ def parse_bytes(text: str | int | float, *, field: str = "size") -> int:
             raise ConfigError(field, "unit must be one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB", text)
     if value < 0:
         raise ConfigError(field, "must not be negative", text)
+    if not value * _UNITS[unit] < 2**64:  # also inf and nan: a size no memory has
+        raise ConfigError(field, "must be below 2^64 bytes", text if len(str(text)) < 40 else f"{str(text)[:20]}...")
     return int(round(value * _UNITS[unit]))
 
 
@@ -114,3 +117,12 @@ def format_bytes(n_bytes: int | float, *, precision: int = 2) -> str:
         if value >= size:
             return f"{sign}{value / size:.{precision}f} {unit}"
     return f"{sign}{int(value)} B"
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that orders the numbers inside names by value: ``h.2`` before ``h.10``, ``layers.9`` before
+    ``layers.10`` (each part is ``(0, number)`` or ``(1, text)``, so parts of either kind compare)."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in _DIGITS.split(text) if part)

@@ -23,17 +23,20 @@ def result():  # type: ignore[no-untyped-def]
 
 
 def test_timed_variants_run_every_repetition_and_references_once(result) -> None:  # type: ignore[no-untyped-def]
+    cfg = result.config
+    assert set(TIMED) <= set(cfg.timed)
     for variant in VARIANTS:
         runs = result.of(variant)
-        assert len(runs) == (REPEATS if variant in TIMED else 1)
+        assert len(runs) == (REPEATS if variant in cfg.timed else 1 if variant in cfg.once else 0)
         assert all(len(r.peaks) == len(r.losses) == STEPS for r in runs)
 
 
 def test_memplan_variants_keep_the_losses_and_find_the_optimizer(result) -> None:  # type: ignore[no-untyped-def]
-    none, trainer_none = result.of("none")[0], result.of("trainer-none")[0]
+    none, trainer_full = result.of("none")[0], result.of("trainer-full")[0]
     for variant in MEMPLAN:
         for run in result.of(variant):
-            assert run.losses == (trainer_none if variant == "trainer" else none).losses
+            assert run.losses == (trainer_full if variant == "trainer" else none).losses
+            assert run.sheltered_steps == 0 and run.seed_s > 0  # seeded before the first step
             assert run.optimizer_states == "measured"
     assert result.summary()["smoke_test"] is True
     assert {r.recomputed_forwards for r in result.of("full")} == {STEPS * result.config.n_layer}
@@ -58,3 +61,16 @@ def test_lengths_have_a_tail_to_the_longest_and_six_times_the_median() -> None:
     assert len(lengths) == 24 and max(lengths) >= 1000 >= max(lengths) - 24
     assert max(lengths) >= 6 * statistics.median(lengths)
     assert sample_lengths(BenchConfig()) == lengths  # seeded
+
+
+def test_step_interleaving_judges_each_variant_and_checks_statics_first() -> None:
+    cfg = replace(BenchConfig.quick(), steps=3, interleave="step", timed=("full", "plain", "half"), once=())
+    res = run_bench(cfg)
+    assert [r.variant for r in res.runs] == ["full", "plain", "half"] or set(res.static_peaks) == {"half"}
+    assert set(res.static_peaks) == {"half"}
+    plain = res.of("plain")[0]
+    full = res.of("full")[0]
+    assert plain.losses == full.losses and len(plain.peaks) == 3
+    assert plain.seed_s > 0 and plain.sheltered_steps == 0 and plain.wall_s > plain.seed_s
+    summary = res.summary()
+    assert summary["targets"]["plain"]["losses equal to full"]["met"]

@@ -70,7 +70,7 @@ def test_quick_bench_is_a_labelled_smoke_test_of_every_variant() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert {r["variant"] for r in data["runs"]} == {"none", "full", "plain", "step", "trainer", "trainer-full",
-                                                   "trainer-none"}
+                                                   "half", "sac"}
     summary = data["summary"]
     assert summary["smoke_test"] is True
     assert summary["targets"]["plain"]["losses equal to none"]["met"]

@@ -65,8 +65,8 @@ def test_use_reentrant_follows_transformers_and_torch(tmp_path: Path) -> None:
 def test_unknown_optimizer_is_one_line_exit_2(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="known: adamw_torch, adamw_torch_fused"):
         hf_args_job({"optim": "adamw_magic"}, Job())
-    with pytest.raises(UnsupportedError, match="galore_adamw"):
-        hf_args_job({"optim": "galore_adamw"}, Job())
+    with pytest.raises(UnsupportedError, match="galore_adamw_8bit"):
+        hf_args_job({"optim": "galore_adamw_8bit"}, Job())
     path = tmp_path / "args.json"
     path.write_text(json.dumps({"optim": "adamw_magic"}))
     result = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--hf-args", str(path)])

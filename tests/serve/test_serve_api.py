@@ -497,3 +497,10 @@ def test_workers_take_their_limits_from_the_environment(monkeypatch: pytest.Monk
         monkeypatch.setenv(LIMITS_ENV, bad)
         with pytest.raises(ConfigError):
             create_app_from_environment()
+
+
+def test_serve_help_names_the_serve_extra() -> None:
+    """rich markup would eat ``[serve]`` (a style tag) and leave pip install 'memplan'."""
+    result = runner.invoke(cli, ["serve", "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0
+    assert "pip install 'memplan[serve]'" in result.output

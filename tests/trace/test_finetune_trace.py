@@ -286,7 +286,16 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
 @pytest.mark.parametrize("name", sorted(_BNB_CLASSES))
 def test_bitsandbytes_optimizer_stand_ins_allocate_what_bitsandbytes_allocates(name: str) -> None:
     bnb = pytest.importorskip("bitsandbytes")
-    from memplan.trace.bnb_optim import BitsAndBytesStandIn
+    from memplan.job import Optimizer
+    from memplan.optimizers import optimizer_kind
+    from memplan.optimizers.kind import TraceRequest
+
+    def stand_in_of(params: object) -> torch.optim.Optimizer:
+        trained = list(params)  # type: ignore[call-overload]
+        build = optimizer_kind(name).build
+        assert build is not None
+        return build(TraceRequest(params=trained, groups=[{"params": trained}], model=None, implementation="fused",
+                                  device="cpu", learning_rate=1e-3, settings=Optimizer(name=name)))  # type: ignore[arg-type]
 
     def stepped(make: object) -> torch.optim.Optimizer:
         torch.manual_seed(0)
@@ -297,7 +306,7 @@ def test_bitsandbytes_optimizer_stand_ins_allocate_what_bitsandbytes_allocates(n
         return optimizer
 
     real = stepped(lambda params: getattr(bnb.optim, _BNB_CLASSES[name])(params, lr=1e-3))
-    stand_in = stepped(lambda params: BitsAndBytesStandIn(params, name, paged_on_device=False))
+    stand_in = stepped(stand_in_of)
     assert _state_bytes(stand_in) == _state_bytes(real)
 
 

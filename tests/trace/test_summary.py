@@ -83,3 +83,35 @@ def test_defaults_are_the_jobs_and_the_frameworks() -> None:
     ranks = trace_setup(fsdp=4, tp=2)
     assert (ranks.fsdp, ranks.tp, ranks.world_size) == (4, 2, 8)
     assert trace_setup(tp=2).world_size == 2
+
+
+def test_timeline_keeps_each_stretchs_peak() -> None:
+    """A one-event spike inside a stretch of events is kept: the plotted peak is the summary's peak."""
+    from memplan.events import AllocEvent, Trace, TraceMeta
+    from memplan.trace.summary import summarize, timeline
+
+    events = []
+    for i in range(0, 20_000, 2):
+        size = 3 << 30 if i == 12_346 else 1 << 20  # the spike sits between two sampled strides
+        events += [AllocEvent(i, "alloc", i, size, "activation", "forward", 0, "", "", 0),
+                   AllocEvent(i + 1, "free", i, size, "activation", "forward", 0, "", "", 0)]
+    trace = Trace(events=tuple(events), meta=TraceMeta())
+    xs, series = timeline(trace, max_points=100)
+    totals = [sum(values) for values in zip(*series.values())]
+    assert len(xs) <= 102
+    assert max(totals) == summarize(trace).peak_allocated_bytes == 3 << 30
+    assert xs == sorted(xs)
+
+
+def test_modules_of_equal_size_sort_naturally() -> None:
+    """h.2 before h.10 (not the string order h.10, h.2) when both hold the same bytes."""
+    from memplan.events import AllocEvent, Trace, TraceMeta
+    from memplan.trace.summary import summarize
+    from memplan.units import natural_key
+
+    names = ["h.10", "h.2", "h.1", "h.11"]
+    events = tuple(AllocEvent(i, "alloc", i, 1 << 20, "activation", "forward", 0, "", name, 0)
+                   for i, name in enumerate(names))
+    summary = summarize(Trace(events=events, meta=TraceMeta()))
+    assert [name for name, _ in summary.by_module] == ["h.1", "h.2", "h.10", "h.11"]
+    assert sorted(["layers.10", "layers.9"], key=natural_key) == ["layers.9", "layers.10"]

@@ -26,6 +26,7 @@ from memplan.alloc.settings import AllocatorSettings
 from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError
 from memplan.events import ALLOC, FREE, AllocEvent, Trace, TraceMeta
+from memplan.bounds import MAX_SNAPSHOT_BYTES
 from memplan.textfile import read_binary_file
 
 __all__ = [
@@ -65,6 +66,22 @@ def safe_loads(data: bytes) -> Any:
             AttributeError, MemoryError, OverflowError, RecursionError) as exc:
         raise ConfigError(_FIELD, "is not a complete pickle (truncated or corrupt)", type(exc).__name__,
                           hint=str(exc)[:120]) from None
+
+
+def read_snapshot_bytes(path: str | os.PathLike[str], field: str = _FIELD) -> bytes:
+    """The bytes of a snapshot pickle: at most MAX_SNAPSHOT_BYTES, and starting with 0x80 (protocol 2 or later,
+    what ``torch.cuda.memory._dump_snapshot`` writes); anything else is refused before it is read whole."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as handle:
+            first = handle.read(1)
+    except OSError as exc:
+        raise ConfigError(field, "must be a readable file", name, hint=exc.strerror or "") from None
+    if first != b"\x80":
+        raise ConfigError(field, "is not a snapshot pickle: torch.cuda.memory._dump_snapshot writes pickle protocol "
+                          "2 or later, which starts with byte 0x80" + (f" (this file starts with {first[0]:#04x})"
+                                                                        if first else " (this file is empty)"), name)
+    return read_binary_file(name, field=field, limit=MAX_SNAPSHOT_BYTES, limit_name="MAX_SNAPSHOT_BYTES")
 
 
 def is_pickle(path: str | os.PathLike[str]) -> bool:
@@ -129,8 +146,7 @@ class Snapshot:
 def load_snapshot(path: str | os.PathLike[str], *, device: int | None = None) -> Snapshot:
     """Load a snapshot pickle; malformed, truncated or hostile files raise ConfigError (exit 2)."""
     name = os.fspath(path)
-    data = read_binary_file(name, field=_FIELD)
-    raw = safe_loads(data)
+    raw = safe_loads(read_snapshot_bytes(name))
     return parse_snapshot(raw, device=device, source=name)
 
 

@@ -23,6 +23,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -62,7 +63,7 @@ class StepMeter(TorchDispatchMode):
                 if isinstance(inner, torch.Tensor):
                     self._add(inner)
             return
-        if t.device.type == "meta" or t.is_sparse:
+        if t.device.type == "meta" or t.is_sparse or isinstance(t, FakeTensor):  # a fake tensor owns no memory
             return
         try:
             storage = t.untyped_storage()

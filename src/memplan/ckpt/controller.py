@@ -40,7 +40,10 @@ from memplan.ckpt.errors import BatchTooLargeError
 from memplan.ckpt.loop_hooks import LoopHooks
 from memplan.ckpt.meter import CpuMeter, MemoryMeter, tensor_bytes
 from memplan.ckpt.model_state import state_tensors
-from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, tensors_in
+from memplan.ckpt.offload import OffloadHooks
+from memplan.ckpt.opcosts import OpCosts
+from memplan.ckpt.opprofile import OpRecorder, roofline_for, sac_context
+from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, skip_output, tensors_in
 from memplan.ckpt.planner import (
     BlockCost,
     CheckpointPlan,
@@ -74,9 +77,10 @@ _TIME_QUANTUM = 0.05
 SHELTER_BEYOND = 2.0
 
 
-def _forced(checkpoint: tuple[bool, ...], method: str) -> CheckpointPlan:
+def _forced(checkpoint: tuple[bool, ...], method: str, modes: tuple[str, ...] = ()) -> CheckpointPlan:
     """A plan chosen by rule (warm-up, shelter, fixed), not by the planner: no prediction behind it."""
-    return CheckpointPlan(checkpoint=checkpoint, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method=method)
+    return CheckpointPlan(checkpoint=checkpoint, predicted_peak_bytes=0, recompute_s=0.0, fits=True, method=method,
+                          modes=modes)
 
 
 class CheckpointController(LoopHooks):
@@ -106,6 +110,11 @@ class CheckpointController(LoopHooks):
                         for name in _PHASES}
         self._block_params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
         self._cache = PlanCache()
+        #: op-level predictors (per-op profiles from seed(), FLOP-based seconds, selective levels, offload)
+        self.ops = OpCosts(roof=roofline_for(device), device=device)
+        #: a fast seeding pass: (mode per block, blocks skipped, blocks whose ops are recorded)
+        self._seed_spec: tuple[tuple[str, ...], frozenset[int], frozenset[int]] | None = None
+        self._seed_seconds = 0.0
         self._version = 0
         self._fixed: tuple[bool, ...] | None = None
         self._ready = False
@@ -113,7 +122,8 @@ class CheckpointController(LoopHooks):
         self._force: str | None = None
         self._step: StepRecord | None = None
         self._count = dict.fromkeys(
-            ("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps", "seeded"), 0)
+            ("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps", "seeded", "selective",
+             "offloaded"), 0)
         self._seeding = False  # a fake-tensor pass of seed_from_fake is running
         self._owned = False  # the CPU meter was entered by a hook (plain loop), not by step()
         self._optimizers: dict[int, Any] = {}  # id → weak reference of the optimizers found by the hooks
@@ -152,7 +162,8 @@ class CheckpointController(LoopHooks):
             optimizer_steps=c["opt_steps"], max_optimizer_peak_bytes=self._opt_peak,
             optimizer_over_budget_steps=self._opt_over,
             optimizer_states="measured" if self.optimizer is not None else "assumed AdamW (no optimizer seen yet)",
-            seeded_passes=c["seeded"],
+            seeded_passes=c["seeded"], seed_seconds=self._seed_seconds, selective_forwards=c["selective"],
+            offloaded_forwards=c["offloaded"], time_scale=self.ops.scale,
         )
 
     def series(self) -> dict[str, Any]:
@@ -203,13 +214,23 @@ class CheckpointController(LoopHooks):
         return min(_MAX_MARGIN, self._margin + widen)
 
     def _block_costs(self, size: int, grads: Sequence[int]) -> list[BlockCost]:
+        """Per block: bytes kept, gradient bytes, recompute seconds, and its op-level options.
+
+        Seconds come from the op profile (FLOPs, rescaled by measured times) where :meth:`seed`
+        recorded one, else from measured block times rounded so that near-equal blocks tie.
+        """
         raw = [self._times[j](size) if self._times[j].points else 1.0 for j in range(self.n_blocks)]
         quantum = _TIME_QUANTUM * (sum(raw) / len(raw) or 1.0)
-        return [
-            BlockCost(act_bytes=math.ceil(self._acts[j](size)), grad_bytes=grads[j],
-                      recompute_s=max(quantum, round(raw[j] / quantum) * quantum))
-            for j in range(self.n_blocks)
-        ]
+        costs = []
+        for j in range(self.n_blocks):
+            act = math.ceil(self._acts[j](size))
+            if self.ops.has(j):
+                costs.append(BlockCost(act_bytes=act, grad_bytes=grads[j], recompute_s=self.ops.forward_s(j, size),
+                                       extra=self.ops.options(j, size, act)))
+            else:
+                costs.append(BlockCost(act_bytes=act, grad_bytes=grads[j],
+                                       recompute_s=max(quantum, round(raw[j] / quantum) * quantum)))
+        return costs
 
     def _step_cost(self, size: int, static_bytes: int, margin: float) -> StepCost:
         def term(name: str) -> int:
@@ -262,6 +283,23 @@ class CheckpointController(LoopHooks):
         from memplan.ckpt.seed import seed_from_fake
 
         seed_from_fake(self, steps)
+
+    def seed(self, steps: Iterable[Callable[[], object]]) -> float:
+        """Seed every predictor before training from fake runs of a few blocks: no compute, no memory.
+
+        Each callable runs forward + backward of a sample batch (two or three sizes up to the
+        largest batch expected). Under fake tensors, one block of each block class runs plainly with
+        its ops profiled (FLOPs, bytes, what backward saves), one checkpointed, the others are
+        skipped; the measurements are shared by the blocks of that class. Returns the seconds spent
+        (also in ``stats().seed_seconds``). See :mod:`memplan.ckpt.fastseed`.
+        """
+        from memplan.ckpt.fastseed import seed_fast
+
+        t0 = time.perf_counter()
+        seed_fast(self, steps)
+        elapsed = time.perf_counter() - t0
+        self._seed_seconds += elapsed
+        return elapsed
 
     def run_seed_pass(self, fn: Callable[[], object], *, force: str) -> None:
         """One fake pass of :meth:`seed_from_fake` with a forced plan: bytes observed, counters untouched."""
@@ -361,12 +399,14 @@ class CheckpointController(LoopHooks):
         self.meter.adopt(tensors_in((args, kwargs)))
         static = self.meter.current_bytes
         grads = tuple(sum(tensor_bytes(p) for p in ps if p.grad is None) for ps in self._block_params)
+        skip = self._seed_spec[1] if self._seeding and self._seed_spec else frozenset()
+        grads = tuple(0 if j in skip else g for j, g in enumerate(grads))
         t0 = time.perf_counter()
         plan, probe = self._choose(size, static, grads)
         self._plan_seconds += time.perf_counter() - t0
         metered = self.meter.active or not isinstance(self.meter, CpuMeter)
         self._step = StepRecord(size=size, plan=plan, static_bytes=static, grad_bytes=grads, probe=probe,
-                                metered=metered, seed=self._seeding)
+                                metered=metered, seed=self._seeding, skip=skip)
         self._count["sheltered"] += probe
         if self._force is None:
             self._count["steps"] += 1
@@ -378,6 +418,9 @@ class CheckpointController(LoopHooks):
             return _forced((True,) * n, "all"), False
         if self._force == "none":
             return _forced((False,) * n, "none"), False
+        if self._force == "seed" and self._seed_spec is not None:
+            modes = self._seed_spec[0]
+            return _forced(tuple(m != "keep" for m in modes), "static", modes), False  # acts: from the kept block
         if self._fixed is not None:
             return _forced(self._fixed, "static"), False
         if self._force == "shelter" and self._warm_index is not None:
@@ -396,24 +439,52 @@ class CheckpointController(LoopHooks):
         return plan, False
 
     def block_forward(self, j: int, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """The patched ``forward`` of block ``j``: plain (measured) or checkpointed, as planned."""
+        """The patched ``forward`` of block ``j``: plain (measured), checkpointed, selective or offloaded, as planned."""
         st = self._step
         if st is None or not torch.is_grad_enabled():
             return forward(*args, **kwargs)
+        if j in st.skip:  # a fast seeding pass: the block is an identity on the hidden states
+            return skip_output(st.templates.get(type(self.blocks[j])), args, kwargs)
         if j == 0:
             self._hook(st, grad_tensor((args, kwargs)), -1)
+        mode = st.plan.mode(j)
         if st.plan.checkpoint[j]:
             if st.probe:
                 self._probe(st, j, forward, args, kwargs)
-            out = checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            before = self.meter.current_bytes
+            context = sac_context(self.ops.level(j, int(mode[3:])).keys) if mode.startswith("sac") else None
+            out = checkpoint(forward, *args, use_reentrant=False, **({"context_fn": context} if context else {}),
+                             **kwargs)
+            if context is not None:
+                st.kept[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+                self._count["selective"] += 1
             self._count["recomputed"] += 1
         else:
-            before, t0 = self.meter.current_bytes, time.perf_counter()
-            out = forward(*args, **kwargs)
-            st.times[j] = time.perf_counter() - t0
-            st.acts[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+            out = self._plain_forward(st, j, mode, forward, args, kwargs)
         st.peaks[("forward", j)] = self.meter.mark()
         self._hook(st, grad_tensor(out), j)
+        return out
+
+    def _plain_forward(self, st: StepRecord, j: int, mode: str, forward: Callable[..., Any], args: Any,
+                       kwargs: Any) -> Any:
+        """Block ``j`` run without recompute: kept (its bytes and time measured) or with its saved tensors offloaded."""
+        before, t0 = self.meter.current_bytes, time.perf_counter()
+        if mode == "offload":
+            with OffloadHooks(self.device):
+                out = forward(*args, **kwargs)
+            st.kept[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+            self._count["offloaded"] += 1
+            return out
+        record = st.seed and self._seed_spec is not None and j in self._seed_spec[2]
+        if record:
+            with OpRecorder() as recorder:
+                out = forward(*args, **kwargs)
+            st.ops[j] = recorder.records()
+            st.templates.setdefault(type(self.blocks[j]), out)
+        else:
+            out = forward(*args, **kwargs)
+        st.times[j] = time.perf_counter() - t0
+        st.acts[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
         return out
 
     def _probe(self, st: StepRecord, j: int, forward: Callable[..., Any], args: Any, kwargs: Any) -> None:
@@ -484,12 +555,25 @@ class CheckpointController(LoopHooks):
             changed |= self._acts[j].add(st.size, value)
             if not st.seed:  # a fake kernel takes no time
                 self._times[j].add(st.size, st.times[j])
-        acts = [st.acts.get(j, self._acts[j](st.size) if self._acts[j].points else None) for j in range(self.n_blocks)]
-        if any(a is None for a in acts):
-            if changed:
-                self._version += 1
-            return
-        for name, term in phase_terms(st, [float(a) for a in acts if a is not None]).items():
+                if st.plan.mode(j) == "keep":
+                    self.ops.observe_forward(j, st.size, st.times[j])
+        for j, held in st.kept.items():
+            mode = st.plan.mode(j)
+            if mode.startswith("sac"):
+                changed |= self.ops.observe_held(j, int(mode[3:]), st.size, held)
+        acts: list[float] = []
+        for j in range(self.n_blocks):
+            if j in st.skip:
+                acts.append(0.0)
+            elif j in st.acts or self._acts[j].points:
+                acts.append(float(st.acts.get(j, self._acts[j](st.size) if self._acts[j].points else 0)))
+            else:
+                if changed:
+                    self._version += 1
+                return
+        kept = [0.0 if j in st.skip else float(st.kept.get(j, 0 if st.plan.checkpoint[j] else acts[j]))
+                for j in range(self.n_blocks)]
+        for name, term in phase_terms(st, acts, kept).items():
             changed |= self._phases[name].add(st.size, term)
         if changed:
             self._version += 1

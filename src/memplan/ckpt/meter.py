@@ -204,6 +204,15 @@ class CpuMeter(TorchDispatchMode):
                 f"CPU meter: {self._current} live bytes exceed the limit of {self.limit_bytes} bytes"
             )
 
+    def forget_all(self) -> None:
+        """Stop counting every storage (between steps: the next forward adopts what is live)."""
+        if self.active:
+            raise RuntimeError("CpuMeter.forget_all: the meter is counting a step")
+        self._live.clear()
+        self._refs.clear()
+        self._resizable.clear()
+        self._current = self._peak = 0
+
     def _forget(self, key: int, _ref: object = None) -> None:
         n = self._live.pop(key, None)
         self._refs.pop(key, None)
@@ -218,7 +227,7 @@ class CpuMeter(TorchDispatchMode):
             counted = self._outputs[func]
         except KeyError:
             counted = self._outputs[func] = _counted_outputs(func)
-        if counted == (0,) and type(out) is torch.Tensor:  # the common case: one new tensor
+        if counted == (0,) and isinstance(out, torch.Tensor):  # the common case: one new tensor (fake ones too)
             self._count(out, check=True)
             return out
         if counted == ():  # views, in-place and out= operators: nothing new

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from memplan.ckpt.planner import CheckpointPlan
 
-__all__ = ["PhaseKey", "StepRecord", "grad_tensor", "new_bytes", "phase_terms", "tensors_in"]
+__all__ = ["PhaseKey", "StepRecord", "grad_tensor", "new_bytes", "phase_terms", "skip_output", "tensors_in"]
 
 #: "head", "tail", a block index (its backward) or ("forward", block index).
 PhaseKey = str | int | tuple[str, int]
@@ -36,6 +36,12 @@ class StepRecord:
     #: A fake-tensor pass of ``seed_from_fake``: bytes are observed, times and training counters are not.
     seed: bool = False
     acts: dict[int, int] = field(default_factory=dict)
+    #: Bytes a selectively checkpointed or offloading block held from its forward to its backward.
+    kept: dict[int, int] = field(default_factory=dict)
+    #: Blocks a fast seeding pass skipped (identity), and the per-op profiles it recorded.
+    skip: frozenset[int] = frozenset()
+    ops: dict[int, Any] = field(default_factory=dict)
+    templates: dict[type, Any] = field(default_factory=dict)
     times: dict[int, float] = field(default_factory=dict)
     peaks: dict[PhaseKey, int] = field(default_factory=dict)
     #: The phase running now: "head" until the first block's output gradient, then block indices, then "tail".
@@ -65,27 +71,42 @@ def grad_tensor(obj: Any) -> torch.Tensor | None:
     return next((t for t in tensors_in(obj) if t.requires_grad), None)
 
 
-def phase_terms(st: StepRecord, acts: list[float]) -> dict[str, float]:
-    """Invert the planner's phase formulas: the non-block bytes each measured phase implies."""
-    kept = [not c for c in st.plan.checkpoint]
+def skip_output(template: Any, args: Any, kwargs: Any) -> Any:
+    """What a skipped block returns in a fast seeding pass: its input hidden states, in the structure
+    a block of its class returned (``template``; the hidden states alone when there is none)."""
+    hidden = grad_tensor((args, kwargs))
+    if template is None or isinstance(template, torch.Tensor):
+        return hidden
+    inner = grad_tensor(template)
+    return tree_map(lambda x: hidden if x is inner else x, template)
+
+
+def phase_terms(st: StepRecord, acts: list[float], kept: list[float] | None = None) -> dict[str, float]:
+    """Invert the planner's phase formulas: the non-block bytes each measured phase implies.
+
+    ``acts[i]`` are the bytes block ``i`` builds (its intermediates), ``kept[i]`` the bytes it held
+    from its forward to its backward (default: ``acts[i]`` for a kept block, 0 for a checkpointed one).
+    """
+    recomputed = st.plan.checkpoint
+    if kept is None:
+        kept = [0.0 if c else a for a, c in zip(acts, recomputed)]
     terms: dict[str, float] = {}
     forward_terms, kept_before = [], 0.0
     for i, a in enumerate(acts):
         if ("forward", i) in st.peaks:
             forward_terms.append(st.peaks[("forward", i)] - st.static_bytes - kept_before - a)
-        kept_before += a if kept[i] else 0.0
+        kept_before += kept[i]
     if forward_terms:
         terms["forward"] = max(forward_terms)
     if "head" in st.peaks:
-        terms["head"] = st.peaks["head"] - st.static_bytes - sum(a for a, k in zip(acts, kept) if k)
-    grads, kept_before = 0.0, sum(a for a, k in zip(acts, kept) if k)
+        terms["head"] = st.peaks["head"] - st.static_bytes - sum(kept)
+    grads, kept_before = 0.0, sum(kept)
     block_terms: dict[str, list[float]] = {"block": [], "recompute": []}
     for i in reversed(range(len(acts))):
-        if kept[i]:
-            kept_before -= acts[i]
+        kept_before -= kept[i]
         grads += st.grad_bytes[i]
         if i in st.peaks:
-            name = "block" if kept[i] else "recompute"
+            name = "recompute" if recomputed[i] else "block"
             block_terms[name].append(st.peaks[i] - st.static_bytes - grads - kept_before - acts[i])
     terms.update({name: max(values) for name, values in block_terms.items() if values})
     if "tail" in st.peaks:

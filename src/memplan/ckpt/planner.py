@@ -16,7 +16,14 @@ weights, existing gradients, optimizer states, the batch):
 each phase, all predicted for this batch's size. The plan is the set of kept blocks that maximises
 the recompute time saved subject to *every* phase fitting the budget: an exact 0/1 knapsack, solved
 by dynamic programming over the Pareto front of (kept bytes so far, seconds saved) — exact because
-every phase constraint grows with the bytes kept before it. Ties go to keeping later blocks. :func:`plan_greedy` is
+every phase constraint grows with the bytes kept before it. Ties go to keeping later blocks.
+
+**Per-op options.** A block may offer more than keep / checkpoint (:class:`BlockOption`): selective
+checkpointing levels (some ops' outputs saved, the rest recomputed: fewer bytes kept than a plain
+block, less recompute than a checkpointed one) and offloading its saved tensors to host memory (bytes
+kept near zero, cost the transfer time not hidden behind compute). The same Pareto dynamic
+programme picks one option per block, minimising predicted seconds, the bytes a block keeps being
+its option's ``kept_bytes``. :func:`plan_greedy` is
 Mimose's greedy (checkpoint the blocks freeing most bytes per recompute second first) for
 comparison.
 """
@@ -29,14 +36,28 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
-    "BlockCost", "CheckpointPlan", "PlanCache", "StepCost", "plan_greedy", "plan_knapsack", "predicted_peak",
+    "BlockCost", "BlockOption", "CheckpointPlan", "PlanCache", "StepCost", "plan_greedy", "plan_knapsack", "predicted_peak",
     "size_bucket",
 ]
 
-#: Values of blocks later in the forward get this relative bonus, so that ties keep later blocks.
+#: Seconds of blocks later in the forward weigh this much more per block, so that ties keep later blocks.
 _TIE_BONUS = 1e-9
 #: Plans are cached per geometric size bucket of this many buckets per doubling of the size.
 BUCKETS_PER_OCTAVE = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockOption:
+    """One way to run a block: what it keeps until its backward and what it costs in seconds."""
+
+    #: "keep", "full" (checkpointed), "sac<k>" (selective checkpoint level k) or "offload".
+    mode: str
+    #: Bytes the block holds from its forward to its backward under this option.
+    kept_bytes: int
+    #: Predicted extra seconds (recompute, or transfer not overlapped with compute).
+    cost_s: float
+    #: Whether the backward recomputes (its phase uses the recompute term ``H_recompute``).
+    recomputes: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +70,13 @@ class BlockCost:
     grad_bytes: int
     #: Seconds of one extra forward of the block (the recompute cost).
     recompute_s: float
+    #: Options beyond keep / full checkpoint (selective levels, offload); keep and full are implied.
+    extra: tuple[BlockOption, ...] = ()
+
+    def options(self) -> tuple[BlockOption, ...]:
+        """Every option: keep, full checkpoint, then the extra ones."""
+        return (BlockOption(mode="keep", kept_bytes=self.act_bytes, cost_s=0.0, recomputes=False),
+                BlockOption(mode="full", kept_bytes=0, cost_s=self.recompute_s, recomputes=True), *self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,83 +104,105 @@ class CheckpointPlan:
     #: Whether the predicted peak is within the budget (False: even checkpointing everything is not enough).
     fits: bool
     method: Literal["knapsack", "greedy", "all", "none", "static"] = "knapsack"
+    #: Per block: "keep", "full", "sac<k>" or "offload" (empty: from ``checkpoint``, keep or full).
+    modes: tuple[str, ...] = ()
 
     @property
     def n_checkpointed(self) -> int:
         return sum(self.checkpoint)
 
+    def mode(self, j: int) -> str:
+        """How block ``j`` runs."""
+        return self.modes[j] if self.modes else ("full" if self.checkpoint[j] else "keep")
+
 
 def predicted_peak(blocks: Sequence[BlockCost], step: StepCost, checkpoint: Sequence[bool]) -> int:
     """The largest phase of the step's memory model for this plan (bytes)."""
-    kept = sum(b.act_bytes for b, c in zip(blocks, checkpoint) if not c)
+    return peak_of_options(blocks, step, [_flag_option(b, c) for b, c in zip(blocks, checkpoint)])
+
+
+def _flag_option(block: BlockCost, checkpointed: bool) -> BlockOption:
+    return block.options()[1 if checkpointed else 0]
+
+
+def peak_of_options(blocks: Sequence[BlockCost], step: StepCost, chosen: Sequence[BlockOption]) -> int:
+    """The largest phase of the step's memory model when block ``j`` runs as ``chosen[j]`` (bytes)."""
+    kept = sum(o.kept_bytes for o in chosen)
     peak = step.static_bytes + step.head_bytes + kept
     kept_before, grads = kept, 0
     for i in reversed(range(len(blocks))):
         b = blocks[i]
-        if not checkpoint[i]:
-            kept_before -= b.act_bytes
+        kept_before -= chosen[i].kept_bytes
         grads += b.grad_bytes
-        extra = max(step.forward_bytes, (step.recompute_bytes if checkpoint[i] else step.block_bytes) + grads)
+        extra = max(step.forward_bytes, (step.recompute_bytes if chosen[i].recomputes else step.block_bytes) + grads)
         peak = max(peak, step.static_bytes + extra + kept_before + b.act_bytes)
     return max(peak, step.static_bytes + step.tail_bytes + grads)
 
 
 def _make_plan(blocks: Sequence[BlockCost], step: StepCost, checkpoint: Sequence[bool], method: str) -> CheckpointPlan:
-    peak = predicted_peak(blocks, step, checkpoint)
+    return _plan_of_options(blocks, step, [_flag_option(b, c) for b, c in zip(blocks, checkpoint)], method)
+
+
+def _plan_of_options(blocks: Sequence[BlockCost], step: StepCost, chosen: Sequence[BlockOption],
+                     method: str) -> CheckpointPlan:
+    peak = peak_of_options(blocks, step, chosen)
+    modes = tuple(o.mode for o in chosen)
     return CheckpointPlan(
-        checkpoint=tuple(bool(c) for c in checkpoint),
+        checkpoint=tuple(o.recomputes for o in chosen),
         predicted_peak_bytes=peak,
-        recompute_s=sum(b.recompute_s for b, c in zip(blocks, checkpoint) if c),
+        recompute_s=sum(o.cost_s for o in chosen),
         fits=peak <= step.budget_bytes,
         method=method,  # type: ignore[arg-type]
+        modes=() if set(modes) <= {"keep", "full"} else modes,
     )
 
 
-def _phase_extra(blocks: Sequence[BlockCost], step: StepCost, i: int, checkpointed: bool) -> int:
-    """Bytes of block i's forward/backward phases on top of the kept activations before it."""
+def _phase_extra(blocks: Sequence[BlockCost], step: StepCost, i: int, recomputes: bool) -> int:
+    """Bytes of block i's forward/backward phases on top of the bytes kept before it."""
     grads = sum(b.grad_bytes for b in blocks[i:])
-    extra = max(step.forward_bytes, (step.recompute_bytes if checkpointed else step.block_bytes) + grads)
+    extra = max(step.forward_bytes, (step.recompute_bytes if recomputes else step.block_bytes) + grads)
     return step.static_bytes + extra + blocks[i].act_bytes
 
 
-def _exact_keep_mask(blocks: Sequence[BlockCost], step: StepCost, values: Sequence[float]) -> int | None:
-    """Exact 0/1 knapsack under every phase of the model: the kept-set bitmask of largest value.
+def _exact_choice(blocks: Sequence[BlockCost], step: StepCost) -> tuple[int, ...] | None:
+    """Exact choice of one option per block under every phase of the model, least predicted seconds.
 
-    Blocks are decided in forward order; a state is (kept activation bytes so far, value, mask).
+    Blocks are decided in forward order; a state is (bytes kept so far, seconds, option indices).
     Every phase constraint only grows with the bytes kept so far, so a state that keeps more bytes
-    for less value can never do better and is pruned (a Pareto front: N + 1 states for identical
-    blocks). ``None`` when no plan fits.
+    for more seconds can never do better and is pruned (a Pareto front). Recomputing block ``j``
+    costs ``1 + 1e-9·j`` times its seconds, so ties keep later blocks. ``None`` when no
+    choice fits.
     """
-    budget = step.budget_bytes
-    front: list[tuple[int, float, int]] = [(0, 0.0, 0)]
+    budget, n = step.budget_bytes, len(blocks)
+    front: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
     for i, b in enumerate(blocks):
-        grown: list[tuple[int, float, int]] = []
-        for w, v, m in front:
-            if w + _phase_extra(blocks, step, i, True) <= budget:
-                grown.append((w, v, m))
-            if w + _phase_extra(blocks, step, i, False) <= budget:
-                grown.append((w + b.act_bytes, v + values[i], m | (1 << i)))
-        grown.sort(key=lambda s: (s[0], -s[1]))
-        front, best = [], -math.inf
+        grown = []
+        weight = 1.0 + _TIE_BONUS * i
+        for k, o in enumerate(b.options()):
+            if o.kept_bytes < 0:
+                continue
+            room = budget - _phase_extra(blocks, step, i, o.recomputes)
+            grown += [(w + o.kept_bytes, c + o.cost_s * weight, ks + (k,)) for w, c, ks in front if w <= room]
+        grown.sort(key=lambda s: (s[0], s[1]))
+        front, best = [], math.inf
         for state in grown:
-            if state[1] > best:
+            if state[1] < best:
                 front.append(state)
                 best = state[1]
     tail = step.static_bytes + step.tail_bytes + sum(b.grad_bytes for b in blocks)
     head_cap = budget - step.static_bytes - step.head_bytes
     feasible = [s for s in front if s[0] <= head_cap and tail <= budget]
-    return max(feasible, key=lambda s: s[1])[2] if feasible else None
+    return min(feasible, key=lambda s: s[1])[2] if feasible else None
 
 
 def plan_knapsack(blocks: Sequence[BlockCost], step: StepCost) -> CheckpointPlan:
-    """The plan that recomputes least (predicted seconds) while every predicted phase fits the budget."""
+    """The plan of least predicted seconds (recompute, transfers) while every predicted phase fits the budget."""
     n = len(blocks)
-    values = [max(b.recompute_s, 1e-12) * (1.0 + _TIE_BONUS * j) for j, b in enumerate(blocks)]
-    mask = _exact_keep_mask(blocks, step, values)
-    if mask is None:
+    choice = _exact_choice(blocks, step)
+    if choice is None:
         return _make_plan(blocks, step, [True] * n, "all")
-    checkpoint = [not (mask >> j) & 1 for j in range(n)]
-    return _make_plan(blocks, step, checkpoint, "knapsack" if any(checkpoint) else "none")
+    chosen = [b.options()[k] for b, k in zip(blocks, choice)]
+    return _plan_of_options(blocks, step, chosen, "none" if all(k == 0 for k in choice) else "knapsack")
 
 
 def plan_greedy(blocks: Sequence[BlockCost], step: StepCost) -> CheckpointPlan:

@@ -9,7 +9,6 @@ and probed, the others measured as they run).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,11 +72,12 @@ def load_hf_config_dict(name_or_path: str) -> dict[str, Any]:
         path = path / "config.json"
     if not path.is_file():
         preset_config(name_or_path)  # raises the "unknown preset" error with suggestions
+    from memplan.bounds import parse_json
     from memplan.textfile import read_text_file
 
     text = read_text_file(path, field="model", error=ModelConfigError)
     try:
-        data = json.loads(text)
+        data = parse_json(text, field="model")
     except ValueError as exc:
         raise ModelConfigError("model", "is not a readable JSON config", str(path), hint=str(exc)) from None
     if not isinstance(data, dict) or "model_type" not in data:

@@ -38,6 +38,13 @@ class CkptStats:
     optimizer_states: str = "assumed"
     #: Fake-tensor passes run by ``seed_from_fake`` (two per sample step; no compute, no memory).
     seeded_passes: int = 0
+    #: Seconds spent in ``seed()`` (fast fake seeding).
+    seed_seconds: float = 0.0
+    #: Block forwards run under selective checkpointing (some ops saved), and with saved tensors offloaded.
+    selective_forwards: int = 0
+    offloaded_forwards: int = 0
+    #: Measured seconds per FLOP-model second (1.0 before any measured block forward).
+    time_scale: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

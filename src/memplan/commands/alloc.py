@@ -181,6 +181,48 @@ def compare_command(
     _print(comparison_table(result, os.path.basename(trace)))
 
 
+_REPLAY_EPILOG = """\
+Examples:
+
+  memplan alloc replay step.mptrace
+
+  memplan alloc replay snapshot.pickle --json
+
+  memplan alloc replay step.mptrace --save-plan plan.json; memplan alloc replay step.mptrace --plan plan.json
+
+  memplan alloc replay long_run.mptrace --mode online
+
+Exit codes: 0 ok, 1 the runtime core is not built and no C compiler is found, 2 invalid input (a plan
+file for another trace or shape, a corrupted plan file).
+"""
+
+
+@alloc_app.command("replay", cls=_Command, epilog=_REPLAY_EPILOG)
+def replay_command(
+    trace: Annotated[str, typer.Argument(help=_TRACE_HELP, show_default=False)],
+    mode: Annotated[str, typer.Option("--mode", help="profile: record the whole trace, plan, replay it; online: steps per iteration, first ones recorded.")] = "profile",
+    plan: Annotated[str | None, typer.Option("--plan", help="Replay with this plan file (from --save-plan) instead of recording.", metavar="PLAN")] = None,
+    save_plan: Annotated[str | None, typer.Option("--save-plan", help="Write the plan made from TRACE (profile mode).", metavar="PLAN")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds of plan search.")] = 5.0,
+    json_output: Annotated[bool, typer.Option("--json", help="Print caching/planned reserved bytes and fragmentation as JSON.")] = False,
+) -> None:
+    """Drive the planned runtime's C core with TRACE (no torch); report it next to the caching allocator."""
+    with handle_errors():
+        if plan is not None and not os.path.isfile(plan):
+            raise ConfigError("--plan", "must be an existing plan file", plan)
+        if save_plan is not None:
+            check_output_path("--save-plan", save_plan)
+        events, recorded = _load(trace)
+        from memplan.alloc.runtime import replay_trace
+
+        result = replay_trace(events, mode=mode, settings=recorded, plan=plan, save_plan=save_plan,  # type: ignore[arg-type]
+                              time_limit=time_limit)
+    if json_output:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    _print(result)
+
+
 def _with_progress(n_events: int, work: Any) -> Any:
     """Run ``work(callback)``; show a spinner for traces big enough to take more than ~2 s."""
     if n_events < 300_000 or not sys.stderr.isatty():

@@ -25,6 +25,7 @@ from memplan.commands.common import (
     print_rich,
     print_unmodelled,
 )
+from memplan.dataset.options import dataset_options
 
 __all__ = ["estimate_command", "gpus_command", "models_command"]
 
@@ -51,12 +52,15 @@ Examples:
 
   memplan estimate deepseek-v3 --gpus 1024 --tp 2 --pp 16 --ep 8 --fp8 hybrid --mtp-layers 1
 
+  memplan estimate ./my-model --dataset train.jsonl --messages-field messages --mbs 4 --gpu a100-40gb
+
 All sizes are GiB = 2^30 bytes. Exit codes: 0 ok, 1 unsupported input, 2 invalid input.
 """
 
 
 @app.command("estimate", cls=Command, epilog=_EPILOG)
 @job_options()
+@dataset_options(plot=True)
 def estimate_command(
     model: Annotated[str | None, typer.Argument(
         help="Preset name (see `memplan models`), path to a Hugging Face config.json / its folder, or a "
@@ -74,6 +78,7 @@ def estimate_command(
     explain: Annotated[bool, option("--explain", help="Also print the numbered assumptions.", panel=_OUT)] = False,
     json_output: Annotated[bool, option("--json", help="Print Estimate.to_dict() as JSON (nothing else on stdout).", panel=_OUT)] = False,
     job_flags: dict[str, Any] | None = None,
+    dataset_flags: dict[str, Any] | None = None,
 ) -> None:
     """Estimate the per-GPU peak memory of training MODEL, for every pipeline stage.
 
@@ -89,7 +94,14 @@ def estimate_command(
                                      fragmentation=fragmentation, megatron_args=megatron_args,
                                      deepspeed_config=deepspeed_config, hf_args=hf_args,
                                      peft_config=peft_config, torchtitan_config=torchtitan_config))
-        result, document = estimate_document(loaded)
+        peaks = None
+        if dataset_flags:
+            from memplan.dataset.options import estimate_with_dataset
+
+            check_output_path("--plot", dataset_flags.get("plot"))
+            result, document, peaks = estimate_with_dataset(loaded, dataset_flags)
+        else:
+            result, document = estimate_document(loaded)
         if save_job is not None:
             _save_job(loaded, save_job)
     if json_output:
@@ -98,7 +110,30 @@ def estimate_command(
     from memplan.report.text import render_estimate
 
     print_rich(render_estimate(result, explain=explain))
+    if peaks is not None:
+        from memplan.dataset.render import render_peaks
+
+        print_rich(render_peaks(peaks))
+    elif result.fits is False and loaded.gpu is not None:
+        _print_cheapest_fit(loaded)
     print_unmodelled(result.settings)
+
+
+def _print_cheapest_fit(loaded: Any) -> None:
+    """The cheapest single change (or pair) that makes a job fit, as ``memplan doctor`` verifies them."""
+    from memplan.doctor.job_fixes import cheapest_fit
+    from memplan.doctor.words import format_bytes
+
+    with handle_errors():
+        fix = cheapest_fit(loaded, loaded.gpu)
+    if fix is None:
+        typer.secho("No single change (micro-batch, recompute, sharding, offload, LoRA/QLoRA, chunked loss) nor "
+                    "pair of them makes it fit; try more GPUs (memplan fit).", fg="yellow")
+        return
+    cost = f", step {100 * fix.cost:+.0f}%" if fix.step_time_s is not None and fix.base_step_time_s else ""
+    typer.secho(f"To fit: {fix.setting} ({fix.action}: {format_bytes(fix.peak_bytes)} reserved within the "
+                f"{format_bytes(fix.limit_bytes)} limit{cost}; the cheapest of memplan doctor's job fixes).",
+                fg="green")
 
 
 def _save_job(loaded: Any, path: str) -> None:

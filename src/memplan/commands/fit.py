@@ -27,6 +27,7 @@ from memplan.commands.common import (
 from memplan.commands.common import Command as _Command
 from memplan.commands.common import print_json as _print_json
 from memplan.commands.common import print_rich as _print
+from memplan.dataset.options import dataset_options
 from memplan.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ rejected families, is still printed; with --json on stdout) or unsupported input
 
 @app.command("fit", cls=_Command, epilog=_EPILOG)
 @job_options()
+@dataset_options(emit=True)
 def fit_command(
     args: Annotated[list[str] | None, typer.Argument(
         help="MODEL (preset or config.json), or with --colocate the job files.", show_default=False,
@@ -80,6 +82,7 @@ def fit_command(
     show_all: Annotated[bool, option("--all", help="Show every fitting candidate and rejected family.", panel=_OUT)] = False,
     json_output: Annotated[bool, option("--json", help="Print the result as JSON (nothing else on stdout).", panel=_OUT)] = False,
     job_flags: dict[str, Any] | None = None,
+    dataset_flags: dict[str, Any] | None = None,
 ) -> None:
     """Find which parallel layouts of MODEL fit --gpus GPUs, fastest first (predicted step time).
 
@@ -101,6 +104,13 @@ def fit_command(
             return _colocate(names, gpu, FIT_MARGIN if margin is None else margin, json_output)
         if len(names) != 1:
             raise ConfigError("MODEL", "give exactly one model (or --colocate with job files)", " ".join(names) or None)
+        if dataset_flags:
+            from memplan.dataset.fitting import fit_dataset_answer
+
+            check_output_path("--emit", (dataset_flags.get("emit") or (None, None))[1])
+            document, shown = fit_dataset_answer(names[0], dict(job_flags or {}), dataset_flags, gpu=gpu,
+                                                 margin=margin, hf_args=hf_args, peft_config=peft_config, plot=plot)
+            return _print_json(document) if json_output else _print(*shown)
         if plot is not None and (methods or not (max_mbs or max_seq)):
             raise ConfigError("--plot", "cannot be combined with --methods (it compares methods at one --seq/--mbs)"
                               if methods else "needs --max-mbs or --max-seq", plot)

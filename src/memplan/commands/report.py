@@ -25,6 +25,7 @@ from memplan.commands.common import (
 )
 from memplan.commands.common import Command as _Command
 from memplan.commands.common import print_unmodelled as _print_unmodelled
+from memplan.dataset.options import dataset_options
 from memplan.errors import ConfigError
 
 _JOB, _OUT = "Job (or --job FILE)", "Report"
@@ -51,6 +52,7 @@ def _opt(*names: str, help: str, panel: str, metavar: str | None = None) -> Any:
 
 @app.command("report", cls=_Command, epilog=_EPILOG)
 @job_options()
+@dataset_options()
 def report_command(
     model: Annotated[str | None, typer.Argument(help="Preset name or config.json (optional with --job).",
                                                 show_default=False, metavar="MODEL")] = None,
@@ -66,6 +68,7 @@ def report_command(
     segments: Annotated[str | None, _opt("--segments", help="JSON allocator segments (plain data).", panel=_OUT, metavar="FILE")] = None,
     title: Annotated[str | None, _opt("--title", help="Page title. (default: memplan report: MODEL)", panel=_OUT)] = None,
     job_flags: dict[str, Any] | None = None,
+    dataset_flags: dict[str, Any] | None = None,
 ) -> None:
     """Write one self-contained, offline HTML report of a training job's memory.
 
@@ -89,8 +92,15 @@ def report_command(
         name = est.model if est is not None else Path(trace_file or "").name
         notes = [f"Not modelled: {s.source} {s.key} = {s.value!r}: {s.note}" for s in read
                  if s.effect == "not-modelled"]
+        extra: list[str] = []
+        if dataset_flags:
+            from memplan.dataset.options import report_dataset
+
+            est, section = report_dataset(model, job_file, gpu, job_flags or {}, dataset_flags,
+                                          (hf_args, peft_config, torchtitan_config))
+            extra.append(section)
         write_html(output, title=title or f"memplan report: {name}", estimate=est, fit=fit_result,
-                   timeline=timeline_data, segments=segment_data, notes=notes)
+                   timeline=timeline_data, segments=segment_data, notes=notes, extra_sections=extra)
     typer.echo(f"wrote {output}")
     _print_unmodelled(read)
 

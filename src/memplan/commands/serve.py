@@ -20,7 +20,7 @@ Examples:
        -d '{"model": "llama-3.1-8b", "gpus": 8, "tp": 2, "gpu": "h100-80gb"}'
 
 Open http://127.0.0.1:8000/ for the page; GET /v1/openapi.json describes the API. Several
-workers behind a load balancer: see docs/serve.md. Needs pip install 'memplan[serve]'.
+workers behind a load balancer: see docs/serve.md. Needs pip install 'memplan\\[serve]'.
 Exit codes: 0 stopped, 1 the server could not start, 2 invalid input.
 """
 
@@ -43,7 +43,10 @@ def serve_command(
                                         metavar="BYTES")] = "8GiB",
     log_level: Annotated[str, option("--log-level", help="uvicorn's log level. (default: info)", panel=_SERVER)] = "info",
 ) -> None:
-    """Serve the estimator, fit, placement and the doctor as a JSON API, and the web page at /."""
+    """Serve the estimator, fit, placement and the doctor as a JSON API, and the web page at /.
+
+    Needs the serve extra: pip install 'memplan\\[serve]'.
+    """
     with handle_errors():
         from memplan.errors import ConfigError
         from memplan.serve import ServeLimits, create_app
@@ -63,17 +66,19 @@ def serve_command(
             from memplan.errors import MissingDependencyError
 
             raise MissingDependencyError("uvicorn", feature="memplan serve", extra="serve") from None
+        import dataclasses
+        import json
+        import os
+
+        from memplan.serve.app import LIMITS_ENV
+
+        # the limits travel in the environment: uvicorn starts each of several workers from an import string,
+        # and the header deadline (GuardedProtocol, imported by name) reads its time limit there
+        os.environ[LIMITS_ENV] = json.dumps(dataclasses.asdict(limits))
         if workers == 1:
             application: Any = create_app(limits)
             factory = False
-        else:  # uvicorn starts each worker from an import string; the limits travel in the environment
-            import dataclasses
-            import json
-            import os
-
-            from memplan.serve.app import LIMITS_ENV
-
-            os.environ[LIMITS_ENV] = json.dumps(dataclasses.asdict(limits))
+        else:
             application, factory = "memplan.serve.app:create_app_from_environment", True
     uvicorn.run(application, host=host, port=port, log_level=log_level, server_header=False, workers=workers,
-                factory=factory)
+                factory=factory, http="memplan.serve.protocol:GuardedProtocol")

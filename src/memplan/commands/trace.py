@@ -70,7 +70,7 @@ def trace_command(
     iterations: Annotated[int, option("--iterations", help="Training iterations to run. (default: 2)", panel=_RUN)] = 2,
     hf_args: Annotated[str | None, option("--hf-args", help=HF_ARGS_HELP, panel=_RUN, metavar="FILE")] = None,
     peft_config: Annotated[str | None, option("--peft-config", help=PEFT_CONFIG_HELP, panel=_RUN, metavar="FILE")] = None,
-    torchtitan: Annotated[str | None, option("--torchtitan", help="Trace torchtitan's own model, parallelize and optimizer code for this training TOML (needs torchtitan 0.2.x: pip install 'memplan[torchtitan]'); the file is the job, only --gpus may stand beside it.", panel=_RUN, metavar="FILE.toml")] = None,
+    torchtitan: Annotated[str | None, option("--torchtitan", help="Trace torchtitan's own model, parallelize and optimizer code for this training TOML (needs torchtitan 0.2.x: pip install 'memplan\\[torchtitan]'); the file is the job, only --gpus may stand beside it.", panel=_RUN, metavar="FILE.toml")] = None,
     torchtitan_config: Annotated[str | None, option("--torchtitan-config", help=TORCHTITAN_CONFIG_HELP + " Traces MODEL's Hugging Face modules under that job, not torchtitan's model code.", panel=_RUN, metavar="FILE")] = None,
     moe_routing: Annotated[str, option("--moe-routing", help="balanced: static, evenly balanced MoE routing; error: refuse data-dependent routing. (default: balanced)", panel=_RUN)] = "balanced",
     output: Annotated[str | None, option("-o", "--output", help="Write the trace (binary; gzip JSON lines for a .jsonl or .jsonl.gz path; see memplan.events).", panel=_OUT, metavar="FILE")] = None,
@@ -187,19 +187,27 @@ def _load_script(spec: str, setup: Any) -> Any:
 def _write_outputs(result: Any, output: str | None, snapshot: str | None, plot: str | None) -> None:
     from memplan.errors import ConfigError
 
+    import os
+
+    def wrote(what: str, path: str) -> None:  # on stderr: stdout stays the summary (or the --json document)
+        typer.secho(f"wrote {what} {path} ({os.path.getsize(path):,} bytes)", err=True)
+
     try:
         if output:
             from memplan.events import write_trace
 
             write_trace(result.trace, output)
+            wrote(f"the trace ({len(result.trace.events):,} events) to", output)
         if snapshot:
             from memplan.trace.snapshot import write_snapshot
 
             write_snapshot(result.trace, snapshot)
+            wrote("the snapshot to", snapshot)
         if plot:
             from memplan.trace.plot import plot_timeline
 
             plot_timeline(result.trace, plot, title=f"memplan trace {result.model}")
+            wrote("the plot to", plot)
     except OSError as exc:
         raise ConfigError("output file", f"cannot be written ({exc.strerror})", exc.filename) from None
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from memplan.diff.profile import Profile
 from memplan.errors import ConfigError
+from memplan.units import natural_key
 
 __all__ = ["Delta", "DiffResult", "check_comparable", "diff_profiles"]
 
@@ -83,7 +84,7 @@ class DiffResult:
 def _deltas(a: Mapping[str, int], b: Mapping[str, int], expected: int) -> tuple[Delta, ...]:
     keys = set(a) | set(b)
     out = [Delta(k, a.get(k, 0), b.get(k, 0)) for k in keys]
-    out.sort(key=lambda d: (-abs(d.delta_bytes), -max(d.a_bytes, d.b_bytes), d.key))
+    out.sort(key=lambda d: (-abs(d.delta_bytes), -max(d.a_bytes, d.b_bytes), natural_key(d.key)))
     total = sum(d.delta_bytes for d in out)
     if total != expected:  # pragma: no cover - each profile's breakdown sums to its peak by construction
         raise AssertionError(f"deltas add up to {total}, not to the peak difference {expected}")

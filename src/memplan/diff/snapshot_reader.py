@@ -18,13 +18,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memplan.alloc.snapshot import Snapshot, parse_snapshot, safe_loads, snapshot_to_trace
+from memplan.alloc.snapshot import Snapshot, parse_snapshot, read_snapshot_bytes, safe_loads, snapshot_to_trace
 from memplan.diff.frames import OUTSIDE, UNKNOWN, frame_keys
 from memplan.diff.profile import Key, Profile, finish_profile, rows_of_events
 from memplan.diff.trace_reader import trace_keys
 from memplan.errors import ConfigError
 from memplan.events import ALLOC, PHASES
-from memplan.textfile import read_binary_file
 
 __all__ = ["BEFORE_TRACE", "profile_snapshot", "profile_snapshot_file"]
 
@@ -92,5 +91,4 @@ def profile_snapshot(raw: Any, *, path: str, device: int | None = None) -> Profi
 def profile_snapshot_file(path: str | os.PathLike[str], *, device: int | None = None) -> Profile:
     """Load a snapshot pickle safely (truncated or hostile files raise ConfigError) and profile it."""
     name = os.fspath(path)
-    data = read_binary_file(name, field="snapshot file")
-    return profile_snapshot(safe_loads(data), path=name, device=device)
+    return profile_snapshot(safe_loads(read_snapshot_bytes(name, "snapshot file")), path=name, device=device)

@@ -20,7 +20,6 @@ model.layers.0.mlp``); the **module** is the event's dotted module path.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -30,8 +29,10 @@ from collections.abc import Callable
 from memplan.categories import MemoryCategory
 from memplan.diff.frames import OUTSIDE
 from memplan.diff.profile import AllocRows, Key, Profile, finish_profile, rows_of_events
-from memplan.events import BINARY_MAGIC, PHASES, Trace, TraceMeta, gc_paused, parse_header, read_trace
-from memplan.textfile import read_binary_file
+from memplan.bounds import MAX_TRACE_BYTES
+from memplan.events import (BINARY_MAGIC, PHASES, Trace, TraceMeta, check_event_lines, gc_paused, parse_header,
+                            read_trace)
+from memplan.textfile import read_inflated
 
 __all__ = ["profile_trace", "profile_trace_file", "trace_keys"]
 
@@ -69,7 +70,7 @@ def _tail_fields(tail: str) -> list:  # type: ignore[type-arg]
                     raise _Slow from None
     try:
         fields = json.loads("[" + tail)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise _Slow from None
     if not isinstance(fields, list) or len(fields) != 6:
         raise _Slow
@@ -185,7 +186,7 @@ def profile_trace(trace: Trace, *, path: str) -> Profile:
 def profile_trace_file(path: str | os.PathLike[str]) -> Profile:
     """Read a memplan trace file (binary, gzip or plain JSON lines) into its :class:`Profile`."""
     name = os.fspath(path)
-    data = read_binary_file(name, field="trace file")
+    data = read_inflated(name, field="trace file", limit=MAX_TRACE_BYTES, limit_name="MAX_TRACE_BYTES")
     if data[:4] == BINARY_MAGIC[:4]:
         from memplan.diff.binary_reader import BinarySlow, binary_rows
 
@@ -197,7 +198,8 @@ def profile_trace_file(path: str | os.PathLike[str]) -> Profile:
             return profile_trace(read_trace(name), path=name)
     try:
         with gc_paused():
-            raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+            raw, data = data, b""
+            check_event_lines(raw.count(b"\n"), name)
             lines = raw.splitlines()
             meta = parse_header(lines[0].decode("utf-8") if lines else "", name)
             if raw.count(b"\n[") != len(lines) - 1:  # every event line starts with "["

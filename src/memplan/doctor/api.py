@@ -90,6 +90,11 @@ def diagnose(
     if not case.inputs:
         notes.append("nothing to diagnose: give an OOM message, a snapshot or trace, or a job")
     if case.events is not None and case.capacity is None:
+        if not ranked and snap is None and case.msg is None:
+            from memplan.errors import ConfigError
+
+            raise ConfigError("--gpu", "is needed to diagnose a trace alone: the capacity to replay it against "
+                              "(or give --capacity, or the OOM message the run printed)")
         notes.append("no capacity (give the OOM message, --gpu or --capacity): the trace was not replayed")
     fixes = _fixes(ranked, case, notes) if verify else ()
     return DoctorReport(verdict=_verdict(ranked, case.events, snap), findings=ranked, fixes=fixes,

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memplan.alloc.snapshot import Snapshot, parse_snapshot, safe_loads, snapshot_to_trace
+from memplan.alloc.snapshot import Snapshot, parse_snapshot, read_snapshot_bytes, safe_loads, snapshot_to_trace
+from memplan.errors import ConfigError
 from memplan.events import ALLOC, AllocEvent, Trace
-from memplan.textfile import read_binary_file
 
 __all__ = ["SnapshotInput", "alloc_conf_settings", "capacity_bytes", "read_snapshot", "with_message_request"]
 
@@ -47,12 +47,15 @@ def read_snapshot(source: Snapshot | Mapping[str, Any] | str | os.PathLike[str])
     else:
         if isinstance(source, (str, os.PathLike)):
             name = os.fspath(source)
-            data = read_binary_file(name, field="snapshot file")
-            raw = safe_loads(data)
+            raw = safe_loads(read_snapshot_bytes(name, "snapshot file"))
             snapshot = parse_snapshot(raw, source=name)
         else:
             raw = source
             snapshot = parse_snapshot(raw, source="<snapshot>")
+    if not snapshot.segments and not snapshot.entries:
+        raise ConfigError("snapshot file", "holds no memory (no segments and no trace entries on the device): take "
+                          "the snapshot while the job holds memory, e.g. in an OutOfMemoryError handler, with "
+                          "torch.cuda.memory._record_memory_history() on", snapshot.source or None)
     oom = _oom_entry(raw, snapshot)
     if not snapshot.has_trace:
         return SnapshotInput(snapshot=snapshot, trace=None, sites=(), steps=0, oom_requested_bytes=oom[0],

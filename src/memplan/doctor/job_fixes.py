@@ -26,7 +26,7 @@ from memplan.doctor.words import format_bytes
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.job import FineTuning, Job, Offload, Recompute
 
-__all__ = ["CAPACITY_MATCH", "job_fixes"]
+__all__ = ["CAPACITY_MATCH", "cheapest_fit", "job_fixes"]
 
 #: A catalogue GPU matches a message's total capacity when within this share of its memory.
 CAPACITY_MATCH = 0.03
@@ -113,6 +113,18 @@ def _hardware(gpu: str | None, msg: OOMMessage | None, notes: list[str]) -> Any:
     except KeyError:
         notes.append(f"no step-time data for {name}: job fixes ranked by memory saved")
         return None
+
+
+def cheapest_fit(loaded: Any, gpu: str) -> Fix | None:
+    """The cheapest verified change that makes ``loaded`` fit GPU ``gpu`` (its usable memory minus fit's margin),
+    as the doctor ranks them: what ``memplan estimate`` suggests for a job that does not fit. None when no
+    single change (or pair) fits."""
+    from memplan.doctor.report import rank_fixes
+    from memplan.gpus import get_gpu
+
+    notes: list[str] = []
+    fixes = job_fixes(loaded, None, get_gpu(gpu).usable_bytes, gpu, notes)
+    return next((f for f in rank_fixes(fixes) if f.verified), None)
 
 
 def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: str | None,

@@ -187,6 +187,10 @@ def parse_oom_message(text: str) -> OOMMessage:
     """
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(_FIELD, "must be the text of a PyTorch out-of-memory error", "")
+    long_number = re.search(r"\d{21,}", text)
+    if long_number is not None:  # no memory figure has 21 digits (2^64 has 20)
+        raise ConfigError(_FIELD, "holds a number of more than 20 digits; PyTorch prints no such memory figure",
+                          long_number.group()[:20] + "...")
     heads = list(_HEAD.finditer(_RANK_PREFIX.sub("", text)))
     text = _RANK_PREFIX.sub("", text)
     if not heads:
@@ -203,14 +207,26 @@ def parse_oom_message(text: str) -> OOMMessage:
     backend = body_match.group("backend").upper()
     old = _OLD.search(body)
     if old is not None:
-        return _old_layout(body, backend, requested, old)
+        return _consistent(_old_layout(body, backend, requested, old))
     capacity = _NEW_CAPACITY.search(body)
     allocated = _NEW_ALLOCATED.search(body)
     if capacity is None or allocated is None:
         missing = "total capacity and free memory" if capacity is None else "allocated memory"
         raise ConfigError(_FIELD, f"has no {missing} figures after 'Tried to allocate'; give the whole message "
                           "(torch 1.13-2.x prints total, free, allocated and reserved memory)", body[:120])
-    return _new_layout(body, backend, requested, capacity, allocated)
+    return _consistent(_new_layout(body, backend, requested, capacity, allocated))
+
+
+def _consistent(message: OOMMessage) -> OOMMessage:
+    """``message``, unless a figure the device holds exceeds its total capacity (an edited message, or the
+    figures of two different messages): no diagnosis can rest on it."""
+    total = message.total
+    for name, figure in (("free", message.free),):  # cudaMemGetInfo's free is part of its total
+        if figure is not None and figure.bytes > total.bytes + total.resolution_bytes + figure.resolution_bytes:
+            raise ConfigError(_FIELD, f"says {figure.text} {name}, more than the GPU's total capacity of {total.text}; "
+                              "the figures contradict each other (give the message as PyTorch printed it)",
+                              message.text[:80])
+    return message
 
 
 def _other_errors(text: str) -> None:

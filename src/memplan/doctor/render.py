@@ -14,6 +14,11 @@ __all__ = ["render_report"]
 _COLOUR = {"fits": "green", "unknown": "yellow"}
 
 
+def _shown_to_fail(fix: Any) -> bool:
+    """The fix was replayed or re-estimated and still ran out of memory (unlike one checked by arithmetic only)."""
+    return not fix.verified and fix.verified_by in ("simulation", "reconstruction", "estimate")
+
+
 def render_report(report: Any) -> Any:
     """A group of renderables: the verdict line, the findings with their numbers, the ranked fixes."""
     from rich.console import Group
@@ -53,9 +58,14 @@ def render_report(report: Any) -> Any:
                 check += f", step {100 * fix.cost:+.0f}%"
             fixes.add_row(str(rank), fix.action, format_bytes(fix.saves_bytes), mark, check)
         parts.append(fixes)
-        # The exact lines to use, never wrapped (a wrapped environment line cannot be pasted).
-        parts.append(Text("use:", style="bold"))
-        parts.extend(Text(f"  {rank}. {fix.setting}", no_wrap=True, overflow="ignore")
-                     for rank, fix in enumerate(report.fixes, start=1))
+        # The exact lines to use, never wrapped (a wrapped environment line cannot be pasted); a fix the
+        # replay or the estimate has just shown to still run out of memory is not one to use.
+        usable = [(rank, fix) for rank, fix in enumerate(report.fixes, start=1) if not _shown_to_fail(fix)]
+        if usable:
+            parts.append(Text("use:", style="bold"))
+            parts.extend(Text(f"  {rank}. {fix.setting}", no_wrap=True, overflow="ignore") for rank, fix in usable)
+        else:
+            parts.append(Text("use: none of these fixes is enough alone (each still runs out of memory); combine "
+                              "them or give the job more memory", style="yellow"))
     parts.extend(Text(f"note: {n}", style="yellow") for n in report.notes)
     return Group(*parts)

@@ -8,8 +8,9 @@ __all__ = ["VERDICT_TEXT", "format_bytes"]
 
 #: One line per verdict, for people.
 VERDICT_TEXT: dict[str, str] = {
-    "demand": "demand exceeds capacity: the live tensors and the request do not fit in the memory PyTorch can have",
-    "fragmentation": "fragmentation: the request would have fit in memory PyTorch had reserved but not allocated",
+    "demand": "the live tensors and the request do not fit in the memory PyTorch can have",
+    "fragmentation": "the request would have fit in memory PyTorch had reserved but not allocated (it was in pieces "
+                     "too small)",
     "outside_pytorch": "memory outside PyTorch (other processes, NCCL, the CUDA context) took what was missing",
     "leak": "growth across iterations: live memory at the same point of each iteration keeps rising",
     "spike": "a one-op spike: one temporary or workspace dominates the peak",

@@ -30,22 +30,6 @@ from memplan.units import dtype_bytes
 LayerCosts = tuple[int, int, int, int]
 
 
-class Same:
-    """A memo key that compares its object by identity and keeps it alive while the memo holds it
-    (model specs are large frozen values: hashing them by value per call would cost more than the memo saves)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: object) -> None:
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Same) and other.obj is self.obj
-
-
 @dataclass(frozen=True)
 class RunContext:
     """Everything derived once per job: resolved profile, precision, policy, shape and counts."""

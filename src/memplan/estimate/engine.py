@@ -9,19 +9,23 @@ job's setting (:mod:`memplan.estimate.run_notes`) and the sentences of the contr
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 from memplan.errors import JobConfigError
 from memplan.estimate.context import rank_routed_factor, run_context, stage_context
 from memplan.estimate.layer_costs import layer_costs
 from memplan.estimate.layout import pipeline_layout
-from memplan.estimate.result import Estimate
+from memplan.estimate.memo import Same
+from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.run_notes import run_notes
 from memplan.estimate.stage import stage_estimate
 from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.jobcheck import validate_job_for_model
+from memplan.profiles import get_profile
 from memplan.profiles.defaults import default_settings
 from memplan.model.spec import ModelSpec
+from memplan.peft.params import FinetuneParams
 from memplan.settings import InputSetting
 
 __all__ = ["DEFAULT_FRAGMENTATION", "Estimate", "estimate", "layer_activation_costs", "rank_routed_factor"]
@@ -62,6 +66,36 @@ def estimate(
     job = job or Job()
     if not 0.0 <= fragmentation < 1.0:
         raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
+    stages, notes, peak, counts, framework = _stages(Same(model), job, fragmentation)
+    return Estimate(
+        model=model.name,
+        framework=framework,
+        stages=stages,
+        peak_allocated_bytes=peak.peak_allocated_bytes,
+        peak_reserved_bytes=peak.peak_reserved_bytes,
+        peak_stage=peak.stage,
+        fragmentation=fragmentation,
+        assumptions=notes,
+        total_parameters=model.total_parameters,
+        trainable_params=counts.trainable if counts is not None else model.total_parameters,
+        frozen_params=counts.frozen if counts is not None else 0,
+        job=job,
+        gpu=gpu,
+        settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings)),
+    )
+
+
+@lru_cache(maxsize=128)
+def _stages(model_key: Same, job: Job, fragmentation: float) -> tuple[
+        tuple[StageEstimate, ...], tuple[str, ...], StageEstimate, FinetuneParams | None, str]:
+    """(stages, assumption sentences, the peak stage, fine-tuning counts, framework) of ``job``.
+
+    A pure function of immutable inputs (a frozen model spec, compared by identity, and a frozen
+    ``Job``, by value), so it is memoised: a caller that estimates the same job again (a loop, the
+    server, ``fit`` revisiting a candidate) gets the same figures without the walk; a job that
+    fails validation raises every time (exceptions are not memoised)."""
+    model = model_key.obj
+    assert isinstance(model, ModelSpec)
     validate_job_for_model(job, model)
     run = run_context(model, job, fragmentation)
     notes = run_notes(run)
@@ -73,23 +107,7 @@ def estimate(
     peak = max(stages, key=lambda s: (s.peak_allocated_bytes, -s.stage))
     notes.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments "
                  "(assumed allocator fragmentation)")
-    counts = run.counts
-    return Estimate(
-        model=model.name,
-        framework=run.profile.name,
-        stages=tuple(stages),
-        peak_allocated_bytes=peak.peak_allocated_bytes,
-        peak_reserved_bytes=peak.peak_reserved_bytes,
-        peak_stage=peak.stage,
-        fragmentation=fragmentation,
-        assumptions=tuple(dict.fromkeys(notes)),
-        total_parameters=model.total_parameters,
-        trainable_params=counts.trainable if counts is not None else model.total_parameters,
-        frozen_params=counts.frozen if counts is not None else 0,
-        job=job,
-        gpu=gpu,
-        settings=default_settings(run.profile.unmodelled_defaults, job, tuple(settings)),
-    )
+    return tuple(stages), tuple(dict.fromkeys(notes)), peak, run.counts, run.profile.name
 
 
 def layer_activation_costs(model: ModelSpec, job: Job, index: int) -> tuple[int, int, int]:

@@ -256,5 +256,5 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
 
 def optimizer_temporary_bytes(job: Job, profile: FrameworkProfile, states: StateBytes, prec: ResolvedPrecision, largest_tensor: int) -> int:
     """Extra memory while ``optimizer.step()`` runs (:func:`memplan.estimate.optimizers.step_temporary_bytes`)."""
-    return step_temporary_bytes(job, states.optimizer_numel, largest_tensor,
-                                states.state_element_bytes or prec.state_bytes)
+    return max(step_temporary_bytes(job, states.optimizer_numel, largest_tensor,
+                                    states.state_element_bytes or prec.state_bytes), states.optimizer_step)

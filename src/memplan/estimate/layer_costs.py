@@ -28,7 +28,8 @@ from memplan.estimate.autocast import (
     checkpointed_module_copy_numel,
     layer_weight_copy_numel,
 )
-from memplan.estimate.context import LayerCosts, RunContext, Same, StageContext, kept_policy
+from memplan.estimate.context import LayerCosts, RunContext, StageContext, kept_policy
+from memplan.estimate.memo import Same
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
 from memplan.estimate.ep_overlap import (
     LayerParts,

@@ -70,12 +70,20 @@ def walk_layers(ctx: StageContext, dora: int) -> LayerWalk:
                 _add(walk, index, _layer_visit(ctx, position, index, dora, graphed))
             continue
         recomputed, group, per_layer = ctx.recomputed, ctx.group, walk.per_layer
+        # the common case (no recompute groups, one CP comm type) keys a layer by its kind alone:
+        # the kind's visit is looked up once per distinct spec object, not built per layer
+        simple = group == 1 and not per_layer_cp and not recomputed
+        by_kind: dict[int, _Visit] = {}
         for position, index in enumerate(chunk):
-            key = ("visit", id(layers[index]), index in recomputed, position % group == 0,
-                   kinds[index] if per_layer_cp else None)
-            visit = memo.get(key)
+            visit = by_kind.get(id(layers[index])) if simple else None
             if visit is None:
-                visit = memo[key] = _layer_visit(ctx, position, index, dora, graphed)
+                key = ("visit", id(layers[index]), index in recomputed, position % group == 0,
+                       kinds[index] if per_layer_cp else None)
+                visit = memo.get(key)
+                if visit is None:
+                    visit = memo[key] = _layer_visit(ctx, position, index, dora, graphed)
+                if simple:
+                    by_kind[id(layers[index])] = visit
             if visit.plain:  # the common case, inline: kept and worst only
                 walk.chunk_kept[-1] += visit.keep
                 if visit.worst > walk.worst_backward:

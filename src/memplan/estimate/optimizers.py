@@ -1,19 +1,10 @@
-"""Optimizer states and step temporaries: torch, bitsandbytes 8-bit and paged, Lion, Adafactor, SGD.
+"""Optimizer states and step temporaries, priced by the job's registry entry (:mod:`memplan.optimizers`).
 
 Every optimizer keeps state only for the parameters it steps (the trainable ones): callers pass the
-numel the optimizer steps, and the elements of its *small* tensors, which bitsandbytes treats apart.
-
-bitsandbytes (``bitsandbytes/optim/optimizer.py``, ``Optimizer2State``/``Optimizer1State.init_state``):
-
-* 8-bit states are ``uint8`` tensors of the parameter's shape plus one fp32 ``absmax`` per block of
-  :data:`BNB_BLOCK` elements per state; a tensor with fewer than :data:`MIN_8BIT_NUMEL` elements
-  (``min_8bit_size``) keeps fp32 states instead. Two shared 256-entry fp32 quantization maps (2 KiB)
-  are not counted.
-* Paged optimizers allocate the states of tensors with at least :data:`PAGED_MIN_NUMEL` elements
-  with ``cudaMallocManaged`` (``get_state_buffer`` -> ``F.get_paged``): CUDA unified memory, outside
-  PyTorch's caching allocator, so not in ``max_memory_allocated``/``reserved``; the driver pages
-  them to CPU memory under GPU memory pressure. Smaller tensors' states, and every ``absmax``, are
-  ordinary CUDA tensors.
+numel the optimizer steps, and the elements of its *small* tensors, which bitsandbytes treats apart
+(:class:`SmallTensors`, computed here from the model). What each optimizer keeps, and the
+bitsandbytes thresholds, are documented with its entry (:mod:`memplan.optimizers.bnb` and the others);
+this module asks the entry and prices Muon's Newton-Schulz step from the layer shapes.
 """
 
 from __future__ import annotations
@@ -24,7 +15,11 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from memplan.job import resolved_optimizer_impl
+from memplan.model.linears import layer_linears
 from memplan.model.params import position_embedding_params
+from memplan.optimizers import optimizer_kind
+from memplan.optimizers.bnb import BNB_BLOCK, MIN_8BIT_NUMEL, PAGED_MIN_NUMEL
+from memplan.optimizers.kind import OptimizerStates, SmallTensors, StateQuery, StepQuery
 
 if TYPE_CHECKING:
     from memplan.job import Job
@@ -50,54 +45,13 @@ __all__ = [
     "step_temporary_bytes",
 ]
 
-#: bitsandbytes quantizes 8-bit states block-wise, one fp32 absmax per 256 elements (``blocksize = 256``).
-BNB_BLOCK = 256
 ADAM8BIT_BLOCK = BNB_BLOCK
-#: bitsandbytes ``min_8bit_size`` default: smaller tensors keep fp32 states.
-MIN_8BIT_NUMEL = 4096
-#: bitsandbytes ``get_state_buffer``: only tensors of at least 1e5 elements get paged states.
-PAGED_MIN_NUMEL = 100_000
 _FP32 = 4
-
-#: name -> (states per element, 8-bit?, paged?). Adafactor and SGD are priced apart.
-_KINDS: dict[str, tuple[int, bool, bool]] = {
-    "adam": (2, False, False), "adamw": (2, False, False),
-    "adam8bit": (2, True, False), "adamw8bit": (2, True, False),
-    "paged-adamw": (2, False, True), "paged-adamw8bit": (2, True, True),
-    "lion": (1, False, False), "lion8bit": (1, True, False), "paged-lion8bit": (1, True, True),
-}
-#: bitsandbytes optimizers (states fp32 whatever the precision; fused in-place CUDA kernels).
-BNB_OPTIMIZERS = frozenset(n for n in _KINDS if "8bit" in n or n.startswith("paged")) | {"lion"}
-
-
-@dataclass(frozen=True, slots=True)
-class SmallTensors:
-    """Elements of the stepped tensors below bitsandbytes' size thresholds (their total numel)."""
-
-    #: In tensors of fewer than :data:`MIN_8BIT_NUMEL` elements (fp32 states even for 8-bit optimizers).
-    below_8bit: int = 0
-    #: In tensors of fewer than :data:`PAGED_MIN_NUMEL` elements (never paged).
-    below_paged: int = 0
-    #: Elements of 1-D tensors (norms, biases): Adafactor keeps their second moment unfactored.
-    vectors: int = 0
-
-    def scaled(self, fraction: float) -> SmallTensors:
-        """The same split for a ``fraction`` of the tensors (a data-parallel shard)."""
-        return SmallTensors(below_8bit=int(self.below_8bit * fraction), below_paged=int(self.below_paged * fraction),
-                            vectors=int(self.vectors * fraction))
-
-
-@dataclass(frozen=True, slots=True)
-class OptimizerStates:
-    """Optimizer state bytes: in PyTorch's caching allocator, and in CUDA unified memory (paged)."""
-
-    device_bytes: int
-    paged_bytes: int = 0
 
 
 def needs_small_tensors(job: Job) -> bool:
     """Whether the job's optimizer prices small tensors apart (bitsandbytes, Adafactor)."""
-    return job.optimizer.name in BNB_OPTIMIZERS or job.optimizer.name == "adafactor"
+    return optimizer_kind(job.optimizer.name).small_tensors
 
 
 @lru_cache(maxsize=4096)
@@ -122,6 +76,7 @@ def small_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_head:
 
     Counts the norms, qk-norms and attention/MLP biases of its layers (and the final norm on the
     last stage), plus each MoE router's weight, on their unsharded sizes. Expert biases are left out.
+    Lists the layers' linear modules (:func:`memplan.model.linears.layer_linears`) for GaLore.
     """
     hidden = model.hidden_size
     vectors: list[int] = [hidden] * (2 if model.norm_bias else 1) if has_head else []
@@ -132,8 +87,10 @@ def small_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_head:
         if layer.moe is not None:
             routers.append(hidden * layer.moe.num_experts)
     sizes = vectors + routers
+    linears = tuple(m for index in layer_indices for m in layer_linears(model.layers[index], hidden, model.model_type))
     return SmallTensors(below_8bit=sum(s for s in sizes if s < MIN_8BIT_NUMEL),
-                        below_paged=sum(s for s in sizes if s < PAGED_MIN_NUMEL), vectors=sum(vectors))
+                        below_paged=sum(s for s in sizes if s < PAGED_MIN_NUMEL), vectors=sum(vectors),
+                        linears=linears, head=hidden * model.vocab_size if has_head and not model.tie_word_embeddings else 0)
 
 
 def small_tensors_of_sizes(sizes: Iterable[int], *, vectors: int = 0) -> SmallTensors:
@@ -145,56 +102,17 @@ def small_tensors_of_sizes(sizes: Iterable[int], *, vectors: int = 0) -> SmallTe
                         below_paged=sum(n for n in listed if n < PAGED_MIN_NUMEL), vectors=vectors)
 
 
-def _bnb_state_bytes(numel: int, small: SmallTensors, per_element: int, eight_bit: bool, paged: bool) -> OptimizerStates:
-    """bitsandbytes states of ``numel`` elements: 8-bit plus absmax, or fp32; paged or not."""
-    fp32_numel = min(numel, small.below_8bit) if eight_bit else numel
-    quantized = numel - fp32_numel
-    blocks = -(-quantized // BNB_BLOCK) if quantized else 0
-    # Each state: one byte per element (8-bit) or four (fp32); 8-bit states add their absmax.
-    state_of = {"q": per_element * quantized, "f": per_element * _FP32 * fp32_numel}
-    absmax = per_element * _FP32 * blocks
-    if not paged:
-        return OptimizerStates(device_bytes=state_of["q"] + state_of["f"] + absmax)
-    unpaged = min(numel, small.below_paged)
-    # Tensors below the paging threshold: the smallest ones, fp32 for 8-bit optimizers up to min_8bit_size.
-    unpaged_fp32 = min(unpaged, fp32_numel)
-    unpaged_q = unpaged - unpaged_fp32
-    device = per_element * (_FP32 * unpaged_fp32 + (unpaged_q if eight_bit else _FP32 * unpaged_q))
-    total = state_of["q"] + state_of["f"]
-    return OptimizerStates(device_bytes=device + absmax, paged_bytes=total - device)
-
-
 def optimizer_states(numel: int, job: Job, state_bytes: int, hidden: int,
                      small: SmallTensors | None = None, *, muon_scalar: int = 0) -> OptimizerStates:
-    """States kept by the job's optimizer for the ``numel`` parameters it steps.
+    """States kept by the job's optimizer for the ``numel`` parameters it steps (its entry's ``states``).
 
     ``state_bytes``: element size of torch optimizers' states (the precision's); bitsandbytes keeps
     fp32 (or 8-bit) states whatever the parameters' dtype. ``small``: of ``numel``, the elements of
-    tensors below bitsandbytes' thresholds (zero: every tensor is large).
-
-    Muon (Megatron ``--optimizer muon``, Emerging-Optimizers' ``OrthogonalizedOptimizer``): one
-    ``momentum_buffer`` (``zeros_like`` of the fp32 main parameter) per 2-D weight; its scalar
-    optimizer (Adam, ``--muon-scalar-optimizer``) keeps two moments for the ``muon_scalar`` elements
-    of the embedding, output layer and 1-D tensors (``_is_muon_excluded``).
+    tensors below bitsandbytes' thresholds (zero: every tensor is large). ``muon_scalar``: with Muon,
+    the elements its scalar optimizer (Adam) steps.
     """
-    small = small or SmallTensors()
-    name = job.optimizer.name
-    if name == "muon":
-        scalar = min(numel, muon_scalar)
-        return OptimizerStates(device_bytes=(numel - scalar) * state_bytes + 2 * scalar * state_bytes)
-    if name in ("adam", "adamw"):
-        return OptimizerStates(device_bytes=2 * numel * state_bytes)
-    if name == "sgd":
-        return OptimizerStates(device_bytes=numel * state_bytes if job.optimizer.momentum > 0 else 0)
-    if name == "adafactor":
-        # Factored second moment (torch.optim.Adafactor, transformers' Adafactor, no first moment
-        # by default): a row and a column vector per matrix, about numel/cols + numel/rows; with one
-        # side of every matrix the hidden size this is about 2 * numel / hidden. 1-D tensors keep
-        # an unfactored second moment.
-        vectors = min(numel, small.vectors)
-        return OptimizerStates(device_bytes=(2 * ((numel - vectors) // hidden) + vectors) * state_bytes)
-    per_element, eight_bit, paged = _KINDS[name]
-    return _bnb_state_bytes(numel, small, per_element, eight_bit, paged)
+    query = StateQuery(numel, state_bytes, hidden, small or SmallTensors(), job.optimizer, muon_scalar)
+    return optimizer_kind(job.optimizer.name).states(query)
 
 
 def optimizer_state_bytes(numel: int, job: Job, state_bytes: int, hidden: int,
@@ -205,7 +123,7 @@ def optimizer_state_bytes(numel: int, job: Job, state_bytes: int, hidden: int,
 
 def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, state_bytes: int) -> int:
     """Extra memory while the optimizer steps ``stepped_numel`` elements whose largest tensor has
-    ``largest_tensor`` elements.
+    ``largest_tensor`` elements (its entry's ``step_temporaries``).
 
     PyTorch's foreach Adam (its default on CUDA) computes ``sqrt(v)`` for the whole parameter group
     at once (torch/optim/adam.py ``_multi_tensor_adam``): one state-sized temporary. Fused kernels
@@ -214,20 +132,9 @@ def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, stat
     one temporary of the largest tensor. With ``--optimizer-in-backward`` each parameter steps alone
     (a foreach step over one tensor): at most one temporary of the largest tensor.
     """
-    name = job.optimizer.name
-    if name in BNB_OPTIMIZERS:
-        return 0
-    impl = resolved_optimizer_impl(job)
-    if name in ("sgd", "adafactor"):
-        impl = "for-loop" if impl != "fused" else impl
-    if impl == "fused":
-        return 0
-    if name == "muon":
-        # Its scalar Adam (embedding, output layer, 1-D tensors); Muon's own step: muon_step_bytes.
-        return largest_tensor * state_bytes
-    if impl == "foreach" and not job.optimizer.in_backward:
-        return stepped_numel * state_bytes
-    return largest_tensor * state_bytes
+    query = StepQuery(resolved_optimizer_impl(job), stepped_numel, largest_tensor, state_bytes,
+                      job.optimizer.in_backward)
+    return optimizer_kind(job.optimizer.name).step_temporaries(query)
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,22 +273,7 @@ def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], 
 
 def describe_optimizer(job: Job) -> str:
     """One line for the assumptions: where the optimizer keeps its states."""
-    name = job.optimizer.name
-    out = ""
-    if name in _KINDS and _KINDS[name][1]:
-        out = (f"{name}: bitsandbytes 8-bit states (uint8 + one fp32 absmax per {BNB_BLOCK} elements); tensors "
-               f"under {MIN_8BIT_NUMEL} elements keep fp32 states")
-    elif name in ("lion", "paged-adamw"):
-        out = f"{name}: bitsandbytes fp32 states"
-    elif name == "muon":
-        out = ("muon: one fp32 momentum per 2-D weight; Adam moments for the embedding, output layer, norms and "
-               f"biases; Newton-Schulz on one weight at a time ({job.optimizer.muon_tp_mode} TP mode)")
-    elif name == "adafactor":
-        out = "adafactor: factored second moment (a row and a column vector per matrix), no first moment"
-    if name.startswith("paged"):
-        out += (f"; paged: states of tensors of at least {PAGED_MIN_NUMEL:,} elements live in CUDA unified memory "
-                "(cudaMallocManaged), outside PyTorch's allocator and not in its peaks (paged_optimizer_bytes); the "
-                "driver pages them to CPU memory under GPU memory pressure")
+    out = optimizer_kind(job.optimizer.name).describe(job.optimizer)
     if job.optimizer.in_backward:
         out += ("; " if out else "") + ("optimizer in backward: each parameter steps in its post-accumulate-grad hook "
                                         "and its gradient is freed; at most the largest gradient is alive")

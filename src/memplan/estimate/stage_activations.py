@@ -20,8 +20,6 @@ from memplan.estimate.ds_checkpointing import (
     partition_bytes,
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
-from memplan.estimate.fine_offload import describe as describe_fine_offload
-from memplan.estimate.fine_offload import stage_offload
 from memplan.estimate.finetune import StageFinetune
 from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
 from memplan.estimate.layer_walk import LayerWalk
@@ -61,6 +59,10 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     cpu = sum(walk.chunk_cpu[c] for c in inflight_chunks)
     worst = walk.worst_backward
     if job.offload.module_names:
+        # imported here: only jobs with fine-grained offloading need it (memplan's start-up)
+        from memplan.estimate.fine_offload import describe as describe_fine_offload
+        from memplan.estimate.fine_offload import stage_offload
+
         off = job.offload
         moved = stage_offload(run.model, off, run.shape, layout, set(ctx.recomputed), kept_classes=run.kept_classes,
                               dropped=run.dropped)

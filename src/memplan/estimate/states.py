@@ -9,9 +9,11 @@ weights over the expert-data-parallel group EDP = world / (EP x ETP x PP).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
 from memplan.estimate.layout import StageLayout
+from memplan.estimate.memo import Same
 from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimizer_state_bytes: re-exported)
     ADAM8BIT_BLOCK,
     SmallTensors,
@@ -29,6 +31,7 @@ from memplan.model.params import (
     position_embedding_params,
 )
 from memplan.model.spec import ModelSpec
+from memplan.optimizers import optimizer_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,18 +85,24 @@ def layer_numel_on_rank(groups: ParamGroups, job: Job) -> tuple[int, int]:
     return _local_layer(groups, job)
 
 
-def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> list[tuple[int, int]]:
+def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """(a representative index, how many) of each distinct layer object among ``indices`` (layers
     that share a spec object share every per-layer figure), in first-seen order."""
+    return _kinds_of(Same(model), indices)
+
+
+@lru_cache(maxsize=256)
+def _kinds_of(model_key: Same, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """:func:`_layer_kinds`, memoised per model object (a frozen spec) and stage."""
     seen: dict[int, list[int]] = {}
-    layers = model.layers
+    layers = model_key.obj.layers  # type: ignore[attr-defined]
     for index in indices:
         entry = seen.get(id(layers[index]))
         if entry is None:
             seen[id(layers[index])] = [index, 1]
         else:
             entry[1] += 1
-    return [(index, count) for index, count in seen.values()]
+    return tuple((index, count) for index, count in seen.values())
 
 
 def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int, *,
@@ -166,6 +175,8 @@ class StateBytes:
     #: Element size of the optimizer states the step's temporaries follow (0: the precision's);
     #: peft adapters are fp32 whatever the precision.
     state_element_bytes: int = 0
+    #: Peak bytes of the step its registry entry prices from shapes (GaLore's projection); 0 for most.
+    optimizer_step: int = 0
 
     @property
     def cpu_total(self) -> int:
@@ -203,7 +214,7 @@ def device_step_counters(job: Job, profile: FrameworkProfile, stage_tensors: int
     when ``fused`` or ``capturable`` (torch/optim/adam.py ``_init_group``), on the host otherwise;
     FSDP and TP shard tensors but each local shard has its own step. SGD keeps none.
     """
-    if not profile.torch_optimizer or job.optimizer.name not in ("adam", "adamw"):
+    if not profile.torch_optimizer or not optimizer_kind(job.optimizer.name).fused_step_counters:
         return 0
     return stage_tensors if resolved_optimizer_impl(job) == "fused" else 0
 
@@ -268,7 +279,8 @@ def state_bytes(
                       - optimizer_states(routers_o, job, prec.state_bytes, model.hidden_size).device_bytes)
     optimizer += step_counters * STEP_COUNTER_BYTES
     on_gpu = StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
-                        optimizer_numel=o_numel, fp8_weights=fp8, paged_optimizer=opt_states.paged_bytes)
+                        optimizer_numel=o_numel, fp8_weights=fp8, paged_optimizer=opt_states.paged_bytes,
+                        optimizer_step=opt_states.step_bytes if o_numel else 0)
     return _offloaded(on_gpu, off, offload_moves_gradients)
 
 

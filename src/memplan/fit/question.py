@@ -137,7 +137,12 @@ def _search_answer(question: FitQuestion, flags: dict[str, Any], progress: Progr
         model, base, read, gpus = loaded.model, loaded.job, loaded.settings, flags.pop("gpus")
     else:
         gpus = flags.pop("gpus")
-        model, base = load_model(question.model), _base_job(flags)
+        from memplan.inputs import default_seq_within_positions
+        from memplan.jobcheck import check_seq_positions
+
+        model = load_model(question.model)
+        base = default_seq_within_positions(_base_job(flags), model, flags)
+        check_seq_positions(base, model)
     if base.recompute.partition_activations or base.recompute.cpu_checkpointing:
         # the search builds its own recompute settings, which would drop these
         raise ConfigError("activation_checkpointing", "is not searched by memplan fit (its layouts set their own "

@@ -28,17 +28,18 @@ from typing import Any
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.frameworks.deepspeed_keys import deepspeed_settings
 from memplan.job import Batch, Job, Offload, Optimizer, Recompute, Sharding
+from memplan.optimizers import by_dialect
 from memplan.settings import InputSetting
+from memplan.bounds import parse_json
 from memplan.textfile import read_text_file
 
-_OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "sgd": "sgd", "fusedadam": "adamw", "onebitadam": "adam"}
 
 
 def read_deepspeed_config(path: str | Path) -> dict[str, Any]:
     """Parse a DeepSpeed JSON config; a malformed file is a ConfigError naming the line."""
     text = read_text_file(path, field="--deepspeed-config")
     try:
-        data = json.loads(text)
+        data = parse_json(text, field="--deepspeed-config")
     except json.JSONDecodeError as exc:
         raise ConfigError("--deepspeed-config", f"is not valid JSON (line {exc.lineno}: {exc.msg})", str(path)) from None
     if not isinstance(data, dict):
@@ -81,6 +82,52 @@ def _switch(section: Mapping[str, Any], key: str) -> bool:
     return value
 
 
+#: The strings pydantic reads as booleans (DeepSpeed's config sections are pydantic models), lower case.
+_TRUE, _FALSE = ("1", "on", "t", "true", "y", "yes"), ("0", "off", "f", "false", "n", "no")
+
+
+def _enabled(config: Mapping[str, Any], section: str) -> bool | None:
+    """``config[section]["enabled"]`` read as DeepSpeed's pydantic config reads it: a boolean, 0/1, or one of
+    pydantic's boolean strings (``"yes"``, ``"off"``...); None when absent or ``"auto"``."""
+    body = config.get(section)
+    if body is None:
+        return None
+    if not isinstance(body, Mapping):
+        raise ConfigError(section, "must be an object", body)
+    value = body.get("enabled")
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"{section}.enabled", "must be true or false (DeepSpeed's pydantic config also reads 0/1 and "
+                      "yes/no, on/off, true/false strings, and refuses anything else)", value)
+
+
+def _precision(config: Mapping[str, Any], job: Job) -> Any:
+    """The job's precision under the config's ``bf16`` (or old ``bfloat16``) and ``fp16`` sections."""
+    bf16 = _enabled(config, "bf16" if "bf16" in config else "bfloat16")
+    fp16 = _enabled(config, "fp16")
+    if bf16 and fp16:
+        raise ConfigError("bf16.enabled", "cannot be true together with fp16.enabled (DeepSpeed refuses it: "
+                          "'bfloat16 and fp16 modes cannot be simultaneously enabled')", True)
+    if bf16:
+        return dataclasses.replace(job.precision, name="bf16-mixed")
+    if fp16:
+        return dataclasses.replace(job.precision, name="fp16-mixed")
+    if False in (bf16, fp16):
+        return dataclasses.replace(job.precision, name="fp32")  # 16-bit modes switched off: DeepSpeed trains fp32
+    return job.precision
+
+
+def _number(section: Mapping[str, Any], key: str, field: str) -> float:
+    value = section.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(field, "must be a number", value)
+    return float(value)
+
+
 def _checkpointing(config: Mapping[str, Any], recompute: Recompute) -> Recompute:
     """``recompute`` with the DeepSpeed ``activation_checkpointing`` switches of ``config``."""
     section = config.get("activation_checkpointing")
@@ -115,23 +162,18 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
         if device not in ("none", None, "cpu", "nvme"):
             raise ConfigError(f"zero_optimization.{key}.device", "must be none, cpu or nvme", device)
         offloaded[key] = device in ("cpu", "nvme")
-    precision = job.precision
-    bf16 = config.get("bf16") or config.get("bfloat16") or {}  # bfloat16: DeepSpeed's old spelling
-    if bf16.get("enabled") in (True, "true"):
-        precision = dataclasses.replace(precision, name="bf16-mixed")
-    elif (config.get("fp16") or {}).get("enabled") in (True, "true"):
-        precision = dataclasses.replace(precision, name="fp16-mixed")
-    elif False in (bf16.get("enabled"), (config.get("fp16") or {}).get("enabled")):
-        precision = dataclasses.replace(precision, name="fp32")  # 16-bit modes switched off: DeepSpeed trains fp32
+    precision = _precision(config, job)
     optimizer = job.optimizer
     opt_section = config.get("optimizer")
     if isinstance(opt_section, Mapping) and opt_section.get("type"):
-        kind = str(opt_section["type"]).lower()
-        if kind not in _OPTIMIZERS:
+        kinds = by_dialect("deepspeed")
+        kind = kinds.get(str(opt_section["type"]).lower())
+        if kind is None:
             raise UnsupportedError(f"optimizer.type: DeepSpeed optimizer {opt_section['type']!r} is not modelled")
         params = opt_section.get("params") or {}
-        momentum = float(params.get("momentum", 0.0)) if kind == "sgd" else 0.0
-        optimizer = Optimizer(name=_OPTIMIZERS[kind], momentum=momentum, implementation="fused")  # type: ignore[arg-type]
+        values = {field: _number(params, key, f"optimizer.params.{key}") if key in params else default
+                  for key, field, default in kind.dialects.deepspeed_params}
+        optimizer = Optimizer(name=kind.name, implementation="fused", **values)  # type: ignore[arg-type]
     batch = job.batch
     mbs = _int_field(config, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu")
     gbs = _int_field(config, "train_batch_size", "train_batch_size")

@@ -252,13 +252,20 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
         effect, note = SECTIONS[max(prefixes, key=len)]
     if value == "auto":
         return effect, _AUTO + ("memplan keeps the job's value" if effect == _M else note)
-    if effect == _U and (key.endswith(".enabled") and value is False or _OFF.get(key, object()) == value):
+    if effect == _U and (key.endswith(".enabled") and _switched_off(value) or _OFF.get(key, object()) == value):
         return _N, f"off ({note})"
     if key in _NVME_DEVICE_KEYS and value == "nvme":
         return _U, _NVME_NOTE
     if key in _ASSUMED and value == _ASSUMED[key] and zero_stage in (0, 1, 2):
         return _M, f"the value memplan assumes ({note})"
     return effect, note
+
+
+def _switched_off(value: Any) -> bool:
+    """``value`` is false as DeepSpeed's pydantic sections read ``enabled``: false, 0, or "no"/"off"/"false"/..."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("0", "off", "f", "false", "n", "no")
+    return value is False or (type(value) is int and value == 0)
 
 
 def deepspeed_settings(config: Mapping[str, Any], source: str = "--deepspeed-config") -> tuple[InputSetting, ...]:

@@ -33,6 +33,8 @@ from memplan.frameworks.hf_args_file import parse_hf_command_line, read_hf_args,
 from memplan.frameworks.hf_fields import NO_MEMORY_EFFECT, NOT_MODELLED, OPTIMIZERS, UNMODELLED_OPTIMIZERS
 from memplan.job import Job
 from memplan.jobflags import build_job
+from memplan.optimizers import optimizer_kind
+from memplan.optimizers.kind import DialectNames
 from memplan.settings import InputSetting
 
 __all__ = ["apply_hf_args", "hf_args_job", "hf_args_model", "parse_hf_command_line", "read_hf_args"]
@@ -196,13 +198,38 @@ def _optimizer(m: _Mapping) -> None:
                           f"{', '.join(OPTIMIZERS)})", name)
     m.flags["optimizer"], m.flags["optimizer_impl"] = OPTIMIZERS[text]
     m.mark("optim", "modelled", f"--optimizer {OPTIMIZERS[text][0]} --optimizer-impl {OPTIMIZERS[text][1]}")
+    _optim_args(m, optimizer_kind(OPTIMIZERS[text][0]).dialects)
+
+
+def _optim_args(m: _Mapping, names: DialectNames) -> None:
+    """``optim_args`` ("rank=64,scale=0.25") keys the optimizer's registry entry reads."""
+    text = m.args.get("optim_args")
+    if not names.hf_optim_args or not isinstance(text, str) or not text.strip():
+        return
+    pairs = dict(part.split("=", 1) if "=" in part else (part, "") for part in
+                 (piece.strip() for piece in text.split(",")) if part)
+    read = []
+    for key, field in names.hf_optim_args:
+        if key in pairs:
+            try:
+                m.flags[field] = int(pairs[key])
+            except ValueError:
+                raise ConfigError(f"{_FLAG}: optim_args", f"{key} must be an integer", pairs[key]) from None
+            read.append(f"{key} → --{field.replace('_', '-')} {pairs[key]}")
+    other = [key for key in pairs if key not in dict(names.hf_optim_args)]
+    unread = [key for key in other if key not in names.hf_optim_args_no_effect]
+    note = "; ".join(read + ([f"no memory effect: {', '.join(k for k in other if k not in unread)}"]
+                             if len(unread) < len(other) else []) + ([f"not read: {', '.join(unread)}"] if unread else []))
+    m.mark("optim_args", "not-modelled" if unread else "modelled", note or "no key memplan reads")
 
 
 def _kwargs(m: _Mapping, key: str) -> dict[str, Any]:
+    from memplan.bounds import parse_json
+
     value = m.args.get(key)
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = parse_json(value, field=f"{_FLAG}: {key}")
         except json.JSONDecodeError:
             raise ConfigError(f"{_FLAG}: {key}", "must be a JSON object", value) from None
     if value is not None and not isinstance(value, dict):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError
+from memplan.bounds import parse_json
 from memplan.textfile import read_text_file
 
 __all__ = ["parse_hf_command_line", "read_hf_args", "read_json_object"]
@@ -30,7 +31,7 @@ def read_hf_args(path: str | Path) -> dict[str, Any]:
     text = read_text_file(path, field=_FLAG)
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
+            data = parse_json(text, field=_FLAG)
         except json.JSONDecodeError as exc:
             raise ConfigError(_FLAG, f"is not valid JSON (line {exc.lineno}: {exc.msg})", str(path)) from None
         return dict(data)
@@ -57,7 +58,7 @@ def _scalar(word: str) -> Any:
             pass
     if word.strip().startswith(("{", "[")):
         try:
-            return json.loads(word)
+            return parse_json(word, field=_FLAG)
         except json.JSONDecodeError:
             return word
     return word
@@ -101,7 +102,7 @@ def read_json_object(path: str, base_dir: Path | None, key: str) -> dict[str, An
         file = base_dir / file
     text = read_text_file(file, field=f"{_FLAG}: {key}")
     try:
-        data = json.loads(text)
+        data = parse_json(text, field=f"{_FLAG}: {key}")
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{_FLAG}: {key}", f"is not valid JSON (line {exc.lineno}: {exc.msg})", path) from None
     if not isinstance(data, dict):

@@ -8,25 +8,18 @@ Fields :mod:`memplan.frameworks.hf_args` maps itself are in neither table.
 
 from __future__ import annotations
 
+from memplan.optimizers import OPTIMIZERS as REGISTERED
+
 __all__ = ["NOT_MODELLED", "NO_MEMORY_EFFECT", "OPTIMIZERS", "UNMODELLED_OPTIMIZERS"]
 
-#: ``optim`` name → (memplan --optimizer, --optimizer-impl). bitsandbytes names follow
-#: transformers' trainer_optimizer._get_bitsandbytes_optimizer ("paged" → paged, "8bit" → 8-bit).
+#: ``optim`` name → (memplan --optimizer, --optimizer-impl), read from the optimizer registry
+#: (:mod:`memplan.optimizers`: each entry's ``dialects.hf``). bitsandbytes names follow transformers'
+#: trainer_optimizer._get_bitsandbytes_optimizer ("paged" → paged, "8bit" → 8-bit).
 OPTIMIZERS: dict[str, tuple[str, str]] = {
-    "adamw_torch": ("adamw", "foreach"),  # torch.optim.AdamW without fused=True: foreach on CUDA
-    "adamw_torch_fused": ("adamw", "fused"),
-    "adafactor": ("adafactor", "auto"),
-    "sgd": ("sgd", "foreach"),
-    "adamw_bnb_8bit": ("adamw8bit", "auto"),
-    "adamw_8bit": ("adamw8bit", "auto"),
-    "paged_adamw_8bit": ("paged-adamw8bit", "auto"),
-    "paged_adamw_32bit": ("paged-adamw", "auto"),
-    "lion_32bit": ("lion", "auto"),
-    "lion_8bit": ("lion8bit", "auto"),
-    "paged_lion_8bit": ("paged-lion8bit", "auto"),
+    optim: (kind.name, impl) for kind in REGISTERED for optim, impl in kind.dialects.hf
 }
-#: Names transformers knows whose states memplan does not price.
-UNMODELLED_OPTIMIZERS = (
+#: transformers' ``OptimizerNames`` (5.2x ``training_args.py``) besides the bitsandbytes and torch ones above.
+_TRANSFORMERS_OPTIMIZERS = (
     "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_anyprecision", "adamw_torch_4bit", "adamw_torch_8bit",
     "ademamix", "adagrad", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit",
     "rmsprop", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit",
@@ -34,6 +27,8 @@ UNMODELLED_OPTIMIZERS = (
     "lomo", "adalomo", "grokadamw", "schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd",
     "apollo_adamw", "apollo_adamw_layerwise", "stable_adamw",
 )
+#: Names transformers knows whose states memplan does not price (no registry entry names them).
+UNMODELLED_OPTIMIZERS = tuple(name for name in _TRANSFORMERS_OPTIMIZERS if name not in OPTIMIZERS)
 
 _EVAL = "evaluation, not the training step"
 _SAVE = "checkpoint saving"

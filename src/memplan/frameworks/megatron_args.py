@@ -36,6 +36,7 @@ from memplan.job import (
     Sharding,
 )
 from memplan.model.spec import ModelSpec
+from memplan.optimizers import by_dialect
 from memplan.settings import InputSetting
 
 __all__ = ["dumps_args", "from_megatron_args", "load_megatron_args", "load_megatron_launch", "megatron_job",
@@ -258,19 +259,28 @@ def _precision(args: Mapping[str, Any]) -> Precision:
 
 
 def _optimizer(args: Mapping[str, Any]) -> Optimizer:
+    """``--optimizer`` and the arguments its registry entry reads (:mod:`memplan.optimizers`)."""
     name = str(args.get("--optimizer", "adam"))
-    if name == "sgd":
-        return Optimizer(name="sgd", momentum=_float(args, "--sgd-momentum", 0.9))
-    if name in ("adam", "adamw"):
-        return Optimizer(name="adamw")
-    if name in ("muon", "dist_muon"):
-        # dist_muon: Megatron's deprecated spelling of muon with the layer-wise distributed optimizer.
-        scalar = str(args.get("--muon-scalar-optimizer", "adam"))
-        if scalar != "adam":
-            raise UnsupportedError(f"--muon-scalar-optimizer: {scalar!r} is not modelled (adam is)")
-        return Optimizer(name="muon", muon_tp_mode=str(args.get("--muon-tp-mode", "duplicated")),  # type: ignore[arg-type]
-                         muon_nesterov=flag_is_set(args, "--muon-nesterov"))
-    raise UnsupportedError(f"--optimizer: Megatron optimizer {name!r} is not modelled (adam, sgd and muon are)")
+    kinds = by_dialect("megatron")
+    if name not in kinds:
+        known = [kind.dialects.megatron[0] for kind in dict.fromkeys(kinds.values())]
+        raise UnsupportedError(f"--optimizer: Megatron optimizer {name!r} is not modelled "
+                               f"({', '.join(known[:-1])} and {known[-1]} are)")
+    kind = kinds[name]
+    values: dict[str, Any] = {}
+    for spec in kind.dialects.megatron_flags:
+        if spec.kind == "flag":
+            value: Any = flag_is_set(args, spec.flag)
+        elif spec.kind == "float":
+            value = _float(args, spec.flag, float(spec.default))  # type: ignore[arg-type]
+        else:
+            value = str(args.get(spec.flag, spec.default))
+        if spec.modelled and value not in spec.modelled:
+            raise UnsupportedError(f"{spec.flag}: {value!r} is not modelled ({' and '.join(spec.modelled)} "
+                                   f"{'is' if len(spec.modelled) == 1 else 'are'})")
+        if spec.field:
+            values[spec.field] = value
+    return Optimizer(name=kind.name, **values)
 
 
 def _recompute(args: Mapping[str, Any]) -> Recompute:

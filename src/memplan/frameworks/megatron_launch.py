@@ -148,8 +148,10 @@ def _hint(exc: ConfigError) -> str:
 def _load_yaml(text: str, where: str) -> Any:
     import yaml
 
+    from memplan.bounds import parse_yaml
+
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text, field="--megatron-args")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

@@ -11,6 +11,7 @@ import ast
 from collections.abc import Mapping
 from typing import Any
 
+from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_INT_DIGITS, MAX_LAYERS, MAX_MODEL_INT
 from memplan.errors import ModelConfigError
 from memplan.frameworks.shell_script import unresolved_hint
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
@@ -24,18 +25,32 @@ TIKTOKEN_VOCAB = 131072  # TikTokenizer default vocab_size (2**17, special token
 _SENTENCEPIECE_VOCABS = {"nemotron_2_256k": 256000, "tokenizer.model": LLAMA2_VOCAB}
 
 
+#: Flags whose value sizes a loop (one entry per layer, expert, head), with the limit each may reach.
+_LIMITS = {
+    **dict.fromkeys(("--num-layers", "--mtp-num-layers"), (MAX_LAYERS, "MAX_LAYERS")),
+    **dict.fromkeys(("--num-experts", "--moe-router-topk"), (MAX_EXPERTS, "MAX_EXPERTS")),
+    **dict.fromkeys(("--num-attention-heads", "--num-query-groups"), (MAX_HEADS, "MAX_HEADS")),
+}
+
+
 def _get_int(args: Mapping[str, Any], flag: str, default: int | None = None, *, required: bool = False) -> int | None:
     value = args.get(flag, default)
     if value is None:
         if required:
             raise ModelConfigError(flag, "is required to describe the model", None)
         return None
+    if isinstance(value, str) and len(value.strip().lstrip("+-")) > MAX_INT_DIGITS:
+        raise ModelConfigError(flag, f"must be an integer of at most {MAX_INT_DIGITS} digits (memplan's limit "
+                               "MAX_INT_DIGITS)", value[:20] + "...")
     try:
         number = int(value)
     except (TypeError, ValueError):
         raise ModelConfigError(flag, "must be an integer", value, hint=unresolved_hint(value)) from None
     if number <= 0:
         raise ModelConfigError(flag, "must be a positive integer", value)
+    limit, limit_name = _LIMITS.get(flag, (MAX_MODEL_INT, "MAX_MODEL_INT"))
+    if number > limit:
+        raise ModelConfigError(flag, f"must be at most {limit:,} (memplan's limit {limit_name})", value)
     return number
 
 
@@ -212,8 +227,10 @@ def _walk(node: ast.AST) -> Any:
         return items if isinstance(node, ast.List) else (items[0] if len(items) == 1 else items)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
         left, right = _walk(node.left), _walk(node.right)
-        if isinstance(node.op, ast.Mult) and isinstance(right, int) and not 0 <= right <= 100_000:
+        if isinstance(node.op, ast.Mult) and isinstance(right, int) and not 0 <= right <= MAX_LAYERS:
             raise ValueError("repeat count out of range")
+        if isinstance(node.op, ast.Mult) and isinstance(left, list) and len(left) * right > MAX_LAYERS:
+            raise ValueError("list longer than MAX_LAYERS")
         return left + right if isinstance(node.op, ast.Add) else left * right
     raise ValueError("unsupported expression")
 
@@ -254,6 +271,9 @@ def _expand_layout(text: str) -> str:
             j = i + 1
             while j < len(text) and text[j].isdigit():
                 j += 1
-            item, i = item * int(text[i + 1 : j]), j
+            count = int(text[i + 1 : j]) if j - i - 1 <= MAX_INT_DIGITS else MAX_LAYERS + 1
+            if len(item) * count > 8 * MAX_LAYERS:
+                raise ValueError("layout longer than 8 x MAX_LAYERS symbols")
+            item, i = item * count, j
         out.append(item)
     return "".join(out)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.job import ALL_LINEAR, Job
 from memplan.settings import InputSetting
+from memplan.bounds import parse_json
 from memplan.textfile import read_text_file
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def read_peft_config(path: str | Path) -> dict[str, Any]:
         file = file / "adapter_config.json"
     text = read_text_file(file, field=_FLAG)
     try:
-        data = json.loads(text)
+        data = parse_json(text, field=_FLAG)
     except json.JSONDecodeError as exc:
         raise ConfigError(_FLAG, f"is not valid JSON (line {exc.lineno}: {exc.msg})", str(path)) from None
     if not isinstance(data, dict):
@@ -212,10 +213,9 @@ def _targets(value: Any, model: ModelSpec | None, note: Any) -> str:
     if model is None or model.model_type not in (*_LINEAR_NAMES, *_llama_types()):
         raise UnsupportedError(f"{_FLAG}: target_modules regex {value!r} cannot be expanded for this model "
                                "(memplan knows Llama-style, GPT-2 and GPT-NeoX module names); give a list")
-    try:
-        matched = [n for n in _linear_names(model) if re.fullmatch(value, n)]
-    except re.error as exc:
-        raise ConfigError(f"{_FLAG}: {key}", f"is not a valid regex ({exc})", value) from None
+    from memplan.frameworks.peft_regex import full_matches
+
+    matched = full_matches(value, _linear_names(model), field=f"{_FLAG}: {key}")
     if not matched:
         raise ConfigError(f"{_FLAG}: {key}", "matches none of the model's decoder linear modules "
                           "(peft full-matches it against names like model.layers.0.self_attn.q_proj)", value)

@@ -43,6 +43,7 @@ from memplan.frameworks.torchtitan_fields import (
 from memplan.job import Job
 from memplan.jobflags import build_job
 from memplan.model.spec import ModelSpec
+from memplan.optimizers import by_dialect
 from memplan.profiles.pipeline_split import weighted_split
 from memplan.settings import InputSetting, dotted_leaves
 from memplan.textfile import read_text_file
@@ -52,7 +53,6 @@ __all__ = ["apply_torchtitan_config", "read_torchtitan_config", "stage_layers", 
 _FLAG = "--torchtitan-config"
 _SINGLE_STAGE = ("1f1b", "gpipe")
 _MULTI_STAGE = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
-_OPTIMIZERS = {"AdamW": "adamw", "Adam": "adam"}
 _FLOAT8 = ("float8", "quantize.linear.float8")
 
 
@@ -67,6 +67,9 @@ def read_torchtitan_config(path: str | Path) -> dict[str, Any]:
         where = f"line {found.group(1)}, column {found.group(2)}" if found else "?"
         message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc)) or "syntax error"
         raise ConfigError(f"{_FLAG} {path}", f"is not valid TOML at {where}: {message}") from None
+    except RecursionError:
+        raise ConfigError(f"{_FLAG} {path}", "nests arrays or tables too deeply to read (memplan's limit "
+                          "MAX_NESTING)") from None
     return dict(dotted_leaves(data))
 
 
@@ -413,9 +416,10 @@ def _precision(r: _Reader) -> None:
 def _optimizer(r: _Reader) -> None:
     o = "optimizer."
     name = r.get(o + "name")
-    if name in _OPTIMIZERS:
-        r.flags["optimizer"] = _OPTIMIZERS[name]
-        r.mark(o + "name", "modelled", f"--optimizer {_OPTIMIZERS[name]}")
+    kinds = by_dialect("torchtitan")
+    if name in kinds:
+        r.flags["optimizer"] = kinds[name].name
+        r.mark(o + "name", "modelled", f"--optimizer {kinds[name].name}")
     else:
         r.mark(o + "name", "not-modelled", "torchtitan builds Adam and AdamW; priced as adamw")
     impl = r.get(o + "implementation")

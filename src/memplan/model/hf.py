@@ -30,11 +30,19 @@ from typing import Any, Literal
 
 from memplan.errors import ModelConfigError
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_MODEL_INT, parse_json
 from memplan.textfile import read_text_file
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "load_hf_config", "model_from_hf_config"]
 
 _MISSING: Any = object()
+#: Counts that size loops (one entry per layer, expert, head), with the limit each may reach.
+_LIMITS = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_nextn_predict_layers"), (MAX_LAYERS, "MAX_LAYERS")),
+    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts",
+                     "num_experts_per_tok"), (MAX_EXPERTS, "MAX_EXPERTS")),
+    **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "n_head"), (MAX_HEADS, "MAX_HEADS")),
+}
 _WindowRule = Literal["none", "all", "qwen", "alternate"]
 
 
@@ -61,6 +69,9 @@ class _Fields:
         if value < minimum:
             rule = "must be a positive integer" if minimum == 1 else f"must be an integer >= {minimum}"
             raise ModelConfigError(key, rule, value)
+        limit, limit_name = _LIMITS.get(key, (MAX_MODEL_INT, "MAX_MODEL_INT"))
+        if value > limit:
+            raise ModelConfigError(key, f"must be at most {limit:,} (memplan's limit {limit_name})", value)
         return value
 
     def opt_int(self, key: str) -> int | None:
@@ -393,7 +404,7 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelSpec:
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if model_type is None:
         raise ModelConfigError("model_type", "is required", hint=f"supported: {supported}")
-    if model_type not in _BUILDERS:
+    if not isinstance(model_type, str) or model_type not in _BUILDERS:
         raise ModelConfigError("model_type", "is not supported", model_type, hint=f"supported: {supported}")
     return _BUILDERS[model_type](_Fields(config), name, model_type)
 
@@ -409,7 +420,7 @@ def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:
         path = path / "config.json"
     text = read_text_file(path, field="model", error=ModelConfigError)
     try:
-        config = json.loads(text)
+        config = parse_json(text, field=str(path))
     except json.JSONDecodeError as exc:
         raise ModelConfigError(
             str(path), f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",

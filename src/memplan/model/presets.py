@@ -136,9 +136,14 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path.lower() in preset_names():
         return load_preset(name_or_path)
     path = Path(name_or_path).expanduser()
-    if path.is_file() or (path.is_dir() and (path / "config.json").is_file()):
+    try:
+        is_file, is_dir = path.is_file(), path.is_dir()
+        has_config = is_dir and (path / "config.json").is_file()
+    except OSError:  # a name longer than a path may be (ENAMETOOLONG): not a path
+        is_file = is_dir = has_config = False
+    if is_file or has_config:
         return load_hf_config(path)
-    if path.is_dir():
+    if is_dir:
         raise ModelConfigError("model", "directory has no config.json", str(path))
     from memplan.model.hub import hub_config_path, looks_like_hub_id, split_hub_id
 

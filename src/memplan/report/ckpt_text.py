@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Group
 from rich.table import Table
 
+from memplan.report.fitting import Fitting, records
 from memplan.units import MiB
 
 if TYPE_CHECKING:
@@ -62,18 +63,23 @@ def _title(result: BenchResult) -> str:
 
 def bench_tables(result: BenchResult) -> Group:
     """The comparison table and the targets table."""
+    rows = _rows(result)
     table = Table(title=_title(result), title_justify="left", caption=_LEGEND, caption_justify="left")
     for i, name in enumerate(_HEADER):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in _rows(result):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i > 0)
+    for row in rows:
         table.add_row(*row)
     title = "targets (SMOKE TEST: reported, not judged)" if result.config.smoke else "targets"
     targets = Table(title=title, title_justify="left")
-    for name in ("variant", "target", "measured", "wanted", "met"):
-        targets.add_column(name, justify="left" if name in ("variant", "target") else "right")
-    for row in _target_rows(result):
+    names = ("variant", "target", "measured", "wanted", "met")
+    for name in names:
+        targets.add_column(name, justify="left" if name in ("variant", "target") else "right",
+                           no_wrap=name in ("measured", "met"), overflow="fold")
+    target_rows = _target_rows(result)
+    for row in target_rows:
         targets.add_row(*row)
-    return Group(table, targets)
+    # a narrow terminal gets one small table per variant rather than a table whose numbers are cut
+    return Group(Fitting(table, records(_title(result), _HEADER, rows, caption=_LEGEND)), targets)
 
 
 def bench_markdown(result: BenchResult) -> str:

@@ -27,6 +27,8 @@ def _signed(n_bytes: int) -> str:
 def _table(name: str, deltas: Sequence[Delta], top: int, total: int) -> Any:
     from rich.table import Table
 
+    from memplan.report.fitting import BreakAt
+
     table = Table(title=f"Peak difference by {_TITLES[name]}", title_justify="left", show_edge=False,
                   header_style="bold")
     table.add_column(_TITLES[name], justify="left", overflow="fold", max_width=70)
@@ -35,7 +37,7 @@ def _table(name: str, deltas: Sequence[Delta], top: int, total: int) -> Any:
     changed = [d for d in deltas if d.delta_bytes]
     for d in changed[:top]:
         style = "red" if d.delta_bytes > 0 else "green"
-        table.add_row(d.key, format_bytes(d.a_bytes), format_bytes(d.b_bytes),
+        table.add_row(BreakAt(d.key), format_bytes(d.a_bytes), format_bytes(d.b_bytes),
                       f"[{style}]{_signed(d.delta_bytes)}")
     rest = changed[top:]
     if rest:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -25,11 +26,11 @@ __all__ = ["colocation_table", "fit_renderables", "limit_renderables", "methods_
 
 
 def _candidates_table(result: FitResult, top: int | None) -> Table:
-    found = (f"{len(result.candidates)} fitting configurations" if result.exhaustive else
+    found = (f"{len(result.candidates)} fitting configurations (layout x micro-batch x recompute)" if result.exhaustive else
              f"the fastest fitting configurations ({result.layouts_pruned} layouts skipped as slower; --all lists every one)")
     table = Table(title=f"{found} of {result.layouts_searched} layouts ({result.estimates} estimates, "
                   f"{result.seconds:.2f} s), fastest first",
-                  title_justify="left", show_edge=False, pad_edge=False)
+                  title_justify="left", show_edge=False, pad_edge=False, box=box.SIMPLE_HEAD, collapse_padding=True)
     # Numbers never wrap or shrink below their header; the layout and recompute labels fold
     # onto a second line in a narrow terminal instead.
     table.add_column("#", no_wrap=True, min_width=2)
@@ -112,7 +113,13 @@ def colocation_table(result: Colocation) -> Any:
 
 
 def _params(value: int | None) -> str:
-    return f"{value / 1e9:.2f}B" if value is not None else "-"
+    """A parameter count with three significant digits: 3.41M, 1.24B, 12.5K."""
+    if value is None:
+        return "-"
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return str(value)
 
 
 def methods_renderables(result: MethodsResult) -> list[Any]:
@@ -122,13 +129,15 @@ def methods_renderables(result: MethodsResult) -> list[Any]:
                 f"{result.micro_batch_size}; limit {result.limit_bytes / GiB:.1f} GiB "
                 f"({result.usable_bytes / GiB:.1f} usable - {100 * result.margin:.0f}% margin)")
     table = Table(title="Fine-tuning methods (fitting ones fastest first)", title_justify="left", show_edge=False,
-                  pad_edge=False)
+                  pad_edge=False, box=box.SIMPLE_HEAD, collapse_padding=True)
     paged = any(m.paged_optimizer_bytes for m in result.methods)
     trainable = any(m.frozen_params for m in result.methods)
     columns = ["#", "method", "fits", "GiB", "headroom"] + ["paged GiB"] * paged + ["trainable"] * trainable
     for col in [*columns, "step s", "tokens/s"]:
         left = col in ("method", "fits")
-        table.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=len(col))
+        # the method's name folds in a narrow terminal; numbers never wrap or shrink below their header
+        table.add_column(col, justify="left" if left else "right", no_wrap=col != "method", overflow="fold",
+                         min_width=len(col) if col != "method" else 6)
     for rank, m in enumerate(result.methods, start=1):
         style = "green" if m.fits else "red"
         cells: list[Any] = [str(rank), m.label.replace(" + checkpointing", " + ckpt"),

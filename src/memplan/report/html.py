@@ -143,9 +143,10 @@ def _fit_section(result: FitResult, top: int) -> str:
                        for r in result.rejected[:top])
     meta = (f'<p class="meta">{result.gpus} x {_esc(result.gpu)}, sequence {result.seq_length}, global batch '
             f"{result.global_batch_size}, framework {_esc(result.framework)}, margin {100 * result.margin:.0f}% "
-            f"(limit {result.limit_bytes / _GIB:.1f} GiB per GPU); {len(result.candidates)} fitting"
-            f"{'' if result.exhaustive else ' (top-k search)'} of "
-            f"{result.layouts_searched} layouts, {result.estimates} estimates in {result.seconds:.2f} s</p>")
+            f"(limit {result.limit_bytes / _GIB:.1f} GiB per GPU); {len(result.candidates)} fitting configurations "
+            f"(a layout with a micro-batch and a recompute mode) among {result.layouts_searched} layouts, "
+            f"{result.estimates} estimates in {result.seconds:.2f} s"
+            f"{' (the search stopped at the fastest ones)' if not result.exhaustive else ' (every configuration estimated, as memplan fit --all: more estimates than memplan fit without it)'}</p>")
     out = (f"<h2>Configurations that fit</h2>{meta}<table class=\"sortable\"><thead>{head}</thead>"
            f"<tbody>{''.join(rows)}</tbody></table>")
     if rejected:
@@ -226,17 +227,20 @@ def render_html(
     segments: Sequence[Mapping[str, Any]] | None = None,
     top: int = 20,
     notes: Sequence[str] = (),
+    extra_sections: Sequence[str] = (),
 ) -> str:
-    """The whole report as one HTML string (no external resources)."""
+    """The whole report as one HTML string (no external resources); ``extra_sections`` are HTML fragments
+    (already escaped) placed after the estimate (``--dataset``'s per-step section)."""
     body = [f"<h1>{_esc(title)}</h1>"]
     if estimate is not None:
         job = estimate.job.parallel
         body.append(f'<p class="meta">{_esc(estimate.model)}, framework {_esc(estimate.framework)}, '
-                    f"{job.world_size} GPUs (tp {job.tp}, pp {job.pp}, cp {job.cp}, dp {job.data_parallel}); "
+                    f"{job.world_size} GPU{'' if job.world_size == 1 else 's'} (tp {job.tp}, pp {job.pp}, cp {job.cp}, dp {job.data_parallel}); "
                     f"peak {estimate.peak_reserved_bytes / _GIB:.2f} GiB reserved on stage {estimate.peak_stage}</p>")
     body += [f'<p class="meta">{_esc(n)}</p>' for n in notes]
     if estimate is not None:
         body.append(_stage_section(estimate))
+    body += list(extra_sections)
     if fit is not None:
         body.append(_fit_section(fit, top))
     if timeline:

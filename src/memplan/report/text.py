@@ -150,7 +150,7 @@ def estimate_header(est: Estimate) -> Text:
     text.append(f" · {est.total_parameters / 1e9:,.2f} B parameters{training_split(est)} · {est.framework}")
     text.append(f" · {job.get('precision', {}).get('name', '?')}")
     text.append(
-        f" · {par.get('world_size')} GPUs = dp {par.get('dp')} x tp {par.get('tp')} x pp {par.get('pp')}"
+        f" · {par.get('world_size')} GPU{'' if par.get('world_size') == 1 else 's'} = dp {par.get('dp')} x tp {par.get('tp')} x pp {par.get('pp')}"
         f" x cp {par.get('cp')}"
     )
     text.append(f" · mbs {batch.get('micro_batch_size')} x seq {batch.get('seq_length')}")

@@ -2,8 +2,12 @@
 
 Stateless: every request carries its whole job, so any number of workers behind a load balancer
 answer alike. Each request is bounded — its body (:attr:`ServeLimits.max_body_bytes`, uploads
-:attr:`ServeLimits.max_upload_bytes`), its time (:attr:`ServeLimits.time_limit_s`, body reading
-included) and, for the work that runs in a child process (fit, placement, doctor), its memory. Bad
+:attr:`ServeLimits.max_upload_bytes`), its time (:attr:`ServeLimits.time_limit_s`, from the first byte
+of its headers, with :mod:`memplan.serve.protocol`) and its memory: fit, placement, doctor and every
+estimate whose model the body describes (``model_config``, a Hub id, a dialect file) run in a child
+process that is killed at the time limit; an estimate of a shipped preset with flags only is bounded by
+construction (at most 126 layers, every flag within the job's limits: milliseconds) and answered in a
+thread, without a fork. Bad
 input is a 4xx JSON answer ``{"error": {"status", "message", "field", "rule", "value"}}``; nothing a
 request sends stops the server.
 """
@@ -31,13 +35,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memplan.errors import ConfigError
 from memplan.serve.isolate import Refusal, past_time_limit, refusal_of, run_isolated
+from memplan.serve.protocol import FIRST_BYTE, LIMITS_ENV
 from memplan.serve.reading import json_body
 
 __all__ = ["LIMITS_ENV", "STATIC_DIR", "ServeLimits", "create_app", "create_app_from_environment"]
 
 _log = logging.getLogger("memplan.serve")
-#: Environment variable holding the limits (JSON of :class:`ServeLimits` fields) for worker processes.
-LIMITS_ENV = "MEMPLAN_SERVE_LIMITS"
 #: The web page's files (no CDN: everything the page loads ships here).
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -52,7 +55,7 @@ class ServeLimits:
     max_upload_bytes: int = 256 << 20
     #: Seconds from the first byte of the request to the answer.
     time_limit_s: float = 30.0
-    #: Address space of the child process that answers fit, placement and doctor requests (None: no cap).
+    #: Address space of the child process that answers a request (estimate, fit, placement, doctor; None: no cap).
     memory_limit_bytes: int | None = 8 << 30
     #: Child processes one worker runs at once; later requests wait (their wait counts in their time).
     max_concurrent: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
@@ -128,7 +131,7 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
     """The application; ``limits`` bound each request (defaults: :class:`ServeLimits`)."""
     from memplan.documents import gpus_document, models_document
     from memplan.serve.openapi import openapi_document
-    from memplan.serve.work import doctor_reply, estimate_reply, fit_reply, place_reply
+    from memplan.serve.work import doctor_reply, estimate_reply, fit_reply, place_reply, preset_only
 
     limits = limits or ServeLimits()
     catalogue = {"models": models_document(), "gpus": gpus_document()}
@@ -137,10 +140,10 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
 
     def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def answer(request: Request) -> Response:
-            deadline = time.monotonic() + limits.time_limit_s
+            deadline = request.scope.get(FIRST_BYTE, time.monotonic()) + limits.time_limit_s
             request.state.deadline = deadline
             try:
-                with anyio.fail_after(limits.time_limit_s):
+                with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
                     return _json(await handler(request))
             except TimeoutError:
                 return _refused(past_time_limit(limits.time_limit_s))
@@ -162,7 +165,10 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
                                            memory_bytes=limits.memory_limit_bytes))
 
     async def estimate(request: Request) -> Any:
-        return await in_thread(estimate_reply, await json_body(request))
+        body = await json_body(request)
+        if preset_only(body):  # bounded by construction: a few ms, in this process (no fork)
+            return await in_thread(estimate_reply, body)
+        return await isolated(request, estimate_reply, body)
 
     async def fit(request: Request) -> Any:
         return await isolated(request, fit_reply, await json_body(request))

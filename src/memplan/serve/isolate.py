@@ -13,6 +13,7 @@ field, rule and value of a :class:`~memplan.errors.ConfigError`).
 from __future__ import annotations
 
 import multiprocessing
+import re
 import resource
 from collections.abc import Callable
 from typing import Any
@@ -52,8 +53,29 @@ def past_time_limit(seconds: float) -> Refusal:
                    "(a fixed layout, a smaller trace) or raise --time-limit", "time limit", "at most", seconds)
 
 
+#: A path inside a request's own folder or its saved upload (``/tmp/memplan-serve-HEX/model/config.json``,
+#: ``/tmp/memplan-upload-XYZ/upload``): messages name what the client sent, never where the server put it.
+_TEMP_PATH = re.compile(r"""(?:/[^\s'"()]*)?/memplan-(?P<kind>upload|serve)-[\w]+(?:/(?P<rest>[^\s'"()]*))?""")
+
+
+def without_paths(text: str) -> str:
+    """``text`` with the server's temporary paths replaced by what they hold (``upload``, ``config.json``)."""
+    return _TEMP_PATH.sub(lambda m: "upload" if m["kind"] == "upload" else (m["rest"] or "the request"), text)
+
+
+def _clean(refusal: Refusal) -> Refusal:
+    value = without_paths(refusal.value) if isinstance(refusal.value, str) else refusal.value
+    return Refusal(refusal.status, without_paths(refusal.message), refusal.field and without_paths(refusal.field),
+                   refusal.rule and without_paths(refusal.rule), value)
+
+
 def refusal_of(exc: BaseException) -> Refusal:
-    """The status and body memplan's own errors get (anything else is a server error, 500)."""
+    """The status and body memplan's own errors get (anything else is a server error, 500); the server's
+    temporary paths are left out of every message."""
+    return _clean(_refusal_of(exc))
+
+
+def _refusal_of(exc: BaseException) -> Refusal:
     from memplan.errors import ConfigError, MissingDependencyError, UnsupportedError
 
     if isinstance(exc, Refusal):
@@ -89,6 +111,14 @@ def _child(conn: Any, func: Callable[..., Any], args: tuple[Any, ...], memory_by
             conn.send(("refused", Refusal(refusal.status, refusal.message, refusal.field, refusal.rule)))
     finally:
         conn.close()
+    # The answer is sent: leave at once. A normal exit tears down the interpreter (its modules, caches and
+    # the request's objects), tens of milliseconds the server would wait for in join().
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _context() -> Any:
@@ -109,24 +139,31 @@ def run_isolated(func: Callable[..., Any], args: tuple[Any, ...], *, seconds: fl
     ctx = _context()
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(sender, func, args, memory_bytes), daemon=True)
-    proc.start()
+    try:
+        proc.start()
+    except (EOFError, OSError) as exc:  # the forkserver itself failed (its preload raised, or no process left)
+        receiver.close()
+        sender.close()
+        raise Refusal(503, f"the server could not start a worker process ({type(exc).__name__}); it logged why") \
+            from exc
     sender.close()
+    answered = False
     try:
         if not receiver.poll(seconds):
-            proc.kill()
             raise past_time_limit(seconds)
         try:
             kind, payload = receiver.recv()
+            answered = True
         except EOFError:
             proc.join(5)
             raise Refusal(503, "the request's worker process died (exit code "
                           f"{proc.exitcode}), most likely past this server's memory limit per request") from None
     finally:
         receiver.close()
-        proc.join(5)
-        if proc.is_alive():
+        if not answered:  # past the limit, or dead: nothing of the request may go on running
             proc.kill()
             proc.join()
+        # an answered child leaves at once (os._exit in _child); multiprocessing reaps it at the next start
     if kind == "refused":
         raise payload
     return payload

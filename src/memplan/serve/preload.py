@@ -19,3 +19,9 @@ estimate_reply({"model": "gpt2", "gpu": "h100-80gb"})
 place_reply({"job": {"model": "gpt2"}, "gpus": [{"id": "warm-up", "gpu": "h100-80gb"}]})
 fit_reply({"model": "gpt2", "gpus": 2, "top": 1})
 doctor_reply({"message": _MESSAGE, "job": {"model": "gpt2"}}, None)
+
+# Every preset parsed once here: a child forked for a request then finds its model in the cache.
+from memplan.model.presets import load_preset, preset_names  # noqa: E402
+
+for _name in preset_names():
+    load_preset(_name)

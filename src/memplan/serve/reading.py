@@ -22,6 +22,7 @@ import anyio
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
+from memplan.bounds import parse_json
 from memplan.errors import ConfigError
 from memplan.serve.bodies import take_fields
 from memplan.serve.isolate import Refusal
@@ -53,14 +54,12 @@ async def json_body(request: Request) -> Any:
                       "content-type", "must be application/json", kind or None)
     raw = await request.body()
     try:
-        return json.loads(raw, object_pairs_hook=_unique, parse_constant=_no_constant)
+        return parse_json(raw.decode("utf-8"), field="body", object_pairs_hook=_unique, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise Refusal(400, f"body: is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "body",
                       "must be valid JSON") from None
     except UnicodeDecodeError:
         raise Refusal(400, "body: is not UTF-8 text", "body", "must be UTF-8 JSON") from None
-    except RecursionError:
-        raise Refusal(400, "body: is nested too deeply", "body", "must be a shallow JSON object") from None
 
 
 @asynccontextmanager
@@ -114,7 +113,7 @@ def _save(upload: UploadFile, path: Path) -> None:
 def _form_value(key: str, value: str) -> Any:
     if key == "job":
         try:
-            return json.loads(value)
+            return parse_json(value, field="job")
         except json.JSONDecodeError as exc:
             raise ConfigError("job", f"must be a JSON object of job-file fields: {exc.msg} at column {exc.colno}",
                               value[:80]) from None

@@ -4,8 +4,9 @@ Each function makes the request's own folder (for the dialect contents and the u
 body into the library's request (:mod:`memplan.serve.bodies`), and answers with the same function
 the command line uses for ``--json`` — :func:`memplan.documents.estimate_document`,
 :func:`memplan.fit.question.answer`, :meth:`memplan.doctor.DoctorReport.to_json` — under
-:func:`~memplan.serve.guard.read_guard`. They run in a worker thread (estimate) or a child process
-(:mod:`memplan.serve.isolate`: fit, placement, doctor) and raise memplan's own errors, which
+:func:`~memplan.serve.guard.read_guard`. They run in a child process (:mod:`memplan.serve.isolate`),
+killed at the request's time limit — but an estimate of a preset (:func:`preset_only`), bounded by
+construction, runs in a worker thread — and raise memplan's own errors, which
 :func:`~memplan.serve.isolate.refusal_of` turns into 4xx answers.
 """
 
@@ -23,7 +24,8 @@ from memplan.errors import ConfigError
 from memplan.serve.bodies import FIT_FIELDS, job_body, take_fields
 from memplan.serve.guard import allowed_roots, read_guard
 
-__all__ = ["DOCTOR_FIELDS", "PLACE_LIMITS", "doctor_reply", "estimate_reply", "fit_reply", "place_reply"]
+__all__ = ["DOCTOR_FIELDS", "PLACE_LIMITS", "doctor_reply", "estimate_reply", "fit_reply", "place_reply",
+           "preset_only"]
 
 #: The doctor's fields beside the upload (``memplan doctor``'s options), with their types.
 DOCTOR_FIELDS: dict[str, type | tuple[type, ...]] = {"message": str, "job": dict, "gpu": str, "capacity": (str, int),
@@ -68,6 +70,21 @@ def request_folder(upload: Path | None = None) -> Iterator[Folder]:
             yield folder
     finally:
         folder.remove()
+
+
+def preset_only(body: Any) -> bool:
+    """A job body whose model is a shipped preset and which names no file content: its estimate is bounded by
+    construction (the presets' at most 126 layers, flags within the job's limits) and takes milliseconds."""
+    from memplan.model.presets import preset_names
+
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        return False
+    if any(str(key).replace("-", "_") in ("model_config", *_DIALECTS) for key in body):
+        return False
+    return body["model"].strip().lower() in preset_names()
+
+
+_DIALECTS = ("megatron_args", "deepspeed_config", "hf_args", "peft_config", "torchtitan_config")
 
 
 def estimate_reply(body: Any) -> dict[str, Any]:
@@ -160,6 +177,30 @@ def _shared(name: str, raw: Any, folder: Folder) -> Any:
     return SharedJob.from_loaded(name, loaded)
 
 
+def _upload_kind(saved: Path) -> str:
+    """``pickle`` (protocol 2+, a snapshot) or ``trace``; an older pickle (protocol 0 or 1, which
+    ``torch.cuda.memory._dump_snapshot`` never writes) is refused as one, not read as a trace."""
+    import pickletools
+
+    with open(saved, "rb") as handle:
+        if handle.read(1) == b"\x80":
+            return "pickle"
+        handle.seek(0)
+        if handle.read(1) in (b"{", b"\x89", b"\x1f"):  # a JSON-lines trace, a binary trace, gzip
+            return "trace"
+        handle.seek(0)
+        try:  # opcodes are only decoded here, never run; a pickle ends with STOP
+            last = None
+            for last, _arg, _pos in pickletools.genops(handle):
+                pass
+        except Exception:  # noqa: BLE001 - not a pickle: the trace reader names what it is
+            return "trace"
+    if last is not None and last.name == "STOP":
+        raise ConfigError("file", "is a pickle of protocol 0 or 1; a snapshot is the pickle "
+                          "torch.cuda.memory._dump_snapshot writes (protocol 2 or later, starting with byte 0x80)")
+    return "trace"
+
+
 def doctor_reply(fields: dict[str, Any], upload: str | None) -> dict[str, Any]:
     """``POST /v1/doctor``: the document ``memplan doctor --json`` prints. ``fields`` are the form's or
     the JSON body's (:data:`DOCTOR_FIELDS`); ``upload`` the saved snapshot or trace, if any."""
@@ -178,8 +219,7 @@ def doctor_reply(fields: dict[str, Any], upload: str | None) -> dict[str, Any]:
             loaded = load_job(job_body(fields["job"], folder, where="job").request)
         snapshot = trace = None
         if saved is not None:
-            with open(saved, "rb") as handle:
-                pickled = handle.read(1) == b"\x80"
+            pickled = _upload_kind(saved) == "pickle"
             snapshot, trace = (str(saved), None) if pickled else (None, str(saved))
         if message is None and saved is None and loaded is None:
             raise ConfigError("body", "give an OOM message, a snapshot or trace upload, or a job", None)

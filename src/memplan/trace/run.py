@@ -16,8 +16,9 @@ import torch
 
 from memplan.categories import MemoryCategory
 from memplan.errors import UnsupportedError
+from memplan.optimizers import optimizer_kind
+from memplan.optimizers.kind import TraceRequest
 from memplan.policies import ActivationPolicy
-from memplan.trace.bnb_optim import BNB_OPTIMIZERS, BitsAndBytesStandIn
 from memplan.trace.build import TORCH_DTYPES
 from memplan.trace.recorder import HOST, AllocationRecorder
 from memplan.trace.setup import TraceSetup
@@ -82,34 +83,31 @@ def make_batch(vocab_size: int, options: TraceSetup) -> dict[str, torch.Tensor]:
     return batch
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], options: TraceSetup) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable[torch.nn.Parameter] | torch.nn.Module, options: TraceSetup) -> torch.optim.Optimizer:
     """The optimizer of ``options`` over the parameters that train (``requires_grad``, as the Hugging
-    Face Trainer selects them) with the implementation PyTorch picks on ``options.device``.
+    Face Trainer selects them) with the implementation PyTorch picks on ``options.device``, built by the
+    optimizer's registry entry (:mod:`memplan.optimizers`). Pass the module itself when the optimizer
+    chooses parameters by module (GaLore's target modules).
 
     ``--optimizer-in-backward``: one optimizer per parameter stepped by a post-accumulate-grad hook
     (:class:`~memplan.trace.in_backward.InBackwardOptimizer`)."""
-    trained = [p for p in params if p.requires_grad]
+    model = params if isinstance(params, torch.nn.Module) else None
+    trained = [p for p in (model.parameters() if model is not None else params) if p.requires_grad]
     if options.job.optimizer.in_backward:
         from memplan.trace.in_backward import InBackwardOptimizer
 
-        return InBackwardOptimizer(trained, lambda one: _optimizer([one], options))
-    return _optimizer(trained, options)
+        return InBackwardOptimizer(trained, lambda one: _optimizer([one], options, None))
+    return _optimizer(trained, options, model)
 
 
-def _optimizer(params: list[torch.nn.Parameter], options: TraceSetup) -> torch.optim.Optimizer:
-    impl = options.resolved_optimizer_impl
-    kwargs: dict[str, Any] = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-    groups = _groups_by_tensor_type(params)
-    if options.optimizer in ("adamw", "adam"):
-        cls = torch.optim.AdamW if options.optimizer == "adamw" else torch.optim.Adam
-        return cls(groups, lr=_LEARNING_RATE, **kwargs)
-    if options.optimizer in BNB_OPTIMIZERS:
-        return BitsAndBytesStandIn(params, options.optimizer, paged_on_device=options.device == "cuda",
-                                   lr=_LEARNING_RATE)
-    if options.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=_LEARNING_RATE, momentum=options.momentum, **kwargs)
-    raise UnsupportedError("--optimizer adafactor: PyTorch's Adafactor reads its step counter with .item(), "
-                           "which fake tensors cannot answer; trace adamw, adam or sgd (or use memplan estimate)")
+def _optimizer(params: list[torch.nn.Parameter], options: TraceSetup, model: torch.nn.Module | None) -> torch.optim.Optimizer:
+    kind = optimizer_kind(options.optimizer)
+    if kind.build is None:
+        raise UnsupportedError(f"--optimizer {kind.name}: {kind.untraceable}")
+    request = TraceRequest(params=params, groups=_groups_by_tensor_type(params), model=model,
+                           implementation=options.resolved_optimizer_impl, device=options.device,
+                           learning_rate=_LEARNING_RATE, settings=options.job.optimizer)
+    return kind.build(request)
 
 
 def _groups_by_tensor_type(params: Iterable[torch.nn.Parameter]) -> list[dict[str, Any]]:
@@ -136,7 +134,7 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     config: Any = getattr(model, "config", None)
     vocab = int(config.vocab_size)
     batch = make_batch(vocab, options)
-    optimizer = make_optimizer(model.parameters(), options)
+    optimizer = make_optimizer(model, options)
     autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
     if options.job.loss in ("fused-linear", "chunked"):
         from memplan.trace.fused_loss import decoder_call_and_loss
@@ -263,3 +261,13 @@ def _mark_optimizer_state(recorder: AllocationRecorder, optimizer: torch.optim.O
             if isinstance(value, torch.Tensor):
                 on_host = (host_step and key == "step" and value.dim() == 0) or id(value) in outside
                 recorder.mark(local_tensor(value).untyped_storage(), HOST if on_host else state_role)
+            else:  # a helper object's tensors (GaLore's projector keeps its projection matrix)
+                for held in _held_tensors(value):
+                    recorder.mark(local_tensor(held).untyped_storage(), state_role)
+
+
+def _held_tensors(value: object) -> Iterator[torch.Tensor]:
+    """Tensors an object in an optimizer's state holds as attributes (or in a list attribute)."""
+    for attribute in getattr(value, "__dict__", {}).values():
+        items = attribute if isinstance(attribute, (list, tuple)) else [attribute]
+        yield from (item for item in items if isinstance(item, torch.Tensor))

@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args
 from memplan.errors import ConfigError
 from memplan.job import Job, resolved_optimizer_impl
 from memplan.jobflags import build_job, job_flags
+from memplan.optimizers import optimizer_kind
 from memplan.policies import ActivationPolicy, resolve_policy
 from memplan.trace.policies import check_runnable
 
@@ -47,7 +48,7 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"), ("batch", "packing"),
     ("precision", "name"),
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
-    ("optimizer", "in_backward"), ("offload", "activations"),
+    ("optimizer", "in_backward"), ("optimizer", "galore_rank"), ("offload", "activations"),
     ("recompute", "mode"), ("recompute", "reentrant"), ("recompute", "modules"), ("recompute", "method"),
     ("recompute", "num_layers"), ("recompute", "partition_activations"), ("recompute", "cpu_checkpointing"),
     ("recompute", "contiguous_checkpoints"),
@@ -62,13 +63,6 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
 _TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({("parallel", "sequence_parallel"),
                                                                   (None, "torchtitan_model")})
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
-#: Optimizers whose step cannot run on fake tensors, and why.
-_UNTRACEABLE_OPTIMIZERS = {
-    "adafactor": "PyTorch's Adafactor reads its step counter with .item(), which fake tensors cannot answer; "
-                 "memplan trace runs adamw, adam and sgd (memplan estimate prices adafactor)",
-}
-
-
 def _check_in(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(name, f"must be one of {', '.join(choices)}", value)
@@ -188,8 +182,8 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
         raise ConfigError("--gbs", "gradient accumulation is not traced: memplan trace runs one micro-batch per "
                           f"step (leave --gbs out or make it mbs*dp = {job.batch.micro_batch_size * par.data_parallel})",
                           job.batch.global_batch_size)
-    if job.optimizer.name in _UNTRACEABLE_OPTIMIZERS:
-        raise ConfigError("--optimizer", _UNTRACEABLE_OPTIMIZERS[job.optimizer.name], job.optimizer.name)
+    if optimizer_kind(job.optimizer.name).build is None:
+        raise ConfigError("--optimizer", optimizer_kind(job.optimizer.name).untraceable, job.optimizer.name)
     _check_finetune(job)
     if job.loss not in ("auto", "fp32-logits", "fused-linear", "chunked"):
         raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits) or a fused linear "

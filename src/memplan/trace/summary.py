@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from memplan.categories import MemoryCategory
 from memplan.events import ALLOC, PHASES, AllocEvent, Trace
 from memplan.trace.cuda_rounding import cuda_allocated_size
+from memplan.units import natural_key
 
 if TYPE_CHECKING:
     from memplan.trace.reserved import SimulatedReserved
@@ -121,7 +122,7 @@ def summarize(trace: Trace, *, top: int = 10) -> TraceSummary:
         by_category[event.category] += size_of(event.size)
         by_module[event.module or "(top level)"] += size_of(event.size)
     at = trace.events[peak_at] if peak_at >= 0 else AllocEvent(0, ALLOC, 0, 0)
-    modules = sorted(by_module.items(), key=lambda item: (-item[1], item[0]))[: max(top, 0)]
+    modules = sorted(by_module.items(), key=lambda item: (-item[1], natural_key(item[0])))[: max(top, 0)]
     return TraceSummary(
         device=trace.meta.device, peak_allocated_bytes=peak, peak_requested_bytes=peak_requested,
         peak_event_index=at.index, peak_phase=at.phase, peak_iteration=at.iteration, peak_op=at.op,
@@ -143,17 +144,29 @@ def _live_at(events: tuple[AllocEvent, ...], position: int) -> list[AllocEvent]:
 
 
 def timeline(trace: Trace, *, max_points: int = 4000) -> tuple[list[int], dict[str, list[int]]]:
-    """Live bytes per category after each event, sampled to at most ``max_points`` points."""
+    """Live bytes per category after each event, at most about ``max_points`` points: each stretch of
+    events keeps its highest point (the total's maximum and the breakdown there) and the trace's last, so
+    the plot's peak is the summary's peak (:func:`summarize`), not whichever event a stride lands on."""
     size_of = _sizer(trace.meta.device)
-    step = max(1, len(trace.events) // max_points)
+    step = max(1, -(-len(trace.events) // max(1, max_points)))
     current = {c.value: 0 for c in MemoryCategory}
     xs: list[int] = []
     series: dict[str, list[int]] = {c: [] for c in current}
+    total, best, best_at, best_values = 0, -1, -1, dict(current)
+    last = len(trace.events) - 1
     for position, event in enumerate(trace.events):
-        sign = 1 if event.kind == ALLOC else -1
-        current[event.category] += sign * size_of(event.size)
-        if position % step == 0 or position == len(trace.events) - 1:
-            xs.append(position)
-            for name, value in current.items():
+        change = size_of(event.size) if event.kind == ALLOC else -size_of(event.size)
+        current[event.category] += change
+        total += change
+        if total > best:
+            best, best_at, best_values = total, position, dict(current)
+        if position % step == step - 1 or position == last:
+            xs.append(best_at)
+            for name, value in best_values.items():
                 series[name].append(value)
+            if position == last and best_at != last:
+                xs.append(last)
+                for name, value in current.items():
+                    series[name].append(value)
+            best = -1
     return xs, series

@@ -43,8 +43,10 @@ const SCALAR = new Set(["integer", "number", "string", "boolean"]);
 const FILE_FIELDS = ["megatron_args", "deepspeed_config", "hf_args", "peft_config", "torchtitan_config"];
 const isFile = (name, prop) => FILE_FIELDS.includes(name) || !SCALAR.has(prop.type);
 
+/** The field's help without its choices (the select lists them) and its default (the placeholder shows it:
+ * "(default: 1)" beside a typed 8 reads as a contradiction). */
 export function helpText(prop) {
-  return (prop.description || "").replace(/\s*One of: [^.]*\.\s*/, " ").trim();
+  return (prop.description || "").replace(/\s*One of: [^.]*\.\s*/, " ").replace(/\s*\(default: [^)]*\)/, "").trim();
 }
 export function defaultText(prop) {
   const m = /\(default: ([^)]*)\)/.exec(prop.description || "");
@@ -75,6 +77,7 @@ function control(name, prop) {
     input = el("input", { id, type: "text", spellcheck: "false", placeholder: defaultText(prop) || "default" });
   }
   input.dataset.field = name;
+  if (input.placeholder) input.title = input.placeholder;  // a narrow field cuts its placeholder: hover shows it whole
   const hid = id + "-help";
   input.setAttribute("aria-describedby", hid);
   wrap.append(label, input, el("p", { class: "help", id: hid, text: help }));
@@ -103,6 +106,7 @@ export function buildForm(schema) {
     holder.append(details);
   }
   $("#f-gpus").placeholder = defaultText(schema.gpus || {}) || "1";
+  $("#f-gpus").title = "default: " + $("#f-gpus").placeholder;
   $("#f-gpus").setAttribute("aria-describedby", "f-gpus-help");
   $("#gpu-box").append(el("p", { class: "help", id: "f-gpus-help", text: helpText(schema.gpus || {}) }));
 }

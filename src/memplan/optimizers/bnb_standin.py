@@ -1,4 +1,5 @@
-"""Stand-ins for bitsandbytes' optimizers (8-bit, paged, Lion), whose CUDA kernels cannot run on fake tensors.
+"""The tracer's stand-in for bitsandbytes' optimizers (8-bit, paged, Lion), whose CUDA kernels cannot run on fake
+tensors. Imports torch: loaded only by the registry entries' builders (:mod:`memplan.optimizers.bnb`).
 
 :class:`BitsAndBytesStandIn` allocates each parameter's state as ``bitsandbytes.optim.optimizer``
 (0.50) ``Optimizer8bit.init_state`` does, and updates in place as its fused kernels do (no
@@ -21,13 +22,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["BNB_OPTIMIZERS", "BitsAndBytesStandIn"]
+__all__ = ["BitsAndBytesStandIn"]
 
-#: optimizer name → (states per parameter, bits, paged).
-BNB_OPTIMIZERS: dict[str, tuple[int, int, bool]] = {
-    "adam8bit": (2, 8, False), "adamw8bit": (2, 8, False), "paged-adamw8bit": (2, 8, True),
-    "paged-adamw": (2, 32, True), "lion": (1, 32, False), "lion8bit": (1, 8, False), "paged-lion8bit": (1, 8, True),
-}
 #: bitsandbytes ``min_8bit_size``: smaller parameters keep 32-bit states.
 MIN_8BIT_SIZE = 4096
 #: Elements per fp32 absmax of an 8-bit state (``blocksize = 256`` in ``init_state``).
@@ -40,9 +36,12 @@ _QMAP_ENTRIES = 256
 class BitsAndBytesStandIn(torch.optim.Optimizer):
     """What a bitsandbytes optimizer allocates, on fake tensors; the update itself is not computed."""
 
-    def __init__(self, params: Iterable[Any], name: str, *, paged_on_device: bool, lr: float = 1e-4) -> None:
+    def __init__(self, params: Iterable[Any], *, states_per_param: int, bits: int, paged: bool, paged_on_device: bool,
+                 lr: float = 1e-4) -> None:
+        """``states_per_param`` (2: Adam, 1: Lion), ``bits`` (8 or 32) and ``paged``: what the registry entry
+        (:mod:`memplan.optimizers.bnb`) says of the optimizer."""
         super().__init__(params, {"lr": lr})
-        self.states_per_param, self.bits, paged = BNB_OPTIMIZERS[name]
+        self.states_per_param, self.bits = states_per_param, bits
         self.paged = paged and paged_on_device
         #: ids of state tensors in CUDA unified memory (outside PyTorch's allocator).
         self.outside_allocator: set[int] = set()

@@ -1,0 +1,117 @@
+"""The benchmark interleaved step by step: every timed variant takes its step i before any takes step i+1.
+
+On a machine shared with other processes, the load changes from minute to minute: runs made one
+after another (even in a rotated order) see different loads. Here every variant has its own model,
+optimizer and judge in one process, and the variants take turns step by step (the order rotated
+every step), so each step of each variant runs within seconds of the same step of the others; a
+variant's time is the sum of its own steps (memplan's seeding included, run before its first step).
+
+Which static policies are timed is decided first, by memory only: each of ``full``, ``half`` and
+``sac`` takes one training step on the longest batch under the judge; a policy whose peak exceeds
+the budget (2 % slack) cannot be used for this run and is reported as not fitting, not timed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memplan.ckpt.bench import (
+    MEMPLAN,
+    BenchConfig,
+    Run,
+    _Live,
+    _prepare,
+    _RecomputeCounter,
+    _seed,
+    longest_step_peak,
+)
+from memplan.ckpt.bench_meter import StepMeter
+
+__all__ = ["fitting_statics", "run_interleaved"]
+
+
+def fitting_statics(cfg: BenchConfig, init: dict[str, torch.Tensor], longest: torch.Tensor, budget: int,
+                    candidates: Sequence[str]) -> dict[str, int]:
+    """Peak of one step on the longest batch (AdamW moments allocated) for each static candidate."""
+    return {variant: longest_step_peak(variant, cfg, init, longest, budget) for variant in candidates}
+
+
+@dataclass
+class _Lane:
+    """One variant's model, optimizer, judge and what it accumulated."""
+
+    variant: str
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    judge: StepMeter
+    counter: _RecomputeCounter
+    live: _Live = field(default_factory=_Live)
+    seconds: float = 0.0
+    cpu: float = 0.0
+
+
+def _lane(variant: str, cfg: BenchConfig, init: dict[str, torch.Tensor], budget: int) -> _Lane:
+    model = _prepare(variant, cfg, init, budget)
+    return _Lane(variant=variant, model=model, opt=torch.optim.AdamW(model.parameters(), lr=cfg.lr),
+                 judge=StepMeter(), counter=_RecomputeCounter(model))
+
+
+def _timed(lane: _Lane, fn: Callable[[], Any]) -> Any:
+    t0, c0 = time.perf_counter(), time.process_time()
+    with lane.judge:
+        out = fn()
+    lane.seconds += time.perf_counter() - t0
+    lane.cpu += time.process_time() - c0
+    return out
+
+
+def _train_step(lane: _Lane, batch: torch.Tensor) -> None:
+    lane.judge.start(lane.model, lane.opt)
+    lane.judge.peak = lane.judge.live_bytes
+    loss = lane.model(input_ids=batch, labels=batch).loss
+    loss.backward()
+    lane.opt.step()
+    lane.opt.zero_grad(set_to_none=True)
+    lane.live.losses.append(float(loss.detach()))
+    lane.live.peaks.append(lane.judge.peak)
+
+
+def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, torch.Tensor],
+                    batches: Sequence[torch.Tensor], budget: int,
+                    say: Callable[[str], None] = lambda _m: None) -> tuple[Run, ...]:
+    """Every variant in ``variants`` (plain loops: static policies and ``plain``), step by step."""
+    lanes = [_lane(v, cfg, init, budget) for v in variants]
+    for lane in lanes:
+        if lane.variant in MEMPLAN:
+            def seed(lane: _Lane = lane) -> None:
+                lane.judge.start(lane.model, None)
+                _seed(lane.model, cfg, lane.judge, lane.live)
+            _timed(lane, seed)
+    for i, batch in enumerate(batches):
+        order = lanes[i % len(lanes):] + lanes[:i % len(lanes)]
+        for lane in order:
+            _timed(lane, lambda lane=lane: _train_step(lane, batch))
+        if (i + 1) % 6 == 0:
+            say(f"step {i + 1}/{len(batches)}: " + ", ".join(f"{ln.variant} {ln.seconds:.0f} s" for ln in lanes))
+    runs = []
+    for lane in lanes:
+        ctl = getattr(lane.model, "memplan_ckpt", None)
+        stats = ctl.stats() if ctl is not None else None
+        if ctl is not None:
+            ctl.release_meter()
+        runs.append(Run(
+            variant=lane.variant, rep=0, wall_s=lane.seconds, warmup_s=lane.live.warmup_s,
+            tokens=sum(b.numel() for b in batches), losses=tuple(lane.live.losses), peaks=tuple(lane.live.peaks),
+            warmup_peak=lane.live.warmup_peak, recomputed_forwards=lane.counter.backward,
+            probe_forwards=stats.probe_forwards if stats else 0, sheltered_steps=stats.sheltered_steps if stats else 0,
+            misses=stats.misses if stats else 0, optimizer_states=stats.optimizer_states if stats else "",
+            cpu_s=lane.cpu, seed_s=lane.live.seed_s, seed_cpu_s=lane.live.seed_cpu_s,
+            selective_forwards=stats.selective_forwards if stats else 0,
+        ))
+    return tuple(runs)
+

@@ -1,0 +1,106 @@
+"""Per-block op-level predictors: forward seconds from FLOPs, selective-checkpoint levels, offload.
+
+Seeded from a fake step's per-op profile (:mod:`memplan.ckpt.opprofile`) at a few sizes, before
+training: for each block, the roofline seconds of its forward, and for each selective level the
+bytes it would hold and the roofline seconds it would recompute — each a :class:`SizeSeries`. Real
+steps correct them: every plain block forward measured gives one ratio *measured / roofline*, and
+the median of the recent ratios rescales every predicted second (one factor per model: the ops'
+relative costs come from the profile, their absolute level from the machine); a selectively
+checkpointed block's measured held bytes are added to its level's series (keep the largest).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from memplan.ckpt.offload import offload_seconds
+from memplan.ckpt.opprofile import OpRecord, Roofline, SacLevel, level_bytes_and_seconds
+from memplan.ckpt.planner import BlockOption
+from memplan.ckpt.predictor import SizeSeries
+
+__all__ = ["OpCosts", "SAC_OVERHEAD_S_PER_OP"]
+
+#: Roofline seconds per op that selective checkpointing's two dispatch modes add (Python, per op).
+SAC_OVERHEAD_S_PER_OP = 4e-5
+#: Measured / predicted ratios kept for the time scale.
+_RATIOS_KEPT = 32
+
+
+@dataclass(kw_only=True)
+class _BlockOps:
+    levels: tuple[SacLevel, ...]
+    n_ops: int
+    forward_s: SizeSeries = field(default_factory=lambda: SizeSeries(keep="max"))
+    sac_s: list[SizeSeries] = field(default_factory=list)
+    sac_kept: list[SizeSeries] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class OpCosts:
+    """Op-level predictors of every profiled block (see the module docstring)."""
+
+    roof: Roofline
+    device: torch.device
+    blocks: dict[int, _BlockOps] = field(default_factory=dict)
+    ratios: list[float] = field(default_factory=list)
+
+    @property
+    def scale(self) -> float:
+        """Measured seconds per roofline second (1.0 before any real block forward)."""
+        return statistics.median(self.ratios) if self.ratios else 1.0
+
+    def add_profile(self, j: int, size: int, ops: Sequence[OpRecord], levels: tuple[SacLevel, ...]) -> None:
+        """Record block ``j``'s per-op profile at ``size``; ``levels`` fixes its selective levels."""
+        b = self.blocks.get(j)
+        if b is None or [lv.keys for lv in b.levels] != [lv.keys for lv in levels]:
+            b = self.blocks[j] = _BlockOps(levels=levels, n_ops=len(ops),
+                                           sac_s=[SizeSeries(keep="max") for _ in levels],
+                                           sac_kept=[SizeSeries(keep="max") for _ in levels])
+        b.forward_s.add(size, sum(self.roof.seconds(op) for op in ops))
+        for k, level in enumerate(levels):
+            held, seconds = level_bytes_and_seconds(ops, level, self.roof)
+            b.sac_kept[k].add(size, held)
+            b.sac_s[k].add(size, seconds + SAC_OVERHEAD_S_PER_OP * 2 * len(ops))
+
+    def has(self, j: int) -> bool:
+        return j in self.blocks
+
+    def forward_s(self, j: int, size: int) -> float:
+        """Predicted seconds of block ``j``'s forward at ``size`` (rescaled by measured times)."""
+        return self.scale * self.blocks[j].forward_s(size)
+
+    def level(self, j: int, k: int) -> SacLevel:
+        return self.blocks[j].levels[k]
+
+    def options(self, j: int, size: int, act_bytes: int) -> tuple[BlockOption, ...]:
+        """Block ``j``'s options beyond keep / full checkpoint at ``size``: selective levels, offload."""
+        b = self.blocks.get(j)
+        if b is None:
+            return ()
+        out = [BlockOption(mode=f"sac{k}", kept_bytes=int(b.sac_kept[k](size)), cost_s=self.scale * b.sac_s[k](size),
+                           recomputes=True) for k in range(len(b.levels))]
+        # a level no cheaper in bytes than keeping the block is no option
+        out = [o for o in out if o.kept_bytes < act_bytes]
+        offload = offload_seconds(self.device, act_bytes, self.forward_s(j, size))
+        if offload is not None:
+            out.append(BlockOption(mode="offload", kept_bytes=0, cost_s=offload, recomputes=False))
+        return tuple(out)
+
+    def observe_forward(self, j: int, size: int, seconds: float) -> None:
+        """A real plain forward of block ``j`` took ``seconds``: one more ratio for the time scale."""
+        b = self.blocks.get(j)
+        if b is None or seconds <= 0:
+            return
+        predicted = b.forward_s(size)
+        if predicted > 0:
+            self.ratios.append(seconds / predicted)
+            del self.ratios[:-_RATIOS_KEPT]
+
+    def observe_held(self, j: int, k: int, size: int, held: int) -> bool:
+        """A real selective level ``k`` of block ``j`` held ``held`` bytes; True when the fit changed."""
+        b = self.blocks.get(j)
+        return b is not None and k < len(b.sac_kept) and b.sac_kept[k].add(size, held)

@@ -1,0 +1,111 @@
+"""``--emit hf|trl|torchtune FILE``: the chosen setting written as the trainer's own configuration.
+
+* ``hf``: a ``TrainingArguments`` JSON (``TrainingArguments(**json.load(f))``): micro-batch,
+  accumulation, gradient checkpointing, the sampler (``train_sampling_strategy``), seed, drop_last,
+  epochs. The truncation length is the tokenizer's (``tokenizer(..., truncation=True, max_length=N)``),
+  not a TrainingArguments field: it is listed in the command's output, not in the file.
+* ``trl``: an ``SFTConfig`` JSON (``SFTConfig(**json.load(f))``): the above plus ``max_length``,
+  ``packing``/``packing_strategy``, ``padding_free`` and ``shuffle_dataset``.
+* ``torchtune``: a YAML of recipe overrides with the keys of torchtune's own recipe configs
+  (``batch_size``, ``gradient_accumulation_steps``, ``epochs``, ``enable_activation_checkpointing``,
+  ``shuffle``, ``seed``, ``dataset.packed``, ``tokenizer.max_seq_len``), merged into a recipe config
+  with ``tune run ... --config base.yaml`` plus these keys as overrides. torchtune's own parser
+  (``torchtune.config``) needs torchao and omegaconf, not installed here: the tests check the keys
+  against the recipe configs torchtune ships.
+
+Files are written atomically (a temporary file renamed over the target).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from memplan.dataset.search import Setting
+from memplan.errors import ConfigError
+
+__all__ = ["EMITTERS", "emit_config"]
+
+EMITTERS = ("hf", "trl", "torchtune")
+#: memplan's optimizer names -> TrainingArguments.optim (transformers' OptimizerNames).
+_HF_OPTIM = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit", "paged-adamw8bit": "paged_adamw_8bit",
+             "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit", "lion8bit": "lion_8bit"}
+
+
+def emit_config(kind: str, setting: Setting, path: str) -> dict[str, Any]:
+    """Write ``setting`` as ``kind``'s configuration at ``path``; return what was written."""
+    if kind not in EMITTERS:
+        raise ConfigError("--emit", f"must be one of {', '.join(EMITTERS)}", kind)
+    family = "trl" if setting.batching.rule.startswith("trl") else (
+        "torchtune" if setting.batching.rule.startswith("torchtune") else "hf")
+    if family != kind and not (kind == "trl" and family == "hf" and not setting.batching.group_by_length):
+        raise ConfigError("--emit", f"the chosen setting uses --batching {setting.batching.rule}; emit it as "
+                          f"{family}, or search with --batching of the {kind} family", kind)
+    data = _torchtune(setting) if kind == "torchtune" else _hf(setting, sft=kind == "trl")
+    text = json.dumps(data, indent=2) + "\n" if kind != "torchtune" else _yaml(data)
+    _write_atomic(Path(path).expanduser(), text)
+    return data
+
+
+def _hf(setting: Setting, *, sft: bool) -> dict[str, Any]:
+    b = setting.batching
+    data: dict[str, Any] = {
+        "output_dir": "output",
+        "per_device_train_batch_size": b.micro_batch_size,
+        "gradient_accumulation_steps": setting.gradient_accumulation_steps,
+        "gradient_checkpointing": setting.recompute == "full",
+        "num_train_epochs": b.epochs,
+        "seed": b.seed,
+        "dataloader_drop_last": b.drop_last,
+        "train_sampling_strategy": "group_by_length" if b.group_by_length else "random",
+    }
+    if b.data_seed is not None:
+        data["data_seed"] = b.data_seed
+    if setting.optimizer in _HF_OPTIM:
+        data["optim"] = _HF_OPTIM[setting.optimizer]
+    if sft:
+        data.update({"max_length": b.max_length, "packing": b.rule == "trl-packing",
+                     "padding_free": b.rule == "trl-padding-free", "shuffle_dataset": b.shuffle_dataset})
+        if b.rule == "trl-packing":
+            data["packing_strategy"] = b.packing_strategy
+            data["max_length"] = b.effective_max_length
+        if b.pad_to_multiple_of:
+            data["pad_to_multiple_of"] = b.pad_to_multiple_of
+    return data
+
+
+def _torchtune(setting: Setting) -> dict[str, Any]:
+    b = setting.batching
+    return {
+        "batch_size": b.micro_batch_size,
+        "gradient_accumulation_steps": setting.gradient_accumulation_steps,
+        "epochs": b.epochs,
+        "enable_activation_checkpointing": setting.recompute == "full",
+        "shuffle": True,
+        "seed": b.seed,
+        "dataset": {"packed": b.rule == "torchtune-packing"},
+        "tokenizer": {"max_seq_len": b.max_length},
+        **({"optimizer": {"_component_": "bitsandbytes.optim.AdamW8bit"}} if setting.optimizer == "adamw8bit" else {}),
+    }
+
+
+def _yaml(data: dict[str, Any]) -> str:
+    import yaml
+
+    header = "# memplan fit --emit torchtune: overrides for a torchtune recipe config\n"
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def _write_atomic(target: Path, text: str) -> None:
+    handle, partial = tempfile.mkstemp(dir=target.parent, suffix=".partial")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(partial, 0o644)
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
