@@ -471,3 +471,19 @@ def test_a_job_file_and_a_flag_that_contradict_name_both(tmp_path: Path) -> None
     result = invoke("estimate", "--job", str(job), "--zero", "2")
     assert result.exit_code == 2
     assert f"{job}: fsdp: cannot be combined with --zero 2" in result.output
+
+
+def test_uneven_virtual_stages_from_flags() -> None:
+    """126 layers on pp 8 x vpp 2: torchtitan's split from flags, an explicit list for Megatron,
+    and one line naming the rule where the split is impossible."""
+    titan = estimate_json("llama-3.1-405b", "--framework", "torchtitan", "--gpus", "8", "--pp", "8", "--vpp", "2")
+    assert [s["layers"] for s in titan["stages"]] == [15] + [16] * 6 + [15]
+    _assert_one_line_error(invoke("estimate", "llama-3.1-405b", "--framework", "megatron", "--gpus", "8", "--pp", "8",
+                                  "--vpp", "2"), "--stage-layers")
+    listed = estimate_json("llama-3.1-405b", "--framework", "megatron", "--gpus", "8", "--pp", "8",
+                           "--stage-layers", ",".join(["7"] + ["8"] * 14 + ["7"]))
+    assert [s["layers"] for s in listed["stages"]] == [15] + [16] * 6 + [15]
+    _assert_one_line_error(invoke("estimate", "llama-3.1-405b", "--framework", "torchtitan", "--gpus", "64",
+                                  "--pp", "64", "--vpp", "4"), "torchtitan's split")
+    _assert_one_line_error(invoke("estimate", "llama-3.1-405b", "--gpus", "8", "--pp", "8", "--stage-layers",
+                                  "60,60,6"), "--stage-layers")

@@ -31,6 +31,7 @@ AttentionImpl = Literal["flash", "sdpa", "eager"]
 LossImpl = Literal["auto", "fp32-logits", "vocab-parallel", "fused", "chunked", "fused-linear"]
 PeftMethod = Literal["none", "lora", "dora"]
 QuantizeBase = Literal["none", "nf4", "fp4", "int8"]
+AdapterDtype = Literal["auto", "fp32", "bf16", "fp16"]
 FrameworkName = Literal["megatron", "torchtitan", "deepspeed", "hf"]
 FsdpMode = Literal["none", "full", "hybrid"]
 Fp8Format = Literal["hybrid", "e4m3"]
@@ -79,6 +80,18 @@ def _module_names(flag: str, text: str, known: tuple[str, ...], refused: dict[st
     return names
 
 
+def _int_list(name: str, value: object) -> tuple[int, ...]:
+    """A comma list (``"7,8,8"``) or a sequence of integers as a tuple; anything else names ``name``."""
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",")]
+        if not all(part.lstrip("-").isdigit() for part in parts):
+            raise JobConfigError(name, "must be a comma list of integers", value)
+        return tuple(int(part) for part in parts)
+    if isinstance(value, (tuple, list)):
+        return tuple(value)
+    raise JobConfigError(name, "must be a comma list of integers", value)
+
+
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise JobConfigError(name, f"must be one of {', '.join(choices)}", value)
@@ -110,9 +123,13 @@ class Parallelism:
     #: (Megatron ``--microbatch-group-size-per-virtual-pipeline-stage``); None means ``pp``.
     microbatch_group_size: int | None = None
     #: Decoder layers of every model chunk in model order, ``pp * vpp`` entries (chunk ``k`` runs
-    #: on pipeline rank ``k % pp``): Megatron's ``--pipeline-model-parallel-layout``. Overrides
-    #: the even split and ``first/last_stage_layers``; ``vpp`` is ``len / pp``.
-    chunk_layers: tuple[int, ...] | None = None
+    #: on pipeline rank ``k % pp``); also what Megatron's ``--pipeline-model-parallel-layout`` and a
+    #: torchtitan TOML's split give. Overrides the framework's split and ``first/last_stage_layers``;
+    #: ``vpp`` is ``len / pp``. Given as a comma list (``"7,8,8"``) or a sequence of integers.
+    chunk_layers: tuple[int, ...] | None = knob(
+        None, "--stage-layers", "Decoder layers of every pipeline stage (model chunk) in model order, a comma list "
+        "of pp*vpp counts: chunk k runs on pipeline rank k % pp, and vpp is the count / pp. (default: the "
+        "framework's split)", panel=PARALLEL, metavar="N,N,...")
 
     def __post_init__(self) -> None:
         _check_int("--gpus", self.world_size)
@@ -151,14 +168,14 @@ class Parallelism:
             self._check_chunk_layers()
 
     def _check_chunk_layers(self) -> None:
-        chunks = tuple(self.chunk_layers or ())
+        chunks = _int_list("--stage-layers", self.chunk_layers)
         if not chunks or len(chunks) % self.pp:
             raise JobConfigError(
-                "--pipeline-layout", f"must list a layer count for each of pp*vpp chunks (a multiple of pp={self.pp})",
-                len(chunks),
+                "--stage-layers", f"must list a layer count for each of pp*vpp chunks (a multiple of pp={self.pp})",
+                ",".join(map(str, chunks)),
             )
         for count in chunks:
-            _check_int("--pipeline-layout", count, minimum=0)
+            _check_int("--stage-layers", count, minimum=0)
         vpp = len(chunks) // self.pp
         if self.vpp not in (1, vpp):
             raise JobConfigError("--vpp", f"contradicts the pipeline layout's {len(chunks)} chunks over pp={self.pp}", self.vpp)
@@ -726,10 +743,18 @@ class FineTuning:
     #: fp32 master; ``fp32`` keeps them as full fine-tuning under ``*-mixed`` would.
     frozen_dtype: str | None = knob(None, "--frozen-dtype", "dtype of frozen, unquantized weights. (default: the "
                                     "compute dtype, as a base loaded with torch_dtype=bfloat16)", panel=FINETUNE)
+    #: ``auto``: the framework's (its profile's ``adapter_dtype``): fp32 as peft's
+    #: ``get_peft_model(autocast_adapter_dtype=True)`` upcasts 16-bit adapters; ``bf16`` is what torchtune
+    #: keeps and what peft keeps with ``autocast_adapter_dtype=False`` on a bf16 base.
+    adapter_dtype: AdapterDtype = knob("auto", "--adapter-dtype", "dtype of the adapters (lora_A/B, DoRA "
+                                       "magnitudes): their weights, gradients, optimizer states and the "
+                                       "activations they compute. auto: the framework's (fp32, peft's "
+                                       "autocast_adapter_dtype=True).", panel=FINETUNE)
 
     def __post_init__(self) -> None:
         _check_choice("--peft", self.peft, get_args(PeftMethod))
         _check_choice("--quantize-base", self.quantize_base, get_args(QuantizeBase))
+        _check_choice("--adapter-dtype", self.adapter_dtype, get_args(AdapterDtype))
         _check_int("--lora-rank", self.lora_rank, maximum=1_000_000)
         if not isinstance(self.lora_alpha, (int, float)) or isinstance(self.lora_alpha, bool) or self.lora_alpha <= 0:
             raise JobConfigError("--lora-alpha", "must be a positive number", self.lora_alpha)
@@ -972,6 +997,12 @@ def resolved_optimizer_impl(job: Job) -> str:
     for ``auto`` — the one rule every engine uses."""
     impl = job.optimizer.implementation
     return impl if impl != "auto" else get_profile(job.framework).default_optimizer_impl
+
+
+def resolved_adapter_dtype(job: Job) -> str:
+    """The adapters' dtype: ``--adapter-dtype``, or the job's framework default for ``auto``."""
+    dtype = job.finetune.adapter_dtype
+    return dtype if dtype != "auto" else get_profile(job.framework).adapter_dtype
 
 
 def resolved_loss(job: Job) -> str:

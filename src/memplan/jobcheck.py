@@ -11,6 +11,7 @@ from memplan.job import Job, default_uneven_split
 from memplan.model.spec import ModelSpec
 from memplan.peft.checks import check_finetune_names
 from memplan.profiles import get_profile
+from memplan.profiles.pipeline_split import rule_chunk_layers
 
 __all__ = ["check_recompute_modules", "check_seq_positions", "validate_job_for_model"]
 
@@ -37,7 +38,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
     if par.chunk_layers is not None:
         if sum(par.chunk_layers) != model.num_layers:
             raise JobConfigError(
-                "--pipeline-layout",
+                "--stage-layers",
                 f"the chunks' layer counts must add up to the model's {model.num_layers} layers",
                 "+".join(map(str, par.chunk_layers)),
             )
@@ -52,11 +53,13 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
                 f"{inner} other pipeline stages x vpp={par.vpp}",
                 (par.first_stage_layers, par.last_stage_layers),
             )
+    elif rule_chunk_layers(get_profile(job.framework).pipeline_split, model.num_layers, par.pp, par.vpp):
+        pass  # the framework's own split (it raises where that is impossible)
     elif model.num_layers % chunks and (par.vpp > 1 or default_uneven_split(model.num_layers, par.pp) is None):
         raise JobConfigError(
             "--pp",
             f"pp*vpp = {chunks} must divide the number of layers ({model.num_layers}); "
-            "or give --first-stage-layers/--last-stage-layers for an uneven split",
+            "or give --first-stage-layers/--last-stage-layers or --stage-layers for an uneven split",
             par.pp,
         )
     if par.ep > 1 and not model.is_moe:

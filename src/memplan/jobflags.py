@@ -85,6 +85,8 @@ def _kind(hint: Any) -> tuple[type, tuple[str, ...] | None]:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is Literal:
         return str, tuple(typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:  # a list of integers, typed as a comma list
+        return str, None
     if args and typing.get_origin(hint) is not Literal and len(args) == 1:
         return _kind(args[0])
     if isinstance(hint, type):
@@ -195,7 +197,7 @@ def flag_values(job: Job, *, changed_only: bool = True) -> dict[str, Any]:
             continue
         if changed_only and flag.name != "gpus" and value == flag.read(default):
             continue
-        out[flag.name] = value
+        out[flag.name] = ",".join(map(str, value)) if isinstance(value, tuple) else value
     return out
 
 

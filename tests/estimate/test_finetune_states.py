@@ -80,3 +80,26 @@ def test_categories_add_up_to_the_peak(quantize: str) -> None:
         assert sum(stage.by_category().values()) == stage.peak_allocated_bytes
     data = est.to_dict()
     assert isinstance(data["trainable_params"], int) and isinstance(data["frozen_params"], int)
+
+
+@pytest.mark.parametrize("quantize", ["none", "nf4"])
+def test_offloaded_params_take_the_frozen_base_to_cpu_memory(quantize: str) -> None:
+    """--offload-params with adapters (FSDP CPU offload / ZeRO-3 offload_param move every sharded weight,
+    the frozen or quantized base included) and --offload-optimizer move what they say, not nothing."""
+    from dataclasses import replace
+
+    from memplan.job import Offload, Parallelism, Sharding
+
+    model = load_model("llama-3.1-8b")
+    base = Job(parallel=Parallelism(world_size=8), sharding=Sharding(fsdp="full"),
+               finetune=FineTuning(peft="lora", quantize_base=quantize))
+    kept = estimate(model, base).stages[0]
+    params = estimate(model, replace(base, offload=Offload(params=True))).stages[0]
+    assert kept.parameters_bytes > 0 and params.parameters_bytes == 0
+    assert params.cpu_parameters_bytes == kept.parameters_bytes
+    assert params.optimizer_bytes == 0 and params.cpu_optimizer_bytes > 0  # FSDP's policy moves the step too
+    optimizer = estimate(model, replace(base, offload=Offload(optimizer=True))).stages[0]
+    assert optimizer.parameters_bytes == kept.parameters_bytes
+    assert optimizer.optimizer_bytes == 0 and optimizer.cpu_optimizer_bytes == kept.optimizer_bytes > 0
+    zero3 = replace(base, framework="deepspeed", sharding=Sharding(zero=3), offload=Offload(params=True))
+    assert estimate(model, zero3).stages[0].cpu_parameters_bytes > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.estimate.layout import pipeline_layout, stage_layer_counts
+from memplan.errors import JobConfigError
 from memplan.job import Parallelism
 
 
@@ -150,3 +151,27 @@ def test_korthikanti_first_stage_holds_whole_model_worth() -> None:
     """1F1B with m >= pp: the first stage keeps pp micro-batches of L/pp layers = L layers."""
     stage = pipeline_layout(128, _par(64), num_microbatches=256)[0]
     assert stage.num_layers * stage.inflight_microbatches == 128
+
+
+def test_torchtitan_rule_splits_126_layers_over_pp8_vpp2_like_torchtitan() -> None:
+    """torchtitan's generate_llm_fqn_per_model_part: embedding and output count as a layer each."""
+    par = Parallelism(world_size=8, pp=8, vpp=2)
+    stages = pipeline_layout(126, par, num_microbatches=16, split_rule="embedding-output-weighted")
+    chunks = [len(s.chunks[v]) for v in range(2) for s in stages]  # model order: chunk v * pp + rank
+    assert chunks == [7] + [8] * 14 + [7]
+    assert [len(s.chunks[0]) for s in stages][:2] == [7, 8] and [len(c) for c in stages[-1].chunks] == [8, 7]
+    assert stage_layer_counts(32, _par(4), "embedding-output-weighted") == (8, 9, 8, 7)
+    # the even rule still refuses what it cannot split; the same job given the list is accepted
+    assert stage_layer_counts(126, Parallelism(world_size=8, pp=8, chunk_layers="7," + "8," * 14 + "7")) == (15,) + (16,) * 6 + (15,)
+
+
+def test_impossible_framework_split_is_one_line_naming_the_rule() -> None:
+    with pytest.raises(JobConfigError, match="torchtitan's split .* cannot split 10 layers over pp\\*vpp = 16"):
+        pipeline_layout(10, _par(8, 2), num_microbatches=8, split_rule="embedding-output-weighted")
+
+
+@pytest.mark.parametrize(("value", "rule"), [("7,x", "comma list of integers"), ("7,8,8", "a multiple of pp=8"),
+                                             ("7,-1," + "8," * 13 + "8", "at least 0")])
+def test_stage_layers_refusals(value: str, rule: str) -> None:
+    with pytest.raises(JobConfigError, match=rule):
+        Parallelism(world_size=8, pp=8, chunk_layers=value)

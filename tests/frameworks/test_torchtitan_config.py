@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +302,38 @@ def test_extraction_script_walks_nested_dataclasses_and_flavor_dicts() -> None:
         ("training.names", ["output"])]
     flavor_source = "__all__ = ['x']\nargs = {'debugmodel': Args(dim=4), '8B': Args(dim=8)}\n"
     assert tool._flavors(flavor_source) == ["debugmodel", "8B"]
+
+
+def test_flags_split_the_pipeline_as_the_toml_does(tmp_path: Path) -> None:
+    """Same job, same answer: --framework torchtitan --pp 4 --vpp 2 from flags prices torchtitan's own
+    split (the profile's rule), which is what the TOML reader gives."""
+    from memplan.estimate import estimate
+
+    body = ('[parallelism]\npipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+            "data_parallel_shard_degree = 2\n")
+    loaded = _job(tmp_path, body, gpus=8)
+    flags = replace(loaded.job, parallel=replace(loaded.job.parallel, chunk_layers=None, vpp=2))
+    toml_est, flags_est = estimate(loaded.model, loaded.job), estimate(loaded.model, flags)
+    assert [s.layers for s in toml_est.stages] == [s.layers for s in flags_est.stages] == [8, 9, 8, 7]
+    assert toml_est.peak_allocated_bytes == flags_est.peak_allocated_bytes
+
+
+def test_the_pp_reshard_default_is_reported_from_flags_and_once_from_a_toml(tmp_path: Path) -> None:
+    """torchtitan keeps blocks unsharded under PP by default: reported when the job comes from flags,
+    reported once (the TOML reader's line) when a TOML says default, and not when it says always."""
+    from memplan.estimate import estimate
+    from memplan.job import Job, Parallelism, Sharding
+    from memplan.model import load_preset
+
+    model = load_preset("llama-3.1-8b")
+    flags = Job(framework="torchtitan", parallel=Parallelism(world_size=64, pp=8), sharding=Sharding(fsdp="full"))
+    lines = estimate(model, flags).unmodelled_settings
+    assert len(lines) == 1 and lines[0].startswith("--framework torchtitan parallelism.fsdp_reshard_after_forward")
+    assert estimate(model, replace(flags, parallel=Parallelism(world_size=8))).unmodelled_settings == ()
+    for value, count in (("default", 1), ("always", 0)):
+        body = (f'[parallelism]\npipeline_parallel_degree = 2\ndata_parallel_shard_degree = 4\n'
+                f'fsdp_reshard_after_forward = "{value}"\n')
+        loaded = _job(tmp_path, body, gpus=8)
+        found = [s for s in estimate(loaded.model, loaded.job, settings=loaded.settings).unmodelled_settings
+                 if "fsdp_reshard_after_forward" in s]
+        assert len(found) == count and all(s.startswith("--torchtitan-config") for s in found)

@@ -68,6 +68,27 @@ def test_the_frozen_base_is_in_the_frozen_dtype(tiny_llama: str) -> None:
     assert fp32.max_requested_by_category["parameter"] == 4 * frozen + adapters
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_adapter_dtype_is_traced_and_priced_alike(tiny_llama: str, dtype: str) -> None:
+    """--adapter-dtype casts the real peft adapters; their weights, gradients and AdamW moments are in
+    that dtype, and the estimator prices the same bytes."""
+    from memplan.estimate import estimate
+    from memplan.inputs import JobRequest, load_job
+
+    traced = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", adapter_dtype=dtype).summary
+    size = 2 if dtype == "bf16" else 4
+    trainable, frozen = traced.trainable_params or 0, traced.frozen_params or 0
+    assert traced.max_requested_by_category["parameter"] == 2 * frozen + size * trainable
+    assert traced.max_requested_by_category["gradient"] == size * trainable
+    states = traced.max_requested_by_category["optimizer_state"]
+    assert 2 * size * trainable <= states <= 2 * size * trainable + 4 * 64
+    loaded = load_job(JobRequest(model=tiny_llama, flags={"peft": "lora", "adapter_dtype": dtype, "seq": SEQ,
+                                                          "mbs": 1, "framework": "hf"}))
+    stage = estimate(loaded.model, loaded.job).stages[0]
+    assert stage.gradients_bytes == size * trainable
+    assert stage.parameters_bytes == 2 * frozen + size * trainable
+
+
 def test_trainable_modules_without_peft(tiny_llama: str) -> None:
     summary = trace(tiny_llama, seq=SEQ, mbs=1, trainable="layers.1,norm").summary
     layer = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384 + 2 * 128  # q,o + k,v (GQA: half) + MLP + two norms
@@ -302,7 +323,8 @@ def test_paged_states_of_large_parameters_are_outside_the_device_total(tiny_llam
 
 # ------------------------------------------------------------------ against a real peft step on CPU
 @pytest.mark.parametrize("flags", [{"peft": "lora"}, {"peft": "dora", "lora_targets": "q_proj,v_proj,o_proj"},
-                                   {"peft": "lora", "recompute": "full"}], ids=["lora", "dora", "lora-recompute"])
+                                   {"peft": "lora", "recompute": "full"}, {"peft": "lora", "adapter_dtype": "bf16"}],
+                         ids=["lora", "dora", "lora-recompute", "lora-bf16-adapters"])
 def test_cpu_trace_peak_matches_a_real_peft_step(tiny_llama: str, flags: dict[str, object]) -> None:
     """The same LoRA step on real CPU tensors — transformers model loaded in bf16, wrapped by peft
     directly (not through memplan's fine-tuning code) — measured by the profiler's memory timeline."""
@@ -322,7 +344,9 @@ def test_cpu_trace_peak_matches_a_real_peft_step(tiny_llama: str, flags: dict[st
     finetune = options.job.finetune
     model = peft.get_peft_model(model, peft.LoraConfig(
         r=finetune.lora_rank, lora_alpha=finetune.lora_alpha, target_modules=list(finetune.target_names or ()),
-        use_dora=finetune.peft == "dora")).train()
+        use_dora=finetune.peft == "dora"),
+        # bf16 adapters: peft leaves them in the bf16 base's dtype without its fp32 upcast
+        autocast_adapter_dtype=finetune.adapter_dtype != "bf16").train()
     apply_recompute(model, options.policy)
     job = hf_step_job(model, options)
     measured = profiler_peak_bytes(lambda: run_iterations(job, options.iterations))

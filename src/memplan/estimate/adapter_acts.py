@@ -22,7 +22,8 @@ from __future__ import annotations
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, NORM_COMPUTE_BYTES, ActivationShape, Term
 from memplan.peft.params import Adapter
 
-#: Adapter weights' dtype (peft ``autocast_adapter_dtype=True``).
+#: Adapter weights' bytes per element by default (fp32: peft ``autocast_adapter_dtype=True``); a job's own
+#: comes from ``--adapter-dtype`` (:func:`memplan.estimate.finetune.adapter_bytes`).
 ADAPTER_BYTES = 4
 
 
@@ -51,7 +52,7 @@ def _shared_input(name: str, module: str, attention: str) -> str | None:
 
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
                   compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False,
-                  base_keeps_input: bool = False) -> list[Term]:
+                  base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
     ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
@@ -61,10 +62,12 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     without the fp32 cast, so ``lora_A`` saves the 16-bit input itself, one tensor for the adapters
     that read the same input (q/k/v, gate/up). ``base_keeps_input`` (with ``uncast_input``): the
     base layer saves that very input already (bitsandbytes' 8-bit matmul), so ``lora_A`` adds nothing.
+    ``adapter_bytes``: the adapters' dtype (``--adapter-dtype``); under autocast 16-bit adapters in the
+    compute dtype need no weight copy (autocast returns a weight already in its dtype as is).
     """
     tokens = shape.seq * shape.micro_batch
     terms: list[Term] = []
-    lora_bytes = compute_bytes if autocast else ADAPTER_BYTES
+    lora_bytes = compute_bytes if autocast else adapter_bytes
     shared: set[str] = set()
     for a in adapters:
         if a.experts > 1 or m_is_parameter(a):
@@ -76,7 +79,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
         if uncast_input and not dropout and base_keeps_input and grad_in:
             pass  # the base layer's saved input is lora_A's input
         elif group is None:
-            terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'fp32 copy'})",
+            terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'adapter-dtype copy'})",
                               lora_bytes * tokens * m.in_features, "rep", "body"))
         elif group and group not in shared:
             shared.add(group)
@@ -84,7 +87,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
         if dropout and grad_in:
             terms.append(Term(f"{name} lora dropout mask", DROPOUT_MASK_BYTES * tokens * m.in_features, "rep", "body"))
         terms.append(Term(f"{name} lora_B input (lora_A output)", lora_bytes * tokens * r, "rep", "body"))
-        if autocast:
+        if autocast and adapter_bytes != compute_bytes:
             # lora_B's copy is always kept (lora_A's output requires grad); lora_A's only when its input does.
             copies = r * m.out_features + (r * m.in_features if grad_in else 0)
             terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies", compute_bytes * copies, "rep", "body"))
@@ -94,7 +97,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             # recomputes the base product on the dropped-out input (``F.linear(x, W.to(x.dtype))``): its
             # result is in the adapter dtype without autocast, and the linear keeps the cast weight.
             scales = 3 if grad_in else 2
-            base_bytes = ADAPTER_BYTES if dropout and not autocast else compute_bytes
+            base_bytes = adapter_bytes if dropout and not autocast else compute_bytes
             terms.append(Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"))
             terms.append(Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
                               (base_bytes + lora_bytes) * tokens * m.out_features, "rep", "body"))
@@ -106,7 +109,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
 
 
 def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, compute_bytes: int,
-                           base_bytes: int) -> int:
+                           base_bytes: int, adapter_bytes: int = ADAPTER_BYTES) -> int:
     """Peak of the temporaries peft's DoRA forward allocates for the largest adapted linear of a layer.
 
     ``DoraLinearLayer.forward`` (peft ``tuners/lora/dora.py``) rebuilds the adapted weight on every
@@ -118,14 +121,14 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
     dequantized to the compute dtype first).
     """
     worst = 0
-    x_bytes = ADAPTER_BYTES  # peft casts the input to the adapters' fp32
+    x_bytes = adapter_bytes  # peft casts the input to the adapters' dtype
     for a in adapters:
         if not a.dora or a.experts > 1 or m_is_parameter(a):
             continue
         i, o = a.module.in_features, a.module.out_features
-        eye, eye_copy = ADAPTER_BYTES * i * i, (compute_bytes * i * i if autocast else 0)
-        kept_eye = eye_copy if autocast else eye
-        product = (compute_bytes if autocast else ADAPTER_BYTES) * i * o
+        eye, eye_copy = adapter_bytes * i * i, (compute_bytes * i * i if autocast and compute_bytes != adapter_bytes else 0)
+        kept_eye = eye_copy or eye
+        product = (compute_bytes if autocast else adapter_bytes) * i * o
         product_cast = x_bytes * i * o if product != x_bytes * i * o else 0
         weight_cast = x_bytes * i * o if base_bytes != x_bytes else 0
         combined = kept_eye + (product_cast or product) + weight_cast

@@ -22,6 +22,8 @@ from memplan.estimate.stage import stage_estimate
 from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.jobcheck import validate_job_for_model
+from memplan.profiles import get_profile
+from memplan.profiles.defaults import default_settings
 from memplan.model.spec import ModelSpec
 from memplan.peft.params import FinetuneParams
 from memplan.settings import InputSetting
@@ -79,7 +81,7 @@ def estimate(
         frozen_params=counts.frozen if counts is not None else 0,
         job=job,
         gpu=gpu,
-        settings=tuple(settings),
+        settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings)),
     )
 
 
@@ -98,7 +100,7 @@ def _stages(model_key: Same, job: Job, fragmentation: float) -> tuple[
     run = run_context(model, job, fragmentation)
     notes = run_notes(run)
     stages = []
-    for layout in pipeline_layout(model.num_layers, job.parallel, job.num_microbatches):
+    for layout in pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split):
         stage, stage_notes = stage_estimate(stage_context(run, layout))
         stages.append(stage)
         notes += stage_notes

@@ -4,8 +4,10 @@ What trains comes from :mod:`memplan.peft.params`; this module prices it on one 
 
 * frozen weights keep no gradient, master copy or optimizer state; unquantized frozen weights are
   stored in ``--frozen-dtype`` (default the compute dtype: a base loaded with ``torch_dtype=bfloat16``);
-* peft adapters (``lora_A``/``lora_B``, DoRA magnitudes) are fp32: peft creates them beside the base
-  weight and ``get_peft_model(autocast_adapter_dtype=True)`` upcasts 16-bit adapters to fp32;
+* peft adapters (``lora_A``/``lora_B``, DoRA magnitudes) are in ``--adapter-dtype`` (:func:`adapter_bytes`),
+  by default the framework's fp32: peft creates them beside the base weight and
+  ``get_peft_model(autocast_adapter_dtype=True)`` upcasts 16-bit adapters to fp32; their gradients and
+  torch optimizer states follow that dtype;
 * fully trained modules follow the job's precision as full training does; ``modules_to_save`` copies
   are deep copies of the frozen module, in its dtype, with gradients and optimizer moments in it too;
 * bitsandbytes 4-bit (``Linear4bit``, :func:`quantized_weight_bytes`) and 8-bit (``Linear8bitLt``)
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from memplan.estimate.activations import ActivationShape, eager_norm_terms
 from memplan.estimate.layout import StageLayout
-from memplan.job import Job
+from memplan.job import Job, resolved_adapter_dtype
 from memplan.model.linears import model_parameters
 from memplan.peft.params import FinetuneParams, PartCounts, finetune_params, saved_modules
 from memplan.model.spec import ModelSpec
@@ -33,8 +35,12 @@ NESTED_BLOCK = 256
 FOUR_BIT_CODE_BYTES = 16 * 4
 #: The 8-bit dynamic code of the nested state (``state2.code``: 256 fp32 values) and its fp32 offset.
 NESTED_CODE_BYTES = 256 * 4 + 4
-#: Adapters are fp32 (peft ``autocast_adapter_dtype=True``).
-ADAPTER_BYTES = 4
+
+
+def adapter_bytes(job: Job) -> int:
+    """Bytes per element of the adapters' weights, gradients and torch optimizer states
+    (``--adapter-dtype``, default the framework's: fp32 as peft's ``autocast_adapter_dtype=True``)."""
+    return dtype_bytes(resolved_adapter_dtype(job))
 
 
 def quantized_weight_bytes(numel: int, method: str, double_quant: bool) -> int:
@@ -68,7 +74,7 @@ class StageFinetune:
 
     #: Base weights trained fully (the job's precision).
     full: int
-    #: Adapter parameters (fp32).
+    #: Adapter parameters (in the adapter dtype).
     adapter: int
     #: Frozen unquantized weights (``frozen_dtype``).
     frozen: int
@@ -194,8 +200,9 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     if ft.peft != "none":
         out.append(f"peft {ft.peft}: {len(counts.adapters)} adapters (rank {ft.lora_rank}"
                    + (f", pattern {ft.lora_rank_pattern}" if ft.lora_rank_pattern else "")
-                   + ") in fp32 (autocast_adapter_dtype), fp32 gradients and optimizer state; each saves its "
-                   "fp32-cast input (a 16-bit copy under autocast), lora_A's output"
+                   + f") in {resolved_adapter_dtype(job)} (--adapter-dtype; peft's autocast_adapter_dtype=True "
+                   "gives fp32), gradients and optimizer state in that dtype; each saves its input cast to the "
+                   "adapter dtype (a 16-bit copy under autocast), lora_A's output"
                    + (", its dropout mask" if ft.lora_dropout > 0 else "")
                    + (", and DoRA's base and LoRA results" if ft.peft == "dora" else "")
                    + "; frozen linear layers save no input (bitsandbytes 8-bit layers keep theirs); peft's "

@@ -22,7 +22,7 @@ from memplan.estimate.activations import (
     layer_terms,
     layer_terms_by_block,
 )
-from memplan.estimate.adapter_acts import ADAPTER_BYTES, adapter_terms, dora_forward_transient, frozen_layer_terms
+from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, frozen_layer_terms
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     checkpointed_module_copy_numel,
@@ -40,7 +40,7 @@ from memplan.estimate.ep_overlap import (
     mlp_wgrad_held,
     shared_expert_overlap_bytes,
 )
-from memplan.estimate.finetune import frozen_bytes_per_element
+from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     recomputed_only_terms,
@@ -102,22 +102,23 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
     if cached is None:
         ft = run.job.finetune
         cached = run.cache[key] = _layer_figures(Same(layer), run.shape, run.policy, role, ft.quantize_base,
-                                                 run.prec.weight_copies == "autocast", ft.lora_dropout > 0)
+                                                 run.prec.weight_copies == "autocast", ft.lora_dropout > 0,
+                                                 adapter_bytes(run.job))
     return cached
 
 
 @lru_cache(maxsize=4096)
 def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy, role: LayerRole,
-                   quantize_base: str, autocast: bool, lora_dropout: bool) -> LayerCosts:
+                   quantize_base: str, autocast: bool, lora_dropout: bool, adapter_bytes: int) -> LayerCosts:
     """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
     layer kinds under many layouts; the key holds the layer itself, compared by identity)."""
     blocks = _blocks(layer.obj, shape, role, quantize_base=quantize_base, autocast=autocast,
-                     lora_dropout=lora_dropout)
+                     lora_dropout=lora_dropout, adapter_bytes=adapter_bytes)
     return _priced(layer.obj, shape, policy, blocks)
 
 
 def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quantize_base: str, autocast: bool,
-            lora_dropout: bool) -> tuple[list[Term], list[Term]]:
+            lora_dropout: bool, adapter_bytes: int) -> tuple[list[Term], list[Term]]:
     """(attention, rest) terms of the layer for its fine-tuning role."""
     attention, rest = layer_terms_by_block(layer, shape)
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
@@ -129,8 +130,8 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
         rest = rest + adapter_terms(role.adapters, shape, autocast=autocast, dropout=lora_dropout,
                                     compute_bytes=shape.act_bytes, input_needs_grad=not role.first,
                                     # peft's cast to the fp32 adapters is a no-op on fp32 activations
-                                    uncast_input=(role.quantized and autocast) or shape.act_bytes == ADAPTER_BYTES,
-                                    base_keeps_input=int8_base)
+                                    uncast_input=(role.quantized and autocast) or shape.act_bytes == adapter_bytes,
+                                    base_keeps_input=int8_base, adapter_bytes=adapter_bytes)
     return attention, rest
 
 
@@ -272,4 +273,5 @@ def dora_transient(ctx: StageContext) -> int:
     quantized = run.job.finetune.quantize_base != "none"
     return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
                                   compute_bytes=run.shape.act_bytes,
-                                  base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job))
+                                  base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job),
+                                  adapter_bytes=adapter_bytes(run.job))

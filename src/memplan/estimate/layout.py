@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.job import Parallelism, default_uneven_split
+from memplan.profiles.pipeline_split import rule_chunk_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +40,21 @@ class StageLayout:
         return len(self.inflight_chunks)
 
 
-def stage_layer_counts(num_layers: int, par: Parallelism) -> tuple[int, ...]:
+def chunk_layers(num_layers: int, par: Parallelism, split_rule: str) -> tuple[int, ...] | None:
+    """Layers of every model chunk in model order: ``--stage-layers`` (or a framework layout read
+    from its arguments), else the framework's split rule when no first/last stage layers are given;
+    None where the even (or ceil) split applies."""
+    if par.chunk_layers is not None or par.first_stage_layers is not None or par.last_stage_layers is not None:
+        return par.chunk_layers
+    return rule_chunk_layers(split_rule, num_layers, par.pp, par.vpp)
+
+
+def stage_layer_counts(num_layers: int, par: Parallelism, split_rule: str = "even-or-ceil") -> tuple[int, ...]:
     """Decoder layers per pipeline rank (uneven first/last stage when asked for)."""
     pp = par.pp
-    if par.chunk_layers is not None:
-        return tuple(sum(par.chunk_layers[rank::pp]) for rank in range(pp))
+    chunks = chunk_layers(num_layers, par, split_rule)
+    if chunks is not None:
+        return tuple(sum(chunks[rank::pp]) for rank in range(pp))
     if par.first_stage_layers is None and par.last_stage_layers is None:
         split = default_uneven_split(num_layers, pp) if num_layers % pp else None
         if split is not None:
@@ -60,12 +71,15 @@ def stage_layer_counts(num_layers: int, par: Parallelism) -> tuple[int, ...]:
     return tuple(each if c is None else c for c in counts)
 
 
-def pipeline_layout(num_layers: int, par: Parallelism, num_microbatches: int) -> tuple[StageLayout, ...]:
-    """Layout of every pipeline rank for ``num_layers`` decoder layers."""
+def pipeline_layout(num_layers: int, par: Parallelism, num_microbatches: int,
+                    split_rule: str = "even-or-ceil") -> tuple[StageLayout, ...]:
+    """Layout of every pipeline rank for ``num_layers`` decoder layers; ``split_rule`` is the
+    framework's (:attr:`memplan.profiles.FrameworkProfile.pipeline_split`)."""
     pp, vpp = par.pp, par.vpp
-    per_rank = stage_layer_counts(num_layers, par)
-    if par.chunk_layers is not None:
-        chunk_sizes = [[par.chunk_layers[v * pp + rank] for v in range(vpp)] for rank in range(pp)]
+    chunks_given = chunk_layers(num_layers, par, split_rule)
+    per_rank = stage_layer_counts(num_layers, par, split_rule)
+    if chunks_given is not None:
+        chunk_sizes = [[chunks_given[v * pp + rank] for v in range(vpp)] for rank in range(pp)]
     else:
         chunk_sizes = [[n // vpp + (1 if v < n % vpp else 0) for v in range(vpp)] for n in per_rank]
     chunks: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]

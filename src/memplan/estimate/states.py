@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from memplan.estimate.finetune import ADAPTER_BYTES, StageFinetune, frozen_bytes_per_element
+from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.memo import Same
 from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimizer_state_bytes: re-exported)
@@ -253,8 +253,11 @@ def state_bytes(
     o_numel = _sharded(params.dense, params.expert, shards, opt_shard)
     parameters = p_numel * prec.param_bytes
     if finetune is not None:
-        return _finetune_state_bytes(model, job, params, prec, finetune, (full_shard, grad_shard, opt_shard),
-                                     step_counters, small)
+        # FSDP's CPU offload and ZeRO-3's offload_param move every sharded weight, the frozen (and
+        # quantized) base included; optimizer offload moves the trained parameters' states
+        return _offloaded(_finetune_state_bytes(model, job, params, prec, finetune,
+                                                (full_shard, grad_shard, opt_shard), step_counters, small),
+                          off, offload_moves_gradients)
     fp8, replaced = _fp8_weight_bytes(job, params, prec, shards[0] if full_shard else 1)
     parameters += fp8 - replaced
     gradients = g_numel * prec.grad_bytes
@@ -333,27 +336,28 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
     def share(numel: int, on: bool) -> int:
         return _sharded(numel, 0, shards, on)
 
+    adapter = adapter_bytes(job)
     base = frozen_bytes_per_element(job)
     frozen_bytes = ft.frozen * base + ft.quantized_bytes
-    parameters = (share(ft.full, full_shard) * prec.param_bytes + share(ft.adapter, full_shard) * ADAPTER_BYTES
+    parameters = (share(ft.full, full_shard) * prec.param_bytes + share(ft.adapter, full_shard) * adapter
                   + share(ft.copies, full_shard) * base
                   + (-(-frozen_bytes // shards[0]) if full_shard else frozen_bytes))
-    gradients = (share(ft.full, grad_shard) * prec.grad_bytes + share(ft.adapter, grad_shard) * ADAPTER_BYTES
+    gradients = (share(ft.full, grad_shard) * prec.grad_bytes + share(ft.adapter, grad_shard) * adapter
                  + share(ft.copies, grad_shard) * base)
     master = share(ft.full, opt_shard) * prec.master_bytes
     o_numel = share(ft.trainable, opt_shard)
     stepped = share(ft.full + ft.adapter, opt_shard)
     shard_small = small.scaled(stepped / max(ft.full + ft.adapter, 1)) if small is not None else None
     # torch optimizers keep states in each parameter's dtype: the precision's for trained weights,
-    # fp32 for adapters (bitsandbytes' own dtypes ignore this)
+    # the adapter dtype for adapters (bitsandbytes' own dtypes ignore this)
     full_n, adapter_n = share(ft.full, opt_shard), share(ft.adapter, opt_shard)
     if full_n and adapter_n:
         parts = [optimizer_states(n, job, nbytes, model.hidden_size,
                                   shard_small.scaled(n / stepped) if shard_small is not None else None)
-                 for n, nbytes in ((full_n, prec.state_bytes), (adapter_n, ADAPTER_BYTES))]
+                 for n, nbytes in ((full_n, prec.state_bytes), (adapter_n, adapter))]
         device, paged = sum(p.device_bytes for p in parts), sum(p.paged_bytes for p in parts)
     else:
-        one = optimizer_states(stepped, job, prec.state_bytes if full_n else ADAPTER_BYTES, model.hidden_size,
+        one = optimizer_states(stepped, job, prec.state_bytes if full_n else adapter, model.hidden_size,
                                shard_small)
         device, paged = one.device_bytes, one.paged_bytes
     optimizer = device
@@ -362,4 +366,4 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
     optimizer += step_counters * STEP_COUNTER_BYTES
     return StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
                       optimizer_numel=o_numel, paged_optimizer=paged,
-                      state_element_bytes=prec.state_bytes if full_n else ADAPTER_BYTES)
+                      state_element_bytes=prec.state_bytes if full_n else adapter)

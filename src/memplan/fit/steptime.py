@@ -172,8 +172,9 @@ def model_flops_per_token(model: ModelSpec, seq: int) -> float:
 
 def _stage_layer_counts(model: ModelSpec, job: Job) -> tuple[int, ...]:
     from memplan.estimate.layout import stage_layer_counts
+    from memplan.profiles import get_profile
 
-    return stage_layer_counts(model.num_layers, job.parallel)
+    return stage_layer_counts(model.num_layers, job.parallel, get_profile(job.framework).pipeline_split)
 
 
 def _per_op_recompute_s(model: ModelSpec, idx: range, matmul2: tuple[float, ...], per_flop_s: float,

@@ -44,6 +44,7 @@ from memplan.job import Job
 from memplan.jobflags import build_job
 from memplan.model.spec import ModelSpec
 from memplan.optimizers import by_dialect
+from memplan.profiles.pipeline_split import weighted_split
 from memplan.settings import InputSetting, dotted_leaves
 from memplan.textfile import read_text_file
 
@@ -295,23 +296,14 @@ def _parallel(r: _Reader, typed: Mapping[str, Any], base_world: int) -> tuple[in
 
 def stage_layers(num_stages: int, num_layers: int, first_less: int, last_less: int) -> tuple[int, ...]:
     """Decoder layers of each pipeline stage as torchtitan's ``generate_llm_fqn_per_model_part``
-    splits them: the embedding counts as ``first_less`` layers, norm + output as ``last_less``."""
-    if num_stages == 1:
-        return (num_layers,)
-    effective = num_layers + first_less + last_less
-    per_stage, extra = divmod(effective, num_stages)
-    if num_stages > effective or per_stage == 0 or max(first_less, last_less) > per_stage:
+    splits them (:func:`memplan.profiles.pipeline_split.weighted_split`): the embedding counts as
+    ``first_less`` layers, norm + output as ``last_less``."""
+    split = weighted_split(num_stages, num_layers, first_less, last_less)
+    if split is None:
         raise ConfigError(f"{_FLAG}: parallelism.pipeline_parallel_degree",
                           f"{num_stages} stages cannot split {num_layers} layers (+{first_less} +{last_less} for "
                           "embedding and output) with at least one layer each", num_stages)
-    out, left = [], num_layers
-    for stage in range(num_stages):
-        take = per_stage + (1 if stage < extra else 0)
-        take -= first_less if stage == 0 else last_less if stage == num_stages - 1 else 0
-        take = max(0, min(take, left))
-        out.append(take)
-        left -= take
-    return tuple(out)
+    return split
 
 
 def _pipeline(r: _Reader, num_layers: int, pp: int) -> tuple[int, ...] | None:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from memplan.errors import JobConfigError
 from memplan.profiles import megatron_rules
+from memplan.profiles.defaults import DefaultRule, fsdp_keeps_blocks_unsharded_under_pp
 from memplan.profiles.rules import JobRule, ModelRule
 from memplan.units import MiB
 
@@ -19,6 +20,9 @@ MixedWeights = Literal["master-copy", "autocast", "fsdp-cast"]
 #: A sharding of model states that ``memplan fit`` searches (``zero-N``: DeepSpeed ZeRO stage N;
 #: ``dist-opt``: Megatron's distributed optimizer; ``fsdp-hybrid`` only where DP spans nodes).
 ShardingChoice = Literal["ddp", "dist-opt", "zero-1", "zero-2", "zero-3", "fsdp-full", "fsdp-hybrid"]
+#: How a framework splits decoder layers over its pipeline stages when no split is given
+#: (see :func:`memplan.estimate.layout.rule_chunk_layers`).
+PipelineSplit = Literal["even-or-ceil", "embedding-output-weighted"]
 
 #: cuBLAS workspace PyTorch allocates through its caching allocator per handle/stream on
 #: Hopper: CUBLAS_WORKSPACE_CONFIG ":4096:8" = 8 chunks of 4096 KiB (aten/src/ATen/cuda/CublasHandlePool.cpp).
@@ -135,6 +139,23 @@ class FrameworkProfile:
     #: False (torchtitan's ``maybe_enable_amp``, torchtitan/distributed/utils.py): with TP or PP and no
     #: FSDP / HSDP / CP no mixed precision is applied at all, so the step runs in fp32.
     autocast_with_tp_or_pp: bool = True
+    #: How the decoder layers are split over the ``pp * vpp`` pipeline stages when the job gives no
+    #: split (``--stage-layers``, ``--first/last-stage-layers``). ``even-or-ceil``: an even split, and
+    #: without interleaving ``ceil(L/pp)`` on all but the last stage when ``pp`` does not divide L
+    #: (Megatron-LM asks for ``--decoder-first/last-pipeline-num-layers`` or a
+    #: ``--pipeline-model-parallel-layout`` otherwise). ``embedding-output-weighted``: torchtitan's
+    #: ``generate_llm_fqn_per_model_part`` (torchtitan/distributed/pipeline_parallel.py) with its
+    #: defaults ``pipeline_parallel_first/last_stage_less_layers = 1``: the embedding and norm + output
+    #: each count as one layer, ``L + 2`` is split as evenly as possible over the stages (the first
+    #: ``(L + 2) % stages`` stages one more) and the first and last stage give up that one layer.
+    pipeline_split: PipelineSplit = "even-or-ceil"
+    #: dtype of PEFT adapters when ``--adapter-dtype auto``: ``fp32`` is peft's default
+    #: (``get_peft_model(autocast_adapter_dtype=True)`` upcasts bf16/fp16 adapters to fp32,
+    #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), which every profile here runs adapters with.
+    adapter_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: Defaults the framework applies that memplan does not model: each rule reports one for a job
+    #: (:mod:`memplan.profiles.defaults`), also when the job comes from flags.
+    unmodelled_defaults: tuple[DefaultRule, ...] = ()
 
     # --- What the framework runs (issue 24: capabilities instead of framework-name if-chains) ---
     #: The framework-specific options it runs (names of :data:`memplan.profiles.rules.FEATURES`);
@@ -234,6 +255,8 @@ TORCHTITAN = FrameworkProfile(
     activation_policies=("none", "full", "torchtitan-sac", "memory-budget"),
     selective_policy="torchtitan-sac",
     autocast_with_tp_or_pp=False,
+    pipeline_split="embedding-output-weighted",
+    unmodelled_defaults=(fsdp_keeps_blocks_unsharded_under_pp,),
     fit_tensor_parallel=True,
     fit_pipelines=True,
 )

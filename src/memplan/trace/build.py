@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from memplan.errors import MemplanError, ModelConfigError, UnsupportedError
+from memplan.job import resolved_adapter_dtype
 from memplan.trace.finetune import apply_finetune, frozen_dtype, materialize_fake, needs_finetune
 from memplan.trace.setup import TraceSetup
 
@@ -194,7 +195,8 @@ def _fine_tuned(hf_config: Any, options: TraceSetup, *, storage_dtype: torch.dty
     with unset_fake_temporarily(), torch.device("meta"):
         net = transformers.AutoModelForCausalLM.from_config(
             hf_config, dtype=frozen_dtype(finetune, options.compute_dtype))
-        net = apply_finetune(net, finetune, storage_dtype=storage_dtype, compute_dtype=options.compute_dtype)
+        net = apply_finetune(net, finetune, storage_dtype=storage_dtype, compute_dtype=options.compute_dtype,
+                             adapter_dtype=resolved_adapter_dtype(options.job))
     materialize_fake(net)
     return net
 

@@ -7,7 +7,9 @@ the model :mod:`memplan.trace.build` constructs:
 2. ``--quantize-base nf4|fp4`` swaps the decoder's linear layers for bitsandbytes stand-ins
    (:mod:`memplan.trace.standins.quantized`) before peft sees them;
 3. ``--peft lora|dora`` wraps the model with ``peft.get_peft_model(model, LoraConfig(...))`` — real
-   peft layers, adapters in fp32 (peft's ``autocast_adapter_dtype``);
+   peft layers, adapters in ``--adapter-dtype`` (default fp32, peft's ``autocast_adapter_dtype=True``;
+   the adapter parameters are cast after wrapping, as ``autocast_adapter_dtype=False`` on a base of
+   that dtype, or torchtune's bf16 LoRA, leave them);
 4. ``--trainable`` names modules trained fully; everything else has ``requires_grad=False``;
 5. trainable full weights are stored as full training stores them (fp32 under ``*-mixed``).
 
@@ -118,7 +120,7 @@ def _train_named(model: torch.nn.Module, names: tuple[str, ...]) -> None:
 
 
 def apply_finetune(model: torch.nn.Module, finetune: FineTuning, *, storage_dtype: torch.dtype,
-                   compute_dtype: str) -> torch.nn.Module:
+                   compute_dtype: str, adapter_dtype: str = "fp32") -> torch.nn.Module:
     """Freeze, quantize and wrap ``model`` (built on ``meta``) as the job says; returns the model to train."""
     trainable = finetune.resolved_trainable
     if trainable == "all" and finetune.peft == "none":
@@ -142,8 +144,18 @@ def apply_finetune(model: torch.nn.Module, finetune: FineTuning, *, storage_dtyp
         for param in model.parameters():
             if id(param) in base_trainable:
                 param.requires_grad_(True)
-    _store_trainable(model, storage_dtype, adapters=_adapter_ids(model))
+    adapters = _adapter_ids(model)
+    _store_trainable(model, storage_dtype, adapters=adapters)
+    _cast_adapters(model, _DTYPES[adapter_dtype], adapters)
     return model
+
+
+def _cast_adapters(model: torch.nn.Module, dtype: torch.dtype, adapters: set[int]) -> None:
+    """The adapter parameters (lora_A/B, DoRA magnitudes) in ``dtype`` (``--adapter-dtype``)."""
+    for module in model.modules():
+        for key, param in list(module._parameters.items()):
+            if param is not None and id(param) in adapters and param.dtype != dtype:
+                module._parameters[key] = torch.nn.Parameter(param.to(dtype), requires_grad=param.requires_grad)
 
 
 def _wrapped(model: torch.nn.Module, finetune: FineTuning) -> torch.nn.Module:

@@ -54,7 +54,7 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("recompute", "contiguous_checkpoints"),
     ("finetune", "peft"), ("finetune", "lora_rank"), ("finetune", "lora_alpha"), ("finetune", "lora_dropout"),
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
-    ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"),
+    ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"), ("finetune", "adapter_dtype"),
     ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
     (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"),
 })
