@@ -142,7 +142,7 @@ GRID: tuple[Cell, ...] = (
     Cell("qwen2.5-7b", 2048, 1, "bf16-mixed", "sdpa", "none", flags=(("offload_activations", True),)),
     Cell("gemma-2-2b", 1024, 2, "bf16-mixed", "eager", "none", flags=(("offload_activations", True),)),
     Cell("llama-3.2-1b", 4096, 2, "bf16-mixed", "sdpa", "full", flags=(("offload_activations", True),)),
-    # Megatron's output-discarding checkpoints (layernorm, moe_act; memplan.trace.discard), fixed before they
+    # Megatron's output-discarding checkpoints (layernorm, moe_act; memplan.trace.runners.discard), fixed before they
     # were run: with autocast (the norm output reaches the GEMMs as copies) and without, alone and combined.
     Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "megatron-selective", flags=(("recompute_modules", "layernorm"),)),
     Cell("llama-3.2-1b", 1024, 1, "bf16", "eager", "megatron-selective",
@@ -150,12 +150,12 @@ GRID: tuple[Cell, ...] = (
     Cell("qwen3-30b-a3b", 1024, 1, "bf16-mixed", "sdpa", "megatron-selective", flags=(("recompute_modules", "moe_act"),)),
     Cell("qwen3-30b-a3b", 1024, 1, "bf16", "sdpa", "megatron-selective",
          flags=(("recompute_modules", "layernorm,moe_act"),)),
-    # mla_up_proj on transformers' MLA (memplan.trace.mla_up), fixed before they were run.
+    # mla_up_proj on transformers' MLA (memplan.trace.runners.mla_up), fixed before they were run.
     Cell("deepseek-v2-lite", 1024, 1, "bf16-mixed", "sdpa", "megatron-selective",
          flags=(("recompute_modules", "mla_up_proj"),)),
     Cell("deepseek-v2-lite", 1024, 1, "bf16", "sdpa", "megatron-selective",
          flags=(("recompute_modules", "core_attn,layernorm,mla_up_proj"),)),
-    # DeepSpeed activation checkpointing run for real (memplan.trace.ds_checkpoint), fixed before they were run.
+    # DeepSpeed activation checkpointing run for real (memplan.trace.runners.ds_checkpoint), fixed before they were run.
     Cell("llama-3.2-1b", 1024, 1, "bf16", "sdpa", "full", framework="deepspeed",
          flags=(("partition_activations", True),)),
     Cell("llama-3.2-1b", 1024, 1, "bf16", "sdpa", "full", framework="deepspeed",

@@ -79,7 +79,7 @@ def _torchtitan_trace(row: dict, flags: dict, published: float) -> dict:
     """``memplan trace --torchtitan`` on the row's TOML (torchtitan's own code), if torchtitan 0.2.x is here."""
     from memplan.errors import MissingDependencyError
     from memplan.trace.api import trace_job
-    from memplan.trace.torchtitan_setup import torchtitan_setup
+    from memplan.trace.runners.torchtitan_setup import torchtitan_setup
 
     toml = HERE / "configs" / row["torchtitan_toml"]
     start = time.perf_counter()

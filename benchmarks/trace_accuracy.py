@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from typing import Any
 from memplan.trace import trace
 from memplan.trace.compare import compare_with_estimate
 from memplan.trace.setup import trace_setup
-from memplan.trace.reference import measure_hf_reference
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trace"))
+from profiler_reference import measure_hf_reference  # noqa: E402  (test-only: tests/trace)
 
 HERE = Path(__file__).resolve().parent
 LLAMA_100M = str(HERE / "configs" / "llama-100m.json")

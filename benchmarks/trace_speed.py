@@ -48,8 +48,8 @@ if kind == "traced":
 else:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from memplan.trace.build import build_hf_model, quiet_transformers, unpacked_sequences
-    from memplan.trace.distributed import parallelize, simulated_ranks
-    from memplan.trace.moe import static_grouped_mm, static_routing
+    from memplan.trace.core.distributed import parallelize, simulated_ranks
+    from memplan.trace.runners.moe import static_grouped_mm, static_routing
     from memplan.trace.setup import trace_setup
     from memplan.trace.run import hf_step_job, run_iterations
     options = trace_setup(seq=seq, mbs=1, precision=precision, optimizer="adamw", device="cuda", fsdp=fsdp)
@@ -71,9 +71,9 @@ import json, sys, time
 from torch._subclasses.fake_tensor import FakeTensorMode
 from memplan.trace.build import build_hf_model, quiet_transformers, unpacked_sequences
 from memplan.trace.setup import trace_setup
-from memplan.trace.recorder import AllocationRecorder
+from memplan.trace.core.recorder import AllocationRecorder
 from memplan.trace.run import hf_step_job, register_state, run_iterations
-from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
+from memplan.trace.core.tracker import ModulePath, TracingFakeMode, track_resize
 model, seq, precision, repeats = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 options = trace_setup(seq=seq, mbs=1, precision=precision, optimizer="adamw", device="cuda")
 times = {"untracked": [], "traced": []}

@@ -2,7 +2,7 @@
 
 A policy is declared once here, resolved once from a :class:`~memplan.job.Job` and its framework
 (:func:`resolve_policy`), priced by the estimator (:mod:`memplan.estimate.engine`) and run for real
-by the tracer (:mod:`memplan.trace.policies`). Example::
+by the tracer (:mod:`memplan.trace.runners.policies`). Example::
 
     >>> from memplan.job import Job, Recompute
     >>> resolve_policy(Job(framework="torchtitan", recompute=Recompute(mode="selective"))).name

@@ -61,14 +61,19 @@ def jobs(draw: st.DrawFn, model: ModelSpec) -> Job:
         ep = draw(st.sampled_from([e for e in _divisors(experts) if (dp * cp) % e == 0]))
     mbs = draw(st.integers(1, 3))
     microbatches = draw(st.integers(1, 4)) * (pp if vpp > 1 else 1)
+    framework = draw(st.sampled_from(["megatron", "torchtitan", "deepspeed", "hf"]))
     zero = draw(st.integers(0, 3))
-    fsdp = draw(st.sampled_from(["none", "full", "hybrid"])) if zero in (0, 3) else "none"
+    # The sharding schemes that can be combined: FSDP is not DeepSpeed's (it shards with ZeRO), and
+    # Megatron's distributed optimizer is its own ZeRO-1 (job validation refuses both contradictions).
+    fsdp_choices = ["none"] if framework == "deepspeed" else ["none", "full", "hybrid"]
+    fsdp = draw(st.sampled_from(fsdp_choices)) if zero in (0, 3) else "none"
+    distributed_optimizer = draw(st.booleans()) if zero == 0 else False
     precision = draw(st.sampled_from(["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]))
     opt_name = draw(st.sampled_from(["adamw", "adam", "sgd", "adafactor", "adam8bit"]))
     return Job(
         parallel=Parallelism(world_size=dp * tp * pp * cp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
                              sequence_parallel=draw(st.booleans())),
-        sharding=Sharding(zero=zero, fsdp=fsdp, distributed_optimizer=draw(st.booleans())),  # type: ignore[arg-type]
+        sharding=Sharding(zero=zero, fsdp=fsdp, distributed_optimizer=distributed_optimizer),  # type: ignore[arg-type]
         batch=Batch(micro_batch_size=mbs, seq_length=draw(st.sampled_from([32, 64, 128])),
                     global_batch_size=mbs * dp * microbatches),
         precision=Precision(name=precision),  # type: ignore[arg-type]
@@ -78,7 +83,7 @@ def jobs(draw: st.DrawFn, model: ModelSpec) -> Job:
         attention=draw(st.sampled_from(["flash", "sdpa", "eager"])),
         dropout=draw(st.sampled_from([0.0, 0.1])),
         loss=draw(st.sampled_from(["auto", "fp32-logits", "vocab-parallel", "fused", "chunked"])),
-        framework=draw(st.sampled_from(["megatron", "torchtitan", "deepspeed", "hf"])),
+        framework=framework,  # type: ignore[arg-type]
     )
 
 

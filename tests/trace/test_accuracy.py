@@ -7,7 +7,7 @@ import pytest
 
 from memplan.trace import trace
 from memplan.trace.setup import trace_setup
-from memplan.trace.reference import measure_hf_reference
+from profiler_reference import measure_hf_reference
 
 TOLERANCE = 0.02
 

@@ -75,7 +75,7 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "core_attn"}),
     ("llama", 256, "bf16-mixed", "eager", "megatron-selective", {"recompute_modules": "core_attn,mlp"}),
     ("qwen3_moe", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "moe"}),
-    # Megatron's output-discarding checkpoints (memplan.trace.discard): norms, the experts' activation
+    # Megatron's output-discarding checkpoints (memplan.trace.runners.discard): norms, the experts' activation
     ("llama", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "layernorm"}),
     ("llama", 256, "bf16", "sdpa", "megatron-selective", {"recompute_modules": "core_attn,layernorm,mlp"}),
     pytest.param("llama", 256, "bf16", "eager", "megatron-selective", {"recompute_modules": "core_attn,layernorm,mlp"},

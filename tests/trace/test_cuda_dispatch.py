@@ -1,4 +1,4 @@
-"""``--device cuda`` traces run SDPA, RMSNorm and dropout as CUDA (sm90) runs them (memplan.trace.cuda_dispatch).
+"""``--device cuda`` traces run SDPA, RMSNorm and dropout as CUDA (sm90) runs them (memplan.trace.cuda.dispatch).
 
 Each stand-in is traced on a module whose only saved tensors are the kernel's own: the traced
 activation bytes must equal the outputs the CUDA operator keeps, derived here from the operator's
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from memplan.trace import trace
-from memplan.trace.cuda_dispatch import cuda_dispatch
-from memplan.trace.cuda_rounding import cuda_allocated_size
-from memplan.trace.cuda_sdpa import sdpa_backend
+from memplan.trace.cuda.dispatch import cuda_dispatch
+from memplan.trace.cuda.rounding import cuda_allocated_size
+from memplan.trace.cuda.sdpa import sdpa_backend
 
 B, H, KV, S = 2, 4, 2, 40  # S not a multiple of 32: the efficient kernel pads its log-sum-exp
 BF16, FP32 = torch.bfloat16, torch.float32

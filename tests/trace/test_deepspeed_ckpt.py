@@ -1,4 +1,4 @@
-"""DeepSpeed activation checkpointing run for real (memplan.trace.ds_checkpoint): DeepSpeed's own
+"""DeepSpeed activation checkpointing run for real (memplan.trace.runners.ds_checkpoint): DeepSpeed's own
 ``deepspeed.checkpointing.checkpoint`` on each decoder layer gives the plain model's losses and gradients,
 the fake-tensor trace's activations agree with ``memplan estimate`` of the same job, and what the tracer
 cannot run is refused (exit 2). Skipped where deepspeed is not installed (``memplan[deepspeed]``)."""
@@ -20,8 +20,8 @@ from memplan.cli import app
 from memplan.errors import MissingDependencyError
 from memplan.trace import trace
 from memplan.trace.compare import compare_with_estimate
-from memplan.trace.ds_checkpoint import import_checkpointing
-from memplan.trace.policies import apply_policy
+from memplan.trace.runners.ds_checkpoint import import_checkpointing
+from memplan.trace.runners.policies import apply_policy
 from memplan.trace.setup import trace_setup
 
 transformers = pytest.importorskip("transformers")

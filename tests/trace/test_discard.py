@@ -1,4 +1,4 @@
-"""Megatron's output-discarding checkpoint (memplan.trace.discard) and the recompute modules built on it
+"""Megatron's output-discarding checkpoint (memplan.trace.runners.discard) and the recompute modules built on it
 (layernorm, moe_act): exact gradients on real tensors, the output really freed in the forward, and the
 bytes both engines say each module drops."""
 
@@ -16,8 +16,8 @@ from memplan.errors import UnsupportedError
 from memplan.policies import ActivationPolicy
 from memplan.trace import trace
 from memplan.trace.compare import compare_with_estimate
-from memplan.trace.discard import DiscardScope
-from memplan.trace.policies import apply_policy
+from memplan.trace.runners.discard import DiscardScope
+from memplan.trace.runners.policies import apply_policy
 
 
 def _no_context() -> contextlib.AbstractContextManager[None]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from memplan.trace import trace
-from memplan.trace.distributed import TP_PLAN
+from memplan.trace.core.distributed import TP_PLAN
 
 GiB = 2**30
 FP32_BYTES = 4
@@ -129,10 +129,10 @@ def test_dtensor_operator_records_the_local_shard_only() -> None:
     import torch
     from torch.distributed.tensor import DTensor, Shard
 
-    from memplan.trace.distributed import simulated_ranks
+    from memplan.trace.core.distributed import simulated_ranks
     from memplan.trace.setup import trace_setup
-    from memplan.trace.recorder import AllocationRecorder
-    from memplan.trace.tracker import TracingFakeMode
+    from memplan.trace.core.recorder import AllocationRecorder
+    from memplan.trace.core.tracker import TracingFakeMode
 
     rows, cols, ranks = 77, 131, 4  # shapes no other test uses: DTensor caches propagation results
     mode = TracingFakeMode(allow_non_fake_inputs=True)

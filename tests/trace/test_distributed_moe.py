@@ -10,7 +10,7 @@ import torch.distributed as dist
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.trace import trace
 from memplan.trace.setup import trace_setup
-from memplan.trace.reference import measure_hf_reference
+from profiler_reference import measure_hf_reference
 
 
 @pytest.fixture(scope="module")

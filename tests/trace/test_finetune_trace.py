@@ -132,7 +132,7 @@ def test_offloaded_activations_leave_the_device_and_come_back_in_the_backward(ti
 
 @pytest.mark.parametrize("loss", ["fused-linear", "chunked"])
 def test_fused_linear_cross_entropy_never_holds_the_whole_logits(tiny_llama: str, loss: str) -> None:
-    from memplan.trace.fused_loss import chunk_tokens
+    from memplan.trace.standins.fused_loss import chunk_tokens
 
     seq, mbs, vocab, hidden = 256, 2, 1024, 128
     whole = trace(tiny_llama, seq=seq, mbs=mbs, peft="lora").summary
@@ -181,7 +181,7 @@ def test_untraced_fine_tuning_tools_are_refused_in_one_line(tiny_llama: str, arg
 def test_the_4bit_stand_in_holds_exactly_what_bitsandbytes_stores(shape: tuple[int, int],
                                                                    double_quant: bool) -> None:
     functional = pytest.importorskip("bitsandbytes.functional")
-    from memplan.trace.quantized import Linear4bitStandIn
+    from memplan.trace.standins.quantized import Linear4bitStandIn
 
     out_features, in_features = shape
     weight = torch.randn(out_features, in_features, dtype=torch.bfloat16)
@@ -198,7 +198,7 @@ def test_the_4bit_stand_in_holds_exactly_what_bitsandbytes_stores(shape: tuple[i
 
 @pytest.mark.parametrize("quant", ["nf4", "fp4"])
 def test_qlora_trace_runs_with_peft_lora_around_the_stand_ins(tiny_llama: str, quant: str) -> None:
-    from memplan.trace.quantized import BLOCKSIZE
+    from memplan.trace.standins.quantized import BLOCKSIZE
 
     plain = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora").summary
     qlora = trace(tiny_llama, seq=SEQ, mbs=1, peft="lora", quantize_base=quant, double_quant=False).summary
@@ -220,7 +220,7 @@ def test_qlora_trace_runs_with_peft_lora_around_the_stand_ins(tiny_llama: str, q
 @pytest.mark.parametrize("shape", [(96, 200), (128, 384), (1000, 72)])
 def test_the_int8_stand_in_holds_exactly_what_linear8bitlt_stores(shape: tuple[int, int]) -> None:
     bnb = pytest.importorskip("bitsandbytes")
-    from memplan.trace.quantized import Linear8bitStandIn
+    from memplan.trace.standins.quantized import Linear8bitStandIn
 
     out_features, in_features = shape
     real = bnb.nn.Linear8bitLt(in_features, out_features, bias=False, has_fp16_weights=False).to("cpu")
@@ -308,7 +308,7 @@ def test_cpu_trace_peak_matches_a_real_peft_step(tiny_llama: str, flags: dict[st
     directly (not through memplan's fine-tuning code) — measured by the profiler's memory timeline."""
     import transformers
 
-    from memplan.trace.reference import profiler_peak_bytes
+    from profiler_reference import profiler_peak_bytes
     from memplan.trace.run import apply_recompute, hf_step_job, run_iterations
     from memplan.trace.setup import trace_setup
 
@@ -356,7 +356,7 @@ def test_cpu_trace_of_a_quantized_base_matches_real_bitsandbytes_layers(tiny_lla
     LoRA around them, against the trace's stand-ins; peak within 2%, counts equal peft's."""
     import transformers
 
-    from memplan.trace.reference import profiler_peak_bytes
+    from profiler_reference import profiler_peak_bytes
     from memplan.trace.run import hf_step_job, run_iterations
     from memplan.trace.setup import trace_setup
 
@@ -381,7 +381,7 @@ def test_cpu_trace_of_a_quantized_base_matches_real_bitsandbytes_layers(tiny_lla
 def test_cuda_autocast_emulation_answers_for_cuda_while_entered() -> None:
     """peft's bitsandbytes LoRA layers ask torch.is_autocast_enabled() (CUDA); a --device cuda trace
     runs CPU autocast and must answer as a GPU run would, and restore the functions afterwards."""
-    from memplan.trace.cuda_autocast import CudaAutocastFp32
+    from memplan.trace.cuda.autocast import CudaAutocastFp32
 
     before = (torch.is_autocast_enabled, torch.get_autocast_dtype)
     with torch.autocast("cpu", dtype=torch.bfloat16), CudaAutocastFp32():

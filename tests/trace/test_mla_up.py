@@ -1,4 +1,4 @@
-"""Megatron's ``mla_up_proj`` recompute on transformers' MLA (memplan.trace.mla_up): exact gradients, what it
+"""Megatron's ``mla_up_proj`` recompute on transformers' MLA (memplan.trace.runners.mla_up): exact gradients, what it
 drops in the trace against what the estimator drops, and the cases it refuses."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 from memplan.errors import UnsupportedError
 from memplan.trace import trace
 from memplan.trace.compare import compare_with_estimate
-from memplan.trace.discard import DiscardScope, autocast_restorer
-from memplan.trace.mla_up import discard_mla_up
-from memplan.trace.policies import _output_discarding
+from memplan.trace.runners.discard import DiscardScope, autocast_restorer
+from memplan.trace.runners.mla_up import discard_mla_up
+from memplan.trace.runners.policies import _output_discarding
 
 transformers = pytest.importorskip("transformers")
 

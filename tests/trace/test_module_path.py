@@ -7,7 +7,7 @@ import weakref
 import torch
 from torch import nn
 
-from memplan.trace.tracker import ModulePath
+from memplan.trace.core.tracker import ModulePath
 
 
 class Pair(nn.Module):

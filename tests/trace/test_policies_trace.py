@@ -1,4 +1,4 @@
-"""Activation policies run by the tracer (memplan.trace.policies): Megatron's --recompute-modules
+"""Activation policies run by the tracer (memplan.trace.runners.policies): Megatron's --recompute-modules
 checkpoint the model's own sub-modules for real, and the policies it cannot run are refused in one
 line (exit 2) before any model is built. Agreement with the estimator: tests/trace/test_agreement_grid.py."""
 

@@ -49,7 +49,7 @@ def test_memory_viz_text_tools_read_the_snapshot(result) -> None:  # type: ignor
     live_at_end = sum(s["total_size"] for s in snapshot["segments"])
     sizes = {e.block: e.size for e in result.trace.events if e.kind == ALLOC}
     freed = {e.block for e in result.trace.events if e.kind != ALLOC}
-    from memplan.trace.cuda_rounding import cuda_allocated_size
+    from memplan.trace.cuda.rounding import cuda_allocated_size
 
     assert live_at_end == sum(cuda_allocated_size(s) for b, s in sizes.items() if b not in freed)
     # Replay the alloc/free actions as the viewer does: the high-water mark is the traced peak.

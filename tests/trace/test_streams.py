@@ -13,9 +13,9 @@ from memplan.alloc import simulate
 from memplan.categories import MemoryCategory
 from memplan.events import ALLOC, Trace
 from memplan.trace import trace
-from memplan.trace.recorder import AllocationRecorder
-from memplan.trace.streams import DEFAULT_STREAM, FIRST_OTHER_STREAM, FSDP_STREAMS, StreamIds, stream_names
-from memplan.trace.summary import summarize
+from memplan.trace.core.recorder import AllocationRecorder
+from memplan.trace.core.streams import DEFAULT_STREAM, FIRST_OTHER_STREAM, FSDP_STREAMS, StreamIds, stream_names
+from memplan.trace.core.summary import summarize
 
 ALL_GATHER_COPY_IN = FSDP_STREAMS["all_gather_copy_in_stream"]
 REDUCE_SCATTER = FSDP_STREAMS["reduce_scatter_stream"]

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from memplan.errors import ConfigError
 from memplan.events import AllocEvent, Trace, TraceMeta
-from memplan.trace.cuda_rounding import cuda_allocated_size
+from memplan.trace.cuda.rounding import cuda_allocated_size
 from memplan.trace.setup import trace_setup
-from memplan.trace.summary import summarize
+from memplan.trace.core.summary import summarize
 
 
 def _trace(device: str) -> Trace:
@@ -88,7 +88,7 @@ def test_defaults_are_the_jobs_and_the_frameworks() -> None:
 def test_timeline_keeps_each_stretchs_peak() -> None:
     """A one-event spike inside a stretch of events is kept: the plotted peak is the summary's peak."""
     from memplan.events import AllocEvent, Trace, TraceMeta
-    from memplan.trace.summary import summarize, timeline
+    from memplan.trace.core.summary import summarize, timeline
 
     events = []
     for i in range(0, 20_000, 2):
@@ -106,7 +106,7 @@ def test_timeline_keeps_each_stretchs_peak() -> None:
 def test_modules_of_equal_size_sort_naturally() -> None:
     """h.2 before h.10 (not the string order h.10, h.2) when both hold the same bytes."""
     from memplan.events import AllocEvent, Trace, TraceMeta
-    from memplan.trace.summary import summarize
+    from memplan.trace.core.summary import summarize
     from memplan.units import natural_key
 
     names = ["h.10", "h.2", "h.1", "h.11"]

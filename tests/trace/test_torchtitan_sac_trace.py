@@ -17,7 +17,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from memplan.estimate.activations import ActivationShape
 from memplan.estimate.sac import layer_op_outputs, sac_kept
 from memplan.model.hf import model_from_hf_config
-from memplan.trace.sac import apply_torchtitan_sac, torchtitan_policy
+from memplan.trace.runners.sac import apply_torchtitan_sac, torchtitan_policy
 
 transformers = pytest.importorskip("transformers")
 

@@ -53,7 +53,7 @@ def traced(folder: Path, gpus: int, tp: int, ac: str) -> Any:
     key = (gpus, tp, ac)
     if key not in _TRACES:
         from memplan.trace.api import trace_job
-        from memplan.trace.torchtitan_setup import torchtitan_setup
+        from memplan.trace.runners.torchtitan_setup import torchtitan_setup
 
         target, setup, _settings = torchtitan_setup(str(job_file(folder, ac=ac, tp=tp)), {"gpus": gpus})
         _TRACES[key] = (target, setup, trace_job(target, setup))

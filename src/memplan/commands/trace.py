@@ -125,10 +125,10 @@ def trace_command(
 
 def _trace_torchtitan(path: str, flags: dict[str, Any], dialects: tuple[str | None, ...], device: str,
                      iterations: int, moe_routing: str, top: int, compare_estimate: bool) -> tuple[Any, Any, Any]:
-    """``--torchtitan FILE``: torchtitan's own code for the job in the file (:mod:`memplan.trace.torchtitan`)."""
+    """``--torchtitan FILE``: torchtitan's own code for the job in the file (:mod:`memplan.trace.runners.torchtitan`)."""
     from memplan.errors import ConfigError
     from memplan.trace.api import trace_job
-    from memplan.trace.torchtitan_setup import torchtitan_setup
+    from memplan.trace.runners.torchtitan_setup import torchtitan_setup
 
     if any(d is not None for d in dialects):
         raise ConfigError("--torchtitan", "the TOML is the whole job: leave out --hf-args, --peft-config and "

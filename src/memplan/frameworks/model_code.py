@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["HF_MODEL_CODE", "TORCHTITAN_MODEL_CODE", "ModelCode", "model_code", "model_code_notes", "sdpa_attention"]
 
 #: SDPA backends that take fp32 inputs: cuDNN and flash take fp16/bf16 only (their dtype checks in
-#: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; memplan.trace.cuda_sdpa follows them).
+#: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; memplan.trace.cuda.sdpa follows them).
 _FP32_BACKENDS = ("efficient", "math")
 
 

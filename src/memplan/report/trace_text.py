@@ -12,8 +12,8 @@ from memplan.units import format_bytes
 
 if TYPE_CHECKING:
     from memplan.trace.compare import Comparison
-    from memplan.trace.reserved import SimulatedReserved
-    from memplan.trace.summary import TraceSummary
+    from memplan.trace.core.reserved import SimulatedReserved
+    from memplan.trace.core.summary import TraceSummary
 
 __all__ = ["render_comparison", "render_summary"]
 
@@ -64,7 +64,7 @@ def _reserved_line(reserved: SimulatedReserved) -> Any:
     """``peak reserved X (simulated ...)``, with the per-stream split when more than one stream allocates."""
     from rich.text import Text
 
-    from memplan.trace.streams import stream_names
+    from memplan.trace.core.streams import stream_names
 
     line = Text.assemble(("peak reserved ", "bold"), (format_bytes(reserved.peak_reserved_bytes), "bold"),
                          f" (simulated caching allocator, default settings; fragmentation "

@@ -28,18 +28,18 @@ import torch
 from memplan.events import Trace, TraceMeta
 from memplan.job import Job
 from memplan.trace.build import BuiltModel, build_hf_model, quiet_transformers, unpacked_sequences
-from memplan.trace.distributed import simulated_ranks
+from memplan.trace.core.distributed import simulated_ranks
 from memplan.trace.errors import translate_errors
 from memplan.trace.finetune import param_counts, require_peft
-from memplan.trace.moe import static_grouped_mm
-from memplan.trace.recorder import HOST, AllocationRecorder
-from memplan.trace.reserved import simulate_reserved
+from memplan.trace.runners.moe import static_grouped_mm
+from memplan.trace.core.recorder import HOST, AllocationRecorder
+from memplan.trace.core.reserved import simulate_reserved
 from memplan.trace.run import StepJob, apply_recompute, hf_step_job, register_state, run_iterations
 from memplan.trace.setup import TraceSetup, trace_setup
-from memplan.trace.streams import StreamIds, fsdp_stream_ids
-from memplan.trace.summary import TraceSummary, summarize
-from memplan.trace.torchtitan import TorchtitanTarget
-from memplan.trace.tracker import ModulePath, TracingFakeMode, track_resize
+from memplan.trace.core.streams import StreamIds, fsdp_stream_ids
+from memplan.trace.core.summary import TraceSummary, summarize
+from memplan.trace.runners.torchtitan import TorchtitanTarget
+from memplan.trace.core.tracker import ModulePath, TracingFakeMode, track_resize
 
 __all__ = ["TraceResult", "trace", "trace_job"]
 
@@ -99,7 +99,7 @@ def trace(model: str | Callable[..., Any], *, job: Job | None = None, seq: int |
 def trace_job(model: str | Callable[[], Any] | TorchtitanTarget, options: TraceSetup, *, top: int = 10,
               progress: Progress | None = None) -> TraceResult:
     """:func:`trace` with a ready :class:`TraceSetup`; ``model`` may also be the target of
-    ``memplan trace --torchtitan`` (:func:`memplan.trace.torchtitan_setup.torchtitan_setup`)."""
+    ``memplan trace --torchtitan`` (:func:`memplan.trace.runners.torchtitan_setup.torchtitan_setup`)."""
     say = progress or (lambda _message: None)
     require_peft(options.job.finetune)
     job_source = "flags"
@@ -140,8 +140,8 @@ def trace_job(model: str | Callable[[], Any] | TorchtitanTarget, options: TraceS
 
 
 def _prepare(model: Any, options: TraceSetup, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
-    from memplan.trace.distributed import parallelize
-    from memplan.trace.moe import static_routing
+    from memplan.trace.core.distributed import parallelize
+    from memplan.trace.runners.moe import static_routing
 
     if isinstance(model, TorchtitanTarget):  # memplan trace --torchtitan: torchtitan's own code builds the step
         job = model.step_job(options)
@@ -183,20 +183,20 @@ def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,
 
 def _deepspeed_checkpointing(options: TraceSetup, recorder: AllocationRecorder) -> Any:
     """``--framework deepspeed --recompute full``: DeepSpeed's checkpoint on fake tensors
-    (:mod:`memplan.trace.ds_checkpoint`)."""
+    (:mod:`memplan.trace.runners.ds_checkpoint`)."""
     if options.job.framework != "deepspeed" or options.policy.name != "full":
         return contextlib.nullcontext()
-    from memplan.trace.ds_checkpoint import deepspeed_on_fake_tensors
+    from memplan.trace.runners.ds_checkpoint import deepspeed_on_fake_tensors
 
     return deepspeed_on_fake_tensors(recorder, host=options.device == "cuda")
 
 
 def _cuda_dispatch(options: TraceSetup, recorder: AllocationRecorder) -> Any:
-    """``--device cuda``: SDPA and RMSNorm run CUDA's kernels (:mod:`memplan.trace.cuda_dispatch`);
+    """``--device cuda``: SDPA and RMSNorm run CUDA's kernels (:mod:`memplan.trace.cuda.dispatch`);
     what CUDA keeps in host memory is left out of the trace."""
     if options.device != "cuda":
         return contextlib.nullcontext()
-    from memplan.trace.cuda_dispatch import cuda_dispatch
+    from memplan.trace.cuda.dispatch import cuda_dispatch
 
     return cuda_dispatch(on_host=lambda tensor: recorder.mark(tensor.untyped_storage(), HOST))
 

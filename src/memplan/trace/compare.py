@@ -20,7 +20,7 @@ from memplan.categories import MemoryCategory
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
 from memplan.trace.setup import TraceSetup
-from memplan.trace.summary import TraceSummary
+from memplan.trace.core.summary import TraceSummary
 
 __all__ = ["COMPARED", "Comparison", "ComparisonRow", "compare_with_estimate", "estimate_job"]
 

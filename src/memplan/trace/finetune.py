@@ -5,7 +5,7 @@ the model :mod:`memplan.trace.build` constructs:
 
 1. the base is built in ``--frozen-dtype`` (default the compute dtype, as a 16-bit load does);
 2. ``--quantize-base nf4|fp4`` swaps the decoder's linear layers for bitsandbytes stand-ins
-   (:mod:`memplan.trace.quantized`) before peft sees them;
+   (:mod:`memplan.trace.standins.quantized`) before peft sees them;
 3. ``--peft lora|dora`` wraps the model with ``peft.get_peft_model(model, LoraConfig(...))`` — real
    peft layers, adapters in fp32 (peft's ``autocast_adapter_dtype``);
 4. ``--trainable`` names modules trained fully; everything else has ``requires_grad=False``;
@@ -85,7 +85,7 @@ def _bitsandbytes_lora_layers() -> dict[type, type]:
     without the fp32 cast (``lora_A`` keeps the 16-bit input itself, shared by q/k/v and gate/up) and
     the 4-bit layer clones the base output. peft defines them only when bitsandbytes imports.
     """
-    from memplan.trace.quantized import Linear4bitStandIn, Linear8bitStandIn
+    from memplan.trace.standins.quantized import Linear4bitStandIn, Linear8bitStandIn
 
     try:
         from peft.tuners.lora import bnb
@@ -124,7 +124,7 @@ def apply_finetune(model: torch.nn.Module, finetune: FineTuning, *, storage_dtyp
     if trainable == "all" and finetune.peft == "none":
         return model
     if finetune.quantize_base != "none":
-        from memplan.trace.quantized import quantize_linears
+        from memplan.trace.standins.quantized import quantize_linears
 
         quant = finetune.quant_compute_dtype or compute_dtype
         quantize_linears(model, finetune.quantize_base, double_quant=finetune.double_quant,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from memplan.events import Trace
-from memplan.trace.summary import timeline
+from memplan.trace.core.summary import timeline
 from memplan.units import GiB
 
 __all__ = ["plot_timeline"]

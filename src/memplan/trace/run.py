@@ -20,7 +20,7 @@ from memplan.optimizers import optimizer_kind
 from memplan.optimizers.kind import TraceRequest
 from memplan.policies import ActivationPolicy
 from memplan.trace.build import TORCH_DTYPES
-from memplan.trace.recorder import HOST, AllocationRecorder
+from memplan.trace.core.recorder import HOST, AllocationRecorder
 from memplan.trace.setup import TraceSetup
 
 __all__ = [
@@ -90,11 +90,11 @@ def make_optimizer(params: Iterable[torch.nn.Parameter] | torch.nn.Module, optio
     chooses parameters by module (GaLore's target modules).
 
     ``--optimizer-in-backward``: one optimizer per parameter stepped by a post-accumulate-grad hook
-    (:class:`~memplan.trace.in_backward.InBackwardOptimizer`)."""
+    (:class:`~memplan.trace.standins.in_backward.InBackwardOptimizer`)."""
     model = params if isinstance(params, torch.nn.Module) else None
     trained = [p for p in (model.parameters() if model is not None else params) if p.requires_grad]
     if options.job.optimizer.in_backward:
-        from memplan.trace.in_backward import InBackwardOptimizer
+        from memplan.trace.standins.in_backward import InBackwardOptimizer
 
         return InBackwardOptimizer(trained, lambda one: _optimizer([one], options, None))
     return _optimizer(trained, options, model)
@@ -120,8 +120,8 @@ def _groups_by_tensor_type(params: Iterable[torch.nn.Parameter]) -> list[dict[st
 
 
 def apply_recompute(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_autocast: bool = False) -> None:
-    """Apply the job's activation policy to ``model`` (:func:`memplan.trace.policies.apply_policy`)."""
-    from memplan.trace.policies import apply_policy
+    """Apply the job's activation policy to ``model`` (:func:`memplan.trace.runners.policies.apply_policy`)."""
+    from memplan.trace.runners.policies import apply_policy
 
     apply_policy(model, policy, cuda_autocast=cuda_autocast)
 
@@ -137,7 +137,7 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     optimizer = make_optimizer(model, options)
     autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
     if options.job.loss in ("fused-linear", "chunked"):
-        from memplan.trace.fused_loss import decoder_call_and_loss
+        from memplan.trace.standins.fused_loss import decoder_call_and_loss
 
         call, loss_fn = decoder_call_and_loss(model)
         return StepJob(model, batch, optimizer, loss_fn, autocast_dtype, cuda_autocast=options.device == "cuda",
@@ -180,7 +180,7 @@ def _forward(job: StepJob) -> torch.Tensor:
            else contextlib.nullcontext())
     policy: Any = contextlib.nullcontext()
     if job.autocast_dtype is not None and job.cuda_autocast:
-        from memplan.trace.cuda_autocast import CudaAutocastFp32
+        from memplan.trace.cuda.autocast import CudaAutocastFp32
 
         policy = CudaAutocastFp32()
     with ctx, policy:
@@ -202,7 +202,7 @@ def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder |
 
     ``host_step``: optimizer ``step`` counters live in host memory (a GPU run of a non-fused,
     non-capturable optimizer), so they are marked to be left out of a CUDA trace.
-    ``offload_activations``: the forward runs under :func:`memplan.trace.offload.save_on_host`.
+    ``offload_activations``: the forward runs under :func:`memplan.trace.standins.offload.save_on_host`.
     """
     params = [p for group in job.optimizer.param_groups for p in group["params"]]
     observe = getattr(job.optimizer, "observe", None)
@@ -232,7 +232,7 @@ def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder |
 def _saved_tensors(recorder: AllocationRecorder | None, offload: bool) -> Any:
     if not offload:
         return contextlib.nullcontext()
-    from memplan.trace.offload import save_on_host
+    from memplan.trace.standins.offload import save_on_host
 
     return save_on_host(recorder)
 

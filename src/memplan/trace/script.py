@@ -103,7 +103,7 @@ class ScriptContext:
     def parallelize(self, model: torch.nn.Module, blocks: Iterable[torch.nn.Module] | None = None) -> None:
         """Apply ``--tp`` (Llama-style blocks) and ``--fsdp`` (``fully_shard`` per block and on the
         root, with the precision's ``MixedPrecisionPolicy``) to ``model`` in place; no-op on one rank."""
-        from memplan.trace.distributed import parallelize
+        from memplan.trace.core.distributed import parallelize
 
         parallelize(model, self.setup, self.mesh, blocks=None if blocks is None else list(blocks))
 

@@ -10,7 +10,7 @@ framework profile. The tracer runs the Hugging Face model the way the job's fram
 * ``flash`` and ``sdpa`` attention both run PyTorch SDPA (its flash kernel on CUDA);
 * the optimizer implementation ``auto`` is the profile's (:func:`resolved_optimizer_impl`);
 * ``deepspeed``: DeepSpeed's own activation checkpointing under ``--recompute full``
-  (:mod:`memplan.trace.ds_checkpoint`), without ZeRO or FSDP, in a precision the model runs in as is.
+  (:mod:`memplan.trace.runners.ds_checkpoint`), without ZeRO or FSDP, in a precision the model runs in as is.
 
 Job settings the tracer cannot execute (pipeline or context parallelism, ZeRO, FP8, offload,
 Megatron-only options, ...) are refused by :func:`check_traceable` with the flag named — never
@@ -28,7 +28,7 @@ from memplan.job import Job, resolved_optimizer_impl
 from memplan.jobflags import build_job, job_flags
 from memplan.optimizers import optimizer_kind
 from memplan.policies import ActivationPolicy, resolve_policy
-from memplan.trace.policies import check_runnable
+from memplan.trace.runners.policies import check_runnable
 
 __all__ = ["TRACE_FRAMEWORKS", "MoeRouting", "RunSettings", "TraceDevice", "TraceSetup", "check_traceable",
            "trace_setup"]
@@ -124,7 +124,7 @@ _DEEPSPEED_POLICIES = ("none", "full")
 
 
 def _check_deepspeed(job: Job) -> None:
-    """A deepspeed trace runs ``deepspeed.checkpointing`` (:mod:`memplan.trace.ds_checkpoint`) with ZeRO
+    """A deepspeed trace runs ``deepspeed.checkpointing`` (:mod:`memplan.trace.runners.ds_checkpoint`) with ZeRO
     stage 0 (a default the loop below holds), no FSDP and a precision the model runs in as is; the
     switches act only there."""
     rc = job.recompute
@@ -216,7 +216,7 @@ class TraceSetup:
     #: context must not be given any (see :mod:`memplan.trace.script`).
     given: frozenset[str] = frozenset()
     #: ``memplan trace --torchtitan``: torchtitan's own model and parallelize code run the job
-    #: (:mod:`memplan.trace.torchtitan`), so torchtitan's TP plan is traced, not refused.
+    #: (:mod:`memplan.trace.runners.torchtitan`), so torchtitan's TP plan is traced, not refused.
     torchtitan_code: bool = False
 
     def __post_init__(self) -> None:

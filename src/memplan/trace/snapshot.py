@@ -21,7 +21,7 @@ import pickle
 from typing import Any
 
 from memplan.events import ALLOC, Trace
-from memplan.trace.cuda_rounding import cuda_allocated_size
+from memplan.trace.cuda.rounding import cuda_allocated_size
 
 __all__ = ["to_snapshot", "write_snapshot"]
 

@@ -1,7 +1,7 @@
 """The attention function a transformers model calls, looked up as transformers looks it up.
 
-Used by the tracer's ``core_attn`` checkpoint (:mod:`memplan.trace.policies`) and by ``mla_up_proj``
-(:mod:`memplan.trace.mla_up`), which both call the model's attention function themselves.
+Used by the tracer's ``core_attn`` checkpoint (:mod:`memplan.trace.runners.policies`) and by ``mla_up_proj``
+(:mod:`memplan.trace.runners.mla_up`), which both call the model's attention function themselves.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Fake tensors have no data but exact sizes, so a training step of any model runs in seconds and in
 almost no memory. :class:`TracingFakeMode` is PyTorch's ``FakeTensorMode`` with one addition: after
 each top-level operator it hands the storages of the outputs to an
-:class:`~memplan.trace.recorder.AllocationRecorder`. Because the fake mode sits at the bottom of
+:class:`~memplan.trace.core.recorder.AllocationRecorder`. Because the fake mode sits at the bottom of
 the dispatch stack, it also sees the operators that tensor subclasses (DTensor) and FSDP run on
 local shards. ``UntypedStorage.resize_`` (which FSDP2 uses to free and re-allocate unsharded
 parameters) does not dispatch, so :func:`track_resize` patches it while a trace runs.
@@ -36,7 +36,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten
 
 from memplan.categories import MemoryCategory
-from memplan.trace.recorder import COLLECTIVE, AllocationRecorder
+from memplan.trace.core.recorder import COLLECTIVE, AllocationRecorder
 
 __all__ = ["ModulePath", "TracingFakeMode", "track_resize", "unrecorded_sharding_propagation"]
 

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from memplan.categories import MemoryCategory
 from memplan.events import ALLOC, PHASES, AllocEvent, Trace
-from memplan.trace.cuda_rounding import cuda_allocated_size
+from memplan.trace.cuda.rounding import cuda_allocated_size
 from memplan.units import natural_key
 
 if TYPE_CHECKING:
-    from memplan.trace.reserved import SimulatedReserved
+    from memplan.trace.core.reserved import SimulatedReserved
 
 __all__ = ["TraceSummary", "summarize", "timeline"]
 

@@ -43,7 +43,7 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
 
     Yields ``None`` for a single rank. Refuses to run when a process group already exists.
     DTensor's sharding propagation is not recorded while inside (see
-    :func:`~memplan.trace.tracker.unrecorded_sharding_propagation`).
+    :func:`~memplan.trace.core.tracker.unrecorded_sharding_propagation`).
     """
     if options.world_size == 1:
         yield None
@@ -55,7 +55,7 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
     if dist.is_initialized():
         raise UnsupportedError("--fsdp/--tp simulate ranks with a fake process group; this process already "
                                "has a process group (call memplan.trace outside torch.distributed jobs)")
-    from memplan.trace.tracker import unrecorded_sharding_propagation
+    from memplan.trace.core.tracker import unrecorded_sharding_propagation
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=options.world_size)
     try:

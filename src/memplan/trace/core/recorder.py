@@ -73,7 +73,7 @@ class AllocationRecorder:
     ``module_of`` returns the dotted path of the module running now ("" outside any module).
     ``head_modules`` are the module paths whose forward allocations alive at the backward are
     logits rather than activations (the output head and the top-level module computing the loss).
-    ``stream_of`` returns the id of the stream current now (see :mod:`memplan.trace.streams`); a
+    ``stream_of`` returns the id of the stream current now (see :mod:`memplan.trace.core.streams`); a
     block keeps the stream it was allocated on, and its free carries that stream too.
     """
 

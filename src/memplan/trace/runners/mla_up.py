@@ -13,7 +13,7 @@ models built like them: ``q_a_proj``/``q_proj``, ``kv_a_proj_with_mqa``, then no
 function of the latents by calling the model's own ``forward`` with its two down-projections
 answering the given latents and the attention function stopping the call with q, k, v
 (:func:`_region`): no line of transformers' MLA is restated. That function runs under
-:class:`memplan.trace.discard.DiscardScope` (the output-discarding checkpoint ``layernorm`` and
+:class:`memplan.trace.runners.discard.DiscardScope` (the output-discarding checkpoint ``layernorm`` and
 ``moe_act`` use), and the rest of the forward — the attention function on q, k, v and the output
 projection — is run here as transformers writes it (``attn_output.reshape(b, s, -1).contiguous()``
 then ``o_proj``); a test compares outputs and gradients with the plain module.
@@ -102,7 +102,7 @@ def discard_mla_up(scope: Any, attention: torch.nn.Module) -> None:
     low_rank_q = getattr(attention, "q_a_proj", None) is not None
 
     def forward_discarding_up(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        from memplan.trace.hf_attention import attention_function
+        from memplan.trace.runners.hf_attention import attention_function
 
         if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
             # The stretch is run again in the backward: a cache would be written twice.

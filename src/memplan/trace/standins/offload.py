@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from memplan.trace.recorder import HOST, AllocationRecorder
+from memplan.trace.core.recorder import HOST, AllocationRecorder
 
 __all__ = ["save_on_host"]
 

@@ -29,7 +29,7 @@ from typing import Any
 from memplan.errors import ConfigError, MissingDependencyError, UnsupportedError
 from memplan.settings import InputSetting
 from memplan.trace.setup import RunSettings, TraceSetup
-from memplan.trace.torchtitan import FLAG, TorchtitanTarget, import_torchtitan
+from memplan.trace.runners.torchtitan import FLAG, TorchtitanTarget, import_torchtitan
 
 __all__ = ["SUPPORTED_VERSIONS", "parse_job_config", "require_torchtitan", "torchtitan_setup"]
 

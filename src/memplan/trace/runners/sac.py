@@ -14,8 +14,8 @@ here follows torchtitan's:
   recompute, and the even-numbered ones are recomputed instead of kept.
 
 The attention op saved is whichever SDPA kernel the trace runs
-(:data:`memplan.trace.cuda_sdpa.SDPA_KERNEL_OPS`): on ``--device cuda`` the kernel CUDA picks
-(cuDNN, flash, efficient; :mod:`memplan.trace.cuda_sdpa`), on ``--device cpu`` the CPU flash
+(:data:`memplan.trace.cuda.sdpa.SDPA_KERNEL_OPS`): on ``--device cuda`` the kernel CUDA picks
+(cuDNN, flash, efficient; :mod:`memplan.trace.cuda.sdpa`), on ``--device cpu`` the CPU flash
 kernel ``aten._scaled_dot_product_flash_attention_for_cpu``. Not followed: torchtitan's
 ``force_recompute_mm_shapes_by_fqns`` (default ``moe.router.gate``, a torchtitan module name no
 Hugging Face model has) and its device-to-host copies rule (no CUDA tensors here).
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from memplan.errors import UnsupportedError
-from memplan.trace.cuda_sdpa import SDPA_KERNEL_OPS
+from memplan.trace.cuda.sdpa import SDPA_KERNEL_OPS
 
 __all__ = ["apply_torchtitan_sac", "decoder_layers", "torchtitan_policy", "torchtitan_save_ops"]
 

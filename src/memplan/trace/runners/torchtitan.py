@@ -23,7 +23,7 @@ memory with FSDP's streams. The :class:`~memplan.job.Job` beside it is read from
 and its classification of every field is the result's ``input_settings``.
 
 What is refused before anything runs, and how the job and settings are read:
-:mod:`memplan.trace.torchtitan_setup`.
+:mod:`memplan.trace.runners.torchtitan_setup`.
 
 Known limitations: torchtitan's ``init_weights`` is not run (it only draws values, which fake
 tensors have none of); the batch has no document masks (flex / varlen flavors are refused).

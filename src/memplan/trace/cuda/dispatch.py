@@ -6,7 +6,7 @@ training step whose CUDA kernels keep different memory run, on fake tensors, as 
 H100/H200 (sm90) runs:
 
 * ``F.scaled_dot_product_attention``: the backend CUDA picks and its kernel operator
-  (:mod:`memplan.trace.cuda_sdpa`);
+  (:mod:`memplan.trace.cuda.sdpa`);
 * ``F.rms_norm``: ``aten._fused_rms_norm`` (``rms_norm_symint`` in
   ``aten/src/ATen/native/layer_norm.cpp`` on CUDA), which saves the input and an fp32 ``rstd``
   where the CPU composite keeps fp32 copies;
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from memplan.trace.cuda_sdpa import cuda_sdpa
+from memplan.trace.cuda.sdpa import cuda_sdpa
 
 __all__ = ["cuda_dispatch", "cuda_dropout", "cuda_rms_norm"]
 

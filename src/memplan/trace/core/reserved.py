@@ -1,7 +1,7 @@
 """Reserved memory of a trace: its own events replayed through the caching-allocator simulator.
 
 ``memplan trace`` reports what ``torch.cuda.max_memory_reserved`` would say by replaying the
-trace (each allocation on its recorded stream, see :mod:`memplan.trace.streams`) through
+trace (each allocation on its recorded stream, see :mod:`memplan.trace.core.streams`) through
 :func:`memplan.alloc.simulate` with the default ``PYTORCH_CUDA_ALLOC_CONF``. The figure is
 simulated, not measured: the simulator follows PyTorch's ``CUDACachingAllocator`` rules (rounding,
 20 MiB/2 MiB segments, per-stream pools, splitting, coalescing) but not NCCL's own buffers,
@@ -16,7 +16,7 @@ from typing import Any
 from memplan.alloc.settings import AllocatorSettings
 from memplan.alloc.simulator import SimResult, simulate
 from memplan.events import Trace
-from memplan.trace.streams import stream_names
+from memplan.trace.core.streams import stream_names
 
 __all__ = ["SimulatedReserved", "simulate_reserved"]
 

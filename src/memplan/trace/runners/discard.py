@@ -172,7 +172,7 @@ def autocast_restorer(cuda_autocast: bool) -> Callable[[], Any]:
             if enabled:
                 stack.enter_context(torch.autocast("cpu", dtype=dtype))
                 if cuda_autocast:
-                    from memplan.trace.cuda_autocast import CudaAutocastFp32
+                    from memplan.trace.cuda.autocast import CudaAutocastFp32
 
                     stack.enter_context(CudaAutocastFp32())
             return stack

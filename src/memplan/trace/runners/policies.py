@@ -4,10 +4,10 @@
   (``activation_checkpointing_enable``, which also makes the embedding output require grad); with
   ``--recompute-method block --recompute-layers N`` only the first N decoder layers stay checkpointed;
   under ``--framework deepspeed`` every decoder layer runs under ``deepspeed.checkpointing.checkpoint``
-  configured from the job's DeepSpeed switches (:mod:`memplan.trace.ds_checkpoint`);
+  configured from the job's DeepSpeed switches (:mod:`memplan.trace.runners.ds_checkpoint`);
 * ``attention-module`` — every attention module (``self_attn``/``attn``) under non-reentrant
   ``torch.utils.checkpoint``;
-* ``torchtitan-sac`` — every decoder layer with torchtitan's per-op policy (:mod:`memplan.trace.sac`);
+* ``torchtitan-sac`` — every decoder layer with torchtitan's per-op policy (:mod:`memplan.trace.runners.sac`);
 * ``megatron-selective`` / ``attention-core`` — Megatron's sub-module checkpoints on the model's own
   sub-modules: each keeps its inputs and makes what it saves inside again in its backward
   (megatron/core/transformer ``tensor_parallel.checkpoint``). ``core_attn``: the attention function
@@ -15,12 +15,12 @@
   scores/softmax/PV); ``mlp``: a dense layer's ``mlp``; ``moe``: a sparse layer's MoE block;
   ``shared_experts``: its shared expert(s);
 * ``layernorm`` / ``moe_act`` / ``mla_up_proj`` — Megatron's output-discarding checkpoint
-  (``CheckpointWithoutOutput``, :mod:`memplan.trace.discard`): ``layernorm`` on each layer's input norm
+  (``CheckpointWithoutOutput``, :mod:`memplan.trace.runners.discard`): ``layernorm`` on each layer's input norm
   and pre-MLP norm (the attention and the MLP/MoE block are the modules whose backward makes the output
   again); ``moe_act`` on the routed experts' activation (transformers' experts interface:
   ``_apply_gate``, or ``act_fn`` for experts without a gate), skipped where ``moe`` checkpoints the whole
   block; ``mla_up_proj`` on multi-latent attention's stretch from the latents to q, k, v
-  (:mod:`memplan.trace.mla_up`), made again when the attention core's backward starts.
+  (:mod:`memplan.trace.runners.mla_up`), made again when the attention core's backward starts.
 
 Refused with one line: ``memory-budget`` (torch.compile's partitioner decides it, and the tracer
 runs eager code), ``full`` with uniform groups of more than one layer (a Hugging Face decoder
@@ -44,7 +44,7 @@ __all__ = ["TRACED_MODULES", "apply_policy", "check_runnable"]
 
 #: ``--recompute-modules`` the tracer runs.
 TRACED_MODULES = HF_MODULES
-#: ``--recompute-modules`` run as Megatron's output-discarding checkpoint (:mod:`memplan.trace.discard`).
+#: ``--recompute-modules`` run as Megatron's output-discarding checkpoint (:mod:`memplan.trace.runners.discard`).
 _DISCARDING = ("layernorm", "mla_up_proj", "moe_act")
 #: A decoder layer's input norm, pre-MLP norm (Gemma's pre-feedforward norm before its post-attention
 #: one), attention and MLP block, by the attribute names of transformers' models.
@@ -97,7 +97,7 @@ def apply_policy(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_autoc
     if name == "full":
         _full(model, policy, cuda_autocast)
     elif name == "torchtitan-sac":
-        from memplan.trace.sac import apply_torchtitan_sac
+        from memplan.trace.runners.sac import apply_torchtitan_sac
 
         apply_torchtitan_sac(model, _cuda_policies if cuda_autocast else None)
     elif name == "attention-module":
@@ -128,26 +128,26 @@ def _context(cuda_autocast: bool) -> dict[str, Any]:
 
 
 def _recompute_with_cuda_policies() -> tuple[Any, Any]:
-    from memplan.trace.cuda_autocast import CudaAutocastFp32
+    from memplan.trace.cuda.autocast import CudaAutocastFp32
 
     return contextlib.nullcontext(), CudaAutocastFp32()
 
 
 def _cuda_policies() -> Any:
-    from memplan.trace.cuda_autocast import CudaAutocastFp32
+    from memplan.trace.cuda.autocast import CudaAutocastFp32
 
     return CudaAutocastFp32()
 
 
 def _full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bool) -> None:
     if policy.framework == "deepspeed":  # each layer under deepspeed.checkpointing.checkpoint
-        from memplan.trace.ds_checkpoint import apply_deepspeed_checkpoint
+        from memplan.trace.runners.ds_checkpoint import apply_deepspeed_checkpoint
 
         apply_deepspeed_checkpoint(model, policy)
     else:
         _hf_full(model, policy, cuda_autocast)
     if policy.method == "block" and policy.num_layers is not None:
-        from memplan.trace.sac import decoder_layers
+        from memplan.trace.runners.sac import decoder_layers
 
         for layer in decoder_layers(model)[policy.num_layers:]:
             layer.gradient_checkpointing = False  # type: ignore[assignment]
@@ -168,7 +168,7 @@ def _hf_full(model: torch.nn.Module, policy: ActivationPolicy, cuda_autocast: bo
 def _megatron_modules(model: torch.nn.Module, modules: tuple[str, ...], cuda_autocast: bool) -> None:
     import torch
 
-    from memplan.trace.sac import decoder_layers
+    from memplan.trace.runners.sac import decoder_layers
 
     for layer in decoder_layers(model):
         mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
@@ -193,8 +193,8 @@ def _output_discarding(model: torch.nn.Module, modules: tuple[str, ...], cuda_au
     """``layernorm`` / ``moe_act``: each decoder layer's forward runs in a :class:`DiscardScope` whose
     checkpoints are its norms (the attention / MLP block recomputes their output at its backward's start,
     as Megatron's hook on the next module's output does) and its experts' activation."""
-    from memplan.trace.discard import DiscardScope, autocast_restorer
-    from memplan.trace.sac import decoder_layers
+    from memplan.trace.runners.discard import DiscardScope, autocast_restorer
+    from memplan.trace.runners.sac import decoder_layers
 
     capture = autocast_restorer(cuda_autocast)
     for layer in decoder_layers(model):
@@ -209,7 +209,7 @@ def _output_discarding(model: torch.nn.Module, modules: tuple[str, ...], cuda_au
             for norm, consumer in pairs:
                 _discard_norm(scope, norm, consumer)
         if "mla_up_proj" in modules:
-            from memplan.trace.mla_up import discard_mla_up
+            from memplan.trace.runners.mla_up import discard_mla_up
 
             discard_mla_up(scope, _child(layer, _ATTENTIONS))
         mlp = _child(layer, _MLPS)
@@ -283,7 +283,7 @@ def _checkpoint_attention_core(model: torch.nn.Module, cuda_autocast: bool) -> N
 def _checkpointed_core(base: str, cuda_autocast: bool) -> Callable[..., Any]:
     from torch.utils.checkpoint import checkpoint
 
-    from memplan.trace.hf_attention import attention_function
+    from memplan.trace.runners.hf_attention import attention_function
 
     extra = _context(cuda_autocast)
 

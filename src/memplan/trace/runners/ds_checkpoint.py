@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import torch
 
     from memplan.policies import ActivationPolicy
-    from memplan.trace.recorder import AllocationRecorder
+    from memplan.trace.core.recorder import AllocationRecorder
 
 __all__ = ["TensorParallelGroup", "apply_deepspeed_checkpoint", "deepspeed_on_fake_tensors", "import_checkpointing"]
 
@@ -202,7 +202,7 @@ def _kept_on_host(original: Callable[..., list[Any]], checkpointing: Any,
     copies in host memory; on fake tensors ``.cpu()`` returns the device partition itself."""
     import torch
 
-    from memplan.trace.recorder import HOST
+    from memplan.trace.core.recorder import HOST
 
     def partitioned(args: Any, cpu_checkpoint: bool, contiguous_checkpoint: bool) -> list[Any]:
         kept = original(args, cpu_checkpoint, contiguous_checkpoint)
