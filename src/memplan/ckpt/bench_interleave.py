@@ -20,17 +20,17 @@ from typing import Any
 
 import torch
 
-from memplan.ckpt.bench import (
+from memplan.ckpt.bench_meter import StepMeter
+from memplan.ckpt.bench_setup import (
     MEMPLAN,
     BenchConfig,
+    LiveRecord,
+    RecomputeCounter,
     Run,
-    _Live,
-    _prepare,
-    _RecomputeCounter,
-    _seed,
     longest_step_peak,
+    prepare_variant,
+    seed_memplan,
 )
-from memplan.ckpt.bench_meter import StepMeter
 
 __all__ = ["fitting_statics", "run_interleaved"]
 
@@ -49,16 +49,16 @@ class _Lane:
     model: torch.nn.Module
     opt: torch.optim.Optimizer
     judge: StepMeter
-    counter: _RecomputeCounter
-    live: _Live = field(default_factory=_Live)
+    counter: RecomputeCounter
+    live: LiveRecord = field(default_factory=LiveRecord)
     seconds: float = 0.0
     cpu: float = 0.0
 
 
 def _lane(variant: str, cfg: BenchConfig, init: dict[str, torch.Tensor], budget: int) -> _Lane:
-    model = _prepare(variant, cfg, init, budget)
+    model = prepare_variant(variant, cfg, init, budget)
     return _Lane(variant=variant, model=model, opt=torch.optim.AdamW(model.parameters(), lr=cfg.lr),
-                 judge=StepMeter(), counter=_RecomputeCounter(model))
+                 judge=StepMeter(), counter=RecomputeCounter(model))
 
 
 def _timed(lane: _Lane, fn: Callable[[], Any]) -> Any:
@@ -90,7 +90,7 @@ def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, t
         if lane.variant in MEMPLAN:
             def seed(lane: _Lane = lane) -> None:
                 lane.judge.start(lane.model, None)
-                _seed(lane.model, cfg, lane.judge, lane.live)
+                seed_memplan(lane.model, cfg, lane.judge, lane.live)
             _timed(lane, seed)
     for i, batch in enumerate(batches):
         order = lanes[i % len(lanes):] + lanes[:i % len(lanes)]

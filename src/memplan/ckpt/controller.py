@@ -43,7 +43,7 @@ from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.offload import OffloadHooks
 from memplan.ckpt.opcosts import OpCosts
 from memplan.ckpt.opprofile import OpRecorder, roofline_for, sac_context
-from memplan.ckpt.phases import StepRecord, grad_tensor, new_bytes, phase_terms, skip_output, tensors_in
+from memplan.ckpt.phases import CkptStepState, grad_tensor, new_bytes, phase_terms, skip_output, tensors_in
 from memplan.ckpt.planner import (
     BlockCost,
     CheckpointPlan,
@@ -120,7 +120,7 @@ class CheckpointController(LoopHooks):
         self._ready = False
         self._warm_index: int | None = None
         self._force: str | None = None
-        self._step: StepRecord | None = None
+        self._step: CkptStepState | None = None
         self._count = dict.fromkeys(
             ("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps", "seeded", "selective",
              "offloaded"), 0)
@@ -405,7 +405,7 @@ class CheckpointController(LoopHooks):
         plan, probe = self._choose(size, static, grads)
         self._plan_seconds += time.perf_counter() - t0
         metered = self.meter.active or not isinstance(self.meter, CpuMeter)
-        self._step = StepRecord(size=size, plan=plan, static_bytes=static, grad_bytes=grads, probe=probe,
+        self._step = CkptStepState(size=size, plan=plan, static_bytes=static, grad_bytes=grads, probe=probe,
                                 metered=metered, seed=self._seeding, skip=skip)
         self._count["sheltered"] += probe
         if self._force is None:
@@ -465,7 +465,7 @@ class CheckpointController(LoopHooks):
         self._hook(st, grad_tensor(out), j)
         return out
 
-    def _plain_forward(self, st: StepRecord, j: int, mode: str, forward: Callable[..., Any], args: Any,
+    def _plain_forward(self, st: CkptStepState, j: int, mode: str, forward: Callable[..., Any], args: Any,
                        kwargs: Any) -> Any:
         """Block ``j`` run without recompute: kept (its bytes and time measured) or with its saved tensors offloaded."""
         before, t0 = self.meter.current_bytes, time.perf_counter()
@@ -487,7 +487,7 @@ class CheckpointController(LoopHooks):
         st.acts[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
         return out
 
-    def _probe(self, st: StepRecord, j: int, forward: Callable[..., Any], args: Any, kwargs: Any) -> None:
+    def _probe(self, st: CkptStepState, j: int, forward: Callable[..., Any], args: Any, kwargs: Any) -> None:
         rng, before, peak = rng_state(self.device), self.meter.current_bytes, self.meter.peak_bytes
         t0 = time.perf_counter()
         out = forward(*args, **kwargs)
@@ -500,11 +500,11 @@ class CheckpointController(LoopHooks):
             self.meter._peak = max(peak, self.meter.current_bytes)
         self._count["probes"] += 1
 
-    def _hook(self, st: StepRecord, tensor: torch.Tensor | None, j: int) -> None:
+    def _hook(self, st: CkptStepState, tensor: torch.Tensor | None, j: int) -> None:
         if tensor is not None and tensor.requires_grad:
             tensor.register_hook(lambda _grad: self._boundary(st, j))
 
-    def _boundary(self, st: StepRecord, j: int) -> None:
+    def _boundary(self, st: CkptStepState, j: int) -> None:
         """Gradient of block j's output is complete: the phase before it ends, block j's begins.
 
         The first boundary of a backward queues :meth:`_end_backward` to run when the backward is over.
@@ -515,7 +515,7 @@ class CheckpointController(LoopHooks):
         st.peaks[st.phase] = max(st.peaks.get(st.phase, 0), self.meter.mark())
         st.phase = j if j >= 0 else "tail"
 
-    def _end_backward(self, st: StepRecord) -> None:
+    def _end_backward(self, st: CkptStepState) -> None:
         """Callback at the end of the backward: the step is over (its tail phase included)."""
         if self._step is st:
             self._finish_step()
@@ -548,7 +548,7 @@ class CheckpointController(LoopHooks):
         if st.metered:
             self._observe(st)
 
-    def _observe(self, st: StepRecord) -> None:
+    def _observe(self, st: CkptStepState) -> None:
         """Feed the step's measurements to the predictors; new information invalidates cached plans."""
         changed = False
         for j, value in st.acts.items():

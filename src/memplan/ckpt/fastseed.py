@@ -38,7 +38,7 @@ from memplan.errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
     from memplan.ckpt.controller import CheckpointController
-    from memplan.ckpt.phases import StepRecord
+    from memplan.ckpt.phases import CkptStepState
 
 __all__ = ["seed_fast", "seed_specs"]
 
@@ -105,14 +105,14 @@ def seed_fast(controller: CheckpointController, steps: Iterable[Callable[[], obj
     return passes
 
 
-def _pass(controller: CheckpointController, fn: Callable[[], object]) -> StepRecord | None:
+def _pass(controller: CheckpointController, fn: Callable[[], object]) -> CkptStepState | None:
     """One fake pass; returns its step record (kept for the profiles it holds)."""
-    seen: list[StepRecord] = []
+    seen: list[CkptStepState] = []
     original = controller._observe
 
     classes = [type(b) for b in controller.blocks]
 
-    def observe(st: StepRecord) -> None:
+    def observe(st: CkptStepState) -> None:
         # the checkpointed traced block builds what the kept one of its class measured
         by_class = {classes[j]: v for j, v in st.acts.items()}
         for j in range(len(classes)):
@@ -129,7 +129,7 @@ def _pass(controller: CheckpointController, fn: Callable[[], object]) -> StepRec
     return seen[-1] if seen else None
 
 
-def _share(controller: CheckpointController, st: StepRecord, classes: list[type]) -> None:
+def _share(controller: CheckpointController, st: CkptStepState, classes: list[type]) -> None:
     """Give every block of a class the bytes its traced blocks measured at this size (largest)."""
     measured: dict[type, int] = {}
     for j, value in st.acts.items():

@@ -15,14 +15,15 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from memplan.ckpt.planner import CheckpointPlan
 
-__all__ = ["PhaseKey", "StepRecord", "grad_tensor", "new_bytes", "phase_terms", "skip_output", "tensors_in"]
+__all__ = ["CkptStepState", "PhaseKey", "grad_tensor", "new_bytes", "phase_terms", "skip_output",
+           "tensors_in"]
 
 #: "head", "tail", a block index (its backward) or ("forward", block index).
 PhaseKey = str | int | tuple[str, int]
 
 
 @dataclass(kw_only=True)
-class StepRecord:
+class CkptStepState:
     """What one forward/backward is doing and what was measured during it."""
 
     size: int
@@ -81,7 +82,7 @@ def skip_output(template: Any, args: Any, kwargs: Any) -> Any:
     return tree_map(lambda x: hidden if x is inner else x, template)
 
 
-def phase_terms(st: StepRecord, acts: list[float], kept: list[float] | None = None) -> dict[str, float]:
+def phase_terms(st: CkptStepState, acts: list[float], kept: list[float] | None = None) -> dict[str, float]:
     """Invert the planner's phase formulas: the non-block bytes each measured phase implies.
 
     ``acts[i]`` are the bytes block ``i`` builds (its intermediates), ``kept[i]`` the bytes it held

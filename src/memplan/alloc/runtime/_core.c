@@ -93,7 +93,8 @@ typedef struct Region {
     u64 addr, size, live;
     Span *spans;
     size_t n, cap;
-    Dirty *dirty;     /* ranges freed by a stream since the last mpr_synchronize (several streams only) */
+    Dirty *dirty;     /* ranges freed by a stream since the last mpr_synchronize, kept with one stream too:
+                       * a stream first seen later must not get a range the first one freed unsynchronised */
     size_t nd, capd;
     u64 dirty_all;    /* streams (bit per id) whose frees overflowed the list: the whole region is theirs */
     struct Region *next;
@@ -611,7 +612,8 @@ static void release_block(mpr_arena *a, Block *b) {
     if (b->arena) {
         Region *r = b->region;
         span_release(r, b->addr - r->addr);
-        if (a->n_streams > 1) dirty_push(r, b->addr - r->addr, b->addr - r->addr + b->size, b->stream);
+        /* pushed even while one stream is known: a second stream may appear before the next sync */
+        dirty_push(r, b->addr - r->addr, b->addr - r->addr + b->size, b->stream);
         a->c[C_ARENA_LIVE] -= b->size;
         if (--r->live == 0 && r != a->region) {
             region_unlink_retired(a, r);

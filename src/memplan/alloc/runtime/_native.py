@@ -22,7 +22,8 @@ from pathlib import Path
 
 from memplan.errors import MemplanError
 
-__all__ = ["BACKENDS", "STAT_NAMES", "Core", "LogRows", "RuntimeUnavailable", "core_library_path", "load_core"]
+__all__ = ["BACKENDS", "STAT_NAMES", "Core", "LogRows", "RuntimeUnavailable", "core_library_path",
+           "load_core", "runtime_cache_dir"]
 
 _HERE = Path(__file__).resolve().parent
 _SOURCE = _HERE / "_core.c"
@@ -46,7 +47,9 @@ class RuntimeUnavailable(MemplanError):
     """The C core is neither built nor buildable here (no C compiler)."""
 
 
-def _cache_dir() -> Path:
+def runtime_cache_dir() -> Path:
+    """Where builds of the runtime's native code are cached: ``$MEMPLAN_RUNTIME_CACHE``, else
+    ``~/.cache/memplan/runtime`` (the C core here, the CPU allocator's torch extension in :mod:`.cpu`)."""
     return Path(os.environ.get("MEMPLAN_RUNTIME_CACHE") or Path.home() / ".cache" / "memplan" / "runtime")
 
 
@@ -57,7 +60,7 @@ def core_library_path() -> Path:
         if built.is_file() and built.stat().st_mtime >= _SOURCE.stat().st_mtime:
             return built
     digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
-    cached = _cache_dir() / f"mpr_core_{digest}.so"
+    cached = runtime_cache_dir() / f"mpr_core_{digest}.so"
     if cached.is_file():
         return cached
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")

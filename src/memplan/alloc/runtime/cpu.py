@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from memplan.alloc.runtime._native import Core, RuntimeUnavailable, _cache_dir, load_core
+from memplan.alloc.runtime._native import Core, RuntimeUnavailable, load_core, runtime_cache_dir
 from memplan.errors import MemplanError
 
 __all__ = ["cpu_allocator_library", "installed_on_cpu"]
@@ -34,7 +34,7 @@ def cpu_allocator_library() -> ctypes.CDLL:
 
     digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
     name = f"mpr_cpu_{digest}"
-    build = _cache_dir() / f"torch-{torch.__version__}" / name
+    build = runtime_cache_dir() / f"torch-{torch.__version__}" / name
     build.mkdir(parents=True, exist_ok=True)
     library = build / f"{name}.so"
     if not library.is_file():

@@ -28,14 +28,14 @@ from memplan.alloc.settings import AllocatorSettings
 from memplan.errors import ConfigError
 from memplan.events import ALLOC, Trace
 
-__all__ = ["ReplayResult", "replay_trace"]
+__all__ = ["RuntimeReplayResult", "replay_trace"]
 
 _ALIGNMENT = 512
 _KEY = "trace"
 
 
 @dataclass(frozen=True)
-class ReplayResult:
+class RuntimeReplayResult:
     """The caching allocator's simulation and the planned runtime's run of one trace."""
 
     mode: str
@@ -150,7 +150,7 @@ def _profile(core: Core, trace: Trace, plan: SlotPlan | None, time_limit: float)
 
 def replay_trace(trace: Trace, *, mode: Literal["profile", "online"] = "profile", settings: AllocatorSettings | None = None,
                  plan: str | os.PathLike[str] | None = None, save_plan: str | os.PathLike[str] | None = None,
-                 time_limit: float = 5.0) -> ReplayResult:
+                 time_limit: float = 5.0) -> RuntimeReplayResult:
     """Replay ``trace`` through the C core (virtual addresses: no memory is touched) and the simulator."""
     from memplan.alloc.simulator import simulate
 
@@ -177,7 +177,7 @@ def replay_trace(trace: Trace, *, mode: Literal["profile", "online"] = "profile"
             stats = arena.stats()
     finally:
         core.close()
-    return ReplayResult(mode=mode, events=len(trace.events), lower_bound_bytes=trace.peak_live_bytes,
+    return RuntimeReplayResult(mode=mode, events=len(trace.events), lower_bound_bytes=trace.peak_live_bytes,
                         aligned_peak_bytes=_aligned_peak(trace), caching_fragmentation=sim.fragmentation,
                         caching_reserved_bytes=sim.peak_reserved_bytes,
                         planned_reserved_bytes=stats["peak_reserved_bytes"], arena_bytes=stats["arena_bytes"],
