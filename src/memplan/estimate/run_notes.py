@@ -21,7 +21,8 @@ def run_notes(run: RunContext) -> list[str]:
     par, b = job.parallel, job.batch
     out = [f"framework profile '{profile.name}': {profile.description}", *prec.notes]
     out.append(
-        f"layout: {par.world_size} GPUs = dp {par.data_parallel} x tp {par.tp} x pp {par.pp} x cp {par.cp}"
+        f"layout: {par.world_size} GPU{'' if par.world_size == 1 else 's'} = dp {par.data_parallel} x tp {par.tp} "
+        f"x pp {par.pp} x cp {par.cp}"
         + (f", vpp {par.vpp} (interleaved 1F1B)" if par.vpp > 1
            else (", 1F1B pipeline schedule" if par.pp > 1 else ""))
         + (", sequence parallel" if par.sequence_parallel else "")
