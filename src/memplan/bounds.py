@@ -68,11 +68,13 @@ _BRACKETS_ONLY = _OnlyBrackets()
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
-def check_at_most(field: str, value: int, limit: int, limit_name: str) -> int:
-    """``value``, or ConfigError when it exceeds ``limit`` (named ``limit_name`` in docs/inputs.md)."""
-    if value > limit:
-        raise ConfigError(field, f"must be at most {limit:,} (memplan's limit {limit_name})", value)
-    return value
+def check_at_most(field: str, value: Any, number: int, limit: int, limit_name: str,
+                  error: type[ConfigError] = ConfigError) -> int:
+    """``number`` (``value`` as read), or ``error`` when it exceeds ``limit`` (named ``limit_name`` in
+    docs/inputs.md)."""
+    if number > limit:
+        raise error(field, f"must be at most {limit:,} (memplan's limit {limit_name})", value)
+    return number
 
 
 def nesting_depth(text: str) -> int:

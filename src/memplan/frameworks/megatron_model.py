@@ -11,7 +11,7 @@ import ast
 from collections.abc import Mapping
 from typing import Any
 
-from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_INT_DIGITS, MAX_LAYERS, MAX_MODEL_INT
+from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_INT_DIGITS, MAX_LAYERS, MAX_MODEL_INT, check_at_most
 from memplan.errors import ModelConfigError
 from memplan.frameworks.shell_script import unresolved_hint
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
@@ -49,9 +49,7 @@ def _get_int(args: Mapping[str, Any], flag: str, default: int | None = None, *, 
     if number <= 0:
         raise ModelConfigError(flag, "must be a positive integer", value)
     limit, limit_name = _LIMITS.get(flag, (MAX_MODEL_INT, "MAX_MODEL_INT"))
-    if number > limit:
-        raise ModelConfigError(flag, f"must be at most {limit:,} (memplan's limit {limit_name})", value)
-    return number
+    return check_at_most(flag, value, number, limit, limit_name, ModelConfigError)
 
 
 def flag_is_set(args: Mapping[str, Any], flag: str) -> bool:

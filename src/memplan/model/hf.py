@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from memplan.errors import ModelConfigError
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
-from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_MODEL_INT, parse_json
+from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_MODEL_INT, check_at_most, parse_json
 from memplan.textfile import read_text_file
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "load_hf_config", "model_from_hf_config"]
@@ -70,9 +70,7 @@ class _Fields:
             rule = "must be a positive integer" if minimum == 1 else f"must be an integer >= {minimum}"
             raise ModelConfigError(key, rule, value)
         limit, limit_name = _LIMITS.get(key, (MAX_MODEL_INT, "MAX_MODEL_INT"))
-        if value > limit:
-            raise ModelConfigError(key, f"must be at most {limit:,} (memplan's limit {limit_name})", value)
-        return value
+        return check_at_most(key, value, value, limit, limit_name, ModelConfigError)
 
     def opt_int(self, key: str) -> int | None:
         """A positive integer or null; the key itself must be present."""
