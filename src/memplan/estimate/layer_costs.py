@@ -97,7 +97,7 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
     role = _role(run, index)
     if role is None:
         return _NOTHING
-    key = (id(layer), role.adapters, role.frozen, role.first, run.job.finetune.quantize_base)
+    key = (id(layer), role)  # the run fixes everything else _layer_figures reads
     cached = run.cache.get(key)
     if cached is None:
         ft = run.job.finetune
