@@ -23,14 +23,14 @@ from typing import Any, Literal
 
 from memplan.alloc.runtime._native import Core
 from memplan.alloc.runtime.plans import SlotPlan, fingerprint, load_plans, plan_recording, save_plans
-from memplan.alloc.runtime.session import Arena, RuntimeSettings
+from memplan.alloc.runtime.session import ALIGNMENT, Arena, RuntimeSettings
 from memplan.alloc.settings import AllocatorSettings
 from memplan.errors import ConfigError
 from memplan.events import ALLOC, Trace
 
 __all__ = ["RuntimeReplayResult", "replay_trace"]
 
-_ALIGNMENT = 512
+_ALIGNMENT = ALIGNMENT["virtual"]
 _KEY = "trace"
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from memplan.alloc.runtime._native import Core, LogRows
+from memplan.alloc.constants import K_MIN_BLOCK_SIZE
 from memplan.alloc.runtime.plans import SlotPlan, plan_recording
 from memplan.errors import ConfigError
 
@@ -32,7 +33,7 @@ __all__ = ["Arena", "RuntimeSettings", "StepRecord"]
 
 #: Slot alignment per device: c10's CPU allocator aligns to 64 bytes (c10/core/alignment.h,
 #: gAlignment); CUDA blocks to 512 (kMinBlockSize in CUDACachingAllocator.cpp).
-ALIGNMENT = {"cpu": 64, "cuda": 512, "virtual": 512}
+ALIGNMENT = {"cpu": 64, "cuda": K_MIN_BLOCK_SIZE, "virtual": K_MIN_BLOCK_SIZE}
 
 
 @dataclass(frozen=True, kw_only=True)
