@@ -87,8 +87,7 @@ class BenchResult:
 
     def ratios(self, variant: str) -> list[float]:
         """Throughput of ``variant`` over its loop's ``full`` (``trainer-full`` for ``trainer``), per repetition."""
-        full = {r.rep: r.throughput for r in self.of("trainer-full" if variant == "trainer" else "full")}
-        return [r.throughput / full[r.rep] for r in self.of(variant) if r.rep in full]
+        return self.ratios_to(variant, "trainer-full" if variant == "trainer" else "full")
 
     def cpu_ratios(self, variant: str) -> list[float]:
         """Like :meth:`ratios`, by process CPU seconds (empty where they were not recorded)."""
@@ -380,8 +379,6 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
             for rep in range(cfg.repeats):
                 order = list(timed[rep % len(timed):] + timed[:rep % len(timed)]) if timed else []
                 for variant in (order + list(cfg.once) if rep == 0 else order):
-                    if not timed and rep > 0:
-                        break
                     run = _run(variant, rep, cfg, init, batches, budget, out_dir or tmp)
                     say(f"rep {rep + 1}/{cfg.repeats} {variant}: {run.throughput:.1f} tokens/s, "
                         f"max peak {max(run.peaks) / 2**20:,.0f} MiB, {run.recomputed_forwards} recomputed")

@@ -456,7 +456,7 @@ class CheckpointController(LoopHooks):
             out = checkpoint(forward, *args, use_reentrant=False, **({"context_fn": context} if context else {}),
                              **kwargs)
             if context is not None:
-                st.kept[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+                st.kept[j] = self._held_since(before, out, args, kwargs)
                 self._count["selective"] += 1
             self._count["recomputed"] += 1
         else:
@@ -472,7 +472,7 @@ class CheckpointController(LoopHooks):
         if mode == "offload":
             with OffloadHooks(self.device):
                 out = forward(*args, **kwargs)
-            st.kept[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+            st.kept[j] = self._held_since(before, out, args, kwargs)
             self._count["offloaded"] += 1
             return out
         record = st.seed and self._seed_spec is not None and j in self._seed_spec[2]
@@ -484,15 +484,19 @@ class CheckpointController(LoopHooks):
         else:
             out = forward(*args, **kwargs)
         st.times[j] = time.perf_counter() - t0
-        st.acts[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+        st.acts[j] = self._held_since(before, out, args, kwargs)
         return out
+
+    def _held_since(self, before: int, out: Any, args: Any, kwargs: Any) -> int:
+        """Bytes a block's forward left held since the meter read ``before``, beyond its output's new tensors."""
+        return max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
 
     def _probe(self, st: CkptStepState, j: int, forward: Callable[..., Any], args: Any, kwargs: Any) -> None:
         rng, before, peak = rng_state(self.device), self.meter.current_bytes, self.meter.peak_bytes
         t0 = time.perf_counter()
         out = forward(*args, **kwargs)
         st.times[j] = time.perf_counter() - t0
-        st.acts[j] = max(0, self.meter.current_bytes - before - new_bytes(out, (args, kwargs)))
+        st.acts[j] = self._held_since(before, out, args, kwargs)
         del out
         set_rng_state(rng, self.device)
         if isinstance(self.meter, CpuMeter):

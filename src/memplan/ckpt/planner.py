@@ -173,15 +173,16 @@ def _exact_choice(blocks: Sequence[BlockCost], step: StepCost) -> tuple[int, ...
     costs ``1 + 1e-9·j`` times its seconds, so ties keep later blocks. ``None`` when no
     choice fits.
     """
-    budget, n = step.budget_bytes, len(blocks)
+    budget = step.budget_bytes
     front: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
     for i, b in enumerate(blocks):
         grown = []
         weight = 1.0 + _TIE_BONUS * i
+        rooms = {r: budget - _phase_extra(blocks, step, i, r) for r in (False, True)}
         for k, o in enumerate(b.options()):
             if o.kept_bytes < 0:
                 continue
-            room = budget - _phase_extra(blocks, step, i, o.recomputes)
+            room = rooms[o.recomputes]
             grown += [(w + o.kept_bytes, c + o.cost_s * weight, ks + (k,)) for w, c, ks in front if w <= room]
         grown.sort(key=lambda s: (s[0], s[1]))
         front, best = [], math.inf
