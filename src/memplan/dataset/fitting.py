@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from memplan.errors import ConfigError
+from memplan.units import GiB
 
 __all__ = ["fit_dataset"]
 
@@ -91,7 +92,7 @@ def render_fit(document: dict[str, Any]) -> Any:
         rule = row["batching"] + (" (grouped)" if row["group_by_length"] else "")
         table.add_row(rule, f"{row['micro_batch_size']} x {row['gradient_accumulation_steps']}",
                       str(row["max_length"]), row["recompute"], "x".join(map(str, row["worst_step_shape"])),
-                      f"{row['worst_peak_allocated_bytes'] / 2**30:.2f}", "yes" if row["fits"] else "no",
+                      f"{row['worst_peak_allocated_bytes'] / GiB:.2f}", "yes" if row["fits"] else "no",
                       f"{row['predicted_epoch_s']:.1f}", ", ".join(row["changes"]) or "-")
     if document.get("selective_checkpointing"):
         table.caption = document["selective_checkpointing"]["note"]
@@ -125,7 +126,7 @@ def fit_dataset_answer(model: str, job_flags: dict[str, Any], flags: dict[str, A
     else:
         shown.append(f"Chosen: --batching {chosen['batching']} mbs {chosen['micro_batch_size']} x accumulation "
                      f"{chosen['gradient_accumulation_steps']}, max_length {chosen['max_length']}, recompute "
-                     f"{chosen['recompute']}; worst step {chosen['worst_peak_allocated_bytes'] / 2**30:.2f} GiB; "
+                     f"{chosen['recompute']}; worst step {chosen['worst_peak_allocated_bytes'] / GiB:.2f} GiB; "
                      f"changes: {', '.join(chosen['changes']) or 'none'}.")
     if "emitted" in document:
         shown.append(f"Wrote {document['emitted']['kind']} config: {document['emitted']['path']}")

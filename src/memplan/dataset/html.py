@@ -8,10 +8,10 @@ from html import escape
 import numpy as np
 
 from memplan.dataset.peaks import DatasetPeaks
+from memplan.units import GiB
 
 __all__ = ["dataset_section"]
 
-_GIB = float(1 << 30)
 #: At most this many points are drawn: each the highest step peak of its run of steps.
 _POINTS = 1500
 
@@ -27,7 +27,7 @@ def dataset_section(peaks: DatasetPeaks) -> str:
             f"{escape(peaks.pricing[:1].upper() + peaks.pricing[1:])}.</p>")
     table = ("<table><thead><tr><th>worst step</th><th>rows</th><th>tokens per row</th><th>peak allocated</th>"
              f"<th>phase</th></tr></thead><tbody><tr><td>{worst.index}</td><td>{worst.batch_size}</td>"
-             f"<td>{worst.seq_length}</td><td>{worst.peak_allocated_bytes / _GIB:.2f} GiB</td>"
+             f"<td>{worst.seq_length}</td><td>{worst.peak_allocated_bytes / GiB:.2f} GiB</td>"
              f"<td>{escape(worst.peak_phase)}</td></tr></tbody></table>")
     return f"<h2>Per-step peak on the dataset</h2>{meta}{_chart(peaks)}{table}"
 
@@ -54,12 +54,12 @@ def _chart(peaks: DatasetPeaks) -> str:
              f'<polyline points="{points}" fill="none" stroke="#0072B2" stroke-width="1"/>']
     if usable is not None:
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{py(usable):.1f}" y2="{py(usable):.1f}" '
-                     f'stroke="#D55E00" stroke-dasharray="6 3"><title>GPU usable {usable / _GIB:.2f} GiB</title>'
+                     f'stroke="#D55E00" stroke-dasharray="6 3"><title>GPU usable {usable / GiB:.2f} GiB</title>'
                      "</line>")
     worst = peaks.worst
     parts.append(f'<circle cx="{px(worst.index / size):.1f}" cy="{py(worst.peak_allocated_bytes):.1f}" r="4" '
                  f'fill="#000"><title>worst step {worst.index}</title></circle>'
-                 f'<text x="0" y="12">{top / _GIB:.1f} GiB</text><text x="0" y="{height}">0</text>'
+                 f'<text x="0" y="12">{top / GiB:.1f} GiB</text><text x="0" y="{height}">0</text>'
                  f'<text x="{left}" y="{height + 22}">step 0–{len(values) - 1}'
                  f"{'' if size == 1 else f' (each point the highest of {size} steps)'}</text></svg>")
     return "".join(parts)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from memplan.dataset.peaks import DatasetPeaks
 from memplan.errors import MissingDependencyError
+from memplan.units import GiB
 
 __all__ = ["plot_steps"]
 
-_GIB = float(1 << 30)
 
 
 def plot_steps(peaks: DatasetPeaks, path: str) -> None:
@@ -24,11 +24,11 @@ def plot_steps(peaks: DatasetPeaks, path: str) -> None:
     except ImportError:
         raise MissingDependencyError("matplotlib", feature="--plot", extra="plot") from None
     figure, axes = plt.subplots(figsize=(10, 4))
-    axes.plot(peaks.peak_allocated_bytes / _GIB, linewidth=0.6, label="predicted peak allocated")
+    axes.plot(peaks.peak_allocated_bytes / GiB, linewidth=0.6, label="predicted peak allocated")
     if peaks.gpu_usable_bytes is not None:
-        axes.axhline(peaks.gpu_usable_bytes / _GIB, color="red", linestyle="--", label="GPU usable")
+        axes.axhline(peaks.gpu_usable_bytes / GiB, color="red", linestyle="--", label="GPU usable")
     worst = peaks.worst
-    axes.plot([worst.index], [worst.peak_allocated_bytes / _GIB], "o", color="black",
+    axes.plot([worst.index], [worst.peak_allocated_bytes / GiB], "o", color="black",
               label=f"worst step #{worst.index} ({worst.batch_size}x{worst.seq_length})")
     axes.set_xlabel("step (micro-batch)")
     axes.set_ylabel("GiB")

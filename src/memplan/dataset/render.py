@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from memplan.dataset.peaks import DatasetPeaks, length_histogram
+from memplan.units import GiB
 
 __all__ = ["render_peaks"]
 
-_GIB = float(1 << 30)
 
 
 def render_peaks(peaks: DatasetPeaks) -> Any:
@@ -24,11 +24,11 @@ def render_peaks(peaks: DatasetPeaks) -> Any:
     summary.add_column("what")
     summary.add_column("value", justify="right")
     summary.add_row("worst step", f"#{worst.index} ({worst.batch_size} x {worst.seq_length} tokens)")
-    summary.add_row("worst step peak allocated", f"{worst.peak_allocated_bytes / _GIB:.2f} GiB ({worst.peak_phase})")
+    summary.add_row("worst step peak allocated", f"{worst.peak_allocated_bytes / GiB:.2f} GiB ({worst.peak_phase})")
     for name, value in data["step_peak_percentiles_bytes"].items():
-        summary.add_row(f"step peak {name}", f"{value / _GIB:.2f} GiB")
+        summary.add_row(f"step peak {name}", f"{value / GiB:.2f} GiB")
     if peaks.gpu_usable_bytes is not None:
-        summary.add_row("GPU usable", f"{peaks.gpu_usable_bytes / _GIB:.2f} GiB")
+        summary.add_row("GPU usable", f"{peaks.gpu_usable_bytes / GiB:.2f} GiB")
         summary.add_row("steps over the GPU", f"{peaks.steps_over_gpu:,} of {len(peaks.shapes):,}")
     lengths = ", ".join(f"{k} {v:,}" for k, v in data["length_percentiles"].items())
     summary.add_row("example tokens", lengths)
