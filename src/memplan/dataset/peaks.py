@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from memplan.dataset.batching import StepShapes
-from memplan.estimate.engine import DEFAULT_FRAGMENTATION, Estimate, estimate
+from memplan.estimate.engine import DEFAULT_FRAGMENTATION, estimate
 from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
@@ -45,8 +45,6 @@ class DatasetPeaks:
     shapes: StepShapes
     peak_allocated_bytes: np.ndarray
     worst: WorstStep
-    #: The worst step's full estimate (what ``memplan estimate`` prints at that shape).
-    worst_estimate: Estimate
     #: Example token lengths (after truncation), for the histogram and the percentiles.
     lengths: np.ndarray
     #: Usable bytes of ``--gpu`` (None without one).
@@ -113,7 +111,7 @@ def step_peaks(model: ModelSpec, job: Job, shapes: StepShapes, lengths: np.ndarr
     worst = results[int(inverse.reshape(-1)[index])]
     stage = next(s for s in worst.stages if s.stage == worst.peak_stage)
     return DatasetPeaks(
-        examples=len(lengths), shapes=shapes, peak_allocated_bytes=peaks, worst_estimate=worst,
+        examples=len(lengths), shapes=shapes, peak_allocated_bytes=peaks,
         worst=WorstStep(index=index, batch_size=int(shapes.batch_size[index]),
                         seq_length=int(shapes.seq_length[index]), peak_allocated_bytes=int(peaks[index]),
                         peak_phase=stage.peak_phase),
