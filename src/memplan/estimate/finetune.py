@@ -157,9 +157,8 @@ def frozen_bytes_per_element(job: Job) -> int:
 
 
 def is_finetune(job: Job) -> bool:
-    """The job freezes something or adds adapters."""
-    ft = job.finetune
-    return ft.peft != "none" or ft.has_frozen or ft.quantize_base != "none"
+    """The job freezes something or adds adapters (:attr:`FineTuning.partial`)."""
+    return job.finetune.partial
 
 
 def finetune_counts(model: ModelSpec, job: Job) -> FinetuneParams:

@@ -44,7 +44,7 @@ class ParamCounts:
 
 def needs_finetune(finetune: FineTuning) -> bool:
     """Whether the job freezes, quantizes or adapts anything (else the model trains as built)."""
-    return finetune.peft != "none" or finetune.has_frozen or finetune.quantize_base != "none"
+    return finetune.partial
 
 
 def frozen_dtype(finetune: FineTuning, compute_dtype: str) -> torch.dtype:

@@ -143,7 +143,7 @@ def _check_deepspeed(job: Job) -> None:
         raise ConfigError(switches[0], "acts on the layers deepspeed.checkpointing wraps: use --recompute full",
                           True)
     finetune = job.finetune
-    if finetune.peft != "none" or finetune.has_frozen or finetune.quantize_base != "none":
+    if finetune.partial:
         flag = "--peft" if finetune.peft != "none" else ("--quantize-base" if finetune.quantize_base != "none"
                                                          else "--trainable")
         raise ConfigError(flag, "fine-tuning is traced with --framework hf (a frozen embedding would leave "
