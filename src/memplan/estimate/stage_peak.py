@@ -26,6 +26,7 @@ from memplan.estimate.extras import (
     logits_bytes,
     saved_logits_bytes,
 )
+from memplan.estimate import pipeline_fsdp
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import (
@@ -176,10 +177,16 @@ def _backward_walk(ctx: StageContext, st: StageStates, walk: LayerWalk, layer_ac
     return best
 
 
-def communication(ctx: StageContext, st: StageStates, forward: bool) -> tuple[list[Contribution], int]:
+def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
+                  forward: bool) -> tuple[list[Contribution], int]:
     """The collective buffers alive at each moment (the end of the forward: as at the loss), and
-    their most during the step."""
+    their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`."""
     run = ctx.run
+    if pipeline_fsdp.applies(ctx, st):
+        held = list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts))
+        most = max(sum(c.nbytes for c in held if c.category == COMMUNICATION and c.live_at(phase))
+                   for phase in ("loss", "backward", "end of backward", "optimizer step"))
+        return held, most
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings)
