@@ -21,7 +21,9 @@ Two rules meet on a pipeline stage that ``fully_shard`` wrapped (profiles with
 So from the first forward to the end of the backward a GPU of the stage holds all its parameters
 (after tensor parallelism) unsharded in the compute dtype; from the first micro-batch's backward on,
 all their gradients unsharded in the reduce dtype, beside the compute-dtype gradient of the layer
-whose backward runs; the sharded gradients appear only at the reduce-scatter. The optimizer step
+whose backward runs; the sharded gradients appear only at the reduce-scatter, unit by unit as the
+accumulated ones are released (its worst moment: the first unit's reduce-scatter input beside
+all the accumulated gradients). The optimizer step
 runs on resharded parameters. These replace the two prefetched blocks of plain FSDP
 (:func:`memplan.estimate.extras.communication_by_phase`).
 
@@ -49,7 +51,7 @@ from memplan.units import dtype_bytes
 __all__ = ["applies", "pipeline_fsdp_contributions"]
 
 _HELD = ("loss", "backward", "end of backward")
-_BEFORE_REDUCE = ("loss", "backward", "forward")
+_BEFORE_REDUCE = ("loss", "backward", "forward", "end of backward")
 
 
 def applies(ctx: StageContext, st: StageStates) -> bool:
@@ -77,7 +79,8 @@ def pipeline_fsdp_contributions(ctx: StageContext, st: StageStates,
         f"(FSDP's unsharded_accumulated_grad); the sharded gradients exist only after the reduce-scatter"))
     yield Contribution(GRADIENTS, max(0, accumulated - _fewer_in_flight(ctx, acts)), ("backward",))
     yield Contribution(TEMPORARY, layer_grad, ("backward",))
-    # The final reduce-scatter copies one FSDP unit's accumulated gradients into its input buffer.
+    # The final reduce-scatter copies one FSDP unit's accumulated gradients into its input buffer; the
+    # sharded gradients replace the accumulated ones unit by unit (at the first unit, none exist yet).
     yield Contribution(COMMUNICATION, max(params.largest_layer, params.root) * reduce, ("end of backward",))
     yield Contribution(ABSENT, st.states.gradients, _BEFORE_REDUCE)
 

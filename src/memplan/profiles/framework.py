@@ -114,6 +114,9 @@ class FrameworkProfile:
     #: an untied ``lm_head`` is column-parallel with its output gathered (``colwise_gather_output``),
     #: so every rank computes the loss on full-vocabulary logits.
     vocab_parallel: bool = True
+    #: Under TP the loss runs in DTensor's ``loss_parallel`` on the vocabulary-sharded logits
+    #: (torchtitan's ``get_train_context``; :mod:`memplan.estimate.loss_parallel`).
+    dtensor_loss_parallel: bool = False
     #: The optimizer is ``torch.optim``'s (HF Trainer, torchtitan): its fused (and capturable)
     #: Adam/AdamW keep a float32 ``step`` tensor per parameter on the GPU (torch/optim/adam.py,
     #: ``_init_group``). Megatron's and DeepSpeed's fused Adam keep the step count on the host.
@@ -262,6 +265,7 @@ TORCHTITAN = FrameworkProfile(
     autocast_with_tp_or_pp=False,
     pipeline_split="embedding-output-weighted",
     pipeline_fsdp_unsharded=True,
+    dtensor_loss_parallel=True,
     fit_tensor_parallel=True,
     fit_pipelines=True,
 )
