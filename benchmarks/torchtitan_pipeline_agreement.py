@@ -58,9 +58,12 @@ mode = "full"
 
 def _estimates(target: object, setup: object, settings: object) -> tuple[int, int, int]:
     """(stage 0 peak less workspaces, the same with plain-FSDP pricing, its in-flight micro-batches)."""
-    import memplan.estimate.engine as engine
-    import memplan.profiles.framework as frameworks
+    import importlib
+
     from memplan.estimate.engine import estimate
+
+    engine = importlib.import_module("memplan.estimate.engine")
+    frameworks = importlib.import_module("memplan.profiles.framework")
 
     stage = estimate(target.model_spec, setup.job, settings=settings).stages[0]  # type: ignore[attr-defined]
     profile = frameworks.get_profile("torchtitan")
