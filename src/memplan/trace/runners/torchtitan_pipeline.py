@@ -78,7 +78,9 @@ def _no_loss(output: Any, batch: Any) -> torch.Tensor:  # the schedule computes 
 def _block_dtype(jc: Any, dims: Any) -> torch.dtype:
     """The dtype the blocks compute in: FSDP's ``param_dtype`` (``mixed_precision_param``), else the
     parameters' (``training.dtype``)."""
-    dtypes = __import__("torchtitan.config", fromlist=["TORCH_DTYPE_MAP"]).TORCH_DTYPE_MAP
+    from memplan.trace.runners.torchtitan import import_torchtitan
+
+    dtypes = import_torchtitan("torchtitan.config").TORCH_DTYPE_MAP
     name = jc.training.mixed_precision_param if dims.fsdp_enabled else jc.training.dtype
     return dtypes[name]  # type: ignore[no-any-return]
 
