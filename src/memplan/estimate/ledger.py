@@ -81,27 +81,28 @@ class Ledger:
         self.phases = tuple(p for p in PHASES if p in given)
         self.entries: list[Contribution] = []
         self._lifetime: dict[str, int] = {}
-        self._at: dict[str, dict[str, int]] = {}
+        self._notes: dict[str, None] = {}
+        self._at: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}
         self._weighed = dict.fromkeys(self.phases, 0)
 
     def add(self, *items: Contribution) -> None:
         self.extend(items)
 
     def extend(self, items: Iterable[Contribution]) -> None:
-        entries, lifetime, at, weighed = self.entries, self._lifetime, self._at, self._weighed
+        entries, notes, lifetime, at, weighed = self.entries, self._notes, self._lifetime, self._at, self._weighed
         for c in items:
             entries.append(c)
-            category, nbytes, live = c[0], c[1], c[2]
+            category, nbytes, live, note, weighs = c
+            if note:
+                notes[note] = None
             if not nbytes:
                 continue
             if not live:
                 lifetime[category] = lifetime.get(category, 0) + nbytes
                 continue
-            sign = _SIGN.get(category, 0) if c[4] else 0
+            sign = _SIGN.get(category, 0) if weighs else 0
             for phase in live:
-                moment = at.get(phase)
-                if moment is None:
-                    moment = at[phase] = {}
+                moment = at[phase]
                 moment[category] = moment.get(category, 0) + nbytes
                 if sign and phase in weighed:
                     weighed[phase] += sign * nbytes
@@ -110,7 +111,7 @@ class Ledger:
         """Bytes of ``category`` alive at ``phase`` (None: its lifetime contributions only)."""
         out = self._lifetime.get(category, 0)
         if phase is not None:
-            out += self._at.get(phase, {}).get(category, 0)
+            out += self._at[phase].get(category, 0)
         return out
 
     def weighed(self) -> dict[str, int]:
@@ -122,12 +123,16 @@ class Ledger:
         """The moment with the most weighed bytes (the first of :data:`PHASES` on a tie)."""
         weighed = self._weighed
         phase = max(self.phases, key=weighed.__getitem__)
-        lifetime, moment = self._lifetime, self._at.get(phase, {})
-        by_category = {c: lifetime.get(c, 0) + moment.get(c, 0) for c in _REPORTED}
-        comm = {p: lifetime.get(COMMUNICATION, 0) + self._at.get(p, {}).get(COMMUNICATION, 0) for p in self.phases}
-        allocated = sum(by_category[c] for c in _SUMMED) - by_category[ABSENT]
-        return Peak(phase=phase, by_category=by_category, allocated=allocated, communication_at=comm)
+        by_category = dict.fromkeys(_REPORTED, 0)
+        for sums in (self._lifetime, self._at[phase]):
+            for category, nbytes in sums.items():
+                if category in by_category:
+                    by_category[category] += nbytes
+        comm = self._lifetime.get(COMMUNICATION, 0)
+        comm_at = {p: comm + self._at[p].get(COMMUNICATION, 0) for p in self.phases}
+        allocated = sum(map(by_category.__getitem__, _SUMMED)) - by_category[ABSENT]
+        return Peak(phase=phase, by_category=by_category, allocated=allocated, communication_at=comm_at)
 
     def notes(self) -> list[str]:
         """The contributions' sentences, each once, in order."""
-        return list(dict.fromkeys(c.note for c in self.entries if c.note))
+        return list(self._notes)
