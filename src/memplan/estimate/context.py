@@ -35,9 +35,10 @@ LayerCosts = tuple[int, int, int, int]
 _resolve_policy = getattr(resolve_policy, "__wrapped__", resolve_policy)
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """Everything derived once per job: resolved profile, precision, policy, shape and counts."""
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """What every mechanic reads of a job, resolved once: the model, the job, its framework profile,
+    precision, activation policy and activation shape."""
 
     model: ModelSpec
     job: Job
@@ -45,6 +46,12 @@ class RunContext:
     prec: ResolvedPrecision
     policy: ActivationPolicy
     shape: ActivationShape
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext(Resolved):
+    """Everything derived once per job: resolved profile, precision, policy, shape and counts."""
+
     vocab_rows: int
     #: Recompute classes kept and sites dropped under the policy (:func:`kept_policy`).
     kept_classes: frozenset[str]
@@ -60,12 +67,12 @@ class RunContext:
         return self.counts is not None
 
 
-@dataclass(frozen=True, slots=True)
-class StageContext:
+@dataclass(frozen=True, kw_only=True)
+class StageContext(Resolved):
     """One pipeline stage of one job: the run's context plus the stage's layout and recomputed layers.
 
-    The run's fields every mechanic reads (model, job, profile, precision, policy, shape) are copied
-    in when the context is built (:func:`stage_context`), so reading them is an attribute access."""
+    The run's :class:`Resolved` fields are copied in when the context is built (:func:`stage_context`),
+    so a mechanic reads ``ctx.job`` as an attribute, not through the run."""
 
     run: RunContext
     layout: StageLayout
@@ -73,12 +80,6 @@ class StageContext:
     recomputed: frozenset[int]
     #: Layers per checkpointed group (Megatron ``uniform`` with ``--recompute-num-layers N``; else 1).
     group: int
-    model: ModelSpec
-    job: Job
-    profile: FrameworkProfile
-    prec: ResolvedPrecision
-    policy: ActivationPolicy
-    shape: ActivationShape
 
 
 def run_context(model: ModelSpec, job: Job, fragmentation: float) -> RunContext:
