@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 PHASES = ("backward", "optimizer step", "end of backward", "loss", "forward")
@@ -70,6 +71,7 @@ class Peak:
 #: The sign a category weighs with when the ledger chooses the peak moment (others weigh 0).
 _SIGN = {**dict.fromkeys(_SUMMED, 1), ABSENT: -1}
 _REPORTED = (*_SUMMED, ABSENT, LAYER_ACTIVATIONS)
+_NBYTES, _NOTE = itemgetter(1), itemgetter(3)
 
 
 class Ledger:
@@ -89,14 +91,13 @@ class Ledger:
         self.extend(items)
 
     def extend(self, items: Iterable[Contribution]) -> None:
-        entries, notes, lifetime, at, weighed = self.entries, self._notes, self._lifetime, self._at, self._weighed
-        for c in items:
-            entries.append(c)
-            category, nbytes, live, note, weighs = c
-            if note:
-                notes[note] = None
-            if not nbytes:
-                continue
+        entries = self.entries
+        start = len(entries)
+        entries.extend(items)
+        new = entries[start:]
+        self._notes.update(dict.fromkeys(filter(None, map(_NOTE, new))))
+        lifetime, at, weighed = self._lifetime, self._at, self._weighed
+        for category, nbytes, live, _, weighs in filter(_NBYTES, new):  # only what has bytes adds up
             if not live:
                 lifetime[category] = lifetime.get(category, 0) + nbytes
                 continue
