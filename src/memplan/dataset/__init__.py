@@ -10,7 +10,8 @@ Example::
 Steps: :mod:`~memplan.dataset.lengths` (read with ``datasets``, tokenize with ``tokenizers``, cache),
 :mod:`~memplan.dataset.batching` (each trainer's sampler and collator), :mod:`~memplan.dataset.peaks`
 (the estimator once per distinct shape). Known limitations: one GPU's view (with data parallelism each
-micro-batch is one rank's step); images are not counted; Axolotl's multipack sampler is not modelled.
+micro-batch is one rank's step); images count as their tokens (:mod:`~memplan.dataset.images`),
+not as vision-encoder work; Axolotl's multipack sampler is not modelled.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class DatasetRequest:
     #: ``--tokenizer`` (None: the model's own).
     tokenizer: str | None = None
     batching: Batching = field(default_factory=lambda: __getattr__("Batching")())
+    #: ``--images-field``: the column of each example's image(s) (None: text only).
+    images: str | None = None
+    #: ``--vision-model``: the model whose processor counts image tokens (None: the model's own).
+    vision_model: str | None = None
 
 
 def dataset_lengths(loaded: object, request: DatasetRequest) -> tuple[object, bool]:
@@ -65,7 +70,14 @@ def dataset_lengths(loaded: object, request: DatasetRequest) -> tuple[object, bo
     tokenizer = find_tokenizer(request.tokenizer, getattr(loaded, "model_ref", None))
     fields = replace(request.fields, add_eos=request.batching.rule.startswith("trl"))
     model = getattr(loaded, "model")
-    return token_lengths(request.path, fields, tokenizer, vocab_size=getattr(model, "vocab_size", None))
+    lengths, cached = token_lengths(request.path, fields, tokenizer, vocab_size=getattr(model, "vocab_size", None))
+    if request.images is None:
+        return lengths, cached
+    from memplan.dataset.images import row_image_tokens
+
+    extra, _ = row_image_tokens(request.path, fields, request.images,
+                                request.vision_model or getattr(loaded, "model_ref", None))
+    return lengths + extra, cached
 
 
 def analyze(loaded: object, request: DatasetRequest, *, lengths: tuple[Any, bool] | None = None) -> DatasetPeaks:

@@ -25,6 +25,7 @@ from memplan.errors import ConfigError
 __all__ = ["dataset_options", "dataset_request"]
 
 PANEL = "Dataset (the user's own data)"
+FLAG_IMAGES = "--images-field"
 
 #: (parameter, flag, type, help, metavar)
 _OPTIONS: tuple[tuple[str, str, Any, str, str | None], ...] = (
@@ -35,6 +36,10 @@ _OPTIONS: tuple[tuple[str, str, Any, str, str | None], ...] = (
      "is applied).", "NAME"),
     ("prompt_field", "--prompt-field", str, "Column of prompts (with --completion-field).", "NAME"),
     ("completion_field", "--completion-field", str, "Column of completions (with --prompt-field).", "NAME"),
+    ("images_field", "--images-field", str, "Column of each example's image(s): a path relative to the dataset, "
+     "a list of them or {path: ...}; adds the image tokens of the VLM's processor.", "NAME"),
+    ("vision_model", "--vision-model", str, "With --images-field: the vision-language model (folder, config.json or "
+     "cached Hub id) whose processor counts image tokens. (default: the model)", "PATH"),
     ("tokenizer", "--tokenizer", str, "tokenizer.json, its folder or a cached Hub id. (default: the model's)",
      "PATH"),
     ("batching", "--batching", str, f"The trainer's batching rule: {', '.join(RULES)}. (default: hf)", "RULE"),
@@ -107,7 +112,8 @@ def dataset_request(flags: Mapping[str, Any], loaded: Any) -> Any:
     if fields.text is None and fields.messages is None and fields.prompt is None:
         fields = Fields(text="text")
     return DatasetRequest(path=str(flags["dataset"]), fields=fields, tokenizer=values.get("tokenizer"),
-                          batching=batching)
+                          batching=batching, images=values.get("images_field"),
+                          vision_model=values.get("vision_model"))
 
 
 def _strategy(value: str) -> Any:
@@ -154,11 +160,19 @@ def estimate_with_dataset(loaded: Any, flags: Mapping[str, Any]) -> tuple[Any, d
     from memplan.dataset.peaks import shape_job
     from memplan.documents import estimate_document
 
-    peaks = analyze(loaded, dataset_request(flags, loaded))
+    request = dataset_request(flags, loaded)
+    peaks = analyze(loaded, request)
     worst = peaks.worst
     at_worst = replace(loaded, job=shape_job(loaded.job, worst.batch_size, worst.seq_length, peaks.shapes.packed))
     result, document = estimate_document(at_worst)
     document["dataset"] = peaks.to_dict()
+    if request.images is not None:
+        from memplan.dataset.images import images_note
+
+        document["dataset"]["images"] = images_note(request.images, request.vision_model or loaded.model_ref)
+        if isinstance(document.get("unmodelled_settings"), list):
+            document["unmodelled_settings"].append(f"{FLAG_IMAGES}: the vision encoder's parameters and "
+                                                   "activations (images are priced as their tokens only)")
     if flags.get("plot"):
         from memplan.dataset.plot import plot_steps
 
