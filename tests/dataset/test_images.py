@@ -174,3 +174,15 @@ def test_cli_prices_image_tokens_and_refuses_bad_images(tmp_path: Path, write_js
                                    "--plot", str(out)])
     assert bad.exit_code == 2 and "row 2, field 'images'" in bad.output and not out.exists()
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_processor_config_json_nested_image_processor(tmp_path: Path) -> None:
+    from memplan.dataset.images import read_vision_config
+
+    folder = _vlm_folder(tmp_path, {"model_type": "qwen2_5_vl", "vision_config": {}})
+    (folder / "processor_config.json").write_text(json.dumps({"image_processor": {
+        "size": {"shortest_edge": 4 * 28 * 28, "longest_edge": 64 * 28 * 28}}}))
+    rule = image_rule(*read_vision_config(str(folder)))
+    assert (rule.min_pixels, rule.max_pixels) == (4 * 28 * 28, 64 * 28 * 28)
+    assert rule.tokens(3000, 2000) - 2 == _qwen_reference(tmp_path, _pngs(tmp_path, ((3000, 2000),)),
+                                                          min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28)[0]

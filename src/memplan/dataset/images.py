@@ -126,7 +126,7 @@ def image_rule(config: Mapping[str, Any], processor: Mapping[str, Any] | None = 
     if builder is None:
         kind = "vision-language family" if "vision_config" in config else "model without a vision encoder"
         raise ConfigError(FLAG, f"model_type {model_type!r} is an unsupported {kind}; supported: "
-                          f"{', '.join(FAMILIES)}")
+                          f"{', '.join(FAMILIES)} (--vision-model names the vision-language model)")
     return builder(config, processor or {})
 
 
@@ -140,11 +140,21 @@ def read_vision_config(ref: str | None) -> tuple[dict[str, Any], dict[str, Any]]
     if given.is_dir() or given.is_file():
         folder = given if given.is_dir() else given.parent
         config_path = given if given.is_file() else folder / "config.json"
-        return _read_json(config_path, required=True), _read_json(folder / "preprocessor_config.json")
-    from memplan.model.hub import hub_config_path
+    else:
+        from memplan.model.hub import hub_config_path
 
-    config_path = hub_config_path(ref)
-    return _read_json(config_path, required=True), _read_json(config_path.parent / "preprocessor_config.json")
+        config_path = hub_config_path(ref)
+        folder = config_path.parent
+    return _read_json(config_path, required=True), _processor_config(folder)
+
+
+def _processor_config(folder: Path) -> dict[str, Any]:
+    """``preprocessor_config.json``, else the ``image_processor`` entry of ``processor_config.json``."""
+    own = _read_json(folder / "preprocessor_config.json")
+    if own:
+        return own
+    nested = _read_json(folder / "processor_config.json").get("image_processor")
+    return nested if isinstance(nested, dict) else {}
 
 
 def _read_json(path: Path, *, required: bool = False) -> dict[str, Any]:
