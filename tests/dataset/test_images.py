@@ -19,6 +19,11 @@ SIZES = ((20, 30), (640, 480), (1000, 200), (3000, 2000), (333, 777), (57, 1401)
 QWEN = {"model_type": "qwen2_vl", "vision_config": {"patch_size": 14, "spatial_merge_size": 2}}
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(isolated_cache: Path) -> Path:
+    return isolated_cache
+
+
 def _pngs(folder: Path, sizes: tuple[tuple[int, int], ...] = SIZES) -> list[str]:
     names = []
     for i, (w, h) in enumerate(sizes):
@@ -147,8 +152,7 @@ def test_unsupported_family_names_the_supported_ones() -> None:
         image_rule({"model_type": "gemma3"}, {"do_pan_and_scan": True})
 
 
-def test_cli_prices_image_tokens_and_refuses_bad_images(tmp_path: Path, write_jsonl, make_model_dir,
-                                                       isolated_cache: Path) -> None:
+def test_cli_prices_image_tokens_and_refuses_bad_images(tmp_path: Path, write_jsonl, make_model_dir) -> None:
     from typer.testing import CliRunner
 
     from memplan.cli import app
@@ -186,3 +190,19 @@ def test_processor_config_json_nested_image_processor(tmp_path: Path) -> None:
     assert (rule.min_pixels, rule.max_pixels) == (4 * 28 * 28, 64 * 28 * 28)
     assert rule.tokens(3000, 2000) - 2 == _qwen_reference(tmp_path, _pngs(tmp_path, ((3000, 2000),)),
                                                           min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28)[0]
+
+
+def test_counts_are_cached_until_an_image_changes(tmp_path: Path, write_jsonl, isolated_cache: Path) -> None:
+    from memplan.dataset.lengths import Fields
+
+    names = _pngs(tmp_path, ((100, 100), (900, 700)))
+    data = write_jsonl(tmp_path / "train.jsonl", [{"text": "a", "images": names}])
+    vlm = str(_vlm_folder(tmp_path, QWEN))
+    first, _ = row_image_tokens(str(data), Fields(text="text"), "images", vlm)
+    assert list((isolated_cache / "images").glob("*.npz"))
+    again, _ = row_image_tokens(str(data), Fields(text="text"), "images", vlm)
+    assert again.tolist() == first.tolist()
+    PIL.new("RGB", (2000, 1500)).save(tmp_path / names[1])  # same name, new size: the entry is stale
+    changed, _ = row_image_tokens(str(data), Fields(text="text"), "images", vlm)
+    assert changed.tolist() == [sum(_qwen_reference(tmp_path, names)) + 4]
+    assert changed.tolist() != first.tolist()

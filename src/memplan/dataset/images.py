@@ -19,7 +19,8 @@ Placeholders already in the text (image items ``{"type": "image"}`` in a message
 family's placeholder string in plain text) were tokenized with the text, so each one found is
 subtracted (Qwen: the three tokens ``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA ``<image>``
 and Gemma ``<start_of_image>``: one). Images are opened with Pillow only to read the size in their
-header; pixels are never decoded.
+header; pixels are never decoded. The counts are cached (:mod:`~memplan.dataset.imagecache`) until the
+dataset or one of its image files changes.
 """
 
 from __future__ import annotations
@@ -171,20 +172,22 @@ def _read_json(path: Path, *, required: bool = False) -> dict[str, Any]:
     return data
 
 
-def image_tokens(data: Any, path: str, field: str, rule: ImageRule, placeholders: list[int]) -> list[int]:
+def image_tokens(data: Any, path: str, field: str, rule: ImageRule, placeholders: list[int]
+                 ) -> tuple[list[int], list[Path]]:
     """Tokens each row's images add to its tokenized text (``placeholders``: image placeholders the text
-    already holds, per row)."""
+    already holds, per row), and the image files read (each once)."""
     if field not in data.column_names:
         raise ConfigError(FLAG, f"{path}: row 1 has no field {field!r} (fields: {', '.join(data.column_names)})")
     column = _undecoded(data, field)
     base = Path(path).expanduser()
     base = base if base.is_dir() else base.parent
     out = []
+    sizes: dict[Path, tuple[int, int]] = {}
     for row, value in enumerate(column, start=1):
         images = _images(value, path, row, field)
-        total = sum(_image_tokens(image, base, rule, path, row, field) for image in images)
+        total = sum(_image_tokens(image, base, rule, (path, row, field), sizes) for image in images)
         out.append(total - min(placeholders[row - 1], len(images)) * rule.placeholder_tokens)
-    return out
+    return out, list(sizes)
 
 
 def _undecoded(data: Any, field: str) -> list[Any]:
@@ -213,18 +216,22 @@ def _images(value: Any, path: str, row: int, field: str) -> list[Any]:
                       "{\"path\": ...}", type(value).__name__)
 
 
-def _image_tokens(image: Any, base: Path, rule: ImageRule, path: str, row: int, field: str) -> int:
-    width, height = _size(image, base, path, row, field)
+def _image_tokens(image: Any, base: Path, rule: ImageRule, where: tuple[str, int, str],
+                  sizes: dict[Path, tuple[int, int]]) -> int:
+    width, height = _size(image, base, where, sizes)
     try:
         return rule.tokens(width, height)
     except ValueError as exc:
+        path, row, field = where
         raise ConfigError(FLAG, f"{path}: row {row}, field {field!r}: {_name(image)}: {exc}") from None
 
 
-def _size(image: Any, base: Path, path: str, row: int, field: str) -> tuple[int, int]:
-    """(width, height) from the image's header."""
+def _size(image: Any, base: Path, where: tuple[str, int, str], sizes: dict[Path, tuple[int, int]]
+          ) -> tuple[int, int]:
+    """(width, height) from the image's header (``sizes``: the files already read)."""
     from PIL import Image, UnidentifiedImageError
 
+    path, row, field = where
     if hasattr(image, "size") and not isinstance(image, (str, dict)):
         return tuple(image.size)  # type: ignore[return-value]  # already a PIL image
     source: Any
@@ -239,12 +246,17 @@ def _size(image: Any, base: Path, path: str, row: int, field: str) -> tuple[int,
             raise ConfigError(FLAG, f"{path}: row {row}, field {field!r}: {name}: only local files are read "
                               "(memplan never downloads)")
         source = base / Path(name).expanduser()
+        if source in sizes:
+            return sizes[source]
     try:
         with Image.open(source) as opened:
-            return opened.size
+            size: tuple[int, int] = opened.size
     except (OSError, UnidentifiedImageError, ValueError) as exc:
         reason = "no such file" if isinstance(exc, FileNotFoundError) else f"cannot be opened as an image ({exc})"
         raise ConfigError(FLAG, f"{path}: row {row}, field {field!r}: {_name(image, source)}: {reason}") from None
+    if isinstance(source, Path):
+        sizes[source] = size
+    return size
 
 
 def _name(image: Any, source: Any = None) -> str:
@@ -272,16 +284,26 @@ def row_image_tokens(path: str, fields: Any, field: str, vision_ref: str | None)
     (``fields``: the request's :class:`~memplan.dataset.lengths.Fields`, where placeholders are looked for)."""
     import numpy as np
 
-    from memplan.dataset.source import open_dataset
+    from memplan.dataset.imagecache import cache_key, load_counts, save_counts
+    from memplan.dataset.source import content_digest, open_dataset
 
     rule = image_rule(*read_vision_config(vision_ref))
+    base = Path(path).expanduser().resolve()
+    entry = cache_key(content_digest(path), str(base), repr(rule), field, repr((fields.text, fields.messages, fields.prompt,
+                                                                     fields.completion)))
+    cached = load_counts(entry)
+    if cached is not None:
+        return cached, rule
     data = open_dataset(path)
     texts = [name for name in (fields.messages, fields.prompt, fields.completion, fields.text)
              if name is not None and name in data.column_names] or [c for c in ("text",) if c in data.column_names]
     placeholders = [0] * len(data)
     for name in texts:
         placeholders = [have + count_placeholders(value, rule) for have, value in zip(placeholders, data[name])]
-    return np.asarray(image_tokens(data, path, field, rule, placeholders), dtype=np.int64), rule
+    counts, files = image_tokens(data, path, field, rule, placeholders)
+    tokens = np.asarray(counts, dtype=np.int64)
+    save_counts(entry, tokens, files)
+    return tokens, rule
 
 
 def images_note(field: str, vision_ref: str | None) -> dict[str, Any]:
