@@ -156,6 +156,9 @@ def fixed_shapes(cfg: dict, init: dict) -> dict:
                 times[variant][clock].append(statistics.median(run[clock][cfg["warmup"]:]))
                 times[variant]["whole_" + clock].append(sum(run.pop(clock)))
             runs.append(run)
+        d, p = times["default"], times["planned"]
+        print(f"round {r + 1}/{cfg['rounds']}: wall {p['wall'][-1] / d['wall'][-1]:.3f}, cpu {p['cpu'][-1] / d['cpu'][-1]:.3f}",
+              file=sys.stderr, flush=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # intra-op threads may allocate in another order than recorded: count with 1 too
     with planned(device="cpu", trace_events=2_000_000) as arena1:
