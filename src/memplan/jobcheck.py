@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from memplan.errors import JobConfigError
 from memplan.job import Job, default_uneven_split
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import ModelSpec
 from memplan.peft.checks import check_finetune_names
 from memplan.profiles import get_profile
@@ -24,7 +25,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
         raise JobConfigError(
             "--tp", f"must divide the number of attention heads ({attn.num_heads})", par.tp
         )
-    if attn.kind == "mha" and attn.num_kv_heads % par.tp and par.tp % attn.num_kv_heads:
+    if not attention_kind(attn).tp_divides_kv_heads(attn, par.tp):
         raise JobConfigError(
             "--tp",
             f"must divide the number of key/value heads ({attn.num_kv_heads}) or be a multiple of it",
@@ -114,7 +115,7 @@ def check_recompute_modules(job: Job, model: ModelSpec) -> None:
     if job.recompute.mode not in ("selective", "megatron-selective") or job.recompute.modules is None:
         return
     names = job.recompute.module_names
-    if "mla_up_proj" in names and not any(layer.attention.kind == "mla" for layer in model.layers):
+    if "mla_up_proj" in names and not any(attention_kind(layer.attention).latent for layer in model.layers):
         raise JobConfigError("--recompute-modules", "mla_up_proj needs multi-latent attention, which this model "
                              "does not have (Megatron refuses it too)", job.recompute.modules)
     if "moe_act" in names and not model.is_moe:

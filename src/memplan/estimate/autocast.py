@@ -10,7 +10,7 @@ from memplan.estimate.layout import StageLayout
 from memplan.estimate.states import layer_numel_on_rank
 from memplan.job import Job
 from memplan.model.attention_kinds import attention_kind
-from memplan.model.params import attention_params, mla_up_projection_numel, mlp_params
+from memplan.model.params import attention_params, mlp_params
 from memplan.model.spec import ModelSpec
 
 __all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "layer_weight_copy_numel",
@@ -61,8 +61,9 @@ def checkpointed_module_copy_numel(model: ModelSpec, job: Job, index: int, modul
                   - attention_weight_copy_numel(model, job, index))
     elif "shared_experts" in modules and moe is not None and moe.shared_expert is not None:
         numel += mlp_params(moe.shared_expert, model.hidden_size).tp_sharded // job.parallel.tp
-    if "mla_up_proj" in modules and attention_kind(layer.attention).latent:
-        numel += mla_up_projection_numel(layer.attention, model.hidden_size) // job.parallel.tp
+    attn = layer.attention
+    if "mla_up_proj" in modules and attention_kind(attn).latent:
+        numel += attention_kind(attn).up_projection_numel(attn, model.hidden_size) // job.parallel.tp
     return numel
 
 

@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from memplan.job import resolved_optimizer_impl
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.linears import layer_linears
 from memplan.model.params import position_embedding_params
 from memplan.optimizers import optimizer_kind
@@ -23,6 +24,7 @@ from memplan.optimizers.kind import OptimizerStates, SmallTensors, StateQuery, S
 
 if TYPE_CHECKING:
     from memplan.job import Job
+    from memplan.model.param_groups import TpMatrix
     from memplan.model.spec import LayerSpec, MLPSpec, ModelSpec
 
 __all__ = [
@@ -61,8 +63,7 @@ def _vector_sizes(layer: LayerSpec, hidden: int, norm_bias: bool) -> tuple[int, 
     sizes = [hidden] * (layer.num_hidden_norms * (2 if norm_bias else 1))
     if attn.qk_norm:
         sizes += [attn.head_dim, attn.head_dim]
-    if attn.qkv_bias and attn.kind != "mla":
-        sizes += [attn.num_heads * attn.head_dim] + [attn.num_kv_heads * attn.head_dim] * 2
+    sizes += attention_kind(attn).qkv_bias_sizes(attn)
     if attn.out_bias:
         sizes.append(hidden)
     mlp = layer.mlp if layer.mlp is not None else None
@@ -149,29 +150,25 @@ class MuonMatrix:
     partition_dim: int | None = None
 
 
+def _muon_matrix(m: TpMatrix, tp: int) -> MuonMatrix:
+    """What Muon orthogonalizes of an attention weight: the whole weight, or of a fused one (QKV,
+    split by ``--muon-split-qkv``) its largest part."""
+    rows = m.parts[0] if m.parts else m.rows
+    return MuonMatrix(rows, m.cols, tp if m.partition_dim is not None else 1, m.partition_dim)
+
+
 def muon_matrices(layer: LayerSpec, hidden: int, tp: int, expert_tp: int) -> tuple[MuonMatrix, ...]:
     """The 2-D weights of one decoder layer as Megatron's Muon orthogonalizes them.
 
     With ``--muon-split-qkv`` (Megatron's default) the fused QKV gradient is split into its query,
     key and value parts, each orthogonalized alone; the query part (listed first) is the largest.
-    MLA (no fused QKV, never split) lists its down and up projections. Column-parallel
+    The attention's weights are its kind's (:attr:`~memplan.model.attention_kinds.AttentionKind.matrices`;
+    MLA has no fused QKV and lists its down and up projections). Column-parallel
     weights (QKV, fc1) are split on rows, row-parallel ones (proj, fc2) on columns; the MoE router is
     replicated. Routed experts are one matrix each (Transformer Engine grouped linear).
     """
     attn = layer.attention
-    heads = attn.num_heads
-    out: list[MuonMatrix] = [MuonMatrix(hidden, heads * attn.v_head_dim, tp, 1)]
-    if attn.kind != "mla":
-        out.insert(0, MuonMatrix(heads * attn.head_dim, hidden, tp, 0))
-    else:
-        # Megatron's MLA: the down projections are replicated, the up projections column-parallel.
-        lora, rope, nope = attn.kv_lora_rank or 0, attn.qk_rope_head_dim or 0, attn.qk_nope_head_dim or 0
-        q_head = nope + rope
-        if attn.q_lora_rank:
-            out += [MuonMatrix(attn.q_lora_rank, hidden), MuonMatrix(heads * q_head, attn.q_lora_rank, tp, 0)]
-        else:
-            out.append(MuonMatrix(heads * q_head, hidden, tp, 0))
-        out += [MuonMatrix(lora + rope, hidden), MuonMatrix(heads * (nope + attn.v_head_dim), lora, tp, 0)]
+    out = [_muon_matrix(m, tp) for m in attention_kind(attn).matrices(attn, hidden)]
 
     def mlp(spec: MLPSpec, size: int) -> list[MuonMatrix]:
         up = spec.intermediate_size * (2 if spec.gated else 1)
@@ -220,10 +217,8 @@ def _layer_vectors_on_rank(layer: LayerSpec, hidden: int, norm_bias: bool, tp: i
     count = layer.num_hidden_norms * hidden * (2 if norm_bias else 1)
     if attn.qk_norm:
         count += 2 * attn.head_dim
-    if attn.kind == "mla":
-        count += (attn.kv_lora_rank or 0) + (attn.q_lora_rank or 0)
-    elif attn.qkv_bias:
-        count += (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim // tp
+    kind = attention_kind(attn)
+    count += kind.extra_norm_numel(attn) + sum(kind.qkv_bias_sizes(attn)) // tp
     if attn.out_bias:
         count += hidden
     mlps = [layer.mlp] if layer.mlp is not None else []
@@ -264,9 +259,10 @@ def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], 
         layer = model.layers[index]
         matrices = muon_matrices(layer, model.hidden_size, par.tp, par.expert_tp)
         attn = layer.attention
-        qkv_local = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim * model.hidden_size // par.tp
+        fused = [m for m in attention_kind(attn).matrices(attn, model.hidden_size) if m.parts]
         for i, m in enumerate(matrices):
-            extra = _FP32 * qkv_local if i == 0 and attn.kind != "mla" else 0  # the q part of the split QKV
+            # a split fused weight's largest part (listed first) follows fp32 copies of the whole local weight
+            extra = _FP32 * fused[0].rows * fused[0].cols // par.tp if i == 0 and fused else 0
             peak = max(peak, extra + _muon_matrix_bytes(m, opt.muon_tp_mode, opt.muon_nesterov))
     return peak
 
