@@ -12,13 +12,14 @@ from memplan.job import Job
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.params import attention_params, mlp_params
 from memplan.model.spec import ModelSpec
+from memplan.policies.kinds import PolicyKind
 
 __all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "layer_weight_copy_numel",
            "tied_embedding_gradient_sum_bytes"]
 
 
 def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, *, recomputed: set[int],
-                               mode: str, eager_experts: bool, modules: tuple[str, ...] = ()) -> int:
+                               policy: PolicyKind, eager_experts: bool, modules: tuple[str, ...] = ()) -> int:
     """Elements of the 16-bit weight copies autograd keeps for the backward under ``torch.autocast``
     (the decoder layers' part; the output head is added by the caller).
 
@@ -31,16 +32,16 @@ def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, 
     Under non-reentrant checkpointing (``torch.utils.checkpoint``) the checkpointed region saves
     nothing: its copies live only in autocast's cache, which is cleared when the forward's autocast
     region exits, before the backward (they are recomputed with the region). So recomputed layers
-    contribute none, and under ``selective-attention-module`` the attention projections none; under
-    ``selective-per-op`` (every layer checkpointed, casts not in the save list) no layer any; under
+    contribute none, and when the ``policy`` checkpoints every attention module the attention
+    projections none; under per-op SAC (every layer checkpointed, casts not in the save list) no layer any; under
     Megatron's ``modules`` the checkpointed MLP / MoE blocks none (:func:`checkpointed_module_copy_numel`).
     """
     total = 0
     for index in layout.layer_indices:
-        if index in recomputed or mode == "selective-per-op":
+        if index in recomputed or policy.per_op:
             continue
         total += layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
-        if mode == "selective-attention-module":
+        if policy.checkpoints_attention:
             total -= attention_weight_copy_numel(model, job, index)
         total -= checkpointed_module_copy_numel(model, job, index, modules, eager_experts=eager_experts)
     return total

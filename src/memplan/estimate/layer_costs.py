@@ -139,14 +139,13 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
             blocks: tuple[list[Term], list[Term]]) -> LayerCosts:
     """The layer's figures from its terms under the activation policy."""
     kept_classes, dropped = kept_policy(policy)
-    mode = policy.kept_classes_key
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
     inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
     transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
         divided(t, shape) for t in inputs if t.site in ("mlp", "moe")))
-    sac = sac_kept_terms(layer, shape) if mode == "selective-per-op" else None
-    if mode == "selective-per-op" and sac is None:
+    sac = sac_kept_terms(layer, shape) if policy.kind.per_op else None
+    if policy.kind.per_op and sac is None:
         # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
         kept_classes = KEPT_BY["selective"]
     kept = sum(size for size, keep, site in sized if keep in kept_classes and site not in dropped)
@@ -154,7 +153,7 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
         # The cached op outputs; those autograd does not save also sit beside the recomputed layer.
         kept += sum(divided(t, shape) for t in sac[0])
         transient += sum(divided(t, shape) for t in sac[1])
-    if policy.name == "memory-budget":
+    if policy.kind.budget:
         # torch's partitioner: at most the budget's fraction of what it saves above the region's inputs
         kept += budget_share(full - kept, policy.memory_budget)
     rebuilt = full - kept
@@ -190,7 +189,7 @@ def with_shared_expert_overlap(run: RunContext, layer: LayerSpec, keep: int, ful
     extra = shared_expert_overlap_bytes(layer, run.shape) if run.job.overlap.shared_expert_overlap else 0
     if not extra:
         return keep, full
-    kept_too = run.policy.name != "full" and "moe" not in run.dropped
+    kept_too = not run.policy.kind.checkpoints_layers and "moe" not in run.dropped
     return keep + (extra if kept_too else 0), full + extra
 
 
@@ -238,10 +237,10 @@ def recomputed_copies_bytes(ctx: StageContext, index: int) -> int:
     run = ctx.run
     if run.prec.weight_copies != "autocast":
         return 0
-    mode, eager = run.policy.kept_classes_key, run.profile.kernels == "eager"
-    if index in ctx.recomputed or mode == "selective-per-op":
+    kind, eager = run.policy.kind, run.profile.kernels == "eager"
+    if index in ctx.recomputed or kind.per_op:
         numel = layer_weight_copy_numel(run.model, run.job, index, eager_experts=eager)
-    elif mode == "selective-attention-module":
+    elif kind.checkpoints_attention:
         numel = attention_weight_copy_numel(run.model, run.job, index)
     elif run.policy.modules:
         numel = checkpointed_module_copy_numel(run.model, run.job, index, run.policy.modules, eager_experts=eager)

@@ -192,7 +192,7 @@ def _per_op_recompute_s(model: ModelSpec, idx: range, matmul2: tuple[float, ...]
 def _recompute_fraction(job: Job, layers_on_stage: int) -> float:
     """Fraction of the stage's layers whose whole forward runs again in the backward."""
     rc = job.recompute
-    if resolve_policy(job).name != "full":
+    if not resolve_policy(job).kind.checkpoints_layers:
         return 0.0
     if rc.method == "block" and rc.num_layers is not None and layers_on_stage:
         chunk_layers = max(1, layers_on_stage // job.parallel.vpp)
@@ -269,9 +269,9 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
         passes = 2.0 if job.finetune.has_frozen else 3.0
         compute = passes * matmul / matmul_rate + 3.0 * attn + LAYER_OVERHEAD_S * n_layers
         policy = resolve_policy(job)
-        if policy.name == "torchtitan-sac":
+        if policy.kind.per_op:
             recompute = _per_op_recompute_s(model, idx, facts.matmul2, share / matmul_rate, attn_each)
-        elif policy.name == "memory-budget":
+        elif policy.kind.budget:
             # the partitioner recomputes what it does not keep: at most (1 - budget) of the layer (a bound)
             recompute = (1.0 - (policy.memory_budget or 0.0)) * (matmul / matmul_rate + attn)
         elif policy.partial:
