@@ -32,11 +32,12 @@ def _names_compared(source: str, names: frozenset[str], *, keys: bool = True) ->
     return out
 
 
-def _hits(names: frozenset[str], registries: tuple[str, ...], under: str = "", *, keys: bool = True) -> list[str]:
+def _hits(names: frozenset[str], registries: tuple[str, ...] = (), under: str = "", *,
+          keys: bool = True) -> list[str]:
     out = []
     for path in sorted((SRC / under).rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel in registries:
+        if rel in registries or rel.startswith("tuning/"):
             continue
         out += [f"{rel}:{line}: {name!r}" for line, name in _names_compared(path.read_text(), names, keys=keys)]
     return out
@@ -67,3 +68,32 @@ def test_activation_policies_are_compared_only_in_their_registry(under: str) -> 
     sets that entries name (``PolicyKind.kept_classes``), so dictionary keys are not counted; fit's
     training methods (``full`` fine-tuning, ``lora``, ``qlora``) are not policies."""
     assert _hits(POLICIES, ("fit/methods.py",), under=under, keys=False) == []
+
+
+PEFT = frozenset({"lora", "dora"})
+
+
+def test_peft_methods_are_compared_only_in_their_registry() -> None:
+    """``fit/methods.py`` keys fit's training methods (full, lora, qlora), which are not --peft values."""
+    assert _hits(PEFT, ("fit/methods.py",), under="") == []
+
+
+def test_quantized_base_formats_are_compared_only_in_their_registry() -> None:
+    """``int8`` is also a dtype (``units.py``; ``job.py`` refuses it as a precision dtype)."""
+    assert _hits(frozenset({"nf4", "fp4"}), ()) == []
+    assert _hits(frozenset({"int8"}), ("units.py", "job.py")) == []
+
+
+def test_each_registry_holds_every_choice_of_its_flag() -> None:
+    """The job's declared choices (its Literals, which the flags show) are the registries' entries."""
+    from typing import get_args
+
+    from memplan.job import PeftMethod, QuantizeBase
+    from memplan.model.attention_kinds import ATTENTION_KINDS, SPEC_KINDS
+    from memplan.policies import POLICY_KINDS, POLICY_NAMES
+    from memplan.tuning import PEFT_METHODS, QUANT_FORMATS
+
+    assert tuple(PEFT_METHODS) == get_args(PeftMethod)
+    assert tuple(QUANT_FORMATS) == get_args(QuantizeBase)
+    assert tuple(POLICY_KINDS) == POLICY_NAMES
+    assert set(SPEC_KINDS) <= set(ATTENTION_KINDS)

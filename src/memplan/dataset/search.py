@@ -33,6 +33,7 @@ from memplan.errors import UnsupportedError
 from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
+from memplan.tuning.quant_formats import NF4
 
 __all__ = ["Setting", "search_settings"]
 
@@ -94,8 +95,8 @@ def _variants(model: ModelSpec, job: Job) -> list[Job]:
     out = []
     if job.optimizer.name in ("adamw", "adam"):
         out.append(replace(job, optimizer=replace(job.optimizer, name="adamw8bit")))
-    if job.finetune.peft != "none" and job.finetune.quantize_base == "none":
-        out.append(replace(job, finetune=replace(job.finetune, quantize_base="nf4")))
+    if job.finetune.peft_kind.adapters and not job.finetune.quant_kind.quantizes:
+        out.append(replace(job, finetune=replace(job.finetune, quantize_base=NF4.name)))
     valid = []
     for variant in out:
         try:

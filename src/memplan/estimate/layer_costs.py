@@ -51,6 +51,7 @@ from memplan.estimate.sac import sac_kept_terms
 from memplan.model.spec import LayerSpec
 from memplan.peft.params import Adapter, first_trainable_layer
 from memplan.policies import ActivationPolicy
+from memplan.tuning import quant_format
 from memplan.units import dtype_bytes
 
 
@@ -122,7 +123,7 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     """(attention, rest) terms of the layer for its fine-tuning role."""
     attention, rest = layer_terms_by_block(layer, shape)
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
-    int8_base = role.quantized and quantize_base == "int8"
+    int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
     if role.frozen:
         attention = frozen_layer_terms(attention, shape, role.first, gemm_inputs_kept=int8_base)
         rest = frozen_layer_terms(rest, shape, False, gemm_inputs_kept=int8_base)
@@ -265,11 +266,11 @@ def mtp_activation_bytes(run: RunContext) -> int:
 def dora_transient(ctx: StageContext) -> int:
     """DoRA's forward temporaries at the stage's largest adapted linear (0 without DoRA)."""
     run = ctx.run
-    if run.job.finetune.peft != "dora" or run.counts is None:
+    if not run.job.finetune.peft_kind.magnitude or run.counts is None:
         return 0
     layers = set(ctx.layout.layer_indices)
     adapters = tuple(a for a in run.counts.adapters if a.module.layer in layers)
-    quantized = run.job.finetune.quantize_base != "none"
+    quantized = run.job.finetune.quant_kind.quantizes
     return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
                                   compute_bytes=run.shape.act_bytes,
                                   base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job),

@@ -29,7 +29,7 @@ slowest pipeline stage:
   weights the matmuls' backward is one forward's worth (gradient of the input only) instead of two;
   adapters' FLOPs and optimizer step are neglected (LoRA adds well under 1% of the weights); a
   quantized base (bitsandbytes) dequantizes every quantized weight to 16 bits in each forward, each
-  backward and each recompute: a memory-bound pass of :data:`DEQUANT_BYTES_PER_WEIGHT` per weight
+  backward and each recompute: a memory-bound pass of :attr:`~memplan.tuning.QuantFormat.dequant_bytes_per_weight` per weight
   at HBM speed, per micro-batch (``dequant_s``; part of ``compute_s``'s total, reported apart).
 
 Collectives run at :data:`COMM_EFFICIENCY` of the link: NVLink when the group stays within one node;
@@ -70,9 +70,6 @@ HALF_BYTES = 2
 #: Bytes the optimizer step reads and writes per parameter of its shard (fp32 master, two fp32
 #: moments read and written, fp32 gradient read, 16-bit weight written): 8 + 16 + 4 + 2.
 OPTIMIZER_BYTES_PER_PARAM = 30
-#: HBM bytes moved per weight by one bitsandbytes dequantization: the packed weight and its block
-#: scales read (4-bit: 0.5 B + absmax; int8: 1 B + a row scale) and the 16-bit weight written (2 B).
-DEQUANT_BYTES_PER_WEIGHT = {"nf4": 2.6, "fp4": 2.6, "int8": 3.0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,11 +312,11 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
 def _dequant_seconds(job: Job, hw: Hardware, weights: float, recompute_fraction: float) -> float:
     """One micro-batch's dequantization of the quantized base on one GPU: forward, backward and the
     recompute each dequantize every quantized weight (``weights``: the stage's decoder linears)."""
-    quant = job.finetune.quantize_base
-    if quant == "none":
+    quant = job.finetune.quant_kind
+    if not quant.quantizes:
         return 0.0
     passes = 2.0 + recompute_fraction
-    return passes * weights * DEQUANT_BYTES_PER_WEIGHT[quant] / hw.hbm_bytes_per_s
+    return passes * weights * quant.dequant_bytes_per_weight / hw.hbm_bytes_per_s
 
 
 def _local_params(model: ModelSpec, job: Job) -> tuple[float, float]:

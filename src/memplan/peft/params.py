@@ -155,7 +155,7 @@ def fused_gate_up_complete(model: ModelSpec, ft: FineTuning) -> bool | None:
 
 def adapter_targets(model: ModelSpec, ft: FineTuning) -> tuple[LinearModule, ...]:
     """Linear modules that get an adapter (none without --peft); fused expert parameters apart."""
-    if ft.peft == "none":
+    if not ft.peft_kind.adapters:
         return ()
     names, _ = split_targets(model, ft)
     linears = model_linears(model)
@@ -166,7 +166,7 @@ def adapter_targets(model: ModelSpec, ft: FineTuning) -> tuple[LinearModule, ...
 
 def _parameter_adapters(model: ModelSpec, ft: FineTuning) -> list[Adapter]:
     """peft ``ParamWrapper`` adapters on fused expert parameters and routers (MoE models)."""
-    if ft.peft == "none":
+    if not ft.peft_kind.adapters:
         return []
     _, params = split_targets(model, ft)
     if not params:
@@ -247,7 +247,7 @@ def _finetune_params(model: ModelSpec, ft: FineTuning) -> FinetuneParams:
     full = trained_modules(model, ft)
     saved = saved_modules(model, ft)
     quantizable = {f"{m.name}.weight": m.out_features for m in model_linears(model)
-                   if m.kind != "embedding" and m.name != "lm_head"} if ft.quantize_base != "none" else {}
+                   if m.kind != "embedding" and m.name != "lm_head"} if ft.quant_kind.quantizes else {}
     for p in model_parameters(model):
         slot = n if p.layer is None else p.layer
         if everything or _under(p.module, full):
@@ -260,7 +260,7 @@ def _finetune_params(model: ModelSpec, ft: FineTuning) -> FinetuneParams:
     for name in saved:
         size = _module_numel(model, name)
         copies[_slot(model, name)] += size
-    adapters = tuple(Adapter(m, rank_of(m.name, ft.lora_rank, ft.rank_pattern), ft.peft == "dora")
+    adapters = tuple(Adapter(m, rank_of(m.name, ft.lora_rank, ft.rank_pattern), ft.peft_kind.magnitude)
                      for m in adapter_targets(model, ft)) + tuple(_parameter_adapters(model, ft))
     for a in adapters:
         adapter[n if a.module.layer is None else a.module.layer] += a.numel
