@@ -919,8 +919,8 @@ class Job:
         rc = self.recompute
         activation_policy_name(profile, mode=rc.mode, modules=rc.modules, memory_budget=rc.memory_budget,
                                fine_tuning=self.finetune.partial)
-        check_features(self, profile)  # the framework-specific options the profile does not run
         self._check_optimizer()  # the optimizer's registry entry: frameworks that run it, its settings
+        check_features(self, profile)  # the framework-specific options the profile does not run
         for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
             rule(self)
         self._check_sharding(profile.fsdp_refusal)

@@ -10,7 +10,7 @@ this module asks the entry and prices Muon's Newton-Schulz step from the layer s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,8 @@ from memplan.model.linears import layer_linears
 from memplan.model.params import position_embedding_params
 from memplan.optimizers import optimizer_kind
 from memplan.optimizers.bnb import BNB_BLOCK, MIN_8BIT_NUMEL, PAGED_MIN_NUMEL
-from memplan.optimizers.kind import OptimizerStates, SmallTensors, StateQuery, StepQuery
+from memplan.optimizers.kind import OptimizerStates, SmallTensors, StateQuery, StepQuery, WeightMatrix
+from memplan.optimizers.muon import muon_matrix_bytes
 
 if TYPE_CHECKING:
     from memplan.job import Job
@@ -39,6 +40,7 @@ __all__ = [
     "muon_matrices",
     "muon_scalar_numel",
     "muon_step_bytes",
+    "muon_weight_matrices",
     "needs_small_tensors",
     "optimizer_state_bytes",
     "optimizer_states",
@@ -104,15 +106,16 @@ def small_tensors_of_sizes(sizes: Iterable[int], *, vectors: int = 0) -> SmallTe
 
 
 def optimizer_states(numel: int, job: Job, state_bytes: int, hidden: int,
-                     small: SmallTensors | None = None, *, muon_scalar: int = 0) -> OptimizerStates:
+                     small: SmallTensors | None = None, *, muon_scalar: int = 0,
+                     matrices: tuple[WeightMatrix, ...] = ()) -> OptimizerStates:
     """States kept by the job's optimizer for the ``numel`` parameters it steps (its entry's ``states``).
 
     ``state_bytes``: element size of torch optimizers' states (the precision's); bitsandbytes keeps
     fp32 (or 8-bit) states whatever the parameters' dtype. ``small``: of ``numel``, the elements of
     tensors below bitsandbytes' thresholds (zero: every tensor is large). ``muon_scalar``: with Muon,
-    the elements its scalar optimizer (Adam) steps.
+    the elements its scalar optimizer (Adam) steps; ``matrices``: the 2-D weights it steps one at a time.
     """
-    query = StateQuery(numel, state_bytes, hidden, small or SmallTensors(), job.optimizer, muon_scalar)
+    query = StateQuery(numel, state_bytes, hidden, small or SmallTensors(), job.optimizer, muon_scalar, matrices)
     return optimizer_kind(job.optimizer.name).states(query)
 
 
@@ -138,16 +141,8 @@ def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, stat
     return optimizer_kind(job.optimizer.name).step_temporaries(query)
 
 
-@dataclass(frozen=True, slots=True)
-class MuonMatrix:
-    """One 2-D weight Muon orthogonalizes: its full shape and how tensor parallelism splits it."""
-
-    rows: int
-    cols: int
-    #: Tensor-parallel group size of the weight (1: not split).
-    tp: int = 1
-    #: The split dimension (0: column-parallel rows, 1: row-parallel columns); None: replicated.
-    partition_dim: int | None = None
+#: One 2-D weight Muon orthogonalizes (the registry's :class:`~memplan.optimizers.kind.WeightMatrix`).
+MuonMatrix = WeightMatrix
 
 
 def _muon_matrix(m: TpMatrix, tp: int) -> MuonMatrix:
@@ -182,31 +177,6 @@ def muon_matrices(layer: LayerSpec, hidden: int, tp: int, expert_tp: int) -> tup
         if layer.moe.shared_expert is not None:
             out += mlp(layer.moe.shared_expert, tp)
     return tuple(out)
-
-
-def _muon_matrix_bytes(m: MuonMatrix, mode: str, nesterov: bool) -> int:
-    """Peak bytes one Muon step of ``m`` allocates on top of the states.
-
-    Emerging-Optimizers' ``newton_schulz``: the fp32 momentum is normalized (fp32 copy), cast to bf16
-    (``fp32_matmul_prec`` medium, Megatron's default), and each iteration makes the Gram matrix
-    ``A = X X^T`` and ``B`` (min(m, n)^2 each, bf16) and a new bf16 iterate while the old one lives;
-    the result is cast back to fp32 and scaled twice (``orth * scale * extra_scale``: two fp32
-    copies). ``duplicated`` TP (``newton_schulz_tp``) first all-gathers the shards into a list and
-    concatenates them: two fp32 copies of the full matrix alive through the iteration.
-    ``distributed`` keeps the shard and all-reduces a Gram matrix of its unsplit dimension.
-    Nesterov (``grad.lerp(momentum)``) adds one fp32 copy of the local gradient.
-    """
-    split = m.partition_dim is not None and m.tp > 1
-    rows = m.rows // m.tp if split and m.partition_dim == 0 else m.rows
-    cols = m.cols // m.tp if split and m.partition_dim == 1 else m.cols
-    local = rows * cols
-    if split and mode == "duplicated":
-        full, side = m.rows * m.cols, min(m.rows, m.cols)
-        peak = max(2 * _FP32 * full + _FP32 * full + 2 * full, 2 * _FP32 * full + 4 * full + 4 * side * side)
-    else:
-        side = (m.cols if m.partition_dim == 0 else m.rows) if split and mode == "distributed" else min(rows, cols)
-        peak = max(3 * _FP32 * local, 4 * local + 4 * side * side)
-    return peak + (_FP32 * local if nesterov else 0)
 
 
 def _layer_vectors_on_rank(layer: LayerSpec, hidden: int, norm_bias: bool, tp: int) -> int:
@@ -244,27 +214,36 @@ def muon_scalar_numel(model: ModelSpec, job: Job, layer_indices: tuple[int, ...]
     return scalar
 
 
-def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], *,
-                    has_embedding: bool = False) -> int:
-    """Peak extra bytes of a Muon step over a stage's layers: Muon steps one weight at a time, so the
-    largest :func:`_muon_matrix_bytes`. The query part of a split QKV is preceded by fp32 copies of
-    the three parts (``reshape`` of non-contiguous views), the whole local QKV gradient. A learned
-    position table (on the embedding stage) is a replicated 2-D weight Muon steps too."""
-    opt, par = job.optimizer, job.parallel
-    peak = 0
+def muon_weight_matrices(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], *,
+                         has_embedding: bool = False) -> tuple[WeightMatrix, ...]:
+    """The 2-D weights Muon steps on a stage's rank, one at a time (:func:`muon_matrices` per layer). The
+    query part of a split QKV is preceded by fp32 copies of the three parts (``reshape`` of
+    non-contiguous views), the whole local QKV gradient (its ``before``). A learned position table (on
+    the embedding stage) is a replicated 2-D weight Muon steps too."""
+    par = job.parallel
+    out: list[WeightMatrix] = []
     if has_embedding and model.position_embedding == "learned":
-        table = MuonMatrix(model.max_position_embeddings, model.hidden_size)
-        peak = _muon_matrix_bytes(table, opt.muon_tp_mode, opt.muon_nesterov)
+        out.append(WeightMatrix(model.max_position_embeddings, model.hidden_size))
     for index in layer_indices:
         layer = model.layers[index]
         matrices = muon_matrices(layer, model.hidden_size, par.tp, par.expert_tp)
         attn = layer.attention
         fused = [m for m in attention_kind(attn).matrices(attn, model.hidden_size) if m.parts]
-        for i, m in enumerate(matrices):
+        if fused:
             # a split fused weight's largest part (listed first) follows fp32 copies of the whole local weight
-            extra = _FP32 * fused[0].rows * fused[0].cols // par.tp if i == 0 and fused else 0
-            peak = max(peak, extra + _muon_matrix_bytes(m, opt.muon_tp_mode, opt.muon_nesterov))
-    return peak
+            first = replace(matrices[0], before=_FP32 * (fused[0].rows * fused[0].cols // par.tp))
+            matrices = (first, *matrices[1:])
+        out += matrices
+    return tuple(out)
+
+
+def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], *,
+                    has_embedding: bool = False) -> int:
+    """Peak extra bytes of a Muon step over a stage's layers (the registry entry's
+    :func:`~memplan.optimizers.muon.muon_matrix_bytes` of the largest of :func:`muon_weight_matrices`)."""
+    opt = job.optimizer
+    return max((m.before + muon_matrix_bytes(m, opt.muon_tp_mode, opt.muon_nesterov)
+                for m in muon_weight_matrices(model, job, layer_indices, has_embedding=has_embedding)), default=0)
 
 
 def describe_optimizer(job: Job) -> str:

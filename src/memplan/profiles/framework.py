@@ -220,7 +220,7 @@ MEGATRON = FrameworkProfile(
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     moe_probs_at="experts",
-    features=frozenset({"muon", "tp-comm-overlap", "delay-wgrad", "early-attn-release",
+    features=frozenset({"tp-comm-overlap", "delay-wgrad", "early-attn-release",
                         "experts-wgrad-overlap", "shared-expert-overlap", "ep-a2a-overlap", "cuda-graphs",
                         "fine-offload", "local-transformer-impl"}),
     job_rules=megatron_rules.JOB_RULES,
