@@ -84,3 +84,21 @@ def test_muon_keeps_its_rules() -> None:
         Job(framework="hf", optimizer=Optimizer(name="muon"))
     assert optimizer_kind("muon").refusal(framework="megatron", full_training=True, sharded=True,
                                           implementation="fused") == ""
+
+
+@pytest.mark.parametrize(("flag", "value"), [("muon_tp_mode", "distributed"), ("muon_nesterov", True)])
+def test_a_muon_setting_is_refused_without_muon(flag: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"{flag.replace('_', '-')}: only applies with optimizer: muon"):
+        check_conflicts({"optimizer": "adamw", flag: value})
+    check_conflicts({"optimizer": "muon", flag: value})  # with Muon: accepted
+
+
+def test_a_muon_setting_without_muon_exits_2_from_the_cli() -> None:
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    result = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--framework", "megatron", "--muon-nesterov"])
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert "\n" not in line and "muon-nesterov" in line and "only applies with optimizer: muon" in line

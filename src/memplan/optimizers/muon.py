@@ -78,6 +78,7 @@ MUON = OptimizerKind(
                    "--framework megatron",
     full_training_rule="muon is priced for full training only (its Muon/Adam split of frozen or adapter "
                        "parameters is not modelled)",
+    knobs=("muon_tp_mode", "muon_nesterov"),
     dialects=DialectNames(
         megatron=("muon", "dist_muon"),  # dist_muon: the deprecated spelling with the layer-wise distributed optimizer
         megatron_flags=(MegatronFlag("--muon-scalar-optimizer", "", "str", "adam", modelled=("adam",)),
