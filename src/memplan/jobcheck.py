@@ -32,7 +32,8 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             par.tp,
         )
     check_recompute_modules(job, model)
-    for rule in get_profile(job.framework).model_rules:
+    profile = get_profile(job.framework)
+    for rule in profile.model_rules:
         rule(job, model)
     chunks = par.pp * par.vpp
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
@@ -54,7 +55,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
                 f"{inner} other pipeline stages x vpp={par.vpp}",
                 (par.first_stage_layers, par.last_stage_layers),
             )
-    elif rule_chunk_layers(get_profile(job.framework).pipeline_split, model.num_layers, par.pp, par.vpp):
+    elif rule_chunk_layers(profile.pipeline_split, model.num_layers, par.pp, par.vpp):
         pass  # the framework's own split (it raises where that is impossible)
     elif model.num_layers % chunks and (par.vpp > 1 or default_uneven_split(model.num_layers, par.pp) is None):
         raise JobConfigError(

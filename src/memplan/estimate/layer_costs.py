@@ -49,7 +49,7 @@ from memplan.estimate.recompute_modules import (
 )
 from memplan.estimate.sac import sac_kept_terms
 from memplan.model.spec import LayerSpec
-from memplan.peft.params import Adapter, first_trainable_layer
+from memplan.peft.params import Adapter
 from memplan.policies import ActivationPolicy
 from memplan.tuning import quant_format
 from memplan.units import dtype_bytes
@@ -80,11 +80,11 @@ def _role(run: RunContext, index: int | None) -> LayerRole | None:
     # that gradient needs is not saved (checkpointing makes the input require grad: HF
     # enable_input_require_grads).
     root_frozen = counts.root.trained + counts.root.adapter == 0
-    start = first_trainable_layer(counts) if root_frozen else 0
+    start = counts.first_trainable if root_frozen else 0
     plain = not run.policy.recomputes
     if index < start and plain:
         return None
-    return LayerRole(adapters=tuple(a for a in counts.adapters if a.module.layer == index),
+    return LayerRole(adapters=counts.layer_adapters[index],
                      frozen=counts.layers[index].trained == 0, first=index == start and root_frozen and plain,
                      quantized=bool(counts.layers[index].quantized))
 

@@ -17,7 +17,7 @@ A pure function of the model's named modules (:mod:`memplan.model.linears`) and 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -82,6 +82,19 @@ class FinetuneParams:
     #: Embedding, position table, final norm and output head (and their copies/adapters).
     root: PartCounts
     adapters: tuple[Adapter, ...]
+    #: Derived once (the estimator reads them per layer): the first decoder layer holding a trainable
+    #: parameter (the number of layers if none), and each decoder layer's adapters.
+    first_trainable: int = field(init=False, compare=False)
+    layer_adapters: tuple[tuple[Adapter, ...], ...] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        first = next((i for i, part in enumerate(self.layers) if part.trainable), len(self.layers))
+        by_layer: list[list[Adapter]] = [[] for _ in self.layers]
+        for a in self.adapters:
+            if a.module.layer is not None:
+                by_layer[a.module.layer].append(a)
+        object.__setattr__(self, "first_trainable", first)
+        object.__setattr__(self, "layer_adapters", tuple(tuple(a) for a in by_layer))
 
     @property
     def trainable(self) -> int:
@@ -282,7 +295,3 @@ def _slot(model: ModelSpec, module: str) -> int:
     return model.num_layers
 
 
-
-def first_trainable_layer(counts: FinetuneParams) -> int:
-    """Index of the first decoder layer holding a trainable parameter (the number of layers if none)."""
-    return next((i for i, part in enumerate(counts.layers) if part.trainable), len(counts.layers))
