@@ -192,9 +192,6 @@ class FrameworkProfile:
     #: Megatron-core's ``GlobalMemoryBuffer`` ("mpu"): the all-gather MoE dispatcher's gathered tokens
     #: and, under ``--transformer-impl local``, the layers' gathers and unfused attention scores.
     global_memory_buffer: bool = False
-    #: ``--transformer-impl local`` runs torch matmuls instead of Transformer Engine's layers: no TE
-    #: cuBLAS workspace, the global buffer serves the layers (Megatron-LM only).
-    local_transformer_impl: bool = False
     #: Transformer Engine's context-parallel attention buffers (``--cp-comm-type``) are priced.
     te_context_parallel: bool = False
     #: Transformer Engine's grouped GEMM keeps its per-stream cuBLAS workspaces (``--moe-grouped-gemm``).
@@ -210,6 +207,12 @@ class FrameworkProfile:
     #: DeepSpeed activation checkpointing's ``partition_activations`` / ``cpu_checkpointing`` /
     #: contiguous buffers act on full recompute's kept inputs.
     deepspeed_checkpointing: bool = False
+
+    @property
+    def local_transformer_impl(self) -> bool:
+        """``--transformer-impl local`` runs here (its feature): torch matmuls instead of Transformer
+        Engine's layers, so no TE cuBLAS workspace, and the global buffer serves the layers (Megatron-LM)."""
+        return "local-transformer-impl" in self.features
 
 
 MEGATRON = FrameworkProfile(
@@ -228,7 +231,7 @@ MEGATRON = FrameworkProfile(
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     moe_probs_at="experts",
-    features=frozenset({"muon", "tp-comm-overlap", "delay-wgrad", "early-attn-release",
+    features=frozenset({"tp-comm-overlap", "delay-wgrad", "early-attn-release",
                         "experts-wgrad-overlap", "shared-expert-overlap", "ep-a2a-overlap", "cuda-graphs",
                         "fine-offload", "local-transformer-impl"}),
     job_rules=megatron_rules.JOB_RULES,
@@ -239,7 +242,6 @@ MEGATRON = FrameworkProfile(
     fit_expert_parallel=True,
     fit_shardings=("dist-opt",),
     global_memory_buffer=True,
-    local_transformer_impl=True,
     te_context_parallel=True,
     te_grouped_gemm_workspaces=True,
     flex_dispatch_buffers=True,

@@ -146,7 +146,7 @@ def _check_deepspeed(job: Job) -> None:
                           True)
     finetune = job.finetune
     if finetune.partial:
-        flag = "--peft" if finetune.peft != "none" else ("--quantize-base" if finetune.quantize_base != "none"
+        flag = "--peft" if finetune.peft_kind.adapters else ("--quantize-base" if finetune.quant_kind.quantizes
                                                          else "--trainable")
         raise ConfigError(flag, "fine-tuning is traced with --framework hf (a frozen embedding would leave "
                           "DeepSpeed's reentrant checkpoint without an input that requires grad)", True)
@@ -196,10 +196,10 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
 
 
 def _check_finetune(job: Job) -> None:
-    if job.finetune.quantize_base != "none" and job.finetune.peft == "dora":
+    if job.finetune.quant_kind.quantizes and job.finetune.peft_kind.magnitude:
         raise ConfigError("--peft", "dora on a quantized base needs bitsandbytes' dequantization of the weight "
-                          "norm, which the tracer's stand-in does not run; trace --peft lora", "dora")
-    if (job.finetune.peft != "none" or job.finetune.has_frozen) and job.parallel.world_size > 1:
+                          "norm, which the tracer's stand-in does not run; trace --peft lora", job.finetune.peft)
+    if (job.finetune.peft_kind.adapters or job.finetune.has_frozen) and job.parallel.world_size > 1:
         raise ConfigError("--gpus", "memplan trace runs fine-tuning (--peft, --trainable) on one rank; "
                           "estimate sharded fine-tuning with memplan estimate", job.parallel.world_size)
     for flag, on in (("--optimizer-in-backward", job.optimizer.in_backward),
