@@ -19,13 +19,12 @@ Files are written atomically (a temporary file renamed over the target).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from memplan.dataset.search import Setting
 from memplan.errors import ConfigError
+from memplan.textfile import write_atomic
 
 __all__ = ["EMITTERS", "emit_config"]
 
@@ -46,7 +45,7 @@ def emit_config(kind: str, setting: Setting, path: str) -> dict[str, Any]:
                           f"{family}, or search with --batching of the {kind} family", kind)
     data = _torchtune(setting) if kind == "torchtune" else _hf(setting, sft=kind == "trl")
     text = json.dumps(data, indent=2) + "\n" if kind != "torchtune" else _yaml(data)
-    _write_atomic(Path(path).expanduser(), text)
+    write_atomic(Path(path).expanduser(), text)
     return data
 
 
@@ -97,15 +96,3 @@ def _yaml(data: dict[str, Any]) -> str:
 
     header = "# memplan fit --emit torchtune: overrides for a torchtune recipe config\n"
     return header + yaml.safe_dump(data, sort_keys=False)
-
-
-def _write_atomic(target: Path, text: str) -> None:
-    handle, partial = tempfile.mkstemp(dir=target.parent, suffix=".partial")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(partial, 0o644)
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 from memplan.dataset.source import content_digest, open_dataset
 from memplan.dataset.tokenizer import TokenizerFiles
 from memplan.errors import ConfigError
+from memplan.textfile import write_atomic
 
 __all__ = ["Fields", "cache_dir", "token_lengths"]
 
@@ -82,7 +82,7 @@ def token_lengths(path: str, fields: Fields, tokenizer: TokenizerFiles, *, vocab
         except (OSError, ValueError):
             pass  # a damaged cache file is recomputed and replaced
     lengths = _compute(path, fields, tokenizer, vocab_size)
-    _save_atomic(cached, lengths)
+    _save(cached, lengths)
     return lengths, False
 
 
@@ -156,12 +156,9 @@ def _check_strings(values: list[Any], path: str, name: str) -> None:
                               type(value).__name__)
 
 
-def _save_atomic(target: Path, lengths: np.ndarray) -> None:
+def _save(target: Path, lengths: np.ndarray) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle, partial = tempfile.mkstemp(dir=target.parent, suffix=".partial")
-        with os.fdopen(handle, "wb") as out:
-            np.save(out, lengths, allow_pickle=False)
-        os.replace(partial, target)
+        write_atomic(target, lambda partial: np.save(partial, lengths, allow_pickle=False), suffix=".npy")
     except OSError:
         return  # an unwritable cache only costs the next run its speed

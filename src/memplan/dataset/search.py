@@ -149,12 +149,6 @@ def _evaluate(model: ModelSpec, job: Job, lengths: np.ndarray, batching: Batchin
 
 
 
-def _accumulated(job: Job, batch_size: int, seq: int, packed: bool, ga: int) -> Job:
-    shaped = shape_job(job, batch_size, seq, packed)
-    dp = shaped.parallel.data_parallel
-    return replace(shaped, batch=replace(shaped.batch, global_batch_size=batch_size * dp * ga))
-
-
 def _worst(model: ModelSpec, job: Job, shapes: StepShapes, ga: int) -> tuple[int, tuple[int, int]]:
     """The highest peak among the Pareto-largest (rows, tokens) shapes, and that shape."""
     best: dict[int, int] = {}
@@ -162,7 +156,7 @@ def _worst(model: ModelSpec, job: Job, shapes: StepShapes, ga: int) -> tuple[int
         best[rows] = max(best.get(rows, 0), seq)
     front = [(r, s) for r, s in best.items() if not any(r2 >= r and s2 >= s and (r2, s2) != (r, s)
                                                         for r2, s2 in best.items())]
-    peaks = [(estimate(model, _accumulated(job, r, s, shapes.packed, ga)).peak_allocated_bytes, (r, s))
+    peaks = [(estimate(model, shape_job(job, r, s, shapes.packed, accumulation=ga)).peak_allocated_bytes, (r, s))
              for r, s in front]
     return max(peaks)
 
@@ -174,7 +168,7 @@ def _epoch_seconds(model: ModelSpec, job: Job, shapes: StepShapes, ga: int, hw: 
     keys, counts = np.unique(shapes.batch_size * (1 << 32) + seq, return_counts=True)
     total, update = 0.0, 0.0
     for key, count in zip(keys.tolist(), counts.tolist(), strict=True):
-        timed = step_time(model, _accumulated(job, key >> 32, key & 0xFFFFFFFF, shapes.packed, 1), hw)
+        timed = step_time(model, shape_job(job, key >> 32, key & 0xFFFFFFFF, shapes.packed, accumulation=1), hw)
         total += count * (timed.total_s - timed.optimizer_s - timed.dp_comm_s)
         update = max(update, timed.optimizer_s + timed.dp_comm_s)
     return total + update * -(-len(shapes) // ga)
