@@ -57,7 +57,7 @@ def dataset_options(*, plot: bool = False, emit: bool = False) -> Callable[[Call
                      "FILE"))
     if emit:
         rows.append(("emit", "--emit", tuple[str, str], "With --dataset: write the chosen setting as the "
-                     "trainer's config: hf (TrainingArguments JSON), trl (SFTConfig JSON) or torchtune (YAML).",
+                     "trainer's config: hf (TrainingArguments JSON), trl (SFTConfig JSON), torchtune or axolotl (YAML).",
                      "KIND FILE"))
     generated = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                    annotation=Annotated[kind | None, typer.Option(

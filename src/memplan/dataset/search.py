@@ -28,6 +28,7 @@ import numpy as np
 
 from memplan.dataset.batching import Batching, StepShapes, plan_steps
 from memplan.dataset.peaks import shape_job
+from memplan.dataset.rules import family
 from memplan.estimate.engine import estimate
 from memplan.errors import UnsupportedError
 from memplan.gpus import GPU
@@ -38,7 +39,7 @@ __all__ = ["Setting", "search_settings"]
 
 _TIME_BUCKET = 64
 _FAMILIES = {"hf": ("hf", "hf-grouped"), "trl": ("trl", "trl-padding-free", "trl-packing"),
-             "torchtune": ("torchtune", "torchtune-packing")}
+             "torchtune": ("torchtune", "torchtune-packing"), "axolotl": ("axolotl",)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,11 +108,10 @@ def _variants(model: ModelSpec, job: Job) -> list[Job]:
 
 
 def _batchings(base: Batching, rows: int, lengths: np.ndarray) -> list[Batching]:
-    family = "trl" if base.rule.startswith("trl") else "torchtune" if base.rule.startswith("torchtune") else "hf"
     out = []
-    for name in _FAMILIES[family]:
+    for name in _FAMILIES[family(base.rule)]:
         rule = "hf" if name == "hf-grouped" else name
-        if rule.endswith("packing") and base.effective_max_length is None:
+        if rule.endswith(("packing", "axolotl")) and base.effective_max_length is None:
             continue
         for mbs in (d for d in range(1, rows + 1) if rows % d == 0):
             out.append(replace(base, rule=rule, group_by_length=name == "hf-grouped", micro_batch_size=mbs,
