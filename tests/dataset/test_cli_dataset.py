@@ -162,3 +162,45 @@ def test_missing_package_is_one_line(missing, tmp_path, write_jsonl):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
         f"error: --dataset needs {missing}; install it with pip install 'memplan[dataset]'"]
+
+
+def _one_line_nothing_written(out, message, cache, *written):
+    assert out.exit_code == 2, out.output
+    assert message in out.output and len(out.output.strip().splitlines()) == 1
+    assert not any(p.exists() for p in written)
+    assert not list(cache.rglob("*.npy")) and not list(cache.rglob("*.partial"))
+
+
+def test_failing_chat_template_exits_2(model_dir, tmp_path, write_jsonl, isolated_cache):
+    """The template's own error: one line with the file, row and field; no cache, plot or emitted file."""
+    import shutil
+
+    rows = [{"messages": [{"role": "user", "content": "hi"}]}] * 3 + [{"messages": [{"role": "tool", "content": "x"}]}]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}")
+    plot, emitted = tmp_path / "p.png", tmp_path / "e.json"
+    out = _run("estimate", str(folder), "--dataset", str(path), "--messages-field", "messages", "--plot", str(plot))
+    _one_line_nothing_written(out, f"{path}: row 4, field 'messages': the chat template", isolated_cache, plot)
+    out = _run("fit", str(folder), "--dataset", str(path), "--messages-field", "messages", "--emit", "hf",
+               str(emitted))
+    _one_line_nothing_written(out, "row 4, field 'messages'", isolated_cache, emitted)
+
+
+def test_vocabulary_mismatch_and_empty_file_exit_2(model_dir, text_rows, tmp_path, write_jsonl, isolated_cache):
+    import shutil
+
+    small = tmp_path / "small"
+    shutil.copytree(model_dir, small)
+    (small / "config.json").write_text(json.dumps({**CONFIG, "vocab_size": 50}))
+    path = write_jsonl(tmp_path / "t.jsonl", text_rows)
+    plot = tmp_path / "p.png"
+    out = _run("estimate", str(small), "--dataset", str(path), "--plot", str(plot))
+    _one_line_nothing_written(out, f"{path}: row 1, field 'text': token id", isolated_cache, plot)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = _run("estimate", str(model_dir), "--dataset", str(empty), "--plot", str(plot))
+    _one_line_nothing_written(out, f"{empty}: the file is empty", isolated_cache, plot)
