@@ -183,7 +183,8 @@ def _trace_dataset(model: str | None, setup: Any, flags: dict[str, Any], dialect
         raise ConfigError("--dataset", "needs a MODEL preset or config.json (not --script or --torchtitan)")
     if any(others):
         raise ConfigError("--dataset", "traces many steps; -o, --snapshot, --plot and --compare-estimate trace one")
-    section = trace_dataset(model, setup, flags, dialects, progress=_progress(not json_output))  # type: ignore[arg-type]
+    section = trace_dataset(model, setup, flags, dialects,  # type: ignore[arg-type]
+                            progress=_progress(not json_output))
     if json_output:
         _print_json({"model": model, "device": setup.device, "dataset": section})
         return

@@ -36,9 +36,6 @@ from memplan.textfile import write_atomic
 __all__ = ["EMITTERS", "emit_config"]
 
 EMITTERS = ("hf", "trl", "torchtune", "axolotl")
-#: memplan's optimizer names -> Axolotl's ``optimizer`` (transformers' OptimizerNames, which it takes).
-_AXOLOTL_OPTIM = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit", "paged-adamw8bit": "paged_adamw_8bit",
-                  "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit", "lion8bit": "lion_8bit"}
 #: memplan's optimizer names -> TrainingArguments.optim (transformers' OptimizerNames).
 _HF_OPTIM = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit", "paged-adamw8bit": "paged_adamw_8bit",
              "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit", "lion8bit": "lion_8bit"}
@@ -113,8 +110,8 @@ def _axolotl(setting: Setting) -> dict[str, Any]:
         "seed": b.seed,
         "gradient_checkpointing": setting.recompute == "full",
     }
-    if setting.optimizer in _AXOLOTL_OPTIM:
-        data["optimizer"] = _AXOLOTL_OPTIM[setting.optimizer]
+    if setting.optimizer in _HF_OPTIM:  # Axolotl's ``optimizer`` takes transformers' OptimizerNames
+        data["optimizer"] = _HF_OPTIM[setting.optimizer]
     return data
 
 
@@ -122,6 +119,6 @@ def _yaml(data: dict[str, Any], kind: str) -> str:
     import yaml
 
     header = {"torchtune": "# memplan fit --emit torchtune: overrides for a torchtune recipe config\n",
-              "axolotl": "# memplan fit --emit axolotl: merge into your Axolotl config (base_model, datasets, ...)\n"
-              }[kind]
+              "axolotl": "# memplan fit --emit axolotl: merge into your Axolotl config (base_model, datasets, "
+                         "...)\n"}[kind]
     return header + yaml.safe_dump(data, sort_keys=False)

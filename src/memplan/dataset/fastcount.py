@@ -49,7 +49,8 @@ def count_tokens(texts: list[str], rust: Any, spec: dict[str, Any], *, add_speci
         return None
     pieces = _compiled(pattern)
     counts = _PieceCounts(rust.model, _byte_table())
-    extra = rust.post_processor.num_special_tokens_to_add(False) if add_special_tokens and rust.post_processor else 0
+    post = rust.post_processor
+    extra = post.num_special_tokens_to_add(False) if add_special_tokens and post is not None else 0
     out = np.full(len(texts), -1, dtype=np.int64)
     for row, text in enumerate(texts):
         if _OUTSIDE.search(text) is not None:
