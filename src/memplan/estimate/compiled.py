@@ -18,9 +18,10 @@ Families priced (``T`` tokens, ``c`` bytes of the compute dtype, ``r`` of the re
   output, q/k/v after RoPE, the kernel's output and fp32 log-sum-exp, the output projection's output, the
   MLP norm's output, gate, up and the down projection's input (``3c·f``). The inputs of the output
   projection and of the residual adds are recomputed (views, or elementwise from saved values).
-* **Unfused attention** (``--attention eager``): q, and k and v repeated to every query head, the
-  16-bit scores and probabilities (``2c·H·s`` per token), the fp32 softmax max and sum, and the output
-  projection's input; Gemma 2's soft-capping is recomputed from the scores.
+* **Unfused attention** (``--attention eager``): q, and k and v repeated to every query head, the output
+  projection's input, and for 16-bit activations the scores and probabilities (``2c·H·s`` per token) with the
+  fp32 softmax max and sum (the fp32 softmax is recomputed from them; Gemma 2's soft-capping too), for fp32
+  the probabilities alone.
 * **GPT-2-style** (LayerNorm, learned positions, plain MLP, dropout modules): each LayerNorm's fp32 mean and
   1/std and its output, q/k/v, the kernel's output and log-sum-exp, the attention output projection's
   output, the fc output and the activation's output, and the two residual dropout masks (1 byte each;
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from memplan.estimate.context import RunContext
 
 __all__ = ["FP32_BYTES", "INDEX_BYTES", "compile_note", "compile_settings", "compiled_blocks", "compiled_layer",
-           "uncovered_reason"]
+           "keeps_masks", "uncovered_reason"]
 
 #: Bytes of the fp32 statistics the decomposed norms and softmax keep (1/rms, mean, max, sum, log-sum-exp).
 FP32_BYTES = 4
@@ -69,13 +70,21 @@ def _job_reason(run: RunContext) -> str | None:
     checks = ((run.policy.name != "none", f"the activation policy {run.policy.name!r} around compiled layers"),
               (run.finetune, "fine-tuning (frozen or adapted layers)"),
               (job.offload.activations, "activation offloading"),
-              (job.torchtitan_model, "torchtitan's own model code"))
+              (job.torchtitan_model, "a framework's own model code (not transformers' modules)"))
     return next((reason for failed, reason in checks if failed), None)
 
 
 def compiled_layer(run: RunContext, layer: LayerSpec) -> bool:
     """``--compile`` prices ``layer`` with the partitioner's saved set."""
     return run.job.compile and _job_reason(run) is None and uncovered_reason(layer, run.shape) is None
+
+
+def keeps_masks(run: RunContext) -> bool:
+    """Compiled 16-bit eager attention keeps its additive masks (one per kind of layer, shared) for the
+    backward: the softmax is recomputed there from the saved scores, the mask added again."""
+    shape = run.shape
+    return (run.job.compile and shape.attention in ("eager", "math") and shape.act_bytes < FP32_BYTES
+            and any(compiled_layer(run, layer) for layer in run.model.layers))
 
 
 def compile_settings(run: RunContext) -> tuple[InputSetting, ...]:
@@ -110,7 +119,7 @@ def uncovered_reason(layer: LayerSpec, shape: ActivationShape) -> str | None:
     attn = layer.attention
     checks = (
         (shape.kernels != "eager", "the framework's fused layers (Transformer Engine or its own model code)"),
-        (shape.rope_buffer or shape.fused_rms_norm, "torchtitan's own model code"),
+        (shape.rope_buffer or shape.fused_rms_norm, "a framework's own model code (not transformers' modules)"),
         (shape.tp > 1 or shape.sequence_parallel, "tensor / sequence parallelism"),
         (shape.kv_seq != shape.seq, "context parallelism"),
         (shape.ep > 1 or shape.expert_tp > 1, "expert parallelism"),
@@ -177,10 +186,13 @@ def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
                   Term("q, k norms 1/rms (fp32)", FP32_BYTES * tokens * (heads + kv_heads), "tp", "attn")]
     if shape.attention in ("eager", "math"):
         scores = heads * shape.micro_batch * shape.seq * shape.kv_seq
-        return terms + [
+        if c >= FP32_BYTES:  # an fp32 softmax is kept as it is: its output feeds its backward and the PV matmul
+            core = [Term("probabilities (fp32)", FP32_BYTES * scores, "tp", "core")]
+        else:  # the 16-bit scores and the fp32 max and sum recompute the fp32 softmax; its 16-bit cast is kept
+            core = [Term("scores and probabilities (compute dtype)", 2 * c * scores, "tp", "core"),
+                    Term("softmax max and sum (fp32)", 2 * FP32_BYTES * tokens * heads, "tp", "core")]
+        return terms + core + [
             Term("q, and k and v repeated to every query head", c * tokens * heads * (2 * d + dv), "tp", "attn"),
-            Term("scores and probabilities (compute dtype)", 2 * c * scores, "tp", "core"),
-            Term("softmax max and sum (fp32)", 2 * FP32_BYTES * tokens * heads, "tp", "core"),
             Term("output projection input", c * tokens * heads * dv, "tp", "attn")]
     return terms + [
         Term("q, k, v (attention kernel inputs)", c * tokens * (heads * d + kv_heads * (d + dv)), "tp", "attn"),

@@ -88,20 +88,34 @@ def compiled_layer_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.M
 def compile_layers(layers: list[tuple[str, torch.nn.Module]], *, quiet: Quiet | None = None) -> CompiledLayers:
     """Run each ``(path, layer)`` as its partitioned graphs; returns the record of their saved sets.
 
-    ``quiet``: a context under which the one-time tracing runs (the tracker's ``unrecorded``, so that
-    compiling allocates nothing in the trace)."""
+    Layers of the same structure (class, weight shapes and dtypes, settings other than ``layer_idx``, call
+    signature) share one compiled pair of graphs, as dynamo reuses one graph for identical blocks; each is
+    given its own weights. ``quiet``: a context under which the one-time tracing runs (the tracker's
+    ``unrecorded``, so that compiling allocates nothing in the trace)."""
     record = CompiledLayers()
+    shared: dict[Any, dict[str, Any]] = {}
     for path, layer in layers:
-        _compile_layer(path, layer, record, quiet)
+        _compile_layer(path, layer, record, quiet, shared)
     return record
 
 
-def _compile_layer(path: str, layer: torch.nn.Module, record: CompiledLayers, quiet: Quiet | None) -> None:
-    forward = layer.forward
-    state: dict[str, Any] = {}
+def _structure(layer: torch.nn.Module) -> tuple[Any, ...]:
+    """What decides a layer's graphs besides its call: its modules' classes, weights' metadata and plain
+    settings (``layer_idx`` indexes a KV cache, which training does not use)."""
+    out: list[Any] = []
+    for name, module in layer.named_modules():
+        settings = tuple(sorted((k, v) for k, v in vars(module).items()
+                                if isinstance(v, (int, float, str, bool, type(None))) and k != "layer_idx"
+                                and not k.startswith("_")))
+        out.append((name, type(module).__qualname__, settings))
+    out += [(n, tuple(t.shape), t.dtype, t.requires_grad) for n, t in (*layer.named_parameters(), *layer.named_buffers())]
+    return tuple(out)
 
-    def store(saved: tuple[SavedTensor, ...]) -> None:
-        record.saved[path] = saved
+
+def _compile_layer(path: str, layer: torch.nn.Module, record: CompiledLayers, quiet: Quiet | None,
+                   shared: dict[Any, dict[str, Any]]) -> None:
+    forward = layer.forward
+    structure = _structure(layer)
 
     def compiled(*args: Any, **kwargs: Any) -> Any:
         leaves, spec = tree_flatten((args, kwargs))
@@ -109,11 +123,16 @@ def _compile_layer(path: str, layer: torch.nn.Module, record: CompiledLayers, qu
         names = [n for n, _ in layer.named_parameters()] + [n for n, _ in layer.named_buffers()]
         weights = _weights(layer, names)
         inputs = [leaves[i] for i in slots]
-        if state.get("key") != (spec, slots):
-            state["key"] = (spec, slots)
-            state["fn"] = _traced(forward, layer, names, leaves, slots, spec, store, state)
+        plain = tuple(repr(leaf) for i, leaf in enumerate(leaves) if i not in slots)
+        key = (structure, str(spec), slots, plain,
+               tuple((tuple(t.shape), t.stride(), t.dtype, t.requires_grad) for t in inputs))
+        state = shared.get(key)
+        if state is None:
+            state = shared[key] = {}
+            state["fn"] = _traced(forward, layer, names, leaves, slots, spec, state)
             with (quiet() if quiet is not None else contextlib.nullcontext()), _without_module_hooks():
                 _warm(state["fn"], weights, inputs)
+        record.saved[path] = state["saved"]
         flat = state["fn"](*weights, *inputs)
         return tree_unflatten(list(flat), state["out_spec"])
 
@@ -127,8 +146,7 @@ def _weights(layer: torch.nn.Module, names: list[str]) -> list[torch.Tensor]:
 
 
 def _traced(forward: Callable[..., Any], layer: torch.nn.Module, names: list[str], leaves: list[Any],
-            slots: tuple[int, ...], spec: Any, store: Callable[[tuple[SavedTensor, ...]], None],
-            state: dict[str, Any]) -> Any:
+            slots: tuple[int, ...], spec: Any, state: dict[str, Any]) -> Any:
     """The layer as a function of (weights, tensor inputs), compiled by ``aot_function``."""
     from torch._functorch.aot_autograd import aot_function
     from torch.nn.utils.stateless import _reparametrize_module
@@ -148,7 +166,7 @@ def _traced(forward: Callable[..., Any], layer: torch.nn.Module, names: list[str
 
     from torch._inductor.decomposition import select_decomp_table
 
-    return aot_function(fn, fw_compiler=_boxed, bw_compiler=_boxed, partition_fn=_partition(store),
+    return aot_function(fn, fw_compiler=_boxed, bw_compiler=_boxed, partition_fn=_partition(lambda saved: state.__setitem__("saved", saved)),
                         decompositions=select_decomp_table())
 
 
