@@ -95,10 +95,11 @@ def test_compiled_estimate_agrees_with_the_partitioner(config_paths: dict[str, s
 
 
 def _per_token(tensor: dict[str, object], seq: int) -> bool:
-    """A saved value that grows with the tokens (not a weight's 16-bit copy or a view of an expert weight)."""
+    """A saved value that grows with the tokens (not a weight's 16-bit copy or a view of an expert weight); the
+    efficient kernel's log-sum-exp has the sequence padded to a multiple of 32."""
     shape = tensor["shape"]
     assert isinstance(shape, list)
-    return any(dim % seq == 0 and dim >= seq for dim in shape)
+    return any((dim % seq == 0 and dim >= seq) or dim == -(-seq // 32) * 32 for dim in shape)
 
 
 @pytest.mark.parametrize("flags, field", [
@@ -121,3 +122,24 @@ def test_eager_estimate_is_unchanged_without_compile(config_paths: dict[str, str
     from memplan.estimate.compiled import compiled_layer
 
     assert not compiled_layer(run, spec.layers[0])
+
+
+def test_a_compiled_cross_entropy_keeps_the_16_bit_logits_and_two_fp32_values_per_row() -> None:
+    """The compiled loss (torchtune's chunked loss, torchtitan's ``"loss"`` component, the Trainer's whole model)
+    keeps its 16-bit input and the fp32 max and log-sum-exp per row, where eager cross-entropy on upcast logits
+    keeps an fp32 log-softmax (memplan prices the loss as eager and lists it in unmodelled_settings)."""
+    import torch
+    import torch.nn.functional as F
+
+    from memplan.trace.runners.partitioner import partitioned_saved_set
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels, reduction="sum")
+
+    rows, vocab = 96, 1000
+    saved = partitioned_saved_set(loss, torch.empty(rows, vocab, dtype=torch.bfloat16, device="meta",
+                                                    requires_grad=True),
+                                  torch.empty(rows, dtype=torch.long, device="meta"))
+    computed = [t for t in saved if not t.graph_input]
+    assert {(t.shape, t.dtype) for t in computed} == {((rows, 1), "float32")} and len(computed) == 2
+    assert {(t.shape, t.dtype) for t in saved if t.graph_input} == {((rows, vocab), "bfloat16"), ((rows,), "int64")}

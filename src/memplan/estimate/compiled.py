@@ -57,6 +57,9 @@ __all__ = ["FP32_BYTES", "INDEX_BYTES", "compile_note", "compile_settings", "com
 FP32_BYTES = 4
 #: Bytes of an int64 index (top-k indices, token permutation).
 INDEX_BYTES = 8
+#: The memory-efficient attention kernel's log-sum-exp rows are padded to this many queries
+#: (``_efficient_attention_forward``: ``ceil_div(max_seqlen_q, kAlignLSE) * kAlignLSE``, kAlignLSE = 32).
+EFFICIENT_LSE_ALIGN = 32
 #: Bytes of a dropout mask element (bool).
 MASK_BYTES = 1
 #: int64 vectors of one element per routed token the MoE permutation keeps (sorted order, expert of each
@@ -100,7 +103,8 @@ def compile_settings(run: RunContext) -> tuple[InputSetting, ...]:
     if run.profile.compile_scope == "model":
         out.append(InputSetting(source="--compile", key="compiled model", value=True, effect="not-modelled",
                                 note=f"{run.profile.name} compiles the whole model: the embedding, final norm, "
-                                     "head and loss are priced as eager"))
+                                     "head and loss are priced as eager (a compiled cross-entropy keeps the 16-bit "
+                                     "logits and two fp32 values per token, not an fp32 log-softmax)"))
     return tuple(out)
 
 
@@ -194,10 +198,12 @@ def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
         return terms + core + [
             Term("q, and k and v repeated to every query head", c * tokens * heads * (2 * d + dv), "tp", "attn"),
             Term("output projection input", c * tokens * heads * dv, "tp", "attn")]
+    # fp32 runs the memory-efficient kernel, whose log-sum-exp pads the sequence to a multiple of 32
+    lse_seq = -(-shape.seq // EFFICIENT_LSE_ALIGN) * EFFICIENT_LSE_ALIGN if c >= FP32_BYTES else shape.seq
     return terms + [
         Term("q, k, v (attention kernel inputs)", c * tokens * (heads * d + kv_heads * (d + dv)), "tp", "attn"),
         Term("attention kernel output", c * tokens * heads * dv, "tp", "core"),
-        Term("attention log-sum-exp (fp32)", FP32_BYTES * tokens * heads, "tp", "core")]
+        Term("attention log-sum-exp (fp32)", FP32_BYTES * shape.micro_batch * lse_seq * heads, "tp", "core")]
 
 
 def _moe(moe: MoESpec, shape: ActivationShape) -> list[Term]:

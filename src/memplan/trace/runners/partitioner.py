@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from memplan.errors import UnsupportedError
 
-__all__ = ["CompiledLayers", "SavedTensor", "compile_layers", "compiled_layer_modules"]
+__all__ = ["CompiledLayers", "SavedTensor", "compile_layers", "compiled_layer_modules", "partitioned_saved_set"]
 
 Quiet = Callable[[], contextlib.AbstractContextManager[Any]]
 
@@ -137,6 +137,26 @@ def _compile_layer(path: str, layer: torch.nn.Module, record: CompiledLayers, qu
         return tree_unflatten(list(flat), state["out_spec"])
 
     layer.forward = compiled  # type: ignore[method-assign]
+
+
+def partitioned_saved_set(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> tuple[SavedTensor, ...]:
+    """What inductor's partitioner saves for the backward of ``fn(*args)`` (a scalar loss, or any tensor whose
+    sum is taken), traced on fake tensors of ``args``' metadata; nothing is computed.
+
+    Example: a compiled cross-entropy on 16-bit logits upcast to fp32 keeps the 16-bit logits and two fp32
+    values per row (max and log-sum-exp), not an fp32 log-softmax (tests/trace/test_compiled.py)."""
+    from torch._functorch.aot_autograd import aot_function
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    state: dict[str, Any] = {}
+    compiled = aot_function(fn, fw_compiler=_boxed, bw_compiler=_boxed, decompositions=select_decomp_table(),
+                            partition_fn=_partition(lambda saved: state.__setitem__("saved", saved)))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(a).requires_grad_(a.requires_grad) if a.is_floating_point() else mode.from_tensor(a)
+                for a in args]
+        compiled(*fake).sum().backward()
+    return state["saved"]
 
 
 def _weights(layer: torch.nn.Module, names: list[str]) -> list[torch.Tensor]:
