@@ -88,7 +88,8 @@ def test_compiled_estimate_agrees_with_the_partitioner(config_paths: dict[str, s
     spec = load_model(model)
     run = run_context(spec, result.options.job, 0.1)
     attention_terms, rest = compiled_blocks(spec.layers[0], run.shape)
-    priced = sum(t.bytes for t in attention_terms + rest if t.keep != "input")
+    # (a view the partitioner saves is counted by its own size there, by the storage it holds here)
+    priced = sum(t.bytes for t in attention_terms + rest if t.keep != "input" and "(a view)" not in t.name)
     computed = {sum(t["bytes"] for t in saved if not t["graph_input"] and _per_token(t, seq))
                 for saved in result.compiled_layers.values()}
     assert computed == {priced}
@@ -137,9 +138,8 @@ def test_a_compiled_cross_entropy_keeps_the_16_bit_logits_and_two_fp32_values_pe
         return F.cross_entropy(logits.float(), labels, reduction="sum")
 
     rows, vocab = 96, 1000
-    saved = partitioned_saved_set(loss, torch.empty(rows, vocab, dtype=torch.bfloat16, device="meta",
-                                                    requires_grad=True),
-                                  torch.empty(rows, dtype=torch.long, device="meta"))
+    saved = partitioned_saved_set(loss, torch.zeros(rows, vocab, dtype=torch.bfloat16, requires_grad=True),
+                                  torch.zeros(rows, dtype=torch.long))
     computed = [t for t in saved if not t.graph_input]
     assert {(t.shape, t.dtype) for t in computed} == {((rows, 1), "float32")} and len(computed) == 2
     assert {(t.shape, t.dtype) for t in saved if t.graph_input} == {((rows, vocab), "bfloat16"), ((rows,), "int64")}

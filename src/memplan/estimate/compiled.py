@@ -185,6 +185,12 @@ def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     tokens, c = shape.seq * shape.micro_batch, shape.act_bytes
     heads, kv_heads, d, dv = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
     terms = []
+    if attn.fused_qkv and shape.rope and not shape.autocast and (shape.attention not in ("eager", "math")
+                                                                 or kv_heads == heads):
+        # Phi-3: the saved v (or its unrepeated copy) is a view of the fused projection's output, which keeps
+        # the q and k parts alive beside their rotated copies (under autocast v is a cast copy of its own)
+        terms.append(Term("fused q/k/v projection output held by the saved v (a view)",
+                          c * tokens * (heads + kv_heads) * d, "tp", "attn"))
     if attn.qk_norm:  # Qwen3: the q and k projections' outputs and the per-head norms' 1/rms
         terms += [Term("q, k projection outputs (q/k norm inputs)", c * tokens * (heads + kv_heads) * d, "tp", "attn"),
                   Term("q, k norms 1/rms (fp32)", FP32_BYTES * tokens * (heads + kv_heads), "tp", "attn")]
