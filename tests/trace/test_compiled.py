@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+from test_agreement_grid import _COMMON  # tests/trace is on sys.path: the agreement grid's small configs
+from test_agreement_grid import CONFIGS as GRID_CONFIGS
 
 from memplan.errors import ConfigError
 from memplan.estimate.compiled import compiled_blocks
@@ -23,25 +25,10 @@ from memplan.trace.compare import compare_with_estimate
 TOLERANCE = 0.05
 EXACT = ("parameter", "gradient", "optimizer_state")
 
-_COMMON = {"max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0, "rms_norm_eps": 1e-6}
+#: The agreement grid's small configs, and two families it has no toy of.
 CONFIGS: dict[str, dict[str, object]] = {
-    "llama": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
-              "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
-    "qwen2": {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
-              "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
-    "qwen3": {"model_type": "qwen3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
-              "head_dim": 32, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048,
-              "tie_word_embeddings": False},
-    "phi3": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
-             "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 2048, "sliding_window": 1023,
-             "pad_token_id": 0},
-    "gemma2": {"model_type": "gemma2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
-               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 128,
-               "query_pre_attn_scalar": 64, "hidden_activation": "gelu_pytorch_tanh"},
-    "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 128,
-                  "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
-                  "vocab_size": 2048, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
+    **GRID_CONFIGS,
+    "qwen3": {**GRID_CONFIGS["qwen2"], "model_type": "qwen3", "head_dim": 32},
     "gpt2": {"model_type": "gpt2", "n_embd": 256, "n_head": 8, "n_layer": 2, "vocab_size": 2048, "n_positions": 1024},
 }
 
@@ -61,15 +48,16 @@ CELLS = (
 )
 
 
+def _written(path: Path, config: dict[str, object]) -> str:
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def config_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     folder = Path(tmp_path_factory.mktemp("compiled"))
-    paths = {}
-    for name, config in CONFIGS.items():
-        path = folder / f"{name}.json"
-        path.write_text(json.dumps({**(_COMMON if name != "gpt2" else {}), **config}), encoding="utf-8")
-        paths[name] = str(path)
-    return paths
+    return {name: _written(folder / f"{name}.json", {**(_COMMON if name != "gpt2" else {}), **config})
+            for name, config in CONFIGS.items()}
 
 
 @pytest.mark.parametrize("name, seq, precision, attention", CELLS)
