@@ -66,7 +66,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
         raise JobConfigError("--ep", "needs a mixture-of-experts model (expert parallelism splits routed experts; "
                              f"{model.name} is dense); drop --ep", par.ep)
     _check_recompute_layers(job, model)
-    for layer in model.layers:
+    for layer in model.layers if model.is_moe else ():
         if layer.moe is not None:
             if layer.moe.num_experts % par.ep:
                 raise JobConfigError(

@@ -84,8 +84,9 @@ def _contributions(ctx: StageContext, states: StateBytes, step_temp: int) -> Ite
     yield Contribution(GRADIENTS, states.gradients, note=_sharding_note(job))
     yield Contribution(MASTER, states.master)
     yield Contribution(OPTIMIZER, states.optimizer, note=_optimizer_note(job))
-    if describe_optimizer(job):
-        yield Contribution(OPTIMIZER, 0, note=describe_optimizer(job))
+    where = describe_optimizer(job)
+    if where:
+        yield Contribution(OPTIMIZER, 0, note=where)
     if fp32_router_weights(job, ctx.prec) and any(layer.moe is not None and layer.moe.router_fp32
                                                   for layer in ctx.model.layers):
         yield Contribution(PARAMETERS, 0, note=(
@@ -145,6 +146,8 @@ def _step_counters(ctx: StageContext, ft: StageFinetune | None) -> int:
     layout = ctx.layout
     if ft is not None:
         return device_step_counters(ctx.job, ctx.profile, ft.trainable_tensors)
+    if not device_step_counters(ctx.job, ctx.profile, 1):  # none on the device: the stage's tensors are not counted
+        return 0
     tensors = stage_tensors(ctx.model, layout.layer_indices, has_embedding=layout.has_embedding,
                             has_head=layout.has_head)
     return device_step_counters(ctx.job, ctx.profile, tensors)

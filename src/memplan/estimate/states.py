@@ -85,7 +85,7 @@ def layer_numel_on_rank(groups: ParamGroups, job: Job) -> tuple[int, int]:
     return _local_layer(groups, job)
 
 
-def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+def layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """(a representative index, how many) of each distinct layer object among ``indices`` (layers
     that share a spec object share every per-layer figure), in first-seen order."""
     return _kinds_of(Same(model), indices)
@@ -93,7 +93,7 @@ def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> tuple[tuple[int,
 
 @lru_cache(maxsize=256)
 def _kinds_of(model_key: Same, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """:func:`_layer_kinds`, memoised per model object (a frozen spec) and stage."""
+    """:func:`layer_kinds`, memoised per model object (a frozen spec) and stage."""
     seen: dict[int, list[int]] = {}
     layers = model_key.obj.layers  # type: ignore[attr-defined]
     for index in indices:
@@ -114,7 +114,7 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
     dense = expert = largest = gemm = 0
     all_groups, non_gemm = model.layer_param_groups, model.layer_non_gemm_params
     routers = 0
-    for index, count in _layer_kinds(model, stage.layer_indices):
+    for index, count in layer_kinds(model, stage.layer_indices):
         moe = model.layers[index].moe
         if moe is not None and moe.router_fp32:
             routers += count * (hidden * moe.num_experts + (

@@ -11,7 +11,7 @@ from typing import Literal
 
 from memplan.errors import JobConfigError
 from memplan.profiles import megatron_rules
-from memplan.profiles.defaults import DefaultRule, fsdp_keeps_blocks_unsharded_under_pp
+from memplan.profiles.defaults import DefaultRule
 from memplan.profiles.rules import JobRule, ModelRule
 from memplan.units import MiB
 
@@ -86,6 +86,11 @@ class FrameworkProfile:
     workspace_bytes: int = TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES
     #: Unsharded blocks alive at once under FSDP/ZeRO-3 (the one computing + prefetched ones).
     fsdp_live_blocks: int = 2
+    #: Under pipeline parallelism FSDP2 keeps the stage's blocks unsharded for the whole step and
+    #: accumulates unsharded gradients in the reduce dtype until the last micro-batch (torchtitan's
+    #: ``reshard_after_forward = not pp_enabled`` with torch's pipelining stage;
+    #: :mod:`memplan.estimate.pipeline_fsdp`).
+    pipeline_fsdp_unsharded: bool = False
     #: DeepSpeed ZeRO-1/2 reduce bucket, elements (``reduce_bucket_size``, default 5e8).
     reduce_bucket_elements: int = 0
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
@@ -109,6 +114,9 @@ class FrameworkProfile:
     #: an untied ``lm_head`` is column-parallel with its output gathered (``colwise_gather_output``),
     #: so every rank computes the loss on full-vocabulary logits.
     vocab_parallel: bool = True
+    #: Under TP the loss runs in DTensor's ``loss_parallel`` on the vocabulary-sharded logits
+    #: (torchtitan's ``get_train_context``; :mod:`memplan.estimate.loss_parallel`).
+    dtensor_loss_parallel: bool = False
     #: The optimizer is ``torch.optim``'s (HF Trainer, torchtitan): its fused (and capturable)
     #: Adam/AdamW keep a float32 ``step`` tensor per parameter on the GPU (torch/optim/adam.py,
     #: ``_init_group``). Megatron's and DeepSpeed's fused Adam keep the step count on the host.
@@ -262,7 +270,8 @@ TORCHTITAN = FrameworkProfile(
     selective_policy="torchtitan-sac",
     autocast_with_tp_or_pp=False,
     pipeline_split="embedding-output-weighted",
-    unmodelled_defaults=(fsdp_keeps_blocks_unsharded_under_pp,),
+    pipeline_fsdp_unsharded=True,
+    dtensor_loss_parallel=True,
     fit_tensor_parallel=True,
     fit_pipelines=True,
 )

@@ -60,8 +60,10 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
 })
 #: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
 #: shards the sequence between the TP regions).
-_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({("parallel", "sequence_parallel"),
-                                                                  (None, "torchtitan_model")})
+#: ``--torchtitan`` also runs torchtitan's pipelining (one stage, :mod:`memplan.trace.runners.torchtitan_pipeline`).
+_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({
+    ("parallel", "sequence_parallel"), ("parallel", "pp"), ("parallel", "vpp"), ("parallel", "chunk_layers"),
+    (None, "torchtitan_model")})
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
 def _check_in(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
@@ -179,7 +181,8 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
     if sharding.fsdp == "none" and par.data_parallel > 1:
         raise ConfigError("--gpus", f"memplan trace simulates FSDP and TP ranks: with --fsdp none the GPUs must "
                           f"equal --tp ({par.tp}); DDP replicas are estimated only", par.world_size)
-    if job.batch.global_batch_size not in (None, job.batch.micro_batch_size * par.data_parallel):
+    pipelined = torchtitan_code and par.pp > 1  # the schedule's micro-batches run in the step
+    if not pipelined and job.batch.global_batch_size not in (None, job.batch.micro_batch_size * par.data_parallel):
         raise ConfigError("--gbs", "gradient accumulation is not traced: memplan trace runs one micro-batch per "
                           f"step (leave --gbs out or make it mbs*dp = {job.batch.micro_batch_size * par.data_parallel})",
                           job.batch.global_batch_size)
