@@ -144,7 +144,7 @@ def partitioned_saved_set(fn: Callable[..., torch.Tensor], *args: torch.Tensor) 
     sum is taken), traced on fake tensors of ``args``' metadata; nothing is computed.
 
     Example: a compiled cross-entropy on 16-bit logits upcast to fp32 keeps the 16-bit logits and two fp32
-    values per row (max and log-sum-exp), not an fp32 log-softmax (tests/trace/test_compiled.py)."""
+    values per row (max and log-sum-exp), not an fp32 log-softmax (tests/trace/test_compiled_trace.py)."""
     from torch._functorch.aot_autograd import aot_function
     from torch._inductor.decomposition import select_decomp_table
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -1,6 +1,6 @@
 """``--compile`` in the estimator (memplan.estimate.compiled): which layers the partitioner's rules price, what
 is listed as not modelled, and the refusal. The rules themselves are held against the partitioner's saved
-sets in tests/trace/test_compiled.py and the agreement grid's ``--compile`` cells."""
+sets in tests/trace/test_compiled_trace.py and the agreement grid's ``--compile`` cells."""
 
 from __future__ import annotations
 
