@@ -871,6 +871,12 @@ class Job:
                           panel=ACTIVATIONS, metavar="P")
     loss: LossImpl = knob("auto", "--loss", "How logits and cross-entropy are materialised; auto = the framework "
                           "profile's.", panel=ACTIVATIONS)
+    #: ``torch.compile`` of every decoder layer (torchtitan ``[compile] enable``, torchtune ``compile``, Hugging
+    #: Face ``torch_compile``): a layer keeps what AOT autograd's min-cut partitioner saves
+    #: (:mod:`memplan.estimate.compiled`); what is not priced is reported in ``unmodelled_settings``.
+    compile: bool = knob(False, "--compile", "torch.compile: each decoder layer keeps what AOT autograd's "
+                         "min-cut partitioner saves (default settings); inductor's own buffers are not "
+                         "modelled (docs/estimate.md).", panel=ACTIVATIONS)
     #: Megatron ``--defer-embedding-wgrad-compute``: the output layer's weight gradient is
     #: computed after the pipeline drains, so each finished micro-batch keeps its logits gradient
     #: and the layer input; ``--wgrad-deferral-limit`` caps how many (0 = all).
@@ -921,6 +927,10 @@ class Job:
                                fine_tuning=self.finetune.partial)
         self._check_optimizer()  # the optimizer's registry entry: frameworks that run it, its settings
         check_features(self, profile)  # the framework-specific options the profile does not run
+        if self.compile and profile.compile_scope == "none":
+            raise JobConfigError("--compile", f"{self.framework} has no option to torch.compile its model (Megatron-LM "
+                                 "compiles only its own fused kernels, which memplan prices); use --framework "
+                                 "torchtitan, hf or deepspeed", True)
         for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
             rule(self)
         self._check_sharding(profile.fsdp_refusal)

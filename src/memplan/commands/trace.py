@@ -121,6 +121,7 @@ def trace_command(
             return
         target: Any = model if script is None else _load_script(script, setup)
         result = trace_job(target, setup, top=top, progress=_progress(True))
+        settings = settings + _traced_compile_settings(setup)
         comparison = None
         if compare_estimate:
             from memplan.trace.compare import compare_with_estimate
@@ -242,6 +243,19 @@ def _write_outputs(result: Any, output: str | None, snapshot: str | None, plot: 
         raise ConfigError("output file", f"cannot be written ({exc.strerror})", exc.filename) from None
 
 
+def _traced_compile_settings(setup: Any) -> tuple[Any, ...]:
+    """``--compile`` under a framework that compiles the whole model: the tracer compiles the decoder layers
+    only, and says so (never silent)."""
+    from memplan.profiles import get_profile
+    from memplan.settings import InputSetting
+
+    if not setup.job.compile or get_profile(setup.job.framework).compile_scope != "model":
+        return ()
+    return (InputSetting(source="--compile", key="compiled model", value=True, effect="not-modelled",
+                         note="the decoder layers run as the partitioner's graphs; the embedding, final norm, head "
+                              "and loss, which the framework compiles too, are traced eagerly"),)
+
+
 def _render(result: Any, comparison: Any, json_output: bool, settings: tuple[Any, ...] = ()) -> None:
     if json_output:
         from memplan.settings import settings_dict
@@ -253,10 +267,13 @@ def _render(result: Any, comparison: Any, json_output: bool, settings: tuple[Any
         return
     from rich.console import Console
 
-    from memplan.report.trace_text import render_comparison, render_summary
+    from memplan.report.trace_text import render_comparison, render_compiled, render_summary
 
     console = Console(highlight=False)
     console.print(render_summary(result.model, result.summary))
+    if result.compiled_layers:
+        console.print()
+        console.print(render_compiled(result.compiled_layers))
     if comparison is not None:
         console.print()
         console.print(render_comparison(comparison))

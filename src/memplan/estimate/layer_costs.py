@@ -23,6 +23,7 @@ from memplan.estimate.activations import (
     layer_terms_by_block,
 )
 from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, frozen_layer_terms
+from memplan.estimate.compiled import compiled_blocks, compiled_layer
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     checkpointed_module_copy_numel,
@@ -104,17 +105,20 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
         ft = run.job.finetune
         cached = run.cache[key] = _layer_figures(Same(layer), run.shape, run.policy, role, ft.quantize_base,
                                                  run.prec.weight_copies == "autocast", ft.lora_dropout > 0,
-                                                 adapter_bytes(run.job))
+                                                 adapter_bytes(run.job), compiled_layer(run, layer))
     return cached
 
 
 @lru_cache(maxsize=4096)
 def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy, role: LayerRole,
-                   quantize_base: str, autocast: bool, lora_dropout: bool, adapter_bytes: int) -> LayerCosts:
+                   quantize_base: str, autocast: bool, lora_dropout: bool, adapter_bytes: int,
+                   compiled: bool = False) -> LayerCosts:
     """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
-    layer kinds under many layouts; the key holds the layer itself, compared by identity)."""
-    blocks = _blocks(layer.obj, shape, role, quantize_base=quantize_base, autocast=autocast,
-                     lora_dropout=lora_dropout, adapter_bytes=adapter_bytes)
+    layer kinds under many layouts; the key holds the layer itself, compared by identity). ``compiled``:
+    the layer keeps torch.compile's partitioner's saved set (:mod:`memplan.estimate.compiled`)."""
+    blocks = compiled_blocks(layer.obj, shape) if compiled else _blocks(
+        layer.obj, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
+        adapter_bytes=adapter_bytes)
     return _priced(layer.obj, shape, policy, blocks)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.estimate.activations import layer_terms
+from memplan.estimate.compiled import compile_note
 from memplan.estimate.context import RunContext
 from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import term_site
@@ -34,6 +35,7 @@ def run_notes(run: RunContext) -> list[str]:
         out.append(f"vocabulary {model.vocab_size} padded to {run.vocab_rows} rows (multiple of {divisible} x tp)")
     out += _attention_notes(run)
     out.append(policy_note(run))
+    out += compile_note(run)
     out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
     if model.is_moe:
         moe = job.moe

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.estimate.autocast import autocast_weight_copy_numel
+from memplan.estimate.compiled import keeps_masks
 from memplan.estimate.context import StageContext
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
@@ -127,7 +128,8 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
     if layout.layer_indices:
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
-        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, run.policy.keeps_mask)
+        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(
+            model, shape, run.policy.keeps_mask or keeps_masks(run))
         other += shared * inflight
     if run.prec.weight_copies != "autocast":
         return other, 0

@@ -89,6 +89,7 @@ def hf_args_job(args: Mapping[str, Any], job: Job, *, base_dir: Path | None = No
     _precision(m)
     _optimizer(m)
     _checkpointing(m)
+    _compile(m)
     _fsdp(m, base_dir)
     _trl_model(m)
     if m.has("use_liger_kernel"):
@@ -259,6 +260,28 @@ def _checkpointing(m: _Mapping) -> None:
         effect, notes = "not-modelled", [*notes, "every_n_layers / offload / other kwargs are not modelled"]
     for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
         m.mark(key, effect, "; ".join(notes))
+
+
+def _compile(m: _Mapping) -> None:
+    """``torch_compile`` (or a ``torch_compile_backend`` / ``_mode``, which TrainingArguments takes to mean it):
+    ``--compile``. The Trainer compiles the whole model (``torch.compile(model, backend, mode)``); the estimate
+    says which compiled parts it prices as eager (``unmodelled_settings``)."""
+    backend, mode = m.args.get("torch_compile_backend"), m.args.get("torch_compile_mode")
+    if not (m.has("torch_compile") or backend or mode):
+        return
+    m.flags["compile"] = True
+    m.mark("torch_compile", "modelled", "--compile (each decoder layer keeps what AOT autograd's min-cut "
+           "partitioner saves)", value=True)
+    if backend in (None, "inductor"):
+        m.mark("torch_compile_backend", "modelled", "inductor: its partitioner decides the saved activations")
+    else:
+        m.mark("torch_compile_backend", "not-modelled", f"backend {backend!r}: memplan prices inductor's "
+               "partitioner (min-cut); other backends partition differently")
+    if mode in (None, "default", "max-autotune-no-cudagraphs"):
+        m.mark("torch_compile_mode", "no-memory-effect", "no CUDA graphs in this mode")
+    else:
+        m.mark("torch_compile_mode", "not-modelled", f"mode {mode!r} records CUDA graphs, whose static input and "
+               "output buffers and private memory pool are not modelled")
 
 
 def _fsdp(m: _Mapping, base_dir: Path | None) -> None:

@@ -161,6 +161,11 @@ class FrameworkProfile:
     #: (``get_peft_model(autocast_adapter_dtype=True)`` upcasts bf16/fp16 adapters to fp32,
     #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), which every profile here runs adapters with.
     adapter_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: What ``--compile`` compiles: ``blocks``, each transformer block on its own (torchtitan's
+    #: ``apply_compile``, torchtune's ``compile_model``); ``model``, the whole model in one call (the Hugging Face
+    #: Trainer's ``torch.compile(model)`` under ``torch_compile``, DeepSpeed's ``engine.compile()``); ``none``,
+    #: the framework has no such option and ``--compile`` is refused.
+    compile_scope: Literal["none", "blocks", "model"] = "none"
     #: Defaults the framework applies that memplan does not model: each rule reports one for a job
     #: (:mod:`memplan.profiles.defaults`), also when the job comes from flags.
     unmodelled_defaults: tuple[DefaultRule, ...] = ()
@@ -251,6 +256,7 @@ MEGATRON = FrameworkProfile(
 TORCHTITAN = FrameworkProfile(
     activation_offload="per-tensor",
     name="torchtitan",
+    compile_scope="blocks",
     description=(
         "torchtitan / FSDP2: fp32 sharded weights, bf16 all-gathered per block "
         "(MixedPrecisionPolicy param_dtype=bf16, reduce_dtype=fp32), fused AdamW, fp32 loss."
@@ -274,6 +280,7 @@ TORCHTITAN = FrameworkProfile(
 
 DEEPSPEED = FrameworkProfile(
     name="deepspeed",
+    compile_scope="model",
     description=(
         "DeepSpeed ZeRO: 16-bit weights and gradients, fp32 master weights and Adam moments "
         "in the optimizer (ZeRO paper's 2+2+12 bytes; ZeRO-3 keeps fp32 gradient partitions as "
@@ -298,6 +305,7 @@ DEEPSPEED = FrameworkProfile(
 HF = FrameworkProfile(
     activation_offload="per-tensor",
     name="hf",
+    compile_scope="model",
     description=(
         "Hugging Face Trainer / plain PyTorch AMP: fp32 weights and gradients, torch.autocast "
         "bf16 weight copies saved for backward, AdamW (fused), logits upcast to fp32, eager modules, "

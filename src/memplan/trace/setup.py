@@ -56,7 +56,7 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
     ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"), ("finetune", "adapter_dtype"),
     ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
-    (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"),
+    (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"), (None, "compile"),
 })
 #: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
 #: shards the sequence between the TP regions).
@@ -106,6 +106,7 @@ def check_traceable(job: Job, *, torchtitan_code: bool = False) -> None:
                           "(memplan estimate)", job.framework)
     _check_deepspeed(job)
     _check_ranks(job, torchtitan_code=torchtitan_code)
+    _check_compile(job, torchtitan_code=torchtitan_code)
     check_runnable(resolve_policy(job))
     default = Job()
     traced = _TRACED | _TORCHTITAN_CODE if torchtitan_code else _TRACED
@@ -193,6 +194,23 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
                           "cross-entropy (fused-linear, chunked); other loss paths are estimated only", job.loss)
     if job.loss in ("fused-linear", "chunked") and job.parallel.world_size > 1:
         raise ConfigError("--loss", "the fused linear cross-entropy is traced on one rank only", job.loss)
+
+
+def _check_compile(job: Job, *, torchtitan_code: bool = False) -> None:
+    """``--compile`` runs each decoder layer's partitioned graphs (:mod:`memplan.trace.runners.partitioner`) on
+    one rank, in full training, without another activation policy."""
+    if not job.compile:
+        return
+    reasons = (("--torchtitan", torchtitan_code, "torchtitan's own code is traced eagerly"),
+               ("--gpus", job.parallel.world_size > 1, "compiled layers are traced on one rank (no FSDP or TP)"),
+               ("--recompute", job.recompute.mode != "none", "compiled layers are traced without an activation "
+                "policy (the partitioner's saved set alone)"),
+               ("--peft", job.finetune.partial, "compiled layers are traced in full training"),
+               ("--offload-activations", job.offload.activations, "compiled layers keep their saved set on the GPU"))
+    for flag, refused, why in reasons:
+        if refused:
+            raise ConfigError(flag, f"cannot be traced with --compile: {why}; estimate it with memplan estimate "
+                              "--compile", getattr(job.recompute, "mode") if flag == "--recompute" else True)
 
 
 def _check_finetune(job: Job) -> None:
