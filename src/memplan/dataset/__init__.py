@@ -11,7 +11,7 @@ Steps: :mod:`~memplan.dataset.lengths` (read with ``datasets``, tokenize with ``
 :mod:`~memplan.dataset.batching` (each trainer's sampler and collator), :mod:`~memplan.dataset.peaks`
 (the estimator once per distinct shape). Known limitations: one GPU's view (with data parallelism each
 micro-batch is one rank's step); images count as their tokens (:mod:`~memplan.dataset.images`),
-not as vision-encoder work; Axolotl's multipack sampler is not modelled.
+not as vision-encoder work; Axolotl's packing order is a seeded stand-in (see :mod:`~memplan.dataset.multipack`).
 """
 
 from __future__ import annotations

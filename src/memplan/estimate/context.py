@@ -110,7 +110,7 @@ def stage_context(run: RunContext, layout: StageLayout) -> StageContext:
 def kept_policy(policy: ActivationPolicy) -> tuple[frozenset[str], frozenset[str]]:
     """(recompute classes kept, sites dropped) under ``policy``: Megatron's selective recompute drops
     the sites of its ``--recompute-modules`` (:mod:`memplan.estimate.recompute_modules`)."""
-    if policy.name != "megatron-selective":
+    if not policy.kind.drops_modules:
         return KEPT_BY[policy.kept_classes_key], frozenset()
     return KEPT_BY["selective"] | {"core"}, dropped_sites(policy.modules)
 
@@ -118,7 +118,7 @@ def kept_policy(policy: ActivationPolicy) -> tuple[frozenset[str], frozenset[str
 def recomputed_layers(layout: StageLayout, run: RunContext) -> set[int]:
     """Layers of this stage that run under full recompute (Megatron's uniform/block methods)."""
     rc = run.job.recompute
-    if run.policy.name != "full":
+    if not run.policy.kind.checkpoints_layers:
         return set()
     if rc.method == "uniform" or rc.num_layers is None:
         return set(layout.layer_indices)

@@ -52,8 +52,12 @@ def chunk_layers(num_layers: int, par: Parallelism, split_rule: str) -> tuple[in
 
 def stage_layer_counts(num_layers: int, par: Parallelism, split_rule: str = "even-or-ceil") -> tuple[int, ...]:
     """Decoder layers per pipeline rank (uneven first/last stage when asked for)."""
+    return _rank_layer_counts(num_layers, par, chunk_layers(num_layers, par, split_rule))
+
+
+def _rank_layer_counts(num_layers: int, par: Parallelism, chunks: tuple[int, ...] | None) -> tuple[int, ...]:
+    """:func:`stage_layer_counts` given the chunks' layer counts (None: the even or uneven split)."""
     pp = par.pp
-    chunks = chunk_layers(num_layers, par, split_rule)
     if chunks is not None:
         return tuple(sum(chunks[rank::pp]) for rank in range(pp))
     if par.first_stage_layers is None and par.last_stage_layers is None:
@@ -105,7 +109,7 @@ def _layout(inputs: _LayoutKey) -> tuple[StageLayout, ...]:
     num_layers, num_microbatches, split_rule = inputs.key[:3]
     pp, vpp = par.pp, par.vpp
     chunks_given = chunk_layers(num_layers, par, split_rule)
-    per_rank = stage_layer_counts(num_layers, par, split_rule)
+    per_rank = _rank_layer_counts(num_layers, par, chunks_given)
     if chunks_given is not None:
         chunk_sizes = [[chunks_given[v * pp + rank] for v in range(vpp)] for rank in range(pp)]
     else:

@@ -32,6 +32,7 @@ from memplan.model.params import (
 )
 from memplan.model.spec import ModelSpec
 from memplan.optimizers import optimizer_kind
+from memplan.optimizers.kind import WeightMatrix
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +231,7 @@ def state_bytes(
     small: SmallTensors | None = None,
     finetune: StageFinetune | None = None,
     muon_scalar: int = 0,
+    matrices: tuple[WeightMatrix, ...] = (),
 ) -> StateBytes:
     """Model states one GPU of a stage holds (and what offloading moves to CPU memory).
 
@@ -241,7 +243,7 @@ def state_bytes(
     gradient buffer stays on the GPU and CPU memory holds a copy for the CPU optimizer step.
 
     ``muon_scalar``: with Muon, the stage's (dense) elements its scalar optimizer steps, sharded
-    like the other dense parameters.
+    like the other dense parameters; ``matrices``: the 2-D weights it steps one at a time.
     """
     sh, off = job.sharding, job.offload
     shards = _shard_sizes(job)
@@ -271,7 +273,8 @@ def state_bytes(
     # Optimizer hook (memplan.estimate.optimizers): ``small`` is the stage's split, scaled to the shard.
     shard_small = small.scaled(o_numel / max(params.total, 1)) if small is not None else None
     scalar = _sharded(muon_scalar, 0, shards, opt_shard)
-    opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small, muon_scalar=scalar)
+    opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small, muon_scalar=scalar,
+                                  matrices=matrices)
     optimizer = opt_states.device_bytes
     if fp32_routers:
         routers_o = _sharded(fp32_routers, 0, shards, opt_shard)

@@ -164,6 +164,7 @@ def apply_torchtitan_config(path: str | Path, job: Job, *, model: ModelSpec, mod
     _precision(r)
     _optimizer(r)
     _recompute(r, chunks, pp, model.num_layers)
+    _compile(r)
     _unmodelled_switches(r)
     try:
         # torchtitan runs its own model code (memplan.frameworks.model_code)
@@ -494,10 +495,32 @@ def _every_nth(r: _Reader, every: int, chunks: tuple[int, ...], pp: int) -> None
            else f"{note}: stages differ ({counts}); priced as {k} per stage")
 
 
+def _compile(r: _Reader) -> None:
+    """``[compile] enable`` with ``"model"`` in ``components``: ``--compile`` (torchtitan's ``apply_compile``
+    compiles each transformer block on its own). A compiled ``"loss"`` and a backend other than inductor
+    are reported; the estimate says which compiled parts it prices as eager (``unmodelled_settings``)."""
+    components = r.get("compile.components") or ()
+    if not r.get("compile.enable"):
+        for key in ("compile.enable", "compile.components", "compile.backend"):
+            r.mark(key, "no-memory-effect", "off")
+        return
+    if "model" in components:
+        r.flags["compile"] = True
+        r.mark("compile.enable", "modelled", "--compile (each transformer block keeps what AOT autograd's "
+               "min-cut partitioner saves)")
+    else:
+        r.mark("compile.enable", "no-memory-effect", "the model is not among compile.components")
+    r.mark("compile.components", "not-modelled" if "loss" in components else "modelled",
+           "the compiled loss is priced as eager" if "loss" in components else "the model's blocks")
+    backend = r.get("compile.backend")
+    r.mark("compile.backend", "modelled" if backend in (None, "inductor") else "not-modelled",
+           "inductor's partitioner" if backend in (None, "inductor") else
+           f"backend {backend!r}: memplan prices inductor's partitioner (min-cut)")
+
+
 def _unmodelled_switches(r: _Reader) -> None:
     """Switches whose ``true`` changes memory in ways memplan does not price."""
     for key, note in (
-        ("compile.enable", "compiled graphs fuse kernels and change saved activations; memplan prices eager kernels"),
         ("fault_tolerance.enable", "torchft's replica groups and extra state are not modelled"),
         ("validation.enable", "validation steps (no_grad forward, their own batch) are not priced"),
         ("experimental.custom_import", "custom code may change the model; not read"),

@@ -161,6 +161,11 @@ class FrameworkProfile:
     #: (``get_peft_model(autocast_adapter_dtype=True)`` upcasts bf16/fp16 adapters to fp32,
     #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), which every profile here runs adapters with.
     adapter_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: What ``--compile`` compiles: ``blocks``, each transformer block on its own (torchtitan's
+    #: ``apply_compile``, torchtune's ``compile_model``); ``model``, the whole model in one call (the Hugging Face
+    #: Trainer's ``torch.compile(model)`` under ``torch_compile``, DeepSpeed's ``engine.compile()``); ``none``,
+    #: the framework has no such option and ``--compile`` is refused.
+    compile_scope: Literal["none", "blocks", "model"] = "none"
     #: Defaults the framework applies that memplan does not model: each rule reports one for a job
     #: (:mod:`memplan.profiles.defaults`), also when the job comes from flags.
     unmodelled_defaults: tuple[DefaultRule, ...] = ()
@@ -192,9 +197,6 @@ class FrameworkProfile:
     #: Megatron-core's ``GlobalMemoryBuffer`` ("mpu"): the all-gather MoE dispatcher's gathered tokens
     #: and, under ``--transformer-impl local``, the layers' gathers and unfused attention scores.
     global_memory_buffer: bool = False
-    #: ``--transformer-impl local`` runs torch matmuls instead of Transformer Engine's layers: no TE
-    #: cuBLAS workspace, the global buffer serves the layers (Megatron-LM only).
-    local_transformer_impl: bool = False
     #: Transformer Engine's context-parallel attention buffers (``--cp-comm-type``) are priced.
     te_context_parallel: bool = False
     #: Transformer Engine's grouped GEMM keeps its per-stream cuBLAS workspaces (``--moe-grouped-gemm``).
@@ -210,6 +212,12 @@ class FrameworkProfile:
     #: DeepSpeed activation checkpointing's ``partition_activations`` / ``cpu_checkpointing`` /
     #: contiguous buffers act on full recompute's kept inputs.
     deepspeed_checkpointing: bool = False
+
+    @property
+    def local_transformer_impl(self) -> bool:
+        """``--transformer-impl local`` runs here (its feature): torch matmuls instead of Transformer
+        Engine's layers, so no TE cuBLAS workspace, and the global buffer serves the layers (Megatron-LM)."""
+        return "local-transformer-impl" in self.features
 
 
 MEGATRON = FrameworkProfile(
@@ -228,7 +236,7 @@ MEGATRON = FrameworkProfile(
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     moe_probs_at="experts",
-    features=frozenset({"muon", "tp-comm-overlap", "delay-wgrad", "early-attn-release",
+    features=frozenset({"tp-comm-overlap", "delay-wgrad", "early-attn-release",
                         "experts-wgrad-overlap", "shared-expert-overlap", "ep-a2a-overlap", "cuda-graphs",
                         "fine-offload", "local-transformer-impl"}),
     job_rules=megatron_rules.JOB_RULES,
@@ -239,7 +247,6 @@ MEGATRON = FrameworkProfile(
     fit_expert_parallel=True,
     fit_shardings=("dist-opt",),
     global_memory_buffer=True,
-    local_transformer_impl=True,
     te_context_parallel=True,
     te_grouped_gemm_workspaces=True,
     flex_dispatch_buffers=True,
@@ -249,6 +256,7 @@ MEGATRON = FrameworkProfile(
 TORCHTITAN = FrameworkProfile(
     activation_offload="per-tensor",
     name="torchtitan",
+    compile_scope="blocks",
     description=(
         "torchtitan / FSDP2: fp32 sharded weights, bf16 all-gathered per block "
         "(MixedPrecisionPolicy param_dtype=bf16, reduce_dtype=fp32), fused AdamW, fp32 loss."
@@ -272,6 +280,7 @@ TORCHTITAN = FrameworkProfile(
 
 DEEPSPEED = FrameworkProfile(
     name="deepspeed",
+    compile_scope="model",
     description=(
         "DeepSpeed ZeRO: 16-bit weights and gradients, fp32 master weights and Adam moments "
         "in the optimizer (ZeRO paper's 2+2+12 bytes; ZeRO-3 keeps fp32 gradient partitions as "
@@ -296,6 +305,7 @@ DEEPSPEED = FrameworkProfile(
 HF = FrameworkProfile(
     activation_offload="per-tensor",
     name="hf",
+    compile_scope="model",
     description=(
         "Hugging Face Trainer / plain PyTorch AMP: fp32 weights and gradients, torch.autocast "
         "bf16 weight copies saved for backward, AdamW (fused), logits upcast to fp32, eager modules, "
