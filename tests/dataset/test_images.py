@@ -172,6 +172,8 @@ def test_cli_prices_image_tokens_and_refuses_bad_images(tmp_path: Path, write_js
     assert after["worst_step"]["seq_length"] - before["worst_step"]["seq_length"] == \
         _qwen_reference(tmp_path, names[:1])[0] + 2
     assert after["images"]["family"] == "qwen2_vl"
+    assert after["images"]["image_tokens"] == sum(_qwen_reference(tmp_path, names)) + 4
+    assert after["images"]["rows_with_image_tokens"] == 2
     (tmp_path / names[1]).write_bytes(b"broken")
     out = tmp_path / "steps.png"
     bad = CliRunner().invoke(app, [*common, "--images-field", "images", "--vision-model", str(vlm),

@@ -164,7 +164,8 @@ def estimate_with_dataset(loaded: Any, flags: Mapping[str, Any]) -> tuple[Any, d
     if request.images is not None:
         from memplan.dataset.images import images_note
 
-        document["dataset"]["images"] = images_note(request.images, request.vision_model or loaded.model_ref)
+        document["dataset"]["images"] = images_note(request.path, request.fields, request.images,
+                                                    request.vision_model or loaded.model_ref)
         if isinstance(document.get("unmodelled_settings"), list):
             document["unmodelled_settings"].append(f"{FLAG_IMAGES}: the vision encoder's parameters and "
                                                    "activations (images are priced as their tokens only)")
