@@ -208,3 +208,24 @@ def test_counts_are_cached_until_an_image_changes(tmp_path: Path, write_jsonl, i
     changed, _ = row_image_tokens(str(data), Fields(text="text"), "images", vlm)
     assert changed.tolist() == [sum(_qwen_reference(tmp_path, names)) + 4]
     assert changed.tolist() != first.tolist()
+
+
+def test_fit_searches_with_the_image_tokens(tmp_path: Path, write_jsonl, make_model_dir) -> None:
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    names = _pngs(tmp_path, ((1200, 900),))
+    model = make_model_dir({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                            "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 4,
+                            "vocab_size": 300, "max_position_embeddings": 8192})
+    data = write_jsonl(tmp_path / "train.jsonl", [{"text": "a b", "images": names[0]}, {"text": "a", "images": []}])
+    common = ["fit", str(model), "--dataset", str(data), "--mbs", "1", "--gbs", "2", "--gpu", "rtx-4090",
+              "--framework", "hf", "--json"]
+    plain = CliRunner().invoke(app, common)
+    with_images = CliRunner().invoke(app, [*common, "--images-field", "images", "--vision-model",
+                                           str(_vlm_folder(tmp_path, QWEN))])
+    assert plain.exit_code == 0 and with_images.exit_code == 0, with_images.output
+    before = json.loads(plain.stdout)["dataset"]["length_percentiles"]["p100"]
+    after = json.loads(with_images.stdout)["dataset"]["length_percentiles"]["p100"]
+    assert after - before == _qwen_reference(tmp_path, names)[0] + 2
