@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memplan.dataset.imagerules import FAMILIES, FLAG, ImageRule, image_rule, read_vision_config, smart_resize
-from memplan.errors import ConfigError
+from memplan.errors import ConfigError, MissingDependencyError
 
 __all__ = ["FAMILIES", "ImageRule", "count_placeholders", "image_rule", "image_tokens", "images_note",
            "read_vision_config", "row_image_tokens", "smart_resize"]
@@ -151,6 +151,10 @@ def row_image_tokens(path: str, fields: Any, field: str, vision_ref: str | None)
     from memplan.dataset.imagecache import cache_key, load_counts, save_counts
     from memplan.dataset.source import content_digest, open_dataset
 
+    try:
+        import PIL  # noqa: F401  # only the size in each image's header is read
+    except ImportError:
+        raise MissingDependencyError("pillow", feature="--images-field", extra="dataset") from None
     rule = image_rule(*read_vision_config(vision_ref))
     base = Path(path).expanduser().resolve()
     entry = cache_key(content_digest(path), str(base), repr(rule), field, repr((fields.text, fields.messages, fields.prompt,
