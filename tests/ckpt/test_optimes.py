@@ -51,3 +51,35 @@ def test_steps_are_timed_in_cpu_seconds_on_cpu() -> None:
 
     assert step_clock(torch.device("cpu")) is time.process_time
     assert step_clock(torch.device("meta")) is time.perf_counter
+
+
+def test_a_seeded_controller_explores_the_compute_arm_once_then_runs_the_faster_arm() -> None:
+    from ckpt_helpers import tiny_gpt2, tokens
+
+    from memplan.ckpt import auto_checkpoint
+
+    model = auto_checkpoint(tiny_gpt2(), 512 * 2**20)
+    ctl = model.memplan_ckpt
+    ctl.seed([lambda n=n: model(input_ids=(ids := torch.randint(0, 256, (2, n))), labels=ids).loss.backward()
+              for n in (8, 32, 128)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train(n: int) -> tuple[str, ...]:
+        batch = tokens(n)
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        assert ctl.last is not None
+        plan = ctl.last[1]
+        return tuple(plan.mode(j) for j in range(ctl.n_blocks))
+
+    assert train(64) == ("keep",) * ctl.n_blocks  # the plan's arm first: nothing to fit, everything kept
+    assert train(64) == ("sac0",) * ctl.n_blocks  # then the compute-bound arm, once
+    assert ctl.stats().explored_steps == 1
+    assert set(ctl.arms.seen) == {"plan", "compute"}
+    ctl.arms.seen["compute"] = [(128, 1e-9)]  # say the compute arm was measured far faster here
+    assert train(64) == ("sac0",) * ctl.n_blocks
+    ctl.arms.seen["compute"] = [(128, 1e9)]  # and far slower
+    assert train(64) == ("keep",) * ctl.n_blocks
+    assert ctl.stats().explored_steps == 1
+    assert ctl.stats().metered_steps < ctl.stats().steps  # far below the budget: steps ran unmetered
