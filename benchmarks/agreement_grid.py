@@ -162,12 +162,35 @@ GRID: tuple[Cell, ...] = (
          flags=(("partition_activations", True), ("cpu_checkpointing", True), ("contiguous_checkpoints", 16))),
     Cell("llama-3.2-1b", 1024, 1, "bf16", "sdpa", "full", tp=2, framework="deepspeed",
          flags=(("partition_activations", True),)),
+    # --compile (issue 25), fixed before they were run: each decoder layer traced as inductor's partitioned
+    # graphs (memplan.trace.runners.partitioner) against the estimator's per-family rules
+    # (memplan.estimate.compiled); one cell per family of the grid and per attention kind. Judged on
+    # activations within COMPILE_TOLERANCE (states equal); logits and peak are reported, not judged (the
+    # trace runs the partitioned graphs op by op, not inductor's fused kernels).
+    Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
+    Cell("llama-3.2-1b", 1024, 1, "bf16", "eager", "none", flags=(("compile", True),)),
+    Cell("qwen2.5-7b", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
+    Cell("qwen3-8b", 1024, 1, "bf16", "sdpa", "none", flags=(("compile", True),)),
+    Cell("mistral-7b", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
+    Cell("phi-3-mini", 1024, 1, "fp32", "eager", "none", flags=(("compile", True),)),
+    Cell("gemma-2-2b", 1024, 1, "bf16-mixed", "eager", "none", flags=(("compile", True),)),
+    Cell("gpt2", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
+    Cell("qwen3-30b-a3b", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
+    Cell("deepseek-v2-lite", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
 )
+
+#: Relative tolerance of activations in the ``--compile`` cells (issue 25's target).
+COMPILE_TOLERANCE = 0.05
 
 #: Cells allowed outside the tolerance, with the reason (docs/trace.md explains each).
 #: (Empty since 2026-12-03 13:00: DeepSeek-V2-Lite's ``shared_experts`` cell, listed until then at -5.0%,
 #: is at -1.1% once the estimator prices transformers' MLA and MoE as the trace runs them.)
 EXCEPTIONS: dict[str, str] = {
+    # --compile on MLA + MoE with shared experts: no partitioner rule (memplan.estimate.compiled), the layers are
+    # priced as eager and the estimate lists them in unmodelled_settings; the compiled trace keeps 20% less.
+    "deepseek-v2-lite s1024 b1 bf16-mixed sdpa rc=none compile=True": (
+        "compiled MLA and shared-expert MoE layers have no partitioner rule: priced as eager (+20.0%) and listed in "
+        "unmodelled_settings"),
     # activations -0.0%; the states and logits are not the policy's (docs/trace.md, DeepSpeed activation
     # checkpointing): the deepspeed profile prices Megatron-DeepSpeed's vocabulary-parallel embedding and head,
     # the tracer runs Hugging Face's TP plan on a transformers model (embedding whole, logits gathered).
@@ -186,8 +209,10 @@ def measure(cell: Cell) -> dict[str, object]:
     comparison = compare_with_estimate(cell.model_ref, result.options, result.summary)
     rows = {r.category: {"traced_bytes": r.traced_bytes, "estimated_bytes": r.estimated_bytes,
                          "relative": r.relative} for r in comparison.rows if r.category in EXACT + CLOSE}
+    compiled = dict(cell.flags).get("compile", False)
+    judged = {"activation": COMPILE_TOLERANCE} if compiled else dict.fromkeys(CLOSE, TOLERANCE)
     ok = all(rows[c]["traced_bytes"] == rows[c]["estimated_bytes"] for c in EXACT) and all(
-        abs(rows[c]["relative"] or 0.0) <= TOLERANCE for c in CLOSE)
+        abs(rows[c]["relative"] or 0.0) <= tolerance for c, tolerance in judged.items())
     return {**asdict(cell), "flags": dict(cell.flags), "key": cell.key, "rows": rows, "within_tolerance": ok,
             "exception": EXCEPTIONS.get(cell.key), "seconds": round(time.perf_counter() - start, 1)}
 
@@ -223,10 +248,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help="run only the cells whose key contains this text")
     parser.add_argument("--policies", action="store_true", help="run only the activation-policy cells "
                         "(recompute other than none)")
+    parser.add_argument("--compile", action="store_true", help="run only the --compile cells")
     ns = parser.parse_args()
     results = []
     for cell in GRID:
-        if (ns.only and ns.only not in cell.key) or (ns.policies and cell.recompute == "none"):
+        if (ns.only and ns.only not in cell.key) or (ns.policies and cell.recompute == "none") or (
+                ns.compile and not dict(cell.flags).get("compile")):
             continue
         results.append(measure(cell))
         print(f"{cell.key}: {'ok' if results[-1]['within_tolerance'] else 'MISS'} "

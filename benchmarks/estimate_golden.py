@@ -164,6 +164,10 @@ def _fingerprint(result: Any) -> dict[str, Any]:
     # not predictions, so left out of the numbers' fingerprint as the assumption sentences are.
     data.pop("input_settings", None)
     data.pop("unmodelled_settings", None)
+    # ``job.compile`` (issue 25, --compile) is left out at its default, so the jobs recorded before the field
+    # existed keep their fingerprints; a compiled job's is taken whole.
+    if isinstance(data.get("job"), dict) and data["job"].get("compile") is False:
+        del data["job"]["compile"]
     numbers = json.dumps(data, sort_keys=True, default=str)
     words = json.dumps(assumptions, sort_keys=True, default=str)
     return {"numbers": hashlib.sha256(numbers.encode()).hexdigest()[:20],

@@ -12,7 +12,9 @@ from memplan.cli import app
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.frameworks.hf_args import hf_args_job, parse_hf_command_line
 from memplan.frameworks.hf_fields import OPTIMIZERS, UNMODELLED_OPTIMIZERS
+from memplan.estimate import estimate
 from memplan.inputs import JobRequest, load_job
+from memplan.model import load_model
 from memplan.job import Job
 
 transformers = pytest.importorskip("transformers")
@@ -38,7 +40,11 @@ def test_a_real_training_arguments_json_maps(tmp_path: Path) -> None:
     assert job.precision.name == "bf16-mixed"
     assert job.optimizer.name == "paged-adamw8bit"
     assert job.recompute.mode == "full" and job.recompute.reentrant is False  # transformers' use_reentrant=False
-    assert [s.key for s in loaded.unmodelled] == ["torch_compile"]
+    assert job.compile and loaded.unmodelled == ()
+    # compiled layers under gradient checkpointing have no partitioner rule: the estimate says so
+    est = estimate(load_model("llama-3.2-1b"), job, settings=loaded.settings)
+    assert [s.split(":")[0] for s in est.unmodelled_settings] == ["--compile compiled layers = true",
+                                                                  "--compile compiled model = true"]
 
 
 def test_every_field_of_a_real_json_is_classified(tmp_path: Path) -> None:
@@ -133,15 +139,16 @@ def test_fsdp_options(tmp_path: Path) -> None:
 
 
 def test_fit_report_and_save_job_carry_the_settings(tmp_path: Path) -> None:
-    path = _args_json(tmp_path, per_device_train_batch_size=2, torch_compile=True)
+    path = _args_json(tmp_path, per_device_train_batch_size=2, torch_empty_cache_steps=5)
     runner = CliRunner()
     fit = runner.invoke(app, ["fit", "llama-3.2-1b", "--gpus", "2", "--hf-args", str(path), "--top", "1", "--json"])
     assert fit.exit_code in (0, 1), fit.output
-    assert [s.split(" = ")[0] for s in json.loads(fit.stdout)["unmodelled_settings"]] == ["--hf-args torch_compile"]
+    assert [s.split(" = ")[0] for s in json.loads(fit.stdout)["unmodelled_settings"]] == [
+        "--hf-args torch_empty_cache_steps"]
     html = tmp_path / "report.html"
     report = runner.invoke(app, ["report", "llama-3.2-1b", "--gpus", "2", "--hf-args", str(path), "-o", str(html)])
     assert report.exit_code == 0, report.output
-    assert "torch_compile" in html.read_text()
+    assert "torch_empty_cache_steps" in html.read_text()
     saved = tmp_path / "job.yaml"
     first = runner.invoke(app, ["estimate", "llama-3.2-1b", "--gpus", "2", "--hf-args", str(path), "--mbs", "3",
                                 "--save-job", str(saved), "--json"])
@@ -160,4 +167,5 @@ def test_trace_takes_the_arguments(tmp_path: Path) -> None:
     data = json.loads(result.stdout[result.stdout.index("{"):])
     job = data["options"]["job"]
     assert job["batch"]["micro_batch_size"] == 2 and job["precision"]["name"] == "fp32"
-    assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == ["--hf-args torch_compile"]
+    assert job["compile"] is True and data["compiled_layers"]  # the decoder layers ran as partitioned graphs
+    assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == ["--compile compiled model"]

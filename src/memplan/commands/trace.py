@@ -28,6 +28,7 @@ from memplan.commands.common import (
 )
 from memplan.commands.common import Command as _Command
 from memplan.commands.common import print_json as _print_json
+from memplan.dataset.options import dataset_options
 
 __all__ = ["trace_command"]
 
@@ -62,6 +63,7 @@ def _progress(enabled: bool) -> Any:
 
 @app.command("trace", cls=_Command, epilog=_EPILOG)
 @job_options()
+@dataset_options()
 def trace_command(
     model: Annotated[str | None, typer.Argument(help="Preset name or path to a Hugging Face config.json / its folder "
                                                 "(omit with --script).", show_default=False, metavar="MODEL")] = None,
@@ -81,6 +83,7 @@ def trace_command(
     json_output: Annotated[bool, option("--json", help="Print the summary as JSON (nothing else on stdout).", panel=_OUT)] = False,
     debug: Annotated[bool, option("--debug", help="Show the full traceback of any failure.", panel=_OUT)] = False,
     job_flags: dict[str, Any] | None = None,
+    dataset_flags: dict[str, Any] | None = None,
 ) -> None:
     """Trace a training step of MODEL on fake tensors: peak memory by category, module and phase.
 
@@ -112,8 +115,13 @@ def trace_command(
             return
         base, settings = _dialect_job(model, job_flags or {}, hf_args, peft_config, torchtitan_config)
         setup = trace_setup(base, **(job_flags or {}), device=device, iterations=iterations, moe_routing=moe_routing)
+        if dataset_flags:
+            _trace_dataset(model, setup, dataset_flags, (hf_args, peft_config, torchtitan_config), json_output,
+                           (output, snapshot, plot, compare_estimate))
+            return
         target: Any = model if script is None else _load_script(script, setup)
         result = trace_job(target, setup, top=top, progress=_progress(True))
+        settings = settings + _traced_compile_settings(setup)
         comparison = None
         if compare_estimate:
             from memplan.trace.compare import compare_with_estimate
@@ -166,6 +174,29 @@ def _dialect_job(model: str | None, flags: dict[str, Any], hf_args: str | None,
     return replace(loaded.job, torchtitan_model=False), loaded.settings
 
 
+def _trace_dataset(model: str | None, setup: Any, flags: dict[str, Any], dialects: tuple[str | None, ...],
+                   json_output: bool, others: tuple[Any, ...]) -> None:
+    """``--dataset``: every distinct step shape of the dataset traced; the per-step peaks."""
+    from memplan.dataset.traced import trace_dataset
+    from memplan.errors import ConfigError
+
+    if model is None:
+        raise ConfigError("--dataset", "needs a MODEL preset or config.json (not --script or --torchtitan)")
+    if any(others):
+        raise ConfigError("--dataset", "traces many steps; -o, --snapshot, --plot and --compare-estimate trace one")
+    section = trace_dataset(model, setup, flags, dialects,  # type: ignore[arg-type]
+                            progress=_progress(not json_output))
+    if json_output:
+        _print_json({"model": model, "device": setup.device, "dataset": section})
+        return
+    gib = 1 << 30
+    worst = section["worst_step_shape"]
+    typer.echo(f"{section['examples']} examples, {section['steps']} steps (--batching {section['batching']}), "
+               f"{section['distinct_shapes']} distinct shapes traced on {setup.device}")
+    typer.echo(f"worst step #{section['worst_step']}: {worst['batch_size']} x {worst['seq_length']}, peak "
+               f"{section['worst_peak_allocated_bytes'] / gib:.3f} GiB")
+
+
 def _require_matplotlib() -> None:
     """``--plot`` needs matplotlib: say so before the trace runs, not after."""
     import importlib.util
@@ -212,6 +243,19 @@ def _write_outputs(result: Any, output: str | None, snapshot: str | None, plot: 
         raise ConfigError("output file", f"cannot be written ({exc.strerror})", exc.filename) from None
 
 
+def _traced_compile_settings(setup: Any) -> tuple[Any, ...]:
+    """``--compile`` under a framework that compiles the whole model: the tracer compiles the decoder layers
+    only, and says so (never silent)."""
+    from memplan.profiles import get_profile
+    from memplan.settings import InputSetting
+
+    if not setup.job.compile or get_profile(setup.job.framework).compile_scope != "model":
+        return ()
+    return (InputSetting(source="--compile", key="compiled model", value=True, effect="not-modelled",
+                         note="the decoder layers run as the partitioner's graphs; the embedding, final norm, head "
+                              "and loss, which the framework compiles too, are traced eagerly"),)
+
+
 def _render(result: Any, comparison: Any, json_output: bool, settings: tuple[Any, ...] = ()) -> None:
     if json_output:
         from memplan.settings import settings_dict
@@ -223,10 +267,13 @@ def _render(result: Any, comparison: Any, json_output: bool, settings: tuple[Any
         return
     from rich.console import Console
 
-    from memplan.report.trace_text import render_comparison, render_summary
+    from memplan.report.trace_text import render_comparison, render_compiled, render_summary
 
     console = Console(highlight=False)
     console.print(render_summary(result.model, result.summary))
+    if result.compiled_layers:
+        console.print()
+        console.print(render_compiled(result.compiled_layers))
     if comparison is not None:
         console.print()
         console.print(render_comparison(comparison))

@@ -17,6 +17,7 @@ from memplan.estimate.layer_costs import layer_costs
 from memplan.estimate.layout import pipeline_layout
 from memplan.estimate.memo import Same
 from memplan.estimate.result import Estimate, StageEstimate
+from memplan.estimate.compiled import compile_settings
 from memplan.estimate.run_notes import run_notes
 from memplan.estimate.stage import stage_estimate
 from memplan.gpus import GPU
@@ -81,8 +82,14 @@ def estimate(
         frozen_params=counts.frozen if counts is not None else 0,
         job=job,
         gpu=gpu,
-        settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings)),
+        settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings))
+        + _compile_settings(model, job, fragmentation),
     )
+
+
+def _compile_settings(model: ModelSpec, job: Job, fragmentation: float) -> tuple[InputSetting, ...]:
+    """``--compile``: the compiled parts priced as eager (:func:`memplan.estimate.compiled.compile_settings`)."""
+    return compile_settings(run_context(model, job, fragmentation)) if job.compile else ()
 
 
 @lru_cache(maxsize=128)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.estimate.autocast import autocast_weight_copy_numel
+from memplan.estimate.compiled import keeps_masks
 from memplan.estimate.context import StageContext
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
@@ -87,7 +88,7 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         # operator's at a time. Checkpointed layers share their RoPE tables (and eager masks) as
         # checkpoint arguments, which stay on the GPU until the backward.
         held = 0
-        if run.policy.name == "full" and ctx.recomputed and layout.layer_indices:
+        if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
             held = (rope_table_bytes(run.model, run.shape)
                     + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
         cpu += layers + other - held
@@ -127,7 +128,8 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
     if layout.layer_indices:
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
-        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, run.policy.keeps_mask)
+        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(
+            model, shape, run.policy.keeps_mask or keeps_masks(run))
         other += shared * inflight
     if run.prec.weight_copies != "autocast":
         return other, 0
@@ -135,7 +137,7 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
     head = head_numel(ctx) if layout.has_head else 0
     layers = autocast_weight_copy_numel(model, run.job, layout, recomputed=set(ctx.recomputed),
-                                        mode=run.policy.kept_classes_key,
+                                        policy=run.policy.kind,
                                         eager_experts=run.profile.kernels == "eager", modules=run.policy.modules)
     if ft is not None:
         # Only fully trained (fp32) weights are cast; 16-bit frozen weights are used as they are, and

@@ -36,6 +36,7 @@ from memplan.jobflags import build_job
 from memplan.optimizers import optimizer_kind
 from memplan.optimizers.kind import DialectNames
 from memplan.settings import InputSetting
+from memplan.tuning import FOUR_BIT_FORMATS, either, peft_method_of_config, quant_format_of_bnb
 
 __all__ = ["apply_hf_args", "hf_args_job", "hf_args_model", "parse_hf_command_line", "read_hf_args"]
 
@@ -88,6 +89,7 @@ def hf_args_job(args: Mapping[str, Any], job: Job, *, base_dir: Path | None = No
     _precision(m)
     _optimizer(m)
     _checkpointing(m)
+    _compile(m)
     _fsdp(m, base_dir)
     _trl_model(m)
     if m.has("use_liger_kernel"):
@@ -260,6 +262,28 @@ def _checkpointing(m: _Mapping) -> None:
         m.mark(key, effect, "; ".join(notes))
 
 
+def _compile(m: _Mapping) -> None:
+    """``torch_compile`` (or a ``torch_compile_backend`` / ``_mode``, which TrainingArguments takes to mean it):
+    ``--compile``. The Trainer compiles the whole model (``torch.compile(model, backend, mode)``); the estimate
+    says which compiled parts it prices as eager (``unmodelled_settings``)."""
+    backend, mode = m.args.get("torch_compile_backend"), m.args.get("torch_compile_mode")
+    if not (m.has("torch_compile") or backend or mode):
+        return
+    m.flags["compile"] = True
+    m.mark("torch_compile", "modelled", "--compile (each decoder layer keeps what AOT autograd's min-cut "
+           "partitioner saves)", value=True)
+    if backend in (None, "inductor"):
+        m.mark("torch_compile_backend", "modelled", "inductor: its partitioner decides the saved activations")
+    else:
+        m.mark("torch_compile_backend", "not-modelled", f"backend {backend!r}: memplan prices inductor's "
+               "partitioner (min-cut); other backends partition differently")
+    if mode in (None, "default", "max-autotune-no-cudagraphs"):
+        m.mark("torch_compile_mode", "no-memory-effect", "no CUDA graphs in this mode")
+    else:
+        m.mark("torch_compile_mode", "not-modelled", f"mode {mode!r} records CUDA graphs, whose static input and "
+               "output buffers and private memory pool are not modelled")
+
+
 def _fsdp(m: _Mapping, base_dir: Path | None) -> None:
     raw = m.args.get("fsdp")
     options = raw if isinstance(raw, list) else str(raw or "").replace(",", " ").split()
@@ -324,7 +348,7 @@ def _trl_model(m: _Mapping) -> None:
     """TRL ``ModelConfig`` flags of an SFT script's command line (trl/trainer/model_config.py)."""
     a = m.args
     if m.has("use_peft"):
-        m.flags["peft"] = "dora" if m.has("use_dora") else "lora"
+        m.flags["peft"] = peft_method_of_config(a, m.has).name
         m.mark("use_peft", "modelled", f"--peft {m.flags['peft']}")
         m.mark("use_dora", "modelled", f"--peft {m.flags['peft']}")
         for key, flag in (("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
@@ -340,15 +364,16 @@ def _trl_model(m: _Mapping) -> None:
                 m.mark(key, "modelled", f"--{flag.replace('_', '-')} {m.flags[flag]}")
     m.mark("lora_task_type", "no-memory-effect", "the task head is the model's own")
     if m.has("load_in_4bit") or m.has("load_in_8bit"):
-        kind = "int8" if m.has("load_in_8bit") else str(a.get("bnb_4bit_quant_type") or "nf4").lower()
-        if kind not in ("nf4", "fp4", "int8"):
-            raise ConfigError(f"{_FLAG}: bnb_4bit_quant_type", "must be nf4 or fp4", a.get("bnb_4bit_quant_type"))
-        m.flags["quantize_base"] = kind
-        if kind != "int8":
+        fmt = quant_format_of_bnb(load_in_8bit=m.has("load_in_8bit"), quant_type=a.get("bnb_4bit_quant_type"))
+        if fmt is None:
+            raise ConfigError(f"{_FLAG}: bnb_4bit_quant_type", f"must be {either(FOUR_BIT_FORMATS)}",
+                              a.get("bnb_4bit_quant_type"))
+        kind = m.flags["quantize_base"] = fmt.name
+        if fmt.four_bit:
             m.flags["double_quant"] = m.has("use_bnb_nested_quant")  # TRL's default: no nested quantization
         for key in ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "use_bnb_nested_quant"):
             m.mark(key, "modelled", f"--quantize-base {kind}" + (f" --double-quant "
-                   f"{str(m.flags['double_quant']).lower()}" if kind != "int8" else ""))
+                   f"{str(m.flags['double_quant']).lower()}" if fmt.four_bit else ""))
     for key in ("dtype", "torch_dtype"):
         if a.get(key) is not None:
             dtype = _DTYPES.get(str(a[key]).lower().removeprefix("torch."), "?")

@@ -74,8 +74,6 @@ NO_MEMORY_EFFECT: dict[str, str] = {
     "use_cache": "the KV cache is off in training (memplan traces with use_cache=False)",
     "neftune_noise_alpha": "noise added to embeddings in place",
     "average_tokens_across_devices": "loss normalisation",
-    "torch_compile_backend": "read with torch_compile",
-    "torch_compile_mode": "read with torch_compile",
     "model_name_or_path": "the model when MODEL is not given (MODEL wins)",
     "model_revision": "MODEL names the model",
     "trust_remote_code": "loading option",
@@ -84,7 +82,6 @@ NO_MEMORY_EFFECT: dict[str, str] = {
 
 #: Fields that can change GPU memory and that memplan does not model, with what it assumes instead.
 NOT_MODELLED: dict[str, str] = {
-    "torch_compile": "compiled graphs fuse kernels and change saved activations; memplan prices eager kernels",
     "torch_empty_cache_steps": "emptying the cache changes reserved memory only; memplan predicts it without",
     "auto_find_batch_size": "the Trainer halves the batch after an OOM; memplan prices the given batch",
     "label_smoothing_factor": "the smoothed loss keeps extra logits-sized temporaries",

@@ -164,6 +164,7 @@ def apply_torchtitan_config(path: str | Path, job: Job, *, model: ModelSpec, mod
     _precision(r)
     _optimizer(r)
     _recompute(r, chunks, pp, model.num_layers)
+    _compile(r)
     _unmodelled_switches(r)
     try:
         # torchtitan runs its own model code (memplan.frameworks.model_code)
@@ -270,13 +271,11 @@ def _parallel(r: _Reader, typed: Mapping[str, Any], base_world: int) -> tuple[in
     reshard = r.get(p + "fsdp_reshard_after_forward")
     if reshard not in ("default", "always", "never"):
         raise r.error(p + "fsdp_reshard_after_forward", "must be default, always or never")
-    keeps = reshard == "never" or (reshard == "default" and pp > 1)
     if group == 1:
         r.mark(p + "fsdp_reshard_after_forward", "no-memory-effect", "no FSDP")
     else:
-        r.mark(p + "fsdp_reshard_after_forward", "not-modelled" if keeps else "modelled",
-               "parameters stay unsharded from forward to backward; memplan reshards after each block"
-               if keeps else "reshard after forward (memplan's FSDP)")
+        effect, note = _reshard_effect(reshard, pp)
+        r.mark(p + "fsdp_reshard_after_forward", effect, note)
     for key, bad, note in (
         ("disable_loss_parallel", True, "loss on full-vocabulary logits; memplan prices TP's vocab-parallel loss"),
         ("enable_async_tensor_parallel", True, "async TP (compiled) buffers are not modelled"),
@@ -496,10 +495,32 @@ def _every_nth(r: _Reader, every: int, chunks: tuple[int, ...], pp: int) -> None
            else f"{note}: stages differ ({counts}); priced as {k} per stage")
 
 
+def _compile(r: _Reader) -> None:
+    """``[compile] enable`` with ``"model"`` in ``components``: ``--compile`` (torchtitan's ``apply_compile``
+    compiles each transformer block on its own). A compiled ``"loss"`` and a backend other than inductor
+    are reported; the estimate says which compiled parts it prices as eager (``unmodelled_settings``)."""
+    components = r.get("compile.components") or ()
+    if not r.get("compile.enable"):
+        for key in ("compile.enable", "compile.components", "compile.backend"):
+            r.mark(key, "no-memory-effect", "off")
+        return
+    if "model" in components:
+        r.flags["compile"] = True
+        r.mark("compile.enable", "modelled", "--compile (each transformer block keeps what AOT autograd's "
+               "min-cut partitioner saves)")
+    else:
+        r.mark("compile.enable", "no-memory-effect", "the model is not among compile.components")
+    r.mark("compile.components", "not-modelled" if "loss" in components else "modelled",
+           "the compiled loss is priced as eager" if "loss" in components else "the model's blocks")
+    backend = r.get("compile.backend")
+    r.mark("compile.backend", "modelled" if backend in (None, "inductor") else "not-modelled",
+           "inductor's partitioner" if backend in (None, "inductor") else
+           f"backend {backend!r}: memplan prices inductor's partitioner (min-cut)")
+
+
 def _unmodelled_switches(r: _Reader) -> None:
     """Switches whose ``true`` changes memory in ways memplan does not price."""
     for key, note in (
-        ("compile.enable", "compiled graphs fuse kernels and change saved activations; memplan prices eager kernels"),
         ("fault_tolerance.enable", "torchft's replica groups and extra state are not modelled"),
         ("validation.enable", "validation steps (no_grad forward, their own batch) are not priced"),
         ("experimental.custom_import", "custom code may change the model; not read"),
@@ -512,3 +533,18 @@ def _unmodelled_switches(r: _Reader) -> None:
     for key in ("quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", "quantize.linear.mx.recipe_name",
                 "quantize.linear.mx.filter_fqns", "quantize.grouped_mm.mx.recipe_name"):
         r.mark(key, "no-memory-effect", "read with an mx converter (reported with model.converters)")
+
+
+
+def _reshard_effect(reshard: str, pp: int) -> tuple[str, str]:
+    """How memplan prices ``fsdp_reshard_after_forward`` (torchtitan's ``apply_fsdp``): under PP the
+    default and ``never`` keep the stage unsharded for the whole step (memplan.estimate.pipeline_fsdp)."""
+    if pp > 1 and reshard != "always":
+        return "modelled", ("the stage's blocks stay unsharded for the whole step and their gradients "
+                            "accumulate unsharded in the reduce dtype until the last micro-batch")
+    if pp > 1:
+        return "not-modelled", ("reshard after each forward under PP (gathered again per micro-batch); "
+                                "memplan prices the default (kept unsharded for the whole step)")
+    if reshard == "never":
+        return "not-modelled", "parameters stay unsharded from forward to backward; memplan reshards after each block"
+    return "modelled", "reshard after forward (memplan's FSDP)"

@@ -80,8 +80,6 @@ NO_MEMORY_EFFECT: dict[str, str] = {
     "activation_checkpoint.preserve_rng_state": "RNG state stashing (bytes per checkpoint)",
     "activation_checkpoint.determinism_check": "checks recomputed metadata",
     "activation_checkpoint.debug": _LOG,
-    "compile.components": "read with compile.enable",
-    "compile.backend": "read with compile.enable",
     **{f"comm.{k}": _COMM for k in ("init_timeout_seconds", "train_timeout_seconds", "trace_buf_size",
                                      "save_traces_folder", "save_traces_file_prefix")},
     "comm.mode": "fake_backend / local_tensor are test modes; memplan prices the real run",

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from memplan.trace.core.reserved import SimulatedReserved
     from memplan.trace.core.summary import TraceSummary
 
-__all__ = ["render_comparison", "render_summary"]
+__all__ = ["render_comparison", "render_compiled", "render_summary"]
 
 
 def _table(title: str, *columns: str) -> Any:
@@ -84,3 +84,21 @@ def render_comparison(comparison: Comparison) -> Any:
         table.add_row(row.category, format_bytes(row.traced_bytes), format_bytes(row.estimated_bytes),
                       format_bytes(row.difference_bytes), rel)
     return table
+
+
+def render_compiled(compiled_layers: dict[str, Any]) -> Any:
+    """``memplan trace --compile``: what AOT autograd's min-cut partitioner saved in each compiled layer (per
+    layer: values the layer computed, and the graph inputs it keeps), then the first layer's saved values."""
+    from rich.console import Group
+
+    table = _table("compiled layers: the partitioner's saved set", "layer", "computed", "inputs kept", "values")
+    for path, saved in compiled_layers.items():
+        computed = sum(t["bytes"] for t in saved if not t["graph_input"])
+        inputs = sum(t["bytes"] for t in saved if t["graph_input"])
+        table.add_row(path, format_bytes(computed), format_bytes(inputs), str(len(saved)))
+    first, saved = next(iter(compiled_layers.items()))
+    values = _table(f"{first}: saved values", "value", "shape", "dtype", "bytes")
+    for t in saved:
+        values.add_row(t["name"] + (" (input)" if t["graph_input"] else ""), "x".join(map(str, t["shape"])) or "scalar",
+                       t["dtype"], format_bytes(t["bytes"]))
+    return Group(table, values)

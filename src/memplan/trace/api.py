@@ -63,14 +63,20 @@ class TraceResult:
     #: ``flags``: the job is ``options.job``; ``script``: a job function without a context built
     #: its own job, so ``options.job`` was not used (only the run settings were).
     job_source: str = "flags"
+    #: ``--compile``: what AOT autograd's min-cut partitioner saved in each compiled layer, by module path
+    #: (:meth:`memplan.trace.runners.partitioner.CompiledLayers.to_dict`).
+    compiled_layers: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the summary plus ``model``, ``options`` (the job and run settings) and ``timings``."""
         options = self.options.to_dict()
         if self.job_source == "script":
             options = {"job": None, "job_source": "the script's own job function", "run": options["run"]}
-        return {"model": self.model, **self.summary.to_dict(), "options": options,
-                "timings_s": {k: round(v, 3) for k, v in self.timings.items()}}
+        out = {"model": self.model, **self.summary.to_dict(), "options": options,
+               "timings_s": {k: round(v, 3) for k, v in self.timings.items()}}
+        if self.compiled_layers:
+            out["compiled_layers"] = self.compiled_layers
+        return out
 
 
 def trace(model: str | Callable[..., Any], *, job: Job | None = None, seq: int | None = None,
@@ -121,7 +127,7 @@ def trace_job(model: str | Callable[[], Any] | TorchtitanTarget, options: TraceS
     with quiet_transformers(), unpacked_sequences(not packed_mask), static_grouped_mm(), translate_errors(model), \
             simulated_ranks(options) as mesh, mode:
         say("building the model on fake tensors")
-        name, job, heads = _prepare(model, options, mesh)
+        name, job, heads, compiled = _prepare(model, options, mesh, mode)
         timings["build"] = time.perf_counter() - started
         say(f"tracing {options.iterations} training iterations")
         recorder = _trace_steps(mode, job, options, heads)
@@ -136,16 +142,18 @@ def trace_job(model: str | Callable[[], Any] | TorchtitanTarget, options: TraceS
         say("replaying the trace through the caching-allocator simulator")
         summary = replace(summary, reserved=simulate_reserved(result_trace))
         timings["simulate"] = time.perf_counter() - started - timings["build"] - timings["trace"]
-    return TraceResult(result_trace, summary, options, name, timings, job_source)
+    return TraceResult(result_trace, summary, options, name, timings, job_source,
+                       compiled.to_dict() if compiled is not None else {})
 
 
-def _prepare(model: Any, options: TraceSetup, mesh: Any) -> tuple[str, StepJob, frozenset[str]]:
+def _prepare(model: Any, options: TraceSetup, mesh: Any,
+             mode: TracingFakeMode) -> tuple[str, StepJob, frozenset[str], Any]:
     from memplan.trace.core.distributed import parallelize
     from memplan.trace.runners.moe import static_routing
 
     if isinstance(model, TorchtitanTarget):  # memplan trace --torchtitan: torchtitan's own code builds the step
         job = model.step_job(options)
-        return model.name, job, model.head_modules(job.model)
+        return model.name, job, model.head_modules(job.model), None
     if callable(model):
         from memplan.trace.script import job_from_callable
 
@@ -160,7 +168,12 @@ def _prepare(model: Any, options: TraceSetup, mesh: Any) -> tuple[str, StepJob, 
         parallelize(built.model, options, mesh)
         job = hf_step_job(built.model, options, autocast=mesh is None or options.fsdp == 1)
         name, heads = built.name, built.head_modules
-    return name, job, heads
+    compiled = None
+    if options.job.compile:  # each decoder layer as AOT autograd's partitioned graphs
+        from memplan.trace.runners.partitioner import compile_layers, compiled_layer_modules
+
+        compiled = compile_layers(compiled_layer_modules(job.model), quiet=mode.unrecorded)
+    return name, job, heads, compiled
 
 
 def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,

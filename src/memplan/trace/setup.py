@@ -56,12 +56,14 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
     ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"), ("finetune", "adapter_dtype"),
     ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
-    (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"),
+    (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"), (None, "compile"),
 })
 #: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
 #: shards the sequence between the TP regions).
-_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({("parallel", "sequence_parallel"),
-                                                                  (None, "torchtitan_model")})
+#: ``--torchtitan`` also runs torchtitan's pipelining (one stage, :mod:`memplan.trace.runners.torchtitan_pipeline`).
+_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({
+    ("parallel", "sequence_parallel"), ("parallel", "pp"), ("parallel", "vpp"), ("parallel", "chunk_layers"),
+    (None, "torchtitan_model")})
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
 def _check_in(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
@@ -104,6 +106,7 @@ def check_traceable(job: Job, *, torchtitan_code: bool = False) -> None:
                           "(memplan estimate)", job.framework)
     _check_deepspeed(job)
     _check_ranks(job, torchtitan_code=torchtitan_code)
+    _check_compile(job, torchtitan_code=torchtitan_code)
     check_runnable(resolve_policy(job))
     default = Job()
     traced = _TRACED | _TORCHTITAN_CODE if torchtitan_code else _TRACED
@@ -144,7 +147,7 @@ def _check_deepspeed(job: Job) -> None:
                           True)
     finetune = job.finetune
     if finetune.partial:
-        flag = "--peft" if finetune.peft != "none" else ("--quantize-base" if finetune.quantize_base != "none"
+        flag = "--peft" if finetune.peft_kind.adapters else ("--quantize-base" if finetune.quant_kind.quantizes
                                                          else "--trainable")
         raise ConfigError(flag, "fine-tuning is traced with --framework hf (a frozen embedding would leave "
                           "DeepSpeed's reentrant checkpoint without an input that requires grad)", True)
@@ -178,7 +181,8 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
     if sharding.fsdp == "none" and par.data_parallel > 1:
         raise ConfigError("--gpus", f"memplan trace simulates FSDP and TP ranks: with --fsdp none the GPUs must "
                           f"equal --tp ({par.tp}); DDP replicas are estimated only", par.world_size)
-    if job.batch.global_batch_size not in (None, job.batch.micro_batch_size * par.data_parallel):
+    pipelined = torchtitan_code and par.pp > 1  # the schedule's micro-batches run in the step
+    if not pipelined and job.batch.global_batch_size not in (None, job.batch.micro_batch_size * par.data_parallel):
         raise ConfigError("--gbs", "gradient accumulation is not traced: memplan trace runs one micro-batch per "
                           f"step (leave --gbs out or make it mbs*dp = {job.batch.micro_batch_size * par.data_parallel})",
                           job.batch.global_batch_size)
@@ -192,11 +196,28 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
         raise ConfigError("--loss", "the fused linear cross-entropy is traced on one rank only", job.loss)
 
 
+def _check_compile(job: Job, *, torchtitan_code: bool = False) -> None:
+    """``--compile`` runs each decoder layer's partitioned graphs (:mod:`memplan.trace.runners.partitioner`) on
+    one rank, in full training, without another activation policy."""
+    if not job.compile:
+        return
+    reasons = (("--torchtitan", torchtitan_code, "torchtitan's own code is traced eagerly"),
+               ("--gpus", job.parallel.world_size > 1, "compiled layers are traced on one rank (no FSDP or TP)"),
+               ("--recompute", job.recompute.mode != "none", "compiled layers are traced without an activation "
+                "policy (the partitioner's saved set alone)"),
+               ("--peft", job.finetune.partial, "compiled layers are traced in full training"),
+               ("--offload-activations", job.offload.activations, "compiled layers keep their saved set on the GPU"))
+    for flag, refused, why in reasons:
+        if refused:
+            raise ConfigError(flag, f"cannot be traced with --compile: {why}; estimate it with memplan estimate "
+                              "--compile", getattr(job.recompute, "mode") if flag == "--recompute" else True)
+
+
 def _check_finetune(job: Job) -> None:
-    if job.finetune.quantize_base != "none" and job.finetune.peft == "dora":
+    if job.finetune.quant_kind.quantizes and job.finetune.peft_kind.magnitude:
         raise ConfigError("--peft", "dora on a quantized base needs bitsandbytes' dequantization of the weight "
-                          "norm, which the tracer's stand-in does not run; trace --peft lora", "dora")
-    if (job.finetune.peft != "none" or job.finetune.has_frozen) and job.parallel.world_size > 1:
+                          "norm, which the tracer's stand-in does not run; trace --peft lora", job.finetune.peft)
+    if (job.finetune.peft_kind.adapters or job.finetune.has_frozen) and job.parallel.world_size > 1:
         raise ConfigError("--gpus", "memplan trace runs fine-tuning (--peft, --trainable) on one rank; "
                           "estimate sharded fine-tuning with memplan estimate", job.parallel.world_size)
     for flag, on in (("--optimizer-in-backward", job.optimizer.in_backward),

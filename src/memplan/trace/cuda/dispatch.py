@@ -128,7 +128,17 @@ def _fake(*values: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    return bool(tensors) and all(type(t) is FakeTensor for t in tensors)
+    return bool(tensors) and all(type(_unwrapped(t)) is FakeTensor for t in tensors)
+
+
+def _unwrapped(tensor: torch.Tensor) -> torch.Tensor:
+    """The fake tensor under AOT autograd's functionalization (``--compile`` traces each layer's graph
+    on fake tensors wrapped as ``FunctionalTensor``); any other tensor as it is."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if type(tensor) is FunctionalTensor:
+        return torch._from_functional_tensor(tensor.elem)  # type: ignore[attr-defined]
+    return tensor
 
 
 def _sdpa_arguments(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,

@@ -1,0 +1,226 @@
+"""``--compile``: what a compiled decoder layer saves, from AOT autograd's min-cut partitioner.
+
+``torch.compile`` (inductor) decomposes each compiled region's joint forward-backward graph with its
+decomposition table, runs its joint-graph passes and hands it to
+``min_cut_rematerialization_partition(compiler="inductor")`` (``torch._inductor.compile_fx.partition_fn``),
+which saves the outputs of compute-heavy operators (matmuls, attention kernels, reductions) and recomputes
+the elementwise chains around them in the backward. The terms below are the saved set that partitioner
+chooses for one decoder layer of each family of transformers' modules, read off ``memplan trace
+--compile`` (:mod:`memplan.trace.runners.partitioner`, which runs that very pipeline on fake tensors) and
+written per token as functions of the layer's widths; the agreement grid checks them against the trace on
+every family (benchmarks/agreement_grid.py, ``compile=True`` cells).
+
+Families priced (``T`` tokens, ``c`` bytes of the compute dtype, ``r`` of the residual stream, ``h`` hidden,
+``H``/``KV`` query/key-value heads of ``d`` (``dv`` for values), ``f`` the MLP width):
+
+* **Llama-style** (RMSNorm, rotary, gated MLP; GQA or MHA, biases, fused q/k/v or gate/up, Qwen3's q/k
+  norms, Gemma 2's post-norms): the layer input (``r·h``), each norm's fp32 1/rms, the attention norm's
+  output, q/k/v after RoPE, the kernel's output and fp32 log-sum-exp, the output projection's output, the
+  MLP norm's output, gate, up and the down projection's input (``3c·f``). The inputs of the output
+  projection and of the residual adds are recomputed (views, or elementwise from saved values).
+* **Unfused attention** (``--attention eager``): q, and k and v repeated to every query head, the output
+  projection's input, and for 16-bit activations the scores and probabilities (``2c·H·s`` per token) with the
+  fp32 softmax max and sum (the fp32 softmax is recomputed from them; Gemma 2's soft-capping too), for fp32
+  the probabilities alone.
+* **GPT-2-style** (LayerNorm, learned positions, plain MLP, dropout modules): each LayerNorm's fp32 mean and
+  1/std and its output, q/k/v, the kernel's output and log-sum-exp, the attention output projection's
+  output, the fc output and the activation's output, and the two residual dropout masks (1 byte each;
+  transformers runs ``nn.Dropout`` even at p = 0, and inductor's decomposition keeps a mask).
+* **MoE without shared experts** (Qwen3-MoE style, transformers' grouped experts): the attention as above;
+  the router's input and fp32 probabilities, the top-k weights and int64 indices, three int64
+  permutation index vectors, and per routed token the experts' gathered input, gate-up output,
+  activation output and down output in the experts' dtype.
+
+Not priced (the layer falls back to the eager terms and ``unmodelled_settings`` says so): MLA, MoE with
+shared experts, parallel-residual layers, tensor / context / expert parallelism, FP8, activation policies
+other than ``none``, fine-tuning, activation offloading, framework model code other than transformers'
+(torchtitan's own, Megatron's Transformer Engine layers) and dropout in Llama-style layers.
+Never priced: inductor's generated kernels' transients and workspaces, CUDA graphs, graph breaks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memplan.estimate.activations import ActivationShape, Term
+from memplan.model.attention_kinds import attention_kind
+from memplan.model.spec import AttentionSpec, LayerSpec, MoESpec
+from memplan.settings import InputSetting
+
+if TYPE_CHECKING:
+    from memplan.estimate.context import RunContext
+
+__all__ = ["FP32_BYTES", "INDEX_BYTES", "compile_note", "compile_settings", "compiled_blocks", "compiled_layer",
+           "keeps_masks", "uncovered_reason"]
+
+#: Bytes of the fp32 statistics the decomposed norms and softmax keep (1/rms, mean, max, sum, log-sum-exp).
+FP32_BYTES = 4
+#: Bytes of an int64 index (top-k indices, token permutation).
+INDEX_BYTES = 8
+#: The memory-efficient attention kernel's log-sum-exp rows are padded to this many queries
+#: (``_efficient_attention_forward``: ``ceil_div(max_seqlen_q, kAlignLSE) * kAlignLSE``, kAlignLSE = 32).
+EFFICIENT_LSE_ALIGN = 32
+#: Bytes of a dropout mask element (bool).
+MASK_BYTES = 1
+#: int64 vectors of one element per routed token the MoE permutation keeps (sorted order, expert of each
+#: routed token, the inverse permutation written by ``index_put``).
+PERMUTATION_VECTORS = 3
+
+
+def _job_reason(run: RunContext) -> str | None:
+    """Why no layer of the job is priced as compiled (None: each layer's own rule decides)."""
+    job = run.job
+    checks = ((run.policy.name != "none", f"the activation policy {run.policy.name!r} around compiled layers"),
+              (run.finetune, "fine-tuning (frozen or adapted layers)"),
+              (job.offload.activations, "activation offloading"),
+              (job.torchtitan_model, "a framework's own model code (not transformers' modules)"))
+    return next((reason for failed, reason in checks if failed), None)
+
+
+def compiled_layer(run: RunContext, layer: LayerSpec) -> bool:
+    """``--compile`` prices ``layer`` with the partitioner's saved set."""
+    return run.job.compile and _job_reason(run) is None and uncovered_reason(layer, run.shape) is None
+
+
+def keeps_masks(run: RunContext) -> bool:
+    """Compiled 16-bit eager attention keeps its additive masks (one per kind of layer, shared) for the
+    backward: the softmax is recomputed there from the saved scores, the mask added again."""
+    shape = run.shape
+    return (run.job.compile and shape.attention in ("eager", "math") and shape.act_bytes < FP32_BYTES
+            and any(compiled_layer(run, layer) for layer in run.model.layers))
+
+
+def compile_settings(run: RunContext) -> tuple[InputSetting, ...]:
+    """``--compile``: each compiled part memplan prices as eager, as a not-modelled setting (never silent)."""
+    if not run.job.compile:
+        return ()
+    reasons = [_job_reason(run)]
+    if reasons[0] is None:
+        reasons = list(dict.fromkeys(uncovered_reason(layer, run.shape) for layer in run.model.layers))
+    out = [InputSetting(source="--compile", key="compiled layers", value=True, effect="not-modelled",
+                        note=f"{reason}: no partitioner rule, the layers are priced as eager")
+           for reason in reasons if reason is not None]
+    if run.profile.compile_scope == "model":
+        out.append(InputSetting(source="--compile", key="compiled model", value=True, effect="not-modelled",
+                                note=f"{run.profile.name} compiles the whole model: the embedding, final norm, "
+                                     "head and loss are priced as eager (a compiled cross-entropy keeps the 16-bit "
+                                     "logits and two fp32 values per token, not an fp32 log-softmax)"))
+    return tuple(out)
+
+
+def compile_note(run: RunContext) -> list[str]:
+    """The assumption sentence of a ``--compile`` job."""
+    if not run.job.compile:
+        return []
+    priced = sum(compiled_layer(run, layer) for layer in run.model.layers)
+    return [f"torch.compile: {priced} of {len(run.model.layers)} decoder layers keep AOT autograd's min-cut "
+            "partitioner's saved set (inductor's decompositions, default settings; memplan.estimate.compiled); "
+            "inductor's kernel transients, workspaces and CUDA graphs are not modelled"]
+
+
+def uncovered_reason(layer: LayerSpec, shape: ActivationShape) -> str | None:
+    """Why the partitioner's saved set of ``layer`` is not priced (None: it is)."""
+    attn = layer.attention
+    checks = (
+        (shape.kernels != "eager", "the framework's fused layers (Transformer Engine or its own model code)"),
+        (shape.rope_buffer or shape.fused_rms_norm, "a framework's own model code (not transformers' modules)"),
+        (shape.tp > 1 or shape.sequence_parallel, "tensor / sequence parallelism"),
+        (shape.kv_seq != shape.seq, "context parallelism"),
+        (shape.ep > 1 or shape.expert_tp > 1, "expert parallelism"),
+        (shape.fp8, "FP8 GEMMs"),
+        (attention_kind(attn).latent, "multi-head latent attention (MLA)"),
+        (layer.parallel_residual, "parallel-residual layers"),
+        (layer.moe is not None and (layer.moe.shared_expert is not None or layer.moe.router_bias), "MoE with shared experts or a router bias"),
+    )
+    for failed, reason in checks:
+        if failed:
+            return reason
+    family = _family(layer, shape)
+    if family is None:
+        return "a layer that is neither Llama-style (RMSNorm, RoPE, gated MLP) nor GPT-2-style (LayerNorm, plain MLP)"
+    if family == "llama" and shape.dropout:
+        return "dropout in Llama-style layers"
+    return None
+
+
+def _family(layer: LayerSpec, shape: ActivationShape) -> str | None:
+    gated = layer.moe is not None or (layer.mlp is not None and layer.mlp.gated)
+    if shape.norm == "rmsnorm" and shape.rope and gated:
+        return "llama"
+    if shape.norm == "layernorm" and not shape.rope and not gated and layer.moe is None:
+        return "gpt2"
+    return None
+
+
+def compiled_blocks(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term], list[Term]]:
+    """(attention, rest) terms of a compiled layer (call only where :func:`uncovered_reason` is None)."""
+    gpt2 = _family(layer, shape) == "gpt2"
+    tokens, c, h = shape.seq * shape.micro_batch, shape.act_bytes, shape.hidden
+    stats = (2 if gpt2 else 1) * FP32_BYTES  # LayerNorm: mean and 1/std; RMSNorm: 1/rms
+    attention = [Term("layer input", shape.residual_bytes * tokens * h, "sp", "input"),
+                 Term("attention norm statistics (fp32)", stats * tokens, "sp", "body"),
+                 Term("attention norm output (the projections' input)", c * tokens * h, "sp", "body"),
+                 *_attention_core(layer.attention, shape),
+                 Term("output projection output", c * tokens * h, "sp", "body")]
+    rest = [Term("MLP norm statistics (fp32)", stats * tokens, "sp", "body"),
+            Term("MLP norm output", c * tokens * h, "sp", "body")]
+    if gpt2:
+        rest += [Term("residual dropout masks (attention, MLP)", 2 * MASK_BYTES * tokens * h, "sp", "body")]
+    post_norms = layer.num_hidden_norms - 2
+    if post_norms > 0:  # Gemma 2: the post-norms' 1/rms and the MLP output they normalize
+        rest += [Term("post-norms 1/rms (fp32)", post_norms * FP32_BYTES * tokens, "sp", "body"),
+                 Term("MLP output (post-norm input)", c * tokens * h, "sp", "body")]
+    if layer.moe is not None:
+        return attention, rest + _moe(layer.moe, shape)
+    assert layer.mlp is not None
+    f = layer.mlp.intermediate_size
+    if gpt2:
+        rest.append(Term("fc output and activation output", 2 * c * tokens * f, "tp", "body"))
+    else:
+        rest.append(Term("gate and up outputs, down projection input", 3 * c * tokens * f, "tp", "body"))
+    return attention, rest
+
+
+def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    tokens, c = shape.seq * shape.micro_batch, shape.act_bytes
+    heads, kv_heads, d, dv = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
+    terms = []
+    if attn.fused_qkv and shape.rope and not shape.autocast and (shape.attention not in ("eager", "math")
+                                                                 or kv_heads == heads):
+        # Phi-3: the saved v (or its unrepeated copy) is a view of the fused projection's output, which keeps
+        # the q and k parts alive beside their rotated copies (under autocast v is a cast copy of its own)
+        terms.append(Term("fused q/k/v projection output held by the saved v (a view)",
+                          c * tokens * (heads + kv_heads) * d, "tp", "attn"))
+    if attn.qk_norm:  # Qwen3: the q and k projections' outputs and the per-head norms' 1/rms
+        terms += [Term("q, k projection outputs (q/k norm inputs)", c * tokens * (heads + kv_heads) * d, "tp", "attn"),
+                  Term("q, k norms 1/rms (fp32)", FP32_BYTES * tokens * (heads + kv_heads), "tp", "attn")]
+    if shape.attention in ("eager", "math"):
+        scores = heads * shape.micro_batch * shape.seq * shape.kv_seq
+        if c >= FP32_BYTES:  # an fp32 softmax is kept as it is: its output feeds its backward and the PV matmul
+            core = [Term("probabilities (fp32)", FP32_BYTES * scores, "tp", "core")]
+        else:  # the 16-bit scores and the fp32 max and sum recompute the fp32 softmax; its 16-bit cast is kept
+            core = [Term("scores and probabilities (compute dtype)", 2 * c * scores, "tp", "core"),
+                    Term("softmax max and sum (fp32)", 2 * FP32_BYTES * tokens * heads, "tp", "core")]
+        return terms + core + [
+            Term("q, and k and v repeated to every query head", c * tokens * heads * (2 * d + dv), "tp", "attn"),
+            Term("output projection input", c * tokens * heads * dv, "tp", "attn")]
+    # fp32 runs the memory-efficient kernel, whose log-sum-exp pads the sequence to a multiple of 32
+    lse_seq = -(-shape.seq // EFFICIENT_LSE_ALIGN) * EFFICIENT_LSE_ALIGN if c >= FP32_BYTES else shape.seq
+    return terms + [
+        Term("q, k, v (attention kernel inputs)", c * tokens * (heads * d + kv_heads * (d + dv)), "tp", "attn"),
+        Term("attention kernel output", c * tokens * heads * dv, "tp", "core"),
+        Term("attention log-sum-exp (fp32)", FP32_BYTES * shape.micro_batch * lse_seq * heads, "tp", "core")]
+
+
+def _moe(moe: MoESpec, shape: ActivationShape) -> list[Term]:
+    tokens = shape.seq * shape.micro_batch
+    routed = int(tokens * moe.top_k * shape.routed_factor)
+    expert_bytes = shape.expert_bytes or shape.act_bytes
+    width = 2 * shape.hidden + 3 * moe.expert.intermediate_size
+    return [Term("router probabilities (fp32)", FP32_BYTES * tokens * moe.num_experts, "rep", "body"),
+            Term("top-k weights (fp32) and indices (int64)", (FP32_BYTES + INDEX_BYTES) * tokens * moe.top_k,
+                 "rep", "body"),
+            Term("token permutation indices (int64)", PERMUTATION_VECTORS * INDEX_BYTES * tokens * moe.top_k,
+                 "rep", "body"),
+            Term("experts: gathered input, gate-up output, activation, down output", expert_bytes * routed * width,
+                 "rep", "body")]

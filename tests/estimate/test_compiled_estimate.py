@@ -1,0 +1,66 @@
+"""``--compile`` in the estimator (memplan.estimate.compiled): which layers the partitioner's rules price, what
+is listed as not modelled, and the refusal. The rules themselves are held against the partitioner's saved
+sets in tests/trace/test_compiled_trace.py and the agreement grid's ``--compile`` cells."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.errors import JobConfigError
+from memplan.estimate import estimate
+from memplan.estimate.compiled import compiled_blocks
+from memplan.estimate.context import run_context
+from memplan.jobflags import build_job
+from memplan.model import load_model
+
+
+def _activations(model: str, **flags: object) -> int:
+    est = estimate(load_model(model), build_job({"framework": "hf", "seq": 2048, **flags}))
+    from memplan.categories import MemoryCategory
+
+    return est.stages[0].highest_by_category()[MemoryCategory.ACTIVATION]
+
+
+def test_compiled_layers_keep_less_than_eager_and_what_the_rule_says() -> None:
+    spec = load_model("llama-3.2-1b")
+    eager, compiled = _activations("llama-3.2-1b"), _activations("llama-3.2-1b", compile=True)
+    job = build_job({"framework": "hf", "seq": 2048, "compile": True})
+    attention, rest = compiled_blocks(spec.layers[0], run_context(spec, job, 0.1).shape)
+    eager_job = build_job({"framework": "hf", "seq": 2048})
+    from memplan.estimate.activations import KEPT_BY, layer_terms
+
+    eager_layer = sum(t.bytes for t in layer_terms(spec.layers[0], run_context(spec, eager_job, 0.1).shape)
+                      if t.keep in KEPT_BY["none"])
+    per_layer = sum(t.bytes for t in attention + rest)
+    assert per_layer < eager_layer
+    assert eager - compiled == spec.num_layers * (eager_layer - per_layer)
+
+
+def test_an_uncovered_family_is_listed_and_priced_as_eager() -> None:
+    est = estimate(load_model("deepseek-v2-lite"), build_job({"framework": "hf", "seq": 1024, "compile": True}))
+    notes = est.unmodelled_settings
+    assert any("multi-head latent attention" in n for n in notes)
+    assert any(n.startswith("--compile compiled model") for n in notes)  # the Trainer compiles the whole model
+    assert _activations("deepseek-v2-lite", compile=True, seq=1024) == _activations("deepseek-v2-lite", seq=1024)
+
+
+@pytest.mark.parametrize("flags, reason", [
+    ({"recompute": "full"}, "activation policy 'full'"),
+    ({"peft": "lora"}, "fine-tuning"),
+    ({"gpus": 2, "tp": 2}, "tensor / sequence parallelism"),
+])
+def test_a_setting_without_a_rule_is_listed(flags: dict[str, object], reason: str) -> None:
+    est = estimate(load_model("llama-3.2-1b"), build_job({"framework": "hf", "seq": 1024, "compile": True, **flags}))
+    assert any(reason in n for n in est.unmodelled_settings), est.unmodelled_settings
+
+
+def test_torchtitan_compiles_blocks_only() -> None:
+    est = estimate(load_model("llama-3.1-8b"), build_job({"framework": "torchtitan", "seq": 1024, "compile": True}))
+    assert est.unmodelled_settings == ()
+    assert any(a.startswith("torch.compile: 32 of 32 decoder layers") for a in est.assumptions)
+
+
+def test_megatron_has_no_compile() -> None:
+    with pytest.raises(JobConfigError) as caught:
+        build_job({"framework": "megatron", "compile": True})
+    assert caught.value.field == "--compile"

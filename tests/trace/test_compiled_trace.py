@@ -1,0 +1,137 @@
+"""``--compile``: the tracer runs inductor's partitioned graphs per decoder layer, the estimator prices their
+saved set per family (memplan.estimate.compiled); small configs of each family the rules cover.
+
+Tolerances: model states equal, activations within 5% (the issue's target for compiled layers), and each
+layer's saved bytes as the partitioner chose them equal to the rule's terms.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_agreement_grid import _COMMON  # tests/trace is on sys.path: the agreement grid's small configs
+from test_agreement_grid import CONFIGS as GRID_CONFIGS
+
+from memplan.errors import ConfigError
+from memplan.estimate.compiled import compiled_blocks
+from memplan.estimate.context import run_context
+from memplan.jobflags import build_job
+from memplan.model import load_model
+from memplan.trace import trace
+from memplan.trace.compare import compare_with_estimate
+
+TOLERANCE = 0.05
+EXACT = ("parameter", "gradient", "optimizer_state")
+
+#: The agreement grid's small configs, and two families it has no toy of.
+CONFIGS: dict[str, dict[str, object]] = {
+    **GRID_CONFIGS,
+    "qwen3": {**GRID_CONFIGS["qwen2"], "model_type": "qwen3", "head_dim": 32},
+    "gpt2": {"model_type": "gpt2", "n_embd": 256, "n_head": 8, "n_layer": 2, "vocab_size": 2048, "n_positions": 1024},
+}
+
+#: (config, seq, precision, attention): one cell per family and attention kind the rules cover.
+#: Sequences of 80 and 160 share no factor with the toys' widths, so a saved value's token dimension is
+#: told apart from a weight's (:func:`_per_token`); gemma2's 160 exceeds its 128-token sliding window.
+CELLS = (
+    ("llama", 80, "bf16-mixed", "sdpa"),
+    ("llama", 80, "bf16", "eager"),
+    ("qwen2", 80, "bf16-mixed", "sdpa"),
+    ("qwen3", 80, "bf16", "sdpa"),
+    pytest.param("phi3", 80, "fp32", "eager", marks=pytest.mark.xfail(strict=True, reason=(
+        "activations +9.5%: on this toy the partitioner's saved v does not hold the fused q/k/v projection's output, "
+        "on phi-3-mini (seq 1024) it does (the agreement grid's cell: +0.0% with the term, -7.0% without); the "
+        "rule follows the real size and the cause of the difference is not yet found"))),
+    ("phi3", 80, "bf16-mixed", "eager"),
+    ("gemma2", 160, "bf16-mixed", "eager"),
+    ("qwen3_moe", 80, "bf16-mixed", "sdpa"),
+    ("gpt2", 80, "bf16-mixed", "sdpa"),
+    ("gpt2", 80, "fp32", "sdpa"),
+)
+
+
+def _written(path: Path, config: dict[str, object]) -> str:
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def config_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = Path(tmp_path_factory.mktemp("compiled"))
+    return {name: _written(folder / f"{name}.json", {**(_COMMON if name != "gpt2" else {}), **config})
+            for name, config in CONFIGS.items()}
+
+
+@pytest.mark.parametrize("name, seq, precision, attention", CELLS)
+def test_compiled_estimate_agrees_with_the_partitioner(config_paths: dict[str, str], name: str, seq: int,
+                                                       precision: str, attention: str) -> None:
+    model = config_paths[name]
+    result = trace(model, seq=seq, mbs=2, precision=precision, attention=attention, recompute="none",
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True)
+    assert result.to_dict()["compiled_layers"], "the partitioner's saved sets are reported"
+    rows = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}
+    for category in EXACT:
+        assert rows[category].estimated_bytes == rows[category].traced_bytes, category
+    row = rows["activation"]
+    assert abs(row.relative or 0.0) <= TOLERANCE, (row.traced_bytes, row.estimated_bytes)
+    # each layer: what the partitioner saved beyond the layer's inputs is what the rule prices beyond its input
+    spec = load_model(model)
+    run = run_context(spec, result.options.job, 0.1)
+    attention_terms, rest = compiled_blocks(spec.layers[0], run.shape)
+    # (a view the partitioner saves is counted by its own size there, by the storage it holds here)
+    priced = sum(t.bytes for t in attention_terms + rest if t.keep != "input" and "(a view)" not in t.name)
+    computed = {sum(t["bytes"] for t in saved if not t["graph_input"] and _per_token(t, seq))
+                for saved in result.compiled_layers.values()}
+    assert computed == {priced}
+
+
+def _per_token(tensor: dict[str, object], seq: int) -> bool:
+    """A saved value that grows with the tokens (not a weight's 16-bit copy or a view of an expert weight); the
+    efficient kernel's log-sum-exp has the sequence padded to a multiple of 32."""
+    shape = tensor["shape"]
+    assert isinstance(shape, list)
+    return any((dim % seq == 0 and dim >= seq) or dim == -(-seq // 32) * 32 for dim in shape)
+
+
+@pytest.mark.parametrize("flags, field", [
+    ({"recompute": "full"}, "--recompute"),
+    ({"fsdp": 2}, "--gpus"),
+    ({"peft": "lora"}, "--peft"),
+])
+def test_trace_compile_refuses_what_it_does_not_run(config_paths: dict[str, str], flags: dict[str, object],
+                                                    field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        trace(config_paths["llama"], seq=64, mbs=1, device="cuda", iterations=1, compile=True, **flags)
+    assert caught.value.field == field and "--compile" in str(caught.value)
+
+
+def test_eager_estimate_is_unchanged_without_compile(config_paths: dict[str, str]) -> None:
+    spec = load_model(config_paths["llama"])
+    job = build_job({"framework": "hf", "seq": 256})
+    assert job.compile is False
+    run = run_context(spec, job, 0.1)
+    from memplan.estimate.compiled import compiled_layer
+
+    assert not compiled_layer(run, spec.layers[0])
+
+
+def test_a_compiled_cross_entropy_keeps_the_16_bit_logits_and_two_fp32_values_per_row() -> None:
+    """The compiled loss (torchtune's chunked loss, torchtitan's ``"loss"`` component, the Trainer's whole model)
+    keeps its 16-bit input and the fp32 max and log-sum-exp per row, where eager cross-entropy on upcast logits
+    keeps an fp32 log-softmax (memplan prices the loss as eager and lists it in unmodelled_settings)."""
+    import torch
+    import torch.nn.functional as F
+
+    from memplan.trace.runners.partitioner import partitioned_saved_set
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels, reduction="sum")
+
+    rows, vocab = 96, 1000
+    saved = partitioned_saved_set(loss, torch.zeros(rows, vocab, dtype=torch.bfloat16, requires_grad=True),
+                                  torch.zeros(rows, dtype=torch.long))
+    computed = [t for t in saved if not t.graph_input]
+    assert {(t.shape, t.dtype) for t in computed} == {((rows, 1), "float32")} and len(computed) == 2
+    assert {(t.shape, t.dtype) for t in saved if t.graph_input} == {((rows, vocab), "bfloat16"), ((rows,), "int64")}
