@@ -323,9 +323,8 @@ def trained_norm_copies(layer: LayerSpec, shape: ActivationShape, flow: LayerFlo
     return copies(attention, flow.attention), copies(rest, flow.mlp)
 
 
-def any_attention_saves(model: ModelSpec, ft: FineTuning | None, checkpointing: bool, layers: tuple[int, ...]) -> bool:
-    """Some attention block among ``layers`` records tensors (so the shared RoPE tables are saved)."""
-    if ft is None or not ft.partial:
-        return bool(layers)
+def any_attention_saves(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...]) -> bool:
+    """Some attention block among ``layers`` records tensors under fine-tuning ``ft`` (so the shared RoPE
+    tables are saved)."""
     flows = layer_flows(model, ft, checkpointing)
     return any(flows[i].attention.saves for i in layers)

@@ -126,7 +126,8 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     run, layout = ctx.run, ctx.layout
     model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
-    if any_attention_saves(model, run.job.finetune, run.policy.recomputes, layout.layer_indices):
+    if layout.layer_indices and (run.counts is None or any_attention_saves(
+            model, run.job.finetune, run.policy.recomputes, layout.layer_indices)):
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
         shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(model, shape, run.policy.keeps_mask)
         other += shared * inflight
