@@ -13,8 +13,8 @@ Issue 24 (fixed before the results were seen): ``memplan estimate llama-3.1-8b -
 2.5x ``python -c "import typer, rich, yaml"`` in one paired run (the two commands alternate, 11
 pairs, medians; wall time and the children's CPU time, which a shared machine's load distorts
 less), and ``estimate()`` of llama-3.1-8b, 8 GPUs data-parallel, seq 4096 at least 12,000 calls/s
-(wall and CPU time; also CPU time with the estimator's per-job memo cleared before every call, the
-rate of distinct jobs). ``--base DIR`` runs the same measures on another tree's ``src`` in the same
+(wall and CPU time; also CPU time with every cache keyed on a Job value cleared before every call
+-- the per-job memo and the resolved activation policy -- the rate of new jobs). ``--base DIR`` runs the same measures on another tree's ``src`` in the same
 pairs (the commit before the work). The start-up depends on Python's bytecode cache: with
 ``PYTHONDONTWRITEBYTECODE`` set every memplan module is compiled from source on each start while
 the reference's site-packages modules have their cache; both conditions are measured.
@@ -109,8 +109,16 @@ while time.perf_counter() - wall < 2.0:
         estimate(model, job)
     count += 20
 rates = [count / (time.perf_counter() - wall), count / (time.process_time() - cpu)]
+from memplan import policies
 from memplan.estimate import engine
-clear = getattr(getattr(engine, "_stages", None), "cache_clear", lambda: None)  # the memo, where there is one
+# a new job: every cache keyed on a Job value is cleared (the estimator's per-job memo and the
+# resolved activation policy); caches keyed on the model, a layer kind at a shape or a pipeline
+# layout stay warm, as they do for any new job that shares them
+memos = [getattr(getattr(m, n, None), "cache_clear", None) for m, n in ((engine, "_stages"), (policies, "resolve_policy"))]
+def clear():
+    for memo in memos:
+        if memo is not None:
+            memo()
 count, cpu = 0, time.process_time()
 while time.process_time() - cpu < 2.0:
     for _ in range(20):
@@ -118,6 +126,31 @@ while time.process_time() - cpu < 2.0:
         estimate(model, job)
     count += 20
 print(*rates, count / (time.process_time() - cpu))
+"""
+
+
+#: The same new-job estimate counted in Python opcodes (``sys.settrace`` opcode events): a measure of the
+#: interpreter's work that a shared machine's load does not move (times there vary by 2x between runs).
+OPCODE_CASE = """
+import sys
+from memplan import Batch, Job, Parallelism, estimate, load_model
+from memplan import policies
+from memplan.estimate import engine
+model = load_model("llama-3.1-8b")
+job = Job(parallel=Parallelism(world_size=8), batch=Batch(micro_batch_size=1, seq_length=4096))
+estimate(model, job)
+for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
+    getattr(memo, "cache_clear", lambda: None)()
+count = [0]
+def tracer(frame, event, arg):
+    frame.f_trace_opcodes = True
+    if event == "opcode":
+        count[0] += 1
+    return tracer
+sys.settrace(tracer)
+estimate(model, job)
+sys.settrace(None)
+print(count[0])
 """
 
 
@@ -161,8 +194,10 @@ def issue24(trees: dict[str, str]) -> dict[str, object]:
         for name, src in trees.items():
             env = dict(os.environ, PYTHONPATH=src)
             rates[name].append([round(float(x)) for x in _timed(["-c", RATE_CASE], env)[2].split()])
-    out["estimate() llama-3.1-8b, 8 GPUs DP, seq 4096 (calls/s: wall, CPU time, CPU time with the per-job "
-        "memo cleared before every call; 3 alternating runs)"] = rates
+    out["estimate() llama-3.1-8b, 8 GPUs DP, seq 4096 (calls/s: wall, CPU time, CPU time with every cache "
+        "keyed on a Job value cleared before every call (a new job); 3 alternating runs)"] = rates
+    out["estimate() of a new job, Python opcodes executed (deterministic)"] = {
+        name: int(_timed(["-c", OPCODE_CASE], dict(os.environ, PYTHONPATH=src))[2]) for name, src in trees.items()}
     out["machine"] = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                       f"load average {os.getloadavg()[0]:.1f} at the end")
     return out

@@ -95,10 +95,54 @@ def _torchtitan_trace(row: dict, flags: dict, published: float) -> dict:
             "torchtitan_trace_seconds": round(time.perf_counter() - start, 1)}
 
 
+#: The other rows of the same benchmark file (llama3_h100_202412_torchtitan.md, torchtitan 9dec370), each
+#: priced with ``memplan estimate --torchtitan-config`` of a TOML in configs/torchtitan_published (or the 8B
+#: TOML above). ``expressible``: every setting of the run is one memplan models (the issue-25 targets count
+#: those); the others ran torch.compile and Float8, which the estimate reports as not modelled.
+TOML_ROWS = (
+    {"name": "llama3.1-8b FSDP 8, lbs 2, selective op AC (Table 1)", "published_gib": 82.4, "gpus": 8,
+     "model": "llama-3.1-8b", "toml": "torchtitan_llama3_8b_lbs2.toml", "expressible": True},
+    {"name": "llama3.1-8b FSDP 128, lbs 2, selective op AC (Table 3)", "published_gib": 67.0, "gpus": 128,
+     "model": "llama-3.1-8b", "toml": "torchtitan_llama3_8b_lbs2.toml", "expressible": True},
+    {"name": "llama3.1-70b FSDP 32 x TP 8, lbs 16, full AC, compile + Float8 (Table 4)", "published_gib": 71.9,
+     "gpus": 256, "model": "llama-3.1-70b", "toml": "torchtitan_published/llama3_70b_fsdp32_tp8.toml",
+     "expressible": False},
+    {"name": "llama3.1-405b FSDP 8 x TP 8 x PP 8 1F1B, lbs 32, full AC, compile + Float8 + async TP (Table 5)",
+     "published_gib": 82.5, "gpus": 512, "model": "llama-3.1-405b",
+     "toml": "torchtitan_published/llama3_405b_pp8_1F1B.toml", "expressible": False},
+    {"name": "llama3.1-405b FSDP 8 x TP 8 x PP 8 Interleaved 1F1B, lbs 32, full AC, compile + Float8 + async TP "
+             "(Table 5)", "published_gib": 72.7, "gpus": 512, "model": "llama-3.1-405b",
+     "toml": "torchtitan_published/llama3_405b_pp8_Interleaved1F1B.toml", "expressible": False},
+)
+
+
+def toml_rows() -> list[dict]:
+    """Every published torchtitan reading against ``memplan estimate --torchtitan-config`` (peak reserved)."""
+    from memplan.estimate import estimate
+    from memplan.inputs import JobRequest, load_job
+
+    out = []
+    for row in TOML_ROWS:
+        loaded = load_job(JobRequest(model=row["model"], torchtitan_config=str(HERE / "configs" / row["toml"]),
+                                     flags={"gpus": row["gpus"]}))
+        result = estimate(loaded.model, loaded.job, settings=loaded.settings)
+        reserved = result.peak_reserved_bytes / GiB
+        out.append({**row, "estimate_reserved_gib": reserved, "estimate_allocated_gib": result.peak_allocated_bytes / GiB,
+                    "error": reserved / row["published_gib"] - 1, "unmodelled": list(result.unmodelled_settings)})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=str(DEFAULT_OUT))
+    parser.add_argument("--estimates-only", action="store_true", help="print the TOML rows' estimates, trace nothing")
     ns = parser.parse_args()
+    published = toml_rows()
+    for r in published:
+        print(f"{r['name']}: published {r['published_gib']} GiB reserved; estimate {r['estimate_reserved_gib']:.2f} "
+              f"({100 * r['error']:+.1f}%){'' if r['expressible'] else ' [not expressible: compile / Float8]'}")
+    if ns.estimates_only:
+        return
     rows = [run(row) for row in ROWS]
     for r in rows:
         trace_res = "-" if r["trace_reserved_gib"] is None else f"{r['trace_reserved_gib']:.2f}"
@@ -117,7 +161,7 @@ def main() -> None:
         else:
             print(f"  trace --torchtitan: {r.get('torchtitan_trace')}")
     Path(ns.json).write_text(json.dumps({"updated": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
-                                         "rows": rows}, indent=1) + "\n", encoding="utf-8")
+                                         "rows": rows, "published_rows": published}, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -191,7 +191,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("memplan.bounds",),
     ("memplan.units", "memplan.categories", "memplan.textfile", "memplan.settings"),
     ("memplan.gpus", "memplan.model"),
-    ("memplan.optimizers",),
+    ("memplan.optimizers", "memplan.tuning"),
     ("memplan.profiles",),
     ("memplan.job",),
     ("memplan.policies", "memplan.peft", "memplan.jobflags"),

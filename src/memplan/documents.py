@@ -15,16 +15,22 @@ from memplan.estimate.engine import DEFAULT_FRAGMENTATION, Estimate, estimate
 from memplan.gpus import get_gpu, list_gpus
 from memplan.inputs import LoadedJob
 
-__all__ = ["estimate_document", "gpus_document", "models_document"]
+__all__ = ["estimate_document", "estimate_loaded", "gpus_document", "models_document"]
 
 
 def estimate_document(loaded: LoadedJob) -> tuple[Estimate, dict[str, Any]]:
     """Estimate the loaded job: the result and its JSON document (``Estimate.to_dict()``, which carries
     the input settings the dialect files gave)."""
-    fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
-    result = estimate(loaded.model, loaded.job, gpu=loaded.gpu and get_gpu(loaded.gpu), fragmentation=fragmentation,
-                      settings=loaded.settings)
+    result = estimate_loaded(loaded)
     return result, result.to_dict()
+
+
+def estimate_loaded(loaded: LoadedJob) -> Estimate:
+    """The estimate of a loaded job (its GPU, fragmentation and input settings applied): the result
+    :func:`estimate_document` documents, for a caller that prints tables instead."""
+    fragmentation = DEFAULT_FRAGMENTATION if loaded.fragmentation is None else loaded.fragmentation
+    return estimate(loaded.model, loaded.job, gpu=loaded.gpu and get_gpu(loaded.gpu), fragmentation=fragmentation,
+                    settings=loaded.settings)
 
 
 def models_document() -> list[dict[str, Any]]:

@@ -252,7 +252,7 @@ def _fine_tuning_framework(job: Job, values: Mapping[str, Any], base: Job | None
     """A PEFT or quantized-base job with no framework named anywhere is a Hugging Face one (peft and
     bitsandbytes run in HF Trainer / TRL / plain PyTorch loops), not the Megatron default."""
     named = "framework" in values or base is not None or megatron_args is not None
-    tuned = job.finetune.peft != "none" or job.finetune.quantize_base != "none"
+    tuned = job.finetune.peft_kind.adapters or job.finetune.quant_kind.quantizes
     if named or not tuned or job.framework != Job().framework:
         return job
     return replace(job, framework=FINE_TUNING_FRAMEWORK)

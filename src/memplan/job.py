@@ -15,6 +15,8 @@ from typing import Any, Literal, get_args
 from memplan.errors import JobConfigError
 from memplan.profiles import activation_policy_name, check_features, get_profile
 from memplan.optimizers import optimizer_kind
+from memplan.tuning import (ADAPTER_METHODS, QUANTIZING_FORMATS, PeftMethodKind, QuantFormat, either, peft_method,
+                            quant_format)
 from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
@@ -776,13 +778,13 @@ class FineTuning:
             trainable = ",".join(_name_list("--trainable", trainable))
         object.__setattr__(self, "trainable", trainable)
         object.__setattr__(self, "modules_to_save", ",".join(_name_list("--modules-to-save", self.modules_to_save)))
-        if self.peft == "none":
+        if not self.peft_kind.adapters:
             if self.trainable == "adapters":
-                raise JobConfigError("--trainable", "adapters needs --peft lora or dora", self.trainable)
+                raise JobConfigError("--trainable", f"adapters needs --peft {either(ADAPTER_METHODS)}", self.trainable)
             if self.modules_to_save:
-                raise JobConfigError("--modules-to-save", "needs --peft lora or dora (it is a peft setting)",
-                                     self.modules_to_save)
-        if self.quantize_base != "none":
+                raise JobConfigError("--modules-to-save", f"needs --peft {either(ADAPTER_METHODS)} (it is a peft "
+                                     "setting)", self.modules_to_save)
+        if self.quant_kind.quantizes:
             if self.trainable == "all" or self.resolved_trainable == "all":
                 raise JobConfigError(
                     "--quantize-base", "needs frozen base weights: quantized weights cannot train (use --peft lora, "
@@ -792,9 +794,9 @@ class FineTuning:
             if dtype not in QUANT_COMPUTE_DTYPES:
                 raise JobConfigError("--quant-compute-dtype", "bitsandbytes dequantizes to fp32, bf16 or fp16 only",
                                      self.quant_compute_dtype)
-            if self.quantize_base == "none":
-                raise JobConfigError("--quant-compute-dtype", "only applies with --quantize-base nf4, fp4 or int8",
-                                     self.quant_compute_dtype)
+            if not self.quant_kind.quantizes:
+                raise JobConfigError("--quant-compute-dtype", "only applies with --quantize-base "
+                                     f"{either(QUANTIZING_FORMATS)}", self.quant_compute_dtype)
             object.__setattr__(self, "quant_compute_dtype", dtype)
         if self.frozen_dtype is not None:
             dtype = normalize_dtype(self.frozen_dtype, field="--frozen-dtype")
@@ -828,8 +830,18 @@ class FineTuning:
     def resolved_trainable(self) -> str:
         """``all``, ``adapters`` or a comma list of module names (``auto`` resolved)."""
         if self.trainable == "auto":
-            return "adapters" if self.peft != "none" else "all"
+            return "adapters" if self.peft_kind.adapters else "all"
         return self.trainable
+
+    @property
+    def peft_kind(self) -> PeftMethodKind:
+        """The ``--peft`` registry entry (:mod:`memplan.tuning.peft_methods`)."""
+        return peft_method(self.peft)
+
+    @property
+    def quant_kind(self) -> QuantFormat:
+        """The ``--quantize-base`` registry entry (:mod:`memplan.tuning.quant_formats`)."""
+        return quant_format(self.quantize_base)
 
     @property
     def has_frozen(self) -> bool:
@@ -839,7 +851,7 @@ class FineTuning:
     @property
     def partial(self) -> bool:
         """Not full training: adapters, frozen or quantized base weights."""
-        return self.peft != "none" or self.has_frozen or self.quantize_base != "none"
+        return self.peft_kind.adapters or self.has_frozen or self.quant_kind.quantizes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -907,8 +919,8 @@ class Job:
         rc = self.recompute
         activation_policy_name(profile, mode=rc.mode, modules=rc.modules, memory_budget=rc.memory_budget,
                                fine_tuning=self.finetune.partial)
-        check_features(self, profile)  # the framework-specific options the profile does not run
         self._check_optimizer()  # the optimizer's registry entry: frameworks that run it, its settings
+        check_features(self, profile)  # the framework-specific options the profile does not run
         for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
             rule(self)
         self._check_sharding(profile.fsdp_refusal)

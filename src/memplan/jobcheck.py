@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from memplan.errors import JobConfigError
 from memplan.job import Job, default_uneven_split
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import ModelSpec
 from memplan.peft.checks import check_finetune_names
 from memplan.profiles import get_profile
@@ -24,14 +25,15 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
         raise JobConfigError(
             "--tp", f"must divide the number of attention heads ({attn.num_heads})", par.tp
         )
-    if attn.kind == "mha" and attn.num_kv_heads % par.tp and par.tp % attn.num_kv_heads:
+    if not attention_kind(attn).tp_divides_kv_heads(attn, par.tp):
         raise JobConfigError(
             "--tp",
             f"must divide the number of key/value heads ({attn.num_kv_heads}) or be a multiple of it",
             par.tp,
         )
     check_recompute_modules(job, model)
-    for rule in get_profile(job.framework).model_rules:
+    profile = get_profile(job.framework)
+    for rule in profile.model_rules:
         rule(job, model)
     chunks = par.pp * par.vpp
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
@@ -53,7 +55,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
                 f"{inner} other pipeline stages x vpp={par.vpp}",
                 (par.first_stage_layers, par.last_stage_layers),
             )
-    elif rule_chunk_layers(get_profile(job.framework).pipeline_split, model.num_layers, par.pp, par.vpp):
+    elif rule_chunk_layers(profile.pipeline_split, model.num_layers, par.pp, par.vpp):
         pass  # the framework's own split (it raises where that is impossible)
     elif model.num_layers % chunks and (par.vpp > 1 or default_uneven_split(model.num_layers, par.pp) is None):
         raise JobConfigError(
@@ -66,7 +68,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
         raise JobConfigError("--ep", "needs a mixture-of-experts model (expert parallelism splits routed experts; "
                              f"{model.name} is dense); drop --ep", par.ep)
     _check_recompute_layers(job, model)
-    for layer in model.layers:
+    for layer in model.layers if model.is_moe else ():
         if layer.moe is not None:
             if layer.moe.num_experts % par.ep:
                 raise JobConfigError(
@@ -114,7 +116,7 @@ def check_recompute_modules(job: Job, model: ModelSpec) -> None:
     if job.recompute.mode not in ("selective", "megatron-selective") or job.recompute.modules is None:
         return
     names = job.recompute.module_names
-    if "mla_up_proj" in names and not any(layer.attention.kind == "mla" for layer in model.layers):
+    if "mla_up_proj" in names and not any(attention_kind(layer.attention).latent for layer in model.layers):
         raise JobConfigError("--recompute-modules", "mla_up_proj needs multi-latent attention, which this model "
                              "does not have (Megatron refuses it too)", job.recompute.modules)
     if "moe_act" in names and not model.is_moe:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from memplan.errors import ConfigError, JobConfigError
 from memplan.job import Job
 from memplan.optimizers import OPTIMIZERS
+from memplan.tuning import ADAPTER_METHODS, FOUR_BIT_FORMATS
 
 __all__ = ["JobFlag", "build_job", "check_conflicts", "flag_values", "job_flags", "unflagged_settings"]
 
@@ -33,9 +34,9 @@ _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
     ("fsdp_shard_size", "fsdp", ("hybrid",)),
     *((knob, "optimizer", tuple(k.name for k in OPTIMIZERS if knob in k.knobs))
       for knob in dict.fromkeys(knob for k in OPTIMIZERS for knob in k.knobs)),
-    *((name, "peft", ("lora", "dora")) for name in (
+    *((name, "peft", ADAPTER_METHODS) for name in (
         "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_rank_pattern", "rslora")),
-    ("double_quant", "quantize_base", ("nf4", "fp4")),
+    ("double_quant", "quantize_base", FOUR_BIT_FORMATS),
 )
 #: Changing any of these re-derives dp unless --dp is given too.
 _LAYOUT_FIELDS = frozenset({"world_size", "tp", "pp", "cp"})

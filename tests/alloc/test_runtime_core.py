@@ -208,3 +208,25 @@ def test_settings_refuse_an_unknown_device():
 
     with pytest.raises(ConfigError, match="device"):
         RuntimeSettings(device="tpu")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("hugepages", [True, False])
+def test_host_regions_are_huge_page_aligned_unless_told_not_to(hugepages):
+    core = Core("cpu", alignment=64)
+    core.set_hugepages(hugepages)
+    plan = core.add_plan([3 * MiB], [3 * MiB], [0], [0], 3 * MiB)
+    assert core.begin_step(plan)  # True: the region was allocated
+    address = core.malloc(3 * MiB)
+    assert address and address % (2 * MiB if hugepages else 64) == 0  # the region's base: slot 0 at offset 0
+    assert core.stats()["replayed_allocs"] == 1
+    ctypes.memset(address, 1, 3 * MiB)  # the region is real host memory
+    assert core.free(address)
+    core.end_step()
+    core.close()
+
+
+def test_settings_refuse_a_hugepages_value_that_is_not_a_bool():
+    from memplan.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hugepages: must be True or False"):
+        RuntimeSettings(hugepages="yes")  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memplan import Job, estimate, load_model
-from memplan.estimate.finetune import int8_bytes, quantized_weight_bytes
+from memplan.tuning.quant_formats import NF4, int8_bytes
 from memplan.job import FineTuning
 
 
@@ -27,7 +27,7 @@ def test_4bit_storage_equals_bitsandbytes(shape: tuple[int, int], double_quant: 
     functional = pytest.importorskip("bitsandbytes.functional")
     weight = torch.zeros(shape, dtype=torch.bfloat16).normal_()
     packed, state = functional.quantize_4bit(weight, blocksize=64, compress_statistics=double_quant, quant_type="nf4")
-    assert quantized_weight_bytes(weight.numel(), "nf4", double_quant) == _state_bytes(packed, state)
+    assert NF4.weight_bytes(weight.numel(), 0, double_quant) == _state_bytes(packed, state)
 
 
 def test_int8_storage_equals_bitsandbytes() -> None:

@@ -124,15 +124,19 @@ def test_estimate_compares_no_framework_name(path: Path) -> None:
     assert not [line for line in code if _FRAMEWORK_NAME.search(line.split("#")[0])]
 
 
-@pytest.mark.parametrize("path", sorted(p for p in ESTIMATE_DIR.glob("*.py") if p.name != "optimizers.py"),
-                         ids=lambda p: p.name)
-def test_estimate_dispatches_no_attention_kind_by_name(path: Path) -> None:
-    """Attention kinds are entries of memplan.model.attention_kinds (optimizers.py: the optimizer registry's)."""
-    assert '"mla"' not in path.read_text()
+def test_every_activation_policy_is_one_entry_with_its_sentence() -> None:
+    """Each policy name has one registry entry, and its sentence is the estimate's policy line."""
+    from dataclasses import replace
 
+    from memplan.estimate.run_notes import policy_note
+    from memplan.policies import POLICY_KINDS, POLICY_NAMES
 
-def test_every_activation_policy_has_its_sentence() -> None:
-    from memplan.estimate.run_notes import POLICY_NOTES
-    from memplan.policies import POLICY_NAMES
-
-    assert set(POLICY_NOTES) == set(POLICY_NAMES)
+    assert set(POLICY_KINDS) == set(POLICY_NAMES)
+    run = run_context(load_model("deepseek-v2-lite"), Job(), 0.0)
+    sentences = set()
+    for kind in POLICY_KINDS.values():
+        policy = replace(run.policy, name=kind.name, memory_budget=0.5 if kind.budget else None,
+                         modules=("core_attn",) if kind.drops_modules else ())
+        assert policy.kind is kind
+        sentences.add(policy_note(replace(run, policy=policy)))
+    assert len(sentences) == len(POLICY_KINDS) and all(sentences)

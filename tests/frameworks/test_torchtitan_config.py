@@ -318,22 +318,24 @@ def test_flags_split_the_pipeline_as_the_toml_does(tmp_path: Path) -> None:
     assert toml_est.peak_allocated_bytes == flags_est.peak_allocated_bytes
 
 
-def test_the_pp_reshard_default_is_reported_from_flags_and_once_from_a_toml(tmp_path: Path) -> None:
-    """torchtitan keeps blocks unsharded under PP by default: reported when the job comes from flags,
-    reported once (the TOML reader's line) when a TOML says default, and not when it says always."""
+def test_the_pp_reshard_default_is_modelled_and_always_under_pp_is_reported(tmp_path: Path) -> None:
+    """torchtitan keeps blocks unsharded under PP by default: priced (memplan.estimate.pipeline_fsdp), so
+    nothing is reported from flags or from a TOML that says default; "always" under PP is reported."""
     from memplan.estimate import estimate
     from memplan.job import Job, Parallelism, Sharding
     from memplan.model import load_preset
 
     model = load_preset("llama-3.1-8b")
     flags = Job(framework="torchtitan", parallel=Parallelism(world_size=64, pp=8), sharding=Sharding(fsdp="full"))
-    lines = estimate(model, flags).unmodelled_settings
-    assert len(lines) == 1 and lines[0].startswith("--framework torchtitan parallelism.fsdp_reshard_after_forward")
-    assert estimate(model, replace(flags, parallel=Parallelism(world_size=8))).unmodelled_settings == ()
-    for value, count in (("default", 1), ("always", 0)):
+    result = estimate(model, flags)
+    assert result.unmodelled_settings == ()
+    assert any("FSDP under pipeline parallelism" in a for a in result.assumptions)
+    for value, count in (("default", 0), ("never", 0), ("always", 1)):
         body = (f'[parallelism]\npipeline_parallel_degree = 2\ndata_parallel_shard_degree = 4\n'
                 f'fsdp_reshard_after_forward = "{value}"\n')
         loaded = _job(tmp_path, body, gpus=8)
         found = [s for s in estimate(loaded.model, loaded.job, settings=loaded.settings).unmodelled_settings
                  if "fsdp_reshard_after_forward" in s]
         assert len(found) == count and all(s.startswith("--torchtitan-config") for s in found)
+
+

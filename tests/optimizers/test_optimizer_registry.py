@@ -14,12 +14,10 @@ from memplan.jobflags import check_conflicts
 from memplan.optimizers import OPTIMIZER_NAMES, OPTIMIZERS, by_dialect, optimizer_kind
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "memplan"
-#: Comparisons of optimizer names that remain outside the registry (other changes of issue 24 wrote
-#: them at the same time; each is for its owner to move onto the entry): the ledger's Muon hook and SGD
-#: line, Muon as the Megatron profile's feature, and the dataset search's 8-bit variant and emitter.
-_ALLOWED = {("estimate/stage_states.py", "muon"): 2, ("estimate/stage_states.py", "sgd"): 1,
-            ("profiles/rules.py", "muon"): 1, ("dataset/search.py", "adamw"): 1, ("dataset/search.py", "adam"): 1,
-            ("dataset/emit.py", "adamw8bit"): 1}
+#: Comparisons of optimizer names that remain outside the registry: none (Muon's framework and
+#: full-training rules, its Newton-Schulz step, SGD's momentum line and the dataset search's 8-bit
+#: variant and torchtune emitter are fields of their entries).
+_ALLOWED: dict[tuple[str, str], int] = {}
 
 
 def test_the_job_literal_lists_the_registry() -> None:
@@ -86,3 +84,21 @@ def test_muon_keeps_its_rules() -> None:
         Job(framework="hf", optimizer=Optimizer(name="muon"))
     assert optimizer_kind("muon").refusal(framework="megatron", full_training=True, sharded=True,
                                           implementation="fused") == ""
+
+
+@pytest.mark.parametrize(("flag", "value"), [("muon_tp_mode", "distributed"), ("muon_nesterov", True)])
+def test_a_muon_setting_is_refused_without_muon(flag: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"{flag.replace('_', '-')}: only applies with optimizer: muon"):
+        check_conflicts({"optimizer": "adamw", flag: value})
+    check_conflicts({"optimizer": "muon", flag: value})  # with Muon: accepted
+
+
+def test_a_muon_setting_without_muon_exits_2_from_the_cli() -> None:
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    result = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--framework", "megatron", "--muon-nesterov"])
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert "\n" not in line and "muon-nesterov" in line and "only applies with optimizer: muon" in line

@@ -24,7 +24,6 @@ runner = CliRunner()
 
 #: A job part that turns each framework-specific option on.
 FEATURE_JOBS: dict[str, dict[str, Any]] = {
-    "muon": {"optimizer": Optimizer(name="muon")},
     "partition-activations": {"recompute": Recompute(mode="full", partition_activations=True)},
     "cpu-checkpointing": {"recompute": Recompute(mode="full", cpu_checkpointing=True)},
     "tp-comm-overlap": {"overlap": CommOverlap(tp=True)},
@@ -62,7 +61,7 @@ def test_an_option_the_framework_does_not_run_is_refused(framework: str, feature
     else:
         assert refused is not None and refused.startswith(f"{feature.flag}: {feature.what}; use --framework ")
         assert refused.endswith(" or ".join(has)) or " or ".join(has) + " (got" in refused
-        assert f"--framework {framework}" in refused or feature.name == "muon"
+        assert f"--framework {framework}" in refused
 
 
 @pytest.mark.parametrize("framework", sorted(PROFILES))
@@ -147,4 +146,77 @@ def test_refused_by_the_server() -> None:
             error = response.json()["error"]  # the server names the body's field, not the flag
             assert error["field"] == flag.removeprefix("--"), error
             assert f"--framework {framework}" in error["message"], error
+            assert "\n" not in error["message"]
+
+
+# --- the other registries (issue 24): attention kinds, PEFT methods, quantized-base formats ---------------
+
+def _one_line_exit_2(args: list[str], *words: str) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in result.output, result.output
+    for word in words:
+        assert word in line, line
+    return line
+
+
+@pytest.mark.parametrize("framework", sorted(PROFILES))
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "deepseek-v2-lite"])  # grouped-query and latent attention
+def test_every_framework_runs_every_attention_kind(framework: str, model: str) -> None:
+    """No profile rules an attention kind out, so none is refused for its framework (a kind's own rules,
+    such as TP keeping whole kv heads, apply everywhere)."""
+    from memplan import load_model
+    from memplan.jobcheck import validate_job_for_model
+
+    validate_job_for_model(Job(framework=framework), load_model(model))  # type: ignore[arg-type]
+
+
+def test_an_attention_kind_rule_and_an_unknown_kind_are_one_line(tmp_path: Path) -> None:
+    _one_line_exit_2(["estimate", "qwen2.5-7b", "--gpus", "14", "--tp", "14"], "--tp", "key/value heads")
+    config = json.loads(Path(__file__).resolve().parents[2].joinpath(
+        "src/memplan/model/presets/llama-3.2-1b.json").read_text())
+    config["num_key_value_heads"] = 3
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    _one_line_exit_2(["estimate", str(path)], "num_key_value_heads", "must divide")
+
+
+def test_a_peft_method_or_format_that_is_not_one_is_one_line(tmp_path: Path) -> None:
+    _one_line_exit_2(["estimate", "llama-3.2-1b", "--peft", "ia3"], "peft")
+    _one_line_exit_2(["estimate", "llama-3.2-1b", "--peft", "lora", "--quantize-base", "int4"], "quantize-base")
+    _one_line_exit_2(["estimate", "llama-3.2-1b", "--double-quant"], "double-quant", "nf4")
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama-3.2-1b\npeft: lora\nquantize_base: fp8\n")
+    _one_line_exit_2(["estimate", "--job", str(job)], "quantize-base", "nf4, fp4, int8")
+    script = tmp_path / "sft.sh"
+    script.write_text("python sft.py --model_name_or_path meta-llama/Llama-3.2-1B --use_peft --load_in_4bit "
+                      "--bnb_4bit_quant_type int4\n")
+    _one_line_exit_2(["estimate", "llama-3.2-1b", "--hf-args", str(script)], "bnb_4bit_quant_type", "nf4 or fp4")
+
+
+def test_an_optimizer_or_policy_refused_with_adapters_from_every_dialect(tmp_path: Path) -> None:
+    """Entries that rule out fine-tuning (Muon's full-training rule; a policy priced for full training
+    only) refuse a PEFT job from flags, a job file and the server, naming the flag and the rule."""
+    _one_line_exit_2(["estimate", "llama-3.2-1b", "--framework", "megatron", "--optimizer", "muon", "--peft",
+                      "lora"], "--optimizer", "full training only")
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama-3.2-1b\nframework: hf\nrecompute: megatron-selective\npeft: dora\n")
+    _one_line_exit_2(["estimate", "--job", str(job)], "recompute", "--framework hf", "full training only")
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from memplan.serve import create_app
+
+    with TestClient(create_app()) as client:
+        for body, field in (
+            ({"model": "llama-3.2-1b", "framework": "megatron", "optimizer": "muon", "peft": "lora"}, "optimizer"),
+            ({"model": "llama-3.2-1b", "peft": "lora", "quantize_base": "int4"}, "quantize_base"),
+            ({"model": "llama-3.2-1b", "muon_tp_mode": "distributed"}, "muon_tp_mode"),
+        ):
+            response = client.post("/v1/estimate", json=body)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["field"].replace("-", "_").removeprefix("__") == field, error
             assert "\n" not in error["message"]

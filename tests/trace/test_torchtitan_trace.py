@@ -210,10 +210,15 @@ def test_what_a_trace_cannot_run_is_refused_before_it_runs(folder: Path) -> None
     flex.write_text(good.replace('"debugmodel"', '"debugmodel_flex_attn"'), encoding="utf-8")
     code, line = _error(["--torchtitan", str(flex)])
     assert code == 1 and "uses flex attention" in line
-    pipeline = folder / "pipeline.toml"
-    pipeline.write_text(good.replace("tensor_parallel_degree = 1", "pipeline_parallel_degree = 2"), encoding="utf-8")
-    code, line = _error(["--torchtitan", str(pipeline), "--gpus", "2"])
-    assert code == 2 and "parallelism.pipeline_parallel_degree: pipeline parallelism" in line
+    context = folder / "context.toml"
+    context.write_text(good.replace("tensor_parallel_degree = 1", "context_parallel_degree = 2"), encoding="utf-8")
+    code, line = _error(["--torchtitan", str(context), "--gpus", "2"])
+    assert code == 2 and "parallelism.context_parallel_degree: context parallelism" in line
+    piped_tp = folder / "pipeline_tp.toml"
+    piped_tp.write_text(good.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2\n"
+                                     "pipeline_parallel_degree = 2"), encoding="utf-8")
+    code, line = _error(["--torchtitan", str(piped_tp), "--gpus", "4"])
+    assert code == 2 and "tensor_parallel_degree: is not traced together with pipeline parallelism" in line
 
 
 def test_torchtitan_failing_at_run_time_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,3 +230,32 @@ def test_torchtitan_failing_at_run_time_exits_1(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(llama3, "parallelize_llama", parallelize)
     code, line = _error(["--torchtitan", str(TOML), "--iterations", "1"])
     assert code == 1 and str(TOML) in line and "RuntimeError" in line and "could not apply its plan" in line
+
+
+#: Stage 0 of torchtitan's pipeline on the debugmodel (pp 2, FSDP 2, 1F1B, 4 micro-batches of one
+#: sequence), traced against memplan estimate's stage 0 without its cuBLAS workspaces (which a CPU
+#: trace has not): measured +5.2 % (the 6-layer debugmodel's small tensors; on torchtitan's 8B the
+#: same comparison is -0.2 %, docs/benchmarks.md).
+PIPELINE_TOLERANCE = 0.07
+
+
+def test_a_pipeline_stage_runs_its_schedule_and_agrees_with_the_estimate(folder: Path) -> None:
+    """torchtitan's pipelining_fn and torch's 1F1B schedule run stage 0's micro-batches on the simulated
+    ranks: its unsharded parameters (bf16) stay for the whole step, its gradients accumulate in fp32."""
+    from memplan.estimate.engine import estimate
+    from memplan.trace.api import trace_job
+    from memplan.trace.runners.torchtitan_setup import torchtitan_setup
+
+    body = TOML.read_text(encoding="utf-8").replace("local_batch_size = 2", "local_batch_size = 4").replace(
+        "tensor_parallel_degree = 1", 'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "1F1B"')
+    path = folder / "pipeline.toml"
+    path.write_text(body, encoding="utf-8")
+    target, setup, settings = torchtitan_setup(str(path), {"gpus": 4})
+    result = trace_job(target, setup)
+    stage = estimate(target.model_spec, setup.job, settings=settings).stages[0]
+    assert setup.job.num_microbatches == 4 and stage.inflight_microbatches == 2
+    expected = stage.peak_allocated_bytes - stage.workspace_bytes
+    traced = result.summary.peak_allocated_bytes
+    assert abs(expected - traced) <= PIPELINE_TOLERANCE * traced
+    # the unsharded bf16 parameters of the stage are alive at the peak (filed as communication)
+    assert result.summary.by_category["communication"] >= 2 * stage.parameters_numel

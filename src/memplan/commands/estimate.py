@@ -86,7 +86,7 @@ def estimate_command(
     states, activations, logits, buffers, peak allocated and predicted reserved memory.
     """
     with handle_errors():
-        from memplan.documents import estimate_document
+        from memplan.documents import estimate_document, estimate_loaded
         from memplan.inputs import JobRequest, load_job
 
         check_output_path("--save-job", save_job)
@@ -100,8 +100,10 @@ def estimate_command(
 
             check_output_path("--plot", dataset_flags.get("plot"))
             result, document, peaks = estimate_with_dataset(loaded, dataset_flags)
-        else:
+        elif json_output:
             result, document = estimate_document(loaded)
+        else:  # the tables only: no JSON document to build
+            result, document = estimate_loaded(loaded), None
         if save_job is not None:
             _save_job(loaded, save_job)
     if json_output:

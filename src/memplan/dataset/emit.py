@@ -26,6 +26,7 @@ from typing import Any
 
 from memplan.dataset.search import Setting
 from memplan.errors import ConfigError
+from memplan.optimizers import OPTIMIZER_NAMES, optimizer_kind
 
 __all__ = ["EMITTERS", "emit_config"]
 
@@ -88,8 +89,13 @@ def _torchtune(setting: Setting) -> dict[str, Any]:
         "seed": b.seed,
         "dataset": {"packed": b.rule == "torchtune-packing"},
         "tokenizer": {"max_seq_len": b.max_length},
-        **({"optimizer": {"_component_": "bitsandbytes.optim.AdamW8bit"}} if setting.optimizer == "adamw8bit" else {}),
+        **({"optimizer": {"_component_": component}} if (component := _torchtune_optimizer(setting.optimizer)) else {}),
     }
+
+
+def _torchtune_optimizer(name: str) -> str:
+    """torchtune's ``_component_`` for memplan's optimizer ``name`` (empty: its default AdamW)."""
+    return optimizer_kind(name).dialects.torchtune if name in OPTIMIZER_NAMES else ""
 
 
 def _yaml(data: dict[str, Any]) -> str:

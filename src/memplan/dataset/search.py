@@ -33,6 +33,8 @@ from memplan.errors import UnsupportedError
 from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
+from memplan.tuning.quant_formats import NF4
+from memplan.optimizers import optimizer_kind
 
 __all__ = ["Setting", "search_settings"]
 
@@ -92,10 +94,11 @@ def _variants(model: ModelSpec, job: Job) -> list[Job]:
     from memplan.errors import ConfigError
 
     out = []
-    if job.optimizer.name in ("adamw", "adam"):
-        out.append(replace(job, optimizer=replace(job.optimizer, name="adamw8bit")))
-    if job.finetune.peft != "none" and job.finetune.quantize_base == "none":
-        out.append(replace(job, finetune=replace(job.finetune, quantize_base="nf4")))
+    variant = optimizer_kind(job.optimizer.name).eight_bit_variant
+    if variant:
+        out.append(replace(job, optimizer=replace(job.optimizer, name=variant)))
+    if job.finetune.peft_kind.adapters and not job.finetune.quant_kind.quantizes:
+        out.append(replace(job, finetune=replace(job.finetune, quantize_base=NF4.name)))
     valid = []
     for variant in out:
         try:

@@ -25,6 +25,8 @@ from memplan.doctor.report import Fix
 from memplan.doctor.words import format_bytes
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.job import FineTuning, Job, Offload, Recompute
+from memplan.tuning.peft_methods import LORA
+from memplan.tuning.quant_formats import NF4
 
 __all__ = ["CAPACITY_MATCH", "cheapest_fit", "job_fixes"]
 
@@ -70,12 +72,12 @@ def _changes(job: Job) -> list[_Change]:
                            lambda j: replace(j, offload=replace(j.offload, optimizer=True)
                                              if isinstance(j.offload, Offload) else Offload(optimizer=True)),
                            priced=False))
-    if job.finetune.peft == "none":
+    if not job.finetune.peft_kind.adapters:
         out.append(_Change("Train LoRA adapters instead of all weights (changes what trains)", "--peft lora", "peft",
-                           lambda j: replace(j, finetune=FineTuning(peft="lora")), True))
+                           lambda j: replace(j, finetune=FineTuning(peft=LORA.name)), True))
         out.append(_Change("QLoRA: LoRA on an NF4-quantized base (changes what trains)",
                            "--peft lora --quantize-base nf4", "peft",
-                           lambda j: replace(j, finetune=FineTuning(peft="lora", quantize_base="nf4")), True))
+                           lambda j: replace(j, finetune=FineTuning(peft=LORA.name, quantize_base=NF4.name)), True))
     if job.loss not in ("chunked", "fused-linear"):
         out.append(_Change("Chunked cross-entropy loss (no full logits)", "--loss chunked", "loss",
                            lambda j: replace(j, loss="chunked"), priced=False))

@@ -10,15 +10,16 @@ from memplan.estimate.layout import StageLayout
 from memplan.estimate.states import layer_numel_on_rank
 from memplan.job import Job
 from memplan.model.attention_kinds import attention_kind
-from memplan.model.params import attention_params, mla_up_projection_numel, mlp_params
+from memplan.model.params import attention_params, mlp_params
 from memplan.model.spec import ModelSpec
+from memplan.policies.kinds import PolicyKind
 
 __all__ = ["attention_weight_copy_numel", "autocast_weight_copy_numel", "layer_weight_copy_numel",
            "tied_embedding_gradient_sum_bytes"]
 
 
 def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, *, recomputed: set[int],
-                               mode: str, eager_experts: bool, modules: tuple[str, ...] = ()) -> int:
+                               policy: PolicyKind, eager_experts: bool, modules: tuple[str, ...] = ()) -> int:
     """Elements of the 16-bit weight copies autograd keeps for the backward under ``torch.autocast``
     (the decoder layers' part; the output head is added by the caller).
 
@@ -31,16 +32,16 @@ def autocast_weight_copy_numel(model: ModelSpec, job: Job, layout: StageLayout, 
     Under non-reentrant checkpointing (``torch.utils.checkpoint``) the checkpointed region saves
     nothing: its copies live only in autocast's cache, which is cleared when the forward's autocast
     region exits, before the backward (they are recomputed with the region). So recomputed layers
-    contribute none, and under ``selective-attention-module`` the attention projections none; under
-    ``selective-per-op`` (every layer checkpointed, casts not in the save list) no layer any; under
+    contribute none, and when the ``policy`` checkpoints every attention module the attention
+    projections none; under per-op SAC (every layer checkpointed, casts not in the save list) no layer any; under
     Megatron's ``modules`` the checkpointed MLP / MoE blocks none (:func:`checkpointed_module_copy_numel`).
     """
     total = 0
     for index in layout.layer_indices:
-        if index in recomputed or mode == "selective-per-op":
+        if index in recomputed or policy.per_op:
             continue
         total += layer_weight_copy_numel(model, job, index, eager_experts=eager_experts)
-        if mode == "selective-attention-module":
+        if policy.checkpoints_attention:
             total -= attention_weight_copy_numel(model, job, index)
         total -= checkpointed_module_copy_numel(model, job, index, modules, eager_experts=eager_experts)
     return total
@@ -61,8 +62,9 @@ def checkpointed_module_copy_numel(model: ModelSpec, job: Job, index: int, modul
                   - attention_weight_copy_numel(model, job, index))
     elif "shared_experts" in modules and moe is not None and moe.shared_expert is not None:
         numel += mlp_params(moe.shared_expert, model.hidden_size).tp_sharded // job.parallel.tp
-    if "mla_up_proj" in modules and attention_kind(layer.attention).latent:
-        numel += mla_up_projection_numel(layer.attention, model.hidden_size) // job.parallel.tp
+    attn = layer.attention
+    if "mla_up_proj" in modules and attention_kind(attn).latent:
+        numel += attention_kind(attn).up_projection_numel(attn, model.hidden_size) // job.parallel.tp
     return numel
 
 

@@ -30,9 +30,15 @@ from memplan.units import dtype_bytes
 LayerCosts = tuple[int, int, int, int]
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """Everything derived once per job: resolved profile, precision, policy, shape and counts."""
+#: The policy of a new job, resolved without the Job-keyed memo in front of :func:`resolve_policy`
+#: (the run context is built once per estimate, and hashing the whole job for the lookup costs more).
+_resolve_policy = getattr(resolve_policy, "__wrapped__", resolve_policy)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """What every mechanic reads of a job, resolved once: the model, the job, its framework profile,
+    precision, activation policy and activation shape."""
 
     model: ModelSpec
     job: Job
@@ -40,6 +46,12 @@ class RunContext:
     prec: ResolvedPrecision
     policy: ActivationPolicy
     shape: ActivationShape
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext(Resolved):
+    """Everything derived once per job: resolved profile, precision, policy, shape and counts."""
+
     vocab_rows: int
     #: Recompute classes kept and sites dropped under the policy (:func:`kept_policy`).
     kept_classes: frozenset[str]
@@ -55,9 +67,12 @@ class RunContext:
         return self.counts is not None
 
 
-@dataclass(frozen=True)
-class StageContext:
-    """One pipeline stage of one job: the run's context plus the stage's layout and recomputed layers."""
+@dataclass(frozen=True, kw_only=True)
+class StageContext(Resolved):
+    """One pipeline stage of one job: the run's context plus the stage's layout and recomputed layers.
+
+    The run's :class:`Resolved` fields are copied in when the context is built (:func:`stage_context`),
+    so a mechanic reads ``ctx.job`` as an attribute, not through the run."""
 
     run: RunContext
     layout: StageLayout
@@ -66,37 +81,12 @@ class StageContext:
     #: Layers per checkpointed group (Megatron ``uniform`` with ``--recompute-num-layers N``; else 1).
     group: int
 
-    # The run's fields, read by every mechanic.
-    @property
-    def model(self) -> ModelSpec:
-        return self.run.model
-
-    @property
-    def job(self) -> Job:
-        return self.run.job
-
-    @property
-    def profile(self) -> FrameworkProfile:
-        return self.run.profile
-
-    @property
-    def prec(self) -> ResolvedPrecision:
-        return self.run.prec
-
-    @property
-    def policy(self) -> ActivationPolicy:
-        return self.run.policy
-
-    @property
-    def shape(self) -> ActivationShape:
-        return self.run.shape
-
 
 def run_context(model: ModelSpec, job: Job, fragmentation: float) -> RunContext:
     """The job's context (the job validated for the model already)."""
     profile = get_profile(job.framework)
     prec = resolve_precision(job, profile)
-    policy = resolve_policy(job)
+    policy = _resolve_policy(job)
     kept_classes, dropped = kept_policy(policy)
     divisible = job.vocab_divisible_by or profile.vocab_divisible_by
     return RunContext(
@@ -112,13 +102,15 @@ def run_context(model: ModelSpec, job: Job, fragmentation: float) -> RunContext:
 def stage_context(run: RunContext, layout: StageLayout) -> StageContext:
     rc = run.job.recompute
     group = (rc.num_layers or 1) if rc.method == "uniform" else 1
-    return StageContext(run=run, layout=layout, recomputed=frozenset(recomputed_layers(layout, run)), group=group)
+    return StageContext(run=run, layout=layout, recomputed=frozenset(recomputed_layers(layout, run)), group=group,
+                        model=run.model, job=run.job, profile=run.profile, prec=run.prec, policy=run.policy,
+                        shape=run.shape)
 
 
 def kept_policy(policy: ActivationPolicy) -> tuple[frozenset[str], frozenset[str]]:
     """(recompute classes kept, sites dropped) under ``policy``: Megatron's selective recompute drops
     the sites of its ``--recompute-modules`` (:mod:`memplan.estimate.recompute_modules`)."""
-    if policy.name != "megatron-selective":
+    if not policy.kind.drops_modules:
         return KEPT_BY[policy.kept_classes_key], frozenset()
     return KEPT_BY["selective"] | {"core"}, dropped_sites(policy.modules)
 
@@ -126,7 +118,7 @@ def kept_policy(policy: ActivationPolicy) -> tuple[frozenset[str], frozenset[str
 def recomputed_layers(layout: StageLayout, run: RunContext) -> set[int]:
     """Layers of this stage that run under full recompute (Megatron's uniform/block methods)."""
     rc = run.job.recompute
-    if run.policy.name != "full":
+    if not run.policy.kind.checkpoints_layers:
         return set()
     if rc.method == "uniform" or rc.num_layers is None:
         return set(layout.layer_indices)
@@ -150,9 +142,9 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         tp=par.tp,
         vocab_tp=vocab_split(profile, par.tp),
         sequence_parallel=par.sequence_parallel,
-        act_bytes=dtype_bytes(prec.compute),
+        act_bytes=prec.act_bytes,
         residual_bytes=dtype_bytes(prec.compute if base16 else prec.residual),
-        attention=sdpa_attention(code, job.attention, dtype_bytes(prec.compute)),
+        attention=sdpa_attention(code, job.attention, prec.act_bytes),
         dropout=job.dropout > 0,
         kernels=profile.kernels,
         expert_tp=par.expert_tp,
@@ -162,7 +154,7 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         ep=par.ep,
         norm=model.norm,
         autocast=prec.weight_copies == "autocast" and not base16,
-        expert_bytes=dtype_bytes(prec.compute) if base16 else _expert_bytes(profile, prec),
+        expert_bytes=prec.act_bytes if base16 else _expert_bytes(profile, prec),
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",
         moe_probs_at=profile.moe_probs_at,
@@ -189,10 +181,10 @@ def rank_routed_factor(model: ModelSpec, job: Job) -> float:
     ``(F + n - 1) / n``. With ``ep = 1`` every routed token is local and the factor is 1. Capacity
     caps each expert, so also the rank (padding to capacity fills it exactly).
     """
-    moe = next((layer.moe for layer in model.layers if layer.moe is not None), None)
-    options = job.moe
-    if moe is None:
+    if not model.is_moe:
         return 1.0
+    moe = next(layer.moe for layer in model.layers if layer.moe is not None)
+    options = job.moe
     if options.pad_to_capacity and options.capacity_factor is not None:
         return float(options.capacity_factor)
     if job.parallel.ep == 1:

@@ -91,7 +91,7 @@ def ds_checkpointing_applies(job: Job, policy: ActivationPolicy | None = None) -
     recompute keeps (each recomputed layer's input); other recompute modes checkpoint no layer.
     ``policy``: the job's resolved policy, when the caller has it."""
     policy = policy or resolve_policy(job)
-    return (policy.name == "full" and (policy.partition_activations or policy.cpu_checkpointing)
+    return (policy.kind.checkpoints_layers and (policy.partition_activations or policy.cpu_checkpointing)
             and get_profile(job.framework).deepspeed_checkpointing)
 
 

@@ -10,8 +10,8 @@ What trains comes from :mod:`memplan.peft.params`; this module prices it on one 
   torch optimizer states follow that dtype;
 * fully trained modules follow the job's precision as full training does; ``modules_to_save`` copies
   are deep copies of the frozen module, in its dtype, with gradients and optimizer moments in it too;
-* bitsandbytes 4-bit (``Linear4bit``, :func:`quantized_weight_bytes`) and 8-bit (``Linear8bitLt``)
-  replace the frozen decoder linear weights; embeddings, norms, routers, fused experts and the
+* bitsandbytes 4-bit (``Linear4bit``) and 8-bit (``Linear8bitLt``) replace the frozen decoder linear
+  weights, priced by their format's entry (:mod:`memplan.tuning.quant_formats`); embeddings, norms, routers, fused experts and the
   output head stay unquantized.
 """
 
@@ -28,45 +28,10 @@ from memplan.peft.params import FinetuneParams, PartCounts, finetune_params, sav
 from memplan.model.spec import ModelSpec
 from memplan.units import dtype_bytes
 
-#: Weights per absmax block of bitsandbytes' 4-bit quantization (``Linear4bit`` ``blocksize=64``).
-NF4_BLOCK = 64
-#: Absmax values per second-level block under double quantization (``quantize_blockwise(blocksize=256)``).
-NESTED_BLOCK = 256
-#: The 4-bit code book: 16 fp32 values per weight (``QuantState.code``, ``get_4bit_type``).
-FOUR_BIT_CODE_BYTES = 16 * 4
-#: The 8-bit dynamic code of the nested state (``state2.code``: 256 fp32 values) and its fp32 offset.
-NESTED_CODE_BYTES = 256 * 4 + 4
-
-
 def adapter_bytes(job: Job) -> int:
     """Bytes per element of the adapters' weights, gradients and torch optimizer states
     (``--adapter-dtype``, default the framework's: fp32 as peft's ``autocast_adapter_dtype=True``)."""
     return dtype_bytes(resolved_adapter_dtype(job))
-
-
-def quantized_weight_bytes(numel: int, method: str, double_quant: bool) -> int:
-    """Bytes bitsandbytes stores for one quantized weight of ``numel`` elements (checked against
-    ``bitsandbytes.functional.quantize_4bit`` and ``Linear8bitLt`` in the tests).
-
-    4-bit (nf4/fp4): two weights per uint8 byte; one absmax per 64 weights, fp32, or under double
-    quantization uint8 plus one fp32 absmax per 256 blocks, the 256-entry fp32 dynamic code and an
-    fp32 offset; and the 16-entry fp32 code book. int8 (LLM.int8): one byte per weight and one fp32
-    scale per output row (``SCB``), which needs the row count: callers pass rows via :func:`int8_bytes`.
-    """
-    if method not in ("nf4", "fp4"):
-        raise ValueError(f"not a 4-bit method: {method}")
-    packed = -(-numel // 2)
-    blocks = -(-numel // NF4_BLOCK)
-    if double_quant:
-        absmax = blocks + 4 * -(-blocks // NESTED_BLOCK) + NESTED_CODE_BYTES
-    else:
-        absmax = 4 * blocks
-    return packed + absmax + FOUR_BIT_CODE_BYTES
-
-
-def int8_bytes(numel: int, rows: int) -> int:
-    """``Linear8bitLt``: an int8 weight and an fp32 scale per output row (``Int8Params.SCB``)."""
-    return numel + 4 * rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +76,7 @@ def stage_finetune(model: ModelSpec, job: Job, layout: StageLayout, local_total:
     scale = local_total / base if base else 0.0
     ft = job.finetune
     quantized = [(n, rows) for p in parts for n, rows in zip(p.quantized, p.quantized_rows, strict=True)]
-    q_bytes = sum(_quantized_bytes(n, rows, ft.quantize_base, ft.double_quant) for n, rows in quantized)
+    q_bytes = sum(ft.quant_kind.weight_bytes(n, rows, ft.double_quant) for n, rows in quantized)
     return StageFinetune(
         full=int(sum(p.trained for p in parts) * scale),
         copies=int(sum(p.copies for p in parts) * scale),
@@ -120,7 +85,7 @@ def stage_finetune(model: ModelSpec, job: Job, layout: StageLayout, local_total:
         quantized_bytes=int(q_bytes * scale),
         quantized_numel=int(sum(n for n, _ in quantized) * scale),
         largest_quantized=int(max((n for n, _ in quantized), default=0) * scale),
-        trainable_tensors=_adapter_tensors(counts, layout, ft.peft == "dora") + _copy_tensors(model, job, layout),
+        trainable_tensors=_adapter_tensors(counts, layout, ft.peft_kind.magnitude) + _copy_tensors(model, job, layout),
     )
 
 
@@ -144,12 +109,6 @@ def _adapter_tensors(counts: FinetuneParams, layout: StageLayout, dora: bool) ->
     per = 3 if dora else 2
     return per * sum(1 for a in counts.adapters
                      if (a.module.layer in layers) or (a.module.layer is None and root))
-
-
-def _quantized_bytes(numel: int, rows: int, method: str, double_quant: bool) -> int:
-    if method == "int8":
-        return int8_bytes(numel, rows)
-    return quantized_weight_bytes(numel, method, double_quant)
 
 
 def frozen_bytes_per_element(job: Job) -> int:
@@ -198,18 +157,18 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     frozen_dtype = ft.frozen_dtype or job.precision.compute_dtype
     out = [(f"fine-tuning: {counts.trainable:,} trainable and {counts.frozen:,} frozen parameters; frozen weights "
             f"keep no gradient, master copy or optimizer state and are stored in {frozen_dtype}")]
-    if ft.peft != "none":
+    if ft.peft_kind.adapters:
         out.append(f"peft {ft.peft}: {len(counts.adapters)} adapters (rank {ft.lora_rank}"
                    + (f", pattern {ft.lora_rank_pattern}" if ft.lora_rank_pattern else "")
                    + f") in {resolved_adapter_dtype(job)} (--adapter-dtype; peft's autocast_adapter_dtype=True "
                    "gives fp32), gradients and optimizer state in that dtype; each saves its input cast to the "
                    "adapter dtype (a 16-bit copy under autocast), lora_A's output"
                    + (", its dropout mask" if ft.lora_dropout > 0 else "")
-                   + (", and DoRA's base and LoRA results" if ft.peft == "dora" else "")
+                   + (", and DoRA's base and LoRA results" if ft.peft_kind.magnitude else "")
                    + "; frozen linear layers save no input (bitsandbytes 8-bit layers keep theirs); peft's "
                    "bitsandbytes layers under autocast skip the fp32 cast and keep the 16-bit input once per "
                    "shared input")
-        if ft.peft == "dora":
+        if ft.peft_kind.magnitude:
             out.append("DoRA's forward temporaries (identity matrix, combined weight and its norm per layer) are "
                        "not priced")
         if any(a.experts > 1 or a.module.name.endswith(".weight") for a in counts.adapters):
@@ -220,15 +179,8 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     if ft.modules_to_save:
         out.append(f"modules_to_save {ft.modules_to_save}: a trainable copy beside the frozen original, in its "
                    "dtype, with gradients and optimizer moments in that dtype")
-    if ft.quantize_base in ("nf4", "fp4"):
-        out.append(f"bitsandbytes {ft.quantize_base}: decoder linear weights packed 2 per byte with one "
-                   + ("uint8 absmax per 64 weights, an fp32 absmax per 256 blocks and a 256-entry fp32 code"
-                      if ft.double_quant else "fp32 absmax per 64 weights")
-                   + "; embeddings, norms, routers, fused experts and the head unquantized; the backward "
-                   "dequantizes each weight again (one temporary of the largest)")
-    elif ft.quantize_base == "int8":
-        out.append("bitsandbytes LLM.int8: decoder linear weights int8 with an fp32 scale per output row; "
-                   "embeddings, norms and the head unquantized")
+    if ft.quant_kind.quantizes:
+        out.append(ft.quant_kind.sentence(ft.double_quant))
     return out
 
 

@@ -41,6 +41,7 @@ from memplan.estimate.ep_overlap import (
     shared_expert_overlap_bytes,
 )
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.partial_freeze import LayerFlow, block_terms, layer_flows, trained_norm_copies
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     recomputed_only_terms,
@@ -49,9 +50,9 @@ from memplan.estimate.recompute_modules import (
 )
 from memplan.estimate.sac import sac_kept_terms
 from memplan.model.spec import LayerSpec
-from memplan.estimate.partial_freeze import LayerFlow, block_terms, layer_flows, trained_norm_copies
 from memplan.peft.params import Adapter
 from memplan.policies import ActivationPolicy
+from memplan.tuning import quant_format
 from memplan.units import dtype_bytes
 
 
@@ -78,7 +79,7 @@ def _role(run: RunContext, index: int | None) -> LayerRole | None:
     flow = layer_flows(run.model, run.job.finetune, run.policy.recomputes)[index]
     if not flow.saves:
         return None
-    return LayerRole(adapters=tuple(a for a in counts.adapters if a.module.layer == index), flow=flow,
+    return LayerRole(adapters=counts.layer_adapters[index], flow=flow,
                      quantized=bool(counts.layers[index].quantized))
 
 
@@ -116,7 +117,7 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     """(attention, rest) terms of the layer for its fine-tuning role."""
     attention, rest = layer_terms_by_block(layer, shape)
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
-    int8_base = role.quantized and quantize_base == "int8"
+    int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
     if role.flow is not None:
         attention = block_terms(attention, shape, role.flow.attention, "attention norm", gemm_inputs_kept=int8_base)
         rest = block_terms(rest, shape, role.flow.mlp, "mlp norm", gemm_inputs_kept=int8_base)
@@ -137,14 +138,13 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
             blocks: tuple[list[Term], list[Term]]) -> LayerCosts:
     """The layer's figures from its terms under the activation policy."""
     kept_classes, dropped = kept_policy(policy)
-    mode = policy.kept_classes_key
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
     inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
     transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
         divided(t, shape) for t in inputs if t.site in ("mlp", "moe")))
-    sac = sac_kept_terms(layer, shape) if mode == "selective-per-op" else None
-    if mode == "selective-per-op" and sac is None:
+    sac = sac_kept_terms(layer, shape) if policy.kind.per_op else None
+    if policy.kind.per_op and sac is None:
         # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
         kept_classes = KEPT_BY["selective"]
     kept = sum(size for size, keep, site in sized if keep in kept_classes and site not in dropped)
@@ -152,7 +152,7 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
         # The cached op outputs; those autograd does not save also sit beside the recomputed layer.
         kept += sum(divided(t, shape) for t in sac[0])
         transient += sum(divided(t, shape) for t in sac[1])
-    if policy.name == "memory-budget":
+    if policy.kind.budget:
         # torch's partitioner: at most the budget's fraction of what it saves above the region's inputs
         kept += budget_share(full - kept, policy.memory_budget)
     rebuilt = full - kept
@@ -188,7 +188,7 @@ def with_shared_expert_overlap(run: RunContext, layer: LayerSpec, keep: int, ful
     extra = shared_expert_overlap_bytes(layer, run.shape) if run.job.overlap.shared_expert_overlap else 0
     if not extra:
         return keep, full
-    kept_too = run.policy.name != "full" and "moe" not in run.dropped
+    kept_too = not run.policy.kind.checkpoints_layers and "moe" not in run.dropped
     return keep + (extra if kept_too else 0), full + extra
 
 
@@ -236,10 +236,10 @@ def recomputed_copies_bytes(ctx: StageContext, index: int) -> int:
     run = ctx.run
     if run.prec.weight_copies != "autocast":
         return 0
-    mode, eager = run.policy.kept_classes_key, run.profile.kernels == "eager"
-    if index in ctx.recomputed or mode == "selective-per-op":
+    kind, eager = run.policy.kind, run.profile.kernels == "eager"
+    if index in ctx.recomputed or kind.per_op:
         numel = layer_weight_copy_numel(run.model, run.job, index, eager_experts=eager)
-    elif mode == "selective-attention-module":
+    elif kind.checkpoints_attention:
         numel = attention_weight_copy_numel(run.model, run.job, index)
     elif run.policy.modules:
         numel = checkpointed_module_copy_numel(run.model, run.job, index, run.policy.modules, eager_experts=eager)
@@ -268,11 +268,11 @@ def mtp_activation_bytes(run: RunContext) -> int:
 def dora_transient(ctx: StageContext) -> int:
     """DoRA's forward temporaries at the stage's largest adapted linear (0 without DoRA)."""
     run = ctx.run
-    if run.job.finetune.peft != "dora" or run.counts is None:
+    if not run.job.finetune.peft_kind.magnitude or run.counts is None:
         return 0
     layers = set(ctx.layout.layer_indices)
     adapters = tuple(a for a in run.counts.adapters if a.module.layer in layers)
-    quantized = run.job.finetune.quantize_base != "none"
+    quantized = run.job.finetune.quant_kind.quantizes
     return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
                                   compute_bytes=run.shape.act_bytes,
                                   base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job),

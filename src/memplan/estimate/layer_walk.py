@@ -9,6 +9,7 @@ nodes (:mod:`memplan.estimate.ep_overlap`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import LayerCapture, layer_capture
@@ -23,6 +24,7 @@ from memplan.estimate.layer_costs import (
     recomputed_copies_bytes,
     with_shared_expert_overlap,
 )
+from memplan.estimate.states import layer_kinds
 from memplan.units import dtype_bytes
 
 
@@ -57,41 +59,59 @@ def walk_layers(ctx: StageContext, dora: int) -> LayerWalk:
     if run.job.cuda_graphs.impl in ("local", "transformer_engine"):
         graphed = layer_capture(run.model, run.job.cuda_graphs, run.shape, kept_classes=run.kept_classes,
                                 dropped=run.dropped)
-    layers, kinds, memo = run.model.layers, run.job.overlap.cp_comm_types, run.cache
-    per_layer_cp = len(kinds) == len(layers)
+    per_layer_cp = len(run.job.overlap.cp_comm_types) == len(run.model.layers)
+    # the common case (full training, no recompute groups, one CP comm type) keys a layer by its kind
+    # alone: each kind's visit is built once and entered once per chunk for all its layers
+    simple = run.counts is None and ctx.group == 1 and not per_layer_cp and not ctx.recomputed
     walk = LayerWalk()
     for chunk in ctx.layout.chunks:
         walk.chunk_kept.append(0)
         walk.chunk_cpu.append(0)
         walk.chunk_graph.append(0)
         walk.chunk_graph_layers.append(0)
-        if run.counts is not None:
-            for position, index in enumerate(chunk):
-                _add(walk, index, _layer_visit(ctx, position, index, dora, graphed))
+        if simple and _walk_by_kind(walk, ctx, chunk, dora, graphed):
             continue
-        recomputed, group, per_layer = ctx.recomputed, ctx.group, walk.per_layer
-        # the common case (no recompute groups, one CP comm type) keys a layer by its kind alone:
-        # the kind's visit is looked up once per distinct spec object, not built per layer
-        simple = group == 1 and not per_layer_cp and not recomputed
-        by_kind: dict[int, _Visit] = {}
         for position, index in enumerate(chunk):
-            visit = by_kind.get(id(layers[index])) if simple else None
-            if visit is None:
-                key = ("visit", id(layers[index]), index in recomputed, position % group == 0,
-                       kinds[index] if per_layer_cp else None)
-                visit = memo.get(key)
-                if visit is None:
-                    visit = memo[key] = _layer_visit(ctx, position, index, dora, graphed)
-                if simple:
-                    by_kind[id(layers[index])] = visit
-            if visit.plain:  # the common case, inline: kept and worst only
-                walk.chunk_kept[-1] += visit.keep
-                if visit.worst > walk.worst_backward:
-                    walk.worst_backward = visit.worst
-                per_layer.append((index, visit.keep, visit.worst))
-            else:
-                _add(walk, index, visit)
+            _add(walk, index, _visit(ctx, position, index, dora, graphed, per_layer_cp))
     return walk
+
+
+def _walk_by_kind(walk: LayerWalk, ctx: StageContext, chunk: tuple[int, ...], dora: int,
+                  graphed: LayerCapture | None) -> bool:
+    """Enter a chunk whose layers give plain visits (kept and worst only) kind by kind: each kind's
+    visit once, its kept bytes times its count; False (nothing entered) when a visit is not plain."""
+    if not chunk:
+        return True
+    layers = ctx.run.model.layers
+    kinds = layer_kinds(ctx.run.model, chunk)
+    visits = [(_visit(ctx, 0, index, dora, graphed, False), count) for index, count in kinds]
+    if not all(visit.plain for visit, _ in visits):
+        return False
+    walk.chunk_kept[-1] += sum(visit.keep * count for visit, count in visits)
+    walk.worst_backward = max(walk.worst_backward, *(visit.worst for visit, _ in visits))
+    if len(visits) == 1:
+        walk.per_layer.extend(zip(chunk, repeat(visits[0][0].keep), repeat(visits[0][0].worst)))
+        return True
+    by_kind = {id(layers[index]): visit for (index, _), (visit, _) in zip(kinds, visits)}
+    for index in chunk:
+        visit = by_kind[id(layers[index])]
+        walk.per_layer.append((index, visit.keep, visit.worst))
+    return True
+
+
+def _visit(ctx: StageContext, position: int, index: int, dora: int, graphed: LayerCapture | None,
+           per_layer_cp: bool) -> _Visit:
+    """Layer ``index``'s visit, memoised in the run (shared by the stages of one estimate) under full
+    training by its kind, recompute, place in its checkpointed group and context-parallel comm type."""
+    run = ctx.run
+    if run.counts is not None:
+        return _layer_visit(ctx, position, index, dora, graphed)
+    key = ("visit", id(run.model.layers[index]), index in ctx.recomputed, position % ctx.group == 0,
+           run.job.overlap.cp_comm_types[index] if per_layer_cp else None)
+    visit = run.cache.get(key)
+    if visit is None:
+        visit = run.cache[key] = _layer_visit(ctx, position, index, dora, graphed)
+    return visit
 
 
 @dataclass(frozen=True)

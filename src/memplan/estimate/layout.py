@@ -10,6 +10,7 @@ has not yet had its backward stay alive, so the peak holds warm-up + 1 forwards.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memplan.job import Parallelism, default_uneven_split
 from memplan.profiles.pipeline_split import rule_chunk_layers
@@ -51,8 +52,12 @@ def chunk_layers(num_layers: int, par: Parallelism, split_rule: str) -> tuple[in
 
 def stage_layer_counts(num_layers: int, par: Parallelism, split_rule: str = "even-or-ceil") -> tuple[int, ...]:
     """Decoder layers per pipeline rank (uneven first/last stage when asked for)."""
+    return _rank_layer_counts(num_layers, par, chunk_layers(num_layers, par, split_rule))
+
+
+def _rank_layer_counts(num_layers: int, par: Parallelism, chunks: tuple[int, ...] | None) -> tuple[int, ...]:
+    """:func:`stage_layer_counts` given the chunks' layer counts (None: the even or uneven split)."""
     pp = par.pp
-    chunks = chunk_layers(num_layers, par, split_rule)
     if chunks is not None:
         return tuple(sum(chunks[rank::pp]) for rank in range(pp))
     if par.first_stage_layers is None and par.last_stage_layers is None:
@@ -74,10 +79,37 @@ def stage_layer_counts(num_layers: int, par: Parallelism, split_rule: str = "eve
 def pipeline_layout(num_layers: int, par: Parallelism, num_microbatches: int,
                     split_rule: str = "even-or-ceil") -> tuple[StageLayout, ...]:
     """Layout of every pipeline rank for ``num_layers`` decoder layers; ``split_rule`` is the
-    framework's (:attr:`memplan.profiles.FrameworkProfile.pipeline_split`)."""
+    framework's (:attr:`memplan.profiles.FrameworkProfile.pipeline_split`).
+
+    Memoised on exactly what it reads (the layer count, the pipeline fields of ``par``, the
+    micro-batches and the split rule): a layout is a structure shared by every job with those."""
+    return _layout(_LayoutKey(par, num_layers, num_microbatches, split_rule))
+
+
+class _LayoutKey:
+    """The inputs of a layout, compared on the fields it reads (the parallel layout travels along)."""
+
+    __slots__ = ("key", "par")
+
+    def __init__(self, par: Parallelism, num_layers: int, num_microbatches: int, split_rule: str) -> None:
+        self.par = par
+        self.key = (num_layers, num_microbatches, split_rule, par.pp, par.vpp, par.microbatch_group_size,
+                    par.chunk_layers, par.first_stage_layers, par.last_stage_layers)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _LayoutKey) and other.key == self.key
+
+
+@lru_cache(maxsize=1024)
+def _layout(inputs: _LayoutKey) -> tuple[StageLayout, ...]:
+    par = inputs.par
+    num_layers, num_microbatches, split_rule = inputs.key[:3]
     pp, vpp = par.pp, par.vpp
     chunks_given = chunk_layers(num_layers, par, split_rule)
-    per_rank = stage_layer_counts(num_layers, par, split_rule)
+    per_rank = _rank_layer_counts(num_layers, par, chunks_given)
     if chunks_given is not None:
         chunk_sizes = [[chunks_given[v * pp + rank] for v in range(vpp)] for rank in range(pp)]
     else:

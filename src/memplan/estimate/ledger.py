@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import NamedTuple
 
 PHASES = ("backward", "optimizer step", "end of backward", "loss", "forward")
 #: ``Contribution.live`` for what is allocated for the whole step.
@@ -34,9 +36,9 @@ _STATIC = (PARAMETERS, GRADIENTS, MASTER, OPTIMIZER, WORKSPACE)
 _SUMMED = _STATIC + (ACTIVATIONS, LOGITS, TEMPORARY, INPUT, COMMUNICATION, GRAPHS)
 
 
-@dataclass(frozen=True)
-class Contribution:
-    """Bytes one mechanic adds to one category of one GPU of a stage, and why."""
+class Contribution(NamedTuple):
+    """Bytes one mechanic adds to one category of one GPU of a stage, and why (an immutable record;
+    a named tuple because a stage enters some thirty of them per estimate)."""
 
     category: str
     nbytes: int
@@ -66,54 +68,72 @@ class Peak:
         return self.by_category.get(category, 0)
 
 
+#: The sign a category weighs with when the ledger chooses the peak moment (others weigh 0).
+_SIGN = {**dict.fromkeys(_SUMMED, 1), ABSENT: -1}
+_REPORTED = (*_SUMMED, ABSENT, LAYER_ACTIVATIONS)
+_NBYTES, _NOTE = itemgetter(1), itemgetter(3)
+
+
 class Ledger:
-    """The contributions of one stage, in the order the mechanics gave them."""
+    """The contributions of one stage, in the order the mechanics gave them, summed as they enter:
+    per category over the whole step and per category at each moment they are live at."""
 
     def __init__(self, phases: Iterable[str]) -> None:
-        self.phases = tuple(p for p in PHASES if p in set(phases))
+        given = set(phases)
+        self.phases = tuple(p for p in PHASES if p in given)
         self.entries: list[Contribution] = []
+        self._lifetime: dict[str, int] = {}
+        self._notes: dict[str, None] = {}
+        self._at: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}
+        self._weighed = dict.fromkeys(self.phases, 0)
 
     def add(self, *items: Contribution) -> None:
-        self.entries.extend(items)
+        self.extend(items)
 
     def extend(self, items: Iterable[Contribution]) -> None:
-        self.entries.extend(items)
+        entries = self.entries
+        start = len(entries)
+        entries.extend(items)
+        new = entries[start:]
+        self._notes.update(dict.fromkeys(filter(None, map(_NOTE, new))))
+        lifetime, at, weighed = self._lifetime, self._at, self._weighed
+        for category, nbytes, live, _, weighs in filter(_NBYTES, new):  # only what has bytes adds up
+            if not live:
+                lifetime[category] = lifetime.get(category, 0) + nbytes
+                continue
+            sign = _SIGN.get(category, 0) if weighs else 0
+            for phase in live:
+                moment = at[phase]
+                moment[category] = moment.get(category, 0) + nbytes
+                if sign and phase in weighed:
+                    weighed[phase] += sign * nbytes
 
     def total(self, category: str, phase: str | None = None) -> int:
         """Bytes of ``category`` alive at ``phase`` (None: its lifetime contributions only)."""
-        return sum(c.nbytes for c in self.entries if c.category == category
-                   and (c.live_at(phase) if phase is not None else not c.live))
+        out = self._lifetime.get(category, 0)
+        if phase is not None:
+            out += self._at[phase].get(category, 0)
+        return out
 
     def weighed(self) -> dict[str, int]:
         """Per candidate moment, what chooses the peak: the moment's own bytes (no static state),
         gradients not yet made subtracted."""
-        out = dict.fromkeys(self.phases, 0)
-        for c in self.entries:
-            if c.live and c.weighs and c.nbytes:
-                sign = -1 if c.category == ABSENT else (1 if c.category in _SUMMED else 0)
-                for phase in c.live:
-                    if phase in out:
-                        out[phase] += sign * c.nbytes
-        return out
+        return dict(self._weighed)
 
     def peak(self) -> Peak:
         """The moment with the most weighed bytes (the first of :data:`PHASES` on a tie)."""
-        weighed = self.weighed()
+        weighed = self._weighed
         phase = max(self.phases, key=weighed.__getitem__)
-        by_category = dict.fromkeys((*_SUMMED, ABSENT, LAYER_ACTIVATIONS), 0)
-        comm = dict.fromkeys(self.phases, 0)
-        for c in self.entries:
-            if not c.nbytes:
-                continue
-            if c.category in by_category and (not c.live or phase in c.live):
-                by_category[c.category] += c.nbytes
-            if c.category == COMMUNICATION:
-                for p in self.phases:
-                    if not c.live or p in c.live:
-                        comm[p] += c.nbytes
-        allocated = sum(by_category[c] for c in _SUMMED) - by_category[ABSENT]
-        return Peak(phase=phase, by_category=by_category, allocated=allocated, communication_at=comm)
+        by_category = dict.fromkeys(_REPORTED, 0)
+        for sums in (self._lifetime, self._at[phase]):
+            for category, nbytes in sums.items():
+                if category in by_category:
+                    by_category[category] += nbytes
+        comm = self._lifetime.get(COMMUNICATION, 0)
+        comm_at = {p: comm + self._at[p].get(COMMUNICATION, 0) for p in self.phases}
+        allocated = sum(map(by_category.__getitem__, _SUMMED)) - by_category[ABSENT]
+        return Peak(phase=phase, by_category=by_category, allocated=allocated, communication_at=comm_at)
 
     def notes(self) -> list[str]:
         """The contributions' sentences, each once, in order."""
-        return list(dict.fromkeys(c.note for c in self.entries if c.note))
+        return list(self._notes)

@@ -10,19 +10,22 @@ this module asks the entry and prices Muon's Newton-Schulz step from the layer s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from memplan.job import resolved_optimizer_impl
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.linears import layer_linears
 from memplan.model.params import position_embedding_params
 from memplan.optimizers import optimizer_kind
 from memplan.optimizers.bnb import BNB_BLOCK, MIN_8BIT_NUMEL, PAGED_MIN_NUMEL
-from memplan.optimizers.kind import OptimizerStates, SmallTensors, StateQuery, StepQuery
+from memplan.optimizers.kind import OptimizerStates, SmallTensors, StateQuery, StepQuery, WeightMatrix
+from memplan.optimizers.muon import muon_matrix_bytes
 
 if TYPE_CHECKING:
     from memplan.job import Job
+    from memplan.model.param_groups import TpMatrix
     from memplan.model.spec import LayerSpec, MLPSpec, ModelSpec
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "muon_matrices",
     "muon_scalar_numel",
     "muon_step_bytes",
+    "muon_weight_matrices",
     "needs_small_tensors",
     "optimizer_state_bytes",
     "optimizer_states",
@@ -61,8 +65,7 @@ def _vector_sizes(layer: LayerSpec, hidden: int, norm_bias: bool) -> tuple[int, 
     sizes = [hidden] * (layer.num_hidden_norms * (2 if norm_bias else 1))
     if attn.qk_norm:
         sizes += [attn.head_dim, attn.head_dim]
-    if attn.qkv_bias and attn.kind != "mla":
-        sizes += [attn.num_heads * attn.head_dim] + [attn.num_kv_heads * attn.head_dim] * 2
+    sizes += attention_kind(attn).qkv_bias_sizes(attn)
     if attn.out_bias:
         sizes.append(hidden)
     mlp = layer.mlp if layer.mlp is not None else None
@@ -103,15 +106,16 @@ def small_tensors_of_sizes(sizes: Iterable[int], *, vectors: int = 0) -> SmallTe
 
 
 def optimizer_states(numel: int, job: Job, state_bytes: int, hidden: int,
-                     small: SmallTensors | None = None, *, muon_scalar: int = 0) -> OptimizerStates:
+                     small: SmallTensors | None = None, *, muon_scalar: int = 0,
+                     matrices: tuple[WeightMatrix, ...] = ()) -> OptimizerStates:
     """States kept by the job's optimizer for the ``numel`` parameters it steps (its entry's ``states``).
 
     ``state_bytes``: element size of torch optimizers' states (the precision's); bitsandbytes keeps
     fp32 (or 8-bit) states whatever the parameters' dtype. ``small``: of ``numel``, the elements of
     tensors below bitsandbytes' thresholds (zero: every tensor is large). ``muon_scalar``: with Muon,
-    the elements its scalar optimizer (Adam) steps.
+    the elements its scalar optimizer (Adam) steps; ``matrices``: the 2-D weights it steps one at a time.
     """
-    query = StateQuery(numel, state_bytes, hidden, small or SmallTensors(), job.optimizer, muon_scalar)
+    query = StateQuery(numel, state_bytes, hidden, small or SmallTensors(), job.optimizer, muon_scalar, matrices)
     return optimizer_kind(job.optimizer.name).states(query)
 
 
@@ -137,16 +141,15 @@ def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, stat
     return optimizer_kind(job.optimizer.name).step_temporaries(query)
 
 
-@dataclass(frozen=True, slots=True)
-class MuonMatrix:
-    """One 2-D weight Muon orthogonalizes: its full shape and how tensor parallelism splits it."""
+#: One 2-D weight Muon orthogonalizes (the registry's :class:`~memplan.optimizers.kind.WeightMatrix`).
+MuonMatrix = WeightMatrix
 
-    rows: int
-    cols: int
-    #: Tensor-parallel group size of the weight (1: not split).
-    tp: int = 1
-    #: The split dimension (0: column-parallel rows, 1: row-parallel columns); None: replicated.
-    partition_dim: int | None = None
+
+def _muon_matrix(m: TpMatrix, tp: int) -> MuonMatrix:
+    """What Muon orthogonalizes of an attention weight: the whole weight, or of a fused one (QKV,
+    split by ``--muon-split-qkv``) its largest part."""
+    rows = m.parts[0] if m.parts else m.rows
+    return MuonMatrix(rows, m.cols, tp if m.partition_dim is not None else 1, m.partition_dim)
 
 
 def muon_matrices(layer: LayerSpec, hidden: int, tp: int, expert_tp: int) -> tuple[MuonMatrix, ...]:
@@ -154,24 +157,13 @@ def muon_matrices(layer: LayerSpec, hidden: int, tp: int, expert_tp: int) -> tup
 
     With ``--muon-split-qkv`` (Megatron's default) the fused QKV gradient is split into its query,
     key and value parts, each orthogonalized alone; the query part (listed first) is the largest.
-    MLA (no fused QKV, never split) lists its down and up projections. Column-parallel
+    The attention's weights are its kind's (:attr:`~memplan.model.attention_kinds.AttentionKind.matrices`;
+    MLA has no fused QKV and lists its down and up projections). Column-parallel
     weights (QKV, fc1) are split on rows, row-parallel ones (proj, fc2) on columns; the MoE router is
     replicated. Routed experts are one matrix each (Transformer Engine grouped linear).
     """
     attn = layer.attention
-    heads = attn.num_heads
-    out: list[MuonMatrix] = [MuonMatrix(hidden, heads * attn.v_head_dim, tp, 1)]
-    if attn.kind != "mla":
-        out.insert(0, MuonMatrix(heads * attn.head_dim, hidden, tp, 0))
-    else:
-        # Megatron's MLA: the down projections are replicated, the up projections column-parallel.
-        lora, rope, nope = attn.kv_lora_rank or 0, attn.qk_rope_head_dim or 0, attn.qk_nope_head_dim or 0
-        q_head = nope + rope
-        if attn.q_lora_rank:
-            out += [MuonMatrix(attn.q_lora_rank, hidden), MuonMatrix(heads * q_head, attn.q_lora_rank, tp, 0)]
-        else:
-            out.append(MuonMatrix(heads * q_head, hidden, tp, 0))
-        out += [MuonMatrix(lora + rope, hidden), MuonMatrix(heads * (nope + attn.v_head_dim), lora, tp, 0)]
+    out = [_muon_matrix(m, tp) for m in attention_kind(attn).matrices(attn, hidden)]
 
     def mlp(spec: MLPSpec, size: int) -> list[MuonMatrix]:
         up = spec.intermediate_size * (2 if spec.gated else 1)
@@ -187,31 +179,6 @@ def muon_matrices(layer: LayerSpec, hidden: int, tp: int, expert_tp: int) -> tup
     return tuple(out)
 
 
-def _muon_matrix_bytes(m: MuonMatrix, mode: str, nesterov: bool) -> int:
-    """Peak bytes one Muon step of ``m`` allocates on top of the states.
-
-    Emerging-Optimizers' ``newton_schulz``: the fp32 momentum is normalized (fp32 copy), cast to bf16
-    (``fp32_matmul_prec`` medium, Megatron's default), and each iteration makes the Gram matrix
-    ``A = X X^T`` and ``B`` (min(m, n)^2 each, bf16) and a new bf16 iterate while the old one lives;
-    the result is cast back to fp32 and scaled twice (``orth * scale * extra_scale``: two fp32
-    copies). ``duplicated`` TP (``newton_schulz_tp``) first all-gathers the shards into a list and
-    concatenates them: two fp32 copies of the full matrix alive through the iteration.
-    ``distributed`` keeps the shard and all-reduces a Gram matrix of its unsplit dimension.
-    Nesterov (``grad.lerp(momentum)``) adds one fp32 copy of the local gradient.
-    """
-    split = m.partition_dim is not None and m.tp > 1
-    rows = m.rows // m.tp if split and m.partition_dim == 0 else m.rows
-    cols = m.cols // m.tp if split and m.partition_dim == 1 else m.cols
-    local = rows * cols
-    if split and mode == "duplicated":
-        full, side = m.rows * m.cols, min(m.rows, m.cols)
-        peak = max(2 * _FP32 * full + _FP32 * full + 2 * full, 2 * _FP32 * full + 4 * full + 4 * side * side)
-    else:
-        side = (m.cols if m.partition_dim == 0 else m.rows) if split and mode == "distributed" else min(rows, cols)
-        peak = max(3 * _FP32 * local, 4 * local + 4 * side * side)
-    return peak + (_FP32 * local if nesterov else 0)
-
-
 def _layer_vectors_on_rank(layer: LayerSpec, hidden: int, norm_bias: bool, tp: int) -> int:
     """Elements of one layer's 1-D tensors on a tensor-parallel rank: norms, qk-norms and MLA's latent
     norms (replicated), biases of column-parallel projections (split), of row-parallel ones (whole), and
@@ -220,10 +187,8 @@ def _layer_vectors_on_rank(layer: LayerSpec, hidden: int, norm_bias: bool, tp: i
     count = layer.num_hidden_norms * hidden * (2 if norm_bias else 1)
     if attn.qk_norm:
         count += 2 * attn.head_dim
-    if attn.kind == "mla":
-        count += (attn.kv_lora_rank or 0) + (attn.q_lora_rank or 0)
-    elif attn.qkv_bias:
-        count += (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim // tp
+    kind = attention_kind(attn)
+    count += kind.extra_norm_numel(attn) + sum(kind.qkv_bias_sizes(attn)) // tp
     if attn.out_bias:
         count += hidden
     mlps = [layer.mlp] if layer.mlp is not None else []
@@ -249,26 +214,36 @@ def muon_scalar_numel(model: ModelSpec, job: Job, layer_indices: tuple[int, ...]
     return scalar
 
 
-def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], *,
-                    has_embedding: bool = False) -> int:
-    """Peak extra bytes of a Muon step over a stage's layers: Muon steps one weight at a time, so the
-    largest :func:`_muon_matrix_bytes`. The query part of a split QKV is preceded by fp32 copies of
-    the three parts (``reshape`` of non-contiguous views), the whole local QKV gradient. A learned
-    position table (on the embedding stage) is a replicated 2-D weight Muon steps too."""
-    opt, par = job.optimizer, job.parallel
-    peak = 0
+def muon_weight_matrices(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], *,
+                         has_embedding: bool = False) -> tuple[WeightMatrix, ...]:
+    """The 2-D weights Muon steps on a stage's rank, one at a time (:func:`muon_matrices` per layer). The
+    query part of a split QKV is preceded by fp32 copies of the three parts (``reshape`` of
+    non-contiguous views), the whole local QKV gradient (its ``before``). A learned position table (on
+    the embedding stage) is a replicated 2-D weight Muon steps too."""
+    par = job.parallel
+    out: list[WeightMatrix] = []
     if has_embedding and model.position_embedding == "learned":
-        table = MuonMatrix(model.max_position_embeddings, model.hidden_size)
-        peak = _muon_matrix_bytes(table, opt.muon_tp_mode, opt.muon_nesterov)
+        out.append(WeightMatrix(model.max_position_embeddings, model.hidden_size))
     for index in layer_indices:
         layer = model.layers[index]
         matrices = muon_matrices(layer, model.hidden_size, par.tp, par.expert_tp)
         attn = layer.attention
-        qkv_local = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim * model.hidden_size // par.tp
-        for i, m in enumerate(matrices):
-            extra = _FP32 * qkv_local if i == 0 and attn.kind != "mla" else 0  # the q part of the split QKV
-            peak = max(peak, extra + _muon_matrix_bytes(m, opt.muon_tp_mode, opt.muon_nesterov))
-    return peak
+        fused = [m for m in attention_kind(attn).matrices(attn, model.hidden_size) if m.parts]
+        if fused:
+            # a split fused weight's largest part (listed first) follows fp32 copies of the whole local weight
+            first = replace(matrices[0], before=_FP32 * (fused[0].rows * fused[0].cols // par.tp))
+            matrices = (first, *matrices[1:])
+        out += matrices
+    return tuple(out)
+
+
+def muon_step_bytes(model: ModelSpec, job: Job, layer_indices: tuple[int, ...], *,
+                    has_embedding: bool = False) -> int:
+    """Peak extra bytes of a Muon step over a stage's layers (the registry entry's
+    :func:`~memplan.optimizers.muon.muon_matrix_bytes` of the largest of :func:`muon_weight_matrices`)."""
+    opt = job.optimizer
+    return max((m.before + muon_matrix_bytes(m, opt.muon_tp_mode, opt.muon_nesterov)
+                for m in muon_weight_matrices(model, job, layer_indices, has_embedding=has_embedding)), default=0)
 
 
 def describe_optimizer(job: Job) -> str:

@@ -4,7 +4,7 @@ every stage's mechanics, whose own sentences come with their contributions (:mod
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 from memplan.estimate.activations import layer_terms
 from memplan.estimate.context import RunContext
@@ -68,55 +68,26 @@ def _attention_notes(run: RunContext) -> list[str]:
 
 
 def policy_note(run: RunContext) -> str:
-    """The assumption line of the job's activation policy (:mod:`memplan.policies`): one entry of
-    :data:`POLICY_NOTES` per policy."""
-    return POLICY_NOTES[run.policy.name](run)
+    """The assumption line of the job's activation policy: its registry entry's sentence
+    (:mod:`memplan.policies.kinds`), read against this estimate."""
+    return run.policy.kind.sentence(run.policy, _Setting(run))
 
 
-def _full(run: RunContext) -> str:
-    policy = run.policy
-    grouped = policy.method == "uniform" and (policy.num_layers or 1) > 1
-    return (f"full recompute ({policy.method}, {policy.num_layers or 'all'} layers): "
-            + (f"each checkpointed group of {policy.num_layers} layers keeps only its input and is recomputed "
-               "whole in its backward" if grouped else "recomputed layers keep only their input")
-            + ("; their autocast weight copies are not kept (autocast's cache is cleared when the "
-               "forward ends) and are made again by the recompute" if run.prec.weight_copies == "autocast" else ""))
+@dataclass(frozen=True)
+class _Setting:
+    """What a policy's sentence reads of the estimate (:class:`memplan.policies.kinds.PolicySetting`)."""
 
+    run: RunContext
 
-def _megatron_selective(run: RunContext) -> str:
-    layers = {id(x): x for x in run.model.layers}.values()
-    return describe_recompute(run.policy.modules, {term_site(t) for layer in layers
-                                                   for t in layer_terms(layer, run.shape)})
+    @property
+    def autocast_weight_copies(self) -> bool:
+        return self.run.prec.weight_copies == "autocast"
 
+    def modules_sentence(self, modules: tuple[str, ...]) -> str:
+        layers = {id(x): x for x in self.run.model.layers}.values()
+        return describe_recompute(modules, {term_site(t) for layer in layers
+                                            for t in layer_terms(layer, self.run.shape)})
 
-def _torchtitan_sac(run: RunContext) -> str:
-    return ("selective recompute: torchtitan's per-op selective activation checkpointing (SelectiveAC) of every "
-            "decoder layer: its input and the outputs of the saved ops are kept (matmuls except every second "
-            "mm of each layer call, the attention kernel's output and log-sum-exp; with a bias a linear is an "
-            "addmm, always kept), the rest is recomputed in its backward"
-            + ("; MoE/MLA layers are not modelled op by op: the attention core's recompute stands in"
-               if any(layer.moe is not None or not attention_kind(layer.attention).per_op_sac
-                      for layer in run.model.layers) else ""))
-
-
-def _memory_budget(run: RunContext) -> str:
-    return (f"torchtitan memory_budget {run.policy.memory_budget:g} (torch.compile's partitioner, "
-            "activation_memory_budget): an upper bound — each layer keeps its input plus the budget's fraction of "
-            "the rest of what eager autograd saves (the partitioner's knapsack keeps at most that fraction of its "
-            "default min-cut's saved bytes above the compiled region's inputs; the min-cut saves no more than "
-            "eager autograd); compiled kernels' fusion is not modelled")
-
-
-#: Per activation policy (:data:`memplan.policies.POLICY_NAMES`), the sentence that explains it.
-POLICY_NOTES: dict[str, Callable[[RunContext], str]] = {
-    "none": lambda run: "no recompute: every layer keeps what autograd saves for its backward",
-    "full": _full,
-    "megatron-selective": _megatron_selective,
-    "attention-core": lambda run: "selective recompute: the attention core is recomputed; its inputs are kept",
-    "attention-module": lambda run: (
-        "selective recompute: every attention module (self_attn) is checkpointed (non-reentrant "
-        "torch.utils.checkpoint); its input and the attention mask are kept, its saved tensors and autocast "
-        "weight copies are made again in its backward"),
-    "torchtitan-sac": _torchtitan_sac,
-    "memory-budget": _memory_budget,
-}
+    def layers_not_per_op(self) -> bool:
+        return any(layer.moe is not None or not attention_kind(layer.attention).per_op_sac
+                   for layer in self.run.model.layers)

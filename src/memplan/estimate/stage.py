@@ -45,7 +45,7 @@ def stage_estimate(ctx: StageContext) -> tuple[StageEstimate, list[str]]:
     ledger.extend(st.contributions)
     ledger.extend(stage_buffers(ctx))
     ledger.extend(phase_contributions(ctx, st, walk, acts, loss, dora))
-    comm, max_comm = communication(ctx, st, forward)
+    comm, max_comm = communication(ctx, st, acts, forward)
     ledger.extend(comm)
     inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0
     memory = graphs(ctx, ledger, walk, inputs)

@@ -88,7 +88,7 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         # operator's at a time. Checkpointed layers share their RoPE tables (and eager masks) as
         # checkpoint arguments, which stay on the GPU until the backward.
         held = 0
-        if run.policy.name == "full" and ctx.recomputed and layout.layer_indices:
+        if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
             held = (rope_table_bytes(run.model, run.shape)
                     + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
         cpu += layers + other - held
@@ -137,7 +137,7 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
     head = head_numel(ctx) if layout.has_head else 0
     layers = autocast_weight_copy_numel(model, run.job, layout, recomputed=set(ctx.recomputed),
-                                        mode=run.policy.kept_classes_key,
+                                        policy=run.policy.kind,
                                         eager_experts=run.profile.kernels == "eager", modules=run.policy.modules)
     if ft is not None:
         # Only fully trained (fp32) weights are cast; 16-bit frozen weights are used as they are, and

@@ -26,6 +26,7 @@ from memplan.estimate.extras import (
     logits_bytes,
     saved_logits_bytes,
 )
+from memplan.estimate import loss_parallel, pipeline_fsdp
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.layer_walk import LayerWalk
@@ -79,6 +80,8 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     softcap = run.model.final_logit_softcap is not None
     depths = 1 + job.mtp_layers
     logits = logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
+    if loss_parallel.applies(job, run.profile):
+        logits = max(logits, loss_parallel.loss_parallel_bytes(shape, run.vocab_rows) * depths)
     saved = saved_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
     cpu = bring_back = 0
     if acts.per_tensor_offload:
@@ -178,10 +181,16 @@ def _backward_walk(ctx: StageContext, st: StageStates, walk: LayerWalk, layer_ac
     return best
 
 
-def communication(ctx: StageContext, st: StageStates, forward: bool) -> tuple[list[Contribution], int]:
+def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
+                  forward: bool) -> tuple[list[Contribution], int]:
     """The collective buffers alive at each moment (the end of the forward: as at the loss), and
-    their most during the step."""
+    their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`."""
     run = ctx.run
+    if pipeline_fsdp.applies(ctx, st):
+        held = list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts))
+        most = max(sum(c.nbytes for c in held if c.category == COMMUNICATION and c.live_at(phase))
+                   for phase in ("loss", "backward", "end of backward", "optimizer step"))
+        return held, most
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings)
@@ -235,6 +244,8 @@ def _loss_notes(ctx: StageContext) -> list[str]:
     out = [f"loss path '{loss}': logits of the newest micro-batch on the last stage"]
     if loss in LOSS_NOTES:
         out.append(LOSS_NOTES[loss])
+    if loss_parallel.applies(job, ctx.profile):
+        out.append(loss_parallel.NOTE)
     if job.mtp_layers:
         out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like "
                    "the last, a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")

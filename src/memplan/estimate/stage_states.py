@@ -4,6 +4,7 @@ states) and the optimizer step's temporaries, with the sentences that explain th
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass, replace
 
 from memplan.estimate.context import StageContext
@@ -23,7 +24,7 @@ from memplan.estimate.optimizers import (
     describe_optimizer,
     in_backward_gradient_bytes,
     muon_scalar_numel,
-    muon_step_bytes,
+    muon_weight_matrices,
     needs_small_tensors,
     small_tensors,
     small_tensors_of_sizes,
@@ -37,6 +38,7 @@ from memplan.estimate.states import (
     state_bytes,
 )
 from memplan.job import Job, resolved_optimizer_impl
+from memplan.optimizers import optimizer_kind
 from memplan.model.tensors import stage_tensors
 from memplan.peft.params import Adapter, finetune_params
 from memplan.profiles.framework import vocab_split
@@ -63,12 +65,9 @@ def model_states(ctx: StageContext) -> StageStates:
     ft = stage_finetune(model, job, layout, params.total) if run.finetune else None
     states = state_bytes(model, job, params, run.prec, offload_moves_gradients=run.profile.offload_moves_gradients,
                          step_counters=_step_counters(ctx, ft), small=_small(ctx, ft),
-                         finetune=ft, muon_scalar=_muon_scalar(ctx, params, ft))
+                         finetune=ft, **_weight_matrices(ctx, params, ft))
     largest = (_largest_tensor(ctx) if ft is None or ft.full or ft.copies else _largest_trainable(ctx))
     step_temp = optimizer_temporary_bytes(job, run.profile, states, run.prec, largest)
-    if job.optimizer.name == "muon" and states.optimizer_numel:
-        step_temp = max(step_temp, muon_step_bytes(model, job, layout.layer_indices,
-                                                    has_embedding=layout.has_embedding))
     if job.optimizer.in_backward:
         # Optimizer hook: each gradient is stepped and freed in the backward (one alive at a time),
         # and the per-parameter step's temporaries join the backward's.
@@ -84,8 +83,9 @@ def _contributions(ctx: StageContext, states: StateBytes, step_temp: int) -> Ite
     yield Contribution(GRADIENTS, states.gradients, note=_sharding_note(job))
     yield Contribution(MASTER, states.master)
     yield Contribution(OPTIMIZER, states.optimizer, note=_optimizer_note(job))
-    if describe_optimizer(job):
-        yield Contribution(OPTIMIZER, 0, note=describe_optimizer(job))
+    where = describe_optimizer(job)
+    if where:
+        yield Contribution(OPTIMIZER, 0, note=where)
     if fp32_router_weights(job, ctx.prec) and any(layer.moe is not None and layer.moe.router_fp32
                                                   for layer in ctx.model.layers):
         yield Contribution(PARAMETERS, 0, note=(
@@ -116,7 +116,7 @@ def _sharding_note(job: Job) -> str:
 def _optimizer_note(job: Job) -> str:
     opt = job.optimizer
     return (f"optimizer {opt.name} ({resolved_optimizer_impl(job)} implementation)"
-            + (f", momentum {opt.momentum}" if opt.name == "sgd" else ""))
+            + (f", momentum {opt.momentum}" if "momentum" in optimizer_kind(opt.name).knobs else ""))
 
 
 def _fp8_note(job: Job) -> str:
@@ -145,6 +145,8 @@ def _step_counters(ctx: StageContext, ft: StageFinetune | None) -> int:
     layout = ctx.layout
     if ft is not None:
         return device_step_counters(ctx.job, ctx.profile, ft.trainable_tensors)
+    if not device_step_counters(ctx.job, ctx.profile, 1):  # none on the device: the stage's tensors are not counted
+        return 0
     tensors = stage_tensors(ctx.model, layout.layer_indices, has_embedding=layout.has_embedding,
                             has_head=layout.has_head)
     return device_step_counters(ctx.job, ctx.profile, tensors)
@@ -161,12 +163,15 @@ def _small(ctx: StageContext, ft: StageFinetune | None) -> SmallTensors | None:
     return small_tensors_of_sizes((n for a in adapters for n in _adapter_tensor_sizes(a)), vectors=vectors)
 
 
-def _muon_scalar(ctx: StageContext, params: StageParams, ft: StageFinetune | None) -> int:
-    if ctx.job.optimizer.name != "muon" or ft is not None:
-        return 0
-    layout = ctx.layout
-    return muon_scalar_numel(ctx.model, ctx.job, layout.layer_indices, params.root,
-                             has_embedding=layout.has_embedding)
+def _weight_matrices(ctx: StageContext, params: StageParams, ft: StageFinetune | None) -> dict[str, Any]:
+    """What an optimizer entry that steps 2-D weights one at a time (Muon) is priced from: the elements
+    its scalar optimizer steps and the stage's 2-D weights (full training only)."""
+    if not optimizer_kind(ctx.job.optimizer.name).weight_matrices or ft is not None:
+        return {}
+    model, job, layout = ctx.model, ctx.job, ctx.layout
+    return {"muon_scalar": muon_scalar_numel(model, job, layout.layer_indices, params.root,
+                                             has_embedding=layout.has_embedding),
+            "matrices": muon_weight_matrices(model, job, layout.layer_indices, has_embedding=layout.has_embedding)}
 
 
 def _stage_adapters(ctx: StageContext) -> list[Adapter]:

@@ -32,6 +32,7 @@ from memplan.model.params import (
 )
 from memplan.model.spec import ModelSpec
 from memplan.optimizers import optimizer_kind
+from memplan.optimizers.kind import WeightMatrix
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ def layer_numel_on_rank(groups: ParamGroups, job: Job) -> tuple[int, int]:
     return _local_layer(groups, job)
 
 
-def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+def layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """(a representative index, how many) of each distinct layer object among ``indices`` (layers
     that share a spec object share every per-layer figure), in first-seen order."""
     return _kinds_of(Same(model), indices)
@@ -93,7 +94,7 @@ def _layer_kinds(model: ModelSpec, indices: tuple[int, ...]) -> tuple[tuple[int,
 
 @lru_cache(maxsize=256)
 def _kinds_of(model_key: Same, indices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """:func:`_layer_kinds`, memoised per model object (a frozen spec) and stage."""
+    """:func:`layer_kinds`, memoised per model object (a frozen spec) and stage."""
     seen: dict[int, list[int]] = {}
     layers = model_key.obj.layers  # type: ignore[attr-defined]
     for index in indices:
@@ -114,7 +115,7 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
     dense = expert = largest = gemm = 0
     all_groups, non_gemm = model.layer_param_groups, model.layer_non_gemm_params
     routers = 0
-    for index, count in _layer_kinds(model, stage.layer_indices):
+    for index, count in layer_kinds(model, stage.layer_indices):
         moe = model.layers[index].moe
         if moe is not None and moe.router_fp32:
             routers += count * (hidden * moe.num_experts + (
@@ -230,6 +231,7 @@ def state_bytes(
     small: SmallTensors | None = None,
     finetune: StageFinetune | None = None,
     muon_scalar: int = 0,
+    matrices: tuple[WeightMatrix, ...] = (),
 ) -> StateBytes:
     """Model states one GPU of a stage holds (and what offloading moves to CPU memory).
 
@@ -241,7 +243,7 @@ def state_bytes(
     gradient buffer stays on the GPU and CPU memory holds a copy for the CPU optimizer step.
 
     ``muon_scalar``: with Muon, the stage's (dense) elements its scalar optimizer steps, sharded
-    like the other dense parameters.
+    like the other dense parameters; ``matrices``: the 2-D weights it steps one at a time.
     """
     sh, off = job.sharding, job.offload
     shards = _shard_sizes(job)
@@ -271,7 +273,8 @@ def state_bytes(
     # Optimizer hook (memplan.estimate.optimizers): ``small`` is the stage's split, scaled to the shard.
     shard_small = small.scaled(o_numel / max(params.total, 1)) if small is not None else None
     scalar = _sharded(muon_scalar, 0, shards, opt_shard)
-    opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small, muon_scalar=scalar)
+    opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small, muon_scalar=scalar,
+                                  matrices=matrices)
     optimizer = opt_states.device_bytes
     if fp32_routers:
         routers_o = _sharded(fp32_routers, 0, shards, opt_shard)

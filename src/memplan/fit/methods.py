@@ -29,6 +29,9 @@ from memplan.gpus import GPU, get_gpu
 from memplan.job import Batch, FineTuning, Job, Optimizer, Precision, Recompute
 from memplan.model.spec import ModelSpec
 from memplan.profiles import FINE_TUNING_FRAMEWORK
+from memplan.tuning.peft_methods import LORA
+from memplan.tuning.quant_formats import NF4
+from memplan.tuning.quant_formats import NONE as NO_QUANT
 
 __all__ = ["METHODS", "MethodResult", "MethodsResult", "compare_methods", "methods_base_job"]
 
@@ -128,8 +131,9 @@ def _method_job(base: Job, name: str, checkpointing: bool) -> Job:
         opt = replace(base.optimizer, name=optimizer) if optimizer else base.optimizer
     else:
         # LoRA settings (rank, targets, dropout, DoRA...) come from the base when it has them.
-        peft = ft.peft if ft.peft != "none" else "lora"
-        finetune = replace(ft, peft=peft, trainable="auto", quantize_base="nf4" if trains == "qlora" else "none",
+        peft = ft.peft if ft.peft_kind.adapters else LORA.name
+        finetune = replace(ft, peft=peft, trainable="auto",
+                           quantize_base=(NF4 if trains == "qlora" else NO_QUANT).name,
                            quant_compute_dtype=ft.quant_compute_dtype if trains == "qlora" else None)
         opt = base.optimizer
     return replace(base, finetune=finetune, optimizer=Optimizer(name=opt.name, momentum=opt.momentum,

@@ -9,6 +9,7 @@ from memplan.errors import ConfigError, MemplanError
 from memplan.fit.space import Layout
 from memplan.fit.steptime import StepTime
 from memplan.job import Job
+from memplan.policies import resolve_policy
 
 #: Default share of the GPU's usable memory the search keeps free (``--margin``). The estimator
 #: is within 5% of Megatron's measured peaks on 36 of 44 reference runs and mostly below them
@@ -36,7 +37,7 @@ class FitError(ConfigError):
 
 def recompute_label(job: Job) -> str:
     rc = job.recompute
-    if rc.mode == "full" and rc.method == "block" and rc.num_layers is not None:
+    if resolve_policy(job).kind.checkpoints_layers and rc.method == "block" and rc.num_layers is not None:
         return f"full x{rc.num_layers}/chunk"
     return rc.mode
 

@@ -40,6 +40,7 @@ from memplan.fit.steptime import step_time
 from memplan.gpus import GPU
 from memplan.job import FrameworkName, Job, PrecisionName, Recompute
 from memplan.model.spec import ModelSpec
+from memplan.policies import resolve_policy
 from memplan.units import GiB
 
 #: Called with (layouts searched, layouts in all) as the search goes.
@@ -108,7 +109,7 @@ def _search_layout(
         job = _best_at(ctx, layout, mbs, plain_first)
         if job is None:
             break
-        plain_first = job.recompute.mode == "none"
+        plain_first = not resolve_policy(job).kind.recomputes
         out.append(ctx.candidate(layout, job))
     if out or skipped:
         return out, None, skipped and not out

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from memplan.errors import JobConfigError
 from memplan.job import FrameworkName, Parallelism, Sharding, default_uneven_split
+from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import ModelSpec
 from memplan.profiles import FrameworkProfile, get_profile
 from memplan.profiles.pipeline_split import rule_chunk_layers
@@ -201,7 +202,7 @@ def enumerate_layouts(
         if attn.num_heads % tp:
             excluded.append(Excluded(family=f"tp{tp}", reason=f"TP must divide the {attn.num_heads} attention heads"))
             continue
-        if attn.kind == "mha" and attn.num_kv_heads % tp and tp % attn.num_kv_heads:
+        if not attention_kind(attn).tp_divides_kv_heads(attn, tp):
             excluded.append(Excluded(family=f"tp{tp}", reason=f"TP must divide the {attn.num_kv_heads} KV heads or be a multiple of them"))
             continue
         if space.tp_within_node and tp > gpn:

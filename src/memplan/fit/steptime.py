@@ -29,7 +29,7 @@ slowest pipeline stage:
   weights the matmuls' backward is one forward's worth (gradient of the input only) instead of two;
   adapters' FLOPs and optimizer step are neglected (LoRA adds well under 1% of the weights); a
   quantized base (bitsandbytes) dequantizes every quantized weight to 16 bits in each forward, each
-  backward and each recompute: a memory-bound pass of :data:`DEQUANT_BYTES_PER_WEIGHT` per weight
+  backward and each recompute: a memory-bound pass of :attr:`~memplan.tuning.QuantFormat.dequant_bytes_per_weight` per weight
   at HBM speed, per micro-batch (``dequant_s``; part of ``compute_s``'s total, reported apart).
 
 Collectives run at :data:`COMM_EFFICIENCY` of the link: NVLink when the group stays within one node;
@@ -70,9 +70,6 @@ HALF_BYTES = 2
 #: Bytes the optimizer step reads and writes per parameter of its shard (fp32 master, two fp32
 #: moments read and written, fp32 gradient read, 16-bit weight written): 8 + 16 + 4 + 2.
 OPTIMIZER_BYTES_PER_PARAM = 30
-#: HBM bytes moved per weight by one bitsandbytes dequantization: the packed weight and its block
-#: scales read (4-bit: 0.5 B + absmax; int8: 1 B + a row scale) and the 16-bit weight written (2 B).
-DEQUANT_BYTES_PER_WEIGHT = {"nf4": 2.6, "fp4": 2.6, "int8": 3.0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +189,7 @@ def _per_op_recompute_s(model: ModelSpec, idx: range, matmul2: tuple[float, ...]
 def _recompute_fraction(job: Job, layers_on_stage: int) -> float:
     """Fraction of the stage's layers whose whole forward runs again in the backward."""
     rc = job.recompute
-    if resolve_policy(job).name != "full":
+    if not resolve_policy(job).kind.checkpoints_layers:
         return 0.0
     if rc.method == "block" and rc.num_layers is not None and layers_on_stage:
         chunk_layers = max(1, layers_on_stage // job.parallel.vpp)
@@ -269,9 +266,9 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
         passes = 2.0 if job.finetune.has_frozen else 3.0
         compute = passes * matmul / matmul_rate + 3.0 * attn + LAYER_OVERHEAD_S * n_layers
         policy = resolve_policy(job)
-        if policy.name == "torchtitan-sac":
+        if policy.kind.per_op:
             recompute = _per_op_recompute_s(model, idx, facts.matmul2, share / matmul_rate, attn_each)
-        elif policy.name == "memory-budget":
+        elif policy.kind.budget:
             # the partitioner recomputes what it does not keep: at most (1 - budget) of the layer (a bound)
             recompute = (1.0 - (policy.memory_budget or 0.0)) * (matmul / matmul_rate + attn)
         elif policy.partial:
@@ -315,11 +312,11 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
 def _dequant_seconds(job: Job, hw: Hardware, weights: float, recompute_fraction: float) -> float:
     """One micro-batch's dequantization of the quantized base on one GPU: forward, backward and the
     recompute each dequantize every quantized weight (``weights``: the stage's decoder linears)."""
-    quant = job.finetune.quantize_base
-    if quant == "none":
+    quant = job.finetune.quant_kind
+    if not quant.quantizes:
         return 0.0
     passes = 2.0 + recompute_fraction
-    return passes * weights * DEQUANT_BYTES_PER_WEIGHT[quant] / hw.hbm_bytes_per_s
+    return passes * weights * quant.dequant_bytes_per_weight / hw.hbm_bytes_per_s
 
 
 def _local_params(model: ModelSpec, job: Job) -> tuple[float, float]:

@@ -36,6 +36,7 @@ from memplan.jobflags import build_job
 from memplan.optimizers import optimizer_kind
 from memplan.optimizers.kind import DialectNames
 from memplan.settings import InputSetting
+from memplan.tuning import FOUR_BIT_FORMATS, either, peft_method_of_config, quant_format_of_bnb
 
 __all__ = ["apply_hf_args", "hf_args_job", "hf_args_model", "parse_hf_command_line", "read_hf_args"]
 
@@ -324,7 +325,7 @@ def _trl_model(m: _Mapping) -> None:
     """TRL ``ModelConfig`` flags of an SFT script's command line (trl/trainer/model_config.py)."""
     a = m.args
     if m.has("use_peft"):
-        m.flags["peft"] = "dora" if m.has("use_dora") else "lora"
+        m.flags["peft"] = peft_method_of_config(a, m.has).name
         m.mark("use_peft", "modelled", f"--peft {m.flags['peft']}")
         m.mark("use_dora", "modelled", f"--peft {m.flags['peft']}")
         for key, flag in (("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
@@ -340,15 +341,16 @@ def _trl_model(m: _Mapping) -> None:
                 m.mark(key, "modelled", f"--{flag.replace('_', '-')} {m.flags[flag]}")
     m.mark("lora_task_type", "no-memory-effect", "the task head is the model's own")
     if m.has("load_in_4bit") or m.has("load_in_8bit"):
-        kind = "int8" if m.has("load_in_8bit") else str(a.get("bnb_4bit_quant_type") or "nf4").lower()
-        if kind not in ("nf4", "fp4", "int8"):
-            raise ConfigError(f"{_FLAG}: bnb_4bit_quant_type", "must be nf4 or fp4", a.get("bnb_4bit_quant_type"))
-        m.flags["quantize_base"] = kind
-        if kind != "int8":
+        fmt = quant_format_of_bnb(load_in_8bit=m.has("load_in_8bit"), quant_type=a.get("bnb_4bit_quant_type"))
+        if fmt is None:
+            raise ConfigError(f"{_FLAG}: bnb_4bit_quant_type", f"must be {either(FOUR_BIT_FORMATS)}",
+                              a.get("bnb_4bit_quant_type"))
+        kind = m.flags["quantize_base"] = fmt.name
+        if fmt.four_bit:
             m.flags["double_quant"] = m.has("use_bnb_nested_quant")  # TRL's default: no nested quantization
         for key in ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "use_bnb_nested_quant"):
             m.mark(key, "modelled", f"--quantize-base {kind}" + (f" --double-quant "
-                   f"{str(m.flags['double_quant']).lower()}" if kind != "int8" else ""))
+                   f"{str(m.flags['double_quant']).lower()}" if fmt.four_bit else ""))
     for key in ("dtype", "torch_dtype"):
         if a.get(key) is not None:
             dtype = _DTYPES.get(str(a[key]).lower().removeprefix("torch."), "?")

@@ -14,6 +14,7 @@ from typing import Any
 from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_INT_DIGITS, MAX_LAYERS, MAX_MODEL_INT, check_at_most
 from memplan.errors import ModelConfigError
 from memplan.frameworks.shell_script import unresolved_hint
+from memplan.model.attention_kinds import MLA
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 
 #: Vocabulary sizes of Megatron's tokenizers when ``--vocab-size`` is absent (the tokenizer
@@ -148,7 +149,7 @@ def _attention_spec(args: Mapping[str, Any], *, heads: int, groups: int, head_di
     nope = _get_int(args, "--qk-head-dim", 128) or 128
     rope = _get_int(args, "--qk-pos-emb-head-dim", 64) or 64
     return AttentionSpec(
-        kind="mla",
+        kind=MLA.spec_kind,
         num_heads=heads,
         num_kv_heads=heads,
         head_dim=nope + rope,

@@ -28,6 +28,7 @@ from memplan.job import ALL_LINEAR, Job
 from memplan.settings import InputSetting
 from memplan.bounds import parse_json
 from memplan.textfile import read_text_file
+from memplan.tuning import peft_method_of_config
 
 if TYPE_CHECKING:
     from memplan.model.spec import ModelSpec
@@ -114,7 +115,7 @@ def peft_job(config: Mapping[str, Any], job: Job, *, model_ref: str | None = Non
                                      note=text))
 
     _check_base(config.get("base_model_name_or_path"), model_ref, model, note)
-    values: dict[str, Any] = {"peft": "dora" if config.get("use_dora") else "lora"}
+    values: dict[str, Any] = {"peft": peft_method_of_config(config).name}
     note("peft_type", "modelled", f"--peft {values['peft']}")
     note("use_dora", "modelled", f"--peft {values['peft']}")
     for key, field, cast in (("r", "lora_rank", int), ("lora_dropout", "lora_dropout", float)):

@@ -270,13 +270,11 @@ def _parallel(r: _Reader, typed: Mapping[str, Any], base_world: int) -> tuple[in
     reshard = r.get(p + "fsdp_reshard_after_forward")
     if reshard not in ("default", "always", "never"):
         raise r.error(p + "fsdp_reshard_after_forward", "must be default, always or never")
-    keeps = reshard == "never" or (reshard == "default" and pp > 1)
     if group == 1:
         r.mark(p + "fsdp_reshard_after_forward", "no-memory-effect", "no FSDP")
     else:
-        r.mark(p + "fsdp_reshard_after_forward", "not-modelled" if keeps else "modelled",
-               "parameters stay unsharded from forward to backward; memplan reshards after each block"
-               if keeps else "reshard after forward (memplan's FSDP)")
+        effect, note = _reshard_effect(reshard, pp)
+        r.mark(p + "fsdp_reshard_after_forward", effect, note)
     for key, bad, note in (
         ("disable_loss_parallel", True, "loss on full-vocabulary logits; memplan prices TP's vocab-parallel loss"),
         ("enable_async_tensor_parallel", True, "async TP (compiled) buffers are not modelled"),
@@ -512,3 +510,18 @@ def _unmodelled_switches(r: _Reader) -> None:
     for key in ("quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", "quantize.linear.mx.recipe_name",
                 "quantize.linear.mx.filter_fqns", "quantize.grouped_mm.mx.recipe_name"):
         r.mark(key, "no-memory-effect", "read with an mx converter (reported with model.converters)")
+
+
+
+def _reshard_effect(reshard: str, pp: int) -> tuple[str, str]:
+    """How memplan prices ``fsdp_reshard_after_forward`` (torchtitan's ``apply_fsdp``): under PP the
+    default and ``never`` keep the stage unsharded for the whole step (memplan.estimate.pipeline_fsdp)."""
+    if pp > 1 and reshard != "always":
+        return "modelled", ("the stage's blocks stay unsharded for the whole step and their gradients "
+                            "accumulate unsharded in the reduce dtype until the last micro-batch")
+    if pp > 1:
+        return "not-modelled", ("reshard after each forward under PP (gathered again per micro-batch); "
+                                "memplan prices the default (kept unsharded for the whole step)")
+    if reshard == "never":
+        return "not-modelled", "parameters stay unsharded from forward to backward; memplan reshards after each block"
+    return "modelled", "reshard after forward (memplan's FSDP)"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from memplan.errors import ModelConfigError
+from memplan.model.attention_kinds import MLA
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_MODEL_INT, check_at_most, parse_json
 from memplan.textfile import read_text_file
@@ -344,7 +345,7 @@ def _deepseek(f: _Fields, name: str, model_type: str) -> ModelSpec:
     nope, rope = f.integer("qk_nope_head_dim"), f.integer("qk_rope_head_dim")
     bias = f.flag("attention_bias", False)
     attn = AttentionSpec(
-        kind="mla", num_heads=heads, num_kv_heads=heads, head_dim=nope + rope,
+        kind=MLA.spec_kind, num_heads=heads, num_kv_heads=heads, head_dim=nope + rope,
         v_head_dim=f.integer("v_head_dim"), qkv_bias=bias, out_bias=bias,
         q_lora_rank=f.opt_int("q_lora_rank"), kv_lora_rank=f.integer("kv_lora_rank"),
         qk_rope_head_dim=rope, qk_nope_head_dim=nope,

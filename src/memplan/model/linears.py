@@ -5,7 +5,8 @@ pricing adapters and frozen weights needs the names and shapes ``AutoModelForCau
 gives each family (tested against real modules built on the meta device for every preset):
 
 * Llama-style families: ``model.layers.{i}.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``;
-  MLA (DeepSeek): ``q_proj`` or ``q_a_proj``/``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``;
+  other attention kinds name their own projections (:mod:`memplan.model.attention_kinds`; MLA:
+  ``q_proj`` or ``q_a_proj``/``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``);
   Phi-3: fused ``qkv_proj`` and ``gate_up_proj``; GPT-2 (``transformer.h.{i}``): ``Conv1D`` layers
   ``attn.c_attn``/``attn.c_proj``/``mlp.c_fc``/``mlp.c_proj``; GPT-NeoX (``gpt_neox.layers.{i}``):
   ``attention.query_key_value``/``attention.dense``/``mlp.dense_h_to_4h``/``mlp.dense_4h_to_h``.
@@ -21,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
+
+from memplan.model.attention_kinds import attention_kind
 
 if TYPE_CHECKING:  # annotations only: no import cycle with spec
     from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec
@@ -79,24 +82,7 @@ def _attention_linears(attn: AttentionSpec, h: int, model_type: str) -> list[tup
         return [("attn.c_attn", h, q + kv + v, True), ("attn.c_proj", o_in, h, True)]
     if model_type == "gpt_neox":
         return [("attention.query_key_value", h, q + kv + v, attn.qkv_bias), ("attention.dense", o_in, h, attn.out_bias)]
-    if attn.kind == "mla":
-        assert attn.kv_lora_rank is not None and attn.qk_rope_head_dim is not None and attn.qk_nope_head_dim is not None
-        out: list[tuple[str, int, int, bool]] = []
-        if attn.q_lora_rank:
-            out += [("self_attn.q_a_proj", h, attn.q_lora_rank, attn.qkv_bias),
-                    ("self_attn.q_b_proj", attn.q_lora_rank, q, False)]
-        else:
-            out.append(("self_attn.q_proj", h, q, False))
-        out += [("self_attn.kv_a_proj_with_mqa", h, attn.kv_lora_rank + attn.qk_rope_head_dim, attn.qkv_bias),
-                ("self_attn.kv_b_proj", attn.kv_lora_rank,
-                 attn.num_heads * (attn.qk_nope_head_dim + attn.v_head_dim), False)]
-        return out + [("self_attn.o_proj", o_in, h, attn.out_bias)]
-    if attn.fused_qkv:
-        qkv = [("self_attn.qkv_proj", h, q + kv + v, attn.qkv_bias)]
-    else:
-        qkv = [("self_attn.q_proj", h, q, attn.qkv_bias), ("self_attn.k_proj", h, kv, attn.qkv_bias),
-               ("self_attn.v_proj", h, v, attn.qkv_bias)]
-    return qkv + [("self_attn.o_proj", o_in, h, attn.out_bias)]
+    return attention_kind(attn).linears(attn, h)
 
 
 def _mlp_linears(mlp: MLPSpec, h: int, prefix: str, model_type: str) -> list[tuple[str, int, int, bool]]:
@@ -143,10 +129,7 @@ def _layer_other_params(layer: LayerSpec, hidden: int, model: ModelSpec) -> list
     attn = layer.attention
     if attn.qk_norm:
         out += [("self_attn.q_norm.weight", attn.head_dim), ("self_attn.k_norm.weight", attn.head_dim)]
-    if attn.kind == "mla":
-        if attn.q_lora_rank:
-            out.append(("self_attn.q_a_layernorm.weight", attn.q_lora_rank))
-        out.append(("self_attn.kv_a_layernorm.weight", attn.kv_lora_rank or 0))
+    out += attention_kind(attn).extra_norms(attn)
     moe = layer.moe
     if moe is not None:
         out.append(("mlp.gate.weight", hidden * moe.num_experts))

@@ -17,88 +17,19 @@ vocabulary is the config's own; framework padding of the vocabulary is applied b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
+
+from memplan.model.attention_kinds import attention_kind
+from memplan.model.param_groups import ParamGroups
 
 if TYPE_CHECKING:  # annotations only: spec imports this module in its cached properties
     from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 
 
-@dataclass(frozen=True, slots=True)
-class ParamGroups:
-    """Numbers of parameters, grouped by how tensor/expert parallelism divides them."""
-
-    tp_sharded: int = 0
-    replicated: int = 0
-    expert: int = 0
-    #: Part of ``tp_sharded`` that is shared-expert weights (not an extra group).
-    shared_expert: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.tp_sharded + self.replicated + self.expert
-
-    def __add__(self, other: ParamGroups) -> ParamGroups:
-        return ParamGroups(
-            self.tp_sharded + other.tp_sharded,
-            self.replicated + other.replicated,
-            self.expert + other.expert,
-            self.shared_expert + other.shared_expert,
-        )
-
-
 def attention_params(attn: AttentionSpec, hidden: int) -> ParamGroups:
-    """Weights of one attention block (projections and q/k norms; not the pre-norm)."""
-    if attn.kind == "mla":
-        return _mla_params(attn, hidden)
-    q_out = attn.num_heads * attn.head_dim
-    kv_out = attn.num_kv_heads * attn.head_dim
-    v_out = attn.num_kv_heads * attn.v_head_dim
-    sharded = hidden * (q_out + kv_out + v_out) + attn.num_heads * attn.v_head_dim * hidden
-    if attn.qkv_bias:
-        sharded += q_out + kv_out + v_out
-    replicated = hidden if attn.out_bias else 0
-    if attn.qk_norm:
-        replicated += 2 * attn.head_dim
-    return ParamGroups(tp_sharded=sharded, replicated=replicated)
-
-
-def mla_up_projection_numel(attn: AttentionSpec, hidden: int) -> int:
-    """Weights of MLA's up-projections, the GEMMs ``--recompute-modules mla_up_proj`` runs again: the q
-    up-projection (``q_b_proj``; without a low-rank q, ``q_proj`` on the hidden states) and the kv
-    up-projection (``kv_b_proj``), before tensor-parallel sharding."""
-    assert attn.kind == "mla" and attn.kv_lora_rank is not None and attn.qk_rope_head_dim is not None
-    assert attn.qk_nope_head_dim is not None
-    q_in = attn.q_lora_rank or hidden
-    heads = attn.num_heads
-    q = q_in * heads * (attn.qk_nope_head_dim + attn.qk_rope_head_dim)
-    return q + attn.kv_lora_rank * heads * (attn.qk_nope_head_dim + attn.v_head_dim)
-
-
-def _mla_params(attn: AttentionSpec, hidden: int) -> ParamGroups:
-    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and compressed kv."""
-    assert attn.kv_lora_rank is not None and attn.qk_rope_head_dim is not None
-    assert attn.qk_nope_head_dim is not None
-    heads = attn.num_heads
-    q_head = attn.qk_nope_head_dim + attn.qk_rope_head_dim
-    bias = 1 if attn.qkv_bias else 0
-    replicated = 0
-    sharded = 0
-    if attn.q_lora_rank:
-        replicated += hidden * attn.q_lora_rank + bias * attn.q_lora_rank  # W^DQ
-        replicated += attn.q_lora_rank  # q_a_layernorm
-        sharded += attn.q_lora_rank * heads * q_head  # W^UQ and W^QR
-    else:
-        sharded += hidden * heads * q_head
-    kv_a_out = attn.kv_lora_rank + attn.qk_rope_head_dim
-    replicated += hidden * kv_a_out + bias * kv_a_out  # W^DKV and W^KR
-    replicated += attn.kv_lora_rank  # kv_a_layernorm
-    sharded += attn.kv_lora_rank * heads * (attn.qk_nope_head_dim + attn.v_head_dim)  # W^UK, W^UV
-    sharded += heads * attn.v_head_dim * hidden  # W^O
-    if attn.out_bias:
-        replicated += hidden
-    return ParamGroups(tp_sharded=sharded, replicated=replicated)
+    """Weights of one attention block (projections, q/k and latent norms; not the pre-norm), by its kind."""
+    return attention_kind(attn).params(attn, hidden)
 
 
 def mlp_params(mlp: MLPSpec, hidden: int) -> ParamGroups:
@@ -212,8 +143,7 @@ def layer_non_gemm_params(layer: LayerSpec, hidden: int, norm_bias: bool) -> int
     attn = layer.attention
     if attn.qk_norm:
         count += 2 * attn.head_dim
-    if attn.kind == "mla":
-        count += (attn.kv_lora_rank or 0) + (attn.q_lora_rank or 0)
+    count += attention_kind(attn).extra_norm_numel(attn)
     if layer.moe is not None:
         count += hidden * layer.moe.num_experts
     return count

@@ -12,12 +12,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
 from memplan.errors import ModelConfigError
+from memplan.model.attention_kinds import MHA, attention_kind
 
 if TYPE_CHECKING:
     from memplan.model.params import ParamGroups
 
 NormKind = Literal["rmsnorm", "layernorm"]
-AttentionKind = Literal["mha", "mla"]
 PositionKind = Literal["rope", "learned", "none"]
 
 
@@ -32,7 +32,9 @@ def _positive(owner: str, name: str, value: int | None, *, allow_none: bool = Fa
 class AttentionSpec:
     """Self-attention of one layer: multi-head / grouped-query (``mha``) or latent (``mla``)."""
 
-    kind: AttentionKind = "mha"
+    #: The kind's word (:data:`memplan.model.attention_kinds.SPEC_KINDS`); what it means is the
+    #: registry entry :func:`~memplan.model.attention_kinds.attention_kind` resolves.
+    kind: str = MHA.spec_kind
     #: Number of query heads.
     num_heads: int
     #: Number of key/value heads (== num_heads for MHA, 1 for MQA). For MLA, equals num_heads.
@@ -76,10 +78,11 @@ class AttentionSpec:
                 f"must divide num_attention_heads={self.num_heads}",
                 self.num_kv_heads,
             )
-        if self.kind == "mla":
-            for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim"):
-                _positive("attention", name, getattr(self, name))
-            _positive("attention", "q_lora_rank", self.q_lora_rank, allow_none=True)
+        kind = attention_kind(self)
+        for name in kind.required_fields:
+            _positive("attention", name, getattr(self, name))
+        for name in kind.optional_fields:
+            _positive("attention", name, getattr(self, name), allow_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)

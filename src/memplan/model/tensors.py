@@ -13,23 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from memplan.model.attention_kinds import attention_kind
+
 if TYPE_CHECKING:  # spec imports this module for its cached per-layer counts
-    from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+    from memplan.model.spec import LayerSpec, MLPSpec, ModelSpec, MoESpec
 
 __all__ = ["layer_tensors", "model_tensors", "stage_tensors"]
-
-
-def _attention_tensors(attn: AttentionSpec) -> int:
-    if attn.kind == "mla":
-        # q_a_proj (+bias), q_a_layernorm, q_b_proj — or q_proj alone; kv_a_proj_with_mqa (+bias),
-        # kv_a_layernorm, kv_b_proj; o_proj (+bias). Only the down-projections and o_proj take bias.
-        bias = 1 if attn.qkv_bias else 0
-        q = 3 + bias if attn.q_lora_rank else 1
-        return q + 3 + bias + (2 if attn.out_bias else 1)
-    projections = 1 if attn.fused_qkv else 3
-    count = projections * (2 if attn.qkv_bias else 1)
-    count += 2 if attn.out_bias else 1
-    return count + (2 if attn.qk_norm else 0)
 
 
 def _mlp_tensors(mlp: MLPSpec) -> int:
@@ -53,7 +42,8 @@ def _moe_tensors(moe: MoESpec) -> int:
 def layer_tensors(layer: LayerSpec, norm_bias: bool) -> int:
     """Parameter tensors of one decoder layer (attention, MLP or MoE, and its norms)."""
     block = _mlp_tensors(layer.mlp) if layer.mlp is not None else _moe_tensors(layer.moe)  # type: ignore[arg-type]
-    return _attention_tensors(layer.attention) + block + layer.num_hidden_norms * (2 if norm_bias else 1)
+    attn = layer.attention
+    return attention_kind(attn).tensors(attn) + block + layer.num_hidden_norms * (2 if norm_bias else 1)
 
 
 def stage_tensors(model: ModelSpec, layer_indices: tuple[int, ...], *, has_embedding: bool, has_head: bool) -> int:

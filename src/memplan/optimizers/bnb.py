@@ -89,19 +89,22 @@ def _build(per_element: int, eight_bit: bool, paged: bool, request: TraceRequest
                                paged=paged, paged_on_device=request.device == "cuda", lr=request.learning_rate)
 
 
-def _kind(name: str, per_element: int, eight_bit: bool, paged: bool, hf: tuple[str, ...], summary: str) -> OptimizerKind:
+def _kind(name: str, per_element: int, eight_bit: bool, paged: bool, hf: tuple[str, ...], summary: str,
+          torchtune: str = "") -> OptimizerKind:
     shape = (per_element, eight_bit, paged)
     return OptimizerKind(
         name=name, summary=summary, states=partial(_states, *shape), step_temporaries=_in_place,
         describe=partial(_describe, eight_bit, paged), small_tensors=True, paged=paged,
-        dialects=DialectNames(hf=tuple((optim, "auto") for optim in hf)), build=partial(_build, *shape),
+        dialects=DialectNames(hf=tuple((optim, "auto") for optim in hf), torchtune=torchtune),
+        build=partial(_build, *shape),
     )
 
 
 #: In registry order (the order Hugging Face's ``optim`` names are listed in messages).
 BNB_KINDS = (
     _kind("adam8bit", 2, True, False, (), "bitsandbytes Adam8bit: two 8-bit moments"),
-    _kind("adamw8bit", 2, True, False, ("adamw_bnb_8bit", "adamw_8bit"), "bitsandbytes AdamW8bit: two 8-bit moments"),
+    _kind("adamw8bit", 2, True, False, ("adamw_bnb_8bit", "adamw_8bit"), "bitsandbytes AdamW8bit: two 8-bit moments",
+          torchtune="bitsandbytes.optim.AdamW8bit"),
     _kind("paged-adamw8bit", 2, True, True, ("paged_adamw_8bit",),
           "bitsandbytes PagedAdamW8bit: two 8-bit moments in CUDA unified memory"),
     _kind("paged-adamw", 2, False, True, ("paged_adamw_32bit",),

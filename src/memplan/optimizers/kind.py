@@ -28,6 +28,7 @@ __all__ = [
     "SmallTensors",
     "StateQuery",
     "StepQuery",
+    "WeightMatrix",
     "TraceRequest",
     "import_package",
     "torch_step_bytes",
@@ -43,6 +44,8 @@ class OptimizerSettings(Protocol):
     def momentum(self) -> float: ...
     @property
     def muon_tp_mode(self) -> str: ...
+    @property
+    def muon_nesterov(self) -> bool: ...
     @property
     def galore_rank(self) -> int: ...
 
@@ -84,6 +87,20 @@ class OptimizerStates:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightMatrix:
+    """One 2-D weight an optimizer steps alone (Muon): its full shape and how tensor parallelism splits it."""
+
+    rows: int
+    cols: int
+    #: Tensor-parallel group size of the weight (1: not split).
+    tp: int = 1
+    #: The split dimension (0: column-parallel rows, 1: row-parallel columns); None: replicated.
+    partition_dim: int | None = None
+    #: Bytes alive before its step starts (fp32 copies of the fused weight it is a part of).
+    before: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class StateQuery:
     """What the estimator knows when it prices one GPU's optimizer states."""
 
@@ -96,6 +113,8 @@ class StateQuery:
     settings: OptimizerSettings
     #: Muon: of ``numel``, the elements its scalar optimizer (Adam) steps.
     muon_scalar: int = 0
+    #: The stage's 2-D weights on this rank, for an entry with :attr:`OptimizerKind.weight_matrices`.
+    matrices: tuple[WeightMatrix, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +177,8 @@ class DialectNames:
     hf_optim_args_no_effect: tuple[str, ...] = ()
     #: torchtitan ``[optimizer] name`` values.
     torchtitan: tuple[str, ...] = ()
+    #: torchtune's ``optimizer._component_`` a config emitted for it names (empty: torchtune's default AdamW).
+    torchtune: str = ""
 
 
 def _no_description(settings: OptimizerSettings) -> str:
@@ -180,6 +201,9 @@ class OptimizerKind:
     describe: Callable[[OptimizerSettings], str] = _no_description
     #: Its pricing needs :class:`SmallTensors` (bitsandbytes thresholds, Adafactor vectors, GaLore matrices).
     small_tensors: bool = False
+    #: Its pricing needs the stage's 2-D weights with their TP split (:attr:`StateQuery.matrices`) and the
+    #: elements its scalar optimizer steps (:attr:`StateQuery.muon_scalar`): Muon.
+    weight_matrices: bool = False
     #: torch.optim's Adam/AdamW: one fp32 ``step`` tensor per parameter on the GPU when fused.
     fused_step_counters: bool = False
     #: bitsandbytes paged states (CUDA unified memory).
@@ -196,6 +220,8 @@ class OptimizerKind:
     implementations: tuple[str, ...] = ("foreach", "fused", "for-loop")
     #: :class:`memplan.job.Optimizer` fields that only apply to this optimizer (their flags are refused otherwise).
     knobs: tuple[str, ...] = ()
+    #: The bitsandbytes 8-bit optimizer a memory search may try in its place (empty: none).
+    eight_bit_variant: str = ""
     dialects: DialectNames = field(default_factory=DialectNames)
     #: The real optimizer for the tracer (None: not traceable, :attr:`untraceable` says why).
     build: Callable[[TraceRequest], Any] | None = None

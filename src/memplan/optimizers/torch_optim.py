@@ -77,13 +77,13 @@ ADAMW = OptimizerKind(
     states=_two_moments, step_temporaries=torch_step_bytes, fused_step_counters=True,
     dialects=DialectNames(megatron=("adam", "adamw"), deepspeed=("adamw", "fusedadam"),
                           hf=(("adamw_torch", "foreach"), ("adamw_torch_fused", "fused")), torchtitan=("AdamW",)),
-    build=_build_adamw,
+    build=_build_adamw, eight_bit_variant="adamw8bit",
 )
 ADAM = OptimizerKind(
     name="adam", summary="torch.optim.Adam: two moments like the parameter",
     states=_two_moments, step_temporaries=torch_step_bytes, fused_step_counters=True,
     dialects=DialectNames(deepspeed=("adam", "onebitadam"), torchtitan=("Adam",)),
-    build=_build_adam,
+    build=_build_adam, eight_bit_variant="adamw8bit",
 )
 ADAFACTOR = OptimizerKind(
     name="adafactor", summary="Adafactor: factored second moment, no first moment",

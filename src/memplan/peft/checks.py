@@ -26,22 +26,22 @@ if TYPE_CHECKING:
 def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
     """Module names the fine-tuning flags give must exist in ``model`` and ranks must fit the layers
     they target; raise :class:`~memplan.errors.JobConfigError` naming the flag."""
-    if ft.peft == "none" and not ft.modules_to_save and ft.resolved_trainable in ("all", "adapters"):
+    if not ft.peft_kind.adapters and not ft.modules_to_save and ft.resolved_trainable in ("all", "adapters"):
         return  # full training names nothing (the common case: no walk over the model's linears)
     linears = list(model_linears(model))
 
     def listing() -> str:  # for the error messages only
         return ", ".join(sorted({m.name.rpartition(".")[2] for m in linears}))
 
-    modules, _ = split_targets(model, ft) if ft.peft != "none" else ((), ())
+    modules, _ = split_targets(model, ft) if ft.peft_kind.adapters else ((), ())
     for target in modules or ():
         if not any(matches(m.name, target) for m in linears):
             raise JobConfigError("--lora-targets", f"must name modules of the model (its linear layers: {listing()})",
                                  target)
-    if ft.peft != "none" and fused_gate_up_complete(model, ft) is False:
+    if ft.peft_kind.adapters and fused_gate_up_complete(model, ft) is False:
         raise JobConfigError("--lora-targets", "must name both expert projections fused into gate_up_proj "
                              "(peft refuses one alone)", ft.lora_targets)
-    if ft.peft != "none" and ft.target_names is not None:
+    if ft.peft_kind.adapters and ft.target_names is not None:
         for a in adapter_targets(model, ft):
             rank = rank_of(a.name, ft.lora_rank, ft.rank_pattern)
             if rank > min(a.in_features, a.out_features):

@@ -17,7 +17,7 @@ A pure function of the model's named modules (:mod:`memplan.model.linears`) and 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -82,6 +82,19 @@ class FinetuneParams:
     #: Embedding, position table, final norm and output head (and their copies/adapters).
     root: PartCounts
     adapters: tuple[Adapter, ...]
+    #: Derived once (the estimator reads them per layer): the first decoder layer holding a trainable
+    #: parameter (the number of layers if none), and each decoder layer's adapters.
+    first_trainable: int = field(init=False, compare=False)
+    layer_adapters: tuple[tuple[Adapter, ...], ...] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        first = next((i for i, part in enumerate(self.layers) if part.trainable), len(self.layers))
+        by_layer: list[list[Adapter]] = [[] for _ in self.layers]
+        for a in self.adapters:
+            if a.module.layer is not None:
+                by_layer[a.module.layer].append(a)
+        object.__setattr__(self, "first_trainable", first)
+        object.__setattr__(self, "layer_adapters", tuple(tuple(a) for a in by_layer))
 
     @property
     def trainable(self) -> int:
@@ -155,7 +168,7 @@ def fused_gate_up_complete(model: ModelSpec, ft: FineTuning) -> bool | None:
 
 def adapter_targets(model: ModelSpec, ft: FineTuning) -> tuple[LinearModule, ...]:
     """Linear modules that get an adapter (none without --peft); fused expert parameters apart."""
-    if ft.peft == "none":
+    if not ft.peft_kind.adapters:
         return ()
     names, _ = split_targets(model, ft)
     linears = model_linears(model)
@@ -166,7 +179,7 @@ def adapter_targets(model: ModelSpec, ft: FineTuning) -> tuple[LinearModule, ...
 
 def _parameter_adapters(model: ModelSpec, ft: FineTuning) -> list[Adapter]:
     """peft ``ParamWrapper`` adapters on fused expert parameters and routers (MoE models)."""
-    if ft.peft == "none":
+    if not ft.peft_kind.adapters:
         return []
     _, params = split_targets(model, ft)
     if not params:
@@ -247,7 +260,7 @@ def _finetune_params(model: ModelSpec, ft: FineTuning) -> FinetuneParams:
     full = trained_modules(model, ft)
     saved = saved_modules(model, ft)
     quantizable = {f"{m.name}.weight": m.out_features for m in model_linears(model)
-                   if m.kind != "embedding" and m.name != "lm_head"} if ft.quantize_base != "none" else {}
+                   if m.kind != "embedding" and m.name != "lm_head"} if ft.quant_kind.quantizes else {}
     for p in model_parameters(model):
         slot = n if p.layer is None else p.layer
         if everything or _under(p.module, full):
@@ -260,7 +273,7 @@ def _finetune_params(model: ModelSpec, ft: FineTuning) -> FinetuneParams:
     for name in saved:
         size = _module_numel(model, name)
         copies[_slot(model, name)] += size
-    adapters = tuple(Adapter(m, rank_of(m.name, ft.lora_rank, ft.rank_pattern), ft.peft == "dora")
+    adapters = tuple(Adapter(m, rank_of(m.name, ft.lora_rank, ft.rank_pattern), ft.peft_kind.magnitude)
                      for m in adapter_targets(model, ft)) + tuple(_parameter_adapters(model, ft))
     for a in adapters:
         adapter[n if a.module.layer is None else a.module.layer] += a.numel
@@ -282,7 +295,3 @@ def _slot(model: ModelSpec, module: str) -> int:
     return model.num_layers
 
 
-
-def first_trainable_layer(counts: FinetuneParams) -> int:
-    """Index of the first decoder layer holding a trainable parameter (the number of layers if none)."""
-    return next((i for i, part in enumerate(counts.layers) if part.trainable), len(counts.layers))

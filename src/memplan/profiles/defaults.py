@@ -14,23 +14,10 @@ from typing import Any
 
 from memplan.settings import InputSetting
 
-__all__ = ["DefaultRule", "default_settings", "fsdp_keeps_blocks_unsharded_under_pp"]
+__all__ = ["DefaultRule", "default_settings"]
 
 #: A rule on a job (a :class:`memplan.job.Job`): the default it leaves in force, or None.
 DefaultRule = Callable[[Any], "InputSetting | None"]
-
-
-def fsdp_keeps_blocks_unsharded_under_pp(job: Any) -> InputSetting | None:
-    """torchtitan's ``fsdp_reshard_after_forward = "default"`` under pipeline parallelism: FSDP keeps
-    each stage's blocks unsharded from forward to backward (``reshard_after_forward = not pp_enabled``,
-    torchtitan/models/llama3/infra/parallelize.py ``apply_fsdp``)."""
-    if job.parallel.pp == 1 or job.sharding.fsdp == "none":
-        return None
-    return InputSetting(source=f"--framework {job.framework}", key="parallelism.fsdp_reshard_after_forward",
-                        value="default", effect="not-modelled",
-                        note="the framework's default under pipeline parallelism keeps every block's parameters "
-                             "unsharded from forward to backward (reshard_after_forward=False); memplan reshards "
-                             "after each block")
 
 
 def default_settings(rules: tuple[DefaultRule, ...], job: Any,

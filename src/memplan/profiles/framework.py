@@ -11,7 +11,7 @@ from typing import Literal
 
 from memplan.errors import JobConfigError
 from memplan.profiles import megatron_rules
-from memplan.profiles.defaults import DefaultRule, fsdp_keeps_blocks_unsharded_under_pp
+from memplan.profiles.defaults import DefaultRule
 from memplan.profiles.rules import JobRule, ModelRule
 from memplan.units import MiB
 
@@ -86,6 +86,11 @@ class FrameworkProfile:
     workspace_bytes: int = TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES
     #: Unsharded blocks alive at once under FSDP/ZeRO-3 (the one computing + prefetched ones).
     fsdp_live_blocks: int = 2
+    #: Under pipeline parallelism FSDP2 keeps the stage's blocks unsharded for the whole step and
+    #: accumulates unsharded gradients in the reduce dtype until the last micro-batch (torchtitan's
+    #: ``reshard_after_forward = not pp_enabled`` with torch's pipelining stage;
+    #: :mod:`memplan.estimate.pipeline_fsdp`).
+    pipeline_fsdp_unsharded: bool = False
     #: DeepSpeed ZeRO-1/2 reduce bucket, elements (``reduce_bucket_size``, default 5e8).
     reduce_bucket_elements: int = 0
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
@@ -109,6 +114,9 @@ class FrameworkProfile:
     #: an untied ``lm_head`` is column-parallel with its output gathered (``colwise_gather_output``),
     #: so every rank computes the loss on full-vocabulary logits.
     vocab_parallel: bool = True
+    #: Under TP the loss runs in DTensor's ``loss_parallel`` on the vocabulary-sharded logits
+    #: (torchtitan's ``get_train_context``; :mod:`memplan.estimate.loss_parallel`).
+    dtensor_loss_parallel: bool = False
     #: The optimizer is ``torch.optim``'s (HF Trainer, torchtitan): its fused (and capturable)
     #: Adam/AdamW keep a float32 ``step`` tensor per parameter on the GPU (torch/optim/adam.py,
     #: ``_init_group``). Megatron's and DeepSpeed's fused Adam keep the step count on the host.
@@ -184,9 +192,6 @@ class FrameworkProfile:
     #: Megatron-core's ``GlobalMemoryBuffer`` ("mpu"): the all-gather MoE dispatcher's gathered tokens
     #: and, under ``--transformer-impl local``, the layers' gathers and unfused attention scores.
     global_memory_buffer: bool = False
-    #: ``--transformer-impl local`` runs torch matmuls instead of Transformer Engine's layers: no TE
-    #: cuBLAS workspace, the global buffer serves the layers (Megatron-LM only).
-    local_transformer_impl: bool = False
     #: Transformer Engine's context-parallel attention buffers (``--cp-comm-type``) are priced.
     te_context_parallel: bool = False
     #: Transformer Engine's grouped GEMM keeps its per-stream cuBLAS workspaces (``--moe-grouped-gemm``).
@@ -202,6 +207,12 @@ class FrameworkProfile:
     #: DeepSpeed activation checkpointing's ``partition_activations`` / ``cpu_checkpointing`` /
     #: contiguous buffers act on full recompute's kept inputs.
     deepspeed_checkpointing: bool = False
+
+    @property
+    def local_transformer_impl(self) -> bool:
+        """``--transformer-impl local`` runs here (its feature): torch matmuls instead of Transformer
+        Engine's layers, so no TE cuBLAS workspace, and the global buffer serves the layers (Megatron-LM)."""
+        return "local-transformer-impl" in self.features
 
 
 MEGATRON = FrameworkProfile(
@@ -220,7 +231,7 @@ MEGATRON = FrameworkProfile(
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     moe_probs_at="experts",
-    features=frozenset({"muon", "tp-comm-overlap", "delay-wgrad", "early-attn-release",
+    features=frozenset({"tp-comm-overlap", "delay-wgrad", "early-attn-release",
                         "experts-wgrad-overlap", "shared-expert-overlap", "ep-a2a-overlap", "cuda-graphs",
                         "fine-offload", "local-transformer-impl"}),
     job_rules=megatron_rules.JOB_RULES,
@@ -231,7 +242,6 @@ MEGATRON = FrameworkProfile(
     fit_expert_parallel=True,
     fit_shardings=("dist-opt",),
     global_memory_buffer=True,
-    local_transformer_impl=True,
     te_context_parallel=True,
     te_grouped_gemm_workspaces=True,
     flex_dispatch_buffers=True,
@@ -256,7 +266,8 @@ TORCHTITAN = FrameworkProfile(
     selective_policy="torchtitan-sac",
     autocast_with_tp_or_pp=False,
     pipeline_split="embedding-output-weighted",
-    unmodelled_defaults=(fsdp_keeps_blocks_unsharded_under_pp,),
+    pipeline_fsdp_unsharded=True,
+    dtensor_loss_parallel=True,
     fit_tensor_parallel=True,
     fit_pipelines=True,
 )

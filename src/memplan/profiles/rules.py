@@ -26,12 +26,6 @@ def _framework(job: Any) -> str:
     return f"--framework {job.framework}"
 
 
-def _muon_full_training(job: Any) -> None:
-    if job.finetune.partial:
-        raise JobConfigError("--optimizer", "muon is priced for full training only (its Muon/Adam split of "
-                             "frozen or adapter parameters is not modelled)", job.optimizer.name)
-
-
 def _one_activation_mover(job: Any) -> None:
     if job.offload.activations:
         raise JobConfigError("--offload-activations", "cannot be combined with DeepSpeed's --partition-activations "
@@ -57,9 +51,6 @@ class Feature:
 
 #: Every framework-specific option, in the order a job is checked for them.
 FEATURES: tuple[Feature, ...] = (
-    Feature(name="muon", flag="--optimizer", what="muon is priced as Megatron-LM's Muon (its parameter split "
-            "and Newton-Schulz step)", on=lambda job: job.optimizer.name == "muon",
-            value=lambda job: job.optimizer.name, rule=_muon_full_training),
     Feature(name="partition-activations", flag="--partition-activations", what="is DeepSpeed activation "
             "checkpointing", on=lambda job: job.recompute.partition_activations, rule=_one_activation_mover),
     Feature(name="cpu-checkpointing", flag="--cpu-checkpointing", what="is DeepSpeed activation checkpointing",

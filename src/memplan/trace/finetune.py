@@ -54,7 +54,7 @@ def frozen_dtype(finetune: FineTuning, compute_dtype: str) -> torch.dtype:
 
 def require_peft(finetune: FineTuning) -> None:
     """Refuse before a trace starts when the job needs peft and it is not installed."""
-    if finetune.peft != "none":
+    if finetune.peft_kind.adapters:
         _peft()
 
 
@@ -73,9 +73,9 @@ def lora_config(finetune: FineTuning) -> Any:
     save = [name for name in finetune.modules_to_save.split(",") if name] or None
     config = peft.LoraConfig(r=finetune.lora_rank, lora_alpha=finetune.lora_alpha,
                              lora_dropout=finetune.lora_dropout, target_modules=targets,
-                             use_dora=finetune.peft == "dora", use_rslora=finetune.rslora,
+                             **finetune.peft_kind.lora_config, use_rslora=finetune.rslora,
                              rank_pattern=finetune.rank_pattern, modules_to_save=save, task_type="CAUSAL_LM")
-    if finetune.quantize_base != "none":
+    if finetune.quant_kind.quantizes:
         config._register_custom_module(_bitsandbytes_lora_layers())
     return config
 
@@ -123,9 +123,9 @@ def apply_finetune(model: torch.nn.Module, finetune: FineTuning, *, storage_dtyp
                    compute_dtype: str, adapter_dtype: str = "fp32") -> torch.nn.Module:
     """Freeze, quantize and wrap ``model`` (built on ``meta``) as the job says; returns the model to train."""
     trainable = finetune.resolved_trainable
-    if trainable == "all" and finetune.peft == "none":
+    if trainable == "all" and not finetune.peft_kind.adapters:
         return model
-    if finetune.quantize_base != "none":
+    if finetune.quant_kind.quantizes:
         from memplan.trace.standins.quantized import quantize_linears
 
         quant = finetune.quant_compute_dtype or compute_dtype
@@ -136,7 +136,7 @@ def apply_finetune(model: torch.nn.Module, finetune: FineTuning, *, storage_dtyp
     if trainable not in ("all", "adapters"):
         _train_named(model, tuple(trainable.split(",")))
     base_trainable = {id(p) for p in model.parameters() if p.requires_grad}
-    if finetune.peft != "none":
+    if finetune.peft_kind.adapters:
         model = _wrapped(model, finetune)
         if trainable == "all":
             for param in model.parameters():

@@ -59,6 +59,9 @@ class StepJob:
     #: A context entered around each iteration's forward and backward (torchtitan's train
     #: context: ``loss_parallel`` under TP, whose backward must run inside it too).
     context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    #: What an iteration runs instead of forward, loss and backward (``--torchtitan`` under pipeline
+    #: parallelism: the schedule's step, every micro-batch's forward and backward of this rank's stages).
+    step: Callable[[], None] | None = None
 
 
 def hf_loss(output: Any, batch: Any) -> torch.Tensor:
@@ -212,13 +215,16 @@ def run_iterations(job: StepJob, iterations: int, recorder: AllocationRecorder |
     for iteration in range(iterations):
         with job.context() if job.context is not None else contextlib.nullcontext():
             _set(recorder, "forward", iteration)
-            with _saved_tensors(recorder, offload_activations):
-                loss = _forward(job)
-            _set(recorder, "backward", iteration)
-            if recorder is not None:
-                recorder.start_backward()
-            loss.backward()
-            del loss
+            if job.step is not None:
+                job.step()
+            else:
+                with _saved_tensors(recorder, offload_activations):
+                    loss = _forward(job)
+                _set(recorder, "backward", iteration)
+                if recorder is not None:
+                    recorder.start_backward()
+                loss.backward()
+                del loss
         if recorder is not None:
             _mark_gradients(recorder, params)
         _set(recorder, "optimizer", iteration)

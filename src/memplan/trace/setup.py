@@ -60,8 +60,10 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
 })
 #: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
 #: shards the sequence between the TP regions).
-_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({("parallel", "sequence_parallel"),
-                                                                  (None, "torchtitan_model")})
+#: ``--torchtitan`` also runs torchtitan's pipelining (one stage, :mod:`memplan.trace.runners.torchtitan_pipeline`).
+_TORCHTITAN_CODE: frozenset[tuple[str | None, str]] = frozenset({
+    ("parallel", "sequence_parallel"), ("parallel", "pp"), ("parallel", "vpp"), ("parallel", "chunk_layers"),
+    (None, "torchtitan_model")})
 _RUN_FIELDS = ("device", "iterations", "moe_routing")
 def _check_in(name: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
@@ -144,7 +146,7 @@ def _check_deepspeed(job: Job) -> None:
                           True)
     finetune = job.finetune
     if finetune.partial:
-        flag = "--peft" if finetune.peft != "none" else ("--quantize-base" if finetune.quantize_base != "none"
+        flag = "--peft" if finetune.peft_kind.adapters else ("--quantize-base" if finetune.quant_kind.quantizes
                                                          else "--trainable")
         raise ConfigError(flag, "fine-tuning is traced with --framework hf (a frozen embedding would leave "
                           "DeepSpeed's reentrant checkpoint without an input that requires grad)", True)
@@ -178,7 +180,8 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
     if sharding.fsdp == "none" and par.data_parallel > 1:
         raise ConfigError("--gpus", f"memplan trace simulates FSDP and TP ranks: with --fsdp none the GPUs must "
                           f"equal --tp ({par.tp}); DDP replicas are estimated only", par.world_size)
-    if job.batch.global_batch_size not in (None, job.batch.micro_batch_size * par.data_parallel):
+    pipelined = torchtitan_code and par.pp > 1  # the schedule's micro-batches run in the step
+    if not pipelined and job.batch.global_batch_size not in (None, job.batch.micro_batch_size * par.data_parallel):
         raise ConfigError("--gbs", "gradient accumulation is not traced: memplan trace runs one micro-batch per "
                           f"step (leave --gbs out or make it mbs*dp = {job.batch.micro_batch_size * par.data_parallel})",
                           job.batch.global_batch_size)
@@ -193,10 +196,10 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
 
 
 def _check_finetune(job: Job) -> None:
-    if job.finetune.quantize_base != "none" and job.finetune.peft == "dora":
+    if job.finetune.quant_kind.quantizes and job.finetune.peft_kind.magnitude:
         raise ConfigError("--peft", "dora on a quantized base needs bitsandbytes' dequantization of the weight "
-                          "norm, which the tracer's stand-in does not run; trace --peft lora", "dora")
-    if (job.finetune.peft != "none" or job.finetune.has_frozen) and job.parallel.world_size > 1:
+                          "norm, which the tracer's stand-in does not run; trace --peft lora", job.finetune.peft)
+    if (job.finetune.peft_kind.adapters or job.finetune.has_frozen) and job.parallel.world_size > 1:
         raise ConfigError("--gpus", "memplan trace runs fine-tuning (--peft, --trainable) on one rank; "
                           "estimate sharded fine-tuning with memplan estimate", job.parallel.world_size)
     for flag, on in (("--optimizer-in-backward", job.optimizer.in_backward),

@@ -24,12 +24,16 @@
  * marker on each of those streams (mpr_stream_marker) and the block stays reserved (pending) until
  * mpr_stream_complete(s, marker) reports every marker reached (PyTorch's record_stream rule).
  */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) beside -std=c99 -D_POSIX_C_SOURCE */
+#endif
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 typedef uint64_t u64;
 typedef int64_t i64;
@@ -46,6 +50,7 @@ typedef int64_t i64;
 #define SEGMENT_ROUND (2ULL << 20)
 #define LARGE_SPLIT_MIN (1ULL << 20)
 #define HOST_ALIGN 64
+#define HUGE_PAGE (2ULL << 20)
 #define WINDOW 1024
 #define SWAP_WINDOW 64
 #define NO_SLOT UINT64_MAX
@@ -111,7 +116,7 @@ typedef struct { i64 n, cap, next_id; i64 *id, *size, *stream, *step; unsigned c
 
 typedef struct mpr_arena {
     pthread_mutex_t lock;
-    int backend, closed, passthrough;
+    int backend, closed, passthrough, hugepages;
     u64 alignment, fallback_limit, arena_limit, next_virtual;
     void *(*raw_alloc)(struct mpr_arena *, u64);
     void (*raw_free)(struct mpr_arena *, void *, u64);
@@ -156,6 +161,17 @@ static void *host_alloc(mpr_arena *a, u64 size) {
     return posix_memalign(&p, HOST_ALIGN, size ? size : HOST_ALIGN) == 0 ? p : NULL;
 }
 static void host_free(mpr_arena *a, void *p, u64 size) { (void)a; (void)size; free(p); }
+/* The planned region on the host: 2 MiB aligned and advised to the kernel for transparent huge pages
+ * (one TLB entry per 2 MiB of a region every step walks; the kernel's "madvise" mode needs the advice). */
+static void *host_region_alloc(mpr_arena *a, u64 size) {
+    void *p = NULL;
+    if (!a->hugepages) return host_alloc(a, size);
+    if (posix_memalign(&p, HUGE_PAGE, align_up(size ? size : 1, HUGE_PAGE)) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, align_up(size ? size : 1, HUGE_PAGE), MADV_HUGEPAGE);
+#endif
+    return p;
+}
 static void *cuda_alloc(mpr_arena *a, u64 size) {
     void *p = NULL;
     return a->cuda_malloc(&p, (size_t)size) == 0 ? p : NULL;
@@ -682,6 +698,7 @@ mpr_arena *mpr_create(int backend, const char *lib, u64 alignment, u64 fallback_
     a->fallback_limit = fallback_limit;
     a->arena_limit = arena_limit;
     a->next_virtual = VIRTUAL_BASE;
+    a->hugepages = 1;
     a->active = -1;
     a->prev.gen = -1;
     a->cur.gen = -1;
@@ -794,6 +811,13 @@ u64 mpr_synchronize(mpr_arena *a) {
     return released;
 }
 
+/* Huge-page advice for the host arena's regions allocated from now on (on by default). */
+void mpr_set_hugepages(mpr_arena *a, int on) {
+    pthread_mutex_lock(&a->lock);
+    a->hugepages = on != 0;
+    pthread_mutex_unlock(&a->lock);
+}
+
 /* Add a plan (slots in request order); returns its id or -1. offset NO_SLOT: served by the fallback. */
 int mpr_add_plan(mpr_arena *a, u64 n, const u64 *size, const u64 *req, const u64 *offset, const i64 *stream, u64 pool) {
     pthread_mutex_lock(&a->lock);
@@ -831,8 +855,9 @@ done:
 static int ensure_region(mpr_arena *a, u64 need) {
     if (a->region && a->region->size >= need) return 0;
     if (a->arena_limit && need > a->arena_limit) return 1;
-    void *p = raw_alloc(a, need);
+    void *p = a->backend == BACKEND_HOST ? host_region_alloc(a, need) : a->raw_alloc(a, need);
     if (!p) return 1;
+    a->c[C_RAW_ALLOCS]++;
     Region *r = (Region *)calloc(1, sizeof(Region));
     if (!r) { raw_free(a, p, need); return 1; }
     r->addr = (u64)(uintptr_t)p;
@@ -1037,17 +1062,23 @@ void *mpr_cuda_malloc(size_t size, int device, void *stream) {
     return a ? mpr_malloc(a, (u64)size, (i64)(intptr_t)stream) : NULL;
 }
 
-/* Free a block of whichever arena holds it (the CPU allocator's deleter: its context is the pointer). */
+/* Free a block of whichever arena holds it (the CPU allocator's deleter: its context is the pointer).
+ * The block is freed under the lock that found it: one hash look-up, no second locking. */
 void mpr_free_any(void *ptr) {
     pthread_mutex_lock(&g_lock);
-    mpr_arena *owner = NULL;
-    for (mpr_arena *a = g_all; a && !owner; a = a->next_global) {
+    mpr_arena *gone = NULL;
+    for (mpr_arena *a = g_all; a; a = a->next_global) {
         pthread_mutex_lock(&a->lock);
-        if (hash_find(a, (u64)(uintptr_t)ptr)) owner = a;
+        Block *b = hash_find(a, (u64)(uintptr_t)ptr);
+        if (b) {
+            free_locked(a, b);
+            if (a->closed && live_count(a) == 0) gone = a;
+        }
         pthread_mutex_unlock(&a->lock);
+        if (b) break;
     }
     pthread_mutex_unlock(&g_lock);
-    if (owner) mpr_free(owner, ptr);
+    if (gone) destroy(gone);
 }
 
 void mpr_cuda_free(void *ptr, size_t size, int device, void *stream) {

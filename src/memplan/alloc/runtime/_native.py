@@ -102,6 +102,7 @@ _SIGNATURES = {
     "mpr_synchronize": (_u64, [_p]),
     "mpr_close": (None, [_p]),
     "mpr_set_current": (None, [_p]),
+    "mpr_set_hugepages": (None, [_p, ctypes.c_int]),
 }
 
 
@@ -213,6 +214,10 @@ class Core:
 
     def reset_peaks(self) -> None:
         self.lib.mpr_reset_peaks(self.handle)
+
+    def set_hugepages(self, on: bool) -> None:
+        """Advise huge pages for the host arena's regions allocated from now on (default: on)."""
+        self.lib.mpr_set_hugepages(self.handle, int(on))
 
     def set_current(self) -> None:
         self.lib.mpr_set_current(self.handle)

@@ -177,7 +177,7 @@ def replay_trace(trace: Trace, *, mode: Literal["profile", "online"] = "profile"
             stats = arena.stats()
     finally:
         core.close()
-    return RuntimeReplayResult(mode=mode, events=len(trace.events), lower_bound_bytes=trace.peak_live_bytes,
+    return RuntimeReplayResult(mode=mode, events=len(trace.events), lower_bound_bytes=sim.peak_requested_bytes,
                         aligned_peak_bytes=_aligned_peak(trace), caching_fragmentation=sim.fragmentation,
                         caching_reserved_bytes=sim.peak_reserved_bytes,
                         planned_reserved_bytes=stats["peak_reserved_bytes"], arena_bytes=stats["arena_bytes"],

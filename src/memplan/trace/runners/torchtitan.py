@@ -90,12 +90,23 @@ class TorchtitanTarget:
         args = self.model_args
         dims = _parallel_dims(jc, options.world_size)
         dtypes = import_torchtitan("torchtitan.config").TORCH_DTYPE_MAP
-        with unset_fake_temporarily(), torch.device("meta"), _default_dtype(dtypes[jc.training.dtype]):
-            model = spec.model_cls(args)
-        with unset_fake_temporarily(), _cpu_meshes():  # meshes are small real tensors, as in memplan's ranks
-            if dims.world_size > 1:
-                dims.build_mesh()
-            model = spec.parallelize_fn(model, dims, jc)
+
+        def built(apply: Any) -> Any:
+            """``apply`` (torchtitan's parallelize or pipelining function) on the model built on ``meta``."""
+            with torch.device("meta"), _default_dtype(dtypes[jc.training.dtype]):
+                model = spec.model_cls(args)
+            with _cpu_meshes():  # meshes are small real tensors, as in memplan's ranks
+                if dims.world_size > 1:
+                    dims.build_mesh()
+                return apply(model)
+
+        if dims.pp_enabled:
+            from memplan.trace.runners.torchtitan_pipeline import pipeline_step_job
+
+            return pipeline_step_job(jc, spec, args, dims, built=built, amp=_amp_dtype(jc, dims),
+                                     cuda_autocast=options.device == "cuda", context=_train_context(jc, dims))
+        with unset_fake_temporarily():
+            model = built(lambda model: spec.parallelize_fn(model, dims, jc))
         # Storage for every parameter and buffer, as torchtitan's to_empty gives it. Its
         # init_weights only draws values (and reassigns freqs_cis with the same shape and dtype);
         # fake tensors have no values, and trunc_normal_ reads a scalar they cannot answer.

@@ -8,7 +8,8 @@ job of the same file, and everything refused before the trace starts.
   field list and defaults of torchtitan 0.2.2 (238fa99);
 * the file is the job: job flags beside it are refused, except ``--gpus`` (the launcher's world size,
   which ``data_parallel_shard_degree = -1`` fills);
-* refused with the field named: pipeline, context and replicated data parallelism, ``compile``
+* pipeline parallelism runs one stage, this simulated rank's (:mod:`memplan.trace.runners.torchtitan_pipeline`);
+* refused with the field named: context and replicated data parallelism, a CSV schedule, ``compile``
   (exit 2), flex / varlen attention (exit 1), and what the tracer refuses for any job;
 * the model's shapes for the estimator come from torchtitan's llama3 arguments, or the flavor's preset.
 """
@@ -142,8 +143,14 @@ def _check_runnable(jc: Any, args: Any) -> None:
         raise ConfigError(f"{_FLAG}: compile.enable", "memplan trace runs eager kernels; torchtitan's compiled "
                           "blocks are not traced (set it false; memplan estimate reports it as not modelled)", True)
     p = jc.parallelism
-    for key, what in (("pipeline_parallel_degree", "pipeline parallelism (torchtitan's pipelining_fn)"),
-                      ("context_parallel_degree", "context parallelism"),
+    if p.pipeline_parallel_degree > 1 and p.tensor_parallel_degree > 1:
+        raise ConfigError(f"{_FLAG}: parallelism.tensor_parallel_degree", "is not traced together with pipeline "
+                          "parallelism (the stages exchange DTensor hidden states); memplan estimate "
+                          "--torchtitan-config prices it", p.tensor_parallel_degree)
+    if p.pipeline_parallel_degree > 1 and p.pipeline_parallel_schedule_csv:
+        raise ConfigError(f"{_FLAG}: parallelism.pipeline_parallel_schedule_csv", "a schedule from a CSV file is not "
+                          "traced (memplan trace runs torchtitan's named schedules)", p.pipeline_parallel_schedule_csv)
+    for key, what in (("context_parallel_degree", "context parallelism"),
                       ("data_parallel_replicate_degree", "replicated data parallelism (DDP / HSDP)")):
         if getattr(p, key) != 1:
             raise ConfigError(f"{_FLAG}: parallelism.{key}", f"{what} is not traced (memplan trace simulates FSDP "

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from memplan.tuning import QUANT_FORMATS, QUANTIZING_FORMATS
+
 __all__ = ["BLOCKSIZE", "NESTED_BLOCKSIZE", "Linear4bitStandIn", "Linear8bitStandIn", "quantize_linears"]
 
 #: bitsandbytes ``Linear4bit`` default ``blocksize`` (weights per absmax).
@@ -165,14 +167,15 @@ def quantize_linears(model: nn.Module, quant: str, *, double_quant: bool, comput
     As ``from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True))`` does, every
     linear layer but the output head is quantized, whatever peft later targets.
     """
-    if quant not in ("nf4", "fp4", "int8"):
-        raise ValueError(f"quantize_linears: {quant!r} is not nf4, fp4 or int8")
+    fmt = QUANT_FORMATS.get(quant)
+    if fmt is None or not fmt.quantizes:
+        raise ValueError(f"quantize_linears: {quant!r} is not one of {', '.join(QUANTIZING_FORMATS)}")
     swaps = [(path, module) for path, module in model.named_modules()
              if type(module) is nn.Linear and path.rsplit(".", 1)[-1] not in _HEAD_NAMES]
     for path, module in swaps:
         parent_path, _, name = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
-        stand_in = (Linear8bitStandIn(module) if quant == "int8"
-                    else Linear4bitStandIn(module, double_quant=double_quant, compute_dtype=compute_dtype))
+        stand_in = (Linear4bitStandIn(module, double_quant=double_quant, compute_dtype=compute_dtype)
+                    if fmt.four_bit else Linear8bitStandIn(module))
         setattr(parent, name, stand_in)
     return len(swaps)

@@ -1,6 +1,7 @@
 """Activation policies: what each decoder layer keeps for its backward and what it makes again.
 
-A policy is declared once here, resolved once from a :class:`~memplan.job.Job` and its framework
+A policy is declared once (its entry in :mod:`memplan.policies.kinds`: what it keeps and recomputes,
+its label and its sentence), resolved once from a :class:`~memplan.job.Job` and its framework
 (:func:`resolve_policy`), priced by the estimator (:mod:`memplan.estimate.engine`) and run for real
 by the tracer (:mod:`memplan.trace.runners.policies`). Example::
 
@@ -38,9 +39,11 @@ from functools import lru_cache
 from typing import Literal, get_args
 
 from memplan.job import Job
+from memplan.policies.kinds import POLICY_KINDS, PolicyKind, policy_kind
 from memplan.profiles import activation_policy_name, get_profile
 
-__all__ = ["HF_MODULES", "POLICY_NAMES", "ActivationPolicy", "PolicyName", "framework_policies", "resolve_policy"]
+__all__ = ["HF_MODULES", "POLICY_KINDS", "POLICY_NAMES", "ActivationPolicy", "PolicyKind", "PolicyName",
+           "framework_policies", "policy_kind", "resolve_policy"]
 
 PolicyName = Literal["none", "full", "megatron-selective", "attention-core", "attention-module", "torchtitan-sac",
                      "memory-budget"]
@@ -52,19 +55,6 @@ POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 HF_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 #: torchtitan's ``activation_checkpoint.memory_budget`` default (torchtitan/config/job_config.py).
 DEFAULT_MEMORY_BUDGET = 0.5
-
-#: Which key of :data:`memplan.estimate.activations.KEPT_BY` each policy prices a layer with (the
-#: memory budget adds its fraction above full recompute's floor; Megatron's modules drop sites).
-_KEPT_CLASSES: dict[str, str] = {
-    "none": "none",
-    "full": "full",
-    "megatron-selective": "selective",
-    "attention-core": "selective",
-    "attention-module": "selective-attention-module",
-    "torchtitan-sac": "selective-per-op",
-    "memory-budget": "memory-budget",
-}
-
 
 @dataclass(frozen=True, kw_only=True)
 class ActivationPolicy:
@@ -90,35 +80,34 @@ class ActivationPolicy:
     offload: bool = False
 
     @property
+    def kind(self) -> PolicyKind:
+        """The policy's registry entry (:mod:`memplan.policies.kinds`): what it keeps and recomputes."""
+        return policy_kind(self.name)
+
+    @property
     def kept_classes_key(self) -> str:
         """The :data:`~memplan.estimate.activations.KEPT_BY` key this policy's layers are priced with."""
-        return _KEPT_CLASSES[self.name]
+        return self.kind.kept_classes
 
     @property
     def recomputes(self) -> bool:
         """Something is made again in the backward."""
-        return self.name != "none"
+        return self.kind.recomputes
 
     @property
     def partial(self) -> bool:
         """Every layer keeps part of its saved tensors (a selective policy or the memory budget)."""
-        return self.name not in ("none", "full")
+        return self.kind.partial
 
     @property
     def keeps_mask(self) -> bool:
         """A checkpointed region takes the attention mask as an input and keeps it (eager attention)."""
-        return self.name in ("full", "attention-module", "torchtitan-sac") or "core_attn" in self.modules
+        return self.kind.keeps_mask or "core_attn" in self.modules
 
     @property
     def label(self) -> str:
-        """A short human name (``full x2 block``, ``megatron-selective core_attn,mlp``)."""
-        if self.name == "full" and self.num_layers is not None:
-            return f"full {self.method} x{self.num_layers}"
-        if self.name == "megatron-selective":
-            return f"megatron-selective {','.join(self.modules) or '(no modules)'}"
-        if self.name == "memory-budget":
-            return f"memory-budget {self.memory_budget:g}"
-        return self.name
+        """A short human name (``full uniform x2``, ``megatron-selective core_attn,mlp``)."""
+        return self.kind.label(self)
 
 
 def framework_policies(framework: str) -> tuple[str, ...]:
@@ -134,15 +123,16 @@ def resolve_policy(job: Job) -> ActivationPolicy:
     rc = job.recompute
     name = activation_policy_name(get_profile(job.framework), mode=rc.mode, modules=rc.modules,
                                   memory_budget=rc.memory_budget, fine_tuning=job.finetune.partial)
+    kind = policy_kind(name)
     return ActivationPolicy(
         name=name,  # type: ignore[arg-type]
         framework=job.framework,
         method=rc.method,
         num_layers=rc.num_layers,
         reentrant=rc.reentrant,
-        modules=rc.module_names if name == "megatron-selective" else (),
+        modules=rc.module_names if kind.drops_modules else (),
         memory_budget=(DEFAULT_MEMORY_BUDGET if rc.memory_budget is None else rc.memory_budget)
-        if name == "memory-budget" else None,
+        if kind.budget else None,
         partition_activations=rc.partition_activations,
         cpu_checkpointing=rc.cpu_checkpointing,
         contiguous_checkpoints=rc.contiguous_checkpoints,
