@@ -15,7 +15,9 @@ hf --precision fp32``, ``--mbs 4``, the same file, tokenizer and seed): every st
 batch the Trainer fed (must be equal), the worst step's index against the measured worst, and every
 step's predicted peak against the measured one. memplan's estimator prices a CUDA run (its allocator's
 rounding, kernels' workspaces), so the per-step comparison on CPU bytes is reported as measured, with
-the ratio's spread, which shows whether the steps' differences are priced.
+the ratio's spread. The CPU witness: ``memplan.dataset.traced.traced_step_peaks`` (what ``memplan trace
+--dataset --device cpu`` runs) traces each distinct step shape on the CPU's kernels, eager attention;
+target: every step within 3% of the meter, and the worst step found.
 
 Usage: PYTHONPATH=src python benchmarks/dataset_finetune_cpu.py [--json benchmarks/results/dataset_finetune_cpu.json]
 """
@@ -73,8 +75,6 @@ def measure(folder: Path, data: Path) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(folder)
     ds = load_dataset("json", data_files=str(data), split="train").map(
         lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
-    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("architectures",)},
-                                         attn_implementation="eager"))
     shapes: list[tuple[int, int]] = []
     marks: list[Any] = []
 
@@ -91,14 +91,20 @@ def measure(folder: Path, data: Path) -> dict[str, Any]:
             shapes.append(tuple(inputs["input_ids"].shape))
             return super().training_step(model, inputs, *a, **kw)
 
+    profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    profiler.__enter__()  # the model's weights are allocated under the meter too
+    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("architectures",)},
+                                         attn_implementation="eager"))
     args = TrainingArguments(output_dir=str(folder / "out"), per_device_train_batch_size=MBS, seed=SEED,
                              num_train_epochs=1, report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
                              dataloader_num_workers=0)
     trainer = Shapes(model=model, args=args, train_dataset=ds, callbacks=[Steps()],
                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    try:
         trainer.train()
-    return {"shapes": shapes, "per_step_peak_bytes": _step_peaks(prof)}
+    finally:
+        profiler.__exit__(None, None, None)
+    return {"shapes": shapes, "per_step_peak_bytes": _step_peaks(profiler)}
 
 
 def _step_peaks(prof: Any) -> list[int]:
@@ -120,14 +126,17 @@ def _step_peaks(prof: Any) -> list[int]:
     return peaks
 
 
-def predict(folder: Path, data: Path) -> Any:
+def predict(folder: Path, data: Path) -> tuple[Any, Any]:
+    """The estimator's per-step peaks (a CUDA run's) and the tracer's with ``--device cpu`` (this run's)."""
     from memplan.dataset import Batching, DatasetRequest, Fields, analyze
+    from memplan.dataset.traced import traced_step_peaks
     from memplan.inputs import JobRequest, load_job
 
     loaded = load_job(JobRequest(model=str(folder), flags={"framework": "hf", "precision": "fp32", "mbs": MBS,
-                                                           "gpus": 1}))
-    return analyze(loaded, DatasetRequest(path=str(data), fields=Fields(text="text"), tokenizer=str(folder),
-                                          batching=Batching(rule="hf", micro_batch_size=MBS, seed=SEED)))
+                                                           "gpus": 1, "attention": "eager"}))
+    peaks = analyze(loaded, DatasetRequest(path=str(data), fields=Fields(text="text"), tokenizer=str(folder),
+                                           batching=Batching(rule="hf", micro_batch_size=MBS, seed=SEED)))
+    return peaks, traced_step_peaks(str(folder), loaded.job, peaks.shapes, device="cpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     data = _data(folder)
     started = time.perf_counter()
     measured = measure(folder, data)
-    peaks = predict(folder, data)
+    peaks, traced = predict(folder, data)
     ours = list(zip(peaks.shapes.batch_size.tolist(), peaks.shapes.seq_length.tolist()))
     got = [int(x) for x in peaks.peak_allocated_bytes.tolist()]
     meas = measured["per_step_peak_bytes"]
     ratios = [g / m for g, m in zip(got, meas)] if len(meas) == len(got) else []
+    by_trace = [int(x) for x in traced.peak_allocated_bytes.tolist()]
+    traced_ratios = [g / m for g, m in zip(by_trace, meas)] if len(meas) == len(by_trace) else []
     worst_measured = max(range(len(meas)), key=meas.__getitem__) if meas else None
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": list(os.getloadavg()),
@@ -151,9 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         "worst_step_predicted": peaks.worst.index, "worst_step_measured": worst_measured,
         "predicted_per_step_bytes": got, "measured_per_step_bytes": meas,
         "ratio_predicted_over_measured": {"min": min(ratios, default=None), "max": max(ratios, default=None)},
-        "steps_within_3pct": sum(abs(r - 1) <= 0.03 for r in ratios), "wall_s": round(time.perf_counter() - started, 1),
+        "steps_within_3pct": sum(abs(r - 1) <= 0.03 for r in ratios),
+        "traced_cpu": {"worst_step": traced.worst_index, "distinct_shapes": traced.distinct_shapes,
+                       "ratio_traced_over_measured": [round(r, 4) for r in traced_ratios],
+                       "steps_within_3pct": sum(abs(r - 1) <= 0.03 for r in traced_ratios),
+                       "max_abs_error_pct": round(100 * max((abs(r - 1) for r in traced_ratios), default=0), 2)},
+        "traced_per_step_bytes": by_trace, "wall_s": round(time.perf_counter() - started, 1),
     }
-    print(json.dumps({k: v for k, v in result.items() if not k.endswith("per_step_bytes")}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("per_step_bytes")}, indent=2), flush=True)
     if ns.json_out:
         Path(ns.json_out).write_text(json.dumps(result, indent=2) + "\n")
     return 0

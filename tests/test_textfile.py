@@ -101,3 +101,32 @@ def test_reads_stop_at_their_cap(tmp_path) -> None:  # type: ignore[no-untyped-d
         read_inflated(tmp_path / "bomb.gz", field="trace file", limit=1 << 20, limit_name="MAX_TRACE_BYTES")
     (tmp_path / "small.gz").write_bytes(gzip.compress(b"hello"))
     assert read_inflated(tmp_path / "small.gz", field="f", limit=100, limit_name="X") == b"hello"
+
+
+def test_write_atomic_writes_text_bytes_and_by_function(tmp_path):
+    from memplan.textfile import write_atomic
+
+    write_atomic(tmp_path / "a.txt", "é\n")
+    write_atomic(tmp_path / "b.bin", b"\x00\x01")
+    write_atomic(tmp_path / "c.npy", lambda partial: partial.write_text(partial.suffix), suffix=".npy")
+    assert (tmp_path / "a.txt").read_text(encoding="utf-8") == "é\n"
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01" and (tmp_path / "c.npy").read_text() == ".npy"
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.bin", "c.npy"]
+
+
+def test_write_atomic_failure_keeps_the_old_file_and_leaves_nothing(tmp_path):
+    import pytest
+
+    from memplan.textfile import write_atomic
+
+    target = tmp_path / "out.yaml"
+    target.write_text("old")
+
+    def half_then_fail(partial):
+        partial.write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_atomic(target, half_then_fail)
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["out.yaml"]

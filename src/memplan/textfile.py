@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from memplan.bounds import MAX_INPUT_BYTES, MAX_NAME_CHARS
 from memplan.errors import ConfigError
 
-__all__ = ["read_binary_file", "read_capped", "read_inflated", "read_text_file"]
+__all__ = ["read_binary_file", "read_capped", "read_inflated", "read_text_file", "write_atomic"]
 
 #: Leading bytes of compressed/archive formats people pass by mistake, and their names.
 _MAGIC = {
@@ -138,3 +140,27 @@ def read_text_file(path: str | os.PathLike[str], *, field: str, allow_empty: boo
     if not allow_empty and not text.strip():
         raise error(field, "is empty", name)
     return text
+
+
+def write_atomic(path: str | os.PathLike[str], content: str | bytes | Callable[[Path], None], *,
+                 suffix: str = ".partial", mode: int = 0o644) -> None:
+    """Write ``path`` whole or not at all: into a temporary file in the same folder, then renamed over it.
+
+    ``content``: text (UTF-8), bytes, or a function writing the temporary file it is given (``suffix``
+    names that file's type for writers that go by it, e.g. ``savefig``). A failure leaves ``path`` as it
+    was and no temporary file behind; the error propagates.
+    """
+    target = Path(path)
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
+    os.close(handle)
+    partial = Path(name)
+    try:
+        if callable(content):
+            content(partial)
+        else:
+            partial.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
+        os.chmod(partial, mode)
+        os.replace(partial, target)
+    finally:
+        if partial.exists():
+            partial.unlink()

@@ -96,6 +96,40 @@ def test_hf_args_give_the_batching(model_dir, text_rows, tmp_path, write_jsonl, 
     assert section["batching"] == "trl" and section["worst_step"]["batch_size"] == 2
 
 
+def test_hf_args_script_form_gives_the_batching(model_dir, text_rows, tmp_path, write_jsonl, isolated_cache):
+    """A launch script's command line (--hf-args as a text file) gives the same batching as the JSON form."""
+    path = write_jsonl(tmp_path / "t.jsonl", text_rows)
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc_per_node 1 sft.py \\\n  --per_device_train_batch_size 2 --packing \\\n"
+                      "  --max_length 128 --seed 5 --dataset_text_field text --num_train_epochs 2\n")
+    args = tmp_path / "sft.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 2, "packing": True, "max_length": 128, "seed": 5,
+                                "dataset_text_field": "text", "num_train_epochs": 2}))
+    by_script = _run("estimate", str(model_dir), "--dataset", str(path), "--hf-args", str(script), "--json")
+    by_json = _run("estimate", str(model_dir), "--dataset", str(path), "--hf-args", str(args), "--json")
+    assert by_script.exit_code == 0, by_script.output
+    section, other = json.loads(by_script.stdout)["dataset"], json.loads(by_json.stdout)["dataset"]
+    assert section.pop("lengths_from_cache") is False and other.pop("lengths_from_cache") is True
+    assert section["batching"] == "trl-packing" and section == other
+
+
+def test_hf_args_script_group_by_length(model_dir, text_rows, tmp_path, write_jsonl, isolated_cache):
+    """Trainer flags in a script: --group_by_length and --dataloader_drop_last reach the HF rule."""
+    path = write_jsonl(tmp_path / "t.jsonl", text_rows)
+    script = tmp_path / "train.sh"
+    script.write_text("python train.py --per_device_train_batch_size 4 --group_by_length --dataloader_drop_last "
+                      "true --seed 3\n")
+    flags = ("--mbs", "4", "--group-by-length", "--drop-last", "--seed", "3")
+    by_script = _run("estimate", str(model_dir), "--dataset", str(path), "--hf-args", str(script), "--json")
+    by_flags = _run("estimate", str(model_dir), "--dataset", str(path), *flags, "--json")
+    assert by_script.exit_code == 0, by_script.output
+    section, other = json.loads(by_script.stdout)["dataset"], json.loads(by_flags.stdout)["dataset"]
+    shape = ("batching", "examples", "steps", "length_percentiles")  # the peaks also price the script's fp32
+    assert {k: section[k] for k in shape} == {k: other[k] for k in shape} and section["steps"] == 203 // 4
+    assert [section["worst_step"][k] for k in ("index", "batch_size", "seq_length")] == \
+        [other["worst_step"][k] for k in ("index", "batch_size", "seq_length")]
+
+
 def test_report_has_the_per_step_section(model_dir, chat_rows, tmp_path, write_jsonl, isolated_cache):
     path = write_jsonl(tmp_path / "chat.jsonl", chat_rows)
     page = tmp_path / "r.html"
@@ -128,3 +162,45 @@ def test_missing_package_is_one_line(missing, tmp_path, write_jsonl):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
         f"error: --dataset needs {missing}; install it with pip install 'memplan[dataset]'"]
+
+
+def _one_line_nothing_written(out, message, cache, *written):
+    assert out.exit_code == 2, out.output
+    assert message in out.output and len(out.output.strip().splitlines()) == 1
+    assert not any(p.exists() for p in written)
+    assert not list(cache.rglob("*.npy")) and not list(cache.rglob("*.partial"))
+
+
+def test_failing_chat_template_exits_2(model_dir, tmp_path, write_jsonl, isolated_cache):
+    """The template's own error: one line with the file, row and field; no cache, plot or emitted file."""
+    import shutil
+
+    rows = [{"messages": [{"role": "user", "content": "hi"}]}] * 3 + [{"messages": [{"role": "tool", "content": "x"}]}]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}")
+    plot, emitted = tmp_path / "p.png", tmp_path / "e.json"
+    out = _run("estimate", str(folder), "--dataset", str(path), "--messages-field", "messages", "--plot", str(plot))
+    _one_line_nothing_written(out, f"{path}: row 4, field 'messages': the chat template", isolated_cache, plot)
+    out = _run("fit", str(folder), "--dataset", str(path), "--messages-field", "messages", "--emit", "hf",
+               str(emitted))
+    _one_line_nothing_written(out, "row 4, field 'messages'", isolated_cache, emitted)
+
+
+def test_vocabulary_mismatch_and_empty_file_exit_2(model_dir, text_rows, tmp_path, write_jsonl, isolated_cache):
+    import shutil
+
+    small = tmp_path / "small"
+    shutil.copytree(model_dir, small)
+    (small / "config.json").write_text(json.dumps({**CONFIG, "vocab_size": 50}))
+    path = write_jsonl(tmp_path / "t.jsonl", text_rows)
+    plot = tmp_path / "p.png"
+    out = _run("estimate", str(small), "--dataset", str(path), "--plot", str(plot))
+    _one_line_nothing_written(out, f"{path}: row 1, field 'text': token id", isolated_cache, plot)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = _run("estimate", str(model_dir), "--dataset", str(empty), "--plot", str(plot))
+    _one_line_nothing_written(out, f"{empty}: the file is empty", isolated_cache, plot)

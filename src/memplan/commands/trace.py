@@ -28,6 +28,7 @@ from memplan.commands.common import (
 )
 from memplan.commands.common import Command as _Command
 from memplan.commands.common import print_json as _print_json
+from memplan.dataset.options import dataset_options
 
 __all__ = ["trace_command"]
 
@@ -62,6 +63,7 @@ def _progress(enabled: bool) -> Any:
 
 @app.command("trace", cls=_Command, epilog=_EPILOG)
 @job_options()
+@dataset_options()
 def trace_command(
     model: Annotated[str | None, typer.Argument(help="Preset name or path to a Hugging Face config.json / its folder "
                                                 "(omit with --script).", show_default=False, metavar="MODEL")] = None,
@@ -81,6 +83,7 @@ def trace_command(
     json_output: Annotated[bool, option("--json", help="Print the summary as JSON (nothing else on stdout).", panel=_OUT)] = False,
     debug: Annotated[bool, option("--debug", help="Show the full traceback of any failure.", panel=_OUT)] = False,
     job_flags: dict[str, Any] | None = None,
+    dataset_flags: dict[str, Any] | None = None,
 ) -> None:
     """Trace a training step of MODEL on fake tensors: peak memory by category, module and phase.
 
@@ -112,6 +115,10 @@ def trace_command(
             return
         base, settings = _dialect_job(model, job_flags or {}, hf_args, peft_config, torchtitan_config)
         setup = trace_setup(base, **(job_flags or {}), device=device, iterations=iterations, moe_routing=moe_routing)
+        if dataset_flags:
+            _trace_dataset(model, setup, dataset_flags, (hf_args, peft_config, torchtitan_config), json_output,
+                           (output, snapshot, plot, compare_estimate))
+            return
         target: Any = model if script is None else _load_script(script, setup)
         result = trace_job(target, setup, top=top, progress=_progress(True))
         comparison = None
@@ -164,6 +171,29 @@ def _dialect_job(model: str | None, flags: dict[str, Any], hf_args: str | None,
                                  torchtitan_config=torchtitan_config), base=base)
     # MODEL's Hugging Face modules are traced (and priced), not torchtitan's own model code
     return replace(loaded.job, torchtitan_model=False), loaded.settings
+
+
+def _trace_dataset(model: str | None, setup: Any, flags: dict[str, Any], dialects: tuple[str | None, ...],
+                   json_output: bool, others: tuple[Any, ...]) -> None:
+    """``--dataset``: every distinct step shape of the dataset traced; the per-step peaks."""
+    from memplan.dataset.traced import trace_dataset
+    from memplan.errors import ConfigError
+
+    if model is None:
+        raise ConfigError("--dataset", "needs a MODEL preset or config.json (not --script or --torchtitan)")
+    if any(others):
+        raise ConfigError("--dataset", "traces many steps; -o, --snapshot, --plot and --compare-estimate trace one")
+    section = trace_dataset(model, setup, flags, dialects,  # type: ignore[arg-type]
+                            progress=_progress(not json_output))
+    if json_output:
+        _print_json({"model": model, "device": setup.device, "dataset": section})
+        return
+    gib = 1 << 30
+    worst = section["worst_step_shape"]
+    typer.echo(f"{section['examples']} examples, {section['steps']} steps (--batching {section['batching']}), "
+               f"{section['distinct_shapes']} distinct shapes traced on {setup.device}")
+    typer.echo(f"worst step #{section['worst_step']}: {worst['batch_size']} x {worst['seq_length']}, peak "
+               f"{section['worst_peak_allocated_bytes'] / gib:.3f} GiB")
 
 
 def _require_matplotlib() -> None:

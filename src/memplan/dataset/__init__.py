@@ -10,7 +10,8 @@ Example::
 Steps: :mod:`~memplan.dataset.lengths` (read with ``datasets``, tokenize with ``tokenizers``, cache),
 :mod:`~memplan.dataset.batching` (each trainer's sampler and collator), :mod:`~memplan.dataset.peaks`
 (the estimator once per distinct shape). Known limitations: one GPU's view (with data parallelism each
-micro-batch is one rank's step); images are not counted; Axolotl's multipack sampler is not modelled.
+micro-batch is one rank's step); images are not counted; Axolotl's packing order is a seeded stand-in
+(see :mod:`~memplan.dataset.multipack`).
 """
 
 from __future__ import annotations

@@ -28,6 +28,12 @@ Rules (``--batching``):
     ``PackedDataset``: examples taken in order and packed greedily into ``max_seq_len`` (a sample that
     does not fit starts the next pack; ``split_across_pack=False``), every pack padded to
     ``max_seq_len``. Shape ``(rows, max_seq_len)``, priced as packed rows.
+``axolotl``
+    Axolotl's ``sample_packing`` (:mod:`memplan.dataset.multipack`): examples over ``sequence_len``
+    (``--max-length``) dropped, first-fit bins of ``micro_batch_size × sequence_len`` tokens, one bin per
+    step concatenated into a row padded to a multiple of ``sequence_len`` rounded up to 64 (or
+    ``--pad-to-multiple-of``). Shape ``(1, padded tokens)``, priced as a packed row. The order is a
+    stand-in (see that module).
 
 The permutations are ``torch.randperm``'s, reproduced with numpy (:mod:`memplan.dataset.rng`):
 batching never imports torch.
@@ -82,7 +88,7 @@ class Batching:
                 raise ConfigError(flag, "must be at least 1", value)
         if self.max_length is not None and self.max_length < 1:
             raise ConfigError("--max-length", "must be at least 1", self.max_length)
-        if self.rule in ("trl-packing", "torchtune-packing") and self.effective_max_length is None:
+        if self.rule in ("trl-packing", "torchtune-packing", "axolotl") and self.effective_max_length is None:
             raise ConfigError("--max-length", f"--batching {self.rule} packs rows of --max-length tokens; give it")
 
     @property
@@ -94,7 +100,7 @@ class Batching:
     @property
     def packed(self) -> bool:
         """Whether a step is priced as packed rows (attention per document)."""
-        return self.rule in ("trl-padding-free", "torchtune-packing") or (
+        return self.rule in ("trl-padding-free", "torchtune-packing", "axolotl") or (
             self.rule == "trl-packing" and self.packing_strategy == "bfd")
 
 
@@ -118,6 +124,9 @@ def plan_steps(lengths: np.ndarray, batching: Batching) -> StepShapes:
     if batching.rule == "torchtune-packing":
         assert limit is not None
         return _torchtune_packed(lengths, batching, limit)
+    if batching.rule == "axolotl":
+        assert limit is not None
+        return _axolotl_packed(lengths, batching, limit)
     if limit is not None and batching.rule != "trl-packing":  # packing cuts rows itself (wrapped: no truncation)
         lengths = np.minimum(lengths, limit)
     if batching.rule == "trl-packing":
@@ -205,3 +214,15 @@ def _torchtune_packed(lengths: np.ndarray, batching: Batching, limit: int) -> St
     count = len(packs) // batching.micro_batch_size * batching.epochs
     mbs = batching.micro_batch_size
     return StepShapes(np.full(count, mbs), np.full(count, limit), np.full(count, mbs * limit), packed=True)
+
+
+def _axolotl_packed(lengths: np.ndarray, batching: Batching, limit: int) -> StepShapes:
+    from memplan.dataset.multipack import MIN_SAMPLE_LEN, first_fit_bins, pad_multiple
+
+    kept = lengths[(lengths >= MIN_SAMPLE_LEN) & (lengths <= limit)]
+    capacity = batching.micro_batch_size * limit
+    bins = [first_fit_bins(kept[torch_randperm(len(kept), batching.seed + epoch)], capacity)
+            for epoch in range(batching.epochs)]
+    tokens = np.concatenate(bins) if bins else kept[:0]
+    seq = _round_up(tokens, batching.pad_to_multiple_of or pad_multiple(limit))
+    return StepShapes(np.ones(len(tokens), dtype=np.int64), seq, tokens, packed=True)

@@ -1,4 +1,4 @@
-"""``--emit hf|trl|torchtune FILE``: the chosen setting written as the trainer's own configuration.
+"""``--emit hf|trl|torchtune|axolotl FILE``: the chosen setting written as the trainer's own configuration.
 
 * ``hf``: a ``TrainingArguments`` JSON (``TrainingArguments(**json.load(f))``): micro-batch,
   accumulation, gradient checkpointing, the sampler (``train_sampling_strategy``), seed, drop_last,
@@ -12,6 +12,12 @@
   with ``tune run ... --config base.yaml`` plus these keys as overrides. torchtune's own parser
   (``torchtune.config``) needs torchao and omegaconf, not installed here: the tests check the keys
   against the recipe configs torchtune ships.
+* ``axolotl``: a YAML of Axolotl config keys (``sequence_len``, ``sample_packing``,
+  ``pad_to_sequence_len``, ``micro_batch_size``, ``gradient_accumulation_steps``, ``num_epochs``,
+  ``seed``, ``gradient_checkpointing``, ``optimizer``) to merge into the user's config (which names the
+  model and datasets). Axolotl itself is not installed here (its requirements pin torch); the tests
+  check the keys and types against Axolotl's config reference and that ``--batching axolotl`` on the
+  file's values gives the chosen shapes.
 
 Files are written atomically (a temporary file renamed over the target).
 """
@@ -19,18 +25,18 @@ Files are written atomically (a temporary file renamed over the target).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from memplan.dataset.rules import family as rule_family
 from memplan.dataset.search import Setting
 from memplan.errors import ConfigError
 from memplan.optimizers import OPTIMIZER_NAMES, optimizer_kind
+from memplan.textfile import write_atomic
 
 __all__ = ["EMITTERS", "emit_config"]
 
-EMITTERS = ("hf", "trl", "torchtune")
+EMITTERS = ("hf", "trl", "torchtune", "axolotl")
 #: memplan's optimizer names -> TrainingArguments.optim (transformers' OptimizerNames).
 _HF_OPTIM = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit", "paged-adamw8bit": "paged_adamw_8bit",
              "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit", "lion8bit": "lion_8bit"}
@@ -40,14 +46,14 @@ def emit_config(kind: str, setting: Setting, path: str) -> dict[str, Any]:
     """Write ``setting`` as ``kind``'s configuration at ``path``; return what was written."""
     if kind not in EMITTERS:
         raise ConfigError("--emit", f"must be one of {', '.join(EMITTERS)}", kind)
-    family = "trl" if setting.batching.rule.startswith("trl") else (
-        "torchtune" if setting.batching.rule.startswith("torchtune") else "hf")
+    family = rule_family(setting.batching.rule)
     if family != kind and not (kind == "trl" and family == "hf" and not setting.batching.group_by_length):
         raise ConfigError("--emit", f"the chosen setting uses --batching {setting.batching.rule}; emit it as "
                           f"{family}, or search with --batching of the {kind} family", kind)
-    data = _torchtune(setting) if kind == "torchtune" else _hf(setting, sft=kind == "trl")
-    text = json.dumps(data, indent=2) + "\n" if kind != "torchtune" else _yaml(data)
-    _write_atomic(Path(path).expanduser(), text)
+    data = (_torchtune(setting) if kind == "torchtune" else _axolotl(setting) if kind == "axolotl"
+            else _hf(setting, sft=kind == "trl"))
+    text = json.dumps(data, indent=2) + "\n" if kind in ("hf", "trl") else _yaml(data, kind)
+    write_atomic(Path(path).expanduser(), text)
     return data
 
 
@@ -98,20 +104,27 @@ def _torchtune_optimizer(name: str) -> str:
     return optimizer_kind(name).dialects.torchtune if name in OPTIMIZER_NAMES else ""
 
 
-def _yaml(data: dict[str, Any]) -> str:
+def _axolotl(setting: Setting) -> dict[str, Any]:
+    b = setting.batching
+    data: dict[str, Any] = {
+        "sequence_len": b.max_length,
+        "sample_packing": True,
+        "pad_to_sequence_len": True,
+        "micro_batch_size": b.micro_batch_size,
+        "gradient_accumulation_steps": setting.gradient_accumulation_steps,
+        "num_epochs": b.epochs,
+        "seed": b.seed,
+        "gradient_checkpointing": setting.recompute == "full",
+    }
+    if setting.optimizer in _HF_OPTIM:  # Axolotl's ``optimizer`` takes transformers' OptimizerNames
+        data["optimizer"] = _HF_OPTIM[setting.optimizer]
+    return data
+
+
+def _yaml(data: dict[str, Any], kind: str) -> str:
     import yaml
 
-    header = "# memplan fit --emit torchtune: overrides for a torchtune recipe config\n"
+    header = {"torchtune": "# memplan fit --emit torchtune: overrides for a torchtune recipe config\n",
+              "axolotl": "# memplan fit --emit axolotl: merge into your Axolotl config (base_model, datasets, "
+                         "...)\n"}[kind]
     return header + yaml.safe_dump(data, sort_keys=False)
-
-
-def _write_atomic(target: Path, text: str) -> None:
-    handle, partial = tempfile.mkstemp(dir=target.parent, suffix=".partial")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(partial, 0o644)
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)

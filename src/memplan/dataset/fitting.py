@@ -63,12 +63,9 @@ def _tail(loaded: Any, lengths: Any, plain: Any, chosen: Any, gpu: Any, margin: 
     from memplan.dataset.batching import plan_steps
     from memplan.dataset.peaks import step_peaks
 
-    job = replace(loaded.job, recompute=replace(loaded.job.recompute, mode="none"),
-                  batch=replace(loaded.job.batch, micro_batch_size=plain.batching.micro_batch_size,
-                                global_batch_size=None))
-    job = replace(job, batch=replace(job.batch, global_batch_size=plain.batching.micro_batch_size
-                                     * job.parallel.data_parallel * plain.gradient_accumulation_steps))
-    peaks = step_peaks(loaded.model, job, plan_steps(lengths, plain.batching), lengths, rule=plain.batching.rule)
+    job = replace(loaded.job, recompute=replace(loaded.job.recompute, mode="none"))
+    peaks = step_peaks(loaded.model, job, plan_steps(lengths, plain.batching), lengths, rule=plain.batching.rule,
+                       accumulation=plain.gradient_accumulation_steps)
     limit = int(gpu.usable_bytes * (1.0 - margin))
     over = int((peaks.peak_allocated_bytes > limit).sum())
     steps = len(peaks.shapes)

@@ -21,8 +21,8 @@ that file and neither opens the dataset nor imports ``datasets``.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,11 +32,12 @@ import numpy as np
 from memplan.dataset.source import content_digest, open_dataset
 from memplan.dataset.tokenizer import TokenizerFiles
 from memplan.errors import ConfigError
+from memplan.textfile import write_atomic
 
 __all__ = ["Fields", "cache_dir", "token_lengths"]
 
 _BATCH = 4096
-_VERSION = "1"
+_VERSION = "2"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +83,7 @@ def token_lengths(path: str, fields: Fields, tokenizer: TokenizerFiles, *, vocab
         except (OSError, ValueError):
             pass  # a damaged cache file is recomputed and replaced
     lengths = _compute(path, fields, tokenizer, vocab_size)
-    _save_atomic(cached, lengths)
+    _save(cached, lengths)
     return lengths, False
 
 
@@ -91,15 +92,33 @@ def _compute(path: str, fields: Fields, tokenizer: TokenizerFiles, vocab_size: i
 
     data = open_dataset(path)
     rust = Tokenizer.from_file(str(tokenizer.path))
+    rust.no_truncation()  # transformers turns both off for a call that asks for neither
+    rust.no_padding()
     texts, special = _texts(data, path, fields, tokenizer)
     too_big = vocab_size is not None and rust.get_vocab_size(with_added_tokens=True) > vocab_size
-    lengths = np.empty(len(texts), dtype=np.int64)
-    for start in range(0, len(texts), _BATCH):
-        encodings = rust.encode_batch_fast(texts[start:start + _BATCH], add_special_tokens=special)
-        lengths[start:start + len(encodings)] = [len(e.ids) for e in encodings]
+    lengths = None if too_big else _counted(texts, rust, tokenizer, special)
+    if lengths is None:
+        lengths = np.full(len(texts), -1, dtype=np.int64)
+    left = np.flatnonzero(lengths < 0).tolist()
+    for start in range(0, len(left), _BATCH):
+        rows = left[start:start + _BATCH]
+        encodings = rust.encode_batch_fast([texts[i] for i in rows], add_special_tokens=special)
+        lengths[rows] = [len(e) for e in encodings]
         if too_big:
             _check_vocab(encodings, start, vocab_size, path, fields, tokenizer)
     return lengths
+
+
+def _counted(texts: list[str], rust: Any, tokenizer: TokenizerFiles, special: bool) -> np.ndarray | None:
+    """The fast exact counts of :mod:`~memplan.dataset.fastcount` (-1: rows it leaves to encode_batch_fast)."""
+    try:
+        import regex  # noqa: F401  (transformers' dependency; without it every row goes to encode_batch_fast)
+    except ImportError:
+        return None
+    from memplan.dataset.fastcount import count_tokens
+
+    spec = json.loads(tokenizer.path.read_text(encoding="utf-8"))
+    return count_tokens(texts, rust, spec, add_special_tokens=special)
 
 
 def _check_vocab(encodings: list[Any], start: int, vocab_size: int | None, path: str, fields: Fields,
@@ -156,12 +175,9 @@ def _check_strings(values: list[Any], path: str, name: str) -> None:
                               type(value).__name__)
 
 
-def _save_atomic(target: Path, lengths: np.ndarray) -> None:
+def _save(target: Path, lengths: np.ndarray) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle, partial = tempfile.mkstemp(dir=target.parent, suffix=".partial")
-        with os.fdopen(handle, "wb") as out:
-            np.save(out, lengths, allow_pickle=False)
-        os.replace(partial, target)
+        write_atomic(target, lambda partial: np.save(partial, lengths, allow_pickle=False), suffix=".npy")
     except OSError:
         return  # an unwritable cache only costs the next run its speed

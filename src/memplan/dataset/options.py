@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -59,7 +57,7 @@ def dataset_options(*, plot: bool = False, emit: bool = False) -> Callable[[Call
                      "FILE"))
     if emit:
         rows.append(("emit", "--emit", tuple[str, str], "With --dataset: write the chosen setting as the "
-                     "trainer's config: hf (TrainingArguments JSON), trl (SFTConfig JSON) or torchtune (YAML).",
+                     "trainer's config: hf (TrainingArguments JSON), trl (SFTConfig JSON), torchtune or axolotl (YAML).",
                      "KIND FILE"))
     generated = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                    annotation=Annotated[kind | None, typer.Option(
@@ -117,15 +115,12 @@ def _strategy(value: str) -> Any:
 
 
 def _hf_batching(path: str | None) -> dict[str, Any]:
-    """The batching fields of a TrainingArguments / SFTConfig JSON (a command line gives none here)."""
+    """The batching fields of ``--hf-args``: a TrainingArguments / SFTConfig JSON or a script's command line."""
     if path is None:
         return {}
-    try:
-        args = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(args, dict):
-        return {}
+    from memplan.frameworks.hf_args_file import read_hf_args
+
+    args = read_hf_args(path)
     out: dict[str, Any] = {k: args[k] for k in ("seed", "data_seed", "pad_to_multiple_of", "max_length",
                                                 "packing_strategy", "shuffle_dataset") if args.get(k) is not None}
     if args.get("max_seq_length") is not None and "max_length" not in out:

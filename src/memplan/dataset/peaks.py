@@ -83,9 +83,10 @@ class DatasetPeaks:
         }
 
 
-def shape_job(job: Job, batch_size: int, seq_length: int, packed: bool) -> Job:
-    """``job`` at one step's shape, with the same micro-batches per optimizer step."""
-    accumulation = job.num_microbatches
+def shape_job(job: Job, batch_size: int, seq_length: int, packed: bool, *, accumulation: int | None = None) -> Job:
+    """``job`` at one step's shape, with ``accumulation`` micro-batches per optimizer step (default: the
+    job's own), so the global batch is ``batch_size`` x data parallel x ``accumulation``."""
+    accumulation = job.num_microbatches if accumulation is None else accumulation
     gbs = batch_size * job.parallel.data_parallel * accumulation
     batch = replace(job.batch, micro_batch_size=batch_size, seq_length=seq_length, global_batch_size=gbs,
                     packing=packed)
@@ -94,8 +95,9 @@ def shape_job(job: Job, batch_size: int, seq_length: int, packed: bool) -> Job:
 
 def step_peaks(model: ModelSpec, job: Job, shapes: StepShapes, lengths: np.ndarray, *, rule: str,
                gpu: GPU | None = None, fragmentation: float = DEFAULT_FRAGMENTATION,
-               from_cache: bool = False) -> DatasetPeaks:
-    """The peak of every step of ``shapes`` (see the module docstring)."""
+               from_cache: bool = False, accumulation: int | None = None) -> DatasetPeaks:
+    """The peak of every step of ``shapes`` (see the module docstring); ``accumulation``: micro-batches
+    per optimizer step (default: the job's)."""
     if len(shapes) == 0:
         from memplan.errors import ConfigError
 
@@ -103,7 +105,8 @@ def step_peaks(model: ModelSpec, job: Job, shapes: StepShapes, lengths: np.ndarr
                           "one micro-batch and drop_last?)", len(lengths))
     keys = shapes.batch_size * (1 << 32) + shapes.seq_length
     distinct, inverse = np.unique(keys, return_inverse=True)
-    results = [estimate(model, shape_job(job, int(k >> 32), int(k & 0xFFFFFFFF), shapes.packed), gpu=gpu,
+    results = [estimate(model, shape_job(job, int(k >> 32), int(k & 0xFFFFFFFF), shapes.packed,
+                                          accumulation=accumulation), gpu=gpu,
                         fragmentation=fragmentation) for k in distinct.tolist()]
     per_shape = np.asarray([r.peak_allocated_bytes for r in results], dtype=np.int64)
     peaks = per_shape[inverse.reshape(-1)]

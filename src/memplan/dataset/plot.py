@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from memplan.dataset.peaks import DatasetPeaks
 from memplan.errors import MissingDependencyError
+from memplan.textfile import write_atomic
 from memplan.units import GiB
 
 __all__ = ["plot_steps"]
-
 
 
 def plot_steps(peaks: DatasetPeaks, path: str) -> None:
@@ -35,13 +33,7 @@ def plot_steps(peaks: DatasetPeaks, path: str) -> None:
     axes.set_title(f"Per-step peak, --batching {peaks.rule}")
     axes.legend(loc="lower right")
     target = Path(path).expanduser()
-    handle, partial = tempfile.mkstemp(dir=target.parent, suffix=".png")
-    os.close(handle)
     try:
-        figure.savefig(partial, dpi=110, bbox_inches="tight")
-        os.chmod(partial, 0o644)
-        os.replace(partial, target)
+        write_atomic(target, lambda partial: figure.savefig(partial, dpi=110, bbox_inches="tight"), suffix=".png")
     finally:
         plt.close(figure)
-        if os.path.exists(partial):
-            os.unlink(partial)

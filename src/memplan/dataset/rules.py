@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["RULES", "Rule"]
+__all__ = ["RULES", "Rule", "family"]
 
-Rule = Literal["hf", "trl", "trl-padding-free", "trl-packing", "torchtune", "torchtune-packing"]
-RULES: tuple[str, ...] = ("hf", "trl", "trl-padding-free", "trl-packing", "torchtune", "torchtune-packing")
+Rule = Literal["hf", "trl", "trl-padding-free", "trl-packing", "torchtune", "torchtune-packing", "axolotl"]
+RULES: tuple[str, ...] = ("hf", "trl", "trl-padding-free", "trl-packing", "torchtune", "torchtune-packing",
+                          "axolotl")
+
+
+def family(rule: str) -> str:
+    """The trainer a rule belongs to: hf, trl, torchtune or axolotl (its ``--emit`` kind)."""
+    return next((name for name in ("trl", "torchtune", "axolotl") if rule.startswith(name)), "hf")

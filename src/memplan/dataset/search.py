@@ -28,6 +28,7 @@ import numpy as np
 
 from memplan.dataset.batching import Batching, StepShapes, plan_steps
 from memplan.dataset.peaks import shape_job
+from memplan.dataset.rules import family
 from memplan.estimate.engine import estimate
 from memplan.errors import UnsupportedError
 from memplan.gpus import GPU
@@ -40,7 +41,7 @@ __all__ = ["Setting", "search_settings"]
 
 _TIME_BUCKET = 64
 _FAMILIES = {"hf": ("hf", "hf-grouped"), "trl": ("trl", "trl-padding-free", "trl-packing"),
-             "torchtune": ("torchtune", "torchtune-packing")}
+             "torchtune": ("torchtune", "torchtune-packing"), "axolotl": ("axolotl",)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,11 +111,10 @@ def _variants(model: ModelSpec, job: Job) -> list[Job]:
 
 
 def _batchings(base: Batching, rows: int, lengths: np.ndarray) -> list[Batching]:
-    family = "trl" if base.rule.startswith("trl") else "torchtune" if base.rule.startswith("torchtune") else "hf"
     out = []
-    for name in _FAMILIES[family]:
+    for name in _FAMILIES[family(base.rule)]:
         rule = "hf" if name == "hf-grouped" else name
-        if rule.endswith("packing") and base.effective_max_length is None:
+        if rule.endswith(("packing", "axolotl")) and base.effective_max_length is None:
             continue
         for mbs in (d for d in range(1, rows + 1) if rows % d == 0):
             out.append(replace(base, rule=rule, group_by_length=name == "hf-grouped", micro_batch_size=mbs,
@@ -152,12 +152,6 @@ def _evaluate(model: ModelSpec, job: Job, lengths: np.ndarray, batching: Batchin
 
 
 
-def _accumulated(job: Job, batch_size: int, seq: int, packed: bool, ga: int) -> Job:
-    shaped = shape_job(job, batch_size, seq, packed)
-    dp = shaped.parallel.data_parallel
-    return replace(shaped, batch=replace(shaped.batch, global_batch_size=batch_size * dp * ga))
-
-
 def _worst(model: ModelSpec, job: Job, shapes: StepShapes, ga: int) -> tuple[int, tuple[int, int]]:
     """The highest peak among the Pareto-largest (rows, tokens) shapes, and that shape."""
     best: dict[int, int] = {}
@@ -165,7 +159,7 @@ def _worst(model: ModelSpec, job: Job, shapes: StepShapes, ga: int) -> tuple[int
         best[rows] = max(best.get(rows, 0), seq)
     front = [(r, s) for r, s in best.items() if not any(r2 >= r and s2 >= s and (r2, s2) != (r, s)
                                                         for r2, s2 in best.items())]
-    peaks = [(estimate(model, _accumulated(job, r, s, shapes.packed, ga)).peak_allocated_bytes, (r, s))
+    peaks = [(estimate(model, shape_job(job, r, s, shapes.packed, accumulation=ga)).peak_allocated_bytes, (r, s))
              for r, s in front]
     return max(peaks)
 
@@ -177,7 +171,7 @@ def _epoch_seconds(model: ModelSpec, job: Job, shapes: StepShapes, ga: int, hw: 
     keys, counts = np.unique(shapes.batch_size * (1 << 32) + seq, return_counts=True)
     total, update = 0.0, 0.0
     for key, count in zip(keys.tolist(), counts.tolist(), strict=True):
-        timed = step_time(model, _accumulated(job, key >> 32, key & 0xFFFFFFFF, shapes.packed, 1), hw)
+        timed = step_time(model, shape_job(job, key >> 32, key & 0xFFFFFFFF, shapes.packed, accumulation=1), hw)
         total += count * (timed.total_s - timed.optimizer_s - timed.dp_comm_s)
         update = max(update, timed.optimizer_s + timed.dp_comm_s)
     return total + update * -(-len(shapes) // ga)

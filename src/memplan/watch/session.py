@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from memplan.errors import ConfigError
+from memplan.textfile import write_atomic
 from memplan.watch.hooks import MemoryHooks, TorchCudaHooks, cuda_unavailable_reason
 from memplan.watch.report import OomEvent, oom_report, report_text, with_doctor
 
@@ -63,12 +64,6 @@ class OomRecord:
 def _is_oom(exc: BaseException) -> bool:
     return any(cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch")
                for cls in type(exc).__mro__)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
 
 
 class Watch:
@@ -179,7 +174,7 @@ class Watch:
         problems: list[str] = []
         try:
             snapshot = self._hooks.snapshot() if self._hooks is not None else None
-            _write_atomic(snapshot_path, pickle.dumps(dict(snapshot or {}), protocol=pickle.HIGHEST_PROTOCOL))
+            write_atomic(snapshot_path, pickle.dumps(dict(snapshot or {}), protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as exc:  # noqa: BLE001 - the report says what failed; the OOM still propagates
             problems.append(f"no snapshot written: {exc!r}")
             snapshot_path = None
@@ -204,9 +199,9 @@ class Watch:
 
     @staticmethod
     def _write_report(record: OomRecord) -> None:
-        _write_atomic(record.report_path, report_text(record.report).encode("utf-8"))
+        write_atomic(record.report_path, report_text(record.report).encode("utf-8"))
         data = {key: value for key, value in record.report.items() if key != "doctor_text"}
-        _write_atomic(record.json_path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
+        write_atomic(record.json_path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
 def watch(directory: str | os.PathLike[str] = "oom_reports", **kwargs: Any) -> Watch:

@@ -104,7 +104,8 @@ class TorchtitanTarget:
             from memplan.trace.runners.torchtitan_pipeline import pipeline_step_job
 
             return pipeline_step_job(jc, spec, args, dims, built=built, amp=_amp_dtype(jc, dims),
-                                     cuda_autocast=options.device == "cuda", context=_train_context(jc, dims))
+                                     cuda_autocast=options.device == "cuda", context=_train_context(jc, dims),
+                                     dtypes=dtypes)
         with unset_fake_temporarily():
             model = built(lambda model: spec.parallelize_fn(model, dims, jc))
         # Storage for every parameter and buffer, as torchtitan's to_empty gives it. Its

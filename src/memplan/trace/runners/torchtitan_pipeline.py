@@ -36,9 +36,10 @@ __all__ = ["pipeline_step_job"]
 
 
 def pipeline_step_job(jc: Any, spec: Any, args: Any, dims: Any, *, built: Any, amp: torch.dtype | None,
-                      cuda_autocast: bool, context: Any) -> StepJob:
+                      cuda_autocast: bool, context: Any, dtypes: dict[str, torch.dtype]) -> StepJob:
     """The step of this rank's pipeline stages: torchtitan's ``pipelining_fn`` builds them from the
-    meta-device model ``built(model)`` returns (inside the caller's mesh and fake-mode guards)."""
+    meta-device model ``built(model)`` returns (inside the caller's mesh and fake-mode guards);
+    ``dtypes`` is torchtitan's ``TORCH_DTYPE_MAP``."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     loss_sum = spec.build_loss_fn(jc, parallel_dims=dims)
@@ -50,7 +51,7 @@ def pipeline_step_job(jc: Any, spec: Any, args: Any, dims: Any, *, built: Any, a
         part.train()
     stages = list(getattr(schedule, "_stages", None) or [schedule._stage])
     microbatch = jc.parallelism.pipeline_parallel_microbatch_size
-    dtype = _block_dtype(jc, dims)
+    dtype = _block_dtype(jc, dims, dtypes)
     for stage in stages:
         _static_metadata(stage, microbatch, jc.training.seq_len, args, dtype)
     _static_vote(schedule)
@@ -75,12 +76,9 @@ def _no_loss(output: Any, batch: Any) -> torch.Tensor:  # the schedule computes 
     raise AssertionError("a pipeline step runs its schedule, not a loss of the model's output")
 
 
-def _block_dtype(jc: Any, dims: Any) -> torch.dtype:
+def _block_dtype(jc: Any, dims: Any, dtypes: dict[str, torch.dtype]) -> torch.dtype:
     """The dtype the blocks compute in: FSDP's ``param_dtype`` (``mixed_precision_param``), else the
-    parameters' (``training.dtype``)."""
-    from memplan.trace.runners.torchtitan import import_torchtitan
-
-    dtypes = import_torchtitan("torchtitan.config").TORCH_DTYPE_MAP
+    parameters' (``training.dtype``); ``dtypes`` is torchtitan's name-to-dtype map."""
     name = jc.training.mixed_precision_param if dims.fsdp_enabled else jc.training.dtype
     return dtypes[name]  # type: ignore[no-any-return]
 
