@@ -96,6 +96,7 @@ class CheckpointController(LoopHooks):
     def __init__(
         self, model: nn.Module, blocks: Sequence[nn.Module], *, budget_bytes: int, size_fn: SizeFn,
         meter: MemoryMeter, device: torch.device, optimizer: torch.optim.Optimizer | None, margin: float,
+        step_arms: bool = False,
     ) -> None:
         self.model = model
         self.blocks = tuple(blocks)
@@ -115,6 +116,7 @@ class CheckpointController(LoopHooks):
         self._cache = PlanCache()
         #: whole-step arms (the plan, or every block at the compute-bound level) and the step clock
         self.arms = StepArms()
+        self.step_arms = step_arms  # off: every planned step runs the planner's plan
         self._arm = ""
         self._clock = step_clock(device)
         #: op-level predictors (per-op profiles from seed(), FLOP-based seconds, selective levels, offload)

@@ -89,6 +89,8 @@ def choose_arm(ctl: CheckpointController, plan: CheckpointPlan, size: int, upper
                grads: tuple[int, ...]) -> tuple[CheckpointPlan, str]:
     """The plan this step runs and its arm ("" when there was nothing to choose)."""
     n = ctl.n_blocks
+    if not ctl.step_arms:
+        return plan, ""
     if plan.method not in ("knapsack", "none") or not plan.fits or not all(ctl.ops.has(j) for j in range(n)):
         return plan, ""
     if all(plan.mode(j) == _COMPUTE for j in range(n)):
