@@ -214,7 +214,25 @@ def measure(cell: Cell) -> dict[str, object]:
     ok = all(rows[c]["traced_bytes"] == rows[c]["estimated_bytes"] for c in EXACT) and all(
         abs(rows[c]["relative"] or 0.0) <= tolerance for c, tolerance in judged.items())
     return {**asdict(cell), "flags": dict(cell.flags), "key": cell.key, "rows": rows, "within_tolerance": ok,
-            "exception": EXCEPTIONS.get(cell.key), "seconds": round(time.perf_counter() - start, 1)}
+            "reserved": _reserved(cell, result), "exception": EXCEPTIONS.get(cell.key),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _reserved(cell: Cell, result: object) -> dict[str, object] | None:
+    """Recorded, not judged (issue 25, item 8): the trace's simulated reserved peak (its events replayed
+    through memplan's caching-allocator simulator) against the estimate's reserved figure."""
+    from memplan.estimate.engine import estimate
+    from memplan.model import load_model
+    from memplan.trace.compare import estimate_job
+
+    simulated = result.summary.reserved  # type: ignore[attr-defined]
+    if simulated is None:
+        return None
+    est = estimate(load_model(cell.model_ref), estimate_job(result.options))  # type: ignore[attr-defined]
+    traced, estimated = simulated.peak_reserved_bytes, est.peak_reserved_bytes
+    return {"traced_simulated_bytes": traced, "traced_allocated_bytes": result.summary.peak_allocated_bytes,  # type: ignore[attr-defined]
+            "estimated_bytes": estimated, "estimated_allocated_bytes": est.peak_allocated_bytes,
+            "relative": (estimated - traced) / traced if traced else None}
 
 
 def _pct(row: dict[str, object]) -> str:

@@ -128,3 +128,28 @@ def test_top_k_search_proves_the_same_fastest_as_the_exhaustive_one(name: str, g
     assert top.estimates < full.estimates and top.layouts_pruned > 0
     with pytest.raises(FitError):
         fit(name, gpus=gpus, top=0)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "llama-3.1-8b", "llama-3.1-405b"])
+def test_torchtitan_pipelines_use_the_profile_split_that_estimate_applies(name: str) -> None:
+    """fit leaves a torchtitan pipeline's split to the profile's rule (uneven, generate_llm_fqn_per_model_part:
+    28 layers on 8 stages are 3, 4 x 5, 3, 2), so every proposed layout is one the estimator accepts, with the
+    stages the framework would build."""
+    from memplan.estimate.layout import pipeline_layout
+    from memplan.job import Job
+    from memplan.profiles import get_profile
+    from memplan.profiles.pipeline_split import weighted_split
+
+    model = load_model(name)
+    layouts, excluded = enumerate_layouts(model, 8, seq=4096, framework="torchtitan", space=SearchSpace())
+    piped = [lay for lay in layouts if lay.pp > 1]
+    assert {lay.pp for lay in piped} == {2, 4, 8}
+    assert not [e for e in excluded if "split" in e.reason]
+    rule = get_profile("torchtitan").pipeline_split
+    for lay in piped:
+        assert (lay.first_stage_layers, lay.last_stage_layers) == (None, None)
+        par = lay.parallelism(8)
+        stages = pipeline_layout(model.num_layers, par, 1, rule)
+        assert tuple(len(s.layer_indices) for s in stages) == weighted_split(lay.pp, model.num_layers, 1, 1)
+    lay = next(lay for lay in piped if lay.pp == 8)
+    estimate(model, Job(framework="torchtitan", parallel=lay.parallelism(8), sharding=lay.sharding))

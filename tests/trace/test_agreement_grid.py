@@ -28,6 +28,8 @@ CONFIGS: dict[str, dict[str, object]] = {
     # a wide MLP at a short sequence: DoRA's in x in identity of down_proj sets the peak
     "llama_wide": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 2048, "num_attention_heads": 8,
                    "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
+    "llama_4l": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+                 "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 2048, "tie_word_embeddings": True},
     "gemma2": {"model_type": "gemma2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 128,
@@ -109,6 +111,18 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "sdpa", "full", {"peft": "lora", "lora_targets": "all-linear", "quantize_base": "nf4"}),
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj",
                                                   "quantize_base": "int8"}),
+    # partial freezing (issue 25): what autograd saves when only some parameters train, on a tied 4-layer model
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"trainable": "norm"}),
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"trainable": "input_layernorm,post_attention_layernorm,norm"}),
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"trainable": "layers.3"}),
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"trainable": "layers.0"}),
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"trainable": "layers.2.mlp"}),
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"trainable": "embed_tokens"}),
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "layers.3.self_attn.q_proj,"
+                                                     "layers.3.self_attn.v_proj"}),
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "layers.0.mlp.down_proj"}),
+    ("llama_4l", 256, "bf16-mixed", "sdpa", "full", {"trainable": "layers.3"}),
+    ("llama_4l", 256, "bf16", "sdpa", "none", {"trainable": "layers.2,norm"}),
 )
 
 

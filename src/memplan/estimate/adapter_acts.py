@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from memplan.estimate.activations import DROPOUT_MASK_BYTES, NORM_COMPUTE_BYTES, ActivationShape, Term
+from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, Term
 from memplan.peft.params import Adapter
 
 #: Adapter weights' bytes per element by default (fp32: peft ``autocast_adapter_dtype=True``); a job's own
@@ -143,36 +143,3 @@ def m_is_parameter(adapter: Adapter) -> bool:
     """The adapter wraps a parameter (a router's ``gate.weight``), not a module."""
     return adapter.module.name.endswith(".weight")
 
-
-def frozen_layer_terms(terms: list[Term], shape: ActivationShape, first: bool, *,
-                       gemm_inputs_kept: bool = False) -> list[Term]:
-    """A frozen block's terms: no GEMM input is saved for a frozen weight (flash/SDPA attention still
-    keeps its own output, which the output projection reads), nor a norm's normalized input for its
-    frozen weight (nor Gemma's fp32 normalized tensors, nor the per-head q/k norms' normalized output);
-    the layer input stays for checkpointing (class ``input``, kept only by recompute).
-    ``first``: the block's input needs no gradient either, so the input norm saves nothing.
-    ``gemm_inputs_kept``: the frozen linears keep their inputs anyway (bitsandbytes' 8-bit matmul,
-    ``MatMul8bitLt``, saves its input in ``ctx.tensors``)."""
-    out: list[Term] = []
-    for t in terms:
-        if t.gemm_input and gemm_inputs_kept and not (first and t.name.startswith("attention norm")):
-            out.append(t)  # (in the first layer q, k and v get an input that needs no gradient: not kept)
-            continue
-        if t.gemm_input and not (t.name == "output projection input" and shape.attention != "eager"):
-            continue
-        if t.name.endswith("norm input"):
-            if shape.act_bytes == NORM_COMPUTE_BYTES and not (first and t.name.startswith("attention norm")):
-                out.append(t)  # fp32: no fp32 copy; the norm's pow/mul keep the input itself for its gradient
-            elif t.keep == "input":
-                out.append(Term(t.name, t.bytes, t.region, "ckpt_input"))
-            continue
-        if first and t.name.startswith("attention norm"):
-            continue
-        if "normalized" in t.name:
-            continue  # kept only for the norm weight's gradient
-        if t.name == "q, k norms" and shape.kernels == "eager":
-            # Eager per-head norms keep an fp32 copy of their input and the normalized tensor; only the first
-            # serves the input's gradient.
-            t = Term(t.name, t.bytes * NORM_COMPUTE_BYTES // (NORM_COMPUTE_BYTES + shape.act_bytes), t.region, t.keep)
-        out.append(t)
-    return out

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from memplan.estimate.activations import ActivationShape, eager_norm_terms
 from memplan.estimate.layout import StageLayout
+from memplan.estimate.partial_freeze import root_flow
 from memplan.job import Job, resolved_adapter_dtype
 from memplan.model.linears import model_parameters
 from memplan.peft.params import FinetuneParams, PartCounts, finetune_params, saved_modules
@@ -127,12 +128,13 @@ def finetune_counts(model: ModelSpec, job: Job) -> FinetuneParams:
 
 def base_in_compute_dtype(model: ModelSpec, job: Job) -> bool:
     """The frozen base (embedding included) is stored in the 16-bit compute dtype: hidden states and
-    the residual stream are 16-bit and ``torch.autocast`` has no weight or input of theirs to cast."""
+    the residual stream are 16-bit and ``torch.autocast`` has no weight or input of theirs to cast (a
+    trained norm or head further on does not change the embedding's output)."""
     if not is_finetune(job):
         return False
     compute = job.precision.compute_dtype
     return (dtype_bytes(compute) < 4 and frozen_bytes_per_element(job) == dtype_bytes(compute)
-            and finetune_params(model, job.finetune).root.trained == 0)
+            and not root_flow(model, job.finetune, False).embedding_trained_fully)
 
 
 def dequantized_weight_bytes(model: ModelSpec, job: Job, index: int, compute_bytes: int) -> int:
@@ -182,18 +184,22 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     return out
 
 
-def head_activation_bytes_finetune(model: ModelSpec, job: Job, shape: ActivationShape) -> int:
-    """What the final norm and the output head save when the base is frozen: the eager norm's fp32 copy of
-    its input (what its input's gradient needs); the head's input only when the head (or a
-    ``modules_to_save`` copy of it) trains, and the normalized tensor only when the final norm trains."""
-    root = finetune_params(model, job.finetune).root
+def head_activation_bytes_finetune(model: ModelSpec, job: Job, shape: ActivationShape, checkpointing: bool) -> int:
+    """What the final norm and the output head save when part of the model is frozen
+    (:func:`memplan.estimate.partial_freeze.root_flow`): the eager norm's fp32 copy of its input and
+    ``1/rms`` when its input needs a gradient; its normalized tensor when its weight trains (an eager
+    RMSNorm's ``weight * x_normed`` keeps ``x_normed``, in the input dtype); the head's input only when
+    the head (or a ``modules_to_save`` copy of it) trains."""
+    flow = root_flow(model, job.finetune, checkpointing)
     sbh = shape.seq * shape.micro_batch * shape.hidden
     divisor = shape.tp if shape.sequence_parallel else 1
-    norm = [t for t in eager_norm_terms(shape, "final", shape.residual_bytes)
-            if root.trained or "normalized" not in t.name]
+    eager = eager_norm_terms(shape, "final", shape.residual_bytes)
+    norm = [t for t in eager if (flow.norm_trains if "normalized" in t.name else flow.norm_input_grad)]
     out = sum(t.bytes for t in norm) // divisor
-    if not norm:
+    if eager and flow.norm_trains and shape.residual_bytes < 4:
+        out += shape.residual_bytes * sbh // divisor  # x_normed in the 16-bit input dtype
+    if not eager and (flow.norm_input_grad or flow.norm_trains):
         out += shape.residual_bytes * sbh // divisor  # a fused or LayerNorm final norm keeps its input
-    if root.trained or root.copies or root.adapter:
+    if flow.head_trains:
         out += shape.act_bytes * sbh
     return out

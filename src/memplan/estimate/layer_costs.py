@@ -22,7 +22,7 @@ from memplan.estimate.activations import (
     layer_terms,
     layer_terms_by_block,
 )
-from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, frozen_layer_terms
+from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient
 from memplan.estimate.compiled import compiled_blocks, compiled_layer
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
@@ -42,6 +42,7 @@ from memplan.estimate.ep_overlap import (
     shared_expert_overlap_bytes,
 )
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.partial_freeze import LayerFlow, block_terms, layer_flows, trained_norm_copies
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     recomputed_only_terms,
@@ -58,12 +59,11 @@ from memplan.units import dtype_bytes
 
 @dataclass(frozen=True)
 class LayerRole:
-    """A fine-tuned layer's part: its adapters, whether its base is frozen or quantized, and whether
-    it is the first layer with something trainable (its input needs no gradient)."""
+    """A fine-tuned layer's part: its adapters, what of it needs gradients (:mod:`~memplan.estimate.partial_freeze`;
+    None: full training) and whether its base is quantized."""
 
     adapters: tuple[Adapter, ...] = ()
-    frozen: bool = False
-    first: bool = False
+    flow: LayerFlow | None = None
     quantized: bool = False
 
 
@@ -72,21 +72,15 @@ _NOTHING = (0, 0, 0, 0)
 
 
 def _role(run: RunContext, index: int | None) -> LayerRole | None:
-    """The layer's fine-tuning role; None for a layer before the first trainable one, which saves nothing."""
+    """The layer's fine-tuning role; None for a layer that saves nothing (nothing in or before it needs
+    a gradient)."""
     counts = run.counts
     if counts is None or index is None:
         return _FULL_TRAINING
-    # Before the first layer with something trainable nothing requires grad and nothing is saved; that
-    # layer's input (the frozen embedding's output, or a frozen layer's) needs no gradient, so what only
-    # that gradient needs is not saved (checkpointing makes the input require grad: HF
-    # enable_input_require_grads).
-    root_frozen = counts.root.trained + counts.root.adapter == 0
-    start = counts.first_trainable if root_frozen else 0
-    plain = not run.policy.recomputes
-    if index < start and plain:
+    flow = layer_flows(run.model, run.job.finetune, run.policy.recomputes)[index]
+    if not flow.saves:
         return None
-    return LayerRole(adapters=counts.layer_adapters[index],
-                     frozen=counts.layers[index].trained == 0, first=index == start and root_frozen and plain,
+    return LayerRole(adapters=counts.layer_adapters[index], flow=flow,
                      quantized=bool(counts.layers[index].quantized))
 
 
@@ -128,12 +122,16 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     attention, rest = layer_terms_by_block(layer, shape)
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
-    if role.frozen:
-        attention = frozen_layer_terms(attention, shape, role.first, gemm_inputs_kept=int8_base)
-        rest = frozen_layer_terms(rest, shape, False, gemm_inputs_kept=int8_base)
+    if role.flow is not None:
+        attention = block_terms(attention, shape, role.flow.attention, "attention norm", gemm_inputs_kept=int8_base)
+        rest = block_terms(rest, shape, role.flow.mlp, "mlp norm", gemm_inputs_kept=int8_base)
+        if autocast and not shape.autocast:
+            extra = trained_norm_copies(layer, shape, role.flow)
+            attention, rest = attention + extra[0], rest + extra[1]
     if role.adapters:
         rest = rest + adapter_terms(role.adapters, shape, autocast=autocast, dropout=lora_dropout,
-                                    compute_bytes=shape.act_bytes, input_needs_grad=not role.first,
+                                    compute_bytes=shape.act_bytes,
+                                    input_needs_grad=role.flow is None or role.flow.attention.input_grad,
                                     # peft's cast to the fp32 adapters is a no-op on fp32 activations
                                     uncast_input=(role.quantized and autocast) or shape.act_bytes == adapter_bytes,
                                     base_keeps_input=int8_base, adapter_bytes=adapter_bytes)
@@ -251,6 +249,10 @@ def recomputed_copies_bytes(ctx: StageContext, index: int) -> int:
         numel = checkpointed_module_copy_numel(run.model, run.job, index, run.policy.modules, eager_experts=eager)
     else:
         return 0
+    if run.counts is not None:
+        # fine-tuning: only fully trained weights are kept in fp32 and cast; frozen ones are 16-bit already
+        part = run.counts.layers[index]
+        numel = numel * part.trained // (part.trainable + part.frozen_total) if part.trained else 0
     return numel * dtype_bytes(run.prec.compute)
 
 

@@ -159,9 +159,8 @@ def _layer_visit(ctx: StageContext, position: int, index: int, dora: int, graphe
     keep, full, transient, rebuilt = layer_costs(run, layer, index)
     keep, full = with_shared_expert_overlap(run, layer, keep, full)
     transient += cp_backward_extra(run, index)
-    if run.counts is None:
-        transient += recomputed_copies_bytes(ctx, index)
-    else:
+    transient += recomputed_copies_bytes(ctx, index)
+    if run.counts is not None:
         transient += dequantized_weight_bytes(run.model, run.job, index, dtype_bytes(run.prec.compute))
     recomputed = index in ctx.recomputed
     cpu_keep = checkpoint = 0

@@ -24,6 +24,7 @@ from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activatio
 from memplan.estimate.finetune import StageFinetune
 from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
 from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
 from memplan.profiles.framework import head_rows_split
 from memplan.units import dtype_bytes
 
@@ -126,7 +127,8 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     run, layout = ctx.run, ctx.layout
     model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
-    if layout.layer_indices:
+    if layout.layer_indices and (run.counts is None or any_attention_saves(
+            model, run.job.finetune, run.policy.recomputes, layout.layer_indices)):
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
         shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(
             model, shape, run.policy.keeps_mask or keeps_masks(run))
@@ -142,9 +144,27 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     if ft is not None:
         # Only fully trained (fp32) weights are cast; 16-bit frozen weights are used as they are, and
         # the adapters' copies are part of their layers' terms.
-        head, layers = 0, ft.full
+        head, layers = 0, ft.full - _uncopied(ctx, ft)
     compute = dtype_bytes(run.prec.compute)
     return other + (layers + head) * compute, head * compute
+
+
+def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
+    """Of the stage's fully trained weights (``ft.full``, one rank), those whose autocast copy is not saved:
+    the recomputed layers' (made again in the backward), and those whose input needs no gradient
+    (:func:`memplan.estimate.partial_freeze.uncopied_trained_numel`); scaled to one rank as ``ft.full`` is."""
+    run, counts = ctx.run, ctx.run.counts
+    if counts is None:
+        return 0
+    recomputed = [i for i in ctx.layout.layer_indices if i in ctx.recomputed]
+    kept = tuple(i for i in ctx.layout.layer_indices if i not in ctx.recomputed)
+    numel = (uncopied_trained_numel(run.model, run.job.finetune, run.policy.recomputes, kept)
+             + sum(counts.layers[i].trained for i in recomputed))
+    if not numel:
+        return 0
+    root = counts.root.trained if ctx.layout.has_head or ctx.layout.has_embedding else 0
+    trained = root + sum(counts.layers[i].trained for i in ctx.layout.layer_indices)
+    return ft.full * numel // trained if trained else 0
 
 
 def head_numel(ctx: StageContext) -> int:

@@ -28,6 +28,7 @@ from memplan.estimate.extras import (
 )
 from memplan.estimate import loss_parallel, pipeline_fsdp
 from memplan.estimate.finetune import head_activation_bytes_finetune
+from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import (
     ABSENT,
@@ -74,7 +75,8 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
         return LossPart()
     job, shape = run.job, run.shape
     loss = resolved_loss(job)
-    head = head_activation_bytes(shape) if st.ft is None else head_activation_bytes_finetune(run.model, job, shape)
+    head = head_activation_bytes(shape) if st.ft is None else head_activation_bytes_finetune(
+        run.model, job, shape, run.policy.recomputes)
     softcap = run.model.final_logit_softcap is not None
     depths = 1 + job.mtp_layers
     logits = logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
@@ -218,10 +220,11 @@ def _no_grads_yet(ctx: StageContext) -> bool:
 
 
 def _tied_sum(ctx: StageContext, st: StageStates) -> int:
-    """The end of the backward: a tied embedding's two gradients being summed (none when nothing of
-    the base trains fully)."""
+    """The end of the backward: a tied embedding's two gradients being summed (none when the tied
+    weight does not train fully)."""
     run = ctx.run
-    if st.ft is not None and st.ft.full == 0:
+    if st.ft is not None and (st.ft.full == 0
+                              or not root_flow(run.model, run.job.finetune, False).embedding_trained_fully):
         return 0
     return tied_embedding_gradient_sum_bytes(run.model, ctx.layout, run.vocab_rows,
                                              vocab_split(run.profile, run.job.parallel.tp), _summed_grad_bytes(ctx))

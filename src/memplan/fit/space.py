@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memplan.errors import JobConfigError
 from memplan.job import FrameworkName, Parallelism, Sharding, default_uneven_split
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import ModelSpec
 from memplan.profiles import FrameworkProfile, get_profile
+from memplan.profiles.pipeline_split import rule_chunk_layers
 
 #: Below this many tokens per CP rank the ring exchange of context parallelism cannot hide
 #: behind attention; such CP sizes are not searched.
@@ -138,6 +140,24 @@ def pipeline_split(num_layers: int, pp: int, vpp: int) -> tuple[int | None, int 
     return (first, last)
 
 
+def profile_split(profile: FrameworkProfile, num_layers: int, pp: int,
+                  vpp: int) -> tuple[tuple[int | None, int | None] | None, str]:
+    """((first, last) stage layers, or None when impossible; the reason) under the profile's split rule.
+
+    A profile with a rule of its own (:mod:`memplan.profiles.pipeline_split`, torchtitan's weighted
+    split) leaves the split to the estimator, which applies that rule: (None, None), or None with the
+    rule's sentence where the rule refuses the split. The even-or-ceil rule is :func:`pipeline_split`'s.
+    """
+    if profile.pipeline_split != "even-or-ceil":
+        try:
+            rule_chunk_layers(profile.pipeline_split, num_layers, pp, vpp)
+        except JobConfigError as error:
+            return None, error.rule
+        return (None, None), ""
+    split = pipeline_split(num_layers, pp, vpp)
+    return split, f"{num_layers} layers cannot be split over {pp} stages"
+
+
 #: What each sharding choice of a profile's ``fit_shardings`` builds.
 _SHARDINGS: dict[str, Sharding] = {
     "ddp": Sharding(), "dist-opt": Sharding(distributed_optimizer=True), "zero-1": Sharding(zero=1),
@@ -221,10 +241,10 @@ def _expert_layouts(
                 expert_choices.append((ep, None if etp == tp else etp))
     out: list[Layout] = []
     for vpp in range(1, (space.max_vpp if profile.fit_interleaved and pp > 1 else 1) + 1):
-        split = pipeline_split(model.num_layers, pp, vpp)
+        split, reason = profile_split(profile, model.num_layers, pp, vpp)
         if split is None:
             if vpp == 1:
-                excluded.append(Excluded(family=f"tp{tp} pp{pp}", reason=f"{model.num_layers} layers cannot be split over {pp} stages"))
+                excluded.append(Excluded(family=f"tp{tp} pp{pp}", reason=reason))
             continue
         for ep, expert_tp in expert_choices:
             for sharding in _shardings(profile, dp, cp, space.gpus_per_node):

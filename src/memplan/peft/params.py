@@ -82,18 +82,14 @@ class FinetuneParams:
     #: Embedding, position table, final norm and output head (and their copies/adapters).
     root: PartCounts
     adapters: tuple[Adapter, ...]
-    #: Derived once (the estimator reads them per layer): the first decoder layer holding a trainable
-    #: parameter (the number of layers if none), and each decoder layer's adapters.
-    first_trainable: int = field(init=False, compare=False)
+    #: Derived once (the estimator reads them per layer): each decoder layer's adapters.
     layer_adapters: tuple[tuple[Adapter, ...], ...] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        first = next((i for i, part in enumerate(self.layers) if part.trainable), len(self.layers))
         by_layer: list[list[Adapter]] = [[] for _ in self.layers]
         for a in self.adapters:
             if a.module.layer is not None:
                 by_layer[a.module.layer].append(a)
-        object.__setattr__(self, "first_trainable", first)
         object.__setattr__(self, "layer_adapters", tuple(tuple(a) for a in by_layer))
 
     @property

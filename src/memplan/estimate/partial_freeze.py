@@ -1,0 +1,330 @@
+"""Partial freezing: what autograd saves when only some parameters need gradients.
+
+Autograd saves a tensor for the backward only when the gradient it serves is needed: a linear
+saves its input only when its weight requires grad, a norm its normalized input only when its weight
+does, and an operation whose inputs all need no gradient (and that owns no trainable weight) records
+nothing at all. Whether a tensor needs a gradient flows forward through the model, so this module
+walks the decoder blocks in order (the attention block, then the MLP/MoE block of each layer) and
+gives each its :class:`BlockFlow`:
+
+* the embedding's output needs a gradient when the embedding (or a tied head, the same weight)
+  trains, or under checkpointing (Hugging Face's ``enable_input_require_grads`` makes the checkpointed
+  input require grad);
+* a block's output needs a gradient when its input does, or when it holds a trainable weight (a
+  trained linear or norm, an adapter, a ``modules_to_save`` copy);
+* a block whose output needs no gradient saves nothing; one whose input needs none keeps nothing for
+  its input's gradient (its pre-norm's fp32 copy and ``1/rms``);
+* a frozen linear keeps no input; a trained norm behind frozen linears keeps its normalized input.
+
+:func:`layer_flows` is a pure function of the model and the fine-tuning job (memoised); the final
+norm and head read :func:`root_flow`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block
+from memplan.job import FineTuning
+from memplan.model.linears import model_linears, model_parameters
+from memplan.model.spec import LayerSpec, ModelSpec
+from memplan.peft.params import finetune_params, saved_modules, trained_modules
+
+__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "any_attention_saves", "block_terms", "layer_flows", "root_flow", "trained_norm_copies", "uncopied_trained_numel"]
+
+#: Per-layer norms that belong to the attention block although their name is not under it: the
+#: pre-attention norm, and Gemma 2's post-attention norm (its MLP has a ``pre_feedforward_layernorm``).
+_ATTENTION_NORMS = frozenset({"input_layernorm", "ln_1", "attention_norm"})
+_ATTENTION_WORDS = ("attn", "attention")
+#: A block's output projections: an adapter there alone makes nothing before it need a gradient.
+_BLOCK_OUTPUT_LINEARS = frozenset({"o_proj", "dense", "c_proj", "down_proj", "dense_4h_to_h", "w2", "out_proj"})
+
+
+@dataclass(frozen=True, slots=True)
+class BlockFlow:
+    """One block (attention, or MLP/MoE) of a decoder layer under partial freezing."""
+
+    #: The block's input requires grad (an earlier trainable weight, a trained embedding, checkpointing).
+    input_grad: bool = True
+    #: Some linear weight of the block trains fully (its GEMM inputs are saved).
+    linears_train: bool = True
+    #: A norm weight of the block trains (its normalized input is saved).
+    norm_trains: bool = True
+    #: An adapter or ``modules_to_save`` copy sits in the block.
+    adapted: bool = False
+    #: Such an adapter reads the block's input (q/k/v, gate/up): what follows it needs a gradient; an
+    #: adapter on the block's output projection alone leaves the rest of the block without one.
+    adapted_input: bool = False
+
+    @property
+    def saves(self) -> bool:
+        """Anything in the block records tensors for the backward."""
+        return self.input_grad or self.linears_train or self.norm_trains or self.adapted
+
+    @property
+    def frozen(self) -> bool:
+        """Neither its linears nor its norm train: only what the input's gradient needs is saved."""
+        return not (self.linears_train or self.norm_trains)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerFlow:
+    attention: BlockFlow
+    mlp: BlockFlow
+
+    @property
+    def saves(self) -> bool:
+        return self.attention.saves or self.mlp.saves
+
+    @property
+    def output_grad(self) -> bool:
+        return self.saves
+
+
+@dataclass(frozen=True, slots=True)
+class RootFlow:
+    """The embedding, final norm and head."""
+
+    #: The embedding (or a tied head, the same weight) trains: the first layer's input needs a gradient.
+    embedding_trains: bool
+    #: The final norm's input needs a gradient (something before it trains).
+    norm_input_grad: bool
+    #: The final norm's weight trains (it keeps its normalized input).
+    norm_trains: bool
+    #: The head trains (fully, as a copy, or through an adapter): it keeps its input.
+    head_trains: bool
+    #: The embedding weight itself trains fully (stored in the job's precision, so its output is not in
+    #: the 16-bit base's dtype); an adapter or a ``modules_to_save`` copy leaves it in the base's dtype.
+    embedding_trained_fully: bool = False
+
+
+def _block_of(name: str, layer_names: frozenset[str]) -> str:
+    """'attention' or 'mlp' for a parameter's module name inside a decoder layer."""
+    last = name.rpartition(".")[2]
+    gemma_style = any(n.endswith("pre_feedforward_layernorm") for n in layer_names)
+    if last in _ATTENTION_NORMS or (gemma_style and last == "post_attention_layernorm"):
+        return "attention"
+    parts = name.split(".")
+    if any(w in p for p in parts for w in _ATTENTION_WORDS) and last not in ("post_attention_layernorm",):
+        return "attention"
+    return "mlp"
+
+
+def _is_norm(module: str) -> bool:
+    last = module.rpartition(".")[2]
+    return "norm" in last or last.startswith("ln")
+
+
+def _under(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == n or module.startswith(n + ".") for n in names)
+
+
+@dataclass(frozen=True, slots=True)
+class _Trainable:
+    """Per slot (decoder layer or root) and block: trained linears, trained norms, adapted."""
+
+    linears: frozenset[tuple[int | None, str]]
+    norms: frozenset[tuple[int | None, str]]
+    adapted: frozenset[tuple[int | None, str]]
+    #: Blocks with an adapter (or copy) on a linear reading the block's input.
+    adapted_input: frozenset[tuple[int | None, str]]
+    #: Root modules trained fully or through an adapter (the weight itself gets a gradient).
+    root_modules: frozenset[str]
+    #: Root modules with a ``modules_to_save`` copy.
+    root_copies: frozenset[str]
+    #: Root modules trained fully (their weights follow the job's precision, fp32 under mixed precision).
+    root_full: frozenset[str] = frozenset()
+
+
+@lru_cache(maxsize=64)
+def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
+    everything = ft.resolved_trainable == "all"
+    full = trained_modules(model, ft)
+    copies = saved_modules(model, ft)
+    names_by_layer: dict[int | None, set[str]] = {}
+    params = model_parameters(model)
+    for p in params:
+        names_by_layer.setdefault(p.layer, set()).add(p.module)
+    names = {k: frozenset(v) for k, v in names_by_layer.items()}
+    linears, norms, adapted, adapted_input, root, root_copies, root_full = (set() for _ in range(7))
+    for p in params:
+        trains = everything or _under(p.module, full)
+        copied = _under(p.module, copies)
+        if p.layer is None:
+            if trains:
+                root.add(p.module)
+                root_full.add(p.module)
+            if copied:
+                root_copies.add(p.module)
+            continue
+        key = (p.layer, _block_of(p.module, names[p.layer]))
+        if trains:
+            (norms if _is_norm(p.module) else linears).add(key)
+        if copied:
+            adapted.add(key)
+            adapted_input.add(key)
+    for m in (a.module for a in finetune_params(model, ft).adapters):
+        if m.layer is None:
+            root.add(m.name)
+            continue
+        key = (m.layer, _block_of(m.name, names[m.layer]))
+        adapted.add(key)
+        if m.name.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
+            adapted_input.add(key)
+    root_copies.update(m for m in copies if m == "lm_head")  # a tied head's copy has its own weight
+    return _Trainable(frozenset(linears), frozenset(norms), frozenset(adapted), frozenset(adapted_input),
+                      frozenset(root), frozenset(root_copies), frozenset(root_full))
+
+
+def _is_embedding(module: str) -> bool:
+    last = module.rpartition(".")[2]
+    return "emb" in last or last in ("wte", "wpe")
+
+
+def _embedding_trains(model: ModelSpec, t: _Trainable) -> bool:
+    """The embedding's output requires grad: its weight trains (or a tied head's, the same weight), or
+    an adapter or ``modules_to_save`` copy of it does."""
+    root = t.root_modules | {m for m in t.root_copies if m != "lm_head"}
+    return any(_is_embedding(m) for m in root) or (model.tie_word_embeddings
+                                                   and any(m.startswith("lm_head") for m in t.root_modules))
+
+
+@lru_cache(maxsize=64)
+def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> tuple[LayerFlow, ...]:
+    """Each decoder layer's :class:`LayerFlow` under fine-tuning ``ft`` (``checkpointing``: the
+    activation policy recomputes, which makes the first layer's input require grad)."""
+    t = _trainable(model, ft)
+    grad = checkpointing or _embedding_trains(model, t)
+    out = []
+    for index in range(model.num_layers):
+        blocks = []
+        for block in ("attention", "mlp"):
+            key = (index, block)
+            flow = BlockFlow(input_grad=grad, linears_train=key in t.linears, norm_trains=key in t.norms,
+                             adapted=key in t.adapted, adapted_input=key in t.adapted_input)
+            grad = flow.saves
+            blocks.append(flow)
+        out.append(LayerFlow(*blocks))
+    return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def root_flow(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> RootFlow:
+    """The final norm's and head's part (see :class:`RootFlow`); an embedding copy (``modules_to_save``)
+    makes its output need a gradient too."""
+    t = _trainable(model, ft)
+    flows = layer_flows(model, ft, checkpointing)
+    embedding = _embedding_trains(model, t)
+    before = flows[-1].output_grad if flows else (checkpointing or embedding)
+    norm = any(_is_norm(m) for m in t.root_modules)
+    head = (any(m.startswith("lm_head") for m in t.root_modules | t.root_copies)
+            or (model.tie_word_embeddings and embedding))
+    full = any(_is_embedding(m) for m in t.root_full) or (
+        model.tie_word_embeddings and any(m.startswith("lm_head") for m in t.root_full))
+    return RootFlow(embedding_trains=embedding, norm_input_grad=before, norm_trains=norm, head_trains=head,
+                    embedding_trained_fully=full)
+
+
+def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm_prefix: str, *,
+                gemm_inputs_kept: bool = False) -> list[Term]:
+    """What one block saves under ``flow`` (its full-training ``terms`` otherwise).
+
+    A block that saves nothing keeps nothing. Frozen linears keep no GEMM input (flash/SDPA attention
+    still keeps its own output, which the output projection reads) unless ``gemm_inputs_kept``
+    (bitsandbytes' 8-bit matmul saves its input in ``ctx.tensors``). A frozen pre-norm keeps no
+    normalized tensor (nor Gemma's fp32 one, nor the per-head q/k norms'); a trained one behind frozen
+    linears keeps it (the GEMM input's size when the term list has none of its own). A block whose input
+    needs no gradient keeps nothing of its pre-norm's input (``norm_prefix``: that norm's term names).
+    """
+    if not flow.saves or not (flow.input_grad or flow.linears_train or flow.norm_trains or flow.adapted_input):
+        return []  # nothing of the base path needs a gradient (the adapters' own terms are counted apart)
+    if flow.input_grad and flow.linears_train and flow.norm_trains:
+        return terms
+    own_norm = [t for t in terms if t.name.startswith(norm_prefix)]
+    has_normalized = any("normalized" in t.name for t in own_norm)
+    out: list[Term] = []
+    for t in terms:
+        mine = t.name.startswith(norm_prefix)
+        if mine and not flow.input_grad:
+            # Nothing upstream needs a gradient: the norm keeps nothing for its input's; a trained linear
+            # keeps its input, and a trained norm (weight * x_normed) the normalized tensor.
+            stand_in = flow.norm_trains and not has_normalized  # x_normed in the 16-bit input dtype
+            if (t.gemm_input and (flow.linears_train or stand_in)) or (flow.norm_trains and "normalized" in t.name):
+                out.append(t)
+            elif stand_in and flow.linears_train and t.name.endswith("norm input"):
+                out.append(Term(t.name, t.bytes, t.region, "body", site=t.site))  # beside the GEMM input
+            continue
+        if flow.linears_train:
+            out.append(t)
+            continue
+        kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept)
+        if kept is not None:
+            if "normalized" in t.name and not (mine and flow.norm_trains):
+                continue  # kept only for a trained norm weight's gradient
+            out.append(kept)
+    return out
+
+
+def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gemm_inputs_kept: bool) -> Term | None:
+    """A term of a block whose linears are frozen (input needing a gradient): None when not saved."""
+    if t.gemm_input:
+        if gemm_inputs_kept or normalized_stand_in or (t.name == "output projection input" and shape.attention != "eager"):
+            return t
+        return None
+    if t.name.endswith("norm input"):
+        if shape.residual_bytes == NORM_COMPUTE_BYTES:
+            return t  # an fp32 residual: no fp32 copy; the norm's pow/mul keep the input itself for its gradient
+        return Term(t.name, t.bytes, t.region, "ckpt_input") if t.keep == "input" else None
+    if t.name == "q, k norms" and shape.kernels == "eager":
+        # Eager per-head norms keep an fp32 copy of their input and the normalized tensor; only the first
+        # serves the input's gradient.
+        return Term(t.name, t.bytes * NORM_COMPUTE_BYTES // (NORM_COMPUTE_BYTES + shape.act_bytes), t.region, t.keep)
+    return t
+
+
+#: Linear layers that read their block's input (through its pre-norm).
+_BLOCK_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
+                                  "c_attn", "query_key_value", "gate_proj", "up_proj", "gate_up_proj", "c_fc",
+                                  "dense_h_to_4h", "w1", "w3"})
+
+
+@lru_cache(maxsize=256)
+def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...]) -> int:
+    """Weights of fully trained linears among ``layers`` whose input needs no gradient: autocast casts them,
+    but autograd keeps the 16-bit copy only for the input's gradient, so it is not saved (the linears
+    reading a block's input when nothing before them, the block's norm included, needs a gradient)."""
+    if ft.resolved_trainable == "all":
+        return 0
+    flows = layer_flows(model, ft, checkpointing)
+    full = trained_modules(model, ft)
+    wanted = set(layers)
+    total = 0
+    for m in model_linears(model):
+        if m.layer not in wanted or m.name.rpartition(".")[2] not in _BLOCK_INPUT_LINEARS or not _under(m.name, full):
+            continue
+        flow = flows[m.layer].attention if _block_of(m.name, frozenset()) == "attention" else flows[m.layer].mlp
+        if not (flow.input_grad or flow.norm_trains):
+            total += m.weight_numel
+    return total
+
+
+def trained_norm_copies(layer: LayerSpec, shape: ActivationShape, flow: LayerFlow) -> tuple[list[Term], list[Term]]:
+    """(attention, rest) terms a 16-bit base under autocast adds where a block's norm and linears train:
+    the trained norm's weight is fp32, so its output is fp32 and each linear reading it casts and saves
+    its own 16-bit copy (as under full training with fp32 weights), beyond the one copy the 16-bit
+    base's terms count."""
+    attention, rest = layer_terms_by_block(layer, replace(shape, autocast=True))
+
+    def copies(terms: list[Term], block: BlockFlow) -> list[Term]:
+        if not (block.norm_trains and block.linears_train):
+            return []
+        return [t for t in terms if "autocast copies of the other" in t.name]
+    return copies(attention, flow.attention), copies(rest, flow.mlp)
+
+
+def any_attention_saves(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...]) -> bool:
+    """Some attention block among ``layers`` records tensors under fine-tuning ``ft`` (so the shared RoPE
+    tables are saved)."""
+    flows = layer_flows(model, ft, checkpointing)
+    return any(flows[i].attention.saves for i in layers)
