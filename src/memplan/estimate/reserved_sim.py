@@ -44,6 +44,7 @@ from memplan.estimate.ledger import (
 )
 from memplan.estimate.stage_activations import StageActivations
 from memplan.estimate.stage_peak import LossPart
+from memplan.model.linears import model_parameters
 
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
@@ -85,17 +86,41 @@ class _Replay:
                 self.alloc.free(block)
                 self.events += 1
 
-    def moment(self, ledger: Ledger, phase: str) -> None:
+    def take_all(self, sizes: list[int]) -> list[Block | None]:
+        return [self.take(size) for size in sizes]
+
+    def moment(self, ledger: Ledger, phase: str, check: bool = True) -> None:
         """Top the schedule up to the ledger's bytes alive at ``phase`` for an instant."""
-        if phase in ledger.phases:
+        if check and phase in ledger.phases:
             self.give(self.take(ledger.allocated_at(phase) - self.alloc.requested))
 
 
-def _split(total: int, parts: int) -> list[int]:
-    """``total`` in ``parts`` near-equal pieces (no zero pieces)."""
-    parts = max(1, parts)
-    base, extra = divmod(total, parts)
-    return [s for s in (base + (1 if i < extra else 0) for i in range(parts)) if s > 0]
+def _units(ctx: StageContext, layers: list[int]) -> list[list[int]]:
+    """The stage's parameter tensors' numels grouped as the schedule allocates them: the root unit
+    (embedding, final norm, head) first, then one unit per decoder layer in forward order."""
+    tensors = model_parameters(ctx.run.model)
+    by_layer: dict[int | None, list[int]] = {}
+    for t in tensors:
+        by_layer.setdefault(t.layer, []).append(t.numel)
+    root = by_layer.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
+    return [root] + [by_layer.get(i, [1]) for i in layers]
+
+
+def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
+    """``total`` bytes spread over the tensors of ``units`` in proportion to their numel (the last tensor
+    takes the rounding), zero-sized pieces dropped."""
+    numel = sum(map(sum, units)) or 1
+    out: list[list[int]] = []
+    given = 0
+    for unit in units:
+        sizes = [total * n // numel for n in unit]
+        given += sum(sizes)
+        out.append(sizes)
+    for unit in reversed(out):
+        if unit:
+            unit[-1] += total - given
+            break
+    return [[s for s in unit if s > 0] for unit in out]
 
 
 def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[int]:
@@ -110,47 +135,76 @@ def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[int]:
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
                        loss: LossPart) -> SimulatedReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks."""
-    pieces = len(walk.per_layer) + 1
+    units = _units(ctx, [index for index, _, _ in walk.per_layer])
     replay = _Replay()
-    for category in _STATIC:
-        for size in _split(ledger.total(category), pieces):
-            replay.take(size)
-    grad_sizes = _split(ledger.total(GRADIENTS, "end of backward"), pieces)
-    made_in_backward = ledger.total(ABSENT, "backward") > 0
-    grads = [] if made_in_backward else [replay.take(s) for s in grad_sizes]
-    for _ in range(_STEPS):
-        grads = _step(ctx, ledger, walk, acts, loss, replay, grads, grad_sizes if made_in_backward else [])
+    for category in (PARAMETERS, MASTER, WORKSPACE):
+        for unit in _spread(ledger.total(category), units):
+            replay.take_all(unit)
+    moments = _pieces(ledger, units)
+    grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
+    for category in (() if moments.states_in_step else (OPTIMIZER,)):
+        for unit in _spread(ledger.total(category), units):
+            replay.take_all(unit)
+    for step in range(_STEPS):
+        grads = _step(ctx, ledger, walk, acts, loss, replay, grads, moments, first=step == 0)
     note = (f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
-            f"contributions ({_STEPS} steps, {replay.events} allocator events; states and gradients per layer, "
-            "saved activations per tensor)")
+            f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters, gradients, optimizer "
+            "states and step temporaries per parameter tensor, saved activations per tensor)")
     return SimulatedReserved(replay.peak_reserved, replay.peak_requested, replay.events, note)
 
 
+@dataclass(frozen=True)
+class _Pieces:
+    """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries."""
+
+    grads: list[list[int]]
+    moments: list[list[int]]
+    step_temp: list[list[int]]
+    made_in_backward: bool
+    states_in_step: bool
+
+
+def _pieces(ledger: Ledger, units: list[list[int]]) -> _Pieces:
+    made = ledger.total(ABSENT, "backward") > 0
+    moments = _spread(ledger.total(OPTIMIZER), units)
+    # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
+    halves = [[part for size in unit for part in (size // 2, size - size // 2)] for unit in moments]
+    return _Pieces(grads=_spread(ledger.total(GRADIENTS, "end of backward"), units), moments=halves,
+                   step_temp=_spread(ledger.total(TEMPORARY, "optimizer step"), units), made_in_backward=made,
+                   states_in_step=made)
+
+
 def _step(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations, loss: LossPart,
-          replay: _Replay, grads: list[Block | None], grad_sizes: list[int]) -> list[Block | None]:
-    """One training step of the schedule; ``grad_sizes``: the gradients the backward makes (in reverse
-    layer order, the root unit last). Returns the gradients alive after the step."""
+          replay: _Replay, grads: list[list[Block | None]], pieces: _Pieces, *, first: bool
+          ) -> list[list[Block | None]]:
+    """One training step of the schedule; the first creates the optimizer moments (no ledger moment is
+    checked then: the ledger describes the steady state). Returns the gradients alive after the step."""
+    check = not first
     other = replay.take(acts.other)
     saved = [[replay.take(s) for s in _layer_blocks(ctx, i, kept)] for i, kept, _ in walk.per_layer]
-    replay.moment(ledger, "forward")
+    replay.moment(ledger, "forward", check)
     logits = replay.take(loss.logits)
-    replay.moment(ledger, "loss")
+    replay.moment(ledger, "loss", check)
     replay.give(logits)
-    made = list(reversed(grad_sizes[1:])) + grad_sizes[:1]
+    last = len(walk.per_layer) - 1
     for position in reversed(range(len(walk.per_layer))):
         temp = replay.take(walk.per_layer[position][2])
-        if position == len(walk.per_layer) - 1:
-            replay.moment(ledger, "backward")
-        if made:
-            grads.append(replay.take(made.pop(0)))
+        if position == last:
+            replay.moment(ledger, "backward", check)
+        if pieces.made_in_backward:
+            grads.append(replay.take_all(pieces.grads[position + 1]))
         replay.give(temp, *saved[position])
-    grads.extend(replay.take(s) for s in made)
+    if pieces.made_in_backward:
+        grads.append(replay.take_all(pieces.grads[0]))
     replay.give(other)
-    replay.moment(ledger, "end of backward")
-    step = [replay.take(s) for s in _split(ledger.total(TEMPORARY, "optimizer step"), len(walk.per_layer) + 1)]
-    replay.moment(ledger, "optimizer step")
-    replay.give(*step)
-    if grad_sizes:
-        replay.give(*grads)
+    replay.moment(ledger, "end of backward", check)
+    if first and pieces.states_in_step:
+        for unit in pieces.moments:
+            replay.take_all(unit)
+    step = [replay.take_all(unit) for unit in pieces.step_temp]
+    replay.moment(ledger, "optimizer step", check)
+    replay.give(*(b for unit in step for b in unit))
+    if pieces.made_in_backward:
+        replay.give(*(b for unit in grads for b in unit))
         return []
     return grads
