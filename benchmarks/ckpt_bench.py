@@ -25,11 +25,13 @@ Parameters (issue 29), fixed in this docstring and in ``BenchConfig`` before the
   1.05 x ``full``; losses compared with ``full``'s (checkpointing changes no loss). ``step()`` and the
   Trainer are not timed here (the machine is shared by seven agents; their loops are covered by
   tests/ckpt).
-* 48-step run (``--long``): ``full`` and ``plain``; speed target 1.15 x ``full``.
+* 48-step run (``--long``): ``full``, ``plain``, ``half`` and ``sac`` (the static policies added for
+  the issue-29 follow-up, before its runs); speed target 1.15 x ``full``.
 * Targets: 0 steps over budget by the judge (2 % slack), losses equal to ``none``, recomputed block
   forwards (forward pre-hooks inside a backward) at most 25 % of ``full``'s, the speed target, at
   least the speed of the fastest static policy (``full``, ``half``, ``sac``) none of whose steps
-  exceeds the budget, seeding at most 2 s. The machine is shared (2 cores, other agents' processes):
+  exceeds the budget, seeding at most 2 s. Speed is judged by wall time; the ratios by process CPU time
+  are reported beside it (on a shared machine they are the steadier measure). The machine is shared (2 cores, other agents' processes):
   ratios are taken within a repetition, and the load average is recorded.
 
 Writes the results JSON (date, machine, configuration, every run) unless ``--output`` says otherwise,

@@ -91,8 +91,12 @@ class BenchResult:
 
     def cpu_ratios(self, variant: str) -> list[float]:
         """Like :meth:`ratios`, by process CPU seconds (empty where they were not recorded)."""
-        full = {r.rep: r.cpu_s for r in self.of("trainer-full" if variant == "trainer" else "full") if r.cpu_s}
-        return [full[r.rep] / r.cpu_s for r in self.of(variant) if r.rep in full and r.cpu_s]
+        return self.cpu_ratios_to(variant, "trainer-full" if variant == "trainer" else "full")
+
+    def cpu_ratios_to(self, variant: str, other: str) -> list[float]:
+        """``other``'s process CPU seconds over ``variant``'s, per repetition (above 1: ``variant`` used less)."""
+        ref = {r.rep: r.cpu_s for r in self.of(other) if r.cpu_s}
+        return [ref[r.rep] / r.cpu_s for r in self.of(variant) if r.rep in ref and r.cpu_s]
 
     def ratios_to(self, variant: str, other: str) -> list[float]:
         """Throughput of ``variant`` over ``other``'s, per repetition."""
@@ -140,6 +144,8 @@ class BenchResult:
                 vs = _spread(self.ratios_to(v, best))["median"]
                 targets[v][f"throughput / best static that fits ({best}; median of repetitions)"] = _target(
                     vs, ">= 1", vs >= 1.0)
+                cpu = _spread(self.cpu_ratios_to(v, best))["median"]
+                targets[v][f"CPU time of best static that fits ({best}) / own (report)"] = _target(cpu, "report", True)
         return {
             "smoke_test": self.config.smoke,
             "budget_bytes": self.budget_bytes,
@@ -190,6 +196,8 @@ def _variant_summary(runs: Sequence[Run], limit: float) -> dict[str, Any]:
         "seed_cpu_s": _spread([r.seed_cpu_s for r in runs]),
         "load_1min": _spread([r.load_1min for r in runs]),
         "selective_forwards": sorted({r.selective_forwards for r in runs}),
+        "explored_steps": sorted({r.explored_steps for r in runs}),
+        "metered_steps": sorted({r.metered_steps for r in runs}),
         "optimizer_states": sorted({r.optimizer_states for r in runs}),
     }
 
@@ -305,6 +313,7 @@ def _run(variant: str, rep: int, cfg: BenchConfig, init: dict[str, torch.Tensor]
         optimizer_states=stats.optimizer_states if stats else "", cpu_s=cpu, seed_s=live.seed_s,
         seed_cpu_s=live.seed_cpu_s, load_1min=os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0,
         selective_forwards=stats.selective_forwards if stats else 0,
+        explored_steps=stats.explored_steps if stats else 0, metered_steps=stats.metered_steps if stats else 0,
     )
 
 

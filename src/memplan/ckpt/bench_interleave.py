@@ -112,6 +112,7 @@ def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, t
             misses=stats.misses if stats else 0, optimizer_states=stats.optimizer_states if stats else "",
             cpu_s=lane.cpu, seed_s=lane.live.seed_s, seed_cpu_s=lane.live.seed_cpu_s,
             selective_forwards=stats.selective_forwards if stats else 0,
+            explored_steps=stats.explored_steps if stats else 0, metered_steps=stats.metered_steps if stats else 0,
         ))
     return tuple(runs)
 

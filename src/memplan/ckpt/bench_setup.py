@@ -82,7 +82,7 @@ class BenchConfig:
     @classmethod
     def long(cls) -> BenchConfig:
         """The longer run: 48 steps of the same distribution, memplan's plain loop against the static policies."""
-        return cls(steps=48, timed=("full", "plain"), speed_target=1.15)
+        return cls(steps=48, timed=("full", "plain", "half", "sac"), speed_target=1.15)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +114,10 @@ class Run:
     #: Process CPU seconds of the seeding.
     seed_cpu_s: float = 0.0
     selective_forwards: int = 0
+    #: memplan: steps run with every block at the compute-bound level to measure that arm (exploration),
+    #: and steps its own meter measured (the others ran unmetered, far below the budget).
+    explored_steps: int = 0
+    metered_steps: int = 0
     #: The machine's 1-minute load average when the run ended (shared machine).
     load_1min: float = 0.0
 

@@ -38,12 +38,13 @@ from torch.utils.checkpoint import checkpoint
 
 from memplan.ckpt.errors import BatchTooLargeError
 from memplan.ckpt.loop_hooks import LoopHooks
-from memplan.ckpt.meter import CpuMeter, MemoryMeter, tensor_bytes
+from memplan.ckpt.meter import CpuMeter, MemoryMeter, storage_bytes, tensor_bytes
 from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.offload import OffloadHooks
+from memplan.ckpt.explore import StepArms, choose_arm, step_clock
 from memplan.ckpt.opcosts import OpCosts
 from memplan.ckpt.opprofile import OpRecorder, roofline_for, sac_context
-from memplan.ckpt.phases import CkptStepState, grad_tensor, new_bytes, phase_terms, skip_output, tensors_in
+from memplan.ckpt.phases import CkptStepState, block_seconds, grad_tensor, new_bytes, phase_terms, skip_output, tensors_in
 from memplan.ckpt.planner import (
     BlockCost,
     CheckpointPlan,
@@ -73,6 +74,8 @@ _EXTRAPOLATION_MARGIN = 0.03
 _PHASE_FLOOR = 0.2
 #: Recompute times are rounded to this share of the mean block time, so near-equal blocks tie.
 _TIME_QUANTUM = 0.05
+#: A plain loop's step whose predicted peak is below this share of the budget runs without the CPU meter.
+METER_ABOVE = 0.6
 #: A batch this many times larger than the largest measured one is sheltered (measured, every block checkpointed).
 SHELTER_BEYOND = 2.0
 
@@ -93,6 +96,7 @@ class CheckpointController(LoopHooks):
     def __init__(
         self, model: nn.Module, blocks: Sequence[nn.Module], *, budget_bytes: int, size_fn: SizeFn,
         meter: MemoryMeter, device: torch.device, optimizer: torch.optim.Optimizer | None, margin: float,
+        step_arms: bool = False,
     ) -> None:
         self.model = model
         self.blocks = tuple(blocks)
@@ -110,6 +114,11 @@ class CheckpointController(LoopHooks):
                         for name in _PHASES}
         self._block_params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
         self._cache = PlanCache()
+        #: whole-step arms (the plan, or every block at the compute-bound level) and the step clock
+        self.arms = StepArms()
+        self.step_arms = step_arms  # off: every planned step runs the planner's plan
+        self._arm = ""
+        self._clock = step_clock(device)
         #: op-level predictors (per-op profiles from seed(), FLOP-based seconds, selective levels, offload)
         self.ops = OpCosts(roof=roofline_for(device), device=device)
         #: a fast seeding pass: (mode per block, blocks skipped, blocks whose ops are recorded)
@@ -123,7 +132,7 @@ class CheckpointController(LoopHooks):
         self._step: CkptStepState | None = None
         self._count = dict.fromkeys(
             ("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps", "seeded", "selective",
-             "offloaded"), 0)
+             "offloaded", "explored", "metered"), 0)
         self._seeding = False  # a fake-tensor pass of seed_from_fake is running
         self._owned = False  # the CPU meter was entered by a hook (plain loop), not by step()
         self._optimizers: dict[int, Any] = {}  # id → weak reference of the optimizers found by the hooks
@@ -136,7 +145,7 @@ class CheckpointController(LoopHooks):
         self._max_peak = 0
         self._handles: list[Any] = []
         self._last_size = 0
-        #: (size, plan, measured peak bytes) of the last finished step.
+        #: (size, plan, measured peak bytes) of the last finished step (peak 0: the step ran unmetered).
         self.last: tuple[int, CheckpointPlan, int] | None = None
 
     # ------------------------------------------------------------------ public surface
@@ -163,7 +172,8 @@ class CheckpointController(LoopHooks):
             optimizer_over_budget_steps=self._opt_over,
             optimizer_states="measured" if self.optimizer is not None else "assumed AdamW (no optimizer seen yet)",
             seeded_passes=c["seeded"], seed_seconds=self._seed_seconds, selective_forwards=c["selective"],
-            offloaded_forwards=c["offloaded"], time_scale=self.ops.scale,
+            offloaded_forwards=c["offloaded"], time_scale=self.ops.scale, explored_steps=c["explored"],
+            metered_steps=c["metered"],
         )
 
     def series(self) -> dict[str, Any]:
@@ -225,7 +235,7 @@ class CheckpointController(LoopHooks):
         for j in range(self.n_blocks):
             act = math.ceil(self._acts[j](size))
             if self.ops.has(j):
-                costs.append(BlockCost(act_bytes=act, grad_bytes=grads[j], recompute_s=self.ops.forward_s(j, size),
+                costs.append(BlockCost(act_bytes=act, grad_bytes=grads[j], recompute_s=self.ops.full_s(j, size),
                                        extra=self.ops.options(j, size, act)))
             else:
                 costs.append(BlockCost(act_bytes=act, grad_bytes=grads[j],
@@ -394,23 +404,43 @@ class CheckpointController(LoopHooks):
         size = measure_size(self.size_fn, batch_of(args, kwargs))
         self._last_size = size
         self._block_params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]  # may be replaced
-        self._enter_meter()
-        self.meter.adopt(state_tensors(self.model, self.optimizer))
-        self.meter.adopt(tensors_in((args, kwargs)))
-        static = self.meter.current_bytes
+        resident = [*state_tensors(self.model, self.optimizer), *tensors_in((args, kwargs))]
+        if self.meter.active or not isinstance(self.meter, CpuMeter):
+            self.meter.adopt(resident)
+            static = self.meter.current_bytes
+        else:
+            static = storage_bytes(resident)
         grads = tuple(sum(tensor_bytes(p) for p in ps if p.grad is None) for ps in self._block_params)
         skip = self._seed_spec[1] if self._seeding and self._seed_spec else frozenset()
         grads = tuple(0 if j in skip else g for j, g in enumerate(grads))
-        t0 = time.perf_counter()
+        t0, self._arm = time.perf_counter(), ""
         plan, probe = self._choose(size, static, grads)
         self._plan_seconds += time.perf_counter() - t0
+        if not self.meter.active and isinstance(self.meter, CpuMeter) and self._worth_metering(plan, probe):
+            self._enter_meter()
+            self.meter.adopt(resident)
+            static = self.meter.current_bytes
         metered = self.meter.active or not isinstance(self.meter, CpuMeter)
+        if metered and self._force is None and not self._seeding:
+            self._count["metered"] += 1
         self._step = CkptStepState(size=size, plan=plan, static_bytes=static, grad_bytes=grads, probe=probe,
-                                metered=metered, seed=self._seeding, skip=skip)
+                                metered=metered, seed=self._seeding, skip=skip, arm=self._arm, clock0=self._clock())
         self._count["sheltered"] += probe
         if self._force is None:
             self._count["steps"] += 1
         self.meter.mark()
+
+    def _worth_metering(self, plan: CheckpointPlan, probe: bool) -> bool:
+        """Whether a plain loop's step is measured by the CPU meter (a dispatch mode: Python work per operator).
+
+        A step is measured while the predictors learn (forced or sheltered plans, not ready yet) and
+        whenever its predicted peak comes within :data:`METER_ABOVE` of the budget, where a
+        misprediction could matter; a small batch predicted far below the budget runs unmetered
+        (its block seconds are still measured). ``step()`` always meters (its safety net needs it).
+        """
+        if probe or self._force is not None or plan.method not in ("knapsack", "none") or not self.ready:
+            return True
+        return plan.predicted_peak_bytes >= METER_ABOVE * self.budget_bytes
 
     def _choose(self, size: int, static: int, grads: tuple[int, ...]) -> tuple[CheckpointPlan, bool]:
         n = self.n_blocks
@@ -436,6 +466,7 @@ class CheckpointController(LoopHooks):
         if plan is None:
             plan = self.plan_for(upper, static_bytes=static, grad_bytes=grads)
             self._cache.put(key, plan)
+        plan, self._arm = choose_arm(self, plan, size, upper, static, grads)
         return plan, False
 
     def block_forward(self, j: int, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -447,6 +478,7 @@ class CheckpointController(LoopHooks):
             return skip_output(st.templates.get(type(self.blocks[j])), args, kwargs)
         if j == 0:
             self._hook(st, grad_tensor((args, kwargs)), -1)
+        t0 = time.perf_counter()
         mode = st.plan.mode(j)
         if st.plan.checkpoint[j]:
             if st.probe:
@@ -463,6 +495,7 @@ class CheckpointController(LoopHooks):
             out = self._plain_forward(st, j, mode, forward, args, kwargs)
         st.peaks[("forward", j)] = self.meter.mark()
         self._hook(st, grad_tensor(out), j)
+        st.forward_s[j] = time.perf_counter() - t0
         return out
 
     def _plain_forward(self, st: CkptStepState, j: int, mode: str, forward: Callable[..., Any], args: Any,
@@ -516,6 +549,7 @@ class CheckpointController(LoopHooks):
         if not st.backward_started:
             st.backward_started = True
             torch.autograd.Variable._execution_engine.queue_callback(lambda: self._end_backward(st))
+        st.marks[j] = time.perf_counter()
         st.peaks[st.phase] = max(st.peaks.get(st.phase, 0), self.meter.mark())
         st.phase = j if j >= 0 else "tail"
 
@@ -530,7 +564,14 @@ class CheckpointController(LoopHooks):
         if st is None:
             return
         st.peaks[st.phase] = max(st.peaks.get(st.phase, 0), self.meter.mark())
+        if not (st.seed or st.probe) and self.ops.times.observe(
+                st.size, [st.plan.mode(j) for j in range(self.n_blocks)], block_seconds(st, self.n_blocks)):
+            self._version += 1  # the options' prices changed: plans again
+        if st.arm:
+            self.arms.observe(st.arm, st.size, (self._clock() - st.clock0) / self.ops.roof_s(st.size))
         if not st.metered:
+            if not st.seed:
+                self.last = (st.size, st.plan, 0)
             return
         if st.seed:  # a fake pass: its peak is no training step's
             self._observe(st)

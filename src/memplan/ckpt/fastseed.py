@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from memplan.ckpt.meter import CpuMeter
-from memplan.ckpt.opprofile import sac_levels
+from memplan.ckpt.opprofile import block_levels
 from memplan.ckpt.safety import rng_state, set_rng_state
 from memplan.ckpt.seed import fake_parameters
 from memplan.errors import ConfigError, UnsupportedError
@@ -148,7 +148,7 @@ def _seed_op_costs(controller: CheckpointController, profiles: list[tuple[int, d
             by_class.setdefault(classes[j], []).append((size, records))
     for cls, points in by_class.items():
         largest = max(points, key=lambda p: p[0])[1]
-        levels = sac_levels(largest, controller.ops.roof)  # type: ignore[arg-type]
+        levels = block_levels(largest, controller.ops.roof)  # type: ignore[arg-type]
         same = [(size, records) for size, records in points
                 if [op.key for op in records] == [op.key for op in largest]]  # type: ignore[attr-defined]
         for j, c in enumerate(classes):

@@ -7,6 +7,9 @@ steps correct them: every plain block forward measured gives one ratio *measured
 the median of the recent ratios rescales every predicted second (one factor per model: the ops'
 relative costs come from the profile, their absolute level from the machine); a selectively
 checkpointed block's measured held bytes are added to its level's series (keep the largest).
+Those are priors: every real step also measures each block's seconds under the option it ran, and
+where an option was measured near a size its price there is its measured ratio to a kept block
+(:mod:`memplan.ckpt.optimes`), so the plans follow the machine, not the roofline.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from memplan.ckpt.offload import offload_seconds
 from memplan.ckpt.opprofile import OpRecord, Roofline, SacLevel, level_bytes_and_seconds
+from memplan.ckpt.optimes import OptionTimes
 from memplan.ckpt.planner import BlockOption
 from memplan.ckpt.predictor import SizeSeries
 
@@ -28,6 +32,8 @@ __all__ = ["OpCosts", "SAC_OVERHEAD_S_PER_OP"]
 SAC_OVERHEAD_S_PER_OP = 4e-5
 #: Measured / predicted ratios kept for the time scale.
 _RATIOS_KEPT = 32
+#: A block's backward takes about this many times its forward (the roofline's kept-block seconds).
+BACKWARD_FACTOR = 2.0
 
 
 @dataclass(kw_only=True)
@@ -47,6 +53,8 @@ class OpCosts:
     device: torch.device
     blocks: dict[int, _BlockOps] = field(default_factory=dict)
     ratios: list[float] = field(default_factory=list)
+    #: measured seconds of each option relative to keeping the block (:mod:`memplan.ckpt.optimes`)
+    times: OptionTimes = field(default_factory=OptionTimes)
 
     @property
     def scale(self) -> float:
@@ -73,6 +81,19 @@ class OpCosts:
         """Predicted seconds of block ``j``'s forward at ``size`` (rescaled by measured times)."""
         return self.scale * self.blocks[j].forward_s(size)
 
+    def roof_s(self, size: int) -> float:
+        """Roofline seconds of every profiled block's forward at ``size`` (unscaled; a step's yardstick)."""
+        return sum(b.forward_s(size) for b in self.blocks.values()) or 1.0
+
+    def kept_s(self, j: int, size: int) -> float:
+        """Seconds of block ``j`` kept at ``size`` (forward + backward): measured near, else the roofline's."""
+        measured = self.times.kept_seconds(size)
+        return measured if measured is not None else (1.0 + BACKWARD_FACTOR) * self.forward_s(j, size)
+
+    def full_s(self, j: int, size: int) -> float:
+        """Extra seconds of checkpointing block ``j`` whole at ``size``: measured near, else one more forward."""
+        return self.times.cost("full", size, self.kept_s(j, size), self.forward_s(j, size))
+
     def level(self, j: int, k: int) -> SacLevel:
         return self.blocks[j].levels[k]
 
@@ -81,7 +102,9 @@ class OpCosts:
         b = self.blocks.get(j)
         if b is None:
             return ()
-        out = [BlockOption(mode=f"sac{k}", kept_bytes=int(b.sac_kept[k](size)), cost_s=self.scale * b.sac_s[k](size),
+        kept_s = self.kept_s(j, size)
+        out = [BlockOption(mode=f"sac{k}", kept_bytes=int(b.sac_kept[k](size)),
+                           cost_s=self.times.cost(f"sac{k}", size, kept_s, self.scale * b.sac_s[k](size)),
                            recomputes=True) for k in range(len(b.levels))]
         # a level no cheaper in bytes than keeping the block is no option
         out = [o for o in out if o.kept_bytes < act_bytes]

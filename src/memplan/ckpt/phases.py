@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from memplan.ckpt.planner import CheckpointPlan
 
-__all__ = ["CkptStepState", "PhaseKey", "grad_tensor", "new_bytes", "phase_terms", "skip_output",
+__all__ = ["CkptStepState", "PhaseKey", "block_seconds", "grad_tensor", "new_bytes", "phase_terms", "skip_output",
            "tensors_in"]
 
 #: "head", "tail", a block index (its backward) or ("forward", block index).
@@ -44,11 +44,27 @@ class CkptStepState:
     ops: dict[int, Any] = field(default_factory=dict)
     templates: dict[type, Any] = field(default_factory=dict)
     times: dict[int, float] = field(default_factory=dict)
+    #: Per block: seconds of its forward whatever its option, and when its output's gradient was complete
+    #: (block -1: the first block's input) — a block's backward runs between its mark and the one before.
+    forward_s: dict[int, float] = field(default_factory=dict)
+    marks: dict[int, float] = field(default_factory=dict)
+    #: The whole-step arm this step runs ("": none chosen) and the step clock at its start.
+    arm: str = ""
+    clock0: float = 0.0
     peaks: dict[PhaseKey, int] = field(default_factory=dict)
     #: The phase running now: "head" until the first block's output gradient, then block indices, then "tail".
     phase: str | int = "head"
     #: Whether a gradient hook of this step has fired (the end-of-backward callback is queued then).
     backward_started: bool = False
+
+
+def block_seconds(st: CkptStepState, n_blocks: int) -> list[float | None]:
+    """Each block's seconds in the step (forward + backward, recomputation included; None: not measured)."""
+    out: list[float | None] = []
+    for j in range(n_blocks):
+        fwd, start, end = st.forward_s.get(j), st.marks.get(j), st.marks.get(j - 1)
+        out.append(None if fwd is None or start is None or end is None or end < start else fwd + end - start)
+    return out
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:

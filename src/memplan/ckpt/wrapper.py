@@ -34,6 +34,7 @@ def auto_checkpoint(
     device: torch.device | str | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     margin: float = CKPT_BUDGET_MARGIN,
+    step_arms: bool = False,
 ) -> nn.Module:
     """Make each training forward of ``model`` checkpoint only the blocks this batch needs to fit ``budget``.
 
@@ -61,6 +62,10 @@ def auto_checkpoint(
             (global optimizer step hooks: the one holding the model's parameters); until then the
             budget check assumes AdamW's two moments per weight.
         margin: share of the budget kept free for what the predictors cannot see.
+        step_arms: also time whole steps that run every block under SAC's compute-bound policy
+            against the planner's plan, and run the arm measured faster near each batch size
+            (:mod:`memplan.ckpt.explore`). Off by default: on the CPU benchmark the SAC arm won most
+            steps, so it recomputed most block forwards without beating static SAC (docs/ckpt.md).
 
     Assumptions: blocks run in the given order, once per forward; each training forward is followed
     by its backward (gradient accumulation: one planned micro-step per forward, the gradients
@@ -96,7 +101,7 @@ def auto_checkpoint(
     controller = CheckpointController(
         model, found, budget_bytes=budget_bytes, size_fn=size_fn or default_size,
         meter=make_meter(dev, limit_bytes=budget_bytes if dev.type == "cuda" else None), device=dev,
-        optimizer=optimizer, margin=margin,
+        optimizer=optimizer, margin=margin, step_arms=step_arms,
     )
     _install(model, controller)
     return model

@@ -1,0 +1,85 @@
+"""Measured option prices (per block, relative to keeping) and whole-step arms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memplan.ckpt.explore import StepArms, step_clock
+from memplan.ckpt.optimes import OptionTimes
+
+
+def test_an_option_is_priced_by_its_ratio_to_the_blocks_kept_in_the_same_step() -> None:
+    times = OptionTimes()
+    assert times.observe(1000, ["keep", "keep", "sac0", "full"], [1.0, 1.2, 1.5, None])
+    assert times.ratio("sac0", 1000) == pytest.approx(1.5 / 1.1)
+    assert not times.informed("full", 1000)  # not measured: the prior stands
+    assert times.cost("full", 1000, kept_s=2.0, prior_s=0.7) == 0.7
+    assert times.cost("sac0", 1000, kept_s=2.0, prior_s=0.1) == pytest.approx((1.5 / 1.1 - 1) * 2.0)
+    # measured within an octave only
+    assert times.ratio("sac0", 1900) is not None and times.ratio("sac0", 2100) is None
+
+
+def test_a_step_without_kept_blocks_is_compared_with_kept_seconds_scaled_by_size() -> None:
+    times = OptionTimes()
+    times.observe(1000, ["keep"] * 2, [1.0, 1.0])
+    assert times.observe(1500, ["full", "full"], [1.8, 1.8])
+    assert times.ratio("full", 1500) == pytest.approx(1.8 / 1.5)
+    assert times.kept_seconds(5000) is None and not times.observe(5000, ["full"], [9.0])
+
+
+def test_faster_option_gets_a_negative_price() -> None:
+    times = OptionTimes()
+    times.observe(4000, ["keep", "sac0"], [2.0, 1.6])
+    assert times.cost("sac0", 4000, kept_s=2.0, prior_s=0.5) == pytest.approx(-0.4)
+
+
+def test_arms_explore_each_once_near_a_size_then_run_the_faster() -> None:
+    arms = StepArms()
+    assert arms.pick(1000) == "plan"
+    arms.observe("plan", 1000, 3.0)
+    assert arms.pick(1000) == "compute"
+    arms.observe("compute", 1200, 2.5)
+    assert arms.pick(1100) == "compute"
+    assert arms.pick(4000) == "plan"  # nothing measured near 4,000 yet
+    arms.observe("plan", 900, 1.0)
+    assert arms.pick(1000) == "plan"  # median of the plan's (1.0, 3.0) = 2.0 < 2.5
+
+
+def test_steps_are_timed_in_cpu_seconds_on_cpu() -> None:
+    import time
+
+    assert step_clock(torch.device("cpu")) is time.process_time
+    assert step_clock(torch.device("meta")) is time.perf_counter
+
+
+def test_a_seeded_controller_explores_the_compute_arm_once_then_runs_the_faster_arm() -> None:
+    from ckpt_helpers import tiny_gpt2, tokens
+
+    from memplan.ckpt import auto_checkpoint
+
+    model = auto_checkpoint(tiny_gpt2(), 512 * 2**20)
+    ctl = model.memplan_ckpt
+    ctl.seed([lambda n=n: model(input_ids=(ids := torch.randint(0, 256, (2, n))), labels=ids).loss.backward()
+              for n in (8, 32, 128)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train(n: int) -> tuple[str, ...]:
+        batch = tokens(n)
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        assert ctl.last is not None
+        plan = ctl.last[1]
+        return tuple(plan.mode(j) for j in range(ctl.n_blocks))
+
+    assert train(64) == ("keep",) * ctl.n_blocks  # the plan's arm first: nothing to fit, everything kept
+    assert train(64) == ("sac0",) * ctl.n_blocks  # then the compute-bound arm, once
+    assert ctl.stats().explored_steps == 1
+    assert set(ctl.arms.seen) == {"plan", "compute"}
+    ctl.arms.seen["compute"] = [(128, 1e-9)]  # say the compute arm was measured far faster here
+    assert train(64) == ("sac0",) * ctl.n_blocks
+    ctl.arms.seen["compute"] = [(128, 1e9)]  # and far slower
+    assert train(64) == ("keep",) * ctl.n_blocks
+    assert ctl.stats().explored_steps == 1
+    assert ctl.stats().metered_steps < ctl.stats().steps  # far below the budget: steps ran unmetered
