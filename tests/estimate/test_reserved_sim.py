@@ -57,6 +57,9 @@ def test_the_sentence_comes_with_the_simulated_number() -> None:
     assert not any("caching-allocator simulator" in a for a in fixed.assumptions)
     assert simulated.peak_allocated_bytes == fixed.peak_allocated_bytes
     assert simulated.peak_reserved_bytes != fixed.peak_reserved_bytes
+    # the result's fragmentation is the simulated share, not the stated 0.10 it did not use
+    assert fixed.fragmentation == 0.10
+    assert simulated.fragmentation == round(1 - simulated.peak_allocated_bytes / simulated.peak_reserved_bytes, 4)
 
 
 def test_the_default_stays_the_stated_fragmentation() -> None:

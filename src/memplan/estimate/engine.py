@@ -82,7 +82,7 @@ def estimate(
         peak_allocated_bytes=peak.peak_allocated_bytes,
         peak_reserved_bytes=peak.peak_reserved_bytes,
         peak_stage=peak.stage,
-        fragmentation=fragmentation,
+        fragmentation=fragmentation if reserved == "fixed" else _simulated_share(peak),
         assumptions=notes,
         total_parameters=model.total_parameters,
         trainable_params=counts.trainable if counts is not None else model.total_parameters,
@@ -92,6 +92,13 @@ def estimate(
         settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings))
         + _compile_settings(model, job, fragmentation),
     )
+
+
+def _simulated_share(peak: StageEstimate) -> float:
+    """The share of the peak stage's simulated reserved memory that holds no live tensor."""
+    if peak.peak_reserved_bytes <= 0:
+        return 0.0
+    return round(1.0 - peak.peak_allocated_bytes / peak.peak_reserved_bytes, 4)
 
 
 def _compile_settings(model: ModelSpec, job: Job, fragmentation: float) -> tuple[InputSetting, ...]:
