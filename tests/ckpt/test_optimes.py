@@ -58,7 +58,7 @@ def test_a_seeded_controller_explores_the_compute_arm_once_then_runs_the_faster_
 
     from memplan.ckpt import auto_checkpoint
 
-    model = auto_checkpoint(tiny_gpt2(), 512 * 2**20)
+    model = auto_checkpoint(tiny_gpt2(), 512 * 2**20, step_arms=True)
     ctl = model.memplan_ckpt
     ctl.seed([lambda n=n: model(input_ids=(ids := torch.randint(0, 256, (2, n))), labels=ids).loss.backward()
               for n in (8, 32, 128)])
@@ -83,3 +83,20 @@ def test_a_seeded_controller_explores_the_compute_arm_once_then_runs_the_faster_
     assert train(64) == ("keep",) * ctl.n_blocks
     assert ctl.stats().explored_steps == 1
     assert ctl.stats().metered_steps < ctl.stats().steps  # far below the budget: steps ran unmetered
+
+
+def test_without_step_arms_every_step_runs_the_plan() -> None:
+    from ckpt_helpers import tiny_gpt2, tokens
+
+    from memplan.ckpt import auto_checkpoint
+
+    model = auto_checkpoint(tiny_gpt2(), 512 * 2**20)
+    ctl = model.memplan_ckpt
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(4):
+        batch = tokens(64)
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert ctl.stats().explored_steps == 0
+    assert not ctl.arms.seen

@@ -38,6 +38,10 @@ __all__ = ["DEFAULT_FRAGMENTATION", "Estimate", "estimate", "layer_activation_co
 #: memory analysis; STAlloc). ``memplan alloc`` replaces it by a simulated figure.
 DEFAULT_FRAGMENTATION = 0.10
 
+#: How the reserved figure is made: ``fixed`` (the stated fragmentation over the peak allocated) or
+#: ``simulated`` (the allocator simulator on the estimate's schedule, :mod:`memplan.estimate.reserved_sim`).
+RESERVED_MODES = ("fixed", "simulated")
+
 
 def estimate(
     model: ModelSpec,
@@ -46,6 +50,7 @@ def estimate(
     gpu: GPU | None = None,
     fragmentation: float = DEFAULT_FRAGMENTATION,
     settings: Iterable[InputSetting] = (),
+    reserved: str = "fixed",
 ) -> Estimate:
     """Estimate the per-GPU memory of training ``model`` as ``job`` describes.
 
@@ -67,7 +72,9 @@ def estimate(
     job = job or Job()
     if not 0.0 <= fragmentation < 1.0:
         raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
-    stages, notes, peak, counts, framework = _stages(Same(model), job, fragmentation)
+    if reserved not in RESERVED_MODES:
+        raise JobConfigError("--reserved", f"must be one of {', '.join(RESERVED_MODES)}", reserved)
+    stages, notes, peak, counts, framework = _stages(Same(model), job, fragmentation, reserved == "simulated")
     return Estimate(
         model=model.name,
         framework=framework,
@@ -75,7 +82,7 @@ def estimate(
         peak_allocated_bytes=peak.peak_allocated_bytes,
         peak_reserved_bytes=peak.peak_reserved_bytes,
         peak_stage=peak.stage,
-        fragmentation=fragmentation,
+        fragmentation=fragmentation if reserved == "fixed" else _simulated_share(peak),
         assumptions=notes,
         total_parameters=model.total_parameters,
         trainable_params=counts.trainable if counts is not None else model.total_parameters,
@@ -87,13 +94,20 @@ def estimate(
     )
 
 
+def _simulated_share(peak: StageEstimate) -> float:
+    """The share of the peak stage's simulated reserved memory that holds no live tensor."""
+    if peak.peak_reserved_bytes <= 0:
+        return 0.0
+    return round(1.0 - peak.peak_allocated_bytes / peak.peak_reserved_bytes, 4)
+
+
 def _compile_settings(model: ModelSpec, job: Job, fragmentation: float) -> tuple[InputSetting, ...]:
     """``--compile``: the compiled parts priced as eager (:func:`memplan.estimate.compiled.compile_settings`)."""
     return compile_settings(run_context(model, job, fragmentation)) if job.compile else ()
 
 
 @lru_cache(maxsize=128)
-def _stages(model_key: Same, job: Job, fragmentation: float) -> tuple[
+def _stages(model_key: Same, job: Job, fragmentation: float, simulate: bool = False) -> tuple[
         tuple[StageEstimate, ...], tuple[str, ...], StageEstimate, FinetuneParams | None, str]:
     """(stages, assumption sentences, the peak stage, fine-tuning counts, framework) of ``job``.
 
@@ -108,12 +122,13 @@ def _stages(model_key: Same, job: Job, fragmentation: float) -> tuple[
     notes = run_notes(run)
     stages = []
     for layout in pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split):
-        stage, stage_notes = stage_estimate(stage_context(run, layout))
+        stage, stage_notes = stage_estimate(stage_context(run, layout), simulate_reserved=simulate)
         stages.append(stage)
         notes += stage_notes
     peak = max(stages, key=lambda s: (s.peak_allocated_bytes, -s.stage))
-    notes.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments "
-                 "(assumed allocator fragmentation)")
+    if not simulate:
+        notes.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments "
+                     "(assumed allocator fragmentation)")
     return tuple(stages), tuple(dict.fromkeys(notes)), peak, run.counts, run.profile.name
 
 

@@ -134,6 +134,12 @@ class Ledger:
         allocated = sum(map(by_category.__getitem__, _SUMMED)) - by_category[ABSENT]
         return Peak(phase=phase, by_category=by_category, allocated=allocated, communication_at=comm_at)
 
+    def allocated_at(self, phase: str) -> int:
+        """The bytes alive at ``phase`` (the whole step's and the moment's, gradients not yet made subtracted)."""
+        sums = (self._lifetime, self._at[phase])
+        alive = sum(s.get(c, 0) for s in sums for c in _SUMMED)
+        return alive - sum(s.get(ABSENT, 0) for s in sums)
+
     def notes(self) -> list[str]:
         """The contributions' sentences, each once, in order."""
         return list(self._notes)

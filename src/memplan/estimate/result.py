@@ -158,7 +158,8 @@ class Estimate:
     peak_reserved_bytes: int
     #: Pipeline stage whose GPUs peak highest.
     peak_stage: int
-    #: Fraction of reserved memory assumed lost to allocator fragmentation.
+    #: Fraction of reserved memory lost to allocator fragmentation: the stated figure, or with
+    #: ``reserved="simulated"`` the simulated share at the peak stage.
     fragmentation: float
     #: The sentences that explain the figures: the job's setting and each contribution's own
     #: (:mod:`memplan.estimate.ledger`), each once.

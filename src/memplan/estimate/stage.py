@@ -3,6 +3,8 @@ build the :class:`~memplan.estimate.result.StageEstimate` (with the contribution
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
 from memplan.estimate.layer_costs import dora_transient
@@ -21,6 +23,7 @@ from memplan.estimate.ledger import (
     Ledger,
     Peak,
 )
+from memplan.estimate.reserved_sim import simulated_reserved
 from memplan.estimate.result import StageEstimate
 from memplan.estimate.stage_activations import StageActivations, stage_activations
 from memplan.estimate.stage_buffers import stage_buffers
@@ -33,8 +36,11 @@ _SEGMENT = 2 * 1024 * 1024
 _BASE_PHASES = ("backward", "optimizer step", "end of backward")
 
 
-def stage_estimate(ctx: StageContext) -> tuple[StageEstimate, list[str]]:
-    """The stage's figures at its peak, and the sentences of the contributions that made them."""
+def stage_estimate(ctx: StageContext, *, simulate_reserved: bool = False) -> tuple[StageEstimate, list[str]]:
+    """The stage's figures at its peak, and the sentences of the contributions that made them.
+
+    ``simulate_reserved``: the reserved figure from the allocator simulator run on the stage's
+    schedule (:mod:`memplan.estimate.reserved_sim`) instead of the stated fragmentation."""
     st = model_states(ctx)
     dora = dora_transient(ctx) if st.ft is not None else 0
     walk = walk_layers(ctx, dora)
@@ -52,7 +58,10 @@ def stage_estimate(ctx: StageContext) -> tuple[StageEstimate, list[str]]:
     peak = ledger.peak()
     stage = _stage_figures(ctx, st, acts, loss, ledger, peak, max_comm, memory,
                            captured_layers=sum(walk.chunk_graph_layers))
-    return stage, [*ledger.notes(), *acts.notes]
+    if not simulate_reserved:
+        return stage, [*ledger.notes(), *acts.notes]
+    sim = simulated_reserved(ctx, ledger, walk, acts, loss)
+    return replace(stage, peak_reserved_bytes=sim.reserved), [*ledger.notes(), *acts.notes, sim.note]
 
 
 def _stage_figures(ctx: StageContext, st: StageStates, acts: StageActivations, loss: LossPart, ledger: Ledger,

@@ -1,0 +1,210 @@
+"""Reserved memory from the caching-allocator simulator (issue 25, item 8; ``reserved="simulated"``).
+
+The estimate's own contributions are laid out as an allocation schedule of one training step on one
+GPU, repeated so that the allocator's cache reaches its steady state, and replayed through
+:mod:`memplan.alloc`'s model of PyTorch's caching allocator; the stage's reserved memory is the
+simulated peak reserved. The schedule, in execution order:
+
+- the whole-step state (parameters, master weights, optimizer moments, workspaces) allocated first,
+  one block per decoder layer plus one for the embedding/head (the FSDP root unit) per category;
+- forward: the stage's other activations, then per decoder layer the tensors it saves (the layer's
+  saved terms when they add up to what the estimate keeps for it, else one block), then the loss's
+  logits;
+- backward in reverse layer order: the layer's backward transient allocated, its gradients allocated
+  (when gradients are made in the backward), the transient and the layer's saved tensors freed;
+- the optimizer step's temporaries, allocated per layer and freed; gradients freed before the next
+  step where they are not alive through the whole step.
+
+At each of the ledger's candidate moments the schedule holds what it placed; what else the ledger
+has alive at that moment (communication buffers, inputs, temporaries the schedule does not place)
+is allocated as one block there and freed after, so the schedule's allocated peak is the estimate's
+peak allocated. Limits: gradients and states are split per layer, not per parameter tensor, so the
+small pool and per-tensor holes are not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.alloc.allocator import CachingAllocator
+from memplan.alloc.blocks import Block
+from memplan.alloc.settings import AllocatorSettings
+from memplan.estimate.activations import divided, layer_terms
+from memplan.estimate.context import StageContext
+from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.ledger import (
+    ABSENT,
+    GRADIENTS,
+    MASTER,
+    OPTIMIZER,
+    PARAMETERS,
+    TEMPORARY,
+    WORKSPACE,
+    Ledger,
+)
+from memplan.estimate.stage_activations import StageActivations
+from memplan.estimate.stage_peak import LossPart
+from memplan.model.linears import model_parameters
+
+#: Training steps replayed (the first allocates what later steps find cached).
+_STEPS = 2
+_STATIC = (PARAMETERS, MASTER, OPTIMIZER, WORKSPACE)
+
+
+@dataclass(frozen=True)
+class SimulatedReserved:
+    """The simulated peak reserved bytes of a stage's schedule, its peak requested bytes, and its explanation."""
+
+    reserved: int
+    #: The schedule's peak of requested bytes (the estimate's peak allocated when the schedule is right).
+    requested: int
+    events: int
+    note: str
+
+
+class _Replay:
+    """The allocator and the blocks the schedule holds (a running replay, local to one call)."""
+
+    def __init__(self) -> None:
+        self.alloc = CachingAllocator(AllocatorSettings())
+        self.events = 0
+        self.peak_reserved = 0
+        self.peak_requested = 0
+
+    def take(self, size: int) -> Block | None:
+        if size <= 0:
+            return None
+        block = self.alloc.malloc(size, 0)
+        self.events += 1
+        self.peak_reserved = max(self.peak_reserved, self.alloc.reserved)
+        self.peak_requested = max(self.peak_requested, self.alloc.requested)
+        return block
+
+    def give(self, *blocks: Block | None) -> None:
+        for block in blocks:
+            if block is not None:
+                self.alloc.free(block)
+                self.events += 1
+
+    def take_all(self, sizes: list[int]) -> list[Block | None]:
+        return [self.take(size) for size in sizes]
+
+    def moment(self, ledger: Ledger, phase: str, check: bool = True) -> None:
+        """Top the schedule up to the ledger's bytes alive at ``phase`` for an instant."""
+        if check and phase in ledger.phases:
+            self.give(self.take(ledger.allocated_at(phase) - self.alloc.requested))
+
+
+def _units(ctx: StageContext, layers: list[int]) -> list[list[int]]:
+    """The stage's parameter tensors' numels grouped as the schedule allocates them: the root unit
+    (embedding, final norm, head) first, then one unit per decoder layer in forward order."""
+    tensors = model_parameters(ctx.run.model)
+    by_layer: dict[int | None, list[int]] = {}
+    for t in tensors:
+        by_layer.setdefault(t.layer, []).append(t.numel)
+    root = by_layer.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
+    return [root] + [by_layer.get(i, [1]) for i in layers]
+
+
+def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
+    """``total`` bytes spread over the tensors of ``units`` in proportion to their numel (the last tensor
+    takes the rounding), zero-sized pieces dropped."""
+    numel = sum(map(sum, units)) or 1
+    out: list[list[int]] = []
+    given = 0
+    for unit in units:
+        sizes = [total * n // numel for n in unit]
+        given += sum(sizes)
+        out.append(sizes)
+    for unit in reversed(out):
+        if unit:
+            unit[-1] += total - given
+            break
+    return [[s for s in unit if s > 0] for unit in out]
+
+
+def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[int]:
+    """The sizes of the tensors layer ``index`` keeps: its saved terms when they add up to ``kept``."""
+    run = ctx.run
+    terms = [t for t in layer_terms(run.model.layers[index], run.shape)
+             if t.keep in run.kept_classes and t.site not in run.dropped]
+    sizes = [b for b in (divided(t, run.shape) for t in terms) if b > 0]
+    return sizes if sum(sizes) == kept else [kept]
+
+
+def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
+                       loss: LossPart) -> SimulatedReserved:
+    """Replay the stage's schedule (see the module) and return its simulated peaks."""
+    units = _units(ctx, [index for index, _, _ in walk.per_layer])
+    replay = _Replay()
+    for category in (PARAMETERS, MASTER, WORKSPACE):
+        for unit in _spread(ledger.total(category), units):
+            replay.take_all(unit)
+    moments = _pieces(ledger, units)
+    grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
+    for category in (() if moments.states_in_step else (OPTIMIZER,)):
+        for unit in _spread(ledger.total(category), units):
+            replay.take_all(unit)
+    for step in range(_STEPS):
+        grads = _step(ctx, ledger, walk, acts, loss, replay, grads, moments, first=step == 0)
+    note = (f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
+            f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters, gradients, optimizer "
+            "states and step temporaries per parameter tensor, saved activations per tensor)")
+    return SimulatedReserved(replay.peak_reserved, replay.peak_requested, replay.events, note)
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries."""
+
+    grads: list[list[int]]
+    moments: list[list[int]]
+    step_temp: list[list[int]]
+    made_in_backward: bool
+    states_in_step: bool
+
+
+def _pieces(ledger: Ledger, units: list[list[int]]) -> _Pieces:
+    made = ledger.total(ABSENT, "backward") > 0
+    moments = _spread(ledger.total(OPTIMIZER), units)
+    # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
+    halves = [[part for size in unit for part in (size // 2, size - size // 2)] for unit in moments]
+    return _Pieces(grads=_spread(ledger.total(GRADIENTS, "end of backward"), units), moments=halves,
+                   step_temp=_spread(ledger.total(TEMPORARY, "optimizer step"), units), made_in_backward=made,
+                   states_in_step=made)
+
+
+def _step(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations, loss: LossPart,
+          replay: _Replay, grads: list[list[Block | None]], pieces: _Pieces, *, first: bool
+          ) -> list[list[Block | None]]:
+    """One training step of the schedule; the first creates the optimizer moments (no ledger moment is
+    checked then: the ledger describes the steady state). Returns the gradients alive after the step."""
+    check = not first
+    other = replay.take(acts.other)
+    saved = [[replay.take(s) for s in _layer_blocks(ctx, i, kept)] for i, kept, _ in walk.per_layer]
+    replay.moment(ledger, "forward", check)
+    logits = replay.take(loss.logits)
+    replay.moment(ledger, "loss", check)
+    replay.give(logits)
+    last = len(walk.per_layer) - 1
+    for position in reversed(range(len(walk.per_layer))):
+        temp = replay.take(walk.per_layer[position][2])
+        if position == last:
+            replay.moment(ledger, "backward", check)
+        if pieces.made_in_backward:
+            grads.append(replay.take_all(pieces.grads[position + 1]))
+        replay.give(temp, *saved[position])
+    if pieces.made_in_backward:
+        grads.append(replay.take_all(pieces.grads[0]))
+    replay.give(other)
+    replay.moment(ledger, "end of backward", check)
+    if first and pieces.states_in_step:
+        for unit in pieces.moments:
+            replay.take_all(unit)
+    step = [replay.take_all(unit) for unit in pieces.step_temp]
+    replay.moment(ledger, "optimizer step", check)
+    replay.give(*(b for unit in step for b in unit))
+    if pieces.made_in_backward:
+        replay.give(*(b for unit in grads for b in unit))
+        return []
+    return grads
