@@ -189,9 +189,9 @@ def _package_graph(modules: dict[str, ast.Module] | None = None) -> dict[str, di
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("memplan.errors",),
     ("memplan.bounds",),
-    ("memplan.units", "memplan.categories", "memplan.textfile", "memplan.settings"),
-    ("memplan.gpus", "memplan.model"),
-    ("memplan.optimizers", "memplan.tuning"),
+    ("memplan.units", "memplan.categories", "memplan.textfile", "memplan.settings", "memplan.events_binary"),
+    ("memplan.gpus", "memplan.model", "memplan.events"),
+    ("memplan.optimizers", "memplan.tuning", "memplan.alloc"),
     ("memplan.profiles",),
     ("memplan.job",),
     ("memplan.policies", "memplan.peft", "memplan.jobflags"),

@@ -6,7 +6,7 @@ import pytest
 
 from memplan import Job, Parallelism, estimate, load_model
 from memplan.errors import JobConfigError
-from memplan.estimate import stage as stage_module
+from memplan.estimate import reserved_sim
 from memplan.estimate.engine import _stages
 from memplan.estimate.ledger import ACTIVATIONS, ABSENT, PARAMETERS, TEMPORARY, Contribution, Ledger
 from memplan.jobflags import build_job
@@ -24,13 +24,13 @@ JOBS = {
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     seen: list[object] = []
-    real = stage_module.simulated_reserved
+    real = reserved_sim.simulated_reserved
 
     def spy(*args: object) -> object:
         seen.append(result := real(*args))  # type: ignore[arg-type]
         return result
 
-    monkeypatch.setattr(stage_module, "simulated_reserved", spy)
+    monkeypatch.setattr(reserved_sim, "simulated_reserved", spy)  # stage.py imports it on use
     _stages.cache_clear()
     return seen
 

@@ -52,7 +52,7 @@ _STATIC = (PARAMETERS, MASTER, OPTIMIZER, WORKSPACE)
 
 
 @dataclass(frozen=True)
-class SimulatedReserved:
+class ScheduleReserved:
     """The simulated peak reserved bytes of a stage's schedule, its peak requested bytes, and its explanation."""
 
     reserved: int
@@ -133,7 +133,7 @@ def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[int]:
 
 
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
-                       loss: LossPart) -> SimulatedReserved:
+                       loss: LossPart) -> ScheduleReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks."""
     units = _units(ctx, [index for index, _, _ in walk.per_layer])
     replay = _Replay()
@@ -150,7 +150,7 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     note = (f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
             f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters, gradients, optimizer "
             "states and step temporaries per parameter tensor, saved activations per tensor)")
-    return SimulatedReserved(replay.peak_reserved, replay.peak_requested, replay.events, note)
+    return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events, note)
 
 
 @dataclass(frozen=True)

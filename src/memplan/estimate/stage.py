@@ -23,7 +23,6 @@ from memplan.estimate.ledger import (
     Ledger,
     Peak,
 )
-from memplan.estimate.reserved_sim import simulated_reserved
 from memplan.estimate.result import StageEstimate
 from memplan.estimate.stage_activations import StageActivations, stage_activations
 from memplan.estimate.stage_buffers import stage_buffers
@@ -60,6 +59,8 @@ def stage_estimate(ctx: StageContext, *, simulate_reserved: bool = False) -> tup
                            captured_layers=sum(walk.chunk_graph_layers))
     if not simulate_reserved:
         return stage, [*ledger.notes(), *acts.notes]
+    from memplan.estimate.reserved_sim import simulated_reserved  # the allocator model, only when asked
+
     sim = simulated_reserved(ctx, ledger, walk, acts, loss)
     return replace(stage, peak_reserved_bytes=sim.reserved), [*ledger.notes(), *acts.notes, sim.note]
 
