@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps")
     parser.add_argument("--long", action="store_true", help="the 48-step run (static policies, no Trainer)")
     parser.add_argument("--steps", type=int, help="training steps per run (default 24)")
-    parser.add_argument("--repeats", type=int, help="interleaved repetitions of the timed variants (default 3)")
+    parser.add_argument("--repeats", type=int, help="interleaved repetitions of the timed variants (default 1)")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON file (default {RESULTS}; none with --quick)")
     args = parser.parse_args(argv)
     base = BenchConfig.quick() if args.quick else BenchConfig.long() if args.long else BenchConfig()
