@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from memplan.estimate.activations import KEPT_BY, ActivationShape
 from memplan.estimate.finetune import base_in_compute_dtype, finetune_counts, is_finetune
 from memplan.estimate.layout import StageLayout
+from memplan.estimate.partial_freeze import LayerFlow, layer_flows
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.recompute_modules import dropped_sites
 from memplan.estimate.states import padded_vocab
@@ -58,6 +59,9 @@ class RunContext(Resolved):
     dropped: frozenset[str]
     #: Fine-tuning counts of the whole model (None under full training).
     counts: FinetuneParams | None
+    #: What of each decoder layer needs gradients under fine-tuning (None under full training), derived
+    #: once per job: the layer walk reads it per layer (:mod:`~memplan.estimate.partial_freeze`).
+    flows: tuple[LayerFlow, ...] | None
     fragmentation: float
     #: Per-layer costs memoised by the layer's kind (shared by the stages of one estimate).
     cache: dict[object, LayerCosts] = field(default_factory=dict, compare=False, hash=False)
@@ -89,12 +93,14 @@ def run_context(model: ModelSpec, job: Job, fragmentation: float) -> RunContext:
     policy = _resolve_policy(job)
     kept_classes, dropped = kept_policy(policy)
     divisible = job.vocab_divisible_by or profile.vocab_divisible_by
+    finetune = is_finetune(job)
     return RunContext(
         model=model, job=job, profile=profile, prec=prec, policy=policy,
         shape=activation_shape(model, job, profile, prec),
         vocab_rows=padded_vocab(model, job.parallel.tp, divisible),
         kept_classes=kept_classes, dropped=dropped,
-        counts=finetune_counts(model, job) if is_finetune(job) else None,
+        counts=finetune_counts(model, job) if finetune else None,
+        flows=layer_flows(model, job.finetune, policy.recomputes) if finetune else None,
         fragmentation=fragmentation,
     )
 

@@ -137,10 +137,11 @@ def base_in_compute_dtype(model: ModelSpec, job: Job) -> bool:
             and not root_flow(model, job.finetune, False).embedding_trained_fully)
 
 
-def dequantized_weight_bytes(model: ModelSpec, job: Job, index: int, compute_bytes: int) -> int:
+def dequantized_weight_bytes(counts: FinetuneParams, job: Job, index: int, compute_bytes: int) -> int:
     """The largest weight of layer ``index`` that bitsandbytes dequantizes in its backward (grad-input
-    ``grad_output @ dequantize_4bit(W)``; int8 likewise), alive beside the layer's gradients."""
-    quantized = finetune_params(model, job.finetune).layers[index].quantized
+    ``grad_output @ dequantize_4bit(W)``; int8 likewise), alive beside the layer's gradients.
+    ``counts``: the job's fine-tuning counts (the run context's, derived once per job)."""
+    quantized = counts.layers[index].quantized
     if not quantized:
         return 0
     dtype = job.finetune.quant_compute_dtype

@@ -42,7 +42,7 @@ from memplan.estimate.ep_overlap import (
     shared_expert_overlap_bytes,
 )
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
-from memplan.estimate.partial_freeze import LayerFlow, block_terms, layer_flows, trained_norm_copies
+from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     recomputed_only_terms,
@@ -74,10 +74,10 @@ _NOTHING = (0, 0, 0, 0)
 def _role(run: RunContext, index: int | None) -> LayerRole | None:
     """The layer's fine-tuning role; None for a layer that saves nothing (nothing in or before it needs
     a gradient)."""
-    counts = run.counts
-    if counts is None or index is None:
+    counts, flows = run.counts, run.flows
+    if counts is None or flows is None or index is None:
         return _FULL_TRAINING
-    flow = layer_flows(run.model, run.job.finetune, run.policy.recomputes)[index]
+    flow = flows[index]
     if not flow.saves:
         return None
     return LayerRole(adapters=counts.layer_adapters[index], flow=flow,

@@ -161,7 +161,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, dora: int, graphe
     transient += cp_backward_extra(run, index)
     transient += recomputed_copies_bytes(ctx, index)
     if run.counts is not None:
-        transient += dequantized_weight_bytes(run.model, run.job, index, dtype_bytes(run.prec.compute))
+        transient += dequantized_weight_bytes(run.counts, run.job, index, dtype_bytes(run.prec.compute))
     recomputed = index in ctx.recomputed
     cpu_keep = checkpoint = 0
     if recomputed:
