@@ -74,7 +74,8 @@ def estimate(
         raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
     if reserved not in RESERVED_MODES:
         raise JobConfigError("--reserved", f"must be one of {', '.join(RESERVED_MODES)}", reserved)
-    stages, notes, peak, counts, framework = _stages(Same(model), job, fragmentation, reserved == "simulated")
+    stages, notes, peak, counts, framework, compiled = _stages(Same(model), job, fragmentation,
+                                                               reserved == "simulated")
     return Estimate(
         model=model.name,
         framework=framework,
@@ -89,8 +90,7 @@ def estimate(
         frozen_params=counts.frozen if counts is not None else 0,
         job=job,
         gpu=gpu,
-        settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings))
-        + _compile_settings(model, job, fragmentation),
+        settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings)) + compiled,
     )
 
 
@@ -101,15 +101,13 @@ def _simulated_share(peak: StageEstimate) -> float:
     return round(1.0 - peak.peak_allocated_bytes / peak.peak_reserved_bytes, 4)
 
 
-def _compile_settings(model: ModelSpec, job: Job, fragmentation: float) -> tuple[InputSetting, ...]:
-    """``--compile``: the compiled parts priced as eager (:func:`memplan.estimate.compiled.compile_settings`)."""
-    return compile_settings(run_context(model, job, fragmentation)) if job.compile else ()
-
-
 @lru_cache(maxsize=128)
 def _stages(model_key: Same, job: Job, fragmentation: float, simulate: bool = False) -> tuple[
-        tuple[StageEstimate, ...], tuple[str, ...], StageEstimate, FinetuneParams | None, str]:
-    """(stages, assumption sentences, the peak stage, fine-tuning counts, framework) of ``job``.
+        tuple[StageEstimate, ...], tuple[str, ...], StageEstimate, FinetuneParams | None, str,
+        tuple[InputSetting, ...]]:
+    """(stages, assumption sentences, the peak stage, fine-tuning counts, framework, and under
+    ``--compile`` the compiled parts priced as eager (:func:`~memplan.estimate.compiled.compile_settings`))
+    of ``job``.
 
     A pure function of immutable inputs (a frozen model spec, compared by identity, and a frozen
     ``Job``, by value), so it is memoised: a caller that estimates the same job again (a loop, the
@@ -129,7 +127,8 @@ def _stages(model_key: Same, job: Job, fragmentation: float, simulate: bool = Fa
     if not simulate:
         notes.append(f"reserved = allocated / (1 - {fragmentation:.2f}) rounded to 2 MiB segments "
                      "(assumed allocator fragmentation)")
-    return tuple(stages), tuple(dict.fromkeys(notes)), peak, run.counts, run.profile.name
+    compiled = compile_settings(run) if job.compile else ()
+    return tuple(stages), tuple(dict.fromkeys(notes)), peak, run.counts, run.profile.name, compiled
 
 
 def layer_activation_costs(model: ModelSpec, job: Job, index: int) -> tuple[int, int, int]:
