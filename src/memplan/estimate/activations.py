@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from memplan.frozen import direct_init
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
 
@@ -73,7 +74,8 @@ LSE_BYTES = 4
 UNFUSED_ATTENTION = ("eager", "math")
 
 
-@dataclass(frozen=True, slots=True)
+@direct_init
+@dataclass(frozen=True)
 class ActivationShape:
     """Everything a layer's activation terms depend on besides the layer itself."""
 

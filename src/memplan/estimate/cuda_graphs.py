@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from memplan.estimate.activations import KEPT_BY, ActivationShape, Term, divided, layer_terms_by_block
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
+from memplan.frozen import direct_init
 from memplan.job import CudaGraphs
 from memplan.model.spec import LayerSpec, ModelSpec
 
@@ -154,6 +155,7 @@ def layer_capture(model: ModelSpec, graphs: CudaGraphs, shape: ActivationShape, 
     return captured
 
 
+@direct_init
 @dataclass(frozen=True)
 class GraphMemory:
     """CUDA-graph memory of one stage: the private pool, the static buffers beside it, and per candidate

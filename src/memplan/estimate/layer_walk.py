@@ -25,6 +25,7 @@ from memplan.estimate.layer_costs import (
     with_shared_expert_overlap,
 )
 from memplan.estimate.states import layer_kinds
+from memplan.frozen import direct_init
 from memplan.units import dtype_bytes
 
 
@@ -114,6 +115,7 @@ def _visit(ctx: StageContext, position: int, index: int, dora: int, graphed: Lay
     return visit
 
 
+@direct_init
 @dataclass(frozen=True)
 class _Visit:
     """One layer's figures in the walk."""

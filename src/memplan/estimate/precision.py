@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.frozen import direct_init
 from memplan.job import Job, Precision
 from memplan.profiles import FrameworkProfile
 from memplan.units import dtype_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@direct_init
+@dataclass(frozen=True)
 class ResolvedPrecision:
     """Concrete dtypes of every model-state tensor, with where each choice came from."""
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from memplan.errors import MissingDependencyError
+from memplan.frozen import direct_init
 
 if TYPE_CHECKING:
     from memplan.model.linears import LinearModule
@@ -50,7 +51,8 @@ class OptimizerSettings(Protocol):
     def galore_rank(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
+@direct_init
+@dataclass(frozen=True)
 class SmallTensors:
     """The stepped tensors an optimizer prices apart: bitsandbytes' small ones, Adafactor's vectors, and
     the 2-D weights GaLore projects."""
@@ -75,7 +77,8 @@ class SmallTensors:
                             head=self.head)
 
 
-@dataclass(frozen=True, slots=True)
+@direct_init
+@dataclass(frozen=True)
 class OptimizerStates:
     """Optimizer state bytes: in PyTorch's caching allocator, and in CUDA unified memory (paged)."""
 
@@ -100,7 +103,8 @@ class WeightMatrix:
     before: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@direct_init
+@dataclass(frozen=True)
 class StateQuery:
     """What the estimator knows when it prices one GPU's optimizer states."""
 
@@ -117,7 +121,8 @@ class StateQuery:
     matrices: tuple[WeightMatrix, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@direct_init
+@dataclass(frozen=True)
 class StepQuery:
     """What the estimator knows when it prices the step's temporaries."""
 
