@@ -27,7 +27,6 @@ class _Post:
         object.__setattr__(self, "total", self.a + self.b)
 
 
-
 def test_direct_init_replaces_init_and_keeps_the_value_and_frozenness() -> None:
     generated = _Plain.__init__
     cls = direct_init(dataclass(frozen=True, kw_only=True)(type("_P", (_Plain,), {})))
