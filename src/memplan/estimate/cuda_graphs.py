@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from memplan.estimate.activations import KEPT_BY, ActivationShape, Term, divided, layer_terms_by_block
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
-from memplan.frozen import direct_init
+from memplan.frozen import frozen_dataclass
 from memplan.job import CudaGraphs
 from memplan.model.spec import LayerSpec, ModelSpec
 
@@ -155,8 +155,7 @@ def layer_capture(model: ModelSpec, graphs: CudaGraphs, shape: ActivationShape, 
     return captured
 
 
-@direct_init
-@dataclass(frozen=True)
+@frozen_dataclass
 class GraphMemory:
     """CUDA-graph memory of one stage: the private pool, the static buffers beside it, and per candidate
     peak how much of the eager figures they already hold (``captured``)."""

@@ -25,7 +25,7 @@ from memplan.estimate.layer_costs import (
     with_shared_expert_overlap,
 )
 from memplan.estimate.states import layer_kinds
-from memplan.frozen import direct_init
+from memplan.frozen import frozen_dataclass
 from memplan.units import dtype_bytes
 
 
@@ -115,8 +115,7 @@ def _visit(ctx: StageContext, position: int, index: int, dora: int, graphed: Lay
     return visit
 
 
-@direct_init
-@dataclass(frozen=True)
+@frozen_dataclass
 class _Visit:
     """One layer's figures in the walk."""
 

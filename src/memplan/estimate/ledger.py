@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
-from memplan.frozen import direct_init
+from memplan.frozen import frozen_dataclass
 
 PHASES = ("backward", "optimizer step", "end of backward", "loss", "forward")
 #: ``Contribution.live`` for what is allocated for the whole step.
@@ -55,8 +55,7 @@ class Contribution(NamedTuple):
         return not self.live or phase in self.live
 
 
-@direct_init
-@dataclass(frozen=True)
+@frozen_dataclass
 class Peak:
     """The stage's peak moment and each category's bytes then."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.frozen import direct_init
+from memplan.frozen import frozen_dataclass
 from memplan.estimate.activations import layer_terms
 from memplan.estimate.compiled import compile_note
 from memplan.estimate.context import RunContext
@@ -76,8 +76,7 @@ def policy_note(run: RunContext) -> str:
     return run.policy.kind.sentence(run.policy, _Setting(run))
 
 
-@direct_init
-@dataclass(frozen=True)
+@frozen_dataclass
 class _Setting:
     """What a policy's sentence reads of the estimate (:class:`memplan.policies.kinds.PolicySetting`)."""
 

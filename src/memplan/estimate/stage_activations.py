@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.frozen import direct_init
+from memplan.frozen import frozen_dataclass
 from memplan.estimate.autocast import autocast_weight_copy_numel
 from memplan.estimate.compiled import keeps_masks
 from memplan.estimate.context import StageContext
@@ -30,8 +30,7 @@ from memplan.profiles.framework import head_rows_split
 from memplan.units import dtype_bytes
 
 
-@direct_init
-@dataclass(frozen=True)
+@frozen_dataclass
 class StageActivations:
     """The stage's saved activations at the end of its in-flight forwards (one rank)."""
 

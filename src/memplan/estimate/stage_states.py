@@ -37,7 +37,7 @@ from memplan.estimate.states import (
     stage_params,
     state_bytes,
 )
-from memplan.frozen import direct_init
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job, resolved_optimizer_impl
 from memplan.optimizers import optimizer_kind
 from memplan.model.tensors import stage_tensors
@@ -47,8 +47,7 @@ from memplan.profiles.framework import vocab_split
 _STEP = ("optimizer step",)
 
 
-@direct_init
-@dataclass(frozen=True)
+@frozen_dataclass
 class StageStates:
     """The stage's parameters and states, its fine-tuning split, and the optimizer step's temporaries."""
 

@@ -21,7 +21,7 @@ from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimi
     optimizer_states,
 )
 from memplan.estimate.precision import ResolvedPrecision
-from memplan.frozen import direct_init
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job, Offload, resolved_optimizer_impl
 from memplan.profiles import FrameworkProfile, get_profile
 from memplan.model.params import (
@@ -36,8 +36,7 @@ from memplan.optimizers import optimizer_kind
 from memplan.optimizers.kind import WeightMatrix
 
 
-@direct_init
-@dataclass(frozen=True)
+@frozen_dataclass
 class StageParams:
     """Parameters (numel) one GPU of a stage holds before any data-parallel sharding."""
 
@@ -156,8 +155,7 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
                        fp32_routers=routers)
 
 
-@direct_init
-@dataclass(frozen=True)
+@frozen_dataclass
 class StateBytes:
     """Model-state bytes on the GPU, and what offloading moved to CPU memory."""
 

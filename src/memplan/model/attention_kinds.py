@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memplan.errors import ModelConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.model import attention_dense, attention_latent
 from memplan.model.param_groups import ParamGroups, TpMatrix
 
@@ -31,7 +32,7 @@ __all__ = ["ATTENTION_KINDS", "GQA", "MHA", "MLA", "SPEC_KINDS", "AttentionKind"
 Linear = tuple[str, int, int, bool]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class AttentionKind:
     """One kind of self-attention: the facts the estimator prices it by and its maths."""
 

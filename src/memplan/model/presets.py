@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memplan.errors import ModelConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.model.hf import model_from_hf_config
 from memplan.model.params import total_params
 from memplan.model.spec import ModelSpec
@@ -34,7 +35,7 @@ _FOLDER = "presets"
 _PROVENANCE_KEY = "_memplan"
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class PresetInfo:
     """A one-line summary of a shipped preset."""
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memplan.errors import JobConfigError
+from memplan.frozen import frozen_dataclass
 
 __all__ = ["FEATURES", "Feature", "JobRule", "ModelRule"]
 
@@ -32,7 +33,7 @@ def _one_activation_mover(job: Any) -> None:
                              "/ --cpu-checkpointing (both move the saved activations); choose one", True)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Feature:
     """An option only some frameworks run; a profile names the ones it has in ``features``."""
 
