@@ -14,7 +14,6 @@ reports slightly less, a few hundred MiB, for the slice's own bookkeeping).
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 
 from memplan.errors import ConfigError
 from memplan.frozen import frozen_dataclass

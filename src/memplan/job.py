@@ -9,7 +9,7 @@ spells it), the rule and the value; what a framework runs and its own rules come
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError

@@ -16,9 +16,7 @@ not as vision-encoder work; Axolotl's packing order is a seeded stand-in (see :m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from dataclasses import dataclass, field
+from dataclasses import field
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 

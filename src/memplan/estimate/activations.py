@@ -28,7 +28,6 @@ which is what ``memplan trace --recompute selective`` runs on a Hugging Face mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from memplan.frozen import frozen_dataclass

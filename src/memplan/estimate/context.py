@@ -9,7 +9,7 @@ and never again per layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memplan.estimate.activations import KEPT_BY, ActivationShape
 from memplan.estimate.finetune import base_in_compute_dtype, finetune_counts, is_finetune

@@ -42,7 +42,7 @@ checkpoint's extra inputs under ``--recompute-modules`` are left with the eager 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memplan.estimate.activations import KEPT_BY, ActivationShape, Term, divided, layer_terms_by_block
 from memplan.estimate.layout import StageLayout

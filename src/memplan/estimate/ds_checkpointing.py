@@ -29,8 +29,6 @@ small per-input size tensors and the pinned CPU buffer pool of the offload engin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.errors import JobConfigError
 from memplan.frozen import frozen_dataclass
 from memplan.job import Job, Recompute

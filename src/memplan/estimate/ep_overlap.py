@@ -48,7 +48,6 @@ priced separately.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from memplan.estimate.activations import (
     DISPATCHED_TOKENS,

@@ -17,8 +17,6 @@ What trains comes from :mod:`memplan.peft.params`; this module prices it on one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.estimate.activations import ActivationShape, eager_norm_terms
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.partial_freeze import root_flow

@@ -9,7 +9,6 @@ experts' wgrad overlap, context-parallel buffers, autocast copies a recompute ma
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import lru_cache
 
 from memplan.estimate.activations import (

@@ -9,7 +9,6 @@ has not yet had its backward stay alive, so the peak holds warm-up + 1 forwards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 from memplan.frozen import frozen_dataclass

@@ -15,9 +15,9 @@ DeepSpeed's unfilled checkpoint buffers, DoRA's weight temporaries).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
+
 from memplan.frozen import frozen_dataclass
 
 PHASES = ("backward", "optimizer step", "end of backward", "loss", "forward")

@@ -22,7 +22,7 @@ norm and head read :func:`root_flow`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.frozen import frozen_dataclass
 from memplan.job import Job, Precision
 from memplan.profiles import FrameworkProfile

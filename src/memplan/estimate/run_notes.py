@@ -4,15 +4,13 @@ every stage's mechanics, whose own sentences come with their contributions (:mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from memplan.frozen import frozen_dataclass
 from memplan.estimate.activations import layer_terms
 from memplan.estimate.compiled import compile_note
 from memplan.estimate.context import RunContext
 from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import term_site
 from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
+from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.units import dtype_bytes
 

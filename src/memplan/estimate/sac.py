@@ -22,7 +22,6 @@ grouped-query attention are listed; MoE and MLA layers are not (``None``: the ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from memplan.estimate.activations import LSE_BYTES, ActivationShape, Region, Term

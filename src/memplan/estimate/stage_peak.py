@@ -5,7 +5,6 @@ collective buffers and CUDA graphs at each; the ledger takes the peak (:mod:`mem
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from memplan.estimate.autocast import tied_embedding_gradient_sum_bytes
 from memplan.estimate.context import StageContext

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.extras import optimizer_temporary_bytes

@@ -8,7 +8,7 @@ weights over the expert-data-parallel group EDP = world / (EP x ETP x PP).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element

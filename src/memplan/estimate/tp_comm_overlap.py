@@ -31,8 +31,6 @@ region) and the atomic-GEMM counters and temporaries are not priced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.frozen import frozen_dataclass
 from memplan.job import CommOverlap, UbMethod
 from memplan.units import MiB

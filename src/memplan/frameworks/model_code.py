@@ -10,8 +10,8 @@ in what they save for the backward. Each difference is a field here, with its so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
 from memplan.frozen import frozen_dataclass
 
 if TYPE_CHECKING:

@@ -15,7 +15,6 @@ attends to, and the estimator reads it where a mask or the key length depends on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memplan.errors import ModelConfigError

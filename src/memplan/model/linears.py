@@ -19,7 +19,6 @@ gives each family (tested against real modules built on the meta device for ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 

@@ -7,7 +7,6 @@ kinds (:mod:`memplan.model.attention_kinds`) and the parameter counts share with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from memplan.frozen import frozen_dataclass
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path

@@ -7,7 +7,7 @@ by :mod:`memplan.model.params`; how parallelism divides them lives in :mod:`memp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 

@@ -17,7 +17,7 @@ A pure function of the model's named modules (:mod:`memplan.model.linears`) and 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 

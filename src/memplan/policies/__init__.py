@@ -34,7 +34,6 @@ tracer cannot run it (it needs torch.compile's partitioner).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, get_args
 

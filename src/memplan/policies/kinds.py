@@ -12,8 +12,8 @@ and its tests.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
 from memplan.frozen import frozen_dataclass
 
 if TYPE_CHECKING:

@@ -6,7 +6,6 @@ workspaces) the difference is a field here, with its source, never a bare factor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from memplan.errors import JobConfigError

@@ -9,7 +9,6 @@ naming its type (``Any``; it is always a :class:`memplan.job.Job`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from memplan.errors import JobConfigError

@@ -13,7 +13,6 @@ and the output head stay unquantized):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from memplan.frozen import frozen_dataclass
 
 __all__ = ["FP4", "INT8", "NF4", "NONE", "QUANT_FORMATS", "QuantFormat", "quant_format", "quant_format_of_bnb"]
