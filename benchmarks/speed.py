@@ -14,7 +14,11 @@ Issue 24 (fixed before the results were seen): ``memplan estimate llama-3.1-8b -
 pairs, medians; wall time and the children's CPU time, which a shared machine's load distorts
 less), and ``estimate()`` of llama-3.1-8b, 8 GPUs data-parallel, seq 4096 at least 12,000 calls/s
 (wall and CPU time; also CPU time with every cache keyed on a Job value cleared before every call
--- the per-job memo and the resolved activation policy -- the rate of new jobs). ``--base DIR`` runs the same measures on another tree's ``src`` in the same
+-- the per-job memo and the resolved activation policy -- the rate of new jobs; nothing else is
+cleared: caches keyed on the model, a layer kind at an activation shape or a pipeline layout stay warm, as
+they do for any new job sharing them). Each rate loop makes one estimate before it starts timing (that one
+also compiles the ``__init__`` of each :func:`memplan.frozen.frozen_dataclass` class on its first
+construction). ``--base DIR`` runs the same measures on another tree's ``src`` in the same
 pairs (the commit before the work). The start-up depends on Python's bytecode cache: with
 ``PYTHONDONTWRITEBYTECODE`` set every memplan module is compiled from source on each start while
 the reference's site-packages modules have their cache; both conditions are measured.
