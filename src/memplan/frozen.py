@@ -6,9 +6,9 @@ same ``__init__`` signature, defaults, default factories and ``__post_init__``, 
 ``hash`` and ``repr`` values, and assignment raises :class:`dataclasses.FrozenInstanceError`. What
 differs is the cost of defining the class: ``dataclass`` compiles source for six methods of every
 frozen class when its module is imported (about 1.2 ms a class; ``import memplan.cli`` spent 110-130 ms
-of ~230 ms on 89 classes). Here ``__eq__``, ``__hash__``, ``__repr__``, ``__setattr__`` and
-``__delattr__`` are shared functions over the class's field names (nothing compiled), and ``__init__``
-is compiled on the class's first construction, so a class never built costs nothing.
+of ~230 ms on 89 classes). Here ``__repr__``, ``__setattr__`` and ``__delattr__`` are shared
+functions over the class's field names (nothing compiled), and ``__init__``, ``__eq__`` and ``__hash__``
+(the same source as dataclass's) are compiled on their first use, so a class never built costs nothing.
 
 ``__init__`` sets each field with ``object.__setattr__``, as dataclass's own does. Writing into the
 instance's ``__dict__`` instead builds instances faster but makes CPython 3.11 materialize the
@@ -60,17 +60,16 @@ def _make(cls: T, kw_only: bool) -> T:
     params.init = params.repr = params.eq = params.frozen = True  # what the class is, for subclasses' checks
     fields = dataclasses.fields(cls)
     names = frozenset(f.name for f in fields)
-    compared = _tuple_of(tuple(f.name for f in fields if f.compare))
-    hashed = _tuple_of(tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash)))
+    compared = tuple(f.name for f in fields if f.compare)
+    hashed = tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash))
     shown = tuple(f.name for f in fields if f.repr)
 
     def __eq__(self: Any, other: Any) -> Any:
-        if other.__class__ is self.__class__:
-            return compared(self) == compared(other)
-        return NotImplemented
+        return _compiled(cls, "__eq__", _EQ.format(mine=_tuple_source("self", compared),
+                                                    theirs=_tuple_source("other", compared)))(self, other)
 
     def __hash__(self: Any) -> int:
-        return hash(hashed(self))
+        return _compiled(cls, "__hash__", _HASH.format(mine=_tuple_source("self", hashed)))(self)
 
     @reprlib.recursive_repr()
     def __repr__(self: Any) -> str:
@@ -102,16 +101,27 @@ def _make(cls: T, kw_only: bool) -> T:
     return cls
 
 
-def _tuple_of(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """The instance's values of ``names`` as a tuple (what dataclass's generated methods compare and hash)."""
-    if len(names) > 1:
-        from operator import attrgetter
+#: dataclass's own ``__eq__`` and ``__hash__`` (compiled on first use, as fast as dataclass's).
+_EQ = """def __eq__(self, other):
+    if other.__class__ is self.__class__:
+        return {mine} == {theirs}
+    return NotImplemented"""
+_HASH = """def __hash__(self):
+    return hash({mine})"""
 
-        return attrgetter(*names)
-    if names:
-        name = names[0]
-        return lambda obj: (getattr(obj, name),)
-    return lambda obj: ()
+
+def _tuple_source(name: str, fields: tuple[str, ...]) -> str:
+    return "(" + "".join(f"{name}.{field}," for field in fields) + ")"
+
+
+def _compiled(cls: type, method: str, source: str) -> Callable[..., Any]:
+    """Compile ``source`` (one method of ``cls``) and install it on ``cls``."""
+    namespace: dict[str, Any] = {}
+    exec(source, {}, namespace)  # noqa: S102 - source built from the class's own field names
+    function = namespace[method]
+    function.__qualname__ = f"{cls.__qualname__}.{method}"
+    setattr(cls, method, function)
+    return function
 
 
 def _compiled_init(cls: type) -> Callable[..., None]:
