@@ -4,7 +4,7 @@ Run from the repository root (memplan installed, e.g. ``pip install -e .``)::
 
     python benchmarks/speed.py            # the table
     python benchmarks/speed.py --profile  # also cProfile the API loop (top functions)
-    python benchmarks/speed.py --issue24 [--write]  # the paired issue-24 measures (below)
+    python benchmarks/speed.py --issue24 [--write] [--callgrind]  # the paired issue-24 measures (below)
 
 Targets (docs/benchmarks.md): ``memplan estimate llama-3.1-8b`` < 0.5 s as a process;
 >= 5,000 API estimates per second on one core. Results are recorded in docs/benchmarks.md.
@@ -135,6 +135,8 @@ print(*rates, count / (time.process_time() - cpu))
 
 #: The same new-job estimate counted in Python opcodes (``sys.settrace`` opcode events): a measure of the
 #: interpreter's work that a shared machine's load does not move (times there vary by 2x between runs).
+#: Opcodes weigh a C call (``attrgetter``, ``object.__setattr__``) as one; callgrind's instruction count
+#: (``--callgrind``) weighs everything.
 OPCODE_CASE = """
 import sys
 from memplan import Batch, Job, Parallelism, estimate, load_model
@@ -142,7 +144,10 @@ from memplan import policies
 from memplan.estimate import engine
 model = load_model("llama-3.1-8b")
 job = Job(parallel=Parallelism(world_size=8), batch=Batch(micro_batch_size=1, seq_length=4096))
-estimate(model, job)
+for _ in range(2):  # two warm-up estimates, the second a new job: what is made once per process is made
+    for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
+        getattr(memo, "cache_clear", lambda: None)()
+    estimate(model, job)
 for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
     getattr(memo, "cache_clear", lambda: None)()
 count = [0]
@@ -156,6 +161,32 @@ estimate(model, job)
 sys.settrace(None)
 print(count[0])
 """
+
+
+#: The new-job loop run under callgrind (``--callgrind``): instructions executed do not move with the load.
+CALLGRIND_CASE = OPCODE_CASE.split("count = [0]")[0] + """
+for _ in range(int(sys.argv[1])):
+    for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
+        getattr(memo, "cache_clear", lambda: None)()
+    estimate(model, job)
+"""
+CALLGRIND_ESTIMATES = 200
+
+
+def callgrind(trees: dict[str, str]) -> dict[str, object]:
+    """Instructions (valgrind's callgrind) of ``import memplan`` + loading the model + one estimate, and
+    per new-job estimate (the difference of a run with :data:`CALLGRIND_ESTIMATES` more, divided)."""
+    out: dict[str, object] = {}
+    for name, src in trees.items():
+        counts = []
+        for n in (0, CALLGRIND_ESTIMATES):
+            done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                                   sys.executable, "-c", CALLGRIND_CASE, str(n)],
+                                  env=dict(os.environ, PYTHONPATH=src), capture_output=True, text=True, check=True)
+            counts.append(int(done.stderr.split("Collected :")[1].split()[0]))
+        out[name] = {"start_and_first_estimate": counts[0],
+                     "per_new_job_estimate": round((counts[1] - counts[0]) / CALLGRIND_ESTIMATES)}
+    return out
 
 
 def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
@@ -220,12 +251,16 @@ def main() -> None:
     parser.add_argument("--issue24", action="store_true", help="the paired issue-24 measures")
     parser.add_argument("--base", help="also measure this tree's src folder (the commit before the work)")
     parser.add_argument("--write", action="store_true", help=f"store the issue-24 result in {RESULT}")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="with --issue24: also count instructions under valgrind's callgrind (a few minutes)")
     args = parser.parse_args()
     if args.issue24:
         trees = {"this tree": str(Path(__file__).resolve().parents[1] / "src")}
         if args.base:
             trees["base"] = args.base
         result = issue24(trees)
+        if args.callgrind:
+            result["callgrind instructions (import + model + first estimate; per new-job estimate)"] = callgrind(trees)
         print(json.dumps(result, indent=1))
         if args.write:
             RESULT.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
