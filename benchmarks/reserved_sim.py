@@ -22,6 +22,7 @@ from memplan.model import load_model
 from memplan.trace.setup import trace_setup
 
 _RESULTS = Path(__file__).parent / "results"
+_CONFIGS = Path(__file__).parent / "configs"
 TOLERANCE = 0.03
 
 
@@ -34,7 +35,8 @@ def _job(cell: dict[str, object]):
 
 def measure(cell: dict[str, object]) -> dict[str, object]:
     traced = cell["reserved"]["traced_simulated_bytes"]  # type: ignore[index]
-    model, job = load_model(str(cell["model"])), _job(cell)
+    local = _CONFIGS / f"{cell['model']}.json"  # the grid's own configs (agreement_grid.Cell.model_ref)
+    model, job = load_model(str(local) if local.exists() else str(cell["model"])), _job(cell)
     fixed = estimate(model, job)
     _stages.cache_clear()
     start = time.perf_counter()

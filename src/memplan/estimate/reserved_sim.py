@@ -90,8 +90,12 @@ class _Replay:
         return [self.take(size) for size in sizes]
 
     def moment(self, ledger: Ledger, phase: str, check: bool = True) -> None:
-        """Top the schedule up to the ledger's bytes alive at ``phase`` for an instant."""
-        if check and phase in ledger.phases:
+        """At the ledger's peak moment, top the schedule up to the ledger's bytes alive there for an instant.
+
+        Only there: the ledger's other moments are bounds (its backward moment may count every gradient
+        beside the last layer's activations), and a top-up is one block the allocator must find in one
+        piece, so bounding moments would reserve segments no real step asks for."""
+        if check and phase in ledger.phases and phase == max(ledger.phases, key=ledger.allocated_at):
             self.give(self.take(ledger.allocated_at(phase) - self.alloc.requested))
 
 
