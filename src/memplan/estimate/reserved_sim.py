@@ -32,6 +32,7 @@ from memplan.alloc.settings import AllocatorSettings
 from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.reserved_fsdp import ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM, FsdpSizes, fsdp_sizes
 from memplan.estimate.ledger import (
     ABSENT,
     GRADIENTS,
@@ -71,10 +72,10 @@ class _Replay:
         self.peak_reserved = 0
         self.peak_requested = 0
 
-    def take(self, size: int) -> Block | None:
+    def take(self, size: int, stream: int = 0) -> Block | None:
         if size <= 0:
             return None
-        block = self.alloc.malloc(size, 0)
+        block = self.alloc.malloc(size, stream)
         self.events += 1
         self.peak_reserved = max(self.peak_reserved, self.alloc.reserved)
         self.peak_requested = max(self.peak_requested, self.alloc.requested)
@@ -86,8 +87,28 @@ class _Replay:
                 self.alloc.free(block)
                 self.events += 1
 
-    def take_all(self, sizes: list[int]) -> list[Block | None]:
-        return [self.take(size) for size in sizes]
+    def take_all(self, sizes: list[int], stream: int = 0) -> list[Block | None]:
+        return [self.take(size, stream) for size in sizes]
+
+    def gather(self, fsdp: FsdpSizes | None, unit: int) -> list[Block | None]:
+        """FSDP2's all-gather of ``unit`` (:mod:`memplan.estimate.reserved_fsdp`): its unsharded parameters."""
+        if fsdp is None:
+            return []
+        staged = [self.take(fsdp.gather_input[unit], ALL_GATHER_STREAM),
+                  self.take(sum(fsdp.unsharded[unit]), ALL_GATHER_STREAM)]
+        params = self.take_all(fsdp.unsharded[unit])
+        self.give(*reversed(staged))
+        return params
+
+    def gradients(self, fsdp: FsdpSizes | None, grads: list[int], unit: int) -> list[Block | None]:
+        """The gradients of ``unit`` made in its backward: under FSDP2 the unsharded ones until the
+        reduce-scatter, whose output (the sharded gradients) lives on the reduce-scatter stream."""
+        if fsdp is None:
+            return self.take_all(grads)
+        unsharded = self.take_all(fsdp.unsharded[unit])
+        sharded = self.take_all(fsdp.sharded_grads[unit], REDUCE_SCATTER_STREAM)
+        self.give(*unsharded)
+        return sharded
 
     def moment(self, ledger: Ledger, phase: str, check: bool = True) -> None:
         """At the ledger's peak moment, top the schedule up to the ledger's bytes alive there for an instant.
@@ -136,6 +157,16 @@ def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[int]:
     return sizes if sum(sizes) == kept else [kept]
 
 
+def _logit_tensors(ctx: StageContext, total: int) -> list[int]:
+    """The loss's logits as the tensors the loss holds: pieces of one fp32 logits tensor of the rank's
+    vocabulary (the loss's upcast and log-softmax), the remainder (16-bit logits, smaller parts) last."""
+    run = ctx.run
+    one = run.shape.seq * run.shape.micro_batch * run.vocab_rows * 4 // max(run.job.parallel.tp, 1)
+    if one <= 0 or total <= one:
+        return [total]
+    return [one] * (total // one) + [total % one]
+
+
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
                        loss: LossPart) -> ScheduleReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks."""
@@ -149,8 +180,9 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     for category in (() if moments.states_in_step else (OPTIMIZER,)):
         for unit in _spread(ledger.total(category), units):
             replay.take_all(unit)
+    fsdp = fsdp_sizes(ctx, ledger, units, _spread)
     for step in range(_STEPS):
-        grads = _step(ctx, ledger, walk, acts, loss, replay, grads, moments, first=step == 0)
+        grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
     note = (f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
             f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters, gradients, optimizer "
             "states and step temporaries per parameter tensor, saved activations per tensor)")
@@ -178,29 +210,36 @@ def _pieces(ledger: Ledger, units: list[list[int]]) -> _Pieces:
                    states_in_step=made)
 
 
-def _step(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations, loss: LossPart,
-          replay: _Replay, grads: list[list[Block | None]], pieces: _Pieces, *, first: bool
+def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: _Replay,
+          grads: list[list[Block | None]], pieces: _Pieces, plan: tuple[Ledger, FsdpSizes | None], *, first: bool
           ) -> list[list[Block | None]]:
     """One training step of the schedule; the first creates the optimizer moments (no ledger moment is
     checked then: the ledger describes the steady state). Returns the gradients alive after the step."""
+    ledger, fsdp = plan
     check = not first
     other = replay.take(acts.other)
-    saved = [[replay.take(s) for s in _layer_blocks(ctx, i, kept)] for i, kept, _ in walk.per_layer]
+    root = replay.gather(fsdp, 0)
+    saved = []
+    for position, (index, kept, _) in enumerate(walk.per_layer):
+        params = replay.gather(fsdp, position + 1)
+        saved.append([replay.take(s) for s in _layer_blocks(ctx, index, kept)])
+        replay.give(*params)
     replay.moment(ledger, "forward", check)
-    logits = replay.take(loss.logits)
+    logits = replay.take_all(_logit_tensors(ctx, loss.logits))
     replay.moment(ledger, "loss", check)
-    replay.give(logits)
+    replay.give(*logits)
     last = len(walk.per_layer) - 1
     for position in reversed(range(len(walk.per_layer))):
+        params = replay.gather(fsdp, position + 1)
         temp = replay.take(walk.per_layer[position][2])
         if position == last:
             replay.moment(ledger, "backward", check)
         if pieces.made_in_backward:
-            grads.append(replay.take_all(pieces.grads[position + 1]))
-        replay.give(temp, *saved[position])
+            grads.append(replay.gradients(fsdp, pieces.grads[position + 1], position + 1))
+        replay.give(temp, *saved[position], *params)
     if pieces.made_in_backward:
-        grads.append(replay.take_all(pieces.grads[0]))
-    replay.give(other)
+        grads.append(replay.gradients(fsdp, pieces.grads[0], 0))
+    replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
     if first and pieces.states_in_step:
         for unit in pieces.moments:
