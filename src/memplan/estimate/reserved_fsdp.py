@@ -13,6 +13,11 @@ trace of a ``--fsdp`` job shows (``memplan trace --fsdp N``, events by stream):
 - its reduce-scatter stream: the reduce-scatter output, the rank's sharded gradients in the reduce
   dtype, alive until the optimizer step's ``zero_grad``.
 
+The root unit's gradients are made apart: the head's weight gradient (unsharded, compute dtype) at the
+start of the backward, kept until the root's reduce-scatter at its end; there the embedding's gradient
+(and, for tied embeddings, their sum as a third tensor) and the reduce-scatter's input (the root's
+unsharded gradients in the reduce dtype) come beside it.
+
 The sizes come from the estimate's own totals (its sharded parameters and gradients, spread over the
 units' tensors in proportion to their numel), so the schedule is the estimate's, not the trace's.
 """
@@ -39,6 +44,11 @@ class FsdpSizes:
     gather_input: list[int]
     unsharded: list[list[int]]
     sharded_grads: list[list[int]]
+    #: The root's head weight (the tied embedding when tied) in the compute dtype, and whether it is tied.
+    head: int = 0
+    tied: bool = False
+    #: The ranks a unit is sharded over.
+    shards: int = 1
 
 
 def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
@@ -54,4 +64,6 @@ def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
     tp = max(job.parallel.tp, 1)
     unsharded = [[n * compute // tp for n in unit] for unit in units]
     grads = spread(ledger.total(GRADIENTS, "end of backward"), units)
-    return FsdpSizes(gather_input, unsharded, grads)
+    head = max(unsharded[0], default=0) if ctx.layout.has_head else 0
+    shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1
+    return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1))

@@ -100,6 +100,18 @@ class _Replay:
         self.give(*reversed(staged))
         return params
 
+    def root_gradients(self, fsdp: FsdpSizes, head: Block | None) -> list[Block | None]:
+        """The root unit's gradients at the end of an FSDP2 backward (:mod:`memplan.estimate.reserved_fsdp`):
+        the embedding's beside the head's (``head``), their sum when tied, the reduce-scatter's input
+        in the reduce dtype, then its output on the reduce-scatter stream; the rest freed."""
+        made = [head, self.take(fsdp.head)]
+        if fsdp.tied:
+            made.append(self.take(fsdp.head))
+        made.append(self.take(sum(fsdp.sharded_grads[0]) * fsdp.shards))
+        sharded = self.take_all(fsdp.sharded_grads[0], REDUCE_SCATTER_STREAM)
+        self.give(*made)
+        return sharded
+
     def gradients(self, fsdp: FsdpSizes | None, grads: list[int], unit: int) -> list[Block | None]:
         """The gradients of ``unit`` made in its backward: under FSDP2 the unsharded ones until the
         reduce-scatter, whose output (the sharded gradients) lives on the reduce-scatter stream."""
@@ -254,6 +266,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         replay.give(*params)
     replay.moment(ledger, "forward", check)
     _loss(ctx, ledger, loss, replay, check)
+    head = replay.take(fsdp.head) if fsdp is not None and pieces.made_in_backward else None
     last = len(walk.per_layer) - 1
     for position in reversed(range(len(walk.per_layer))):
         params = replay.gather(fsdp, position + 1)
@@ -264,7 +277,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
             grads.append(replay.gradients(fsdp, pieces.grads[position + 1], position + 1))
         replay.give(temp, *saved[position], *params)
     if pieces.made_in_backward:
-        grads.append(replay.gradients(fsdp, pieces.grads[0], 0))
+        grads.append(replay.gradients(fsdp, pieces.grads[0], 0) if fsdp is None else replay.root_gradients(fsdp, head))
     replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
     if first and pieces.states_in_step:
