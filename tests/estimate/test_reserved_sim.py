@@ -147,3 +147,16 @@ def test_fsdp_sizes_follow_the_estimates_totals() -> None:
     assert sum(sizes.unsharded[1]) == 2 * layer0  # bf16 compute dtype
     assert sizes.gather_input[1] == pytest.approx(2 * layer0 / 8, rel=1e-3)
     assert sum(sizes.sharded_grads[1]) == pytest.approx(4 * layer0 / 8, rel=1e-3)  # fp32 sharded gradients
+
+
+def test_a_job_file_carries_the_mode(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from memplan.inputs import JobRequest, load_job
+
+    path = Path(str(tmp_path)) / "job.yaml"
+    path.write_text("model: llama-3.2-1b\nseq: 1024\nframework: hf\nreserved: simulated\n")
+    loaded = load_job(JobRequest(job_file=str(path)))
+    assert loaded.job.reserved == "simulated"
+    simulated = estimate(loaded.model, loaded.job)
+    assert any(a.startswith("reserved = the caching-allocator simulator") for a in simulated.assumptions)
