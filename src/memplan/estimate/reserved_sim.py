@@ -90,13 +90,31 @@ def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
     return [[s for s in unit if s > 0] for unit in out]
 
 
-def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[int]:
-    """The sizes of the tensors layer ``index`` keeps: its saved terms when they add up to ``kept``."""
+def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, bool]]:
+    """The tensors layer ``index``'s forward makes, in order, as (size, kept): its terms when the kept ones
+    add up to ``kept`` (those a recompute policy drops are made and freed in the forward), else one block."""
     run = ctx.run
-    terms = [t for t in layer_terms(run.model.layers[index], run.shape)
-             if t.keep in run.kept_classes and t.site not in run.dropped]
-    sizes = [b for b in (divided(t, run.shape) for t in terms) if b > 0]
-    return sizes if sum(sizes) == kept else [kept]
+    terms = [(divided(t, run.shape), t.keep in run.kept_classes and t.site not in run.dropped)
+             for t in layer_terms(run.model.layers[index], run.shape)]
+    terms = [(size, keep) for size, keep in terms if size > 0]
+    if sum(size for size, keep in terms if keep) != kept:
+        return [(kept, True)]
+    return terms if ctx.run.counts is None else [(size, True) for size, keep in terms if keep]
+
+
+def _forward_layer(replay: Replay, tensors: list[tuple[int, bool]]) -> list[Block | None]:
+    """A layer's forward: its tensors in order, a dropped one freed once the next is made."""
+    held, pending = [], None
+    for size, keep in tensors:
+        block = replay.take(size)
+        replay.give(pending)
+        pending = None
+        if keep:
+            held.append(block)
+        else:
+            pending = block
+    replay.give(pending)
+    return held
 
 
 def _fp32_logits(ctx: StageContext) -> int:
@@ -192,7 +210,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     saved = []
     for position, (index, kept, _) in enumerate(walk.per_layer):
         params = replay.gather(fsdp, position + 1)
-        saved.append([replay.take(s) for s in _layer_blocks(ctx, index, kept)])
+        saved.append(_forward_layer(replay, _layer_blocks(ctx, index, kept)))
         replay.give(*params)
     replay.moment(ledger, "forward", check)
     _loss(ctx, ledger, loss, replay, check)
