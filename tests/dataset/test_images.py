@@ -174,6 +174,14 @@ def test_cli_prices_image_tokens_and_refuses_bad_images(tmp_path: Path, write_js
     assert after["images"]["family"] == "qwen2_vl"
     assert after["images"]["image_tokens"] == sum(_qwen_reference(tmp_path, names)) + 4
     assert after["images"]["rows_with_image_tokens"] == 2
+    assert after["images"]["vision_model"] == str(vlm)
+    text = CliRunner().invoke(app, [*common[:-1], "--images-field", "images", "--vision-model", str(vlm)],
+                              env={"COLUMNS": "250"})
+    assert text.exit_code == 0
+    flat = " ".join(text.output.replace("│", " ").split())
+    assert f"image tokens (images) {after['images']['image_tokens']:,} in 2 examples" in flat
+    assert f"vision model {vlm} (qwen2_vl: patch 14, merge 2" in flat
+    assert "Not modelled: the vision encoder's parameters and activations" in flat
     (tmp_path / names[1]).write_bytes(b"broken")
     out = tmp_path / "steps.png"
     bad = CliRunner().invoke(app, [*common, "--images-field", "images", "--vision-model", str(vlm),
@@ -223,9 +231,17 @@ def test_fit_searches_with_the_image_tokens(tmp_path: Path, write_jsonl, make_mo
     common = ["fit", str(model), "--dataset", str(data), "--mbs", "1", "--gbs", "2", "--gpu", "rtx-4090",
               "--framework", "hf", "--json"]
     plain = CliRunner().invoke(app, common)
-    with_images = CliRunner().invoke(app, [*common, "--images-field", "images", "--vision-model",
-                                           str(_vlm_folder(tmp_path, QWEN))])
+    vlm = str(_vlm_folder(tmp_path, QWEN))
+    with_images = CliRunner().invoke(app, [*common, "--images-field", "images", "--vision-model", vlm])
     assert plain.exit_code == 0 and with_images.exit_code == 0, with_images.output
     before = json.loads(plain.stdout)["dataset"]["length_percentiles"]["p100"]
     after = json.loads(with_images.stdout)["dataset"]["length_percentiles"]["p100"]
     assert after - before == _qwen_reference(tmp_path, names)[0] + 2
+    images = json.loads(with_images.stdout)["dataset"]["images"]
+    assert images["image_tokens"] == _qwen_reference(tmp_path, names)[0] + 2
+    text = CliRunner().invoke(app, [*common[:-1], "--images-field", "images", "--vision-model", vlm],
+                              env={"COLUMNS": "250"})
+    assert text.exit_code == 0
+    flat = " ".join(text.output.replace("│", " ").split())
+    assert f"image tokens (images) {images['image_tokens']:,} in 1 examples" in flat
+    assert "Not modelled: the vision encoder's parameters and activations" in flat

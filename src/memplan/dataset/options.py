@@ -161,11 +161,9 @@ def estimate_with_dataset(loaded: Any, flags: Mapping[str, Any]) -> tuple[Any, d
     at_worst = replace(loaded, job=shape_job(loaded.job, worst.batch_size, worst.seq_length, peaks.shapes.packed))
     result, document = estimate_document(at_worst)
     document["dataset"] = peaks.to_dict()
-    if request.images is not None:
-        from memplan.dataset.images import images_note
-
-        document["dataset"]["images"] = images_note(request.path, request.fields, request.images,
-                                                    request.vision_model or loaded.model_ref)
+    images = images_section(request, loaded)
+    if images is not None:
+        document["dataset"]["images"] = images
         if isinstance(document.get("unmodelled_settings"), list):
             document["unmodelled_settings"].append(f"{FLAG_IMAGES}: the vision encoder's parameters and "
                                                    "activations (images are priced as their tokens only)")
@@ -174,6 +172,15 @@ def estimate_with_dataset(loaded: Any, flags: Mapping[str, Any]) -> tuple[Any, d
 
         plot_steps(peaks, str(flags["plot"]))
     return result, document, peaks
+
+
+def images_section(request: Any, loaded: Any) -> dict[str, Any] | None:
+    """The JSON ``dataset.images`` entry of an ``--images-field`` request (None without one)."""
+    if request.images is None:
+        return None
+    from memplan.dataset.images import images_note
+
+    return images_note(request.path, request.fields, request.images, request.vision_model or loaded.model_ref)
 
 
 def require_packages() -> None:
