@@ -20,7 +20,7 @@ import typer
 from memplan.dataset.rules import RULES
 from memplan.errors import ConfigError
 
-__all__ = ["dataset_options", "dataset_request"]
+__all__ = ["dataset_fields", "dataset_options", "dataset_request"]
 
 PANEL = "Dataset (the user's own data)"
 FLAG_IMAGES = "--images-field"
@@ -51,6 +51,11 @@ _OPTIONS: tuple[tuple[str, str, Any, str, str | None], ...] = (
     ("packing_strategy", "--packing-strategy", str, "trl-packing: bfd or wrapped. (default: bfd)", "NAME"),
     ("shuffle_dataset", "--shuffle-dataset", bool, "TRL SFTConfig.shuffle_dataset.", None),
 )
+
+
+def dataset_fields() -> dict[str, type]:
+    """The ``--dataset`` options by parameter name, with their types (also the fields of ``POST /v1/dataset``)."""
+    return {name: kind for name, _flag, kind, _help, _meta in _OPTIONS}
 
 
 def dataset_options(*, plot: bool = False, emit: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
