@@ -82,6 +82,7 @@ def _post(summary: str, schema: dict[str, Any] | None, *, form: dict[str, Any] |
 
 
 def _dataset_form() -> dict[str, Any]:
+    from memplan.dataset.rules import RULES
     from memplan.serve.dataset import DATASET_FIELDS, TOKENIZER_PARTS
 
     kinds = {int: "integer", bool: "boolean", str: "string"}
@@ -91,7 +92,8 @@ def _dataset_form() -> dict[str, Any]:
         "job": {"type": "string", "description": "The job (the Job schema) as JSON text."},
         **{part: {**binary, "description": f"The tokenizer's {name} (default: the model's, from the server's Hub "
                   "cache)"} for part, name in TOKENIZER_PARTS.items()},
-        **{name: {"type": kinds[kind]} for name, kind in DATASET_FIELDS.items()}}}
+        **{name: {"type": kinds[kind]} for name, kind in DATASET_FIELDS.items()},
+        "batching": {"type": "string", "enum": list(RULES), "default": "hf"}}}
 
 
 def _get(summary: str) -> dict[str, Any]:
