@@ -15,9 +15,8 @@
 * ``axolotl``: a YAML of Axolotl config keys (``sequence_len``, ``sample_packing``,
   ``pad_to_sequence_len``, ``micro_batch_size``, ``gradient_accumulation_steps``, ``num_epochs``,
   ``seed``, ``gradient_checkpointing``, ``optimizer``) to merge into the user's config (which names the
-  model and datasets). Axolotl itself is not installed here (its requirements pin torch); the tests
-  check the keys and types against Axolotl's config reference and that ``--batching axolotl`` on the
-  file's values gives the chosen shapes.
+  model and datasets). A test passes it through Axolotl's own ``validate_config`` and packs the
+  validated values with Axolotl's ``MultipackBatchSampler``: the chosen shapes.
 
 Files are written atomically (a temporary file renamed over the target).
 """
