@@ -43,17 +43,12 @@ def test_steps_equal_axolotls_multipack_sampler(mbs: int, limit: int, seed: int)
     assert set(ours.batch_size.tolist()) == {1}
 
 
-def test_emitted_yaml_passes_axolotls_validation_and_gives_the_steps(make_model_dir, text_rows, tmp_path, write_jsonl,
-                                                                     isolated_cache) -> None:
+def test_emitted_yaml_passes_axolotls_validation_and_gives_the_steps(fit_emit, isolated_cache) -> None:
     """The emitted keys merged into a user's config pass Axolotl's own ``validate_config`` unchanged, and the
     sampler built from the validated values (as ``AxolotlTrainer._create_multipack_sampler`` builds it) packs
     the steps memplan priced."""
-    import json
-
     import yaml
-    from typer.testing import CliRunner
 
-    from memplan.cli import app
     from memplan.dataset import Fields, find_tokenizer
     from memplan.dataset.lengths import token_lengths
 
@@ -61,16 +56,8 @@ def test_emitted_yaml_passes_axolotls_validation_and_gives_the_steps(make_model_
                                         "importable (it needs addict; requirements-test.txt)")
     from axolotl.utils.dict import DictDefault
 
-    model = make_model_dir({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300,
-                            "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 8,
-                            "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 4096,
-                            "torch_dtype": "bfloat16"})
-    data = write_jsonl(tmp_path / "t.jsonl", text_rows)
-    emitted = tmp_path / "axolotl.yaml"
-    out = CliRunner().invoke(app, ["fit", str(model), "--dataset", str(data), "--mbs", "2", "--gbs", "4", "--gpu",
-                                   "rtx-4090", "--batching", "axolotl", "--max-length", "128", "--emit", "axolotl",
-                                   str(emitted), "--json"])
-    assert out.exit_code == 0, out.output
+    model, data, emitted, document = fit_emit("axolotl", "axolotl", 2, 4)
+    tmp_path = emitted.parent
     ours = yaml.safe_load(emitted.read_text())
     user = {"base_model": str(model), "datasets": [{"path": str(data), "type": "completion"}],
             "output_dir": str(tmp_path / "out"), "learning_rate": 2e-5, "bf16": False, "fp16": False}
@@ -93,4 +80,4 @@ def test_emitted_yaml_passes_axolotls_validation_and_gives_the_steps(make_model_
     steps = plan_steps(lengths, Batching(rule="axolotl", micro_batch_size=cfg.micro_batch_size, max_length=limit,
                                          seed=cfg.seed))
     assert steps.tokens.tolist() == theirs and len(theirs) > 3
-    assert json.loads(out.stdout)["chosen"]["micro_batch_size"] == cfg.micro_batch_size
+    assert document["chosen"]["micro_batch_size"] == cfg.micro_batch_size

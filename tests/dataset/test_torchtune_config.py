@@ -17,19 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
-
-from memplan.cli import app
 from memplan.dataset import Batching, Fields, find_tokenizer, plan_steps
 from memplan.dataset.lengths import token_lengths
 
 pytest.importorskip("torchao", reason="torchao is not installed (requirements-test.txt: torchao 0.16.0)")
 tt_parse = pytest.importorskip("torchtune.config._parse", reason="torchtune is not installed (requirements-test.txt)")
-
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300, "hidden_size": 2048,
-          "intermediate_size": 5632, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
-          "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
-
 
 def _recipe_config() -> Path:
     spec = importlib.util.find_spec("recipes")
@@ -76,16 +68,9 @@ def _merged(emitted: Path, *extra: str):
     return tt_parse._merge_yaml_and_cli_args(args, rest)
 
 
-def test_emitted_config_through_torchtunes_parser_gives_the_shapes(make_model_dir, tokenizer_dir, text_rows,
-                                                                   tmp_path, write_jsonl, isolated_cache) -> None:
-    model = make_model_dir(CONFIG)
-    data = write_jsonl(tmp_path / "t.jsonl", text_rows)
-    emitted = tmp_path / "tt.yaml"
-    out = CliRunner().invoke(app, ["fit", str(model), "--dataset", str(data), "--mbs", "4", "--gbs", "8", "--gpu",
-                                   "rtx-4090", "--batching", "torchtune", "--max-length", "128", "--emit", "torchtune",
-                                   str(emitted), "--json"])
-    assert out.exit_code == 0, out.output
-    chosen = json.loads(out.stdout)["chosen"]  # the search chose packing on this data
+def test_emitted_config_through_torchtunes_parser_gives_the_shapes(fit_emit, tokenizer_dir, isolated_cache) -> None:
+    _, data, emitted, document = fit_emit("torchtune", "torchtune", 4, 8)
+    chosen = document["chosen"]  # the search chose packing on this data
     cfg = _merged(emitted)
     assert cfg.batch_size == chosen["micro_batch_size"]
     assert cfg.gradient_accumulation_steps == chosen["gradient_accumulation_steps"]
