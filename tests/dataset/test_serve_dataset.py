@@ -115,6 +115,11 @@ def test_malformed_and_missing_uploads(client, tokenizer_dir, tmp_path) -> None:
     assert "file: is empty" in _post(client, _files(tokenizer_dir, empty)).json()["error"]["message"]
     no_file = _post(client, _files(tokenizer_dir, bad)[1:])
     assert no_file.status_code == 400 and "file: is required" in no_file.json()["error"]["message"]
+    broken = _files(tokenizer_dir, bad)
+    broken[1] = ("tokenizer", ("tokenizer.json", b"{not json"))
+    answer = _post(client, [("file", ("ok.jsonl", b'{"text": "a b"}\n'))] + broken[1:2])
+    assert answer.status_code == 400, answer.text
+    assert "tokenizer: upload not a tokenizer.json the tokenizers library can read" in answer.json()["error"]["message"]
     json_body = client.post("/v1/dataset", json={"job": JOB})
     assert json_body.status_code == 415
 
