@@ -37,11 +37,23 @@ def test_compiled_layers_keep_less_than_eager_and_what_the_rule_says() -> None:
 
 
 def test_an_uncovered_family_is_listed_and_priced_as_eager() -> None:
-    est = estimate(load_model("deepseek-v2-lite"), build_job({"framework": "hf", "seq": 1024, "compile": True}))
+    flags = {"framework": "hf", "seq": 1024, "compile": True, "attention": "eager"}
+    est = estimate(load_model("deepseek-v2-lite"), build_job(flags))
     notes = est.unmodelled_settings
-    assert any("multi-head latent attention" in n for n in notes)
+    assert any("multi-head latent attention (MLA) with unfused attention" in n for n in notes)
     assert any(n.startswith("--compile compiled model") for n in notes)  # the Trainer compiles the whole model
-    assert _activations("deepseek-v2-lite", compile=True, seq=1024) == _activations("deepseek-v2-lite", seq=1024)
+    assert (_activations("deepseek-v2-lite", compile=True, seq=1024, attention="eager")
+            == _activations("deepseek-v2-lite", seq=1024, attention="eager"))
+
+
+def test_mla_and_shared_experts_are_priced_and_a_router_bias_is_listed() -> None:
+    est = estimate(load_model("deepseek-v2-lite"), build_job({"framework": "hf", "seq": 1024, "compile": True}))
+    assert not any(n.startswith("--compile compiled layers") for n in est.unmodelled_settings)
+    assert any(a.startswith("torch.compile: 27 of 27 decoder layers") for a in est.assumptions)
+    assert _activations("deepseek-v2-lite", compile=True, seq=1024) < _activations("deepseek-v2-lite", seq=1024)
+    v3 = estimate(load_model("deepseek-v3"), build_job({"framework": "hf", "seq": 1024, "compile": True}))
+    assert any("MoE with a gated shared expert or a router bias" in n for n in v3.unmodelled_settings)
+    assert any(a.startswith("torch.compile: 3 of 61 decoder layers") for a in v3.assumptions)  # the dense ones
 
 
 @pytest.mark.parametrize("flags, reason", [
