@@ -76,3 +76,34 @@ def test_megatron_has_no_compile() -> None:
     with pytest.raises(JobConfigError) as caught:
         build_job({"framework": "megatron", "compile": True})
     assert caught.value.field == "--compile"
+
+
+def _loss(model: str, **flags: object) -> tuple[int, int, tuple[str, ...]]:
+    est = estimate(load_model(model), build_job({"framework": "hf", "seq": 2048, **flags}))
+    stage = est.stages[0]
+    return stage.loss_logits_bytes, stage.saved_logits_bytes, est.unmodelled_settings
+
+
+def test_a_compiled_loss_keeps_the_16_bit_logits_and_two_fp32_values_per_token() -> None:
+    tokens, vocab = 2048, load_model("llama-3.2-1b").vocab_size
+    for framework in ("hf", "torchtitan"):  # both compile the loss with the model by default
+        at_loss, saved, notes = _loss("llama-3.2-1b", compile=True, framework=framework)
+        assert saved == 2 * tokens * vocab + 8 * tokens and at_loss == saved + 2 * tokens * vocab
+        assert not any("loss are priced as eager" in n for n in notes)
+    eager = _loss("llama-3.2-1b")
+    assert _loss("llama-3.2-1b", compile=True, compile_loss="off")[:2] == eager[:2]
+    assert eager[1] == 4 * tokens * vocab  # the eager loss's fp32 log-softmax
+
+
+def test_a_compiled_loss_without_a_rule_is_listed_and_soft_capping_is_priced() -> None:
+    notes = _loss("llama-3.2-1b", compile=True, gpus=2, tp=2)[2]
+    assert any(n.startswith("--compile compiled loss = true: a loss over TP-sharded logits") for n in notes), notes
+    tokens, vocab = 2048, load_model("gemma-2-9b").vocab_size
+    at_loss, saved, _ = _loss("gemma-2-9b", compile=True)  # the tanh output of the soft-capping besides
+    assert saved == 2 * 2 * tokens * vocab + 8 * tokens and at_loss == saved + 2 * tokens * vocab
+
+
+def test_compile_loss_needs_compile() -> None:
+    with pytest.raises(JobConfigError) as caught:
+        build_job({"framework": "hf", "compile_loss": "on"})
+    assert caught.value.field == "--compile-loss"

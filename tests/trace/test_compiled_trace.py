@@ -21,6 +21,7 @@ from memplan.jobflags import build_job
 from memplan.model import load_model
 from memplan.trace import trace
 from memplan.trace.compare import compare_with_estimate
+from memplan.trace.runners.compiled_loss import LOSS_PATH
 
 TOLERANCE = 0.05
 EXACT = ("parameter", "gradient", "optimizer_state")
@@ -111,7 +112,7 @@ def _agrees(model: str, seq: int, precision: str, attention: str, **flags: objec
         # (a view the partitioner saves is counted by its own size there, by the storage it holds here)
         priced.append(sum(t.bytes for t in attention_terms + rest if t.keep != "input" and "(a view)" not in t.name))
     computed = [sum(t["bytes"] for t in saved if not t["graph_input"] and _per_token(t, seq))
-                for saved in result.compiled_layers.values()]
+                for path, saved in result.compiled_layers.items() if path != LOSS_PATH]
     assert computed == priced
 
 
@@ -164,3 +165,22 @@ def test_a_compiled_cross_entropy_keeps_the_16_bit_logits_and_two_fp32_values_pe
     computed = [t for t in saved if not t.graph_input]
     assert {(t.shape, t.dtype) for t in computed} == {((rows, 1), "float32")} and len(computed) == 2
     assert {(t.shape, t.dtype) for t in saved if t.graph_input} == {((rows, vocab), "bfloat16"), ((rows,), "int64")}
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+def test_the_compiled_loss_keeps_the_logits_and_two_fp32_values_per_token(config_paths: dict[str, str],
+                                                                           precision: str) -> None:
+    """The Hugging Face loss compiled with the model (--compile-loss auto): the trace runs it as its partitioned
+    graphs, whose saved set is the logits, the padded labels and an fp32 maximum and log of the sum per token;
+    the estimate's saved logits agree (the padded labels aside). The loss's transients are not compared: the
+    trace runs the graphs operator by operator, inductor fuses them (memplan.estimate.compiled_loss)."""
+    model, seq, mbs = config_paths["llama"], 96, 2
+    result = trace(model, seq=seq, mbs=mbs, precision=precision, attention="sdpa", recompute="none",
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True)
+    saved = result.compiled_layers[LOSS_PATH]
+    logits_dtype = "float32" if precision == "fp32" else "bfloat16"
+    assert [(t["shape"], t["dtype"]) for t in saved if t["graph_input"]] == [([mbs, seq, 2048], logits_dtype)]
+    stats = [t for t in saved if not t["graph_input"] and t["shape"] == [mbs * seq, 1]]
+    assert [t["dtype"] for t in stats] == ["float32", "float32"]
+    row = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}["logits"]
+    assert abs(row.relative or 0.0) <= 0.005, (row.traced_bytes, row.estimated_bytes)

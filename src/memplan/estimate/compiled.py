@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from memplan.estimate import compiled_loss
 from memplan.estimate.activations import ActivationShape, Term
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MoESpec
@@ -108,11 +109,11 @@ def compile_settings(run: RunContext) -> tuple[InputSetting, ...]:
                         note=f"{reason}: no partitioner rule, the layers are priced as eager")
            for reason in reasons if reason is not None]
     if run.profile.compile_scope == "model":
+        parts = "embedding, final norm and head are" if compiled_loss.priced(run) else \
+            "embedding, final norm, head and loss are"
         out.append(InputSetting(source="--compile", key="compiled model", value=True, effect="not-modelled",
-                                note=f"{run.profile.name} compiles the whole model: the embedding, final norm, "
-                                     "head and loss are priced as eager (a compiled cross-entropy keeps the 16-bit "
-                                     "logits and two fp32 values per token, not an fp32 log-softmax)"))
-    return tuple(out)
+                                note=f"{run.profile.name} compiles the whole model: the {parts} priced as eager"))
+    return (*out, *compiled_loss.loss_settings(run))
 
 
 def compile_note(run: RunContext) -> list[str]:
@@ -122,7 +123,8 @@ def compile_note(run: RunContext) -> list[str]:
     priced = sum(compiled_layer(run, layer) for layer in run.model.layers)
     return [f"torch.compile: {priced} of {len(run.model.layers)} decoder layers keep AOT autograd's min-cut "
             "partitioner's saved set (inductor's decompositions, default settings; memplan.estimate.compiled); "
-            "inductor's kernel transients, workspaces and CUDA graphs are not modelled"]
+            "inductor's kernel transients, workspaces and CUDA graphs are not modelled",
+            *compiled_loss.compiled_loss_note(run)]
 
 
 def uncovered_reason(layer: LayerSpec, shape: ActivationShape) -> str | None:
