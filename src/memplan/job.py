@@ -31,6 +31,8 @@ RecomputeMode = Literal["none", "selective", "full", "megatron-selective", "atte
 RecomputeMethod = Literal["uniform", "block"]
 AttentionImpl = Literal["flash", "sdpa", "eager"]
 LossImpl = Literal["auto", "fp32-logits", "vocab-parallel", "fused", "chunked", "fused-linear"]
+#: How the estimate's reserved memory is made (``auto``: the framework profile's ``default_reserved``).
+ReservedMode = Literal["auto", "fixed", "simulated"]
 PeftMethod = Literal["none", "lora", "dora"]
 QuantizeBase = Literal["none", "nf4", "fp4", "int8"]
 AdapterDtype = Literal["auto", "fp32", "bf16", "fp16"]
@@ -883,6 +885,13 @@ class Job:
         "auto", "--compile-loss", "With --compile, whether the loss is compiled too (a compiled cross-entropy "
         "keeps the 16-bit logits and two fp32 values per token); auto = the framework's (torchtitan's default "
         "compile.components; the Hugging Face model's loss, computed in its compiled forward).", panel=ACTIVATIONS)
+    #: Issue 25, item 8: ``fixed`` prices the reserved memory as the peak allocated over (1 - fragmentation);
+    #: ``simulated`` replays an allocation schedule built from the estimate's own contributions through
+    #: memplan's model of PyTorch's caching allocator (:mod:`memplan.estimate.reserved_sim`).
+    reserved: ReservedMode = knob("auto", "--reserved", "How reserved memory is estimated: fixed = peak allocated "
+                                  "/ (1 - fragmentation); simulated = PyTorch's caching allocator simulated on "
+                                  "the estimate's allocation schedule; auto = the framework profile's (fixed).",
+                                  panel=ACTIVATIONS)
     #: Megatron ``--defer-embedding-wgrad-compute``: the output layer's weight gradient is
     #: computed after the pipeline drains, so each finished micro-batch keeps its logits gradient
     #: and the layer input; ``--wgrad-deferral-limit`` caps how many (0 = all).
@@ -917,6 +926,7 @@ class Job:
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
         _check_choice("--loss", self.loss, get_args(LossImpl))
+        _check_choice("--reserved", self.reserved, get_args(ReservedMode))
         _check_choice("--framework", self.framework, get_args(FrameworkName))
         if not 0.0 <= self.dropout < 1.0:
             raise JobConfigError("--dropout", "must be in [0, 1)", self.dropout)

@@ -72,6 +72,9 @@ class FrameworkProfile:
     default_optimizer_impl: Literal["foreach", "fused", "for-loop"] = "fused"
     #: Loss path when ``--loss auto``.
     default_loss: Literal["fp32-logits", "vocab-parallel", "fused", "chunked"] = "fp32-logits"
+    #: The estimate's reserved memory when ``--reserved auto`` (issue 25, item 8; see
+    #: :data:`memplan.job.ReservedMode`).
+    default_reserved: Literal["fixed", "simulated"] = "fixed"
     #: Vocabulary padded to a multiple of this times TP (Megatron ``--make-vocab-size-divisible-by``).
     vocab_divisible_by: int = 1
     #: How the layers save activations: ``fused`` (TE/Apex fused norm, bias-gelu/swiglu kernels:
