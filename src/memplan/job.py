@@ -9,10 +9,11 @@ spells it), the rule and the value; what a framework runs and its own rules come
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.profiles import activation_policy_name, check_features, get_profile
 from memplan.optimizers import optimizer_kind
 from memplan.tuning import (ADAPTER_METHODS, QUANTIZING_FORMATS, PeftMethodKind, QuantFormat, either, peft_method,
@@ -101,7 +102,7 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         raise JobConfigError(name, f"must be one of {', '.join(choices)}", value)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Parallelism:
     """Parallel layout. ``dp`` is derived from ``world_size`` when not given."""
 
@@ -201,7 +202,7 @@ class Parallelism:
         return max(1, self.world_size // (self.ep * self.expert_tp * self.pp))
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Sharding:
     """Optimizer-state / gradient / parameter sharding across data parallelism."""
 
@@ -231,7 +232,7 @@ class Sharding:
             raise JobConfigError("--fsdp", f"cannot be combined with --zero {self.zero}", self.fsdp)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Precision:
     """Dtypes of weights, gradients, master weights and optimizer moments.
 
@@ -290,7 +291,7 @@ class Precision:
         return self.name.removesuffix("-mixed")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Optimizer:
     """Optimizer and its implementation (which decides the step's temporaries)."""
 
@@ -345,7 +346,7 @@ UNMODELLED_RECOMPUTE_MODULES = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Recompute:
     """Activation recomputation (checkpointing)."""
 
@@ -429,7 +430,7 @@ def _recompute_module_list(text: str) -> str:
     return ",".join(names)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Batch:
     """Sizes of one step."""
 
@@ -449,7 +450,7 @@ class Batch:
             _check_int("--gbs", self.global_batch_size, maximum=10**9)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class MoEOptions:
     """How MoE layers route and move tokens (only used by models with MoE layers)."""
 
@@ -499,7 +500,7 @@ FINE_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "ml
                         "fused_group_mlp")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Offload:
     """What lives in CPU memory instead of on the GPU."""
 
@@ -580,7 +581,7 @@ UB_GEMMS = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad", "
             "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad", "fc2_wgrad")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class UbOverride:
     """One GEMM's entry of a ``--tp-comm-overlap-cfg`` YAML (what changes its userbuffer)."""
 
@@ -595,7 +596,7 @@ class UbOverride:
             _check_choice(f"--tp-comm-overlap-cfg {self.name}.method", self.method, get_args(UbMethod))
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class CommOverlap:
     """Communication-overlap machinery that allocates buffers of its own (read from ``--megatron-args``)."""
 
@@ -655,7 +656,7 @@ CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class CudaGraphs:
     """Megatron-LM CUDA graphs (:mod:`memplan.estimate.cuda_graphs` prices them)."""
 
@@ -705,7 +706,7 @@ def _name_list(flag: str, text: str) -> tuple[str, ...]:
     return names
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class FineTuning:
     """What trains and how: PEFT adapters, frozen and quantized base weights.
 
@@ -856,7 +857,7 @@ class FineTuning:
         return self.peft_kind.adapters or self.has_frozen or self.quant_kind.quantizes
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Job:
     """Everything about a training job except the model architecture."""
 

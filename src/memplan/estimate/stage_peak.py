@@ -5,7 +5,6 @@ collective buffers and CUDA graphs at each; the ledger takes the peak (:mod:`mem
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from memplan.estimate.autocast import tied_embedding_gradient_sum_bytes
 from memplan.estimate.context import StageContext
@@ -46,6 +45,7 @@ from memplan.estimate.ledger import (
 from memplan.estimate.stage_activations import StageActivations, head_numel
 from memplan.estimate.stage_states import StageStates
 from memplan.estimate.states import layer_numel_on_rank
+from memplan.frozen import frozen_dataclass
 from memplan.job import resolved_loss
 from memplan.model.params import final_norm_params
 from memplan.profiles.framework import vocab_split
@@ -57,7 +57,7 @@ _FORWARDS = ("backward", "loss", "forward")
 _LOSS_SCALAR_BYTES = 4
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class LossPart:
     """The last stage's loss: logits alive at the loss, those saved into the backward, the head's
     saved activations, and what ``save_on_cpu`` moves or brings back."""

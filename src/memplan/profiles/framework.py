@@ -6,10 +6,10 @@ workspaces) the difference is a field here, with its source, never a bare factor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from memplan.errors import JobConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.profiles import megatron_rules
 from memplan.profiles.defaults import DefaultRule
 from memplan.profiles.rules import JobRule, ModelRule
@@ -51,7 +51,7 @@ TE_GROUPED_GEMM_WORKSPACES = 4
 TE_GROUPED_GEMM_WORKSPACE_BYTES = 32 * MiB + 256
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class FrameworkProfile:
     """What one training framework keeps on the GPU, beyond the model's own tensors."""
 
