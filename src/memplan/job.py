@@ -880,6 +880,12 @@ class Job:
     compile: bool = knob(False, "--compile", "torch.compile: each decoder layer keeps what AOT autograd's "
                          "min-cut partitioner saves (default settings); inductor's own buffers are not "
                          "modelled (docs/estimate.md).", panel=ACTIVATIONS)
+    #: With ``compile``: whether the cross-entropy is compiled too (:mod:`memplan.estimate.compiled_loss`);
+    #: ``auto`` is the framework profile's ``compiles_loss``.
+    compile_loss: Literal["auto", "on", "off"] = knob(
+        "auto", "--compile-loss", "With --compile, whether the loss is compiled too (a compiled cross-entropy "
+        "keeps the 16-bit logits and two fp32 values per token); auto = the framework's (torchtitan's default "
+        "compile.components; the Hugging Face model's loss, computed in its compiled forward).", panel=ACTIVATIONS)
     #: Issue 25, item 8: ``fixed`` prices the reserved memory as the peak allocated over (1 - fragmentation);
     #: ``simulated`` replays an allocation schedule built from the estimate's own contributions through
     #: memplan's model of PyTorch's caching allocator (:mod:`memplan.estimate.reserved_sim`).
@@ -942,6 +948,8 @@ class Job:
             raise JobConfigError("--compile", f"{self.framework} has no option to torch.compile its model (Megatron-LM "
                                  "compiles only its own fused kernels, which memplan prices); use --framework "
                                  "torchtitan, hf or deepspeed", True)
+        if self.compile_loss == "on" and not self.compile:
+            raise JobConfigError("--compile-loss", "needs --compile (the loss is compiled with the model)", "on")
         for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
             rule(self)
         self._check_sharding(profile.fsdp_refusal)

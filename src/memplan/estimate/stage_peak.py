@@ -24,8 +24,9 @@ from memplan.estimate.extras import (
     input_bytes,
     logits_bytes,
     saved_logits_bytes,
+    softcap_bytes,
 )
-from memplan.estimate import loss_parallel, pipeline_fsdp
+from memplan.estimate import compiled_loss, loss_parallel, pipeline_fsdp
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.layer_walk import LayerWalk
@@ -83,6 +84,9 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     if loss_parallel.applies(job, run.profile):
         logits = max(logits, loss_parallel.loss_parallel_bytes(shape, run.vocab_rows) * depths)
     saved = saved_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
+    if compiled_loss.priced(run):  # --compile with a compiled cross-entropy (one depth, eager losses aside)
+        logits, saved = compiled_loss.compiled_loss_bytes(shape, run.vocab_rows,
+                                                          softcap_bytes(shape, run.vocab_rows, softcap))
     cpu = bring_back = 0
     if acts.per_tensor_offload:
         # what the loss saves goes to host memory too; the loss backward brings it back, and only

@@ -169,6 +169,10 @@ class FrameworkProfile:
     #: Trainer's ``torch.compile(model)`` under ``torch_compile``, DeepSpeed's ``engine.compile()``); ``none``,
     #: the framework has no such option and ``--compile`` is refused.
     compile_scope: Literal["none", "blocks", "model"] = "none"
+    #: ``--compile`` compiles the cross-entropy too (``--compile-loss auto``): torchtitan's ``[compile]
+    #: components`` default ``["model", "loss"]`` (``build_cross_entropy_loss`` wraps the loss in
+    #: ``torch.compile``); a Hugging Face causal LM computes its loss inside the forward the Trainer compiles.
+    compiles_loss: bool = False
     #: Defaults the framework applies that memplan does not model: each rule reports one for a job
     #: (:mod:`memplan.profiles.defaults`), also when the job comes from flags.
     unmodelled_defaults: tuple[DefaultRule, ...] = ()
@@ -260,6 +264,7 @@ TORCHTITAN = FrameworkProfile(
     activation_offload="per-tensor",
     name="torchtitan",
     compile_scope="blocks",
+    compiles_loss=True,
     description=(
         "torchtitan / FSDP2: fp32 sharded weights, bf16 all-gathered per block "
         "(MixedPrecisionPolicy param_dtype=bf16, reduce_dtype=fp32), fused AdamW, fp32 loss."
@@ -309,6 +314,7 @@ HF = FrameworkProfile(
     activation_offload="per-tensor",
     name="hf",
     compile_scope="model",
+    compiles_loss=True,
     description=(
         "Hugging Face Trainer / plain PyTorch AMP: fp32 weights and gradients, torch.autocast "
         "bf16 weight copies saved for backward, AdamW (fused), logits upcast to fp32, eager modules, "
