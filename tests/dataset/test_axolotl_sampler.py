@@ -3,7 +3,7 @@
 Axolotl itself does not install beside this environment (0.19.0 pins transformers 5.16.1, peft 0.20.0,
 datasets 4.8.4 ...), but its sampler module needs only torch, numpy, numba, accelerate and transformers:
 ``pip install axolotl==0.19.0 numba==0.65.0 llvmlite==0.47.0 addict==2.4.0 --no-deps`` makes it and
-Axolotl's ``validate_config`` importable (requirements-test.txt). The order is memplan's stand-in (``torch.randperm`` seeded
+Axolotl's ``validate_config`` importable (requirements-nodeps.txt). The order is memplan's stand-in (``torch.randperm`` seeded
 ``seed + epoch``; Axolotl's RandomSampler draws from torch's global RNG, which no seed alone replays);
 fed that order, Axolotl's packer gives the same bins, so every step's row is the same.
 """
@@ -18,7 +18,7 @@ from memplan.dataset.multipack import BIN_SIZE, GROUP_SIZE, MIN_SAMPLE_LEN, pad_
 from memplan.dataset.rng import torch_randperm
 
 multipack = pytest.importorskip("axolotl.utils.samplers.multipack",
-                                reason="Axolotl's sampler is not importable (requirements-test.txt: axolotl --no-deps "
+                                reason="Axolotl's sampler is not importable (requirements-nodeps.txt: axolotl --no-deps "
                                        "with numba)")
 
 
@@ -53,7 +53,7 @@ def test_emitted_yaml_passes_axolotls_validation_and_gives_the_steps(fit_emit, i
     from memplan.dataset.lengths import token_lengths
 
     config_module = pytest.importorskip("axolotl.utils.config", reason="Axolotl's config validation is not "
-                                        "importable (it needs addict; requirements-test.txt)")
+                                        "importable (it needs addict; requirements-nodeps.txt)")
     from axolotl.utils.dict import DictDefault
 
     model, data, emitted, document = fit_emit("axolotl", "axolotl", 2, 4)

@@ -5,7 +5,7 @@ with ``drop_last`` — run on the merged values gives memplan's step shapes, ste
 
 Needs torchtune (0.6.1) and torchao: 0.16.0 imports beside torch 2.13 (with a line saying its C++ extensions are
 skipped) and satisfies peft too; 0.11.0 imports but peft refuses it (it needs 0.16 or later); 0.12 and later than
-0.16 do not import with torchtune 0.6.1 (see requirements-test.txt).
+0.16 do not import with torchtune 0.6.1 (see requirements-nodeps.txt).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import yaml
 from memplan.dataset import Batching, Fields, find_tokenizer, plan_steps
 from memplan.dataset.lengths import token_lengths
 
-pytest.importorskip("torchao", reason="torchao is not installed (requirements-test.txt: torchao 0.16.0)")
+pytest.importorskip("torchao", reason="torchao is not installed (requirements-nodeps.txt: torchao 0.16.0)")
 tt_parse = pytest.importorskip("torchtune.config._parse", reason="torchtune is not installed (requirements-test.txt)")
 
 def _recipe_config() -> Path:
