@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from memplan.errors import UnsupportedError
-from memplan.trace.runners.partitioner import CompiledLayers, Quiet, _boxed, _partition, _warm
+from memplan.trace.runners.partitioner import CompiledLayers, Quiet, boxed_compiler, recording_partition, warm_up
 
 __all__ = ["LOSS_PATH", "compile_loss"]
 
@@ -43,7 +43,7 @@ def compile_loss(model: torch.nn.Module, record: CompiledLayers, *, quiet: Quiet
             state = graphs[key] = {}
             state["fn"] = _traced(loss, vocab_size, kwargs, state)
             with quiet() if quiet is not None else contextlib.nullcontext():
-                _warm(state["fn"], [], [logits, labels])
+                warm_up(state["fn"], [], [logits, labels])
         record.saved[LOSS_PATH] = state["saved"]
         return state["fn"](logits, labels)[0]
 
@@ -58,5 +58,5 @@ def _traced(loss: Any, vocab_size: int, kwargs: dict[str, Any], state: dict[str,
     def fn(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor]:
         return (loss(logits, labels, vocab_size, **kwargs),)
 
-    return aot_function(fn, fw_compiler=_boxed, bw_compiler=_boxed, decompositions=select_decomp_table(),
-                        partition_fn=_partition(lambda saved: state.__setitem__("saved", saved)))
+    return aot_function(fn, fw_compiler=boxed_compiler, bw_compiler=boxed_compiler, decompositions=select_decomp_table(),
+                        partition_fn=recording_partition(lambda saved: state.__setitem__("saved", saved)))

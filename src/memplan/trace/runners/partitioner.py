@@ -34,7 +34,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from memplan.errors import UnsupportedError
 
-__all__ = ["CompiledLayers", "SavedTensor", "compile_layers", "compiled_layer_modules", "partitioned_saved_set"]
+__all__ = ["CompiledLayers", "SavedTensor", "boxed_compiler", "compile_layers", "compiled_layer_modules",
+           "partitioned_saved_set", "recording_partition", "warm_up"]
 
 Quiet = Callable[[], contextlib.AbstractContextManager[Any]]
 
@@ -131,7 +132,7 @@ def _compile_layer(path: str, layer: torch.nn.Module, record: CompiledLayers, qu
             state = shared[key] = {}
             state["fn"] = _traced(forward, layer, names, leaves, slots, spec, state)
             with (quiet() if quiet is not None else contextlib.nullcontext()), _without_module_hooks():
-                _warm(state["fn"], weights, inputs)
+                warm_up(state["fn"], weights, inputs)
         record.saved[path] = state["saved"]
         flat = state["fn"](*weights, *inputs)
         return tree_unflatten(list(flat), state["out_spec"])
@@ -150,8 +151,8 @@ def partitioned_saved_set(fn: Callable[..., torch.Tensor], *args: torch.Tensor) 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     state: dict[str, Any] = {}
-    compiled = aot_function(fn, fw_compiler=_boxed, bw_compiler=_boxed, decompositions=select_decomp_table(),
-                            partition_fn=_partition(lambda saved: state.__setitem__("saved", saved)))
+    compiled = aot_function(fn, fw_compiler=boxed_compiler, bw_compiler=boxed_compiler, decompositions=select_decomp_table(),
+                            partition_fn=recording_partition(lambda saved: state.__setitem__("saved", saved)))
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = [mode.from_tensor(a).requires_grad_(a.requires_grad) if a.is_floating_point() else mode.from_tensor(a)
                 for a in args]
@@ -186,18 +187,18 @@ def _traced(forward: Callable[..., Any], layer: torch.nn.Module, names: list[str
 
     from torch._inductor.decomposition import select_decomp_table
 
-    return aot_function(fn, fw_compiler=_boxed, bw_compiler=_boxed, partition_fn=_partition(lambda saved: state.__setitem__("saved", saved)),
+    return aot_function(fn, fw_compiler=boxed_compiler, bw_compiler=boxed_compiler, partition_fn=recording_partition(lambda saved: state.__setitem__("saved", saved)),
                         decompositions=select_decomp_table())
 
 
-def _boxed(gm: torch.fx.GraphModule, _inputs: Any) -> Callable[..., Any]:
+def boxed_compiler(gm: torch.fx.GraphModule, _inputs: Any) -> Callable[..., Any]:
     """The "compiler": the graph itself, run operator by operator."""
     from torch._functorch.aot_autograd import make_boxed_func
 
     return make_boxed_func(gm.forward)
 
 
-def _partition(record: Callable[[tuple[SavedTensor, ...]], None]) -> Callable[..., Any]:
+def recording_partition(record: Callable[[tuple[SavedTensor, ...]], None]) -> Callable[..., Any]:
     """inductor's own partition step (``torch._inductor.compile_fx.partition_fn``: its joint-graph passes, then
     ``min_cut_rematerialization_partition(compiler="inductor")`` with default settings), recording the saved set."""
     from torch._guards import detect_fake_mode
@@ -228,7 +229,7 @@ def _saved_set(bw_module: torch.fx.GraphModule, forward_inputs: set[str]) -> tup
     return tuple(out)
 
 
-def _warm(fn: Any, weights: list[torch.Tensor], inputs: list[Any]) -> None:
+def warm_up(fn: Any, weights: list[torch.Tensor], inputs: list[Any]) -> None:
     """Trace the forward and the backward graphs once, on fresh inputs of the same metadata (AOT autograd keeps
     the tensors it traced with, and their gradients must reach no hook of the step): one call, one
     ``autograd.grad``."""
