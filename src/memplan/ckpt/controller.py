@@ -517,7 +517,8 @@ class CheckpointController(LoopHooks):
         else:
             out = forward(*args, **kwargs)
         st.times[j] = time.perf_counter() - t0
-        st.acts[j] = self._held_since(before, out, args, kwargs)
+        if st.metered:  # an unmetered step's bytes are not observed
+            st.acts[j] = self._held_since(before, out, args, kwargs)
         return out
 
     def _held_since(self, before: int, out: Any, args: Any, kwargs: Any) -> int:
