@@ -186,11 +186,6 @@ COMPILE_TOLERANCE = 0.05
 #: (Empty since 2026-12-03 13:00: DeepSeek-V2-Lite's ``shared_experts`` cell, listed until then at -5.0%,
 #: is at -1.1% once the estimator prices transformers' MLA and MoE as the trace runs them.)
 EXCEPTIONS: dict[str, str] = {
-    # --compile on MLA + MoE with shared experts: no partitioner rule (memplan.estimate.compiled), the layers are
-    # priced as eager and the estimate lists them in unmodelled_settings; the compiled trace keeps 20% less.
-    "deepseek-v2-lite s1024 b1 bf16-mixed sdpa rc=none compile=True": (
-        "compiled MLA and shared-expert MoE layers have no partitioner rule: priced as eager (+20.0%) and listed in "
-        "unmodelled_settings"),
     # activations -0.0%; the states and logits are not the policy's (docs/trace.md, DeepSpeed activation
     # checkpointing): the deepspeed profile prices Megatron-DeepSpeed's vocabulary-parallel embedding and head,
     # the tracer runs Hugging Face's TP plan on a transformers model (embedding whole, logits gathered).

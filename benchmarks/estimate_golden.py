@@ -168,6 +168,12 @@ def _fingerprint(result: Any) -> dict[str, Any]:
     # existed keep their fingerprints; a compiled job's is taken whole.
     if isinstance(data.get("job"), dict) and data["job"].get("compile") is False:
         del data["job"]["compile"]
+    # ``job.compile_loss`` likewise at its default ``auto`` (--compile-loss, issue 25)
+    if isinstance(data.get("job"), dict) and data["job"].get("compile_loss") == "auto":
+        del data["job"]["compile_loss"]
+    # ``job.reserved`` (issue 25, item 8, --reserved) likewise, at its default ``auto``.
+    if isinstance(data.get("job"), dict) and data["job"].get("reserved") == "auto":
+        del data["job"]["reserved"]
     numbers = json.dumps(data, sort_keys=True, default=str)
     words = json.dumps(assumptions, sort_keys=True, default=str)
     return {"numbers": hashlib.sha256(numbers.encode()).hexdigest()[:20],

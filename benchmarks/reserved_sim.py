@@ -1,7 +1,8 @@
 """Issue 25, item 8: the estimate's reserved memory, fixed fragmentation against the allocator simulator.
 
-For every agreement-grid cell recorded in ``benchmarks/results/agreement_reserved.json`` (the trace's
-simulated reserved, measured by ``benchmarks/agreement_grid.py``), the estimate's reserved figure with the
+For every agreement-grid cell recorded in ``benchmarks/results/agreement_reserved.json`` and
+``agreement_reserved_arch.json`` (the trace's simulated reserved, measured by ``benchmarks/agreement_grid.py``
+and ``benchmarks/reserved_witness.py``), the estimate's reserved figure with the
 default fixed 10% (``reserved="fixed"``) and with ``reserved="simulated"`` (:mod:`memplan.estimate.reserved_sim`),
 each as an error against the trace's simulated reserved, and the time of a simulated estimate. The witness
 (the trace's figure) was recorded before this comparison was written; the 3% target is issue 25's.
@@ -22,7 +23,11 @@ from memplan.model import load_model
 from memplan.trace.setup import trace_setup
 
 _RESULTS = Path(__file__).parent / "results"
+_CONFIGS = Path(__file__).parent / "configs"
 TOLERANCE = 0.03
+#: The trace's simulated reserved per cell: the grid's own record (13 llama-3.2-1b cells) and
+#: ``reserved_witness.py``'s (other architectures, FSDP/TP, LoRA).
+WITNESSES = ("agreement_reserved.json", "agreement_reserved_arch.json")
 
 
 def _job(cell: dict[str, object]):
@@ -34,7 +39,8 @@ def _job(cell: dict[str, object]):
 
 def measure(cell: dict[str, object]) -> dict[str, object]:
     traced = cell["reserved"]["traced_simulated_bytes"]  # type: ignore[index]
-    model, job = load_model(str(cell["model"])), _job(cell)
+    local = _CONFIGS / f"{cell['model']}.json"  # the grid's own configs (agreement_grid.Cell.model_ref)
+    model, job = load_model(str(local) if local.exists() else str(cell["model"])), _job(cell)
     fixed = estimate(model, job)
     _stages.cache_clear()
     start = time.perf_counter()
@@ -60,15 +66,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    recorded = json.loads((_RESULTS / "agreement_reserved.json").read_text())
-    rows = [measure(c) for c in recorded["cells"] if c.get("reserved")]
+    witnesses = [json.loads((_RESULTS / name).read_text()) for name in WITNESSES]
+    rows = [measure(c) for recorded in witnesses for c in recorded["cells"] if c.get("reserved")]
     GiB = 2**30
     for r in rows:
         print(f"{r['key']:<80} trace {r['traced_simulated_bytes'] / GiB:7.2f} GiB  fixed {r['fixed_bytes'] / GiB:7.2f} "
               f"({100 * r['fixed_error']:+5.1f}%)  simulated {r['simulated_bytes'] / GiB:7.2f} "
               f"({100 * r['simulated_error']:+5.1f}%)  {1000 * r['simulated_seconds']:.1f} ms")
-    result = {"witness_measured": recorded["measured"], "tolerance": TOLERANCE, "cells": rows,
-              "summary": summary(rows)}
+    result = {"witness_measured": [w["measured"] for w in witnesses], "witness_files": list(WITNESSES),
+              "tolerance": TOLERANCE, "cells": rows, "summary": summary(rows)}
     print(json.dumps(result["summary"], indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -4,7 +4,7 @@ Run from the repository root (memplan installed, e.g. ``pip install -e .``)::
 
     python benchmarks/speed.py            # the table
     python benchmarks/speed.py --profile  # also cProfile the API loop (top functions)
-    python benchmarks/speed.py --issue24 [--write]  # the paired issue-24 measures (below)
+    python benchmarks/speed.py --issue24 [--write] [--callgrind]  # the paired issue-24 measures (below)
 
 Targets (docs/benchmarks.md): ``memplan estimate llama-3.1-8b`` < 0.5 s as a process;
 >= 5,000 API estimates per second on one core. Results are recorded in docs/benchmarks.md.
@@ -14,7 +14,11 @@ Issue 24 (fixed before the results were seen): ``memplan estimate llama-3.1-8b -
 pairs, medians; wall time and the children's CPU time, which a shared machine's load distorts
 less), and ``estimate()`` of llama-3.1-8b, 8 GPUs data-parallel, seq 4096 at least 12,000 calls/s
 (wall and CPU time; also CPU time with every cache keyed on a Job value cleared before every call
--- the per-job memo and the resolved activation policy -- the rate of new jobs). ``--base DIR`` runs the same measures on another tree's ``src`` in the same
+-- the per-job memo and the resolved activation policy -- the rate of new jobs; nothing else is
+cleared: caches keyed on the model, a layer kind at an activation shape or a pipeline layout stay warm, as
+they do for any new job sharing them). Each rate loop makes one estimate before it starts timing (that one
+also compiles the ``__init__`` of each :func:`memplan.frozen.frozen_dataclass` class on its first
+construction). ``--base DIR`` runs the same measures on another tree's ``src`` in the same
 pairs (the commit before the work). The start-up depends on Python's bytecode cache: with
 ``PYTHONDONTWRITEBYTECODE`` set every memplan module is compiled from source on each start while
 the reference's site-packages modules have their cache; both conditions are measured.
@@ -131,6 +135,8 @@ print(*rates, count / (time.process_time() - cpu))
 
 #: The same new-job estimate counted in Python opcodes (``sys.settrace`` opcode events): a measure of the
 #: interpreter's work that a shared machine's load does not move (times there vary by 2x between runs).
+#: Opcodes weigh a C call (``attrgetter``, ``object.__setattr__``) as one; callgrind's instruction count
+#: (``--callgrind``) weighs everything.
 OPCODE_CASE = """
 import sys
 from memplan import Batch, Job, Parallelism, estimate, load_model
@@ -138,7 +144,10 @@ from memplan import policies
 from memplan.estimate import engine
 model = load_model("llama-3.1-8b")
 job = Job(parallel=Parallelism(world_size=8), batch=Batch(micro_batch_size=1, seq_length=4096))
-estimate(model, job)
+for _ in range(2):  # two warm-up estimates, the second a new job: what is made once per process is made
+    for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
+        getattr(memo, "cache_clear", lambda: None)()
+    estimate(model, job)
 for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
     getattr(memo, "cache_clear", lambda: None)()
 count = [0]
@@ -152,6 +161,32 @@ estimate(model, job)
 sys.settrace(None)
 print(count[0])
 """
+
+
+#: The new-job loop run under callgrind (``--callgrind``): instructions executed do not move with the load.
+CALLGRIND_CASE = OPCODE_CASE.split("count = [0]")[0] + """
+for _ in range(int(sys.argv[1])):
+    for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
+        getattr(memo, "cache_clear", lambda: None)()
+    estimate(model, job)
+"""
+CALLGRIND_ESTIMATES = 200
+
+
+def callgrind(trees: dict[str, str]) -> dict[str, object]:
+    """Instructions (valgrind's callgrind) of ``import memplan`` + loading the model + one estimate, and
+    per new-job estimate (the difference of a run with :data:`CALLGRIND_ESTIMATES` more, divided)."""
+    out: dict[str, object] = {}
+    for name, src in trees.items():
+        counts = []
+        for n in (0, CALLGRIND_ESTIMATES):
+            done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                                   sys.executable, "-c", CALLGRIND_CASE, str(n)],
+                                  env=dict(os.environ, PYTHONPATH=src), capture_output=True, text=True, check=True)
+            counts.append(int(done.stderr.split("Collected :")[1].split()[0]))
+        out[name] = {"start_and_first_estimate": counts[0],
+                     "per_new_job_estimate": round((counts[1] - counts[0]) / CALLGRIND_ESTIMATES)}
+    return out
 
 
 def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
@@ -216,12 +251,16 @@ def main() -> None:
     parser.add_argument("--issue24", action="store_true", help="the paired issue-24 measures")
     parser.add_argument("--base", help="also measure this tree's src folder (the commit before the work)")
     parser.add_argument("--write", action="store_true", help=f"store the issue-24 result in {RESULT}")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="with --issue24: also count instructions under valgrind's callgrind (a few minutes)")
     args = parser.parse_args()
     if args.issue24:
         trees = {"this tree": str(Path(__file__).resolve().parents[1] / "src")}
         if args.base:
             trees["base"] = args.base
         result = issue24(trees)
+        if args.callgrind:
+            result["callgrind instructions (import + model + first estimate; per new-job estimate)"] = callgrind(trees)
         print(json.dumps(result, indent=1))
         if args.write:
             RESULT.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

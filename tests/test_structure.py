@@ -189,7 +189,8 @@ def _package_graph(modules: dict[str, ast.Module] | None = None) -> dict[str, di
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("memplan.errors",),
     ("memplan.bounds",),
-    ("memplan.units", "memplan.categories", "memplan.textfile", "memplan.settings", "memplan.events_binary"),
+    ("memplan.units", "memplan.categories", "memplan.textfile", "memplan.settings", "memplan.events_binary",
+     "memplan.frozen"),
     ("memplan.gpus", "memplan.model", "memplan.events"),
     ("memplan.optimizers", "memplan.tuning", "memplan.alloc"),
     ("memplan.profiles",),

@@ -46,6 +46,7 @@ from memplan.categories import MemoryCategory
 from memplan.errors import ConfigError
 from memplan.events_binary import MAGIC as BINARY_MAGIC
 from memplan.events_binary import Columns, Schema, decode_columns, encode_columns
+from memplan.frozen import frozen_dataclass
 from memplan.textfile import read_inflated
 
 __all__ = [
@@ -118,7 +119,7 @@ class AllocEvent(NamedTuple):
                 self.iteration, self.op, self.module, self.stream]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class TraceMeta:
     """What produced a trace.
 
@@ -149,7 +150,7 @@ class TraceMeta:
         return cls(**kwargs)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Trace:
     """An ordered allocation/free log with its metadata."""
 

@@ -14,9 +14,9 @@ reports slightly less, a few hundred MiB, for the slice's own bookkeeping).
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 
 from memplan.errors import ConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.units import MiB
 
 #: CUDA context + library handles + NCCL communicator buffers held outside PyTorch's allocator.
@@ -30,7 +30,7 @@ DISPLAY_BYTES = 512 * MiB
 _CONSUMER = DEFAULT_OUTSIDE_ALLOCATOR_BYTES + DISPLAY_BYTES
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class GPU:
     """One GPU model."""
 
@@ -151,7 +151,7 @@ MIG_PROFILES: dict[str, dict[str, int]] = {
 _MEMORY_SLICES = 8
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Device:
     """A whole GPU or one MIG slice of it."""
 

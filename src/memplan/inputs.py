@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
 from memplan.errors import ConfigError, JobConfigError, UnsupportedError
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job
 from memplan.jobcheck import check_seq_positions, validate_job_for_model
 from memplan.jobflags import build_job, check_conflicts
@@ -41,7 +42,7 @@ from memplan.settings import InputSetting, unmodelled
 __all__ = ["JobRequest", "LoadedJob", "load_job"]
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class JobRequest:
     """What the user gave to describe a job; ``None`` means not given."""
 
@@ -67,7 +68,7 @@ class JobRequest:
     fragmentation: float | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class LoadedJob:
     """The model and job a request describes, with the request's other settings resolved."""
 

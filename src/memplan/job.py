@@ -9,10 +9,11 @@ spells it), the rule and the value; what a framework runs and its own rules come
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.profiles import activation_policy_name, check_features, get_profile
 from memplan.optimizers import optimizer_kind
 from memplan.tuning import (ADAPTER_METHODS, QUANTIZING_FORMATS, PeftMethodKind, QuantFormat, either, peft_method,
@@ -31,6 +32,8 @@ RecomputeMode = Literal["none", "selective", "full", "megatron-selective", "atte
 RecomputeMethod = Literal["uniform", "block"]
 AttentionImpl = Literal["flash", "sdpa", "eager"]
 LossImpl = Literal["auto", "fp32-logits", "vocab-parallel", "fused", "chunked", "fused-linear"]
+#: How the estimate's reserved memory is made (``auto``: the framework profile's ``default_reserved``).
+ReservedMode = Literal["auto", "fixed", "simulated"]
 PeftMethod = Literal["none", "lora", "dora"]
 QuantizeBase = Literal["none", "nf4", "fp4", "int8"]
 AdapterDtype = Literal["auto", "fp32", "bf16", "fp16"]
@@ -99,7 +102,7 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         raise JobConfigError(name, f"must be one of {', '.join(choices)}", value)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Parallelism:
     """Parallel layout. ``dp`` is derived from ``world_size`` when not given."""
 
@@ -199,7 +202,7 @@ class Parallelism:
         return max(1, self.world_size // (self.ep * self.expert_tp * self.pp))
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Sharding:
     """Optimizer-state / gradient / parameter sharding across data parallelism."""
 
@@ -229,7 +232,7 @@ class Sharding:
             raise JobConfigError("--fsdp", f"cannot be combined with --zero {self.zero}", self.fsdp)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Precision:
     """Dtypes of weights, gradients, master weights and optimizer moments.
 
@@ -288,7 +291,7 @@ class Precision:
         return self.name.removesuffix("-mixed")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Optimizer:
     """Optimizer and its implementation (which decides the step's temporaries)."""
 
@@ -343,7 +346,7 @@ UNMODELLED_RECOMPUTE_MODULES = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Recompute:
     """Activation recomputation (checkpointing)."""
 
@@ -427,7 +430,7 @@ def _recompute_module_list(text: str) -> str:
     return ",".join(names)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Batch:
     """Sizes of one step."""
 
@@ -447,7 +450,7 @@ class Batch:
             _check_int("--gbs", self.global_batch_size, maximum=10**9)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class MoEOptions:
     """How MoE layers route and move tokens (only used by models with MoE layers)."""
 
@@ -497,7 +500,7 @@ FINE_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "ml
                         "fused_group_mlp")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Offload:
     """What lives in CPU memory instead of on the GPU."""
 
@@ -578,7 +581,7 @@ UB_GEMMS = ("qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad", "
             "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad", "fc2_wgrad")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class UbOverride:
     """One GEMM's entry of a ``--tp-comm-overlap-cfg`` YAML (what changes its userbuffer)."""
 
@@ -593,7 +596,7 @@ class UbOverride:
             _check_choice(f"--tp-comm-overlap-cfg {self.name}.method", self.method, get_args(UbMethod))
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class CommOverlap:
     """Communication-overlap machinery that allocates buffers of its own (read from ``--megatron-args``)."""
 
@@ -653,7 +656,7 @@ CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class CudaGraphs:
     """Megatron-LM CUDA graphs (:mod:`memplan.estimate.cuda_graphs` prices them)."""
 
@@ -703,7 +706,7 @@ def _name_list(flag: str, text: str) -> tuple[str, ...]:
     return names
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class FineTuning:
     """What trains and how: PEFT adapters, frozen and quantized base weights.
 
@@ -854,7 +857,7 @@ class FineTuning:
         return self.peft_kind.adapters or self.has_frozen or self.quant_kind.quantizes
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Job:
     """Everything about a training job except the model architecture."""
 
@@ -877,6 +880,19 @@ class Job:
     compile: bool = knob(False, "--compile", "torch.compile: each decoder layer keeps what AOT autograd's "
                          "min-cut partitioner saves (default settings); inductor's own buffers are not "
                          "modelled (docs/estimate.md).", panel=ACTIVATIONS)
+    #: With ``compile``: whether the cross-entropy is compiled too (:mod:`memplan.estimate.compiled_loss`);
+    #: ``auto`` is the framework profile's ``compiles_loss``.
+    compile_loss: Literal["auto", "on", "off"] = knob(
+        "auto", "--compile-loss", "With --compile, whether the loss is compiled too (a compiled cross-entropy "
+        "keeps the 16-bit logits and two fp32 values per token); auto = the framework's (torchtitan's default "
+        "compile.components; the Hugging Face model's loss, computed in its compiled forward).", panel=ACTIVATIONS)
+    #: Issue 25, item 8: ``fixed`` prices the reserved memory as the peak allocated over (1 - fragmentation);
+    #: ``simulated`` replays an allocation schedule built from the estimate's own contributions through
+    #: memplan's model of PyTorch's caching allocator (:mod:`memplan.estimate.reserved_sim`).
+    reserved: ReservedMode = knob("auto", "--reserved", "How reserved memory is estimated: fixed = peak allocated "
+                                  "/ (1 - fragmentation); simulated = PyTorch's caching allocator simulated on "
+                                  "the estimate's allocation schedule; auto = the framework profile's (fixed).",
+                                  panel=ACTIVATIONS)
     #: Megatron ``--defer-embedding-wgrad-compute``: the output layer's weight gradient is
     #: computed after the pipeline drains, so each finished micro-batch keeps its logits gradient
     #: and the layer input; ``--wgrad-deferral-limit`` caps how many (0 = all).
@@ -911,6 +927,7 @@ class Job:
     def __post_init__(self) -> None:
         _check_choice("--attention", self.attention, get_args(AttentionImpl))
         _check_choice("--loss", self.loss, get_args(LossImpl))
+        _check_choice("--reserved", self.reserved, get_args(ReservedMode))
         _check_choice("--framework", self.framework, get_args(FrameworkName))
         if not 0.0 <= self.dropout < 1.0:
             raise JobConfigError("--dropout", "must be in [0, 1)", self.dropout)
@@ -931,6 +948,8 @@ class Job:
             raise JobConfigError("--compile", f"{self.framework} has no option to torch.compile its model (Megatron-LM "
                                  "compiles only its own fused kernels, which memplan prices); use --framework "
                                  "torchtitan, hf or deepspeed", True)
+        if self.compile_loss == "on" and not self.compile:
+            raise JobConfigError("--compile-loss", "needs --compile (the loss is compiled with the model)", "on")
         for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
             rule(self)
         self._check_sharding(profile.fsdp_refusal)

@@ -84,3 +84,30 @@ def make_model_dir(tokenizer_dir: Path, tmp_path: Path):
         return folder
 
     return make
+
+
+#: A small Llama whose full fine-tune on an RTX 4090 leaves the search a choice (the emit tests).
+EMIT_MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300, "hidden_size": 2048,
+              "intermediate_size": 5632, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
+              "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
+
+
+@pytest.fixture
+def fit_emit(make_model_dir, text_rows, tmp_path: Path, write_jsonl):
+    """``fit_emit(kind, rule, mbs, gbs)``: ``memplan fit --dataset ... --max-length 128 --emit kind FILE --json`` on
+    the text rows and EMIT_MODEL (rtx-4090); the model folder, the data file, the emitted file and the document."""
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    def run(kind: str, rule: str, mbs: int, gbs: int) -> tuple[Path, Path, Path, dict]:
+        model = make_model_dir(EMIT_MODEL)
+        data = write_jsonl(tmp_path / "t.jsonl", text_rows)
+        emitted = tmp_path / f"{kind}.yaml"
+        out = CliRunner().invoke(app, ["fit", str(model), "--dataset", str(data), "--mbs", str(mbs), "--gbs", str(gbs),
+                                       "--gpu", "rtx-4090", "--batching", rule, "--max-length", "128", "--emit", kind,
+                                       str(emitted), "--json"])
+        assert out.exit_code == 0, out.output
+        return model, data, emitted, json.loads(out.stdout)
+
+    return run

@@ -1,10 +1,10 @@
 """--batching axolotl (Axolotl's sample packing) and --emit axolotl.
 
-Axolotl is not installed (its requirements pin torch and transformers, and its packer needs numba), so
-first_fit_bins is compared with a plain re-statement of Axolotl's ``pack_group``/``pack_parallel``
-(written from reading ``axolotl/utils/samplers/multipack.py``): the same loop over bins, without the
-max-tree, and the emitted YAML is checked against the option names and types of Axolotl's config
-reference (https://docs.axolotl.ai/docs/config-reference.html)."""
+first_fit_bins is compared with a plain re-statement of Axolotl's ``pack_group``/``pack_parallel`` (written
+from reading ``axolotl/utils/samplers/multipack.py``): the same loop over bins, without the max-tree, and the
+emitted YAML is checked against the option names and types of Axolotl's config reference
+(https://docs.axolotl.ai/docs/config-reference.html). Axolotl's own sampler and validator are run in
+test_axolotl_sampler.py where they are importable."""
 
 from __future__ import annotations
 

@@ -53,6 +53,8 @@ def test_qwen_tokens_equal_the_real_image_processor(tmp_path: Path, pixels: dict
 
 
 def test_qwen_torchvision_processor_agrees_when_installed(tmp_path: Path) -> None:
+    # The only torchvision for torch 2.13.0 on PyPI (0.28.0) is built for CUDA: with the CPU torch its import
+    # fails ("operator torchvision::nms does not exist"); the CPU build's index is not reachable here.
     pytest.importorskip("torchvision")
     from transformers import Qwen2VLImageProcessor
 
@@ -70,6 +72,37 @@ def test_llava_and_gemma3_fixed_counts() -> None:
                        "vision_config": {"image_size": 224, "patch_size": 14}}).tokens(5, 5) == 257
     gemma = image_rule({"model_type": "gemma3", "mm_tokens_per_image": 256, "vision_config": {}})
     assert gemma.tokens(896, 896) == 256 + 4  # "\n\n" <start_of_image> ... <end_of_image> "\n\n"
+
+
+def test_gemma3_count_equals_the_real_processor_expansion() -> None:
+    """transformers' own Gemma3Processor (with its PIL image processor) on a tokenizer trained here, which, like
+    Gemma's, has "\n\n" as one token: an image adds what memplan counts, wherever its placeholder sits."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Gemma3Processor, PreTrainedTokenizerFast
+    from transformers.models.gemma3 import Gemma3ImageProcessorPil
+
+    rng = random.Random(0)
+    words = ("describe", "the", "a", "cat", "image", "of")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+    tok.train_from_iterator([" ".join(rng.choice(words) for _ in range(8)) for _ in range(100)],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", extra_special_tokens={
+                                       "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                       "image_token": "<image_soft_token>"})
+    fast.add_tokens(["\n\n"])
+    processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(), tokenizer=fast, image_seq_length=256)
+    rule = image_rule({"model_type": "gemma3", "mm_tokens_per_image": 256, "vision_config": {}})
+    for text in ("<start_of_image>", "describe<start_of_image>", "a cat <start_of_image>\ndescribe"):
+        ids = processor(text=[text], images=[[PIL.new("RGB", (640, 480))]])["input_ids"][0]
+        # The placeholder was one token of the text: the image adds the rule's count less that one.
+        assert len(ids) - len(fast(text)["input_ids"]) == rule.tokens(640, 480) - 1, text
 
 
 def test_llava_count_equals_the_real_processor_expansion() -> None:
@@ -174,6 +207,14 @@ def test_cli_prices_image_tokens_and_refuses_bad_images(tmp_path: Path, write_js
     assert after["images"]["family"] == "qwen2_vl"
     assert after["images"]["image_tokens"] == sum(_qwen_reference(tmp_path, names)) + 4
     assert after["images"]["rows_with_image_tokens"] == 2
+    assert after["images"]["vision_model"] == str(vlm)
+    text = CliRunner().invoke(app, [*common[:-1], "--images-field", "images", "--vision-model", str(vlm)],
+                              env={"COLUMNS": "250"})
+    assert text.exit_code == 0
+    flat = " ".join(text.output.replace("│", " ").split())
+    assert f"image tokens (images) {after['images']['image_tokens']:,} in 2 examples" in flat
+    assert f"vision model {vlm} (qwen2_vl: patch 14, merge 2" in flat
+    assert "Not modelled: the vision encoder's parameters and activations" in flat
     (tmp_path / names[1]).write_bytes(b"broken")
     out = tmp_path / "steps.png"
     bad = CliRunner().invoke(app, [*common, "--images-field", "images", "--vision-model", str(vlm),
@@ -223,9 +264,17 @@ def test_fit_searches_with_the_image_tokens(tmp_path: Path, write_jsonl, make_mo
     common = ["fit", str(model), "--dataset", str(data), "--mbs", "1", "--gbs", "2", "--gpu", "rtx-4090",
               "--framework", "hf", "--json"]
     plain = CliRunner().invoke(app, common)
-    with_images = CliRunner().invoke(app, [*common, "--images-field", "images", "--vision-model",
-                                           str(_vlm_folder(tmp_path, QWEN))])
+    vlm = str(_vlm_folder(tmp_path, QWEN))
+    with_images = CliRunner().invoke(app, [*common, "--images-field", "images", "--vision-model", vlm])
     assert plain.exit_code == 0 and with_images.exit_code == 0, with_images.output
     before = json.loads(plain.stdout)["dataset"]["length_percentiles"]["p100"]
     after = json.loads(with_images.stdout)["dataset"]["length_percentiles"]["p100"]
     assert after - before == _qwen_reference(tmp_path, names)[0] + 2
+    images = json.loads(with_images.stdout)["dataset"]["images"]
+    assert images["image_tokens"] == _qwen_reference(tmp_path, names)[0] + 2
+    text = CliRunner().invoke(app, [*common[:-1], "--images-field", "images", "--vision-model", vlm],
+                              env={"COLUMNS": "250"})
+    assert text.exit_code == 0
+    flat = " ".join(text.output.replace("│", " ").split())
+    assert f"image tokens (images) {images['image_tokens']:,} in 1 examples" in flat
+    assert "Not modelled: the vision encoder's parameters and activations" in flat

@@ -37,11 +37,23 @@ def test_compiled_layers_keep_less_than_eager_and_what_the_rule_says() -> None:
 
 
 def test_an_uncovered_family_is_listed_and_priced_as_eager() -> None:
-    est = estimate(load_model("deepseek-v2-lite"), build_job({"framework": "hf", "seq": 1024, "compile": True}))
+    flags = {"framework": "hf", "seq": 1024, "compile": True, "attention": "eager"}
+    est = estimate(load_model("deepseek-v2-lite"), build_job(flags))
     notes = est.unmodelled_settings
-    assert any("multi-head latent attention" in n for n in notes)
+    assert any("multi-head latent attention (MLA) with unfused attention" in n for n in notes)
     assert any(n.startswith("--compile compiled model") for n in notes)  # the Trainer compiles the whole model
-    assert _activations("deepseek-v2-lite", compile=True, seq=1024) == _activations("deepseek-v2-lite", seq=1024)
+    assert (_activations("deepseek-v2-lite", compile=True, seq=1024, attention="eager")
+            == _activations("deepseek-v2-lite", seq=1024, attention="eager"))
+
+
+def test_mla_and_shared_experts_are_priced_and_a_router_bias_is_listed() -> None:
+    est = estimate(load_model("deepseek-v2-lite"), build_job({"framework": "hf", "seq": 1024, "compile": True}))
+    assert not any(n.startswith("--compile compiled layers") for n in est.unmodelled_settings)
+    assert any(a.startswith("torch.compile: 27 of 27 decoder layers") for a in est.assumptions)
+    assert _activations("deepseek-v2-lite", compile=True, seq=1024) < _activations("deepseek-v2-lite", seq=1024)
+    v3 = estimate(load_model("deepseek-v3"), build_job({"framework": "hf", "seq": 1024, "compile": True}))
+    assert any("MoE with a gated shared expert or a router bias" in n for n in v3.unmodelled_settings)
+    assert any(a.startswith("torch.compile: 3 of 61 decoder layers") for a in v3.assumptions)  # the dense ones
 
 
 @pytest.mark.parametrize("flags, reason", [
@@ -64,3 +76,34 @@ def test_megatron_has_no_compile() -> None:
     with pytest.raises(JobConfigError) as caught:
         build_job({"framework": "megatron", "compile": True})
     assert caught.value.field == "--compile"
+
+
+def _loss(model: str, **flags: object) -> tuple[int, int, tuple[str, ...]]:
+    est = estimate(load_model(model), build_job({"framework": "hf", "seq": 2048, **flags}))
+    stage = est.stages[0]
+    return stage.loss_logits_bytes, stage.saved_logits_bytes, est.unmodelled_settings
+
+
+def test_a_compiled_loss_keeps_the_16_bit_logits_and_two_fp32_values_per_token() -> None:
+    tokens, vocab = 2048, load_model("llama-3.2-1b").vocab_size
+    for framework in ("hf", "torchtitan"):  # both compile the loss with the model by default
+        at_loss, saved, notes = _loss("llama-3.2-1b", compile=True, framework=framework)
+        assert saved == 2 * tokens * vocab + 8 * tokens and at_loss == saved + 2 * tokens * vocab
+        assert not any("loss are priced as eager" in n for n in notes)
+    eager = _loss("llama-3.2-1b")
+    assert _loss("llama-3.2-1b", compile=True, compile_loss="off")[:2] == eager[:2]
+    assert eager[1] == 4 * tokens * vocab  # the eager loss's fp32 log-softmax
+
+
+def test_a_compiled_loss_without_a_rule_is_listed_and_soft_capping_is_priced() -> None:
+    notes = _loss("llama-3.2-1b", compile=True, gpus=2, tp=2)[2]
+    assert any(n.startswith("--compile compiled loss = true: a loss over TP-sharded logits") for n in notes), notes
+    tokens, vocab = 2048, load_model("gemma-2-9b").vocab_size
+    at_loss, saved, _ = _loss("gemma-2-9b", compile=True)  # the tanh output of the soft-capping besides
+    assert saved == 2 * 2 * tokens * vocab + 8 * tokens and at_loss == saved + 2 * tokens * vocab
+
+
+def test_compile_loss_needs_compile() -> None:
+    with pytest.raises(JobConfigError) as caught:
+        build_job({"framework": "hf", "compile_loss": "on"})
+    assert caught.value.field == "--compile-loss"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from memplan import Job, Parallelism, estimate, load_model
 from memplan.errors import JobConfigError
-from memplan.estimate import reserved_sim
+from memplan.estimate import reserved_fsdp, reserved_sim
 from memplan.estimate.engine import _stages
 from memplan.estimate.ledger import ACTIVATIONS, ABSENT, PARAMETERS, TEMPORARY, Contribution, Ledger
 from memplan.jobflags import build_job
+from memplan.profiles import get_profile
 
 JOBS = {
     "sdpa": dict(seq=2048, attention="sdpa"),
@@ -18,6 +21,9 @@ JOBS = {
     "fsdp 4, tp 2": dict(seq=2048, fsdp=4, tp=2, recompute="full"),
     "pipeline 2": dict(seq=1024, gpus=2, pp=2, gbs=8),
     "megatron distributed optimizer": dict(seq=1024, gpus=2, framework="megatron", distributed_optimizer=True),
+    "hf fsdp 8": dict(seq=2048, gpus=8, framework="hf", fsdp=8, attention="sdpa"),
+    "torchtitan fsdp 8 selective": dict(seq=4096, gpus=8, framework="torchtitan", fsdp=8, recompute="selective"),
+    "hf lora": dict(seq=1024, framework="hf", peft="lora", lora_targets="all-linear", recompute="full"),
 }
 
 
@@ -80,3 +86,77 @@ def test_allocated_at_a_moment_subtracts_what_is_absent() -> None:
     assert ledger.allocated_at("backward") == 1100
     assert ledger.allocated_at("optimizer step") == 1340
     assert ledger.allocated_at(ledger.peak().phase) == ledger.peak().allocated
+
+
+def test_the_job_flag_chooses_the_mode_and_the_argument_overrides_it() -> None:
+    """``--reserved`` is a job field (every command, job file and server request carries it); ``auto`` is
+    the framework profile's ``default_reserved``; ``estimate(reserved=...)`` overrides the job."""
+    model = load_model("llama-3.2-1b")
+    flags = {"seq": 2048, "framework": "hf"}
+    auto, fixed = estimate(model, build_job(flags)), estimate(model, build_job({**flags, "reserved": "fixed"}))
+    simulated = estimate(model, build_job({**flags, "reserved": "simulated"}))
+    assert auto.peak_reserved_bytes == fixed.peak_reserved_bytes != simulated.peak_reserved_bytes
+    assert get_profile("hf").default_reserved == "fixed"
+    assert simulated.peak_reserved_bytes == estimate(model, build_job(flags), reserved="simulated").peak_reserved_bytes
+    assert estimate(model, build_job({**flags, "reserved": "simulated"}), reserved="fixed").peak_reserved_bytes == (
+        fixed.peak_reserved_bytes)
+
+
+def test_a_bad_job_flag_value_is_one_clear_error() -> None:
+    with pytest.raises(JobConfigError, match="--reserved.*auto, fixed, simulated"):
+        Job(reserved="measured")  # type: ignore[arg-type]
+
+
+def test_the_cli_flag_reaches_the_estimate() -> None:
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    runner = CliRunner()
+    base = ["estimate", "llama-3.2-1b", "--seq", "2048", "--framework", "hf", "--json"]
+    fixed = json.loads(runner.invoke(app, [*base, "--reserved", "fixed"]).stdout)
+    simulated = json.loads(runner.invoke(app, [*base, "--reserved", "simulated"]).stdout)
+    assert simulated["peak_allocated_bytes"] == fixed["peak_allocated_bytes"]
+    assert simulated["peak_reserved_bytes"] != fixed["peak_reserved_bytes"]
+    assert simulated["job"]["reserved"] == "simulated"
+    bad = runner.invoke(app, [*base, "--reserved", "measured"])
+    assert bad.exit_code == 2 and "--reserved" in bad.output and "Traceback" not in bad.output
+
+
+def test_fsdp_sizes_follow_the_estimates_totals() -> None:
+    """Under FSDP2 each unit's all-gather output is its unsharded parameters in the compute dtype and the
+    reduce-scatter output its share of the estimate's gradients; without FSDP there are no such streams."""
+    from memplan.model.linears import model_parameters
+
+    model = load_model("llama-3.2-1b")
+    seen: list[object] = []
+    real = reserved_fsdp.fsdp_sizes
+
+    def spy(*args: object) -> object:
+        seen.append(result := real(*args))  # type: ignore[arg-type]
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reserved_sim, "fsdp_sizes", spy)
+        _stages.cache_clear()
+        estimate(model, build_job({"seq": 1024, "gpus": 8, "framework": "hf", "fsdp": 8}), reserved="simulated")
+        estimate(model, build_job({"seq": 1024, "framework": "hf"}), reserved="simulated")
+    sizes, none = seen
+    assert none is None and isinstance(sizes, reserved_fsdp.FsdpSizes)
+    layer0 = sum(t.numel for t in model_parameters(model) if t.layer == 0)
+    assert sum(sizes.unsharded[1]) == 2 * layer0  # bf16 compute dtype
+    assert sizes.gather_input[1] == pytest.approx(2 * layer0 / 8, rel=1e-3)
+    assert sum(sizes.sharded_grads[1]) == pytest.approx(4 * layer0 / 8, rel=1e-3)  # fp32 sharded gradients
+
+
+def test_a_job_file_carries_the_mode(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from memplan.inputs import JobRequest, load_job
+
+    path = Path(str(tmp_path)) / "job.yaml"
+    path.write_text("model: llama-3.2-1b\nseq: 1024\nframework: hf\nreserved: simulated\n")
+    loaded = load_job(JobRequest(job_file=str(path)))
+    assert loaded.job.reserved == "simulated"
+    simulated = estimate(loaded.model, loaded.job)
+    assert any(a.startswith("reserved = the caching-allocator simulator") for a in simulated.assumptions)

@@ -45,6 +45,13 @@ def test_a_real_training_arguments_json_maps(tmp_path: Path) -> None:
     est = estimate(load_model("llama-3.2-1b"), job, settings=loaded.settings)
     assert [s.split(":")[0] for s in est.unmodelled_settings] == ["--compile compiled layers = true",
                                                                   "--compile compiled model = true"]
+    assert job.compile_loss == "auto"  # the model's forward computes the loss, compiled with it
+
+
+def test_a_label_smoother_keeps_the_loss_out_of_the_compiled_model(tmp_path: Path) -> None:
+    path = _args_json(tmp_path, torch_compile=True, label_smoothing_factor=0.1)
+    job = load_job(JobRequest(model="llama-3.2-1b", hf_args=str(path))).job
+    assert job.compile and job.compile_loss == "off"  # Trainer.compute_loss pops the labels for the smoother
 
 
 def test_every_field_of_a_real_json_is_classified(tmp_path: Path) -> None:

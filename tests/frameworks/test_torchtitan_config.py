@@ -63,7 +63,8 @@ def test_shipped_llama3_405b_maps_tp_float8_and_full_recompute() -> None:
     assert loaded.model_ref == "llama-3.1-405b"
     assert (job.parallel.tp, job.parallel.dp, job.parallel.sequence_parallel) == (8, 64, True)
     assert job.recompute.mode == "full" and job.precision.fp8 == "hybrid"
-    assert job.compile and {s.key for s in loaded.unmodelled} >= {"compile.components"}  # the compiled loss
+    assert job.compile and job.compile_loss == "on"  # components = ["model", "loss"]
+    assert "compile.components" not in {s.key for s in loaded.unmodelled}
 
 
 def _sample(key: str) -> Any:
@@ -259,7 +260,9 @@ def test_json_has_input_settings(tmp_path: Path) -> None:
     assert data["framework"] == "torchtitan" and data["model"] == "llama-3.1-405b"
     keys = {s["key"] for s in data["input_settings"]}
     assert {"training.seq_len", "parallelism.tensor_parallel_degree", "model.converters"} <= keys
-    assert any(s.startswith("--torchtitan-config compile.components = ") for s in data["unmodelled_settings"])
+    # the compiled loss over TP-sharded logits (loss parallel) has no rule: priced as eager, and said
+    assert any(s.startswith("--compile compiled loss = true: a loss over TP-sharded logits")
+               for s in data["unmodelled_settings"])
     # compiled blocks under full recompute (and torchtitan's own model code) have no partitioner rule: said
     assert any(s.startswith("--compile compiled layers = true: the activation policy 'full'")
                for s in data["unmodelled_settings"])

@@ -111,6 +111,8 @@ ESTIMATES = [
      {"model": "mixtral-8x7b", "gpus": 16, "ep": 8, "framework": "torchtitan", "fsdp": "full"}),
     (["llama-3.2-1b", "--framework", "hf", "--peft", "lora", "--quantize-base", "nf4", "--fragmentation", "0.2"],
      {"model": "llama-3.2-1b", "framework": "hf", "peft": "lora", "quantize_base": "nf4", "fragmentation": 0.2}),
+    (["llama-3.2-1b", "--framework", "hf", "--seq", "1024", "--reserved", "simulated"],
+     {"model": "llama-3.2-1b", "framework": "hf", "seq": 1024, "reserved": "simulated"}),
 ]
 
 

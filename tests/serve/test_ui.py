@@ -247,6 +247,63 @@ def test_doctor_verdict_from_a_chosen_trace_file(page: Any, server: str, tmp_pat
     assert page.locator("#doctor-timeline line.iteration").count() == 4  # five iterations
 
 
+def _dataset_files(tmp_path: Any) -> tuple[Any, Any]:
+    """A variable-length JSONL dataset and a byte-level BPE tokenizer trained on it, here."""
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    rng = random.Random(7)
+    words = ("memory", "step", "batch", "token", "the", "of", "peak", "layer")
+    rows = [" ".join(rng.choice(words) for _ in range(int(rng.lognormvariate(3.5, 0.8)) + 1)) for _ in range(90)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(rows, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "</s>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = tmp_path / "tokenizer.json"
+    tok.save(str(tokenizer))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
+    return data, tokenizer
+
+
+def test_dataset_panel_shows_every_step_as_the_api(page: Any, server: str, tmp_path: Any) -> None:
+    data, tokenizer = _dataset_files(tmp_path)
+    open_page(page, server, "?model=gpt2&gpu=rtx-4090&gpus=1&mbs=8&gbs=8&panel=dataset")
+    page.set_input_files("#ds-file", str(data))
+    page.set_input_files("#ds-tokenizer", [str(tokenizer)])
+    page.select_option("#ds-batching", "hf")
+    page.check("#ds-group")
+    page.click("#ds-run")
+    page.wait_for_selector("#panel-dataset[data-state=done]")
+    job = {"model": "gpt2", "gpu": "rtx-4090", "gpus": 1, "mbs": 8, "gbs": 8}
+    doc = httpx.post(server + "/v1/dataset", data={"job": json.dumps(job), "text_field": "text", "batching": "hf",
+                                                   "seed": "42", "group_by_length": "true"},
+                     files={"file": (data.name, data.read_bytes()), "tokenizer": ("tokenizer.json",
+                                                                                 tokenizer.read_bytes())},
+                     timeout=30).json()
+    section = doc["dataset"]
+    assert section["steps"] == 12 and section["batching"] == "hf"
+    percentiles = section["step_peak_percentiles_bytes"]
+    for name, value in (("worst", section["worst_step"]["peak_allocated_bytes"]), ("p50", percentiles["p50"]),
+                        ("p90", percentiles["p90"]), ("p99", percentiles["p99"]),
+                        ("usable", section["gpu_usable_bytes"])):
+        assert int(page.get_attribute(f"#ds-{name}", "data-bytes")) == value
+        assert page.inner_text(f"#ds-{name}") == f"{value / GiB:.2f} GiB"
+    assert page.get_attribute("#dataset-verdict", "data-steps-over") == str(section["steps_over_gpu"])
+    assert int(page.get_attribute("#ds-steps", "data-points")) == len(section["step_peaks"]["max_bytes"]) == 12
+    assert int(page.get_attribute("#ds-usable-line", "data-bytes")) == section["gpu_usable_bytes"]
+    counts = [int(c) for c in page.eval_on_selector_all("#ds-histogram rect", "bars => bars.map(b => b.dataset.count)")]
+    assert counts == [b["count"] for b in section["length_histogram"]]
+    worst = page.locator("#ds-worst-step td").all_inner_texts()
+    assert worst[:3] == [str(section["worst_step"][k]) for k in ("index", "batch_size", "seq_length")]
+    # Bad input: the server's one line, beside the panel.
+    page.set_input_files("#ds-file", {"name": "train.txt", "mimeType": "text/plain", "buffer": b"hello"})
+    page.click("#ds-run")
+    page.wait_for_selector("#panel-dataset[data-state=error]")
+    assert "file: must be a dataset file named with one of" in page.inner_text("#dataset-error")
+
+
 def test_fit_table_and_using_a_layout(page: Any, server: str) -> None:
     open_page(page, server, "?model=llama-3.1-8b&gpu=h100-80gb&gpus=8&tp=2&panel=fit")
     page.wait_for_selector("#panel-fit[data-state=done]")  # a link to the fit panel runs the search

@@ -21,15 +21,30 @@ from memplan.jobflags import build_job
 from memplan.model import load_model
 from memplan.trace import trace
 from memplan.trace.compare import compare_with_estimate
+from memplan.trace.runners.compiled_loss import LOSS_PATH
 
 TOLERANCE = 0.05
 EXACT = ("parameter", "gradient", "optimizer_state")
 
-#: The agreement grid's small configs, and two families it has no toy of.
+#: DeepSeek-V2's layers (MLA, a dense first layer, then MoE with two shared experts); the latents' widths
+#: (64, 112, 80 with the RoPE part) share no factor with the cells' 88 tokens.
+DEEPSEEK = {"model_type": "deepseek_v2", "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 64,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 2048,
+            "q_lora_rank": None, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+            "v_head_dim": 32, "n_shared_experts": 2, "n_routed_experts": 8, "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+            "norm_topk_prob": False, "tie_word_embeddings": False}
+
+#: The agreement grid's small configs, and the families it has no toy of.
 CONFIGS: dict[str, dict[str, object]] = {
     **GRID_CONFIGS,
     "qwen3": {**GRID_CONFIGS["qwen2"], "model_type": "qwen3", "head_dim": 32},
-    "gpt2": {"model_type": "gpt2", "n_embd": 256, "n_head": 8, "n_layer": 2, "vocab_size": 2048, "n_positions": 1024},
+    "deepseek_v2": DEEPSEEK,
+    "deepseek_v2_qlora": {**DEEPSEEK, "q_lora_rank": 112},
+    # the dropout keys spelled out, as in GPT-2's config.json: the trace sets them to --dropout (transformers'
+    # default for a missing key is 0.1)
+    "gpt2": {"model_type": "gpt2", "n_embd": 256, "n_head": 8, "n_layer": 2, "vocab_size": 2048, "n_positions": 1024,
+             "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0},
 }
 
 #: (config, seq, precision, attention): one cell per family and attention kind the rules cover.
@@ -49,6 +64,9 @@ CELLS = (
     ("qwen3_moe", 80, "bf16-mixed", "sdpa"),
     ("gpt2", 80, "bf16-mixed", "sdpa"),
     ("gpt2", 80, "fp32", "sdpa"),
+    ("deepseek_v2", 88, "bf16-mixed", "sdpa"),
+    ("deepseek_v2", 88, "bf16", "sdpa"),
+    ("deepseek_v2_qlora", 88, "bf16-mixed", "sdpa"),
 )
 
 
@@ -67,9 +85,18 @@ def config_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.mark.parametrize("name, seq, precision, attention", CELLS)
 def test_compiled_estimate_agrees_with_the_partitioner(config_paths: dict[str, str], name: str, seq: int,
                                                        precision: str, attention: str) -> None:
-    model = config_paths[name]
+    _agrees(config_paths[name], seq, precision, attention)
+
+
+def test_gpt2_with_dropout_keeps_the_residual_masks(config_paths: dict[str, str]) -> None:
+    """--dropout 0.1: the two residual dropout masks are saved (1 byte per element; the attention's dropout runs
+    in the kernel from a seed); at 0 they are not (the cells above)."""
+    _agrees(config_paths["gpt2"], 80, "bf16-mixed", "sdpa", dropout=0.1)
+
+
+def _agrees(model: str, seq: int, precision: str, attention: str, **flags: object) -> None:
     result = trace(model, seq=seq, mbs=2, precision=precision, attention=attention, recompute="none",
-                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True)
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True, **flags)
     assert result.to_dict()["compiled_layers"], "the partitioner's saved sets are reported"
     rows = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}
     for category in EXACT:
@@ -79,20 +106,23 @@ def test_compiled_estimate_agrees_with_the_partitioner(config_paths: dict[str, s
     # each layer: what the partitioner saved beyond the layer's inputs is what the rule prices beyond its input
     spec = load_model(model)
     run = run_context(spec, result.options.job, 0.1)
-    attention_terms, rest = compiled_blocks(spec.layers[0], run.shape)
-    # (a view the partitioner saves is counted by its own size there, by the storage it holds here)
-    priced = sum(t.bytes for t in attention_terms + rest if t.keep != "input" and "(a view)" not in t.name)
-    computed = {sum(t["bytes"] for t in saved if not t["graph_input"] and _per_token(t, seq))
-                for saved in result.compiled_layers.values()}
-    assert computed == {priced}
+    priced = []
+    for layer in spec.layers:
+        attention_terms, rest = compiled_blocks(layer, run.shape)
+        # (a view the partitioner saves is counted by its own size there, by the storage it holds here)
+        priced.append(sum(t.bytes for t in attention_terms + rest if t.keep != "input" and "(a view)" not in t.name))
+    computed = [sum(t["bytes"] for t in saved if not t["graph_input"] and _per_token(t, seq))
+                for path, saved in result.compiled_layers.items() if path != LOSS_PATH]
+    assert computed == priced
 
 
 def _per_token(tensor: dict[str, object], seq: int) -> bool:
-    """A saved value that grows with the tokens (not a weight's 16-bit copy or a view of an expert weight); the
-    efficient kernel's log-sum-exp has the sequence padded to a multiple of 32."""
+    """A saved value that grows with the tokens (not a weight's 16-bit copy, a view of an expert weight or MLA's
+    complex RoPE table's conjugate, a view of the layer's input); the efficient kernel's log-sum-exp has the
+    sequence padded to a multiple of 32."""
     shape = tensor["shape"]
     assert isinstance(shape, list)
-    return any((dim % seq == 0 and dim >= seq) or dim == -(-seq // 32) * 32 for dim in shape)
+    return str(tensor["dtype"]).startswith("complex") is False and any((dim % seq == 0 and dim >= seq) or dim == -(-seq // 32) * 32 for dim in shape)
 
 
 @pytest.mark.parametrize("flags, field", [
@@ -135,3 +165,22 @@ def test_a_compiled_cross_entropy_keeps_the_16_bit_logits_and_two_fp32_values_pe
     computed = [t for t in saved if not t.graph_input]
     assert {(t.shape, t.dtype) for t in computed} == {((rows, 1), "float32")} and len(computed) == 2
     assert {(t.shape, t.dtype) for t in saved if t.graph_input} == {((rows, vocab), "bfloat16"), ((rows,), "int64")}
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+def test_the_compiled_loss_keeps_the_logits_and_two_fp32_values_per_token(config_paths: dict[str, str],
+                                                                           precision: str) -> None:
+    """The Hugging Face loss compiled with the model (--compile-loss auto): the trace runs it as its partitioned
+    graphs, whose saved set is the logits, the padded labels and an fp32 maximum and log of the sum per token;
+    the estimate's saved logits agree (the padded labels aside). The loss's transients are not compared: the
+    trace runs the graphs operator by operator, inductor fuses them (memplan.estimate.compiled_loss)."""
+    model, seq, mbs = config_paths["llama"], 96, 2
+    result = trace(model, seq=seq, mbs=mbs, precision=precision, attention="sdpa", recompute="none",
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True)
+    saved = result.compiled_layers[LOSS_PATH]
+    logits_dtype = "float32" if precision == "fp32" else "bfloat16"
+    assert [(t["shape"], t["dtype"]) for t in saved if t["graph_input"]] == [([mbs, seq, 2048], logits_dtype)]
+    stats = [t for t in saved if not t["graph_input"] and t["shape"] == [mbs * seq, 1]]
+    assert [t["dtype"] for t in stats] == ["float32", "float32"]
+    row = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}["logits"]
+    assert abs(row.relative or 0.0) <= 0.005, (row.traced_bytes, row.estimated_bytes)

@@ -115,7 +115,7 @@ def estimate_command(
     if peaks is not None:
         from memplan.dataset.render import render_peaks
 
-        print_rich(render_peaks(peaks))
+        print_rich(render_peaks(peaks, document["dataset"].get("images")))
     elif result.fits is False and loaded.gpu is not None:
         _print_cheapest_fit(loaded)
     print_unmodelled(result.settings)

@@ -249,11 +249,16 @@ def _traced_compile_settings(setup: Any) -> tuple[Any, ...]:
     from memplan.profiles import get_profile
     from memplan.settings import InputSetting
 
-    if not setup.job.compile or get_profile(setup.job.framework).compile_scope != "model":
+    from memplan.estimate.compiled_loss import job_compiles_loss
+
+    profile = get_profile(setup.job.framework)
+    if not setup.job.compile or profile.compile_scope != "model":
         return ()
+    parts = ("the embedding, final norm and head" if job_compiles_loss(setup.job, profile) and setup.job.loss in
+             ("auto", "fp32-logits") else "the embedding, final norm, head and loss")
     return (InputSetting(source="--compile", key="compiled model", value=True, effect="not-modelled",
-                         note="the decoder layers run as the partitioner's graphs; the embedding, final norm, head "
-                              "and loss, which the framework compiles too, are traced eagerly"),)
+                         note=f"the decoder layers (and a compiled loss) run as the partitioner's graphs; {parts}, "
+                              "which the framework compiles too, are traced eagerly"),)
 
 
 def _render(result: Any, comparison: Any, json_output: bool, settings: tuple[Any, ...] = ()) -> None:

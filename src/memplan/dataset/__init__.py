@@ -16,9 +16,7 @@ not as vision-encoder work; Axolotl's packing order is a seeded stand-in (see :m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from dataclasses import dataclass, field
+from dataclasses import field
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +27,7 @@ if TYPE_CHECKING:  # numpy is imported only when the package is used
     from memplan.dataset.tokenizer import TokenizerFiles, find_tokenizer
 
 from memplan.dataset.rules import RULES
+from memplan.frozen import frozen_dataclass
 
 _LAZY = {"Batching": "batching", "StepShapes": "batching", "plan_steps": "batching", "Fields": "lengths",
          "token_lengths": "lengths", "DatasetPeaks": "peaks", "WorstStep": "peaks", "step_peaks": "peaks",
@@ -45,7 +44,7 @@ __all__ = ["RULES", "Batching", "DatasetPeaks", "DatasetRequest", "Fields", "Ste
            "WorstStep", "analyze", "dataset_lengths", "find_tokenizer", "plan_steps", "step_peaks"]
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class DatasetRequest:
     """What ``--dataset`` and its options give."""
 

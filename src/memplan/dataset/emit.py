@@ -9,15 +9,14 @@
 * ``torchtune``: a YAML of recipe overrides with the keys of torchtune's own recipe configs
   (``batch_size``, ``gradient_accumulation_steps``, ``epochs``, ``enable_activation_checkpointing``,
   ``shuffle``, ``seed``, ``dataset.packed``, ``tokenizer.max_seq_len``), merged into a recipe config
-  with ``tune run ... --config base.yaml`` plus these keys as overrides. torchtune's own parser
-  (``torchtune.config``) needs torchao and omegaconf, not installed here: the tests check the keys
-  against the recipe configs torchtune ships.
+  with ``tune run ... --config base.yaml`` plus these keys as overrides. A test merges the file into
+  torchtune's own llama3_2 1B recipe config with torchtune's parser and runs the recipe's data loader
+  on the merged values: the same step shapes as memplan's (it needs torchao, see requirements-test.txt).
 * ``axolotl``: a YAML of Axolotl config keys (``sequence_len``, ``sample_packing``,
   ``pad_to_sequence_len``, ``micro_batch_size``, ``gradient_accumulation_steps``, ``num_epochs``,
   ``seed``, ``gradient_checkpointing``, ``optimizer``) to merge into the user's config (which names the
-  model and datasets). Axolotl itself is not installed here (its requirements pin torch); the tests
-  check the keys and types against Axolotl's config reference and that ``--batching axolotl`` on the
-  file's values gives the chosen shapes.
+  model and datasets). A test passes it through Axolotl's own ``validate_config`` and packs the
+  validated values with Axolotl's ``MultipackBatchSampler``: the chosen shapes.
 
 Files are written atomically (a temporary file renamed over the target).
 """

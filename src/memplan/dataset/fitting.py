@@ -21,7 +21,7 @@ __all__ = ["fit_dataset"]
 
 def fit_dataset(loaded: Any, flags: dict[str, Any], *, margin: float) -> tuple[dict[str, Any], Any]:
     """The ``memplan fit --dataset`` document and the :class:`~memplan.dataset.DatasetPeaks` of the given job."""
-    from memplan.dataset.options import dataset_request, require_packages
+    from memplan.dataset.options import dataset_request, images_section, require_packages
 
     require_packages()
     from memplan.dataset import analyze, dataset_lengths
@@ -43,6 +43,9 @@ def fit_dataset(loaded: Any, flags: dict[str, Any], *, margin: float) -> tuple[d
         "chosen": chosen.to_dict() if chosen is not None else None,
         "not_searched": ["LoRA rank"],
     }
+    images = images_section(request, loaded)
+    if images is not None:
+        document["dataset"]["images"] = images
     if chosen is not None and chosen.recompute == "full":
         no_recompute = next((s for s in settings if s.batching == chosen.batching and s.recompute == "none"), None)
         if no_recompute is not None:
@@ -116,7 +119,7 @@ def fit_dataset_answer(model: str, job_flags: dict[str, Any], flags: dict[str, A
         from memplan.dataset.plot import plot_steps
 
         plot_steps(peaks, plot)
-    shown = [render_peaks(peaks), render_fit(document)]
+    shown = [render_peaks(peaks, document["dataset"].get("images")), render_fit(document)]
     chosen = document["chosen"]
     if chosen is None:
         shown.append("No searched setting fits: the worst step needs more than the GPU.")

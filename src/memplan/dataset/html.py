@@ -7,14 +7,10 @@ from html import escape
 
 import numpy as np
 
-from memplan.dataset.peaks import DatasetPeaks
+from memplan.dataset.peaks import DatasetPeaks, pooled_peaks
 from memplan.units import GiB
 
 __all__ = ["dataset_section"]
-
-#: At most this many points are drawn: each the highest step peak of its run of steps.
-_POINTS = 1500
-
 
 def dataset_section(peaks: DatasetPeaks) -> str:
     """An HTML fragment: heading, summary line, per-step SVG chart and the worst step's table."""
@@ -33,11 +29,10 @@ def dataset_section(peaks: DatasetPeaks) -> str:
 
 
 def _chart(peaks: DatasetPeaks) -> str:
-    values = peaks.peak_allocated_bytes.astype(np.float64)
-    size = max(1, -(-len(values) // _POINTS))
-    padded = np.full(-(-len(values) // size) * size, -np.inf)
-    padded[:len(values)] = values
-    pooled = padded.reshape(-1, size).max(axis=1)
+    values = peaks.peak_allocated_bytes
+    series = pooled_peaks(values)
+    size = series["steps_per_point"]
+    pooled = np.asarray(series["max_bytes"], dtype=np.float64)
     usable = peaks.gpu_usable_bytes
     top = max(float(pooled.max()), float(usable or 0), 1.0) * 1.05
     width, height, left = 900, 240, 60

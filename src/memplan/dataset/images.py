@@ -178,6 +178,7 @@ def images_note(path: str, fields: Any, field: str, vision_ref: str | None) -> d
     """The JSON ``dataset.images`` entry: the field, the rule, the image tokens counted (from the cache
     the run just filled), and what is not modelled."""
     tokens, rule = row_image_tokens(path, fields, field, vision_ref)
-    return {"field": field, **rule.to_dict(), "rows_with_image_tokens": int((tokens > 0).sum()),
+    return {"field": field, "vision_model": vision_ref, **rule.to_dict(),
+            "rows_with_image_tokens": int((tokens > 0).sum()),
             "image_tokens": int(tokens.sum()),
             "not_modelled": "the vision encoder's parameters and activations (images are priced as their tokens)"}

@@ -91,7 +91,12 @@ def _compute(path: str, fields: Fields, tokenizer: TokenizerFiles, vocab_size: i
     from tokenizers import Tokenizer
 
     data = open_dataset(path)
-    rust = Tokenizer.from_file(str(tokenizer.path))
+    try:
+        rust = Tokenizer.from_file(str(tokenizer.path))
+    except Exception as exc:  # the Rust parser raises a bare Exception on any malformed file
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError("--tokenizer", f"{tokenizer.path}: not a tokenizer.json the tokenizers library can read "
+                          f"({first})") from None
     rust.no_truncation()  # transformers turns both off for a call that asks for neither
     rust.no_padding()
     texts, special = _texts(data, path, fields, tokenizer)

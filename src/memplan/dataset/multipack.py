@@ -22,7 +22,8 @@ The permutation: Axolotl's ``RandomSampler`` has no generator of its own; it see
 *global* RNG when iterated, after model initialisation and the sampler's own ``len()`` passes have drawn
 from it, so no seed alone replays it. memplan packs ``torch.randperm`` seeded ``seed + epoch`` instead:
 the shapes are Axolotl's for *a* shuffled order (every packed row is at most the bin capacity, so the
-worst step is bounded), not step-for-step those of a given run.
+worst step is bounded), not step-for-step those of a given run. Fed that order, Axolotl 0.19.0's own
+``MultipackBatchSampler`` makes the same bins (tests/dataset/test_axolotl_sampler.py).
 """
 
 from __future__ import annotations

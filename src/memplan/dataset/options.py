@@ -20,7 +20,7 @@ import typer
 from memplan.dataset.rules import RULES
 from memplan.errors import ConfigError
 
-__all__ = ["dataset_options", "dataset_request"]
+__all__ = ["dataset_fields", "dataset_options", "dataset_request"]
 
 PANEL = "Dataset (the user's own data)"
 FLAG_IMAGES = "--images-field"
@@ -51,6 +51,11 @@ _OPTIONS: tuple[tuple[str, str, Any, str, str | None], ...] = (
     ("packing_strategy", "--packing-strategy", str, "trl-packing: bfd or wrapped. (default: bfd)", "NAME"),
     ("shuffle_dataset", "--shuffle-dataset", bool, "TRL SFTConfig.shuffle_dataset.", None),
 )
+
+
+def dataset_fields() -> dict[str, type]:
+    """The ``--dataset`` options by parameter name, with their types (also the fields of ``POST /v1/dataset``)."""
+    return {name: kind for name, _flag, kind, _help, _meta in _OPTIONS}
 
 
 def dataset_options(*, plot: bool = False, emit: bool = False) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -161,11 +166,9 @@ def estimate_with_dataset(loaded: Any, flags: Mapping[str, Any]) -> tuple[Any, d
     at_worst = replace(loaded, job=shape_job(loaded.job, worst.batch_size, worst.seq_length, peaks.shapes.packed))
     result, document = estimate_document(at_worst)
     document["dataset"] = peaks.to_dict()
-    if request.images is not None:
-        from memplan.dataset.images import images_note
-
-        document["dataset"]["images"] = images_note(request.path, request.fields, request.images,
-                                                    request.vision_model or loaded.model_ref)
+    images = images_section(request, loaded)
+    if images is not None:
+        document["dataset"]["images"] = images
         if isinstance(document.get("unmodelled_settings"), list):
             document["unmodelled_settings"].append(f"{FLAG_IMAGES}: the vision encoder's parameters and "
                                                    "activations (images are priced as their tokens only)")
@@ -174,6 +177,15 @@ def estimate_with_dataset(loaded: Any, flags: Mapping[str, Any]) -> tuple[Any, d
 
         plot_steps(peaks, str(flags["plot"]))
     return result, document, peaks
+
+
+def images_section(request: Any, loaded: Any) -> dict[str, Any] | None:
+    """The JSON ``dataset.images`` entry of an ``--images-field`` request (None without one)."""
+    if request.images is None:
+        return None
+    from memplan.dataset.images import images_note
+
+    return images_note(request.path, request.fields, request.images, request.vision_model or loaded.model_ref)
 
 
 def require_packages() -> None:

@@ -20,9 +20,11 @@ from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
 
-__all__ = ["DatasetPeaks", "WorstStep", "shape_job", "step_peaks"]
+__all__ = ["DatasetPeaks", "WorstStep", "pooled_peaks", "shape_job", "step_peaks"]
 
 PERCENTILES = (50, 90, 99, 100)
+#: At most this many points of the per-step peak are drawn (JSON ``step_peaks``, the report, the web page).
+CHART_POINTS = 1500
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,12 +77,22 @@ class DatasetPeaks:
             "length_histogram": length_histogram(self.lengths),
             "step_peak_percentiles_bytes": _percentiles(peaks),
             "steps_over_gpu": self.steps_over_gpu,
+            "step_peaks": pooled_peaks(peaks),
             "gpu_usable_bytes": self.gpu_usable_bytes,
             "worst_step": {"index": self.worst.index, "batch_size": self.worst.batch_size,
                            "seq_length": self.worst.seq_length,
                            "peak_allocated_bytes": self.worst.peak_allocated_bytes,
                            "peak_phase": self.worst.peak_phase},
         }
+
+
+def pooled_peaks(peaks: np.ndarray, points: int = CHART_POINTS) -> dict[str, Any]:
+    """The per-step peak for a chart: ``max_bytes`` holds, for each run of ``steps_per_point`` consecutive
+    steps (the last run may be shorter), its highest peak; at most ``points`` values."""
+    size = max(1, -(-len(peaks) // points))
+    padded = np.full(-(-len(peaks) // size) * size, np.iinfo(np.int64).min, dtype=np.int64)
+    padded[:len(peaks)] = peaks
+    return {"steps_per_point": size, "max_bytes": padded.reshape(-1, size).max(axis=1).tolist()}
 
 
 def shape_job(job: Job, batch_size: int, seq_length: int, packed: bool, *, accumulation: int | None = None) -> Job:

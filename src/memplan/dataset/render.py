@@ -11,8 +11,9 @@ __all__ = ["render_peaks"]
 
 
 
-def render_peaks(peaks: DatasetPeaks) -> Any:
-    """A rich renderable: what the dataset's steps need, the worst step first."""
+def render_peaks(peaks: DatasetPeaks, images: dict[str, Any] | None = None) -> Any:
+    """A rich renderable: what the dataset's steps need, the worst step first; ``images`` is the JSON
+    ``dataset.images`` entry of ``--images-field`` (its image tokens and what is not modelled)."""
     from rich.console import Group
     from rich.table import Table
 
@@ -33,7 +34,24 @@ def render_peaks(peaks: DatasetPeaks) -> Any:
     lengths = ", ".join(f"{k} {v:,}" for k, v in data["length_percentiles"].items())
     summary.add_row("example tokens", lengths)
     summary.caption = peaks.pricing
+    if images is not None:
+        _image_rows(summary, images)
     return Group(summary, _histogram(peaks))
+
+
+def _image_rows(summary: Any, images: dict[str, Any]) -> None:
+    """The ``--images-field`` rows: the processor's rule, the image tokens counted, and the caveat."""
+    rows = images["rows_with_image_tokens"]
+    per_row = images["image_tokens"] / rows if rows else 0.0
+    if "tokens_per_image" in images:
+        rule = f"{images['tokens_per_image']} tokens per image"
+    else:
+        rule = (f"patch {images['patch_size']}, merge {images['merge_size']}, pixels {images['min_pixels']:,}-"
+                f"{images['max_pixels']:,}")
+    summary.add_row("vision model", f"{images['vision_model']} ({images['family']}: {rule})")
+    summary.add_row(f"image tokens ({images['field']})",
+                    f"{images['image_tokens']:,} in {rows:,} examples ({per_row:,.1f} per example with images)")
+    summary.caption = f"{summary.caption}. Not modelled: {images['not_modelled']}"
 
 
 def _histogram(peaks: DatasetPeaks) -> Any:

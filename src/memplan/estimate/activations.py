@@ -28,9 +28,9 @@ which is what ``memplan trace --recompute selective`` runs on a Hugging Face mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
+from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
 
@@ -73,7 +73,7 @@ LSE_BYTES = 4
 UNFUSED_ATTENTION = ("eager", "math")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class ActivationShape:
     """Everything a layer's activation terms depend on besides the layer itself."""
 
@@ -133,7 +133,7 @@ class ActivationShape:
         return self.seq * self.micro_batch // (self.tp if self.sequence_parallel else 1)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class Term:
     name: str
     bytes: int
@@ -163,7 +163,7 @@ def layer_terms_by_block(layer: LayerSpec, shape: ActivationShape) -> tuple[list
     return attention, rest + post_norm_terms(shape, layer.num_hidden_norms - 2)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class NormSites:
     """Which Megatron ``--recompute-modules`` site each of a pre-norm's saved tensors belongs to.
 

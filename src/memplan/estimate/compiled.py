@@ -24,17 +24,24 @@ Families priced (``T`` tokens, ``c`` bytes of the compute dtype, ``r`` of the re
   the probabilities alone.
 * **GPT-2-style** (LayerNorm, learned positions, plain MLP, dropout modules): each LayerNorm's fp32 mean and
   1/std and its output, q/k/v, the kernel's output and log-sum-exp, the attention output projection's
-  output, the fc output and the activation's output, and the two residual dropout masks (1 byte each;
-  transformers runs ``nn.Dropout`` even at p = 0, and inductor's decomposition keeps a mask).
-* **MoE without shared experts** (Qwen3-MoE style, transformers' grouped experts): the attention as above;
-  the router's input and fp32 probabilities, the top-k weights and int64 indices, three int64
-  permutation index vectors, and per routed token the experts' gathered input, gate-up output,
-  activation output and down output in the experts' dtype.
+  output, the fc output and the activation's output, and with ``--dropout`` above 0 the two residual dropout
+  masks (1 byte each; at p = 0 the decomposition returns its input and keeps none).
+* **MoE** (Qwen3-MoE style, transformers' grouped experts): the attention as above; the router's input and
+  fp32 probabilities, the top-k weights and int64 indices, three int64 permutation index vectors, and per
+  routed token the experts' gathered input, gate-up output, activation output and down output in the
+  experts' dtype. An fp32 router (DeepSeek's) keeps an fp32 copy of its input without autocast.
+  **Shared experts** (DeepSeek-V2, one gated MLP of their summed width): their gate and up outputs and the
+  down projection's input, and under autocast their own 16-bit copy of the norm output.
+* **MLA** (DeepSeek-V2/V3, ``sdpa``): per latent (the query's when ``q_lora_rank`` is set, the key/value's)
+  the down projection's output, the latent norm's fp32 1/rms and output; q, k, v at the full query/key
+  head width (``nope + rope``) and v at ``dv``, the kernel's output and log-sum-exp as above, and the
+  output projection's input (a copy of the kernel's output).
 
-Not priced (the layer falls back to the eager terms and ``unmodelled_settings`` says so): MLA, MoE with
-shared experts, parallel-residual layers, tensor / context / expert parallelism, FP8, activation policies
-other than ``none``, fine-tuning, activation offloading, framework model code other than transformers'
-(torchtitan's own, Megatron's Transformer Engine layers) and dropout in Llama-style layers.
+Not priced (the layer falls back to the eager terms and ``unmodelled_settings`` says so): MLA with unfused
+attention, MoE with a gated shared expert (Qwen2-MoE) or a router bias (DeepSeek-V3), parallel-residual
+layers, tensor / context / expert parallelism, FP8, activation policies other than ``none``, fine-tuning,
+activation offloading, framework model code other than transformers' (torchtitan's own, Megatron's
+Transformer Engine layers) and dropout in Llama-style layers.
 Never priced: inductor's generated kernels' transients and workspaces, CUDA graphs, graph breaks.
 """
 
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from memplan.estimate import compiled_loss
 from memplan.estimate.activations import ActivationShape, Term
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MoESpec
@@ -101,11 +109,11 @@ def compile_settings(run: RunContext) -> tuple[InputSetting, ...]:
                         note=f"{reason}: no partitioner rule, the layers are priced as eager")
            for reason in reasons if reason is not None]
     if run.profile.compile_scope == "model":
+        parts = "embedding, final norm and head are" if compiled_loss.priced(run) else \
+            "embedding, final norm, head and loss are"
         out.append(InputSetting(source="--compile", key="compiled model", value=True, effect="not-modelled",
-                                note=f"{run.profile.name} compiles the whole model: the embedding, final norm, "
-                                     "head and loss are priced as eager (a compiled cross-entropy keeps the 16-bit "
-                                     "logits and two fp32 values per token, not an fp32 log-softmax)"))
-    return tuple(out)
+                                note=f"{run.profile.name} compiles the whole model: the {parts} priced as eager"))
+    return (*out, *compiled_loss.loss_settings(run))
 
 
 def compile_note(run: RunContext) -> list[str]:
@@ -115,7 +123,8 @@ def compile_note(run: RunContext) -> list[str]:
     priced = sum(compiled_layer(run, layer) for layer in run.model.layers)
     return [f"torch.compile: {priced} of {len(run.model.layers)} decoder layers keep AOT autograd's min-cut "
             "partitioner's saved set (inductor's decompositions, default settings; memplan.estimate.compiled); "
-            "inductor's kernel transients, workspaces and CUDA graphs are not modelled"]
+            "inductor's kernel transients, workspaces and CUDA graphs are not modelled",
+            *compiled_loss.compiled_loss_note(run)]
 
 
 def uncovered_reason(layer: LayerSpec, shape: ActivationShape) -> str | None:
@@ -128,9 +137,14 @@ def uncovered_reason(layer: LayerSpec, shape: ActivationShape) -> str | None:
         (shape.kv_seq != shape.seq, "context parallelism"),
         (shape.ep > 1 or shape.expert_tp > 1, "expert parallelism"),
         (shape.fp8, "FP8 GEMMs"),
-        (attention_kind(attn).latent, "multi-head latent attention (MLA)"),
+        (attention_kind(attn).latent and shape.attention in ("eager", "math"),
+         "multi-head latent attention (MLA) with unfused attention"),
         (layer.parallel_residual, "parallel-residual layers"),
-        (layer.moe is not None and (layer.moe.shared_expert is not None or layer.moe.router_bias), "MoE with shared experts or a router bias"),
+        (layer.moe is not None and (layer.moe.shared_expert_gate or layer.moe.router_bias),
+         "MoE with a gated shared expert or a router bias"),
+        (layer.moe is not None and layer.moe.shared_expert is not None
+         and (layer.moe.shared_expert.fused_gate_up or not layer.moe.shared_expert.gated),
+         "MoE with a fused or ungated shared expert"),
     )
     for failed, reason in checks:
         if failed:
@@ -160,11 +174,12 @@ def compiled_blocks(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term
     attention = [Term("layer input", shape.residual_bytes * tokens * h, "sp", "input"),
                  Term("attention norm statistics (fp32)", stats * tokens, "sp", "body"),
                  Term("attention norm output (the projections' input)", c * tokens * h, "sp", "body"),
+                 *_latent_terms(layer.attention, shape),
                  *_attention_core(layer.attention, shape),
                  Term("output projection output", c * tokens * h, "sp", "body")]
     rest = [Term("MLP norm statistics (fp32)", stats * tokens, "sp", "body"),
             Term("MLP norm output", c * tokens * h, "sp", "body")]
-    if gpt2:
+    if gpt2 and shape.dropout:
         rest += [Term("residual dropout masks (attention, MLP)", 2 * MASK_BYTES * tokens * h, "sp", "body")]
     post_norms = layer.num_hidden_norms - 2
     if post_norms > 0:  # Gemma 2: the post-norms' 1/rms and the MLP output they normalize
@@ -212,12 +227,41 @@ def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
         Term("attention log-sum-exp (fp32)", FP32_BYTES * shape.micro_batch * lse_seq * heads, "tp", "core")]
 
 
+def _latent_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    """MLA (DeepSeek-V2/V3 in transformers): each latent's down projection output (its norm's input), the
+    norm's fp32 1/rms and its output (the up projection's input), and the output projection's input (the
+    kernel's output transposed into a copy); the RoPE table's conjugate it keeps is a view of the layer's input."""
+    if not attention_kind(attn).latent:
+        return []
+    tokens, c = shape.seq * shape.micro_batch, shape.act_bytes
+    ranks = [("query", attn.q_lora_rank)] if attn.q_lora_rank else []
+    ranks.append(("key/value", attn.kv_lora_rank or 0))
+    terms = [Term(f"{name} latent: down projection output, norm 1/rms (fp32), norm output",
+                  (2 * c * rank + FP32_BYTES) * tokens, "rep", "attn") for name, rank in ranks]
+    return terms + [Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn")]
+
+
+def _shared_expert(moe: MoESpec, shape: ActivationShape) -> list[Term]:
+    """The shared experts (one gated MLP of their summed width): gate and up outputs and the down projection's
+    input; under autocast also their own 16-bit copy of the norm output (the router casts its own)."""
+    if moe.shared_expert is None:
+        return []
+    tokens, c = shape.seq * shape.micro_batch, shape.act_bytes
+    terms = [Term("shared experts: norm output copy (autocast)", c * tokens * shape.hidden, "sp", "body")]
+    return terms[:shape.autocast] + [
+        Term("shared experts: gate and up outputs, down projection input",
+             3 * c * tokens * moe.shared_expert.intermediate_size, "tp", "body")]
+
+
 def _moe(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     tokens = shape.seq * shape.micro_batch
     routed = int(tokens * moe.top_k * shape.routed_factor)
     expert_bytes = shape.expert_bytes or shape.act_bytes
     width = 2 * shape.hidden + 3 * moe.expert.intermediate_size
-    return [Term("router probabilities (fp32)", FP32_BYTES * tokens * moe.num_experts, "rep", "body"),
+    router = [Term("router input cast to fp32 (fp32 router weight)", FP32_BYTES * tokens * shape.hidden, "rep",
+                   "body")] if moe.router_fp32 and not shape.autocast and shape.act_bytes < FP32_BYTES else []
+    return router + _shared_expert(moe, shape) + [
+            Term("router probabilities (fp32)", FP32_BYTES * tokens * moe.num_experts, "rep", "body"),
             Term("top-k weights (fp32) and indices (int64)", (FP32_BYTES + INDEX_BYTES) * tokens * moe.top_k,
                  "rep", "body"),
             Term("token permutation indices (int64)", PERMUTATION_VECTORS * INDEX_BYTES * tokens * moe.top_k,

@@ -9,7 +9,7 @@ and never again per layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memplan.estimate.activations import KEPT_BY, ActivationShape
 from memplan.estimate.finetune import base_in_compute_dtype, finetune_counts, is_finetune
@@ -19,6 +19,7 @@ from memplan.estimate.precision import ResolvedPrecision, resolve_precision
 from memplan.estimate.recompute_modules import dropped_sites
 from memplan.estimate.states import padded_vocab
 from memplan.frameworks.model_code import model_code, sdpa_attention
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job
 from memplan.model.spec import ModelSpec
 from memplan.peft.params import FinetuneParams
@@ -36,7 +37,7 @@ LayerCosts = tuple[int, int, int, int]
 _resolve_policy = getattr(resolve_policy, "__wrapped__", resolve_policy)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Resolved:
     """What every mechanic reads of a job, resolved once: the model, the job, its framework profile,
     precision, activation policy and activation shape."""
@@ -49,7 +50,7 @@ class Resolved:
     shape: ActivationShape
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class RunContext(Resolved):
     """Everything derived once per job: resolved profile, precision, policy, shape and counts."""
 
@@ -71,7 +72,7 @@ class RunContext(Resolved):
         return self.counts is not None
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class StageContext(Resolved):
     """One pipeline stage of one job: the run's context plus the stage's layout and recomputed layers.
 

@@ -42,11 +42,12 @@ checkpoint's extra inputs under ``--recompute-modules`` are left with the eager 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memplan.estimate.activations import KEPT_BY, ActivationShape, Term, divided, layer_terms_by_block
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
+from memplan.frozen import frozen_dataclass
 from memplan.job import CudaGraphs
 from memplan.model.spec import LayerSpec, ModelSpec
 
@@ -154,7 +155,7 @@ def layer_capture(model: ModelSpec, graphs: CudaGraphs, shape: ActivationShape, 
     return captured
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class GraphMemory:
     """CUDA-graph memory of one stage: the private pool, the static buffers beside it, and per candidate
     peak how much of the eager figures they already hold (``captured``)."""

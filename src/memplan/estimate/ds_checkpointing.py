@@ -29,15 +29,14 @@ small per-input size tensors and the pinned CPU buffer pool of the offload engin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.errors import JobConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job, Recompute
 from memplan.policies import ActivationPolicy, resolve_policy
 from memplan.profiles.framework import get_profile
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class CheckpointPlacement:
     """Where one recomputed layer's checkpointed input lives, in bytes."""
 

@@ -50,7 +50,7 @@ def estimate(
     gpu: GPU | None = None,
     fragmentation: float = DEFAULT_FRAGMENTATION,
     settings: Iterable[InputSetting] = (),
-    reserved: str = "fixed",
+    reserved: str | None = None,
 ) -> Estimate:
     """Estimate the per-GPU memory of training ``model`` as ``job`` describes.
 
@@ -66,14 +66,15 @@ def estimate(
 
     Assumptions are listed in ``Estimate.assumptions``. Known limitations: the activation terms
     follow fused kernels (Megatron/TE) or PyTorch reference modules (``kernels="eager"``
-    profiles); other custom kernels save different tensors. Fragmentation is a stated fraction,
-    not simulated.
+    profiles); other custom kernels save different tensors. The reserved memory is the peak allocated
+    over ``1 - fragmentation`` (``fixed``) or the caching-allocator simulator's peak over the estimate's
+    allocation schedule (``simulated``); ``reserved`` overrides the job's ``--reserved`` (``auto``: the
+    framework profile's ``default_reserved``).
     """
     job = job or Job()
     if not 0.0 <= fragmentation < 1.0:
         raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
-    if reserved not in RESERVED_MODES:
-        raise JobConfigError("--reserved", f"must be one of {', '.join(RESERVED_MODES)}", reserved)
+    reserved = reserved_mode(job, reserved)
     stages, notes, peak, counts, framework, compiled = _stages(Same(model), job, fragmentation,
                                                                reserved == "simulated")
     return Estimate(
@@ -92,6 +93,17 @@ def estimate(
         gpu=gpu,
         settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings)) + compiled,
     )
+
+
+def reserved_mode(job: Job, reserved: str | None = None) -> str:
+    """How ``job``'s reserved memory is made: ``reserved`` when given (the library's override), else the
+    job's ``--reserved``, else (``auto``) its framework profile's ``default_reserved``."""
+    mode = reserved if reserved is not None else job.reserved
+    if mode == "auto":
+        mode = get_profile(job.framework).default_reserved
+    if mode not in RESERVED_MODES:
+        raise JobConfigError("--reserved", f"must be one of {', '.join(RESERVED_MODES)}", mode)
+    return mode
 
 
 def _simulated_share(peak: StageEstimate) -> float:

@@ -48,7 +48,6 @@ priced separately.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from memplan.estimate.activations import (
     DISPATCHED_TOKENS,
@@ -58,6 +57,7 @@ from memplan.estimate.activations import (
     divided,
     layer_terms_by_block,
 )
+from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
 
@@ -65,7 +65,7 @@ __all__ = ["LayerParts", "attention_wgrad_held", "combined_step_extra", "describ
            "expert_wgrad_held", "layer_parts", "mlp_wgrad_held", "shared_expert_overlap_bytes"]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class LayerParts:
     """One layer in the combined 1F1B schedule, one micro-batch, one rank (bytes)."""
 

@@ -17,11 +17,10 @@ What trains comes from :mod:`memplan.peft.params`; this module prices it on one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.estimate.activations import ActivationShape, eager_norm_terms
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.partial_freeze import root_flow
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job, resolved_adapter_dtype
 from memplan.model.linears import model_parameters
 from memplan.peft.params import FinetuneParams, PartCounts, finetune_params, saved_modules
@@ -34,7 +33,7 @@ def adapter_bytes(job: Job) -> int:
     return dtype_bytes(resolved_adapter_dtype(job))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class StageFinetune:
     """Numel (and quantized bytes) of one GPU of a stage, split by what trains."""
 

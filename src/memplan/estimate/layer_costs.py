@@ -9,7 +9,6 @@ experts' wgrad overlap, context-parallel buffers, autocast copies a recompute ma
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import lru_cache
 
 from memplan.estimate.activations import (
@@ -50,6 +49,7 @@ from memplan.estimate.recompute_modules import (
     term_site,
 )
 from memplan.estimate.sac import sac_kept_terms
+from memplan.frozen import frozen_dataclass
 from memplan.model.spec import LayerSpec
 from memplan.peft.params import Adapter
 from memplan.policies import ActivationPolicy
@@ -57,7 +57,7 @@ from memplan.tuning import quant_format
 from memplan.units import dtype_bytes
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class LayerRole:
     """A fine-tuned layer's part: its adapters, what of it needs gradients (:mod:`~memplan.estimate.partial_freeze`;
     None: full training) and whether its base is quantized."""

@@ -25,6 +25,7 @@ from memplan.estimate.layer_costs import (
     with_shared_expert_overlap,
 )
 from memplan.estimate.states import layer_kinds
+from memplan.frozen import frozen_dataclass
 from memplan.units import dtype_bytes
 
 
@@ -114,7 +115,7 @@ def _visit(ctx: StageContext, position: int, index: int, dora: int, graphed: Lay
     return visit
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class _Visit:
     """One layer's figures in the walk."""
 

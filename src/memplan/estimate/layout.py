@@ -9,14 +9,14 @@ has not yet had its backward stay alive, so the peak holds warm-up + 1 forwards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
+from memplan.frozen import frozen_dataclass
 from memplan.job import Parallelism, default_uneven_split
 from memplan.profiles.pipeline_split import rule_chunk_layers
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class StageLayout:
     """What pipeline rank ``stage`` holds."""
 

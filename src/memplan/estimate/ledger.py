@@ -15,9 +15,10 @@ DeepSpeed's unfilled checkpoint buffers, DoRA's weight temporaries).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
+
+from memplan.frozen import frozen_dataclass
 
 PHASES = ("backward", "optimizer step", "end of backward", "loss", "forward")
 #: ``Contribution.live`` for what is allocated for the whole step.
@@ -54,7 +55,7 @@ class Contribution(NamedTuple):
         return not self.live or phase in self.live
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Peak:
     """The stage's peak moment and each category's bytes then."""
 

@@ -22,10 +22,11 @@ norm and head read :func:`root_flow`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block
+from memplan.frozen import frozen_dataclass
 from memplan.job import FineTuning
 from memplan.model.linears import model_linears, model_parameters
 from memplan.model.spec import LayerSpec, ModelSpec
@@ -41,7 +42,7 @@ _ATTENTION_WORDS = ("attn", "attention")
 _BLOCK_OUTPUT_LINEARS = frozenset({"o_proj", "dense", "c_proj", "down_proj", "dense_4h_to_h", "w2", "out_proj"})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class BlockFlow:
     """One block (attention, or MLP/MoE) of a decoder layer under partial freezing."""
 
@@ -68,7 +69,7 @@ class BlockFlow:
         return not (self.linears_train or self.norm_trains)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class LayerFlow:
     attention: BlockFlow
     mlp: BlockFlow
@@ -82,7 +83,7 @@ class LayerFlow:
         return self.saves
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class RootFlow:
     """The embedding, final norm and head."""
 
@@ -120,7 +121,7 @@ def _under(module: str, names: tuple[str, ...]) -> bool:
     return any(module == n or module.startswith(n + ".") for n in names)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class _Trainable:
     """Per slot (decoder layer or root) and block: trained linears, trained norms, adapted."""
 

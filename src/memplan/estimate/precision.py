@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job, Precision
 from memplan.profiles import FrameworkProfile
 from memplan.units import dtype_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class ResolvedPrecision:
     """Concrete dtypes of every model-state tensor, with where each choice came from."""
 

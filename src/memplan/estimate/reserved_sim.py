@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.alloc.allocator import CachingAllocator
 from memplan.alloc.blocks import Block
-from memplan.alloc.settings import AllocatorSettings
 from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
+from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.ledger import (
     ABSENT,
     GRADIENTS,
@@ -62,39 +62,6 @@ class ScheduleReserved:
     note: str
 
 
-class _Replay:
-    """The allocator and the blocks the schedule holds (a running replay, local to one call)."""
-
-    def __init__(self) -> None:
-        self.alloc = CachingAllocator(AllocatorSettings())
-        self.events = 0
-        self.peak_reserved = 0
-        self.peak_requested = 0
-
-    def take(self, size: int) -> Block | None:
-        if size <= 0:
-            return None
-        block = self.alloc.malloc(size, 0)
-        self.events += 1
-        self.peak_reserved = max(self.peak_reserved, self.alloc.reserved)
-        self.peak_requested = max(self.peak_requested, self.alloc.requested)
-        return block
-
-    def give(self, *blocks: Block | None) -> None:
-        for block in blocks:
-            if block is not None:
-                self.alloc.free(block)
-                self.events += 1
-
-    def take_all(self, sizes: list[int]) -> list[Block | None]:
-        return [self.take(size) for size in sizes]
-
-    def moment(self, ledger: Ledger, phase: str, check: bool = True) -> None:
-        """Top the schedule up to the ledger's bytes alive at ``phase`` for an instant."""
-        if check and phase in ledger.phases:
-            self.give(self.take(ledger.allocated_at(phase) - self.alloc.requested))
-
-
 def _units(ctx: StageContext, layers: list[int]) -> list[list[int]]:
     """The stage's parameter tensors' numels grouped as the schedule allocates them: the root unit
     (embedding, final norm, head) first, then one unit per decoder layer in forward order."""
@@ -123,20 +90,76 @@ def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
     return [[s for s in unit if s > 0] for unit in out]
 
 
-def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[int]:
-    """The sizes of the tensors layer ``index`` keeps: its saved terms when they add up to ``kept``."""
+def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, bool]]:
+    """The tensors layer ``index``'s forward makes, in order, as (size, kept): its terms when the kept ones
+    add up to ``kept`` (those a recompute policy drops are made and freed in the forward), else one block."""
     run = ctx.run
-    terms = [t for t in layer_terms(run.model.layers[index], run.shape)
-             if t.keep in run.kept_classes and t.site not in run.dropped]
-    sizes = [b for b in (divided(t, run.shape) for t in terms) if b > 0]
-    return sizes if sum(sizes) == kept else [kept]
+    terms = [(divided(t, run.shape), t.keep in run.kept_classes and t.site not in run.dropped)
+             for t in layer_terms(run.model.layers[index], run.shape)]
+    terms = [(size, keep) for size, keep in terms if size > 0]
+    if sum(size for size, keep in terms if keep) != kept:
+        return [(kept, True)]
+    return terms if ctx.run.counts is None else [(size, True) for size, keep in terms if keep]
+
+
+def _forward_layer(replay: Replay, tensors: list[tuple[int, bool]]) -> list[Block | None]:
+    """A layer's forward: its tensors in order, a dropped one freed once the next is made."""
+    held, pending = [], None
+    for size, keep in tensors:
+        block = replay.take(size)
+        replay.give(pending)
+        pending = None
+        if keep:
+            held.append(block)
+        else:
+            pending = block
+    replay.give(pending)
+    return held
+
+
+def _fp32_logits(ctx: StageContext) -> int:
+    """Bytes of one fp32 logits tensor of the rank's vocabulary (the loss's upcast, its log-softmax, the
+    log-softmax's gradient)."""
+    run = ctx.run
+    return run.shape.seq * run.shape.micro_batch * run.vocab_rows * 4 // max(run.job.parallel.tp, 1)
+
+
+def _logit_tensors(one: int, total: int) -> list[int]:
+    """The loss's logits as the tensors the loss holds: pieces of ``one`` fp32 logits tensor, the
+    remainder (16-bit logits, smaller parts) last."""
+    if one <= 0 or total <= one:
+        return [total]
+    return [one] * (total // one) + [total % one]
+
+
+def _loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Replay, check: bool) -> None:
+    """The loss as a trace of an fp32 cross-entropy shows it: forward, the 16-bit logits, their fp32 upcast
+    and the log-softmax it saves (the upcast and the 16-bit logits freed after); backward, the NLL's and
+    the log-softmax's fp32 gradients beside the saved tensors (the estimate's loss moment), then the
+    16-bit gradient. A loss whose figure holds less than one fp32 gradient beside what it saves
+    (chunked, fused, vocabulary-parallel) is its tensors at once."""
+    one = _fp32_logits(ctx)
+    grads = loss.logits - loss.saved_logits
+    if one <= 0 or grads < one or not loss.saved_logits:
+        blocks = replay.take_all(_logit_tensors(one, loss.logits))
+        replay.moment(ledger, "loss", check)
+        replay.give(*blocks)
+        return
+    half = one * ctx.run.shape.act_bytes // 4
+    low, upcast = replay.take(half), replay.take(one)
+    kept = replay.take_all(_logit_tensors(one, loss.saved_logits))
+    replay.give(upcast, low)
+    made = replay.take_all(_logit_tensors(one, grads))
+    replay.moment(ledger, "loss", check)
+    replay.give(made[0], *kept)
+    replay.give(replay.take(half), *made[1:])
 
 
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
                        loss: LossPart) -> ScheduleReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks."""
     units = _units(ctx, [index for index, _, _ in walk.per_layer])
-    replay = _Replay()
+    replay = Replay()
     for category in (PARAMETERS, MASTER, WORKSPACE):
         for unit in _spread(ledger.total(category), units):
             replay.take_all(unit)
@@ -145,8 +168,9 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     for category in (() if moments.states_in_step else (OPTIMIZER,)):
         for unit in _spread(ledger.total(category), units):
             replay.take_all(unit)
+    fsdp = fsdp_sizes(ctx, ledger, units, _spread)
     for step in range(_STEPS):
-        grads = _step(ctx, ledger, walk, acts, loss, replay, grads, moments, first=step == 0)
+        grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
     note = (f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
             f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters, gradients, optimizer "
             "states and step temporaries per parameter tensor, saved activations per tensor)")
@@ -174,29 +198,35 @@ def _pieces(ledger: Ledger, units: list[list[int]]) -> _Pieces:
                    states_in_step=made)
 
 
-def _step(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations, loss: LossPart,
-          replay: _Replay, grads: list[list[Block | None]], pieces: _Pieces, *, first: bool
+def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
+          grads: list[list[Block | None]], pieces: _Pieces, plan: tuple[Ledger, FsdpSizes | None], *, first: bool
           ) -> list[list[Block | None]]:
     """One training step of the schedule; the first creates the optimizer moments (no ledger moment is
     checked then: the ledger describes the steady state). Returns the gradients alive after the step."""
+    ledger, fsdp = plan
     check = not first
     other = replay.take(acts.other)
-    saved = [[replay.take(s) for s in _layer_blocks(ctx, i, kept)] for i, kept, _ in walk.per_layer]
+    root = replay.gather(fsdp, 0)
+    saved = []
+    for position, (index, kept, _) in enumerate(walk.per_layer):
+        params = replay.gather(fsdp, position + 1)
+        saved.append(_forward_layer(replay, _layer_blocks(ctx, index, kept)))
+        replay.give(*params)
     replay.moment(ledger, "forward", check)
-    logits = replay.take(loss.logits)
-    replay.moment(ledger, "loss", check)
-    replay.give(logits)
+    _loss(ctx, ledger, loss, replay, check)
+    head = replay.take(fsdp.head) if fsdp is not None and pieces.made_in_backward else None
     last = len(walk.per_layer) - 1
     for position in reversed(range(len(walk.per_layer))):
+        params = replay.gather(fsdp, position + 1)
         temp = replay.take(walk.per_layer[position][2])
         if position == last:
             replay.moment(ledger, "backward", check)
         if pieces.made_in_backward:
-            grads.append(replay.take_all(pieces.grads[position + 1]))
-        replay.give(temp, *saved[position])
+            grads.append(replay.gradients(fsdp, pieces.grads[position + 1], position + 1))
+        replay.give(temp, *saved[position], *params)
     if pieces.made_in_backward:
-        grads.append(replay.take_all(pieces.grads[0]))
-    replay.give(other)
+        grads.append(replay.gradients(fsdp, pieces.grads[0], 0) if fsdp is None else replay.root_gradients(fsdp, head))
+    replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
     if first and pieces.states_in_step:
         for unit in pieces.moments:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from memplan.categories import MemoryCategory
+from memplan.frozen import frozen_dataclass
 from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.settings import InputSetting, settings_dict, unmodelled
@@ -26,7 +27,7 @@ def plain_dict(obj: Any) -> Any:
     return obj
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class StageEstimate:
     """Memory of one GPU of a pipeline stage at that stage's peak (bytes)."""
 
@@ -147,7 +148,7 @@ class StageEstimate:
         return data
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Estimate:
     """Per-GPU memory of a training job: every pipeline stage, the peak, and the assumptions."""
 

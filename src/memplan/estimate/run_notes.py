@@ -4,14 +4,13 @@ every stage's mechanics, whose own sentences come with their contributions (:mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.estimate.activations import layer_terms
 from memplan.estimate.compiled import compile_note
 from memplan.estimate.context import RunContext
 from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import term_site
 from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
+from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.units import dtype_bytes
 
@@ -75,7 +74,7 @@ def policy_note(run: RunContext) -> str:
     return run.policy.kind.sentence(run.policy, _Setting(run))
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class _Setting:
     """What a policy's sentence reads of the estimate (:class:`memplan.policies.kinds.PolicySetting`)."""
 

@@ -22,10 +22,10 @@ grouped-query attention are listed; MoE and MLA layers are not (``None``: the ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from memplan.estimate.activations import LSE_BYTES, ActivationShape, Region, Term
+from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec
 
@@ -37,7 +37,7 @@ Op = Literal["mm", "addmm", "bmm", "attention", "reduce-scatter", "other"]
 SAVED_OPS: frozenset[str] = frozenset({"mm", "addmm", "bmm", "attention", "reduce-scatter"})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class OpOutput:
     """One op of a layer's forward and the tensor(s) it outputs."""
 

@@ -4,6 +4,7 @@ build the :class:`~memplan.estimate.result.StageEstimate` (with the contribution
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import chain
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
@@ -47,11 +48,9 @@ def stage_estimate(ctx: StageContext, *, simulate_reserved: bool = False) -> tup
     loss = loss_part(ctx, acts, st)
     forward = forward_peaks(acts, dora, ctx)
     ledger = Ledger(_BASE_PHASES + (("loss",) if ctx.layout.has_head else ()) + (("forward",) if forward else ()))
-    ledger.extend(st.contributions)
-    ledger.extend(stage_buffers(ctx))
-    ledger.extend(phase_contributions(ctx, st, walk, acts, loss, dora))
     comm, max_comm = communication(ctx, st, acts, forward)
-    ledger.extend(comm)
+    ledger.extend(chain(st.contributions, stage_buffers(ctx), phase_contributions(ctx, st, walk, acts, loss, dora),
+                        comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
     inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0
     memory = graphs(ctx, ledger, walk, inputs)
     peak = ledger.peak()
@@ -68,27 +67,28 @@ def stage_estimate(ctx: StageContext, *, simulate_reserved: bool = False) -> tup
 def _stage_figures(ctx: StageContext, st: StageStates, acts: StageActivations, loss: LossPart, ledger: Ledger,
                    peak: Peak, max_comm: int, memory: GraphMemory, *, captured_layers: int) -> StageEstimate:
     layout, states, job = ctx.layout, st.states, ctx.job
+    at = peak.by_category  # every reported category is a key (Ledger.peak)
     workspace = ledger.total(WORKSPACE)
-    other = peak[COMMUNICATION] + workspace + peak[TEMPORARY] + peak[INPUT] + peak[GRAPHS]
+    other = at[COMMUNICATION] + workspace + at[TEMPORARY] + at[INPUT] + at[GRAPHS]
     return StageEstimate(
         stage=layout.stage, layers=layout.num_layers, layer_indices=layout.layer_indices,
         parameters_numel=st.params.total, parameters_bytes=states.parameters, gradients_bytes=states.gradients,
         optimizer_bytes=states.optimizer + states.master, master_weights_bytes=states.master,
         optimizer_moments_bytes=states.optimizer,
-        activations_bytes=peak[ACTIVATIONS], transformer_layer_activations_bytes=peak[LAYER_ACTIVATIONS],
-        logits_bytes=peak[LOGITS], communication_bytes=peak[COMMUNICATION], workspace_bytes=workspace,
-        temporary_bytes=peak[TEMPORARY], input_bytes=peak[INPUT], other_bytes=other,
+        activations_bytes=at[ACTIVATIONS], transformer_layer_activations_bytes=at[LAYER_ACTIVATIONS],
+        logits_bytes=at[LOGITS], communication_bytes=at[COMMUNICATION], workspace_bytes=workspace,
+        temporary_bytes=at[TEMPORARY], input_bytes=at[INPUT], other_bytes=other,
         inflight_microbatches=layout.inflight_microbatches, peak_phase=peak.phase,
         peak_allocated_bytes=peak.allocated, peak_reserved_bytes=reserved_bytes(peak.allocated, ctx.run.fragmentation),
         fp8_weights_bytes=states.fp8_weights, mtp_parameters_numel=st.params.mtp,
         cpu_parameters_bytes=states.cpu_parameters, cpu_gradients_bytes=states.cpu_gradients,
         cpu_optimizer_bytes=states.cpu_optimizer, cpu_activations_bytes=acts.cpu + loss.cpu,
-        gradients_absent_at_peak_bytes=peak[ABSENT],
+        gradients_absent_at_peak_bytes=at[ABSENT],
         forward_activations_bytes=acts.layers + acts.other + loss.head + acts.unused_buffers,
         loss_logits_bytes=loss.logits, saved_logits_bytes=loss.saved_logits, max_communication_bytes=max_comm,
         paged_optimizer_bytes=states.paged_optimizer, outside_allocator_bytes=ledger.total(OUTSIDE),
         cuda_graph_pool_bytes=memory.pool, cuda_graph_static_bytes=memory.static,
-        cuda_graph_extra_bytes=peak[GRAPHS],
+        cuda_graph_extra_bytes=at[GRAPHS],
         cuda_graphs=graph_count(job.cuda_graphs.impl, captured_layers, pp=job.parallel.pp,
                                 num_microbatches=job.num_microbatches) if layout.layer_indices else 0,
     )

@@ -8,8 +8,6 @@ layer-pipelined offload, PyTorch's ``save_on_cpu``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.estimate.autocast import autocast_weight_copy_numel
 from memplan.estimate.compiled import keeps_masks
 from memplan.estimate.context import StageContext
@@ -25,11 +23,12 @@ from memplan.estimate.finetune import StageFinetune
 from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
+from memplan.frozen import frozen_dataclass
 from memplan.profiles.framework import head_rows_split
 from memplan.units import dtype_bytes
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class StageActivations:
     """The stage's saved activations at the end of its in-flight forwards (one rank)."""
 

@@ -5,7 +5,6 @@ collective buffers and CUDA graphs at each; the ledger takes the peak (:mod:`mem
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from memplan.estimate.autocast import tied_embedding_gradient_sum_bytes
 from memplan.estimate.context import StageContext
@@ -25,8 +24,9 @@ from memplan.estimate.extras import (
     input_bytes,
     logits_bytes,
     saved_logits_bytes,
+    softcap_bytes,
 )
-from memplan.estimate import loss_parallel, pipeline_fsdp
+from memplan.estimate import compiled_loss, loss_parallel, pipeline_fsdp
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.layer_walk import LayerWalk
@@ -45,6 +45,7 @@ from memplan.estimate.ledger import (
 from memplan.estimate.stage_activations import StageActivations, head_numel
 from memplan.estimate.stage_states import StageStates
 from memplan.estimate.states import layer_numel_on_rank
+from memplan.frozen import frozen_dataclass
 from memplan.job import resolved_loss
 from memplan.model.params import final_norm_params
 from memplan.profiles.framework import vocab_split
@@ -56,7 +57,7 @@ _FORWARDS = ("backward", "loss", "forward")
 _LOSS_SCALAR_BYTES = 4
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class LossPart:
     """The last stage's loss: logits alive at the loss, those saved into the backward, the head's
     saved activations, and what ``save_on_cpu`` moves or brings back."""
@@ -83,6 +84,9 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     if loss_parallel.applies(job, run.profile):
         logits = max(logits, loss_parallel.loss_parallel_bytes(shape, run.vocab_rows) * depths)
     saved = saved_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
+    if compiled_loss.priced(run):  # --compile with a compiled cross-entropy (one depth, eager losses aside)
+        logits, saved = compiled_loss.compiled_loss_bytes(shape, run.vocab_rows,
+                                                          softcap_bytes(shape, run.vocab_rows, softcap))
     cpu = bring_back = 0
     if acts.per_tensor_offload:
         # what the loss saves goes to host memory too; the loss backward brings it back, and only

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.extras import optimizer_temporary_bytes
@@ -37,6 +37,7 @@ from memplan.estimate.states import (
     stage_params,
     state_bytes,
 )
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job, resolved_optimizer_impl
 from memplan.optimizers import optimizer_kind
 from memplan.model.tensors import stage_tensors
@@ -46,7 +47,7 @@ from memplan.profiles.framework import vocab_split
 _STEP = ("optimizer step",)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class StageStates:
     """The stage's parameters and states, its fine-tuning split, and the optimizer step's temporaries."""
 

@@ -8,7 +8,7 @@ weights over the expert-data-parallel group EDP = world / (EP x ETP x PP).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
@@ -21,6 +21,7 @@ from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimi
     optimizer_states,
 )
 from memplan.estimate.precision import ResolvedPrecision
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job, Offload, resolved_optimizer_impl
 from memplan.profiles import FrameworkProfile, get_profile
 from memplan.model.params import (
@@ -35,7 +36,7 @@ from memplan.optimizers import optimizer_kind
 from memplan.optimizers.kind import WeightMatrix
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class StageParams:
     """Parameters (numel) one GPU of a stage holds before any data-parallel sharding."""
 
@@ -154,7 +155,7 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
                        fp32_routers=routers)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class StateBytes:
     """Model-state bytes on the GPU, and what offloading moved to CPU memory."""
 

@@ -31,8 +31,7 @@ region) and the atomic-GEMM counters and temporaries are not priced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from memplan.frozen import frozen_dataclass
 from memplan.job import CommOverlap, UbMethod
 from memplan.units import MiB
 
@@ -68,7 +67,7 @@ CONTROL_REGION_BYTES = 4 * (
 FLAG_PAGES_BYTES = 2 * 64 * 1024
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Userbuffer:
     """One GEMM's communicator as ``initialize_ub`` configures it."""
 

@@ -264,14 +264,21 @@ def _checkpointing(m: _Mapping) -> None:
 
 def _compile(m: _Mapping) -> None:
     """``torch_compile`` (or a ``torch_compile_backend`` / ``_mode``, which TrainingArguments takes to mean it):
-    ``--compile``. The Trainer compiles the whole model (``torch.compile(model, backend, mode)``); the estimate
-    says which compiled parts it prices as eager (``unmodelled_settings``)."""
+    ``--compile``. The Trainer compiles the whole model (``torch.compile(model, backend, mode)``), whose forward
+    computes the loss from the labels, unless a label smoother takes them out (``Trainer.compute_loss``):
+    then ``--compile-loss off``. The estimate says which compiled parts it prices as eager
+    (``unmodelled_settings``)."""
     backend, mode = m.args.get("torch_compile_backend"), m.args.get("torch_compile_mode")
     if not (m.has("torch_compile") or backend or mode):
         return
     m.flags["compile"] = True
+    # with a label smoother the Trainer takes the labels out and computes the loss after the compiled forward
+    smoothed = float(m.args.get("label_smoothing_factor") or 0.0) > 0.0
+    if smoothed:
+        m.flags["compile_loss"] = "off"
     m.mark("torch_compile", "modelled", "--compile (each decoder layer keeps what AOT autograd's min-cut "
-           "partitioner saves)", value=True)
+           "partitioner saves; " + ("the smoothed loss runs after the compiled forward: --compile-loss off)"
+                                    if smoothed else "the model's loss is compiled with its forward)"), value=True)
     if backend in (None, "inductor"):
         m.mark("torch_compile_backend", "modelled", "inductor: its partitioner decides the saved activations")
     else:

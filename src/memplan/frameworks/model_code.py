@@ -10,8 +10,9 @@ in what they save for the backward. Each difference is a field here, with its so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from memplan.frozen import frozen_dataclass
 
 if TYPE_CHECKING:
     from memplan.job import Job
@@ -23,7 +24,7 @@ __all__ = ["HF_MODEL_CODE", "TORCHTITAN_MODEL_CODE", "ModelCode", "model_code", 
 _FP32_BACKENDS = ("efficient", "math")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class ModelCode:
     """What one implementation of the decoder layers saves for the backward."""
 

@@ -497,8 +497,8 @@ def _every_nth(r: _Reader, every: int, chunks: tuple[int, ...], pp: int) -> None
 
 def _compile(r: _Reader) -> None:
     """``[compile] enable`` with ``"model"`` in ``components``: ``--compile`` (torchtitan's ``apply_compile``
-    compiles each transformer block on its own). A compiled ``"loss"`` and a backend other than inductor
-    are reported; the estimate says which compiled parts it prices as eager (``unmodelled_settings``)."""
+    compiles each transformer block on its own); ``"loss"`` among them: ``--compile-loss on``. A backend other
+    than inductor is reported; the estimate says which compiled parts it prices as eager (``unmodelled_settings``)."""
     components = r.get("compile.components") or ()
     if not r.get("compile.enable"):
         for key in ("compile.enable", "compile.components", "compile.backend"):
@@ -510,8 +510,10 @@ def _compile(r: _Reader) -> None:
                "min-cut partitioner saves)")
     else:
         r.mark("compile.enable", "no-memory-effect", "the model is not among compile.components")
-    r.mark("compile.components", "not-modelled" if "loss" in components else "modelled",
-           "the compiled loss is priced as eager" if "loss" in components else "the model's blocks")
+    r.flags["compile_loss"] = "on" if "loss" in components else "off"
+    r.mark("compile.components", "modelled", "the model's blocks and the loss (--compile-loss on: the 16-bit "
+           "logits and two fp32 values per token)" if "loss" in components else
+           "the model's blocks (--compile-loss off)")
     backend = r.get("compile.backend")
     r.mark("compile.backend", "modelled" if backend in (None, "inductor") else "not-modelled",
            "inductor's partitioner" if backend in (None, "inductor") else

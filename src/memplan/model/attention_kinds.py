@@ -15,10 +15,10 @@ attends to, and the estimator reads it where a mask or the key length depends on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memplan.errors import ModelConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.model import attention_dense, attention_latent
 from memplan.model.param_groups import ParamGroups, TpMatrix
 
@@ -31,7 +31,7 @@ __all__ = ["ATTENTION_KINDS", "GQA", "MHA", "MLA", "SPEC_KINDS", "AttentionKind"
 Linear = tuple[str, int, int, bool]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class AttentionKind:
     """One kind of self-attention: the facts the estimator prices it by and its maths."""
 

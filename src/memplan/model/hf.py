@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from memplan.errors import ModelConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import MLA
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_MODEL_INT, check_at_most, parse_json
@@ -193,7 +194,7 @@ def _model(f: _Fields, name: str, model_type: str, layers: tuple[LayerSpec, ...]
 
 
 # --------------------------------------------------------------------------- dense families
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class _DenseFamily:
     """How one dense family's ``transformers`` code reads its config."""
 

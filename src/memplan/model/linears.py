@@ -19,10 +19,10 @@ gives each family (tested against real modules built on the meta device for ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
+from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 
 if TYPE_CHECKING:  # annotations only: no import cycle with spec
@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # annotations only: no import cycle with spec
 LinearKind = Literal["linear", "conv1d", "embedding"]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class LinearModule:
     """A module peft can wrap: its dotted name, ``in_features -> out_features`` and bias."""
 
@@ -49,7 +49,7 @@ class LinearModule:
         return self.in_features * self.out_features
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class ParamTensor:
     """One parameter tensor: its dotted name and numel; ``layer`` is its decoder layer (None outside)."""
 

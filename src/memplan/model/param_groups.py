@@ -7,10 +7,10 @@ kinds (:mod:`memplan.model.attention_kinds`) and the parameter counts share with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from memplan.frozen import frozen_dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class ParamGroups:
     """Numbers of parameters, grouped by how tensor/expert parallelism divides them."""
 
@@ -33,7 +33,7 @@ class ParamGroups:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class TpMatrix:
     """One 2-D weight ``(rows, cols) = (out, in)`` and how tensor parallelism splits it."""
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from memplan.errors import ModelConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.model.hf import model_from_hf_config
 from memplan.model.params import total_params
 from memplan.model.spec import ModelSpec
@@ -34,7 +34,7 @@ _FOLDER = "presets"
 _PROVENANCE_KEY = "_memplan"
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class PresetInfo:
     """A one-line summary of a shipped preset."""
 

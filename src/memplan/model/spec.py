@@ -7,11 +7,12 @@ by :mod:`memplan.model.params`; how parallelism divides them lives in :mod:`memp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
 from memplan.errors import ModelConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import MHA, attention_kind
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ def _positive(owner: str, name: str, value: int | None, *, allow_none: bool = Fa
         raise ModelConfigError(f"{owner}.{name}", "must be a positive integer", value)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class AttentionSpec:
     """Self-attention of one layer: multi-head / grouped-query (``mha``) or latent (``mla``)."""
 
@@ -85,7 +86,7 @@ class AttentionSpec:
             _positive("attention", name, getattr(self, name), allow_none=True)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class MLPSpec:
     """A dense feed-forward block (also the shape of one expert)."""
 
@@ -104,7 +105,7 @@ class MLPSpec:
         _positive("mlp", "intermediate_size", self.intermediate_size)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class MoESpec:
     """A mixture-of-experts feed-forward block."""
 
@@ -137,7 +138,7 @@ class MoESpec:
             )
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class LayerSpec:
     """One decoder layer: attention, then a dense MLP or an MoE block, with its norms."""
 
@@ -159,7 +160,7 @@ class LayerSpec:
         return self.moe is not None
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class ModelSpec:
     """Architecture facts of a decoder-only transformer (dense, GQA, MLA, MoE, MTP)."""
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from memplan.errors import MissingDependencyError
+from memplan.frozen import frozen_dataclass
 
 if TYPE_CHECKING:
     from memplan.model.linears import LinearModule
@@ -50,7 +51,7 @@ class OptimizerSettings(Protocol):
     def galore_rank(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class SmallTensors:
     """The stepped tensors an optimizer prices apart: bitsandbytes' small ones, Adafactor's vectors, and
     the 2-D weights GaLore projects."""
@@ -75,7 +76,7 @@ class SmallTensors:
                             head=self.head)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class OptimizerStates:
     """Optimizer state bytes: in PyTorch's caching allocator, and in CUDA unified memory (paged)."""
 
@@ -86,7 +87,7 @@ class OptimizerStates:
     step_bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class WeightMatrix:
     """One 2-D weight an optimizer steps alone (Muon): its full shape and how tensor parallelism splits it."""
 
@@ -100,7 +101,7 @@ class WeightMatrix:
     before: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class StateQuery:
     """What the estimator knows when it prices one GPU's optimizer states."""
 
@@ -117,7 +118,7 @@ class StateQuery:
     matrices: tuple[WeightMatrix, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class StepQuery:
     """What the estimator knows when it prices the step's temporaries."""
 
@@ -129,7 +130,7 @@ class StepQuery:
     in_backward: bool
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class TraceRequest:
     """What the tracer gives an entry's ``build`` to make the real optimizer (torch is loaded by then)."""
 
@@ -145,7 +146,7 @@ class TraceRequest:
     settings: OptimizerSettings
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class MegatronFlag:
     """A Megatron-LM argument the optimizer reads (``--sgd-momentum``): how it maps onto the job."""
 
@@ -159,7 +160,7 @@ class MegatronFlag:
     modelled: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class DialectNames:
     """The names each input dialect gives the optimizer (empty: that dialect cannot name it)."""
 
@@ -185,7 +186,7 @@ def _no_description(settings: OptimizerSettings) -> str:
     return ""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_dataclass(kw_only=True)
 class OptimizerKind:
     """One optimizer: its states, its step, its real implementation, its names, where it runs."""
 

@@ -17,10 +17,11 @@ A pure function of the model's named modules (:mod:`memplan.model.linears`) and 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from memplan.frozen import frozen_dataclass
 from memplan.model.linears import LinearModule, layer_prefix, matches, model_linears, model_parameters
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from memplan.model.spec import ModelSpec
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class Adapter:
     """One LoRA/DoRA adapter: the module (or fused expert parameter) it wraps and its rank.
 
@@ -48,7 +49,7 @@ class Adapter:
         return self.experts * self.rank * (m.in_features + m.out_features) + magnitude
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class PartCounts:
     """Parameters (numel) of one part of the model (a decoder layer, or the embedding/head/final norm)."""
 
@@ -74,7 +75,7 @@ class PartCounts:
         return self.frozen + sum(self.quantized)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_dataclass
 class FinetuneParams:
     """Trainable and frozen parameters of a model under a fine-tuning job, per decoder layer."""
 

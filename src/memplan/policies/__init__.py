@@ -34,10 +34,10 @@ tracer cannot run it (it needs torch.compile's partitioner).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, get_args
 
+from memplan.frozen import frozen_dataclass
 from memplan.job import Job
 from memplan.policies.kinds import POLICY_KINDS, PolicyKind, policy_kind
 from memplan.profiles import activation_policy_name, get_profile
@@ -56,7 +56,7 @@ HF_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", 
 #: torchtitan's ``activation_checkpoint.memory_budget`` default (torchtitan/config/job_config.py).
 DEFAULT_MEMORY_BUDGET = 0.5
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class ActivationPolicy:
     """One resolved activation policy and its parameters (see the module docstring)."""
 

@@ -12,8 +12,9 @@ and its tests.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from memplan.frozen import frozen_dataclass
 
 if TYPE_CHECKING:
     from memplan.policies import ActivationPolicy
@@ -41,7 +42,7 @@ class PolicySetting(Protocol):
 Sentence = Callable[["ActivationPolicy", PolicySetting], str]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class PolicyKind:
     """One activation policy: what it keeps and recomputes, its label and its sentence."""
 

@@ -6,10 +6,10 @@ workspaces) the difference is a field here, with its source, never a bare factor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from memplan.errors import JobConfigError
+from memplan.frozen import frozen_dataclass
 from memplan.profiles import megatron_rules
 from memplan.profiles.defaults import DefaultRule
 from memplan.profiles.rules import JobRule, ModelRule
@@ -51,7 +51,7 @@ TE_GROUPED_GEMM_WORKSPACES = 4
 TE_GROUPED_GEMM_WORKSPACE_BYTES = 32 * MiB + 256
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class FrameworkProfile:
     """What one training framework keeps on the GPU, beyond the model's own tensors."""
 
@@ -72,6 +72,9 @@ class FrameworkProfile:
     default_optimizer_impl: Literal["foreach", "fused", "for-loop"] = "fused"
     #: Loss path when ``--loss auto``.
     default_loss: Literal["fp32-logits", "vocab-parallel", "fused", "chunked"] = "fp32-logits"
+    #: The estimate's reserved memory when ``--reserved auto`` (issue 25, item 8; see
+    #: :data:`memplan.job.ReservedMode`).
+    default_reserved: Literal["fixed", "simulated"] = "fixed"
     #: Vocabulary padded to a multiple of this times TP (Megatron ``--make-vocab-size-divisible-by``).
     vocab_divisible_by: int = 1
     #: How the layers save activations: ``fused`` (TE/Apex fused norm, bias-gelu/swiglu kernels:
@@ -166,6 +169,10 @@ class FrameworkProfile:
     #: Trainer's ``torch.compile(model)`` under ``torch_compile``, DeepSpeed's ``engine.compile()``); ``none``,
     #: the framework has no such option and ``--compile`` is refused.
     compile_scope: Literal["none", "blocks", "model"] = "none"
+    #: ``--compile`` compiles the cross-entropy too (``--compile-loss auto``): torchtitan's ``[compile]
+    #: components`` default ``["model", "loss"]`` (``build_cross_entropy_loss`` wraps the loss in
+    #: ``torch.compile``); a Hugging Face causal LM computes its loss inside the forward the Trainer compiles.
+    compiles_loss: bool = False
     #: Defaults the framework applies that memplan does not model: each rule reports one for a job
     #: (:mod:`memplan.profiles.defaults`), also when the job comes from flags.
     unmodelled_defaults: tuple[DefaultRule, ...] = ()
@@ -257,6 +264,7 @@ TORCHTITAN = FrameworkProfile(
     activation_offload="per-tensor",
     name="torchtitan",
     compile_scope="blocks",
+    compiles_loss=True,
     description=(
         "torchtitan / FSDP2: fp32 sharded weights, bf16 all-gathered per block "
         "(MixedPrecisionPolicy param_dtype=bf16, reduce_dtype=fp32), fused AdamW, fp32 loss."
@@ -306,6 +314,7 @@ HF = FrameworkProfile(
     activation_offload="per-tensor",
     name="hf",
     compile_scope="model",
+    compiles_loss=True,
     description=(
         "Hugging Face Trainer / plain PyTorch AMP: fp32 weights and gradients, torch.autocast "
         "bf16 weight copies saved for backward, AdamW (fused), logits upcast to fp32, eager modules, "

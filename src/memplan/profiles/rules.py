@@ -9,10 +9,10 @@ naming its type (``Any``; it is always a :class:`memplan.job.Job`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from memplan.errors import JobConfigError
+from memplan.frozen import frozen_dataclass
 
 __all__ = ["FEATURES", "Feature", "JobRule", "ModelRule"]
 
@@ -32,7 +32,7 @@ def _one_activation_mover(job: Any) -> None:
                              "/ --cpu-checkpointing (both move the saved activations); choose one", True)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen_dataclass(kw_only=True)
 class Feature:
     """An option only some frameworks run; a profile names the ones it has in ``features``."""
 

@@ -166,7 +166,10 @@ def peak_summary(est: Estimate) -> Text:
     text.append(f"{_gib(est.peak_allocated_bytes)} GiB allocated, {_gib(est.peak_reserved_bytes)} GiB reserved",
                 style="bold")
     where = f"pipeline stage {est.peak_stage} of {len(est.stages)}, " if len(est.stages) > 1 else ""
-    text.append(f" ({where}during {peak.peak_phase}; reserved assumes {est.fragmentation:.0%} fragmentation)")
+    simulated = any(a.startswith("reserved = the caching-allocator simulator") for a in est.assumptions)
+    how = (f"reserved simulated, {est.fragmentation:.0%} of it unallocated" if simulated
+           else f"reserved assumes {est.fragmentation:.0%} fragmentation")
+    text.append(f" ({where}during {peak.peak_phase}; {how})")
     if est.peak_cpu_bytes:
         cpu = max(est.stages, key=lambda s: s.cpu_bytes)
         parts = [(cpu.cpu_parameters_bytes, "weights"), (cpu.cpu_gradients_bytes, "gradients"),

@@ -3,7 +3,7 @@
 Stateless: every request carries its whole job, so any number of workers behind a load balancer
 answer alike. Each request is bounded — its body (:attr:`ServeLimits.max_body_bytes`, uploads
 :attr:`ServeLimits.max_upload_bytes`), its time (:attr:`ServeLimits.time_limit_s`, from the first byte
-of its headers, with :mod:`memplan.serve.protocol`) and its memory: fit, placement, doctor and every
+of its headers, with :mod:`memplan.serve.protocol`) and its memory: fit, placement, doctor, dataset and every
 estimate whose model the body describes (``model_config``, a Hub id, a dialect file) run in a child
 process that is killed at the time limit; an estimate of a shipped preset with flags only is bounded by
 construction (at most 126 layers, every flag within the job's limits: milliseconds) and answered in a
@@ -51,11 +51,11 @@ class ServeLimits:
 
     #: Largest JSON body, bytes.
     max_body_bytes: int = 1 << 20
-    #: Largest ``/v1/doctor`` body (the snapshot or trace upload), bytes.
+    #: Largest ``/v1/doctor`` and ``/v1/dataset`` body (the snapshot, trace or dataset upload), bytes.
     max_upload_bytes: int = 256 << 20
     #: Seconds from the first byte of the request to the answer.
     time_limit_s: float = 30.0
-    #: Address space of the child process that answers a request (estimate, fit, placement, doctor; None: no cap).
+    #: Address space of the child process that answers a request (estimate, fit, placement, doctor, dataset; None: no cap).
     memory_limit_bytes: int | None = 8 << 30
     #: Child processes one worker runs at once; later requests wait (their wait counts in their time).
     max_concurrent: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
@@ -90,6 +90,10 @@ def _refused(refusal: Refusal) -> Response:
     return _json(refusal.to_dict(), refusal.status)
 
 
+#: The endpoints that take an upload (bounded by ``max_upload_bytes``, the others by ``max_body_bytes``).
+_UPLOADS = ("/v1/doctor", "/v1/dataset")
+
+
 class _BodyLimit:
     """ASGI middleware: a body over the limit (by its Content-Length, or as it streams in) is a 413."""
 
@@ -100,7 +104,7 @@ class _BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limits.max_upload_bytes if scope["path"] == "/v1/doctor" else self.limits.max_body_bytes
+        limit = self.limits.max_upload_bytes if scope["path"] in _UPLOADS else self.limits.max_body_bytes
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             await _refused(_too_large(limit, length.decode("latin-1")))(scope, receive, send)
@@ -182,6 +186,12 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
         async with doctor_fields(request) as (fields, upload):
             return await isolated(request, doctor_reply, fields, upload)
 
+    async def dataset(request: Request) -> Any:
+        from memplan.serve.dataset import dataset_form, dataset_reply
+
+        async with dataset_form(request) as (fields, uploads):
+            return await isolated(request, dataset_reply, fields, uploads)
+
     async def models(request: Request) -> Any:
         return catalogue["models"]
 
@@ -217,6 +227,7 @@ def create_app(limits: ServeLimits | None = None) -> Starlette:
         Route("/v1/fit", endpoint(fit), methods=["POST"]),
         Route("/v1/place", endpoint(place), methods=["POST"]),
         Route("/v1/doctor", endpoint(doctor), methods=["POST"]),
+        Route("/v1/dataset", endpoint(dataset), methods=["POST"]),
     ]
     if STATIC_DIR.is_dir():
         routes.append(Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"))

@@ -66,8 +66,8 @@ def _error_schema() -> dict[str, Any]:
         "rule": {"type": ["string", "null"]}, "value": {}}}}}
 
 
-def _post(summary: str, schema: dict[str, Any], *, form: dict[str, Any] | None = None) -> dict[str, Any]:
-    content: dict[str, Any] = {"application/json": {"schema": schema}}
+def _post(summary: str, schema: dict[str, Any] | None, *, form: dict[str, Any] | None = None) -> dict[str, Any]:
+    content: dict[str, Any] = {} if schema is None else {"application/json": {"schema": schema}}
     if form is not None:
         content["multipart/form-data"] = {"schema": form}
     errors = {str(code): {"description": text, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -79,6 +79,21 @@ def _post(summary: str, schema: dict[str, Any], *, form: dict[str, Any] | None =
                      "responses": {"200": {"description": "The command's --json document",
                                            "content": {"application/json": {"schema": {"type": "object"}}}},
                                    **errors}}}
+
+
+def _dataset_form() -> dict[str, Any]:
+    from memplan.dataset.rules import RULES
+    from memplan.serve.dataset import DATASET_FIELDS, TOKENIZER_PARTS
+
+    kinds = {int: "integer", bool: "boolean", str: "string"}
+    binary = {"type": "string", "format": "binary"}
+    return {"type": "object", "required": ["file", "job"], "properties": {
+        "file": {**binary, "description": "The dataset: JSON/JSONL, Parquet, CSV or Arrow (by the file name's suffix)."},
+        "job": {"type": "string", "description": "The job (the Job schema) as JSON text."},
+        **{part: {**binary, "description": f"The tokenizer's {name} (default: the model's, from the server's Hub "
+                  "cache)"} for part, name in TOKENIZER_PARTS.items()},
+        **{name: {"type": kinds[kind]} for name, kind in DATASET_FIELDS.items()},
+        "batching": {"type": "string", "enum": list(RULES), "default": "hf"}}}
 
 
 def _get(summary: str) -> dict[str, Any]:
@@ -115,7 +130,7 @@ def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "memplan", "version": __version__,
-                 "description": "GPU memory of training jobs: estimate, fit, placement, doctor. Every POST answers "
+                 "description": "GPU memory of training jobs: estimate, fit, placement, doctor, datasets. Every POST answers "
                                 "with the JSON document the same memplan command prints with --json."},
         "paths": {
             "/v1/estimate": _post("Per-GPU memory of a job (memplan estimate --json)", job),
@@ -124,6 +139,8 @@ def openapi_document() -> dict[str, Any]:
             "/v1/place": _post("Which offered GPUs can take a job, with their headroom", place),
             "/v1/doctor": _post("Why it ran out of memory and the cheapest verified fix (memplan doctor --json)",
                                 doctor, form=doctor_form),
+            "/v1/dataset": _post("Every step's peak on an uploaded dataset (memplan estimate --dataset --json)", None,
+                                 form=_dataset_form()),
             "/v1/models": _get("The model presets (memplan models --json)"),
             "/v1/gpus": _get("The GPU catalogue (memplan gpus --json)"),
             "/v1/openapi.json": _get("This document"),

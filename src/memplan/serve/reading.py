@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -74,35 +74,59 @@ async def doctor_fields(request: Request) -> AsyncIterator[tuple[dict[str, Any],
         raise Refusal(415, "body: must be application/json (a message, a job) or multipart/form-data (with a "
                       f"snapshot or trace as the part 'file'), got {kind or 'no content type'!r}", "content-type",
                       "must be application/json or multipart/form-data", kind or None)
+    async with form_parts(request, len(DOCTOR_FIELDS), {"file": "upload"}, "the doctor's form (send the snapshot "
+                          "or trace as 'file')") as (raw, saved):
+        fields = _checked(raw)
+        upload = saved.get("file")
+        if upload is not None and upload.stat().st_size == 0:
+            raise ConfigError("file", "is empty (expected a snapshot pickle or a memplan trace)")
+        yield fields, None if upload is None else str(upload)
+
+
+@asynccontextmanager
+async def form_parts(request: Request, max_fields: int, files: dict[str, str] | Callable[[str, str], str],
+                     what: str, *, max_files: int = 1) -> AsyncIterator[tuple[dict[str, Any], dict[str, Path]]]:
+    """A multipart form's text parts (``job`` parsed as JSON) and its file parts, each saved into a folder of its
+    own for the request's lifetime. ``files`` names the file parts and the name each is saved as (or a function
+    of the part and the client's file name giving it); another file part is refused as not one of ``what``."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "multipart/form-data":
+        raise Refusal(415, f"body: must be multipart/form-data ({what}), got {kind or 'no content type'!r}",
+                      "content-type", "must be multipart/form-data", kind or None)
     from starlette.formparsers import MultiPartException
 
     try:
-        form = await request.form(max_files=1, max_fields=len(DOCTOR_FIELDS) + 1, max_part_size=MAX_FIELD_BYTES)
+        form = await request.form(max_files=max_files, max_fields=max_fields + 1, max_part_size=MAX_FIELD_BYTES)
     except MultiPartException as exc:
         raise Refusal(400, f"body: is not a valid form: {exc.message}", "body", "must be a valid multipart form") \
             from None
     folder = Path(tempfile.mkdtemp(prefix="memplan-upload-"))
     try:
         raw: dict[str, Any] = {}
-        upload = None
+        saved: dict[str, Path] = {}
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
-                if key != "file":
-                    raise ConfigError(key, "is not a file part of the doctor's form (send the snapshot or trace as "
-                                      "'file')")
-                upload = folder / "upload"
-                await anyio.to_thread.run_sync(_save, value, upload)
+                name = _file_name(files, key, value.filename or "", what)
+                if key in saved:
+                    raise ConfigError(key, "is given twice in the form")
+                saved[key] = folder / name
+                await anyio.to_thread.run_sync(_save, value, saved[key])
             elif key in raw:
                 raise ConfigError(key, "is given twice in the form")
             else:
                 raw[key] = _form_value(key, value)
-        fields = _checked(raw)
-        if upload is not None and upload.stat().st_size == 0:
-            raise ConfigError("file", "is empty (expected a snapshot pickle or a memplan trace)")
-        yield fields, None if upload is None else str(upload)
+        yield raw, saved
     finally:
         await form.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _file_name(files: dict[str, str] | Callable[[str, str], str], key: str, client_name: str, what: str) -> str:
+    if callable(files):
+        return files(key, client_name)
+    if key not in files:
+        raise ConfigError(key, f"is not a file part of {what}")
+    return files[key]
 
 
 def _save(upload: UploadFile, path: Path) -> None:

@@ -173,7 +173,20 @@ def _prepare(model: Any, options: TraceSetup, mesh: Any,
         from memplan.trace.runners.partitioner import compile_layers, compiled_layer_modules
 
         compiled = compile_layers(compiled_layer_modules(job.model), quiet=mode.unrecorded)
+        if _traces_compiled_loss(options, job):  # the cross-entropy as its partitioned graphs too
+            from memplan.trace.runners.compiled_loss import compile_loss
+
+            compile_loss(job.model, compiled, quiet=mode.unrecorded)
     return name, job, heads, compiled
+
+
+def _traces_compiled_loss(options: TraceSetup, job: StepJob) -> bool:
+    """The job compiles its loss and the step's loss is the Hugging Face model's own (``hf_loss``)."""
+    from memplan.estimate.compiled_loss import job_compiles_loss
+    from memplan.profiles import get_profile
+    from memplan.trace.run import hf_loss
+
+    return job.loss_fn is hf_loss and job_compiles_loss(options.job, get_profile(options.job.framework))
 
 
 def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,

@@ -145,7 +145,7 @@ def apply_finetune(model: torch.nn.Module, finetune: FineTuning, *, storage_dtyp
             if id(param) in base_trainable:
                 param.requires_grad_(True)
     adapters = _adapter_ids(model)
-    _store_trainable(model, storage_dtype, adapters=adapters)
+    _store_trainable(model, storage_dtype, adapters=adapters | _saved_copy_ids(model))
     _cast_adapters(model, _DTYPES[adapter_dtype], adapters)
     return model
 
@@ -175,8 +175,16 @@ def _adapter_ids(model: torch.nn.Module) -> set[int]:
     return {id(p) for path, p in model.named_parameters() if ".lora_" in path}
 
 
+def _saved_copy_ids(model: torch.nn.Module) -> set[int]:
+    """Parameters of peft's ``modules_to_save`` copies: peft deep-copies the frozen module and neither
+    peft (``cast_adapter_dtype`` casts only tuner layers) nor the Trainer casts the copy, so it keeps
+    the frozen module's dtype."""
+    return {id(p) for path, p in model.named_parameters() if ".modules_to_save." in f".{path}"}
+
+
 def _store_trainable(model: torch.nn.Module, dtype: torch.dtype, *, adapters: set[int]) -> None:
-    """Trainable full weights (not adapters) in the precision's storage dtype, as full training keeps them."""
+    """Trainable full weights (not adapters or ``modules_to_save`` copies) in the precision's storage
+    dtype, as full training keeps them."""
     done: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():
         for key, param in list(module._parameters.items()):

@@ -57,6 +57,7 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"), ("finetune", "adapter_dtype"),
     ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
     (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"), (None, "compile"),
+    (None, "compile_loss"),
 })
 #: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
 #: shards the sequence between the TP regions).

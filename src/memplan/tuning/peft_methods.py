@@ -9,13 +9,15 @@ for its backward. The estimator, the tracer and the dialect readers ask the entr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from memplan.frozen import frozen_dataclass
 
 __all__ = ["DORA", "LORA", "NONE", "PEFT_METHODS", "PeftMethodKind", "peft_method", "peft_method_of_config"]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class PeftMethodKind:
     """One PEFT method: its adapters and what the tracer asks peft for."""
 

@@ -13,7 +13,7 @@ and the output head stay unquantized):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from memplan.frozen import frozen_dataclass
 
 __all__ = ["FP4", "INT8", "NF4", "NONE", "QUANT_FORMATS", "QuantFormat", "quant_format", "quant_format_of_bnb"]
 
@@ -43,7 +43,7 @@ def int8_bytes(numel: int, rows: int) -> int:
     return numel + 4 * rows
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class QuantFormat:
     """One quantized-base format: its bytes, what its layers keep, its bitsandbytes names."""
 

@@ -5,6 +5,7 @@
 
 import { drawStages } from "./charts.js";
 import { $, call, count, el, fieldName, gib, postJSON } from "./dom.js";
+import { datasetRequest, renderDataset } from "./dataset.js";
 import { doctorRequest, renderDoctor } from "./doctor.js";
 import { renderEstimate } from "./estimate.js";
 import { layoutFields, renderFit, searchFit } from "./fit.js";
@@ -25,7 +26,7 @@ let doctorFile = null;
 
 function readURL() {
   const q = new URLSearchParams(location.search);
-  state.panel = ["estimate", "fit", "doctor"].includes(q.get("panel")) ? q.get("panel") : "estimate";
+  state.panel = ["estimate", "fit", "doctor", "dataset"].includes(q.get("panel")) ? q.get("panel") : "estimate";
   state.source = ["preset", "hub", "config"].includes(q.get(PAGE_KEYS.source)) ? q.get(PAGE_KEYS.source) : "";
   state.model = q.get("model") || "";
   state.config = q.get("model_config") || "";
@@ -308,6 +309,36 @@ function setDoctorFile(file) {
   if (!doctorFile) $("#d-file").value = "";
 }
 
+// ---- dataset ----
+async function runDataset() {
+  const job = jobBody();
+  if (job.localError) {
+    showError("dataset", { message: job.localError, field: job.field });
+    return;
+  }
+  const options = { [$("#ds-kind").value]: $("#ds-column").value.trim(), batching: $("#ds-batching").value,
+    max_length: $("#ds-max").value, seed: $("#ds-seed").value, group_by_length: $("#ds-group").checked ? "true" : "" };
+  const request = datasetRequest(job, $("#ds-file").files[0], [...$("#ds-tokenizer").files], options);
+  if (request.localError) {
+    showError("dataset", { message: request.localError, field: request.field });
+    return;
+  }
+  $("#ds-run").disabled = true;
+  $("#ds-status").textContent = "Tokenizing and pricing every step…";
+  $("#panel-dataset").dataset.state = "pending";
+  const answer = await call("/v1/dataset", request.init);
+  $("#ds-run").disabled = false;
+  $("#ds-status").textContent = answer.error ? "Refused." : `${answer.data.dataset.steps} steps priced.`;
+  $("#panel-dataset").dataset.state = answer.error ? "error" : "done";
+  if (answer.error) {
+    showError("dataset", answer.error);
+    $("#dataset-out").replaceChildren();
+    return;
+  }
+  showError("dataset", null);
+  renderDataset(answer.data);
+}
+
 // ---- panels (tabs) ----
 function selectPanel(panel, focus) {
   state.panel = panel;
@@ -364,6 +395,7 @@ function wire() {
   $("#fit-run").addEventListener("click", runFit);
   $("#fit-top").addEventListener("change", (e) => { state.top = Math.max(1, parseInt(e.target.value, 10) || 10); writeURL(); });
   $("#d-run").addEventListener("click", runDoctor);
+  $("#ds-run").addEventListener("click", runDataset);
   $("#d-message").addEventListener("input", (e) => { state.message = e.target.value; writeURL(); });
   $("#d-capacity").addEventListener("input", (e) => { state.capacity = e.target.value; writeURL(); });
   $("#d-alloc").addEventListener("input", (e) => { state.alloc = e.target.value; writeURL(); });
@@ -395,6 +427,8 @@ async function start() {
   searched = fitBody["x-searched-fields"] || [];
   models = m.data;
   gpus = g.data;
+  const datasetForm = spec.data.paths["/v1/dataset"].post.requestBody.content["multipart/form-data"].schema;
+  $("#ds-batching").replaceChildren(...datasetForm.properties.batching.enum.map((r) => el("option", { value: r, text: r })));
   buildForm(schema);
   fillCatalogues();
   readURL();

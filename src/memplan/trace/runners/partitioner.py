@@ -18,8 +18,8 @@ Modelled: the partitioner's saved set with its default settings (``activation_me
 Not modelled: inductor's code generation (a fused kernel keeps no intermediate of its chain, so the
 forward's transients inside a layer are lower on a GPU than the graph run here), its runtime buffers
 and workspaces, CUDA graphs (``mode="reduce-overhead"``), dynamo graph breaks (each piece of a broken
-layer is partitioned on its own) and compiled regions other than the decoder layers (embedding, final
-norm, loss).
+layer is partitioned on its own) and compiled regions other than the decoder layers and the loss
+(:mod:`memplan.trace.runners.compiled_loss`): the embedding, final norm and head.
 """
 
 from __future__ import annotations

@@ -1,0 +1,63 @@
+"""Issue 25, item 8: the trace's simulated reserved memory on more agreement-grid cells (the witness).
+
+``benchmarks/agreement_grid.py`` records the trace's simulated reserved figure (the trace's events
+replayed through memplan's caching-allocator simulator) beside every cell it runs; its recorded file
+``agreement_reserved.json`` holds 13 llama-3.2-1b cells. This script records the same figure for a
+fixed list of further cells of the grid, chosen before any estimate was compared with them to cover
+the other architectures (GPT-2, Qwen2.5, Qwen3, Qwen3-MoE, Gemma 2, Phi-3, Mistral, Llama 3.1), FSDP and
+TP, plus three fine-tuning jobs (the LoRA runs of ``configs/published_finetune.json``), written to
+``results/agreement_reserved_arch.json`` in the same format. ``reserved_sim.py`` compares the
+estimate with both files.
+
+    PYTHONPATH=src python benchmarks/reserved_witness.py [--out benchmarks/results/agreement_reserved_arch.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import agreement_grid as grid  # noqa: I001 - benchmarks/ is on the path when run as a script
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "agreement_reserved_arch.json"
+
+KEYS = (
+    "gpt2 s1024 b1 fp32 sdpa rc=none", "gpt2 s1024 b1 bf16-mixed eager rc=none", "gpt2 s1024 b1 fp32 sdpa rc=full",
+    "qwen2.5-7b s1024 b1 bf16-mixed sdpa rc=none", "qwen3-8b s1024 b1 bf16-mixed sdpa rc=selective",
+    "qwen3-8b s1024 b1 bf16 eager rc=none", "gemma-2-2b s1024 b1 bf16-mixed eager rc=none",
+    "gemma-2-2b s1024 b1 bf16 eager rc=full", "phi-3-mini s1024 b1 bf16-mixed sdpa rc=none",
+    "phi-3-mini s1024 b1 fp32 eager rc=none", "mistral-7b s1024 b1 bf16-mixed sdpa rc=none",
+    "qwen3-30b-a3b s1024 b1 bf16-mixed sdpa rc=none", "llama-3.2-1b s1024 b1 bf16-mixed sdpa rc=selective",
+    "llama-3.2-1b s1024 b1 bf16-mixed sdpa rc=full", "gemma-2-2b s1024 b1 bf16-mixed eager rc=none fsdp=8",
+    "qwen2.5-7b s1024 b1 bf16-mixed sdpa rc=none tp=2", "llama-3.1-8b s4096 b1 bf16-mixed sdpa rc=full fsdp=8",
+)
+_LORA = (("peft", "lora"), ("lora_rank", 64), ("lora_alpha", 16.0), ("lora_dropout", 0.05),
+         ("lora_targets", "all-linear"), ("checkpoint_reentrant", True))
+#: The fine-tuning cells: the Qwen 1 LoRA runs of configs/published_finetune.json (flash is traced as SDPA).
+FINETUNE = (
+    grid.Cell("qwen1-7b", 1024, 1, "bf16-mixed", "sdpa", "full", flags=_LORA),
+    grid.Cell("qwen1-7b", 4096, 1, "bf16-mixed", "sdpa", "full",
+              flags=_LORA + (("modules_to_save", "embed_tokens,lm_head"),)),
+    grid.Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "none", flags=_LORA[:5]),
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    cells = {c.key: c for c in grid.GRID}
+    results = []
+    for cell in [cells[k] for k in KEYS] + list(FINETUNE):
+        results.append(grid.measure(cell))
+        print(f"{cell.key}: {results[-1]['seconds']} s, reserved {results[-1]['reserved']}", flush=True)
+        measured = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
+        args.out.write_text(json.dumps({"measured": measured, "tolerance": grid.TOLERANCE, "cells": results},
+                                       indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

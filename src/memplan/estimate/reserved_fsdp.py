@@ -1,0 +1,69 @@
+"""FSDP2's streams in the reserved-memory schedule (issue 25, item 8; :mod:`memplan.estimate.reserved_sim`).
+
+PyTorch's caching allocator keeps one pool per stream: a block freed on one stream is reused only by
+requests on that stream. FSDP2 (``torch/distributed/fsdp/_fully_shard``) allocates on three, as the
+trace of a ``--fsdp`` job shows (``memplan trace --fsdp N``, events by stream):
+
+- its all-gather stream: per unit (the root, then each block), in forward and again in backward,
+  the all-gather input (the rank's shard in the compute dtype) and output (the unit's unsharded
+  parameters in the compute dtype), both freed once the output is copied out;
+- the default stream: the unsharded parameters copied out of the all-gather (the root's kept from
+  its forward to the end of the backward, a block's freed after its forward and its backward), and
+  a block's unsharded gradients in the compute dtype until its reduce-scatter;
+- its reduce-scatter stream: the reduce-scatter output, the rank's sharded gradients in the reduce
+  dtype, alive until the optimizer step's ``zero_grad``.
+
+The root unit's gradients are made apart: the head's weight gradient (unsharded, compute dtype) at the
+start of the backward, kept until the root's reduce-scatter at its end; there the embedding's gradient
+(and, for tied embeddings, their sum as a third tensor) and the reduce-scatter's input (the root's
+unsharded gradients in the reduce dtype) come beside it.
+
+The sizes come from the estimate's own totals (its sharded parameters and gradients, spread over the
+units' tensors in proportion to their numel), so the schedule is the estimate's, not the trace's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.ledger import GRADIENTS, PARAMETERS, Ledger
+from memplan.units import dtype_bytes
+
+#: Stream ids of the schedule (any distinct ids: the simulator only keeps their pools apart).
+ALL_GATHER_STREAM = 1
+REDUCE_SCATTER_STREAM = 3
+
+
+@dataclass(frozen=True)
+class FsdpSizes:
+    """Per unit (root first, then the stage's blocks): the all-gather input, the unsharded parameter
+    tensors in the compute dtype (also the unsharded gradients), and the sharded gradients."""
+
+    gather_input: list[int]
+    unsharded: list[list[int]]
+    sharded_grads: list[list[int]]
+    #: The root's head weight (the tied embedding when tied) in the compute dtype, and whether it is tied.
+    head: int = 0
+    tied: bool = False
+    #: The ranks a unit is sharded over.
+    shards: int = 1
+
+
+def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
+               spread: Callable[[int, list[list[int]]], list[list[int]]]) -> FsdpSizes | None:
+    """The FSDP2 sizes of the stage's schedule, or None when the job does not run FSDP2."""
+    job, prec = ctx.run.job, ctx.run.prec
+    if job.sharding.fsdp == "none" or not ctx.run.profile.torch_optimizer:
+        return None
+    compute = dtype_bytes(prec.compute)
+    sharded_params = spread(ledger.total(PARAMETERS), units)
+    param_bytes = max(prec.param_bytes, 1)
+    gather_input = [sum(unit) * compute // param_bytes for unit in sharded_params]
+    tp = max(job.parallel.tp, 1)
+    unsharded = [[n * compute // tp for n in unit] for unit in units]
+    grads = spread(ledger.total(GRADIENTS, "end of backward"), units)
+    head = max(unsharded[0], default=0) if ctx.layout.has_head else 0
+    shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1
+    return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1))
