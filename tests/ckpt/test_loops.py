@@ -183,3 +183,22 @@ def test_the_cpu_meter_is_left_after_the_optimizer_step_and_on_removal() -> None
     model(input_ids=x, labels=x).loss.backward()  # a loop that stops without an optimizer step
     remove_checkpointing(model)
     assert _get_current_dispatch_mode() is None
+
+
+def test_the_optimizer_phase_is_metered_only_until_known_when_steps_run_unmetered() -> None:
+    """A plain loop far below its budget: after two metered optimizer steps the CPU meter (a dispatch mode,
+    costly per AdamW operator) stays off for the optimizer too; every step is still counted."""
+    from memplan.ckpt.loop_hooks import OPTIMIZER_STEPS_METERED
+
+    model = auto_checkpoint(tiny_gpt2(), 2**34)
+    ctl = controller_of(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ctl.seed([lambda n=n: model(input_ids=tokens(n), labels=tokens(n)).loss.backward() for n in (8, 16, 32)])
+    for n in (12, 20, 16, 24, 14, 18):
+        model(input_ids=tokens(n), labels=tokens(n)).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    stats = ctl.stats()
+    assert stats.optimizer_steps == 6 and stats.metered_steps == 0
+    assert ctl._count["opt_metered"] == OPTIMIZER_STEPS_METERED
+    assert stats.max_optimizer_peak_bytes > 0 and stats.optimizer_over_budget_steps == 0

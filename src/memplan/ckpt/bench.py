@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from memplan.ckpt.bench_meter import StepMeter
+from memplan.ckpt.bench_paired import paired_interval
 from memplan.ckpt.bench_setup import (
     MEMPLAN,
     TIMED,
@@ -144,6 +145,12 @@ class BenchResult:
                 vs = _spread(self.ratios_to(v, best))["median"]
                 targets[v][f"throughput / best static that fits ({best}; median of repetitions)"] = _target(
                     vs, ">= 1", vs >= 1.0)
+                paired = [iv for r in runs for o in self.of(best) if o.rep == r.rep
+                          if (iv := paired_interval(r, o)) is not None]
+                if paired:
+                    iv = paired[0]
+                    targets[v][f"paired bootstrap {iv['level']:.0%} interval over steps vs {best} (report)"] = _target(
+                        [round(iv["low"], 4), round(iv["high"], 4)], "report", True)
                 cpu = _spread(self.cpu_ratios_to(v, best))["median"]
                 targets[v][f"CPU time of best static that fits ({best}) / own (report)"] = _target(cpu, "report", True)
         return {

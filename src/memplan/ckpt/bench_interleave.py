@@ -53,6 +53,7 @@ class _Lane:
     live: LiveRecord = field(default_factory=LiveRecord)
     seconds: float = 0.0
     cpu: float = 0.0
+    steps: list[float] = field(default_factory=list)
 
 
 def _lane(variant: str, cfg: BenchConfig, init: dict[str, torch.Tensor], budget: int) -> _Lane:
@@ -61,13 +62,14 @@ def _lane(variant: str, cfg: BenchConfig, init: dict[str, torch.Tensor], budget:
                  judge=StepMeter(), counter=RecomputeCounter(model))
 
 
-def _timed(lane: _Lane, fn: Callable[[], Any]) -> Any:
+def _timed(lane: _Lane, fn: Callable[[], Any]) -> float:
     t0, c0 = time.perf_counter(), time.process_time()
     with lane.judge:
-        out = fn()
-    lane.seconds += time.perf_counter() - t0
+        fn()
+    wall = time.perf_counter() - t0
+    lane.seconds += wall
     lane.cpu += time.process_time() - c0
-    return out
+    return wall
 
 
 def _train_step(lane: _Lane, batch: torch.Tensor) -> None:
@@ -95,7 +97,7 @@ def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, t
     for i, batch in enumerate(batches):
         order = lanes[i % len(lanes):] + lanes[:i % len(lanes)]
         for lane in order:
-            _timed(lane, lambda lane=lane: _train_step(lane, batch))
+            lane.steps.append(_timed(lane, lambda lane=lane: _train_step(lane, batch)))
         if (i + 1) % 6 == 0:
             say(f"step {i + 1}/{len(batches)}: " + ", ".join(f"{ln.variant} {ln.seconds:.0f} s" for ln in lanes))
     runs = []
@@ -113,6 +115,7 @@ def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, t
             cpu_s=lane.cpu, seed_s=lane.live.seed_s, seed_cpu_s=lane.live.seed_cpu_s,
             selective_forwards=stats.selective_forwards if stats else 0,
             explored_steps=stats.explored_steps if stats else 0, metered_steps=stats.metered_steps if stats else 0,
+            step_s=tuple(lane.steps),
         ))
     return tuple(runs)
 

@@ -120,6 +120,8 @@ class Run:
     metered_steps: int = 0
     #: The machine's 1-minute load average when the run ended (shared machine).
     load_1min: float = 0.0
+    #: Wall seconds of each training step (step-interleaved runs; empty elsewhere): paired intervals.
+    step_s: tuple[float, ...] = ()
 
     @property
     def throughput(self) -> float:

@@ -131,8 +131,8 @@ class CheckpointController(LoopHooks):
         self._force: str | None = None
         self._step: CkptStepState | None = None
         self._count = dict.fromkeys(
-            ("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps", "seeded", "selective",
-             "offloaded", "explored", "metered"), 0)
+            ("steps", "sheltered", "misses", "over", "recomputed", "probes", "opt_steps", "opt_metered", "seeded",
+             "selective", "offloaded", "explored", "metered"), 0)
         self._seeding = False  # a fake-tensor pass of seed_from_fake is running
         self._owned = False  # the CPU meter was entered by a hook (plain loop), not by step()
         self._optimizers: dict[int, Any] = {}  # id → weak reference of the optimizers found by the hooks
@@ -517,7 +517,8 @@ class CheckpointController(LoopHooks):
         else:
             out = forward(*args, **kwargs)
         st.times[j] = time.perf_counter() - t0
-        st.acts[j] = self._held_since(before, out, args, kwargs)
+        if st.metered:  # an unmetered step's bytes are not observed
+            st.acts[j] = self._held_since(before, out, args, kwargs)
         return out
 
     def _held_since(self, before: int, out: Any, args: Any, kwargs: Any) -> int:

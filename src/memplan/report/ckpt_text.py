@@ -49,8 +49,13 @@ def _rows(result: BenchResult) -> list[list[str]]:
 
 
 def _target_rows(result: BenchResult) -> list[list[str]]:
-    return [[variant, name, f"{t['value']:.3g}", t["target"], "yes" if t["met"] else "no"]
+    return [[variant, name, _value(t["value"]), t["target"], "yes" if t["met"] else "no"]
             for variant, per in result.summary()["targets"].items() for name, t in per.items()]
+
+
+def _value(value: float | list[float]) -> str:
+    """A measured value, or an interval ``[low, high]`` as ``low-high``."""
+    return "-".join(f"{v:.3g}" for v in value) if isinstance(value, list) else f"{value:.3g}"
 
 
 def _title(result: BenchResult) -> str:
