@@ -4,7 +4,9 @@ the byte-level BPE pipelines it claims (GPT-2's, Llama 3's Split + ByteLevel, NF
 from __future__ import annotations
 
 import json
+import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,3 +99,29 @@ def test_lengths_use_it_and_equal_the_reference(tokenizer_dir, chat_rows, tmp_pa
     expected = [len(reference.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"])
                 for r in chat_rows]
     assert not cached and lengths.tolist() == expected
+
+
+def test_two_processes_count_what_one_counts(tokenizer_dir):
+    """The forked split (memplan.dataset.forked) gives the single-process counts, row for row."""
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    rust, spec = Tokenizer.from_file(str(path)), json.loads(path.read_text(encoding="utf-8"))
+    texts = [f"row {i}: " + "hello world, " * (i % 17) + ("\u00e9t\u00e9" if i % 5 == 0 else "") for i in range(301)]
+    one = count_tokens(texts, rust, spec, add_special_tokens=True, parallel_rows=10**9)
+    two = count_tokens(texts, rust, spec, add_special_tokens=True, parallel_rows=1)
+    assert one is not None and two is not None
+    assert two.tolist() == one.tolist() and (one == -1).sum() == 61  # the non-ASCII rows are left to Rust
+
+
+def test_a_failed_child_is_counted_here():
+    """A child that dies (here: killed by its count) leaves its half to the parent; the result is whole."""
+    from memplan.dataset import forked
+
+    parent = os.getpid()
+
+    def count(rows):
+        if os.getpid() != parent:
+            os._exit(3)
+        return np.array([len(r) for r in rows], dtype=np.int64)
+
+    rows = ["a" * i for i in range(11)]
+    assert forked.in_two_halves(rows, count).tolist() == list(range(11))

@@ -37,20 +37,39 @@ _OUTSIDE = re.compile(r"[^\t\n\r\x20-\x7e]")
 _NORMALIZERS = (None, "NFC")
 
 
-def count_tokens(texts: list[str], rust: Any, spec: dict[str, Any], *, add_special_tokens: bool
-                 ) -> np.ndarray | None:
+#: Rows below which counting stays in one process (a fork and its pipe cost more than they save).
+PARALLEL_ROWS = 20_000
+
+
+def count_tokens(texts: list[str], rust: Any, spec: dict[str, Any], *, add_special_tokens: bool,
+                 parallel_rows: int = PARALLEL_ROWS) -> np.ndarray | None:
     """Each row's token count, or -1 for rows left to ``encode_batch_fast``; None when the tokenizer's
-    pipeline is not one this module reproduces. ``spec``: the tokenizer.json document of ``rust``."""
+    pipeline is not one this module reproduces. ``spec``: the tokenizer.json document of ``rust``.
+
+    From ``parallel_rows`` rows on, where the machine has a second core and ``fork``, the second half
+    of the rows is counted in a forked child (:mod:`memplan.dataset.forked`) while this process counts
+    the first half; the counts are the same either way."""
     pattern = _piece_pattern(spec)
     if pattern is None:
         return None
     added = _added_patterns(rust)
     if added is None:
         return None
-    pieces = _compiled(pattern)
-    counts = _PieceCounts(rust.model, _byte_table())
     post = rust.post_processor
     extra = post.num_special_tokens_to_add(False) if add_special_tokens and post is not None else 0
+
+    def count(rows: list[str]) -> np.ndarray:
+        return _count_rows(rows, _compiled(pattern), _PieceCounts(rust.model, _byte_table()), added, extra)
+
+    if len(texts) >= parallel_rows:
+        from memplan.dataset.forked import in_two_halves
+
+        return in_two_halves(texts, count)
+    return count(texts)
+
+
+def _count_rows(texts: list[str], pieces: Any, counts: _PieceCounts, added: tuple[Any, ...], extra: int
+                ) -> np.ndarray:
     out = np.full(len(texts), -1, dtype=np.int64)
     for row, text in enumerate(texts):
         if _OUTSIDE.search(text) is not None:
