@@ -285,20 +285,26 @@ async function runDoctor() {
     fields.job = job;
   }
   const init = doctorRequest(fields, doctorFile);
-  $("#d-run").disabled = true;
-  $("#d-status").textContent = "Diagnosing…";
-  $("#panel-doctor").dataset.state = "pending";
-  const answer = await call("/v1/doctor", init);
-  $("#d-run").disabled = false;
-  $("#d-status").textContent = answer.error ? "Refused." : `Verdict: ${answer.data.verdict}.`;
-  $("#panel-doctor").dataset.state = answer.error ? "error" : "done";
+  await submitPanel("doctor", "d", "/v1/doctor", init,
+    { pending: "Diagnosing…", done: (data) => `Verdict: ${data.verdict}.` }, renderDoctor);
+}
+
+// One form panel's request: its button and status while pending, then the answer rendered or its error shown.
+async function submitPanel(panel, prefix, url, init, texts, render) {
+  $(`#${prefix}-run`).disabled = true;
+  $(`#${prefix}-status`).textContent = texts.pending;
+  $(`#panel-${panel}`).dataset.state = "pending";
+  const answer = await call(url, init);
+  $(`#${prefix}-run`).disabled = false;
+  $(`#${prefix}-status`).textContent = answer.error ? "Refused." : texts.done(answer.data);
+  $(`#panel-${panel}`).dataset.state = answer.error ? "error" : "done";
   if (answer.error) {
-    showError("doctor", answer.error);
-    $("#doctor-out").replaceChildren();
+    showError(panel, answer.error);
+    $(`#${panel}-out`).replaceChildren();
     return;
   }
-  showError("doctor", null);
-  renderDoctor(answer.data);
+  showError(panel, null);
+  render(answer.data);
 }
 
 function setDoctorFile(file) {
@@ -323,20 +329,9 @@ async function runDataset() {
     showError("dataset", { message: request.localError, field: request.field });
     return;
   }
-  $("#ds-run").disabled = true;
-  $("#ds-status").textContent = "Tokenizing and pricing every step…";
-  $("#panel-dataset").dataset.state = "pending";
-  const answer = await call("/v1/dataset", request.init);
-  $("#ds-run").disabled = false;
-  $("#ds-status").textContent = answer.error ? "Refused." : `${answer.data.dataset.steps} steps priced.`;
-  $("#panel-dataset").dataset.state = answer.error ? "error" : "done";
-  if (answer.error) {
-    showError("dataset", answer.error);
-    $("#dataset-out").replaceChildren();
-    return;
-  }
-  showError("dataset", null);
-  renderDataset(answer.data);
+  await submitPanel("dataset", "ds", "/v1/dataset", request.init,
+    { pending: "Tokenizing and pricing every step…", done: (data) => `${data.dataset.steps} steps priced.` },
+    renderDataset);
 }
 
 // ---- panels (tabs) ----
