@@ -15,8 +15,9 @@ Parameters (issue 29), fixed in this docstring and in ``BenchConfig`` before the
   and ``none``'s peak on the longest batch (AdamW moments allocated), by the independent judge.
 * memplan: ``ctl.seed`` on fake sample steps of 4 x 64, 256 and 1024 tokens (cold: torch's fake-tensor
   cache cleared first), no warm-up, no other preparation; seeding is inside every timed run.
-* Timing: the timed variants of a run take turns **step by step** in one process (the order rotated
-  every step; ``memplan.ckpt.bench_interleave``), each with its own model, AdamW and judge; a
+* Timing: the timed variants of a run take turns **step by step** (the order rotated every step),
+  each in its own worker process since issue-29 follow-up 3 (``memplan.ckpt.bench_procs``: its own C
+  heap, so no variant pays another's page faults), each with its own model, AdamW and judge; a
   variant's time is the sum of its own steps plus, for memplan, its seeding. Static policies are
   first checked for memory by one step on the longest batch; one that exceeds the budget is not
   timed (reported with its peak).
