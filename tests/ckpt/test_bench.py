@@ -86,3 +86,12 @@ def test_process_per_variant_runs_pair_the_steps_and_record_faults() -> None:
     assert plain.seed_s > 0 and plain.wall_s > plain.seed_s and plain.recomputed_forwards < full.recomputed_forwards
     assert plain.host_memory.startswith(("retained", "unchanged")) and full.host_memory == ""
     assert res.summary()["targets"]["plain"]["losses equal to full"]["met"]
+
+
+def test_supplementary_runs_can_give_the_static_variants_the_same_allocator_setting() -> None:
+    cfg = replace(BenchConfig.quick(), steps=2, interleave="process", timed=("full", "plain"), once=(),
+                  static_retain=True)
+    res = run_bench(cfg)
+    full, plain = res.of("full")[0], res.of("plain")[0]
+    assert full.host_memory.startswith("retained") and plain.host_memory.startswith("retained")
+    assert full.losses == plain.losses

@@ -116,7 +116,8 @@ def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, t
     return tuple(lane_run(lane, batches) for lane in lanes)
 
 
-def lane_run(lane: _Lane, batches: Sequence[torch.Tensor], step_faults: Sequence[int] = ()) -> Run:
+def lane_run(lane: _Lane, batches: Sequence[torch.Tensor], step_faults: Sequence[int] = (),
+             host_memory: str = "") -> Run:
     """The record of a lane that has taken every step."""
     ctl = getattr(lane.model, "memplan_ckpt", None)
     stats = ctl.stats() if ctl is not None else None
@@ -131,5 +132,5 @@ def lane_run(lane: _Lane, batches: Sequence[torch.Tensor], step_faults: Sequence
         cpu_s=lane.cpu, seed_s=lane.live.seed_s, seed_cpu_s=lane.live.seed_cpu_s,
         selective_forwards=stats.selective_forwards if stats else 0,
         explored_steps=stats.explored_steps if stats else 0, metered_steps=stats.metered_steps if stats else 0,
-        step_s=tuple(lane.steps), step_faults=tuple(step_faults), host_memory=stats.host_memory if stats else "",
+        step_s=tuple(lane.steps), step_faults=tuple(step_faults), host_memory=stats.host_memory if stats else host_memory,
     )

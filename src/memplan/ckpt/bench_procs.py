@@ -12,7 +12,8 @@ weights). The parent process only schedules: seeding one worker after another, t
 every worker in turn (the order rotated every step) before step ``i + 1`` of any, so that each
 variant's step ``i`` runs within seconds of the others', under the same load, one at a time. Each
 worker records its steps' wall seconds, process CPU seconds and minor page faults
-(``getrusage``), and sends back its :class:`~memplan.ckpt.bench_setup.Run`.
+(``getrusage``), and sends back its :class:`~memplan.ckpt.bench_setup.Run`. With
+``static_retain`` (supplementary runs) the static variants' workers keep freed memory as memplan's does.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 import torch
 
 from memplan.ckpt.bench_interleave import lane_run, make_lane, seed_lane, timed_step
-from memplan.ckpt.bench_setup import BenchConfig, Run
+from memplan.ckpt.bench_setup import MEMPLAN, BenchConfig, Run
+from memplan.ckpt.hostmem import retain_freed_memory
 
 __all__ = ["run_in_processes"]
 
@@ -39,6 +41,7 @@ def _worker(conn: Any, cfg: BenchConfig, variant: str, budget: int, batches: Seq
     """One variant: build, then obey "seed", a step index, or None (send the run and stop)."""
     try:
         torch.set_num_threads(cfg.threads)
+        host = retain_freed_memory() if cfg.static_retain and variant not in MEMPLAN else ""
         lane = make_lane(variant, cfg, None, budget)  # type: ignore[arg-type]  (None: the seed's own weights)
         faults: list[int] = []
         conn.send(("up", None))
@@ -51,7 +54,7 @@ def _worker(conn: Any, cfg: BenchConfig, variant: str, budget: int, batches: Seq
             wall = timed_step(lane, batches[msg])
             faults.append(_faults() - f0)
             conn.send(("step", wall))
-        conn.send(("run", lane_run(lane, batches, faults)))
+        conn.send(("run", lane_run(lane, batches, faults, host)))
     except BaseException:  # reported to the parent, which raises it there
         conn.send(("error", traceback.format_exc()))
 

@@ -62,6 +62,9 @@ class BenchConfig:
     #: (memplan.ckpt.bench_interleave); "run": whole runs one after another, the order rotated each
     #: repetition (issue 15's design).
     interleave: str = "process"
+    #: Supplementary runs only (not the verdict): the static variants' processes also keep freed memory
+    #: (memplan.ckpt.hostmem), as a user could arrange for any policy; "process" schedule only.
+    static_retain: bool = False
     #: The throughput target over ``full`` (issue 29: 1.05 on the 24-step run, 1.15 on the long one).
     speed_target: float = 1.05
     #: Seeding seconds allowed (issue 29: 2 s).
