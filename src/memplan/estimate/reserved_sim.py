@@ -32,6 +32,8 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_optimizer import foreach_temporaries
+from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
     GRADIENTS,
@@ -158,12 +160,13 @@ def _loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Replay, che
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
                        loss: LossPart) -> ScheduleReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks."""
-    units = _units(ctx, [index for index, _, _ in walk.per_layer])
+    layers = [index for index, _, _ in walk.per_layer]
+    units = _units(ctx, layers)
     replay = Replay()
     for category in (PARAMETERS, MASTER, WORKSPACE):
         for unit in _spread(ledger.total(category), units):
             replay.take_all(unit)
-    moments = _pieces(ledger, units)
+    moments = _pieces(ledger, trainable_units(ctx, layers) or units)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     for category in (() if moments.states_in_step else (OPTIMIZER,)):
         for unit in _spread(ledger.total(category), units):
@@ -193,9 +196,10 @@ def _pieces(ledger: Ledger, units: list[list[int]]) -> _Pieces:
     moments = _spread(ledger.total(OPTIMIZER), units)
     # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
     halves = [[part for size in unit for part in (size // 2, size - size // 2)] for unit in moments]
+    step = ledger.total(TEMPORARY, "optimizer step")
+    temps = foreach_temporaries(step, [unit[1::2] for unit in halves]) or _spread(step, units)
     return _Pieces(grads=_spread(ledger.total(GRADIENTS, "end of backward"), units), moments=halves,
-                   step_temp=_spread(ledger.total(TEMPORARY, "optimizer step"), units), made_in_backward=made,
-                   states_in_step=made)
+                   step_temp=temps, made_in_backward=made, states_in_step=made)
 
 
 def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
