@@ -32,6 +32,7 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
 from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
@@ -218,7 +219,10 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         replay.give(*params)
     replay.moment(ledger, "forward", check)
     _loss(ctx, ledger, loss, replay, check)
-    head = replay.take(fsdp.head) if fsdp is not None and pieces.made_in_backward else None
+    root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
+    head = None
+    if pieces.made_in_backward:
+        head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
     last = len(walk.per_layer) - 1
     for position in reversed(range(len(walk.per_layer))):
         params = replay.gather(fsdp, position + 1)
@@ -229,7 +233,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
             grads.append(replay.gradients(fsdp, pieces.grads[position + 1], position + 1))
         replay.give(temp, *saved[position], *params)
     if pieces.made_in_backward:
-        grads.append(replay.gradients(fsdp, pieces.grads[0], 0) if fsdp is None else replay.root_gradients(fsdp, head))
+        grads.append(finish_root(replay, root_grads, head) if fsdp is None else replay.root_gradients(fsdp, head))
     replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
     if first and pieces.states_in_step:
