@@ -30,6 +30,7 @@ from memplan.alloc.blocks import Block
 from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.reserved_autocast import layer_weight_copies
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
@@ -210,12 +211,16 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     checked then: the ledger describes the steady state). Returns the gradients alive after the step."""
     ledger, fsdp = plan
     check = not first
-    other = replay.take(acts.other)
+    copies = layer_weight_copies(ctx, [index for index, _, _ in walk.per_layer])
+    if sum(map(sum, copies)) > acts.other:
+        copies = [[] for _ in copies]
+    other = replay.take(acts.other - sum(map(sum, copies)))
     root = replay.gather(fsdp, 0)
     saved = []
     for position, (index, kept, _) in enumerate(walk.per_layer):
         params = replay.gather(fsdp, position + 1)
-        saved.append(_forward_layer(replay, _layer_blocks(ctx, index, kept)))
+        held = replay.take_all(copies[position])
+        saved.append(held + _forward_layer(replay, _layer_blocks(ctx, index, kept)))
         replay.give(*params)
     replay.moment(ledger, "forward", check)
     _loss(ctx, ledger, loss, replay, check)
