@@ -34,13 +34,14 @@ def root_gradients(sizes: list[int], has_head: bool, tied: bool) -> RootGradient
     return RootGradients(sizes[largest], sizes[:largest] + sizes[largest + 1:], tied)
 
 
-def finish_root(replay: object, root: RootGradients, head: Block | None) -> list[Block | None]:
+def finish_root(replay: object, root: RootGradients, head: Block | None) -> tuple[list[Block | None], list[Block | None]]:
     """At the end of the backward: the embedding's gradient beside the head's ``head`` (when tied, their
-    sum made and both freed), then the root's other gradients; returns the blocks alive after."""
-    take, give = replay.take, replay.give  # type: ignore[attr-defined]
+    sum made), then the root's other gradients. Returns the blocks alive after the step's backward and
+    the tied pair, which autograd frees right after the sum (the caller frees them after the ledger's
+    end-of-backward moment, which counts them)."""
+    take = replay.take  # type: ignore[attr-defined]
     if root.tied and head is not None:
         embedding = take(root.head)
         total = take(root.head)
-        give(head, embedding)
-        return [total, *(take(size) for size in root.rest)]
-    return [head, *(take(size) for size in root.rest)]
+        return [total, *(take(size) for size in root.rest)], [head, embedding]
+    return [head, *(take(size) for size in root.rest)], []

@@ -7,13 +7,19 @@ simulated peak reserved. The schedule, in execution order:
 
 - the whole-step state (parameters, master weights, optimizer moments, workspaces) allocated first,
   one block per decoder layer plus one for the embedding/head (the FSDP root unit) per category;
-- forward: the stage's other activations, then per decoder layer the tensors it saves (the layer's
-  saved terms when they add up to what the estimate keeps for it, else one block), then the loss's
-  logits;
-- backward in reverse layer order: the layer's backward transient allocated, its gradients allocated
-  (when gradients are made in the backward), the transient and the layer's saved tensors freed;
-- the optimizer step's temporaries, allocated per layer and freed; gradients freed before the next
-  step where they are not alive through the whole step.
+- forward: the stage's other activations, then per decoder layer autocast's weight copies
+  (:mod:`~memplan.estimate.reserved_autocast`) and the tensors it saves (the layer's saved terms when
+  they add up to what the estimate keeps for it, else one block), then the loss's logits;
+- backward: the head's weight gradient right after the loss, then in reverse layer order the layer's
+  backward transient allocated, its gradients allocated (when gradients are made in the backward), the
+  transient and the layer's saved tensors freed; the embedding's gradient (and a tied sum) last
+  (:mod:`~memplan.estimate.reserved_root`);
+- the optimizer step's temporaries, one ``exp_avg_sq``-sized tensor per trainable tensor
+  (:mod:`~memplan.estimate.reserved_optimizer`), freed; gradients freed before the next step where they
+  are not alive through the whole step.
+
+Gradients, moments and step temporaries are laid out over the trainable tensors
+(:mod:`~memplan.estimate.reserved_trainable`: under PEFT the adapters and ``modules_to_save`` copies).
 
 At each of the ledger's candidate moments the schedule holds what it placed; what else the ledger
 has alive at that moment (communication buffers, inputs, temporaries the schedule does not place)
@@ -177,8 +183,10 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
     note = (f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
-            f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters, gradients, optimizer "
-            "states and step temporaries per parameter tensor, saved activations per tensor)")
+            f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters per parameter tensor; "
+            "gradients, optimizer states and the foreach step's temporaries per trainable tensor; saved "
+            "activations and autocast weight copies per tensor inside their layer; the head's gradient from "
+            "the loss on)")
     return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events, note)
 
 
@@ -237,10 +245,15 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         if pieces.made_in_backward:
             grads.append(replay.gradients(fsdp, pieces.grads[position + 1], position + 1))
         replay.give(temp, *saved[position], *params)
-    if pieces.made_in_backward:
-        grads.append(finish_root(replay, root_grads, head) if fsdp is None else replay.root_gradients(fsdp, head))
+    summed: list[Block | None] = []
+    if pieces.made_in_backward and fsdp is None:
+        alive, summed = finish_root(replay, root_grads, head)
+        grads.append(alive)
+    elif pieces.made_in_backward:
+        grads.append(replay.root_gradients(fsdp, head))
     replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
+    replay.give(*summed)
     if first and pieces.states_in_step:
         for unit in pieces.moments:
             replay.take_all(unit)
