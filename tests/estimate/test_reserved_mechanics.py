@@ -131,3 +131,19 @@ def test_autocast_copies_are_made_in_each_kept_layers_forward() -> None:
     assert all(not copies[i] for i in range(len(layers)) if layers[i] in ctx.recomputed)
     assert len(copies[-1]) == 7  # one per linear weight
     assert layer_weight_copies(_ctx("llama-3.2-1b", {"seq": 1024, "precision": "fp32"}), layers) == [[]] * len(layers)
+
+
+def test_the_heads_autocast_copy_lives_from_the_head_to_its_backward() -> None:
+    """Under autocast the output head's 16-bit weight copy is made after the last layer (at the head) and
+    freed at the head's backward, before the head's gradient, not held from the first layer on."""
+    model = load_model("llama-3.2-1b")
+    copy = model.vocab_size * model.hidden_size * 2
+    events = _schedule("llama-3.2-1b", {"seq": 1024, "precision": "bf16-mixed", "framework": "hf"})
+    forward = max(i for i, e in enumerate(events) if e == ("moment", "forward"))
+    loss = max(i for i, e in enumerate(events) if e == ("moment", "loss"))
+    made = max(i for i, e in enumerate(events[:forward]) if e == ("take", copy))
+    assert events[made + 1] == ("moment", "forward")
+    freed = next(i for i in range(loss, len(events)) if events[i][0] == "give" and events[i][1] >= copy // 2
+                 and abs(events[i][1] - copy) < 2 * 2**20)
+    head_grad = next(i for i in range(loss, len(events)) if events[i] == ("take", 2 * copy))
+    assert loss < freed < head_grad

@@ -222,7 +222,8 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     copies = layer_weight_copies(ctx, [index for index, _, _ in walk.per_layer])
     if sum(map(sum, copies)) > acts.other:
         copies = [[] for _ in copies]
-    other = replay.take(acts.other - sum(map(sum, copies)))
+    # the output head's autocast weight copy is made at the head, after the layers, and freed in its backward
+    other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
     root = replay.gather(fsdp, 0)
     saved = []
     for position, (index, kept, _) in enumerate(walk.per_layer):
@@ -230,8 +231,10 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         held = replay.take_all(copies[position])
         saved.append(held + _forward_layer(replay, _layer_blocks(ctx, index, kept)))
         replay.give(*params)
+    head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
     _loss(ctx, ledger, loss, replay, check)
+    replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
     head = None
     if pieces.made_in_backward:
