@@ -147,3 +147,19 @@ def test_the_heads_autocast_copy_lives_from_the_head_to_its_backward() -> None:
                  and abs(events[i][1] - copy) < 2 * 2**20)
     head_grad = next(i for i in range(loss, len(events)) if events[i] == ("take", 2 * copy))
     assert loss < freed < head_grad
+
+
+def test_the_sentence_names_the_mechanics_that_shaped_the_schedule() -> None:
+    model = load_model("llama-3.2-1b")
+    _stages.cache_clear()
+    lora = estimate(model, build_job({"seq": 1024, "framework": "hf", "peft": "lora"}), reserved="simulated")
+    mixed = estimate(model, build_job({"seq": 1024, "framework": "hf"}), reserved="simulated")
+    fp32 = estimate(model, build_job({"seq": 1024, "framework": "hf", "precision": "fp32"}), reserved="simulated")
+
+    def sentence(est: object) -> str:
+        notes = est.assumptions  # type: ignore[attr-defined]
+        return next(a for a in notes if a.startswith("reserved = the caching-allocator"))
+
+    assert "only for the trainable tensors" in sentence(lora) and "only for the trainable" not in sentence(mixed)
+    assert "autocast" in sentence(mixed) and "autocast" not in sentence(fp32)
+    assert "tied embedding" in sentence(mixed)

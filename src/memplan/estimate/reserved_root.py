@@ -34,7 +34,8 @@ def root_gradients(sizes: list[int], has_head: bool, tied: bool) -> RootGradient
     return RootGradients(sizes[largest], sizes[:largest] + sizes[largest + 1:], tied)
 
 
-def finish_root(replay: object, root: RootGradients, head: Block | None) -> tuple[list[Block | None], list[Block | None]]:
+def finish_root(replay: object, root: RootGradients,
+                head: Block | None) -> tuple[list[Block | None], list[Block | None]]:
     """At the end of the backward: the embedding's gradient beside the head's ``head`` (when tied, their
     sum made), then the root's other gradients. Returns the blocks alive after the step's backward and
     the tied pair, which autograd frees right after the sum (the caller frees them after the ledger's

@@ -38,6 +38,7 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_weight_copies
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
+from memplan.estimate.reserved_loss import schedule_loss
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
@@ -127,44 +128,6 @@ def _forward_layer(replay: Replay, tensors: list[tuple[int, bool]]) -> list[Bloc
     return held
 
 
-def _fp32_logits(ctx: StageContext) -> int:
-    """Bytes of one fp32 logits tensor of the rank's vocabulary (the loss's upcast, its log-softmax, the
-    log-softmax's gradient)."""
-    run = ctx.run
-    return run.shape.seq * run.shape.micro_batch * run.vocab_rows * 4 // max(run.job.parallel.tp, 1)
-
-
-def _logit_tensors(one: int, total: int) -> list[int]:
-    """The loss's logits as the tensors the loss holds: pieces of ``one`` fp32 logits tensor, the
-    remainder (16-bit logits, smaller parts) last."""
-    if one <= 0 or total <= one:
-        return [total]
-    return [one] * (total // one) + [total % one]
-
-
-def _loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Replay, check: bool) -> None:
-    """The loss as a trace of an fp32 cross-entropy shows it: forward, the 16-bit logits, their fp32 upcast
-    and the log-softmax it saves (the upcast and the 16-bit logits freed after); backward, the NLL's and
-    the log-softmax's fp32 gradients beside the saved tensors (the estimate's loss moment), then the
-    16-bit gradient. A loss whose figure holds less than one fp32 gradient beside what it saves
-    (chunked, fused, vocabulary-parallel) is its tensors at once."""
-    one = _fp32_logits(ctx)
-    grads = loss.logits - loss.saved_logits
-    if one <= 0 or grads < one or not loss.saved_logits:
-        blocks = replay.take_all(_logit_tensors(one, loss.logits))
-        replay.moment(ledger, "loss", check)
-        replay.give(*blocks)
-        return
-    half = one * ctx.run.shape.act_bytes // 4
-    low, upcast = replay.take(half), replay.take(one)
-    kept = replay.take_all(_logit_tensors(one, loss.saved_logits))
-    replay.give(upcast, low)
-    made = replay.take_all(_logit_tensors(one, grads))
-    replay.moment(ledger, "loss", check)
-    replay.give(made[0], *kept)
-    replay.give(replay.take(half), *made[1:])
-
-
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
                        loss: LossPart) -> ScheduleReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks."""
@@ -174,7 +137,11 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     for category in (PARAMETERS, MASTER, WORKSPACE):
         for unit in _spread(ledger.total(category), units):
             replay.take_all(unit)
-    moments = _pieces(ledger, trainable_units(ctx, layers) or units)
+    trained = trainable_units(ctx, layers)
+    copies = layer_weight_copies(ctx, layers)
+    if sum(map(sum, copies)) + acts.head_copy > acts.other:
+        copies = [[] for _ in copies]
+    moments = _pieces(ledger, trained or units, copies)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     for category in (() if moments.states_in_step else (OPTIMIZER,)):
         for unit in _spread(ledger.total(category), units):
@@ -182,26 +149,44 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     fsdp = fsdp_sizes(ctx, ledger, units, _spread)
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
-    note = (f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
-            f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters per parameter tensor; "
-            "gradients, optimizer states and the foreach step's temporaries per trainable tensor; saved "
-            "activations and autocast weight copies per tensor inside their layer; the head's gradient from "
-            "the loss on)")
-    return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events, note)
+    return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events,
+                            _note(ctx, replay.events, trained is not None, any(copies), moments.made_in_backward))
+
+
+def _note(ctx: StageContext, events: int, finetune: bool, copies: bool, grads_in_backward: bool) -> str:
+    """The --explain sentence: the schedule, and the mechanics that shaped this job's."""
+    parts = [f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
+             f"contributions ({_STEPS} steps, {events} allocator events: parameters per tensor, saved activations "
+             "per tensor inside their layer, gradients and optimizer states per trainable tensor, the optimizer "
+             "step's temporaries one per trainable tensor as a foreach step makes them)"]
+    if finetune:
+        parts.append("gradients and states only for the trainable tensors (adapters, modules_to_save copies, "
+                     "trained modules), each in its own dtype")
+    if copies:
+        parts.append("torch.autocast's 16-bit weight copies made in each kept layer's forward and freed in its "
+                     "backward, the head's at the head")
+    if ctx.layout.has_head and grads_in_backward:
+        parts.append("the head's weight gradient made right after the loss"
+                     + (", summed with the tied embedding's at the end of the backward"
+                        if ctx.run.model.tie_word_embeddings else ""))
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
 class _Pieces:
-    """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries."""
+    """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries,
+    and per layer autocast's weight copies."""
 
     grads: list[list[int]]
     moments: list[list[int]]
     step_temp: list[list[int]]
     made_in_backward: bool
     states_in_step: bool
+    #: Per layer of the stage, autocast's weight copies its forward makes (:mod:`~memplan.estimate.reserved_autocast`).
+    copies: list[list[int]]
 
 
-def _pieces(ledger: Ledger, units: list[list[int]]) -> _Pieces:
+def _pieces(ledger: Ledger, units: list[list[int]], copies: list[list[int]]) -> _Pieces:
     made = ledger.total(ABSENT, "backward") > 0
     moments = _spread(ledger.total(OPTIMIZER), units)
     # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
@@ -209,7 +194,7 @@ def _pieces(ledger: Ledger, units: list[list[int]]) -> _Pieces:
     step = ledger.total(TEMPORARY, "optimizer step")
     temps = foreach_temporaries(step, [unit[1::2] for unit in halves]) or _spread(step, units)
     return _Pieces(grads=_spread(ledger.total(GRADIENTS, "end of backward"), units), moments=halves,
-                   step_temp=temps, made_in_backward=made, states_in_step=made)
+                   step_temp=temps, made_in_backward=made, states_in_step=made, copies=copies)
 
 
 def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
@@ -219,9 +204,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     checked then: the ledger describes the steady state). Returns the gradients alive after the step."""
     ledger, fsdp = plan
     check = not first
-    copies = layer_weight_copies(ctx, [index for index, _, _ in walk.per_layer])
-    if sum(map(sum, copies)) > acts.other:
-        copies = [[] for _ in copies]
+    copies = pieces.copies
     # the output head's autocast weight copy is made at the head, after the layers, and freed in its backward
     other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
     root = replay.gather(fsdp, 0)
@@ -233,7 +216,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         replay.give(*params)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
-    _loss(ctx, ledger, loss, replay, check)
+    schedule_loss(ctx, ledger, loss, replay, check)
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
     head = None

@@ -32,7 +32,8 @@ def trainable_units(ctx: StageContext, layers: list[int]) -> list[list[int]] | N
     ft = job.finetune
     everything = ft.resolved_trainable == "all"
     full, copies = trained_modules(model, ft), saved_modules(model, ft)
-    full_bytes, copy_bytes, adapter = max(ctx.run.prec.param_bytes, 1), frozen_bytes_per_element(job), adapter_bytes(job)
+    full_bytes, copy_bytes = max(ctx.run.prec.param_bytes, 1), frozen_bytes_per_element(job)
+    adapter = adapter_bytes(job)
     by_unit: dict[int | None, list[int]] = {}
     for p in model_parameters(model):
         if everything or _under(p.module, full):
