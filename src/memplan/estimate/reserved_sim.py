@@ -113,10 +113,15 @@ def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, b
     return terms if ctx.run.counts is None else [(size, True) for size, keep in terms if keep]
 
 
-def _forward_layer(replay: Replay, tensors: list[tuple[int, bool]]) -> list[Block | None]:
-    """A layer's forward: its tensors in order, a dropped one freed once the next is made."""
+def _forward_layer(replay: Replay, tensors: list[tuple[int, bool]], copies: list[int]) -> list[Block | None]:
+    """A layer's forward: its tensors in order, a dropped one freed once the next is made; autocast's weight
+    copies made between them, spread evenly (each linear casts its weight when it runs)."""
     held, pending = [], None
-    for size, keep in tensors:
+    done = 0
+    for position, (size, keep) in enumerate(tensors):
+        due = -(-(position + 1) * len(copies) // len(tensors))
+        held.extend(replay.take_all(copies[done:due]))
+        done = max(done, due)
         block = replay.take(size)
         replay.give(pending)
         pending = None
@@ -125,6 +130,7 @@ def _forward_layer(replay: Replay, tensors: list[tuple[int, bool]]) -> list[Bloc
         else:
             pending = block
     replay.give(pending)
+    held.extend(replay.take_all(copies[done:]))
     return held
 
 
@@ -211,8 +217,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     saved = []
     for position, (index, kept, _) in enumerate(walk.per_layer):
         params = replay.gather(fsdp, position + 1)
-        held = replay.take_all(copies[position])
-        saved.append(held + _forward_layer(replay, _layer_blocks(ctx, index, kept)))
+        saved.append(_forward_layer(replay, _layer_blocks(ctx, index, kept), copies[position]))
         replay.give(*params)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
