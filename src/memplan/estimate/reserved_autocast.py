@@ -6,8 +6,8 @@ Under ``torch.autocast`` each linear layer casts its weight to the 16-bit comput
 backward (:func:`memplan.estimate.autocast.autocast_weight_copy_numel` says which layers keep them).
 The estimate counts the decoder layers' copies in its "other" activations; the schedule instead makes
 them inside each layer's forward, one tensor per linear weight (their sizes in proportion to the
-layer's linear weights), and frees them with the layer's saved tensors in its backward, so they sit
-in the segments beside that layer's activations as they do in a real step.
+layer's linear weights) spread evenly between the layer's saved tensors, and frees them with those
+in its backward, so they sit in the segments beside that layer's activations as they do in a real step.
 """
 
 from __future__ import annotations
