@@ -163,3 +163,33 @@ def test_the_sentence_names_the_mechanics_that_shaped_the_schedule() -> None:
     assert "only for the trainable tensors" in sentence(lora) and "only for the trainable" not in sentence(mixed)
     assert "autocast" in sentence(mixed) and "autocast" not in sentence(fp32)
     assert "tied embedding" in sentence(mixed)
+
+
+def test_lumped_terms_are_split_into_the_tensors_a_forward_makes() -> None:
+    """HF's gated MLP saves gate_proj(x), act(gate) and up_proj(x) as three intermediate-sized tensors (phi-3's
+    fused gate_up_proj one tensor of both halves); a norm output cast for N linears is N copies; q, k, v are
+    three tensors in proportion to their widths. Every split adds up to its term."""
+    from memplan.estimate.activations import divided, layer_terms
+    from memplan.estimate.reserved_terms import term_tensors
+
+    from pathlib import Path
+
+    phi3 = str(Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "phi-3-mini.json")
+    for name, expect_fc1 in (("llama-3.2-1b", 3), (phi3, 2)):
+        ctx = _ctx(name, {"seq": 1024, "precision": "bf16-mixed", "framework": "hf"})
+        run, layer = ctx.run, ctx.run.model.layers[0]
+        one = 1024 * layer.mlp.intermediate_size * 2
+        terms = layer_terms(layer, run.shape)
+        split = {t.name: term_tensors(t.name, divided(t, run.shape), layer, run) for t in terms}
+        for t in terms:
+            assert sum(split[t.name]) == divided(t, run.shape)
+        fc1 = split["mlp fc1 output (activation input)"]
+        assert len(fc1) == expect_fc1 and fc1[-1] == one
+    llama = _ctx("llama-3.2-1b", {"seq": 1024, "precision": "bf16-mixed", "framework": "hf"})
+    attn = llama.run.model.layers[0].attention
+    q, k, v = term_tensors("q, k, v", 12 * 2**20, llama.run.model.layers[0], llama.run)
+    assert q == 4 * k == 4 * v == attn.num_heads // attn.num_kv_heads * k
+    copies = term_tensors("attention norm output, autocast copies of the other 2 GEMMs", 10,
+                          llama.run.model.layers[0], llama.run)
+    assert copies == [5, 5]
+    assert term_tensors("softmax output (fp32)", 7, llama.run.model.layers[0], llama.run) == [7]

@@ -8,8 +8,9 @@ simulated peak reserved. The schedule, in execution order:
 - the whole-step state (parameters, master weights, optimizer moments, workspaces) allocated first,
   one block per decoder layer plus one for the embedding/head (the FSDP root unit) per category;
 - forward: the stage's other activations, then per decoder layer autocast's weight copies
-  (:mod:`~memplan.estimate.reserved_autocast`) and the tensors it saves (the layer's saved terms when
-  they add up to what the estimate keeps for it, else one block), then the loss's logits;
+  (:mod:`~memplan.estimate.reserved_autocast`) and the tensors it saves (the layer's saved terms, split
+  into the tensors each counts by :mod:`~memplan.estimate.reserved_terms`, when they add up to what the
+  estimate keeps for it, else one block), then the loss's logits (:mod:`~memplan.estimate.reserved_loss`);
 - backward: the head's weight gradient right after the loss, then in reverse layer order the layer's
   backward transient allocated, its gradients allocated (when gradients are made in the backward), the
   transient and the layer's saved tensors freed; the embedding's gradient (and a tied sum) last
@@ -42,6 +43,7 @@ from memplan.estimate.reserved_loss import schedule_loss
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
+from memplan.estimate.reserved_terms import term_tensors
 from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
@@ -105,8 +107,9 @@ def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, b
     """The tensors layer ``index``'s forward makes, in order, as (size, kept): its terms when the kept ones
     add up to ``kept`` (those a recompute policy drops are made and freed in the forward), else one block."""
     run = ctx.run
-    terms = [(divided(t, run.shape), t.keep in run.kept_classes and t.site not in run.dropped)
-             for t in layer_terms(run.model.layers[index], run.shape)]
+    layer = run.model.layers[index]
+    terms = [(piece, t.keep in run.kept_classes and t.site not in run.dropped)
+             for t in layer_terms(layer, run.shape) for piece in term_tensors(t.name, divided(t, run.shape), layer, run)]
     terms = [(size, keep) for size, keep in terms if size > 0]
     if sum(size for size, keep in terms if keep) != kept:
         return [(kept, True)]
