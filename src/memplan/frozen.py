@@ -136,21 +136,21 @@ def _compiled_init(cls: type) -> Callable[..., None]:
         if f.default_factory is not dataclasses.MISSING:
             env[f"_factory_{f.name}"] = f.default_factory
             params.append(f"{f.name}=_MISSING")
-            body.append(f"    _set(self, {f.name!r}, _factory_{f.name}() if {f.name} is _MISSING else {f.name})")
+            body.append(f"    _set({f.name!r}, _factory_{f.name}() if {f.name} is _MISSING else {f.name})")
             continue
         if f.default is not dataclasses.MISSING:
             env[f"_default_{f.name}"] = f.default
             params.append(f"{f.name}=_default_{f.name}")
         else:
             params.append(f.name)
-        body.append(f"    _set(self, {f.name!r}, {f.name})")
+        body.append(f"    _set({f.name!r}, {f.name})")
     for f in dataclasses.fields(cls):  # non-init fields with a factory are made too, as dataclass does
         if not f.init and f.default_factory is not dataclasses.MISSING:
             env[f"_factory_{f.name}"] = f.default_factory
-            body.append(f"    _set(self, {f.name!r}, _factory_{f.name}())")
+            body.append(f"    _set({f.name!r}, _factory_{f.name}())")
     if hasattr(cls, "__post_init__"):
         body.append("    self.__post_init__()")
-    source = "\n".join([f"def __init__(self, {', '.join(params)}):", "    _set = _object_setattr", *body])
+    source = "\n".join([f"def __init__(self, {', '.join(params)}):", "    _set = _object_setattr.__get__(self)", *body])
     namespace: dict[str, Any] = {}
     exec(source, env, namespace)  # noqa: S102 - source built from the class's own field names
     init = namespace["__init__"]
