@@ -193,3 +193,38 @@ def test_lumped_terms_are_split_into_the_tensors_a_forward_makes() -> None:
                           llama.run.model.layers[0], llama.run)
     assert copies == [5, 5]
     assert term_tensors("softmax output (fp32)", 7, llama.run.model.layers[0], llama.run) == [7]
+
+
+def test_an_eager_softmax_backward_runs_in_the_space_the_mlp_block_left() -> None:
+    """HF eager attention: the layer's backward frees the MLP block's tensors, the output projection's input
+    and the 16-bit probabilities, then makes two fp32 gradients of the probabilities and casts the result
+    back to bf16 (a trace's _to_copy 4 B/score, _softmax_backward_data 4 B, _to_copy 2 B), the layer's
+    other saved tensors freed after; what it frees first is what the ledger's transient already nets."""
+    from memplan.estimate.activations import divided, layer_terms
+    from memplan.estimate.layer_costs import layer_costs
+    from memplan.estimate.reserved_backward import eager_backward, early_terms
+
+    flags = {"seq": 2048, "precision": "bf16-mixed", "attention": "eager", "framework": "hf"}
+    ctx = _ctx("llama-3.2-1b", flags)
+    run, layer = ctx.run, ctx.run.model.layers[3]
+    transient = layer_costs(run, layer, 3)[2]
+    plan = eager_backward(layer, run, transient)
+    assert plan is not None and plan.fp32 == 32 * 2048 * 2048 * 4 and plan.scores == plan.fp32 // 2
+    early = sum(divided(t, run.shape) for t, e in zip(layer_terms(layer, run.shape), early_terms(layer, run)) if e)
+    assert 2 * plan.fp32 - early == transient
+    events = _schedule("llama-3.2-1b", flags)
+    pattern = [("take", plan.fp32), ("take", plan.fp32), ("give", plan.fp32), ("take", plan.scores)]
+    starts = [i for i in range(len(events)) if events[i:i + 4] == pattern]
+    # every layer of both steps, but the last (the ledger's backward moment sits between its takes)
+    assert len(starts) == 2 * (run.model.num_layers - 1)
+    # before each softmax backward the MLP's tensors were freed: no take between them and the upcast
+    assert all(events[i - 1][0] == "give" for i in starts)
+    sdpa = _ctx("llama-3.2-1b", {**flags, "attention": "sdpa"})
+    assert eager_backward(sdpa.run.model.layers[3], sdpa.run, layer_costs(sdpa.run, layer, 3)[2]) is None
+    assert eager_backward(layer, run, transient + 1) is None
+    _stages.cache_clear()
+    est = estimate(load_model("llama-3.2-1b"), build_job(flags), reserved="simulated")
+    assert any("softmax backward" in a for a in est.assumptions)
+    _stages.cache_clear()
+    est = estimate(load_model("llama-3.2-1b"), build_job({**flags, "attention": "sdpa"}), reserved="simulated")
+    assert not any("softmax backward" in a for a in est.assumptions)
