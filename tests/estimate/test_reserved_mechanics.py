@@ -228,3 +228,33 @@ def test_an_eager_softmax_backward_runs_in_the_space_the_mlp_block_left() -> Non
     _stages.cache_clear()
     est = estimate(load_model("llama-3.2-1b"), build_job({**flags, "attention": "sdpa"}), reserved="simulated")
     assert not any("softmax backward" in a for a in est.assumptions)
+
+
+def test_a_soft_capped_loss_makes_its_16_bit_chain_around_the_fp32_cross_entropy() -> None:
+    """Gemma 2's cap * tanh(logits / cap): forward the logits, the quotient, tanh (saved), the capped logits,
+    then the fp32 upcast and log-softmax; backward the two fp32 gradients, then one 16-bit tensor per op
+    back down the chain (a trace's _to_copy, mul, tanh_backward, div). Without a soft cap: no chain."""
+    from pathlib import Path
+
+    gemma = str(Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "gemma-2-2b.json")
+    flags = {"seq": 1024, "precision": "bf16", "attention": "eager", "recompute": "full", "framework": "hf"}
+    ctx = _ctx(gemma, flags)
+    one = 1024 * ctx.run.vocab_rows * 4
+    half = one // 2
+    events = _schedule(gemma, flags)
+    start = events.index(("moment", "forward"))
+    end = events.index(("moment", "backward"), start)
+    takes = [size for kind, size in events[start:end] if kind == "take" and size in (one, half)]
+    assert takes == [half, half, half, half, one, one, one, one, half, half, half, half]
+    loss_at = events.index(("moment", "loss"), start)
+    assert [kind for kind, _ in events[loss_at - 2:loss_at]] == ["take", "take"]  # the two fp32 gradients
+    plain = _schedule("llama-3.2-1b", {"seq": 1024, "precision": "bf16", "framework": "hf"})
+    start = plain.index(("moment", "forward"))
+    loss_at = plain.index(("moment", "loss"), start)
+    assert sum(kind == "take" for kind, _ in plain[start:loss_at]) == 5  # 16-bit, upcast, saved, two gradients
+    _stages.cache_clear()
+    est = estimate(load_model(gemma), build_job(flags), reserved="simulated")
+    assert any("soft-capped logits" in a for a in est.assumptions)
+    _stages.cache_clear()
+    est = estimate(load_model("llama-3.2-1b"), build_job({"seq": 1024, "framework": "hf"}), reserved="simulated")
+    assert not any("soft-capped logits" in a for a in est.assumptions)

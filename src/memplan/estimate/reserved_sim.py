@@ -41,7 +41,7 @@ from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_weight_copies
 from memplan.estimate.reserved_backward import backward_layer, eager_backward, early_terms
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
-from memplan.estimate.reserved_loss import schedule_loss
+from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
@@ -165,16 +165,16 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     fsdp = fsdp_sizes(ctx, ledger, units, _spread)
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
-    eager = any(eager_backward(ctx.run.model.layers[index], ctx.run, transient) for index, _, transient in walk.per_layer)
+    eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, _, transient in walk.per_layer)
+    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss))
     return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events,
-                            _note(ctx, replay.events, (trained is not None, any(copies), eager),
-                                  moments.made_in_backward))
+                            _note(ctx, replay.events, shaped, moments.made_in_backward))
 
 
-def _note(ctx: StageContext, events: int, shaped: tuple[bool, bool, bool], grads_in_backward: bool) -> str:
+def _note(ctx: StageContext, events: int, shaped: tuple[bool, bool, bool, bool], grads_in_backward: bool) -> str:
     """The --explain sentence: the schedule, and the mechanics that shaped this job's (``shaped``: trainable
-    tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward)."""
-    finetune, copies, eager = shaped
+    tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward, a soft-capped loss)."""
+    finetune, copies, eager, softcap = shaped
     parts = [f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
              f"contributions ({_STEPS} steps, {events} allocator events: parameters per tensor, saved activations "
              "per tensor inside their layer, gradients and optimizer states per trainable tensor, the optimizer "
@@ -189,6 +189,9 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, bool, bool], grads
         parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
                      "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
                      "the result back")
+    if softcap:
+        parts.append("the soft-capped logits' 16-bit tensors (logits / cap, its tanh, kept for the backward, "
+                     "and * cap) made before the fp32 cross-entropy and one per op again in its backward")
     if ctx.layout.has_head and grads_in_backward:
         parts.append("the head's weight gradient made right after the loss"
                      + (", summed with the tied embedding's at the end of the backward"
