@@ -258,3 +258,27 @@ def test_a_soft_capped_loss_makes_its_16_bit_chain_around_the_fp32_cross_entropy
     _stages.cache_clear()
     est = estimate(load_model("llama-3.2-1b"), build_job({"seq": 1024, "framework": "hf"}), reserved="simulated")
     assert not any("soft-capped logits" in a for a in est.assumptions)
+
+
+def test_under_autocast_a_pre_norms_fp32_output_lives_until_its_block_ends() -> None:
+    """HF's RMSNorm under torch.autocast returns its output in the fp32 residual dtype; each linear saves its
+    own bf16 cast of it, and the fp32 output is freed when the decoder layer reassigns hidden_states to the
+    block's output (a trace's input_layernorm mul.Tensor temporary). Pure bf16 has no such tensor."""
+    from memplan.estimate.reserved_forward import layer_blocks
+    from memplan.estimate.reserved_terms import HELD, KEPT, RELEASE
+
+    flags = {"seq": 1024, "precision": "bf16-mixed", "framework": "hf"}
+    ctx = _ctx("llama-3.2-1b", flags)
+    fp32 = 1024 * ctx.run.model.hidden_size * 4
+    from memplan.estimate.layer_costs import layer_costs
+
+    blocks = layer_blocks(ctx, 0, layer_costs(ctx.run, ctx.run.model.layers[0], 0)[0])
+    kinds = [kind for _, kind, _ in blocks]
+    assert kinds.count(KEPT) > 2
+    assert [size for size, kind, _ in blocks if kind == HELD] == [fp32, fp32]
+    # each held output is released before the next block's norm input and at the layer's end
+    assert kinds.count(RELEASE) == 2 and kinds[-1] == RELEASE
+    assert kinds.index(HELD) < kinds.index(RELEASE) < len(kinds) - 1 - kinds[::-1].index(HELD)
+    pure = _ctx("llama-3.2-1b", {**flags, "precision": "bf16"})
+    blocks = layer_blocks(pure, 0, layer_costs(pure.run, pure.run.model.layers[0], 0)[0])
+    assert len(blocks) > 2 and HELD not in [kind for _, kind, _ in blocks]

@@ -10,7 +10,9 @@ simulated peak reserved. The schedule, in execution order:
 - forward: the stage's other activations, then per decoder layer autocast's weight copies
   (:mod:`~memplan.estimate.reserved_autocast`) and the tensors it saves (the layer's saved terms, split
   into the tensors each counts by :mod:`~memplan.estimate.reserved_terms`, when they add up to what the
-  estimate keeps for it, else one block), then the loss's logits (:mod:`~memplan.estimate.reserved_loss`);
+  estimate keeps for it, else one block; under autocast each pre-norm's fp32 output held to its block's
+  end: :mod:`~memplan.estimate.reserved_forward`), then the loss's logits
+  (:mod:`~memplan.estimate.reserved_loss`);
 - backward: the head's weight gradient right after the loss, then in reverse layer order the layer's
   backward transient allocated, its gradients allocated (when gradients are made in the backward), the
   transient and the layer's saved tensors freed (an eager softmax backward instead as autograd runs it:
@@ -35,17 +37,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.alloc.blocks import Block
-from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_weight_copies
-from memplan.estimate.reserved_backward import backward_layer, eager_backward, early_terms
+from memplan.estimate.reserved_backward import backward_layer, eager_backward
+from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
-from memplan.estimate.reserved_terms import term_tensors
 from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
@@ -103,45 +104,6 @@ def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
             unit[-1] += total - given
             break
     return [[s for s in unit if s > 0] for unit in out]
-
-
-def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, bool, bool]]:
-    """The tensors layer ``index``'s forward makes, in order, as (size, kept, early): its terms when the kept
-    ones add up to ``kept`` (those a recompute policy drops are made and freed in the forward), else one
-    block; ``early``: freed before an eager softmax backward (:mod:`~memplan.estimate.reserved_backward`)."""
-    run = ctx.run
-    layer = run.model.layers[index]
-    terms = [(piece, t.keep in run.kept_classes and t.site not in run.dropped, early)
-             for t, early in zip(layer_terms(layer, run.shape), early_terms(layer, run))
-             for piece in term_tensors(t.name, divided(t, run.shape), layer, run)]
-    terms = [term for term in terms if term[0] > 0]
-    if sum(size for size, keep, _ in terms if keep) != kept:
-        return [(kept, True, False)]
-    return terms if ctx.run.counts is None else [term for term in terms if term[1]]
-
-
-def _forward_layer(replay: Replay, tensors: list[tuple[int, bool, bool]], copies: list[int]
-                   ) -> tuple[list[Block | None], list[Block | None]]:
-    """A layer's forward: its tensors in order, a dropped one freed once the next is made; autocast's weight
-    copies made between them, spread evenly (each linear casts its weight when it runs), each freed with
-    the tensor it precedes. Returns the held blocks the backward frees early, and the others."""
-    held: tuple[list[Block | None], list[Block | None]] = ([], [])
-    pending = None
-    done = 0
-    for position, (size, keep, early) in enumerate(tensors):
-        due = -(-(position + 1) * len(copies) // len(tensors))
-        held[not early].extend(replay.take_all(copies[done:due]))
-        done = max(done, due)
-        block = replay.take(size)
-        replay.give(pending)
-        pending = None
-        if keep:
-            held[not early].append(block)
-        else:
-            pending = block
-    replay.give(pending)
-    held[1].extend(replay.take_all(copies[done:]))
-    return held
 
 
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
@@ -238,7 +200,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     saved = []
     for position, (index, kept, _) in enumerate(walk.per_layer):
         params = replay.gather(fsdp, position + 1)
-        saved.append(_forward_layer(replay, _layer_blocks(ctx, index, kept), copies[position]))
+        saved.append(forward_layer(replay, layer_blocks(ctx, index, kept), copies[position]))
         replay.give(*params)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
