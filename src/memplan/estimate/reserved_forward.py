@@ -11,7 +11,7 @@ from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.reserved_backward import early_terms
 from memplan.estimate.reserved_replay import Replay
-from memplan.estimate.reserved_terms import DROPPED, HELD, KEPT, RELEASE, norm_output, term_tensors, terms_by_name
+from memplan.estimate.reserved_terms import DROPPED, HELD, KEPT, RELEASE, norm_output, term_tensors
 
 
 def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, int, bool]]:
@@ -23,12 +23,14 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
     run = ctx.run
     layer = run.model.layers[index]
     terms: list[tuple[int, int, bool]] = []
-    for t, early in zip(layer_terms(layer, run.shape), early_terms(layer, run)):
+    saved = layer_terms(layer, run.shape)
+    named = {t.name: divided(t, run.shape) for t in saved}
+    for t, early in zip(saved, early_terms(layer, run)):
         size = divided(t, run.shape)
         if t.name.endswith("norm input") and terms:
             terms.append((0, RELEASE, False))
         if t.name.endswith("norm output (GEMM input)"):
-            terms.append((norm_output(t.name, terms_by_name(layer, run), run), HELD, False))
+            terms.append((norm_output(t.name, named, run), HELD, False))
         keep = KEPT if t.keep in run.kept_classes and t.site not in run.dropped else DROPPED
         terms += [(piece, keep, early) for piece in term_tensors(t.name, size, layer, run)]
     terms = [term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]

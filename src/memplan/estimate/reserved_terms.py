@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 
-from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.context import RunContext
 from memplan.model.spec import LayerSpec
 
@@ -65,17 +64,12 @@ def term_tensors(name: str, size: int, layer: LayerSpec, run: RunContext) -> lis
 KEPT, DROPPED, HELD, RELEASE = 0, 1, 2, 3
 
 
-def terms_by_name(layer: LayerSpec, run: RunContext) -> dict[str, int]:
-    """The layer's terms' bytes (one rank) by name."""
-    return {t.name: divided(t, run.shape) for t in layer_terms(layer, run.shape)}
-
-
 def norm_output(name: str, sizes: dict[str, int], run: RunContext) -> int:
-    """Bytes of a pre-norm's own output that no term counts, for the norm output term ``name``: under
-    ``torch.autocast`` an eager norm returns its output in the fp32 residual dtype and each linear saves
-    its own 16-bit cast of it, so the fp32 output is a temporary that lives until the block's end (the
-    decoder layer reassigns ``hidden_states`` to the block's output), the size of the norm's input.
-    0 otherwise (the output is itself the saved GEMM input)."""
+    """Bytes of a pre-norm's own output that no term counts, for the norm output term ``name`` (``sizes``:
+    the layer's terms' bytes on one rank by name). Under ``torch.autocast`` an eager norm returns its
+    output in the fp32 residual dtype and each linear saves its own 16-bit cast of it, so the fp32 output
+    is a temporary that lives until the block's end (the decoder layer reassigns ``hidden_states`` to the
+    block's output), the size of the norm's input; 0 otherwise (the output is the saved GEMM input)."""
     shape = run.shape
     if not shape.autocast or shape.kernels != "eager" or shape.residual_bytes <= shape.act_bytes:
         return 0
