@@ -6,7 +6,7 @@ from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, ea
 from memplan.estimate.optimizers import step_temporary_bytes
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, StateBytes
-from memplan.job import Job
+from memplan.job import Job, resolved_optimizer_impl
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import ModelSpec
 from memplan.profiles import FrameworkProfile
@@ -269,6 +269,14 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
 
 
 def optimizer_temporary_bytes(job: Job, profile: FrameworkProfile, states: StateBytes, prec: ResolvedPrecision, largest_tensor: int) -> int:
-    """Extra memory while ``optimizer.step()`` runs (:func:`memplan.estimate.optimizers.step_temporary_bytes`)."""
+    """Extra memory while ``optimizer.step()`` runs (:func:`memplan.estimate.optimizers.step_temporary_bytes`).
+
+    States of several dtypes (``StateBytes.step_groups``) step group by group, each group's temporaries in
+    its own dtype: a foreach step's add up (``_multi_tensor_adam`` still holds one group's ``sqrt(v)`` when
+    it makes the next group's; exact for two dtypes), a per-tensor step's do not (the largest counts)."""
+    if states.step_groups:
+        each = [step_temporary_bytes(job, numel, largest_tensor, nbytes) for numel, nbytes in states.step_groups]
+        foreach = resolved_optimizer_impl(job) == "foreach" and not job.optimizer.in_backward
+        return max(sum(each) if foreach else max(each), states.optimizer_step)
     return max(step_temporary_bytes(job, states.optimizer_numel, largest_tensor,
                                     states.state_element_bytes or prec.state_bytes), states.optimizer_step)
