@@ -216,14 +216,19 @@ def _head_unit(ctx: StageContext) -> int | None:
     return final_norm_params(run.model) + embedding_params(run.model, run.vocab_rows) // max(run.job.parallel.tp, 1)
 
 
+#: A stage without CUDA graphs (graph_memory's figures for ``--cuda-graph-impl none``).
+_NO_GRAPHS = GraphMemory()
+
+
 def graphs(ctx: StageContext, ledger: Ledger, walk: LayerWalk, inputs: int) -> GraphMemory:
     """CUDA graphs' pool and static buffers (:mod:`memplan.estimate.cuda_graphs`), added to the ledger."""
     job = ctx.job
+    if job.cuda_graphs.impl == "none":  # nothing captured: no pool, no static buffers, no sentence
+        return _NO_GRAPHS
     weighed = ledger.weighed()
     memory = graph_memory(job.cuda_graphs, ctx.layout, ctx.shape, weighed, walk.chunk_graph, walk.chunk_graph_layers,
                           walk.graph_worst_backward, inputs, cp=job.parallel.cp, num_microbatches=job.num_microbatches)
-    note = describe_cuda_graphs(job.cuda_graphs.impl, job.cuda_graphs.module_names) \
-        if job.cuda_graphs.impl != "none" else ""
+    note = describe_cuda_graphs(job.cuda_graphs.impl, job.cuda_graphs.module_names)
     ledger.add(*(Contribution(GRAPHS, memory.extra_at(phase), (phase,)) for phase in ledger.phases))
     ledger.add(Contribution(GRAPHS, 0, _BACKWARD, note=note))
     return memory
