@@ -7,13 +7,23 @@ simulated peak reserved. The schedule, in execution order:
 
 - the whole-step state (parameters, master weights, optimizer moments, workspaces) allocated first,
   one block per decoder layer plus one for the embedding/head (the FSDP root unit) per category;
-- forward: the stage's other activations, then per decoder layer the tensors it saves (the layer's
-  saved terms when they add up to what the estimate keeps for it, else one block), then the loss's
-  logits;
-- backward in reverse layer order: the layer's backward transient allocated, its gradients allocated
-  (when gradients are made in the backward), the transient and the layer's saved tensors freed;
-- the optimizer step's temporaries, allocated per layer and freed; gradients freed before the next
-  step where they are not alive through the whole step.
+- forward: the stage's other activations, then per decoder layer autocast's weight copies
+  (:mod:`~memplan.estimate.reserved_autocast`) and the tensors it saves (the layer's saved terms, split
+  into the tensors each counts by :mod:`~memplan.estimate.reserved_terms`, when they add up to what the
+  estimate keeps for it, else one block; under autocast each pre-norm's fp32 output held to its block's
+  end: :mod:`~memplan.estimate.reserved_forward`), then the loss's logits
+  (:mod:`~memplan.estimate.reserved_loss`);
+- backward: the head's weight gradient right after the loss, then in reverse layer order the layer's
+  backward transient allocated, its gradients allocated (when gradients are made in the backward), the
+  transient and the layer's saved tensors freed (an eager softmax backward instead as autograd runs it:
+  :mod:`~memplan.estimate.reserved_backward`); the embedding's gradient (and a tied sum) last
+  (:mod:`~memplan.estimate.reserved_root`);
+- the optimizer step's temporaries, one ``exp_avg_sq``-sized tensor per trainable tensor
+  (:mod:`~memplan.estimate.reserved_optimizer`), freed; gradients freed before the next step where they
+  are not alive through the whole step.
+
+Gradients, moments and step temporaries are laid out over the trainable tensors
+(:mod:`~memplan.estimate.reserved_trainable`: under PEFT the adapters and ``modules_to_save`` copies).
 
 At each of the ledger's candidate moments the schedule holds what it placed; what else the ledger
 has alive at that moment (communication buffers, inputs, temporaries the schedule does not place)
@@ -27,11 +37,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.alloc.blocks import Block
-from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.reserved_autocast import layer_weight_copies
+from memplan.estimate.reserved_backward import backward_layer, eager_backward
+from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
+from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_root import finish_root, root_gradients
+from memplan.estimate.reserved_optimizer import foreach_temporaries
+from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
     GRADIENTS,
@@ -90,80 +106,20 @@ def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
     return [[s for s in unit if s > 0] for unit in out]
 
 
-def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, bool]]:
-    """The tensors layer ``index``'s forward makes, in order, as (size, kept): its terms when the kept ones
-    add up to ``kept`` (those a recompute policy drops are made and freed in the forward), else one block."""
-    run = ctx.run
-    terms = [(divided(t, run.shape), t.keep in run.kept_classes and t.site not in run.dropped)
-             for t in layer_terms(run.model.layers[index], run.shape)]
-    terms = [(size, keep) for size, keep in terms if size > 0]
-    if sum(size for size, keep in terms if keep) != kept:
-        return [(kept, True)]
-    return terms if ctx.run.counts is None else [(size, True) for size, keep in terms if keep]
-
-
-def _forward_layer(replay: Replay, tensors: list[tuple[int, bool]]) -> list[Block | None]:
-    """A layer's forward: its tensors in order, a dropped one freed once the next is made."""
-    held, pending = [], None
-    for size, keep in tensors:
-        block = replay.take(size)
-        replay.give(pending)
-        pending = None
-        if keep:
-            held.append(block)
-        else:
-            pending = block
-    replay.give(pending)
-    return held
-
-
-def _fp32_logits(ctx: StageContext) -> int:
-    """Bytes of one fp32 logits tensor of the rank's vocabulary (the loss's upcast, its log-softmax, the
-    log-softmax's gradient)."""
-    run = ctx.run
-    return run.shape.seq * run.shape.micro_batch * run.vocab_rows * 4 // max(run.job.parallel.tp, 1)
-
-
-def _logit_tensors(one: int, total: int) -> list[int]:
-    """The loss's logits as the tensors the loss holds: pieces of ``one`` fp32 logits tensor, the
-    remainder (16-bit logits, smaller parts) last."""
-    if one <= 0 or total <= one:
-        return [total]
-    return [one] * (total // one) + [total % one]
-
-
-def _loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Replay, check: bool) -> None:
-    """The loss as a trace of an fp32 cross-entropy shows it: forward, the 16-bit logits, their fp32 upcast
-    and the log-softmax it saves (the upcast and the 16-bit logits freed after); backward, the NLL's and
-    the log-softmax's fp32 gradients beside the saved tensors (the estimate's loss moment), then the
-    16-bit gradient. A loss whose figure holds less than one fp32 gradient beside what it saves
-    (chunked, fused, vocabulary-parallel) is its tensors at once."""
-    one = _fp32_logits(ctx)
-    grads = loss.logits - loss.saved_logits
-    if one <= 0 or grads < one or not loss.saved_logits:
-        blocks = replay.take_all(_logit_tensors(one, loss.logits))
-        replay.moment(ledger, "loss", check)
-        replay.give(*blocks)
-        return
-    half = one * ctx.run.shape.act_bytes // 4
-    low, upcast = replay.take(half), replay.take(one)
-    kept = replay.take_all(_logit_tensors(one, loss.saved_logits))
-    replay.give(upcast, low)
-    made = replay.take_all(_logit_tensors(one, grads))
-    replay.moment(ledger, "loss", check)
-    replay.give(made[0], *kept)
-    replay.give(replay.take(half), *made[1:])
-
-
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
                        loss: LossPart) -> ScheduleReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks."""
-    units = _units(ctx, [index for index, _, _ in walk.per_layer])
+    layers = [index for index, _, _ in walk.per_layer]
+    units = _units(ctx, layers)
     replay = Replay()
     for category in (PARAMETERS, MASTER, WORKSPACE):
         for unit in _spread(ledger.total(category), units):
             replay.take_all(unit)
-    moments = _pieces(ledger, units)
+    trained = trainable_units(ctx, layers)
+    copies = layer_weight_copies(ctx, layers)
+    if sum(map(sum, copies)) + acts.head_copy > acts.other:
+        copies = [[] for _ in copies]
+    moments = _pieces(ledger, trained or units, copies)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     for category in (() if moments.states_in_step else (OPTIMIZER,)):
         for unit in _spread(ledger.total(category), units):
@@ -171,31 +127,63 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     fsdp = fsdp_sizes(ctx, ledger, units, _spread)
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
-    note = (f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
-            f"contributions ({_STEPS} steps, {replay.events} allocator events: parameters, gradients, optimizer "
-            "states and step temporaries per parameter tensor, saved activations per tensor)")
-    return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events, note)
+    eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, _, transient in walk.per_layer)
+    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss))
+    return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events,
+                            _note(ctx, replay.events, shaped, moments.made_in_backward))
+
+
+def _note(ctx: StageContext, events: int, shaped: tuple[bool, bool, bool, bool], grads_in_backward: bool) -> str:
+    """The --explain sentence: the schedule, and the mechanics that shaped this job's (``shaped``: trainable
+    tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward, a soft-capped loss)."""
+    finetune, copies, eager, softcap = shaped
+    parts = [f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
+             f"contributions ({_STEPS} steps, {events} allocator events: parameters per tensor, saved activations "
+             "per tensor inside their layer, gradients and optimizer states per trainable tensor, the optimizer "
+             "step's temporaries one per trainable tensor as a foreach step makes them)"]
+    if finetune:
+        parts.append("gradients and states only for the trainable tensors (adapters, modules_to_save copies, "
+                     "trained modules), each in its own dtype")
+    if copies:
+        parts.append("torch.autocast's 16-bit weight copies made in each kept layer's forward and freed in its "
+                     "backward, the head's at the head")
+    if eager:
+        parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
+                     "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
+                     "the result back")
+    if softcap:
+        parts.append("the soft-capped logits' 16-bit tensors (logits / cap, its tanh, kept for the backward, "
+                     "and * cap) made before the fp32 cross-entropy and one per op again in its backward")
+    if ctx.layout.has_head and grads_in_backward:
+        parts.append("the head's weight gradient made right after the loss"
+                     + (", summed with the tied embedding's at the end of the backward"
+                        if ctx.run.model.tie_word_embeddings else ""))
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
 class _Pieces:
-    """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries."""
+    """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries,
+    and per layer autocast's weight copies."""
 
     grads: list[list[int]]
     moments: list[list[int]]
     step_temp: list[list[int]]
     made_in_backward: bool
     states_in_step: bool
+    #: Per layer of the stage, autocast's weight copies its forward makes (:mod:`~memplan.estimate.reserved_autocast`).
+    copies: list[list[int]]
 
 
-def _pieces(ledger: Ledger, units: list[list[int]]) -> _Pieces:
+def _pieces(ledger: Ledger, units: list[list[int]], copies: list[list[int]]) -> _Pieces:
     made = ledger.total(ABSENT, "backward") > 0
     moments = _spread(ledger.total(OPTIMIZER), units)
     # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
     halves = [[part for size in unit for part in (size // 2, size - size // 2)] for unit in moments]
+    step = ledger.total(TEMPORARY, "optimizer step")
+    temps = foreach_temporaries(step, [unit[1::2] for unit in halves]) or _spread(step, units)
     return _Pieces(grads=_spread(ledger.total(GRADIENTS, "end of backward"), units), moments=halves,
-                   step_temp=_spread(ledger.total(TEMPORARY, "optimizer step"), units), made_in_backward=made,
-                   states_in_step=made)
+                   step_temp=temps, made_in_backward=made, states_in_step=made, copies=copies)
 
 
 def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
@@ -205,29 +193,40 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     checked then: the ledger describes the steady state). Returns the gradients alive after the step."""
     ledger, fsdp = plan
     check = not first
-    other = replay.take(acts.other)
+    copies = pieces.copies
+    # the output head's autocast weight copy is made at the head, after the layers, and freed in its backward
+    other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
     root = replay.gather(fsdp, 0)
     saved = []
     for position, (index, kept, _) in enumerate(walk.per_layer):
         params = replay.gather(fsdp, position + 1)
-        saved.append(_forward_layer(replay, _layer_blocks(ctx, index, kept)))
+        saved.append(forward_layer(replay, layer_blocks(ctx, index, kept), copies[position]))
         replay.give(*params)
+    head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
-    _loss(ctx, ledger, loss, replay, check)
-    head = replay.take(fsdp.head) if fsdp is not None and pieces.made_in_backward else None
+    schedule_loss(ctx, ledger, loss, replay, check)
+    replay.give(head_copy)
+    root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
+    head = None
+    if pieces.made_in_backward:
+        head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
     last = len(walk.per_layer) - 1
     for position in reversed(range(len(walk.per_layer))):
         params = replay.gather(fsdp, position + 1)
-        temp = replay.take(walk.per_layer[position][2])
-        if position == last:
-            replay.moment(ledger, "backward", check)
-        if pieces.made_in_backward:
-            grads.append(replay.gradients(fsdp, pieces.grads[position + 1], position + 1))
-        replay.give(temp, *saved[position], *params)
-    if pieces.made_in_backward:
-        grads.append(replay.gradients(fsdp, pieces.grads[0], 0) if fsdp is None else replay.root_gradients(fsdp, head))
+        made = (lambda p=position: grads.append(replay.gradients(fsdp, pieces.grads[p + 1], p + 1))
+                ) if pieces.made_in_backward else (lambda: None)
+        peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
+        backward_layer(ctx.run, walk.per_layer[position], saved[position], replay, (made, peak))
+        replay.give(*params)
+    summed: list[Block | None] = []
+    if pieces.made_in_backward and fsdp is None:
+        alive, summed = finish_root(replay, root_grads, head)
+        grads.append(alive)
+    elif pieces.made_in_backward:
+        grads.append(replay.root_gradients(fsdp, head))
     replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
+    replay.give(*summed)
     if first and pieces.states_in_step:
         for unit in pieces.moments:
             replay.take_all(unit)

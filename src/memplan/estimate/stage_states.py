@@ -97,8 +97,9 @@ def _contributions(ctx: StageContext, states: StateBytes, step_temp: int) -> Ite
     cpu = states.cpu_parameters + states.cpu_gradients + states.cpu_optimizer
     yield Contribution(CPU, cpu, note=_offload_note(job))
     yield Contribution(TEMPORARY, step_temp, _STEP)
-    for note in finetune_assumptions(ctx.model, job):
-        yield Contribution(PARAMETERS, 0, note=note)
+    if ctx.run.finetune:
+        for note in finetune_assumptions(ctx.model, job):
+            yield Contribution(PARAMETERS, 0, note=note)
 
 
 def _sharding_note(job: Job) -> str:

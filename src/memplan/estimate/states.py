@@ -179,6 +179,9 @@ class StateBytes:
     state_element_bytes: int = 0
     #: Peak bytes of the step its registry entry prices from shapes (GaLore's projection); 0 for most.
     optimizer_step: int = 0
+    #: When the stepped states have several dtypes (fine-tuning: trained weights, adapters, ``modules_to_save``
+    #: copies), (numel, element bytes) per dtype; empty: one group of ``optimizer_numel`` elements.
+    step_groups: tuple[tuple[int, int], ...] = ()
 
     @property
     def cpu_total(self) -> int:
@@ -370,4 +373,16 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
     optimizer += step_counters * STEP_COUNTER_BYTES
     return StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
                       optimizer_numel=o_numel, paged_optimizer=paged,
-                      state_element_bytes=prec.state_bytes if full_n else adapter)
+                      state_element_bytes=prec.state_bytes if full_n else adapter,
+                      step_groups=_dtype_groups(((full_n, prec.state_bytes), (adapter_n, adapter),
+                                                 (share(ft.copies, opt_shard), base))))
+
+
+def _dtype_groups(parts: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """(numel, element bytes) per state dtype, as torch's optimizers group their tensors by dtype
+    (``Optimizer._group_tensors_by_device_and_dtype``); empty when there is one dtype or none."""
+    merged: dict[int, int] = {}
+    for numel, nbytes in parts:
+        if numel:
+            merged[nbytes] = merged.get(nbytes, 0) + numel
+    return tuple((numel, nbytes) for nbytes, numel in merged.items()) if len(merged) > 1 else ()

@@ -1,0 +1,49 @@
+"""A fine-tuning job's trainable tensors in the reserved-memory schedule (issue 25, item 8;
+:mod:`memplan.estimate.reserved_sim`).
+
+Gradients, optimizer moments and the optimizer step's temporaries exist only for trainable parameters,
+one tensor each, as large as its parameter in its own dtype. Under PEFT those are not the base model's
+tensors: a LoRA adapter's ``lora_A`` and ``lora_B`` (and a DoRA magnitude) in the adapter dtype, a
+``modules_to_save`` copy's tensors in the frozen base's dtype (peft deep-copies the module: a copied
+embedding and head are two vocabulary-sized tensors, as a trace of such a job allocates them), and
+fully trained modules' tensors in the job's parameter dtype. Spreading the estimate's gradient bytes
+over the base model's tensors instead cuts a vocabulary-sized gradient into small pieces in every layer.
+"""
+
+from __future__ import annotations
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element, is_finetune
+from memplan.estimate.stage_states import _adapter_tensor_sizes  # one definition of lora_A/lora_B/magnitude
+from memplan.model.linears import model_parameters
+from memplan.peft.params import finetune_params, saved_modules, trained_modules
+
+
+def _under(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == n or module.startswith(n + ".") for n in names)
+
+
+def trainable_units(ctx: StageContext, layers: list[int]) -> list[list[int]] | None:
+    """Per unit (the root, then the stage's ``layers`` in order) the weights (numel times bytes per
+    element) of its trainable tensors, or None when everything trains (the base model's tensors)."""
+    job, model = ctx.job, ctx.model
+    if not is_finetune(job):
+        return None
+    ft = job.finetune
+    everything = ft.resolved_trainable == "all"
+    full, copies = trained_modules(model, ft), saved_modules(model, ft)
+    full_bytes, copy_bytes = max(ctx.run.prec.param_bytes, 1), frozen_bytes_per_element(job)
+    adapter = adapter_bytes(job)
+    by_unit: dict[int | None, list[int]] = {}
+    for p in model_parameters(model):
+        if everything or _under(p.module, full):
+            by_unit.setdefault(p.layer, []).append(p.numel * full_bytes)
+        if _under(p.module, copies):
+            by_unit.setdefault(p.layer, []).append(p.numel * copy_bytes)
+    if "lm_head" in copies and not any(p.module == "lm_head" for p in model_parameters(model)):
+        # a tied head's copy has its own weight
+        by_unit.setdefault(None, []).append(ctx.run.vocab_rows * model.hidden_size * copy_bytes)
+    for a in finetune_params(model, ft).adapters:
+        by_unit.setdefault(a.module.layer, []).extend(n * adapter for n in _adapter_tensor_sizes(a))
+    root = by_unit.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
+    return [root] + [by_unit.get(i, []) for i in layers]
