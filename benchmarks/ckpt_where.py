@@ -14,7 +14,7 @@ import copy, json, resource, sys, time, os
 import torch
 from memplan.ckpt.bench import BenchConfig, sample_lengths, _batches
 from memplan.ckpt.bench_setup import build_model, seed_memplan, MEMPLAN
-from memplan.ckpt.bench_interleave import _lane, _train_step
+from memplan.ckpt.bench_interleave import _train_step, make_lane
 
 def faults():
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -28,7 +28,7 @@ lengths = sample_lengths(cfg)
 m = build_model(cfg); init = copy.deepcopy(m.state_dict()); del m
 batches = _batches(cfg, lengths, cfg.seed + 1, cfg.batch_size)
 budget = 1748551616 if steps == 24 else int(os.environ.get("BUDGET", "0"))
-lanes = [_lane(v, cfg, init, budget) for v in variants]
+lanes = [make_lane(v, cfg, init, budget) for v in variants]
 rec = {v: [] for v in variants}
 for lane in lanes:
     if lane.variant in MEMPLAN:
