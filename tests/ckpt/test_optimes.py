@@ -163,3 +163,15 @@ def test_an_arm_is_priced_by_its_measurements_nearest_the_size() -> None:
         arms.observe("plan", size, value)
     assert arms.median("plan", 190) == 1.0  # the three nearest, not the two far ones
     assert arms.median("plan", 100) == 9.0
+
+
+def test_sac_is_not_explored_below_a_size_where_it_already_lost() -> None:
+    arms = StepArms()
+    arms.observe("plan", 4000, 1.0)
+    arms.observe("compute", 4000, 1.5)  # measured slower at 4,000
+    arms.observe("plan", 500, 1.0)
+    assert arms.pick(500) == "plan"  # smaller: not explored
+    arms.observe("plan", 30000, 1.0)
+    assert arms.pick(30000) == "compute"  # larger: still explored once
+    arms.seen["compute"] = [(4000, 0.5)]  # had it won at 4,000, smaller sizes would be explored
+    assert arms.pick(500) == "compute"

@@ -14,7 +14,8 @@ elsewhere) divided by the roofline seconds of the model's blocks at its size are
 Near a size (within :data:`~memplan.ckpt.optimes.NEAR_OCTAVES`; each arm priced by the median of its
 :data:`CLOSEST` measurements nearest the size), the arm measured faster runs; an
 arm not measured near the size yet runs once first (``plan`` before ``compute``): the first steps
-of each arm at each scale are the exploration, inside every timing. When the plan already runs
+of each arm at each scale are the exploration, inside every timing. ``compute`` is not explored at
+a size below one where it was already measured not faster (its relative price falls with size). When the plan already runs
 every block at level 0, or level 0 does not fit, there is nothing to choose.
 
 The ``compute`` arm is the static per-op SAC policy made one of the candidate plans: it runs only
@@ -78,8 +79,20 @@ class StepArms:
         if plan is None:
             return "plan"
         if compute is None:
-            return "compute"
+            return "plan" if self._lost_above(size) else "compute"
         return "compute" if compute < plan * (1.0 - PREFER_PLAN) else "plan"
+
+    def _lost_above(self, size: int) -> bool:
+        """Whether the compute arm was measured not faster at a larger size (then it is not explored here).
+
+        Per-op SAC's cost is mostly per op (two dispatch modes), keeping's grows with the bytes kept:
+        its relative price only falls as the batch grows, so a loss at a larger size predicts one here.
+        """
+        for s, _ in self.seen.get("compute", ()):
+            plan, compute = self.median("plan", s), self.median("compute", s)
+            if s > size and plan is not None and compute is not None and compute >= plan * (1.0 - PREFER_PLAN):
+                return True
+        return False
 
 
 def _compute_plan(ctl: CheckpointController, plan: CheckpointPlan, upper: int, static: int,
