@@ -43,6 +43,9 @@ LORA_TRACED_PEAK = 33_474_078_720
 TORCHTITAN_TRACED_LOSS = 21_233_519_104
 #: The trace of llama-3.2-1b s1024 hf full recompute (autocast): its highest allocated figure in the forward.
 HF_TRACED_LOSS = 18_778_749_440
+#: The trace of the fine-tuning grid's qwen2.5-7b QLoRA NF4 r64 all-linear full recompute s512 cell: its
+#: peak, in the forward at the loss (benchmarks/results/finetune_grid.json, re-traced 2026-12-06 16:18).
+QLORA_TRACED_LOSS = 8_700_859_904
 
 
 def _moments(model: str, flags: dict[str, object]) -> dict[str, int]:
@@ -122,3 +125,13 @@ def test_hf_loss_under_full_recompute_holds_every_layers_cached_copy() -> None:
              "optimizer": "adamw", "optimizer_impl": "foreach", "framework": "hf"}
     moments = _moments("llama-3.2-1b", flags)
     assert _close(moments["loss"], HF_TRACED_LOSS), moments["loss"] / MiB
+
+
+def test_fp32_adapters_of_checkpointed_layers_are_cached_at_the_loss() -> None:
+    """peft's fp32 lora_A / lora_B are linears under autocast: their bf16 copies are cached like the base
+    weights' (QLoRA: the NF4 base itself is not a cast weight)."""
+    flags = {"seq": 512, "mbs": 1, "precision": "bf16-mixed", "optimizer": "adamw", "attention": "sdpa",
+             "framework": "hf", "recompute": "full", "peft": "lora", "lora_rank": 64, "lora_targets": "all-linear",
+             "quantize_base": "nf4"}
+    moments = _moments("qwen2.5-7b", flags)
+    assert _close(moments["loss"], QLORA_TRACED_LOSS), moments["loss"] / MiB
