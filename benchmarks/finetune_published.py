@@ -8,7 +8,9 @@ source says the number is (allocated, reserved, nvidia-smi, or not stated) and `
 memplan job describing the run as the source states it. The estimate (``memplan.estimate`` on the
 job built by :func:`memplan.load_job`) is compared with the published value on the counter the
 entry names (``compare_with``: ``peak_reserved`` — the estimator's predicted reserved bytes, its
-allocated peak plus the assumed fragmentation — or ``peak_allocated``). Entries whose settings are not
+allocated peak plus the assumed fragmentation —, ``peak_allocated``, or ``nvidia_smi`` — the predicted
+reserved bytes plus what lives outside PyTorch's allocator: the estimate's library buffers and the GPU
+catalogue's CUDA context + NCCL figure, :func:`outside_allocator_bytes`). Entries whose settings are not
 stated (``comparable: no``) are listed, not estimated; ``approximate`` entries say in their notes
 which setting memplan cannot express exactly.
 
@@ -45,6 +47,29 @@ def unit_bytes(unit: str) -> int:
     return GiB if "gib" in text or text.strip().startswith("g as printed") else GB
 
 
+def outside_allocator_bytes(entry: dict[str, Any], result: Any) -> int:
+    """What nvidia-smi counts beyond PyTorch's reserved memory: the library buffers the estimate names
+    outside the allocator, plus the CUDA context and NCCL figure of memplan's GPU catalogue for the
+    entry's ``memplan_gpu`` (:data:`memplan.gpus.DEFAULT_OUTSIDE_ALLOCATOR_BYTES` when it names none)."""
+    from memplan.gpus import DEFAULT_OUTSIDE_ALLOCATOR_BYTES, get_gpu
+
+    gpu = entry.get("memplan_gpu")
+    context = get_gpu(gpu).outside_allocator_bytes if gpu else DEFAULT_OUTSIDE_ALLOCATOR_BYTES
+    return result.outside_allocator_bytes + context
+
+
+def matching_bytes(entry: dict[str, Any], result: Any, reserved: int | None = None) -> int:
+    """The estimate's figure for the counter the entry's source logs (``compare_with``): peak allocated,
+    peak reserved (``reserved``, default the estimate's own) or nvidia-smi (reserved + outside the allocator)."""
+    reserved = result.peak_reserved_bytes if reserved is None else reserved
+    counter = entry.get("compare_with")
+    if counter == "peak_allocated":
+        return int(result.peak_allocated_bytes)
+    if counter == "nvidia_smi":
+        return int(reserved) + outside_allocator_bytes(entry, result)
+    return int(reserved)
+
+
 def _model_ref(name: str) -> str:
     local = REPO / name
     return str(local) if name.endswith(".json") and local.exists() else name
@@ -75,7 +100,7 @@ def compare(entry: dict[str, Any]) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001 - recorded: a flag may be refused before the merge
         row["status"] = f"error: {type(error).__name__}: {error}"
         return row
-    estimated = result.peak_reserved_bytes if entry.get("compare_with") == "peak_reserved" else result.peak_allocated_bytes
+    estimated = matching_bytes(entry, result)
     row.update({"estimated_allocated_bytes": result.peak_allocated_bytes,
                 "estimated_reserved_bytes": result.peak_reserved_bytes, "estimated_bytes": estimated,
                 "ratio": estimated / published, "full_finetune_reserved_bytes": base.peak_reserved_bytes,

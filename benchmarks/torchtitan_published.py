@@ -1,11 +1,15 @@
 """memplan against torchtitan's published memory readings (not shipped in ../shared/reference).
 
-Source: torchtitan ``docs/performance.md`` (pytorch/torchtitan), "Table 1: 1D Parallelism (FSDP).
+Source: torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md`` (pytorch/torchtitan, runs at commit
+9dec370), "Table 1: 1D Parallelism (FSDP).
 Llama 3.1 8B model. 8 GPUs. Local batch size 2, global batch size 16. Selective activation
 checkpointing." — 8 x H100 (96 GB HBM), ``llama3_8b.toml`` (seq_len 8192, selective_ac_option
 "op", bf16 parameters with fp32 reduce, AdamW), row "FSDP" (no torch.compile, no Float8):
-**82.4 GiB**, torchtitan's memory reading (its metrics log the CUDA caching allocator's peak
-*reserved* memory). The compiled and Float8 rows are not compared (memplan models neither).
+**82.4 GiB**, torchtitan's memory reading. Counter (:data:`COUNTER`): the table's column is
+"Memory(GiB)"; torchtitan's ``DeviceMemoryMonitor`` (``torchtitan/components/metrics.py``) logs
+``memory: X GiB`` as ``memory_stats()["reserved_bytes.all.peak"] / 2**30``, the caching allocator's
+peak *reserved* memory since the previous log (the peak is reset after each), and the benchmark file
+takes the maximum over ranks. So the matching memplan figure is the predicted peak reserved, in GiB. The compiled and Float8 rows are not compared (memplan models neither).
 
 Each row runs, with the same flags, ``memplan estimate`` (peak allocated, and peak reserved with
 its fixed fragmentation assumption) and ``memplan trace --device cuda`` on simulated FSDP ranks
@@ -28,10 +32,17 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "torchtitan_published.json"
 GiB = 2**30
 
+#: What torchtitan's published "Memory(GiB)" is, and where that is shown.
+COUNTER = {"counter": "peak reserved", "unit": "GiB (2^30 bytes)",
+           "counter_source": "https://github.com/pytorch/torchtitan/blob/main/torchtitan/components/metrics.py "
+                             "(DeviceMemoryMonitor.get_peak_stats: reserved_bytes.all.peak / 1024**3; the log line "
+                             "'memory: {max_reserved_gib}GiB'); the table: https://github.com/pytorch/torchtitan/blob/"
+                             "main/benchmarks/llama3_h100_202412_torchtitan.md (max over ranks, footnote 1)"}
+
 ROWS = (
     {"name": "llama3.1-8b FSDP 8 x H100, lbs 2, seq 8192, selective op AC",
-     "source": "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
-     "published_gib": 82.4, "counter": "peak reserved", "torchtitan_toml": "torchtitan_llama3_8b_lbs2.toml",
+     "source": "https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md",
+     "published_gib": 82.4, **COUNTER, "torchtitan_toml": "torchtitan_llama3_8b_lbs2.toml",
      "model": "llama-3.1-8b", "flags": {"framework": "torchtitan", "fsdp": 8, "seq": 8192, "mbs": 2,
                                         "recompute": "selective", "precision": "bf16-mixed"}},
 )
@@ -127,7 +138,7 @@ def toml_rows() -> list[dict]:
                                      flags={"gpus": row["gpus"]}))
         result = estimate(loaded.model, loaded.job, settings=loaded.settings)
         reserved = result.peak_reserved_bytes / GiB
-        out.append({**row, "estimate_reserved_gib": reserved, "estimate_allocated_gib": result.peak_allocated_bytes / GiB,
+        out.append({**row, **COUNTER, "estimate_reserved_gib": reserved, "estimate_allocated_gib": result.peak_allocated_bytes / GiB,
                     "error": reserved / row["published_gib"] - 1, "unmodelled": list(result.unmodelled_settings)})
     return out
 

@@ -64,9 +64,28 @@ def test_published_entries() -> None:
         assert entry["url"].startswith("https://")
         assert entry["published_value"] > 0 and entry["unit"]
         assert entry["comparable"] in ("yes", "approximate", "no")
+        # each entry names the counter its source logs and where that is shown
+        assert entry["counter"] and entry["counter_source"]
         if entry["comparable"] != "no":
-            assert entry["compare_with"] in ("peak_reserved", "peak_allocated")
+            assert entry["compare_with"] in ("peak_reserved", "peak_allocated", "nvidia_smi")
+            assert entry["compare_with"] == entry["counter"]
             load_job(JobRequest(model=published._model_ref(entry["memplan_model"]), flags=entry["memplan_flags"]))
+
+
+def test_matching_bytes_compares_like_with_like() -> None:
+    """peak allocated against allocated, reserved against reserved, nvidia-smi against reserved plus
+    what lives outside the allocator (the catalogue GPU's CUDA context + NCCL figure)."""
+    from types import SimpleNamespace
+
+    from memplan.gpus import get_gpu
+
+    published = _module("finetune_published")
+    result = SimpleNamespace(peak_allocated_bytes=10, peak_reserved_bytes=12, outside_allocator_bytes=3)
+    assert published.matching_bytes({"compare_with": "peak_allocated"}, result) == 10
+    assert published.matching_bytes({"compare_with": "peak_reserved"}, result) == 12
+    assert published.matching_bytes({"compare_with": "peak_reserved"}, result, reserved=20) == 20
+    smi = {"compare_with": "nvidia_smi", "memplan_gpu": "rtx-4090"}
+    assert published.matching_bytes(smi, result) == 12 + 3 + get_gpu("rtx-4090").outside_allocator_bytes
 
 
 def test_unit_bytes() -> None:

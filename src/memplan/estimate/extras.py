@@ -6,7 +6,7 @@ from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, ea
 from memplan.estimate.optimizers import step_temporary_bytes
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, StateBytes
-from memplan.job import Job
+from memplan.job import Job, resolved_optimizer_impl
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import ModelSpec
 from memplan.profiles import FrameworkProfile
@@ -246,7 +246,7 @@ def communication_bytes(
 
 
 def communication_by_phase(job: Job, profile: FrameworkProfile, params: StageParams, prec: ResolvedPrecision,
-                           held: int, *, tied: bool = False) -> dict[str, int]:
+                           held: int, *, tied: bool = False, head: int | None = None) -> dict[str, int]:
     """Collective buffers alive at each candidate peak, for PyTorch FSDP2; ``held`` everywhere else.
 
     FSDP2 (torch/distributed/fsdp/_fully_shard) keeps the root unit's unsharded parameters from
@@ -257,10 +257,24 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
     an untied head, the root's unsharded gradients (in the compute dtype, before the reduce-scatter
     casts them to fp32) — a tied embedding's gradients are the summed temporaries counted apart;
     the optimizer step holds none.
+
+    ``head``: the numel of the final norm and head when they are a unit apart from the embedding
+    (torchtitan, ``FrameworkProfile.fsdp_outer_units``). Then only that unit is unsharded at the loss
+    (the last block is gathered again when the head's backward begins, after the loss's), neither is
+    during the blocks' backward (the head unit reshards after its backward), and at the end of the
+    backward the embedding's unit holds its unsharded parameters and gradients in the compute dtype.
+    While a block's backward computes, the block and the prefetched next one are unsharded; its
+    reduce-scatter input (the gradients in the reduce dtype) is made only after that, once FSDP2's
+    post-backward has resharded the block and the backward's temporaries are freed (torch
+    ``FSDPParamGroup.post_backward``, ``foreach_reduce``), so it is not priced beside them.
     """
     if job.sharding.fsdp == "none" or not profile.torch_optimizer:
         return {phase: held for phase in ("loss", "backward", "end of backward", "optimizer step")}
     c = dtype_bytes(prec.compute)
+    if head is not None:
+        embedding = params.root - head
+        return {"loss": head * c, "backward": profile.fsdp_live_blocks * params.largest_layer * c,
+                "end of backward": 2 * embedding * c, "optimizer step": 0}
     root = params.root * c
     root_grads = 0 if tied else root
     return {"loss": root + params.largest_layer * c, "backward": held,
@@ -268,7 +282,14 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
 
 
 def optimizer_temporary_bytes(job: Job, profile: FrameworkProfile, states: StateBytes, prec: ResolvedPrecision, largest_tensor: int) -> int:
-    """Extra memory while ``optimizer.step()`` runs (:func:`memplan.estimate.optimizers.step_temporary_bytes`)."""
+    """Extra memory while ``optimizer.step()`` runs (:func:`memplan.estimate.optimizers.step_temporary_bytes`).
+
+    States of several dtypes (``StateBytes.step_groups``) step group by group, each group's temporaries in
+    its own dtype: a foreach step's add up (``_multi_tensor_adam`` still holds one group's ``sqrt(v)`` when
+    it makes the next group's; exact for two dtypes), a per-tensor step's do not (the largest counts)."""
+    if states.step_groups:
+        each = [step_temporary_bytes(job, numel, largest_tensor, nbytes) for numel, nbytes in states.step_groups]
+        foreach = resolved_optimizer_impl(job) == "foreach" and not job.optimizer.in_backward
+        return max(sum(each) if foreach else max(each), states.optimizer_step)
     return max(step_temporary_bytes(job, states.optimizer_numel, largest_tensor,
-                                    states.state_element_bytes or prec.state_bytes,
-                                    states.stepped_state_bytes), states.optimizer_step)
+                                    states.state_element_bytes or prec.state_bytes), states.optimizer_step)

@@ -125,8 +125,7 @@ def optimizer_state_bytes(numel: int, job: Job, state_bytes: int, hidden: int,
     return optimizer_states(numel, job, state_bytes, hidden, small).device_bytes
 
 
-def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, state_bytes: int,
-                         stepped_bytes: int = 0) -> int:
+def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, state_bytes: int) -> int:
     """Extra memory while the optimizer steps ``stepped_numel`` elements whose largest tensor has
     ``largest_tensor`` elements (its entry's ``step_temporaries``).
 
@@ -135,12 +134,10 @@ def step_temporary_bytes(job: Job, stepped_numel: int, largest_tensor: int, stat
     (``fused=True``, apex/TE FusedAdam, DeepSpeed FusedAdam) and bitsandbytes' kernels (8-bit, paged,
     Lion) work in place. A for-loop step (and SGD and Adafactor, which have no fused kernel) needs
     one temporary of the largest tensor. With ``--optimizer-in-backward`` each parameter steps alone
-    (a foreach step over one tensor): at most one temporary of the largest tensor. ``stepped_bytes``:
-    the stepped tensors' state bytes, each in its own dtype, where they are of several (0: all in
-    ``state_bytes``); foreach Adam makes each dtype group's ``sqrt(v)`` in that dtype.
+    (a foreach step over one tensor): at most one temporary of the largest tensor.
     """
     query = StepQuery(resolved_optimizer_impl(job), stepped_numel, largest_tensor, state_bytes,
-                      job.optimizer.in_backward, stepped_bytes)
+                      job.optimizer.in_backward)
     return optimizer_kind(job.optimizer.name).step_temporaries(query)
 
 

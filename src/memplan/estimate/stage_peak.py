@@ -48,7 +48,7 @@ from memplan.estimate.stage_states import StageStates
 from memplan.estimate.states import layer_numel_on_rank
 from memplan.frozen import frozen_dataclass
 from memplan.job import resolved_loss
-from memplan.model.params import final_norm_params
+from memplan.model.params import embedding_params, final_norm_params
 from memplan.profiles.framework import vocab_split
 from memplan.units import dtype_bytes
 
@@ -209,10 +209,23 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
         return held, most
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
-                                     tied=run.model.tie_word_embeddings)
+                                     tied=run.model.tie_word_embeddings, head=_head_unit(ctx))
     out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward else (phase,))
            for phase, size in comm_at.items()]
     return out, max(comm_at.values())
+
+
+def _head_unit(ctx: StageContext) -> int | None:
+    """Numel of the final norm and untied head on this GPU when FSDP shards them as a unit apart from
+    the embedding (``FrameworkProfile.fsdp_outer_units``); None when one root unit holds both, and under
+    pipeline parallelism, where torchtitan keeps the embedding unsharded after its forward too."""
+    run = ctx.run
+    if (run.profile.fsdp_outer_units != "embedding-and-head" or run.model.tie_word_embeddings
+            or run.job.parallel.pp > 1):
+        return None
+    if not ctx.layout.has_head:
+        return 0
+    return final_norm_params(run.model) + embedding_params(run.model, run.vocab_rows) // max(run.job.parallel.tp, 1)
 
 
 #: A stage without CUDA graphs (graph_memory's figures for ``--cuda-graph-impl none``).

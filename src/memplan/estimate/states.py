@@ -174,15 +174,14 @@ class StateBytes:
     #: bitsandbytes paged optimizer states in CUDA unified memory (not in ``optimizer``; outside
     #: PyTorch's caching allocator).
     paged_optimizer: int = 0
-    #: Element size of the optimizer states of the largest stepped tensor, which a for-loop step's
-    #: temporary follows (0: the precision's); peft adapters are fp32 whatever the precision.
+    #: Element size of the optimizer states the step's temporaries follow (0: the precision's);
+    #: peft adapters are fp32 whatever the precision.
     state_element_bytes: int = 0
-    #: Bytes of one state-sized copy of every stepped tensor in its own state dtype, which a foreach
-    #: step's temporaries follow (0: ``optimizer_numel`` x the precision's state bytes): fp32 adapters
-    #: beside a 16-bit ``modules_to_save`` copy, fp32 routers beside 16-bit weights.
-    stepped_state_bytes: int = 0
     #: Peak bytes of the step its registry entry prices from shapes (GaLore's projection); 0 for most.
     optimizer_step: int = 0
+    #: When the stepped states have several dtypes (fine-tuning: trained weights, adapters, ``modules_to_save``
+    #: copies), (numel, element bytes) per dtype; empty: one group of ``optimizer_numel`` elements.
+    step_groups: tuple[tuple[int, int], ...] = ()
 
     @property
     def cpu_total(self) -> int:
@@ -286,12 +285,9 @@ def state_bytes(
         optimizer += (optimizer_states(routers_o, job, 4, model.hidden_size).device_bytes
                       - optimizer_states(routers_o, job, prec.state_bytes, model.hidden_size).device_bytes)
     optimizer += step_counters * STEP_COUNTER_BYTES
-    stepped = o_numel * prec.state_bytes
-    if fp32_routers:
-        stepped += _sharded(fp32_routers, 0, shards, opt_shard) * (4 - prec.state_bytes)
     on_gpu = StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
                         optimizer_numel=o_numel, fp8_weights=fp8, paged_optimizer=opt_states.paged_bytes,
-                        optimizer_step=opt_states.step_bytes if o_numel else 0, stepped_state_bytes=stepped)
+                        optimizer_step=opt_states.step_bytes if o_numel else 0)
     return _offloaded(on_gpu, off, offload_moves_gradients)
 
 
@@ -327,10 +323,8 @@ def _offloaded(on_gpu: StateBytes, off: Offload, moves_gradients: bool) -> State
     if off.params:
         cpu_params = parameters - on_gpu.fp8_weights
         parameters = on_gpu.fp8_weights
-    all_off = off.optimizer and off.optimizer_fraction == 1.0
     return replace(on_gpu, parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
-                   optimizer_numel=0 if all_off else on_gpu.optimizer_numel,
-                   stepped_state_bytes=0 if all_off else on_gpu.stepped_state_bytes,
+                   optimizer_numel=0 if off.optimizer and off.optimizer_fraction == 1.0 else on_gpu.optimizer_numel,
                    cpu_parameters=cpu_params, cpu_gradients=cpu_grads, cpu_optimizer=cpu_opt)
 
 
@@ -377,8 +371,18 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
     if ft.copies:
         optimizer += optimizer_state_bytes(share(ft.copies, opt_shard), job, base, model.hidden_size)
     optimizer += step_counters * STEP_COUNTER_BYTES
-    copies_n = share(ft.copies, opt_shard)
     return StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
                       optimizer_numel=o_numel, paged_optimizer=paged,
-                      state_element_bytes=prec.state_bytes if full_n else (base if copies_n else adapter),
-                      stepped_state_bytes=full_n * prec.state_bytes + adapter_n * adapter + copies_n * base)
+                      state_element_bytes=prec.state_bytes if full_n else adapter,
+                      step_groups=_dtype_groups(((full_n, prec.state_bytes), (adapter_n, adapter),
+                                                 (share(ft.copies, opt_shard), base))))
+
+
+def _dtype_groups(parts: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """(numel, element bytes) per state dtype, as torch's optimizers group their tensors by dtype
+    (``Optimizer._group_tensors_by_device_and_dtype``); empty when there is one dtype or none."""
+    merged: dict[int, int] = {}
+    for numel, nbytes in parts:
+        if numel:
+            merged[nbytes] = merged.get(nbytes, 0) + numel
+    return tuple((numel, nbytes) for nbytes, numel in merged.items()) if len(merged) > 1 else ()

@@ -128,10 +128,6 @@ class StepQuery:
     largest_tensor: int
     state_bytes: int
     in_backward: bool
-    #: Bytes of one state-sized copy of every stepped tensor, each in its own dtype, where they are of
-    #: several (a LoRA job's fp32 adapters and bf16 ``modules_to_save`` copies); 0: ``stepped_numel`` x
-    #: ``state_bytes``.
-    stepped_bytes: int = 0
 
 
 @frozen_dataclass
@@ -249,16 +245,11 @@ class OptimizerKind:
 def torch_step_bytes(query: StepQuery) -> int:
     """A torch.optim-style step: fused kernels work in place; a foreach step makes one state-sized temporary
     for the whole group (``sqrt(v)`` in ``_multi_tensor_adam``); a for-loop step (or a per-parameter step in
-    the backward) one of the largest tensor.
-
-    ``_multi_tensor_adam`` groups the tensors by device and dtype and makes each group's ``sqrt(v)`` in
-    its states' dtype (``exp_avg_sq`` is ``zeros_like(param)``); a group's temporaries are released
-    only when the next group's replace them, so with two dtype groups both are alive at once: the
-    step's temporaries are the stepped tensors' state bytes (:attr:`StepQuery.stepped_bytes`)."""
+    the backward) one of the largest tensor."""
     if query.implementation == "fused":
         return 0
     if query.implementation == "foreach" and not query.in_backward:
-        return query.stepped_bytes or query.stepped_numel * query.state_bytes
+        return query.stepped_numel * query.state_bytes
     return query.largest_tensor * query.state_bytes
 
 

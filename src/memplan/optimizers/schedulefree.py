@@ -15,8 +15,6 @@ largest parameter). There is no fused kernel. Element-wise, so it shards like Ad
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from typing import Any
 
 from memplan.optimizers.kind import (
@@ -42,7 +40,8 @@ def _states(query: StateQuery) -> OptimizerStates:
 def _step(query: StepQuery) -> int:
     """foreach unless the job asks for the for-loop (``auto`` resolves to the profile's ``fused``: foreach here)."""
     impl = "for-loop" if query.implementation == "for-loop" else "foreach"
-    return torch_step_bytes(replace(query, implementation=impl))
+    return torch_step_bytes(StepQuery(impl, query.stepped_numel, query.largest_tensor, query.state_bytes,
+                                      query.in_backward))
 
 
 def _describe(settings: OptimizerSettings) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from typing import Any
 
 from memplan.optimizers.kind import (
@@ -66,7 +64,8 @@ def _adafactor_states(query: StateQuery) -> OptimizerStates:
 def _unfused_step(query: StepQuery) -> int:
     """SGD and Adafactor have no foreach path worth pricing apart: a for-loop step unless fused."""
     impl = query.implementation if query.implementation == "fused" else "for-loop"
-    return torch_step_bytes(replace(query, implementation=impl))
+    return torch_step_bytes(StepQuery(impl, query.stepped_numel, query.largest_tensor, query.state_bytes,
+                                      query.in_backward))
 
 
 def _describe_adafactor(settings: OptimizerSettings) -> str:

@@ -94,6 +94,14 @@ class FrameworkProfile:
     #: ``reshard_after_forward = not pp_enabled`` with torch's pipelining stage;
     #: :mod:`memplan.estimate.pipeline_fsdp`).
     pipeline_fsdp_unsharded: bool = False
+    #: FSDP units of the parts outside the decoder layers. ``root``: one unit (the root module) holds
+    #: the embedding, the final norm and the head, unsharded from its forward to the end of the
+    #: backward. ``embedding-and-head``: the embedding is a unit resharded after its forward and
+    #: gathered again for its backward at the end; the final norm and the head are one unit kept
+    #: unsharded from its forward through its backward (torchtitan's ``apply_fsdp``:
+    #: ``fully_shard(model.tok_embeddings)``, ``fully_shard([model.norm, model.output],
+    #: reshard_after_forward=False)``; an untied head only).
+    fsdp_outer_units: Literal["root", "embedding-and-head"] = "root"
     #: DeepSpeed ZeRO-1/2 reduce bucket, elements (``reduce_bucket_size``, default 5e8).
     reduce_bucket_elements: int = 0
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
@@ -281,6 +289,7 @@ TORCHTITAN = FrameworkProfile(
     autocast_with_tp_or_pp=False,
     pipeline_split="embedding-output-weighted",
     pipeline_fsdp_unsharded=True,
+    fsdp_outer_units="embedding-and-head",
     dtensor_loss_parallel=True,
     fit_tensor_parallel=True,
     fit_pipelines=True,

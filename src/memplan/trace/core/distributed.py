@@ -152,10 +152,38 @@ def _has(module: torch.nn.Module, path: str) -> bool:
 
 
 def _apply_fsdp(model: torch.nn.Module, layers: list[torch.nn.Module], mesh: Any, options: TraceSetup) -> None:
+    """Each decoder layer a unit, the root the rest; under a framework whose profile shards the embedding and
+    the head as units of their own (torchtitan's ``apply_fsdp``), those two units as well."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[options.compute_dtype], reduce_dtype=torch.float32) \
         if options.mixed else MixedPrecisionPolicy()
+    outer = _outer_units(model, options)
+    if outer:
+        fully_shard(outer[0], mesh=mesh, mp_policy=policy)
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
+    if outer:
+        fully_shard(outer[1], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+#: Where Hugging Face models keep the final norm (Llama/Qwen/Mistral, GPT-2, GPT-NeoX).
+_FINAL_NORMS = ("model.norm", "transformer.ln_f", "gpt_neox.final_layer_norm")
+
+
+def _outer_units(model: torch.nn.Module, options: TraceSetup) -> tuple[Any, list[torch.nn.Module]] | None:
+    """(the embedding, [final norm, head]) when the job's framework shards them apart
+    (``FrameworkProfile.fsdp_outer_units``, without pipeline parallelism) and the head is untied; else None."""
+    from memplan.profiles import get_profile
+
+    job = options.job
+    if get_profile(job.framework).fsdp_outer_units != "embedding-and-head" or job.parallel.pp > 1:
+        return None
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    embedding = get_in() if callable(get_in) else None
+    head = get_out() if callable(get_out) else None
+    if embedding is None or head is None or head.weight is embedding.weight:
+        return None
+    norms = [model.get_submodule(path) for path in _FINAL_NORMS if _has(model, path)]
+    return embedding, [*norms[:1], head]
