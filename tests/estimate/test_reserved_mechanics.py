@@ -193,3 +193,92 @@ def test_lumped_terms_are_split_into_the_tensors_a_forward_makes() -> None:
                           llama.run.model.layers[0], llama.run)
     assert copies == [5, 5]
     assert term_tensors("softmax output (fp32)", 7, llama.run.model.layers[0], llama.run) == [7]
+
+
+def test_an_eager_softmax_backward_runs_in_the_space_the_mlp_block_left() -> None:
+    """HF eager attention: the layer's backward frees the MLP block's tensors, the output projection's input
+    and the 16-bit probabilities, then makes two fp32 gradients of the probabilities and casts the result
+    back to bf16 (a trace's _to_copy 4 B/score, _softmax_backward_data 4 B, _to_copy 2 B), the layer's
+    other saved tensors freed after; what it frees first is what the ledger's transient already nets."""
+    from memplan.estimate.activations import divided, layer_terms
+    from memplan.estimate.layer_costs import layer_costs
+    from memplan.estimate.reserved_backward import eager_backward, early_terms
+
+    flags = {"seq": 2048, "precision": "bf16-mixed", "attention": "eager", "framework": "hf"}
+    ctx = _ctx("llama-3.2-1b", flags)
+    run, layer = ctx.run, ctx.run.model.layers[3]
+    transient = layer_costs(run, layer, 3)[2]
+    plan = eager_backward(layer, run, transient)
+    assert plan is not None and plan.fp32 == 32 * 2048 * 2048 * 4 and plan.scores == plan.fp32 // 2
+    early = sum(divided(t, run.shape) for t, e in zip(layer_terms(layer, run.shape), early_terms(layer, run)) if e)
+    assert 2 * plan.fp32 - early == transient
+    events = _schedule("llama-3.2-1b", flags)
+    pattern = [("take", plan.fp32), ("take", plan.fp32), ("give", plan.fp32), ("take", plan.scores)]
+    starts = [i for i in range(len(events)) if events[i:i + 4] == pattern]
+    # every layer of both steps, but the last (the ledger's backward moment sits between its takes)
+    assert len(starts) == 2 * (run.model.num_layers - 1)
+    # before each softmax backward the MLP's tensors were freed: no take between them and the upcast
+    assert all(events[i - 1][0] == "give" for i in starts)
+    sdpa = _ctx("llama-3.2-1b", {**flags, "attention": "sdpa"})
+    assert eager_backward(sdpa.run.model.layers[3], sdpa.run, layer_costs(sdpa.run, layer, 3)[2]) is None
+    assert eager_backward(layer, run, transient + 1) is None
+    _stages.cache_clear()
+    est = estimate(load_model("llama-3.2-1b"), build_job(flags), reserved="simulated")
+    assert any("softmax backward" in a for a in est.assumptions)
+    _stages.cache_clear()
+    est = estimate(load_model("llama-3.2-1b"), build_job({**flags, "attention": "sdpa"}), reserved="simulated")
+    assert not any("softmax backward" in a for a in est.assumptions)
+
+
+def test_a_soft_capped_loss_makes_its_16_bit_chain_around_the_fp32_cross_entropy() -> None:
+    """Gemma 2's cap * tanh(logits / cap): forward the logits, the quotient, tanh (saved), the capped logits,
+    then the fp32 upcast and log-softmax; backward the two fp32 gradients, then one 16-bit tensor per op
+    back down the chain (a trace's _to_copy, mul, tanh_backward, div). Without a soft cap: no chain."""
+    from pathlib import Path
+
+    gemma = str(Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "gemma-2-2b.json")
+    flags = {"seq": 1024, "precision": "bf16", "attention": "eager", "recompute": "full", "framework": "hf"}
+    ctx = _ctx(gemma, flags)
+    one = 1024 * ctx.run.vocab_rows * 4
+    half = one // 2
+    events = _schedule(gemma, flags)
+    start = events.index(("moment", "forward"))
+    end = events.index(("moment", "backward"), start)
+    takes = [size for kind, size in events[start:end] if kind == "take" and size in (one, half)]
+    assert takes == [half, half, half, half, one, one, one, one, half, half, half, half]
+    loss_at = events.index(("moment", "loss"), start)
+    assert [kind for kind, _ in events[loss_at - 2:loss_at]] == ["take", "take"]  # the two fp32 gradients
+    plain = _schedule("llama-3.2-1b", {"seq": 1024, "precision": "bf16", "framework": "hf"})
+    start = plain.index(("moment", "forward"))
+    loss_at = plain.index(("moment", "loss"), start)
+    assert sum(kind == "take" for kind, _ in plain[start:loss_at]) == 5  # 16-bit, upcast, saved, two gradients
+    _stages.cache_clear()
+    est = estimate(load_model(gemma), build_job(flags), reserved="simulated")
+    assert any("soft-capped logits" in a for a in est.assumptions)
+    _stages.cache_clear()
+    est = estimate(load_model("llama-3.2-1b"), build_job({"seq": 1024, "framework": "hf"}), reserved="simulated")
+    assert not any("soft-capped logits" in a for a in est.assumptions)
+
+
+def test_under_autocast_a_pre_norms_fp32_output_lives_until_its_block_ends() -> None:
+    """HF's RMSNorm under torch.autocast returns its output in the fp32 residual dtype; each linear saves its
+    own bf16 cast of it, and the fp32 output is freed when the decoder layer reassigns hidden_states to the
+    block's output (a trace's input_layernorm mul.Tensor temporary). Pure bf16 has no such tensor."""
+    from memplan.estimate.reserved_forward import layer_blocks
+    from memplan.estimate.reserved_terms import HELD, KEPT, RELEASE
+
+    flags = {"seq": 1024, "precision": "bf16-mixed", "framework": "hf"}
+    ctx = _ctx("llama-3.2-1b", flags)
+    fp32 = 1024 * ctx.run.model.hidden_size * 4
+    from memplan.estimate.layer_costs import layer_costs
+
+    blocks = layer_blocks(ctx, 0, layer_costs(ctx.run, ctx.run.model.layers[0], 0)[0])
+    kinds = [kind for _, kind, _ in blocks]
+    assert kinds.count(KEPT) > 2
+    assert [size for size, kind, _ in blocks if kind == HELD] == [fp32, fp32]
+    # each held output is released before the next block's norm input and at the layer's end
+    assert kinds.count(RELEASE) == 2 and kinds[-1] == RELEASE
+    assert kinds.index(HELD) < kinds.index(RELEASE) < len(kinds) - 1 - kinds[::-1].index(HELD)
+    pure = _ctx("llama-3.2-1b", {**flags, "precision": "bf16"})
+    blocks = layer_blocks(pure, 0, layer_costs(pure.run, pure.run.model.layers[0], 0)[0])
+    assert len(blocks) > 2 and HELD not in [kind for _, kind, _ in blocks]

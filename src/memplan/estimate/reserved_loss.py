@@ -1,7 +1,10 @@
 """The loss in the reserved-memory schedule (issue 25, item 8; :mod:`memplan.estimate.reserved_sim`):
-the logits' tensors as a trace of an fp32 cross-entropy allocates them, forward and backward."""
+the logits' tensors as a trace of an fp32 cross-entropy allocates them, forward and backward, and
+a soft-capped head's (Gemma 2's ``cap * tanh(logits / cap)``) 16-bit chain around them."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.ledger import Ledger
@@ -24,6 +27,15 @@ def _logit_tensors(one: int, total: int) -> list[int]:
     return [one] * (total // one) + [total % one]
 
 
+def softcapped(ctx: StageContext, loss: LossPart) -> bool:
+    """Whether the schedule lays the loss out as a soft-capped head's (:func:`_softcapped`): the model caps
+    its logits, in a 16-bit dtype, and the loss saves the tanh output beside the fp32 log-softmax."""
+    one = _fp32_logits(ctx)
+    half = one * ctx.run.shape.act_bytes // 4
+    return (ctx.run.model.final_logit_softcap is not None and 0 < half < one
+            and loss.saved_logits == one + half and loss.logits - loss.saved_logits >= one)
+
+
 def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Replay, check: bool) -> None:
     """The loss as a trace of an fp32 cross-entropy shows it: forward, the 16-bit logits, their fp32 upcast
     and the log-softmax it saves (the upcast and the 16-bit logits freed after); backward, the NLL's and
@@ -38,6 +50,9 @@ def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Rep
         replay.give(*blocks)
         return
     half = one * ctx.run.shape.act_bytes // 4
+    if softcapped(ctx, loss):
+        _softcapped(replay, (one, half, grads), lambda: replay.moment(ledger, "loss", check))
+        return
     low, upcast = replay.take(half), replay.take(one)
     kept = replay.take_all(_logit_tensors(one, loss.saved_logits))
     replay.give(upcast, low)
@@ -45,3 +60,31 @@ def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Rep
     replay.moment(ledger, "loss", check)
     replay.give(made[0], *kept)
     replay.give(replay.take(half), *made[1:])
+
+
+def _softcapped(replay: Replay, sizes: tuple[int, int, int], moment: Callable[[], None]) -> None:
+    """A soft-capped fp32 cross-entropy as a trace of HF Gemma 2 allocates it (``sizes``: one fp32 logits
+    tensor, one 16-bit one, the gradients' bytes). Forward, in the 16-bit dtype: the head's logits, their
+    ``/ cap`` (the logits freed), ``tanh`` (saved; the quotient freed), ``* cap``; then the fp32 upcast and
+    the log-softmax it saves, the upcast and the capped logits freed. Backward: the NLL's and the
+    log-softmax's fp32 gradients (the loss moment), the log-softmax output freed, then one 16-bit tensor
+    per op back down the chain (the cast, ``* cap``, ``tanh_backward``, ``/ cap``), each freeing the one
+    before, the saved ``tanh`` output freed after its backward; the last is the head's input gradient."""
+    one, half, grads = sizes
+    logits, quotient = replay.take(half), replay.take(half)
+    replay.give(logits)
+    tanh = replay.take(half)
+    replay.give(quotient)
+    capped, upcast = replay.take(half), replay.take(one)
+    kept = replay.take(one)
+    replay.give(upcast, capped)
+    made = replay.take_all(_logit_tensors(one, grads))
+    moment()
+    replay.give(made[0], kept)
+    cast = replay.take(half)
+    replay.give(*made[1:])
+    scaled = replay.take(half)
+    replay.give(cast)
+    inner = replay.take(half)
+    replay.give(scaled, tanh)
+    replay.give(replay.take(half), inner)

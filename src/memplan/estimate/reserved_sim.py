@@ -10,10 +10,13 @@ simulated peak reserved. The schedule, in execution order:
 - forward: the stage's other activations, then per decoder layer autocast's weight copies
   (:mod:`~memplan.estimate.reserved_autocast`) and the tensors it saves (the layer's saved terms, split
   into the tensors each counts by :mod:`~memplan.estimate.reserved_terms`, when they add up to what the
-  estimate keeps for it, else one block), then the loss's logits (:mod:`~memplan.estimate.reserved_loss`);
+  estimate keeps for it, else one block; under autocast each pre-norm's fp32 output held to its block's
+  end: :mod:`~memplan.estimate.reserved_forward`), then the loss's logits
+  (:mod:`~memplan.estimate.reserved_loss`);
 - backward: the head's weight gradient right after the loss, then in reverse layer order the layer's
   backward transient allocated, its gradients allocated (when gradients are made in the backward), the
-  transient and the layer's saved tensors freed; the embedding's gradient (and a tied sum) last
+  transient and the layer's saved tensors freed (an eager softmax backward instead as autograd runs it:
+  :mod:`~memplan.estimate.reserved_backward`); the embedding's gradient (and a tied sum) last
   (:mod:`~memplan.estimate.reserved_root`);
 - the optimizer step's temporaries, one ``exp_avg_sq``-sized tensor per trainable tensor
   (:mod:`~memplan.estimate.reserved_optimizer`), freed; gradients freed before the next step where they
@@ -34,16 +37,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.alloc.blocks import Block
-from memplan.estimate.activations import divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_weight_copies
+from memplan.estimate.reserved_backward import backward_layer, eager_backward
+from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
-from memplan.estimate.reserved_loss import schedule_loss
+from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
-from memplan.estimate.reserved_terms import term_tensors
 from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
@@ -103,40 +106,6 @@ def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
     return [[s for s in unit if s > 0] for unit in out]
 
 
-def _layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, bool]]:
-    """The tensors layer ``index``'s forward makes, in order, as (size, kept): its terms when the kept ones
-    add up to ``kept`` (those a recompute policy drops are made and freed in the forward), else one block."""
-    run = ctx.run
-    layer = run.model.layers[index]
-    terms = [(piece, t.keep in run.kept_classes and t.site not in run.dropped)
-             for t in layer_terms(layer, run.shape) for piece in term_tensors(t.name, divided(t, run.shape), layer, run)]
-    terms = [(size, keep) for size, keep in terms if size > 0]
-    if sum(size for size, keep in terms if keep) != kept:
-        return [(kept, True)]
-    return terms if ctx.run.counts is None else [(size, True) for size, keep in terms if keep]
-
-
-def _forward_layer(replay: Replay, tensors: list[tuple[int, bool]], copies: list[int]) -> list[Block | None]:
-    """A layer's forward: its tensors in order, a dropped one freed once the next is made; autocast's weight
-    copies made between them, spread evenly (each linear casts its weight when it runs)."""
-    held, pending = [], None
-    done = 0
-    for position, (size, keep) in enumerate(tensors):
-        due = -(-(position + 1) * len(copies) // len(tensors))
-        held.extend(replay.take_all(copies[done:due]))
-        done = max(done, due)
-        block = replay.take(size)
-        replay.give(pending)
-        pending = None
-        if keep:
-            held.append(block)
-        else:
-            pending = block
-    replay.give(pending)
-    held.extend(replay.take_all(copies[done:]))
-    return held
-
-
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
                        loss: LossPart) -> ScheduleReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks."""
@@ -158,12 +127,16 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     fsdp = fsdp_sizes(ctx, ledger, units, _spread)
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
+    eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, _, transient in walk.per_layer)
+    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss))
     return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events,
-                            _note(ctx, replay.events, trained is not None, any(copies), moments.made_in_backward))
+                            _note(ctx, replay.events, shaped, moments.made_in_backward))
 
 
-def _note(ctx: StageContext, events: int, finetune: bool, copies: bool, grads_in_backward: bool) -> str:
-    """The --explain sentence: the schedule, and the mechanics that shaped this job's."""
+def _note(ctx: StageContext, events: int, shaped: tuple[bool, bool, bool, bool], grads_in_backward: bool) -> str:
+    """The --explain sentence: the schedule, and the mechanics that shaped this job's (``shaped``: trainable
+    tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward, a soft-capped loss)."""
+    finetune, copies, eager, softcap = shaped
     parts = [f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
              f"contributions ({_STEPS} steps, {events} allocator events: parameters per tensor, saved activations "
              "per tensor inside their layer, gradients and optimizer states per trainable tensor, the optimizer "
@@ -174,6 +147,13 @@ def _note(ctx: StageContext, events: int, finetune: bool, copies: bool, grads_in
     if copies:
         parts.append("torch.autocast's 16-bit weight copies made in each kept layer's forward and freed in its "
                      "backward, the head's at the head")
+    if eager:
+        parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
+                     "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
+                     "the result back")
+    if softcap:
+        parts.append("the soft-capped logits' 16-bit tensors (logits / cap, its tanh, kept for the backward, "
+                     "and * cap) made before the fp32 cross-entropy and one per op again in its backward")
     if ctx.layout.has_head and grads_in_backward:
         parts.append("the head's weight gradient made right after the loss"
                      + (", summed with the tied embedding's at the end of the backward"
@@ -220,7 +200,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     saved = []
     for position, (index, kept, _) in enumerate(walk.per_layer):
         params = replay.gather(fsdp, position + 1)
-        saved.append(_forward_layer(replay, _layer_blocks(ctx, index, kept), copies[position]))
+        saved.append(forward_layer(replay, layer_blocks(ctx, index, kept), copies[position]))
         replay.give(*params)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
@@ -233,12 +213,11 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     last = len(walk.per_layer) - 1
     for position in reversed(range(len(walk.per_layer))):
         params = replay.gather(fsdp, position + 1)
-        temp = replay.take(walk.per_layer[position][2])
-        if position == last:
-            replay.moment(ledger, "backward", check)
-        if pieces.made_in_backward:
-            grads.append(replay.gradients(fsdp, pieces.grads[position + 1], position + 1))
-        replay.give(temp, *saved[position], *params)
+        made = (lambda p=position: grads.append(replay.gradients(fsdp, pieces.grads[p + 1], p + 1))
+                ) if pieces.made_in_backward else (lambda: None)
+        peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
+        backward_layer(ctx.run, walk.per_layer[position], saved[position], replay, (made, peak))
+        replay.give(*params)
     summed: list[Block | None] = []
     if pieces.made_in_backward and fsdp is None:
         alive, summed = finish_root(replay, root_grads, head)

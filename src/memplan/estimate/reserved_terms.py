@@ -58,3 +58,19 @@ def term_tensors(name: str, size: int, layer: LayerSpec, run: RunContext) -> lis
         return _parts(size, [attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim,
                              attn.num_kv_heads * attn.v_head_dim])
     return [size]
+
+
+#: Kinds of the tensors a layer's forward makes in the schedule (see :func:`norm_output`).
+KEPT, DROPPED, HELD, RELEASE = 0, 1, 2, 3
+
+
+def norm_output(name: str, sizes: dict[str, int], run: RunContext) -> int:
+    """Bytes of a pre-norm's own output that no term counts, for the norm output term ``name`` (``sizes``:
+    the layer's terms' bytes on one rank by name). Under ``torch.autocast`` an eager norm returns its
+    output in the fp32 residual dtype and each linear saves its own 16-bit cast of it, so the fp32 output
+    is a temporary that lives until the block's end (the decoder layer reassigns ``hidden_states`` to the
+    block's output), the size of the norm's input; 0 otherwise (the output is the saved GEMM input)."""
+    shape = run.shape
+    if not shape.autocast or shape.kernels != "eager" or shape.residual_bytes <= shape.act_bytes:
+        return 0
+    return sizes.get(name.replace("norm output (GEMM input)", "norm input"), 0)

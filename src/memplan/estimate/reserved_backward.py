@@ -1,0 +1,102 @@
+"""An eager-attention layer's backward in the reserved-memory schedule (issue 25, item 8;
+:mod:`memplan.estimate.reserved_sim`), in the order autograd runs it.
+
+A Hugging Face eager layer's backward runs its MLP block first, then the attention core. By the time
+the softmax backward runs, autograd has freed what the layer's later nodes saved (the MLP block's
+tensors and autocast's weight copies of its linears, the output projection's input, the PV matmul's
+16-bit probabilities); the softmax backward then holds two fp32 gradients of the probabilities (the
+upcast of the incoming one and the one it makes), and casts the result back to the compute dtype
+before the first is freed. A trace shows exactly this (``_to_copy`` 4 bytes per score,
+``_softmax_backward_data`` 4 bytes, ``_to_copy`` back to 2 bytes); the estimate's ledger prices the
+same step as one transient beside all the layer's saved tensors
+(:func:`memplan.estimate.activations.backward_transient_bytes`). The allocator sees the difference:
+the two fp32 gradients are made in the space the MLP's tensors left.
+
+The plan applies when the layer's transient is the softmax backward's (the eager rule gave it) and no
+recompute policy drops tensors of the layer; otherwise the schedule keeps its one-block transient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memplan.alloc.blocks import Block
+
+from memplan.estimate.activations import (
+    EAGER_SOFTMAX_BYTES,
+    SOFTMAX_CAST,
+    UNFUSED_ATTENTION,
+    Term,
+    divided,
+    layer_terms,
+    layer_terms_by_block,
+)
+from memplan.estimate.context import RunContext
+from memplan.estimate.reserved_replay import Replay
+from memplan.model.spec import LayerSpec
+
+#: Attention terms the layer's backward frees before the softmax backward (beside the MLP block's).
+_EARLY_ATTENTION = ("output projection input", SOFTMAX_CAST)
+
+
+@dataclass(frozen=True)
+class EagerBackward:
+    """The softmax backward's tensors (bytes, one rank): one fp32 gradient of the probabilities, and
+    the compute-dtype gradient of the scores it is cast back to."""
+
+    fp32: int
+    scores: int
+
+
+def early_terms(layer: LayerSpec, run: RunContext) -> list[bool]:
+    """Per term of :func:`~memplan.estimate.activations.layer_terms` (same order), whether the layer's
+    backward frees it before the softmax backward: the MLP block's (the layer input excepted) and the
+    attention terms of :data:`_EARLY_ATTENTION`."""
+    attention, rest = layer_terms_by_block(layer, run.shape)
+    return ([t.name in _EARLY_ATTENTION for t in attention]
+            + [t.keep != "input" for t in rest])
+
+
+def eager_backward(layer: LayerSpec, run: RunContext, transient: int) -> EagerBackward | None:
+    """The eager softmax backward's plan for ``layer``, or None when the schedule keeps one transient:
+    no unfused eager attention core, a recompute policy that drops sites, or a ledger transient that
+    is not the softmax backward's two fp32 gradients less what the layer freed before them (the
+    general rule's two largest tensors outweigh it: tried as the MLP's transient before the frees,
+    qwen3-8b bf16 eager +4.0% -> +6.0%, phi-3-mini fp32 eager +2.1% -> +3.4%, not kept)."""
+    shape, attn = run.shape, layer.attention
+    if attn is None or shape.kernels != "eager" or shape.attention not in UNFUSED_ATTENTION or run.dropped:
+        return None
+    heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
+    fp32 = divided(Term("softmax gradient", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core"), shape)
+    scores = divided(Term("scores gradient", shape.act_bytes * heads_scores, "tp", "core"), shape)
+    terms = layer_terms(layer, shape)
+    released = sum(divided(t, shape) for t, early in zip(terms, early_terms(layer, run)) if early)
+    if fp32 <= 0 or transient != 2 * fp32 - released:
+        return None
+    return EagerBackward(fp32=fp32, scores=scores)
+
+
+def backward_layer(run: RunContext, visit: tuple[int, int, int],
+                   saved: tuple[list[Block | None], list[Block | None]], replay: Replay,
+                   hooks: tuple[Callable[[], None], Callable[[], None]]) -> None:
+    """A layer's backward: its transient (the ledger's) beside all its saved tensors, its gradients made
+    (``hooks[0]``), then all freed; or an eager softmax backward as autograd runs it, the gradients
+    made before it (:func:`eager_backward`). ``hooks[1]``: the ledger's backward
+    moment, at the layer's worst step."""
+    made, peak = hooks
+    index, _, transient = visit
+    plan = eager_backward(run.model.layers[index], run, transient) if saved[0] else None
+    if plan is None:
+        temp = replay.take(transient)
+        peak()
+        made()
+        replay.give(temp, *saved[0], *saved[1])
+        return
+    made()
+    replay.give(*saved[0])
+    upcast, grad = replay.take(plan.fp32), replay.take(plan.fp32)
+    peak()
+    replay.give(upcast)
+    cast = replay.take(plan.scores)
+    replay.give(grad, cast, *saved[1])
