@@ -15,8 +15,9 @@ Parameters (issue 29), fixed in this docstring and in ``BenchConfig`` before the
   and ``none``'s peak on the longest batch (AdamW moments allocated), by the independent judge.
 * memplan: ``ctl.seed`` on fake sample steps of 4 x 64, 256 and 1024 tokens (cold: torch's fake-tensor
   cache cleared first), no warm-up, no other preparation; seeding is inside every timed run.
-* Timing: the timed variants of a run take turns **step by step** in one process (the order rotated
-  every step; ``memplan.ckpt.bench_interleave``), each with its own model, AdamW and judge; a
+* Timing: the timed variants of a run take turns **step by step** (the order rotated every step),
+  each in its own worker process since issue-29 follow-up 3 (``memplan.ckpt.bench_procs``: its own C
+  heap, so no variant pays another's page faults), each with its own model, AdamW and judge; a
   variant's time is the sum of its own steps plus, for memplan, its seeding. Static policies are
   first checked for memory by one step on the longest batch; one that exceeds the budget is not
   timed (reported with its peak).
@@ -81,10 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", action="store_true", help="the 48-step run (static policies, no Trainer)")
     parser.add_argument("--steps", type=int, help="training steps per run (default 24)")
     parser.add_argument("--repeats", type=int, help="interleaved repetitions of the timed variants (default 1)")
+    parser.add_argument("--static-retain", action="store_true",
+                        help="supplementary: the static variants also keep freed memory (not the verdict's setting)")
     parser.add_argument("--output", type=Path, default=None, help=f"JSON file (default {RESULTS}; none with --quick)")
     args = parser.parse_args(argv)
     base = BenchConfig.quick() if args.quick else BenchConfig.long() if args.long else BenchConfig()
-    cfg = with_overrides(base, steps=args.steps, repeats=args.repeats)
+    cfg = with_overrides(base, steps=args.steps, repeats=args.repeats, static_retain=args.static_retain or None)
     git = git_state()
     t0 = time.perf_counter()
     result = run_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nbenchmark wall time: {elapsed:.0f} s; parameters of commit {git['commit'][:12] or '?'}"
           + (f" with changed files {git['changed']}" if git["changed"] else ""))
     output = args.output or (None if args.quick else RESULTS_LONG if args.long else RESULTS)
+    if args.static_retain and args.output is None and output is not None:
+        output = output.with_name(output.stem + "_static_retain.json")
     if output is not None:
         data = {**result.to_dict(), "benchmark_wall_s": elapsed, "git": git}
         output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -74,3 +74,24 @@ def test_step_interleaving_judges_each_variant_and_checks_statics_first() -> Non
     assert plain.seed_s > 0 and plain.sheltered_steps == 0 and plain.wall_s > plain.seed_s
     summary = res.summary()
     assert summary["targets"]["plain"]["losses equal to full"]["met"]
+
+
+def test_process_per_variant_runs_pair_the_steps_and_record_faults() -> None:
+    cfg = replace(BenchConfig.quick(), steps=3, interleave="process", timed=("full", "plain", "sac"), once=())
+    res = run_bench(cfg)
+    assert [r.variant for r in res.runs] == ["full", "plain", "sac"]
+    plain, full, sac = res.of("plain")[0], res.of("full")[0], res.of("sac")[0]
+    assert plain.losses == full.losses == sac.losses  # each process built the same weights from the seed
+    assert len(plain.step_s) == len(plain.step_faults) == 3 and all(f >= 0 for f in plain.step_faults)
+    assert plain.seed_s > 0 and plain.wall_s > plain.seed_s and plain.recomputed_forwards < full.recomputed_forwards
+    assert plain.host_memory.startswith(("retained", "unchanged")) and full.host_memory == ""
+    assert res.summary()["targets"]["plain"]["losses equal to full"]["met"]
+
+
+def test_supplementary_runs_can_give_the_static_variants_the_same_allocator_setting() -> None:
+    cfg = replace(BenchConfig.quick(), steps=2, interleave="process", timed=("full", "plain"), once=(),
+                  static_retain=True)
+    res = run_bench(cfg)
+    full, plain = res.of("full")[0], res.of("plain")[0]
+    assert full.host_memory.startswith("retained") and plain.host_memory.startswith("retained")
+    assert full.losses == plain.losses

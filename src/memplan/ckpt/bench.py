@@ -361,6 +361,7 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
     # every module a run imports lazily, loaded now: not inside a timed run, and not a newer copy of a
     # file edited while a long benchmark runs
     import memplan.ckpt.bench_interleave  # noqa: F401
+    import memplan.ckpt.bench_procs  # noqa: F401
     import memplan.ckpt.fastseed  # noqa: F401
     import memplan.ckpt.wrapper  # noqa: F401
 
@@ -381,17 +382,21 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
         runs: list[Run] = []
         static_peaks: dict[str, int] = {}
         longest = max(batches, key=lambda b: b.shape[1])
-        if cfg.interleave == "step":
+        if cfg.interleave in ("step", "process"):
             from memplan.ckpt.bench_interleave import fitting_statics, run_interleaved
+            from memplan.ckpt.bench_procs import run_in_processes
 
             statics = [v for v in cfg.timed if v in STATIC_POLICIES and v != "full"]
             static_peaks = fitting_statics(cfg, init, longest, budget, statics)
             timed = [v for v in cfg.timed if static_peaks.get(v, 0) <= budget * (1 + BUDGET_SLACK)]
             say(f"static peaks on the longest batch (MiB): "
                 + ", ".join(f"{v} {p / 2**20:,.0f}" for v, p in static_peaks.items()) + f"; timed {timed}")
-            runs += run_interleaved(cfg, timed, init, batches, budget, say)
+            if cfg.interleave == "process":
+                runs += run_in_processes(cfg, timed, batches, budget, say)
+            else:
+                runs += run_interleaved(cfg, timed, init, batches, budget, say)
         with tempfile.TemporaryDirectory() as tmp:
-            timed = cfg.timed if cfg.interleave != "step" else ()
+            timed = cfg.timed if cfg.interleave == "run" else ()
             for rep in range(cfg.repeats):
                 order = list(timed[rep % len(timed):] + timed[:rep % len(timed)]) if timed else []
                 for variant in (order + list(cfg.once) if rep == 0 else order):

@@ -32,7 +32,7 @@ from memplan.ckpt.bench_setup import (
     seed_memplan,
 )
 
-__all__ = ["fitting_statics", "run_interleaved"]
+__all__ = ["fitting_statics", "lane_run", "make_lane", "run_interleaved", "seed_lane", "timed_step"]
 
 
 def fitting_statics(cfg: BenchConfig, init: dict[str, torch.Tensor], longest: torch.Tensor, budget: int,
@@ -56,7 +56,8 @@ class _Lane:
     steps: list[float] = field(default_factory=list)
 
 
-def _lane(variant: str, cfg: BenchConfig, init: dict[str, torch.Tensor], budget: int) -> _Lane:
+def make_lane(variant: str, cfg: BenchConfig, init: dict[str, torch.Tensor], budget: int) -> _Lane:
+    """A variant's model (prepared), AdamW and judge."""
     model = prepare_variant(variant, cfg, init, budget)
     return _Lane(variant=variant, model=model, opt=torch.optim.AdamW(model.parameters(), lr=cfg.lr),
                  judge=StepMeter(), counter=RecomputeCounter(model))
@@ -69,6 +70,22 @@ def _timed(lane: _Lane, fn: Callable[[], Any]) -> float:
     wall = time.perf_counter() - t0
     lane.seconds += wall
     lane.cpu += time.process_time() - c0
+    return wall
+
+
+def seed_lane(lane: _Lane, cfg: BenchConfig) -> None:
+    """memplan's seeding (timed, judged, counted in the lane's seconds); nothing for a static variant."""
+    if lane.variant in MEMPLAN:
+        def seed() -> None:
+            lane.judge.start(lane.model, None)
+            seed_memplan(lane.model, cfg, lane.judge, lane.live)
+        _timed(lane, seed)
+
+
+def timed_step(lane: _Lane, batch: torch.Tensor) -> float:
+    """One training step of the lane (forward, backward, AdamW), timed and judged; its wall seconds."""
+    wall = _timed(lane, lambda: _train_step(lane, batch))
+    lane.steps.append(wall)
     return wall
 
 
@@ -86,36 +103,34 @@ def _train_step(lane: _Lane, batch: torch.Tensor) -> None:
 def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, torch.Tensor],
                     batches: Sequence[torch.Tensor], budget: int,
                     say: Callable[[str], None] = lambda _m: None) -> tuple[Run, ...]:
-    """Every variant in ``variants`` (plain loops: static policies and ``plain``), step by step."""
-    lanes = [_lane(v, cfg, init, budget) for v in variants]
+    """Every variant in ``variants`` (plain loops: static policies and ``plain``), step by step, one process."""
+    lanes = [make_lane(v, cfg, init, budget) for v in variants]
     for lane in lanes:
-        if lane.variant in MEMPLAN:
-            def seed(lane: _Lane = lane) -> None:
-                lane.judge.start(lane.model, None)
-                seed_memplan(lane.model, cfg, lane.judge, lane.live)
-            _timed(lane, seed)
+        seed_lane(lane, cfg)
     for i, batch in enumerate(batches):
         order = lanes[i % len(lanes):] + lanes[:i % len(lanes)]
         for lane in order:
-            lane.steps.append(_timed(lane, lambda lane=lane: _train_step(lane, batch)))
+            timed_step(lane, batch)
         if (i + 1) % 6 == 0:
             say(f"step {i + 1}/{len(batches)}: " + ", ".join(f"{ln.variant} {ln.seconds:.0f} s" for ln in lanes))
-    runs = []
-    for lane in lanes:
-        ctl = getattr(lane.model, "memplan_ckpt", None)
-        stats = ctl.stats() if ctl is not None else None
-        if ctl is not None:
-            ctl.release_meter()
-        runs.append(Run(
-            variant=lane.variant, rep=0, wall_s=lane.seconds, warmup_s=lane.live.warmup_s,
-            tokens=sum(b.numel() for b in batches), losses=tuple(lane.live.losses), peaks=tuple(lane.live.peaks),
-            warmup_peak=lane.live.warmup_peak, recomputed_forwards=lane.counter.backward,
-            probe_forwards=stats.probe_forwards if stats else 0, sheltered_steps=stats.sheltered_steps if stats else 0,
-            misses=stats.misses if stats else 0, optimizer_states=stats.optimizer_states if stats else "",
-            cpu_s=lane.cpu, seed_s=lane.live.seed_s, seed_cpu_s=lane.live.seed_cpu_s,
-            selective_forwards=stats.selective_forwards if stats else 0,
-            explored_steps=stats.explored_steps if stats else 0, metered_steps=stats.metered_steps if stats else 0,
-            step_s=tuple(lane.steps),
-        ))
-    return tuple(runs)
+    return tuple(lane_run(lane, batches) for lane in lanes)
 
+
+def lane_run(lane: _Lane, batches: Sequence[torch.Tensor], step_faults: Sequence[int] = (),
+             host_memory: str = "") -> Run:
+    """The record of a lane that has taken every step."""
+    ctl = getattr(lane.model, "memplan_ckpt", None)
+    stats = ctl.stats() if ctl is not None else None
+    if ctl is not None:
+        ctl.release_meter()
+    return Run(
+        variant=lane.variant, rep=0, wall_s=lane.seconds, warmup_s=lane.live.warmup_s,
+        tokens=sum(b.numel() for b in batches), losses=tuple(lane.live.losses), peaks=tuple(lane.live.peaks),
+        warmup_peak=lane.live.warmup_peak, recomputed_forwards=lane.counter.backward,
+        probe_forwards=stats.probe_forwards if stats else 0, sheltered_steps=stats.sheltered_steps if stats else 0,
+        misses=stats.misses if stats else 0, optimizer_states=stats.optimizer_states if stats else "",
+        cpu_s=lane.cpu, seed_s=lane.live.seed_s, seed_cpu_s=lane.live.seed_cpu_s,
+        selective_forwards=stats.selective_forwards if stats else 0,
+        explored_steps=stats.explored_steps if stats else 0, metered_steps=stats.metered_steps if stats else 0,
+        step_s=tuple(lane.steps), step_faults=tuple(step_faults), host_memory=stats.host_memory if stats else host_memory,
+    )

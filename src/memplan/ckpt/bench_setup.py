@@ -57,9 +57,14 @@ class BenchConfig:
     #: Variants run in every repetition (interleaved, order rotated) and those run once.
     timed: tuple[str, ...] = TIMED
     once: tuple[str, ...] = ()
-    #: "step": the timed variants take turns step by step in one process (memplan.ckpt.bench_interleave);
-    #: "run": whole runs one after another, the order rotated each repetition (issue 15's design).
-    interleave: str = "step"
+    #: "process": the timed variants take turns step by step, each in its own process (its own C heap;
+    #: memplan.ckpt.bench_procs, issue-29 follow-up 3); "step": the same in one process
+    #: (memplan.ckpt.bench_interleave); "run": whole runs one after another, the order rotated each
+    #: repetition (issue 15's design).
+    interleave: str = "process"
+    #: Supplementary runs only (not the verdict): the static variants' processes also keep freed memory
+    #: (memplan.ckpt.hostmem), as a user could arrange for any policy; "process" schedule only.
+    static_retain: bool = False
     #: The throughput target over ``full`` (issue 29: 1.05 on the 24-step run, 1.15 on the long one).
     speed_target: float = 1.05
     #: Seeding seconds allowed (issue 29: 2 s).
@@ -122,6 +127,10 @@ class Run:
     load_1min: float = 0.0
     #: Wall seconds of each training step (step-interleaved runs; empty elsewhere): paired intervals.
     step_s: tuple[float, ...] = ()
+    #: Minor page faults of each training step (process-per-variant runs: the variant's own process).
+    step_faults: tuple[int, ...] = ()
+    #: memplan: what it did to the host allocator (``stats().host_memory``).
+    host_memory: str = ""
 
     @property
     def throughput(self) -> float:

@@ -142,6 +142,8 @@ class CheckpointController(LoopHooks):
         if optimizer is not None:
             self._optimizers[id(optimizer)] = weakref.ref(optimizer)
         self._plan_seconds = 0.0
+        #: what was done to the host allocator (memplan.ckpt.hostmem; set by auto_checkpoint on CPU)
+        self.host_memory = "unchanged: not a CPU device"
         self._max_peak = 0
         self._handles: list[Any] = []
         self._last_size = 0
@@ -173,7 +175,7 @@ class CheckpointController(LoopHooks):
             optimizer_states="measured" if self.optimizer is not None else "assumed AdamW (no optimizer seen yet)",
             seeded_passes=c["seeded"], seed_seconds=self._seed_seconds, selective_forwards=c["selective"],
             offloaded_forwards=c["offloaded"], time_scale=self.ops.scale, explored_steps=c["explored"],
-            metered_steps=c["metered"],
+            metered_steps=c["metered"], host_memory=self.host_memory,
         )
 
     def series(self) -> dict[str, Any]:

@@ -51,6 +51,8 @@ class CkptStats:
     #: Training steps whose forward and backward the meter measured (on CPU a plain loop's step predicted far
     #: below the budget runs unmetered; its optimizer step, a few operators, is always metered).
     metered_steps: int = 0
+    #: What memplan did to the host allocator (CPU: glibc told to keep freed memory, memplan.ckpt.hostmem).
+    host_memory: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -11,6 +11,7 @@ from torch import nn
 
 from memplan.ckpt.blocks import find_blocks, validate_blocks
 from memplan.ckpt.controller import CheckpointController
+from memplan.ckpt.hostmem import retain_freed_memory
 from memplan.ckpt.loop_hooks import check_optimizer_params, watch_optimizers
 from memplan.ckpt.meter import make_meter
 from memplan.ckpt.model_state import check_budget, model_state_bytes
@@ -35,6 +36,7 @@ def auto_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     margin: float = CKPT_BUDGET_MARGIN,
     step_arms: bool = False,
+    retain_host_memory: bool = True,
 ) -> nn.Module:
     """Make each training forward of ``model`` checkpoint only the blocks this batch needs to fit ``budget``.
 
@@ -66,6 +68,9 @@ def auto_checkpoint(
             against the planner's plan, and run the arm measured faster near each batch size
             (:mod:`memplan.ckpt.explore`). Off by default: on the CPU benchmark the SAC arm won most
             steps, so it recomputed most block forwards without beating static SAC (docs/ckpt.md).
+        retain_host_memory: on a CPU device, ask glibc's ``malloc`` to keep freed memory in the
+            process (:mod:`memplan.ckpt.hostmem`), so that each step reuses the pages of the last
+            instead of faulting in fresh ones; process-wide, reported in ``stats().host_memory``.
 
     Assumptions: blocks run in the given order, once per forward; each training forward is followed
     by its backward (gradient accumulation: one planned micro-step per forward, the gradients
@@ -103,6 +108,8 @@ def auto_checkpoint(
         meter=make_meter(dev, limit_bytes=budget_bytes if dev.type == "cuda" else None), device=dev,
         optimizer=optimizer, margin=margin, step_arms=step_arms,
     )
+    if dev.type == "cpu":
+        controller.host_memory = retain_freed_memory() if retain_host_memory else "unchanged: retain_host_memory=False"
     _install(model, controller)
     return model
 
