@@ -179,6 +179,19 @@ def _logits_bytes(loss: str, shape: ActivationShape, vocab_rows: int) -> int:
     return c * elements + _FP32 * elements + _FP32 * -(-elements // CHUNKED_LOSS_CHUNKS)
 
 
+def loss_forward_logits_bytes(job: Job, loss: str, shape: ActivationShape, vocab_rows: int,
+                              softcap: bool = False) -> int:
+    """Of :func:`logits_bytes`, what the loss's forward holds when the cross-entropy returns (before its
+    backward): for ``fp32-logits`` the logits, their fp32 copy and the fp32 log-softmax, without the
+    backward's three fp32 tensors; the other losses are priced at one moment."""
+    if loss != "fp32-logits":
+        return logits_bytes(job, loss, shape, vocab_rows, softcap)
+    elements = shape.seq * shape.micro_batch * (vocab_rows // (shape.vocab_tp or shape.tp))
+    c = shape.act_bytes
+    upcast = _FP32 * elements if c < _FP32 else 0
+    return c * elements + upcast + _FP32 * elements + softcap_bytes(shape, vocab_rows, softcap)
+
+
 def deferred_wgrad_bytes(job: Job, shape: ActivationShape, vocab_rows: int) -> int:
     """Megatron --defer-embedding-wgrad-compute: logits gradient + head input kept per finished micro-batch."""
     if not job.defer_embedding_wgrad:

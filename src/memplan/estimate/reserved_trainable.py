@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element, is_finetune
-from memplan.estimate.stage_states import _adapter_tensor_sizes  # one definition of lora_A/lora_B/magnitude
+from memplan.estimate.stage_states import adapter_tensor_sizes  # one definition of lora_A/lora_B/magnitude
 from memplan.model.linears import model_parameters
 from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
@@ -44,6 +44,6 @@ def trainable_units(ctx: StageContext, layers: list[int]) -> list[list[int]] | N
         # a tied head's copy has its own weight
         by_unit.setdefault(None, []).append(ctx.run.vocab_rows * model.hidden_size * copy_bytes)
     for a in finetune_params(model, ft).adapters:
-        by_unit.setdefault(a.module.layer, []).extend(n * adapter for n in _adapter_tensor_sizes(a))
+        by_unit.setdefault(a.module.layer, []).extend(n * adapter for n in adapter_tensor_sizes(a))
     root = by_unit.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
     return [root] + [by_unit.get(i, []) for i in layers]

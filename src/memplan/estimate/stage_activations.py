@@ -19,8 +19,8 @@ from memplan.estimate.ds_checkpointing import (
     partition_bytes,
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
-from memplan.estimate.finetune import StageFinetune
-from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
+from memplan.estimate.finetune import StageFinetune, adapter_bytes
+from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes, recomputed_copies_bytes
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
 from memplan.frozen import frozen_dataclass
@@ -48,6 +48,9 @@ class StageActivations:
     bring_back: int
     per_tensor_offload: bool
     notes: tuple[str, ...] = ()
+    #: Autocast weight copies no autograd node saves (checkpointed layers' and modules'): held by
+    #: autocast's cache until the forward's autocast region exits, after the loss (0 without autocast).
+    autocast_cache: int = 0
 
 
 def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | None) -> StageActivations:
@@ -97,9 +100,26 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         # any other layer, the largest tensor it saved
         bring_back = largest_saved_term(run, [i for i, _, _ in walk.per_layer if i not in ctx.recomputed])
         layers, other, head_copy = 0, held, 0
+    # torch.autocast caches the 16-bit copy of every fp32 weight that requires a gradient (a leaf, cast
+    # under grad mode or not) until the outermost autocast region exits; the loops compute the loss
+    # inside it (torchtitan's ``maybe_enable_amp``, the HF model's forward), so at the loss the copies
+    # of checkpointed layers, which nothing saves, are alive too (the same ones their recompute makes
+    # again: :func:`recomputed_copies_bytes`)
+    cache = sum(recomputed_copies_bytes(ctx, i) + _cached_adapter_copies(ctx, i) for i in layout.layer_indices)
     return StageActivations(layers=layers, other=other, head_copy=head_copy, cpu=cpu, unused_buffers=unused,
                             worst_backward=worst, bring_back=bring_back, per_tensor_offload=per_tensor,
-                            notes=tuple(notes))
+                            notes=tuple(notes), autocast_cache=cache)
+
+
+def _cached_adapter_copies(ctx: StageContext, index: int) -> int:
+    """A checkpointed layer's adapter weight copies (fp32 adapters under autocast: lora_A and lora_B are
+    linears, their copies cached like the base weights'), which its layer terms do not count."""
+    run = ctx.run
+    compute = dtype_bytes(run.prec.compute)
+    if (run.counts is None or run.prec.weight_copies != "autocast" or adapter_bytes(run.job) == compute
+            or not (index in ctx.recomputed or run.policy.kind.per_op)):
+        return 0
+    return run.counts.layers[index].adapter * compute
 
 
 def _deepspeed_checkpoints(ctx: StageContext, walk: LayerWalk, layers: int, cpu: int) -> tuple[int, int, int]:

@@ -23,6 +23,7 @@ from memplan.estimate.extras import (
     head_activation_bytes,
     input_bytes,
     logits_bytes,
+    loss_forward_logits_bytes,
     saved_logits_bytes,
     softcap_bytes,
 )
@@ -55,6 +56,8 @@ _BACKWARD, _LOSS, _FORWARD, _END = ("backward",), ("loss",), ("forward",), ("end
 _FORWARDS = ("backward", "loss", "forward")
 #: The loss a loop holds through the backward: one fp32 scalar (``nll_loss``'s output).
 _LOSS_SCALAR_BYTES = 4
+_AUTOCAST_CACHE_NOTE = ("torch.autocast's cache holds the 16-bit copies of the checkpointed layers' weights "
+                        "until the forward's autocast region exits, after the loss's forward (nothing saves them)")
 
 
 @frozen_dataclass
@@ -67,6 +70,8 @@ class LossPart:
     head: int = 0
     cpu: int = 0
     bring_back: int = 0
+    #: Of ``logits``, what the loss's forward holds when it returns (its backward may hold more).
+    forward_logits: int = 0
 
 
 def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> LossPart:
@@ -84,9 +89,11 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     if loss_parallel.applies(job, run.profile):
         logits = max(logits, loss_parallel.loss_parallel_bytes(shape, run.vocab_rows) * depths)
     saved = saved_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
+    forward = min(logits, loss_forward_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths)
     if compiled_loss.priced(run):  # --compile with a compiled cross-entropy (one depth, eager losses aside)
         logits, saved = compiled_loss.compiled_loss_bytes(shape, run.vocab_rows,
                                                           softcap_bytes(shape, run.vocab_rows, softcap))
+        forward = saved
     cpu = bring_back = 0
     if acts.per_tensor_offload:
         # what the loss saves goes to host memory too; the loss backward brings it back, and only
@@ -94,7 +101,8 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
         cpu, bring_back = saved + head, saved
         saved, head = _LOSS_SCALAR_BYTES * depths, 0
     head += deferred_wgrad_bytes(job, shape, run.vocab_rows)
-    return LossPart(logits=logits, saved_logits=saved, head=head, cpu=cpu, bring_back=bring_back)
+    return LossPart(logits=logits, saved_logits=saved, head=head, cpu=cpu, bring_back=bring_back,
+                    forward_logits=forward)
 
 
 def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
@@ -111,6 +119,10 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
     yield Contribution(ACTIVATIONS, acts.unused_buffers, ("loss", "forward"))
     yield Contribution(ACTIVATIONS, loss.head, _LOSS)
     yield Contribution(LOGITS, loss.logits, _LOSS)
+    # autocast's cached copies: alive until the loss's forward returns, gone in its backward
+    yield Contribution(TEMPORARY, max(0, acts.autocast_cache - (loss.logits - loss.forward_logits)), _LOSS,
+                       note=_AUTOCAST_CACHE_NOTE if acts.autocast_cache else "")
+    yield Contribution(TEMPORARY, acts.autocast_cache, _FORWARD)
     yield from (Contribution(LOGITS, 0, _LOSS, note=note) for note in _loss_notes(ctx))
     yield from _backward(ctx, st, walk, acts, loss)
     # DoRA's weight temporaries in the last layer's forward, the layers' activations held

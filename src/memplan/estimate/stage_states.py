@@ -162,7 +162,7 @@ def _small(ctx: StageContext, ft: StageFinetune | None) -> SmallTensors | None:
     # bitsandbytes' small-tensor split of a PEFT stage's adapters (each often under the paging threshold)
     adapters = _stage_adapters(ctx)
     vectors = sum(a.module.out_features for a in adapters if a.dora)
-    return small_tensors_of_sizes((n for a in adapters for n in _adapter_tensor_sizes(a)), vectors=vectors)
+    return small_tensors_of_sizes((n for a in adapters for n in adapter_tensor_sizes(a)), vectors=vectors)
 
 
 def _weight_matrices(ctx: StageContext, params: StageParams, ft: StageFinetune | None) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def _stage_adapters(ctx: StageContext) -> list[Adapter]:
             if (a.module.layer in layers) or (a.module.layer is None and root)]
 
 
-def _adapter_tensor_sizes(adapter: Adapter) -> tuple[int, ...]:
+def adapter_tensor_sizes(adapter: Adapter) -> tuple[int, ...]:
     """lora_A, lora_B (and a DoRA magnitude) of one adapter, numel each."""
     m, rank = adapter.module, adapter.rank * adapter.experts
     return (rank * m.in_features, m.out_features * rank) + ((m.out_features,) if adapter.dora else ())
@@ -191,7 +191,7 @@ def _adapter_tensor_sizes(adapter: Adapter) -> tuple[int, ...]:
 
 def _largest_trainable(ctx: StageContext) -> int:
     """Largest trainable adapter tensor of a PEFT stage (fully trained modules: the largest tensor bound)."""
-    return max((n for a in _stage_adapters(ctx) for n in _adapter_tensor_sizes(a)), default=0)
+    return max((n for a in _stage_adapters(ctx) for n in adapter_tensor_sizes(a)), default=0)
 
 
 def _largest_tensor(ctx: StageContext) -> int:

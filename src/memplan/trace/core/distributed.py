@@ -43,7 +43,8 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
 
     Yields ``None`` for a single rank. Refuses to run when a process group already exists.
     DTensor's sharding propagation is not recorded while inside (see
-    :func:`~memplan.trace.core.tracker.unrecorded_sharding_propagation`).
+    :func:`~memplan.trace.core.tracker.unrecorded_sharding_propagation`), and DTensor's caches of
+    results that hold a device mesh are emptied on the way in and out (:func:`_forget_meshes`).
     """
     if options.world_size == 1:
         yield None
@@ -57,6 +58,7 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
                                "has a process group (call memplan.trace outside torch.distributed jobs)")
     from memplan.trace.core.tracker import unrecorded_sharding_propagation
 
+    _forget_meshes()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=options.world_size)
     try:
         if options.tp > 1 and options.fsdp > 1:
@@ -67,6 +69,28 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
             yield mesh
     finally:
         dist.destroy_process_group()
+        _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """Empty DTensor's process-wide caches whose results hold a :class:`DeviceMesh`.
+
+    A mesh compares equal to any mesh of the same shape, dimension names and ranks, whatever its
+    process groups, and ``destroy_process_group`` restarts the group names at 0. A sharding
+    propagated in an earlier world (the C++ fast path's cache and the Python one) would otherwise
+    be reused in the next with the earlier world's mesh, whose collectives name groups that no
+    longer exist (``Could not resolve the process group registered under the name 15``) or, worse,
+    other groups that now carry the same name. Each clear is skipped where a torch release lacks it.
+    """
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    clears = (getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None),  # the dispatch fast path
+              getattr(propagator.propagate_op_sharding, "cache_clear", None),
+              getattr(propagator._propagate_tensor_meta_cached, "cache_clear", None))
+    for clear in clears:
+        if clear is not None:
+            clear()
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
