@@ -90,8 +90,10 @@ def test_without_step_arms_every_step_runs_the_plan() -> None:
 
     from memplan.ckpt import auto_checkpoint
 
-    model = auto_checkpoint(tiny_gpt2(), 512 * 2**20)
+    model = auto_checkpoint(tiny_gpt2(), 512 * 2**20, step_arms=False)
     ctl = model.memplan_ckpt
+    ctl.seed([lambda n=n: model(input_ids=(ids := torch.randint(0, 256, (2, n))), labels=ids).loss.backward()
+              for n in (8, 32, 128)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(4):
         batch = tokens(64)
@@ -100,3 +102,76 @@ def test_without_step_arms_every_step_runs_the_plan() -> None:
         opt.zero_grad(set_to_none=True)
     assert ctl.stats().explored_steps == 0
     assert not ctl.arms.seen
+
+
+def _seeded(step_arms: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    from ckpt_helpers import tiny_gpt2
+
+    from memplan.ckpt import auto_checkpoint
+
+    model = auto_checkpoint(tiny_gpt2(), 512 * 2**20, step_arms=step_arms)
+    model.memplan_ckpt.seed([lambda n=n: model(input_ids=(ids := torch.randint(0, 256, (2, n))),
+                                                labels=ids).loss.backward() for n in (8, 32, 128)])
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def _modes_of_step(model: torch.nn.Module, opt: torch.optim.Optimizer, length: int) -> set[str]:
+    from ckpt_helpers import tokens
+
+    batch = tokens(length)
+    model(input_ids=batch, labels=batch).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    ctl = model.memplan_ckpt
+    assert ctl.last is not None
+    return {ctl.last[1].mode(j) for j in range(ctl.n_blocks)}
+
+
+def test_per_op_sac_is_chosen_per_size_where_it_was_measured_faster() -> None:
+    """SAC on every block is a candidate plan priced per size: chosen where measured faster, keep elsewhere."""
+    model, opt = _seeded()
+    ctl = model.memplan_ckpt
+    assert ctl.step_arms  # on by default
+    # 2 x 64 = 128 and 2 x 256 = 512 tokens are two doublings apart: priced separately
+    ctl.arms.seen = {"plan": [(128, 2.0), (512, 1.0)], "compute": [(128, 1.0), (512, 2.0)]}
+    assert _modes_of_step(model, opt, 64) == {"sac0"}
+    assert _modes_of_step(model, opt, 256) == {"keep"}
+    ctl.arms.seen = {"plan": [(128, 1.0), (512, 2.0)], "compute": [(128, 2.0), (512, 1.0)]}
+    assert _modes_of_step(model, opt, 64) == {"keep"}
+    assert _modes_of_step(model, opt, 256) == {"sac0"}
+    assert ctl.stats().explored_steps == 0  # both arms were measured near both sizes: nothing explored
+
+
+def test_a_near_tie_goes_to_the_plan_and_real_steps_price_both_arms() -> None:
+    from memplan.ckpt.explore import PREFER_PLAN
+
+    model, opt = _seeded()
+    ctl = model.memplan_ckpt
+    assert _modes_of_step(model, opt, 64) == {"keep"}  # first the plan, timed
+    assert _modes_of_step(model, opt, 64) == {"sac0"}  # then SAC once, timed
+    plan, compute = ctl.arms.median("plan", 128), ctl.arms.median("compute", 128)
+    assert plan is not None and compute is not None and plan > 0 and compute > 0  # measured, not assumed
+    ctl.arms.seen = {"plan": [(128, 1.0)], "compute": [(128, 1.0 - PREFER_PLAN / 2)]}
+    assert _modes_of_step(model, opt, 64) == {"keep"}  # SAC faster by less than the margin: keep
+    ctl.arms.seen = {"plan": [(128, 1.0)], "compute": [(128, 1.0 - 2 * PREFER_PLAN)]}
+    assert _modes_of_step(model, opt, 64) == {"sac0"}
+
+
+def test_an_arm_is_priced_by_its_measurements_nearest_the_size() -> None:
+    arms = StepArms()
+    for size, value in ((100, 9.0), (110, 9.0), (180, 1.0), (190, 1.0), (200, 1.0)):
+        arms.observe("plan", size, value)
+    assert arms.median("plan", 190) == 1.0  # the three nearest, not the two far ones
+    assert arms.median("plan", 100) == 9.0
+
+
+def test_sac_is_not_explored_below_a_size_where_it_already_lost() -> None:
+    arms = StepArms()
+    arms.observe("plan", 4000, 1.0)
+    arms.observe("compute", 4000, 1.5)  # measured slower at 4,000
+    arms.observe("plan", 500, 1.0)
+    assert arms.pick(500) == "plan"  # smaller: not explored
+    arms.observe("plan", 30000, 1.0)
+    assert arms.pick(30000) == "compute"  # larger: still explored once
+    arms.seen["compute"] = [(4000, 0.5)]  # had it won at 4,000, smaller sizes would be explored
+    assert arms.pick(500) == "compute"

@@ -96,7 +96,7 @@ class CheckpointController(LoopHooks):
     def __init__(
         self, model: nn.Module, blocks: Sequence[nn.Module], *, budget_bytes: int, size_fn: SizeFn,
         meter: MemoryMeter, device: torch.device, optimizer: torch.optim.Optimizer | None, margin: float,
-        step_arms: bool = False,
+        step_arms: bool = True,
     ) -> None:
         self.model = model
         self.blocks = tuple(blocks)

@@ -11,14 +11,24 @@ So each planned step runs one of two **arms**: ``plan`` (the planner's choice) o
 block at the compute-bound level, level 0 — the static per-op policy a user would write — when it
 fits the budget by the same phase model). Each step's seconds (process CPU time on CPU, wall time
 elsewhere) divided by the roofline seconds of the model's blocks at its size are recorded per arm.
-Near a size (within :data:`~memplan.ckpt.optimes.NEAR_OCTAVES`), the arm measured faster runs; an
+Near a size (within :data:`~memplan.ckpt.optimes.NEAR_OCTAVES`; each arm priced by the median of its
+:data:`CLOSEST` measurements nearest the size), the arm measured faster runs; an
 arm not measured near the size yet runs once first (``plan`` before ``compute``): the first steps
-of each arm at each scale are the exploration, inside every timing. When the plan already runs
+of each arm at each scale are the exploration, inside every timing. ``compute`` is not explored at
+a size below one where it was already measured not faster (its relative price falls with size). When the plan already runs
 every block at level 0, or level 0 does not fit, there is nothing to choose.
+
+The ``compute`` arm is the static per-op SAC policy made one of the candidate plans: it runs only
+where it was *measured* faster, by more than :data:`PREFER_PLAN` of the plan's seconds — a tie goes
+to the plan, which recomputes fewer block forwards. On by default (``auto_checkpoint(...,
+step_arms=False)`` turns it off): with freed host memory kept (:mod:`memplan.ckpt.hostmem`), keeping
+and per-op SAC cost about the same on the benchmark's CPU, so only a measurement can tell which is
+faster at a size (docs/ckpt.md, "Issue 29 follow-up 4").
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -33,10 +43,14 @@ from memplan.ckpt.planner import BlockOption, CheckpointPlan, peak_of_options
 if TYPE_CHECKING:
     from memplan.ckpt.controller import CheckpointController
 
-__all__ = ["ARMS", "StepArms", "choose_arm", "step_clock"]
+__all__ = ["ARMS", "PREFER_PLAN", "StepArms", "choose_arm", "step_clock"]
 
 ARMS = ("plan", "compute")
 _COMPUTE = "sac0"
+#: The compute arm runs only where its measured seconds are below the plan's by more than this share.
+PREFER_PLAN = 0.03
+#: An arm's price at a size is the median of its this many measurements nearest that size.
+CLOSEST = 3
 
 
 def step_clock(device: torch.device) -> Callable[[], float]:
@@ -55,16 +69,30 @@ class StepArms:
             self.seen.setdefault(arm, []).append((size, normalised))
 
     def median(self, arm: str, size: int) -> float | None:
-        values = [v for s, v in self.seen.get(arm, ()) if near(size, s)]
-        return statistics.median(values) if values else None
+        """Median of the arm's :data:`CLOSEST` measurements nearest ``size`` in log-size (None: none near)."""
+        close = sorted((abs(math.log2(s / size)), v) for s, v in self.seen.get(arm, ()) if near(size, s))
+        return statistics.median(v for _, v in close[:CLOSEST]) if close else None
 
     def pick(self, size: int) -> str:
-        """The arm to run at ``size``: an arm not measured near it first, else the faster one."""
-        measured = {arm: self.median(arm, size) for arm in ARMS}
-        for arm in ARMS:
-            if measured[arm] is None:
-                return arm
-        return min(ARMS, key=lambda arm: measured[arm])  # type: ignore[arg-type,return-value]
+        """The arm to run at ``size``: an arm not measured near it first, else the faster one (ties: the plan)."""
+        plan, compute = self.median("plan", size), self.median("compute", size)
+        if plan is None:
+            return "plan"
+        if compute is None:
+            return "plan" if self._lost_above(size) else "compute"
+        return "compute" if compute < plan * (1.0 - PREFER_PLAN) else "plan"
+
+    def _lost_above(self, size: int) -> bool:
+        """Whether the compute arm was measured not faster at a larger size (then it is not explored here).
+
+        Per-op SAC's cost is mostly per op (two dispatch modes), keeping's grows with the bytes kept:
+        its relative price only falls as the batch grows, so a loss at a larger size predicts one here.
+        """
+        for s, _ in self.seen.get("compute", ()):
+            plan, compute = self.median("plan", s), self.median("compute", s)
+            if s > size and plan is not None and compute is not None and compute >= plan * (1.0 - PREFER_PLAN):
+                return True
+        return False
 
 
 def _compute_plan(ctl: CheckpointController, plan: CheckpointPlan, upper: int, static: int,

@@ -35,7 +35,7 @@ def auto_checkpoint(
     device: torch.device | str | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     margin: float = CKPT_BUDGET_MARGIN,
-    step_arms: bool = False,
+    step_arms: bool = True,
     retain_host_memory: bool = True,
 ) -> nn.Module:
     """Make each training forward of ``model`` checkpoint only the blocks this batch needs to fit ``budget``.
@@ -64,10 +64,10 @@ def auto_checkpoint(
             (global optimizer step hooks: the one holding the model's parameters); until then the
             budget check assumes AdamW's two moments per weight.
         margin: share of the budget kept free for what the predictors cannot see.
-        step_arms: also time whole steps that run every block under SAC's compute-bound policy
-            against the planner's plan, and run the arm measured faster near each batch size
-            (:mod:`memplan.ckpt.explore`). Off by default: on the CPU benchmark the SAC arm won most
-            steps, so it recomputed most block forwards without beating static SAC (docs/ckpt.md).
+        step_arms: also time whole steps that run every block under per-op selective checkpointing
+            (the static SAC policy, as a candidate plan) against the planner's plan, and run the one
+            measured faster near each batch size, by more than 3 % (:mod:`memplan.ckpt.explore`);
+            each is tried once per size range first. ``False``: every step runs the planner's plan.
         retain_host_memory: on a CPU device, ask glibc's ``malloc`` to keep freed memory in the
             process (:mod:`memplan.ckpt.hostmem`), so that each step reuses the pages of the last
             instead of faulting in fresh ones; process-wide, reported in ``stats().host_memory``.
