@@ -105,7 +105,8 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     # inside it (torchtitan's ``maybe_enable_amp``, the HF model's forward), so at the loss the copies
     # of checkpointed layers, which nothing saves, are alive too (the same ones their recompute makes
     # again: :func:`recomputed_copies_bytes`)
-    cache = sum(recomputed_copies_bytes(ctx, i) + _cached_adapter_copies(ctx, i) for i in layout.layer_indices)
+    cache = sum(recomputed_copies_bytes(ctx, i) + _cached_adapter_copies(ctx, i) for i in layout.layer_indices) \
+        if run.prec.weight_copies == "autocast" else 0  # no autocast, no cache (both terms are 0)
     return StageActivations(layers=layers, other=other, head_copy=head_copy, cpu=cpu, unused_buffers=unused,
                             worst_backward=worst, bring_back=bring_back, per_tensor_offload=per_tensor,
                             notes=tuple(notes), autocast_cache=cache)
@@ -115,8 +116,10 @@ def _cached_adapter_copies(ctx: StageContext, index: int) -> int:
     """A checkpointed layer's adapter weight copies (fp32 adapters under autocast: lora_A and lora_B are
     linears, their copies cached like the base weights'), which its layer terms do not count."""
     run = ctx.run
+    if run.counts is None:
+        return 0
     compute = dtype_bytes(run.prec.compute)
-    if (run.counts is None or run.prec.weight_copies != "autocast" or adapter_bytes(run.job) == compute
+    if (run.prec.weight_copies != "autocast" or adapter_bytes(run.job) == compute
             or not (index in ctx.recomputed or run.policy.kind.per_op)):
         return 0
     return run.counts.layers[index].adapter * compute
