@@ -47,6 +47,9 @@ class LayerWalk:
     graph_worst_backward: int = 0
     #: Combined 1F1B: each layer split into the schedule's nodes.
     ep_parts: list[LayerParts] = field(default_factory=list)
+    #: Autocast weight copies the checkpointed regions make (:func:`recomputed_copies_bytes`), summed
+    #: over the layers: also what autocast's cache holds at the loss.
+    recomputed_copies: int = 0
 
 
 def walk_layers(ctx: StageContext, dora: int) -> LayerWalk:
@@ -89,6 +92,7 @@ def _walk_by_kind(walk: LayerWalk, ctx: StageContext, chunk: tuple[int, ...], do
     if not all(visit.plain for visit, _ in visits):
         return False
     walk.chunk_kept[-1] += sum(visit.keep * count for visit, count in visits)
+    walk.recomputed_copies += sum(visit.copies * count for visit, count in visits)
     walk.worst_backward = max(walk.worst_backward, *(visit.worst for visit, _ in visits))
     if len(visits) == 1:
         walk.per_layer.extend(zip(chunk, repeat(visits[0][0].keep), repeat(visits[0][0].worst)))
@@ -126,6 +130,8 @@ class _Visit:
     checkpoint: int = 0
     ep: LayerParts | None = None
     graph: tuple[int, int] | None = None
+    #: The layer's :func:`recomputed_copies_bytes` (already in ``worst``).
+    copies: int = 0
 
     #: Only kept and worst figures (no CPU checkpoint, combined-1F1B part or captured graph).
     plain: bool = field(init=False)
@@ -138,6 +144,7 @@ class _Visit:
 def _add(walk: LayerWalk, index: int, visit: _Visit) -> None:
     """Add layer ``index``'s figures to the walk."""
     walk.chunk_kept[-1] += visit.keep
+    walk.recomputed_copies += visit.copies
     if visit.cpu_keep or visit.checkpoint:
         walk.chunk_cpu[-1] += visit.cpu_keep
         walk.largest_ckpt = max(walk.largest_ckpt, visit.checkpoint)
@@ -160,7 +167,8 @@ def _layer_visit(ctx: StageContext, position: int, index: int, dora: int, graphe
     keep, full, transient, rebuilt = layer_costs(run, layer, index)
     keep, full = with_shared_expert_overlap(run, layer, keep, full)
     transient += cp_backward_extra(run, index)
-    transient += recomputed_copies_bytes(ctx, index)
+    copies = recomputed_copies_bytes(ctx, index)
+    transient += copies
     if run.counts is not None:
         transient += dequantized_weight_bytes(run.counts, run.job, index, dtype_bytes(run.prec.compute))
     recomputed = index in ctx.recomputed
@@ -174,7 +182,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, dora: int, graphe
     else:
         layer_keep, layer_worst = full, transient
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
-    return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint,
+    return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint, copies=copies,
                   ep=ep_parts(run, layer, layer_keep, layer_worst) if run.job.overlap.ep_a2a else None,
                   graph=graphed(index, layer_keep, layer_worst, recomputed) if graphed is not None else None)
 

@@ -20,7 +20,7 @@ from memplan.estimate.ds_checkpointing import (
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
 from memplan.estimate.finetune import StageFinetune, adapter_bytes
-from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes, recomputed_copies_bytes
+from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
 from memplan.frozen import frozen_dataclass
@@ -104,9 +104,9 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     # under grad mode or not) until the outermost autocast region exits; the loops compute the loss
     # inside it (torchtitan's ``maybe_enable_amp``, the HF model's forward), so at the loss the copies
     # of checkpointed layers, which nothing saves, are alive too (the same ones their recompute makes
-    # again: :func:`recomputed_copies_bytes`)
-    cache = sum(recomputed_copies_bytes(ctx, i) + _cached_adapter_copies(ctx, i) for i in layout.layer_indices) \
-        if run.prec.weight_copies == "autocast" else 0  # no autocast, no cache (both terms are 0)
+    # again: the walk's ``recomputed_copies``)
+    cache = walk.recomputed_copies + sum(_cached_adapter_copies(ctx, i) for i in layout.layer_indices) \
+        if run.counts is not None else walk.recomputed_copies  # adapters' copies only under fine-tuning
     return StageActivations(layers=layers, other=other, head_copy=head_copy, cpu=cpu, unused_buffers=unused,
                             worst_backward=worst, bring_back=bring_back, per_tensor_offload=per_tensor,
                             notes=tuple(notes), autocast_cache=cache)
