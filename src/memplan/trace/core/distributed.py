@@ -158,13 +158,17 @@ def _apply_tp_head(model: torch.nn.Module, mesh: Any) -> None:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
-    head = get_out() if callable(get_out) else None
-    embedding = get_in() if callable(get_in) else None
+    embedding, head = _embedding_and_head(model)
     if head is None or (embedding is not None and head.weight is embedding.weight):
         return
     path = next(name for name, module in model.named_modules() if module is head)
     parallelize_module(model, mesh, {path: ColwiseParallel(output_layouts=Replicate())})
+
+
+def _embedding_and_head(model: torch.nn.Module) -> tuple[Any, Any]:
+    """The model's input embedding and output head (Hugging Face's accessors), each None where it has none."""
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    return (get_in() if callable(get_in) else None), (get_out() if callable(get_out) else None)
 
 
 def _has(module: torch.nn.Module, path: str) -> bool:
@@ -204,9 +208,7 @@ def _outer_units(model: torch.nn.Module, options: TraceSetup) -> tuple[Any, list
     job = options.job
     if get_profile(job.framework).fsdp_outer_units != "embedding-and-head" or job.parallel.pp > 1:
         return None
-    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
-    embedding = get_in() if callable(get_in) else None
-    head = get_out() if callable(get_out) else None
+    embedding, head = _embedding_and_head(model)
     if embedding is None or head is None or head.weight is embedding.weight:
         return None
     norms = [model.get_submodule(path) for path in _FINAL_NORMS if _has(model, path)]
