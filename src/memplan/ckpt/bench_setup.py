@@ -119,7 +119,7 @@ class Run:
     #: Process CPU seconds of the seeding.
     seed_cpu_s: float = 0.0
     selective_forwards: int = 0
-    #: memplan: steps run with every block at the compute-bound level to measure that arm (exploration),
+    #: memplan: steps run with every block under per-op SAC to measure its whole-step price (exploration),
     #: and steps its own meter measured (the others ran unmetered, far below the budget).
     explored_steps: int = 0
     metered_steps: int = 0
