@@ -15,9 +15,10 @@ from memplan.estimate.stage_peak import LossPart
 
 def _fp32_logits(ctx: StageContext) -> int:
     """Bytes of one fp32 logits tensor of the rank's vocabulary (the loss's upcast, its log-softmax, the
-    log-softmax's gradient)."""
-    run = ctx.run
-    return run.shape.seq * run.shape.micro_batch * run.vocab_rows * 4 // max(run.job.parallel.tp, 1)
+    log-softmax's gradient): the vocabulary split as the framework's head splits it (``vocab_tp``; Hugging
+    Face's TP plan gathers the head's output, so each rank's loss sees the whole vocabulary)."""
+    shape = ctx.run.shape
+    return shape.seq * shape.micro_batch * ctx.run.vocab_rows * 4 // max(shape.vocab_tp or shape.tp, 1)
 
 
 def _logit_tensors(one: int, total: int) -> list[int]:

@@ -48,6 +48,7 @@ from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
+from memplan.estimate.reserved_tp import rank_numel
 from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
@@ -85,7 +86,7 @@ def _units(ctx: StageContext, layers: list[int]) -> list[list[int]]:
     tensors = model_parameters(ctx.run.model)
     by_layer: dict[int | None, list[int]] = {}
     for t in tensors:
-        by_layer.setdefault(t.layer, []).append(t.numel)
+        by_layer.setdefault(t.layer, []).append(rank_numel(ctx, t))
     root = by_layer.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
     return [root] + [by_layer.get(i, [1]) for i in layers]
 
@@ -161,6 +162,10 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_bac
     if softcap:
         parts.append("the soft-capped logits' 16-bit tensors (logits / cap, its tanh, kept for the backward, "
                      "and * cap) made before the fp32 cross-entropy and one per op again in its backward")
+    if ctx.run.job.parallel.tp > 1:
+        parts.append("under tensor parallelism each tensor at its size on one rank (the layers' linear weights "
+                     "split, norms whole, the embedding, head and the loss's logits split only where the "
+                     "framework splits the vocabulary)")
     if ctx.layout.has_head and grads_in_backward:
         parts.append("the head's weight gradient made right after the loss"
                      + (", summed with the tied embedding's at the end of the backward"
