@@ -81,8 +81,9 @@ class ScheduleReserved:
 
 
 def _units(ctx: StageContext, layers: list[int]) -> list[list[int]]:
-    """The stage's parameter tensors' numels grouped as the schedule allocates them: the root unit
-    (embedding, final norm, head) first, then one unit per decoder layer in forward order."""
+    """The stage's parameter tensors' numels on one rank (:mod:`~memplan.estimate.reserved_tp`) grouped as
+    the schedule allocates them: the root unit (embedding, final norm, head) first, then one unit per
+    decoder layer in forward order."""
     tensors = model_parameters(ctx.run.model)
     by_layer: dict[int | None, list[int]] = {}
     for t in tensors:
