@@ -8,11 +8,12 @@ simulated peak reserved. The schedule, in execution order:
 - the whole-step state (parameters, master weights, optimizer moments, workspaces) allocated first,
   one block per decoder layer plus one for the embedding/head (the FSDP root unit) per category;
 - forward: the stage's other activations, then per decoder layer autocast's weight copies
-  (:mod:`~memplan.estimate.reserved_autocast`) and the tensors it saves (the layer's saved terms, split
-  into the tensors each counts by :mod:`~memplan.estimate.reserved_terms`, when they add up to what the
-  estimate keeps for it, else one block; under autocast each pre-norm's fp32 output held to its block's
-  end: :mod:`~memplan.estimate.reserved_forward`), then the loss's logits
-  (:mod:`~memplan.estimate.reserved_loss`);
+  (:mod:`~memplan.estimate.reserved_autocast`: those autograd saves, and those of checkpointed regions
+  that autocast's cache alone holds until the loss's forward is done) and the tensors it saves (the
+  layer's saved terms, split into the tensors each counts by :mod:`~memplan.estimate.reserved_terms`,
+  when they add up to what the estimate keeps for it, else one block; under autocast each pre-norm's
+  fp32 output held to its block's end: :mod:`~memplan.estimate.reserved_forward`), then the loss's
+  logits (:mod:`~memplan.estimate.reserved_loss`), autocast's cached copies freed after its forward;
 - backward: the head's weight gradient right after the loss, then in reverse layer order the layer's
   backward transient allocated, its gradients allocated (when gradients are made in the backward), the
   transient and the layer's saved tensors freed (an eager softmax backward instead as autograd runs it:
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from memplan.alloc.blocks import Block
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
-from memplan.estimate.reserved_autocast import layer_weight_copies
+from memplan.estimate.reserved_autocast import layer_cached_copies, layer_weight_copies
 from memplan.estimate.reserved_backward import backward_layer, eager_backward
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
@@ -47,6 +48,7 @@ from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
+from memplan.estimate.reserved_tp import rank_numel
 from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
@@ -79,12 +81,13 @@ class ScheduleReserved:
 
 
 def _units(ctx: StageContext, layers: list[int]) -> list[list[int]]:
-    """The stage's parameter tensors' numels grouped as the schedule allocates them: the root unit
-    (embedding, final norm, head) first, then one unit per decoder layer in forward order."""
+    """The stage's parameter tensors' numels on one rank (:mod:`~memplan.estimate.reserved_tp`) grouped as
+    the schedule allocates them: the root unit (embedding, final norm, head) first, then one unit per
+    decoder layer in forward order."""
     tensors = model_parameters(ctx.run.model)
     by_layer: dict[int | None, list[int]] = {}
     for t in tensors:
-        by_layer.setdefault(t.layer, []).append(t.numel)
+        by_layer.setdefault(t.layer, []).append(rank_numel(ctx, t))
     root = by_layer.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
     return [root] + [by_layer.get(i, [1]) for i in layers]
 
@@ -119,7 +122,8 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     copies = layer_weight_copies(ctx, layers)
     if sum(map(sum, copies)) + acts.head_copy > acts.other:
         copies = [[] for _ in copies]
-    moments = _pieces(ledger, trained or units, copies)
+    cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained)
+    moments = _pieces(ledger, trained or units, copies, cached)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     for category in (() if moments.states_in_step else (OPTIMIZER,)):
         for unit in _spread(ledger.total(category), units):
@@ -128,15 +132,16 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
     eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, _, transient in walk.per_layer)
-    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss))
+    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss), any(cached))
     return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events,
                             _note(ctx, replay.events, shaped, moments.made_in_backward))
 
 
-def _note(ctx: StageContext, events: int, shaped: tuple[bool, bool, bool, bool], grads_in_backward: bool) -> str:
+def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_backward: bool) -> str:
     """The --explain sentence: the schedule, and the mechanics that shaped this job's (``shaped``: trainable
-    tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward, a soft-capped loss)."""
-    finetune, copies, eager, softcap = shaped
+    tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward, a soft-capped loss,
+    autocast's cached copies of checkpointed layers)."""
+    finetune, copies, eager, softcap, cached = shaped
     parts = [f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
              f"contributions ({_STEPS} steps, {events} allocator events: parameters per tensor, saved activations "
              "per tensor inside their layer, gradients and optimizer states per trainable tensor, the optimizer "
@@ -147,6 +152,10 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, bool, bool, bool],
     if copies:
         parts.append("torch.autocast's 16-bit weight copies made in each kept layer's forward and freed in its "
                      "backward, the head's at the head")
+    if cached:
+        parts.append("torch.autocast's cached 16-bit weight copies of the checkpointed layers (and their fp32 "
+                     "adapters) made in each layer's forward and freed together when the autocast region exits, "
+                     "after the loss's forward")
     if eager:
         parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
                      "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
@@ -154,6 +163,10 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, bool, bool, bool],
     if softcap:
         parts.append("the soft-capped logits' 16-bit tensors (logits / cap, its tanh, kept for the backward, "
                      "and * cap) made before the fp32 cross-entropy and one per op again in its backward")
+    if ctx.run.job.parallel.tp > 1:
+        parts.append("under tensor parallelism each tensor at its size on one rank (the layers' linear weights "
+                     "split, norms whole, the embedding, head and the loss's logits split only where the "
+                     "framework splits the vocabulary)")
     if ctx.layout.has_head and grads_in_backward:
         parts.append("the head's weight gradient made right after the loss"
                      + (", summed with the tied embedding's at the end of the backward"
@@ -173,9 +186,11 @@ class _Pieces:
     states_in_step: bool
     #: Per layer of the stage, autocast's weight copies its forward makes (:mod:`~memplan.estimate.reserved_autocast`).
     copies: list[list[int]]
+    #: Per layer, the copies autocast's cache alone holds until the loss (:mod:`~memplan.estimate.reserved_autocast`).
+    cached: list[list[int]]
 
 
-def _pieces(ledger: Ledger, units: list[list[int]], copies: list[list[int]]) -> _Pieces:
+def _pieces(ledger: Ledger, units: list[list[int]], copies: list[list[int]], cached: list[list[int]]) -> _Pieces:
     made = ledger.total(ABSENT, "backward") > 0
     moments = _spread(ledger.total(OPTIMIZER), units)
     # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
@@ -183,7 +198,7 @@ def _pieces(ledger: Ledger, units: list[list[int]], copies: list[list[int]]) -> 
     step = ledger.total(TEMPORARY, "optimizer step")
     temps = foreach_temporaries(step, [unit[1::2] for unit in halves]) or _spread(step, units)
     return _Pieces(grads=_spread(ledger.total(GRADIENTS, "end of backward"), units), moments=halves,
-                   step_temp=temps, made_in_backward=made, states_in_step=made, copies=copies)
+                   step_temp=temps, made_in_backward=made, states_in_step=made, copies=copies, cached=cached)
 
 
 def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
@@ -200,11 +215,11 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     saved = []
     for position, (index, kept, _) in enumerate(walk.per_layer):
         params = replay.gather(fsdp, position + 1)
-        saved.append(forward_layer(replay, layer_blocks(ctx, index, kept), copies[position]))
+        saved.append(forward_layer(replay, layer_blocks(ctx, index, kept), copies[position], pieces.cached[position]))
         replay.give(*params)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
-    schedule_loss(ctx, ledger, loss, replay, check)
+    schedule_loss(ctx, ledger, loss, replay, check, [b for blocks in saved for b in blocks[2]])
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
     head = None
