@@ -63,9 +63,11 @@ def test_whole_step_prices_use_the_measurements_nearest_the_size() -> None:
 
 
 def test_the_sac_share_is_the_roofline_share_of_the_blocks_under_level_0() -> None:
-    assert sac_share(("keep", "sac0", "full", "sac0"), (1.0, 1.0, 1.0, 2.0)) == pytest.approx(0.6)
-    assert sac_share(("keep", "full"), (1.0, 1.0)) == 0.0
-    assert sac_share(("sac1", "sac0"), (1.0, 1.0)) is None  # another level: not a sample of level 0's price
+    assert sac_share(("keep", "sac0", "keep", "sac0"), (1.0, 1.0, 1.0, 2.0)) == pytest.approx(0.6)
+    assert sac_share(("keep", "keep"), (1.0, 1.0)) == 0.0  # a baseline step
+    # a block recomputed whole, at another level or offloaded: its cost has no term in the model, no sample
+    for other in ("full", "sac1", "offload"):
+        assert sac_share((other, "sac0"), (1.0, 1.0)) is None
 
 
 def test_steps_are_timed_in_cpu_seconds_on_cpu() -> None:

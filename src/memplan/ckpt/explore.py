@@ -16,8 +16,9 @@ priced below keeping, a plan that keeps every block is the best whatever SAC cos
 step whose plan sheds a block (SAC or whole recompute) at a size where no step with SAC blocks was
 measured (within an octave) runs once with *every* block under SAC instead — when the phase model
 says that fits the budget, margin included — and that step is the measurement (counted in
-``stats().explored_steps``, inside every timing). A plan that already runs some blocks under SAC
-measures the price itself. After that the planner's mixed plan runs: SAC only on the blocks that
+``stats().explored_steps``, inside every timing). A plan whose shed blocks all run under SAC
+measures the price itself (only steps whose blocks were all kept or under SAC are samples: a whole
+recompute or an offload has no term in the linear model). After that the planner's mixed plan runs: SAC only on the blocks that
 must shed memory and where it is priced below a whole recompute.
 
 ``auto_checkpoint(..., step_arms=False)`` turns both off: no whole-step timing, no exploration;
@@ -50,8 +51,9 @@ def step_clock(device: torch.device) -> Callable[[], float]:
 
 
 def sac_share(modes: tuple[str, ...], roof: tuple[float, ...]) -> float | None:
-    """Roofline share of the blocks under ``sac0`` (None: another selective level ran, not a sample)."""
-    if any(m.startswith("sac") and m != SAC_MODE for m in modes):
+    """Roofline share of the blocks under ``sac0`` (None: a block ran otherwise than kept or ``sac0``, so
+    the step's seconds hold a price the linear model has no term for: not a sample)."""
+    if any(m not in ("keep", SAC_MODE) for m in modes):
         return None
     total = sum(roof) or 1.0
     return sum(r for m, r in zip(modes, roof) if m == SAC_MODE) / total
@@ -84,7 +86,7 @@ def explore_sac(ctl: CheckpointController, plan: CheckpointPlan, size: int, uppe
     if plan.method not in ("knapsack", "none") or not plan.fits or not all(ctl.ops.has(j) for j in range(n)):
         return plan, False
     modes = [plan.mode(j) for j in range(n)]
-    if all(m == "keep" for m in modes) or SAC_MODE in modes or ctl.ops.steps.measured(size):
+    if set(modes) <= {"keep", SAC_MODE} or ctl.ops.steps.measured(size):  # nothing to price, or it prices itself
         return plan, True
     explore = _all_sac_plan(ctl, plan, upper, static, grads)
     if explore is None:

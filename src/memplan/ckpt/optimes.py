@@ -96,7 +96,8 @@ class StepPrices:
     Every planned step records its seconds (process CPU time on CPU, wall time elsewhere; forward
     pre-hook to the end of the backward) over the roofline seconds of the blocks' forwards at its
     size, and the *SAC share*: the roofline share of the blocks it ran under per-op SAC (level 0).
-    Steps with share 0 (and no other selective level) are the baseline. The model is linear in the
+    Only steps whose blocks were all kept or under level 0 are samples (a whole recompute, another
+    level or an offload has no term in the model); those with share 0 are the baseline. The model is linear in the
     share: ``t(step) = t(baseline) + r x share``, so one block ``j`` under SAC costs ``r x`` its
     roofline forward seconds — with blocks alike, ``r x roof_j = (t(all SAC) - t(baseline)) /
     blocks`` in seconds, the formula of a step that runs every block under SAC. Near a size (within
