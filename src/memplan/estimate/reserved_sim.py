@@ -34,9 +34,10 @@ small pool and per-tensor holes are not modelled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
-from memplan.alloc.blocks import Block
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_weight_copies
@@ -44,7 +45,7 @@ from memplan.estimate.reserved_backward import backward_layer, eager_backward
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
 from memplan.estimate.reserved_trainable import trainable_units
@@ -61,6 +62,7 @@ from memplan.estimate.ledger import (
 from memplan.estimate.stage_activations import StageActivations
 from memplan.estimate.stage_peak import LossPart
 from memplan.model.linears import model_parameters
+from memplan.model.spec import ModelSpec
 
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
@@ -78,20 +80,25 @@ class ScheduleReserved:
     note: str
 
 
-def _units(ctx: StageContext, layers: list[int]) -> list[list[int]]:
+def _units(ctx: StageContext, layers: list[int]) -> tuple[tuple[int, ...], ...]:
     """The stage's parameter tensors' numels grouped as the schedule allocates them: the root unit
     (embedding, final norm, head) first, then one unit per decoder layer in forward order."""
-    tensors = model_parameters(ctx.run.model)
+    return _model_units(ctx.run.model, tuple(layers), ctx.layout.has_embedding or ctx.layout.has_head)
+
+
+@lru_cache(maxsize=256)
+def _model_units(model: ModelSpec, layers: tuple[int, ...], root: bool) -> tuple[tuple[int, ...], ...]:
     by_layer: dict[int | None, list[int]] = {}
-    for t in tensors:
+    for t in model_parameters(model):
         by_layer.setdefault(t.layer, []).append(t.numel)
-    root = by_layer.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
-    return [root] + [by_layer.get(i, [1]) for i in layers]
+    return (tuple(by_layer.get(None, [])) if root else (),) + tuple(tuple(by_layer.get(i, [1])) for i in layers)
 
 
-def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
+def _spread(total: int, units: Sequence[Sequence[int]]) -> list[list[int]]:
     """``total`` bytes spread over the tensors of ``units`` in proportion to their numel (the last tensor
     takes the rounding), zero-sized pieces dropped."""
+    if total == 0:
+        return [[] for _ in units]
     numel = sum(map(sum, units)) or 1
     out: list[list[int]] = []
     given = 0
@@ -107,29 +114,30 @@ def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
 
 
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
-                       loss: LossPart) -> ScheduleReserved:
-    """Replay the stage's schedule (see the module) and return its simulated peaks."""
+                       loss: LossPart, *, engine: str = "auto") -> ScheduleReserved:
+    """Replay the stage's schedule (see the module) and return its simulated peaks. ``engine="python"``:
+    every layer's events built one by one and replayed by the pure-Python allocator model (the reference
+    the default, which copies repeated layers and replays in the C core when built, is tested against)."""
     layers = [index for index, _, _ in walk.per_layer]
     units = _units(ctx, layers)
-    replay = Replay()
-    for category in (PARAMETERS, MASTER, WORKSPACE):
-        for unit in _spread(ledger.total(category), units):
-            replay.take_all(unit)
+    replay = Replay(repeat=engine != "python")
+    replay.take_all([size for category in (PARAMETERS, MASTER, WORKSPACE)
+                     for unit in _spread(ledger.total(category), units) for size in unit])
     trained = trainable_units(ctx, layers)
     copies = layer_weight_copies(ctx, layers)
     if sum(map(sum, copies)) + acts.head_copy > acts.other:
         copies = [[] for _ in copies]
     moments = _pieces(ledger, trained or units, copies)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
-    for category in (() if moments.states_in_step else (OPTIMIZER,)):
-        for unit in _spread(ledger.total(category), units):
-            replay.take_all(unit)
+    if not moments.states_in_step:
+        replay.take_all([size for unit in _spread(ledger.total(OPTIMIZER), units) for size in unit])
     fsdp = fsdp_sizes(ctx, ledger, units, _spread)
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
-    eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, _, transient in walk.per_layer)
+    visits = {(id(ctx.run.model.layers[i]), transient): (i, transient) for i, _, transient in walk.per_layer}
+    eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, transient in visits.values())
     shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss))
-    return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events,
+    return ScheduleReserved(replay.finish(engine=engine), replay.peak_requested, replay.events,
                             _note(ctx, replay.events, shaped, moments.made_in_backward))
 
 
@@ -197,11 +205,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     # the output head's autocast weight copy is made at the head, after the layers, and freed in its backward
     other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
     root = replay.gather(fsdp, 0)
-    saved = []
-    for position, (index, kept, _) in enumerate(walk.per_layer):
-        params = replay.gather(fsdp, position + 1)
-        saved.append(forward_layer(replay, layer_blocks(ctx, index, kept), copies[position]))
-        replay.give(*params)
+    saved = _forward_layers(ctx, walk, replay, copies, fsdp)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
     schedule_loss(ctx, ledger, loss, replay, check)
@@ -210,14 +214,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     head = None
     if pieces.made_in_backward:
         head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
-    last = len(walk.per_layer) - 1
-    for position in reversed(range(len(walk.per_layer))):
-        params = replay.gather(fsdp, position + 1)
-        made = (lambda p=position: grads.append(replay.gradients(fsdp, pieces.grads[p + 1], p + 1))
-                ) if pieces.made_in_backward else (lambda: None)
-        peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
-        backward_layer(ctx.run, walk.per_layer[position], saved[position], replay, (made, peak))
-        replay.give(*params)
+    grads += _backward_layers(ctx, walk, replay, saved, pieces, plan, check)
     summed: list[Block | None] = []
     if pieces.made_in_backward and fsdp is None:
         alive, summed = finish_root(replay, root_grads, head)
@@ -236,4 +233,53 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     if pieces.made_in_backward:
         replay.give(*(b for unit in grads for b in unit))
         return []
+    return grads
+
+
+def _fsdp_key(fsdp: FsdpSizes | None, unit: int) -> object:
+    """What FSDP2's events of ``unit`` depend on (its all-gather and gradient sizes)."""
+    if fsdp is None:
+        return None
+    return fsdp.gather_input[unit], tuple(fsdp.unsharded[unit]), tuple(fsdp.sharded_grads[unit])
+
+
+def _forward_layers(ctx: StageContext, walk: LayerWalk, replay: Replay, copies: list[list[int]],
+                    fsdp: FsdpSizes | None) -> list[list[list[Block | None]]]:
+    """Each layer's forward (its FSDP2 all-gather around it), a layer at the same sizes as an earlier one
+    copied (:meth:`Replay.repeat`). Returns per layer its saved blocks (those the backward frees early, the others)."""
+    saved = []
+    for position, (index, kept, _) in enumerate(walk.per_layer):
+        def body(index: int = index, kept: int = kept, unit: int = position + 1) -> list[list[Block | None]]:
+            params = replay.gather(fsdp, unit)
+            held = forward_layer(replay, layer_blocks(ctx, index, kept), copies[unit - 1])
+            replay.give(*params)
+            return list(held)
+        key = ("forward", id(ctx.run.model.layers[index]), kept, tuple(copies[position]), _fsdp_key(fsdp, position + 1))
+        saved.append(replay.repeat(key, body))
+    return saved
+
+
+def _backward_layers(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[list[list[Block | None]]],
+                     pieces: _Pieces, plan: tuple[Ledger, FsdpSizes | None], check: bool) -> list[list[Block | None]]:
+    """Each layer's backward in reverse order (the ledger's backward moment in the last layer's), a layer
+    at the same sizes as an earlier one copied. Returns the gradients made, per layer."""
+    ledger, fsdp = plan
+    grads: list[list[Block | None]] = []
+    last = len(walk.per_layer) - 1
+    for position in reversed(range(len(walk.per_layer))):
+        index, kept, transient = walk.per_layer[position]
+
+        def body(position: int = position) -> list[list[Block | None]]:
+            made_grads: list[list[Block | None]] = []
+            unit = position + 1
+            params = replay.gather(fsdp, unit)
+            made = (lambda: made_grads.append(replay.gradients(fsdp, pieces.grads[unit], unit))
+                    ) if pieces.made_in_backward else (lambda: None)
+            peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
+            backward_layer(ctx.run, walk.per_layer[position], saved[position], replay, (made, peak))
+            replay.give(*params)
+            return made_grads
+        key = ("backward", id(ctx.run.model.layers[index]), kept, transient, position == last, len(saved[position][0]),
+               pieces.made_in_backward and tuple(pieces.grads[position + 1]), _fsdp_key(fsdp, position + 1))
+        grads += replay.repeat(key, body, [*saved[position][0], *saved[position][1]])
     return grads
