@@ -78,16 +78,12 @@ class Replay:
         """``take`` of each size in turn (all allocations: the peak of requested bytes is at the end)."""
         ops = self.ops
         start = len(ops)
-        if all(size > 0 for size in sizes):
+        if min(sizes, default=1) > 0:
             ops += [size << STREAM_BITS | stream for size in sizes]
             blocks: list[Block | None] = list(range(start, len(ops)))
+            self.requested += sum(sizes)
         else:
-            blocks = []
-            for size in sizes:
-                blocks.append(len(ops) if size > 0 else None)
-                if size > 0:
-                    ops.append(size << STREAM_BITS | stream)
-        self.requested += sum(size for size in sizes if size > 0)
+            blocks = [self.take(size, stream) for size in sizes]
         if self.requested > self.peak_requested:
             self.peak_requested = self.requested
         return blocks

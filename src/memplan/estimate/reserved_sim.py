@@ -41,8 +41,8 @@ from functools import lru_cache
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_weight_copies
-from memplan.estimate.reserved_backward import backward_layer, eager_backward
-from memplan.estimate.reserved_forward import forward_layer, layer_blocks
+from memplan.estimate.reserved_backward import eager_backward
+from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_replay import Block, Replay
@@ -67,6 +67,8 @@ from memplan.model.spec import ModelSpec
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
 _STATIC = (PARAMETERS, MASTER, OPTIMIZER, WORKSPACE)
+#: Per unit (the root, then each layer) its tensors' sizes.
+Units = tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -80,14 +82,14 @@ class ScheduleReserved:
     note: str
 
 
-def _units(ctx: StageContext, layers: list[int]) -> tuple[tuple[int, ...], ...]:
+def _units(ctx: StageContext, layers: list[int]) -> Units:
     """The stage's parameter tensors' numels grouped as the schedule allocates them: the root unit
     (embedding, final norm, head) first, then one unit per decoder layer in forward order."""
     return _model_units(ctx.run.model, tuple(layers), ctx.layout.has_embedding or ctx.layout.has_head)
 
 
 @lru_cache(maxsize=256)
-def _model_units(model: ModelSpec, layers: tuple[int, ...], root: bool) -> tuple[tuple[int, ...], ...]:
+def _model_units(model: ModelSpec, layers: tuple[int, ...], root: bool) -> Units:
     by_layer: dict[int | None, list[int]] = {}
     for t in model_parameters(model):
         by_layer.setdefault(t.layer, []).append(t.numel)
@@ -121,17 +123,16 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     layers = [index for index, _, _ in walk.per_layer]
     units = _units(ctx, layers)
     replay = Replay(repeat=engine != "python")
-    replay.take_all([size for category in (PARAMETERS, MASTER, WORKSPACE)
-                     for unit in _spread(ledger.total(category), units) for size in unit])
+    replay.take_all(_static_sizes((ledger.total(PARAMETERS), ledger.total(MASTER), ledger.total(WORKSPACE)), units))
     trained = trainable_units(ctx, layers)
     copies = layer_weight_copies(ctx, layers)
     if sum(map(sum, copies)) + acts.head_copy > acts.other:
         copies = [[] for _ in copies]
-    moments = _pieces(ledger, trained or units, copies)
+    fsdp = fsdp_sizes(ctx, ledger, units, _spread)
+    moments = _pieces(ctx, walk, ledger, _frozen(trained) if trained else units, copies, fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     if not moments.states_in_step:
-        replay.take_all([size for unit in _spread(ledger.total(OPTIMIZER), units) for size in unit])
-    fsdp = fsdp_sizes(ctx, ledger, units, _spread)
+        replay.take_all(_static_sizes((ledger.total(OPTIMIZER),), units))
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
     visits = {(id(ctx.run.model.layers[i]), transient): (i, transient) for i, _, transient in walk.per_layer}
@@ -174,24 +175,44 @@ class _Pieces:
     """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries,
     and per layer autocast's weight copies."""
 
-    grads: list[list[int]]
-    moments: list[list[int]]
-    step_temp: list[list[int]]
+    grads: Units
+    moments: Units
+    step_temp: Units
     made_in_backward: bool
     states_in_step: bool
     #: Per layer of the stage, autocast's weight copies its forward makes (:mod:`~memplan.estimate.reserved_autocast`).
     copies: list[list[int]]
+    keys: LayerKeys
 
 
-def _pieces(ledger: Ledger, units: list[list[int]], copies: list[list[int]]) -> _Pieces:
+def _pieces(ctx: StageContext, walk: LayerWalk, ledger: Ledger, units: Units, copies: list[list[int]],
+            fsdp: FsdpSizes | None) -> _Pieces:
     made = ledger.total(ABSENT, "backward") > 0
-    moments = _spread(ledger.total(OPTIMIZER), units)
+    grads, halves, temps = _piece_sizes(ledger.total(OPTIMIZER), ledger.total(TEMPORARY, "optimizer step"),
+                                        ledger.total(GRADIENTS, "end of backward"), units)
+    return _Pieces(grads=grads, moments=halves, step_temp=temps, made_in_backward=made, states_in_step=made,
+                   copies=copies, keys=layer_keys(ctx, walk, copies, grads if made else None, fsdp))
+
+
+@lru_cache(maxsize=1024)
+def _piece_sizes(optimizer: int, step: int, gradients: int, units: Units) -> tuple[Units, Units, Units]:
+    """The gradients', optimizer moments' and step temporaries' sizes per unit (a pure function of the
+    ledger's totals and the units, cached: jobs of one model and layout share them)."""
+    moments = _spread(optimizer, units)
     # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
     halves = [[part for size in unit for part in (size // 2, size - size // 2)] for unit in moments]
-    step = ledger.total(TEMPORARY, "optimizer step")
     temps = foreach_temporaries(step, [unit[1::2] for unit in halves]) or _spread(step, units)
-    return _Pieces(grads=_spread(ledger.total(GRADIENTS, "end of backward"), units), moments=halves,
-                   step_temp=temps, made_in_backward=made, states_in_step=made, copies=copies)
+    return _frozen(_spread(gradients, units)), _frozen(halves), _frozen(temps)
+
+
+def _frozen(sizes: list[list[int]]) -> Units:
+    return tuple(tuple(unit) for unit in sizes)
+
+
+@lru_cache(maxsize=1024)
+def _static_sizes(totals: tuple[int, ...], units: Units) -> tuple[int, ...]:
+    """Each of ``totals`` spread over the units' tensors (:func:`_spread`), one after the other, as one list."""
+    return tuple(size for total in totals for unit in _spread(total, units) for size in unit)
 
 
 def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
@@ -205,7 +226,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     # the output head's autocast weight copy is made at the head, after the layers, and freed in its backward
     other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
     root = replay.gather(fsdp, 0)
-    saved = _forward_layers(ctx, walk, replay, copies, fsdp)
+    saved = forward_pass(ctx, walk, replay, copies, fsdp, pieces.keys)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
     schedule_loss(ctx, ledger, loss, replay, check)
@@ -214,7 +235,8 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     head = None
     if pieces.made_in_backward:
         head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
-    grads += _backward_layers(ctx, walk, replay, saved, pieces, plan, check)
+    grads += backward_pass(ctx, walk, replay, saved, pieces.grads if pieces.made_in_backward else None, plan, check,
+                           pieces.keys)
     summed: list[Block | None] = []
     if pieces.made_in_backward and fsdp is None:
         alive, summed = finish_root(replay, root_grads, head)
@@ -225,61 +247,11 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     replay.moment(ledger, "end of backward", check)
     replay.give(*summed)
     if first and pieces.states_in_step:
-        for unit in pieces.moments:
-            replay.take_all(unit)
-    step = [replay.take_all(unit) for unit in pieces.step_temp]
+        replay.take_all([size for unit in pieces.moments for size in unit])
+    step = replay.take_all([size for unit in pieces.step_temp for size in unit])
     replay.moment(ledger, "optimizer step", check)
-    replay.give(*(b for unit in step for b in unit))
+    replay.give(*step)
     if pieces.made_in_backward:
         replay.give(*(b for unit in grads for b in unit))
         return []
-    return grads
-
-
-def _fsdp_key(fsdp: FsdpSizes | None, unit: int) -> object:
-    """What FSDP2's events of ``unit`` depend on (its all-gather and gradient sizes)."""
-    if fsdp is None:
-        return None
-    return fsdp.gather_input[unit], tuple(fsdp.unsharded[unit]), tuple(fsdp.sharded_grads[unit])
-
-
-def _forward_layers(ctx: StageContext, walk: LayerWalk, replay: Replay, copies: list[list[int]],
-                    fsdp: FsdpSizes | None) -> list[list[list[Block | None]]]:
-    """Each layer's forward (its FSDP2 all-gather around it), a layer at the same sizes as an earlier one
-    copied (:meth:`Replay.repeat`). Returns per layer its saved blocks (those the backward frees early, the others)."""
-    saved = []
-    for position, (index, kept, _) in enumerate(walk.per_layer):
-        def body(index: int = index, kept: int = kept, unit: int = position + 1) -> list[list[Block | None]]:
-            params = replay.gather(fsdp, unit)
-            held = forward_layer(replay, layer_blocks(ctx, index, kept), copies[unit - 1])
-            replay.give(*params)
-            return list(held)
-        key = ("forward", id(ctx.run.model.layers[index]), kept, tuple(copies[position]), _fsdp_key(fsdp, position + 1))
-        saved.append(replay.repeat(key, body))
-    return saved
-
-
-def _backward_layers(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[list[list[Block | None]]],
-                     pieces: _Pieces, plan: tuple[Ledger, FsdpSizes | None], check: bool) -> list[list[Block | None]]:
-    """Each layer's backward in reverse order (the ledger's backward moment in the last layer's), a layer
-    at the same sizes as an earlier one copied. Returns the gradients made, per layer."""
-    ledger, fsdp = plan
-    grads: list[list[Block | None]] = []
-    last = len(walk.per_layer) - 1
-    for position in reversed(range(len(walk.per_layer))):
-        index, kept, transient = walk.per_layer[position]
-
-        def body(position: int = position) -> list[list[Block | None]]:
-            made_grads: list[list[Block | None]] = []
-            unit = position + 1
-            params = replay.gather(fsdp, unit)
-            made = (lambda: made_grads.append(replay.gradients(fsdp, pieces.grads[unit], unit))
-                    ) if pieces.made_in_backward else (lambda: None)
-            peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
-            backward_layer(ctx.run, walk.per_layer[position], saved[position], replay, (made, peak))
-            replay.give(*params)
-            return made_grads
-        key = ("backward", id(ctx.run.model.layers[index]), kept, transient, position == last, len(saved[position][0]),
-               pieces.made_in_backward and tuple(pieces.grads[position + 1]), _fsdp_key(fsdp, position + 1))
-        grads += replay.repeat(key, body, [*saved[position][0], *saved[position][1]])
     return grads
