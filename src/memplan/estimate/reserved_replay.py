@@ -25,6 +25,13 @@ from memplan.estimate.reserved_fsdp import ALL_GATHER_STREAM, REDUCE_SCATTER_STR
 Block = int
 
 
+def encoded(sizes: Sequence[int], stream: int = 0) -> tuple[tuple[int, ...], int]:
+    """The allocations of ``sizes`` (those > 0) on ``stream`` as schedule ops, and their bytes
+    (for :meth:`Replay.take_encoded`)."""
+    positive = [size for size in sizes if size > 0]
+    return tuple(size << STREAM_BITS | stream for size in positive), sum(positive)
+
+
 @dataclass(frozen=True)
 class _Template:
     """A recorded stretch of the schedule (:meth:`Replay.repeat`)."""
@@ -73,6 +80,13 @@ class Replay:
             if block is not None:
                 self.requested -= ops[block] >> STREAM_BITS
                 ops.append(~block)
+
+    def take_encoded(self, allocations: Sequence[int], total: int) -> None:
+        """Allocations already encoded (:func:`encoded`; ``total``: their bytes) that the schedule never frees."""
+        self.ops += allocations
+        self.requested += total
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
 
     def take_all(self, sizes: Sequence[int], stream: int = 0) -> list[Block | None]:
         """``take`` of each size in turn (all allocations: the peak of requested bytes is at the end)."""

@@ -45,7 +45,7 @@ from memplan.estimate.reserved_backward import eager_backward
 from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
-from memplan.estimate.reserved_replay import Block, Replay
+from memplan.estimate.reserved_replay import Block, Replay, encoded
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_optimizer import foreach_temporaries
 from memplan.estimate.reserved_trainable import trainable_units
@@ -123,7 +123,7 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     layers = [index for index, _, _ in walk.per_layer]
     units = _units(ctx, layers)
     replay = Replay(repeat=engine != "python")
-    replay.take_all(_static_sizes((ledger.total(PARAMETERS), ledger.total(MASTER), ledger.total(WORKSPACE)), units))
+    replay.take_encoded(*_static((ledger.total(PARAMETERS), ledger.total(MASTER), ledger.total(WORKSPACE)), units))
     trained = trainable_units(ctx, layers)
     copies = layer_weight_copies(ctx, layers)
     if sum(map(sum, copies)) + acts.head_copy > acts.other:
@@ -132,7 +132,7 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     moments = _pieces(ctx, walk, ledger, _frozen(trained) if trained else units, copies, fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     if not moments.states_in_step:
-        replay.take_all(_static_sizes((ledger.total(OPTIMIZER),), units))
+        replay.take_encoded(*_static((ledger.total(OPTIMIZER),), units))
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
     visits = {(id(ctx.run.model.layers[i]), transient): (i, transient) for i, _, transient in walk.per_layer}
@@ -210,9 +210,10 @@ def _frozen(sizes: list[list[int]]) -> Units:
 
 
 @lru_cache(maxsize=1024)
-def _static_sizes(totals: tuple[int, ...], units: Units) -> tuple[int, ...]:
-    """Each of ``totals`` spread over the units' tensors (:func:`_spread`), one after the other, as one list."""
-    return tuple(size for total in totals for unit in _spread(total, units) for size in unit)
+def _static(totals: tuple[int, ...], units: Units) -> tuple[tuple[int, ...], int]:
+    """Each of ``totals`` spread over the units' tensors (:func:`_spread`), one after the other: the whole-step
+    state's allocations, encoded (:func:`~memplan.estimate.reserved_replay.encoded`)."""
+    return encoded([size for total in totals for unit in _spread(total, units) for size in unit])
 
 
 def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
