@@ -38,16 +38,18 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, copies: Sequence[Sequence[int
                grads: Sequence[Sequence[int]] | None, fsdp: FsdpSizes | None) -> LayerKeys:
     """The keys of the stage's layers (``grads``: per unit the gradients its backward makes, None when
     gradients are not made in the backward)."""
-    forward, backward = [], []
+    forward: list[object] = []
+    backward: list[object] = []
+    ids: dict[object, int] = {}  # each distinct key as a small int: a pass's key is a tuple of ints, cheap to hash
     last = len(walk.per_layer) - 1
     for position, (index, kept, transient) in enumerate(walk.per_layer):
         unit = position + 1
         kind = id(ctx.run.model.layers[index])  # one object per layer kind: the model outlives the schedule
         sizes = None if fsdp is None else (fsdp.gather_input[unit], tuple(fsdp.unsharded[unit]),
                                            tuple(fsdp.sharded_grads[unit]))
-        forward.append(("forward", kind, kept, tuple(copies[position]), sizes))
-        backward.append(("backward", kind, kept, transient, position == last, tuple(copies[position]),
-                         None if grads is None else tuple(grads[unit]), sizes))
+        forward.append(ids.setdefault(("forward", kind, kept, tuple(copies[position]), sizes), len(ids)))
+        backward.append(ids.setdefault(("backward", kind, kept, transient, position == last, tuple(copies[position]),
+                                        None if grads is None else tuple(grads[unit]), sizes), len(ids)))
     return LayerKeys(tuple(forward), tuple(backward))
 
 

@@ -59,6 +59,8 @@ class Replay:
         #: (position in :attr:`ops`, phase) of each ledger moment asked for (the schedule's log).
         self.moments: list[tuple[int, str]] = []
         self._templates: dict[object, _Template | None] | None = {} if repeat else None
+        #: Per ledger (by id) its peak phase and the bytes it has alive there.
+        self._peaks: dict[int, tuple[str | None, int]] = {}
 
     @property
     def events(self) -> int:
@@ -141,8 +143,14 @@ class Replay:
         beside the last layer's activations), and a top-up is one block the allocator must find in one
         piece, so bounding moments would reserve segments no real step asks for."""
         self.moments.append((len(self.ops), phase))
-        if check and phase in ledger.phases and phase == max(ledger.phases, key=ledger.allocated_at):
-            self.give(self.take(ledger.allocated_at(phase) - self.requested))
+        if not check:
+            return
+        if id(ledger) not in self._peaks:  # the ledger is complete and outlives the replay: its peak is fixed
+            top = max(ledger.phases, key=ledger.allocated_at) if ledger.phases else None
+            self._peaks[id(ledger)] = (top, 0 if top is None else ledger.allocated_at(top))
+        top, allocated = self._peaks[id(ledger)]
+        if phase == top:
+            self.give(self.take(allocated - self.requested))
 
     def finish(self, settings: AllocatorSettings | None = None, *, engine: str = "auto") -> int:
         """The schedule's peak reserved bytes: its events replayed once through the caching-allocator model
@@ -171,7 +179,7 @@ class Replay:
         if self._templates is None:
             return body()
         ops = self.ops
-        full = (key, tuple(-1 if b is None else ops[b] for b in outside))
+        full = (key, tuple([-1 if b is None else ops[b] for b in outside]))
         known = self._templates.get(full, False)
         if known is False:
             self._templates[full], result = self._record(body, outside)
@@ -198,10 +206,8 @@ class Replay:
                              [list(blocks) for blocks in result])
         self.peak_requested = max(peak, self.peak_requested)
         where = {b: index for index, b in enumerate(outside) if b is not None}
-        for at, op in enumerate(template.ops):
-            if op < 0 and ~op < start:
-                if ~op not in where:
-                    return None, result
-                template.outside.append((at, where[~op]))
-        made = all(b is None or b >= start for blocks in result for b in blocks)
-        return (template if made and len(self.moments) == moments else None), result
+        frees = [(at, ~op) for at, op in enumerate(template.ops) if -start <= op < 0]  # of blocks made before it
+        template.outside.extend([(at, where.get(block, -1)) for at, block in frees])
+        kept_outside = [b for blocks in result for b in blocks if b is not None and b < start]
+        copyable = not kept_outside and all(index >= 0 for _, index in template.outside)
+        return (template if copyable and len(self.moments) == moments else None), result
