@@ -734,20 +734,35 @@ static int alloc_setup(Alloc *a, unsigned long long max_split, PyObject *divisio
     return 0;
 }
 
-static PyObject *replay(PyObject *self, PyObject *args) {
-    PyObject *events_obj, *kind_alloc, *divisions_obj, *capacity_obj;
+/* The settings at args[first:] (max_split, divisions, gc_threshold, expandable, capacity) into a fresh
+ * allocator: alloc_setup's answer, or -1 with an exception set for arguments of the wrong count or type. */
+static int settings_from(PyObject *args, Py_ssize_t first, Py_ssize_t count, Alloc *a) {
+    if (PyTuple_GET_SIZE(args) != count) {
+        PyErr_Format(PyExc_TypeError, "expected %zd arguments", count);
+        return -1;
+    }
+    PyObject *rest = PyTuple_GetSlice(args, first, count);
+    if (rest == NULL)
+        return -1;
+    PyObject *divisions_obj, *capacity_obj;
     unsigned long long max_split;
     double gc_threshold;
     int expandable;
-    if (!PyArg_ParseTuple(args, "OOKOdpO", &events_obj, &kind_alloc, &max_split, &divisions_obj, &gc_threshold,
-                          &expandable, &capacity_obj))
-        return NULL;
+    int out = -1;
+    if (PyArg_ParseTuple(rest, "KOdpO", &max_split, &divisions_obj, &gc_threshold, &expandable, &capacity_obj))
+        out = alloc_setup(a, max_split, divisions_obj, gc_threshold, expandable, capacity_obj);
+    Py_DECREF(rest);
+    return out;
+}
+
+static PyObject *replay(PyObject *self, PyObject *args) {
     Alloc a;
-    int setup = alloc_setup(&a, max_split, divisions_obj, gc_threshold, expandable, capacity_obj);
+    int setup = settings_from(args, 2, 7, &a);
     if (setup < 0)
         return NULL;
     if (setup > 0)
         Py_RETURN_NONE;
+    PyObject *events_obj = PyTuple_GET_ITEM(args, 0), *kind_alloc = PyTuple_GET_ITEM(args, 1);
 
     PyObject *events = PySequence_Fast(events_obj, "events must be a sequence");
     if (events == NULL)
@@ -849,19 +864,17 @@ error:
 
 /* schedule(ops, max_split, divisions, gc_threshold, expandable, capacity): see the module comment. */
 static PyObject *schedule(PyObject *self, PyObject *args) {
-    PyObject *ops_obj, *divisions_obj, *capacity_obj;
-    unsigned long long max_split;
-    double gc_threshold;
-    int expandable;
-    if (!PyArg_ParseTuple(args, "O!KOdpO", &PyList_Type, &ops_obj, &max_split, &divisions_obj, &gc_threshold,
-                          &expandable, &capacity_obj))
-        return NULL;
     Alloc a;
-    int setup = alloc_setup(&a, max_split, divisions_obj, gc_threshold, expandable, capacity_obj);
+    int setup = settings_from(args, 1, 6, &a);
     if (setup < 0)
         return NULL;
     if (setup > 0)
         Py_RETURN_NONE;
+    PyObject *ops_obj = PyTuple_GET_ITEM(args, 0);
+    if (!PyList_Check(ops_obj)) {
+        PyErr_SetString(PyExc_TypeError, "ops must be a list");
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(ops_obj);
     Block **blocks = calloc(n > 0 ? (size_t)n : 1, sizeof *blocks); /* by the position of their malloc */
     LiveMap unused = {NULL, NULL, NULL, 0, 0};
