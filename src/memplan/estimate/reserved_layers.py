@@ -40,7 +40,8 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, copies: Sequence[Sequence[int
     gradients are not made in the backward)."""
     forward: list[object] = []
     backward: list[object] = []
-    ids: dict[object, int] = {}  # each distinct key as a small int: a pass's key is a tuple of ints, cheap to hash
+    # each distinct key as a small int: a pass's key is then a tuple of ints, cheap to hash
+    ids: dict[object, int] = {}
     last = len(walk.per_layer) - 1
     for position, (index, kept, transient) in enumerate(walk.per_layer):
         unit = position + 1
@@ -48,8 +49,9 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, copies: Sequence[Sequence[int
         sizes = None if fsdp is None else (fsdp.gather_input[unit], tuple(fsdp.unsharded[unit]),
                                            tuple(fsdp.sharded_grads[unit]))
         forward.append(ids.setdefault(("forward", kind, kept, tuple(copies[position]), sizes), len(ids)))
-        backward.append(ids.setdefault(("backward", kind, kept, transient, position == last, tuple(copies[position]),
-                                        None if grads is None else tuple(grads[unit]), sizes), len(ids)))
+        made = None if grads is None else tuple(grads[unit])
+        backward.append(ids.setdefault(("backward", kind, kept, transient, position == last,
+                                        tuple(copies[position]), made, sizes), len(ids)))
     return LayerKeys(tuple(forward), tuple(backward))
 
 
@@ -94,7 +96,8 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         return made_grads
 
     def one(position: int) -> Saved:
-        return replay.repeat(keys.backward[position], lambda: layer(position), [*saved[position][0], *saved[position][1]])
+        return replay.repeat(keys.backward[position], lambda: layer(position),
+                             [*saved[position][0], *saved[position][1]])
 
     def rest() -> Saved:
         return [blocks for position in reversed(range(last)) for blocks in one(position)]

@@ -52,7 +52,8 @@ class Replay:
     ``repeat=False`` records every stretch as it is built (the reference the copies are tested against)."""
 
     def __init__(self, *, repeat: bool = True) -> None:
-        #: The schedule (:mod:`memplan.alloc.schedule`): ``size << 8 | stream`` per allocation, ``~position`` per free.
+        #: The schedule (:mod:`memplan.alloc.schedule`): ``size << 8 | stream`` per allocation,
+        #: ``~position`` per free.
         self.ops: list[int] = []
         self.requested = 0
         self.peak_requested = 0
@@ -84,7 +85,7 @@ class Replay:
                 ops.append(~block)
 
     def take_encoded(self, allocations: Sequence[int], total: int) -> None:
-        """Allocations already encoded (:func:`encoded`; ``total``: their bytes) that the schedule never frees."""
+        """Allocations already encoded (:func:`encoded`; ``total``: their bytes), never freed."""
         self.ops += allocations
         self.requested += total
         if self.requested > self.peak_requested:
@@ -198,7 +199,7 @@ class Replay:
 
     def _record(self, body: Callable[[], list[list[Block | None]]], outside: Sequence[Block | None]
                 ) -> tuple[_Template | None, list[list[Block | None]]]:
-        """Run ``body`` and return its stretch as a template (None when it cannot be copied) and its result."""
+        """Run ``body``; its stretch as a template (None: it cannot be copied) and its result."""
         start, before, peak, moments = len(self.ops), self.requested, self.peak_requested, len(self.moments)
         self.peak_requested = before
         result = body()
@@ -206,7 +207,8 @@ class Replay:
                              [list(blocks) for blocks in result])
         self.peak_requested = max(peak, self.peak_requested)
         where = {b: index for index, b in enumerate(outside) if b is not None}
-        frees = [(at, ~op) for at, op in enumerate(template.ops) if -start <= op < 0]  # of blocks made before it
+        # the frees of blocks made before the stretch
+        frees = [(at, ~op) for at, op in enumerate(template.ops) if -start <= op < 0]
         template.outside.extend([(at, where.get(block, -1)) for at, block in frees])
         kept_outside = [b for blocks in result for b in blocks if b is not None and b < start]
         copyable = not kept_outside and all(index >= 0 for _, index in template.outside)
