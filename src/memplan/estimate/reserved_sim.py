@@ -40,6 +40,7 @@ from functools import lru_cache
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.memo import Same
 from memplan.estimate.reserved_autocast import layer_weight_copies
 from memplan.estimate.reserved_backward import eager_backward
 from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
@@ -62,7 +63,6 @@ from memplan.estimate.ledger import (
 from memplan.estimate.stage_activations import StageActivations
 from memplan.estimate.stage_peak import LossPart
 from memplan.model.linears import model_parameters
-from memplan.model.spec import ModelSpec
 
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
@@ -85,13 +85,13 @@ class ScheduleReserved:
 def _units(ctx: StageContext, layers: list[int]) -> Units:
     """The stage's parameter tensors' numels grouped as the schedule allocates them: the root unit
     (embedding, final norm, head) first, then one unit per decoder layer in forward order."""
-    return _model_units(ctx.run.model, tuple(layers), ctx.layout.has_embedding or ctx.layout.has_head)
+    return _model_units(Same(ctx.run.model), tuple(layers), ctx.layout.has_embedding or ctx.layout.has_head)
 
 
 @lru_cache(maxsize=256)
-def _model_units(model: ModelSpec, layers: tuple[int, ...], root: bool) -> Units:
+def _model_units(model: Same, layers: tuple[int, ...], root: bool) -> Units:
     by_layer: dict[int | None, list[int]] = {}
-    for t in model_parameters(model):
+    for t in model_parameters(model.obj):  # type: ignore[arg-type]
         by_layer.setdefault(t.layer, []).append(t.numel)
     return (tuple(by_layer.get(None, [])) if root else (),) + tuple(tuple(by_layer.get(i, [1])) for i in layers)
 

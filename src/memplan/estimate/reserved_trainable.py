@@ -17,6 +17,7 @@ from functools import lru_cache
 from types import MappingProxyType
 
 from memplan.estimate.context import StageContext
+from memplan.estimate.memo import Same
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element, is_finetune
 from memplan.estimate.stage_states import adapter_tensor_sizes  # one definition of lora_A/lora_B/magnitude
 from memplan.job import FineTuning
@@ -35,17 +36,18 @@ def trainable_units(ctx: StageContext, layers: list[int]) -> list[list[int]] | N
     job = ctx.job
     if not is_finetune(job):
         return None
-    by_unit = _by_unit(ctx.model, job.finetune, max(ctx.run.prec.param_bytes, 1), frozen_bytes_per_element(job),
+    by_unit = _by_unit(Same(ctx.model), job.finetune, max(ctx.run.prec.param_bytes, 1), frozen_bytes_per_element(job),
                        adapter_bytes(job), ctx.run.vocab_rows)
     root = list(by_unit.get(None, ())) if ctx.layout.has_embedding or ctx.layout.has_head else []
     return [root] + [list(by_unit.get(i, ())) for i in layers]
 
 
 @lru_cache(maxsize=64)
-def _by_unit(model: ModelSpec, ft: FineTuning, full_bytes: int, copy_bytes: int, adapter: int,
+def _by_unit(same: Same, ft: FineTuning, full_bytes: int, copy_bytes: int, adapter: int,
              vocab_rows: int) -> Mapping[int | None, tuple[int, ...]]:
     """The trainable tensors' bytes per decoder layer (None: the root), a pure function of its arguments
-    (cached: every stage and every job of one model and fine-tuning setup shares it)."""
+    (cached: every stage and every job of one model, by identity, and fine-tuning setup shares it)."""
+    model: ModelSpec = same.obj  # type: ignore[assignment]
     everything = ft.resolved_trainable == "all"
     full, copies = trained_modules(model, ft), saved_modules(model, ft)
     by_unit: dict[int | None, list[int]] = {}
