@@ -231,3 +231,22 @@ def test_a_stretch_that_frees_what_it_was_not_given_is_not_copied() -> None:
     assert copied.repeat("layer", layer, [again]) == [[7]]  # a copy: the new outside block freed
     assert copied.ops[6:] == [4096 << 8, 100 << 8, ~6, ~5]  # its own blocks moved by 5, the outside one replaced
     assert (copied.requested, copied.peak_requested) == (200, 100 + 512 + 4096 + 100)
+
+
+def test_a_run_of_copies_is_the_layers_made_one_by_one() -> None:
+    """Replay.repeat_run: the same events, blocks and requested peaks as each layer built in turn, also when one
+    layer's outside blocks differ in size (that layer is then made, not copied)."""
+    def schedule(replay: reserved_replay.Replay) -> list[object]:
+        saved = [[replay.take(size)] for size in (4096, 4096, 8192, 4096)]
+
+        def layer(p: int) -> list[list[int | None]]:
+            temp, grad = replay.take(1000), replay.take(300)
+            replay.give(temp, *saved[p])
+            return [[grad]]
+
+        made = replay.repeat_run("layer", layer, [3, 2, 1, 0], lambda p: saved[p])
+        return [made, replay.ops, replay.requested, replay.peak_requested]
+
+    assert schedule(reserved_replay.Replay()) == schedule(reserved_replay.Replay(repeat=False))
+    fast = reserved_replay.Replay()
+    assert schedule(fast)[0] == [[5], [9], [13], [17]]

@@ -4,10 +4,11 @@ and :mod:`~memplan.estimate.reserved_backward`, FSDP2's all-gather around them.
 
 A layer at the same sizes as an earlier one (same layer kind, kept bytes, transient, weight copies,
 gradient and FSDP2 sizes: its :class:`LayerKeys` entry) makes the same events, so its stretch of the
-schedule is copied rather than built again (:meth:`~memplan.estimate.reserved_replay.Replay.repeat`); so
-is a whole pass in the second training step (the backward's but its last layer, which holds the ledger's
-backward moment). The copies are exactly the events the layers would make (a test compares with the
-schedule built layer by layer).
+schedule is copied rather than built again (:meth:`~memplan.estimate.reserved_replay.Replay.repeat`), and a
+run of such layers is copied at once (:meth:`~memplan.estimate.reserved_replay.Replay.repeat_run`). The
+copies are exactly the events the layers would make (a test compares with the schedule built layer by
+layer). Copying a whole pass in the second step as well was measured slower (its recording cost more than
+the copy saved once runs are copied at once).
 """
 
 from __future__ import annotations
@@ -55,6 +56,17 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, copies: Sequence[Sequence[int
     return LayerKeys(tuple(forward), tuple(backward))
 
 
+def _runs(keys: Sequence[object], order: Sequence[int]) -> list[list[int]]:
+    """The positions ``order`` split into runs of consecutive layers with equal keys."""
+    runs: list[list[int]] = []
+    for position in order:
+        if runs and keys[runs[-1][-1]] == keys[position]:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    return runs
+
+
 def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, copies: Sequence[Sequence[int]],
                  fsdp: FsdpSizes | None, keys: LayerKeys) -> list[Saved]:
     """Each layer's forward (its FSDP2 all-gather around it). Returns per layer its saved blocks (those the
@@ -67,11 +79,8 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, copies: Seq
         replay.give(*params)
         return list(held)
 
-    def whole() -> Saved:
-        return [blocks for position, key in enumerate(keys.forward)
-                for blocks in replay.repeat(key, lambda p=position: layer(p))]  # type: ignore[misc]
-
-    flat = replay.repeat(("forward pass", keys.forward), whole)
+    flat = [blocks for run in _runs(keys.forward, range(len(keys.forward)))
+            for blocks in replay.repeat_run(keys.forward[run[0]], layer, run, lambda _: ())]
     return [flat[2 * position:2 * position + 2] for position in range(len(keys.forward))]
 
 
@@ -95,13 +104,9 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         replay.give(*params)
         return made_grads
 
-    def one(position: int) -> Saved:
-        return replay.repeat(keys.backward[position], lambda: layer(position),
-                             [*saved[position][0], *saved[position][1]])
+    def outside(position: int) -> list[Block | None]:
+        return [*saved[position][0], *saved[position][1]]
 
-    def rest() -> Saved:
-        return [blocks for position in reversed(range(last)) for blocks in one(position)]
-
-    made = one(last) if last >= 0 else []
-    outside = [b for position in reversed(range(last)) for part in saved[position] for b in part]
-    return made + replay.repeat(("backward pass", keys.backward[:last]), rest, outside)
+    made = layer(last) if last >= 0 else []
+    return made + [blocks for run in _runs(keys.backward, range(last - 1, -1, -1))
+                   for blocks in replay.repeat_run(keys.backward[run[0]], layer, run, outside)]

@@ -197,6 +197,33 @@ class Replay:
         self.requested += known.requested
         return [[None if b is None else b + delta for b in blocks] for blocks in known.result]
 
+    def repeat_run(self, key: object, layer: Callable[[int], list[list[Block | None]]], run: Sequence[int],
+                   outside: Callable[[int], Sequence[Block | None]]) -> list[list[Block | None]]:
+        """:meth:`repeat` of ``layer(p)`` for each ``p`` of ``run`` in turn (stretches of one ``key``, each
+        freeing only ``outside(p)``), the copies after the first made together; the results concatenated."""
+        first = run[0]
+        made = self.repeat(key, lambda: layer(first), outside(first))
+        sides = [outside(p) for p in run[1:]]
+        ops = self.ops
+        signature = [tuple([-1 if b is None else ops[b] for b in side]) for side in sides]
+        known = self._templates.get((key, signature[0]), None) if signature and self._templates else None
+        if known is None or any(sig != signature[0] for sig in signature):
+            for p, side in zip(run[1:], sides):
+                made += self.repeat(key, lambda p=p: layer(p), side)
+            return made
+        span, base = len(known.ops), len(ops) - known.start
+        deltas = [base + k * span for k in range(len(sides))]
+        copied = [op if op >= 0 else op - delta for delta in deltas for op in known.ops]
+        for k, side in enumerate(sides):
+            for at, index in known.outside:
+                copied[k * span + at] = ~side[index]  # type: ignore[operator]
+        ops += copied
+        self.peak_requested = max(self.peak_requested,
+                                  self.requested + known.peak + max(0, (len(sides) - 1) * known.requested))
+        self.requested += len(sides) * known.requested
+        return made + [[None if b is None else b + delta for b in blocks] for delta in deltas
+                       for blocks in known.result]
+
     def _record(self, body: Callable[[], list[list[Block | None]]], outside: Sequence[Block | None]
                 ) -> tuple[_Template | None, list[list[Block | None]]]:
         """Run ``body``; its stretch as a template (None: it cannot be copied) and its result."""
