@@ -91,7 +91,7 @@ typedef struct {
 
 static Block *new_block(Alloc *a, u64 address, u64 size, i64 stream, int small, u64 seg_address) {
     if (a->spare == NULL) {
-        size_t count = 4096;
+        size_t count = 256;
         Block *chunk = malloc(count * sizeof(Block));
         if (chunk == NULL) {
             a->nomem = 1;
