@@ -3,6 +3,7 @@ branch as the numbers, the attention-kind registry, and the provenance an Estima
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -140,3 +141,21 @@ def test_every_activation_policy_is_one_entry_with_its_sentence() -> None:
         assert policy.kind is kind
         sentences.add(policy_note(replace(run, policy=policy)))
     assert len(sentences) == len(POLICY_KINDS) and all(sentences)
+
+
+def _long_functions(path: Path, limit: int) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_the_estimator_stays_in_small_functions() -> None:
+    """Issue 24's shape: no function in estimate/ over 60 lines (docstring included), engine.py under 250."""
+    assert not [name for path in sorted(ESTIMATE_DIR.glob("*.py")) for name in _long_functions(path, 60)]
+    assert len((ESTIMATE_DIR / "engine.py").read_text().splitlines()) < 250
+
+
+def test_the_function_length_check_sees_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}\n")
+    assert _long_functions(tmp_path / "long.py", 60) == ["long.py:long (62 lines)"]

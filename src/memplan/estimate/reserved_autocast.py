@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from memplan.estimate.autocast import autocast_weight_copy_numel
 from memplan.estimate.context import StageContext
+from memplan.estimate.layer_costs import recomputed_copies_bytes
+from memplan.estimate.stage_activations import cached_adapter_copies
 from memplan.model.linears import layer_linears
 from memplan.units import dtype_bytes
 
@@ -49,4 +51,39 @@ def layer_weight_copies(ctx: StageContext, layers: list[int]) -> list[list[int]]
         linears = [m.weight_numel for m in layer_linears(run.model.layers[index], run.model.hidden_size,
                                                          run.model.model_type)]
         out.append(_split(numel * compute, linears))
+    return out
+
+
+def _cached_weights(ctx: StageContext, index: int) -> list[int]:
+    """Weights (numel) of the linears whose copies layer ``index``'s checkpointed region casts: the whole
+    layer's when the layer is recomputed or under per-op SAC, its attention projections when the attention
+    module is checkpointed, else its MLP's (a checkpointed block)."""
+    run = ctx.run
+    linears = layer_linears(run.model.layers[index], run.model.hidden_size, run.model.model_type)
+    kind = run.policy.kind
+    if index in ctx.recomputed or kind.per_op:
+        chosen = linears
+    else:
+        mlp = not kind.checkpoints_attention
+        chosen = tuple(m for m in linears if m.name.startswith("mlp") == mlp) or linears
+    return [m.weight_numel for m in chosen]
+
+
+def layer_cached_copies(ctx: StageContext, layers: list[int], cache: int,
+                        trained: list[list[int]] | None) -> list[list[int]]:
+    """Per layer of ``layers`` (in order) the weight copies autocast's cache holds from that layer's forward
+    until the forward's autocast region exits, after the loss: the copies of the linears a checkpointed
+    region casts (no autograd node saves them; :func:`memplan.estimate.layer_costs.recomputed_copies_bytes`)
+    and, under fine-tuning, its fp32 adapters' (:func:`memplan.estimate.stage_activations.cached_adapter_copies`,
+    spread over the layer's trainable tensors ``trained[position + 1]``, :mod:`~memplan.estimate.reserved_trainable`),
+    one tensor per weight. All empty unless they add up to the estimate's ``cache``
+    (:attr:`~memplan.estimate.stage_activations.StageActivations.autocast_cache`: one pass over the layers)."""
+    out = []
+    for position, index in enumerate(layers):
+        adapters = cached_adapter_copies(ctx, index)
+        tensors = trained[position + 1] if trained is not None else []
+        out.append(_split(recomputed_copies_bytes(ctx, index), _cached_weights(ctx, index))
+                   + _split(adapters, tensors or [1]))
+    if not cache or sum(map(sum, out)) != cache:
+        return [[] for _ in layers]
     return out

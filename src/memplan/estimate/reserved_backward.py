@@ -78,7 +78,7 @@ def eager_backward(layer: LayerSpec, run: RunContext, transient: int) -> EagerBa
 
 
 def backward_layer(run: RunContext, visit: tuple[int, int, int],
-                   saved: tuple[list[Block | None], list[Block | None]], replay: Replay,
+                   saved: tuple[list[Block | None], ...], replay: Replay,
                    hooks: tuple[Callable[[], None], Callable[[], None]]) -> None:
     """A layer's backward: its transient (the ledger's) beside all its saved tensors, its gradients made
     (``hooks[0]``), then all freed; or an eager softmax backward as autograd runs it, the gradients

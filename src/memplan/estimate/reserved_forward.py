@@ -7,7 +7,7 @@ weight copies between them, and each pre-norm's fp32 output under autocast held 
 from __future__ import annotations
 
 from memplan.alloc.blocks import Block
-from memplan.estimate.activations import divided, layer_terms
+from memplan.estimate.activations import KEPT_BY, divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.reserved_backward import early_terms
 from memplan.estimate.reserved_replay import Replay
@@ -25,13 +25,16 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
     terms: list[tuple[int, int, bool]] = []
     saved = layer_terms(layer, run.shape)
     named = {t.name: divided(t, run.shape) for t in saved}
+    # a layer that a layer-checkpointing policy (block, uniform) leaves out saves what it saves without recompute
+    whole = index not in ctx.recomputed and not run.policy.partial
+    classes, dropped = (KEPT_BY["none"], frozenset()) if whole else (run.kept_classes, run.dropped)
     for t, early in zip(saved, early_terms(layer, run)):
         size = divided(t, run.shape)
         if t.name.endswith("norm input") and terms:
             terms.append((0, RELEASE, False))
         if t.name.endswith("norm output (GEMM input)"):
             terms.append((norm_output(t.name, named, run), HELD, False))
-        keep = KEPT if t.keep in run.kept_classes and t.site not in run.dropped else DROPPED
+        keep = KEPT if t.keep in classes and t.site not in dropped else DROPPED
         terms += [(piece, keep, early) for piece in term_tensors(t.name, size, layer, run)]
     terms = [term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]
     if sum(size for size, kind, _ in terms if kind == KEPT) != kept:
@@ -39,12 +42,15 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
     return terms if ctx.run.counts is None else [term for term in terms if term[1] == KEPT]
 
 
-def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int]
-                   ) -> tuple[list[Block | None], list[Block | None]]:
+def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int], cached: list[int]
+                  ) -> tuple[list[Block | None], list[Block | None], list[Block | None]]:
     """A layer's forward: its tensors in order, a dropped one freed once the next is made, a held one at
-    the next release; autocast's weight copies made between them, spread evenly (each linear casts its
-    weight when it runs). Returns the kept blocks the backward frees early, and the others."""
-    held: tuple[list[Block | None], list[Block | None]] = ([], [])
+    the next release; autocast's weight copies (``copies``, saved for the layer's backward, then ``cached``,
+    held by autocast's cache alone: :func:`~memplan.estimate.reserved_autocast.layer_cached_copies`) made
+    between them, spread evenly (each linear casts its weight when it runs). Returns the kept blocks the
+    backward frees early, the other kept ones, and the cached copies (freed when autocast exits)."""
+    held: tuple[list[Block | None], list[Block | None], list[Block | None]] = ([], [], [])
+    casts = [(size, 1) for size in copies] + [(size, 2) for size in cached]
     pending, holding = None, []
     done = 0
     made = [t for t in tensors if t[1] != RELEASE]
@@ -55,8 +61,8 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
             holding = []
             continue
         position += 1
-        due = -(-position * len(copies) // len(made))
-        held[not early].extend(replay.take_all(copies[done:due]))
+        due = -(-position * len(casts) // len(made))
+        _cast(replay, casts[done:due], held, 0 if early else 1)
         done = max(done, due)
         block = replay.take(size)
         replay.give(pending)
@@ -68,5 +74,12 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
         else:
             pending = block
     replay.give(pending, *holding)
-    held[1].extend(replay.take_all(copies[done:]))
+    _cast(replay, casts[done:], held, 1)
     return held
+
+
+def _cast(replay: Replay, casts: list[tuple[int, int]], held: tuple[list[Block | None], ...], saved: int) -> None:
+    """Make autocast's weight copies ``casts`` ((size, 1 saved / 2 cached)): a saved one joins ``held[saved]``,
+    a cached one ``held[2]``."""
+    for size, kind in casts:
+        held[saved if kind == 1 else 2].append(replay.take(size))

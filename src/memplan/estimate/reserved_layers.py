@@ -35,10 +35,11 @@ class LayerKeys:
     backward: tuple[object, ...]
 
 
-def layer_keys(ctx: StageContext, walk: LayerWalk, copies: Sequence[Sequence[int]],
+def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]],
                grads: Sequence[Sequence[int]] | None, fsdp: FsdpSizes | None) -> LayerKeys:
-    """The keys of the stage's layers (``grads``: per unit the gradients its backward makes, None when
-    gradients are not made in the backward)."""
+    """The keys of the stage's layers (``casts``: per layer autocast's saved and cached weight copies;
+    ``grads``: per unit the gradients its backward makes, None when they are not made in the backward)."""
+    copies, cached = casts
     forward: list[object] = []
     backward: list[object] = []
     # each distinct key as a small int: a pass's key is then a tuple of ints, cheap to hash
@@ -49,7 +50,9 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, copies: Sequence[Sequence[int
         kind = id(ctx.run.model.layers[index])  # one object per layer kind: the model outlives the schedule
         sizes = None if fsdp is None else (fsdp.gather_input[unit], tuple(fsdp.unsharded[unit]),
                                            tuple(fsdp.sharded_grads[unit]))
-        forward.append(ids.setdefault(("forward", kind, kept, tuple(copies[position]), sizes), len(ids)))
+        # layer_blocks reads whether the layer is checkpointed (a layer-checkpointing policy's others save all)
+        forward.append(ids.setdefault(("forward", kind, kept, index in ctx.recomputed, tuple(copies[position]),
+                                       tuple(cached[position]), sizes), len(ids)))
         made = None if grads is None else tuple(grads[unit])
         backward.append(ids.setdefault(("backward", kind, kept, transient, position == last,
                                         tuple(copies[position]), made, sizes), len(ids)))
@@ -67,21 +70,25 @@ def _runs(keys: Sequence[object], order: Sequence[int]) -> list[list[int]]:
     return runs
 
 
-def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, copies: Sequence[Sequence[int]],
-                 fsdp: FsdpSizes | None, keys: LayerKeys) -> list[Saved]:
-    """Each layer's forward (its FSDP2 all-gather around it). Returns per layer its saved blocks (those the
-    backward frees early, the others)."""
+def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
+                 casts: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]], fsdp: FsdpSizes | None,
+                 keys: LayerKeys) -> list[Saved]:
+    """Each layer's forward (its FSDP2 all-gather around it; ``casts``: per layer autocast's saved and cached
+    weight copies). Returns per layer its blocks (those the backward frees early, the others it frees, the
+    cached copies freed after the loss's forward)."""
+    copies, cached = casts
 
     def layer(position: int) -> Saved:
         index, kept, _ = walk.per_layer[position]
         params = replay.gather(fsdp, position + 1)
-        held = forward_layer(replay, layer_blocks(ctx, index, kept), list(copies[position]))
+        held = forward_layer(replay, layer_blocks(ctx, index, kept), list(copies[position]), list(cached[position]))
         replay.give(*params)
         return list(held)
 
     flat = [blocks for run in _runs(keys.forward, range(len(keys.forward)))
             for blocks in replay.repeat_run(keys.forward[run[0]], layer, run, lambda _: ())]
-    return [flat[2 * position:2 * position + 2] for position in range(len(keys.forward))]
+    per = len(flat) // max(len(keys.forward), 1)  # the lists forward_layer returns
+    return [flat[per * position:per * (position + 1)] for position in range(len(keys.forward))]
 
 
 def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[Saved],

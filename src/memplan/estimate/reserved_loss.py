@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from memplan.alloc.blocks import Block
 from memplan.estimate.context import StageContext
 from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_replay import Replay
@@ -14,9 +15,10 @@ from memplan.estimate.stage_peak import LossPart
 
 def _fp32_logits(ctx: StageContext) -> int:
     """Bytes of one fp32 logits tensor of the rank's vocabulary (the loss's upcast, its log-softmax, the
-    log-softmax's gradient)."""
-    run = ctx.run
-    return run.shape.seq * run.shape.micro_batch * run.vocab_rows * 4 // max(run.job.parallel.tp, 1)
+    log-softmax's gradient): the vocabulary split as the framework's head splits it (``vocab_tp``; Hugging
+    Face's TP plan gathers the head's output, so each rank's loss sees the whole vocabulary)."""
+    shape = ctx.run.shape
+    return shape.seq * shape.micro_batch * ctx.run.vocab_rows * 4 // max(shape.vocab_tp or shape.tp, 1)
 
 
 def _logit_tensors(one: int, total: int) -> list[int]:
@@ -36,9 +38,11 @@ def softcapped(ctx: StageContext, loss: LossPart) -> bool:
             and loss.saved_logits == one + half and loss.logits - loss.saved_logits >= one)
 
 
-def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Replay, check: bool) -> None:
+def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Replay, check: bool,
+                  cache: list[Block | None]) -> None:
     """The loss as a trace of an fp32 cross-entropy shows it: forward, the 16-bit logits, their fp32 upcast
-    and the log-softmax it saves (the upcast and the 16-bit logits freed after); backward, the NLL's and
+    and the log-softmax it saves (the upcast freed, then autocast's ``cache`` as its region exits, then the
+    16-bit logits as the loop drops the model's output); backward, the NLL's and
     the log-softmax's fp32 gradients beside the saved tensors (the estimate's loss moment), then the
     16-bit gradient. A loss whose figure holds less than one fp32 gradient beside what it saves
     (chunked, fused, vocabulary-parallel) is its tensors at once."""
@@ -46,27 +50,29 @@ def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Rep
     grads = loss.logits - loss.saved_logits
     if one <= 0 or grads < one or not loss.saved_logits:
         blocks = replay.take_all(_logit_tensors(one, loss.logits))
+        replay.give(*cache)
         replay.moment(ledger, "loss", check)
         replay.give(*blocks)
         return
     half = one * ctx.run.shape.act_bytes // 4
     if softcapped(ctx, loss):
-        _softcapped(replay, (one, half, grads), lambda: replay.moment(ledger, "loss", check))
+        _softcapped(replay, (one, half, grads), lambda: replay.moment(ledger, "loss", check), cache)
         return
     low, upcast = replay.take(half), replay.take(one)
     kept = replay.take_all(_logit_tensors(one, loss.saved_logits))
-    replay.give(upcast, low)
+    replay.give(upcast, *cache, low)
     made = replay.take_all(_logit_tensors(one, grads))
     replay.moment(ledger, "loss", check)
     replay.give(made[0], *kept)
     replay.give(replay.take(half), *made[1:])
 
 
-def _softcapped(replay: Replay, sizes: tuple[int, int, int], moment: Callable[[], None]) -> None:
+def _softcapped(replay: Replay, sizes: tuple[int, int, int], moment: Callable[[], None],
+                cache: list[Block | None]) -> None:
     """A soft-capped fp32 cross-entropy as a trace of HF Gemma 2 allocates it (``sizes``: one fp32 logits
     tensor, one 16-bit one, the gradients' bytes). Forward, in the 16-bit dtype: the head's logits, their
     ``/ cap`` (the logits freed), ``tanh`` (saved; the quotient freed), ``* cap``; then the fp32 upcast and
-    the log-softmax it saves, the upcast and the capped logits freed. Backward: the NLL's and the
+    the log-softmax it saves, the upcast, autocast's ``cache`` and the capped logits freed. Backward: the NLL's and the
     log-softmax's fp32 gradients (the loss moment), the log-softmax output freed, then one 16-bit tensor
     per op back down the chain (the cast, ``* cap``, ``tanh_backward``, ``/ cap``), each freeing the one
     before, the saved ``tanh`` output freed after its backward; the last is the head's input gradient."""
@@ -77,7 +83,7 @@ def _softcapped(replay: Replay, sizes: tuple[int, int, int], moment: Callable[[]
     replay.give(quotient)
     capped, upcast = replay.take(half), replay.take(one)
     kept = replay.take(one)
-    replay.give(upcast, capped)
+    replay.give(upcast, *cache, capped)
     made = replay.take_all(_logit_tensors(one, grads))
     moment()
     replay.give(made[0], kept)

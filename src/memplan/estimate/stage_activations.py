@@ -105,14 +105,14 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     # inside it (torchtitan's ``maybe_enable_amp``, the HF model's forward), so at the loss the copies
     # of checkpointed layers, which nothing saves, are alive too (the same ones their recompute makes
     # again: the walk's ``recomputed_copies``)
-    cache = walk.recomputed_copies + sum(_cached_adapter_copies(ctx, i) for i in layout.layer_indices) \
+    cache = walk.recomputed_copies + sum(cached_adapter_copies(ctx, i) for i in layout.layer_indices) \
         if run.counts is not None else walk.recomputed_copies  # adapters' copies only under fine-tuning
     return StageActivations(layers=layers, other=other, head_copy=head_copy, cpu=cpu, unused_buffers=unused,
                             worst_backward=worst, bring_back=bring_back, per_tensor_offload=per_tensor,
                             notes=tuple(notes), autocast_cache=cache)
 
 
-def _cached_adapter_copies(ctx: StageContext, index: int) -> int:
+def cached_adapter_copies(ctx: StageContext, index: int) -> int:
     """A checkpointed layer's adapter weight copies (fp32 adapters under autocast: lora_A and lora_B are
     linears, their copies cached like the base weights'), which its layer terms do not count."""
     run = ctx.run

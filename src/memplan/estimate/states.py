@@ -224,6 +224,22 @@ def device_step_counters(job: Job, profile: FrameworkProfile, stage_tensors: int
     return stage_tensors if resolved_optimizer_impl(job) == "fused" else 0
 
 
+def _fp32_router_extra(model: ModelSpec, job: Job, params: StageParams, prec: ResolvedPrecision,
+                       shards: tuple[int, int], sharded: tuple[bool, bool, bool]) -> tuple[int, int, int]:
+    """What transformers' fp32 routers under 16-bit weights add to the parameters, gradients and
+    (torch) optimizer states over the stage's dtypes: they are fp32 (:attr:`memplan.model.spec.MoESpec.router_fp32`);
+    ``sharded``: whether parameters, gradients and optimizer states are sharded."""
+    fp32_routers = params.fp32_routers if fp32_router_weights(job, prec) else 0
+    if not fp32_routers:
+        return 0, 0, 0
+    full_shard, grad_shard, opt_shard = sharded
+    routers_o = _sharded(fp32_routers, 0, shards, opt_shard)
+    return (_sharded(fp32_routers, 0, shards, full_shard) * (4 - prec.param_bytes),
+            _sharded(fp32_routers, 0, shards, grad_shard) * (4 - prec.grad_bytes),
+            optimizer_states(routers_o, job, 4, model.hidden_size).device_bytes
+            - optimizer_states(routers_o, job, prec.state_bytes, model.hidden_size).device_bytes)
+
+
 def state_bytes(
     model: ModelSpec,
     job: Job,
@@ -267,24 +283,16 @@ def state_bytes(
     fp8, replaced = _fp8_weight_bytes(job, params, prec, shards[0] if full_shard else 1)
     parameters += fp8 - replaced
     gradients = g_numel * prec.grad_bytes
-    fp32_routers = params.fp32_routers if fp32_router_weights(job, prec) else 0
-    if fp32_routers:
-        # transformers' fp32 routers under 16-bit weights: their weights, gradients and (torch) optimizer
-        # states are fp32 (:attr:`memplan.model.spec.MoESpec.router_fp32`)
-        parameters += _sharded(fp32_routers, 0, shards, full_shard) * (4 - prec.param_bytes)
-        gradients += _sharded(fp32_routers, 0, shards, grad_shard) * (4 - prec.grad_bytes)
+    routers = _fp32_router_extra(model, job, params, prec, shards, (full_shard, grad_shard, opt_shard))
+    parameters += routers[0]
+    gradients += routers[1]
     master = o_numel * prec.master_bytes
     # Optimizer hook (memplan.estimate.optimizers): ``small`` is the stage's split, scaled to the shard.
     shard_small = small.scaled(o_numel / max(params.total, 1)) if small is not None else None
     scalar = _sharded(muon_scalar, 0, shards, opt_shard)
     opt_states = optimizer_states(o_numel, job, prec.state_bytes, model.hidden_size, shard_small, muon_scalar=scalar,
                                   matrices=matrices)
-    optimizer = opt_states.device_bytes
-    if fp32_routers:
-        routers_o = _sharded(fp32_routers, 0, shards, opt_shard)
-        optimizer += (optimizer_states(routers_o, job, 4, model.hidden_size).device_bytes
-                      - optimizer_states(routers_o, job, prec.state_bytes, model.hidden_size).device_bytes)
-    optimizer += step_counters * STEP_COUNTER_BYTES
+    optimizer = opt_states.device_bytes + routers[2] + step_counters * STEP_COUNTER_BYTES
     on_gpu = StateBytes(parameters=parameters, gradients=gradients, master=master, optimizer=optimizer,
                         optimizer_numel=o_numel, fp8_weights=fp8, paged_optimizer=opt_states.paged_bytes,
                         optimizer_step=opt_states.step_bytes if o_numel else 0)
