@@ -250,3 +250,27 @@ def test_a_run_of_copies_is_the_layers_made_one_by_one() -> None:
     assert schedule(reserved_replay.Replay()) == schedule(reserved_replay.Replay(repeat=False))
     fast = reserved_replay.Replay()
     assert schedule(fast)[0] == [[5], [9], [13], [17]]
+
+
+@pytest.mark.parametrize("framework", ["megatron", "hf", "torchtitan"])
+def test_the_cached_units_are_each_tensors_size_on_one_rank(framework: str) -> None:
+    """reserved_sizes.stage_units caches per model, TP degree and profile: the same sizes as rank_numel
+    computed for this job's context, tensor by tensor (a job of another framework first, to fill the cache)."""
+    from memplan.estimate.context import run_context, stage_context
+    from memplan.estimate.layout import pipeline_layout
+    from memplan.estimate.reserved_sizes import stage_units
+    from memplan.estimate.reserved_tp import rank_numel
+    from memplan.model.linears import model_parameters
+
+    model = load_model("llama-3.2-1b")
+    for name in ("megatron", framework):
+        job = build_job({"seq": 1024, "gpus": 4, "tp": 4, "framework": name})
+        run = run_context(model, job, 0.1)
+        layout = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split)[0]
+        ctx = stage_context(run, layout)
+        layers = list(layout.layer_indices)
+        units = stage_units(ctx, layers)
+    tensors = model_parameters(model)
+    expected = [[rank_numel(ctx, t) for t in tensors if t.layer is None]]
+    expected += [[rank_numel(ctx, t) for t in tensors if t.layer == i] or [1] for i in layers]
+    assert [list(u) for u in units] == expected
