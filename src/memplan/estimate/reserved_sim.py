@@ -91,7 +91,9 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     copies = layer_weight_copies(ctx, layers)
     if sum(map(sum, copies)) + acts.head_copy > acts.other:
         copies = [[] for _ in copies]
-    cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained)
+    # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
+    cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
+        [] for _ in layers]
     fsdp = fsdp_sizes(ctx, ledger, units, spread)
     moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
