@@ -1,8 +1,10 @@
-"""Optional C extensions (the DSA search core, the doctor's replay core, the runtime core); metadata lives in pyproject.toml.
+"""Optional C extensions (the DSA search core, the doctor's and the estimator's replay core, the runtime core);
+metadata lives in pyproject.toml.
 
 ``optional=True``: without a compiler the build goes on, :mod:`memplan.alloc.dsa` falls back to its
-pure-Python search (same algorithm, ~100x slower) and :mod:`memplan.doctor.replay` to the pure-Python
-allocator model (same answers, ~10x slower).
+pure-Python search (same algorithm, ~100x slower), and :mod:`memplan.doctor.replay` and
+:mod:`memplan.alloc.schedule` (``reserved="simulated"``) to the pure-Python allocator model (same answers,
+~10x slower).
 """
 
 from setuptools import Extension, setup

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memplan.alloc.constants import NO_MAX_SPLIT, ROUNDUP_INTERVALS
+from memplan.alloc.schedule import alloc_op, free_op, replay_schedule
 from memplan.alloc.settings import AllocatorSettings
 from memplan.doctor import diagnose, replay
 from memplan.doctor.replay import replay_native, replay_trace, trace_shape
@@ -188,3 +189,40 @@ def test_pure_python_environment_and_fallback_give_the_same_diagnosis(monkeypatc
     without = asdict(diagnose(trace=trace, capacity_bytes=capacity))
     assert auto == pure == without
     assert auto["verdict"] == "fragmentation" and any(f["verified"] for f in auto["fixes"])
+
+
+def _schedule_ops(trace: Trace) -> list[int]:
+    """The trace as a schedule of plain ints (:mod:`memplan.alloc.schedule`)."""
+    where: dict[int, int] = {}
+    ops: list[int] = []
+    for event in trace.events:
+        if event.kind == "alloc":
+            where[event.block] = len(ops)
+            ops.append(alloc_op(event.size, event.stream))
+        else:
+            ops.append(free_op(where.pop(event.block)))
+    return ops
+
+
+@needs_native
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=_traces(), alloc_settings=_settings())
+def test_native_schedule_equals_python_and_the_trace_replay(trace: Trace, alloc_settings: AllocatorSettings) -> None:
+    """The C core's ``schedule`` entry (the estimator's reserved-memory schedule) gives what the pure-Python
+    schedule replay gives, and both what the trace replay gives for the same events."""
+    ops = _schedule_ops(trace)
+    python = replay_schedule(ops, alloc_settings, engine="python")
+    assert replay_schedule(ops, alloc_settings) == python
+    traced = replay_trace(trace, alloc_settings, engine="python")
+    assert (python.peak_reserved_bytes, python.peak_allocated_bytes) == (traced.peak_reserved_bytes,
+                                                                         traced.peak_allocated_bytes)
+    assert python.oom_at == (None if traced.oom is None else traced.oom.event_index)  # one op per event
+    if traced.oom is None:
+        assert (python.reserved_bytes, python.allocated_bytes) == (traced.reserved_bytes, traced.allocated_bytes)
+
+
+def test_schedule_rejects_a_free_of_no_live_allocation() -> None:
+    with pytest.raises(ValueError, match="op 2 frees position 0"):
+        replay_schedule([alloc_op(1024), free_op(0), free_op(0)], AllocatorSettings())
+    with pytest.raises(ValueError, match="op 0 frees position 3"):
+        replay_schedule([free_op(3)], AllocatorSettings())

@@ -23,26 +23,14 @@ MiB = 2**20
 def _schedule(model_name: str, flags: dict[str, object]) -> list[tuple[str, object]]:
     """The schedule's events of one estimate: ("take", size), ("give", size), ("moment", phase)."""
     events: list[tuple[str, object]] = []
-    real_take, real_give, real_moment = (reserved_replay.Replay.take, reserved_replay.Replay.give,
-                                         reserved_replay.Replay.moment)
+    real_finish = reserved_replay.Replay.finish
 
-    def take(self, size: int, stream: int = 0):  # type: ignore[no-untyped-def]
-        if size > 0:
-            events.append(("take", size))
-        return real_take(self, size, stream)
-
-    def give(self, *blocks):  # type: ignore[no-untyped-def]
-        events.extend(("give", b.size) for b in blocks if b is not None)
-        real_give(self, *blocks)
-
-    def moment(self, ledger, phase, check=True):  # type: ignore[no-untyped-def]
-        events.append(("moment", phase))
-        real_moment(self, ledger, phase, check)
+    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        events.extend(self.log())
+        return real_finish(self, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reserved_replay.Replay, "take", take)
-        patch.setattr(reserved_replay.Replay, "give", give)
-        patch.setattr(reserved_replay.Replay, "moment", moment)
+        patch.setattr(reserved_replay.Replay, "finish", finish)
         _stages.cache_clear()
         estimate(load_model(model_name), build_job(flags), reserved="simulated")
     return events

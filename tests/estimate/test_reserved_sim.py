@@ -7,8 +7,11 @@ import json
 import pytest
 
 from memplan import Job, Parallelism, estimate, load_model
+from memplan.alloc.allocator import CachingAllocator
+from memplan.alloc.schedule import STREAM_BITS
+from memplan.alloc.settings import AllocatorSettings
 from memplan.errors import JobConfigError
-from memplan.estimate import reserved_fsdp, reserved_sim
+from memplan.estimate import reserved_fsdp, reserved_replay, reserved_sim
 from memplan.estimate.engine import _stages
 from memplan.estimate.ledger import ACTIVATIONS, ABSENT, PARAMETERS, TEMPORARY, Contribution, Ledger
 from memplan.jobflags import build_job
@@ -160,3 +163,114 @@ def test_a_job_file_carries_the_mode(tmp_path: object) -> None:
     assert loaded.job.reserved == "simulated"
     simulated = estimate(loaded.model, loaded.job)
     assert any(a.startswith("reserved = the caching-allocator simulator") for a in simulated.assumptions)
+
+
+MIXED = {"mixtral (moe layers)": ("mixtral-8x7b", dict(seq=1024, gpus=8, ep=8)),
+         "deepseek-v3 (dense then moe layers, pp)": ("deepseek-v3", dict(seq=1024, gpus=64, pp=4, ep=16, gbs=64)),
+         "gemma-2 (soft-capped loss)": ("gemma-2-9b", dict(seq=1024, gpus=8, fsdp=8, attention="eager"))}
+
+
+@pytest.mark.parametrize("case", sorted(JOBS) + sorted(MIXED))
+def test_the_fast_schedule_is_the_reference_schedule(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default (repeated layers copied, the events replayed in the C core when built) gives exactly what
+    ``engine="python"`` gives (every layer's events built one by one, the pure-Python allocator): peak reserved,
+    peak requested, events and note; and the requested bytes the schedule tracks are the allocator model's."""
+    pairs: list[tuple[object, object]] = []
+    replays: list[reserved_replay.Replay] = []
+    real, real_finish = reserved_sim.simulated_reserved, reserved_replay.Replay.finish
+
+    def both(*args: object) -> object:
+        pairs.append((fast := real(*args), real(*args, engine="python")))  # type: ignore[arg-type]
+        return fast
+
+    def finish(self: reserved_replay.Replay, *args: object, **kwargs: object) -> int:
+        replays.append(self)
+        return real_finish(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reserved_sim, "simulated_reserved", both)
+    monkeypatch.setattr(reserved_replay.Replay, "finish", finish)
+    _stages.cache_clear()
+    model_name, flags = MIXED.get(case, ("llama-3.2-1b", JOBS.get(case)))
+    estimate(load_model(model_name), build_job(flags), reserved="simulated")  # type: ignore[arg-type]
+    assert pairs and all(fast == reference for fast, reference in pairs)
+    for replay in replays:
+        alloc, blocks, peak = CachingAllocator(AllocatorSettings()), {}, 0
+        for position, op in enumerate(replay.ops):
+            if op >= 0:
+                blocks[position] = alloc.malloc(op >> STREAM_BITS, op & 255)
+                peak = max(peak, alloc.requested)
+            else:
+                alloc.free(blocks.pop(~op))
+        assert (peak, alloc.requested) == (replay.peak_requested, replay.requested)
+
+
+def test_a_stretch_that_frees_what_it_was_not_given_is_not_copied() -> None:
+    replay = reserved_replay.Replay()
+    early = replay.take(1000)
+
+    def body() -> list[list[int | None]]:
+        replay.give(early)
+        return [[replay.take(2000)]]
+
+    first = replay.repeat("k", body)
+    second = replay.repeat("k", lambda: [[replay.take(3000)]])  # run again, not copied from the first
+    assert first == [[2]] and second == [[3]]
+    assert replay.log() == [("take", 1000), ("give", 1000), ("take", 2000), ("take", 3000)]
+
+    copied = reserved_replay.Replay()
+    made = copied.take(512)
+
+    def layer() -> list[list[int | None]]:
+        temp = copied.take(4096)
+        kept = copied.take(100)
+        copied.give(temp, made)
+        return [[kept]]
+
+    assert copied.repeat("layer", layer, [made]) == [[2]]
+    again = copied.take(512)
+    assert copied.repeat("layer", layer, [again]) == [[7]]  # a copy: the new outside block freed
+    assert copied.ops[6:] == [4096 << 8, 100 << 8, ~6, ~5]  # its own blocks moved by 5, the outside one replaced
+    assert (copied.requested, copied.peak_requested) == (200, 100 + 512 + 4096 + 100)
+
+
+def test_a_run_of_copies_is_the_layers_made_one_by_one() -> None:
+    """Replay.repeat_run: the same events, blocks and requested peaks as each layer built in turn, also when one
+    layer's outside blocks differ in size (that layer is then made, not copied)."""
+    def schedule(replay: reserved_replay.Replay) -> list[object]:
+        saved = [[replay.take(size)] for size in (4096, 4096, 8192, 4096)]
+
+        def layer(p: int) -> list[list[int | None]]:
+            temp, grad = replay.take(1000), replay.take(300)
+            replay.give(temp, *saved[p])
+            return [[grad]]
+
+        made = replay.repeat_run("layer", layer, [3, 2, 1, 0], lambda p: saved[p])
+        return [made, replay.ops, replay.requested, replay.peak_requested]
+
+    assert schedule(reserved_replay.Replay()) == schedule(reserved_replay.Replay(repeat=False))
+    fast = reserved_replay.Replay()
+    assert schedule(fast)[0] == [[5], [9], [13], [17]]
+
+
+@pytest.mark.parametrize("framework", ["megatron", "hf", "torchtitan"])
+def test_the_cached_units_are_each_tensors_size_on_one_rank(framework: str) -> None:
+    """reserved_sizes.stage_units caches per model, TP degree and profile: the same sizes as rank_numel
+    computed for this job's context, tensor by tensor (a job of another framework first, to fill the cache)."""
+    from memplan.estimate.context import run_context, stage_context
+    from memplan.estimate.layout import pipeline_layout
+    from memplan.estimate.reserved_sizes import stage_units
+    from memplan.estimate.reserved_tp import rank_numel
+    from memplan.model.linears import model_parameters
+
+    model = load_model("llama-3.2-1b")
+    for name in ("megatron", framework):
+        job = build_job({"seq": 1024, "gpus": 4, "tp": 4, "framework": name})
+        run = run_context(model, job, 0.1)
+        layout = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split)[0]
+        ctx = stage_context(run, layout)
+        layers = list(layout.layer_indices)
+        units = stage_units(ctx, layers)
+    tensors = model_parameters(model)
+    expected = [[rank_numel(ctx, t) for t in tensors if t.layer is None]]
+    expected += [[rank_numel(ctx, t) for t in tensors if t.layer == i] or [1] for i in layers]
+    assert [list(u) for u in units] == expected

@@ -17,6 +17,13 @@
  * shape(events, alloc_kind) -> (run_starts, same_as_previous): memplan.doctor.replay.trace_shape's
  * answer, or None for iterations, block ids, sizes or streams that are not 64-bit ints.
  *
+ * schedule(ops, max_split, divisions, gc_threshold, expandable, capacity)
+ *   ops: a list of ints, one per event: an allocation is size << 8 | stream (stream 0..255), a free is
+ *   ~position (the bitwise not of the position of the allocation it frees in ops);
+ * -> (peak_reserved, peak_allocated, reserved, allocated, oom_at) with oom_at -1 or the position of the
+ *    allocation that ran out of memory (the replay stops there): memplan.alloc.schedule's answer, or None for
+ *    an op it does not handle (not a 64-bit int, a size of 2**50 or more, a free of no live allocation).
+ *
  * replay -> None when the trace is outside what this core handles (a block id or stream that is not a
  *    64-bit int, a size that is negative or 2**50 or more, a free of a block not allocated): the
  *    caller then replays in Python, which gives its own answer (or error) for such a trace.
@@ -43,6 +50,7 @@ typedef int64_t i64;
 #define SIZE_LIMIT (1ULL << 50)
 #define STREAM_LIMIT (1LL << 40)
 #define ROUNDUP_INTERVALS 16
+#define SCHEDULE_STREAM_BITS 8
 
 typedef struct Block {
     u64 address, size, requested, gc_base, seg_address;
@@ -83,7 +91,7 @@ typedef struct {
 
 static Block *new_block(Alloc *a, u64 address, u64 size, i64 stream, int small, u64 seg_address) {
     if (a->spare == NULL) {
-        size_t count = 4096;
+        size_t count = 256;
         Block *chunk = malloc(count * sizeof(Block));
         if (chunk == NULL) {
             a->nomem = 1;
@@ -688,46 +696,73 @@ static void alloc_release(Alloc *a, LiveMap *live) {
     free(live->used);
 }
 
-static PyObject *replay(PyObject *self, PyObject *args) {
-    PyObject *events_obj, *kind_alloc, *divisions_obj, *capacity_obj;
-    unsigned long long max_split;
-    double gc_threshold;
-    int expandable;
-    if (!PyArg_ParseTuple(args, "OOKOdpO", &events_obj, &kind_alloc, &max_split, &divisions_obj, &gc_threshold,
-                          &expandable, &capacity_obj))
-        return NULL;
-    Alloc a;
-    memset(&a, 0, sizeof a);
-    a.small_unmapped.by_address = a.large_unmapped.by_address = 1;
-    a.max_split = max_split;
-    a.expandable = expandable;
-    a.gc_threshold = gc_threshold;
-    a.next_address = FIRST_ADDRESS;
-    a.plain_rounding = 1;
+/* The settings (AllocatorSettings' fields) into a fresh allocator: 0, -1 with an exception set, or 1 for a
+ * capacity this core does not handle. */
+static int alloc_setup(Alloc *a, unsigned long long max_split, PyObject *divisions_obj, double gc_threshold,
+                       int expandable, PyObject *capacity_obj) {
+    memset(a, 0, sizeof *a);
+    a->small_unmapped.by_address = a->large_unmapped.by_address = 1;
+    a->max_split = max_split;
+    a->expandable = expandable;
+    a->gc_threshold = gc_threshold;
+    a->next_address = FIRST_ADDRESS;
+    a->plain_rounding = 1;
     PyObject *divisions = PySequence_Fast(divisions_obj, "divisions must be a sequence");
     if (divisions == NULL)
-        return NULL;
+        return -1;
     if (PySequence_Fast_GET_SIZE(divisions) != ROUNDUP_INTERVALS) {
         Py_DECREF(divisions);
         PyErr_SetString(PyExc_ValueError, "divisions must have 16 values");
-        return NULL;
+        return -1;
     }
     for (int i = 0; i < ROUNDUP_INTERVALS; i++) {
-        a.divisions[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(divisions, i));
-        if (a.divisions[i] > 1)
-            a.plain_rounding = 0;
+        a->divisions[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(divisions, i));
+        if (a->divisions[i] > 1)
+            a->plain_rounding = 0;
     }
     Py_DECREF(divisions);
     if (PyErr_Occurred())
-        return NULL;
+        return -1;
     if (capacity_obj != Py_None) {
         i64 capacity;
         if (!as_i64(capacity_obj, &capacity) || capacity < 0)
-            Py_RETURN_NONE;
-        a.has_capacity = 1;
-        a.capacity = (u64)capacity;
+            return 1;
+        a->has_capacity = 1;
+        a->capacity = (u64)capacity;
     }
-    a.gc = a.has_capacity && gc_threshold > 0.0;
+    a->gc = a->has_capacity && gc_threshold > 0.0;
+    return 0;
+}
+
+/* The settings at args[first:] (max_split, divisions, gc_threshold, expandable, capacity) into a fresh
+ * allocator: alloc_setup's answer, or -1 with an exception set for arguments of the wrong count or type. */
+static int settings_from(PyObject *args, Py_ssize_t first, Py_ssize_t count, Alloc *a) {
+    if (PyTuple_GET_SIZE(args) != count) {
+        PyErr_Format(PyExc_TypeError, "expected %zd arguments", count);
+        return -1;
+    }
+    PyObject *rest = PyTuple_GetSlice(args, first, count);
+    if (rest == NULL)
+        return -1;
+    PyObject *divisions_obj, *capacity_obj;
+    unsigned long long max_split;
+    double gc_threshold;
+    int expandable;
+    int out = -1;
+    if (PyArg_ParseTuple(rest, "KOdpO", &max_split, &divisions_obj, &gc_threshold, &expandable, &capacity_obj))
+        out = alloc_setup(a, max_split, divisions_obj, gc_threshold, expandable, capacity_obj);
+    Py_DECREF(rest);
+    return out;
+}
+
+static PyObject *replay(PyObject *self, PyObject *args) {
+    Alloc a;
+    int setup = settings_from(args, 2, 7, &a);
+    if (setup < 0)
+        return NULL;
+    if (setup > 0)
+        Py_RETURN_NONE;
+    PyObject *events_obj = PyTuple_GET_ITEM(args, 0), *kind_alloc = PyTuple_GET_ITEM(args, 1);
 
     PyObject *events = PySequence_Fast(events_obj, "events must be a sequence");
     if (events == NULL)
@@ -822,6 +857,81 @@ error:
     Py_DECREF(events);
     alloc_release(&a, &live);
     return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* A schedule of plain ints (memplan.alloc.schedule) */
+
+/* schedule(ops, max_split, divisions, gc_threshold, expandable, capacity): see the module comment. */
+static PyObject *schedule(PyObject *self, PyObject *args) {
+    Alloc a;
+    int setup = settings_from(args, 1, 6, &a);
+    if (setup < 0)
+        return NULL;
+    if (setup > 0)
+        Py_RETURN_NONE;
+    PyObject *ops_obj = PyTuple_GET_ITEM(args, 0);
+    if (!PyList_Check(ops_obj)) {
+        PyErr_SetString(PyExc_TypeError, "ops must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(ops_obj);
+    Block **blocks = calloc(n > 0 ? (size_t)n : 1, sizeof *blocks); /* by the position of their malloc */
+    LiveMap unused = {NULL, NULL, NULL, 0, 0};
+    if (blocks == NULL)
+        return PyErr_NoMemory();
+    u64 peak_r = 0, peak_a = 0, oom_alloc_size = 0;
+    Py_ssize_t oom_at = -1;
+    int unsupported = 0;
+    for (Py_ssize_t position = 0; position < n && !unsupported; position++) {
+        i64 op;
+        if (!as_i64(PyList_GET_ITEM(ops_obj, position), &op)) {
+            unsupported = 1;
+        } else if (op >= 0) {
+            u64 size = (u64)op >> SCHEDULE_STREAM_BITS;
+            i64 stream = op & ((1 << SCHEDULE_STREAM_BITS) - 1);
+            if (size >= SIZE_LIMIT) {
+                unsupported = 1;
+                break;
+            }
+            Block *b = alloc_malloc(&a, size, stream, &oom_alloc_size);
+            if (a.nomem)
+                goto nomem;
+            if (a.unsupported) {
+                unsupported = 1;
+            } else if (b == NULL) {
+                oom_at = position;
+                break;
+            } else {
+                blocks[position] = b;
+                if (a.allocated > peak_a)
+                    peak_a = a.allocated;
+                if (a.reserved > peak_r)
+                    peak_r = a.reserved;
+            }
+        } else {
+            i64 at = ~op;
+            if (at >= position || blocks[at] == NULL) { /* not an earlier malloc, or freed already */
+                unsupported = 1;
+                break;
+            }
+            alloc_free(&a, blocks[at]);
+            blocks[at] = NULL;
+            if (a.nomem)
+                goto nomem;
+        }
+    }
+    free(blocks);
+    u64 reserved = a.reserved, allocated = a.allocated;
+    alloc_release(&a, &unused);
+    if (unsupported)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KKKKn)", (unsigned long long)peak_r, (unsigned long long)peak_a,
+                         (unsigned long long)reserved, (unsigned long long)allocated, oom_at);
+nomem:
+    free(blocks);
+    alloc_release(&a, &unused);
+    return PyErr_NoMemory();
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -947,6 +1057,9 @@ static PyObject *shape(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"replay", replay, METH_VARARGS, "Replay a trace through the caching-allocator model (see the module comment)."},
+    {"schedule", schedule, METH_VARARGS,
+     "schedule(ops, max_split, divisions, gc_threshold, expandable, capacity) -> (peak_reserved, peak_allocated, "
+     "reserved, allocated, oom_at) | None: memplan.alloc.schedule.replay_schedule."},
     {"shape", shape, METH_VARARGS,
      "shape(events, alloc_kind) -> (run_starts, same_as_previous) | None: memplan.doctor.replay.trace_shape."},
     {NULL, NULL, 0, NULL},

@@ -1,42 +1,109 @@
-"""The running replay of a reserved-memory schedule (:mod:`memplan.estimate.reserved_sim`): the caching
-allocator model, the blocks the schedule holds, its peaks, and the allocation patterns the schedule
-repeats (FSDP2's all-gather and gradients, :mod:`memplan.estimate.reserved_fsdp`)."""
+"""The running replay of a reserved-memory schedule (:mod:`memplan.estimate.reserved_sim`): the events
+of the schedule, the requested bytes it holds, its peaks, and the allocation patterns the schedule
+repeats (FSDP2's all-gather and gradients, :mod:`memplan.estimate.reserved_fsdp`).
+
+The schedule is recorded, not replayed as it is built: each allocation and free is one int in a list
+(:mod:`memplan.alloc.schedule`), a block is the position of its allocation there, and the requested
+bytes (what :attr:`CachingAllocator.requested <memplan.alloc.allocator.CachingAllocator>` counts: the sum
+of the sizes asked for by the live allocations) are tracked as the schedule goes, so a ledger moment's
+top-up is known without the allocator. :meth:`Replay.finish` replays the list once through the
+caching-allocator model (its C core when built). A stretch of the schedule that repeats, a decoder
+layer's forward or backward at the same sizes, is recorded once and copied (:meth:`Replay.repeat`).
+"""
 
 from __future__ import annotations
 
-from memplan.alloc.allocator import CachingAllocator
-from memplan.alloc.blocks import Block
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from memplan.alloc.schedule import STREAM_BITS, replay_schedule
 from memplan.alloc.settings import AllocatorSettings
 from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_fsdp import ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM, FsdpSizes
 
+#: A block of the schedule: the position of its allocation in :attr:`Replay.ops`.
+Block = int
+
+
+def encoded(sizes: Sequence[int], stream: int = 0) -> tuple[tuple[int, ...], int]:
+    """The allocations of ``sizes`` (those > 0) on ``stream`` as schedule ops, and their bytes
+    (for :meth:`Replay.take_encoded`)."""
+    positive = [size for size in sizes if size > 0]
+    return tuple(size << STREAM_BITS | stream for size in positive), sum(positive)
+
+
+@dataclass(frozen=True)
+class _Template:
+    """A recorded stretch of the schedule (:meth:`Replay.repeat`)."""
+
+    start: int
+    ops: list[int]
+    #: (index in ``ops``, index in the stretch's outside blocks) of each free of a block made before it.
+    outside: list[tuple[int, int]]
+    requested: int
+    #: The stretch's peak of requested bytes above the requested bytes at its start.
+    peak: int
+    result: list[list[Block | None]]
+
 
 class Replay:
-    """The allocator and the blocks the schedule holds (a running replay, local to one call)."""
+    """The schedule's events and requested bytes (a running replay, local to one call).
 
-    def __init__(self) -> None:
-        self.alloc = CachingAllocator(AllocatorSettings())
-        self.events = 0
-        self.peak_reserved = 0
+    ``repeat=False`` records every stretch as it is built (the reference the copies are tested against)."""
+
+    def __init__(self, *, repeat: bool = True) -> None:
+        #: The schedule (:mod:`memplan.alloc.schedule`): ``size << 8 | stream`` per allocation,
+        #: ``~position`` per free.
+        self.ops: list[int] = []
+        self.requested = 0
         self.peak_requested = 0
+        #: (position in :attr:`ops`, phase) of each ledger moment asked for (the schedule's log).
+        self.moments: list[tuple[int, str]] = []
+        self._templates: dict[object, _Template | None] | None = {} if repeat else None
+        #: Per ledger (by id) its peak phase and the bytes it has alive there.
+        self._peaks: dict[int, tuple[str | None, int]] = {}
+
+    @property
+    def events(self) -> int:
+        return len(self.ops)
 
     def take(self, size: int, stream: int = 0) -> Block | None:
         if size <= 0:
             return None
-        block = self.alloc.malloc(size, stream)
-        self.events += 1
-        self.peak_reserved = max(self.peak_reserved, self.alloc.reserved)
-        self.peak_requested = max(self.peak_requested, self.alloc.requested)
-        return block
+        ops = self.ops
+        ops.append(size << STREAM_BITS | stream)
+        self.requested += size
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
+        return len(ops) - 1
 
     def give(self, *blocks: Block | None) -> None:
+        ops = self.ops
         for block in blocks:
             if block is not None:
-                self.alloc.free(block)
-                self.events += 1
+                self.requested -= ops[block] >> STREAM_BITS
+                ops.append(~block)
 
-    def take_all(self, sizes: list[int], stream: int = 0) -> list[Block | None]:
-        return [self.take(size, stream) for size in sizes]
+    def take_encoded(self, allocations: Sequence[int], total: int) -> None:
+        """Allocations already encoded (:func:`encoded`; ``total``: their bytes), never freed."""
+        self.ops += allocations
+        self.requested += total
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
+
+    def take_all(self, sizes: Sequence[int], stream: int = 0) -> list[Block | None]:
+        """``take`` of each size in turn (all allocations: the peak of requested bytes is at the end)."""
+        ops = self.ops
+        start = len(ops)
+        if min(sizes, default=1) > 0:
+            ops += [size << STREAM_BITS | stream for size in sizes]
+            blocks: list[Block | None] = list(range(start, len(ops)))
+            self.requested += sum(sizes)
+        else:
+            blocks = [self.take(size, stream) for size in sizes]
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
+        return blocks
 
     def gather(self, fsdp: FsdpSizes | None, unit: int) -> list[Block | None]:
         """FSDP2's all-gather of ``unit`` (:mod:`memplan.estimate.reserved_fsdp`): its unsharded parameters."""
@@ -76,5 +143,100 @@ class Replay:
         Only there: the ledger's other moments are bounds (its backward moment may count every gradient
         beside the last layer's activations), and a top-up is one block the allocator must find in one
         piece, so bounding moments would reserve segments no real step asks for."""
-        if check and phase in ledger.phases and phase == max(ledger.phases, key=ledger.allocated_at):
-            self.give(self.take(ledger.allocated_at(phase) - self.alloc.requested))
+        self.moments.append((len(self.ops), phase))
+        if not check:
+            return
+        if id(ledger) not in self._peaks:  # the ledger is complete and outlives the replay: its peak is fixed
+            top = max(ledger.phases, key=ledger.allocated_at) if ledger.phases else None
+            self._peaks[id(ledger)] = (top, 0 if top is None else ledger.allocated_at(top))
+        top, allocated = self._peaks[id(ledger)]
+        if phase == top:
+            self.give(self.take(allocated - self.requested))
+
+    def finish(self, settings: AllocatorSettings | None = None, *, engine: str = "auto") -> int:
+        """The schedule's peak reserved bytes: its events replayed once through the caching-allocator model
+        (:func:`memplan.alloc.schedule.replay_schedule`, default settings unless given)."""
+        return replay_schedule(self.ops, settings or AllocatorSettings(), engine=engine).peak_reserved_bytes
+
+    def log(self) -> list[tuple[str, object]]:
+        """The schedule as ("take", size), ("give", size) and ("moment", phase) entries, in order."""
+        marks: dict[int, list[str]] = {}
+        for at, phase in self.moments:
+            marks.setdefault(at, []).append(phase)
+        out: list[tuple[str, object]] = []
+        for position, op in enumerate([*self.ops, None]):
+            out += [("moment", phase) for phase in marks.get(position, ())]
+            if op is not None:
+                out.append(("take", op >> STREAM_BITS) if op >= 0 else ("give", self.ops[~op] >> STREAM_BITS))
+        return out
+
+    def repeat(self, key: object, body: Callable[[], list[list[Block | None]]],
+               outside: Sequence[Block | None] = ()) -> list[list[Block | None]]:
+        """Run ``body`` (a stretch of the schedule returning lists of the blocks it made that outlive it), or,
+        when a stretch of the same ``key`` was recorded in this replay with outside blocks of the same sizes,
+        append a copy of its events instead. ``body`` must depend only on ``key`` and may free, of the blocks
+        made before it, only those in ``outside``; a stretch that frees others, returns blocks it did not make
+        or asks for a ledger moment is not copied (recorded each time)."""
+        if self._templates is None:
+            return body()
+        ops = self.ops
+        full = (key, tuple([-1 if b is None else ops[b] for b in outside]))
+        known = self._templates.get(full, False)
+        if known is False:
+            self._templates[full], result = self._record(body, outside)
+            return result
+        if known is None:
+            return body()
+        delta = len(ops) - known.start
+        copied = [op if op >= 0 else op - delta for op in known.ops]
+        for at, index in known.outside:
+            copied[at] = ~outside[index]  # type: ignore[operator]
+        ops += copied
+        if self.requested + known.peak > self.peak_requested:
+            self.peak_requested = self.requested + known.peak
+        self.requested += known.requested
+        return [[None if b is None else b + delta for b in blocks] for blocks in known.result]
+
+    def repeat_run(self, key: object, layer: Callable[[int], list[list[Block | None]]], run: Sequence[int],
+                   outside: Callable[[int], Sequence[Block | None]]) -> list[list[Block | None]]:
+        """:meth:`repeat` of ``layer(p)`` for each ``p`` of ``run`` in turn (stretches of one ``key``, each
+        freeing only ``outside(p)``), the copies after the first made together; the results concatenated."""
+        first = run[0]
+        made = self.repeat(key, lambda: layer(first), outside(first))
+        sides = [outside(p) for p in run[1:]]
+        ops = self.ops
+        signature = [tuple([-1 if b is None else ops[b] for b in side]) for side in sides]
+        known = self._templates.get((key, signature[0]), None) if signature and self._templates else None
+        if known is None or any(sig != signature[0] for sig in signature):
+            for p, side in zip(run[1:], sides):
+                made += self.repeat(key, lambda p=p: layer(p), side)
+            return made
+        span, base = len(known.ops), len(ops) - known.start
+        deltas = [base + k * span for k in range(len(sides))]
+        copied = [op if op >= 0 else op - delta for delta in deltas for op in known.ops]
+        for k, side in enumerate(sides):
+            for at, index in known.outside:
+                copied[k * span + at] = ~side[index]  # type: ignore[operator]
+        ops += copied
+        self.peak_requested = max(self.peak_requested,
+                                  self.requested + known.peak + max(0, (len(sides) - 1) * known.requested))
+        self.requested += len(sides) * known.requested
+        return made + [[None if b is None else b + delta for b in blocks] for delta in deltas
+                       for blocks in known.result]
+
+    def _record(self, body: Callable[[], list[list[Block | None]]], outside: Sequence[Block | None]
+                ) -> tuple[_Template | None, list[list[Block | None]]]:
+        """Run ``body``; its stretch as a template (None: it cannot be copied) and its result."""
+        start, before, peak, moments = len(self.ops), self.requested, self.peak_requested, len(self.moments)
+        self.peak_requested = before
+        result = body()
+        template = _Template(start, self.ops[start:], [], self.requested - before, self.peak_requested - before,
+                             [list(blocks) for blocks in result])
+        self.peak_requested = max(peak, self.peak_requested)
+        where = {b: index for index, b in enumerate(outside) if b is not None}
+        # the frees of blocks made before the stretch
+        frees = [(at, ~op) for at, op in enumerate(template.ops) if -start <= op < 0]
+        template.outside.extend([(at, where.get(block, -1)) for at, block in frees])
+        kept_outside = [b for blocks in result for b in blocks if b is not None and b < start]
+        copyable = not kept_outside and all(index >= 0 for _, index in template.outside)
+        return (template if copyable and len(self.moments) == moments else None), result

@@ -37,18 +37,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.alloc.blocks import Block
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_cached_copies, layer_weight_copies
-from memplan.estimate.reserved_backward import backward_layer, eager_backward
-from memplan.estimate.reserved_forward import forward_layer, layer_blocks
+from memplan.estimate.reserved_backward import eager_backward
+from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
-from memplan.estimate.reserved_optimizer import foreach_temporaries
-from memplan.estimate.reserved_tp import rank_numel
+from memplan.estimate.reserved_sizes import Units, frozen, piece_sizes, spread, stage_units, static_allocations
 from memplan.estimate.reserved_trainable import trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
@@ -62,7 +60,6 @@ from memplan.estimate.ledger import (
 )
 from memplan.estimate.stage_activations import StageActivations
 from memplan.estimate.stage_peak import LossPart
-from memplan.model.linears import model_parameters
 
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
@@ -80,60 +77,34 @@ class ScheduleReserved:
     note: str
 
 
-def _units(ctx: StageContext, layers: list[int]) -> list[list[int]]:
-    """The stage's parameter tensors' numels on one rank (:mod:`~memplan.estimate.reserved_tp`) grouped as
-    the schedule allocates them: the root unit (embedding, final norm, head) first, then one unit per
-    decoder layer in forward order."""
-    tensors = model_parameters(ctx.run.model)
-    by_layer: dict[int | None, list[int]] = {}
-    for t in tensors:
-        by_layer.setdefault(t.layer, []).append(rank_numel(ctx, t))
-    root = by_layer.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
-    return [root] + [by_layer.get(i, [1]) for i in layers]
-
-
-def _spread(total: int, units: list[list[int]]) -> list[list[int]]:
-    """``total`` bytes spread over the tensors of ``units`` in proportion to their numel (the last tensor
-    takes the rounding), zero-sized pieces dropped."""
-    numel = sum(map(sum, units)) or 1
-    out: list[list[int]] = []
-    given = 0
-    for unit in units:
-        sizes = [total * n // numel for n in unit]
-        given += sum(sizes)
-        out.append(sizes)
-    for unit in reversed(out):
-        if unit:
-            unit[-1] += total - given
-            break
-    return [[s for s in unit if s > 0] for unit in out]
-
-
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
-                       loss: LossPart) -> ScheduleReserved:
-    """Replay the stage's schedule (see the module) and return its simulated peaks."""
+                       loss: LossPart, *, engine: str = "auto") -> ScheduleReserved:
+    """Replay the stage's schedule (see the module) and return its simulated peaks. ``engine="python"``:
+    every layer's events built one by one and replayed by the pure-Python allocator model (the reference
+    the default, which copies repeated layers and replays in the C core when built, is tested against)."""
     layers = [index for index, _, _ in walk.per_layer]
-    units = _units(ctx, layers)
-    replay = Replay()
-    for category in (PARAMETERS, MASTER, WORKSPACE):
-        for unit in _spread(ledger.total(category), units):
-            replay.take_all(unit)
+    units = stage_units(ctx, layers)
+    replay = Replay(repeat=engine != "python")
+    state = (ledger.total(PARAMETERS), ledger.total(MASTER), ledger.total(WORKSPACE))
+    replay.take_encoded(*static_allocations(state, units))
     trained = trainable_units(ctx, layers)
     copies = layer_weight_copies(ctx, layers)
     if sum(map(sum, copies)) + acts.head_copy > acts.other:
         copies = [[] for _ in copies]
-    cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained)
-    moments = _pieces(ledger, trained or units, copies, cached)
+    # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
+    cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
+        [] for _ in layers]
+    fsdp = fsdp_sizes(ctx, ledger, units, spread)
+    moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
-    for category in (() if moments.states_in_step else (OPTIMIZER,)):
-        for unit in _spread(ledger.total(category), units):
-            replay.take_all(unit)
-    fsdp = fsdp_sizes(ctx, ledger, units, _spread)
+    if not moments.states_in_step:
+        replay.take_encoded(*static_allocations((ledger.total(OPTIMIZER),), units))
     for step in range(_STEPS):
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
-    eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, _, transient in walk.per_layer)
+    visits = {(id(ctx.run.model.layers[i]), transient): (i, transient) for i, _, transient in walk.per_layer}
+    eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, transient in visits.values())
     shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss), any(cached))
-    return ScheduleReserved(replay.peak_reserved, replay.peak_requested, replay.events,
+    return ScheduleReserved(replay.finish(engine=engine), replay.peak_requested, replay.events,
                             _note(ctx, replay.events, shaped, moments.made_in_backward))
 
 
@@ -179,26 +150,28 @@ class _Pieces:
     """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries,
     and per layer autocast's weight copies."""
 
-    grads: list[list[int]]
-    moments: list[list[int]]
-    step_temp: list[list[int]]
+    grads: Units
+    moments: Units
+    step_temp: Units
     made_in_backward: bool
     states_in_step: bool
     #: Per layer of the stage, autocast's weight copies its forward makes (:mod:`~memplan.estimate.reserved_autocast`).
     copies: list[list[int]]
     #: Per layer, the copies autocast's cache alone holds until the loss (:mod:`~memplan.estimate.reserved_autocast`).
     cached: list[list[int]]
+    keys: LayerKeys
 
 
-def _pieces(ledger: Ledger, units: list[list[int]], copies: list[list[int]], cached: list[list[int]]) -> _Pieces:
+def _pieces(ctx: StageContext, walk: LayerWalk, ledger: Ledger, units: Units,
+            casts: tuple[list[list[int]], list[list[int]]], fsdp: FsdpSizes | None) -> _Pieces:
+    """The schedule's sizes (``casts``: per layer autocast's saved and cached weight copies)."""
+    copies, cached = casts
     made = ledger.total(ABSENT, "backward") > 0
-    moments = _spread(ledger.total(OPTIMIZER), units)
-    # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
-    halves = [[part for size in unit for part in (size // 2, size - size // 2)] for unit in moments]
-    step = ledger.total(TEMPORARY, "optimizer step")
-    temps = foreach_temporaries(step, [unit[1::2] for unit in halves]) or _spread(step, units)
-    return _Pieces(grads=_spread(ledger.total(GRADIENTS, "end of backward"), units), moments=halves,
-                   step_temp=temps, made_in_backward=made, states_in_step=made, copies=copies, cached=cached)
+    grads, halves, temps = piece_sizes(ledger.total(OPTIMIZER), ledger.total(TEMPORARY, "optimizer step"),
+                                        ledger.total(GRADIENTS, "end of backward"), units)
+    return _Pieces(grads=grads, moments=halves, step_temp=temps, made_in_backward=made, states_in_step=made,
+                   copies=copies, cached=cached,
+                   keys=layer_keys(ctx, walk, (copies, cached), grads if made else None, fsdp))
 
 
 def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
@@ -212,11 +185,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     # the output head's autocast weight copy is made at the head, after the layers, and freed in its backward
     other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
     root = replay.gather(fsdp, 0)
-    saved = []
-    for position, (index, kept, _) in enumerate(walk.per_layer):
-        params = replay.gather(fsdp, position + 1)
-        saved.append(forward_layer(replay, layer_blocks(ctx, index, kept), copies[position], pieces.cached[position]))
-        replay.give(*params)
+    saved = forward_pass(ctx, walk, replay, (copies, pieces.cached), fsdp, pieces.keys)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
     schedule_loss(ctx, ledger, loss, replay, check, [b for blocks in saved for b in blocks[2]])
@@ -225,14 +194,8 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     head = None
     if pieces.made_in_backward:
         head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
-    last = len(walk.per_layer) - 1
-    for position in reversed(range(len(walk.per_layer))):
-        params = replay.gather(fsdp, position + 1)
-        made = (lambda p=position: grads.append(replay.gradients(fsdp, pieces.grads[p + 1], p + 1))
-                ) if pieces.made_in_backward else (lambda: None)
-        peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
-        backward_layer(ctx.run, walk.per_layer[position], saved[position], replay, (made, peak))
-        replay.give(*params)
+    grads += backward_pass(ctx, walk, replay, saved, pieces.grads if pieces.made_in_backward else None, plan, check,
+                           pieces.keys)
     summed: list[Block | None] = []
     if pieces.made_in_backward and fsdp is None:
         alive, summed = finish_root(replay, root_grads, head)
@@ -243,11 +206,10 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     replay.moment(ledger, "end of backward", check)
     replay.give(*summed)
     if first and pieces.states_in_step:
-        for unit in pieces.moments:
-            replay.take_all(unit)
-    step = [replay.take_all(unit) for unit in pieces.step_temp]
+        replay.take_all([size for unit in pieces.moments for size in unit])
+    step = replay.take_all([size for unit in pieces.step_temp for size in unit])
     replay.moment(ledger, "optimizer step", check)
-    replay.give(*(b for unit in step for b in unit))
+    replay.give(*step)
     if pieces.made_in_backward:
         replay.give(*(b for unit in grads for b in unit))
         return []

@@ -12,10 +12,17 @@ over the base model's tensors instead cuts a vocabulary-sized gradient into smal
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import lru_cache
+from types import MappingProxyType
+
 from memplan.estimate.context import StageContext
+from memplan.estimate.memo import Same
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element, is_finetune
 from memplan.estimate.stage_states import adapter_tensor_sizes  # one definition of lora_A/lora_B/magnitude
+from memplan.job import FineTuning
 from memplan.model.linears import model_parameters
+from memplan.model.spec import ModelSpec
 from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
 
@@ -26,14 +33,23 @@ def _under(module: str, names: tuple[str, ...]) -> bool:
 def trainable_units(ctx: StageContext, layers: list[int]) -> list[list[int]] | None:
     """Per unit (the root, then the stage's ``layers`` in order) the weights (numel times bytes per
     element) of its trainable tensors, or None when everything trains (the base model's tensors)."""
-    job, model = ctx.job, ctx.model
+    job = ctx.job
     if not is_finetune(job):
         return None
-    ft = job.finetune
+    by_unit = _by_unit(Same(ctx.model), job.finetune, max(ctx.run.prec.param_bytes, 1), frozen_bytes_per_element(job),
+                       adapter_bytes(job), ctx.run.vocab_rows)
+    root = list(by_unit.get(None, ())) if ctx.layout.has_embedding or ctx.layout.has_head else []
+    return [root] + [list(by_unit.get(i, ())) for i in layers]
+
+
+@lru_cache(maxsize=64)
+def _by_unit(same: Same, ft: FineTuning, full_bytes: int, copy_bytes: int, adapter: int,
+             vocab_rows: int) -> Mapping[int | None, tuple[int, ...]]:
+    """The trainable tensors' bytes per decoder layer (None: the root), a pure function of its arguments
+    (cached: every stage and every job of one model, by identity, and fine-tuning setup shares it)."""
+    model: ModelSpec = same.obj  # type: ignore[assignment]
     everything = ft.resolved_trainable == "all"
     full, copies = trained_modules(model, ft), saved_modules(model, ft)
-    full_bytes, copy_bytes = max(ctx.run.prec.param_bytes, 1), frozen_bytes_per_element(job)
-    adapter = adapter_bytes(job)
     by_unit: dict[int | None, list[int]] = {}
     for p in model_parameters(model):
         if everything or _under(p.module, full):
@@ -42,8 +58,7 @@ def trainable_units(ctx: StageContext, layers: list[int]) -> list[list[int]] | N
             by_unit.setdefault(p.layer, []).append(p.numel * copy_bytes)
     if "lm_head" in copies and not any(p.module == "lm_head" for p in model_parameters(model)):
         # a tied head's copy has its own weight
-        by_unit.setdefault(None, []).append(ctx.run.vocab_rows * model.hidden_size * copy_bytes)
+        by_unit.setdefault(None, []).append(vocab_rows * model.hidden_size * copy_bytes)
     for a in finetune_params(model, ft).adapters:
         by_unit.setdefault(a.module.layer, []).extend(n * adapter for n in adapter_tensor_sizes(a))
-    root = by_unit.get(None, []) if ctx.layout.has_embedding or ctx.layout.has_head else []
-    return [root] + [by_unit.get(i, []) for i in layers]
+    return MappingProxyType({unit: tuple(sizes) for unit, sizes in by_unit.items()})

@@ -1,0 +1,104 @@
+"""The sizes a reserved-memory schedule allocates (issue 25, item 8; :mod:`memplan.estimate.reserved_sim`):
+the stage's parameter tensors grouped per unit (the root, then each decoder layer), a total of bytes spread
+over them in proportion, the gradients', optimizer moments' and step temporaries' sizes, and the
+whole-step state's allocations. Pure functions of the ledger's totals and the model, cached across jobs
+(a fit search prices one model under many layouts)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.memo import Same
+from memplan.estimate.reserved_optimizer import foreach_temporaries
+from memplan.estimate.reserved_replay import encoded
+from memplan.estimate.reserved_tp import rank_numel
+from memplan.model.linears import ParamTensor, model_parameters
+
+#: Per unit (the root, then each layer) its tensors' sizes.
+Units = tuple[tuple[int, ...], ...]
+
+
+class _Unkeyed:
+    """A memo argument the memo does not key on (equal to every other): the context a cached function
+    computes with, when the key holds everything it reads."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Unkeyed)
+
+
+def stage_units(ctx: StageContext, layers: list[int]) -> Units:
+    """The stage's parameter tensors' numels on one rank (:mod:`~memplan.estimate.reserved_tp`) grouped as
+    the schedule allocates them: the root unit (embedding, final norm, head) first, then one unit per
+    decoder layer in forward order. Cached per model, TP degree and framework profile (what
+    :func:`~memplan.estimate.reserved_tp.rank_numel` reads of the job; a test compares with the uncached
+    sizes)."""
+    run = ctx.run
+    tp = max(run.job.parallel.tp, 1)
+    return _rank_units(Same(run.model), tp, Same(run.profile) if tp > 1 else None, tuple(layers),
+                       ctx.layout.has_embedding or ctx.layout.has_head, _Unkeyed(ctx))
+
+
+@lru_cache(maxsize=256)
+def _rank_units(model: Same, tp: int, profile: Same | None, layers: tuple[int, ...], root: bool,
+                ctx: _Unkeyed) -> Units:
+    tensors = model_parameters(model.obj)  # type: ignore[arg-type]
+    sizes = [t.numel for t in tensors] if tp == 1 else [rank_numel(ctx.obj, t) for t in tensors]  # type: ignore[arg-type]
+    return _grouped(tensors, sizes, list(layers), root)
+
+
+def _grouped(tensors: Sequence[ParamTensor], sizes: list[int], layers: list[int], root: bool) -> Units:
+    by_layer: dict[int | None, list[int]] = {}
+    for t, size in zip(tensors, sizes):
+        by_layer.setdefault(t.layer, []).append(size)
+    return (tuple(by_layer.get(None, [])) if root else (),) + tuple(tuple(by_layer.get(i, [1])) for i in layers)
+
+
+def spread(total: int, units: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``total`` bytes spread over the tensors of ``units`` in proportion to their numel (the last tensor
+    takes the rounding), zero-sized pieces dropped."""
+    if total == 0:
+        return [[] for _ in units]
+    numel = sum(map(sum, units)) or 1
+    out: list[list[int]] = []
+    given = 0
+    for unit in units:
+        sizes = [total * n // numel for n in unit]
+        given += sum(sizes)
+        out.append(sizes)
+    for unit in reversed(out):
+        if unit:
+            unit[-1] += total - given
+            break
+    return [[s for s in unit if s > 0] for unit in out]
+
+
+@lru_cache(maxsize=1024)
+def piece_sizes(optimizer: int, step: int, gradients: int, units: Units) -> tuple[Units, Units, Units]:
+    """The gradients', optimizer moments' and step temporaries' sizes per unit (a pure function of the
+    ledger's totals and the units, cached: jobs of one model and layout share them)."""
+    moments = spread(optimizer, units)
+    # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
+    halves = [[part for size in unit for part in (size // 2, size - size // 2)] for unit in moments]
+    temps = foreach_temporaries(step, [unit[1::2] for unit in halves]) or spread(step, units)
+    return frozen(spread(gradients, units)), frozen(halves), frozen(temps)
+
+
+def frozen(sizes: list[list[int]]) -> Units:
+    return tuple(tuple(unit) for unit in sizes)
+
+
+@lru_cache(maxsize=1024)
+def static_allocations(totals: tuple[int, ...], units: Units) -> tuple[tuple[int, ...], int]:
+    """Each of ``totals`` spread over the units' tensors (:func:`spread`), one after the other: the whole-step
+    state's allocations, encoded (:func:`~memplan.estimate.reserved_replay.encoded`)."""
+    return encoded([size for total in totals for unit in spread(total, units) for size in unit])
