@@ -83,6 +83,10 @@ def test_process_per_variant_runs_pair_the_steps_and_record_faults() -> None:
     plain, full, sac = res.of("plain")[0], res.of("full")[0], res.of("sac")[0]
     assert plain.losses == full.losses == sac.losses  # each process built the same weights from the seed
     assert len(plain.step_s) == len(plain.step_faults) == 3 and all(f >= 0 for f in plain.step_faults)
+    # each memplan step's plan is recorded, one letter per block, and agrees with the witness's count
+    assert len(plain.step_plans) == 3 and not full.step_plans
+    assert all(set(p) <= set("KSFO") and len(p) == len(plain.step_plans[0]) for p in plain.step_plans)
+    assert sum(len(p) - p.count("K") - p.count("O") for p in plain.step_plans) == plain.recomputed_forwards
     assert plain.seed_s > 0 and plain.wall_s > plain.seed_s and plain.recomputed_forwards < full.recomputed_forwards
     assert plain.host_memory.startswith(("retained", "unchanged")) and full.host_memory == ""
     assert res.summary()["targets"]["plain"]["losses equal to full"]["met"]

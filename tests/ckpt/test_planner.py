@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from memplan.ckpt.planner import (
     BlockCost,
+    BlockOption,
     PlanCache,
     StepCost,
     plan_greedy,
@@ -43,6 +44,14 @@ def test_identical_blocks_keep_the_later_ones() -> None:
     plan = plan_knapsack(blocks, _step(1000 + 250))
     assert plan.checkpoint == (True, True, False, False)
     assert plan.predicted_peak_bytes <= 1250
+
+
+def test_an_option_priced_like_keeping_loses_to_keeping_and_sheds_only_where_needed() -> None:
+    sac = BlockOption(mode="sac0", kept_bytes=40, cost_s=0.0, recomputes=True)  # measured as cheap as keeping
+    blocks = [BlockCost(act_bytes=100, grad_bytes=0, recompute_s=1.0, extra=(sac,))] * 4
+    assert plan_knapsack(blocks, _step(10_000)).modes == ()  # everything fits: all kept, no recompute
+    plan = plan_knapsack(blocks, _step(1000 + 100 * 3 + 40))  # one block must shed 60 bytes
+    assert plan.modes == ("sac0", "keep", "keep", "keep") and plan.fits
 
 
 def test_infeasible_budget_checkpoints_everything_and_says_so() -> None:

@@ -28,6 +28,7 @@ from memplan.ckpt.bench_setup import (
     RecomputeCounter,
     Run,
     longest_step_peak,
+    plan_letters,
     prepare_variant,
     seed_memplan,
 )
@@ -98,6 +99,9 @@ def _train_step(lane: _Lane, batch: torch.Tensor) -> None:
     lane.opt.zero_grad(set_to_none=True)
     lane.live.losses.append(float(loss.detach()))
     lane.live.peaks.append(lane.judge.peak)
+    ctl = getattr(lane.model, "memplan_ckpt", None)
+    if ctl is not None and ctl.last is not None:
+        lane.live.plans.append(plan_letters([ctl.last[1].mode(j) for j in range(ctl.n_blocks)]))
 
 
 def run_interleaved(cfg: BenchConfig, variants: Sequence[str], init: dict[str, torch.Tensor],
@@ -133,4 +137,5 @@ def lane_run(lane: _Lane, batches: Sequence[torch.Tensor], step_faults: Sequence
         selective_forwards=stats.selective_forwards if stats else 0,
         explored_steps=stats.explored_steps if stats else 0, metered_steps=stats.metered_steps if stats else 0,
         step_s=tuple(lane.steps), step_faults=tuple(step_faults), host_memory=stats.host_memory if stats else host_memory,
+        step_plans=tuple(lane.live.plans),
     )

@@ -8,7 +8,7 @@ Both schedules import this module; it imports neither.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from memplan.ckpt.bench_meter import StepMeter
 from memplan.ckpt.bench_static import STATIC, apply_static
 
 __all__ = ["MEMPLAN", "TIMED", "VARIANTS", "BenchConfig", "LiveRecord", "RecomputeCounter", "Run", "build_model",
-           "longest_step_peak", "prepare_variant", "seed_memplan"]
+           "longest_step_peak", "plan_letters", "prepare_variant", "seed_memplan"]
 
 VARIANTS = ("none", "full", "plain", "step", "trainer", "trainer-full", "trainer-none", "half", "sac")
 #: Run in every repetition (interleaved) by default; the others run once (first repetition).
@@ -119,7 +119,7 @@ class Run:
     #: Process CPU seconds of the seeding.
     seed_cpu_s: float = 0.0
     selective_forwards: int = 0
-    #: memplan: steps run with every block at the compute-bound level to measure that arm (exploration),
+    #: memplan: steps run with every block under per-op SAC to measure its whole-step price (exploration),
     #: and steps its own meter measured (the others ran unmetered, far below the budget).
     explored_steps: int = 0
     metered_steps: int = 0
@@ -131,6 +131,9 @@ class Run:
     step_faults: tuple[int, ...] = ()
     #: memplan: what it did to the host allocator (``stats().host_memory``).
     host_memory: str = ""
+    #: memplan, step-interleaved runs: each step's plan, one letter per block (K keep, S per-op SAC,
+    #: F whole recompute, O offload); a record, not a count (the counter above is the witness).
+    step_plans: tuple[str, ...] = ()
 
     @property
     def throughput(self) -> float:
@@ -182,6 +185,12 @@ class LiveRecord:
     warmup_s: float = 0.0
     seed_s: float = 0.0
     seed_cpu_s: float = 0.0
+    plans: list[str] = field(default_factory=list)
+
+
+def plan_letters(modes: Sequence[str]) -> str:
+    """A plan as one letter per block: K keep, S per-op SAC (any level), F whole recompute, O offload."""
+    return "".join("S" if m.startswith("sac") else {"keep": "K", "full": "F", "offload": "O"}.get(m, "?") for m in modes)
 
 
 def prepare_variant(variant: str, cfg: BenchConfig, init: dict[str, torch.Tensor], budget: int) -> torch.nn.Module:

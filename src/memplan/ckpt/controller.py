@@ -41,7 +41,7 @@ from memplan.ckpt.loop_hooks import LoopHooks
 from memplan.ckpt.meter import CpuMeter, MemoryMeter, storage_bytes, tensor_bytes
 from memplan.ckpt.model_state import state_tensors
 from memplan.ckpt.offload import OffloadHooks
-from memplan.ckpt.explore import StepArms, choose_arm, step_clock
+from memplan.ckpt.explore import explore_sac, sac_share, step_clock
 from memplan.ckpt.opcosts import OpCosts
 from memplan.ckpt.opprofile import OpRecorder, roofline_for, sac_context
 from memplan.ckpt.phases import CkptStepState, block_seconds, grad_tensor, new_bytes, phase_terms, skip_output, tensors_in
@@ -114,10 +114,9 @@ class CheckpointController(LoopHooks):
                         for name in _PHASES}
         self._block_params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
         self._cache = PlanCache()
-        #: whole-step arms (the plan, or every block at the compute-bound level) and the step clock
-        self.arms = StepArms()
-        self.step_arms = step_arms  # off: every planned step runs the planner's plan
-        self._arm = ""
+        #: off: no whole-step timing of planned steps, no SAC exploration (memplan.ckpt.explore)
+        self.step_arms = step_arms
+        self._timed = False
         self._clock = step_clock(device)
         #: op-level predictors (per-op profiles from seed(), FLOP-based seconds, selective levels, offload)
         self.ops = OpCosts(roof=roofline_for(device), device=device)
@@ -415,7 +414,7 @@ class CheckpointController(LoopHooks):
         grads = tuple(sum(tensor_bytes(p) for p in ps if p.grad is None) for ps in self._block_params)
         skip = self._seed_spec[1] if self._seeding and self._seed_spec else frozenset()
         grads = tuple(0 if j in skip else g for j, g in enumerate(grads))
-        t0, self._arm = time.perf_counter(), ""
+        t0, self._timed = time.perf_counter(), False
         plan, probe = self._choose(size, static, grads)
         self._plan_seconds += time.perf_counter() - t0
         if not self.meter.active and isinstance(self.meter, CpuMeter) and self._worth_metering(plan, probe):
@@ -426,7 +425,7 @@ class CheckpointController(LoopHooks):
         if metered and self._force is None and not self._seeding:
             self._count["metered"] += 1
         self._step = CkptStepState(size=size, plan=plan, static_bytes=static, grad_bytes=grads, probe=probe,
-                                metered=metered, seed=self._seeding, skip=skip, arm=self._arm, clock0=self._clock())
+                                metered=metered, seed=self._seeding, skip=skip, timed=self._timed, clock0=self._clock())
         self._count["sheltered"] += probe
         if self._force is None:
             self._count["steps"] += 1
@@ -468,7 +467,7 @@ class CheckpointController(LoopHooks):
         if plan is None:
             plan = self.plan_for(upper, static_bytes=static, grad_bytes=grads)
             self._cache.put(key, plan)
-        plan, self._arm = choose_arm(self, plan, size, upper, static, grads)
+        plan, self._timed = explore_sac(self, plan, size, upper, static, grads)
         return plan, False
 
     def block_forward(self, j: int, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -570,8 +569,8 @@ class CheckpointController(LoopHooks):
         if not (st.seed or st.probe) and self.ops.times.observe(
                 st.size, [st.plan.mode(j) for j in range(self.n_blocks)], block_seconds(st, self.n_blocks)):
             self._version += 1  # the options' prices changed: plans again
-        if st.arm:
-            self.arms.observe(st.arm, st.size, (self._clock() - st.clock0) / self.ops.roof_s(st.size))
+        if st.timed:
+            self._observe_step_time(st)
         if not st.metered:
             if not st.seed:
                 self.last = (st.size, st.plan, 0)
@@ -585,6 +584,14 @@ class CheckpointController(LoopHooks):
         if peak > self.budget_bytes:
             self._count["over"] += 1
         self._observe(st)
+
+    def _observe_step_time(self, st: CkptStepState) -> None:
+        """A whole planned step's seconds, per roofline second, with its share of blocks under per-op SAC."""
+        modes = tuple(st.plan.mode(j) for j in range(self.n_blocks))
+        share = sac_share(modes, tuple(self.ops.roof_block_s(j, st.size) for j in range(self.n_blocks)))
+        seconds = (self._clock() - st.clock0) / self.ops.roof_s(st.size)
+        if share is not None and self.ops.steps.observe(st.size, share, seconds):
+            self._version += 1  # SAC's price changed near this size: plan again
 
     def _abort_step(self) -> None:
         st, self._step = self._step, None

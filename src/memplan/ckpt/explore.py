@@ -1,56 +1,48 @@
-"""Whole-step arms: the planner's plan, or every block under the compute-bound level, chosen by measured steps.
+"""Measuring per-op SAC's price per block from whole steps, where the price can change a plan.
 
-The planner prices options block by block (:mod:`memplan.ckpt.optimes`), but on a CPU what keeping
-blocks costs is paid partly outside them: on the benchmark's VM, a 4 x 1,021-token step keeping
-every block took 16–20 s of CPU and the same step with every block under per-op checkpointing
-(matrix multiplies' and attention's outputs saved) 15.4–15.6 s, while each block on its own ran
-faster kept. Fresh memory faulted in by the head, the loss and the optimizer is the likely cause;
-a per-block clock cannot see it, a whole-step clock can.
+The planner prices each block's options — keep, per-op SAC (``sac0``: matrix multiplies' and
+attention's outputs saved, the rest recomputed) and whole-block recompute (``full``) — and picks one
+per block under the budget, least predicted seconds first (:mod:`memplan.ckpt.planner`). On a CPU
+part of what keeping costs is paid outside the blocks (fresh memory faulted in by the head, the
+loss and the optimizer), so a per-block clock misprices SAC against keeping; a whole-step clock
+does not. Every planned step is therefore timed whole (process CPU seconds on CPU, wall time
+elsewhere) and recorded with the share of the blocks it ran under SAC
+(:class:`~memplan.ckpt.optimes.StepPrices`); where steps with and without SAC blocks were measured
+near a size, SAC's price per block there is their difference per block (floored at zero), and it
+replaces the per-block clock's price of ``sac0``.
 
-So each planned step runs one of two **arms**: ``plan`` (the planner's choice) or ``compute`` (every
-block at the compute-bound level, level 0 — the static per-op policy a user would write — when it
-fits the budget by the same phase model). Each step's seconds (process CPU time on CPU, wall time
-elsewhere) divided by the roofline seconds of the model's blocks at its size are recorded per arm.
-Near a size (within :data:`~memplan.ckpt.optimes.NEAR_OCTAVES`; each arm priced by the median of its
-:data:`CLOSEST` measurements nearest the size), the arm measured faster runs; an
-arm not measured near the size yet runs once first (``plan`` before ``compute``): the first steps
-of each arm at each scale are the exploration, inside every timing. ``compute`` is not explored at
-a size below one where it was already measured not faster (its relative price falls with size). When the plan already runs
-every block at level 0, or level 0 does not fit, there is nothing to choose.
+**Exploration.** A price matters only where the budget makes the plan shed memory: with SAC never
+priced below keeping, a plan that keeps every block is the best whatever SAC costs. So a planned
+step whose plan sheds a block (SAC or whole recompute) at a size where no step with SAC blocks was
+measured (within an octave) runs once with *every* block under SAC instead — when the phase model
+says that fits the budget, margin included — and that step is the measurement (counted in
+``stats().explored_steps``, inside every timing). A plan whose shed blocks all run under SAC
+measures the price itself (only steps whose blocks were all kept or under SAC are samples: a whole
+recompute or an offload has no term in the linear model). After that the planner's mixed plan runs: SAC only on the blocks that
+must shed memory and where it is priced below a whole recompute.
 
-The ``compute`` arm is the static per-op SAC policy made one of the candidate plans: it runs only
-where it was *measured* faster, by more than :data:`PREFER_PLAN` of the plan's seconds — a tie goes
-to the plan, which recomputes fewer block forwards. On by default (``auto_checkpoint(...,
-step_arms=False)`` turns it off): with freed host memory kept (:mod:`memplan.ckpt.hostmem`), keeping
-and per-op SAC cost about the same on the benchmark's CPU, so only a measurement can tell which is
-faster at a size (docs/ckpt.md, "Issue 29 follow-up 4").
+``auto_checkpoint(..., step_arms=False)`` turns both off: no whole-step timing, no exploration;
+SAC is then priced by the per-block clock (:mod:`memplan.ckpt.optimes`) or the roofline.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from memplan.ckpt.optimes import near
 from memplan.ckpt.planner import BlockOption, CheckpointPlan, peak_of_options
 
 if TYPE_CHECKING:
     from memplan.ckpt.controller import CheckpointController
 
-__all__ = ["ARMS", "PREFER_PLAN", "StepArms", "choose_arm", "step_clock"]
+__all__ = ["SAC_MODE", "explore_sac", "sac_share", "step_clock"]
 
-ARMS = ("plan", "compute")
-_COMPUTE = "sac0"
-#: The compute arm runs only where its measured seconds are below the plan's by more than this share.
-PREFER_PLAN = 0.03
-#: An arm's price at a size is the median of its this many measurements nearest that size.
-CLOSEST = 3
+#: The per-op SAC option whose price whole steps measure (level 0: the compute-bound level).
+SAC_MODE = "sac0"
 
 
 def step_clock(device: torch.device) -> Callable[[], float]:
@@ -58,50 +50,22 @@ def step_clock(device: torch.device) -> Callable[[], float]:
     return time.process_time if device.type == "cpu" else time.perf_counter
 
 
-@dataclass(kw_only=True)
-class StepArms:
-    """Per arm: (size, step seconds per roofline second) of the real steps it ran."""
-
-    seen: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-
-    def observe(self, arm: str, size: int, normalised: float) -> None:
-        if normalised > 0:
-            self.seen.setdefault(arm, []).append((size, normalised))
-
-    def median(self, arm: str, size: int) -> float | None:
-        """Median of the arm's :data:`CLOSEST` measurements nearest ``size`` in log-size (None: none near)."""
-        close = sorted((abs(math.log2(s / size)), v) for s, v in self.seen.get(arm, ()) if near(size, s))
-        return statistics.median(v for _, v in close[:CLOSEST]) if close else None
-
-    def pick(self, size: int) -> str:
-        """The arm to run at ``size``: an arm not measured near it first, else the faster one (ties: the plan)."""
-        plan, compute = self.median("plan", size), self.median("compute", size)
-        if plan is None:
-            return "plan"
-        if compute is None:
-            return "plan" if self._lost_above(size) else "compute"
-        return "compute" if compute < plan * (1.0 - PREFER_PLAN) else "plan"
-
-    def _lost_above(self, size: int) -> bool:
-        """Whether the compute arm was measured not faster at a larger size (then it is not explored here).
-
-        Per-op SAC's cost is mostly per op (two dispatch modes), keeping's grows with the bytes kept:
-        its relative price only falls as the batch grows, so a loss at a larger size predicts one here.
-        """
-        for s, _ in self.seen.get("compute", ()):
-            plan, compute = self.median("plan", s), self.median("compute", s)
-            if s > size and plan is not None and compute is not None and compute >= plan * (1.0 - PREFER_PLAN):
-                return True
-        return False
+def sac_share(modes: tuple[str, ...], roof: tuple[float, ...]) -> float | None:
+    """Roofline share of the blocks under ``sac0`` (None: a block ran otherwise than kept or ``sac0``, so
+    the step's seconds hold a price the linear model has no term for: not a sample)."""
+    if any(m not in ("keep", SAC_MODE) for m in modes):
+        return None
+    total = sum(roof) or 1.0
+    return sum(r for m, r in zip(modes, roof) if m == SAC_MODE) / total
 
 
-def _compute_plan(ctl: CheckpointController, plan: CheckpointPlan, upper: int, static: int,
+def _all_sac_plan(ctl: CheckpointController, plan: CheckpointPlan, upper: int, static: int,
                   grads: tuple[int, ...]) -> CheckpointPlan | None:
-    """Every block at level 0, if every block has it and the step's predicted peak fits (else None)."""
+    """Every block under ``sac0``, if every block has it and the step's predicted peak fits (else None)."""
     costs = ctl._block_costs(upper, grads)
     chosen: list[BlockOption] = []
     for cost in costs:
-        option = next((o for o in cost.options() if o.mode == _COMPUTE), None)
+        option = next((o for o in cost.options() if o.mode == SAC_MODE), None)
         if option is None:
             return None
         chosen.append(option)
@@ -109,25 +73,23 @@ def _compute_plan(ctl: CheckpointController, plan: CheckpointPlan, upper: int, s
     peak = peak_of_options(costs, step, chosen)
     if peak > step.budget_bytes:
         return None
-    return replace(plan, checkpoint=(True,) * len(chosen), modes=(_COMPUTE,) * len(chosen),
+    return replace(plan, checkpoint=(True,) * len(chosen), modes=(SAC_MODE,) * len(chosen),
                    predicted_peak_bytes=peak, recompute_s=sum(o.cost_s for o in chosen), method="knapsack")
 
 
-def choose_arm(ctl: CheckpointController, plan: CheckpointPlan, size: int, upper: int, static: int,
-               grads: tuple[int, ...]) -> tuple[CheckpointPlan, str]:
-    """The plan this step runs and its arm ("" when there was nothing to choose)."""
+def explore_sac(ctl: CheckpointController, plan: CheckpointPlan, size: int, upper: int, static: int,
+                grads: tuple[int, ...]) -> tuple[CheckpointPlan, bool]:
+    """The plan this step runs, and whether the step is timed whole (a :class:`StepPrices` sample)."""
     n = ctl.n_blocks
     if not ctl.step_arms:
-        return plan, ""
+        return plan, False
     if plan.method not in ("knapsack", "none") or not plan.fits or not all(ctl.ops.has(j) for j in range(n)):
-        return plan, ""
-    if all(plan.mode(j) == _COMPUTE for j in range(n)):
-        return plan, ""
-    compute = _compute_plan(ctl, plan, upper, static, grads)
-    if compute is None:
-        return plan, ""
-    arm = ctl.arms.pick(size)
-    if arm == "compute":
-        ctl._count["explored"] += ctl.arms.median("compute", size) is None
-        return compute, arm
-    return plan, arm
+        return plan, False
+    modes = [plan.mode(j) for j in range(n)]
+    if set(modes) <= {"keep", SAC_MODE} or ctl.ops.steps.measured(size):  # nothing to price, or it prices itself
+        return plan, True
+    explore = _all_sac_plan(ctl, plan, upper, static, grads)
+    if explore is None:
+        return plan, True
+    ctl._count["explored"] += 1
+    return explore, True

@@ -9,7 +9,10 @@ relative costs come from the profile, their absolute level from the machine); a 
 checkpointed block's measured held bytes are added to its level's series (keep the largest).
 Those are priors: every real step also measures each block's seconds under the option it ran, and
 where an option was measured near a size its price there is its measured ratio to a kept block
-(:mod:`memplan.ckpt.optimes`), so the plans follow the machine, not the roofline.
+(:mod:`memplan.ckpt.optimes`), so the plans follow the machine, not the roofline. Per-op SAC (level 0)
+is priced first by whole steps where they measured it (:class:`~memplan.ckpt.optimes.StepPrices`),
+then by the per-block clock, then by the roofline. An option that recomputes is never priced below
+keeping the block (it runs every op a kept block runs, and more).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 
 from memplan.ckpt.offload import offload_seconds
 from memplan.ckpt.opprofile import OpRecord, Roofline, SacLevel, level_bytes_and_seconds
-from memplan.ckpt.optimes import OptionTimes
+from memplan.ckpt.optimes import OptionTimes, StepPrices
 from memplan.ckpt.planner import BlockOption
 from memplan.ckpt.predictor import SizeSeries
 
@@ -55,6 +58,8 @@ class OpCosts:
     ratios: list[float] = field(default_factory=list)
     #: measured seconds of each option relative to keeping the block (:mod:`memplan.ckpt.optimes`)
     times: OptionTimes = field(default_factory=OptionTimes)
+    #: whole-step seconds with and without blocks under per-op SAC (:mod:`memplan.ckpt.explore`)
+    steps: StepPrices = field(default_factory=StepPrices)
 
     @property
     def scale(self) -> float:
@@ -85,6 +90,11 @@ class OpCosts:
         """Roofline seconds of every profiled block's forward at ``size`` (unscaled; a step's yardstick)."""
         return sum(b.forward_s(size) for b in self.blocks.values()) or 1.0
 
+    def roof_block_s(self, j: int, size: int) -> float:
+        """Roofline seconds of block ``j``'s forward at ``size`` (unscaled; 0 for a block not profiled)."""
+        b = self.blocks.get(j)
+        return b.forward_s(size) if b is not None else 0.0
+
     def kept_s(self, j: int, size: int) -> float:
         """Seconds of block ``j`` kept at ``size`` (forward + backward): measured near, else the roofline's."""
         measured = self.times.kept_seconds(size)
@@ -92,7 +102,7 @@ class OpCosts:
 
     def full_s(self, j: int, size: int) -> float:
         """Extra seconds of checkpointing block ``j`` whole at ``size``: measured near, else one more forward."""
-        return self.times.cost("full", size, self.kept_s(j, size), self.forward_s(j, size))
+        return max(0.0, self.times.cost("full", size, self.kept_s(j, size), self.forward_s(j, size)))
 
     def level(self, j: int, k: int) -> SacLevel:
         return self.blocks[j].levels[k]
@@ -103,8 +113,7 @@ class OpCosts:
         if b is None:
             return ()
         kept_s = self.kept_s(j, size)
-        out = [BlockOption(mode=f"sac{k}", kept_bytes=int(b.sac_kept[k](size)),
-                           cost_s=self.times.cost(f"sac{k}", size, kept_s, self.scale * b.sac_s[k](size)),
+        out = [BlockOption(mode=f"sac{k}", kept_bytes=int(b.sac_kept[k](size)), cost_s=self.sac_s(j, k, size, kept_s),
                            recomputes=True) for k in range(len(b.levels))]
         # a level no cheaper in bytes than keeping the block is no option
         out = [o for o in out if o.kept_bytes < act_bytes]
@@ -112,6 +121,15 @@ class OpCosts:
         if offload is not None:
             out.append(BlockOption(mode="offload", kept_bytes=0, cost_s=offload, recomputes=False))
         return tuple(out)
+
+    def sac_s(self, j: int, k: int, size: int, kept_s: float) -> float:
+        """Extra seconds of block ``j`` at selective level ``k``: whole steps' price (level 0), else the
+        per-block clock's, else the roofline's; never below keeping (0)."""
+        b = self.blocks[j]
+        r = self.steps.ratio(size) if k == 0 else None
+        if r is not None:
+            return r * b.forward_s(size)
+        return max(0.0, self.times.cost(f"sac{k}", size, kept_s, self.scale * b.sac_s[k](size)))
 
     def observe_forward(self, j: int, size: int, seconds: float) -> None:
         """A real plain forward of block ``j`` took ``seconds``: one more ratio for the time scale."""

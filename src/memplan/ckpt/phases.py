@@ -48,8 +48,8 @@ class CkptStepState:
     #: (block -1: the first block's input) — a block's backward runs between its mark and the one before.
     forward_s: dict[int, float] = field(default_factory=dict)
     marks: dict[int, float] = field(default_factory=dict)
-    #: The whole-step arm this step runs ("": none chosen) and the step clock at its start.
-    arm: str = ""
+    #: Whether the step is timed whole (a sample of per-op SAC's step price), and the step clock at its start.
+    timed: bool = False
     clock0: float = 0.0
     peaks: dict[PhaseKey, int] = field(default_factory=dict)
     #: The phase running now: "head" until the first block's output gradient, then block indices, then "tail".

@@ -42,6 +42,8 @@ __all__ = [
 
 #: Seconds of blocks later in the forward weigh this much more per block, so that ties keep later blocks.
 _TIE_BONUS = 1e-9
+#: Seconds added to every option that recomputes, so that an option priced like keeping loses to keeping.
+_RECOMPUTE_TIE = 1e-9
 #: Plans are cached per geometric size bucket of this many buckets per doubling of the size.
 BUCKETS_PER_OCTAVE = 16
 
@@ -170,8 +172,9 @@ def _exact_choice(blocks: Sequence[BlockCost], step: StepCost) -> tuple[int, ...
     Blocks are decided in forward order; a state is (bytes kept so far, seconds, option indices).
     Every phase constraint only grows with the bytes kept so far, so a state that keeps more bytes
     for more seconds can never do better and is pruned (a Pareto front). Recomputing block ``j``
-    costs ``1 + 1e-9·j`` times its seconds, so ties keep later blocks. ``None`` when no
-    choice fits.
+    costs ``1 + 1e-9·j`` times its seconds, so ties keep later blocks, and every option that
+    recomputes 1e-9 s more, so an option priced like keeping (per-op SAC measured as cheap) loses
+    to keeping where both fit. ``None`` when no choice fits.
     """
     budget = step.budget_bytes
     front: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
@@ -183,7 +186,8 @@ def _exact_choice(blocks: Sequence[BlockCost], step: StepCost) -> tuple[int, ...
             if o.kept_bytes < 0:
                 continue
             room = rooms[o.recomputes]
-            grown += [(w + o.kept_bytes, c + o.cost_s * weight, ks + (k,)) for w, c, ks in front if w <= room]
+            cost = o.cost_s * weight + (_RECOMPUTE_TIE if o.recomputes else 0.0)
+            grown += [(w + o.kept_bytes, c + cost, ks + (k,)) for w, c, ks in front if w <= room]
         grown.sort(key=lambda s: (s[0], s[1]))
         front, best = [], math.inf
         for state in grown:

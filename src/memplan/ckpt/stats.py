@@ -45,8 +45,8 @@ class CkptStats:
     offloaded_forwards: int = 0
     #: Measured seconds per FLOP-model second (1.0 before any measured block forward).
     time_scale: float = 1.0
-    #: Steps run with every block at the compute-bound level before that arm was measured near their size
-    #: (whole-step exploration, :mod:`memplan.ckpt.explore`).
+    #: Steps run with every block under per-op SAC to measure its whole-step price where a plan had to shed
+    #: memory and SAC was not measured near the size (exploration, :mod:`memplan.ckpt.explore`).
     explored_steps: int = 0
     #: Training steps whose forward and backward the meter measured (on CPU a plain loop's step predicted far
     #: below the budget runs unmetered; its optimizer step, a few operators, is always metered).

@@ -64,10 +64,12 @@ def auto_checkpoint(
             (global optimizer step hooks: the one holding the model's parameters); until then the
             budget check assumes AdamW's two moments per weight.
         margin: share of the budget kept free for what the predictors cannot see.
-        step_arms: also time whole steps that run every block under per-op selective checkpointing
-            (the static SAC policy, as a candidate plan) against the planner's plan, and run the one
-            measured faster near each batch size, by more than 3 % (:mod:`memplan.ckpt.explore`);
-            each is tried once per size range first. ``False``: every step runs the planner's plan.
+        step_arms: price per-op selective checkpointing (SAC) per block from whole steps: every
+            planned step is timed whole, and where the budget makes a plan shed memory at a size
+            where no step with SAC blocks was measured, one step runs every block under SAC to
+            measure it (:mod:`memplan.ckpt.explore`). The planner then picks keep, SAC or whole
+            recompute per block. ``False``: no whole-step timing and no such step; SAC is priced
+            by its per-block clock or the roofline.
         retain_host_memory: on a CPU device, ask glibc's ``malloc`` to keep freed memory in the
             process (:mod:`memplan.ckpt.hostmem`), so that each step reuses the pages of the last
             instead of faulting in fresh ones; process-wide, reported in ``stats().host_memory``.
