@@ -159,3 +159,15 @@ def test_the_function_length_check_sees_a_long_function(tmp_path: Path) -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(61))
     (tmp_path / "long.py").write_text(f"def long():\n{body}\n")
     assert _long_functions(tmp_path / "long.py", 60) == ["long.py:long (62 lines)"]
+
+
+def test_fine_tuning_under_pipelined_fsdp_says_it_is_priced_as_plain_fsdp() -> None:
+    """Never silent: torchtitan's pipelined FSDP lifetime is modelled for full training only."""
+    flags = {"gpus": 8, "pp": 2, "fsdp": "full", "framework": "torchtitan"}
+    model = load_model("llama-3.1-8b")
+    sentence = "fine-tuning under FSDP with pipeline parallelism is priced as plain FSDP"
+    tuned = estimate(model, build_job({**flags, "peft": "lora", "lora_rank": 16}))
+    full = estimate(model, build_job(flags))
+    assert any(sentence in a for a in tuned.assumptions)
+    assert not any(sentence in a for a in full.assumptions)
+    assert tuned.to_dict()["peak_reserved_bytes"] > 0

@@ -35,7 +35,7 @@ is priced with every gradient accumulated at its most micro-batches in flight (a
 
 Known limitations: FP8 all-gathers (unsharded weights in 8 bits) are priced in the compute dtype;
 ``fsdp_reshard_after_forward = "always"`` under PP is priced as the default; fine-tuning jobs keep the
-plain FSDP pricing (torchtitan pipelines train every weight).
+plain FSDP pricing (torchtitan pipelines train every weight), and their estimate says so (:func:`finetune_note`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from memplan.estimate.stage_activations import StageActivations
 from memplan.estimate.stage_states import StageStates
 from memplan.units import dtype_bytes
 
-__all__ = ["applies", "pipeline_fsdp_contributions"]
+__all__ = ["applies", "finetune_note", "pipeline_fsdp_contributions"]
 
 _HELD = ("loss", "backward", "end of backward")
 _BEFORE_REDUCE = ("loss", "backward", "forward", "end of backward")
@@ -59,6 +59,20 @@ def applies(ctx: StageContext, st: StageStates) -> bool:
     job = ctx.job
     return (ctx.profile.pipeline_fsdp_unsharded and job.parallel.pp > 1 and job.sharding.fsdp != "none"
             and ctx.profile.torch_optimizer and st.ft is None)
+
+
+def finetune_note(ctx: StageContext, st: StageStates) -> Contribution | None:
+    """The sentence that says a fine-tuning job under FSDP and a pipeline schedule is priced as plain FSDP
+    (nothing when the profile does not keep pipelined blocks unsharded, or the job trains every weight)."""
+    job = ctx.job
+    if not (ctx.profile.pipeline_fsdp_unsharded and job.parallel.pp > 1 and job.sharding.fsdp != "none"
+            and ctx.profile.torch_optimizer and st.ft is not None):
+        return None
+    return Contribution(COMMUNICATION, 0, ("backward",), note=(
+        f"fine-tuning under FSDP with pipeline parallelism is priced as plain FSDP (blocks resharded after "
+        f"use): {ctx.profile.name}'s pipelines keep a stage's blocks unsharded from the first forward to the "
+        f"end of the backward when they train every weight, and memplan does not model that lifetime for a "
+        f"frozen base with adapters"))
 
 
 def pipeline_fsdp_contributions(ctx: StageContext, st: StageStates,

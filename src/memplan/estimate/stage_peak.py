@@ -212,7 +212,8 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
                                      tied=run.model.tie_word_embeddings, head=_head_unit(ctx))
     out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward else (phase,))
            for phase, size in comm_at.items()]
-    return out, max(comm_at.values())
+    note = pipeline_fsdp.finetune_note(ctx, st)
+    return out + ([note] if note is not None else []), max(comm_at.values())
 
 
 def _head_unit(ctx: StageContext) -> int | None:
