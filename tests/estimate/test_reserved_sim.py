@@ -129,7 +129,7 @@ def test_the_cli_flag_reaches_the_estimate() -> None:
 def test_fsdp_sizes_follow_the_estimates_totals() -> None:
     """Under FSDP2 each unit's all-gather output is its unsharded parameters in the compute dtype and the
     reduce-scatter output its share of the estimate's gradients; without FSDP there are no such streams."""
-    from memplan.model.linears import model_parameters
+    from memplan.model.linears import ParamTensor, model_parameters
 
     model = load_model("llama-3.2-1b")
     seen: list[object] = []
@@ -260,7 +260,7 @@ def test_the_cached_units_are_each_tensors_size_on_one_rank(framework: str) -> N
     from memplan.estimate.layout import pipeline_layout
     from memplan.estimate.reserved_sizes import stage_units
     from memplan.estimate.reserved_tp import rank_numel
-    from memplan.model.linears import model_parameters
+    from memplan.model.linears import ParamTensor, model_parameters
 
     model = load_model("llama-3.2-1b")
     for name in ("megatron", framework):
@@ -271,6 +271,10 @@ def test_the_cached_units_are_each_tensors_size_on_one_rank(framework: str) -> N
         layers = list(layout.layer_indices)
         units = stage_units(ctx, layers)
     tensors = model_parameters(model)
-    expected = [[rank_numel(ctx, t) for t in tensors if t.layer is None]]
-    expected += [[rank_numel(ctx, t) for t in tensors if t.layer == i] or [1] for i in layers]
+
+    def rank(t: ParamTensor) -> int:
+        return rank_numel(model, run.profile, job.parallel.tp, t)
+
+    expected = [[rank(t) for t in tensors if t.layer is None]]
+    expected += [[rank(t) for t in tensors if t.layer == i] or [1] for i in layers]
     assert [list(u) for u in units] == expected

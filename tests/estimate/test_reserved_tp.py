@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from test_reserved_mechanics import _ctx, _schedule
 
+from memplan.estimate.context import StageContext
 from memplan.estimate.reserved_tp import rank_numel
-from memplan.model.linears import model_parameters
+from memplan.model.linears import ParamTensor, model_parameters
 
 _CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
            "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 512,
@@ -50,6 +51,12 @@ def test_hf_tp_keeps_the_vocabulary_whole_on_every_rank(tmp_path: Path) -> None:
     assert ("take", traced["embedding_gradient"]) in events[forward:]
 
 
+def _rank(ctx: StageContext, tensor: ParamTensor) -> int:
+    """rank_numel for the stage's model, framework profile and TP degree."""
+    run = ctx.run
+    return rank_numel(run.model, run.profile, run.job.parallel.tp, tensor)
+
+
 def test_rank_numel_splits_the_layers_linears_and_keeps_norms_whole() -> None:
     hf = _ctx("llama-3.2-1b", {"seq": 1024, "tp": 2, "gpus": 2, "framework": "hf"})
     megatron = _ctx("llama-3.2-1b", {"seq": 1024, "tp": 2, "gpus": 2, "framework": "megatron"})
@@ -57,7 +64,7 @@ def test_rank_numel_splits_the_layers_linears_and_keeps_norms_whole() -> None:
     tensors = {t.name: t for t in model_parameters(hf.run.model)}
     q, norm = tensors["model.layers.0.self_attn.q_proj.weight"], tensors["model.layers.0.input_layernorm.weight"]
     embedding = tensors["model.embed_tokens.weight"]
-    assert rank_numel(hf, q) == q.numel // 2 and rank_numel(hf, norm) == norm.numel
-    assert rank_numel(hf, embedding) == embedding.numel  # Hugging Face's plan: the embedding whole
-    assert rank_numel(megatron, embedding) == embedding.numel // 2  # vocabulary-parallel
-    assert all(rank_numel(single, t) == t.numel for t in tensors.values())
+    assert _rank(hf, q) == q.numel // 2 and _rank(hf, norm) == norm.numel
+    assert _rank(hf, embedding) == embedding.numel  # Hugging Face's plan: the embedding whole
+    assert _rank(megatron, embedding) == embedding.numel // 2  # vocabulary-parallel
+    assert all(_rank(single, t) == t.numel for t in tensors.values())

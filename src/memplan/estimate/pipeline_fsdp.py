@@ -54,19 +54,23 @@ _HELD = ("loss", "backward", "end of backward")
 _BEFORE_REDUCE = ("loss", "backward", "forward", "end of backward")
 
 
-def applies(ctx: StageContext, st: StageStates) -> bool:
-    """Whether the stage runs FSDP2 under a pipeline schedule that keeps its blocks unsharded."""
+def _pipelined_fsdp(ctx: StageContext) -> bool:
+    """Whether the stage runs FSDP2 under a pipeline schedule on a profile that keeps its blocks unsharded."""
     job = ctx.job
     return (ctx.profile.pipeline_fsdp_unsharded and job.parallel.pp > 1 and job.sharding.fsdp != "none"
-            and ctx.profile.torch_optimizer and st.ft is None)
+            and ctx.profile.torch_optimizer)
+
+
+def applies(ctx: StageContext, st: StageStates) -> bool:
+    """Whether the stage runs FSDP2 under a pipeline schedule that keeps its blocks unsharded (a job that
+    trains every weight: fine-tuning keeps the plain FSDP pricing, :func:`finetune_note`)."""
+    return _pipelined_fsdp(ctx) and st.ft is None
 
 
 def finetune_note(ctx: StageContext, st: StageStates) -> Contribution | None:
     """The sentence that says a fine-tuning job under FSDP and a pipeline schedule is priced as plain FSDP
     (nothing when the profile does not keep pipelined blocks unsharded, or the job trains every weight)."""
-    job = ctx.job
-    if not (ctx.profile.pipeline_fsdp_unsharded and job.parallel.pp > 1 and job.sharding.fsdp != "none"
-            and ctx.profile.torch_optimizer and st.ft is not None):
+    if st.ft is None or not _pipelined_fsdp(ctx):
         return None
     return Contribution(COMMUNICATION, 0, ("backward",), note=(
         f"fine-tuning under FSDP with pipeline parallelism is priced as plain FSDP (blocks resharded after "

@@ -20,39 +20,22 @@ from memplan.model.linears import ParamTensor, model_parameters
 Units = tuple[tuple[int, ...], ...]
 
 
-class _Unkeyed:
-    """A memo argument the memo does not key on (equal to every other): the context a cached function
-    computes with, when the key holds everything it reads."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: object) -> None:
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return 0
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Unkeyed)
-
-
 def stage_units(ctx: StageContext, layers: list[int]) -> Units:
     """The stage's parameter tensors' numels on one rank (:mod:`~memplan.estimate.reserved_tp`) grouped as
     the schedule allocates them: the root unit (embedding, final norm, head) first, then one unit per
     decoder layer in forward order. Cached per model, TP degree and framework profile (what
-    :func:`~memplan.estimate.reserved_tp.rank_numel` reads of the job; a test compares with the uncached
-    sizes)."""
+    :func:`~memplan.estimate.reserved_tp.rank_numel` reads; a test compares with the uncached sizes)."""
     run = ctx.run
     tp = max(run.job.parallel.tp, 1)
     return _rank_units(Same(run.model), tp, Same(run.profile) if tp > 1 else None, tuple(layers),
-                       ctx.layout.has_embedding or ctx.layout.has_head, _Unkeyed(ctx))
+                       ctx.layout.has_embedding or ctx.layout.has_head)
 
 
 @lru_cache(maxsize=256)
-def _rank_units(model: Same, tp: int, profile: Same | None, layers: tuple[int, ...], root: bool,
-                ctx: _Unkeyed) -> Units:
+def _rank_units(model: Same, tp: int, profile: Same | None, layers: tuple[int, ...], root: bool) -> Units:
     tensors = model_parameters(model.obj)  # type: ignore[arg-type]
-    sizes = [t.numel for t in tensors] if tp == 1 else [rank_numel(ctx.obj, t) for t in tensors]  # type: ignore[arg-type]
+    sizes = ([t.numel for t in tensors] if profile is None
+             else [rank_numel(model.obj, profile.obj, tp, t) for t in tensors])  # type: ignore[arg-type]
     return _grouped(tensors, sizes, list(layers), root)
 
 

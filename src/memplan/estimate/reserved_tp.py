@@ -12,22 +12,21 @@ and head's gradients, moments and step temporaries vocabulary-sized on every ran
 
 from __future__ import annotations
 
-from memplan.estimate.context import StageContext
 from memplan.model.linears import ParamTensor
-from memplan.profiles.framework import head_rows_split, vocab_split
+from memplan.model.spec import ModelSpec
+from memplan.profiles.framework import FrameworkProfile, head_rows_split, vocab_split
 
 #: Parameter-name parts of tensors every TP rank holds whole (norms, learned positions).
 _WHOLE = ("norm", ".ln_", "ln_f", "wpe")
 
 
-def rank_numel(ctx: StageContext, tensor: ParamTensor) -> int:
-    """Elements of ``tensor`` on one TP rank."""
-    run = ctx.run
-    tp = max(run.job.parallel.tp, 1)
+def rank_numel(model: ModelSpec, profile: FrameworkProfile, tp: int, tensor: ParamTensor) -> int:
+    """Elements of ``tensor`` of ``model`` on one of ``tp`` tensor-parallel ranks under ``profile``'s plan."""
+    tp = max(tp, 1)
     if tp == 1 or any(part in tensor.name for part in _WHOLE):
         return tensor.numel
     if tensor.layer is not None:
         return tensor.numel // tp
     if "lm_head" in tensor.name:
-        return tensor.numel // head_rows_split(run.profile, tp, run.model.tie_word_embeddings)
-    return tensor.numel // vocab_split(run.profile, tp)
+        return tensor.numel // head_rows_split(profile, tp, model.tie_word_embeddings)
+    return tensor.numel // vocab_split(profile, tp)
