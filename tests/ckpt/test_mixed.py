@@ -59,7 +59,9 @@ def _budget_that_sheds(model: Any, opt: torch.optim.Optimizer, share: float = 0.
 
 def _price_sac(ctl: Any, ratio: float) -> None:
     """Say whole steps at 256 tokens measured per-op SAC at ``ratio`` step seconds per roofline second of SAC blocks."""
-    ctl.ops.steps.seen = [(256, 0.0, 1.0), (256, 1.0, 1.0 + ratio)]
+    ctl.ops.steps.by_bin.clear()
+    for size, sac_share, seconds in [(256, 0.0, 1.0), (256, 1.0, 1.0 + ratio)]:
+        ctl.ops.steps.observe(size, sac_share, seconds)
     ctl._version += 1
 
 

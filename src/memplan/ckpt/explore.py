@@ -43,6 +43,8 @@ __all__ = ["SAC_MODE", "explore_sac", "sac_share", "step_clock"]
 
 #: The per-op SAC option whose price whole steps measure (level 0: the compute-bound level).
 SAC_MODE = "sac0"
+#: The block modes of a step that is a whole-step sample (the linear model has a term for no other).
+_SAMPLE_MODES = frozenset(("keep", SAC_MODE))
 
 
 def step_clock(device: torch.device) -> Callable[[], float]:
@@ -53,7 +55,7 @@ def step_clock(device: torch.device) -> Callable[[], float]:
 def sac_share(modes: tuple[str, ...], roof: tuple[float, ...]) -> float | None:
     """Roofline share of the blocks under ``sac0`` (None: a block ran otherwise than kept or ``sac0``, so
     the step's seconds hold a price the linear model has no term for: not a sample)."""
-    if any(m not in ("keep", SAC_MODE) for m in modes):
+    if not _SAMPLE_MODES.issuperset(modes):
         return None
     total = sum(roof) or 1.0
     return sum(r for m, r in zip(modes, roof) if m == SAC_MODE) / total
@@ -86,7 +88,7 @@ def explore_sac(ctl: CheckpointController, plan: CheckpointPlan, size: int, uppe
     if plan.method not in ("knapsack", "none") or not plan.fits or not all(ctl.ops.has(j) for j in range(n)):
         return plan, False
     modes = [plan.mode(j) for j in range(n)]
-    if set(modes) <= {"keep", SAC_MODE} or ctl.ops.steps.measured(size):  # nothing to price, or it prices itself
+    if _SAMPLE_MODES.issuperset(modes) or ctl.ops.steps.measured(size):  # nothing to price, or it prices itself
         return plan, True
     explore = _all_sac_plan(ctl, plan, upper, static, grads)
     if explore is None:

@@ -117,12 +117,6 @@ class StepPrices:
         """Every measurement kept (the last :data:`CLOSEST` per quarter-octave of size, with and without SAC)."""
         return [m for ms in self.by_bin.values() for m in ms]
 
-    @seen.setter
-    def seen(self, samples: list[tuple[int, float, float]]) -> None:
-        self.by_bin = {}
-        for size, share, value in samples:
-            self.observe(size, share, value)
-
     def observe(self, size: int, sac_share: float, normalised: float) -> bool:
         """One whole step; True when the price near ``size`` changed (plans made from it are stale)."""
         if size <= 0 or normalised <= 0 or not 0.0 <= sac_share <= 1.0:
