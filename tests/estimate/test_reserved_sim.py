@@ -129,7 +129,7 @@ def test_the_cli_flag_reaches_the_estimate() -> None:
 def test_fsdp_sizes_follow_the_estimates_totals() -> None:
     """Under FSDP2 each unit's all-gather output is its unsharded parameters in the compute dtype and the
     reduce-scatter output its share of the estimate's gradients; without FSDP there are no such streams."""
-    from memplan.model.linears import ParamTensor, model_parameters
+    from memplan.model.linears import model_parameters
 
     model = load_model("llama-3.2-1b")
     seen: list[object] = []

@@ -63,7 +63,6 @@ from memplan.estimate.stage_peak import LossPart
 
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
-_STATIC = (PARAMETERS, MASTER, OPTIMIZER, WORKSPACE)
 
 
 @dataclass(frozen=True)
