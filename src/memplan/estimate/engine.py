@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from memplan.errors import JobConfigError
-from memplan.estimate.context import rank_routed_factor, run_context, stage_context
+from memplan.estimate.context import RunContext, rank_routed_factor, run_context, stage_context
 from memplan.estimate.layer_costs import layer_costs
 from memplan.estimate.layout import pipeline_layout
 from memplan.estimate.memo import Same
 from memplan.estimate.result import Estimate, StageEstimate
 from memplan.estimate.compiled import compile_settings
 from memplan.estimate.run_notes import run_notes
-from memplan.estimate.stage import stage_estimate
+from memplan.estimate.stage import StageParts, simulate_stage, stage_parts
 from memplan.gpus import GPU
 from memplan.job import Job
 from memplan.jobcheck import validate_job_for_model
@@ -29,7 +29,8 @@ from memplan.model.spec import ModelSpec
 from memplan.peft.params import FinetuneParams
 from memplan.settings import InputSetting
 
-__all__ = ["DEFAULT_FRAGMENTATION", "Estimate", "estimate", "layer_activation_costs", "rank_routed_factor"]
+__all__ = ["DEFAULT_FRAGMENTATION", "Estimate", "estimate", "layer_activation_costs", "rank_routed_factor",
+           "simulated_stage_reserved"]
 
 #: The CUDA caching allocator hands out whole segments (2 MiB granularity, allocator source
 #: c10/cuda/CUDACachingAllocator.cpp kLargeBuffer/kRoundLarge) and freed blocks cannot always be
@@ -125,14 +126,12 @@ def _stages(model_key: Same, job: Job, fragmentation: float, simulate: bool = Fa
     ``Job``, by value), so it is memoised: a caller that estimates the same job again (a loop, the
     server, ``fit`` revisiting a candidate) gets the same figures without the walk; a job that
     fails validation raises every time (exceptions are not memoised)."""
-    model = model_key.obj
-    assert isinstance(model, ModelSpec)
-    validate_job_for_model(job, model)
-    run = run_context(model, job, fragmentation)
+    run, parts = _stage_parts(model_key, job, fragmentation)
     notes = run_notes(run)
     stages = []
-    for layout in pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split):
-        stage, stage_notes = stage_estimate(stage_context(run, layout), simulate_reserved=simulate)
+    for stage, stage_notes, inputs in parts:
+        if simulate:
+            stage, stage_notes = simulate_stage(stage, stage_notes, inputs)
         stages.append(stage)
         notes += stage_notes
     peak = max(stages, key=lambda s: (s.peak_allocated_bytes, -s.stage))
@@ -141,6 +140,32 @@ def _stages(model_key: Same, job: Job, fragmentation: float, simulate: bool = Fa
                      "(assumed allocator fragmentation)")
     compiled = compile_settings(run) if job.compile else ()
     return tuple(stages), tuple(dict.fromkeys(notes)), peak, run.counts, run.profile.name, compiled
+
+
+def simulated_stage_reserved(model: ModelSpec, job: Job, stage: int,
+                             fragmentation: float = DEFAULT_FRAGMENTATION) -> int:
+    """Pipeline stage ``stage``'s simulated peak reserved bytes: what :func:`estimate` with
+    ``reserved="simulated"`` gives for that stage of ``job``, without simulating the other stages (``fit``
+    needs only the peak stage's figure: :attr:`Estimate.peak_reserved_bytes` is the reserved of the stage
+    with the highest allocated, the same stage under either mode). Right after the job's fixed estimate
+    the stage's figures are not built again (:func:`_stage_parts`)."""
+    _, parts = _stage_parts(Same(model), job, fragmentation)
+    figures, notes, inputs = next(part for part in parts if part[0].stage == stage)
+    return simulate_stage(figures, notes, inputs)[0].peak_reserved_bytes
+
+
+@lru_cache(maxsize=8)
+def _stage_parts(model_key: Same, job: Job, fragmentation: float) -> tuple[
+        RunContext, tuple[tuple[StageEstimate, list[str], StageParts], ...]]:
+    """The job's context and per pipeline stage its fixed figures, their sentences and what its
+    reserved-memory schedule is built from. Memoised for a few jobs only (a stage's parts hold its ledger
+    and layer walk): ``fit`` prices a job's fixed figures, then simulates the peak stage of the same job."""
+    model = model_key.obj
+    assert isinstance(model, ModelSpec)
+    validate_job_for_model(job, model)
+    run = run_context(model, job, fragmentation)
+    layouts = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split)
+    return run, tuple(stage_parts(stage_context(run, layout)) for layout in layouts)
 
 
 def layer_activation_costs(model: ModelSpec, job: Job, index: int) -> tuple[int, int, int]:

@@ -3,13 +3,13 @@ build the :class:`~memplan.estimate.result.StageEstimate` (with the contribution
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import chain
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
 from memplan.estimate.layer_costs import dora_transient
-from memplan.estimate.layer_walk import walk_layers
+from memplan.estimate.layer_walk import LayerWalk, walk_layers
 from memplan.estimate.ledger import (
     ABSENT,
     ACTIVATIONS,
@@ -36,11 +36,38 @@ _SEGMENT = 2 * 1024 * 1024
 _BASE_PHASES = ("backward", "optimizer step", "end of backward")
 
 
+@dataclass(frozen=True)
+class StageParts:
+    """What the stage's reserved-memory schedule is built from (:func:`simulate_stage`)."""
+
+    ctx: StageContext
+    ledger: Ledger
+    walk: LayerWalk
+    acts: StageActivations
+    loss: LossPart
+
+
 def stage_estimate(ctx: StageContext, *, simulate_reserved: bool = False) -> tuple[StageEstimate, list[str]]:
     """The stage's figures at its peak, and the sentences of the contributions that made them.
 
     ``simulate_reserved``: the reserved figure from the allocator simulator run on the stage's
     schedule (:mod:`memplan.estimate.reserved_sim`) instead of the stated fragmentation."""
+    stage, notes, parts = stage_parts(ctx)
+    return simulate_stage(stage, notes, parts) if simulate_reserved else (stage, notes)
+
+
+def simulate_stage(stage: StageEstimate, notes: list[str], parts: StageParts) -> tuple[StageEstimate, list[str]]:
+    """The stage's figures (``stage``, ``notes``: :func:`stage_parts`'s) with the reserved figure of the
+    allocator simulator run on the stage's schedule (:mod:`memplan.estimate.reserved_sim`)."""
+    from memplan.estimate.reserved_sim import simulated_reserved  # the allocator model, only when asked
+
+    sim = simulated_reserved(parts.ctx, parts.ledger, parts.walk, parts.acts, parts.loss)
+    return replace(stage, peak_reserved_bytes=sim.reserved), [*notes, sim.note]
+
+
+def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts]:
+    """The stage's figures with the fixed reserved figure, their sentences, and what its reserved-memory
+    schedule is built from."""
     st = model_states(ctx)
     dora = dora_transient(ctx) if st.ft is not None else 0
     walk = walk_layers(ctx, dora)
@@ -56,12 +83,7 @@ def stage_estimate(ctx: StageContext, *, simulate_reserved: bool = False) -> tup
     peak = ledger.peak()
     stage = _stage_figures(ctx, st, acts, loss, ledger, peak, max_comm, memory,
                            captured_layers=sum(walk.chunk_graph_layers))
-    if not simulate_reserved:
-        return stage, [*ledger.notes(), *acts.notes]
-    from memplan.estimate.reserved_sim import simulated_reserved  # the allocator model, only when asked
-
-    sim = simulated_reserved(ctx, ledger, walk, acts, loss)
-    return replace(stage, peak_reserved_bytes=sim.reserved), [*ledger.notes(), *acts.notes, sim.note]
+    return stage, [*ledger.notes(), *acts.notes], StageParts(ctx, ledger, walk, acts, loss)
 
 
 def _stage_figures(ctx: StageContext, st: StageStates, acts: StageActivations, loss: LossPart, ledger: Ledger,

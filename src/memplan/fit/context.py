@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from memplan.estimate.engine import estimate
+from memplan.estimate.engine import estimate, reserved_mode, simulated_stage_reserved
 from memplan.estimate.result import Estimate
 from memplan.fit.hardware import Hardware, hardware_for
 from memplan.fit.results import Candidate, FitError, memory_limit
@@ -23,6 +23,7 @@ __all__ = [
     "FULL_RECOMPUTE",
     "NO_RECOMPUTE",
     "SELECTIVE_RECOMPUTE",
+    "Priced",
     "SearchContext",
     "default_global_batch",
     "make_context",
@@ -37,6 +38,31 @@ def default_global_batch(gpus: int, seq: int) -> int:
     """``ceil(4 Mi tokens / seq)`` sequences, at least one per GPU, rounded up to a multiple of ``gpus``."""
     seqs = max(gpus, -(-DEFAULT_TOKENS_PER_STEP // seq))
     return -(-seqs // gpus) * gpus
+
+
+@dataclass(frozen=True)
+class Priced:
+    """What the search knows of one job's memory.
+
+    ``estimate`` is the job's estimate with the fixed reserved figure (its allocated figures, per stage and at
+    the peak stage, are those of every reserved mode). ``reserved`` is the peak reserved bytes that
+    :func:`~memplan.estimate.estimate` gives for the job in its own reserved mode, or None when that is the
+    simulator's and the peak allocated alone already exceeds the limit: the job cannot fit whatever the
+    allocator does (reserved >= allocated), so its schedule is not simulated."""
+
+    estimate: Estimate
+    reserved: int | None
+    #: Whether ``reserved`` is (or would be) the allocator simulator's, not ``estimate``'s fixed figure.
+    simulated: bool = False
+
+    @property
+    def allocated(self) -> int:
+        return self.estimate.peak_allocated_bytes
+
+    @property
+    def at_least(self) -> int:
+        """The peak reserved bytes, or where they were not simulated the allocated bytes (a lower bound)."""
+        return self.allocated if self.reserved is None else self.reserved
 
 
 @dataclass
@@ -58,7 +84,7 @@ class SearchContext:
     #: replaces only its layout, sharding, micro-batch and recompute.
     base: Job = field(default_factory=Job)
     estimates: int = 0
-    cache: dict[Job, Estimate] = field(default_factory=dict)
+    cache: dict[Job, Priced] = field(default_factory=dict)
 
     def job(self, layout: Layout, mbs: int, recompute: Recompute) -> Job:
         return replace(
@@ -68,25 +94,37 @@ class SearchContext:
             framework=self.framework,
         )
 
-    def estimate(self, job: Job) -> Estimate:
+    def price(self, job: Job) -> Priced:
+        """The job's memory, priced once per search. In the simulated reserved mode the fixed estimate comes
+        first, and only the peak stage of a job whose peak allocated is within the limit is simulated (the
+        same figure :func:`~memplan.estimate.estimate` gives: it reports the reserved of that stage)."""
         if job not in self.cache:
             self.estimates += 1
-            self.cache[job] = estimate(self.model, job, fragmentation=self.fragmentation)
+            fixed = estimate(self.model, job, fragmentation=self.fragmentation, reserved="fixed")
+            reserved: int | None = fixed.peak_reserved_bytes
+            simulated = reserved_mode(job) == "simulated"
+            if simulated:
+                reserved = None if fixed.peak_allocated_bytes > self.limit else simulated_stage_reserved(
+                    self.model, job, fixed.peak_stage, self.fragmentation)
+            self.cache[job] = Priced(fixed, reserved, simulated)
         return self.cache[job]
 
     def fits(self, job: Job) -> bool:
-        return self.estimate(job).peak_reserved_bytes <= self.limit
+        reserved = self.price(job).reserved
+        return reserved is not None and reserved <= self.limit
 
     def seconds(self, job: Job) -> float:
         """Predicted step time of ``job`` (no estimate needed)."""
         return step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node).total_s
 
     def candidate(self, layout: Layout, job: Job) -> Candidate:
-        est = self.estimate(job)
+        """A fitting job as a candidate (its figures those :func:`~memplan.estimate.estimate` gives)."""
+        priced = self.price(job)
+        assert priced.reserved is not None, "only a job that fits is a candidate"
         return Candidate(
-            layout=layout, job=job, reserved_bytes=est.peak_reserved_bytes,
-            allocated_bytes=est.peak_allocated_bytes, peak_stage=est.peak_stage,
-            headroom_bytes=self.limit - est.peak_reserved_bytes,
+            layout=layout, job=job, reserved_bytes=priced.reserved,
+            allocated_bytes=priced.allocated, peak_stage=priced.estimate.peak_stage,
+            headroom_bytes=self.limit - priced.reserved,
             step=step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node),
         )
 

@@ -91,8 +91,12 @@ class RejectedFamily:
     #: Layouts of the family that were left out.
     layouts: int
     reason: str
-    #: Smallest predicted reserved bytes of any member (micro-batch 1, full recompute), if estimated.
+    #: Predicted peak reserved bytes of the member needing the least (micro-batch 1, full recompute), if
+    #: estimated; None also when the reserved figure is the allocator simulator's and that member's peak
+    #: allocated alone exceeds the limit (its schedule is not simulated: reserved is at least the allocated).
     min_reserved_bytes: int | None = None
+    #: That member's peak allocated bytes, if estimated.
+    min_allocated_bytes: int | None = None
     #: Model states (weights, gradients, optimizer) of that member's peak stage.
     states_bytes: int | None = None
 

@@ -25,11 +25,11 @@ from collections.abc import Callable
 
 from memplan.errors import ConfigError
 from memplan.estimate.engine import DEFAULT_FRAGMENTATION
-from memplan.estimate.result import Estimate
 from memplan.fit.context import (
     FULL_RECOMPUTE,
     NO_RECOMPUTE,
     SELECTIVE_RECOMPUTE,
+    Priced,
     SearchContext,
     make_context,
 )
@@ -96,8 +96,8 @@ def _micro_batches(ctx: SearchContext, layout: Layout) -> list[int]:
 
 def _search_layout(
     ctx: SearchContext, layout: Layout, cutoff: float = math.inf
-) -> tuple[list[Candidate], Estimate | None, bool]:
-    """Fitting candidates of one layout (one per micro-batch), the cheapest estimate if none fit,
+) -> tuple[list[Candidate], Priced | None, bool]:
+    """Fitting candidates of one layout (one per micro-batch), the cheapest job's price if none fit,
     and whether micro-batches were skipped because even without recompute they are slower than
     ``cutoff`` (the k-th best step time found so far)."""
     out: list[Candidate] = []
@@ -113,7 +113,7 @@ def _search_layout(
         out.append(ctx.candidate(layout, job))
     if out or skipped:
         return out, None, skipped and not out
-    return out, ctx.estimate(ctx.job(layout, 1, FULL_RECOMPUTE)), False
+    return out, ctx.price(ctx.job(layout, 1, FULL_RECOMPUTE)), False
 
 
 def _family(layout: Layout) -> str:
@@ -125,25 +125,34 @@ def _family(layout: Layout) -> str:
     return " ".join(parts)
 
 
-def _rejections(failed: list[tuple[Layout, Estimate]], excluded: tuple[Excluded, ...], limit: int) -> tuple[RejectedFamily, ...]:
-    groups: dict[str, list[tuple[Layout, Estimate]]] = {}
-    for layout, est in failed:
-        groups.setdefault(_family(layout), []).append((layout, est))
+def _rejections(failed: list[tuple[Layout, Priced]], excluded: tuple[Excluded, ...], limit: int) -> tuple[RejectedFamily, ...]:
+    groups: dict[str, list[tuple[Layout, Priced]]] = {}
+    for layout, priced in failed:
+        groups.setdefault(_family(layout), []).append((layout, priced))
     out = []
     for family, members in groups.items():
-        layout, est = min(members, key=lambda m: m[1].peak_reserved_bytes)
-        stage = est.stages[est.peak_stage]
+        layout, priced = min(members, key=lambda m: m[1].at_least)
+        stage = priced.estimate.stages[priced.estimate.peak_stage]
         states = stage.parameters_bytes + stage.gradients_bytes + stage.optimizer_bytes
         what = "model states alone" if states > limit else "even with full recompute and micro-batch 1"
+        figure = "" if priced.reserved is not None else " allocated"
         out.append(RejectedFamily(
-            family=family, layouts=len(members), min_reserved_bytes=est.peak_reserved_bytes, states_bytes=states,
-            reason=f"{what}: {est.peak_reserved_bytes / GiB:.1f} GiB > {limit / GiB:.1f} GiB ({layout.label})",
+            family=family, layouts=len(members), min_reserved_bytes=priced.reserved,
+            min_allocated_bytes=priced.allocated, states_bytes=states,
+            reason=f"{what}: {priced.at_least / GiB:.1f} GiB{figure} > {limit / GiB:.1f} GiB ({layout.label})",
         ))
     counts: dict[tuple[str, str], int] = {}
     for ex in excluded:
         counts[(ex.family, ex.reason)] = counts.get((ex.family, ex.reason), 0) + 1
     out += [RejectedFamily(family=f, layouts=n, reason=r) for (f, r), n in counts.items()]
-    return tuple(sorted(out, key=lambda r: (r.min_reserved_bytes is None, r.min_reserved_bytes or 0)))
+    return tuple(sorted(out, key=_least))
+
+
+def _least(family: RejectedFamily) -> tuple[bool, int]:
+    """Estimated families first, by the least memory their cheapest member needs (reserved, else allocated)."""
+    if family.min_reserved_bytes is not None:
+        return False, family.min_reserved_bytes
+    return family.min_allocated_bytes is None, family.min_allocated_bytes or 0
 
 
 def fit(
@@ -216,7 +225,7 @@ def fit(
             bounds[lay] = min((ctx.seconds(ctx.job(lay, m, NO_RECOMPUTE)) for m in _micro_batches(ctx, lay)), default=math.inf)
         usable.sort(key=bounds.__getitem__)
     candidates: list[Candidate] = []
-    failed: list[tuple[Layout, Estimate]] = []
+    failed: list[tuple[Layout, Priced]] = []
     fastest: list[float] = []  # max-heap (negated) of the `top` best step times so far
     pruned = 0
     for index, layout in enumerate(usable):
