@@ -13,7 +13,7 @@ from memplan.estimate.result import Estimate
 from memplan.fit.hardware import Hardware, hardware_for
 from memplan.fit.results import Candidate, FitError, memory_limit
 from memplan.fit.space import Layout, SearchSpace
-from memplan.fit.steptime import step_time
+from memplan.fit.steptime import StepTime, step_time
 from memplan.gpus import GPU, get_gpu
 from memplan.job import Batch, FrameworkName, Job, Parallelism, Precision, PrecisionName, Recompute
 from memplan.model.spec import ModelSpec
@@ -85,6 +85,9 @@ class SearchContext:
     base: Job = field(default_factory=Job)
     estimates: int = 0
     cache: dict[Job, Priced] = field(default_factory=dict)
+    #: Predicted step times of the jobs met so far (the search asks again for some: a candidate's, the
+    #: no-recompute bound of its micro-batch).
+    times: dict[Job, StepTime] = field(default_factory=dict)
 
     def job(self, layout: Layout, mbs: int, recompute: Recompute) -> Job:
         return replace(
@@ -113,9 +116,15 @@ class SearchContext:
         reserved = self.price(job).reserved
         return reserved is not None and reserved <= self.limit
 
-    def seconds(self, job: Job) -> float:
+    def step(self, job: Job) -> StepTime:
         """Predicted step time of ``job`` (no estimate needed)."""
-        return step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node).total_s
+        if job not in self.times:
+            self.times[job] = step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node)
+        return self.times[job]
+
+    def seconds(self, job: Job) -> float:
+        """Predicted seconds per step of ``job``."""
+        return self.step(job).total_s
 
     def candidate(self, layout: Layout, job: Job) -> Candidate:
         """A fitting job as a candidate (its figures those :func:`~memplan.estimate.estimate` gives)."""
@@ -125,7 +134,7 @@ class SearchContext:
             layout=layout, job=job, reserved_bytes=priced.reserved,
             allocated_bytes=priced.allocated, peak_stage=priced.estimate.peak_stage,
             headroom_bytes=self.limit - priced.reserved,
-            step=step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node),
+            step=self.step(job),
         )
 
 

@@ -35,7 +35,7 @@ def _smallest_fitting_world(ctx: SearchContext) -> tuple[int, Estimate] | None:
     world = ctx.world * 2 if ctx.world >= gpn else gpn
     while world <= MAX_SUGGESTED_GPUS:
         sub = SearchContext(**{**ctx.__dict__, "world": world, "gbs": default_global_batch(world, ctx.seq),
-                          "estimates": 0, "cache": {}})
+                          "estimates": 0, "cache": {}, "times": {}})
         layouts, _ = enumerate_layouts(ctx.model, world, seq=ctx.seq, framework=ctx.framework, space=ctx.space)
         # Most model-parallel layouts first: they hold the least per GPU.
         for layout in sorted(layouts, key=lambda lay: -(lay.tp * lay.pp * lay.ep * lay.cp)):

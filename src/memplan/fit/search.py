@@ -36,7 +36,6 @@ from memplan.fit.context import (
 from memplan.fit.nofit import no_fit_error
 from memplan.fit.results import FIT_MARGIN, Candidate, FitError, FitResult, RejectedFamily
 from memplan.fit.space import Excluded, Layout, SearchSpace, divisors, enumerate_layouts
-from memplan.fit.steptime import step_time
 from memplan.gpus import GPU
 from memplan.job import FrameworkName, Job, PrecisionName, Recompute
 from memplan.model.spec import ModelSpec
@@ -82,9 +81,7 @@ def _best_at(ctx: SearchContext, layout: Layout, mbs: int, plain_first: bool) ->
         else:
             lo = mid + 1
     selective = ctx.job(layout, mbs, SELECTIVE_RECOMPUTE)
-    hw, gpn = ctx.hardware, ctx.space.gpus_per_node
-    if step_time(ctx.model, selective, hw, gpus_per_node=gpn).total_s < \
-            step_time(ctx.model, best, hw, gpus_per_node=gpn).total_s and ctx.fits(selective):
+    if ctx.seconds(selective) < ctx.seconds(best) and ctx.fits(selective):
         return selective
     return best
 
