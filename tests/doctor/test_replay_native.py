@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memplan.alloc.constants import NO_MAX_SPLIT, ROUNDUP_INTERVALS
-from memplan.alloc.schedule import alloc_op, free_op, replay_schedule
+from memplan.alloc.schedule import alloc_op, free_op, repeat_copies, replay_schedule
 from memplan.alloc.settings import AllocatorSettings
 from memplan.doctor import diagnose, replay
 from memplan.doctor.replay import replay_native, replay_trace, trace_shape
@@ -226,3 +226,49 @@ def test_schedule_rejects_a_free_of_no_live_allocation() -> None:
         replay_schedule([alloc_op(1024), free_op(0), free_op(0)], AllocatorSettings())
     with pytest.raises(ValueError, match="op 0 frees position 3"):
         replay_schedule([free_op(3)], AllocatorSettings())
+
+
+@st.composite
+def _stretches(draw: st.DrawFn) -> tuple[object, ...]:
+    """A schedule, a recorded stretch of it (its own frees and frees of earlier blocks) and sides to copy it for."""
+    before = draw(st.lists(st.integers(0, 2**40), min_size=1, max_size=12))
+    ops = [alloc_op(size, draw(st.integers(0, 3))) for size in before]
+    outside = draw(st.lists(st.one_of(st.none(), st.integers(0, len(ops) - 1)), max_size=4))
+    start = len(ops)
+    template: list[int] = []
+    outside_at: list[int] = []
+    for _ in range(draw(st.integers(0, 10))):
+        own = [at for at, op in enumerate(template) if op >= 0]
+        choice = draw(st.integers(0, 2))
+        if choice == 1 and own:
+            template.append(free_op(start + draw(st.sampled_from(own))))
+        elif choice == 2 and any(b is not None for b in outside):
+            index = draw(st.sampled_from([i for i, b in enumerate(outside) if b is not None]))
+            outside_at += [len(template), index]
+            template.append(free_op(outside[index]))  # type: ignore[arg-type]
+        else:
+            template.append(alloc_op(draw(st.integers(0, 2**40))))
+    made = [start + at for at, op in enumerate(template) if op >= 0]
+    result = [draw(st.lists(st.one_of(st.none(), st.sampled_from(made)) if made else st.none(), max_size=3))
+              for _ in range(draw(st.integers(0, 3)))]
+    ops += template
+    sizes = tuple(-1 if b is None else ops[b] for b in outside)
+    sides = [list(outside) if draw(st.booleans()) else
+             [None if b is None else draw(st.integers(0, len(ops) - 1)) for b in outside]
+             for _ in range(draw(st.integers(0, 4)))]
+    return ops, template, outside_at, sides, sizes, result, len(ops) - start
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(case=_stretches())
+def test_native_repeat_copies_equals_python(case: tuple[object, ...]) -> None:
+    """``repeat_copies`` (Replay.repeat_run's copies) appends the same ops and returns the same blocks in the C
+    core as in Python, and declines (None, the schedule unchanged) the same sides."""
+    ops, *rest = case
+    native, python = list(ops), list(ops)  # type: ignore[call-overload]
+    got = repeat_copies(native, *rest, engine="auto")  # type: ignore[arg-type]
+    want = repeat_copies(python, *rest, engine="python")  # type: ignore[arg-type]
+    assert got == want and native == python
+    if want is None:
+        assert native == ops

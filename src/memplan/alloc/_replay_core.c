@@ -24,6 +24,10 @@
  *    allocation that ran out of memory (the replay stops there): memplan.alloc.schedule's answer, or None for
  *    an op it does not handle (not a 64-bit int, a size of 2**50 or more, a free of no live allocation).
  *
+ * repeat_copies(ops, template_ops, outside_at, sides, sizes, result, base)
+ *   copies of a recorded stretch appended to ops: memplan.alloc.schedule.repeat_copies's answer, or None
+ *   (ops unchanged) when a side's sizes differ or an op is not a 64-bit int.
+ *
  * replay -> None when the trace is outside what this core handles (a block id or stream that is not a
  *    64-bit int, a size that is negative or 2**50 or more, a free of a block not allocated): the
  *    caller then replays in Python, which gives its own answer (or error) for such a trace.
@@ -1055,11 +1059,163 @@ static PyObject *shape(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Copies of a recorded stretch of a schedule (memplan.alloc.schedule.repeat_copies) */
+
+/* Whether every side's blocks have the sizes (ops) of ``sizes`` (-1: None); -1 on error. */
+static int sides_match(PyObject *ops, PyObject *sides, PyObject *sizes) {
+    Py_ssize_t n_ops = PyList_GET_SIZE(ops), n_sizes = PyTuple_GET_SIZE(sizes);
+    for (Py_ssize_t c = 0; c < PyList_GET_SIZE(sides); c++) {
+        PyObject *side = PySequence_Fast(PyList_GET_ITEM(sides, c), "a side must be a sequence");
+        if (side == NULL)
+            return -1;
+        int ok = PySequence_Fast_GET_SIZE(side) == n_sizes;
+        for (Py_ssize_t j = 0; ok && j < n_sizes; j++) {
+            PyObject *b = PySequence_Fast_GET_ITEM(side, j);
+            i64 want, at, have;
+            if (!as_i64(PyTuple_GET_ITEM(sizes, j), &want))
+                ok = 0;
+            else if (b == Py_None)
+                ok = want == -1;
+            else
+                ok = as_i64(b, &at) && at >= 0 && at < n_ops && as_i64(PyList_GET_ITEM(ops, at), &have) &&
+                     have == want;
+        }
+        Py_DECREF(side);
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+/* The copies' ops appended to ``ops``: the template's, its own frees moved by each copy's delta, the frees
+ * of outside blocks (outside_at: flat (at, index) pairs) replaced by the side's block. 0: an op outside the
+ * core's range (nothing appended), -1: error. */
+static int append_copies(PyObject *ops, PyObject *tops, PyObject *outside_at, PyObject *sides, i64 base) {
+    Py_ssize_t span = PyList_GET_SIZE(tops), k = PyList_GET_SIZE(sides), n_at = PyList_GET_SIZE(outside_at) / 2;
+    Py_ssize_t start = PyList_GET_SIZE(ops);
+    i64 *tv = malloc((span > 0 ? (size_t)span : 1) * sizeof *tv);
+    i64 *outs = malloc((n_at > 0 ? (size_t)(2 * n_at) : 1) * sizeof *outs);
+    if (tv == NULL || outs == NULL) {
+        free(tv);
+        free(outs);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int ok = 1;
+    for (Py_ssize_t i = 0; ok && i < span; i++)
+        ok = as_i64(PyList_GET_ITEM(tops, i), &tv[i]);
+    for (Py_ssize_t i = 0; ok && i < 2 * n_at; i++)
+        ok = as_i64(PyList_GET_ITEM(outside_at, i), &outs[i]) && outs[i] >= 0 && (i % 2 ? 1 : outs[i] < span);
+    for (Py_ssize_t c = 0; ok == 1 && c < k; c++) {
+        i64 delta = base + (i64)c * span;
+        PyObject *side = PySequence_Fast(PyList_GET_ITEM(sides, c), "a side must be a sequence");
+        if (side == NULL) {
+            ok = -1;
+            break;
+        }
+        for (Py_ssize_t i = 0; ok == 1 && i < span; i++) {
+            i64 op = tv[i] >= 0 ? tv[i] : tv[i] - delta;
+            for (Py_ssize_t j = 0; j < n_at; j++) { /* a free of an outside block: the side's block */
+                i64 block;
+                if (outs[2 * j] == i) {
+                    if (outs[2 * j + 1] >= PySequence_Fast_GET_SIZE(side) ||
+                        !as_i64(PySequence_Fast_GET_ITEM(side, outs[2 * j + 1]), &block))
+                        ok = 0;
+                    op = ~block;
+                }
+            }
+            PyObject *value = ok == 1 ? PyLong_FromLongLong(op) : NULL;
+            if (ok == 1 && (value == NULL || PyList_Append(ops, value) < 0))
+                ok = -1;
+            Py_XDECREF(value);
+        }
+        Py_DECREF(side);
+    }
+    free(tv);
+    free(outs);
+    if (ok != 1 && PyList_SetSlice(ops, start, PyList_GET_SIZE(ops), NULL) < 0)
+        return -1;
+    return ok;
+}
+
+/* Each copy's blocks that outlive it: the template's result moved by the copy's delta. */
+static PyObject *copied_results(PyObject *result, Py_ssize_t k, Py_ssize_t span, i64 base) {
+    Py_ssize_t n = PyList_GET_SIZE(result);
+    PyObject *out = PyList_New(k * n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t c = 0; c < k; c++) {
+        i64 delta = base + (i64)c * span;
+        for (Py_ssize_t r = 0; r < n; r++) {
+            PyObject *blocks = PySequence_Fast(PyList_GET_ITEM(result, r), "a result must be a sequence");
+            if (blocks == NULL)
+                goto error;
+            Py_ssize_t m = PySequence_Fast_GET_SIZE(blocks);
+            PyObject *moved = PyList_New(m);
+            if (moved == NULL) {
+                Py_DECREF(blocks);
+                goto error;
+            }
+            PyList_SET_ITEM(out, c * n + r, moved);
+            for (Py_ssize_t i = 0; i < m; i++) {
+                PyObject *b = PySequence_Fast_GET_ITEM(blocks, i);
+                i64 at;
+                PyObject *value;
+                if (b == Py_None) {
+                    Py_INCREF(Py_None);
+                    value = Py_None;
+                } else if (as_i64(b, &at)) {
+                    value = PyLong_FromLongLong(at + delta);
+                } else {
+                    PyErr_SetString(PyExc_TypeError, "a block must be an int or None");
+                    value = NULL;
+                }
+                if (value == NULL) {
+                    Py_DECREF(blocks);
+                    goto error;
+                }
+                PyList_SET_ITEM(moved, i, value);
+            }
+            Py_DECREF(blocks);
+        }
+    }
+    return out;
+error:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* repeat_copies(ops, template_ops, outside_at, sides, sizes, result, base): see memplan.alloc.schedule. */
+static PyObject *repeat_copies(PyObject *self, PyObject *args) {
+    PyObject *ops, *tops, *outside_at, *sides, *sizes, *result;
+    long long base;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!L", &PyList_Type, &ops, &PyList_Type, &tops, &PyList_Type,
+                          &outside_at, &PyList_Type, &sides, &PyTuple_Type, &sizes, &PyList_Type, &result, &base))
+        return NULL;
+    int match = sides_match(ops, sides, sizes);
+    if (match <= 0) {
+        if (match < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    int appended = append_copies(ops, tops, outside_at, sides, base);
+    if (appended <= 0) {
+        if (appended < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return copied_results(result, PyList_GET_SIZE(sides), PyList_GET_SIZE(tops), base);
+}
+
 static PyMethodDef methods[] = {
     {"replay", replay, METH_VARARGS, "Replay a trace through the caching-allocator model (see the module comment)."},
     {"schedule", schedule, METH_VARARGS,
      "schedule(ops, max_split, divisions, gc_threshold, expandable, capacity) -> (peak_reserved, peak_allocated, "
      "reserved, allocated, oom_at) | None: memplan.alloc.schedule.replay_schedule."},
+    {"repeat_copies", repeat_copies, METH_VARARGS,
+     "repeat_copies(ops, template_ops, outside_at, sides, sizes, result, base) -> list | None: "
+     "memplan.alloc.schedule.repeat_copies."},
     {"shape", shape, METH_VARARGS,
      "shape(events, alloc_kind) -> (run_starts, same_as_previous) | None: memplan.doctor.replay.trace_shape."},
     {NULL, NULL, 0, NULL},

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -27,7 +28,7 @@ from memplan.alloc.allocator import CachingAllocator, OutOfMemory
 from memplan.alloc.blocks import Block
 from memplan.alloc.settings import AllocatorSettings
 
-__all__ = ["STREAM_BITS", "ScheduleResult", "alloc_op", "free_op", "replay_schedule"]
+__all__ = ["STREAM_BITS", "ScheduleResult", "alloc_op", "free_op", "repeat_copies", "replay_schedule"]
 
 _native: ModuleType | None
 try:  # the optional C extension (setup.py)
@@ -75,6 +76,40 @@ def replay_schedule(ops: list[int], settings: AllocatorSettings, *, engine: str 
             peak_r, peak_a, reserved, allocated, oom_at = out
             return ScheduleResult(peak_r, peak_a, reserved, allocated, None if oom_at < 0 else oom_at)
     return _replay_python(ops, settings)
+
+
+def repeat_copies(ops: list[int], template: list[int], outside_at: list[int], sides: list[Sequence[int | None]],
+                  sizes: tuple[int, ...], result: list[list[int | None]], base: int, *, engine: str = "auto"
+                  ) -> list[list[int | None]] | None:
+    """Append to ``ops`` one copy of a recorded stretch per side, and return each copy's ``result`` moved.
+
+    ``template``: the stretch's ops as recorded, its first op at position ``len(ops) - base``; copy ``c``
+    (from 0) starts ``base + c * len(template)`` positions after that, so its frees of its own blocks move
+    by that much; ``outside_at``: flat (position in the stretch, index in the side) pairs of the stretch's
+    frees of blocks made before it, which in copy ``c`` free ``sides[c][index]`` instead; ``sizes``: the ops
+    (``-1`` for None) every side's blocks must have. Returns ``[[b + delta ...] for each copy for each list
+    of result]`` (None stays None), or None with ``ops`` unchanged when a side's sizes differ. In the C core
+    when built (see :func:`replay_schedule`), else in Python: both give the same answer (a test)."""
+    if engine == "auto" and _native is not None and os.environ.get(_PURE_PYTHON_ENV) != "1":
+        return _native.repeat_copies(ops, template, outside_at, sides, sizes, result, base)
+    return _repeat_copies_python(ops, template, outside_at, sides, sizes, result, base)
+
+
+def _repeat_copies_python(ops: list[int], template: list[int], outside_at: list[int],
+                          sides: list[Sequence[int | None]], sizes: tuple[int, ...], result: list[list[int | None]],
+                          base: int) -> list[list[int | None]] | None:
+    for side in sides:
+        if len(side) != len(sizes) or any((-1 if b is None else ops[b]) != size for b, size in zip(side, sizes)):
+            return None
+    span = len(template)
+    deltas = [base + c * span for c in range(len(sides))]
+    copied = [op if op >= 0 else op - delta for delta in deltas for op in template]
+    pairs = list(zip(outside_at[::2], outside_at[1::2]))
+    for c, side in enumerate(sides):
+        for at, index in pairs:
+            copied[c * span + at] = ~side[index]  # type: ignore[operator]
+    ops += copied
+    return [[None if b is None else b + delta for b in blocks] for delta in deltas for blocks in result]
 
 
 def _replay_python(ops: list[int], settings: AllocatorSettings) -> ScheduleResult:

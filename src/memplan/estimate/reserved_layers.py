@@ -2,13 +2,15 @@
 :mod:`memplan.estimate.reserved_sim`), each layer's events made by :mod:`~memplan.estimate.reserved_forward`
 and :mod:`~memplan.estimate.reserved_backward`, FSDP2's all-gather around them.
 
-A layer at the same sizes as an earlier one (same layer kind, kept bytes, transient, weight copies,
-gradient and FSDP2 sizes: its :class:`LayerKeys` entry) makes the same events, so its stretch of the
-schedule is copied rather than built again (:meth:`~memplan.estimate.reserved_replay.Replay.repeat`), and a
-run of such layers is copied at once (:meth:`~memplan.estimate.reserved_replay.Replay.repeat_run`). The
-copies are exactly the events the layers would make (a test compares with the schedule built layer by
-layer). Copying a whole pass in the second step as well was measured slower (its recording cost more than
-the copy saved once runs are copied at once).
+A layer whose stretch is made from the same values as an earlier one's (its tensors, weight copies,
+transient, gradient and FSDP2 sizes: its :class:`LayerKeys` entry) makes the same events, so its stretch of
+the schedule is copied rather than built again (:meth:`~memplan.estimate.reserved_replay.Replay.repeat`),
+also when another stage or job recorded it (:func:`~memplan.estimate.reserved_replay.shared_templates`),
+and a run of such layers is copied at once (:meth:`~memplan.estimate.reserved_replay.Replay.repeat_run`, the
+copies made by :func:`memplan.alloc.schedule.repeat_copies`, in the C core when built). The copies are
+exactly the events the layers would make (tests compare with the schedule built layer by layer, also after
+other jobs recorded the stretches). Copying a whole pass in the second step as well was measured slower (its
+recording cost more than the copy saved once runs are copied at once).
 """
 
 from __future__ import annotations
@@ -19,44 +21,66 @@ from dataclasses import dataclass
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import Ledger
-from memplan.estimate.reserved_backward import backward_layer
+from memplan.estimate.reserved_backward import backward_layer, eager_backward
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
-from memplan.estimate.reserved_replay import Block, Replay
+from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
 
 Saved = list[list[Block | None]]
 
 
 @dataclass(frozen=True)
 class LayerKeys:
-    """Per layer of the stage, what its forward's and its backward's events depend on."""
+    """Per layer of the stage, the recorded stretches of its forward and of its backward
+    (:func:`~memplan.estimate.reserved_replay.shared_templates`: layers, stages and jobs whose stretches make
+    the same events share them), and the tensors its forward makes
+    (:func:`~memplan.estimate.reserved_forward.layer_blocks`)."""
 
-    forward: tuple[object, ...]
-    backward: tuple[object, ...]
+    forward: tuple[Templates, ...]
+    backward: tuple[Templates, ...]
+    tensors: tuple[list[tuple[int, int, bool]], ...]
 
 
 def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]],
                grads: Sequence[Sequence[int]] | None, fsdp: FsdpSizes | None) -> LayerKeys:
     """The keys of the stage's layers (``casts``: per layer autocast's saved and cached weight copies;
-    ``grads``: per unit the gradients its backward makes, None when they are not made in the backward)."""
+    ``grads``: per unit the gradients its backward makes, None when they are not made in the backward).
+
+    A key holds, as values, what the stretch's events are made from: a forward's FSDP2 sizes, its tensors
+    (:func:`~memplan.estimate.reserved_forward.layer_blocks`) and weight copies (:func:`forward_pass`); a
+    backward's also its transient, the eager softmax backward's plan
+    (:func:`~memplan.estimate.reserved_backward.eager_backward`, what
+    :func:`~memplan.estimate.reserved_backward.backward_layer` reads of the run) and the gradients it makes
+    (:func:`backward_pass`). Within the stage, layers are first told apart by what those are computed from
+    (the layer's kind, kept bytes, recompute, copies), so each is computed once per kind."""
     copies, cached = casts
-    forward: list[object] = []
-    backward: list[object] = []
-    # each distinct key as a small int: a pass's key is then a tuple of ints, cheap to hash
-    ids: dict[object, int] = {}
-    last = len(walk.per_layer) - 1
+    forward: list[Templates] = []
+    backward: list[Templates] = []
+    tensors: list[list[tuple[int, int, bool]]] = []
+    local: dict[object, tuple[Templates, list[tuple[int, int, bool]]]] = {}
+    local_backward: dict[object, Templates] = {}
     for position, (index, kept, transient) in enumerate(walk.per_layer):
         unit = position + 1
-        kind = id(ctx.run.model.layers[index])  # one object per layer kind: the model outlives the schedule
+        layer = ctx.run.model.layers[index]  # the model outlives the schedule: its id tells kinds apart here
         sizes = None if fsdp is None else (fsdp.gather_input[unit], tuple(fsdp.unsharded[unit]),
                                            tuple(fsdp.sharded_grads[unit]))
+        made_by = (tuple(copies[position]), tuple(cached[position]), sizes)
         # layer_blocks reads whether the layer is checkpointed (a layer-checkpointing policy's others save all)
-        forward.append(ids.setdefault(("forward", kind, kept, index in ctx.recomputed, tuple(copies[position]),
-                                       tuple(cached[position]), sizes), len(ids)))
+        seen = (id(layer), kept, index in ctx.recomputed, made_by)
+        if seen not in local:
+            blocks = layer_blocks(ctx, index, kept)
+            local[seen] = (shared_templates(("forward", tuple(blocks), made_by)), blocks)
+        forward_key, blocks = local[seen]
+        forward.append(forward_key)
+        tensors.append(blocks)
         made = None if grads is None else tuple(grads[unit])
-        backward.append(ids.setdefault(("backward", kind, kept, transient, position == last,
-                                        tuple(copies[position]), made, sizes), len(ids)))
-    return LayerKeys(tuple(forward), tuple(backward))
+        seen_backward = (forward_key, id(layer), transient, made)
+        if seen_backward not in local_backward:
+            plan = eager_backward(layer, ctx.run, transient)
+            local_backward[seen_backward] = shared_templates(("backward", tuple(blocks), made_by, transient, plan,
+                                                              made))
+        backward.append(local_backward[seen_backward])
+    return LayerKeys(tuple(forward), tuple(backward), tuple(tensors))
 
 
 def _runs(keys: Sequence[object], order: Sequence[int]) -> list[list[int]]:
@@ -79,9 +103,8 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
     copies, cached = casts
 
     def layer(position: int) -> Saved:
-        index, kept, _ = walk.per_layer[position]
         params = replay.gather(fsdp, position + 1)
-        held = forward_layer(replay, layer_blocks(ctx, index, kept), list(copies[position]), list(cached[position]))
+        held = forward_layer(replay, keys.tensors[position], list(copies[position]), list(cached[position]))
         replay.give(*params)
         return list(held)
 

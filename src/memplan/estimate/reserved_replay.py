@@ -8,15 +8,18 @@ bytes (what :attr:`CachingAllocator.requested <memplan.alloc.allocator.CachingAl
 of the sizes asked for by the live allocations) are tracked as the schedule goes, so a ledger moment's
 top-up is known without the allocator. :meth:`Replay.finish` replays the list once through the
 caching-allocator model (its C core when built). A stretch of the schedule that repeats, a decoder
-layer's forward or backward at the same sizes, is recorded once and copied (:meth:`Replay.repeat`).
+layer's forward or backward at the same sizes, is recorded once and copied (:meth:`Replay.repeat`); a
+stretch whose key says everything its events depend on is recorded once for every replay (and every job)
+that asks for it (:func:`shared_templates`, a bounded cache).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
-from memplan.alloc.schedule import STREAM_BITS, replay_schedule
+from memplan.alloc.schedule import STREAM_BITS, repeat_copies, replay_schedule
 from memplan.alloc.settings import AllocatorSettings
 from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_fsdp import ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM, FsdpSizes
@@ -38,12 +41,34 @@ class _Template:
 
     start: int
     ops: list[int]
-    #: (index in ``ops``, index in the stretch's outside blocks) of each free of a block made before it.
-    outside: list[tuple[int, int]]
+    #: (index in ``ops``, index in the stretch's outside blocks) of each free of a block made before it, flat.
+    outside: list[int]
     requested: int
     #: The stretch's peak of requested bytes above the requested bytes at its start.
     peak: int
     result: list[list[Block | None]]
+
+
+class Templates(dict[tuple[int, ...], "_Template | None"]):
+    """The recorded stretches of one :meth:`Replay.repeat` key, by the sizes of the blocks made before them
+    that they free (None: that stretch cannot be copied)."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:  # a key of Replay.repeat: compared by identity
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+@lru_cache(maxsize=4096)
+def shared_templates(key: object) -> Templates:
+    """The stretches recorded for ``key`` by every replay so far (a bounded cache: the least recently used
+    keys are dropped). ``key`` must hold everything the stretch's events depend on, as values (never an
+    object's id), so that any two stretches of equal keys make the same events (a test builds schedules
+    with and without the cache and compares their events)."""
+    return Templates()
 
 
 class Replay:
@@ -59,7 +84,8 @@ class Replay:
         self.peak_requested = 0
         #: (position in :attr:`ops`, phase) of each ledger moment asked for (the schedule's log).
         self.moments: list[tuple[int, str]] = []
-        self._templates: dict[object, _Template | None] | None = {} if repeat else None
+        #: Per key of :meth:`repeat` its recorded stretches (a :class:`Templates` key is its own).
+        self._templates: dict[object, Templates] | None = {} if repeat else None
         #: Per ledger (by id) its peak phase and the bytes it has alive there.
         self._peaks: dict[int, tuple[str | None, int]] = {}
 
@@ -180,16 +206,17 @@ class Replay:
         if self._templates is None:
             return body()
         ops = self.ops
-        full = (key, tuple([-1 if b is None else ops[b] for b in outside]))
-        known = self._templates.get(full, False)
+        store = self._store(key)
+        sizes = tuple([-1 if b is None else ops[b] for b in outside])
+        known = store.get(sizes, False)
         if known is False:
-            self._templates[full], result = self._record(body, outside)
+            store[sizes], result = self._record(body, outside)
             return result
         if known is None:
             return body()
         delta = len(ops) - known.start
         copied = [op if op >= 0 else op - delta for op in known.ops]
-        for at, index in known.outside:
+        for at, index in zip(known.outside[::2], known.outside[1::2]):
             copied[at] = ~outside[index]  # type: ignore[operator]
         ops += copied
         if self.requested + known.peak > self.peak_requested:
@@ -203,26 +230,33 @@ class Replay:
         freeing only ``outside(p)``), the copies after the first made together; the results concatenated."""
         first = run[0]
         made = self.repeat(key, lambda: layer(first), outside(first))
+        if len(run) == 1:
+            return made
         sides = [outside(p) for p in run[1:]]
         ops = self.ops
-        signature = [tuple([-1 if b is None else ops[b] for b in side]) for side in sides]
-        known = self._templates.get((key, signature[0]), None) if signature and self._templates else None
-        if known is None or any(sig != signature[0] for sig in signature):
+        sizes = tuple([-1 if b is None else ops[b] for b in sides[0]])
+        known = self._store(key).get(sizes) if self._templates is not None else None
+        copies = None if known is None else repeat_copies(ops, known.ops, known.outside, sides, sizes, known.result,
+                                                          len(ops) - known.start)
+        if copies is None:  # not copyable, or the layers' outside blocks differ in size: made one by one
             for p, side in zip(run[1:], sides):
                 made += self.repeat(key, lambda p=p: layer(p), side)
             return made
-        span, base = len(known.ops), len(ops) - known.start
-        deltas = [base + k * span for k in range(len(sides))]
-        copied = [op if op >= 0 else op - delta for delta in deltas for op in known.ops]
-        for k, side in enumerate(sides):
-            for at, index in known.outside:
-                copied[k * span + at] = ~side[index]  # type: ignore[operator]
-        ops += copied
+        assert known is not None
         self.peak_requested = max(self.peak_requested,
                                   self.requested + known.peak + max(0, (len(sides) - 1) * known.requested))
         self.requested += len(sides) * known.requested
-        return made + [[None if b is None else b + delta for b in blocks] for delta in deltas
-                       for blocks in known.result]
+        return made + copies
+
+    def _store(self, key: object) -> Templates:
+        """The recorded stretches of ``key`` (its own when it is a :class:`Templates`)."""
+        if isinstance(key, Templates):
+            return key
+        assert self._templates is not None
+        store = self._templates.get(key)
+        if store is None:
+            store = self._templates[key] = Templates()
+        return store
 
     def _record(self, body: Callable[[], list[list[Block | None]]], outside: Sequence[Block | None]
                 ) -> tuple[_Template | None, list[list[Block | None]]]:
@@ -236,7 +270,7 @@ class Replay:
         where = {b: index for index, b in enumerate(outside) if b is not None}
         # the frees of blocks made before the stretch
         frees = [(at, ~op) for at, op in enumerate(template.ops) if -start <= op < 0]
-        template.outside.extend([(at, where.get(block, -1)) for at, block in frees])
+        template.outside.extend([value for at, block in frees for value in (at, where.get(block, -1))])
         kept_outside = [b for blocks in result for b in blocks if b is not None and b < start]
-        copyable = not kept_outside and all(index >= 0 for _, index in template.outside)
+        copyable = not kept_outside and all(index >= 0 for index in template.outside[1::2])
         return (template if copyable and len(self.moments) == moments else None), result
