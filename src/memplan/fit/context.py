@@ -101,7 +101,8 @@ class SearchContext:
         """The job's memory, priced once per search. In the simulated reserved mode the fixed estimate comes
         first, and only the peak stage of a job whose peak allocated is within the limit is simulated (the
         same figure :func:`~memplan.estimate.estimate` gives: it reports the reserved of that stage)."""
-        if job not in self.cache:
+        priced = self.cache.get(job)  # a job hashes all its settings: once per look-up
+        if priced is None:
             self.estimates += 1
             fixed = estimate(self.model, job, fragmentation=self.fragmentation, reserved="fixed")
             reserved: int | None = fixed.peak_reserved_bytes
@@ -109,8 +110,8 @@ class SearchContext:
             if simulated:
                 reserved = None if fixed.peak_allocated_bytes > self.limit else simulated_stage_reserved(
                     self.model, job, fixed.peak_stage, self.fragmentation)
-            self.cache[job] = Priced(fixed, reserved, simulated)
-        return self.cache[job]
+            priced = self.cache[job] = Priced(fixed, reserved, simulated)
+        return priced
 
     def fits(self, job: Job) -> bool:
         reserved = self.price(job).reserved
@@ -118,9 +119,10 @@ class SearchContext:
 
     def step(self, job: Job) -> StepTime:
         """Predicted step time of ``job`` (no estimate needed)."""
-        if job not in self.times:
-            self.times[job] = step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node)
-        return self.times[job]
+        time = self.times.get(job)
+        if time is None:
+            time = self.times[job] = step_time(self.model, job, self.hardware, gpus_per_node=self.space.gpus_per_node)
+        return time
 
     def seconds(self, job: Job) -> float:
         """Predicted seconds per step of ``job``."""
