@@ -4,7 +4,8 @@ Three jobs fixed before the measurement (the brief's: a data-parallel 8B, a 70B 
 For each tree (this one, and with ``--base SRC`` another tree's ``src`` folder, e.g. the commit before
 the work exported with ``git archive``) and each mode, a child process estimates the job over and over
 for 0.3 s of CPU time with every cache keyed on a Job value cleared before each call (a new job, as
-``benchmarks/speed.py``'s new-job rate), five windows; the best window's CPU time per call is kept.
+``benchmarks/speed.py``'s new-job rate; the layer stretches shared across jobs cleared too, as for a job of new
+shapes), five windows; the best window's CPU time per call is kept.
 The trees run in turn, ``--rounds`` times, so a shared machine's load falls on both alike; the median
 over rounds is reported, with the load average.
 
@@ -33,12 +34,16 @@ CASES = {
 CHILD = """
 import json, sys, time
 from memplan import estimate, load_model, policies
-from memplan.estimate import engine
+from memplan.estimate import engine, reserved_replay
 from memplan.jobflags import build_job
 cases, mode = json.loads(sys.argv[1]), sys.argv[2]
+memos = [getattr(engine, "_stage_parts", None), getattr(reserved_replay, "shared_templates", None)]
 def clear():
     engine._stages.cache_clear()
     policies.resolve_policy.cache_clear()
+    for memo in memos:  # the stages' figures (keyed on the job) and the layer stretches (cold, as a new shape)
+        if memo is not None:
+            memo.cache_clear()
 out = {}
 for name, (model_name, flags) in cases.items():
     model, job = load_model(model_name), build_job(flags)
