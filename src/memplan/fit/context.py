@@ -7,6 +7,7 @@ fits) both work on a :class:`SearchContext`; neither imports the other's interna
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from memplan.estimate.engine import estimate, reserved_mode, simulated_stage_reserved
 from memplan.estimate.result import Estimate
@@ -93,9 +94,13 @@ class SearchContext:
         return replace(
             self.base, parallel=layout.parallelism(self.world), sharding=layout.sharding,
             batch=Batch(micro_batch_size=mbs, seq_length=self.seq, global_batch_size=self.gbs),
-            precision=replace(self.base.precision, name=self.precision), recompute=recompute,
-            framework=self.framework,
+            precision=self._precision, recompute=recompute, framework=self.framework,
         )
+
+    @cached_property
+    def _precision(self) -> Precision:
+        """The searched jobs' precision: the base's with the requested name (made once per search)."""
+        return replace(self.base.precision, name=self.precision)
 
     def price(self, job: Job) -> Priced:
         """The job's memory, priced once per search. In the simulated reserved mode the fixed estimate comes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memplan.errors import ConfigError
 from memplan.estimate.engine import estimate
 from memplan.estimate.result import Estimate
@@ -34,8 +36,7 @@ def _smallest_fitting_world(ctx: SearchContext) -> tuple[int, Estimate] | None:
     gpn = ctx.space.gpus_per_node
     world = ctx.world * 2 if ctx.world >= gpn else gpn
     while world <= MAX_SUGGESTED_GPUS:
-        sub = SearchContext(**{**ctx.__dict__, "world": world, "gbs": default_global_batch(world, ctx.seq),
-                          "estimates": 0, "cache": {}, "times": {}})
+        sub = replace(ctx, world=world, gbs=default_global_batch(world, ctx.seq), estimates=0, cache={}, times={})
         layouts, _ = enumerate_layouts(ctx.model, world, seq=ctx.seq, framework=ctx.framework, space=ctx.space)
         # Most model-parallel layouts first: they hold the least per GPU.
         for layout in sorted(layouts, key=lambda lay: -(lay.tp * lay.pp * lay.ep * lay.cp)):

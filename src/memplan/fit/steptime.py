@@ -49,7 +49,7 @@ from memplan.fit.hardware import Hardware
 from memplan.job import Job
 from memplan.model.params import attention_params, mlp_params
 from memplan.model.spec import LayerSpec, ModelSpec
-from memplan.policies import resolve_policy
+from memplan.policies import ActivationPolicy, resolve_policy
 
 #: Fraction of the dense BF16 peak that large transformer GEMMs reach (cuBLAS/cuBLASLt on
 #: A100/H100 sustain about 70-80% of peak on the GEMM shapes of billion-parameter layers).
@@ -186,10 +186,11 @@ def _per_op_recompute_s(model: ModelSpec, idx: range, matmul2: tuple[float, ...]
     return total
 
 
-def _recompute_fraction(job: Job, layers_on_stage: int) -> float:
-    """Fraction of the stage's layers whose whole forward runs again in the backward."""
+def _recompute_fraction(job: Job, layers_on_stage: int, policy: ActivationPolicy | None = None) -> float:
+    """Fraction of the stage's layers whose whole forward runs again in the backward (``policy``: the job's
+    resolved policy, when the caller has it)."""
     rc = job.recompute
-    if not resolve_policy(job).kind.checkpoints_layers:
+    if not (policy or resolve_policy(job)).kind.checkpoints_layers:
         return 0.0
     if rc.method == "block" and rc.num_layers is not None and layers_on_stage:
         chunk_layers = max(1, layers_on_stage // job.parallel.vpp)
@@ -250,13 +251,14 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
 
     facts = _facts(model)
     counts = _stage_layer_counts(model, job)
+    policy = resolve_policy(job)  # once: a job hashes all its settings on each memoised look-up
     worst: tuple[float, ...] | None = None
     start = 0
     share = tokens_mb / (tp * cp)  # tokens whose work one GPU of a stage does
     for stage, n_layers in enumerate(counts):
         idx = range(start, start + n_layers)
         start += n_layers
-        rc_frac = _recompute_fraction(job, n_layers)
+        rc_frac = _recompute_fraction(job, n_layers, policy)
         attn_each = [_attention_flops(facts, i, seq) * share / attn_rate for i in idx]
         matmul = sum(facts.matmul2[i] for i in idx) * share
         if stage == pp - 1:
@@ -265,7 +267,6 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
         # Frozen weights: the backward computes the input's gradient only (one forward's FLOPs).
         passes = 2.0 if job.finetune.has_frozen else 3.0
         compute = passes * matmul / matmul_rate + 3.0 * attn + LAYER_OVERHEAD_S * n_layers
-        policy = resolve_policy(job)
         if policy.kind.per_op:
             recompute = _per_op_recompute_s(model, idx, facts.matmul2, share / matmul_rate, attn_each)
         elif policy.kind.budget:
