@@ -15,17 +15,17 @@ from memplan.jobflags import build_job
 #: sizes) while differing elsewhere (pipeline stages, data parallelism, optimizer, recompute of other layers,
 #: FSDP), and the last ones share nothing with the first.
 SEQUENCE = [
-    ("llama-3.2-1b", dict(seq=1024, gpus=8)),
-    ("llama-3.2-1b", dict(seq=1024, gpus=8, pp=2, gbs=16)),
-    ("llama-3.2-1b", dict(seq=1024, gpus=4, optimizer="sgd")),
-    ("llama-3.2-1b", dict(seq=1024, gpus=8, pp=2, gbs=16, recompute="full", recompute_num_layers=2,
-                          recompute_method="block")),
-    ("llama-3.2-1b", dict(seq=1024, gpus=8, fsdp=8)),
-    ("llama-3.2-1b", dict(seq=1024, gpus=8, fsdp=4, tp=2, recompute="full")),
-    ("llama-3.2-1b", dict(seq=1024, framework="hf", attention="eager", precision="fp32")),
-    ("llama-3.2-1b", dict(seq=1024, framework="hf", peft="lora", lora_targets="all-linear", recompute="full")),
-    ("deepseek-v3", dict(seq=1024, gpus=64, pp=4, ep=16, gbs=64)),
-    ("deepseek-v3", dict(seq=1024, gpus=64, pp=8, ep=8, gbs=64)),
+    ("llama-3.2-1b", {"seq": 1024, "gpus": 8}),
+    ("llama-3.2-1b", {"seq": 1024, "gpus": 8, "pp": 2, "gbs": 16}),
+    ("llama-3.2-1b", {"seq": 1024, "gpus": 4, "optimizer": "sgd"}),
+    ("llama-3.2-1b", {"seq": 1024, "gpus": 8, "pp": 2, "gbs": 16, "recompute": "full", "recompute_num_layers": 2,
+                          "recompute_method": "block"}),
+    ("llama-3.2-1b", {"seq": 1024, "gpus": 8, "fsdp": 8}),
+    ("llama-3.2-1b", {"seq": 1024, "gpus": 8, "fsdp": 4, "tp": 2, "recompute": "full"}),
+    ("llama-3.2-1b", {"seq": 1024, "framework": "hf", "attention": "eager", "precision": "fp32"}),
+    ("llama-3.2-1b", {"seq": 1024, "framework": "hf", "peft": "lora", "lora_targets": "all-linear", "recompute": "full"}),
+    ("deepseek-v3", {"seq": 1024, "gpus": 64, "pp": 4, "ep": 16, "gbs": 64}),
+    ("deepseek-v3", {"seq": 1024, "gpus": 64, "pp": 8, "ep": 8, "gbs": 64}),
 ]
 
 
@@ -76,9 +76,9 @@ def test_a_second_job_copies_what_the_first_recorded(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(reserved_replay.Replay, "_record", record)
     model = load_model("llama-3.2-1b")
-    estimate(model, build_job(dict(seq=1024, gpus=8, pp=2, gbs=16)), reserved="simulated")
+    estimate(model, build_job({"seq": 1024, "gpus": 8, "pp": 2, "gbs": 16}), reserved="simulated")
     first = len(recorded)
-    estimate(model, build_job(dict(seq=1024, gpus=8, pp=4, gbs=16)), reserved="simulated")
+    estimate(model, build_job({"seq": 1024, "gpus": 8, "pp": 4, "gbs": 16}), reserved="simulated")
     assert first > 0 and len(recorded) == first
 
 
