@@ -10,6 +10,8 @@ from memplan.alloc.blocks import Block
 from memplan.estimate.activations import KEPT_BY, divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.reserved_backward import early_terms
+from memplan.estimate.reserved_attention_backward import SOFTMAX_SLOT, core_forward
+from memplan.estimate.reserved_mlp_backward import SLOTS, mlp_slots
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_terms import DROPPED, HELD, KEPT, RELEASE, norm_output, term_tensors
 
@@ -19,7 +21,9 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
     ones add up to ``kept`` (those a recompute policy drops are made and freed in the forward), else one
     block; ``kind`` one of :data:`KEPT`, :data:`DROPPED`, :data:`HELD` (a pre-norm's output held to its
     block's end, :func:`~memplan.estimate.reserved_terms.norm_output`) or :data:`RELEASE` (size 0: the held
-    ones freed); ``early``: freed before an eager softmax backward (:mod:`~memplan.estimate.reserved_backward`)."""
+    ones freed); ``early``: freed before an eager softmax backward (:mod:`~memplan.estimate.reserved_backward`),
+    or, an int from 2, the tensor's slot + 2 among the MLP tensors its backward frees op by op
+    (:data:`~memplan.estimate.reserved_mlp_backward.SLOTS`; also early)."""
     run = ctx.run
     layer = run.model.layers[index]
     terms: list[tuple[int, int, bool]] = []
@@ -35,7 +39,10 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
         if t.name.endswith("norm output (GEMM input)"):
             terms.append((norm_output(t.name, named, run), HELD, False))
         keep = KEPT if t.keep in classes and t.site not in dropped else DROPPED
-        terms += [(piece, keep, early) for piece in term_tensors(t.name, size, layer, run)]
+        pieces = term_tensors(t.name, size, layer, run)
+        slots = mlp_slots(t.name, len(pieces), run, whole and keep == KEPT)
+        terms += [(piece, keep, early if slots is None else 2 + slot) for piece, slot in
+                  zip(pieces, slots or [0] * len(pieces))]
     terms = [term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]
     if sum(size for size, kind, _ in terms if kind == KEPT) != kept:
         return [(kept, KEPT, False)]
@@ -43,17 +50,20 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
 
 
 def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int], cached: list[int]
-                  ) -> tuple[list[Block | None], list[Block | None], list[Block | None]]:
+                  ) -> tuple[list[Block | None], ...]:
     """A layer's forward: its tensors in order, a dropped one freed once the next is made, a held one at
     the next release; autocast's weight copies (``copies``, saved for the layer's backward, then ``cached``,
     held by autocast's cache alone: :func:`~memplan.estimate.reserved_autocast.layer_cached_copies`) made
     between them, spread evenly (each linear casts its weight when it runs). Returns the kept blocks the
-    backward frees early, the other kept ones, and the cached copies (freed when autocast exits)."""
-    held: tuple[list[Block | None], list[Block | None], list[Block | None]] = ([], [], [])
+    backward frees early, the other kept ones, the cached copies (freed when autocast exits), and the MLP
+    tensors its backward frees op by op, one per slot (None: not saved as such)."""
+    held: tuple[list[Block | None], ...] = ([], [], [], [None] * len(SLOTS))
     casts = [(size, 1) for size in copies] + [(size, 2) for size in cached]
     pending, holding = None, []
+    after = None  # the eager core's masked scores, freed once the next tensor (the probabilities) is made
     done = 0
     made = [t for t in tensors if t[1] != RELEASE]
+    scores = next((size for size, kind, slot in tensors if slot == 2 + SOFTMAX_SLOT - 1), 0)
     position = 0
     for size, kind, early in tensors:
         if kind == RELEASE:
@@ -64,16 +74,19 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
         due = -(-position * len(casts) // len(made))
         _cast(replay, casts[done:due], held, 0 if early else 1)
         done = max(done, due)
+        masked = core_forward(replay, scores, size) if early == 2 + SOFTMAX_SLOT and scores else None
         block = replay.take(size)
-        replay.give(pending)
-        pending = None
-        if kind == KEPT:
+        replay.give(pending, after)
+        pending, after = None, masked
+        if kind == KEPT and early > 1:
+            held[3][early - 2] = block
+        elif kind == KEPT:
             held[not early].append(block)
         elif kind == HELD:
             holding.append(block)
         else:
             pending = block
-    replay.give(pending, *holding)
+    replay.give(pending, after, *holding)
     _cast(replay, casts[done:], held, 1)
     return held
 

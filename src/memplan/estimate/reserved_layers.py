@@ -103,16 +103,25 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         made_grads: Saved = []
         unit = position + 1
         params = replay.gather(fsdp, unit)
-        made = (lambda: made_grads.append(replay.gradients(fsdp, list(grads[unit]), unit))
-                ) if grads is not None else (lambda: None)
+        done: set[int] = set()
+
+        def made(part: Sequence[int] | None) -> None:
+            """The unit's gradients at positions ``part`` (None: those not made yet)."""
+            if grads is None:
+                return
+            chosen = [i for i in range(len(grads[unit])) if i not in done] if part is None else part
+            done.update(chosen)
+            made_grads.append(replay.gradients(fsdp, [grads[unit][i] for i in chosen], unit))
+
         peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
-        backward_layer(ctx.run, walk.per_layer[position], (saved[position][0], saved[position][1]), replay,
-                       (made, peak))
+        count = None if grads is None or fsdp is not None else len(grads[unit])
+        backward_layer(ctx.run, walk.per_layer[position], (saved[position][0], saved[position][1],
+                                                           saved[position][3]), replay, (made, peak), count)
         replay.give(*params)
         return made_grads
 
     def outside(position: int) -> list[Block | None]:
-        return [*saved[position][0], *saved[position][1]]
+        return [*saved[position][0], *saved[position][1], *saved[position][3]]
 
     made = layer(last) if last >= 0 else []
     return made + [blocks for run in _runs(keys.backward, range(last - 1, -1, -1))
