@@ -93,10 +93,10 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     made, peak = hooks
     index, _, transient = visit
     early, rest, slots = saved
-    mlp = mlp_plan(run, index, slots, count, lambda block: replay.ops[block] >> STREAM_BITS)
-    core = core_plan(run, index, slots, count) if mlp is not None else None
-    if core is not None:
-        mlp_backward(replay, mlp, slots, made)  # type: ignore[arg-type]
+    core = core_plan(run, index, slots, count)
+    mlp = mlp_plan(run, index, slots, count, lambda block: replay.ops[block] >> STREAM_BITS) if core else None
+    if core is not None and mlp is not None:
+        mlp_backward(replay, mlp, slots, made)
         replay.give(*early)
         core_backward(replay, core, slots, made, peak)
         made(None)

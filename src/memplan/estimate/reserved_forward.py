@@ -11,7 +11,7 @@ from memplan.estimate.activations import KEPT_BY, divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.reserved_backward import early_terms
 from memplan.estimate.reserved_attention_backward import SOFTMAX_SLOT, core_forward
-from memplan.estimate.reserved_mlp_backward import SLOTS, mlp_slots
+from memplan.estimate.reserved_mlp_backward import SLOTS, op_slots
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_terms import DROPPED, HELD, KEPT, RELEASE, norm_output, term_tensors
 
@@ -24,13 +24,25 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
     ones freed); ``early``: freed before an eager softmax backward (:mod:`~memplan.estimate.reserved_backward`),
     or, an int from 2, the tensor's slot + 2 among the MLP tensors its backward frees op by op
     (:data:`~memplan.estimate.reserved_mlp_backward.SLOTS`; also early)."""
+    # a layer that a layer-checkpointing policy (block, uniform) leaves out saves what it saves without recompute
+    terms = _layer_tensors(ctx, index, index not in ctx.recomputed and not ctx.run.policy.partial)
+    if sum(size for size, kind, _ in terms if kind == KEPT) != kept:
+        return [(kept, KEPT, False)]
+    return terms if ctx.run.counts is None else [term for term in terms if term[1] == KEPT]
+
+
+def recomputed_blocks(ctx: StageContext, index: int) -> list[tuple[int, int, bool]]:
+    """The tensors a recomputed layer's forward makes again in its backward (:func:`layer_blocks` of the whole
+    layer: every term kept)."""
+    return _layer_tensors(ctx, index, True)
+
+
+def _layer_tensors(ctx: StageContext, index: int, whole: bool) -> list[tuple[int, int, bool]]:
     run = ctx.run
     layer = run.model.layers[index]
     terms: list[tuple[int, int, bool]] = []
     saved = layer_terms(layer, run.shape)
     named = {t.name: divided(t, run.shape) for t in saved}
-    # a layer that a layer-checkpointing policy (block, uniform) leaves out saves what it saves without recompute
-    whole = index not in ctx.recomputed and not run.policy.partial
     classes, dropped = (KEPT_BY["none"], frozenset()) if whole else (run.kept_classes, run.dropped)
     for t, early in zip(saved, early_terms(layer, run)):
         size = divided(t, run.shape)
@@ -40,13 +52,10 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
             terms.append((norm_output(t.name, named, run), HELD, False))
         keep = KEPT if t.keep in classes and t.site not in dropped else DROPPED
         pieces = term_tensors(t.name, size, layer, run)
-        slots = mlp_slots(t.name, len(pieces), run, whole and keep == KEPT)
+        slots = op_slots(t.name, len(pieces), run, whole and keep == KEPT)
         terms += [(piece, keep, early if slots is None else 2 + slot) for piece, slot in
                   zip(pieces, slots or [0] * len(pieces))]
-    terms = [term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]
-    if sum(size for size, kind, _ in terms if kind == KEPT) != kept:
-        return [(kept, KEPT, False)]
-    return terms if ctx.run.counts is None else [term for term in terms if term[1] == KEPT]
+    return [term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]
 
 
 def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int], cached: list[int]

@@ -22,6 +22,7 @@ from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_backward import backward_layer
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
+from memplan.estimate.reserved_recompute import recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay
 
 Saved = list[list[Block | None]]
@@ -54,7 +55,8 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
         forward.append(ids.setdefault(("forward", kind, kept, index in ctx.recomputed, tuple(copies[position]),
                                        tuple(cached[position]), sizes), len(ids)))
         made = None if grads is None else tuple(grads[unit])
-        backward.append(ids.setdefault(("backward", kind, kept, transient, position == last,
+        # the backward reads whether the layer is recomputed (reserved_recompute makes its forward again)
+        backward.append(ids.setdefault(("backward", kind, kept, transient, position == last, index in ctx.recomputed,
                                         tuple(copies[position]), made, sizes), len(ids)))
     return LayerKeys(tuple(forward), tuple(backward))
 
@@ -115,8 +117,15 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
 
         peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
         count = None if grads is None or fsdp is not None else len(grads[unit])
-        backward_layer(ctx.run, walk.per_layer[position], (saved[position][0], saved[position][1],
-                                                           saved[position][3]), replay, (made, peak), count)
+        again = recompute_tensors(ctx, walk.per_layer[position][0], count)
+        layer_saved = (saved[position][0], saved[position][1], saved[position][3])
+        if again is not None:  # a recomputed layer's forward made again (reserved_recompute)
+            held = forward_layer(replay, again, [], [])
+            backward_layer(ctx.run, walk.per_layer[position], (held[0], held[1], held[3]), replay, (made, peak),
+                           count)
+            replay.give(*layer_saved[0], *layer_saved[1], *layer_saved[2])
+        else:
+            backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
         replay.give(*params)
         return made_grads
 

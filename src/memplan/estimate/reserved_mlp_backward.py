@@ -23,18 +23,20 @@ the difference: the three large weight gradients land in the holes the MLP's fre
 
 The plan applies to a whole (not recomputed) layer of a job that trains the whole model without FSDP2,
 when the layer's MLP is gated with separate projections and its four tensors are saved
-(:func:`mlp_slots`); otherwise the layer's backward makes its gradients at once.
+(:func:`op_slots`); otherwise the layer's backward makes its gradients at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memplan.alloc.blocks import Block
 
 from memplan.estimate.activations import SOFTMAX_CAST
 from memplan.estimate.context import RunContext
+from memplan.estimate.memo import Same
 from memplan.estimate.reserved_replay import Replay
 from memplan.model.linears import model_parameters
 from memplan.model.spec import ModelSpec
@@ -47,12 +49,18 @@ _ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax outp
 _WEIGHTS = ("mlp.down_proj.weight", "mlp.up_proj.weight", "mlp.gate_proj.weight")
 
 
-def mlp_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] | None:
+def op_by_op(run: RunContext) -> bool:
+    """Whether the job's layers may be laid out op by op: it trains the whole model (no adapters or frozen
+    parts: their gradients are other tensors) on one rank's whole weights (no TP: the input gradients'
+    sizes are the full hidden size)."""
+    return run.counts is None and run.job.parallel.tp <= 1
+
+
+def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] | None:
     """The slot (index in :data:`SLOTS`) of each of the ``pieces`` tensors of term ``name``, or None when the
     plan does not apply to it: the gated MLP's fc1 output (gate, up, ``act(gate)``) and its fc2 input, of a
-    ``whole`` layer (none of its tensors dropped) in a job that trains the whole model on one rank's
-    weights (no TP: the input gradients' sizes are the full hidden size)."""
-    if not whole or run.counts is not None or run.job.parallel.tp > 1:
+    ``whole`` layer (none of its tensors dropped) in a job laid out :func:`op_by_op`."""
+    if not whole or not op_by_op(run):
         return None
     if name == "mlp fc1 output (activation input)" and pieces == 3:
         return [0, 1, 2]
@@ -73,16 +81,28 @@ class MlpPlan:
     grads: tuple[int, int, int]
 
 
-def grad_positions(model: ModelSpec, index: int, count: int | None, weights: Sequence[str]) -> list[int] | None:
+def mlp_weights() -> tuple[str, ...]:
+    """The gated MLP's weights (names relative to the layer), in the order autograd makes their gradients."""
+    return _WEIGHTS
+
+
+def grad_positions(model: ModelSpec, index: int, count: int | None, weights: tuple[str, ...]) -> list[int] | None:
     """Positions of ``weights`` (names relative to the layer) in layer ``index``'s list of ``count`` gradients
     (one per parameter tensor, :func:`~memplan.model.linears.model_parameters` order); None when the list is
     not that (``count`` None: gradients not made in the backward, or under FSDP2) or a weight is missing."""
     if count is None:
         return None
-    names = [p.name.rpartition(f".{index}.")[2] for p in model_parameters(model) if p.layer == index]
+    names = _layer_names(Same(model), index)
     if len(names) != count or any(w not in names for w in weights):
         return None
     return [names.index(w) for w in weights]
+
+
+@lru_cache(maxsize=4096)
+def _layer_names(model: Same, index: int) -> tuple[str, ...]:
+    """Layer ``index``'s parameter tensors' names relative to the layer, in order (cached per model object)."""
+    return tuple(p.name.rpartition(f".{index}.")[2] for p in model_parameters(model.obj)  # type: ignore[arg-type]
+                 if p.layer == index)
 
 
 def mlp_plan(run: RunContext, index: int, slots: Sequence[Block | None], count: int | None,
