@@ -27,21 +27,48 @@ from memplan.estimate.reserved_mlp_backward import grad_positions
 from memplan.estimate.reserved_replay import Replay
 
 
-#: The fp32 softmax output's slot (the 16-bit probabilities' is the one before it).
-SOFTMAX_SLOT = 6
+#: The fp32 softmax output's slot (the 16-bit probabilities' is the one before it) and the soft-capped scores'.
+SOFTMAX_SLOT, TANH_SLOT = 6, 7
 
 
-def core_forward(replay: Replay, scores: int, fp32: int) -> Block | None:
-    """The eager core's forward temporaries before its saved fp32 softmax output is made: the 16-bit scores
-    (``QK^T``), their scaled and masked copies (each freeing the one before), and the softmax's fp32 upcast
-    of them (``fp32`` bytes), freed; returns the masked scores, freed once the probabilities' cast is made."""
+def capped_first(tensors: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """A layer's tensors (:func:`~memplan.estimate.reserved_forward.layer_blocks`) with the soft-capped scores
+    (Gemma 2's ``tanh`` output, saved) moved just before the softmax output, where the forward makes them."""
+    capped = [t for t in tensors if t[2] == 2 + TANH_SLOT]
+    softmax = next((i for i, t in enumerate(tensors) if t[2] == 2 + SOFTMAX_SLOT), None)
+    if not capped or softmax is None:
+        return tensors
+    rest = [t for t in tensors if t[2] != 2 + TANH_SLOT]
+    at = rest.index(tensors[softmax])
+    return rest[:at] + capped + rest[at:]
+
+
+def capped_forward(replay: Replay, scores: int) -> Block | None:
+    """A soft-capped core's forward before its saved ``tanh`` output: the 16-bit scores, their scaled copy and
+    its ``/ cap`` (each freeing the one before); returns the quotient, freed once the ``tanh`` output is made."""
     first = replay.take(scores)
     scaled = replay.take(scores)
     replay.give(first)
-    masked = replay.take(scores)
+    quotient = replay.take(scores)
     replay.give(scaled)
-    replay.give(replay.take(fp32))
-    return masked
+    return quotient
+
+
+def core_forward(replay: Replay, sizes: tuple[int, int], capped: bool) -> tuple[Block | None, Block | None]:
+    """The eager core's forward temporaries before its saved fp32 softmax output is made (``sizes``: the
+    16-bit scores' and the fp32 output's bytes): the scores (``QK^T``) and their scaled copy, or for soft-capped
+    scores (``capped``) their ``* cap``, then the masked scores (each freeing the one before), and the
+    softmax's fp32 upcast. Returns the upcast, freed once the softmax output is made, and the masked
+    scores, freed once the probabilities' cast is made (a trace's ``_to_copy``, ``_softmax``, ``_to_copy``)."""
+    scores, fp32 = sizes
+    first = replay.take(scores)
+    if not capped:
+        scaled = replay.take(scores)
+        replay.give(first)
+        first = scaled
+    masked = replay.take(scores)
+    replay.give(first)
+    return replay.take(fp32), masked
 
 
 @dataclass(frozen=True)
@@ -75,7 +102,7 @@ def core_backward(replay: Replay, plan: CorePlan, slots: Sequence[Block | None],
                   made: Callable[[Sequence[int]], None], peak: Callable[[], None]) -> None:
     """The core's backward op by op (see the module), its ``slots`` 4 to 6 freed; ``peak``: the ledger's
     backward moment, with the two fp32 tensors alive."""
-    output_input, probabilities, softmax = slots[4:7]
+    output_input, probabilities, softmax, capped = slots[4:8]
     made((plan.output_grad,))
     grad_output = replay.take(plan.hidden)
     replay.give(output_input)
@@ -88,6 +115,13 @@ def core_backward(replay: Replay, plan: CorePlan, slots: Sequence[Block | None],
     replay.give(upcast, softmax)
     cast = replay.take(plan.scores)
     replay.give(grad)
+    if capped is not None:  # the soft cap's backward: * cap, tanh (its saved output freed), / cap
+        outer = replay.take(plan.scores)
+        replay.give(cast)
+        inner = replay.take(plan.scores)
+        replay.give(capped, outer)
+        cast = replay.take(plan.scores)
+        replay.give(inner)
     scaled = replay.take(plan.scores)
     replay.give(cast)
     grad_q, grad_k = replay.take(plan.hidden), replay.take(plan.hidden)

@@ -10,7 +10,13 @@ from memplan.alloc.blocks import Block
 from memplan.estimate.activations import KEPT_BY, divided, layer_terms
 from memplan.estimate.context import StageContext
 from memplan.estimate.reserved_backward import early_terms
-from memplan.estimate.reserved_attention_backward import SOFTMAX_SLOT, core_forward
+from memplan.estimate.reserved_attention_backward import (
+    SOFTMAX_SLOT,
+    TANH_SLOT,
+    capped_first,
+    capped_forward,
+    core_forward,
+)
 from memplan.estimate.reserved_mlp_backward import SLOTS, op_slots
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_terms import DROPPED, HELD, KEPT, RELEASE, norm_output, term_tensors
@@ -55,7 +61,7 @@ def _layer_tensors(ctx: StageContext, index: int, whole: bool) -> list[tuple[int
         slots = op_slots(t.name, len(pieces), run, whole and keep == KEPT)
         terms += [(piece, keep, early if slots is None else 2 + slot) for piece, slot in
                   zip(pieces, slots or [0] * len(pieces))]
-    return [term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]
+    return capped_first([term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)])
 
 
 def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int], cached: list[int]
@@ -70,6 +76,7 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
     casts = [(size, 1) for size in copies] + [(size, 2) for size in cached]
     pending, holding = None, []
     after = None  # the eager core's masked scores, freed once the next tensor (the probabilities) is made
+    capped = False  # the eager core's soft-capped scores were made (reserved_attention_backward.capped_forward)
     done = 0
     made = [t for t in tensors if t[1] != RELEASE]
     scores = next((size for size, kind, slot in tensors if slot == 2 + SOFTMAX_SLOT - 1), 0)
@@ -83,9 +90,12 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
         due = -(-position * len(casts) // len(made))
         _cast(replay, casts[done:due], held, 0 if early else 1)
         done = max(done, due)
-        masked = core_forward(replay, scores, size) if early == 2 + SOFTMAX_SLOT and scores else None
+        before = capped_forward(replay, scores) if early == 2 + TANH_SLOT and scores else None
+        upcast, masked = core_forward(replay, (scores, size), capped) if early == 2 + SOFTMAX_SLOT and scores else (
+            None, None)
+        capped = capped or before is not None
         block = replay.take(size)
-        replay.give(pending, after)
+        replay.give(before, upcast, pending, after)
         pending, after = None, masked
         if kind == KEPT and early > 1:
             held[3][early - 2] = block

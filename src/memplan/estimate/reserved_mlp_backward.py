@@ -42,9 +42,12 @@ from memplan.model.linears import model_parameters
 from memplan.model.spec import ModelSpec
 
 #: The tensors the plan frees op by op (their slots in a layer's saved lists): the MLP's, in forward order,
-#: then the eager attention core's.
-SLOTS = ("gate", "up", "act", "product", "output projection input", "probabilities", "softmax output")
-_ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax output (fp32)": 6}
+#: then the eager attention core's (:mod:`~memplan.estimate.reserved_attention_backward`; the last only
+#: where the scores are soft-capped).
+SLOTS = ("gate", "up", "act", "product", "output projection input", "probabilities", "softmax output",
+         "soft-capped scores")
+_ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax output (fp32)": 6,
+                    "soft-capped scores (tanh output)": 7}
 #: The MLP's weights, in the order autograd makes their gradients.
 _WEIGHTS = ("mlp.down_proj.weight", "mlp.up_proj.weight", "mlp.gate_proj.weight")
 

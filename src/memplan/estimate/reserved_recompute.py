@@ -16,7 +16,7 @@ apply to the layer's tensors; otherwise the layer's backward is its transient, a
 from __future__ import annotations
 
 from memplan.estimate.context import StageContext
-from memplan.estimate.reserved_attention_backward import SOFTMAX_SLOT
+from memplan.estimate.reserved_attention_backward import TANH_SLOT
 from memplan.estimate.reserved_forward import recomputed_blocks
 from memplan.estimate.reserved_mlp_backward import SLOTS, grad_positions, mlp_weights, op_by_op
 
@@ -33,7 +33,7 @@ def recompute_tensors(ctx: StageContext, index: int, count: int | None) -> list[
     if grad_positions(run.model, index, count, mlp_weights() + _ATTENTION_WEIGHTS) is None:
         return None
     tensors = recomputed_blocks(ctx, index)
-    slots = {slot for _, _, slot in tensors if slot > 1}
-    if slots != {2 + s for s in range(len(SLOTS))} or 2 + SOFTMAX_SLOT not in slots:
+    slots = {slot for _, _, slot in tensors if slot > 1} - {2 + TANH_SLOT}
+    if slots != {2 + s for s in range(len(SLOTS)) if s != TANH_SLOT}:
         return None
     return tensors
