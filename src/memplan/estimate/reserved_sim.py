@@ -44,6 +44,7 @@ from memplan.estimate.reserved_backward import eager_backward
 from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
+from memplan.estimate.reserved_recompute import op_plans
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_sizes import Units, frozen, piece_sizes, spread, stage_units, static_allocations
@@ -102,7 +103,10 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
     visits = {(id(ctx.run.model.layers[i]), transient): (i, transient) for i, _, transient in walk.per_layer}
     eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, transient in visits.values())
-    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss), any(cached))
+    counts = [len(moments.grads[p + 1]) if moments.made_in_backward and fsdp is None else None
+              for p in range(len(layers))]
+    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss), any(cached),
+              *op_plans(ctx, walk, counts))
     return ScheduleReserved(replay.finish(engine=engine), replay.peak_requested, replay.events,
                             _note(ctx, replay.events, shaped, moments.made_in_backward))
 
@@ -110,8 +114,9 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
 def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_backward: bool) -> str:
     """The --explain sentence: the schedule, and the mechanics that shaped this job's (``shaped``: trainable
     tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward, a soft-capped loss,
-    autocast's cached copies of checkpointed layers)."""
-    finetune, copies, eager, softcap, cached = shaped
+    autocast's cached copies of checkpointed layers, kept layers' backward op by op, recomputed layers'
+    forward made again)."""
+    finetune, copies, eager, softcap, cached, ops, recomputed = shaped
     parts = [f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
              f"contributions ({_STEPS} steps, {events} allocator events: parameters per tensor, saved activations "
              "per tensor inside their layer, gradients and optimizer states per trainable tensor, the optimizer "
@@ -126,10 +131,18 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_bac
         parts.append("torch.autocast's cached 16-bit weight copies of the checkpointed layers (and their fp32 "
                      "adapters) made in each layer's forward and freed together when the autocast region exits, "
                      "after the loss's forward")
-    if eager:
+    if eager and not ops:  # the op-by-op core replaces the eager plan
         parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
                      "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
                      "the result back")
+    if ops:
+        parts.append("each layer's gated MLP and eager attention core run backward op by op as autograd runs them: "
+                     "each weight gradient made between the frees of its op's saved tensors, the MLP's "
+                     "intermediate gradients, the softmax backward's fp32 upcast beside the saved fp32 softmax "
+                     "output (and the forward's score temporaries)")
+    if recomputed:
+        parts.append("each fully recomputed layer's forward made again in its backward, temporaries included, "
+                     "before its backward runs op by op")
     if softcap:
         parts.append("the soft-capped logits' 16-bit tensors (logits / cap, its tanh, kept for the backward, "
                      "and * cap) made before the fp32 cross-entropy and one per op again in its backward")
