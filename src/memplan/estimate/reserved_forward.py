@@ -6,9 +6,13 @@ weight copies between them, and each pre-norm's fp32 output under autocast held 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from memplan.alloc.blocks import Block
 from memplan.estimate.activations import KEPT_BY, divided, layer_terms
-from memplan.estimate.context import StageContext
+from memplan.estimate.context import RunContext, StageContext
+from memplan.estimate.memo import Same
+from memplan.model.spec import LayerSpec
 from memplan.estimate.reserved_backward import early_terms
 from memplan.estimate.reserved_attention_backward import (
     SOFTMAX_SLOT,
@@ -44,8 +48,15 @@ def recomputed_blocks(ctx: StageContext, index: int) -> list[tuple[int, int, boo
 
 
 def _layer_tensors(ctx: StageContext, index: int, whole: bool) -> list[tuple[int, int, bool]]:
-    run = ctx.run
-    layer = run.model.layers[index]
+    return list(_kind_tensors(Same(ctx.run), Same(ctx.run.model.layers[index]), whole))
+
+
+@lru_cache(maxsize=64)
+def _kind_tensors(run_key: Same, layer_key: Same, whole: bool) -> tuple[tuple[int, int, bool], ...]:
+    """The tensors of a layer of kind ``layer_key`` (every layer of one spec object makes the same) in ``run_key``'s
+    job, cached per run and kind (the schedule asks again in the backward and for its --explain sentence)."""
+    run: RunContext = run_key.obj  # type: ignore[assignment]
+    layer: LayerSpec = layer_key.obj  # type: ignore[assignment]
     terms: list[tuple[int, int, bool]] = []
     saved = layer_terms(layer, run.shape)
     named = {t.name: divided(t, run.shape) for t in saved}
@@ -61,7 +72,7 @@ def _layer_tensors(ctx: StageContext, index: int, whole: bool) -> list[tuple[int
         slots = op_slots(t.name, len(pieces), run, whole and keep == KEPT)
         terms += [(piece, keep, early if slots is None else 2 + slot) for piece, slot in
                   zip(pieces, slots or [0] * len(pieces))]
-    return capped_first([term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)])
+    return tuple(capped_first([term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]))
 
 
 def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int], cached: list[int]
