@@ -101,13 +101,17 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
         due = -(-position * len(casts) // len(made))
         _cast(replay, casts[done:due], held, 0 if early else 1)
         done = max(done, due)
-        before = capped_forward(replay, scores) if early == 2 + TANH_SLOT and scores else None
-        upcast, masked = core_forward(replay, (scores, size), capped) if early == 2 + SOFTMAX_SLOT and scores else (
-            None, None)
-        capped = capped or before is not None
-        block = replay.take(size)
-        replay.give(before, upcast, pending, after)
-        pending, after = None, masked
+        if scores and early > 1:  # the eager core's temporaries around its saved tensors
+            before = capped_forward(replay, scores) if early == 2 + TANH_SLOT else None
+            upcast, masked = core_forward(replay, (scores, size), capped) if early == 2 + SOFTMAX_SLOT else (None, None)
+            capped = capped or before is not None
+            block = replay.take(size)
+            replay.give(before, upcast, pending, after)
+            pending, after = None, masked
+        else:
+            block = replay.take(size)
+            replay.give(pending, after)
+            pending, after = None, None
         if kind == KEPT and early > 1:
             held[3][early - 2] = block
         elif kind == KEPT:

@@ -111,6 +111,9 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
             """The unit's gradients at positions ``part`` (None: those not made yet)."""
             if grads is None:
                 return
+            if part is None and not done:  # all at once (every layer but the op-by-op ones)
+                made_grads.append(replay.gradients(fsdp, list(grads[unit]), unit))
+                return
             chosen = [i for i in range(len(grads[unit])) if i not in done] if part is None else part
             done.update(chosen)
             made_grads.append(replay.gradients(fsdp, [grads[unit][i] for i in chosen], unit))

@@ -17,8 +17,10 @@ simulated peak reserved. The schedule, in execution order:
 - backward: the head's weight gradient right after the loss, then in reverse layer order the layer's
   backward transient allocated, its gradients allocated (when gradients are made in the backward), the
   transient and the layer's saved tensors freed (an eager softmax backward instead as autograd runs it:
-  :mod:`~memplan.estimate.reserved_backward`); the embedding's gradient (and a tied sum) last
-  (:mod:`~memplan.estimate.reserved_root`);
+  :mod:`~memplan.estimate.reserved_backward`; a dense layer with a gated MLP and eager attention op by op:
+  :mod:`~memplan.estimate.reserved_mlp_backward`, :mod:`~memplan.estimate.reserved_attention_backward`, a fully
+  recomputed one after its forward made again: :mod:`~memplan.estimate.reserved_recompute`); the embedding's
+  gradient (and a tied sum) last (:mod:`~memplan.estimate.reserved_root`);
 - the optimizer step's temporaries, one ``exp_avg_sq``-sized tensor per trainable tensor
   (:mod:`~memplan.estimate.reserved_optimizer`), freed; gradients freed before the next step where they
   are not alive through the whole step.
