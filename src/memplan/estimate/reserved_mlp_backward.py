@@ -55,8 +55,8 @@ _WEIGHTS = ("mlp.down_proj.weight", "mlp.up_proj.weight", "mlp.gate_proj.weight"
 def op_by_op(run: RunContext) -> bool:
     """Whether the job's layers may be laid out op by op: it trains the whole model (no adapters or frozen
     parts: their gradients are other tensors) on one rank's whole weights (no TP: the input gradients'
-    sizes are the full hidden size)."""
-    return run.counts is None and run.job.parallel.tp <= 1
+    sizes are the full hidden size) and keeps its saved activations on the GPU (no activation offload)."""
+    return run.counts is None and run.job.parallel.tp <= 1 and not run.job.offload.activations
 
 
 def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] | None:

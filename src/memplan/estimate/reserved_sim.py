@@ -37,7 +37,7 @@ small pool and per-tensor holes are not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
@@ -46,6 +46,7 @@ from memplan.estimate.reserved_backward import eager_backward
 from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
+from memplan.estimate.reserved_offload import offloaded_plan
 from memplan.estimate.reserved_recompute import op_plans
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
@@ -96,6 +97,11 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
     cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
         [] for _ in layers]
+    if acts.per_tensor_offload:
+        plan = offloaded_plan(ctx, walk, layers, acts, trained)
+        walk, cached = plan.walk, plan.cached
+        # the head's cached copy lives as the head's saved one would: made at the head, gone after the loss
+        acts = replace(acts, head_copy=acts.head_copy + plan.head_cached, other=acts.other + plan.head_cached)
     fsdp = fsdp_sizes(ctx, ledger, units, spread)
     moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
@@ -107,7 +113,7 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, transient in visits.values())
     counts = [len(moments.grads[p + 1]) if moments.made_in_backward and fsdp is None else None
               for p in range(len(layers))]
-    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss), any(cached),
+    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss), any(cached), acts.per_tensor_offload,
               *op_plans(ctx, walk, counts))
     return ScheduleReserved(replay.finish(engine=engine), replay.peak_requested, replay.events,
                             _note(ctx, replay.events, shaped, moments.made_in_backward))
@@ -116,9 +122,9 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
 def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_backward: bool) -> str:
     """The --explain sentence: the schedule, and the mechanics that shaped this job's (``shaped``: trainable
     tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward, a soft-capped loss,
-    autocast's cached copies of checkpointed layers, kept layers' backward op by op, recomputed layers'
-    forward made again)."""
-    finetune, copies, eager, softcap, cached, ops, recomputed = shaped
+    autocast's cached copies of checkpointed layers, save_on_cpu, kept layers' backward op by op, recomputed
+    layers' forward made again)."""
+    finetune, copies, eager, softcap, cached, offloaded, ops, recomputed = shaped
     parts = [f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
              f"contributions ({_STEPS} steps, {events} allocator events: parameters per tensor, saved activations "
              "per tensor inside their layer, gradients and optimizer states per trainable tensor, the optimizer "
@@ -130,9 +136,14 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_bac
         parts.append("torch.autocast's 16-bit weight copies made in each kept layer's forward and freed in its "
                      "backward, the head's at the head")
     if cached:
-        parts.append("torch.autocast's cached 16-bit weight copies of the checkpointed layers (and their fp32 "
-                     "adapters) made in each layer's forward and freed together when the autocast region exits, "
-                     "after the loss's forward")
+        whose = ("every layer and the head (what save_on_cpu packs to host is the cached tensor)" if offloaded
+                 else "the checkpointed layers")
+        parts.append(f"torch.autocast's cached 16-bit weight copies of {whose} (and their fp32 adapters) made in "
+                     "each layer's forward and freed together when the autocast region exits, after the loss's "
+                     "forward")
+    if offloaded:
+        parts.append("under save_on_cpu no layer's saved tensors on the GPU, each layer's backward bringing back "
+                     "its largest saved tensor beside its transient")
     if eager and not ops:  # the op-by-op core replaces the eager plan
         parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
                      "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
