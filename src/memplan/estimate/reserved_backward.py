@@ -84,12 +84,15 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
                    saved: tuple[list[Block | None], list[Block | None], Sequence[Block | None]], replay: Replay,
                    hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]],
                    count: int | None) -> None:
-    """A layer's backward: its transient (the ledger's) beside all its saved tensors, its gradients made
-    (``hooks[0]``: given positions in the layer's gradient list, those; None, all the others), then all
-    freed; or an eager softmax backward as autograd runs it, the gradients made before it
-    (:func:`eager_backward`). ``saved``: the tensors freed early, the others, the gated MLP's tensors
-    (``count`` gradients made here: its weights' made op by op, :mod:`~memplan.estimate.reserved_mlp_backward`).
-    ``hooks[1]``: the ledger's backward moment, at the layer's worst step."""
+    """A layer's backward. ``saved``: the tensors freed early, the others, and the tensors of the op-by-op
+    slots (:data:`~memplan.estimate.reserved_mlp_backward.SLOTS`, None where not saved as such); ``count``:
+    the gradients made here (None: not made here, or under FSDP2); ``hooks[0]`` makes the gradients at the
+    given positions of the layer's list (None: all not made yet), ``hooks[1]`` is the ledger's backward
+    moment, at the layer's worst step. Where both op-by-op plans apply, the gated MLP's and the eager core's
+    backward op by op (:mod:`~memplan.estimate.reserved_mlp_backward`,
+    :mod:`~memplan.estimate.reserved_attention_backward`), the other gradients after; else an eager softmax
+    backward as autograd runs it, the gradients made before it (:func:`eager_backward`); else the ledger's
+    transient beside all the saved tensors, the gradients made, then all freed."""
     made, peak = hooks
     index, _, transient = visit
     early, rest, slots = saved

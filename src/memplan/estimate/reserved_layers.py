@@ -77,7 +77,7 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
                  keys: LayerKeys) -> list[Saved]:
     """Each layer's forward (its FSDP2 all-gather around it; ``casts``: per layer autocast's saved and cached
     weight copies). Returns per layer its blocks (those the backward frees early, the others it frees, the
-    cached copies freed after the loss's forward)."""
+    cached copies freed after the loss's forward, the op-by-op slots' tensors: :func:`forward_layer`)."""
     copies, cached = casts
 
     def layer(position: int) -> Saved:
