@@ -7,13 +7,12 @@ import pytest
 
 from memplan import estimate, load_model
 from memplan.estimate import reserved_replay
-from memplan.estimate.context import run_context, stage_context
 from memplan.estimate.engine import _stages
 from memplan.estimate.layer_walk import walk_layers
-from memplan.estimate.layout import pipeline_layout
 from memplan.estimate.reserved_offload import offloaded_plan
 from memplan.estimate.stage_activations import stage_activations
 from memplan.jobflags import build_job
+from tests.estimate.test_reserved_mechanics import _ctx
 
 _OFFLOADED = {"seq": 2048, "mbs": 2, "precision": "bf16-mixed", "framework": "hf", "offload_activations": True}
 
@@ -41,13 +40,6 @@ def test_offloaded_layers_keep_nothing_on_the_gpu(recompute: str) -> None:
     replays, allocated = _replays("llama-3.2-1b", {**_OFFLOADED, "recompute": recompute})
     assert len(replays) == 1
     assert allocated * 0.99 <= replays[0].peak_requested <= allocated
-
-
-def _ctx(model_name: str, flags: dict[str, object]):  # type: ignore[no-untyped-def]
-    model, job = load_model(model_name), build_job(flags)
-    run = run_context(model, job, 0.1)
-    layout = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split)[0]
-    return stage_context(run, layout)
 
 
 def test_autocasts_cached_copies_are_every_layers_and_the_heads() -> None:

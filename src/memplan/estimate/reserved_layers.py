@@ -5,7 +5,7 @@ and :mod:`~memplan.estimate.reserved_backward`, FSDP2's all-gather around them.
 A layer whose stretch is made from the same values as an earlier one's (its tensors, weight copies,
 transient, gradient and FSDP2 sizes: its :class:`LayerKeys` entry) makes the same events, so its stretch of
 the schedule is copied rather than built again (:meth:`~memplan.estimate.reserved_replay.Replay.repeat`),
-also when another stage or job recorded it (:func:`~memplan.estimate.reserved_replay.shared_templates`),
+a forward also when another stage or job recorded it (:func:`~memplan.estimate.reserved_replay.shared_templates`),
 and a run of such layers is copied at once (:meth:`~memplan.estimate.reserved_replay.Replay.repeat_run`, the
 copies made by :func:`memplan.alloc.schedule.repeat_copies`, in the C core when built). The copies are
 exactly the events the layers would make (tests compare with the schedule built layer by layer, also after
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import Ledger
-from memplan.estimate.reserved_backward import backward_layer, eager_backward
+from memplan.estimate.reserved_backward import backward_layer
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
+from memplan.estimate.reserved_recompute import recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
 
 Saved = list[list[Block | None]]
@@ -31,9 +32,9 @@ Saved = list[list[Block | None]]
 
 @dataclass(frozen=True)
 class LayerKeys:
-    """Per layer of the stage, the recorded stretches of its forward and of its backward
+    """Per layer of the stage, the recorded stretches of its forward
     (:func:`~memplan.estimate.reserved_replay.shared_templates`: layers, stages and jobs whose stretches make
-    the same events share them), and the tensors its forward makes
+    the same events share them) and of its backward (this schedule's), and the tensors its forward makes
     (:func:`~memplan.estimate.reserved_forward.layer_blocks`)."""
 
     forward: tuple[Templates, ...]
@@ -46,13 +47,13 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
     """The keys of the stage's layers (``casts``: per layer autocast's saved and cached weight copies;
     ``grads``: per unit the gradients its backward makes, None when they are not made in the backward).
 
-    A key holds, as values, what the stretch's events are made from: a forward's FSDP2 sizes, its tensors
-    (:func:`~memplan.estimate.reserved_forward.layer_blocks`) and weight copies (:func:`forward_pass`); a
-    backward's also its transient, the eager softmax backward's plan
-    (:func:`~memplan.estimate.reserved_backward.eager_backward`, what
-    :func:`~memplan.estimate.reserved_backward.backward_layer` reads of the run) and the gradients it makes
-    (:func:`backward_pass`). Within the stage, layers are first told apart by what those are computed from
-    (the layer's kind, kept bytes, recompute, copies), so each is computed once per kind."""
+    A forward's key holds, as values, what its events are made from: its FSDP2 sizes, its tensors
+    (:func:`~memplan.estimate.reserved_forward.layer_blocks`) and weight copies (:func:`forward_pass`), so
+    its stretches are shared across stages and jobs. A backward reads the run as well (the op-by-op plans
+    of :func:`~memplan.estimate.reserved_backward.backward_layer`, a recomputed layer's forward made again),
+    so its key is local to the schedule: the forward's, the layer's kind, kept bytes, transient, recompute
+    and the gradients it makes. Within the stage, layers are first told apart by what the values are
+    computed from (the layer's kind, kept bytes, recompute, copies), so each is computed once per kind."""
     copies, cached = casts
     forward: list[Templates] = []
     backward: list[Templates] = []
@@ -74,11 +75,12 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
         forward.append(forward_key)
         tensors.append(blocks)
         made = None if grads is None else tuple(grads[unit])
-        seen_backward = (forward_key, id(layer), transient, made)
+        # the backward reads more of the run than these values (the op-by-op plans; a recomputed layer's forward
+        # made again: reserved_recompute), so its stretches are shared within this schedule only, told apart by
+        # the layer's kind and recompute as well
+        seen_backward = (forward_key, id(layer), kept, transient, index in ctx.recomputed, made)
         if seen_backward not in local_backward:
-            plan = eager_backward(layer, ctx.run, transient)
-            local_backward[seen_backward] = shared_templates(("backward", tuple(blocks), made_by, transient, plan,
-                                                              made))
+            local_backward[seen_backward] = Templates()
         backward.append(local_backward[seen_backward])
     return LayerKeys(tuple(forward), tuple(backward), tuple(tensors))
 
@@ -99,7 +101,7 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
                  keys: LayerKeys) -> list[Saved]:
     """Each layer's forward (its FSDP2 all-gather around it; ``casts``: per layer autocast's saved and cached
     weight copies). Returns per layer its blocks (those the backward frees early, the others it frees, the
-    cached copies freed after the loss's forward)."""
+    cached copies freed after the loss's forward, the op-by-op slots' tensors: :func:`forward_layer`)."""
     copies, cached = casts
 
     def layer(position: int) -> Saved:
@@ -126,16 +128,35 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         made_grads: Saved = []
         unit = position + 1
         params = replay.gather(fsdp, unit)
-        made = (lambda: made_grads.append(replay.gradients(fsdp, list(grads[unit]), unit))
-                ) if grads is not None else (lambda: None)
+        done: set[int] = set()
+
+        def made(part: Sequence[int] | None) -> None:
+            """The unit's gradients at positions ``part`` (None: those not made yet)."""
+            if grads is None:
+                return
+            if part is None and not done:  # all at once (every layer but the op-by-op ones)
+                made_grads.append(replay.gradients(fsdp, list(grads[unit]), unit))
+                return
+            chosen = [i for i in range(len(grads[unit])) if i not in done] if part is None else part
+            done.update(chosen)
+            made_grads.append(replay.gradients(fsdp, [grads[unit][i] for i in chosen], unit))
+
         peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
-        backward_layer(ctx.run, walk.per_layer[position], (saved[position][0], saved[position][1]), replay,
-                       (made, peak))
+        count = None if grads is None or fsdp is not None else len(grads[unit])
+        again = recompute_tensors(ctx, walk.per_layer[position][0], count)
+        layer_saved = (saved[position][0], saved[position][1], saved[position][3])
+        if again is not None:  # a recomputed layer's forward made again (reserved_recompute)
+            held = forward_layer(replay, again, [], [])
+            backward_layer(ctx.run, walk.per_layer[position], (held[0], held[1], held[3]), replay, (made, peak),
+                           count)
+            replay.give(*layer_saved[0], *layer_saved[1], *layer_saved[2])
+        else:
+            backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
         replay.give(*params)
         return made_grads
 
     def outside(position: int) -> list[Block | None]:
-        return [*saved[position][0], *saved[position][1]]
+        return [*saved[position][0], *saved[position][1], *saved[position][3]]
 
     made = layer(last) if last >= 0 else []
     return made + [blocks for run in _runs(keys.backward, range(last - 1, -1, -1))

@@ -27,7 +27,6 @@ from memplan.frozen import frozen_dataclass
 from memplan.profiles.framework import head_rows_split
 from memplan.units import dtype_bytes
 
-
 #: The --explain sentence of the autocast copies ``save_on_cpu`` cannot take off the GPU.
 OFFLOADED_COPIES_NOTE = ("save_on_cpu with torch.autocast: the 16-bit weight copies autograd saves go to host "
                          "memory, but autocast's cache keeps every one on the GPU until the forward's autocast "
