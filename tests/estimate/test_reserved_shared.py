@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from memplan import estimate, load_model
-from memplan.estimate import reserved_replay
+from memplan.estimate import reserved_layers, reserved_replay
 from memplan.estimate.engine import _stage_parts, _stages
 from memplan.jobflags import build_job
 
@@ -64,22 +64,38 @@ def test_shared_stretches_make_the_schedule_built_layer_by_layer(monkeypatch: py
         assert built == expected
 
 
-def test_a_second_job_copies_what_the_first_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two jobs with the same layers at the same sizes but another pipeline split: the second records nothing."""
+def test_a_second_job_copies_the_forward_stretches_the_first_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs with the same layers at the same sizes but another pipeline split: the second records no
+    forward stretch (its backward ones are its own schedule's: the backward reads the run beyond its key)."""
     reserved_replay.shared_templates.cache_clear()
-    recorded: list[int] = []
-    real = reserved_replay.Replay._record
+    recorded: list[bool] = []
+    real = reserved_replay.Replay.repeat
 
-    def record(self: reserved_replay.Replay, *args: object) -> object:
-        recorded.append(1)
-        return real(self, *args)  # type: ignore[arg-type]
+    def repeat(self: reserved_replay.Replay, key: object, *args: object) -> object:
+        before = len(recorded)
+        store = self._store(key)
+        sizes_known = len(store)
+        result = real(self, key, *args)  # type: ignore[arg-type]
+        if len(store) > sizes_known and len(recorded) == before:
+            recorded.append(key in shared)
+        return result
 
-    monkeypatch.setattr(reserved_replay.Replay, "_record", record)
+    shared: set[object] = set()
+    real_shared = reserved_replay.shared_templates
+
+    def tracked(key: object) -> reserved_replay.Templates:
+        store = real_shared(key)
+        shared.add(store)
+        return store
+
+    monkeypatch.setattr(reserved_replay.Replay, "repeat", repeat)
+    monkeypatch.setattr(reserved_layers, "shared_templates", tracked)
     model = load_model("llama-3.2-1b")
     estimate(model, build_job({"seq": 1024, "gpus": 8, "pp": 2, "gbs": 16}), reserved="simulated")
-    first = len(recorded)
+    first = recorded.count(True)
+    recorded.clear()
     estimate(model, build_job({"seq": 1024, "gpus": 8, "pp": 4, "gbs": 16}), reserved="simulated")
-    assert first > 0 and len(recorded) == first
+    assert first > 0 and recorded.count(True) == 0 and recorded.count(False) > 0
 
 
 def test_the_shared_cache_is_bounded() -> None:
