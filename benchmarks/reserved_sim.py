@@ -25,9 +25,10 @@ from memplan.trace.setup import trace_setup
 _RESULTS = Path(__file__).parent / "results"
 _CONFIGS = Path(__file__).parent / "configs"
 TOLERANCE = 0.03
-#: The trace's simulated reserved per cell: the grid's own record (13 llama-3.2-1b cells) and
-#: ``reserved_witness.py``'s (other architectures, FSDP/TP, LoRA).
-WITNESSES = ("agreement_reserved.json", "agreement_reserved_arch.json")
+#: The trace's simulated reserved per cell: the grid's own record (13 llama-3.2-1b cells),
+#: ``reserved_witness.py``'s (other architectures, FSDP/TP, LoRA) and the grid's three activation-offload
+#: cells (``agreement_grid.py --only offload_activations=True``, added 2026-12-06).
+WITNESSES = ("agreement_reserved.json", "agreement_reserved_arch.json", "agreement_reserved_offload.json")
 
 
 def _job(cell: dict[str, object]):

@@ -201,8 +201,11 @@ def test_an_eager_softmax_backward_runs_in_the_space_the_mlp_block_left() -> Non
     early = sum(divided(t, run.shape) for t, e in zip(layer_terms(layer, run.shape), early_terms(layer, run)) if e)
     assert 2 * plan.fp32 - early == transient
     events = _schedule("llama-3.2-1b", flags)
-    pattern = [("take", plan.fp32), ("take", plan.fp32), ("give", plan.fp32), ("take", plan.scores)]
-    starts = [i for i in range(len(events)) if events[i:i + 4] == pattern]
+    # op by op (reserved_attention_backward): the upcast, the 16-bit gradient freed, the softmax backward's
+    # result, the upcast and the saved fp32 softmax output freed, the cast back
+    pattern = [("take", plan.fp32), ("give", plan.scores), ("take", plan.fp32), ("give", plan.fp32),
+               ("give", plan.fp32), ("take", plan.scores)]
+    starts = [i for i in range(len(events)) if events[i:i + 6] == pattern]
     # every layer of both steps, but the last (the ledger's backward moment sits between its takes)
     assert len(starts) == 2 * (run.model.num_layers - 1)
     # before each softmax backward the MLP's tensors were freed: no take between them and the upcast

@@ -70,17 +70,18 @@ def _cached_weights(ctx: StageContext, index: int) -> list[int]:
 
 
 def layer_cached_copies(ctx: StageContext, layers: list[int], cache: int,
-                        trained: list[list[int]] | None) -> list[list[int]]:
+                        trained: list[list[int]] | None, *, offloaded: bool = False) -> list[list[int]]:
     """Per layer of ``layers`` (in order) the weight copies autocast's cache holds from that layer's forward
     until the forward's autocast region exits, after the loss: the copies of the linears a checkpointed
     region casts (no autograd node saves them; :func:`memplan.estimate.layer_costs.recomputed_copies_bytes`)
     and, under fine-tuning, its fp32 adapters' (:func:`memplan.estimate.stage_activations.cached_adapter_copies`,
     spread over the layer's trainable tensors ``trained[position + 1]``, :mod:`~memplan.estimate.reserved_trainable`),
     one tensor per weight. All empty unless they add up to the estimate's ``cache``
-    (:attr:`~memplan.estimate.stage_activations.StageActivations.autocast_cache`: one pass over the layers)."""
+    (:attr:`~memplan.estimate.stage_activations.StageActivations.autocast_cache`: one pass over the layers).
+    ``offloaded``: under ``save_on_cpu`` every layer's adapters' copies are cached, not only checkpointed ones'."""
     out = []
     for position, index in enumerate(layers):
-        adapters = cached_adapter_copies(ctx, index)
+        adapters = cached_adapter_copies(ctx, index, offloaded)
         tensors = trained[position + 1] if trained is not None else []
         out.append(_split(recomputed_copies_bytes(ctx, index), _cached_weights(ctx, index))
                    + _split(adapters, tensors or [1]))

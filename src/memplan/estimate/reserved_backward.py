@@ -18,7 +18,7 @@ recompute policy drops tensors of the layer; otherwise the schedule keeps its on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from memplan.alloc.blocks import Block
@@ -33,6 +33,9 @@ from memplan.estimate.activations import (
     layer_terms_by_block,
 )
 from memplan.estimate.context import RunContext
+from memplan.alloc.schedule import STREAM_BITS
+from memplan.estimate.reserved_attention_backward import core_backward, core_plan
+from memplan.estimate.reserved_mlp_backward import mlp_backward, mlp_plan
 from memplan.estimate.reserved_replay import Replay
 from memplan.model.spec import LayerSpec
 
@@ -78,25 +81,43 @@ def eager_backward(layer: LayerSpec, run: RunContext, transient: int) -> EagerBa
 
 
 def backward_layer(run: RunContext, visit: tuple[int, int, int],
-                   saved: tuple[list[Block | None], ...], replay: Replay,
-                   hooks: tuple[Callable[[], None], Callable[[], None]]) -> None:
-    """A layer's backward: its transient (the ledger's) beside all its saved tensors, its gradients made
-    (``hooks[0]``), then all freed; or an eager softmax backward as autograd runs it, the gradients
-    made before it (:func:`eager_backward`). ``hooks[1]``: the ledger's backward
-    moment, at the layer's worst step."""
+                   saved: tuple[list[Block | None], list[Block | None], Sequence[Block | None]], replay: Replay,
+                   hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]],
+                   count: int | None) -> None:
+    """A layer's backward. ``saved``: the tensors freed early, the others, and the tensors of the op-by-op
+    slots (:data:`~memplan.estimate.reserved_mlp_backward.SLOTS`, None where not saved as such); ``count``:
+    the gradients made here (None: not made here, or under FSDP2); ``hooks[0]`` makes the gradients at the
+    given positions of the layer's list (None: all not made yet), ``hooks[1]`` is the ledger's backward
+    moment, at the layer's worst step. Where both op-by-op plans apply, the gated MLP's and the eager core's
+    backward op by op (:mod:`~memplan.estimate.reserved_mlp_backward`,
+    :mod:`~memplan.estimate.reserved_attention_backward`), the other gradients after; else an eager softmax
+    backward as autograd runs it, the gradients made before it (:func:`eager_backward`); else the ledger's
+    transient beside all the saved tensors, the gradients made, then all freed."""
     made, peak = hooks
     index, _, transient = visit
-    plan = eager_backward(run.model.layers[index], run, transient) if saved[0] else None
+    early, rest, slots = saved
+    core = core_plan(run, index, slots, count)
+    mlp = mlp_plan(run, index, slots, count, lambda block: replay.ops[block] >> STREAM_BITS) if core else None
+    if core is not None and mlp is not None:
+        mlp_backward(replay, mlp, slots, made)
+        replay.give(*early)
+        core_backward(replay, core, slots, made, peak)
+        made(None)
+        replay.give(*rest)
+        return
+    # without the op-by-op plan the slots are freed as before: the core's fp32 output with the late tensors
+    early, rest = [*early, *slots[:6]], [*rest, *slots[6:]]
+    plan = eager_backward(run.model.layers[index], run, transient) if early else None
     if plan is None:
         temp = replay.take(transient)
         peak()
-        made()
-        replay.give(temp, *saved[0], *saved[1])
+        made(None)
+        replay.give(temp, *early, *rest)
         return
-    made()
-    replay.give(*saved[0])
+    made(None)
+    replay.give(*early)
     upcast, grad = replay.take(plan.fp32), replay.take(plan.fp32)
     peak()
     replay.give(upcast)
     cast = replay.take(plan.scores)
-    replay.give(grad, cast, *saved[1])
+    replay.give(grad, cast, *rest)

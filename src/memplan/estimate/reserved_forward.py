@@ -6,10 +6,22 @@ weight copies between them, and each pre-norm's fp32 output under autocast held 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from memplan.alloc.blocks import Block
 from memplan.estimate.activations import KEPT_BY, divided, layer_terms
-from memplan.estimate.context import StageContext
+from memplan.estimate.context import RunContext, StageContext
+from memplan.estimate.memo import Same
+from memplan.model.spec import LayerSpec
 from memplan.estimate.reserved_backward import early_terms
+from memplan.estimate.reserved_attention_backward import (
+    SOFTMAX_SLOT,
+    TANH_SLOT,
+    capped_first,
+    capped_forward,
+    core_forward,
+)
+from memplan.estimate.reserved_mlp_backward import SLOTS, op_slots
 from memplan.estimate.reserved_replay import Replay
 from memplan.estimate.reserved_terms import DROPPED, HELD, KEPT, RELEASE, norm_output, term_tensors
 
@@ -19,14 +31,35 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
     ones add up to ``kept`` (those a recompute policy drops are made and freed in the forward), else one
     block; ``kind`` one of :data:`KEPT`, :data:`DROPPED`, :data:`HELD` (a pre-norm's output held to its
     block's end, :func:`~memplan.estimate.reserved_terms.norm_output`) or :data:`RELEASE` (size 0: the held
-    ones freed); ``early``: freed before an eager softmax backward (:mod:`~memplan.estimate.reserved_backward`)."""
-    run = ctx.run
-    layer = run.model.layers[index]
+    ones freed); ``early``: freed before an eager softmax backward (:mod:`~memplan.estimate.reserved_backward`),
+    or, an int from 2, the tensor's slot + 2 among the MLP tensors its backward frees op by op
+    (:data:`~memplan.estimate.reserved_mlp_backward.SLOTS`; also early)."""
+    # a layer that a layer-checkpointing policy (block, uniform) leaves out saves what it saves without recompute
+    terms = _layer_tensors(ctx, index, index not in ctx.recomputed and not ctx.run.policy.partial)
+    if sum(size for size, kind, _ in terms if kind == KEPT) != kept:
+        return [(kept, KEPT, False)]
+    return terms if ctx.run.counts is None else [term for term in terms if term[1] == KEPT]
+
+
+def recomputed_blocks(ctx: StageContext, index: int) -> list[tuple[int, int, bool]]:
+    """The tensors a recomputed layer's forward makes again in its backward (:func:`layer_blocks` of the whole
+    layer: every term kept)."""
+    return _layer_tensors(ctx, index, True)
+
+
+def _layer_tensors(ctx: StageContext, index: int, whole: bool) -> list[tuple[int, int, bool]]:
+    return list(_kind_tensors(Same(ctx.run), Same(ctx.run.model.layers[index]), whole))
+
+
+@lru_cache(maxsize=64)
+def _kind_tensors(run_key: Same, layer_key: Same, whole: bool) -> tuple[tuple[int, int, bool], ...]:
+    """The tensors of a layer of kind ``layer_key`` (every layer of one spec object makes the same) in ``run_key``'s
+    job, cached per run and kind (the schedule asks again in the backward and for its --explain sentence)."""
+    run: RunContext = run_key.obj  # type: ignore[assignment]
+    layer: LayerSpec = layer_key.obj  # type: ignore[assignment]
     terms: list[tuple[int, int, bool]] = []
     saved = layer_terms(layer, run.shape)
     named = {t.name: divided(t, run.shape) for t in saved}
-    # a layer that a layer-checkpointing policy (block, uniform) leaves out saves what it saves without recompute
-    whole = index not in ctx.recomputed and not run.policy.partial
     classes, dropped = (KEPT_BY["none"], frozenset()) if whole else (run.kept_classes, run.dropped)
     for t, early in zip(saved, early_terms(layer, run)):
         size = divided(t, run.shape)
@@ -35,25 +68,29 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
         if t.name.endswith("norm output (GEMM input)"):
             terms.append((norm_output(t.name, named, run), HELD, False))
         keep = KEPT if t.keep in classes and t.site not in dropped else DROPPED
-        terms += [(piece, keep, early) for piece in term_tensors(t.name, size, layer, run)]
-    terms = [term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]
-    if sum(size for size, kind, _ in terms if kind == KEPT) != kept:
-        return [(kept, KEPT, False)]
-    return terms if ctx.run.counts is None else [term for term in terms if term[1] == KEPT]
+        pieces = term_tensors(t.name, size, layer, run)
+        slots = op_slots(t.name, len(pieces), run, whole and keep == KEPT)
+        terms += [(piece, keep, early if slots is None else 2 + slot) for piece, slot in
+                  zip(pieces, slots or [0] * len(pieces))]
+    return tuple(capped_first([term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]))
 
 
 def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int], cached: list[int]
-                  ) -> tuple[list[Block | None], list[Block | None], list[Block | None]]:
+                  ) -> tuple[list[Block | None], ...]:
     """A layer's forward: its tensors in order, a dropped one freed once the next is made, a held one at
     the next release; autocast's weight copies (``copies``, saved for the layer's backward, then ``cached``,
     held by autocast's cache alone: :func:`~memplan.estimate.reserved_autocast.layer_cached_copies`) made
     between them, spread evenly (each linear casts its weight when it runs). Returns the kept blocks the
-    backward frees early, the other kept ones, and the cached copies (freed when autocast exits)."""
-    held: tuple[list[Block | None], list[Block | None], list[Block | None]] = ([], [], [])
+    backward frees early, the other kept ones, the cached copies (freed when autocast exits), and the MLP
+    tensors its backward frees op by op, one per slot (None: not saved as such)."""
+    held: tuple[list[Block | None], ...] = ([], [], [], [None] * len(SLOTS))
     casts = [(size, 1) for size in copies] + [(size, 2) for size in cached]
     pending, holding = None, []
+    after = None  # the eager core's masked scores, freed once the next tensor (the probabilities) is made
+    capped = False  # the eager core's soft-capped scores were made (reserved_attention_backward.capped_forward)
     done = 0
     made = [t for t in tensors if t[1] != RELEASE]
+    scores = next((size for size, kind, slot in tensors if slot == 2 + SOFTMAX_SLOT - 1), 0)
     position = 0
     for size, kind, early in tensors:
         if kind == RELEASE:
@@ -64,16 +101,26 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
         due = -(-position * len(casts) // len(made))
         _cast(replay, casts[done:due], held, 0 if early else 1)
         done = max(done, due)
-        block = replay.take(size)
-        replay.give(pending)
-        pending = None
-        if kind == KEPT:
+        if scores and early > 1:  # the eager core's temporaries around its saved tensors
+            before = capped_forward(replay, scores) if early == 2 + TANH_SLOT else None
+            upcast, masked = core_forward(replay, (scores, size), capped) if early == 2 + SOFTMAX_SLOT else (None, None)
+            capped = capped or before is not None
+            block = replay.take(size)
+            replay.give(before, upcast, pending, after)
+            pending, after = None, masked
+        else:
+            block = replay.take(size)
+            replay.give(pending, after)
+            pending, after = None, None
+        if kind == KEPT and early > 1:
+            held[3][early - 2] = block
+        elif kind == KEPT:
             held[not early].append(block)
         elif kind == HELD:
             holding.append(block)
         else:
             pending = block
-    replay.give(pending, *holding)
+    replay.give(pending, after, *holding)
     _cast(replay, casts[done:], held, 1)
     return held
 

@@ -22,6 +22,7 @@ from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_backward import backward_layer
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
+from memplan.estimate.reserved_recompute import recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay
 
 Saved = list[list[Block | None]]
@@ -54,7 +55,8 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
         forward.append(ids.setdefault(("forward", kind, kept, index in ctx.recomputed, tuple(copies[position]),
                                        tuple(cached[position]), sizes), len(ids)))
         made = None if grads is None else tuple(grads[unit])
-        backward.append(ids.setdefault(("backward", kind, kept, transient, position == last,
+        # the backward reads whether the layer is recomputed (reserved_recompute makes its forward again)
+        backward.append(ids.setdefault(("backward", kind, kept, transient, position == last, index in ctx.recomputed,
                                         tuple(copies[position]), made, sizes), len(ids)))
     return LayerKeys(tuple(forward), tuple(backward))
 
@@ -75,7 +77,7 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
                  keys: LayerKeys) -> list[Saved]:
     """Each layer's forward (its FSDP2 all-gather around it; ``casts``: per layer autocast's saved and cached
     weight copies). Returns per layer its blocks (those the backward frees early, the others it frees, the
-    cached copies freed after the loss's forward)."""
+    cached copies freed after the loss's forward, the op-by-op slots' tensors: :func:`forward_layer`)."""
     copies, cached = casts
 
     def layer(position: int) -> Saved:
@@ -103,16 +105,35 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         made_grads: Saved = []
         unit = position + 1
         params = replay.gather(fsdp, unit)
-        made = (lambda: made_grads.append(replay.gradients(fsdp, list(grads[unit]), unit))
-                ) if grads is not None else (lambda: None)
+        done: set[int] = set()
+
+        def made(part: Sequence[int] | None) -> None:
+            """The unit's gradients at positions ``part`` (None: those not made yet)."""
+            if grads is None:
+                return
+            if part is None and not done:  # all at once (every layer but the op-by-op ones)
+                made_grads.append(replay.gradients(fsdp, list(grads[unit]), unit))
+                return
+            chosen = [i for i in range(len(grads[unit])) if i not in done] if part is None else part
+            done.update(chosen)
+            made_grads.append(replay.gradients(fsdp, [grads[unit][i] for i in chosen], unit))
+
         peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
-        backward_layer(ctx.run, walk.per_layer[position], (saved[position][0], saved[position][1]), replay,
-                       (made, peak))
+        count = None if grads is None or fsdp is not None else len(grads[unit])
+        again = recompute_tensors(ctx, walk.per_layer[position][0], count)
+        layer_saved = (saved[position][0], saved[position][1], saved[position][3])
+        if again is not None:  # a recomputed layer's forward made again (reserved_recompute)
+            held = forward_layer(replay, again, [], [])
+            backward_layer(ctx.run, walk.per_layer[position], (held[0], held[1], held[3]), replay, (made, peak),
+                           count)
+            replay.give(*layer_saved[0], *layer_saved[1], *layer_saved[2])
+        else:
+            backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
         replay.give(*params)
         return made_grads
 
     def outside(position: int) -> list[Block | None]:
-        return [*saved[position][0], *saved[position][1]]
+        return [*saved[position][0], *saved[position][1], *saved[position][3]]
 
     made = layer(last) if last >= 0 else []
     return made + [blocks for run in _runs(keys.backward, range(last - 1, -1, -1))

@@ -17,8 +17,10 @@ simulated peak reserved. The schedule, in execution order:
 - backward: the head's weight gradient right after the loss, then in reverse layer order the layer's
   backward transient allocated, its gradients allocated (when gradients are made in the backward), the
   transient and the layer's saved tensors freed (an eager softmax backward instead as autograd runs it:
-  :mod:`~memplan.estimate.reserved_backward`); the embedding's gradient (and a tied sum) last
-  (:mod:`~memplan.estimate.reserved_root`);
+  :mod:`~memplan.estimate.reserved_backward`; a dense layer with a gated MLP and eager attention op by op:
+  :mod:`~memplan.estimate.reserved_mlp_backward`, :mod:`~memplan.estimate.reserved_attention_backward`, a fully
+  recomputed one after its forward made again: :mod:`~memplan.estimate.reserved_recompute`); the embedding's
+  gradient (and a tied sum) last (:mod:`~memplan.estimate.reserved_root`);
 - the optimizer step's temporaries, one ``exp_avg_sq``-sized tensor per trainable tensor
   (:mod:`~memplan.estimate.reserved_optimizer`), freed; gradients freed before the next step where they
   are not alive through the whole step.
@@ -35,7 +37,7 @@ small pool and per-tensor holes are not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
@@ -44,6 +46,8 @@ from memplan.estimate.reserved_backward import eager_backward
 from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
+from memplan.estimate.reserved_offload import offloaded_plan
+from memplan.estimate.reserved_recompute import op_plans
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_sizes import Units, frozen, piece_sizes, spread, stage_units, static_allocations
@@ -93,6 +97,11 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
     cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
         [] for _ in layers]
+    if acts.per_tensor_offload:
+        plan = offloaded_plan(ctx, walk, layers, acts, trained)
+        walk, cached = plan.walk, plan.cached
+        # the head's cached copy lives as the head's saved one would: made at the head, gone after the loss
+        acts = replace(acts, head_copy=acts.head_copy + plan.head_cached, other=acts.other + plan.head_cached)
     fsdp = fsdp_sizes(ctx, ledger, units, spread)
     moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
@@ -102,7 +111,10 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
         grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
     visits = {(id(ctx.run.model.layers[i]), transient): (i, transient) for i, _, transient in walk.per_layer}
     eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, transient in visits.values())
-    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss), any(cached))
+    counts = [len(moments.grads[p + 1]) if moments.made_in_backward and fsdp is None else None
+              for p in range(len(layers))]
+    shaped = (trained is not None, any(copies), eager, softcapped(ctx, loss), any(cached), acts.per_tensor_offload,
+              *op_plans(ctx, walk, counts))
     return ScheduleReserved(replay.finish(engine=engine), replay.peak_requested, replay.events,
                             _note(ctx, replay.events, shaped, moments.made_in_backward))
 
@@ -110,8 +122,9 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
 def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_backward: bool) -> str:
     """The --explain sentence: the schedule, and the mechanics that shaped this job's (``shaped``: trainable
     tensors of a fine-tuning job, autocast's weight copies, an eager softmax backward, a soft-capped loss,
-    autocast's cached copies of checkpointed layers)."""
-    finetune, copies, eager, softcap, cached = shaped
+    autocast's cached copies of checkpointed layers, save_on_cpu, kept layers' backward op by op, recomputed
+    layers' forward made again)."""
+    finetune, copies, eager, softcap, cached, offloaded, ops, recomputed = shaped
     parts = [f"reserved = the caching-allocator simulator's peak over an allocation schedule of the estimate's "
              f"contributions ({_STEPS} steps, {events} allocator events: parameters per tensor, saved activations "
              "per tensor inside their layer, gradients and optimizer states per trainable tensor, the optimizer "
@@ -123,13 +136,26 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_bac
         parts.append("torch.autocast's 16-bit weight copies made in each kept layer's forward and freed in its "
                      "backward, the head's at the head")
     if cached:
-        parts.append("torch.autocast's cached 16-bit weight copies of the checkpointed layers (and their fp32 "
-                     "adapters) made in each layer's forward and freed together when the autocast region exits, "
-                     "after the loss's forward")
-    if eager:
+        whose = ("every layer and the head (what save_on_cpu packs to host is the cached tensor)" if offloaded
+                 else "the checkpointed layers")
+        parts.append(f"torch.autocast's cached 16-bit weight copies of {whose} (and their fp32 adapters) made in "
+                     "each layer's forward and freed together when the autocast region exits, after the loss's "
+                     "forward")
+    if offloaded:
+        parts.append("under save_on_cpu no layer's saved tensors on the GPU, each layer's backward bringing back "
+                     "its largest saved tensor beside its transient")
+    if eager and not ops:  # the op-by-op core replaces the eager plan
         parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
                      "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
                      "the result back")
+    if ops:
+        parts.append("each layer's gated MLP and eager attention core run backward op by op as autograd runs them: "
+                     "each weight gradient made between the frees of its op's saved tensors, the MLP's "
+                     "intermediate gradients, the softmax backward's fp32 upcast beside the saved fp32 softmax "
+                     "output (and the forward's score temporaries)")
+    if recomputed:
+        parts.append("each fully recomputed layer's forward made again in its backward, temporaries included, "
+                     "before its backward runs op by op")
     if softcap:
         parts.append("the soft-capped logits' 16-bit tensors (logits / cap, its tanh, kept for the backward, "
                      "and * cap) made before the fp32 cross-entropy and one per op again in its backward")

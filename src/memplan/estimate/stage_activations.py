@@ -27,6 +27,11 @@ from memplan.frozen import frozen_dataclass
 from memplan.profiles.framework import head_rows_split
 from memplan.units import dtype_bytes
 
+#: The --explain sentence of the autocast copies ``save_on_cpu`` cannot take off the GPU.
+OFFLOADED_COPIES_NOTE = ("save_on_cpu with torch.autocast: the 16-bit weight copies autograd saves go to host "
+                         "memory, but autocast's cache keeps every one on the GPU until the forward's autocast "
+                         "region exits, after the loss's forward")
+
 
 @frozen_dataclass
 class StageActivations:
@@ -83,44 +88,62 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         # layer being computed and the one being copied.
         on_gpu = min(layers, 2 * max(layer_costs(run, run.model.layers[i], i)[0] for i in layout.layer_indices))
         cpu, layers = layers - on_gpu, on_gpu
-    other, head_copy = _other_activations(ctx, ft)
+    other, head_copy, saved_copies = _other_activations(ctx, ft)
     bring_back = 0
     if per_tensor:
-        # save_on_cpu: every tensor autograd saves (the layers' and checkpointed layers' inputs, the
-        # embedding output, autocast's weight copies) is in host memory; the backward brings back one
-        # operator's at a time. Checkpointed layers share their RoPE tables (and eager masks) as
-        # checkpoint arguments, which stay on the GPU until the backward.
-        held = 0
-        if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
-            held = (rope_table_bytes(run.model, run.shape)
-                    + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
+        held, bring_back = _save_on_cpu(ctx, walk)
         cpu += layers + other - held
-        # a recomputed layer gets back only its checkpointed input, which its recompute then saves
-        # (made in the backward, outside save_on_cpu: already in the layer's backward working set);
-        # any other layer, the largest tensor it saved
-        bring_back = largest_saved_term(run, [i for i, _, _ in walk.per_layer if i not in ctx.recomputed])
         layers, other, head_copy = 0, held, 0
-    # torch.autocast caches the 16-bit copy of every fp32 weight that requires a gradient (a leaf, cast
-    # under grad mode or not) until the outermost autocast region exits; the loops compute the loss
-    # inside it (torchtitan's ``maybe_enable_amp``, the HF model's forward), so at the loss the copies
-    # of checkpointed layers, which nothing saves, are alive too (the same ones their recompute makes
-    # again: the walk's ``recomputed_copies``)
-    cache = walk.recomputed_copies + sum(cached_adapter_copies(ctx, i) for i in layout.layer_indices) \
-        if run.counts is not None else walk.recomputed_copies  # adapters' copies only under fine-tuning
+        if saved_copies:
+            notes.append(OFFLOADED_COPIES_NOTE)
+    cache = _autocast_cache(ctx, walk, per_tensor, saved_copies)
     return StageActivations(layers=layers, other=other, head_copy=head_copy, cpu=cpu, unused_buffers=unused,
                             worst_backward=worst, bring_back=bring_back, per_tensor_offload=per_tensor,
                             notes=tuple(notes), autocast_cache=cache)
 
 
-def cached_adapter_copies(ctx: StageContext, index: int) -> int:
+def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int]:
+    """``save_on_cpu``: every tensor autograd saves (the layers' and checkpointed layers' inputs, the
+    embedding output, autocast's weight copies) is in host memory; the backward brings back one
+    operator's at a time. Returns (what stays on the GPU: the RoPE tables and eager masks checkpointed
+    layers share as checkpoint arguments, held until the backward; the largest tensor a layer brings
+    back: a recomputed layer gets back only its checkpointed input, which its recompute then saves,
+    made in the backward outside save_on_cpu and already in its backward working set; any other
+    layer, the largest tensor it saved)."""
+    run, layout = ctx.run, ctx.layout
+    held = 0
+    if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
+        held = (rope_table_bytes(run.model, run.shape)
+                + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
+    return held, largest_saved_term(run, [i for i, _, _ in walk.per_layer if i not in ctx.recomputed])
+
+
+def _autocast_cache(ctx: StageContext, walk: LayerWalk, offloaded: bool, saved_copies: int) -> int:
+    """The weight copies autocast's cache alone keeps alive at the loss.
+
+    torch.autocast caches the 16-bit copy of every fp32 weight that requires a gradient (a leaf, cast
+    under grad mode or not) until the outermost autocast region exits; the loops compute the loss
+    inside it (torchtitan's ``maybe_enable_amp``, the HF model's forward), so at the loss the copies
+    of checkpointed layers, which nothing saves, are alive too (the same ones their recompute makes
+    again: the walk's ``recomputed_copies``), with their fp32 adapters' under fine-tuning. Under
+    ``save_on_cpu`` (``offloaded``) the copies autograd saves (``saved_copies``) go to host memory,
+    but the cache still holds their GPU originals: every layer's and the head's."""
+    run = ctx.run
+    adapters = sum(cached_adapter_copies(ctx, i, offloaded) for i in ctx.layout.layer_indices) \
+        if run.counts is not None else 0
+    return walk.recomputed_copies + adapters + (saved_copies if offloaded else 0)
+
+
+def cached_adapter_copies(ctx: StageContext, index: int, offloaded: bool = False) -> int:
     """A checkpointed layer's adapter weight copies (fp32 adapters under autocast: lora_A and lora_B are
-    linears, their copies cached like the base weights'), which its layer terms do not count."""
+    linears, their copies cached like the base weights'), which its layer terms do not count; with
+    ``offloaded`` (``save_on_cpu``: its layer terms are in host memory) any layer's."""
     run = ctx.run
     if run.counts is None:
         return 0
     compute = dtype_bytes(run.prec.compute)
     if (run.prec.weight_copies != "autocast" or adapter_bytes(run.job) == compute
-            or not (index in ctx.recomputed or run.policy.kind.per_op)):
+            or not (offloaded or index in ctx.recomputed or run.policy.kind.per_op)):
         return 0
     return run.counts.layers[index].adapter * compute
 
@@ -144,8 +167,9 @@ def _deepspeed_checkpoints(ctx: StageContext, walk: LayerWalk, layers: int, cpu:
     return layers, cpu, unused
 
 
-def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int, int]:
-    """(embedding, shared tables and masks, autocast copies; of them the head's copy)."""
+def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int, int, int]:
+    """(embedding, shared tables and masks, autocast copies; of them the head's copy; of them the
+    autocast copies, the head's included)."""
     run, layout = ctx.run, ctx.layout
     model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
@@ -156,7 +180,7 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
             model, shape, run.policy.keeps_mask or keeps_masks(run))
         other += shared * inflight
     if run.prec.weight_copies != "autocast":
-        return other, 0
+        return other, 0, 0
     # torch.autocast casts the weights linear layers read (the decoder's and the output
     # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
     head = head_numel(ctx) if layout.has_head else 0
@@ -168,7 +192,7 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
         # the adapters' copies are part of their layers' terms.
         head, layers = 0, ft.full - _uncopied(ctx, ft)
     compute = dtype_bytes(run.prec.compute)
-    return other + (layers + head) * compute, head * compute
+    return other + (layers + head) * compute, head * compute, (layers + head) * compute
 
 
 def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:

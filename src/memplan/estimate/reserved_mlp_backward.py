@@ -1,0 +1,148 @@
+"""A gated MLP's backward, op by op, in the reserved-memory schedule (issue 25, item 8;
+:mod:`memplan.estimate.reserved_sim`).
+
+Hugging Face's gated MLP (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, separate gate and up
+projections) saves four intermediate-sized tensors: the gate and up projections' outputs, ``act(gate)``
+and the product that ``down_proj`` reads. A trace of its backward (``aten.mm``, ``aten.mul``,
+``aten.silu_backward`` under ``model.layers.N.mlp``) makes and frees them one op at a time, each weight
+gradient between the frees of its op's saved tensors:
+
+1. ``down_proj``: its weight gradient, the gradient of its input (one intermediate-sized tensor), then
+   its saved input freed;
+2. the product's backward: the gradients of ``act(gate)`` and of the up output (two intermediate-sized
+   tensors), the first gradient freed, then the up output and ``act(gate)`` freed;
+3. ``up_proj``: its weight gradient, the gradient of its input (one hidden-sized tensor), the up
+   output's gradient freed;
+4. the activation's backward (one intermediate-sized tensor), ``act(gate)``'s gradient and the gate output
+   freed;
+5. ``gate_proj``: its weight gradient, the gradient of its input, the activation's gradient freed, then
+   the two input gradients summed (one hidden-sized tensor) and freed.
+
+The schedule used to make all the layer's gradients at once beside one transient; the allocator sees
+the difference: the three large weight gradients land in the holes the MLP's frees open one by one.
+
+The plan applies to a whole (not recomputed) layer of a job that trains the whole model without FSDP2,
+when the layer's MLP is gated with separate projections and its four tensors are saved
+(:func:`op_slots`); otherwise the layer's backward makes its gradients at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from memplan.alloc.blocks import Block
+
+from memplan.estimate.activations import SOFTMAX_CAST
+from memplan.estimate.context import RunContext
+from memplan.estimate.memo import Same
+from memplan.estimate.reserved_replay import Replay
+from memplan.model.linears import model_parameters
+from memplan.model.spec import ModelSpec
+
+#: The tensors the plan frees op by op (their slots in a layer's saved lists): the MLP's, in forward order,
+#: then the eager attention core's (:mod:`~memplan.estimate.reserved_attention_backward`; the last only
+#: where the scores are soft-capped).
+SLOTS = ("gate", "up", "act", "product", "output projection input", "probabilities", "softmax output",
+         "soft-capped scores")
+_ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax output (fp32)": 6,
+                    "soft-capped scores (tanh output)": 7}
+#: The MLP's weights, in the order autograd makes their gradients.
+_WEIGHTS = ("mlp.down_proj.weight", "mlp.up_proj.weight", "mlp.gate_proj.weight")
+
+
+def op_by_op(run: RunContext) -> bool:
+    """Whether the job's layers may be laid out op by op: it trains the whole model (no adapters or frozen
+    parts: their gradients are other tensors) on one rank's whole weights (no TP: the input gradients'
+    sizes are the full hidden size) and keeps its saved activations on the GPU (no activation offload)."""
+    return run.counts is None and run.job.parallel.tp <= 1 and not run.job.offload.activations
+
+
+def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] | None:
+    """The slot (index in :data:`SLOTS`) of each of the ``pieces`` tensors of term ``name``, or None when the
+    plan does not apply to it: the gated MLP's fc1 output (gate, up, ``act(gate)``) and its fc2 input, of a
+    ``whole`` layer (none of its tensors dropped) in a job laid out :func:`op_by_op`."""
+    if not whole or not op_by_op(run):
+        return None
+    if name == "mlp fc1 output (activation input)" and pieces == 3:
+        return [0, 1, 2]
+    if name == "mlp fc2 input" and pieces == 1:
+        return [3]
+    if name in _ATTENTION_SLOTS and pieces == 1 and run.shape.kernels == "eager":
+        return [_ATTENTION_SLOTS[name]]
+    return None
+
+
+@dataclass(frozen=True)
+class MlpPlan:
+    """Sizes (bytes) of the MLP backward's temporaries and the positions of its weight gradients."""
+
+    intermediate: int
+    hidden: int
+    #: Positions in the layer's gradient list of down, up and gate projections' weight gradients.
+    grads: tuple[int, int, int]
+
+
+def mlp_weights() -> tuple[str, ...]:
+    """The gated MLP's weights (names relative to the layer), in the order autograd makes their gradients."""
+    return _WEIGHTS
+
+
+def grad_positions(model: ModelSpec, index: int, count: int | None, weights: tuple[str, ...]) -> list[int] | None:
+    """Positions of ``weights`` (names relative to the layer) in layer ``index``'s list of ``count`` gradients
+    (one per parameter tensor, :func:`~memplan.model.linears.model_parameters` order); None when the list is
+    not that (``count`` None: gradients not made in the backward, or under FSDP2) or a weight is missing."""
+    if count is None:
+        return None
+    names = _layer_names(Same(model), index)
+    if len(names) != count or any(w not in names for w in weights):
+        return None
+    return [names.index(w) for w in weights]
+
+
+@lru_cache(maxsize=4096)
+def _layer_names(model: Same, index: int) -> tuple[str, ...]:
+    """Layer ``index``'s parameter tensors' names relative to the layer, in order (cached per model object)."""
+    return tuple(p.name.rpartition(f".{index}.")[2] for p in model_parameters(model.obj)  # type: ignore[arg-type]
+                 if p.layer == index)
+
+
+def mlp_plan(run: RunContext, index: int, slots: Sequence[Block | None], count: int | None,
+             sizes: Callable[[Block], int]) -> MlpPlan | None:
+    """The plan for layer ``index`` whose MLP tensors are ``slots`` (:data:`SLOTS`, None where not saved as
+    such), with ``count`` gradients made in its backward (None: not made there, or under FSDP2); ``sizes``:
+    a block's bytes. None when a slot is empty or the layer's gradients are not its parameter tensors."""
+    if any(block is None for block in slots[:4]):
+        return None
+    positions = grad_positions(run.model, index, count, _WEIGHTS)
+    if positions is None:
+        return None
+    shape = run.shape
+    hidden = shape.seq * shape.micro_batch * run.model.hidden_size * shape.act_bytes
+    down, up, gate = positions
+    return MlpPlan(intermediate=sizes(slots[3]), hidden=hidden, grads=(down, up, gate))  # type: ignore[arg-type]
+
+
+def mlp_backward(replay: Replay, plan: MlpPlan, slots: Sequence[Block | None],
+                 made: Callable[[Sequence[int]], None]) -> None:
+    """The MLP's backward op by op (see the module), its saved ``slots`` freed; ``made(positions)`` makes
+    the weight gradients at those positions of the layer's gradient list."""
+    gate, up, act, product = slots[:4]
+    down_grad, up_grad, gate_grad = plan.grads
+    size, hidden = plan.intermediate, plan.hidden
+    made((down_grad,))
+    grad_product = replay.take(size)
+    replay.give(product)
+    grad_act, grad_up = replay.take(size), replay.take(size)
+    replay.give(grad_product, up, act)
+    made((up_grad,))
+    up_input = replay.take(hidden)
+    replay.give(grad_up)
+    grad_gate = replay.take(size)
+    replay.give(grad_act, gate)
+    made((gate_grad,))
+    gate_input = replay.take(hidden)
+    replay.give(grad_gate)
+    summed = replay.take(hidden)
+    replay.give(up_input, gate_input, summed)

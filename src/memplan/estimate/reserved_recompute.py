@@ -1,0 +1,65 @@
+"""A recomputed layer's backward in the reserved-memory schedule (issue 25, item 8;
+:mod:`memplan.estimate.reserved_sim`): its forward made again, then its backward op by op.
+
+Under full activation checkpointing a layer's forward keeps only its input; its backward first runs the
+forward again (a trace shows the layer's whole forward, saved tensors and temporaries, under the
+backward phase), then the backward proper frees those tensors op by op as a kept layer's does, the
+weight gradients made between the frees (:mod:`~memplan.estimate.reserved_mlp_backward`,
+:mod:`~memplan.estimate.reserved_attention_backward`). The gradients and the states the first optimizer
+step creates then land in the holes these tensors leave, as in the trace, rather than in one block.
+
+The plan applies to a layer the policy recomputes whole (not per module or op) in a job without
+autocast's weight copies (the recomputed forward's copies are not laid out), when both op-by-op plans
+apply to the layer's tensors; otherwise the layer's backward is its transient, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from memplan.estimate.activations import UNFUSED_ATTENTION
+from memplan.estimate.context import StageContext
+from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.reserved_attention_backward import TANH_SLOT
+from memplan.estimate.reserved_forward import layer_blocks, recomputed_blocks
+from memplan.estimate.reserved_mlp_backward import SLOTS, grad_positions, mlp_weights, op_by_op
+
+_ATTENTION_WEIGHTS = ("self_attn.o_proj.weight",)
+#: The slots (+ 2, as :func:`~memplan.estimate.reserved_forward.layer_blocks` tags them) both plans need.
+_REQUIRED = {2 + s for s in range(len(SLOTS)) if s != TANH_SLOT}
+
+
+def recompute_tensors(ctx: StageContext, index: int, count: int | None) -> list[tuple[int, int, bool]] | None:
+    """The tensors layer ``index``'s backward makes again before its gradients (``count`` of them made there;
+    None: not made there, or under FSDP2), or None when the plan does not apply (see the module)."""
+    run = ctx.run
+    if (count is None or index not in ctx.recomputed or run.policy.partial or run.prec.weight_copies == "autocast"
+            or not op_by_op(run)):
+        return None
+    if grad_positions(run.model, index, count, mlp_weights() + _ATTENTION_WEIGHTS) is None:
+        return None
+    tensors = recomputed_blocks(ctx, index)
+    if {slot for _, _, slot in tensors if slot > 1} - {2 + TANH_SLOT} != _REQUIRED:
+        return None
+    return tensors
+
+
+def op_plans(ctx: StageContext, walk: LayerWalk, counts: Sequence[int | None]) -> tuple[bool, bool]:
+    """Whether the schedule lays out some kept layer's backward op by op, and some recomputed layer's forward
+    again (``counts``: per layer of ``walk`` the gradients its backward makes; for the --explain sentence)."""
+    run = ctx.run
+    if not op_by_op(run) or run.shape.kernels != "eager" or run.shape.attention not in UNFUSED_ATTENTION:
+        return False, False
+    kept = recomputed = False
+    seen: set[tuple[int, bool]] = set()
+    for (index, size, _), count in zip(walk.per_layer, counts):
+        key = (id(run.model.layers[index]), index in ctx.recomputed)
+        if key in seen or count is None:
+            continue
+        seen.add(key)
+        if index in ctx.recomputed:
+            recomputed = recomputed or recompute_tensors(ctx, index, count) is not None
+        elif grad_positions(run.model, index, count, mlp_weights() + _ATTENTION_WEIGHTS) is not None:
+            slots = {slot for _, _, slot in layer_blocks(ctx, index, size) if slot > 1} - {2 + TANH_SLOT}
+            kept = kept or slots == _REQUIRED
+    return kept, recomputed
