@@ -27,7 +27,13 @@ from __future__ import annotations
 import dataclasses
 import reprlib
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+if TYPE_CHECKING:  # tells type checkers (and mypyc) what the decorator makes: typing's own from Python 3.11
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_: Any) -> Callable[[Any], Any]:
+        return lambda function: function
 
 __all__ = ["frozen_dataclass"]
 
@@ -40,6 +46,7 @@ def frozen_dataclass(cls: T, /) -> T: ...
 def frozen_dataclass(*, kw_only: bool = False) -> Callable[[T], T]: ...
 
 
+@dataclass_transform(frozen_default=True)
 def frozen_dataclass(cls: Any = None, /, *, kw_only: bool = False) -> Any:
     """``@dataclass(frozen=True[, kw_only=True])``, built without compiling source at definition (module doc)."""
     if cls is None:

@@ -10,6 +10,7 @@ and never again per layer.
 from __future__ import annotations
 
 from dataclasses import field
+from typing import Any
 
 from memplan.estimate.activations import KEPT_BY, ActivationShape
 from memplan.estimate.finetune import base_in_compute_dtype, finetune_counts, is_finetune
@@ -65,7 +66,7 @@ class RunContext(Resolved):
     flows: tuple[LayerFlow, ...] | None
     fragmentation: float
     #: Per-layer costs memoised by the layer's kind (shared by the stages of one estimate).
-    cache: dict[object, LayerCosts] = field(default_factory=dict, compare=False, hash=False)
+    cache: dict[object, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def finetune(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import cast
 
 from memplan.estimate.activations import (
     KEPT_BY,
@@ -110,10 +111,11 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
     layer kinds under many layouts; the key holds the layer itself, compared by identity). ``compiled``:
     the layer keeps torch.compile's partitioner's saved set (:mod:`memplan.estimate.compiled`)."""
-    blocks = compiled_blocks(layer.obj, shape) if compiled else _blocks(
-        layer.obj, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
+    spec = cast(LayerSpec, layer.obj)
+    blocks = compiled_blocks(spec, shape) if compiled else _blocks(
+        spec, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
         adapter_bytes=adapter_bytes)
-    return _priced(layer.obj, shape, policy, blocks)
+    return _priced(spec, shape, policy, blocks)
 
 
 def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quantize_base: str, autocast: bool,

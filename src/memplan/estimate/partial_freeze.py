@@ -148,7 +148,13 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     for p in params:
         names_by_layer.setdefault(p.layer, set()).add(p.module)
     names = {k: frozenset(v) for k, v in names_by_layer.items()}
-    linears, norms, adapted, adapted_input, root, root_copies, root_full = (set() for _ in range(7))
+    linears: set[tuple[int | None, str]] = set()
+    norms: set[tuple[int | None, str]] = set()
+    adapted: set[tuple[int | None, str]] = set()
+    adapted_input: set[tuple[int | None, str]] = set()
+    root: set[str] = set()
+    root_copies: set[str] = set()
+    root_full: set[str] = set()
     for p in params:
         trains = everything or _under(p.module, full)
         copied = _under(p.module, copies)

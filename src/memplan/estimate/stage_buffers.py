@@ -58,7 +58,7 @@ def _flex_dispatch(ctx: StageContext) -> Iterator[Contribution]:
         return
     ov, par = job.overlap, job.parallel
     group = par.expert_tp * par.ep
-    moe_layers = [model.layers[i].moe for i in ctx.layout.layer_indices if model.layers[i].moe is not None]
+    moe_layers = [moe for i in ctx.layout.layer_indices if (moe := model.layers[i].moe) is not None]
     if ov.flex_backend == "deepep":
         note = (f"DeepEP's buffer on the etp x ep group of {group} ranks ({ov.flex_num_sms or 20} SMs; NVLink "
                 "receive slots, 32 MiB workspace, RDMA slots past 8 ranks) allocated outside PyTorch's allocator "
