@@ -118,7 +118,8 @@ from memplan.estimate import engine
 # a new job: every cache keyed on a Job value is cleared (the estimator's per-job memo and the
 # resolved activation policy); caches keyed on the model, a layer kind at a shape or a pipeline
 # layout stay warm, as they do for any new job that shares them
-memos = [getattr(getattr(m, n, None), "cache_clear", None) for m, n in ((engine, "_stages"), (policies, "resolve_policy"))]
+memos = [getattr(getattr(m, n, None), "cache_clear", None)
+         for m, n in ((engine, "_stages"), (engine, "_stage_parts"), (policies, "resolve_policy"))]
 def clear():
     for memo in memos:
         if memo is not None:
@@ -145,10 +146,10 @@ from memplan.estimate import engine
 model = load_model("llama-3.1-8b")
 job = Job(parallel=Parallelism(world_size=8), batch=Batch(micro_batch_size=1, seq_length=4096))
 for _ in range(2):  # two warm-up estimates, the second a new job: what is made once per process is made
-    for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
+    for memo in (getattr(engine, "_stages", None), getattr(engine, "_stage_parts", None), getattr(policies, "resolve_policy", None)):
         getattr(memo, "cache_clear", lambda: None)()
     estimate(model, job)
-for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
+for memo in (getattr(engine, "_stages", None), getattr(engine, "_stage_parts", None), getattr(policies, "resolve_policy", None)):
     getattr(memo, "cache_clear", lambda: None)()
 count = [0]
 def tracer(frame, event, arg):
@@ -166,7 +167,7 @@ print(count[0])
 #: The new-job loop run under callgrind (``--callgrind``): instructions executed do not move with the load.
 CALLGRIND_CASE = OPCODE_CASE.split("count = [0]")[0] + """
 for _ in range(int(sys.argv[1])):
-    for memo in (getattr(engine, "_stages", None), getattr(policies, "resolve_policy", None)):
+    for memo in (getattr(engine, "_stages", None), getattr(engine, "_stage_parts", None), getattr(policies, "resolve_policy", None)):
         getattr(memo, "cache_clear", lambda: None)()
     estimate(model, job)
 """
