@@ -891,7 +891,8 @@ class Job:
     #: memplan's model of PyTorch's caching allocator (:mod:`memplan.estimate.reserved_sim`).
     reserved: ReservedMode = knob("auto", "--reserved", "How reserved memory is estimated: fixed = peak allocated "
                                   "/ (1 - fragmentation); simulated = PyTorch's caching allocator simulated on "
-                                  "the estimate's allocation schedule; auto = the framework profile's (fixed).",
+                                  "the estimate's allocation schedule; auto = the framework profile's (simulated under hf and "
+                                  "torchtitan, fixed under megatron and deepspeed).",
                                   panel=ACTIVATIONS)
     #: Megatron ``--defer-embedding-wgrad-compute``: the output layer's weight gradient is
     #: computed after the pipeline drains, so each finished micro-batch keeps its logits gradient
