@@ -891,8 +891,8 @@ class Job:
     #: memplan's model of PyTorch's caching allocator (:mod:`memplan.estimate.reserved_sim`).
     reserved: ReservedMode = knob("auto", "--reserved", "How reserved memory is estimated: fixed = peak allocated "
                                   "/ (1 - fragmentation); simulated = PyTorch's caching allocator simulated on "
-                                  "the estimate's allocation schedule; auto = the framework profile's (simulated under hf, fixed "
-                                  "under megatron, deepspeed and torchtitan).",
+                                  "the estimate's allocation schedule; auto = the framework profile's (simulated under hf and "
+                                  "torchtitan without pipeline parallelism, else fixed).",
                                   panel=ACTIVATIONS)
     #: Megatron ``--defer-embedding-wgrad-compute``: the output layer's weight gradient is
     #: computed after the pipeline drains, so each finished micro-batch keeps its logits gradient

@@ -12,7 +12,7 @@ from memplan.alloc.schedule import STREAM_BITS
 from memplan.alloc.settings import AllocatorSettings
 from memplan.errors import JobConfigError
 from memplan.estimate import reserved_fsdp, reserved_replay, reserved_sim
-from memplan.estimate.engine import _stages
+from memplan.estimate.engine import _stages, reserved_mode
 from memplan.estimate.ledger import ACTIVATIONS, ABSENT, PARAMETERS, TEMPORARY, Contribution, Ledger
 from memplan.jobflags import build_job
 from memplan.profiles import get_profile
@@ -98,11 +98,15 @@ def test_the_job_flag_chooses_the_mode_and_the_argument_overrides_it() -> None:
     flags = {"seq": 2048, "framework": "hf"}
     auto, fixed = estimate(model, build_job(flags)), estimate(model, build_job({**flags, "reserved": "fixed"}))
     simulated = estimate(model, build_job({**flags, "reserved": "simulated"}))
-    # hf's loops are the ones the trace witnesses (the reserved grid): simulated; Megatron's and DeepSpeed's
-    # buffers are not, nor torchtitan's pipeline stages
+    # hf's and torchtitan's loops are the ones the trace witnesses (the reserved grid): simulated; Megatron's
+    # and DeepSpeed's buffers are not, nor any pipeline stage (fixed under PP whatever the framework)
     assert auto.peak_reserved_bytes == simulated.peak_reserved_bytes != fixed.peak_reserved_bytes
-    assert get_profile("hf").default_reserved == "simulated"
-    assert {get_profile(name).default_reserved for name in ("megatron", "deepspeed", "torchtitan")} == {"fixed"}
+    assert get_profile("hf").default_reserved == get_profile("torchtitan").default_reserved == "simulated"
+    assert get_profile("megatron").default_reserved == get_profile("deepspeed").default_reserved == "fixed"
+    assert reserved_mode(build_job({**flags, "framework": "torchtitan"})) == "simulated"
+    assert reserved_mode(build_job({**flags, "framework": "torchtitan", "gpus": 2, "pp": 2})) == "fixed"
+    assert reserved_mode(build_job({**flags, "framework": "torchtitan", "gpus": 2, "pp": 2, "reserved": "simulated"})) == (
+        "simulated")
     megatron = {"seq": 2048, "framework": "megatron"}
     assert estimate(model, build_job(megatron)).peak_reserved_bytes == estimate(
         model, build_job({**megatron, "reserved": "fixed"})).peak_reserved_bytes

@@ -98,10 +98,11 @@ def estimate(
 
 def reserved_mode(job: Job, reserved: str | None = None) -> str:
     """How ``job``'s reserved memory is made: ``reserved`` when given (the library's override), else the
-    job's ``--reserved``, else (``auto``) its framework profile's ``default_reserved``."""
+    job's ``--reserved``, else (``auto``) its framework profile's ``default_reserved``, but ``fixed`` under
+    pipeline parallelism: no witness checks the simulator's schedule of a pipeline stage (docs/benchmarks.md)."""
     mode = reserved if reserved is not None else job.reserved
     if mode == "auto":
-        mode = get_profile(job.framework).default_reserved
+        mode = "fixed" if job.parallel.pp > 1 else get_profile(job.framework).default_reserved
     if mode not in RESERVED_MODES:
         raise JobConfigError("--reserved", f"must be one of {', '.join(RESERVED_MODES)}", mode)
     return mode

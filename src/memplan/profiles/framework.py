@@ -293,11 +293,11 @@ TORCHTITAN = FrameworkProfile(
     dtensor_loss_parallel=True,
     fit_tensor_parallel=True,
     fit_pipelines=True,
-    # the fixed reserved figure, although the simulator is closer where the trace witnesses torchtitan (the
-    # reserved grid's torchtitan cell +0.3%, fixed +6.9%; its published FSDP runs -4.8..-5.3%, fixed
-    # -6.2..-9.6%): its pipeline stages have no reserved witness, and on the published 405B PP rows
-    # (compile + Float8 priced as eager: approximate) the simulator says +14.6% and +32.8%, fixed -10.9%
-    # and +4.1% (docs/benchmarks.md)
+    # the allocator simulator on the estimate's schedule where the trace witnesses torchtitan (the reserved
+    # grid's torchtitan cell +0.3%, fixed +6.9%; its published FSDP runs -4.8..-5.3%, fixed -6.2..-9.6%);
+    # with pipeline parallelism ``auto`` is fixed for every framework (estimate.engine.reserved_mode: on the
+    # published 405B PP rows the simulator says +14.6% and +32.8%, fixed -10.9% and +4.1%)
+    default_reserved="simulated",
 )
 
 DEEPSPEED = FrameworkProfile(
