@@ -42,7 +42,8 @@ def measure(cell: dict[str, object]) -> dict[str, object]:
     traced = cell["reserved"]["traced_simulated_bytes"]  # type: ignore[index]
     local = _CONFIGS / f"{cell['model']}.json"  # the grid's own configs (agreement_grid.Cell.model_ref)
     model, job = load_model(str(local) if local.exists() else str(cell["model"])), _job(cell)
-    fixed = estimate(model, job)
+    fixed = estimate(model, job, reserved="fixed")
+    default = estimate(model, job)  # --reserved auto: the framework profile's mode (simulated under hf, torchtitan)
     _stages.cache_clear()
     _stage_parts.cache_clear()  # the stages' figures too: the timing is a new job's
     start = time.perf_counter()
@@ -51,13 +52,15 @@ def measure(cell: dict[str, object]) -> dict[str, object]:
     return {"key": cell["key"], "traced_simulated_bytes": traced,
             "estimated_allocated_bytes": fixed.peak_allocated_bytes,
             "fixed_bytes": fixed.peak_reserved_bytes, "simulated_bytes": sim.peak_reserved_bytes,
+            "default_bytes": default.peak_reserved_bytes,
+            "default_error": (default.peak_reserved_bytes - traced) / traced,
             "fixed_error": (fixed.peak_reserved_bytes - traced) / traced,
             "simulated_error": (sim.peak_reserved_bytes - traced) / traced, "simulated_seconds": round(seconds, 4)}
 
 
 def summary(rows: list[dict[str, object]]) -> dict[str, object]:
     out: dict[str, object] = {}
-    for name in ("fixed_error", "simulated_error"):
+    for name in ("fixed_error", "simulated_error", "default_error"):
         errors = [abs(float(r[name])) for r in rows]  # type: ignore[arg-type]
         out[name] = {"median_abs": statistics.median(errors), "worst_abs": max(errors),
                      "within": sum(e <= TOLERANCE for e in errors), "cells": len(errors)}
