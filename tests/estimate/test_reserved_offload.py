@@ -9,6 +9,7 @@ from memplan import estimate, load_model
 from memplan.estimate import reserved_replay
 from memplan.estimate.engine import _stages
 from memplan.estimate.layer_walk import walk_layers
+from memplan.estimate.reserved_autocast import layer_weight_copies
 from memplan.estimate.reserved_offload import offloaded_plan
 from memplan.estimate.stage_activations import stage_activations
 from memplan.jobflags import build_job
@@ -49,7 +50,7 @@ def test_autocasts_cached_copies_are_every_layers_and_the_heads() -> None:
     layers = list(ctx.layout.layer_indices)
     walk = walk_layers(ctx, 0)
     acts = stage_activations(ctx, walk, None)
-    plan = offloaded_plan(ctx, walk, layers, acts, None)
+    plan = offloaded_plan(ctx, walk, layers, acts, (None, layer_weight_copies(ctx, layers)))
     model = ctx.model
     assert all(kept == 0 for _, kept, _ in plan.walk.per_layer)
     assert all(len(c) == 7 for c in plan.cached)

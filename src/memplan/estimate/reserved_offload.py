@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
-from memplan.estimate.reserved_autocast import layer_cached_copies, layer_weight_copies
+from memplan.estimate.reserved_autocast import layer_cached_copies
 from memplan.estimate.stage_activations import StageActivations, cached_adapter_copies
 
 
@@ -34,15 +34,17 @@ class OffloadedPlan:
 
 
 def offloaded_plan(ctx: StageContext, walk: LayerWalk, layers: list[int], acts: StageActivations,
-                   trained: list[list[int]] | None) -> OffloadedPlan:
-    """The schedule's walk and cached copies for an offloaded stage (see the module)."""
+                   units: tuple[list[list[int]] | None, list[list[int]]]) -> OffloadedPlan:
+    """The schedule's walk and cached copies for an offloaded stage (see the module); ``units``: the
+    trainable tensors (:func:`~memplan.estimate.reserved_trainable.trainable_units`) and per layer the
+    weight copies autograd saves (:func:`~memplan.estimate.reserved_autocast.layer_weight_copies`)."""
+    trained, saved = units
     per_layer = [(index, 0, transient + (acts.bring_back if index not in ctx.recomputed else 0))
                  for index, _, transient in walk.per_layer]
     plain = replace(walk, per_layer=per_layer)
     run = ctx.run
     adapters = sum(cached_adapter_copies(ctx, i, True) for i in layers) if run.counts is not None else 0
     base = layer_cached_copies(ctx, layers, walk.recomputed_copies + adapters, trained, offloaded=True)
-    saved = layer_weight_copies(ctx, layers)
     cached = [list(c) + list(s) for c, s in zip(base, saved)]
     head = acts.autocast_cache - sum(map(sum, cached))
     if head < 0 or (walk.recomputed_copies + adapters and not any(base)):

@@ -91,17 +91,17 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     state = (ledger.total(PARAMETERS), ledger.total(MASTER), ledger.total(WORKSPACE))
     replay.take_encoded(*static_allocations(state, units))
     trained = trainable_units(ctx, layers)
-    copies = layer_weight_copies(ctx, layers)
-    if sum(map(sum, copies)) + acts.head_copy > acts.other:
-        copies = [[] for _ in copies]
-    # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
-    cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
-        [] for _ in layers]
+    saved = layer_weight_copies(ctx, layers)
+    copies = [[] for _ in saved] if sum(map(sum, saved)) + acts.head_copy > acts.other else saved
     if acts.per_tensor_offload:
-        plan = offloaded_plan(ctx, walk, layers, acts, trained)
+        plan = offloaded_plan(ctx, walk, layers, acts, (trained, saved))
         walk, cached = plan.walk, plan.cached
         # the head's cached copy lives as the head's saved one would: made at the head, gone after the loss
         acts = replace(acts, head_copy=acts.head_copy + plan.head_cached, other=acts.other + plan.head_cached)
+    else:
+        # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
+        cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
+            [] for _ in layers]
     fsdp = fsdp_sizes(ctx, ledger, units, spread)
     moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
