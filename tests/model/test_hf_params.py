@@ -8,8 +8,10 @@ Qwen2-MoE dense layers, DeepSeek without q-compression).
 
 from __future__ import annotations
 
+import json
 import warnings
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,6 +87,27 @@ def _variant(base: str, **changes: Any) -> dict[str, Any]:
     return config
 
 
+# --- gpt-oss (helper gptoss8): the published configs live in benchmarks/configs (not presets: a preset
+# would shift the golden record's random jobs, which cycle over the preset list)
+_CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+#: Published totals (OpenAI's model card: 20.91 B and 116.83 B), to the stated precision.
+GPT_OSS_PUBLISHED = {"gpt-oss-20b": 20.91, "gpt-oss-120b": 116.83}
+
+
+def _gpt_oss(name: str) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((_CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
+    return config
+
+
+@pytest.mark.parametrize("name", sorted(GPT_OSS_PUBLISHED))
+def test_gpt_oss_published_config_matches_transformers(name: str) -> None:
+    config = _gpt_oss(name)
+    _assert_same(config, _build(config), name)
+    spec = model_from_hf_config(config, name=name)
+    assert round(total_params(spec) / 1e9, 2) == GPT_OSS_PUBLISHED[name]
+# --- gpt-oss end
+
+
 _SMALL_LLAMA = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
                 "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000}
 
@@ -126,6 +149,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
                                       first_k_dense_replace=1, attention_bias=True),
     "deepseek_v2-mlp-bias": _variant("deepseek-v2-lite", num_hidden_layers=3, mlp_bias=True,
                                      q_lora_rank=512, attention_bias=True),
+    # --- gpt-oss (helper gptoss8) begin: no attention biases, no layer_types, head_dim and
+    # sliding_window left to GptOssConfig's defaults (64, 128), odd expert count
+    "gpt_oss-defaults-no-bias": {"model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 192,
+                                 "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                 "num_local_experts": 5, "num_experts_per_tok": 2, "vocab_size": 1000,
+                                 "attention_bias": False},
+    "gpt_oss-layer-types": {**_gpt_oss("gpt-oss-20b"), "num_hidden_layers": 3, "num_local_experts": 4,
+                            "layer_types": ["full_attention", "full_attention", "sliding_attention"]},
+    # --- gpt-oss end
 }
 
 

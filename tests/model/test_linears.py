@@ -32,6 +32,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "llama-biases": {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
                      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500, "attention_bias": True,
                      "mlp_bias": True},
+    # gpt-oss (helper gptoss8): sinks, a biased router named ``router``, biased stacked experts
+    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 500,
+                "num_local_experts": 4, "num_experts_per_tok": 2},
 }
 
 

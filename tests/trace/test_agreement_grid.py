@@ -1,6 +1,6 @@
 """Estimate (hf profile) vs trace on a small version of benchmarks/agreement_grid.py.
 
-Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, GPT-2), short
+Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, gpt-oss, GPT-2), short
 sequences, one rank and simulated FSDP2 / TP ranks, foreach and the framework's own (fused)
 optimizer; activation policies (Megatron's --recompute-modules, full recompute of N layers);
 fine-tuning (LoRA, DoRA, QLoRA nf4, int8 base) as benchmarks/finetune_grid.py. Tolerances as the grid's: model states equal, activations, saved logits and
@@ -45,6 +45,12 @@ CONFIGS: dict[str, dict[str, object]] = {
     "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 128,
                   "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
                   "vocab_size": 2048, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
+    # --- gpt-oss (helper gptoss8): attention sinks, sliding (window 128 < seq) / full layers, biased
+    # router and experts, clamped SwiGLU; transformers has no SDPA path for it (eager cells only)
+    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 8,
+                "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 2048,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128},
+    # --- gpt-oss end
 }
 
 #: (config, seq, precision, attention, recompute[, ranks and optimizer])
@@ -60,6 +66,12 @@ CELLS: tuple[object, ...] = (
         "real one (the RMSNorm backward's fp32 temporaries); docs/trace.md, agreement grid"))),
     ("phi3", 256, "fp32", "eager", "none"),
     ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none"),
+    # --- gpt-oss (helper gptoss8)
+    ("gpt_oss", 256, "bf16-mixed", "eager", "none"),
+    ("gpt_oss", 256, "bf16-mixed", "eager", "full"),
+    ("gpt_oss", 256, "bf16", "eager", "none"),
+    ("gpt_oss", 256, "bf16-mixed", "eager", "selective"),
+    # --- gpt-oss end
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"fsdp": 4}),
     ("llama", 256, "bf16", "sdpa", "full", {"fsdp": 2, "tp": 2}),
     ("llama", 256, "bf16-mixed", "eager", "selective", {"tp": 2}),

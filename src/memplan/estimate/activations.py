@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from memplan.estimate.gpt_oss_terms import clamped_swiglu_terms, sink_softmax_terms, topk_router_terms
 from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
@@ -322,9 +323,12 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
     c = shape.act_bytes
     if shape.kernels != "eager":
         return [Term("softmax output", c * heads_scores, "tp", "core")]
-    terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core")]
-    if c < EAGER_SOFTMAX_BYTES:
-        terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core"))
+    if attn.sinks:  # gpt-oss: the softmax runs over a sink column too, in the weights' dtype
+        terms = sink_softmax_terms(attn, shape, SOFTMAX_CAST)
+    else:
+        terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core")]
+        if c < EAGER_SOFTMAX_BYTES:
+            terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core"))
     if attn.logit_softcap is not None:
         terms.append(Term("soft-capped scores (tanh output)", c * heads_scores, "tp", "core"))
     if attention_kind(attn).grouped_kv:
@@ -475,9 +479,11 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body",
                       site=fc1_site))
     if eager_gate and prefix == "experts":
-        # act(gate), saved by the product with the up half: inside the activation function (moe_act).
-        terms.append(Term(f"{prefix} activation of the gate half (eager gated activation)", c * tokens * f, region,
-                          "body", site=fc2_site))
+        # act(gate), saved by the product with the up half: inside the activation function (moe_act);
+        # gpt-oss's clamped SwiGLU keeps more there (memplan.estimate.gpt_oss_terms).
+        terms += (clamped_swiglu_terms(mlp, tokens, region, c, fc2_site)
+                  or [Term(f"{prefix} activation of the gate half (eager gated activation)", c * tokens * f, region,
+                           "body", site=fc2_site)])
     terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True, site=fc2_site))
     if mlp.activation == "gelu_new" and shape.kernels == "eager":
         # GPT-2's NewGELUActivation is a Python formula: it also saves tanh(...), 1 + tanh(...) and
@@ -516,9 +522,13 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     # A separate pre-MLP norm in Megatron's TE spec (its output, the MoE layer's input: ``layernorm``).
     terms = _norm_terms(shape, "mlp", "body", sites=NormSites(
         fused="pre_mlp_norm", norm="pre_mlp_norm", output="pre_mlp_norm", copy="moe"))
-    terms += _router_terms(moe, shape)
     routed = tokens * moe.top_k
-    terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body", site="moe"))
+    if moe.softmax_after_topk and shape.kernels == "eager":  # gpt-oss's router (memplan.estimate.gpt_oss_terms)
+        terms += topk_router_terms(moe, shape)
+    else:
+        terms += _router_terms(moe, shape)
+        terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body",
+                          site="moe"))
     if shape.kernels == "eager":
         # transformers' grouped_mm_experts_forward: the gather index (perm // top_k), the sort
         # permutation and its inverse (int64 per routed copy), and the int32 per-expert offsets.

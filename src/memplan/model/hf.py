@@ -31,7 +31,7 @@ from typing import Any, Literal
 from memplan.errors import ModelConfigError
 from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import MLA
-from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+from memplan.model.spec import CLAMPED_SWIGLU, AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
 from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_MODEL_INT, check_at_most, parse_json
 from memplan.textfile import read_text_file
 
@@ -53,6 +53,10 @@ class _Fields:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = config
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> _Fields:
+        """The same config with ``defaults`` for the keys it leaves out (a family's config-class defaults)."""
+        return _Fields({**defaults, **self._config})
 
     def given(self, key: str) -> bool:
         return self._config.get(key) is not None
@@ -376,6 +380,32 @@ def _deepseek(f: _Fields, name: str, model_type: str) -> ModelSpec:
     return _model(f, name, model_type, _stack(kinds), tie_default=False, hidden=hidden, mtp_layers=mtp)
 
 
+# --------------------------------------------------------------------------- gpt-oss (begin)
+#: ``GptOssConfig``'s defaults (transformers ``configuration_gpt_oss.py``) for the keys this builder reads.
+_GPT_OSS_DEFAULTS: dict[str, Any] = {
+    "num_hidden_layers": 36, "num_local_experts": 128, "vocab_size": 201088, "hidden_size": 2880,
+    "intermediate_size": 2880, "head_dim": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "sliding_window": 128, "num_experts_per_tok": 4, "attention_bias": True,
+}
+
+
+def _gpt_oss(f: _Fields, name: str, model_type: str) -> ModelSpec:
+    """OpenAI gpt-oss: biased GQA with per-head sinks, sliding (even) / full (odd) layers by ``layer_types``,
+    every layer an MoE block: a biased router and biased stacked experts under a clamped SwiGLU."""
+    f = f.with_defaults(_GPT_OSS_DEFAULTS)
+    hidden, n_layers = f.integer("hidden_size"), f.integer("num_hidden_layers")
+    bias = f.flag("attention_bias", True)
+    attn = replace(_gqa(f, hidden, bias=bias, out_bias=bias), sinks=True)
+    expert = MLPSpec(intermediate_size=f.integer("intermediate_size"), bias=True, activation=CLAMPED_SWIGLU,
+                     fused_gate_up=True)
+    moe = MoESpec(num_experts=f.integer("num_local_experts"), top_k=f.integer("num_experts_per_tok"),
+                  expert=expert, router_bias=True, router_name="router", softmax_after_topk=True)
+    kinds = [(_with_window(attn, w), moe) for w in _windows(f, n_layers, "alternate")]
+    # GptOssRMSNorm: ``(weight * x_normed).to(input dtype)``, the product in fp32
+    return _model(f, name, model_type, _stack(kinds), tie_default=False, hidden=hidden, norm_fp32_scale=True)
+# --------------------------------------------------------------------------- gpt-oss (end)
+
+
 _Builder = Callable[[_Fields, str, str], ModelSpec]
 _BUILDERS: dict[str, _Builder] = {
     **{model_type: _dense for model_type in _DENSE},
@@ -386,6 +416,7 @@ _BUILDERS: dict[str, _Builder] = {
     "qwen3_moe": _qwen_moe,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    "gpt_oss": _gpt_oss,
 }
 
 #: ``model_type`` values :func:`model_from_hf_config` understands.

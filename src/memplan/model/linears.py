@@ -132,12 +132,14 @@ def _layer_other_params(layer: LayerSpec, hidden: int, model: ModelSpec) -> list
     out += attention_kind(attn).extra_norms(attn)
     moe = layer.moe
     if moe is not None:
-        out.append(("mlp.gate.weight", hidden * moe.num_experts))
+        out.append((f"mlp.{moe.router_name}.weight", hidden * moe.num_experts))
         if moe.router_bias and not moe.router_bias_is_buffer:
-            out.append(("mlp.gate.bias", moe.num_experts))
+            out.append((f"mlp.{moe.router_name}.bias", moe.num_experts))
         e, f = moe.num_experts, moe.expert.intermediate_size
         up = 2 * f if moe.expert.gated else f
         out += [("mlp.experts.gate_up_proj", e * up * hidden), ("mlp.experts.down_proj", e * hidden * f)]
+        if moe.expert.bias:  # gpt-oss: one bias row per expert on each stacked projection
+            out += [("mlp.experts.gate_up_proj_bias", e * up), ("mlp.experts.down_proj_bias", e * hidden)]
     return out
 
 

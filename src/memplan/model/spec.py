@@ -18,6 +18,10 @@ from memplan.model.attention_kinds import MHA, attention_kind
 if TYPE_CHECKING:
     from memplan.model.params import ParamGroups
 
+#: gpt-oss's expert activation: ``(clamp(up) + 1) * g * sigmoid(alpha * g)`` with ``g = clamp(gate)``
+#: (``swiglu_limit``, ``swiglu_alpha``), gate and up interleaved in one fused projection.
+CLAMPED_SWIGLU = "clamped_swiglu"
+
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned", "none"]
 
@@ -67,6 +71,9 @@ class AttentionSpec:
     #: Attention scores soft-capped as ``cap * tanh(scores / cap)`` before the softmax (Gemma 2
     #: ``attn_logit_softcapping``); None: no capping.
     logit_softcap: float | None = None
+    #: A learned logit per query head joins each row of scores before the softmax and is dropped
+    #: after it (gpt-oss ``self_attn.sinks``, ``num_heads`` parameters): "attention sinks".
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         _positive("attention", "num_heads", self.num_heads)
@@ -96,7 +103,8 @@ class MLPSpec:
     gated: bool = True
     #: Biases on the projections.
     bias: bool = False
-    #: Activation function name as the config spells it (silu, gelu, gelu_pytorch_tanh, ...).
+    #: Activation function name as the config spells it (silu, gelu, gelu_pytorch_tanh, ...);
+    #: :data:`CLAMPED_SWIGLU` for gpt-oss's experts, which apply their own gate whatever ``hidden_act`` says.
     activation: str = "silu"
     #: Gate and up come from one fused projection (Phi-3 ``gate_up_proj``).
     fused_gate_up: bool = False
@@ -126,6 +134,11 @@ class MoESpec:
     #: transformers keeps the router weight in fp32 whatever the model's dtype
     #: (``_keep_in_fp32_modules_strict = ["gate.weight"]``) and casts the router's input to fp32.
     router_fp32: bool = False
+    #: Name of the router module under ``mlp`` (``gate`` in most families, ``router`` in gpt-oss).
+    router_name: str = "gate"
+    #: The router picks the top-k logits first and takes the softmax over those k only (gpt-oss),
+    #: instead of a softmax over every expert before the top-k.
+    softmax_after_topk: bool = False
 
     def __post_init__(self) -> None:
         _positive("moe", "num_experts", self.num_experts)
@@ -184,8 +197,9 @@ class ModelSpec:
     mtp_layers: int = 0
     #: Output logits soft-capped as ``cap * tanh(logits / cap)`` (Gemma 2 ``final_logit_softcapping``).
     final_logit_softcap: float | None = None
-    #: The RMSNorm scales by ``1 + weight`` in fp32 and casts to the input dtype afterwards (Gemma 2
-    #: ``Gemma2RMSNorm``), so its saved normalized tensor is fp32; Llama-style norms cast first.
+    #: The RMSNorm scales by ``1 + weight`` (Gemma 2 ``Gemma2RMSNorm``) or ``weight`` (gpt-oss
+    #: ``GptOssRMSNorm``) in fp32 and casts to the input dtype afterwards, so its saved normalized
+    #: tensor is fp32; Llama-style norms cast first.
     norm_fp32_scale: bool = False
     #: Layers of the layer list that are global attention vs sliding-window: informational.
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)

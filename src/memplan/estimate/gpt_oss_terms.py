@@ -1,0 +1,87 @@
+"""What gpt-oss's layers save beyond a Llama-style MoE layer, in transformers' eager code (5.x).
+
+Three mechanics, each priced here once and called from :mod:`memplan.estimate.activations`:
+
+* **Attention sinks** (``AttentionSpec.sinks``): ``eager_attention_forward`` of gpt-oss concatenates a
+  learned logit per head to every row of scores (``cat([scores, sinks])``: ``s + 1`` columns),
+  subtracts the row maximum (``max(dim=-1)`` keeps its int64 indices for the backward) and takes the
+  softmax in the concatenation's dtype, the promotion of the 16-bit scores with the sinks parameter:
+  fp32 when the weights are fp32 (autocast, fp32), 16-bit when they are 16-bit (pure bf16, a frozen
+  16-bit base). The softmax output (``s + 1`` columns) is saved; the PV matmul saves a cast copy of its
+  first ``s`` columns only when that dtype is wider than the compute dtype.
+* **Clamped SwiGLU experts** (:data:`~memplan.model.spec.CLAMPED_SWIGLU`): ``gate.clamp(max=L)``,
+  ``up.clamp(-L, L)``, ``glu = gate * sigmoid(alpha * gate)``, ``(up + 1) * glu``. The clamps keep the
+  strided gate and up views (the whole fc1 output, already priced), the product with the sigmoid keeps
+  the clamped gate and the sigmoid's output, the last product keeps ``up + 1`` and ``glu``: four
+  ``[rows, f]`` tensors where a plain SwiGLU keeps one (``act(gate)``).
+* **Top-k-then-softmax router** (``MoESpec.softmax_after_topk``): ``topk`` of the router logits keeps
+  its int64 indices, the softmax over the ``k`` chosen logits its output (router dtype: the compute
+  dtype), and the grouped experts gather those weights per routed row (``sample_weights[perm]``). With
+  biased experts the sorted expert ids index the bias rows and are kept too (one int64 per routed row).
+
+Checked against ``memplan trace`` (the real transformers code on fake tensors): tests/trace/
+test_agreement_grid.py's gpt_oss cells.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memplan.model.spec import CLAMPED_SWIGLU
+
+if TYPE_CHECKING:  # activations imports this module; its types are annotations here
+    from memplan.estimate.activations import ActivationShape, Region, Term
+    from memplan.model.spec import AttentionSpec, MLPSpec, MoESpec
+
+__all__ = ["clamped_swiglu_terms", "sink_softmax_bytes", "sink_softmax_terms", "topk_router_terms"]
+
+#: The clamped SwiGLU's saved ``[rows, f]`` tensors beyond fc1's output and fc2's input.
+_CLAMPED_SWIGLU_SAVED = ("clamped gate", "sigmoid of the scaled clamped gate", "gate x sigmoid", "up + 1")
+#: Bytes of an int64 index (``max(dim)``'s and ``topk``'s saved indices, the sorted expert ids).
+_INDEX_BYTES = 8
+
+
+def sink_softmax_bytes(shape: ActivationShape) -> int:
+    """Bytes per element of the softmax over scores and sinks: the sinks parameter has the weights'
+    dtype, which the residual stream carries too (fp32 under autocast and fp32, else 16-bit)."""
+    return max(shape.residual_bytes, shape.act_bytes)
+
+
+def sink_softmax_terms(attn: AttentionSpec, shape: ActivationShape, cast_name: str) -> list[Term]:
+    """The eager attention core of a layer with sinks: softmax over ``s + 1`` columns, the row
+    maxima's indices, and the PV matmul's cast copy when the softmax is wider than the compute dtype."""
+    from memplan.estimate.activations import Term
+
+    rows = attn.num_heads * shape.micro_batch * shape.seq
+    width = sink_softmax_bytes(shape)
+    terms = [Term("softmax over scores and the sink column (attention sinks)", width * rows * (shape.kv_seq + 1),
+                  "tp", "core"),
+             Term("row maxima's indices (int64, max before the sink softmax)", _INDEX_BYTES * rows, "tp", "core")]
+    if shape.act_bytes < width:
+        terms.append(Term(cast_name, shape.act_bytes * rows * shape.kv_seq, "tp", "core"))
+    return terms
+
+
+def clamped_swiglu_terms(mlp: MLPSpec, tokens: int, region: Region, elem_bytes: int, site: str) -> list[Term]:
+    """What the clamped SwiGLU keeps beyond fc1's output and fc2's input (empty for other activations)."""
+    from memplan.estimate.activations import Term
+
+    if mlp.activation != CLAMPED_SWIGLU:
+        return []
+    size = elem_bytes * tokens * mlp.intermediate_size
+    # four tensors apart: the backward's transient is priced from the largest single saved tensor
+    return [Term(f"experts clamped SwiGLU: {what}", size, region, "body", site=site)
+            for what in _CLAMPED_SWIGLU_SAVED]
+
+
+def topk_router_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
+    """A top-k-then-softmax router with HF's grouped experts: what it and the routing keep per routed row."""
+    from memplan.estimate.activations import Term
+
+    routed = shape.seq * shape.micro_batch * moe.top_k
+    terms = [Term("router top-k indices (int64), softmax of the top-k logits, routing weights gathered per row",
+                  routed * (_INDEX_BYTES + 2 * shape.act_bytes), "sp", "body", site="moe")]
+    if moe.expert.bias:
+        terms.append(Term("sorted expert ids indexing the experts' bias rows (int64)", routed * _INDEX_BYTES, "sp",
+                          "body", site="moe"))
+    return terms
