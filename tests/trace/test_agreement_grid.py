@@ -71,6 +71,10 @@ CELLS: tuple[object, ...] = (
     ("gpt_oss", 256, "bf16-mixed", "eager", "full"),
     ("gpt_oss", 256, "bf16", "eager", "none"),
     ("gpt_oss", 256, "bf16-mixed", "eager", "selective"),
+    # peaks in the recomputed layer: its forward's masked scores and sink logits (bf16-mixed), its
+    # backward's 16-bit sink-softmax gradients (bf16)
+    ("gpt_oss", 1024, "bf16-mixed", "eager", "full"),
+    ("gpt_oss", 1024, "bf16", "eager", "full"),
     # --- gpt-oss end
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"fsdp": 4}),
     ("llama", 256, "bf16", "sdpa", "full", {"fsdp": 2, "tp": 2}),

@@ -28,15 +28,17 @@ which is what ``memplan trace --recompute selective`` runs on a Hugging Face mod
 
 from __future__ import annotations
 
-from typing import Literal
-
-from memplan.estimate.gpt_oss_terms import clamped_swiglu_terms, sink_softmax_terms, topk_router_terms
+from memplan.estimate.gpt_oss_terms import (
+    clamped_swiglu_terms,
+    sink_forward_extra,
+    sink_softmax_bytes,
+    sink_softmax_terms,
+    topk_router_terms,
+)
+from memplan.estimate.terms import Keep, Region, Term
 from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
-
-Region = Literal["tp", "sp", "rep"]
-Keep = Literal["input", "core", "attn", "attn_input", "body", "ckpt_input"]
 
 #: Which recompute classes each recompute mode keeps in memory. ``ckpt_input``: a layer input only a
 #: checkpoint keeps (a frozen layer's input, which nothing else saves).
@@ -132,19 +134,6 @@ class ActivationShape:
         """Tokens of one micro-batch whose hidden states this rank holds (its sequence shard under
         sequence parallelism)."""
         return self.seq * self.micro_batch // (self.tp if self.sequence_parallel else 1)
-
-
-@frozen_dataclass
-class Term:
-    name: str
-    bytes: int
-    region: Region
-    keep: Keep
-    #: Input of a linear layer's GEMM: saved in FP8 (1 byte per element) under FP8 training.
-    gemm_input: bool = False
-    #: Which checkpointable part of a Megatron layer saves it (:data:`memplan.estimate.recompute_modules.
-    #: SITES_DROPPED_BY` says which ``--recompute-modules`` drop each); "" for none.
-    site: str = ""
 
 
 def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
@@ -661,12 +650,26 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
         return transient
     attn = layer.attention
     heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
-    gradients = divided(Term("softmax gradients", 2 * EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core"), shape)
+    # gpt-oss's sink softmax runs in the weights' dtype, so its gradients do too (16-bit in pure bf16)
+    softmax_bytes = sink_softmax_bytes(shape) if attn.sinks else EAGER_SOFTMAX_BYTES
+    gradients = divided(Term("softmax gradients", 2 * softmax_bytes * heads_scores, "tp", "core"), shape)
     released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.name in ("output projection input", SOFTMAX_CAST))
     return max(transient, gradients - released)
+
+
+def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape) -> int:
+    """Bytes a recomputed layer's forward holds beyond everything the layer saves, at its worst moment,
+    when that exceeds what :func:`backward_transient_bytes` prices (0 otherwise). Only gpt-oss's eager
+    sink attention does: its masked scores and max-subtracted logits, while the MLP block (not yet
+    recomputed then) holds nothing."""
+    attn = layer.attention
+    if not (attn.sinks and shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
+        return 0
+    _, rest = layer_terms_by_block(layer, shape)
+    return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in rest))
 
 
 def layer_activation_bytes(layer: LayerSpec, shape: ActivationShape, recompute_mode: str) -> int:

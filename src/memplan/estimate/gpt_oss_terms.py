@@ -25,15 +25,27 @@ test_agreement_grid.py's gpt_oss cells.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from memplan.estimate.terms import Region, Term
 from memplan.model.spec import CLAMPED_SWIGLU
 
-if TYPE_CHECKING:  # activations imports this module; its types are annotations here
-    from memplan.estimate.activations import ActivationShape, Region, Term
-    from memplan.model.spec import AttentionSpec, MLPSpec, MoESpec
+if TYPE_CHECKING:
+    from memplan.model.spec import AttentionSpec, MLPSpec, ModelSpec, MoESpec
 
-__all__ = ["clamped_swiglu_terms", "sink_softmax_bytes", "sink_softmax_terms", "topk_router_terms"]
+
+class _Shape(Protocol):
+    """What these terms read of :class:`memplan.estimate.activations.ActivationShape` (which imports
+    this module)."""
+
+    seq: int
+    kv_seq: int
+    micro_batch: int
+    act_bytes: int
+    residual_bytes: int
+
+__all__ = ["clamped_swiglu_terms", "gpt_oss_notes", "sink_forward_extra", "sink_softmax_bytes", "sink_softmax_terms",
+           "topk_router_terms"]
 
 #: The clamped SwiGLU's saved ``[rows, f]`` tensors beyond fc1's output and fc2's input.
 _CLAMPED_SWIGLU_SAVED = ("clamped gate", "sigmoid of the scaled clamped gate", "gate x sigmoid", "up + 1")
@@ -41,17 +53,15 @@ _CLAMPED_SWIGLU_SAVED = ("clamped gate", "sigmoid of the scaled clamped gate", "
 _INDEX_BYTES = 8
 
 
-def sink_softmax_bytes(shape: ActivationShape) -> int:
+def sink_softmax_bytes(shape: _Shape) -> int:
     """Bytes per element of the softmax over scores and sinks: the sinks parameter has the weights'
     dtype, which the residual stream carries too (fp32 under autocast and fp32, else 16-bit)."""
     return max(shape.residual_bytes, shape.act_bytes)
 
 
-def sink_softmax_terms(attn: AttentionSpec, shape: ActivationShape, cast_name: str) -> list[Term]:
+def sink_softmax_terms(attn: AttentionSpec, shape: _Shape, cast_name: str) -> list[Term]:
     """The eager attention core of a layer with sinks: softmax over ``s + 1`` columns, the row
     maxima's indices, and the PV matmul's cast copy when the softmax is wider than the compute dtype."""
-    from memplan.estimate.activations import Term
-
     rows = attn.num_heads * shape.micro_batch * shape.seq
     width = sink_softmax_bytes(shape)
     terms = [Term("softmax over scores and the sink column (attention sinks)", width * rows * (shape.kv_seq + 1),
@@ -62,10 +72,17 @@ def sink_softmax_terms(attn: AttentionSpec, shape: ActivationShape, cast_name: s
     return terms
 
 
+def sink_forward_extra(attn: AttentionSpec, shape: _Shape) -> Term:
+    """What the sink attention's forward holds beyond its saved tensors when its cast runs: the masked
+    scores (``scores + mask``, in the mask's dtype: the weights') and the max-subtracted logits (``s + 1``
+    columns), both still bound to local names. A recomputed layer makes them again inside its backward."""
+    rows = attn.num_heads * shape.micro_batch * shape.seq
+    return Term("masked scores and max-subtracted logits alive at the sink softmax's cast",
+                sink_softmax_bytes(shape) * rows * (2 * shape.kv_seq + 1), "tp", "core")
+
+
 def clamped_swiglu_terms(mlp: MLPSpec, tokens: int, region: Region, elem_bytes: int, site: str) -> list[Term]:
     """What the clamped SwiGLU keeps beyond fc1's output and fc2's input (empty for other activations)."""
-    from memplan.estimate.activations import Term
-
     if mlp.activation != CLAMPED_SWIGLU:
         return []
     size = elem_bytes * tokens * mlp.intermediate_size
@@ -74,10 +91,8 @@ def clamped_swiglu_terms(mlp: MLPSpec, tokens: int, region: Region, elem_bytes: 
             for what in _CLAMPED_SWIGLU_SAVED]
 
 
-def topk_router_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
+def topk_router_terms(moe: MoESpec, shape: _Shape) -> list[Term]:
     """A top-k-then-softmax router with HF's grouped experts: what it and the routing keep per routed row."""
-    from memplan.estimate.activations import Term
-
     routed = shape.seq * shape.micro_batch * moe.top_k
     terms = [Term("router top-k indices (int64), softmax of the top-k logits, routing weights gathered per row",
                   routed * (_INDEX_BYTES + 2 * shape.act_bytes), "sp", "body", site="moe")]
@@ -85,3 +100,29 @@ def topk_router_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
         terms.append(Term("sorted expert ids indexing the experts' bias rows (int64)", routed * _INDEX_BYTES, "sp",
                           "body", site="moe"))
     return terms
+
+
+def gpt_oss_notes(model: ModelSpec, attention: str, kernels: str) -> list[str]:
+    """The --explain sentences of the mechanics above, for a model that has them (none otherwise)."""
+    out: list[str] = []
+    if any(layer.attention.sinks for layer in model.layers):
+        if attention == "eager" and kernels == "eager":
+            out.append("attention sinks (gpt-oss): the eager softmax runs over the s scores and one learned sink logit "
+                       "per head, in the weights' dtype (fp32 under autocast), keeping the row maxima's int64 "
+                       "indices; the PV matmul keeps a cast copy only when that softmax is wider than the compute "
+                       "dtype")
+        elif attention != "eager":
+            out.append(f"attention sinks (gpt-oss) under {attention} attention: priced as a flash kernel that takes "
+                       "the sinks (transformers: kernels-community/vllm-flash-attn3), keeping the fp32 log-sum-exp; "
+                       "not checked by memplan trace, which runs flash as PyTorch SDPA (no sinks)")
+    moes = [layer.moe for layer in model.layers if layer.moe is not None]
+    if any(moe.expert.activation == CLAMPED_SWIGLU for moe in moes):
+        if kernels == "eager":
+            out.append("gpt-oss experts: the clamped SwiGLU keeps the clamped gate, its sigmoid, gate x sigmoid and "
+                       "up + 1 beside fc1's output and fc2's input; the router's softmax over its top-k logits keeps "
+                       "the int64 indices and the k weights, and the experts' bias rows keep the sorted expert ids")
+        else:
+            out.append(f"gpt-oss experts under {kernels} kernels: the clamped SwiGLU is priced as a fused gated "
+                       "activation that keeps its input, the router as the framework's; not checked by memplan "
+                       "trace (which runs transformers' eager code)")
+    return out

@@ -193,8 +193,21 @@ def _model(f: _Fields, name: str, model_type: str, layers: tuple[LayerSpec, ...]
         layers=layers,
         tie_word_embeddings=f.flag("tie_word_embeddings", tie_default),
         extra={"sliding_window_layers": sum(w is not None for w in windows)},
+        checkpoint_quantization=_quant_method(f),
         **kw,
     )
+
+
+def _quant_method(f: _Fields) -> str:
+    """``quantization_config.quant_method``: how the checkpoint stores its weights ("" when not quantized)."""
+    config = f.raw("quantization_config")
+    if config is None:
+        return ""
+    method = config.get("quant_method") if isinstance(config, dict) else None
+    if not isinstance(method, str) or not method:
+        raise ModelConfigError("quantization_config.quant_method", "must be a non-empty string",
+                               method if isinstance(config, dict) else config)
+    return method
 
 
 # --------------------------------------------------------------------------- dense families

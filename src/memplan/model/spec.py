@@ -201,6 +201,10 @@ class ModelSpec:
     #: ``GptOssRMSNorm``) in fp32 and casts to the input dtype afterwards, so its saved normalized
     #: tensor is fp32; Llama-style norms cast first.
     norm_fp32_scale: bool = False
+    #: How the published checkpoint stores its weights (``quantization_config.quant_method``: ``mxfp4`` for
+    #: gpt-oss's experts, ``fp8`` ...; "" when not quantized). The parameters are priced in the job's
+    #: dtypes, as loaded dequantized; the estimate says so where the method is one it knows.
+    checkpoint_quantization: str = ""
     #: Layers of the layer list that are global attention vs sliding-window: informational.
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
