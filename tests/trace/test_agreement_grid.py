@@ -75,6 +75,9 @@ CELLS: tuple[object, ...] = (
     # backward's 16-bit sink-softmax gradients (bf16)
     ("gpt_oss", 1024, "bf16-mixed", "eager", "full"),
     ("gpt_oss", 1024, "bf16", "eager", "full"),
+    ("gpt_oss", 256, "bf16-mixed", "eager", "none", {"fsdp": 2}),
+    # the Hugging Face recipe's shape: LoRA on every linear of a 16-bit base, gradient checkpointing
+    ("gpt_oss", 1024, "bf16", "eager", "full", {"peft": "lora", "lora_targets": "all-linear"}),
     # --- gpt-oss end
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"fsdp": 4}),
     ("llama", 256, "bf16", "sdpa", "full", {"fsdp": 2, "tp": 2}),

@@ -660,15 +660,14 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     return max(transient, gradients - released)
 
 
-def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape) -> int:
-    """Bytes a recomputed layer's forward holds beyond everything the layer saves, at its worst moment,
-    when that exceeds what :func:`backward_transient_bytes` prices (0 otherwise). Only gpt-oss's eager
-    sink attention does: its masked scores and max-subtracted logits, while the MLP block (not yet
-    recomputed then) holds nothing."""
+def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term]) -> int:
+    """Bytes a recomputed layer's forward holds beyond everything the layer saves, at its worst moment
+    (0 where :func:`backward_transient_bytes` covers it). Only gpt-oss's eager sink attention needs it:
+    its masked scores and max-subtracted logits, while the MLP block (``rest``, the terms the layer's
+    role saves there) is not recomputed yet."""
     attn = layer.attention
     if not (attn.sinks and shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
         return 0
-    _, rest = layer_terms_by_block(layer, shape)
     return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in rest))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 
-from memplan.estimate.activations import recomputed_forward_transient
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import LayerCapture, layer_capture
 from memplan.estimate.ds_checkpointing import ds_checkpointing_applies, place_checkpoint
@@ -175,9 +174,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, dora: int, graphe
     recomputed = index in ctx.recomputed
     cpu_keep = checkpoint = 0
     if recomputed:
-        forward = recomputed_forward_transient(layer, run.shape)  # gpt-oss's sink attention; 0 for others
-        layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full,
-                                                                    max(transient, dora, forward))
+        layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full, max(transient, dora))
     elif run.policy.partial:
         # The recomputed modules (the attention core, the attention module, or under per-op
         # SAC the rest of the layer) are made again during this layer's backward.
