@@ -97,6 +97,7 @@ GRID: tuple[Cell, ...] = (
     Cell("gpt-oss-20b", 4096, 1, "bf16-mixed", "eager", "none"),
     Cell("gpt-oss-20b", 8192, 4, "bf16", "eager", "full"),  # peak in the recomputed layer's backward
     Cell("gpt-oss-20b", 8192, 2, "bf16-mixed", "eager", "full"),  # ... in its recomputed forward
+    Cell("gpt-oss-20b", 8192, 1, "bf16", "eager", "none"),
     # Added after the first run, whose peaks nearly all fell at the optimizer step (foreach AdamW's
     # state-sized temporary): longer sequences / bigger micro-batches whose peak is in the forward,
     # the loss or the backward, so that the peak row tests the activation and transient terms.

@@ -44,7 +44,7 @@ class _Shape(Protocol):
     act_bytes: int
     residual_bytes: int
 
-__all__ = ["clamped_swiglu_terms", "gpt_oss_notes", "sink_forward_extra", "sink_softmax_bytes", "sink_softmax_terms",
+__all__ = ["clamped_swiglu_terms", "forward_mask_term", "gpt_oss_notes", "sink_forward_extra", "sink_softmax_bytes", "sink_softmax_terms",
            "topk_router_terms"]
 
 #: The clamped SwiGLU's saved ``[rows, f]`` tensors beyond fc1's output and fc2's input.
@@ -79,6 +79,15 @@ def sink_forward_extra(attn: AttentionSpec, shape: _Shape) -> Term:
     rows = attn.num_heads * shape.micro_batch * shape.seq
     return Term("masked scores and max-subtracted logits alive at the sink softmax's cast",
                 sink_softmax_bytes(shape) * rows * (2 * shape.kv_seq + 1), "tp", "core")
+
+
+def forward_mask_term(model: ModelSpec, shape: _Shape) -> Term:
+    """The 4-D additive masks transformers' forward builds for eager attention, alive until the model's
+    forward returns: one ``(batch, 1, s, s)`` per layer type (gpt-oss: full and sliding), in the
+    embeddings' dtype (the weights')."""
+    kinds = len({layer.attention.sliding_window is not None for layer in model.layers})
+    return Term("eager attention masks (one per layer type) during the forward",
+                kinds * sink_softmax_bytes(shape) * shape.micro_batch * shape.seq * shape.kv_seq, "rep", "core")
 
 
 def clamped_swiglu_terms(mlp: MLPSpec, tokens: int, region: Region, elem_bytes: int, site: str) -> list[Term]:

@@ -42,6 +42,7 @@ from memplan.estimate.ep_overlap import (
     shared_expert_overlap_bytes,
 )
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
 from memplan.estimate.recompute_modules import (
@@ -284,6 +285,22 @@ def mtp_activation_bytes(run: RunContext) -> int:
     norms = 2 * shape.residual_bytes * sbh // sp
     projection_input = 2 * shape.act_bytes * sbh // sp
     return layer + norms + projection_input
+
+
+def sink_forward_transient(ctx: StageContext) -> int:
+    """What the stage's last layer holds beyond its saved tensors in its forward, every layer's activations
+    kept (gpt-oss's eager sink attention: its masked scores and max-subtracted logits, the MLP block not run
+    yet); 0 for other layers, and where layers are recomputed or the attention core is not kept."""
+    run = ctx.run
+    if ctx.recomputed or not ctx.layout.layer_indices or "core" not in run.kept_classes:
+        return 0
+    index = ctx.layout.layer_indices[-1]
+    layer = run.model.layers[index]
+    role = _role(run, index) if layer.attention.sinks else None
+    if role is None:
+        return 0
+    extra = recomputed_forward_transient(layer, run.shape, _mlp_saved(layer, run.shape, role))
+    return extra + divided(forward_mask_term(run.model, run.shape), run.shape) if extra else 0
 
 
 def dora_transient(ctx: StageContext) -> int:
