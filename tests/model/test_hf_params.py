@@ -8,8 +8,10 @@ Qwen2-MoE dense layers, DeepSeek without q-compression).
 
 from __future__ import annotations
 
+import json
 import warnings
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,6 +87,16 @@ def _variant(base: str, **changes: Any) -> dict[str, Any]:
     return config
 
 
+#: Published configs of families without a preset (benchmarks/configs/, ``_memplan`` says where from).
+_CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+
+
+def _published(name: str) -> dict[str, Any]:
+    config = json.loads((_CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
+    config.pop("_memplan", None)
+    return config
+
+
 _SMALL_LLAMA = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
                 "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000}
 
@@ -124,9 +136,34 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qwen3_moe-dense-layer": _variant("qwen3-30b-a3b", num_hidden_layers=3, mlp_only_layers=[0]),
     "deepseek_v3-no-q-lora": _variant("deepseek-v3", num_hidden_layers=4, q_lora_rank=None,
                                       first_k_dense_replace=1, attention_bias=True),
+    # Gemma 3 with soft-capping, biases and an explicit layer_types list; Gemma 1 with grouped heads.
+    "gemma3_text-capped-biased": {**_published("gemma-3-1b"), **_SMALL_LLAMA, "head_dim": 32,
+                                  "attention_bias": True, "attn_logit_softcapping": 50.0,
+                                  "final_logit_softcapping": 30.0,
+                                  "layer_types": ["sliding_attention", "full_attention"]},
+    "gemma-gqa-untied": {**_published("gemma-7b"), **_SMALL_LLAMA, "tie_word_embeddings": False},
+    # Granite with biases; SmolLM3 untied, with an explicit NoPE list and sliding windows on NoPE layers.
+    "granite-biases": {**_published("granite-3.3-8b-base"), **_SMALL_LLAMA, "attention_bias": True,
+                       "mlp_bias": True},
+    "smollm3-windows": {**_published("smollm3-3b"), **_SMALL_LLAMA, "num_hidden_layers": 3,
+                        "no_rope_layers": [1, 0, 0], "use_sliding_window": True, "sliding_window": 64,
+                        "tie_word_embeddings": False, "pad_token_id": 0},
     "deepseek_v2-mlp-bias": _variant("deepseek-v2-lite", num_hidden_layers=3, mlp_bias=True,
                                      q_lora_rank=512, attention_bias=True),
 }
+
+
+PUBLISHED = ("gemma-3-1b", "gemma-3-4b-text", "gemma-7b", "granite-3.3-8b-base", "smollm3-3b")
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_config_matches_transformers(name: str) -> None:
+    _assert_same(_published(name), _build(_published(name)), name)
+
+
+def test_gemma3_1b_total_is_the_published_count() -> None:
+    """999,885,952: the count Keras-Hub publishes for its gemma3_1b preset, from the same weights."""
+    assert total_params(model_from_hf_config(_published("gemma-3-1b"), name="g")) == 999_885_952
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

@@ -282,9 +282,13 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     if attn.qk_norm:
         k_width = attn.num_kv_heads * attn.head_dim
         # Per-head q/k norms: the projection outputs (fp32 copies in eager code) and, in eager
-        # code, the normalized tensors in the projection's dtype; a fused RMSNorm keeps its input only.
-        per_element = (4 + c) if shape.kernels == "eager" and not shape.fused_rms_norm else c
-        terms.append(Term("q, k norms", per_element * tokens * (q_width + k_width), "tp", "attn"))
+        # code, the normalized tensors in the projection's dtype (Gemma 3's ``1 + weight`` norm: in
+        # fp32, cast after the scale); a fused RMSNorm keeps its input only.
+        normalized = NORM_COMPUTE_BYTES if shape.norm_fp32_scale else c
+        eager_norm = shape.kernels == "eager" and not shape.fused_rms_norm
+        per_element = (NORM_COMPUTE_BYTES + normalized) if eager_norm else c
+        name = "q, k norms (fp32 input copies, fp32 normalized)" if eager_norm and shape.norm_fp32_scale else "q, k norms"
+        terms.append(Term(name, per_element * tokens * (q_width + k_width), "tp", "attn"))
         if shape.kernels == "eager":  # and each eager RMSNorm's fp32 1/rms, per head and token
             terms.append(Term("q, k norms 1/rms (fp32, per head and token)",
                               NORM_COMPUTE_BYTES * tokens * (attn.num_heads + attn.num_kv_heads), "tp", "attn"))

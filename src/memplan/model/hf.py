@@ -14,7 +14,8 @@ Example::
 
 Known limitations:
 
-* Only the text decoder of the listed families; multimodal wrappers (``text_config``) are not read.
+* Only the text decoder of the listed families; a multimodal Gemma 3 config (``model_type`` gemma3,
+  with a ``vision_config``) is refused with a sentence saying to pass its ``text_config`` instead.
 * Sliding-window layer patterns are informational (they change activations, not parameters).
 * DeepSeek ``moe_layer_freq`` follows DeepSeek's own code (``layer % freq == 0``); ``transformers``
   ignores it, which is the same for every released checkpoint (``moe_layer_freq == 1``).
@@ -45,7 +46,7 @@ _LIMITS = {
                      "num_experts_per_tok"), (MAX_EXPERTS, "MAX_EXPERTS")),
     **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "n_head"), (MAX_HEADS, "MAX_HEADS")),
 }
-_WindowRule = Literal["none", "all", "qwen", "alternate"]
+_WindowRule = Literal["none", "all", "qwen", "alternate", "nope"]
 
 
 class _Fields:
@@ -139,7 +140,7 @@ def _gqa(f: _Fields, hidden: int, *, bias: bool, out_bias: bool, qk_norm: bool =
     )
 
 
-def _windows(f: _Fields, n_layers: int, rule: _WindowRule) -> tuple[int | None, ...]:
+def _windows(f: _Fields, n_layers: int, rule: _WindowRule, period: int = 2) -> tuple[int | None, ...]:
     """Sliding-window size of each layer (None: global attention)."""
     if rule == "none":
         return (None,) * n_layers
@@ -149,15 +150,40 @@ def _windows(f: _Fields, n_layers: int, rule: _WindowRule) -> tuple[int | None, 
         first = f.integer("max_window_layers", n_layers, minimum=0)
         size = f.integer("sliding_window")
         return tuple(size if i >= first else None for i in range(n_layers))
+    if rule == "nope":  # SmolLM3: when use_sliding_window, the NoPE layers (or ``layer_types``) slide
+        if not f.flag("use_sliding_window", False) or not f.given("sliding_window"):
+            return (None,) * n_layers
+        size = f.integer("sliding_window")
+        default = tuple(size if not rope else None for rope in _rope_layers(f, n_layers))
+        return _layer_type_windows(f, n_layers, size, default)
     window = f.integer("sliding_window") if f.given("sliding_window") else None
     if rule == "all" or window is None:
         return (window,) * n_layers
-    types = f.raw("layer_types")  # rule == "alternate" (Gemma 2)
+    # rule == "alternate": Gemma 2 (every other layer), Gemma 3 (5 of 6), OLMo 3 (3 of 4)
+    default = tuple(window if (i + 1) % period else None for i in range(n_layers))
+    return _layer_type_windows(f, n_layers, window, default)
+
+
+def _layer_type_windows(f: _Fields, n_layers: int, window: int,
+                        default: tuple[int | None, ...]) -> tuple[int | None, ...]:
+    """Windows from ``layer_types`` when the config lists them, else ``default``."""
+    types = f.raw("layer_types")
     if types is None:
-        return tuple(window if i % 2 == 0 else None for i in range(n_layers))
+        return default
     if not isinstance(types, list) or len(types) != n_layers:
         raise ModelConfigError("layer_types", f"must list {n_layers} layer types", types)
     return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _rope_layers(f: _Fields, n_layers: int) -> tuple[bool, ...]:
+    """Whether each layer rotates q and k (SmolLM3 ``no_rope_layers``: 1 rotates, 0 is NoPE)."""
+    flags = f.raw("no_rope_layers")
+    if flags is None:
+        interval = f.integer("no_rope_layer_interval", 4)
+        return tuple(bool((i + 1) % interval) for i in range(n_layers))
+    if not isinstance(flags, list) or len(flags) != n_layers or any(v not in (0, 1) for v in flags):
+        raise ModelConfigError("no_rope_layers", f"must list {n_layers} flags of 0 (NoPE) or 1 (RoPE)", flags)
+    return tuple(bool(v) for v in flags)
 
 
 def _with_window(attn: AttentionSpec, window: int | None) -> AttentionSpec:
@@ -218,8 +244,20 @@ class _DenseFamily:
     #: q/k/v and gate/up are single fused projections (Phi-3).
     fused: bool = False
     #: Soft-capping of attention scores and output logits (``attn_logit_softcapping`` /
-    #: ``final_logit_softcapping``) and the fp32 ``1 + weight`` RMSNorm (Gemma 2).
+    #: ``final_logit_softcapping``, each null when off: Gemma 2, Gemma 3).
     softcap: bool = False
+    #: Gemma's RMSNorm: scales by ``1 + weight`` in fp32 and casts afterwards (Gemma 1, 2, 3).
+    gemma_norm: bool = False
+    #: ``alternate`` windows without ``layer_types``: every layer but each ``window_period``-th slides
+    #: (Gemma 2: 2; Gemma 3: ``sliding_window_pattern``, default 6; OLMo 3: 4).
+    window_period: int = 2
+    #: Config key overriding ``window_period`` (None: fixed).
+    window_period_key: str | None = None
+    #: One RoPE cos/sin pair per kind of layer (Gemma 3, OLMo 3: local and global bases).
+    rope_per_layer_type: bool = False
+    #: Layers without rotary embeddings (SmolLM3 ``no_rope_layers``: 0 marks a NoPE layer; when
+    #: absent every ``no_rope_layer_interval``-th layer, default 4).
+    nope_layers: bool = False
 
 
 _DENSE: dict[str, _DenseFamily] = {
@@ -228,8 +266,21 @@ _DENSE: dict[str, _DenseFamily] = {
     "qwen2": _DenseFamily(qkv_bias=True, window="qwen"),
     "qwen3": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, head_dim=128,
                           window="qwen"),
+    "gemma": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, head_dim=256, tie=True,
+                          gemma_norm=True),
     "gemma2": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, norms=4, head_dim=256,
-                           window="alternate", tie=True, act_key="hidden_activation", softcap=True),
+                           window="alternate", tie=True, act_key="hidden_activation", softcap=True,
+                           gemma_norm=True),
+    "gemma3_text": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, norms=4,
+                                head_dim=256, window="alternate", window_period=6,
+                                window_period_key="sliding_window_pattern", tie=True,
+                                act_key="hidden_activation", softcap=True, gemma_norm=True,
+                                rope_per_layer_type=True),
+    # Granite: Llama's layers; its embedding, residual, attention and logits multipliers are scalar
+    # products, which keep no tensor for the backward.
+    "granite": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias"),
+    "smollm3": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias",
+                            window="nope", tie=True, nope_layers=True),
     "phi3": _DenseFamily(window="all", fused=True),
 }
 
@@ -242,15 +293,19 @@ def _dense(f: _Fields, name: str, model_type: str) -> ModelSpec:
                 head_dim_default=fam.head_dim)
     if fam.fused:
         attn = replace(attn, fused_qkv=True)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"norm_fp32_scale": fam.gemma_norm, "rope_per_layer_type": fam.rope_per_layer_type}
     if fam.softcap:
         attn = replace(attn, logit_softcap=_optional_number(f, "attn_logit_softcapping"))
-        extra = {"final_logit_softcap": _optional_number(f, "final_logit_softcapping"), "norm_fp32_scale": True}
+        extra["final_logit_softcap"] = _optional_number(f, "final_logit_softcapping")
     act = f.text(fam.act_key, "") or f.text("hidden_act", "silu")
     mlp_bias = f.flag(fam.mlp_bias_key, False) if fam.mlp_bias_key else False
     mlp = MLPSpec(intermediate_size=f.integer("intermediate_size"), bias=mlp_bias, activation=act,
                   fused_gate_up=fam.fused)
-    kinds = [(_with_window(attn, w), mlp) for w in _windows(f, n_layers, fam.window)]
+    period = f.integer(fam.window_period_key, fam.window_period) if fam.window_period_key else fam.window_period
+    windows = _windows(f, n_layers, fam.window, period)
+    ropes = _rope_layers(f, n_layers) if fam.nope_layers else (True,) * n_layers
+    kinds = [(_with_window(attn if rope else replace(attn, rotary_fraction=0.0), w), mlp)
+             for w, rope in zip(windows, ropes)]
     layers = _stack(kinds, num_hidden_norms=fam.norms)
     return _model(f, name, model_type, layers, tie_default=fam.tie, hidden=hidden, **extra)
 
@@ -376,6 +431,27 @@ def _deepseek(f: _Fields, name: str, model_type: str) -> ModelSpec:
     return _model(f, name, model_type, _stack(kinds), tie_default=False, hidden=hidden, mtp_layers=mtp)
 
 
+def _gemma3_multimodal(f: _Fields, name: str, model_type: str) -> ModelSpec:
+    """Gemma 3 4B/12B/27B (``Gemma3ForConditionalGeneration``): refused, never read as text only.
+
+    ``AutoModelForCausalLM`` builds the SigLIP vision tower and projector beside the text decoder (about
+    0.4B weights, held in memory even when fine-tuning on text); memplan does not model them, so it does
+    not drop them silently: the user chooses the text decoder alone, as ``Gemma3ForCausalLM`` builds it.
+    """
+    raise ModelConfigError(
+        "model_type", "gemma3 is a multimodal checkpoint (text_config + vision_config) whose SigLIP vision "
+        "tower and projector memplan does not model", hint="to size the text decoder alone (Gemma3ForCausalLM, "
+        "which transformers loads from the same checkpoint), save the text_config object as a config.json of its "
+        "own: its model_type is gemma3_text")
+
+
+#: Fields a family's ``transformers`` config defaults that published configs omit (Gemma 3's multimodal
+#: checkpoints list only what differs from ``Gemma3TextConfig``'s defaults in their ``text_config``).
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh"},
+}
+
 _Builder = Callable[[_Fields, str, str], ModelSpec]
 _BUILDERS: dict[str, _Builder] = {
     **{model_type: _dense for model_type in _DENSE},
@@ -387,6 +463,8 @@ _BUILDERS: dict[str, _Builder] = {
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
 }
+#: ``model_type`` values refused with a sentence saying what to pass instead.
+_REFUSED: dict[str, _Builder] = {"gemma3": _gemma3_multimodal}
 
 #: ``model_type`` values :func:`model_from_hf_config` understands.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -404,9 +482,13 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelSpec:
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if model_type is None:
         raise ModelConfigError("model_type", "is required", hint=f"supported: {supported}")
+    if isinstance(model_type, str) and model_type in _REFUSED:
+        return _REFUSED[model_type](_Fields(config), name, model_type)
     if not isinstance(model_type, str) or model_type not in _BUILDERS:
         raise ModelConfigError("model_type", "is not supported", model_type, hint=f"supported: {supported}")
-    return _BUILDERS[model_type](_Fields(config), name, model_type)
+    defaults = _FAMILY_DEFAULTS.get(model_type, {})
+    fields = {**defaults, **{k: v for k, v in config.items() if v is not None or k not in defaults}}
+    return _BUILDERS[model_type](_Fields(fields), name, model_type)
 
 
 def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:

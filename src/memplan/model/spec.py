@@ -187,6 +187,9 @@ class ModelSpec:
     #: The RMSNorm scales by ``1 + weight`` in fp32 and casts to the input dtype afterwards (Gemma 2
     #: ``Gemma2RMSNorm``), so its saved normalized tensor is fp32; Llama-style norms cast first.
     norm_fp32_scale: bool = False
+    #: The rotary embedding runs once per kind of layer (sliding, global), each with its own base
+    #: (Gemma 3, OLMo 3 ``position_embeddings[layer_type]``): one cos/sin pair per kind, not one in all.
+    rope_per_layer_type: bool = False
     #: Layers of the layer list that are global attention vs sliding-window: informational.
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
