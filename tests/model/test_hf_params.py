@@ -148,12 +148,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "smollm3-windows": {**_published("smollm3-3b"), **_SMALL_LLAMA, "num_hidden_layers": 3,
                         "no_rope_layers": [1, 0, 0], "use_sliding_window": True, "sliding_window": 64,
                         "tie_word_embeddings": False, "pad_token_id": 0},
+    # OLMo 2 with biases and grouped heads (whole-projection q/k norms of different widths); OLMo 3 windows.
+    "olmo2-biases-gqa": {**_published("olmo-2-1124-7b"), **_SMALL_LLAMA, "attention_bias": True, "pad_token_id": 0},
+    "olmo3": {**_published("olmo-2-1124-7b"), **_SMALL_LLAMA, "model_type": "olmo3", "num_hidden_layers": 4,
+              "pad_token_id": 0, "sliding_window": 64},
     "deepseek_v2-mlp-bias": _variant("deepseek-v2-lite", num_hidden_layers=3, mlp_bias=True,
                                      q_lora_rank=512, attention_bias=True),
 }
 
 
-PUBLISHED = ("gemma-3-1b", "gemma-3-4b-text", "gemma-7b", "granite-3.3-8b-base", "smollm3-3b")
+PUBLISHED = ("gemma-3-1b", "gemma-3-4b-text", "gemma-7b", "granite-3.3-8b-base", "olmo-2-1124-7b", "smollm3-3b")
 
 
 @pytest.mark.parametrize("name", PUBLISHED)

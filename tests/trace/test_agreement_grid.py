@@ -1,6 +1,7 @@
 """Estimate (hf profile) vs trace on a small version of benchmarks/agreement_grid.py.
 
-Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, GPT-2), short
+Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, GPT-2; Gemma 1 and 3,
+OLMo 2 and 3, Granite, SmolLM3), short
 sequences, one rank and simulated FSDP2 / TP ranks, foreach and the framework's own (fused)
 optimizer; activation policies (Megatron's --recompute-modules, full recompute of N layers);
 fine-tuning (LoRA, DoRA, QLoRA nf4, int8 base) as benchmarks/finetune_grid.py. Tolerances as the grid's: model states equal, activations, saved logits and
@@ -57,6 +58,13 @@ CONFIGS: dict[str, dict[str, object]] = {
     "smollm3": {"model_type": "smollm3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
                 "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "no_rope_layer_interval": 2,
                 "pad_token_id": 0},
+    # OLMo 2: no pre-norms (the projections read the residual stream), post-norms, q/k norms over the whole
+    # projections; OLMo 3 adds three sliding layers of four
+    "olmo2": {"model_type": "olmo2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "pad_token_id": 0},
+    "olmo3": {"model_type": "olmo3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 2048, "pad_token_id": 0,
+              "sliding_window": 128},
     "qwen2": {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
               "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
     "phi3": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
@@ -93,6 +101,13 @@ CELLS: tuple[object, ...] = (
         "peak +6.1% (activations -0.08%): the 2-layer toy's recomputed-layer backward, as gemma2 and gemma3_text "
         "above; docs/trace.md, agreement grid"))),
     ("gemma", 256, "fp32", "eager", "none"),
+    ("olmo2", 256, "bf16-mixed", "eager", "none"),
+    ("olmo2", 512, "bf16-mixed", "eager", "full"),
+    ("olmo2", 256, "fp32", "eager", "none"),
+    ("olmo2", 256, "bf16", "eager", "none"),
+    ("olmo2", 256, "bf16-mixed", "sdpa", "selective"),  # the attention module's input is the layer input
+    ("olmo3", 256, "bf16-mixed", "eager", "none"),
+    ("olmo3", 512, "bf16-mixed", "eager", "full"),
     ("granite", 256, "bf16-mixed", "eager", "none"),
     ("granite", 512, "bf16-mixed", "eager", "full"),  # at 256, as llama: +3.8%, the toy's recomputed-layer backward
     ("granite", 256, "fp32", "eager", "none"),

@@ -154,13 +154,14 @@ def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
 
 def layer_terms_by_block(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term], list[Term]]:
     """:func:`layer_terms` split into the attention block's and the rest (MLP/MoE block, post-norms)."""
-    attention = _attention_terms(layer.attention, shape)
+    attention = _attention_terms(layer.attention, shape, pre_norm=layer.pre_norms)
     if layer.moe is not None:
         rest = _moe_terms(layer.moe, shape)
     else:
         assert layer.mlp is not None
-        rest = _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp")
-    return attention, rest + post_norm_terms(shape, layer.num_hidden_norms - 2)
+        rest = _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp",
+                          pre_norm=layer.pre_norms)
+    return attention, rest + post_norm_terms(shape, layer.num_post_norms)
 
 
 @frozen_dataclass
@@ -203,6 +204,27 @@ def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers
         terms.append(Term(f"{prefix} norm output, autocast copies of the other {consumers - 1} GEMMs",
                           (consumers - 1) * shape.act_bytes * sbh, gemm_region, gemm_keep, gemm_input=True,
                           site=sites.copy if eager else sites.fused))
+    return terms
+
+
+def _residual_input_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers: int,
+                          gemm_keep: Keep = "body") -> list[Term]:
+    """A sublayer without a pre-norm (OLMo 2): its GEMMs read the residual stream itself.
+
+    Without autocast the GEMMs save that tensor (``keep_input``: the layer input is kept by every
+    mode). Under autocast each of the ``consumers`` linears casts it to 16 bits and saves its own
+    copy, and nothing saves the fp32 residual: only a checkpoint keeps the layer input
+    (``ckpt_input``), and the stream between the sublayers is freed at the next residual add.
+    """
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    if not shape.autocast:
+        return [Term(f"{prefix} input, the residual stream (GEMM input)", shape.residual_bytes * sbh, "sp", keep_input,
+                     gemm_input=True)]
+    terms = [Term(f"{prefix} GEMMs' autocast copies of the residual stream", consumers * shape.act_bytes * sbh, "sp",
+                  gemm_keep, gemm_input=True)]
+    if keep_input == "input":
+        terms.append(Term("layer input (fp32 residual stream, kept by a checkpoint only)", shape.residual_bytes * sbh,
+                          "sp", "ckpt_input"))
     return terms
 
 
@@ -249,11 +271,13 @@ def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
             Term("post-norms normalized output", count * normalized * sbh, "sp", "body")]
 
 
-def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
-    s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
-    tokens = s * b
+def _attention_terms(attn: AttentionSpec, shape: ActivationShape, pre_norm: bool = True) -> list[Term]:
+    tokens = shape.seq * shape.micro_batch
     kind = attention_kind(attn)
     consumers = kind.input_projections(attn)
+    if not pre_norm:  # OLMo 2: the projections read the layer input (the module's input: nothing more to keep)
+        return _residual_input_terms(shape, "attention", "input", consumers, gemm_keep="attn") + \
+            _attention_rest_terms(attn, shape)
     # Megatron's TE layer spec fuses the pre-attention norm into linear_qkv except under MLA, where
     # it is its own module, which ``layernorm`` recompute can discard (gpt_layer_specs.py).
     terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn", sites=NormSites(
@@ -261,6 +285,15 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     # Checkpointing the attention module keeps its input: the norm output, in the residual dtype.
     terms.append(Term("attention module input (checkpointed)", shape.residual_bytes * tokens * shape.hidden,
                       "sp", "attn_input"))
+    return terms + _attention_rest_terms(attn, shape)
+
+
+def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    """The attention module after its input: projections, q/k norms, the core, the output projection."""
+    s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
+    tokens = s * b
+    kind = attention_kind(attn)
+    terms: list[Term] = []
     if kind.latent:
         terms += _mla_projection_terms(attn, shape)
         q_width = attn.num_heads * attn.head_dim
@@ -290,8 +323,9 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
         name = "q, k norms (fp32 input copies, fp32 normalized)" if eager_norm and shape.norm_fp32_scale else "q, k norms"
         terms.append(Term(name, per_element * tokens * (q_width + k_width), "tp", "attn"))
         if shape.kernels == "eager":  # and each eager RMSNorm's fp32 1/rms, per head and token
-            terms.append(Term("q, k norms 1/rms (fp32, per head and token)",
-                              NORM_COMPUTE_BYTES * tokens * (attn.num_heads + attn.num_kv_heads), "tp", "attn"))
+            per = "per head and token" if attn.qk_norm_per_head else "per token"
+            terms.append(Term(f"q, k norms 1/rms (fp32, {per})", NORM_COMPUTE_BYTES * tokens * attn.qk_norm_rows,
+                              "tp", "attn"))
     heads_scores = attn.num_heads * b * s * shape.kv_seq
     if shape.attention in UNFUSED_ATTENTION:
         terms += _eager_core_terms(attn, shape, heads_scores)
@@ -461,7 +495,7 @@ _MLP_SITES = {"mlp": ("mlp", "mlp"), "experts": ("moe", "moe_act"),
 
 
 def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Region, prefix: str,
-               elem_bytes: int = 0) -> list[Term]:
+               elem_bytes: int = 0, pre_norm: bool = True) -> list[Term]:
     c, f = elem_bytes or shape.act_bytes, mlp.intermediate_size
     fc1_site, fc2_site = _MLP_SITES[prefix]
     terms: list[Term] = []
@@ -469,7 +503,8 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
         consumers = 2 if mlp.gated and not mlp.fused_gate_up else 1
         # TE fuses this norm into linear_fc1: its output is saved inside the MLP module.
         terms += _norm_terms(shape, "mlp", "body", consumers, sites=NormSites(
-            fused="mlp", norm="pre_mlp_norm", output="mlp_norm_out", copy="mlp"))
+            fused="mlp", norm="pre_mlp_norm", output="mlp_norm_out", copy="mlp")) if pre_norm else \
+            _residual_input_terms(shape, "mlp", "body", consumers)
     # fc1 output (gate and up halves for a gated MLP) saved by the activation function, its
     # output saved by fc2; eager SwiGLU also saves act(gate) as a separate tensor.
     fc1_out = 2 if mlp.gated else 1

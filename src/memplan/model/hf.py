@@ -246,13 +246,18 @@ class _DenseFamily:
     #: Soft-capping of attention scores and output logits (``attn_logit_softcapping`` /
     #: ``final_logit_softcapping``, each null when off: Gemma 2, Gemma 3).
     softcap: bool = False
-    #: Gemma's RMSNorm: scales by ``1 + weight`` in fp32 and casts afterwards (Gemma 1, 2, 3).
-    gemma_norm: bool = False
+    #: The RMSNorm scales by its weight in fp32 and casts afterwards (Gemma 1, 2, 3: ``1 + weight``;
+    #: OLMo 2, 3), so it saves its normalized tensor in fp32.
+    norm_fp32_scale: bool = False
     #: ``alternate`` windows without ``layer_types``: every layer but each ``window_period``-th slides
     #: (Gemma 2: 2; Gemma 3: ``sliding_window_pattern``, default 6; OLMo 3: 4).
     window_period: int = 2
     #: Config key overriding ``window_period`` (None: fixed).
     window_period_key: str | None = None
+    #: Pre-norms before attention and MLP (False: OLMo 2 normalizes the sublayers' outputs only).
+    pre_norms: bool = True
+    #: The q/k norms normalize each head (False: OLMo 2's norms over the whole q and k projections).
+    qk_norm_per_head: bool = True
     #: One RoPE cos/sin pair per kind of layer (Gemma 3, OLMo 3: local and global bases).
     rope_per_layer_type: bool = False
     #: Layers without rotary embeddings (SmolLM3 ``no_rope_layers``: 0 marks a NoPE layer; when
@@ -267,14 +272,14 @@ _DENSE: dict[str, _DenseFamily] = {
     "qwen3": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, head_dim=128,
                           window="qwen"),
     "gemma": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, head_dim=256, tie=True,
-                          gemma_norm=True),
+                          norm_fp32_scale=True),
     "gemma2": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, norms=4, head_dim=256,
                            window="alternate", tie=True, act_key="hidden_activation", softcap=True,
-                           gemma_norm=True),
+                           norm_fp32_scale=True),
     "gemma3_text": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, norms=4,
                                 head_dim=256, window="alternate", window_period=6,
                                 window_period_key="sliding_window_pattern", tie=True,
-                                act_key="hidden_activation", softcap=True, gemma_norm=True,
+                                act_key="hidden_activation", softcap=True, norm_fp32_scale=True,
                                 rope_per_layer_type=True),
     # Granite: Llama's layers; its embedding, residual, attention and logits multipliers are scalar
     # products, which keep no tensor for the backward.
@@ -282,6 +287,13 @@ _DENSE: dict[str, _DenseFamily] = {
     "smollm3": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias",
                             window="nope", tie=True, nope_layers=True),
     "phi3": _DenseFamily(window="all", fused=True),
+    # OLMo 2: post-norms only, q/k norms over the whole projections, the norm scales in fp32 before its cast
+    "olmo2": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, qk_norm_per_head=False,
+                          pre_norms=False, norm_fp32_scale=True),
+    # OLMo 3: OLMo 2 with three sliding layers of four (``layer_types``) and a RoPE pair per kind of layer
+    "olmo3": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, qk_norm_per_head=False,
+                          pre_norms=False, norm_fp32_scale=True, window="alternate", window_period=4,
+                          rope_per_layer_type=True),
 }
 
 
@@ -291,9 +303,11 @@ def _dense(f: _Fields, name: str, model_type: str) -> ModelSpec:
     bias = f.flag(fam.bias_key, False) if fam.bias_key else fam.qkv_bias
     attn = _gqa(f, hidden, bias=bias, out_bias=bias and fam.out_bias_follows, qk_norm=fam.qk_norm,
                 head_dim_default=fam.head_dim)
+    if not fam.qk_norm_per_head:
+        attn = replace(attn, qk_norm_per_head=False)
     if fam.fused:
         attn = replace(attn, fused_qkv=True)
-    extra: dict[str, Any] = {"norm_fp32_scale": fam.gemma_norm, "rope_per_layer_type": fam.rope_per_layer_type}
+    extra: dict[str, Any] = {"norm_fp32_scale": fam.norm_fp32_scale, "rope_per_layer_type": fam.rope_per_layer_type}
     if fam.softcap:
         attn = replace(attn, logit_softcap=_optional_number(f, "attn_logit_softcapping"))
         extra["final_logit_softcap"] = _optional_number(f, "final_logit_softcapping")
@@ -306,7 +320,7 @@ def _dense(f: _Fields, name: str, model_type: str) -> ModelSpec:
     ropes = _rope_layers(f, n_layers) if fam.nope_layers else (True,) * n_layers
     kinds = [(_with_window(attn if rope else replace(attn, rotary_fraction=0.0), w), mlp)
              for w, rope in zip(windows, ropes)]
-    layers = _stack(kinds, num_hidden_norms=fam.norms)
+    layers = _stack(kinds, num_hidden_norms=fam.norms, pre_norms=fam.pre_norms)
     return _model(f, name, model_type, layers, tie_default=fam.tie, hidden=hidden, **extra)
 
 
@@ -448,6 +462,7 @@ def _gemma3_multimodal(f: _Fields, name: str, model_type: str) -> ModelSpec:
 #: Fields a family's ``transformers`` config defaults that published configs omit (Gemma 3's multimodal
 #: checkpoints list only what differs from ``Gemma3TextConfig``'s defaults in their ``text_config``).
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "olmo3": {"sliding_window": 4096},
     "gemma3_text": {"vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                     "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh"},
 }
