@@ -48,6 +48,10 @@ CONFIGS: dict[str, dict[str, object]] = {
                      "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128, "num_hidden_layers": 4,
                      "vocab_size": 32768, "sliding_window": 128, "sliding_window_pattern": 2,
                      "query_pre_attn_scalar": 128},
+    # ... and with one KV head (multi-query, as Gemma 3 1B and 270M): at micro-batch 1 repeat_kv copies nothing
+    "gemma3_mqa": {"model_type": "gemma3_text", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
+                   "num_key_value_heads": 1, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
+                   "sliding_window": 128, "sliding_window_pattern": 2, "query_pre_attn_scalar": 64},
     "gemma": {"model_type": "gemma", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
               "num_key_value_heads": 1, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048},
     # Granite: Llama with scalar multipliers on the embedding, the residual branches, the scores and the logits
@@ -96,6 +100,10 @@ CELLS: tuple[object, ...] = (
     ("gemma3_heavy", 512, "bf16-mixed", "eager", "full"),
     ("gemma3_text", 256, "fp32", "eager", "none"),
     ("gemma3_text", 256, "bf16-mixed", "sdpa", "none"),
+    ("gemma3_mqa", 256, "fp32", "eager", "none", {"mbs": 1}),
+    ("gemma3_mqa", 256, "bf16-mixed", "eager", "none", {"mbs": 1}),
+    ("gemma3_mqa", 256, "bf16", "eager", "none", {"mbs": 1}),
+    ("gemma3_mqa", 256, "bf16-mixed", "eager", "none"),
     ("gemma", 256, "bf16-mixed", "eager", "none"),
     pytest.param("gemma", 256, "bf16-mixed", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
         "peak +6.1% (activations -0.08%): the 2-layer toy's recomputed-layer backward, as gemma2 and gemma3_text "
@@ -211,8 +219,8 @@ def _cells() -> list[object]:
 def test_estimate_agrees_with_trace(config_paths: dict[str, str], name: str, seq: int, precision: str,
                                     attention: str, recompute: str, extra: dict[str, object]) -> None:
     model = config_paths[name]
-    job = {"optimizer_impl": "foreach", **extra}
-    result = trace(model, seq=seq, mbs=2, precision=precision, attention=attention, recompute=recompute,
+    job = {"optimizer_impl": "foreach", "mbs": 2, **extra}
+    result = trace(model, seq=seq, precision=precision, attention=attention, recompute=recompute,
                    optimizer="adamw", device="cuda", iterations=2, **job)
     rows = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}
     for category in EXACT:
