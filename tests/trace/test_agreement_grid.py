@@ -104,6 +104,8 @@ CELLS: tuple[object, ...] = (
     ("gemma3_mqa", 256, "bf16-mixed", "eager", "none", {"mbs": 1}),
     ("gemma3_mqa", 256, "bf16", "eager", "none", {"mbs": 1}),
     ("gemma3_mqa", 256, "bf16-mixed", "eager", "none"),
+    ("gemma3_mqa", 256, "bf16", "sdpa", "none", {"mbs": 1}),  # SDPA given the sliding-window mask
+    ("gemma3_mqa", 256, "bf16-mixed", "sdpa", "none", {"mbs": 1}),
     ("gemma", 256, "bf16-mixed", "eager", "none"),
     pytest.param("gemma", 256, "bf16-mixed", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
         "peak +6.1% (activations -0.08%): the 2-layer toy's recomputed-layer backward, as gemma2 and gemma3_text "
