@@ -185,3 +185,31 @@ def test_deepseek_v3_score_correction_bias_is_a_buffer() -> None:
     spec = model_from_hf_config(VARIANTS["deepseek_v3-no-q-lora"], name="v3")
     moe = spec.layers[-1].moe
     assert moe is not None and moe.router_bias and moe.router_bias_is_buffer
+
+
+#: google/gemma-3-4b-pt's vision_config (the SigLIP tower the multimodal checkpoints share).
+_GEMMA3_VISION = {"model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 896,
+                  "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+                  "vision_use_head": False}
+_TINY_TEXT = {"model_type": "gemma3_text", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 512}
+
+
+@pytest.mark.parametrize("vision", [
+    _GEMMA3_VISION,
+    {**_GEMMA3_VISION, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "image_size": 56, "vision_use_head": True},
+], ids=["gemma-3-4b", "tiny-with-head"])
+def test_gemma3_refusal_counts_the_vision_tower_exactly(vision: dict[str, Any]) -> None:
+    """The refusal of a multimodal Gemma 3 config names what it leaves out: the tower and projector's count."""
+    from memplan.errors import ModelConfigError
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.AutoConfig.for_model("gemma3", vision_config=vision, text_config=_TINY_TEXT,
+                                               mm_tokens_per_image=4 if vision["image_size"] == 56 else 256)
+    with torch.device("meta"):
+        model = transformers.Gemma3ForConditionalGeneration(config)
+    real = sum(p.numel() for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n)
+    with pytest.raises(ModelConfigError) as info:
+        model_from_hf_config({"model_type": "gemma3", "vision_config": vision, "text_config": _TINY_TEXT}, name="g")
+    assert f"({real:,} parameters)" in str(info.value)

@@ -26,7 +26,8 @@ from memplan.model.hf_fields import (
 )
 from memplan.model.spec import MLPSpec, ModelSpec
 
-__all__ = ["DENSE_FAMILIES", "FAMILY_DEFAULTS", "DenseFamily", "build_dense", "gemma3_multimodal"]
+__all__ = ["DENSE_FAMILIES", "FAMILY_DEFAULTS", "DenseFamily", "build_dense", "gemma3_multimodal",
+           "gemma3_vision_params"]
 
 @frozen_dataclass(kw_only=True)
 class DenseFamily:
@@ -136,14 +137,41 @@ def gemma3_multimodal(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     """Gemma 3 4B/12B/27B (``Gemma3ForConditionalGeneration``): refused, never read as text only.
 
     ``AutoModelForCausalLM`` builds the SigLIP vision tower and projector beside the text decoder (about
-    0.4B weights, held in memory even when fine-tuning on text); memplan does not model them, so it does
-    not drop them silently: the user chooses the text decoder alone, as ``Gemma3ForCausalLM`` builds it.
+    0.42B weights, held in memory even when fine-tuning on text); memplan does not model them, so it does
+    not drop them silently: the message counts them, and the user chooses the text decoder alone, as
+    ``Gemma3ForCausalLM`` builds it.
     """
+    vision, text = f.raw("vision_config"), f.raw("text_config")
+    tower = ""
+    if isinstance(vision, dict) and isinstance(text, dict):
+        try:
+            count = gemma3_vision_params(ConfigFields(vision), ConfigFields(text).integer("hidden_size", 2304))
+            tower = f" ({count:,} parameters)"
+        except ModelConfigError:  # a malformed sub-config: the refusal stands without the count
+            pass
     raise ModelConfigError(
-        "model_type", "gemma3 is a multimodal checkpoint (text_config + vision_config) whose SigLIP vision "
-        "tower and projector memplan does not model", hint="to size the text decoder alone (Gemma3ForCausalLM, "
-        "which transformers loads from the same checkpoint), save the text_config object as a config.json of its "
-        "own: its model_type is gemma3_text")
+        "model_type", f"gemma3 is a multimodal checkpoint (text_config + vision_config) whose SigLIP vision "
+        f"tower and projector{tower} memplan does not model", hint="to size the text decoder alone "
+        "(Gemma3ForCausalLM, which transformers loads from the same checkpoint), save the text_config object as "
+        "a config.json of its own: its model_type is gemma3_text")
+
+
+def gemma3_vision_params(vision: ConfigFields, text_hidden: int) -> int:
+    """Parameters of Gemma 3's SigLIP vision tower and multimodal projector (``SiglipVisionConfig``'s defaults).
+
+    Tower: a biased patch convolution, a position table of ``(image_size / patch_size)^2`` rows, per layer
+    two LayerNorms, biased q/k/v/out projections and a biased two-layer MLP, a final LayerNorm, and the
+    attention-pooling head when ``vision_use_head``. Projector: a ``vision x text`` matrix and an RMSNorm.
+    """
+    h, inner = vision.integer("hidden_size", 768), vision.integer("intermediate_size", 3072)
+    patch = vision.integer("patch_size", 16)
+    patches = (vision.integer("image_size", 224) // patch) ** 2
+    embed = vision.integer("num_channels", 3) * patch * patch * h + h + patches * h
+    mlp = 2 * h * inner + inner + h
+    layer = 2 * 2 * h + 4 * (h * h + h) + mlp
+    head = h + 4 * h * h + 4 * h + 2 * h + mlp if vision.flag("vision_use_head", True) else 0
+    tower = embed + vision.integer("num_hidden_layers", 12) * layer + 2 * h + head
+    return tower + h * text_hidden + h
 
 
 #: Fields a family's ``transformers`` config defaults that published configs omit (Gemma 3's multimodal
