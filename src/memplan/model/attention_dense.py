@@ -27,7 +27,7 @@ def params(attn: AttentionSpec, hidden: int) -> ParamGroups:
         sharded += q_out + kv_out + v_out
     replicated = hidden if attn.out_bias else 0
     if attn.qk_norm:
-        replicated += 2 * attn.head_dim
+        replicated += sum(attn.qk_norm_widths)
     replicated += sum(numel for _, numel in extra_norms(attn))
     return ParamGroups(tp_sharded=sharded, replicated=replicated)
 

@@ -52,8 +52,12 @@ class AttentionSpec:
     qkv_bias: bool = False
     #: Bias on the output projection.
     out_bias: bool = False
-    #: Per-head RMSNorm on queries and keys (Qwen3, Gemma3, OLMo2 ...).
+    #: RMSNorm on queries and keys (Qwen3, Gemma 3: per head; OLMo 2: over the whole projection).
     qk_norm: bool = False
+    #: The q/k norms normalize each head (weights of ``head_dim``, one 1/rms per head and token);
+    #: False: the whole q and k projections (OLMo 2: weights of ``heads * head_dim`` and
+    #: ``kv_heads * head_dim``, one 1/rms per token).
+    qk_norm_per_head: bool = True
     #: Fraction of the head dim rotated by RoPE (GPT-NeoX ``rotary_pct``); informational.
     rotary_fraction: float = 1.0
     #: MLA only: query low-rank dim (None: queries projected directly).
@@ -74,6 +78,22 @@ class AttentionSpec:
     #: A learned logit per query head joins each row of scores before the softmax and is dropped
     #: after it (gpt-oss ``self_attn.sinks``, ``num_heads`` parameters): "attention sinks".
     sinks: bool = False
+
+    @property
+    def qk_norm_widths(self) -> tuple[int, int]:
+        """Elements of the q and k norms' weights (0, 0 without q/k norms)."""
+        if not self.qk_norm:
+            return (0, 0)
+        if self.qk_norm_per_head:
+            return (self.head_dim, self.head_dim)
+        return (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim)
+
+    @property
+    def qk_norm_rows(self) -> int:
+        """1/rms values the q and k norms compute per token (one per head each, or one each)."""
+        if not self.qk_norm:
+            return 0
+        return self.num_heads + self.num_kv_heads if self.qk_norm_per_head else 2
 
     def __post_init__(self) -> None:
         _positive("attention", "num_heads", self.num_heads)
@@ -161,6 +181,10 @@ class LayerSpec:
     moe: MoESpec | None = None
     #: Norm layers applied to the hidden state in this layer (2 pre-norms; Gemma2 has 4).
     num_hidden_norms: int = 2
+    #: The attention and MLP read a normalized input (pre-norms). False: they read the residual
+    #: stream itself and every norm of the layer normalizes a sublayer's output (OLMo 2's
+    #: ``post_attention_layernorm`` / ``post_feedforward_layernorm``).
+    pre_norms: bool = True
     #: Attention and MLP read the same input (GPT-J / GPT-NeoX parallel residual).
     parallel_residual: bool = False
 
@@ -171,6 +195,11 @@ class LayerSpec:
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+    @property
+    def num_post_norms(self) -> int:
+        """Norms on a sublayer's output before the residual add (Gemma 2/3: 2 of 4; OLMo 2: both)."""
+        return self.num_hidden_norms - (2 if self.pre_norms else 0)
 
 
 @frozen_dataclass(kw_only=True)
@@ -201,6 +230,9 @@ class ModelSpec:
     #: ``GptOssRMSNorm``) in fp32 and casts to the input dtype afterwards, so its saved normalized
     #: tensor is fp32; Llama-style norms cast first.
     norm_fp32_scale: bool = False
+    #: The rotary embedding runs once per kind of layer (sliding, global), each with its own base
+    #: (Gemma 3, OLMo 3 ``position_embeddings[layer_type]``): one cos/sin pair per kind, not one in all.
+    rope_per_layer_type: bool = False
     #: How the published checkpoint stores its weights (``quantization_config.quant_method``: ``mxfp4`` for
     #: gpt-oss's experts, ``fp8`` ...; "" when not quantized). The parameters are priced in the job's
     #: dtypes, as loaded dequantized; the estimate says so where the method is one it knows.
