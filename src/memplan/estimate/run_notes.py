@@ -25,13 +25,23 @@ DEQUANTIZED_AT_LOAD = {
 }
 
 
+def checkpoint_quantization_note(method: str) -> str:
+    """What the estimate assumes of a checkpoint stored quantized (``quantization_config.quant_method``)."""
+    if method in DEQUANTIZED_AT_LOAD:
+        return DEQUANTIZED_AT_LOAD[method]
+    return (f"the checkpoint is stored quantized (config.json quantization_config.quant_method: {method}); the "
+            "weights are priced as the job says (its parameter dtype, or its --quant format), not in the stored "
+            "format: Megatron-LM and torchtitan train from 16-bit or fp32 weights converted from it; keeping the stored quantized weights on the GPU while "
+            f"training (e.g. transformers' {method} loader without dequantizing) is not modelled")
+
+
 def run_notes(run: RunContext) -> list[str]:
     """The job's setting, one sentence each."""
     model, job, profile, prec = run.model, run.job, run.profile, run.prec
     par, b = job.parallel, job.batch
     out = [f"framework profile '{profile.name}': {profile.description}", *prec.notes]
-    if model.checkpoint_quantization in DEQUANTIZED_AT_LOAD:
-        out.append(DEQUANTIZED_AT_LOAD[model.checkpoint_quantization])
+    if model.checkpoint_quantization:
+        out.append(checkpoint_quantization_note(model.checkpoint_quantization))
     out.append(
         f"layout: {par.world_size} GPU{'' if par.world_size == 1 else 's'} = dp {par.data_parallel} x tp {par.tp} "
         f"x pp {par.pp} x cp {par.cp}"
