@@ -37,6 +37,7 @@ from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate.reserved_attention_backward import core_backward, core_plan
 from memplan.estimate.reserved_mlp_backward import mlp_backward, mlp_plan
 from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_sinks import applies, sink_backward
 from memplan.model.spec import LayerSpec
 
 #: Attention terms the layer's backward frees before the softmax backward (beside the MLP block's).
@@ -116,6 +117,10 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         return
     made(None)
     replay.give(*early)
+    layer = run.model.layers[index]
+    if applies(layer, run):
+        sink_backward(layer, run, replay, peak, rest)
+        return
     upcast, grad = replay.take(plan.fp32), replay.take(plan.fp32)
     peak()
     replay.give(upcast)

@@ -23,6 +23,7 @@ from memplan.estimate.reserved_attention_backward import (
 )
 from memplan.estimate.reserved_mlp_backward import SLOTS, op_slots
 from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_sinks import SINK_SOFTMAX, sink_temporaries
 from memplan.estimate.reserved_terms import DROPPED, HELD, KEPT, RELEASE, norm_output, term_tensors
 
 
@@ -67,6 +68,8 @@ def _kind_tensors(run_key: Same, layer_key: Same, whole: bool) -> tuple[tuple[in
             terms.append((0, RELEASE, False))
         if t.name.endswith("norm output (GEMM input)"):
             terms.append((norm_output(t.name, named, run), HELD, False))
+        if t.name.startswith(SINK_SOFTMAX):
+            terms += sink_temporaries(layer, run)
         keep = KEPT if t.keep in classes and t.site not in dropped else DROPPED
         pieces = term_tensors(t.name, size, layer, run)
         slots = op_slots(t.name, len(pieces), run, whole and keep == KEPT)

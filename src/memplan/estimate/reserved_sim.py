@@ -43,6 +43,7 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_cached_copies, layer_weight_copies
 from memplan.estimate.reserved_backward import eager_backward
+from memplan.estimate.reserved_sinks import sink_note
 from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
@@ -148,6 +149,9 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_bac
         parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
                      "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
                      "the result back")
+    sinks = sink_note(ctx.run)
+    if sinks is not None:
+        parts.append(sinks)
     if ops:
         parts.append("each layer's gated MLP and eager attention core run backward op by op as autograd runs them: "
                      "each weight gradient made between the frees of its op's saved tensors, the MLP's "
