@@ -91,6 +91,13 @@ GRID: tuple[Cell, ...] = (
     Cell("mistral-7b", 4096, 1, "bf16-mixed", "sdpa", "none"),
     Cell("qwen3-30b-a3b", 1024, 1, "bf16-mixed", "sdpa", "none"),
     Cell("qwen3-30b-a3b", 1024, 1, "bf16", "sdpa", "full"),
+    # gpt-oss (attention sinks, clamped SwiGLU experts; eager only: transformers has no SDPA path for it)
+    Cell("gpt-oss-20b", 1024, 1, "bf16-mixed", "eager", "none"),
+    Cell("gpt-oss-20b", 2048, 1, "bf16", "eager", "full"),
+    Cell("gpt-oss-20b", 4096, 1, "bf16-mixed", "eager", "none"),
+    Cell("gpt-oss-20b", 8192, 4, "bf16", "eager", "full"),  # peak in the recomputed layer's backward
+    Cell("gpt-oss-20b", 8192, 2, "bf16-mixed", "eager", "full"),  # ... in its recomputed forward
+    Cell("gpt-oss-20b", 8192, 1, "bf16", "eager", "none"),
     # Added after the first run, whose peaks nearly all fell at the optimizer step (foreach AdamW's
     # state-sized temporary): longer sequences / bigger micro-batches whose peak is in the forward,
     # the loss or the backward, so that the peak row tests the activation and transient terms.
@@ -177,6 +184,15 @@ GRID: tuple[Cell, ...] = (
     Cell("gpt2", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
     Cell("qwen3-30b-a3b", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
     Cell("deepseek-v2-lite", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
+    # families added in session 8 (published configs in configs/; ``--only "gemma-3|olmo-2|granite|smollm3|gemma-7b"``)
+    Cell("gemma-3-1b", 2048, 1, "bf16-mixed", "eager", "none"),
+    Cell("gemma-3-1b", 2048, 1, "bf16-mixed", "sdpa", "full"),
+    Cell("gemma-3-1b", 1024, 1, "fp32", "eager", "none"),
+    Cell("gemma-7b", 1024, 1, "bf16-mixed", "eager", "none"),
+    Cell("olmo-2-1124-7b", 1024, 1, "bf16-mixed", "sdpa", "none"),
+    Cell("olmo-2-1124-7b", 1024, 1, "bf16", "eager", "full"),
+    Cell("granite-3.3-8b-base", 1024, 1, "bf16-mixed", "sdpa", "none"),
+    Cell("smollm3-3b", 2048, 1, "bf16-mixed", "sdpa", "none"),
 )
 
 #: Relative tolerance of activations in the ``--compile`` cells (issue 25's target).
@@ -258,14 +274,15 @@ def table(results: list[dict[str, object]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=str(DEFAULT_OUT), help="where to write the results")
-    parser.add_argument("--only", default="", help="run only the cells whose key contains this text")
+    parser.add_argument("--only", default="", help="run only the cells whose key contains this text (or one of "
+                        "several separated by |)")
     parser.add_argument("--policies", action="store_true", help="run only the activation-policy cells "
                         "(recompute other than none)")
     parser.add_argument("--compile", action="store_true", help="run only the --compile cells")
     ns = parser.parse_args()
     results = []
     for cell in GRID:
-        if (ns.only and ns.only not in cell.key) or (ns.policies and cell.recompute == "none") or (
+        if (ns.only and not any(part in cell.key for part in ns.only.split("|"))) or (ns.policies and cell.recompute == "none") or (
                 ns.compile and not dict(cell.flags).get("compile")):
             continue
         results.append(measure(cell))

@@ -94,6 +94,9 @@ def _prepare(folder: Path) -> None:
     for sub in ("my-model", "path/to"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
         (folder / sub / "config.json").write_text(json.dumps(preset_config("llama-3.2-1b")), encoding="utf-8")
+    # the repository's config files, as an example run from its root names them (gpt-oss's published configs)
+    (folder / "benchmarks").mkdir(exist_ok=True)
+    (folder / "benchmarks" / "configs").symlink_to(ROOT / "benchmarks" / "configs")
 
 
 def _run(line: str) -> None:

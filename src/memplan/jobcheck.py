@@ -17,6 +17,15 @@ from memplan.profiles.pipeline_split import rule_chunk_layers
 __all__ = ["check_recompute_modules", "check_seq_positions", "validate_job_for_model"]
 
 
+def _check_attention_sinks(job: Job, model: ModelSpec) -> None:
+    """PyTorch's ``scaled_dot_product_attention`` has no sink logits (gpt-oss): transformers refuses it
+    for such a model (``_supports_sdpa = False``), so an estimate of it would price another model."""
+    if job.attention == "sdpa" and any(layer.attention.sinks for layer in model.layers):
+        raise JobConfigError(
+            "--attention", "sdpa cannot compute this model's attention sinks (gpt-oss; transformers has no SDPA "
+            "path for them): use eager, or flash (a flash-attention kernel that takes the sinks)", job.attention)
+
+
 def validate_job_for_model(job: Job, model: ModelSpec) -> None:
     """Checks that need both the job and the model; raise :class:`JobConfigError`."""
     par = job.parallel
@@ -32,6 +41,7 @@ def validate_job_for_model(job: Job, model: ModelSpec) -> None:
             par.tp,
         )
     check_recompute_modules(job, model)
+    _check_attention_sinks(job, model)
     profile = get_profile(job.framework)
     for rule in profile.model_rules:
         rule(job, model)

@@ -54,6 +54,74 @@ def test_gemma2_alternates_sliding_window_and_has_four_norms() -> None:
     assert len({id(layer) for layer in spec.layers}) == 2
 
 
+_CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+
+
+def test_gemma3_five_sliding_layers_of_six_qk_norm_without_softcap() -> None:
+    spec = load_hf_config(_CONFIGS / "gemma-3-1b.json")
+    windows = [layer.attention.sliding_window for layer in spec.layers[:12]]
+    assert windows == [512] * 5 + [None] + [512] * 5 + [None]
+    attn = spec.layers[0].attention
+    assert attn.qk_norm and attn.qk_norm_per_head and attn.logit_softcap is None
+    assert spec.final_logit_softcap is None and spec.norm_fp32_scale and spec.rope_per_layer_type
+    assert spec.layers[0].num_hidden_norms == 4 and spec.tie_word_embeddings
+
+
+def test_gemma3_text_config_takes_transformers_defaults() -> None:
+    """gemma-3-4b's text_config lists only what differs from Gemma3TextConfig's defaults."""
+    spec = load_hf_config(_CONFIGS / "gemma-3-4b-text.json")
+    attn = spec.layers[0].attention
+    assert (spec.vocab_size, attn.num_heads, attn.num_kv_heads, attn.head_dim) == (262_208, 8, 4, 256)
+    assert spec.layers[0].attention.sliding_window == 1024 and spec.layers[5].attention.sliding_window is None
+    assert _error({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2}).field == "intermediate_size"
+
+
+def test_gemma3_multimodal_is_refused_naming_text_config() -> None:
+    config = {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "hidden_size": 2560},
+              "vision_config": {"model_type": "siglip_vision_model"}}
+    error = _error(config)
+    assert error.field == "model_type" and "vision" in str(error) and "text_config" in str(error)
+    assert "gemma3_text" in str(error) and "gemma3" not in SUPPORTED_MODEL_TYPES
+
+
+def test_gemma1_fp32_norm_without_softcap_or_windows() -> None:
+    spec = load_hf_config(_CONFIGS / "gemma-7b.json")
+    assert spec.norm_fp32_scale and spec.final_logit_softcap is None and spec.layers[0].num_hidden_norms == 2
+    assert spec.layers[0].attention.head_dim == 256 and not spec.layers[0].attention.qk_norm
+
+
+def test_olmo2_post_norms_and_whole_width_qk_norms() -> None:
+    spec = load_hf_config(_CONFIGS / "olmo-2-1124-7b.json")
+    layer = spec.layers[0]
+    assert not layer.pre_norms and layer.num_post_norms == 2 and spec.norm_fp32_scale
+    assert layer.attention.qk_norm_widths == (4096, 4096) and layer.attention.qk_norm_rows == 2
+    olmo3 = model_from_hf_config({**LLAMA, "model_type": "olmo3", "num_hidden_layers": 8}, name="o3")
+    assert [layer.attention.sliding_window for layer in olmo3.layers] == [4096, 4096, 4096, None] * 2
+    assert olmo3.layers[0].attention.qk_norm_widths == (256, 64) and olmo3.rope_per_layer_type
+
+
+def test_smollm3_nope_layers_and_their_windows() -> None:
+    spec = load_hf_config(_CONFIGS / "smollm3-3b.json")
+    assert [layer.attention.rotary_fraction for layer in spec.layers[:4]] == [1.0, 1.0, 1.0, 0.0]
+    assert all(layer.attention.sliding_window is None for layer in spec.layers)
+    windows = model_from_hf_config({**LLAMA, "model_type": "smollm3", "use_sliding_window": True,
+                                    "sliding_window": 64}, name="s")
+    assert [layer.attention.sliding_window for layer in windows.layers] == [None, None, None, 64]
+    error = _error({**LLAMA, "model_type": "smollm3", "no_rope_layers": [1, 1]})
+    assert error.field == "no_rope_layers"
+
+
+def test_granite_is_llama_shaped() -> None:
+    spec = load_hf_config(_CONFIGS / "granite-3.3-8b-base.json")
+    assert spec.tie_word_embeddings and spec.num_kv_heads == 8 and not spec.norm_fp32_scale
+
+
+@pytest.mark.parametrize("model_type", ["gemma", "gemma3_text", "olmo2", "olmo3", "granite", "smollm3"])
+def test_new_family_missing_field_is_named(model_type: str) -> None:
+    error = _error({k: v for k, v in {**LLAMA, "model_type": model_type}.items() if k != "num_hidden_layers"})
+    assert error.field == "num_hidden_layers" and "required" in str(error)
+
+
 def test_gpt2_learned_positions_layernorm_biases_tied() -> None:
     spec = load_preset("gpt2")
     assert (spec.position_embedding, spec.max_position_embeddings) == ("learned", 1024)

@@ -8,8 +8,10 @@ Qwen2-MoE dense layers, DeepSeek without q-compression).
 
 from __future__ import annotations
 
+import json
 import warnings
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,6 +87,31 @@ def _variant(base: str, **changes: Any) -> dict[str, Any]:
     return config
 
 
+#: Published configs of families without a preset (benchmarks/configs/, ``_memplan`` says where from).
+_CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+
+
+def _published(name: str) -> dict[str, Any]:
+    config = json.loads((_CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
+    config.pop("_memplan", None)
+    return config
+
+
+# --- gpt-oss (helper gptoss8): the published configs live in benchmarks/configs (not presets: a preset
+# would shift the golden record's random jobs, which cycle over the preset list)
+#: Published totals (OpenAI's model card: 20.91 B and 116.83 B), to the stated precision.
+GPT_OSS_PUBLISHED = {"gpt-oss-20b": 20.91, "gpt-oss-120b": 116.83}
+
+
+@pytest.mark.parametrize("name", sorted(GPT_OSS_PUBLISHED))
+def test_gpt_oss_published_config_matches_transformers(name: str) -> None:
+    config = _published(name)
+    _assert_same(config, _build(config), name)
+    spec = model_from_hf_config(config, name=name)
+    assert round(total_params(spec) / 1e9, 2) == GPT_OSS_PUBLISHED[name]
+# --- gpt-oss end
+
+
 _SMALL_LLAMA = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
                 "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000}
 
@@ -124,9 +151,47 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qwen3_moe-dense-layer": _variant("qwen3-30b-a3b", num_hidden_layers=3, mlp_only_layers=[0]),
     "deepseek_v3-no-q-lora": _variant("deepseek-v3", num_hidden_layers=4, q_lora_rank=None,
                                       first_k_dense_replace=1, attention_bias=True),
+    # Gemma 3 with soft-capping, biases and an explicit layer_types list; Gemma 1 with grouped heads.
+    "gemma3_text-capped-biased": {**_published("gemma-3-1b"), **_SMALL_LLAMA, "head_dim": 32,
+                                  "attention_bias": True, "attn_logit_softcapping": 50.0,
+                                  "final_logit_softcapping": 30.0,
+                                  "layer_types": ["sliding_attention", "full_attention"]},
+    "gemma-gqa-untied": {**_published("gemma-7b"), **_SMALL_LLAMA, "tie_word_embeddings": False},
+    # Granite with biases; SmolLM3 untied, with an explicit NoPE list and sliding windows on NoPE layers.
+    "granite-biases": {**_published("granite-3.3-8b-base"), **_SMALL_LLAMA, "attention_bias": True,
+                       "mlp_bias": True},
+    "smollm3-windows": {**_published("smollm3-3b"), **_SMALL_LLAMA, "num_hidden_layers": 3,
+                        "no_rope_layers": [1, 0, 0], "use_sliding_window": True, "sliding_window": 64,
+                        "tie_word_embeddings": False, "pad_token_id": 0},
+    # OLMo 2 with biases and grouped heads (whole-projection q/k norms of different widths); OLMo 3 windows.
+    "olmo2-biases-gqa": {**_published("olmo-2-1124-7b"), **_SMALL_LLAMA, "attention_bias": True, "pad_token_id": 0},
+    "olmo3": {**_published("olmo-2-1124-7b"), **_SMALL_LLAMA, "model_type": "olmo3", "num_hidden_layers": 4,
+              "pad_token_id": 0, "sliding_window": 64},
     "deepseek_v2-mlp-bias": _variant("deepseek-v2-lite", num_hidden_layers=3, mlp_bias=True,
                                      q_lora_rank=512, attention_bias=True),
+    # --- gpt-oss (helper gptoss8) begin: no attention biases, no layer_types, head_dim and
+    # sliding_window left to GptOssConfig's defaults (64, 128), odd expert count
+    "gpt_oss-defaults-no-bias": {"model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 192,
+                                 "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                 "num_local_experts": 5, "num_experts_per_tok": 2, "vocab_size": 1000,
+                                 "attention_bias": False},
+    "gpt_oss-layer-types": {**_published("gpt-oss-20b"), "num_hidden_layers": 3, "num_local_experts": 4,
+                            "layer_types": ["full_attention", "full_attention", "sliding_attention"]},
+    # --- gpt-oss end
 }
+
+
+PUBLISHED = ("gemma-3-1b", "gemma-3-4b-text", "gemma-7b", "granite-3.3-8b-base", "olmo-2-1124-7b", "smollm3-3b")
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_config_matches_transformers(name: str) -> None:
+    _assert_same(_published(name), _build(_published(name)), name)
+
+
+def test_gemma3_1b_total_is_the_published_count() -> None:
+    """999,885,952: the count Keras-Hub publishes for its gemma3_1b preset, from the same weights."""
+    assert total_params(model_from_hf_config(_published("gemma-3-1b"), name="g")) == 999_885_952
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -144,3 +209,31 @@ def test_deepseek_v3_score_correction_bias_is_a_buffer() -> None:
     spec = model_from_hf_config(VARIANTS["deepseek_v3-no-q-lora"], name="v3")
     moe = spec.layers[-1].moe
     assert moe is not None and moe.router_bias and moe.router_bias_is_buffer
+
+
+#: google/gemma-3-4b-pt's vision_config (the SigLIP tower the multimodal checkpoints share).
+_GEMMA3_VISION = {"model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 896,
+                  "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14,
+                  "vision_use_head": False}
+_TINY_TEXT = {"model_type": "gemma3_text", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 512}
+
+
+@pytest.mark.parametrize("vision", [
+    _GEMMA3_VISION,
+    {**_GEMMA3_VISION, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "image_size": 56, "vision_use_head": True},
+], ids=["gemma-3-4b", "tiny-with-head"])
+def test_gemma3_refusal_counts_the_vision_tower_exactly(vision: dict[str, Any]) -> None:
+    """The refusal of a multimodal Gemma 3 config names what it leaves out: the tower and projector's count."""
+    from memplan.errors import ModelConfigError
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.AutoConfig.for_model("gemma3", vision_config=vision, text_config=_TINY_TEXT,
+                                               mm_tokens_per_image=4 if vision["image_size"] == 56 else 256)
+    with torch.device("meta"):
+        model = transformers.Gemma3ForConditionalGeneration(config)
+    real = sum(p.numel() for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n)
+    with pytest.raises(ModelConfigError) as info:
+        model_from_hf_config({"model_type": "gemma3", "vision_config": vision, "text_config": _TINY_TEXT}, name="g")
+    assert f"({real:,} parameters)" in str(info.value)

@@ -29,9 +29,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qwen2_moe": {"model_type": "qwen2_moe", "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500, "num_experts": 4,
                   "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 256},
+    # session 8's families: Gemma 3's q/k norms, OLMo 2's post-norms and whole-width q/k norms, ...
+    **{model_type: {"model_type": model_type, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 500,
+                    "pad_token_id": 0}
+       for model_type in ("gemma", "gemma3_text", "olmo2", "olmo3", "granite", "smollm3")},
     "llama-biases": {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
                      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500, "attention_bias": True,
                      "mlp_bias": True},
+    # gpt-oss (helper gptoss8): sinks, a biased router named ``router``, biased stacked experts
+    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 500,
+                "num_local_experts": 4, "num_experts_per_tok": 2},
 }
 
 

@@ -1,6 +1,7 @@
 """Estimate (hf profile) vs trace on a small version of benchmarks/agreement_grid.py.
 
-Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, GPT-2), short
+Small configs of the grid's families (Llama GQA, Gemma 2, Phi-3, Qwen3-MoE, gpt-oss, GPT-2; Gemma 1 and 3,
+OLMo 2 and 3, Granite, SmolLM3), short
 sequences, one rank and simulated FSDP2 / TP ranks, foreach and the framework's own (fused)
 optimizer; activation policies (Megatron's --recompute-modules, full recompute of N layers);
 fine-tuning (LoRA, DoRA, QLoRA nf4, int8 base) as benchmarks/finetune_grid.py. Tolerances as the grid's: model states equal, activations, saved logits and
@@ -37,6 +38,37 @@ CONFIGS: dict[str, dict[str, object]] = {
                "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 128,
                "query_pre_attn_scalar": 64, "hidden_activation": "gelu_pytorch_tanh"},
+    # Gemma 3: Gemma 2's four norms, per-head q/k norms in Gemma's fp32 (1 + weight) RMSNorm, no soft-capping,
+    # five sliding layers of six (a window shorter than the cells' sequences)
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
+                    "sliding_window": 128, "sliding_window_pattern": 2, "query_pre_attn_scalar": 64},
+    # ... and at a Gemma-like vocabulary-to-width ratio, where the loss and the head set the peak as at real sizes
+    "gemma3_heavy": {"model_type": "gemma3_text", "hidden_size": 512, "intermediate_size": 2048,
+                     "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128, "num_hidden_layers": 4,
+                     "vocab_size": 32768, "sliding_window": 128, "sliding_window_pattern": 2,
+                     "query_pre_attn_scalar": 128},
+    # ... and with one KV head (multi-query, as Gemma 3 1B and 270M): at micro-batch 1 repeat_kv copies nothing
+    "gemma3_mqa": {"model_type": "gemma3_text", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
+                   "num_key_value_heads": 1, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048,
+                   "sliding_window": 128, "sliding_window_pattern": 2, "query_pre_attn_scalar": 64},
+    "gemma": {"model_type": "gemma", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
+              "num_key_value_heads": 1, "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 2048},
+    # Granite: Llama with scalar multipliers on the embedding, the residual branches, the scores and the logits
+    "granite": {"model_type": "granite", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+                "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "embedding_multiplier": 12.0,
+                "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 16.0},
+    # SmolLM3: every second layer without RoPE (NoPE)
+    "smollm3": {"model_type": "smollm3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+                "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "no_rope_layer_interval": 2,
+                "pad_token_id": 0},
+    # OLMo 2: no pre-norms (the projections read the residual stream), post-norms, q/k norms over the whole
+    # projections; OLMo 3 adds three sliding layers of four
+    "olmo2": {"model_type": "olmo2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "pad_token_id": 0},
+    "olmo3": {"model_type": "olmo3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "num_hidden_layers": 4, "vocab_size": 2048, "pad_token_id": 0,
+              "sliding_window": 128},
     "qwen2": {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
               "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False},
     "phi3": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
@@ -45,6 +77,12 @@ CONFIGS: dict[str, dict[str, object]] = {
     "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 128,
                   "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
                   "vocab_size": 2048, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
+    # --- gpt-oss (helper gptoss8): attention sinks, sliding (window 128 < seq) / full layers, biased
+    # router and experts, clamped SwiGLU; transformers has no SDPA path for it (eager cells only)
+    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 8,
+                "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 2048,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128},
+    # --- gpt-oss end
 }
 
 #: (config, seq, precision, attention, recompute[, ranks and optimizer])
@@ -59,7 +97,55 @@ CELLS: tuple[object, ...] = (
         "the estimator's transient (2 x the largest saved term, a bundle of three MLP tensors) exceeds the "
         "real one (the RMSNorm backward's fp32 temporaries); docs/trace.md, agreement grid"))),
     ("phi3", 256, "fp32", "eager", "none"),
+    # families added in session 8: bf16-mixed eager without and with full recompute, fp32 eager
+    ("gemma3_text", 256, "bf16-mixed", "eager", "none"),
+    pytest.param("gemma3_text", 256, "bf16-mixed", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
+        "peak +6.6% (activations -0.07%): the 2-layer toy's recomputed-layer backward, over-priced as in Gemma 2's "
+        "full cell above (+6.4% at bf16-mixed); at Gemma's vocabulary-to-width ratio (gemma3_heavy below) and on "
+        "gemma-3-1b (6 layers, seq 1024) the peak is exact; docs/trace.md, agreement grid"))),
+    ("gemma3_heavy", 512, "bf16-mixed", "eager", "full"),
+    ("gemma3_text", 256, "fp32", "eager", "none"),
+    ("gemma3_text", 256, "bf16-mixed", "sdpa", "none"),
+    ("gemma3_mqa", 256, "fp32", "eager", "none", {"mbs": 1}),
+    ("gemma3_mqa", 256, "bf16-mixed", "eager", "none", {"mbs": 1}),
+    ("gemma3_mqa", 256, "bf16", "eager", "none", {"mbs": 1}),
+    ("gemma3_mqa", 256, "bf16-mixed", "eager", "none"),
+    ("gemma3_mqa", 256, "bf16", "sdpa", "none", {"mbs": 1}),  # SDPA given the sliding-window mask
+    ("gemma3_mqa", 256, "bf16-mixed", "sdpa", "none", {"mbs": 1}),
+    ("gemma", 256, "bf16-mixed", "eager", "none"),
+    pytest.param("gemma", 256, "bf16-mixed", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
+        "peak +6.1% (activations -0.08%): the 2-layer toy's recomputed-layer backward, as gemma2 and gemma3_text "
+        "above; docs/trace.md, agreement grid"))),
+    ("gemma", 256, "fp32", "eager", "none"),
+    ("olmo2", 256, "bf16-mixed", "eager", "none"),
+    ("olmo2", 512, "bf16-mixed", "eager", "full"),
+    ("olmo2", 256, "fp32", "eager", "none"),
+    ("olmo2", 256, "bf16", "eager", "none"),
+    ("olmo2", 256, "bf16-mixed", "sdpa", "selective"),  # the attention module's input is the layer input
+    ("olmo3", 256, "bf16-mixed", "eager", "none"),
+    ("olmo3", 512, "bf16-mixed", "eager", "full"),
+    ("granite", 256, "bf16-mixed", "eager", "none"),
+    ("granite", 512, "bf16-mixed", "eager", "full"),  # at 256, as llama: +3.8%, the toy's recomputed-layer backward
+    ("granite", 256, "fp32", "eager", "none"),
+    ("smollm3", 256, "bf16-mixed", "eager", "none"),
+    ("smollm3", 512, "bf16-mixed", "eager", "full"),
+    ("smollm3", 256, "fp32", "eager", "none"),
     ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none"),
+    # --- gpt-oss (helper gptoss8)
+    ("gpt_oss", 256, "bf16-mixed", "eager", "none"),
+    ("gpt_oss", 256, "bf16-mixed", "eager", "full"),
+    ("gpt_oss", 256, "bf16", "eager", "none"),
+    ("gpt_oss", 256, "bf16-mixed", "eager", "selective"),
+    # peaks in the recomputed layer: its forward's masked scores and sink logits (bf16-mixed), its
+    # backward's 16-bit sink-softmax gradients (bf16)
+    ("gpt_oss", 1024, "bf16-mixed", "eager", "full"),
+    ("gpt_oss", 1024, "bf16", "eager", "full"),
+    ("gpt_oss", 256, "bf16-mixed", "eager", "none", {"fsdp": 2}),
+    # peak in the last layer's forward: its masked scores, sink logits and the two 4-D masks
+    ("gpt_oss", 1024, "bf16-mixed", "eager", "none"),
+    # the Hugging Face recipe's shape: LoRA on every linear of a 16-bit base, gradient checkpointing
+    ("gpt_oss", 1024, "bf16", "eager", "full", {"peft": "lora", "lora_targets": "all-linear"}),
+    # --- gpt-oss end
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"fsdp": 4}),
     ("llama", 256, "bf16", "sdpa", "full", {"fsdp": 2, "tp": 2}),
     ("llama", 256, "bf16-mixed", "eager", "selective", {"tp": 2}),
@@ -156,8 +242,8 @@ def _cells() -> list[object]:
 def test_estimate_agrees_with_trace(config_paths: dict[str, str], name: str, seq: int, precision: str,
                                     attention: str, recompute: str, extra: dict[str, object]) -> None:
     model = config_paths[name]
-    job = {"optimizer_impl": "foreach", **extra}
-    result = trace(model, seq=seq, mbs=2, precision=precision, attention=attention, recompute=recompute,
+    job = {"optimizer_impl": "foreach", "mbs": 2, **extra}
+    result = trace(model, seq=seq, precision=precision, attention=attention, recompute=recompute,
                    optimizer="adamw", device="cuda", iterations=2, **job)
     rows = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}
     for category in EXACT:

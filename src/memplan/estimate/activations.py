@@ -28,14 +28,17 @@ which is what ``memplan trace --recompute selective`` runs on a Hugging Face mod
 
 from __future__ import annotations
 
-from typing import Literal
-
+from memplan.estimate.gpt_oss_terms import (
+    clamped_swiglu_terms,
+    sink_forward_extra,
+    sink_softmax_bytes,
+    sink_softmax_terms,
+    topk_router_terms,
+)
+from memplan.estimate.terms import Keep, Region, Term
 from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
-
-Region = Literal["tp", "sp", "rep"]
-Keep = Literal["input", "core", "attn", "attn_input", "body", "ckpt_input"]
 
 #: Which recompute classes each recompute mode keeps in memory. ``ckpt_input``: a layer input only a
 #: checkpoint keeps (a frozen layer's input, which nothing else saves).
@@ -133,19 +136,6 @@ class ActivationShape:
         return self.seq * self.micro_batch // (self.tp if self.sequence_parallel else 1)
 
 
-@frozen_dataclass
-class Term:
-    name: str
-    bytes: int
-    region: Region
-    keep: Keep
-    #: Input of a linear layer's GEMM: saved in FP8 (1 byte per element) under FP8 training.
-    gemm_input: bool = False
-    #: Which checkpointable part of a Megatron layer saves it (:data:`memplan.estimate.recompute_modules.
-    #: SITES_DROPPED_BY` says which ``--recompute-modules`` drop each); "" for none.
-    site: str = ""
-
-
 def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
     """Every tensor a layer saves for backward (undivided: full TP width, local sequence)."""
     attention, rest = layer_terms_by_block(layer, shape)
@@ -154,13 +144,14 @@ def layer_terms(layer: LayerSpec, shape: ActivationShape) -> list[Term]:
 
 def layer_terms_by_block(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term], list[Term]]:
     """:func:`layer_terms` split into the attention block's and the rest (MLP/MoE block, post-norms)."""
-    attention = _attention_terms(layer.attention, shape)
+    attention = _attention_terms(layer.attention, shape, pre_norm=layer.pre_norms)
     if layer.moe is not None:
         rest = _moe_terms(layer.moe, shape)
     else:
         assert layer.mlp is not None
-        rest = _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp")
-    return attention, rest + post_norm_terms(shape, layer.num_hidden_norms - 2)
+        rest = _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp",
+                          pre_norm=layer.pre_norms)
+    return attention, rest + post_norm_terms(shape, layer.num_post_norms)
 
 
 @frozen_dataclass
@@ -203,6 +194,27 @@ def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers
         terms.append(Term(f"{prefix} norm output, autocast copies of the other {consumers - 1} GEMMs",
                           (consumers - 1) * shape.act_bytes * sbh, gemm_region, gemm_keep, gemm_input=True,
                           site=sites.copy if eager else sites.fused))
+    return terms
+
+
+def _residual_input_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers: int,
+                          gemm_keep: Keep = "body") -> list[Term]:
+    """A sublayer without a pre-norm (OLMo 2): its GEMMs read the residual stream itself.
+
+    Without autocast the GEMMs save that tensor (``keep_input``: the layer input is kept by every
+    mode). Under autocast each of the ``consumers`` linears casts it to 16 bits and saves its own
+    copy, and nothing saves the fp32 residual: only a checkpoint keeps the layer input
+    (``ckpt_input``), and the stream between the sublayers is freed at the next residual add.
+    """
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    if not shape.autocast:
+        return [Term(f"{prefix} input, the residual stream (GEMM input)", shape.residual_bytes * sbh, "sp", keep_input,
+                     gemm_input=True)]
+    terms = [Term(f"{prefix} GEMMs' autocast copies of the residual stream", consumers * shape.act_bytes * sbh, "sp",
+                  gemm_keep, gemm_input=True)]
+    if keep_input == "input":
+        terms.append(Term("layer input (fp32 residual stream, kept by a checkpoint only)", shape.residual_bytes * sbh,
+                          "sp", "ckpt_input"))
     return terms
 
 
@@ -249,11 +261,13 @@ def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
             Term("post-norms normalized output", count * normalized * sbh, "sp", "body")]
 
 
-def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
-    s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
-    tokens = s * b
+def _attention_terms(attn: AttentionSpec, shape: ActivationShape, pre_norm: bool = True) -> list[Term]:
+    tokens = shape.seq * shape.micro_batch
     kind = attention_kind(attn)
     consumers = kind.input_projections(attn)
+    if not pre_norm:  # OLMo 2: the projections read the layer input (the module's input: nothing more to keep)
+        return _residual_input_terms(shape, "attention", "input", consumers, gemm_keep="attn") + \
+            _attention_rest_terms(attn, shape)
     # Megatron's TE layer spec fuses the pre-attention norm into linear_qkv except under MLA, where
     # it is its own module, which ``layernorm`` recompute can discard (gpt_layer_specs.py).
     terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn", sites=NormSites(
@@ -261,6 +275,15 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     # Checkpointing the attention module keeps its input: the norm output, in the residual dtype.
     terms.append(Term("attention module input (checkpointed)", shape.residual_bytes * tokens * shape.hidden,
                       "sp", "attn_input"))
+    return terms + _attention_rest_terms(attn, shape)
+
+
+def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
+    """The attention module after its input: projections, q/k norms, the core, the output projection."""
+    s, b, c = shape.seq, shape.micro_batch, shape.act_bytes
+    tokens = s * b
+    kind = attention_kind(attn)
+    terms: list[Term] = []
     if kind.latent:
         terms += _mla_projection_terms(attn, shape)
         q_width = attn.num_heads * attn.head_dim
@@ -282,12 +305,17 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     if attn.qk_norm:
         k_width = attn.num_kv_heads * attn.head_dim
         # Per-head q/k norms: the projection outputs (fp32 copies in eager code) and, in eager
-        # code, the normalized tensors in the projection's dtype; a fused RMSNorm keeps its input only.
-        per_element = (4 + c) if shape.kernels == "eager" and not shape.fused_rms_norm else c
-        terms.append(Term("q, k norms", per_element * tokens * (q_width + k_width), "tp", "attn"))
+        # code, the normalized tensors in the projection's dtype (Gemma 3's ``1 + weight`` norm: in
+        # fp32, cast after the scale); a fused RMSNorm keeps its input only.
+        normalized = NORM_COMPUTE_BYTES if shape.norm_fp32_scale else c
+        eager_norm = shape.kernels == "eager" and not shape.fused_rms_norm
+        per_element = (NORM_COMPUTE_BYTES + normalized) if eager_norm else c
+        name = "q, k norms (fp32 input copies, fp32 normalized)" if eager_norm and shape.norm_fp32_scale else "q, k norms"
+        terms.append(Term(name, per_element * tokens * (q_width + k_width), "tp", "attn"))
         if shape.kernels == "eager":  # and each eager RMSNorm's fp32 1/rms, per head and token
-            terms.append(Term("q, k norms 1/rms (fp32, per head and token)",
-                              NORM_COMPUTE_BYTES * tokens * (attn.num_heads + attn.num_kv_heads), "tp", "attn"))
+            per = "per head and token" if attn.qk_norm_per_head else "per token"
+            terms.append(Term(f"q, k norms 1/rms (fp32, {per})", NORM_COMPUTE_BYTES * tokens * attn.qk_norm_rows,
+                              "tp", "attn"))
     heads_scores = attn.num_heads * b * s * shape.kv_seq
     if shape.attention in UNFUSED_ATTENTION:
         terms += _eager_core_terms(attn, shape, heads_scores)
@@ -322,17 +350,38 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
     c = shape.act_bytes
     if shape.kernels != "eager":
         return [Term("softmax output", c * heads_scores, "tp", "core")]
-    terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core")]
-    if c < EAGER_SOFTMAX_BYTES:
-        terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core"))
+    if attn.sinks:  # gpt-oss: the softmax runs over a sink column too, in the weights' dtype
+        terms = sink_softmax_terms(attn, shape, SOFTMAX_CAST)
+    else:
+        terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core")]
+        if c < EAGER_SOFTMAX_BYTES:
+            terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core"))
     if attn.logit_softcap is not None:
         terms.append(Term("soft-capped scores (tanh output)", c * heads_scores, "tp", "core"))
-    if attention_kind(attn).grouped_kv:
+    if attention_kind(attn).grouped_kv and (width := _repeated_kv_width(attn, shape)):
         tokens = shape.seq * shape.micro_batch
         extra_heads = attn.num_heads - attn.num_kv_heads
-        terms.append(Term("keys and values repeated per query head (repeat_kv copies)",
-                          c * tokens * extra_heads * (attn.head_dim + attn.v_head_dim), "tp", "core"))
+        name = ("keys and values repeated per query head (repeat_kv copies)" if width > attn.head_dim else
+                "keys cast to the compute dtype for every query head (autocast; the values stay a view)")
+        terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core"))
     return terms
+
+
+def _repeated_kv_width(attn: AttentionSpec, shape: ActivationShape) -> int:
+    """Per-head elements of the grouped keys and values that eager attention (or SDPA given a mask)
+    copies per query head.
+
+    ``repeat_kv`` expands the KV heads and reshapes them to every query head, a copy that the two
+    matmuls (or the SDPA kernel) save. With a single KV head at micro-batch 1 (multi-query: Gemma 2B, Gemma 3 1B) the
+    reshape is a view, and so is ``torch.matmul``'s fold of batch and heads into its ``bmm`` batch (a
+    stride-0 batch): nothing is copied. Only under autocast the rotated keys, fp32 after RoPE's fp32
+    tables, are cast to the compute dtype for the matmul, which writes every head (measured with
+    ``memplan trace`` on gemma-3-1b: fp32 +3.2% and bf16-mixed +0.7% activations when both were priced;
+    SDPA with its sliding-window mask, 6 layers at seq 1024: bf16 +2.2%, bf16-mixed +0.5%).
+    """
+    if attn.num_kv_heads == 1 and shape.micro_batch == 1:
+        return attn.head_dim if shape.autocast and shape.rope else 0
+    return attn.head_dim + attn.v_head_dim
 
 
 def _sdpa_mask_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
@@ -352,10 +401,11 @@ def _sdpa_mask_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     c, tokens = shape.act_bytes, shape.seq * shape.micro_batch
     terms = [Term("additive attention mask (SDPA, from the boolean sliding-window mask)",
                   c * shape.micro_batch * shape.seq * shape.kv_seq, "rep", "core")]
-    if attn.num_kv_heads < attn.num_heads:
+    if attn.num_kv_heads < attn.num_heads and (width := _repeated_kv_width(attn, shape)):
         extra_heads = attn.num_heads - attn.num_kv_heads
-        terms.append(Term("keys and values repeated per query head (repeat_kv: no enable_gqa with a mask)",
-                          c * tokens * extra_heads * (attn.head_dim + attn.v_head_dim), "tp", "core"))
+        name = ("keys and values repeated per query head (repeat_kv: no enable_gqa with a mask)"
+                if width > attn.head_dim else "keys cast to the compute dtype for every query head (autocast)")
+        terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core"))
     return terms
 
 
@@ -457,7 +507,7 @@ _MLP_SITES = {"mlp": ("mlp", "mlp"), "experts": ("moe", "moe_act"),
 
 
 def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Region, prefix: str,
-               elem_bytes: int = 0) -> list[Term]:
+               elem_bytes: int = 0, pre_norm: bool = True) -> list[Term]:
     c, f = elem_bytes or shape.act_bytes, mlp.intermediate_size
     fc1_site, fc2_site = _MLP_SITES[prefix]
     terms: list[Term] = []
@@ -465,7 +515,8 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
         consumers = 2 if mlp.gated and not mlp.fused_gate_up else 1
         # TE fuses this norm into linear_fc1: its output is saved inside the MLP module.
         terms += _norm_terms(shape, "mlp", "body", consumers, sites=NormSites(
-            fused="mlp", norm="pre_mlp_norm", output="mlp_norm_out", copy="mlp"))
+            fused="mlp", norm="pre_mlp_norm", output="mlp_norm_out", copy="mlp")) if pre_norm else \
+            _residual_input_terms(shape, "mlp", "body", consumers)
     # fc1 output (gate and up halves for a gated MLP) saved by the activation function, its
     # output saved by fc2; eager SwiGLU also saves act(gate) as a separate tensor.
     fc1_out = 2 if mlp.gated else 1
@@ -475,9 +526,11 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body",
                       site=fc1_site))
     if eager_gate and prefix == "experts":
-        # act(gate), saved by the product with the up half: inside the activation function (moe_act).
-        terms.append(Term(f"{prefix} activation of the gate half (eager gated activation)", c * tokens * f, region,
-                          "body", site=fc2_site))
+        # act(gate), saved by the product with the up half: inside the activation function (moe_act);
+        # gpt-oss's clamped SwiGLU keeps more there (memplan.estimate.gpt_oss_terms).
+        terms += (clamped_swiglu_terms(mlp, tokens, region, c, fc2_site)
+                  or [Term(f"{prefix} activation of the gate half (eager gated activation)", c * tokens * f, region,
+                           "body", site=fc2_site)])
     terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True, site=fc2_site))
     if mlp.activation == "gelu_new" and shape.kernels == "eager":
         # GPT-2's NewGELUActivation is a Python formula: it also saves tanh(...), 1 + tanh(...) and
@@ -516,9 +569,13 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     # A separate pre-MLP norm in Megatron's TE spec (its output, the MoE layer's input: ``layernorm``).
     terms = _norm_terms(shape, "mlp", "body", sites=NormSites(
         fused="pre_mlp_norm", norm="pre_mlp_norm", output="pre_mlp_norm", copy="moe"))
-    terms += _router_terms(moe, shape)
     routed = tokens * moe.top_k
-    terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body", site="moe"))
+    if moe.softmax_after_topk and shape.kernels == "eager":  # gpt-oss's router (memplan.estimate.gpt_oss_terms)
+        terms += topk_router_terms(moe, shape)
+    else:
+        terms += _router_terms(moe, shape)
+        terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body",
+                          site="moe"))
     if shape.kernels == "eager":
         # transformers' grouped_mm_experts_forward: the gather index (perm // top_k), the sort
         # permutation and its inverse (int64 per routed copy), and the int32 per-expert offsets.
@@ -651,12 +708,25 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
         return transient
     attn = layer.attention
     heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
-    gradients = divided(Term("softmax gradients", 2 * EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core"), shape)
+    # gpt-oss's sink softmax runs in the weights' dtype, so its gradients do too (16-bit in pure bf16)
+    softmax_bytes = sink_softmax_bytes(shape) if attn.sinks else EAGER_SOFTMAX_BYTES
+    gradients = divided(Term("softmax gradients", 2 * softmax_bytes * heads_scores, "tp", "core"), shape)
     released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.name in ("output projection input", SOFTMAX_CAST))
     return max(transient, gradients - released)
+
+
+def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term]) -> int:
+    """Bytes a recomputed layer's forward holds beyond everything the layer saves, at its worst moment
+    (0 where :func:`backward_transient_bytes` covers it). Only gpt-oss's eager sink attention needs it:
+    its masked scores and max-subtracted logits, while the MLP block (``rest``, the terms the layer's
+    role saves there) is not recomputed yet."""
+    attn = layer.attention
+    if not (attn.sinks and shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
+        return 0
+    return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in rest))
 
 
 def layer_activation_bytes(layer: LayerSpec, shape: ActivationShape, recompute_mode: str) -> int:

@@ -88,7 +88,7 @@ def attention_weight_copy_numel(model: ModelSpec, job: Job, index: int) -> int:
 def _attention_linear_numel(model: ModelSpec, index: int, job: Job) -> int:
     attn = model.layers[index].attention
     groups = attention_params(attn, model.hidden_size)
-    norms = 2 * attn.head_dim if attn.qk_norm else 0
+    norms = sum(attn.qk_norm_widths)
     return groups.tp_sharded // job.parallel.tp + groups.replicated - norms
 
 

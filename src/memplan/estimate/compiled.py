@@ -140,6 +140,7 @@ def uncovered_reason(layer: LayerSpec, shape: ActivationShape) -> str | None:
         (attention_kind(attn).latent and shape.attention in ("eager", "math"),
          "multi-head latent attention (MLA) with unfused attention"),
         (layer.parallel_residual, "parallel-residual layers"),
+        (not layer.pre_norms, "layers without pre-norms (OLMo 2's post-norms only)"),
         (layer.moe is not None and (layer.moe.shared_expert_gate or layer.moe.router_bias),
          "MoE with a gated shared expert or a router bias"),
         (layer.moe is not None and layer.moe.shared_expert is not None
@@ -208,7 +209,7 @@ def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
                           c * tokens * (heads + kv_heads) * d, "tp", "attn"))
     if attn.qk_norm:  # Qwen3: the q and k projections' outputs and the per-head norms' 1/rms
         terms += [Term("q, k projection outputs (q/k norm inputs)", c * tokens * (heads + kv_heads) * d, "tp", "attn"),
-                  Term("q, k norms 1/rms (fp32)", FP32_BYTES * tokens * (heads + kv_heads), "tp", "attn")]
+                  Term("q, k norms 1/rms (fp32)", FP32_BYTES * tokens * attn.qk_norm_rows, "tp", "attn")]
     if shape.attention in ("eager", "math"):
         scores = heads * shape.micro_batch * shape.seq * shape.kv_seq
         if c >= FP32_BYTES:  # an fp32 softmax is kept as it is: its output feeds its backward and the PV matmul

@@ -32,6 +32,7 @@ def rope_table_bytes(model: ModelSpec, shape: ActivationShape) -> int:
 
     transformers' rotary embedding returns them as ``(1, seq, rotary_dim)`` in the hidden states'
     dtype (the residual dtype: fp32 under autocast); ``position_ids`` has batch 1 when not given.
+    Gemma 3 and OLMo 3 build one pair per kind of layer (sliding, global: different bases).
     """
     if model.position_embedding != "rope" or shape.kernels != "eager" or shape.rope_buffer:
         return 0  # (a precomputed buffer, sliced as a view, allocates nothing per step)
@@ -39,7 +40,8 @@ def rope_table_bytes(model: ModelSpec, shape: ActivationShape) -> int:
     if not attention_kind(attn).full_head_rope:
         return 0
     rotary_dim = int(attn.head_dim * attn.rotary_fraction)
-    return 2 * shape.seq * rotary_dim * shape.residual_bytes
+    kinds = len({layer.attention.sliding_window for layer in model.layers}) if model.rope_per_layer_type else 1
+    return 2 * kinds * shape.seq * rotary_dim * shape.residual_bytes
 
 
 def checkpointed_mask_bytes(model: ModelSpec, shape: ActivationShape, checkpointed: bool) -> int:

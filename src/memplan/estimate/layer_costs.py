@@ -21,16 +21,16 @@ from memplan.estimate.activations import (
     divided,
     layer_terms,
     layer_terms_by_block,
+    recomputed_forward_transient,
 )
 from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient
-from memplan.estimate.compiled import compiled_blocks, compiled_layer
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     checkpointed_module_copy_numel,
     layer_weight_copy_numel,
 )
+from memplan.estimate.compiled import compiled_blocks, compiled_layer
 from memplan.estimate.context import LayerCosts, RunContext, StageContext, kept_policy
-from memplan.estimate.memo import Same
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
 from memplan.estimate.ep_overlap import (
     LayerParts,
@@ -42,6 +42,8 @@ from memplan.estimate.ep_overlap import (
     shared_expert_overlap_bytes,
 )
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.gpt_oss_terms import forward_mask_term
+from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
@@ -115,7 +117,15 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     blocks = compiled_blocks(spec, shape) if compiled else _blocks(
         spec, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
         adapter_bytes=adapter_bytes)
-    return _priced(spec, shape, policy, blocks)
+    mlp_saved = _mlp_saved(spec, shape, role) if spec.attention.sinks and not compiled else None
+    return _priced(spec, shape, policy, blocks, mlp_saved)
+
+
+def _mlp_saved(layer: LayerSpec, shape: ActivationShape, role: LayerRole) -> list[Term]:
+    """What the layer's MLP/MoE block itself saves for its role (no adapters: those of the attention
+    projections are alive while the attention block is recomputed)."""
+    rest = layer_terms_by_block(layer, shape)[1]
+    return rest if role.flow is None else block_terms(rest, shape, role.flow.mlp, "mlp norm")
 
 
 def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quantize_base: str, autocast: bool,
@@ -141,14 +151,20 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
 
 
 def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
-            blocks: tuple[list[Term], list[Term]]) -> LayerCosts:
-    """The layer's figures from its terms under the activation policy."""
+            blocks: tuple[list[Term], list[Term]], mlp_saved: list[Term] | None = None) -> LayerCosts:
+    """The layer's figures from its terms under the activation policy (``mlp_saved``: the MLP block's own
+    terms, where a recomputed layer's forward is priced apart)."""
     kept_classes, dropped = kept_policy(policy)
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
     inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
     transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
         divided(t, shape) for t in inputs if t.site in ("mlp", "moe")))
+    if policy.kind.checkpoints_layers:
+        # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;
+        # a layer a block-wise policy leaves alone is priced the same: at most its PV cast copy too high)
+        transient = max(transient, recomputed_forward_transient(layer, shape, blocks[1] if mlp_saved is None
+                                                                else mlp_saved))
     sac = sac_kept_terms(layer, shape) if policy.kind.per_op else None
     if policy.kind.per_op and sac is None:
         # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
@@ -269,6 +285,22 @@ def mtp_activation_bytes(run: RunContext) -> int:
     norms = 2 * shape.residual_bytes * sbh // sp
     projection_input = 2 * shape.act_bytes * sbh // sp
     return layer + norms + projection_input
+
+
+def sink_forward_transient(ctx: StageContext) -> int:
+    """What the stage's last layer holds beyond its saved tensors in its forward, every layer's activations
+    kept (gpt-oss's eager sink attention: its masked scores and max-subtracted logits, the MLP block not run
+    yet); 0 for other layers, and where layers are recomputed or the attention core is not kept."""
+    run = ctx.run
+    if ctx.recomputed or not ctx.layout.layer_indices or "core" not in run.kept_classes:
+        return 0
+    index = ctx.layout.layer_indices[-1]
+    layer = run.model.layers[index]
+    role = _role(run, index) if layer.attention.sinks else None
+    if role is None:
+        return 0
+    extra = recomputed_forward_transient(layer, run.shape, _mlp_saved(layer, run.shape, role))
+    return extra + divided(forward_mask_term(run.model, run.shape), run.shape) if extra else 0
 
 
 def dora_transient(ctx: StageContext) -> int:

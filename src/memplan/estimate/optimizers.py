@@ -64,7 +64,7 @@ def _vector_sizes(layer: LayerSpec, hidden: int, norm_bias: bool) -> tuple[int, 
     attn = layer.attention
     sizes = [hidden] * (layer.num_hidden_norms * (2 if norm_bias else 1))
     if attn.qk_norm:
-        sizes += [attn.head_dim, attn.head_dim]
+        sizes += list(attn.qk_norm_widths)
     sizes += attention_kind(attn).qkv_bias_sizes(attn)
     if attn.out_bias:
         sizes.append(hidden)
@@ -185,8 +185,7 @@ def _layer_vectors_on_rank(layer: LayerSpec, hidden: int, norm_bias: bool, tp: i
     a trainable router bias. Routed experts' biases are left out."""
     attn = layer.attention
     count = layer.num_hidden_norms * hidden * (2 if norm_bias else 1)
-    if attn.qk_norm:
-        count += 2 * attn.head_dim
+    count += sum(attn.qk_norm_widths)
     kind = attention_kind(attn)
     count += kind.extra_norm_numel(attn) + sum(kind.qkv_bias_sizes(attn)) // tp
     if attn.out_bias:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from memplan.estimate.activations import layer_terms
 from memplan.estimate.compiled import compile_note
 from memplan.estimate.context import RunContext
+from memplan.estimate.gpt_oss_terms import gpt_oss_notes
 from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import term_site
 from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
@@ -14,12 +15,33 @@ from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.units import dtype_bytes
 
+#: Checkpoint formats (``quantization_config.quant_method``) that training loads dequantized: the
+#: sentence the estimate carries for each (the weights are priced in the job's own dtypes).
+DEQUANTIZED_AT_LOAD = {
+    "mxfp4": ("the checkpoint stores its experts in MXFP4 (config.json quantization_config.quant_method: mxfp4); "
+              "priced as loaded dequantized, every weight in the job's parameter dtype, as Hugging Face "
+              "fine-tuning loads it (Mxfp4Config(dequantize=True) in the TRL/PEFT recipes); training on the MXFP4 "
+              "weights themselves is not modelled"),
+}
+
+
+def checkpoint_quantization_note(method: str) -> str:
+    """What the estimate assumes of a checkpoint stored quantized (``quantization_config.quant_method``)."""
+    if method in DEQUANTIZED_AT_LOAD:
+        return DEQUANTIZED_AT_LOAD[method]
+    return (f"the checkpoint is stored quantized (config.json quantization_config.quant_method: {method}); the "
+            "weights are priced as the job says (its parameter dtype, or its --quant format), not in the stored "
+            "format: Megatron-LM and torchtitan train from 16-bit or fp32 weights converted from it; keeping the stored quantized weights on the GPU while "
+            f"training (e.g. transformers' {method} loader without dequantizing) is not modelled")
+
 
 def run_notes(run: RunContext) -> list[str]:
     """The job's setting, one sentence each."""
     model, job, profile, prec = run.model, run.job, run.profile, run.prec
     par, b = job.parallel, job.batch
     out = [f"framework profile '{profile.name}': {profile.description}", *prec.notes]
+    if model.checkpoint_quantization:
+        out.append(checkpoint_quantization_note(model.checkpoint_quantization))
     out.append(
         f"layout: {par.world_size} GPU{'' if par.world_size == 1 else 's'} = dp {par.data_parallel} x tp {par.tp} "
         f"x pp {par.pp} x cp {par.cp}"
@@ -65,7 +87,7 @@ def _attention_notes(run: RunContext) -> list[str]:
     elif sdpa_attention(code, job.attention, dtype_bytes(prec.compute)) != "math":  # (math: the model code's note)
         out.append(f"{job.attention} attention: no s x s score matrix is kept, only the fp32 log-sum-exp per head "
                    "and token")
-    return out
+    return out + gpt_oss_notes(run.model, job.attention, run.profile.kernels)
 
 
 def policy_note(run: RunContext) -> str:

@@ -8,7 +8,7 @@ from itertools import chain
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
-from memplan.estimate.layer_costs import dora_transient
+from memplan.estimate.layer_costs import dora_transient, sink_forward_transient
 from memplan.estimate.layer_walk import LayerWalk, walk_layers
 from memplan.estimate.ledger import (
     ABSENT,
@@ -27,7 +27,14 @@ from memplan.estimate.ledger import (
 from memplan.estimate.result import StageEstimate
 from memplan.estimate.stage_activations import StageActivations, stage_activations
 from memplan.estimate.stage_buffers import stage_buffers
-from memplan.estimate.stage_peak import LossPart, communication, forward_peaks, graphs, loss_part, phase_contributions
+from memplan.estimate.stage_peak import (
+    LossPart,
+    communication,
+    forward_peaks,
+    graphs,
+    loss_part,
+    phase_contributions,
+)
 from memplan.estimate.stage_states import StageStates, model_states
 
 #: The CUDA caching allocator's segment granularity (reserved memory is rounded up to it).
@@ -69,7 +76,9 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     """The stage's figures with the fixed reserved figure, their sentences, and what its reserved-memory
     schedule is built from."""
     st = model_states(ctx)
-    dora = dora_transient(ctx) if st.ft is not None else 0
+    # the last layer's forward temporaries (DoRA's weights; gpt-oss's sink attention, 0 when recomputed):
+    # not alive at once, so the larger; the names below keep DoRA's
+    dora = max(dora_transient(ctx) if st.ft is not None else 0, sink_forward_transient(ctx))
     walk = walk_layers(ctx, dora)
     acts = stage_activations(ctx, walk, st.ft)
     loss = loss_part(ctx, acts, st)

@@ -18,7 +18,7 @@ Linear = tuple[str, int, int, bool]
 
 
 def params(attn: AttentionSpec, hidden: int) -> ParamGroups:
-    """Weights of the projections (column-parallel q, k, v; row-parallel output) and the q/k norms."""
+    """Weights of the projections (column-parallel q, k, v; row-parallel output), the q/k norms and sinks."""
     q_out = attn.num_heads * attn.head_dim
     kv_out = attn.num_kv_heads * attn.head_dim
     v_out = attn.num_kv_heads * attn.v_head_dim
@@ -27,16 +27,17 @@ def params(attn: AttentionSpec, hidden: int) -> ParamGroups:
         sharded += q_out + kv_out + v_out
     replicated = hidden if attn.out_bias else 0
     if attn.qk_norm:
-        replicated += 2 * attn.head_dim
+        replicated += sum(attn.qk_norm_widths)
+    replicated += sum(numel for _, numel in extra_norms(attn))
     return ParamGroups(tp_sharded=sharded, replicated=replicated)
 
 
 def tensors(attn: AttentionSpec) -> int:
-    """Parameter tensors: q, k, v apart (one when fused) and the output, each with its bias, q/k norms."""
+    """Parameter tensors: q, k, v apart (one when fused) and the output, each with its bias, q/k norms, sinks."""
     projections = 1 if attn.fused_qkv else 3
     count = projections * (2 if attn.qkv_bias else 1)
     count += 2 if attn.out_bias else 1
-    return count + (2 if attn.qk_norm else 0)
+    return count + (2 if attn.qk_norm else 0) + len(extra_norms(attn))
 
 
 def linears(attn: AttentionSpec, hidden: int) -> list[Linear]:
@@ -53,8 +54,9 @@ def linears(attn: AttentionSpec, hidden: int) -> list[Linear]:
 
 
 def extra_norms(attn: AttentionSpec) -> list[tuple[str, int]]:
-    """No norms besides the q/k norms."""
-    return []
+    """No norms besides the q/k norms; gpt-oss's attention sinks (one logit per query head, replicated,
+    read by no GEMM) are the block's other 1-D parameter."""
+    return [("self_attn.sinks", attn.num_heads)] if attn.sinks else []
 
 
 def qkv_bias_sizes(attn: AttentionSpec) -> tuple[int, ...]:

@@ -45,7 +45,8 @@ class AttentionKind:
     tensors: Callable[[AttentionSpec], int]
     #: The block's linear modules as transformers names them, ``(hidden) -> [(name, in, out, bias)]``.
     linears: Callable[[AttentionSpec, int], list[Linear]]
-    #: Norms of the block besides q/k norms, ``[(parameter name, numel)]`` (replicated, not GEMM weights).
+    #: 1-D parameters of the block besides q/k norms, ``[(parameter name, numel)]`` (replicated, not GEMM
+    #: weights): MLA's latent norms, attention sinks.
     extra_norms: Callable[[AttentionSpec], list[tuple[str, int]]]
     #: Sizes of the column-parallel q/k/v biases (1-D tensors split by TP).
     qkv_bias_sizes: Callable[[AttentionSpec], tuple[int, ...]]

@@ -1,7 +1,9 @@
 """Build a :class:`~memplan.model.spec.ModelSpec` from a Hugging Face ``config.json``.
 
-Each supported ``model_type`` has one small builder that reads the fields that family's
-``transformers`` modeling code reads, with the same defaults, so that the parameter counts of
+Each supported ``model_type`` has one small builder (the dense families: one entry each of
+:data:`memplan.model.hf_dense.DENSE_FAMILIES`; the typed reads they share: :mod:`memplan.model.hf_fields`)
+that reads the fields that family's ``transformers`` modeling code reads, with the same defaults, so that
+the parameter counts of
 :mod:`memplan.model.params` equal what ``AutoModelForCausalLM.from_config`` builds (tested for
 every shipped preset). Unknown keys are ignored; a missing, mistyped or out-of-range field raises
 :class:`~memplan.errors.ModelConfigError` naming the field, the rule and the value.
@@ -14,7 +16,8 @@ Example::
 
 Known limitations:
 
-* Only the text decoder of the listed families; multimodal wrappers (``text_config``) are not read.
+* Only the text decoder of the listed families; a multimodal Gemma 3 config (``model_type`` gemma3,
+  with a ``vision_config``) is refused with a sentence saying to pass its ``text_config`` instead.
 * Sliding-window layer patterns are informational (they change activations, not parameters).
 * DeepSeek ``moe_layer_freq`` follows DeepSeek's own code (``layer % freq == 0``); ``transformers``
   ignores it, which is the same for every released checkpoint (``moe_layer_freq == 1``).
@@ -23,249 +26,23 @@ Known limitations:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from memplan.bounds import parse_json
 from memplan.errors import ModelConfigError
-from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import MLA
-from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
-from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_MODEL_INT, check_at_most, parse_json
+from memplan.model.hf_dense import DENSE_FAMILIES, FAMILY_DEFAULTS, build_dense, gemma3_multimodal
+from memplan.model.hf_fields import ConfigFields, build_model, gqa, layer_windows, stack, with_window
+from memplan.model.spec import CLAMPED_SWIGLU, AttentionSpec, MLPSpec, ModelSpec, MoESpec
 from memplan.textfile import read_text_file
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "load_hf_config", "model_from_hf_config"]
 
-_MISSING: Any = object()
-#: Counts that size loops (one entry per layer, expert, head), with the limit each may reach.
-_LIMITS = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_nextn_predict_layers"), (MAX_LAYERS, "MAX_LAYERS")),
-    **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts",
-                     "num_experts_per_tok"), (MAX_EXPERTS, "MAX_EXPERTS")),
-    **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "n_head"), (MAX_HEADS, "MAX_HEADS")),
-}
-_WindowRule = Literal["none", "all", "qwen", "alternate"]
 
-
-class _Fields:
-    """Typed reads from a config mapping; every failure names the field, the rule and the value."""
-
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        self._config = config
-
-    def given(self, key: str) -> bool:
-        return self._config.get(key) is not None
-
-    def raw(self, key: str) -> Any:
-        return self._config.get(key)
-
-    def integer(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
-        value = self._config.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise ModelConfigError(key, "is required", hint="add it to config.json")
-            return int(default)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ModelConfigError(key, "must be an integer", value)
-        if value < minimum:
-            rule = "must be a positive integer" if minimum == 1 else f"must be an integer >= {minimum}"
-            raise ModelConfigError(key, rule, value)
-        limit, limit_name = _LIMITS.get(key, (MAX_MODEL_INT, "MAX_MODEL_INT"))
-        return check_at_most(key, value, value, limit, limit_name, ModelConfigError)
-
-    def opt_int(self, key: str) -> int | None:
-        """A positive integer or null; the key itself must be present."""
-        if key not in self._config:
-            raise ModelConfigError(key, "is required (null if unused)", hint="add it to config.json")
-        return None if self._config[key] is None else self.integer(key)
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self._config.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ModelConfigError(key, "must be true or false", value)
-        return value
-
-    def text(self, key: str, default: str) -> str:
-        value = self._config.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise ModelConfigError(key, "must be a string", value)
-        return value
-
-    def int_list(self, key: str) -> tuple[int, ...]:
-        value = self._config.get(key) or []
-        if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
-            raise ModelConfigError(key, "must be a list of layer indices", value)
-        return tuple(value)
-
-    def number(self, key: str, default: float) -> float:
-        value = self._config.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
-            raise ModelConfigError(key, "must be a number in (0, 1]", value)
-        return float(value)
-
-
-def _head_dim(f: _Fields, hidden: int, heads: int, default: int | None = None) -> int:
-    """``head_dim`` when given, else the family default, else ``hidden // heads``."""
-    if f.given("head_dim"):
-        return f.integer("head_dim")
-    if default is not None:
-        return default
-    if hidden % heads:
-        raise ModelConfigError(
-            "num_attention_heads", f"must divide hidden_size={hidden} when head_dim is not given", heads
-        )
-    return hidden // heads
-
-
-def _gqa(f: _Fields, hidden: int, *, bias: bool, out_bias: bool, qk_norm: bool = False,
-         head_dim_default: int | None = None) -> AttentionSpec:
-    heads = f.integer("num_attention_heads")
-    head_dim = _head_dim(f, hidden, heads, head_dim_default)
-    return AttentionSpec(
-        num_heads=heads,
-        num_kv_heads=f.integer("num_key_value_heads", heads),
-        head_dim=head_dim,
-        v_head_dim=head_dim,
-        qkv_bias=bias,
-        out_bias=out_bias,
-        qk_norm=qk_norm,
-    )
-
-
-def _windows(f: _Fields, n_layers: int, rule: _WindowRule) -> tuple[int | None, ...]:
-    """Sliding-window size of each layer (None: global attention)."""
-    if rule == "none":
-        return (None,) * n_layers
-    if rule == "qwen":
-        if not f.flag("use_sliding_window", False) or not f.given("sliding_window"):
-            return (None,) * n_layers
-        first = f.integer("max_window_layers", n_layers, minimum=0)
-        size = f.integer("sliding_window")
-        return tuple(size if i >= first else None for i in range(n_layers))
-    window = f.integer("sliding_window") if f.given("sliding_window") else None
-    if rule == "all" or window is None:
-        return (window,) * n_layers
-    types = f.raw("layer_types")  # rule == "alternate" (Gemma 2)
-    if types is None:
-        return tuple(window if i % 2 == 0 else None for i in range(n_layers))
-    if not isinstance(types, list) or len(types) != n_layers:
-        raise ModelConfigError("layer_types", f"must list {n_layers} layer types", types)
-    return tuple(window if t == "sliding_attention" else None for t in types)
-
-
-def _with_window(attn: AttentionSpec, window: int | None) -> AttentionSpec:
-    if window == attn.sliding_window:
-        return attn
-    return replace(attn, sliding_window=window)
-
-
-def _stack(kinds: Sequence[tuple[AttentionSpec, MLPSpec | MoESpec]], **layer_kw: Any) -> tuple[LayerSpec, ...]:
-    """One LayerSpec per layer, reusing a single object for identical layers."""
-    cache: dict[tuple[AttentionSpec, MLPSpec | MoESpec], LayerSpec] = {}
-    out = []
-    for attn, ffn in kinds:
-        if (attn, ffn) not in cache:
-            kw = {"moe": ffn} if isinstance(ffn, MoESpec) else {"mlp": ffn}
-            cache[(attn, ffn)] = LayerSpec(attention=attn, **kw, **layer_kw)
-        out.append(cache[(attn, ffn)])
-    return tuple(out)
-
-
-def _model(f: _Fields, name: str, model_type: str, layers: tuple[LayerSpec, ...], *,
-           tie_default: bool, hidden: int, **kw: Any) -> ModelSpec:
-    windows = [layer.attention.sliding_window for layer in layers]
-    return ModelSpec(
-        name=name,
-        model_type=model_type,
-        hidden_size=hidden,
-        vocab_size=f.integer("vocab_size"),
-        layers=layers,
-        tie_word_embeddings=f.flag("tie_word_embeddings", tie_default),
-        extra={"sliding_window_layers": sum(w is not None for w in windows)},
-        **kw,
-    )
-
-
-# --------------------------------------------------------------------------- dense families
-@frozen_dataclass(kw_only=True)
-class _DenseFamily:
-    """How one dense family's ``transformers`` code reads its config."""
-
-    #: Config key switching the q/k/v biases on (None: fixed at ``qkv_bias``).
-    bias_key: str | None = None
-    #: q/k/v bias when no key decides it (Qwen2 always has one).
-    qkv_bias: bool = False
-    #: The output projection has a bias whenever q/k/v do (Llama, Qwen3, Gemma 2).
-    out_bias_follows: bool = False
-    #: Config key switching the MLP biases on (None: never).
-    mlp_bias_key: str | None = None
-    qk_norm: bool = False
-    #: ``head_dim`` when the config omits it (None: hidden_size // num_attention_heads).
-    head_dim: int | None = None
-    norms: int = 2
-    #: none: global only; all: ``sliding_window`` on every layer; qwen: layers from
-    #: ``max_window_layers`` when ``use_sliding_window``; alternate: even layers (or ``layer_types``).
-    window: _WindowRule = "none"
-    tie: bool = False
-    act_key: str = "hidden_act"
-    #: q/k/v and gate/up are single fused projections (Phi-3).
-    fused: bool = False
-    #: Soft-capping of attention scores and output logits (``attn_logit_softcapping`` /
-    #: ``final_logit_softcapping``) and the fp32 ``1 + weight`` RMSNorm (Gemma 2).
-    softcap: bool = False
-
-
-_DENSE: dict[str, _DenseFamily] = {
-    "llama": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias"),
-    "mistral": _DenseFamily(window="all"),
-    "qwen2": _DenseFamily(qkv_bias=True, window="qwen"),
-    "qwen3": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, head_dim=128,
-                          window="qwen"),
-    "gemma2": _DenseFamily(bias_key="attention_bias", out_bias_follows=True, norms=4, head_dim=256,
-                           window="alternate", tie=True, act_key="hidden_activation", softcap=True),
-    "phi3": _DenseFamily(window="all", fused=True),
-}
-
-
-def _dense(f: _Fields, name: str, model_type: str) -> ModelSpec:
-    fam = _DENSE[model_type]
-    hidden, n_layers = f.integer("hidden_size"), f.integer("num_hidden_layers")
-    bias = f.flag(fam.bias_key, False) if fam.bias_key else fam.qkv_bias
-    attn = _gqa(f, hidden, bias=bias, out_bias=bias and fam.out_bias_follows, qk_norm=fam.qk_norm,
-                head_dim_default=fam.head_dim)
-    if fam.fused:
-        attn = replace(attn, fused_qkv=True)
-    extra: dict[str, Any] = {}
-    if fam.softcap:
-        attn = replace(attn, logit_softcap=_optional_number(f, "attn_logit_softcapping"))
-        extra = {"final_logit_softcap": _optional_number(f, "final_logit_softcapping"), "norm_fp32_scale": True}
-    act = f.text(fam.act_key, "") or f.text("hidden_act", "silu")
-    mlp_bias = f.flag(fam.mlp_bias_key, False) if fam.mlp_bias_key else False
-    mlp = MLPSpec(intermediate_size=f.integer("intermediate_size"), bias=mlp_bias, activation=act,
-                  fused_gate_up=fam.fused)
-    kinds = [(_with_window(attn, w), mlp) for w in _windows(f, n_layers, fam.window)]
-    layers = _stack(kinds, num_hidden_norms=fam.norms)
-    return _model(f, name, model_type, layers, tie_default=fam.tie, hidden=hidden, **extra)
-
-
-def _optional_number(f: _Fields, key: str) -> float | None:
-    """A number the config may set to null (Gemma 2's soft-capping values)."""
-    value = f.raw(key)
-    if value is None:
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise ModelConfigError(key, "must be a positive number or null", value)
-    return float(value)
-
-
-def _gpt2(f: _Fields, name: str, model_type: str) -> ModelSpec:
+def _gpt2(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     hidden, heads = f.integer("n_embd"), f.integer("n_head")
     if hidden % heads:
         raise ModelConfigError("n_head", f"must divide n_embd={hidden}", heads)
@@ -273,13 +50,13 @@ def _gpt2(f: _Fields, name: str, model_type: str) -> ModelSpec:
                          v_head_dim=hidden // heads, qkv_bias=True, out_bias=True, fused_qkv=True)
     mlp = MLPSpec(intermediate_size=f.integer("n_inner", 4 * hidden), gated=False, bias=True,
                   activation=f.text("activation_function", "gelu_new"))
-    layers = _stack([(attn, mlp)] * f.integer("n_layer"))
-    return _model(f, name, model_type, layers, tie_default=True, hidden=hidden, norm="layernorm",
+    layers = stack([(attn, mlp)] * f.integer("n_layer"))
+    return build_model(f, name, model_type, layers, tie_default=True, hidden=hidden, norm="layernorm",
                   norm_bias=True, position_embedding="learned",
                   max_position_embeddings=f.integer("n_positions", 1024))
 
 
-def _gpt_neox(f: _Fields, name: str, model_type: str) -> ModelSpec:
+def _gpt_neox(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     hidden, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
     if hidden % heads:
         raise ModelConfigError("num_attention_heads", f"must divide hidden_size={hidden}", heads)
@@ -291,32 +68,32 @@ def _gpt_neox(f: _Fields, name: str, model_type: str) -> ModelSpec:
                          fused_qkv=True)
     mlp = MLPSpec(intermediate_size=f.integer("intermediate_size"), gated=False, bias=True,
                   activation=f.text("hidden_act", "gelu"))
-    layers = _stack([(attn, mlp)] * f.integer("num_hidden_layers"),
+    layers = stack([(attn, mlp)] * f.integer("num_hidden_layers"),
                     parallel_residual=f.flag("use_parallel_residual", True))
-    return _model(f, name, model_type, layers, tie_default=False, hidden=hidden, norm="layernorm",
+    return build_model(f, name, model_type, layers, tie_default=False, hidden=hidden, norm="layernorm",
                   norm_bias=True)
 
 
 # --------------------------------------------------------------------------- MoE families
-def _mixtral(f: _Fields, name: str, model_type: str) -> ModelSpec:
+def _mixtral(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     hidden, n_layers = f.integer("hidden_size"), f.integer("num_hidden_layers")
-    attn = _gqa(f, hidden, bias=False, out_bias=False)
+    attn = gqa(f, hidden, bias=False, out_bias=False)
     expert = MLPSpec(intermediate_size=f.integer("intermediate_size"), activation=f.text("hidden_act", "silu"))
     moe = MoESpec(num_experts=f.integer("num_local_experts"), top_k=f.integer("num_experts_per_tok"), expert=expert)
-    kinds = [(_with_window(attn, w), moe) for w in _windows(f, n_layers, "all")]
-    return _model(f, name, model_type, _stack(kinds), tie_default=False, hidden=hidden)
+    kinds = [(with_window(attn, w), moe) for w in layer_windows(f, n_layers, "all")]
+    return build_model(f, name, model_type, stack(kinds), tie_default=False, hidden=hidden)
 
 
-def _qwen_moe(f: _Fields, name: str, model_type: str) -> ModelSpec:
+def _qwen_moe(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     """Qwen2-MoE (shared expert with a sigmoid gate) and Qwen3-MoE (q/k norm, no shared expert)."""
     hidden, n_layers = f.integer("hidden_size"), f.integer("num_hidden_layers")
     act = f.text("hidden_act", "silu")
     if model_type == "qwen2_moe":
         bias = f.flag("qkv_bias", True)
-        attn = _gqa(f, hidden, bias=bias, out_bias=False)
+        attn = gqa(f, hidden, bias=bias, out_bias=False)
     else:
         bias = f.flag("attention_bias", False)
-        attn = _gqa(f, hidden, bias=bias, out_bias=bias, qk_norm=True)
+        attn = gqa(f, hidden, bias=bias, out_bias=bias, qk_norm=True)
     dense = MLPSpec(intermediate_size=f.integer("intermediate_size"), activation=act)
     n_experts = f.integer("num_experts", minimum=0)
     step = f.integer("decoder_sparse_step", 1)
@@ -334,13 +111,13 @@ def _qwen_moe(f: _Fields, name: str, model_type: str) -> ModelSpec:
             shared_expert_gate=shared is not None,
         )
     kinds: list[tuple[AttentionSpec, MLPSpec | MoESpec]] = []
-    for i, window in enumerate(_windows(f, n_layers, "qwen")):
+    for i, window in enumerate(layer_windows(f, n_layers, "qwen")):
         sparse = moe is not None and i not in dense_only and (i + 1) % step == 0
-        kinds.append((_with_window(attn, window), moe if sparse and moe else dense))
-    return _model(f, name, model_type, _stack(kinds), tie_default=False, hidden=hidden)
+        kinds.append((with_window(attn, window), moe if sparse and moe else dense))
+    return build_model(f, name, model_type, stack(kinds), tie_default=False, hidden=hidden)
 
 
-def _deepseek(f: _Fields, name: str, model_type: str) -> ModelSpec:
+def _deepseek(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     """DeepSeek-V2/V3: multi-head latent attention, leading dense layers, shared + routed experts."""
     hidden, n_layers, heads = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.integer("num_attention_heads")
     nope, rope = f.integer("qk_nope_head_dim"), f.integer("qk_rope_head_dim")
@@ -373,12 +150,49 @@ def _deepseek(f: _Fields, name: str, model_type: str) -> ModelSpec:
     freq = f.integer("moe_layer_freq", 1)
     kinds = [(attn, moe if i >= first_dense and i % freq == 0 else dense) for i in range(n_layers)]
     mtp = f.integer("num_nextn_predict_layers", 0, minimum=0) if v3 else 0
-    return _model(f, name, model_type, _stack(kinds), tie_default=False, hidden=hidden, mtp_layers=mtp)
+    return build_model(f, name, model_type, stack(kinds), tie_default=False, hidden=hidden, mtp_layers=mtp)
 
 
-_Builder = Callable[[_Fields, str, str], ModelSpec]
+# --------------------------------------------------------------------------- gpt-oss (begin)
+#: ``GptOssConfig``'s defaults (transformers ``configuration_gpt_oss.py``) for the keys this builder reads.
+_GPT_OSS_DEFAULTS: dict[str, Any] = {
+    "num_hidden_layers": 36, "num_local_experts": 128, "vocab_size": 201088, "hidden_size": 2880,
+    "intermediate_size": 2880, "head_dim": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "sliding_window": 128, "num_experts_per_tok": 4, "attention_bias": True,
+}
+
+
+def _gpt_oss(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
+    """OpenAI gpt-oss: biased GQA with per-head sinks, sliding (even) / full (odd) layers by ``layer_types``,
+    every layer an MoE block: a biased router and biased stacked experts under a clamped SwiGLU."""
+    hidden, n_layers = f.integer("hidden_size"), f.integer("num_hidden_layers")
+    bias = f.flag("attention_bias", True)
+    attn = replace(gqa(f, hidden, bias=bias, out_bias=bias), sinks=True)
+    expert = MLPSpec(intermediate_size=f.integer("intermediate_size"), bias=True, activation=CLAMPED_SWIGLU,
+                     fused_gate_up=True)
+    moe = MoESpec(num_experts=f.integer("num_local_experts"), top_k=f.integer("num_experts_per_tok"),
+                  expert=expert, router_bias=True, router_name="router", softmax_after_topk=True)
+    kinds = [(with_window(attn, w), moe) for w in layer_windows(f, n_layers, "alternate")]
+    # GptOssRMSNorm: ``(weight * x_normed).to(input dtype)``, the product in fp32
+    return build_model(f, name, model_type, stack(kinds), tie_default=False, hidden=hidden, norm_fp32_scale=True)
+# --------------------------------------------------------------------------- gpt-oss (end)
+
+
+def _quant_method(config: Mapping[str, Any]) -> str:
+    """``quantization_config.quant_method``: how the checkpoint stores its weights ("" when not quantized)."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return ""
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if not isinstance(method, str) or not method:
+        raise ModelConfigError("quantization_config.quant_method", "must be a non-empty string",
+                               method if isinstance(quant, dict) else quant)
+    return method
+
+
+_Builder = Callable[[ConfigFields, str, str], ModelSpec]
 _BUILDERS: dict[str, _Builder] = {
-    **{model_type: _dense for model_type in _DENSE},
+    **{model_type: build_dense for model_type in DENSE_FAMILIES},
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "mixtral": _mixtral,
@@ -386,7 +200,12 @@ _BUILDERS: dict[str, _Builder] = {
     "qwen3_moe": _qwen_moe,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    "gpt_oss": _gpt_oss,
 }
+#: Config-class defaults of the other families (the dense ones' are :data:`FAMILY_DEFAULTS`).
+_DEFAULTS: dict[str, dict[str, Any]] = {**FAMILY_DEFAULTS, "gpt_oss": _GPT_OSS_DEFAULTS}
+#: ``model_type`` values refused with a sentence saying what to pass instead.
+_REFUSED: dict[str, _Builder] = {"gemma3": gemma3_multimodal}
 
 #: ``model_type`` values :func:`model_from_hf_config` understands.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -404,9 +223,15 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelSpec:
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if model_type is None:
         raise ModelConfigError("model_type", "is required", hint=f"supported: {supported}")
+    if isinstance(model_type, str) and model_type in _REFUSED:
+        return _REFUSED[model_type](ConfigFields(config), name, model_type)
     if not isinstance(model_type, str) or model_type not in _BUILDERS:
         raise ModelConfigError("model_type", "is not supported", model_type, hint=f"supported: {supported}")
-    return _BUILDERS[model_type](_Fields(config), name, model_type)
+    defaults = _DEFAULTS.get(model_type, {})
+    fields = {**defaults, **{k: v for k, v in config.items() if v is not None or k not in defaults}}
+    spec = _BUILDERS[model_type](ConfigFields(fields), name, model_type)
+    method = _quant_method(config)
+    return replace(spec, checkpoint_quantization=method) if method else spec
 
 
 def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelSpec:

@@ -123,21 +123,26 @@ def _layer_other_params(layer: LayerSpec, hidden: int, model: ModelSpec) -> list
     elif layer.num_hidden_norms == 4:
         norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                  "post_feedforward_layernorm"]
+    elif not layer.pre_norms:  # OLMo 2: both norms on the sublayers' outputs
+        norms = ["post_attention_layernorm", "post_feedforward_layernorm"]
     else:
         norms = ["input_layernorm", "post_attention_layernorm"]
     out = [(f"{n}.weight", hidden) for n in norms] + ([(f"{n}.bias", hidden) for n in norms] if nb else [])
     attn = layer.attention
     if attn.qk_norm:
-        out += [("self_attn.q_norm.weight", attn.head_dim), ("self_attn.k_norm.weight", attn.head_dim)]
+        q_width, k_width = attn.qk_norm_widths
+        out += [("self_attn.q_norm.weight", q_width), ("self_attn.k_norm.weight", k_width)]
     out += attention_kind(attn).extra_norms(attn)
     moe = layer.moe
     if moe is not None:
-        out.append(("mlp.gate.weight", hidden * moe.num_experts))
+        out.append((f"mlp.{moe.router_name}.weight", hidden * moe.num_experts))
         if moe.router_bias and not moe.router_bias_is_buffer:
-            out.append(("mlp.gate.bias", moe.num_experts))
+            out.append((f"mlp.{moe.router_name}.bias", moe.num_experts))
         e, f = moe.num_experts, moe.expert.intermediate_size
         up = 2 * f if moe.expert.gated else f
         out += [("mlp.experts.gate_up_proj", e * up * hidden), ("mlp.experts.down_proj", e * hidden * f)]
+        if moe.expert.bias:  # gpt-oss: one bias row per expert on each stacked projection
+            out += [("mlp.experts.gate_up_proj_bias", e * up), ("mlp.experts.down_proj_bias", e * hidden)]
     return out
 
 

@@ -142,7 +142,7 @@ def layer_non_gemm_params(layer: LayerSpec, hidden: int, norm_bias: bool) -> int
     count = layer.num_hidden_norms * norm_params(hidden, norm_bias)
     attn = layer.attention
     if attn.qk_norm:
-        count += 2 * attn.head_dim
+        count += sum(attn.qk_norm_widths)
     count += attention_kind(attn).extra_norm_numel(attn)
     if layer.moe is not None:
         count += hidden * layer.moe.num_experts

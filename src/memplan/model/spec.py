@@ -18,6 +18,10 @@ from memplan.model.attention_kinds import MHA, attention_kind
 if TYPE_CHECKING:
     from memplan.model.params import ParamGroups
 
+#: gpt-oss's expert activation: ``(clamp(up) + 1) * g * sigmoid(alpha * g)`` with ``g = clamp(gate)``
+#: (``swiglu_limit``, ``swiglu_alpha``), gate and up interleaved in one fused projection.
+CLAMPED_SWIGLU = "clamped_swiglu"
+
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned", "none"]
 
@@ -48,8 +52,12 @@ class AttentionSpec:
     qkv_bias: bool = False
     #: Bias on the output projection.
     out_bias: bool = False
-    #: Per-head RMSNorm on queries and keys (Qwen3, Gemma3, OLMo2 ...).
+    #: RMSNorm on queries and keys (Qwen3, Gemma 3: per head; OLMo 2: over the whole projection).
     qk_norm: bool = False
+    #: The q/k norms normalize each head (weights of ``head_dim``, one 1/rms per head and token);
+    #: False: the whole q and k projections (OLMo 2: weights of ``heads * head_dim`` and
+    #: ``kv_heads * head_dim``, one 1/rms per token).
+    qk_norm_per_head: bool = True
     #: Fraction of the head dim rotated by RoPE (GPT-NeoX ``rotary_pct``); informational.
     rotary_fraction: float = 1.0
     #: MLA only: query low-rank dim (None: queries projected directly).
@@ -67,6 +75,25 @@ class AttentionSpec:
     #: Attention scores soft-capped as ``cap * tanh(scores / cap)`` before the softmax (Gemma 2
     #: ``attn_logit_softcapping``); None: no capping.
     logit_softcap: float | None = None
+    #: A learned logit per query head joins each row of scores before the softmax and is dropped
+    #: after it (gpt-oss ``self_attn.sinks``, ``num_heads`` parameters): "attention sinks".
+    sinks: bool = False
+
+    @property
+    def qk_norm_widths(self) -> tuple[int, int]:
+        """Elements of the q and k norms' weights (0, 0 without q/k norms)."""
+        if not self.qk_norm:
+            return (0, 0)
+        if self.qk_norm_per_head:
+            return (self.head_dim, self.head_dim)
+        return (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim)
+
+    @property
+    def qk_norm_rows(self) -> int:
+        """1/rms values the q and k norms compute per token (one per head each, or one each)."""
+        if not self.qk_norm:
+            return 0
+        return self.num_heads + self.num_kv_heads if self.qk_norm_per_head else 2
 
     def __post_init__(self) -> None:
         _positive("attention", "num_heads", self.num_heads)
@@ -96,7 +123,8 @@ class MLPSpec:
     gated: bool = True
     #: Biases on the projections.
     bias: bool = False
-    #: Activation function name as the config spells it (silu, gelu, gelu_pytorch_tanh, ...).
+    #: Activation function name as the config spells it (silu, gelu, gelu_pytorch_tanh, ...);
+    #: :data:`CLAMPED_SWIGLU` for gpt-oss's experts, which apply their own gate whatever ``hidden_act`` says.
     activation: str = "silu"
     #: Gate and up come from one fused projection (Phi-3 ``gate_up_proj``).
     fused_gate_up: bool = False
@@ -126,6 +154,11 @@ class MoESpec:
     #: transformers keeps the router weight in fp32 whatever the model's dtype
     #: (``_keep_in_fp32_modules_strict = ["gate.weight"]``) and casts the router's input to fp32.
     router_fp32: bool = False
+    #: Name of the router module under ``mlp`` (``gate`` in most families, ``router`` in gpt-oss).
+    router_name: str = "gate"
+    #: The router picks the top-k logits first and takes the softmax over those k only (gpt-oss),
+    #: instead of a softmax over every expert before the top-k.
+    softmax_after_topk: bool = False
 
     def __post_init__(self) -> None:
         _positive("moe", "num_experts", self.num_experts)
@@ -148,6 +181,10 @@ class LayerSpec:
     moe: MoESpec | None = None
     #: Norm layers applied to the hidden state in this layer (2 pre-norms; Gemma2 has 4).
     num_hidden_norms: int = 2
+    #: The attention and MLP read a normalized input (pre-norms). False: they read the residual
+    #: stream itself and every norm of the layer normalizes a sublayer's output (OLMo 2's
+    #: ``post_attention_layernorm`` / ``post_feedforward_layernorm``).
+    pre_norms: bool = True
     #: Attention and MLP read the same input (GPT-J / GPT-NeoX parallel residual).
     parallel_residual: bool = False
 
@@ -158,6 +195,11 @@ class LayerSpec:
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+    @property
+    def num_post_norms(self) -> int:
+        """Norms on a sublayer's output before the residual add (Gemma 2/3: 2 of 4; OLMo 2: both)."""
+        return self.num_hidden_norms - (2 if self.pre_norms else 0)
 
 
 @frozen_dataclass(kw_only=True)
@@ -184,9 +226,17 @@ class ModelSpec:
     mtp_layers: int = 0
     #: Output logits soft-capped as ``cap * tanh(logits / cap)`` (Gemma 2 ``final_logit_softcapping``).
     final_logit_softcap: float | None = None
-    #: The RMSNorm scales by ``1 + weight`` in fp32 and casts to the input dtype afterwards (Gemma 2
-    #: ``Gemma2RMSNorm``), so its saved normalized tensor is fp32; Llama-style norms cast first.
+    #: The RMSNorm scales by ``1 + weight`` (Gemma 2 ``Gemma2RMSNorm``) or ``weight`` (gpt-oss
+    #: ``GptOssRMSNorm``) in fp32 and casts to the input dtype afterwards, so its saved normalized
+    #: tensor is fp32; Llama-style norms cast first.
     norm_fp32_scale: bool = False
+    #: The rotary embedding runs once per kind of layer (sliding, global), each with its own base
+    #: (Gemma 3, OLMo 3 ``position_embeddings[layer_type]``): one cos/sin pair per kind, not one in all.
+    rope_per_layer_type: bool = False
+    #: How the published checkpoint stores its weights (``quantization_config.quant_method``: ``mxfp4`` for
+    #: gpt-oss's experts, ``fp8`` ...; "" when not quantized). The parameters are priced in the job's
+    #: dtypes, as loaded dequantized; the estimate says so where the method is one it knows.
+    checkpoint_quantization: str = ""
     #: Layers of the layer list that are global attention vs sliding-window: informational.
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 

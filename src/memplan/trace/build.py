@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from memplan.errors import MemplanError, ModelConfigError, UnsupportedError
+from memplan.errors import ConfigError, MemplanError, ModelConfigError, UnsupportedError
 from memplan.job import resolved_adapter_dtype
 from memplan.trace.finetune import apply_finetune, frozen_dtype, materialize_fake, needs_finetune
 from memplan.trace.setup import TraceSetup
@@ -97,8 +97,21 @@ def _hf_config(config: dict[str, Any], options: TraceSetup) -> Any:
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelConfigError("model_type", f"transformers cannot read this config ({_first_line(exc)})",
                                model_type) from None
+    if options.attention != "eager" and not _runs_sdpa(transformers, hf):
+        raise ConfigError("--attention", f"transformers has no SDPA path for {model_type} (memplan trace runs "
+                          f"{options.attention} as PyTorch SDPA): trace it with --attention eager", options.attention)
     hf._attn_implementation = options.attention
     return hf
+
+
+def _runs_sdpa(transformers: Any, hf: Any) -> bool:
+    """Whether the causal LM of ``hf`` takes PyTorch SDPA (gpt-oss's attention sinks do not:
+    ``_supports_sdpa = False``); True when transformers does not say."""
+    try:
+        cls = transformers.AutoModelForCausalLM._model_mapping[type(hf)]
+    except (KeyError, AttributeError):
+        return True
+    return bool(getattr(cls, "_supports_sdpa", True))
 
 
 @contextmanager

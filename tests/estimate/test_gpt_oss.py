@@ -1,0 +1,103 @@
+"""gpt-oss in the estimator: its config read, the terms of its attention sinks, clamped SwiGLU and top-k router
+(memplan.estimate.gpt_oss_terms; the trace agreement is tests/trace/test_agreement_grid.py's gpt_oss cells), the
+MXFP4 checkpoint's sentence and the refusal of SDPA."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.cli import app
+from memplan.errors import ConfigError, ModelConfigError
+from memplan.estimate import estimate
+from memplan.estimate.activations import layer_terms
+from memplan.estimate.context import activation_shape
+from memplan.estimate.precision import resolve_precision
+from memplan.estimate.run_notes import DEQUANTIZED_AT_LOAD
+from memplan.jobflags import build_job
+from memplan.model import model_from_hf_config
+from memplan.model.hf import load_hf_config
+from memplan.model.spec import CLAMPED_SWIGLU
+from memplan.profiles import get_profile
+
+CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+SMALL = {"model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 8,
+         "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 2048,
+         "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def _terms(precision: str, seq: int = 256) -> dict[str, int]:
+    model = model_from_hf_config(SMALL, name="toy")
+    job = build_job({"seq": seq, "mbs": 2, "precision": precision, "attention": "eager", "framework": "hf"})
+    profile = get_profile("hf")
+    shape = activation_shape(model, job, profile, resolve_precision(job, profile))
+    return {t.name: t.bytes for t in layer_terms(model.layers[0], shape)}
+
+
+def test_the_published_config_reads_as_gpt_oss():
+    spec = load_hf_config(CONFIGS / "gpt-oss-20b.json")
+    layer = spec.layers[0]
+    assert spec.num_layers == 24 and spec.vocab_size == 201088 and not spec.tie_word_embeddings
+    assert layer.attention.sinks and layer.attention.qkv_bias and layer.attention.out_bias
+    assert [lay.attention.sliding_window for lay in spec.layers[:3]] == [128, None, 128]
+    moe = layer.moe
+    assert moe is not None and (moe.num_experts, moe.top_k) == (32, 4)
+    assert moe.router_bias and moe.router_name == "router" and moe.softmax_after_topk
+    assert moe.expert.bias and moe.expert.activation == CLAMPED_SWIGLU
+    assert spec.checkpoint_quantization == "mxfp4" and spec.norm_fp32_scale
+
+
+def test_a_bad_quantization_config_is_named():
+    with pytest.raises(ModelConfigError, match="quantization_config.quant_method"):
+        model_from_hf_config({**SMALL, "quantization_config": {"modules_to_not_convert": []}}, name="bad")
+
+
+def test_the_sink_softmax_has_one_more_column_in_the_weights_dtype():
+    seq, rows = 256, 8 * 2 * 256  # heads x micro-batch x queries
+    mixed, pure = _terms("bf16-mixed", seq), _terms("bf16", seq)
+    sink = "softmax over scores and the sink column (attention sinks)"
+    cast = "softmax output cast to the compute dtype (PV matmul input)"
+    assert mixed[sink] == 4 * rows * (seq + 1) and mixed[cast] == 2 * rows * seq  # fp32 sinks under autocast
+    assert pure[sink] == 2 * rows * (seq + 1) and cast not in pure  # bf16 sinks: no wider softmax, no cast
+    assert mixed["row maxima's indices (int64, max before the sink softmax)"] == 8 * rows
+
+
+def test_the_clamped_swiglu_keeps_four_tensors_per_routed_row():
+    terms = _terms("bf16-mixed")
+    routed, f = 2 * 256 * 2, 256  # tokens x top-k rows of f, fp32 experts under autocast
+    clamped = [size for name, size in terms.items() if name.startswith("experts clamped SwiGLU")]
+    assert clamped == [4 * routed * f] * 4
+    assert "experts activation of the gate half (eager gated activation)" not in terms
+    assert terms["sorted expert ids indexing the experts' bias rows (int64)"] == 8 * routed
+
+
+def test_the_estimate_says_how_the_mxfp4_checkpoint_is_priced():
+    spec = load_hf_config(CONFIGS / "gpt-oss-20b.json")
+    job = build_job({"framework": "hf", "attention": "eager", "seq": 1024})
+    notes = estimate(spec, job).assumptions
+    assert DEQUANTIZED_AT_LOAD["mxfp4"] in notes
+    assert any(note.startswith("attention sinks (gpt-oss)") for note in notes)
+    plain = model_from_hf_config(SMALL, name="toy")
+    assert DEQUANTIZED_AT_LOAD["mxfp4"] not in estimate(plain, job).assumptions
+
+
+def test_sdpa_is_refused_with_one_sentence(tmp_path: Path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SMALL), encoding="utf-8")
+    with pytest.raises(ConfigError, match="--attention"):
+        estimate(model_from_hf_config(SMALL, name="toy"), build_job({"attention": "sdpa", "framework": "hf"}))
+    result = CliRunner().invoke(app, ["estimate", str(path), "--attention", "sdpa"])
+    assert result.exit_code == 2 and "attention sinks" in result.output and "Traceback" not in result.output
+
+
+def test_the_tracer_refuses_sdpa_for_gpt_oss_with_one_sentence(tmp_path: Path):
+    pytest.importorskip("transformers")
+    from memplan.trace import trace
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SMALL), encoding="utf-8")
+    with pytest.raises(ConfigError, match="no SDPA path for gpt_oss"):
+        trace(str(path), seq=64, mbs=1, attention="flash", device="cuda", iterations=1)
