@@ -277,14 +277,14 @@ def server() -> Any:
     from memplan.serve import ServeLimits, create_app
     from memplan.serve.protocol import guarded_protocol
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    sock = socket.socket()  # bound here and handed to uvicorn: a parallel test worker cannot take the port
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     limits = ServeLimits(time_limit_s=3.0, memory_limit_bytes=2 << 30, max_concurrent=2)
     config = uvicorn.Config(create_app(limits), host="127.0.0.1", port=port, log_level="critical",
                             http=guarded_protocol(limits.time_limit_s))
     instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, daemon=True)
+    thread = threading.Thread(target=instance.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not instance.started:
@@ -294,6 +294,7 @@ def server() -> Any:
         yield client, port
     instance.should_exit = True
     thread.join(10)
+    sock.close()
 
 
 def _body(raw: dict[str, Any]) -> bytes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -26,21 +25,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 LENGTHS = {0: (16, 24, 12), 1: (120, 200, 160)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, store: str, out: str) -> None:
     from ckpt_helpers import tiny_gpt2, tokens, train_step
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from memplan.ckpt import auto_checkpoint, controller_of
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # a collective that waits longer than this fails the test instead of hanging the suite
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+    # rendezvous through a file in the test's tmp_path, not a TCP port: parallel test workers (pytest -n) cannot
+    # collide; a collective that waits longer than the timeout fails the test instead of hanging the suite
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
     results = {}
     for wrapped in (False, True):
@@ -99,7 +93,7 @@ def _wait_for_results(context: mp.ProcessContext, paths: list[str], seconds: flo
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_under_ddp_each_rank_runs_its_own_controller_and_the_math_is_unchanged(tmp_path) -> None:
     out = str(tmp_path / "rank")
-    context = mp.start_processes(_worker, args=(_free_port(), out), nprocs=2, join=False, start_method="spawn")
+    context = mp.start_processes(_worker, args=(str(tmp_path / "store"), out), nprocs=2, join=False, start_method="spawn")
     _wait_for_results(context, [f"{out}.{r}" for r in range(2)])
     ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     for r in ranks:

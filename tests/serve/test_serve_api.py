@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shlex
 import socket
 import subprocess
 import sys
@@ -42,12 +43,15 @@ def _free_port() -> int:
 
 
 class _Server:
-    """uvicorn serving ``app`` in a thread on a free port."""
+    """uvicorn serving ``app`` in a thread on a socket bound here to a free port and handed to uvicorn (no port
+    is chosen, released and bound again: a parallel test worker cannot take it in between)."""
 
     def __init__(self, app: Any) -> None:
-        self.port = _free_port()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> httpx.Client:
         self.thread.start()
@@ -62,6 +66,7 @@ class _Server:
         self.client.close()
         self.server.should_exit = True
         self.thread.join(10)
+        self.sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -297,13 +302,19 @@ def test_doctor_uploads_a_snapshot_and_a_trace(client: httpx.Client, tmp_path: P
 
 
 class _Hostile:
+    """A pickle that, if loaded, writes ``canary`` (a path in the test's own tmp_path)."""
+
+    def __init__(self, canary: Path) -> None:
+        self.canary = canary
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, ("echo pwned > /tmp/memplan-serve-pwned",))
+        return (os.system, (f"echo pwned > {shlex.quote(str(self.canary))}",))
 
 
-def test_doctor_bad_uploads(client: httpx.Client) -> None:
-    body = _error(client.post("/v1/doctor", files={"file": ("x.pickle", pickle.dumps(_Hostile()))}), 400)
-    assert "refused for safety" in body["message"] and not Path("/tmp/memplan-serve-pwned").exists()
+def test_doctor_bad_uploads(client: httpx.Client, tmp_path: Path) -> None:
+    canary = tmp_path / "memplan-serve-pwned"
+    body = _error(client.post("/v1/doctor", files={"file": ("x.pickle", pickle.dumps(_Hostile(canary)))}), 400)
+    assert "refused for safety" in body["message"] and not canary.exists()
     _error(client.post("/v1/doctor", files={"file": ("x.pickle", pickle.dumps({"segments": []})[:-5])}), 400)
     _error(client.post("/v1/doctor", files={"file": ("x.mptrace", b"\x1f\x8b\x08garbage")}), 400)
     _error(client.post("/v1/doctor", files={"file": ("x", b"")}), 400, "file")

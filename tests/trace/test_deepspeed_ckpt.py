@@ -135,3 +135,19 @@ def test_missing_deepspeed_names_the_extra(tiny_llama: str, monkeypatch: pytest.
                                       "deepspeed", "--recompute", "full"])
     assert result.exit_code == 1, result.output
     assert "memplan[deepspeed]" in result.output
+
+
+@needs_deepspeed
+def test_a_one_rank_trace_after_a_tensor_parallel_one_forgets_its_ranks(tmp_path: Path) -> None:
+    """DeepSpeed's ``configure(None)`` keeps an earlier call's ``mpu`` (and its rank count): a one-rank trace
+    after a ``--tp 2`` one in the same process (the server, a notebook) read the destroyed two-rank group and
+    failed with ``Group ... is not registered`` (seen under pytest-xdist, where the order of tests changes)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TOY), encoding="utf-8")
+    flags = {"seq": 128, "mbs": 1, "precision": "bf16", "attention": "sdpa", "device": "cuda", "iterations": 1,
+             "framework": "deepspeed", "recompute": "full", "partition_activations": True}
+    trace(str(path), tp=2, gpus=2, **flags)
+    assert import_checkpointing().mp_size == 2
+    one = trace(str(path), tp=1, gpus=1, **flags)
+    assert import_checkpointing().mp_size == 1 and import_checkpointing().mpu is None
+    assert one.summary.peak_allocated_bytes > 0

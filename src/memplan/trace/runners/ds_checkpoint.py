@@ -109,11 +109,22 @@ def _configured_checkpoint(policy: ActivationPolicy) -> Callable[..., Any]:
     contiguous = policy.contiguous_checkpoints is not None
     with _deepspeed_comm():
         mpu = TensorParallelGroup(dist.group.WORLD) if dist.get_world_size() > 1 else None
+        _forget_model_parallel(checkpointing)
         checkpointing.configure(mpu, partition_activations=policy.partition_activations,
                                 contiguous_checkpointing=contiguous,
                                 num_checkpoints=policy.contiguous_checkpoints if contiguous else None,
                                 checkpoint_in_cpu=policy.cpu_checkpointing, synchronize=False, profile=False)
     return checkpointing.checkpoint  # type: ignore[no-any-return]
+
+
+def _forget_model_parallel(checkpointing: Any) -> None:
+    """Reset DeepSpeed's module-level model-parallel state to one rank before ``configure``.
+
+    ``configure(None, ...)`` keeps the ``mpu`` of an earlier call (``if mpu_ is not None: mpu = mpu_``) and
+    with it ``mp_rank``/``mp_size``/``mp_group``: after a ``--tp 2`` trace in the same process, a one-rank
+    trace would read the first one's destroyed process group (``Group ... is not registered``) or partition
+    activations over its two ranks."""
+    checkpointing.mpu, checkpointing.mp_rank, checkpointing.mp_size, checkpointing.mp_group = None, 0, 1, None
 
 
 @contextlib.contextmanager
