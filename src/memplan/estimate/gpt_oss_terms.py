@@ -114,7 +114,7 @@ def topk_router_terms(moe: MoESpec, shape: _Shape) -> list[Term]:
 def gpt_oss_notes(model: ModelSpec, attention: str, kernels: str) -> list[str]:
     """The --explain sentences of the mechanics above, for a model that has them (none otherwise)."""
     out: list[str] = []
-    if any(layer.attention.sinks for layer in model.layers):
+    if model.has_attention_sinks:
         if attention == "eager" and kernels == "eager":
             out.append("attention sinks (gpt-oss): the eager softmax runs over the s scores and one learned sink logit "
                        "per head, in the weights' dtype (fp32 under autocast), keeping the row maxima's int64 "
@@ -124,8 +124,7 @@ def gpt_oss_notes(model: ModelSpec, attention: str, kernels: str) -> list[str]:
             out.append(f"attention sinks (gpt-oss) under {attention} attention: priced as a flash kernel that takes "
                        "the sinks (transformers: kernels-community/vllm-flash-attn3), keeping the fp32 log-sum-exp; "
                        "not checked by memplan trace, which runs flash as PyTorch SDPA (no sinks)")
-    moes = [layer.moe for layer in model.layers if layer.moe is not None]
-    if any(moe.expert.activation == CLAMPED_SWIGLU for moe in moes):
+    if CLAMPED_SWIGLU in model.expert_activations:
         if kernels == "eager":
             out.append("gpt-oss experts: the clamped SwiGLU keeps the clamped gate, its sigmoid, gate x sigmoid and "
                        "up + 1 beside fc1's output and fc2's input; the router's softmax over its top-k logits keeps "

@@ -91,7 +91,7 @@ def sink_backward(layer: LayerSpec, run: RunContext, replay: Replay, peak: Calla
 
 def sink_note(run: RunContext) -> str | None:
     """The --explain sentence where a layer runs the plan, else None."""
-    if not any(applies(layer, run) for layer in run.model.layers):
+    if not run.model.has_attention_sinks or not any(applies(layer, run) for layer in run.model.layers):
         return None
     return ("gpt-oss's eager sink attention op by op as a trace makes it: the forward's scores, masked scores, "
             "the s + 1-column concatenation with the sink and its max-subtracted copy; the backward's upcast "

@@ -291,6 +291,16 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_moe_layers > 0
 
+    @cached_property
+    def has_attention_sinks(self) -> bool:
+        """Whether a decoder layer's attention has learned sink logits (gpt-oss); computed once per spec."""
+        return any(layer.attention.sinks for layer in self.layers)
+
+    @cached_property
+    def expert_activations(self) -> frozenset[str]:
+        """The routed experts' activation functions over the MoE layers (computed once per spec)."""
+        return frozenset(layer.moe.expert.activation for layer in self.layers if layer.moe is not None)
+
     @property
     def num_heads(self) -> int:
         return self.layers[0].attention.num_heads
