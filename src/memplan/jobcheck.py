@@ -20,7 +20,7 @@ __all__ = ["check_recompute_modules", "check_seq_positions", "validate_job_for_m
 def _check_attention_sinks(job: Job, model: ModelSpec) -> None:
     """PyTorch's ``scaled_dot_product_attention`` has no sink logits (gpt-oss): transformers refuses it
     for such a model (``_supports_sdpa = False``), so an estimate of it would price another model."""
-    if job.attention == "sdpa" and any(layer.attention.sinks for layer in model.layers):
+    if job.attention == "sdpa" and model.has_attention_sinks:
         raise JobConfigError(
             "--attention", "sdpa cannot compute this model's attention sinks (gpt-oss; transformers has no SDPA "
             "path for them): use eager, or flash (a flash-attention kernel that takes the sinks)", job.attention)

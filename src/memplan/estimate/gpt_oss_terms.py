@@ -38,11 +38,16 @@ class _Shape(Protocol):
     """What these terms read of :class:`memplan.estimate.activations.ActivationShape` (which imports
     this module)."""
 
-    seq: int
-    kv_seq: int
-    micro_batch: int
-    act_bytes: int
-    residual_bytes: int
+    @property
+    def seq(self) -> int: ...
+    @property
+    def kv_seq(self) -> int: ...
+    @property
+    def micro_batch(self) -> int: ...
+    @property
+    def act_bytes(self) -> int: ...
+    @property
+    def residual_bytes(self) -> int: ...
 
 __all__ = ["clamped_swiglu_terms", "forward_mask_term", "gpt_oss_notes", "sink_forward_extra", "sink_softmax_bytes", "sink_softmax_terms",
            "topk_router_terms"]

@@ -52,8 +52,9 @@ class LayerWalk:
     recomputed_copies: int = 0
 
 
-def walk_layers(ctx: StageContext, dora: int) -> LayerWalk:
-    """Walk the stage's layers; ``dora`` is DoRA's forward temporaries (a recomputed forward makes them again).
+def walk_layers(ctx: StageContext, forward_extra: int) -> LayerWalk:
+    """Walk the stage's layers; ``forward_extra``: what the last layer's forward holds beyond its saved tensors
+    (DoRA's weight temporaries, gpt-oss's eager sink attention), which a recomputed forward makes again.
 
     Under full training a layer's figures depend only on its kind, on whether it is recomputed (and
     first of its checkpointed group) and on its context-parallel comm type, so they are computed once
@@ -73,14 +74,14 @@ def walk_layers(ctx: StageContext, dora: int) -> LayerWalk:
         walk.chunk_cpu.append(0)
         walk.chunk_graph.append(0)
         walk.chunk_graph_layers.append(0)
-        if simple and _walk_by_kind(walk, ctx, chunk, dora, graphed):
+        if simple and _walk_by_kind(walk, ctx, chunk, forward_extra, graphed):
             continue
         for position, index in enumerate(chunk):
-            _add(walk, index, _visit(ctx, position, index, dora, graphed, per_layer_cp))
+            _add(walk, index, _visit(ctx, position, index, forward_extra, graphed, per_layer_cp))
     return walk
 
 
-def _walk_by_kind(walk: LayerWalk, ctx: StageContext, chunk: tuple[int, ...], dora: int,
+def _walk_by_kind(walk: LayerWalk, ctx: StageContext, chunk: tuple[int, ...], forward_extra: int,
                   graphed: LayerCapture | None) -> bool:
     """Enter a chunk whose layers give plain visits (kept and worst only) kind by kind: each kind's
     visit once, its kept bytes times its count; False (nothing entered) when a visit is not plain."""
@@ -88,7 +89,7 @@ def _walk_by_kind(walk: LayerWalk, ctx: StageContext, chunk: tuple[int, ...], do
         return True
     layers = ctx.run.model.layers
     kinds = layer_kinds(ctx.run.model, chunk)
-    visits = [(_visit(ctx, 0, index, dora, graphed, False), count) for index, count in kinds]
+    visits = [(_visit(ctx, 0, index, forward_extra, graphed, False), count) for index, count in kinds]
     if not all(visit.plain for visit, _ in visits):
         return False
     walk.chunk_kept[-1] += sum(visit.keep * count for visit, count in visits)
@@ -104,18 +105,18 @@ def _walk_by_kind(walk: LayerWalk, ctx: StageContext, chunk: tuple[int, ...], do
     return True
 
 
-def _visit(ctx: StageContext, position: int, index: int, dora: int, graphed: LayerCapture | None,
+def _visit(ctx: StageContext, position: int, index: int, forward_extra: int, graphed: LayerCapture | None,
            per_layer_cp: bool) -> _Visit:
     """Layer ``index``'s visit, memoised in the run (shared by the stages of one estimate) under full
     training by its kind, recompute, place in its checkpointed group and context-parallel comm type."""
     run = ctx.run
     if run.counts is not None:
-        return _layer_visit(ctx, position, index, dora, graphed)
+        return _layer_visit(ctx, position, index, forward_extra, graphed)
     key = ("visit", id(run.model.layers[index]), index in ctx.recomputed, position % ctx.group == 0,
            run.job.overlap.cp_comm_types[index] if per_layer_cp else None)
     visit = run.cache.get(key)
     if visit is None:
-        visit = run.cache[key] = _layer_visit(ctx, position, index, dora, graphed)
+        visit = run.cache[key] = _layer_visit(ctx, position, index, forward_extra, graphed)
     return visit
 
 
@@ -160,7 +161,7 @@ def _add(walk: LayerWalk, index: int, visit: _Visit) -> None:
         walk.graph_worst_backward = max(walk.graph_worst_backward, graph_worst)
 
 
-def _layer_visit(ctx: StageContext, position: int, index: int, dora: int, graphed: LayerCapture | None) -> _Visit:
+def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: int, graphed: LayerCapture | None) -> _Visit:
     """The figures of layer ``index`` at ``position`` in its chunk."""
     run = ctx.run
     layer = run.model.layers[index]
@@ -174,7 +175,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, dora: int, graphe
     recomputed = index in ctx.recomputed
     cpu_keep = checkpoint = 0
     if recomputed:
-        layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full, max(transient, dora))
+        layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full, max(transient, forward_extra))
     elif run.policy.partial:
         # The recomputed modules (the attention core, the attention module, or under per-op
         # SAC the rest of the layer) are made again during this layer's backward.

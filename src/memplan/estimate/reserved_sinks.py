@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from memplan.alloc.blocks import Block
 from memplan.estimate.context import RunContext
 from memplan.estimate.gpt_oss_terms import sink_softmax_bytes
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_terms import DROPPED, HELD
 from memplan.model.spec import LayerSpec
 
@@ -37,14 +36,14 @@ def applies(layer: LayerSpec, run: RunContext) -> bool:
     it, the checkpointed and recomputed forwards and the one-block transient interact: tried, gpt-oss-20b
     s8192 b2 bf16-mixed full went +14.2% -> +20.3%, not kept) on one rank's whole heads."""
     attn = layer.attention
-    return (attn is not None and attn.sinks and run.shape.kernels == "eager" and run.policy.name == "none"
+    return (attn.sinks and run.shape.kernels == "eager" and run.policy.name == "none"
             and not run.dropped and run.job.parallel.tp <= 1)
 
 
 def _sizes(layer: LayerSpec, run: RunContext) -> tuple[int, int, int]:
     """Bytes of a 16-bit scores tensor, of the masked scores (the weights' dtype) and of an ``s + 1``-column one."""
     shape = run.shape
-    rows = layer.attention.num_heads * shape.micro_batch * shape.seq  # type: ignore[union-attr]
+    rows = layer.attention.num_heads * shape.micro_batch * shape.seq
     wide = sink_softmax_bytes(shape)
     return shape.act_bytes * rows * shape.kv_seq, wide * rows * shape.kv_seq, wide * rows * (shape.kv_seq + 1)
 

@@ -77,15 +77,15 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     schedule is built from."""
     st = model_states(ctx)
     # the last layer's forward temporaries (DoRA's weights; gpt-oss's sink attention, 0 when recomputed):
-    # not alive at once, so the larger; the names below keep DoRA's
-    dora = max(dora_transient(ctx) if st.ft is not None else 0, sink_forward_transient(ctx))
-    walk = walk_layers(ctx, dora)
+    # not alive at once, so the larger
+    forward_extra = max(dora_transient(ctx) if st.ft is not None else 0, sink_forward_transient(ctx))
+    walk = walk_layers(ctx, forward_extra)
     acts = stage_activations(ctx, walk, st.ft)
     loss = loss_part(ctx, acts, st)
-    forward = forward_peaks(acts, dora, ctx)
+    forward = forward_peaks(acts, forward_extra, ctx)
     ledger = Ledger(_BASE_PHASES + (("loss",) if ctx.layout.has_head else ()) + (("forward",) if forward else ()))
     comm, max_comm = communication(ctx, st, acts, forward)
-    ledger.extend(chain(st.contributions, stage_buffers(ctx), phase_contributions(ctx, st, walk, acts, loss, dora),
+    ledger.extend(chain(st.contributions, stage_buffers(ctx), phase_contributions(ctx, st, walk, acts, loss, forward_extra),
                         comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
     inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0
     memory = graphs(ctx, ledger, walk, inputs)

@@ -106,7 +106,7 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
 
 
 def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
-                        loss: LossPart, dora: int) -> Iterator[Contribution]:
+                        loss: LossPart, forward_extra: int) -> Iterator[Contribution]:
     """What is alive at each candidate moment beyond the model states and workspaces."""
     run, layout = ctx.run, ctx.layout
     job = run.job
@@ -125,8 +125,9 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
     yield Contribution(TEMPORARY, acts.autocast_cache, _FORWARD)
     yield from (Contribution(LOGITS, 0, _LOSS, note=note) for note in _loss_notes(ctx))
     yield from _backward(ctx, st, walk, acts, loss)
-    # DoRA's weight temporaries in the last layer's forward, the layers' activations held
-    yield Contribution(TEMPORARY, dora if not ctx.recomputed else 0, _FORWARD)
+    # the last layer's forward temporaries (DoRA's weights, gpt-oss's sink attention),
+    # the layers' activations held
+    yield Contribution(TEMPORARY, forward_extra if not ctx.recomputed else 0, _FORWARD)
     yield Contribution(TEMPORARY, _tied_sum(ctx, st), _END, note=(
         "tied embedding: its two gradients (head and embedding) are summed at the end of the backward "
         "(two weight-sized temporaries)" if run.model.tie_word_embeddings and run.profile.frees_gradients else ""))
@@ -150,10 +151,10 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
         yield Contribution(ACTIVATIONS, 0, _BACKWARD, note=note)
 
 
-def forward_peaks(acts: StageActivations, dora: int, ctx: StageContext) -> bool:
+def forward_peaks(acts: StageActivations, forward_extra: int, ctx: StageContext) -> bool:
     """Whether the end of the forward is a candidate peak: DeepSpeed's contiguous checkpoint buffers
-    not yet filled, or DoRA's weight temporaries in the last layer's forward."""
-    return bool(acts.unused_buffers) or bool(dora and not ctx.recomputed)
+    not yet filled, or the last layer's forward temporaries (DoRA's weights, gpt-oss's sink attention)."""
+    return bool(acts.unused_buffers) or bool(forward_extra and not ctx.recomputed)
 
 
 def _backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
