@@ -236,3 +236,17 @@ def test_megatron_activation_offload_flags(extra, expected):
             "--tokenizer-type": "HuggingFaceTokenizer", "--bf16": True}
     _, job = from_megatron_args({**base, **extra}, gpus=1)
     assert job.offload.activations is expected
+
+
+def test_moe_settings_on_a_dense_model_are_said_to_have_no_effect():
+    """Never silent: MoE options a dense model cannot use are named in the assumptions (--ep, which changes the
+    layout, is refused instead); an MoE model and a dense job without them get no such sentence."""
+    dense = load_model("llama-3.2-1b")
+    job = Job(parallel=Parallelism(world_size=2, tp=2, etp=2), moe=MoEOptions(capacity_factor=2.0, grouped_gemm=True))
+    notes = [a for a in estimate(dense, job).assumptions if "no effect" in a]
+    assert notes == ["--capacity-factor 2.0, --moe-grouped-gemm, --etp 2: no effect, llama-3.2-1b has no MoE layers "
+                     "(the settings of routed experts)"]
+    assert not [a for a in estimate(dense, Job()).assumptions if "no effect" in a]
+    moe = load_model("mixtral-8x7b")
+    assert not [a for a in estimate(moe, Job(parallel=Parallelism(world_size=8, ep=8), moe=MoEOptions(
+        capacity_factor=2.0))).assumptions if "no effect" in a]
