@@ -25,6 +25,7 @@ MEGATRON = ("--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --ffn-h
     (["--min-offloaded-tensor-size", "10"], "--offload-modules"),
     (["--activation-offload-fraction", "0.5"], "--offload-modules"),
     (["--offload-pp-delta", "100"], "--offload-modules"),
+    (["--frozen-dtype", "fp32"], "frozen weights"),
 ])
 def test_a_flag_without_its_condition_is_refused(flags, needs):
     """These were accepted and changed nothing (the estimate was the same as without them)."""
@@ -38,6 +39,8 @@ def test_a_flag_without_its_condition_is_refused(flags, needs):
     ["--offload-optimizer", "--optimizer-offload-fraction", "0.5", "--distributed-optimizer", "--gpus", "8"],
     ["--cuda-graph-impl", "local", "--cuda-graph-modules", "attn"],
     ["--offload-modules", "core_attn", "--min-offloaded-tensor-size", "10", "--activation-offload-fraction", "0.5"],
+    ["--peft", "lora", "--frozen-dtype", "fp32"],
+    ["--trainable", "layers.1", "--frozen-dtype", "fp32"],
 ])
 def test_a_flag_with_its_condition_is_accepted(flags):
     result = runner.invoke(app, ["estimate", "llama-3.2-1b", *flags, "--json"])
