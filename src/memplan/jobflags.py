@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from memplan.errors import ConfigError, JobConfigError
-from memplan.job import Job
+from memplan.job import Job, RecomputeMode
 from memplan.optimizers import OPTIMIZERS
 from memplan.tuning import ADAPTER_METHODS, FOUR_BIT_FORMATS
 
@@ -41,6 +41,7 @@ _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
         "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_rank_pattern", "rslora")),
     ("double_quant", "quantize_base", FOUR_BIT_FORMATS),
     ("adapter_dtype", "peft", ADAPTER_METHODS),
+    ("checkpoint_reentrant", "recompute", tuple(m for m in typing.get_args(RecomputeMode) if m != "none")),
     ("optimizer_offload_fraction", "offload_optimizer", (True,)),
     ("cuda_graph_modules", "cuda_graph_impl", ("local", "transformer_engine")),
     *((name, "offload_modules", SET) for name in (
