@@ -8,6 +8,7 @@ transformers' own build of every one of these files is ``tests/model/test_hf_par
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -81,3 +82,24 @@ def test_docs_page_is_the_record() -> None:
     assert (ROOT / "docs" / "model-sources.md").read_text(encoding="utf-8") == sources.render(), (
         "docs/model-sources.md is stale: run python benchmarks/config_sources.py --write")
 
+
+
+def _resolved(config: dict[str, Any], key: str) -> Any:
+    """The file's value, or the one transformers fills in when the file leaves the field out."""
+    if key in config:
+        return config[key]
+    transformers = pytest.importorskip("transformers")
+    body = {k: v for k, v in config.items() if k not in ("_memplan", "auto_map", "quantization_config")}
+    return getattr(transformers.AutoConfig.for_model(**body), key)
+
+
+@pytest.mark.parametrize("key", sorted(k for k in SHIPPED if any("fields" in w for w in _meta(k)["witnesses"])))
+def test_witness_fields_equal_the_file(key: str) -> None:
+    """Each witness's architecture fields, recorded as the witness states them, equal this file's; the
+    fields a witness states differently are recorded under ``differs`` and must stay different."""
+    config = json.loads(SHIPPED[key].read_text(encoding="utf-8"))
+    for item in _meta(key)["witnesses"]:
+        for field, value in item.get("fields", {}).items():
+            assert _resolved(config, field) == value, f"{key}: {field} differs from {item['repo']} {item['entry']}"
+        for field, value in item.get("differs", {}).items():
+            assert config[field] != value, f"{key}: {field} now equals {item['repo']}'s; update the record"
