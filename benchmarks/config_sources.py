@@ -58,7 +58,7 @@ Review of 2026-12-07 (helper cfgsrc9): no architecture field of any file disagre
 witnesses, so no config was changed. The differences found are the witnesses' own and are recorded
 per witness: instruct revisions' `eos_token_id` / `max_position_embeddings` (Llama 3.x, Qwen2.5-7B),
 a later SmolLM3 revision's `layer_types` and `bos_token_id`, one gpt-oss-20b copy's `quant_method`,
-the Mixtral-8x22B Instruct tokenizer's `vocab_size`, model cards' tokenizer vocabulary sizes
+the Mixtral-8x22B Instruct tokenizer's `vocab_size`, IBM's Granite 8B code's Granite 3.0 vocabulary and context, model cards' tokenizer vocabulary sizes
 (Qwen 1) and Google's unpadded Gemma 3 vocabulary (262,144 rows; the Hub checkpoint has 262,208).
 
 """
