@@ -1,8 +1,12 @@
-"""Every shipped model config records where it comes from, and memplan's count equals the published one.
+"""Every shipped model config records where it comes from, and the record is checked.
 
-The record is each file's ``_memplan`` block (``source``, ``witnesses``, ``published_params``);
-``benchmarks/config_sources.py`` renders it as ``docs/model-sources.md``. That memplan's count equals
-transformers' own build of every one of these files is ``tests/model/test_hf_params.py``'s job.
+The record is each file's ``_memplan`` block (``source``, ``witnesses`` with the architecture
+``fields`` each states, ``published_params``); ``benchmarks/config_sources.py`` renders it as
+``docs/model-sources.md``. Checked here: every preset and benchmark config has a record; each
+witness's fields equal the file's (or transformers' default for a field the file leaves out);
+memplan's parameter count equals the published count at its printed precision; the page is current;
+memplan's family defaults are transformers'. That memplan's count equals transformers' own build of
+every one of these files is ``tests/model/test_hf_params.py``'s job.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from memplan.model.hf_dense import FAMILY_DEFAULTS
 from memplan.model.presets import preset_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,3 +108,13 @@ def test_witness_fields_equal_the_file(key: str) -> None:
             assert _resolved(config, field) == value, f"{key}: {field} differs from {item['repo']} {item['entry']}"
         for field, value in item.get("differs", {}).items():
             assert config[field] != value, f"{key}: {field} now equals {item['repo']}'s; update the record"
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILY_DEFAULTS))
+def test_family_defaults_are_the_transformers_defaults(model_type: str) -> None:
+    """The defaults memplan fills in for fields a published config leaves out (gemma-3-4b-text's
+    text_config lists only six fields) are the ones transformers' config class fills in."""
+    transformers = pytest.importorskip("transformers")
+    hf_config = transformers.AutoConfig.for_model(model_type)
+    for field, value in FAMILY_DEFAULTS[model_type].items():
+        assert getattr(hf_config, field) == value, f"{model_type}.{field}"
