@@ -60,6 +60,8 @@ per witness: instruct revisions' `eos_token_id` / `max_position_embeddings` (Lla
 a later SmolLM3 revision's `layer_types` and `bos_token_id`, one gpt-oss-20b copy's `quant_method`,
 the Mixtral-8x22B Instruct tokenizer's `vocab_size`, IBM's Granite 8B code's Granite 3.0 vocabulary and context, model cards' tokenizer vocabulary sizes
 (Qwen 1) and Google's unpadded Gemma 3 vocabulary (262,144 rows; the Hub checkpoint has 262,208).
+`olmo-3.1-32b-instruct` was added then, taken from its vendored copy, so that the `olmo3` family has a
+published config (before, only a variant built from OLMo 2's in the tests).
 
 """
 
