@@ -39,8 +39,9 @@ record, or when memplan's count differs from the published count at its stated p
 - **Witnesses**: public copies or restatements of that file found in public repositories, compared
   field by field (repository @ commit, kind: entry). Kinds, strongest first: *file* (a copy of the
   config.json), *copy in test code* / *preset dict* / *copy in a document* (the config pasted into
-  code or a page), *owner's reference code* / *owner's training config* (the model owner's own
-  implementation: Google's gemma_pytorch, AllenAI's OLMo training YAML), *library defaults*
+  code or a page), *owner's reference code* / *owner's training config* / *owner's documentation* (the model
+  owner's own implementation or notes: Google's gemma_pytorch, AllenAI's OLMo training YAML, IBM's
+  foundation-model-stack, Mistral's mistral-inference README), *library defaults*
   (transformers' config class documented for that checkpoint), *test fixture* (a sample config in a
   test), *model card copy* (a copy of the Hub model card's architecture table), *transcription* (a
   third party's restatement of the shapes), *unattributed* (a copy the code index holds without its
