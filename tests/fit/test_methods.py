@@ -201,3 +201,13 @@ def test_fine_tuners_gpus(alias: str, name: str) -> None:
     geforce = name.startswith("rtx-") and name[4:].isdigit()
     assert gpu.outside_allocator_bytes == DEFAULT_OUTSIDE_ALLOCATOR_BYTES + (DISPLAY_BYTES if geforce else 0)
     assert gpu.half_dtype == ("fp16" if name in ("t4", "v100-16gb", "v100-32gb") else "bf16")
+
+
+def test_methods_header_names_the_data_parallel_gpus() -> None:
+    """--methods keeps the job's data-parallel size (per-GPU memory): with --gpus 8 the header says so instead of
+    "on one" GPU."""
+    runner = CliRunner()
+    eight = runner.invoke(app, ["fit", "llama-3.2-1b", "--methods", "--gpus", "8"], env=WIDE)
+    assert eight.exit_code in (0, 1) and "on each of 8 data-parallel h100-80gb" in eight.output
+    one = runner.invoke(app, ["fit", "llama-3.2-1b", "--methods"], env=WIDE)
+    assert "on one h100-80gb" in one.output
