@@ -181,7 +181,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-PUBLISHED = ("gemma-3-1b", "gemma-3-4b-text", "gemma-7b", "granite-3.3-8b-base", "olmo-2-1124-7b", "smollm3-3b")
+#: Every shipped benchmark config (docs/model-sources.md says where each comes from).
+PUBLISHED = tuple(sorted(path.stem for path in _CONFIGS.glob("*.json") if path.name != "published_finetune.json"))
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
