@@ -19,9 +19,9 @@ MEGATRON = ("--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --ffn-h
 
 
 @pytest.mark.parametrize(("flags", "needs"), [
-    (["--adapter-dtype", "fp32"], "peft: lora or dora"),
+    (["--adapter-dtype", "fp32"], "--peft lora or dora"),
     (["--optimizer-offload-fraction", "0.5"], "--offload-optimizer"),
-    (["--cuda-graph-modules", "attn"], "cuda-graph-impl: local or transformer_engine"),
+    (["--cuda-graph-modules", "attn"], "--cuda-graph-impl local or transformer_engine"),
     (["--min-offloaded-tensor-size", "10"], "--offload-modules"),
     (["--activation-offload-fraction", "0.5"], "--offload-modules"),
     (["--offload-pp-delta", "100"], "--offload-modules"),
@@ -31,7 +31,7 @@ def test_a_flag_without_its_condition_is_refused(flags, needs):
     """These were accepted and changed nothing (the estimate was the same as without them)."""
     result = runner.invoke(app, ["estimate", "llama-3.2-1b", *flags])
     assert result.exit_code == 2, result.output
-    assert f"{flags[0][2:]}: only applies with {needs}" in result.output and "Traceback" not in result.output
+    assert f"{flags[0]}: only applies with {needs}" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("flags", [

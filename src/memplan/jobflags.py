@@ -199,9 +199,9 @@ def check_conflicts(values: Mapping[str, Any]) -> None:
             if allowed is SET or allowed == (True,):  # a list or a switch: given or not
                 rule = f"only applies with --{flag} (the job has none)"
             else:
-                rule = (f"only applies with {flag}: {' or '.join(map(str, allowed))} (the job has {flag}: "
+                rule = (f"only applies with --{flag} {' or '.join(map(str, allowed))} (the job has --{flag} "
                         f"{values.get(condition, 'not set')})")
-            raise ConfigError(name.replace("_", "-"), rule, values[name])
+            raise ConfigError(f"--{name.replace('_', '-')}", rule, values[name])
 
 
 def flag_values(job: Job, *, changed_only: bool = True) -> dict[str, Any]:

@@ -170,7 +170,8 @@ _BAD = [
     (["mixtral-8x7b", "--capacity-factor", "-1"], "--capacity-factor"),
     (["mixtral-8x7b", "--pad-to-capacity"], "--pad-to-capacity"),
     (["mixtral-8x7b", "--moe-dispatcher", "magic"], "--moe-dispatcher"),
-    (["llama-3.1-8b", "--optimizer-offload-fraction", "1.5"], "--optimizer-offload-fraction"),
+    (["llama-3.1-8b", "--gpus", "8", "--distributed-optimizer", "--offload-optimizer", "--optimizer-offload-fraction",
+      "1.5"], "--optimizer-offload-fraction"),
 ]
 
 

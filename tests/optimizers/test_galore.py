@@ -71,10 +71,10 @@ def test_refused_where_it_cannot_run_with_one_line(flags: list[str], words: str)
 
 
 def test_galore_rank_only_with_galore() -> None:
-    with pytest.raises(ConfigError, match="galore-rank: only applies with optimizer: galore-adamw"):
+    with pytest.raises(ConfigError, match="galore-rank: only applies with --optimizer galore-adamw"):
         check_conflicts({"optimizer": "adamw", "galore_rank": 64})
     result = runner.invoke(app, ["estimate", "llama-3.2-1b", "--galore-rank", "64"])
-    assert result.exit_code == 2 and "only applies with optimizer: galore-adamw" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "only applies with --optimizer galore-adamw" in " ".join(result.output.split())
     with pytest.raises(ConfigError, match="galore-rank"):
         Optimizer(name="galore-adamw", galore_rank=0)
 

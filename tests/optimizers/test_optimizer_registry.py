@@ -64,7 +64,7 @@ def test_knobs_are_fields_of_the_optimizer_section() -> None:
 
 
 def test_a_dependent_flag_is_refused_without_its_optimizer() -> None:
-    with pytest.raises(ConfigError, match="momentum: only applies with optimizer: sgd"):
+    with pytest.raises(ConfigError, match="momentum: only applies with --optimizer sgd"):
         check_conflicts({"optimizer": "adamw", "momentum": 0.9})
 
 
@@ -88,7 +88,7 @@ def test_muon_keeps_its_rules() -> None:
 
 @pytest.mark.parametrize(("flag", "value"), [("muon_tp_mode", "distributed"), ("muon_nesterov", True)])
 def test_a_muon_setting_is_refused_without_muon(flag: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=f"{flag.replace('_', '-')}: only applies with optimizer: muon"):
+    with pytest.raises(ConfigError, match=f"{flag.replace('_', '-')}: only applies with --optimizer muon"):
         check_conflicts({"optimizer": "adamw", flag: value})
     check_conflicts({"optimizer": "muon", flag: value})  # with Muon: accepted
 
@@ -101,4 +101,4 @@ def test_a_muon_setting_without_muon_exits_2_from_the_cli() -> None:
     result = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "--framework", "megatron", "--muon-nesterov"])
     assert result.exit_code == 2
     line = result.output.strip()
-    assert "\n" not in line and "muon-nesterov" in line and "only applies with optimizer: muon" in line
+    assert "\n" not in line and "muon-nesterov" in line and "only applies with --optimizer muon" in line
