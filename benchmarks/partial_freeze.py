@@ -42,19 +42,22 @@ CELLS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(name: str) -> dict[str, Any]:
+def compare(model: str, flags: dict[str, Any]) -> dict[str, Any]:
+    """Trace ``model`` with ``flags`` and estimate the same job: activations and peak rows, within tolerance."""
     from memplan.trace import trace
     from memplan.trace.compare import compare_with_estimate
 
     start = time.perf_counter()
-    flags = {**BASE, **CELLS[name]}
-    result = trace(MODEL, device="cuda", iterations=2, **flags)
+    result = trace(model, device="cuda", iterations=2, **flags)
     rows = {r.category: {"traced_bytes": r.traced_bytes, "estimated_bytes": r.estimated_bytes, "relative": r.relative}
-            for r in compare_with_estimate(MODEL, result.options, result.summary).rows
+            for r in compare_with_estimate(model, result.options, result.summary).rows
             if r.category in ("activation", "peak allocated")}
     ok = all(abs(rows[c]["relative"] or 0.0) <= TOLERANCE for c in rows)
-    return {"name": name, "flags": CELLS[name], "rows": rows, "within_tolerance": ok,
-            "seconds": round(time.perf_counter() - start, 1)}
+    return {"rows": rows, "within_tolerance": ok, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def measure(name: str) -> dict[str, Any]:
+    return {"name": name, "flags": CELLS[name], **compare(MODEL, {**BASE, **CELLS[name]})}
 
 
 def table(results: list[dict[str, Any]]) -> str:

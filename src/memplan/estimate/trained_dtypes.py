@@ -70,11 +70,10 @@ def trained_dtypes_note(model: ModelSpec, ft: FineTuning, shape: ActivationShape
         return ""
     parts = []
     if experts:
-        parts.append("its routed experts (HF's grouped experts cast their input to the weights' dtype: no "
-                     "16-bit weight copies)")
+        parts.append(f"a layer whose routed experts train runs them in {trained_dtype} (HF's grouped experts cast "
+                     "their input to the weights' dtype), with no 16-bit copies of their weights")
     if sinks:
-        parts.append("its sink softmax (the promotion of the 16-bit scores with the sinks; the PV matmul keeps a "
-                     "16-bit cast)")
-    what = " and ".join(parts)
-    return (f"partial freezing on a 16-bit base: a layer whose experts or sinks train keeps them in {trained_dtype}, "
-            f"so it runs {what} in {trained_dtype}, as under full training; frozen ones run in the base's dtype")
+        parts.append(f"a layer whose attention sinks train runs its sink softmax in {trained_dtype} (the promotion "
+                     "of the 16-bit scores with the sinks), its PV matmul keeping a 16-bit cast")
+    return (f"partial freezing on a 16-bit base: the weights that train are kept in {trained_dtype}; "
+            + "; ".join(parts) + "; frozen experts and sinks run in the base's dtype")
