@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +72,26 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_grid(doc: str, cells: list[str], measure_cell: Callable[[str], dict[str, Any]], default_out: Path,
+             header: dict[str, Any]) -> None:
+    """Parse ``--only`` / ``--json``, measure the chosen cells, write the results JSON and print the table."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--only", default="", help="comma list of cell names to run")
-    parser.add_argument("--json", default=str(DEFAULT_OUT))
+    parser.add_argument("--json", default=str(default_out))
     ns = parser.parse_args()
-    names = [n for n in CELLS if not ns.only or n in ns.only.split(",")]
+    names = [n for n in cells if not ns.only or n in ns.only.split(",")]
     results = []
     for name in names:
-        results.append(measure(name))
+        results.append(measure_cell(name))
         print(f"{name}: {'ok' if results[-1]['within_tolerance'] else 'MISS'}", flush=True)
     measured = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
-    Path(ns.json).write_text(json.dumps({"measured": measured, "model": MODEL, "base": BASE, "tolerance": TOLERANCE,
+    Path(ns.json).write_text(json.dumps({"measured": measured, **header, "tolerance": TOLERANCE,
                                          "cells": results}, indent=1) + "\n", encoding="utf-8")
     print(table(results))
+
+
+def main() -> None:
+    run_grid(__doc__, list(CELLS), measure, DEFAULT_OUT, {"model": MODEL, "base": BASE})
 
 
 if __name__ == "__main__":

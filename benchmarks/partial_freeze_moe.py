@@ -15,17 +15,10 @@ fine-tuning grid's: activations and peak allocated within 3%.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 from pathlib import Path
 from typing import Any
 
-from partial_freeze import (  # benchmarks/partial_freeze.py: the same witness and table
-    TOLERANCE,
-    compare,
-    table,
-)
+from partial_freeze import compare, run_grid  # benchmarks/partial_freeze.py: the same witness and table
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "partial_freeze_moe.json"
@@ -49,19 +42,7 @@ def measure(name: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma list of cell names to run")
-    parser.add_argument("--json", default=str(DEFAULT_OUT))
-    ns = parser.parse_args()
-    names = [n for n in CELLS if not ns.only or n in ns.only.split(",")]
-    results = []
-    for name in names:
-        results.append(measure(name))
-        print(f"{name}: {'ok' if results[-1]['within_tolerance'] else 'MISS'}", flush=True)
-    measured = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
-    Path(ns.json).write_text(json.dumps({"measured": measured, "base": BASE, "tolerance": TOLERANCE,
-                                         "cells": results}, indent=1) + "\n", encoding="utf-8")
-    print(table(results))
+    run_grid(__doc__, list(CELLS), measure, DEFAULT_OUT, {"base": BASE})
 
 
 if __name__ == "__main__":
