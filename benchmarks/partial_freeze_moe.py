@@ -8,9 +8,10 @@ The grid, fixed before it was run: gpt-oss-20b (the published config, benchmarks
 for it) and qwen3-30b-a3b (48 layers, 128 experts of which 8 per token; SDPA), seq 1024, mbs 1,
 ``--framework hf --precision bf16-mixed --optimizer adamw``: a 16-bit base with the trained weights in fp32.
 What trains: one middle layer; the last layer; the middle layer under full recompute (gpt-oss); the middle
-layer's routed experts alone (qwen3). The witness is ``memplan trace`` with the same flags (real
-transformers code and autograd on fake tensors, 2 iterations, balanced routing); the target is the
-fine-tuning grid's: activations and peak allocated within 3%.
+layer's routed experts alone (qwen3); the middle layer's router alone (both; added after the first run,
+before being run). The witness is ``memplan trace`` with the same flags (real transformers code and
+autograd on fake tensors, 2 iterations, balanced routing); the target is the fine-tuning grid's:
+activations and peak allocated within 3%.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ CELLS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-30b-a3b layer 24": (QWEN3, {"attention": "sdpa", "trainable": "layers.24"}),
     "qwen3-30b-a3b layer 47 (last)": (QWEN3, {"attention": "sdpa", "trainable": "layers.47"}),
     "qwen3-30b-a3b layer 24's experts": (QWEN3, {"attention": "sdpa", "trainable": "layers.24.mlp.experts"}),
+    # added after the first run, before being run: the router alone (router tuning)
+    "qwen3-30b-a3b layer 24's router": (QWEN3, {"attention": "sdpa", "trainable": "layers.24.mlp.gate"}),
+    "gpt-oss-20b layer 12's router": (GPT_OSS, {"attention": "eager", "trainable": "layers.12.mlp.router"}),
 }
 
 

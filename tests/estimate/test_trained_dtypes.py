@@ -70,6 +70,20 @@ def test_an_moe_block_training_only_its_experts_keeps_no_routing_gradient_tensor
     assert later.only_experts and later.routing_grad
 
 
+def test_frozen_experts_under_a_trained_router_keep_nothing_of_theirs():
+    model = model_from_hf_config(QWEN3_MOE, name="toy")
+    router = layer_flows(model, _job("layers.1.mlp.gate").finetune, False)[1].mlp
+    assert router.frozen_experts and not router.experts_save and router.routing_grad
+    # a trained norm before them makes their input need a gradient
+    normed = layer_flows(model, _job("layers.1.mlp.gate,layers.1.post_attention_layernorm").finetune, False)[1].mlp
+    assert normed.experts_save
+    expert_terms = 2 * 256 * 2 * 2 * (256 + 256 + 128 + 128)  # dispatched, gate-up, activation, down input (bf16)
+    alone = estimate(model, _job("layers.1.mlp.gate", attention="sdpa")).stages[0].forward_activations_bytes
+    with_norm = estimate(model, _job("layers.1.mlp.gate,layers.1.post_attention_layernorm",
+                                     attention="sdpa")).stages[0].forward_activations_bytes
+    assert with_norm - alone >= expert_terms
+
+
 def test_the_fp32_experts_are_priced_and_explained():
     model = model_from_hf_config(QWEN3_MOE, name="toy")
     mixed = estimate(model, _job("layers.1", attention="sdpa"))

@@ -51,11 +51,13 @@ class _Shape(Protocol):
     @property
     def sink_bytes(self) -> int: ...
 
-__all__ = ["clamped_swiglu_terms", "forward_mask_term", "gpt_oss_notes", "sink_forward_extra", "sink_softmax_bytes", "sink_softmax_terms",
+__all__ = ["SORTED_BIAS_IDS", "clamped_swiglu_terms", "forward_mask_term", "gpt_oss_notes", "sink_forward_extra", "sink_softmax_bytes", "sink_softmax_terms",
            "topk_router_terms"]
 
 #: The clamped SwiGLU's saved ``[rows, f]`` tensors beyond fc1's output and fc2's input.
 _CLAMPED_SWIGLU_SAVED = ("clamped gate", "sigmoid of the scaled clamped gate", "gate x sigmoid", "up + 1")
+#: The sorted expert ids the biased experts' bias rows are gathered by (saved for the biases' gradient).
+SORTED_BIAS_IDS = "sorted expert ids indexing the experts' bias rows (int64)"
 #: Bytes of an int64 index (``max(dim)``'s and ``topk``'s saved indices, the sorted expert ids).
 _INDEX_BYTES = 8
 
@@ -122,7 +124,7 @@ def topk_router_terms(moe: MoESpec, shape: _Shape) -> list[Term]:
     terms = [Term("router top-k indices (int64), softmax of the top-k logits, routing weights gathered per row",
                   routed * (_INDEX_BYTES + 2 * shape.act_bytes), "sp", "body", site="moe")]
     if moe.expert.bias:
-        terms.append(Term("sorted expert ids indexing the experts' bias rows (int64)", routed * _INDEX_BYTES, "sp",
+        terms.append(Term(SORTED_BIAS_IDS, routed * _INDEX_BYTES, "sp",
                           "body", site="moe"))
     return terms
 

@@ -26,6 +26,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from memplan.estimate.activations import (
+    DISPATCHED_TOKENS,
     EXPERT_OUTPUTS,
     NORM_COMPUTE_BYTES,
     ROUTER_SCORES,
@@ -33,6 +34,7 @@ from memplan.estimate.activations import (
     Term,
     layer_terms_by_block,
 )
+from memplan.estimate.gpt_oss_terms import SORTED_BIAS_IDS
 from memplan.frozen import frozen_dataclass
 from memplan.job import FineTuning
 from memplan.model.linears import model_linears, model_parameters
@@ -66,6 +68,8 @@ class BlockFlow:
     adapted_input: bool = False
     #: An MoE block whose only trained weights are its routed experts (router and shared expert frozen).
     only_experts: bool = False
+    #: An MoE block whose routed experts are frozen.
+    frozen_experts: bool = False
 
     @property
     def routing_grad(self) -> bool:
@@ -73,6 +77,13 @@ class BlockFlow:
         that trains only its experts, on an input needing none, keeps none of the router's tensors, nor
         the expert outputs the weighted combine would keep for them)."""
         return self.input_grad or self.norm_trains or self.adapted or not self.only_experts
+
+    @property
+    def experts_save(self) -> bool:
+        """The routed experts record their tensors: they train, or their input (the norm's output) needs a
+        gradient (frozen experts on an input needing none, under a trained router, keep nothing of theirs:
+        only the outputs the weighted combine keeps for the routing weights' gradient)."""
+        return self.input_grad or self.norm_trains or self.adapted or not self.frozen_experts
 
     @property
     def saves(self) -> bool:
@@ -255,9 +266,11 @@ def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> tuple[
         blocks = []
         for block in ("attention", "mlp"):
             key = (index, block)
-            only_experts = block == "mlp" and index in t.experts and index not in t.other_mlp
+            moe = block == "mlp" and model.layers[index].moe is not None
             flow = BlockFlow(input_grad=grad, linears_train=key in t.linears, norm_trains=key in t.norms,
-                             adapted=key in t.adapted, adapted_input=key in t.adapted_input, only_experts=only_experts)
+                             adapted=key in t.adapted, adapted_input=key in t.adapted_input,
+                             only_experts=moe and index in t.experts and index not in t.other_mlp,
+                             frozen_experts=moe and index not in t.experts)
             grad = flow.saves
             blocks.append(flow)
         out.append(LayerFlow(blocks[0], blocks[1], trained_experts=index in t.experts, trained_sinks=index in t.sinks))
@@ -292,7 +305,9 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
     linears keeps it (the GEMM input's size when the term list has none of its own). A block whose input
     needs no gradient keeps nothing of its pre-norm's input (``norm_prefix``: that norm's term names). An
     MoE block that trains only its routed experts on such an input keeps neither the frozen router's input
-    and scores nor the expert outputs kept for the routing weights' gradient (:attr:`BlockFlow.routing_grad`).
+    and scores nor the expert outputs kept for the routing weights' gradient (:attr:`BlockFlow.routing_grad`);
+    one that trains its router but not its experts keeps nothing the experts would save for themselves
+    (:attr:`BlockFlow.experts_save`).
     """
     if not flow.saves or not (flow.input_grad or flow.linears_train or flow.norm_trains or flow.adapted_input):
         return []  # nothing of the base path needs a gradient (the adapters' own terms are counted apart)
@@ -314,7 +329,8 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
                 out.append(Term(t.name, t.bytes, t.region, "body", site=t.site))  # beside the GEMM input
             continue
         if flow.linears_train:
-            if flow.routing_grad or t.name not in _ROUTING_GRAD_TERMS:
+            if (flow.routing_grad or t.name not in _ROUTING_GRAD_TERMS) and (flow.experts_save
+                                                                            or not _expert_internal(t.name)):
                 out.append(t)
             continue
         kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept)
@@ -327,6 +343,12 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
 
 #: What an MoE block keeps only for the routing weights' gradient.
 _ROUTING_GRAD_TERMS = frozenset({ROUTER_SCORES, EXPERT_OUTPUTS})
+
+
+def _expert_internal(name: str) -> bool:
+    """A tensor the routed experts themselves save (their input, their GEMMs' and activation's tensors, the
+    ids their bias rows are gathered by), not the combine's."""
+    return name in (DISPATCHED_TOKENS, SORTED_BIAS_IDS) or name.startswith("experts ")
 
 
 def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gemm_inputs_kept: bool) -> Term | None:
