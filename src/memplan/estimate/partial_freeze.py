@@ -25,23 +25,15 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from memplan.estimate.activations import (
-    DISPATCHED_TOKENS,
-    EXPERT_OUTPUTS,
-    NORM_COMPUTE_BYTES,
-    ROUTER_SCORES,
-    ActivationShape,
-    Term,
-    layer_terms_by_block,
-)
-from memplan.estimate.gpt_oss_terms import SORTED_BIAS_IDS
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block
+from memplan.estimate.moe_freeze import is_routed_experts, is_sinks, moe_term_kept
 from memplan.frozen import frozen_dataclass
 from memplan.job import FineTuning
 from memplan.model.linears import model_linears, model_parameters
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
-__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "any_attention_saves", "block_terms", "is_routed_experts", "is_sinks", "layer_flows", "root_flow", "trained_norm_copies", "uncopied_trained_numel"]
+__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "any_attention_saves", "block_terms", "layer_flows", "root_flow", "trained_norm_copies", "uncopied_trained_numel"]
 
 #: Per-layer norms that belong to the attention block although their name is not under it: the
 #: pre-attention norm, and Gemma 2's post-attention norm (its MLP has a ``pre_feedforward_layernorm``).
@@ -232,16 +224,6 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
                       frozenset(sinks), frozenset(other_mlp))
 
 
-def is_routed_experts(module: str) -> bool:
-    """A module name of HF's grouped routed experts (``mlp.experts``: 3-D ``gate_up_proj`` / ``down_proj``)."""
-    return module.rpartition(".")[2] == "experts"
-
-
-def is_sinks(name: str) -> bool:
-    """A parameter name of gpt-oss's attention sinks (``self_attn.sinks``)."""
-    return name.rpartition(".")[2] == "sinks"
-
-
 def _is_embedding(module: str) -> bool:
     last = module.rpartition(".")[2]
     return "emb" in last or last in ("wte", "wpe")
@@ -329,8 +311,7 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
                 out.append(Term(t.name, t.bytes, t.region, "body", site=t.site))  # beside the GEMM input
             continue
         if flow.linears_train:
-            if (flow.routing_grad or t.name not in _ROUTING_GRAD_TERMS) and (flow.experts_save
-                                                                            or not _expert_internal(t.name)):
+            if moe_term_kept(t.name, routing_grad=flow.routing_grad, experts_save=flow.experts_save):
                 out.append(t)
             continue
         kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept)
@@ -339,16 +320,6 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
                 continue  # kept only for a trained norm weight's gradient
             out.append(kept)
     return out
-
-
-#: What an MoE block keeps only for the routing weights' gradient.
-_ROUTING_GRAD_TERMS = frozenset({ROUTER_SCORES, EXPERT_OUTPUTS})
-
-
-def _expert_internal(name: str) -> bool:
-    """A tensor the routed experts themselves save (their input, their GEMMs' and activation's tensors, the
-    ids their bias rows are gathered by), not the combine's."""
-    return name in (DISPATCHED_TOKENS, SORTED_BIAS_IDS) or name.startswith("experts ")
 
 
 def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gemm_inputs_kept: bool) -> Term | None:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memplan.estimate.activations import ActivationShape
-from memplan.estimate.partial_freeze import LayerFlow, is_routed_experts, layer_flows
+from memplan.estimate.moe_freeze import is_routed_experts
+from memplan.estimate.partial_freeze import LayerFlow, layer_flows
 from memplan.job import FineTuning
 from memplan.model.linears import model_parameters
 from memplan.model.spec import ModelSpec
