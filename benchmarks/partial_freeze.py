@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +43,22 @@ CELLS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(name: str) -> dict[str, Any]:
+def compare(model: str, flags: dict[str, Any]) -> dict[str, Any]:
+    """Trace ``model`` with ``flags`` and estimate the same job: activations and peak rows, within tolerance."""
     from memplan.trace import trace
     from memplan.trace.compare import compare_with_estimate
 
     start = time.perf_counter()
-    flags = {**BASE, **CELLS[name]}
-    result = trace(MODEL, device="cuda", iterations=2, **flags)
+    result = trace(model, device="cuda", iterations=2, **flags)
     rows = {r.category: {"traced_bytes": r.traced_bytes, "estimated_bytes": r.estimated_bytes, "relative": r.relative}
-            for r in compare_with_estimate(MODEL, result.options, result.summary).rows
+            for r in compare_with_estimate(model, result.options, result.summary).rows
             if r.category in ("activation", "peak allocated")}
     ok = all(abs(rows[c]["relative"] or 0.0) <= TOLERANCE for c in rows)
-    return {"name": name, "flags": CELLS[name], "rows": rows, "within_tolerance": ok,
-            "seconds": round(time.perf_counter() - start, 1)}
+    return {"rows": rows, "within_tolerance": ok, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def measure(name: str) -> dict[str, Any]:
+    return {"name": name, "flags": CELLS[name], **compare(MODEL, {**BASE, **CELLS[name]})}
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -68,20 +72,26 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_grid(doc: str, cells: list[str], measure_cell: Callable[[str], dict[str, Any]], default_out: Path,
+             header: dict[str, Any]) -> None:
+    """Parse ``--only`` / ``--json``, measure the chosen cells, write the results JSON and print the table."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--only", default="", help="comma list of cell names to run")
-    parser.add_argument("--json", default=str(DEFAULT_OUT))
+    parser.add_argument("--json", default=str(default_out))
     ns = parser.parse_args()
-    names = [n for n in CELLS if not ns.only or n in ns.only.split(",")]
+    names = [n for n in cells if not ns.only or n in ns.only.split(",")]
     results = []
     for name in names:
-        results.append(measure(name))
+        results.append(measure_cell(name))
         print(f"{name}: {'ok' if results[-1]['within_tolerance'] else 'MISS'}", flush=True)
     measured = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
-    Path(ns.json).write_text(json.dumps({"measured": measured, "model": MODEL, "base": BASE, "tolerance": TOLERANCE,
+    Path(ns.json).write_text(json.dumps({"measured": measured, **header, "tolerance": TOLERANCE,
                                          "cells": results}, indent=1) + "\n", encoding="utf-8")
     print(table(results))
+
+
+def main() -> None:
+    run_grid(__doc__, list(CELLS), measure, DEFAULT_OUT, {"model": MODEL, "base": BASE})
 
 
 if __name__ == "__main__":

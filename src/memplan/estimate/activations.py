@@ -111,6 +111,9 @@ class ActivationShape:
     #: experts (transformers ``integrations/moe.py`` ``_grouped_mm``) are not autocast ops: they
     #: cast the input to the weights' dtype, so under autocast they run in fp32.
     expert_bytes: int = 0
+    #: Bytes per element of gpt-oss's attention-sinks parameter (0: the weights', ``residual_bytes``); the
+    #: sink softmax runs in it (:func:`memplan.estimate.gpt_oss_terms.sink_softmax_bytes`).
+    sink_bytes: int = 0
     #: The RMSNorm scales in fp32 and casts afterwards (Gemma 2): its normalized tensor is fp32.
     norm_fp32_scale: bool = False
     #: Rotary position embeddings (q and k are rotated into new tensors).
@@ -547,6 +550,8 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
 DISPATCHED_TOKENS = "dispatched tokens (grouped-GEMM input)"
 #: The expert outputs the weighted combine keeps (routing probabilities applied at the combine).
 EXPERT_OUTPUTS = "expert outputs kept by the weighted combine"
+#: What an eager (HF) router keeps: its fp32 softmax over every expert.
+ROUTER_SCORES = "router scores (fp32 softmax output)"
 #: Router outputs kept per token and expert: fp32 logits, fp32 scores (softmax/sigmoid) and the
 #: boolean routing map (megatron/core/transformer/moe/router.py).
 ROUTER_BYTES_PER_EXPERT = 4 + 4 + 1
@@ -629,7 +634,7 @@ def _router_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
                           "body", site="moe"))
     if shape.kernels == "eager":
         # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
-        terms.append(Term("router scores (fp32 softmax output)", tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
+        terms.append(Term(ROUTER_SCORES, tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
                           "sp", "body", site="moe"))
     else:
         terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT,

@@ -48,20 +48,31 @@ class _Shape(Protocol):
     def act_bytes(self) -> int: ...
     @property
     def residual_bytes(self) -> int: ...
+    @property
+    def sink_bytes(self) -> int: ...
 
-__all__ = ["clamped_swiglu_terms", "forward_mask_term", "gpt_oss_notes", "sink_forward_extra", "sink_softmax_bytes", "sink_softmax_terms",
+__all__ = ["SORTED_BIAS_IDS", "clamped_swiglu_terms", "forward_mask_term", "gpt_oss_notes", "sink_forward_extra", "sink_softmax_bytes", "sink_softmax_terms",
            "topk_router_terms"]
 
 #: The clamped SwiGLU's saved ``[rows, f]`` tensors beyond fc1's output and fc2's input.
 _CLAMPED_SWIGLU_SAVED = ("clamped gate", "sigmoid of the scaled clamped gate", "gate x sigmoid", "up + 1")
+#: The sorted expert ids the biased experts' bias rows are gathered by (saved for the biases' gradient).
+SORTED_BIAS_IDS = "sorted expert ids indexing the experts' bias rows (int64)"
 #: Bytes of an int64 index (``max(dim)``'s and ``topk``'s saved indices, the sorted expert ids).
 _INDEX_BYTES = 8
 
 
-def sink_softmax_bytes(shape: _Shape) -> int:
-    """Bytes per element of the softmax over scores and sinks: the sinks parameter has the weights'
-    dtype, which the residual stream carries too (fp32 under autocast and fp32, else 16-bit)."""
+def _weights_bytes(shape: _Shape) -> int:
+    """Bytes per element of the weights' dtype, which the residual stream carries too (fp32 under autocast
+    and fp32, else 16-bit): the masks' (built in the embeddings' dtype)."""
     return max(shape.residual_bytes, shape.act_bytes)
+
+
+def sink_softmax_bytes(shape: _Shape) -> int:
+    """Bytes per element of the softmax over scores and sinks: the promotion of the 16-bit scores with the
+    sinks parameter, which has the weights' dtype (a partially frozen 16-bit base's trained sinks keep the
+    job's precision: ``shape.sink_bytes``)."""
+    return max(shape.sink_bytes or shape.residual_bytes, shape.act_bytes)
 
 
 def sink_softmax_terms(attn: AttentionSpec, shape: _Shape, cast_name: str) -> list[Term]:
@@ -80,10 +91,12 @@ def sink_softmax_terms(attn: AttentionSpec, shape: _Shape, cast_name: str) -> li
 def sink_forward_extra(attn: AttentionSpec, shape: _Shape) -> Term:
     """What the sink attention's forward holds beyond its saved tensors when its cast runs: the masked
     scores (``scores + mask``, in the mask's dtype: the weights') and the max-subtracted logits (``s + 1``
-    columns), both still bound to local names. A recomputed layer makes them again inside its backward."""
+    columns, in the softmax's dtype), both still bound to local names. A recomputed layer makes them again
+    inside its backward."""
     rows = attn.num_heads * shape.micro_batch * shape.seq
-    return Term("masked scores and max-subtracted logits alive at the sink softmax's cast",
-                sink_softmax_bytes(shape) * rows * (2 * shape.kv_seq + 1), "tp", "core")
+    per_row = _weights_bytes(shape) * shape.kv_seq + sink_softmax_bytes(shape) * (shape.kv_seq + 1)
+    return Term("masked scores and max-subtracted logits alive at the sink softmax's cast", per_row * rows,
+                "tp", "core")
 
 
 def forward_mask_term(model: ModelSpec, shape: _Shape) -> Term:
@@ -92,7 +105,7 @@ def forward_mask_term(model: ModelSpec, shape: _Shape) -> Term:
     embeddings' dtype (the weights')."""
     kinds = len({layer.attention.sliding_window is not None for layer in model.layers})
     return Term("eager attention masks (one per layer type) during the forward",
-                kinds * sink_softmax_bytes(shape) * shape.micro_batch * shape.seq * shape.kv_seq, "rep", "core")
+                kinds * _weights_bytes(shape) * shape.micro_batch * shape.seq * shape.kv_seq, "rep", "core")
 
 
 def clamped_swiglu_terms(mlp: MLPSpec, tokens: int, region: Region, elem_bytes: int, site: str) -> list[Term]:
@@ -111,7 +124,7 @@ def topk_router_terms(moe: MoESpec, shape: _Shape) -> list[Term]:
     terms = [Term("router top-k indices (int64), softmax of the top-k logits, routing weights gathered per row",
                   routed * (_INDEX_BYTES + 2 * shape.act_bytes), "sp", "body", site="moe")]
     if moe.expert.bias:
-        terms.append(Term("sorted expert ids indexing the experts' bias rows (int64)", routed * _INDEX_BYTES, "sp",
+        terms.append(Term(SORTED_BIAS_IDS, routed * _INDEX_BYTES, "sp",
                           "body", site="moe"))
     return terms
 

@@ -52,6 +52,7 @@ from memplan.estimate.recompute_modules import (
     term_site,
 )
 from memplan.estimate.sac import sac_kept_terms
+from memplan.estimate.trained_dtypes import trained_weights_shape
 from memplan.frozen import frozen_dataclass
 from memplan.model.spec import LayerSpec
 from memplan.peft.params import Adapter
@@ -87,6 +88,14 @@ def _role(run: RunContext, index: int | None) -> LayerRole | None:
                      quantized=bool(counts.layers[index].quantized))
 
 
+def role_shape(run: RunContext, role: LayerRole) -> ActivationShape:
+    """The activation shape of a layer with ``role``: the run's, with a partially frozen layer's trained
+    experts and sinks in the trained weights' dtype (:mod:`memplan.estimate.trained_dtypes`)."""
+    if role.flow is None:
+        return run.shape
+    return trained_weights_shape(run.shape, role.flow, dtype_bytes(run.prec.param))
+
+
 def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> LayerCosts:
     """(kept, full, backward transient, recomputed at the worst point) of one layer.
 
@@ -100,9 +109,10 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
     cached = run.cache.get(key)
     if cached is None:
         ft = run.job.finetune
-        cached = run.cache[key] = _layer_figures(Same(layer), run.shape, run.policy, role, ft.quantize_base,
-                                                 run.prec.weight_copies == "autocast", ft.lora_dropout > 0,
-                                                 adapter_bytes(run.job), compiled_layer(run, layer))
+        cached = run.cache[key] = _layer_figures(Same(layer), role_shape(run, role), run.policy, role,
+                                                 ft.quantize_base, run.prec.weight_copies == "autocast",
+                                                 ft.lora_dropout > 0, adapter_bytes(run.job),
+                                                 compiled_layer(run, layer))
     return cached
 
 
@@ -299,7 +309,8 @@ def sink_forward_transient(ctx: StageContext) -> int:
     role = _role(run, index) if layer.attention.sinks else None
     if role is None:
         return 0
-    extra = recomputed_forward_transient(layer, run.shape, _mlp_saved(layer, run.shape, role))
+    shape = role_shape(run, role)
+    extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role))
     return extra + divided(forward_mask_term(run.model, run.shape), run.shape) if extra else 0
 
 

@@ -26,6 +26,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block
+from memplan.estimate.moe_freeze import is_routed_experts, is_sinks, moe_term_kept
 from memplan.frozen import frozen_dataclass
 from memplan.job import FineTuning
 from memplan.model.linears import model_linears, model_parameters
@@ -57,6 +58,24 @@ class BlockFlow:
     #: Such an adapter reads the block's input (q/k/v, gate/up): what follows it needs a gradient; an
     #: adapter on the block's output projection alone leaves the rest of the block without one.
     adapted_input: bool = False
+    #: An MoE block whose only trained weights are its routed experts (router and shared expert frozen).
+    only_experts: bool = False
+    #: An MoE block whose routed experts are frozen.
+    frozen_experts: bool = False
+
+    @property
+    def routing_grad(self) -> bool:
+        """The routing weights need a gradient: something before or in the router trains (an MoE block
+        that trains only its experts, on an input needing none, keeps none of the router's tensors, nor
+        the expert outputs the weighted combine would keep for them)."""
+        return self.input_grad or self.norm_trains or self.adapted or not self.only_experts
+
+    @property
+    def experts_save(self) -> bool:
+        """The routed experts record their tensors: they train, or their input (the norm's output) needs a
+        gradient (frozen experts on an input needing none, under a trained router, keep nothing of theirs:
+        only the outputs the weighted combine keeps for the routing weights' gradient)."""
+        return self.input_grad or self.norm_trains or self.adapted or not self.frozen_experts
 
     @property
     def saves(self) -> bool:
@@ -73,6 +92,10 @@ class BlockFlow:
 class LayerFlow:
     attention: BlockFlow
     mlp: BlockFlow
+    #: The layer's routed experts (HF's grouped expert weights) train fully, in the job's precision.
+    trained_experts: bool = False
+    #: The layer's attention sinks (gpt-oss's ``sinks`` parameter) train fully, in the job's precision.
+    trained_sinks: bool = False
 
     @property
     def saves(self) -> bool:
@@ -136,6 +159,12 @@ class _Trainable:
     root_copies: frozenset[str]
     #: Root modules trained fully (their weights follow the job's precision, fp32 under mixed precision).
     root_full: frozenset[str] = frozenset()
+    #: Layers whose routed experts (the ``experts`` module's grouped weights) train fully.
+    experts: frozenset[int] = frozenset()
+    #: Layers whose attention sinks train fully.
+    sinks: frozenset[int] = frozenset()
+    #: Layers where an MLP/MoE-block weight other than the routed experts and the norms trains.
+    other_mlp: frozenset[int] = frozenset()
 
 
 @lru_cache(maxsize=64)
@@ -155,9 +184,19 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     root: set[str] = set()
     root_copies: set[str] = set()
     root_full: set[str] = set()
+    experts: set[int] = set()
+    sinks: set[int] = set()
+    other_mlp: set[int] = set()
     for p in params:
         trains = everything or _under(p.module, full)
         copied = _under(p.module, copies)
+        if trains and p.layer is not None and is_routed_experts(p.module):
+            experts.add(p.layer)
+        if trains and p.layer is not None and is_sinks(p.name):
+            sinks.add(p.layer)
+        if (trains and p.layer is not None and not is_routed_experts(p.module) and not _is_norm(p.module)
+                and _block_of(p.module, names[p.layer]) == "mlp"):
+            other_mlp.add(p.layer)
         if p.layer is None:
             if trains:
                 root.add(p.module)
@@ -181,7 +220,8 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
             adapted_input.add(key)
     root_copies.update(m for m in copies if m == "lm_head")  # a tied head's copy has its own weight
     return _Trainable(frozenset(linears), frozenset(norms), frozenset(adapted), frozenset(adapted_input),
-                      frozenset(root), frozenset(root_copies), frozenset(root_full))
+                      frozenset(root), frozenset(root_copies), frozenset(root_full), frozenset(experts),
+                      frozenset(sinks), frozenset(other_mlp))
 
 
 def _is_embedding(module: str) -> bool:
@@ -208,11 +248,14 @@ def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> tuple[
         blocks = []
         for block in ("attention", "mlp"):
             key = (index, block)
+            moe = block == "mlp" and model.layers[index].moe is not None
             flow = BlockFlow(input_grad=grad, linears_train=key in t.linears, norm_trains=key in t.norms,
-                             adapted=key in t.adapted, adapted_input=key in t.adapted_input)
+                             adapted=key in t.adapted, adapted_input=key in t.adapted_input,
+                             only_experts=moe and index in t.experts and index not in t.other_mlp,
+                             frozen_experts=moe and index not in t.experts)
             grad = flow.saves
             blocks.append(flow)
-        out.append(LayerFlow(*blocks))
+        out.append(LayerFlow(blocks[0], blocks[1], trained_experts=index in t.experts, trained_sinks=index in t.sinks))
     return tuple(out)
 
 
@@ -242,7 +285,11 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
     (bitsandbytes' 8-bit matmul saves its input in ``ctx.tensors``). A frozen pre-norm keeps no
     normalized tensor (nor Gemma's fp32 one, nor the per-head q/k norms'); a trained one behind frozen
     linears keeps it (the GEMM input's size when the term list has none of its own). A block whose input
-    needs no gradient keeps nothing of its pre-norm's input (``norm_prefix``: that norm's term names).
+    needs no gradient keeps nothing of its pre-norm's input (``norm_prefix``: that norm's term names). An
+    MoE block that trains only its routed experts on such an input keeps neither the frozen router's input
+    and scores nor the expert outputs kept for the routing weights' gradient (:attr:`BlockFlow.routing_grad`);
+    one that trains its router but not its experts keeps nothing the experts would save for themselves
+    (:attr:`BlockFlow.experts_save`).
     """
     if not flow.saves or not (flow.input_grad or flow.linears_train or flow.norm_trains or flow.adapted_input):
         return []  # nothing of the base path needs a gradient (the adapters' own terms are counted apart)
@@ -257,13 +304,15 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
             # Nothing upstream needs a gradient: the norm keeps nothing for its input's; a trained linear
             # keeps its input, and a trained norm (weight * x_normed) the normalized tensor.
             stand_in = flow.norm_trains and not has_normalized  # x_normed in the 16-bit input dtype
-            if (t.gemm_input and (flow.linears_train or stand_in)) or (flow.norm_trains and "normalized" in t.name):
+            reads = flow.linears_train and flow.routing_grad  # a trained linear (not the experts alone) reads it
+            if (t.gemm_input and (reads or stand_in)) or (flow.norm_trains and "normalized" in t.name):
                 out.append(t)
             elif stand_in and flow.linears_train and t.name.endswith("norm input"):
                 out.append(Term(t.name, t.bytes, t.region, "body", site=t.site))  # beside the GEMM input
             continue
         if flow.linears_train:
-            out.append(t)
+            if moe_term_kept(t.name, routing_grad=flow.routing_grad, experts_save=flow.experts_save):
+                out.append(t)
             continue
         kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept)
         if kept is not None:
@@ -320,12 +369,13 @@ def trained_norm_copies(layer: LayerSpec, shape: ActivationShape, flow: LayerFlo
     """(attention, rest) terms a 16-bit base under autocast adds where a block's norm and linears train:
     the trained norm's weight is fp32, so its output is fp32 and each linear reading it casts and saves
     its own 16-bit copy (as under full training with fp32 weights), beyond the one copy the 16-bit
-    base's terms count."""
+    base's terms count. None where the norm casts its scaled output to its input's dtype (Gemma's and
+    gpt-oss's RMSNorm, ``norm_fp32_scale``): the linears share that 16-bit output."""
     attention, rest = layer_terms_by_block(layer, replace(shape, autocast=True))
 
     def copies(terms: list[Term], block: BlockFlow) -> list[Term]:
-        if not (block.norm_trains and block.linears_train):
-            return []
+        if not (block.norm_trains and block.linears_train) or shape.norm_fp32_scale:
+            return []  # (a norm that scales in fp32 casts its output back to the input dtype: 16-bit)
         return [t for t in terms if "autocast copies of the other" in t.name]
     return copies(attention, flow.attention), copies(rest, flow.mlp)
 

@@ -23,6 +23,7 @@ from memplan.estimate.finetune import StageFinetune, adapter_bytes
 from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
+from memplan.estimate.trained_dtypes import uncopied_expert_numel
 from memplan.frozen import frozen_dataclass
 from memplan.profiles.framework import head_rows_split
 from memplan.units import dtype_bytes
@@ -197,15 +198,20 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
 
 def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
     """Of the stage's fully trained weights (``ft.full``, one rank), those whose autocast copy is not saved:
-    the recomputed layers' (made again in the backward), and those whose input needs no gradient
-    (:func:`memplan.estimate.partial_freeze.uncopied_trained_numel`); scaled to one rank as ``ft.full`` is."""
+    the recomputed layers' (made again in the backward), those whose input needs no gradient
+    (:func:`memplan.estimate.partial_freeze.uncopied_trained_numel`) and, under eager kernels, HF's grouped
+    experts' (never copied: :func:`memplan.estimate.trained_dtypes.uncopied_expert_numel`); scaled to one
+    rank as ``ft.full`` is."""
     run, counts = ctx.run, ctx.run.counts
     if counts is None:
         return 0
     recomputed = [i for i in ctx.layout.layer_indices if i in ctx.recomputed]
     kept = tuple(i for i in ctx.layout.layer_indices if i not in ctx.recomputed)
-    numel = (uncopied_trained_numel(run.model, run.job.finetune, run.policy.recomputes, kept)
+    ft_job = run.job.finetune
+    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.recomputes, kept)
              + sum(counts.layers[i].trained for i in recomputed))
+    if run.profile.kernels == "eager":
+        numel += uncopied_expert_numel(run.model, ft_job, kept)
     if not numel:
         return 0
     root = counts.root.trained if ctx.layout.has_head or ctx.layout.has_embedding else 0

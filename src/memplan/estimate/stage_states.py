@@ -37,12 +37,14 @@ from memplan.estimate.states import (
     stage_params,
     state_bytes,
 )
+from memplan.estimate.trained_dtypes import trained_dtypes_note
 from memplan.frozen import frozen_dataclass
 from memplan.job import Job, resolved_optimizer_impl
 from memplan.optimizers import optimizer_kind
 from memplan.model.tensors import stage_tensors
 from memplan.peft.params import Adapter, finetune_params
 from memplan.profiles.framework import vocab_split
+from memplan.units import dtype_bytes
 
 _STEP = ("optimizer step",)
 
@@ -100,6 +102,8 @@ def _contributions(ctx: StageContext, states: StateBytes, step_temp: int) -> Ite
     if ctx.run.finetune:
         for note in finetune_assumptions(ctx.model, job):
             yield Contribution(PARAMETERS, 0, note=note)
+        yield Contribution(PARAMETERS, 0, note=trained_dtypes_note(ctx.model, job.finetune, ctx.shape,
+                                                                   dtype_bytes(ctx.prec.param), ctx.prec.param))
 
 
 def _sharding_note(job: Job) -> str:
