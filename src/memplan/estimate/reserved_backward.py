@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memplan.alloc.blocks import Block
 
 from memplan.estimate.activations import (
     EAGER_SOFTMAX_BYTES,
@@ -35,8 +34,8 @@ from memplan.estimate.activations import (
 from memplan.estimate.context import RunContext
 from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate.reserved_attention_backward import core_backward, core_plan
-from memplan.estimate.reserved_mlp_backward import mlp_backward, mlp_plan
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_mlp_backward import SINK_SLOT, mlp_backward, mlp_plan
+from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import applies, sink_backward
 from memplan.model.spec import LayerSpec
 
@@ -107,8 +106,16 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         replay.give(*rest)
         return
     # without the op-by-op plan the slots are freed as before: the core's fp32 output with the late tensors
+    layer = run.model.layers[index]
+    plan = eager_backward(layer, run, transient)
+    if applies(layer, run) and (plan is not None or slots[SINK_SLOT] is not None):
+        # gpt-oss's sink attention (reserved_sinks): a recomputed layer's forward made again too; where the
+        # probabilities and softmax output have no slot (a fine-tuning job), they go with the early and late ones
+        made(None)
+        sink_backward(layer, run, replay, peak,
+                      ([*early, *slots[:5]], [*rest, *slots[6:SINK_SLOT]], (slots[5], slots[SINK_SLOT])))
+        return
     early, rest = [*early, *slots[:6]], [*rest, *slots[6:]]
-    plan = eager_backward(run.model.layers[index], run, transient) if early else None
     if plan is None:
         temp = replay.take(transient)
         peak()
@@ -117,10 +124,6 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         return
     made(None)
     replay.give(*early)
-    layer = run.model.layers[index]
-    if applies(layer, run):
-        sink_backward(layer, run, replay, peak, rest)
-        return
     upcast, grad = replay.take(plan.fp32), replay.take(plan.fp32)
     peak()
     replay.give(upcast)

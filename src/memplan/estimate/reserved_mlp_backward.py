@@ -32,20 +32,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from memplan.alloc.blocks import Block
 
 from memplan.estimate.activations import SOFTMAX_CAST
 from memplan.estimate.context import RunContext
 from memplan.estimate.memo import Same
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_replay import Block, Replay
+from memplan.estimate.reserved_sinks import SINK_SOFTMAX
 from memplan.model.linears import model_parameters
 from memplan.model.spec import ModelSpec
 
 #: The tensors the plan frees op by op (their slots in a layer's saved lists): the MLP's, in forward order,
-#: then the eager attention core's (:mod:`~memplan.estimate.reserved_attention_backward`; the last only
-#: where the scores are soft-capped).
+#: then the eager attention core's (:mod:`~memplan.estimate.reserved_attention_backward`; the soft-capped scores
+#: only where the scores are soft-capped), then gpt-oss's sink softmax output (:mod:`~memplan.estimate.reserved_sinks`,
+#: not one of the dense plans').
 SLOTS = ("gate", "up", "act", "product", "output projection input", "probabilities", "softmax output",
-         "soft-capped scores")
+         "soft-capped scores", "sink softmax output")
+SINK_SLOT = 8
 _ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax output (fp32)": 6,
                     "soft-capped scores (tanh output)": 7}
 #: The MLP's weights, in the order autograd makes their gradients.
@@ -71,6 +73,8 @@ def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] 
         return [3]
     if name in _ATTENTION_SLOTS and pieces == 1 and run.shape.kernels == "eager":
         return [_ATTENTION_SLOTS[name]]
+    if name.startswith(SINK_SOFTMAX) and pieces == 1 and run.shape.kernels == "eager":
+        return [SINK_SLOT]
     return None
 
 
