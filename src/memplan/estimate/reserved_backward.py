@@ -34,7 +34,7 @@ from memplan.estimate.activations import (
 from memplan.estimate.context import RunContext
 from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate.reserved_attention_backward import core_backward, core_plan
-from memplan.estimate.reserved_mlp_backward import SINK_SLOT, mlp_backward, mlp_plan
+from memplan.estimate.reserved_mlp_backward import SINK_SLOT, attention_split, mlp_backward, mlp_plan
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import applies, sink_backward
 from memplan.model.spec import LayerSpec
@@ -111,9 +111,12 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     if applies(layer, run) and (plan is not None or slots[SINK_SLOT] is not None):
         # gpt-oss's sink attention (reserved_sinks): a recomputed layer's forward made again too; where the
         # probabilities and softmax output have no slot (a fine-tuning job), they go with the early and late ones
-        made(None)
+        split = attention_split(run.model, index, count)
+        made(None if split is None else split[0])
         sink_backward(layer, run, replay, peak,
                       ([*early, *slots[:5]], [*rest, *slots[6:SINK_SLOT]], (slots[5], slots[SINK_SLOT])))
+        if split is not None:
+            made(split[1])
         return
     early, rest = [*early, *slots[:6]], [*rest, *slots[6:]]
     if plan is None:

@@ -105,6 +105,21 @@ def grad_positions(model: ModelSpec, index: int, count: int | None, weights: tup
     return [names.index(w) for w in weights]
 
 
+def attention_split(model: ModelSpec, index: int, count: int | None) -> tuple[list[int], list[int]] | None:
+    """Layer ``index``'s ``count`` gradients split as autograd makes them around the attention core's backward,
+    each part in reverse parameter order (autograd's): those made before it (the MLP block's, its norm's and
+    the output projection's), and the others (the query, key and value projections', the input norm's, the
+    sinks'); None where the list is not one per parameter tensor (see :func:`grad_positions`)."""
+    if count is None:
+        return None
+    names = _layer_names(Same(model), index)
+    if len(names) != count:
+        return None
+    late = [i for i, name in enumerate(names) if name.startswith(("self_attn.", "input_layernorm."))
+            and not name.startswith("self_attn.o_proj.")]
+    return [i for i in reversed(range(count)) if i not in late], late[::-1]
+
+
 @lru_cache(maxsize=4096)
 def _layer_names(model: Same, index: int) -> tuple[str, ...]:
     """Layer ``index``'s parameter tensors' names relative to the layer, in order (cached per model object)."""

@@ -16,12 +16,15 @@ gpt-oss-20b s4096 b1 bf16-mixed was +9.3% against the trace's simulated reserved
 
 Under full recompute the trace makes the forward's tensors in the checkpointed forward (no autograd), again
 in the layer's backward (its forward made again, :mod:`~memplan.estimate.reserved_recompute`), then runs the
-backward above; the schedule does the same. It used to keep the recomputed layer's backward as one transient
-block: gpt-oss-20b s8192 b4 bf16 and b2 bf16-mixed were +9.2% and +14.2% against the trace's simulated
-reserved (the forward's temporaries alone: +0.1% and +20.3%), now -0.3% and -1.4%. In the checkpointed forward
-the schedule frees the softmax output (or its cast) once the next tensor is made, where the decoder layer holds
-it to its end (holding it was tried: s8192 b2 bf16-mixed -1.4% -> -1.5%, b4 and s2048 unchanged; not kept).
-Under a selective policy the schedule keeps the plain eager plan or its one-block transient.
+backward above; the schedule does the same, the layer's gradients made where autograd makes them (the MLP
+block's and the output projection's before the sink softmax backward, the others after it:
+:func:`~memplan.estimate.reserved_mlp_backward.attention_split`). It used to keep the recomputed layer's
+backward as one transient block: gpt-oss-20b s8192 b4 bf16 and b2 bf16-mixed were +9.2% and +14.2% against
+the trace's simulated reserved (the forward's temporaries alone: +0.1% and +20.3%), now -0.3% and -1.7%. In
+the checkpointed forward the schedule frees the softmax output (or its cast) once the next tensor is made,
+where the decoder layer holds it to its end (holding it was tried: s8192 b2 bf16-mixed -1.4% -> -1.5% then,
+b4 and s2048 unchanged; not kept). Under a selective policy the schedule keeps the plain eager plan or its
+one-block transient.
 """
 
 from __future__ import annotations
