@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-
 from memplan.estimate.activations import EAGER_SOFTMAX_BYTES, Term, divided
 from memplan.estimate.context import RunContext
 from memplan.estimate.reserved_mlp_backward import grad_positions

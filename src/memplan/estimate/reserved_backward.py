@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-
 from memplan.estimate.activations import (
     EAGER_SOFTMAX_BYTES,
     SOFTMAX_CAST,
@@ -90,9 +89,11 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     given positions of the layer's list (None: all not made yet), ``hooks[1]`` is the ledger's backward
     moment, at the layer's worst step. Where both op-by-op plans apply, the gated MLP's and the eager core's
     backward op by op (:mod:`~memplan.estimate.reserved_mlp_backward`,
-    :mod:`~memplan.estimate.reserved_attention_backward`), the other gradients after; else an eager softmax
-    backward as autograd runs it, the gradients made before it (:func:`eager_backward`); else the ledger's
-    transient beside all the saved tensors, the gradients made, then all freed."""
+    :mod:`~memplan.estimate.reserved_attention_backward`), the other gradients after; else gpt-oss's sink
+    softmax backward (:func:`~memplan.estimate.reserved_sinks.sink_backward`, a recomputed layer's too), the
+    gradients made around it; else an eager softmax backward as autograd runs it, the gradients made before
+    it (:func:`eager_backward`); else the ledger's transient beside all the saved tensors, the gradients made,
+    then all freed."""
     made, peak = hooks
     index, _, transient = visit
     early, rest, slots = saved
@@ -105,7 +106,6 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         made(None)
         replay.give(*rest)
         return
-    # without the op-by-op plan the slots are freed as before: the core's fp32 output with the late tensors
     layer = run.model.layers[index]
     plan = eager_backward(layer, run, transient)
     if applies(layer, run) and (plan is not None or slots[SINK_SLOT] is not None):
@@ -118,6 +118,7 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         if split is not None:
             made(split[1])
         return
+    # without the op-by-op plan the slots are freed as before: the core's fp32 output with the late tensors
     early, rest = [*early, *slots[:6]], [*rest, *slots[6:]]
     if plan is None:
         temp = replay.take(transient)

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-
 from memplan.estimate.activations import SOFTMAX_CAST
 from memplan.estimate.context import RunContext
 from memplan.estimate.memo import Same

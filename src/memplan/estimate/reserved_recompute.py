@@ -13,7 +13,7 @@ autocast's weight copies (the recomputed forward's copies are not laid out), whe
 apply to the layer's tensors; otherwise the layer's backward is its transient, as before. A gpt-oss layer
 with eager sink attention, recomputed whole, makes its forward again too (its autocast weight copies not laid
 out: gpt-oss-20b's attention projections, 50 MiB, beside 32 GiB ``s + 1``-column tensors at s8192 b2), then its
-MLP's gradients at once and the sink softmax backward op by op (:mod:`~memplan.estimate.reserved_sinks`).
+gradients and the sink softmax backward as autograd runs them (:mod:`~memplan.estimate.reserved_sinks`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def recompute_tensors(ctx: StageContext, index: int, count: int | None) -> list[
     """The tensors layer ``index``'s backward makes again before its gradients (``count`` of them made there;
     None: not made there, or under FSDP2), or None when the plan does not apply (see the module)."""
     if sink_recomputed(ctx, index):
-        return recomputed_blocks(ctx, index)  # gpt-oss's sink attention (reserved_sinks), its MLP at once
+        return recomputed_blocks(ctx, index)  # gpt-oss's sink attention (reserved_sinks)
     return _dense_tensors(ctx, index, count)
 
 
