@@ -36,6 +36,33 @@ def _schedule(model_name: str, flags: dict[str, object]) -> list[tuple[str, obje
     return events
 
 
+def _traced_backward(config: str, flags: dict[str, object], names: dict[int, str]) -> list[str]:
+    """The second step's backward of a memplan trace of ``config`` (AdamW, 2 iterations) as "+X" / "-X" per
+    allocation and free of a size in ``names`` (X its name)."""
+    pytest.importorskip("transformers")
+    from memplan.trace import trace
+
+    result = trace(config, **flags, optimizer="adamw", device="cuda", iterations=2)  # type: ignore[arg-type]
+    sizes: dict[int, int] = {}
+    out = []
+    for event in result.trace.events:
+        if event.kind == "alloc":
+            sizes[event.block] = event.size
+        size = sizes.get(event.block, 0)
+        if event.iteration == 1 and event.phase == "backward" and size in names:
+            out.append(("+" if event.kind == "alloc" else "-") + names[size])
+    return out
+
+
+def _scheduled_backward(config: str, flags: dict[str, object], names: dict[int, str]) -> list[str]:
+    """The schedule's second step from the loss to the end of the backward, as :func:`_traced_backward`."""
+    events = _schedule(config, flags)
+    start = [i for i, e in enumerate(events) if e == ("moment", "loss")][1]
+    end = [i for i, e in enumerate(events) if e == ("moment", "end of backward")][1]
+    return [("+" if kind == "take" else "-") + names[size] for kind, size in events[start:end]  # type: ignore[index]
+            if kind in ("take", "give") and size in names]
+
+
 def _ctx(model_name: str, flags: dict[str, object]):  # type: ignore[no-untyped-def]
     model, job = load_model(model_name), build_job(flags)
     run = run_context(model, job, 0.1)

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_reserved_mechanics import _schedule
+from test_reserved_mechanics import _scheduled_backward, _traced_backward
 
 from memplan import estimate, load_model
 from memplan.estimate.engine import _stages
@@ -33,30 +33,6 @@ _FLAGS = {"seq": _SEQ, "precision": "bf16", "attention": "eager", "framework": "
 _NAMES = {_HIDDEN * _INTER * 2: "W", _SEQ * _INTER * 2: "a", _HEADS * _SEQ * _SEQ * 2: "s", _HEADS * _SEQ * _SEQ * 4: "F"}
 
 
-def _traced(config: str, recompute: str) -> list[str]:
-    pytest.importorskip("transformers")
-    from memplan.trace import trace
-
-    result = trace(config, **_FLAGS, recompute=recompute, optimizer="adamw", device="cuda", iterations=2)
-    sizes: dict[int, int] = {}
-    out = []
-    for event in result.trace.events:
-        if event.kind == "alloc":
-            sizes[event.block] = event.size
-        size = sizes.get(event.block, 0)
-        if event.iteration == 1 and event.phase == "backward" and size in _NAMES:
-            out.append(("+" if event.kind == "alloc" else "-") + _NAMES[size])
-    return out
-
-
-def _scheduled(config: str, recompute: str) -> list[str]:
-    events = _schedule(config, {**_FLAGS, "recompute": recompute})
-    start = [i for i, e in enumerate(events) if e == ("moment", "loss")][1]
-    end = [i for i, e in enumerate(events) if e == ("moment", "end of backward")][1]
-    return [("+" if kind == "take" else "-") + _NAMES[size] for kind, size in events[start:end]  # type: ignore[index]
-            if kind in ("take", "give") and size in _NAMES]
-
-
 @pytest.mark.parametrize(("model", "recompute"), [("llama", "none"), ("llama", "full"), ("gemma2", "none"),
                                                   ("gemma2", "full")])
 def test_a_dense_layers_backward_frees_and_makes_as_its_trace(tmp_path: Path, model: str, recompute: str) -> None:
@@ -66,9 +42,10 @@ def test_a_dense_layers_backward_frees_and_makes_as_its_trace(tmp_path: Path, mo
     The schedule used to make the layer's gradients at once and free its tensors after."""
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_LLAMA if model == "llama" else _GEMMA2), encoding="utf-8")
-    traced = _traced(str(config), recompute)
+    flags = {**_FLAGS, "recompute": recompute}
+    traced = _traced_backward(str(config), flags, _NAMES)
     assert traced.count("+W") == 2 * 3 and "+F" in traced
-    assert _scheduled(str(config), recompute) == traced
+    assert _scheduled_backward(str(config), flags, _NAMES) == traced
 
 
 def test_the_op_by_op_plans_are_explained_and_stay_off_where_they_do_not_apply(tmp_path: Path) -> None:

@@ -19,12 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memplan.alloc.blocks import Block
-
 from memplan.estimate.activations import EAGER_SOFTMAX_BYTES, Term, divided
 from memplan.estimate.context import RunContext
 from memplan.estimate.reserved_mlp_backward import grad_positions
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_replay import Block, Replay
 
 
 #: The fp32 softmax output's slot (the 16-bit probabilities' is the one before it) and the soft-capped scores'.

@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memplan.alloc.blocks import Block
-
 from memplan.estimate.activations import (
     EAGER_SOFTMAX_BYTES,
     SOFTMAX_CAST,
@@ -35,8 +33,8 @@ from memplan.estimate.activations import (
 from memplan.estimate.context import RunContext
 from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate.reserved_attention_backward import core_backward, core_plan
-from memplan.estimate.reserved_mlp_backward import mlp_backward, mlp_plan
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_mlp_backward import SINK_SLOT, attention_split, mlp_backward, mlp_plan
+from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import applies, sink_backward
 from memplan.model.spec import LayerSpec
 
@@ -91,9 +89,11 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     given positions of the layer's list (None: all not made yet), ``hooks[1]`` is the ledger's backward
     moment, at the layer's worst step. Where both op-by-op plans apply, the gated MLP's and the eager core's
     backward op by op (:mod:`~memplan.estimate.reserved_mlp_backward`,
-    :mod:`~memplan.estimate.reserved_attention_backward`), the other gradients after; else an eager softmax
-    backward as autograd runs it, the gradients made before it (:func:`eager_backward`); else the ledger's
-    transient beside all the saved tensors, the gradients made, then all freed."""
+    :mod:`~memplan.estimate.reserved_attention_backward`), the other gradients after; else gpt-oss's sink
+    softmax backward (:func:`~memplan.estimate.reserved_sinks.sink_backward`, a recomputed layer's too), the
+    gradients made around it; else an eager softmax backward as autograd runs it, the gradients made before
+    it (:func:`eager_backward`); else the ledger's transient beside all the saved tensors, the gradients made,
+    then all freed."""
     made, peak = hooks
     index, _, transient = visit
     early, rest, slots = saved
@@ -106,9 +106,20 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         made(None)
         replay.give(*rest)
         return
+    layer = run.model.layers[index]
+    plan = eager_backward(layer, run, transient)
+    if applies(layer, run) and (plan is not None or slots[SINK_SLOT] is not None):
+        # gpt-oss's sink attention (reserved_sinks): a recomputed layer's forward made again too; where the
+        # probabilities and softmax output have no slot (a fine-tuning job), they go with the early and late ones
+        split = attention_split(run.model, index, count)
+        made(None if split is None else split[0])
+        sink_backward(layer, run, replay, peak,
+                      ([*early, *slots[:5]], [*rest, *slots[6:SINK_SLOT]], (slots[5], slots[SINK_SLOT])))
+        if split is not None:
+            made(split[1])
+        return
     # without the op-by-op plan the slots are freed as before: the core's fp32 output with the late tensors
     early, rest = [*early, *slots[:6]], [*rest, *slots[6:]]
-    plan = eager_backward(run.model.layers[index], run, transient) if early else None
     if plan is None:
         temp = replay.take(transient)
         peak()
@@ -117,10 +128,6 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         return
     made(None)
     replay.give(*early)
-    layer = run.model.layers[index]
-    if applies(layer, run):
-        sink_backward(layer, run, replay, peak, rest)
-        return
     upcast, grad = replay.take(plan.fp32), replay.take(plan.fp32)
     peak()
     replay.give(upcast)

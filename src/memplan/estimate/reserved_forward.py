@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from memplan.alloc.blocks import Block
 from memplan.estimate.activations import KEPT_BY, divided, layer_terms
 from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.memo import Same
@@ -22,7 +21,7 @@ from memplan.estimate.reserved_attention_backward import (
     core_forward,
 )
 from memplan.estimate.reserved_mlp_backward import SLOTS, op_slots
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import SINK_SOFTMAX, sink_temporaries
 from memplan.estimate.reserved_terms import DROPPED, HELD, KEPT, RELEASE, norm_output, term_tensors
 

@@ -24,7 +24,7 @@ from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_backward import backward_layer
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
-from memplan.estimate.reserved_recompute import recompute_tensors
+from memplan.estimate.reserved_recompute import moment_position, recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
 
 Saved = list[list[Block | None]]
@@ -119,10 +119,12 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
 def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[Saved],
                   grads: Sequence[Sequence[int]] | None, plan: tuple[Ledger, FsdpSizes | None], check: bool,
                   keys: LayerKeys) -> Saved:
-    """Each layer's backward in reverse order, the ledger's backward moment in the last layer's. Returns the
+    """Each layer's backward in reverse order, the ledger's backward moment in the last layer's (a recomputed
+    sink layer's: the first one's, :func:`~memplan.estimate.reserved_recompute.moment_position`). Returns the
     gradients made (``grads`` per unit, None: none made in the backward), per layer in that order."""
     ledger, fsdp = plan
     last = len(walk.per_layer) - 1
+    moment = moment_position(ctx, walk)
 
     def layer(position: int) -> Saved:
         made_grads: Saved = []
@@ -141,7 +143,7 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
             done.update(chosen)
             made_grads.append(replay.gradients(fsdp, [grads[unit][i] for i in chosen], unit))
 
-        peak = (lambda: replay.moment(ledger, "backward", check)) if position == last else (lambda: None)
+        peak = (lambda: replay.moment(ledger, "backward", check)) if position == moment else (lambda: None)
         count = None if grads is None or fsdp is not None else len(grads[unit])
         again = recompute_tensors(ctx, walk.per_layer[position][0], count)
         layer_saved = (saved[position][0], saved[position][1], saved[position][3])
@@ -158,6 +160,8 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
     def outside(position: int) -> list[Block | None]:
         return [*saved[position][0], *saved[position][1], *saved[position][3]]
 
+    # the layers holding the ledger's moment are built one by one (their hook runs), the others copied where they can
     made = layer(last) if last >= 0 else []
-    return made + [blocks for run in _runs(keys.backward, range(last - 1, -1, -1))
-                   for blocks in replay.repeat_run(keys.backward[run[0]], layer, run, outside)]
+    made += [blocks for run in _runs(keys.backward, range(last - 1, 0 if moment < last else -1, -1))
+             for blocks in replay.repeat_run(keys.backward[run[0]], layer, run, outside)]
+    return made + (layer(0) if moment < last else [])

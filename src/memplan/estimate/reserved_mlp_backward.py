@@ -32,20 +32,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from memplan.alloc.blocks import Block
-
 from memplan.estimate.activations import SOFTMAX_CAST
 from memplan.estimate.context import RunContext
 from memplan.estimate.memo import Same
-from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.reserved_replay import Block, Replay
+from memplan.estimate.reserved_sinks import SINK_SOFTMAX
 from memplan.model.linears import model_parameters
 from memplan.model.spec import ModelSpec
 
 #: The tensors the plan frees op by op (their slots in a layer's saved lists): the MLP's, in forward order,
-#: then the eager attention core's (:mod:`~memplan.estimate.reserved_attention_backward`; the last only
-#: where the scores are soft-capped).
+#: then the eager attention core's (:mod:`~memplan.estimate.reserved_attention_backward`; the soft-capped scores
+#: only where the scores are soft-capped), then gpt-oss's sink softmax output (:mod:`~memplan.estimate.reserved_sinks`,
+#: not one of the dense plans').
 SLOTS = ("gate", "up", "act", "product", "output projection input", "probabilities", "softmax output",
-         "soft-capped scores")
+         "soft-capped scores", "sink softmax output")
+SINK_SLOT = 8
 _ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax output (fp32)": 6,
                     "soft-capped scores (tanh output)": 7}
 #: The MLP's weights, in the order autograd makes their gradients.
@@ -71,6 +72,8 @@ def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] 
         return [3]
     if name in _ATTENTION_SLOTS and pieces == 1 and run.shape.kernels == "eager":
         return [_ATTENTION_SLOTS[name]]
+    if name.startswith(SINK_SOFTMAX) and pieces == 1 and run.shape.kernels == "eager":
+        return [SINK_SLOT]
     return None
 
 
@@ -99,6 +102,21 @@ def grad_positions(model: ModelSpec, index: int, count: int | None, weights: tup
     if len(names) != count or any(w not in names for w in weights):
         return None
     return [names.index(w) for w in weights]
+
+
+def attention_split(model: ModelSpec, index: int, count: int | None) -> tuple[list[int], list[int]] | None:
+    """Layer ``index``'s ``count`` gradients split as autograd makes them around the attention core's backward,
+    each part in reverse parameter order (autograd's): those made before it (the MLP block's, its norm's and
+    the output projection's), and the others (the query, key and value projections', the input norm's, the
+    sinks'); None where the list is not one per parameter tensor (see :func:`grad_positions`)."""
+    if count is None:
+        return None
+    names = _layer_names(Same(model), index)
+    if len(names) != count:
+        return None
+    late = [i for i, name in enumerate(names) if name.startswith(("self_attn.", "input_layernorm."))
+            and not name.startswith("self_attn.o_proj.")]
+    return [i for i in reversed(range(count)) if i not in late], late[::-1]
 
 
 @lru_cache(maxsize=4096)

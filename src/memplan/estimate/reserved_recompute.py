@@ -10,7 +10,10 @@ step creates then land in the holes these tensors leave, as in the trace, rather
 
 The plan applies to a layer the policy recomputes whole (not per module or op) in a job without
 autocast's weight copies (the recomputed forward's copies are not laid out), when both op-by-op plans
-apply to the layer's tensors; otherwise the layer's backward is its transient, as before.
+apply to the layer's tensors; otherwise the layer's backward is its transient, as before. A gpt-oss layer
+with eager sink attention, recomputed whole, makes its forward again too (its autocast weight copies not laid
+out: gpt-oss-20b's attention projections, 50 MiB, beside 32 GiB ``s + 1``-column tensors at s8192 b2), then its
+gradients and the sink softmax backward as autograd runs them (:mod:`~memplan.estimate.reserved_sinks`).
 """
 
 from __future__ import annotations
@@ -22,16 +25,43 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_attention_backward import TANH_SLOT
 from memplan.estimate.reserved_forward import layer_blocks, recomputed_blocks
-from memplan.estimate.reserved_mlp_backward import SLOTS, grad_positions, mlp_weights, op_by_op
+from memplan.estimate.reserved_mlp_backward import SINK_SLOT, SLOTS, grad_positions, mlp_weights, op_by_op
+from memplan.estimate.reserved_sinks import applies
 
 _ATTENTION_WEIGHTS = ("self_attn.o_proj.weight",)
 #: The slots (+ 2, as :func:`~memplan.estimate.reserved_forward.layer_blocks` tags them) both plans need.
-_REQUIRED = {2 + s for s in range(len(SLOTS)) if s != TANH_SLOT}
+_REQUIRED = {2 + s for s in range(len(SLOTS)) if s not in (TANH_SLOT, SINK_SLOT)}
 
 
 def recompute_tensors(ctx: StageContext, index: int, count: int | None) -> list[tuple[int, int, bool]] | None:
     """The tensors layer ``index``'s backward makes again before its gradients (``count`` of them made there;
     None: not made there, or under FSDP2), or None when the plan does not apply (see the module)."""
+    if sink_recomputed(ctx, index):
+        return recomputed_blocks(ctx, index)  # gpt-oss's sink attention (reserved_sinks)
+    return _dense_tensors(ctx, index, count)
+
+
+def sink_recomputed(ctx: StageContext, index: int) -> bool:
+    """Whether layer ``index`` runs gpt-oss's eager sink attention (:mod:`~memplan.estimate.reserved_sinks`),
+    recomputed whole in a job laid out op by op (:func:`~memplan.estimate.reserved_mlp_backward.op_by_op`)."""
+    run = ctx.run
+    return (index in ctx.recomputed and not run.policy.partial and op_by_op(run)
+            and applies(run.model.layers[index], run))
+
+
+def moment_position(ctx: StageContext, walk: LayerWalk) -> int:
+    """The position in ``walk`` of the layer whose backward holds the ledger's backward moment: the last
+    layer's (its backward runs first, beside the most activations), but the first one's where that is a
+    recomputed sink layer. The ledger's backward walk (:mod:`~memplan.estimate.stage_peak`) takes the first
+    layer where layers keep less than their gradients weigh, every later layer's gradient made; in the last
+    layer the schedule was that far (23 layers' fp32 gradients, 68 GiB for gpt-oss-20b s8192 b2 bf16-mixed)
+    below the ledger and topped it up as one block there."""
+    last = len(walk.per_layer) - 1
+    return 0 if last > 0 and sink_recomputed(ctx, walk.per_layer[0][0]) else last
+
+
+def _dense_tensors(ctx: StageContext, index: int, count: int | None) -> list[tuple[int, int, bool]] | None:
+    """:func:`recompute_tensors` of a dense layer whose gated MLP and eager core both run op by op."""
     run = ctx.run
     if (count is None or index not in ctx.recomputed or run.policy.partial or run.prec.weight_copies == "autocast"
             or not op_by_op(run)):
@@ -58,7 +88,7 @@ def op_plans(ctx: StageContext, walk: LayerWalk, counts: Sequence[int | None]) -
             continue
         seen.add(key)
         if index in ctx.recomputed:
-            recomputed = recomputed or recompute_tensors(ctx, index, count) is not None
+            recomputed = recomputed or _dense_tensors(ctx, index, count) is not None
         elif grad_positions(run.model, index, count, mlp_weights() + _ATTENTION_WEIGHTS) is not None:
             slots = {slot for _, _, slot in layer_blocks(ctx, index, size) if slot > 1} - {2 + TANH_SLOT}
             kept = kept or slots == _REQUIRED
