@@ -108,6 +108,12 @@ def _layer_names(model: Same, index: int) -> tuple[str, ...]:
                  if p.layer == index)
 
 
+def layer_gradient_sizes(model: ModelSpec, index: int, grad_bytes: int) -> list[int]:
+    """Bytes of each of layer ``index``'s gradients (``grad_bytes`` per element), in the order of
+    :func:`grad_positions`' list (:func:`~memplan.model.linears.model_parameters` order)."""
+    return [p.numel * grad_bytes for p in model_parameters(model) if p.layer == index]
+
+
 def mlp_plan(run: RunContext, index: int, slots: Sequence[Block | None], count: int | None,
              sizes: Callable[[Block], int]) -> MlpPlan | None:
     """The plan for layer ``index`` whose MLP tensors are ``slots`` (:data:`SLOTS`, None where not saved as

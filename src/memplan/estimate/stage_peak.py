@@ -27,7 +27,7 @@ from memplan.estimate.extras import (
     saved_logits_bytes,
     softcap_bytes,
 )
-from memplan.estimate import compiled_loss, loss_parallel, pipeline_fsdp
+from memplan.estimate import compiled_loss, loss_parallel, pipeline_fsdp, recomputed_backward
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.layer_walk import LayerWalk
@@ -173,7 +173,7 @@ def _backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageAc
         layers, temp = _backward_walk(ctx, st, walk, acts.layers, head_grads)
     temp += (st.step_temp if run.job.optimizer.in_backward else 0) + max(acts.bring_back, loss.bring_back)
     yield Contribution(ACTIVATIONS, layers, _BACKWARD, note=_policy_independent_note(ctx))
-    yield Contribution(TEMPORARY, temp, _BACKWARD)
+    yield Contribution(TEMPORARY, temp, _BACKWARD, note=recomputed_backward.NOTE if walk.walked else "")
 
 
 def _backward_walk(ctx: StageContext, st: StageStates, walk: LayerWalk, layer_acts: int,
@@ -190,6 +190,7 @@ def _backward_walk(ctx: StageContext, st: StageStates, walk: LayerWalk, layer_ac
     best = (layer_acts, head_grads)
     best_total = -1
     for index, kept, worst in reversed(walk.per_layer):
+        worst += walk.early_gradients.get(index, 0)  # the layer's own gradients made before its worst op
         if remaining + made + worst > best_total:
             best_total, best = remaining + made + worst, (remaining, made + worst)
         remaining -= kept
