@@ -31,13 +31,12 @@ _CONFIGS = {
 
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The toys' config.json paths (the agreement grid's llama, gemma2 and gemma)."""
     folder = Path(tmp_path_factory.mktemp("recomputed"))
-    out = {}
-    for name, config in _CONFIGS.items():
-        path = folder / f"{name}.json"
-        path.write_text(json.dumps({**_COMMON, **config}), encoding="utf-8")
-        out[name] = str(path)
-    return out
+    paths = {name: folder / f"{name}.json" for name in _CONFIGS}
+    for name, path in paths.items():
+        path.write_text(json.dumps({**_COMMON, **_CONFIGS[name]}), encoding="utf-8")
+    return {name: str(path) for name, path in paths.items()}
 
 
 def _walked(path: str, **flags: object) -> object:
@@ -66,10 +65,16 @@ def test_walk_applies_to_eager_whole_layer_recompute_only(configs: dict[str, str
     for name in ("llama", "gemma2", "gemma"):
         walked = _walked(configs[name])
         assert walked is not None and walked.transient > 0, name
+    # torchtitan's per-op SAC makes the dropped ops again first: the same walk, the kept tensors not added again
+    sac = _walked(configs["llama"], recompute="selective", framework="torchtitan")
+    assert sac is not None and 0 < sac.transient
     assert _walked(configs["llama"], attention="sdpa") is None  # no eager core: the general rule
     assert _walked(configs["llama"], recompute="none") is None  # not recomputed
     assert _walked(configs["llama"], peft="lora", lora_targets="all-linear") is None  # adapters' tensors
     assert _walked(configs["llama"], tp=2, gpus=2) is None  # one rank's share of the hidden size
+    # save_on_cpu: the recompute runs in the backward, outside its hooks; its input comes back as a new tensor
+    offloaded, kept = _walked(configs["llama"], offload_activations=True), _walked(configs["llama"])
+    assert offloaded is not None and kept is not None and offloaded.transient == kept.transient + 256 * 512 * 4
 
 
 def test_gradients_made_before_the_worst_op(configs: dict[str, str]) -> None:
@@ -100,3 +105,16 @@ def test_recomputed_peak_agrees_with_trace(configs: dict[str, str], name: str, p
                    optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2)
     rows = {r.category: r for r in compare_with_estimate(configs[name], result.options, result.summary).rows}
     assert abs(rows["peak allocated"].relative or 0.0) <= 0.015, rows["peak allocated"]
+
+
+def test_save_on_cpu_leaves_the_recomputed_backward_peak(configs: dict[str, str]) -> None:
+    # the trace's peak of the Gemma 2 toy under full recompute is the same with and without save_on_cpu
+    # (49,207,808 bytes): the recompute runs outside its hooks, and the loss's saved logits it brings back
+    # are gone before the first layer's backward
+    model = load_model(configs["gemma2"])
+    flags = {"seq": 256, "mbs": 2, "precision": "bf16-mixed", "attention": "eager", "recompute": "full",
+             "framework": "hf", "optimizer_impl": "foreach"}
+    kept = estimate(model, build_job(flags))
+    offloaded = estimate(model, build_job({**flags, "offload_activations": True}))
+    assert offloaded.stages[0].peak_phase == kept.stages[0].peak_phase == "backward"
+    assert offloaded.peak_allocated_bytes == kept.peak_allocated_bytes

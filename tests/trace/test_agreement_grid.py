@@ -148,12 +148,8 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "sdpa", "selective", {"framework": "torchtitan", "fsdp": 2}),
     ("llama", 256, "bf16", "sdpa", "selective", {"framework": "torchtitan"}),
     ("qwen2", 256, "bf16-mixed", "sdpa", "selective", {"framework": "torchtitan"}),  # biased q/k/v: addmm
-    pytest.param("llama", 256, "bf16-mixed", "eager", "selective", {"framework": "torchtitan"},
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "peak +7.0% (activations -0.04%): the trace peaks at the loss, the estimate in a layer's "
-                     "backward: a per-op SAC layer's rebuilt tensors beside the layer kind's general transient (two "
-                     "of its largest saved terms); estimate.recomputed_backward walks whole recomputed layers only "
-                     "(torchtitan full recompute, same cell: +0.5%); docs/trace.md, recompute"))),
+    # eager attention: the recomputed layer's backward walked op by op (estimate.recomputed_backward)
+    ("llama", 256, "bf16-mixed", "eager", "selective", {"framework": "torchtitan"}),
     # activation policies run by both engines (memplan.policies): Megatron's --recompute-modules on the
     # model's own sub-modules, full recompute of the first N layers
     ("llama", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "core_attn"}),
@@ -176,11 +172,8 @@ CELLS: tuple[object, ...] = (
     ("llama", 512, "bf16-mixed", "sdpa", "none", {"offload_activations": True}),
     # ... while autocast's cache keeps every weight copy on the GPU until the loss's forward returns (-3.2% without)
     ("llama_heavy", 512, "bf16-mixed", "sdpa", "none", {"offload_activations": True, "optimizer_impl": "fused"}),
-    pytest.param("gemma2", 256, "bf16-mixed", "eager", "full", {"offload_activations": True},
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "peak +11.7% (activations -0.2%): the 2-layer toy's recomputed-layer backward, over-priced as in "
-                     "the bf16 full cell above (+6.4% here without offload), and with offload the estimator cannot "
-                     "use its backward walk; docs/trace.md, activation offloading"))),
+    # ... and a recomputed layer's backward under save_on_cpu (the recompute runs outside its hooks)
+    ("gemma2", 256, "bf16-mixed", "eager", "full", {"offload_activations": True}),
     # fine-tuning: adapters on a frozen base (issue 12's grid, small)
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj"}),
     ("llama", 256, "bf16", "sdpa", "none", {"peft": "lora", "lora_rank": 16, "lora_targets": "all-linear"}),

@@ -20,8 +20,13 @@ most it holds above the saved tensors:
 The layer's weight gradients made before the worst op are tallied apart (:class:`RecomputedBackward`):
 they count only where gradients are made during the backward (``zero_grad(set_to_none=True)``).
 
-The walk applies where the reserved schedule's op-by-op plans do (a whole-model job on one rank's whole
-weights, activations on the GPU: :func:`~memplan.estimate.reserved_mlp_backward.op_by_op`), to an eager
+Under torchtitan's per-op selective checkpointing (SAC) a layer's backward first makes its dropped ops
+again, so the same walk applies from the whole layer's tensors; its kept ones are counted once (they are the
+layer's kept figure), and the cached op outputs autograd does not save sit beside it, as in the general rule.
+
+The walk applies to a whole-model job on one rank's whole weights
+(:func:`~memplan.estimate.reserved_mlp_backward.whole_weights`; with ``save_on_cpu`` activation offload too:
+the recompute runs in the backward, outside its hooks, so what it saves stays on the GPU), to an eager
 unfused attention core and a gated MLP with separate projections, without post-norms or with Gemma's
 fp32-scaled ones; elsewhere the layer keeps the general transient (None).
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from memplan.estimate.activations import (
@@ -38,15 +44,18 @@ from memplan.estimate.activations import (
     divided,
     layer_terms,
 )
-from memplan.estimate.context import StageContext
-from memplan.estimate.reserved_mlp_backward import SLOTS, grad_positions, layer_gradient_sizes, op_by_op, op_slots
+from memplan.estimate.context import RunContext, StageContext
+from memplan.estimate.memo import Same
+from memplan.estimate.reserved_mlp_backward import SLOTS, grad_positions, layer_gradient_sizes, term_slots, whole_weights
 from memplan.estimate.reserved_terms import term_tensors
+from memplan.estimate.sac import sac_kept_terms
 
 if TYPE_CHECKING:
     from memplan.estimate.reserved_replay import Block, Replay
 
 #: The sentence --explain gives where a recomputed layer's backward was walked op by op.
-NOTE = ("recomputed layers' backward walked op by op (after the recomputed forward: the output gradient, "
+NOTE = ("recomputed layers' backward walked op by op (after the recomputed forward or per-op SAC's recomputed ops: "
+        "the output gradient, "
         "Gemma's post-norm backward in fp32, the gated MLP's and the eager attention core's backward, each op "
         "freeing what it no longer needs), not priced as two of the layer's largest saved tensors")
 
@@ -88,24 +97,63 @@ def recomputed_backward(ctx: StageContext, index: int, copies: int) -> Recompute
     forward made (:func:`~memplan.estimate.layer_costs.recomputed_copies_bytes`), each freed once its
     linear's backward is done: the MLP's and the output projection's before the core's backward, the
     q/k/v projections' after it. The layer's input, which its saved tensors count, is the checkpoint's
-    own kept input (the recomputed forward reads it, no copy): the figures are net of it."""
+    own kept input (the recomputed forward reads it, no copy): the figures are net of it, except under
+    ``save_on_cpu``, where the input brought back from host memory is a new tensor."""
     run = ctx.run
     layer, shape = run.model.layers[index], run.shape
-    if (index not in ctx.recomputed or run.policy.partial or not op_by_op(run) or shape.kernels != "eager"
+    whole = index in ctx.recomputed and not run.policy.partial
+    sac = sac_kept_terms(layer, shape) if run.policy.kind.per_op and not whole else None
+    # activation offload (save_on_cpu) leaves it: the recompute runs in the backward, outside its hooks
+    if (not (whole or sac is not None) or not whole_weights(run) or shape.kernels != "eager"
             or shape.attention not in UNFUSED_ATTENTION or (layer.num_post_norms and not shape.norm_fp32_scale)):
         return None
-    without = _walk(ctx, index, copies, None)
+    key = (Same(run.model), index, shape, run.policy, run.job.offload.activations, run.prec.grad_bytes, copies)
+    return _figures(_Keyed(key, run), sac is not None)
+
+
+class _Keyed:
+    """A memo key: the values the walk reads (``key``), carrying the run that supplies them (not compared), so
+    that estimates of one model under one shape and policy (a fit search's layouts) walk each layer once."""
+
+    __slots__ = ("key", "run")
+
+    def __init__(self, key: tuple[object, ...], run: RunContext) -> None:
+        self.key, self.run = key, run
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Keyed) and other.key == self.key
+
+
+@lru_cache(maxsize=1024)
+def _figures(keyed: _Keyed, per_op: bool) -> RecomputedBackward | None:
+    """:func:`recomputed_backward`'s figures (``per_op``: a per-op SAC layer, else a whole recomputed one)."""
+    run, index, copies = keyed.run, keyed.key[1], keyed.key[6]
+    assert isinstance(index, int) and isinstance(copies, int)
+    layer, shape = run.model.layers[index], run.shape
+    tensors = _saved(run, index)
+    without = _walk(run, index, copies, None, tensors)
     if without is None:
         return None
-    with_grads = _walk(ctx, index, copies, layer_gradient_sizes(run.model, index, run.prec.grad_bytes))
-    shared = sum(divided(t, shape) for t in layer_terms(layer, shape) if t.keep == "input")
-    return RecomputedBackward(transient=without - shared, with_gradients=max(0, (with_grads or 0) - without))
+    with_grads = _walk(run, index, copies, layer_gradient_sizes(run.model, index, run.prec.grad_bytes), tensors)
+    sac = sac_kept_terms(layer, shape) if per_op else None
+    if sac is not None:
+        # per-op SAC: the layer's kept tensors (its input among them) are not counted again in what it rebuilds;
+        # the cached op outputs autograd does not save sit beside its backward (as in the general rule)
+        extra = sum(divided(t, shape) for t in sac[1])
+    else:
+        # under save_on_cpu the kept input is in host memory: the copy brought back is the recompute's own
+        extra = -sum(divided(t, shape) for t in layer_terms(layer, shape)
+                     if t.keep == "input") if not run.job.offload.activations else 0
+    return RecomputedBackward(transient=without + extra, with_gradients=max(0, (with_grads or 0) - without))
 
 
-def _copies_split(ctx: StageContext, index: int, copies: int) -> tuple[int, int]:
+def _copies_split(run: RunContext, index: int, copies: int) -> tuple[int, int]:
     """The layer's autocast weight copies (``copies`` bytes) as (freed before the core's backward, after it):
     the q/k/v projections' are the latter (all of them where the layer has no separate q/k/v weights)."""
-    model = ctx.run.model
+    model = run.model
     numels = layer_gradient_sizes(model, index, 1)
     positions = grad_positions(model, index, len(numels), _QKV)
     total = sum(numels)
@@ -115,37 +163,53 @@ def _copies_split(ctx: StageContext, index: int, copies: int) -> tuple[int, int]
     return copies - late, late
 
 
-def _walk(ctx: StageContext, index: int, copies: int, grads: Sequence[int] | None) -> int | None:
-    """The most the layer's backward holds above its saved tensors (``grads``: the sizes of the layer's
-    gradients, made where autograd makes them; None: not counted), or None when a plan does not apply."""
+#: Roles of a saved tensor in the walk (:func:`_saved`) beside a slot of :data:`SLOTS` (0 and up).
+_EARLY, _LATE, _NORMALIZED = -1, -2, -3
+
+
+def _saved(run: RunContext, index: int) -> list[tuple[int, int]]:
+    """The tensors layer ``index`` saves (its recomputed forward's), as (bytes, role): a slot of the op-by-op
+    plans, or freed before the core's backward (``_EARLY``), after it (``_LATE``), or the last post-norm's
+    normalized input (``_NORMALIZED``, freed in that norm's backward)."""
+    from memplan.estimate.reserved_backward import early_terms  # beside the tally's classes (see _walk)
+
+    layer, shape = run.model.layers[index], run.shape
+    out: list[tuple[int, int]] = []
+    for term, early in zip(layer_terms(layer, shape), early_terms(layer, run)):
+        size = divided(term, shape)
+        if term.name == _POST_NORMALIZED:
+            one = size // max(layer.num_post_norms, 1)
+            out += [(size - one, _EARLY), (one, _NORMALIZED)]
+            continue
+        pieces = term_tensors(term.name, size, layer, run)
+        found = term_slots(term.name, len(pieces), run)
+        roles = [_EARLY if early else _LATE] * len(pieces) if found is None else found
+        out += zip(pieces, roles)
+    return out
+
+
+def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
+          tensors: list[tuple[int, int]]) -> int | None:
+    """The most the layer's backward holds above its saved ``tensors`` (:func:`_saved`; ``grads``: the sizes
+    of the layer's gradients, made where autograd makes them; None: not counted), or None when a plan does
+    not apply."""
     from memplan.alloc.schedule import STREAM_BITS  # the tally's classes, only for the jobs it applies to
     from memplan.estimate.reserved_attention_backward import core_backward, core_plan
-    from memplan.estimate.reserved_backward import early_terms
     from memplan.estimate.reserved_mlp_backward import mlp_backward, mlp_plan
     from memplan.estimate.reserved_replay import Replay
 
-    run = ctx.run
     layer, shape = run.model.layers[index], run.shape
     replay = Replay(repeat=False)
     slots: list[Any] = [None] * len(SLOTS)  # the op-by-op plans' slots (their Block type is the schedule's int)
     freed: tuple[list[Block | None], list[Block | None]] = ([], [])  # before the core's backward, after it
     normalized: Block | None = None
-    for term, early in zip(layer_terms(layer, shape), early_terms(layer, run)):
-        size = divided(term, shape)
-        if term.name == _POST_NORMALIZED:  # the last post-norm's own tensor is freed in its backward
-            one = size // max(layer.num_post_norms, 1)
-            freed[0].append(replay.take(size - one))
-            normalized = replay.take(one)
-            continue
-        pieces = term_tensors(term.name, size, layer, run)
-        found = op_slots(term.name, len(pieces), run, True)
-        tags: list[int | None] = [None] * len(pieces) if found is None else list(found)
-        for piece, slot in zip(pieces, tags):
-            block = replay.take(piece)
-            if slot is None:
-                freed[0 if early else 1].append(block)
-            else:
-                slots[slot] = block
+    for (_, role), block in zip(tensors, replay.take_all([size for size, _ in tensors])):
+        if role >= 0:
+            slots[role] = block
+        elif role == _NORMALIZED:
+            normalized = block
+        else:
+            freed[0 if role == _EARLY else 1].append(block)
     saved = replay.requested
     count = len(layer_gradient_sizes(run.model, index, 0))
     # mlp_plan's blocks are typed memplan.alloc.blocks.Block; the replay's are ints (as in reserved_backward)
@@ -154,7 +218,7 @@ def _walk(ctx: StageContext, index: int, copies: int, grads: Sequence[int] | Non
     if mlp is None or core is None:
         return None
     tokens_hidden = shape.seq * shape.micro_batch * run.model.hidden_size
-    early_copies, late_copies = (replay.take(size) for size in _copies_split(ctx, index, copies))
+    early_copies, late_copies = (replay.take(size) for size in _copies_split(run, index, copies))
     freed[0].append(early_copies)
     freed[1].append(late_copies)
     incoming = replay.take(tokens_hidden * shape.residual_bytes)
