@@ -34,7 +34,7 @@ from memplan.errors import ConfigError, JobConfigError, UnsupportedError
 from memplan.frozen import frozen_dataclass
 from memplan.job import Job
 from memplan.jobcheck import check_seq_positions, validate_job_for_model
-from memplan.jobflags import build_job, check_conflicts
+from memplan.jobflags import CONDITIONS, build_job, check_conflicts
 from memplan.model.spec import ModelSpec
 from memplan.profiles import FINE_TUNING_FRAMEWORK
 from memplan.settings import InputSetting, unmodelled
@@ -145,7 +145,7 @@ def _conditions(values: Mapping[str, Any], job: Job) -> dict[str, Any]:
 
     default, out = Job(), dict(values)
     for flag in job_flags():
-        if flag.name in ("peft", "recompute", "fsdp", "optimizer", "quantize_base") and flag.name not in out \
+        if flag.name in CONDITIONS and flag.name not in out \
                 and flag.read(job) != flag.read(default):
             out[flag.name] = flag.read(job)
     return out
@@ -169,13 +169,13 @@ def _load(values: dict[str, Any], base: Job | None) -> LoadedJob:
     torchtitan_config = values.get("torchtitan_config")
     dialects = hf_args is not None or deepspeed_config is not None or peft_config is not None \
         or torchtitan_config is not None
-    if not dialects:
-        check_conflicts(values)
     settings: list[InputSetting] = []
     if megatron_args is not None:
         load_launch = _lazy("memplan.frameworks.megatron_args", "load_megatron_launch", "--megatron-args")
         spec, base, read = load_launch(megatron_args, gpus=values.get("gpus") or 1)
         settings += read
+    if not dialects:  # a typed flag's condition may come from the base job (--megatron-args' --recompute-granularity)
+        check_conflicts(values if base is None else _conditions(values, base))
     model_ref = values.get("model")
     model_given = model_ref is not None
     if model_ref is None and megatron_args is None and torchtitan_config is not None:

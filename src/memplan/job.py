@@ -805,6 +805,9 @@ class FineTuning:
             dtype = normalize_dtype(self.frozen_dtype, field="--frozen-dtype")
             if dtype not in QUANT_COMPUTE_DTYPES:
                 raise JobConfigError("--frozen-dtype", "must be fp32, bf16 or fp16", self.frozen_dtype)
+            if not self.has_frozen:
+                raise JobConfigError("--frozen-dtype", "only applies with frozen weights (--peft, --quantize-base or "
+                                     "--trainable); this job trains every weight", self.frozen_dtype)
             object.__setattr__(self, "frozen_dtype", dtype)
 
     @property

@@ -21,11 +21,14 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from memplan.errors import ConfigError, JobConfigError
-from memplan.job import Job
+from memplan.job import Job, RecomputeMode
 from memplan.optimizers import OPTIMIZERS
 from memplan.tuning import ADAPTER_METHODS, FOUR_BIT_FORMATS
 
 __all__ = ["JobFlag", "build_job", "check_conflicts", "flag_values", "job_flags", "unflagged_settings"]
+
+#: A condition that holds when the condition flag has any non-empty value (``--offload-modules mlp``).
+SET = ("any value",)
 
 #: (flag, condition flag, allowed values): the flag only means something under those values.
 _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
@@ -37,7 +40,15 @@ _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
     *((name, "peft", ADAPTER_METHODS) for name in (
         "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_rank_pattern", "rslora")),
     ("double_quant", "quantize_base", FOUR_BIT_FORMATS),
+    ("adapter_dtype", "peft", ADAPTER_METHODS),
+    ("checkpoint_reentrant", "recompute", tuple(m for m in typing.get_args(RecomputeMode) if m != "none")),
+    ("optimizer_offload_fraction", "offload_optimizer", (True,)),
+    ("cuda_graph_modules", "cuda_graph_impl", ("local", "transformer_engine")),
+    *((name, "offload_modules", SET) for name in (
+        "min_offloaded_tensor_size", "activation_offload_fraction", "offload_pp_delta")),
 )
+#: The flags other flags depend on (a dialect file may set them: :func:`memplan.inputs` adds its values).
+CONDITIONS = frozenset(condition for _, condition, _ in _REQUIRES)
 #: Changing any of these re-derives dp unless --dp is given too.
 _LAYOUT_FIELDS = frozenset({"world_size", "tp", "pp", "cp"})
 
@@ -182,10 +193,15 @@ def _fsdp_groups(values: dict[str, Any], base: Job | None) -> dict[str, Any]:
 def check_conflicts(values: Mapping[str, Any]) -> None:
     """Refuse a flag that only applies under another flag's values (e.g. --momentum without sgd)."""
     for name, condition, allowed in _REQUIRES:
-        if name in values and values.get(condition) not in allowed:
-            raise ConfigError(name.replace("_", "-"), f"only applies with {condition.replace('_', '-')}: "
-                              f"{' or '.join(allowed)} (the job has {condition.replace('_', '-')}: "
-                              f"{values.get(condition, 'not set')})", values[name])
+        value = values.get(condition)
+        if name in values and not (bool(value) if allowed is SET else value in allowed):
+            flag = condition.replace("_", "-")
+            if allowed is SET or allowed == (True,):  # a list or a switch: given or not
+                rule = f"only applies with --{flag} (the job has none)"
+            else:
+                rule = (f"only applies with {flag}: {' or '.join(map(str, allowed))} (the job has {flag}: "
+                        f"{values.get(condition, 'not set')})")
+            raise ConfigError(name.replace("_", "-"), rule, values[name])
 
 
 def flag_values(job: Job, *, changed_only: bool = True) -> dict[str, Any]:

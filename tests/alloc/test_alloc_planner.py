@@ -99,7 +99,9 @@ def test_minimalloc_search_packs_these_at_the_capacity(name):
         pytest.skip("instance not present")
     rows = read_minimalloc_csv(path)
     starts, ends, sizes = [b.start for b in rows], [b.end for b in rows], [b.size for b in rows]
-    result = dsa.solve(starts, ends, sizes, capacity=1_048_576, time_limit=8)
+    # the search stops when it fits the capacity (C core: 0.3 s for H; pure Python: ~6 s idle); the limit is
+    # only a cap, generous so that a loaded machine does not turn this into a speed test (speed: benchmarks/)
+    result = dsa.solve(starts, ends, sizes, capacity=1_048_576, time_limit=60)
     assert result.peak <= 1_048_576
     assert dsa.validate(starts, ends, sizes, result.offsets, 1_048_576)
 

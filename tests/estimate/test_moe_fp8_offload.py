@@ -69,6 +69,27 @@ def test_fp8_saves_gemm_inputs_in_one_byte_and_adds_weight_copies():
     assert estimate(model, params8).stages[0].parameters_bytes == base.parameters_bytes
 
 
+@pytest.mark.parametrize("fp8_params", [False, True])
+def test_fp8_expert_weights_shard_over_the_expert_data_parallel_group(fp8_params):
+    """Under FSDP the routed experts' FP8 copies shard as their weights do, over the expert data-parallel group
+    (here 8 ranks, the dense group 4): they were divided by the dense group only, so on DeepSeek-V3 (64 GPUs,
+    tp 8, pp 2, ep 1) the FP8 weights were 79 GB against 20 GB of parameters, and offloading the parameters
+    left -59 GB of them in CPU memory."""
+    model = load_model("mixtral-8x7b")
+    job = Job(parallel=Parallelism(world_size=8, tp=2, ep=1, etp=1), sharding=Sharding(fsdp="full"),
+              precision=Precision(fp8="hybrid", fp8_params=fp8_params))
+    bf16 = estimate(model, dataclasses.replace(job, precision=Precision())).stages[0]
+    stage = estimate(model, job).stages[0]
+    # the GEMM weights (all but norms, routers, embeddings), as many as the sharded 16-bit ones hold:
+    # reported as one byte each with --fp8-params (the FP8 weight replaces the 16-bit one), two without (an
+    # FP8 copy and its transpose beside the 16-bit weight)
+    gemm_numel = stage.fp8_weights_bytes if fp8_params else stage.fp8_weights_bytes // 2
+    assert 0.97 * bf16.parameters_bytes < 2 * gemm_numel <= bf16.parameters_bytes
+    offloaded = estimate(model, dataclasses.replace(job, offload=Offload(params=True))).stages[0]
+    assert offloaded.cpu_parameters_bytes >= 0
+    assert offloaded.parameters_bytes + offloaded.cpu_parameters_bytes == stage.parameters_bytes
+
+
 def test_offload_moves_states_to_cpu_and_reports_them():
     model = load_model("llama-3.1-8b")
     job = Job(parallel=Parallelism(world_size=8), sharding=Sharding(zero=2), framework="deepspeed")
@@ -215,3 +236,17 @@ def test_megatron_activation_offload_flags(extra, expected):
             "--tokenizer-type": "HuggingFaceTokenizer", "--bf16": True}
     _, job = from_megatron_args({**base, **extra}, gpus=1)
     assert job.offload.activations is expected
+
+
+def test_moe_settings_on_a_dense_model_are_said_to_have_no_effect():
+    """Never silent: MoE options a dense model cannot use are named in the assumptions (--ep, which changes the
+    layout, is refused instead); an MoE model and a dense job without them get no such sentence."""
+    dense = load_model("llama-3.2-1b")
+    job = Job(parallel=Parallelism(world_size=2, tp=2, etp=2), moe=MoEOptions(capacity_factor=2.0, grouped_gemm=True))
+    notes = [a for a in estimate(dense, job).assumptions if "no effect" in a]
+    assert notes == ["--capacity-factor 2.0, --moe-grouped-gemm, --etp 2: no effect, llama-3.2-1b has no MoE layers "
+                     "(the settings of routed experts)"]
+    assert not [a for a in estimate(dense, Job()).assumptions if "no effect" in a]
+    moe = load_model("mixtral-8x7b")
+    assert not [a for a in estimate(moe, Job(parallel=Parallelism(world_size=8, ep=8), moe=MoEOptions(
+        capacity_factor=2.0))).assumptions if "no effect" in a]

@@ -181,7 +181,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-PUBLISHED = ("gemma-3-1b", "gemma-3-4b-text", "gemma-7b", "granite-3.3-8b-base", "olmo-2-1124-7b", "smollm3-3b")
+#: Every shipped benchmark config (docs/model-sources.md says where each comes from).
+PUBLISHED = tuple(sorted(path.stem for path in _CONFIGS.glob("*.json") if path.name != "published_finetune.json"))
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
@@ -237,3 +238,46 @@ def test_gemma3_refusal_counts_the_vision_tower_exactly(vision: dict[str, Any]) 
     with pytest.raises(ModelConfigError) as info:
         model_from_hf_config({"model_type": "gemma3", "vision_config": vision, "text_config": _TINY_TEXT}, name="g")
     assert f"({real:,} parameters)" in str(info.value)
+
+
+#: Tiny configs of the families whose config class aliases a field (transformers' ``attribute_map``).
+_ALIASED = {
+    "qwen3_moe": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=300, num_experts=8, num_experts_per_tok=2),
+    "mixtral": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=300, num_local_experts=4),
+    "gpt_oss": dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, vocab_size=300, num_local_experts=4, num_experts_per_tok=2,
+                    layer_types=["sliding_attention", "full_attention"]),
+    "deepseek_v3": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=4, vocab_size=300, n_routed_experts=8,
+                        num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=2, topk_group=1),
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=300, n_positions=128),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(_ALIASED))
+def test_a_config_saved_by_this_transformers_is_read(model_type: str, tmp_path: Path) -> None:
+    """The config.json transformers itself writes (``save_pretrained``), whatever name its release gives an
+    aliased field: transformers 5 writes Qwen3-MoE's ``num_experts`` as ``num_local_experts``, which memplan
+    refused ("num_experts: is required")."""
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformers.AutoConfig.for_model(model_type, **_ALIASED[model_type])
+        config.save_pretrained(tmp_path)
+        with torch.device("meta"):
+            expected = _numel(transformers.AutoModelForCausalLM.from_config(config))
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert total_params(model_from_hf_config(written, name=model_type)) == expected
+
+
+def test_a_config_giving_both_names_of_a_field_differently_is_refused() -> None:
+    from memplan.errors import ModelConfigError
+
+    config = {"model_type": "qwen3_moe", **_ALIASED["qwen3_moe"], "num_local_experts": 4}
+    with pytest.raises(ModelConfigError, match="num_local_experts: names the same field as num_experts"):
+        model_from_hf_config(config, name="both")
+    same = {"model_type": "qwen3_moe", **_ALIASED["qwen3_moe"], "num_local_experts": 8}
+    assert model_from_hf_config(same, name="same").layers[0].moe.num_experts == 8

@@ -4,6 +4,8 @@ every stage's mechanics, whose own sentences come with their contributions (:mod
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from memplan.estimate.activations import layer_terms
 from memplan.estimate.compiled import compile_note
 from memplan.estimate.context import RunContext
@@ -12,6 +14,7 @@ from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import term_site
 from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
 from memplan.frozen import frozen_dataclass
+from memplan.job import MoEOptions
 from memplan.model.attention_kinds import attention_kind
 from memplan.units import dtype_bytes
 
@@ -67,11 +70,25 @@ def run_notes(run: RunContext) -> list[str]:
             f"MoE: {routing}; {moe.dispatcher} dispatcher; experts on each rank run on tokens x top-k x etp rows "
             f"at f/etp width; shared experts "
             f"{'split by TP' if moe.shared_expert_parallel == 'tp' else 'placed with the routed experts'}")
+    else:
+        out += _dense_moe_settings(run)
     out.append(f"activations kept as saved by {profile.kernels} kernels")
     if model.is_moe and profile.kernels == "eager" and prec.weight_copies == "autocast":
         out.append("MoE experts (transformers grouped_mm) are not autocast ops: they run in the fp32 weights' dtype "
                    "with no 16-bit weight copies; the router's linear is cast")
     return out
+
+
+def _dense_moe_settings(run: RunContext) -> list[str]:
+    """The MoE settings a job gives that a dense model has no use for: said, not dropped silently."""
+    job, default = run.job, MoEOptions()
+    given = [f.metadata["flag"] if value is True else f"{f.metadata['flag']} {value}" for f in fields(MoEOptions)
+             if (value := getattr(job.moe, f.name)) != getattr(default, f.name)]
+    if job.parallel.expert_tp > 1:
+        given.append(f"--etp {job.parallel.expert_tp}")
+    if not given:
+        return []
+    return [f"{', '.join(given)}: no effect, {run.model.name} has no MoE layers (the settings of routed experts)"]
 
 
 def _attention_notes(run: RunContext) -> list[str]:

@@ -48,6 +48,8 @@ class StageParams:
     root: int
     #: Weights that FP8 GEMMs read (decoder-layer linear weights), numel on this rank.
     gemm_weights: int = 0
+    #: Of ``gemm_weights``: the routed experts' (sharded over the expert data-parallel group, not the dense one).
+    gemm_expert: int = 0
     #: Of ``dense``: router weights transformers keeps in fp32 (:attr:`MoESpec.router_fp32`), numel.
     fp32_routers: int = 0
     #: Of ``dense + expert``: the multi-token-prediction modules on this (last) stage, numel.
@@ -113,7 +115,7 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
     embedding (and a head tied to it) whole on every rank and splits an untied head by columns."""
     tp = job.parallel.tp
     hidden = model.hidden_size
-    dense = expert = largest = gemm = 0
+    dense = expert = largest = gemm = gemm_expert = 0
     all_groups, non_gemm = model.layer_param_groups, model.layer_non_gemm_params
     routers = 0
     for index, count in layer_kinds(model, stage.layer_indices):
@@ -126,6 +128,7 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
         expert += count * local_expert
         largest = max(largest, local_dense + local_expert)
         gemm += count * (local_dense + local_expert - non_gemm[index])
+        gemm_expert += count * local_expert
     root = 0
     vocab_local = embedding_params(model, vocab_rows) // tp
     embedding_local = vocab_local if vocab_parallel else embedding_params(model, vocab_rows)
@@ -149,10 +152,11 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
             expert += job.mtp_layers * layer_expert
             gemm += job.mtp_layers * (layer_dense + layer_expert + 2 * hidden * hidden // tp
                                       - non_gemm[-1])
+            gemm_expert += job.mtp_layers * layer_expert
             if not stage.has_embedding and not model.tie_word_embeddings:
                 root += vocab_local
-    return StageParams(dense=dense + root, expert=expert, largest_layer=largest, root=root, gemm_weights=gemm, mtp=mtp,
-                       fp32_routers=routers)
+    return StageParams(dense=dense + root, expert=expert, largest_layer=largest, root=root, gemm_weights=gemm,
+                       gemm_expert=gemm_expert, mtp=mtp, fp32_routers=routers)
 
 
 @frozen_dataclass
@@ -280,7 +284,7 @@ def state_bytes(
         return _offloaded(_finetune_state_bytes(model, job, params, prec, finetune,
                                                 (full_shard, grad_shard, opt_shard), step_counters, small),
                           off, offload_moves_gradients)
-    fp8, replaced = _fp8_weight_bytes(job, params, prec, shards[0] if full_shard else 1)
+    fp8, replaced = _fp8_weight_bytes(job, params, prec, shards, full_shard)
     parameters += fp8 - replaced
     gradients = g_numel * prec.grad_bytes
     routers = _fp32_router_extra(model, job, params, prec, shards, (full_shard, grad_shard, opt_shard))
@@ -299,12 +303,13 @@ def state_bytes(
     return _offloaded(on_gpu, off, offload_moves_gradients)
 
 
-def _fp8_weight_bytes(job: Job, params: StageParams, prec: ResolvedPrecision, shard: int) -> tuple[int, int]:
-    """(FP8 weight bytes, 16-bit weight bytes they replace) of the stage's GEMM weights (``shard``:
-    the ZeRO-3 / FSDP shard count of the weights, else 1)."""
+def _fp8_weight_bytes(job: Job, params: StageParams, prec: ResolvedPrecision, shards: tuple[int, int],
+                      full_shard: bool) -> tuple[int, int]:
+    """(FP8 weight bytes, 16-bit weight bytes they replace) of the stage's GEMM weights, sharded as the
+    weights are (``full_shard``: ZeRO-3 / FSDP; dense weights over ``shards[0]``, experts over ``shards[1]``)."""
     if job.precision.fp8 is None:
         return 0, 0
-    gemm = -(-params.gemm_weights // shard) if shard > 1 else params.gemm_weights
+    gemm = _sharded(params.gemm_weights - params.gemm_expert, params.gemm_expert, shards, full_shard)
     if job.precision.fp8_params:
         # FP8 weights replace the 16-bit ones (1 byte) and keep an FP8 transpose (1 byte).
         return gemm, gemm * (prec.param_bytes - 1)

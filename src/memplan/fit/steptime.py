@@ -87,7 +87,8 @@ class StepTime:
     optimizer_s: float
     total_s: float
     tokens_per_s: float
-    #: Model FLOPs utilisation: 6·active params + causal attention per token, without recompute.
+    #: Model FLOPs utilisation: the FLOPs the job needs per token (6·active params, 4· when the weights are
+    #: frozen: no weight gradients; + causal attention), without recompute, over the GPUs' dense peak.
     mfu: float
     #: Dequantizing a bitsandbytes-quantized base (part of ``total_s``; 0 without one).
     dequant_s: float = 0.0
@@ -159,12 +160,20 @@ def _attention_flops(facts: _Facts, index: int, seq: int) -> float:
     return facts.attn_coeff[index] * span
 
 
-def model_flops_per_token(model: ModelSpec, seq: int) -> float:
-    """Training FLOPs per token without recompute: 3 × (2·matmul params + attention core)."""
+def model_flops_per_token(model: ModelSpec, seq: int, *, frozen_weights: bool = False) -> float:
+    """Training FLOPs per token without recompute: 3 × (2·matmul params + attention core); with frozen
+    weights the matmuls' backward makes no weight gradient, so they count 2 passes (the attention core,
+    which has no weights, still 3)."""
     facts = _facts(model)
-    fwd = 2.0 * model.hidden_size * model.vocab_size + sum(facts.matmul2)
-    fwd += sum(_attention_flops(facts, i, seq) for i in range(model.num_layers))
-    return 3.0 * fwd
+    matmul = 2.0 * model.hidden_size * model.vocab_size + sum(facts.matmul2)
+    attention = sum(_attention_flops(facts, i, seq) for i in range(model.num_layers))
+    return _weight_passes(frozen_weights) * matmul + 3.0 * attention
+
+
+def _weight_passes(frozen_weights: bool) -> float:
+    """Passes over a matmul's FLOPs in one training step: forward, the input's gradient and (unless its
+    weight is frozen) the weight's gradient."""
+    return 2.0 if frozen_weights else 3.0
 
 
 def _stage_layer_counts(model: ModelSpec, job: Job) -> tuple[int, ...]:
@@ -265,7 +274,7 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
             matmul += 2.0 * hidden * model.vocab_size * share
         attn = sum(attn_each)
         # Frozen weights: the backward computes the input's gradient only (one forward's FLOPs).
-        passes = 2.0 if job.finetune.has_frozen else 3.0
+        passes = _weight_passes(job.finetune.has_frozen)
         compute = passes * matmul / matmul_rate + 3.0 * attn + LAYER_OVERHEAD_S * n_layers
         if policy.kind.per_op:
             recompute = _per_op_recompute_s(model, idx, facts.matmul2, share / matmul_rate, attn_each)
@@ -301,7 +310,8 @@ def step_time(model: ModelSpec, job: Job, hw: Hardware, *, gpus_per_node: int = 
     total = per_mb * micro + bubble + dp_comm + optimizer
     tokens_step = (b.global_batch_size or mbs * dp) * seq
     tokens_per_s = tokens_step / total
-    mfu = model_flops_per_token(model, seq) * tokens_per_s / (hw.peak_flops * par.world_size)
+    needed = model_flops_per_token(model, seq, frozen_weights=job.finetune.has_frozen)
+    mfu = needed * tokens_per_s / (hw.peak_flops * par.world_size)
     return StepTime(
         compute_s=compute * micro, recompute_s=recompute * micro, tp_comm_s=tp_comm * micro,
         cp_comm_s=cp_comm * micro, ep_comm_s=ep_comm * micro, pp_comm_s=pp_comm * micro,

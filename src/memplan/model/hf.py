@@ -35,6 +35,7 @@ from memplan.bounds import parse_json
 from memplan.errors import ModelConfigError
 from memplan.model.attention_kinds import MLA
 from memplan.model.hf_dense import DENSE_FAMILIES, FAMILY_DEFAULTS, build_dense, gemma3_multimodal
+from memplan.model.hf_aliases import canonical_config
 from memplan.model.hf_fields import ConfigFields, build_model, gqa, layer_windows, stack, with_window
 from memplan.model.spec import CLAMPED_SWIGLU, AttentionSpec, MLPSpec, ModelSpec, MoESpec
 from memplan.textfile import read_text_file
@@ -228,6 +229,7 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelSpec:
     if not isinstance(model_type, str) or model_type not in _BUILDERS:
         raise ModelConfigError("model_type", "is not supported", model_type, hint=f"supported: {supported}")
     defaults = _DEFAULTS.get(model_type, {})
+    config = canonical_config(config, model_type)
     fields = {**defaults, **{k: v for k, v in config.items() if v is not None or k not in defaults}}
     spec = _BUILDERS[model_type](ConfigFields(fields), name, model_type)
     method = _quant_method(config)

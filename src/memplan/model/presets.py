@@ -1,7 +1,8 @@
 """Shipped model presets: real Hugging Face ``config.json`` files under ``memplan/model/presets``.
 
-Each preset file is the model's published ``config.json`` plus a ``_memplan`` key
-(``display_name``, ``source``) that the loader ignores. :func:`load_model` is the one entry point the
+Each preset file is the model's published ``config.json`` plus a ``_memplan`` key that the loader
+ignores: ``display_name``, ``source`` (the Hub file), ``witnesses`` (public copies it was checked
+against, field by field) and ``published_params`` (docs/model-sources.md renders them). :func:`load_model` is the one entry point the
 CLI needs: it takes a preset name, a ``config.json`` path or a directory holding one.
 
 Example::

@@ -147,7 +147,10 @@ def _import_readers() -> None:
 
 @contextmanager
 def _caches_in(where: Path) -> Iterator[None]:
-    """Keep this request's caches (token lengths, ``datasets``' Arrow files) in its own folder, removed with it."""
+    """Keep this request's caches (token lengths, ``datasets``' Arrow files) in its own folder, removed with it.
+
+    It sets the process's environment, which is safe because :func:`dataset_reply` runs only in the request's
+    own child process (:func:`memplan.serve.isolate.run_isolated`), never in a server thread."""
     import datasets.config
 
     before = {name: os.environ.get(name) for name in ("MEMPLAN_CACHE", "HF_DATASETS_CACHE")}
