@@ -92,17 +92,11 @@ CELLS: tuple[object, ...] = (
     ("llama", 512, "bf16-mixed", "sdpa", "selective"),
     ("llama", 512, "bf16-mixed", "eager", "full"),
     ("gemma2", 256, "bf16-mixed", "eager", "none"),
-    pytest.param("gemma2", 256, "bf16", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
-        "peak +4%: on a 2-layer toy the backward of the recomputed layer is a large part of the peak and "
-        "the estimator's transient (2 x the largest saved term, a bundle of three MLP tensors) exceeds the "
-        "real one (the RMSNorm backward's fp32 temporaries); docs/trace.md, agreement grid"))),
+    ("gemma2", 256, "bf16", "eager", "full"),
     ("phi3", 256, "fp32", "eager", "none"),
     # families added in session 8: bf16-mixed eager without and with full recompute, fp32 eager
     ("gemma3_text", 256, "bf16-mixed", "eager", "none"),
-    pytest.param("gemma3_text", 256, "bf16-mixed", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
-        "peak +6.6% (activations -0.07%): the 2-layer toy's recomputed-layer backward, over-priced as in Gemma 2's "
-        "full cell above (+6.4% at bf16-mixed); at Gemma's vocabulary-to-width ratio (gemma3_heavy below) and on "
-        "gemma-3-1b (6 layers, seq 1024) the peak is exact; docs/trace.md, agreement grid"))),
+    ("gemma3_text", 256, "bf16-mixed", "eager", "full"),
     ("gemma3_heavy", 512, "bf16-mixed", "eager", "full"),
     ("gemma3_text", 256, "fp32", "eager", "none"),
     ("gemma3_text", 256, "bf16-mixed", "sdpa", "none"),
@@ -113,9 +107,7 @@ CELLS: tuple[object, ...] = (
     ("gemma3_mqa", 256, "bf16", "sdpa", "none", {"mbs": 1}),  # SDPA given the sliding-window mask
     ("gemma3_mqa", 256, "bf16-mixed", "sdpa", "none", {"mbs": 1}),
     ("gemma", 256, "bf16-mixed", "eager", "none"),
-    pytest.param("gemma", 256, "bf16-mixed", "eager", "full", marks=pytest.mark.xfail(strict=True, reason=(
-        "peak +6.1% (activations -0.08%): the 2-layer toy's recomputed-layer backward, as gemma2 and gemma3_text "
-        "above; docs/trace.md, agreement grid"))),
+    ("gemma", 256, "bf16-mixed", "eager", "full"),
     ("gemma", 256, "fp32", "eager", "none"),
     ("olmo2", 256, "bf16-mixed", "eager", "none"),
     ("olmo2", 512, "bf16-mixed", "eager", "full"),
@@ -125,7 +117,7 @@ CELLS: tuple[object, ...] = (
     ("olmo3", 256, "bf16-mixed", "eager", "none"),
     ("olmo3", 512, "bf16-mixed", "eager", "full"),
     ("granite", 256, "bf16-mixed", "eager", "none"),
-    ("granite", 512, "bf16-mixed", "eager", "full"),  # at 256, as llama: +3.8%, the toy's recomputed-layer backward
+    ("granite", 512, "bf16-mixed", "eager", "full"),  # at 256 +0.5% (tests/estimate/test_recomputed_backward.py)
     ("granite", 256, "fp32", "eager", "none"),
     ("smollm3", 256, "bf16-mixed", "eager", "none"),
     ("smollm3", 512, "bf16-mixed", "eager", "full"),
@@ -156,11 +148,8 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "sdpa", "selective", {"framework": "torchtitan", "fsdp": 2}),
     ("llama", 256, "bf16", "sdpa", "selective", {"framework": "torchtitan"}),
     ("qwen2", 256, "bf16-mixed", "sdpa", "selective", {"framework": "torchtitan"}),  # biased q/k/v: addmm
-    pytest.param("llama", 256, "bf16-mixed", "eager", "selective", {"framework": "torchtitan"},
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "peak +7% (activations -0.04%): the recomputed layer's backward transient is priced as under "
-                     "full recompute, which overestimates this toy's too (torchtitan full recompute, same cell: "
-                     "+3.8%); docs/trace.md, recompute"))),
+    # eager attention: the recomputed layer's backward walked op by op (estimate.recomputed_backward)
+    ("llama", 256, "bf16-mixed", "eager", "selective", {"framework": "torchtitan"}),
     # activation policies run by both engines (memplan.policies): Megatron's --recompute-modules on the
     # model's own sub-modules, full recompute of the first N layers
     ("llama", 256, "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "core_attn"}),
@@ -183,11 +172,8 @@ CELLS: tuple[object, ...] = (
     ("llama", 512, "bf16-mixed", "sdpa", "none", {"offload_activations": True}),
     # ... while autocast's cache keeps every weight copy on the GPU until the loss's forward returns (-3.2% without)
     ("llama_heavy", 512, "bf16-mixed", "sdpa", "none", {"offload_activations": True, "optimizer_impl": "fused"}),
-    pytest.param("gemma2", 256, "bf16-mixed", "eager", "full", {"offload_activations": True},
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "peak +11.7% (activations -0.2%): the 2-layer toy's recomputed-layer backward, over-priced as in "
-                     "the bf16 full cell above (+6.4% here without offload), and with offload the estimator cannot "
-                     "use its backward walk; docs/trace.md, activation offloading"))),
+    # ... and a recomputed layer's backward under save_on_cpu (the recompute runs outside its hooks)
+    ("gemma2", 256, "bf16-mixed", "eager", "full", {"offload_activations": True}),
     # fine-tuning: adapters on a frozen base (issue 12's grid, small)
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj"}),
     ("llama", 256, "bf16", "sdpa", "none", {"peft": "lora", "lora_rank": 16, "lora_targets": "all-linear"}),

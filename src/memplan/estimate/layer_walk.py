@@ -24,6 +24,7 @@ from memplan.estimate.layer_costs import (
     recomputed_copies_bytes,
     with_shared_expert_overlap,
 )
+from memplan.estimate.recomputed_backward import recomputed_backward
 from memplan.estimate.states import layer_kinds
 from memplan.frozen import frozen_dataclass
 from memplan.units import dtype_bytes
@@ -50,6 +51,11 @@ class LayerWalk:
     #: Autocast weight copies the checkpointed regions make (:func:`recomputed_copies_bytes`), summed
     #: over the layers: also what autocast's cache holds at the loss.
     recomputed_copies: int = 0
+    #: Per recomputed layer walked op by op (:mod:`~memplan.estimate.recomputed_backward`): its weight
+    #: gradients made before its backward's worst op, where the backward makes gradients.
+    early_gradients: dict[int, int] = field(default_factory=dict)
+    #: Whether some recomputed layer's backward was walked op by op (for the --explain sentence).
+    walked: bool = False
 
 
 def walk_layers(ctx: StageContext, forward_extra: int) -> LayerWalk:
@@ -133,6 +139,8 @@ class _Visit:
     graph: tuple[int, int] | None = None
     #: The layer's :func:`recomputed_copies_bytes` (already in ``worst``).
     copies: int = 0
+    #: A recomputed layer walked op by op: None, else its weight gradients made before its worst op.
+    early_grads: int | None = None
 
     #: Only kept and worst figures (no CPU checkpoint, combined-1F1B part or captured graph).
     plain: bool = field(init=False)
@@ -152,6 +160,10 @@ def _add(walk: LayerWalk, index: int, visit: _Visit) -> None:
     if visit.worst > walk.worst_backward:
         walk.worst_backward = visit.worst
     walk.per_layer.append((index, visit.keep, visit.worst))
+    if visit.early_grads is not None:
+        walk.walked = True
+        if visit.early_grads:
+            walk.early_gradients[index] = visit.early_grads
     if visit.ep is not None:
         walk.ep_parts.append(visit.ep)
     if visit.graph is not None:
@@ -167,9 +179,10 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     layer = run.model.layers[index]
     keep, full, transient, rebuilt = layer_costs(run, layer, index)
     keep, full = with_shared_expert_overlap(run, layer, keep, full)
-    transient += cp_backward_extra(run, index)
     copies = recomputed_copies_bytes(ctx, index)
-    transient += copies
+    walked = recomputed_backward(ctx, index, copies)
+    # a recomputed layer's backward op by op (its copies freed as it goes), else the layer kind's general rule
+    transient = (walked.transient if walked is not None else transient + copies) + cp_backward_extra(run, index)
     if run.counts is not None:
         transient += dequantized_weight_bytes(run.counts, run.job, index, dtype_bytes(run.prec.compute))
     recomputed = index in ctx.recomputed
@@ -184,6 +197,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
         layer_keep, layer_worst = full, transient
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
     return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint, copies=copies,
+                  early_grads=walked.with_gradients if walked is not None else None,
                   ep=ep_parts(run, layer, layer_keep, layer_worst) if run.job.overlap.ep_a2a else None,
                   graph=graphed(index, layer_keep, layer_worst, recomputed) if graphed is not None else None)
 

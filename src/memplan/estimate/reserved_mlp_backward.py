@@ -53,11 +53,16 @@ _ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax outp
 _WEIGHTS = ("mlp.down_proj.weight", "mlp.up_proj.weight", "mlp.gate_proj.weight")
 
 
+def whole_weights(run: RunContext) -> bool:
+    """Whether the job trains the whole model (no adapters or frozen parts: their gradients are other
+    tensors) on one rank's whole weights (no TP: the input gradients' sizes are the full hidden size)."""
+    return run.counts is None and run.job.parallel.tp <= 1
+
+
 def op_by_op(run: RunContext) -> bool:
-    """Whether the job's layers may be laid out op by op: it trains the whole model (no adapters or frozen
-    parts: their gradients are other tensors) on one rank's whole weights (no TP: the input gradients'
-    sizes are the full hidden size) and keeps its saved activations on the GPU (no activation offload)."""
-    return run.counts is None and run.job.parallel.tp <= 1 and not run.job.offload.activations
+    """Whether the job's layers may be laid out op by op: :func:`whole_weights`, and it keeps its saved
+    activations on the GPU (no activation offload)."""
+    return whole_weights(run) and not run.job.offload.activations
 
 
 def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] | None:
@@ -66,6 +71,11 @@ def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] 
     ``whole`` layer (none of its tensors dropped) in a job laid out :func:`op_by_op`."""
     if not whole or not op_by_op(run):
         return None
+    return term_slots(name, pieces, run)
+
+
+def term_slots(name: str, pieces: int, run: RunContext) -> list[int] | None:
+    """:func:`op_slots` of a whole layer's term, whatever the job (None: not one of :data:`SLOTS`)."""
     if name == "mlp fc1 output (activation input)" and pieces == 3:
         return [0, 1, 2]
     if name == "mlp fc2 input" and pieces == 1:
@@ -124,6 +134,18 @@ def _layer_names(model: Same, index: int) -> tuple[str, ...]:
     """Layer ``index``'s parameter tensors' names relative to the layer, in order (cached per model object)."""
     return tuple(p.name.rpartition(f".{index}.")[2] for p in model_parameters(model.obj)  # type: ignore[arg-type]
                  if p.layer == index)
+
+
+def layer_gradient_sizes(model: ModelSpec, index: int, grad_bytes: int) -> list[int]:
+    """Bytes of each of layer ``index``'s gradients (``grad_bytes`` per element), in the order of
+    :func:`grad_positions`' list (:func:`~memplan.model.linears.model_parameters` order)."""
+    return [numel * grad_bytes for numel in _layer_numels(Same(model), index)]
+
+
+@lru_cache(maxsize=4096)
+def _layer_numels(model: Same, index: int) -> tuple[int, ...]:
+    """Layer ``index``'s parameter tensors' numels, in order (cached per model object, as :func:`_layer_names`)."""
+    return tuple(p.numel for p in model_parameters(model.obj) if p.layer == index)  # type: ignore[arg-type]
 
 
 def mlp_plan(run: RunContext, index: int, slots: Sequence[Block | None], count: int | None,

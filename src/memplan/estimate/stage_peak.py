@@ -27,7 +27,7 @@ from memplan.estimate.extras import (
     saved_logits_bytes,
     softcap_bytes,
 )
-from memplan.estimate import compiled_loss, loss_parallel, pipeline_fsdp
+from memplan.estimate import compiled_loss, loss_parallel, pipeline_fsdp, recomputed_backward
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.layer_walk import LayerWalk
@@ -168,18 +168,23 @@ def _backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageAc
     numel = (head_numel(ctx) + final_norm_params(run.model)) if layout.has_head else 0
     head_grads = states.gradients * numel // max(st.params.total, 1) if no_grads_yet and st.ft is None else 0
     layers, temp = acts.layers, acts.worst_backward + head_grads
+    back = max(acts.bring_back, loss.bring_back)
     if (no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1
-            and not run.job.offload.activations):
-        layers, temp = _backward_walk(ctx, st, walk, acts.layers, head_grads)
-    temp += (st.step_temp if run.job.optimizer.in_backward else 0) + max(acts.bring_back, loss.bring_back)
+            and (not run.job.offload.activations or acts.per_tensor_offload)):
+        layers, temp = _backward_walk(ctx, st, walk, acts.layers, head_grads, acts.per_tensor_offload)
+        # save_on_cpu: the loss's saved tensors come back for the head's backward, done before any layer's
+        # (the loss moment's logits price that backward)
+        back = acts.bring_back
+    temp += (st.step_temp if run.job.optimizer.in_backward else 0) + back
     yield Contribution(ACTIVATIONS, layers, _BACKWARD, note=_policy_independent_note(ctx))
-    yield Contribution(TEMPORARY, temp, _BACKWARD)
+    yield Contribution(TEMPORARY, temp, _BACKWARD, note=recomputed_backward.NOTE if walk.walked else "")
 
 
 def _backward_walk(ctx: StageContext, st: StageStates, walk: LayerWalk, layer_acts: int,
-                   head_grads: int) -> tuple[int, int]:
+                   head_grads: int, offloaded: bool = False) -> tuple[int, int]:
     """(layer activations still kept, temporaries incl. gradients made so far) at the worst layer of
-    a backward that starts without gradients (``zero_grad(set_to_none=True)``, one micro-batch).
+    a backward that starts without gradients (``zero_grad(set_to_none=True)``, one micro-batch);
+    ``offloaded``: ``save_on_cpu`` keeps the layers' saved tensors in host memory (none to release here).
 
     The backward visits the layers last to first; when it reaches a layer, the later layers have
     released what they kept and made their gradients. Where a layer keeps less than its gradients
@@ -190,9 +195,10 @@ def _backward_walk(ctx: StageContext, st: StageStates, walk: LayerWalk, layer_ac
     best = (layer_acts, head_grads)
     best_total = -1
     for index, kept, worst in reversed(walk.per_layer):
+        worst += walk.early_gradients.get(index, 0)  # the layer's own gradients made before its worst op
         if remaining + made + worst > best_total:
             best_total, best = remaining + made + worst, (remaining, made + worst)
-        remaining -= kept
+        remaining -= 0 if offloaded else kept
         dense, expert = layer_numel_on_rank(ctx.model.layer_param_groups[index], ctx.job)
         made += int((dense + expert) * per_param)
     return best
