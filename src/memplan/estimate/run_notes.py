@@ -79,11 +79,17 @@ def run_notes(run: RunContext) -> list[str]:
     return out
 
 
+#: The MoE settings of a job that gives none.
+_NO_MOE_SETTINGS = MoEOptions()
+
+
 def _dense_moe_settings(run: RunContext) -> list[str]:
     """The MoE settings a job gives that a dense model has no use for: said, not dropped silently."""
-    job, default = run.job, MoEOptions()
+    job = run.job
+    if job.moe == _NO_MOE_SETTINGS and job.parallel.expert_tp == 1:
+        return []
     given = [f.metadata["flag"] if value is True else f"{f.metadata['flag']} {value}" for f in fields(MoEOptions)
-             if (value := getattr(job.moe, f.name)) != getattr(default, f.name)]
+             if (value := getattr(job.moe, f.name)) != getattr(_NO_MOE_SETTINGS, f.name)]
     if job.parallel.expert_tp > 1:
         given.append(f"--etp {job.parallel.expert_tp}")
     if not given:
