@@ -46,8 +46,6 @@ from memplan.estimate.activations import (
 )
 from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.memo import Same
-from memplan.estimate.reserved_mlp_backward import SLOTS, grad_positions, layer_gradient_sizes, term_slots, whole_weights
-from memplan.estimate.reserved_terms import term_tensors
 from memplan.estimate.sac import sac_kept_terms
 
 if TYPE_CHECKING:
@@ -104,8 +102,13 @@ def recomputed_backward(ctx: StageContext, index: int, copies: int) -> Recompute
     whole = index in ctx.recomputed and not run.policy.partial
     sac = sac_kept_terms(layer, shape) if run.policy.kind.per_op and not whole else None
     # activation offload (save_on_cpu) leaves it: the recompute runs in the backward, outside its hooks
-    if (not (whole or sac is not None) or not whole_weights(run) or shape.kernels != "eager"
-            or shape.attention not in UNFUSED_ATTENTION or (layer.num_post_norms and not shape.norm_fp32_scale)):
+    if (not (whole or sac is not None) or shape.kernels != "eager" or shape.attention not in UNFUSED_ATTENTION
+            or (layer.num_post_norms and not shape.norm_fp32_scale)):
+        return None
+    # the reserved schedule's op plans (and the allocator's tally) are imported only for the jobs they serve
+    from memplan.estimate.reserved_mlp_backward import whole_weights
+
+    if not whole_weights(run):
         return None
     key = (Same(run.model), index, shape, run.policy, run.job.offload.activations, run.prec.grad_bytes, copies)
     return _figures(_Keyed(key, run), sac is not None)
@@ -130,6 +133,8 @@ class _Keyed:
 @lru_cache(maxsize=1024)
 def _figures(keyed: _Keyed, per_op: bool) -> RecomputedBackward | None:
     """:func:`recomputed_backward`'s figures (``per_op``: a per-op SAC layer, else a whole recomputed one)."""
+    from memplan.estimate.reserved_mlp_backward import layer_gradient_sizes
+
     run, index, copies = keyed.run, keyed.key[1], keyed.key[6]
     assert isinstance(index, int) and isinstance(copies, int)
     layer, shape = run.model.layers[index], run.shape
@@ -153,6 +158,8 @@ def _figures(keyed: _Keyed, per_op: bool) -> RecomputedBackward | None:
 def _copies_split(run: RunContext, index: int, copies: int) -> tuple[int, int]:
     """The layer's autocast weight copies (``copies`` bytes) as (freed before the core's backward, after it):
     the q/k/v projections' are the latter (all of them where the layer has no separate q/k/v weights)."""
+    from memplan.estimate.reserved_mlp_backward import grad_positions, layer_gradient_sizes
+
     model = run.model
     numels = layer_gradient_sizes(model, index, 1)
     positions = grad_positions(model, index, len(numels), _QKV)
@@ -172,6 +179,8 @@ def _saved(run: RunContext, index: int) -> list[tuple[int, int]]:
     plans, or freed before the core's backward (``_EARLY``), after it (``_LATE``), or the last post-norm's
     normalized input (``_NORMALIZED``, freed in that norm's backward)."""
     from memplan.estimate.reserved_backward import early_terms  # beside the tally's classes (see _walk)
+    from memplan.estimate.reserved_mlp_backward import term_slots
+    from memplan.estimate.reserved_terms import term_tensors
 
     layer, shape = run.model.layers[index], run.shape
     out: list[tuple[int, int]] = []
@@ -195,7 +204,7 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
     not apply."""
     from memplan.alloc.schedule import STREAM_BITS  # the tally's classes, only for the jobs it applies to
     from memplan.estimate.reserved_attention_backward import core_backward, core_plan
-    from memplan.estimate.reserved_mlp_backward import mlp_backward, mlp_plan
+    from memplan.estimate.reserved_mlp_backward import SLOTS, layer_gradient_sizes, mlp_backward, mlp_plan
     from memplan.estimate.reserved_replay import Replay
 
     layer, shape = run.model.layers[index], run.shape
