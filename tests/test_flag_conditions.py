@@ -26,6 +26,7 @@ MEGATRON = ("--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --ffn-h
     (["--activation-offload-fraction", "0.5"], "--offload-modules"),
     (["--offload-pp-delta", "100"], "--offload-modules"),
     (["--frozen-dtype", "fp32"], "frozen weights"),
+    (["--checkpoint-reentrant"], "a --recompute policy"),
 ])
 def test_a_flag_without_its_condition_is_refused(flags, needs):
     """These were accepted and changed nothing (the estimate was the same as without them)."""

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from memplan.errors import ConfigError, JobConfigError
-from memplan.job import Job, RecomputeMode
+from memplan.job import Job
 from memplan.optimizers import OPTIMIZERS
 from memplan.tuning import ADAPTER_METHODS, FOUR_BIT_FORMATS
 
@@ -29,6 +29,8 @@ __all__ = ["JobFlag", "build_job", "check_conflicts", "flag_values", "job_flags"
 
 #: A condition that holds when the condition flag has any non-empty value (``--offload-modules mlp``).
 SET = ("any value",)
+#: A condition that holds when the condition flag is given as anything but ``none`` (``--recompute full``).
+NOT_NONE = ("not none",)
 
 #: (flag, condition flag, allowed values): the flag only means something under those values.
 _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
@@ -41,7 +43,7 @@ _REQUIRES: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
         "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_rank_pattern", "rslora")),
     ("double_quant", "quantize_base", FOUR_BIT_FORMATS),
     ("adapter_dtype", "peft", ADAPTER_METHODS),
-    ("checkpoint_reentrant", "recompute", tuple(m for m in typing.get_args(RecomputeMode) if m != "none")),
+    ("checkpoint_reentrant", "recompute", NOT_NONE),
     ("optimizer_offload_fraction", "offload_optimizer", (True,)),
     ("cuda_graph_modules", "cuda_graph_impl", ("local", "transformer_engine")),
     *((name, "offload_modules", SET) for name in (
@@ -190,14 +192,25 @@ def _fsdp_groups(values: dict[str, Any], base: Job | None) -> dict[str, Any]:
     return out
 
 
+def _holds(value: Any, allowed: tuple[Any, ...]) -> bool:
+    """Whether a condition flag's ``value`` is one of ``allowed`` (or, for :data:`SET` / :data:`NOT_NONE`, given)."""
+    if allowed is SET:
+        return bool(value)
+    if allowed is NOT_NONE:
+        return value not in (None, "none")
+    return value in allowed
+
+
 def check_conflicts(values: Mapping[str, Any]) -> None:
     """Refuse a flag that only applies under another flag's values (e.g. --momentum without sgd)."""
     for name, condition, allowed in _REQUIRES:
         value = values.get(condition)
-        if name in values and not (bool(value) if allowed is SET else value in allowed):
+        if name in values and not _holds(value, allowed):
             flag = condition.replace("_", "-")
             if allowed is SET or allowed == (True,):  # a list or a switch: given or not
                 rule = f"only applies with --{flag} (the job has none)"
+            elif allowed is NOT_NONE:
+                rule = f"only applies with a --{flag} policy (the job has --{flag} {value or 'none'})"
             else:
                 rule = (f"only applies with --{flag} {' or '.join(map(str, allowed))} (the job has --{flag} "
                         f"{values.get(condition, 'not set')})")
