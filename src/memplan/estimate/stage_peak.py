@@ -97,9 +97,14 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     cpu = bring_back = 0
     if acts.per_tensor_offload:
         # what the loss saves goes to host memory too; the loss backward brings it back, and only
-        # the loss value itself (an fp32 scalar per loss, held by the loop) stays on the GPU
+        # the loss value itself (an fp32 scalar per loss, held by the loop) stays on the GPU. The soft-cap's
+        # tanh output is held by autograd alone (the chain rebinds the logits): packed to host memory, it is
+        # not on the GPU beside the cross-entropy's tensors, and comes back only for tanh's own backward
         cpu, bring_back = saved + head, saved
         saved, head = _LOSS_SCALAR_BYTES * depths, 0
+        if loss != "fused-linear" and not compiled_loss.priced(run):  # their logits figures hold no tanh output
+            capped = softcap_bytes(shape, run.vocab_rows, softcap) * depths
+            logits, forward = logits - capped, forward - capped
     head += deferred_wgrad_bytes(job, shape, run.vocab_rows)
     return LossPart(logits=logits, saved_logits=saved, head=head, cpu=cpu, bring_back=bring_back,
                     forward_logits=forward)
