@@ -84,12 +84,16 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     head = head_activation_bytes(shape) if st.ft is None else head_activation_bytes_finetune(
         run.model, job, shape, run.policy.recomputes)
     softcap = run.model.final_logit_softcap is not None
+    # the soft-cap's tanh output is held by autograd alone (the chain rebinds the logits): under save_on_cpu it
+    # is packed to host memory, not on the GPU beside the cross-entropy's tensors, and comes back only for
+    # tanh's own backward (with the loss's other saved tensors, ``bring_back``)
+    held_softcap = softcap and not acts.per_tensor_offload
     depths = 1 + job.mtp_layers
-    logits = logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
+    logits = logits_bytes(job, loss, shape, run.vocab_rows, held_softcap) * depths
     if loss_parallel.applies(job, run.profile):
         logits = max(logits, loss_parallel.loss_parallel_bytes(shape, run.vocab_rows) * depths)
     saved = saved_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
-    forward = min(logits, loss_forward_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths)
+    forward = min(logits, loss_forward_logits_bytes(job, loss, shape, run.vocab_rows, held_softcap) * depths)
     if compiled_loss.priced(run):  # --compile with a compiled cross-entropy (one depth, eager losses aside)
         logits, saved = compiled_loss.compiled_loss_bytes(shape, run.vocab_rows,
                                                           softcap_bytes(shape, run.vocab_rows, softcap))
@@ -97,14 +101,9 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     cpu = bring_back = 0
     if acts.per_tensor_offload:
         # what the loss saves goes to host memory too; the loss backward brings it back, and only
-        # the loss value itself (an fp32 scalar per loss, held by the loop) stays on the GPU. The soft-cap's
-        # tanh output is held by autograd alone (the chain rebinds the logits): packed to host memory, it is
-        # not on the GPU beside the cross-entropy's tensors, and comes back only for tanh's own backward
+        # the loss value itself (an fp32 scalar per loss, held by the loop) stays on the GPU
         cpu, bring_back = saved + head, saved
         saved, head = _LOSS_SCALAR_BYTES * depths, 0
-        if loss != "fused-linear" and not compiled_loss.priced(run):  # their logits figures hold no tanh output
-            capped = softcap_bytes(shape, run.vocab_rows, softcap) * depths
-            logits, forward = logits - capped, forward - capped
     head += deferred_wgrad_bytes(job, shape, run.vocab_rows)
     return LossPart(logits=logits, saved_logits=saved, head=head, cpu=cpu, bring_back=bring_back,
                     forward_logits=forward)
