@@ -92,8 +92,6 @@ def _dense_moe_settings(run: RunContext) -> list[str]:
              if (value := getattr(job.moe, f.name)) != getattr(_NO_MOE_SETTINGS, f.name)]
     if job.parallel.expert_tp > 1:
         given.append(f"--etp {job.parallel.expert_tp}")
-    if not given:
-        return []
     return [f"{', '.join(given)}: no effect, {run.model.name} has no MoE layers (the settings of routed experts)"]
 
 
