@@ -412,6 +412,19 @@ def _sdpa_mask_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     return terms
 
 
+def pv_matmul_saves_v_view(attn: AttentionSpec, shape: ActivationShape) -> bool:
+    """Unfused attention's PV matmul saves v as the strided view it was given (a slice of a fused q/k/v
+    projection's output, which it keeps alive), not a copy.
+
+    GQA's ``repeat_kv`` copies v first (``expand`` then ``reshape``). Without it, ``torch.matmul`` of two
+    4-D tensors folds batch and heads into one batch dimension with ``reshape``: a view of the slice only
+    where one of the two is 1 (its batch stride is ``seq·(H + 2·KV)·d``, not ``H·d``), else a contiguous
+    copy, which the matmul saves instead. The same in eager autograd and under torch.compile (the matmul
+    is decomposed the same way before the partitioner); autocast changes nothing (the projection's output
+    is already 16-bit, the matmul's cast of v returns v)."""
+    return attn.num_kv_heads == attn.num_heads and (shape.micro_batch == 1 or attn.num_heads == 1)
+
+
 def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     """A fused q/k/v projection with RoPE (Phi-3 ``qkv_proj``) in eager code.
 
@@ -420,17 +433,17 @@ def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
 
     * SDPA saves its inputs as given (the view) and, on the CPU kernel the trace runs, a
       contiguous copy of v, which the ``q, k, v`` term counts: the whole output is extra;
-    * eager attention at micro-batch 1: the PV matmul saves the view itself (counted as v), so the
-      output's q and k parts are extra;
-    * eager attention at micro-batch > 1: the matmul cannot fold batch and heads of the strided
-      view, copies v and saves the copy: the output is freed, nothing extra.
+    * eager attention where :func:`pv_matmul_saves_v_view`: the PV matmul saves the view itself
+      (counted as v), so the output's q and k parts are extra;
+    * eager attention elsewhere: v reaches the matmul as a copy (``repeat_kv``'s, or the matmul's
+      own), which is saved: the output is freed, nothing extra.
 
     GPT-2's unrotated q, k, v are all views of ``c_attn``'s output: nothing extra either.
     """
     if not attn.fused_qkv or shape.kernels != "eager" or not shape.rope or attention_kind(attn).latent:
         return []
     if shape.attention == "eager":
-        heads = attn.num_heads + attn.num_kv_heads if shape.micro_batch == 1 else 0
+        heads = attn.num_heads + attn.num_kv_heads if pv_matmul_saves_v_view(attn, shape) else 0
     else:
         heads = attn.num_heads + 2 * attn.num_kv_heads
     if not heads:
