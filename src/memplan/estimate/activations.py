@@ -507,13 +507,12 @@ def _eager_mla_value_copied(attn: AttentionSpec, shape: ActivationShape) -> bool
     """Whether transformers' eager attention copies MLA's value heads before its PV matmul.
 
     MLA's value heads are a strided view of the kv up-projection's output (``(b, h, s, dv)`` with the
-    key's no-rope part between heads). ``torch.matmul`` folds batch and heads into one ``bmm`` batch:
-    at micro-batch 1 that is a view, which the matmul saves (the whole output stays alive); above 1 it
-    cannot be, so the matmul copies v, saves the copy, and the output is freed. The copy belongs to
-    the attention core: ``mla_up_proj`` recompute cannot release it (checked with ``memplan trace`` on a
-    DeepSeek-V2 toy, micro-batch 1 and 2)."""
+    key's no-rope part between heads). Where :func:`pv_matmul_saves_v_view` (micro-batch 1) the matmul
+    saves that view (the whole output stays alive); elsewhere it copies v, saves the copy, and the output
+    is freed. The copy belongs to the attention core: ``mla_up_proj`` recompute cannot release it
+    (checked with ``memplan trace`` on a DeepSeek-V2 toy, micro-batch 1 and 2)."""
     return (attention_kind(attn).latent and bool(attn.kv_lora_rank) and shape.kernels == "eager"
-            and shape.attention == "eager" and shape.micro_batch > 1)
+            and shape.attention == "eager" and not pv_matmul_saves_v_view(attn, shape))
 
 
 #: Sites of an MLP's (fc1 output, activation output) by the MLP's role: the routed experts'
