@@ -18,6 +18,8 @@ Families priced (``T`` tokens, ``c`` bytes of the compute dtype, ``r`` of the re
   output, q/k/v after RoPE, the kernel's output and fp32 log-sum-exp, the output projection's output, the
   MLP norm's output, gate, up and the down projection's input (``3c·f``). The inputs of the output
   projection and of the residual adds are recomputed (views, or elementwise from saved values).
+  Phi-3's fused q/k/v projection: its whole output too wherever the saved v is a view of it
+  (:func:`_saved_v_holds_fused_qkv`).
 * **Unfused attention** (``--attention eager``): q, and k and v repeated to every query head, the output
   projection's input, and for 16-bit activations the scores and probabilities (``2c·H·s`` per token) with the
   fp32 softmax max and sum (the fp32 softmax is recomputed from them; Gemma 2's soft-capping too), for fp32
