@@ -143,8 +143,10 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_bac
                      "each layer's forward and freed together when the autocast region exits, after the loss's "
                      "forward")
     if offloaded:
-        parts.append("under save_on_cpu no layer's saved tensors on the GPU, each layer's backward bringing back "
-                     "its largest saved tensor beside its transient")
+        parts.append("under save_on_cpu no layer's saved tensors kept on the GPU: each layer's forward makes them "
+                     "(an eager core's score temporaries and fp32 softmax output too, that held to the layer's end) "
+                     "and frees them once used, each layer's backward bringing back its largest saved tensor beside "
+                     "its transient")
     if eager and not ops:  # the op-by-op core replaces the eager plan
         parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
                      "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
