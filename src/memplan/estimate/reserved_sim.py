@@ -219,12 +219,13 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     saved = forward_pass(ctx, walk, replay, (copies, pieces.cached), fsdp, pieces.keys)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
-    schedule_loss(ctx, ledger, loss, replay, check, [b for blocks in saved for b in blocks[2]])
+    logits_grad = schedule_loss(ctx, ledger, loss, replay, check, [b for blocks in saved for b in blocks[2]])
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
     head = None
     if pieces.made_in_backward:
         head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
+    replay.give(logits_grad)
     grads += backward_pass(ctx, walk, replay, saved, pieces.grads if pieces.made_in_backward else None, plan, check,
                            pieces.keys)
     summed: list[Block | None] = []
