@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memplan.estimate.autocast import autocast_weight_copy_numel
 from memplan.estimate.compiled import keeps_masks
-from memplan.estimate.context import StageContext
+from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
     contiguous_unused_bytes,
@@ -83,7 +83,7 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     rc = job.recompute
     if rc.partition_activations or rc.cpu_checkpointing:
         notes.append(describe_ds_checkpointing(job) or "")
-    per_tensor = job.offload.activations and run.profile.activation_offload == "per-tensor"
+    per_tensor = per_tensor_offload(run)
     if job.offload.activations and layers and not per_tensor:
         # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
         # layer being computed and the one being copied.
@@ -101,6 +101,11 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     return StageActivations(layers=layers, other=other, head_copy=head_copy, cpu=cpu, unused_buffers=unused,
                             worst_backward=worst, bring_back=bring_back, per_tensor_offload=per_tensor,
                             notes=tuple(notes), autocast_cache=cache)
+
+
+def per_tensor_offload(run: RunContext) -> bool:
+    """Whether the job packs every tensor autograd saves to host memory as it is saved (``save_on_cpu``)."""
+    return run.job.offload.activations and run.profile.activation_offload == "per-tensor"
 
 
 def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int]:
