@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate.activations import (
     EAGER_SOFTMAX_BYTES,
     SOFTMAX_CAST,
@@ -31,9 +32,16 @@ from memplan.estimate.activations import (
     layer_terms_by_block,
 )
 from memplan.estimate.context import RunContext
-from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate.reserved_attention_backward import core_backward, core_plan
-from memplan.estimate.reserved_mlp_backward import SINK_SLOT, attention_split, mlp_backward, mlp_plan
+from memplan.estimate.reserved_experts_backward import EXPERT_WEIGHTS, experts_backward, experts_plan
+from memplan.estimate.reserved_mlp_backward import (
+    EXPERT_SLOT,
+    SINK_SLOT,
+    attention_split,
+    grad_positions,
+    mlp_backward,
+    mlp_plan,
+)
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import applies, sink_backward
 from memplan.model.spec import LayerSpec
@@ -104,7 +112,7 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         replay.give(*early)
         core_backward(replay, core, slots, made, peak)
         made(None)
-        replay.give(*rest)
+        replay.give(*rest, *slots[EXPERT_SLOT:])
         return
     layer = run.model.layers[index]
     plan = eager_backward(layer, run, transient)
@@ -115,15 +123,16 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         # the block's backward (gpt-oss's experts: each grouped GEMM's weight gradient after the combine's and the
         # SwiGLU's saved tensors are gone); the output projection's input after its gradient (sink_backward)
         split = attention_split(run.model, index, count)
-        replay.give(*early)
-        made(None if split is None else split[0])
+        left, done = _experts(run, (index, count), slots[EXPERT_SLOT:], replay, made)
+        replay.give(*early, *left)
+        made(None if split is None else [i for i in split[0] if i not in done])
         sink_backward(layer, run, replay, peak,
                       (list(slots[:5]), [*rest, *slots[6:SINK_SLOT]], (slots[5], slots[SINK_SLOT])))
         if split is not None:
             made(split[1])
         return
     # without the op-by-op plan the slots are freed as before: the core's fp32 output with the late tensors
-    early, rest = [*early, *slots[:6]], [*rest, *slots[6:]]
+    early, rest = [*early, *slots[:6], *slots[EXPERT_SLOT:]], [*rest, *slots[6:EXPERT_SLOT]]
     if plan is None:
         temp = replay.take(transient)
         peak()
@@ -137,3 +146,19 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     replay.give(upcast)
     cast = replay.take(plan.scores)
     replay.give(grad, cast, *rest)
+
+
+
+def _experts(run: RunContext, layer: tuple[int, int | None], slots: Sequence[Block | None], replay: Replay,
+             made: Callable[[Sequence[int] | None], None]) -> tuple[list[Block | None], list[int]]:
+    """gpt-oss's experts' backward op by op (:mod:`~memplan.estimate.reserved_experts_backward`) where their
+    ``slots`` are all saved, their gradients made in it where the layer's are made in the backward (``layer``:
+    its index and the count of its gradients, :func:`backward_layer`). Returns the blocks left for the caller
+    to free (the hidden-sized gradient it leaves alive; the slots themselves where not laid out) and the
+    positions of the gradients it made."""
+    index, count = layer
+    positions = grad_positions(run.model, index, count, EXPERT_WEIGHTS)
+    plan = experts_plan(run, slots, lambda block: replay.ops[block] >> STREAM_BITS, positions)
+    if plan is None:
+        return list(slots), []
+    return [experts_backward(replay, plan, slots, made)], positions or []

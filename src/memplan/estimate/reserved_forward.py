@@ -19,7 +19,8 @@ from memplan.estimate.reserved_attention_backward import (
     core_forward,
 )
 from memplan.estimate.reserved_backward import early_terms
-from memplan.estimate.reserved_mlp_backward import SLOTS, op_slots, term_slots
+from memplan.estimate.reserved_experts_backward import experts_forward
+from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT, SLOTS, op_slots, term_slots
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import SINK_SOFTMAX, sink_temporaries
 from memplan.estimate.reserved_terms import (
@@ -125,6 +126,7 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
     made = [t for t in tensors if t[1] != RELEASE]
     scores = next((size for size, kind, slot in tensors if slot == 2 + SOFTMAX_SLOT - 1), 0)
     position = 0
+    experts: dict[str, Block | None] = {}  # gpt-oss's experts' forward temporaries (experts_forward)
     for size, kind, early in tensors:
         if kind == RELEASE:
             replay.give(*holding)
@@ -134,7 +136,11 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
         due = -(-position * len(casts) // len(made))
         _cast(replay, casts[done:due], held, 0 if early else 1)
         done = max(done, due)
-        if scores and early > 1:  # the eager core's temporaries around its saved tensors
+        if early >= 2 + EXPERT_SLOT:  # gpt-oss's experts' temporaries around their saved tensors
+            block = experts_forward(replay, early - 2 - EXPERT_SLOT, size, experts)
+            replay.give(pending, after)
+            pending, after = None, None
+        elif scores and early > 1:  # the eager core's temporaries around its saved tensors
             before = capped_forward(replay, scores) if early == 2 + TANH_SLOT else None
             upcast, masked = core_forward(replay, (scores, size), capped) if early == 2 + SOFTMAX_SLOT else (None, None)
             capped = capped or before is not None
@@ -155,7 +161,7 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
             to_end.append(block)
         else:
             pending = block
-    replay.give(pending, after, *holding, *to_end)
+    replay.give(pending, after, *holding, *to_end, *experts.values())
     _cast(replay, casts[done:], held, 1)
     return held
 

@@ -35,6 +35,7 @@ from functools import lru_cache
 from memplan.estimate.activations import SOFTMAX_CAST
 from memplan.estimate.context import RunContext
 from memplan.estimate.memo import Same
+from memplan.estimate.reserved_experts_backward import EXPERT_TERMS, expert_index
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import SINK_SOFTMAX
 from memplan.model.linears import model_parameters
@@ -43,10 +44,12 @@ from memplan.model.spec import ModelSpec
 #: The tensors the plan frees op by op (their slots in a layer's saved lists): the MLP's, in forward order,
 #: then the eager attention core's (:mod:`~memplan.estimate.reserved_attention_backward`; the soft-capped scores
 #: only where the scores are soft-capped), then gpt-oss's sink softmax output (:mod:`~memplan.estimate.reserved_sinks`,
-#: not one of the dense plans').
+#: not one of the dense plans'), then gpt-oss's experts' tensors (:data:`~memplan.estimate.reserved_experts_backward.EXPERT_TERMS`).
 SLOTS = ("gate", "up", "act", "product", "output projection input", "probabilities", "softmax output",
-         "soft-capped scores", "sink softmax output")
+         "soft-capped scores", "sink softmax output", *EXPERT_TERMS)
 SINK_SLOT = 8
+#: The first of gpt-oss's experts' slots (:mod:`~memplan.estimate.reserved_experts_backward`, op_slots only).
+EXPERT_SLOT = 9
 _ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax output (fp32)": 6,
                     "soft-capped scores (tanh output)": 7}
 #: The MLP's weights, in the order autograd makes their gradients.
@@ -71,7 +74,8 @@ def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] 
     ``whole`` layer (none of its tensors dropped) in a job laid out :func:`op_by_op`."""
     if not whole or not op_by_op(run):
         return None
-    return term_slots(name, pieces, run)
+    expert = expert_index(name, pieces, run)
+    return term_slots(name, pieces, run) if expert is None else [EXPERT_SLOT + expert]
 
 
 def term_slots(name: str, pieces: int, run: RunContext) -> list[int] | None:

@@ -25,12 +25,12 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_attention_backward import TANH_SLOT
 from memplan.estimate.reserved_forward import layer_blocks, recomputed_blocks
-from memplan.estimate.reserved_mlp_backward import SINK_SLOT, SLOTS, grad_positions, mlp_weights, op_by_op
+from memplan.estimate.reserved_mlp_backward import SINK_SLOT, grad_positions, mlp_weights, op_by_op
 from memplan.estimate.reserved_sinks import applies
 
 _ATTENTION_WEIGHTS = ("self_attn.o_proj.weight",)
 #: The slots (+ 2, as :func:`~memplan.estimate.reserved_forward.layer_blocks` tags them) both plans need.
-_REQUIRED = {2 + s for s in range(len(SLOTS)) if s not in (TANH_SLOT, SINK_SLOT)}
+_REQUIRED = {2 + s for s in range(SINK_SLOT) if s != TANH_SLOT}
 
 
 def recompute_tensors(ctx: StageContext, index: int, count: int | None) -> list[tuple[int, int, bool]] | None:
