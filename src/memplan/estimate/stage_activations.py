@@ -8,6 +8,7 @@ layer-pipelined offload, PyTorch's ``save_on_cpu``).
 
 from __future__ import annotations
 
+from memplan.estimate import offload_weights
 from memplan.estimate.autocast import autocast_weight_copy_numel
 from memplan.estimate.compiled import keeps_masks
 from memplan.estimate.context import StageContext
@@ -92,8 +93,10 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     other, head_copy, saved_copies = _other_activations(ctx, ft)
     bring_back = 0
     if per_tensor:
-        held, bring_back = _save_on_cpu(ctx, walk)
+        held, bring_back, weight_back = _save_on_cpu(ctx, walk)
         cpu += layers + other - held
+        if weight_back:
+            notes.append(offload_weights.NOTE)
         layers, other, head_copy = 0, held, 0
         if saved_copies:
             notes.append(OFFLOADED_COPIES_NOTE)
@@ -103,20 +106,23 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
                             notes=tuple(notes), autocast_cache=cache)
 
 
-def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int]:
+def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int, bool]:
     """``save_on_cpu``: every tensor autograd saves (the layers' and checkpointed layers' inputs, the
     embedding output, autocast's weight copies) is in host memory; the backward brings back one
     operator's at a time. Returns (what stays on the GPU: the RoPE tables and eager masks checkpointed
     layers share as checkpoint arguments, held until the backward; the largest tensor a layer brings
     back: a recomputed layer gets back only its checkpointed input, which its recompute then saves,
     made in the backward outside save_on_cpu and already in its backward working set; any other
-    layer, the largest tensor it saved)."""
+    layer, the largest tensor it saved, a weight included (:mod:`memplan.estimate.offload_weights`);
+    whether that weight is the largest)."""
     run, layout = ctx.run, ctx.layout
     held = 0
     if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
         held = (rope_table_bytes(run.model, run.shape)
                 + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
-    return held, largest_saved_term(run, [i for i, _, _ in walk.per_layer if i not in ctx.recomputed])
+    kept = [i for i, _, _ in walk.per_layer if i not in ctx.recomputed]
+    saved, weight = largest_saved_term(run, kept), offload_weights.largest_saved_weight(run, kept)
+    return held, max(saved, weight), weight > saved
 
 
 def _autocast_cache(ctx: StageContext, walk: LayerWalk, offloaded: bool, saved_copies: int) -> int:
