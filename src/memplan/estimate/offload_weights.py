@@ -5,7 +5,7 @@ included: a linear layer saves the weight it multiplied by (the 16-bit copy auto
 the stored weight itself, a frozen 16-bit base's for instance), and its backward unpacks it into a new
 device tensor the size of that weight. For a dense layer that is one projection's weight; for the routed
 experts of a Hugging Face MoE block it is a whole stacked tensor (``gate_up_proj``, every local expert's
-gate and up halves; transformers' grouped GEMM saves it), which can outweigh every activation of the
+gate and up halves; transformers' grouped GEMM saves it; torchtitan's ``w1``/``w3`` apart), which can outweigh every activation of the
 layer: on Mixtral 8x7B at 1,024 tokens with LoRA on a frozen bf16 base, 1.88 GB against 0.12 GB.
 
 The bring-back is priced per operator as the largest tensor it saved (:func:`memplan.estimate.stage_activations`
@@ -43,10 +43,19 @@ def _layer_weight(run: RunContext, index: int) -> int:
     experts = 0
     if layer.moe is not None:
         _, expert_numel = layer_numel_on_rank(model.layer_param_groups[index], job)
-        # stacked gate_up_proj (gated) or up_proj: the larger of the two stacked tensors
-        experts = expert_numel * 2 // 3 if layer.moe.expert.gated else expert_numel // 2
+        part, whole = _largest_share(run, layer.moe.expert.gated)
+        experts = expert_numel * part // whole
     dense_bytes, expert_bytes = _saved_bytes(run)
     return max(dense * dense_bytes, experts * expert_bytes)
+
+
+def _largest_share(run: RunContext, gated: bool) -> tuple[int, int]:
+    """The routed experts' largest saved tensor as a share (part, whole) of their parameters: transformers stacks ``gate_up_proj``
+    (gated) or ``up_proj`` and ``down_proj``; torchtitan's own model code (a job read from its TOML) keeps
+    ``w1``, ``w2`` and ``w3`` apart."""
+    if run.job.torchtitan_model and run.job.framework == "torchtitan":
+        return (1, 3) if gated else (1, 2)
+    return (2, 3) if gated else (1, 2)
 
 
 def _saved_bytes(run: RunContext) -> tuple[int, int]:
