@@ -1,12 +1,13 @@
-"""save_on_cpu brings back the weights autograd saved (memplan.estimate.offload_weights): the stacked experts
-of a Hugging Face MoE block, a dense projection's 16-bit weight, nothing of a quantized base."""
+"""What save_on_cpu cannot take off the GPU or brings back: the weights autograd saved
+(memplan.estimate.offload_weights: the stacked experts of a Hugging Face MoE block, a dense projection's 16-bit
+weight, nothing of a quantized base) and the embedding output a checkpointed LoRA job makes a leaf."""
 
 from __future__ import annotations
 
 from memplan.estimate.layer_costs import largest_saved_term
 from memplan.estimate.layer_walk import walk_layers
 from memplan.estimate.offload_weights import NOTE, largest_saved_weight
-from memplan.estimate.stage_activations import stage_activations
+from memplan.estimate.stage_activations import _input_leaf_bytes, stage_activations
 from tests.estimate.test_reserved_mechanics import _ctx
 
 _LORA = {"seq": 1024, "mbs": 1, "precision": "bf16-mixed", "framework": "hf", "offload_activations": True,
@@ -39,3 +40,13 @@ def test_dense_activations_still_set_the_bring_back() -> None:
     acts = stage_activations(ctx, walk_layers(ctx, 0), None)
     assert acts.bring_back == largest_saved_term(ctx.run, list(ctx.layout.layer_indices)) > 14336 * 4096 * 2
     assert NOTE not in acts.notes
+
+
+def test_checkpointed_lora_holds_the_embedding_leaf() -> None:
+    """enable_input_require_grads (frozen embedding, checkpointing) makes the embedding's output a leaf that
+    AccumulateGrad holds: one bf16 hidden state per micro-batch (the trace's aten.embedding output); none when
+    the layers are not checkpointed or the embedding trains."""
+    flags = {**_LORA, "seq": 2048, "mbs": 2, "recompute": "full"}
+    assert _input_leaf_bytes(_ctx("mistral-7b", flags)) == 2048 * 2 * 4096 * 2
+    assert _input_leaf_bytes(_ctx("mistral-7b", {**flags, "recompute": "none"})) == 0
+    assert _input_leaf_bytes(_ctx("mistral-7b", {**flags, "modules_to_save": "embed_tokens"})) == 0

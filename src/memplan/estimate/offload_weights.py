@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from memplan.estimate.context import RunContext
 from memplan.estimate.finetune import frozen_bytes_per_element
 from memplan.estimate.states import layer_numel_on_rank
+from memplan.frameworks.model_code import model_code
 from memplan.model.linears import layer_linears
 from memplan.units import dtype_bytes
 
@@ -53,9 +54,9 @@ def _largest_share(run: RunContext, gated: bool) -> tuple[int, int]:
     """The routed experts' largest saved tensor as a share (part, whole) of their parameters: transformers stacks ``gate_up_proj``
     (gated) or ``up_proj`` and ``down_proj``; torchtitan's own model code (a job read from its TOML) keeps
     ``w1``, ``w2`` and ``w3`` apart."""
-    if run.job.torchtitan_model and run.job.framework == "torchtitan":
-        return (1, 3) if gated else (1, 2)
-    return (2, 3) if gated else (1, 2)
+    if not gated:
+        return 1, 2
+    return (2, 3) if model_code(run.job).stacked_gate_up else (1, 3)
 
 
 def _saved_bytes(run: RunContext) -> tuple[int, int]:

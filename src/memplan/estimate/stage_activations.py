@@ -20,10 +20,10 @@ from memplan.estimate.ds_checkpointing import (
     partition_bytes,
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
-from memplan.estimate.finetune import StageFinetune, adapter_bytes
+from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
 from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
 from memplan.estimate.layer_walk import LayerWalk
-from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
+from memplan.estimate.partial_freeze import any_attention_saves, root_flow, uncopied_trained_numel
 from memplan.estimate.trained_dtypes import uncopied_expert_numel
 from memplan.frozen import frozen_dataclass
 from memplan.profiles.framework import head_rows_split
@@ -120,9 +120,24 @@ def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int, bool]:
     if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
         held = (rope_table_bytes(run.model, run.shape)
                 + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
+    held += _input_leaf_bytes(ctx)
     kept = [i for i, _, _ in walk.per_layer if i not in ctx.recomputed]
     saved, weight = largest_saved_term(run, kept), offload_weights.largest_saved_weight(run, kept)
     return held, max(saved, weight), weight > saved
+
+
+def _input_leaf_bytes(ctx: StageContext) -> int:
+    """The embedding's output where Hugging Face's ``enable_input_require_grads`` made it a leaf that requires
+    grad (a frozen embedding under checkpointing, fine-tuning): autograd's ``AccumulateGrad`` node holds it on
+    the GPU until the backward ends, so ``save_on_cpu``'s host copy of it frees nothing."""
+    run, layout = ctx.run, ctx.layout
+    if run.counts is None or not layout.has_embedding or not run.policy.recomputes:
+        return 0
+    if root_flow(run.model, run.job.finetune, True).embedding_trains:
+        return 0
+    shape = run.shape
+    tokens = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
+    return tokens * shape.hidden * frozen_bytes_per_element(run.job) * layout.inflight_microbatches
 
 
 def _autocast_cache(ctx: StageContext, walk: LayerWalk, offloaded: bool, saved_copies: int) -> int:
