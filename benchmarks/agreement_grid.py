@@ -180,6 +180,10 @@ GRID: tuple[Cell, ...] = (
     Cell("qwen3-8b", 1024, 1, "bf16", "sdpa", "none", flags=(("compile", True),)),
     Cell("mistral-7b", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
     Cell("phi-3-mini", 1024, 1, "fp32", "eager", "none", flags=(("compile", True),)),
+    # added 2026-12-07 (helper phi3c10) before they were run: the fused q/k/v output is held by the saved v
+    # under SDPA with autocast, not by unfused attention's copied v at micro-batch 2
+    Cell("phi-3-mini", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
+    Cell("phi-3-mini", 1024, 2, "fp32", "eager", "none", flags=(("compile", True),)),
     Cell("gemma-2-2b", 1024, 1, "bf16-mixed", "eager", "none", flags=(("compile", True),)),
     Cell("gpt2", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),
     Cell("qwen3-30b-a3b", 1024, 1, "bf16-mixed", "sdpa", "none", flags=(("compile", True),)),

@@ -10,6 +10,8 @@ TP, plus three fine-tuning jobs (the LoRA runs of ``configs/published_finetune.j
 estimate with both files.
 
     PYTHONPATH=src python benchmarks/reserved_witness.py [--out benchmarks/results/agreement_reserved_arch.json]
+    PYTHONPATH=src python benchmarks/reserved_witness.py --set gemma-offload  # agreement_reserved_gemma_offload.json
+    PYTHONPATH=src python benchmarks/reserved_witness.py --set offload-check  # agreement_reserved_offload_check.json
 """
 
 from __future__ import annotations
@@ -44,14 +46,39 @@ FINETUNE = (
     grid.Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "none", flags=_LORA[:5]),
 )
 
+_OFFLOAD = (("offload_activations", True),)
+#: ``--set gemma-offload`` (session 10, written to ``agreement_reserved_gemma_offload.json``): gemma-2-2b at
+#: seq 4096 x 2 under ``save_on_cpu`` with and without full recompute, the optimizer the framework profile's
+#: (as ``memplan trace`` runs it by default), where the estimate's simulated reserved was +6.6% and +6.2% over
+#: the trace's (the first found in session 9's sweeps; both cells named before this file was recorded).
+GEMMA_OFFLOAD = (
+    grid.Cell("gemma-2-2b", 4096, 2, "bf16-mixed", "eager", "full", optimizer_impl="auto", flags=_OFFLOAD),
+    grid.Cell("gemma-2-2b", 4096, 2, "bf16-mixed", "eager", "none", optimizer_impl="auto", flags=_OFFLOAD),
+)
+
+#: ``--set offload-check`` (session 10, ``agreement_reserved_offload_check.json``): three more activation-offload
+#: cells named after the schedule's offload change and before they were traced (pure bf16 Gemma 2, Llama's eager
+#: core, Gemma 2 without recompute at mbs 4), to check the change beyond the cells it was found on.
+OFFLOAD_CHECK = (
+    grid.Cell("gemma-2-2b", 4096, 2, "bf16", "eager", "full", optimizer_impl="auto", flags=_OFFLOAD),
+    grid.Cell("llama-3.2-1b", 4096, 2, "bf16-mixed", "eager", "full", flags=_OFFLOAD),
+    grid.Cell("gemma-2-2b", 2048, 4, "bf16-mixed", "eager", "none", flags=_OFFLOAD),
+)
+_SETS = {"gemma-offload": (GEMMA_OFFLOAD, "agreement_reserved_gemma_offload.json"),
+         "offload-check": (OFFLOAD_CHECK, "agreement_reserved_offload_check.json")}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--set", choices=("arch", *_SETS), default="arch")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = DEFAULT_OUT if args.set == "arch" else DEFAULT_OUT.with_name(_SETS[args.set][1])
     cells = {c.key: c for c in grid.GRID}
     results = []
-    for cell in [cells[k] for k in KEYS] + list(FINETUNE):
+    chosen = [cells[k] for k in KEYS] + list(FINETUNE) if args.set == "arch" else list(_SETS[args.set][0])
+    for cell in chosen:
         results.append(grid.measure(cell))
         print(f"{cell.key}: {results[-1]['seconds']} s, reserved {results[-1]['reserved']}", flush=True)
         measured = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")

@@ -28,7 +28,6 @@ RESTATING = {
     "dp": "1 GPU: the data-parallel size is 1 already",
     "reserved": "fixed is the megatron profile's default reserved mode",
     "make_vocab_size_divisible_by": "llama-3.2-1b's 128,256 rows are a multiple of 2 already",
-    "sequence_parallel": "with tp 1 there is nothing to split (Megatron turns it off too)",
 }
 
 

@@ -167,8 +167,6 @@ class Parallelism:
             value = getattr(self, name)
             if value is not None:
                 _check_int(f"--{name.replace('_', '-')}", value, minimum=0)
-        if self.sequence_parallel and self.tp == 1:
-            object.__setattr__(self, "sequence_parallel", False)
         if self.chunk_layers is not None:
             self._check_chunk_layers()
 
@@ -186,6 +184,12 @@ class Parallelism:
             raise JobConfigError("--vpp", f"contradicts the pipeline layout's {len(chunks)} chunks over pp={self.pp}", self.vpp)
         object.__setattr__(self, "chunk_layers", chunks)
         object.__setattr__(self, "vpp", vpp)
+
+    @property
+    def splits_sequence(self) -> bool:
+        """Whether sequence parallelism acts: ``--sequence-parallel`` with tp > 1 (at tp 1 there is nothing to
+        split; the flag stays as given and the estimate says it has no effect, as Megatron warns and turns it off)."""
+        return self.sequence_parallel and self.tp > 1
 
     @property
     def data_parallel(self) -> int:

@@ -57,6 +57,8 @@ def test_profile_table_renders(tiny_config: Path) -> None:
     ["ckpt", "profile", "gpt2", "--sizes", "64,-1"],
     ["ckpt", "bench", "--steps", "0"],
     ["ckpt", "bench", "--repeats", "-2"],
+    ["ckpt", "bench", "--seed", "-1"],  # numpy's generator raised a traceback
+    ["ckpt", "bench", "--seed", str(2**64)],
 ])
 def test_bad_input_exits_2_with_one_line(args: list[str]) -> None:
     result = runner.invoke(app, args)

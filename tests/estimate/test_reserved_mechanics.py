@@ -300,3 +300,18 @@ def test_under_autocast_a_pre_norms_fp32_output_lives_until_its_block_ends() -> 
     pure = _ctx("llama-3.2-1b", {**flags, "precision": "bf16"})
     blocks = layer_blocks(pure, 0, layer_costs(pure.run, pure.run.model.layers[0], 0)[0])
     assert len(blocks) > 2 and HELD not in [kind for _, kind, _ in blocks]
+
+
+def test_the_16_bit_logits_gradient_is_alive_while_the_heads_gradient_is_made() -> None:
+    """After the loss, autograd holds the 16-bit gradient of the logits while the head's matmul makes the head's
+    weight gradient (traces of gpt-oss-20b and gemma-2-2b: ``_to_copy``, ``mm``, then the free); the schedule
+    freed it before, which put the head's gradient in a hole the trace's cannot offer it."""
+    flags = {"seq": 1024, "mbs": 1, "precision": "bf16", "framework": "hf"}
+    model = load_model("llama-3.2-1b")
+    events = _schedule("llama-3.2-1b", flags)
+    half = 1024 * model.vocab_size * 2
+    head = model.vocab_size * model.hidden_size * 2
+    start = events.index(("moment", "loss"))
+    after = events[start:events.index(("moment", "backward"), start)]
+    made, head_made, freed = after.index(("take", half)), after.index(("take", head)), after.index(("give", half))
+    assert made < head_made < freed

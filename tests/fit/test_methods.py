@@ -209,5 +209,7 @@ def test_methods_header_names_the_data_parallel_gpus() -> None:
     runner = CliRunner()
     eight = runner.invoke(app, ["fit", "llama-3.2-1b", "--methods", "--gpus", "8"], env=WIDE)
     assert eight.exit_code in (0, 1) and "on each of 8 data-parallel h100-80gb" in eight.output
+    data = json.loads(runner.invoke(app, ["fit", "llama-3.2-1b", "--methods", "--gpus", "8", "--json"]).output)
+    assert data["gpus"] == 8
     one = runner.invoke(app, ["fit", "llama-3.2-1b", "--methods"], env=WIDE)
     assert "on one h100-80gb" in one.output

@@ -80,6 +80,14 @@ CONFIGS: dict[str, dict[str, object]] = {
     "phi3": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
              "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 2048, "sliding_window": 1023,
              "pad_token_id": 0},
+    # Phi-3's fused q/k/v where the PV matmul's v is not a copy of the fused output's slice (one head) or is one
+    # anyway (GQA's repeat_kv, at micro-batch 1): memplan.estimate.activations.pv_matmul_saves_v_view
+    "phi3_one_head": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 1,
+                      "num_key_value_heads": 1, "num_hidden_layers": 2, "vocab_size": 2048, "sliding_window": 1023,
+                      "pad_token_id": 0},
+    "phi3_gqa": {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+                 "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "sliding_window": 1023,
+                 "pad_token_id": 0},
     "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 128,
                   "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
                   "vocab_size": 2048, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
@@ -109,6 +117,8 @@ CELLS: tuple[object, ...] = (
     ("gemma2", 256, "bf16-mixed", "eager", "none"),
     ("gemma2", 256, "bf16", "eager", "full"),
     ("phi3", 256, "fp32", "eager", "none"),
+    ("phi3_one_head", 80, "fp32", "eager", "none"),  # the fused output held at micro-batch 2 (was -7.6%)
+    ("phi3_gqa", 80, "fp32", "eager", "none", {"mbs": 1}),  # not held at micro-batch 1 (was +4.8%)
     # families added in session 8: bf16-mixed eager without and with full recompute, fp32 eager
     ("gemma3_text", 256, "bf16-mixed", "eager", "none"),
     ("gemma3_text", 256, "bf16-mixed", "eager", "full"),

@@ -55,10 +55,7 @@ CELLS = (
     ("llama", 80, "bf16", "eager"),
     ("qwen2", 80, "bf16-mixed", "sdpa"),
     ("qwen3", 80, "bf16", "sdpa"),
-    pytest.param("phi3", 80, "fp32", "eager", marks=pytest.mark.xfail(strict=True, reason=(
-        "activations +9.5%: on this toy the partitioner's saved v does not hold the fused q/k/v projection's output, "
-        "on phi-3-mini (seq 1024) it does (the agreement grid's cell: +0.0% with the term, -7.0% without); the "
-        "rule follows the real size and the cause of the difference is not yet found"))),
+    ("phi3", 80, "fp32", "eager"),  # micro-batch 2: the PV matmul copies v, the fused output is not held
     ("phi3", 80, "bf16-mixed", "eager"),
     ("gemma2", 160, "bf16-mixed", "eager"),
     ("gemma3_text", 160, "bf16-mixed", "eager"),  # Gemma's fp32 norm on the per-head q/k norms
@@ -95,15 +92,42 @@ def test_gpt2_with_dropout_keeps_the_residual_masks(config_paths: dict[str, str]
     _agrees(config_paths["gpt2"], 80, "bf16-mixed", "sdpa", dropout=0.1)
 
 
-def _agrees(model: str, seq: int, precision: str, attention: str, **flags: object) -> None:
-    result = trace(model, seq=seq, mbs=2, precision=precision, attention=attention, recompute="none",
+#: (config, micro-batch, precision, attention, held): whether Phi-3's saved v is a view of the fused q/k/v
+#: projection's output, keeping it whole (memplan.estimate.compiled._saved_v_holds_fused_qkv).
+FUSED_QKV_CELLS = (
+    ("phi3", 2, "fp32", "eager", False),  # the PV matmul cannot fold batch and heads of the slice: it copies v
+    ("phi3", 1, "fp32", "eager", True),  # it can at micro-batch 1 (phi-3-mini's grid cell)
+    ("phi3", 1, "bf16-mixed", "eager", True),  # autocast: the projection's output is 16-bit already
+    ("phi3_one_head", 2, "fp32", "eager", True),  # and with one head
+    ("phi3_gqa", 1, "fp32", "eager", False),  # repeat_kv copies v first
+    ("phi3", 2, "bf16-mixed", "sdpa", True),  # the kernel saves v as given
+    ("phi3_gqa", 2, "fp32", "sdpa", True),
+)
+
+
+@pytest.mark.parametrize("name, mbs, precision, attention, held", FUSED_QKV_CELLS)
+def test_phi3_fused_projection_is_held_where_the_saved_v_is_its_view(
+        config_paths: dict[str, str], name: str, mbs: int, precision: str, attention: str, held: bool) -> None:
+    """The saved v's view of the fused output is not in the partitioner's list by its storage, so the layer-by-
+    layer check above cannot see it: the activations are held to 0.1% here (the term is 2-10% of them)."""
+    spec = load_model(config_paths[name])
+    job = build_job({"framework": "hf", "seq": 80, "mbs": mbs, "precision": precision, "attention": attention,
+                     "compile": True})
+    attention_terms, _ = compiled_blocks(spec.layers[0], run_context(spec, job, 0.1).shape)
+    assert any("fused q/k/v" in t.name for t in attention_terms) is held
+    _agrees(config_paths[name], 80, precision, attention, mbs=mbs, tolerance=0.001)
+
+
+def _agrees(model: str, seq: int, precision: str, attention: str, mbs: int = 2, tolerance: float = TOLERANCE,
+            **flags: object) -> None:
+    result = trace(model, seq=seq, mbs=mbs, precision=precision, attention=attention, recompute="none",
                    optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True, **flags)
     assert result.to_dict()["compiled_layers"], "the partitioner's saved sets are reported"
     rows = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}
     for category in EXACT:
         assert rows[category].estimated_bytes == rows[category].traced_bytes, category
     row = rows["activation"]
-    assert abs(row.relative or 0.0) <= TOLERANCE, (row.traced_bytes, row.estimated_bytes)
+    assert abs(row.relative or 0.0) <= tolerance, (row.traced_bytes, row.estimated_bytes)
     # each layer: what the partitioner saved beyond the layer's inputs is what the rule prices beyond its input
     spec = load_model(model)
     run = run_context(spec, result.options.job, 0.1)

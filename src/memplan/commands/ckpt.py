@@ -80,6 +80,8 @@ def bench_command(
     with handle_errors():
         _positive(steps, "--steps")
         _positive(repeats, "--repeats")
+        if seed is not None and not 0 <= seed < 2**63:
+            raise ConfigError("--seed", "must be a non-negative integer below 2**63 (numpy and torch seeds)", seed)
         check_output_path("--output", output)
         from memplan.ckpt.bench import BenchConfig, run_bench, with_overrides
 

@@ -412,6 +412,19 @@ def _sdpa_mask_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     return terms
 
 
+def pv_matmul_saves_v_view(attn: AttentionSpec, shape: ActivationShape) -> bool:
+    """Unfused attention's PV matmul saves v as the strided view it was given (a slice of a fused q/k/v
+    projection's output, which it keeps alive), not a copy.
+
+    GQA's ``repeat_kv`` copies v first (``expand`` then ``reshape``). Without it, ``torch.matmul`` of two
+    4-D tensors folds batch and heads into one batch dimension with ``reshape``: a view of the slice only
+    where one of the two is 1 (its batch stride is ``seq·(H + 2·KV)·d``, not ``H·d``), else a contiguous
+    copy, which the matmul saves instead. The same in eager autograd and under torch.compile (the matmul
+    is decomposed the same way before the partitioner); autocast changes nothing (the projection's output
+    is already 16-bit, the matmul's cast of v returns v)."""
+    return attn.num_kv_heads == attn.num_heads and (shape.micro_batch == 1 or attn.num_heads == 1)
+
+
 def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     """A fused q/k/v projection with RoPE (Phi-3 ``qkv_proj``) in eager code.
 
@@ -420,17 +433,17 @@ def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
 
     * SDPA saves its inputs as given (the view) and, on the CPU kernel the trace runs, a
       contiguous copy of v, which the ``q, k, v`` term counts: the whole output is extra;
-    * eager attention at micro-batch 1: the PV matmul saves the view itself (counted as v), so the
-      output's q and k parts are extra;
-    * eager attention at micro-batch > 1: the matmul cannot fold batch and heads of the strided
-      view, copies v and saves the copy: the output is freed, nothing extra.
+    * eager attention where :func:`pv_matmul_saves_v_view`: the PV matmul saves the view itself
+      (counted as v), so the output's q and k parts are extra;
+    * eager attention elsewhere: v reaches the matmul as a copy (``repeat_kv``'s, or the matmul's
+      own), which is saved: the output is freed, nothing extra.
 
     GPT-2's unrotated q, k, v are all views of ``c_attn``'s output: nothing extra either.
     """
     if not attn.fused_qkv or shape.kernels != "eager" or not shape.rope or attention_kind(attn).latent:
         return []
     if shape.attention == "eager":
-        heads = attn.num_heads + attn.num_kv_heads if shape.micro_batch == 1 else 0
+        heads = attn.num_heads + attn.num_kv_heads if pv_matmul_saves_v_view(attn, shape) else 0
     else:
         heads = attn.num_heads + 2 * attn.num_kv_heads
     if not heads:
@@ -494,13 +507,12 @@ def _eager_mla_value_copied(attn: AttentionSpec, shape: ActivationShape) -> bool
     """Whether transformers' eager attention copies MLA's value heads before its PV matmul.
 
     MLA's value heads are a strided view of the kv up-projection's output (``(b, h, s, dv)`` with the
-    key's no-rope part between heads). ``torch.matmul`` folds batch and heads into one ``bmm`` batch:
-    at micro-batch 1 that is a view, which the matmul saves (the whole output stays alive); above 1 it
-    cannot be, so the matmul copies v, saves the copy, and the output is freed. The copy belongs to
-    the attention core: ``mla_up_proj`` recompute cannot release it (checked with ``memplan trace`` on a
-    DeepSeek-V2 toy, micro-batch 1 and 2)."""
+    key's no-rope part between heads). Where :func:`pv_matmul_saves_v_view` (micro-batch 1) the matmul
+    saves that view (the whole output stays alive); elsewhere it copies v, saves the copy, and the output
+    is freed. The copy belongs to the attention core: ``mla_up_proj`` recompute cannot release it
+    (checked with ``memplan trace`` on a DeepSeek-V2 toy, micro-batch 1 and 2)."""
     return (attention_kind(attn).latent and bool(attn.kv_lora_rank) and shape.kernels == "eager"
-            and shape.attention == "eager" and shape.micro_batch > 1)
+            and shape.attention == "eager" and not pv_matmul_saves_v_view(attn, shape))
 
 
 #: Sites of an MLP's (fc1 output, activation output) by the MLP's role: the routed experts'

@@ -18,6 +18,8 @@ Families priced (``T`` tokens, ``c`` bytes of the compute dtype, ``r`` of the re
   output, q/k/v after RoPE, the kernel's output and fp32 log-sum-exp, the output projection's output, the
   MLP norm's output, gate, up and the down projection's input (``3c·f``). The inputs of the output
   projection and of the residual adds are recomputed (views, or elementwise from saved values).
+  Phi-3's fused q/k/v projection: its whole output too wherever the saved v is a view of it
+  (:func:`_saved_v_holds_fused_qkv`).
 * **Unfused attention** (``--attention eager``): q, and k and v repeated to every query head, the output
   projection's input, and for 16-bit activations the scores and probabilities (``2c·H·s`` per token) with the
   fp32 softmax max and sum (the fp32 softmax is recomputed from them; Gemma 2's soft-capping too), for fp32
@@ -50,7 +52,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memplan.estimate import compiled_loss
-from memplan.estimate.activations import ActivationShape, Term
+from memplan.estimate.activations import ActivationShape, Term, pv_matmul_saves_v_view
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MoESpec
 from memplan.settings import InputSetting
@@ -201,10 +203,7 @@ def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     tokens, c = shape.seq * shape.micro_batch, shape.act_bytes
     heads, kv_heads, d, dv = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
     terms = []
-    if attn.fused_qkv and shape.rope and not shape.autocast and (shape.attention not in ("eager", "math")
-                                                                 or kv_heads == heads):
-        # Phi-3: the saved v (or its unrepeated copy) is a view of the fused projection's output, which keeps
-        # the q and k parts alive beside their rotated copies (under autocast v is a cast copy of its own)
+    if _saved_v_holds_fused_qkv(attn, shape):
         terms.append(Term("fused q/k/v projection output held by the saved v (a view)",
                           c * tokens * (heads + kv_heads) * d, "tp", "attn"))
     if attn.qk_norm:  # Qwen3: the q and k projections' outputs and the per-head norms' 1/rms
@@ -226,6 +225,18 @@ def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
         Term("q, k, v (attention kernel inputs)", c * tokens * (heads * d + kv_heads * (d + dv)), "tp", "attn"),
         Term("attention kernel output", c * tokens * heads * dv, "tp", "core"),
         Term("attention log-sum-exp (fp32)", FP32_BYTES * shape.micro_batch * lse_seq * heads, "tp", "core")]
+
+
+def _saved_v_holds_fused_qkv(attn: AttentionSpec, shape: ActivationShape) -> bool:
+    """Phi-3's fused q/k/v projection: q and k are sliced out and rotated into new tensors, v stays a strided
+    view of the projection's output, and a saved view keeps that whole output (its q and k parts too) alive.
+
+    SDPA's kernel saves v as given: held, under autocast too. Unfused attention: where the PV matmul saves
+    the view rather than a copy (:func:`~memplan.estimate.activations.pv_matmul_saves_v_view`: MHA at
+    micro-batch 1, phi-3-mini's grid cell; not at micro-batch 2, the toys of the tests)."""
+    if not (attn.fused_qkv and shape.rope):
+        return False
+    return shape.attention not in ("eager", "math") or pv_matmul_saves_v_view(attn, shape)
 
 
 def _latent_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:

@@ -149,7 +149,7 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         hidden=model.hidden_size,
         tp=par.tp,
         vocab_tp=vocab_split(profile, par.tp),
-        sequence_parallel=par.sequence_parallel,
+        sequence_parallel=par.splits_sequence,
         act_bytes=prec.act_bytes,
         residual_bytes=dtype_bytes(prec.compute if base16 else prec.residual),
         attention=sdpa_attention(code, job.attention, prec.act_bytes),

@@ -133,7 +133,8 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
 
 
 def per_tensor_offload(run: RunContext) -> bool:
-    """The job offloads every saved tensor (PyTorch's ``save_on_cpu``, the hf and torchtitan profiles)."""
+    """Whether the job packs every tensor autograd saves to host memory as it is saved (``save_on_cpu``: the
+    hf and torchtitan profiles)."""
     return run.job.offload.activations and run.profile.activation_offload == "per-tensor"
 
 

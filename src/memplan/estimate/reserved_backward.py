@@ -111,10 +111,14 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     if applies(layer, run) and (plan is not None or slots[SINK_SLOT] is not None):
         # gpt-oss's sink attention (reserved_sinks): a recomputed layer's forward made again too; where the
         # probabilities and softmax output have no slot (a fine-tuning job), they go with the early and late ones
+        # the MLP block's saved tensors freed before its gradients are made, as autograd frees them while it runs
+        # the block's backward (gpt-oss's experts: each grouped GEMM's weight gradient after the combine's and the
+        # SwiGLU's saved tensors are gone); the output projection's input after its gradient (sink_backward)
         split = attention_split(run.model, index, count)
+        replay.give(*early)
         made(None if split is None else split[0])
         sink_backward(layer, run, replay, peak,
-                      ([*early, *slots[:5]], [*rest, *slots[6:SINK_SLOT]], (slots[5], slots[SINK_SLOT])))
+                      (list(slots[:5]), [*rest, *slots[6:SINK_SLOT]], (slots[5], slots[SINK_SLOT])))
         if split is not None:
             made(split[1])
         return

@@ -2,8 +2,9 @@
 item 8; :mod:`memplan.estimate.reserved_sim`).
 
 Under ``save_on_cpu`` every tensor autograd saves is copied to host memory when it is saved, so a
-layer's forward keeps nothing on the GPU: its tensors are made and freed as the forward moves on, and
-its backward brings the saved tensors back one operator's at a time (the estimate's ``bring_back``, the
+layer's forward keeps nothing on the GPU: its tensors are made and freed as the forward moves on
+(:func:`~memplan.estimate.reserved_forward.layer_blocks`: all of them, an eager core's score temporaries
+too), and its backward brings the saved tensors back one operator's at a time (the estimate's ``bring_back``, the
 largest tensor a layer saved, beside the layer's backward transient). Under ``torch.autocast`` the
 16-bit weight copies are the exception: autocast's cache keeps each one (the head's too) on the GPU
 until the forward's autocast region exits, after the loss's forward

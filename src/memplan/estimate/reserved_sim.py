@@ -143,8 +143,10 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_bac
                      "each layer's forward and freed together when the autocast region exits, after the loss's "
                      "forward")
     if offloaded:
-        parts.append("under save_on_cpu no layer's saved tensors on the GPU, each layer's backward bringing back "
-                     "its largest saved tensor beside its transient")
+        parts.append("under save_on_cpu no layer's saved tensors kept on the GPU: each layer's forward makes them "
+                     "(an eager core's score temporaries and fp32 softmax output too, that held to the layer's end) "
+                     "and frees them once used, each layer's backward bringing back its largest saved tensor beside "
+                     "its transient")
     if eager and not ops:  # the op-by-op core replaces the eager plan
         parts.append("each eager-attention layer's backward frees its MLP block's and later attention tensors "
                      "before the softmax backward makes its two fp32 gradients of the probabilities and casts "
@@ -217,12 +219,13 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     saved = forward_pass(ctx, walk, replay, (copies, pieces.cached), fsdp, pieces.keys)
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
-    schedule_loss(ctx, ledger, loss, replay, check, [b for blocks in saved for b in blocks[2]])
+    logits_grad = schedule_loss(ctx, ledger, loss, replay, check, [b for blocks in saved for b in blocks[2]])
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
     head = None
     if pieces.made_in_backward:
         head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
+    replay.give(logits_grad)
     grads += backward_pass(ctx, walk, replay, saved, pieces.grads if pieces.made_in_backward else None, plan, check,
                            pieces.keys)
     summed: list[Block | None] = []

@@ -60,8 +60,9 @@ def term_tensors(name: str, size: int, layer: LayerSpec, run: RunContext) -> lis
     return [size]
 
 
-#: Kinds of the tensors a layer's forward makes in the schedule (see :func:`norm_output`).
-KEPT, DROPPED, HELD, RELEASE = 0, 1, 2, 3
+#: Kinds of the tensors a layer's forward makes in the schedule (see :func:`norm_output`); LAYER_HELD: freed at
+#: the layer's end (an eager core's fp32 softmax output under ``save_on_cpu``: the decoder layer drops it on return).
+KEPT, DROPPED, HELD, RELEASE, LAYER_HELD = 0, 1, 2, 3, 4
 
 
 def norm_output(name: str, sizes: dict[str, int], run: RunContext) -> int:

@@ -50,10 +50,12 @@ def run_notes(run: RunContext) -> list[str]:
         f"x pp {par.pp} x cp {par.cp}"
         + (f", vpp {par.vpp} (interleaved 1F1B)" if par.vpp > 1
            else (", 1F1B pipeline schedule" if par.pp > 1 else ""))
-        + (", sequence parallel" if par.sequence_parallel else "")
+        + (", sequence parallel" if par.splits_sequence else "")
         + (f", ep {par.ep}, etp {par.expert_tp}, expert-dp {par.expert_dp}" if model.is_moe else ""))
     out.append(f"batch: micro-batch {b.micro_batch_size} x sequence {b.seq_length}, "
                f"{job.num_microbatches} micro-batch(es) per step per DP rank")
+    if par.sequence_parallel and not par.splits_sequence:
+        out.append("--sequence-parallel: no effect at --tp 1, there is nothing to split (Megatron warns and turns it off)")
     if run.vocab_rows != model.vocab_size:
         divisible = job.vocab_divisible_by or profile.vocab_divisible_by
         out.append(f"vocabulary {model.vocab_size} padded to {run.vocab_rows} rows (multiple of {divisible} x tp)")
@@ -98,7 +100,7 @@ def _dense_moe_settings(run: RunContext) -> list[str]:
 def _attention_notes(run: RunContext) -> list[str]:
     job, prec = run.job, run.prec
     code = model_code(job)
-    out = list(model_code_notes(code, job.attention, dtype_bytes(prec.compute), job.parallel.sequence_parallel))
+    out = list(model_code_notes(code, job.attention, dtype_bytes(prec.compute), job.parallel.splits_sequence))
     if job.attention == "eager" and run.profile.kernels == "eager":
         out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
                    "its cast to the compute dtype are kept (and dropout mask/output), GQA keys/values copied per query "

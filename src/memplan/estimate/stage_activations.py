@@ -21,7 +21,12 @@ from memplan.estimate.ds_checkpointing import (
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
 from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
-from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
+from memplan.estimate.layer_costs import (
+    largest_saved_term,
+    layer_costs,
+    mtp_activation_bytes,
+    per_tensor_offload,
+)
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.partial_freeze import any_attention_saves, root_flow, uncopied_trained_numel
 from memplan.estimate.trained_dtypes import uncopied_expert_numel
@@ -84,7 +89,7 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     rc = job.recompute
     if rc.partition_activations or rc.cpu_checkpointing:
         notes.append(describe_ds_checkpointing(job) or "")
-    per_tensor = job.offload.activations and run.profile.activation_offload == "per-tensor"
+    per_tensor = per_tensor_offload(run)
     if job.offload.activations and layers and not per_tensor:
         # Saved activations stream to CPU memory after each layer's forward; the GPU keeps the
         # layer being computed and the one being copied.

@@ -84,10 +84,12 @@ class MethodResult:
 
 @dataclass(frozen=True, kw_only=True)
 class MethodsResult:
-    """Every method on one GPU: fitting ones fastest first, then the others by memory."""
+    """Every method on each of ``gpus`` data-parallel GPUs: fitting ones fastest first, then the others by memory."""
 
     model: str
     gpu: str
+    #: The data-parallel GPUs the methods run on (each holds the figures: per-GPU memory).
+    gpus: int
     usable_bytes: int
     limit_bytes: int
     margin: float
@@ -108,7 +110,7 @@ class MethodsResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "gpu": self.gpu, "usable_bytes": self.usable_bytes, "limit_bytes": self.limit_bytes,
+            "model": self.model, "gpu": self.gpu, "gpus": self.gpus, "usable_bytes": self.usable_bytes, "limit_bytes": self.limit_bytes,
             "margin": self.margin, "seq_length": self.seq_length, "micro_batch_size": self.micro_batch_size,
             "best": self.best.label if self.best else None, "methods": [m.to_dict() for m in self.methods],
             "notes": list(self.notes),
@@ -196,6 +198,6 @@ def compare_methods(
         "quantization, dequantized in every forward, backward and recompute (priced as an HBM pass)"),
         "fitting methods ranked by the predicted step time; the others by predicted reserved memory",
     )
-    return MethodsResult(model=model.name, gpu=gpu_spec.name, usable_bytes=gpu_spec.usable_bytes, limit_bytes=limit,
+    return MethodsResult(model=model.name, gpu=gpu_spec.name, gpus=par.world_size, usable_bytes=gpu_spec.usable_bytes, limit_bytes=limit,
                          margin=margin, seq_length=batch.seq_length, micro_batch_size=batch.micro_batch_size,
                          methods=tuple(rows), notes=notes)

@@ -125,8 +125,7 @@ def _params(value: int | None) -> str:
 def methods_renderables(result: MethodsResult) -> list[Any]:
     """Every fine-tuning method on the GPU: fitting ones fastest first, the verdict, the notes.
     The paged and trainable columns appear only when some method has them."""
-    gpus = result.methods[0].job.parallel.world_size if result.methods else 1
-    where = f"one {result.gpu}" if gpus == 1 else f"each of {gpus} data-parallel {result.gpu}"
+    where = f"one {result.gpu}" if result.gpus == 1 else f"each of {result.gpus} data-parallel {result.gpu}"
     head = Text(f"{result.model} on {where}: sequence {result.seq_length}, micro-batch "
                 f"{result.micro_batch_size}; limit {result.limit_bytes / GiB:.1f} GiB "
                 f"({result.usable_bytes / GiB:.1f} usable - {100 * result.margin:.0f}% margin)")

@@ -117,6 +117,8 @@ def check_traceable(job: Job, *, torchtitan_code: bool = False) -> None:
         for name in vars(now):
             if (section, name) in traced or (section is None and hasattr(getattr(job, name), "__dataclass_fields__")):
                 continue
+            if (section, name) == ("parallel", "sequence_parallel") and not job.parallel.splits_sequence:
+                continue  # at tp 1 there is nothing to split: the trace runs as without it (the estimate says so)
             if getattr(now, name) != getattr(base, name):
                 raise ConfigError(_flag_name(section, name), "is not something memplan trace can run (it simulates "
                                   "FSDP and TP ranks of a PyTorch training step); estimate this job with memplan "
