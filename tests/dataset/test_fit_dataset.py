@@ -140,3 +140,14 @@ def test_changes_only_when_nothing_fits_without(model_dir, chat_rows, tmp_path, 
 
     config = json.loads(emitted.read_text())
     assert TrainingArguments(**{**config, "output_dir": str(tmp_path / "o")}).optim == "adamw_bnb_8bit"
+
+
+@pytest.mark.parametrize("extra", [("--top", "3"), ("--all",), ("--gpus-per-node", "4"), ("--max-seq",), ("--methods",),
+                                   ("--torchtitan-config", "t.toml")])
+def test_options_the_dataset_search_does_not_read_are_refused(extra, model_dir, text_rows, tmp_path, write_jsonl,
+                                                              isolated_cache):
+    """Each was accepted and dropped: the --dataset branch reads none of them."""
+    path = write_jsonl(tmp_path / "t.jsonl", text_rows)
+    out = CliRunner().invoke(app, ["fit", str(model_dir), "--dataset", str(path), *extra])
+    assert out.exit_code == 2, out.output
+    assert out.output.startswith(f"error: {extra[0]}: does not apply with --dataset")

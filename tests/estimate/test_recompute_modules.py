@@ -138,3 +138,20 @@ def test_modules_are_canonicalised_and_the_empty_list_is_megatrons_too() -> None
     assert Recompute(mode="selective").module_names == ("core_attn",)
     with pytest.raises(JobConfigError):
         Recompute(mode="none", modules="core_attn")
+
+
+def test_recomputed_eager_core_repeats_the_kv_heads_too() -> None:
+    # core_attn's checkpoint keeps q, k, v (the 8 KV heads' keys and values) and its recompute copies them to all
+    # 32 query heads again: the KV heads' share comes back beside the extra heads' (a trace of the agreement
+    # grid's llama toy holds both full copies at the recomputed softmax backward); SDPA without a mask copies none
+    from memplan.estimate.context import run_context
+    from memplan.estimate.recompute_modules import recomputed_only_terms
+    from memplan.jobflags import build_job
+
+    model = load_model(DENSE)
+    for attention, expected in (("eager", C * TOKENS * 8 * 2 * 64), ("sdpa", 0)):
+        job = build_job({"seq": S, "mbs": B, "precision": "bf16", "attention": attention, "framework": "hf",
+                         "recompute": "megatron-selective", "recompute_modules": "core_attn"})
+        shape = run_context(model, job, 0.0).shape
+        terms = recomputed_only_terms(model.layers[0], shape, ("core_attn",))
+        assert sum(t.bytes for t in terms if t.site == "core") == expected, attention

@@ -202,3 +202,27 @@ def test_gbs_is_kept_by_the_search() -> None:
     for row in doc["candidates"]:
         assert row["global_batch_size"] == 100 and 100 % (row["dp"] * row["micro_batch_size"]) == 0
     assert any("not a multiple of dp=8" in r["reason"] for r in doc["rejected"])
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (("--top", "3"), "--top"), (("--all",), "--all"), (("--gpus-per-node", "4"), "--gpus-per-node"),
+    (("--max-seq",), "--max-seq"), (("--methods",), "--methods"), (("--plot", "p.png"), "--plot"),
+    (("--seq", "8192"), "--seq"), (("--zero", "3"), "--zero"), (("--text-field", "x"), "--text-field"),
+])
+def test_colocate_refuses_what_it_does_not_read(tmp_path: Path, extra: tuple[str, ...], flag: str) -> None:
+    """--colocate reads every job from its file; each of these was accepted and changed nothing."""
+    a = _job(tmp_path, "a.yaml", "model: llama-3.2-1b\ngpus: 1\n")
+    b = _job(tmp_path, "b.yaml", "model: gpt2\ngpus: 1\n")
+    out = invoke("fit", "--colocate", a, b, *extra)
+    assert out.exit_code == 2, out.output
+    assert out.output.startswith(f"error: {flag}: ") and len(out.output.strip().splitlines()) == 1
+    assert invoke("fit", "--colocate", a, b, "--margin", "0.2").exit_code in (0, 1)
+
+
+@pytest.mark.parametrize("mode", ["--methods", "--max-seq", "--max-mbs"])
+@pytest.mark.parametrize("extra, flag", [(("--top", "3"), "--top"), (("--all",), "--all"),
+                                         (("--gpus-per-node", "4"), "--gpus-per-node")])
+def test_search_options_are_refused_where_no_layout_is_searched(mode: str, extra: tuple[str, ...], flag: str) -> None:
+    out = invoke("fit", "llama-3.2-1b", mode, *extra)
+    assert out.exit_code == 2, out.output
+    assert f"error: {flag}: applies to the layout search only; {mode} searches no layouts" in out.output

@@ -98,14 +98,23 @@ def fit_command(
     with handle_errors():
         check_output_path("--plot", plot)
         names = list(args or [])
+        # what only the layout search reads (a value equal to its default restates it), and the other questions
+        search = (("--top", top if top != 10 else None), ("--all", show_all),
+                  ("--gpus-per-node", gpus_per_node if gpus_per_node != 8 else None))
+        modes = (("--max-mbs", max_mbs), ("--max-seq", max_seq), ("--methods", methods), ("--job", job_file))
         if colocate:
             if hf_args is not None or peft_config is not None or torchtitan_config is not None:
                 raise ConfigError("--colocate", "takes job files; name hf-args / peft-config inside them")
+            _refuse_with_colocate(job_flags, dataset_flags)
+            _refuse_unused("--colocate (it fits the job files as they are)", (*modes, ("--plot", plot), *search))
             return _colocate(names, gpu, FIT_MARGIN if margin is None else margin, json_output)
         if len(names) != 1:
             raise ConfigError("MODEL", "give exactly one model (or --colocate with job files)", " ".join(names) or None)
         if dataset_flags:
             from memplan.dataset.fitting import fit_dataset_answer
+
+            _refuse_unused("--dataset (it searches the batching, micro-batch and recompute of the job's layout)",
+                           (*modes, ("--torchtitan-config", torchtitan_config), *search))
 
             check_output_path("--emit", (dataset_flags.get("emit") or (None, None))[1])
             document, shown = fit_dataset_answer(names[0], dict(job_flags or {}), dataset_flags, gpu=gpu,
@@ -175,6 +184,26 @@ def _progress(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callabl
             shown[0].stop()
 
     return update, stop
+
+
+def _refuse_with_colocate(job_flags: dict[str, Any] | None, dataset_flags: dict[str, Any] | None) -> None:
+    """--colocate reads every job from its file: a job flag or a dataset flag beside it is refused (it would change
+    none of the jobs), never dropped."""
+    from memplan.jobflags import job_flags as all_job_flags
+
+    spelled = {f.name: f.flag for f in all_job_flags()}
+    for name, value in (job_flags or {}).items():
+        raise ConfigError(spelled.get(name, f"--{name.replace('_', '-')}"),
+                          "is a job setting; with --colocate each job file gives its own", value)
+    for name, value in (dataset_flags or {}).items():
+        raise ConfigError(f"--{name.replace('_', '-')}", "does not apply with --colocate (it fits job files)", value)
+
+
+def _refuse_unused(mode: str, options: tuple[tuple[str, Any], ...]) -> None:
+    """An option the question ``mode`` does not read is refused, never dropped."""
+    for flag, value in options:
+        if value not in (None, False):
+            raise ConfigError(flag, f"does not apply with {mode}", value)
 
 
 def _colocate(files: list[str], gpu: str, margin: float, json_output: bool) -> None:

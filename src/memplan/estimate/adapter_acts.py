@@ -109,15 +109,18 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
 
 
 def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, compute_bytes: int,
-                           base_bytes: int, adapter_bytes: int = ADAPTER_BYTES) -> int:
+                           base_bytes: int, tokens: int, adapter_bytes: int = ADAPTER_BYTES) -> int:
     """Peak of the temporaries peft's DoRA forward allocates for the largest adapted linear of a layer.
 
     ``DoraLinearLayer.forward`` (peft ``tuners/lora/dora.py``) rebuilds the adapted weight on every
     call: ``lora_B(lora_A(eye(in)))`` — an fp32 ``in x in`` identity (under autocast also its 16-bit
     copy, which ``lora_A``'s graph keeps while the result lives; without autocast the graph keeps the
-    identity itself) and an ``in x out`` product —, the product and the base weight cast to the fp32
-    input's dtype, then ``weight + scaling * lora_weight`` (two fp32 ``out x in`` tensors) for the
-    norm. ``base_bytes``: element size of the base weight as the layer holds it (a quantized base is
+    identity itself), autocast's copies of the two adapter weights, ``lora_A``'s ``in x r`` output and an
+    ``in x out`` product —, the product and the base weight cast to the fp32 input's dtype, then
+    ``weight + scaling * lora_weight`` (two fp32 ``out x in`` tensors) for the norm. All of it beside the
+    layer's input cast to the adapters' dtype (``_cast_input_dtype``, ``tokens x in``: peft casts it before
+    the DoRA call and frees it once ``lora_A`` has read it), which no saved tensor stands for.
+    ``base_bytes``: element size of the base weight as the layer holds it (a quantized base is
     dequantized to the compute dtype first).
     """
     worst = 0
@@ -125,17 +128,20 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
     for a in adapters:
         if not a.dora or a.experts > 1 or m_is_parameter(a):
             continue
-        i, o = a.module.in_features, a.module.out_features
+        i, o, r = a.module.in_features, a.module.out_features, a.rank
         eye, eye_copy = adapter_bytes * i * i, (compute_bytes * i * i if autocast and compute_bytes != adapter_bytes else 0)
         kept_eye = eye_copy or eye
         product = (compute_bytes if autocast else adapter_bytes) * i * o
         product_cast = x_bytes * i * o if product != x_bytes * i * o else 0
         weight_cast = x_bytes * i * o if base_bytes != x_bytes else 0
         combined = kept_eye + (product_cast or product) + weight_cast
+        # the input's cast, and under autocast the adapter weights' copies with lora_A's output in the compute dtype
+        beside = x_bytes * tokens * i if compute_bytes != x_bytes else 0
+        small = (compute_bytes * r * (2 * i + o) if eye_copy else adapter_bytes * r * i)
         worst = max(worst,
-                    eye + eye_copy + product,  # lora_B's output while the identity lives
-                    kept_eye + product + product_cast,  # the cast of the product
-                    combined + 2 * x_bytes * i * o)  # scaling * lora_weight and the sum, for the norm
+                    beside + eye + eye_copy + small + product,  # lora_B's output while the identity lives
+                    beside + kept_eye + product + product_cast,  # the cast of the product
+                    beside + combined + 2 * x_bytes * i * o)  # scaling * lora_weight and the sum, for the norm
     return worst
 
 

@@ -199,7 +199,7 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
     if dropped:
         # only one block's recomputed tensors are alive at a time (recompute_modules.py)
         rebuilt -= sum(size for size, _, site in sized if site in dropped)
-        again = [(divided(t, shape), t.site) for t in recomputed_only_terms(shape, policy.modules)]
+        again = [(divided(t, shape), t.site) for t in recomputed_only_terms(layer, shape, policy.modules)]
         rebuilt += recomputed_peak([(size, site) for size, _, site in sized] + again, dropped)
         kept += sum(divided(t, shape) for t in inputs)
     return kept, full, transient, rebuilt
@@ -333,4 +333,4 @@ def dora_transient(ctx: StageContext) -> int:
     return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
                                   compute_bytes=run.shape.act_bytes,
                                   base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job),
-                                  adapter_bytes=adapter_bytes(run.job))
+                                  tokens=run.shape.seq * run.shape.micro_batch, adapter_bytes=adapter_bytes(run.job))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 
+from memplan.estimate.activations import ActivationShape, Term, divided
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import LayerCapture, layer_capture
 from memplan.estimate.ds_checkpointing import ds_checkpointing_applies, place_checkpoint
@@ -142,11 +143,12 @@ class _Visit:
     #: A recomputed layer walked op by op: None, else its weight gradients made before its worst op.
     early_grads: int | None = None
 
-    #: Only kept and worst figures (no CPU checkpoint, combined-1F1B part or captured graph).
+    #: Only kept and worst figures (no CPU checkpoint, combined-1F1B part, captured graph or walked backward).
     plain: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        plain = not (self.cpu_keep or self.checkpoint) and self.ep is None and self.graph is None
+        plain = (not (self.cpu_keep or self.checkpoint) and self.ep is None and self.graph is None
+                 and not self.early_grads)
         object.__setattr__(self, "plain", plain)
 
 
@@ -188,11 +190,17 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     recomputed = index in ctx.recomputed
     cpu_keep = checkpoint = 0
     if recomputed:
-        layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full, max(transient, forward_extra))
+        # the forward's temporaries (DoRA's weights, gpt-oss's sink attention) are made again once the layer's
+        # output gradient has arrived: beside it
+        beside = forward_extra and output_gradient_bytes(run.shape, run.model.hidden_size)
+        layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full,
+                                                                    max(transient, forward_extra + beside))
     elif run.policy.partial:
         # The recomputed modules (the attention core, the attention module, or under per-op
-        # SAC the rest of the layer) are made again during this layer's backward.
-        layer_keep, layer_worst = keep, rebuilt + transient
+        # SAC the rest of the layer) are made again during this layer's backward (a walk of
+        # sub-module checkpoints makes them where their blocks' backward starts: in its figure).
+        walked_modules = walked is not None and bool(run.dropped)
+        layer_keep, layer_worst = keep, (0 if walked_modules else rebuilt) + transient
     else:
         layer_keep, layer_worst = full, transient
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
@@ -200,6 +208,12 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
                   early_grads=walked.with_gradients if walked is not None else None,
                   ep=ep_parts(run, layer, layer_keep, layer_worst) if run.job.overlap.ep_a2a else None,
                   graph=graphed(index, layer_keep, layer_worst, recomputed) if graphed is not None else None)
+
+
+def output_gradient_bytes(shape: ActivationShape, hidden: int) -> int:
+    """The gradient of a decoder layer's output on one rank (the residual stream's dtype)."""
+    return divided(Term("output gradient", shape.residual_bytes * shape.seq * shape.micro_batch * hidden, "sp",
+                        "input"), shape)
 
 
 def _recomputed(ctx: StageContext, position: int, keep: int, full: int,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import LayerSpec
 
@@ -47,6 +47,8 @@ SITES_DROPPED_BY: dict[str, frozenset[str]] = {
     "moe_act": frozenset({"moe_act"}),
     "shared_experts": frozenset({"shared_experts"}),
 }
+#: The name of the term of an eager core's (or a masked SDPA's) ``repeat_kv`` copies for the extra query heads.
+_REPEATED_KV = "keys and values repeated per query head"
 #: Sites recomputed at the attention block's backward (the others at the MLP block's).
 ATTENTION_SITES = frozenset({"core", "input_norm", "mla_up"})
 
@@ -118,21 +120,33 @@ def checkpoint_input_terms(layer: LayerSpec, shape: ActivationShape, modules: It
     return terms
 
 
-def recomputed_only_terms(shape: ActivationShape, modules: Iterable[str]) -> list[Term]:
+def recomputed_only_terms(layer: LayerSpec, shape: ActivationShape, modules: Iterable[str]) -> list[Term]:
     """Tensors a checkpoint makes again in the backward that no term of the layer stands for.
 
-    ``layernorm`` on an eager RMSNorm with a 16-bit input: without recompute the norm saves its fp32
-    copy and its normalized tensor in the input dtype, the latter priced by the ``norm input`` term
-    (same bytes, :func:`~memplan.estimate.activations.eager_norm_terms`); under the checkpoint the
-    ``norm input`` term is the input itself, kept, and the normalized tensor comes back with the
-    recompute, once per norm (the input norm at the attention backward, the pre-MLP norm at the MLP's).
+    * ``layernorm`` on an eager RMSNorm with a 16-bit input: without recompute the norm saves its fp32
+      copy and its normalized tensor in the input dtype, the latter priced by the ``norm input`` term
+      (same bytes, :func:`~memplan.estimate.activations.eager_norm_terms`); under the checkpoint the
+      ``norm input`` term is the input itself, kept, and the normalized tensor comes back with the
+      recompute, once per norm (the input norm at the attention backward, the pre-MLP norm at the MLP's);
+    * ``core_attn`` on an eager core with grouped keys and values: the checkpoint keeps its inputs (q, k, v,
+      the KV heads' keys and values among them) and ``repeat_kv`` makes its copies for every query head
+      again, the KV heads' share too, which the ``repeat_kv copies`` term (the extra heads' share: without
+      recompute no other tensor holds the rotated keys and the values) leaves out.
     """
-    if ("layernorm" not in set(modules) or shape.kernels != "eager" or shape.norm != "rmsnorm"
-            or shape.residual_bytes >= NORM_COMPUTE_BYTES):
-        return []
-    sbh = shape.seq * shape.micro_batch * shape.hidden
-    return [Term(f"{prefix} norm normalized input, recomputed", shape.residual_bytes * sbh, "sp", "body", site=site)
-            for prefix, site in (("attention", "input_norm"), ("mlp", "pre_mlp_norm"))]
+    names = set(modules)
+    terms: list[Term] = []
+    if ("layernorm" in names and shape.kernels == "eager" and shape.norm == "rmsnorm"
+            and shape.residual_bytes < NORM_COMPUTE_BYTES):
+        sbh = shape.seq * shape.micro_batch * shape.hidden
+        terms += [Term(f"{prefix} norm normalized input, recomputed", shape.residual_bytes * sbh, "sp", "body",
+                       site=site) for prefix, site in (("attention", "input_norm"), ("mlp", "pre_mlp_norm"))]
+    attn = layer.attention
+    if "core_attn" in names and attn is not None and attn.num_heads > attn.num_kv_heads:
+        extra = attn.num_heads - attn.num_kv_heads
+        terms += [Term("keys and values of the KV heads, repeated again (repeat_kv in the recomputed core)",
+                       t.bytes * attn.num_kv_heads // extra, t.region, "core", site="core")
+                  for t in layer_terms(layer, shape) if t.name.startswith(_REPEATED_KV)]
+    return terms
 
 
 def ineffective_modules(modules: Iterable[str], sites: Iterable[str]) -> tuple[str, ...]:

@@ -24,6 +24,14 @@ Under torchtitan's per-op selective checkpointing (SAC) a layer's backward first
 again, so the same walk applies from the whole layer's tensors; its kept ones are counted once (they are the
 layer's kept figure), and the cached op outputs autograd does not save sit beside it, as in the general rule.
 
+Under Megatron's sub-module checkpoints on an eager layer (``megatron-selective`` with ``--recompute-modules``
+among ``core_attn``, ``layernorm`` and ``mlp``; :mod:`~memplan.estimate.recompute_modules`) only the checkpointed
+sub-modules' forwards run again, each when autograd first reaches it: the MLP's (and the pre-MLP norm's) at
+the MLP block's backward start, the input norm's and the attention core's at the attention block's, after
+the MLP block's tensors are freed. The same walk applies with the layer's kept tensors taken first (its kept
+figure) and each block's dropped tensors (and those only its recompute makes, such as the repeated keys and
+values of every query head) taken where that block's backward starts; the figures are above the kept ones.
+
 The walk applies to a whole-model job on one rank's whole weights
 (:func:`~memplan.estimate.reserved_mlp_backward.whole_weights`; with ``save_on_cpu`` activation offload too:
 the recompute runs in the backward, outside its hooks, so what it saves stays on the GPU), to an eager
@@ -46,19 +54,28 @@ from memplan.estimate.activations import (
 )
 from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.memo import Same
+from memplan.estimate.recomputed_tensors import (
+    AT_ATTENTION,
+    AT_MLP,
+    EARLY,
+    KEPT,
+    NORMALIZED,
+    saved_tensors,
+)
 from memplan.estimate.sac import sac_kept_terms
 
 if TYPE_CHECKING:
     from memplan.estimate.reserved_replay import Block, Replay
 
 #: The sentence --explain gives where a recomputed layer's backward was walked op by op.
-NOTE = ("recomputed layers' backward walked op by op (after the recomputed forward or per-op SAC's recomputed ops: "
-        "the output gradient, "
+NOTE = ("recomputed layers' backward walked op by op (after the recomputed forward, per-op SAC's recomputed ops, "
+        "or each checkpointed sub-module's forward where its block's backward starts: the output gradient, "
         "Gemma's post-norm backward in fp32, the gated MLP's and the eager attention core's backward, each op "
         "freeing what it no longer needs), not priced as two of the layer's largest saved tensors")
 
-_POST_NORMALIZED = "post-norms normalized output"
 _QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+#: ``--recompute-modules`` the walk follows on an eager layer (the others: the general rule).
+WALKED_MODULES = frozenset({"core_attn", "layernorm", "mlp"})
 
 
 @dataclass(frozen=True)
@@ -68,7 +85,7 @@ class RecomputedBackward:
     #: Without the layer's own weight gradients (they are counted elsewhere, or already allocated).
     transient: int
     #: Where the backward makes the gradients (none allocated before): the worst op with the layer's
-    #: weight gradients made before it, less ``transient``.
+    #: weight gradients made before it, less ``transient`` (0 under per-op SAC, see :func:`_figures`).
     with_gradients: int
 
 
@@ -101,9 +118,10 @@ def recomputed_backward(ctx: StageContext, index: int, copies: int) -> Recompute
     layer, shape = run.model.layers[index], run.shape
     whole = index in ctx.recomputed and not run.policy.partial
     sac = sac_kept_terms(layer, shape) if run.policy.kind.per_op and not whole else None
+    modules = bool(run.dropped) and set(run.policy.modules) <= WALKED_MODULES and layer.moe is None
     # activation offload (save_on_cpu) leaves it: the recompute runs in the backward, outside its hooks
-    if (not (whole or sac is not None) or shape.kernels != "eager" or shape.attention not in UNFUSED_ATTENTION
-            or (layer.num_post_norms and not shape.norm_fp32_scale)):
+    if (not (whole or sac is not None or modules) or shape.kernels != "eager"
+            or shape.attention not in UNFUSED_ATTENTION or (layer.num_post_norms and not shape.norm_fp32_scale)):
         return None
     # the reserved schedule's op plans (and the allocator's tally) are imported only for the jobs they serve
     from memplan.estimate.reserved_mlp_backward import whole_weights
@@ -111,7 +129,7 @@ def recomputed_backward(ctx: StageContext, index: int, copies: int) -> Recompute
     if not whole_weights(run):
         return None
     key = (Same(run.model), index, shape, run.policy, run.job.offload.activations, run.prec.grad_bytes, copies)
-    return _figures(_Keyed(key, run), sac is not None)
+    return _figures(_Keyed(key, run), "sac" if sac is not None else "modules" if modules else "whole")
 
 
 class _Keyed:
@@ -131,20 +149,23 @@ class _Keyed:
 
 
 @lru_cache(maxsize=1024)
-def _figures(keyed: _Keyed, per_op: bool) -> RecomputedBackward | None:
-    """:func:`recomputed_backward`'s figures (``per_op``: a per-op SAC layer, else a whole recomputed one)."""
+def _figures(keyed: _Keyed, mode: str) -> RecomputedBackward | None:
+    """:func:`recomputed_backward`'s figures (``mode``: ``whole`` recomputed layer, per-op ``sac`` layer, or
+    sub-``modules`` checkpointed)."""
     from memplan.estimate.reserved_mlp_backward import layer_gradient_sizes
 
     run, index, copies = keyed.run, keyed.key[1], keyed.key[6]
     assert isinstance(index, int) and isinstance(copies, int)
     layer, shape = run.model.layers[index], run.shape
-    tensors = _saved(run, index)
+    tensors = saved_tensors(run, index)
     without = _walk(run, index, copies, None, tensors)
     if without is None:
         return None
     with_grads = _walk(run, index, copies, layer_gradient_sizes(run.model, index, run.prec.grad_bytes), tensors)
-    sac = sac_kept_terms(layer, shape) if per_op else None
-    if sac is not None:
+    sac = sac_kept_terms(layer, shape) if mode == "sac" else None
+    if mode == "modules":
+        extra = 0  # the walk starts from the kept tensors alone
+    elif sac is not None:
         # per-op SAC: the layer's kept tensors (its input among them) are not counted again in what it rebuilds;
         # the cached op outputs autograd does not save sit beside its backward (as in the general rule)
         extra = sum(divided(t, shape) for t in sac[1])
@@ -152,7 +173,10 @@ def _figures(keyed: _Keyed, per_op: bool) -> RecomputedBackward | None:
         # under save_on_cpu the kept input is in host memory: the copy brought back is the recompute's own
         extra = -sum(divided(t, shape) for t in layer_terms(layer, shape)
                      if t.keep == "input") if not run.job.offload.activations else 0
-    return RecomputedBackward(transient=without + extra, with_gradients=max(0, (with_grads or 0) - without))
+    # per-op SAC: not counted (its figures stand above a trace's backward already: the torchtitan eager toy's
+    # backward at +2.3%, +4.6% with them; left as it was)
+    early = max(0, (with_grads or 0) - without) if mode != "sac" else 0
+    return RecomputedBackward(transient=without + extra, with_gradients=early)
 
 
 def _copies_split(run: RunContext, index: int, copies: int) -> tuple[int, int]:
@@ -170,70 +194,54 @@ def _copies_split(run: RunContext, index: int, copies: int) -> tuple[int, int]:
     return copies - late, late
 
 
-#: Roles of a saved tensor in the walk (:func:`_saved`) beside a slot of :data:`SLOTS` (0 and up).
-_EARLY, _LATE, _NORMALIZED = -1, -2, -3
-
-
-def _saved(run: RunContext, index: int) -> list[tuple[int, int]]:
-    """The tensors layer ``index`` saves (its recomputed forward's), as (bytes, role): a slot of the op-by-op
-    plans, or freed before the core's backward (``_EARLY``), after it (``_LATE``), or the last post-norm's
-    normalized input (``_NORMALIZED``, freed in that norm's backward)."""
-    from memplan.estimate.reserved_backward import early_terms  # beside the tally's classes (see _walk)
-    from memplan.estimate.reserved_mlp_backward import term_slots
-    from memplan.estimate.reserved_terms import term_tensors
-
-    layer, shape = run.model.layers[index], run.shape
-    out: list[tuple[int, int]] = []
-    for term, early in zip(layer_terms(layer, shape), early_terms(layer, run)):
-        size = divided(term, shape)
-        if term.name == _POST_NORMALIZED:
-            one = size // max(layer.num_post_norms, 1)
-            out += [(size - one, _EARLY), (one, _NORMALIZED)]
-            continue
-        pieces = term_tensors(term.name, size, layer, run)
-        found = term_slots(term.name, len(pieces), run)
-        roles = [_EARLY if early else _LATE] * len(pieces) if found is None else found
-        out += zip(pieces, roles)
-    return out
-
-
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
-          tensors: list[tuple[int, int]]) -> int | None:
-    """The most the layer's backward holds above its saved ``tensors`` (:func:`_saved`; ``grads``: the sizes
+          tensors: list[tuple[int, int, int]]) -> int | None:
+    """The most the layer's backward holds above its kept ``tensors`` (:func:`~memplan.estimate.recomputed_tensors.saved_tensors`; ``grads``: the sizes
     of the layer's gradients, made where autograd makes them; None: not counted), or None when a plan does
     not apply."""
-    from memplan.alloc.schedule import STREAM_BITS  # the tally's classes, only for the jobs it applies to
     from memplan.estimate.reserved_attention_backward import core_backward, core_plan
     from memplan.estimate.reserved_mlp_backward import SLOTS, layer_gradient_sizes, mlp_backward, mlp_plan
     from memplan.estimate.reserved_replay import Replay
 
     layer, shape = run.model.layers[index], run.shape
+    count = len(layer_gradient_sizes(run.model, index, 0))
+    sized: list[int | None] = [None] * len(SLOTS)
+    for size, role, _ in tensors:
+        if role >= 0:
+            sized[role] = size
+    mlp = mlp_plan(run, index, sized, count, lambda size: size)
+    core = core_plan(run, index, sized, count)
+    if mlp is None or core is None:
+        return None
     replay = Replay(repeat=False)
     slots: list[Any] = [None] * len(SLOTS)  # the op-by-op plans' slots (their Block type is the schedule's int)
     freed: tuple[list[Block | None], list[Block | None]] = ([], [])  # before the core's backward, after it
-    normalized: Block | None = None
-    for (_, role), block in zip(tensors, replay.take_all([size for size, _ in tensors])):
-        if role >= 0:
-            slots[role] = block
-        elif role == _NORMALIZED:
-            normalized = block
-        else:
-            freed[0 if role == _EARLY else 1].append(block)
+    normalized: list[Block | None] = []
+
+    def take(when: int) -> None:
+        """Take the tensors the walk makes at ``when`` into their slots or free lists."""
+        chosen = [(size, role) for size, role, at in tensors if at == when]
+        for (_, role), block in zip(chosen, replay.take_all([size for size, _ in chosen])):
+            if role >= 0:
+                slots[role] = block
+            else:
+                (normalized if role == NORMALIZED else freed[0 if role == EARLY else 1]).append(block)
+
+    take(KEPT)
     saved = replay.requested
-    count = len(layer_gradient_sizes(run.model, index, 0))
-    # mlp_plan's blocks are typed memplan.alloc.blocks.Block; the replay's are ints (as in reserved_backward)
-    mlp = mlp_plan(run, index, slots, count, lambda block: replay.ops[block] >> STREAM_BITS)  # type: ignore[call-overload]
-    core = core_plan(run, index, slots, count)
-    if mlp is None or core is None:
-        return None
     tokens_hidden = shape.seq * shape.micro_batch * run.model.hidden_size
-    early_copies, late_copies = (replay.take(size) for size in _copies_split(run, index, copies))
-    freed[0].append(early_copies)
-    freed[1].append(late_copies)
+    # a sub-module checkpoint's autocast copies are the MLP's (the attention core and the norms copy no weight),
+    # made with its recompute; a recomputed layer's all come with its forward, before the backward starts
+    at_mlp = copies if run.dropped else 0
+    early, late = _copies_split(run, index, copies - at_mlp)
+    freed[0].append(replay.take(early))
+    freed[1].append(replay.take(late))
     incoming = replay.take(tokens_hidden * shape.residual_bytes)
     if layer.num_post_norms:
         fp32 = tokens_hidden * NORM_COMPUTE_BYTES
-        rms_norm_backward(replay, fp32, normalized, replay.take(fp32))
+        rms_norm_backward(replay, fp32, normalized[0] if normalized else None, replay.take(fp32))
+    freed[0].append(replay.take(at_mlp))
+    take(AT_MLP)
 
     def made(positions: Sequence[int] | None) -> None:
         if grads is not None and positions is not None:
@@ -241,6 +249,7 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
 
     mlp_backward(replay, mlp, slots, made)
     replay.give(*freed[0])
+    take(AT_ATTENTION)
     core_backward(replay, core, slots, made, lambda: None)
     replay.give(incoming, *freed[1])
     return replay.peak_requested - saved

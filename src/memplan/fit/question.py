@@ -108,6 +108,9 @@ def answer(question: FitQuestion, *, progress: Progress | None = None) -> FitAns
     if question.gpus_per_node < 1:
         raise ConfigError("--gpus-per-node", "must be at least 1", question.gpus_per_node)
     flags = dict(question.flags)
+    if question.methods or question.max_mbs or question.max_seq:
+        _refuse_search_settings(question, "--methods" if question.methods else
+                                "--max-mbs" if question.max_mbs else "--max-seq")
     if question.methods:
         return _methods(question, flags)
     if flags.get("gpus") is None:
@@ -119,6 +122,17 @@ def answer(question: FitQuestion, *, progress: Progress | None = None) -> FitAns
     if question.job_file is not None:
         raise ConfigError("--job", "needs --max-mbs or --max-seq")
     return _search_answer(question, flags, progress)
+
+
+def _refuse_search_settings(question: FitQuestion, mode: str) -> None:
+    """``--top``, ``--all`` and ``--gpus-per-node`` shape the layout search only: given with a question that runs no
+    search (``mode``), each is refused instead of dropped (a value equal to its default restates the search's own)."""
+    default = FitQuestion(model=question.model)
+    given = (("--all", question.top is None, True), ("--top", question.top not in (None, default.top), question.top),
+             ("--gpus-per-node", question.gpus_per_node != default.gpus_per_node, question.gpus_per_node))
+    for flag, differs, value in given:
+        if differs:
+            raise ConfigError(flag, f"applies to the layout search only; {mode} searches no layouts", value)
 
 
 def _search_answer(question: FitQuestion, flags: dict[str, Any], progress: Progress | None) -> FitAnswer:

@@ -1,0 +1,27 @@
+"""DoRA's forward temporaries at an adapted linear (:func:`memplan.estimate.adapter_acts.dora_forward_transient`)
+against what a trace holds there."""
+
+from __future__ import annotations
+
+from memplan.estimate.adapter_acts import dora_forward_transient
+from memplan.model.linears import LinearModule
+from memplan.peft.params import Adapter
+
+#: The agreement grid's llama_wide toy: down_proj 2048 -> 256, rank 8, seq 64 x 2 under bf16-mixed.
+DOWN = Adapter(module=LinearModule("model.layers.0.mlp.down_proj", 2048, 256, layer=0), rank=8, dora=True)
+TOKENS = 128
+
+
+def test_weight_rebuild_sits_beside_the_input_cast_to_the_adapters_dtype() -> None:
+    # a trace at lora_B's output in the recomputed down_proj: the fp32 input cast (1,048,576), the fp32 identity
+    # (16,777,216) and its bf16 copy (8,388,608), autocast's copies of lora_A (32,768) and lora_B (4,096),
+    # lora_A's output (32,768) and lora_B's (1,048,576)
+    held = 1_048_576 + 16_777_216 + 8_388_608 + 32_768 + 4_096 + 32_768 + 1_048_576
+    assert dora_forward_transient((DOWN,), autocast=True, compute_bytes=2, base_bytes=2, tokens=TOKENS) == held
+    # adapters in the input's dtype: no cast; without autocast no copies (lora_A's output in the adapters' dtype)
+    plain = dora_forward_transient((DOWN,), autocast=False, compute_bytes=4, base_bytes=4, tokens=TOKENS,
+                                   adapter_bytes=4)
+    assert plain == 16_777_216 + 3 * 2048 * 256 * 4  # the norm's stage: identity, product, the two fp32 sums
+    # LoRA adapters (no magnitude vector) rebuild nothing
+    lora = Adapter(module=DOWN.module, rank=8, dora=False)
+    assert dora_forward_transient((lora,), autocast=True, compute_bytes=2, base_bytes=2, tokens=TOKENS) == 0
