@@ -91,6 +91,15 @@ CONFIGS: dict[str, dict[str, object]] = {
     "qwen3_moe": {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 128,
                   "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
                   "vocab_size": 2048, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True},
+    # a small vocabulary: a layer's backward, not the loss, sets the peak
+    "llama_v256": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+                   "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "tie_word_embeddings": False},
+    # stacked experts heavier than the layer's activations (32 experts, a small vocabulary): under save_on_cpu the
+    # grouped GEMM's backward brings its saved expert weights back (memplan.estimate.offload_weights)
+    "qwen3_moe_wide": {"model_type": "qwen3_moe", "hidden_size": 256, "intermediate_size": 768,
+                       "moe_intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+                       "num_hidden_layers": 2, "vocab_size": 256, "num_experts": 32, "num_experts_per_tok": 2,
+                       "norm_topk_prob": True},
     # --- gpt-oss (helper gptoss8): attention sinks, sliding (window 128 < seq) / full layers, biased
     # router and experts, clamped SwiGLU; transformers has no SDPA path for it (eager cells only)
     "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 8,
@@ -188,6 +197,18 @@ CELLS: tuple[object, ...] = (
     ("gemma2_heavy", 512, "bf16-mixed", "eager", "none"),
     # ... and a recomputed layer's backward under save_on_cpu (the recompute runs outside its hooks)
     ("gemma2", 256, "bf16-mixed", "eager", "full", {"offload_activations": True}),
+    # ... and the frozen stacked experts of a LoRA job's MoE block, brought back whole by the grouped GEMM's
+    # backward (before: -18.8%; Mixtral 8x7B with 2 layers at 1,024 tokens -19.5% -> +1.1%)
+    ("qwen3_moe_wide", 256, "bf16-mixed", "sdpa", "none", {"offload_activations": True, "peft": "lora",
+                                                          "lora_targets": "q_proj,v_proj"}),
+    # ... and eager attention's softmax backward under save_on_cpu: the later nodes' saved tensors were never on the
+    # GPU, so nothing is released beside its fp32 gradients and brought-back output (before: -29.7%)
+    ("llama_v256", 512, "bf16-mixed", "eager", "none", {"offload_activations": True, "peft": "lora",
+                                                        "lora_targets": "q_proj,v_proj"}),
+    # ... and LoRA under gradient checkpointing: enable_input_require_grads makes the embedding's output a leaf,
+    # which autograd's AccumulateGrad keeps on the GPU whatever save_on_cpu copies (before: activations -89%)
+    ("llama", 256, "bf16-mixed", "sdpa", "full", {"offload_activations": True, "peft": "lora",
+                                                  "lora_targets": "q_proj,v_proj", "quantize_base": "int8"}),
     # fine-tuning: adapters on a frozen base (issue 12's grid, small)
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj"}),
     ("llama", 256, "bf16", "sdpa", "none", {"peft": "lora", "lora_rank": 16, "lora_targets": "all-linear"}),

@@ -702,7 +702,8 @@ def divided(term: Term, shape: ActivationShape) -> int:
 
 def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
                              blocks: tuple[list[Term], list[Term]] | None = None,
-                             dropped: frozenset[str] = frozenset(), released_inputs: int = 0) -> int:
+                             dropped: frozenset[str] = frozenset(), released_inputs: int = 0,
+                             offloaded: bool = False) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
     In general two tensors of the size of the layer's largest saved term (the incoming gradient
@@ -713,7 +714,9 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     projection's input and the PV matmul's 16-bit probabilities. ``blocks``: the layer's terms
     from :func:`layer_terms_by_block` when the caller has them. Under Megatron's sub-module recompute
     the MLP block's terms at ``dropped`` sites were never kept (their recompute came and went with the
-    MLP backward) and release nothing; its checkpoints' inputs (``released_inputs`` bytes) do.
+    MLP backward) and release nothing; its checkpoints' inputs (``released_inputs`` bytes) do. Under
+    ``save_on_cpu`` (``offloaded``) what the later nodes saved is in host memory: releasing it frees nothing
+    on the GPU (the softmax's own saved output, brought back beside, is the stage's bring-back).
     """
     attention, rest = blocks or layer_terms_by_block(layer, shape)
     eager_core = shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
@@ -732,7 +735,7 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.name in ("output projection input", SOFTMAX_CAST))
-    return max(transient, gradients - released)
+    return max(transient, gradients - (0 if offloaded else released))
 
 
 def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term]) -> int:

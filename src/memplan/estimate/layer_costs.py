@@ -112,23 +112,30 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
         cached = run.cache[key] = _layer_figures(Same(layer), role_shape(run, role), run.policy, role,
                                                  ft.quantize_base, run.prec.weight_copies == "autocast",
                                                  ft.lora_dropout > 0, adapter_bytes(run.job),
-                                                 compiled_layer(run, layer))
+                                                 compiled_layer(run, layer), per_tensor_offload(run))
     return cached
 
 
 @lru_cache(maxsize=4096)
 def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy, role: LayerRole,
                    quantize_base: str, autocast: bool, lora_dropout: bool, adapter_bytes: int,
-                   compiled: bool = False) -> LayerCosts:
+                   compiled: bool = False, offloaded: bool = False) -> LayerCosts:
     """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
     layer kinds under many layouts; the key holds the layer itself, compared by identity). ``compiled``:
-    the layer keeps torch.compile's partitioner's saved set (:mod:`memplan.estimate.compiled`)."""
+    the layer keeps torch.compile's partitioner's saved set (:mod:`memplan.estimate.compiled`); ``offloaded``:
+    ``save_on_cpu`` holds what it saves in host memory."""
     spec = cast(LayerSpec, layer.obj)
     blocks = compiled_blocks(spec, shape) if compiled else _blocks(
         spec, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
         adapter_bytes=adapter_bytes)
     mlp_saved = _mlp_saved(spec, shape, role) if spec.attention.sinks and not compiled else None
-    return _priced(spec, shape, policy, blocks, mlp_saved)
+    return _priced(spec, shape, policy, blocks, mlp_saved, offloaded)
+
+
+def per_tensor_offload(run: RunContext) -> bool:
+    """Whether the job packs every tensor autograd saves to host memory as it is saved (``save_on_cpu``: the
+    hf and torchtitan profiles)."""
+    return run.job.offload.activations and run.profile.activation_offload == "per-tensor"
 
 
 def _mlp_saved(layer: LayerSpec, shape: ActivationShape, role: LayerRole) -> list[Term]:
@@ -161,7 +168,8 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
 
 
 def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
-            blocks: tuple[list[Term], list[Term]], mlp_saved: list[Term] | None = None) -> LayerCosts:
+            blocks: tuple[list[Term], list[Term]], mlp_saved: list[Term] | None = None,
+            offloaded: bool = False) -> LayerCosts:
     """The layer's figures from its terms under the activation policy (``mlp_saved``: the MLP block's own
     terms, where a recomputed layer's forward is priced apart)."""
     kept_classes, dropped = kept_policy(policy)
@@ -169,7 +177,7 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
     inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
     transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
-        divided(t, shape) for t in inputs if t.site in ("mlp", "moe")))
+        divided(t, shape) for t in inputs if t.site in ("mlp", "moe")), offloaded=offloaded)
     if policy.kind.checkpoints_layers:
         # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;
         # a layer a block-wise policy leaves alone is priced the same: at most its PV cast copy too high)

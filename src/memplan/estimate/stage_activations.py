@@ -8,9 +8,10 @@ layer-pipelined offload, PyTorch's ``save_on_cpu``).
 
 from __future__ import annotations
 
+from memplan.estimate import offload_weights
 from memplan.estimate.autocast import autocast_weight_copy_numel
 from memplan.estimate.compiled import keeps_masks
-from memplan.estimate.context import RunContext, StageContext
+from memplan.estimate.context import StageContext
 from memplan.estimate.ds_checkpointing import (
     GPU_RESIDENT_INPUTS,
     contiguous_unused_bytes,
@@ -19,10 +20,15 @@ from memplan.estimate.ds_checkpointing import (
     partition_bytes,
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
-from memplan.estimate.finetune import StageFinetune, adapter_bytes
-from memplan.estimate.layer_costs import largest_saved_term, layer_costs, mtp_activation_bytes
+from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.layer_costs import (
+    largest_saved_term,
+    layer_costs,
+    mtp_activation_bytes,
+    per_tensor_offload,
+)
 from memplan.estimate.layer_walk import LayerWalk
-from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
+from memplan.estimate.partial_freeze import any_attention_saves, root_flow, uncopied_trained_numel
 from memplan.estimate.trained_dtypes import uncopied_expert_numel
 from memplan.frozen import frozen_dataclass
 from memplan.profiles.framework import head_rows_split
@@ -92,8 +98,10 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
     other, head_copy, saved_copies = _other_activations(ctx, ft)
     bring_back = 0
     if per_tensor:
-        held, bring_back = _save_on_cpu(ctx, walk)
+        held, bring_back, weight_back = _save_on_cpu(ctx, walk)
         cpu += layers + other - held
+        if weight_back:
+            notes.append(offload_weights.NOTE)
         layers, other, head_copy = 0, held, 0
         if saved_copies:
             notes.append(OFFLOADED_COPIES_NOTE)
@@ -103,25 +111,38 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
                             notes=tuple(notes), autocast_cache=cache)
 
 
-def per_tensor_offload(run: RunContext) -> bool:
-    """Whether the job packs every tensor autograd saves to host memory as it is saved (``save_on_cpu``)."""
-    return run.job.offload.activations and run.profile.activation_offload == "per-tensor"
-
-
-def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int]:
+def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int, bool]:
     """``save_on_cpu``: every tensor autograd saves (the layers' and checkpointed layers' inputs, the
     embedding output, autocast's weight copies) is in host memory; the backward brings back one
     operator's at a time. Returns (what stays on the GPU: the RoPE tables and eager masks checkpointed
     layers share as checkpoint arguments, held until the backward; the largest tensor a layer brings
     back: a recomputed layer gets back only its checkpointed input, which its recompute then saves,
     made in the backward outside save_on_cpu and already in its backward working set; any other
-    layer, the largest tensor it saved)."""
+    layer, the largest tensor it saved, a weight included (:mod:`memplan.estimate.offload_weights`);
+    whether that weight is the largest)."""
     run, layout = ctx.run, ctx.layout
     held = 0
     if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
         held = (rope_table_bytes(run.model, run.shape)
                 + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
-    return held, largest_saved_term(run, [i for i, _, _ in walk.per_layer if i not in ctx.recomputed])
+    held += _input_leaf_bytes(ctx)
+    kept = [i for i, _, _ in walk.per_layer if i not in ctx.recomputed]
+    saved, weight = largest_saved_term(run, kept), offload_weights.largest_saved_weight(run, kept)
+    return held, max(saved, weight), weight > saved
+
+
+def _input_leaf_bytes(ctx: StageContext) -> int:
+    """The embedding's output where Hugging Face's ``enable_input_require_grads`` made it a leaf that requires
+    grad (a frozen embedding under checkpointing, fine-tuning): autograd's ``AccumulateGrad`` node holds it on
+    the GPU until the backward ends, so ``save_on_cpu``'s host copy of it frees nothing."""
+    run, layout = ctx.run, ctx.layout
+    if run.counts is None or not layout.has_embedding or not run.policy.recomputes:
+        return 0
+    if root_flow(run.model, run.job.finetune, True).embedding_trains:
+        return 0
+    shape = run.shape
+    tokens = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
+    return tokens * shape.hidden * frozen_bytes_per_element(run.job) * layout.inflight_microbatches
 
 
 def _autocast_cache(ctx: StageContext, walk: LayerWalk, offloaded: bool, saved_copies: int) -> int:

@@ -48,13 +48,18 @@ class ModelCode:
     #: ``Shard(1)`` output to ``Replicate`` before q/k/v and gate/up; DTensor's ``mm`` saves that tensor).
     #: False: Megatron's linear layers save their sequence shard and gather it again in the backward.
     sp_saves_gathered_input: bool
+    #: The routed experts' gate and up weights are one stacked tensor (transformers' ``gate_up_proj``, which
+    #: the grouped GEMM saves whole). False: torchtitan's ``GroupedExperts`` keeps ``w1``, ``w2`` and ``w3``.
+    stacked_gate_up: bool
 
 
 HF_MODEL_CODE = ModelCode(name="transformers", fused_rms_norm=False, rope_buffer=False,
-                          sdpa_backends=("cudnn", "flash", "efficient", "math"), sp_saves_gathered_input=False)
+                          sdpa_backends=("cudnn", "flash", "efficient", "math"), sp_saves_gathered_input=False,
+                          stacked_gate_up=True)
 
 TORCHTITAN_MODEL_CODE = ModelCode(name="torchtitan", fused_rms_norm=True, rope_buffer=True,
-                                  sdpa_backends=("cudnn", "flash", "math"), sp_saves_gathered_input=True)
+                                  sdpa_backends=("cudnn", "flash", "math"), sp_saves_gathered_input=True,
+                                  stacked_gate_up=False)
 
 
 def model_code(job: Job) -> ModelCode:
