@@ -1,7 +1,7 @@
 """Same job, same answer: the golden corpus's random jobs through the CLI, the server and the library.
 
 The rule, fixed before a run: for each job (``estimate_golden.random_jobs``, shuffled with seed 7, the first N),
-``memplan estimate --json`` with the flags as typed, ``POST /api/estimate`` with the job-file fields, and
+``memplan estimate --json`` with the flags as typed, ``POST /v1/estimate`` with the job-file fields, and
 ``load_job`` + ``estimate`` give the same peak allocated and peak reserved bytes, or all three refuse it (exit 2,
 HTTP 4xx, a ``MemplanError``).
 
