@@ -92,15 +92,14 @@ def fit_command(
     compares fine-tuning methods (full, 8-bit AdamW, LoRA, QLoRA; with and without checkpointing) on
     one GPU. --gpus defaults to 1 for --max-mbs, --max-seq and --methods.
     """
-    from memplan.fit.question import FitQuestion, answer
+    from memplan.fit.question import FitQuestion, answer, search_options
     from memplan.fit.results import FIT_MARGIN
 
     with handle_errors():
         check_output_path("--plot", plot)
         names = list(args or [])
-        # what only the layout search reads (a value equal to its default restates it), and the other questions
-        search = (("--top", top if top != 10 else None), ("--all", show_all),
-                  ("--gpus-per-node", gpus_per_node if gpus_per_node != 8 else None))
+        # what only the layout search reads, and the other questions
+        search = search_options(top, show_all, gpus_per_node)
         modes = (("--max-mbs", max_mbs), ("--max-seq", max_seq), ("--methods", methods), ("--job", job_file))
         if colocate:
             if hf_args is not None or peft_config is not None or torchtitan_config is not None:

@@ -60,6 +60,8 @@ KEPT_BY: dict[str, frozenset[str]] = {
 EAGER_SOFTMAX_BYTES = 4
 #: Name of the term holding eager attention's probabilities cast back to the compute dtype.
 SOFTMAX_CAST = "softmax output cast to the compute dtype (PV matmul input)"
+#: The name (its start) of the term of ``repeat_kv``'s copies of the grouped keys and values for the extra query heads.
+REPEATED_KV = "keys and values repeated per query head"
 #: Bytes per element the eager reference RMSNorm computes in (it upcasts its input to fp32).
 NORM_COMPUTE_BYTES = 4
 
@@ -364,7 +366,7 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
     if attention_kind(attn).grouped_kv and (width := _repeated_kv_width(attn, shape)):
         tokens = shape.seq * shape.micro_batch
         extra_heads = attn.num_heads - attn.num_kv_heads
-        name = ("keys and values repeated per query head (repeat_kv copies)" if width > attn.head_dim else
+        name = (f"{REPEATED_KV} (repeat_kv copies)" if width > attn.head_dim else
                 "keys cast to the compute dtype for every query head (autocast; the values stay a view)")
         terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core"))
     return terms
@@ -406,7 +408,7 @@ def _sdpa_mask_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
                   c * shape.micro_batch * shape.seq * shape.kv_seq, "rep", "core")]
     if attn.num_kv_heads < attn.num_heads and (width := _repeated_kv_width(attn, shape)):
         extra_heads = attn.num_heads - attn.num_kv_heads
-        name = ("keys and values repeated per query head (repeat_kv: no enable_gqa with a mask)"
+        name = (f"{REPEATED_KV} (repeat_kv: no enable_gqa with a mask)"
                 if width > attn.head_dim else "keys cast to the compute dtype for every query head (autocast)")
         terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core"))
     return terms

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, REPEATED_KV, ActivationShape, Term, layer_terms
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import LayerSpec
 
@@ -47,8 +47,6 @@ SITES_DROPPED_BY: dict[str, frozenset[str]] = {
     "moe_act": frozenset({"moe_act"}),
     "shared_experts": frozenset({"shared_experts"}),
 }
-#: The name of the term of an eager core's (or a masked SDPA's) ``repeat_kv`` copies for the extra query heads.
-_REPEATED_KV = "keys and values repeated per query head"
 #: Sites recomputed at the attention block's backward (the others at the MLP block's).
 ATTENTION_SITES = frozenset({"core", "input_norm", "mla_up"})
 
@@ -145,7 +143,7 @@ def recomputed_only_terms(layer: LayerSpec, shape: ActivationShape, modules: Ite
         extra = attn.num_heads - attn.num_kv_heads
         terms += [Term("keys and values of the KV heads, repeated again (repeat_kv in the recomputed core)",
                        t.bytes * attn.num_kv_heads // extra, t.region, "core", site="core")
-                  for t in layer_terms(layer, shape) if t.name.startswith(_REPEATED_KV)]
+                  for t in layer_terms(layer, shape) if t.name.startswith(REPEATED_KV)]
     return terms
 
 

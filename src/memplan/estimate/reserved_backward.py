@@ -148,7 +148,6 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     replay.give(grad, cast, *rest)
 
 
-
 def _experts(run: RunContext, layer: tuple[int, int | None], slots: Sequence[Block | None], replay: Replay,
              made: Callable[[Sequence[int] | None], None]) -> tuple[list[Block | None], list[int]]:
     """gpt-oss's experts' backward op by op (:mod:`~memplan.estimate.reserved_experts_backward`) where their

@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from memplan.estimate.activations import KEPT_BY, divided, layer_terms
 from memplan.estimate.context import RunContext, StageContext
+from memplan.estimate.layer_costs import per_tensor_offload
 from memplan.estimate.memo import Same
 from memplan.estimate.reserved_attention_backward import (
     SOFTMAX_SLOT,
@@ -32,7 +33,6 @@ from memplan.estimate.reserved_terms import (
     norm_output,
     term_tensors,
 )
-from memplan.estimate.stage_activations import per_tensor_offload
 from memplan.model.spec import LayerSpec
 
 

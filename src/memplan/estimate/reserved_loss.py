@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 from memplan.alloc.blocks import Block
 from memplan.estimate.context import StageContext
+from memplan.estimate.layer_costs import per_tensor_offload
 from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_replay import Replay
-from memplan.estimate.stage_activations import per_tensor_offload
 from memplan.estimate.stage_peak import LossPart
 
 

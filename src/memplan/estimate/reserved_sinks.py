@@ -28,7 +28,8 @@ one-block transient.
 
 The MLP block's saved tensors are freed before its gradients are made (session 10): the trace's experts make
 each grouped GEMM's weight gradient after the combine's and the SwiGLU's saved tensors are freed, so the
-gradients land in their holes (the experts' backward itself is not laid out op by op). Made beside them, the
+gradients land in their holes (the experts' own backward is laid out op by op for the whole layers that
+save every expert tensor: :mod:`~memplan.estimate.reserved_experts_backward`). Made beside them, the
 gradients of gpt-oss-20b cut to 4 layers and 4 experts (s4096 b1 bf16, full recompute) sat packed in the score
 segments, the first step's embedding gradient found no hole of its size there, and the second step reserved
 one more 3,142 MiB logits segment: +11.8% against the trace's simulated reserved, now -0.2%.

@@ -140,9 +140,7 @@ def _input_leaf_bytes(ctx: StageContext) -> int:
         return 0
     if root_flow(run.model, run.job.finetune, True).embedding_trains:
         return 0
-    shape = run.shape
-    tokens = shape.seq * shape.micro_batch // (shape.tp if shape.sequence_parallel else 1)
-    return tokens * shape.hidden * frozen_bytes_per_element(run.job) * layout.inflight_microbatches
+    return run.shape.local_tokens * run.shape.hidden * frozen_bytes_per_element(run.job) * layout.inflight_microbatches
 
 
 def _autocast_cache(ctx: StageContext, walk: LayerWalk, offloaded: bool, saved_copies: int) -> int:

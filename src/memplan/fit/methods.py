@@ -110,7 +110,8 @@ class MethodsResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "gpu": self.gpu, "gpus": self.gpus, "usable_bytes": self.usable_bytes, "limit_bytes": self.limit_bytes,
+            "model": self.model, "gpu": self.gpu, "gpus": self.gpus, "usable_bytes": self.usable_bytes,
+            "limit_bytes": self.limit_bytes,
             "margin": self.margin, "seq_length": self.seq_length, "micro_batch_size": self.micro_batch_size,
             "best": self.best.label if self.best else None, "methods": [m.to_dict() for m in self.methods],
             "notes": list(self.notes),
@@ -198,6 +199,7 @@ def compare_methods(
         "quantization, dequantized in every forward, backward and recompute (priced as an HBM pass)"),
         "fitting methods ranked by the predicted step time; the others by predicted reserved memory",
     )
-    return MethodsResult(model=model.name, gpu=gpu_spec.name, gpus=par.world_size, usable_bytes=gpu_spec.usable_bytes, limit_bytes=limit,
+    return MethodsResult(model=model.name, gpu=gpu_spec.name, gpus=par.world_size, usable_bytes=gpu_spec.usable_bytes,
+                         limit_bytes=limit,
                          margin=margin, seq_length=batch.seq_length, micro_batch_size=batch.micro_batch_size,
                          methods=tuple(rows), notes=notes)

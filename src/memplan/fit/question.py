@@ -124,14 +124,19 @@ def answer(question: FitQuestion, *, progress: Progress | None = None) -> FitAns
     return _search_answer(question, flags, progress)
 
 
+def search_options(top: int | None, show_all: bool, gpus_per_node: int) -> tuple[tuple[str, Any], ...]:
+    """``--top``, ``--all`` and ``--gpus-per-node``, the options only the layout search reads, as (flag, value): the
+    value None or False where not given or given its default (which restates the search's own)."""
+    default = FitQuestion(model="")
+    return (("--top", top if top not in (None, default.top) else None), ("--all", show_all),
+            ("--gpus-per-node", gpus_per_node if gpus_per_node != default.gpus_per_node else None))
+
+
 def _refuse_search_settings(question: FitQuestion, mode: str) -> None:
-    """``--top``, ``--all`` and ``--gpus-per-node`` shape the layout search only: given with a question that runs no
-    search (``mode``), each is refused instead of dropped (a value equal to its default restates the search's own)."""
-    default = FitQuestion(model=question.model)
-    given = (("--all", question.top is None, True), ("--top", question.top not in (None, default.top), question.top),
-             ("--gpus-per-node", question.gpus_per_node != default.gpus_per_node, question.gpus_per_node))
-    for flag, differs, value in given:
-        if differs:
+    """The layout search's options given with a question that runs no search (``mode``): each refused instead of
+    dropped."""
+    for flag, value in search_options(question.top, question.top is None, question.gpus_per_node):
+        if value not in (None, False):
             raise ConfigError(flag, f"applies to the layout search only; {mode} searches no layouts", value)
 
 
