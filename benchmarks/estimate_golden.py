@@ -171,6 +171,9 @@ def _fingerprint(result: Any) -> dict[str, Any]:
     # existed keep their fingerprints; a compiled job's is taken whole.
     if isinstance(data.get("job"), dict) and data["job"].get("compile") is False:
         del data["job"]["compile"]
+    # ``job.attention_dropout`` (session 11) likewise at its default None (the same as ``dropout``).
+    if isinstance(data.get("job"), dict) and data["job"].get("attention_dropout", 0) is None:
+        del data["job"]["attention_dropout"]
     # ``job.compile_loss`` likewise at its default ``auto`` (--compile-loss, issue 25)
     if isinstance(data.get("job"), dict) and data["job"].get("compile_loss") == "auto":
         del data["job"]["compile_loss"]

@@ -877,8 +877,14 @@ class Job:
     #: ``memplan trace`` runs both flash and sdpa as PyTorch SDPA (its flash kernel on CUDA).
     attention: AttentionImpl = knob("flash", "--attention", "Attention kernel: flash/sdpa keep no s*s score "
                                     "matrix; eager keeps scores and softmax.", panel=ACTIVATIONS)
-    dropout: float = knob(0.0, "--dropout", "Dropout probability on attention and hidden states (masks are kept).",
+    dropout: float = knob(0.0, "--dropout", "Dropout probability on hidden states (embedding, residuals) and, "
+                          "unless --attention-dropout is given, on the attention probabilities (masks are kept).",
                           panel=ACTIVATIONS, metavar="P")
+    #: Dropout on the attention probabilities where it differs from ``dropout`` (Megatron ``--attention-dropout``
+    #: beside ``--hidden-dropout``); None: the same as ``dropout``. Only an unfused attention kernel keeps its mask.
+    attention_dropout: float | None = knob(None, "--attention-dropout", "Dropout probability on the attention "
+                                           "probabilities when it differs from --dropout (an unfused kernel keeps "
+                                           "its mask). (default: --dropout)", panel=ACTIVATIONS, metavar="P")
     loss: LossImpl = knob("auto", "--loss", "How logits and cross-entropy are materialised; auto = the framework "
                           "profile's.", panel=ACTIVATIONS)
     #: ``torch.compile`` of every decoder layer (torchtitan ``[compile] enable``, torchtune ``compile``, Hugging
@@ -939,6 +945,8 @@ class Job:
         _check_choice("--framework", self.framework, get_args(FrameworkName))
         if not 0.0 <= self.dropout < 1.0:
             raise JobConfigError("--dropout", "must be in [0, 1)", self.dropout)
+        if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:
+            raise JobConfigError("--attention-dropout", "must be in [0, 1)", self.attention_dropout)
         if self.vocab_divisible_by is not None:
             _check_int("--make-vocab-size-divisible-by", self.vocab_divisible_by)
         _check_int("--wgrad-deferral-limit", self.wgrad_deferral_limit, minimum=0)
@@ -1021,6 +1029,11 @@ class Job:
             raise JobConfigError(
                 "--seq", f"must be divisible by --cp={self.parallel.cp}", self.batch.seq_length
             )
+
+    @property
+    def attention_probability_dropout(self) -> float:
+        """Dropout on the attention probabilities: ``attention_dropout``, or ``dropout`` when not given."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
     @property
     def num_microbatches(self) -> int:

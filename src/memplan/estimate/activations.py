@@ -133,6 +133,14 @@ class ActivationShape:
     gathered_gemm_inputs: bool = False
     #: RoPE reads a precomputed buffer (torchtitan's ``freqs_cis``): no cos/sin tables per forward.
     rope_buffer: bool = False
+    #: Dropout on the attention probabilities where it differs from ``dropout`` (``Job.attention_dropout``);
+    #: None: as ``dropout``. Read through :attr:`drops_attention`.
+    attention_dropout: bool | None = None
+
+    @property
+    def drops_attention(self) -> bool:
+        """Dropout on the attention probabilities (an unfused kernel keeps its mask and output)."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
     @property
     def local_tokens(self) -> int:
@@ -324,7 +332,7 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
     heads_scores = attn.num_heads * b * s * shape.kv_seq
     if shape.attention in UNFUSED_ATTENTION:
         terms += _eager_core_terms(attn, shape, heads_scores)
-        if shape.dropout:
+        if shape.drops_attention:
             terms.append(Term("attention dropout mask", DROPOUT_MASK_BYTES * heads_scores, "tp", "core"))
             terms.append(Term("attention dropout output", c * heads_scores, "tp", "core"))
     else:

@@ -155,7 +155,7 @@ def uncovered_reason(layer: LayerSpec, shape: ActivationShape) -> str | None:
     family = _family(layer, shape)
     if family is None:
         return "a layer that is neither Llama-style (RMSNorm, RoPE, gated MLP) nor GPT-2-style (LayerNorm, plain MLP)"
-    if family == "llama" and shape.dropout:
+    if family == "llama" and (shape.dropout or shape.drops_attention):
         return "dropout in Llama-style layers"
     return None
 

@@ -154,6 +154,7 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         residual_bytes=dtype_bytes(prec.compute if base16 else prec.residual),
         attention=sdpa_attention(code, job.attention, prec.act_bytes),
         dropout=job.dropout > 0,
+        attention_dropout=None if job.attention_dropout is None else job.attention_dropout > 0,
         kernels=profile.kernels,
         expert_tp=par.expert_tp,
         fp8=job.precision.fp8 is not None,

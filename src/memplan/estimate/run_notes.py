@@ -14,7 +14,7 @@ from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import term_site
 from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
 from memplan.frozen import frozen_dataclass
-from memplan.job import MoEOptions
+from memplan.job import Job, MoEOptions
 from memplan.model.attention_kinds import attention_kind
 from memplan.units import dtype_bytes
 
@@ -62,7 +62,7 @@ def run_notes(run: RunContext) -> list[str]:
     out += _attention_notes(run)
     out.append(policy_note(run))
     out += compile_note(run)
-    out.append("dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept")
+    out.append(_dropout_note(job))
     if model.is_moe:
         moe = job.moe
         routing = "balanced routing" if moe.routed_token_factor == 1.0 else (
@@ -84,6 +84,13 @@ def run_notes(run: RunContext) -> list[str]:
 #: The MoE settings of a job that gives none.
 _NO_MOE_SETTINGS = MoEOptions()
 
+
+
+def _dropout_note(job: Job) -> str:
+    if job.attention_dropout is None:
+        return "dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept"
+    return (f"hidden-state dropout {job.dropout:g}, attention-probability dropout {job.attention_dropout:g}: a "
+            "1-byte mask kept for each above 0 (the attention's by an unfused kernel only)")
 
 def _dense_moe_settings(run: RunContext) -> list[str]:
     """The MoE settings a job gives that a dense model has no use for: said, not dropped silently."""

@@ -116,6 +116,31 @@ def _float(args: Mapping[str, Any], flag: str, default: float) -> float:
         raise ModelConfigError(flag, "must be a number", value, hint=unresolved_hint(value)) from None
 
 
+_UNEVEN = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+_ACCOUNT = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
+
+def _check_pipeline_split(args: Mapping[str, Any], num_layers: int, pp: int) -> None:
+    """Megatron's checks of the stage split (megatron/training/arguments.py, TransformerConfig.__post_init__): the
+    layout excludes the other split flags, an uneven first/last stage excludes the account flags, and without
+    either the stages divide the layers (one more for each account flag)."""
+    uneven = [flag for flag in _UNEVEN if args.get(flag) is not None]
+    account = [flag for flag in _ACCOUNT if flag_is_set(args, flag)]
+    layout = "--pipeline-model-parallel-layout"
+    if args.get(layout) and (uneven or account):
+        raise ModelConfigError(layout, "cannot be combined with " + ", ".join(uneven + account) + " (Megatron "
+                               "raises)", args.get(layout))
+    if uneven and account:
+        raise ModelConfigError(uneven[0], "cannot be combined with " + ", ".join(account) + " (Megatron raises)",
+                               args.get(uneven[0]))
+    total = num_layers + len(account)
+    if pp > 1 and not uneven and not args.get(layout) and total % pp:
+        counted = f"{num_layers} layers" + (f" + {len(account)} ({', '.join(account)})" if account else "")
+        raise ModelConfigError("--pipeline-model-parallel-size", f"must divide the {counted} (Megatron asserts "
+                               "it); give --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers or "
+                               "--pipeline-model-parallel-layout for an uneven split", pp)
+
+
 def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job:
     """The Job part of Megatron arguments (parallelism, batch, precision, optimizer, recompute)."""
     tp = _int(args, "--tensor-model-parallel-size", 1) or 1
@@ -126,6 +151,7 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
     if per_vstage:
         vpp = max(1, model.num_layers // (pp * per_vstage))
     vpp = _int(args, "--num-virtual-stages-per-pipeline-rank", vpp) or vpp
+    _check_pipeline_split(args, model.num_layers, pp)
     first = _int(args, "--decoder-first-pipeline-num-layers")
     last = _int(args, "--decoder-last-pipeline-num-layers")
     if flag_is_set(args, "--account-for-embedding-in-pipeline-split") or flag_is_set(args, "--account-for-loss-in-pipeline-split"):
@@ -166,7 +192,7 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         optimizer=_optimizer(args),
         recompute=_recompute(args),
         attention=_attention(args),
-        dropout=max(_float(args, "--hidden-dropout", 0.1), _float(args, "--attention-dropout", 0.1)),
+        **_dropouts(args),
         loss="fused" if flag_is_set(args, "--cross-entropy-loss-fusion") else "vocab-parallel",
         defer_embedding_wgrad=flag_is_set(args, "--defer-embedding-wgrad-compute"),
         wgrad_deferral_limit=_int(args, "--wgrad-deferral-limit", 0) or 0,
@@ -179,6 +205,13 @@ def megatron_job(args: Mapping[str, Any], model: ModelSpec, *, gpus: int) -> Job
         transformer_impl=_transformer_impl(args),
         cuda_graphs=cuda_graphs(args),
     )
+
+
+def _dropouts(args: Mapping[str, Any]) -> dict[str, Any]:
+    """``--hidden-dropout`` (embedding, residuals) and ``--attention-dropout`` (the probabilities), both 0.1 by
+    default (TransformerConfig); the second is a field of its own only where they differ."""
+    hidden, attention = _float(args, "--hidden-dropout", 0.1), _float(args, "--attention-dropout", 0.1)
+    return {"dropout": hidden, "attention_dropout": None if attention == hidden else attention}
 
 
 def _transformer_impl(args: Mapping[str, Any]) -> str:

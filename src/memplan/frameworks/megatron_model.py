@@ -172,6 +172,11 @@ def _moe_spec(args: Mapping[str, Any], *, hidden: int, ffn: int, swiglu: bool, b
     top_k = _get_int(args, "--moe-router-topk", 2) or 2
     if top_k > experts:
         raise ModelConfigError("--moe-router-topk", f"must not exceed --num-experts ({experts})", top_k)
+    expert_bias = flag_is_set(args, "--moe-router-enable-expert-bias")
+    score = str(args.get("--moe-router-score-function", "softmax"))
+    if expert_bias and score not in ("sigmoid", "sqrtsoftplus"):  # TransformerConfig.__post_init__ raises
+        raise ModelConfigError("--moe-router-enable-expert-bias", "needs --moe-router-score-function sigmoid or "
+                               "sqrtsoftplus (Megatron raises with the others)", score)
     act = "swiglu" if swiglu else "gelu"
     shared_size = _get_int(args, "--moe-shared-expert-intermediate-size")
     shared = MLPSpec(intermediate_size=shared_size, gated=swiglu, bias=bias, activation=act) if shared_size else None
@@ -182,7 +187,7 @@ def _moe_spec(args: Mapping[str, Any], *, hidden: int, ffn: int, swiglu: bool, b
         shared_expert=shared,
         shared_expert_gate=flag_is_set(args, "--moe-shared-expert-gate"),
         # --moe-router-enable-expert-bias registers the score-correction bias as a buffer.
-        router_bias=flag_is_set(args, "--moe-router-enable-expert-bias"),
+        router_bias=expert_bias,
         router_bias_is_buffer=True,
     )
 

@@ -47,11 +47,18 @@ def comm_overlap(args: Mapping[str, Any]) -> CommOverlap:
 
 def _flex_backend(args: Mapping[str, Any]) -> str:
     """``--moe-flex-dispatcher-backend`` (default deepep; the deprecated ``--moe-enable-deepep`` means deepep)."""
-    if flag_is_set(args, "--moe-enable-deepep"):
-        return "deepep"
     backend = str(args.get("--moe-flex-dispatcher-backend", "deepep"))
     if backend not in _BACKENDS:
         raise ModelConfigError("--moe-flex-dispatcher-backend", f"must be one of {', '.join(_BACKENDS)}", backend)
+    if flag_is_set(args, "--moe-enable-deepep"):
+        # TransformerConfig.__post_init__ raises on both (DeepEP is a flex backend, and the only one then)
+        dispatcher = str(args.get("--moe-token-dispatcher-type", "allgather"))
+        if dispatcher != "flex":
+            raise ModelConfigError("--moe-enable-deepep", "needs --moe-token-dispatcher-type flex (Megatron raises "
+                                   "otherwise)", dispatcher)
+        if backend != "deepep":
+            raise ModelConfigError("--moe-enable-deepep", "cannot be combined with --moe-flex-dispatcher-backend "
+                                   f"{backend} (Megatron raises: one flex backend)", backend)
     return backend
 
 

@@ -35,6 +35,8 @@ TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfl
 
 #: Config keys that set a dropout probability (GPT-2 style ``*_pdrop`` and Llama style ``*_dropout``).
 _DROPOUT_SUFFIXES = ("_pdrop", "dropout")
+#: Of those, the dropouts on attention probabilities (``attention_dropout``, GPT-2's ``attn_pdrop``).
+_ATTENTION_DROPOUT_PREFIXES = ("attention", "attn")
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,6 @@ def _hf_config(config: dict[str, Any], options: TraceSetup) -> Any:
     import transformers
 
     values = dict(config)
-    for key, value in config.items():
-        if isinstance(value, float) and key.endswith(_DROPOUT_SUFFIXES):
-            values[key] = options.dropout
     values["use_cache"] = False
     model_type = values.pop("model_type", None)
     if not isinstance(model_type, str):
@@ -101,7 +100,18 @@ def _hf_config(config: dict[str, Any], options: TraceSetup) -> Any:
         raise ConfigError("--attention", f"transformers has no SDPA path for {model_type} (memplan trace runs "
                           f"{options.attention} as PyTorch SDPA): trace it with --attention eager", options.attention)
     hf._attn_implementation = options.attention
+    _set_dropouts(hf, options)
     return hf
+
+
+def _set_dropouts(hf: Any, options: TraceSetup) -> None:
+    """Every dropout probability of the config, the class defaults the file leaves out included (GPT-2's
+    ``*_pdrop`` are 0.1 unless given), is the job's: ``--attention-dropout`` on the attention probabilities,
+    ``--dropout`` on the rest."""
+    for key, value in hf.to_dict().items():
+        if isinstance(value, float) and key.endswith(_DROPOUT_SUFFIXES):
+            setattr(hf, key, options.attention_dropout if key.startswith(_ATTENTION_DROPOUT_PREFIXES)
+                    else options.dropout)
 
 
 def _runs_sdpa(transformers: Any, hf: Any) -> bool:

@@ -56,7 +56,7 @@ _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("finetune", "lora_targets"), ("finetune", "lora_rank_pattern"), ("finetune", "rslora"),
     ("finetune", "trainable"), ("finetune", "modules_to_save"), ("finetune", "frozen_dtype"), ("finetune", "adapter_dtype"),
     ("finetune", "quantize_base"), ("finetune", "double_quant"), ("finetune", "quant_compute_dtype"),
-    (None, "attention"), (None, "dropout"), (None, "framework"), (None, "loss"), (None, "compile"),
+    (None, "attention"), (None, "dropout"), (None, "attention_dropout"), (None, "framework"), (None, "loss"), (None, "compile"),
     (None, "compile_loss"),
 })
 #: Job fields torchtitan's own parallelize code executes under ``--torchtitan`` (its TP plan always
@@ -303,6 +303,11 @@ class TraceSetup:
     @property
     def dropout(self) -> float:
         return self.job.dropout
+
+    @property
+    def attention_dropout(self) -> float:
+        """Dropout on the attention probabilities (``--attention-dropout``, else ``--dropout``)."""
+        return self.job.attention_probability_dropout
 
     @property
     def tp(self) -> int:
