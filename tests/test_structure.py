@@ -353,3 +353,50 @@ def test_package_all_names_exist(package: str) -> None:
     module = importlib.import_module(package)
     assert len(module.__all__) == len(set(module.__all__))
     assert [name for name in module.__all__ if not hasattr(module, name)] == []
+
+
+#: ``<x>.name`` compared (``==``, ``in``, ``startswith`` ...) in ``memplan.estimate`` where ``x`` is not an
+#: activation term: why (module, ``x`` as written) is allowed. A :class:`~memplan.estimate.terms.Term`'s
+#: name is the label the breakdown prints; code that treats a term apart reads its
+#: :class:`~memplan.estimate.terms.TermRole` (issue 24: no dispatch on human labels).
+NAME_COMPARISONS_ALLOWED = {
+    "a model parameter's or linear's name (LoRA targets' .weight, norms, lm_head, the MLP's linears)": {
+        ("memplan.estimate.adapter_acts", "adapter.module"), ("memplan.estimate.finetune", "a.module"),
+        ("memplan.estimate.reserved_tp", "tensor"), ("memplan.estimate.reserved_autocast", "m")},
+    "the activation policy's name (none, full, ...)": {("memplan.estimate.compiled", "run.policy")},
+    "the precision's name (*-mixed)": {("memplan.estimate.extras", "job.precision")},
+}
+_ALLOWED = frozenset().union(*NAME_COMPARISONS_ALLOWED.values())
+
+
+def _name_comparisons(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, ``x``) of each comparison of an ``<x>.name`` attribute: an operand of ``==``/``!=``/``in``/
+    ``not in``/``is``, or the string that ``startswith``/``endswith`` is called on."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith")):
+            operands = [node.func.value]
+        else:
+            continue
+        yield from ((node.lineno, ast.unparse(op.value)) for op in operands
+                    if isinstance(op, ast.Attribute) and op.attr == "name")
+
+
+def test_the_name_rule_sees_every_form() -> None:
+    source = ('a = t.name == X\nb = "x" in term.name\nc = t.name not in names\nd = t.name.startswith("r")\n'
+              'e = u.name.endswith("n")\nf = {t.name: t}\ng = t.role is R\nh = name.startswith("x")\n')
+    assert [x for _, x in _name_comparisons(ast.parse(source))] == ["t", "term", "t", "t", "u"]
+
+
+def test_estimate_dispatches_terms_by_role_not_name() -> None:
+    found = [f"{module}:{line}: {x}.name" for module, tree in MODULES.items() if module.startswith("memplan.estimate")
+             for line, x in _name_comparisons(tree) if (module, x) not in _ALLOWED]
+    assert not found, ("compare a Term's role (memplan.estimate.terms.TermRole), not its printed name:\n"
+                       + "\n".join(found))
+
+
+def test_every_allowed_name_comparison_exists() -> None:
+    seen = {(module, x) for module, tree in MODULES.items() for _, x in _name_comparisons(tree)}
+    assert _ALLOWED <= seen

@@ -14,6 +14,7 @@ from memplan.estimate.reserved_experts_backward import (
 )
 from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT, op_slots
 from memplan.estimate.reserved_replay import Replay
+from memplan.estimate.terms import TermRole
 from memplan.jobflags import build_job
 from memplan.model import load_model, model_from_hf_config
 
@@ -60,10 +61,10 @@ def test_only_clamped_experts_get_the_slots() -> None:
              "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 2048,
              "num_local_experts": 8, "num_experts_per_tok": 2}
     oss = run_context(model_from_hf_config(small, name="small-gpt-oss"), job, 0.0)
-    assert op_slots("experts fc2 input", 1, oss, True) == [EXPERT_SLOT + EXPERT_TERMS.index("experts fc2 input")]
-    assert op_slots("experts fc2 input", 1, oss, False) is None
+    assert op_slots(TermRole.EXPERT_FC2, 1, oss, True) == [EXPERT_SLOT + EXPERT_TERMS.index(TermRole.EXPERT_FC2)]
+    assert op_slots(TermRole.EXPERT_FC2, 1, oss, False) is None
     qwen = run_context(load_model("qwen3-30b-a3b"), job, 0.0)
-    assert op_slots("experts fc2 input", 1, qwen, True) is None
+    assert op_slots(TermRole.EXPERT_FC2, 1, qwen, True) is None
 
 
 def test_a_missing_slot_keeps_the_old_path() -> None:

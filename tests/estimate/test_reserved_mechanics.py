@@ -15,6 +15,7 @@ from memplan.estimate.reserved_autocast import layer_weight_copies
 from memplan.estimate.reserved_optimizer import MAX_ROUNDS, foreach_temporaries
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_trainable import trainable_units
+from memplan.estimate.terms import Term, TermRole
 from memplan.jobflags import build_job
 
 MiB = 2**20
@@ -195,19 +196,21 @@ def test_lumped_terms_are_split_into_the_tensors_a_forward_makes() -> None:
         run, layer = ctx.run, ctx.run.model.layers[0]
         one = 1024 * layer.mlp.intermediate_size * 2
         terms = layer_terms(layer, run.shape)
-        split = {t.name: term_tensors(t.name, divided(t, run.shape), layer, run) for t in terms}
+        split = {t.name: term_tensors(t, divided(t, run.shape), layer, run) for t in terms}
         for t in terms:
             assert sum(split[t.name]) == divided(t, run.shape)
         fc1 = split["mlp fc1 output (activation input)"]
         assert len(fc1) == expect_fc1 and fc1[-1] == one
     llama = _ctx("llama-3.2-1b", {"seq": 1024, "precision": "bf16-mixed", "framework": "hf"})
     attn = llama.run.model.layers[0].attention
-    q, k, v = term_tensors("q, k, v", 12 * 2**20, llama.run.model.layers[0], llama.run)
+    qkv = Term("q, k, v", 0, "tp", "attn", role=TermRole.QKV)
+    q, k, v = term_tensors(qkv, 12 * 2**20, llama.run.model.layers[0], llama.run)
     assert q == 4 * k == 4 * v == attn.num_heads // attn.num_kv_heads * k
-    copies = term_tensors("attention norm output, autocast copies of the other 2 GEMMs", 10,
-                          llama.run.model.layers[0], llama.run)
+    copies = term_tensors(Term("attention norm output, autocast copies of the other 2 GEMMs", 0, "sp", "attn",
+                               role=TermRole.NORM_COPIES, tensors=2), 10, llama.run.model.layers[0], llama.run)
     assert copies == [5, 5]
-    assert term_tensors("softmax output (fp32)", 7, llama.run.model.layers[0], llama.run) == [7]
+    softmax = Term("softmax output (fp32)", 0, "tp", "core", role=TermRole.SOFTMAX_FP32)
+    assert term_tensors(softmax, 7, llama.run.model.layers[0], llama.run) == [7]
 
 
 def test_an_eager_softmax_backward_runs_in_the_space_the_mlp_block_left() -> None:

@@ -35,7 +35,7 @@ from memplan.estimate.gpt_oss_terms import (
     sink_softmax_terms,
     topk_router_terms,
 )
-from memplan.estimate.terms import Keep, Region, Term
+from memplan.estimate.terms import Keep, Region, Term, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
@@ -199,14 +199,14 @@ def _norm_terms(shape: ActivationShape, prefix: str, keep_input: Keep, consumers
     site = sites.fused if not eager else (sites.copy if shape.autocast else sites.output)
     # the GEMMs' input: the sequence shard, or the all-gathered whole sequence (gathered_gemm_inputs)
     gemm_region: Region = "rep" if shape.gathered_gemm_inputs and shape.sequence_parallel else "sp"
-    terms = [Term(f"{prefix} norm input", shape.residual_bytes * sbh, "sp", keep_input)]
+    terms = [Term(f"{prefix} norm input", shape.residual_bytes * sbh, "sp", keep_input, role=TermRole.NORM_INPUT)]
     terms += eager_norm_terms(shape, prefix, shape.residual_bytes, site=sites.norm)
     terms.append(Term(f"{prefix} norm output (GEMM input)", shape.act_bytes * sbh, gemm_region, gemm_keep,
-                      gemm_input=True, site=site))
+                      gemm_input=True, site=site, role=TermRole.NORM_OUTPUT))
     if shape.autocast and consumers > 1:
         terms.append(Term(f"{prefix} norm output, autocast copies of the other {consumers - 1} GEMMs",
                           (consumers - 1) * shape.act_bytes * sbh, gemm_region, gemm_keep, gemm_input=True,
-                          site=sites.copy if eager else sites.fused))
+                          site=sites.copy if eager else sites.fused, role=TermRole.NORM_COPIES, tensors=consumers - 1))
     return terms
 
 
@@ -246,17 +246,20 @@ def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int, site
     sbh = shape.seq * shape.micro_batch * shape.hidden
     # ``x * rsqrt(variance + eps)`` also saves the fp32 reciprocal RMS, one per token.
     inverse_rms = Term(f"{prefix} norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * shape.seq * shape.micro_batch,
-                       "sp", "body", site=site)
+                       "sp", "body", site=site, role=TermRole.NORM_OTHER)
     if shape.fused_rms_norm:
         # ``aten._fused_rms_norm`` saves the input (the norm-input term) and its fp32 rstd only (derivatives.yaml)
         return [inverse_rms]
     if input_bytes < NORM_COMPUTE_BYTES:
-        terms = [Term(f"{prefix} norm fp32 input", NORM_COMPUTE_BYTES * sbh, "sp", "body", site=site), inverse_rms]
+        terms = [Term(f"{prefix} norm fp32 input", NORM_COMPUTE_BYTES * sbh, "sp", "body", site=site,
+                      role=TermRole.NORM_OTHER), inverse_rms]
         if shape.norm_fp32_scale:
             terms.append(Term(f"{prefix} norm normalized input in fp32 (beyond the input dtype)",
-                              (NORM_COMPUTE_BYTES - input_bytes) * sbh, "sp", "body", site=site))
+                              (NORM_COMPUTE_BYTES - input_bytes) * sbh, "sp", "body", site=site,
+                              role=TermRole.NORM_NORMALIZED))
         return terms
-    return [Term(f"{prefix} norm normalized input", input_bytes * sbh, "sp", "body", site=site), inverse_rms]
+    return [Term(f"{prefix} norm normalized input", input_bytes * sbh, "sp", "body", site=site,
+                 role=TermRole.NORM_NORMALIZED), inverse_rms]
 
 
 def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
@@ -271,7 +274,8 @@ def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
     return [Term("post-norms fp32 input", count * NORM_COMPUTE_BYTES * sbh, "sp", "body"),
             Term("post-norms 1/rms (fp32, per token)", count * NORM_COMPUTE_BYTES * shape.seq * shape.micro_batch,
                  "sp", "body"),
-            Term("post-norms normalized output", count * normalized * sbh, "sp", "body")]
+            Term("post-norms normalized output", count * normalized * sbh, "sp", "body",
+                 role=TermRole.POST_NORM_NORMALIZED)]
 
 
 def _attention_terms(attn: AttentionSpec, shape: ActivationShape, pre_norm: bool = True) -> list[Term]:
@@ -312,7 +316,7 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
                           c * tokens * v_width, "tp", "core", site="core"))
     else:
         terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn",
-                          site="mla_up" if kind.latent else ""))
+                          site="mla_up" if kind.latent else "", role=TermRole.QKV))
     # (RoPE multiplies q and k by cos/sin tables that need no gradient: it saves nothing more.)
     terms += _fused_qkv_terms(attn, shape)
     if attn.qk_norm:
@@ -324,7 +328,8 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
         eager_norm = shape.kernels == "eager" and not shape.fused_rms_norm
         per_element = (NORM_COMPUTE_BYTES + normalized) if eager_norm else c
         name = "q, k norms (fp32 input copies, fp32 normalized)" if eager_norm and shape.norm_fp32_scale else "q, k norms"
-        terms.append(Term(name, per_element * tokens * (q_width + k_width), "tp", "attn"))
+        terms.append(Term(name, per_element * tokens * (q_width + k_width), "tp", "attn",
+                          role=TermRole.QK_NORMS_FP32 if eager_norm and shape.norm_fp32_scale else TermRole.QK_NORMS))
         if shape.kernels == "eager":  # and each eager RMSNorm's fp32 1/rms, per head and token
             per = "per head and token" if attn.qk_norm_per_head else "per token"
             terms.append(Term(f"q, k norms 1/rms (fp32, {per})", NORM_COMPUTE_BYTES * tokens * attn.qk_norm_rows,
@@ -344,7 +349,7 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
             terms.append(Term("attention kernel output (heads-first; o_proj reads a copy)",
                               c * tokens * attn.num_heads * attn.v_head_dim, "tp", "core", site="core"))
     terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn",
-                      gemm_input=True))
+                      gemm_input=True, role=TermRole.OUTPUT_PROJECTION_INPUT))
     if shape.dropout:
         terms.append(Term("attention residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
     return terms
@@ -362,21 +367,24 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
     """
     c = shape.act_bytes
     if shape.kernels != "eager":
-        return [Term("softmax output", c * heads_scores, "tp", "core")]
+        return [Term("softmax output", c * heads_scores, "tp", "core", role=TermRole.SOFTMAX)]
     if attn.sinks:  # gpt-oss: the softmax runs over a sink column too, in the weights' dtype
         terms = sink_softmax_terms(attn, shape, SOFTMAX_CAST)
     else:
-        terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core")]
+        terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core",
+                      role=TermRole.SOFTMAX_FP32)]
         if c < EAGER_SOFTMAX_BYTES:
-            terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core"))
+            terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core", role=TermRole.SOFTMAX_CAST))
     if attn.logit_softcap is not None:
-        terms.append(Term("soft-capped scores (tanh output)", c * heads_scores, "tp", "core"))
+        terms.append(Term("soft-capped scores (tanh output)", c * heads_scores, "tp", "core",
+                          role=TermRole.SOFTCAP_SCORES))
     if attention_kind(attn).grouped_kv and (width := _repeated_kv_width(attn, shape)):
         tokens = shape.seq * shape.micro_batch
         extra_heads = attn.num_heads - attn.num_kv_heads
         name = (f"{REPEATED_KV} (repeat_kv copies)" if width > attn.head_dim else
                 "keys cast to the compute dtype for every query head (autocast; the values stay a view)")
-        terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core"))
+        role = TermRole.REPEATED_KV if width > attn.head_dim else TermRole.KEYS_CAST
+        terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core", role=role))
     return terms
 
 
@@ -418,7 +426,8 @@ def _sdpa_mask_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
         extra_heads = attn.num_heads - attn.num_kv_heads
         name = (f"{REPEATED_KV} (repeat_kv: no enable_gqa with a mask)"
                 if width > attn.head_dim else "keys cast to the compute dtype for every query head (autocast)")
-        terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core"))
+        role = TermRole.REPEATED_KV if width > attn.head_dim else TermRole.KEYS_CAST
+        terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core", role=role))
     return terms
 
 
@@ -503,7 +512,8 @@ def _eager_mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> 
         terms += [Term(f"{name} latent norm fp32 input", NORM_COMPUTE_BYTES * tokens * rank, "rep", "body", site=site),
                   Term(f"{name} latent norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * tokens, "rep", "body",
                        site=site),
-                  Term(f"{name} latent norm normalized (input dtype)", c * tokens * rank, "rep", "body", site=site),
+                  Term(f"{name} latent norm normalized (input dtype)", c * tokens * rank, "rep", "body", site=site,
+                       role=TermRole.LATENT_NORM_NORMALIZED),
                   Term(f"{name} latent norm output ({name} up-projection input)", c * tokens * rank, "rep", "body",
                        gemm_input=True, site=site)]
     if attn.kv_lora_rank and not _eager_mla_value_copied(attn, shape):
@@ -529,6 +539,10 @@ def _eager_mla_value_copied(attn: AttentionSpec, shape: ActivationShape) -> bool
 #: activation output is what ``moe_act`` recomputes (experts.py), the rest the whole module's.
 _MLP_SITES = {"mlp": ("mlp", "mlp"), "experts": ("moe", "moe_act"),
               "shared expert": ("shared_experts", "shared_experts")}
+#: Roles of an MLP's (fc1 output, fc2 input, other tensors) by the MLP's role.
+_MLP_ROLES = {"mlp": (TermRole.MLP_FC1, TermRole.MLP_FC2, TermRole.OTHER),
+              "experts": (TermRole.EXPERT_FC1, TermRole.EXPERT_FC2, TermRole.EXPERT_OTHER),
+              "shared expert": (TermRole.OTHER, TermRole.OTHER, TermRole.OTHER)}
 
 
 def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Region, prefix: str,
@@ -548,23 +562,26 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     eager_gate = mlp.gated and shape.kernels != "fused"
     if eager_gate and prefix != "experts":
         fc1_out += 1
+    fc1_role, fc2_role, other_role = _MLP_ROLES[prefix]
     terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body",
-                      site=fc1_site))
+                      site=fc1_site, role=fc1_role))
     if eager_gate and prefix == "experts":
         # act(gate), saved by the product with the up half: inside the activation function (moe_act);
         # gpt-oss's clamped SwiGLU keeps more there (memplan.estimate.gpt_oss_terms).
         terms += (clamped_swiglu_terms(mlp, tokens, region, c, fc2_site)
                   or [Term(f"{prefix} activation of the gate half (eager gated activation)", c * tokens * f, region,
-                           "body", site=fc2_site)])
-    terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True, site=fc2_site))
+                           "body", site=fc2_site, role=other_role)])
+    terms.append(Term(f"{prefix} fc2 input", c * tokens * f, region, "body", gemm_input=True, site=fc2_site,
+                      role=fc2_role))
     if mlp.activation == "gelu_new" and shape.kernels == "eager":
         # GPT-2's NewGELUActivation is a Python formula: it also saves tanh(...), 1 + tanh(...) and
         # 0.5 * x; under CUDA autocast its pow runs in fp32, so those are fp32.
         per_element = 12 if shape.autocast else 3 * c
         terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body",
-                          site=fc2_site))
+                          site=fc2_site, role=other_role))
     if shape.dropout and prefix == "mlp":
-        terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
+        terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body",
+                          role=TermRole.MLP_RESIDUAL_DROPOUT))
     return terms
 
 
@@ -602,7 +619,7 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     else:
         terms += _router_terms(moe, shape)
         terms.append(Term("routing indices and probabilities", routed * ROUTED_INDEX_BYTES, "sp", "body",
-                          site="moe"))
+                          site="moe", role=TermRole.ROUTING_INDICES))
     if shape.kernels == "eager":
         # transformers' grouped_mm_experts_forward: the gather index (perm // top_k), the sort
         # permutation and its inverse (int64 per routed copy), and the int32 per-expert offsets.
@@ -610,14 +627,14 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
                           "body", site="moe"))
     received = int(routed * shape.routed_factor)
     terms.append(Term(DISPATCHED_TOKENS, c * received * h * shape.expert_tp, "sp", "body",
-                      gemm_input=True, site="moe"))
+                      gemm_input=True, site="moe", role=TermRole.DISPATCHED_TOKENS))
     terms += _mlp_terms(moe.expert, shape, tokens=received, region="sp", prefix="experts", elem_bytes=c)
     if shape.moe_probs_at == "experts":
         terms += _expert_probability_terms(moe, shape, received, c)
     else:
         # Combine weights each expert output by its routing probability: the product's backward keeps
         # the expert outputs (back on the source rank: one row per routed copy).
-        terms.append(Term(EXPERT_OUTPUTS, c * routed * h, "sp", "body", site="moe"))
+        terms.append(Term(EXPERT_OUTPUTS, c * routed * h, "sp", "body", site="moe", role=TermRole.EXPERT_OUTPUTS))
     if moe.shared_expert is not None:
         terms += _mlp_terms(moe.shared_expert, shape, tokens=tokens, region="tp", prefix="shared expert")
         if moe.shared_expert_gate:
@@ -628,7 +645,8 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
                               shape.act_bytes * tokens * (h + 1), "sp", "body",
                               site="" if shape.kernels == "eager" else "shared_experts"))
     if shape.dropout:
-        terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * h, "sp", "body"))
+        terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * h, "sp", "body",
+                          role=TermRole.MLP_RESIDUAL_DROPOUT))
     return terms
 
 
@@ -645,22 +663,23 @@ def _router_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
         sbh = tokens * h
         shared = 2 if moe.shared_expert.gated and not moe.shared_expert.fused_gate_up else 1
         terms.append(Term("mlp norm output, autocast copies of the shared expert's GEMMs",
-                          shared * shape.act_bytes * sbh, "sp", "body", gemm_input=True, site="moe"))
+                          shared * shape.act_bytes * sbh, "sp", "body", gemm_input=True, site="moe",
+                          role=TermRole.NORM_OTHER))
         if moe.shared_expert_gate:
             terms.append(Term("mlp norm output, autocast copy of the shared-expert gate", shape.act_bytes * sbh, "sp",
-                              "body", gemm_input=True, site="moe"))
+                              "body", gemm_input=True, site="moe", role=TermRole.NORM_OTHER))
     if moe.router_fp32 and shape.kernels == "eager" and not shape.autocast and shape.act_bytes < NORM_COMPUTE_BYTES:
         # transformers' fp32 router (DeepSeek: ``F.linear(hidden.type(float32), weight)``) saves an fp32
         # copy of its 16-bit input; under autocast the linear casts back and saves autocast's copy instead.
         terms.append(Term("router input cast to fp32 (fp32 router weight)", NORM_COMPUTE_BYTES * tokens * h, "sp",
-                          "body", site="moe"))
+                          "body", site="moe", role=TermRole.ROUTER_OTHER))
     if shape.kernels == "eager":
         # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
         terms.append(Term(ROUTER_SCORES, tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,
-                          "sp", "body", site="moe"))
+                          "sp", "body", site="moe", role=TermRole.ROUTER_SCORES))
     else:
         terms.append(Term("router logits/scores (fp32) + routing map", tokens * moe.num_experts * ROUTER_BYTES_PER_EXPERT,
-                          "sp", "body", site="moe"))
+                          "sp", "body", site="moe", role=TermRole.ROUTER_OTHER))
     return terms
 
 
@@ -679,7 +698,7 @@ def _expert_probability_terms(moe: MoESpec, shape: ActivationShape, received: in
     if moe.expert.gated:
         return []
     return [Term("experts activation output kept by the probability product", c * received * moe.expert.intermediate_size,
-                 "sp", "body", site="moe_act")]
+                 "sp", "body", site="moe_act", role=TermRole.EXPERT_OTHER)]
 
 
 def dispatch_buffer_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
@@ -730,8 +749,8 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     """
     attention, rest = blocks or layer_terms_by_block(layer, shape)
     eager_core = shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
-    core_names = {t.name for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
-    largest = max(max(divided(t, shape) for t in attention + rest if t.name not in core_names),
+    core_roles = {t.role for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
+    largest = max(max(divided(t, shape) for t in attention + rest if t.role not in core_roles),
                   dispatch_buffer_bytes(layer, shape))
     transient = 2 * largest
     if not eager_core:
@@ -744,7 +763,7 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
-                    if t.name in ("output projection input", SOFTMAX_CAST))
+                    if t.role in (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST))
     return max(transient, gradients - (0 if offloaded else released))
 
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 from memplan.estimate import compiled_loss
 from memplan.estimate.activations import ActivationShape, Term, pv_matmul_saves_v_view
+from memplan.estimate.terms import TermRole
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MoESpec
 from memplan.settings import InputSetting
@@ -175,8 +176,9 @@ def compiled_blocks(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term
     tokens, c, h = shape.seq * shape.micro_batch, shape.act_bytes, shape.hidden
     stats = (2 if gpt2 else 1) * FP32_BYTES  # LayerNorm: mean and 1/std; RMSNorm: 1/rms
     attention = [Term("layer input", shape.residual_bytes * tokens * h, "sp", "input"),
-                 Term("attention norm statistics (fp32)", stats * tokens, "sp", "body"),
-                 Term("attention norm output (the projections' input)", c * tokens * h, "sp", "body"),
+                 Term("attention norm statistics (fp32)", stats * tokens, "sp", "body", role=TermRole.NORM_OTHER),
+                 Term("attention norm output (the projections' input)", c * tokens * h, "sp", "body",
+                      role=TermRole.NORM_OTHER),
                  *_latent_terms(layer.attention, shape),
                  *_attention_core(layer.attention, shape),
                  Term("output projection output", c * tokens * h, "sp", "body")]
@@ -218,7 +220,8 @@ def _attention_core(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
                     Term("softmax max and sum (fp32)", 2 * FP32_BYTES * tokens * heads, "tp", "core")]
         return terms + core + [
             Term("q, and k and v repeated to every query head", c * tokens * heads * (2 * d + dv), "tp", "attn"),
-            Term("output projection input", c * tokens * heads * dv, "tp", "attn")]
+            Term("output projection input", c * tokens * heads * dv, "tp", "attn",
+                 role=TermRole.OUTPUT_PROJECTION_INPUT)]
     # fp32 runs the memory-efficient kernel, whose log-sum-exp pads the sequence to a multiple of 32
     lse_seq = -(-shape.seq // EFFICIENT_LSE_ALIGN) * EFFICIENT_LSE_ALIGN if c >= FP32_BYTES else shape.seq
     return terms + [
@@ -250,7 +253,8 @@ def _latent_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     ranks.append(("key/value", attn.kv_lora_rank or 0))
     terms = [Term(f"{name} latent: down projection output, norm 1/rms (fp32), norm output",
                   (2 * c * rank + FP32_BYTES) * tokens, "rep", "attn") for name, rank in ranks]
-    return terms + [Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn")]
+    return terms + [Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn",
+                         role=TermRole.OUTPUT_PROJECTION_INPUT)]
 
 
 def _shared_expert(moe: MoESpec, shape: ActivationShape) -> list[Term]:
@@ -270,10 +274,12 @@ def _moe(moe: MoESpec, shape: ActivationShape) -> list[Term]:
     routed = int(tokens * moe.top_k * shape.routed_factor)
     expert_bytes = shape.expert_bytes or shape.act_bytes
     width = 2 * shape.hidden + 3 * moe.expert.intermediate_size
+    fp32_router = moe.router_fp32 and not shape.autocast and shape.act_bytes < FP32_BYTES
     router = [Term("router input cast to fp32 (fp32 router weight)", FP32_BYTES * tokens * shape.hidden, "rep",
-                   "body")] if moe.router_fp32 and not shape.autocast and shape.act_bytes < FP32_BYTES else []
+                   "body", role=TermRole.ROUTER_OTHER)] if fp32_router else []
     return router + _shared_expert(moe, shape) + [
-            Term("router probabilities (fp32)", FP32_BYTES * tokens * moe.num_experts, "rep", "body"),
+            Term("router probabilities (fp32)", FP32_BYTES * tokens * moe.num_experts, "rep", "body",
+                 role=TermRole.ROUTER_OTHER),
             Term("top-k weights (fp32) and indices (int64)", (FP32_BYTES + INDEX_BYTES) * tokens * moe.top_k,
                  "rep", "body"),
             Term("token permutation indices (int64)", PERMUTATION_VECTORS * INDEX_BYTES * tokens * moe.top_k,

@@ -47,6 +47,7 @@ from dataclasses import field
 from memplan.estimate.activations import KEPT_BY, ActivationShape, Term, divided, layer_terms_by_block
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
+from memplan.estimate.terms import ROUTER, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.job import CudaGraphs
 from memplan.model.spec import LayerSpec, ModelSpec
@@ -74,9 +75,9 @@ def captured_terms(layer: LayerSpec, shape: ActivationShape, modules: tuple[str,
     if "moe" in modules:
         return out + list(rest)
     for term in rest:
-        router = term.site == "pre_mlp_norm" or term.name.startswith("router") or term.site == "shared_experts"
+        router = term.site == "pre_mlp_norm" or term.role in ROUTER or term.site == "shared_experts"
         if ("moe_router" in modules and router) or (
-                "moe_preprocess" in modules and term.name == "routing indices and probabilities"):
+                "moe_preprocess" in modules and term.role is TermRole.ROUTING_INDICES):
             out.append(term)
     return out
 

@@ -49,14 +49,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from memplan.estimate.activations import (
-    DISPATCHED_TOKENS,
-    EXPERT_OUTPUTS,
-    ActivationShape,
-    Term,
-    divided,
-    layer_terms_by_block,
-)
+from memplan.estimate.activations import ActivationShape, Term, divided, layer_terms_by_block
+from memplan.estimate.terms import EXPERTS_OWN, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
@@ -212,7 +206,7 @@ def layer_parts(layer: LayerSpec, shape: ActivationShape, *, kept: int, transien
     if layer.moe is None:
         dispatched, mlp = 0, sum(divided(t, shape) for t in rest if is_kept(t))
     else:
-        dispatched = sum(divided(t, shape) for t in rest if t.name == DISPATCHED_TOKENS and is_kept(t))
+        dispatched = sum(divided(t, shape) for t in rest if t.role is TermRole.DISPATCHED_TOKENS and is_kept(t))
         mlp = sum(divided(t, shape) for t in rest if is_kept(t) and _in_mlp_node(t))
     return LayerParts(kept=kept, dispatched=min(dispatched, kept), mlp=min(mlp, kept - min(dispatched, kept)),
                       transient=transient, dispatch=dispatch, input_grad=_input_grad(layer, shape),
@@ -221,7 +215,7 @@ def layer_parts(layer: LayerSpec, shape: ActivationShape, *, kept: int, transien
 
 def _in_mlp_node(term: Term) -> bool:
     """An MoE layer's terms made by the experts or the combine (and the layer's output dropout)."""
-    return term.name.startswith("experts ") or term.name == EXPERT_OUTPUTS or term.name == "mlp residual dropout mask"
+    return term.role in EXPERTS_OWN or term.role in (TermRole.EXPERT_OUTPUTS, TermRole.MLP_RESIDUAL_DROPOUT)
 
 
 def shared_expert_overlap_bytes(layer: LayerSpec, shape: ActivationShape) -> int:

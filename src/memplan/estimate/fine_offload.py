@@ -39,9 +39,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from memplan.estimate.activations import ActivationShape, Term, divided, layer_terms
+from memplan.estimate.activations import ActivationShape, Term, divided, layer_terms_by_block
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
+from memplan.estimate.terms import TermRole
 from memplan.job import Offload
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import LayerSpec, ModelSpec
@@ -49,22 +50,24 @@ from memplan.model.spec import LayerSpec, ModelSpec
 #: Offload modules in the order a layer's forward opens their groups.
 FORWARD_ORDER = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
                  "fused_group_mlp")
-_EXPERT_FC1, _MOE_ACT = "dispatched tokens (grouped-GEMM input)", "experts fc1 output (activation input)"
+#: The blocks of :func:`~memplan.estimate.activations.layer_terms_by_block` (the attention block's, the rest).
+_ATTENTION, _REST = 0, 1
+_EXPERT_FC1, _MOE_ACT = (_REST, TermRole.DISPATCHED_TOKENS), (_REST, TermRole.EXPERT_FC1)
 
 
-def group_term_names(layer: LayerSpec, name: str) -> tuple[str, ...]:
-    """The names of the :mod:`memplan.estimate.activations` terms module ``name``'s group holds in ``layer``."""
+def group_terms(layer: LayerSpec, name: str) -> tuple[tuple[int, TermRole], ...]:
+    """The :mod:`memplan.estimate.activations` terms module ``name``'s group holds in ``layer``, as (block, role)."""
     mla, moe = attention_kind(layer.attention).latent, layer.moe is not None
+    norm_input, norm_output = (_ATTENTION, TermRole.NORM_INPUT), (_ATTENTION, TermRole.NORM_OUTPUT)
     table = {
-        "attn_norm": ("attention norm input",) if mla else (),
-        "qkv_linear": ("attention norm output (GEMM input)",) if mla else (
-            "attention norm input", "attention norm output (GEMM input)"),
-        "core_attn": ("q, k, v",),
-        "attn_proj": ("output projection input",),
-        "mlp_norm": ("mlp norm input",) if moe else (),
+        "attn_norm": (norm_input,) if mla else (),
+        "qkv_linear": (norm_output,) if mla else (norm_input, norm_output),
+        "core_attn": ((_ATTENTION, TermRole.QKV),),
+        "attn_proj": ((_ATTENTION, TermRole.OUTPUT_PROJECTION_INPUT),),
+        "mlp_norm": ((_REST, TermRole.NORM_INPUT),) if moe else (),
         "expert_fc1": (_EXPERT_FC1,) if moe else (),
         "moe_act": (_MOE_ACT,) if moe else (),
-        "fused_group_mlp": (_EXPERT_FC1, _MOE_ACT, "experts fc2 input") if moe else (),
+        "fused_group_mlp": (_EXPERT_FC1, _MOE_ACT, (_REST, TermRole.EXPERT_FC2)) if moe else (),
     }
     return table[name]
 
@@ -74,14 +77,16 @@ def layer_groups(layer: LayerSpec, shape: ActivationShape, modules: Iterable[str
     """``(module, offloadable bytes)`` of ``layer``'s groups in forward order (one rank, one micro-batch):
     the saved terms the job's recompute keeps, of at least ``min_numel`` elements each."""
     kept_by, chosen = frozenset(kept_classes), set(modules)
-    terms = {t.name: t for t in layer_terms(layer, shape) if t.keep in kept_by and term_site(t) not in dropped}
+    terms = [(block, t) for block, ts in enumerate(layer_terms_by_block(layer, shape)) for t in ts
+             if t.keep in kept_by and term_site(t) not in dropped]
     out = []
     for name in FORWARD_ORDER:
         if name in chosen:
-            held = [terms[n] for n in group_term_names(layer, name) if n in terms]
+            wanted = group_terms(layer, name)
+            held = [t for block, t in terms if (block, t.role) in wanted]
             if name == "core_attn":
                 # and what the attention core saves inside (unfused: the s x s softmax output, the dropout mask)
-                held += [t for t in terms.values() if t.keep == "core"]
+                held += [t for _, t in terms if t.keep == "core"]
             out.append((name, sum(size for t in held if (size := divided(t, shape)) >= min_numel * _elem(t, shape))))
     return out
 
@@ -90,7 +95,7 @@ def _elem(term: Term, shape: ActivationShape) -> int:
     """Bytes per element of a term's tensor (FP8 GEMM inputs: 1; norm inputs: the residual dtype)."""
     if term.gemm_input and shape.fp8:
         return 1
-    return shape.residual_bytes if term.name.endswith("norm input") else shape.act_bytes
+    return shape.residual_bytes if term.role is TermRole.NORM_INPUT else shape.act_bytes
 
 
 @dataclass(frozen=True)

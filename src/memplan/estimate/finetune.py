@@ -20,6 +20,7 @@ from __future__ import annotations
 from memplan.estimate.activations import ActivationShape, eager_norm_terms
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.partial_freeze import root_flow
+from memplan.estimate.terms import NORMALIZED
 from memplan.frozen import frozen_dataclass
 from memplan.job import Job, resolved_adapter_dtype
 from memplan.model.linears import model_parameters
@@ -194,7 +195,7 @@ def head_activation_bytes_finetune(model: ModelSpec, job: Job, shape: Activation
     sbh = shape.seq * shape.micro_batch * shape.hidden
     divisor = shape.tp if shape.sequence_parallel else 1
     eager = eager_norm_terms(shape, "final", shape.residual_bytes)
-    norm = [t for t in eager if (flow.norm_trains if "normalized" in t.name else flow.norm_input_grad)]
+    norm = [t for t in eager if (flow.norm_trains if t.role in NORMALIZED else flow.norm_input_grad)]
     out = sum(t.bytes for t in norm) // divisor
     if eager and flow.norm_trains and shape.residual_bytes < 4:
         out += shape.residual_bytes * sbh // divisor  # x_normed in the 16-bit input dtype

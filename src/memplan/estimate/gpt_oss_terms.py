@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from memplan.estimate.terms import Region, Term
+from memplan.estimate.terms import Region, Term, TermRole
 from memplan.model.spec import CLAMPED_SWIGLU
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ __all__ = ["SORTED_BIAS_IDS", "clamped_swiglu_terms", "forward_mask_term", "gpt_
 
 #: The clamped SwiGLU's saved ``[rows, f]`` tensors beyond fc1's output and fc2's input.
 _CLAMPED_SWIGLU_SAVED = ("clamped gate", "sigmoid of the scaled clamped gate", "gate x sigmoid", "up + 1")
+_CLAMPED_SWIGLU_ROLES = (TermRole.CLAMPED_GATE, TermRole.CLAMPED_SIGMOID, TermRole.CLAMPED_PRODUCT,
+                         TermRole.CLAMPED_UP_PLUS_ONE)
 #: The sorted expert ids the biased experts' bias rows are gathered by (saved for the biases' gradient).
 SORTED_BIAS_IDS = "sorted expert ids indexing the experts' bias rows (int64)"
 #: Bytes of an int64 index (``max(dim)``'s and ``topk``'s saved indices, the sorted expert ids).
@@ -81,10 +83,11 @@ def sink_softmax_terms(attn: AttentionSpec, shape: _Shape, cast_name: str) -> li
     rows = attn.num_heads * shape.micro_batch * shape.seq
     width = sink_softmax_bytes(shape)
     terms = [Term("softmax over scores and the sink column (attention sinks)", width * rows * (shape.kv_seq + 1),
-                  "tp", "core"),
-             Term("row maxima's indices (int64, max before the sink softmax)", _INDEX_BYTES * rows, "tp", "core")]
+                  "tp", "core", role=TermRole.SINK_SOFTMAX),
+             Term("row maxima's indices (int64, max before the sink softmax)", _INDEX_BYTES * rows, "tp", "core",
+                  role=TermRole.SINK_ROW_MAX)]
     if shape.act_bytes < width:
-        terms.append(Term(cast_name, shape.act_bytes * rows * shape.kv_seq, "tp", "core"))
+        terms.append(Term(cast_name, shape.act_bytes * rows * shape.kv_seq, "tp", "core", role=TermRole.SOFTMAX_CAST))
     return terms
 
 
@@ -114,18 +117,18 @@ def clamped_swiglu_terms(mlp: MLPSpec, tokens: int, region: Region, elem_bytes: 
         return []
     size = elem_bytes * tokens * mlp.intermediate_size
     # four tensors apart: the backward's transient is priced from the largest single saved tensor
-    return [Term(f"experts clamped SwiGLU: {what}", size, region, "body", site=site)
-            for what in _CLAMPED_SWIGLU_SAVED]
+    return [Term(f"experts clamped SwiGLU: {what}", size, region, "body", site=site, role=role)
+            for what, role in zip(_CLAMPED_SWIGLU_SAVED, _CLAMPED_SWIGLU_ROLES)]
 
 
 def topk_router_terms(moe: MoESpec, shape: _Shape) -> list[Term]:
     """A top-k-then-softmax router with HF's grouped experts: what it and the routing keep per routed row."""
     routed = shape.seq * shape.micro_batch * moe.top_k
     terms = [Term("router top-k indices (int64), softmax of the top-k logits, routing weights gathered per row",
-                  routed * (_INDEX_BYTES + 2 * shape.act_bytes), "sp", "body", site="moe")]
+                  routed * (_INDEX_BYTES + 2 * shape.act_bytes), "sp", "body", site="moe", role=TermRole.ROUTER_OTHER)]
     if moe.expert.bias:
         terms.append(Term(SORTED_BIAS_IDS, routed * _INDEX_BYTES, "sp",
-                          "body", site="moe"))
+                          "body", site="moe", role=TermRole.SORTED_BIAS_IDS))
     return terms
 
 

@@ -142,7 +142,7 @@ def _mlp_saved(layer: LayerSpec, shape: ActivationShape, role: LayerRole) -> lis
     """What the layer's MLP/MoE block itself saves for its role (no adapters: those of the attention
     projections are alive while the attention block is recomputed)."""
     rest = layer_terms_by_block(layer, shape)[1]
-    return rest if role.flow is None else block_terms(rest, shape, role.flow.mlp, "mlp norm")
+    return rest if role.flow is None else block_terms(rest, shape, role.flow.mlp)
 
 
 def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quantize_base: str, autocast: bool,
@@ -152,8 +152,8 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
     if role.flow is not None:
-        attention = block_terms(attention, shape, role.flow.attention, "attention norm", gemm_inputs_kept=int8_base)
-        rest = block_terms(rest, shape, role.flow.mlp, "mlp norm", gemm_inputs_kept=int8_base)
+        attention = block_terms(attention, shape, role.flow.attention, gemm_inputs_kept=int8_base)
+        rest = block_terms(rest, shape, role.flow.mlp, gemm_inputs_kept=int8_base)
         if autocast and not shape.autocast:
             extra = trained_norm_copies(layer, shape, role.flow)
             attention, rest = attention + extra[0], rest + extra[1]

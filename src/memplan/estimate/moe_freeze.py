@@ -19,13 +19,12 @@ Checked against ``memplan trace``: tests/trace/test_agreement_grid.py's ``layers
 
 from __future__ import annotations
 
-from memplan.estimate.activations import DISPATCHED_TOKENS, EXPERT_OUTPUTS, ROUTER_SCORES
-from memplan.estimate.gpt_oss_terms import SORTED_BIAS_IDS
+from memplan.estimate.terms import EXPERTS_OWN, TermRole
 
 __all__ = ["ROUTING_GRAD_TERMS", "is_routed_experts", "is_sinks", "moe_term_kept"]
 
 #: What an MoE block keeps only for the routing weights' gradient.
-ROUTING_GRAD_TERMS = frozenset({ROUTER_SCORES, EXPERT_OUTPUTS})
+ROUTING_GRAD_TERMS = frozenset({TermRole.ROUTER_SCORES, TermRole.EXPERT_OUTPUTS})
 
 
 def is_routed_experts(module: str) -> bool:
@@ -38,15 +37,15 @@ def is_sinks(name: str) -> bool:
     return name.rpartition(".")[2] == "sinks"
 
 
-def _expert_internal(name: str) -> bool:
+def _expert_internal(role: TermRole) -> bool:
     """A tensor the routed experts themselves save (their input, their GEMMs' and activation's tensors, the
     ids their bias rows are gathered by), not the combine's."""
-    return name in (DISPATCHED_TOKENS, SORTED_BIAS_IDS) or name.startswith("experts ")
+    return role in (TermRole.DISPATCHED_TOKENS, TermRole.SORTED_BIAS_IDS) or role in EXPERTS_OWN
 
 
-def moe_term_kept(name: str, *, routing_grad: bool, experts_save: bool) -> bool:
-    """Whether a block with trained weights keeps the term ``name``: not one that serves only the routing
+def moe_term_kept(role: TermRole, *, routing_grad: bool, experts_save: bool) -> bool:
+    """Whether a block with trained weights keeps a term of ``role``: not one that serves only the routing
     weights' gradient when those need none, nor one of the experts' own when they record nothing."""
-    if not routing_grad and name in ROUTING_GRAD_TERMS:
+    if not routing_grad and role in ROUTING_GRAD_TERMS:
         return False
-    return experts_save or not _expert_internal(name)
+    return experts_save or not _expert_internal(role)

@@ -27,6 +27,7 @@ from functools import lru_cache
 
 from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block
 from memplan.estimate.moe_freeze import is_routed_experts, is_sinks, moe_term_kept
+from memplan.estimate.terms import NORM_TERMS, NORMALIZED, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.job import FineTuning
 from memplan.model.linears import model_linears, model_parameters
@@ -276,7 +277,7 @@ def root_flow(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> RootFlow
                     embedding_trained_fully=full)
 
 
-def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm_prefix: str, *,
+def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
                 gemm_inputs_kept: bool = False) -> list[Term]:
     """What one block saves under ``flow`` (its full-training ``terms`` otherwise).
 
@@ -285,38 +286,38 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
     (bitsandbytes' 8-bit matmul saves its input in ``ctx.tensors``). A frozen pre-norm keeps no
     normalized tensor (nor Gemma's fp32 one, nor the per-head q/k norms'); a trained one behind frozen
     linears keeps it (the GEMM input's size when the term list has none of its own). A block whose input
-    needs no gradient keeps nothing of its pre-norm's input (``norm_prefix``: that norm's term names). An
-    MoE block that trains only its routed experts on such an input keeps neither the frozen router's input
-    and scores nor the expert outputs kept for the routing weights' gradient (:attr:`BlockFlow.routing_grad`);
-    one that trains its router but not its experts keeps nothing the experts would save for themselves
-    (:attr:`BlockFlow.experts_save`).
+    needs no gradient keeps nothing of its pre-norm's input (its terms of a role in
+    :data:`~memplan.estimate.terms.NORM_TERMS`). An MoE block that trains only its routed experts on such
+    an input keeps neither the frozen router's input and scores nor the expert outputs kept for the routing
+    weights' gradient (:attr:`BlockFlow.routing_grad`); one that trains its router but not its experts keeps
+    nothing the experts would save for themselves (:attr:`BlockFlow.experts_save`).
     """
     if not flow.saves or not (flow.input_grad or flow.linears_train or flow.norm_trains or flow.adapted_input):
         return []  # nothing of the base path needs a gradient (the adapters' own terms are counted apart)
     if flow.input_grad and flow.linears_train and flow.norm_trains:
         return terms
-    own_norm = [t for t in terms if t.name.startswith(norm_prefix)]
-    has_normalized = any("normalized" in t.name for t in own_norm)
+    own_norm = [t for t in terms if t.role in NORM_TERMS]
+    has_normalized = any(t.role in NORMALIZED for t in own_norm)
     out: list[Term] = []
     for t in terms:
-        mine = t.name.startswith(norm_prefix)
+        mine = t.role in NORM_TERMS
         if mine and not flow.input_grad:
             # Nothing upstream needs a gradient: the norm keeps nothing for its input's; a trained linear
             # keeps its input, and a trained norm (weight * x_normed) the normalized tensor.
             stand_in = flow.norm_trains and not has_normalized  # x_normed in the 16-bit input dtype
             reads = flow.linears_train and flow.routing_grad  # a trained linear (not the experts alone) reads it
-            if (t.gemm_input and (reads or stand_in)) or (flow.norm_trains and "normalized" in t.name):
+            if (t.gemm_input and (reads or stand_in)) or (flow.norm_trains and t.role in NORMALIZED):
                 out.append(t)
-            elif stand_in and flow.linears_train and t.name.endswith("norm input"):
-                out.append(Term(t.name, t.bytes, t.region, "body", site=t.site))  # beside the GEMM input
+            elif stand_in and flow.linears_train and t.role is TermRole.NORM_INPUT:
+                out.append(Term(t.name, t.bytes, t.region, "body", site=t.site, role=t.role))  # beside the GEMM input
             continue
         if flow.linears_train:
-            if moe_term_kept(t.name, routing_grad=flow.routing_grad, experts_save=flow.experts_save):
+            if moe_term_kept(t.role, routing_grad=flow.routing_grad, experts_save=flow.experts_save):
                 out.append(t)
             continue
         kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept)
         if kept is not None:
-            if "normalized" in t.name and not (mine and flow.norm_trains):
+            if t.role in NORMALIZED and not (mine and flow.norm_trains):
                 continue  # kept only for a trained norm weight's gradient
             out.append(kept)
     return out
@@ -325,17 +326,19 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, norm
 def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gemm_inputs_kept: bool) -> Term | None:
     """A term of a block whose linears are frozen (input needing a gradient): None when not saved."""
     if t.gemm_input:
-        if gemm_inputs_kept or normalized_stand_in or (t.name == "output projection input" and shape.attention != "eager"):
+        if gemm_inputs_kept or normalized_stand_in or (t.role is TermRole.OUTPUT_PROJECTION_INPUT
+                                                       and shape.attention != "eager"):
             return t
         return None
-    if t.name.endswith("norm input"):
+    if t.role is TermRole.NORM_INPUT:
         if shape.residual_bytes == NORM_COMPUTE_BYTES:
             return t  # an fp32 residual: no fp32 copy; the norm's pow/mul keep the input itself for its gradient
-        return Term(t.name, t.bytes, t.region, "ckpt_input") if t.keep == "input" else None
-    if t.name == "q, k norms" and shape.kernels == "eager":
+        return Term(t.name, t.bytes, t.region, "ckpt_input", role=t.role) if t.keep == "input" else None
+    if t.role is TermRole.QK_NORMS and shape.kernels == "eager":
         # Eager per-head norms keep an fp32 copy of their input and the normalized tensor; only the first
         # serves the input's gradient.
-        return Term(t.name, t.bytes * NORM_COMPUTE_BYTES // (NORM_COMPUTE_BYTES + shape.act_bytes), t.region, t.keep)
+        return Term(t.name, t.bytes * NORM_COMPUTE_BYTES // (NORM_COMPUTE_BYTES + shape.act_bytes), t.region, t.keep,
+                    role=t.role)
     return t
 
 
@@ -376,7 +379,7 @@ def trained_norm_copies(layer: LayerSpec, shape: ActivationShape, flow: LayerFlo
     def copies(terms: list[Term], block: BlockFlow) -> list[Term]:
         if not (block.norm_trains and block.linears_train) or shape.norm_fp32_scale:
             return []  # (a norm that scales in fp32 casts its output back to the input dtype: 16-bit)
-        return [t for t in terms if "autocast copies of the other" in t.name]
+        return [t for t in terms if t.role is TermRole.NORM_COPIES]
     return copies(attention, flow.attention), copies(rest, flow.mlp)
 
 

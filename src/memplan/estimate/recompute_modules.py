@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memplan.estimate.activations import NORM_COMPUTE_BYTES, REPEATED_KV, ActivationShape, Term, layer_terms
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms
+from memplan.estimate.terms import TermRole
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import LayerSpec
 
@@ -137,13 +138,14 @@ def recomputed_only_terms(layer: LayerSpec, shape: ActivationShape, modules: Ite
             and shape.residual_bytes < NORM_COMPUTE_BYTES):
         sbh = shape.seq * shape.micro_batch * shape.hidden
         terms += [Term(f"{prefix} norm normalized input, recomputed", shape.residual_bytes * sbh, "sp", "body",
-                       site=site) for prefix, site in (("attention", "input_norm"), ("mlp", "pre_mlp_norm"))]
+                       site=site, role=TermRole.NORM_NORMALIZED)
+                  for prefix, site in (("attention", "input_norm"), ("mlp", "pre_mlp_norm"))]
     attn = layer.attention
     if "core_attn" in names and attn is not None and attn.num_heads > attn.num_kv_heads:
         extra = attn.num_heads - attn.num_kv_heads
         terms += [Term("keys and values of the KV heads, repeated again (repeat_kv in the recomputed core)",
                        t.bytes * attn.num_kv_heads // extra, t.region, "core", site="core")
-                  for t in layer_terms(layer, shape) if t.name.startswith(REPEATED_KV)]
+                  for t in layer_terms(layer, shape) if t.role is TermRole.REPEATED_KV]
     return terms
 
 

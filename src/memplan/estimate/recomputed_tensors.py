@@ -18,6 +18,7 @@ from memplan.estimate.recompute_modules import (
     recomputed_only_terms,
     term_site,
 )
+from memplan.estimate.terms import TermRole
 
 #: Roles of a saved tensor in the walk (:func:`saved_tensors`) beside a slot of the op-by-op plans' ``SLOTS``
 #: (0 and up): freed before the core's backward, after it, or the last post-norm's normalized input.
@@ -25,9 +26,6 @@ EARLY, LATE, NORMALIZED = -1, -2, -3
 #: When the walk takes a tensor: saved by the forward, or made again where the MLP block's or the attention
 #: block's backward starts (a sub-module checkpoint's).
 KEPT, AT_MLP, AT_ATTENTION = 0, 1, 2
-
-_POST_NORMALIZED = "post-norms normalized output"
-
 
 def saved_tensors(run: RunContext, index: int) -> list[tuple[int, int, int]]:
     """The tensors layer ``index`` saves (its recomputed forward's), as (bytes, role, when): a slot of the
@@ -44,12 +42,12 @@ def saved_tensors(run: RunContext, index: int) -> list[tuple[int, int, int]]:
         if dropped and term.keep not in KEPT_BY["none"]:
             continue  # saved under another policy only (the attention module's checkpointed input)
         size, when = divided(term, shape), taken_when(term_site(term), dropped)
-        if term.name == _POST_NORMALIZED:
+        if term.role is TermRole.POST_NORM_NORMALIZED:
             one = size // max(layer.num_post_norms, 1)
             out += [(size - one, EARLY, when), (one, NORMALIZED, when)]
             continue
-        pieces = term_tensors(term.name, size, layer, run)
-        found = term_slots(term.name, len(pieces), run)
+        pieces = term_tensors(term, size, layer, run)
+        found = term_slots(term.role, len(pieces), run)
         roles = [EARLY if early else LATE] * len(pieces) if found is None else found
         out += ((piece, role, when) for piece, role in zip(pieces, roles))
     if dropped:

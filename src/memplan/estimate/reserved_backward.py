@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate.activations import (
     EAGER_SOFTMAX_BYTES,
-    SOFTMAX_CAST,
     UNFUSED_ATTENTION,
     Term,
     divided,
@@ -44,10 +43,11 @@ from memplan.estimate.reserved_mlp_backward import (
 )
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import applies, sink_backward
+from memplan.estimate.terms import TermRole
 from memplan.model.spec import LayerSpec
 
 #: Attention terms the layer's backward frees before the softmax backward (beside the MLP block's).
-_EARLY_ATTENTION = ("output projection input", SOFTMAX_CAST)
+_EARLY_ATTENTION = (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST)
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def early_terms(layer: LayerSpec, run: RunContext) -> list[bool]:
     backward frees it before the softmax backward: the MLP block's (the layer input excepted) and the
     attention terms of :data:`_EARLY_ATTENTION`."""
     attention, rest = layer_terms_by_block(layer, run.shape)
-    return ([t.name in _EARLY_ATTENTION for t in attention]
+    return ([t.role in _EARLY_ATTENTION for t in attention]
             + [t.keep != "input" for t in rest])
 
 

@@ -38,15 +38,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memplan.estimate.activations import DISPATCHED_TOKENS, EXPERT_OUTPUTS
 from memplan.estimate.context import RunContext
 from memplan.estimate.reserved_replay import Block, Replay
+from memplan.estimate.terms import TermRole
 from memplan.model.spec import CLAMPED_SWIGLU
 
-#: The experts' saved tensors the plan frees op by op, in forward order (their terms' names).
-EXPERT_TERMS = (DISPATCHED_TOKENS, "experts fc1 output (activation input)", "experts clamped SwiGLU: clamped gate",
-                "experts clamped SwiGLU: sigmoid of the scaled clamped gate", "experts clamped SwiGLU: gate x sigmoid",
-                "experts clamped SwiGLU: up + 1", "experts fc2 input", EXPERT_OUTPUTS)
+#: The experts' saved tensors the plan frees op by op, in forward order (their terms' roles).
+EXPERT_TERMS = (TermRole.DISPATCHED_TOKENS, TermRole.EXPERT_FC1, TermRole.CLAMPED_GATE, TermRole.CLAMPED_SIGMOID,
+                TermRole.CLAMPED_PRODUCT, TermRole.CLAMPED_UP_PLUS_ONE, TermRole.EXPERT_FC2, TermRole.EXPERT_OUTPUTS)
 #: The experts' weights (names relative to the layer), in the order autograd makes their gradients.
 EXPERT_WEIGHTS = ("mlp.experts.down_proj", "mlp.experts.down_proj_bias", "mlp.experts.gate_up_proj",
                   "mlp.experts.gate_up_proj_bias")
@@ -57,11 +56,11 @@ def clamped_experts(run: RunContext) -> bool:
     return any(layer.moe is not None and layer.moe.expert.activation == CLAMPED_SWIGLU for layer in run.model.layers)
 
 
-def expert_index(name: str, pieces: int, run: RunContext) -> int | None:
-    """The index in :data:`EXPERT_TERMS` of term ``name`` (one tensor) of a clamped-experts model, else None."""
-    if pieces != 1 or name not in EXPERT_TERMS or not clamped_experts(run):
+def expert_index(role: TermRole, pieces: int, run: RunContext) -> int | None:
+    """The index in :data:`EXPERT_TERMS` of a term of ``role`` (one tensor) of a clamped-experts model, else None."""
+    if pieces != 1 or role not in EXPERT_TERMS or not clamped_experts(run):
         return None
-    return EXPERT_TERMS.index(name)
+    return EXPERT_TERMS.index(role)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from memplan.estimate.reserved_backward import early_terms
 from memplan.estimate.reserved_experts_backward import experts_forward
 from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT, SLOTS, op_slots, term_slots
 from memplan.estimate.reserved_replay import Block, Replay
-from memplan.estimate.reserved_sinks import SINK_SOFTMAX, sink_temporaries
+from memplan.estimate.reserved_sinks import sink_temporaries
 from memplan.estimate.reserved_terms import (
     DROPPED,
     HELD,
@@ -33,6 +33,7 @@ from memplan.estimate.reserved_terms import (
     norm_output,
     term_tensors,
 )
+from memplan.estimate.terms import TermRole
 from memplan.model.spec import LayerSpec
 
 
@@ -81,19 +82,20 @@ def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool =
     layer: LayerSpec = layer_key.obj  # type: ignore[assignment]
     terms: list[tuple[int, int, bool]] = []
     saved = layer_terms(layer, run.shape)
-    named = {t.name: divided(t, run.shape) for t in saved}
+    norm_input = 0  # the last pre-norm input's bytes (its output comes after it)
     classes, dropped = (KEPT_BY["none"], frozenset()) if whole else (run.kept_classes, run.dropped)
     for t, early in zip(saved, early_terms(layer, run)):
         size = divided(t, run.shape)
-        if t.name.endswith("norm input") and terms:
-            terms.append((0, RELEASE, False))
-        if t.name.endswith("norm output (GEMM input)"):
-            terms.append((norm_output(t.name, named, run), HELD, False))
-        if t.name.startswith(SINK_SOFTMAX):
+        if t.role is TermRole.NORM_INPUT:
+            terms += [(0, RELEASE, False)] if terms else []
+            norm_input = size
+        if t.role is TermRole.NORM_OUTPUT:
+            terms.append((norm_output(norm_input, run), HELD, False))
+        if t.role is TermRole.SINK_SOFTMAX:
             terms += sink_temporaries(layer, run)
         keep = KEPT if t.keep in classes and t.site not in dropped and not offloaded else DROPPED
-        pieces = term_tensors(t.name, size, layer, run)
-        slots = term_slots(t.name, len(pieces), run) if offloaded else op_slots(t.name, len(pieces), run,
+        pieces = term_tensors(t, size, layer, run)
+        slots = term_slots(t.role, len(pieces), run) if offloaded else op_slots(t.role, len(pieces), run,
                                                                                    whole and keep == KEPT)
         terms += [(piece, _offloaded_kind(slots, slot, keep), early if slots is None else 2 + slot)
                   for piece, slot in zip(pieces, slots or [0] * len(pieces))]

@@ -32,12 +32,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from memplan.estimate.activations import SOFTMAX_CAST
 from memplan.estimate.context import RunContext
 from memplan.estimate.memo import Same
 from memplan.estimate.reserved_experts_backward import EXPERT_TERMS, expert_index
 from memplan.estimate.reserved_replay import Block, Replay
-from memplan.estimate.reserved_sinks import SINK_SOFTMAX
+from memplan.estimate.terms import TermRole
 from memplan.model.linears import model_parameters
 from memplan.model.spec import ModelSpec
 
@@ -46,12 +45,12 @@ from memplan.model.spec import ModelSpec
 #: only where the scores are soft-capped), then gpt-oss's sink softmax output (:mod:`~memplan.estimate.reserved_sinks`,
 #: not one of the dense plans'), then gpt-oss's experts' tensors (:data:`~memplan.estimate.reserved_experts_backward.EXPERT_TERMS`).
 SLOTS = ("gate", "up", "act", "product", "output projection input", "probabilities", "softmax output",
-         "soft-capped scores", "sink softmax output", *EXPERT_TERMS)
+         "soft-capped scores", "sink softmax output", *(role.name.lower() for role in EXPERT_TERMS))
 SINK_SLOT = 8
 #: The first of gpt-oss's experts' slots (:mod:`~memplan.estimate.reserved_experts_backward`, op_slots only).
 EXPERT_SLOT = 9
-_ATTENTION_SLOTS = {"output projection input": 4, SOFTMAX_CAST: 5, "softmax output (fp32)": 6,
-                    "soft-capped scores (tanh output)": 7}
+_ATTENTION_SLOTS = {TermRole.OUTPUT_PROJECTION_INPUT: 4, TermRole.SOFTMAX_CAST: 5, TermRole.SOFTMAX_FP32: 6,
+                    TermRole.SOFTCAP_SCORES: 7}
 #: The MLP's weights, in the order autograd makes their gradients.
 _WEIGHTS = ("mlp.down_proj.weight", "mlp.up_proj.weight", "mlp.gate_proj.weight")
 
@@ -68,25 +67,25 @@ def op_by_op(run: RunContext) -> bool:
     return whole_weights(run) and not run.job.offload.activations
 
 
-def op_slots(name: str, pieces: int, run: RunContext, whole: bool) -> list[int] | None:
-    """The slot (index in :data:`SLOTS`) of each of the ``pieces`` tensors of term ``name``, or None when the
+def op_slots(role: TermRole, pieces: int, run: RunContext, whole: bool) -> list[int] | None:
+    """The slot (index in :data:`SLOTS`) of each of the ``pieces`` tensors of a term of ``role``, or None when the
     plan does not apply to it: the gated MLP's fc1 output (gate, up, ``act(gate)``) and its fc2 input, of a
     ``whole`` layer (none of its tensors dropped) in a job laid out :func:`op_by_op`."""
     if not whole or not op_by_op(run):
         return None
-    expert = expert_index(name, pieces, run)
-    return term_slots(name, pieces, run) if expert is None else [EXPERT_SLOT + expert]
+    expert = expert_index(role, pieces, run)
+    return term_slots(role, pieces, run) if expert is None else [EXPERT_SLOT + expert]
 
 
-def term_slots(name: str, pieces: int, run: RunContext) -> list[int] | None:
+def term_slots(role: TermRole, pieces: int, run: RunContext) -> list[int] | None:
     """:func:`op_slots` of a whole layer's term, whatever the job (None: not one of :data:`SLOTS`)."""
-    if name == "mlp fc1 output (activation input)" and pieces == 3:
+    if role is TermRole.MLP_FC1 and pieces == 3:
         return [0, 1, 2]
-    if name == "mlp fc2 input" and pieces == 1:
+    if role is TermRole.MLP_FC2 and pieces == 1:
         return [3]
-    if name in _ATTENTION_SLOTS and pieces == 1 and run.shape.kernels == "eager":
-        return [_ATTENTION_SLOTS[name]]
-    if name.startswith(SINK_SOFTMAX) and pieces == 1 and run.shape.kernels == "eager":
+    if role in _ATTENTION_SLOTS and pieces == 1 and run.shape.kernels == "eager":
+        return [_ATTENTION_SLOTS[role]]
+    if role is TermRole.SINK_SOFTMAX and pieces == 1 and run.shape.kernels == "eager":
         return [SINK_SLOT]
     return None
 

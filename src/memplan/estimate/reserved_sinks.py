@@ -45,10 +45,6 @@ from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_terms import DROPPED, HELD
 from memplan.model.spec import LayerSpec
 
-#: The name prefix of the sink softmax's term (:func:`~memplan.estimate.gpt_oss_terms.sink_softmax_terms`).
-SINK_SOFTMAX = "softmax over scores and the sink column"
-
-
 def applies(layer: LayerSpec, run: RunContext) -> bool:
     """Whether ``layer`` runs gpt-oss's eager sink attention on one rank's whole heads in a job that keeps
     each layer's saved tensors whole or recomputes the layer whole (no recompute, full recompute: a selective

@@ -17,12 +17,9 @@ The pieces always add up to the term.
 
 from __future__ import annotations
 
-import re
-
 from memplan.estimate.context import RunContext
+from memplan.estimate.terms import Term, TermRole
 from memplan.model.spec import LayerSpec
-
-_COPIES = re.compile(r"autocast copies of the other (\d+) GEMMs?$")
 
 
 def _fc1(size: int, layer: LayerSpec, run: RunContext) -> list[int]:
@@ -46,15 +43,14 @@ def _parts(size: int, weights: list[int]) -> list[int]:
     return pieces
 
 
-def term_tensors(name: str, size: int, layer: LayerSpec, run: RunContext) -> list[int]:
-    """The tensors (bytes, forward order) that term ``name`` of ``size`` bytes counts in ``layer``."""
-    if name == "mlp fc1 output (activation input)":
+def term_tensors(term: Term, size: int, layer: LayerSpec, run: RunContext) -> list[int]:
+    """The tensors (bytes, forward order) that ``term``, ``size`` bytes on one rank, counts in ``layer``."""
+    if term.role is TermRole.MLP_FC1:
         return _fc1(size, layer, run)
-    copies = _COPIES.search(name)
-    if copies and int(copies.group(1)) > 1:
-        return _parts(size, [1] * int(copies.group(1)))
+    if term.tensors > 1:
+        return _parts(size, [1] * term.tensors)
     attn = layer.attention
-    if name == "q, k, v" and attn is not None and not attn.fused_qkv:
+    if term.role is TermRole.QKV and attn is not None and not attn.fused_qkv:
         return _parts(size, [attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim,
                              attn.num_kv_heads * attn.v_head_dim])
     return [size]
@@ -65,13 +61,13 @@ def term_tensors(name: str, size: int, layer: LayerSpec, run: RunContext) -> lis
 KEPT, DROPPED, HELD, RELEASE, LAYER_HELD = 0, 1, 2, 3, 4
 
 
-def norm_output(name: str, sizes: dict[str, int], run: RunContext) -> int:
-    """Bytes of a pre-norm's own output that no term counts, for the norm output term ``name`` (``sizes``:
-    the layer's terms' bytes on one rank by name). Under ``torch.autocast`` an eager norm returns its
+def norm_output(norm_input: int, run: RunContext) -> int:
+    """Bytes of a pre-norm's own output that no term counts, given its norm input term's bytes on one rank
+    (``norm_input``). Under ``torch.autocast`` an eager norm returns its
     output in the fp32 residual dtype and each linear saves its own 16-bit cast of it, so the fp32 output
     is a temporary that lives until the block's end (the decoder layer reassigns ``hidden_states`` to the
     block's output), the size of the norm's input; 0 otherwise (the output is the saved GEMM input)."""
     shape = run.shape
     if not shape.autocast or shape.kernels != "eager" or shape.residual_bytes <= shape.act_bytes:
         return 0
-    return sizes.get(name.replace("norm output (GEMM input)", "norm input"), 0)
+    return norm_input

@@ -1,16 +1,113 @@
-"""A saved tensor of a layer as the activation mechanics price it (:class:`Term`), and its region and
-recompute class (:mod:`memplan.estimate.activations` explains both; it re-exports these names)."""
+"""A saved tensor of a layer as the activation mechanics price it (:class:`Term`), and its region, recompute
+class and role (:mod:`memplan.estimate.activations` explains the first two; it re-exports these names).
+
+A term's ``name`` is the human label the breakdown prints; code that treats some terms apart reads the term's
+:class:`TermRole`, set where the term is made, never its name (tests/test_structure.py checks it).
+"""
 
 from __future__ import annotations
 
+from enum import Enum, auto
 from typing import Literal
 
 from memplan.frozen import frozen_dataclass
 
-__all__ = ["Keep", "Region", "Term"]
+__all__ = ["EXPERTS_OWN", "Keep", "NORM_TERMS", "NORMALIZED", "ROUTER", "Region", "Term", "TermRole"]
 
 Region = Literal["tp", "sp", "rep"]
 Keep = Literal["input", "core", "attn", "attn_input", "body", "ckpt_input"]
+
+
+class TermRole(Enum):
+    """What a term stands for, for the code that treats it apart (each member names its readers)."""
+
+    #: Nothing reads it apart (the default).
+    OTHER = auto()
+    #: A pre-norm's (or the final norm's) input: reserved_forward (a block's start), fine_offload (residual
+    #: dtype), partial_freeze (frozen blocks).
+    NORM_INPUT = auto()
+    #: A pre-norm's output, the GEMM input: reserved_forward (the fp32 norm output beside it).
+    NORM_OUTPUT = auto()
+    #: A pre-norm's output, autocast copies of the other GEMMs: reserved_terms (one tensor per copy),
+    #: partial_freeze (trained norm weights).
+    NORM_COPIES = auto()
+    #: An eager norm's normalized tensor: partial_freeze, finetune (kept for a trained norm weight).
+    NORM_NORMALIZED = auto()
+    #: Another tensor of a pre-norm (statistics, fp32 copies): partial_freeze (the block's own norm).
+    NORM_OTHER = auto()
+    #: The post-norms' normalized output: recomputed_tensors, partial_freeze, finetune.
+    POST_NORM_NORMALIZED = auto()
+    #: An MLA latent norm's normalized tensor: partial_freeze, finetune (:data:`NORMALIZED`).
+    LATENT_NORM_NORMALIZED = auto()
+    #: The per-head q/k norms' fp32 input copies and fp32 normalized tensors (Gemma 3's eager norms):
+    #: partial_freeze (among :data:`NORMALIZED`: a frozen norm keeps none of it).
+    QK_NORMS_FP32 = auto()
+    #: The query, key and value tensors: reserved_terms (one tensor each unless fused).
+    QKV = auto()
+    #: The per-head q/k norms' saved input and normalized tensor: partial_freeze (frozen blocks).
+    QK_NORMS = auto()
+    #: The output projection's input: reserved_backward, reserved_mlp_backward, activations' backward transient,
+    #: partial_freeze.
+    OUTPUT_PROJECTION_INPUT = auto()
+    #: A fused kernel's softmax output: activations' backward transient (the eager core).
+    SOFTMAX = auto()
+    #: Eager softmax's fp32 output: reserved_mlp_backward (its slot), activations' backward transient.
+    SOFTMAX_FP32 = auto()
+    #: The softmax output cast to the compute dtype: reserved_backward, reserved_mlp_backward, activations.
+    SOFTMAX_CAST = auto()
+    #: Gemma 2's soft-capped scores: reserved_mlp_backward (its slot), activations' backward transient.
+    SOFTCAP_SCORES = auto()
+    #: Keys and values repeated per query head (``repeat_kv``): recompute_modules, activations.
+    REPEATED_KV = auto()
+    #: Keys cast for every query head (the values a view): activations' backward transient (the eager core).
+    KEYS_CAST = auto()
+    #: gpt-oss's softmax over the scores and the sink column: reserved_forward, reserved_mlp_backward.
+    SINK_SOFTMAX = auto()
+    #: gpt-oss's row maxima's indices: activations' backward transient (the eager core).
+    SINK_ROW_MAX = auto()
+    #: The dense MLP's fc1 output: reserved_terms (gate, up, act(gate)), reserved_mlp_backward (slots).
+    MLP_FC1 = auto()
+    #: The dense MLP's fc2 input: reserved_mlp_backward (its slot).
+    MLP_FC2 = auto()
+    #: The dropout mask of the MLP's residual: ep_overlap (the experts' side).
+    MLP_RESIDUAL_DROPOUT = auto()
+    #: A router's tensor (:data:`ROUTER`): cuda_graphs (outside the captured experts).
+    ROUTER_OTHER = auto()
+    #: HF routers' fp32 softmax scores: moe_freeze (routing-weight gradient only), cuda_graphs.
+    ROUTER_SCORES = auto()
+    #: Megatron's routing indices and probabilities: cuda_graphs (``moe_preprocess``).
+    ROUTING_INDICES = auto()
+    #: The tokens dispatched to the experts: ep_overlap, moe_freeze, reserved_experts_backward.
+    DISPATCHED_TOKENS = auto()
+    #: gpt-oss's sorted expert ids indexing the bias rows: moe_freeze (the experts' own).
+    SORTED_BIAS_IDS = auto()
+    #: The expert outputs the weighted combine keeps: ep_overlap, moe_freeze, reserved_experts_backward.
+    EXPERT_OUTPUTS = auto()
+    #: The routed experts' fc1 output: reserved_experts_backward (its slot), :data:`EXPERTS_OWN`.
+    EXPERT_FC1 = auto()
+    #: gpt-oss's clamped SwiGLU, in forward order: reserved_experts_backward (slots), :data:`EXPERTS_OWN`.
+    CLAMPED_GATE = auto()
+    CLAMPED_SIGMOID = auto()
+    CLAMPED_PRODUCT = auto()
+    CLAMPED_UP_PLUS_ONE = auto()
+    #: The routed experts' fc2 input: reserved_experts_backward (its slot), :data:`EXPERTS_OWN`.
+    EXPERT_FC2 = auto()
+    #: Another tensor of the routed experts' own: :data:`EXPERTS_OWN`.
+    EXPERT_OTHER = auto()
+
+
+#: A pre-norm's terms (partial_freeze: the block's own norm).
+NORM_TERMS = frozenset({TermRole.NORM_INPUT, TermRole.NORM_OUTPUT, TermRole.NORM_COPIES, TermRole.NORM_NORMALIZED,
+                        TermRole.NORM_OTHER})
+#: Norms' normalized tensors, kept for a trained norm weight's gradient (partial_freeze, finetune).
+NORMALIZED = frozenset({TermRole.NORM_NORMALIZED, TermRole.POST_NORM_NORMALIZED, TermRole.LATENT_NORM_NORMALIZED,
+                        TermRole.QK_NORMS_FP32})
+#: The router's tensors (cuda_graphs).
+ROUTER = frozenset({TermRole.ROUTER_OTHER, TermRole.ROUTER_SCORES})
+#: What the routed experts' own modules save (their GEMMs' and activation's tensors; moe_freeze, ep_overlap).
+EXPERTS_OWN = frozenset({TermRole.EXPERT_FC1, TermRole.CLAMPED_GATE, TermRole.CLAMPED_SIGMOID,
+                         TermRole.CLAMPED_PRODUCT, TermRole.CLAMPED_UP_PLUS_ONE, TermRole.EXPERT_FC2,
+                         TermRole.EXPERT_OTHER})
 
 
 @frozen_dataclass
@@ -24,3 +121,8 @@ class Term:
     #: Which checkpointable part of a Megatron layer saves it (:data:`memplan.estimate.recompute_modules.
     #: SITES_DROPPED_BY` says which ``--recompute-modules`` drop each); "" for none.
     site: str = ""
+    #: What it stands for, for the code that treats it apart (:class:`TermRole`); the name is only printed.
+    role: TermRole = TermRole.OTHER
+    #: How many equal tensors of the forward it counts (a norm output's autocast copies: one per GEMM);
+    #: :func:`memplan.estimate.reserved_terms.term_tensors` lays them out apart.
+    tensors: int = 1
