@@ -176,3 +176,16 @@ def test_trace_takes_the_arguments(tmp_path: Path) -> None:
     assert job["batch"]["micro_batch_size"] == 2 and job["precision"]["name"] == "fp32"
     assert job["compile"] is True and data["compiled_layers"]  # the decoder layers ran as partitioned graphs
     assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == ["--compile compiled model"]
+
+
+@pytest.mark.parametrize("args, precision", [
+    ({"bf16": False}, "fp32"),  # Trainer (and TRL) without bf16 or fp16 trains in fp32; memplan kept bf16-mixed
+    ({"bf16": False, "fp16": True}, "fp16-mixed"),
+    ({"bf16": True}, "bf16-mixed"),
+    ({"fp16": False}, "bf16-mixed"),  # bf16 not given: TRL's default is bf16, Trainer's fp32; the job's is kept
+])
+def test_bf16_given_decides_the_precision(tmp_path: Path, args: dict[str, bool], precision: str) -> None:
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 2, **args}))
+    loaded = load_job(JobRequest(model="llama-3.2-1b", hf_args=str(path), flags={"gpus": 2}))
+    assert loaded.job.precision.name == precision

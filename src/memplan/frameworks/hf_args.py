@@ -171,14 +171,15 @@ def _precision(m: _Mapping) -> None:
     bf16, fp16 = m.has("bf16"), m.has("fp16")
     if bf16 and fp16:
         raise ConfigError(f"{_FLAG}: bf16", "cannot be combined with fp16", True)
-    if bf16 or fp16 or ("bf16" in m.args and "fp16" in m.args):
+    # bf16 given decides (false: fp16 or Trainer's and TRL's fp32); fp16 false alone does not (TRL's bf16 default)
+    if bf16 or fp16 or "bf16" in m.args:
         name = "bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32"
         m.flags["precision"] = name
         for key in ("bf16", "fp16"):
             m.mark(key, "modelled", f"--precision {name} (Trainer autocasts; weights stay in the loaded dtype)")
     else:
-        note = ("the job's precision is kept (--precision, default bf16-mixed); Trainer's own default is fp32, "
-                "TRL SFTConfig's bf16")
+        note = ("bf16 not given, so the job's precision is kept (--precision, default bf16-mixed); Trainer's own "
+                "default is fp32, TRL SFTConfig's bf16")
         for key in ("bf16", "fp16"):
             m.mark(key, "no-memory-effect", f"false: {note}")
         if "bf16" not in m.args and "fp16" not in m.args:  # a command line that names neither
