@@ -188,26 +188,10 @@ def _fingerprint(result: Any) -> dict[str, Any]:
 
 
 def violations(result: Any) -> list[str]:
-    """What no estimate may say, whatever its job: a negative or non-integer byte figure, a stage whose parts do
-    not add up to its peak, reserved below allocated, a job peak that is not its highest stage's. (A sweep of this
-    corpus found a DeepSeek-V3 job with -58.7 GB of parameters in CPU memory; the record alone could not.)"""
-    import dataclasses
+    """What no estimate may say (:func:`memplan.estimate.invariants.violations`, the property tests' invariants)."""
+    from memplan.estimate.invariants import violations as broken
 
-    out = []
-    for stage in result.stages:
-        for field in dataclasses.fields(stage):
-            value = getattr(stage, field.name)
-            if field.name.endswith(("_bytes", "_numel")) and (type(value) is not int or value < 0):
-                out.append(f"stage {stage.stage} {field.name} = {value}")
-        parts = (stage.parameters_bytes + stage.gradients_bytes + stage.optimizer_bytes + stage.activations_bytes
-                 + stage.logits_bytes + stage.other_bytes - stage.gradients_absent_at_peak_bytes)
-        if parts != stage.peak_allocated_bytes:
-            out.append(f"stage {stage.stage}: parts add up to {parts}, peak {stage.peak_allocated_bytes}")
-        if stage.peak_reserved_bytes < stage.peak_allocated_bytes:
-            out.append(f"stage {stage.stage}: reserved {stage.peak_reserved_bytes} < allocated {stage.peak_allocated_bytes}")
-    if result.peak_allocated_bytes != max(s.peak_allocated_bytes for s in result.stages):
-        out.append("the job's peak is not its highest stage's")
-    return out
+    return broken(result)
 
 
 def _run(load: Any) -> dict[str, Any]:

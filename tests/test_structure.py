@@ -365,6 +365,7 @@ NAME_COMPARISONS_ALLOWED = {
         ("memplan.estimate.reserved_tp", "tensor"), ("memplan.estimate.reserved_autocast", "m")},
     "the activation policy's name (none, full, ...)": {("memplan.estimate.compiled", "run.policy")},
     "the precision's name (*-mixed)": {("memplan.estimate.extras", "job.precision")},
+    "a dataclass field's name (the *_bytes figures of a stage)": {("memplan.estimate.invariants", "field")},
 }
 _ALLOWED = frozenset().union(*NAME_COMPARISONS_ALLOWED.values())
 

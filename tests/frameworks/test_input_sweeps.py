@@ -1,5 +1,9 @@
-"""A Megatron flag memplan says it models changes the answer or is refused (benchmarks/sweep_modelled.py), and
-Megatron's own refusals of the flags the sweep found accepted in silence."""
+"""Input settings do what memplan says they do (benchmarks/sweep_modelled.py, benchmarks/sweep_settings.py): a
+Megatron flag it models changes the answer or is refused; each torchtitan TOML field, Hugging Face
+TrainingArguments field and modelled DeepSpeed key acts as its reported effect says (modelled changes the answer,
+no-memory-effect leaves every figure, not-modelled is listed; none is left unreported). And what the sweeps found:
+Megatron's own refusals of launches memplan accepted in silence, Megatron's two dropouts, ``bf16: false`` in
+TrainingArguments (Trainer's fp32) priced as bf16-mixed."""
 
 from __future__ import annotations
 
@@ -14,10 +18,18 @@ from memplan.errors import MemplanError
 from memplan.inputs import JobRequest, load_job
 
 REPO = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location("sweep_modelled", REPO / "benchmarks" / "sweep_modelled.py")
-assert _SPEC is not None and _SPEC.loader is not None
-sweep_modelled: Any = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(sweep_modelled)
+
+
+def _benchmark(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sweep_modelled = _benchmark("sweep_modelled")
+sweep_settings = _benchmark("sweep_settings")
 
 
 def test_every_modelled_flag_changes_the_answer_or_is_refused() -> None:
@@ -25,6 +37,14 @@ def test_every_modelled_flag_changes_the_answer_or_is_refused() -> None:
     bad = [row for row in rows if row["verdict"] not in sweep_modelled.GOOD]
     assert bad == []
     assert len(rows) >= 116  # one row per MODELLED flag at least
+
+
+def test_every_setting_does_what_its_effect_says() -> None:
+    rows = sweep_settings.sweep()
+    assert [row for row in rows if row["verdict"] not in sweep_settings.GOOD] == []
+    tried = [row for row in rows if row["verdict"] != "skipped"]
+    assert len(tried) >= 280  # the libraries' own field lists, not a sample
+    assert {row["dialect"] for row in tried} == {"torchtitan", "torchtitan pp2", "hf", "deepspeed"}
 
 
 def _load(tmp_path: Path, base: str = "dense", **changes: Any) -> Any:
