@@ -79,8 +79,8 @@ def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
     sharded_params = spread(ledger.total(PARAMETERS), units)
     param_bytes = max(prec.param_bytes, 1)
     gather_input = [sum(unit) * compute // param_bytes for unit in sharded_params]
-    tp = max(job.parallel.tp, 1)
-    unsharded = [[n * compute // tp for n in unit] for unit in units]
+    # ``units`` are the tensors' numels on one rank (reserved_sizes.stage_units): already split by TP
+    unsharded = [[n * compute for n in unit] for unit in units]
     grads = spread(ledger.total(GRADIENTS, "end of backward"), units)
     head = max(unsharded[0], default=0) if ctx.layout.has_head else 0
     shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1
