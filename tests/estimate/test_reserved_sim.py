@@ -252,9 +252,9 @@ def test_a_run_of_copies_is_the_layers_made_one_by_one() -> None:
         def layer(p: int, passed: list[int | None]) -> list[list[int | None]]:
             temp, grad = replay.take(1000), replay.take(300)
             replay.give(temp, *saved[p])
-            return [[grad], []]
+            return [[grad]]
 
-        made = replay.repeat_run("layer", layer, [3, 2, 1, 0], lambda p: saved[p], [])
+        made = replay.repeat_run("layer", layer, [3, 2, 1, 0], lambda p: saved[p])
         return [made, replay.ops, replay.requested, replay.peak_requested]
 
     assert schedule(reserved_replay.Replay()) == schedule(reserved_replay.Replay(repeat=False))

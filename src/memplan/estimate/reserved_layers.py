@@ -113,14 +113,16 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
         params = replay.copy_out(fsdp, position + 1, *before)
         held = forward_layer(replay, keys.tensors[position], list(copies[position]), list(cached[position]))
         replay.give(*params)
-        return [*held, [] if output is None else [output]]
+        return list(held) if fsdp is None else [*held, [] if output is None else [output]]
 
-    flat, passed = [], root
+    flat: list[list[Block | None]] = []
+    passed = None if fsdp is None else root
     for run in _runs(keys.forward, range(len(keys.forward))):
-        made, passed = replay.repeat_run(keys.forward[run[0]], layer, run, lambda _: (), passed)
+        made, after = replay.repeat_run(keys.forward[run[0]], layer, run, lambda _: (), passed)
         flat += made
+        passed = None if fsdp is None else after
     per = len(flat) // max(len(keys.forward), 1)  # the lists forward_layer returns
-    return [flat[per * position:per * (position + 1)] for position in range(len(keys.forward))], passed
+    return [flat[per * position:per * (position + 1)] for position in range(len(keys.forward))], passed or []
 
 
 def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[Saved],
@@ -165,19 +167,20 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         else:
             backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
         replay.give(*params)
-        return [*made_grads, [] if ahead is None else [ahead]]
+        return made_grads if fsdp is None else [*made_grads, [] if ahead is None else [ahead]]
 
     def outside(position: int) -> list[Block | None]:
         return [*saved[position][0], *saved[position][1], *saved[position][3]]
 
     # the layers holding the ledger's moment are built one by one (their hook runs), the others copied where they can
-    made: Saved = []
-    passed = prefetched
-    if last >= 0:
-        *made, passed = layer(last, passed)
+    passed = None if fsdp is None else prefetched
+    made: Saved = [] if last < 0 else layer(last, passed or [])
+    if passed is not None and last >= 0:
+        *made, passed = made
     for run in _runs(keys.backward, range(last - 1, 0 if moment < last else -1, -1)):
-        more, passed = replay.repeat_run(keys.backward[run[0]], layer, run, outside, passed)
+        more, after = replay.repeat_run(keys.backward[run[0]], layer, run, outside, passed)
         made += more
+        passed = None if passed is None else after
     if moment < last:
-        made += layer(0, passed)[:-1]
+        made += layer(0, passed or []) if passed is None else layer(0, passed)[:-1]
     return made

@@ -236,51 +236,66 @@ class Replay:
         return [[None if b is None else b + delta for b in blocks] for blocks in known.result]
 
     def repeat_run(self, key: object, layer: Callable[[int, list[Block | None]], list[list[Block | None]]],
-                   run: Sequence[int], outside: Callable[[int], Sequence[Block | None]], passed: list[Block | None]
-                   ) -> tuple[list[list[Block | None]], list[Block | None]]:
-        """:meth:`repeat` of ``layer(p, passed)`` for each ``p`` of ``run`` in turn (stretches of one ``key``), where
-        ``passed`` is what the layer before passes on (the argument for the first): the last list ``layer`` returns,
-        which the next layer may free beside ``outside(p)`` (FSDP2's all-gather outputs). The copies after the first
-        are made together where they can be. Returns the layers' other lists concatenated, and what the last passes on."""
-        made: list[list[Block | None]] = []
+                   run: Sequence[int], outside: Callable[[int], Sequence[Block | None]],
+                   passed: list[Block | None] | None = None) -> tuple[list[list[Block | None]], list[Block | None]]:
+        """:meth:`repeat` of ``layer(p, ...)`` for each ``p`` of ``run`` in turn (stretches of one ``key``, each freeing
+        only ``outside(p)``), the copies after the first made together where they can be; the results concatenated.
+
+        With ``passed`` (FSDP2's all-gather outputs), each layer also receives what the layer before passes on (the
+        argument for the first): the last list ``layer`` returns, which the layer may free; then the layers' other
+        lists are returned, and what the last passes on (else ``layer`` gets ``[]`` and ``[]`` is returned)."""
+        if passed is None:
+            first = run[0]
+            made = self.repeat(key, lambda: layer(first, []), outside(first))
+            copies = self._copy_run(key, run[1:], outside, None) if len(run) > 1 else ([], None)
+            if copies is None:  # not copyable, or the layers' outside blocks differ in size: made one by one
+                for p in run[1:]:
+                    made += self.repeat(key, lambda p=p: layer(p, []), outside(p))
+                return made, []
+            return made + copies[0], []
+        made = []
         for i, p in enumerate(run):
-            copies = self._copy_run(key, run[i:], outside, passed) if i else None
-            if copies is not None:
-                return made + copies[0], copies[1]
+            chained = self._copy_run(key, run[i:], outside, passed) if i else None
+            if chained is not None:
+                return made + chained[0], chained[1] or []
             one = self.repeat(key, lambda p=p, passed=passed: layer(p, passed), [*outside(p), *passed])
             made += one[:-1]
             passed = one[-1]
         return made, passed
 
     def _copy_run(self, key: object, run: Sequence[int], outside: Callable[[int], Sequence[Block | None]],
-                  passed: list[Block | None]) -> tuple[list[list[Block | None]], list[Block | None]] | None:
+                  passed: list[Block | None] | None) -> tuple[list[list[Block | None]], list[Block | None] | None] | None:
         """The stretches of ``run`` copied at once (:meth:`repeat_run`), or None (nothing made) where this replay
-        has not recorded a copyable stretch of ``key`` with these outside blocks, or the stretch passes on blocks
-        of other sizes than it frees. Each copy but the first frees what the copy before passes on: the copies are
-        made with the first's blocks there and those frees set after."""
+        has not recorded a copyable stretch of ``key`` with these outside blocks (and ``passed``), or the stretch
+        passes on blocks of other sizes than it frees. With ``passed`` each copy but the first frees what the copy
+        before passes on: the copies are made with the first's blocks there and those frees set after."""
         if self._templates is None:
             return None
         ops = self.ops
-        sides = [[*outside(p), *passed] for p in run]
-        sizes = tuple([-1 if b is None else ops[b] for b in sides[0]])
+        first = [*outside(run[0]), *(passed or ())]
+        sizes = tuple([-1 if b is None else ops[b] for b in first])
         known = self._store(key).get(sizes)
         if known is None:
             return None
-        width, start = len(sides[0]) - len(passed), len(ops)
-        on = [-1 if b is None else known.ops[b - known.start] for b in known.result[-1]]
-        if len(run) > 1 and tuple(on) != sizes[width:]:
+        width = len(first) - len(passed or ())
+        if passed is not None and len(run) > 1 and tuple(
+                [-1 if b is None else known.ops[b - known.start] for b in known.result[-1]]) != sizes[width:]:
             return None
-        span, base = len(known.ops), len(ops) - known.start
+        sides = [first, *[[*outside(p), *(passed or ())] for p in run[1:]]]
+        span, base, start = len(known.ops), len(ops) - known.start, len(ops)
         copies = repeat_copies(ops, known.ops, known.outside, sides, sizes, known.result, base)
         if copies is None:  # the layers' outside blocks differ in size
             return None
-        for c in range(1, len(run)):
-            for at, index in zip(known.outside[::2], known.outside[1::2]):
-                if index >= width:
-                    ops[start + c * span + at] = ~(known.result[-1][index - width] + base + (c - 1) * span)
+        chained = [] if passed is None else [(at, known.result[-1][index - width]) for at, index in
+                                             zip(known.outside[::2], known.outside[1::2]) if index >= width]
+        for c in range(1, len(run) if chained else 1):
+            for at, block in chained:
+                ops[start + c * span + at] = ~(block + base + (c - 1) * span)  # type: ignore[operator]
         self.peak_requested = max(self.peak_requested,
                                   self.requested + known.peak + max(0, (len(run) - 1) * known.requested))
         self.requested += len(run) * known.requested
+        if passed is None:
+            return copies, None
         n = len(known.result)
         return [blocks for c in range(len(run)) for blocks in copies[c * n:(c + 1) * n - 1]], copies[-1]
 
