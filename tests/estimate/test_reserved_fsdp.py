@@ -53,21 +53,18 @@ def _traced(config: str) -> list[str]:
     from memplan.trace import trace
 
     result = trace(config, **_FLAGS, optimizer="adamw", device="cuda", iterations=2)  # type: ignore[arg-type]
-    made: dict[int, int] = {}
-    events = []
-    for event in result.trace.events:
-        if event.kind == "alloc":
-            made[event.block] = event.size
-        if event.stream == 1:  # FSDP2's all-gather copy-in stream (memplan.trace.core.streams)
-            events.append((event.kind == "alloc", made[event.block]))
-    return _labelled(events)
+    events = result.trace.events
+    # FSDP2's all-gather copy-in stream is stream 1 (memplan.trace.core.streams); a free has its block's stream
+    sizes = {e.block: e.size for e in events if e.kind == "alloc" and e.stream == 1}
+    return _labelled([(e.kind == "alloc", sizes[e.block]) for e in events if e.stream == 1])
 
 
 def test_each_all_gather_output_is_freed_as_fsdp2_frees_it(tmp_path: Path) -> None:
     """Per unit the input made and freed once copied in; in the forward the output freed by the next unit's
-    copy-out (the last one's when the root's forward ends), in the backward by the unit's own copy-out after the
-    next unit's prefetch... the two steps' all-gather stream as the trace makes it. The schedule used to free each
-    output with its input right after the copy-out (+1 +0 -0 -1 for the root)."""
+    copy-out (the last one's when the root's forward ends); in the backward the last layer gathered before the
+    loss's backward, each layer's output freed by its copy-out, which then gathers the layer before: the two steps'
+    all-gather stream as the trace makes it. The schedule used to free each output with its input right after the
+    copy-out (+1 +0 -0 -1 for the root)."""
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_TOY), encoding="utf-8")
     traced = _traced(str(config))

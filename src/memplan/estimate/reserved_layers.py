@@ -79,7 +79,8 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
         # made again: reserved_recompute), so its stretches are shared within this schedule only, told apart by
         # the layer's kind and recompute as well
         # under FSDP2 a layer's backward prefetches the unit before's all-gather (none before the first layer)
-        ahead = None if fsdp is None or position == 0 else (fsdp.gather_input[unit - 1], sum(fsdp.unsharded[unit - 1]))
+        before = unit - 1
+        ahead = None if fsdp is None or not before else (fsdp.gather_input[before], sum(fsdp.unsharded[before]))
         seen_backward = (forward_key, id(layer), kept, transient, index in ctx.recomputed, made, ahead)
         if seen_backward not in local_backward:
             local_backward[seen_backward] = Templates()

@@ -86,8 +86,9 @@ def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Rep
     return grad
 
 
-def _softcapped(replay: Replay, sizes: tuple[int, int, int], hooks: tuple[Callable[[], object], Callable[[], None]],
-                cache: list[Block | None], offloaded: bool) -> Block | None:
+def _softcapped(replay: Replay, sizes: tuple[int, int, int],
+                hooks: tuple[Callable[[], object], Callable[[], None]], cache: list[Block | None],
+                offloaded: bool) -> Block | None:
     """A soft-capped fp32 cross-entropy as a trace of HF Gemma 2 allocates it (``sizes``: one fp32 logits
     tensor, one 16-bit one, the gradients' bytes). Forward, in the 16-bit dtype: the head's logits, their
     ``/ cap`` (the logits freed), ``tanh`` (saved; the quotient freed), ``* cap``; then the fp32 upcast and

@@ -26,6 +26,8 @@ from memplan.estimate.reserved_fsdp import ALL_GATHER_STREAM, REDUCE_SCATTER_STR
 
 #: A block of the schedule: the position of its allocation in :attr:`Replay.ops`.
 Block = int
+#: Lists of blocks, as a stretch of the schedule returns them (:meth:`Replay.repeat`).
+Lists = list[list[Block | None]]
 
 
 def encoded(sizes: Sequence[int], stream: int = 0) -> tuple[tuple[int, ...], int]:
@@ -235,11 +237,12 @@ class Replay:
         self.requested += known.requested
         return [[None if b is None else b + delta for b in blocks] for blocks in known.result]
 
-    def repeat_run(self, key: object, layer: Callable[[int, list[Block | None]], list[list[Block | None]]],
-                   run: Sequence[int], outside: Callable[[int], Sequence[Block | None]],
-                   passed: list[Block | None] | None = None) -> tuple[list[list[Block | None]], list[Block | None]]:
-        """:meth:`repeat` of ``layer(p, ...)`` for each ``p`` of ``run`` in turn (stretches of one ``key``, each freeing
-        only ``outside(p)``), the copies after the first made together where they can be; the results concatenated.
+    def repeat_run(self, key: object, layer: Callable[[int, list[Block | None]], Lists], run: Sequence[int],
+                   outside: Callable[[int], Sequence[Block | None]], passed: list[Block | None] | None = None
+                   ) -> tuple[Lists, list[Block | None]]:
+        """:meth:`repeat` of ``layer(p, ...)`` for each ``p`` of ``run`` in turn (stretches of one ``key``, each
+        freeing only ``outside(p)``), the copies after the first made together where they can be; the results
+        concatenated.
 
         With ``passed`` (FSDP2's all-gather outputs), each layer also receives what the layer before passes on (the
         argument for the first): the last list ``layer`` returns, which the layer may free; then the layers' other
@@ -264,7 +267,7 @@ class Replay:
         return made, passed
 
     def _copy_run(self, key: object, run: Sequence[int], outside: Callable[[int], Sequence[Block | None]],
-                  passed: list[Block | None] | None) -> tuple[list[list[Block | None]], list[Block | None] | None] | None:
+                  passed: list[Block | None] | None) -> tuple[Lists, list[Block | None] | None] | None:
         """The stretches of ``run`` copied at once (:meth:`repeat_run`), or None (nothing made) where this replay
         has not recorded a copyable stretch of ``key`` with these outside blocks (and ``passed``), or the stretch
         passes on blocks of other sizes than it frees. With ``passed`` each copy but the first frees what the copy

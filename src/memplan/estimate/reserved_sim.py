@@ -224,8 +224,12 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     prefetched: list[Block | None] = []
     # the root's forward ends after the loss's (the last layer's all-gather output freed then) and its backward
     # hook prefetches the last layer's (reserved_fsdp)
-    ahead = (lambda: prefetched.append(replay.all_gather(fsdp, len(walk.per_layer)))) if fsdp is not None and walk.per_layer \
-        else (lambda: None)
+    last = len(walk.per_layer)  # the last layer's unit
+
+    def ahead() -> None:
+        if fsdp is not None and last:
+            prefetched.append(replay.all_gather(fsdp, last))
+
     logits_grad = schedule_loss(ctx, ledger, loss, replay, check,
                                 ([b for blocks in saved for b in blocks[2]] + output_held, ahead))
     replay.give(head_copy)
