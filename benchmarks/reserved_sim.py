@@ -28,9 +28,11 @@ TOLERANCE = 0.03
 #: The trace's simulated reserved per cell: the grid's own record (13 llama-3.2-1b cells),
 #: ``reserved_witness.py``'s (other architectures, FSDP/TP, LoRA) and the grid's three activation-offload
 #: cells (``agreement_grid.py --only offload_activations=True``, added 2026-12-06), and five more activation-offload
-#: cells (``reserved_witness.py --set gemma-offload`` and ``--set offload-check``, added 2026-12-07).
+#: cells (``reserved_witness.py --set gemma-offload`` and ``--set offload-check``, added 2026-12-07), and two
+#: FSDP2 cells on 2 ranks (``--set fsdp-hold``, added 2026-12-07 session 11).
 WITNESSES = ("agreement_reserved.json", "agreement_reserved_arch.json", "agreement_reserved_offload.json",
-             "agreement_reserved_gemma_offload.json", "agreement_reserved_offload_check.json")
+             "agreement_reserved_gemma_offload.json", "agreement_reserved_offload_check.json",
+             "agreement_reserved_fsdp_hold.json")
 
 
 def _job(cell: dict[str, object]):

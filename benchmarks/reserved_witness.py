@@ -12,6 +12,7 @@ estimate with both files.
     PYTHONPATH=src python benchmarks/reserved_witness.py [--out benchmarks/results/agreement_reserved_arch.json]
     PYTHONPATH=src python benchmarks/reserved_witness.py --set gemma-offload  # agreement_reserved_gemma_offload.json
     PYTHONPATH=src python benchmarks/reserved_witness.py --set offload-check  # agreement_reserved_offload_check.json
+    PYTHONPATH=src python benchmarks/reserved_witness.py --set fsdp-hold  # agreement_reserved_fsdp_hold.json
 """
 
 from __future__ import annotations
@@ -64,8 +65,16 @@ OFFLOAD_CHECK = (
     grid.Cell("llama-3.2-1b", 4096, 2, "bf16-mixed", "eager", "full", flags=_OFFLOAD),
     grid.Cell("gemma-2-2b", 2048, 4, "bf16-mixed", "eager", "none", flags=_OFFLOAD),
 )
+#: ``--set fsdp-hold`` (session 11, ``agreement_reserved_fsdp_hold.json``): a dense model under FSDP2 on 2 ranks,
+#: without and with full recompute, named before the schedule held each unit's all-gather output until the next
+#: unit's copy-out, to check that change beyond the gpt-oss cell it was found on.
+FSDP_HOLD = (
+    grid.Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "none", fsdp=2),
+    grid.Cell("llama-3.2-1b", 2048, 1, "bf16-mixed", "sdpa", "full", fsdp=2),
+)
 _SETS = {"gemma-offload": (GEMMA_OFFLOAD, "agreement_reserved_gemma_offload.json"),
-         "offload-check": (OFFLOAD_CHECK, "agreement_reserved_offload_check.json")}
+         "offload-check": (OFFLOAD_CHECK, "agreement_reserved_offload_check.json"),
+         "fsdp-hold": (FSDP_HOLD, "agreement_reserved_fsdp_hold.json")}
 
 
 def main() -> None:

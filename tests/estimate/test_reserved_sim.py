@@ -249,7 +249,7 @@ def test_a_run_of_copies_is_the_layers_made_one_by_one() -> None:
     def schedule(replay: reserved_replay.Replay) -> list[object]:
         saved = [[replay.take(size)] for size in (4096, 4096, 8192, 4096)]
 
-        def layer(p: int) -> list[list[int | None]]:
+        def layer(p: int, passed: list[int | None]) -> list[list[int | None]]:
             temp, grad = replay.take(1000), replay.take(300)
             replay.give(temp, *saved[p])
             return [[grad]]
@@ -259,7 +259,35 @@ def test_a_run_of_copies_is_the_layers_made_one_by_one() -> None:
 
     assert schedule(reserved_replay.Replay()) == schedule(reserved_replay.Replay(repeat=False))
     fast = reserved_replay.Replay()
-    assert schedule(fast)[0] == [[5], [9], [13], [17]]
+    assert schedule(fast)[0] == ([[5], [9], [13], [17]], [])
+
+
+@pytest.mark.parametrize("first", [2048, 512])
+def test_a_run_whose_layers_free_what_the_one_before_passes_on(first: int) -> None:
+    """Replay.repeat_run with a block each layer passes on to the next (FSDP2's all-gather output, freed by the
+    next unit's copy-out): the copies free the copy before's block, as the layers built in turn do, also when the
+    first layer is handed a block of another size (the root's output), and the last's block is returned alive."""
+    def schedule(replay: reserved_replay.Replay) -> list[object]:
+        root = replay.take(first, 1)
+
+        def layer(p: int, passed: list[int | None]) -> list[list[int | None]]:
+            output = replay.take(256, 1)
+            params = replay.take(128)
+            replay.give(*passed)
+            act = replay.take(64)
+            replay.give(params)
+            return [[act], [output]]
+
+        made, passed = replay.repeat_run("layer", layer, [0, 1, 2, 3, 4], lambda p: (), [root])
+        replay.give(*passed)
+        return [made, passed, replay.ops, replay.requested, replay.peak_requested]
+
+    built = schedule(reserved_replay.Replay(repeat=False))
+    assert schedule(reserved_replay.Replay()) == built
+    made, passed, ops = built[:3]
+    outputs = [at for at, op in enumerate(ops) if op == 256 << 8 | 1]
+    assert len(made) == 5 and passed == outputs[-1:]
+    assert [~op for op in ops if op < 0 and ops[~op] & 0xFF == 1] == [0, *outputs]  # each freed by the next layer
 
 
 @pytest.mark.parametrize("framework", ["megatron", "hf", "torchtitan"])

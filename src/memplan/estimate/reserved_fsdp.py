@@ -5,13 +5,31 @@ requests on that stream. FSDP2 (``torch/distributed/fsdp/_fully_shard``) allocat
 trace of a ``--fsdp`` job shows (``memplan trace --fsdp N``, events by stream):
 
 - its all-gather stream: per unit (the root, then each block), in forward and again in backward,
-  the all-gather input (the rank's shard in the compute dtype) and output (the unit's unsharded
-  parameters in the compute dtype), both freed once the output is copied out;
+  the all-gather input (the rank's shard in the compute dtype), freed once copied in, and output (the
+  unit's unsharded parameters in the compute dtype), freed after the copy-out (below);
 - the default stream: the unsharded parameters copied out of the all-gather (the root's kept from
   its forward to the end of the backward, a block's freed after its forward and its backward), and
   a block's unsharded gradients in the compute dtype until its reduce-scatter;
 - its reduce-scatter stream: the reduce-scatter output, the rank's sharded gradients in the reduce
   dtype, alive until the optimizer step's ``zero_grad``.
+
+When each all-gather output is freed (torch 2.13 ``FSDPParamGroup.wait_for_unshard``, ``FSDPState._post_forward``
+and ``FSDPParamGroup._backward_prefetch``; a trace of ``--fsdp 2`` shows the same order):
+
+- forward (implicit prefetch): a unit's output is kept in ``FSDPCommContext.all_gather_state`` past its
+  copy-out and freed by the next unit's copy-out, after that unit's parameters are copied out (the local
+  reference ``wait_for_unshard`` holds lives until it returns); the last block's output is freed when the
+  root's forward ends, after the loss's forward (a Hugging Face model computes its loss inside);
+- backward: the root's pre-backward hook, at the start of the backward (before the loss's backward),
+  all-gathers the last block (``_backward_prefetch``: the unit before in ``post_forward_order``); each block's
+  pre-backward then copies out its parameters, frees its output at once and all-gathers the block before it,
+  whose output stays alive through the block's backward; the first block prefetches nothing (the root keeps
+  its parameters from its forward to the end of the backward, ``reshard_after_forward=False``).
+
+Not modelled: explicit prefetching (``set_modules_to_forward_prefetch``/``..._backward_prefetch``) issues the
+next units' all-gathers before the current unit computes, so their outputs live through it; with
+``unshard_async_op`` the all-gathers run on the default stream and each output is freed after its own copy-out.
+``memplan trace --fsdp`` wraps the model without either, in the order above.
 
 The root unit's gradients are made apart: the head's weight gradient (unsharded, compute dtype) at the
 start of the backward, kept until the root's reduce-scatter at its end; there the embedding's gradient
@@ -61,8 +79,8 @@ def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
     sharded_params = spread(ledger.total(PARAMETERS), units)
     param_bytes = max(prec.param_bytes, 1)
     gather_input = [sum(unit) * compute // param_bytes for unit in sharded_params]
-    tp = max(job.parallel.tp, 1)
-    unsharded = [[n * compute // tp for n in unit] for unit in units]
+    # ``units`` are the tensors' numels on one rank (reserved_sizes.stage_units): already split by TP
+    unsharded = [[n * compute for n in unit] for unit in units]
     grads = spread(ledger.total(GRADIENTS, "end of backward"), units)
     head = max(unsharded[0], default=0) if ctx.layout.has_head else 0
     shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1

@@ -78,7 +78,10 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
         # the backward reads more of the run than these values (the op-by-op plans; a recomputed layer's forward
         # made again: reserved_recompute), so its stretches are shared within this schedule only, told apart by
         # the layer's kind and recompute as well
-        seen_backward = (forward_key, id(layer), kept, transient, index in ctx.recomputed, made)
+        # under FSDP2 a layer's backward prefetches the unit before's all-gather (none before the first layer)
+        before = unit - 1
+        ahead = None if fsdp is None or not before else (fsdp.gather_input[before], sum(fsdp.unsharded[before]))
+        seen_backward = (forward_key, id(layer), kept, transient, index in ctx.recomputed, made, ahead)
         if seen_backward not in local_backward:
             local_backward[seen_backward] = Templates()
         backward.append(local_backward[seen_backward])
@@ -98,38 +101,48 @@ def _runs(keys: Sequence[object], order: Sequence[int]) -> list[list[int]]:
 
 def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
                  casts: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]], fsdp: FsdpSizes | None,
-                 keys: LayerKeys) -> list[Saved]:
+                 keys: LayerKeys, root: list[Block | None]) -> tuple[list[Saved], list[Block | None]]:
     """Each layer's forward (its FSDP2 all-gather around it; ``casts``: per layer autocast's saved and cached
     weight copies). Returns per layer its blocks (those the backward frees early, the others it frees, the
-    cached copies freed after the loss's forward, the op-by-op slots' tensors: :func:`forward_layer`)."""
+    cached copies freed after the loss's forward, the op-by-op slots' tensors: :func:`forward_layer`), and the
+    last layer's all-gather output, alive until the root's forward ends (``root``: the root's, freed at the
+    first layer's copy-out; :mod:`~memplan.estimate.reserved_fsdp`)."""
     copies, cached = casts
 
-    def layer(position: int) -> Saved:
-        params = replay.gather(fsdp, position + 1)
+    def layer(position: int, before: list[Block | None]) -> Saved:
+        output = replay.all_gather(fsdp, position + 1)
+        params = replay.copy_out(fsdp, position + 1, *before)
         held = forward_layer(replay, keys.tensors[position], list(copies[position]), list(cached[position]))
         replay.give(*params)
-        return list(held)
+        return list(held) if fsdp is None else [*held, [] if output is None else [output]]
 
-    flat = [blocks for run in _runs(keys.forward, range(len(keys.forward)))
-            for blocks in replay.repeat_run(keys.forward[run[0]], layer, run, lambda _: ())]
+    flat: list[list[Block | None]] = []
+    passed = None if fsdp is None else root
+    for run in _runs(keys.forward, range(len(keys.forward))):
+        made, after = replay.repeat_run(keys.forward[run[0]], layer, run, lambda _: (), passed)
+        flat += made
+        passed = None if fsdp is None else after
     per = len(flat) // max(len(keys.forward), 1)  # the lists forward_layer returns
-    return [flat[per * position:per * (position + 1)] for position in range(len(keys.forward))]
+    return [flat[per * position:per * (position + 1)] for position in range(len(keys.forward))], passed or []
 
 
 def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[Saved],
                   grads: Sequence[Sequence[int]] | None, plan: tuple[Ledger, FsdpSizes | None], check: bool,
-                  keys: LayerKeys) -> Saved:
+                  keys: LayerKeys, prefetched: list[Block | None]) -> Saved:
     """Each layer's backward in reverse order, the ledger's backward moment in the last layer's (a recomputed
-    sink layer's: the first one's, :func:`~memplan.estimate.reserved_recompute.moment_position`). Returns the
-    gradients made (``grads`` per unit, None: none made in the backward), per layer in that order."""
+    sink layer's: the first one's, :func:`~memplan.estimate.reserved_recompute.moment_position`); under FSDP2 each
+    layer's copy-out frees its all-gather output (``prefetched``: the last layer's) and prefetches the layer
+    before's (:mod:`~memplan.estimate.reserved_fsdp`). Returns the gradients made (``grads`` per unit,
+    None: none made in the backward), per layer in that order."""
     ledger, fsdp = plan
     last = len(walk.per_layer) - 1
     moment = moment_position(ctx, walk)
 
-    def layer(position: int) -> Saved:
+    def layer(position: int, prefetch: list[Block | None]) -> Saved:
         made_grads: Saved = []
         unit = position + 1
-        params = replay.gather(fsdp, unit)
+        params = replay.copy_out(fsdp, unit, *prefetch)
+        ahead = replay.all_gather(fsdp, unit - 1) if position > 0 else None
         done: set[int] = set()
 
         def made(part: Sequence[int] | None) -> None:
@@ -155,13 +168,20 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         else:
             backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
         replay.give(*params)
-        return made_grads
+        return made_grads if fsdp is None else [*made_grads, [] if ahead is None else [ahead]]
 
     def outside(position: int) -> list[Block | None]:
         return [*saved[position][0], *saved[position][1], *saved[position][3]]
 
     # the layers holding the ledger's moment are built one by one (their hook runs), the others copied where they can
-    made = layer(last) if last >= 0 else []
-    made += [blocks for run in _runs(keys.backward, range(last - 1, 0 if moment < last else -1, -1))
-             for blocks in replay.repeat_run(keys.backward[run[0]], layer, run, outside)]
-    return made + (layer(0) if moment < last else [])
+    passed = None if fsdp is None else prefetched
+    made: Saved = [] if last < 0 else layer(last, passed or [])
+    if passed is not None and last >= 0:
+        *made, passed = made
+    for run in _runs(keys.backward, range(last - 1, 0 if moment < last else -1, -1)):
+        more, after = replay.repeat_run(keys.backward[run[0]], layer, run, outside, passed)
+        made += more
+        passed = None if passed is None else after
+    if moment < last:
+        made += layer(0, passed or []) if passed is None else layer(0, passed)[:-1]
+    return made

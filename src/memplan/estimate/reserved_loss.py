@@ -42,7 +42,7 @@ def softcapped(ctx: StageContext, loss: LossPart) -> bool:
 
 
 def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Replay, check: bool,
-                  cache: list[Block | None]) -> Block | None:
+                  edges: tuple[list[Block | None], Callable[[], object]]) -> Block | None:
     """The loss as a trace of an fp32 cross-entropy shows it: forward, the 16-bit logits, their fp32 upcast
     and the log-softmax it saves (the upcast freed, then autocast's ``cache`` as its region exits, then the
     16-bit logits as the loop drops the model's output); backward, the NLL's and
@@ -50,27 +50,34 @@ def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Rep
     16-bit gradient. A loss whose figure holds less than one fp32 gradient beside what it saves
     (chunked, fused, vocabulary-parallel) is its tensors at once.
 
+    ``edges``: what the end of the forward frees (autocast's cache, FSDP2's last all-gather output as the root's
+    forward ends) and what the start of the backward does (FSDP2's prefetch of the last layer's all-gather, made
+    before the loss's backward).
+
     Returns the 16-bit gradient of the logits (None: none made), still alive: autograd holds it while the
     head's weight gradient is made, so the caller frees it after making that gradient. A trace shows it
     (gpt-oss-20b's ``_to_copy`` of the logits gradient, then the head's ``mm``, then the free); freed before,
     the head's gradient found room in a score segment that the trace's cannot offer it, and gpt-oss-20b cut to
     4 layers (s4096 b1 bf16, ``--recompute-method block --recompute-layers 2``) was +5.8% against the trace's
     simulated reserved once the MLP block's gradients are made after its saved tensors are freed, -0.1% now."""
+    cache, backward = edges
     one = _fp32_logits(ctx)
     grads = loss.logits - loss.saved_logits
     if one <= 0 or grads < one or not loss.saved_logits:
         blocks = replay.take_all(_logit_tensors(one, loss.logits))
         replay.give(*cache)
+        backward()
         replay.moment(ledger, "loss", check)
         replay.give(*blocks)
         return None
     half = one * ctx.run.shape.act_bytes // 4
     if softcapped(ctx, loss):
-        return _softcapped(replay, (one, half, grads), lambda: replay.moment(ledger, "loss", check), cache,
-                           per_tensor_offload(ctx.run))
+        return _softcapped(replay, (one, half, grads), (backward, lambda: replay.moment(ledger, "loss", check)),
+                           cache, per_tensor_offload(ctx.run))
     low, upcast = replay.take(half), replay.take(one)
     kept = replay.take_all(_logit_tensors(one, loss.saved_logits))
     replay.give(upcast, *cache, low)
+    backward()
     made = replay.take_all(_logit_tensors(one, grads))
     replay.moment(ledger, "loss", check)
     replay.give(made[0], *kept)
@@ -79,8 +86,9 @@ def schedule_loss(ctx: StageContext, ledger: Ledger, loss: LossPart, replay: Rep
     return grad
 
 
-def _softcapped(replay: Replay, sizes: tuple[int, int, int], moment: Callable[[], None],
-                cache: list[Block | None], offloaded: bool) -> Block | None:
+def _softcapped(replay: Replay, sizes: tuple[int, int, int],
+                hooks: tuple[Callable[[], object], Callable[[], None]], cache: list[Block | None],
+                offloaded: bool) -> Block | None:
     """A soft-capped fp32 cross-entropy as a trace of HF Gemma 2 allocates it (``sizes``: one fp32 logits
     tensor, one 16-bit one, the gradients' bytes). Forward, in the 16-bit dtype: the head's logits, their
     ``/ cap`` (the logits freed), ``tanh`` (saved; the quotient freed), ``* cap``; then the fp32 upcast and
@@ -94,7 +102,8 @@ def _softcapped(replay: Replay, sizes: tuple[int, int, int], moment: Callable[[]
     GPU once made and used (autograd holds their host copies); the backward brings the log-softmax back (one of
     the gradients' fp32 tensors: the estimate's loss counts it there) and the ``tanh`` output before its
     backward. A trace of gemma-2-2b (seq 4096 x 2) makes them so: the chain's two 16-bit tensors alive at once
-    reserve a second logits-sized segment in the first step, which the optimizer states then share."""
+    reserve a second logits-sized segment in the first step, which the optimizer states then share. ``hooks``: the
+    backward's start (:func:`schedule_loss`) and the loss moment."""
     one, half, grads = sizes
     logits, quotient = replay.take(half), replay.take(half)
     replay.give(logits)
@@ -110,6 +119,8 @@ def _softcapped(replay: Replay, sizes: tuple[int, int, int], moment: Callable[[]
         replay.give(kept)
         kept = None
     replay.give(upcast, *cache, capped)
+    backward, moment = hooks
+    backward()
     made = replay.take_all(_logit_tensors(one, grads))
     moment()
     replay.give(made[0], kept)

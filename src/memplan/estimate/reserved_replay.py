@@ -26,6 +26,8 @@ from memplan.estimate.reserved_fsdp import ALL_GATHER_STREAM, REDUCE_SCATTER_STR
 
 #: A block of the schedule: the position of its allocation in :attr:`Replay.ops`.
 Block = int
+#: Lists of blocks, as a stretch of the schedule returns them (:meth:`Replay.repeat`).
+Lists = list[list[Block | None]]
 
 
 def encoded(sizes: Sequence[int], stream: int = 0) -> tuple[tuple[int, ...], int]:
@@ -131,14 +133,25 @@ class Replay:
             self.peak_requested = self.requested
         return blocks
 
-    def gather(self, fsdp: FsdpSizes | None, unit: int) -> list[Block | None]:
-        """FSDP2's all-gather of ``unit`` (:mod:`memplan.estimate.reserved_fsdp`): its unsharded parameters."""
+    def all_gather(self, fsdp: FsdpSizes | None, unit: int) -> Block | None:
+        """FSDP2's unshard of ``unit`` (``foreach_all_gather``, :mod:`memplan.estimate.reserved_fsdp`): the all-gather
+        input and output made on the all-gather stream, the input freed once copied in; the output returned, alive
+        until a later copy-out frees it (:meth:`copy_out`)."""
+        if fsdp is None:
+            return None
+        staged = self.take(fsdp.gather_input[unit], ALL_GATHER_STREAM)
+        output = self.take(sum(fsdp.unsharded[unit]), ALL_GATHER_STREAM)
+        self.give(staged)
+        return output
+
+    def copy_out(self, fsdp: FsdpSizes | None, unit: int, *outputs: Block | None) -> list[Block | None]:
+        """FSDP2's copy-out of ``unit`` (``wait_for_unshard``): its unsharded parameters made on the default
+        stream, then the all-gather ``outputs`` freed (:mod:`memplan.estimate.reserved_fsdp`: in the forward the
+        unit before's, in the backward the unit's own)."""
         if fsdp is None:
             return []
-        staged = [self.take(fsdp.gather_input[unit], ALL_GATHER_STREAM),
-                  self.take(sum(fsdp.unsharded[unit]), ALL_GATHER_STREAM)]
         params = self.take_all(fsdp.unsharded[unit])
-        self.give(*reversed(staged))
+        self.give(*outputs)
         return params
 
     def root_gradients(self, fsdp: FsdpSizes, head: Block | None) -> list[Block | None]:
@@ -224,29 +237,70 @@ class Replay:
         self.requested += known.requested
         return [[None if b is None else b + delta for b in blocks] for blocks in known.result]
 
-    def repeat_run(self, key: object, layer: Callable[[int], list[list[Block | None]]], run: Sequence[int],
-                   outside: Callable[[int], Sequence[Block | None]]) -> list[list[Block | None]]:
-        """:meth:`repeat` of ``layer(p)`` for each ``p`` of ``run`` in turn (stretches of one ``key``, each
-        freeing only ``outside(p)``), the copies after the first made together; the results concatenated."""
-        first = run[0]
-        made = self.repeat(key, lambda: layer(first), outside(first))
-        if len(run) == 1:
-            return made
-        sides = [outside(p) for p in run[1:]]
+    def repeat_run(self, key: object, layer: Callable[[int, list[Block | None]], Lists], run: Sequence[int],
+                   outside: Callable[[int], Sequence[Block | None]], passed: list[Block | None] | None = None
+                   ) -> tuple[Lists, list[Block | None]]:
+        """:meth:`repeat` of ``layer(p, ...)`` for each ``p`` of ``run`` in turn (stretches of one ``key``, each
+        freeing only ``outside(p)``), the copies after the first made together where they can be; the results
+        concatenated.
+
+        With ``passed`` (FSDP2's all-gather outputs), each layer also receives what the layer before passes on (the
+        argument for the first): the last list ``layer`` returns, which the layer may free; then the layers' other
+        lists are returned, and what the last passes on (else ``layer`` gets ``[]`` and ``[]`` is returned)."""
+        if passed is None:
+            first = run[0]
+            made = self.repeat(key, lambda: layer(first, []), outside(first))
+            copies = self._copy_run(key, run[1:], outside, None) if len(run) > 1 else ([], None)
+            if copies is None:  # not copyable, or the layers' outside blocks differ in size: made one by one
+                for p in run[1:]:
+                    made += self.repeat(key, lambda p=p: layer(p, []), outside(p))
+                return made, []
+            return made + copies[0], []
+        made = []
+        for i, p in enumerate(run):
+            chained = self._copy_run(key, run[i:], outside, passed) if i else None
+            if chained is not None:
+                return made + chained[0], chained[1] or []
+            one = self.repeat(key, lambda p=p, passed=passed: layer(p, passed), [*outside(p), *passed])
+            made += one[:-1]
+            passed = one[-1]
+        return made, passed
+
+    def _copy_run(self, key: object, run: Sequence[int], outside: Callable[[int], Sequence[Block | None]],
+                  passed: list[Block | None] | None) -> tuple[Lists, list[Block | None] | None] | None:
+        """The stretches of ``run`` copied at once (:meth:`repeat_run`), or None (nothing made) where this replay
+        has not recorded a copyable stretch of ``key`` with these outside blocks (and ``passed``), or the stretch
+        passes on blocks of other sizes than it frees. With ``passed`` each copy but the first frees what the copy
+        before passes on: the copies are made with the first's blocks there and those frees set after."""
+        if self._templates is None:
+            return None
         ops = self.ops
-        sizes = tuple([-1 if b is None else ops[b] for b in sides[0]])
-        known = self._store(key).get(sizes) if self._templates is not None else None
-        copies = None if known is None else repeat_copies(ops, known.ops, known.outside, sides, sizes, known.result,
-                                                          len(ops) - known.start)
-        if copies is None:  # not copyable, or the layers' outside blocks differ in size: made one by one
-            for p, side in zip(run[1:], sides):
-                made += self.repeat(key, lambda p=p: layer(p), side)
-            return made
-        assert known is not None
+        first = [*outside(run[0]), *(passed or ())]
+        sizes = tuple([-1 if b is None else ops[b] for b in first])
+        known = self._store(key).get(sizes)
+        if known is None:
+            return None
+        width = len(first) - len(passed or ())
+        if passed is not None and len(run) > 1 and tuple(
+                [-1 if b is None else known.ops[b - known.start] for b in known.result[-1]]) != sizes[width:]:
+            return None
+        sides = [first, *[[*outside(p), *(passed or ())] for p in run[1:]]]
+        span, base, start = len(known.ops), len(ops) - known.start, len(ops)
+        copies = repeat_copies(ops, known.ops, known.outside, sides, sizes, known.result, base)
+        if copies is None:  # the layers' outside blocks differ in size
+            return None
+        chained = [] if passed is None else [(at, known.result[-1][index - width]) for at, index in
+                                             zip(known.outside[::2], known.outside[1::2]) if index >= width]
+        for c in range(1, len(run) if chained else 1):
+            for at, block in chained:
+                ops[start + c * span + at] = ~(block + base + (c - 1) * span)  # type: ignore[operator]
         self.peak_requested = max(self.peak_requested,
-                                  self.requested + known.peak + max(0, (len(sides) - 1) * known.requested))
-        self.requested += len(sides) * known.requested
-        return made + copies
+                                  self.requested + known.peak + max(0, (len(run) - 1) * known.requested))
+        self.requested += len(run) * known.requested
+        if passed is None:
+            return copies, None
+        n = len(known.result)
+        return [blocks for c in range(len(run)) for blocks in copies[c * n:(c + 1) * n - 1]], copies[-1]
 
     def _store(self, key: object) -> Templates:
         """The recorded stretches of ``key`` (its own when it is a :class:`Templates`)."""

@@ -215,11 +215,23 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     copies = pieces.copies
     # the output head's autocast weight copy is made at the head, after the layers, and freed in its backward
     other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
-    root = replay.gather(fsdp, 0)
-    saved = forward_pass(ctx, walk, replay, (copies, pieces.cached), fsdp, pieces.keys)
+    output = replay.all_gather(fsdp, 0)
+    root = replay.copy_out(fsdp, 0)
+    saved, output_held = forward_pass(ctx, walk, replay, (copies, pieces.cached), fsdp, pieces.keys,
+                                      [] if output is None else [output])
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
-    logits_grad = schedule_loss(ctx, ledger, loss, replay, check, [b for blocks in saved for b in blocks[2]])
+    prefetched: list[Block | None] = []
+    # the root's forward ends after the loss's (the last layer's all-gather output freed then) and its backward
+    # hook prefetches the last layer's (reserved_fsdp)
+    last = len(walk.per_layer)  # the last layer's unit
+
+    def ahead() -> None:
+        if fsdp is not None and last:
+            prefetched.append(replay.all_gather(fsdp, last))
+
+    logits_grad = schedule_loss(ctx, ledger, loss, replay, check,
+                                ([b for blocks in saved for b in blocks[2]] + output_held, ahead))
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
     head = None
@@ -227,7 +239,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
     replay.give(logits_grad)
     grads += backward_pass(ctx, walk, replay, saved, pieces.grads if pieces.made_in_backward else None, plan, check,
-                           pieces.keys)
+                           pieces.keys, prefetched)
     summed: list[Block | None] = []
     if pieces.made_in_backward and fsdp is None:
         alive, summed = finish_root(replay, root_grads, head)

@@ -1,0 +1,75 @@
+"""FSDP2's all-gathers in the reserved-memory schedule (memplan.estimate.reserved_fsdp): the order in which
+each unit's all-gather input and output are made and freed on the all-gather stream, against a trace of
+FSDP2 itself (torch's ``FSDPParamGroup.wait_for_unshard`` keeps a unit's output until the next unit's copy-out
+in the forward; the backward prefetches the unit before)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memplan import estimate, load_model
+from memplan.alloc.schedule import STREAM_BITS
+from memplan.estimate import reserved_replay
+from memplan.estimate.engine import _stages
+from memplan.estimate.reserved_fsdp import ALL_GATHER_STREAM
+from memplan.jobflags import build_job
+
+#: A small untied Llama: the root's all-gather (embedding and head) is larger than a layer's.
+_TOY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 3, "vocab_size": 4096, "tie_word_embeddings": False}
+_FLAGS = {"seq": 256, "mbs": 1, "precision": "bf16-mixed", "attention": "sdpa", "framework": "hf", "fsdp": 2,
+          "optimizer_impl": "foreach"}
+
+
+def _labelled(events: list[tuple[bool, int]]) -> list[str]:
+    """"+N" / "-N" per allocation / free, N the rank of its size among the sizes seen (0 the largest): the
+    schedule's sizes are the estimate's, a trace's rounded by the allocator, their order the same."""
+    ranks = {size: rank for rank, size in enumerate(sorted({size for _, size in events}, reverse=True))}
+    return [("+" if made else "-") + str(ranks[size]) for made, size in events]
+
+
+def _scheduled(config: str) -> list[str]:
+    ops: list[int] = []
+    real_finish = reserved_replay.Replay.finish
+
+    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        ops.extend(self.ops)
+        return real_finish(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reserved_replay.Replay, "finish", finish)
+        _stages.cache_clear()
+        estimate(load_model(config), build_job({**_FLAGS, "optimizer": "adamw"}), reserved="simulated")
+    mask = (1 << STREAM_BITS) - 1
+    return _labelled([(op >= 0, (op if op >= 0 else ops[~op]) >> STREAM_BITS) for op in ops
+                      if (op if op >= 0 else ops[~op]) & mask == ALL_GATHER_STREAM])
+
+
+def _traced(config: str) -> list[str]:
+    pytest.importorskip("transformers")
+    from memplan.trace import trace
+
+    result = trace(config, **_FLAGS, optimizer="adamw", device="cuda", iterations=2)  # type: ignore[arg-type]
+    events = result.trace.events
+    # FSDP2's all-gather copy-in stream is stream 1 (memplan.trace.core.streams); a free has its block's stream
+    sizes = {e.block: e.size for e in events if e.kind == "alloc" and e.stream == 1}
+    return _labelled([(e.kind == "alloc", sizes[e.block]) for e in events if e.stream == 1])
+
+
+def test_each_all_gather_output_is_freed_as_fsdp2_frees_it(tmp_path: Path) -> None:
+    """Per unit the input made and freed once copied in; in the forward the output freed by the next unit's
+    copy-out (the last one's when the root's forward ends); in the backward the last layer gathered before the
+    loss's backward, each layer's output freed by its copy-out, which then gathers the layer before: the two steps'
+    all-gather stream as the trace makes it. The schedule used to free each output with its input right after the
+    copy-out (+1 +0 -0 -1 for the root)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_TOY), encoding="utf-8")
+    traced = _traced(str(config))
+    root, layer = ["+1", "+0", "-1"], ["+3", "+2", "-3"]
+    forward = root + layer + ["-0"] + (layer + ["-2"]) * 2 + ["-2"]
+    backward = layer + (["-2"] + layer) * 2 + ["-2"]
+    assert traced == (forward + backward) * 2
+    assert _scheduled(str(config)) == traced
