@@ -19,11 +19,12 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from memplan.errors import MemplanError
-from memplan.trace import trace
+from memplan.trace import TraceResult, trace
 from memplan.trace.compare import compare_with_estimate
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "memplan" / "model" / "presets"
@@ -122,7 +123,14 @@ def config_paths(folder: Path) -> dict[str, str]:
 
 def run_witness(paths: dict[str, str], name: str) -> dict[str, Any]:
     """Trace one witness and compare it with the estimate; a refusal is recorded as its message."""
-    config, seq, precision, attention, recompute, extra, golden = WITNESSES[name]
+    return run_cell(paths, WITNESSES[name])
+
+
+def run_cell(paths: dict[str, str], cell: tuple[str, int, str, str, str, dict[str, Any], str],
+             also: Callable[[str, TraceResult], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Trace one cell (``--offload-activations`` unless its flags say otherwise) and compare it with the estimate;
+    ``also``: more figures from the config's path and the trace, added to the row."""
+    config, seq, precision, attention, recompute, extra, golden = cell
     flags = {"offload_activations": True, **extra}
     job = {"optimizer_impl": "foreach", "mbs": 2, "optimizer": "adamw", **flags}
     start = time.time()
@@ -132,6 +140,7 @@ def run_witness(paths: dict[str, str], name: str) -> dict[str, Any]:
         rows = {r.category: r for r in compare_with_estimate(paths[config], result.options, result.summary).rows}
         out: dict[str, Any] = {c: {"traced": rows[c].traced_bytes, "estimated": rows[c].estimated_bytes,
                                    "rel": rows[c].relative} for c in CATEGORIES if c in rows}
+        out.update(also(paths[config], result) if also is not None else {})
     except MemplanError as error:  # a refusal (ConfigError, UnsupportedError) is a result here
         out = {"error": f"{type(error).__name__}: {error}"[:400]}
     out.update(seconds=round(time.time() - start, 1), cell=[config, seq, precision, attention, recompute, flags],
