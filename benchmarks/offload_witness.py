@@ -121,15 +121,10 @@ def config_paths(folder: Path) -> dict[str, str]:
     return paths
 
 
-def run_witness(paths: dict[str, str], name: str) -> dict[str, Any]:
-    """Trace one witness and compare it with the estimate; a refusal is recorded as its message."""
-    return run_cell(paths, WITNESSES[name])
-
-
 def run_cell(paths: dict[str, str], cell: tuple[str, int, str, str, str, dict[str, Any], str],
              also: Callable[[str, TraceResult], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Trace one cell (``--offload-activations`` unless its flags say otherwise) and compare it with the estimate;
-    ``also``: more figures from the config's path and the trace, added to the row."""
+    """Trace one cell (``--offload-activations`` unless its flags say otherwise) and compare it with the
+    estimate; ``also``: more figures from the config's path and the trace, added to the row."""
     config, seq, precision, attention, recompute, extra, golden = cell
     flags = {"offload_activations": True, **extra}
     job = {"optimizer_impl": "foreach", "mbs": 2, "optimizer": "adamw", **flags}
@@ -148,18 +143,21 @@ def run_cell(paths: dict[str, str], cell: tuple[str, int, str, str, str, dict[st
     return out
 
 
-def main(argv: list[str]) -> None:
-    out, names = Path(argv[0]), argv[1:] or list(WITNESSES)
+def run_all(argv: list[str], cells: dict[str, tuple[str, int, str, str, str, dict[str, Any], str]],
+            also: Callable[[str, TraceResult], dict[str, Any]] | None = None) -> None:
+    """Run ``cells`` (``argv``: the output file, then the names to run, all by default), writing the results
+    as they come and printing each compared moment (the peak, and what ``also`` adds)."""
+    out, names = Path(argv[0]), argv[1:] or list(cells)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
         paths = config_paths(Path(folder))
         for name in names:
-            results[name] = res = run_witness(paths, name)
-            peak = res.get("peak allocated")
-            print(name, res.get("error") or f"peak {peak['traced']} est {peak['estimated']} {peak['rel']:+.4f}",
-                  flush=True)
+            results[name] = res = run_cell(paths, cells[name], also)
+            moments = [f"{key} {row['traced']} est {row['estimated']} {row['rel']:+.4f}"
+                       for key, row in res.items() if key in ("peak allocated", "layer backward")]
+            print(name, res.get("error") or "; ".join(moments), flush=True)
             out.write_text(json.dumps(results, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_all(sys.argv[1:], WITNESSES)

@@ -1,11 +1,11 @@
-"""Trace witnesses for a fine-tuned layer on a bitsandbytes-quantized base (``--quantize-base int8`` / ``nf4``)
-under full recompute, with and without ``--offload-activations``: memplan estimate (hf profile) against memplan
-trace, one rank.
+"""Trace witnesses for a fine-tuned layer on a bitsandbytes-quantized base (``--quantize-base int8``,
+``nf4``) under full recompute, with and without ``--offload-activations``: memplan estimate (hf profile)
+against memplan trace, one rank.
 
 The cells were fixed before they were run (helper int8rc11, 2026-12-07): offwit10's two int8 witnesses that
-peaked in a recomputed layer's backward (``R_mistral_int8_full``, ``R_mixtral_lora_int8_full``), each also without
-the offload, mistral's int8 LoRA without recompute, a 4-bit NF4 full-recompute cell and a new int8 cell (qwen2.5-7b
-cut to 2 layers, s1024). Configs: :data:`offload_witness.CUT`. Usage::
+peaked in a recomputed layer's backward (``R_mistral_int8_full``, ``R_mixtral_lora_int8_full``), each also
+without the offload, mistral's int8 LoRA without recompute, a 4-bit NF4 full-recompute cell and a new int8
+cell (qwen2.5-7b cut to 2 layers, s1024). Configs: :data:`offload_witness.CUT`. Usage::
 
     PYTHONPATH=src python benchmarks/quantized_witness.py OUT.json [NAME ...]
 
@@ -14,14 +14,11 @@ Results: benchmarks/results/quantized_witness.json.
 
 from __future__ import annotations
 
-import json
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from offload_witness import WITNESSES as OFFLOAD_WITNESSES
-from offload_witness import config_paths, run_cell
+from offload_witness import run_all
 
 from memplan.estimate.engine import DEFAULT_FRAGMENTATION, _stage_parts
 from memplan.estimate.ledger import WORKSPACE
@@ -44,7 +41,8 @@ WITNESSES: dict[str, tuple[str, int, str, str, str, dict[str, Any], str]] = {
     "R_mistral_int8_none_nooff": ("mistral-7b-2l", 2048, "bf16-mixed", "sdpa", "none", {
         "mbs": 1, **_QV, "quantize_base": "int8", **_NO_OFFLOAD}, "no recompute"),
     "R_qwen7b_nf4_full_nooff": ("qwen2.5-7b-2l", 2048, "bf16-mixed", "sdpa", "full", {
-        "mbs": 1, "peft": "lora", "lora_targets": "all-linear", "quantize_base": "nf4", **_NO_OFFLOAD}, "4-bit"),
+        "mbs": 1, "peft": "lora", "lora_targets": "all-linear", "quantize_base": "nf4", **_NO_OFFLOAD},
+        "4-bit"),
     "R_qwen7b_int8_full_nooff": ("qwen2.5-7b-2l", 1024, "bf16-mixed", "sdpa", "full", {
         "mbs": 1, **_QV, "quantize_base": "int8", **_NO_OFFLOAD}, "new int8 cell"),
 }
@@ -52,7 +50,8 @@ WITNESSES: dict[str, tuple[str, int, str, str, str, dict[str, Any], str]] = {
 
 def layer_backward(config: str, result: TraceResult) -> dict[str, Any]:
     """The worst moment of a decoder layer's backward (its recompute included) in the trace's last iteration
-    against the estimate's "backward" moment (workspaces aside): the moment the peak hides when the loss sets it."""
+    against the estimate's "backward" moment (workspaces aside): the moment the peak hides when the loss sets
+    it."""
     events = result.trace.events
     last = events[-1].iteration
     live = traced = 0
@@ -67,18 +66,5 @@ def layer_backward(config: str, result: TraceResult) -> dict[str, Any]:
     return {"layer backward": {"traced": traced, "estimated": estimated, "rel": estimated / traced - 1}}
 
 
-def main(argv: list[str]) -> None:
-    out, names = Path(argv[0]), argv[1:] or list(WITNESSES)
-    results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        paths = config_paths(Path(folder))
-        for name in names:
-            results[name] = res = run_cell(paths, WITNESSES[name], layer_backward)
-            peak, layer = res.get("peak allocated"), res.get("layer backward")
-            print(name, res.get("error") or f"peak {peak['traced']} est {peak['estimated']} {peak['rel']:+.4f}; "
-                  f"layer backward {layer['traced']} est {layer['estimated']} {layer['rel']:+.4f}", flush=True)
-            out.write_text(json.dumps(results, indent=1), encoding="utf-8")
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_all(sys.argv[1:], WITNESSES, layer_backward)

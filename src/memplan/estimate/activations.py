@@ -705,7 +705,7 @@ def divided(term: Term, shape: ActivationShape) -> int:
 def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
                              blocks: tuple[list[Term], list[Term]] | None = None,
                              dropped: frozenset[str] = frozenset(), released_inputs: int = 0,
-                             offloaded: bool = False) -> int:
+                             offloaded: bool = False, walked: frozenset[str] = frozenset()) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
     In general two tensors of the size of the layer's largest saved term (the incoming gradient
@@ -718,12 +718,15 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     the MLP block's terms at ``dropped`` sites were never kept (their recompute came and went with the
     MLP backward) and release nothing; its checkpoints' inputs (``released_inputs`` bytes) do. Under
     ``save_on_cpu`` (``offloaded``) what the later nodes saved is in host memory: releasing it frees nothing
-    on the GPU (the softmax's own saved output, brought back beside, is the stage's bring-back).
+    on the GPU (the softmax's own saved output, brought back beside, is the stage's bring-back). Terms
+    named in ``walked`` are not the largest saved term: their block's backward is priced op by op apart
+    (:mod:`~memplan.estimate.frozen_mlp_backward`).
     """
     attention, rest = blocks or layer_terms_by_block(layer, shape)
     eager_core = shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
     core_names = {t.name for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
-    largest = max(max(divided(t, shape) for t in attention + rest if t.name not in core_names),
+    skipped = core_names | walked
+    largest = max(max((divided(t, shape) for t in attention + rest if t.name not in skipped), default=0),
                   dispatch_buffer_bytes(layer, shape))
     transient = 2 * largest
     if not eager_core:

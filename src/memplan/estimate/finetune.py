@@ -136,6 +136,15 @@ def base_in_compute_dtype(model: ModelSpec, job: Job) -> bool:
             and not root_flow(model, job.finetune, False).embedding_trained_fully)
 
 
+def dequantized_element_bytes(job: Job, compute_bytes: int) -> int:
+    """Bytes per element of a base weight bitsandbytes dequantizes (``--quant-compute-dtype``, else the
+    compute dtype's ``compute_bytes``); 0 when the base is not quantized."""
+    if not job.finetune.quant_kind.quantizes:
+        return 0
+    dtype = job.finetune.quant_compute_dtype
+    return dtype_bytes(dtype) if dtype else compute_bytes
+
+
 def dequantizing_op_bytes(counts: FinetuneParams, job: Job, index: int, shape: ActivationShape,
                           compute_bytes: int) -> int:
     """The most one quantized linear's backward op of layer ``index`` holds (one rank), an op of its own:
@@ -149,8 +158,7 @@ def dequantizing_op_bytes(counts: FinetuneParams, job: Job, index: int, shape: A
     part = counts.layers[index]
     if not part.quantized:
         return 0
-    dtype = job.finetune.quant_compute_dtype
-    per_element = dtype_bytes(dtype) if dtype else compute_bytes
+    per_element = dequantized_element_bytes(job, compute_bytes)
     tokens = shape.seq * shape.micro_batch
     return max(numel * per_element + tokens * (numel // rows + rows) * shape.act_bytes
                for numel, rows in zip(part.quantized, part.quantized_rows, strict=True)) // job.parallel.tp
