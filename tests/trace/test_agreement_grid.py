@@ -239,6 +239,10 @@ CELLS: tuple[object, ...] = (
     ("llama_1k_v256", 128, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj"}),
     ("llama_1k_v256", 128, "bf16-mixed", "sdpa", "full", {"peft": "lora", "lora_targets": "q_proj,v_proj",
                                                           "quantize_base": "nf4"}),
+    # ... and an MoE block on an 8-bit base: its routed experts and router stay unquantized, so they keep no input of
+    # their own (bitsandbytes' 8-bit matmul keeps the quantized linears' inputs only)
+    ("qwen3_moe", 256, "bf16-mixed", "sdpa", "none", {"peft": "lora", "lora_targets": "q_proj,v_proj",
+                                                      "quantize_base": "int8"}),
     # partial freezing (issue 25): what autograd saves when only some parameters train, on a tied 4-layer model
     ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"trainable": "norm"}),
     ("llama_4l", 256, "bf16-mixed", "sdpa", "none", {"trainable": "input_layernorm,post_attention_layernorm,norm"}),

@@ -163,7 +163,8 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
     if role.flow is not None:
         attention = block_terms(attention, shape, role.flow.attention, "attention norm", gemm_inputs_kept=int8_base)
-        rest = block_terms(rest, shape, role.flow.mlp, "mlp norm", gemm_inputs_kept=int8_base)
+        rest = _int8_mlp_terms(layer, rest, shape, role.flow) if int8_base else block_terms(
+            rest, shape, role.flow.mlp, "mlp norm")
         if autocast and not shape.autocast:
             extra = trained_norm_copies(layer, shape, role.flow)
             attention, rest = attention + extra[0], rest + extra[1]
@@ -175,6 +176,25 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
                                     uncast_input=(role.quantized and autocast) or shape.act_bytes == adapter_bytes,
                                     base_keeps_input=int8_base, adapter_bytes=adapter_bytes)
     return attention, rest
+
+
+#: What an MoE block's bitsandbytes 8-bit linears read (the shared expert's: plain ``nn.Linear`` modules, replaced);
+#: the routed experts' fused weights and the router stay unquantized and keep no input of their own.
+_SHARED_EXPERT_INPUTS = ("shared expert fc2 input", "mlp norm output, autocast copies of the shared expert's GEMMs",
+                         "mlp norm output, autocast copy of the shared-expert gate")
+
+
+def _int8_mlp_terms(layer: LayerSpec, rest: list[Term], shape: ActivationShape, flow: LayerFlow) -> list[Term]:
+    """The MLP/MoE block's terms for ``flow`` on an 8-bit base: bitsandbytes' ``MatMul8bitLt`` keeps its input
+    (``ctx.tensors``) like a trained linear, so the inputs of the block's quantized linears are kept; an MoE block's
+    routed experts and router are not quantized, so theirs only where the frozen block would keep them anyway."""
+    kept = block_terms(rest, shape, flow.mlp, "mlp norm", gemm_inputs_kept=True)
+    if layer.moe is None:
+        return kept
+    plain = block_terms(rest, shape, flow.mlp, "mlp norm")
+    shared = layer.moe.shared_expert is not None
+    return [t for t in kept if t in plain or t.name in _SHARED_EXPERT_INPUTS
+            or (shared and t.name == "mlp norm output (GEMM input)")]
 
 
 def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
