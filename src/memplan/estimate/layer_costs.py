@@ -178,16 +178,18 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     return attention, rest
 
 
-#: What an MoE block's bitsandbytes 8-bit linears read (the shared expert's: plain ``nn.Linear`` modules, replaced);
-#: the routed experts' fused weights and the router stay unquantized and keep no input of their own.
-_SHARED_EXPERT_INPUTS = ("shared expert fc2 input", "mlp norm output, autocast copies of the shared expert's GEMMs",
+#: What an MoE block's bitsandbytes 8-bit linears read (the shared expert's: plain ``nn.Linear`` modules,
+#: replaced); the routed experts' fused weights and the router stay unquantized and keep no input of their own.
+_SHARED_EXPERT_INPUTS = ("shared expert fc2 input",
+                         "mlp norm output, autocast copies of the shared expert's GEMMs",
                          "mlp norm output, autocast copy of the shared-expert gate")
 
 
-def _int8_mlp_terms(layer: LayerSpec, rest: list[Term], shape: ActivationShape, flow: LayerFlow) -> list[Term]:
+def _int8_mlp_terms(layer: LayerSpec, rest: list[Term], shape: ActivationShape,
+                    flow: LayerFlow) -> list[Term]:
     """The MLP/MoE block's terms for ``flow`` on an 8-bit base: bitsandbytes' ``MatMul8bitLt`` keeps its input
-    (``ctx.tensors``) like a trained linear, so the inputs of the block's quantized linears are kept; an MoE block's
-    routed experts and router are not quantized, so theirs only where the frozen block would keep them anyway."""
+    (``ctx.tensors``) like a trained linear, so the inputs of the block's quantized linears are kept; an MoE
+    block's routed experts and router are not quantized, so theirs only where the frozen block keeps them."""
     kept = block_terms(rest, shape, flow.mlp, "mlp norm", gemm_inputs_kept=True)
     if layer.moe is None:
         return kept
