@@ -19,11 +19,12 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from memplan.errors import MemplanError
-from memplan.trace import trace
+from memplan.trace import TraceResult, trace
 from memplan.trace.compare import compare_with_estimate
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "memplan" / "model" / "presets"
@@ -120,9 +121,11 @@ def config_paths(folder: Path) -> dict[str, str]:
     return paths
 
 
-def run_witness(paths: dict[str, str], name: str) -> dict[str, Any]:
-    """Trace one witness and compare it with the estimate; a refusal is recorded as its message."""
-    config, seq, precision, attention, recompute, extra, golden = WITNESSES[name]
+def run_cell(paths: dict[str, str], cell: tuple[str, int, str, str, str, dict[str, Any], str],
+             also: Callable[[str, TraceResult], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Trace one cell (``--offload-activations`` unless its flags say otherwise) and compare it with the
+    estimate; ``also``: more figures from the config's path and the trace, added to the row."""
+    config, seq, precision, attention, recompute, extra, golden = cell
     flags = {"offload_activations": True, **extra}
     job = {"optimizer_impl": "foreach", "mbs": 2, "optimizer": "adamw", **flags}
     start = time.time()
@@ -132,6 +135,7 @@ def run_witness(paths: dict[str, str], name: str) -> dict[str, Any]:
         rows = {r.category: r for r in compare_with_estimate(paths[config], result.options, result.summary).rows}
         out: dict[str, Any] = {c: {"traced": rows[c].traced_bytes, "estimated": rows[c].estimated_bytes,
                                    "rel": rows[c].relative} for c in CATEGORIES if c in rows}
+        out.update(also(paths[config], result) if also is not None else {})
     except MemplanError as error:  # a refusal (ConfigError, UnsupportedError) is a result here
         out = {"error": f"{type(error).__name__}: {error}"[:400]}
     out.update(seconds=round(time.time() - start, 1), cell=[config, seq, precision, attention, recompute, flags],
@@ -139,18 +143,21 @@ def run_witness(paths: dict[str, str], name: str) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str]) -> None:
-    out, names = Path(argv[0]), argv[1:] or list(WITNESSES)
+def run_all(argv: list[str], cells: dict[str, tuple[str, int, str, str, str, dict[str, Any], str]],
+            also: Callable[[str, TraceResult], dict[str, Any]] | None = None) -> None:
+    """Run ``cells`` (``argv``: the output file, then the names to run, all by default), writing the results
+    as they come and printing each compared moment (the peak, and what ``also`` adds)."""
+    out, names = Path(argv[0]), argv[1:] or list(cells)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
         paths = config_paths(Path(folder))
         for name in names:
-            results[name] = res = run_witness(paths, name)
-            peak = res.get("peak allocated")
-            print(name, res.get("error") or f"peak {peak['traced']} est {peak['estimated']} {peak['rel']:+.4f}",
-                  flush=True)
+            results[name] = res = run_cell(paths, cells[name], also)
+            moments = [f"{key} {row['traced']} est {row['estimated']} {row['rel']:+.4f}"
+                       for key, row in res.items() if key in ("peak allocated", "layer backward")]
+            print(name, res.get("error") or "; ".join(moments), flush=True)
             out.write_text(json.dumps(results, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_all(sys.argv[1:], WITNESSES)

@@ -542,7 +542,7 @@ _MLP_SITES = {"mlp": ("mlp", "mlp"), "experts": ("moe", "moe_act"),
 #: Roles of an MLP's (fc1 output, fc2 input, other tensors) by the MLP's role.
 _MLP_ROLES = {"mlp": (TermRole.MLP_FC1, TermRole.MLP_FC2, TermRole.OTHER),
               "experts": (TermRole.EXPERT_FC1, TermRole.EXPERT_FC2, TermRole.EXPERT_OTHER),
-              "shared expert": (TermRole.OTHER, TermRole.OTHER, TermRole.OTHER)}
+              "shared expert": (TermRole.OTHER, TermRole.SHARED_EXPERT_FC2, TermRole.OTHER)}
 
 
 def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Region, prefix: str,
@@ -578,7 +578,7 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
         # 0.5 * x; under CUDA autocast its pow runs in fp32, so those are fp32.
         per_element = 12 if shape.autocast else 3 * c
         terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body",
-                          site=fc2_site, role=other_role))
+                          site=fc2_site, role=TermRole.GELU_NEW if prefix == "mlp" else other_role))
     if shape.dropout and prefix == "mlp":
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body",
                           role=TermRole.MLP_RESIDUAL_DROPOUT))
@@ -664,10 +664,10 @@ def _router_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
         shared = 2 if moe.shared_expert.gated and not moe.shared_expert.fused_gate_up else 1
         terms.append(Term("mlp norm output, autocast copies of the shared expert's GEMMs",
                           shared * shape.act_bytes * sbh, "sp", "body", gemm_input=True, site="moe",
-                          role=TermRole.NORM_OTHER))
+                          role=TermRole.SHARED_EXPERT_NORM_COPIES))
         if moe.shared_expert_gate:
             terms.append(Term("mlp norm output, autocast copy of the shared-expert gate", shape.act_bytes * sbh, "sp",
-                              "body", gemm_input=True, site="moe", role=TermRole.NORM_OTHER))
+                              "body", gemm_input=True, site="moe", role=TermRole.SHARED_EXPERT_NORM_COPIES))
     if moe.router_fp32 and shape.kernels == "eager" and not shape.autocast and shape.act_bytes < NORM_COMPUTE_BYTES:
         # transformers' fp32 router (DeepSeek: ``F.linear(hidden.type(float32), weight)``) saves an fp32
         # copy of its 16-bit input; under autocast the linear casts back and saves autocast's copy instead.
@@ -732,7 +732,7 @@ def divided(term: Term, shape: ActivationShape) -> int:
 def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
                              blocks: tuple[list[Term], list[Term]] | None = None,
                              dropped: frozenset[str] = frozenset(), released_inputs: int = 0,
-                             offloaded: bool = False) -> int:
+                             offloaded: bool = False, walked: frozenset[TermRole] = frozenset()) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
     In general two tensors of the size of the layer's largest saved term (the incoming gradient
@@ -745,12 +745,15 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     the MLP block's terms at ``dropped`` sites were never kept (their recompute came and went with the
     MLP backward) and release nothing; its checkpoints' inputs (``released_inputs`` bytes) do. Under
     ``save_on_cpu`` (``offloaded``) what the later nodes saved is in host memory: releasing it frees nothing
-    on the GPU (the softmax's own saved output, brought back beside, is the stage's bring-back).
+    on the GPU (the softmax's own saved output, brought back beside, is the stage's bring-back). Terms
+    whose role is in ``walked`` are not the largest saved term: their block's backward is priced op by op apart
+    (:mod:`~memplan.estimate.frozen_mlp_backward`).
     """
     attention, rest = blocks or layer_terms_by_block(layer, shape)
     eager_core = shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
     core_roles = {t.role for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
-    largest = max(max(divided(t, shape) for t in attention + rest if t.role not in core_roles),
+    skipped = core_roles | walked
+    largest = max(max((divided(t, shape) for t in attention + rest if t.role not in skipped), default=0),
                   dispatch_buffer_bytes(layer, shape))
     transient = 2 * largest
     if not eager_core:

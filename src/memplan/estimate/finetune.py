@@ -137,16 +137,32 @@ def base_in_compute_dtype(model: ModelSpec, job: Job) -> bool:
             and not root_flow(model, job.finetune, False).embedding_trained_fully)
 
 
-def dequantized_weight_bytes(counts: FinetuneParams, job: Job, index: int, compute_bytes: int) -> int:
-    """The largest weight of layer ``index`` that bitsandbytes dequantizes in its backward (grad-input
-    ``grad_output @ dequantize_4bit(W)``; int8 likewise), alive beside the layer's gradients.
-    ``counts``: the job's fine-tuning counts (the run context's, derived once per job)."""
-    quantized = counts.layers[index].quantized
-    if not quantized:
+def dequantized_element_bytes(job: Job, compute_bytes: int) -> int:
+    """Bytes per element of a base weight bitsandbytes dequantizes (``--quant-compute-dtype``, else the
+    compute dtype's ``compute_bytes``); 0 when the base is not quantized."""
+    if not job.finetune.quant_kind.quantizes:
         return 0
     dtype = job.finetune.quant_compute_dtype
-    per_element = dtype_bytes(dtype) if dtype else compute_bytes
-    return max(quantized) * per_element // job.parallel.tp
+    return dtype_bytes(dtype) if dtype else compute_bytes
+
+
+def dequantizing_op_bytes(counts: FinetuneParams, job: Job, index: int, shape: ActivationShape,
+                          compute_bytes: int) -> int:
+    """The most one quantized linear's backward op of layer ``index`` holds (one rank), an op of its own:
+    bitsandbytes dequantizes the weight (``MatMul8bitLt``: ``CB.to(A.dtype, copy=True)``; ``MatMul4Bit``:
+    ``dequantize_4bit(W)``, in ``--quant-compute-dtype`` when set), multiplies the arrived gradient of the
+    output by it into the gradient of the input, and frees it (``bitsandbytes/autograd/_functions.py``).
+    Beside the layer's saved tensors that op holds the dequantized weight and the two gradients (in the
+    activations' dtype); no other backward op of the layer holds them (the general transient's "two largest
+    saved tensors" is another op). Under TP every figure is one rank's share. ``counts``: the job's
+    fine-tuning counts (the run context's, derived once per job)."""
+    part = counts.layers[index]
+    if not part.quantized:
+        return 0
+    per_element = dequantized_element_bytes(job, compute_bytes)
+    tokens = shape.seq * shape.micro_batch
+    return max(numel * per_element + tokens * (numel // rows + rows) * shape.act_bytes
+               for numel, rows in zip(part.quantized, part.quantized_rows, strict=True)) // job.parallel.tp
 
 
 def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:

@@ -41,7 +41,8 @@ from memplan.estimate.ep_overlap import (
     mlp_wgrad_held,
     shared_expert_overlap_bytes,
 )
-from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
+from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
@@ -52,6 +53,7 @@ from memplan.estimate.recompute_modules import (
     term_site,
 )
 from memplan.estimate.sac import sac_kept_terms
+from memplan.estimate.terms import TermRole
 from memplan.estimate.trained_dtypes import trained_weights_shape
 from memplan.frozen import frozen_dataclass
 from memplan.model.spec import LayerSpec
@@ -109,27 +111,36 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
     cached = run.cache.get(key)
     if cached is None:
         ft = run.job.finetune
+        dequantized = dequantized_element_bytes(run.job, dtype_bytes(run.prec.compute)) if role.quantized \
+            else 0
         cached = run.cache[key] = _layer_figures(Same(layer), role_shape(run, role), run.policy, role,
                                                  ft.quantize_base, run.prec.weight_copies == "autocast",
                                                  ft.lora_dropout > 0, adapter_bytes(run.job),
-                                                 compiled_layer(run, layer), per_tensor_offload(run))
+                                                 compiled_layer(run, layer), per_tensor_offload(run),
+                                                 dequantized)
     return cached
 
 
 @lru_cache(maxsize=4096)
 def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy, role: LayerRole,
                    quantize_base: str, autocast: bool, lora_dropout: bool, adapter_bytes: int,
-                   compiled: bool = False, offloaded: bool = False) -> LayerCosts:
+                   compiled: bool = False, offloaded: bool = False, dequantized: int = 0) -> LayerCosts:
     """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
     layer kinds under many layouts; the key holds the layer itself, compared by identity). ``compiled``:
     the layer keeps torch.compile's partitioner's saved set (:mod:`memplan.estimate.compiled`); ``offloaded``:
-    ``save_on_cpu`` holds what it saves in host memory."""
+    ``save_on_cpu`` holds what it saves in host memory; ``dequantized``: bytes per element of its base weights
+    dequantized (0: not quantized)."""
     spec = cast(LayerSpec, layer.obj)
     blocks = compiled_blocks(spec, shape) if compiled else _blocks(
         spec, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
         adapter_bytes=adapter_bytes)
     mlp_saved = _mlp_saved(spec, shape, role) if spec.attention.sinks and not compiled else None
-    return _priced(spec, shape, policy, blocks, mlp_saved, offloaded)
+    # a recomputed layer on a base whose matmul saves nothing (4-bit) runs down_proj's backward before its
+    # recompute
+    first = policy.kind.checkpoints_layers and not quant_format(quantize_base).keeps_gemm_inputs
+    frozen_mlp = None if compiled else frozen_mlp_backward(spec, shape, blocks[1], role.flow, dequantized,
+                                                           first)
+    return _priced(spec, shape, policy, blocks, mlp_saved, offloaded, frozen_mlp)
 
 
 def per_tensor_offload(run: RunContext) -> bool:
@@ -153,7 +164,8 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
     if role.flow is not None:
         attention = block_terms(attention, shape, role.flow.attention, gemm_inputs_kept=int8_base)
-        rest = block_terms(rest, shape, role.flow.mlp, gemm_inputs_kept=int8_base)
+        rest = _int8_mlp_terms(layer, rest, shape, role.flow) if int8_base else block_terms(
+            rest, shape, role.flow.mlp)
         if autocast and not shape.autocast:
             extra = trained_norm_copies(layer, shape, role.flow)
             attention, rest = attention + extra[0], rest + extra[1]
@@ -167,17 +179,39 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     return attention, rest
 
 
+#: What an MoE block's bitsandbytes 8-bit linears read (the shared expert's: plain ``nn.Linear`` modules,
+#: replaced); the routed experts' fused weights and the router stay unquantized and keep no input of their own.
+_SHARED_EXPERT_INPUTS = frozenset({TermRole.SHARED_EXPERT_FC2, TermRole.SHARED_EXPERT_NORM_COPIES})
+
+
+def _int8_mlp_terms(layer: LayerSpec, rest: list[Term], shape: ActivationShape,
+                    flow: LayerFlow) -> list[Term]:
+    """The MLP/MoE block's terms for ``flow`` on an 8-bit base: bitsandbytes' ``MatMul8bitLt`` keeps its input
+    (``ctx.tensors``) like a trained linear, so the inputs of the block's quantized linears are kept; an MoE
+    block's routed experts and router are not quantized, so theirs only where the frozen block keeps them."""
+    kept = block_terms(rest, shape, flow.mlp, gemm_inputs_kept=True)
+    if layer.moe is None:
+        return kept
+    plain = block_terms(rest, shape, flow.mlp)
+    shared = layer.moe.shared_expert is not None
+    return [t for t in kept if t in plain or t.role in _SHARED_EXPERT_INPUTS
+            or (shared and t.role is TermRole.NORM_OUTPUT)]
+
+
 def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
             blocks: tuple[list[Term], list[Term]], mlp_saved: list[Term] | None = None,
-            offloaded: bool = False) -> LayerCosts:
+            offloaded: bool = False, frozen_mlp: int | None = None) -> LayerCosts:
     """The layer's figures from its terms under the activation policy (``mlp_saved``: the MLP block's own
-    terms, where a recomputed layer's forward is priced apart)."""
+    terms, where a recomputed layer's forward is priced apart; ``frozen_mlp``: a frozen MLP block's backward
+    walked op by op, :mod:`~memplan.estimate.frozen_mlp_backward`, None where the general rule prices it)."""
     kept_classes, dropped = kept_policy(policy)
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
     inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
     transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
-        divided(t, shape) for t in inputs if t.site in ("mlp", "moe")), offloaded=offloaded)
+        divided(t, shape) for t in inputs if t.site in ("mlp", "moe")), offloaded=offloaded,
+        walked=frozenset() if frozen_mlp is None else WALKED)
+    transient = max(transient, frozen_mlp or 0)
     if policy.kind.checkpoints_layers:
         # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;
         # a layer a block-wise policy leaves alone is priced the same: at most its PV cast copy too high)

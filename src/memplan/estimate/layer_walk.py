@@ -16,7 +16,7 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import LayerCapture, layer_capture
 from memplan.estimate.ds_checkpointing import ds_checkpointing_applies, place_checkpoint
 from memplan.estimate.ep_overlap import LayerParts
-from memplan.estimate.finetune import dequantized_weight_bytes
+from memplan.estimate.finetune import dequantizing_op_bytes
 from memplan.estimate.layer_costs import (
     cp_backward_extra,
     ep_parts,
@@ -185,8 +185,9 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     walked = recomputed_backward(ctx, index, copies)
     # a recomputed layer's backward op by op (its copies freed as it goes), else the layer kind's general rule
     transient = (walked.transient if walked is not None else transient + copies) + cp_backward_extra(run, index)
-    if run.counts is not None:
-        transient += dequantized_weight_bytes(run.counts, run.job, index, dtype_bytes(run.prec.compute))
+    if run.counts is not None:  # a quantized linear's backward: an op of its own beside the saved tensors
+        transient = max(transient, dequantizing_op_bytes(run.counts, run.job, index, run.shape,
+                                                         dtype_bytes(run.prec.compute)))
     recomputed = index in ctx.recomputed
     cpu_keep = checkpoint = 0
     if recomputed:

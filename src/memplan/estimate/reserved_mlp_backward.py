@@ -98,6 +98,9 @@ class MlpPlan:
     hidden: int
     #: Positions in the layer's gradient list of down, up and gate projections' weight gradients.
     grads: tuple[int, int, int]
+    #: Bytes of one projection's weight dequantized for its input gradient (a bitsandbytes base,
+    #: :mod:`~memplan.estimate.frozen_mlp_backward`), freed after it; 0 otherwise.
+    dequantized: int = 0
 
 
 def mlp_weights() -> tuple[str, ...]:
@@ -170,22 +173,26 @@ def mlp_plan(run: RunContext, index: int, slots: Sequence[Block | None], count: 
 def mlp_backward(replay: Replay, plan: MlpPlan, slots: Sequence[Block | None],
                  made: Callable[[Sequence[int]], None]) -> None:
     """The MLP's backward op by op (see the module), its saved ``slots`` freed; ``made(positions)`` makes
-    the weight gradients at those positions of the layer's gradient list."""
+    the weight gradients at those positions of the layer's gradient list (each projection's dequantized
+    weight, :attr:`MlpPlan.dequantized`, taken before its input gradient and freed after it)."""
     gate, up, act, product = slots[:4]
     down_grad, up_grad, gate_grad = plan.grads
     size, hidden = plan.intermediate, plan.hidden
     made((down_grad,))
+    weight = replay.take(plan.dequantized)
     grad_product = replay.take(size)
-    replay.give(product)
+    replay.give(weight, product)
     grad_act, grad_up = replay.take(size), replay.take(size)
     replay.give(grad_product, up, act)
     made((up_grad,))
+    weight = replay.take(plan.dequantized)
     up_input = replay.take(hidden)
-    replay.give(grad_up)
+    replay.give(weight, grad_up)
     grad_gate = replay.take(size)
     replay.give(grad_act, gate)
     made((gate_grad,))
+    weight = replay.take(plan.dequantized)
     gate_input = replay.take(hidden)
-    replay.give(grad_gate)
+    replay.give(weight, grad_gate)
     summed = replay.take(hidden)
     replay.give(up_input, gate_input, summed)

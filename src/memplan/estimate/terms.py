@@ -69,6 +69,13 @@ class TermRole(Enum):
     MLP_FC1 = auto()
     #: The dense MLP's fc2 input: reserved_mlp_backward (its slot).
     MLP_FC2 = auto()
+    #: GPT-2's eager gelu_new intermediates of the dense MLP: frozen_mlp_backward (not walked).
+    GELU_NEW = auto()
+    #: The shared expert's fc2 input: layer_costs (kept on an 8-bit base, whose shared expert is quantized).
+    SHARED_EXPERT_FC2 = auto()
+    #: The MLP norm output's autocast copies for the shared expert's GEMMs and gate: layer_costs (kept on an 8-bit
+    #: base), partial_freeze (among :data:`NORM_TERMS`).
+    SHARED_EXPERT_NORM_COPIES = auto()
     #: The dropout mask of the MLP's residual: ep_overlap (the experts' side).
     MLP_RESIDUAL_DROPOUT = auto()
     #: A router's tensor (:data:`ROUTER`): cuda_graphs (outside the captured experts).
@@ -98,7 +105,7 @@ class TermRole(Enum):
 
 #: A pre-norm's terms (partial_freeze: the block's own norm).
 NORM_TERMS = frozenset({TermRole.NORM_INPUT, TermRole.NORM_OUTPUT, TermRole.NORM_COPIES, TermRole.NORM_NORMALIZED,
-                        TermRole.NORM_OTHER})
+                        TermRole.NORM_OTHER, TermRole.SHARED_EXPERT_NORM_COPIES})
 #: Norms' normalized tensors, kept for a trained norm weight's gradient (partial_freeze, finetune).
 NORMALIZED = frozenset({TermRole.NORM_NORMALIZED, TermRole.POST_NORM_NORMALIZED, TermRole.LATENT_NORM_NORMALIZED,
                         TermRole.QK_NORMS_FP32})
