@@ -132,6 +132,21 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     return _priced(spec, shape, policy, blocks, mlp_saved, offloaded)
 
 
+def layer_blocks(run: RunContext, layer: LayerSpec,
+                 index: int | None = None) -> tuple[ActivationShape, tuple[list[Term], list[Term]]] | None:
+    """The (attention, rest) terms :func:`layer_costs` prices for the layer's role, with the role's activation
+    shape; None for a layer that saves nothing."""
+    role = _role(run, index)
+    if role is None:
+        return None
+    shape, ft = role_shape(run, role), run.job.finetune
+    if compiled_layer(run, layer):
+        return shape, compiled_blocks(layer, shape)
+    return shape, _blocks(layer, shape, role, quantize_base=ft.quantize_base,
+                          autocast=run.prec.weight_copies == "autocast", lora_dropout=ft.lora_dropout > 0,
+                          adapter_bytes=adapter_bytes(run.job))
+
+
 def per_tensor_offload(run: RunContext) -> bool:
     """Whether the job packs every tensor autograd saves to host memory as it is saved (``save_on_cpu``: the
     hf and torchtitan profiles)."""
@@ -214,11 +229,12 @@ def budget_share(above_floor: int, budget: float | None) -> int:
 
 
 def largest_saved_term(run: RunContext, layer_indices: Iterable[int]) -> int:
-    """The largest tensor one of ``layer_indices`` saves (one rank): what a per-tensor activation
-    offload brings back to the GPU for one operator's backward (an approximation: an operator that
-    saved several tensors gets all of them back at once)."""
+    """The most one backward node of ``layer_indices`` saved (one rank): what a per-tensor activation
+    offload brings back to the GPU for it; of a term that lumps tensors (:class:`~memplan.estimate.terms.Term`'s
+    ``tensors``), the ``node_saves`` of them one node saved (otherwise an approximation: an operator that saved
+    several terms' tensors gets back only the largest)."""
     shape = run.shape
-    return max((divided(term, shape) for index in layer_indices
+    return max((divided(term, shape) // term.tensors * term.node_saves for index in layer_indices
                 for term in layer_terms(run.model.layers[index], shape)), default=0)
 
 
