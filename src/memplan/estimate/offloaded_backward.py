@@ -72,7 +72,8 @@ def _figures(run: RunContext, layer: LayerSpec, shape: ActivationShape,
     terms as its role saves them."""
     attention, rest = blocks
     core = eager_core_names(layer, shape)
-    mlp = max([node_bytes(t, shape) * t.node_made for t in rest] + [dispatch_buffer_bytes(layer, shape)])
+    # an MoE layer's dispatch buffers: two, as in the rule without offload
+    mlp = max([node_bytes(t, shape) * t.node_made for t in rest] + [2 * dispatch_buffer_bytes(layer, shape)])
     attn = max([node_bytes(t, shape) * t.node_made for t in attention if t.name not in core]
                + [softmax_gradient_bytes(layer, shape) if core else 0])
     before_mlp, before_attention = _early_gradients(run, layer)
