@@ -44,3 +44,18 @@ def test_gpt2_gelu_new_pow_node() -> None:
     assert largest_saved_term(ctx.run, [0]) == one
     figures = offloaded_backward(ctx.run, 0)
     assert figures is not None and figures.transient == 5 * one + 512 * 1600 * 4
+
+
+def test_offload_never_above_none_with_early_gradients() -> None:
+    """DeepSeek-V3 at 1,024 tokens on 8 GPUs (the monotonicity sweep's cell): its dense layers' MLP and output
+    projection gradients (2 GB) made before the attention's nodes would put the offloaded job above the same job
+    without offload, whose rule counts none of them; the figures are held to that rule's (OffloadedBackward.within)."""
+    from memplan import estimate
+    from memplan.inputs import JobRequest, load_job
+
+    def peak(offload: bool) -> int:
+        flags = {"framework": "hf", "gpus": 8, "seq": 1024, "offload_activations": offload}
+        loaded = load_job(JobRequest(model="deepseek-v3", flags=flags))
+        return estimate(loaded.model, loaded.job).peak_allocated_bytes
+
+    assert peak(True) <= peak(False)

@@ -193,6 +193,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     offloaded = offloaded_backward(run, index) if (per_tensor_offload(run) and index not in ctx.recomputed
                                                    and not run.policy.partial) else None
     if offloaded is not None:
+        offloaded = offloaded.within(full + transient)
         transient = offloaded.transient
     # a recomputed layer's backward op by op (its copies freed as it goes), else the layer kind's general rule
     transient = (walked.transient if walked is not None else transient + copies) + cp_backward_extra(run, index)

@@ -19,7 +19,9 @@ where the rule for a layer whose saved tensors stay on the GPU counts two of the
 (:func:`memplan.estimate.activations.backward_transient_bytes`). A single tensor gets the same two.
 
 Known limitations: the attention output projection's gradient is counted before every attention node (its
-own included); MoE layers, adapters and tensor parallelism get no early gradients.
+own included); MoE layers, adapters and tensor parallelism get no early gradients; the figures are held to
+what the layer holds without offload by the general rule (:meth:`OffloadedBackward.within`), which counts no
+early gradients.
 """
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ class OffloadedBackward:
     transient: int
     #: The layer's weight gradients made before that node, where the backward makes them (else 0).
     early_gradients: int
+
+    def within(self, ceiling: int) -> OffloadedBackward:
+        """These figures held to ``ceiling``, what the layer's backward holds without offload by the general rule
+        (its saved tensors and two of its largest): ``save_on_cpu`` only moves saved tensors off the GPU. The
+        rule without offload counts no weight gradients made inside the layer (its two largest tensors stand in),
+        so without the ceiling a short sequence's offloaded job could stand above the same job without offload
+        (DeepSeek-V3, 1,024 tokens: its dense layers' 2 GB of MLP and output-projection gradients)."""
+        transient = min(self.transient, ceiling)
+        return OffloadedBackward(transient=transient,
+                                 early_gradients=max(0, min(self.early_gradients, ceiling - transient)))
 
 
 def node_bytes(term: Term, shape: ActivationShape) -> int:
