@@ -23,7 +23,7 @@ from memplan.estimate.activations import (
     layer_terms_by_block,
     recomputed_forward_transient,
 )
-from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient
+from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, dora_output_backward
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     checkpointed_module_copy_numel,
@@ -54,6 +54,7 @@ from memplan.estimate.recompute_modules import (
 from memplan.estimate.sac import sac_kept_terms
 from memplan.estimate.trained_dtypes import trained_weights_shape
 from memplan.frozen import frozen_dataclass
+from memplan.model.linears import layer_linears
 from memplan.model.spec import LayerSpec
 from memplan.peft.params import Adapter
 from memplan.policies import ActivationPolicy
@@ -336,6 +337,20 @@ def sink_forward_transient(ctx: StageContext) -> int:
     shape = role_shape(run, role)
     extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role))
     return extra + divided(forward_mask_term(run.model, run.shape), run.shape) if extra else 0
+
+
+def dora_recompute_head(run: RunContext, index: int) -> int:
+    """What a checkpointed layer's backward makes before its recompute where its last linear carries DoRA
+    (:func:`~memplan.estimate.adapter_acts.dora_output_backward`; 0 otherwise)."""
+    if not run.job.finetune.peft_kind.magnitude or run.counts is None:
+        return 0
+    layer = run.model.layers[index]
+    linears = layer_linears(layer, run.model.hidden_size, run.model.model_type)
+    if not linears:
+        return 0
+    return dora_output_backward(run.counts.layer_adapters[index], last_linear=linears[-1].name,
+                                tokens=run.shape.local_tokens, compute_bytes=run.shape.act_bytes,
+                                adapter_bytes=adapter_bytes(run.job))
 
 
 def dora_transient(ctx: StageContext) -> int:

@@ -19,6 +19,7 @@ from memplan.estimate.ep_overlap import LayerParts
 from memplan.estimate.finetune import dequantized_weight_bytes
 from memplan.estimate.layer_costs import (
     cp_backward_extra,
+    dora_recompute_head,
     ep_parts,
     experts_wgrad_extra,
     layer_costs,
@@ -204,7 +205,8 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     if recomputed:
         # the forward's temporaries (DoRA's weights, gpt-oss's sink attention) are made again once the layer's
         # output gradient has arrived: beside it
-        beside = forward_extra and output_gradient_bytes(run.shape, run.model.hidden_size)
+        beside = forward_extra and (output_gradient_bytes(run.shape, run.model.hidden_size)
+                                    + dora_recompute_head(run, index))
         layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full,
                                                                     max(transient, forward_extra + beside))
     elif run.policy.partial:
