@@ -227,7 +227,7 @@ CELLS: tuple[object, ...] = (
     ("llama", 256, "bf16-mixed", "sdpa", "none", {"peft": "dora", "lora_targets": "all-linear"}),
     ("llama_wide", 64, "bf16-mixed", "sdpa", "none", {"peft": "dora", "lora_targets": "all-linear"}),
     # ... recomputed: DoRA's weight rebuilt beside the input's fp32 cast and the layer's output gradient
-    # (before: -3.6%, now -1.0%)
+    # (before: -3.6%, then -1.0%; -0.2% with the DoRA output backward before the recompute, session 11)
     ("llama_wide", 64, "bf16-mixed", "sdpa", "full", {"peft": "dora", "lora_targets": "all-linear"}),
     # ... the last linear's DoRA output backward (its gradient in fp32, the 16-bit cast, the product by scaling) runs
     # before the recompute starts and stays beside it (before: -6.1%; with save_on_cpu on gemma2 eager -4.7%)
