@@ -47,6 +47,9 @@ TOYS: dict[str, dict[str, Any]] = {
                "sliding_window": 128, "query_pre_attn_scalar": 64, "hidden_activation": "gelu_pytorch_tanh"},
     "gpt2": {"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 8, "vocab_size": 2048, "n_positions": 1024,
              "bos_token_id": 0, "eos_token_id": 0},
+    "gpt2_v256": {"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 8, "vocab_size": 256,
+                  "n_positions": 1024, "bos_token_id": 0, "eos_token_id": 0},
+    "llama_v256_wide": {**_COMMON, **_LLAMA, "vocab_size": 256, "intermediate_size": 2048},
 }
 #: Published configs cut to fewer layers: (preset, layers).
 CUT = {"mistral-7b-2l": ("mistral-7b", 2), "gpt2-xl-4l": ("gpt2-xl", 4), "llama-3.1-8b-2l": ("llama-3.1-8b", 2),
@@ -102,6 +105,9 @@ WITNESSES: dict[str, tuple[str, int, str, str, str, dict[str, Any], str]] = {
     "C_eager_full": ("llama_v256", 512, "bf16-mixed", "eager", "none", {}, "eager"),
     "C_sdpa_full": ("llama_v256", 512, "bf16-mixed", "sdpa", "none", {}, "sdpa"),
     "C_gemma2_lora": ("gemma2", 256, "bf16-mixed", "eager", "none", _QV, "eager"),
+    # helper offtoy11 (session 11): toys where a layer's MLP, not the loss, sets the peak
+    "N_gpt2_v256_mbs4": ("gpt2_v256", 512, "bf16-mixed", "sdpa", "none", {"mbs": 4}, "1676"),
+    "N_llama_wide_sdpa": ("llama_v256_wide", 512, "bf16-mixed", "sdpa", "none", {}, "sdpa"),
 }
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "logits", "peak allocated")
 

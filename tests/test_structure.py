@@ -362,6 +362,7 @@ def test_package_all_names_exist(package: str) -> None:
 NAME_COMPARISONS_ALLOWED = {
     "a model parameter's or linear's name (LoRA targets' .weight, norms, lm_head, the MLP's linears)": {
         ("memplan.estimate.adapter_acts", "adapter.module"), ("memplan.estimate.finetune", "a.module"),
+        ("memplan.estimate.adapter_acts", "a.module"),
         ("memplan.estimate.reserved_tp", "tensor"), ("memplan.estimate.reserved_autocast", "m")},
     "the activation policy's name (none, full, ...)": {("memplan.estimate.compiled", "run.policy")},
     "the precision's name (*-mixed)": {("memplan.estimate.extras", "job.precision")},

@@ -3,7 +3,7 @@ against what a trace holds there."""
 
 from __future__ import annotations
 
-from memplan.estimate.adapter_acts import dora_forward_transient
+from memplan.estimate.adapter_acts import dora_forward_transient, dora_output_backward
 from memplan.model.linears import LinearModule
 from memplan.peft.params import Adapter
 
@@ -25,3 +25,18 @@ def test_weight_rebuild_sits_beside_the_input_cast_to_the_adapters_dtype() -> No
     # LoRA adapters (no magnitude vector) rebuild nothing
     lora = Adapter(module=DOWN.module, rank=8, dora=False)
     assert dora_forward_transient((lora,), autocast=True, compute_bytes=2, base_bytes=2, tokens=TOKENS) == 0
+
+
+def test_last_linear_output_backward_before_the_recompute() -> None:
+    """The llama toy's recomputed layer 1 (512 tokens, hidden 256, DoRA on all linears, bf16-mixed): before its
+    recompute starts, the trace holds down_proj's output gradient in fp32 (524,288), its bf16 cast for the base
+    result (262,144) and the product by scaling (524,288)."""
+    down = Adapter(module=LinearModule("model.layers.1.mlp.down_proj", 768, 256, layer=1), rank=8, dora=True)
+    assert dora_output_backward((down,), last_linear="mlp.down_proj", tokens=512, compute_bytes=2) == 1_310_720
+    # adapters in the compute dtype: the casts are no-ops, the product alone
+    assert dora_output_backward((down,), last_linear="mlp.down_proj", tokens=512, compute_bytes=4,
+                                adapter_bytes=4) == 524_288
+    # not the layer's last linear, or LoRA: nothing before the recompute
+    assert dora_output_backward((down,), last_linear="mlp.up_proj", tokens=512, compute_bytes=2) == 0
+    lora = Adapter(module=down.module, rank=8, dora=False)
+    assert dora_output_backward((lora,), last_linear="mlp.down_proj", tokens=512, compute_bytes=2) == 0

@@ -35,8 +35,9 @@ def test_expert_parallelism_divides_the_stack_and_quantized_dense_weights_bring_
 
 
 def test_dense_activations_still_set_the_bring_back() -> None:
-    """Mistral 7B at 2,048 tokens: the gated MLP's saved activations (176 MB) outweigh a projection's weight."""
-    ctx = _ctx("mistral-7b", {**_LORA, "seq": 2048})
+    """Mistral 7B at 4,096 tokens: the two tensors the gated MLP's product node saved (act(gate) and up, 235 MB)
+    outweigh a projection's weight (at 2,048 tokens they weigh as much as it)."""
+    ctx = _ctx("mistral-7b", {**_LORA, "seq": 4096})
     acts = stage_activations(ctx, walk_layers(ctx, 0), None)
     assert acts.bring_back == largest_saved_term(ctx.run, list(ctx.layout.layer_indices)) > 14336 * 4096 * 2
     assert NOTE not in acts.notes

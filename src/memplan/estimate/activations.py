@@ -563,8 +563,12 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     if eager_gate and prefix != "experts":
         fc1_out += 1
     fc1_role, fc2_role, other_role = _MLP_ROLES[prefix]
+    # eager SwiGLU's three tensors are apart: the product act(gate) * up saves two of them and makes their two
+    # gradients beside the one coming in (save_on_cpu brings back no more than that node's)
+    apart = fc1_out == 3
     terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body",
-                      site=fc1_site, role=fc1_role))
+                      site=fc1_site, role=fc1_role, tensors=3 if apart else 1, node_saves=2 if apart else 1,
+                      node_made=3 if apart else 2))
     if eager_gate and prefix == "experts":
         # act(gate), saved by the product with the up half: inside the activation function (moe_act);
         # gpt-oss's clamped SwiGLU keeps more there (memplan.estimate.gpt_oss_terms).
@@ -577,8 +581,12 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
         # GPT-2's NewGELUActivation is a Python formula: it also saves tanh(...), 1 + tanh(...) and
         # 0.5 * x; under CUDA autocast its pow runs in fp32, so those are fp32.
         per_element = 12 if shape.autocast else 3 * c
+        # its worst backward node is pow's (grad * 3 * x^2: x^2, 3 * x^2 and the product beside the gradient
+        # coming in), while the gradients of x from the formula's two other uses wait in autograd's input
+        # buffer (16-bit: half a tensor each under autocast)
         terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body",
-                          site=fc2_site, role=TermRole.GELU_NEW if prefix == "mlp" else other_role))
+                          site=fc2_site, role=TermRole.GELU_NEW if prefix == "mlp" else other_role, tensors=3,
+                          node_made=4 + (1 if shape.autocast else 2)))
     if shape.dropout and prefix == "mlp":
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body",
                           role=TermRole.MLP_RESIDUAL_DROPOUT))
@@ -729,6 +737,12 @@ def divided(term: Term, shape: ActivationShape) -> int:
     return size
 
 
+def output_gradient_bytes(shape: ActivationShape, hidden: int) -> int:
+    """The gradient of a decoder layer's output on one rank (the residual stream's dtype)."""
+    return divided(Term("output gradient", shape.residual_bytes * shape.seq * shape.micro_batch * hidden, "sp",
+                        "input"), shape)
+
+
 def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
                              blocks: tuple[list[Term], list[Term]] | None = None,
                              dropped: frozenset[str] = frozenset(), released_inputs: int = 0,
@@ -750,24 +764,36 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     (:mod:`~memplan.estimate.frozen_mlp_backward`).
     """
     attention, rest = blocks or layer_terms_by_block(layer, shape)
-    eager_core = shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
-    core_roles = {t.role for t in _eager_core_terms(layer.attention, shape, 1)} if eager_core else set()
+    core_roles = eager_core_roles(layer, shape)
     skipped = core_roles | walked
     largest = max(max((divided(t, shape) for t in attention + rest if t.role not in skipped), default=0),
                   dispatch_buffer_bytes(layer, shape))
     transient = 2 * largest
-    if not eager_core:
+    if not core_roles:
         return transient
-    attn = layer.attention
-    heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
-    # gpt-oss's sink softmax runs in the weights' dtype, so its gradients do too (16-bit in pure bf16)
-    softmax_bytes = sink_softmax_bytes(shape) if attn.sinks else EAGER_SOFTMAX_BYTES
-    gradients = divided(Term("softmax gradients", 2 * softmax_bytes * heads_scores, "tp", "core"), shape)
+    gradients = softmax_gradient_bytes(layer, shape)
     released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.role in (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST))
     return max(transient, gradients - (0 if offloaded else released))
+
+
+def eager_core_roles(layer: LayerSpec, shape: ActivationShape) -> set[TermRole]:
+    """The roles of the terms an unfused eager attention core saves (none for a fused or flash core)."""
+    if not (shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
+        return set()
+    return {t.role for t in _eager_core_terms(layer.attention, shape, 1)}
+
+
+def softmax_gradient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
+    """What an eager softmax backward holds (one rank): two gradients of the probabilities, the one coming
+    from the ``.to(dtype)`` cast and the one it produces; in fp32, except gpt-oss's sink softmax, which runs
+    in the weights' dtype (16-bit in pure bf16)."""
+    attn = layer.attention
+    heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
+    softmax_bytes = sink_softmax_bytes(shape) if attn.sinks else EAGER_SOFTMAX_BYTES
+    return divided(Term("softmax gradients", 2 * softmax_bytes * heads_scores, "tp", "core"), shape)
 
 
 def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term]) -> int:

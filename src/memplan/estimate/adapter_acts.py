@@ -145,6 +145,26 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
     return worst
 
 
+def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tokens: int, compute_bytes: int,
+                         adapter_bytes: int = ADAPTER_BYTES) -> int:
+    """What the backward of a checkpointed layer whose last linear (``last_linear``, its name in the layer) carries
+    DoRA makes before the layer's recompute starts.
+
+    peft's ``Linear.forward`` adds DoRA's result (``lora_magnitude_vector``, computed in the adapters' dtype) to
+    the base result and casts the sum back (``result.to(torch_result_dtype)``); DoRA's result ends with
+    ``mag_norm_scale * lora_result * scaling``, a product by a Python float that saves nothing. Autograd runs
+    those nodes first: the cast's backward makes the output gradient in the adapters' dtype, the add's backward
+    casts it to the base result's dtype, and the product by ``scaling`` makes its own; only the next node
+    unpacks a tensor saved inside the checkpoint, which starts the recompute, so the three stay beside the whole
+    recomputed forward. With adapters in the compute dtype the casts are no-ops: the product alone."""
+    for a in adapters:
+        if a.dora and a.experts == 1 and not m_is_parameter(a) and a.module.name.endswith("." + last_linear):
+            size = tokens * a.module.out_features
+            casts = size * (adapter_bytes + compute_bytes) if adapter_bytes != compute_bytes else 0
+            return casts + size * adapter_bytes
+    return 0
+
+
 def m_is_parameter(adapter: Adapter) -> bool:
     """The adapter wraps a parameter (a router's ``gate.weight``), not a module."""
     return adapter.module.name.endswith(".weight")

@@ -23,7 +23,7 @@ from memplan.estimate.activations import (
     layer_terms_by_block,
     recomputed_forward_transient,
 )
-from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient
+from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, dora_output_backward
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     checkpointed_module_copy_numel,
@@ -56,6 +56,7 @@ from memplan.estimate.sac import sac_kept_terms
 from memplan.estimate.terms import TermRole
 from memplan.estimate.trained_dtypes import trained_weights_shape
 from memplan.frozen import frozen_dataclass
+from memplan.model.linears import layer_linears
 from memplan.model.spec import LayerSpec
 from memplan.peft.params import Adapter
 from memplan.policies import ActivationPolicy
@@ -141,6 +142,21 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     frozen_mlp = None if compiled else frozen_mlp_backward(spec, shape, blocks[1], role.flow, dequantized,
                                                            first)
     return _priced(spec, shape, policy, blocks, mlp_saved, offloaded, frozen_mlp)
+
+
+def layer_blocks(run: RunContext, layer: LayerSpec,
+                 index: int | None = None) -> tuple[ActivationShape, tuple[list[Term], list[Term]]] | None:
+    """The (attention, rest) terms :func:`layer_costs` prices for the layer's role, with the role's activation
+    shape; None for a layer that saves nothing."""
+    role = _role(run, index)
+    if role is None:
+        return None
+    shape, ft = role_shape(run, role), run.job.finetune
+    if compiled_layer(run, layer):
+        return shape, compiled_blocks(layer, shape)
+    return shape, _blocks(layer, shape, role, quantize_base=ft.quantize_base,
+                          autocast=run.prec.weight_copies == "autocast", lora_dropout=ft.lora_dropout > 0,
+                          adapter_bytes=adapter_bytes(run.job))
 
 
 def per_tensor_offload(run: RunContext) -> bool:
@@ -248,11 +264,12 @@ def budget_share(above_floor: int, budget: float | None) -> int:
 
 
 def largest_saved_term(run: RunContext, layer_indices: Iterable[int]) -> int:
-    """The largest tensor one of ``layer_indices`` saves (one rank): what a per-tensor activation
-    offload brings back to the GPU for one operator's backward (an approximation: an operator that
-    saved several tensors gets all of them back at once)."""
+    """The most one backward node of ``layer_indices`` saved (one rank): what a per-tensor activation
+    offload brings back to the GPU for it; of a term that lumps tensors (:class:`~memplan.estimate.terms.Term`'s
+    ``tensors``), the ``node_saves`` of them one node saved (otherwise an approximation: an operator that saved
+    several terms' tensors gets back only the largest)."""
     shape = run.shape
-    return max((divided(term, shape) for index in layer_indices
+    return max((divided(term, shape) // term.tensors * term.node_saves for index in layer_indices
                 for term in layer_terms(run.model.layers[index], shape)), default=0)
 
 
@@ -354,6 +371,20 @@ def sink_forward_transient(ctx: StageContext) -> int:
     shape = role_shape(run, role)
     extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role))
     return extra + divided(forward_mask_term(run.model, run.shape), run.shape) if extra else 0
+
+
+def dora_recompute_head(run: RunContext, index: int) -> int:
+    """What a checkpointed layer's backward makes before its recompute where its last linear carries DoRA
+    (:func:`~memplan.estimate.adapter_acts.dora_output_backward`; 0 otherwise)."""
+    if not run.job.finetune.peft_kind.magnitude or run.counts is None:
+        return 0
+    layer = run.model.layers[index]
+    linears = layer_linears(layer, run.model.hidden_size, run.model.model_type)
+    if not linears:
+        return 0
+    return dora_output_backward(run.counts.layer_adapters[index], last_linear=linears[-1].name,
+                                tokens=run.shape.local_tokens, compute_bytes=run.shape.act_bytes,
+                                adapter_bytes=adapter_bytes(run.job))
 
 
 def dora_transient(ctx: StageContext) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 
-from memplan.estimate.activations import ActivationShape, Term, divided
+from memplan.estimate.activations import output_gradient_bytes
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import LayerCapture, layer_capture
 from memplan.estimate.ds_checkpointing import ds_checkpointing_applies, place_checkpoint
@@ -19,12 +19,15 @@ from memplan.estimate.ep_overlap import LayerParts
 from memplan.estimate.finetune import dequantizing_op_bytes
 from memplan.estimate.layer_costs import (
     cp_backward_extra,
+    dora_recompute_head,
     ep_parts,
     experts_wgrad_extra,
     layer_costs,
+    per_tensor_offload,
     recomputed_copies_bytes,
     with_shared_expert_overlap,
 )
+from memplan.estimate.offloaded_backward import offloaded_backward
 from memplan.estimate.recomputed_backward import recomputed_backward
 from memplan.estimate.states import layer_kinds
 from memplan.frozen import frozen_dataclass
@@ -142,13 +145,15 @@ class _Visit:
     copies: int = 0
     #: A recomputed layer walked op by op: None, else its weight gradients made before its worst op.
     early_grads: int | None = None
+    #: Under ``save_on_cpu``, a layer not recomputed: its weight gradients made before its worst node.
+    offload_grads: int = 0
 
     #: Only kept and worst figures (no CPU checkpoint, combined-1F1B part, captured graph or walked backward).
     plain: bool = field(init=False)
 
     def __post_init__(self) -> None:
         plain = (not (self.cpu_keep or self.checkpoint) and self.ep is None and self.graph is None
-                 and not self.early_grads)
+                 and not self.early_grads and not self.offload_grads)
         object.__setattr__(self, "plain", plain)
 
 
@@ -166,6 +171,8 @@ def _add(walk: LayerWalk, index: int, visit: _Visit) -> None:
         walk.walked = True
         if visit.early_grads:
             walk.early_gradients[index] = visit.early_grads
+    if visit.offload_grads:
+        walk.early_gradients[index] = visit.offload_grads
     if visit.ep is not None:
         walk.ep_parts.append(visit.ep)
     if visit.graph is not None:
@@ -183,6 +190,12 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     keep, full = with_shared_expert_overlap(run, layer, keep, full)
     copies = recomputed_copies_bytes(ctx, index)
     walked = recomputed_backward(ctx, index, copies)
+    # save_on_cpu: a layer not recomputed has its saved tensors brought back node by node
+    offloaded = offloaded_backward(run, index) if (per_tensor_offload(run) and index not in ctx.recomputed
+                                                   and not run.policy.partial) else None
+    if offloaded is not None:
+        offloaded = offloaded.within(full + transient)
+        transient = offloaded.transient
     # a recomputed layer's backward op by op (its copies freed as it goes), else the layer kind's general rule
     transient = (walked.transient if walked is not None else transient + copies) + cp_backward_extra(run, index)
     if run.counts is not None:  # a quantized linear's backward: an op of its own beside the saved tensors
@@ -193,7 +206,8 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     if recomputed:
         # the forward's temporaries (DoRA's weights, gpt-oss's sink attention) are made again once the layer's
         # output gradient has arrived: beside it
-        beside = forward_extra and output_gradient_bytes(run.shape, run.model.hidden_size)
+        beside = forward_extra and (output_gradient_bytes(run.shape, run.model.hidden_size)
+                                    + dora_recompute_head(run, index))
         layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full,
                                                                     max(transient, forward_extra + beside))
     elif run.policy.partial:
@@ -207,14 +221,9 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
     return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint, copies=copies,
                   early_grads=walked.with_gradients if walked is not None else None,
+                  offload_grads=offloaded.early_gradients if offloaded is not None else 0,
                   ep=ep_parts(run, layer, layer_keep, layer_worst) if run.job.overlap.ep_a2a else None,
                   graph=graphed(index, layer_keep, layer_worst, recomputed) if graphed is not None else None)
-
-
-def output_gradient_bytes(shape: ActivationShape, hidden: int) -> int:
-    """The gradient of a decoder layer's output on one rank (the residual stream's dtype)."""
-    return divided(Term("output gradient", shape.residual_bytes * shape.seq * shape.micro_batch * hidden, "sp",
-                        "input"), shape)
 
 
 def _recomputed(ctx: StageContext, position: int, keep: int, full: int,

@@ -130,6 +130,13 @@ class Term:
     site: str = ""
     #: What it stands for, for the code that treats it apart (:class:`TermRole`); the name is only printed.
     role: TermRole = TermRole.OTHER
-    #: How many equal tensors of the forward it counts (a norm output's autocast copies: one per GEMM);
-    #: :func:`memplan.estimate.reserved_terms.term_tensors` lays them out apart.
+    #: How many tensors of equal size the term lumps together (a norm output's autocast copies, one per GEMM; a
+    #: gated MLP's gate, up and ``act(gate)`` outputs; GPT-2's ``gelu_new`` intermediates): one of them is
+    #: ``bytes // tensors``. :func:`memplan.estimate.reserved_terms.term_tensors` lays them out apart.
     tensors: int = 1
+    #: Under ``save_on_cpu`` (:mod:`memplan.estimate.offloaded_backward`): how many of those tensors the one
+    #: backward node that saved the most of them brings back (a product of two of them saves both factors).
+    node_saves: int = 1
+    #: ... and how many tensors of that size its worst node holds beside them: the gradient coming in and
+    #: those it makes (one per saved factor of a product; an op's own temporaries).
+    node_made: int = 2
