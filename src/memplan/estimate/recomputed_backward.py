@@ -22,7 +22,9 @@ they count only where gradients are made during the backward (``zero_grad(set_to
 
 Under torchtitan's per-op selective checkpointing (SAC) a layer's backward first makes its dropped ops
 again, so the same walk applies from the whole layer's tensors; its kept ones are counted once (they are the
-layer's kept figure), and the cached op outputs autograd does not save sit beside it, as in the general rule.
+layer's kept figure). The cached op outputs autograd does not save (the attention scores, the down projection's
+output) are gone by then: the recompute takes each from the cache and marks its entry consumed
+(``torch/utils/checkpoint.py``, ``_CachedTorchDispatchMode``), so it is freed once the op after it has read it.
 
 Under Megatron's sub-module checkpoints on an eager layer (``megatron-selective`` with ``--recompute-modules``
 among ``core_attn``, ``layernorm`` and ``mlp``; :mod:`~memplan.estimate.recompute_modules`) only the checkpointed
@@ -85,7 +87,7 @@ class RecomputedBackward:
     #: Without the layer's own weight gradients (they are counted elsewhere, or already allocated).
     transient: int
     #: Where the backward makes the gradients (none allocated before): the worst op with the layer's
-    #: weight gradients made before it, less ``transient`` (0 under per-op SAC, see :func:`_figures`).
+    #: weight gradients made before it, less ``transient``.
     with_gradients: int
 
 
@@ -162,21 +164,12 @@ def _figures(keyed: _Keyed, mode: str) -> RecomputedBackward | None:
     if without is None:
         return None
     with_grads = _walk(run, index, copies, layer_gradient_sizes(run.model, index, run.prec.grad_bytes), tensors)
-    sac = sac_kept_terms(layer, shape) if mode == "sac" else None
-    if mode == "modules":
-        extra = 0  # the walk starts from the kept tensors alone
-    elif sac is not None:
-        # per-op SAC: the layer's kept tensors (its input among them) are not counted again in what it rebuilds;
-        # the cached op outputs autograd does not save sit beside its backward (as in the general rule)
-        extra = sum(divided(t, shape) for t in sac[1])
-    else:
-        # under save_on_cpu the kept input is in host memory: the copy brought back is the recompute's own
-        extra = -sum(divided(t, shape) for t in layer_terms(layer, shape)
-                     if t.keep == "input") if not run.job.offload.activations else 0
-    # per-op SAC: not counted (its figures stand above a trace's backward already: the torchtitan eager toy's
-    # backward at +2.3%, +4.6% with them; left as it was)
-    early = max(0, (with_grads or 0) - without) if mode != "sac" else 0
-    return RecomputedBackward(transient=without + extra, with_gradients=early)
+    extra = 0  # sub-modules: the walk starts from the kept tensors alone; per-op SAC: see the module
+    if mode == "whole" and not run.job.offload.activations:
+        # the checkpoint's kept input is among the saved tensors (under save_on_cpu it is in host memory: the
+        # copy brought back is the recompute's own)
+        extra = -sum(divided(t, shape) for t in layer_terms(layer, shape) if t.keep == "input")
+    return RecomputedBackward(transient=without + extra, with_gradients=max(0, (with_grads or 0) - without))
 
 
 def _copies_split(run: RunContext, index: int, copies: int) -> tuple[int, int]:
