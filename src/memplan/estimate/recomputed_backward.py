@@ -210,9 +210,8 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
                 (normalized if role == NORMALIZED else freed[0 if role == EARLY else 1]).append(block)
 
     take(KEPT)
-    # the autocast weight copies (walk_copies): those the forward saved are among the kept tensors; a recomputed
-    # layer's come with its forward, before the backward starts, a sub-module checkpoint's (the MLP's: the core
-    # and the norms copy no weight) with its recompute; each freed with its weight's gradient, or after the core
+    # autocast's weight copies (walk_copies): the saved ones among the kept tensors, a recomputed layer's before the
+    # backward starts, a sub-module checkpoint's (the MLP's) with its recompute; each freed with its gradient
     plan, held = copy_plan(run, index, copies), dict[int, "Block | None"]()
     _take_copies(replay, plan.saved, plan.saved_late, held, freed[1])
     saved = replay.requested
