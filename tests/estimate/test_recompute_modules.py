@@ -155,3 +155,23 @@ def test_recomputed_eager_core_repeats_the_kv_heads_too() -> None:
         shape = run_context(model, job, 0.0).shape
         terms = recomputed_only_terms(model.layers[0], shape, ("core_attn",))
         assert sum(t.bytes for t in terms if t.site == "core") == expected, attention
+
+
+def test_recomputed_norms_make_their_residual_dtype_output_again_under_autocast() -> None:
+    # layernorm's output-discarding checkpoint on an eager norm under autocast: the norm's fp32 output (its GEMMs
+    # save their own 16-bit casts of it, so no term counts it) comes back with the recompute and lives until the
+    # norm's backward; under mlp it is the MLP checkpoint's input. A trace of the agreement grid's llama_v256 toy
+    # (seq 512 x 2, bf16-mixed, SDPA, core_attn,layernorm,mlp) holds the pre-MLP norm's through the MLP's backward
+    # (its peak) and the input norm's through the attention block's; in bf16 the output is the GEMMs' input itself
+    from memplan.estimate.context import run_context
+    from memplan.estimate.recompute_modules import recomputed_only_terms
+    from memplan.jobflags import build_job
+
+    model = load_model(DENSE)
+    for precision, expected in (("bf16-mixed", 4 * TOKENS * H), ("bf16", 0)):
+        job = build_job({"seq": S, "mbs": B, "precision": precision, "attention": "sdpa", "framework": "hf",
+                         "recompute": "megatron-selective", "recompute_modules": "layernorm,mlp"})
+        shape = run_context(model, job, 0.0).shape
+        terms = recomputed_only_terms(model.layers[0], shape, ("layernorm", "mlp"))
+        sites = {t.site: t.bytes for t in terms if "output in the residual dtype" in t.name}
+        assert sites == ({"input_norm": expected, "pre_mlp_norm": expected} if expected else {}), precision

@@ -127,6 +127,10 @@ def recomputed_only_terms(layer: LayerSpec, shape: ActivationShape, modules: Ite
       (same bytes, :func:`~memplan.estimate.activations.eager_norm_terms`); under the checkpoint the
       ``norm input`` term is the input itself, kept, and the normalized tensor comes back with the
       recompute, once per norm (the input norm at the attention backward, the pre-MLP norm at the MLP's);
+    * ``layernorm`` on an eager norm under autocast: the norm's output in the residual dtype (its GEMMs save their
+      own 16-bit copies of it, so no term counts it) comes back with the recompute and lives until the norm's
+      backward, once per norm (under ``mlp`` too the pre-MLP norm's is the MLP checkpoint's input, which the
+      forward discarded);
     * ``core_attn`` on an eager core with grouped keys and values: the checkpoint keeps its inputs (q, k, v,
       the KV heads' keys and values among them) and ``repeat_kv`` makes its copies for every query head
       again, the KV heads' share too, which the ``repeat_kv copies`` term (the extra heads' share: without
@@ -140,6 +144,10 @@ def recomputed_only_terms(layer: LayerSpec, shape: ActivationShape, modules: Ite
         terms += [Term(f"{prefix} norm normalized input, recomputed", shape.residual_bytes * sbh, "sp", "body",
                        site=site, role=TermRole.NORM_NORMALIZED)
                   for prefix, site in (("attention", "input_norm"), ("mlp", "pre_mlp_norm"))]
+    if "layernorm" in names and shape.kernels == "eager" and shape.autocast:
+        sbh = shape.seq * shape.micro_batch * shape.hidden
+        terms += [Term(f"{prefix} norm output in the residual dtype, recomputed", shape.residual_bytes * sbh, "sp",
+                       "body", site=site) for prefix, site in (("attention", "input_norm"), ("mlp", "pre_mlp_norm"))]
     attn = layer.attention
     if "core_attn" in names and attn is not None and attn.num_heads > attn.num_kv_heads:
         extra = attn.num_heads - attn.num_kv_heads

@@ -15,14 +15,18 @@ most it holds above the saved tensors:
 3. the gated MLP's backward op by op (:func:`~memplan.estimate.reserved_mlp_backward.mlp_backward`,
    the reserved schedule's own op order), then the rest of the MLP block freed;
 4. the eager attention core's backward op by op
-   (:func:`~memplan.estimate.reserved_attention_backward.core_backward`).
+   (:func:`~memplan.estimate.reserved_attention_backward.core_backward`), or under sub-module checkpoints a
+   fused (SDPA) core's (:func:`~memplan.estimate.fused_core_backward.fused_core_backward`).
 
-The layer's weight gradients made before the worst op are tallied apart (:class:`RecomputedBackward`):
-they count only where gradients are made during the backward (``zero_grad(set_to_none=True)``).
+Autocast's 16-bit weight copies go with their weights' gradients (:mod:`~memplan.estimate.walk_copies`). The
+layer's weight gradients made before the worst op are tallied apart (:class:`RecomputedBackward`): they count
+only where gradients are made during the backward (``zero_grad(set_to_none=True)``).
 
 Under torchtitan's per-op selective checkpointing (SAC) a layer's backward first makes its dropped ops
 again, so the same walk applies from the whole layer's tensors; its kept ones are counted once (they are the
-layer's kept figure), and the cached op outputs autograd does not save sit beside it, as in the general rule.
+layer's kept figure). The cached op outputs autograd does not save (the attention scores, the down projection's
+output) are gone by then: the recompute takes each from the cache and marks its entry consumed
+(``torch/utils/checkpoint.py``, ``_CachedTorchDispatchMode``), so it is freed once the op after it has read it.
 
 Under Megatron's sub-module checkpoints on an eager layer (``megatron-selective`` with ``--recompute-modules``
 among ``core_attn``, ``layernorm`` and ``mlp``; :mod:`~memplan.estimate.recompute_modules`) only the checkpointed
@@ -30,20 +34,21 @@ sub-modules' forwards run again, each when autograd first reaches it: the MLP's 
 the MLP block's backward start, the input norm's and the attention core's at the attention block's, after
 the MLP block's tensors are freed. The same walk applies with the layer's kept tensors taken first (its kept
 figure) and each block's dropped tensors (and those only its recompute makes, such as the repeated keys and
-values of every query head) taken where that block's backward starts; the figures are above the kept ones.
+values of every query head, or the norms' outputs in the residual dtype under autocast) taken where that
+block's backward starts; the figures are above the kept ones. There an SDPA core is walked too.
 
 The walk applies to a whole-model job on one rank's whole weights
 (:func:`~memplan.estimate.reserved_mlp_backward.whole_weights`; with ``save_on_cpu`` activation offload too:
 the recompute runs in the backward, outside its hooks, so what it saves stays on the GPU), to an eager
-unfused attention core and a gated MLP with separate projections, without post-norms or with Gemma's
-fp32-scaled ones; elsewhere the layer keeps the general transient (None).
+unfused attention core (or under sub-module checkpoints a fused one) and a gated MLP with separate projections,
+without post-norms or with Gemma's fp32-scaled ones; elsewhere the layer keeps the general transient (None).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from memplan.estimate.activations import (
@@ -63,6 +68,7 @@ from memplan.estimate.recomputed_tensors import (
     saved_tensors,
 )
 from memplan.estimate.sac import sac_kept_terms
+from memplan.estimate.walk_copies import copy_plan
 
 if TYPE_CHECKING:
     from memplan.estimate.reserved_replay import Block, Replay
@@ -70,11 +76,10 @@ if TYPE_CHECKING:
 #: The sentence --explain gives where a recomputed layer's backward was walked op by op.
 NOTE = ("recomputed layers' backward walked op by op (after the recomputed forward, per-op SAC's recomputed ops, "
         "or each checkpointed sub-module's forward where its block's backward starts: the output gradient, "
-        "Gemma's post-norm backward in fp32, the gated MLP's and the eager attention core's backward, each op "
+        "Gemma's post-norm backward in fp32, the gated MLP's and the attention core's backward, each op "
         "freeing what it no longer needs), not priced as two of the layer's largest saved tensors")
 
-_QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
-#: ``--recompute-modules`` the walk follows on an eager layer (the others: the general rule).
+#: ``--recompute-modules`` the walk follows (the others: the general rule).
 WALKED_MODULES = frozenset({"core_attn", "layernorm", "mlp"})
 
 
@@ -85,7 +90,7 @@ class RecomputedBackward:
     #: Without the layer's own weight gradients (they are counted elsewhere, or already allocated).
     transient: int
     #: Where the backward makes the gradients (none allocated before): the worst op with the layer's
-    #: weight gradients made before it, less ``transient`` (0 under per-op SAC, see :func:`_figures`).
+    #: weight gradients made before it, less ``transient``.
     with_gradients: int
 
 
@@ -120,8 +125,10 @@ def recomputed_backward(ctx: StageContext, index: int, copies: int) -> Recompute
     sac = sac_kept_terms(layer, shape) if run.policy.kind.per_op and not whole else None
     modules = bool(run.dropped) and set(run.policy.modules) <= WALKED_MODULES and layer.moe is None
     # activation offload (save_on_cpu) leaves it: the recompute runs in the backward, outside its hooks
+    # a fused core (SDPA) only under sub-module checkpoints: elsewhere its layers keep the general rule
     if (not (whole or sac is not None or modules) or shape.kernels != "eager"
-            or shape.attention not in UNFUSED_ATTENTION or (layer.num_post_norms and not shape.norm_fp32_scale)):
+            or (shape.attention not in UNFUSED_ATTENTION and not modules)
+            or (layer.num_post_norms and not shape.norm_fp32_scale)):
         return None
     # the reserved schedule's op plans (and the allocator's tally) are imported only for the jobs they serve
     from memplan.estimate.reserved_mlp_backward import whole_weights
@@ -162,36 +169,12 @@ def _figures(keyed: _Keyed, mode: str) -> RecomputedBackward | None:
     if without is None:
         return None
     with_grads = _walk(run, index, copies, layer_gradient_sizes(run.model, index, run.prec.grad_bytes), tensors)
-    sac = sac_kept_terms(layer, shape) if mode == "sac" else None
-    if mode == "modules":
-        extra = 0  # the walk starts from the kept tensors alone
-    elif sac is not None:
-        # per-op SAC: the layer's kept tensors (its input among them) are not counted again in what it rebuilds;
-        # the cached op outputs autograd does not save sit beside its backward (as in the general rule)
-        extra = sum(divided(t, shape) for t in sac[1])
-    else:
-        # under save_on_cpu the kept input is in host memory: the copy brought back is the recompute's own
-        extra = -sum(divided(t, shape) for t in layer_terms(layer, shape)
-                     if t.keep == "input") if not run.job.offload.activations else 0
-    # per-op SAC: not counted (its figures stand above a trace's backward already: the torchtitan eager toy's
-    # backward at +2.3%, +4.6% with them; left as it was)
-    early = max(0, (with_grads or 0) - without) if mode != "sac" else 0
-    return RecomputedBackward(transient=without + extra, with_gradients=early)
-
-
-def _copies_split(run: RunContext, index: int, copies: int) -> tuple[int, int]:
-    """The layer's autocast weight copies (``copies`` bytes) as (freed before the core's backward, after it):
-    the q/k/v projections' are the latter (all of them where the layer has no separate q/k/v weights)."""
-    from memplan.estimate.reserved_mlp_backward import grad_positions, layer_gradient_sizes
-
-    model = run.model
-    numels = layer_gradient_sizes(model, index, 1)
-    positions = grad_positions(model, index, len(numels), _QKV)
-    total = sum(numels)
-    if not copies or positions is None or not total:
-        return 0, copies
-    late = copies * sum(numels[p] for p in positions) // total
-    return copies - late, late
+    extra = 0  # sub-modules: the walk starts from the kept tensors alone; per-op SAC: see the module
+    if mode == "whole" and not run.job.offload.activations:
+        # the checkpoint's kept input is among the saved tensors (under save_on_cpu it is in host memory: the
+        # copy brought back is the recompute's own)
+        extra = -sum(divided(t, shape) for t in layer_terms(layer, shape) if t.keep == "input")
+    return RecomputedBackward(transient=without + extra, with_gradients=max(0, (with_grads or 0) - without))
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
@@ -199,7 +182,6 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
     """The most the layer's backward holds above its kept ``tensors`` (:func:`~memplan.estimate.recomputed_tensors.saved_tensors`; ``grads``: the sizes
     of the layer's gradients, made where autograd makes them; None: not counted), or None when a plan does
     not apply."""
-    from memplan.estimate.reserved_attention_backward import core_backward, core_plan
     from memplan.estimate.reserved_mlp_backward import SLOTS, layer_gradient_sizes, mlp_backward, mlp_plan
     from memplan.estimate.reserved_replay import Replay
 
@@ -210,7 +192,7 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
         if role >= 0:
             sized[role] = size
     mlp = mlp_plan(run, index, sized, count, lambda size: size)
-    core = core_plan(run, index, sized, count)
+    core = _core_step(run, index, sized, count)
     if mlp is None or core is None:
         return None
     replay = Replay(repeat=False)
@@ -228,28 +210,58 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
                 (normalized if role == NORMALIZED else freed[0 if role == EARLY else 1]).append(block)
 
     take(KEPT)
+    # autocast's weight copies (walk_copies): the saved ones among the kept tensors, a recomputed layer's before the
+    # backward starts, a sub-module checkpoint's (the MLP's) with its recompute; each freed with its gradient
+    plan, held = copy_plan(run, index, copies), dict[int, "Block | None"]()
+    _take_copies(replay, plan.saved, plan.saved_late, held, freed[1])
     saved = replay.requested
     tokens_hidden = shape.seq * shape.micro_batch * run.model.hidden_size
-    # a sub-module checkpoint's autocast copies are the MLP's (the attention core and the norms copy no weight),
-    # made with its recompute; a recomputed layer's all come with its forward, before the backward starts
-    at_mlp = copies if run.dropped else 0
-    early, late = _copies_split(run, index, copies - at_mlp)
-    freed[0].append(replay.take(early))
-    freed[1].append(replay.take(late))
+    if not run.dropped:
+        _take_copies(replay, plan.recomputed, plan.recomputed_late, held, freed[1])
     incoming = replay.take(tokens_hidden * shape.residual_bytes)
     if layer.num_post_norms:
         fp32 = tokens_hidden * NORM_COMPUTE_BYTES
         rms_norm_backward(replay, fp32, normalized[0] if normalized else None, replay.take(fp32))
-    freed[0].append(replay.take(at_mlp))
+    if run.dropped:
+        _take_copies(replay, plan.recomputed, plan.recomputed_late, held, freed[0])
     take(AT_MLP)
 
     def made(positions: Sequence[int] | None) -> None:
+        replay.give(*(held.pop(p, None) for p in positions or ()))
         if grads is not None and positions is not None:
             replay.take_all([grads[p] for p in positions])
 
     mlp_backward(replay, mlp, slots, made)
     replay.give(*freed[0])
     take(AT_ATTENTION)
-    core_backward(replay, core, slots, made, lambda: None)
-    replay.give(incoming, *freed[1])
+    core(replay, slots=slots, made=made)
+    replay.give(incoming, *freed[1], *held.values())
     return replay.peak_requested - saved
+
+
+def _take_copies(replay: Replay, sized: Sequence[tuple[int, int]], late: int, held: dict[int, Block | None],
+                 freed: list[Block | None]) -> None:
+    """Take autocast copies: ``sized`` (gradient position, bytes) into ``held``, each freed with that gradient;
+    ``late`` bytes into ``freed``."""
+    held.update((position, replay.take(size)) for position, size in sized)
+    freed.append(replay.take(late))
+
+
+def _core_step(run: RunContext, index: int, sized: Sequence[int | None],
+               count: int) -> Callable[[Replay, Sequence[Any], Callable[[Sequence[int] | None], None]], None] | None:
+    """The attention core's backward for the walk: an eager core's op by op
+    (:func:`~memplan.estimate.reserved_attention_backward.core_backward`), else a fused kernel's
+    (:func:`~memplan.estimate.fused_core_backward.fused_core_backward`); None where its plan does not apply."""
+    if run.shape.attention in UNFUSED_ATTENTION:
+        from memplan.estimate.reserved_attention_backward import core_backward, core_plan
+
+        plan = core_plan(run, index, sized, count)
+        return None if plan is None else partial(core_backward, plan=plan, peak=_nothing)
+    from memplan.estimate.fused_core_backward import fused_core_backward, fused_core_plan
+
+    fused = fused_core_plan(run, index, sized, count)
+    return None if fused is None else partial(fused_core_backward, plan=fused)
+
+
+def _nothing() -> None:
+    """No ledger moment inside the walk (the eager core's backward marks one in the reserved schedule)."""
