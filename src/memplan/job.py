@@ -877,8 +877,9 @@ class Job:
     #: ``memplan trace`` runs both flash and sdpa as PyTorch SDPA (its flash kernel on CUDA).
     attention: AttentionImpl = knob("flash", "--attention", "Attention kernel: flash/sdpa keep no s*s score "
                                     "matrix; eager keeps scores and softmax.", panel=ACTIVATIONS)
-    dropout: float = knob(0.0, "--dropout", "Dropout probability on hidden states (embedding, residuals) and, "
-                          "unless --attention-dropout is given, on the attention probabilities (masks are kept).",
+    dropout: float = knob(0.0, "--dropout", "Dropout probability on hidden states (embedding, residuals: "
+                          "where the model's code has them; Llama-style Hugging Face models have none) and, unless "
+                          "--attention-dropout is given, on the attention probabilities (masks are kept).",
                           panel=ACTIVATIONS, metavar="P")
     #: Dropout on the attention probabilities where it differs from ``dropout`` (Megatron ``--attention-dropout``
     #: beside ``--hidden-dropout``); None: the same as ``dropout``. Only an unfused attention kernel keeps its mask.

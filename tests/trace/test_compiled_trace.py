@@ -92,6 +92,13 @@ def test_gpt2_with_dropout_keeps_the_residual_masks(config_paths: dict[str, str]
     _agrees(config_paths["gpt2"], 80, "bf16-mixed", "sdpa", dropout=0.1)
 
 
+def test_llama_with_hidden_dropout_only_runs_no_dropout(config_paths: dict[str, str]) -> None:
+    """--dropout 0.1 --attention-dropout 0 on a Llama-style model: transformers' Llama code has no embedding or
+    residual dropout, so no dropout runs and the compiled rule prices the layer (it fell back to the eager terms
+    with three masks the trace does not keep)."""
+    _agrees(config_paths["llama"], 80, "bf16-mixed", "sdpa", dropout=0.1, attention_dropout=0.0)
+
+
 #: (config, micro-batch, precision, attention, held): whether Phi-3's saved v is a view of the fused q/k/v
 #: projection's output, keeping it whole (memplan.estimate.compiled._saved_v_holds_fused_qkv).
 FUSED_QKV_CELLS = (

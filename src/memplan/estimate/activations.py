@@ -38,7 +38,7 @@ from memplan.estimate.gpt_oss_terms import (
 from memplan.estimate.terms import Keep, Region, Term, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
-from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, MoESpec
+from memplan.model.spec import AttentionSpec, HiddenDropout, LayerSpec, MLPSpec, MoESpec
 
 #: Which recompute classes each recompute mode keeps in memory. ``ckpt_input``: a layer input only a
 #: checkpoint keeps (a frozen layer's input, which nothing else saves).
@@ -136,11 +136,24 @@ class ActivationShape:
     #: Dropout on the attention probabilities where it differs from ``dropout`` (``Job.attention_dropout``);
     #: None: as ``dropout``. Read through :attr:`drops_attention`.
     attention_dropout: bool | None = None
+    #: Where the running model code drops out hidden states when ``dropout`` (the model's family under
+    #: transformers' code, every site under Megatron's: :attr:`memplan.model.spec.ModelSpec.hidden_dropout`).
+    hidden_dropout_sites: HiddenDropout = "embedding-and-residual"
 
     @property
     def drops_attention(self) -> bool:
-        """Dropout on the attention probabilities (an unfused kernel keeps its mask and output)."""
+        """Dropout on the attention probabilities (an unfused kernel keeps its mask; see :func:`_attention_dropout_terms`)."""
         return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+    @property
+    def drops_residual(self) -> bool:
+        """Each block's output is dropped out before its residual add (a 1-byte mask per hidden element)."""
+        return self.dropout and self.hidden_dropout_sites != "none"
+
+    @property
+    def drops_embedding(self) -> bool:
+        """The embeddings are dropped out (a 1-byte mask per hidden element, kept by the embedding stage)."""
+        return self.dropout and self.hidden_dropout_sites == "embedding-and-residual"
 
     @property
     def local_tokens(self) -> int:
@@ -336,10 +349,8 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
                               "tp", "attn"))
     heads_scores = attn.num_heads * b * s * shape.kv_seq
     if shape.attention in UNFUSED_ATTENTION:
-        terms += _eager_core_terms(attn, shape, heads_scores)
-        if shape.drops_attention:
-            terms.append(Term("attention dropout mask", DROPOUT_MASK_BYTES * heads_scores, "tp", "core"))
-            terms.append(Term("attention dropout output", c * heads_scores, "tp", "core"))
+        core = _eager_core_terms(attn, shape, heads_scores)
+        terms += core + _attention_dropout_terms(core, shape, heads_scores)
     else:
         terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
         terms += _sdpa_mask_terms(attn, shape)
@@ -350,8 +361,25 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
                               c * tokens * attn.num_heads * attn.v_head_dim, "tp", "core", site="core"))
     terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn",
                       gemm_input=True, role=TermRole.OUTPUT_PROJECTION_INPUT))
-    if shape.dropout:
+    if shape.drops_residual:
         terms.append(Term("attention residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
+    return terms
+
+
+def _attention_dropout_terms(core: list[Term], shape: ActivationShape, heads_scores: int) -> list[Term]:
+    """Dropout on an unfused kernel's probabilities: its 1-byte mask, and its output where that is a tensor more.
+
+    The PV matmul saves the dropout output in place of its input. Where that input is a cast of the
+    softmax output (transformers' ``softmax(..., dtype=float32).to(query.dtype)`` below fp32, gpt-oss's cast
+    after the dropout), the cast is not kept: mask only. Where the PV matmul would have read the softmax
+    output itself, which its backward keeps anyway (fp32 compute, Megatron's fused softmax in the compute
+    dtype), the dropout output is extra (measured with ``memplan trace``, tests/trace/test_dropout_trace.py).
+    """
+    if not shape.drops_attention:
+        return []
+    terms = [Term("attention dropout mask", DROPOUT_MASK_BYTES * heads_scores, "tp", "core")]
+    if not any(t.role is TermRole.SOFTMAX_CAST for t in core):
+        terms.append(Term("attention dropout output", shape.act_bytes * heads_scores, "tp", "core"))
     return terms
 
 
@@ -587,7 +615,7 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
         terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body",
                           site=fc2_site, role=TermRole.GELU_NEW if prefix == "mlp" else other_role, tensors=3,
                           node_made=4 + (1 if shape.autocast else 2)))
-    if shape.dropout and prefix == "mlp":
+    if shape.drops_residual and prefix == "mlp":
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body",
                           role=TermRole.MLP_RESIDUAL_DROPOUT))
     return terms
@@ -652,7 +680,7 @@ def _moe_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
             terms.append(Term("shared expert output and its sigmoid gate (kept by their product)",
                               shape.act_bytes * tokens * (h + 1), "sp", "body",
                               site="" if shape.kernels == "eager" else "shared_experts"))
-    if shape.dropout:
+    if shape.drops_residual:
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * h, "sp", "body",
                           role=TermRole.MLP_RESIDUAL_DROPOUT))
     return terms

@@ -43,8 +43,9 @@ Not priced (the layer falls back to the eager terms and ``unmodelled_settings`` 
 attention, MoE with a gated shared expert (Qwen2-MoE) or a router bias (DeepSeek-V3), parallel-residual
 layers, tensor / context / expert parallelism, FP8, activation policies other than ``none``, fine-tuning,
 activation offloading, framework model code other than transformers' (torchtitan's own, Megatron's
-Transformer Engine layers) and dropout in Llama-style layers.
-Never priced: inductor's generated kernels' transients and workspaces, CUDA graphs, graph breaks.
+Transformer Engine layers) and dropout in Llama-style layers where it runs (on the attention probabilities, or
+Phi-3's residual dropout; Llama's own code has no hidden-state dropout, so ``--dropout`` with
+``--attention-dropout 0`` runs none). Never priced: inductor's generated kernels' transients and workspaces, CUDA graphs, graph breaks.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def uncovered_reason(layer: LayerSpec, shape: ActivationShape) -> str | None:
     family = _family(layer, shape)
     if family is None:
         return "a layer that is neither Llama-style (RMSNorm, RoPE, gated MLP) nor GPT-2-style (LayerNorm, plain MLP)"
-    if family == "llama" and (shape.dropout or shape.drops_attention):
+    if family == "llama" and (shape.drops_residual or shape.drops_attention):
         return "dropout in Llama-style layers"
     return None
 
@@ -184,7 +185,7 @@ def compiled_blocks(layer: LayerSpec, shape: ActivationShape) -> tuple[list[Term
                  Term("output projection output", c * tokens * h, "sp", "body")]
     rest = [Term("MLP norm statistics (fp32)", stats * tokens, "sp", "body"),
             Term("MLP norm output", c * tokens * h, "sp", "body")]
-    if gpt2 and shape.dropout:
+    if gpt2 and shape.drops_residual:
         rest += [Term("residual dropout masks (attention, MLP)", 2 * MASK_BYTES * tokens * h, "sp", "body")]
     post_norms = layer.num_hidden_norms - 2
     if post_norms > 0:  # Gemma 2: the post-norms' 1/rms and the MLP output they normalize

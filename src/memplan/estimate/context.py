@@ -155,6 +155,7 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         attention=sdpa_attention(code, job.attention, prec.act_bytes),
         dropout=job.dropout > 0,
         attention_dropout=None if job.attention_dropout is None else job.attention_dropout > 0,
+        hidden_dropout_sites="embedding-and-residual" if profile.own_hidden_dropout else model.hidden_dropout,
         kernels=profile.kernels,
         expert_tp=par.expert_tp,
         fp8=job.precision.fp8 is not None,

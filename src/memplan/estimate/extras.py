@@ -21,7 +21,7 @@ _FP32 = 4
 
 def embedding_activation_bytes(shape: ActivationShape) -> int:
     """Saved by the embedding stage per micro-batch: the embedding-dropout mask."""
-    if not shape.dropout:
+    if not shape.drops_embedding:
         return 0
     sbh = shape.seq * shape.micro_batch * shape.hidden
     return DROPOUT_MASK_BYTES * sbh // (shape.tp if shape.sequence_parallel else 1)

@@ -14,7 +14,7 @@ from memplan.estimate.recompute_modules import describe as describe_recompute
 from memplan.estimate.recompute_modules import term_site
 from memplan.frameworks.model_code import model_code, model_code_notes, sdpa_attention
 from memplan.frozen import frozen_dataclass
-from memplan.job import Job, MoEOptions
+from memplan.job import MoEOptions
 from memplan.model.attention_kinds import attention_kind
 from memplan.units import dtype_bytes
 
@@ -62,7 +62,7 @@ def run_notes(run: RunContext) -> list[str]:
     out += _attention_notes(run)
     out.append(policy_note(run))
     out += compile_note(run)
-    out.append(_dropout_note(job))
+    out.append(_dropout_note(run))
     if model.is_moe:
         moe = job.moe
         routing = "balanced routing" if moe.routed_token_factor == 1.0 else (
@@ -86,11 +86,18 @@ _NO_MOE_SETTINGS = MoEOptions()
 
 
 
-def _dropout_note(job: Job) -> str:
+#: What the model code lacks of the hidden-state dropout sites (:attr:`memplan.model.spec.ModelSpec.hidden_dropout`).
+_MISSING_SITES = {"residual": "no embedding dropout", "none": "no embedding or residual dropout"}
+
+
+def _dropout_note(run: RunContext) -> str:
+    job, sites = run.job, run.shape.hidden_dropout_sites
+    missing = (f"; {run.model.model_type}'s transformers code has {_MISSING_SITES[sites]}, so --dropout keeps no "
+               "mask there" if job.dropout > 0 and sites in _MISSING_SITES else "")
     if job.attention_dropout is None:
-        return "dropout masks kept (1 byte per element)" if job.dropout > 0 else "no dropout: no masks kept"
+        return ("dropout masks kept (1 byte per element)" + missing) if job.dropout > 0 else "no dropout: no masks kept"
     return (f"hidden-state dropout {job.dropout:g}, attention-probability dropout {job.attention_dropout:g}: a "
-            "1-byte mask kept for each above 0 (the attention's by an unfused kernel only)")
+            "1-byte mask kept for each above 0 (the attention's by an unfused kernel only)" + missing)
 
 def _dense_moe_settings(run: RunContext) -> list[str]:
     """The MoE settings a job gives that a dense model has no use for: said, not dropped silently."""
@@ -109,8 +116,10 @@ def _attention_notes(run: RunContext) -> list[str]:
     code = model_code(job)
     out = list(model_code_notes(code, job.attention, dtype_bytes(prec.compute), job.parallel.splits_sequence))
     if job.attention == "eager" and run.profile.kernels == "eager":
+        dropout = ("(with attention dropout its 1-byte mask, and the dropout output in place of the cast, or beside "
+                   "the softmax output where no cast runs)" if run.shape.drops_attention else "(and dropout mask/output)")
         out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
-                   "its cast to the compute dtype are kept (and dropout mask/output), GQA keys/values copied per query "
+                   f"its cast to the compute dtype are kept {dropout}, GQA keys/values copied per query "
                    "head (repeat_kv), soft-capped scores' tanh output where the model caps them")
     elif job.attention == "eager":
         out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")

@@ -52,9 +52,10 @@ def _gpt2(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     mlp = MLPSpec(intermediate_size=f.integer("n_inner", 4 * hidden), gated=False, bias=True,
                   activation=f.text("activation_function", "gelu_new"))
     layers = stack([(attn, mlp)] * f.integer("n_layer"))
+    # GPT2Model's ``drop`` (embd_pdrop), GPT2Attention's ``resid_dropout`` and GPT2MLP's ``dropout`` (resid_pdrop)
     return build_model(f, name, model_type, layers, tie_default=True, hidden=hidden, norm="layernorm",
                   norm_bias=True, position_embedding="learned",
-                  max_position_embeddings=f.integer("n_positions", 1024))
+                  max_position_embeddings=f.integer("n_positions", 1024), hidden_dropout="embedding-and-residual")
 
 
 def _gpt_neox(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
@@ -71,8 +72,9 @@ def _gpt_neox(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
                   activation=f.text("hidden_act", "gelu"))
     layers = stack([(attn, mlp)] * f.integer("num_hidden_layers"),
                     parallel_residual=f.flag("use_parallel_residual", True))
+    # GPTNeoXModel's ``emb_dropout``, the layer's ``post_attention_dropout`` and ``post_mlp_dropout`` (hidden_dropout)
     return build_model(f, name, model_type, layers, tie_default=False, hidden=hidden, norm="layernorm",
-                  norm_bias=True)
+                  norm_bias=True, hidden_dropout="embedding-and-residual")
 
 
 # --------------------------------------------------------------------------- MoE families

@@ -24,7 +24,7 @@ from memplan.model.hf_fields import (
     stack,
     with_window,
 )
-from memplan.model.spec import MLPSpec, ModelSpec
+from memplan.model.spec import HiddenDropout, MLPSpec, ModelSpec
 
 __all__ = ["DENSE_FAMILIES", "FAMILY_DEFAULTS", "DenseFamily", "build_dense", "gemma3_multimodal",
            "gemma3_vision_params"]
@@ -72,6 +72,9 @@ class DenseFamily:
     #: Layers without rotary embeddings (SmolLM3 ``no_rope_layers``: 0 marks a NoPE layer; when
     #: absent every ``no_rope_layer_interval``-th layer, default 4).
     nope_layers: bool = False
+    #: Where the modeling code drops out hidden states (:attr:`ModelSpec.hidden_dropout`): Phi-3's decoder
+    #: layer has ``resid_attn_dropout`` and ``resid_mlp_dropout`` (resid_pdrop); the others none.
+    hidden_dropout: HiddenDropout = "none"
 
 
 DENSE_FAMILIES: dict[str, DenseFamily] = {
@@ -95,7 +98,7 @@ DENSE_FAMILIES: dict[str, DenseFamily] = {
     "granite": DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias"),
     "smollm3": DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias",
                             window="nope", tie=True, nope_layers=True),
-    "phi3": DenseFamily(window="all", fused=True),
+    "phi3": DenseFamily(window="all", fused=True, hidden_dropout="residual"),
     # OLMo 2: post-norms only, q/k norms over the whole projections, the norm scales in fp32 before its cast
     "olmo2": DenseFamily(bias_key="attention_bias", out_bias_follows=True, qk_norm=True, qk_norm_per_head=False,
                           pre_norms=False, norm_fp32_scale=True),
@@ -116,7 +119,8 @@ def build_dense(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
         attn = replace(attn, qk_norm_per_head=False)
     if fam.fused:
         attn = replace(attn, fused_qkv=True)
-    extra: dict[str, Any] = {"norm_fp32_scale": fam.norm_fp32_scale, "rope_per_layer_type": fam.rope_per_layer_type}
+    extra: dict[str, Any] = {"norm_fp32_scale": fam.norm_fp32_scale, "rope_per_layer_type": fam.rope_per_layer_type,
+                             "hidden_dropout": fam.hidden_dropout}
     if fam.softcap:
         attn = replace(attn, logit_softcap=optional_number(f, "attn_logit_softcapping"))
         extra["final_logit_softcap"] = optional_number(f, "final_logit_softcapping")

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from memplan.bounds import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_MODEL_INT, check_at_most
 from memplan.errors import ModelConfigError
-from memplan.model.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, MoESpec
+from memplan.model.spec import AttentionSpec, HiddenDropout, LayerSpec, MLPSpec, ModelSpec, MoESpec
 
 __all__ = ["ConfigFields", "WindowRule", "build_model", "gqa", "layer_windows", "optional_number", "rope_layers", "stack",
            "with_window"]
@@ -139,7 +139,9 @@ def stack(kinds: Sequence[tuple[AttentionSpec, MLPSpec | MoESpec]], **layer_kw: 
 
 
 def build_model(f: ConfigFields, name: str, model_type: str, layers: tuple[LayerSpec, ...], *,
-           tie_default: bool, hidden: int, **kw: Any) -> ModelSpec:
+           tie_default: bool, hidden: int, hidden_dropout: HiddenDropout = "none", **kw: Any) -> ModelSpec:
+    """The spec of a family's transformers model; ``hidden_dropout``: where its modeling code drops out
+    hidden states (none unless the builder says: most families have ``attention_dropout`` only)."""
     windows = [layer.attention.sliding_window for layer in layers]
     return ModelSpec(
         name=name,
@@ -149,6 +151,7 @@ def build_model(f: ConfigFields, name: str, model_type: str, layers: tuple[Layer
         layers=layers,
         tie_word_embeddings=f.flag("tie_word_embeddings", tie_default),
         extra={"sliding_window_layers": sum(w is not None for w in windows)},
+        hidden_dropout=hidden_dropout,
         **kw,
     )
 

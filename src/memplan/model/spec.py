@@ -24,6 +24,9 @@ CLAMPED_SWIGLU = "clamped_swiglu"
 
 NormKind = Literal["rmsnorm", "layernorm"]
 PositionKind = Literal["rope", "learned", "none"]
+#: Where a model's code applies hidden-state dropout (``--dropout``): on the embeddings and on each
+#: block's output before its residual add, on the block outputs only, or nowhere.
+HiddenDropout = Literal["embedding-and-residual", "residual", "none"]
 
 
 def _positive(owner: str, name: str, value: int | None, *, allow_none: bool = False) -> None:
@@ -237,6 +240,13 @@ class ModelSpec:
     #: gpt-oss's experts, ``fp8`` ...; "" when not quantized). The parameters are priced in the job's
     #: dtypes, as loaded dequantized; the estimate says so where the method is one it knows.
     checkpoint_quantization: str = ""
+    #: Where transformers' modeling code of this family drops out hidden states: GPT-2 (``embd_pdrop``,
+    #: ``resid_pdrop``) and GPT-NeoX (``hidden_dropout``) on the embeddings and both block outputs;
+    #: Phi-3 on the block outputs only (``resid_pdrop``; no module reads its ``embd_pdrop``); the
+    #: Llama-style families nowhere (their configs have ``attention_dropout`` only). The default is
+    #: Megatron's GPTModel (embedding dropout, bias-dropout-add), which a framework building its own
+    #: layers applies whatever the family (``FrameworkProfile.own_hidden_dropout``).
+    hidden_dropout: HiddenDropout = "embedding-and-residual"
     #: Layers of the layer list that are global attention vs sliding-window: informational.
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 

@@ -81,6 +81,11 @@ class FrameworkProfile:
     #: Korthikanti et al.'s accounting) or ``eager`` (PyTorch reference modules as in HF
     #: transformers: RMSNorm saves an fp32 copy of its input, SwiGLU saves gate, up and product).
     kernels: KernelStyle = "fused"
+    #: The framework builds its own layers, which drop out the embeddings and each block's output
+    #: whatever the model's family (Megatron's GPTModel: the embedding's ``embedding_dropout`` and
+    #: ``bias_dropout_add`` after attention and MLP, ``--hidden-dropout``). False: the model's own
+    #: transformers code runs, with the sites its family has (:attr:`memplan.model.spec.ModelSpec.hidden_dropout`).
+    own_hidden_dropout: bool = False
     #: DDP keeps gradients in separate bucket buffers (``gradient_as_bucket_view=False``, the
     #: PyTorch default): one extra gradient-sized copy when DP > 1.
     ddp_bucket_copy: bool = False
@@ -248,6 +253,7 @@ MEGATRON = FrameworkProfile(
     default_loss="vocab-parallel",
     vocab_divisible_by=128,
     kernels="fused",
+    own_hidden_dropout=True,
     workspace_bytes=TORCH_CUBLAS_WORKSPACE_THREADS * TORCH_CUBLAS_WORKSPACE_BYTES + TE_CUBLAS_WORKSPACE_BYTES,
     offload_moves_gradients=False,
     moe_probs_at="experts",
