@@ -66,3 +66,22 @@ def test_eager_dropout_output_replaces_the_cast_and_is_extra_without_one() -> No
     assert _core_names(4, "eager") == {"attention dropout mask", "attention dropout output"}  # fp32: no cast
     # Megatron's fused softmax writes the compute dtype, which its backward keeps: the dropout output is extra
     assert _core_names(2, "fused") == {"attention dropout mask", "attention dropout output"}
+
+
+def test_gpt2_eager_softmax_is_fp32_under_autocast_only() -> None:
+    """GPT-2's ``eager_attention_forward`` calls ``softmax(attn_weights)`` (no ``dtype=torch.float32``): in
+    pure 16-bit the softmax output is 16-bit and the PV matmul reads it uncast; autocast's fp32 list makes it fp32."""
+    gpt2 = load_model("gpt2")
+    assert gpt2.layers[0].attention.softmax_in_scores_dtype
+    assert not load_model("llama-3.2-1b").layers[0].attention.softmax_in_scores_dtype
+    shape = ActivationShape(seq=64, kv_seq=64, micro_batch=1, hidden=gpt2.hidden_size, tp=1, sequence_parallel=False,
+                            act_bytes=2, residual_bytes=2, attention="eager", dropout=False, kernels="eager",
+                            norm="layernorm", rope=False)
+    scores = gpt2.layers[0].attention.num_heads * 64 * 64
+
+    def core(s: ActivationShape) -> dict[str, int]:
+        return {t.name: t.bytes for t in layer_terms(gpt2.layers[0], s) if t.keep == "core"}
+
+    assert core(shape) == {"softmax output": 2 * scores}
+    assert set(core(replace(shape, autocast_ops=True))) == {"softmax output (fp32)",
+                                                           "softmax output cast to the compute dtype (PV matmul input)"}

@@ -109,6 +109,9 @@ class ActivationShape:
     norm: str = "rmsnorm"
     #: fp32 weights under ``torch.autocast``: every linear casts (and saves) its own 16-bit input.
     autocast: bool = False
+    #: The forward runs under ``torch.autocast`` (the profile realises ``*-mixed`` by it), also where the
+    #: weights are 16-bit already (a 16-bit frozen base): autocast's fp32 ops (softmax) run in fp32.
+    autocast_ops: bool = False
     #: Bytes per element of the routed experts' activations (0: ``act_bytes``). HF's grouped
     #: experts (transformers ``integrations/moe.py`` ``_grouped_mm``) are not autocast ops: they
     #: cast the input to the weights' dtype, so under autocast they run in fp32.
@@ -389,7 +392,8 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
     Fused kernels (Megatron's scale-mask-softmax) keep the softmax output in the compute dtype.
     transformers' ``eager_attention_forward`` (``kernels="eager"``) instead runs
     ``softmax(scores, dtype=float32).to(query.dtype)``: softmax saves its fp32 output and the PV
-    matmul the cast copy (none when the compute dtype is fp32); Gemma 2's soft-capping
+    matmul the cast copy (none when the compute dtype is fp32; GPT-2's softmax runs in the scores' dtype,
+    :attr:`AttentionSpec.softmax_in_scores_dtype`: fp32 and cast under autocast only); Gemma 2's soft-capping
     ``tanh(scores / cap) * cap`` saves the tanh output; and ``repeat_kv`` copies grouped keys and
     values to every query head before the two matmuls, which save the copies.
     """
@@ -399,9 +403,11 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
     if attn.sinks:  # gpt-oss: the softmax runs over a sink column too, in the weights' dtype
         terms = sink_softmax_terms(attn, shape, SOFTMAX_CAST)
     else:
-        terms = [Term("softmax output (fp32)", EAGER_SOFTMAX_BYTES * heads_scores, "tp", "core",
-                      role=TermRole.SOFTMAX_FP32)]
-        if c < EAGER_SOFTMAX_BYTES:
+        soft = _eager_softmax_bytes(attn, shape)
+        terms = [Term("softmax output (fp32)", soft * heads_scores, "tp", "core", role=TermRole.SOFTMAX_FP32)
+                 if soft == EAGER_SOFTMAX_BYTES else
+                 Term("softmax output", soft * heads_scores, "tp", "core", role=TermRole.SOFTMAX)]
+        if c < soft:
             terms.append(Term(SOFTMAX_CAST, c * heads_scores, "tp", "core", role=TermRole.SOFTMAX_CAST))
     if attn.logit_softcap is not None:
         terms.append(Term("soft-capped scores (tanh output)", c * heads_scores, "tp", "core",
@@ -414,6 +420,15 @@ def _eager_core_terms(attn: AttentionSpec, shape: ActivationShape, heads_scores:
         role = TermRole.REPEATED_KV if width > attn.head_dim else TermRole.KEYS_CAST
         terms.append(Term(name, c * tokens * extra_heads * width, "tp", "core", role=role))
     return terms
+
+
+def _eager_softmax_bytes(attn: AttentionSpec, shape: ActivationShape) -> int:
+    """Bytes per element eager attention's softmax (and its backward's gradients) runs in: the promotion of the
+    scores with gpt-oss's sinks, the scores' dtype in GPT-2's code outside autocast
+    (:attr:`AttentionSpec.softmax_in_scores_dtype`), else fp32 (``softmax(..., dtype=torch.float32)``)."""
+    if attn.sinks:
+        return sink_softmax_bytes(shape)
+    return shape.act_bytes if attn.softmax_in_scores_dtype and not shape.autocast_ops else EAGER_SOFTMAX_BYTES
 
 
 def _repeated_kv_width(attn: AttentionSpec, shape: ActivationShape) -> int:
@@ -816,11 +831,11 @@ def eager_core_roles(layer: LayerSpec, shape: ActivationShape) -> set[TermRole]:
 
 def softmax_gradient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     """What an eager softmax backward holds (one rank): two gradients of the probabilities, the one coming
-    from the ``.to(dtype)`` cast and the one it produces; in fp32, except gpt-oss's sink softmax, which runs
-    in the weights' dtype (16-bit in pure bf16)."""
+    from the ``.to(dtype)`` cast and the one it produces; in the softmax's dtype (:func:`_eager_softmax_bytes`):
+    fp32, except gpt-oss's sink softmax (the weights' dtype, 16-bit in pure bf16) and GPT-2's outside autocast."""
     attn = layer.attention
     heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
-    softmax_bytes = sink_softmax_bytes(shape) if attn.sinks else EAGER_SOFTMAX_BYTES
+    softmax_bytes = _eager_softmax_bytes(attn, shape)
     return divided(Term("softmax gradients", 2 * softmax_bytes * heads_scores, "tp", "core"), shape)
 
 

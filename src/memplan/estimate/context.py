@@ -164,6 +164,7 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         ep=par.ep,
         norm=model.norm,
         autocast=prec.weight_copies == "autocast" and not base16,
+        autocast_ops=prec.weight_copies == "autocast",
         expert_bytes=prec.act_bytes if base16 else _expert_bytes(profile, prec),
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",

@@ -118,8 +118,12 @@ def _attention_notes(run: RunContext) -> list[str]:
     if job.attention == "eager" and run.profile.kernels == "eager":
         dropout = ("(with attention dropout its 1-byte mask, and the dropout output in place of the cast, or beside "
                    "the softmax output where no cast runs)" if run.shape.drops_attention else "(and dropout mask/output)")
-        out.append("eager attention (transformers eager_attention_forward): per head the fp32 s x s softmax output and "
-                   f"its cast to the compute dtype are kept {dropout}, GQA keys/values copied per query "
+        uncast = run.model.layers[0].attention.softmax_in_scores_dtype and not run.shape.autocast_ops
+        softmax = ("the s x s softmax output in the compute dtype (this model's softmax runs in the scores' dtype, "
+                   "fp32 under autocast only) is" if uncast else
+                   "the fp32 s x s softmax output and its cast to the compute dtype are")
+        out.append(f"eager attention (transformers eager_attention_forward): per head {softmax} "
+                   f"kept {dropout}, GQA keys/values copied per query "
                    "head (repeat_kv), soft-capped scores' tanh output where the model caps them")
     elif job.attention == "eager":
         out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")

@@ -49,7 +49,8 @@ class TermRole(Enum):
     #: The output projection's input: reserved_backward, reserved_mlp_backward, activations' backward transient,
     #: partial_freeze.
     OUTPUT_PROJECTION_INPUT = auto()
-    #: A fused kernel's softmax output: activations' backward transient (the eager core).
+    #: A softmax output in the compute dtype (a fused kernel's; GPT-2's eager softmax outside autocast):
+    #: activations' backward transient (the eager core).
     SOFTMAX = auto()
     #: Eager softmax's fp32 output: reserved_mlp_backward (its slot), activations' backward transient.
     SOFTMAX_FP32 = auto()

@@ -48,7 +48,8 @@ def _gpt2(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     if hidden % heads:
         raise ModelConfigError("n_head", f"must divide n_embd={hidden}", heads)
     attn = AttentionSpec(num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
-                         v_head_dim=hidden // heads, qkv_bias=True, out_bias=True, fused_qkv=True)
+                         v_head_dim=hidden // heads, qkv_bias=True, out_bias=True, fused_qkv=True,
+                         softmax_in_scores_dtype=True)
     mlp = MLPSpec(intermediate_size=f.integer("n_inner", 4 * hidden), gated=False, bias=True,
                   activation=f.text("activation_function", "gelu_new"))
     layers = stack([(attn, mlp)] * f.integer("n_layer"))

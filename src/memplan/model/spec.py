@@ -81,6 +81,10 @@ class AttentionSpec:
     #: A learned logit per query head joins each row of scores before the softmax and is dropped
     #: after it (gpt-oss ``self_attn.sinks``, ``num_heads`` parameters): "attention sinks".
     sinks: bool = False
+    #: Eager attention's softmax runs in the scores' dtype (GPT-2's ``eager_attention_forward``:
+    #: ``softmax(attn_weights)`` then ``.type(value.dtype)``), so in fp32 only under autocast, whose fp32 list
+    #: has softmax. False: transformers' ``softmax(..., dtype=torch.float32).to(query.dtype)``, fp32 always.
+    softmax_in_scores_dtype: bool = False
 
     @property
     def qk_norm_widths(self) -> tuple[int, int]:
