@@ -8,7 +8,7 @@ trace of a ``--fsdp`` job shows (``memplan trace --fsdp N``, events by stream):
   the all-gather input (the rank's shard in the compute dtype), freed once copied in, and output (the
   unit's unsharded parameters in the compute dtype), freed after the copy-out (below);
 - the default stream: the unsharded parameters copied out of the all-gather (the root's kept from
-  its forward to the end of the backward, a block's freed after its forward and its backward), and
+  its forward to its reshard in its post-backward, a block's freed after its forward and its backward), and
   a block's unsharded gradients in the compute dtype until its reduce-scatter;
 - its reduce-scatter stream: the reduce-scatter output, the rank's sharded gradients in the reduce
   dtype, alive until the optimizer step's ``zero_grad``.
@@ -33,8 +33,14 @@ next units' all-gathers before the current unit computes, so their outputs live 
 
 The root unit's gradients are made apart: the head's weight gradient (unsharded, compute dtype) at the
 start of the backward, kept until the root's reduce-scatter at its end; there the embedding's gradient
-(and, for tied embeddings, their sum as a third tensor) and the reduce-scatter's input (the root's
-unsharded gradients in the reduce dtype) come beside it.
+(and, for tied embeddings, their sum as a third tensor) comes beside it, and then in torch's order
+(``FSDPParamGroup.post_backward``, ``foreach_reduce``): the root's unsharded parameters freed (its reshard
+comes before the reduce), the reduce-scatter's input (the root's unsharded gradients in the reduce dtype)
+made, the gradients freed once copied in, the output made on the reduce-scatter stream; the input is held
+(``reduce_scatter_states``) to the end of the backward.
+
+Not modelled: a block's post-backward in that order (the schedule frees its unsharded parameters after its
+backward and makes no reduce-scatter input for it: its gradients go straight to the sharded output).
 
 The sizes come from the estimate's own totals (its sharded parameters and gradients, spread over the
 units' tensors in proportion to their numel), so the schedule is the estimate's, not the trace's.

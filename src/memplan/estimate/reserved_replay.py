@@ -154,17 +154,19 @@ class Replay:
         self.give(*outputs)
         return params
 
-    def root_gradients(self, fsdp: FsdpSizes, head: Block | None) -> list[Block | None]:
-        """The root unit's gradients at the end of an FSDP2 backward (:mod:`memplan.estimate.reserved_fsdp`):
-        the embedding's beside the head's (``head``), their sum when tied, the reduce-scatter's input
-        in the reduce dtype, then its output on the reduce-scatter stream; the rest freed."""
+    def root_gradients(self, fsdp: FsdpSizes, head: Block | None, params: Sequence[Block | None]) -> list[Block | None]:
+        """The root unit's post-backward at the end of an FSDP2 backward, in torch's order
+        (``FSDPParamGroup.post_backward``, ``foreach_reduce``; :mod:`memplan.estimate.reserved_fsdp`): the embedding's
+        gradient beside the head's (``head``), their sum when tied; the root's unsharded parameters (``params``)
+        freed (its reshard); the reduce-scatter's input in the reduce dtype; the gradients freed once copied in,
+        then its output on the reduce-scatter stream (the input freed with the backward's end, by the caller)."""
         made = [head, self.take(fsdp.head)]
         if fsdp.tied:
             made.append(self.take(fsdp.head))
-        made.append(self.take(sum(fsdp.sharded_grads[0]) * fsdp.shards))
-        sharded = self.take_all(fsdp.sharded_grads[0], REDUCE_SCATTER_STREAM)
+        self.give(*params)
+        staged = self.take(sum(fsdp.sharded_grads[0]) * fsdp.shards)
         self.give(*made)
-        return sharded
+        return [staged, *self.take_all(fsdp.sharded_grads[0], REDUCE_SCATTER_STREAM)]
 
     def gradients(self, fsdp: FsdpSizes | None, grads: list[int], unit: int) -> list[Block | None]:
         """The gradients of ``unit`` made in its backward: under FSDP2 the unsharded ones until the

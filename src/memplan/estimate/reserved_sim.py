@@ -245,7 +245,9 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         alive, summed = finish_root(replay, root_grads, head)
         grads.append(alive)
     elif pieces.made_in_backward:
-        grads.append(replay.root_gradients(fsdp, head))
+        staged, *sharded = replay.root_gradients(fsdp, head, root)
+        grads.append(sharded)
+        root = [staged]
     replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
     replay.give(*summed)
