@@ -39,6 +39,17 @@ comes before the reduce), the reduce-scatter's input (the root's unsharded gradi
 made, the gradients freed once copied in, the output made on the reduce-scatter stream; the input is held
 (``reduce_scatter_states``) to the end of the backward.
 
+torchtitan's outer units (``FrameworkProfile.fsdp_outer_units``, untied, no pipeline: the ledger's
+:func:`~memplan.estimate.stage_peak.head_unit`; ``memplan trace --framework torchtitan`` wraps them so): the
+embedding is a unit (unit 0) and the final norm and head another (the last), ``reshard_after_forward=False``;
+the root holds no parameters. The embedding's unit reshards after its forward; the head's is gathered after the
+blocks, its copy-out frees the last block's output and its own output is freed as the root's forward ends,
+before the loss (torchtitan computes it outside the model); its pre-backward hook fires once the logits'
+gradient is made, after the loss's backward, and prefetches the last block; its post-backward (reshard, then
+reduce-scatter) comes after its gradients, its reduce-scatter input held through the last block's backward
+(``reduce_scatter_states``, one buffer); the first block prefetches the embedding's unit, whose copy-out frees
+that output, and whose post-backward ends the backward.
+
 Not modelled: a block's post-backward in that order (the schedule frees its unsharded parameters after its
 backward and makes no reduce-scatter input for it: its gradients go straight to the sharded output).
 
@@ -73,21 +84,32 @@ class FsdpSizes:
     tied: bool = False
     #: The ranks a unit is sharded over.
     shards: int = 1
+    #: Whether the final norm and head are a unit apart from the embedding's (torchtitan's outer units): then
+    #: unit 0 is the embedding's and the head's is the last one, after the blocks'.
+    outer: bool = False
 
 
 def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
-               spread: Callable[[int, list[list[int]]], list[list[int]]]) -> FsdpSizes | None:
-    """The FSDP2 sizes of the stage's schedule, or None when the job does not run FSDP2."""
+               spread: Callable[[int, list[list[int]]], list[list[int]]],
+               head: int | None) -> FsdpSizes | None:
+    """The FSDP2 sizes of the stage's schedule, or None when the job does not run FSDP2 (``head``: the
+    numel of the head unit when the final norm and head are a unit apart from the embedding,
+    :func:`~memplan.estimate.stage_peak.head_unit`)."""
     job, prec = ctx.run.job, ctx.run.prec
     if job.sharding.fsdp == "none" or not ctx.run.profile.torch_optimizer:
         return None
     compute = dtype_bytes(prec.compute)
+    # torchtitan's outer units (the ledger's head_unit): the embedding (the root's first tensor) apart
+    outer = bool(head) and ctx.layout.has_embedding and len(units[0]) > 1
+    if outer:
+        units = [list(units[0][:1]), *units[1:], list(units[0][1:])]
     sharded_params = spread(ledger.total(PARAMETERS), units)
     param_bytes = max(prec.param_bytes, 1)
     gather_input = [sum(unit) * compute // param_bytes for unit in sharded_params]
     # ``units`` are the tensors' numels on one rank (reserved_sizes.stage_units): already split by TP
     unsharded = [[n * compute for n in unit] for unit in units]
     grads = spread(ledger.total(GRADIENTS, "end of backward"), units)
-    head = max(unsharded[0], default=0) if ctx.layout.has_head else 0
+    head = max(unsharded[-1 if outer else 0], default=0) if ctx.layout.has_head else 0
     shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1
-    return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1))
+    return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1),
+                     outer)

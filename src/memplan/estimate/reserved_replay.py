@@ -155,18 +155,46 @@ class Replay:
         return params
 
     def root_gradients(self, fsdp: FsdpSizes, head: Block | None, params: Sequence[Block | None]) -> list[Block | None]:
-        """The root unit's post-backward at the end of an FSDP2 backward, in torch's order
-        (``FSDPParamGroup.post_backward``, ``foreach_reduce``; :mod:`memplan.estimate.reserved_fsdp`): the embedding's
-        gradient beside the head's (``head``), their sum when tied; the root's unsharded parameters (``params``)
-        freed (its reshard); the reduce-scatter's input in the reduce dtype; the gradients freed once copied in,
-        then its output on the reduce-scatter stream (the input freed with the backward's end, by the caller)."""
-        made = [head, self.take(fsdp.head)]
+        """The root unit's gradients at the end of an FSDP2 backward (:mod:`memplan.estimate.reserved_fsdp`):
+        the embedding's beside the head's (``head``), their sum when tied, then the unit's post-backward
+        (:meth:`post_backward`); under torchtitan's outer units the embedding's unit alone, its gradients
+        made after its copy-out."""
+        made = [head, self.take(fsdp.head)] if not fsdp.outer else self.take_all(fsdp.unsharded[0])
         if fsdp.tied:
             made.append(self.take(fsdp.head))
+        return self.post_backward(fsdp, 0, made, params)
+
+    def head_forward(self, fsdp: FsdpSizes, held: Sequence[Block | None]) -> list[Block | None]:
+        """The forward of torchtitan's head unit (:mod:`memplan.estimate.reserved_fsdp`): its all-gather, its
+        copy-out freeing the last block's output (``held``), its own output freed as the root's forward ends,
+        before the loss (computed outside the model). Returns its unsharded parameters (kept to its
+        post-backward)."""
+        output = self.all_gather(fsdp, len(fsdp.unsharded) - 1)
+        params = self.copy_out(fsdp, len(fsdp.unsharded) - 1, *held)
+        self.give(output)
+        return params
+
+    def head_backward(self, fsdp: FsdpSizes, grads: Sequence[Block | None],
+                      params: Sequence[Block | None]) -> list[Block | None]:
+        """The post-backward of torchtitan's head unit: :meth:`post_backward` when its gradients (``grads``)
+        are made in the backward, else its reshard alone. Returns the reduce-scatter's input (None: none) and
+        output."""
+        if not grads:
+            self.give(*params)
+            return [None]
+        return self.post_backward(fsdp, len(fsdp.unsharded) - 1, grads, params)
+
+    def post_backward(self, fsdp: FsdpSizes, unit: int, grads: Sequence[Block | None],
+                      params: Sequence[Block | None]) -> list[Block | None]:
+        """An outer unit's post-backward in torch's order (``FSDPParamGroup.post_backward``,
+        ``foreach_reduce``): its unsharded parameters (``params``) freed (its reshard); the reduce-scatter's
+        input in the reduce dtype; the gradients (``grads``) freed once copied in, then its output on the
+        reduce-scatter stream. Returns the input (the caller frees it) and the output (the sharded
+        gradients)."""
         self.give(*params)
-        staged = self.take(sum(fsdp.sharded_grads[0]) * fsdp.shards)
-        self.give(*made)
-        return [staged, *self.take_all(fsdp.sharded_grads[0], REDUCE_SCATTER_STREAM)]
+        staged = self.take(sum(fsdp.sharded_grads[unit]) * fsdp.shards)
+        self.give(*grads)
+        return [staged, *self.take_all(fsdp.sharded_grads[unit], REDUCE_SCATTER_STREAM)]
 
     def gradients(self, fsdp: FsdpSizes | None, grads: list[int], unit: int) -> list[Block | None]:
         """The gradients of ``unit`` made in its backward: under FSDP2 the unsharded ones until the

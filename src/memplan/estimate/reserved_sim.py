@@ -64,7 +64,7 @@ from memplan.estimate.ledger import (
     Ledger,
 )
 from memplan.estimate.stage_activations import StageActivations
-from memplan.estimate.stage_peak import LossPart
+from memplan.estimate.stage_peak import LossPart, head_unit
 
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
@@ -103,7 +103,7 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
         # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
         cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
             [] for _ in layers]
-    fsdp = fsdp_sizes(ctx, ledger, units, spread)
+    fsdp = fsdp_sizes(ctx, ledger, units, spread, head_unit(ctx))
     moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     if not moments.states_in_step:
@@ -217,8 +217,13 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
     output = replay.all_gather(fsdp, 0)
     root = replay.copy_out(fsdp, 0)
+    outer = fsdp is not None and fsdp.outer
+    if outer:  # the embedding's unit reshards after its forward (reserved_fsdp)
+        replay.give(*root)
     saved, output_held = forward_pass(ctx, walk, replay, (copies, pieces.cached), fsdp, pieces.keys,
                                       [] if output is None else [output])
+    if outer:
+        root, output_held = replay.head_forward(fsdp, output_held), []
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
     prefetched: list[Block | None] = []
@@ -231,23 +236,37 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
             prefetched.append(replay.all_gather(fsdp, last))
 
     logits_grad = schedule_loss(ctx, ledger, loss, replay, check,
-                                ([b for blocks in saved for b in blocks[2]] + output_held, ahead))
+                                ([b for blocks in saved for b in blocks[2]] + output_held,
+                                 (lambda: None) if outer else ahead))
+    if outer:  # the head unit's pre-backward prefetches, once the logits' gradient is made (reserved_fsdp)
+        ahead()
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
-    head = None
-    if pieces.made_in_backward:
+    head, made = None, []
+    if pieces.made_in_backward and outer:  # the head unit's gradients (final norm and head)
+        made = replay.take_all(fsdp.unsharded[-1])
+    elif pieces.made_in_backward:
         head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
     replay.give(logits_grad)
+    staged: Block | None = None
+    if outer:
+        staged, *sharded = replay.head_backward(fsdp, made, root)
+        grads.append(sharded)
+        root = []
     grads += backward_pass(ctx, walk, replay, saved, pieces.grads if pieces.made_in_backward else None, plan, check,
-                           pieces.keys, prefetched)
+                           pieces.keys, (prefetched, [staged]))
     summed: list[Block | None] = []
     if pieces.made_in_backward and fsdp is None:
         alive, summed = finish_root(replay, root_grads, head)
         grads.append(alive)
     elif pieces.made_in_backward:
+        if outer:  # the embedding's backward: its copy-out frees the output the first layer prefetched
+            root = replay.copy_out(fsdp, 0, *prefetched)
         staged, *sharded = replay.root_gradients(fsdp, head, root)
         grads.append(sharded)
         root = [staged]
+    elif outer:
+        replay.give(*replay.copy_out(fsdp, 0, *prefetched))
     replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
     replay.give(*summed)
