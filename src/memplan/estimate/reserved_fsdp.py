@@ -50,6 +50,11 @@ reduce-scatter) comes after its gradients, its reduce-scatter input held through
 (``reduce_scatter_states``, one buffer); the first block prefetches the embedding's unit, whose copy-out frees
 that output, and whose post-backward ends the backward.
 
+Under fine-tuning (PEFT adapters, trained modules) FSDP2 makes, reduce-scatters and keeps gradients only for the
+parameters that require them (``FSDPParamGroup.post_backward`` collects those with a ``grad``; a unit with none
+only reshards): the unsharded gradients are the trainable tensors' in the compute dtype, the root's all made at
+its post-backward.
+
 Not modelled: a block's post-backward in that order (the schedule frees its unsharded parameters after its
 backward and makes no reduce-scatter input for it: its gradients go straight to the sharded output).
 
@@ -84,6 +89,10 @@ class FsdpSizes:
     tied: bool = False
     #: The ranks a unit is sharded over.
     shards: int = 1
+    #: Under fine-tuning (only some tensors train): the factors (numerator, denominator) that turn a trainable
+    #: tensor's sharded gradient into its unsharded one in the compute dtype (FSDP2 makes and reduces gradients
+    #: only for the parameters that require them); None when every tensor trains.
+    grad_scale: tuple[int, int] | None = None
     #: Whether the final norm and head are a unit apart from the embedding's (torchtitan's outer units): then
     #: unit 0 is the embedding's and the head's is the last one, after the blocks'.
     outer: bool = False
@@ -91,10 +100,10 @@ class FsdpSizes:
 
 def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
                spread: Callable[[int, list[list[int]]], list[list[int]]],
-               head: int | None) -> FsdpSizes | None:
+               head: int | None, finetune: bool = False) -> FsdpSizes | None:
     """The FSDP2 sizes of the stage's schedule, or None when the job does not run FSDP2 (``head``: the
     numel of the head unit when the final norm and head are a unit apart from the embedding,
-    :func:`~memplan.estimate.stage_peak.head_unit`)."""
+    :func:`~memplan.estimate.stage_peak.head_unit`; ``finetune``: only some tensors train)."""
     job, prec = ctx.run.job, ctx.run.prec
     if job.sharding.fsdp == "none" or not ctx.run.profile.torch_optimizer:
         return None
@@ -111,5 +120,6 @@ def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
     grads = spread(ledger.total(GRADIENTS, "end of backward"), units)
     head = max(unsharded[-1 if outer else 0], default=0) if ctx.layout.has_head else 0
     shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1
+    scale = (max(shards, 1) * compute, max(prec.grad_bytes, 1)) if finetune else None
     return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1),
-                     outer)
+                     scale, outer)

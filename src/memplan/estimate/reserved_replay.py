@@ -154,11 +154,16 @@ class Replay:
         self.give(*outputs)
         return params
 
-    def root_gradients(self, fsdp: FsdpSizes, head: Block | None, params: Sequence[Block | None]) -> list[Block | None]:
+    def root_gradients(self, fsdp: FsdpSizes, head: Block | None, params: Sequence[Block | None],
+                       trained: Sequence[int] = ()) -> list[Block | None]:
         """The root unit's gradients at the end of an FSDP2 backward (:mod:`memplan.estimate.reserved_fsdp`):
         the embedding's beside the head's (``head``), their sum when tied, then the unit's post-backward
         (:meth:`post_backward`); under torchtitan's outer units the embedding's unit alone, its gradients
-        made after its copy-out."""
+        made after its copy-out; under fine-tuning the gradients of its trainable tensors alone (``trained``:
+        their sharded sizes), all made there."""
+        if fsdp.grad_scale is not None:
+            return self.post_backward(fsdp, 0, self.take_all(_unsharded(fsdp.grad_scale, trained)), params,
+                                      trained)
         made = [head, self.take(fsdp.head)] if not fsdp.outer else self.take_all(fsdp.unsharded[0])
         if fsdp.tied:
             made.append(self.take(fsdp.head))
@@ -185,22 +190,30 @@ class Replay:
         return self.post_backward(fsdp, len(fsdp.unsharded) - 1, grads, params)
 
     def post_backward(self, fsdp: FsdpSizes, unit: int, grads: Sequence[Block | None],
-                      params: Sequence[Block | None]) -> list[Block | None]:
+                      params: Sequence[Block | None], sharded: Sequence[int] | None = None) -> list[Block | None]:
         """An outer unit's post-backward in torch's order (``FSDPParamGroup.post_backward``,
         ``foreach_reduce``): its unsharded parameters (``params``) freed (its reshard); the reduce-scatter's
         input in the reduce dtype; the gradients (``grads``) freed once copied in, then its output on the
         reduce-scatter stream. Returns the input (the caller frees it) and the output (the sharded
         gradients)."""
         self.give(*params)
-        staged = self.take(sum(fsdp.sharded_grads[unit]) * fsdp.shards)
+        sharded = fsdp.sharded_grads[unit] if sharded is None else sharded
+        if not grads:  # no parameter of the unit has a gradient: its reshard alone
+            return [None]
+        staged = self.take(sum(sharded) * fsdp.shards)
         self.give(*grads)
-        return [staged, *self.take_all(fsdp.sharded_grads[unit], REDUCE_SCATTER_STREAM)]
+        return [staged, *self.take_all(sharded, REDUCE_SCATTER_STREAM)]
 
     def gradients(self, fsdp: FsdpSizes | None, grads: list[int], unit: int) -> list[Block | None]:
         """The gradients of ``unit`` made in its backward: under FSDP2 the unsharded ones until the
         reduce-scatter, whose output (the sharded gradients) lives on the reduce-scatter stream."""
         if fsdp is None:
             return self.take_all(grads)
+        if fsdp.grad_scale is not None:  # fine-tuning: the trainable tensors' alone (``grads``: sharded)
+            unsharded = self.take_all(_unsharded(fsdp.grad_scale, grads))
+            sharded = self.take_all(grads, REDUCE_SCATTER_STREAM)
+            self.give(*unsharded)
+            return sharded
         unsharded = self.take_all(fsdp.unsharded[unit])
         sharded = self.take_all(fsdp.sharded_grads[unit], REDUCE_SCATTER_STREAM)
         self.give(*unsharded)
@@ -358,3 +371,9 @@ class Replay:
         kept_outside = [b for blocks in result for b in blocks if b is not None and b < start]
         copyable = not kept_outside and all(index >= 0 for index in template.outside[1::2])
         return (template if copyable and len(self.moments) == moments else None), result
+
+
+def _unsharded(scale: tuple[int, int], sharded: Sequence[int]) -> list[int]:
+    """The unsharded gradients in the compute dtype of trainable tensors of ``sharded`` gradients
+    (:attr:`FsdpSizes.grad_scale <memplan.estimate.reserved_fsdp.FsdpSizes>`)."""
+    return [size * scale[0] // scale[1] for size in sharded]

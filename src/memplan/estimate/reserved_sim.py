@@ -103,7 +103,7 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
         # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
         cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
             [] for _ in layers]
-    fsdp = fsdp_sizes(ctx, ledger, units, spread, head_unit(ctx))
+    fsdp = fsdp_sizes(ctx, ledger, units, spread, head_unit(ctx), trained is not None)
     moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     if not moments.states_in_step:
@@ -243,7 +243,9 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
     head, made = None, []
-    if pieces.made_in_backward and outer:  # the head unit's gradients (final norm and head)
+    if fsdp is not None and fsdp.grad_scale is not None:
+        pass  # fine-tuning: the root's trainable tensors' gradients made at its post-backward (root_gradients)
+    elif pieces.made_in_backward and outer:  # the head unit's gradients (final norm and head)
         made = replay.take_all(fsdp.unsharded[-1])
     elif pieces.made_in_backward:
         head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
@@ -262,7 +264,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     elif pieces.made_in_backward:
         if outer:  # the embedding's backward: its copy-out frees the output the first layer prefetched
             root = replay.copy_out(fsdp, 0, *prefetched)
-        staged, *sharded = replay.root_gradients(fsdp, head, root)
+        staged, *sharded = replay.root_gradients(fsdp, head, root, pieces.grads[0])
         grads.append(sharded)
         root = [staged]
     elif outer:
