@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,18 +32,25 @@ def _labelled(events: list[tuple[bool, int]]) -> list[str]:
     return [("+" if made else "-") + str(ranks[size]) for made, size in events]
 
 
-def _scheduled(config: str) -> list[str]:
-    ops: list[int] = []
+def _replayed(config: str, flags: dict[str, object]) -> tuple[list[reserved_replay.Replay], Any]:
+    """The estimate of ``config`` under ``_FLAGS`` and ``flags`` (reserved simulated) and its stages' replays."""
+    replays: list[reserved_replay.Replay] = []
     real_finish = reserved_replay.Replay.finish
 
     def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        ops.extend(self.ops)
+        replays.append(self)
         return real_finish(self, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reserved_replay.Replay, "finish", finish)
         _stages.cache_clear()
-        estimate(load_model(config), build_job({**_FLAGS, "optimizer": "adamw"}), reserved="simulated")
+        result = estimate(load_model(config), build_job({**_FLAGS, **flags}), reserved="simulated")
+    return replays, result
+
+
+def _scheduled(config: str) -> list[str]:
+    replays, _ = _replayed(config, {"optimizer": "adamw"})
+    ops = [op for replay in replays for op in replay.ops]
     mask = (1 << STREAM_BITS) - 1
     return _labelled([(op >= 0, (op if op >= 0 else ops[~op]) >> STREAM_BITS) for op in ops
                       if (op if op >= 0 else ops[~op]) & mask == ALL_GATHER_STREAM])
@@ -77,19 +85,9 @@ def test_each_all_gather_output_is_freed_as_fsdp2_frees_it(tmp_path: Path) -> No
 
 def _requested_and_allocated(config: str, flags: dict[str, object]) -> tuple[int, int]:
     """The schedule's peak of requested bytes and the estimate's peak allocated (one stage)."""
-    peaks: list[int] = []
-    real_finish = reserved_replay.Replay.finish
-
-    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        peaks.append(self.peak_requested)
-        return real_finish(self, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reserved_replay.Replay, "finish", finish)
-        _stages.cache_clear()
-        result = estimate(load_model(config), build_job({**_FLAGS, **flags}), reserved="simulated")
-    assert len(peaks) == len(result.stages) == 1
-    return peaks[0], result.stages[0].peak_allocated_bytes
+    replays, result = _replayed(config, flags)
+    assert len(replays) == len(result.stages) == 1
+    return replays[0].peak_requested, result.stages[0].peak_allocated_bytes
 
 
 @pytest.mark.parametrize("framework", ["hf", "torchtitan"])
