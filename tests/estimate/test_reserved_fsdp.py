@@ -33,7 +33,7 @@ def _labelled(events: list[tuple[bool, int]]) -> list[str]:
 
 
 def _replayed(config: str, flags: dict[str, object]) -> tuple[list[reserved_replay.Replay], Any]:
-    """The estimate of ``config`` under ``_FLAGS`` and ``flags`` (reserved simulated) and its stages' replays."""
+    """The estimate of ``config`` under ``_FLAGS`` and ``flags`` (reserved simulated), its stages' replays."""
     replays: list[reserved_replay.Replay] = []
     real_finish = reserved_replay.Replay.finish
 
@@ -115,8 +115,8 @@ def test_the_schedule_never_asks_more_than_the_estimate_has_allocated(
 
 def test_under_lora_fsdp2_makes_and_reduces_only_the_adapters_gradients() -> None:
     """FSDP2 collects, reduce-scatters and keeps gradients only for the parameters that have one
-    (``FSDPParamGroup.post_backward``): under LoRA the adapters'. Every base weight's unsharded gradient made in
-    each layer's backward put the schedule 4.75% above the estimate's peak allocated here."""
+    (``FSDPParamGroup.post_backward``): under LoRA the adapters'. Every base weight's unsharded gradient made
+    in each layer's backward put the schedule 4.75% above the estimate's peak allocated here."""
     requested, allocated = _requested_and_allocated("llama-3.1-8b", {
         "seq": 2048, "precision": "fp32", "recompute": "none", "fsdp": 8, "gpus": 8, "optimizer": "adamw",
         "peft": "lora"})

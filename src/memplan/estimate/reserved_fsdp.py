@@ -42,18 +42,18 @@ made, the gradients freed once copied in, the output made on the reduce-scatter 
 torchtitan's outer units (``FrameworkProfile.fsdp_outer_units``, untied, no pipeline: the ledger's
 :func:`~memplan.estimate.stage_peak.head_unit`; ``memplan trace --framework torchtitan`` wraps them so): the
 embedding is a unit (unit 0) and the final norm and head another (the last), ``reshard_after_forward=False``;
-the root holds no parameters. The embedding's unit reshards after its forward; the head's is gathered after the
-blocks, its copy-out frees the last block's output and its own output is freed as the root's forward ends,
+the root holds no parameters. The embedding's unit reshards after its forward; the head's is gathered after
+the blocks, its copy-out frees the last block's output and its own output is freed as the root's forward ends,
 before the loss (torchtitan computes it outside the model); its pre-backward hook fires once the logits'
 gradient is made, after the loss's backward, and prefetches the last block; its post-backward (reshard, then
 reduce-scatter) comes after its gradients, its reduce-scatter input held through the last block's backward
 (``reduce_scatter_states``, one buffer); the first block prefetches the embedding's unit, whose copy-out frees
 that output, and whose post-backward ends the backward.
 
-Under fine-tuning (PEFT adapters, trained modules) FSDP2 makes, reduce-scatters and keeps gradients only for the
-parameters that require them (``FSDPParamGroup.post_backward`` collects those with a ``grad``; a unit with none
-only reshards): the unsharded gradients are the trainable tensors' in the compute dtype, the root's all made at
-its post-backward.
+Under fine-tuning (PEFT adapters, trained modules) FSDP2 makes, reduce-scatters and keeps gradients only for
+the parameters that require them (``FSDPParamGroup.post_backward`` collects those with a ``grad``; a unit with
+none only reshards): the unsharded gradients are the trainable tensors' in the compute dtype, the root's all
+made at its post-backward.
 
 Not modelled: a block's post-backward in that order (the schedule frees its unsharded parameters after its
 backward and makes no reduce-scatter input for it: its gradients go straight to the sharded output).
@@ -90,8 +90,8 @@ class FsdpSizes:
     #: The ranks a unit is sharded over.
     shards: int = 1
     #: Under fine-tuning (only some tensors train): the factors (numerator, denominator) that turn a trainable
-    #: tensor's sharded gradient into its unsharded one in the compute dtype (FSDP2 makes and reduces gradients
-    #: only for the parameters that require them); None when every tensor trains.
+    #: tensor's sharded gradient into its unsharded one in the compute dtype (FSDP2 makes and reduces
+    #: gradients only for the parameters that require them); None when every tensor trains.
     grad_scale: tuple[int, int] | None = None
     #: Whether the final norm and head are a unit apart from the embedding's (torchtitan's outer units): then
     #: unit 0 is the embedding's and the head's is the last one, after the blocks'.

@@ -15,7 +15,7 @@ recording cost more than the copy saved once runs are copied at once).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from memplan.estimate.context import StageContext
@@ -127,6 +127,24 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
     return [flat[per * position:per * (position + 1)] for position in range(len(keys.forward))], passed or []
 
 
+def _gradient_maker(replay: Replay, fsdp: FsdpSizes | None, grads: Sequence[int] | None, unit: int,
+                    made_grads: Saved) -> Callable[[Sequence[int] | None], None]:
+    """The hook a layer's backward calls to make ``unit``'s gradients (``grads``: their sizes, None: none made
+    in the backward) at positions ``part`` (None: those not made yet), appending them to ``made_grads``."""
+    done: set[int] = set()
+
+    def made(part: Sequence[int] | None) -> None:
+        if grads is None:
+            return
+        if part is None and not done:  # all at once (every layer but the op-by-op ones)
+            made_grads.append(replay.gradients(fsdp, list(grads), unit))
+            return
+        chosen = [i for i in range(len(grads)) if i not in done] if part is None else part
+        done.update(chosen)
+        made_grads.append(replay.gradients(fsdp, [grads[i] for i in chosen], unit))
+    return made
+
+
 def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[Saved],
                   grads: Sequence[Sequence[int]] | None, plan: tuple[Ledger, FsdpSizes | None], check: bool,
                   keys: LayerKeys, held: tuple[list[Block | None], list[Block | None]]) -> Saved:
@@ -148,19 +166,7 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         params = replay.copy_out(fsdp, unit, *prefetch)
         before = position > 0 or (fsdp is not None and fsdp.outer)
         ahead = replay.all_gather(fsdp, unit - 1) if before else None
-        done: set[int] = set()
-
-        def made(part: Sequence[int] | None) -> None:
-            """The unit's gradients at positions ``part`` (None: those not made yet)."""
-            if grads is None:
-                return
-            if part is None and not done:  # all at once (every layer but the op-by-op ones)
-                made_grads.append(replay.gradients(fsdp, list(grads[unit]), unit))
-                return
-            chosen = [i for i in range(len(grads[unit])) if i not in done] if part is None else part
-            done.update(chosen)
-            made_grads.append(replay.gradients(fsdp, [grads[unit][i] for i in chosen], unit))
-
+        made = _gradient_maker(replay, fsdp, None if grads is None else grads[unit], unit, made_grads)
         peak = (lambda: replay.moment(ledger, "backward", check)) if position == moment else (lambda: None)
         count = None if grads is None or fsdp is not None else len(grads[unit])
         again = recompute_tensors(ctx, walk.per_layer[position][0], count)

@@ -190,7 +190,8 @@ class Replay:
         return self.post_backward(fsdp, len(fsdp.unsharded) - 1, grads, params)
 
     def post_backward(self, fsdp: FsdpSizes, unit: int, grads: Sequence[Block | None],
-                      params: Sequence[Block | None], sharded: Sequence[int] | None = None) -> list[Block | None]:
+                      params: Sequence[Block | None], sharded: Sequence[int] | None = None
+                      ) -> list[Block | None]:
         """An outer unit's post-backward in torch's order (``FSDPParamGroup.post_backward``,
         ``foreach_reduce``): its unsharded parameters (``params``) freed (its reshard); the reduce-scatter's
         input in the reduce dtype; the gradients (``grads``) freed once copied in, then its output on the
