@@ -8,7 +8,7 @@ trace of a ``--fsdp`` job shows (``memplan trace --fsdp N``, events by stream):
   the all-gather input (the rank's shard in the compute dtype), freed once copied in, and output (the
   unit's unsharded parameters in the compute dtype), freed after the copy-out (below);
 - the default stream: the unsharded parameters copied out of the all-gather (the root's kept from
-  its forward to the end of the backward, a block's freed after its forward and its backward), and
+  its forward to its reshard in its post-backward, a block's freed after its forward and its backward), and
   a block's unsharded gradients in the compute dtype until its reduce-scatter;
 - its reduce-scatter stream: the reduce-scatter output, the rank's sharded gradients in the reduce
   dtype, alive until the optimizer step's ``zero_grad``.
@@ -33,8 +33,30 @@ next units' all-gathers before the current unit computes, so their outputs live 
 
 The root unit's gradients are made apart: the head's weight gradient (unsharded, compute dtype) at the
 start of the backward, kept until the root's reduce-scatter at its end; there the embedding's gradient
-(and, for tied embeddings, their sum as a third tensor) and the reduce-scatter's input (the root's
-unsharded gradients in the reduce dtype) come beside it.
+(and, for tied embeddings, their sum as a third tensor) comes beside it, and then in torch's order
+(``FSDPParamGroup.post_backward``, ``foreach_reduce``): the root's unsharded parameters freed (its reshard
+comes before the reduce), the reduce-scatter's input (the root's unsharded gradients in the reduce dtype)
+made, the gradients freed once copied in, the output made on the reduce-scatter stream; the input is held
+(``reduce_scatter_states``) to the end of the backward.
+
+torchtitan's outer units (``FrameworkProfile.fsdp_outer_units``, untied, no pipeline: the ledger's
+:func:`~memplan.estimate.stage_peak.head_unit`; ``memplan trace --framework torchtitan`` wraps them so): the
+embedding is a unit (unit 0) and the final norm and head another (the last), ``reshard_after_forward=False``;
+the root holds no parameters. The embedding's unit reshards after its forward; the head's is gathered after
+the blocks, its copy-out frees the last block's output and its own output is freed as the root's forward ends,
+before the loss (torchtitan computes it outside the model); its pre-backward hook fires once the logits'
+gradient is made, after the loss's backward, and prefetches the last block; its post-backward (reshard, then
+reduce-scatter) comes after its gradients, its reduce-scatter input held through the last block's backward
+(``reduce_scatter_states``, one buffer); the first block prefetches the embedding's unit, whose copy-out frees
+that output, and whose post-backward ends the backward.
+
+Under fine-tuning (PEFT adapters, trained modules) FSDP2 makes, reduce-scatters and keeps gradients only for
+the parameters that require them (``FSDPParamGroup.post_backward`` collects those with a ``grad``; a unit with
+none only reshards): the unsharded gradients are the trainable tensors' in the compute dtype, the root's all
+made at its post-backward.
+
+Not modelled: a block's post-backward in that order (the schedule frees its unsharded parameters after its
+backward and makes no reduce-scatter input for it: its gradients go straight to the sharded output).
 
 The sizes come from the estimate's own totals (its sharded parameters and gradients, spread over the
 units' tensors in proportion to their numel), so the schedule is the estimate's, not the trace's.
@@ -67,21 +89,37 @@ class FsdpSizes:
     tied: bool = False
     #: The ranks a unit is sharded over.
     shards: int = 1
+    #: Under fine-tuning (only some tensors train): the factors (numerator, denominator) that turn a trainable
+    #: tensor's sharded gradient into its unsharded one in the compute dtype (FSDP2 makes and reduces
+    #: gradients only for the parameters that require them); None when every tensor trains.
+    grad_scale: tuple[int, int] | None = None
+    #: Whether the final norm and head are a unit apart from the embedding's (torchtitan's outer units): then
+    #: unit 0 is the embedding's and the head's is the last one, after the blocks'.
+    outer: bool = False
 
 
 def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
-               spread: Callable[[int, list[list[int]]], list[list[int]]]) -> FsdpSizes | None:
-    """The FSDP2 sizes of the stage's schedule, or None when the job does not run FSDP2."""
+               spread: Callable[[int, list[list[int]]], list[list[int]]],
+               head: int | None, finetune: bool = False) -> FsdpSizes | None:
+    """The FSDP2 sizes of the stage's schedule, or None when the job does not run FSDP2 (``head``: the
+    numel of the head unit when the final norm and head are a unit apart from the embedding,
+    :func:`~memplan.estimate.stage_peak.head_unit`; ``finetune``: only some tensors train)."""
     job, prec = ctx.run.job, ctx.run.prec
     if job.sharding.fsdp == "none" or not ctx.run.profile.torch_optimizer:
         return None
     compute = dtype_bytes(prec.compute)
+    # torchtitan's outer units (the ledger's head_unit): the embedding (the root's first tensor) apart
+    outer = bool(head) and ctx.layout.has_embedding and len(units[0]) > 1
+    if outer:
+        units = [list(units[0][:1]), *units[1:], list(units[0][1:])]
     sharded_params = spread(ledger.total(PARAMETERS), units)
     param_bytes = max(prec.param_bytes, 1)
     gather_input = [sum(unit) * compute // param_bytes for unit in sharded_params]
     # ``units`` are the tensors' numels on one rank (reserved_sizes.stage_units): already split by TP
     unsharded = [[n * compute for n in unit] for unit in units]
     grads = spread(ledger.total(GRADIENTS, "end of backward"), units)
-    head = max(unsharded[0], default=0) if ctx.layout.has_head else 0
+    head = max(unsharded[-1 if outer else 0], default=0) if ctx.layout.has_head else 0
     shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1
-    return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1))
+    scale = (max(shards, 1) * compute, max(prec.grad_bytes, 1)) if finetune else None
+    return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1),
+                     scale, outer)

@@ -15,7 +15,7 @@ recording cost more than the copy saved once runs are copied at once).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from memplan.estimate.context import StageContext
@@ -80,7 +80,8 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
         # the layer's kind and recompute as well
         # under FSDP2 a layer's backward prefetches the unit before's all-gather (none before the first layer)
         before = unit - 1
-        ahead = None if fsdp is None or not before else (fsdp.gather_input[before], sum(fsdp.unsharded[before]))
+        ahead = None if fsdp is None or not (before or fsdp.outer) else (fsdp.gather_input[before],
+                                                                         sum(fsdp.unsharded[before]))
         seen_backward = (forward_key, id(layer), kept, transient, index in ctx.recomputed, made, ahead)
         if seen_backward not in local_backward:
             local_backward[seen_backward] = Templates()
@@ -126,15 +127,36 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
     return [flat[per * position:per * (position + 1)] for position in range(len(keys.forward))], passed or []
 
 
+def _gradient_maker(replay: Replay, fsdp: FsdpSizes | None, grads: Sequence[int] | None, unit: int,
+                    made_grads: Saved) -> Callable[[Sequence[int] | None], None]:
+    """The hook a layer's backward calls to make ``unit``'s gradients (``grads``: their sizes, None: none made
+    in the backward) at positions ``part`` (None: those not made yet), appending them to ``made_grads``."""
+    done: set[int] = set()
+
+    def made(part: Sequence[int] | None) -> None:
+        if grads is None:
+            return
+        if part is None and not done:  # all at once (every layer but the op-by-op ones)
+            made_grads.append(replay.gradients(fsdp, list(grads), unit))
+            return
+        chosen = [i for i in range(len(grads)) if i not in done] if part is None else part
+        done.update(chosen)
+        made_grads.append(replay.gradients(fsdp, [grads[i] for i in chosen], unit))
+    return made
+
+
 def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[Saved],
                   grads: Sequence[Sequence[int]] | None, plan: tuple[Ledger, FsdpSizes | None], check: bool,
-                  keys: LayerKeys, prefetched: list[Block | None]) -> Saved:
+                  keys: LayerKeys, held: tuple[list[Block | None], list[Block | None]]) -> Saved:
     """Each layer's backward in reverse order, the ledger's backward moment in the last layer's (a recomputed
-    sink layer's: the first one's, :func:`~memplan.estimate.reserved_recompute.moment_position`); under FSDP2 each
-    layer's copy-out frees its all-gather output (``prefetched``: the last layer's) and prefetches the layer
-    before's (:mod:`~memplan.estimate.reserved_fsdp`). Returns the gradients made (``grads`` per unit,
-    None: none made in the backward), per layer in that order."""
+    sink layer's: the first one's, :func:`~memplan.estimate.reserved_recompute.moment_position`); under FSDP2
+    each layer's copy-out frees its all-gather output (``prefetched``: the last layer's) and prefetches the
+    layer before's (:mod:`~memplan.estimate.reserved_fsdp`; the first layer the embedding's unit when it is
+    apart, its output left in ``prefetched`` for the caller) and the last layer frees, after its backward, the
+    head unit's reduce-scatter input (``held``: (prefetched, that input)). Returns the gradients made
+    (``grads`` per unit, None: none made in the backward), per layer in that order."""
     ledger, fsdp = plan
+    prefetched, staged = held
     last = len(walk.per_layer) - 1
     moment = moment_position(ctx, walk)
 
@@ -142,20 +164,9 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         made_grads: Saved = []
         unit = position + 1
         params = replay.copy_out(fsdp, unit, *prefetch)
-        ahead = replay.all_gather(fsdp, unit - 1) if position > 0 else None
-        done: set[int] = set()
-
-        def made(part: Sequence[int] | None) -> None:
-            """The unit's gradients at positions ``part`` (None: those not made yet)."""
-            if grads is None:
-                return
-            if part is None and not done:  # all at once (every layer but the op-by-op ones)
-                made_grads.append(replay.gradients(fsdp, list(grads[unit]), unit))
-                return
-            chosen = [i for i in range(len(grads[unit])) if i not in done] if part is None else part
-            done.update(chosen)
-            made_grads.append(replay.gradients(fsdp, [grads[unit][i] for i in chosen], unit))
-
+        before = position > 0 or (fsdp is not None and fsdp.outer)
+        ahead = replay.all_gather(fsdp, unit - 1) if before else None
+        made = _gradient_maker(replay, fsdp, None if grads is None else grads[unit], unit, made_grads)
         peak = (lambda: replay.moment(ledger, "backward", check)) if position == moment else (lambda: None)
         count = None if grads is None or fsdp is not None else len(grads[unit])
         again = recompute_tensors(ctx, walk.per_layer[position][0], count)
@@ -176,12 +187,17 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
     # the layers holding the ledger's moment are built one by one (their hook runs), the others copied where they can
     passed = None if fsdp is None else prefetched
     made: Saved = [] if last < 0 else layer(last, passed or [])
+    replay.give(*staged)
     if passed is not None and last >= 0:
         *made, passed = made
     for run in _runs(keys.backward, range(last - 1, 0 if moment < last else -1, -1)):
         more, after = replay.repeat_run(keys.backward[run[0]], layer, run, outside, passed)
         made += more
         passed = None if passed is None else after
-    if moment < last:
-        made += layer(0, passed or []) if passed is None else layer(0, passed)[:-1]
+    if moment < last and passed is None:
+        made += layer(0, [])
+    elif moment < last:
+        *more, passed = layer(0, passed)
+        made += more
+    prefetched[:] = passed or []
     return made

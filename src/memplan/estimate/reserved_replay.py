@@ -154,23 +154,67 @@ class Replay:
         self.give(*outputs)
         return params
 
-    def root_gradients(self, fsdp: FsdpSizes, head: Block | None) -> list[Block | None]:
+    def root_gradients(self, fsdp: FsdpSizes, head: Block | None, params: Sequence[Block | None],
+                       trained: Sequence[int] = ()) -> list[Block | None]:
         """The root unit's gradients at the end of an FSDP2 backward (:mod:`memplan.estimate.reserved_fsdp`):
-        the embedding's beside the head's (``head``), their sum when tied, the reduce-scatter's input
-        in the reduce dtype, then its output on the reduce-scatter stream; the rest freed."""
-        made = [head, self.take(fsdp.head)]
+        the embedding's beside the head's (``head``), their sum when tied, then the unit's post-backward
+        (:meth:`post_backward`); under torchtitan's outer units the embedding's unit alone, its gradients
+        made after its copy-out; under fine-tuning the gradients of its trainable tensors alone (``trained``:
+        their sharded sizes), all made there."""
+        if fsdp.grad_scale is not None:
+            return self.post_backward(fsdp, 0, self.take_all(_unsharded(fsdp.grad_scale, trained)), params,
+                                      trained)
+        made = [head, self.take(fsdp.head)] if not fsdp.outer else self.take_all(fsdp.unsharded[0])
         if fsdp.tied:
             made.append(self.take(fsdp.head))
-        made.append(self.take(sum(fsdp.sharded_grads[0]) * fsdp.shards))
-        sharded = self.take_all(fsdp.sharded_grads[0], REDUCE_SCATTER_STREAM)
-        self.give(*made)
-        return sharded
+        return self.post_backward(fsdp, 0, made, params)
+
+    def head_forward(self, fsdp: FsdpSizes, held: Sequence[Block | None]) -> list[Block | None]:
+        """The forward of torchtitan's head unit (:mod:`memplan.estimate.reserved_fsdp`): its all-gather, its
+        copy-out freeing the last block's output (``held``), its own output freed as the root's forward ends,
+        before the loss (computed outside the model). Returns its unsharded parameters (kept to its
+        post-backward)."""
+        output = self.all_gather(fsdp, len(fsdp.unsharded) - 1)
+        params = self.copy_out(fsdp, len(fsdp.unsharded) - 1, *held)
+        self.give(output)
+        return params
+
+    def head_backward(self, fsdp: FsdpSizes, grads: Sequence[Block | None],
+                      params: Sequence[Block | None]) -> list[Block | None]:
+        """The post-backward of torchtitan's head unit: :meth:`post_backward` when its gradients (``grads``)
+        are made in the backward, else its reshard alone. Returns the reduce-scatter's input (None: none) and
+        output."""
+        if not grads:
+            self.give(*params)
+            return [None]
+        return self.post_backward(fsdp, len(fsdp.unsharded) - 1, grads, params)
+
+    def post_backward(self, fsdp: FsdpSizes, unit: int, grads: Sequence[Block | None],
+                      params: Sequence[Block | None], sharded: Sequence[int] | None = None
+                      ) -> list[Block | None]:
+        """An outer unit's post-backward in torch's order (``FSDPParamGroup.post_backward``,
+        ``foreach_reduce``): its unsharded parameters (``params``) freed (its reshard); the reduce-scatter's
+        input in the reduce dtype; the gradients (``grads``) freed once copied in, then its output on the
+        reduce-scatter stream. Returns the input (the caller frees it) and the output (the sharded
+        gradients)."""
+        self.give(*params)
+        sharded = fsdp.sharded_grads[unit] if sharded is None else sharded
+        if not grads:  # no parameter of the unit has a gradient: its reshard alone
+            return [None]
+        staged = self.take(sum(sharded) * fsdp.shards)
+        self.give(*grads)
+        return [staged, *self.take_all(sharded, REDUCE_SCATTER_STREAM)]
 
     def gradients(self, fsdp: FsdpSizes | None, grads: list[int], unit: int) -> list[Block | None]:
         """The gradients of ``unit`` made in its backward: under FSDP2 the unsharded ones until the
         reduce-scatter, whose output (the sharded gradients) lives on the reduce-scatter stream."""
         if fsdp is None:
             return self.take_all(grads)
+        if fsdp.grad_scale is not None:  # fine-tuning: the trainable tensors' alone (``grads``: sharded)
+            unsharded = self.take_all(_unsharded(fsdp.grad_scale, grads))
+            sharded = self.take_all(grads, REDUCE_SCATTER_STREAM)
+            self.give(*unsharded)
+            return sharded
         unsharded = self.take_all(fsdp.unsharded[unit])
         sharded = self.take_all(fsdp.sharded_grads[unit], REDUCE_SCATTER_STREAM)
         self.give(*unsharded)
@@ -328,3 +372,9 @@ class Replay:
         kept_outside = [b for blocks in result for b in blocks if b is not None and b < start]
         copyable = not kept_outside and all(index >= 0 for index in template.outside[1::2])
         return (template if copyable and len(self.moments) == moments else None), result
+
+
+def _unsharded(scale: tuple[int, int], sharded: Sequence[int]) -> list[int]:
+    """The unsharded gradients in the compute dtype of trainable tensors of ``sharded`` gradients
+    (:attr:`FsdpSizes.grad_scale <memplan.estimate.reserved_fsdp.FsdpSizes>`)."""
+    return [size * scale[0] // scale[1] for size in sharded]

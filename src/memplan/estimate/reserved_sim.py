@@ -44,7 +44,7 @@ from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_cached_copies, layer_weight_copies
 from memplan.estimate.reserved_backward import eager_backward
 from memplan.estimate.reserved_sinks import sink_note
-from memplan.estimate.reserved_layers import LayerKeys, backward_pass, forward_pass, layer_keys
+from memplan.estimate.reserved_layers import LayerKeys, Saved, backward_pass, forward_pass, layer_keys
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_offload import offloaded_plan
@@ -64,7 +64,7 @@ from memplan.estimate.ledger import (
     Ledger,
 )
 from memplan.estimate.stage_activations import StageActivations
-from memplan.estimate.stage_peak import LossPart
+from memplan.estimate.stage_peak import LossPart, head_unit
 
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
@@ -103,7 +103,7 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
         # all empty unless they add up to the estimate's autocast cache (layer_cached_copies): none, none to split
         cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
             [] for _ in layers]
-    fsdp = fsdp_sizes(ctx, ledger, units, spread)
+    fsdp = fsdp_sizes(ctx, ledger, units, spread, head_unit(ctx), trained is not None)
     moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     if not moments.states_in_step:
@@ -176,6 +176,56 @@ def _note(ctx: StageContext, events: int, shaped: tuple[bool, ...], grads_in_bac
     return "; ".join(parts)
 
 
+def _forward(ctx: StageContext, walk: LayerWalk, replay: Replay, pieces: _Pieces, fsdp: FsdpSizes | None
+             ) -> tuple[list[Block | None], list[Saved], list[Block | None]]:
+    """The forward's FSDP2 root and layers: the root unit's parameters alive after it (under torchtitan's
+    outer units the head's: the embedding's reshard after its forward,
+    :mod:`~memplan.estimate.reserved_fsdp`), each layer's saved blocks, and the all-gather output the root's
+    forward end frees (:func:`forward_pass`)."""
+    output = replay.all_gather(fsdp, 0)
+    root = replay.copy_out(fsdp, 0)
+    outer = fsdp is not None and fsdp.outer
+    if outer:
+        replay.give(*root)
+    saved, held = forward_pass(ctx, walk, replay, (pieces.copies, pieces.cached), fsdp, pieces.keys,
+                               [] if output is None else [output])
+    if outer:
+        return replay.head_forward(fsdp, held), saved, []
+    return root, saved, held
+
+
+def _head_gradients(replay: Replay, pieces: _Pieces, fsdp: FsdpSizes | None, head: int
+                    ) -> tuple[Block | None, list[Block | None]]:
+    """The gradients made right after the loss: the head's weight gradient (``head``: its size without FSDP2),
+    or under torchtitan's outer units the head unit's (final norm and head); under FSDP2 fine-tuning none here
+    (the root's trainable tensors' are made at its post-backward: ``Replay.root_gradients``)."""
+    if not pieces.made_in_backward or (fsdp is not None and fsdp.grad_scale is not None):
+        return None, []
+    if fsdp is not None and fsdp.outer:
+        return None, replay.take_all(fsdp.unsharded[-1])
+    return replay.take(fsdp.head if fsdp is not None else head), []
+
+
+def _root_backward(replay: Replay, pieces: _Pieces, fsdp: FsdpSizes | None,
+                   alive: tuple[Block | None, list[Block | None], list[Block | None]],
+                   grads: list[list[Block | None]]) -> list[Block | None]:
+    """The FSDP2 root unit's end of the backward (``alive``: the head's gradient, the root's parameters and
+    the output the first layer prefetched); its sharded gradients appended to ``grads``. Returns the root's
+    blocks the step's end frees (the reduce-scatter input, held to the end of the backward)."""
+    head, root, prefetched = alive
+    outer = fsdp is not None and fsdp.outer
+    if outer:  # the embedding's backward: its copy-out frees the prefetched output
+        root = replay.copy_out(fsdp, 0, *prefetched)
+    if not pieces.made_in_backward and outer:  # no gradient: the embedding's reshard alone
+        replay.give(*root)
+        return []
+    if not pieces.made_in_backward:
+        return root
+    staged, *sharded = replay.root_gradients(fsdp, head, root, pieces.grads[0])  # type: ignore[arg-type]
+    grads.append(sharded)
+    return [staged]
+
+
 @dataclass(frozen=True)
 class _Pieces:
     """Per unit (root, then layers) the sizes of the gradients, optimizer moments and step temporaries,
@@ -215,10 +265,8 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     copies = pieces.copies
     # the output head's autocast weight copy is made at the head, after the layers, and freed in its backward
     other = replay.take(acts.other - acts.head_copy - sum(map(sum, copies)))
-    output = replay.all_gather(fsdp, 0)
-    root = replay.copy_out(fsdp, 0)
-    saved, output_held = forward_pass(ctx, walk, replay, (copies, pieces.cached), fsdp, pieces.keys,
-                                      [] if output is None else [output])
+    root, saved, output_held = _forward(ctx, walk, replay, pieces, fsdp)
+    outer = fsdp is not None and fsdp.outer
     head_copy = replay.take(acts.head_copy)
     replay.moment(ledger, "forward", check)
     prefetched: list[Block | None] = []
@@ -231,21 +279,27 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
             prefetched.append(replay.all_gather(fsdp, last))
 
     logits_grad = schedule_loss(ctx, ledger, loss, replay, check,
-                                ([b for blocks in saved for b in blocks[2]] + output_held, ahead))
+                                ([b for blocks in saved for b in blocks[2]] + output_held,
+                                 (lambda: None) if outer else ahead))
+    if outer:  # the head unit's pre-backward prefetches, once the logits' gradient is made (reserved_fsdp)
+        ahead()
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
-    head = None
-    if pieces.made_in_backward:
-        head = replay.take(fsdp.head if fsdp is not None else root_grads.head)
+    head, made = _head_gradients(replay, pieces, fsdp, root_grads.head)
     replay.give(logits_grad)
+    staged: Block | None = None
+    if outer:
+        staged, *sharded = replay.head_backward(fsdp, made, root)
+        grads.append(sharded)
+        root = []
     grads += backward_pass(ctx, walk, replay, saved, pieces.grads if pieces.made_in_backward else None, plan, check,
-                           pieces.keys, prefetched)
+                           pieces.keys, (prefetched, [staged]))
     summed: list[Block | None] = []
     if pieces.made_in_backward and fsdp is None:
         alive, summed = finish_root(replay, root_grads, head)
         grads.append(alive)
-    elif pieces.made_in_backward:
-        grads.append(replay.root_gradients(fsdp, head))
+    else:
+        root = _root_backward(replay, pieces, fsdp, (head, root, prefetched), grads)
     replay.give(other, *root)
     replay.moment(ledger, "end of backward", check)
     replay.give(*summed)

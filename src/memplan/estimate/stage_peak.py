@@ -220,14 +220,14 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
         return held, most
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
-                                     tied=run.model.tie_word_embeddings, head=_head_unit(ctx))
+                                     tied=run.model.tie_word_embeddings, head=head_unit(ctx))
     out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward else (phase,))
            for phase, size in comm_at.items()]
     note = pipeline_fsdp.finetune_note(ctx, st)
     return out + ([note] if note is not None else []), max(comm_at.values())
 
 
-def _head_unit(ctx: StageContext) -> int | None:
+def head_unit(ctx: StageContext) -> int | None:
     """Numel of the final norm and untied head on this GPU when FSDP shards them as a unit apart from
     the embedding (``FrameworkProfile.fsdp_outer_units``); None when one root unit holds both, and under
     pipeline parallelism, where torchtitan keeps the embedding unsharded after its forward too."""
