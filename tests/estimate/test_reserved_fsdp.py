@@ -11,12 +11,10 @@ from typing import Any
 
 import pytest
 
-from memplan import estimate, load_model
 from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate import reserved_replay
-from memplan.estimate.engine import _stages
 from memplan.estimate.reserved_fsdp import ALL_GATHER_STREAM
-from memplan.jobflags import build_job
+from tests.estimate.test_reserved_mechanics import replayed_estimate
 
 #: A small untied Llama: the root's all-gather (embedding and head) is larger than a layer's.
 _TOY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
@@ -34,18 +32,7 @@ def _labelled(events: list[tuple[bool, int]]) -> list[str]:
 
 def _replayed(config: str, flags: dict[str, object]) -> tuple[list[reserved_replay.Replay], Any]:
     """The estimate of ``config`` under ``_FLAGS`` and ``flags`` (reserved simulated), its stages' replays."""
-    replays: list[reserved_replay.Replay] = []
-    real_finish = reserved_replay.Replay.finish
-
-    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        replays.append(self)
-        return real_finish(self, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reserved_replay.Replay, "finish", finish)
-        _stages.cache_clear()
-        result = estimate(load_model(config), build_job({**_FLAGS, **flags}), reserved="simulated")
-    return replays, result
+    return replayed_estimate(config, {**_FLAGS, **flags})
 
 
 def _scheduled(config: str) -> list[str]:

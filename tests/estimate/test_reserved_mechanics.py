@@ -3,6 +3,8 @@ temporaries, the root's gradients and autocast's weight copies, each checked on 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from memplan import estimate, load_model
@@ -62,6 +64,22 @@ def _scheduled_backward(config: str, flags: dict[str, object], names: dict[int, 
     end = [i for i, e in enumerate(events) if e == ("moment", "end of backward")][1]
     return [("+" if kind == "take" else "-") + names[size] for kind, size in events[start:end]  # type: ignore[index]
             if kind in ("take", "give") and size in names]
+
+
+def replayed_estimate(model_name: str, flags: dict[str, object]) -> tuple[list[reserved_replay.Replay], Any]:
+    """One simulated estimate of ``model_name`` under ``flags`` and its stages' schedules (their replays, kept)."""
+    replays: list[reserved_replay.Replay] = []
+    real_finish = reserved_replay.Replay.finish
+
+    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        replays.append(self)
+        return real_finish(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reserved_replay.Replay, "finish", finish)
+        _stages.cache_clear()
+        result = estimate(load_model(model_name), build_job(flags), reserved="simulated")
+    return replays, result
 
 
 def _ctx(model_name: str, flags: dict[str, object]):  # type: ignore[no-untyped-def]

@@ -10,13 +10,12 @@ import pytest
 
 from memplan import estimate, load_model
 from memplan.estimate import reserved_replay
-from memplan.estimate.engine import _stages
 from memplan.estimate.layer_walk import walk_layers
 from memplan.estimate.reserved_autocast import layer_weight_copies
 from memplan.estimate.reserved_offload import offloaded_plan
 from memplan.estimate.stage_activations import stage_activations
 from memplan.jobflags import build_job
-from tests.estimate.test_reserved_mechanics import _ctx
+from tests.estimate.test_reserved_mechanics import _ctx, replayed_estimate
 
 _ROOT = Path(__file__).resolve().parents[2]
 _GEMMA2 = _ROOT / "benchmarks" / "configs" / "gemma-2-2b.json"
@@ -25,17 +24,7 @@ _OFFLOADED = {"seq": 2048, "mbs": 2, "precision": "bf16-mixed", "framework": "hf
 
 def _replays(model_name: str, flags: dict[str, object]) -> tuple[list[reserved_replay.Replay], int]:
     """The schedules of one simulated estimate (their replays, kept) and its peak allocated bytes."""
-    replays: list[reserved_replay.Replay] = []
-    real_finish = reserved_replay.Replay.finish
-
-    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        replays.append(self)
-        return real_finish(self, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reserved_replay.Replay, "finish", finish)
-        _stages.cache_clear()
-        result = estimate(load_model(model_name), build_job(flags), reserved="simulated")
+    replays, result = replayed_estimate(model_name, flags)
     return replays, result.peak_allocated_bytes
 
 
