@@ -257,8 +257,10 @@ def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int, site
     pre-norm's ``norm input`` term stands for the 16-bit input-dtype tensor when the input is
     16-bit (same bytes), so only the fp32 copy (and Gemma's fp32 excess) are added then.
     """
-    if shape.kernels != "eager" or shape.norm != "rmsnorm":
+    if shape.kernels != "eager":
         return []
+    if shape.norm != "rmsnorm":
+        return _layernorm_autocast_copy(shape, prefix, input_bytes, site)
     sbh = shape.seq * shape.micro_batch * shape.hidden
     # ``x * rsqrt(variance + eps)`` also saves the fp32 reciprocal RMS, one per token.
     inverse_rms = Term(f"{prefix} norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * shape.seq * shape.micro_batch,
@@ -276,6 +278,29 @@ def eager_norm_terms(shape: ActivationShape, prefix: str, input_bytes: int, site
         return terms
     return [Term(f"{prefix} norm normalized input", input_bytes * sbh, "sp", "body", site=site,
                  role=TermRole.NORM_NORMALIZED), inverse_rms]
+
+
+def norm_keeps_input(shape: ActivationShape) -> bool:
+    """Whether a pre-norm saves its input tensor itself for the input's gradient: an fp32 input, or an eager
+    LayerNorm's input outside autocast (``native_layer_norm`` saves its input, mean and 1/std: derivatives.yaml).
+    An eager RMSNorm upcasts a 16-bit input and saves the fp32 copy; so does an eager LayerNorm under
+    ``torch.autocast`` (:func:`_layernorm_autocast_copy`)."""
+    if shape.residual_bytes == NORM_COMPUTE_BYTES:
+        return True
+    return shape.kernels == "eager" and shape.norm == "layernorm" and not shape.autocast_ops
+
+
+def _layernorm_autocast_copy(shape: ActivationShape, prefix: str, input_bytes: int, site: str) -> list[Term]:
+    """An eager LayerNorm's fp32 copy of a 16-bit input under ``torch.autocast``: ``layer_norm`` is on CUDA
+    autocast's fp32 list (aten/src/ATen/autocast_mode.cpp), so its input is cast to fp32 and that copy is the
+    input ``native_layer_norm`` saves (the 16-bit ``norm input`` term stands for nothing the norm keeps then,
+    as with an RMSNorm's copy). A 16-bit input without autocast, or an fp32 one, is saved as is (the ``norm
+    input`` term). Its fp32 mean and 1/std (one each per token) are not priced."""
+    if not shape.autocast_ops or input_bytes >= NORM_COMPUTE_BYTES:
+        return []
+    sbh = shape.seq * shape.micro_batch * shape.hidden
+    return [Term(f"{prefix} norm fp32 input (autocast's copy, saved by the LayerNorm)", NORM_COMPUTE_BYTES * sbh,
+                 "sp", "body", site=site, role=TermRole.NORM_OTHER)]
 
 
 def post_norm_terms(shape: ActivationShape, count: int) -> list[Term]:
@@ -622,14 +647,15 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
                       role=fc2_role))
     if mlp.activation == "gelu_new" and shape.kernels == "eager":
         # GPT-2's NewGELUActivation is a Python formula: it also saves tanh(...), 1 + tanh(...) and
-        # 0.5 * x; under CUDA autocast its pow runs in fp32, so those are fp32.
-        per_element = 12 if shape.autocast else 3 * c
+        # 0.5 * x; under CUDA autocast (fp32 weights or a 16-bit frozen base alike) its pow runs in fp32, so
+        # those are fp32.
+        per_element = 12 if shape.autocast_ops else 3 * c
         # its worst backward node is pow's (grad * 3 * x^2: x^2, 3 * x^2 and the product beside the gradient
         # coming in), while the gradients of x from the formula's two other uses wait in autograd's input
         # buffer (16-bit: half a tensor each under autocast)
         terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body",
                           site=fc2_site, role=TermRole.GELU_NEW if prefix == "mlp" else other_role, tensors=3,
-                          node_made=4 + (1 if shape.autocast else 2)))
+                          node_made=4 + (1 if shape.autocast_ops else 2)))
     if shape.drops_residual and prefix == "mlp":
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body",
                           role=TermRole.MLP_RESIDUAL_DROPOUT))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block, norm_keeps_input
 from memplan.estimate.moe_freeze import is_routed_experts, is_sinks, moe_term_kept
 from memplan.estimate.terms import NORM_TERMS, NORMALIZED, TermRole
 from memplan.frozen import frozen_dataclass
@@ -331,8 +331,8 @@ def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gem
             return t
         return None
     if t.role is TermRole.NORM_INPUT:
-        if shape.residual_bytes == NORM_COMPUTE_BYTES:
-            return t  # an fp32 residual: no fp32 copy; the norm's pow/mul keep the input itself for its gradient
+        if norm_keeps_input(shape):
+            return t  # an fp32 residual (no fp32 copy), or a LayerNorm outside autocast: the norm keeps the input
         return Term(t.name, t.bytes, t.region, "ckpt_input", role=t.role) if t.keep == "input" else None
     if t.role is TermRole.QK_NORMS and shape.kernels == "eager":
         # Eager per-head norms keep an fp32 copy of their input and the normalized tensor; only the first
