@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block, norm_keeps_input
+from memplan.estimate.activations import (NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block,
+                                         norm_keeps_input)
 from memplan.estimate.moe_freeze import is_routed_experts, is_sinks, moe_term_kept
 from memplan.estimate.terms import NORM_TERMS, NORMALIZED, TermRole
 from memplan.frozen import frozen_dataclass
