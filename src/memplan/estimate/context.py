@@ -169,6 +169,7 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",
         moe_probs_at=profile.moe_probs_at,
+        grouped_experts_combine=profile.kernels == "eager" and code.stacked_gate_up,
         fused_rms_norm=code.fused_rms_norm,
         gathered_gemm_inputs=code.sp_saves_gathered_input,
         rope_buffer=code.rope_buffer,

@@ -18,6 +18,14 @@ trace it is this mode. :func:`unrecorded_sharding_propagation` pauses recording 
 :class:`ModulePath` follows the running module (forward hooks, and multi-grad hooks for the
 backward) and reports the innermost module's dotted path.
 
+Autograd's backward formulas take another path for "tensor-subclass-like" tensors, and any active
+dispatch mode makes every tensor so (``isTensorSubclassLike`` in ``ATen/TensorSubclassLikeUtils.h``).
+One of them changes memory: ``index_backward`` (``FunctionsManual.cpp``, the gradient of ``x[idx]``)
+makes zeros and accumulates into them in place (``_index_put_impl_``) on plain tensors, but returns a
+new tensor (``index_put``) under a mode. :meth:`TracingFakeMode.dispatch` runs such an ``index_put``
+(the backward's, accumulating into the zeros ``new_zeros`` has just made) in place, as an eager
+run does.
+
 Known limitations: allocations made inside a kernel (workspaces) are invisible, as are storages
 created outside the dispatcher (``torch.from_numpy``); see docs/trace.md.
 """
@@ -54,6 +62,7 @@ class TracingFakeMode(FakeTensorMode):
         self.recorder: AllocationRecorder | None = None
         self._depth = 0
         self._paused = 0
+        self._zeros: weakref.ref[torch.Tensor] | None = None
 
     @contextmanager
     def unrecorded(self) -> Iterator[None]:
@@ -74,6 +83,7 @@ class TracingFakeMode(FakeTensorMode):
                 return super().dispatch(func, types, args, kwargs)
             finally:
                 self._depth -= 1
+        func = self._eager_index_backward(func, args, kwargs, recorder.phase)
         op = f"{func.namespace}.{func.__name__}" if hasattr(func, "namespace") else str(func)
         recorder.op = op
         self._depth = 1
@@ -95,7 +105,20 @@ class TracingFakeMode(FakeTensorMode):
                 if role is not None:
                     recorder.mark(storage, role)
         recorder.op = ""
+        fresh = func is torch.ops.aten.new_zeros.default and isinstance(out, torch.Tensor)
+        self._zeros = weakref.ref(out) if fresh else None
         return out
+
+    def _eager_index_backward(self, func: Any, args: Any, kwargs: Any, phase: str) -> Any:
+        """``aten.index_put_`` for the out-of-place ``index_put`` that ``index_backward`` runs under a mode.
+
+        Only in the backward, accumulating, into the tensor the operator just before made with ``new_zeros``:
+        on plain tensors the formula accumulates into those zeros in place (module docstring).
+        """
+        if func is not torch.ops.aten.index_put.default or phase != "backward" or self._zeros is None:
+            return func
+        accumulate = args[3] if len(args) > 3 else (kwargs or {}).get("accumulate", False)
+        return torch.ops.aten.index_put_.default if accumulate and args[0] is self._zeros() else func
 
 
 def _tensors(out: Any) -> Iterator[torch.Tensor]:
