@@ -129,7 +129,7 @@ class ActivationShape:
     #: Where an MoE layer applies its routing probabilities (``FrameworkProfile.moe_probs_at``).
     moe_probs_at: str = "combine"
     #: The routed experts are transformers' grouped experts (``grouped_mm_experts_forward``): the combine
-    #: reorders the weighted rows back to token order and sums the ``k`` picks (:func:`combine_gradient_bytes`).
+    #: reorders the weighted rows back to token order and sums the ``k`` picks (:mod:`~memplan.estimate.grouped_combine`).
     grouped_experts_combine: bool = False
     #: The RMSNorm is PyTorch's fused one (``aten._fused_rms_norm`` on CUDA: it saves its input and the
     #: fp32 1/rms only; :attr:`memplan.frameworks.model_code.ModelCode.fused_rms_norm`).
@@ -840,7 +840,7 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     skipped = core_roles | walked
     largest = max(max((divided(t, shape) for t in attention + rest if t.role not in skipped), default=0),
                   dispatch_buffer_bytes(layer, shape))
-    transient = max(2 * largest, combine_gradient_bytes(rest, shape))
+    transient = 2 * largest
     if not core_roles:
         return transient
     gradients = softmax_gradient_bytes(layer, shape)
@@ -849,22 +849,6 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     released += sum(divided(t, shape) for t in attention
                     if t.role in (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST))
     return max(transient, gradients - (0 if offloaded else released))
-
-
-def combine_gradient_bytes(rest: list[Term], shape: ActivationShape) -> int:
-    """The routed-rows gradients transformers' grouped experts' combine makes at once in the backward (one rank).
-
-    ``weighted_out[inv_perm].view(tokens, k, h).sum(1)`` (``integrations/moe.py``) backward: the summed
-    gradient expanded and copied to routed rows (``reshape``'s ``clone``), then ``index_backward``'s zeros
-    that it accumulates into (in place on plain tensors), the copy freed; then the product
-    ``proj_out * sample_weights`` gives the gradient of each factor (``grad * weights`` and ``grad * proj_out``,
-    the second summed to the weights' gradient) beside the zeros: three routed-rows tensors in the
-    product's dtype, the size of the expert outputs the product keeps (:data:`EXPERT_OUTPUTS`). None when the
-    product keeps no expert outputs (a frozen router: one gradient only) or other experts' code runs.
-    """
-    if not shape.grouped_experts_combine:
-        return 0
-    return 3 * sum(divided(t, shape) for t in rest if t.role is TermRole.EXPERT_OUTPUTS)
 
 
 def eager_core_roles(layer: LayerSpec, shape: ActivationShape) -> set[TermRole]:

@@ -44,6 +44,7 @@ from memplan.estimate.ep_overlap import (
 from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
 from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
+from memplan.estimate.grouped_combine import combine_backward_bytes
 from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
 from memplan.estimate.recompute_modules import (
@@ -252,6 +253,9 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
         again = [(divided(t, shape), t.site) for t in recomputed_only_terms(layer, shape, policy.modules)]
         rebuilt += recomputed_peak([(size, site) for size, _, site in sized] + again, dropped)
         kept += sum(divided(t, shape) for t in inputs)
+    # transformers' grouped experts' combine: its backward beside what the partial policy has made again by then
+    combine = combine_backward_bytes(blocks[1], shape, sized, dropped, policy.kind.checkpoints_layers)
+    transient = max(transient, combine - (rebuilt if policy.partial else 0))
     return kept, full, transient, rebuilt
 
 
