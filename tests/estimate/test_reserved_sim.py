@@ -19,6 +19,8 @@ from memplan.profiles import get_profile
 
 JOBS = {
     "sdpa": dict(seq=2048, attention="sdpa"),
+    "sdpa core_attn walked": dict(seq=2048, attention="sdpa", recompute="megatron-selective",
+                                  recompute_modules="core_attn"),
     "eager fp32": dict(seq=2048, attention="eager", precision="fp32"),
     "full recompute": dict(seq=2048, recompute="full"),
     "fsdp 4, tp 2": dict(seq=2048, fsdp=4, tp=2, recompute="full"),

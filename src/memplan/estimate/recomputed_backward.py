@@ -182,9 +182,30 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
     """The most the layer's backward holds above its kept ``tensors`` (:func:`~memplan.estimate.recomputed_tensors.saved_tensors`; ``grads``: the sizes
     of the layer's gradients, made where autograd makes them; None: not counted), or None when a plan does
     not apply."""
-    from memplan.estimate.reserved_mlp_backward import SLOTS, layer_gradient_sizes, mlp_backward, mlp_plan
     from memplan.estimate.reserved_replay import Replay
 
+    replay = Replay(repeat=False)
+
+    def made(positions: Sequence[int] | None) -> None:
+        if grads is not None and positions is not None:
+            replay.take_all([grads[p] for p in positions])
+
+    saved = walk_events(run, (index, copies), tensors, replay, (made, _nothing), None)
+    return None if saved is None else replay.peak_requested - saved
+
+
+def walk_events(run: RunContext, layer_copies: tuple[int, int], tensors: list[tuple[int, int, int]], replay: Replay,
+                hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]],
+                kept: tuple[Sequence[Block | None], list[Block | None], list[Block | None]] | None) -> int | None:
+    """The walk's events on ``replay`` (``layer_copies``: the layer's index and recomputed copies' bytes;
+    ``hooks``: the gradients made at the given positions, and the ledger's moment, marked before the core's
+    backward), or None when a plan does not apply. Returns the requested bytes once the kept tensors are
+    taken. ``kept``: the reserved schedule's own blocks of the layer's kept tensors (its slots, those freed
+    before the core's backward and after it; :func:`~memplan.estimate.reserved_backward.backward_layer`),
+    taken by the walk itself where None, the forward's saved autocast copies with them."""
+    from memplan.estimate.reserved_mlp_backward import SLOTS, layer_gradient_sizes, mlp_backward, mlp_plan
+
+    index, copies = layer_copies
     layer, shape = run.model.layers[index], run.shape
     count = len(layer_gradient_sizes(run.model, index, 0))
     sized: list[int | None] = [None] * len(SLOTS)
@@ -195,7 +216,6 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
     core = _core_step(run, index, sized, count)
     if mlp is None or core is None:
         return None
-    replay = Replay(repeat=False)
     slots: list[Any] = [None] * len(SLOTS)  # the op-by-op plans' slots (their Block type is the schedule's int)
     freed: tuple[list[Block | None], list[Block | None]] = ([], [])  # before the core's backward, after it
     normalized: list[Block | None] = []
@@ -209,11 +229,16 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
             else:
                 (normalized if role == NORMALIZED else freed[0 if role == EARLY else 1]).append(block)
 
-    take(KEPT)
     # autocast's weight copies (walk_copies): the saved ones among the kept tensors, a recomputed layer's before the
     # backward starts, a sub-module checkpoint's (the MLP's) with its recompute; each freed with its gradient
     plan, held = copy_plan(run, index, copies), dict[int, "Block | None"]()
-    _take_copies(replay, plan.saved, plan.saved_late, held, freed[1])
+    if kept is None:
+        take(KEPT)
+        _take_copies(replay, plan.saved, plan.saved_late, held, freed[1])
+    else:
+        slots[:] = kept[0]
+        freed[0].extend(kept[1])
+        freed[1].extend(kept[2])
     saved = replay.requested
     tokens_hidden = shape.seq * shape.micro_batch * run.model.hidden_size
     if not run.dropped:
@@ -228,15 +253,15 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
 
     def made(positions: Sequence[int] | None) -> None:
         replay.give(*(held.pop(p, None) for p in positions or ()))
-        if grads is not None and positions is not None:
-            replay.take_all([grads[p] for p in positions])
+        hooks[0](positions)
 
     mlp_backward(replay, mlp, slots, made)
     replay.give(*freed[0])
     take(AT_ATTENTION)
+    hooks[1]()
     core(replay, slots=slots, made=made)
     replay.give(incoming, *freed[1], *held.values())
-    return replay.peak_requested - saved
+    return saved
 
 
 def _take_copies(replay: Replay, sized: Sequence[tuple[int, int]], late: int, held: dict[int, Block | None],

@@ -26,6 +26,7 @@ from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
 from memplan.estimate.reserved_recompute import moment_position, recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
+from memplan.estimate.reserved_walked import walked_backward, walked_fused
 
 Saved = list[list[Block | None]]
 
@@ -177,7 +178,10 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
                            count)
             replay.give(*layer_saved[0], *layer_saved[1], *layer_saved[2])
         else:
-            backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
+            walked = walked_fused(ctx, walk.per_layer[position][0])  # a fused core's walk (reserved_walked)
+            if walked is None or not walked_backward(ctx.run, (walk.per_layer[position][0], walked), layer_saved,
+                                                     replay, (made, peak)):
+                backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
         replay.give(*params)
         return made_grads if fsdp is None else [*made_grads, [] if ahead is None else [ahead]]
 
