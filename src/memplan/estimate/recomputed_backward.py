@@ -197,25 +197,17 @@ def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
 def walk_events(run: RunContext, layer_copies: tuple[int, int], tensors: list[tuple[int, int, int]], replay: Replay,
                 hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]],
                 kept: tuple[Sequence[Block | None], list[Block | None], list[Block | None]] | None) -> int | None:
-    """The walk's events on ``replay`` (``layer_copies``: the layer's index and recomputed copies' bytes;
-    ``hooks``: the gradients made at the given positions, and the ledger's moment, marked before the core's
-    backward), or None when a plan does not apply. Returns the requested bytes once the kept tensors are
-    taken. ``kept``: the reserved schedule's own blocks of the layer's kept tensors (its slots, those freed
-    before the core's backward and after it; :func:`~memplan.estimate.reserved_backward.backward_layer`),
-    taken by the walk itself where None, the forward's saved autocast copies with them."""
-    from memplan.estimate.reserved_mlp_backward import SLOTS, layer_gradient_sizes, mlp_backward, mlp_plan
+    """The walk's events on ``replay`` (``layer_copies``: layer index, recomputed copies' bytes; ``hooks``: gradients
+    made at positions, the ledger's moment before the core), or None where a plan does not apply; returns the bytes
+    requested once the kept tensors are there (``kept``: the reserved schedule's blocks of them, slots, freed before
+    the core and after; None: the walk takes them and the forward's saved autocast copies)."""
+    from memplan.estimate.reserved_mlp_backward import SLOTS, mlp_backward
 
-    index, copies = layer_copies
-    layer, shape = run.model.layers[index], run.shape
-    count = len(layer_gradient_sizes(run.model, index, 0))
-    sized: list[int | None] = [None] * len(SLOTS)
-    for size, role, _ in tensors:
-        if role >= 0:
-            sized[role] = size
-    mlp = mlp_plan(run, index, sized, count, lambda size: size)
-    core = _core_step(run, index, sized, count)
-    if mlp is None or core is None:
+    (index, copies), shape = layer_copies, run.shape
+    plans = _plans(run, index, tensors)
+    if plans is None:
         return None
+    mlp, core = plans
     slots: list[Any] = [None] * len(SLOTS)  # the op-by-op plans' slots (their Block type is the schedule's int)
     freed: tuple[list[Block | None], list[Block | None]] = ([], [])  # before the core's backward, after it
     normalized: list[Block | None] = []
@@ -244,7 +236,7 @@ def walk_events(run: RunContext, layer_copies: tuple[int, int], tensors: list[tu
     if not run.dropped:
         _take_copies(replay, plan.recomputed, plan.recomputed_late, held, freed[1])
     incoming = replay.take(tokens_hidden * shape.residual_bytes)
-    if layer.num_post_norms:
+    if run.model.layers[index].num_post_norms:
         fp32 = tokens_hidden * NORM_COMPUTE_BYTES
         rms_norm_backward(replay, fp32, normalized[0] if normalized else None, replay.take(fp32))
     if run.dropped:
@@ -262,6 +254,21 @@ def walk_events(run: RunContext, layer_copies: tuple[int, int], tensors: list[tu
     core(replay, slots=slots, made=made)
     replay.give(incoming, *freed[1], *held.values())
     return saved
+
+
+def _plans(run: RunContext, index: int, tensors: list[tuple[int, int, int]]) -> tuple[Any, Callable[..., None]] | None:
+    """The gated MLP's op-by-op plan and the core's backward step for the walk of layer ``index`` (its
+    ``tensors``' sizes in their slots), or None where either does not apply."""
+    from memplan.estimate.reserved_mlp_backward import SLOTS, layer_gradient_sizes, mlp_plan
+
+    count = len(layer_gradient_sizes(run.model, index, 0))
+    sized: list[int | None] = [None] * len(SLOTS)
+    for size, role, _ in tensors:
+        if role >= 0:
+            sized[role] = size
+    mlp = mlp_plan(run, index, sized, count, lambda size: size)
+    core = _core_step(run, index, sized, count)
+    return None if mlp is None or core is None else (mlp, core)
 
 
 def _take_copies(replay: Replay, sized: Sequence[tuple[int, int]], late: int, held: dict[int, Block | None],
