@@ -223,10 +223,16 @@ def _command(args: Args) -> str:
     return " \\\n    ".join(words) + "\n"
 
 
-def _run(runner: Any, app: Any, folder: Path, name: str, args: Args) -> tuple[int, Any]:
-    path = folder / name / "launch.sh"  # one file name: the assumptions cite it
-    path.parent.mkdir()
+def _launch_file(folder: Path, name: str, args: Args) -> Path:
+    """``args`` as a launch command in ``folder/name/launch.sh`` (one file name: the assumptions cite it)."""
+    path = folder / name / "launch.sh"
+    path.parent.mkdir(parents=True)
     path.write_text(_command(args))
+    return path
+
+
+def _run(runner: Any, app: Any, folder: Path, name: str, args: Args) -> tuple[int, Any]:
+    path = _launch_file(folder, name, args)
     result = runner.invoke(app, ["estimate", "--megatron-args", str(path), "--gpus", str(GPUS), "--json"])
     if result.exit_code != 0:
         lines = result.output.strip().splitlines()
@@ -242,9 +248,7 @@ def _models_differ(base_args: Args, variant_args: Args, folder: Path) -> bool:
 
     specs = []
     for name, args in (("model_base", base_args), ("model_variant", variant_args)):
-        path = folder / name / "launch.sh"
-        path.parent.mkdir(parents=True)
-        path.write_text(_command(args))
+        path = _launch_file(folder, name, args)
         specs.append(load_job(JobRequest(megatron_args=str(path), flags={"gpus": GPUS})).model)
     return specs[0] != specs[1]
 

@@ -106,10 +106,21 @@ GOOD = ("modelled: changes", "no effect: same figures", "not modelled: listed", 
 
 
 def _set(table: dict[str, Any], dotted: str, value: Any) -> None:
+    """``table``'s dotted key set to ``value`` (sections made as needed); None removes the key."""
     *sections, key = dotted.split(".")
     for section in sections:
         table = table.setdefault(section, {})
-    table[key] = value
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = value
+
+
+def _estimate_file(runner: Any, app: Any, path: Path, text: str, args: list[str]) -> tuple[int, Any]:
+    """``text`` written to ``path`` (its folder made), then ``memplan estimate`` with ``args`` naming it."""
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return _answer(runner, app, ["estimate", *args, str(path)])
 
 
 def _toml(data: dict[str, Any]) -> str:
@@ -158,10 +169,8 @@ def torchtitan_rows(runner: Any, app: Any, folder: Path, dialect: str) -> list[d
     defaults, types = field_defaults(), field_types()
 
     def run(data: dict[str, Any], name: str) -> tuple[int, Any]:
-        path = folder / dialect.replace(" ", "_") / name / "job.toml"
-        path.parent.mkdir(parents=True)
-        path.write_text(_toml(data))
-        return _answer(runner, app, ["estimate", "--torchtitan-config", str(path), "--gpus", str(GPUS)])
+        return _estimate_file(runner, app, folder / dialect.replace(" ", "_") / name / "job.toml", _toml(data),
+                              ["--gpus", str(GPUS), "--torchtitan-config"])
 
     base_code, base = run(base_data, "base")
     assert base_code == 0, base
@@ -195,10 +204,8 @@ def hf_rows(runner: Any, app: Any, folder: Path) -> list[dict[str, str]]:
     import transformers
 
     def run(data: dict[str, Any], name: str) -> tuple[int, Any]:
-        path = folder / name / "args.json"
-        path.parent.mkdir(parents=True)
-        path.write_text(json.dumps(data))
-        return _answer(runner, app, ["estimate", HF_MODEL, "--hf-args", str(path), "--gpus", str(GPUS)])
+        return _estimate_file(runner, app, folder / name / "args.json", json.dumps(data),
+                              [HF_MODEL, "--gpus", str(GPUS), "--hf-args"])
 
     base_code, base = run(HF_BASE, "hf_base")
     assert base_code == 0, base
@@ -259,14 +266,7 @@ DEEPSPEED_ROWS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
 def _with(config: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(config))
     for dotted, value in changes.items():
-        *sections, key = dotted.split(".")
-        table = out
-        for section in sections:
-            table = table.setdefault(section, {})
-        if value is None:
-            table.pop(key, None)
-        else:
-            table[key] = value
+        _set(out, dotted, value)
     return out
 
 
@@ -274,10 +274,8 @@ def deepspeed_rows(runner: Any, app: Any, folder: Path) -> list[dict[str, str]]:
     from memplan.frameworks.deepspeed_keys import KEYS
 
     def run(config: dict[str, Any], name: str) -> tuple[int, Any]:
-        path = folder / "deepspeed" / name / "ds.json"
-        path.parent.mkdir(parents=True)
-        path.write_text(json.dumps(config))
-        return _answer(runner, app, ["estimate", *DEEPSPEED_FLAGS, "--deepspeed-config", str(path)])
+        return _estimate_file(runner, app, folder / "deepspeed" / name / "ds.json", json.dumps(config),
+                              [*DEEPSPEED_FLAGS, "--deepspeed-config"])
 
     rows = []
     modelled = sorted(key for key, (effect, _) in KEYS.items() if effect == "modelled")

@@ -28,7 +28,7 @@ tensors (eager ``act(gate)``), on one tensor-parallel rank; elsewhere the genera
 
 from __future__ import annotations
 
-from memplan.estimate.activations import ActivationShape, Term, divided
+from memplan.estimate.activations import ActivationShape, Term, divided, output_gradient_bytes
 from memplan.estimate.terms import TermRole
 from memplan.estimate.partial_freeze import LayerFlow
 from memplan.model.spec import LayerSpec
@@ -67,7 +67,7 @@ def frozen_mlp_backward(layer: LayerSpec, shape: ActivationShape, rest: list[Ter
     replay = Replay(repeat=False)
     slots = [*replay.take_all([one] * 3), replay.take(sizes.get(FC2, 0))]  # gate, up, act(gate), the product
     saved = replay.requested
-    residual = tokens * shape.hidden * shape.residual_bytes
+    residual = output_gradient_bytes(shape, shape.hidden)
     hidden = tokens * shape.hidden * shape.act_bytes
     replay.take(residual)  # the layer's output gradient
     weight = mlp.intermediate_size * shape.hidden * dequantized_bytes
