@@ -161,6 +161,14 @@ def flag_jobs() -> Iterator[tuple[str, str, dict[str, Any]]]:
         yield f"finetune/{ft.key}", ft.model, ft.flags()
 
 
+#: Job fields added after jobs were first recorded, left out of the fingerprint at their default so those jobs
+#: keep their fingerprints (a job that sets one is taken whole): ``compile`` and ``compile_loss`` (issue 25,
+#: --compile, --compile-loss), ``reserved`` (issue 25, item 8), ``attention_dropout`` (session 11; None: the
+#: same as ``dropout``).
+FIELDS_AT_DEFAULT_LEFT_OUT: tuple[tuple[str, object], ...] = (
+    ("compile", False), ("attention_dropout", None), ("compile_loss", "auto"), ("reserved", "auto"))
+
+
 def _fingerprint(result: Any) -> dict[str, Any]:
     data = result.to_dict()
     assumptions = data.pop("assumptions", None)
@@ -168,19 +176,11 @@ def _fingerprint(result: Any) -> dict[str, Any]:
     # not predictions, so left out of the numbers' fingerprint as the assumption sentences are.
     data.pop("input_settings", None)
     data.pop("unmodelled_settings", None)
-    # ``job.compile`` (issue 25, --compile) is left out at its default, so the jobs recorded before the field
-    # existed keep their fingerprints; a compiled job's is taken whole.
-    if isinstance(data.get("job"), dict) and data["job"].get("compile") is False:
-        del data["job"]["compile"]
-    # ``job.attention_dropout`` (session 11) likewise at its default None (the same as ``dropout``).
-    if isinstance(data.get("job"), dict) and data["job"].get("attention_dropout", 0) is None:
-        del data["job"]["attention_dropout"]
-    # ``job.compile_loss`` likewise at its default ``auto`` (--compile-loss, issue 25)
-    if isinstance(data.get("job"), dict) and data["job"].get("compile_loss") == "auto":
-        del data["job"]["compile_loss"]
-    # ``job.reserved`` (issue 25, item 8, --reserved) likewise, at its default ``auto``.
-    if isinstance(data.get("job"), dict) and data["job"].get("reserved") == "auto":
-        del data["job"]["reserved"]
+    job = data.get("job")
+    if isinstance(job, dict):
+        for field, default in FIELDS_AT_DEFAULT_LEFT_OUT:
+            if field in job and type(job[field]) is type(default) and job[field] == default:
+                del job[field]
     numbers = json.dumps(data, sort_keys=True, default=str)
     words = json.dumps(assumptions, sort_keys=True, default=str)
     return {"numbers": hashlib.sha256(numbers.encode()).hexdigest()[:20],
