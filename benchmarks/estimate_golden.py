@@ -99,6 +99,29 @@ FIXED: tuple[tuple[str, dict[str, Any]], ...] = (
     ("llama-3.1-8b", {"peft": "lora", "quantize_base": "nf4", "lora_rank": 64, "lora_targets": "all-linear",
                       "seq": 4096}),
     ("llama-3.1-8b", {"framework": "torchtitan", "fsdp": "full", "gpus": 16, "seq": 8192}),
+    # session 12: dropout where the model code has its sites or not (Hugging Face), the two Megatron dropouts
+    # apart (--attention-dropout), and --lora-targets auto on a model type whose peft default is not q_proj,v_proj
+    ("llama-3.2-1b", {"framework": "hf", "attention": "eager", "dropout": 0.1, "precision": "bf16-mixed",
+                      "seq": 2048}),
+    ("llama-3.2-1b", {"framework": "hf", "attention": "eager", "dropout": 0.1, "attention_dropout": 0.0,
+                      "seq": 2048}),
+    ("llama-3.2-1b", {"framework": "hf", "attention": "sdpa", "dropout": 0.1, "seq": 2048}),
+    ("gpt2", {"framework": "hf", "attention": "eager", "dropout": 0.1}),
+    ("gpt2", {"framework": "hf", "attention": "eager", "dropout": 0.0, "attention_dropout": 0.1,
+              "precision": "bf16"}),
+    ("gpt2-xl", {"framework": "hf", "attention": "sdpa", "dropout": 0.1, "peft": "lora"}),
+    ("mistral-7b", {"framework": "hf", "attention": "eager", "attention_dropout": 0.1, "peft": "lora",
+                    "seq": 1024}),
+    ("mixtral-8x7b", {"framework": "torchtitan", "attention": "eager", "dropout": 0.1, "gpus": 8, "fsdp": "full",
+                      "seq": 2048}),
+    ("qwen3-8b", {"framework": "torchtitan", "attention": "eager", "dropout": 0.1, "gpus": 8, "fsdp": "full",
+                  "recompute": "selective"}),
+    ("gemma-2-9b", {"framework": "hf", "attention": "eager", "dropout": 0.1, "peft": "lora", "seq": 2048}),
+    ("llama-3.1-8b", {"framework": "megatron", "attention": "eager", "dropout": 0.1, "attention_dropout": 0.0,
+                      "gpus": 8, "tp": 2}),
+    ("llama-3.1-8b", {"framework": "megatron", "attention": "eager", "dropout": 0.0, "attention_dropout": 0.1,
+                      "gpus": 8}),
+    ("deepseek-v2-lite", {"framework": "megatron", "dropout": 0.1, "attention_dropout": 0.0, "gpus": 8, "ep": 8}),
 )
 
 

@@ -54,3 +54,26 @@ def test_json_has_trainable_and_frozen_params() -> None:
     # r=8 on q_proj (2048 -> 2048) and v_proj (2048 -> 512) of 16 layers.
     assert lora["trainable_params"] == 16 * 8 * ((2048 + 2048) + (2048 + 512))
     assert lora["frozen_params"] == full["total_parameters"]
+
+
+@pytest.mark.parametrize(("model", "adapted", "peft_default"), [
+    ("gpt2-xl", "c_attn", True), ("llama-3.2-1b", "q_proj,v_proj", True), ("qwen3-30b-a3b", "q_proj,v_proj", False)])
+def test_auto_lora_targets_follow_pefts_default_for_the_model_type(model: str, adapted: str,
+                                                                 peft_default: bool) -> None:
+    """``--lora-targets auto`` is peft's default for the model type (GPT-2: ``c_attn``), and the result says
+    which modules it adapted and whether peft itself has a default for the type."""
+    result = CliRunner().invoke(app, ["estimate", model, "--framework", "hf", "--peft", "lora", "--json"])
+    assert result.exit_code == 0, result.output
+    note = next(a for a in json.loads(result.output)["assumptions"] if a.startswith("--lora-targets auto"))
+    assert f"auto: {adapted}" in note
+    assert ("peft has no default" not in note) == peft_default
+
+
+def test_auto_lora_targets_a_model_lacks_exit_2_with_one_line() -> None:
+    """DeepSeek-V3 (MLA: no q_proj/v_proj, and no peft default): one line naming the flag, what auto stood for
+    and the modules the model has."""
+    result = CliRunner().invoke(app, ["estimate", "deepseek-v3", "--peft", "lora"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--lora-targets" in lines[0] and "auto stands for" in lines[0], result.output
+    assert "kv_b_proj" in lines[0]

@@ -695,9 +695,6 @@ class CudaGraphs:
 #: What ``--lora-targets all-linear`` selects: every linear layer of the decoder, not the output
 #: head (peft's ``INCLUDE_LINEAR_LAYERS_SHORTHAND``).
 ALL_LINEAR = "all-linear"
-#: What ``--lora-targets auto`` selects: peft's default for Llama, Mistral, Qwen and Gemma models
-#: (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``).
-DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
 #: Dtypes a bitsandbytes quantized layer can compute in (``bnb_4bit_compute_dtype``).
 QUANT_COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -728,7 +725,9 @@ class FineTuning:
                                "of the input).", panel=FINETUNE, metavar="P")
     lora_targets: str = knob("auto", "--lora-targets", "Modules that get adapters: a comma list of names "
                              "(q_proj,v_proj,...), all-linear (every decoder linear, not the head), or auto "
-                             "(peft's default for the architecture: q_proj,v_proj).", panel=FINETUNE, metavar="NAMES")
+                             "(peft's default for the model type: q_proj,v_proj for Llama, Mistral, Qwen, Gemma; "
+                             "c_attn for GPT-2; query_key_value for GPT-NeoX; q_proj,v_proj, said in the result, "
+                             "where peft has none).", panel=FINETUNE, metavar="NAMES")
     #: peft ``rank_pattern``: ``name=rank`` pairs overriding ``lora_rank`` for matching modules.
     lora_rank_pattern: str = knob("", "--lora-rank-pattern", "Per-module ranks: comma list of NAME=R (peft "
                                   "rank_pattern), e.g. o_proj=16,down_proj=32.", panel=FINETUNE, metavar="NAME=R,...")
@@ -813,15 +812,6 @@ class FineTuning:
                 raise JobConfigError("--frozen-dtype", "only applies with frozen weights (--peft, --quantize-base or "
                                      "--trainable); this job trains every weight", self.frozen_dtype)
             object.__setattr__(self, "frozen_dtype", dtype)
-
-    @property
-    def target_names(self) -> tuple[str, ...] | None:
-        """Named adapter targets; None for ``all-linear``."""
-        if self.lora_targets == ALL_LINEAR:
-            return None
-        if self.lora_targets == "auto":
-            return DEFAULT_LORA_TARGETS
-        return tuple(self.lora_targets.split(","))
 
     @property
     def rank_pattern(self) -> dict[str, int]:

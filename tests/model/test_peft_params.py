@@ -83,3 +83,37 @@ def test_trainable_names_train_whole_modules() -> None:
                    if n.startswith(("model.layers.1.", "model.norm.")))
     assert ours.trainable == expected
     assert ours.trainable + ours.frozen == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_auto_targets_are_pefts_default(name: str) -> None:
+    """``--lora-targets auto`` adapts what ``LoraConfig(target_modules=None)`` adapts on the real model (counts
+    equal peft's); where peft has no default for the model type it refuses, and memplan says it has none."""
+    from memplan.errors import JobConfigError
+    from memplan.peft.checks import check_finetune_names
+    from memplan.peft.default_targets import peft_has_default
+
+    from memplan.peft.params import converts_moe_targets
+
+    spec = model_from_hf_config(small_config(name), name=name)
+    ft = FineTuning(peft="lora")
+    table = peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    try:
+        expected = _peft_counts(name, {"r": 8})
+    except ValueError as error:  # peft: "Please specify `target_modules` in `peft_config`"
+        assert "target_modules" in str(error)
+        if not converts_moe_targets(spec.model_type):
+            assert not peft_has_default(spec.model_type), spec.model_type
+            return
+        # peft 0.21's MoE conversion empties a missing list before the default is looked up (Mixtral): the
+        # default is its table's entry, given explicitly
+        if spec.model_type not in table:
+            assert not peft_has_default(spec.model_type), spec.model_type
+            return
+        expected = _peft_counts(name, {"r": 8, "target_modules": list(table[spec.model_type])})
+    assert peft_has_default(spec.model_type), spec.model_type
+    check_finetune_names(spec, ft)  # peft's own default names modules the model has
+    ours = finetune_params(spec, ft)
+    assert (ours.trainable, ours.frozen) == expected
+    with pytest.raises(JobConfigError):  # sanity: the check is live
+        check_finetune_names(spec, FineTuning(peft="lora", lora_targets="no_such_proj"))

@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from memplan.cli import app
+from memplan.peft.params import target_names
 from memplan.trace import trace
 from memplan.trace.build import hf_config_dict
 
@@ -365,7 +366,7 @@ def test_cpu_trace_peak_matches_a_real_peft_step(tiny_llama: str, flags: dict[st
     model = transformers.AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
     finetune = options.job.finetune
     model = peft.get_peft_model(model, peft.LoraConfig(
-        r=finetune.lora_rank, lora_alpha=finetune.lora_alpha, target_modules=list(finetune.target_names or ()),
+        r=finetune.lora_rank, lora_alpha=finetune.lora_alpha, target_modules=list(target_names(hf.model_type, finetune) or ()),
         use_dora=finetune.peft == "dora"),
         # bf16 adapters: peft leaves them in the bf16 base's dtype without its fp32 upcast
         autocast_adapter_dtype=finetune.adapter_dtype != "bf16").train()

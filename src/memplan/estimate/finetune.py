@@ -24,8 +24,9 @@ from memplan.estimate.terms import NORMALIZED
 from memplan.frozen import frozen_dataclass
 from memplan.job import Job, resolved_adapter_dtype
 from memplan.model.linears import model_parameters
-from memplan.peft.params import FinetuneParams, PartCounts, finetune_params, saved_modules
 from memplan.model.spec import ModelSpec
+from memplan.peft.default_targets import auto_targets, peft_has_default
+from memplan.peft.params import FinetuneParams, PartCounts, converts_moe_targets, finetune_params, saved_modules
 from memplan.units import dtype_bytes
 
 def adapter_bytes(job: Job) -> int:
@@ -165,6 +166,17 @@ def dequantizing_op_bytes(counts: FinetuneParams, job: Job, index: int, shape: A
                for numel, rows in zip(part.quantized, part.quantized_rows, strict=True)) // job.parallel.tp
 
 
+def _auto_targets_note(model_type: str) -> str:
+    """What ``--lora-targets auto`` adapted, and where that choice comes from."""
+    names = ",".join(auto_targets(model_type))
+    if peft_has_default(model_type):
+        refused = (" (peft 0.21 under transformers 5 refuses a LoraConfig without target_modules for this MoE "
+                   "type: pass them)" if converts_moe_targets(model_type) else "")
+        return f"--lora-targets auto: {names}, peft's default target modules for {model_type}{refused}"
+    return (f"--lora-targets auto: {names}; peft has no default target modules for {model_type} (its LoraConfig "
+            "asks for target_modules), so these are memplan's choice: give --lora-targets to price yours")
+
+
 def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     """The PEFT and quantization facts an estimate used, one line each."""
     if not is_finetune(job):
@@ -185,6 +197,8 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
                    + "; frozen linear layers save no input (bitsandbytes 8-bit layers keep theirs); peft's "
                    "bitsandbytes layers under autocast skip the fp32 cast and keep the 16-bit input once per "
                    "shared input")
+        if ft.lora_targets == "auto":
+            out.append(_auto_targets_note(model.model_type))
         if ft.peft_kind.magnitude:
             out.append("DoRA's forward temporaries (identity matrix, combined weight and its norm per layer) are "
                        "not priced")

@@ -117,7 +117,8 @@ def _attention_notes(run: RunContext) -> list[str]:
     out = list(model_code_notes(code, job.attention, dtype_bytes(prec.compute), job.parallel.splits_sequence))
     if job.attention == "eager" and run.profile.kernels == "eager":
         dropout = ("(with attention dropout its 1-byte mask, and the dropout output in place of the cast, or beside "
-                   "the softmax output where no cast runs)" if run.shape.drops_attention else "(and dropout mask/output)")
+                   "the softmax output where no cast runs)"
+                   if run.shape.drops_attention else "(no attention dropout: no mask)")
         uncast = run.model.layers[0].attention.softmax_in_scores_dtype and not run.shape.autocast_ops
         softmax = ("the s x s softmax output in the compute dtype (this model's softmax runs in the scores' dtype, "
                    "fp32 under autocast only) is" if uncast else
@@ -126,7 +127,9 @@ def _attention_notes(run: RunContext) -> list[str]:
                    f"kept {dropout}, GQA keys/values copied per query "
                    "head (repeat_kv), soft-capped scores' tanh output where the model caps them")
     elif job.attention == "eager":
-        out.append("eager attention: the s x s softmax output (and dropout mask/output) is kept per head")
+        dropout = ("with attention dropout its 1-byte mask and the dropout output beside it"
+                   if run.shape.drops_attention else "no attention dropout: no mask")
+        out.append(f"eager attention: the s x s softmax output is kept per head ({dropout})")
     elif sdpa_attention(code, job.attention, dtype_bytes(prec.compute)) != "math":  # (math: the model code's note)
         out.append(f"{job.attention} attention: no s x s score matrix is kept, only the fp32 log-sum-exp per head "
                    "and token")

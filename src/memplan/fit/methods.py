@@ -195,8 +195,9 @@ def compare_methods(
         (f"framework profile '{base.framework}', precision {base.precision.name}, optimizer {base.optimizer.name} "
         "(full-adamw8bit: bitsandbytes AdamW8bit)"),
         "checkpointing: Hugging Face gradient checkpointing of every decoder layer (one extra forward per step)",
-        ("LoRA/QLoRA: peft settings from the job (default rank 8 on q_proj,v_proj); QLoRA: nf4 base with double "
-        "quantization, dequantized in every forward, backward and recompute (priced as an HBM pass)"),
+        ("LoRA/QLoRA: peft settings from the job (default rank 8 on peft's default target modules for the model "
+        "type); QLoRA: nf4 base with double quantization, dequantized in every forward, backward and recompute "
+        "(priced as an HBM pass)"),
         "fitting methods ranked by the predicted step time; the others by predicted reserved memory",
     )
     return MethodsResult(model=model.name, gpu=gpu_spec.name, gpus=par.world_size, usable_bytes=gpu_spec.usable_bytes,

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 
 from memplan.errors import JobConfigError
 from memplan.model.linears import matches, model_linears
+from memplan.peft.default_targets import auto_targets, peft_has_default
 from memplan.peft.params import (
     adapter_targets,
     fused_gate_up_complete,
     module_names,
     rank_of,
     split_targets,
+    target_names,
 )
 
 if TYPE_CHECKING:
@@ -36,12 +38,16 @@ def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
     modules, _ = split_targets(model, ft) if ft.peft_kind.adapters else ((), ())
     for target in modules or ():
         if not any(matches(m.name, target) for m in linears):
+            if ft.lora_targets == "auto":
+                raise JobConfigError("--lora-targets", f"auto stands for {_auto_source(model.model_type)}, which "
+                                     f"this model lacks: name the modules to adapt (its linear layers: {listing()})",
+                                     f"auto -> {target}")
             raise JobConfigError("--lora-targets", f"must name modules of the model (its linear layers: {listing()})",
                                  target)
     if ft.peft_kind.adapters and fused_gate_up_complete(model, ft) is False:
         raise JobConfigError("--lora-targets", "must name both expert projections fused into gate_up_proj "
                              "(peft refuses one alone)", ft.lora_targets)
-    if ft.peft_kind.adapters and ft.target_names is not None:
+    if ft.peft_kind.adapters and target_names(model.model_type, ft) is not None:
         for a in adapter_targets(model, ft):
             rank = rank_of(a.name, ft.lora_rank, ft.rank_pattern)
             if rank > min(a.in_features, a.out_features):
@@ -57,3 +63,11 @@ def check_finetune_names(model: ModelSpec, ft: FineTuning) -> None:
             if not hit:
                 raise JobConfigError(flag, f"must name modules of the model (its linear layers: {listing()}; "
                                      "or embed_tokens, norm, layers.N)", key)
+
+
+def _auto_source(model_type: str) -> str:
+    """Where ``--lora-targets auto``'s modules come from, for an error sentence."""
+    names = ",".join(auto_targets(model_type))
+    if peft_has_default(model_type):
+        return f"peft's default target modules for {model_type} ({names})"
+    return f"{names} (peft has no default target modules for {model_type})"

@@ -22,7 +22,9 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from memplan.frozen import frozen_dataclass
+from memplan.job import ALL_LINEAR
 from memplan.model.linears import LinearModule, layer_prefix, matches, model_linears, model_parameters
+from memplan.peft.default_targets import auto_targets
 
 if TYPE_CHECKING:
     from memplan.job import FineTuning
@@ -124,6 +126,23 @@ _MOE_PATTERN = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe",
 _FUSED = "gate_up_proj"
 
 
+def converts_moe_targets(model_type: str) -> bool:
+    """Whether peft rewrites the target list of ``model_type`` for transformers 5's fused experts. peft 0.21
+    does so before it looks up its default targets, and turns a missing list into an empty one: for such a type
+    ``LoraConfig(target_modules=None)`` is refused even where its table has a default (Mixtral)."""
+    return model_type in _MOE_PATTERN
+
+
+def target_names(model_type: str, ft: FineTuning) -> tuple[str, ...] | None:
+    """The adapter targets ``--lora-targets`` names on a model of ``model_type``: None for ``all-linear``,
+    peft's default for the type for ``auto`` (:mod:`memplan.peft.default_targets`)."""
+    if ft.lora_targets == ALL_LINEAR:
+        return None
+    if ft.lora_targets == "auto":
+        return auto_targets(model_type)
+    return tuple(ft.lora_targets.split(","))
+
+
 def split_targets(model: ModelSpec, ft: FineTuning) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
     """(module target names, or None for every linear but the head; fused parameter targets).
 
@@ -132,7 +151,7 @@ def split_targets(model: ModelSpec, ft: FineTuning) -> tuple[tuple[str, ...] | N
     the fused parameters instead, in every layer (so a dense layer's ``down_proj`` is no longer targeted);
     ``all-linear`` first resolves to the leaf names of the linear layers plus those v4 names.
     """
-    names = ft.target_names
+    names = target_names(model.model_type, ft)
     mapping = _MOE_MAPPING.get(_MOE_PATTERN.get(model.model_type, ""), {})
     if not mapping:
         return names, ()
@@ -156,7 +175,7 @@ def fused_gate_up_complete(model: ModelSpec, ft: FineTuning) -> bool | None:
     rank), None when neither is, False when only one is (peft refuses it)."""
     mapping = _MOE_MAPPING.get(_MOE_PATTERN.get(model.model_type, ""), {})
     olds = [k for k, v in mapping.items() if v == _FUSED]
-    names = ft.target_names
+    names = target_names(model.model_type, ft)
     if not olds or names is None:
         return True if olds else None
     present = {k for k in olds for t in names if t == k or t.endswith("." + k)}

@@ -28,6 +28,7 @@ import torch
 
 from memplan.errors import ConfigError, MissingDependencyError
 from memplan.job import ALL_LINEAR, FineTuning
+from memplan.peft.params import target_names
 
 __all__ = ["ParamCounts", "apply_finetune", "materialize_fake", "needs_finetune", "param_counts", "require_peft"]
 
@@ -66,10 +67,12 @@ def _peft() -> Any:
     return peft
 
 
-def lora_config(finetune: FineTuning) -> Any:
-    """The ``peft.LoraConfig`` of the job's fine-tuning section."""
+def lora_config(finetune: FineTuning, model_type: str) -> Any:
+    """The ``peft.LoraConfig`` of the job's fine-tuning section for a model of ``model_type`` (``--lora-targets
+    auto``: peft's default for the type, :func:`~memplan.peft.params.target_names`)."""
     peft = _peft()
-    targets: Any = ALL_LINEAR if finetune.target_names is None else list(finetune.target_names)
+    names = target_names(model_type, finetune)
+    targets: Any = ALL_LINEAR if names is None else list(names)
     save = [name for name in finetune.modules_to_save.split(",") if name] or None
     config = peft.LoraConfig(r=finetune.lora_rank, lora_alpha=finetune.lora_alpha,
                              lora_dropout=finetune.lora_dropout, target_modules=targets,
@@ -163,7 +166,7 @@ def _wrapped(model: torch.nn.Module, finetune: FineTuning) -> torch.nn.Module:
     try:
         with warnings.catch_warnings():  # peft's deprecation and modules_to_save chatter
             warnings.simplefilter("ignore")
-            return peft.get_peft_model(model, lora_config(finetune))
+            return peft.get_peft_model(model, lora_config(finetune, model.config.model_type))
     except ValueError as exc:
         lines = str(exc).strip().splitlines()
         raise ConfigError("--lora-targets", f"peft cannot wrap this model ({lines[0] if lines else exc!r})",
