@@ -1,8 +1,8 @@
 """The sizes a reserved-memory schedule allocates (issue 25, item 8; :mod:`memplan.estimate.reserved_sim`):
 the stage's parameter tensors grouped per unit (the root, then each decoder layer), a total of bytes spread
 over them in proportion, the gradients', optimizer moments' and step temporaries' sizes (the last two in the
-order the optimizer makes them: :func:`piece_sizes`), and the whole-step state's allocations. Pure functions of the ledger's totals and the model, cached across jobs
-(a fit search prices one model under many layouts)."""
+order the optimizer makes them: :func:`piece_sizes`), and the whole-step state's allocations. Pure functions
+of the ledger's totals and the model, cached across jobs (a fit search prices one model under many layouts)."""
 
 from __future__ import annotations
 
