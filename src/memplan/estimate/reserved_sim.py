@@ -23,7 +23,10 @@ simulated peak reserved. The schedule, in execution order:
   gradient (and a tied sum) last (:mod:`~memplan.estimate.reserved_root`);
 - the optimizer step's temporaries, one ``exp_avg_sq``-sized tensor per trainable tensor
   (:mod:`~memplan.estimate.reserved_optimizer`), freed; gradients freed before the next step where they
-  are not alive through the whole step.
+  are not alive through the whole step. The first step makes the optimizer's moments before them; under
+  ``torch.optim`` (``FrameworkProfile.torch_optimizer``) moments and temporaries come in
+  ``model.parameters()``' order, as ``_init_group`` and the foreach ops make them: the embedding's, the
+  layers', then the final norm's and head's (:func:`~memplan.estimate.reserved_sizes.piece_sizes`).
 
 Gradients, moments and step temporaries are laid out over the trainable tensors
 (:mod:`~memplan.estimate.reserved_trainable`: under PEFT the adapters and ``modules_to_save`` copies).
@@ -51,8 +54,9 @@ from memplan.estimate.reserved_offload import offloaded_plan
 from memplan.estimate.reserved_recompute import op_plans
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
-from memplan.estimate.reserved_sizes import Units, frozen, piece_sizes, spread, stage_units, static_allocations
-from memplan.estimate.reserved_trainable import trainable_units
+from memplan.estimate.reserved_sizes import (Units, frozen, parameter_lead, piece_sizes, spread, stage_units,
+                                             static_allocations)
+from memplan.estimate.reserved_trainable import trainable_lead, trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
     GRADIENTS,
@@ -104,7 +108,9 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
         cached = layer_cached_copies(ctx, layers, acts.autocast_cache, trained) if acts.autocast_cache else [
             [] for _ in layers]
     fsdp = fsdp_sizes(ctx, ledger, units, spread, head_unit(ctx), trained is not None)
-    moments = _pieces(ctx, walk, ledger, frozen(trained) if trained else units, (copies, cached), fsdp)
+    # torch.optim makes the states (and a foreach step its temporaries) in the parameters' order (reserved_sizes)
+    lead = (trainable_lead(ctx) if trained else parameter_lead(ctx)) if ctx.run.profile.torch_optimizer else None
+    moments = _pieces(ctx, walk, ledger, (frozen(trained) if trained else units, lead), (copies, cached), fsdp)
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     if not moments.states_in_step:
         replay.take_encoded(*static_allocations((ledger.total(OPTIMIZER),), units))
@@ -243,13 +249,15 @@ class _Pieces:
     keys: LayerKeys
 
 
-def _pieces(ctx: StageContext, walk: LayerWalk, ledger: Ledger, units: Units,
+def _pieces(ctx: StageContext, walk: LayerWalk, ledger: Ledger, units: tuple[Units, int | None],
             casts: tuple[list[list[int]], list[list[int]]], fsdp: FsdpSizes | None) -> _Pieces:
-    """The schedule's sizes (``casts``: per layer autocast's saved and cached weight copies)."""
+    """The schedule's sizes (``units``: the units' tensors and the root's before the layers in the optimizer's
+    order, :func:`~memplan.estimate.reserved_sizes.piece_sizes`; ``casts``: per layer autocast's saved and cached
+    weight copies)."""
     copies, cached = casts
     made = ledger.total(ABSENT, "backward") > 0
     grads, halves, temps = piece_sizes(ledger.total(OPTIMIZER), ledger.total(TEMPORARY, "optimizer step"),
-                                        ledger.total(GRADIENTS, "end of backward"), units)
+                                        ledger.total(GRADIENTS, "end of backward"), *units)
     return _Pieces(grads=grads, moments=halves, step_temp=temps, made_in_backward=made, states_in_step=made,
                    copies=copies, cached=cached,
                    keys=layer_keys(ctx, walk, (copies, cached), grads if made else None, fsdp))

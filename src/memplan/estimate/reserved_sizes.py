@@ -1,8 +1,8 @@
 """The sizes a reserved-memory schedule allocates (issue 25, item 8; :mod:`memplan.estimate.reserved_sim`):
 the stage's parameter tensors grouped per unit (the root, then each decoder layer), a total of bytes spread
-over them in proportion, the gradients', optimizer moments' and step temporaries' sizes, and the
-whole-step state's allocations. Pure functions of the ledger's totals and the model, cached across jobs
-(a fit search prices one model under many layouts)."""
+over them in proportion, the gradients', optimizer moments' and step temporaries' sizes (the last two in the
+order the optimizer makes them: :func:`piece_sizes`), and the whole-step state's allocations. Pure functions
+of the ledger's totals and the model, cached across jobs (a fit search prices one model under many layouts)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,33 @@ def _rank_units(model: Same, tp: int, profile: Same | None, layers: tuple[int, .
     return _grouped(tensors, sizes, list(layers), root)
 
 
+def parameter_lead(ctx: StageContext) -> int:
+    """How many of the root unit's tensors (:func:`stage_units`) ``model.parameters()`` lists before the
+    decoder layers: the embeddings (``embed_tokens``; GPT-2's ``wte`` and ``wpe``). The root's other tensors
+    (the final norm, the head) come after the layers (:func:`in_parameter_order`)."""
+    return _lead(Same(ctx.run.model))
+
+
+@lru_cache(maxsize=64)
+def _lead(model: Same) -> int:
+    lead = 0
+    for t in model_parameters(model.obj):  # type: ignore[arg-type]
+        if t.layer is not None:
+            break
+        lead += 1
+    return lead
+
+
+def in_parameter_order(pieces: Sequence[Sequence[int]], lead: int | None) -> list[list[int]]:
+    """Per unit (the root, then the layers) ``pieces`` put in ``model.parameters()`` order (``lead``: the root's
+    pieces that come before the layers, :func:`parameter_lead`): the root's first ``lead``, the layers', then the
+    root's others; unchanged (root first) when ``lead`` is None."""
+    if lead is None or not pieces:
+        return [list(unit) for unit in pieces]
+    root = list(pieces[0])
+    return [root[:lead], *(list(unit) for unit in pieces[1:]), root[lead:]]
+
+
 def _grouped(tensors: Sequence[ParamTensor], sizes: list[int], layers: list[int], root: bool) -> Units:
     by_layer: dict[int | None, list[int]] = {}
     for t, size in zip(tensors, sizes):
@@ -66,13 +93,19 @@ def spread(total: int, units: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 @lru_cache(maxsize=1024)
-def piece_sizes(optimizer: int, step: int, gradients: int, units: Units) -> tuple[Units, Units, Units]:
+def piece_sizes(optimizer: int, step: int, gradients: int, units: Units, lead: int | None = None
+                ) -> tuple[Units, Units, Units]:
     """The gradients', optimizer moments' and step temporaries' sizes per unit (a pure function of the
-    ledger's totals and the units, cached: jobs of one model and layout share them)."""
+    ledger's totals and the units, cached: jobs of one model and layout share them). With ``lead`` (the
+    root's tensors before the layers, :func:`parameter_lead`) the moments and temporaries come in
+    ``model.parameters()`` order, as torch.optim makes them (:func:`in_parameter_order`; the root unit split in
+    two around the layers), else per unit, the root first."""
     moments = spread(optimizer, units)
     # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
-    halves = [[part for size in unit for part in (size // 2, size - size // 2)] for unit in moments]
-    temps = foreach_temporaries(step, [unit[1::2] for unit in halves]) or spread(step, units)
+    halves = in_parameter_order([[part for size in unit for part in (size // 2, size - size // 2)]
+                                 for unit in moments], None if lead is None else 2 * lead)
+    temps = (foreach_temporaries(step, [unit[1::2] for unit in halves])
+             or in_parameter_order(spread(step, units), lead))
     return frozen(spread(gradients, units)), frozen(halves), frozen(temps)
 
 

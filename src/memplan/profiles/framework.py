@@ -136,6 +136,15 @@ class FrameworkProfile:
     #: The optimizer is ``torch.optim``'s (HF Trainer, torchtitan): its fused (and capturable)
     #: Adam/AdamW keep a float32 ``step`` tensor per parameter on the GPU (torch/optim/adam.py,
     #: ``_init_group``). Megatron's and DeepSpeed's fused Adam keep the step count on the host.
+    #: ``_init_group`` also makes the states lazily in the first ``step()``, tensor by tensor in the param
+    #: groups' order, and a foreach step's ops run over the same lists: ``model.parameters()``' order (the
+    #: embedding, the decoder layers, the final norm and head) for torchtitan's one group
+    #: (``build_optimizers``) and, for every tensor above the allocator's small pool, for the HF Trainer's
+    #: weight-decay group (``create_optimizer``; its other group holds the norms and biases). The
+    #: reserved-memory schedule makes them in that order (:func:`memplan.estimate.reserved_sizes.piece_sizes`);
+    #: other profiles' states keep the schedule's unit order, the root's first (DeepSpeed makes its flat
+    #: partitions' states when the optimizer is built; Megatron's distributed optimizer in its buffers' order,
+    #: not modelled).
     torch_optimizer: bool = False
     #: ``optimizer.zero_grad(set_to_none=True)`` (PyTorch's and the HF Trainer's default; FSDP2)
     #: frees every gradient after the step, so none exist until the next backward makes them.
