@@ -4,10 +4,11 @@ weight, nothing of a quantized base) and the embedding output a checkpointed LoR
 
 from __future__ import annotations
 
+from memplan.estimate.input_leaf import input_leaf_bytes
 from memplan.estimate.layer_costs import largest_saved_term
 from memplan.estimate.layer_walk import walk_layers
 from memplan.estimate.offload_weights import NOTE, largest_saved_weight
-from memplan.estimate.stage_activations import _input_leaf_bytes, stage_activations
+from memplan.estimate.stage_activations import stage_activations
 from tests.estimate.test_reserved_mechanics import _ctx
 
 _LORA = {"seq": 1024, "mbs": 1, "precision": "bf16-mixed", "framework": "hf", "offload_activations": True,
@@ -48,6 +49,6 @@ def test_checkpointed_lora_holds_the_embedding_leaf() -> None:
     AccumulateGrad holds: one bf16 hidden state per micro-batch (the trace's aten.embedding output); none when
     the layers are not checkpointed or the embedding trains."""
     flags = {**_LORA, "seq": 2048, "mbs": 2, "recompute": "full"}
-    assert _input_leaf_bytes(_ctx("mistral-7b", flags)) == 2048 * 2 * 4096 * 2
-    assert _input_leaf_bytes(_ctx("mistral-7b", {**flags, "recompute": "none"})) == 0
-    assert _input_leaf_bytes(_ctx("mistral-7b", {**flags, "modules_to_save": "embed_tokens"})) == 0
+    assert input_leaf_bytes(_ctx("mistral-7b", flags)) == 2048 * 2 * 4096 * 2
+    assert input_leaf_bytes(_ctx("mistral-7b", {**flags, "recompute": "none"})) == 0
+    assert input_leaf_bytes(_ctx("mistral-7b", {**flags, "modules_to_save": "embed_tokens"})) == 0

@@ -230,6 +230,12 @@ CELLS: tuple[object, ...] = (
     ("llama_v256_wide", 512, "bf16-mixed", "sdpa", "none", {"offload_activations": True}),
     ("gpt2_v256", 512, "bf16-mixed", "sdpa", "none", {"offload_activations": True, "mbs": 4}),
     ("llama_v256", 512, "bf16-mixed", "eager", "none", {"offload_activations": True}),
+    # ... and without offload, where a layer's MLP backward sets the peak: a lumped term priced by its first node's
+    # tensors (memplan.estimate.activations.backward_transient_bytes: eager SwiGLU's product and gelu_new's last
+    # product hold three of one intermediate's size; before, two of the whole lump: +13.2%, +22.8%, +15.3%)
+    ("llama_v256_wide", 512, "bf16-mixed", "sdpa", "none"),
+    ("gpt2_v256", 512, "bf16-mixed", "sdpa", "full"),
+    ("gpt2_v256", 512, "bf16", "eager", "full"),
     # ... and LoRA under gradient checkpointing: enable_input_require_grads makes the embedding's output a leaf,
     # which autograd's AccumulateGrad keeps on the GPU whatever save_on_cpu copies (before: activations -89%)
     ("llama", 256, "bf16-mixed", "sdpa", "full", {"offload_activations": True, "peft": "lora",

@@ -639,7 +639,7 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
     apart = fc1_out == 3
     terms.append(Term(f"{prefix} fc1 output (activation input)", c * tokens * f * fc1_out, region, "body",
                       site=fc1_site, role=fc1_role, tensors=3 if apart else 1, node_saves=2 if apart else 1,
-                      node_made=3 if apart else 2))
+                      node_made=3 if apart else 2, first_made=3 if apart else 2))
     if eager_gate and prefix == "experts":
         # act(gate), saved by the product with the up half: inside the activation function (moe_act);
         # gpt-oss's clamped SwiGLU keeps more there (memplan.estimate.gpt_oss_terms).
@@ -653,12 +653,14 @@ def _mlp_terms(mlp: MLPSpec, shape: ActivationShape, *, tokens: int, region: Reg
         # 0.5 * x; under CUDA autocast (fp32 weights or a 16-bit frozen base alike) its pow runs in fp32, so
         # those are fp32.
         per_element = 12 if shape.autocast_ops else 3 * c
-        # its worst backward node is pow's (grad * 3 * x^2: x^2, 3 * x^2 and the product beside the gradient
-        # coming in), while the gradients of x from the formula's two other uses wait in autograd's input
-        # buffer (16-bit: half a tensor each under autocast)
+        # brought back node by node (save_on_cpu), its worst node is pow's (grad * 3 * x^2: x^2, 3 * x^2 and the
+        # product beside the gradient coming in), while the gradients of x from the formula's two other uses wait
+        # in autograd's input buffer (16-bit: half a tensor each under autocast); with its saved tensors on the
+        # GPU, its first node's: the last product, 0.5 * x times 1 + tanh(...), makes a gradient per factor in
+        # the gradient's dtype beside the one coming in, before any saved tensor is freed
         terms.append(Term(f"{prefix} gelu_new intermediates", per_element * tokens * f, region, "body",
                           site=fc2_site, role=TermRole.GELU_NEW if prefix == "mlp" else other_role, tensors=3,
-                          node_made=4 + (1 if shape.autocast_ops else 2)))
+                          node_made=4 + (1 if shape.autocast_ops else 2), first_made=3))
     if shape.drops_residual and prefix == "mlp":
         terms.append(Term("mlp residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body",
                           role=TermRole.MLP_RESIDUAL_DROPOUT))
@@ -809,6 +811,17 @@ def divided(term: Term, shape: ActivationShape) -> int:
     return size
 
 
+def node_bytes(term: Term, shape: ActivationShape) -> int:
+    """Bytes one tensor of ``term`` weighs on one rank."""
+    return divided(term, shape) // term.tensors
+
+
+def first_node_bytes(term: Term, shape: ActivationShape) -> int:
+    """What ``term``'s first backward node holds beside the layer's saved tensors (one rank): ``first_made`` of its
+    tensors' size, the gradient coming in and those the node makes."""
+    return node_bytes(term, shape) * term.first_made
+
+
 def output_gradient_bytes(shape: ActivationShape, hidden: int) -> int:
     """The gradient of a decoder layer's output on one rank (the residual stream's dtype)."""
     return divided(Term("output gradient", shape.residual_bytes * shape.seq * shape.micro_batch * hidden, "sp",
@@ -821,8 +834,11 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
                              offloaded: bool = False, walked: frozenset[TermRole] = frozenset()) -> int:
     """Memory a layer's backward needs beyond what the layer saved (one rank), at its worst step.
 
-    In general two tensors of the size of the layer's largest saved term (the incoming gradient
-    and the one produced) or of an MoE layer's dispatch buffers. Under HF eager attention the s x s
+    In general the most one term's first backward node holds (:func:`first_node_bytes`: two tensors of
+    one of its tensors' size, the incoming gradient and the one produced; three for a product of two of
+    its tensors, whose node makes a gradient per factor) or two of an MoE layer's dispatch buffers. A
+    term that lumps tensors (:attr:`~memplan.estimate.terms.Term.tensors`) is priced by one of them, as
+    autograd holds it: its later nodes run after the earlier ones freed what they saved. Under HF eager attention the s x s
     softmax backward holds two fp32 gradients of the probabilities (the one coming from the
     ``.to(dtype)`` cast and the one it produces), but by then autograd has released what the
     layer's later nodes saved: the whole MLP block (its backward ran first), the output
@@ -838,9 +854,8 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     attention, rest = blocks or layer_terms_by_block(layer, shape)
     core_roles = eager_core_roles(layer, shape)
     skipped = core_roles | walked
-    largest = max(max((divided(t, shape) for t in attention + rest if t.role not in skipped), default=0),
-                  dispatch_buffer_bytes(layer, shape))
-    transient = 2 * largest
+    transient = max(max((first_node_bytes(t, shape) for t in attention + rest if t.role not in skipped), default=0),
+                    2 * dispatch_buffer_bytes(layer, shape))
     if not core_roles:
         return transient
     gradients = softmax_gradient_bytes(layer, shape)

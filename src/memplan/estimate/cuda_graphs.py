@@ -35,7 +35,7 @@ What the sources say (Megatron-LM d98e8a6, Transformer Engine d0067d0):
 Known limitations: the driver's own memory for graph executables, the rotary-embedding cache shared by
 the TE graphs, MTP layers' graphs and the optimizer's CUDA graph (``--optimizer-cuda-graph``) are not
 priced; partial scopes price the captured block's saved tensors as :mod:`memplan.estimate.activations`
-lists them and its backward as two of its largest (the rule of ``backward_transient_bytes``); a
+lists them and its backward as its worst term's first node (the rule of ``backward_transient_bytes``); a
 checkpoint's extra inputs under ``--recompute-modules`` are left with the eager part.
 """
 
@@ -44,7 +44,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import field
 
-from memplan.estimate.activations import KEPT_BY, ActivationShape, Term, divided, layer_terms_by_block
+from memplan.estimate.activations import (
+    KEPT_BY,
+    ActivationShape,
+    Term,
+    divided,
+    first_node_bytes,
+    layer_terms_by_block,
+)
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.recompute_modules import term_site
 from memplan.estimate.terms import ROUTER, TermRole
@@ -85,13 +92,12 @@ def captured_terms(layer: LayerSpec, shape: ActivationShape, modules: tuple[str,
 def captured_layer_bytes(layer: LayerSpec, shape: ActivationShape, modules: tuple[str, ...],
                          kept_classes: Iterable[str], dropped: frozenset[str]) -> tuple[int, int]:
     """(saved bytes, backward working set) of ``layer``'s captured regions under a partial scope: the
-    captured terms its recompute keeps, and two of its largest captured terms (the incoming and the
-    produced gradient, :func:`memplan.estimate.activations.backward_transient_bytes`)."""
+    captured terms its recompute keeps, and the most one captured term's first backward node holds (the
+    incoming and the produced gradients, :func:`memplan.estimate.activations.backward_transient_bytes`)."""
     kept_by = frozenset(kept_classes)
     terms = captured_terms(layer, shape, modules)
     kept = sum(divided(t, shape) for t in terms if t.keep in kept_by and term_site(t) not in dropped)
-    largest = max((divided(t, shape) for t in terms), default=0)
-    return kept, 2 * largest
+    return kept, max((first_node_bytes(t, shape) for t in terms), default=0)
 
 
 def hidden_state_bytes(shape: ActivationShape, elem_bytes: int) -> int:

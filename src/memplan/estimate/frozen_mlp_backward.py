@@ -2,10 +2,9 @@
 
 A layer whose MLP linears are frozen and carry no adapter (LoRA on the attention projections, a quantized
 base) makes no weight gradient in its MLP's backward. The general transient
-(:func:`~memplan.estimate.activations.backward_transient_bytes`: two tensors the size of the layer's largest
-saved term) takes the fc1 term there, which counts the gate and up outputs and ``act(gate)`` together: six
-intermediate-sized tensors, where a trace of the block shows three at most. This module replays the block's
-backward instead (:func:`~memplan.estimate.reserved_mlp_backward.mlp_backward`, the reserved schedule's own
+(:func:`~memplan.estimate.activations.backward_transient_bytes`: what the layer's worst saved term's first
+backward node holds) takes the product's three intermediate-sized tensors there, without the layer's output
+gradient beside them or a quantized base's dequantized weight. This module replays the block's backward instead (:func:`~memplan.estimate.reserved_mlp_backward.mlp_backward`, the reserved schedule's own
 op order, on a tally of requested bytes) from its saved tensors:
 
 1. the layer's output gradient arrives (residual dtype);

@@ -21,6 +21,7 @@ from memplan.estimate.activations import (
     divided,
     layer_terms,
     layer_terms_by_block,
+    node_bytes,
     recomputed_forward_transient,
 )
 from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, dora_output_backward
@@ -273,7 +274,7 @@ def largest_saved_term(run: RunContext, layer_indices: Iterable[int]) -> int:
     ``tensors``), the ``node_saves`` of them one node saved (otherwise an approximation: an operator that saved
     several terms' tensors gets back only the largest)."""
     shape = run.shape
-    return max((divided(term, shape) // term.tensors * term.node_saves for index in layer_indices
+    return max((node_bytes(term, shape) * term.node_saves for index in layer_indices
                 for term in layer_terms(run.model.layers[index], shape)), default=0)
 
 

@@ -15,8 +15,8 @@ weight, :mod:`memplan.estimate.offload_weights`), the gradient coming in and tho
 
 A :class:`~memplan.estimate.terms.Term` may lump tensors of one size (``tensors``): a node brings back
 ``node_saves`` of them and holds ``node_made`` more (the gradient coming in, those it makes, its temporaries),
-where the rule for a layer whose saved tensors stay on the GPU counts two of the whole term
-(:func:`memplan.estimate.activations.backward_transient_bytes`). A single tensor gets the same two.
+where the rule for a layer whose saved tensors stay on the GPU counts the term's first node's ``first_made``
+beside all of them (:func:`memplan.estimate.activations.backward_transient_bytes`). A single tensor gets two.
 
 Known limitations: the attention output projection's gradient is counted before every attention node (its
 own included); MoE layers, adapters and tensor parallelism get no early gradients; the figures are held to
@@ -30,8 +30,8 @@ from memplan.estimate.activations import (
     ActivationShape,
     Term,
     dispatch_buffer_bytes,
-    divided,
     eager_core_roles,
+    node_bytes,
     output_gradient_bytes,
     softmax_gradient_bytes,
 )
@@ -60,11 +60,6 @@ class OffloadedBackward:
         transient = min(self.transient, ceiling)
         return OffloadedBackward(transient=transient,
                                  early_gradients=max(0, min(self.early_gradients, ceiling - transient)))
-
-
-def node_bytes(term: Term, shape: ActivationShape) -> int:
-    """Bytes one tensor of ``term`` weighs on one rank."""
-    return divided(term, shape) // term.tensors
 
 
 def offloaded_backward(run: RunContext, index: int) -> OffloadedBackward | None:

@@ -8,7 +8,7 @@ layer-pipelined offload, PyTorch's ``save_on_cpu``).
 
 from __future__ import annotations
 
-from memplan.estimate import offload_weights
+from memplan.estimate import input_leaf, offload_weights
 from memplan.estimate.autocast import autocast_weight_copy_numel
 from memplan.estimate.compiled import keeps_masks
 from memplan.estimate.context import StageContext
@@ -20,7 +20,8 @@ from memplan.estimate.ds_checkpointing import (
     partition_bytes,
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
-from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.finetune import StageFinetune, adapter_bytes
+from memplan.estimate.input_leaf import input_leaf_bytes, leaf_apart_bytes
 from memplan.estimate.layer_costs import (
     largest_saved_term,
     layer_costs,
@@ -28,7 +29,7 @@ from memplan.estimate.layer_costs import (
     per_tensor_offload,
 )
 from memplan.estimate.layer_walk import LayerWalk
-from memplan.estimate.partial_freeze import any_attention_saves, root_flow, uncopied_trained_numel
+from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
 from memplan.estimate.trained_dtypes import uncopied_expert_numel
 from memplan.frozen import frozen_dataclass
 from memplan.profiles.framework import head_rows_split
@@ -96,6 +97,8 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         on_gpu = min(layers, 2 * max(layer_costs(run, run.model.layers[i], i)[0] for i in layout.layer_indices))
         cpu, layers = layers - on_gpu, on_gpu
     other, head_copy, saved_copies = _other_activations(ctx, ft)
+    if leaf_apart_bytes(ctx):
+        notes.append(input_leaf.NOTE)
     bring_back = 0
     if per_tensor:
         held, bring_back, weight_back = _save_on_cpu(ctx, walk)
@@ -125,22 +128,11 @@ def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int, bool]:
     if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
         held = (rope_table_bytes(run.model, run.shape)
                 + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
-    held += _input_leaf_bytes(ctx)
+    # the embedding's output leaf (input_leaf): AccumulateGrad keeps it on the GPU whatever save_on_cpu copies
+    held += input_leaf_bytes(ctx)
     kept = [i for i, _, _ in walk.per_layer if i not in ctx.recomputed]
     saved, weight = largest_saved_term(run, kept), offload_weights.largest_saved_weight(run, kept)
     return held, max(saved, weight), weight > saved
-
-
-def _input_leaf_bytes(ctx: StageContext) -> int:
-    """The embedding's output where Hugging Face's ``enable_input_require_grads`` made it a leaf that requires
-    grad (a frozen embedding under checkpointing, fine-tuning): autograd's ``AccumulateGrad`` node holds it on
-    the GPU until the backward ends, so ``save_on_cpu``'s host copy of it frees nothing."""
-    run, layout = ctx.run, ctx.layout
-    if run.counts is None or not layout.has_embedding or not run.policy.recomputes:
-        return 0
-    if root_flow(run.model, run.job.finetune, True).embedding_trains:
-        return 0
-    return run.shape.local_tokens * run.shape.hidden * frozen_bytes_per_element(run.job) * layout.inflight_microbatches
 
 
 def _autocast_cache(ctx: StageContext, walk: LayerWalk, offloaded: bool, saved_copies: int) -> int:
@@ -198,6 +190,7 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     run, layout = ctx.run, ctx.layout
     model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
+    other += leaf_apart_bytes(ctx)
     if layout.layer_indices and (run.counts is None or any_attention_saves(
             model, run.job.finetune, run.policy.recomputes, layout.layer_indices)):
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).

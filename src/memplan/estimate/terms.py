@@ -141,3 +141,9 @@ class Term:
     #: ... and how many tensors of that size its worst node holds beside them: the gradient coming in and
     #: those it makes (one per saved factor of a product; an op's own temporaries).
     node_made: int = 2
+    #: Where the layer's saved tensors stay on the GPU (:func:`memplan.estimate.activations.backward_transient_bytes`):
+    #: how many tensors of that size the term's first backward node holds beside them, the gradient coming in and
+    #: those it makes (two for a product of two of its tensors). Autograd frees a node's saved tensors once it has
+    #: run, so each later node of the term holds no more above what is left (GPT-2's ``gelu_new``: its last product
+    #: holds three fp32 tensors; its pow, five, after three of its saved tensors are gone).
+    first_made: int = 2

@@ -75,6 +75,8 @@ class DenseFamily:
     #: Where the modeling code drops out hidden states (:attr:`ModelSpec.hidden_dropout`): Phi-3's decoder
     #: layer has ``resid_attn_dropout`` and ``resid_mlp_dropout`` (resid_pdrop); the others none.
     hidden_dropout: HiddenDropout = "none"
+    #: The model's forward scales the embedding module's output into a new tensor (:attr:`ModelSpec.embedding_scaled`).
+    embedding_scaled: bool = False
 
 
 DENSE_FAMILIES: dict[str, DenseFamily] = {
@@ -94,8 +96,9 @@ DENSE_FAMILIES: dict[str, DenseFamily] = {
                                 act_key="hidden_activation", softcap=True, norm_fp32_scale=True,
                                 rope_per_layer_type=True),
     # Granite: Llama's layers; its embedding, residual, attention and logits multipliers are scalar
-    # products, which keep no tensor for the backward.
-    "granite": DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias"),
+    # products, which keep no tensor for the backward (the embedding's, in GraniteModel.forward, makes a new one).
+    "granite": DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias",
+                           embedding_scaled=True),
     "smollm3": DenseFamily(bias_key="attention_bias", out_bias_follows=True, mlp_bias_key="mlp_bias",
                             window="nope", tie=True, nope_layers=True),
     "phi3": DenseFamily(window="all", fused=True, hidden_dropout="residual"),
@@ -120,7 +123,7 @@ def build_dense(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     if fam.fused:
         attn = replace(attn, fused_qkv=True)
     extra: dict[str, Any] = {"norm_fp32_scale": fam.norm_fp32_scale, "rope_per_layer_type": fam.rope_per_layer_type,
-                             "hidden_dropout": fam.hidden_dropout}
+                             "hidden_dropout": fam.hidden_dropout, "embedding_scaled": fam.embedding_scaled}
     if fam.softcap:
         attn = replace(attn, logit_softcap=optional_number(f, "attn_logit_softcapping"))
         extra["final_logit_softcap"] = optional_number(f, "final_logit_softcapping")

@@ -251,8 +251,17 @@ class ModelSpec:
     #: Megatron's GPTModel (embedding dropout, bias-dropout-add), which a framework building its own
     #: layers applies whatever the family (``FrameworkProfile.own_hidden_dropout``).
     hidden_dropout: HiddenDropout = "embedding-and-residual"
+    #: The decoder's forward scales the embedding module's output into a new tensor before the first layer
+    #: (Granite's ``inputs_embeds * embedding_multiplier``; Gemma scales inside its embedding module).
+    embedding_scaled: bool = False
     #: Layers of the layer list that are global attention vs sliding-window: informational.
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def first_input_apart(self) -> bool:
+        """The first decoder layer's input is a new tensor made from the embedding module's output, not that
+        output itself: GPT-2 adds the learned position embeddings to it, Granite scales it."""
+        return self.position_embedding == "learned" or self.embedding_scaled
 
     def __post_init__(self) -> None:
         _positive("model", "hidden_size", self.hidden_size)
