@@ -44,7 +44,7 @@ from memplan.estimate.ep_overlap import (
 from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
 from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
-from memplan.estimate.grouped_combine import combine_backward_bytes
+from memplan.estimate.grouped_experts_backward import experts_figures, weight_gradient_bytes
 from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
 from memplan.estimate.recompute_modules import (
@@ -160,6 +160,30 @@ def layer_blocks(run: RunContext, layer: LayerSpec,
                           adapter_bytes=adapter_bytes(run.job))
 
 
+def experts_early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int) -> int:
+    """The routed experts' weight gradients made before their walked backward's worst op, beyond the layer's
+    ``transient`` (:mod:`~memplan.estimate.grouped_experts_backward`; they count where the backward makes the
+    gradients), for a job that trains the whole model on one rank's whole weights and keeps the gradients it makes
+    whole on the GPU until the step (not sharded by ZeRO-2/3 or FSDP's reduce-scatter, not moved to host memory with
+    an offloaded optimizer, not consumed by an optimizer step in the backward); 0 elsewhere."""
+    job = run.job
+    if (layer.moe is None or not run.shape.grouped_experts_combine or job.sharding.zero >= 2
+            or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward):
+        return 0
+    from memplan.estimate.reserved_mlp_backward import whole_weights
+
+    found = layer_blocks(run, layer, index) if whole_weights(run) else None
+    if found is None:
+        return 0
+    shape, (_, rest) = found
+    gradients = weight_gradient_bytes(layer, run.model.hidden_size, run.prec.grad_bytes)
+    experts = experts_figures(layer, shape, rest, run.dropped, run.policy.kind.checkpoints_layers, gradients)
+    # the combine's step alone makes none; a partial policy's transient is net of what it has made again
+    if experts is None or not experts.walked or run.policy.partial:
+        return 0
+    return max(0, experts.with_gradients - transient)
+
+
 def per_tensor_offload(run: RunContext) -> bool:
     """Whether the job packs every tensor autograd saves to host memory as it is saved (``save_on_cpu``: the
     hf and torchtitan profiles)."""
@@ -225,9 +249,11 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
     inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
+    # transformers' grouped experts' backward op by op (or its combine's step alone), beside what the layer holds
+    experts = experts_figures(layer, shape, blocks[1], dropped, policy.kind.checkpoints_layers)
     transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
         divided(t, shape) for t in inputs if t.site in ("mlp", "moe")), offloaded=offloaded,
-        walked=frozenset() if frozen_mlp is None else WALKED)
+        walked=(frozenset() if frozen_mlp is None else WALKED) | (experts.walked if experts else frozenset()))
     transient = max(transient, frozen_mlp or 0)
     if policy.kind.checkpoints_layers:
         # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;
@@ -253,9 +279,8 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
         again = [(divided(t, shape), t.site) for t in recomputed_only_terms(layer, shape, policy.modules)]
         rebuilt += recomputed_peak([(size, site) for size, _, site in sized] + again, dropped)
         kept += sum(divided(t, shape) for t in inputs)
-    # transformers' grouped experts' combine: its backward beside what the partial policy has made again by then
-    combine = combine_backward_bytes(blocks[1], shape, sized, dropped, policy.kind.checkpoints_layers)
-    transient = max(transient, combine - (rebuilt if policy.partial else 0))
+    if experts is not None:  # beside what the partial policy has made again by then
+        transient = max(transient, experts.transient - (rebuilt if policy.partial else 0))
     return kept, full, transient, rebuilt
 
 
