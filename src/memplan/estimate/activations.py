@@ -835,20 +835,28 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     whose role is in ``walked`` are not the largest saved term: their block's backward is priced op by op apart
     (:mod:`~memplan.estimate.frozen_mlp_backward`).
     """
-    attention, rest = blocks or layer_terms_by_block(layer, shape)
-    core_roles = eager_core_roles(layer, shape)
-    skipped = core_roles | walked
+    attention, rest = blocks = blocks or layer_terms_by_block(layer, shape)
+    skipped = eager_core_roles(layer, shape) | walked
     largest = max(max((divided(t, shape) for t in attention + rest if t.role not in skipped), default=0),
                   dispatch_buffer_bytes(layer, shape))
-    transient = 2 * largest
-    if not core_roles:
-        return transient
+    return max(2 * largest, softmax_backward_bytes(layer, shape, blocks, dropped, released_inputs, offloaded))
+
+
+def softmax_backward_bytes(layer: LayerSpec, shape: ActivationShape, blocks: tuple[list[Term], list[Term]],
+                           dropped: frozenset[str] = frozenset(), released_inputs: int = 0,
+                           offloaded: bool = False) -> int:
+    """What an unfused eager core's softmax backward holds beyond the layer's saved tensors (one rank; 0 for a
+    fused or flash core, or where what autograd has released by then outweighs it): see
+    :func:`backward_transient_bytes`, whose arguments these are."""
+    if not eager_core_roles(layer, shape):
+        return 0
+    attention, rest = blocks
     gradients = softmax_gradient_bytes(layer, shape)
     released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.role in (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST))
-    return max(transient, gradients - (0 if offloaded else released))
+    return max(0, gradients - (0 if offloaded else released))
 
 
 def eager_core_roles(layer: LayerSpec, shape: ActivationShape) -> set[TermRole]:

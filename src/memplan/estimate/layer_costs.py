@@ -44,7 +44,7 @@ from memplan.estimate.ep_overlap import (
 from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
 from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
-from memplan.estimate.grouped_experts_backward import experts_figures, weight_gradient_bytes
+from memplan.estimate.grouped_experts_backward import experts_figures
 from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
 from memplan.estimate.recompute_modules import (
@@ -158,30 +158,6 @@ def layer_blocks(run: RunContext, layer: LayerSpec,
     return shape, _blocks(layer, shape, role, quantize_base=ft.quantize_base,
                           autocast=run.prec.weight_copies == "autocast", lora_dropout=ft.lora_dropout > 0,
                           adapter_bytes=adapter_bytes(run.job))
-
-
-def experts_early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int) -> int:
-    """The routed experts' weight gradients made before their walked backward's worst op, beyond the layer's
-    ``transient`` (:mod:`~memplan.estimate.grouped_experts_backward`; they count where the backward makes the
-    gradients), for a job that trains the whole model on one rank's whole weights and keeps the gradients it makes
-    whole on the GPU until the step (not sharded by ZeRO-2/3 or FSDP's reduce-scatter, not moved to host memory with
-    an offloaded optimizer, not consumed by an optimizer step in the backward); 0 elsewhere."""
-    job = run.job
-    if (layer.moe is None or not run.shape.grouped_experts_combine or job.sharding.zero >= 2
-            or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward):
-        return 0
-    from memplan.estimate.reserved_mlp_backward import whole_weights
-
-    found = layer_blocks(run, layer, index) if whole_weights(run) else None
-    if found is None:
-        return 0
-    shape, (_, rest) = found
-    gradients = weight_gradient_bytes(layer, run.model.hidden_size, run.prec.grad_bytes)
-    experts = experts_figures(layer, shape, rest, run.dropped, run.policy.kind.checkpoints_layers, gradients)
-    # the combine's step alone makes none; a partial policy's transient is net of what it has made again
-    if experts is None or not experts.walked or run.policy.partial:
-        return 0
-    return max(0, experts.with_gradients - transient)
 
 
 def per_tensor_offload(run: RunContext) -> bool:

@@ -21,13 +21,13 @@ from memplan.estimate.layer_costs import (
     cp_backward_extra,
     dora_recompute_head,
     ep_parts,
-    experts_early_gradients,
     experts_wgrad_extra,
     layer_costs,
     per_tensor_offload,
     recomputed_copies_bytes,
     with_shared_expert_overlap,
 )
+from memplan.estimate.made_gradients import early_gradients
 from memplan.estimate.offloaded_backward import offloaded_backward
 from memplan.estimate.recomputed_backward import recomputed_backward
 from memplan.estimate.states import layer_kinds
@@ -221,7 +221,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     else:
         layer_keep, layer_worst = full, transient
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
-    made = experts_early_gradients(run, layer, index, transient) if walked is None and offloaded is None else 0
+    made = early_gradients(run, layer, index, transient) if walked is None and offloaded is None else 0
     return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint, copies=copies,
                   early_grads=walked.with_gradients if walked is not None else None,
                   made_grads=offloaded.early_gradients if offloaded is not None else made,
