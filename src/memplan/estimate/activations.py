@@ -129,7 +129,7 @@ class ActivationShape:
     #: Where an MoE layer applies its routing probabilities (``FrameworkProfile.moe_probs_at``).
     moe_probs_at: str = "combine"
     #: The routed experts are transformers' grouped experts (``grouped_mm_experts_forward``): the combine
-    #: reorders the weighted rows back to token order and sums the ``k`` picks (:mod:`~memplan.estimate.grouped_combine`).
+    #: reorders the weighted rows back to token order and sums the ``k`` picks (:mod:`~memplan.estimate.grouped_experts_backward`).
     grouped_experts_combine: bool = False
     #: The RMSNorm is PyTorch's fused one (``aten._fused_rms_norm`` on CUDA: it saves its input and the
     #: fp32 1/rms only; :attr:`memplan.frameworks.model_code.ModelCode.fused_rms_norm`).
@@ -851,19 +851,28 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     whose role is in ``walked`` are not the largest saved term: their block's backward is priced op by op apart
     (:mod:`~memplan.estimate.frozen_mlp_backward`).
     """
-    attention, rest = blocks or layer_terms_by_block(layer, shape)
-    core_roles = eager_core_roles(layer, shape)
-    skipped = core_roles | walked
+    attention, rest = blocks = blocks or layer_terms_by_block(layer, shape)
+    skipped = eager_core_roles(layer, shape) | walked
     transient = max(max((first_node_bytes(t, shape) for t in attention + rest if t.role not in skipped), default=0),
                     2 * dispatch_buffer_bytes(layer, shape))
-    if not core_roles:
-        return transient
+    return max(transient, softmax_backward_bytes(layer, shape, blocks, dropped, released_inputs, offloaded))
+
+
+def softmax_backward_bytes(layer: LayerSpec, shape: ActivationShape, blocks: tuple[list[Term], list[Term]],
+                           dropped: frozenset[str] = frozenset(), released_inputs: int = 0,
+                           offloaded: bool = False) -> int:
+    """What an unfused eager core's softmax backward holds beyond the layer's saved tensors (one rank; 0 for a
+    fused or flash core, or where what autograd has released by then outweighs it): see
+    :func:`backward_transient_bytes`, whose arguments these are."""
+    if not eager_core_roles(layer, shape):
+        return 0
+    attention, rest = blocks
     gradients = softmax_gradient_bytes(layer, shape)
     released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.role in (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST))
-    return max(transient, gradients - (0 if offloaded else released))
+    return max(0, gradients - (0 if offloaded else released))
 
 
 def eager_core_roles(layer: LayerSpec, shape: ActivationShape) -> set[TermRole]:

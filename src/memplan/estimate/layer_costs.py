@@ -45,7 +45,7 @@ from memplan.estimate.ep_overlap import (
 from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
 from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
-from memplan.estimate.grouped_combine import combine_backward_bytes
+from memplan.estimate.grouped_experts_backward import experts_figures
 from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
 from memplan.estimate.recompute_modules import (
@@ -226,9 +226,11 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
     inputs = checkpoint_input_terms(layer, shape, policy.modules) if dropped else []
+    # transformers' grouped experts' backward op by op (or its combine's step alone), beside what the layer holds
+    experts = experts_figures(layer, shape, blocks[1], dropped, policy.kind.checkpoints_layers)
     transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
         divided(t, shape) for t in inputs if t.site in ("mlp", "moe")), offloaded=offloaded,
-        walked=frozenset() if frozen_mlp is None else WALKED)
+        walked=(frozenset() if frozen_mlp is None else WALKED) | (experts.walked if experts else frozenset()))
     transient = max(transient, frozen_mlp or 0)
     if policy.kind.checkpoints_layers:
         # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;
@@ -254,9 +256,8 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
         again = [(divided(t, shape), t.site) for t in recomputed_only_terms(layer, shape, policy.modules)]
         rebuilt += recomputed_peak([(size, site) for size, _, site in sized] + again, dropped)
         kept += sum(divided(t, shape) for t in inputs)
-    # transformers' grouped experts' combine: its backward beside what the partial policy has made again by then
-    combine = combine_backward_bytes(blocks[1], shape, sized, dropped, policy.kind.checkpoints_layers)
-    transient = max(transient, combine - (rebuilt if policy.partial else 0))
+    if experts is not None:  # beside what the partial policy has made again by then
+        transient = max(transient, experts.transient - (rebuilt if policy.partial else 0))
     return kept, full, transient, rebuilt
 
 

@@ -27,6 +27,7 @@ from memplan.estimate.layer_costs import (
     recomputed_copies_bytes,
     with_shared_expert_overlap,
 )
+from memplan.estimate.made_gradients import early_gradients
 from memplan.estimate.offloaded_backward import offloaded_backward
 from memplan.estimate.recomputed_backward import recomputed_backward
 from memplan.estimate.states import layer_kinds
@@ -145,15 +146,16 @@ class _Visit:
     copies: int = 0
     #: A recomputed layer walked op by op: None, else its weight gradients made before its worst op.
     early_grads: int | None = None
-    #: Under ``save_on_cpu``, a layer not recomputed: its weight gradients made before its worst node.
-    offload_grads: int = 0
+    #: A layer not walked as recomputed: its weight gradients made before its worst op (under ``save_on_cpu`` a
+    #: layer not recomputed, its worst node; transformers' grouped experts walked op by op).
+    made_grads: int = 0
 
     #: Only kept and worst figures (no CPU checkpoint, combined-1F1B part, captured graph or walked backward).
     plain: bool = field(init=False)
 
     def __post_init__(self) -> None:
         plain = (not (self.cpu_keep or self.checkpoint) and self.ep is None and self.graph is None
-                 and not self.early_grads and not self.offload_grads)
+                 and not self.early_grads and not self.made_grads)
         object.__setattr__(self, "plain", plain)
 
 
@@ -171,8 +173,8 @@ def _add(walk: LayerWalk, index: int, visit: _Visit) -> None:
         walk.walked = True
         if visit.early_grads:
             walk.early_gradients[index] = visit.early_grads
-    if visit.offload_grads:
-        walk.early_gradients[index] = visit.offload_grads
+    if visit.made_grads:
+        walk.early_gradients[index] = visit.made_grads
     if visit.ep is not None:
         walk.ep_parts.append(visit.ep)
     if visit.graph is not None:
@@ -219,9 +221,10 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     else:
         layer_keep, layer_worst = full, transient
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
+    made = early_gradients(run, layer, index, transient) if walked is None and offloaded is None else 0
     return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint, copies=copies,
                   early_grads=walked.with_gradients if walked is not None else None,
-                  offload_grads=offloaded.early_gradients if offloaded is not None else 0,
+                  made_grads=offloaded.early_gradients if offloaded is not None else made,
                   ep=ep_parts(run, layer, layer_keep, layer_worst) if run.job.overlap.ep_a2a else None,
                   graph=graphed(index, layer_keep, layer_worst, recomputed) if graphed is not None else None)
 

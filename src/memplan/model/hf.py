@@ -83,7 +83,9 @@ def _mixtral(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
     hidden, n_layers = f.integer("hidden_size"), f.integer("num_hidden_layers")
     attn = gqa(f, hidden, bias=False, out_bias=False)
     expert = MLPSpec(intermediate_size=f.integer("intermediate_size"), activation=f.text("hidden_act", "silu"))
-    moe = MoESpec(num_experts=f.integer("num_local_experts"), top_k=f.integer("num_experts_per_tok"), expert=expert)
+    # MixtralTopKRouter: ``softmax(router_logits.float())``, its top-k values never cast back
+    moe = MoESpec(num_experts=f.integer("num_local_experts"), top_k=f.integer("num_experts_per_tok"), expert=expert,
+                  routing_weights_fp32=True)
     kinds = [(with_window(attn, w), moe) for w in layer_windows(f, n_layers, "all")]
     return build_model(f, name, model_type, stack(kinds), tie_default=False, hidden=hidden)
 
@@ -149,6 +151,8 @@ def _deepseek(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
         router_bias_is_buffer=v3,
         # DeepseekV2/V3PreTrainedModel: ``_keep_in_fp32_modules_strict`` holds ``gate.weight``.
         router_fp32=True,
+        # DeepseekV2TopkRouter: ``softmax(dtype=torch.float32)``, not cast back (V3's sigmoid follows its logits)
+        routing_weights_fp32=not v3,
     )
     first_dense = f.integer("first_k_dense_replace", 0, minimum=0)
     freq = f.integer("moe_layer_freq", 1)

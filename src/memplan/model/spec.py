@@ -161,6 +161,10 @@ class MoESpec:
     #: transformers keeps the router weight in fp32 whatever the model's dtype
     #: (``_keep_in_fp32_modules_strict = ["gate.weight"]``) and casts the router's input to fp32.
     router_fp32: bool = False
+    #: The router hands the experts fp32 routing weights whatever the model's dtype: a softmax in fp32 never cast
+    #: back (Mixtral's ``softmax(router_logits.float())``, DeepSeek-V2's ``softmax(dtype=torch.float32)``); the
+    #: weighted combine's product is then fp32 (:mod:`memplan.estimate.grouped_experts_backward`).
+    routing_weights_fp32: bool = False
     #: Name of the router module under ``mlp`` (``gate`` in most families, ``router`` in gpt-oss).
     router_name: str = "gate"
     #: The router picks the top-k logits first and takes the softmax over those k only (gpt-oss),

@@ -1,0 +1,57 @@
+"""The weight gradients a layer's backward has made by its worst op, where the backward makes them (helper
+mixtral12, session 12).
+
+Under ``zero_grad(set_to_none=True)`` and one micro-batch a step's backward makes the gradients as it goes (the
+stage's backward walk, :func:`~memplan.estimate.stage_peak._backward_walk`, adds each layer's once the layer is
+done). Within a layer, two moments come after some of its own:
+
+- an unfused eager core's softmax backward: autograd reaches it once the MLP or MoE block, the pre-MLP norm and
+  the output projection are done, so their gradients exist beside the two fp32 gradients of the probabilities
+  (:func:`~memplan.estimate.activations.softmax_backward_bytes`); a trace of a Mixtral-like toy's last layer
+  (grouped experts, eager attention) holds 12.3 MiB of them there, its largest moment;
+- transformers' grouped experts' walked backward (:mod:`~memplan.estimate.grouped_experts_backward`): the down
+  weight's gradient before ``act(gate) * up``'s backward.
+
+Only for a job that trains the whole model on one rank's whole weights and keeps each gradient it makes whole on
+the GPU until the step: not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own buffers), not moved to
+host memory with an offloaded optimizer, not consumed by an optimizer step in the backward. Recomputed layers the
+walk of :mod:`~memplan.estimate.recomputed_backward` covers have their own; partial policies' figures are net of what they make
+again (not here); under ``save_on_cpu`` :mod:`~memplan.estimate.offloaded_backward` has its own.
+"""
+
+from __future__ import annotations
+
+from memplan.estimate.activations import softmax_backward_bytes
+from memplan.estimate.context import RunContext
+from memplan.estimate.grouped_experts_backward import experts_figures, weight_gradient_bytes
+from memplan.estimate.layer_costs import layer_blocks
+from memplan.model.spec import LayerSpec
+
+__all__ = ["early_gradients"]
+
+
+def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int) -> int:
+    """Layer ``index``'s (not walked as recomputed, not offloaded) weight gradients made before its backward's worst op,
+    beyond its ``transient``: the most of the two moments of the module with the gradients made before each, less
+    ``transient``; 0 where the module does not apply."""
+    job = run.job
+    if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
+            or run.policy.partial):
+        return 0
+    from memplan.estimate.reserved_mlp_backward import attention_split, layer_gradient_sizes, whole_weights
+
+    found = layer_blocks(run, layer, index) if whole_weights(run) else None
+    if found is None:
+        return 0
+    shape, blocks = found
+    moments = [0]
+    experts = experts_figures(layer, shape, blocks[1], run.dropped, run.policy.kind.checkpoints_layers,
+                              weight_gradient_bytes(layer, run.model.hidden_size, run.prec.grad_bytes))
+    if experts is not None and experts.walked:
+        moments.append(experts.with_gradients)
+    softmax = softmax_backward_bytes(layer, shape, blocks)
+    sizes = layer_gradient_sizes(run.model, index, run.prec.grad_bytes)
+    split = attention_split(run.model, index, len(sizes)) if softmax else None
+    if split is not None:
+        moments.append(softmax + sum(sizes[i] for i in split[0]))
+    return max(0, max(moments) - transient)
