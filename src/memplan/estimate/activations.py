@@ -875,9 +875,14 @@ def softmax_backward_bytes(layer: LayerSpec, shape: ActivationShape, blocks: tup
     return max(0, gradients - (0 if offloaded else released))
 
 
+def has_eager_core(shape: ActivationShape) -> bool:
+    """Whether the job's attention core is unfused eager code (it saves the s x s probabilities)."""
+    return shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
+
+
 def eager_core_roles(layer: LayerSpec, shape: ActivationShape) -> set[TermRole]:
     """The roles of the terms an unfused eager attention core saves (none for a fused or flash core)."""
-    if not (shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
+    if not has_eager_core(shape):
         return set()
     return {t.role for t in _eager_core_terms(layer.attention, shape, 1)}
 

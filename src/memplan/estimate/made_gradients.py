@@ -21,7 +21,7 @@ again (not here); under ``save_on_cpu`` :mod:`~memplan.estimate.offloaded_backwa
 
 from __future__ import annotations
 
-from memplan.estimate.activations import softmax_backward_bytes
+from memplan.estimate.activations import has_eager_core, softmax_backward_bytes
 from memplan.estimate.context import RunContext
 from memplan.estimate.grouped_experts_backward import experts_figures, weight_gradient_bytes
 from memplan.estimate.layer_costs import layer_blocks
@@ -36,8 +36,8 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
     ``transient``; 0 where the module does not apply."""
     job = run.job
     if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
-            or run.policy.partial):
-        return 0
+            or run.policy.partial or (layer.moe is None and not has_eager_core(run.shape))):
+        return 0  # (a dense layer under a fused or flash core has neither moment: no terms built)
     from memplan.estimate.reserved_mlp_backward import attention_split, layer_gradient_sizes, whole_weights
 
     found = layer_blocks(run, layer, index) if whole_weights(run) else None
