@@ -240,13 +240,19 @@ def _embedding_trains(model: ModelSpec, t: _Trainable) -> bool:
 
 
 @lru_cache(maxsize=64)
-def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> tuple[LayerFlow, ...]:
+def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool, own_layers: bool = False
+                ) -> tuple[LayerFlow, ...]:
     """Each decoder layer's :class:`LayerFlow` under fine-tuning ``ft`` (``checkpointing``: the
-    activation policy recomputes, which makes the first layer's input require grad)."""
+    activation policy recomputes, which makes the first layer's input require grad).
+
+    A parallel-residual layer (GPT-NeoX's ``use_parallel_residual``) feeds its MLP the layer input, not the
+    attention's output: the MLP block's input needs a gradient only when the layer's does. ``own_layers``:
+    the framework builds its own sequential layers whatever the family (Megatron's fused ones)."""
     t = _trainable(model, ft)
     grad = checkpointing or _embedding_trains(model, t)
     out = []
     for index in range(model.num_layers):
+        layer_input_grad = grad
         blocks = []
         for block in ("attention", "mlp"):
             key = (index, block)
@@ -255,9 +261,11 @@ def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> tuple[
                              adapted=key in t.adapted, adapted_input=key in t.adapted_input,
                              only_experts=moe and index in t.experts and index not in t.other_mlp,
                              frozen_experts=moe and index not in t.experts)
-            grad = flow.saves
+            parallel = model.layers[index].parallel_residual and not own_layers
+            grad = layer_input_grad if parallel and block == "attention" else flow.saves
             blocks.append(flow)
         out.append(LayerFlow(blocks[0], blocks[1], trained_experts=index in t.experts, trained_sinks=index in t.sinks))
+        grad = out[-1].output_grad
     return tuple(out)
 
 
@@ -350,13 +358,15 @@ _BLOCK_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a
 
 
 @lru_cache(maxsize=256)
-def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...]) -> int:
+def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...],
+                           own_layers: bool = False) -> int:
     """Weights of fully trained linears among ``layers`` whose input needs no gradient: autocast casts them,
     but autograd keeps the 16-bit copy only for the input's gradient, so it is not saved (the linears
-    reading a block's input when nothing before them, the block's norm included, needs a gradient)."""
+    reading a block's input when nothing before them, the block's norm included, needs a gradient;
+    ``own_layers`` as for :func:`layer_flows`)."""
     if ft.resolved_trainable == "all":
         return 0
-    flows = layer_flows(model, ft, checkpointing)
+    flows = layer_flows(model, ft, checkpointing, own_layers)
     full = trained_modules(model, ft)
     wanted = set(layers)
     total = 0

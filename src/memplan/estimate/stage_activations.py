@@ -232,7 +232,8 @@ def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
     recomputed = [i for i in ctx.layout.layer_indices if i in ctx.recomputed]
     kept = tuple(i for i in ctx.layout.layer_indices if i not in ctx.recomputed)
     ft_job = run.job.finetune
-    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.recomputes, kept)
+    own_layers = run.profile.kernels != "eager"
+    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.recomputes, kept, own_layers)
              + sum(counts.layers[i].trained for i in recomputed))
     if run.profile.kernels == "eager":
         numel += uncopied_expert_numel(run.model, ft_job, kept)
