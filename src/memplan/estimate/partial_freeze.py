@@ -35,7 +35,8 @@ from memplan.model.linears import model_linears, model_parameters
 from memplan.model.spec import LayerSpec, ModelSpec
 from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
-__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "any_attention_saves", "block_terms", "layer_flows", "root_flow", "trained_norm_copies", "uncopied_trained_numel"]
+__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "any_attention_saves", "block_of", "block_terms", "layer_flows",
+           "reads_a_gradient", "root_flow", "trained_norm_copies", "uncopied_trained_numel", "under"]
 
 #: Per-layer norms that belong to the attention block although their name is not under it: the
 #: pre-attention norm, and Gemma 2's post-attention norm (its MLP has a ``pre_feedforward_layernorm``).
@@ -125,7 +126,7 @@ class RootFlow:
     embedding_trained_fully: bool = False
 
 
-def _block_of(name: str, layer_names: frozenset[str]) -> str:
+def block_of(name: str, layer_names: frozenset[str]) -> str:
     """'attention' or 'mlp' for a parameter's module name inside a decoder layer."""
     last = name.rpartition(".")[2]
     gemma_style = any(n.endswith("pre_feedforward_layernorm") for n in layer_names)
@@ -142,7 +143,7 @@ def _is_norm(module: str) -> bool:
     return "norm" in last or last.startswith("ln")
 
 
-def _under(module: str, names: tuple[str, ...]) -> bool:
+def under(module: str, names: tuple[str, ...]) -> bool:
     return any(module == n or module.startswith(n + ".") for n in names)
 
 
@@ -190,14 +191,14 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     sinks: set[int] = set()
     other_mlp: set[int] = set()
     for p in params:
-        trains = everything or _under(p.module, full)
-        copied = _under(p.module, copies)
+        trains = everything or under(p.module, full)
+        copied = under(p.module, copies)
         if trains and p.layer is not None and is_routed_experts(p.module):
             experts.add(p.layer)
         if trains and p.layer is not None and is_sinks(p.name):
             sinks.add(p.layer)
         if (trains and p.layer is not None and not is_routed_experts(p.module) and not _is_norm(p.module)
-                and _block_of(p.module, names[p.layer]) == "mlp"):
+                and block_of(p.module, names[p.layer]) == "mlp"):
             other_mlp.add(p.layer)
         if p.layer is None:
             if trains:
@@ -206,7 +207,7 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
             if copied:
                 root_copies.add(p.module)
             continue
-        key = (p.layer, _block_of(p.module, names[p.layer]))
+        key = (p.layer, block_of(p.module, names[p.layer]))
         if trains:
             (norms if _is_norm(p.module) else linears).add(key)
         if copied:
@@ -216,7 +217,7 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
         if m.layer is None:
             root.add(m.name)
             continue
-        key = (m.layer, _block_of(m.name, names[m.layer]))
+        key = (m.layer, block_of(m.name, names[m.layer]))
         adapted.add(key)
         if m.name.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
             adapted_input.add(key)
@@ -357,6 +358,15 @@ _BLOCK_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a
                                   "dense_h_to_4h", "w1", "w3"})
 
 
+def reads_a_gradient(flow: BlockFlow, linear: str) -> bool:
+    """The input of the linear layer ``linear`` (its dotted name) in a block with ``flow`` requires grad: for a
+    linear reading the block's input (through its pre-norm), where that input or the norm needs one; for any other
+    (an output projection), where anything before it in the block does (an adapter or trained linear included)."""
+    if linear.rpartition(".")[2] in _BLOCK_INPUT_LINEARS:
+        return flow.input_grad or flow.norm_trains
+    return flow.input_grad or flow.norm_trains or flow.adapted_input or flow.linears_train
+
+
 @lru_cache(maxsize=256)
 def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...],
                            own_layers: bool = False) -> int:
@@ -371,9 +381,9 @@ def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool
     wanted = set(layers)
     total = 0
     for m in model_linears(model):
-        if m.layer not in wanted or m.name.rpartition(".")[2] not in _BLOCK_INPUT_LINEARS or not _under(m.name, full):
+        if m.layer not in wanted or m.name.rpartition(".")[2] not in _BLOCK_INPUT_LINEARS or not under(m.name, full):
             continue
-        flow = flows[m.layer].attention if _block_of(m.name, frozenset()) == "attention" else flows[m.layer].mlp
+        flow = flows[m.layer].attention if block_of(m.name, frozenset()) == "attention" else flows[m.layer].mlp
         if not (flow.input_grad or flow.norm_trains):
             total += m.weight_numel
     return total
