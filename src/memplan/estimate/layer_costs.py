@@ -46,7 +46,7 @@ from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.grouped_combine import combine_backward_bytes
 from memplan.estimate.memo import Same
-from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
+from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies, unkeyed_query_terms
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     recomputed_only_terms,
@@ -180,7 +180,8 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
     if role.flow is not None:
-        attention = block_terms(attention, shape, role.flow.attention, gemm_inputs_kept=int8_base)
+        attention = unkeyed_query_terms(block_terms(attention, shape, role.flow.attention, gemm_inputs_kept=int8_base),
+                                        layer.attention, shape, role.flow.attention)
         rest = _int8_mlp_terms(layer, rest, shape, role.flow) if int8_base else block_terms(
             rest, shape, role.flow.mlp)
         if autocast and not shape.autocast:
