@@ -22,7 +22,11 @@ LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "n
 PHI3 = {"model_type": "phi3", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
         "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False,
         "max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-CONFIGS = {"gpt2": GPT2, "llama": LLAMA, "phi3": PHI3}
+#: GPT-NeoX (parallel residual, partial rotary): attention and MLP read the same layer input.
+NEOX = {"model_type": "gpt_neox", "hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 8,
+        "num_hidden_layers": 2, "vocab_size": 2048, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+        "rotary_pct": 0.25, "use_parallel_residual": True, "bos_token_id": 0, "eos_token_id": 0}
+CONFIGS = {"gpt2": GPT2, "llama": LLAMA, "phi3": PHI3, "neox": NEOX}
 
 
 def _error(path: Path, attention: str, precision: str = "bf16-mixed", category: str = "activation",
@@ -149,3 +153,68 @@ def test_checkpointed_lora_keeps_the_embedding_leaf(tmp_path: Path, model: str, 
     path = tmp_path / f"{model}.json"
     path.write_text(json.dumps({**CONFIGS, "granite": GRANITE}[model]))
     assert abs(_error(path, attention, precision, recompute="full", peft="lora", **flags)) <= 0.005
+
+#: (attention, precision, flags): GPT-NeoX's parallel residual (transformers' ``use_parallel_residual``) feeds the
+#: MLP's pre-norm the layer input, which the attention's pre-norm keeps already; it was priced as a second tensor
+#: (eager bf16-mixed +4.0% at dropout 0, +3.6% at 0.1; fp32 +4.1%; sdpa +6.9%; pure bf16 +2.5%). With LoRA on
+#: ``query_key_value`` only, the first layer's MLP reads the frozen embedding's output, so it keeps nothing; it
+#: was priced as reading the attention's output (+9.0%).
+NEOX_CELLS = [
+    ("eager", "bf16-mixed", {"dropout": 0.0}),
+    ("eager", "bf16-mixed", {"dropout": 0.1}),
+    ("eager", "fp32", {"dropout": 0.0}),
+    ("sdpa", "bf16-mixed", {"dropout": 0.0}),
+    ("eager", "bf16", {"dropout": 0.0}),
+    ("eager", "bf16-mixed", {"dropout": 0.0, "peft": "lora", "lora_targets": "query_key_value"}),
+]
+
+
+@pytest.mark.parametrize("attention, precision, flags", NEOX_CELLS)
+def test_gpt_neox_parallel_residual_keeps_the_layer_input_once(tmp_path: Path, attention: str, precision: str,
+                                                               flags: dict[str, object]) -> None:
+    if "peft" in flags:
+        pytest.importorskip("peft")
+    path = tmp_path / "neox.json"
+    path.write_text(json.dumps(NEOX))
+    assert abs(_activation_error(path, attention, precision, **flags)) <= 0.005
+
+
+#: (model, attention, precision, flags): a frozen base stored in another dtype than autocast's. autocast caches
+#: copies of trainable leaves only, so each frozen linear casts its weight at every call and, where its input needs
+#: a gradient, its matmul saves the 16-bit copy (unpriced: GPT-2 lora c_attn on an fp32 base -10.8% activations,
+#: -6.6% peak; all-linear -9.9%; SDPA -16.4%; an fp16 base under bf16 autocast -10.8%; Llama SDPA all-linear
+#: -25.7%). An eager RMSNorm keeps an fp32 input itself (``to(float32)`` is no copy): the final norm's was not
+#: priced under partial freezing (Llama SDPA fp32 all-linear -2.7%, Phi-3 eager fp32 qkv_proj -2.2%).
+FROZEN_BASE_CELLS = [
+    ("gpt2", "eager", "bf16-mixed", {"lora_targets": "c_attn", "frozen_dtype": "fp32"}),
+    ("gpt2", "eager", "bf16-mixed", {"lora_targets": "all-linear", "frozen_dtype": "fp32"}),
+    ("gpt2", "sdpa", "bf16-mixed", {"lora_targets": "c_attn", "frozen_dtype": "fp32"}),
+    ("gpt2", "eager", "bf16-mixed", {"lora_targets": "c_attn", "frozen_dtype": "fp16"}),
+    ("llama", "sdpa", "bf16-mixed", {"lora_targets": "all-linear", "frozen_dtype": "fp32"}),
+    ("llama", "sdpa", "fp32", {"lora_targets": "all-linear"}),
+    ("phi3", "eager", "fp32", {"lora_targets": "qkv_proj"}),
+    # peft's default q_proj, v_proj on eager attention: in the first layer (its input needs no gradient) the keys
+    # need none, so ``q @ k^T`` saves no q (+1.2% on the bf16 base; fp32 0.00% on 1624be5 only because the final
+    # norm's input was missing; an fp32 base -16.0% before the copies, +1.0% after)
+    ("llama", "eager", "bf16-mixed", {"lora_targets": "q_proj,v_proj"}),
+    ("llama", "eager", "fp32", {"lora_targets": "q_proj,v_proj"}),
+    ("llama", "eager", "bf16-mixed", {"lora_targets": "q_proj,v_proj", "frozen_dtype": "fp32"}),
+    # DoRA subtracts the frozen fp32 bias from the 16-bit base result, which type promotion makes fp32 (c_attn
+    # -13.5%, all-linear -16.2%; -4.0% and -9.0% with the weight copies priced)
+    ("gpt2", "eager", "bf16-mixed", {"peft": "dora", "lora_targets": "c_attn", "frozen_dtype": "fp32"}),
+    ("gpt2", "eager", "bf16-mixed", {"peft": "dora", "lora_targets": "all-linear", "frozen_dtype": "fp32"}),
+]
+
+
+@pytest.mark.parametrize("model, attention, precision, flags", FROZEN_BASE_CELLS)
+def test_a_frozen_base_in_another_dtype_keeps_its_weight_copies(tmp_path: Path, model: str, attention: str,
+                                                                 precision: str, flags: dict[str, object]) -> None:
+    pytest.importorskip("peft")
+    path = tmp_path / f"{model}.json"
+    path.write_text(json.dumps(CONFIGS[model]))
+    result = trace(str(path), seq=256, mbs=2, precision=precision, attention=attention, recompute="none",
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, dropout=0.0,
+                   **{"peft": "lora", **flags})
+    rows = {row.category: row for row in compare_with_estimate(str(path), result.options, result.summary).rows}
+    assert abs(rows["activation"].relative or 0.0) <= 0.005
+    assert abs(rows["peak allocated"].relative or 0.0) <= 0.005

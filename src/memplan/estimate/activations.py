@@ -183,7 +183,18 @@ def layer_terms_by_block(layer: LayerSpec, shape: ActivationShape) -> tuple[list
         assert layer.mlp is not None
         rest = _mlp_terms(layer.mlp, shape, tokens=shape.seq * shape.micro_batch, region="tp", prefix="mlp",
                           pre_norm=layer.pre_norms)
+    if layer.parallel_residual and shape.kernels == "eager":  # (Megatron's own fused layers are sequential)
+        rest = [_parallel_residual_norm_input(t) if t.role is TermRole.NORM_INPUT else t for t in rest]
     return attention, rest + post_norm_terms(shape, layer.num_post_norms)
+
+
+def _parallel_residual_norm_input(term: Term) -> Term:
+    """The MLP's pre-norm input in a parallel-residual layer (transformers' GPT-NeoX ``use_parallel_residual``:
+    ``mlp(post_attention_layernorm(hidden_states))`` beside ``attention(input_layernorm(hidden_states))``): the
+    layer input itself, which the attention's ``norm input`` term keeps already, so no bytes of its own. The
+    term stays, empty, as the block's pre-norm (the reserved schedule starts the MLP block there)."""
+    return Term(f"{term.name}: the layer input, kept by the attention's pre-norm (parallel residual)", 0,
+                term.region, term.keep, site=term.site, role=term.role)
 
 
 @frozen_dataclass

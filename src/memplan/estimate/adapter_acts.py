@@ -52,7 +52,7 @@ def _shared_input(name: str, module: str, attention: str) -> str | None:
 
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
                   compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False,
-                  base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES) -> list[Term]:
+                  base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES, bias_bytes: int = 0) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
     ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
@@ -64,6 +64,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     base layer saves that very input already (bitsandbytes' 8-bit matmul), so ``lora_A`` adds nothing.
     ``adapter_bytes``: the adapters' dtype (``--adapter-dtype``); under autocast 16-bit adapters in the
     compute dtype need no weight copy (autocast returns a weight already in its dtype as is).
+    ``bias_bytes``: the frozen base's biases' bytes per element (``--frozen-dtype``); DoRA subtracts the bias from
+    the base result (``base_result - bias``), which type promotion makes fp32 beside an fp32 bias.
     """
     tokens = shape.seq * shape.micro_batch
     terms: list[Term] = []
@@ -98,6 +100,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             # result is in the adapter dtype without autocast, and the linear keeps the cast weight.
             scales = 3 if grad_in else 2
             base_bytes = adapter_bytes if dropout and not autocast else compute_bytes
+            if m.bias and not dropout:
+                base_bytes = max(base_bytes, bias_bytes)
             terms.append(Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"))
             terms.append(Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
                               (base_bytes + lora_bytes) * tokens * m.out_features, "rep", "body"))

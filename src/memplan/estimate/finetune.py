@@ -17,7 +17,7 @@ What trains comes from :mod:`memplan.peft.params`; this module prices it on one 
 
 from __future__ import annotations
 
-from memplan.estimate.activations import ActivationShape, eager_norm_terms
+from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, eager_norm_terms
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.terms import NORMALIZED
@@ -218,9 +218,9 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
 def head_activation_bytes_finetune(model: ModelSpec, job: Job, shape: ActivationShape, checkpointing: bool) -> int:
     """What the final norm and the output head save when part of the model is frozen
     (:func:`memplan.estimate.partial_freeze.root_flow`): the eager norm's fp32 copy of its input and
-    ``1/rms`` when its input needs a gradient; its normalized tensor when its weight trains (an eager
-    RMSNorm's ``weight * x_normed`` keeps ``x_normed``, in the input dtype); the head's input only when
-    the head (or a ``modules_to_save`` copy of it) trains."""
+    ``1/rms`` when its input needs a gradient (an fp32 input itself: ``input.to(float32)`` makes no copy); its
+    normalized tensor when its weight trains (an eager RMSNorm's ``weight * x_normed`` keeps ``x_normed``, in
+    the input dtype); the head's input only when the head (or a ``modules_to_save`` copy of it) trains."""
     flow = root_flow(model, job.finetune, checkpointing)
     sbh = shape.seq * shape.micro_batch * shape.hidden
     divisor = shape.tp if shape.sequence_parallel else 1
@@ -231,6 +231,8 @@ def head_activation_bytes_finetune(model: ModelSpec, job: Job, shape: Activation
         out += shape.residual_bytes * sbh // divisor  # x_normed in the 16-bit input dtype
     if not eager and (flow.norm_input_grad or flow.norm_trains):
         out += shape.residual_bytes * sbh // divisor  # a fused or LayerNorm final norm keeps its input
+    if eager and flow.norm_input_grad and shape.residual_bytes >= NORM_COMPUTE_BYTES:
+        out += shape.residual_bytes * sbh // divisor  # an eager RMSNorm keeps an fp32 input itself (no copy made)
     if flow.head_trains:
         out += shape.act_bytes * sbh
     return out

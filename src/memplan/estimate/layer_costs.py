@@ -47,7 +47,7 @@ from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.grouped_experts_backward import experts_figures
 from memplan.estimate.memo import Same
-from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies
+from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies, unkeyed_query_terms
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     recomputed_only_terms,
@@ -120,23 +120,24 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
                                                  ft.quantize_base, run.prec.weight_copies == "autocast",
                                                  ft.lora_dropout > 0, adapter_bytes(run.job),
                                                  compiled_layer(run, layer), per_tensor_offload(run),
-                                                 dequantized)
+                                                 dequantized, frozen_bytes_per_element(run.job))
     return cached
 
 
 @lru_cache(maxsize=4096)
 def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy, role: LayerRole,
                    quantize_base: str, autocast: bool, lora_dropout: bool, adapter_bytes: int,
-                   compiled: bool = False, offloaded: bool = False, dequantized: int = 0) -> LayerCosts:
+                   compiled: bool = False, offloaded: bool = False, dequantized: int = 0,
+                   bias_bytes: int = 0) -> LayerCosts:
     """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
     layer kinds under many layouts; the key holds the layer itself, compared by identity). ``compiled``:
     the layer keeps torch.compile's partitioner's saved set (:mod:`memplan.estimate.compiled`); ``offloaded``:
     ``save_on_cpu`` holds what it saves in host memory; ``dequantized``: bytes per element of its base weights
-    dequantized (0: not quantized)."""
+    dequantized (0: not quantized); ``bias_bytes``: its frozen biases' (DoRA's base result minus the bias)."""
     spec = cast(LayerSpec, layer.obj)
     blocks = compiled_blocks(spec, shape) if compiled else _blocks(
         spec, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
-        adapter_bytes=adapter_bytes)
+        adapter_bytes=adapter_bytes, bias_bytes=bias_bytes)
     mlp_saved = _mlp_saved(spec, shape, role) if spec.attention.sinks and not compiled else None
     # a recomputed layer on a base whose matmul saves nothing (4-bit) runs down_proj's backward before its
     # recompute
@@ -158,7 +159,7 @@ def layer_blocks(run: RunContext, layer: LayerSpec,
         return shape, compiled_blocks(layer, shape)
     return shape, _blocks(layer, shape, role, quantize_base=ft.quantize_base,
                           autocast=run.prec.weight_copies == "autocast", lora_dropout=ft.lora_dropout > 0,
-                          adapter_bytes=adapter_bytes(run.job))
+                          adapter_bytes=adapter_bytes(run.job), bias_bytes=frozen_bytes_per_element(run.job))
 
 
 def per_tensor_offload(run: RunContext) -> bool:
@@ -175,13 +176,14 @@ def _mlp_saved(layer: LayerSpec, shape: ActivationShape, role: LayerRole) -> lis
 
 
 def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quantize_base: str, autocast: bool,
-            lora_dropout: bool, adapter_bytes: int) -> tuple[list[Term], list[Term]]:
+            lora_dropout: bool, adapter_bytes: int, bias_bytes: int = 0) -> tuple[list[Term], list[Term]]:
     """(attention, rest) terms of the layer for its fine-tuning role."""
     attention, rest = layer_terms_by_block(layer, shape)
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
     if role.flow is not None:
-        attention = block_terms(attention, shape, role.flow.attention, gemm_inputs_kept=int8_base)
+        attention = unkeyed_query_terms(block_terms(attention, shape, role.flow.attention, gemm_inputs_kept=int8_base),
+                                        layer.attention, shape, role.flow.attention)
         rest = _int8_mlp_terms(layer, rest, shape, role.flow) if int8_base else block_terms(
             rest, shape, role.flow.mlp)
         if autocast and not shape.autocast:
@@ -193,7 +195,7 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
                                     input_needs_grad=role.flow is None or role.flow.attention.input_grad,
                                     # peft's cast to the fp32 adapters is a no-op on fp32 activations
                                     uncast_input=(role.quantized and autocast) or shape.act_bytes == adapter_bytes,
-                                    base_keeps_input=int8_base, adapter_bytes=adapter_bytes)
+                                    base_keeps_input=int8_base, adapter_bytes=adapter_bytes, bias_bytes=bias_bytes)
     return attention, rest
 
 

@@ -25,17 +25,20 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from memplan.estimate.activations import (NORM_COMPUTE_BYTES, ActivationShape, Term, layer_terms_by_block,
-                                         norm_keeps_input)
+from memplan.estimate.activations import (NORM_COMPUTE_BYTES, UNFUSED_ATTENTION, ActivationShape, Term,
+                                         layer_terms_by_block, norm_keeps_input)
 from memplan.estimate.moe_freeze import is_routed_experts, is_sinks, moe_term_kept
 from memplan.estimate.terms import NORM_TERMS, NORMALIZED, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.job import FineTuning
 from memplan.model.linears import model_linears, model_parameters
-from memplan.model.spec import LayerSpec, ModelSpec
+from memplan.model.attention_kinds import attention_kind
+from memplan.model.spec import AttentionSpec, LayerSpec, ModelSpec
 from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
-__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "any_attention_saves", "block_terms", "layer_flows", "root_flow", "trained_norm_copies", "uncopied_trained_numel"]
+__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "any_attention_saves", "block_of", "block_terms", "layer_flows",
+           "reads_a_gradient", "root_flow", "trained_norm_copies", "uncopied_trained_numel", "under",
+           "unkeyed_query_terms"]
 
 #: Per-layer norms that belong to the attention block although their name is not under it: the
 #: pre-attention norm, and Gemma 2's post-attention norm (its MLP has a ``pre_feedforward_layernorm``).
@@ -62,6 +65,9 @@ class BlockFlow:
     adapted_input: bool = False
     #: An MoE block whose only trained weights are its routed experts (router and shared expert frozen).
     only_experts: bool = False
+    #: The attention's keys need a gradient: the block's input or norm does, or a linear making the keys trains
+    #: or carries an adapter (eager attention's ``q @ k^T`` saves q only for the keys' gradient).
+    keys_grad: bool = True
     #: An MoE block whose routed experts are frozen.
     frozen_experts: bool = False
 
@@ -125,7 +131,7 @@ class RootFlow:
     embedding_trained_fully: bool = False
 
 
-def _block_of(name: str, layer_names: frozenset[str]) -> str:
+def block_of(name: str, layer_names: frozenset[str]) -> str:
     """'attention' or 'mlp' for a parameter's module name inside a decoder layer."""
     last = name.rpartition(".")[2]
     gemma_style = any(n.endswith("pre_feedforward_layernorm") for n in layer_names)
@@ -142,7 +148,7 @@ def _is_norm(module: str) -> bool:
     return "norm" in last or last.startswith("ln")
 
 
-def _under(module: str, names: tuple[str, ...]) -> bool:
+def under(module: str, names: tuple[str, ...]) -> bool:
     return any(module == n or module.startswith(n + ".") for n in names)
 
 
@@ -167,6 +173,8 @@ class _Trainable:
     sinks: frozenset[int] = frozenset()
     #: Layers where an MLP/MoE-block weight other than the routed experts and the norms trains.
     other_mlp: frozenset[int] = frozenset()
+    #: Layers where a linear making the attention's keys trains, is copied or carries an adapter.
+    keys: frozenset[int] = frozenset()
 
 
 @lru_cache(maxsize=64)
@@ -189,15 +197,16 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     experts: set[int] = set()
     sinks: set[int] = set()
     other_mlp: set[int] = set()
+    keys: set[int] = set()
     for p in params:
-        trains = everything or _under(p.module, full)
-        copied = _under(p.module, copies)
+        trains = everything or under(p.module, full)
+        copied = under(p.module, copies)
         if trains and p.layer is not None and is_routed_experts(p.module):
             experts.add(p.layer)
         if trains and p.layer is not None and is_sinks(p.name):
             sinks.add(p.layer)
         if (trains and p.layer is not None and not is_routed_experts(p.module) and not _is_norm(p.module)
-                and _block_of(p.module, names[p.layer]) == "mlp"):
+                and block_of(p.module, names[p.layer]) == "mlp"):
             other_mlp.add(p.layer)
         if p.layer is None:
             if trains:
@@ -206,7 +215,9 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
             if copied:
                 root_copies.add(p.module)
             continue
-        key = (p.layer, _block_of(p.module, names[p.layer]))
+        key = (p.layer, block_of(p.module, names[p.layer]))
+        if (trains or copied) and p.module.rpartition(".")[2] in _KEY_LINEARS:
+            keys.add(p.layer)
         if trains:
             (norms if _is_norm(p.module) else linears).add(key)
         if copied:
@@ -216,14 +227,16 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
         if m.layer is None:
             root.add(m.name)
             continue
-        key = (m.layer, _block_of(m.name, names[m.layer]))
+        key = (m.layer, block_of(m.name, names[m.layer]))
         adapted.add(key)
+        if m.name.rpartition(".")[2] in _KEY_LINEARS:
+            keys.add(m.layer)
         if m.name.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
             adapted_input.add(key)
     root_copies.update(m for m in copies if m == "lm_head")  # a tied head's copy has its own weight
     return _Trainable(frozenset(linears), frozenset(norms), frozenset(adapted), frozenset(adapted_input),
                       frozenset(root), frozenset(root_copies), frozenset(root_full), frozenset(experts),
-                      frozenset(sinks), frozenset(other_mlp))
+                      frozenset(sinks), frozenset(other_mlp), frozenset(keys))
 
 
 def _is_embedding(module: str) -> bool:
@@ -240,13 +253,19 @@ def _embedding_trains(model: ModelSpec, t: _Trainable) -> bool:
 
 
 @lru_cache(maxsize=64)
-def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> tuple[LayerFlow, ...]:
+def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool, own_layers: bool = False
+                ) -> tuple[LayerFlow, ...]:
     """Each decoder layer's :class:`LayerFlow` under fine-tuning ``ft`` (``checkpointing``: the
-    activation policy recomputes, which makes the first layer's input require grad)."""
+    activation policy recomputes, which makes the first layer's input require grad).
+
+    A parallel-residual layer (GPT-NeoX's ``use_parallel_residual``) feeds its MLP the layer input, not the
+    attention's output: the MLP block's input needs a gradient only when the layer's does. ``own_layers``:
+    the framework builds its own sequential layers whatever the family (Megatron's fused ones)."""
     t = _trainable(model, ft)
     grad = checkpointing or _embedding_trains(model, t)
     out = []
     for index in range(model.num_layers):
+        layer_input_grad = grad
         blocks = []
         for block in ("attention", "mlp"):
             key = (index, block)
@@ -254,10 +273,13 @@ def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> tuple[
             flow = BlockFlow(input_grad=grad, linears_train=key in t.linears, norm_trains=key in t.norms,
                              adapted=key in t.adapted, adapted_input=key in t.adapted_input,
                              only_experts=moe and index in t.experts and index not in t.other_mlp,
-                             frozen_experts=moe and index not in t.experts)
-            grad = flow.saves
+                             frozen_experts=moe and index not in t.experts,
+                             keys_grad=grad or key in t.norms or index in t.keys)
+            parallel = model.layers[index].parallel_residual and not own_layers
+            grad = layer_input_grad if parallel and block == "attention" else flow.saves
             blocks.append(flow)
         out.append(LayerFlow(blocks[0], blocks[1], trained_experts=index in t.experts, trained_sinks=index in t.sinks))
+        grad = out[-1].output_grad
     return tuple(out)
 
 
@@ -324,6 +346,18 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
     return out
 
 
+def unkeyed_query_terms(terms: list[Term], attn: AttentionSpec, shape: ActivationShape, flow: BlockFlow) -> list[Term]:
+    """An unfused attention block whose keys need no gradient (LoRA on q_proj and v_proj where the block's
+    input needs none): ``q @ k^T`` saves each factor only for the other's gradient (``matmul``'s backward), so
+    q is not saved; the ``q, k, v`` term loses q's bytes. Left as is with q/k norms or MLA (their terms differ)."""
+    if (flow.keys_grad or shape.attention not in UNFUSED_ATTENTION or attn.qk_norm
+            or attention_kind(attn).latent):
+        return terms
+    q = shape.act_bytes * shape.seq * shape.micro_batch * attn.num_heads * attn.head_dim
+    return [Term(f"{t.name} (no q: the keys need no gradient)", t.bytes - q, t.region, t.keep, site=t.site,
+                 role=t.role) if t.role is TermRole.QKV else t for t in terms]
+
+
 def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gemm_inputs_kept: bool) -> Term | None:
     """A term of a block whose linears are frozen (input needing a gradient): None when not saved."""
     if t.gemm_input:
@@ -343,27 +377,41 @@ def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gem
     return t
 
 
+#: Linear layers whose output holds the attention's keys (fused q/k/v projections included).
+_KEY_LINEARS = frozenset({"k_proj", "qkv_proj", "c_attn", "query_key_value", "W_pack", "wk", "wqkv",
+                          "kv_a_proj_with_mqa", "kv_b_proj"})
 #: Linear layers that read their block's input (through its pre-norm).
 _BLOCK_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
                                   "c_attn", "query_key_value", "gate_proj", "up_proj", "gate_up_proj", "c_fc",
                                   "dense_h_to_4h", "w1", "w3"})
 
 
+def reads_a_gradient(flow: BlockFlow, linear: str) -> bool:
+    """The input of the linear layer ``linear`` (its dotted name) in a block with ``flow`` requires grad: for a
+    linear reading the block's input (through its pre-norm), where that input or the norm needs one; for any other
+    (an output projection), where anything before it in the block does (an adapter or trained linear included)."""
+    if linear.rpartition(".")[2] in _BLOCK_INPUT_LINEARS:
+        return flow.input_grad or flow.norm_trains
+    return flow.input_grad or flow.norm_trains or flow.adapted_input or flow.linears_train
+
+
 @lru_cache(maxsize=256)
-def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...]) -> int:
+def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...],
+                           own_layers: bool = False) -> int:
     """Weights of fully trained linears among ``layers`` whose input needs no gradient: autocast casts them,
     but autograd keeps the 16-bit copy only for the input's gradient, so it is not saved (the linears
-    reading a block's input when nothing before them, the block's norm included, needs a gradient)."""
+    reading a block's input when nothing before them, the block's norm included, needs a gradient;
+    ``own_layers`` as for :func:`layer_flows`)."""
     if ft.resolved_trainable == "all":
         return 0
-    flows = layer_flows(model, ft, checkpointing)
+    flows = layer_flows(model, ft, checkpointing, own_layers)
     full = trained_modules(model, ft)
     wanted = set(layers)
     total = 0
     for m in model_linears(model):
-        if m.layer not in wanted or m.name.rpartition(".")[2] not in _BLOCK_INPUT_LINEARS or not _under(m.name, full):
+        if m.layer not in wanted or m.name.rpartition(".")[2] not in _BLOCK_INPUT_LINEARS or not under(m.name, full):
             continue
-        flow = flows[m.layer].attention if _block_of(m.name, frozenset()) == "attention" else flows[m.layer].mlp
+        flow = flows[m.layer].attention if block_of(m.name, frozenset()) == "attention" else flows[m.layer].mlp
         if not (flow.input_grad or flow.norm_trains):
             total += m.weight_numel
     return total

@@ -88,7 +88,7 @@ def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool =
         size = divided(t, run.shape)
         if t.role is TermRole.NORM_INPUT:
             terms += [(0, RELEASE, False)] if terms else []
-            norm_input = size
+            norm_input = size or norm_input  # a parallel-residual MLP's norm reads the attention's input
         if t.role is TermRole.NORM_OUTPUT:
             terms.append((norm_output(norm_input, run), HELD, False))
         if t.role is TermRole.SINK_SOFTMAX:

@@ -20,7 +20,8 @@ from memplan.estimate.ds_checkpointing import (
     partition_bytes,
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
-from memplan.estimate.finetune import StageFinetune, adapter_bytes
+from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.frozen_copies import FROZEN_COPIES_NOTE, frozen_weight_copies
 from memplan.estimate.input_leaf import input_leaf_bytes, leaf_apart_bytes
 from memplan.estimate.layer_costs import (
     largest_saved_term,
@@ -96,9 +97,11 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         # layer being computed and the one being copied.
         on_gpu = min(layers, 2 * max(layer_costs(run, run.model.layers[i], i)[0] for i in layout.layer_indices))
         cpu, layers = layers - on_gpu, on_gpu
-    other, head_copy, saved_copies = _other_activations(ctx, ft)
+    other, head_copy, saved_copies, frozen_copies = _other_activations(ctx, ft)
     if leaf_apart_bytes(ctx):
         notes.append(input_leaf.NOTE)
+    if frozen_copies:
+        notes.append(FROZEN_COPIES_NOTE)
     bring_back = 0
     if per_tensor:
         held, bring_back, weight_back = _save_on_cpu(ctx, walk)
@@ -184,9 +187,9 @@ def _deepspeed_checkpoints(ctx: StageContext, walk: LayerWalk, layers: int, cpu:
     return layers, cpu, unused
 
 
-def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int, int, int]:
+def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int, int, int, int]:
     """(embedding, shared tables and masks, autocast copies; of them the head's copy; of them the
-    autocast copies, the head's included)."""
+    copies autocast's cache holds too, the head's included; of them the frozen weights' copies)."""
     run, layout = ctx.run, ctx.layout
     model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
@@ -198,19 +201,24 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
             model, shape, run.policy.keeps_mask or keeps_masks(run))
         other += shared * inflight
     if run.prec.weight_copies != "autocast":
-        return other, 0, 0
+        return other, 0, 0, 0
     # torch.autocast casts the weights linear layers read (the decoder's and the output
     # head's) and autograd saves the 16-bit copies; embedding tables and norms are not cast.
     head = head_numel(ctx) if layout.has_head else 0
     layers = autocast_weight_copy_numel(model, run.job, layout, recomputed=set(ctx.recomputed),
                                         policy=run.policy.kind,
                                         eager_experts=run.profile.kernels == "eager", modules=run.policy.modules)
+    frozen_layers = frozen_head = 0
     if ft is not None:
-        # Only fully trained (fp32) weights are cast; 16-bit frozen weights are used as they are, and
-        # the adapters' copies are part of their layers' terms.
+        # Only fully trained (fp32) weights are cast and cached; frozen ones stored in another dtype are cast at
+        # each call, uncached (frozen_copies); 16-bit frozen weights are used as they are, and the adapters'
+        # copies are part of their layers' terms.
         head, layers = 0, ft.full - _uncopied(ctx, ft)
+        frozen_layers, frozen_head = frozen_weight_copies(ctx, ft)
     compute = dtype_bytes(run.prec.compute)
-    return other + (layers + head) * compute, head * compute, (layers + head) * compute
+    frozen = (frozen_layers + frozen_head) * compute
+    cached = (layers + head) * compute
+    return other + cached + frozen, (head + frozen_head) * compute, cached, frozen
 
 
 def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
@@ -225,7 +233,8 @@ def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
     recomputed = [i for i in ctx.layout.layer_indices if i in ctx.recomputed]
     kept = tuple(i for i in ctx.layout.layer_indices if i not in ctx.recomputed)
     ft_job = run.job.finetune
-    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.recomputes, kept)
+    own_layers = run.profile.kernels != "eager"
+    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.recomputes, kept, own_layers)
              + sum(counts.layers[i].trained for i in recomputed))
     if run.profile.kernels == "eager":
         numel += uncopied_expert_numel(run.model, ft_job, kept)
