@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.estimate.test_grouped_experts_backward import MIXTRAL_V256, QWEN3_MOE_V256, _estimate
+from tests.estimate.test_grouped_experts_walk import MIXTRAL_V256, QWEN3_MOE_V256, _estimate
 
 
 @pytest.mark.parametrize("config, flags, traced, before", [
