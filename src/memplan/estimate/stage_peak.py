@@ -27,7 +27,13 @@ from memplan.estimate.extras import (
     saved_logits_bytes,
     softcap_bytes,
 )
-from memplan.estimate import compiled_loss, loss_parallel, pipeline_fsdp, recomputed_backward
+from memplan.estimate import (
+    compiled_loss,
+    final_norm_backward,
+    loss_parallel,
+    pipeline_fsdp,
+    recomputed_backward,
+)
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.layer_walk import LayerWalk
@@ -163,8 +169,9 @@ def forward_peaks(acts: StageActivations, forward_extra: int, ctx: StageContext)
 
 def _backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
               loss: LossPart) -> Iterator[Contribution]:
-    """A layer's backward: the head's backward has run, so what the final norm, the head (its
-    autocast weight copy included) and the loss saved is released, and its gradient exists."""
+    """The backward's worst step: a layer's (the head's backward has run, so what the final norm, the head (its
+    autocast weight copy included) and the loss saved is released, and its gradient exists) or, before them,
+    the final norm's backward (:mod:`~memplan.estimate.final_norm_backward`)."""
     run, layout, states = ctx.run, ctx.layout, st.states
     no_grads_yet = _no_grads_yet(ctx)
     # The output head's gradient (a tied one waits in autograd's buffer) and the final norm's; the
@@ -180,6 +187,11 @@ def _backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageAc
         # (the loss moment's logits price that backward)
         back = acts.bring_back
     temp += (st.step_temp if run.job.optimizer.in_backward else 0) + back
+    # before any layer's: the final norm's backward, beside every layer's saved activations
+    norm = final_norm_backward.final_norm_backward_bytes(ctx)
+    if norm and acts.layers + head_grads + norm > layers + temp:
+        layers, temp = acts.layers, head_grads + norm
+        yield Contribution(TEMPORARY, 0, _BACKWARD, note=final_norm_backward.NOTE)
     yield Contribution(ACTIVATIONS, layers, _BACKWARD, note=_policy_independent_note(ctx))
     yield Contribution(TEMPORARY, temp, _BACKWARD, note=recomputed_backward.NOTE if walk.walked else "")
 
