@@ -13,9 +13,12 @@ import pytest
 
 from memplan import estimate, load_model
 from memplan.estimate import final_norm_backward
+from memplan.estimate.activations import softmax_backward_bytes
 from memplan.estimate.context import run_context, stage_context
 from memplan.estimate.final_norm_backward import final_norm_backward_bytes
+from memplan.estimate.layer_costs import layer_blocks
 from memplan.estimate.layout import pipeline_layout
+from memplan.estimate.made_gradients import early_gradients
 from memplan.jobflags import build_job
 
 _COMMON = {"max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0, "rms_norm_eps": 1e-6}
@@ -72,3 +75,24 @@ def test_final_norm_moment_sets_the_peak_with_its_sentence(configs: dict[str, st
     result = estimate(load_model(configs["llama_v256"]), job)
     assert result.stages[0].peak_phase == "backward"
     assert final_norm_backward.NOTE in result.assumptions
+
+
+def test_gradients_before_the_softmax_under_tensor_parallelism(configs: dict[str, str]) -> None:
+    # a trace of the llama toy at tp 2, at the last layer's softmax backward: down/up/gate (3 x 393,216 bytes in
+    # fp32, half of each weight's), o_proj (131,072) and post_attention_layernorm (1,024, whole on every rank)
+    run, _ = _stage(configs["llama_v256"], tp=2, gpus=2)
+    layer = run.model.layers[1]
+    found = layer_blocks(run, layer, 1)
+    assert found is not None
+    shape, blocks = found
+    assert early_gradients(run, layer, 1, 0) == softmax_backward_bytes(layer, shape, blocks) + 1_311_744
+
+
+@pytest.mark.parametrize("flags", [
+    {"attention": "sdpa"}, {"optimizer_in_backward": True, "optimizer": "adam"}, {"fsdp": "full", "gpus": 2},
+    {"peft": "lora", "lora_targets": "q_proj,v_proj"},
+])
+def test_no_gradients_before_the_softmax_where_not_made_beside_it(configs: dict[str, str],
+                                                                   flags: dict[str, object]) -> None:
+    run, _ = _stage(configs["llama_v256"], **flags)
+    assert early_gradients(run, run.model.layers[1], 1, 0) == 0

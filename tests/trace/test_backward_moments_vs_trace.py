@@ -27,6 +27,7 @@ TOLERANCE = 0.01
     ("llama_v256", "bf16", "eager", "none", {}, -0.0177),
     ("qwen3_moe_v256", "bf16-mixed", "eager", "none", {}, -0.033),
     ("qwen3_moe_v256", "bf16-mixed", "eager", "full", {}, -0.0354),
+    ("llama_v256", "bf16-mixed", "eager", "none", {"tp": 2}, -0.0255),
     # the final norm's backward beside every layer's saved tensors
     ("llama_v256", "bf16-mixed", "sdpa", "megatron-selective", {"recompute_modules": "core_attn"}, -0.0111),
     ("qwen3_moe_v256", "bf16", "sdpa", "none", {}, -0.0283),

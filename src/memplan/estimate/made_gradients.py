@@ -12,8 +12,9 @@ done). Within a layer, two moments come after some of its own:
 - transformers' grouped experts' walked backward (:mod:`~memplan.estimate.grouped_experts_backward`): the down
   weight's gradient before ``act(gate) * up``'s backward.
 
-Only for a job that trains the whole model on one rank's whole weights and keeps each gradient it makes whole on
-the GPU until the step: not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own buffers), not moved to
+Only for a job that trains the whole model and keeps each gradient it makes whole on the GPU until the step (the
+softmax's moment under tensor parallelism too, with each rank's share of the gradients, helper fnorm12; the
+experts' walk on one rank's whole weights only): not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own buffers), not moved to
 host memory with an offloaded optimizer, not consumed by an optimizer step in the backward. Recomputed layers the
 walk of :mod:`~memplan.estimate.recomputed_backward` covers have their own; partial policies' figures are net of what they make
 again (not here); under ``save_on_cpu`` :mod:`~memplan.estimate.offloaded_backward` has its own.
@@ -38,20 +39,37 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
     if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
             or run.policy.partial or (layer.moe is None and not has_eager_core(run.shape))):
         return 0  # (a dense layer under a fused or flash core has neither moment: no terms built)
-    from memplan.estimate.reserved_mlp_backward import attention_split, layer_gradient_sizes, whole_weights
+    from memplan.estimate.reserved_mlp_backward import attention_split, whole_weights
 
-    found = layer_blocks(run, layer, index) if whole_weights(run) else None
+    found = layer_blocks(run, layer, index) if run.counts is None else None
     if found is None:
         return 0
     shape, blocks = found
     moments = [0]
     experts = experts_figures(layer, shape, blocks[1], run.dropped, run.policy.kind.checkpoints_layers,
-                              weight_gradient_bytes(layer, run.model.hidden_size, run.prec.grad_bytes))
+                              weight_gradient_bytes(layer, run.model.hidden_size, run.prec.grad_bytes)
+                              ) if whole_weights(run) else None
     if experts is not None and experts.walked:
         moments.append(experts.with_gradients)
     softmax = softmax_backward_bytes(layer, shape, blocks)
-    sizes = layer_gradient_sizes(run.model, index, run.prec.grad_bytes)
+    sizes = _gradient_sizes(run, index)
     split = attention_split(run.model, index, len(sizes)) if softmax else None
     if split is not None:
         moments.append(softmax + sum(sizes[i] for i in split[0]))
     return max(0, max(moments) - transient)
+
+
+def _gradient_sizes(run: RunContext, index: int) -> list[int]:
+    """Bytes of each of layer ``index``'s gradients on one rank, in parameter order: whole, or under tensor
+    parallelism each tensor's share (:func:`~memplan.estimate.reserved_tp.rank_numel`: the linear weights split,
+    the norms whole)."""
+    from memplan.estimate.reserved_mlp_backward import layer_gradient_sizes
+
+    tp, grad_bytes = run.job.parallel.tp, run.prec.grad_bytes
+    if tp <= 1:
+        return layer_gradient_sizes(run.model, index, grad_bytes)
+    from memplan.estimate.reserved_tp import rank_numel
+    from memplan.model.linears import model_parameters
+
+    return [rank_numel(run.model, run.profile, tp, tensor) * grad_bytes
+            for tensor in model_parameters(run.model) if tensor.layer == index]
