@@ -14,8 +14,8 @@ done). Within a layer, two moments come after some of its own:
 
 Only for a job that trains the whole model and keeps each gradient it makes whole on the GPU until the step (the
 softmax's moment under tensor parallelism too, with each rank's share of the gradients, helper fnorm12; the
-experts' walk on one rank's whole weights only): not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own buffers), not moved to
-host memory with an offloaded optimizer, not consumed by an optimizer step in the backward. Recomputed layers the
+experts' walk on one rank's whole weights only): not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own
+buffers), not moved to host memory with an offloaded optimizer, not consumed by an optimizer step in the backward. Recomputed layers the
 walk of :mod:`~memplan.estimate.recomputed_backward` covers have their own; partial policies' figures are net of what they make
 again (not here); under ``save_on_cpu`` :mod:`~memplan.estimate.offloaded_backward` has its own.
 """
