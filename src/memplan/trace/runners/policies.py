@@ -50,7 +50,7 @@ _DISCARDING = ("layernorm", "mla_up_proj", "moe_act")
 #: one), attention and MLP block, by the attribute names of transformers' models.
 _INPUT_NORMS = ("input_layernorm", "ln_1")
 _PRE_MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
-_ATTENTIONS = ("self_attn", "attn")
+_ATTENTIONS = ("self_attn", "attn", "attention")  # GPT-NeoX: layers.N.attention
 _MLPS = ("mlp", "block_sparse_moe")
 #: transformers' experts implementations that call ``_apply_gate`` / ``act_fn`` (integrations/moe.py).
 _INTERFACE_EXPERTS = ("grouped_mm", "batched_mm")
@@ -101,9 +101,9 @@ def apply_policy(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_autoc
 
         apply_torchtitan_sac(model, _cuda_policies if cuda_autocast else None)
     elif name == "attention-module":
-        attention = [m for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in ("self_attn", "attn")]
+        attention = [m for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in _ATTENTIONS]
         if not attention:
-            raise UnsupportedError("--recompute selective found no attention modules named self_attn or attn")
+            raise UnsupportedError(f"--recompute selective found no attention modules named {' or '.join(_ATTENTIONS)}")
         for module in attention:
             checkpoint_forward(module, cuda_autocast)
     else:
