@@ -27,3 +27,23 @@ def test_the_eager_softmax_backward_holds_the_gradients_made_before_it(
         tmp_path: Path, config: dict[str, object], flags: dict[str, object], traced: int, before: float) -> None:
     """``before``: the error before the experts' walk and these gradients."""
     assert abs(_estimate(tmp_path, config, **{"attention": "eager", **flags}) / traced - 1) <= 0.0075
+
+
+@pytest.mark.parametrize("ep, etp", [(1, 1), (8, 1), (4, 2)])
+def test_routed_experts_gradients_are_one_ranks_share_under_expert_parallelism(ep: int, etp: int) -> None:
+    """Under expert parallelism a rank holds (and makes the gradients of) num_experts / ep experts, split by etp:
+    the gradients made before the softmax count that share, as the model states do; the rest whole."""
+    from memplan import Batch, Job, Parallelism, load_model
+    from memplan.estimate.context import run_context
+    from memplan.estimate.made_gradients import _gradient_sizes
+    from memplan.model.linears import model_parameters
+
+    model = load_model("qwen3-30b-a3b")
+    job = Job(parallel=Parallelism(world_size=8, ep=ep, etp=etp), batch=Batch(micro_batch_size=1, seq_length=1024),
+              attention="eager", framework="torchtitan")
+    sizes = _gradient_sizes(run_context(model, job, 0.1), 0)
+    tensors = [t for t in model_parameters(model) if t.layer == 0]
+    grad_bytes = sizes[0] // tensors[0].numel
+    for tensor, size in zip(tensors, sizes, strict=True):
+        share = ep * etp if ".experts." in tensor.name else 1
+        assert size == tensor.numel // share * grad_bytes, tensor.name

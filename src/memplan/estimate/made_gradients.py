@@ -60,16 +60,23 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
 
 
 def _gradient_sizes(run: RunContext, index: int) -> list[int]:
-    """Bytes of each of layer ``index``'s gradients on one rank, in parameter order: whole, or under tensor
-    parallelism each tensor's share (:func:`~memplan.estimate.reserved_tp.rank_numel`: the linear weights split,
-    the norms whole)."""
+    """Bytes of each of layer ``index``'s gradients on one rank, in parameter order: whole, or each tensor's share
+    under tensor parallelism (:func:`~memplan.estimate.reserved_tp.rank_numel`: the linear weights split, the norms
+    whole) and the routed experts' under expert parallelism (split by ep x etp, as the states are:
+    :func:`~memplan.estimate.states.layer_numel_on_rank`)."""
     from memplan.estimate.reserved_mlp_backward import layer_gradient_sizes
 
-    tp, grad_bytes = run.job.parallel.tp, run.prec.grad_bytes
-    if tp <= 1:
+    par, grad_bytes = run.job.parallel, run.prec.grad_bytes
+    if par.tp <= 1 and par.ep * par.expert_tp <= 1:
         return layer_gradient_sizes(run.model, index, grad_bytes)
     from memplan.estimate.reserved_tp import rank_numel
     from memplan.model.linears import model_parameters
 
-    return [rank_numel(run.model, run.profile, tp, tensor) * grad_bytes
+    return [(tensor.numel // (par.ep * par.expert_tp) if _ROUTED_EXPERTS in tensor.name
+             else rank_numel(run.model, run.profile, par.tp, tensor)) * grad_bytes
             for tensor in model_parameters(run.model) if tensor.layer == index]
+
+
+#: transformers 5's fused routed-expert parameters (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``; a shared
+#: expert is ``shared_expert(s)``, split as the dense weights).
+_ROUTED_EXPERTS = ".experts."
