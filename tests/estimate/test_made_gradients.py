@@ -45,5 +45,5 @@ def test_routed_experts_gradients_are_one_ranks_share_under_expert_parallelism(e
     tensors = [t for t in model_parameters(model) if t.layer == 0]
     grad_bytes = sizes[0] // tensors[0].numel
     for tensor, size in zip(tensors, sizes, strict=True):
-        share = ep * etp if ".experts." in tensor.name else 1
+        share = ep * etp if ".mlp.experts." in tensor.name else 1
         assert size == tensor.numel // share * grad_bytes, tensor.name

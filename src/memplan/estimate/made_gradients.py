@@ -72,11 +72,6 @@ def _gradient_sizes(run: RunContext, index: int) -> list[int]:
     from memplan.estimate.reserved_tp import rank_numel
     from memplan.model.linears import model_parameters
 
-    return [(tensor.numel // (par.ep * par.expert_tp) if _ROUTED_EXPERTS in tensor.name
+    return [(tensor.numel // (par.ep * par.expert_tp) if tensor.routed_expert
              else rank_numel(run.model, run.profile, par.tp, tensor)) * grad_bytes
             for tensor in model_parameters(run.model) if tensor.layer == index]
-
-
-#: transformers 5's fused routed-expert parameters (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``; a shared
-#: expert is ``shared_expert(s)``, split as the dense weights).
-_ROUTED_EXPERTS = ".experts."

@@ -61,6 +61,11 @@ class ParamTensor:
     def module(self) -> str:
         return self.name.rpartition(".")[0]
 
+    @property
+    def routed_expert(self) -> bool:
+        """One of the routed experts' fused parameters (``mlp.experts.*``; a shared expert is an ordinary linear)."""
+        return ".mlp.experts." in self.name
+
 
 def layer_prefix(model: ModelSpec) -> str:
     """Dotted prefix of the decoder-layer list."""
