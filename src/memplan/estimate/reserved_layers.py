@@ -24,7 +24,7 @@ from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_backward import backward_layer
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
-from memplan.estimate.reserved_recompute import moment_position, recompute_tensors
+from memplan.estimate.reserved_recompute import recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
 from memplan.estimate.reserved_walked import walked_backward, walked_fused
 
@@ -148,9 +148,10 @@ def _gradient_maker(replay: Replay, fsdp: FsdpSizes | None, grads: Sequence[int]
 
 def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[Saved],
                   grads: Sequence[Sequence[int]] | None, plan: tuple[Ledger, FsdpSizes | None], check: bool,
-                  keys: LayerKeys, held: tuple[list[Block | None], list[Block | None]]) -> Saved:
-    """Each layer's backward in reverse order, the ledger's backward moment in the last layer's (a recomputed
-    sink layer's: the first one's, :func:`~memplan.estimate.reserved_recompute.moment_position`); under FSDP2
+                  keys: LayerKeys, held: tuple[list[Block | None], list[Block | None]], *, moment: int,
+                  probe: dict[int, int] | None = None) -> Saved:
+    """Each layer's backward in reverse order, the ledger's backward moment in the layer at position ``moment``
+    (``probe``: positions whose requested bytes at their worst step are recorded into it); under FSDP2
     each layer's copy-out frees its all-gather output (``prefetched``: the last layer's) and prefetches the
     layer before's (:mod:`~memplan.estimate.reserved_fsdp`; the first layer the embedding's unit when it is
     apart, its output left in ``prefetched`` for the caller) and the last layer frees, after its backward, the
@@ -159,7 +160,6 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
     ledger, fsdp = plan
     prefetched, staged = held
     last = len(walk.per_layer) - 1
-    moment = moment_position(ctx, walk)
 
     def layer(position: int, prefetch: list[Block | None]) -> Saved:
         made_grads: Saved = []
@@ -168,7 +168,7 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         before = position > 0 or (fsdp is not None and fsdp.outer)
         ahead = replay.all_gather(fsdp, unit - 1) if before else None
         made = _gradient_maker(replay, fsdp, None if grads is None else grads[unit], unit, made_grads)
-        peak = (lambda: replay.moment(ledger, "backward", check)) if position == moment else (lambda: None)
+        peak = _peak_hook(replay, (ledger, check), position, (moment, probe))
         count = None if grads is None or fsdp is not None else len(grads[unit])
         again = recompute_tensors(ctx, walk.per_layer[position][0], count)
         layer_saved = (saved[position][0], saved[position][1], saved[position][3])
@@ -188,20 +188,57 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
     def outside(position: int) -> list[Block | None]:
         return [*saved[position][0], *saved[position][1], *saved[position][3]]
 
-    # the layers holding the ledger's moment are built one by one (their hook runs), the others copied where they can
     passed = None if fsdp is None else prefetched
     made: Saved = [] if last < 0 else layer(last, passed or [])
     replay.give(*staged)
     if passed is not None and last >= 0:
         *made, passed = made
-    for run in _runs(keys.backward, range(last - 1, 0 if moment < last else -1, -1)):
-        more, after = replay.repeat_run(keys.backward[run[0]], layer, run, outside, passed)
-        made += more
-        passed = None if passed is None else after
-    if moment < last and passed is None:
-        made += layer(0, [])
-    elif moment < last:
-        *more, passed = layer(0, passed)
-        made += more
+    alone = {p for p in (moment, *(probe or ())) if 0 <= p < last}
+    passed = _earlier_layers(replay, keys, (layer, outside), (last, alone), made, passed)
     prefetched[:] = passed or []
     return made
+
+
+def _peak_hook(replay: Replay, ledger: tuple[Ledger, bool], position: int,
+               moment: tuple[int, dict[int, int] | None]) -> Callable[[], None]:
+    """The hook layer ``position``'s backward calls at its worst step: the ledger's backward moment
+    (:meth:`~memplan.estimate.reserved_replay.Replay.moment`, ``ledger``: the ledger and whether to check it) in the
+    layer at ``moment[0]``, and the requested bytes recorded where ``moment[1]`` (a probe) asks for them."""
+    at, probe = moment
+
+    def peak() -> None:
+        if position == at:
+            replay.moment(ledger[0], "backward", ledger[1])
+        if probe is not None and position in probe:
+            probe[position] = replay.requested
+    return peak
+
+
+def _earlier_layers(replay: Replay, keys: LayerKeys,
+                    build: tuple[Callable[[int, list[Block | None]], Saved], Callable[[int], list[Block | None]]],
+                    at: tuple[int, set[int]], made: Saved, passed: list[Block | None] | None) -> list[Block | None] | None:
+    """The backward of the layers before the last (``at``: the last's position and those built alone), in reverse
+    order, their gradients appended to ``made``: the layers holding the ledger's moment or a probe built alone (their
+    hook runs), runs of the others copied where they can (:meth:`~memplan.estimate.reserved_replay.Replay.repeat_run`;
+    ``build``: one layer's backward and the blocks made before it that it frees). Returns what the first layer
+    passes on (FSDP2's all-gather output; None without FSDP2)."""
+    layer, outside = build
+    last, alone = at
+    stretches: list[list[int]] = []
+    for position in range(last - 1, -1, -1):
+        if position in alone or not stretches or stretches[-1][-1] in alone:
+            stretches.append([position])
+        else:
+            stretches[-1].append(position)
+    for positions in stretches:
+        if positions[0] in alone:
+            one = layer(positions[0], passed or [])
+            if passed is not None:
+                *one, passed = one
+            made += one
+            continue
+        for run in _runs(keys.backward, positions):
+            more, after = replay.repeat_run(keys.backward[run[0]], layer, run, outside, passed)
+            made += more
+            passed = None if passed is None else after
+    return passed

@@ -55,9 +55,23 @@ def moment_position(ctx: StageContext, walk: LayerWalk) -> int:
     recomputed sink layer. The ledger's backward walk (:mod:`~memplan.estimate.stage_peak`) takes the first
     layer where layers keep less than their gradients weigh, every later layer's gradient made; in the last
     layer the schedule was that far (23 layers' fp32 gradients, 68 GiB for gpt-oss-20b s8192 b2 bf16-mixed)
-    below the ledger and topped it up as one block there."""
+    below the ledger and topped it up as one block there. Elsewhere :func:`moment_choice` may move it."""
     last = len(walk.per_layer) - 1
     return 0 if last > 0 and sink_recomputed(ctx, walk.per_layer[0][0]) else last
+
+
+def moment_choice(position: int, probe: dict[int, int]) -> int:
+    """The layer whose backward holds the ledger's backward moment, of ``position``'s (:func:`moment_position`) and
+    the layer the ledger's walk stops at (:func:`~memplan.estimate.backward_walk.walked_backward`), ``probe`` holding
+    each one's requested bytes at its worst step in the first step of the schedule: the one where the schedule holds
+    more (``position`` on a tie), so the ledger's top-up, one block the allocator must find in one piece, is the
+    least. The walk's layer has the gradients of every later layer made, as in the schedule; checked in the last
+    layer instead, a backward that keeps little per layer (``save_on_cpu``, recompute) left the other layers'
+    gradients to the top-up (deepseek-v2-lite cut to 4 layers, torchtitan, ``save_on_cpu``, full recompute, s4096:
+    a 6 GiB block, +19% against the trace's simulated reserved). Where the ledger's walk holds bounds the schedule
+    does not (every layer's autocast weight copies to the end of the backward; FSDP2's two largest units unsharded
+    beside a small layer) the last layer stays closer to it."""
+    return max(probe, key=lambda p: (probe[p], p == position))
 
 
 def _dense_tensors(ctx: StageContext, index: int, count: int | None) -> list[tuple[int, int, bool]] | None:
