@@ -47,3 +47,16 @@ def test_the_backward_moment_is_checked_where_the_walk_has_made_the_later_gradie
                                             "seq": 4096})
     top_ups = _backward_top_ups(log)
     assert top_ups and max(top_ups) < 0.02 * allocated
+
+
+def test_a_recomputed_layers_forward_is_made_again_tensor_by_tensor() -> None:
+    # qwen2.5-7b, HF, SDPA (no op-by-op plan), full recompute at s4096: each layer's backward makes its gate, up,
+    # act(gate) and down-projection input (4096 x 18944 bf16, 148 MiB each) again, one allocation each, where the
+    # schedule made one block of the whole recomputed forward and the transient (2.2 GiB)
+    log, _ = _schedule("qwen2.5-7b", {"framework": "hf", "recompute": "full", "seq": 4096})
+    moments = [i for i, entry in enumerate(log) if entry == ("moment", "loss")]
+    backward = log[moments[-1]:]
+    intermediate = 4096 * 18944 * 2
+    assert sum(entry == ("take", intermediate) for entry in backward) >= 4 * 28
+    layer = max(size for kind, size in backward if kind == "take" and size != 152064 * 3584 * 4)  # type: ignore[type-var]
+    assert layer < 2 * 1024 * MiB

@@ -24,7 +24,8 @@ from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_backward import backward_layer
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
-from memplan.estimate.reserved_recompute import recompute_tensors
+from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT
+from memplan.estimate.reserved_recompute import general_tensors, recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
 from memplan.estimate.reserved_walked import walked_backward, walked_fused
 
@@ -181,7 +182,7 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
             walked = walked_fused(ctx, walk.per_layer[position][0])  # a fused core's walk (reserved_walked)
             if walked is None or not walked_backward(ctx.run, (walk.per_layer[position][0], walked), layer_saved,
                                                      replay, (made, peak)):
-                backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
+                _general_backward(ctx, walk.per_layer[position], layer_saved, replay, (made, peak), count)
         replay.give(*params)
         return made_grads if fsdp is None else [*made_grads, [] if ahead is None else [ahead]]
 
@@ -197,6 +198,29 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
     passed = _earlier_layers(replay, keys, (layer, outside), (last, alone), made, passed)
     prefetched[:] = passed or []
     return made
+
+
+def _general_backward(ctx: StageContext, visit: tuple[int, int, int],
+                      saved: tuple[list[Block | None], list[Block | None], Sequence[Block | None]], replay: Replay,
+                      hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]],
+                      count: int | None) -> None:
+    """A layer's backward by :func:`~memplan.estimate.reserved_backward.backward_layer`; a layer recomputed whole
+    without an op-by-op plan first makes its forward again tensor by tensor
+    (:func:`~memplan.estimate.reserved_recompute.general_tensors`), the rest of its transient beside them, all freed
+    after its gradients are made."""
+    index, kept, transient = visit
+    again = general_tensors(ctx, index, transient)
+    if again is None:
+        backward_layer(ctx.run, visit, saved, replay, hooks, count)
+        return
+    tensors, layers, rest = again
+    early, late = [*saved[0]], [*saved[1]]
+    for _ in range(layers):  # the checkpointed group's layers, one after the other
+        held = forward_layer(replay, tensors, [], [])
+        # the slots' tensors freed as backward_layer frees a layer's without the op-by-op plan
+        early += [*held[0], *held[3][:6], *held[3][EXPERT_SLOT:]]
+        late += [*held[1], *held[2], *held[3][6:EXPERT_SLOT]]
+    backward_layer(ctx.run, (index, kept, rest), (early, late, saved[2]), replay, hooks, count)
 
 
 def _peak_hook(replay: Replay, ledger: tuple[Ledger, bool], position: int,

@@ -25,6 +25,7 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_attention_backward import TANH_SLOT
 from memplan.estimate.reserved_forward import layer_blocks, recomputed_blocks
+from memplan.estimate.reserved_terms import KEPT
 from memplan.estimate.reserved_mlp_backward import SINK_SLOT, grad_positions, mlp_weights, op_by_op
 from memplan.estimate.reserved_sinks import applies
 
@@ -86,6 +87,27 @@ def _dense_tensors(ctx: StageContext, index: int, count: int | None) -> list[tup
     if {slot for _, _, slot in tensors if slot > 1} - {2 + TANH_SLOT} != _REQUIRED:
         return None
     return tensors
+
+
+def general_tensors(ctx: StageContext, index: int, transient: int) -> tuple[list[tuple[int, int, bool]], int, int] | None:
+    """The tensors a layer recomputed whole makes again in its backward where no op-by-op plan lays it out
+    (:func:`recompute_tensors` None: a fused core, autocast's weight copies), and what is left of its
+    ``transient`` beside them: (one layer's tensors, the layers of its checkpointed group, the rest). The ledger prices the layer's backward as its checkpointed group's forward made
+    again (``group`` layers' saved tensors) plus the general transient (:mod:`~memplan.estimate.layer_walk`), and
+    autograd makes those saved tensors one by one, each its own allocation. Laid out as one block, the allocator
+    had to find the whole in one piece (qwen2.5-7b s4096: 2.2 GiB for one layer, 4.1 GiB for a group of 4), where
+    the real recompute's tensors (148 MiB at most there) fit the segments the forward and the loss left: whether
+    the block fitted a free segment or made its own swung the reserved figure by up to 22% when the transient
+    moved by a few MiB. None where the layer is not recomputed whole or its tensors outweigh the transient (the
+    layer keeps its one block)."""
+    run = ctx.run
+    if index not in ctx.recomputed or run.policy.partial:
+        return None
+    tensors = recomputed_blocks(ctx, index)
+    kept = ctx.group * sum(size for size, kind, _ in tensors if kind == KEPT)
+    if not kept or kept > transient:
+        return None
+    return tensors, ctx.group, transient - kept
 
 
 def op_plans(ctx: StageContext, walk: LayerWalk, counts: Sequence[int | None]) -> tuple[bool, bool]:
