@@ -25,9 +25,9 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_attention_backward import TANH_SLOT
 from memplan.estimate.reserved_forward import layer_blocks, recomputed_blocks
-from memplan.estimate.reserved_terms import KEPT
 from memplan.estimate.reserved_mlp_backward import SINK_SLOT, grad_positions, mlp_weights, op_by_op
 from memplan.estimate.reserved_sinks import applies
+from memplan.estimate.reserved_terms import KEPT
 
 _ATTENTION_WEIGHTS = ("self_attn.o_proj.weight",)
 #: The slots (+ 2, as :func:`~memplan.estimate.reserved_forward.layer_blocks` tags them) both plans need.
