@@ -45,8 +45,10 @@ def test_the_backward_moment_is_checked_where_the_walk_has_made_the_later_gradie
     # the schedule topped 35 layers' gradients up as one 23.6 GiB block (reserved +21% over allocated).
     log, allocated = _schedule("qwen3-8b", {"framework": "torchtitan", "recompute": "full", "attention": "eager",
                                             "seq": 4096})
-    top_ups = _backward_top_ups(log)
-    assert top_ups and max(top_ups) < 0.02 * allocated
+    # (since rswing12b each layer's backward is the allocated peak's op-by-op walk: the schedule reaches the ledger's
+    # backward bytes there, and no top-up is needed at all)
+    assert ("moment", "backward") in log
+    assert max(_backward_top_ups(log), default=0) < 0.02 * allocated
 
 
 def test_a_recomputed_layers_forward_is_made_again_tensor_by_tensor() -> None:

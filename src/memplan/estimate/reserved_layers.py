@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import Ledger
+from memplan.estimate.reserved_attention_backward import masked_fp32
 from memplan.estimate.reserved_backward import backward_layer
-from memplan.estimate.reserved_forward import forward_layer, layer_blocks
+from memplan.estimate.reserved_forward import forward_layer, layer_blocks, recomputed_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
 from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT
 from memplan.estimate.reserved_recompute import general_tensors, recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
-from memplan.estimate.reserved_walked import walked_backward, walked_fused
+from memplan.estimate.reserved_walked import walked_backward, walked_fused, walked_whole
 
 Saved = list[list[Block | None]]
 
@@ -72,7 +73,7 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
         seen = (id(layer), kept, index in ctx.recomputed, made_by)
         if seen not in local:
             blocks = layer_blocks(ctx, index, kept)
-            local[seen] = (shared_templates(("forward", tuple(blocks), made_by)), blocks)
+            local[seen] = (shared_templates(("forward", tuple(blocks), made_by, masked_fp32(ctx.run))), blocks)
         forward_key, blocks = local[seen]
         forward.append(forward_key)
         tensors.append(blocks)
@@ -111,11 +112,12 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
     last layer's all-gather output, alive until the root's forward ends (``root``: the root's, freed at the
     first layer's copy-out; :mod:`~memplan.estimate.reserved_fsdp`)."""
     copies, cached = casts
+    fp32_mask = masked_fp32(ctx.run)
 
     def layer(position: int, before: list[Block | None]) -> Saved:
         output = replay.all_gather(fsdp, position + 1)
         params = replay.copy_out(fsdp, position + 1, *before)
-        held = forward_layer(replay, keys.tensors[position], list(copies[position]), list(cached[position]))
+        held = forward_layer(replay, keys.tensors[position], list(copies[position]), list(cached[position]), fp32_mask)
         replay.give(*params)
         return list(held) if fsdp is None else [*held, [] if output is None else [output]]
 
@@ -174,7 +176,7 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         again = recompute_tensors(ctx, walk.per_layer[position][0], count)
         layer_saved = (saved[position][0], saved[position][1], saved[position][3])
         if again is not None:  # a recomputed layer's forward made again (reserved_recompute)
-            held = forward_layer(replay, again, [], [])
+            held = forward_layer(replay, again, [], [], masked_fp32(ctx.run))
             backward_layer(ctx.run, walk.per_layer[position], (held[0], held[1], held[3]), replay, (made, peak),
                            count)
             replay.give(*layer_saved[0], *layer_saved[1], *layer_saved[2])
@@ -209,6 +211,14 @@ def _general_backward(ctx: StageContext, visit: tuple[int, int, int],
     (:func:`~memplan.estimate.reserved_recompute.general_tensors`), the rest of its transient beside them, all freed
     after its gradients are made."""
     index, kept, transient = visit
+    walked = walked_whole(ctx, index)
+    if walked is not None:  # the allocated peak's walk, after the forward made again (reserved_walked)
+        tensors = recomputed_blocks(ctx, index, reads_input=not ctx.run.job.offload.activations)
+        held = forward_layer(replay, tensors, [], [], masked_fp32(ctx.run))
+        walked_backward(ctx.run, (index, walked), ([*saved[0], *held[0]], [*saved[1], *held[1], *held[2]], held[3]),
+                        replay, hooks)
+        replay.give(*saved[2])
+        return
     again = general_tensors(ctx, index, transient)
     if again is None:
         backward_layer(ctx.run, visit, saved, replay, hooks, count)
@@ -216,7 +226,7 @@ def _general_backward(ctx: StageContext, visit: tuple[int, int, int],
     tensors, layers, rest = again
     early, late = [*saved[0]], [*saved[1]]
     for _ in range(layers):  # the checkpointed group's layers, one after the other
-        held = forward_layer(replay, tensors, [], [])
+        held = forward_layer(replay, tensors, [], [], masked_fp32(ctx.run))
         # the slots' tensors freed as backward_layer frees a layer's without the op-by-op plan
         early += [*held[0], *held[3][:6], *held[3][EXPERT_SLOT:]]
         late += [*held[1], *held[2], *held[3][6:EXPERT_SLOT]]
