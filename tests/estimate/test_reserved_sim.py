@@ -37,8 +37,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     seen: list[object] = []
     real = reserved_sim.simulated_reserved
 
-    def spy(*args: object) -> object:
-        seen.append(result := real(*args))  # type: ignore[arg-type]
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(result := real(*args, **kwargs))  # type: ignore[arg-type]
         return result
 
     monkeypatch.setattr(reserved_sim, "simulated_reserved", spy)  # stage.py imports it on use
@@ -147,8 +147,8 @@ def test_fsdp_sizes_follow_the_estimates_totals() -> None:
     seen: list[object] = []
     real = reserved_fsdp.fsdp_sizes
 
-    def spy(*args: object) -> object:
-        seen.append(result := real(*args))  # type: ignore[arg-type]
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(result := real(*args, **kwargs))  # type: ignore[arg-type]
         return result
 
     with pytest.MonkeyPatch.context() as patch:
@@ -191,8 +191,8 @@ def test_the_fast_schedule_is_the_reference_schedule(case: str, monkeypatch: pyt
     replays: list[reserved_replay.Replay] = []
     real, real_finish = reserved_sim.simulated_reserved, reserved_replay.Replay.finish
 
-    def both(*args: object) -> object:
-        pairs.append((fast := real(*args), real(*args, engine="python")))  # type: ignore[arg-type]
+    def both(*args: object, **kwargs: object) -> object:
+        pairs.append((fast := real(*args, **kwargs), real(*args, **kwargs, engine="python")))  # type: ignore[arg-type]
         return fast
 
     def finish(self: reserved_replay.Replay, *args: object, **kwargs: object) -> int:

@@ -9,7 +9,7 @@ weight, :mod:`memplan.estimate.offload_weights`), the gradient coming in and tho
 
 * the layer's output gradient (the residual stream's), held until the block's input gradient is added to it;
 * the weight gradients the layer's earlier nodes made, where the backward makes them (``zero_grad`` to
-  None: :func:`memplan.estimate.stage_peak._backward_walk` counts them as a layer's early gradients): the
+  None: :func:`memplan.estimate.backward_walk.walked_backward` counts them as a layer's early gradients): the
   MLP's output projection's before the activation's nodes; the MLP block's and the attention output
   projection's before the attention's nodes (the eager softmax backward's among them).
 

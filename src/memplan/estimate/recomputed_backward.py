@@ -198,9 +198,10 @@ def walk_events(run: RunContext, layer_copies: tuple[int, int], tensors: list[tu
                 hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]],
                 kept: tuple[Sequence[Block | None], list[Block | None], list[Block | None]] | None) -> int | None:
     """The walk's events on ``replay`` (``layer_copies``: layer index, recomputed copies' bytes; ``hooks``: gradients
-    made at positions, the ledger's moment before the core), or None where a plan does not apply; returns the bytes
-    requested once the kept tensors are there (``kept``: the reserved schedule's blocks of them, slots, freed before
-    the core and after; None: the walk takes them and the forward's saved autocast copies)."""
+    made at positions, the ledger's moment before the core, an eager core's at its worst op), or None where a plan
+    does not apply; returns the bytes requested once the kept tensors are there (``kept``: the reserved schedule's
+    blocks of them, slots, freed before the core and after; None: the walk takes them and the forward's saved
+    autocast copies)."""
     from memplan.estimate.reserved_mlp_backward import SLOTS, mlp_backward
 
     (index, copies), shape = layer_copies, run.shape
@@ -250,8 +251,7 @@ def walk_events(run: RunContext, layer_copies: tuple[int, int], tensors: list[tu
     mlp_backward(replay, mlp, slots, made)
     replay.give(*freed[0])
     take(AT_ATTENTION)
-    hooks[1]()
-    core(replay, slots=slots, made=made)
+    core(replay, slots=slots, made=made, peak=hooks[1])
     replay.give(incoming, *freed[1], *held.values())
     return saved
 
@@ -280,19 +280,29 @@ def _take_copies(replay: Replay, sized: Sequence[tuple[int, int]], late: int, he
 
 
 def _core_step(run: RunContext, index: int, sized: Sequence[int | None],
-               count: int) -> Callable[[Replay, Sequence[Any], Callable[[Sequence[int] | None], None]], None] | None:
-    """The attention core's backward for the walk: an eager core's op by op
-    (:func:`~memplan.estimate.reserved_attention_backward.core_backward`), else a fused kernel's
-    (:func:`~memplan.estimate.fused_core_backward.fused_core_backward`); None where its plan does not apply."""
+               count: int) -> Callable[..., None] | None:
+    """The attention core's backward for the walk (called with the replay and ``slots``, ``made``, ``peak``): an
+    eager core's op by op (:func:`~memplan.estimate.reserved_attention_backward.core_backward`, the ledger's moment at
+    its worst op), else a fused kernel's (:func:`_fused_core`); None where its plan does not apply."""
     if run.shape.attention in UNFUSED_ATTENTION:
         from memplan.estimate.reserved_attention_backward import core_backward, core_plan
 
         plan = core_plan(run, index, sized, count)
-        return None if plan is None else partial(core_backward, plan=plan, peak=_nothing)
-    from memplan.estimate.fused_core_backward import fused_core_backward, fused_core_plan
+        return None if plan is None else partial(core_backward, plan=plan)  # its moment at its two fp32 tensors
+    from memplan.estimate.fused_core_backward import fused_core_plan
 
     fused = fused_core_plan(run, index, sized, count)
-    return None if fused is None else partial(fused_core_backward, plan=fused)
+    return None if fused is None else partial(_fused_core, plan=fused)
+
+
+def _fused_core(replay: Replay, plan: Any, slots: Sequence[Any], made: Callable[[Sequence[int]], None],
+                peak: Callable[[], None]) -> None:
+    """A fused core's backward (:func:`~memplan.estimate.fused_core_backward.fused_core_backward`), the ledger's
+    moment (``peak``) before it."""
+    from memplan.estimate.fused_core_backward import fused_core_backward
+
+    peak()
+    fused_core_backward(replay, plan, slots, made)
 
 
 def _nothing() -> None:

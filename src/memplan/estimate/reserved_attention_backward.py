@@ -52,7 +52,16 @@ def capped_forward(replay: Replay, scores: int) -> Block | None:
     return quotient
 
 
-def core_forward(replay: Replay, sizes: tuple[int, int], capped: bool) -> tuple[Block | None, Block | None]:
+def masked_fp32(run: RunContext) -> bool:
+    """Whether an eager core's masked scores are fp32 in ``run``: Hugging Face builds the additive mask in the
+    embeddings' dtype (the residual stream's), so 16-bit scores plus an fp32 mask (autocast over fp32 weights)
+    make an fp32 sum, and ``softmax(..., dtype=float32)`` casts nothing (a trace of llama-3.2-1b bf16-mixed
+    eager: ``bmm``, ``mul`` 2 bytes per score, ``add`` and ``_softmax`` 4 bytes)."""
+    return run.shape.residual_bytes > run.shape.act_bytes
+
+
+def core_forward(replay: Replay, sizes: tuple[int, int], capped: bool, fp32_mask: bool = False
+                 ) -> tuple[Block | None, Block | None]:
     """The eager core's forward temporaries before its saved fp32 softmax output is made (``sizes``: the
     16-bit scores' and the fp32 output's bytes): the scores (``QK^T``) and their scaled copy, or for soft-capped
     scores (``capped``) their ``* cap``, then the masked scores (each freeing the one before), and the
@@ -64,6 +73,10 @@ def core_forward(replay: Replay, sizes: tuple[int, int], capped: bool) -> tuple[
         scaled = replay.take(scores)
         replay.give(first)
         first = scaled
+    if fp32_mask:  # the masked scores in fp32 (masked_fp32): the softmax makes no upcast, the sum is freed after it
+        masked = replay.take(fp32)
+        replay.give(first)
+        return masked, None
     masked = replay.take(scores)
     replay.give(first)
     return replay.take(fp32), masked

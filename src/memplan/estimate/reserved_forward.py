@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from memplan.estimate.activations import KEPT_BY, divided, layer_terms
+from memplan.estimate.activations import KEPT_BY, UNFUSED_ATTENTION, divided, layer_terms
 from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.layer_costs import per_tensor_offload
 from memplan.estimate.memo import Same
@@ -48,15 +48,26 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
     if per_tensor_offload(ctx.run):  # every tensor made and freed in the forward, none kept (_kind_tensors)
         return list(_kind_tensors(Same(ctx.run), Same(ctx.run.model.layers[index]), True, True))
     # a layer that a layer-checkpointing policy (block, uniform) leaves out saves what it saves without recompute
-    terms = _layer_tensors(ctx, index, index not in ctx.recomputed and not ctx.run.policy.partial)
+    run, shape = ctx.run, ctx.run.shape
+    whole = index not in ctx.recomputed and not run.policy.partial
+    eager = shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
+    if index in ctx.recomputed and not run.policy.partial and eager:
+        # a layer recomputed whole with an eager core: its checkpointed forward makes every tensor and frees it (the
+        # core's score temporaries around them, as under save_on_cpu), the input kept
+        terms = list(_kind_tensors(Same(run), Same(run.model.layers[index]), False, checkpointed=True))
+    else:
+        terms = _layer_tensors(ctx, index, whole)
     if sum(size for size, kind, _ in terms if kind == KEPT) != kept:
         return [(kept, KEPT, False)]
     return terms if ctx.run.counts is None else [term for term in terms if term[1] == KEPT]
 
 
-def recomputed_blocks(ctx: StageContext, index: int) -> list[tuple[int, int, bool]]:
+def recomputed_blocks(ctx: StageContext, index: int, *, reads_input: bool = False) -> list[tuple[int, int, bool]]:
     """The tensors a recomputed layer's forward makes again in its backward (:func:`layer_blocks` of the whole
-    layer: every term kept)."""
+    layer: every term kept); ``reads_input``: without the layer's input, which the recompute reads from the
+    checkpoint (no copy; the allocated peak's walk counts it so: :mod:`~memplan.estimate.recomputed_backward`)."""
+    if reads_input:
+        return list(_kind_tensors(Same(ctx.run), Same(ctx.run.model.layers[index]), True, without_input=True))
     return _layer_tensors(ctx, index, True)
 
 
@@ -65,8 +76,8 @@ def _layer_tensors(ctx: StageContext, index: int, whole: bool) -> list[tuple[int
 
 
 @lru_cache(maxsize=64)
-def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool = False
-                  ) -> tuple[tuple[int, int, bool], ...]:
+def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool = False, checkpointed: bool = False,
+                  without_input: bool = False) -> tuple[tuple[int, int, bool], ...]:
     """The tensors of a layer of kind ``layer_key`` (every layer of one spec object makes the same) in ``run_key``'s
     job, cached per run and kind (the schedule asks again in the backward and for its --explain sentence).
 
@@ -93,10 +104,13 @@ def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool =
             terms.append((norm_output(norm_input, run), HELD, False))
         if t.role is TermRole.SINK_SOFTMAX:
             terms += sink_temporaries(layer, run)
+        if without_input and t.keep == "input":  # read from the checkpoint, not made again
+            continue
         keep = KEPT if t.keep in classes and t.site not in dropped and not offloaded else DROPPED
         pieces = term_tensors(t, size, layer, run)
-        slots = term_slots(t.role, len(pieces), run) if offloaded else op_slots(t.role, len(pieces), run,
-                                                                                   whole and keep == KEPT)
+        tagged = offloaded or (checkpointed and keep != KEPT)  # every tensor made and freed in the forward
+        slots = term_slots(t.role, len(pieces), run) if tagged else op_slots(t.role, len(pieces), run,
+                                                                             whole and keep == KEPT)
         terms += [(piece, _offloaded_kind(slots, slot, keep), early if slots is None else 2 + slot)
                   for piece, slot in zip(pieces, slots or [0] * len(pieces))]
     return tuple(capped_first([term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]))
@@ -111,8 +125,8 @@ def _offloaded_kind(slots: list[int] | None, slot: int, kind: int) -> int:
     return LAYER_HELD if slots is not None and kind == DROPPED and slot == SOFTMAX_SLOT else kind
 
 
-def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int], cached: list[int]
-                  ) -> tuple[list[Block | None], ...]:
+def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: list[int], cached: list[int],
+                  fp32_mask: bool = False) -> tuple[list[Block | None], ...]:
     """A layer's forward: its tensors in order, a dropped one freed once the next is made, a held one at
     the next release; autocast's weight copies (``copies``, saved for the layer's backward, then ``cached``,
     held by autocast's cache alone: :func:`~memplan.estimate.reserved_autocast.layer_cached_copies`) made
@@ -144,7 +158,8 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
             pending, after = None, None
         elif scores and early > 1:  # the eager core's temporaries around its saved tensors
             before = capped_forward(replay, scores) if early == 2 + TANH_SLOT else None
-            upcast, masked = core_forward(replay, (scores, size), capped) if early == 2 + SOFTMAX_SLOT else (None, None)
+            upcast, masked = (core_forward(replay, (scores, size), capped, fp32_mask) if early == 2 + SOFTMAX_SLOT
+                              else (None, None))
             capped = capped or before is not None
             block = replay.take(size)
             replay.give(before, upcast, pending, after)

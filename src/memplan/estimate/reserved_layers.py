@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import Ledger
+from memplan.estimate.reserved_attention_backward import masked_fp32
 from memplan.estimate.reserved_backward import backward_layer
-from memplan.estimate.reserved_forward import forward_layer, layer_blocks
+from memplan.estimate.reserved_forward import forward_layer, layer_blocks, recomputed_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
-from memplan.estimate.reserved_recompute import moment_position, recompute_tensors
+from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT
+from memplan.estimate.reserved_recompute import general_tensors, recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
-from memplan.estimate.reserved_walked import walked_backward, walked_fused
+from memplan.estimate.reserved_walked import walked_backward, walked_fused, walked_whole
 
 Saved = list[list[Block | None]]
 
@@ -71,7 +73,7 @@ def layer_keys(ctx: StageContext, walk: LayerWalk, casts: tuple[Sequence[Sequenc
         seen = (id(layer), kept, index in ctx.recomputed, made_by)
         if seen not in local:
             blocks = layer_blocks(ctx, index, kept)
-            local[seen] = (shared_templates(("forward", tuple(blocks), made_by)), blocks)
+            local[seen] = (shared_templates(("forward", tuple(blocks), made_by, masked_fp32(ctx.run))), blocks)
         forward_key, blocks = local[seen]
         forward.append(forward_key)
         tensors.append(blocks)
@@ -110,11 +112,12 @@ def forward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay,
     last layer's all-gather output, alive until the root's forward ends (``root``: the root's, freed at the
     first layer's copy-out; :mod:`~memplan.estimate.reserved_fsdp`)."""
     copies, cached = casts
+    fp32_mask = masked_fp32(ctx.run)
 
     def layer(position: int, before: list[Block | None]) -> Saved:
         output = replay.all_gather(fsdp, position + 1)
         params = replay.copy_out(fsdp, position + 1, *before)
-        held = forward_layer(replay, keys.tensors[position], list(copies[position]), list(cached[position]))
+        held = forward_layer(replay, keys.tensors[position], list(copies[position]), list(cached[position]), fp32_mask)
         replay.give(*params)
         return list(held) if fsdp is None else [*held, [] if output is None else [output]]
 
@@ -148,9 +151,10 @@ def _gradient_maker(replay: Replay, fsdp: FsdpSizes | None, grads: Sequence[int]
 
 def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: list[Saved],
                   grads: Sequence[Sequence[int]] | None, plan: tuple[Ledger, FsdpSizes | None], check: bool,
-                  keys: LayerKeys, held: tuple[list[Block | None], list[Block | None]]) -> Saved:
-    """Each layer's backward in reverse order, the ledger's backward moment in the last layer's (a recomputed
-    sink layer's: the first one's, :func:`~memplan.estimate.reserved_recompute.moment_position`); under FSDP2
+                  keys: LayerKeys, held: tuple[list[Block | None], list[Block | None]], *, moment: int,
+                  probe: dict[int, int] | None = None) -> Saved:
+    """Each layer's backward in reverse order, the ledger's backward moment in the layer at position ``moment``
+    (``probe``: positions whose requested bytes at their worst step are recorded into it); under FSDP2
     each layer's copy-out frees its all-gather output (``prefetched``: the last layer's) and prefetches the
     layer before's (:mod:`~memplan.estimate.reserved_fsdp`; the first layer the embedding's unit when it is
     apart, its output left in ``prefetched`` for the caller) and the last layer frees, after its backward, the
@@ -159,7 +163,6 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
     ledger, fsdp = plan
     prefetched, staged = held
     last = len(walk.per_layer) - 1
-    moment = moment_position(ctx, walk)
 
     def layer(position: int, prefetch: list[Block | None]) -> Saved:
         made_grads: Saved = []
@@ -168,12 +171,12 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
         before = position > 0 or (fsdp is not None and fsdp.outer)
         ahead = replay.all_gather(fsdp, unit - 1) if before else None
         made = _gradient_maker(replay, fsdp, None if grads is None else grads[unit], unit, made_grads)
-        peak = (lambda: replay.moment(ledger, "backward", check)) if position == moment else (lambda: None)
+        peak = _peak_hook(replay, (ledger, check), position, (moment, probe))
         count = None if grads is None or fsdp is not None else len(grads[unit])
         again = recompute_tensors(ctx, walk.per_layer[position][0], count)
         layer_saved = (saved[position][0], saved[position][1], saved[position][3])
         if again is not None:  # a recomputed layer's forward made again (reserved_recompute)
-            held = forward_layer(replay, again, [], [])
+            held = forward_layer(replay, again, [], [], masked_fp32(ctx.run))
             backward_layer(ctx.run, walk.per_layer[position], (held[0], held[1], held[3]), replay, (made, peak),
                            count)
             replay.give(*layer_saved[0], *layer_saved[1], *layer_saved[2])
@@ -181,27 +184,95 @@ def backward_pass(ctx: StageContext, walk: LayerWalk, replay: Replay, saved: lis
             walked = walked_fused(ctx, walk.per_layer[position][0])  # a fused core's walk (reserved_walked)
             if walked is None or not walked_backward(ctx.run, (walk.per_layer[position][0], walked), layer_saved,
                                                      replay, (made, peak)):
-                backward_layer(ctx.run, walk.per_layer[position], layer_saved, replay, (made, peak), count)
+                _general_backward(ctx, walk.per_layer[position], layer_saved, replay, (made, peak), count)
         replay.give(*params)
         return made_grads if fsdp is None else [*made_grads, [] if ahead is None else [ahead]]
 
     def outside(position: int) -> list[Block | None]:
         return [*saved[position][0], *saved[position][1], *saved[position][3]]
 
-    # the layers holding the ledger's moment are built one by one (their hook runs), the others copied where they can
     passed = None if fsdp is None else prefetched
     made: Saved = [] if last < 0 else layer(last, passed or [])
     replay.give(*staged)
     if passed is not None and last >= 0:
         *made, passed = made
-    for run in _runs(keys.backward, range(last - 1, 0 if moment < last else -1, -1)):
-        more, after = replay.repeat_run(keys.backward[run[0]], layer, run, outside, passed)
-        made += more
-        passed = None if passed is None else after
-    if moment < last and passed is None:
-        made += layer(0, [])
-    elif moment < last:
-        *more, passed = layer(0, passed)
-        made += more
+    alone = {p for p in (moment, *(probe or ())) if 0 <= p < last}
+    passed = _earlier_layers(replay, keys, (layer, outside), (last, alone), made, passed)
     prefetched[:] = passed or []
     return made
+
+
+def _general_backward(ctx: StageContext, visit: tuple[int, int, int],
+                      saved: tuple[list[Block | None], list[Block | None], Sequence[Block | None]], replay: Replay,
+                      hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]],
+                      count: int | None) -> None:
+    """A layer's backward by :func:`~memplan.estimate.reserved_backward.backward_layer`; a layer recomputed whole
+    without an op-by-op plan first makes its forward again tensor by tensor
+    (:func:`~memplan.estimate.reserved_recompute.general_tensors`), the rest of its transient beside them, all freed
+    after its gradients are made."""
+    index, kept, transient = visit
+    walked = walked_whole(ctx, index)
+    if walked is not None:  # the allocated peak's walk, after the forward made again (reserved_walked)
+        tensors = recomputed_blocks(ctx, index, reads_input=not ctx.run.job.offload.activations)
+        held = forward_layer(replay, tensors, [], [], masked_fp32(ctx.run))
+        walked_backward(ctx.run, (index, walked), ([*saved[0], *held[0]], [*saved[1], *held[1], *held[2]], held[3]),
+                        replay, hooks)
+        replay.give(*saved[2])
+        return
+    again = general_tensors(ctx, index, transient)
+    if again is None:
+        backward_layer(ctx.run, visit, saved, replay, hooks, count)
+        return
+    tensors, layers, rest = again
+    early, late = [*saved[0]], [*saved[1]]
+    for _ in range(layers):  # the checkpointed group's layers, one after the other
+        held = forward_layer(replay, tensors, [], [], masked_fp32(ctx.run))
+        # the slots' tensors freed as backward_layer frees a layer's without the op-by-op plan
+        early += [*held[0], *held[3][:6], *held[3][EXPERT_SLOT:]]
+        late += [*held[1], *held[2], *held[3][6:EXPERT_SLOT]]
+    backward_layer(ctx.run, (index, kept, rest), (early, late, saved[2]), replay, hooks, count)
+
+
+def _peak_hook(replay: Replay, ledger: tuple[Ledger, bool], position: int,
+               moment: tuple[int, dict[int, int] | None]) -> Callable[[], None]:
+    """The hook layer ``position``'s backward calls at its worst step: the ledger's backward moment
+    (:meth:`~memplan.estimate.reserved_replay.Replay.moment`, ``ledger``: the ledger and whether to check it) in the
+    layer at ``moment[0]``, and the requested bytes recorded where ``moment[1]`` (a probe) asks for them."""
+    at, probe = moment
+
+    def peak() -> None:
+        if position == at:
+            replay.moment(ledger[0], "backward", ledger[1])
+        if probe is not None and position in probe:
+            probe[position] = replay.requested
+    return peak
+
+
+def _earlier_layers(replay: Replay, keys: LayerKeys,
+                    build: tuple[Callable[[int, list[Block | None]], Saved], Callable[[int], list[Block | None]]],
+                    at: tuple[int, set[int]], made: Saved, passed: list[Block | None] | None) -> list[Block | None] | None:
+    """The backward of the layers before the last (``at``: the last's position and those built alone), in reverse
+    order, their gradients appended to ``made``: the layers holding the ledger's moment or a probe built alone (their
+    hook runs), runs of the others copied where they can (:meth:`~memplan.estimate.reserved_replay.Replay.repeat_run`;
+    ``build``: one layer's backward and the blocks made before it that it frees). Returns what the first layer
+    passes on (FSDP2's all-gather output; None without FSDP2)."""
+    layer, outside = build
+    last, alone = at
+    stretches: list[list[int]] = []
+    for position in range(last - 1, -1, -1):
+        if position in alone or not stretches or stretches[-1][-1] in alone:
+            stretches.append([position])
+        else:
+            stretches[-1].append(position)
+    for positions in stretches:
+        if positions[0] in alone:
+            one = layer(positions[0], passed or [])
+            if passed is not None:
+                *one, passed = one
+            made += one
+            continue
+        for run in _runs(keys.backward, positions):
+            more, after = replay.repeat_run(keys.backward[run[0]], layer, run, outside, passed)
+            made += more
+            passed = None if passed is None else after
+    return passed

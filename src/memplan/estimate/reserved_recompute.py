@@ -27,6 +27,7 @@ from memplan.estimate.reserved_attention_backward import TANH_SLOT
 from memplan.estimate.reserved_forward import layer_blocks, recomputed_blocks
 from memplan.estimate.reserved_mlp_backward import SINK_SLOT, grad_positions, mlp_weights, op_by_op
 from memplan.estimate.reserved_sinks import applies
+from memplan.estimate.reserved_terms import KEPT
 
 _ATTENTION_WEIGHTS = ("self_attn.o_proj.weight",)
 #: The slots (+ 2, as :func:`~memplan.estimate.reserved_forward.layer_blocks` tags them) both plans need.
@@ -55,9 +56,23 @@ def moment_position(ctx: StageContext, walk: LayerWalk) -> int:
     recomputed sink layer. The ledger's backward walk (:mod:`~memplan.estimate.stage_peak`) takes the first
     layer where layers keep less than their gradients weigh, every later layer's gradient made; in the last
     layer the schedule was that far (23 layers' fp32 gradients, 68 GiB for gpt-oss-20b s8192 b2 bf16-mixed)
-    below the ledger and topped it up as one block there."""
+    below the ledger and topped it up as one block there. Elsewhere :func:`moment_choice` may move it."""
     last = len(walk.per_layer) - 1
     return 0 if last > 0 and sink_recomputed(ctx, walk.per_layer[0][0]) else last
+
+
+def moment_choice(position: int, probe: dict[int, int]) -> int:
+    """The layer whose backward holds the ledger's backward moment, of ``position``'s (:func:`moment_position`) and
+    the layer the ledger's walk stops at (:func:`~memplan.estimate.backward_walk.walked_backward`), ``probe`` holding
+    each one's requested bytes at its worst step in the first step of the schedule: the one where the schedule holds
+    more (``position`` on a tie), so the ledger's top-up, one block the allocator must find in one piece, is the
+    least. The walk's layer has the gradients of every later layer made, as in the schedule; checked in the last
+    layer instead, a backward that keeps little per layer (``save_on_cpu``, recompute) left the other layers'
+    gradients to the top-up (deepseek-v2-lite cut to 4 layers, torchtitan, ``save_on_cpu``, full recompute, s4096:
+    a 6 GiB block, +19% against the trace's simulated reserved). Where the ledger's walk holds bounds the schedule
+    does not (every layer's autocast weight copies to the end of the backward; FSDP2's two largest units unsharded
+    beside a small layer) the last layer stays closer to it."""
+    return max(probe, key=lambda p: (probe[p], p == position))
 
 
 def _dense_tensors(ctx: StageContext, index: int, count: int | None) -> list[tuple[int, int, bool]] | None:
@@ -72,6 +87,27 @@ def _dense_tensors(ctx: StageContext, index: int, count: int | None) -> list[tup
     if {slot for _, _, slot in tensors if slot > 1} - {2 + TANH_SLOT} != _REQUIRED:
         return None
     return tensors
+
+
+def general_tensors(ctx: StageContext, index: int, transient: int) -> tuple[list[tuple[int, int, bool]], int, int] | None:
+    """The tensors a layer recomputed whole makes again in its backward where no op-by-op plan lays it out
+    (:func:`recompute_tensors` None: a fused core, autocast's weight copies), and what is left of its
+    ``transient`` beside them: (one layer's tensors, the layers of its checkpointed group, the rest). The ledger prices the layer's backward as its checkpointed group's forward made
+    again (``group`` layers' saved tensors) plus the general transient (:mod:`~memplan.estimate.layer_walk`), and
+    autograd makes those saved tensors one by one, each its own allocation. Laid out as one block, the allocator
+    had to find the whole in one piece (qwen2.5-7b s4096: 2.2 GiB for one layer, 4.1 GiB for a group of 4), where
+    the real recompute's tensors (148 MiB at most there) fit the segments the forward and the loss left: whether
+    the block fitted a free segment or made its own swung the reserved figure by up to 22% when the transient
+    moved by a few MiB. None where the layer is not recomputed whole or its tensors outweigh the transient (the
+    layer keeps its one block)."""
+    run = ctx.run
+    if index not in ctx.recomputed or run.policy.partial:
+        return None
+    tensors = recomputed_blocks(ctx, index)
+    kept = ctx.group * sum(size for size, kind, _ in tensors if kind == KEPT)
+    if not kept or kept > transient:
+        return None
+    return tensors, ctx.group, transient - kept
 
 
 def op_plans(ctx: StageContext, walk: LayerWalk, counts: Sequence[int | None]) -> tuple[bool, bool]:

@@ -51,7 +51,7 @@ from memplan.estimate.reserved_layers import LayerKeys, Saved, backward_pass, fo
 from memplan.estimate.reserved_fsdp import FsdpSizes, fsdp_sizes
 from memplan.estimate.reserved_loss import schedule_loss, softcapped
 from memplan.estimate.reserved_offload import offloaded_plan
-from memplan.estimate.reserved_recompute import op_plans
+from memplan.estimate.reserved_recompute import moment_choice, moment_position, op_plans
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
 from memplan.estimate.reserved_sizes import (Units, frozen, parameter_lead, piece_sizes, spread, stage_units,
@@ -86,10 +86,12 @@ class ScheduleReserved:
 
 
 def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts: StageActivations,
-                       loss: LossPart, *, engine: str = "auto") -> ScheduleReserved:
+                       loss: LossPart, *, engine: str = "auto", walked: int | None = None) -> ScheduleReserved:
     """Replay the stage's schedule (see the module) and return its simulated peaks. ``engine="python"``:
     every layer's events built one by one and replayed by the pure-Python allocator model (the reference
-    the default, which copies repeated layers and replays in the C core when built, is tested against)."""
+    the default, which copies repeated layers and replays in the C core when built, is tested against).
+    ``walked``: the position in ``walk`` of the layer the ledger's backward moment stops at, where it walks
+    the backward (:func:`~memplan.estimate.backward_walk.walked_backward`)."""
     layers = [index for index, _, _ in walk.per_layer]
     units = stage_units(ctx, layers)
     replay = Replay(repeat=engine != "python")
@@ -114,8 +116,14 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     if not moments.states_in_step:
         replay.take_encoded(*static_allocations((ledger.total(OPTIMIZER),), units))
+    at = moment_position(ctx, walk)
+    # the ledger's backward moment: the last layer's, or the layer the ledger's walk stops at (gradients of every
+    # later layer made) where the first step's schedule holds more there (reserved_recompute.moment_choice)
+    probe = dict.fromkeys((at, walked), -1) if walked is not None and walked != at else None
     for step in range(_STEPS):
-        grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0)
+        grads = _step(ctx, walk, acts, loss, replay, grads, moments, (ledger, fsdp), first=step == 0,
+                      moment=(at, probe))
+        at = at if probe is None or step else moment_choice(at, probe)
     visits = {(id(ctx.run.model.layers[i]), transient): (i, transient) for i, _, transient in walk.per_layer}
     eager = any(eager_backward(ctx.run.model.layers[i], ctx.run, transient) for i, transient in visits.values())
     counts = [len(moments.grads[p + 1]) if moments.made_in_backward and fsdp is None else None
@@ -264,10 +272,12 @@ def _pieces(ctx: StageContext, walk: LayerWalk, ledger: Ledger, units: tuple[Uni
 
 
 def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: LossPart, replay: Replay,
-          grads: list[list[Block | None]], pieces: _Pieces, plan: tuple[Ledger, FsdpSizes | None], *, first: bool
-          ) -> list[list[Block | None]]:
+          grads: list[list[Block | None]], pieces: _Pieces, plan: tuple[Ledger, FsdpSizes | None], *, first: bool,
+          moment: tuple[int, dict[int, int] | None]) -> list[list[Block | None]]:
     """One training step of the schedule; the first creates the optimizer moments (no ledger moment is
-    checked then: the ledger describes the steady state). Returns the gradients alive after the step."""
+    checked then: the ledger describes the steady state). ``moment``: the position of the layer whose backward
+    holds the ledger's backward moment, and the positions whose requested bytes the first step records
+    (:func:`~memplan.estimate.reserved_recompute.moment_choice`). Returns the gradients alive after the step."""
     ledger, fsdp = plan
     check = not first
     copies = pieces.copies
@@ -301,7 +311,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         grads.append(sharded)
         root = []
     grads += backward_pass(ctx, walk, replay, saved, pieces.grads if pieces.made_in_backward else None, plan, check,
-                           pieces.keys, (prefetched, [staged]))
+                           pieces.keys, (prefetched, [staged]), moment=moment[0], probe=moment[1] if first else None)
     summed: list[Block | None] = []
     if pieces.made_in_backward and fsdp is None:
         alive, summed = finish_root(replay, root_grads, head)

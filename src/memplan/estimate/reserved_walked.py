@@ -38,6 +38,19 @@ def walked_fused(ctx: StageContext, index: int) -> Walked | None:
     return saved_tensors(run, index), copies
 
 
+def walked_whole(ctx: StageContext, index: int) -> Walked | None:
+    """:func:`walked_fused`'s for a layer recomputed whole, alone in its checkpoint, whose backward the allocated
+    peak walks op by op (an eager core) where no op-by-op plan of the schedule lays it out
+    (:func:`~memplan.estimate.reserved_recompute.recompute_tensors` None: autocast's weight copies), else None."""
+    run = ctx.run
+    if index not in ctx.recomputed or run.policy.partial or run.dropped or ctx.group != 1:
+        return None
+    copies = recomputed_copies_bytes(ctx, index)
+    if recomputed_backward(ctx, index, copies) is None:
+        return None
+    return saved_tensors(run, index), copies
+
+
 def walked_backward(run: RunContext, layer: tuple[int, Walked],
                     saved: tuple[list[Block | None], list[Block | None], Sequence[Block | None]], replay: Replay,
                     hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]]) -> bool:

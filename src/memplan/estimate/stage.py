@@ -29,6 +29,7 @@ from memplan.estimate.stage_activations import StageActivations, stage_activatio
 from memplan.estimate.stage_buffers import stage_buffers
 from memplan.estimate.stage_peak import (
     LossPart,
+    backward_moment,
     communication,
     forward_peaks,
     graphs,
@@ -52,6 +53,7 @@ class StageParts:
     walk: LayerWalk
     acts: StageActivations
     loss: LossPart
+    st: StageStates
 
 
 def stage_estimate(ctx: StageContext, *, simulate_reserved: bool = False) -> tuple[StageEstimate, list[str]]:
@@ -68,7 +70,8 @@ def simulate_stage(stage: StageEstimate, notes: list[str], parts: StageParts) ->
     allocator simulator run on the stage's schedule (:mod:`memplan.estimate.reserved_sim`)."""
     from memplan.estimate.reserved_sim import simulated_reserved  # the allocator model, only when asked
 
-    sim = simulated_reserved(parts.ctx, parts.ledger, parts.walk, parts.acts, parts.loss)
+    walked = backward_moment(parts.ctx, parts.st, parts.walk, parts.acts, parts.loss)[2]
+    sim = simulated_reserved(parts.ctx, parts.ledger, parts.walk, parts.acts, parts.loss, walked=walked)
     return replace(stage, peak_reserved_bytes=sim.reserved), [*notes, sim.note]
 
 
@@ -92,7 +95,7 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     peak = ledger.peak()
     stage = _stage_figures(ctx, st, acts, loss, ledger, peak, max_comm, memory,
                            captured_layers=sum(walk.chunk_graph_layers))
-    return stage, [*ledger.notes(), *acts.notes], StageParts(ctx, ledger, walk, acts, loss)
+    return stage, [*ledger.notes(), *acts.notes], StageParts(ctx, ledger, walk, acts, loss, st)
 
 
 def _stage_figures(ctx: StageContext, st: StageStates, acts: StageActivations, loss: LossPart, ledger: Ledger,

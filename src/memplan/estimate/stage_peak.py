@@ -36,6 +36,7 @@ from memplan.estimate import (
 )
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
+from memplan.estimate.backward_walk import head_gradients, no_grads_yet, walked_backward
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import (
     ABSENT,
@@ -49,9 +50,8 @@ from memplan.estimate.ledger import (
     Contribution,
     Ledger,
 )
-from memplan.estimate.stage_activations import StageActivations, head_numel
+from memplan.estimate.stage_activations import StageActivations
 from memplan.estimate.stage_states import StageStates
-from memplan.estimate.states import layer_numel_on_rank
 from memplan.frozen import frozen_dataclass
 from memplan.job import resolved_loss
 from memplan.model.params import embedding_params, final_norm_params
@@ -120,7 +120,7 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
     """What is alive at each candidate moment beyond the model states and workspaces."""
     run, layout = ctx.run, ctx.layout
     job = run.job
-    absent = st.states.gradients if _no_grads_yet(ctx) else 0
+    absent = st.states.gradients if no_grads_yet(ctx) else 0
     yield Contribution(ABSENT, absent, _FORWARDS)
     yield Contribution(LAYER_ACTIVATIONS, acts.layers, _FORWARDS)
     yield Contribution(ACTIVATIONS, acts.layers, ("loss", "forward"))
@@ -169,55 +169,32 @@ def forward_peaks(acts: StageActivations, forward_extra: int, ctx: StageContext)
 
 def _backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
               loss: LossPart) -> Iterator[Contribution]:
-    """The backward's worst step: a layer's (the head's backward has run, so what the final norm, the head (its
-    autocast weight copy included) and the loss saved is released, and its gradient exists) or, before them,
-    the final norm's backward (:mod:`~memplan.estimate.final_norm_backward`)."""
-    run, layout, states = ctx.run, ctx.layout, st.states
-    no_grads_yet = _no_grads_yet(ctx)
-    # The output head's gradient (a tied one waits in autograd's buffer) and the final norm's; the
-    # embedding's gradient comes last, after every layer.
-    numel = (head_numel(ctx) + final_norm_params(run.model)) if layout.has_head else 0
-    head_grads = states.gradients * numel // max(st.params.total, 1) if no_grads_yet and st.ft is None else 0
-    layers, temp = acts.layers, acts.worst_backward + head_grads
-    back = max(acts.bring_back, loss.bring_back)
-    if (no_grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1
-            and (not run.job.offload.activations or acts.per_tensor_offload)):
-        layers, temp = _backward_walk(ctx, st, walk, acts.layers, head_grads, acts.per_tensor_offload)
-        # save_on_cpu: the loss's saved tensors come back for the head's backward, done before any layer's
-        # (the loss moment's logits price that backward)
-        back = acts.bring_back
-    temp += (st.step_temp if run.job.optimizer.in_backward else 0) + back
-    # before any layer's: the final norm's backward, beside every layer's saved activations
-    norm = final_norm_backward.final_norm_backward_bytes(ctx)
-    if norm and acts.layers + head_grads + norm > layers + temp:
-        layers, temp = acts.layers, head_grads + norm
+    """The backward's worst step (:func:`backward_moment`)."""
+    layers, temp, _, final_norm = backward_moment(ctx, st, walk, acts, loss)
+    if final_norm:
         yield Contribution(TEMPORARY, 0, _BACKWARD, note=final_norm_backward.NOTE)
     yield Contribution(ACTIVATIONS, layers, _BACKWARD, note=_policy_independent_note(ctx))
     yield Contribution(TEMPORARY, temp, _BACKWARD, note=recomputed_backward.NOTE if walk.walked else "")
 
 
-def _backward_walk(ctx: StageContext, st: StageStates, walk: LayerWalk, layer_acts: int,
-                   head_grads: int, offloaded: bool = False) -> tuple[int, int]:
-    """(layer activations still kept, temporaries incl. gradients made so far) at the worst layer of
-    a backward that starts without gradients (``zero_grad(set_to_none=True)``, one micro-batch);
-    ``offloaded``: ``save_on_cpu`` keeps the layers' saved tensors in host memory (none to release here).
-
-    The backward visits the layers last to first; when it reaches a layer, the later layers have
-    released what they kept and made their gradients. Where a layer keeps less than its gradients
-    weigh (recompute, short sequences) the worst layer is the first one, otherwise the last one.
-    """
-    per_param = st.states.gradients / max(st.params.total, 1)
-    remaining, made = layer_acts, head_grads
-    best = (layer_acts, head_grads)
-    best_total = -1
-    for index, kept, worst in reversed(walk.per_layer):
-        worst += walk.early_gradients.get(index, 0)  # the layer's own gradients made before its worst op
-        if remaining + made + worst > best_total:
-            best_total, best = remaining + made + worst, (remaining, made + worst)
-        remaining -= 0 if offloaded else kept
-        dense, expert = layer_numel_on_rank(ctx.model.layer_param_groups[index], ctx.job)
-        made += int((dense + expert) * per_param)
-    return best
+def backward_moment(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
+                    loss: LossPart) -> tuple[int, int, int | None, bool]:
+    """(activations, temporaries, the walk's position of its layer or None, whether it is the final norm's) of the
+    backward's worst step: a layer's (the head's backward has run, so what the final norm, the head (its autocast
+    weight copy included) and the loss saved is released, and its gradient exists;
+    :func:`~memplan.estimate.backward_walk.walked_backward`) or, before them, the final norm's backward beside every
+    layer's saved activations (:mod:`~memplan.estimate.final_norm_backward`; position None: the reserved schedule
+    checks it before the last layer's backward)."""
+    moment = walked_backward(ctx, st, walk, acts)
+    # save_on_cpu: the loss's saved tensors come back for the head's backward, done before any layer's (the loss
+    # moment's logits price that backward) where the backward is walked
+    back = acts.bring_back if moment.walked else max(acts.bring_back, loss.bring_back)
+    layers, temp = moment.layers, moment.temp + (st.step_temp if ctx.run.job.optimizer.in_backward else 0) + back
+    norm = final_norm_backward.final_norm_backward_bytes(ctx)
+    head_grads = head_gradients(ctx, st)
+    if norm and acts.layers + head_grads + norm > layers + temp:
+        return acts.layers, head_grads + norm, None, True
+    return layers, temp, moment.position, False
 
 
 def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
@@ -268,13 +245,6 @@ def graphs(ctx: StageContext, ledger: Ledger, walk: LayerWalk, inputs: int) -> G
     ledger.add(*(Contribution(GRAPHS, memory.extra_at(phase), (phase,)) for phase in ledger.phases))
     ledger.add(Contribution(GRAPHS, 0, _BACKWARD, note=note))
     return memory
-
-
-def _no_grads_yet(ctx: StageContext) -> bool:
-    """Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none during
-    the forward, the loss and the start of the backward of a step's only micro-batch; the backward
-    then builds them up while it frees activations: the head's gradient first."""
-    return ctx.profile.frees_gradients and ctx.job.num_microbatches == 1
 
 
 def _tied_sum(ctx: StageContext, st: StageStates) -> int:

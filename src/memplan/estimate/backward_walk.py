@@ -1,0 +1,74 @@
+"""The ledger's backward moment walked layer by layer (:mod:`memplan.estimate.stage_peak`), and the layer it
+stops at, which the reserved-memory schedule checks the ledger in (:mod:`memplan.estimate.reserved_layers`).
+
+A backward that starts without gradients (``zero_grad(set_to_none=True)``, one micro-batch in flight, one
+model chunk) visits the layers last to first; when it reaches a layer, the later layers have released what
+they kept and made their gradients. Where a layer keeps less than its gradients weigh (recompute, short
+sequences, ``save_on_cpu``) the worst layer is the first one, otherwise the last one.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.stage_activations import StageActivations, head_numel
+from memplan.estimate.stage_states import StageStates
+from memplan.estimate.states import layer_numel_on_rank
+from memplan.model.params import final_norm_params
+
+
+class WalkedBackward(NamedTuple):
+    """The ledger's backward moment: what it holds at its worst layer, and where that layer is."""
+
+    #: Layer activations still kept (the layers before the worst one, and its own).
+    layers: int
+    #: Temporaries: the worst layer's backward working set and the gradients made before it (the head's too).
+    temp: int
+    #: The worst layer's position in :attr:`LayerWalk.per_layer`; None where the moment is not walked (every
+    #: layer's activations beside the worst working set: the last layer's backward) or the stage has no layer.
+    position: int | None
+    #: Whether the moment was walked layer by layer.
+    walked: bool
+
+
+def no_grads_yet(ctx: StageContext) -> bool:
+    """Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none during
+    the forward, the loss and the start of the backward of a step's only micro-batch; the backward
+    then builds them up while it frees activations: the head's gradient first."""
+    return ctx.profile.frees_gradients and ctx.job.num_microbatches == 1
+
+
+def head_gradients(ctx: StageContext, st: StageStates) -> int:
+    """The output head's and the final norm's gradients, made before any layer's backward (where the backward
+    starts without gradients and the whole model trains; else 0)."""
+    if not (no_grads_yet(ctx) and st.ft is None and ctx.layout.has_head):
+        return 0
+    numel = head_numel(ctx) + final_norm_params(ctx.run.model)
+    return st.states.gradients * numel // max(st.params.total, 1)
+
+
+def walked_backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations) -> WalkedBackward:
+    """The ledger's backward moment (see the module): the output head's gradient (a tied one waits in autograd's
+    buffer) and the final norm's made first, the embedding's last, after every layer; walked layer by layer
+    where the backward starts without gradients, else every layer's activations beside the worst working set."""
+    run, layout = ctx.run, ctx.layout
+    grads_yet = no_grads_yet(ctx)
+    head_grads = head_gradients(ctx, st)
+    if not (grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1
+            and (not run.job.offload.activations or acts.per_tensor_offload)):
+        return WalkedBackward(acts.layers, acts.worst_backward + head_grads, None, False)
+    per_param = st.states.gradients / max(st.params.total, 1)
+    remaining, made = acts.layers, head_grads
+    best = WalkedBackward(acts.layers, head_grads, None, True)
+    best_total = -1
+    for position in range(len(walk.per_layer) - 1, -1, -1):
+        index, kept, worst = walk.per_layer[position]
+        worst += walk.early_gradients.get(index, 0)  # the layer's own gradients made before its worst op
+        if remaining + made + worst > best_total:
+            best_total, best = remaining + made + worst, WalkedBackward(remaining, made + worst, position, True)
+        remaining -= 0 if acts.per_tensor_offload else kept
+        dense, expert = layer_numel_on_rank(ctx.model.layer_param_groups[index], ctx.job)
+        made += int((dense + expert) * per_param)
+    return best
