@@ -8,7 +8,14 @@ done). Within a layer, two moments come after some of its own:
 - an unfused eager core's softmax backward: autograd reaches it once the MLP or MoE block, the pre-MLP norm and
   the output projection are done, so their gradients exist beside the two fp32 gradients of the probabilities
   (:func:`~memplan.estimate.activations.softmax_backward_bytes`); a trace of a Mixtral-like toy's last layer
-  (grouped experts, eager attention) holds 12.3 MiB of them there, its largest moment;
+  (grouped experts, eager attention) holds 12.3 MiB of them there, its largest moment. Beside them (helper gpt2bwd12): the residual stream's gradient, the layer's output gradient summed with the MLP
+  block's input gradient, which waits for the attention block's (a trace's ``add`` under the pre-MLP norm: one hidden
+  state in the residual dtype, on GPT-2, Llama, GPT-NeoX's parallel residual and the MoE toys alike); and, under
+  ``torch.autocast``, the 16-bit copies of those linears' weights are gone (each node frees what it saved). The
+  value's gradient, made by the PV matmul's backward, weighs what that node frees of the values. A fully recomputed
+  layer leaves both out: its figure (:func:`~memplan.estimate.layer_walk._recomputed`) counts the checkpointed
+  input again in its recomputed forward, which the trace does not make (it reads the saved input), and the two
+  offset; pricing one alone moves those cells by one hidden state;
 - transformers' grouped experts' walked backward (:mod:`~memplan.estimate.grouped_experts_backward`): the down
   weight's gradient before ``act(gate) * up``'s backward.
 
@@ -22,19 +29,25 @@ again (not here); under ``save_on_cpu`` :mod:`~memplan.estimate.offloaded_backwa
 
 from __future__ import annotations
 
-from memplan.estimate.activations import has_eager_core, softmax_backward_bytes
+from functools import lru_cache
+
+from memplan.estimate.activations import has_eager_core, output_gradient_bytes, softmax_backward_bytes
 from memplan.estimate.context import RunContext
 from memplan.estimate.grouped_experts_backward import experts_figures, weight_gradient_bytes
 from memplan.estimate.layer_costs import layer_blocks
+from memplan.estimate.memo import Same
+from memplan.model.linears import model_parameters
 from memplan.model.spec import LayerSpec
+from memplan.units import dtype_bytes
 
 __all__ = ["early_gradients"]
 
 
-def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int) -> int:
+def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int, recomputed: bool = False) -> int:
     """Layer ``index``'s (not walked as recomputed, not offloaded) weight gradients made before its backward's worst op,
     beyond its ``transient``: the most of the two moments of the module with the gradients made before each, less
-    ``transient``; 0 where the module does not apply."""
+    ``transient``; 0 where the module does not apply. A ``recomputed`` layer's softmax moment leaves out the residual
+    gradient and the freed copies (see the module)."""
     job = run.job
     if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
             or run.policy.partial or (layer.moe is None and not has_eager_core(run.shape))):
@@ -55,8 +68,37 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
     sizes = _gradient_sizes(run, index)
     split = attention_split(run.model, index, len(sizes)) if softmax else None
     if split is not None:
-        moments.append(softmax + sum(sizes[i] for i in split[0]))
+        # the MLP block's, its norm's and the output projection's gradients are made; the residual stream's gradient
+        # (the layer's output gradient plus the MLP block's input gradient) waits for the attention block's; the
+        # autocast copies of the weights whose backward has run are freed
+        beside = 0 if recomputed else (output_gradient_bytes(shape, run.model.hidden_size)
+                                       - _freed_copies(run, index, split[0], sizes))
+        moments.append(softmax + sum(sizes[i] for i in split[0]) + beside)
     return max(0, max(moments) - transient)
+
+
+def _freed_copies(run: RunContext, index: int, made: list[int], sizes: list[int]) -> int:
+    """Bytes of the autocast weight copies freed once the gradients at positions ``made`` are (each linear's node
+    frees the 16-bit copy of its weight and bias it saved after its backward, :mod:`~memplan.estimate.walk_copies`):
+    the linears' among them, not the norms' (not cast) nor, under eager kernels, HF's grouped routed experts'
+    (``grouped_mm`` is not an autocast op: :func:`~memplan.estimate.autocast.layer_weight_copy_numel`)."""
+    if run.prec.weight_copies != "autocast":
+        return 0
+    copied = _copied(Same(run.model), index, run.profile.kernels == "eager")
+    numel = sum(sizes[i] for i in made if copied[i]) // run.prec.grad_bytes
+    return numel * dtype_bytes(run.prec.compute)
+
+
+@lru_cache(maxsize=4096)
+def _copied(model: Same, index: int, eager_experts: bool) -> tuple[bool, ...]:
+    """Per parameter tensor of layer ``index`` (:func:`_gradient_sizes` order), whether autocast copies it."""
+    return tuple(not (_is_norm(p.name) or (eager_experts and p.routed_expert))
+                 for p in model_parameters(model.obj) if p.layer == index)  # type: ignore[arg-type]
+
+
+def _is_norm(name: str) -> bool:
+    module = name.rpartition(".")[0].rpartition(".")[2]
+    return "norm" in module or module.startswith("ln")
 
 
 def _gradient_sizes(run: RunContext, index: int) -> list[int]:
@@ -70,7 +112,6 @@ def _gradient_sizes(run: RunContext, index: int) -> list[int]:
     if par.tp <= 1 and par.ep * par.expert_tp <= 1:
         return layer_gradient_sizes(run.model, index, grad_bytes)
     from memplan.estimate.reserved_tp import rank_numel
-    from memplan.model.linears import model_parameters
 
     return [(tensor.numel // (par.ep * par.expert_tp) if tensor.routed_expert
              else rank_numel(run.model, run.profile, par.tp, tensor)) * grad_bytes

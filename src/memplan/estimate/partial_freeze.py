@@ -36,7 +36,7 @@ from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, ModelSpec
 from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
-__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "any_attention_saves", "block_of", "block_terms", "layer_flows",
+__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "after_attention_core", "any_attention_saves", "block_of", "block_terms", "layer_flows",
            "reads_a_gradient", "root_flow", "trained_norm_copies", "uncopied_trained_numel", "under",
            "unkeyed_query_terms"]
 
@@ -141,6 +141,19 @@ def block_of(name: str, layer_names: frozenset[str]) -> str:
     if any(w in p for p in parts for w in _ATTENTION_WORDS) and last not in ("post_attention_layernorm",):
         return "attention"
     return "mlp"
+
+
+def after_attention_core(name: str) -> bool:
+    """Whether a decoder layer's parameter ``name`` (relative to the layer) gets its gradient after the attention
+    core's backward: the pre-attention norm's, and the attention module's other than its output projection's
+    (Llama's ``self_attn.q_proj``, GPT-2's ``attn.c_attn``, GPT-NeoX's ``attention.query_key_value``, the sinks,
+    q/k norms); a norm directly under the layer that is not a pre-attention norm (``post_attention_layernorm``,
+    GPT-2's ``ln_2``) and the MLP's come before it."""
+    parts = name.split(".")[:-1] or name.split(".")
+    if parts[0] in _ATTENTION_NORMS:
+        return True
+    return (any(w in parts[0] for w in _ATTENTION_WORDS) and not _is_norm(parts[0])
+            and parts[-1] not in _BLOCK_OUTPUT_LINEARS)
 
 
 def _is_norm(module: str) -> bool:

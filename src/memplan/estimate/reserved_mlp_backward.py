@@ -130,8 +130,9 @@ def attention_split(model: ModelSpec, index: int, count: int | None) -> tuple[li
     names = _layer_names(Same(model), index)
     if len(names) != count:
         return None
-    late = [i for i, name in enumerate(names) if name.startswith(("self_attn.", "input_layernorm."))
-            and not name.startswith("self_attn.o_proj.")]
+    from memplan.estimate.partial_freeze import after_attention_core
+
+    late = [i for i, name in enumerate(names) if after_attention_core(name)]
     return [i for i in reversed(range(count)) if i not in late], late[::-1]
 
 
