@@ -20,7 +20,7 @@ from memplan.estimate.ds_checkpointing import (
     partition_bytes,
 )
 from memplan.estimate.extras import checkpointed_mask_bytes, embedding_activation_bytes, rope_table_bytes
-from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.finetune import StageFinetune, adapter_bytes
 from memplan.estimate.frozen_copies import FROZEN_COPIES_NOTE, frozen_weight_copies
 from memplan.estimate.input_leaf import input_leaf_bytes, leaf_apart_bytes
 from memplan.estimate.layer_costs import (
