@@ -57,6 +57,16 @@ def test_estimate_prints_a_table() -> None:
     assert "Peak:" in out
 
 
+def test_header_names_every_split_of_the_layout() -> None:
+    moe = invoke("estimate", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8").stdout
+    assert "dp 16 x tp 1 x pp 1 x cp 1, ep 8 ·" in moe
+    dense = invoke("estimate", "llama-3.1-70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--vpp", "2",
+                   "--sequence-parallel").stdout
+    assert "dp 4 x tp 4 x pp 4 x cp 1, vpp 2, sequence parallel ·" in dense
+    plain = invoke("estimate", "llama-3.1-8b", "--gpus", "8").stdout
+    assert "dp 8 x tp 1 x pp 1 x cp 1 ·" in plain
+
+
 def test_estimate_one_column_per_stage() -> None:
     out = invoke("estimate", "llama-3.1-8b", "--gpus", "8", "--pp", "4", "--gbs", "64").stdout
     for stage in range(4):

@@ -32,6 +32,7 @@ __all__ = [
     "estimate_header",
     "fit_verdict",
     "gpus_table",
+    "layout_words",
     "peak_summary",
     "presets_table",
     "render_estimate",
@@ -141,6 +142,17 @@ def training_split(est: Estimate) -> str:
     return out
 
 
+def layout_words(par: dict[str, object]) -> str:
+    """``dp x tp x pp x cp``, then the degrees a layout adds where they are above 1 (vpp, ep, etp) and sequence
+    parallelism: the header names every split the figures assume."""
+    out = f"dp {par.get('dp')} x tp {par.get('tp')} x pp {par.get('pp')} x cp {par.get('cp')}"
+    for key in ("vpp", "ep", "etp"):
+        value = par.get(key)
+        if isinstance(value, int) and value > 1:
+            out += f", {key} {value}"
+    return out + (", sequence parallel" if par.get("sequence_parallel") and (par.get("tp") or 1) > 1 else "")
+
+
 def estimate_header(est: Estimate) -> Text:
     """One line: model, size, framework, precision and layout."""
     job = est.to_dict()["job"]
@@ -149,10 +161,7 @@ def estimate_header(est: Estimate) -> Text:
     text.append(est.model, style="bold")
     text.append(f" · {est.total_parameters / 1e9:,.2f} B parameters{training_split(est)} · {est.framework}")
     text.append(f" · {job.get('precision', {}).get('name', '?')}")
-    text.append(
-        f" · {par.get('world_size')} GPU{'' if par.get('world_size') == 1 else 's'} = dp {par.get('dp')} x tp {par.get('tp')} x pp {par.get('pp')}"
-        f" x cp {par.get('cp')}"
-    )
+    text.append(f" · {par.get('world_size')} GPU{'' if par.get('world_size') == 1 else 's'} = {layout_words(par)}")
     text.append(f" · mbs {batch.get('micro_batch_size')} x seq {batch.get('seq_length')}")
     if est.frozen_params:
         text.append(f" · trainable {est.trainable_params:,} / frozen {est.frozen_params:,} parameters")
