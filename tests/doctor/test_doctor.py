@@ -341,6 +341,24 @@ def test_job_alone_fits_or_gets_job_fixes() -> None:
     assert report.verdict == "demand" and report.fixes[0].verified and report.fixes[0].kind == "job"
 
 
+def test_combined_fixes_keep_the_training_before_lora() -> None:
+    """No single change fits llama-3.1-8b at mbs 4 x seq 8192 on 8 x 80 GB: a pair that keeps the training (a
+    sharding with a smaller micro-batch or full recompute) is found and ranked before any LoRA pair."""
+    from memplan.doctor.job_fixes import COMBINED_AT_MOST
+
+    job = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 8, "seq": 8192, "mbs": 4}))
+    report = diagnose(job=job, gpu="h100-80gb")
+    assert report.verdict == "demand"
+    assert not any(f.verified for f in report.fixes if "+" not in f.action)  # no single change fits
+    first = report.fixes[0]
+    assert first.verified and not first.changes_training and first.action.count("+") == 1
+    assert "FSDP full sharding" in first.action or "ZeRO stage 3" in first.action
+    combined = [f for f in report.fixes if "+" in f.action]
+    assert all(f.verified for f in combined) and all(f.action.count("+") < COMBINED_AT_MOST for f in combined)
+    assert len({f.config_key for f in combined}) == len(combined)  # one per set of settings
+    assert not any("zero" in f.config_key and "fsdp" in f.config_key for f in combined)
+
+
 def test_timeline_keeps_every_peak_and_marks_the_oom() -> None:
     """At most TIMELINE_POINTS points, each the most live in its stretch: the trace's peak is a point."""
     from memplan.doctor.trace_facts import TIMELINE_POINTS

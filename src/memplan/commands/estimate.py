@@ -122,7 +122,7 @@ def estimate_command(
 
 
 def _print_cheapest_fit(loaded: Any) -> None:
-    """The cheapest single change (or pair) that makes a job fit, as ``memplan doctor`` verifies them."""
+    """The cheapest change (or combination of changes) that makes a job fit, as ``memplan doctor`` verifies them."""
     from memplan.doctor.job_fixes import cheapest_fit
     from memplan.doctor.words import format_bytes
 

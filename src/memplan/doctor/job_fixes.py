@@ -6,8 +6,11 @@ a smaller micro-batch (the global batch kept by gradient accumulation), activati
 what trains: said in the action), a chunked loss. Each is estimated with :func:`memplan.estimate`;
 it is verified when its predicted peak reserved memory is within the limit: the capacity minus
 :data:`memplan.fit.results.FIT_MARGIN` (``memplan fit``'s margin). Its cost is the step time of
-:func:`memplan.fit.steptime.step_time` relative to the job's own. When no single change fits, pairs
-of the four that save the most are tried.
+:func:`memplan.fit.steptime.step_time` relative to the job's own. When no single change fits, combinations
+are searched, the ones that keep the training as it is first: every pair, then every triple, of changes to
+different settings (a micro-batch, a recompute mode, one sharding: a ZeRO stage or FSDP, the optimizer offload, the
+loss), stopping at the smallest size where one fits; of the fitting combinations of the same settings the cheapest
+is kept. Only when none of those fits are LoRA / QLoRA paired with one of the others.
 
 The GPU for the step-time model is the job's ``--gpu``, else the catalogue GPU whose memory matches
 the message's total capacity (within :data:`CAPACITY_MATCH`); without one the cost is unknown.
@@ -28,10 +31,14 @@ from memplan.job import FineTuning, Job, Offload, Recompute
 from memplan.tuning.peft_methods import LORA
 from memplan.tuning.quant_formats import NF4
 
-__all__ = ["CAPACITY_MATCH", "cheapest_fit", "job_fixes"]
+__all__ = ["CAPACITY_MATCH", "COMBINED_AT_MOST", "cheapest_fit", "job_fixes"]
 
 #: A catalogue GPU matches a message's total capacity when within this share of its memory.
 CAPACITY_MATCH = 0.03
+#: The most changes combined into one fix.
+COMBINED_AT_MOST = 3
+#: Settings one change of which excludes the others (a ZeRO stage and FSDP both set the sharding).
+_SETTING_OF_KEY = {"zero": "sharding", "fsdp": "sharding"}
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,57 @@ def _one_micro_batch(tried: list[tuple[_Change, int, float | None]], limit: int)
     return [t for t in tried if t[0].key != "mbs" or t is keep]
 
 
+def _combine(changes: tuple[_Change, ...]) -> _Change:
+    def apply(job: Job) -> Job:
+        for change in changes:
+            job = change.apply(job)
+        return job
+
+    return _Change(" + ".join(c.action for c in changes), " ".join(c.flags for c in changes),
+                   ",".join(c.key for c in changes), apply, any(c.changes_training for c in changes),
+                   all(c.priced for c in changes))
+
+
+def _cheapest_per_settings(found: list[tuple[_Change, int, float | None]]) -> list[
+        tuple[_Change, int, float | None]]:
+    """Of fitting combinations of the same settings (e.g. ZeRO 3 + full recompute + micro-batch 2 or 1), the one
+    with the shortest step (else the lowest peak)."""
+    best: dict[str, tuple[_Change, int, float | None]] = {}
+    for t in found:
+        key, kept = t[0].key, best.get(t[0].key)
+        rank = (t[2] if t[2] is not None else float("inf"), t[1])
+        if kept is None or rank < (kept[2] if kept[2] is not None else float("inf"), kept[1]):
+            best[key] = t
+    return list(best.values())
+
+
+def _combined(job: Job, singles: list[_Change], limit: int,
+              peak_and_time: Callable[[Job], tuple[int, float | None]]) -> list[tuple[_Change, int, float | None]]:
+    """Combinations of changes to different settings (see the module docstring): the fitting ones of the smallest
+    size that has one, training kept; else LoRA / QLoRA with each other change, fitting or not."""
+    def estimated(change: _Change) -> tuple[_Change, int, float | None] | None:
+        try:
+            return (change, *peak_and_time(change.apply(job)))
+        except (ConfigError, UnsupportedError):
+            return None
+
+    kept = [c for c in singles if not c.changes_training]
+    for size in range(2, COMBINED_AT_MOST + 1):
+        found = []
+        for group in combinations(kept, size):
+            settings = {_SETTING_OF_KEY.get(c.key, c.key) for c in group}
+            if len(settings) == size and (t := estimated(_combine(group))) is not None and t[1] <= limit:
+                found.append(t)
+        if found:
+            return _cheapest_per_settings(found)
+    out = []
+    for change in (c for c in singles if c.changes_training):
+        for other in kept:
+            if (t := estimated(_combine((change, other)))) is not None:
+                out.append(t)
+    return out
+
+
 def _hardware(gpu: str | None, msg: OOMMessage | None, notes: list[str]) -> Any:
     from memplan.fit.hardware import hardware_for
     from memplan.gpus import list_gpus
@@ -120,7 +178,7 @@ def _hardware(gpu: str | None, msg: OOMMessage | None, notes: list[str]) -> Any:
 def cheapest_fit(loaded: Any, gpu: str) -> Fix | None:
     """The cheapest verified change that makes ``loaded`` fit GPU ``gpu`` (its usable memory minus fit's margin),
     as the doctor ranks them: what ``memplan estimate`` suggests for a job that does not fit. None when no
-    single change (or pair) fits."""
+    single change or combination fits."""
     from memplan.doctor.report import rank_fixes
     from memplan.gpus import get_gpu
 
@@ -160,17 +218,7 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
         except (ConfigError, UnsupportedError):
             continue
     if not any(peak <= limit for _, peak, _ in tried):
-        best = sorted(tried, key=lambda t: t[1])[:4]
-        for (a, _, _), (b, _, _) in combinations(best, 2):
-            if a.key == b.key:
-                continue
-            pair = _Change(f"{a.action} + {b.action}", f"{a.flags} {b.flags}", f"{a.key},{b.key}",
-                           lambda j, a=a, b=b: b.apply(a.apply(j)), a.changes_training or b.changes_training,
-                           a.priced and b.priced)
-            try:
-                tried.append((pair, *peak_and_time(pair.apply(job))))
-            except (ConfigError, UnsupportedError):
-                continue
+        tried += _combined(job, [t[0] for t in tried], limit, peak_and_time)
     fixes = []
     for change, peak, seconds in _one_micro_batch(tried, limit):
         fits = peak <= limit
