@@ -129,8 +129,8 @@ def _print_cheapest_fit(loaded: Any) -> None:
     with handle_errors():
         fix = cheapest_fit(loaded, loaded.gpu)
     if fix is None:
-        typer.secho("No single change (micro-batch, recompute, sharding, offload, LoRA/QLoRA, chunked loss) nor "
-                    "pair of them makes it fit; try more GPUs (memplan fit).", fg="yellow")
+        typer.secho("No change of the job (micro-batch, recompute, sharding, offload, chunked loss, up to three "
+                    "of them together; LoRA/QLoRA with one) makes it fit; try more GPUs (memplan fit).", fg="yellow")
         return
     cost = f", step {100 * fix.cost:+.0f}%" if fix.step_time_s is not None and fix.base_step_time_s else ""
     typer.secho(f"To fit: {fix.setting} ({fix.action}: {format_bytes(fix.peak_bytes)} reserved within the "
