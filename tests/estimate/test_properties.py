@@ -69,7 +69,7 @@ def jobs(draw: st.DrawFn, model: ModelSpec) -> Job:
     # Megatron's distributed optimizer is its own ZeRO-1 (job validation refuses both contradictions).
     fsdp_choices = ["none"] if framework == "deepspeed" else ["none", "full", "hybrid"]
     fsdp = draw(st.sampled_from(fsdp_choices)) if zero in (0, 3) else "none"
-    distributed_optimizer = draw(st.booleans()) if zero == 0 else False
+    distributed_optimizer = draw(st.booleans()) if zero == 0 and framework == "megatron" else False
     precision = draw(st.sampled_from(["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]))
     opt_name = draw(st.sampled_from(["adamw", "adam", "sgd", "adafactor", "adam8bit"]))
     return Job(

@@ -15,7 +15,16 @@ from typer.testing import CliRunner
 
 from memplan.cli import app
 from memplan.errors import JobConfigError
-from memplan.job import CommOverlap, CudaGraphs, FineTuning, Job, Offload, Optimizer, Recompute
+from memplan.job import (
+    CommOverlap,
+    CudaGraphs,
+    FineTuning,
+    Job,
+    Offload,
+    Parallelism,
+    Recompute,
+    Sharding,
+)
 from memplan.policies import POLICY_NAMES
 from memplan.profiles import PROFILES
 from memplan.profiles.rules import FEATURES
@@ -35,6 +44,7 @@ FEATURE_JOBS: dict[str, dict[str, Any]] = {
     "cuda-graphs": {"cuda_graphs": CudaGraphs(impl="local")},
     "fine-offload": {"offload": Offload(modules="core_attn")},
     "local-transformer-impl": {"transformer_impl": "local"},
+    "distributed-optimizer": {"parallel": Parallelism(world_size=8), "sharding": Sharding(distributed_optimizer=True)},
 }
 
 

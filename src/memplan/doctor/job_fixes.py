@@ -10,7 +10,8 @@ it is verified when its predicted peak reserved memory is within the limit: the 
 are searched, the ones that keep the training as it is first: every pair, then every triple, of changes to
 different settings (a micro-batch, a recompute mode, one sharding: a ZeRO stage or FSDP, the optimizer offload, the
 loss), stopping at the smallest size where one fits; of the fitting combinations of the same settings the cheapest
-is kept. Only when none of those fits are LoRA / QLoRA paired with one of the others.
+is kept. This search runs whenever no single change that keeps the training fits (LoRA alone may). Only when
+nothing fits are LoRA / QLoRA paired with one of the others.
 
 The GPU for the step-time model is the job's ``--gpu``, else the catalogue GPU whose memory matches
 the message's total capacity (within :data:`CAPACITY_MATCH`); without one the cost is unknown.
@@ -126,10 +127,11 @@ def _cheapest_per_settings(found: list[tuple[_Change, int, float | None]]) -> li
     return list(best.values())
 
 
-def _combined(job: Job, singles: list[_Change], limit: int,
-              peak_and_time: Callable[[Job], tuple[int, float | None]]) -> list[tuple[_Change, int, float | None]]:
+def _combined(job: Job, singles: list[_Change], limit: int, peak_and_time: Callable[[Job], tuple[int, float | None]],
+              single_fits: bool) -> list[tuple[_Change, int, float | None]]:
     """Combinations of changes to different settings (see the module docstring): the fitting ones of the smallest
-    size that has one, training kept; else LoRA / QLoRA with each other change, fitting or not."""
+    size that has one, training kept; else, unless a single change (LoRA / QLoRA) fits, LoRA / QLoRA with each other
+    change, fitting or not."""
     def estimated(change: _Change) -> tuple[_Change, int, float | None] | None:
         try:
             return (change, *peak_and_time(change.apply(job)))
@@ -145,7 +147,9 @@ def _combined(job: Job, singles: list[_Change], limit: int,
                 found.append(t)
         if found:
             return _cheapest_per_settings(found)
-    out = []
+    out: list[tuple[_Change, int, float | None]] = []
+    if single_fits:
+        return out
     for change in (c for c in singles if c.changes_training):
         for other in kept:
             if (t := estimated(_combine((change, other)))) is not None:
@@ -217,8 +221,9 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
             tried.append((change, *peak_and_time(change.apply(job))))
         except (ConfigError, UnsupportedError):
             continue
-    if not any(peak <= limit for _, peak, _ in tried):
-        tried += _combined(job, [t[0] for t in tried], limit, peak_and_time)
+    if not any(peak <= limit and not change.changes_training for change, peak, _ in tried):
+        single_fits = any(peak <= limit for _, peak, _ in tried)
+        tried += _combined(job, [t[0] for t in tried], limit, peak_and_time, single_fits)
     fixes = []
     for change, peak, seconds in _one_micro_batch(tried, limit):
         fits = peak <= limit

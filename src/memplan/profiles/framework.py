@@ -268,7 +268,7 @@ MEGATRON = FrameworkProfile(
     moe_probs_at="experts",
     features=frozenset({"tp-comm-overlap", "delay-wgrad", "early-attn-release",
                         "experts-wgrad-overlap", "shared-expert-overlap", "ep-a2a-overlap", "cuda-graphs",
-                        "fine-offload", "local-transformer-impl"}),
+                        "fine-offload", "local-transformer-impl", "distributed-optimizer"}),
     job_rules=megatron_rules.JOB_RULES,
     model_rules=megatron_rules.MODEL_RULES,
     fit_tensor_parallel=True,

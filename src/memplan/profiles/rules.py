@@ -71,6 +71,9 @@ FEATURES: tuple[Feature, ...] = (
             on=lambda job: job.cuda_graphs.impl != "none"),
     Feature(name="fine-offload", flag="--offload-modules", what="is Megatron-LM's fine-grained activation "
             "offloading", on=lambda job: bool(job.offload.module_names)),
+    Feature(name="distributed-optimizer", flag="--distributed-optimizer", what="is Megatron-LM's distributed "
+            "optimizer (DeepSpeed shards optimizer states with --zero 1, PyTorch with --fsdp)",
+            on=lambda job: job.sharding.distributed_optimizer),
     Feature(name="local-transformer-impl", flag="--transformer-impl", what="local is Megatron-LM's own layer "
             "implementation", on=lambda job: job.transformer_impl == "local"),
 )
