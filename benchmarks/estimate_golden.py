@@ -122,6 +122,9 @@ FIXED: tuple[tuple[str, dict[str, Any]], ...] = (
     ("llama-3.1-8b", {"framework": "megatron", "attention": "eager", "dropout": 0.0, "attention_dropout": 0.1,
                       "gpus": 8}),
     ("deepseek-v2-lite", {"framework": "megatron", "dropout": 0.1, "attention_dropout": 0.0, "gpus": 8, "ep": 8}),
+    # session 13: torchtitan's FSDP2 under a pipeline schedule (gradients accumulated unsharded to the last
+    # micro-batch): no job of the corpus had it
+    ("llama-3.1-8b", {"framework": "torchtitan", "fsdp": "full", "gpus": 16, "pp": 2, "seq": 8192, "gbs": 64}),
 )
 
 

@@ -152,10 +152,19 @@ def test_json_reflects_every_job_flag() -> None:
 
 def test_rendered_rows_add_up_to_the_peak() -> None:
     from memplan import Batch, estimate, load_model
+    from memplan.job import Sharding
 
-    job = Job(parallel=Parallelism(world_size=8, pp=4), batch=Batch(global_batch_size=32))
-    for stage in estimate(load_model("llama-3.1-8b"), job).stages:
-        assert sum(b for _, b in stage_breakdown(stage)) == stage.peak_allocated_bytes
+    jobs = [Job(parallel=Parallelism(world_size=8, pp=4), batch=Batch(global_batch_size=32)),
+            # frameworks that free gradients after each step peak before most are made (hf at the loss)
+            Job(framework="hf", parallel=Parallelism(world_size=8)),
+            # torchtitan's pipelined FSDP2 accumulates gradients unsharded until the last micro-batch
+            Job(framework="torchtitan", parallel=Parallelism(world_size=16, pp=2), sharding=Sharding(fsdp="full"),
+                batch=Batch(seq_length=8192, global_batch_size=64))]
+    for job in jobs:
+        for stage in estimate(load_model("llama-3.1-8b"), job).stages:
+            assert sum(b for _, b in stage_breakdown(stage)) == stage.peak_allocated_bytes, job.framework
+    out = invoke("estimate", "llama-3.1-8b", "--framework", "hf", "--gpus", "8").stdout
+    assert "gradients: those alive at the peak (the step makes 29.92 GiB)" in " ".join(out.split())
 
 
 def test_config_json_path(tmp_path: Path) -> None:

@@ -359,6 +359,17 @@ def test_combined_fixes_keep_the_training_before_lora() -> None:
     assert not any("zero" in f.config_key and "fsdp" in f.config_key for f in combined)
 
 
+@pytest.mark.parametrize(("framework", "needs"), [("megatron", "--distributed-optimizer"), ("deepspeed", "--zero 1"),
+                                                  ("hf", "--fsdp full"), ("torchtitan", "--fsdp full")])
+def test_optimizer_offload_comes_with_the_sharding_it_needs(framework: str, needs: str) -> None:
+    """Full training of llama-3.1-8b on one 80 GB GPU: optimizer offload fits, with the sharding each framework's
+    offload needs (a job without one is refused), and ranks before LoRA, which changes what trains."""
+    job = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 1, "framework": framework}))
+    first = diagnose(job=job, gpu="h100-80gb").fixes[0]
+    assert first.verified and not first.changes_training
+    assert "--offload-optimizer" in first.setting and needs in first.setting
+
+
 def test_timeline_keeps_every_peak_and_marks_the_oom() -> None:
     """At most TIMELINE_POINTS points, each the most live in its stretch: the trace's peak is a point."""
     from memplan.doctor.trace_facts import TIMELINE_POINTS

@@ -64,7 +64,7 @@ def jobs(draw: st.DrawFn, model: ModelSpec) -> Job:
     mbs = draw(st.integers(1, 3))
     microbatches = draw(st.integers(1, 4)) * (pp if vpp > 1 else 1)
     framework = draw(st.sampled_from(["megatron", "torchtitan", "deepspeed", "hf"]))
-    zero = draw(st.integers(0, 3))
+    zero = draw(st.integers(0, 3)) if framework != "torchtitan" else 0  # torchtitan shards with FSDP2 only
     # The sharding schemes that can be combined: FSDP is not DeepSpeed's (it shards with ZeRO), and
     # Megatron's distributed optimizer is its own ZeRO-1 (job validation refuses both contradictions).
     fsdp_choices = ["none"] if framework == "deepspeed" else ["none", "full", "hybrid"]
@@ -159,7 +159,8 @@ def test_recompute_full_le_selective_le_none(case: tuple[ModelSpec, Job]) -> Non
 def test_more_dp_with_zero3_never_increases_model_states(case: tuple[ModelSpec, Job]) -> None:
     model, job = case
     par = job.parallel
-    sharded = _with(job, sharding=Sharding(zero=3))
+    # ZeRO-3, or FSDP2's full sharding where the framework has no ZeRO stages (torchtitan)
+    sharded = _with(job, sharding=Sharding(fsdp="full") if job.framework == "torchtitan" else Sharding(zero=3))
     wider = _with(
         sharded,
         parallel=dataclasses.replace(par, world_size=par.world_size * 2, dp=par.data_parallel * 2),

@@ -75,11 +75,8 @@ def _changes(job: Job) -> list[_Change]:
                                lambda j, s=stage: replace(j, sharding=replace(j.sharding, zero=s))))
         out.append(_Change("FSDP full sharding", "--fsdp full", "fsdp",
                            lambda j: replace(j, sharding=replace(j.sharding, zero=0, fsdp="full"))))
-    if not job.offload.optimizer:
-        out.append(_Change("Offload optimizer states to CPU memory", "--offload-optimizer", "offload_optimizer",
-                           lambda j: replace(j, offload=replace(j.offload, optimizer=True)
-                                             if isinstance(j.offload, Offload) else Offload(optimizer=True)),
-                           priced=False))
+    if not job.offload.optimizer and (offload := _offload_change(job)) is not None:
+        out.append(offload)
     if not job.finetune.peft_kind.adapters:
         out.append(_Change("Train LoRA adapters instead of all weights (changes what trains)", "--peft lora", "peft",
                            lambda j: replace(j, finetune=FineTuning(peft=LORA.name)), True))
@@ -90,6 +87,35 @@ def _changes(job: Job) -> list[_Change]:
         out.append(_Change("Chunked cross-entropy loss (no full logits)", "--loss chunked", "loss",
                            lambda j: replace(j, loss="chunked"), priced=False))
     return out
+
+
+def _offloaded(job: Job) -> Job:
+    return replace(job, offload=replace(job.offload, optimizer=True)
+                   if isinstance(job.offload, Offload) else Offload(optimizer=True))
+
+
+#: What optimizer offload needs where the job does not shard its optimizer states, in the order tried: the
+#: framework's own validation keeps the first it accepts (Megatron's distributed optimizer, else FSDP, else ZeRO stage 1).
+_OFFLOAD_SHARDINGS: tuple[tuple[str, str, Callable[[Job], Job]], ...] = (
+    ("", "", lambda j: j),
+    (" with the distributed optimizer", " --distributed-optimizer",
+     lambda j: replace(j, sharding=replace(j.sharding, distributed_optimizer=True))),
+    (" with FSDP full sharding", " --fsdp full", lambda j: replace(j, sharding=replace(j.sharding, fsdp="full"))),
+    (" with ZeRO stage 1", " --zero 1", lambda j: replace(j, sharding=replace(j.sharding, zero=1))),
+)
+
+
+def _offload_change(job: Job) -> _Change | None:
+    """Optimizer offload, with the sharding it needs where the job has none (ZeRO-Offload needs ZeRO; Megatron's
+    ``--optimizer-cpu-offload`` its distributed optimizer); None where the framework accepts none of them."""
+    for words, flags, shard in _OFFLOAD_SHARDINGS:
+        try:
+            _offloaded(shard(job))
+        except ConfigError:
+            continue
+        return _Change(f"Offload optimizer states to CPU memory{words}", f"--offload-optimizer{flags}",
+                       "offload_optimizer", lambda j, shard=shard: _offloaded(shard(j)), priced=False)
+    return None
 
 
 def _one_micro_batch(tried: list[tuple[_Change, int, float | None]], limit: int) -> list[

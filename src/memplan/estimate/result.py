@@ -38,6 +38,8 @@ class StageEstimate:
     #: Parameters held by one GPU of this stage before data-parallel sharding (numel).
     parameters_numel: int
     parameters_bytes: int
+    #: Gradients at the peak moment: the gradient state, and where a pipelined FSDP2 stage accumulates its
+    #: gradients unsharded until the last micro-batch (:mod:`memplan.estimate.pipeline_fsdp`), those too.
     gradients_bytes: int
     #: Optimizer moments plus master weights (optimizer-owned state).
     optimizer_bytes: int

@@ -14,6 +14,7 @@ from memplan.estimate.ledger import (
     ABSENT,
     ACTIVATIONS,
     COMMUNICATION,
+    GRADIENTS,
     GRAPHS,
     INPUT,
     LAYER_ACTIVATIONS,
@@ -106,7 +107,7 @@ def _stage_figures(ctx: StageContext, st: StageStates, acts: StageActivations, l
     other = at[COMMUNICATION] + workspace + at[TEMPORARY] + at[INPUT] + at[GRAPHS]
     return StageEstimate(
         stage=layout.stage, layers=layout.num_layers, layer_indices=layout.layer_indices,
-        parameters_numel=st.params.total, parameters_bytes=states.parameters, gradients_bytes=states.gradients,
+        parameters_numel=st.params.total, parameters_bytes=states.parameters, gradients_bytes=at[GRADIENTS],
         optimizer_bytes=states.optimizer + states.master, master_weights_bytes=states.master,
         optimizer_moments_bytes=states.optimizer,
         activations_bytes=at[ACTIVATIONS], transformer_layer_activations_bytes=at[LAYER_ACTIVATIONS],

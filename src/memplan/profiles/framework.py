@@ -268,7 +268,7 @@ MEGATRON = FrameworkProfile(
     moe_probs_at="experts",
     features=frozenset({"tp-comm-overlap", "delay-wgrad", "early-attn-release",
                         "experts-wgrad-overlap", "shared-expert-overlap", "ep-a2a-overlap", "cuda-graphs",
-                        "fine-offload", "local-transformer-impl", "distributed-optimizer"}),
+                        "fine-offload", "local-transformer-impl", "distributed-optimizer", "zero-stages"}),
     job_rules=megatron_rules.JOB_RULES,
     model_rules=megatron_rules.MODEL_RULES,
     fit_tensor_parallel=True,
@@ -334,7 +334,7 @@ DEEPSPEED = FrameworkProfile(
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
     fsdp_refusal="is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 for full sharding)",
-    features=frozenset({"partition-activations", "cpu-checkpointing"}),
+    features=frozenset({"partition-activations", "cpu-checkpointing", "zero-stages"}),
     fit_shardings=("zero-1", "zero-2", "zero-3"),
     deepspeed_checkpointing=True,
 )
@@ -363,6 +363,7 @@ HF = FrameworkProfile(
     full_training_only_policies=("megatron-selective",),
     fit_shardings=("ddp", "fsdp-full", "fsdp-hybrid"),
     fp32_router_weights=True,
+    features=frozenset({"zero-stages"}),
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure

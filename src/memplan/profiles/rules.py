@@ -74,6 +74,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="distributed-optimizer", flag="--distributed-optimizer", what="is Megatron-LM's distributed "
             "optimizer (DeepSpeed shards optimizer states with --zero 1, PyTorch with --fsdp)",
             on=lambda job: job.sharding.distributed_optimizer),
+    Feature(name="zero-stages", flag="--zero", what="is DeepSpeed's ZeRO (Hugging Face runs it through DeepSpeed, "
+            "Megatron through Megatron-FSDP's sharding strategies); torchtitan shards with FSDP2 (--fsdp)",
+            on=lambda job: job.sharding.zero > 0),
     Feature(name="local-transformer-impl", flag="--transformer-impl", what="local is Megatron-LM's own layer "
             "implementation", on=lambda job: job.transformer_impl == "local"),
 )

@@ -48,7 +48,8 @@ STAGES_PER_TABLE = 4
 #: The rows of the per-stage breakdown, in order. They add up to ``peak_allocated_bytes``.
 BREAKDOWN_ROWS: tuple[tuple[str, Callable[[StageEstimate], int]], ...] = (
     ("parameters", lambda s: s.parameters_bytes),
-    ("gradients", lambda s: s.gradients_bytes),
+    # alive at the peak: a framework that frees gradients after each step peaks before most are made
+    ("gradients", lambda s: s.gradients_bytes - s.gradients_absent_at_peak_bytes),
     ("optimizer states (moments)", lambda s: s.optimizer_moments_bytes),
     ("master weights", lambda s: s.master_weights_bytes),
     ("activations: transformer layers", lambda s: s.transformer_layer_activations_bytes),
@@ -94,7 +95,14 @@ def _layer_ranges(indices: Sequence[int]) -> str:
 def stage_table(est: Estimate, stages: Sequence[StageEstimate], *, title: str | None = None) -> Table:
     """One table with a column per stage of ``stages`` and a row per memory category."""
     many = len(est.stages) > 1
-    caption = "* the stage with the highest peak" if many and any(s.stage == est.peak_stage for s in stages) else None
+    lines = ["* the stage with the highest peak"] if many and any(s.stage == est.peak_stage for s in stages) else []
+    absent = [s for s in stages if s.gradients_absent_at_peak_bytes]
+    if absent:
+        lines.append("gradients: those alive at the peak (the step makes "
+                     + ", ".join(f"{_gib(s.gradients_bytes)}" for s in absent) + " GiB"
+                     + (f" in stage{'s' if len(absent) > 1 else ''} " + ", ".join(str(s.stage) for s in absent)
+                        if many else "") + ")")
+    caption = "\n".join(lines) or None
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
                   show_edge=False, pad_edge=False)
     table.add_column("GiB (2^30 bytes)", no_wrap=True)
