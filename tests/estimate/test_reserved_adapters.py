@@ -6,32 +6,16 @@ trace's simulated reserved, now 0.6%."""
 
 from __future__ import annotations
 
-from memplan import estimate, load_model
-from memplan.estimate import reserved_replay
-from memplan.estimate.engine import _stages
 from memplan.estimate.reserved_adapters import STEPS, adapter_step
 from memplan.estimate.reserved_replay import Replay
-from memplan.jobflags import build_job
+from tests.estimate.test_reserved_mechanics import _schedule
 
 LORA = {"framework": "hf", "recompute": "full", "seq": 4096, "peft": "lora", "lora_targets": "all-linear"}
 
 
 def _first_forward(model: str, flags: dict[str, object]) -> list[int]:
     """The sizes the schedule's first forward takes (before the loss's forward)."""
-    replays: list[reserved_replay.Replay] = []
-    real = reserved_replay.Replay.finish
-
-    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        replays.append(self)
-        return real(self, *args, **kwargs)
-
-    reserved_replay.Replay.finish = finish  # type: ignore[method-assign]
-    try:
-        _stages.cache_clear()
-        estimate(load_model(model), build_job(flags), reserved="simulated")
-    finally:
-        reserved_replay.Replay.finish = real  # type: ignore[method-assign]
-    log = replays[-1].log()
+    log = _schedule(model, flags)
     end = log.index(("moment", "forward"))
     return [int(size) for kind, size in log[:end] if kind == "take"]  # type: ignore[call-overload]
 
