@@ -169,6 +169,12 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
     return 0
 
 
+def in_mlp_block(a: Adapter) -> bool:
+    """The adapter wraps a linear of the MLP block (``mlp.*`` in every family :mod:`memplan.model.linears` names,
+    a shared expert's too), not the attention block's."""
+    return ".mlp." in a.module.name
+
+
 def m_is_parameter(adapter: Adapter) -> bool:
     """The adapter wraps a parameter (a router's ``gate.weight``), not a module."""
     return adapter.module.name.endswith(".weight")

@@ -12,6 +12,7 @@ from memplan.estimate.activations import KEPT_BY, UNFUSED_ATTENTION, divided, la
 from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.layer_costs import per_tensor_offload
 from memplan.estimate.memo import Same
+from memplan.estimate.reserved_adapters import adapter_step, with_adapters
 from memplan.estimate.reserved_attention_backward import (
     SOFTMAX_SLOT,
     TANH_SLOT,
@@ -25,6 +26,7 @@ from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT, SLOTS, op_slots,
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import sink_temporaries
 from memplan.estimate.reserved_terms import (
+    ADAPTER,
     DROPPED,
     HELD,
     KEPT,
@@ -59,7 +61,12 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
         terms = _layer_tensors(ctx, index, whole)
     if sum(size for size, kind, _ in terms if kind == KEPT) != kept:
         return [(kept, KEPT, False)]
-    return terms if ctx.run.counts is None else [term for term in terms if term[1] == KEPT]
+    if ctx.run.counts is None:
+        return terms
+    # a fine-tuned layer's forward under checkpointing makes every tensor and its adapters' (reserved_adapters);
+    # without, the schedule lays out what it keeps
+    return with_adapters(ctx, index, terms) if index in ctx.recomputed and not run.policy.partial else [
+        term for term in terms if term[1] == KEPT]
 
 
 def recomputed_blocks(ctx: StageContext, index: int, *, reads_input: bool = False) -> list[tuple[int, int, bool]]:
@@ -139,14 +146,18 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
     after = None  # the eager core's masked scores, freed once the next tensor (the probabilities) is made
     capped = False  # the eager core's soft-capped scores were made (reserved_attention_backward.capped_forward)
     done = 0
-    made = [t for t in tensors if t[1] != RELEASE]
-    scores = next((size for size, kind, slot in tensors if slot == 2 + SOFTMAX_SLOT - 1), 0)
+    made = [t for t in tensors if t[1] not in (RELEASE, ADAPTER)]
+    scores = next((size for size, kind, slot in tensors if slot == 2 + SOFTMAX_SLOT - 1 and kind != ADAPTER), 0)
     position = 0
     experts: dict[str, Block | None] = {}  # gpt-oss's experts' forward temporaries (experts_forward)
+    adapter: dict[int, Block | None] = {}  # a LoRA adapter's forward temporaries (adapter_step)
     for size, kind, early in tensors:
         if kind == RELEASE:
             replay.give(*holding)
             holding = []
+            continue
+        if kind == ADAPTER:
+            adapter_step(replay, size, early, adapter)
             continue
         position += 1
         due = -(-position * len(casts) // len(made))

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from memplan.estimate.context import StageContext
+from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_cached_copies, layer_weight_copies
 from memplan.estimate.reserved_backward import eager_backward
@@ -69,6 +69,7 @@ from memplan.estimate.ledger import (
 )
 from memplan.estimate.stage_activations import StageActivations
 from memplan.estimate.stage_peak import LossPart, head_unit
+from memplan.estimate.states import STEP_COUNTER_BYTES, device_step_counters
 
 #: Training steps replayed (the first allocates what later steps find cached).
 _STEPS = 2
@@ -208,16 +209,35 @@ def _forward(ctx: StageContext, walk: LayerWalk, replay: Replay, pieces: _Pieces
     return root, saved, held
 
 
-def _head_gradients(replay: Replay, pieces: _Pieces, fsdp: FsdpSizes | None, head: int
-                    ) -> tuple[Block | None, list[Block | None]]:
+def _head_gradients(replay: Replay, made_by: tuple[_Pieces, RunContext], fsdp: FsdpSizes | None, head: int,
+                    logits_grad: Block | None) -> tuple[Block | None, list[Block | None]]:
     """The gradients made right after the loss: the head's weight gradient (``head``: its size without FSDP2),
     or under torchtitan's outer units the head unit's (final norm and head); under FSDP2 fine-tuning none here
-    (the root's trainable tensors' are made at its post-backward: ``Replay.root_gradients``)."""
+    (the root's trainable tensors' are made at its post-backward: ``Replay.root_gradients``). The logits'
+    gradient (``logits_grad``) is freed once the head's ``mm`` has read it: where autocast made the head's
+    product from a 16-bit copy of wider weights (``made_by``: the pieces and the run), that product
+    (16-bit) comes first and the gradient is its cast up by the copy's ``_to_copy`` backward, made after the
+    logits' gradient is freed: a trace of deepseek-v2-lite under torchtitan (bf16-mixed, fp32 weights, s4096
+    x 2) makes the 400 MiB ``mm``, frees the 1,600 MiB logits' gradient, then makes the 800 MiB fp32
+    gradient in that freed segment (the schedule made it beside the logits' gradient, in another segment). A
+    fine-tuned head (peft's ``modules_to_save`` copy) keeps the base's dtype: its gradient is the product itself."""
+    pieces, run = made_by
     if not pieces.made_in_backward or (fsdp is not None and fsdp.grad_scale is not None):
+        replay.give(logits_grad)
         return None, []
     if fsdp is not None and fsdp.outer:
-        return None, replay.take_all(fsdp.unsharded[-1])
-    return replay.take(fsdp.head if fsdp is not None else head), []
+        made = replay.take_all(fsdp.unsharded[-1])
+        replay.give(logits_grad)
+        return None, made
+    # the gradient's bytes per element against the compute dtype's (a fine-tuned head's copy keeps the base's dtype)
+    numel = run.vocab_rows * run.model.hidden_size // max(run.job.parallel.tp, 1)
+    upcast = fsdp is None and run.prec.weight_copies == "autocast" and head > numel * run.prec.act_bytes > 0
+    product = replay.take(numel * run.prec.act_bytes) if upcast else None
+    if upcast:
+        replay.give(logits_grad)
+    block = replay.take(fsdp.head if fsdp is not None else head)
+    replay.give(product, None if upcast else logits_grad)
+    return block, []
 
 
 def _root_backward(replay: Replay, pieces: _Pieces, fsdp: FsdpSizes | None,
@@ -264,8 +284,10 @@ def _pieces(ctx: StageContext, walk: LayerWalk, ledger: Ledger, units: tuple[Uni
     weight copies)."""
     copies, cached = casts
     made = ledger.total(ABSENT, "backward") > 0
+    tensors = sum(map(len, units[0]))
+    counter = STEP_COUNTER_BYTES if device_step_counters(ctx.run.job, ctx.run.profile, tensors) else 0
     grads, halves, temps = piece_sizes(ledger.total(OPTIMIZER), ledger.total(TEMPORARY, "optimizer step"),
-                                        ledger.total(GRADIENTS, "end of backward"), *units)
+                                        ledger.total(GRADIENTS, "end of backward"), *units, counter)
     return _Pieces(grads=grads, moments=halves, step_temp=temps, made_in_backward=made, states_in_step=made,
                    copies=copies, cached=cached,
                    keys=layer_keys(ctx, walk, (copies, cached), grads if made else None, fsdp))
@@ -303,8 +325,7 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
         ahead()
     replay.give(head_copy)
     root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
-    head, made = _head_gradients(replay, pieces, fsdp, root_grads.head)
-    replay.give(logits_grad)
+    head, made = _head_gradients(replay, (pieces, ctx.run), fsdp, root_grads.head, logits_grad)
     staged: Block | None = None
     if outer:
         staged, *sharded = replay.head_backward(fsdp, made, root)

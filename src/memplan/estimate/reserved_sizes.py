@@ -93,18 +93,27 @@ def spread(total: int, units: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 @lru_cache(maxsize=1024)
-def piece_sizes(optimizer: int, step: int, gradients: int, units: Units, lead: int | None = None
+def piece_sizes(optimizer: int, step: int, gradients: int, units: Units, lead: int | None = None, counter: int = 0
                 ) -> tuple[Units, Units, Units]:
     """The gradients', optimizer moments' and step temporaries' sizes per unit (a pure function of the
     ledger's totals and the units, cached: jobs of one model and layout share them). With ``lead`` (the
     root's tensors before the layers, :func:`parameter_lead`) the moments and temporaries come in
     ``model.parameters()`` order, as torch.optim makes them (:func:`in_parameter_order`; the root unit split in
-    two around the layers), else per unit, the root first."""
-    moments = spread(optimizer, units)
+    two around the layers), else per unit, the root first.
+
+    ``counter``: the bytes of the step counter a fused torch optimizer keeps on the GPU per tensor
+    (:func:`~memplan.estimate.states.device_step_counters`; 0: none), made before the tensor's moments
+    (``_init_group``: ``state["step"]``, then ``exp_avg``, ``exp_avg_sq``). The optimizer total counts them;
+    spread over the moments, they made each moment a few bytes larger than its parameter, so every large one
+    rounded up to the next 2 MiB and fitted no segment that a tensor of the parameter's size had left (a trace
+    of deepseek-v2-lite under torchtitan: 52 four-byte ``zeros``, moments of exactly 800, 1,408 and 704 MiB)."""
+    count = sum(map(len, units)) if counter else 0
+    counters, per = (count * counter, 3) if counter and optimizer >= count * counter else (0, 2)
+    moments = spread(optimizer - counters, units)
     # the moments are created in the first step's optimizer step, exp_avg and exp_avg_sq per tensor
-    halves = in_parameter_order([[part for size in unit for part in (size // 2, size - size // 2)]
-                                 for unit in moments], None if lead is None else 2 * lead)
-    temps = (foreach_temporaries(step, [unit[1::2] for unit in halves])
+    halves = in_parameter_order([[part for size in unit for part in (counter, size // 2, size - size // 2)[3 - per:]]
+                                 for unit in moments], None if lead is None else per * lead)
+    temps = (foreach_temporaries(step, [unit[per - 1::per] for unit in halves])
              or in_parameter_order(spread(step, units), lead))
     return frozen(spread(gradients, units)), frozen(halves), frozen(temps)
 

@@ -57,8 +57,9 @@ def term_tensors(term: Term, size: int, layer: LayerSpec, run: RunContext) -> li
 
 
 #: Kinds of the tensors a layer's forward makes in the schedule (see :func:`norm_output`); LAYER_HELD: freed at
-#: the layer's end (an eager core's fp32 softmax output under ``save_on_cpu``: the decoder layer drops it on return).
-KEPT, DROPPED, HELD, RELEASE, LAYER_HELD = 0, 1, 2, 3, 4
+#: the layer's end (an eager core's fp32 softmax output under ``save_on_cpu``: the decoder layer drops it on return);
+#: ADAPTER: a step of a LoRA adapter's forward (:mod:`~memplan.estimate.reserved_adapters`).
+KEPT, DROPPED, HELD, RELEASE, LAYER_HELD, ADAPTER = 0, 1, 2, 3, 4, 5
 
 
 def norm_output(norm_input: int, run: RunContext) -> int:
