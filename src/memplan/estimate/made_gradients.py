@@ -33,12 +33,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from memplan.estimate.activations import output_gradient_bytes, softmax_backward_bytes
+from memplan.estimate.activations import has_eager_core, output_gradient_bytes, softmax_backward_bytes
+from memplan.estimate.compiled import compiled_layer
 from memplan.estimate.context import RunContext
 from memplan.estimate.grouped_experts_backward import experts_figures, weight_gradient_bytes
 from memplan.estimate.layer_costs import layer_blocks
 from memplan.estimate.memo import Same
-from memplan.estimate.mlp_backward_nodes import mlp_backward_nodes
+from memplan.estimate.mlp_backward_nodes import gradients_made
 from memplan.model.linears import model_parameters
 from memplan.model.spec import LayerSpec
 from memplan.units import dtype_bytes
@@ -57,6 +58,11 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
         return 0  # (a dense layer under fused kernels has none of the moments: no terms built)
     from memplan.estimate.reserved_mlp_backward import attention_split, whole_weights
 
+    mlp = gradients_made(Same(layer), run.shape, run.policy.kind.checkpoints_layers, run.prec.grad_bytes) \
+        if whole_weights(run) and not compiled_layer(run, layer) else 0
+    if layer.moe is None and not has_eager_core(run.shape):
+        return mlp  # a dense layer under a fused or flash core: the MLP walk's moment only (no terms built)
+
     found = layer_blocks(run, layer, index) if run.counts is None else None
     if found is None:
         return 0
@@ -67,10 +73,7 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
                               ) if whole_weights(run) else None
     if experts is not None and experts.walked:
         moments.append(experts.with_gradients)
-    mlp = mlp_backward_nodes(layer, shape, blocks[1], None, run.policy.kind.checkpoints_layers, run.prec.grad_bytes) \
-        if whole_weights(run) else None
-    if mlp is not None:  # its gradients beside what the layer holds at its worst (a recomputed one's copies too)
-        moments.append(transient + mlp.with_gradients - mlp.transient)
+    moments.append(transient + mlp)  # the MLP walk's gradients beside what the layer holds at its worst
     softmax = softmax_backward_bytes(layer, shape, blocks)
     sizes = _gradient_sizes(run, index)
     split = attention_split(run.model, index, len(sizes)) if softmax else None

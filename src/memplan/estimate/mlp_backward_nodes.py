@@ -37,13 +37,23 @@ adapters on a gated MLP) None, and the general rule stays.
 
 from __future__ import annotations
 
-from memplan.estimate.activations import ActivationShape, Term, divided, node_bytes, output_gradient_bytes
+from functools import lru_cache
+
+from memplan.estimate.activations import (
+    ActivationShape,
+    Term,
+    divided,
+    layer_terms_by_block,
+    node_bytes,
+    output_gradient_bytes,
+)
+from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow
 from memplan.estimate.terms import TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.model.spec import LayerSpec, MLPSpec
 
-__all__ = ["MLP_WALKED", "MlpBackward", "mlp_backward_nodes"]
+__all__ = ["MLP_WALKED", "MlpBackward", "gradients_made", "mlp_backward_nodes"]
 
 #: The MLP's saved terms the walk prices (the general rule leaves them to it).
 MLP_WALKED = frozenset({TermRole.MLP_FC1, TermRole.MLP_FC2, TermRole.GELU_NEW, TermRole.MLP_FC2_ADAPTER_INPUT})
@@ -101,6 +111,16 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     else:
         nodes += _gated_nodes(one, hidden, sizes[TermRole.MLP_FC1] // 3, temp, weights[1])
     return _walk(nodes)
+
+
+@lru_cache(maxsize=4096)
+def gradients_made(layer: Same, shape: ActivationShape, recomputed: bool, grad_bytes: int) -> int:
+    """What a fully trained layer's (``layer.obj``) MLP walk holds at its worst with the weight gradients made
+    before each node (``grad_bytes`` per element) beyond its worst without them; 0 where it is not walked.
+    Memoised across estimates (the key holds the layer, compared by identity)."""
+    spec: LayerSpec = layer.obj  # type: ignore[assignment]
+    walked = mlp_backward_nodes(spec, shape, layer_terms_by_block(spec, shape)[1], None, recomputed, grad_bytes)
+    return 0 if walked is None else walked.with_gradients - walked.transient
 
 
 def _applies(mlp: MLPSpec, flow: LayerFlow | None, sizes: dict[TermRole, int], gelu: int) -> bool:
