@@ -91,8 +91,15 @@ def test_gradients_before_the_softmax_under_tensor_parallelism(configs: dict[str
     assert early_gradients(run, layer, 1, 0) == made
 
 
+def test_sdpa_layer_makes_down_projs_gradient_before_the_mlp_product(configs: dict[str, str]) -> None:
+    """Under a fused core the MLP backward's product node (memplan.estimate.mlp_backward_nodes) comes after
+    down_proj's weight gradient (768 x 256, fp32)."""
+    run, _ = _stage(configs["llama_v256"], attention="sdpa")
+    assert early_gradients(run, run.model.layers[1], 1, 0) == 768 * 256 * 4
+
+
 @pytest.mark.parametrize("flags", [
-    {"attention": "sdpa"}, {"optimizer_in_backward": True, "optimizer": "adam"}, {"fsdp": "full", "gpus": 2},
+    {"optimizer_in_backward": True, "optimizer": "adam"}, {"fsdp": "full", "gpus": 2},
     {"peft": "lora", "lora_targets": "q_proj,v_proj"},
 ])
 def test_no_gradients_before_the_softmax_where_not_made_beside_it(configs: dict[str, str],

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, Term
+from memplan.estimate.terms import TermRole
 from memplan.peft.params import Adapter
 
 #: Adapter weights' bytes per element by default (fp32: peft ``autocast_adapter_dtype=True``); a job's own
@@ -48,6 +49,19 @@ def _shared_input(name: str, module: str, attention: str) -> str | None:
     if (name in ATTENTION_OUTPUT_LINEARS or module.endswith("attn.c_proj")) and attention != "eager":
         return ""  # kept by the attention kernel already (the layer's "output projection input" term)
     return None
+
+
+#: Linear layers closing a dense MLP block (GPT-2's ``mlp.c_proj`` by its module path).
+MLP_OUTPUT_LINEARS = frozenset({"down_proj", "dense_4h_to_h", "fc2"})
+
+
+def _input_role(adapter: Adapter) -> TermRole:
+    """The role of the lora_A input ``adapter`` saves: its own where it sits on the MLP's output projection
+    (:mod:`~memplan.estimate.mlp_backward_nodes` frees it at that node)."""
+    name = adapter.module.name
+    if name.rpartition(".")[2] in MLP_OUTPUT_LINEARS or name.endswith("mlp.c_proj"):
+        return TermRole.MLP_FC2_DORA_INPUT if adapter.dora else TermRole.MLP_FC2_ADAPTER_INPUT
+    return TermRole.OTHER
 
 
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
@@ -82,7 +96,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             pass  # the base layer's saved input is lora_A's input
         elif group is None:
             terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'adapter-dtype copy'})",
-                              lora_bytes * tokens * m.in_features, "rep", "body"))
+                              lora_bytes * tokens * m.in_features, "rep", "body", role=_input_role(a)))
         elif group and group not in shared:
             shared.add(group)
             terms.append(Term(f"{group} (kept by lora_A)", compute_bytes * tokens * m.in_features, "rep", "body"))

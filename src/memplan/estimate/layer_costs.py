@@ -43,10 +43,11 @@ from memplan.estimate.ep_overlap import (
     shared_expert_overlap_bytes,
 )
 from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
-from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
+from memplan.estimate.frozen_mlp_backward import frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.grouped_experts_backward import experts_figures
 from memplan.estimate.memo import Same
+from memplan.estimate.mlp_backward_nodes import MLP_WALKED, mlp_backward_nodes
 from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies, unkeyed_query_terms
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
@@ -142,9 +143,21 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     # a recomputed layer on a base whose matmul saves nothing (4-bit) runs down_proj's backward before its
     # recompute
     first = policy.kind.checkpoints_layers and not quant_format(quantize_base).keeps_gemm_inputs
-    frozen_mlp = None if compiled else frozen_mlp_backward(spec, shape, blocks[1], role.flow, dequantized,
-                                                           first)
-    return _priced(spec, shape, policy, blocks, mlp_saved, offloaded, frozen_mlp)
+    return _priced(spec, shape, policy, blocks, mlp_saved, offloaded,
+                   None if compiled else _mlp_walked(spec, shape, blocks[1], role.flow, dequantized,
+                                                     policy.kind.checkpoints_layers, first))
+
+
+def _mlp_walked(layer: LayerSpec, shape: ActivationShape, rest: list[Term], flow: LayerFlow | None, dequantized: int,
+                recomputed: bool, recomputed_first: bool) -> int | None:
+    """The MLP block's backward walked op by op above the layer's saved tensors: a frozen gated MLP's
+    (:mod:`~memplan.estimate.frozen_mlp_backward`), else a trained or GPT-2 one's node by node
+    (:mod:`~memplan.estimate.mlp_backward_nodes`, without the weight gradients made); None: the general rule."""
+    frozen = frozen_mlp_backward(layer, shape, rest, flow, dequantized, recomputed_first)
+    if frozen is not None:
+        return frozen
+    nodes = mlp_backward_nodes(layer, shape, rest, flow, recomputed=recomputed, dequantized=dequantized)
+    return None if nodes is None else nodes.transient
 
 
 def layer_blocks(run: RunContext, layer: LayerSpec,
@@ -222,8 +235,8 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
             blocks: tuple[list[Term], list[Term]], mlp_saved: list[Term] | None = None,
             offloaded: bool = False, frozen_mlp: int | None = None) -> LayerCosts:
     """The layer's figures from its terms under the activation policy (``mlp_saved``: the MLP block's own
-    terms, where a recomputed layer's forward is priced apart; ``frozen_mlp``: a frozen MLP block's backward
-    walked op by op, :mod:`~memplan.estimate.frozen_mlp_backward`, None where the general rule prices it)."""
+    terms, where a recomputed layer's forward is priced apart; ``frozen_mlp``: the MLP block's backward
+    walked op by op, :func:`_mlp_walked`, None where the general rule prices it)."""
     kept_classes, dropped = kept_policy(policy)
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
     full = sum(size for size, keep, _ in sized if keep in KEPT_BY["none"])
@@ -232,7 +245,7 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
     experts = experts_figures(layer, shape, blocks[1], dropped, policy.kind.checkpoints_layers)
     transient = backward_transient_bytes(layer, shape, blocks, dropped, released_inputs=sum(
         divided(t, shape) for t in inputs if t.site in ("mlp", "moe")), offloaded=offloaded,
-        walked=(frozenset() if frozen_mlp is None else WALKED) | (experts.walked if experts else frozenset()))
+        walked=(frozenset() if frozen_mlp is None else MLP_WALKED) | (experts.walked if experts else frozenset()))
     transient = max(transient, frozen_mlp or 0)
     if policy.kind.checkpoints_layers:
         # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;

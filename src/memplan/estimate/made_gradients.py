@@ -17,7 +17,9 @@ done). Within a layer, two moments come after some of its own:
   input again in its recomputed forward, which the trace does not make (it reads the saved input), and the two
   offset; pricing one alone moves those cells by one hidden state;
 - transformers' grouped experts' walked backward (:mod:`~memplan.estimate.grouped_experts_backward`): the down
-  weight's gradient before ``act(gate) * up``'s backward.
+  weight's gradient before ``act(gate) * up``'s backward;
+- a dense MLP's backward node by node (:mod:`~memplan.estimate.mlp_backward_nodes`, helper mlpbwd13): the output
+  projection's weight gradient before the activation's product (eager SwiGLU, GPT-2's ``gelu_new``).
 
 Only for a job that trains the whole model and keeps each gradient it makes whole on the GPU until the step (the
 softmax's moment under tensor parallelism too, with each rank's share of the gradients, helper fnorm12; the
@@ -32,10 +34,12 @@ from __future__ import annotations
 from functools import lru_cache
 
 from memplan.estimate.activations import has_eager_core, output_gradient_bytes, softmax_backward_bytes
+from memplan.estimate.compiled import compiled_layer
 from memplan.estimate.context import RunContext
 from memplan.estimate.grouped_experts_backward import experts_figures, weight_gradient_bytes
 from memplan.estimate.layer_costs import layer_blocks
 from memplan.estimate.memo import Same
+from memplan.estimate.mlp_backward_nodes import gradients_made
 from memplan.model.linears import model_parameters
 from memplan.model.spec import LayerSpec
 from memplan.units import dtype_bytes
@@ -50,9 +54,14 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
     gradient and the freed copies (see the module)."""
     job = run.job
     if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
-            or run.policy.partial or (layer.moe is None and not has_eager_core(run.shape))):
-        return 0  # (a dense layer under a fused or flash core has neither moment: no terms built)
+            or run.policy.partial or (layer.moe is None and run.shape.kernels != "eager")):
+        return 0  # (a dense layer under fused kernels has none of the moments: no terms built)
     from memplan.estimate.reserved_mlp_backward import attention_split, whole_weights
+
+    mlp = gradients_made(Same(layer), run.shape, run.policy.kind.checkpoints_layers, run.prec.grad_bytes) \
+        if whole_weights(run) and not compiled_layer(run, layer) else 0
+    if layer.moe is None and not has_eager_core(run.shape):
+        return mlp  # a dense layer under a fused or flash core: the MLP walk's moment only (no terms built)
 
     found = layer_blocks(run, layer, index) if run.counts is None else None
     if found is None:
@@ -64,6 +73,7 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
                               ) if whole_weights(run) else None
     if experts is not None and experts.walked:
         moments.append(experts.with_gradients)
+    moments.append(transient + mlp)  # the MLP walk's gradients beside what the layer holds at its worst
     softmax = softmax_backward_bytes(layer, shape, blocks)
     sizes = _gradient_sizes(run, index)
     split = attention_split(run.model, index, len(sizes)) if softmax else None

@@ -70,8 +70,12 @@ class TermRole(Enum):
     MLP_FC1 = auto()
     #: The dense MLP's fc2 input: reserved_mlp_backward (its slot).
     MLP_FC2 = auto()
-    #: GPT-2's eager gelu_new intermediates of the dense MLP: frozen_mlp_backward (not walked).
+    #: GPT-2's eager gelu_new intermediates of the dense MLP: frozen_mlp_backward (not walked), mlp_backward_nodes.
     GELU_NEW = auto()
+    #: The lora_A input an adapter on the dense MLP's output projection saves: mlp_backward_nodes (its node frees it).
+    MLP_FC2_ADAPTER_INPUT = auto()
+    #: ... where that adapter is DoRA's (its magnitude's backward is not walked): mlp_backward_nodes.
+    MLP_FC2_DORA_INPUT = auto()
     #: The shared expert's fc2 input: layer_costs (kept on an 8-bit base, whose shared expert is quantized).
     SHARED_EXPERT_FC2 = auto()
     #: The MLP norm output's autocast copies for the shared expert's GEMMs and gate: layer_costs (kept on an 8-bit

@@ -1,0 +1,42 @@
+"""A dense MLP's backward node by node (memplan.estimate.mlp_backward_nodes): GPT-2-XL's frozen gelu_new MLP under
+LoRA at 512 tokens (bf16-mixed on a 16-bit base, hf, SDPA), as the traces of tests/trace/test_mlp_backward_vs_trace.py
+and tests/trace/test_dropout_trace.py show it: the layer's output gradient (16-bit residual), ``c_proj``'s input
+gradient cast back to fp32, the last product's two fp32 gradients beside it and, in a layer that is not recomputed,
+the 16-bit cast of ``0.5 * x``'s; a LoRA adapter on ``c_proj`` frees its saved 16-bit input first.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.estimate.engine import layer_activation_costs
+from memplan.job import Batch, FineTuning, Job, Precision, Recompute
+from memplan.model import load_model
+
+TOKENS = 512
+OUT = TOKENS * 1600 * 2  # the layer's output gradient
+FP32 = TOKENS * 6400 * 4  # one of gelu_new's fp32 tensors
+ONE = TOKENS * 6400 * 2  # one intermediate in 16 bits
+
+
+def _transient(targets: str, recompute: str, peft: str = "lora") -> int:
+    job = Job(framework="hf", precision=Precision(name="bf16-mixed"), batch=Batch(seq_length=TOKENS),
+              attention="sdpa", finetune=FineTuning(peft=peft, lora_targets=targets), recompute=Recompute(mode=recompute))
+    return layer_activation_costs(load_model("gpt2-xl"), job, 1)[2]
+
+
+@pytest.mark.parametrize("targets, recompute, walked", [
+    ("c_attn", "none", OUT + 3 * FP32 + ONE),
+    # a recomputed tensor is freed once unpacked: the product's node casts its 16-bit gradient after its factors
+    ("c_attn", "full", OUT + 3 * FP32),
+    # the adapter's saved 16-bit input freed by c_proj's node; x's gradient from the adapter, from the base and
+    # their sum (three fp32 tensors), then the product's node on the sum
+    ("all-linear", "none", OUT + 3 * FP32 + ONE - ONE),
+    ("all-linear", "full", OUT + 3 * FP32 - ONE),
+])
+def test_frozen_gelu_new_mlp_walked(targets: str, recompute: str, walked: int) -> None:
+    assert _transient(targets, recompute) == walked  # the general rule: 3 * FP32
+
+
+def test_dora_on_the_output_projection_keeps_the_general_rule() -> None:
+    assert _transient("all-linear", "full", peft="dora") == 3 * FP32
