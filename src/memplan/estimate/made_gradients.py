@@ -24,7 +24,10 @@ softmax's moment under tensor parallelism too, with each rank's share of the gra
 experts' walk on one rank's whole weights only): not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own
 buffers), not moved to host memory with an offloaded optimizer, not consumed by an optimizer step in the backward. Recomputed layers the
 walk of :mod:`~memplan.estimate.recomputed_backward` covers have their own; partial policies' figures are net of what they make
-again (not here); under ``save_on_cpu`` :mod:`~memplan.estimate.offloaded_backward` has its own.
+again (not here), but for the checkpointed attention module (``hf`` selective), whose recompute runs where the attention
+block's backward starts: its softmax moment is a layer's not recomputed, beside the copies that recompute made and has
+not freed yet (as a recomputed layer's: helper neox13, GPT-NeoX toys); under ``save_on_cpu``
+:mod:`~memplan.estimate.offloaded_backward` has its own.
 """
 
 from __future__ import annotations
