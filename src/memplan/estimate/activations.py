@@ -869,6 +869,16 @@ def backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
     return max(transient, softmax_backward_bytes(layer, shape, blocks, dropped, released_inputs, offloaded))
 
 
+def attention_backward_transient_bytes(layer: LayerSpec, shape: ActivationShape,
+                                       blocks: tuple[list[Term], list[Term]], offloaded: bool = False) -> int:
+    """The attention block's own moments of :func:`backward_transient_bytes` (its terms' first backward nodes, an
+    eager core's softmax backward): those a checkpointed attention module's recompute is alive at, which runs
+    where the attention block's backward starts, after the MLP block's."""
+    skipped = eager_core_roles(layer, shape)
+    first = max((first_node_bytes(t, shape) for t in blocks[0] if t.role not in skipped), default=0)
+    return max(first, softmax_backward_bytes(layer, shape, blocks, offloaded=offloaded))
+
+
 def softmax_backward_bytes(layer: LayerSpec, shape: ActivationShape, blocks: tuple[list[Term], list[Term]],
                            dropped: frozenset[str] = frozenset(), released_inputs: int = 0,
                            offloaded: bool = False) -> int:
@@ -917,6 +927,18 @@ def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest:
     if not (attn.sinks and shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
         return 0
     return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in rest))
+
+
+def checkpointed_input_apart_bytes(terms: list[Term], shape: ActivationShape, kept: frozenset[str]) -> int:
+    """Bytes of the checkpointed attention module's input (``attn_input``, kept under the ``kept`` classes) where it is
+    a tensor apart from those a layer without recompute saves, so that the checkpoint's recompute reads it again and
+    does not make it: its pre-norm's fp32 output under ``torch.autocast`` in eager code, where each projection casts
+    it and saves its own 16-bit copy (made again). Elsewhere it is the projections' input itself (the ``norm output``
+    term, read again, not made again); 0 there (measured with ``memplan trace --recompute selective`` on GPT-NeoX,
+    eager bf16-mixed, fp32 and pure bf16)."""
+    if "attn_input" not in kept or not (shape.autocast and shape.kernels == "eager"):
+        return 0
+    return sum(divided(t, shape) for t in terms if t.keep == "attn_input")
 
 
 def layer_activation_bytes(layer: LayerSpec, shape: ActivationShape, recompute_mode: str) -> int:

@@ -16,7 +16,9 @@ from memplan.estimate.activations import (
     KEPT_BY,
     ActivationShape,
     Term,
+    attention_backward_transient_bytes,
     backward_transient_bytes,
+    checkpointed_input_apart_bytes,
     dispatch_buffer_bytes,
     divided,
     layer_terms,
@@ -264,13 +266,18 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
     if policy.kind.budget:
         # torch's partitioner: at most the budget's fraction of what it saves above the region's inputs
         kept += budget_share(full - kept, policy.memory_budget)
-    rebuilt = full - kept
+    # (the checkpointed attention module reads its input again: where that is a tensor apart, not made again)
+    rebuilt = full - kept + checkpointed_input_apart_bytes(blocks[0] + blocks[1], shape, kept_classes)
     if dropped:
         # only one block's recomputed tensors are alive at a time (recompute_modules.py)
         rebuilt -= sum(size for size, _, site in sized if site in dropped)
         again = [(divided(t, shape), t.site) for t in recomputed_only_terms(layer, shape, policy.modules)]
         rebuilt += recomputed_peak([(size, site) for size, _, site in sized] + again, dropped)
         kept += sum(divided(t, shape) for t in inputs)
+    if policy.kind.checkpoints_attention:
+        # the checkpointed attention module is made again where its block's backward starts, after the MLP block's:
+        # beside the attention block's own moments only (the layer's worst above its kept tensors: rebuilt + transient)
+        transient = max(transient - rebuilt, attention_backward_transient_bytes(layer, shape, blocks, offloaded))
     if experts is not None:  # beside what the partial policy has made again by then
         transient = max(transient, experts.transient - (rebuilt if policy.partial else 0))
     return kept, full, transient, rebuilt

@@ -221,7 +221,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     else:
         layer_keep, layer_worst = full, transient
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
-    made = early_gradients(run, layer, index, transient, recomputed) if walked is None and offloaded is None else 0
+    made = early_gradients(run, layer, index, transient, recomputed, copies) if walked is None and offloaded is None else 0
     return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint, copies=copies,
                   early_grads=walked.with_gradients if walked is not None else None,
                   made_grads=offloaded.early_gradients if offloaded is not None else made,

@@ -26,7 +26,10 @@ softmax's moment under tensor parallelism too, with each rank's share of the gra
 experts' walk on one rank's whole weights only): not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own
 buffers), not moved to host memory with an offloaded optimizer, not consumed by an optimizer step in the backward. Recomputed layers the
 walk of :mod:`~memplan.estimate.recomputed_backward` covers have their own; partial policies' figures are net of what they make
-again (not here); under ``save_on_cpu`` :mod:`~memplan.estimate.offloaded_backward` has its own.
+again (not here), but for the checkpointed attention module (``hf`` selective), whose recompute runs where the attention
+block's backward starts: its softmax moment is a layer's not recomputed, beside the copies that recompute made and has
+not freed yet (as a recomputed layer's: helper neox13, GPT-NeoX toys); under ``save_on_cpu``
+:mod:`~memplan.estimate.offloaded_backward` has its own.
 """
 
 from __future__ import annotations
@@ -47,14 +50,17 @@ from memplan.units import dtype_bytes
 __all__ = ["early_gradients"]
 
 
-def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int, recomputed: bool = False) -> int:
+def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int, recomputed: bool = False,
+                    copies: int = 0) -> int:
     """Layer ``index``'s (not walked as recomputed, not offloaded) weight gradients made before its backward's worst op,
     beyond its ``transient``: the most of the two moments of the module with the gradients made before each, less
     ``transient``; 0 where the module does not apply. A ``recomputed`` layer's softmax moment leaves out the residual
-    gradient and the freed copies (see the module)."""
+    gradient (see the module). ``copies``: the autocast weight copies its checkpointed region made again, which
+    ``transient`` counts whole (:func:`~memplan.estimate.layer_costs.recomputed_copies_bytes`)."""
     job = run.job
     if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
-            or run.policy.partial or (layer.moe is None and run.shape.kernels != "eager")):
+            or (run.policy.partial and not run.policy.kind.checkpoints_attention)
+            or (layer.moe is None and run.shape.kernels != "eager")):
         return 0  # (a dense layer under fused kernels has none of the moments: no terms built)
     from memplan.estimate.reserved_mlp_backward import attention_split, whole_weights
 
@@ -81,8 +87,10 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
         # the MLP block's, its norm's and the output projection's gradients are made; the residual stream's gradient
         # (the layer's output gradient plus the MLP block's input gradient) waits for the attention block's; the
         # autocast copies of the weights whose backward has run are freed
-        beside = 0 if recomputed else (output_gradient_bytes(shape, run.model.hidden_size)
-                                       - _freed_copies(run, index, split[0], sizes))
+        # (the copies a checkpointed region made again are in ``transient``: those not freed yet are beside too)
+        beside = copies - _freed_copies(run, index, split[0], sizes)
+        if not recomputed:
+            beside += output_gradient_bytes(shape, run.model.hidden_size)
         moments.append(softmax + sum(sizes[i] for i in split[0]) + beside)
     return max(0, max(moments) - transient)
 
