@@ -26,8 +26,10 @@ def test_every_parameter_is_unsharded_in_bf16_beside_fp32_accumulated_gradients(
         # the backward's collective buffers are exactly the stage's unsharded bf16 parameters
         assert stage.peak_phase == "backward"
         assert stage.communication_bytes == 2 * stage.parameters_numel
-        # the sharded fp32 gradients do not exist before the reduce-scatter
-        assert stage.gradients_absent_at_peak_bytes == stage.gradients_bytes
+        # the sharded fp32 gradients do not exist before the reduce-scatter: the gradients alive at the peak are
+        # the accumulated unsharded ones (4 bytes per parameter), reported in gradients_bytes beside the sharded
+        assert stage.gradients_bytes - stage.gradients_absent_at_peak_bytes == 4 * stage.parameters_numel
+        assert stage.gradients_absent_at_peak_bytes == 4 * stage.parameters_numel // 4  # fp32, sharded over dp 4
     plain = estimate(model, replace(_job(gbs=64), parallel=Parallelism(world_size=8, pp=2),
                                     sharding=Sharding(fsdp="none")))
     # without FSDP nothing of this applies: DDP-style full gradients, no unsharded copy
