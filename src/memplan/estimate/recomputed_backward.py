@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any
 
 from memplan.estimate.activations import (
     NORM_COMPUTE_BYTES,
-    has_eager_core,
     UNFUSED_ATTENTION,
     divided,
     layer_terms,
@@ -185,7 +184,11 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     checkpointed input where the recomputed forward reads it (``reread``: its saved tensors for the layer's role
     count it again); the recomputed forward's own moment (gpt-oss's sink attention) is left whole. Returns that
     figure and the input's bytes taken off (the moments of gradients made early are net of them too)."""
-    from memplan.estimate.activations import output_gradient_bytes, recomputed_forward_transient, softmax_backward_bytes
+    from memplan.estimate.activations import (
+        output_gradient_bytes,
+        recomputed_forward_transient,
+        softmax_backward_bytes,
+    )
     from memplan.estimate.layer_costs import layer_blocks
 
     layer = run.model.layers[index]
