@@ -182,7 +182,8 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     backward (the layer's output gradient summed with the MLP block's input gradient, waiting for the attention
     block's: one hidden state in the residual dtype, :mod:`~memplan.estimate.made_gradients`), net of the
     checkpointed input where the recomputed forward reads it (``reread``: its saved tensors for the layer's role
-    count it again); the recomputed forward's own moment (gpt-oss's sink attention) is left whole. Returns that
+    count it again); the recomputed forward's own moment (gpt-oss's sink attention) is left whole, with the output
+    gradient beside it (the recompute starts once that gradient has arrived). Returns that
     figure and the input's bytes taken off (the moments of gradients made early are net of them too)."""
     from memplan.estimate.activations import (
         output_gradient_bytes,
@@ -199,7 +200,10 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     again = sum(divided(t, shape) for t in blocks[0] + blocks[1] if t.keep == "input") if reread else 0
     softmax = softmax_backward_bytes(layer, shape, blocks)
     residual = softmax and softmax + output_gradient_bytes(shape, run.model.hidden_size)
-    return max(transient - again, residual - again, recomputed_forward_transient(layer, shape, blocks[1])), again
+    # the recomputed forward runs once the layer's output gradient has arrived: beside it
+    forward = recomputed_forward_transient(layer, shape, blocks[1])
+    forward = forward and forward + output_gradient_bytes(shape, run.model.hidden_size)
+    return max(transient - again, residual - again, forward), again
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
