@@ -13,9 +13,9 @@ done). Within a layer, two moments come after some of its own:
   state in the residual dtype, on GPT-2, Llama, GPT-NeoX's parallel residual and the MoE toys alike); and, under
   ``torch.autocast``, the 16-bit copies of those linears' weights are gone (each node frees what it saved). The
   value's gradient, made by the PV matmul's backward, weighs what that node frees of the values. A fully recomputed
-  layer leaves both out: its figure (:func:`~memplan.estimate.layer_walk._recomputed`) counts the checkpointed
-  input again in its recomputed forward, which the trace does not make (it reads the saved input), and the two
-  offset; pricing one alone moves those cells by one hidden state;
+  layer the walk does not cover has both too (helper rcresid12): its figure
+  (:func:`~memplan.estimate.layer_walk._recomputed`) is net of the checkpointed input, which a plain checkpoint's
+  recomputed forward reads rather than copies;
 - transformers' grouped experts' walked backward (:mod:`~memplan.estimate.grouped_experts_backward`): the down
   weight's gradient before ``act(gate) * up``'s backward.
 
@@ -43,11 +43,10 @@ from memplan.units import dtype_bytes
 __all__ = ["early_gradients"]
 
 
-def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int, recomputed: bool = False) -> int:
+def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int) -> int:
     """Layer ``index``'s (not walked as recomputed, not offloaded) weight gradients made before its backward's worst op,
     beyond its ``transient``: the most of the two moments of the module with the gradients made before each, less
-    ``transient``; 0 where the module does not apply. A ``recomputed`` layer's softmax moment leaves out the residual
-    gradient and the freed copies (see the module)."""
+    ``transient``; 0 where the module does not apply."""
     job = run.job
     if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
             or run.policy.partial or (layer.moe is None and not has_eager_core(run.shape))):
@@ -71,8 +70,7 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
         # the MLP block's, its norm's and the output projection's gradients are made; the residual stream's gradient
         # (the layer's output gradient plus the MLP block's input gradient) waits for the attention block's; the
         # autocast copies of the weights whose backward has run are freed
-        beside = 0 if recomputed else (output_gradient_bytes(shape, run.model.hidden_size)
-                                       - _freed_copies(run, index, split[0], sizes))
+        beside = output_gradient_bytes(shape, run.model.hidden_size) - _freed_copies(run, index, split[0], sizes)
         moments.append(softmax + sum(sizes[i] for i in split[0]) + beside)
     return max(0, max(moments) - transient)
 
