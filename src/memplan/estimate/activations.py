@@ -28,6 +28,8 @@ which is what ``memplan trace --recompute selective`` runs on a Hugging Face mod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from memplan.estimate.gpt_oss_terms import (
     clamped_swiglu_terms,
     sink_forward_extra,
@@ -908,15 +910,18 @@ def softmax_gradient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     return divided(Term("softmax gradients", 2 * softmax_bytes * heads_scores, "tp", "core"), shape)
 
 
-def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term]) -> int:
+def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term],
+                                 attention: Sequence[Term] = ()) -> int:
     """Bytes a recomputed layer's forward holds beyond everything the layer saves, at its worst moment
     (0 where :func:`backward_transient_bytes` covers it). Only gpt-oss's eager sink attention needs it:
-    its masked scores and max-subtracted logits, while the MLP block (``rest``, the terms the layer's
-    role saves there) is not recomputed yet."""
+    its masked scores, max-subtracted logits and rotated projections, while the MLP block (``rest``, the terms
+    the layer's role saves there) is not recomputed yet, nor the output projection's input (among the role's
+    ``attention`` terms: made after the core)."""
     attn = layer.attention
     if not (attn.sinks and shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
         return 0
-    return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in rest))
+    later = [*rest, *(t for t in attention if t.role is TermRole.OUTPUT_PROJECTION_INPUT)]
+    return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in later))
 
 
 def layer_activation_bytes(layer: LayerSpec, shape: ActivationShape, recompute_mode: str) -> int:

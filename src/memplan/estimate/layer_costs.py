@@ -22,6 +22,7 @@ from memplan.estimate.activations import (
     layer_terms,
     layer_terms_by_block,
     node_bytes,
+    output_gradient_bytes,
     recomputed_forward_transient,
 )
 from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, dora_output_backward
@@ -238,7 +239,7 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
         # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;
         # a layer a block-wise policy leaves alone is priced the same: at most its PV cast copy too high)
         transient = max(transient, recomputed_forward_transient(layer, shape, blocks[1] if mlp_saved is None
-                                                                else mlp_saved))
+                                                                else mlp_saved, blocks[0]))
     sac = sac_kept_terms(layer, shape) if policy.kind.per_op else None
     if policy.kind.per_op and sac is None:
         # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
@@ -367,7 +368,9 @@ def mtp_activation_bytes(run: RunContext) -> int:
 def sink_forward_transient(ctx: StageContext) -> int:
     """What the stage's last layer holds beyond its saved tensors in its forward, every layer's activations
     kept (gpt-oss's eager sink attention: its masked scores and max-subtracted logits, the MLP block not run
-    yet); 0 for other layers, and where layers are recomputed or the attention core is not kept."""
+    yet; the layer's input, bound until the attention block's residual add, where its role saves it nowhere: a
+    trained layer on a frozen base); 0 for other layers, and where layers are recomputed or the attention core is
+    not kept."""
     run = ctx.run
     if ctx.recomputed or not ctx.layout.layer_indices or "core" not in run.kept_classes:
         return 0
@@ -376,9 +379,12 @@ def sink_forward_transient(ctx: StageContext) -> int:
     role = _role(run, index) if layer.attention.sinks else None
     if role is None:
         return 0
-    shape = role_shape(run, role)
-    extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role))
-    return extra + divided(forward_mask_term(run.model, run.shape), run.shape) if extra else 0
+    shape, blocks = layer_blocks(run, layer, index) or (role_shape(run, role), ([], []))  # the role's terms
+    extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role), blocks[0])
+    if not extra:
+        return 0
+    unsaved = 0 if any(t.keep == "input" for t in blocks[0]) else output_gradient_bytes(shape, run.model.hidden_size)
+    return extra + unsaved + divided(forward_mask_term(run.model, run.shape), run.shape)
 
 
 def dora_recompute_head(run: RunContext, index: int) -> int:
