@@ -881,7 +881,9 @@ def softmax_backward_bytes(layer: LayerSpec, shape: ActivationShape, blocks: tup
         return 0
     attention, rest = blocks
     gradients = softmax_gradient_bytes(layer, shape)
-    released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
+    # an attention input projection's adapter keeps its tensors until that projection's backward, after the core's
+    released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped
+                   and t.role is not TermRole.ATTENTION_INPUT_ADAPTER)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.role in (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST))
