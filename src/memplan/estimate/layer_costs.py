@@ -44,6 +44,7 @@ from memplan.estimate.ep_overlap import (
     shared_expert_overlap_bytes,
 )
 from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
+from memplan.estimate.frozen_copies import recomputed_frozen_copies
 from memplan.estimate.frozen_mlp_backward import WALKED, frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.grouped_experts_backward import experts_figures
@@ -346,9 +347,10 @@ def recomputed_copies_bytes(ctx: StageContext, index: int) -> int:
     else:
         return 0
     if run.counts is not None:
-        # fine-tuning: only fully trained weights are kept in fp32 and cast; frozen ones are 16-bit already
+        # fine-tuning: fully trained weights are kept in fp32 and cast; frozen ones only when stored in another dtype
         part = run.counts.layers[index]
         numel = numel * part.trained // (part.trainable + part.frozen_total) if part.trained else 0
+        numel += recomputed_frozen_copies(run, index) if index in ctx.recomputed else 0
     return numel * dtype_bytes(run.prec.compute)
 
 
