@@ -28,6 +28,8 @@ which is what ``memplan trace --recompute selective`` runs on a Hugging Face mod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from memplan.estimate.gpt_oss_terms import (
     clamped_swiglu_terms,
     sink_forward_extra,
@@ -889,7 +891,9 @@ def softmax_backward_bytes(layer: LayerSpec, shape: ActivationShape, blocks: tup
         return 0
     attention, rest = blocks
     gradients = softmax_gradient_bytes(layer, shape)
-    released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped)
+    # an attention input projection's adapter keeps its tensors until that projection's backward, after the core's
+    released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped
+                   and t.role is not TermRole.ATTENTION_INPUT_ADAPTER)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.role in (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST))
@@ -918,15 +922,18 @@ def softmax_gradient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     return divided(Term("softmax gradients", 2 * softmax_bytes * heads_scores, "tp", "core"), shape)
 
 
-def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term]) -> int:
+def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term],
+                                 attention: Sequence[Term] = ()) -> int:
     """Bytes a recomputed layer's forward holds beyond everything the layer saves, at its worst moment
     (0 where :func:`backward_transient_bytes` covers it). Only gpt-oss's eager sink attention needs it:
-    its masked scores and max-subtracted logits, while the MLP block (``rest``, the terms the layer's
-    role saves there) is not recomputed yet."""
+    its masked scores, max-subtracted logits and rotated projections, while the MLP block (``rest``, the terms
+    the layer's role saves there) is not recomputed yet, nor the output projection's input (among the role's
+    ``attention`` terms: made after the core)."""
     attn = layer.attention
     if not (attn.sinks and shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
         return 0
-    return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in rest))
+    later = [*rest, *(t for t in attention if t.role is TermRole.OUTPUT_PROJECTION_INPUT)]
+    return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in later))
 
 
 def checkpointed_input_apart_bytes(terms: list[Term], shape: ActivationShape, kept: frozenset[str]) -> int:

@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, Term
 from memplan.estimate.terms import TermRole
 from memplan.peft.params import Adapter
@@ -90,6 +92,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             continue  # peft ParamWrapper: adds B @ A to the weight; not priced (stated in the assumptions)
         m, r = a.module, a.rank
         name = m.name.rpartition(".")[2]
+        start = len(terms)
         grad_in = input_needs_grad or name not in ATTENTION_INPUT_LINEARS
         group = _shared_input(name, m.name, shape.attention) if uncast_input and not dropout else None
         if uncast_input and not dropout and base_keeps_input and grad_in:
@@ -108,21 +111,33 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             copies = r * m.out_features + (r * m.in_features if grad_in else 0)
             terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies", compute_bytes * copies, "rep", "body"))
         if a.dora:
-            # weight_norm (fp32, kept by magnitude / weight_norm), the scale and scale - 1 (fp32), the base
-            # result and lora_B's result (adapter dtype) kept by the two products. With dropout peft
-            # recomputes the base product on the dropped-out input (``F.linear(x, W.to(x.dtype))``): its
-            # result is in the adapter dtype without autocast, and the linear keeps the cast weight.
-            scales = 3 if grad_in else 2
-            base_bytes = adapter_bytes if dropout and not autocast else compute_bytes
-            if m.bias and not dropout:
-                base_bytes = max(base_bytes, bias_bytes)
-            terms.append(Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"))
-            terms.append(Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
-                              (base_bytes + lora_bytes) * tokens * m.out_features, "rep", "body"))
-            # (fp32 without autocast: the weight already has x's dtype, no cast)
-            if dropout and grad_in and (autocast or compute_bytes != lora_bytes):
-                terms.append(Term(f"{name} DoRA base weight cast for the dropped-out input",
-                                  lora_bytes * m.in_features * m.out_features, "rep", "body"))
+            terms += _dora_terms(a, tokens, grad_in=grad_in, dropout=dropout, autocast=autocast, bias_bytes=bias_bytes,
+                                 byte_sizes=(compute_bytes, lora_bytes, adapter_bytes))
+        if name in ATTENTION_INPUT_LINEARS:
+            terms[start:] = [replace(t, role=TermRole.ATTENTION_INPUT_ADAPTER) for t in terms[start:]]
+    return terms
+
+
+def _dora_terms(a: Adapter, tokens: int, *, grad_in: bool, dropout: bool, autocast: bool, bias_bytes: int,
+                byte_sizes: tuple[int, int, int]) -> list[Term]:
+    """What DoRA saves beside LoRA's tensors for adapter ``a`` (``byte_sizes``: the compute dtype's, lora_A/lora_B's
+    tensors' and the adapters' bytes per element): weight_norm (fp32, kept by magnitude / weight_norm), the scale
+    and scale - 1 (fp32), the base result and lora_B's result (adapter dtype) kept by the two products. With dropout
+    peft recomputes the base product on the dropped-out input (``F.linear(x, W.to(x.dtype))``): its result is in the
+    adapter dtype without autocast, and the linear keeps the cast weight."""
+    compute_bytes, lora_bytes, adapter_bytes = byte_sizes
+    m, name = a.module, a.module.name.rpartition(".")[2]
+    scales = 3 if grad_in else 2
+    base_bytes = adapter_bytes if dropout and not autocast else compute_bytes
+    if m.bias and not dropout:
+        base_bytes = max(base_bytes, bias_bytes)
+    terms = [Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"),
+             Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
+                  (base_bytes + lora_bytes) * tokens * m.out_features, "rep", "body")]
+    # (fp32 without autocast: the weight already has x's dtype, no cast)
+    if dropout and grad_in and (autocast or compute_bytes != lora_bytes):
+        terms.append(Term(f"{name} DoRA base weight cast for the dropped-out input",
+                          lora_bytes * m.in_features * m.out_features, "rep", "body"))
     return terms
 
 

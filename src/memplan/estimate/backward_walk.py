@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
+from memplan.estimate.mask_lifetime import mask_releases, released_masks
 from memplan.estimate.stage_activations import StageActivations, head_numel
 from memplan.estimate.stage_states import StageStates
 from memplan.estimate.states import layer_numel_on_rank
@@ -22,7 +23,8 @@ from memplan.model.params import final_norm_params
 class WalkedBackward(NamedTuple):
     """The ledger's backward moment: what it holds at its worst layer, and where that layer is."""
 
-    #: Layer activations still kept (the layers before the worst one, and its own).
+    #: Layer activations still kept (the layers before the worst one, and its own), less the shared masks
+    #: already released (:mod:`memplan.estimate.mask_lifetime`).
     layers: int
     #: Temporaries: the worst layer's backward working set and the gradients made before it (the head's too).
     temp: int
@@ -63,11 +65,14 @@ def walked_backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: S
     remaining, made = acts.layers, head_grads
     best = WalkedBackward(acts.layers, head_grads, None, True)
     best_total = -1
+    # a mask kind's last user in the backward is its lowest layer: below it the mask is gone
+    releases = mask_releases(run.model, layout.layer_indices, acts.masks) if acts.masks else ()
     for position in range(len(walk.per_layer) - 1, -1, -1):
         index, kept, worst = walk.per_layer[position]
         worst += walk.early_gradients.get(index, 0)  # the layer's own gradients made before its worst op
-        if remaining + made + worst > best_total:
-            best_total, best = remaining + made + worst, WalkedBackward(remaining, made + worst, position, True)
+        held = remaining - released_masks(releases, index) if releases else remaining
+        if held + made + worst > best_total:
+            best_total, best = held + made + worst, WalkedBackward(held, made + worst, position, True)
         remaining -= 0 if acts.per_tensor_offload else kept
         dense, expert = layer_numel_on_rank(ctx.model.layer_param_groups[index], ctx.job)
         made += int((dense + expert) * per_param)

@@ -10,14 +10,14 @@ keeps its weight's 16-bit copy until its backward exactly where its input needs 
 copy at all. Not here: quantized bases (bitsandbytes dequantizes instead), ``modules_to_save`` copies, HF's
 MoE routers and routed experts (no linear modules: HF's grouped experts cast their input, not their
 weights; a router's small copy is not priced), and linears inside a checkpointed region (which saves nothing
-of its forward).
+of its forward; a fully recomputed layer's recompute makes its copies again: :func:`recomputed_frozen_copies`).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from memplan.estimate.context import StageContext
+from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.finetune import StageFinetune
 from memplan.estimate.partial_freeze import (
     BlockFlow,
@@ -33,7 +33,7 @@ from memplan.model.spec import ModelSpec
 from memplan.peft.params import saved_modules, trained_modules
 from memplan.units import normalize_dtype
 
-__all__ = ["FROZEN_COPIES_NOTE", "frozen_weight_copies"]
+__all__ = ["FROZEN_COPIES_NOTE", "frozen_weight_copies", "recomputed_frozen_copies"]
 
 #: The --explain sentence of a job whose frozen weights autocast casts.
 FROZEN_COPIES_NOTE = ("frozen weights stored in another dtype than autocast's: each frozen linear casts its weight "
@@ -41,18 +41,37 @@ FROZEN_COPIES_NOTE = ("frozen weights stored in another dtype than autocast's: e
                       "for its input's gradient where that input needs one (no bias copy is kept)")
 
 
+def casts_frozen(run: RunContext) -> bool:
+    """Whether autocast runs over frozen, unquantized weights stored in another dtype than its own."""
+    job, frozen_dtype = run.job, run.job.finetune.frozen_dtype
+    return not (run.counts is None or run.prec.weight_copies != "autocast" or job.finetune.quant_kind.quantizes
+                or frozen_dtype is None
+                or normalize_dtype(frozen_dtype) == normalize_dtype(job.precision.compute_dtype))
+
+
+def recomputed_frozen_copies(run: RunContext, index: int) -> int:
+    """Numel (one rank: the tensor-parallel linears split) of the frozen weights' 16-bit copies a fully recomputed
+    layer ``index``'s recompute makes and its linears' nodes keep until their backward (0 unless autocast casts
+    frozen weights): the recompute runs the layer's forward again under the forward's autocast state, with its
+    input requiring grad (the checkpoint's)."""
+    if not casts_frozen(run):
+        return 0
+    layers, _ = _copied_numel(run.model, run.job.finetune, True, (index,), own_layers=run.profile.kernels != "eager",
+                              skip_attention=False, head=False)
+    return layers // run.job.parallel.tp
+
+
 def frozen_weight_copies(ctx: StageContext, ft: StageFinetune) -> tuple[int, int]:
     """(decoder layers', head's) numel on one rank of the frozen weights' 16-bit copies autograd keeps for the
-    backward on this stage (0, 0 unless autocast runs over frozen weights stored in another dtype)."""
+    backward on this stage (0, 0 unless autocast runs over frozen weights stored in another dtype; a fully
+    recomputed layer's: :func:`recomputed_frozen_copies`)."""
     run, layout = ctx.run, ctx.layout
-    job, counts = run.job, run.counts
-    frozen_dtype = job.finetune.frozen_dtype
-    if (counts is None or run.prec.weight_copies != "autocast" or job.finetune.quant_kind.quantizes
-            or frozen_dtype is None or normalize_dtype(frozen_dtype) == normalize_dtype(job.precision.compute_dtype)):
+    counts = run.counts
+    if counts is None or not casts_frozen(run):
         return 0, 0
     kind = run.policy.kind
     kept = () if kind.per_op else tuple(i for i in layout.layer_indices if i not in ctx.recomputed)
-    layers, head = _copied_numel(run.model, job.finetune, run.policy.recomputes, kept,
+    layers, head = _copied_numel(run.model, run.job.finetune, run.policy.recomputes, kept,
                                  own_layers=run.profile.kernels != "eager", skip_attention=kind.checkpoints_attention,
                                  head=layout.has_head)
     root = layout.has_head or layout.has_embedding

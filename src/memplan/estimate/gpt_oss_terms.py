@@ -94,12 +94,28 @@ def sink_softmax_terms(attn: AttentionSpec, shape: _Shape, cast_name: str) -> li
 def sink_forward_extra(attn: AttentionSpec, shape: _Shape) -> Term:
     """What the sink attention's forward holds beyond its saved tensors when its cast runs: the masked
     scores (``scores + mask``, in the mask's dtype: the weights') and the max-subtracted logits (``s + 1``
-    columns, in the softmax's dtype), both still bound to local names. A recomputed layer makes them again
-    inside its backward."""
+    columns, in the softmax's dtype), both still bound to local names, and the projections' locals
+    (:func:`_projection_locals`). A recomputed layer makes them again inside its backward."""
     rows = attn.num_heads * shape.micro_batch * shape.seq
     per_row = _weights_bytes(shape) * shape.kv_seq + sink_softmax_bytes(shape) * (shape.kv_seq + 1)
-    return Term("masked scores and max-subtracted logits alive at the sink softmax's cast", per_row * rows,
-                "tp", "core")
+    return Term("masked scores, max-subtracted logits and the rotated q, k and v alive at the sink softmax's cast",
+                per_row * rows + _projection_locals(attn, shape), "tp", "core")
+
+
+def _projection_locals(attn: AttentionSpec, shape: _Shape) -> int:
+    """Bytes of the tensors ``GptOssAttention.forward`` and ``eager_attention_forward`` still bind to local names at
+    the sink softmax that autograd does not save: RoPE multiplies the 16-bit q and k by tables in the hidden states'
+    dtype (the weights'), so under autocast the rotated q, the rotated k and ``repeat_kv``'s copy of it are in that
+    wider dtype and the matmul saves its own 16-bit casts of q and the copy; with grouped heads ``repeat_kv`` copies
+    k and v (``expand`` then ``reshape``), the matmuls save the copies, the rotated k and the projected v stay
+    bound (in the compute dtype: the rotated q and the copies are then what the matmuls save)."""
+    tokens, wide = shape.micro_batch * shape.seq, _weights_bytes(shape)
+    copied = attn.num_kv_heads < attn.num_heads and not (attn.num_kv_heads == 1 and shape.micro_batch == 1)
+    q, k, v = (tokens * heads * dim for heads, dim in ((attn.num_heads, attn.head_dim),
+                                                       (attn.num_kv_heads, attn.head_dim),
+                                                       (attn.num_kv_heads, attn.v_head_dim)))
+    held = wide * (q + (q if copied else k)) if wide > shape.act_bytes else 0
+    return held + (wide * k + shape.act_bytes * v if copied else 0)
 
 
 def forward_mask_term(model: ModelSpec, shape: _Shape) -> Term:

@@ -42,8 +42,8 @@ from memplan.units import dtype_bytes
 if TYPE_CHECKING:
     from memplan.estimate.reserved_replay import Block, Replay
 
-__all__ = ["WALKED", "ExpertsBackward", "experts_backward", "experts_figures", "product_bytes", "walks_experts",
-           "weight_gradient_bytes"]
+__all__ = ["WALKED", "ExpertsBackward", "experts_backward", "experts_figures", "product_bytes",
+           "recompute_head_bytes", "walks_experts", "weight_gradient_bytes"]
 
 #: The experts' saved tensors the whole walk frees (the general rule's "largest saved term" leaves them to it).
 WALKED = frozenset({TermRole.DISPATCHED_TOKENS, TermRole.EXPERT_FC1, TermRole.EXPERT_OTHER, TermRole.EXPERT_FC2,
@@ -138,6 +138,17 @@ def experts_backward(layer: LayerSpec, shape: ActivationShape, rest: list[Term],
             _experts(replay, widths, saved, survivor, made)
         peaks.append(replay.peak_requested - start)
     return ExpertsBackward(transient=peaks[0], with_gradients=peaks[1])
+
+
+def recompute_head_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
+    """What the combine's backward has made when a checkpointed layer's recompute starts (0 where transformers'
+    grouped experts do not run): non-reentrant ``torch.utils.checkpoint`` recomputes when the backward first unpacks
+    a saved tensor, and the nodes before that save none: the cast's and the sum's gradient (a view), then
+    ``view``'s backward, whose ``reshape`` of that expanded gradient copies it to routed rows; ``index_backward``
+    unpacks the inverse permutation. The copy (the product's dtype) waits beside the recomputed forward."""
+    if layer.moe is None or not shape.grouped_experts_combine:
+        return 0
+    return _widths(layer.moe, shape)["routed"]
 
 
 def _widths(moe: MoESpec, shape: ActivationShape) -> dict[str, int]:

@@ -24,6 +24,7 @@ from memplan.estimate.activations import (
     layer_terms,
     layer_terms_by_block,
     node_bytes,
+    output_gradient_bytes,
     recomputed_forward_transient,
 )
 from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, dora_output_backward
@@ -45,6 +46,7 @@ from memplan.estimate.ep_overlap import (
     shared_expert_overlap_bytes,
 )
 from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
+from memplan.estimate.frozen_copies import casts_frozen, recomputed_frozen_copies
 from memplan.estimate.frozen_mlp_backward import frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.grouped_experts_backward import experts_figures
@@ -123,7 +125,8 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
                                                  ft.quantize_base, run.prec.weight_copies == "autocast",
                                                  ft.lora_dropout > 0, adapter_bytes(run.job),
                                                  compiled_layer(run, layer), per_tensor_offload(run),
-                                                 dequantized, frozen_bytes_per_element(run.job))
+                                                 dequantized, frozen_bytes_per_element(run.job),
+                                                 role.flow is not None and casts_frozen(run))
     return cached
 
 
@@ -131,12 +134,14 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
 def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy, role: LayerRole,
                    quantize_base: str, autocast: bool, lora_dropout: bool, adapter_bytes: int,
                    compiled: bool = False, offloaded: bool = False, dequantized: int = 0,
-                   bias_bytes: int = 0) -> LayerCosts:
+                   bias_bytes: int = 0, frozen_cast: bool = False) -> LayerCosts:
     """:func:`layer_costs` of one layer kind: memoised across estimates (a fit search prices the same
     layer kinds under many layouts; the key holds the layer itself, compared by identity). ``compiled``:
     the layer keeps torch.compile's partitioner's saved set (:mod:`memplan.estimate.compiled`); ``offloaded``:
     ``save_on_cpu`` holds what it saves in host memory; ``dequantized``: bytes per element of its base weights
-    dequantized (0: not quantized); ``bias_bytes``: its frozen biases' (DoRA's base result minus the bias)."""
+    dequantized (0: not quantized); ``bias_bytes``: its frozen biases' (DoRA's base result minus the bias);
+    ``frozen_cast``: autocast casts its frozen weights (stored in another dtype), so a recompute makes their 16-bit
+    copies again (:func:`~memplan.estimate.frozen_copies.recomputed_frozen_copies`)."""
     spec = cast(LayerSpec, layer.obj)
     blocks = compiled_blocks(spec, shape) if compiled else _blocks(
         spec, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
@@ -147,18 +152,23 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     first = policy.kind.checkpoints_layers and not quant_format(quantize_base).keeps_gemm_inputs
     return _priced(spec, shape, policy, blocks, mlp_saved, offloaded,
                    None if compiled else _mlp_walked(spec, shape, blocks[1], role.flow, dequantized,
-                                                     policy.kind.checkpoints_layers, first))
+                                                     policy.kind.checkpoints_layers, first, frozen_cast))
 
 
 def _mlp_walked(layer: LayerSpec, shape: ActivationShape, rest: list[Term], flow: LayerFlow | None, dequantized: int,
-                recomputed: bool, recomputed_first: bool) -> int | None:
+                recomputed: bool, recomputed_first: bool, frozen_cast: bool) -> int | None:
     """The MLP block's backward walked op by op above the layer's saved tensors: a frozen gated MLP's
     (:mod:`~memplan.estimate.frozen_mlp_backward`), else a trained or GPT-2 one's node by node
-    (:mod:`~memplan.estimate.mlp_backward_nodes`, without the weight gradients made); None: the general rule."""
+    (:mod:`~memplan.estimate.mlp_backward_nodes`, without the weight gradients made); None: the general rule.
+    ``frozen_cast`` and ``recomputed``: the recompute made the frozen output projection's 16-bit copy again (counted
+    with the layer's recomputed copies), which its node frees."""
     frozen = frozen_mlp_backward(layer, shape, rest, flow, dequantized, recomputed_first)
     if frozen is not None:
         return frozen
-    nodes = mlp_backward_nodes(layer, shape, rest, flow, recomputed=recomputed, dequantized=dequantized)
+    again = (layer.mlp.intermediate_size * shape.hidden // shape.tp * shape.act_bytes
+             if frozen_cast and recomputed and layer.mlp is not None else 0)
+    nodes = mlp_backward_nodes(layer, shape, rest, flow, recomputed=recomputed, dequantized=dequantized,
+                               frozen_copy=again)
     return None if nodes is None else nodes.transient
 
 
@@ -253,7 +263,7 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
         # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;
         # a layer a block-wise policy leaves alone is priced the same: at most its PV cast copy too high)
         transient = max(transient, recomputed_forward_transient(layer, shape, blocks[1] if mlp_saved is None
-                                                                else mlp_saved))
+                                                                else mlp_saved, blocks[0]))
     sac = sac_kept_terms(layer, shape) if policy.kind.per_op else None
     if policy.kind.per_op and sac is None:
         # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
@@ -365,9 +375,10 @@ def recomputed_copies_bytes(ctx: StageContext, index: int) -> int:
     else:
         return 0
     if run.counts is not None:
-        # fine-tuning: only fully trained weights are kept in fp32 and cast; frozen ones are 16-bit already
+        # fine-tuning: fully trained weights are kept in fp32 and cast; frozen ones only when stored in another dtype
         part = run.counts.layers[index]
         numel = numel * part.trained // (part.trainable + part.frozen_total) if part.trained else 0
+        numel += recomputed_frozen_copies(run, index) if index in ctx.recomputed else 0
     return numel * dtype_bytes(run.prec.compute)
 
 
@@ -387,7 +398,9 @@ def mtp_activation_bytes(run: RunContext) -> int:
 def sink_forward_transient(ctx: StageContext) -> int:
     """What the stage's last layer holds beyond its saved tensors in its forward, every layer's activations
     kept (gpt-oss's eager sink attention: its masked scores and max-subtracted logits, the MLP block not run
-    yet); 0 for other layers, and where layers are recomputed or the attention core is not kept."""
+    yet; the layer's input, bound until the attention block's residual add, where its role saves it nowhere: a
+    trained layer on a frozen base); 0 for other layers, and where layers are recomputed or the attention core is
+    not kept."""
     run = ctx.run
     if ctx.recomputed or not ctx.layout.layer_indices or "core" not in run.kept_classes:
         return 0
@@ -396,9 +409,12 @@ def sink_forward_transient(ctx: StageContext) -> int:
     role = _role(run, index) if layer.attention.sinks else None
     if role is None:
         return 0
-    shape = role_shape(run, role)
-    extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role))
-    return extra + divided(forward_mask_term(run.model, run.shape), run.shape) if extra else 0
+    shape, blocks = layer_blocks(run, layer, index) or (role_shape(run, role), ([], []))  # the role's terms
+    extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role), blocks[0])
+    if not extra:
+        return 0
+    unsaved = 0 if any(t.keep == "input" for t in blocks[0]) else output_gradient_bytes(shape, run.model.hidden_size)
+    return extra + unsaved + divided(forward_mask_term(run.model, run.shape), run.shape)
 
 
 def dora_recompute_head(run: RunContext, index: int) -> int:

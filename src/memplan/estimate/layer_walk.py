@@ -29,7 +29,10 @@ from memplan.estimate.layer_costs import (
 )
 from memplan.estimate.made_gradients import early_gradients
 from memplan.estimate.offloaded_backward import offloaded_backward
-from memplan.estimate.recomputed_backward import recomputed_backward
+from memplan.estimate.recomputed_backward import (
+    recomputed_backward,
+    unwalked_backward,
+)
 from memplan.estimate.states import layer_kinds
 from memplan.frozen import frozen_dataclass
 from memplan.units import dtype_bytes
@@ -204,12 +207,17 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
         transient = max(transient, dequantizing_op_bytes(run.counts, run.job, index, run.shape,
                                                          dtype_bytes(run.prec.compute)))
     recomputed = index in ctx.recomputed
-    cpu_keep = checkpoint = 0
+    cpu_keep = checkpoint = again = 0
     if recomputed:
         # the forward's temporaries (DoRA's weights, gpt-oss's sink attention) are made again once the layer's
         # output gradient has arrived: beside it
         beside = forward_extra and (output_gradient_bytes(run.shape, run.model.hidden_size)
                                     + dora_recompute_head(run, index))
+        # the residual gradient waits beside the softmax backward, and the recomputed forward reads the checkpointed
+        # input (DeepSpeed's gathered or fetched copy is the checkpoint's backward extra), except under save_on_cpu;
+        # a walked backward has both already
+        if walked is None:
+            transient, again = unwalked_backward(run, index, transient, not run.job.offload.activations)
         layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full,
                                                                     max(transient, forward_extra + beside))
     elif run.policy.partial:
@@ -221,7 +229,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     else:
         layer_keep, layer_worst = full, transient
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
-    made = early_gradients(run, layer, index, transient, recomputed, copies) if walked is None and offloaded is None else 0
+    made = early_gradients(run, layer, index, transient + again, copies) if walked is None and offloaded is None else 0
     return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint, copies=copies,
                   early_grads=walked.with_gradients if walked is not None else None,
                   made_grads=offloaded.early_gradients if offloaded is not None else made,

@@ -13,9 +13,9 @@ done). Within a layer, two moments come after some of its own:
   state in the residual dtype, on GPT-2, Llama, GPT-NeoX's parallel residual and the MoE toys alike); and, under
   ``torch.autocast``, the 16-bit copies of those linears' weights are gone (each node frees what it saved). The
   value's gradient, made by the PV matmul's backward, weighs what that node frees of the values. A fully recomputed
-  layer leaves both out: its figure (:func:`~memplan.estimate.layer_walk._recomputed`) counts the checkpointed
-  input again in its recomputed forward, which the trace does not make (it reads the saved input), and the two
-  offset; pricing one alone moves those cells by one hidden state;
+  layer the walk does not cover has both too (helper rcresid12): its figure
+  (:func:`~memplan.estimate.layer_walk._recomputed`) is net of the checkpointed input, which a plain checkpoint's
+  recomputed forward reads rather than copies;
 - transformers' grouped experts' walked backward (:mod:`~memplan.estimate.grouped_experts_backward`): the down
   weight's gradient before ``act(gate) * up``'s backward;
 - a dense MLP's backward node by node (:mod:`~memplan.estimate.mlp_backward_nodes`, helper mlpbwd13): the output
@@ -50,13 +50,11 @@ from memplan.units import dtype_bytes
 __all__ = ["early_gradients"]
 
 
-def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int, recomputed: bool = False,
-                    copies: int = 0) -> int:
+def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: int, copies: int = 0) -> int:
     """Layer ``index``'s (not walked as recomputed, not offloaded) weight gradients made before its backward's worst op,
     beyond its ``transient``: the most of the two moments of the module with the gradients made before each, less
-    ``transient``; 0 where the module does not apply. A ``recomputed`` layer's softmax moment leaves out the residual
-    gradient (see the module). ``copies``: the autocast weight copies its checkpointed region made again, which
-    ``transient`` counts whole (:func:`~memplan.estimate.layer_costs.recomputed_copies_bytes`)."""
+    ``transient``; 0 where the module does not apply. ``copies``: the autocast weight copies its checkpointed region
+    made again, which ``transient`` counts whole (:func:`~memplan.estimate.layer_costs.recomputed_copies_bytes`)."""
     job = run.job
     if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
             or (run.policy.partial and not run.policy.kind.checkpoints_attention)
@@ -88,9 +86,8 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
         # (the layer's output gradient plus the MLP block's input gradient) waits for the attention block's; the
         # autocast copies of the weights whose backward has run are freed
         # (the copies a checkpointed region made again are in ``transient``: those not freed yet are beside too)
-        beside = copies - _freed_copies(run, index, split[0], sizes)
-        if not recomputed:
-            beside += output_gradient_bytes(shape, run.model.hidden_size)
+        beside = (copies + output_gradient_bytes(shape, run.model.hidden_size)
+                  - _freed_copies(run, index, split[0], sizes))
         moments.append(softmax + sum(sizes[i] for i in split[0]) + beside)
     return max(0, max(moments) - transient)
 

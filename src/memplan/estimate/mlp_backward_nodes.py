@@ -70,12 +70,15 @@ class MlpBackward:
 
 
 def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term], flow: LayerFlow | None,
-                       recomputed: bool = False, grad_bytes: int = 0, dequantized: int = 0) -> MlpBackward | None:
+                       recomputed: bool = False, grad_bytes: int = 0, dequantized: int = 0,
+                       frozen_copy: int = 0) -> MlpBackward | None:
     """Layer ``layer``'s MLP backward node by node (see the module), or None where the walk does not apply.
     ``rest``: the layer's MLP-block terms for its role; ``flow``: its fine-tuning flow (None: full training);
     ``recomputed``: the layer is checkpointed (a recomputed tensor is freed once unpacked: the product's node
     casts its 16-bit gradient after its saved factors are gone); ``grad_bytes``: bytes per element of a weight
-    gradient (0: not counted); ``dequantized``: a quantized base's (the walk does not apply)."""
+    gradient (0: not counted); ``dequantized``: a quantized base's (the walk does not apply); ``frozen_copy``: the
+    frozen output projection's 16-bit weight copy a recompute made again (held with the layer's copies), freed by its
+    node."""
     mlp = layer.mlp
     if mlp is None or layer.moe is not None or shape.kernels != "eager" or shape.tp > 1 or dequantized:
         return None
@@ -97,7 +100,7 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     # under autocast a trained weight's gradient is a 16-bit mm result first (AccumulateGrad casts it) ...
     temp = mlp.intermediate_size * shape.hidden * shape.act_bytes if trained and shape.autocast else 0
     # ... and its node frees the 16-bit weight copy it saved
-    copy = temp + (shape.hidden * shape.act_bytes if temp and mlp.bias else 0)
+    copy = temp + (shape.hidden * shape.act_bytes if temp and mlp.bias else 0) + frozen_copy
     fc2 = sizes.get(TermRole.MLP_FC2, 0) + copy
     lora = sizes.get(TermRole.MLP_FC2_ADAPTER_INPUT, 0)
     x = gelu or one  # bytes of one tensor of the output projection's input

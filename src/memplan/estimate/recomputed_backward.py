@@ -177,6 +177,39 @@ def _figures(keyed: _Keyed, mode: str) -> RecomputedBackward | None:
     return RecomputedBackward(transient=without + extra, with_gradients=max(0, (with_grads or 0) - without))
 
 
+def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool) -> tuple[int, int]:
+    """An unwalked recomputed layer's ``transient`` with the residual stream's gradient beside the eager softmax
+    backward (the layer's output gradient summed with the MLP block's input gradient, waiting for the attention
+    block's: one hidden state in the residual dtype, :mod:`~memplan.estimate.made_gradients`), net of the
+    checkpointed input where the recomputed forward reads it (``reread``: its saved tensors for the layer's role
+    count it again); the recomputed forward's own moment (gpt-oss's sink attention) is left whole, with the output
+    gradient beside it (the recompute starts once that gradient has arrived) and what the backward made before it
+    first unpacked a saved tensor (:func:`~memplan.estimate.grouped_experts_backward.recompute_head_bytes`). Returns that
+    figure and the input's bytes taken off (the moments of gradients made early are net of them too)."""
+    from memplan.estimate.activations import (
+        output_gradient_bytes,
+        recomputed_forward_transient,
+        softmax_backward_bytes,
+    )
+    from memplan.estimate.grouped_experts_backward import recompute_head_bytes
+    from memplan.estimate.layer_costs import layer_blocks
+
+    layer = run.model.layers[index]
+    found = layer_blocks(run, layer, index)
+    if found is None:
+        return transient, 0
+    shape, blocks = found
+    again = sum(divided(t, shape) for t in blocks[0] + blocks[1] if t.keep == "input") if reread else 0
+    gradient = output_gradient_bytes(shape, run.model.hidden_size)
+    softmax = softmax_backward_bytes(layer, shape, blocks)
+    residual = softmax and softmax + gradient
+    # the recomputed forward runs once the layer's output gradient has arrived, and what the nodes before the first
+    # saved tensor's unpacking made: beside it
+    forward = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
+    forward = forward and forward + gradient + recompute_head_bytes(layer, shape)
+    return max(transient - again, residual - again, forward), again
+
+
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
           tensors: list[tuple[int, int, int]]) -> int | None:
     """The most the layer's backward holds above its kept ``tensors`` (:func:`~memplan.estimate.recomputed_tensors.saved_tensors`; ``grads``: the sizes

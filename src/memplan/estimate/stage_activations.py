@@ -65,6 +65,9 @@ class StageActivations:
     #: Autocast weight copies no autograd node saves (checkpointed layers' and modules'): held by
     #: autocast's cache until the forward's autocast region exits, after the loss (0 without autocast).
     autocast_cache: int = 0
+    #: Of ``other``: the 4-D masks checkpointed layers keep (one per kind of layer), each released in the backward
+    #: after its last user's (:mod:`memplan.estimate.mask_lifetime`).
+    masks: int = 0
 
 
 def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | None) -> StageActivations:
@@ -97,7 +100,8 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         # layer being computed and the one being copied.
         on_gpu = min(layers, 2 * max(layer_costs(run, run.model.layers[i], i)[0] for i in layout.layer_indices))
         cpu, layers = layers - on_gpu, on_gpu
-    other, head_copy, saved_copies, frozen_copies = _other_activations(ctx, ft)
+    rope, masks = _shared_tables(ctx)
+    other, head_copy, saved_copies, frozen_copies = _other_activations(ctx, ft, rope + masks)
     if leaf_apart_bytes(ctx):
         notes.append(input_leaf.NOTE)
     if frozen_copies:
@@ -108,13 +112,13 @@ def stage_activations(ctx: StageContext, walk: LayerWalk, ft: StageFinetune | No
         cpu += layers + other - held
         if weight_back:
             notes.append(offload_weights.NOTE)
-        layers, other, head_copy = 0, held, 0
+        layers, other, head_copy, masks = 0, held, 0, _held_masks(ctx)
         if saved_copies:
             notes.append(OFFLOADED_COPIES_NOTE)
     cache = _autocast_cache(ctx, walk, per_tensor, saved_copies)
     return StageActivations(layers=layers, other=other, head_copy=head_copy, cpu=cpu, unused_buffers=unused,
                             worst_backward=worst, bring_back=bring_back, per_tensor_offload=per_tensor,
-                            notes=tuple(notes), autocast_cache=cache)
+                            notes=tuple(notes), autocast_cache=cache, masks=masks)
 
 
 def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int, bool]:
@@ -129,13 +133,20 @@ def _save_on_cpu(ctx: StageContext, walk: LayerWalk) -> tuple[int, int, bool]:
     run, layout = ctx.run, ctx.layout
     held = 0
     if run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices:
-        held = (rope_table_bytes(run.model, run.shape)
-                + checkpointed_mask_bytes(run.model, run.shape, True)) * layout.inflight_microbatches
+        held = rope_table_bytes(run.model, run.shape) * layout.inflight_microbatches + _held_masks(ctx)
     # the embedding's output leaf (input_leaf): AccumulateGrad keeps it on the GPU whatever save_on_cpu copies
     held += input_leaf_bytes(ctx)
     kept = [i for i, _, _ in walk.per_layer if i not in ctx.recomputed]
     saved, weight = largest_saved_term(run, kept), offload_weights.largest_saved_weight(run, kept)
     return held, max(saved, weight), weight > saved
+
+
+def _held_masks(ctx: StageContext) -> int:
+    """Under ``save_on_cpu``: the 4-D masks checkpointed layers keep on the GPU as checkpoint arguments."""
+    run, layout = ctx.run, ctx.layout
+    if not (run.policy.kind.checkpoints_layers and ctx.recomputed and layout.layer_indices):
+        return 0
+    return checkpointed_mask_bytes(run.model, run.shape, True) * layout.inflight_microbatches
 
 
 def _autocast_cache(ctx: StageContext, walk: LayerWalk, offloaded: bool, saved_copies: int) -> int:
@@ -187,19 +198,25 @@ def _deepspeed_checkpoints(ctx: StageContext, walk: LayerWalk, layers: int, cpu:
     return layers, cpu, unused
 
 
-def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int, int, int, int]:
-    """(embedding, shared tables and masks, autocast copies; of them the head's copy; of them the
+def _shared_tables(ctx: StageContext) -> tuple[int, int]:
+    """(RoPE tables, checkpointed masks) shared by the stage's layers (eager profiles), for its in-flight
+    micro-batches."""
+    run, layout = ctx.run, ctx.layout
+    model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
+    if not layout.layer_indices or not (run.counts is None or any_attention_saves(
+            model, run.job.finetune, run.policy.recomputes, layout.layer_indices)):
+        return 0, 0
+    masks = checkpointed_mask_bytes(model, shape, run.policy.keeps_mask or keeps_masks(run))
+    return rope_table_bytes(model, shape) * inflight, masks * inflight
+
+
+def _other_activations(ctx: StageContext, ft: StageFinetune | None, shared: int) -> tuple[int, int, int, int]:
+    """(embedding, ``shared`` tables and masks, autocast copies; of them the head's copy; of them the
     copies autocast's cache holds too, the head's included; of them the frozen weights' copies)."""
     run, layout = ctx.run, ctx.layout
     model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
-    other += leaf_apart_bytes(ctx)
-    if layout.layer_indices and (run.counts is None or any_attention_saves(
-            model, run.job.finetune, run.policy.recomputes, layout.layer_indices)):
-        # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
-        shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(
-            model, shape, run.policy.keeps_mask or keeps_masks(run))
-        other += shared * inflight
+    other += leaf_apart_bytes(ctx) + shared
     if run.prec.weight_copies != "autocast":
         return other, 0, 0, 0
     # torch.autocast casts the weights linear layers read (the decoder's and the output

@@ -106,6 +106,9 @@ class TermRole(Enum):
     EXPERT_FC2 = auto()
     #: Another tensor of the routed experts' own: :data:`EXPERTS_OWN`.
     EXPERT_OTHER = auto()
+    #: What an adapter on an attention input projection (q, k, v) saves, among the MLP block's terms of a fine-tuning
+    #: role: activations.softmax_backward_bytes (alive at the softmax backward: its linear's backward comes after).
+    ATTENTION_INPUT_ADAPTER = auto()
 
 
 #: A pre-norm's terms (partial_freeze: the block's own norm).
