@@ -119,6 +119,7 @@ RECOMPUTED_CELLS = [
     ("bf16-mixed", {"peft": "lora", "lora_targets": "all-linear", "dropout": 0.1}),
     ("bf16", {"peft": "lora", "lora_targets": "c_attn", "dropout": 0.0}),
     ("bf16-mixed", {"dropout": 0.0}),
+    ("fp32", {"peft": "lora", "lora_targets": "c_attn", "dropout": 0.0}),
 ]
 
 
@@ -129,7 +130,9 @@ def test_gpt2_recomputed_layer_backward_prices_gelu_new_node_by_node(tmp_path: P
         pytest.importorskip("peft")
     path = tmp_path / "gpt2.json"
     path.write_text(json.dumps(GPT2))
-    assert abs(_error(path, "eager", precision, "peak allocated", recompute="full", **flags)) <= 0.03
+    # within 1% since session 13 (the MLP node walk with a recomputed layer's residual gradient and its checkpointed
+    # input read once: the all-linear dropout cell was +2.90%, fp32 LoRA -1.58% with only the second)
+    assert abs(_error(path, "eager", precision, "peak allocated", recompute="full", **flags)) <= 0.01
 
 
 #: Granite: Llama's layers, the embedding scaled by ``embedding_multiplier`` in the model's forward.
