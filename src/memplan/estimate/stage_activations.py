@@ -195,7 +195,7 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None) -> tuple[int
     other = embedding_activation_bytes(shape) * inflight if layout.has_embedding else 0
     other += leaf_apart_bytes(ctx)
     if layout.layer_indices and (run.counts is None or any_attention_saves(
-            model, run.job.finetune, run.policy.recomputes, layout.layer_indices)):
+            model, run.job.finetune, run.policy.input_grads, layout.layer_indices)):
         # Shared by the stage's layers: RoPE tables and checkpointed masks (eager profiles).
         shared = rope_table_bytes(model, shape) + checkpointed_mask_bytes(
             model, shape, run.policy.keeps_mask or keeps_masks(run))
@@ -234,7 +234,7 @@ def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
     kept = tuple(i for i in ctx.layout.layer_indices if i not in ctx.recomputed)
     ft_job = run.job.finetune
     own_layers = run.profile.kernels != "eager"
-    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.recomputes, kept, own_layers)
+    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.input_grads, kept, own_layers)
              + sum(counts.layers[i].trained for i in recomputed))
     if run.profile.kernels == "eager":
         numel += uncopied_expert_numel(run.model, ft_job, kept)
