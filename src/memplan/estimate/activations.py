@@ -43,18 +43,20 @@ from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, HiddenDropout, LayerSpec, MLPSpec, MoESpec
 
 #: Which recompute classes each recompute mode keeps in memory. ``ckpt_input``: a layer input only a
-#: checkpoint keeps (a frozen layer's input, which nothing else saves).
+#: checkpoint keeps (OLMo 2 under autocast: the attention module's input too); ``layer_ckpt_input``: a frozen
+#: layer's input, which nothing else saves, kept by a checkpoint of the whole layer (the checkpointed attention
+#: module's input is its norm's output, ``attn_input``).
 KEPT_BY: dict[str, frozenset[str]] = {
     "none": frozenset({"input", "core", "attn", "body"}),
-    "selective": frozenset({"input", "attn", "body", "ckpt_input"}),
+    "selective": frozenset({"input", "attn", "body", "ckpt_input", "layer_ckpt_input"}),
     "selective-attention-module": frozenset({"input", "attn_input", "body", "ckpt_input"}),
-    "full": frozenset({"input", "ckpt_input"}),
+    "full": frozenset({"input", "ckpt_input", "layer_ckpt_input"}),
     # torchtitan's per-op SAC: of what autograd saves only the layer input; the outputs of the
     # policy's kept ops are added by :mod:`memplan.estimate.sac`.
-    "selective-per-op": frozenset({"input", "ckpt_input"}),
+    "selective-per-op": frozenset({"input", "ckpt_input", "layer_ckpt_input"}),
     # torch.compile's partitioner under a memory budget: full recompute's floor; the engine adds the
     # budget's fraction of the rest (memory-budget policy, memplan.policies).
-    "memory-budget": frozenset({"input", "ckpt_input"}),
+    "memory-budget": frozenset({"input", "ckpt_input", "layer_ckpt_input"}),
 }
 
 #: Bytes per element of HF eager attention's softmax output: ``softmax(scores, dtype=float32)``
@@ -346,9 +348,10 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape, pre_norm: bool
     # it is its own module, which ``layernorm`` recompute can discard (gpt_layer_specs.py).
     terms = _norm_terms(shape, "attention", "input", consumers, gemm_keep="attn", sites=NormSites(
         fused="input_norm" if kind.separate_input_norm else "", norm="input_norm", output="input_norm"))
-    # Checkpointing the attention module keeps its input: the norm output, in the residual dtype.
-    terms.append(Term("attention module input (checkpointed)", shape.residual_bytes * tokens * shape.hidden,
-                      "sp", "attn_input"))
+    # Checkpointing the attention module keeps its input: the norm output, in the residual dtype (fp32 from a
+    # LayerNorm under autocast: ``layer_norm`` is on autocast's fp32 list, a 16-bit residual of a frozen base too).
+    out_bytes = max(shape.residual_bytes, NORM_COMPUTE_BYTES if shape.norm == "layernorm" and shape.autocast_ops else 0)
+    terms.append(Term("attention module input (checkpointed)", out_bytes * tokens * shape.hidden, "sp", "attn_input"))
     return terms + _attention_rest_terms(attn, shape)
 
 

@@ -12,6 +12,10 @@
   output (rank wide). Dropout adds its mask (1 byte per element) and, without autocast, its output.
 * peft's ``ParamWrapper`` adapters on fused MoE expert parameters and routers (peft's conversion of
   MoE targets for transformers 5) add ``B @ A`` to the weight itself; they are not priced here.
+* An adapter inside the attention module (``self_attn``, ``attn``, ``attention``) saves what it saves inside
+  that module's forward: where the module is checkpointed (``torch.utils.checkpoint``) the checkpoint keeps
+  only the module's inputs and the adapter's tensors are made again in its backward (recompute class ``attn``);
+  an adapter of the MLP block keeps its own (``body``).
 * DoRA (``tuners/lora/dora.py``): ``(m/||W + BA|| - 1) * base_result + m/||W + BA|| * lora_result``
   also saves the base result and the LoRA result (``out`` wide) for the magnitude's gradient; with
   dropout the base product is recomputed on the dropped-out input and keeps a cast of the weight.
@@ -22,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, Term
-from memplan.estimate.terms import TermRole
+from memplan.estimate.terms import Keep, TermRole
 from memplan.peft.params import Adapter
 
 #: Adapter weights' bytes per element by default (fp32: peft ``autocast_adapter_dtype=True``); a job's own
@@ -90,7 +94,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     for a in adapters:
         if a.experts > 1 or m_is_parameter(a):
             continue  # peft ParamWrapper: adds B @ A to the weight; not priced (stated in the assumptions)
-        m, r = a.module, a.rank
+        m, r, keep = a.module, a.rank, adapter_keep(a)
         name = m.name.rpartition(".")[2]
         start = len(terms)
         grad_in = input_needs_grad or name not in ATTENTION_INPUT_LINEARS
@@ -99,45 +103,46 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             pass  # the base layer's saved input is lora_A's input
         elif group is None:
             terms.append(Term(f"{name} lora_A input ({'16-bit autocast copy' if autocast else 'adapter-dtype copy'})",
-                              lora_bytes * tokens * m.in_features, "rep", "body", role=_input_role(a)))
+                              lora_bytes * tokens * m.in_features, "rep", keep, role=_input_role(a)))
         elif group and group not in shared:
             shared.add(group)
-            terms.append(Term(f"{group} (kept by lora_A)", compute_bytes * tokens * m.in_features, "rep", "body"))
+            terms.append(Term(f"{group} (kept by lora_A)", compute_bytes * tokens * m.in_features, "rep", keep))
         if dropout and grad_in:
-            terms.append(Term(f"{name} lora dropout mask", DROPOUT_MASK_BYTES * tokens * m.in_features, "rep", "body"))
-        terms.append(Term(f"{name} lora_B input (lora_A output)", lora_bytes * tokens * r, "rep", "body"))
+            terms.append(Term(f"{name} lora dropout mask", DROPOUT_MASK_BYTES * tokens * m.in_features, "rep", keep))
+        terms.append(Term(f"{name} lora_B input (lora_A output)", lora_bytes * tokens * r, "rep", keep))
         if autocast and adapter_bytes != compute_bytes:
             # lora_B's copy is always kept (lora_A's output requires grad); lora_A's only when its input does.
             copies = r * m.out_features + (r * m.in_features if grad_in else 0)
-            terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies", compute_bytes * copies, "rep", "body"))
+            terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies", compute_bytes * copies, "rep", keep))
         if a.dora:
             terms += _dora_terms(a, tokens, grad_in=grad_in, dropout=dropout, autocast=autocast, bias_bytes=bias_bytes,
-                                 byte_sizes=(compute_bytes, lora_bytes, adapter_bytes))
+                                 byte_sizes=(compute_bytes, lora_bytes, adapter_bytes), keep=keep)
         if name in ATTENTION_INPUT_LINEARS:
             terms[start:] = [replace(t, role=TermRole.ATTENTION_INPUT_ADAPTER) for t in terms[start:]]
     return terms
 
 
 def _dora_terms(a: Adapter, tokens: int, *, grad_in: bool, dropout: bool, autocast: bool, bias_bytes: int,
-                byte_sizes: tuple[int, int, int]) -> list[Term]:
+                byte_sizes: tuple[int, int, int], keep: Keep) -> list[Term]:
     """What DoRA saves beside LoRA's tensors for adapter ``a`` (``byte_sizes``: the compute dtype's, lora_A/lora_B's
     tensors' and the adapters' bytes per element): weight_norm (fp32, kept by magnitude / weight_norm), the scale
     and scale - 1 (fp32), the base result and lora_B's result (adapter dtype) kept by the two products. With dropout
     peft recomputes the base product on the dropped-out input (``F.linear(x, W.to(x.dtype))``): its result is in the
-    adapter dtype without autocast, and the linear keeps the cast weight."""
+    adapter dtype without autocast, and the linear keeps the cast weight. ``keep``: the terms' keep class (which
+    checkpoint, if any, makes them again: :func:`adapter_keep`)."""
     compute_bytes, lora_bytes, adapter_bytes = byte_sizes
     m, name = a.module, a.module.name.rpartition(".")[2]
     scales = 3 if grad_in else 2
     base_bytes = adapter_bytes if dropout and not autocast else compute_bytes
     if m.bias and not dropout:
         base_bytes = max(base_bytes, bias_bytes)
-    terms = [Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", "body"),
+    terms = [Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", keep),
              Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
-                  (base_bytes + lora_bytes) * tokens * m.out_features, "rep", "body")]
+                  (base_bytes + lora_bytes) * tokens * m.out_features, "rep", keep)]
     # (fp32 without autocast: the weight already has x's dtype, no cast)
     if dropout and grad_in and (autocast or compute_bytes != lora_bytes):
         terms.append(Term(f"{name} DoRA base weight cast for the dropped-out input",
-                          lora_bytes * m.in_features * m.out_features, "rep", "body"))
+                          lora_bytes * m.in_features * m.out_features, "rep", keep))
     return terms
 
 
@@ -196,6 +201,16 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
             casts = size * (adapter_bytes + compute_bytes) if adapter_bytes != compute_bytes else 0
             return casts + size * adapter_bytes
     return 0
+
+
+#: Hugging Face attention modules (the names ``memplan trace --recompute selective`` checkpoints).
+ATTENTION_MODULES = frozenset({"self_attn", "attn", "attention"})
+
+
+def adapter_keep(a: Adapter) -> Keep:
+    """The recompute class of what ``a`` saves: ``attn`` inside the attention module (a checkpoint of that module
+    makes it again), else ``body``."""
+    return "attn" if ATTENTION_MODULES.intersection(a.module.name.split(".")) else "body"
 
 
 def in_mlp_block(a: Adapter) -> bool:

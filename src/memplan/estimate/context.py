@@ -102,7 +102,7 @@ def run_context(model: ModelSpec, job: Job, fragmentation: float) -> RunContext:
         vocab_rows=padded_vocab(model, job.parallel.tp, divisible),
         kept_classes=kept_classes, dropped=dropped,
         counts=finetune_counts(model, job) if finetune else None,
-        flows=layer_flows(model, job.finetune, policy.recomputes, own_layers=profile.kernels != "eager")
+        flows=layer_flows(model, job.finetune, policy.input_grads, own_layers=profile.kernels != "eager")
         if finetune else None,
         fragmentation=fragmentation,
     )

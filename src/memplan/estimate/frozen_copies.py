@@ -71,7 +71,7 @@ def frozen_weight_copies(ctx: StageContext, ft: StageFinetune) -> tuple[int, int
         return 0, 0
     kind = run.policy.kind
     kept = () if kind.per_op else tuple(i for i in layout.layer_indices if i not in ctx.recomputed)
-    layers, head = _copied_numel(run.model, run.job.finetune, run.policy.recomputes, kept,
+    layers, head = _copied_numel(run.model, run.job.finetune, run.policy.input_grads, kept,
                                  own_layers=run.profile.kernels != "eager", skip_attention=kind.checkpoints_attention,
                                  head=layout.has_head)
     root = layout.has_head or layout.has_embedding

@@ -29,7 +29,7 @@ def input_leaf_bytes(ctx: StageContext) -> int:
     """The embedding's output where ``enable_input_require_grads`` made it a leaf that requires grad (a frozen
     embedding under checkpointing, fine-tuning), for the stage's micro-batches in flight; 0 elsewhere."""
     run, layout = ctx.run, ctx.layout
-    if run.counts is None or not layout.has_embedding or not run.policy.recomputes:
+    if run.counts is None or not layout.has_embedding or not run.policy.input_grads:
         return 0
     if root_flow(run.model, run.job.finetune, True).embedding_trains:
         return 0

@@ -268,8 +268,8 @@ def _embedding_trains(model: ModelSpec, t: _Trainable) -> bool:
 @lru_cache(maxsize=64)
 def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool, own_layers: bool = False
                 ) -> tuple[LayerFlow, ...]:
-    """Each decoder layer's :class:`LayerFlow` under fine-tuning ``ft`` (``checkpointing``: the
-    activation policy recomputes, which makes the first layer's input require grad).
+    """Each decoder layer's :class:`LayerFlow` under fine-tuning ``ft`` (``checkpointing``: the activation
+    policy makes the first layer's input require grad, :attr:`~memplan.policies.ActivationPolicy.input_grads`).
 
     A parallel-residual layer (GPT-NeoX's ``use_parallel_residual``) feeds its MLP the layer input, not the
     attention's output: the MLP block's input needs a gradient only when the layer's does. ``own_layers``:
@@ -381,7 +381,7 @@ def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gem
     if t.role is TermRole.NORM_INPUT:
         if norm_keeps_input(shape):
             return t  # an fp32 residual (no fp32 copy), or a LayerNorm outside autocast: the norm keeps the input
-        return Term(t.name, t.bytes, t.region, "ckpt_input", role=t.role) if t.keep == "input" else None
+        return Term(t.name, t.bytes, t.region, "layer_ckpt_input", role=t.role) if t.keep == "input" else None
     if t.role is TermRole.QK_NORMS and shape.kernels == "eager":
         # Eager per-head norms keep an fp32 copy of their input and the normalized tensor; only the first
         # serves the input's gradient.

@@ -204,7 +204,7 @@ def _shared_tables(ctx: StageContext) -> tuple[int, int]:
     run, layout = ctx.run, ctx.layout
     model, shape, inflight = run.model, run.shape, layout.inflight_microbatches
     if not layout.layer_indices or not (run.counts is None or any_attention_saves(
-            model, run.job.finetune, run.policy.recomputes, layout.layer_indices)):
+            model, run.job.finetune, run.policy.input_grads, layout.layer_indices)):
         return 0, 0
     masks = checkpointed_mask_bytes(model, shape, run.policy.keeps_mask or keeps_masks(run))
     return rope_table_bytes(model, shape) * inflight, masks * inflight
@@ -251,7 +251,7 @@ def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
     kept = tuple(i for i in ctx.layout.layer_indices if i not in ctx.recomputed)
     ft_job = run.job.finetune
     own_layers = run.profile.kernels != "eager"
-    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.recomputes, kept, own_layers)
+    numel = (uncopied_trained_numel(run.model, ft_job, run.policy.input_grads, kept, own_layers)
              + sum(counts.layers[i].trained for i in recomputed))
     if run.profile.kernels == "eager":
         numel += uncopied_expert_numel(run.model, ft_job, kept)

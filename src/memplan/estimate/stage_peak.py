@@ -88,7 +88,7 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     job, shape = run.job, run.shape
     loss = resolved_loss(job)
     head = head_activation_bytes(shape) if st.ft is None else head_activation_bytes_finetune(
-        run.model, job, shape, run.policy.recomputes)
+        run.model, job, shape, run.policy.input_grads)
     softcap = run.model.final_logit_softcap is not None
     # the soft-cap's tanh output is held by autograd alone (the chain rebinds the logits): under save_on_cpu it
     # is packed to host memory, not on the GPU beside the cross-entropy's tensors, and comes back only for

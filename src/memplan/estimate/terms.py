@@ -15,7 +15,7 @@ from memplan.frozen import frozen_dataclass
 __all__ = ["EXPERTS_OWN", "Keep", "NORM_TERMS", "NORMALIZED", "ROUTER", "Region", "Term", "TermRole"]
 
 Region = Literal["tp", "sp", "rep"]
-Keep = Literal["input", "core", "attn", "attn_input", "body", "ckpt_input"]
+Keep = Literal["input", "core", "attn", "attn_input", "body", "ckpt_input", "layer_ckpt_input"]
 
 
 class TermRole(Enum):

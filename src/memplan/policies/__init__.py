@@ -95,6 +95,13 @@ class ActivationPolicy:
         return self.kind.recomputes
 
     @property
+    def input_grads(self) -> bool:
+        """The model's input is made to require grad: transformers' ``activation_checkpointing_enable`` calls
+        ``enable_input_require_grads`` for checkpointed layers; checkpointing the attention modules alone
+        (non-reentrant ``torch.utils.checkpoint``, which needs no input that requires grad) does not."""
+        return self.kind.recomputes and not self.kind.checkpoints_attention
+
+    @property
     def partial(self) -> bool:
         """Every layer keeps part of its saved tensors (a selective policy or the memory budget)."""
         return self.kind.partial
