@@ -87,15 +87,16 @@ def experts_figures(layer: LayerSpec, shape: ActivationShape, rest: list[Term], 
                     layers_recomputed: bool, gradients: tuple[int, int] = (0, 0)) -> ExpertsBackward | None:
     """:func:`experts_backward` beside what the layer holds through it (one rank), None where it does not apply.
 
-    The layer's output gradient, except under a layer-checkpointing policy (the recomputed layer's figure holds its
-    input a second time, a residual-stream tensor of the gradient's size, as for every layer kind). Under
+    The layer's output gradient, under a layer-checkpointing policy too (a recomputed layer's figure is net of its
+    checkpointed input since session 13, :func:`~memplan.estimate.recomputed_backward.unwalked_backward`: that input
+    no longer stands in for the gradient). Under
     sub-module checkpoints (``dropped`` sites) the walk is step 1 alone, and only a checkpoint of the whole MoE
     block has made its tensors again by then (beside it); the others recompute later in the backward."""
     whole = walks_experts(layer, shape) and not any(term_site(t) in dropped for t in rest if t.role in WALKED)
     walk = experts_backward(layer, shape, rest, whole, gradients)
     if walk is None:
         return None
-    beside = 0 if layers_recomputed else output_gradient_bytes(shape, shape.hidden)
+    beside = output_gradient_bytes(shape, shape.hidden)
     if "moe" in dropped and not layers_recomputed:
         beside += sum(divided(t, shape) for t in rest if term_site(t) in dropped and term_site(t) in _MOE_BLOCK_SITES)
     return ExpertsBackward(transient=walk.transient + beside, with_gradients=walk.with_gradients + beside,
