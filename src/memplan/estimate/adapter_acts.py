@@ -203,6 +203,36 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
     return 0
 
 
+def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual: int, mlp_input: int,
+                        byte_sizes: tuple[int, int], autocast: bool) -> int:
+    """What a fully recomputed layer holds beyond its saved tensors where its recomputed forward stops: at the last
+    tensor the layer saves, LoRA's on the MLP's output projection (0 where no plain LoRA adapter sits there).
+
+    ``torch.utils.checkpoint``'s non-reentrant recompute stops once the last saved tensor is made again
+    (``_StopRecomputationError``), inside peft's ``Linear.forward`` of that projection (``tuners/lora/layer.py``),
+    whose locals are alive there: the base layer's result (``out`` wide), its input (``in`` wide; a frozen base and
+    ``lora_A``'s own copy leave it unsaved) and peft's cast of it to the adapters' dtype (``_cast_input_dtype``; under
+    autocast ``lora_A`` saves a 16-bit copy of it instead), the MLP block's input (the norm's output, ``mlp_input``
+    bytes, unsaved for the same reason) and the residual stream's partial sum (``residual`` bytes). Beside them, what
+    the backward made before it first unpacked a saved tensor (the recompute's trigger): the gradient of
+    ``lora_B(...) * scaling`` (and, with adapters in another dtype than the activations and no autocast, the
+    casts of ``result.to(torch_result_dtype)`` and of the add, as :func:`dora_output_backward`). Where peft's cast is
+    a no-op (adapters in the activations' dtype) ``lora_A`` saves that input itself and the MLP block's input is
+    its group's kept input: neither is extra. ``byte_sizes``: the activations' and the adapters' bytes per
+    element."""
+    act_bytes, adapter_bytes = byte_sizes
+    for a in adapters:
+        if a.dora or a.experts > 1 or m_is_parameter(a) or _input_role(a) is TermRole.OTHER:
+            continue
+        size_in, size_out = tokens * a.module.in_features, tokens * a.module.out_features
+        lora_bytes = act_bytes if autocast else adapter_bytes
+        head = size_out * (lora_bytes + (lora_bytes + act_bytes if lora_bytes != act_bytes else 0))
+        unsaved = 0 if act_bytes == adapter_bytes else (
+            mlp_input + size_in * (act_bytes + (adapter_bytes if autocast else 0)))
+        return head + residual + unsaved + size_out * act_bytes
+    return 0
+
+
 #: Hugging Face attention modules (the names ``memplan trace --recompute selective`` checkpoints).
 ATTENTION_MODULES = frozenset({"self_attn", "attn", "attention"})
 
