@@ -14,7 +14,7 @@ TOKENS, HIDDEN = 512, 256
 
 def _tail(adapters: tuple[Adapter, ...], act_bytes: int = 2, adapter_bytes: int = 4, autocast: bool = True) -> int:
     return lora_recompute_tail(adapters, tokens=TOKENS, residual=TOKENS * HIDDEN * 2, mlp_input=TOKENS * HIDDEN * 2,
-                               byte_sizes=(act_bytes, adapter_bytes), autocast=autocast)
+                               byte_sizes=(act_bytes, adapter_bytes, 2), autocast=autocast)
 
 
 def test_autocast_llama_toy_matches_the_trace() -> None:
@@ -24,9 +24,19 @@ def test_autocast_llama_toy_matches_the_trace() -> None:
     assert _tail((Adapter(DOWN, 8, False),)) == 4 * 262_144 + 786_432 + 1_572_864
 
 
-def test_only_a_plain_lora_on_the_output_projection() -> None:
+def test_only_an_adapter_on_the_output_projection() -> None:
     assert _tail((Adapter(Q, 8, False),)) == 0
-    assert _tail((Adapter(DOWN, 8, True),)) == 0
+    assert _tail((Adapter(Q, 8, True),)) == 0
+
+
+def test_dora_autocast_llama_toy_matches_the_trace() -> None:
+    # the trace's extras after (mag_norm_scale - 1) * base_result (Llama toy, bf16-mixed, DoRA all-linear) but the
+    # output gradient: the head's three tensors, the LoRA locals but the base result (DoRA saves it), the identity's
+    # 16-bit copy and lora_A's output of it, lora_weight and the base weight cast to fp32, the fp32 product
+    head = 524_288 + 262_144 + 524_288
+    locals_ = 262_144 + 262_144 + 786_432 + 1_572_864
+    dora = 1_179_648 + 12_288 + 786_432 + 786_432 + 524_288
+    assert _tail((Adapter(DOWN, 8, True),)) == head + locals_ + dora
 
 
 def test_adapters_in_the_activation_dtype_save_the_input_itself() -> None:

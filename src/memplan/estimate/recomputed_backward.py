@@ -215,7 +215,7 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
 
 
 def _lora_tail(run: RunContext, index: int, shape: ActivationShape) -> int:
-    """What layer ``index``'s recomputed forward holds where it stops, at a plain LoRA adapter on the MLP's output
+    """What layer ``index``'s recomputed forward holds where it stops, at a LoRA or DoRA adapter on the MLP's output
     projection (:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`; without the output gradient), for an
     eager dense layer on one rank without dropout, post-norms, a quantized base nor ``--lora-dropout``, checkpointed by
     the non-reentrant ``torch.utils.checkpoint`` (a reentrant checkpoint, DeepSpeed's among them, runs the whole
@@ -228,13 +228,13 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape) -> int:
         return 0
     from memplan.estimate.activations import norm_output_bytes
     from memplan.estimate.adapter_acts import lora_recompute_tail
-    from memplan.estimate.finetune import adapter_bytes
+    from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
 
     tokens, hidden = shape.seq * shape.micro_batch, run.model.hidden_size
     return lora_recompute_tail(run.counts.layer_adapters[index], tokens=tokens,
                                residual=tokens * hidden * shape.residual_bytes,
                                mlp_input=tokens * hidden * norm_output_bytes(shape),
-                               byte_sizes=(shape.act_bytes, adapter_bytes(run.job)),
+                               byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
                                autocast=run.prec.weight_copies == "autocast")
 
 
