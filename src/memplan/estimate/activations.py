@@ -350,8 +350,8 @@ def _attention_terms(attn: AttentionSpec, shape: ActivationShape, pre_norm: bool
         fused="input_norm" if kind.separate_input_norm else "", norm="input_norm", output="input_norm"))
     # Checkpointing the attention module keeps its input: the norm output, in the residual dtype (fp32 from a
     # LayerNorm under autocast: ``layer_norm`` is on autocast's fp32 list, a 16-bit residual of a frozen base too).
-    out_bytes = max(shape.residual_bytes, NORM_COMPUTE_BYTES if shape.norm == "layernorm" and shape.autocast_ops else 0)
-    terms.append(Term("attention module input (checkpointed)", out_bytes * tokens * shape.hidden, "sp", "attn_input"))
+    terms.append(Term("attention module input (checkpointed)", norm_output_bytes(shape) * tokens * shape.hidden, "sp",
+                      "attn_input"))
     return terms + _attention_rest_terms(attn, shape)
 
 
@@ -923,6 +923,12 @@ def softmax_gradient_bytes(layer: LayerSpec, shape: ActivationShape) -> int:
     heads_scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
     softmax_bytes = _eager_softmax_bytes(attn, shape)
     return divided(Term("softmax gradients", 2 * softmax_bytes * heads_scores, "tp", "core"), shape)
+
+
+def norm_output_bytes(shape: ActivationShape) -> int:
+    """Bytes per element of a pre-norm's output: the residual dtype, fp32 from a LayerNorm under autocast
+    (``layer_norm`` is on autocast's fp32 list, a 16-bit residual of a frozen base too)."""
+    return max(shape.residual_bytes, NORM_COMPUTE_BYTES if shape.norm == "layernorm" and shape.autocast_ops else 0)
 
 
 def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term],

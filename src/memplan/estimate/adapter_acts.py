@@ -203,6 +203,60 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
     return 0
 
 
+def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual: int, mlp_input: int,
+                        byte_sizes: tuple[int, int, int], autocast: bool) -> int:
+    """What a fully recomputed layer holds beyond its saved tensors where its recomputed forward stops: at the last
+    tensor the layer saves, a LoRA/DoRA adapter's on the MLP's output projection (0 where no adapter sits there).
+
+    ``torch.utils.checkpoint``'s non-reentrant recompute stops once the last saved tensor is made again
+    (``_StopRecomputationError``), inside peft's ``Linear.forward`` of that projection (``tuners/lora/layer.py``),
+    whose locals are alive there: the base layer's result (``out`` wide; DoRA saves it), its input (``in`` wide; a
+    frozen base and ``lora_A``'s own copy leave it unsaved) and peft's cast of it to the adapters' dtype
+    (``_cast_input_dtype``; under autocast ``lora_A`` saves a 16-bit copy of it instead), the MLP block's input (the
+    norm's output, ``mlp_input`` bytes, unsaved for the same reason) and the residual stream's partial sum
+    (``residual`` bytes). Beside them, what the backward made before it first unpacked a saved tensor (the
+    recompute's trigger): the gradient of ``lora_B(...) * scaling`` (and, with adapters in another dtype than the
+    activations and no autocast, the casts of ``result.to(torch_result_dtype)`` and of the add, as
+    :func:`dora_output_backward`, which DoRA's head is). Where peft's cast is a no-op (adapters in the activations'
+    dtype) ``lora_A`` saves that input itself and the MLP block's input is its group's kept input: neither is extra.
+    ``byte_sizes``: the activations', the adapters' and the frozen base weights' bytes per element."""
+    act_bytes, adapter_bytes, _ = byte_sizes
+    for a in adapters:
+        if a.experts > 1 or m_is_parameter(a) or _input_role(a) is TermRole.OTHER:
+            continue
+        size_in, size_out = tokens * a.module.in_features, tokens * a.module.out_features
+        unsaved = residual + (0 if act_bytes == adapter_bytes else (
+            mlp_input + size_in * (act_bytes + (adapter_bytes if autocast else 0))))
+        if a.dora:
+            return unsaved + _dora_tail(a, tokens, byte_sizes, autocast)
+        lora_bytes = act_bytes if autocast else adapter_bytes
+        head = size_out * (lora_bytes + (lora_bytes + act_bytes if lora_bytes != act_bytes else 0))
+        return head + unsaved + size_out * act_bytes
+    return 0
+
+
+def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
+    """DoRA's own locals while the recompute ends in peft's ``DoraLinearLayer.forward``, at the worst of two moments
+    (:func:`dora_forward_transient`'s tensors): ``lora_B(lora_A(eye))`` made while the fp32 identity lives, before
+    ``lora_A``'s copy of the input, its output and ``lora_result`` (saved tensors not made yet); and the stop, after
+    ``(mag_norm_scale - 1) * base_result`` (that product in the fp32 magnitude's dtype), where the locals still hold
+    ``lora_weight`` cast to the input's dtype (with the identity's 16-bit copy and ``lora_A``'s output its graph
+    keeps) and the base weight cast to it. The head (:func:`dora_output_backward`) beside both."""
+    act_bytes, adapter_bytes, base_bytes = byte_sizes
+    i, o, r = a.module.in_features, a.module.out_features, a.rank
+    lora_bytes = act_bytes if autocast else adapter_bytes
+    eye_copy = act_bytes * i * i if autocast and act_bytes != adapter_bytes else 0
+    kept = (eye_copy or adapter_bytes * i * i) + lora_bytes * i * r
+    head = dora_output_backward((a,), last_linear=a.module.name.rpartition(".")[2], tokens=tokens,
+                                compute_bytes=act_bytes, adapter_bytes=adapter_bytes)
+    not_yet = lora_bytes * tokens * (r + o) + (act_bytes * tokens * i if eye_copy else 0)
+    made = adapter_bytes * i * i + eye_copy + lora_bytes * i * r + lora_bytes * i * o - not_yet
+    # lora_weight in the input's (adapters') dtype: its cast, or itself where it is in that dtype already
+    stop = (kept + adapter_bytes * i * o + (adapter_bytes * i * o if base_bytes != adapter_bytes else 0)
+            + tokens * o * max(adapter_bytes, act_bytes))
+    return head + max(made, stop)
+
+
 #: Hugging Face attention modules (the names ``memplan trace --recompute selective`` checkpoints).
 ATTENTION_MODULES = frozenset({"self_attn", "attn", "attention"})
 

@@ -54,10 +54,12 @@ from typing import TYPE_CHECKING, Any
 from memplan.estimate.activations import (
     NORM_COMPUTE_BYTES,
     UNFUSED_ATTENTION,
+    ActivationShape,
     divided,
     layer_terms,
 )
 from memplan.estimate.context import RunContext, StageContext
+from memplan.estimate.ds_checkpointing import ds_checkpointing_applies
 from memplan.estimate.memo import Same
 from memplan.estimate.recomputed_tensors import (
     AT_ATTENTION,
@@ -207,7 +209,33 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     # saved tensor's unpacking made: beside it
     forward = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
     forward = forward and forward + gradient + recompute_head_bytes(layer, shape)
-    return max(transient - again, residual - again, forward), again
+    tail = _lora_tail(run, index, shape)
+    tail = tail and tail + gradient - again
+    return max(transient - again, residual - again, forward, tail), again
+
+
+def _lora_tail(run: RunContext, index: int, shape: ActivationShape) -> int:
+    """What layer ``index``'s recomputed forward holds where it stops, at a LoRA or DoRA adapter on the MLP's output
+    projection (:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`; without the output gradient), for an
+    eager dense layer on one rank without dropout, post-norms, a quantized base nor ``--lora-dropout``, checkpointed by
+    the non-reentrant ``torch.utils.checkpoint`` (a reentrant checkpoint, DeepSpeed's among them, runs the whole
+    forward again before the backward: no early stop) without FP8; else 0."""
+    job, layer = run.job, run.model.layers[index]
+    ft = job.finetune
+    if (run.counts is None or not ft.peft_kind.adapters or ft.lora_dropout or ft.quant_kind.quantizes or shape.dropout
+            or layer.moe is not None or layer.num_post_norms or shape.kernels != "eager" or job.parallel.tp > 1
+            or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
+        return 0
+    from memplan.estimate.activations import norm_output_bytes
+    from memplan.estimate.adapter_acts import lora_recompute_tail
+    from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+
+    tokens, hidden = shape.seq * shape.micro_batch, run.model.hidden_size
+    return lora_recompute_tail(run.counts.layer_adapters[index], tokens=tokens,
+                               residual=tokens * hidden * shape.residual_bytes,
+                               mlp_input=tokens * hidden * norm_output_bytes(shape),
+                               byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
+                               autocast=run.prec.weight_copies == "autocast")
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,

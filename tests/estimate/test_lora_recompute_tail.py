@@ -1,0 +1,52 @@
+"""The locals of peft's LoRA forward on the MLP's output projection where a recomputed layer's forward stops
+(:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`; witnessed by tests/trace/test_lora_recompute_tail_trace.py)."""
+
+from __future__ import annotations
+
+from memplan.estimate.adapter_acts import lora_recompute_tail
+from memplan.model.linears import LinearModule
+from memplan.peft.params import Adapter
+
+DOWN = LinearModule("model.layers.1.mlp.down_proj", 768, 256, layer=1)
+Q = LinearModule("model.layers.1.self_attn.q_proj", 256, 256, layer=1)
+TOKENS, HIDDEN = 512, 256
+
+
+def _tail(adapters: tuple[Adapter, ...], act_bytes: int = 2, adapter_bytes: int = 4, autocast: bool = True) -> int:
+    return lora_recompute_tail(adapters, tokens=TOKENS, residual=TOKENS * HIDDEN * 2, mlp_input=TOKENS * HIDDEN * 2,
+                               byte_sizes=(act_bytes, adapter_bytes, 2), autocast=autocast)
+
+
+def test_autocast_llama_toy_matches_the_trace() -> None:
+    # the trace's extras at lora_B's weight copy (memplan trace, Llama toy, bf16-mixed): the scaling product's
+    # gradient, the residual, the MLP input, the projection's input and base result (262,144 each but the input,
+    # 786,432) and its fp32 cast (1,572,864); the output gradient is added by the caller
+    assert _tail((Adapter(DOWN, 8, False),)) == 4 * 262_144 + 786_432 + 1_572_864
+
+
+def test_only_an_adapter_on_the_output_projection() -> None:
+    assert _tail((Adapter(Q, 8, False),)) == 0
+    assert _tail((Adapter(Q, 8, True),)) == 0
+
+
+def test_dora_autocast_llama_toy_matches_the_trace() -> None:
+    # the trace's extras after (mag_norm_scale - 1) * base_result (Llama toy, bf16-mixed, DoRA all-linear) but the
+    # output gradient: the head's three tensors, the LoRA locals but the base result (DoRA saves it), the identity's
+    # 16-bit copy and lora_A's output of it, lora_weight and the base weight cast to fp32, the fp32 product
+    head = 524_288 + 262_144 + 524_288
+    locals_ = 262_144 + 262_144 + 786_432 + 1_572_864
+    dora = 1_179_648 + 12_288 + 786_432 + 786_432 + 524_288
+    assert _tail((Adapter(DOWN, 8, True),)) == head + locals_ + dora
+
+
+def test_adapters_in_the_activation_dtype_save_the_input_itself() -> None:
+    # fp32 everywhere: no cast, lora_A saves x and the MLP input's group is kept: the scaling gradient, the residual
+    # and the base result
+    size = TOKENS * 256 * 4
+    assert _tail((Adapter(DOWN, 8, False),), act_bytes=4, autocast=False) == size + TOKENS * HIDDEN * 2 + size
+
+
+def test_without_autocast_the_fp32_cast_is_saved_and_the_output_casts_run() -> None:
+    out = TOKENS * 256
+    expected = out * (4 + 4 + 2) + TOKENS * HIDDEN * 2 + TOKENS * HIDDEN * 2 + TOKENS * 768 * 2 + out * 2
+    assert _tail((Adapter(DOWN, 8, False),), autocast=False) == expected
