@@ -80,6 +80,9 @@ LSE_BYTES = 4
 #: keys and values repeated per query head). Only fp32 activations reach math here (``sdpa_attention``),
 #: where the eager accounting (fp32 softmax, no 16-bit cast) is the same; math takes no explicit mask.
 UNFUSED_ATTENTION = ("eager", "math")
+#: Compute-dtype bytes from which SDPA runs the memory-efficient kernel (fp32; cuDNN/flash need 16 bits), whose output
+#: is sequence-first whatever q's layout.
+FP32_KERNEL_BYTES = 4
 
 
 @frozen_dataclass
@@ -368,17 +371,7 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
     else:
         q_width = attn.num_heads * attn.head_dim
         kv_width = attn.num_kv_heads * (attn.head_dim + attn.v_head_dim)
-    if _eager_mla_value_copied(attn, shape):
-        # the PV matmul's own copy of v, which the core saves (recompute of the stretch keeps it)
-        v_width = attn.num_heads * attn.v_head_dim
-        terms.append(Term("q, k", c * tokens * (q_width + kv_width - v_width), "tp", "attn", site="mla_up"))
-        terms.append(Term("v copied by the eager PV matmul (strided value view, micro-batch > 1)",
-                          c * tokens * v_width, "tp", "core", site="core"))
-    else:
-        terms.append(Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn",
-                          site="mla_up" if kind.latent else "", role=TermRole.QKV))
-    # (RoPE multiplies q and k by cos/sin tables that need no gradient: it saves nothing more.)
-    terms += _fused_qkv_terms(attn, shape)
+    terms += _qkv_terms(attn, shape, q_width, kv_width)
     if attn.qk_norm:
         k_width = attn.num_kv_heads * attn.head_dim
         # Per-head q/k norms: the projection outputs (fp32 copies in eager code) and, in eager
@@ -401,16 +394,36 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
     else:
         terms.append(Term("flash log-sum-exp", LSE_BYTES * attn.num_heads * tokens, "tp", "core"))
         terms += _sdpa_mask_terms(attn, shape)
-        if kind.latent and shape.kernels == "eager":
-            # transformers' MLA concatenates q heads-first, the fused kernel writes its output in q's
-            # layout and saves it; ``transpose(1, 2).contiguous()`` then copies it for o_proj.
+        if (kind.latent and shape.kernels == "eager") or (_fused_rotated_qk(attn, shape) and c < FP32_KERNEL_BYTES):
+            # transformers' MLA and fused-projection RoPE concatenate q heads-first, the fused kernel writes its
+            # output in q's layout and saves it; ``transpose(1, 2).contiguous()`` then copies it for o_proj.
             terms.append(Term("attention kernel output (heads-first; o_proj reads a copy)",
-                              c * tokens * attn.num_heads * attn.v_head_dim, "tp", "core", site="core"))
+                              c * tokens * attn.num_heads * attn.v_head_dim, "tp", "core", site="core",
+                              role=TermRole.KERNEL_OUTPUT))
     terms.append(Term("output projection input", c * tokens * attn.num_heads * attn.v_head_dim, "tp", "attn",
                       gemm_input=True, role=TermRole.OUTPUT_PROJECTION_INPUT))
     if shape.drops_residual:
         terms.append(Term("attention residual dropout mask", DROPOUT_MASK_BYTES * tokens * shape.hidden, "sp", "body"))
     return terms
+
+
+def _qkv_terms(attn: AttentionSpec, shape: ActivationShape, q_width: int, kv_width: int) -> list[Term]:
+    """What the attention core's inputs keep: q, k and v (a fused q/k/v projection's output besides, see
+    :func:`_fused_qkv_terms`); RoPE multiplies q and k by cos/sin tables that need no gradient: nothing more."""
+    c, tokens = shape.act_bytes, shape.seq * shape.micro_batch
+    kind = attention_kind(attn)
+    if _eager_mla_value_copied(attn, shape):
+        # the PV matmul's own copy of v, which the core saves (recompute of the stretch keeps it)
+        v_width = attn.num_heads * attn.v_head_dim
+        return [Term("q, k", c * tokens * (q_width + kv_width - v_width), "tp", "attn", site="mla_up"),
+                Term("v copied by the eager PV matmul (strided value view, micro-batch > 1)",
+                     c * tokens * v_width, "tp", "core", site="core")]
+    if _fused_rotated_qk(attn, shape):  # v is a view of the fused output (counted there): q and k only
+        k_width = attn.num_kv_heads * attn.head_dim
+        return [Term("q, k (rotated copies)", c * tokens * (q_width + k_width), "tp", "attn", role=TermRole.QKV),
+                *_fused_qkv_terms(attn, shape)]
+    return [Term("q, k, v", c * tokens * (q_width + kv_width), "tp", "attn", site="mla_up" if kind.latent else "",
+                 role=TermRole.QKV), *_fused_qkv_terms(attn, shape)]
 
 
 def _attention_dropout_terms(core: list[Term], shape: ActivationShape, heads_scores: int) -> list[Term]:
@@ -531,14 +544,30 @@ def pv_matmul_saves_v_view(attn: AttentionSpec, shape: ActivationShape) -> bool:
     return attn.num_kv_heads == attn.num_heads and (shape.micro_batch == 1 or attn.num_heads == 1)
 
 
+def _fused_rotated_qk(attn: AttentionSpec, shape: ActivationShape) -> bool:
+    """A fused q/k/v projection with RoPE (GPT-NeoX ``query_key_value``, Phi-3 ``qkv_proj``) in eager code under a
+    fused SDPA kernel: ``apply_rotary_pos_emb`` rotates q and k into new tensors with ``torch.cat``, contiguous in the
+    heads-first layout, while v stays a view of the projection's output (the kernel saves q, k and that view).
+
+    At 16 bits (the cuDNN kernel) the kernel writes its output in q's heads-first layout, so
+    ``transpose(1, 2).contiguous()`` copies it for the output projection: the kernel's output (which it saves) and
+    the output projection's input are two tensors, and a frozen output projection keeps only the first. At fp32
+    (:data:`FP32_KERNEL_BYTES`, the memory-efficient kernel) the output is sequence-first and the copy a no-op: one
+    tensor. (Llama's separate projections keep q sequence-first: one tensor under either kernel.)"""
+    return (attn.fused_qkv and shape.kernels == "eager" and shape.rope and not attention_kind(attn).latent
+            and shape.attention not in UNFUSED_ATTENTION)
+
+
 def _fused_qkv_terms(attn: AttentionSpec, shape: ActivationShape) -> list[Term]:
     """A fused q/k/v projection with RoPE (Phi-3 ``qkv_proj``) in eager code.
 
     q and k are sliced out and rotated into new tensors, but v stays a strided view of the
     projection's output, and the output lives as long as a view of it is saved:
 
-    * SDPA saves its inputs as given (the view) and, on the CPU kernel the trace runs, a
-      contiguous copy of v, which the ``q, k, v`` term counts: the whole output is extra;
+    * a fused SDPA kernel (flash, memory-efficient, cuDNN) saves its inputs as given (the view): the
+      whole output is kept, v's part included (:func:`_fused_rotated_qk`: the ``q, k`` term counts the
+      rotated q and k only; at 16 bits the kernel's own output is a term of its own);
+    * SDPA's math backend (``math``): the ``q, k, v`` term and the whole output;
     * eager attention where :func:`pv_matmul_saves_v_view`: the PV matmul saves the view itself
       (counted as v), so the output's q and k parts are extra;
     * eager attention elsewhere: v reaches the matmul as a copy (``repeat_kv``'s, or the matmul's

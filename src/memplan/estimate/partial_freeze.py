@@ -318,7 +318,8 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
     """What one block saves under ``flow`` (its full-training ``terms`` otherwise).
 
     A block that saves nothing keeps nothing. Frozen linears keep no GEMM input (flash/SDPA attention
-    still keeps its own output, which the output projection reads) unless ``gemm_inputs_kept``
+    still keeps its own output, which the output projection reads, unless it reads a copy: a
+    :attr:`~memplan.estimate.terms.TermRole.KERNEL_OUTPUT` term counts the kernel's) unless ``gemm_inputs_kept``
     (bitsandbytes' 8-bit matmul saves its input in ``ctx.tensors``). A frozen pre-norm keeps no
     normalized tensor (nor Gemma's fp32 one, nor the per-head q/k norms'); a trained one behind frozen
     linears keeps it (the GEMM input's size when the term list has none of its own). A block whose input
@@ -334,6 +335,8 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
         return terms
     own_norm = [t for t in terms if t.role in NORM_TERMS]
     has_normalized = any(t.role in NORMALIZED for t in own_norm)
+    # a fused kernel saves its output, the output projection's input unless that reads a copy (a term of its own)
+    kernel_keeps_input = shape.attention != "eager" and not any(t.role is TermRole.KERNEL_OUTPUT for t in terms)
     out: list[Term] = []
     for t in terms:
         mine = t.role in NORM_TERMS
@@ -351,7 +354,8 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
             if moe_term_kept(t.role, routing_grad=flow.routing_grad, experts_save=flow.experts_save):
                 out.append(t)
             continue
-        kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept)
+        kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept or (
+            kernel_keeps_input and t.role is TermRole.OUTPUT_PROJECTION_INPUT))
         if kept is not None:
             if t.role in NORMALIZED and not (mine and flow.norm_trains):
                 continue  # kept only for a trained norm weight's gradient
@@ -374,8 +378,7 @@ def unkeyed_query_terms(terms: list[Term], attn: AttentionSpec, shape: Activatio
 def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gemm_inputs_kept: bool) -> Term | None:
     """A term of a block whose linears are frozen (input needing a gradient): None when not saved."""
     if t.gemm_input:
-        if gemm_inputs_kept or normalized_stand_in or (t.role is TermRole.OUTPUT_PROJECTION_INPUT
-                                                       and shape.attention != "eager"):
+        if gemm_inputs_kept or normalized_stand_in:
             return t
         return None
     if t.role is TermRole.NORM_INPUT:

@@ -49,6 +49,9 @@ class TermRole(Enum):
     #: The output projection's input: reserved_backward, reserved_mlp_backward, activations' backward transient,
     #: partial_freeze.
     OUTPUT_PROJECTION_INPUT = auto()
+    #: A fused attention kernel's own output where the output projection reads a copy of it (heads-first q):
+    #: partial_freeze (a frozen output projection keeps the kernel's output, not its input).
+    KERNEL_OUTPUT = auto()
     #: A softmax output in the compute dtype (a fused kernel's; GPT-2's eager softmax outside autocast):
     #: activations' backward transient (the eager core).
     SOFTMAX = auto()
