@@ -148,6 +148,18 @@ def test_report_writes_html(tmp_path: Path) -> None:
     assert "Configurations that fit" in page and "Memory timeline" in page and "Per-stage memory" in page
 
 
+def test_report_json_says_what_was_written(tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    timeline = tmp_path / "t.json"
+    timeline.write_text(json.dumps([[0, {"parameter": 1000}], [1, {"parameter": 1000, "activation": 500}]]))
+    result = invoke("report", "llama-3.1-8b", "--gpus", "8", "--timeline", str(timeline), "-o", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)  # nothing else on stdout
+    assert doc["output"] == str(out.resolve()) and doc["bytes"] == out.stat().st_size > 0
+    assert doc["model"] == "llama-3.1-8b" and doc["stages"] == 1 and doc["timeline_points"] == 2
+    assert doc["peak_allocated_bytes"] > 0 and doc["fit_candidates"] is None and doc["unmodelled_settings"] == []
+
+
 def test_report_bad_timeline_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "t.json"
     bad.write_text('{"not": "a list"}')

@@ -37,6 +37,8 @@ Examples:
 
   memplan report --job llama-70b.yaml --fit -o report.html
 
+  memplan report llama-3.1-8b --gpus 8 -o report.html --json
+
   memplan report llama-3.1-8b --gpus 8 --timeline timeline.json --segments segments.json -o report.html
 
   memplan trace gpt2 --seq 1024 -o gpt2.mptrace && memplan report gpt2 --trace gpt2.mptrace -o report.html
@@ -67,6 +69,8 @@ def report_command(
     timeline: Annotated[str | None, _opt("--timeline", help="JSON memory timeline by category (plain data).", panel=_OUT, metavar="FILE")] = None,
     segments: Annotated[str | None, _opt("--segments", help="JSON allocator segments (plain data).", panel=_OUT, metavar="FILE")] = None,
     title: Annotated[str | None, _opt("--title", help="Page title. (default: memplan report: MODEL)", panel=_OUT)] = None,
+    json_output: Annotated[bool, _opt("--json", help="Print what was written as JSON (file, size, the estimate's peak, "
+                                      "the sections' sizes, input settings; nothing else on stdout).", panel=_OUT)] = False,
     job_flags: dict[str, Any] | None = None,
     dataset_flags: dict[str, Any] | None = None,
 ) -> None:
@@ -101,8 +105,28 @@ def report_command(
             extra.append(section)
         write_html(output, title=title or f"memplan report: {name}", estimate=est, fit=fit_result,
                    timeline=timeline_data, segments=segment_data, notes=notes, extra_sections=extra)
+    if json_output:
+        typer.echo(json.dumps(_written(output, est, fit_result, timeline_data, segment_data, extra, read), indent=2))
+        return
     typer.echo(f"wrote {output}")
     _print_unmodelled(read)
+
+
+def _written(output: str, est: Any, fit_result: Any, timeline: Any, segments: Any, extra: list[str],
+             read: tuple[Any, ...]) -> dict[str, Any]:
+    """``--json``: the file written and what it holds."""
+    from memplan.settings import settings_dict
+
+    return {
+        "output": str(Path(output).resolve()), "bytes": Path(output).stat().st_size,
+        "model": est.model if est is not None else None,
+        "peak_allocated_bytes": est.peak_allocated_bytes if est is not None else None,
+        "peak_reserved_bytes": est.peak_reserved_bytes if est is not None else None,
+        "stages": len(est.stages) if est is not None else 0,
+        "fit_candidates": len(fit_result.candidates) if fit_result is not None else None,
+        "timeline_points": len(timeline or ()), "segments": len(segments or ()), "extra_sections": len(extra),
+        **settings_dict(read),
+    }
 
 
 def _estimate(model: str | None, job_file: str | None, gpu: str | None, flags: dict[str, Any],
