@@ -357,6 +357,9 @@ def test_combined_fixes_keep_the_training_before_lora() -> None:
     assert all(f.verified for f in combined) and all(f.action.count("+") < COMBINED_AT_MOST for f in combined)
     assert len({f.config_key for f in combined}) == len(combined)  # one per set of settings
     assert not any("zero" in f.config_key and "fsdp" in f.config_key for f in combined)
+    for f in combined:  # one change per setting: no flag given twice
+        flags = [w for w in f.setting.split() if w.startswith("--")]
+        assert len(flags) == len(set(flags)), f.setting
 
 
 @pytest.mark.parametrize(("framework", "needs"), [("megatron", "--distributed-optimizer"), ("deepspeed", "--zero 1"),

@@ -38,8 +38,9 @@ __all__ = ["CAPACITY_MATCH", "COMBINED_AT_MOST", "cheapest_fit", "job_fixes"]
 CAPACITY_MATCH = 0.03
 #: The most changes combined into one fix.
 COMBINED_AT_MOST = 3
-#: Settings one change of which excludes the others (a ZeRO stage and FSDP both set the sharding).
-_SETTING_OF_KEY = {"zero": "sharding", "fsdp": "sharding"}
+#: The settings a change sets, where they are not its key alone: a ZeRO stage and FSDP both set the sharding, and
+#: optimizer offload on a job without sharded states brings the sharding it needs (one change per setting).
+_SETTINGS_OF_KEY = {"zero": ("sharding",), "fsdp": ("sharding",), "offload_optimizer,sharding": ("offload", "sharding")}
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def _offload_change(job: Job) -> _Change | None:
         except ConfigError:
             continue
         return _Change(f"Offload optimizer states to CPU memory{words}", f"--offload-optimizer{flags}",
-                       "offload_optimizer", lambda j, shard=shard: _offloaded(shard(j)), priced=False)
+                       "offload_optimizer" + (",sharding" if flags else ""), lambda j, shard=shard: _offloaded(shard(j)),
+                       priced=False)
     return None
 
 
@@ -168,8 +170,8 @@ def _combined(job: Job, singles: list[_Change], limit: int, peak_and_time: Calla
     for size in range(2, COMBINED_AT_MOST + 1):
         found = []
         for group in combinations(kept, size):
-            settings = {_SETTING_OF_KEY.get(c.key, c.key) for c in group}
-            if len(settings) == size and (t := estimated(_combine(group))) is not None and t[1] <= limit:
+            settings = [name for c in group for name in _SETTINGS_OF_KEY.get(c.key, (c.key,))]
+            if len(set(settings)) == len(settings) and (t := estimated(_combine(group))) is not None and t[1] <= limit:
                 found.append(t)
         if found:
             return _cheapest_per_settings(found)
