@@ -68,12 +68,14 @@ def early_terms(layer: LayerSpec, run: RunContext) -> list[bool]:
             + [t.keep != "input" for t in rest])
 
 
-def eager_backward(layer: LayerSpec, run: RunContext, transient: int) -> EagerBackward | None:
+def eager_backward(layer: LayerSpec, run: RunContext, transient: int | None) -> EagerBackward | None:
     """The eager softmax backward's plan for ``layer``, or None when the schedule keeps one transient:
     no unfused eager attention core, a recompute policy that drops sites, or a ledger transient that
     is not the softmax backward's two fp32 gradients less what the layer freed before them (the
     general rule's two largest tensors outweigh it: tried as the MLP's transient before the frees,
-    qwen3-8b bf16 eager +4.0% -> +6.0%, phi-3-mini fp32 eager +2.1% -> +3.4%, not kept)."""
+    qwen3-8b bf16 eager +4.0% -> +6.0%, phi-3-mini fp32 eager +2.1% -> +3.4%, not kept). ``transient``
+    None: no such check, for a layer recomputed whole whose forward the schedule made again tensor by
+    tensor (:func:`recomputed_softmax`)."""
     shape, attn = run.shape, layer.attention
     if attn is None or shape.kernels != "eager" or shape.attention not in UNFUSED_ATTENTION or run.dropped:
         return None
@@ -82,7 +84,7 @@ def eager_backward(layer: LayerSpec, run: RunContext, transient: int) -> EagerBa
     scores = divided(Term("scores gradient", shape.act_bytes * heads_scores, "tp", "core"), shape)
     terms = layer_terms(layer, shape)
     released = sum(divided(t, shape) for t, early in zip(terms, early_terms(layer, run)) if early)
-    if fp32 <= 0 or transient != 2 * fp32 - released:
+    if fp32 <= 0 or (transient is not None and transient != 2 * fp32 - released):
         return None
     return EagerBackward(fp32=fp32, scores=scores)
 
@@ -90,7 +92,7 @@ def eager_backward(layer: LayerSpec, run: RunContext, transient: int) -> EagerBa
 def backward_layer(run: RunContext, visit: tuple[int, int, int],
                    saved: tuple[list[Block | None], list[Block | None], Sequence[Block | None]], replay: Replay,
                    hooks: tuple[Callable[[Sequence[int] | None], None], Callable[[], None]],
-                   count: int | None) -> None:
+                   count: int | None, softmax: EagerBackward | None = None) -> None:
     """A layer's backward. ``saved``: the tensors freed early, the others, and the tensors of the op-by-op
     slots (:data:`~memplan.estimate.reserved_mlp_backward.SLOTS`, None where not saved as such); ``count``:
     the gradients made here (None: not made here, or under FSDP2); ``hooks[0]`` makes the gradients at the
@@ -100,7 +102,7 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     :mod:`~memplan.estimate.reserved_attention_backward`), the other gradients after; else gpt-oss's sink
     softmax backward (:func:`~memplan.estimate.reserved_sinks.sink_backward`, a recomputed layer's too), the
     gradients made around it; else an eager softmax backward as autograd runs it, the gradients made before
-    it (:func:`eager_backward`); else the ledger's transient beside all the saved tensors, the gradients made,
+    it (:func:`eager_backward`, or ``softmax``: :func:`recomputed_softmax`'s); else the ledger's transient beside all the saved tensors, the gradients made,
     then all freed."""
     made, peak = hooks
     index, _, transient = visit
@@ -115,7 +117,7 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         replay.give(*rest, *slots[EXPERT_SLOT:])
         return
     layer = run.model.layers[index]
-    plan = eager_backward(layer, run, transient)
+    plan = softmax or eager_backward(layer, run, transient)
     if applies(layer, run) and (plan is not None or slots[SINK_SLOT] is not None):
         # gpt-oss's sink attention (reserved_sinks): a recomputed layer's forward made again too; where the
         # probabilities and softmax output have no slot (a fine-tuning job), they go with the early and late ones
@@ -146,6 +148,20 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
     replay.give(upcast)
     cast = replay.take(plan.scores)
     replay.give(grad, cast, *rest)
+
+
+def recomputed_softmax(run: RunContext, index: int) -> EagerBackward | None:
+    """The eager softmax backward's plan for layer ``index`` recomputed whole, alone in its checkpoint (a group's
+    layers run their backward one after the other: not laid out), where the schedule made its forward again tensor by
+    tensor and no walk lays its backward out (a fine-tuned layer: its adapters' gradients are other
+    tensors), or None (no unfused eager core; gpt-oss's sinks: their own plan). The ledger prices such a layer's
+    backward as one transient (:func:`~memplan.estimate.recomputed_backward.unwalked_backward`, a bound over several
+    moments), which laid out as one block (qwen3-8b eager LoRA: 2.4 GiB) the allocator had to find in one piece;
+    autograd runs the layer's backward as a kept layer's: the MLP block's tensors freed, then the probabilities'
+    gradient upcast to fp32, the softmax backward's fp32 result, the cast back (a trace's ``_to_copy``,
+    ``_softmax_backward_data``, ``_to_copy``)."""
+    layer = run.model.layers[index]
+    return None if applies(layer, run) else eager_backward(layer, run, None)
 
 
 def _experts(run: RunContext, layer: tuple[int, int | None], slots: Sequence[Block | None], replay: Replay,

@@ -22,7 +22,7 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import Ledger
 from memplan.estimate.reserved_attention_backward import masked_fp32
-from memplan.estimate.reserved_backward import backward_layer
+from memplan.estimate.reserved_backward import backward_layer, recomputed_softmax
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks, recomputed_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
 from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT
@@ -230,7 +230,8 @@ def _general_backward(ctx: StageContext, visit: tuple[int, int, int],
         # the slots' tensors freed as backward_layer frees a layer's without the op-by-op plan
         early += [*held[0], *held[3][:6], *held[3][EXPERT_SLOT:]]
         late += [*held[1], *held[2], *held[3][6:EXPERT_SLOT]]
-    backward_layer(ctx.run, (index, kept, rest), (early, late, saved[2]), replay, hooks, count)
+    backward_layer(ctx.run, (index, kept, rest), (early, late, saved[2]), replay, hooks, count,
+                   recomputed_softmax(ctx.run, index) if layers == 1 else None)
 
 
 def _peak_hook(replay: Replay, ledger: tuple[Ledger, bool], position: int,
