@@ -201,6 +201,15 @@ class _Trainable:
     latents: frozenset[tuple[int, str]] = frozenset()
 
 
+def _mark_attention_inputs(module: str, layer: int, keys: set[int], latents: set[tuple[int, str]]) -> None:
+    """Record that ``module`` (trained, copied or adapted) gives the layer's keys or an MLA latent a gradient."""
+    name = module.rpartition(".")[2]
+    if name in _KEY_LINEARS:
+        keys.add(layer)
+    if name in _LATENT_DOWN:
+        latents.add((layer, _LATENT_DOWN[name]))
+
+
 @lru_cache(maxsize=64)
 def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     everything = ft.resolved_trainable == "all"
@@ -241,10 +250,8 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
                 root_copies.add(p.module)
             continue
         key = (p.layer, block_of(p.module, names[p.layer]))
-        if (trains or copied) and p.module.rpartition(".")[2] in _KEY_LINEARS:
-            keys.add(p.layer)
-        if (trains or copied) and p.module.rpartition(".")[2] in _LATENT_DOWN:
-            latents.add((p.layer, _LATENT_DOWN[p.module.rpartition(".")[2]]))
+        if trains or copied:
+            _mark_attention_inputs(p.module, p.layer, keys, latents)
         if trains:
             (norms if _is_norm(p.module) else linears).add(key)
         if copied:
@@ -256,10 +263,7 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
             continue
         key = (m.layer, block_of(m.name, names[m.layer]))
         adapted.add(key)
-        if m.name.rpartition(".")[2] in _KEY_LINEARS:
-            keys.add(m.layer)
-        if m.name.rpartition(".")[2] in _LATENT_DOWN:
-            latents.add((m.layer, _LATENT_DOWN[m.name.rpartition(".")[2]]))
+        _mark_attention_inputs(m.name, m.layer, keys, latents)
         if m.name.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
             adapted_input.add(key)
     root_copies.update(m for m in copies if m == "lm_head")  # a tied head's copy has its own weight
