@@ -621,13 +621,15 @@ def _eager_mla_projection_terms(attn: AttentionSpec, shape: ActivationShape) -> 
     tokens = shape.seq * shape.micro_batch
     c = shape.act_bytes
     terms: list[Term] = []
-    for name, rank, site in (("kv", attn.kv_lora_rank or 0, "mla_up"), ("q", attn.q_lora_rank or 0, "mla_up")):
+    for name, rank, site, role in (("kv", attn.kv_lora_rank or 0, "mla_up", TermRole.KV_LATENT_NORM),
+                                   ("q", attn.q_lora_rank or 0, "mla_up", TermRole.Q_LATENT_NORM)):
         if not rank:
             continue
         # (all inside the stretch ``mla_up_proj`` recomputes: transformers' latent norms, as TE's fused ones)
-        terms += [Term(f"{name} latent norm fp32 input", NORM_COMPUTE_BYTES * tokens * rank, "rep", "body", site=site),
+        terms += [Term(f"{name} latent norm fp32 input", NORM_COMPUTE_BYTES * tokens * rank, "rep", "body", site=site,
+                       role=role),
                   Term(f"{name} latent norm 1/rms (fp32, per token)", NORM_COMPUTE_BYTES * tokens, "rep", "body",
-                       site=site),
+                       site=site, role=role),
                   Term(f"{name} latent norm normalized (input dtype)", c * tokens * rank, "rep", "body", site=site,
                        role=TermRole.LATENT_NORM_NORMALIZED),
                   Term(f"{name} latent norm output ({name} up-projection input)", c * tokens * rank, "rep", "body",
@@ -797,9 +799,14 @@ def _router_terms(moe: MoESpec, shape: ActivationShape) -> list[Term]:
                               "body", gemm_input=True, site="moe", role=TermRole.SHARED_EXPERT_NORM_COPIES))
     if moe.router_fp32 and shape.kernels == "eager" and not shape.autocast and shape.act_bytes < NORM_COMPUTE_BYTES:
         # transformers' fp32 router (DeepSeek: ``F.linear(hidden.type(float32), weight)``) saves an fp32
-        # copy of its 16-bit input; under autocast the linear casts back and saves autocast's copy instead.
-        terms.append(Term("router input cast to fp32 (fp32 router weight)", NORM_COMPUTE_BYTES * tokens * h, "sp",
-                          "body", site="moe", role=TermRole.ROUTER_OTHER))
+        # copy of its 16-bit input; under autocast the linear casts back and saves autocast's copy instead,
+        # a GEMM input like any other (16-bit weights under autocast: a frozen router keeps none).
+        if shape.autocast_ops:
+            terms.append(Term("router input, autocast's 16-bit copy of its fp32 cast", shape.act_bytes * tokens * h,
+                              "sp", "body", gemm_input=True, site="moe", role=TermRole.ROUTER_OTHER))
+        else:
+            terms.append(Term("router input cast to fp32 (fp32 router weight)", NORM_COMPUTE_BYTES * tokens * h,
+                              "sp", "body", site="moe", role=TermRole.ROUTER_OTHER))
     if shape.kernels == "eager":
         # HF routers keep only softmax(router_logits, dtype=float)'s fp32 output for backward.
         terms.append(Term(ROUTER_SCORES, tokens * moe.num_experts * EAGER_SOFTMAX_BYTES,

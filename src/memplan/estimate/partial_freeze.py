@@ -70,6 +70,15 @@ class BlockFlow:
     keys_grad: bool = True
     #: An MoE block whose routed experts are frozen.
     frozen_experts: bool = False
+    #: MLA's latents (``q``, ``kv``) whose down-projection trains or carries an adapter or copy.
+    latents: frozenset[str] = frozenset()
+
+    def latent_grad(self, role: TermRole) -> bool:
+        """An MLA latent norm term (``role``) is kept: its latent needs a gradient (the block's input or a
+        norm does, or the latent's down-projection trains or is adapted); a frozen latent norm on a latent
+        needing none saves nothing (transformers' eager RMSNorm under ``no`` gradient)."""
+        name = {TermRole.Q_LATENT_NORM: "q", TermRole.KV_LATENT_NORM: "kv"}.get(role)
+        return name is None or self.input_grad or self.norm_trains or name in self.latents
 
     @property
     def routing_grad(self) -> bool:
@@ -188,6 +197,17 @@ class _Trainable:
     other_mlp: frozenset[int] = frozenset()
     #: Layers where a linear making the attention's keys trains, is copied or carries an adapter.
     keys: frozenset[int] = frozenset()
+    #: (layer, ``q`` / ``kv``): an MLA down-projection that trains, is copied or carries an adapter.
+    latents: frozenset[tuple[int, str]] = frozenset()
+
+
+def _mark_attention_inputs(module: str, layer: int, keys: set[int], latents: set[tuple[int, str]]) -> None:
+    """Record that ``module`` (trained, copied or adapted) gives the layer's keys or an MLA latent a gradient."""
+    name = module.rpartition(".")[2]
+    if name in _KEY_LINEARS:
+        keys.add(layer)
+    if name in _LATENT_DOWN:
+        latents.add((layer, _LATENT_DOWN[name]))
 
 
 @lru_cache(maxsize=64)
@@ -211,6 +231,7 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     sinks: set[int] = set()
     other_mlp: set[int] = set()
     keys: set[int] = set()
+    latents: set[tuple[int, str]] = set()
     for p in params:
         trains = everything or under(p.module, full)
         copied = under(p.module, copies)
@@ -229,8 +250,8 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
                 root_copies.add(p.module)
             continue
         key = (p.layer, block_of(p.module, names[p.layer]))
-        if (trains or copied) and p.module.rpartition(".")[2] in _KEY_LINEARS:
-            keys.add(p.layer)
+        if trains or copied:
+            _mark_attention_inputs(p.module, p.layer, keys, latents)
         if trains:
             (norms if _is_norm(p.module) else linears).add(key)
         if copied:
@@ -242,14 +263,13 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
             continue
         key = (m.layer, block_of(m.name, names[m.layer]))
         adapted.add(key)
-        if m.name.rpartition(".")[2] in _KEY_LINEARS:
-            keys.add(m.layer)
+        _mark_attention_inputs(m.name, m.layer, keys, latents)
         if m.name.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
             adapted_input.add(key)
     root_copies.update(m for m in copies if m == "lm_head")  # a tied head's copy has its own weight
     return _Trainable(frozenset(linears), frozenset(norms), frozenset(adapted), frozenset(adapted_input),
                       frozenset(root), frozenset(root_copies), frozenset(root_full), frozenset(experts),
-                      frozenset(sinks), frozenset(other_mlp), frozenset(keys))
+                      frozenset(sinks), frozenset(other_mlp), frozenset(keys), frozenset(latents))
 
 
 def _is_embedding(module: str) -> bool:
@@ -287,7 +307,8 @@ def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool, own_layer
                              adapted=key in t.adapted, adapted_input=key in t.adapted_input,
                              only_experts=moe and index in t.experts and index not in t.other_mlp,
                              frozen_experts=moe and index not in t.experts,
-                             keys_grad=grad or key in t.norms or index in t.keys)
+                             keys_grad=grad or key in t.norms or index in t.keys,
+                             latents=frozenset(n for i, n in t.latents if i == index))
             parallel = model.layers[index].parallel_residual and not own_layers
             grad = layer_input_grad if parallel and block == "attention" else flow.saves
             blocks.append(flow)
@@ -339,6 +360,8 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
     kernel_keeps_input = shape.attention != "eager" and not any(t.role is TermRole.KERNEL_OUTPUT for t in terms)
     out: list[Term] = []
     for t in terms:
+        if not flow.latent_grad(t.role):
+            continue
         mine = t.role in NORM_TERMS
         if mine and not flow.input_grad:
             # Nothing upstream needs a gradient: the norm keeps nothing for its input's; a trained linear
@@ -396,6 +419,8 @@ def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gem
 #: Linear layers whose output holds the attention's keys (fused q/k/v projections included).
 _KEY_LINEARS = frozenset({"k_proj", "qkv_proj", "c_attn", "query_key_value", "W_pack", "wk", "wqkv",
                           "kv_a_proj_with_mqa", "kv_b_proj"})
+#: MLA's down-projections by the latent they make.
+_LATENT_DOWN = {"q_a_proj": "q", "kv_a_proj_with_mqa": "kv"}
 #: Linear layers that read their block's input (through its pre-norm).
 _BLOCK_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
                                   "c_attn", "query_key_value", "gate_proj", "up_proj", "gate_up_proj", "c_fc",

@@ -39,6 +39,10 @@ class TermRole(Enum):
     POST_NORM_NORMALIZED = auto()
     #: An MLA latent norm's normalized tensor: partial_freeze, finetune (:data:`NORMALIZED`).
     LATENT_NORM_NORMALIZED = auto()
+    #: The q / kv latent norm's fp32 input copy and 1/rms: partial_freeze (kept only where that latent needs a
+    #: gradient, :attr:`~memplan.estimate.partial_freeze.BlockFlow.latents_grad`).
+    Q_LATENT_NORM = auto()
+    KV_LATENT_NORM = auto()
     #: The per-head q/k norms' fp32 input copies and fp32 normalized tensors (Gemma 3's eager norms):
     #: partial_freeze (among :data:`NORMALIZED`: a frozen norm keeps none of it).
     QK_NORMS_FP32 = auto()
