@@ -40,3 +40,15 @@ def test_frozen_gelu_new_mlp_walked(targets: str, recompute: str, walked: int) -
 
 def test_dora_on_the_output_projection_keeps_the_general_rule() -> None:
     assert _transient("all-linear", "full", peft="dora") == 3 * FP32
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_gated_mlp_with_a_lora_output_projection_walked(recompute: str) -> None:
+    """Llama's frozen SwiGLU MLP under LoRA all-linear at fp32 (helper fp32lora13): ``down_proj``'s adapter frees
+    the input it saved, then its input gradient, the base's and their sum; the product's node on the sum holds
+    the incoming gradient and one per factor. Worst: the output gradient and two intermediates (the general rule:
+    three intermediates beside every saved tensor)."""
+    out, one = TOKENS * 2048 * 4, TOKENS * 8192 * 4
+    job = Job(framework="hf", precision=Precision(name="fp32"), batch=Batch(seq_length=TOKENS), attention="sdpa",
+              finetune=FineTuning(peft="lora", lora_targets="all-linear"), recompute=Recompute(mode=recompute))
+    assert layer_activation_costs(load_model("llama-3.2-1b"), job, 1)[2] == out + 2 * one

@@ -28,11 +28,16 @@ runs its path first (made after the base's): ``lora_A``'s input gradient in the 
 then the base's input gradient (cast back likewise) and the two summed (``x``'s gradient, a third tensor) before
 the activation's nodes (a trace of GPT-2 LoRA all-linear under full recompute holds the three fp32 gradients).
 
+The same holds on a frozen gated MLP with a LoRA adapter on ``down_proj`` (helper fp32lora13; a trace of Llama
+LoRA all-linear at fp32 under full recompute holds the three gradients, then the product's two beside the sum,
+with ``down_proj``'s saved input gone): the general rule priced the product's node beside it (+3.34% on that toy).
+
 Applies to a dense MLP under eager (PyTorch reference) kernels on one tensor-parallel rank: a gated MLP with
-separate gate and up projections whose fc1 term is its three tensors, fully trained (a frozen one is walked by
-:mod:`~memplan.estimate.frozen_mlp_backward`); GPT-2's ``gelu_new`` MLP, fully trained, or frozen with or without
-LoRA adapters (not DoRA on its output projection, not on a quantized base). Elsewhere (partly trained blocks,
-adapters on a gated MLP) None, and the general rule stays.
+separate gate and up projections whose fc1 term is its three tensors, fully trained, or frozen with a LoRA adapter on
+its output projection (a frozen one without is walked by :mod:`~memplan.estimate.frozen_mlp_backward`); GPT-2's
+``gelu_new`` MLP, fully trained, or frozen with or without LoRA adapters (not DoRA on the output projection, not on a
+quantized base). Elsewhere (partly trained blocks, a frozen gated MLP whose output projection has no adapter) None,
+and the general rule stays.
 """
 
 from __future__ import annotations
@@ -93,7 +98,8 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     tokens = shape.seq * shape.micro_batch
     one = tokens * mlp.intermediate_size * shape.act_bytes
     hidden = tokens * shape.hidden * shape.act_bytes
-    if not one or (not gelu and (sizes.get(TermRole.MLP_FC1, 0) != 3 * one or not sizes.get(TermRole.MLP_FC2))):
+    lora = sizes.get(TermRole.MLP_FC2_ADAPTER_INPUT, 0)
+    if not one or (not gelu and (sizes.get(TermRole.MLP_FC1, 0) != 3 * one or not (sizes.get(TermRole.MLP_FC2) or lora))):
         return None
     trained = flow is None
     weights = _weight_bytes(mlp, shape.hidden, grad_bytes if trained else 0)
@@ -102,7 +108,6 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     # ... and its node frees the 16-bit weight copy it saved
     copy = temp + (shape.hidden * shape.act_bytes if temp and mlp.bias else 0) + frozen_copy
     fc2 = sizes.get(TermRole.MLP_FC2, 0) + copy
-    lora = sizes.get(TermRole.MLP_FC2_ADAPTER_INPUT, 0)
     x = gelu or one  # bytes of one tensor of the output projection's input
     nodes = [(output_gradient_bytes(shape, shape.hidden), 0, 0)]
     nodes += _adapter_nodes(lora, x) if lora else []
@@ -112,6 +117,7 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
         nodes += [(gelu, 2 * gelu, 0)] if lora else []  # x's two gradients summed
         nodes += _gelu_new_product(one, gelu, recomputed)
     else:
+        nodes += [(one, 2 * one, 0)] if lora else []  # the input's two gradients summed
         nodes += _gated_nodes(one, hidden, sizes[TermRole.MLP_FC1] // 3, temp, weights[1])
     return _walk(nodes)
 
@@ -127,11 +133,13 @@ def gradients_made(layer: Same, shape: ActivationShape, recomputed: bool, grad_b
 
 
 def _applies(mlp: MLPSpec, flow: LayerFlow | None, sizes: dict[TermRole, int], gelu: int) -> bool:
-    """Whether the walk prices this block (see the module): a trained gated MLP, or a trained or frozen (maybe
-    LoRA-adapted) ``gelu_new`` one."""
+    """Whether the walk prices this block (see the module): a trained gated MLP, or a frozen one (with a LoRA adapter
+    on its output projection, which the caller checks), or a trained or frozen (maybe LoRA-adapted) ``gelu_new``
+    one."""
+    gated = mlp.gated and not mlp.fused_gate_up
     if flow is None:
-        return bool(gelu) or (mlp.gated and not mlp.fused_gate_up)
-    return bool(gelu) and not flow.mlp.linears_train and TermRole.MLP_FC2_DORA_INPUT not in sizes
+        return bool(gelu) or gated
+    return (bool(gelu) or gated) and not flow.mlp.linears_train and TermRole.MLP_FC2_DORA_INPUT not in sizes
 
 
 #: A node: (bytes it makes and holds at its worst, bytes it frees after, weight-gradient bytes it leaves made).
