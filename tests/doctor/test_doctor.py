@@ -373,6 +373,14 @@ def test_optimizer_offload_comes_with_the_sharding_it_needs(framework: str, need
     assert "--offload-optimizer" in first.setting and needs in first.setting
 
 
+def test_the_distributed_optimizer_is_a_fix_where_megatron_runs_it() -> None:
+    """Megatron's own ZeRO-1 is tried for a Megatron job; under DeepSpeed the flag is refused, so not offered."""
+    for framework, offered in (("megatron", True), ("deepspeed", False)):
+        job = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 8, "framework": framework}))
+        fixes = diagnose(job=job, gpu="h100-80gb").fixes
+        assert any(f.setting == "--distributed-optimizer" for f in fixes) is offered, framework
+
+
 def test_timeline_keeps_every_peak_and_marks_the_oom() -> None:
     """At most TIMELINE_POINTS points, each the most live in its stretch: the trace's peak is a point."""
     from memplan.doctor.trace_facts import TIMELINE_POINTS

@@ -40,7 +40,8 @@ CAPACITY_MATCH = 0.03
 COMBINED_AT_MOST = 3
 #: The settings a change sets, where they are not its key alone: a ZeRO stage and FSDP both set the sharding, and
 #: optimizer offload on a job without sharded states brings the sharding it needs (one change per setting).
-_SETTINGS_OF_KEY = {"zero": ("sharding",), "fsdp": ("sharding",), "offload_optimizer,sharding": ("offload", "sharding")}
+_SETTINGS_OF_KEY = {"zero": ("sharding",), "fsdp": ("sharding",), "distributed_optimizer": ("sharding",),
+                    "offload_optimizer,sharding": ("offload", "sharding")}
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,10 @@ def _changes(job: Job) -> list[_Change]:
         out.append(_Change(f"Recompute activations ({mode})", f"--recompute {mode}", "recompute",
                            lambda j, m=mode: replace(j, recompute=Recompute(mode=m))))
     if par.data_parallel > 1 and job.sharding.fsdp == "none":
+        if not (job.sharding.distributed_optimizer or job.sharding.zero):  # refused where Megatron's is not the framework
+            out.append(_Change("Distributed optimizer (optimizer states sharded over data parallelism)",
+                               "--distributed-optimizer", "distributed_optimizer",
+                               lambda j: replace(j, sharding=replace(j.sharding, distributed_optimizer=True))))
         for stage in range(job.sharding.zero + 1, 4):
             out.append(_Change(f"ZeRO stage {stage}", f"--zero {stage}", "zero",
                                lambda j, s=stage: replace(j, sharding=replace(j.sharding, zero=s))))
