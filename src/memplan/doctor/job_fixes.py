@@ -2,7 +2,7 @@
 
 Every change starts from the user's job (:class:`memplan.inputs.LoadedJob`) and changes one thing:
 a smaller micro-batch (the global batch kept by gradient accumulation), activation recompute
-(selective, then full), a higher ZeRO stage or FSDP, optimizer offload, LoRA / QLoRA (which change
+(selective, then full), a higher ZeRO stage, FSDP or Megatron's distributed optimizer, optimizer offload, LoRA / QLoRA (which change
 what trains: said in the action), a chunked loss. Each is estimated with :func:`memplan.estimate`;
 it is verified when its predicted peak reserved memory is within the limit: the capacity minus
 :data:`memplan.fit.results.FIT_MARGIN` (``memplan fit``'s margin). Its cost is the step time of
