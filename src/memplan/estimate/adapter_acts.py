@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, Term
 from memplan.estimate.terms import Keep, TermRole
+from memplan.model.linears import ATTENTION_MODULES
 from memplan.peft.params import Adapter
 
 #: Adapter weights' bytes per element by default (fp32: peft ``autocast_adapter_dtype=True``); a job's own
@@ -257,14 +258,10 @@ def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autoca
     return head + max(made, stop)
 
 
-#: Hugging Face attention modules (the names ``memplan trace --recompute selective`` checkpoints).
-ATTENTION_MODULES = frozenset({"self_attn", "attn", "attention"})
-
-
 def adapter_keep(a: Adapter) -> Keep:
     """The recompute class of what ``a`` saves: ``attn`` inside the attention module (a checkpoint of that module
     makes it again), else ``body``."""
-    return "attn" if ATTENTION_MODULES.intersection(a.module.name.split(".")) else "body"
+    return "attn" if any(part in ATTENTION_MODULES for part in a.module.name.split(".")) else "body"
 
 
 def in_mlp_block(a: Adapter) -> bool:

@@ -67,6 +67,12 @@ class ParamTensor:
         return ".mlp.experts." in self.name
 
 
+#: The attention module of a decoder layer, by the attribute names of transformers' families (Llama-style
+#: ``self_attn``, GPT-2 ``attn``, GPT-NeoX ``attention``): what ``memplan trace --recompute selective`` checkpoints
+#: and what an adapter inside it belongs to.
+ATTENTION_MODULES: tuple[str, ...] = ("self_attn", "attn", "attention")
+
+
 def layer_prefix(model: ModelSpec) -> str:
     """Dotted prefix of the decoder-layer list."""
     return {"gpt2": "transformer.h", "gpt_neox": "gpt_neox.layers"}.get(model.model_type, "model.layers")

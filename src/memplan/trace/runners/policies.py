@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memplan.errors import ConfigError, UnsupportedError
+from memplan.model.linears import ATTENTION_MODULES
 from memplan.policies import HF_MODULES, ActivationPolicy
 
 if TYPE_CHECKING:
@@ -47,10 +48,9 @@ TRACED_MODULES = HF_MODULES
 #: ``--recompute-modules`` run as Megatron's output-discarding checkpoint (:mod:`memplan.trace.runners.discard`).
 _DISCARDING = ("layernorm", "mla_up_proj", "moe_act")
 #: A decoder layer's input norm, pre-MLP norm (Gemma's pre-feedforward norm before its post-attention
-#: one), attention and MLP block, by the attribute names of transformers' models.
+#: one) and MLP block, by the attribute names of transformers' models (the attention module's: ATTENTION_MODULES).
 _INPUT_NORMS = ("input_layernorm", "ln_1")
 _PRE_MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
-_ATTENTIONS = ("self_attn", "attn", "attention")  # GPT-NeoX: layers.N.attention
 _MLPS = ("mlp", "block_sparse_moe")
 #: transformers' experts implementations that call ``_apply_gate`` / ``act_fn`` (integrations/moe.py).
 _INTERFACE_EXPERTS = ("grouped_mm", "batched_mm")
@@ -101,9 +101,9 @@ def apply_policy(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_autoc
 
         apply_torchtitan_sac(model, _cuda_policies if cuda_autocast else None)
     elif name == "attention-module":
-        attention = [m for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in _ATTENTIONS]
+        attention = [m for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in ATTENTION_MODULES]
         if not attention:
-            raise UnsupportedError(f"--recompute selective found no attention modules named {' or '.join(_ATTENTIONS)}")
+            raise UnsupportedError(f"--recompute selective found no attention modules named {' or '.join(ATTENTION_MODULES)}")
         for module in attention:
             checkpoint_forward(module, cuda_autocast)
     else:
@@ -200,18 +200,18 @@ def _output_discarding(model: torch.nn.Module, modules: tuple[str, ...], cuda_au
     for layer in decoder_layers(model):
         scope = DiscardScope(capture)
         if "layernorm" in modules:
-            pairs = ((_child(layer, _INPUT_NORMS), _child(layer, _ATTENTIONS)),
+            pairs = ((_child(layer, _INPUT_NORMS), _child(layer, ATTENTION_MODULES)),
                      (_child(layer, _PRE_MLP_NORMS), _child(layer, _MLPS)))
             if any(part is None for pair in pairs for part in pair):
                 raise UnsupportedError(f"--recompute-modules layernorm found no input norm, pre-MLP norm, attention "
                                        f"and MLP ({', '.join(_INPUT_NORMS + _PRE_MLP_NORMS)}; "
-                                       f"{', '.join(_ATTENTIONS + _MLPS)}) in {type(layer).__name__}")
+                                       f"{', '.join(ATTENTION_MODULES + _MLPS)}) in {type(layer).__name__}")
             for norm, consumer in pairs:
                 _discard_norm(scope, norm, consumer)
         if "mla_up_proj" in modules:
             from memplan.trace.runners.mla_up import discard_mla_up
 
-            discard_mla_up(scope, _child(layer, _ATTENTIONS))
+            discard_mla_up(scope, _child(layer, ATTENTION_MODULES))
         mlp = _child(layer, _MLPS)
         if "moe_act" in modules and "moe" not in modules and hasattr(mlp, "experts"):
             _discard_activation(scope, mlp.experts)
