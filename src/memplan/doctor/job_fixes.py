@@ -74,13 +74,10 @@ def _changes(job: Job) -> list[_Change]:
     if par.data_parallel > 1 and job.sharding.fsdp == "none":
         if not (job.sharding.distributed_optimizer or job.sharding.zero):  # refused where Megatron's is not the framework
             out.append(_Change("Distributed optimizer (optimizer states sharded over data parallelism)",
-                               "--distributed-optimizer", "distributed_optimizer",
-                               lambda j: replace(j, sharding=replace(j.sharding, distributed_optimizer=True))))
+                               "--distributed-optimizer", "distributed_optimizer", _sharded(distributed_optimizer=True)))
         for stage in range(job.sharding.zero + 1, 4):
-            out.append(_Change(f"ZeRO stage {stage}", f"--zero {stage}", "zero",
-                               lambda j, s=stage: replace(j, sharding=replace(j.sharding, zero=s))))
-        out.append(_Change("FSDP full sharding", "--fsdp full", "fsdp",
-                           lambda j: replace(j, sharding=replace(j.sharding, zero=0, fsdp="full"))))
+            out.append(_Change(f"ZeRO stage {stage}", f"--zero {stage}", "zero", _sharded(zero=stage)))
+        out.append(_Change("FSDP full sharding", "--fsdp full", "fsdp", _sharded(zero=0, fsdp="full")))
     if not job.offload.optimizer and (offload := _offload_change(job)) is not None:
         out.append(offload)
     if not job.finetune.peft_kind.adapters:
@@ -95,6 +92,11 @@ def _changes(job: Job) -> list[_Change]:
     return out
 
 
+def _sharded(**fields: Any) -> Callable[[Job], Job]:
+    """The job with these ``Sharding`` fields."""
+    return lambda job: replace(job, sharding=replace(job.sharding, **fields))
+
+
 def _offloaded(job: Job) -> Job:
     return replace(job, offload=replace(job.offload, optimizer=True)
                    if isinstance(job.offload, Offload) else Offload(optimizer=True))
@@ -104,10 +106,9 @@ def _offloaded(job: Job) -> Job:
 #: framework's own validation keeps the first it accepts (Megatron's distributed optimizer, else FSDP, else ZeRO stage 1).
 _OFFLOAD_SHARDINGS: tuple[tuple[str, str, Callable[[Job], Job]], ...] = (
     ("", "", lambda j: j),
-    (" with the distributed optimizer", " --distributed-optimizer",
-     lambda j: replace(j, sharding=replace(j.sharding, distributed_optimizer=True))),
-    (" with FSDP full sharding", " --fsdp full", lambda j: replace(j, sharding=replace(j.sharding, fsdp="full"))),
-    (" with ZeRO stage 1", " --zero 1", lambda j: replace(j, sharding=replace(j.sharding, zero=1))),
+    (" with the distributed optimizer", " --distributed-optimizer", _sharded(distributed_optimizer=True)),
+    (" with FSDP full sharding", " --fsdp full", _sharded(fsdp="full")),
+    (" with ZeRO stage 1", " --zero 1", _sharded(zero=1)),
 )
 
 
@@ -152,12 +153,9 @@ def _cheapest_per_settings(found: list[tuple[_Change, int, float | None]]) -> li
     """Of fitting combinations of the same settings (e.g. ZeRO 3 + full recompute + micro-batch 2 or 1), the one
     with the shortest step (else the lowest peak)."""
     best: dict[str, tuple[_Change, int, float | None]] = {}
-    for t in found:
-        key, kept = t[0].key, best.get(t[0].key)
-        rank = (t[2] if t[2] is not None else float("inf"), t[1])
-        if kept is None or rank < (kept[2] if kept[2] is not None else float("inf"), kept[1]):
-            best[key] = t
-    return list(best.values())
+    for t in sorted(found, key=lambda t: (t[2] if t[2] is not None else float("inf"), t[1])):
+        best.setdefault(t[0].key, t)
+    return [best[key] for key in dict.fromkeys(t[0].key for t in found)]  # in the order found
 
 
 def _combined(job: Job, singles: list[_Change], limit: int, peak_and_time: Callable[[Job], tuple[int, float | None]],
@@ -180,9 +178,9 @@ def _combined(job: Job, singles: list[_Change], limit: int, peak_and_time: Calla
                 found.append(t)
         if found:
             return _cheapest_per_settings(found)
-    out: list[tuple[_Change, int, float | None]] = []
     if single_fits:
-        return out
+        return []
+    out: list[tuple[_Change, int, float | None]] = []
     for change in (c for c in singles if c.changes_training):
         for other in kept:
             if (t := estimated(_combine((change, other)))) is not None:
