@@ -975,7 +975,7 @@ def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest:
     the layer's role saves there) is not recomputed yet, nor the output projection's input (among the role's
     ``attention`` terms: made after the core)."""
     attn = layer.attention
-    if not (attn.sinks and shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION):
+    if not (attn.sinks and has_eager_core(shape)):
         return 0
     later = [*rest, *(t for t in attention if t.role is TermRole.OUTPUT_PROJECTION_INPUT)]
     return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in later))

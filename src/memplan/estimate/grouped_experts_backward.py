@@ -130,7 +130,7 @@ def experts_backward(layer: LayerSpec, shape: ActivationShape, rest: list[Term],
 
     widths = _widths(moe, shape)
     peaks = []
-    for made in ((0, 0), gradients):
+    for made in ((0, 0), gradients) if any(gradients) else ((0, 0),):  # without gradients made, one walk serves both
         replay = Replay(repeat=False)
         saved = dict(zip(sizes, replay.take_all(list(sizes.values()))))
         start = replay.requested
@@ -138,7 +138,7 @@ def experts_backward(layer: LayerSpec, shape: ActivationShape, rest: list[Term],
         if whole:
             _experts(replay, widths, saved, survivor, made)
         peaks.append(replay.peak_requested - start)
-    return ExpertsBackward(transient=peaks[0], with_gradients=peaks[1])
+    return ExpertsBackward(transient=peaks[0], with_gradients=peaks[-1])
 
 
 def recompute_head_bytes(layer: LayerSpec, shape: ActivationShape) -> int:

@@ -43,6 +43,7 @@ from memplan.estimate.grouped_experts_backward import experts_figures, weight_gr
 from memplan.estimate.layer_costs import layer_blocks
 from memplan.estimate.memo import Same
 from memplan.estimate.mlp_backward_nodes import gradients_made
+from memplan.estimate.partial_freeze import is_norm
 from memplan.model.linears import model_parameters
 from memplan.model.spec import LayerSpec
 from memplan.units import dtype_bytes
@@ -79,7 +80,7 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
         moments.append(experts.with_gradients)
     moments.append(transient + mlp)  # the MLP walk's gradients beside what the layer holds at its worst
     softmax = softmax_backward_bytes(layer, shape, blocks)
-    sizes = _gradient_sizes(run, index)
+    sizes = _gradient_sizes(run, index) if softmax else []
     split = attention_split(run.model, index, len(sizes)) if softmax else None
     if split is not None:
         # the MLP block's, its norm's and the output projection's gradients are made; the residual stream's gradient
@@ -107,13 +108,8 @@ def _freed_copies(run: RunContext, index: int, made: list[int], sizes: list[int]
 @lru_cache(maxsize=4096)
 def _copied(model: Same, index: int, eager_experts: bool) -> tuple[bool, ...]:
     """Per parameter tensor of layer ``index`` (:func:`_gradient_sizes` order), whether autocast copies it."""
-    return tuple(not (_is_norm(p.name) or (eager_experts and p.routed_expert))
+    return tuple(not (is_norm(p.module) or (eager_experts and p.routed_expert))
                  for p in model_parameters(model.obj) if p.layer == index)  # type: ignore[arg-type]
-
-
-def _is_norm(name: str) -> bool:
-    module = name.rpartition(".")[0].rpartition(".")[2]
-    return "norm" in module or module.startswith("ln")
 
 
 def _gradient_sizes(run: RunContext, index: int) -> list[int]:

@@ -36,7 +36,7 @@ from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, ModelSpec
 from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
-__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "after_attention_core", "any_attention_saves", "block_of", "block_terms", "layer_flows",
+__all__ = ["BlockFlow", "LayerFlow", "RootFlow", "after_attention_core", "any_attention_saves", "block_of", "block_terms", "is_norm", "layer_flows",
            "reads_a_gradient", "root_flow", "trained_norm_copies", "uncopied_trained_numel", "under",
            "unkeyed_query_terms"]
 
@@ -161,11 +161,12 @@ def after_attention_core(name: str) -> bool:
     parts = name.split(".")[:-1] or name.split(".")
     if parts[0] in _ATTENTION_NORMS:
         return True
-    return (any(w in parts[0] for w in _ATTENTION_WORDS) and not _is_norm(parts[0])
+    return (any(w in parts[0] for w in _ATTENTION_WORDS) and not is_norm(parts[0])
             and parts[-1] not in _BLOCK_OUTPUT_LINEARS)
 
 
-def _is_norm(module: str) -> bool:
+def is_norm(module: str) -> bool:
+    """A norm module (its last name: ``*norm*``, GPT-2's ``ln_*``)."""
     last = module.rpartition(".")[2]
     return "norm" in last or last.startswith("ln")
 
@@ -239,7 +240,7 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
             experts.add(p.layer)
         if trains and p.layer is not None and is_sinks(p.name):
             sinks.add(p.layer)
-        if (trains and p.layer is not None and not is_routed_experts(p.module) and not _is_norm(p.module)
+        if (trains and p.layer is not None and not is_routed_experts(p.module) and not is_norm(p.module)
                 and block_of(p.module, names[p.layer]) == "mlp"):
             other_mlp.add(p.layer)
         if p.layer is None:
@@ -253,7 +254,7 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
         if trains or copied:
             _mark_attention_inputs(p.module, p.layer, keys, latents)
         if trains:
-            (norms if _is_norm(p.module) else linears).add(key)
+            (norms if is_norm(p.module) else linears).add(key)
         if copied:
             adapted.add(key)
             adapted_input.add(key)
@@ -325,7 +326,7 @@ def root_flow(model: ModelSpec, ft: FineTuning, checkpointing: bool) -> RootFlow
     flows = layer_flows(model, ft, checkpointing)
     embedding = _embedding_trains(model, t)
     before = flows[-1].output_grad if flows else (checkpointing or embedding)
-    norm = any(_is_norm(m) for m in t.root_modules)
+    norm = any(is_norm(m) for m in t.root_modules)
     head = (any(m.startswith("lm_head") for m in t.root_modules | t.root_copies)
             or (model.tie_word_embeddings and embedding))
     full = any(_is_embedding(m) for m in t.root_full) or (

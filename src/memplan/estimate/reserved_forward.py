@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from memplan.estimate.activations import KEPT_BY, UNFUSED_ATTENTION, divided, layer_terms
+from memplan.estimate.activations import KEPT_BY, divided, has_eager_core, layer_terms
 from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.layer_costs import per_tensor_offload
 from memplan.estimate.memo import Same
@@ -52,7 +52,7 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
     # a layer that a layer-checkpointing policy (block, uniform) leaves out saves what it saves without recompute
     run, shape = ctx.run, ctx.run.shape
     whole = index not in ctx.recomputed and not run.policy.partial
-    eager = shape.kernels == "eager" and shape.attention in UNFUSED_ATTENTION
+    eager = has_eager_core(shape)
     if index in ctx.recomputed and not run.policy.partial and eager:
         # a layer recomputed whole with an eager core: its checkpointed forward makes every tensor and frees it (the
         # core's score temporaries around them, as under save_on_cpu), the input kept
