@@ -11,6 +11,7 @@ from memplan.estimate.engine import _stage_parts
 from memplan.estimate.mask_lifetime import mask_releases, released_masks
 from memplan.estimate.memo import Same
 from memplan.estimate.stage_peak import backward_moment
+from memplan.estimate.stage_states import model_states
 from memplan.trace.setup import trace_setup
 
 _CONFIGS = Path(__file__).parents[2] / "benchmarks" / "configs"
@@ -27,7 +28,7 @@ def _moment(name: str, precision: str, seq: int, mbs: int):  # type: ignore[no-u
     model = load_model(str(path) if path.exists() else name)
     _, parts = _stage_parts(Same(model), _job(precision, seq, mbs), 0.0)
     part = parts[0][2]
-    return model, part, backward_moment(part.ctx, part.st, part.walk, part.acts, part.loss)
+    return model, part, backward_moment(part.ctx, model_states(part.ctx), part.walk, part.acts, part.loss)
 
 
 def test_each_kind_s_mask_goes_after_its_lowest_layer() -> None:

@@ -54,7 +54,8 @@ class StageParts:
     walk: LayerWalk
     acts: StageActivations
     loss: LossPart
-    st: StageStates
+    #: The walk's position of the backward's worst step (:func:`~memplan.estimate.stage_peak.backward_moment`).
+    walked: int | None
 
 
 def stage_estimate(ctx: StageContext, *, simulate_reserved: bool = False) -> tuple[StageEstimate, list[str]]:
@@ -71,8 +72,7 @@ def simulate_stage(stage: StageEstimate, notes: list[str], parts: StageParts) ->
     allocator simulator run on the stage's schedule (:mod:`memplan.estimate.reserved_sim`)."""
     from memplan.estimate.reserved_sim import simulated_reserved  # the allocator model, only when asked
 
-    walked = backward_moment(parts.ctx, parts.st, parts.walk, parts.acts, parts.loss)[2]
-    sim = simulated_reserved(parts.ctx, parts.ledger, parts.walk, parts.acts, parts.loss, walked=walked)
+    sim = simulated_reserved(parts.ctx, parts.ledger, parts.walk, parts.acts, parts.loss, walked=parts.walked)
     return replace(stage, peak_reserved_bytes=sim.reserved), [*notes, sim.note]
 
 
@@ -89,14 +89,15 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     forward = forward_peaks(acts, forward_extra, ctx)
     ledger = Ledger(_BASE_PHASES + (("loss",) if ctx.layout.has_head else ()) + (("forward",) if forward else ()))
     comm, max_comm = communication(ctx, st, acts, forward)
-    ledger.extend(chain(st.contributions, stage_buffers(ctx), phase_contributions(ctx, st, walk, acts, loss, forward_extra),
-                        comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
+    moment = backward_moment(ctx, st, walk, acts, loss)
+    ledger.extend(chain(st.contributions, stage_buffers(ctx),
+                        phase_contributions(ctx, st, walk, acts, loss, forward_extra, moment), comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
     inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0
     memory = graphs(ctx, ledger, walk, inputs)
     peak = ledger.peak()
     stage = _stage_figures(ctx, st, acts, loss, ledger, peak, max_comm, memory,
                            captured_layers=sum(walk.chunk_graph_layers))
-    return stage, [*ledger.notes(), *acts.notes], StageParts(ctx, ledger, walk, acts, loss, st)
+    return stage, [*ledger.notes(), *acts.notes], StageParts(ctx, ledger, walk, acts, loss, moment[2])
 
 
 def _stage_figures(ctx: StageContext, st: StageStates, acts: StageActivations, loss: LossPart, ledger: Ledger,

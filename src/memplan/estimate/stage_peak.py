@@ -116,8 +116,9 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
 
 
 def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
-                        loss: LossPart, forward_extra: int) -> Iterator[Contribution]:
-    """What is alive at each candidate moment beyond the model states and workspaces."""
+                        loss: LossPart, forward_extra: int, moment: BackwardMoment) -> Iterator[Contribution]:
+    """What is alive at each candidate moment beyond the model states and workspaces (``moment``: the backward's
+    worst step, :func:`backward_moment`)."""
     run, layout = ctx.run, ctx.layout
     job = run.job
     absent = st.states.gradients if no_grads_yet(ctx) else 0
@@ -134,7 +135,7 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
                        note=_AUTOCAST_CACHE_NOTE if acts.autocast_cache else "")
     yield Contribution(TEMPORARY, acts.autocast_cache, _FORWARD)
     yield from (Contribution(LOGITS, 0, _LOSS, note=note) for note in _loss_notes(ctx))
-    yield from _backward(ctx, st, walk, acts, loss)
+    yield from _backward(ctx, walk, moment)
     # the last layer's forward temporaries (DoRA's weights, gpt-oss's sink attention),
     # the layers' activations held
     yield Contribution(TEMPORARY, forward_extra if not ctx.recomputed else 0, _FORWARD)
@@ -167,18 +168,22 @@ def forward_peaks(acts: StageActivations, forward_extra: int, ctx: StageContext)
     return bool(acts.unused_buffers) or bool(forward_extra and not ctx.recomputed)
 
 
-def _backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
-              loss: LossPart) -> Iterator[Contribution]:
+def _backward(ctx: StageContext, walk: LayerWalk, moment: BackwardMoment) -> Iterator[Contribution]:
     """The backward's worst step (:func:`backward_moment`)."""
-    layers, temp, _, final_norm = backward_moment(ctx, st, walk, acts, loss)
+    layers, temp, _, final_norm = moment
     if final_norm:
         yield Contribution(TEMPORARY, 0, _BACKWARD, note=final_norm_backward.NOTE)
     yield Contribution(ACTIVATIONS, layers, _BACKWARD, note=_policy_independent_note(ctx))
     yield Contribution(TEMPORARY, temp, _BACKWARD, note=recomputed_backward.NOTE if walk.walked else "")
 
 
+#: :func:`backward_moment`'s (activations, temporaries, the walk's position of its layer or None, whether it is the
+#: final norm's).
+BackwardMoment = tuple[int, int, int | None, bool]
+
+
 def backward_moment(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
-                    loss: LossPart) -> tuple[int, int, int | None, bool]:
+                    loss: LossPart) -> BackwardMoment:
     """(activations, temporaries, the walk's position of its layer or None, whether it is the final norm's) of the
     backward's worst step: a layer's (the head's backward has run, so what the final norm, the head (its autocast
     weight copy included) and the loss saved is released, and its gradient exists;
