@@ -48,5 +48,4 @@ def final_norm_backward_bytes(ctx: StageContext) -> int:
         return 0  # FSDP2: the collectives alive then are not a block's backward's (see the module)
     if run.counts is not None and not root_flow(run.model, run.job.finetune, run.policy.input_grads).norm_input_grad:
         return 0
-    divisor = shape.tp if shape.sequence_parallel else 1
-    return _FP32_TENSORS * NORM_COMPUTE_BYTES * shape.seq * shape.micro_batch * shape.hidden // divisor
+    return _FP32_TENSORS * NORM_COMPUTE_BYTES * shape.local_tokens * shape.hidden

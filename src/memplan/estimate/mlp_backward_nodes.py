@@ -136,10 +136,9 @@ def _applies(mlp: MLPSpec, flow: LayerFlow | None, sizes: dict[TermRole, int], g
     """Whether the walk prices this block (see the module): a trained gated MLP, or a frozen one (with a LoRA adapter
     on its output projection, which the caller checks), or a trained or frozen (maybe LoRA-adapted) ``gelu_new``
     one."""
-    gated = mlp.gated and not mlp.fused_gate_up
-    if flow is None:
-        return bool(gelu) or gated
-    return (bool(gelu) or gated) and not flow.mlp.linears_train and TermRole.MLP_FC2_DORA_INPUT not in sizes
+    if not (gelu or (mlp.gated and not mlp.fused_gate_up)):
+        return False
+    return flow is None or (not flow.mlp.linears_train and TermRole.MLP_FC2_DORA_INPUT not in sizes)
 
 
 #: A node: (bytes it makes and holds at its worst, bytes it frees after, weight-gradient bytes it leaves made).

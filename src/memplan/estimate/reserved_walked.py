@@ -32,10 +32,7 @@ def walked_fused(ctx: StageContext, index: int) -> Walked | None:
     run = ctx.run
     if not run.dropped or run.shape.attention in UNFUSED_ATTENTION:
         return None
-    copies = recomputed_copies_bytes(ctx, index)
-    if recomputed_backward(ctx, index, copies) is None:
-        return None
-    return saved_tensors(run, index), copies
+    return _walked(ctx, index)
 
 
 def walked_whole(ctx: StageContext, index: int) -> Walked | None:
@@ -45,10 +42,15 @@ def walked_whole(ctx: StageContext, index: int) -> Walked | None:
     run = ctx.run
     if index not in ctx.recomputed or run.policy.partial or run.dropped or ctx.group != 1:
         return None
+    return _walked(ctx, index)
+
+
+def _walked(ctx: StageContext, index: int) -> Walked | None:
+    """Layer ``index``'s tensors and recomputed copies where the allocated peak walks its backward, else None."""
     copies = recomputed_copies_bytes(ctx, index)
     if recomputed_backward(ctx, index, copies) is None:
         return None
-    return saved_tensors(run, index), copies
+    return saved_tensors(ctx.run, index), copies
 
 
 def walked_backward(run: RunContext, layer: tuple[int, Walked],
