@@ -398,3 +398,36 @@ def test_timeline_keeps_every_peak_and_marks_the_oom() -> None:
     assert max(p[1] for p in points) == doc["timeline"]["peak_live_bytes"] == GiB + 3 * MiB
     assert doc["timeline"]["oom_index"] is not None and doc["timeline"]["oom_index"] <= 3002
     assert diagnose(CORPUS[0]["message"]).to_json()["timeline"] is None  # a message has no events
+
+
+@pytest.mark.parametrize(("framework", "dialect"), [("megatron", "Megatron-LM arguments"), ("deepspeed", "DeepSpeed config"),
+                                                    ("hf", "TrainingArguments"), ("torchtitan", "torchtitan TOML")])
+def test_every_job_fix_is_said_in_the_framework_s_own_settings(framework: str, dialect: str) -> None:
+    """Each job fix carries its framework's settings (memplan.frameworks.native_fix), in the JSON and the text."""
+    job = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 8, "seq": 8192, "mbs": 4, "framework": framework}))
+    report = diagnose(job=job, gpu="h100-80gb")
+    fixes = [f for f in report.fixes if f.kind == "job"]
+    assert fixes and all(f.native is not None and f.native["dialect"] == dialect for f in fixes)
+    assert all(f.native["text"] or f.native["notes"] for f in fixes)
+    assert report.to_json()["fixes"][0]["native"] == fixes[0].native
+    assert f"{dialect}: " in report.to_text()
+
+
+def test_megatron_fsdp_and_zero_3_are_one_run_offered_once() -> None:
+    """Megatron-LM runs FSDP as Megatron-FSDP's optim_grads_params, which its arguments read back as ZeRO stage 3:
+    the doctor offers that run once, priced as it reads back."""
+    job = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 8, "seq": 8192, "mbs": 4, "framework": "megatron"}))
+    fixes = diagnose(job=job, gpu="h100-80gb").fixes
+    assert not any("--fsdp" in f.setting for f in fixes)
+    assert any("--zero 3" in f.setting and "optim_grads_params" in f.native["text"] for f in fixes)
+
+
+def test_hf_zero_is_priced_as_the_trainer_runs_it() -> None:
+    """A Hugging Face job's ZeRO fix is DeepSpeed's engine (--deepspeed), as memplan's TrainingArguments reader
+    reads it; FSDP's CPU offload moves the parameters with the optimizer states."""
+    job = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 8, "seq": 8192, "mbs": 4, "framework": "hf"}))
+    fixes = diagnose(job=job, gpu="h100-80gb").fixes
+    zero = [f for f in fixes if "--zero" in f.setting]
+    assert zero and all("--framework deepspeed" in f.setting and "--deepspeed" in f.native["text"] for f in zero)
+    offload = [f for f in fixes if "--offload-optimizer" in f.setting and "--fsdp" in f.setting]
+    assert all("--offload-params" in f.setting and "offload" in f.native["text"] for f in offload)

@@ -13,7 +13,7 @@ from memplan.doctor.render import render_report
 def _fix(setting: str, verified: bool, verified_by: str) -> SimpleNamespace:
     return SimpleNamespace(action=setting, setting=setting, verified=verified, verified_by=verified_by,
                            peak_bytes=None, limit_bytes=None, step_time_s=None, base_step_time_s=None, cost=0.0,
-                           saves_bytes=1 << 30)
+                           saves_bytes=1 << 30, native=None)
 
 
 def _text(report: SimpleNamespace) -> str:

@@ -124,7 +124,7 @@ def estimate_command(
 def _print_cheapest_fit(loaded: Any) -> None:
     """The cheapest change (or combination of changes) that makes a job fit, as ``memplan doctor`` verifies them."""
     from memplan.doctor.job_fixes import cheapest_fit
-    from memplan.doctor.words import format_bytes
+    from memplan.doctor.words import format_bytes, native_lines
 
     with handle_errors():
         fix = cheapest_fit(loaded, loaded.gpu)
@@ -136,6 +136,8 @@ def _print_cheapest_fit(loaded: Any) -> None:
     typer.secho(f"To fit: {fix.setting} ({fix.action}: {format_bytes(fix.peak_bytes)} reserved within the "
                 f"{format_bytes(fix.limit_bytes)} limit{cost}; the cheapest of memplan doctor's job fixes).",
                 fg="green")
+    for line in native_lines(fix.native):
+        typer.secho(f"  {line}", fg="green" if not line.startswith("(") else None)
 
 
 def _save_job(loaded: Any, path: str) -> None:

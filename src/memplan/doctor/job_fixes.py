@@ -28,7 +28,9 @@ from memplan.doctor.message import OOMMessage
 from memplan.doctor.report import Fix
 from memplan.doctor.words import format_bytes
 from memplan.errors import ConfigError, UnsupportedError
-from memplan.job import FineTuning, Job, Offload, Recompute
+from memplan.frameworks.native_fix import native_change
+from memplan.job import FineTuning, Job, Recompute
+from memplan.profiles.framework import get_profile
 from memplan.tuning.peft_methods import LORA
 from memplan.tuning.quant_formats import NF4
 
@@ -75,8 +77,11 @@ def _changes(job: Job) -> list[_Change]:
         if not (job.sharding.distributed_optimizer or job.sharding.zero):  # refused where Megatron's is not the framework
             out.append(_Change("Distributed optimizer (optimizer states sharded over data parallelism)",
                                "--distributed-optimizer", "distributed_optimizer", _sharded(distributed_optimizer=True)))
+        runner = get_profile(job.framework).zero_framework
+        through = " (DeepSpeed through --deepspeed)" if runner else ""
+        framework = f"--framework {runner} " if runner else ""
         for stage in range(job.sharding.zero + 1, 4):
-            out.append(_Change(f"ZeRO stage {stage}", f"--zero {stage}", "zero", _sharded(zero=stage)))
+            out.append(_Change(f"ZeRO stage {stage}{through}", f"{framework}--zero {stage}", "zero", _zero(stage)))
         out.append(_Change("FSDP full sharding", "--fsdp full", "fsdp", _sharded(zero=0, fsdp="full")))
     if not job.offload.optimizer and (offload := _offload_change(job)) is not None:
         out.append(offload)
@@ -97,9 +102,19 @@ def _sharded(**fields: Any) -> Callable[[Job], Job]:
     return lambda job: replace(job, sharding=replace(job.sharding, **fields))
 
 
+def _zero(stage: int) -> Callable[[Job], Job]:
+    """The job at ZeRO ``stage``, under the framework whose engine runs it (the profile's ``zero_framework``)."""
+    def apply(job: Job) -> Job:
+        runner = get_profile(job.framework).zero_framework or job.framework
+        return replace(job, framework=runner, sharding=replace(job.sharding, zero=stage))
+    return apply
+
+
 def _offloaded(job: Job) -> Job:
-    return replace(job, offload=replace(job.offload, optimizer=True)
-                   if isinstance(job.offload, Offload) else Offload(optimizer=True))
+    """Optimizer states offloaded; under FSDP the parameters too: PyTorch FSDP's CPU offload (``CPUOffloadPolicy``,
+    ``CPUOffload(offload_params=True)``) moves the sharded parameters with the optimizer step, all or nothing."""
+    params = job.sharding.fsdp != "none"
+    return replace(job, offload=replace(job.offload, optimizer=True, params=job.offload.params or params))
 
 
 #: What optimizer offload needs where the job does not shard its optimizer states, in the order tried: the
@@ -107,8 +122,9 @@ def _offloaded(job: Job) -> Job:
 _OFFLOAD_SHARDINGS: tuple[tuple[str, str, Callable[[Job], Job]], ...] = (
     ("", "", lambda j: j),
     (" with the distributed optimizer", " --distributed-optimizer", _sharded(distributed_optimizer=True)),
-    (" with FSDP full sharding", " --fsdp full", _sharded(fsdp="full")),
-    (" with ZeRO stage 1", " --zero 1", _sharded(zero=1)),
+    (" with FSDP full sharding (FSDP offloads the parameters too)", " --fsdp full --offload-params",
+     _sharded(fsdp="full")),
+    (" with ZeRO stage 1", " --zero 1", _zero(1)),
 )
 
 
@@ -188,6 +204,22 @@ def _combined(job: Job, singles: list[_Change], limit: int, peak_and_time: Calla
     return out
 
 
+def _same_run_once(job: Job, tried: list[tuple[_Change, int, float | None]]) -> list[
+        tuple[_Change, int, float | None]]:
+    """Drop a change whose settings in the framework's own terms are another's and that was priced otherwise (its
+    rendering says so in a note): Megatron-LM runs FSDP as Megatron-FSDP's sharding strategy, so ``--fsdp full``
+    and ``--zero 3`` are one Megatron run, priced as its arguments read back."""
+    natives = [native_change(job, change.apply(job)) for change, _, _ in tried]
+    exact = {n.text() for n in natives if n is not None and not n.notes and n.settings}
+    return [t for t, n in zip(tried, natives, strict=True) if n is None or not n.notes or n.text() not in exact]
+
+
+def _native(job: Job, change: _Change) -> dict[str, Any] | None:
+    """The change in the job's framework's own settings (:mod:`memplan.frameworks.native_fix`)."""
+    native = native_change(job, change.apply(job))
+    return None if native is None else native.to_dict()
+
+
 def _hardware(gpu: str | None, msg: OOMMessage | None, notes: list[str]) -> Any:
     from memplan.fit.hardware import hardware_for
     from memplan.gpus import list_gpus
@@ -256,7 +288,7 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
         single_fits = any(peak <= limit for _, peak, _ in tried)
         tried += _combined(job, [t[0] for t in tried], limit, peak_and_time, single_fits)
     fixes = []
-    for change, peak, seconds in _one_micro_batch(tried, limit):
+    for change, peak, seconds in _same_run_once(job, _one_micro_batch(tried, limit)):
         fits = peak <= limit
         if not change.priced:
             seconds = None
@@ -271,5 +303,6 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
         fixes.append(Fix(action=change.action, kind="job", setting=change.flags, saves_bytes=base_peak - peak,
                          verified=fits, verified_by="estimate", verification=text, peak_bytes=peak,
                          limit_bytes=limit, step_time_s=seconds, base_step_time_s=base_time,
-                         config_key=change.key, changes_training=change.changes_training))
+                         config_key=change.key, changes_training=change.changes_training,
+                         native=_native(job, change)))
     return fixes

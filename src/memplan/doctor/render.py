@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memplan.doctor.words import VERDICT_TEXT, format_bytes
+from memplan.doctor.words import VERDICT_TEXT, format_bytes, native_lines
 
 __all__ = ["render_report"]
 
@@ -63,7 +63,10 @@ def render_report(report: Any) -> Any:
         usable = [(rank, fix) for rank, fix in enumerate(report.fixes, start=1) if not _shown_to_fail(fix)]
         if usable:
             parts.append(Text("use:", style="bold"))
-            parts.extend(Text(f"  {rank}. {fix.setting}", no_wrap=True, overflow="ignore") for rank, fix in usable)
+            for rank, fix in usable:
+                parts.append(Text(f"  {rank}. {fix.setting}", no_wrap=True, overflow="ignore"))
+                parts.extend(Text(f"     {line}", overflow="fold", style="dim" if line.startswith("(") else "")
+                             for line in native_lines(fix.native))
         else:
             parts.append(Text("use: none of these fixes is enough alone (each still runs out of memory); combine "
                               "them or give the job more memory", style="yellow"))

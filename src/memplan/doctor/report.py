@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from memplan.doctor.message import OOMMessage
-from memplan.doctor.words import VERDICT_TEXT, format_bytes
+from memplan.doctor.words import VERDICT_TEXT, format_bytes, native_lines
 from memplan.settings import settings_dict
 
 __all__ = ["VERDICTS", "DoctorReport", "Evidence", "Finding", "Fix", "Verdict", "rank_fixes"]
@@ -95,6 +95,9 @@ class Fix:
     config_key: str = ""
     #: True when the change alters what the job computes or trains (LoRA/QLoRA), not only how.
     changes_training: bool = False
+    #: A job fix in the job's framework's own settings (``NativeChange.to_dict()``: ``dialect``, ``text``,
+    #: ``settings``, ``notes``); None for other fixes.
+    native: dict[str, Any] | None = None
 
     @property
     def fits(self) -> bool:
@@ -114,6 +117,7 @@ class Fix:
             "verification": self.verification, "peak_bytes": self.peak_bytes, "limit_bytes": self.limit_bytes,
             "step_time_s": self.step_time_s, "base_step_time_s": self.base_step_time_s,
             "step_time_cost": round(self.cost, 6), "changes_training": self.changes_training,
+            "native": self.native,
         }
 
 
@@ -189,6 +193,7 @@ class DoctorReport:
         for rank, fix in enumerate(self.fixes, start=1):
             mark = "verified" if fix.verified else "NOT verified"
             lines.append(f"  {rank}. {fix.action}: {fix.setting}")
+            lines.extend(f"      {line}" for line in native_lines(fix.native))
             lines.append(f"      saves {format_bytes(fix.saves_bytes)}; {mark} by {fix.verified_by}: "
                          f"{fix.verification}")
         lines.extend(f"note: {n}" for n in self.notes)

@@ -96,11 +96,15 @@ def parse_hf_command_line(text: str) -> dict[str, Any]:
 
 def read_json_object(path: str, base_dir: Path | None, key: str) -> dict[str, Any]:
     """The JSON object in the file ``path`` (relative: to ``base_dir`` if it is there, else the current
-    folder) that field ``key`` of the arguments names."""
-    file = Path(path).expanduser()
-    if not file.is_absolute() and base_dir is not None and (base_dir / file).is_file():
-        file = base_dir / file
-    text = read_text_file(file, field=f"{_FLAG}: {key}")
+    folder) that field ``key`` of the arguments names; a value starting with ``{`` is the object itself, as
+    TrainingArguments reads its dict fields (``_VALID_DICT_FIELDS``: ``--deepspeed '{"zero_optimization": ...}'``)."""
+    if path.lstrip().startswith("{"):
+        text = path
+    else:
+        file = Path(path).expanduser()
+        if not file.is_absolute() and base_dir is not None and (base_dir / file).is_file():
+            file = base_dir / file
+        text = read_text_file(file, field=f"{_FLAG}: {key}")
     try:
         data = parse_json(text, field=f"{_FLAG}: {key}")
     except json.JSONDecodeError as exc:

@@ -205,6 +205,10 @@ class FrameworkProfile:
     features: frozenset[str] = frozenset()
     #: Why ``--fsdp`` cannot be combined with this framework (None: it runs PyTorch FSDP).
     fsdp_refusal: str | None = None
+    #: The framework whose engine runs a ZeRO stage the user turns on here (None: this one). The Hugging Face
+    #: Trainer hands ``--deepspeed`` to DeepSpeed's engine (its 16-bit weights, fp32 master and buckets), as
+    #: memplan's TrainingArguments reader does; the doctor prices such a fix under that framework.
+    zero_framework: str | None = None
     #: Its own validity rules, run on every job of this framework (``Job.__post_init__``) and on every
     #: job with a model (:func:`memplan.jobcheck.validate_job_for_model`); each raises ``JobConfigError``.
     job_rules: tuple[JobRule, ...] = ()
@@ -364,6 +368,7 @@ HF = FrameworkProfile(
     fit_shardings=("ddp", "fsdp-full", "fsdp-hybrid"),
     fp32_router_weights=True,
     features=frozenset({"zero-stages"}),
+    zero_framework="deepspeed",
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure
