@@ -122,8 +122,7 @@ def _offloaded(job: Job) -> Job:
 _OFFLOAD_SHARDINGS: tuple[tuple[str, str, Callable[[Job], Job]], ...] = (
     ("", "", lambda j: j),
     (" with the distributed optimizer", " --distributed-optimizer", _sharded(distributed_optimizer=True)),
-    (" with FSDP full sharding (FSDP offloads the parameters too)", " --fsdp full --offload-params",
-     _sharded(fsdp="full")),
+    (" with FSDP full sharding", " --fsdp full", _sharded(fsdp="full")),
     (" with ZeRO stage 1", " --zero 1", _zero(1)),
 )
 
@@ -133,10 +132,12 @@ def _offload_change(job: Job) -> _Change | None:
     ``--optimizer-cpu-offload`` its distributed optimizer); None where the framework accepts none of them."""
     for words, flags, shard in _OFFLOAD_SHARDINGS:
         try:
-            _offloaded(shard(job))
+            offloaded = _offloaded(shard(job))
         except ConfigError:
             continue
-        return _Change(f"Offload optimizer states to CPU memory{words}", f"--offload-optimizer{flags}",
+        params = offloaded.offload.params and not job.offload.params
+        return _Change(f"Offload optimizer states{' and parameters' if params else ''} to CPU memory{words}",
+                       f"--offload-optimizer{flags}{' --offload-params' if params else ''}",
                        "offload_optimizer" + (",sharding" if flags else ""), lambda j, shard=shard: _offloaded(shard(j)),
                        priced=False)
     return None
