@@ -219,6 +219,19 @@ def test_doctor_verdict_from_a_pasted_message(page: Any, server: str) -> None:
     assert page.get_attribute("#doctor-verdict", "data-verdict") == doc["verdict"]
 
 
+def test_doctor_job_fixes_say_the_framework_s_own_settings(page: Any, server: str) -> None:
+    """With the job on the left checked, each job fix shows its Megatron-LM arguments, as the API gives them."""
+    open_page(page, server, "?model=llama-3.1-8b&gpu=h100-80gb&gpus=8&mbs=4&seq=8192&panel=doctor&d_job=1")
+    page.fill("#d-message", OOM)
+    page.click("#d-run")
+    page.wait_for_selector("#panel-doctor[data-state=done]")
+    items = page.locator("#doctor-fixes > li")
+    natives = page.locator("#doctor-fixes > li .native")
+    assert 1 <= natives.count() <= items.count()
+    assert "Megatron-LM arguments: --" in natives.first.inner_text()
+    assert natives.first.locator(".setting").inner_text().startswith("--")
+
+
 def test_doctor_verdict_from_a_chosen_trace_file(page: Any, server: str, tmp_path: Any) -> None:
     from memplan.events import AllocEvent, Trace, write_trace
 

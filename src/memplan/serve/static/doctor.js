@@ -59,10 +59,20 @@ export function renderDoctor(doc) {
         x.saves_bytes === null ? null : ` saves ${gib(x.saves_bytes)}`,
         x.step_time_cost ? ` · step time ${x.step_time_cost > 0 ? "+" : ""}${(100 * x.step_time_cost).toFixed(1)}%` : null,
         x.changes_training ? " · changes what trains" : null),
+      nativeSettings(x.native),
       el("p", { class: "help", text: x.verification })))));
   }
   if ((doc.notes || []).length) parts.push(el("ul", { class: "notes" }, ...doc.notes.map((n) => el("li", { text: n }))));
   out.replaceChildren(...parts);
+}
+
+// A job fix in the job's framework's own settings (Megatron-LM arguments, a DeepSpeed config, TrainingArguments,
+// a torchtitan TOML), then what those settings do not carry; nothing for other fixes.
+function nativeSettings(native) {
+  if (!native) return null;
+  return el("div", { class: "native" },
+    native.text ? el("div", {}, `${native.dialect}: `, el("code", { class: "setting", text: native.text })) : null,
+    ...native.notes.map((n) => el("p", { class: "help", text: n })));
 }
 
 // The GPU at the moment of the OOM, from the message's own figures: what PyTorch allocated, what it
