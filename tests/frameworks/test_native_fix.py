@@ -11,6 +11,7 @@ without a note, fails the test.
 from __future__ import annotations
 
 import json
+import sys
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -166,3 +167,26 @@ def test_text_quotes_values_with_spaces_and_writes_keys() -> None:
     ds = _deepspeed(DIALECTS["deepspeed"][1], Path("."))
     native = native_change(ds, replace(ds, sharding=replace(ds.sharding, zero=2)))
     assert native is not None and native.text() == "zero_optimization.stage = 2"
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan", "hf"])
+def test_fit_s_layouts_read_back_as_priced(framework: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """memplan fit's ten fastest layouts of llama-3.1-8b on 8 GPUs, said in the framework's settings (as fit's
+    output gives them) and read back by its reader: each estimates exactly as the search priced it. Partial
+    recompute is searched only as the framework runs it (torchtitan: every N-th layer; hf: none)."""
+    from memplan.fit.question import candidate_native
+    from memplan.fit.search import fit
+
+    model = load_model("llama-3.1-8b")
+    monkeypatch.setattr(sys.modules[__name__], "MODEL", model)
+    read, base_settings = DIALECTS[framework]
+    base = read(base_settings, tmp_path)
+    result = fit(model, gpus=GPUS, gpu="h100-80gb", base=base, top=10)
+    assert len(result.candidates) >= 3
+    for candidate in result.candidates:
+        native = candidate_native(model, base, candidate.job)
+        assert native is not None and native["notes"] == [], (candidate.label, native)
+        back = read({**base_settings, **{s["key"]: s["value"] for s in native["settings"]}}, tmp_path)
+        assert _figures(back) == _figures(candidate.job), (candidate.label, native["text"])
+        if framework == "hf":
+            assert candidate.job.recompute.method != "block" or candidate.job.recompute.num_layers is None

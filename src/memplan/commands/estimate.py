@@ -124,7 +124,8 @@ def estimate_command(
 def _print_cheapest_fit(loaded: Any) -> None:
     """The cheapest change (or combination of changes) that makes a job fit, as ``memplan doctor`` verifies them."""
     from memplan.doctor.job_fixes import cheapest_fit
-    from memplan.doctor.words import format_bytes, native_lines
+    from memplan.doctor.words import format_bytes
+    from memplan.frameworks.native_fix import native_lines
 
     with handle_errors():
         fix = cheapest_fit(loaded, loaded.gpu)

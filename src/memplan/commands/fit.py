@@ -156,6 +156,7 @@ def _show(reply: FitAnswer, question: FitQuestion, plot: str | None, json_output
         _print(*fit_text.limit_renderables(reply.result, reply.job, plot))
     else:
         _print(*fit_text.fit_renderables(reply.result, question.top))
+        _print(*fit_text.native_renderables(reply.document))
     print_unmodelled(reply.settings)
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memplan.doctor.words import VERDICT_TEXT, format_bytes, native_lines
+from memplan.doctor.words import VERDICT_TEXT, format_bytes
+from memplan.frameworks.native_fix import native_lines
 
 __all__ = ["render_report"]
 

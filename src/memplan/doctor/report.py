@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from memplan.doctor.message import OOMMessage
-from memplan.doctor.words import VERDICT_TEXT, format_bytes, native_lines
+from memplan.doctor.words import VERDICT_TEXT, format_bytes
+from memplan.frameworks.native_fix import native_lines
 from memplan.settings import settings_dict
 
 __all__ = ["VERDICTS", "DoctorReport", "Evidence", "Finding", "Fix", "Verdict", "rank_fixes"]

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from memplan.units import GiB, MiB
 
-__all__ = ["VERDICT_TEXT", "format_bytes", "native_lines"]
+__all__ = ["VERDICT_TEXT", "format_bytes"]
 
 #: One line per verdict, for people.
 VERDICT_TEXT: dict[str, str] = {
@@ -31,11 +29,3 @@ def format_bytes(value: int | None) -> str:
         return f"{sign}{value / GiB:.2f} GiB"
     return f"{sign}{value / MiB:.1f} MiB"
 
-
-def native_lines(native: dict[str, Any] | None) -> list[str]:
-    """A job fix in its framework's settings (``Fix.native``), for people: ``Megatron-LM arguments:
-    --micro-batch-size 1``, then what those settings do not carry, in parentheses."""
-    if not native:
-        return []
-    lines = [f"{native['dialect']}: {native['text']}"] if native["text"] else []
-    return lines + [f"({note})" for note in native["notes"]]

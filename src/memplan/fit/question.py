@@ -172,8 +172,22 @@ def _search_answer(question: FitQuestion, flags: dict[str, Any], progress: Progr
         result = _search(model, gpus, base, question, top=question.top, progress=progress, gbs=flags.get("gbs"))
     except NoFitError as exc:  # a result, not bad input
         result, failure = exc.result, str(exc)
-    return FitAnswer({**result.to_dict(top=question.top), "failure": failure, **settings_dict(read)}, failure, result,
-                     settings=read)
+    document = result.to_dict(top=question.top)
+    for shown, candidate in zip(document["candidates"], result.candidates, strict=False):
+        shown["native"] = candidate_native(model, base, candidate.job)
+    return FitAnswer({**document, "failure": failure, **settings_dict(read)}, failure, result, settings=read)
+
+
+def candidate_native(model: ModelSpec, base: Job, job: Job) -> dict[str, Any] | None:
+    """A fitting job in the base job's framework's own settings (:mod:`memplan.frameworks.native_fix`): what to
+    change in the user's launch, its config or its TOML to run it."""
+    from memplan.estimate.layout import pipeline_layout
+    from memplan.frameworks.native_fix import native_change
+    from memplan.profiles.framework import get_profile
+
+    stages = pipeline_layout(model.num_layers, job.parallel, 1, get_profile(job.framework).pipeline_split)
+    native = native_change(base, job, rank_layers=[stage.num_layers for stage in stages])
+    return None if native is None else native.to_dict()
 
 
 def _base_job(flags: Mapping[str, Any]) -> Job:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from memplan.errors import ConfigError
 from memplan.estimate.engine import DEFAULT_FRAGMENTATION
+from memplan.estimate.layout import pipeline_layout
 from memplan.fit.context import (
     FULL_RECOMPUTE,
     NO_RECOMPUTE,
@@ -40,6 +41,8 @@ from memplan.gpus import GPU
 from memplan.job import FrameworkName, Job, PrecisionName, Recompute
 from memplan.model.spec import ModelSpec
 from memplan.policies import resolve_policy
+from memplan.profiles.framework import get_profile
+from memplan.profiles.partial_recompute import every_nth_counts
 from memplan.units import GiB
 
 #: Called with (layouts searched, layouts in all) as the search goes.
@@ -57,6 +60,18 @@ def _chunk_layers(ctx: SearchContext, layout: Layout) -> int:
     return max(1, -(-max(per_stage) // layout.vpp))
 
 
+def _partial_counts(ctx: SearchContext, layout: Layout, full: Job) -> list[int]:
+    """Layers per stage a partial recompute may checkpoint, smallest first, as the framework runs it
+    (:mod:`memplan.profiles.partial_recompute`)."""
+    profile = get_profile(ctx.framework)
+    if profile.partial_recompute == "layers":
+        return list(range(1, _chunk_layers(ctx, layout)))
+    if profile.partial_recompute == "every-nth":
+        stages = pipeline_layout(ctx.model.num_layers, full.parallel, 1, profile.pipeline_split)
+        return list(every_nth_counts([stage.num_layers for stage in stages]))
+    return []
+
+
 def _best_at(ctx: SearchContext, layout: Layout, mbs: int, plain_first: bool) -> Job | None:
     """The fastest recompute setting that fits at this micro-batch, or None if none fits.
 
@@ -71,11 +86,12 @@ def _best_at(ctx: SearchContext, layout: Layout, mbs: int, plain_first: bool) ->
         return None
     if ctx.fits(plain):
         return plain
-    lo, hi = 1, _chunk_layers(ctx, layout) - 1  # smallest N of block recompute that fits
+    counts = _partial_counts(ctx, layout, full)  # the fewest recomputed layers per stage that fits
     best = full
+    lo, hi = 0, len(counts) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
-        job = ctx.job(layout, mbs, Recompute(mode="full", method="block", num_layers=mid))
+        job = ctx.job(layout, mbs, Recompute(mode="full", method="block", num_layers=counts[mid]))
         if ctx.fits(job):
             best, hi = job, mid - 1
         else:

@@ -44,6 +44,7 @@ from memplan.job import Job
 from memplan.jobflags import build_job
 from memplan.model.spec import ModelSpec
 from memplan.optimizers import by_dialect
+from memplan.profiles.partial_recompute import every_nth, rank_layers
 from memplan.profiles.pipeline_split import weighted_split
 from memplan.settings import InputSetting, dotted_leaves
 from memplan.textfile import read_text_file
@@ -479,9 +480,9 @@ def _every_nth(r: _Reader, every: int, chunks: tuple[int, ...], pp: int) -> None
     """torchtitan checkpoints layers N, 2N, ... of each rank (a process-wide counter over its layers;
     0 or 1: all); memplan's block method recomputes the first k layers of each stage: the same count."""
     a = "activation_checkpoint."
-    per_rank = [sum(chunks[rank::pp]) for rank in range(pp)]
-    counts = [layers if every <= 1 else layers // every for layers in per_rank]
-    k = min(counts)
+    per_rank = rank_layers(chunks, pp)
+    counts = [every_nth(every, (layers,)) for layers in per_rank]
+    k = every_nth(every, per_rank)
     note = f"{every}: every {every}-th layer fully checkpointed ({k} per stage)"
     r.mark(a + "mode", "modelled", "selective per layer: full recompute of some layers")
     if k == 0:

@@ -12,6 +12,7 @@ from memplan.errors import JobConfigError
 from memplan.frozen import frozen_dataclass
 from memplan.profiles import megatron_rules
 from memplan.profiles.defaults import DefaultRule
+from memplan.profiles.partial_recompute import PartialRecompute
 from memplan.profiles.rules import JobRule, ModelRule
 from memplan.units import MiB
 
@@ -205,6 +206,10 @@ class FrameworkProfile:
     features: frozenset[str] = frozenset()
     #: Why ``--fsdp`` cannot be combined with this framework (None: it runs PyTorch FSDP).
     fsdp_refusal: str | None = None
+    #: Which full recomputes of only some layers per stage run here (:mod:`memplan.profiles.partial_recompute`):
+    #: any count (Megatron), the counts of every N-th layer (torchtitan), none (the Hugging Face Trainer's and
+    #: DeepSpeed's gradient checkpointing wraps every layer). ``memplan fit`` searches only these.
+    partial_recompute: PartialRecompute = "none"
     #: The framework whose engine runs a ZeRO stage the user turns on here (None: this one). The Hugging Face
     #: Trainer hands ``--deepspeed`` to DeepSpeed's engine (its 16-bit weights, fp32 master and buckets), as
     #: memplan's TrainingArguments reader does; the doctor prices such a fix under that framework.
@@ -280,6 +285,7 @@ MEGATRON = FrameworkProfile(
     fit_interleaved=True,
     fit_expert_parallel=True,
     fit_shardings=("dist-opt",),
+    partial_recompute="layers",
     global_memory_buffer=True,
     te_context_parallel=True,
     te_grouped_gemm_workspaces=True,
@@ -312,6 +318,7 @@ TORCHTITAN = FrameworkProfile(
     dtensor_loss_parallel=True,
     fit_tensor_parallel=True,
     fit_pipelines=True,
+    partial_recompute="every-nth",
     # the allocator simulator on the estimate's schedule where the trace witnesses torchtitan (the reserved
     # grid's torchtitan cell +0.3%, fixed +6.9%; its published FSDP runs -4.8..-5.3%, fixed -6.2..-9.6%);
     # with pipeline parallelism ``auto`` is fixed for every framework (estimate.engine.reserved_mode: on the

@@ -72,6 +72,19 @@ def fit_renderables(result: FitResult, top: int | None) -> list[Any]:
     return out
 
 
+def native_renderables(document: dict[str, Any]) -> list[Any]:
+    """The fastest candidate in the framework's own settings (``candidates[0].native`` of ``fit --json``), and
+    what those settings do not carry."""
+    from memplan.frameworks.native_fix import native_lines
+
+    candidates = document.get("candidates") or []
+    lines = native_lines(candidates[0].get("native")) if candidates else []
+    if not lines:
+        return []
+    return [Group(Text("Fastest (#1) in the framework's settings:", style="bold"),
+                  *(Text(f"  {line}", style="dim" if line.startswith("(") else "") for line in lines))]
+
+
 def limit_renderables(limit: Limit, job: Job, plot: str | None) -> list[Any]:
     """The layout searched, memory at each value tried, the verdict, and where ``plot`` was written."""
     par = job.parallel
