@@ -2,8 +2,10 @@
 forward reads the checkpoint's input, so the layer's backward figures are net of the saved terms that *are* that
 input (:func:`memplan.estimate.recomputed_backward.checkpoint_input_bytes`), and of nothing else. An eager RMSNorm
 on a 16-bit residual saves an fp32 copy and its normalized tensor, which the norm-input term stands for: netting it
-left each cell one hidden state short at its recomputed layer's worst moment. The agreement grid's cells (its
-configs), bound tighter than the grid's 3%; ``before``: the estimate's error on fe33f35.
+left each cell one hidden state short at its recomputed layer's worst moment. Under ``save_on_cpu`` the checkpoint's
+input comes back from host memory as a new tensor when the recompute starts
+(:func:`memplan.estimate.recomputed_backward.brought_back_input`), beside the recomputed forward. The agreement grid's
+cells (its configs), bound tighter than the grid's 3%; ``before``: the estimate's error on fe33f35.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ TOLERANCE = 0.0025
     ("gpt_oss", 1024, "bf16", {}, -0.00455),
     # a trained layer on a frozen 16-bit base under autocast: the residual stream is 16-bit there
     ("gpt_oss", 256, "bf16-mixed", {"trainable": "layers.1"}, -0.0054),
+    # save_on_cpu, DoRA on a 16-bit base (frozen norms: no saved term is the input): the last layer's recomputed
+    # forward inside the MLP output projection's DoRA, the input brought back beside it
+    ("gemma2", 256, "bf16-mixed", {"offload_activations": True, "peft": "dora", "lora_targets": "all-linear"},
+     -0.00903),
 ])
 def test_recomputed_layer_rereads_only_its_input(tmp_path: Path, name: str, seq: int, precision: str,
                                                   extra: dict[str, object], before: float) -> None:

@@ -52,6 +52,7 @@ from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from memplan.estimate.activations import (
+    KEPT_BY,
     NORM_COMPUTE_BYTES,
     UNFUSED_ATTENTION,
     ActivationShape,
@@ -194,6 +195,26 @@ def checkpoint_input_bytes(terms: Sequence[Term], shape: ActivationShape) -> int
                if t.keep == "input" and not (stand_in and t.role is TermRole.NORM_INPUT))
 
 
+def brought_back_input(run: RunContext, index: int) -> int:
+    """Under ``save_on_cpu``, layer ``index``'s checkpointed input as the recompute brings it back: non-reentrant
+    ``torch.utils.checkpoint`` saves the layer's inputs through the outer saved-tensor hooks (``_NoopSaveInputs``),
+    so they sit in host memory and return as new tensors when the recompute starts, alive while the recomputed
+    forward runs. Its bytes beyond what the layer's saved terms count as that input itself
+    (:func:`checkpoint_input_bytes`: a frozen norm's input is the checkpoint's alone, a 16-bit RMSNorm's
+    norm-input term stands for its normalized tensor); 0 without ``save_on_cpu``."""
+    if not run.job.offload.activations:
+        return 0
+    from memplan.estimate.layer_costs import layer_blocks
+
+    found = layer_blocks(run, run.model.layers[index], index)
+    if found is None:
+        return 0
+    shape, blocks = found
+    terms = blocks[0] + blocks[1]
+    kept = sum(divided(t, shape) for t in terms if t.keep in KEPT_BY["full"])
+    return max(0, kept - checkpoint_input_bytes(terms, shape))
+
+
 def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool) -> tuple[int, int]:
     """An unwalked recomputed layer's ``transient`` with the residual stream's gradient beside the eager softmax
     backward (the layer's output gradient summed with the MLP block's input gradient, waiting for the attention
@@ -223,9 +244,10 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     # the recomputed forward runs once the layer's output gradient has arrived, and what the nodes before the first
     # saved tensor's unpacking made: beside it
     forward = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
-    forward = forward and forward + gradient + recompute_head_bytes(layer, shape)
+    back = 0 if reread else brought_back_input(run, index)  # under save_on_cpu, beside the recomputed forward
+    forward = forward and forward + gradient + recompute_head_bytes(layer, shape) + back
     tail = _lora_tail(run, index, shape)
-    tail = tail and tail + gradient - again
+    tail = tail and tail + gradient - again + back
     return max(transient - again, residual - again, forward, tail), again
 
 
