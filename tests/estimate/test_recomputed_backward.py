@@ -215,3 +215,20 @@ def test_a_recomputed_lora_layer_keeps_its_attention_adapters_at_the_softmax_bac
                      "lora_targets": "q_proj,v_proj"})
     stage = estimate(load_model(str(path)), job).stages[0]
     assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / traced - 1) <= 0.002, before
+
+
+@pytest.mark.parametrize(("name", "precision", "expected"), [
+    ("llama", "bf16-mixed", 2 * 256 * 256 * 4),  # the fp32 residual: the norm saves the input itself
+    ("llama", "bf16", 0),  # the norm-input term stands for the 16-bit normalized tensor, made again
+    ("gemma2", "bf16", 0),  # ... the 16-bit share of Gemma's fp32 normalized tensor
+])
+def test_checkpoint_input_is_netted_only_where_saved(configs: dict[str, str], name: str, precision: str,
+                                                      expected: int) -> None:
+    from memplan.estimate.activations import layer_terms
+    from memplan.estimate.recomputed_backward import checkpoint_input_bytes
+
+    model = load_model(configs[name])
+    job = build_job({"seq": 256, "mbs": 2, "precision": precision, "attention": "eager", "recompute": "full",
+                     "framework": "hf"})
+    shape = run_context(model, job, 0.0).shape
+    assert checkpoint_input_bytes(layer_terms(model.layers[0], shape), shape) == expected

@@ -972,13 +972,19 @@ def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest:
     """Bytes a recomputed layer's forward holds beyond everything the layer saves, at its worst moment
     (0 where :func:`backward_transient_bytes` covers it). Only gpt-oss's eager sink attention needs it:
     its masked scores, max-subtracted logits and rotated projections, while the MLP block (``rest``, the terms
-    the layer's role saves there) is not recomputed yet, nor the output projection's input (among the role's
-    ``attention`` terms: made after the core)."""
+    the layer's role saves there, less the q/k/v adapters' inputs: made with their projections, before the core)
+    is not recomputed yet, nor the output projection's input (among the role's ``attention`` terms: made after
+    the core). The attention module's input (the pre-norm's output) is bound by the decoder layer's forward
+    (``hidden_states = self.input_layernorm(...)``) until the module returns: where the role saves no
+    projection input (frozen projections: no norm-output term) it is a tensor apart, alive at that moment."""
     attn = layer.attention
     if not (attn.sinks and has_eager_core(shape)):
         return 0
-    later = [*rest, *(t for t in attention if t.role is TermRole.OUTPUT_PROJECTION_INPUT)]
-    return max(0, divided(sink_forward_extra(attn, shape), shape) - sum(divided(t, shape) for t in later))
+    later = [*(t for t in rest if t.role is not TermRole.ATTENTION_INPUT_ADAPTER),
+             *(t for t in attention if t.role is TermRole.OUTPUT_PROJECTION_INPUT)]
+    bound = 0 if any(t.role is TermRole.NORM_OUTPUT for t in attention) else sum(
+        divided(t, shape) for t in attention if t.keep == "attn_input")
+    return max(0, divided(sink_forward_extra(attn, shape), shape) + bound - sum(divided(t, shape) for t in later))
 
 
 def checkpointed_input_apart_bytes(terms: list[Term], shape: ActivationShape, kept: frozenset[str]) -> int:

@@ -30,6 +30,7 @@ from memplan.estimate.layer_costs import (
 from memplan.estimate.made_gradients import early_gradients
 from memplan.estimate.offloaded_backward import offloaded_backward
 from memplan.estimate.recomputed_backward import (
+    brought_back_input,
     recomputed_backward,
     unwalked_backward,
 )
@@ -210,9 +211,9 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     cpu_keep = checkpoint = again = 0
     if recomputed:
         # the forward's temporaries (DoRA's weights, gpt-oss's sink attention) are made again once the layer's
-        # output gradient has arrived: beside it
+        # output gradient has arrived: beside it (and under save_on_cpu the checkpointed input brought back)
         beside = forward_extra and (output_gradient_bytes(run.shape, run.model.hidden_size)
-                                    + dora_recompute_head(run, index))
+                                    + dora_recompute_head(run, index) + brought_back_input(run, index))
         # the residual gradient waits beside the softmax backward, and the recomputed forward reads the checkpointed
         # input (DeepSpeed's gathered or fetched copy is the checkpoint's backward extra), except under save_on_cpu;
         # a walked backward has both already

@@ -52,6 +52,7 @@ from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from memplan.estimate.activations import (
+    KEPT_BY,
     NORM_COMPUTE_BYTES,
     UNFUSED_ATTENTION,
     ActivationShape,
@@ -70,6 +71,7 @@ from memplan.estimate.recomputed_tensors import (
     saved_tensors,
 )
 from memplan.estimate.sac import sac_kept_terms
+from memplan.estimate.terms import Term, TermRole
 from memplan.estimate.walk_copies import copy_plan
 
 if TYPE_CHECKING:
@@ -175,8 +177,42 @@ def _figures(keyed: _Keyed, mode: str) -> RecomputedBackward | None:
     if mode == "whole" and not run.job.offload.activations:
         # the checkpoint's kept input is among the saved tensors (under save_on_cpu it is in host memory: the
         # copy brought back is the recompute's own)
-        extra = -sum(divided(t, shape) for t in layer_terms(layer, shape) if t.keep == "input")
+        extra = -checkpoint_input_bytes(layer_terms(layer, shape), shape)
     return RecomputedBackward(transient=without + extra, with_gradients=max(0, (with_grads or 0) - without))
+
+
+def checkpoint_input_bytes(terms: Sequence[Term], shape: ActivationShape) -> int:
+    """The bytes of a recomputed layer's saved ``terms`` that are the checkpoint's kept input itself, which the
+    recomputed forward reads (non-reentrant ``torch.utils.checkpoint`` calls the layer on the same tensor): its
+    ``input``-kept terms, except a pre-norm's input term where it stands for another tensor of the same bytes. An
+    eager RMSNorm (transformers' ``LlamaRMSNorm``, ``Gemma2RMSNorm``, ``GptOssRMSNorm``) on a 16-bit input saves
+    its fp32 copy and the normalized tensor, never the input (:func:`~memplan.estimate.activations.eager_norm_terms`:
+    the norm-input term stands for the 16-bit normalized tensor, or that share of an fp32 one): the recompute makes
+    that tensor anew beside the checkpoint's input."""
+    stand_in = (shape.kernels == "eager" and shape.norm == "rmsnorm" and not shape.fused_rms_norm
+                and shape.residual_bytes < NORM_COMPUTE_BYTES)
+    return sum(divided(t, shape) for t in terms
+               if t.keep == "input" and not (stand_in and t.role is TermRole.NORM_INPUT))
+
+
+def brought_back_input(run: RunContext, index: int) -> int:
+    """Under ``save_on_cpu``, layer ``index``'s checkpointed input as the recompute brings it back: non-reentrant
+    ``torch.utils.checkpoint`` saves the layer's inputs through the outer saved-tensor hooks (``_NoopSaveInputs``),
+    so they sit in host memory and return as new tensors when the recompute starts, alive while the recomputed
+    forward runs. Its bytes beyond what the layer's saved terms count as that input itself
+    (:func:`checkpoint_input_bytes`: a frozen norm's input is the checkpoint's alone, a 16-bit RMSNorm's
+    norm-input term stands for its normalized tensor); 0 without ``save_on_cpu``."""
+    if not run.job.offload.activations:
+        return 0
+    from memplan.estimate.layer_costs import layer_blocks
+
+    found = layer_blocks(run, run.model.layers[index], index)
+    if found is None:
+        return 0
+    shape, blocks = found
+    terms = blocks[0] + blocks[1]
+    kept = sum(divided(t, shape) for t in terms if t.keep in KEPT_BY["full"])
+    return max(0, kept - checkpoint_input_bytes(terms, shape))
 
 
 def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool) -> tuple[int, int]:
@@ -201,16 +237,17 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     if found is None:
         return transient, 0
     shape, blocks = found
-    again = sum(divided(t, shape) for t in blocks[0] + blocks[1] if t.keep == "input") if reread else 0
+    again = checkpoint_input_bytes(blocks[0] + blocks[1], shape) if reread else 0
     gradient = output_gradient_bytes(shape, run.model.hidden_size)
     softmax = softmax_backward_bytes(layer, shape, blocks)
     residual = softmax and softmax + gradient
     # the recomputed forward runs once the layer's output gradient has arrived, and what the nodes before the first
     # saved tensor's unpacking made: beside it
     forward = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
-    forward = forward and forward + gradient + recompute_head_bytes(layer, shape)
+    back = 0 if reread else brought_back_input(run, index)  # under save_on_cpu, beside the recomputed forward
+    forward = forward and forward + gradient + recompute_head_bytes(layer, shape) + back
     tail = _lora_tail(run, index, shape)
-    tail = tail and tail + gradient - again
+    tail = tail and tail + gradient - again + back
     return max(transient - again, residual - again, forward, tail), again
 
 
