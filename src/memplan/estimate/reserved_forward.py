@@ -124,7 +124,7 @@ def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool =
         tagged = offloaded or (checkpointed and keep != KEPT)  # every tensor made and freed in the forward
         slots = term_slots(t.role, len(pieces), run) if tagged else op_slots(t.role, len(pieces), run,
                                                                              whole and keep == KEPT)
-        if slots is None and (grouped or (tagged and run.shape.grouped_experts_combine and not clamped)):
+        if slots is None and (grouped or (keep != KEPT and run.shape.grouped_experts_combine and not clamped)):
             slots = grouped_slots(t.role, len(pieces))  # transformers' grouped experts (reserved_grouped_forward)
         terms += [(piece, _offloaded_kind(slots, slot, keep), early if slots is None else 2 + slot)
                   for piece, slot in zip(pieces, slots or [0] * len(pieces))]

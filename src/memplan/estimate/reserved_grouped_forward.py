@@ -10,7 +10,8 @@ the rows put back in token order, summed over the picks. A trace of deepseek-v2-
 rows and the expert outputs until the experts return, fc1's output and the activation until the product is made, the
 product until the outputs are, the weighted product until the rows are put back (``aten.index`` 384, grouped GEMM
 528, ``silu`` 264, ``mul`` 264, grouped GEMM 384, ``mul`` 384, ``index`` 384 MiB). Where the forward frees what it
-makes (``save_on_cpu``, a checkpointed eager layer) the schedule made them one after the other, each freed once the
+makes (``save_on_cpu``, a checkpointed layer: a trace of the same model under Hugging Face's non-reentrant checkpoint
+makes the same tensors in its forward) the schedule made them one after the other, each freed once the
 next was made, two at a time: it reserved no segment for the others, and the tensors the trace later puts in those
 segments took the ones the head's and the embedding's gradients share in the trace. A recomputed layer keeps the
 saved ones; the weighted product and the rows put back are made around the outputs there too.
