@@ -30,6 +30,8 @@ experts combine otherwise (scatter-add, fused unpermute): only transformers' cod
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from memplan.estimate.activations import ActivationShape, Term, divided, output_gradient_bytes
@@ -42,7 +44,7 @@ from memplan.units import dtype_bytes
 if TYPE_CHECKING:
     from memplan.estimate.reserved_replay import Block, Replay
 
-__all__ = ["WALKED", "ExpertsBackward", "experts_backward", "experts_figures", "product_bytes",
+__all__ = ["WALKED", "ExpertsBackward", "experts_backward", "experts_figures", "experts_walk", "product_bytes",
            "recompute_head_bytes", "walks_experts", "weight_gradient_bytes"]
 
 #: The experts' saved tensors the whole walk frees (the general rule's "largest saved term" leaves them to it).
@@ -136,7 +138,7 @@ def experts_backward(layer: LayerSpec, shape: ActivationShape, rest: list[Term],
         start = replay.requested
         survivor = _combine(replay, widths, saved)
         if whole:
-            _experts(replay, widths, saved, survivor, made)
+            _experts(replay, widths, saved, survivor, partial(_take_gradient, replay, made))
         peaks.append(replay.peak_requested - start)
     return ExpertsBackward(transient=peaks[0], with_gradients=peaks[-1])
 
@@ -171,7 +173,31 @@ def _widths(moe: MoESpec, shape: ActivationShape) -> dict[str, int]:
             "tokens": sized(tokens * shape.hidden, shape.residual_bytes)}
 
 
-def _combine(replay: Replay, widths: dict[str, int], saved: dict[TermRole, Block | None]) -> Block | None:
+def experts_walk(replay: Replay, layer: LayerSpec, shape: ActivationShape, saved: dict[TermRole, Block | None],
+                 gradient: Callable[[int], None], mark: Callable[[str], None]) -> Block | None:
+    """The whole walk (steps 1 to 6) on ``replay`` over the experts' ``saved`` tensors (:data:`WALKED`' roles; each
+    freed where its op is done), for the reserved schedule (:mod:`~memplan.estimate.reserved_grouped_experts`):
+    ``gradient(k)`` makes the down (0) and gate-up (1) weights' gradients where the walk makes them, ``mark(step)``
+    is called at the two candidates for the walk's worst op (``"combine"``: the product's two gradients made;
+    ``"gate_up"``: the gate-up weight's gradient made). Returns the tokens' gradient (the block input's size),
+    alive after the walk."""
+    assert layer.moe is not None
+    widths = _widths(layer.moe, shape)
+    survivor = _combine(replay, widths, saved, mark)
+    return _experts(replay, widths, saved, survivor, gradient, mark)
+
+
+def _take_gradient(replay: Replay, made: tuple[int, int], which: int) -> None:
+    """The ledger's walk's gradient ``which`` (0: down, 1: gate-up) of ``made``'s bytes, never freed."""
+    replay.take(made[which])
+
+
+def _no_mark(step: str) -> None:
+    """No worst-op marker (the ledger's own walk)."""
+
+
+def _combine(replay: Replay, widths: dict[str, int], saved: dict[TermRole, Block | None],
+             mark: Callable[[str], None] = _no_mark) -> Block | None:
     """Step 1; returns the gradient of the expert outputs, alive until the down GEMM's backward."""
     routed = widths["routed"]
     gradient = replay.take(widths["upcast"])
@@ -181,6 +207,7 @@ def _combine(replay: Replay, widths: dict[str, int], saved: dict[TermRole, Block
     replay.give(expanded)
     first, second = replay.take(routed), replay.take(routed)
     back = replay.take(widths["back"]) if widths["back"] != routed else None
+    mark("combine")
     replay.give(second, zeros, saved.pop(TermRole.EXPERT_OUTPUTS, None))
     if back is None:
         return first
@@ -189,11 +216,12 @@ def _combine(replay: Replay, widths: dict[str, int], saved: dict[TermRole, Block
 
 
 def _experts(replay: Replay, widths: dict[str, int], saved: dict[TermRole, Block | None], survivor: Block | None,
-             made: tuple[int, int]) -> None:
-    """Steps 2 to 6; ``made``: the down and gate-up weights' gradients' bytes (never freed here)."""
+             gradient: Callable[[int], None], mark: Callable[[str], None] = _no_mark) -> Block | None:
+    """Steps 2 to 6; ``gradient(k)`` makes the down (0) and gate-up (1) weights' gradients (never freed here).
+    Returns the tokens' gradient."""
     intermediate = widths["intermediate"]
     grad_input = replay.take(intermediate)
-    replay.take(made[0])
+    gradient(0)
     replay.give(survivor, saved.pop(TermRole.EXPERT_FC2, None))
     grad_act, grad_up = replay.take(intermediate), replay.take(intermediate)
     replay.give(grad_input, saved.pop(TermRole.EXPERT_OTHER, None))
@@ -202,7 +230,9 @@ def _experts(replay: Replay, widths: dict[str, int], saved: dict[TermRole, Block
     joined = replay.take(2 * intermediate)
     replay.give(grad_gate, grad_up)
     grad_rows = replay.take(widths["rows"])
-    replay.take(made[1])
+    gradient(1)
+    mark("gate_up")
     replay.give(joined, saved.pop(TermRole.DISPATCHED_TOKENS, None))
-    replay.take(widths["tokens"])
+    tokens = replay.take(widths["tokens"])
     replay.give(grad_rows)
+    return tokens

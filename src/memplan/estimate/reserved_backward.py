@@ -35,6 +35,7 @@ from memplan.estimate.reserved_attention_backward import core_backward, core_pla
 from memplan.estimate.reserved_experts_backward import EXPERT_WEIGHTS, experts_backward, experts_plan
 from memplan.estimate.reserved_mlp_backward import (
     EXPERT_SLOT,
+    GROUPED_SLOT,
     SINK_SLOT,
     attention_split,
     grad_positions,
@@ -125,7 +126,7 @@ def backward_layer(run: RunContext, visit: tuple[int, int, int],
         # the block's backward (gpt-oss's experts: each grouped GEMM's weight gradient after the combine's and the
         # SwiGLU's saved tensors are gone); the output projection's input after its gradient (sink_backward)
         split = attention_split(run.model, index, count)
-        left, done = _experts(run, (index, count), slots[EXPERT_SLOT:], replay, made)
+        left, done = _experts(run, (index, count), slots[EXPERT_SLOT:GROUPED_SLOT], replay, made)
         replay.give(*early, *left)
         made(None if split is None else [i for i in split[0] if i not in done])
         sink_backward(layer, run, replay, peak,

@@ -21,8 +21,9 @@ from memplan.estimate.reserved_attention_backward import (
     core_forward,
 )
 from memplan.estimate.reserved_backward import early_terms
-from memplan.estimate.reserved_experts_backward import experts_forward
-from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT, SLOTS, op_slots, term_slots
+from memplan.estimate.reserved_experts_backward import clamped_experts, experts_forward
+from memplan.estimate.reserved_grouped_forward import grouped_forward
+from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT, GROUPED_SLOT, SLOTS, grouped_slots, op_slots, term_slots
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import sink_temporaries
 from memplan.estimate.reserved_terms import (
@@ -69,12 +70,16 @@ def layer_blocks(ctx: StageContext, index: int, kept: int) -> list[tuple[int, in
         term for term in terms if term[1] == KEPT]
 
 
-def recomputed_blocks(ctx: StageContext, index: int, *, reads_input: bool = False) -> list[tuple[int, int, bool]]:
+def recomputed_blocks(ctx: StageContext, index: int, *, reads_input: bool = False,
+                      grouped: bool = False) -> list[tuple[int, int, bool]]:
     """The tensors a recomputed layer's forward makes again in its backward (:func:`layer_blocks` of the whole
     layer: every term kept); ``reads_input``: without the layer's input, which the recompute reads from the
-    checkpoint (no copy; the allocated peak's walk counts it so: :mod:`~memplan.estimate.recomputed_backward`)."""
-    if reads_input:
-        return list(_kind_tensors(Same(ctx.run), Same(ctx.run.model.layers[index]), True, without_input=True))
+    checkpoint (no copy; the allocated peak's walk counts it so: :mod:`~memplan.estimate.recomputed_backward`);
+    ``grouped``: transformers' grouped experts' tensors tagged with their slots
+    (:func:`~memplan.estimate.reserved_mlp_backward.grouped_slots`)."""
+    if reads_input or grouped:
+        return list(_kind_tensors(Same(ctx.run), Same(ctx.run.model.layers[index]), True, without_input=reads_input,
+                                  grouped=grouped))
     return _layer_tensors(ctx, index, True)
 
 
@@ -84,7 +89,7 @@ def _layer_tensors(ctx: StageContext, index: int, whole: bool) -> list[tuple[int
 
 @lru_cache(maxsize=64)
 def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool = False, checkpointed: bool = False,
-                  without_input: bool = False) -> tuple[tuple[int, int, bool], ...]:
+                  without_input: bool = False, grouped: bool = False) -> tuple[tuple[int, int, bool], ...]:
     """The tensors of a layer of kind ``layer_key`` (every layer of one spec object makes the same) in ``run_key``'s
     job, cached per run and kind (the schedule asks again in the backward and for its --explain sentence).
 
@@ -101,6 +106,7 @@ def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool =
     terms: list[tuple[int, int, bool]] = []
     saved = layer_terms(layer, run.shape)
     norm_input = 0  # the last pre-norm input's bytes (its output comes after it)
+    clamped = clamped_experts(run)
     classes, dropped = (KEPT_BY["none"], frozenset()) if whole else (run.kept_classes, run.dropped)
     for t, early in zip(saved, early_terms(layer, run)):
         size = divided(t, run.shape)
@@ -118,6 +124,8 @@ def _kind_tensors(run_key: Same, layer_key: Same, whole: bool, offloaded: bool =
         tagged = offloaded or (checkpointed and keep != KEPT)  # every tensor made and freed in the forward
         slots = term_slots(t.role, len(pieces), run) if tagged else op_slots(t.role, len(pieces), run,
                                                                              whole and keep == KEPT)
+        if slots is None and (grouped or (keep != KEPT and run.shape.grouped_experts_combine and not clamped)):
+            slots = grouped_slots(t.role, len(pieces))  # transformers' grouped experts (reserved_grouped_forward)
         terms += [(piece, _offloaded_kind(slots, slot, keep), early if slots is None else 2 + slot)
                   for piece, slot in zip(pieces, slots or [0] * len(pieces))]
     return tuple(capped_first([term for term in terms if term[0] > 0 or term[1] == RELEASE] + [(0, RELEASE, False)]))
@@ -163,8 +171,8 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
         due = -(-position * len(casts) // len(made))
         _cast(replay, casts[done:due], held, 0 if early else 1)
         done = max(done, due)
-        if early >= 2 + EXPERT_SLOT:  # gpt-oss's experts' temporaries around their saved tensors
-            block = experts_forward(replay, early - 2 - EXPERT_SLOT, size, experts)
+        if early >= 2 + EXPERT_SLOT:  # the experts' temporaries around their tensors (gpt-oss's; transformers')
+            block = _experts_step(replay, early - 2, size, kind == KEPT, experts)
             replay.give(pending, after)
             pending, after = None, None
         elif scores and early > 1:  # the eager core's temporaries around its saved tensors
@@ -192,6 +200,15 @@ def forward_layer(replay: Replay, tensors: list[tuple[int, int, bool]], copies: 
     replay.give(pending, after, *holding, *to_end, *experts.values())
     _cast(replay, casts[done:], held, 1)
     return held
+
+
+def _experts_step(replay: Replay, slot: int, size: int, kept: bool, temps: dict[str, Block | None]) -> Block | None:
+    """An experts' tensor in ``slot`` made with the forward's temporaries around it: gpt-oss's
+    (:func:`~memplan.estimate.reserved_experts_backward.experts_forward`) or transformers' grouped experts'
+    (:func:`~memplan.estimate.reserved_grouped_forward.grouped_forward`, None where it frees the tensor itself)."""
+    if slot < GROUPED_SLOT:
+        return experts_forward(replay, slot - EXPERT_SLOT, size, temps)
+    return grouped_forward(replay, slot - GROUPED_SLOT, size, kept, temps)
 
 
 def _cast(replay: Replay, casts: list[tuple[int, int]], held: tuple[list[Block | None], ...], saved: int) -> None:

@@ -25,6 +25,7 @@ from memplan.estimate.reserved_attention_backward import masked_fp32
 from memplan.estimate.reserved_backward import backward_layer, recomputed_softmax
 from memplan.estimate.reserved_forward import forward_layer, layer_blocks, recomputed_blocks
 from memplan.estimate.reserved_fsdp import FsdpSizes
+from memplan.estimate.reserved_grouped_experts import grouped_backward
 from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT
 from memplan.estimate.reserved_recompute import general_tensors, recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
@@ -218,6 +219,8 @@ def _general_backward(ctx: StageContext, visit: tuple[int, int, int],
         walked_backward(ctx.run, (index, walked), ([*saved[0], *held[0]], [*saved[1], *held[1], *held[2]], held[3]),
                         replay, hooks)
         replay.give(*saved[2])
+        return
+    if grouped_backward(ctx, index, saved, replay, hooks, count):  # grouped experts op by op (reserved_grouped_experts)
         return
     again = general_tensors(ctx, index, transient)
     if again is None:

@@ -44,11 +44,18 @@ from memplan.model.spec import ModelSpec
 #: then the eager attention core's (:mod:`~memplan.estimate.reserved_attention_backward`; the soft-capped scores
 #: only where the scores are soft-capped), then gpt-oss's sink softmax output (:mod:`~memplan.estimate.reserved_sinks`,
 #: not one of the dense plans'), then gpt-oss's experts' tensors (:data:`~memplan.estimate.reserved_experts_backward.EXPERT_TERMS`).
+#: transformers' grouped experts' saved tensors, in forward order (their terms' roles), last
+#: (:mod:`~memplan.estimate.reserved_grouped_experts`: a recomputed layer's only).
+GROUPED_TERMS = (TermRole.DISPATCHED_TOKENS, TermRole.EXPERT_FC1, TermRole.EXPERT_OTHER, TermRole.EXPERT_FC2,
+                 TermRole.EXPERT_OUTPUTS)
 SLOTS = ("gate", "up", "act", "product", "output projection input", "probabilities", "softmax output",
-         "soft-capped scores", "sink softmax output", *(role.name.lower() for role in EXPERT_TERMS))
+         "soft-capped scores", "sink softmax output", *(role.name.lower() for role in EXPERT_TERMS),
+         *(f"grouped {role.name.lower()}" for role in GROUPED_TERMS))
 SINK_SLOT = 8
 #: The first of gpt-oss's experts' slots (:mod:`~memplan.estimate.reserved_experts_backward`, op_slots only).
 EXPERT_SLOT = 9
+#: The first of transformers' grouped experts' slots.
+GROUPED_SLOT = EXPERT_SLOT + len(EXPERT_TERMS)
 _ATTENTION_SLOTS = {TermRole.OUTPUT_PROJECTION_INPUT: 4, TermRole.SOFTMAX_CAST: 5, TermRole.SOFTMAX_FP32: 6,
                     TermRole.SOFTCAP_SCORES: 7}
 #: The MLP's weights, in the order autograd makes their gradients.
@@ -75,6 +82,12 @@ def op_slots(role: TermRole, pieces: int, run: RunContext, whole: bool) -> list[
         return None
     expert = expert_index(role, pieces, run)
     return term_slots(role, pieces, run) if expert is None else [EXPERT_SLOT + expert]
+
+
+def grouped_slots(role: TermRole, pieces: int) -> list[int] | None:
+    """The slot of a term of ``role`` (one tensor) among transformers' grouped experts' (:data:`GROUPED_TERMS`),
+    else None."""
+    return [GROUPED_SLOT + GROUPED_TERMS.index(role)] if pieces == 1 and role in GROUPED_TERMS else None
 
 
 def term_slots(role: TermRole, pieces: int, run: RunContext) -> list[int] | None:

@@ -26,12 +26,19 @@ class RootGradients:
     tied: bool
 
 
-def root_gradients(sizes: list[int], has_head: bool, tied: bool) -> RootGradients:
-    """Split the root's gradient tensors ``sizes`` into the head's (the largest) and the rest."""
+def root_gradients(sizes: list[int], has_head: bool, tied: bool, position: int | None = None) -> RootGradients:
+    """Split the root's gradient tensors ``sizes`` into the head's and the rest: the head's is at ``position``
+    (the head's own tensor, :func:`~memplan.estimate.reserved_sizes.head_position`), else the largest (a tied
+    head's is the embedding's; a fine-tuned root lists only its trainable tensors). Under Hugging Face's TP plan an
+    untied head is split and the embedding whole: the largest was the embedding's, so the schedule made the
+    embedding's whole gradient right after the loss and the head's share at the end, where a trace of qwen2.5-7b
+    (cut to 4 layers, TP 2) makes the head's 1,040 MiB ``_to_copy`` after the loss and the embedding's 2,079 MiB
+    ``embedding_dense_backward`` at the end."""
     if not has_head or not sizes:
         return RootGradients(0, list(sizes), tied)
-    largest = max(range(len(sizes)), key=sizes.__getitem__)
-    return RootGradients(sizes[largest], sizes[:largest] + sizes[largest + 1:], tied)
+    at = position if position is not None and position < len(sizes) else max(range(len(sizes)),
+                                                                               key=sizes.__getitem__)
+    return RootGradients(sizes[at], sizes[:at] + sizes[at + 1:], tied)
 
 
 def finish_root(replay: object, root: RootGradients,

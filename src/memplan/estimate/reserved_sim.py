@@ -54,8 +54,8 @@ from memplan.estimate.reserved_offload import offloaded_plan
 from memplan.estimate.reserved_recompute import moment_choice, moment_position, op_plans
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_root import finish_root, root_gradients
-from memplan.estimate.reserved_sizes import (Units, frozen, parameter_lead, piece_sizes, spread, stage_units,
-                                             static_allocations)
+from memplan.estimate.reserved_sizes import (Units, frozen, head_position, parameter_lead, piece_sizes, spread,
+                                             stage_units, static_allocations)
 from memplan.estimate.reserved_trainable import trainable_lead, trainable_units
 from memplan.estimate.ledger import (
     ABSENT,
@@ -67,7 +67,7 @@ from memplan.estimate.ledger import (
     WORKSPACE,
     Ledger,
 )
-from memplan.estimate.stage_activations import StageActivations
+from memplan.estimate.stage_activations import StageActivations, head_numel
 from memplan.estimate.stage_peak import LossPart, head_unit
 from memplan.estimate.states import STEP_COUNTER_BYTES, device_step_counters
 
@@ -114,6 +114,7 @@ def simulated_reserved(ctx: StageContext, ledger: Ledger, walk: LayerWalk, acts:
     # torch.optim makes the states (and a foreach step its temporaries) in the parameters' order (reserved_sizes)
     lead = (trainable_lead(ctx) if trained else parameter_lead(ctx)) if ctx.run.profile.torch_optimizer else None
     moments = _pieces(ctx, walk, ledger, (frozen(trained) if trained else units, lead), (copies, cached), fsdp)
+    moments = replace(moments, head=None if trained else head_position(ctx))
     grads = [] if moments.made_in_backward else [replay.take_all(u) for u in moments.grads]
     if not moments.states_in_step:
         replay.take_encoded(*static_allocations((ledger.total(OPTIMIZER),), units))
@@ -209,7 +210,7 @@ def _forward(ctx: StageContext, walk: LayerWalk, replay: Replay, pieces: _Pieces
     return root, saved, held
 
 
-def _head_gradients(replay: Replay, made_by: tuple[_Pieces, RunContext], fsdp: FsdpSizes | None, head: int,
+def _head_gradients(replay: Replay, made_by: tuple[_Pieces, StageContext], fsdp: FsdpSizes | None, head: int,
                     logits_grad: Block | None) -> tuple[Block | None, list[Block | None]]:
     """The gradients made right after the loss: the head's weight gradient (``head``: its size without FSDP2),
     or under torchtitan's outer units the head unit's (final norm and head); under FSDP2 fine-tuning none here
@@ -220,8 +221,12 @@ def _head_gradients(replay: Replay, made_by: tuple[_Pieces, RunContext], fsdp: F
     logits' gradient is freed: a trace of deepseek-v2-lite under torchtitan (bf16-mixed, fp32 weights, s4096
     x 2) makes the 400 MiB ``mm``, frees the 1,600 MiB logits' gradient, then makes the 800 MiB fp32
     gradient in that freed segment (the schedule made it beside the logits' gradient, in another segment). A
-    fine-tuned head (peft's ``modules_to_save`` copy) keeps the base's dtype: its gradient is the product itself."""
-    pieces, run = made_by
+    fine-tuned head (peft's ``modules_to_save`` copy) keeps the base's dtype: its gradient is the product itself.
+    The product is the head's weight on one rank (:func:`~memplan.estimate.stage_activations.head_numel`: a head
+    tied to an embedding that TP does not split is whole; it was sized vocab x hidden / TP, half the weight under
+    Hugging Face's TP 2)."""
+    pieces, ctx = made_by
+    run = ctx.run
     if not pieces.made_in_backward or (fsdp is not None and fsdp.grad_scale is not None):
         replay.give(logits_grad)
         return None, []
@@ -230,7 +235,7 @@ def _head_gradients(replay: Replay, made_by: tuple[_Pieces, RunContext], fsdp: F
         replay.give(logits_grad)
         return None, made
     # the gradient's bytes per element against the compute dtype's (a fine-tuned head's copy keeps the base's dtype)
-    numel = run.vocab_rows * run.model.hidden_size // max(run.job.parallel.tp, 1)
+    numel = head_numel(ctx)
     upcast = fsdp is None and run.prec.weight_copies == "autocast" and head > numel * run.prec.act_bytes > 0
     product = replay.take(numel * run.prec.act_bytes) if upcast else None
     if upcast:
@@ -275,6 +280,9 @@ class _Pieces:
     #: Per layer, the copies autocast's cache alone holds until the loss (:mod:`~memplan.estimate.reserved_autocast`).
     cached: list[list[int]]
     keys: LayerKeys
+    #: The position of the head's own gradient among the root's (:func:`~memplan.estimate.reserved_sizes.head_position`;
+    #: None: the largest).
+    head: int | None = None
 
 
 def _pieces(ctx: StageContext, walk: LayerWalk, ledger: Ledger, units: tuple[Units, int | None],
@@ -324,8 +332,8 @@ def _step(ctx: StageContext, walk: LayerWalk, acts: StageActivations, loss: Loss
     if outer:  # the head unit's pre-backward prefetches, once the logits' gradient is made (reserved_fsdp)
         ahead()
     replay.give(head_copy)
-    root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings)
-    head, made = _head_gradients(replay, (pieces, ctx.run), fsdp, root_grads.head, logits_grad)
+    root_grads = root_gradients(pieces.grads[0], ctx.layout.has_head, ctx.run.model.tie_word_embeddings, pieces.head)
+    head, made = _head_gradients(replay, (pieces, ctx), fsdp, root_grads.head, logits_grad)
     staged: Block | None = None
     if outer:
         staged, *sharded = replay.head_backward(fsdp, made, root)

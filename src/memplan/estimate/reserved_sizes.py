@@ -39,6 +39,18 @@ def _rank_units(model: Same, tp: int, profile: Same | None, layers: tuple[int, .
     return _grouped(tensors, sizes, list(layers), root)
 
 
+def head_position(ctx: StageContext) -> int | None:
+    """The position of the output head's own weight among the root unit's tensors (:func:`stage_units`), None
+    where the stage has no head or the head has no tensor of its own (tied to the embedding)."""
+    return _head_position(Same(ctx.run.model)) if ctx.layout.has_head else None
+
+
+@lru_cache(maxsize=64)
+def _head_position(model: Same) -> int | None:
+    root = [t.name for t in model_parameters(model.obj) if t.layer is None]  # type: ignore[arg-type]
+    return next((i for i, name in enumerate(root) if name.startswith("lm_head.")), None)
+
+
 def parameter_lead(ctx: StageContext) -> int:
     """How many of the root unit's tensors (:func:`stage_units`) ``model.parameters()`` lists before the
     decoder layers: the embeddings (``embed_tokens``; GPT-2's ``wte`` and ``wpe``). The root's other tensors
