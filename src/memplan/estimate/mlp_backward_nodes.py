@@ -122,9 +122,10 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     copy = temp + (shape.hidden * shape.act_bytes if temp and mlp.bias else 0) + frozen_copy
     fc2 = sizes.get(TermRole.MLP_FC2, 0) + copy
     x = gelu or one  # bytes of one tensor of the output projection's input
-    # adapters in another dtype than the activations, without autocast: the add's backward casts the output
-    # gradient to the base result's dtype (peft's `result + lora_B(...) * scaling`), held until the base's node
-    head = hidden if lora and lora != x else 0
+    # adapters in another dtype than the activations, without autocast (lora_A saved peft's cast, not a 16-bit copy
+    # of the activations' size): the add's backward casts the output gradient to the base result's dtype (peft's
+    # `result + lora_B(...) * scaling`), held until the base's node
+    head = hidden if lora and lora != one else 0
     nodes = [(output_gradient_bytes(shape, shape.hidden) + head, 0, 0)]
     nodes += _adapter_nodes(lora, x) if lora else []
     nodes += _output_projection(shape, hidden, fc2 + head, one, temp, weights[0])
