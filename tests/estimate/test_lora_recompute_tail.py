@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from memplan.estimate.activations import Term
 from memplan.estimate.adapter_acts import lora_recompute_tail
+from memplan.estimate.terms import TermRole
 from memplan.model.linears import LinearModule
 from memplan.peft.params import Adapter
 
@@ -47,6 +49,26 @@ def test_adapters_in_the_activation_dtype_save_the_input_itself() -> None:
 
 
 def test_without_autocast_the_fp32_cast_is_saved_and_the_output_casts_run() -> None:
+    # the head: the scaling product's fp32 gradient and the add's 16-bit cast of the output gradient (the fp32 cast
+    # of ``result.to(torch_result_dtype)`` is freed once the product's node has read it: traces of the Llama and
+    # GPT-NeoX toys at pure bf16, helper neoxft14)
     out = TOKENS * 256
-    expected = out * (4 + 4 + 2) + TOKENS * HIDDEN * 2 + TOKENS * HIDDEN * 2 + TOKENS * 768 * 2 + out * 2
+    expected = out * (4 + 2) + TOKENS * HIDDEN * 2 + TOKENS * HIDDEN * 2 + TOKENS * 768 * 2 + out * 2
     assert _tail((Adapter(DOWN, 8, False),), autocast=False) == expected
+
+
+def test_pure_bf16_neox_toy_peaks_inside_the_input_projection() -> None:
+    # GPT-NeoX toy at pure bf16, fp32 adapters (helper neoxft14): the trace's peak is inside dense_h_to_4h's recompute,
+    # at lora_B's fp32 output times scaling: the base's bf16 result (1 MiB), the two fp32 tensors (2 MiB each), the
+    # MLP input and the attention output (256 KiB each) and the head (the scaling product's fp32 gradient and the
+    # add's bf16 cast), before gelu's saved input (1 MiB) and dense_4h_to_h's lora_A fp32 input (2 MiB) and output
+    # exist; the stop (2,621,440 B) is lower
+    up = Adapter(LinearModule("gpt_neox.layers.1.mlp.dense_h_to_4h", 256, 1024, layer=1), 8, False)
+    down = Adapter(LinearModule("gpt_neox.layers.1.mlp.dense_4h_to_h", 1024, 256, layer=1), 8, False)
+    terms = [Term("mlp fc1 output (activation input)", TOKENS * 1024 * 2, "tp", "body", role=TermRole.MLP_FC1),
+             Term("dense_4h_to_h lora_A input", TOKENS * 1024 * 4, "rep", "body", role=TermRole.MLP_FC2_ADAPTER_INPUT)]
+    tail = lora_recompute_tail((up, down), tokens=TOKENS, residual=TOKENS * HIDDEN * 2, mlp_input=TOKENS * HIDDEN * 2,
+                               byte_sizes=(2, 4, 2), autocast=False, mlp_terms=terms)
+    head = TOKENS * 256 * (4 + 2)
+    assert tail == head + 2 * TOKENS * HIDDEN * 2 + TOKENS * 1024 * (2 + 4 + 4) - TOKENS * (8 * 4 + 1024 * 6)
+    assert tail == 3_391_488

@@ -7,6 +7,9 @@ the 16-bit cast of ``0.5 * x``'s; a LoRA adapter on ``c_proj`` frees its saved 1
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from memplan.estimate.engine import layer_activation_costs
@@ -52,3 +55,27 @@ def test_gated_mlp_with_a_lora_output_projection_walked(recompute: str) -> None:
     job = Job(framework="hf", precision=Precision(name="fp32"), batch=Batch(seq_length=TOKENS), attention="sdpa",
               finetune=FineTuning(peft="lora", lora_targets="all-linear"), recompute=Recompute(mode=recompute))
     assert layer_activation_costs(load_model("llama-3.2-1b"), job, 1)[2] == out + 2 * one
+
+
+#: The GPT-NeoX toy of tests/trace (plain GELU MLP, 256 wide, 1,024 intermediate) at 512 tokens.
+NEOX = {"model_type": "gpt_neox", "hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 8,
+        "num_hidden_layers": 2, "vocab_size": 2048, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+        "rotary_pct": 0.25, "use_parallel_residual": True, "bos_token_id": 0, "eos_token_id": 0}
+
+
+@pytest.mark.parametrize("precision, walked", [
+    # fp32: dense_4h_to_h's adapter frees the input it saved (its gradient as large), then the base's gradient and
+    # the two summed beside the layer's output gradient (the general rule: two intermediates beside every saved tensor)
+    ("fp32", TOKENS * 256 * 4 + 2 * TOKENS * 1024 * 4),
+    # pure bf16, fp32 adapters: lora_A's fp32 input gradient beside the output gradient and the add's bf16 cast of it
+    # (held until the base's node; the general rule: two of the fp32 input)
+    ("bf16", 2 * TOKENS * 256 * 2 + TOKENS * 1024 * 4),
+])
+def test_plain_gelu_mlp_with_a_lora_output_projection_walked(tmp_path: Path, precision: str, walked: int) -> None:
+    """GPT-NeoX's frozen plain-GELU MLP under LoRA all-linear (helper neoxft14; traces of the toy at fp32 and pure
+    bf16, full recompute: tests/trace/test_lora_recompute_tail_trace.py)."""
+    path = tmp_path / "neox.json"
+    path.write_text(json.dumps(NEOX))
+    job = Job(framework="hf", precision=Precision(name=precision), batch=Batch(seq_length=TOKENS), attention="sdpa",
+              finetune=FineTuning(peft="lora", lora_targets="all-linear"), recompute=Recompute(mode="none"))
+    assert layer_activation_costs(load_model(str(path)), job, 1)[2] == walked

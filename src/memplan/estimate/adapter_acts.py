@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, Term
@@ -205,9 +206,10 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
 
 
 def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual: int, mlp_input: int,
-                        byte_sizes: tuple[int, int, int], autocast: bool) -> int:
-    """What a fully recomputed layer holds beyond its saved tensors where its recomputed forward stops: at the last
-    tensor the layer saves, a LoRA/DoRA adapter's on the MLP's output projection (0 where no adapter sits there).
+                        byte_sizes: tuple[int, int, int], autocast: bool, mlp_terms: Sequence[Term] = ()) -> int:
+    """What a fully recomputed layer holds beyond its saved tensors at the worst moment of its recomputed forward that
+    an adapter on the MLP's output projection makes (0 where no LoRA/DoRA adapter sits there): where the forward
+    stops, or inside the MLP's input projection (:func:`_input_projection_moment`).
 
     ``torch.utils.checkpoint``'s non-reentrant recompute stops once the last saved tensor is made again
     (``_StopRecomputationError``), inside peft's ``Linear.forward`` of that projection (``tuners/lora/layer.py``),
@@ -216,24 +218,75 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
     (``_cast_input_dtype``; under autocast ``lora_A`` saves a 16-bit copy of it instead), the MLP block's input (the
     norm's output, ``mlp_input`` bytes, unsaved for the same reason) and the residual stream's partial sum
     (``residual`` bytes). Beside them, what the backward made before it first unpacked a saved tensor (the
-    recompute's trigger): the gradient of ``lora_B(...) * scaling`` (and, with adapters in another dtype than the
-    activations and no autocast, the casts of ``result.to(torch_result_dtype)`` and of the add, as
-    :func:`dora_output_backward`, which DoRA's head is). Where peft's cast is a no-op (adapters in the activations'
-    dtype) ``lora_A`` saves that input itself and the MLP block's input is its group's kept input: neither is extra.
-    ``byte_sizes``: the activations', the adapters' and the frozen base weights' bytes per element."""
+    recompute's trigger, :func:`_lora_head`). Where peft's cast is a no-op (adapters in the activations' dtype)
+    ``lora_A`` saves that input itself and the MLP block's input is its group's kept input: neither is extra.
+    ``byte_sizes``: the activations', the adapters' and the frozen base weights' bytes per element; ``mlp_terms``:
+    the layer's MLP-block terms (one rank: the tail applies on one tensor-parallel rank without FP8)."""
     act_bytes, adapter_bytes, _ = byte_sizes
-    for a in adapters:
-        if a.experts > 1 or m_is_parameter(a) or _input_role(a) is TermRole.OTHER:
-            continue
-        size_in, size_out = tokens * a.module.in_features, tokens * a.module.out_features
-        unsaved = residual + (0 if act_bytes == adapter_bytes else (
-            mlp_input + size_in * (act_bytes + (adapter_bytes if autocast else 0))))
-        if a.dora:
-            return unsaved + _dora_tail(a, tokens, byte_sizes, autocast)
-        lora_bytes = act_bytes if autocast else adapter_bytes
-        head = size_out * (lora_bytes + (lora_bytes + act_bytes if lora_bytes != act_bytes else 0))
-        return head + unsaved + size_out * act_bytes
-    return 0
+    out = next((a for a in adapters if a.experts == 1 and not m_is_parameter(a)
+                and _input_role(a) is not TermRole.OTHER), None)
+    if out is None:
+        return 0
+    size_in, size_out = tokens * out.module.in_features, tokens * out.module.out_features
+    cast = act_bytes != adapter_bytes
+    unsaved = residual + (mlp_input + size_in * (act_bytes + (adapter_bytes if autocast else 0)) if cast else 0)
+    head = _lora_head(out, tokens, byte_sizes, autocast)
+    if out.dora:
+        stop = unsaved + _dora_tail(out, tokens, byte_sizes, autocast)
+    else:
+        stop = head + unsaved + size_out * act_bytes
+    return max(stop, _input_projection_moment(adapters, out, tokens=tokens, residual=residual, mlp_input=mlp_input,
+                                              byte_sizes=byte_sizes, autocast=autocast, mlp_terms=mlp_terms) + head)
+
+
+def _lora_head(out: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
+    """What the backward makes at the output projection's adapter ``out`` before it first unpacks a saved tensor: the
+    gradient of ``lora_B(...) * scaling`` and, with adapters in another dtype than the activations and no autocast,
+    the add's cast of the output gradient to the base result's dtype, waiting for the base's node (the cast of
+    ``result.to(torch_result_dtype)`` is freed once the product's node has read it: a trace of GPT-NeoX at pure bf16
+    holds the two); DoRA's head is :func:`dora_output_backward`'s."""
+    act_bytes, adapter_bytes, _ = byte_sizes
+    if out.dora:
+        return dora_output_backward((out,), last_linear=out.module.name.rpartition(".")[2], tokens=tokens,
+                                    compute_bytes=act_bytes, adapter_bytes=adapter_bytes)
+    lora_bytes = act_bytes if autocast else adapter_bytes
+    return tokens * out.module.out_features * (lora_bytes + (act_bytes if lora_bytes != act_bytes else 0))
+
+
+def _input_projection_moment(adapters: tuple[Adapter, ...], out: Adapter, *, tokens: int, residual: int,
+                             mlp_input: int, byte_sizes: tuple[int, int, int], autocast: bool,
+                             mlp_terms: Sequence[Term]) -> int:
+    """The recomputed forward inside peft's ``Linear.forward`` of the MLP's last input projection carrying a LoRA
+    adapter (``dense_h_to_4h``, ``up_proj``, ``c_fc``), beyond the layer's saved tensors, without the head: the base
+    result (activations' dtype), ``lora_B``'s output and its product by ``scaling`` (the adapters' dtype without
+    autocast: peft keeps the adapters in fp32 at pure 16 bits; or, at the add, the product and the sum in the wider
+    dtype), the MLP block's input and peft's cast of it (where that cast is not a no-op), the residual's partial sum;
+    less what the block saves later: the activation's saved tensors not made yet (a gated MLP's gate output and
+    ``act(gate)`` come before ``up_proj``), the output projection's saved tensors and its adapter's (``lora_A``'s
+    input, ``lora_B``'s, DoRA's results). 0 where no such adapter (or a DoRA one: its own forward) is there."""
+    ups = [a for a in adapters if a.module.name.rpartition(".")[2] in MLP_INPUT_LINEARS and a.experts == 1]
+    if not ups or ups[-1].dora:
+        return 0
+    up, (act_bytes, adapter_bytes, _) = ups[-1], byte_sizes
+    lora_bytes = act_bytes if autocast else adapter_bytes
+    size_out = tokens * up.module.out_features
+    made = size_out * (act_bytes + max(2 * lora_bytes, lora_bytes + max(act_bytes, lora_bytes)))
+    if act_bytes != adapter_bytes:
+        made += mlp_input + (tokens * up.module.in_features * adapter_bytes if autocast else 0)
+    later = tokens * out.rank * lora_bytes + (
+        (act_bytes + lora_bytes) * tokens * out.module.out_features if out.dora else 0)
+    for t in mlp_terms:
+        if t.role is TermRole.MLP_FC1:
+            later += t.bytes // 3 if t.tensors == 3 and up.module.name.rpartition(".")[2] == "up_proj" else t.bytes
+        elif t.role in _SAVED_AFTER_FC1:
+            later += t.bytes
+    return residual + made - later
+
+
+#: The MLP's saved tensors made after its activation's input: the ``gelu_new`` intermediates, the output projection's
+#: input (a trained one's) and its adapter's ``lora_A`` input.
+_SAVED_AFTER_FC1 = frozenset({TermRole.GELU_NEW, TermRole.MLP_FC2, TermRole.MLP_FC2_ADAPTER_INPUT,
+                              TermRole.MLP_FC2_DORA_INPUT})
 
 
 def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:

@@ -32,12 +32,21 @@ The same holds on a frozen gated MLP with a LoRA adapter on ``down_proj`` (helpe
 LoRA all-linear at fp32 under full recompute holds the three gradients, then the product's two beside the sum,
 with ``down_proj``'s saved input gone): the general rule priced the product's node beside it (+3.34% on that toy).
 
+A frozen plain MLP whose activation is one PyTorch op (GPT-NeoX's ``gelu``: ``F.gelu`` saves its input and makes one
+gradient) with a LoRA adapter on its output projection is walked the same way (helper neoxft14; a trace of the
+GPT-NeoX toy at fp32 under full recompute holds the three gradients beside gelu's saved input, then gelu's node on
+the sum): the general rule priced the adapter's saved input's node beside everything (-1.92% at fp32, where the sum
+is the worse; over at pure bf16). With the adapters in another dtype than the activations and no autocast (pure
+16 bits, fp32 adapters), peft's add ``result + lora_B(...) * scaling`` is in the adapters' dtype: its backward casts
+the output gradient back to the base result's dtype, and that cast waits for the base's node (traced on GPT-NeoX).
+
 Applies to a dense MLP under eager (PyTorch reference) kernels on one tensor-parallel rank: a gated MLP with
 separate gate and up projections whose fc1 term is its three tensors, fully trained, or frozen with a LoRA adapter on
-its output projection (a frozen one without is walked by :mod:`~memplan.estimate.frozen_mlp_backward`); GPT-2's
-``gelu_new`` MLP, fully trained, or frozen with or without LoRA adapters (not DoRA on the output projection, not on a
-quantized base). Elsewhere (partly trained blocks, a frozen gated MLP whose output projection has no adapter) None,
-and the general rule stays.
+its output projection (a frozen one without is walked by :mod:`~memplan.estimate.frozen_mlp_backward`); a frozen
+plain one-op-activation MLP with a LoRA adapter on its output projection; GPT-2's ``gelu_new`` MLP, fully trained, or
+frozen with or without LoRA adapters (not DoRA on the output projection, not on a quantized base). Elsewhere (partly
+trained blocks, a frozen gated MLP whose output projection has no adapter, a trained plain MLP) None, and the general
+rule stays.
 """
 
 from __future__ import annotations
@@ -60,6 +69,9 @@ from memplan.model.spec import LayerSpec, MLPSpec
 
 __all__ = ["MLP_WALKED", "MlpBackward", "gradients_made", "mlp_backward_nodes"]
 
+#: Activations (``hidden_act`` as transformers' ``ACT2CLS`` names them) that are one PyTorch op (``F.gelu``,
+#: ``F.silu``, ``relu``): their node makes one gradient and frees the one tensor they saved.
+ONE_OP_ACTIVATIONS = frozenset({"gelu", "gelu_pytorch_tanh", "relu", "silu", "swish"})
 #: The MLP's saved terms the walk prices (the general rule leaves them to it).
 MLP_WALKED = frozenset({TermRole.MLP_FC1, TermRole.MLP_FC2, TermRole.GELU_NEW, TermRole.MLP_FC2_ADAPTER_INPUT})
 
@@ -99,7 +111,8 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     one = tokens * mlp.intermediate_size * shape.act_bytes
     hidden = tokens * shape.hidden * shape.act_bytes
     lora = sizes.get(TermRole.MLP_FC2_ADAPTER_INPUT, 0)
-    if not one or (not gelu and (sizes.get(TermRole.MLP_FC1, 0) != 3 * one or not (sizes.get(TermRole.MLP_FC2) or lora))):
+    fc1 = sizes.get(TermRole.MLP_FC1, 0)
+    if not one or (not gelu and (fc1 != (3 * one if mlp.gated else one) or not (sizes.get(TermRole.MLP_FC2) or lora))):
         return None
     trained = flow is None
     weights = _weight_bytes(mlp, shape.hidden, grad_bytes if trained else 0)
@@ -109,16 +122,21 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     copy = temp + (shape.hidden * shape.act_bytes if temp and mlp.bias else 0) + frozen_copy
     fc2 = sizes.get(TermRole.MLP_FC2, 0) + copy
     x = gelu or one  # bytes of one tensor of the output projection's input
-    nodes = [(output_gradient_bytes(shape, shape.hidden), 0, 0)]
+    # adapters in another dtype than the activations, without autocast (lora_A saved peft's cast, not a 16-bit copy
+    # of the activations' size): the add's backward casts the output gradient to the base result's dtype (peft's
+    # `result + lora_B(...) * scaling`), held until the base's node
+    head = hidden if lora and lora != one else 0
+    nodes = [(output_gradient_bytes(shape, shape.hidden) + head, 0, 0)]
     nodes += _adapter_nodes(lora, x) if lora else []
-    nodes += _output_projection(shape, hidden, fc2, one, temp, weights[0])
+    nodes += _output_projection(shape, hidden, fc2 + head, one, temp, weights[0])
     if gelu:
         nodes += [(gelu, one, 0)] if gelu != one else []
         nodes += [(gelu, 2 * gelu, 0)] if lora else []  # x's two gradients summed
         nodes += _gelu_new_product(one, gelu, recomputed)
     else:
         nodes += [(one, 2 * one, 0)] if lora else []  # the input's two gradients summed
-        nodes += _gated_nodes(one, hidden, sizes[TermRole.MLP_FC1] // 3, temp, weights[1])
+        # a one-op activation: its input's gradient, its saved input and the sum freed after
+        nodes += _gated_nodes(one, hidden, fc1 // 3, temp, weights[1]) if mlp.gated else [(one, fc1 + one, 0)]
     return _walk(nodes)
 
 
@@ -134,9 +152,10 @@ def gradients_made(layer: Same, shape: ActivationShape, recomputed: bool, grad_b
 
 def _applies(mlp: MLPSpec, flow: LayerFlow | None, sizes: dict[TermRole, int], gelu: int) -> bool:
     """Whether the walk prices this block (see the module): a trained gated MLP, or a frozen one (with a LoRA adapter
-    on its output projection, which the caller checks), or a trained or frozen (maybe LoRA-adapted) ``gelu_new``
-    one."""
-    if not (gelu or (mlp.gated and not mlp.fused_gate_up)):
+    on its output projection, which the caller checks), a frozen plain one-op-activation one (likewise), or a trained
+    or frozen (maybe LoRA-adapted) ``gelu_new`` one."""
+    if not (gelu or (mlp.gated and not mlp.fused_gate_up) or (flow is not None and not mlp.gated
+                                                           and mlp.activation in ONE_OP_ACTIVATIONS)):
         return False
     return flow is None or (not flow.mlp.linears_train and TermRole.MLP_FC2_DORA_INPUT not in sizes)
 

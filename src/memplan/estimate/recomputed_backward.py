@@ -56,6 +56,7 @@ from memplan.estimate.activations import (
     NORM_COMPUTE_BYTES,
     UNFUSED_ATTENTION,
     ActivationShape,
+    Term,
     divided,
     layer_terms,
 )
@@ -246,14 +247,15 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     forward = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
     back = 0 if reread else brought_back_input(run, index)  # under save_on_cpu, beside the recomputed forward
     forward = forward and forward + gradient + recompute_head_bytes(layer, shape) + back
-    tail = _lora_tail(run, index, shape)
+    tail = _lora_tail(run, index, shape, blocks[1])
     tail = tail and tail + gradient - again + back
     return max(transient - again, residual - again, forward, tail), again
 
 
-def _lora_tail(run: RunContext, index: int, shape: ActivationShape) -> int:
+def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: list[Term]) -> int:
     """What layer ``index``'s recomputed forward holds where it stops, at a LoRA or DoRA adapter on the MLP's output
-    projection (:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`; without the output gradient), for an
+    projection or inside its input projection (:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`, which reads
+    the MLP-block terms ``mlp_terms``; without the output gradient), for an
     eager dense layer on one rank without dropout, post-norms, a quantized base nor ``--lora-dropout``, checkpointed by
     the non-reentrant ``torch.utils.checkpoint`` (a reentrant checkpoint, DeepSpeed's among them, runs the whole
     forward again before the backward: no early stop) without FP8; else 0."""
@@ -272,7 +274,7 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape) -> int:
                                residual=tokens * hidden * shape.residual_bytes,
                                mlp_input=tokens * hidden * norm_output_bytes(shape),
                                byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
-                               autocast=run.prec.weight_copies == "autocast")
+                               autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms)
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
