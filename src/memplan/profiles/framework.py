@@ -13,6 +13,7 @@ from memplan.frozen import frozen_dataclass
 from memplan.profiles import megatron_rules
 from memplan.profiles.defaults import DefaultRule
 from memplan.profiles.rules import JobRule, ModelRule
+from memplan.profiles.zero3 import DEEPSPEED_ZERO3, Zero3Defaults
 from memplan.units import MiB
 
 KernelStyle = Literal["fused", "eager"]
@@ -111,6 +112,10 @@ class FrameworkProfile:
     reduce_bucket_elements: int = 0
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
+    #: ``--zero 3`` is DeepSpeed's ZeRO-3, whose gathered parameters and reduce bucket are priced from the
+    #: job's DeepSpeed config keys or these defaults (:mod:`memplan.estimate.zero3_buffers`); None: another
+    #: ZeRO-3 (Megatron-FSDP's ``optim_grads_params``), priced by DeepSpeed's own estimator's largest-layer rule.
+    zero3_buffers: Zero3Defaults | None = None
     #: Optimizer offload also moves the gradient partition to CPU memory (DeepSpeed
     #: ZeRO-Offload, FSDP ``CPUOffloadPolicy``); Megatron's ``--optimizer-cpu-offload`` keeps its
     #: fp32 gradient buffer on the GPU and copies it to CPU memory for the step.
@@ -329,7 +334,8 @@ DEEPSPEED = FrameworkProfile(
     default_optimizer_impl="fused",
     default_loss="fp32-logits",
     kernels="eager",
-    reduce_bucket_elements=500_000_000,
+    reduce_bucket_elements=DEEPSPEED_ZERO3.reduce_bucket_elements,
+    zero3_buffers=DEEPSPEED_ZERO3,
     allgather_bucket_elements=500_000_000,
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
@@ -364,6 +370,7 @@ HF = FrameworkProfile(
     fit_shardings=("ddp", "fsdp-full", "fsdp-hybrid"),
     fp32_router_weights=True,
     features=frozenset({"zero-stages"}),
+    zero3_buffers=DEEPSPEED_ZERO3,  # --zero runs DeepSpeed through the Trainer's integration
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure
