@@ -348,21 +348,27 @@ def t0_sized_model() -> ModelSpec:
                      layers=(layer,) * 54, tie_word_embeddings=True)
 
 
-def deepspeed_zero3_estimate_bytes(gpus: int) -> int:
-    """estimate(): parameters + gradients + optimizer + communication, deepspeed ZeRO-3."""
+def deepspeed_zero3_estimate_bytes(gpus: int) -> tuple[int, int]:
+    """estimate(): parameters + gradients + optimizer, and the communication buffers at their most, deepspeed ZeRO-3."""
     job = Job(parallel=Parallelism(world_size=gpus), sharding=Sharding(zero=3), framework="deepspeed",
               batch=Batch(seq_length=512))
     s = estimate(t0_sized_model(), job).stages[0]
-    return s.parameters_bytes + s.gradients_bytes + s.optimizer_bytes + s.communication_bytes
+    return s.parameters_bytes + s.gradients_bytes + s.optimizer_bytes, s.max_communication_bytes
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 8])
 def test_estimate_matches_deepspeed_zero3_rule(gpus: int) -> None:
+    """The model states are DeepSpeed's estimator's 18 bytes per parameter / N; its 4 bytes per parameter of the largest
+    layer (gathered 16-bit weights and gradients, no bucket) are within memplan's ZeRO-3 buffers, which follow
+    DeepSpeed's engine (memplan.estimate.zero3_buffers: prefetch window, reduce bucket)."""
     model = t0_sized_model()
     assert total_params(model) == pytest.approx(T0_3B_PARAMS, rel=1e-4)
+    largest = 4 * T0_3B_LARGEST
     rule = zero3_model_states_bytes(total_params(model), T0_3B_LARGEST, gpus)
-    # Differences: ceil-division of partitions and the final norm in the gathered root unit.
-    assert deepspeed_zero3_estimate_bytes(gpus) == pytest.approx(rule, rel=1e-4)
+    states, buffers = deepspeed_zero3_estimate_bytes(gpus)
+    # Difference: ceil-division of partitions.
+    assert states == pytest.approx(rule - largest, rel=1e-4)
+    assert buffers >= largest
 
 
 def test_zero3_rule_rejects_params_offload_alone() -> None:
