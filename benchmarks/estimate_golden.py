@@ -195,7 +195,7 @@ def flag_jobs() -> Iterator[tuple[str, str, dict[str, Any]]]:
 FIELDS_AT_DEFAULT_LEFT_OUT: tuple[tuple[str, object], ...] = (
     ("compile", False), ("attention_dropout", None), ("compile_loss", "auto"), ("reserved", "auto"),
     *((f"sharding.{name}", None) for name in ("reduce_bucket_size", "prefetch_bucket_size", "max_live_parameters",
-                                              "max_reuse_distance", "contiguous_gradients")))
+                                              "max_reuse_distance", "sub_group_size", "contiguous_gradients")))
 
 
 def _fingerprint(result: Any) -> dict[str, Any]:

@@ -12,10 +12,12 @@ import pytest
 
 from memplan import Job, Parallelism, estimate, load_model
 from memplan.errors import ConfigError
-from memplan.estimate.zero3_buffers import gathered_elements
+from memplan.estimate.engine import _stage_parts
+from memplan.estimate.memo import Same
+from memplan.estimate.zero3_buffers import gathered_elements, sub_group_elements
 from memplan.frameworks.deepspeed_config import apply_deepspeed_config
 from memplan.frameworks.deepspeed_keys import deepspeed_settings
-from memplan.job import Sharding
+from memplan.job import Batch, Offload, Sharding
 from memplan.model.params import embedding_params
 
 MODEL = load_model("llama-3.2-1b")  # tied embedding: 262,668,288 of 1,235,814,400 parameters
@@ -36,9 +38,11 @@ def _comm(job: Job) -> dict[str, int]:
 
 def test_keys_are_read_with_deepspeed_names_auto_and_floats(tmp_path: Path) -> None:
     job = _job(tmp_path, {"reduce_bucket_size": 5e7, "prefetch_bucket_size": "auto", "stage3_max_live_parameters": 1e8,
-                          "max_reuse_distance": 0, "contiguous_gradients": False, "overlap_comm": True})
+                          "max_reuse_distance": 0, "contiguous_gradients": False, "overlap_comm": True,
+                          "sub_group_size": 1e8})
     assert job.sharding == Sharding(zero=3, reduce_bucket_size=50_000_000, prefetch_bucket_size="auto",
-                                    max_live_parameters=100_000_000, max_reuse_distance=0, contiguous_gradients=False)
+                                    max_live_parameters=100_000_000, max_reuse_distance=0, sub_group_size=100_000_000,
+                                    contiguous_gradients=False)
     assert _job(tmp_path, {"stage3_max_live_parameters": "auto"}).sharding.max_live_parameters is None
 
 
@@ -103,10 +107,10 @@ def test_priced_keys_leave_the_unmodelled_list_at_stage_3_only() -> None:
     assert at3 == {"stage": "modelled", "reduce_bucket_size": "modelled", "stage3_prefetch_bucket_size": "modelled",
                    "stage3_max_live_parameters": "modelled", "stage3_max_reuse_distance": "modelled",
                    "overlap_comm": "no-memory-effect", "contiguous_gradients": "modelled",
-                   "stage3_param_persistence_threshold": "not-modelled", "sub_group_size": "not-modelled"}
+                   "stage3_param_persistence_threshold": "not-modelled", "sub_group_size": "modelled"}
     at2 = {s.key.split(".")[1]: s.effect for s in deepspeed_settings({"zero_optimization": {"stage": 2, **keys}})}
     assert at2["reduce_bucket_size"] == at2["overlap_comm"] == at2["contiguous_gradients"] == "not-modelled"
-    assert at2["stage3_max_live_parameters"] == "no-memory-effect"
+    assert at2["stage3_max_live_parameters"] == at2["sub_group_size"] == "no-memory-effect"
 
 
 #: DeepSpeed 0.19.8's real ZeRO-3 engine on CPU (DS_ACCELERATOR=cpu, gloo, world size 1, bf16, torch AdamW, two
@@ -140,3 +144,34 @@ def test_megatron_zero3_is_megatron_fsdps_not_deepspeeds() -> None:
     cases, tests/frameworks/test_megatron_args.py, measure it); DeepSpeed's estimator's 4 bytes x largest module stay."""
     job = Job(parallel=Parallelism(world_size=8), framework="megatron", sharding=Sharding(zero=3))
     assert _comm(job) == {"loss": 4 * (EMBEDDING + MODEL.hidden_size), "most": 4 * (EMBEDDING + MODEL.hidden_size)}
+
+
+def _step_temporary(sub_group_size: int | None, offload: bool = False) -> int:
+    job = Job(parallel=Parallelism(world_size=8), framework="deepspeed", batch=Batch(seq_length=16),
+              sharding=Sharding(zero=3, sub_group_size=sub_group_size), offload=Offload(optimizer=offload))
+    _, parts = _stage_parts(Same(MODEL), job, 0.0)
+    return parts[0][2].ledger.total("temporary", "optimizer step")
+
+
+def test_the_step_makes_one_sub_groups_fp32_gradient() -> None:
+    """The gradient partitions stay in bf16 (2 bytes, DeepSpeed's grad_partitions_flat_buffer); the step makes the
+    largest sub-group's fp32 gradient from a flat bf16 copy (6 bytes per element at that instant)."""
+    partition, embedding_part = TOTAL // 8, EMBEDDING // 8
+    job = Job(parallel=Parallelism(world_size=8), framework="deepspeed", sharding=Sharding(zero=3))
+    assert estimate(MODEL, job).stages[0].gradients_bytes == 2 * partition
+    assert _step_temporary(None) == 6 * partition  # DeepSpeed's 1e9: the whole partition is one sub-group
+    assert _step_temporary(10**8) == 6 * (10**8 + embedding_part)
+    assert _step_temporary(0) == 6 * embedding_part  # one parameter per sub-group: the largest
+    assert _step_temporary(None, offload=True) == 0  # the offloaded optimizer's gradients are in CPU memory
+
+
+#: The same engine (tiny4, persistence 0), the fp32 gradient ``_prepare_fp32_grad_for_sub_group`` made at its largest
+#: (bytes / 4) and the gradient partitions (2 bytes per parameter: 7,352,832 B for 3,676,416 parameters):
+#: (sub_group_size, measured elements); the largest parameter's partition is the 256,000-element head.
+SUB_GROUPS = [(1_000_000_000, 3_676_416), (500_000, 614_912), (0, 256_000)]
+
+
+@pytest.mark.parametrize("size, measured", SUB_GROUPS)
+def test_sub_groups_match_deepspeeds_engine(size: int, measured: int) -> None:
+    got = sub_group_elements(3_676_416, size, 256_000)
+    assert measured <= got <= measured + 256_000  # the crossing parameter is priced at the largest one's size

@@ -212,7 +212,7 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
     if pipeline_fsdp.applies(ctx, st):
         return _with_most(list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts)))
     if run.profile.zero3_buffers is not None and zero3_buffers.applies(run.job, run.profile, run.prec):
-        return _with_most(zero3_buffers.contributions(ctx, st.params, forward))
+        return _with_most(zero3_buffers.contributions(ctx, st.params, st.states.optimizer_numel, forward))
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings, head=head_unit(ctx))

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO-3's buffers on one GPU: gathered parameters, the computing module's gradients, the reduce bucket.
+"""DeepSpeed ZeRO-3's buffers on one GPU: gathered parameters, the computing module's gradients, the step's sub-group
+gradient, the reduce bucket.
 
 What ``--zero 3`` runs where the profile's ZeRO is DeepSpeed's (``FrameworkProfile.zero3_buffers``: DeepSpeed, the
 Hugging Face Trainer; DeepSpeed 0.19.8, deepspeed/runtime/zero/), priced from the job's DeepSpeed config keys
@@ -19,24 +20,28 @@ Hugging Face's values from the hidden size), each in the parameters' dtype:
   releases each module for good, so the optimizer step holds none.
 * **The computing module's gradients**: autograd makes them in the parameters' dtype before DeepSpeed copies them
   into the bucket (stage3.py ``__add_grad_to_ipg_bucket``, l. 1621-1640): ``U`` elements during the backward.
+* **The optimizer step's sub-group gradient**: the gradient partitions stay in the model's dtype
+  (``grad_partitions_flat_buffer`` in ``gradient_accumulation_dtype``, stage3.py l. 791-793); the step makes each
+  sub-group's fp32 gradient from a flat copy of them (l. 2683-2695), ``min(partition, sub_group_size + one
+  parameter's partition)`` elements (none with the optimizer offloaded: its gradients go to CPU memory).
 * **The reduce (IPG) bucket**: ``reduce_bucket_size`` elements allocated once when the optimizer is built and kept
   (stage3.py l. 780-784, with ``contiguous_gradients``, DeepSpeed's default); one buffer per communication dtype
   (l. 477): ``overlap_comm`` moves the reduction to a side stream but adds no second buffer at stage 3.
 
 Witness: DeepSpeed's real ZeRO-3 engine on CPU (world size 1, tiny Llama models; docs/benchmarks.md, helper
 zero3ds14): the bucket's bytes exactly, overlap_comm on and off alike, the gathered set's maximum within 2.0% (a
-reuse window alone: 4.5%).
+reuse window alone: 4.5%), the gradient partitions' 2 bytes per parameter, the sub-group's fp32 gradient exactly at
+sub_group_size 1e9 and 0 (at 5e5 under the priced upper bound).
 
 Known limitations: ``stage3_param_persistence_threshold`` (small parameters kept whole on every GPU: the norms and
-biases, under a MiB for the dense models priced) and ``sub_group_size`` (the fp32 gradient of one optimizer
-sub-group made at the step) are not priced; the cap on the prefetcher counts what is already gathered, so the
-window is filled to within one module of it.
+biases, under a MiB for the dense models priced) is not priced; the cap on the prefetcher counts what is already
+gathered, so the window is filled to within one module of it; a sub-group is priced at its upper bound.
 """
 
 from __future__ import annotations
 
 from memplan.estimate.context import StageContext
-from memplan.estimate.ledger import COMMUNICATION, Contribution
+from memplan.estimate.ledger import COMMUNICATION, TEMPORARY, Contribution
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, layer_numel_on_rank
 from memplan.job import Job
@@ -46,6 +51,8 @@ from memplan.profiles.framework import FrameworkProfile, vocab_split
 from memplan.profiles.zero3 import hf_auto_prefetch_bucket, hf_auto_reduce_bucket
 from memplan.units import dtype_bytes
 
+#: fp32: the optimizer's master weights and the step's gradient (``master_weights_and_grads_dtype``).
+_FP32 = 4
 #: From the forward to the end of the backward (the optimizer step holds no gathered parameter).
 _GATHERED_LIVE = ("loss", "backward", "end of backward")
 
@@ -87,8 +94,30 @@ def gathered_elements(total: int, unit: int, prefetch: int, max_live: int, reuse
     return min(total, max(unit + ahead, reuse // 2))
 
 
-def contributions(ctx: StageContext, params: StageParams, forward: bool) -> list[Contribution]:
-    """The three buffers as contributions, each with its sentence."""
+def sub_group_elements(partition: int, sub_group_size: int, largest_param_partition: int) -> int:
+    """The largest optimizer sub-group: ``sub_group_size`` and the parameter that crosses it, at most the partition."""
+    return min(partition, sub_group_size + largest_param_partition)
+
+
+def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: tuple[int, str]) -> Contribution:
+    """The optimizer step's fp32 gradient of its largest sub-group, made from the flattened 16-bit gradient partition
+    (stage3.py ``_prepare_fp32_grad_for_sub_group``: ``flatten(...).to(fp32)``, both alive at that instant); a
+    sub-group closes once it reaches ``sub_group_size`` (``_create_fp16_sub_groups``), so it may exceed it by one
+    parameter's partition (at most the largest module's)."""
+    run = ctx.run
+    size, where = setting
+    shards = max(1, run.job.parallel.data_parallel * run.job.parallel.cp)
+    elements = sub_group_elements(partition, size, -(-unit // shards))
+    grad = dtype_bytes(run.prec.grad)
+    per_element = _FP32 + (grad if grad != _FP32 else 0)
+    return Contribution(TEMPORARY, per_element * elements, ("optimizer step",), (
+        f"DeepSpeed ZeRO-3 optimizer step: the fp32 gradient of its largest sub-group ({elements:,} of the partition's "
+        f"{partition:,} elements; sub_group_size {size:,}, {where}) made from a flat {run.prec.grad} copy of the "
+        "gradient partition"))
+
+
+def contributions(ctx: StageContext, params: StageParams, partition: int, forward: bool) -> list[Contribution]:
+    """The buffers as contributions, each with its sentence (``partition``: the elements this GPU's optimizer steps)."""
     run = ctx.run
     sh, d, hidden, prec = run.job.sharding, run.profile.zero3_buffers, run.model.hidden_size, run.prec
     assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
@@ -111,6 +140,8 @@ def contributions(ctx: StageContext, params: StageParams, forward: bool) -> list
             f"DeepSpeed ZeRO-3: the gradients of the module whose backward runs ({unit:,} elements, {prec.param}) "
             "before they are copied into the reduce bucket")),
     ]
+    if not run.job.offload.optimizer:
+        out.append(_sub_group_gradient(ctx, partition, unit, _setting(sh.sub_group_size, d.sub_group_size, 0)))
     if not (d.contiguous_gradients if sh.contiguous_gradients is None else sh.contiguous_gradients):
         return out
     return out + [Contribution(COMMUNICATION, c * bucket, note=(

@@ -4,7 +4,7 @@ Mapped: ``zero_optimization.stage``, ``bf16.enabled`` / ``fp16.enabled``, ``opti
 ``train_micro_batch_size_per_gpu``, ``train_batch_size``, ``gradient_accumulation_steps``,
 and, for ZeRO-3's buffers (:mod:`memplan.estimate.zero3_buffers`), ``zero_optimization.reduce_bucket_size``,
 ``contiguous_gradients``, ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters`` and
-``stage3_max_reuse_distance`` (or their names without ``stage3_``) into the job's sharding; a negative or
+``stage3_max_reuse_distance`` (or their names without ``stage3_``), ``sub_group_size`` into the job's sharding; a negative or
 non-numeric size is a ConfigError naming the key. ``"auto"`` reduce and prefetch buckets are Hugging Face's
 hidden-size values (:mod:`memplan.profiles.zero3`); other ``"auto"`` values (Hugging Face's integration fills
 them in) keep the Job's value. ``enabled: false`` in ``bf16`` / ``fp16`` with neither enabled is fp32 training;
@@ -159,7 +159,8 @@ def _checkpointing(config: Mapping[str, Any], recompute: Recompute) -> Recompute
 _ZERO3_KEYS = (("reduce_bucket_size", ("reduce_bucket_size",), 1),
                ("prefetch_bucket_size", ("stage3_prefetch_bucket_size", "prefetch_bucket_size"), 0),
                ("max_live_parameters", ("stage3_max_live_parameters", "max_live_parameters"), 0),
-               ("max_reuse_distance", ("stage3_max_reuse_distance", "max_reuse_distance"), 0))
+               ("max_reuse_distance", ("stage3_max_reuse_distance", "max_reuse_distance"), 0),
+               ("sub_group_size", ("sub_group_size",), 0))
 #: Beyond this a bucket size is a typo (a petabyte of 16-bit elements).
 _MOST_ELEMENTS = 10**15
 #: Keys whose ``"auto"`` Hugging Face's integration fills in (:mod:`memplan.profiles.zero3`); elsewhere "auto"

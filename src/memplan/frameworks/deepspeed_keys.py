@@ -97,9 +97,7 @@ KEYS: dict[str, tuple[Effect, str]] = {
              "longer; not priced", _Z + "overlap_comm"),
     **_group(_U, "reduce-scatter vs all-reduce of gradients (all-reduce holds full gradients); not priced",
              _Z + "reduce_scatter", _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions"),
-    **_group(_U, "optimizer step sub-group size: ZeRO-3 makes one sub-group's fp32 gradient at the step from its "
-             "16-bit gradient partition (stage3.py _prepare_fp32_grad_for_sub_group); memplan prices fp32 gradient "
-             "partitions throughout", _Z + "sub_group_size"),
+    **_group(_N, "the ZeRO-3 optimizer's sub-groups: read only at ZeRO stage 3", _Z + "sub_group_size"),
     **_group(_N, f"{_Z3}: read only at ZeRO stage 3", _Z + "prefetch_bucket_size", _Z + "stage3_prefetch_bucket_size",
              _Z + "max_live_parameters", _Z + "stage3_max_live_parameters", _Z + "max_reuse_distance",
              _Z + "stage3_max_reuse_distance"),
@@ -173,6 +171,8 @@ _STAGE3: dict[str, tuple[Effect, str]] = {
     _Z + "reduce_bucket_size": (_M, ("the ZeRO-3 gradient reduce bucket, allocated when the optimizer is built "
                                 "(\"auto\": Hugging Face's hidden_size^2)")),
     _Z + "contiguous_gradients": (_M, "true (DeepSpeed's default): ZeRO-3 keeps the reduce bucket; false: none"),
+    _Z + "sub_group_size": (_M, ("the optimizer step's largest sub-group: its fp32 gradient is made from the 16-bit "
+                            "gradient partition (memplan.estimate.zero3_buffers)")),
     _Z + "overlap_comm": (_N, ("ZeRO-3 reduces on a side stream with its one bucket per communication dtype; no "
                           "second buffer (stage3.py ipg_buckets)")),
     **_group(_M, _GATHERED + "; \"auto\": Hugging Face's int(0.9 * hidden_size^2)", _Z + "prefetch_bucket_size",

@@ -67,8 +67,6 @@ class FrameworkProfile:
     mixed_weights: MixedWeights
     #: Gradient dtype under mixed precision when ``--grad-dtype`` is not given (None: param dtype).
     mixed_grad_dtype: str | None
-    #: Gradient dtype under ZeRO-3 mixed precision when different (DeepSpeed keeps fp32 partitions).
-    zero3_grad_dtype: str | None = None
     #: Optimizer implementation when ``--optimizer-impl auto``.
     default_optimizer_impl: Literal["foreach", "fused", "for-loop"] = "fused"
     #: Loss path when ``--loss auto``.
@@ -325,12 +323,11 @@ DEEPSPEED = FrameworkProfile(
     compile_scope="model",
     description=(
         "DeepSpeed ZeRO: 16-bit weights and gradients, fp32 master weights and Adam moments "
-        "in the optimizer (ZeRO paper's 2+2+12 bytes; ZeRO-3 keeps fp32 gradient partitions as "
-        "DeepSpeed's own estimator counts), FusedAdam, reduce/all-gather buckets."
+        "in the optimizer (ZeRO paper's 2+2+12 bytes; ZeRO-3 keeps its gradient partitions in the "
+        "model's dtype and makes one sub-group's fp32 gradient at the step), FusedAdam, reduce/all-gather buckets."
     ),
     mixed_weights="master-copy",
     mixed_grad_dtype=None,
-    zero3_grad_dtype="fp32",
     default_optimizer_impl="fused",
     default_loss="fp32-logits",
     kernels="eager",

@@ -4,7 +4,8 @@
 DeepSpeed integration; their ``FrameworkProfile.zero3_buffers``; Megatron's ``--zero`` is Megatron-FSDP's), so a job
 that names none of these keys (flags, a job file, a config that leaves them out) gets DeepSpeed's own defaults
 (deepspeed/runtime/zero/config.py, ``DeepSpeedZeroConfig``: ``reduce_bucket_size`` 5e8, ``contiguous_gradients``
-true, ``stage3_prefetch_bucket_size`` 5e7, ``stage3_max_live_parameters`` 1e9, ``stage3_max_reuse_distance`` 1e9).
+true, ``stage3_prefetch_bucket_size`` 5e7, ``stage3_max_live_parameters`` 1e9, ``stage3_max_reuse_distance`` 1e9,
+``sub_group_size`` 1e9).
 ``"auto"`` is what the Hugging Face integration fills in from the model's hidden size ``h``
 (transformers/integrations/deepspeed.py, ``HfTrainerDeepSpeedConfig.trainer_config_finalize``):
 ``reduce_bucket_size = h*h`` and, under ZeRO-3, ``stage3_prefetch_bucket_size = int(0.9*h*h)``.
@@ -29,11 +30,14 @@ class Zero3Defaults:
     max_live_parameters: int = 1_000_000_000
     #: ``stage3_max_reuse_distance``: a parameter used again within this many elements of the trace is kept.
     max_reuse_distance: int = 1_000_000_000
+    #: ``sub_group_size``: the optimizer steps the partition in sub-groups of about this many elements, making
+    #: each one's fp32 gradient from the 16-bit gradient partition as it goes.
+    sub_group_size: int = 1_000_000_000
 
 
 #: DeepSpeed 0.19.8's defaults (deepspeed/runtime/zero/config.py: ``reduce_bucket_size`` Field(5e8),
 #: ``contiguous_gradients`` True, ``prefetch_bucket_size`` Field(5e7), ``max_live_parameters`` Field(1e9),
-#: ``max_reuse_distance`` Field(1e9)).
+#: ``max_reuse_distance`` Field(1e9), ``sub_group_size`` Field(1e9)).
 DEEPSPEED_ZERO3 = Zero3Defaults()
 
 
