@@ -190,9 +190,12 @@ def flag_jobs() -> Iterator[tuple[str, str, dict[str, Any]]]:
 #: Job fields added after jobs were first recorded, left out of the fingerprint at their default so those jobs
 #: keep their fingerprints (a job that sets one is taken whole): ``compile`` and ``compile_loss`` (issue 25,
 #: --compile, --compile-loss), ``reserved`` (issue 25, item 8), ``attention_dropout`` (session 11; None: the
-#: same as ``dropout``).
+#: same as ``dropout``); dotted, a section's field: the DeepSpeed ZeRO-3 buffer settings a DeepSpeed config gives
+#: (session 14, None: DeepSpeed's defaults).
 FIELDS_AT_DEFAULT_LEFT_OUT: tuple[tuple[str, object], ...] = (
-    ("compile", False), ("attention_dropout", None), ("compile_loss", "auto"), ("reserved", "auto"))
+    ("compile", False), ("attention_dropout", None), ("compile_loss", "auto"), ("reserved", "auto"),
+    *((f"sharding.{name}", None) for name in ("reduce_bucket_size", "prefetch_bucket_size", "max_live_parameters",
+                                              "max_reuse_distance", "sub_group_size", "contiguous_gradients")))
 
 
 def _fingerprint(result: Any) -> dict[str, Any]:
@@ -205,8 +208,10 @@ def _fingerprint(result: Any) -> dict[str, Any]:
     job = data.get("job")
     if isinstance(job, dict):
         for field, default in FIELDS_AT_DEFAULT_LEFT_OUT:
-            if field in job and type(job[field]) is type(default) and job[field] == default:
-                del job[field]
+            *section, name = field.split(".")
+            where = job.get(section[0]) if section else job
+            if isinstance(where, dict) and name in where and type(where[name]) is type(default) and where[name] == default:
+                del where[name]
     numbers = json.dumps(data, sort_keys=True, default=str)
     words = json.dumps(assumptions, sort_keys=True, default=str)
     return {"numbers": hashlib.sha256(numbers.encode()).hexdigest()[:20],

@@ -224,6 +224,17 @@ class Sharding:
     #: Megatron ``--num-distributed-optimizer-instances``: the distributed optimizer shards over
     #: DP / instances GPUs and replicates across instances.
     distributed_optimizer_instances: int = 1
+    #: DeepSpeed ZeRO-3 buffer settings a DeepSpeed config gives (elements; None: DeepSpeed's default,
+    #: :data:`memplan.profiles.zero3.DEEPSPEED_ZERO3`; ``"auto"``: Hugging Face fills it in from the hidden size):
+    #: ``reduce_bucket_size``, ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters``,
+    #: ``stage3_max_reuse_distance``, ``sub_group_size``, ``contiguous_gradients`` (:mod:`memplan.estimate.zero3_buffers`); checked
+    #: where they are read (:func:`memplan.frameworks.deepspeed_config.job_with_deepspeed`).
+    reduce_bucket_size: int | Literal["auto"] | None = None
+    prefetch_bucket_size: int | Literal["auto"] | None = None
+    max_live_parameters: int | None = None
+    max_reuse_distance: int | None = None
+    sub_group_size: int | None = None
+    contiguous_gradients: bool | None = None
 
     def __post_init__(self) -> None:
         _check_int("--zero", self.zero, minimum=0, maximum=3)

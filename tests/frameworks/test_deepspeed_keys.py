@@ -92,15 +92,15 @@ def test_values_auto_off_assumed_and_unknown() -> None:
     assert got["compile.deepcompile"][0] == "not-modelled"
     assert got["zero_optimisation.stage"] == ("not-modelled", "not a DeepSpeed config key")
     assert deepspeed_settings({"zero_optimization": {"reduce_bucket_size": 2e8}})[0].effect == "not-modelled"
-    stage3 = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000}}
-    assert deepspeed_settings(stage3)[1].effect == "not-modelled"
+    stage3 = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 2e8}}
+    assert deepspeed_settings(stage3)[1].effect == "modelled"  # ZeRO-3's reduce bucket is priced at any size
 
 
 def _config(tmp_path: Path) -> Path:
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({
         "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
-        "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e7},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 1e5},
         "activation_checkpointing": {"partition_activations": True, "profile": False},
         "progressive_layer_drop": {"theta": 0.5},
         "tensorboard": {"enabled": True, "output_path": "runs/", "job_name": "x"},
@@ -116,16 +116,16 @@ def test_estimate_json_reports_every_key(tmp_path: Path) -> None:
     effects = {s["key"]: s["effect"] for s in data["input_settings"] if s["source"] == "--deepspeed-config"}
     assert effects == {
         "train_micro_batch_size_per_gpu": "modelled", "bf16.enabled": "modelled",
-        "zero_optimization.stage": "modelled", "zero_optimization.stage3_prefetch_bucket_size": "not-modelled",
+        "zero_optimization.stage": "modelled", "zero_optimization.stage3_param_persistence_threshold": "not-modelled",
         "activation_checkpointing.partition_activations": "modelled",
         "activation_checkpointing.profile": "no-memory-effect", "progressive_layer_drop.theta": "not-modelled",
         "tensorboard.enabled": "no-memory-effect",
         "tensorboard.output_path": "no-memory-effect", "tensorboard.job_name": "no-memory-effect",
     }
     assert [s["key"] for s in data["input_settings"] if s["effect"] == "not-modelled"] == [
-        "zero_optimization.stage3_prefetch_bucket_size", "progressive_layer_drop.theta"]
+        "zero_optimization.stage3_param_persistence_threshold", "progressive_layer_drop.theta"]
     assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == [
-        "--deepspeed-config zero_optimization.stage3_prefetch_bucket_size",
+        "--deepspeed-config zero_optimization.stage3_param_persistence_threshold",
         "--deepspeed-config progressive_layer_drop.theta"]
 
 

@@ -69,8 +69,6 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
     elif profile.mixed_weights == "master-copy":
         param = compute
         grad = profile.mixed_grad_dtype or compute
-        if job.sharding.zero == 3 and profile.zero3_grad_dtype:
-            grad = profile.zero3_grad_dtype
         master, state, copies, residual = "fp32", "fp32", None, compute
         notes.append(
             f"{p.name} ({profile.name}): {compute} weights in the model, fp32 master copy and fp32 "

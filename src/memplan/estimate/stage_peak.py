@@ -33,6 +33,7 @@ from memplan.estimate import (
     loss_parallel,
     pipeline_fsdp,
     recomputed_backward,
+    zero3_buffers,
 )
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
@@ -205,13 +206,13 @@ def backward_moment(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: S
 def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
                   forward: bool) -> tuple[list[Contribution], int]:
     """The collective buffers alive at each moment (the end of the forward: as at the loss), and
-    their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`."""
+    their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`; DeepSpeed's
+    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`."""
     run = ctx.run
     if pipeline_fsdp.applies(ctx, st):
-        held = list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts))
-        most = max(sum(c.nbytes for c in held if c.category == COMMUNICATION and c.live_at(phase))
-                   for phase in ("loss", "backward", "end of backward", "optimizer step"))
-        return held, most
+        return _with_most(list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts)))
+    if run.profile.zero3_buffers is not None and zero3_buffers.applies(run.job, run.profile, run.prec):
+        return _with_most(zero3_buffers.contributions(ctx, st.params, st.states.optimizer_numel, forward))
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings, head=head_unit(ctx))
@@ -219,6 +220,13 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
            for phase, size in comm_at.items()]
     note = pipeline_fsdp.finetune_note(ctx, st)
     return out + ([note] if note is not None else []), max(comm_at.values())
+
+
+def _with_most(held: list[Contribution]) -> tuple[list[Contribution], int]:
+    """``held`` and the most of its communication buffers alive at one moment."""
+    most = max(sum(c.nbytes for c in held if c.category == COMMUNICATION and c.live_at(phase))
+               for phase in ("loss", "backward", "end of backward", "optimizer step"))
+    return held, most
 
 
 def head_unit(ctx: StageContext) -> int | None:

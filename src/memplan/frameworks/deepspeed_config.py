@@ -2,10 +2,13 @@
 
 Mapped: ``zero_optimization.stage``, ``bf16.enabled`` / ``fp16.enabled``, ``optimizer.type``,
 ``train_micro_batch_size_per_gpu``, ``train_batch_size``, ``gradient_accumulation_steps``,
-``zero_optimization.reduce_bucket_size`` is part of the deepspeed framework profile's defaults.
-``"auto"`` values (Hugging Face's integration fills them in) keep the Job's value. ``enabled: false``
-in ``bf16`` / ``fp16`` with neither enabled is fp32 training; a config naming neither keeps the Job's
-``--precision``. Offloading
+and, for ZeRO-3's buffers (:mod:`memplan.estimate.zero3_buffers`), ``zero_optimization.reduce_bucket_size``,
+``contiguous_gradients``, ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters`` and
+``stage3_max_reuse_distance`` (or their names without ``stage3_``), ``sub_group_size`` into the job's sharding; a negative or
+non-numeric size is a ConfigError naming the key. ``"auto"`` reduce and prefetch buckets are Hugging Face's
+hidden-size values (:mod:`memplan.profiles.zero3`); other ``"auto"`` values (Hugging Face's integration fills
+them in) keep the Job's value. ``enabled: false`` in ``bf16`` / ``fp16`` with neither enabled is fp32 training;
+a config naming neither keeps the Job's ``--precision``. Offloading
 (``offload_optimizer`` / ``offload_param`` with ``device: cpu`` or ``nvme``) maps to the job's offload:
 the states leave the GPU either way. With NVMe they live on disk behind pinned swap buffers, which
 memplan does not price: its host-memory figure counts them as if they were in CPU memory, and the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -149,6 +153,49 @@ def _checkpointing(config: Mapping[str, Any], recompute: Recompute) -> Recompute
                                contiguous_checkpoints=contiguous)
 
 
+#: The ZeRO-3 buffer keys read into :class:`~memplan.job.Sharding` (field, the names DeepSpeed accepts: its
+#: ``stage3_`` alias first, the least value it accepts): deepspeed/runtime/zero/config.py declares
+#: ``reduce_bucket_size`` Field(gt=0) and the others Field(ge=0).
+_ZERO3_KEYS = (("reduce_bucket_size", ("reduce_bucket_size",), 1),
+               ("prefetch_bucket_size", ("stage3_prefetch_bucket_size", "prefetch_bucket_size"), 0),
+               ("max_live_parameters", ("stage3_max_live_parameters", "max_live_parameters"), 0),
+               ("max_reuse_distance", ("stage3_max_reuse_distance", "max_reuse_distance"), 0),
+               ("sub_group_size", ("sub_group_size",), 0))
+#: Beyond this a bucket size is a typo (a petabyte of 16-bit elements).
+_MOST_ELEMENTS = 10**15
+#: Keys whose ``"auto"`` Hugging Face's integration fills in (:mod:`memplan.profiles.zero3`); elsewhere "auto"
+#: leaves DeepSpeed's default.
+_HF_AUTO = frozenset({"reduce_bucket_size", "prefetch_bucket_size"})
+
+
+def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], least: int) -> int | str | None:
+    """A ZeRO-3 bucket size in elements as DeepSpeed's pydantic config reads it (an integer, or a float with no
+    fraction such as ``5e8``); ``"auto"`` where Hugging Face fills it in, None when absent."""
+    name = next((n for n in names if n in section), None)
+    if name is None:
+        return None
+    value = section[name]
+    if value == "auto":
+        return "auto" if field in _HF_AUTO else None
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or not math.isfinite(number) or not least <= number <= _MOST_ELEMENTS or number % 1:
+        rule = "a positive" if least else "a non-negative"
+        raise ConfigError(f"zero_optimization.{name}", f"must be {rule} whole number of elements up to 1e15 "
+                          "(DeepSpeed's config refuses anything else; it sizes a ZeRO-3 buffer)", value)
+    return int(number)
+
+
+def _zero3_buffers(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`~memplan.job.Sharding` fields of the ZeRO-3 buffer keys in ``zero_optimization``."""
+    out: dict[str, Any] = {field: _elements(section, field, names, least) for field, names, least in _ZERO3_KEYS}
+    contiguous = section.get("contiguous_gradients")
+    if contiguous is not None and contiguous != "auto":
+        if not isinstance(contiguous, bool):
+            raise ConfigError("zero_optimization.contiguous_gradients", "must be true or false", contiguous)
+        out["contiguous_gradients"] = contiguous
+    return out
+
+
 def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
     zero_section = config.get("zero_optimization") or {}
     if not isinstance(zero_section, Mapping):
@@ -185,7 +232,7 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
     return dataclasses.replace(
         job,
         framework="deepspeed",
-        sharding=Sharding(zero=stage),
+        sharding=Sharding(zero=stage, **_zero3_buffers(zero_section)),
         precision=precision,
         optimizer=optimizer,
         batch=batch,

@@ -87,23 +87,20 @@ KEYS: dict[str, tuple[Effect, str]] = {
              "sections", "data_types.grad_accum_dtype", "data_types.param_dtype", "data_types.buffer_dtype"),
     **_group(_U, "NVIDIA apex AMP (its opt_level decides the weight copies); memplan prices DeepSpeed's own "
              "bf16/fp16 modes", "amp.enabled"),
-    # ZeRO buffers and schedules memplan does not model.
+    # ZeRO buffers and schedules memplan does not model (at ZeRO-3 some are priced: _STAGE3 below).
     _Z + "reduce_bucket_size": (_U, ("ZeRO-1/2 gradient reduce bucket; memplan prices DeepSpeed's default 5e8 "
-                                "elements (ZeRO-3: the largest layer)")),
+                                "elements")),
     _Z + "allgather_bucket_size": (_U, "ZeRO-1/2 parameter all-gather bucket after the step; not priced"),
-    **_group(_U, "copies gradients into one preallocated buffer (false: no copy); memplan prices the reduce "
-             "bucket only", _Z + "contiguous_gradients"),
-    **_group(_U, "overlapping communication keeps reduce buckets and gathered parameters alive longer; not "
-             "priced", _Z + "overlap_comm"),
+    **_group(_U, "ZeRO-1/2: copies gradients into one preallocated buffer (false: no copy); memplan prices the "
+             "reduce bucket only", _Z + "contiguous_gradients"),
+    **_group(_U, "ZeRO-1/2: overlapping communication keeps a second reduce bucket and the gradients alive "
+             "longer; not priced", _Z + "overlap_comm"),
     **_group(_U, "reduce-scatter vs all-reduce of gradients (all-reduce holds full gradients); not priced",
              _Z + "reduce_scatter", _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions"),
-    **_group(_U, "optimizer step sub-group size (the fp32 working set of one step); not priced",
-             _Z + "sub_group_size"),
-    **_group(_U, f"{_Z3}: bytes of parameters prefetched ahead; memplan prices only the largest layer gathered",
-             _Z + "prefetch_bucket_size", _Z + "stage3_prefetch_bucket_size"),
-    **_group(_U, f"{_Z3}: parameters kept gathered at once (an upper bound on live full parameters); memplan "
-             "prices only the largest layer gathered", _Z + "max_live_parameters", _Z + "stage3_max_live_parameters",
-             _Z + "max_reuse_distance", _Z + "stage3_max_reuse_distance"),
+    **_group(_N, "the ZeRO-3 optimizer's sub-groups: read only at ZeRO stage 3", _Z + "sub_group_size"),
+    **_group(_N, f"{_Z3}: read only at ZeRO stage 3", _Z + "prefetch_bucket_size", _Z + "stage3_prefetch_bucket_size",
+             _Z + "max_live_parameters", _Z + "stage3_max_live_parameters", _Z + "max_reuse_distance",
+             _Z + "stage3_max_reuse_distance"),
     **_group(_U, f"{_Z3}: parameters below the threshold stay unpartitioned on every GPU; not priced",
              _Z + "param_persistence_threshold", _Z + "stage3_param_persistence_threshold",
              _Z + "model_persistence_threshold", _Z + "stage3_model_persistence_threshold"),
@@ -164,6 +161,24 @@ KEYS: dict[str, tuple[Effect, str]] = {
              "pipeline.pipe_partitioned", "pipeline.grad_partitioned"),
     "pipeline.seed_layers": (_N, "random seeds per layer"),
     "aio.use_gds": (_U, "GPUDirect Storage stages NVMe swaps in GPU buffers; not priced"),
+}
+
+_GATHERED = ("sizes the gathered parameters (memplan.estimate.zero3_buffers: the module computing with what the "
+             "prefetcher fetches ahead up to stage3_max_live_parameters, or the parameters kept for reuse within "
+             "stage3_max_reuse_distance, whichever is more)")
+#: At ZeRO stage 3 (they win over :data:`KEYS` there): the keys :mod:`memplan.estimate.zero3_buffers` prices.
+_STAGE3: dict[str, tuple[Effect, str]] = {
+    _Z + "reduce_bucket_size": (_M, ("the ZeRO-3 gradient reduce bucket, allocated when the optimizer is built "
+                                "(\"auto\": Hugging Face's hidden_size^2)")),
+    _Z + "contiguous_gradients": (_M, "true (DeepSpeed's default): ZeRO-3 keeps the reduce bucket; false: none"),
+    _Z + "sub_group_size": (_M, ("the optimizer step's largest sub-group: its fp32 gradient is made from the 16-bit "
+                            "gradient partition (memplan.estimate.zero3_buffers)")),
+    _Z + "overlap_comm": (_N, ("ZeRO-3 reduces on a side stream with its one bucket per communication dtype; no "
+                          "second buffer (stage3.py ipg_buckets)")),
+    **_group(_M, _GATHERED + "; \"auto\": Hugging Face's int(0.9 * hidden_size^2)", _Z + "prefetch_bucket_size",
+             _Z + "stage3_prefetch_bucket_size"),
+    **_group(_M, _GATHERED, _Z + "max_live_parameters", _Z + "stage3_max_live_parameters", _Z + "max_reuse_distance",
+             _Z + "stage3_max_reuse_distance"),
 }
 
 #: Section rules: every key at or under the prefix not in :data:`KEYS` (longest prefix wins).
@@ -237,10 +252,14 @@ def _known(key: str, known: frozenset[str]) -> bool:
 def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None, zero_stage: Any = 0
              ) -> tuple[Effect, str]:
     """The effect of dotted ``key`` with ``value`` and why (see the module docstring); ``zero_stage``
-    is the config's ``zero_optimization.stage`` (the reduce bucket is priced below stage 3)."""
+    is the config's ``zero_optimization.stage`` (at stage 3 the ZeRO-3 buffer keys are priced, below it
+    DeepSpeed's default reduce bucket)."""
     known = known if known is not None else frozenset(deepspeed_key_list())
     if not _known(key, known):
         return _U, "not a DeepSpeed config key"
+    if zero_stage == 3 and key in _STAGE3:
+        effect, note = _STAGE3[key]
+        return effect, (f"\"auto\": {note}" if value == "auto" else note)
     if key in KEYS:
         effect, note = KEYS[key]
     else:

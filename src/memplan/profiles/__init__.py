@@ -17,6 +17,7 @@ from memplan.profiles.framework import (
     head_rows_split,
     vocab_split,
 )
+from memplan.profiles.zero3 import DEEPSPEED_ZERO3, Zero3Defaults
 
-__all__ = ["DEEPSPEED", "FINE_TUNING_FRAMEWORK", "HF", "MEGATRON", "PROFILES", "TORCHTITAN", "FrameworkProfile", "activation_policy_name",
-           "check_features", "get_profile", "head_rows_split", "vocab_split"]
+__all__ = ["DEEPSPEED", "DEEPSPEED_ZERO3", "FINE_TUNING_FRAMEWORK", "HF", "MEGATRON", "PROFILES", "TORCHTITAN", "FrameworkProfile", "activation_policy_name",
+           "check_features", "get_profile", "head_rows_split", "vocab_split", "Zero3Defaults"]

@@ -14,6 +14,7 @@ from memplan.profiles import megatron_rules
 from memplan.profiles.defaults import DefaultRule
 from memplan.profiles.partial_recompute import PartialRecompute
 from memplan.profiles.rules import JobRule, ModelRule
+from memplan.profiles.zero3 import DEEPSPEED_ZERO3, Zero3Defaults
 from memplan.units import MiB
 
 KernelStyle = Literal["fused", "eager"]
@@ -67,8 +68,6 @@ class FrameworkProfile:
     mixed_weights: MixedWeights
     #: Gradient dtype under mixed precision when ``--grad-dtype`` is not given (None: param dtype).
     mixed_grad_dtype: str | None
-    #: Gradient dtype under ZeRO-3 mixed precision when different (DeepSpeed keeps fp32 partitions).
-    zero3_grad_dtype: str | None = None
     #: Optimizer implementation when ``--optimizer-impl auto``.
     default_optimizer_impl: Literal["foreach", "fused", "for-loop"] = "fused"
     #: Loss path when ``--loss auto``.
@@ -112,6 +111,10 @@ class FrameworkProfile:
     reduce_bucket_elements: int = 0
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
+    #: ``--zero 3`` is DeepSpeed's ZeRO-3, whose gathered parameters and reduce bucket are priced from the
+    #: job's DeepSpeed config keys or these defaults (:mod:`memplan.estimate.zero3_buffers`); None: another
+    #: ZeRO-3 (Megatron-FSDP's ``optim_grads_params``), priced by DeepSpeed's own estimator's largest-layer rule.
+    zero3_buffers: Zero3Defaults | None = None
     #: Optimizer offload also moves the gradient partition to CPU memory (DeepSpeed
     #: ZeRO-Offload, FSDP ``CPUOffloadPolicy``); Megatron's ``--optimizer-cpu-offload`` keeps its
     #: fp32 gradient buffer on the GPU and copies it to CPU memory for the step.
@@ -331,16 +334,16 @@ DEEPSPEED = FrameworkProfile(
     compile_scope="model",
     description=(
         "DeepSpeed ZeRO: 16-bit weights and gradients, fp32 master weights and Adam moments "
-        "in the optimizer (ZeRO paper's 2+2+12 bytes; ZeRO-3 keeps fp32 gradient partitions as "
-        "DeepSpeed's own estimator counts), FusedAdam, reduce/all-gather buckets."
+        "in the optimizer (ZeRO paper's 2+2+12 bytes; ZeRO-3 keeps its gradient partitions in the "
+        "model's dtype and makes one sub-group's fp32 gradient at the step), FusedAdam, reduce/all-gather buckets."
     ),
     mixed_weights="master-copy",
     mixed_grad_dtype=None,
-    zero3_grad_dtype="fp32",
     default_optimizer_impl="fused",
     default_loss="fp32-logits",
     kernels="eager",
-    reduce_bucket_elements=500_000_000,
+    reduce_bucket_elements=DEEPSPEED_ZERO3.reduce_bucket_elements,
+    zero3_buffers=DEEPSPEED_ZERO3,
     allgather_bucket_elements=500_000_000,
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
@@ -376,6 +379,7 @@ HF = FrameworkProfile(
     fp32_router_weights=True,
     features=frozenset({"zero-stages"}),
     zero_framework="deepspeed",
+    zero3_buffers=DEEPSPEED_ZERO3,  # --zero runs DeepSpeed through the Trainer's integration
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure

@@ -1,0 +1,150 @@
+"""DeepSpeed ZeRO-3's buffers on one GPU: gathered parameters, the computing module's gradients, the step's sub-group
+gradient, the reduce bucket.
+
+What ``--zero 3`` runs where the profile's ZeRO is DeepSpeed's (``FrameworkProfile.zero3_buffers``: DeepSpeed, the
+Hugging Face Trainer; DeepSpeed 0.19.8, deepspeed/runtime/zero/), priced from the job's DeepSpeed config keys
+(:class:`memplan.job.Sharding`) or DeepSpeed's defaults (:data:`memplan.profiles.zero3.DEEPSPEED_ZERO3`; ``"auto"``:
+Hugging Face's values from the hidden size), each in the parameters' dtype:
+
+* **Gathered parameters** (partitioned_param_coordinator.py). A module's parameters are all-gathered before it runs
+  (``_fetch_sub_module_impl``, l. 364-378) and released after it unless used again within
+  ``stage3_max_reuse_distance`` elements of the recorded trace (``__params_to_release``, l. 653-661): at the start
+  of the backward, the last layers of the forward are kept, about half that distance (the trace walks them forward
+  and back). With ``stage3_prefetch_bucket_size`` above 0 the prefetcher fetches ahead while fewer than
+  ``stage3_max_live_parameters`` are gathered (l. 452-457), and what it skipped as already gathered is not released
+  (l. 642-651), so the gathered set fills up to that cap beside the module computing. memplan prices the larger of
+  the two, at most every parameter: ``min(P, max(U + min(max_live, P - U), reuse / 2))``, ``U`` the largest module
+  fetched at once (DeepSpeed's own estimator's "largest layer": the most parameters one module owns, a linear, a
+  layer's stacked experts or the embedding, the same size as an untied head), with
+  the prefetch term 0 when prefetching is off. Alive from the forward to the end of the backward; the backward
+  releases each module for good, so the optimizer step holds none.
+* **The computing module's gradients**: autograd makes them in the parameters' dtype before DeepSpeed copies them
+  into the bucket (stage3.py ``__add_grad_to_ipg_bucket``, l. 1621-1640): ``U`` elements during the backward.
+* **The optimizer step's sub-group gradient**: the gradient partitions stay in the model's dtype
+  (``grad_partitions_flat_buffer`` in ``gradient_accumulation_dtype``, stage3.py l. 791-793); the step makes each
+  sub-group's fp32 gradient from a flat copy of them (l. 2683-2695), ``min(partition, sub_group_size + one
+  parameter's partition)`` elements (none with the optimizer offloaded: its gradients go to CPU memory).
+* **The reduce (IPG) bucket**: ``reduce_bucket_size`` elements allocated once when the optimizer is built and kept
+  (stage3.py l. 780-784, with ``contiguous_gradients``, DeepSpeed's default); one buffer per communication dtype
+  (l. 477): ``overlap_comm`` moves the reduction to a side stream but adds no second buffer at stage 3.
+
+Witness: DeepSpeed's real ZeRO-3 engine on CPU (world size 1, tiny Llama models; docs/benchmarks.md, helper
+zero3ds14): the bucket's bytes exactly, overlap_comm on and off alike, the gathered set's maximum within 2.0% (a
+reuse window alone: 4.5%), the gradient partitions' 2 bytes per parameter, the sub-group's fp32 gradient exactly at
+sub_group_size 1e9 and 0 (at 5e5 under the priced upper bound).
+
+Known limitations: ``stage3_param_persistence_threshold`` (small parameters kept whole on every GPU: the norms and
+biases, under a MiB for the dense models priced) is not priced; the cap on the prefetcher counts what is already
+gathered, so the window is filled to within one module of it; a sub-group is priced at its upper bound.
+"""
+
+from __future__ import annotations
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.ledger import COMMUNICATION, TEMPORARY, Contribution
+from memplan.estimate.precision import ResolvedPrecision
+from memplan.estimate.states import StageParams, layer_numel_on_rank
+from memplan.job import Job
+from memplan.model.linears import layer_linears
+from memplan.model.params import embedding_params
+from memplan.profiles.framework import FrameworkProfile, vocab_split
+from memplan.profiles.zero3 import hf_auto_prefetch_bucket, hf_auto_reduce_bucket
+from memplan.units import dtype_bytes
+
+#: fp32: the optimizer's master weights and the step's gradient (``master_weights_and_grads_dtype``).
+_FP32 = 4
+#: From the forward to the end of the backward (the optimizer step holds no gathered parameter).
+_GATHERED_LIVE = ("loss", "backward", "end of backward")
+
+
+def applies(job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> bool:
+    """``--zero 3`` run by DeepSpeed (the profile's ZeRO is DeepSpeed's; not PyTorch FSDP, nor FSDP's cast copies)."""
+    return (profile.zero3_buffers is not None and job.sharding.zero == 3 and job.sharding.fsdp == "none"
+            and prec.weight_copies != "fsdp")
+
+
+def _setting(value: int | str | None, default: int, auto: int) -> tuple[int, str]:
+    """(elements, where they come from) of one key."""
+    if value is None:
+        return default, "DeepSpeed's default"
+    if value == "auto":
+        return auto, "Hugging Face's \"auto\""
+    return int(value), "the config"
+
+
+def module_unit(ctx: StageContext, params: StageParams) -> int:
+    """The most parameters one module owns, which DeepSpeed fetches at once: a linear of a decoder layer, a layer's
+    stacked experts or, on a stage holding it, the embedding (an untied head is a module of the same size)."""
+    run = ctx.run
+    model, tp = run.model, run.job.parallel.tp
+    embedding = embedding_params(model, run.vocab_rows) // vocab_split(run.profile, tp)
+    unit = min(params.root, embedding)
+    for index in ctx.layout.layer_indices:
+        layer = model.layers[index]
+        linears = layer_linears(layer, model.hidden_size, model.model_type)
+        unit = max(unit, max((m.weight_numel for m in linears), default=0) // tp)
+        if layer.moe is not None:
+            unit = max(unit, layer_numel_on_rank(model.layer_param_groups[index], run.job)[1])
+    return unit
+
+
+def gathered_elements(total: int, unit: int, prefetch: int, max_live: int, reuse: int) -> int:
+    """Parameters gathered at once (see the module docstring)."""
+    ahead = min(max_live, total - unit) if prefetch > 0 else 0
+    return min(total, max(unit + ahead, reuse // 2))
+
+
+def sub_group_elements(partition: int, sub_group_size: int, largest_param_partition: int) -> int:
+    """The largest optimizer sub-group: ``sub_group_size`` and the parameter that crosses it, at most the partition."""
+    return min(partition, sub_group_size + largest_param_partition)
+
+
+def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: tuple[int, str]) -> Contribution:
+    """The optimizer step's fp32 gradient of its largest sub-group, made from the flattened 16-bit gradient partition
+    (stage3.py ``_prepare_fp32_grad_for_sub_group``: ``flatten(...).to(fp32)``, both alive at that instant); a
+    sub-group closes once it reaches ``sub_group_size`` (``_create_fp16_sub_groups``), so it may exceed it by one
+    parameter's partition (at most the largest module's)."""
+    run = ctx.run
+    size, where = setting
+    shards = max(1, run.job.parallel.data_parallel * run.job.parallel.cp)
+    elements = sub_group_elements(partition, size, -(-unit // shards))
+    grad = dtype_bytes(run.prec.grad)
+    per_element = _FP32 + (grad if grad != _FP32 else 0)
+    return Contribution(TEMPORARY, per_element * elements, ("optimizer step",), (
+        f"DeepSpeed ZeRO-3 optimizer step: the fp32 gradient of its largest sub-group ({elements:,} of the partition's "
+        f"{partition:,} elements; sub_group_size {size:,}, {where}) made from a flat {run.prec.grad} copy of the "
+        "gradient partition"))
+
+
+def contributions(ctx: StageContext, params: StageParams, partition: int, forward: bool) -> list[Contribution]:
+    """The buffers as contributions, each with its sentence (``partition``: the elements this GPU's optimizer steps)."""
+    run = ctx.run
+    sh, d, hidden, prec = run.job.sharding, run.profile.zero3_buffers, run.model.hidden_size, run.prec
+    assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
+    c = dtype_bytes(prec.param)
+    prefetch, pf_from = _setting(sh.prefetch_bucket_size, d.prefetch_bucket_elements, hf_auto_prefetch_bucket(hidden))
+    live, live_from = _setting(sh.max_live_parameters, d.max_live_parameters, 0)
+    reuse, reuse_from = _setting(sh.max_reuse_distance, d.max_reuse_distance, 0)
+    bucket, bucket_from = _setting(sh.reduce_bucket_size, d.reduce_bucket_elements, hf_auto_reduce_bucket(hidden))
+    unit = module_unit(ctx, params)
+    gathered = gathered_elements(params.total, unit, prefetch, live, reuse)
+    when = _GATHERED_LIVE + (("forward",) if forward else ())
+    out = [
+        Contribution(COMMUNICATION, c * gathered, when, (
+            f"DeepSpeed ZeRO-3 gathered parameters ({prec.param}): {gathered:,} of the {params.total:,} elements, "
+            f"the larger of the module computing ({unit:,}) with what the prefetcher fetches ahead up to "
+            f"stage3_max_live_parameters {live:,} ({live_from}; stage3_prefetch_bucket_size {prefetch:,}, "
+            f"{pf_from}, 0 turns it off) and the parameters kept for reuse, about half of stage3_max_reuse_distance "
+            f"{reuse:,} ({reuse_from}); from the forward to the end of the backward")),
+        Contribution(COMMUNICATION, c * unit, ("backward", "end of backward"), (
+            f"DeepSpeed ZeRO-3: the gradients of the module whose backward runs ({unit:,} elements, {prec.param}) "
+            "before they are copied into the reduce bucket")),
+    ]
+    if not run.job.offload.optimizer:
+        out.append(_sub_group_gradient(ctx, partition, unit, _setting(sh.sub_group_size, d.sub_group_size, 0)))
+    if not (d.contiguous_gradients if sh.contiguous_gradients is None else sh.contiguous_gradients):
+        return out
+    return out + [Contribution(COMMUNICATION, c * bucket, note=(
+        f"DeepSpeed ZeRO-3 reduce bucket: reduce_bucket_size {bucket:,} elements ({bucket_from}) in {prec.param}, "
+        "allocated when the optimizer is built and kept (contiguous_gradients; overlap_comm adds no second "
+        "buffer at stage 3)"))]

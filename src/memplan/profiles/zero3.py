@@ -1,0 +1,51 @@
+"""DeepSpeed ZeRO-3's buffer settings: DeepSpeed's defaults and Hugging Face's ``"auto"`` values, in one place.
+
+``--zero 3`` runs DeepSpeed's ZeRO-3 under the ``deepspeed`` and ``hf`` profiles (the Hugging Face Trainer through its
+DeepSpeed integration; their ``FrameworkProfile.zero3_buffers``; Megatron's ``--zero`` is Megatron-FSDP's), so a job
+that names none of these keys (flags, a job file, a config that leaves them out) gets DeepSpeed's own defaults
+(deepspeed/runtime/zero/config.py, ``DeepSpeedZeroConfig``: ``reduce_bucket_size`` 5e8, ``contiguous_gradients``
+true, ``stage3_prefetch_bucket_size`` 5e7, ``stage3_max_live_parameters`` 1e9, ``stage3_max_reuse_distance`` 1e9,
+``sub_group_size`` 1e9).
+``"auto"`` is what the Hugging Face integration fills in from the model's hidden size ``h``
+(transformers/integrations/deepspeed.py, ``HfTrainerDeepSpeedConfig.trainer_config_finalize``):
+``reduce_bucket_size = h*h`` and, under ZeRO-3, ``stage3_prefetch_bucket_size = int(0.9*h*h)``.
+"""
+
+from __future__ import annotations
+
+from memplan.frozen import frozen_dataclass
+
+
+@frozen_dataclass(kw_only=True)
+class Zero3Defaults:
+    """DeepSpeed's values of the ZeRO-3 keys memplan prices (elements, not bytes)."""
+
+    #: ``reduce_bucket_size``: the gradient (IPG) bucket ZeRO-3 allocates once when the optimizer is built.
+    reduce_bucket_elements: int = 500_000_000
+    #: ``contiguous_gradients``: without it no bucket buffer is allocated (gradients are reduced in place).
+    contiguous_gradients: bool = True
+    #: ``stage3_prefetch_bucket_size``: parameters fetched ahead of use (0: no prefetching).
+    prefetch_bucket_elements: int = 50_000_000
+    #: ``stage3_max_live_parameters``: the prefetcher stops when this many parameters are gathered.
+    max_live_parameters: int = 1_000_000_000
+    #: ``stage3_max_reuse_distance``: a parameter used again within this many elements of the trace is kept.
+    max_reuse_distance: int = 1_000_000_000
+    #: ``sub_group_size``: the optimizer steps the partition in sub-groups of about this many elements, making
+    #: each one's fp32 gradient from the 16-bit gradient partition as it goes.
+    sub_group_size: int = 1_000_000_000
+
+
+#: DeepSpeed 0.19.8's defaults (deepspeed/runtime/zero/config.py: ``reduce_bucket_size`` Field(5e8),
+#: ``contiguous_gradients`` True, ``prefetch_bucket_size`` Field(5e7), ``max_live_parameters`` Field(1e9),
+#: ``max_reuse_distance`` Field(1e9), ``sub_group_size`` Field(1e9)).
+DEEPSPEED_ZERO3 = Zero3Defaults()
+
+
+def hf_auto_reduce_bucket(hidden: int) -> int:
+    """Hugging Face's ``"auto"`` ``reduce_bucket_size``: ``hidden_size * hidden_size``."""
+    return hidden * hidden
+
+
+def hf_auto_prefetch_bucket(hidden: int) -> int:
+    """Hugging Face's ``"auto"`` ``stage3_prefetch_bucket_size``: ``int(0.9 * hidden_size * hidden_size)``."""
+    return int(0.9 * hidden * hidden)
