@@ -190,3 +190,17 @@ def test_fit_s_layouts_read_back_as_priced(framework: str, tmp_path: Path, monke
         assert _figures(back) == _figures(candidate.job), (candidate.label, native["text"])
         if framework == "hf":
             assert candidate.job.recompute.method != "block" or candidate.job.recompute.num_layers is None
+
+
+def test_dora_reads_back_through_trl_s_flags(tmp_path: Path) -> None:
+    """DoRA is said with the flag that selects it in TRL / peft (use_dora) and reads back as the job priced."""
+    from dataclasses import replace
+
+    from memplan.job import FineTuning
+
+    base = _hf(DIALECTS["hf"][1], tmp_path)
+    dora = replace(base, finetune=FineTuning(peft="dora", lora_rank=16))
+    native = native_change(base, dora)
+    assert native is not None and "--use_dora" in native.text() and native.notes == ()
+    back = _hf({**DIALECTS["hf"][1], **{s.key: s.value for s in native.settings}}, tmp_path)
+    assert back.finetune.peft == "dora" and _figures(back) == _figures(dora)

@@ -135,7 +135,7 @@ def _finetune_notes(before: Job, after: Job, framework_words: str) -> list[str]:
     ft = after.finetune
     quant = (f" on a base quantized by bitsandbytes (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="
              f"\"{ft.quantize_base}\"))" if ft.quantize_base != "none" else "")
-    return [f"{ft.peft.upper()} adapters (rank {ft.lora_rank}){quant}: {framework_words}"]
+    return [f"{ft.peft_kind.description} (rank {ft.lora_rank}){quant}: {framework_words}"]
 
 
 def _loss_notes(before: Job, after: Job, framework: str) -> list[str]:
@@ -266,8 +266,8 @@ def _trl_peft(job: Job) -> list[NativeSetting]:
     peft's ``LoraConfig`` with the same values. The dropout is written: TRL's own default is 0.05."""
     ft = job.finetune
     out = [NativeSetting("--use_peft", True)]
-    if ft.peft == "dora":
-        out.append(NativeSetting("--use_dora", True))
+    if ft.peft_kind.config_flag:  # the TRL / peft flag that selects the method over plain LoRA (DoRA: use_dora)
+        out.append(NativeSetting(f"--{ft.peft_kind.config_flag}", True))
     out += [NativeSetting("--lora_r", ft.lora_rank), NativeSetting("--lora_dropout", ft.lora_dropout)]
     if ft.quantize_base != "none":
         out += [NativeSetting("--load_in_4bit", True), NativeSetting("--bnb_4bit_quant_type", ft.quantize_base)]
