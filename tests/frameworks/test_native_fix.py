@@ -204,3 +204,18 @@ def test_dora_reads_back_through_trl_s_flags(tmp_path: Path) -> None:
     assert native is not None and "--use_dora" in native.text() and native.notes == ()
     back = _hf({**DIALECTS["hf"][1], **{s.key: s.value for s in native.settings}}, tmp_path)
     assert back.finetune.peft == "dora" and _figures(back) == _figures(dora)
+
+
+@pytest.mark.parametrize("quantize", ["nf4", "fp4", "int8"])
+def test_a_quantized_base_reads_back_through_trl_s_flags(quantize: str, tmp_path: Path) -> None:
+    """QLoRA's base in TRL's bitsandbytes flags (4-bit type and nesting, or 8-bit), read back as priced."""
+    from dataclasses import replace
+
+    from memplan.job import FineTuning
+
+    base = _hf(DIALECTS["hf"][1], tmp_path)
+    qlora = replace(base, finetune=FineTuning(peft="lora", quantize_base=quantize))
+    native = native_change(base, qlora)
+    assert native is not None and native.notes == ()
+    back = _hf({**DIALECTS["hf"][1], **{s.key: s.value for s in native.settings}}, tmp_path)
+    assert _figures(back) == _figures(qlora)

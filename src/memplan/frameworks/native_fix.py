@@ -133,8 +133,7 @@ def _finetune_notes(before: Job, after: Job, framework_words: str) -> list[str]:
     if before.finetune == after.finetune:
         return []
     ft = after.finetune
-    quant = (f" on a base quantized by bitsandbytes (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="
-             f"\"{ft.quantize_base}\"))" if ft.quantize_base != "none" else "")
+    quant = f" on a base quantized by bitsandbytes ({ft.quant_kind.name})" if ft.quant_kind.quantizes else ""
     return [f"{ft.peft_kind.description} (rank {ft.lora_rank}){quant}: {framework_words}"]
 
 
@@ -269,10 +268,13 @@ def _trl_peft(job: Job) -> list[NativeSetting]:
     if ft.peft_kind.config_flag:  # the TRL / peft flag that selects the method over plain LoRA (DoRA: use_dora)
         out.append(NativeSetting(f"--{ft.peft_kind.config_flag}", True))
     out += [NativeSetting("--lora_r", ft.lora_rank), NativeSetting("--lora_dropout", ft.lora_dropout)]
-    if ft.quantize_base != "none":
-        out += [NativeSetting("--load_in_4bit", True), NativeSetting("--bnb_4bit_quant_type", ft.quantize_base)]
+    kind = ft.quant_kind
+    if kind.four_bit:
+        out += [NativeSetting("--load_in_4bit", True), NativeSetting("--bnb_4bit_quant_type", kind.bnb_4bit_quant_type)]
         if ft.double_quant:
             out.append(NativeSetting("--use_bnb_nested_quant", True))
+    elif kind.quantizes:
+        out.append(NativeSetting("--load_in_8bit", True))
     return out
 
 
