@@ -138,10 +138,14 @@ def test_the_sink_forward_holds_the_rotated_projections_and_the_combine_gradient
     # peak: layer 1's sink forward at 1,024 tokens, the loss at 256)
     ({"seq": 1024, "trainable": "layers.1"}, 245_744_640, 0.004, -0.00778),
     ({"seq": 256, "trainable": "layers.1"}, 58_987_520, 0.001, -0.00427),
+    # Hugging Face's selective (the attention module checkpointed): the peak is layer 1's attention module made again
+    # at its sink softmax's cast, the MLP block's saved tensors freed and its gradients made
+    ({"seq": 256, "recompute": "selective"}, 96_516_096, 0.001, -0.01254),
 ])
-def test_the_first_forward_of_the_last_sink_layer(tmp_path: Path, flags: dict[str, object], traced: int,
-                                                  tolerance: float, before: float) -> None:
-    """The grid's gpt_oss bf16-mixed ``none`` cells against their traced peaks (helper gptoss14; ``before``: 8c89106)."""
+def test_the_last_sink_layers_forward_first_or_again(tmp_path: Path, flags: dict[str, object], traced: int,
+                                                     tolerance: float, before: float) -> None:
+    """The grid's gpt_oss bf16-mixed ``none`` and ``selective`` cells against their traced peaks (helper gptoss14;
+    ``before``: 8c89106)."""
     path = tmp_path / "gpt_oss.json"
     path.write_text(json.dumps(GRID), encoding="utf-8")
     job = build_job({"mbs": 2, "precision": "bf16-mixed", "attention": "eager", "recompute": "none",
