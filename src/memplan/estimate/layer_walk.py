@@ -31,6 +31,7 @@ from memplan.estimate.made_gradients import early_gradients
 from memplan.estimate.offloaded_backward import offloaded_backward
 from memplan.estimate.recomputed_backward import (
     brought_back_input,
+    checkpointed_sink_forward,
     recomputed_backward,
     unwalked_backward,
 )
@@ -209,6 +210,7 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
                                                          dtype_bytes(run.prec.compute)))
     recomputed = index in ctx.recomputed
     cpu_keep = checkpoint = again = 0
+    sink = (0, 0)
     if recomputed:
         # the forward's temporaries (DoRA's weights, gpt-oss's sink attention) are made again once the layer's
         # output gradient has arrived: beside it (and under save_on_cpu the checkpointed input brought back)
@@ -227,10 +229,13 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
         # sub-module checkpoints makes them where their blocks' backward starts: in its figure).
         walked_modules = walked is not None and bool(run.dropped)
         layer_keep, layer_worst = keep, (0 if walked_modules else rebuilt) + transient
+        sink = checkpointed_sink_forward(run, index, copies)  # gpt-oss's checkpointed sink attention
     else:
         layer_keep, layer_worst = full, transient
     layer_worst += experts_wgrad_extra(run, layer, full, transient)
     made = early_gradients(run, layer, index, transient + again, copies) if walked is None and offloaded is None else 0
+    if sink[0]:
+        made, layer_worst = max(layer_worst + made, sum(sink)) - max(layer_worst, sink[0]), max(layer_worst, sink[0])
     return _Visit(keep=layer_keep, worst=layer_worst, cpu_keep=cpu_keep, checkpoint=checkpoint, copies=copies,
                   early_grads=walked.with_gradients if walked is not None else None,
                   made_grads=offloaded.early_gradients if offloaded is not None else made,

@@ -357,6 +357,8 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
         return terms
     own_norm = [t for t in terms if t.role in NORM_TERMS]
     has_normalized = any(t.role in NORMALIZED for t in own_norm)
+    # an fp32 normalized tensor of a 16-bit input is priced as the norm-input term plus its excess (``beyond``)
+    beyond = has_normalized and shape.norm_fp32_scale and not norm_keeps_input(shape)
     # a fused kernel saves its output, the output projection's input unless that reads a copy (a term of its own)
     kernel_keeps_input = shape.attention != "eager" and not any(t.role is TermRole.KERNEL_OUTPUT for t in terms)
     out: list[Term] = []
@@ -371,8 +373,10 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
             reads = flow.linears_train and flow.routing_grad  # a trained linear (not the experts alone) reads it
             if (t.gemm_input and (reads or stand_in)) or (flow.norm_trains and t.role in NORMALIZED):
                 out.append(t)
-            elif stand_in and flow.linears_train and t.role is TermRole.NORM_INPUT:
-                out.append(Term(t.name, t.bytes, t.region, "body", site=t.site, role=t.role))  # beside the GEMM input
+            elif t.role is TermRole.NORM_INPUT and ((stand_in and flow.linears_train) or (beyond and flow.norm_trains)):
+                # beside the GEMM input; or the input-dtype part of the trained norm's fp32 normalized tensor
+                # (gpt-oss's and Gemma's ``weight * x_normed`` in fp32), kept whole though the input is not
+                out.append(Term(t.name, t.bytes, t.region, "body", site=t.site, role=t.role))
             continue
         if flow.linears_train:
             if moe_term_kept(t.role, routing_grad=flow.routing_grad, experts_save=flow.experts_save):

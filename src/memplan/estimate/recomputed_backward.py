@@ -216,6 +216,47 @@ def brought_back_input(run: RunContext, index: int) -> int:
     return max(0, kept - checkpoint_input_bytes(terms, shape))
 
 
+def checkpointed_sink_forward(run: RunContext, index: int, copies: int) -> tuple[int, int]:
+    """Hugging Face's selective recompute (the attention module checkpointed) of gpt-oss's eager sink attention:
+    the module's forward made again where the attention block's backward starts, at its sink softmax's cast, above
+    the layer's kept tensors; and the layer's gradients made before it (0 where the backward does not make them).
+
+    By then the MLP block's backward is done: its saved tensors are freed and its and the pre-MLP norm's gradients
+    made. The recompute holds the attention block's dropped terms but the output projection's input (made after the
+    core), the sink forward's locals (:func:`~memplan.estimate.gpt_oss_terms.sink_forward_extra`), the q, k and v
+    projections' autocast weight copies (``copies`` less the output projection's), the residual stream's gradient
+    and, where the residual is wider than the compute dtype, the attention output's gradient cast by the residual
+    add's backward. (0, 0) elsewhere."""
+    layer, job = run.model.layers[index], run.job
+    if not (run.policy.kind.checkpoints_attention and layer.attention.sinks and run.shape.kernels == "eager"):
+        return 0, 0
+    from memplan.estimate.activations import output_gradient_bytes
+    from memplan.estimate.gpt_oss_terms import sink_forward_extra
+    from memplan.estimate.layer_costs import layer_blocks
+    from memplan.estimate.reserved_mlp_backward import attention_split, layer_gradient_sizes, whole_weights
+
+    found = layer_blocks(run, layer, index)
+    if found is None:
+        return 0, 0
+    shape, (attention, mlp) = found
+    attn, hidden, kept = layer.attention, run.model.hidden_size, run.kept_classes
+    again = sum(divided(t, shape) for t in attention
+                if t.keep not in kept and t.role is not TermRole.OUTPUT_PROJECTION_INPUT)
+    freed = sum(divided(t, shape) for t in mlp if t.keep in kept)
+    output = attn.num_heads * attn.v_head_dim * hidden
+    cast = output_gradient_bytes(shape, hidden) * shape.act_bytes // shape.residual_bytes \
+        if shape.act_bytes < shape.residual_bytes else 0
+    moment = max(0, divided(sink_forward_extra(attn, shape), shape) + again - freed + cast
+                 + output_gradient_bytes(shape, hidden) + max(0, copies - output * shape.act_bytes))
+    if (job.sharding.zero >= 2 or job.sharding.fsdp != "none" or job.offload.optimizer or job.optimizer.in_backward
+            or not whole_weights(run)):
+        return moment, 0
+    sizes = layer_gradient_sizes(run.model, index, run.prec.grad_bytes)
+    split = attention_split(run.model, index, len(sizes))
+    made = sum(sizes[i] for i in split[0]) - output * run.prec.grad_bytes if split is not None else 0
+    return moment, max(0, made)
+
+
 def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool) -> tuple[int, int]:
     """An unwalked recomputed layer's ``transient`` with the residual stream's gradient beside the eager softmax
     backward (the layer's output gradient summed with the MLP block's input gradient, waiting for the attention
