@@ -45,10 +45,15 @@ from memplan.estimate.ledger import COMMUNICATION, TEMPORARY, Contribution
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, layer_numel_on_rank
 from memplan.job import Job
-from memplan.model.linears import layer_linears
+from memplan.model.linears import layer_linears, model_parameters
 from memplan.model.params import embedding_params
+from memplan.model.spec import ModelSpec
 from memplan.profiles.framework import FrameworkProfile, vocab_split
-from memplan.profiles.zero3 import hf_auto_prefetch_bucket, hf_auto_reduce_bucket
+from memplan.profiles.zero3 import (
+    hf_auto_persistence_threshold,
+    hf_auto_prefetch_bucket,
+    hf_auto_reduce_bucket,
+)
 from memplan.units import dtype_bytes
 
 #: fp32: the optimizer's master weights and the step's gradient (``master_weights_and_grads_dtype``).
@@ -99,6 +104,62 @@ def sub_group_elements(partition: int, sub_group_size: int, largest_param_partit
     return min(partition, sub_group_size + largest_param_partition)
 
 
+def persistent_elements(numels: tuple[int, ...], param_threshold: int, model_threshold: int | None) -> int:
+    """Parameters DeepSpeed keeps gathered for good (parameter_offload.py ``mark_persistent_parameters``): in
+    ``named_parameters`` order, each of at most ``param_threshold`` elements while the total stays within
+    ``model_threshold`` (None: no cap, DeepSpeed's ``sys.maxsize``)."""
+    total = 0
+    for numel in numels:
+        if model_threshold is not None and numel + total > model_threshold:
+            continue
+        if numel <= param_threshold:
+            total += numel
+    return total
+
+
+def model_numels(model: ModelSpec) -> tuple[int, ...]:
+    """The model's parameter tensors' sizes in ``named_parameters`` order (the embedding, each layer's, the rest)."""
+    tensors = list(enumerate(model_parameters(model)))
+    order = sorted(tensors, key=lambda it: (it[1].layer if it[1].layer is not None else (-1 if it[0] == 0 else 1 << 62),
+                                            it[0]))
+    return tuple(t.numel for _, t in order)
+
+
+def _persistent(ctx: StageContext) -> tuple[int, Contribution | None]:
+    """Small parameters kept whole on every GPU beside their partitions (``stage3_param_persistence_threshold``,
+    DeepSpeed's 1e5; Hugging Face's \"auto\" 10 x hidden), from the first forward on, the optimizer step included."""
+    run = ctx.run
+    sh, d = run.job.sharding, run.profile.zero3_buffers
+    assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
+    threshold, where = _setting(sh.param_persistence_threshold, d.param_persistence_threshold,
+                                hf_auto_persistence_threshold(run.model.hidden_size))
+    elements = persistent_elements(model_numels(run.model), threshold, sh.model_persistence_threshold)
+    if not elements:
+        return 0, None
+    cap = "" if sh.model_persistence_threshold is None else f", at most {sh.model_persistence_threshold:,} in all"
+    return elements, Contribution(COMMUNICATION, dtype_bytes(run.prec.param) * elements, note=(
+        f"DeepSpeed ZeRO-3 persistent parameters: {elements:,} elements of tensors of at most {threshold:,} "
+        f"(stage3_param_persistence_threshold, {where}{cap}) stay gathered on every GPU ({run.prec.param})"))
+
+
+def _bucket(ctx: StageContext, params: StageParams, bucket: int, where: str) -> list[Contribution]:
+    """The reduce bucket in ``communication_data_type`` (the model's dtype by default) and, where that differs
+    from the gradient partitions' dtype (``gradient_accumulation_dtype``), the copy of the filled bucket the
+    reduction converts to it (stage3.py ``__avg_scatter_contiguous_grads``: ``buffer_to_reduce.to(...)``)."""
+    run = ctx.run
+    comm, grad = run.job.sharding.communication_data_type or run.prec.param, run.prec.grad
+    out = [Contribution(COMMUNICATION, dtype_bytes(comm) * bucket, note=(
+        f"DeepSpeed ZeRO-3 reduce bucket: reduce_bucket_size {bucket:,} elements ({where}) in {comm} "
+        f"(communication_data_type), allocated when the optimizer is built and kept (contiguous_gradients; "
+        "overlap_comm adds no second buffer at stage 3)"))]
+    if comm != grad:
+        filled = min(bucket, params.total)
+        out.append(Contribution(TEMPORARY, dtype_bytes(grad) * filled, ("backward", "end of backward"), (
+            f"DeepSpeed ZeRO-3 reduction: the filled bucket ({filled:,} elements) converted from {comm} to the "
+            f"gradient partitions' {grad} (gradient_accumulation_dtype) before it is scattered")))
+    return out
+
+
 def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: tuple[int, str]) -> Contribution:
     """The optimizer step's fp32 gradient of its largest sub-group, made from the flattened 16-bit gradient partition
     (stage3.py ``_prepare_fp32_grad_for_sub_group``: ``flatten(...).to(fp32)``, both alive at that instant); a
@@ -127,11 +188,13 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     reuse, reuse_from = _setting(sh.max_reuse_distance, d.max_reuse_distance, 0)
     bucket, bucket_from = _setting(sh.reduce_bucket_size, d.reduce_bucket_elements, hf_auto_reduce_bucket(hidden))
     unit = module_unit(ctx, params)
-    gathered = gathered_elements(params.total, unit, prefetch, live, reuse)
+    persistent, kept = _persistent(ctx)
+    gathered = gathered_elements(max(0, params.total - persistent), unit, prefetch, live, reuse)
     when = _GATHERED_LIVE + (("forward",) if forward else ())
     out = [
         Contribution(COMMUNICATION, c * gathered, when, (
-            f"DeepSpeed ZeRO-3 gathered parameters ({prec.param}): {gathered:,} of the {params.total:,} elements, "
+            f"DeepSpeed ZeRO-3 gathered parameters ({prec.param}): {gathered:,} of the {params.total - persistent:,} "
+            "elements not kept persistent, "
             f"the larger of the module computing ({unit:,}) with what the prefetcher fetches ahead up to "
             f"stage3_max_live_parameters {live:,} ({live_from}; stage3_prefetch_bucket_size {prefetch:,}, "
             f"{pf_from}, 0 turns it off) and the parameters kept for reuse, about half of stage3_max_reuse_distance "
@@ -142,9 +205,7 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     ]
     if not run.job.offload.optimizer:
         out.append(_sub_group_gradient(ctx, partition, unit, _setting(sh.sub_group_size, d.sub_group_size, 0)))
+    out += [kept] if kept is not None else []
     if not (d.contiguous_gradients if sh.contiguous_gradients is None else sh.contiguous_gradients):
         return out
-    return out + [Contribution(COMMUNICATION, c * bucket, note=(
-        f"DeepSpeed ZeRO-3 reduce bucket: reduce_bucket_size {bucket:,} elements ({bucket_from}) in {prec.param}, "
-        "allocated when the optimizer is built and kept (contiguous_gradients; overlap_comm adds no second "
-        "buffer at stage 3)"))]
+    return out + _bucket(ctx, params, bucket, bucket_from)
