@@ -16,15 +16,16 @@ from memplan.commands.estimate import _reloaded
 from memplan.errors import ConfigError
 from memplan.estimate.engine import _stage_parts
 from memplan.estimate.memo import Same
-from memplan.estimate.zero3_buffers import model_numels, persistent_elements
+from memplan.estimate.zero3_buffers import model_numels, persistent_elements, reduced_elements
 from memplan.frameworks.deepspeed_config import apply_deepspeed_config
 from memplan.frameworks.deepspeed_keys import deepspeed_settings
 from memplan.inputs import JobRequest, load_job
 from memplan.jobfile import dump_job_file
+from memplan.model.params import embedding_params
 
 MODEL = load_model("llama-3.2-1b")
 TOTAL, PERSISTENT = 1_235_814_400, 33 * 2048  # the norms: the tensors under DeepSpeed's 1e5 threshold
-PARTITION = TOTAL // 8
+PARTITION, EMBEDDING = TOTAL // 8, embedding_params(MODEL)
 
 
 def _config(tmp_path: Path, config: dict, stage: int = 3) -> Path:
@@ -61,10 +62,25 @@ def test_communication_data_type_fp32_doubles_the_bucket_and_converts_it(tmp_pat
     assert fp32.sharding.communication_data_type == "fp32"
     loss = [estimate(MODEL, j).stages[0].communication_bytes for j in (bf16, fp32)]
     assert loss[1] - loss[0] == 2 * 50_000_000  # 400,000 B for 1e5 fp32 elements in the engine: 4 bytes each
-    # the reduction converts the filled fp32 bucket to the bf16 gradient partitions during the backward
-    assert _ledger(fp32).total("temporary", "backward") - _ledger(bf16).total("temporary", "backward") == 2 * 50_000_000
+    # the reduction copies the embedding's gradient (larger than the bucket: reduced alone) to fp32, and converts the
+    # scattered eighth back to the bf16 partitions
+    backward = [_ledger(j).total("temporary", "backward") for j in (bf16, fp32)]
+    assert backward[1] - backward[0] == 4 * EMBEDDING + 2 * (EMBEDDING // 8)
+    accum = _job(tmp_path, {**base, "data_types": {"grad_accum_dtype": "fp32"}})
+    assert _ledger(accum).total("temporary", "backward") - backward[0] == 4 * (EMBEDDING // 8)
     both = _job(tmp_path, {**base, "communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}})
-    assert _ledger(both).total("temporary", "backward") == _ledger(bf16).total("temporary", "backward")
+    assert _ledger(both).total("temporary", "backward") - backward[0] == 4 * EMBEDDING
+
+
+#: The engine's reductions (tiny4, world size 1, the default reduce_scatter: stage3.py __avg_scatter_grads), the most
+#: gradient elements one took: (reduce_bucket_size, measured); the 256,000-element head is larger than a 1e5 bucket.
+REDUCED = [(100_000, 256_000), (1_000_000, 981_504), (500_000_000, 3_676_416)]
+
+
+@pytest.mark.parametrize("bucket, measured", REDUCED)
+def test_reductions_match_deepspeeds_engine(bucket: int, measured: int) -> None:
+    got = reduced_elements(3_676_416, bucket, 256_000)
+    assert measured <= got <= measured * 1.02  # a bucket is priced full
 
 
 #: tiny4 (4 layers, h 256, ffn 688, vocab 1000, untied): the engine's ds_persist parameters per threshold.

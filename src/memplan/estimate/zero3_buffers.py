@@ -24,17 +24,27 @@ Hugging Face's values from the hidden size), each in the parameters' dtype:
   (``grad_partitions_flat_buffer`` in ``gradient_accumulation_dtype``, stage3.py l. 791-793); the step makes each
   sub-group's fp32 gradient from a flat copy of them (l. 2683-2695), ``min(partition, sub_group_size + one
   parameter's partition)`` elements (none with the optimizer offloaded: its gradients go to CPU memory).
-* **The reduce (IPG) bucket**: ``reduce_bucket_size`` elements allocated once when the optimizer is built and kept
-  (stage3.py l. 780-784, with ``contiguous_gradients``, DeepSpeed's default); one buffer per communication dtype
-  (l. 477): ``overlap_comm`` moves the reduction to a side stream but adds no second buffer at stage 3.
+* **The reduce (IPG) bucket**: ``reduce_bucket_size`` elements in ``communication_data_type`` (the model's dtype by
+  default) allocated once when the optimizer is built and kept (stage3.py l. 780-784, with ``contiguous_gradients``,
+  DeepSpeed's default); one buffer per communication dtype (l. 477): ``overlap_comm`` moves the reduction to a side
+  stream but adds no second buffer at stage 3.
+* **The reduction's conversions** (``__avg_scatter_grads``, the path of DeepSpeed's default ``reduce_scatter``):
+  the gradients one reduction takes (a bucket's worth, or alone a parameter larger than the bucket) copied to
+  ``communication_data_type`` where it differs from the parameters' dtype, and the scattered partition converted
+  to ``gradient_accumulation_dtype`` where that differs; during the backward.
+* **Persistent parameters** (parameter_offload.py ``mark_persistent_parameters``): tensors of at most
+  ``stage3_param_persistence_threshold`` elements (while their total stays within
+  ``stage3_model_persistence_threshold``) stay gathered on every GPU for the whole step; the gathered set above
+  counts the other parameters.
 
 Witness: DeepSpeed's real ZeRO-3 engine on CPU (world size 1, tiny Llama models; docs/benchmarks.md, helper
 zero3ds14): the bucket's bytes exactly, overlap_comm on and off alike, the gathered set's maximum within 2.0% (a
 reuse window alone: 4.5%), the gradient partitions' 2 bytes per parameter, the sub-group's fp32 gradient exactly at
-sub_group_size 1e9 and 0 (at 5e5 under the priced upper bound).
+sub_group_size 1e9 and 0 (at 5e5 under the priced upper bound); (helper ds3more14) the gradient partitions in fp32
+with ``grad_accum_dtype`` fp32, the fp32 bucket's bytes, the persistent elements at four thresholds exactly, the
+most elements one reduction took within 2%.
 
-Known limitations: ``stage3_param_persistence_threshold`` (small parameters kept whole on every GPU: the norms and
-biases, under a MiB for the dense models priced) is not priced; the cap on the prefetcher counts what is already
+Known limitations: ``reduce_scatter: false``'s contiguous path is not priced; the cap on the prefetcher counts what is already
 gathered, so the window is filled to within one module of it; a sub-group is priced at its upper bound.
 """
 
@@ -142,22 +152,38 @@ def _persistent(ctx: StageContext) -> tuple[int, Contribution | None]:
         f"(stage3_param_persistence_threshold, {where}{cap}) stay gathered on every GPU ({run.prec.param})"))
 
 
-def _bucket(ctx: StageContext, params: StageParams, bucket: int, where: str) -> list[Contribution]:
-    """The reduce bucket in ``communication_data_type`` (the model's dtype by default) and, where that differs
-    from the gradient partitions' dtype (``gradient_accumulation_dtype``), the copy of the filled bucket the
-    reduction converts to it (stage3.py ``__avg_scatter_contiguous_grads``: ``buffer_to_reduce.to(...)``)."""
+def reduced_elements(total: int, bucket: int, unit: int) -> int:
+    """Gradients one reduction takes at most: a bucket's worth, or alone the parameter that does not fit in one."""
+    return min(total, max(bucket, unit))
+
+
+def _bucket(ctx: StageContext, bucket: int, where: str) -> Contribution:
+    """The reduce bucket in ``communication_data_type`` (the model's dtype by default)."""
     run = ctx.run
-    comm, grad = run.job.sharding.communication_data_type or run.prec.param, run.prec.grad
-    out = [Contribution(COMMUNICATION, dtype_bytes(comm) * bucket, note=(
+    comm = run.job.sharding.communication_data_type or run.prec.param
+    return Contribution(COMMUNICATION, dtype_bytes(comm) * bucket, note=(
         f"DeepSpeed ZeRO-3 reduce bucket: reduce_bucket_size {bucket:,} elements ({where}) in {comm} "
         f"(communication_data_type), allocated when the optimizer is built and kept (contiguous_gradients; "
-        "overlap_comm adds no second buffer at stage 3)"))]
-    if comm != grad:
-        filled = min(bucket, params.total)
-        out.append(Contribution(TEMPORARY, dtype_bytes(grad) * filled, ("backward", "end of backward"), (
-            f"DeepSpeed ZeRO-3 reduction: the filled bucket ({filled:,} elements) converted from {comm} to the "
-            f"gradient partitions' {grad} (gradient_accumulation_dtype) before it is scattered")))
-    return out
+        "overlap_comm adds no second buffer at stage 3)"))
+
+
+def _conversions(ctx: StageContext, params: StageParams, bucket: int, unit: int) -> Contribution | None:
+    """The reduction's dtype conversions (stage3.py ``__avg_scatter_grads``, the path DeepSpeed's default
+    ``reduce_scatter`` takes): the bucket's gradients copied to ``communication_data_type`` where it differs from the
+    parameters' dtype, and the scattered partitions to the gradient partitions' dtype where that differs."""
+    run = ctx.run
+    comm, grad, param = run.job.sharding.communication_data_type or run.prec.param, run.prec.grad, run.prec.param
+    if comm == param and comm == grad:
+        return None
+    filled = reduced_elements(params.total, bucket, unit)
+    part = -(-filled // max(1, run.job.parallel.data_parallel * run.job.parallel.cp))
+    size = (dtype_bytes(comm) * filled if comm != param else 0) + (dtype_bytes(grad) * part if comm != grad else 0)
+    return Contribution(TEMPORARY, size, ("backward", "end of backward"), (
+        f"DeepSpeed ZeRO-3 reduction of up to {filled:,} gradient elements (a bucket, or one larger parameter): "
+        + (f"their copy in {comm} (communication_data_type)" if comm != param else "")
+        + (" and " if comm != param and comm != grad else "")
+        + (f"the scattered partition ({part:,} elements) converted to {grad} (gradient_accumulation_dtype)"
+           if comm != grad else "")))
 
 
 def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: tuple[int, str]) -> Contribution:
@@ -205,7 +231,7 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     ]
     if not run.job.offload.optimizer:
         out.append(_sub_group_gradient(ctx, partition, unit, _setting(sh.sub_group_size, d.sub_group_size, 0)))
-    out += [kept] if kept is not None else []
+    out += [c for c in (kept, _conversions(ctx, params, bucket, unit)) if c is not None]
     if not (d.contiguous_gradients if sh.contiguous_gradients is None else sh.contiguous_gradients):
         return out
-    return out + _bucket(ctx, params, bucket, bucket_from)
+    return out + [_bucket(ctx, bucket, bucket_from)]

@@ -187,8 +187,8 @@ _STAGE3: dict[str, tuple[Effect, str]] = {
                   "(\"auto\": Hugging Face's 10 * hidden_size); the model threshold caps their total"),
              _Z + "param_persistence_threshold", _Z + "stage3_param_persistence_threshold",
              _Z + "model_persistence_threshold", _Z + "stage3_model_persistence_threshold"),
-    "communication_data_type": (_M, ("the ZeRO-3 reduce bucket's dtype, and the filled bucket's copy converted to "
-                                "the gradient partitions' dtype when they differ")),
+    "communication_data_type": (_M, ("the ZeRO-3 reduce bucket's dtype, and the reduction's copy of the gradients "
+                                "it reduces in that dtype (memplan.estimate.zero3_buffers)")),
 }
 #: At ZeRO stages 2 and 3 (they win over :data:`KEYS` there).
 _STAGE2_UP: dict[str, tuple[Effect, str]] = {
