@@ -14,17 +14,10 @@ from typing import Any, Literal, get_args
 
 from memplan.errors import JobConfigError
 from memplan.frozen import frozen_dataclass
-from memplan.optimizers import optimizer_kind
 from memplan.profiles import activation_policy_name, check_features, get_profile
-from memplan.tuning import (
-    ADAPTER_METHODS,
-    QUANTIZING_FORMATS,
-    PeftMethodKind,
-    QuantFormat,
-    either,
-    peft_method,
-    quant_format,
-)
+from memplan.optimizers import optimizer_kind
+from memplan.tuning import (ADAPTER_METHODS, QUANTIZING_FORMATS, PeftMethodKind, QuantFormat, either, peft_method,
+                            quant_format)
 from memplan.units import normalize_dtype
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed"]
