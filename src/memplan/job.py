@@ -227,14 +227,19 @@ class Sharding:
     #: DeepSpeed ZeRO-3 buffer settings a DeepSpeed config gives (elements; None: DeepSpeed's default,
     #: :data:`memplan.profiles.zero3.DEEPSPEED_ZERO3`; ``"auto"``: Hugging Face fills it in from the hidden size):
     #: ``reduce_bucket_size``, ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters``,
-    #: ``stage3_max_reuse_distance``, ``sub_group_size``, ``contiguous_gradients`` (:mod:`memplan.estimate.zero3_buffers`); checked
-    #: where they are read (:func:`memplan.frameworks.deepspeed_config.job_with_deepspeed`).
+    #: ``stage3_max_reuse_distance``, ``sub_group_size``, ``contiguous_gradients``,
+    #: ``stage3_param_persistence_threshold``, ``stage3_model_persistence_threshold`` and the top-level
+    #: ``communication_data_type`` (the reduce bucket's dtype; None: the model's) (:mod:`memplan.estimate.zero3_buffers`);
+    #: checked where they are read (:func:`memplan.frameworks.deepspeed_config.job_with_deepspeed`).
     reduce_bucket_size: int | Literal["auto"] | None = None
     prefetch_bucket_size: int | Literal["auto"] | None = None
     max_live_parameters: int | None = None
     max_reuse_distance: int | None = None
     sub_group_size: int | None = None
     contiguous_gradients: bool | None = None
+    param_persistence_threshold: int | Literal["auto"] | None = None
+    model_persistence_threshold: int | None = None
+    communication_data_type: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("--zero", self.zero, minimum=0, maximum=3)

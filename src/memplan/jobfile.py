@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,7 @@ def dump_job_file(
     hf_args: str | None = None,
     peft_config: str | None = None,
     torchtitan_config: str | None = None,
+    reload: Callable[[Path], Any] | None = None,
 ) -> tuple[str, ...]:
     """Write ``job`` (a :class:`~memplan.job.Job`) for model ``model_ref`` as a job file.
 
@@ -189,7 +191,9 @@ def dump_job_file(
     (``gpus`` always); ``megatron_args`` / ``deepspeed_config`` are kept as absolute paths (the
     flags written beside them win over them when the file is loaded, as on the command line).
     Returns the names of Job settings that no flag expresses (e.g. Megatron's
-    ``microbatch_group_size``) and were therefore left out, so the caller can warn.
+    ``microbatch_group_size``) and that the written file does not restore, so the caller can warn: where a
+    framework file is kept, ``reload`` (the written file's path -> its Job, or None when it does not load) loads
+    it again and a setting it gives back (a DeepSpeed config's ``sharding.reduce_bucket_size``) is not named.
     """
     from memplan.jobflags import flag_values, unflagged_settings
 
@@ -213,4 +217,19 @@ def dump_job_file(
         file.write_text(text)
     except OSError as exc:
         raise ConfigError("--save-job", f"cannot write the job file ({exc.strerror})", str(file)) from None
-    return dropped
+    kept_files = any(name.replace("_", "-") in out for name in _PATH_FIELDS)
+    return _not_restored(reload(file), job, dropped) if dropped and kept_files and reload else dropped
+
+
+def _not_restored(again: Any, job: Any, dropped: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``section.field`` names of ``dropped`` whose value ``again`` (the written file loaded again: its
+    framework files set them) does not give back; all of them when it did not load (None)."""
+    if again is None:
+        return dropped
+
+    def value(of: Any, name: str) -> Any:
+        for part in name.split("."):
+            of = getattr(of, part)
+        return of
+
+    return tuple(name for name in dropped if value(again, name) != value(job, name))

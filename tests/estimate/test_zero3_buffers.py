@@ -22,6 +22,8 @@ from memplan.model.params import embedding_params
 
 MODEL = load_model("llama-3.2-1b")  # tied embedding: 262,668,288 of 1,235,814,400 parameters
 TOTAL, EMBEDDING = 1_235_814_400, embedding_params(MODEL)
+#: The norms (33 x 2,048): the tensors under DeepSpeed's 1e5-element persistence threshold, kept gathered.
+PERSISTENT = 33 * 2048
 
 
 def _job(tmp_path: Path, zero: dict) -> Job:
@@ -77,12 +79,12 @@ def test_each_key_prices_its_buffer(tmp_path: Path) -> None:
     assert _comm(_job(tmp_path, {"overlap_comm": False})) == _comm(_job(tmp_path, {"overlap_comm": True})) == default
     # the cap on live parameters, with no reuse window: the embedding beside 1e8 fetched ahead
     small = {"reduce_bucket_size": 5e7, "stage3_prefetch_bucket_size": 5e7, "stage3_max_live_parameters": 1e8}
-    assert _comm(_job(tmp_path, {**small, "stage3_max_reuse_distance": 0}))["loss"] == 2 * (EMBEDDING + 10**8 + 5 * 10**7)
+    assert _comm(_job(tmp_path, {**small, "stage3_max_reuse_distance": 0}))["loss"] == 2 * (EMBEDDING + 10**8 + 5 * 10**7 + PERSISTENT)
     # ... and with DeepSpeed's reuse distance, half of it stays gathered from the forward
-    assert _comm(_job(tmp_path, small))["loss"] == 2 * (500_000_000 + 5 * 10**7)
+    assert _comm(_job(tmp_path, small))["loss"] == 2 * (500_000_000 + 5 * 10**7 + PERSISTENT)
     # no prefetching, no reuse: the module computing only
     off = {"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0, "reduce_bucket_size": 1}
-    assert _comm(_job(tmp_path, off))["loss"] == 2 * EMBEDDING + 2
+    assert _comm(_job(tmp_path, off))["loss"] == 2 * EMBEDDING + 2 + 2 * PERSISTENT
 
 
 def test_hf_auto_values_come_from_the_hidden_size(tmp_path: Path) -> None:
@@ -91,7 +93,7 @@ def test_hf_auto_values_come_from_the_hidden_size(tmp_path: Path) -> None:
     hidden = MODEL.hidden_size
     assert _comm(auto)["loss"] == 2 * TOTAL + 2 * hidden * hidden
     no_prefetch = dataclasses.replace(auto, sharding=dataclasses.replace(auto.sharding, prefetch_bucket_size=0))
-    assert _comm(no_prefetch)["loss"] == 2 * EMBEDDING + 2 * hidden * hidden
+    assert _comm(no_prefetch)["loss"] == 2 * EMBEDDING + 2 * hidden * hidden + 2 * PERSISTENT
 
 
 def test_flag_jobs_get_deepspeeds_defaults() -> None:
@@ -107,7 +109,7 @@ def test_priced_keys_leave_the_unmodelled_list_at_stage_3_only() -> None:
     assert at3 == {"stage": "modelled", "reduce_bucket_size": "modelled", "stage3_prefetch_bucket_size": "modelled",
                    "stage3_max_live_parameters": "modelled", "stage3_max_reuse_distance": "modelled",
                    "overlap_comm": "no-memory-effect", "contiguous_gradients": "modelled",
-                   "stage3_param_persistence_threshold": "not-modelled", "sub_group_size": "modelled"}
+                   "stage3_param_persistence_threshold": "modelled", "sub_group_size": "modelled"}
     at2 = {s.key.split(".")[1]: s.effect for s in deepspeed_settings({"zero_optimization": {"stage": 2, **keys}})}
     assert at2["reduce_bucket_size"] == at2["overlap_comm"] == at2["contiguous_gradients"] == "not-modelled"
     assert at2["stage3_max_live_parameters"] == at2["sub_group_size"] == "no-memory-effect"

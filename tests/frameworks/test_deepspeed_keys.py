@@ -100,7 +100,7 @@ def _config(tmp_path: Path) -> Path:
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({
         "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True},
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 1e5},
+        "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8},
         "activation_checkpointing": {"partition_activations": True, "profile": False},
         "progressive_layer_drop": {"theta": 0.5},
         "tensorboard": {"enabled": True, "output_path": "runs/", "job_name": "x"},
@@ -116,16 +116,16 @@ def test_estimate_json_reports_every_key(tmp_path: Path) -> None:
     effects = {s["key"]: s["effect"] for s in data["input_settings"] if s["source"] == "--deepspeed-config"}
     assert effects == {
         "train_micro_batch_size_per_gpu": "modelled", "bf16.enabled": "modelled",
-        "zero_optimization.stage": "modelled", "zero_optimization.stage3_param_persistence_threshold": "not-modelled",
+        "zero_optimization.stage": "modelled", "zero_optimization.zero_hpz_partition_size": "not-modelled",
         "activation_checkpointing.partition_activations": "modelled",
         "activation_checkpointing.profile": "no-memory-effect", "progressive_layer_drop.theta": "not-modelled",
         "tensorboard.enabled": "no-memory-effect",
         "tensorboard.output_path": "no-memory-effect", "tensorboard.job_name": "no-memory-effect",
     }
     assert [s["key"] for s in data["input_settings"] if s["effect"] == "not-modelled"] == [
-        "zero_optimization.stage3_param_persistence_threshold", "progressive_layer_drop.theta"]
+        "zero_optimization.zero_hpz_partition_size", "progressive_layer_drop.theta"]
     assert [s.split(" = ")[0] for s in data["unmodelled_settings"]] == [
-        "--deepspeed-config zero_optimization.stage3_param_persistence_threshold",
+        "--deepspeed-config zero_optimization.zero_hpz_partition_size",
         "--deepspeed-config progressive_layer_drop.theta"]
 
 

@@ -141,13 +141,24 @@ def _print_cheapest_fit(loaded: Any) -> None:
         typer.secho(f"  {line}", fg="green" if not line.startswith("(") else None)
 
 
+def _reloaded(path: Any) -> Any:
+    """The Job of the job file at ``path`` as ``--job`` loads it (None when it does not load)."""
+    from memplan.errors import ConfigError
+    from memplan.inputs import JobRequest, load_job
+
+    try:
+        return load_job(JobRequest(job_file=str(path))).job
+    except ConfigError:
+        return None
+
+
 def _save_job(loaded: Any, path: str) -> None:
     from memplan.jobfile import dump_job_file
 
     for name in dump_job_file(loaded.model_ref, loaded.job, path, gpu=loaded.gpu, fragmentation=loaded.fragmentation,
                               megatron_args=loaded.megatron_args, deepspeed_config=loaded.deepspeed_config,
                               hf_args=loaded.hf_args, peft_config=loaded.peft_config,
-                              torchtitan_config=loaded.torchtitan_config):
+                              torchtitan_config=loaded.torchtitan_config, reload=_reloaded):
         typer.secho(f"warning: --save-job: {name} has no flag and was not written", fg="yellow", err=True)
 
 

@@ -24,17 +24,27 @@ Hugging Face's values from the hidden size), each in the parameters' dtype:
   (``grad_partitions_flat_buffer`` in ``gradient_accumulation_dtype``, stage3.py l. 791-793); the step makes each
   sub-group's fp32 gradient from a flat copy of them (l. 2683-2695), ``min(partition, sub_group_size + one
   parameter's partition)`` elements (none with the optimizer offloaded: its gradients go to CPU memory).
-* **The reduce (IPG) bucket**: ``reduce_bucket_size`` elements allocated once when the optimizer is built and kept
-  (stage3.py l. 780-784, with ``contiguous_gradients``, DeepSpeed's default); one buffer per communication dtype
-  (l. 477): ``overlap_comm`` moves the reduction to a side stream but adds no second buffer at stage 3.
+* **The reduce (IPG) bucket**: ``reduce_bucket_size`` elements in ``communication_data_type`` (the model's dtype by
+  default) allocated once when the optimizer is built and kept (stage3.py l. 780-784, with ``contiguous_gradients``,
+  DeepSpeed's default); one buffer per communication dtype (l. 477): ``overlap_comm`` moves the reduction to a side
+  stream but adds no second buffer at stage 3.
+* **The reduction's conversions** (``__avg_scatter_grads``, the path of DeepSpeed's default ``reduce_scatter``):
+  the gradients one reduction takes (a bucket's worth, or alone a parameter larger than the bucket) copied to
+  ``communication_data_type`` where it differs from the parameters' dtype, and the scattered partition converted
+  to ``gradient_accumulation_dtype`` where that differs; during the backward.
+* **Persistent parameters** (parameter_offload.py ``mark_persistent_parameters``): tensors of at most
+  ``stage3_param_persistence_threshold`` elements (while their total stays within
+  ``stage3_model_persistence_threshold``) stay gathered on every GPU for the whole step; the gathered set above
+  counts the other parameters.
 
 Witness: DeepSpeed's real ZeRO-3 engine on CPU (world size 1, tiny Llama models; docs/benchmarks.md, helper
 zero3ds14): the bucket's bytes exactly, overlap_comm on and off alike, the gathered set's maximum within 2.0% (a
 reuse window alone: 4.5%), the gradient partitions' 2 bytes per parameter, the sub-group's fp32 gradient exactly at
-sub_group_size 1e9 and 0 (at 5e5 under the priced upper bound).
+sub_group_size 1e9 and 0 (at 5e5 under the priced upper bound); (helper ds3more14) the gradient partitions in fp32
+with ``grad_accum_dtype`` fp32, the fp32 bucket's bytes, the persistent elements at four thresholds exactly, the
+most elements one reduction took within 2%.
 
-Known limitations: ``stage3_param_persistence_threshold`` (small parameters kept whole on every GPU: the norms and
-biases, under a MiB for the dense models priced) is not priced; the cap on the prefetcher counts what is already
+Known limitations: ``reduce_scatter: false``'s contiguous path is not priced; the cap on the prefetcher counts what is already
 gathered, so the window is filled to within one module of it; a sub-group is priced at its upper bound.
 """
 
@@ -45,10 +55,15 @@ from memplan.estimate.ledger import COMMUNICATION, TEMPORARY, Contribution
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, layer_numel_on_rank
 from memplan.job import Job
-from memplan.model.linears import layer_linears
+from memplan.model.linears import layer_linears, model_parameters
 from memplan.model.params import embedding_params
+from memplan.model.spec import ModelSpec
 from memplan.profiles.framework import FrameworkProfile, vocab_split
-from memplan.profiles.zero3 import hf_auto_prefetch_bucket, hf_auto_reduce_bucket
+from memplan.profiles.zero3 import (
+    hf_auto_persistence_threshold,
+    hf_auto_prefetch_bucket,
+    hf_auto_reduce_bucket,
+)
 from memplan.units import dtype_bytes
 
 #: fp32: the optimizer's master weights and the step's gradient (``master_weights_and_grads_dtype``).
@@ -99,6 +114,78 @@ def sub_group_elements(partition: int, sub_group_size: int, largest_param_partit
     return min(partition, sub_group_size + largest_param_partition)
 
 
+def persistent_elements(numels: tuple[int, ...], param_threshold: int, model_threshold: int | None) -> int:
+    """Parameters DeepSpeed keeps gathered for good (parameter_offload.py ``mark_persistent_parameters``): in
+    ``named_parameters`` order, each of at most ``param_threshold`` elements while the total stays within
+    ``model_threshold`` (None: no cap, DeepSpeed's ``sys.maxsize``)."""
+    total = 0
+    for numel in numels:
+        if model_threshold is not None and numel + total > model_threshold:
+            continue
+        if numel <= param_threshold:
+            total += numel
+    return total
+
+
+def model_numels(model: ModelSpec) -> tuple[int, ...]:
+    """The model's parameter tensors' sizes in ``named_parameters`` order (the embedding, each layer's, the rest)."""
+    tensors = list(enumerate(model_parameters(model)))
+    order = sorted(tensors, key=lambda it: (it[1].layer if it[1].layer is not None else (-1 if it[0] == 0 else 1 << 62),
+                                            it[0]))
+    return tuple(t.numel for _, t in order)
+
+
+def _persistent(ctx: StageContext) -> tuple[int, Contribution | None]:
+    """Small parameters kept whole on every GPU beside their partitions (``stage3_param_persistence_threshold``,
+    DeepSpeed's 1e5; Hugging Face's \"auto\" 10 x hidden), from the first forward on, the optimizer step included."""
+    run = ctx.run
+    sh, d = run.job.sharding, run.profile.zero3_buffers
+    assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
+    threshold, where = _setting(sh.param_persistence_threshold, d.param_persistence_threshold,
+                                hf_auto_persistence_threshold(run.model.hidden_size))
+    elements = persistent_elements(model_numels(run.model), threshold, sh.model_persistence_threshold)
+    if not elements:
+        return 0, None
+    cap = "" if sh.model_persistence_threshold is None else f", at most {sh.model_persistence_threshold:,} in all"
+    return elements, Contribution(COMMUNICATION, dtype_bytes(run.prec.param) * elements, note=(
+        f"DeepSpeed ZeRO-3 persistent parameters: {elements:,} elements of tensors of at most {threshold:,} "
+        f"(stage3_param_persistence_threshold, {where}{cap}) stay gathered on every GPU ({run.prec.param})"))
+
+
+def reduced_elements(total: int, bucket: int, unit: int) -> int:
+    """Gradients one reduction takes at most: a bucket's worth, or alone the parameter that does not fit in one."""
+    return min(total, max(bucket, unit))
+
+
+def _bucket(ctx: StageContext, bucket: int, where: str) -> Contribution:
+    """The reduce bucket in ``communication_data_type`` (the model's dtype by default)."""
+    run = ctx.run
+    comm = run.job.sharding.communication_data_type or run.prec.param
+    return Contribution(COMMUNICATION, dtype_bytes(comm) * bucket, note=(
+        f"DeepSpeed ZeRO-3 reduce bucket: reduce_bucket_size {bucket:,} elements ({where}) in {comm} "
+        f"(communication_data_type), allocated when the optimizer is built and kept (contiguous_gradients; "
+        "overlap_comm adds no second buffer at stage 3)"))
+
+
+def _conversions(ctx: StageContext, params: StageParams, bucket: int, unit: int) -> Contribution | None:
+    """The reduction's dtype conversions (stage3.py ``__avg_scatter_grads``, the path DeepSpeed's default
+    ``reduce_scatter`` takes): the bucket's gradients copied to ``communication_data_type`` where it differs from the
+    parameters' dtype, and the scattered partitions to the gradient partitions' dtype where that differs."""
+    run = ctx.run
+    comm, grad, param = run.job.sharding.communication_data_type or run.prec.param, run.prec.grad, run.prec.param
+    if comm == param and comm == grad:
+        return None
+    filled = reduced_elements(params.total, bucket, unit)
+    part = -(-filled // max(1, run.job.parallel.data_parallel * run.job.parallel.cp))
+    size = (dtype_bytes(comm) * filled if comm != param else 0) + (dtype_bytes(grad) * part if comm != grad else 0)
+    return Contribution(TEMPORARY, size, ("backward", "end of backward"), (
+        f"DeepSpeed ZeRO-3 reduction of up to {filled:,} gradient elements (a bucket, or one larger parameter): "
+        + (f"their copy in {comm} (communication_data_type)" if comm != param else "")
+        + (" and " if comm != param and comm != grad else "")
+        + (f"the scattered partition ({part:,} elements) converted to {grad} (gradient_accumulation_dtype)"
+           if comm != grad else "")))
+
+
 def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: tuple[int, str]) -> Contribution:
     """The optimizer step's fp32 gradient of its largest sub-group, made from the flattened 16-bit gradient partition
     (stage3.py ``_prepare_fp32_grad_for_sub_group``: ``flatten(...).to(fp32)``, both alive at that instant); a
@@ -127,11 +214,13 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     reuse, reuse_from = _setting(sh.max_reuse_distance, d.max_reuse_distance, 0)
     bucket, bucket_from = _setting(sh.reduce_bucket_size, d.reduce_bucket_elements, hf_auto_reduce_bucket(hidden))
     unit = module_unit(ctx, params)
-    gathered = gathered_elements(params.total, unit, prefetch, live, reuse)
+    persistent, kept = _persistent(ctx)
+    gathered = gathered_elements(max(0, params.total - persistent), unit, prefetch, live, reuse)
     when = _GATHERED_LIVE + (("forward",) if forward else ())
     out = [
         Contribution(COMMUNICATION, c * gathered, when, (
-            f"DeepSpeed ZeRO-3 gathered parameters ({prec.param}): {gathered:,} of the {params.total:,} elements, "
+            f"DeepSpeed ZeRO-3 gathered parameters ({prec.param}): {gathered:,} of the {params.total - persistent:,} "
+            "elements not kept persistent, "
             f"the larger of the module computing ({unit:,}) with what the prefetcher fetches ahead up to "
             f"stage3_max_live_parameters {live:,} ({live_from}; stage3_prefetch_bucket_size {prefetch:,}, "
             f"{pf_from}, 0 turns it off) and the parameters kept for reuse, about half of stage3_max_reuse_distance "
@@ -142,9 +231,7 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     ]
     if not run.job.offload.optimizer:
         out.append(_sub_group_gradient(ctx, partition, unit, _setting(sh.sub_group_size, d.sub_group_size, 0)))
+    out += [c for c in (kept, _conversions(ctx, params, bucket, unit)) if c is not None]
     if not (d.contiguous_gradients if sh.contiguous_gradients is None else sh.contiguous_gradients):
         return out
-    return out + [Contribution(COMMUNICATION, c * bucket, note=(
-        f"DeepSpeed ZeRO-3 reduce bucket: reduce_bucket_size {bucket:,} elements ({bucket_from}) in {prec.param}, "
-        "allocated when the optimizer is built and kept (contiguous_gradients; overlap_comm adds no second "
-        "buffer at stage 3)"))]
+    return out + [_bucket(ctx, bucket, bucket_from)]

@@ -29,14 +29,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from memplan.bounds import parse_json
 from memplan.errors import ConfigError, UnsupportedError
 from memplan.frameworks.deepspeed_keys import deepspeed_settings
 from memplan.job import Batch, Job, Offload, Optimizer, Recompute, Sharding
 from memplan.optimizers import by_dialect
 from memplan.settings import InputSetting
-from memplan.bounds import parse_json
 from memplan.textfile import read_text_file
-
 
 
 def read_deepspeed_config(path: str | Path) -> dict[str, Any]:
@@ -160,12 +159,22 @@ _ZERO3_KEYS = (("reduce_bucket_size", ("reduce_bucket_size",), 1),
                ("prefetch_bucket_size", ("stage3_prefetch_bucket_size", "prefetch_bucket_size"), 0),
                ("max_live_parameters", ("stage3_max_live_parameters", "max_live_parameters"), 0),
                ("max_reuse_distance", ("stage3_max_reuse_distance", "max_reuse_distance"), 0),
-               ("sub_group_size", ("sub_group_size",), 0))
+               ("sub_group_size", ("sub_group_size",), 0),
+               ("param_persistence_threshold", ("stage3_param_persistence_threshold", "param_persistence_threshold"), 0),
+               ("model_persistence_threshold", ("stage3_model_persistence_threshold", "model_persistence_threshold"),
+                0))
 #: Beyond this a bucket size is a typo (a petabyte of 16-bit elements).
 _MOST_ELEMENTS = 10**15
 #: Keys whose ``"auto"`` Hugging Face's integration fills in (:mod:`memplan.profiles.zero3`); elsewhere "auto"
 #: leaves DeepSpeed's default.
-_HF_AUTO = frozenset({"reduce_bucket_size", "prefetch_bucket_size"})
+_HF_AUTO = frozenset({"reduce_bucket_size", "prefetch_bucket_size", "param_persistence_threshold"})
+#: DeepSpeed's names of the dtypes ``communication_data_type`` and ``data_types.grad_accum_dtype`` take
+#: (deepspeed/runtime/config.py ``DtypeEnum`` and ``get_communication_data_type``), as memplan's dtype names.
+_DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+           "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+           "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16"}
+#: ``sys.maxsize``: DeepSpeed's default ``stage3_model_persistence_threshold`` is no cap at all.
+_NO_CAP = 2**63 - 1
 
 
 def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], least: int) -> int | str | None:
@@ -178,6 +187,8 @@ def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], le
     if value == "auto":
         return "auto" if field in _HF_AUTO else None
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if field == "model_persistence_threshold" and number is not None and number == _NO_CAP:
+        return None
     if number is None or not math.isfinite(number) or not least <= number <= _MOST_ELEMENTS or number % 1:
         rule = "a positive" if least else "a non-negative"
         raise ConfigError(f"zero_optimization.{name}", f"must be {rule} whole number of elements up to 1e15 "
@@ -196,6 +207,36 @@ def _zero3_buffers(section: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _dtype(value: Any, key: str, allowed: tuple[str, ...]) -> str | None:
+    """A DeepSpeed dtype setting as memplan's dtype name; None when absent or ``"auto"``."""
+    if value is None or value == "auto":
+        return None
+    name = _DTYPES.get(value) if isinstance(value, str) else None
+    if name not in allowed:
+        raise ConfigError(key, f"must be one of {', '.join(allowed)} (DeepSpeed's names: fp32/float32, "
+                          "fp16/float16/half, bf16/bfloat16)", value)
+    return name
+
+
+def _grad_accum_dtype(config: Mapping[str, Any], stage: int, precision: Any) -> Any:
+    """``precision`` with ``data_types.grad_accum_dtype``: the dtype DeepSpeed keeps gradients in (its gradient
+    partitions at ZeRO-3, engine.py ``get_data_types``; the model's by default); at stage 0 DeepSpeed runs only
+    the model's dtype (engine.py ``_do_optimizer_sanity_check``: "unsupported mix")."""
+    types = config.get("data_types")
+    if types is None:
+        return precision
+    if not isinstance(types, Mapping):
+        raise ConfigError("data_types", "must be an object", types)
+    dtype = _dtype(types.get("grad_accum_dtype"), "data_types.grad_accum_dtype", ("fp32", "fp16", "bf16"))
+    if dtype is None or dtype == precision.compute_dtype:
+        return precision
+    if stage == 0:
+        raise ConfigError("data_types.grad_accum_dtype", f"must be the model's dtype ({precision.compute_dtype}) "
+                          "without ZeRO (DeepSpeed raises 'unsupported mix of model_dtype and grad_accum_dtype')",
+                          types.get("grad_accum_dtype"))
+    return dataclasses.replace(precision, grad_dtype=dtype)
+
+
 def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
     zero_section = config.get("zero_optimization") or {}
     if not isinstance(zero_section, Mapping):
@@ -209,7 +250,7 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
         if device not in ("none", None, "cpu", "nvme"):
             raise ConfigError(f"zero_optimization.{key}.device", "must be none, cpu or nvme", device)
         offloaded[key] = device in ("cpu", "nvme")
-    precision = _precision(config, job)
+    precision = _grad_accum_dtype(config, stage, _precision(config, job))
     optimizer = job.optimizer
     opt_section = config.get("optimizer")
     if isinstance(opt_section, Mapping) and opt_section.get("type"):
@@ -232,7 +273,8 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
     return dataclasses.replace(
         job,
         framework="deepspeed",
-        sharding=Sharding(zero=stage, **_zero3_buffers(zero_section)),
+        sharding=Sharding(zero=stage, **_zero3_buffers(zero_section), communication_data_type=_dtype(
+            config.get("communication_data_type"), "communication_data_type", ("fp32", "fp16", "bf16"))),
         precision=precision,
         optimizer=optimizer,
         batch=batch,

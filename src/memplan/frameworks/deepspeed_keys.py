@@ -59,7 +59,8 @@ KEYS: dict[str, tuple[Effect, str]] = {
              "disable_allgather"),
     **_group(_N, "picks DeepSpeedCPUAdam for offloaded states (host memory)", "zero_force_ds_cpu_optimizer"),
     **_group(_U, "the dtype of gradient all-reduce / reduce-scatter buffers (fp32 doubles a 16-bit bucket); "
-             "memplan prices buckets in the gradient dtype", "communication_data_type",
+             "memplan prices ZeRO-1/2 buckets in the gradient dtype (priced at ZeRO-3)", "communication_data_type"),
+    **_group(_U, "the dtype of DeepSpeed-Ulysses' sequence-parallel gradient reductions; not priced",
              "seq_parallel_communication_data_type"),
     **_group(_U, "sparse embedding gradients (smaller gradient all-reduce); memplan prices dense gradients",
              "sparse_gradients"),
@@ -83,8 +84,11 @@ KEYS: dict[str, tuple[Effect, str]] = {
     **_group(_U, "DeepSpeed's torch.autocast mode: fp32 weights cast per op; memplan prices the bf16/fp16 "
              "sections' 16-bit weights with fp32 master copies", "torch_autocast.enabled", "torch_autocast.dtype",
              "torch_autocast.lower_precision_safe_modules"),
-    **_group(_U, "dtype of gradient accumulation / parameters / buffers; memplan takes dtypes from the precision "
-             "sections", "data_types.grad_accum_dtype", "data_types.param_dtype", "data_types.buffer_dtype"),
+    **_group(_U, "dtype of parameters / buffers; memplan takes dtypes from the precision sections",
+             "data_types.param_dtype", "data_types.buffer_dtype"),
+    "data_types.grad_accum_dtype": (_U, ("the gradients' dtype: priced (--grad-dtype) at ZeRO stages 2 and 3; at "
+                                    "stage 1 with bf16 DeepSpeed's BF16_Optimizer also keeps the 16-bit gradients "
+                                    "beside the fp32 ones (2 bytes per parameter, not priced)")),
     **_group(_U, "NVIDIA apex AMP (its opt_level decides the weight copies); memplan prices DeepSpeed's own "
              "bf16/fp16 modes", "amp.enabled"),
     # ZeRO buffers and schedules memplan does not model (at ZeRO-3 some are priced: _STAGE3 below).
@@ -101,7 +105,7 @@ KEYS: dict[str, tuple[Effect, str]] = {
     **_group(_N, f"{_Z3}: read only at ZeRO stage 3", _Z + "prefetch_bucket_size", _Z + "stage3_prefetch_bucket_size",
              _Z + "max_live_parameters", _Z + "stage3_max_live_parameters", _Z + "max_reuse_distance",
              _Z + "stage3_max_reuse_distance"),
-    **_group(_U, f"{_Z3}: parameters below the threshold stay unpartitioned on every GPU; not priced",
+    **_group(_N, f"{_Z3}: read only at ZeRO stage 3",
              _Z + "param_persistence_threshold", _Z + "stage3_param_persistence_threshold",
              _Z + "model_persistence_threshold", _Z + "stage3_model_persistence_threshold"),
     **_group(_U, f"{_Z3}: module fetch granularity / fetch collective; not priced", _Z + "module_granularity_threshold",
@@ -179,6 +183,17 @@ _STAGE3: dict[str, tuple[Effect, str]] = {
              _Z + "stage3_prefetch_bucket_size"),
     **_group(_M, _GATHERED, _Z + "max_live_parameters", _Z + "stage3_max_live_parameters", _Z + "max_reuse_distance",
              _Z + "stage3_max_reuse_distance"),
+    **_group(_M, ("parameter tensors of at most this many elements stay gathered on every GPU for the whole step "
+                  "(\"auto\": Hugging Face's 10 * hidden_size); the model threshold caps their total"),
+             _Z + "param_persistence_threshold", _Z + "stage3_param_persistence_threshold",
+             _Z + "model_persistence_threshold", _Z + "stage3_model_persistence_threshold"),
+    "communication_data_type": (_M, ("the ZeRO-3 reduce bucket's dtype, and the reduction's copy of the gradients "
+                                "it reduces in that dtype (memplan.estimate.zero3_buffers)")),
+}
+#: At ZeRO stages 2 and 3 (they win over :data:`KEYS` there).
+_STAGE2_UP: dict[str, tuple[Effect, str]] = {
+    "data_types.grad_accum_dtype": (_M, ("the gradients' dtype (--grad-dtype): DeepSpeed's gradient partitions "
+                                    "(ZeRO-3's grad_partitions_flat_buffer, ZeRO-2's averaged_gradients)")),
 }
 
 #: Section rules: every key at or under the prefix not in :data:`KEYS` (longest prefix wins).
@@ -257,8 +272,9 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
     known = known if known is not None else frozenset(deepspeed_key_list())
     if not _known(key, known):
         return _U, "not a DeepSpeed config key"
-    if zero_stage == 3 and key in _STAGE3:
-        effect, note = _STAGE3[key]
+    staged = (_STAGE3 if zero_stage == 3 else {}).get(key) or (_STAGE2_UP if zero_stage in (2, 3) else {}).get(key)
+    if staged is not None:
+        effect, note = staged
         return effect, (f"\"auto\": {note}" if value == "auto" else note)
     if key in KEYS:
         effect, note = KEYS[key]

@@ -5,10 +5,11 @@ DeepSpeed integration; their ``FrameworkProfile.zero3_buffers``; Megatron's ``--
 that names none of these keys (flags, a job file, a config that leaves them out) gets DeepSpeed's own defaults
 (deepspeed/runtime/zero/config.py, ``DeepSpeedZeroConfig``: ``reduce_bucket_size`` 5e8, ``contiguous_gradients``
 true, ``stage3_prefetch_bucket_size`` 5e7, ``stage3_max_live_parameters`` 1e9, ``stage3_max_reuse_distance`` 1e9,
-``sub_group_size`` 1e9).
+``sub_group_size`` 1e9, ``stage3_param_persistence_threshold`` 1e5).
 ``"auto"`` is what the Hugging Face integration fills in from the model's hidden size ``h``
 (transformers/integrations/deepspeed.py, ``HfTrainerDeepSpeedConfig.trainer_config_finalize``):
-``reduce_bucket_size = h*h`` and, under ZeRO-3, ``stage3_prefetch_bucket_size = int(0.9*h*h)``.
+``reduce_bucket_size = h*h`` and, under ZeRO-3, ``stage3_prefetch_bucket_size = int(0.9*h*h)`` and
+``stage3_param_persistence_threshold = 10*h``.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ class Zero3Defaults:
     #: ``sub_group_size``: the optimizer steps the partition in sub-groups of about this many elements, making
     #: each one's fp32 gradient from the 16-bit gradient partition as it goes.
     sub_group_size: int = 1_000_000_000
+    #: ``stage3_param_persistence_threshold``: parameter tensors of at most this many elements stay gathered.
+    param_persistence_threshold: int = 100_000
 
 
 #: DeepSpeed 0.19.8's defaults (deepspeed/runtime/zero/config.py: ``reduce_bucket_size`` Field(5e8),
 #: ``contiguous_gradients`` True, ``prefetch_bucket_size`` Field(5e7), ``max_live_parameters`` Field(1e9),
-#: ``max_reuse_distance`` Field(1e9), ``sub_group_size`` Field(1e9)).
+#: ``max_reuse_distance`` Field(1e9), ``sub_group_size`` Field(1e9), ``param_persistence_threshold`` Field(1e5)).
 DEEPSPEED_ZERO3 = Zero3Defaults()
 
 
@@ -49,3 +52,8 @@ def hf_auto_reduce_bucket(hidden: int) -> int:
 def hf_auto_prefetch_bucket(hidden: int) -> int:
     """Hugging Face's ``"auto"`` ``stage3_prefetch_bucket_size``: ``int(0.9 * hidden_size * hidden_size)``."""
     return int(0.9 * hidden * hidden)
+
+
+def hf_auto_persistence_threshold(hidden: int) -> int:
+    """Hugging Face's ``"auto"`` ``stage3_param_persistence_threshold``: ``10 * hidden_size``."""
+    return 10 * hidden
