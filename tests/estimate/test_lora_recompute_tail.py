@@ -72,3 +72,25 @@ def test_pure_bf16_neox_toy_peaks_inside_the_input_projection() -> None:
     head = TOKENS * 256 * (4 + 2)
     assert tail == head + 2 * TOKENS * HIDDEN * 2 + TOKENS * 1024 * (2 + 4 + 4) - TOKENS * (8 * 4 + 1024 * 6)
     assert tail == 3_391_488
+
+
+def test_fp32_dora_llama_toy_peaks_at_the_weight_norm_step() -> None:
+    # Llama toy at fp32, DoRA all-linear (helper dora14): the trace's peak is the recompute's `weight + scaling *
+    # lora_weight` in down_proj's DoRA forward (event 3080): the head (the scaling product's gradient, 524,288), the
+    # fp32 identity lora_A keeps (2,359,296), lora_A's output of it (24,576), lora_weight, the scaled copy and the sum
+    # (786,432 each), before lora_A's output of x and lora_result (16,384 + 524,288: saved tensors not made yet);
+    # the residual's partial sum is the MLP pre-norm's saved input (the caller passes 0). The stop is 507,904 B lower.
+    tail = lora_recompute_tail((Adapter(DOWN, 8, True),), tokens=TOKENS, residual=0, mlp_input=TOKENS * HIDDEN * 4,
+                               byte_sizes=(4, 4, 4), autocast=False)
+    assert tail == 524_288 + 2_359_296 + 24_576 + 3 * 786_432 - (16_384 + 524_288)
+
+
+def test_pure_bf16_dora_llama_toy_peaks_at_the_weight_norm_step() -> None:
+    # the same moment at pure bf16, fp32 adapters (event 3613): the head (the fp32 output gradient, its bf16 cast and
+    # the scaling product's: 1,310,720), the residual and the MLP input (262,144 each), down_proj's bf16 input
+    # (786,432; peft's fp32 cast of it is lora_A's saved input), the identity and lora_A's output of it, lora_weight
+    # and the base weight cast to fp32, the scaled copy and the sum
+    tail = lora_recompute_tail((Adapter(DOWN, 8, True),), tokens=TOKENS, residual=TOKENS * HIDDEN * 2,
+                               mlp_input=TOKENS * HIDDEN * 2, byte_sizes=(2, 4, 2), autocast=False)
+    assert tail == (1_310_720 + 2 * 262_144 + 786_432 + 2_359_296 + 24_576 + 4 * 786_432
+                    - (16_384 + 524_288))

@@ -72,6 +72,16 @@ def _input_role(adapter: Adapter) -> TermRole:
     return TermRole.OTHER
 
 
+def _results_role(adapter: Adapter) -> TermRole:
+    """The role of the base and LoRA results DoRA ``adapter`` saves: its own on a dense MLP's linear
+    (:mod:`~memplan.estimate.mlp_backward_nodes` frees them at the magnitude's node)."""
+    if _input_role(adapter) is TermRole.MLP_FC2_DORA_INPUT:
+        return TermRole.MLP_FC2_DORA_RESULTS
+    if adapter.module.name.rpartition(".")[2] in MLP_INPUT_LINEARS and in_mlp_block(adapter):
+        return TermRole.MLP_FC1_DORA_RESULTS
+    return TermRole.OTHER
+
+
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
                   compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False,
                   base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES, bias_bytes: int = 0) -> list[Term]:
@@ -140,7 +150,7 @@ def _dora_terms(a: Adapter, tokens: int, *, grad_in: bool, dropout: bool, autoca
         base_bytes = max(base_bytes, bias_bytes)
     terms = [Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", keep),
              Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
-                  (base_bytes + lora_bytes) * tokens * m.out_features, "rep", keep)]
+                  (base_bytes + lora_bytes) * tokens * m.out_features, "rep", keep, role=_results_role(a))]
     # (fp32 without autocast: the weight already has x's dtype, no cast)
     if dropout and grad_in and (autocast or compute_bytes != lora_bytes):
         terms.append(Term(f"{name} DoRA base weight cast for the dropped-out input",
@@ -185,6 +195,14 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
     return worst
 
 
+def dora_forward_before_output(adapters: tuple[Adapter, ...], **sizes: int | bool) -> int:
+    """:func:`dora_forward_transient` (``sizes``: its keyword arguments) of the adapters but the one on the MLP's output
+    projection: in a recomputed layer whose recompute stops inside that one (:func:`lora_recompute_tail` prices its
+    DoRA forward, the stop's, with the tensors made by then), the others' forwards run earlier, beside no more of
+    the layer's saved tensors than those the layer saves in all."""
+    return dora_forward_transient(tuple(a for a in adapters if _input_role(a) is TermRole.OTHER), **sizes)  # type: ignore[arg-type]
+
+
 def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tokens: int, compute_bytes: int,
                          adapter_bytes: int = ADAPTER_BYTES) -> int:
     """What the backward of a checkpointed layer whose last linear (``last_linear``, its name in the layer) carries
@@ -217,7 +235,7 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
     frozen base and ``lora_A``'s own copy leave it unsaved) and peft's cast of it to the adapters' dtype
     (``_cast_input_dtype``; under autocast ``lora_A`` saves a 16-bit copy of it instead), the MLP block's input (the
     norm's output, ``mlp_input`` bytes, unsaved for the same reason) and the residual stream's partial sum
-    (``residual`` bytes). Beside them, what the backward made before it first unpacked a saved tensor (the
+    (``residual`` bytes: with the attention output a layer's forward keeps, less what the MLP's pre-norm saves). Beside them, what the backward made before it first unpacked a saved tensor (the
     recompute's trigger, :func:`_lora_head`). Where peft's cast is a no-op (adapters in the activations' dtype)
     ``lora_A`` saves that input itself and the MLP block's input is its group's kept input: neither is extra.
     ``byte_sizes``: the activations', the adapters' and the frozen base weights' bytes per element; ``mlp_terms``:
@@ -273,8 +291,7 @@ def _input_projection_moment(adapters: tuple[Adapter, ...], out: Adapter, *, tok
     made = size_out * (act_bytes + max(2 * lora_bytes, lora_bytes + max(act_bytes, lora_bytes)))
     if act_bytes != adapter_bytes:
         made += mlp_input + (tokens * up.module.in_features * adapter_bytes if autocast else 0)
-    later = tokens * out.rank * lora_bytes + (
-        (act_bytes + lora_bytes) * tokens * out.module.out_features if out.dora else 0)
+    later = tokens * out.rank * lora_bytes
     for t in mlp_terms:
         if t.role is TermRole.MLP_FC1:
             later += t.bytes // 3 if t.tensors == 3 and up.module.name.rpartition(".")[2] == "up_proj" else t.bytes
@@ -284,9 +301,9 @@ def _input_projection_moment(adapters: tuple[Adapter, ...], out: Adapter, *, tok
 
 
 #: The MLP's saved tensors made after its activation's input: the ``gelu_new`` intermediates, the output projection's
-#: input (a trained one's) and its adapter's ``lora_A`` input.
+#: input (a trained one's) and its adapter's ``lora_A`` input and DoRA results.
 _SAVED_AFTER_FC1 = frozenset({TermRole.GELU_NEW, TermRole.MLP_FC2, TermRole.MLP_FC2_ADAPTER_INPUT,
-                              TermRole.MLP_FC2_DORA_INPUT})
+                              TermRole.MLP_FC2_DORA_INPUT, TermRole.MLP_FC2_DORA_RESULTS})
 
 
 def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
@@ -295,7 +312,10 @@ def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autoca
     ``lora_A``'s copy of the input, its output and ``lora_result`` (saved tensors not made yet); and the stop, after
     ``(mag_norm_scale - 1) * base_result`` (that product in the fp32 magnitude's dtype), where the locals still hold
     ``lora_weight`` cast to the input's dtype (with the identity's 16-bit copy and ``lora_A``'s output its graph
-    keeps) and the base weight cast to it. The head (:func:`dora_output_backward`) beside both."""
+    keeps) and the base weight cast to it; between them the weight norm's ``weight + scaling * lora_weight`` (two
+    ``out x in`` tensors in the input's dtype, the adapters': traces of Llama and GPT-NeoX at fp32 and pure bf16 peak
+    there) beside those locals, before ``lora_A``'s output and ``lora_result``. The head
+    (:func:`dora_output_backward`) beside all three."""
     act_bytes, adapter_bytes, base_bytes = byte_sizes
     i, o, r = a.module.in_features, a.module.out_features, a.rank
     lora_bytes = act_bytes if autocast else adapter_bytes
@@ -306,9 +326,10 @@ def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autoca
     not_yet = lora_bytes * tokens * (r + o) + (act_bytes * tokens * i if eye_copy else 0)
     made = adapter_bytes * i * i + eye_copy + lora_bytes * i * r + lora_bytes * i * o - not_yet
     # lora_weight in the input's (adapters') dtype: its cast, or itself where it is in that dtype already
-    stop = (kept + adapter_bytes * i * o + (adapter_bytes * i * o if base_bytes != adapter_bytes else 0)
-            + tokens * o * max(adapter_bytes, act_bytes))
-    return head + max(made, stop)
+    weights = adapter_bytes * i * o + (adapter_bytes * i * o if base_bytes != adapter_bytes else 0)
+    stop = kept + weights + tokens * o * max(adapter_bytes, act_bytes)
+    norm = kept + weights + 2 * adapter_bytes * i * o - not_yet
+    return head + max(made, stop, norm)
 
 
 def adapter_keep(a: Adapter) -> Keep:

@@ -152,23 +152,25 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     first = policy.kind.checkpoints_layers and not quant_format(quantize_base).keeps_gemm_inputs
     return _priced(spec, shape, policy, blocks, mlp_saved, offloaded,
                    None if compiled else _mlp_walked(spec, shape, blocks[1], role.flow, dequantized,
-                                                     policy.kind.checkpoints_layers, first, frozen_cast))
+                                                     policy.kind.checkpoints_layers, first, frozen_cast,
+                                                     adapter_bytes))
 
 
 def _mlp_walked(layer: LayerSpec, shape: ActivationShape, rest: list[Term], flow: LayerFlow | None, dequantized: int,
-                recomputed: bool, recomputed_first: bool, frozen_cast: bool) -> int | None:
+                recomputed: bool, recomputed_first: bool, frozen_cast: bool, adapter_bytes: int) -> int | None:
     """The MLP block's backward walked op by op above the layer's saved tensors: a frozen gated MLP's
     (:mod:`~memplan.estimate.frozen_mlp_backward`), else a trained or GPT-2 one's node by node
     (:mod:`~memplan.estimate.mlp_backward_nodes`, without the weight gradients made); None: the general rule.
     ``frozen_cast`` and ``recomputed``: the recompute made the frozen output projection's 16-bit copy again (counted
-    with the layer's recomputed copies), which its node frees."""
+    with the layer's recomputed copies), which its node frees; ``adapter_bytes``: the adapters' (DoRA's magnitude
+    nodes)."""
     frozen = frozen_mlp_backward(layer, shape, rest, flow, dequantized, recomputed_first)
     if frozen is not None:
         return frozen
     again = (layer.mlp.intermediate_size * shape.hidden // shape.tp * shape.act_bytes
              if frozen_cast and recomputed and layer.mlp is not None else 0)
     nodes = mlp_backward_nodes(layer, shape, rest, flow, recomputed=recomputed, dequantized=dequantized,
-                               frozen_copy=again)
+                               frozen_copy=again, adapter_bytes=adapter_bytes)
     return None if nodes is None else nodes.transient
 
 

@@ -33,6 +33,7 @@ from memplan.estimate.recomputed_backward import (
     brought_back_input,
     checkpointed_sink_forward,
     recomputed_backward,
+    recomputed_dora_forward,
     unwalked_backward,
 )
 from memplan.estimate.states import layer_kinds
@@ -212,15 +213,16 @@ def _layer_visit(ctx: StageContext, position: int, index: int, forward_extra: in
     cpu_keep = checkpoint = again = 0
     sink = (0, 0)
     if recomputed:
-        # the forward's temporaries (DoRA's weights, gpt-oss's sink attention) are made again once the layer's
-        # output gradient has arrived: beside it (and under save_on_cpu the checkpointed input brought back)
-        beside = forward_extra and (output_gradient_bytes(run.shape, run.model.hidden_size)
-                                    + dora_recompute_head(run, index) + brought_back_input(run, index))
         # the residual gradient waits beside the softmax backward, and the recomputed forward reads the checkpointed
         # input (DeepSpeed's gathered or fetched copy is the checkpoint's backward extra), except under save_on_cpu;
         # a walked backward has both already
         if walked is None:
             transient, again = unwalked_backward(run, index, transient, not run.job.offload.activations)
+            forward_extra = recomputed_dora_forward(run, index, forward_extra)
+        # the forward's temporaries (DoRA's weights, gpt-oss's sink attention) are made again once the layer's
+        # output gradient has arrived: beside it (and under save_on_cpu the checkpointed input brought back)
+        beside = forward_extra and (output_gradient_bytes(run.shape, run.model.hidden_size)
+                                    + dora_recompute_head(run, index) + brought_back_input(run, index))
         layer_keep, layer_worst, cpu_keep, checkpoint = _recomputed(ctx, position, keep, full,
                                                                     max(transient, forward_extra + beside))
     elif run.policy.partial:

@@ -73,7 +73,8 @@ __all__ = ["MLP_WALKED", "MlpBackward", "gradients_made", "mlp_backward_nodes"]
 #: ``F.silu``, ``relu``): their node makes one gradient and frees the one tensor they saved.
 ONE_OP_ACTIVATIONS = frozenset({"gelu", "gelu_pytorch_tanh", "relu", "silu", "swish"})
 #: The MLP's saved terms the walk prices (the general rule leaves them to it).
-MLP_WALKED = frozenset({TermRole.MLP_FC1, TermRole.MLP_FC2, TermRole.GELU_NEW, TermRole.MLP_FC2_ADAPTER_INPUT})
+MLP_WALKED = frozenset({TermRole.MLP_FC1, TermRole.MLP_FC2, TermRole.GELU_NEW, TermRole.MLP_FC2_ADAPTER_INPUT,
+                        TermRole.MLP_FC2_DORA_INPUT, TermRole.MLP_FC2_DORA_RESULTS, TermRole.MLP_FC1_DORA_RESULTS})
 
 
 @frozen_dataclass
@@ -88,14 +89,14 @@ class MlpBackward:
 
 def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term], flow: LayerFlow | None,
                        recomputed: bool = False, grad_bytes: int = 0, dequantized: int = 0,
-                       frozen_copy: int = 0) -> MlpBackward | None:
+                       frozen_copy: int = 0, adapter_bytes: int = 4) -> MlpBackward | None:
     """Layer ``layer``'s MLP backward node by node (see the module), or None where the walk does not apply.
     ``rest``: the layer's MLP-block terms for its role; ``flow``: its fine-tuning flow (None: full training);
     ``recomputed``: the layer is checkpointed (a recomputed tensor is freed once unpacked: the product's node
     casts its 16-bit gradient after its saved factors are gone); ``grad_bytes``: bytes per element of a weight
     gradient (0: not counted); ``dequantized``: a quantized base's (the walk does not apply); ``frozen_copy``: the
     frozen output projection's 16-bit weight copy a recompute made again (held with the layer's copies), freed by its
-    node."""
+    node; ``adapter_bytes``: the adapters' bytes per element (DoRA's magnitude: :func:`_dora_nodes`)."""
     mlp = layer.mlp
     if mlp is None or layer.moe is not None or shape.kernels != "eager" or shape.tp > 1 or dequantized:
         return None
@@ -110,7 +111,7 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     tokens = shape.seq * shape.micro_batch
     one = tokens * mlp.intermediate_size * shape.act_bytes
     hidden = tokens * shape.hidden * shape.act_bytes
-    lora = sizes.get(TermRole.MLP_FC2_ADAPTER_INPUT, 0)
+    lora = sizes.get(TermRole.MLP_FC2_ADAPTER_INPUT, 0) or sizes.get(TermRole.MLP_FC2_DORA_INPUT, 0)
     fc1 = sizes.get(TermRole.MLP_FC1, 0)
     if not one or (not gelu and (fc1 != (3 * one if mlp.gated else one) or not (sizes.get(TermRole.MLP_FC2) or lora))):
         return None
@@ -126,7 +127,8 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     # of the activations' size): the add's backward casts the output gradient to the base result's dtype (peft's
     # `result + lora_B(...) * scaling`), held until the base's node
     head = hidden if lora and lora != one else 0
-    nodes = [(output_gradient_bytes(shape, shape.hidden) + head, 0, 0)]
+    down, *ups = _dora_nodes(rest, shape, mlp.intermediate_size, adapter_bytes, sizes)
+    nodes = [(output_gradient_bytes(shape, shape.hidden) + head, 0, 0), *down]
     nodes += _adapter_nodes(lora, x) if lora else []
     nodes += _output_projection(shape, hidden, fc2 + head, one, temp, weights[0])
     if gelu:
@@ -136,7 +138,8 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
     else:
         nodes += [(one, 2 * one, 0)] if lora else []  # the input's two gradients summed
         # a one-op activation: its input's gradient, its saved input and the sum freed after
-        nodes += _gated_nodes(one, hidden, fc1 // 3, temp, weights[1]) if mlp.gated else [(one, fc1 + one, 0)]
+        nodes += _gated_nodes(one, hidden, fc1 // 3, temp, weights[1], ups) if mlp.gated else [
+            (one, fc1 + one, 0), *ups[0]]
     return _walk(nodes)
 
 
@@ -157,7 +160,7 @@ def _applies(mlp: MLPSpec, flow: LayerFlow | None, sizes: dict[TermRole, int], g
     if not (gelu or (mlp.gated and not mlp.fused_gate_up) or (flow is not None and not mlp.gated
                                                            and mlp.activation in ONE_OP_ACTIVATIONS)):
         return False
-    return flow is None or (not flow.mlp.linears_train and TermRole.MLP_FC2_DORA_INPUT not in sizes)
+    return flow is None or (not flow.mlp.linears_train and not (gelu and TermRole.MLP_FC2_DORA_INPUT in sizes))
 
 
 #: A node: (bytes it makes and holds at its worst, bytes it frees after, weight-gradient bytes it leaves made).
@@ -204,10 +207,35 @@ def _gelu_new_product(one: int, gelu: int, recomputed: bool) -> list[_Node]:
     return [(2 * gelu + (0 if recomputed or gelu == one else one), gelu, 0)]
 
 
-def _gated_nodes(one: int, hidden: int, fc1: int, temp: int, up: int) -> list[_Node]:
+def _gated_nodes(one: int, hidden: int, fc1: int, temp: int, up: int,
+                 doras: list[list[_Node]] | None = None) -> list[_Node]:
     """Eager SwiGLU's nodes after ``down_proj``'s: the product (``act(gate)``'s and up's gradients; the incoming
     one, ``act(gate)`` and up freed), ``up_proj`` (its input's gradient), the activation (the gate's gradient),
     ``gate_proj`` and the two input gradients' sum. ``fc1``: one of the saved gate, up, ``act(gate)``; ``temp``: a
-    weight's 16-bit gradient before its cast; ``up``: one input projection's weight gradient, made."""
-    return [(2 * one, one + 2 * fc1, 0), (hidden + temp, one + temp, up), (one, one + fc1, 0),
-            (hidden + temp, one + temp, up), (hidden, 3 * hidden, 0)]
+    weight's 16-bit gradient before its cast; ``up``: one input projection's weight gradient, made; ``doras``: the
+    DoRA magnitude nodes before ``up_proj``'s and ``gate_proj``'s (:func:`_dora_nodes`)."""
+    first, second = doras or ([], [])
+    return [(2 * one, one + 2 * fc1, 0), *first, (hidden + temp, one + temp, up), (one, one + fc1, 0),
+            *second, (hidden + temp, one + temp, up), (hidden, 3 * hidden, 0)]
+
+
+def _dora_nodes(rest: list[Term], shape: ActivationShape, intermediate: int, adapter_bytes: int,
+                sizes: dict[TermRole, int]) -> list[list[_Node]]:
+    """DoRA's magnitude nodes (peft ``DoraLinearLayer.forward``: ``(m - 1) * base_result + m * lora_result *
+    scaling``, in the fp32 magnitude's dtype, added to the base result and cast back): on the output projection, then
+    on the last and the first input projection carrying one (each list empty without). Where the magnitude's dtype
+    is not the activations' the gradient is cast to it and, for the base result, back (an input projection's
+    incoming gradient is freed then: traces of Llama LoRA all-linear at pure bf16); the node makes the product by
+    ``scaling``'s gradient and ``m * lora_result``'s two (one a vector's, summed), then frees what the adapter saved
+    (its ``MLP_*_DORA_RESULTS`` term; a trace at fp32 holds the three beside the incoming gradient)."""
+    tokens, act = shape.seq * shape.micro_batch, shape.act_bytes
+    wide = max(adapter_bytes, act)
+
+    def node(elements: int, results: int, frees_incoming: bool) -> _Node:
+        cast = elements * (wide + act) - (elements * act if frees_incoming else 0) if wide != act else 0
+        return (cast + 3 * elements * wide, cast + 3 * elements * wide + results, 0)
+
+    down = sizes.get(TermRole.MLP_FC2_DORA_RESULTS, 0)
+    ins = [node(tokens * intermediate, divided(t, shape), True) for t in rest
+           if t.role is TermRole.MLP_FC1_DORA_RESULTS]
+    return [[node(tokens * shape.hidden, down, False)] if down else [], ins[-1:], ins[:-1]]

@@ -311,11 +311,35 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
     from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
 
     tokens, hidden = shape.seq * shape.micro_batch, run.model.hidden_size
+    # the residual stream's partial sum, unless the MLP's pre-norm saves that very tensor (a norm without an fp32 copy
+    # of its input: its input term counts it), and the attention's output where the layer's forward keeps it
+    kept = sum(divided(t, shape) for t in mlp_terms if t.role is TermRole.NORM_INPUT)
+    residual = max(0, tokens * hidden * shape.residual_bytes - kept)
     return lora_recompute_tail(run.counts.layer_adapters[index], tokens=tokens,
-                               residual=tokens * hidden * shape.residual_bytes,
+                               residual=residual + (tokens * hidden * shape.act_bytes if layer.attention_output_local
+                                                    else 0),
                                mlp_input=tokens * hidden * norm_output_bytes(shape),
                                byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
                                autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms)
+
+
+def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> int:
+    """The DoRA forward temporaries (``forward_extra``: the stage's largest) that layer ``index``'s recompute holds
+    beside its saved tensors: where the recompute stops inside DoRA on the MLP's output projection (:func:`_lora_tail`
+    prices that projection's DoRA forward with what is made by then), the other adapters' only (a layer without
+    sinks: the tail's layers are dense); else ``forward_extra``."""
+    from memplan.estimate.layer_costs import layer_blocks
+
+    found = layer_blocks(run, run.model.layers[index], index) if forward_extra and run.counts is not None else None
+    if found is None or not _lora_tail(run, index, found[0], found[1][1]):
+        return forward_extra
+    from memplan.estimate.adapter_acts import dora_forward_before_output
+    from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+
+    assert run.counts is not None
+    return dora_forward_before_output(run.counts.layer_adapters[index], autocast=run.prec.weight_copies == "autocast",
+                                      compute_bytes=run.shape.act_bytes, tokens=run.shape.seq * run.shape.micro_batch,
+                                      base_bytes=frozen_bytes_per_element(run.job), adapter_bytes=adapter_bytes(run.job))
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,

@@ -83,6 +83,11 @@ class TermRole(Enum):
     MLP_FC2_ADAPTER_INPUT = auto()
     #: ... where that adapter is DoRA's (its magnitude's backward is not walked): mlp_backward_nodes.
     MLP_FC2_DORA_INPUT = auto()
+    #: The base and LoRA results a DoRA adapter on the dense MLP's output projection saves for its magnitude's
+    #: gradient, and those of DoRA adapters on its input projections: mlp_backward_nodes (the magnitude's node frees
+    #: them), adapter_acts (the recompute's moment inside an input projection).
+    MLP_FC2_DORA_RESULTS = auto()
+    MLP_FC1_DORA_RESULTS = auto()
     #: The shared expert's fc2 input: layer_costs (kept on an 8-bit base, whose shared expert is quantized).
     SHARED_EXPERT_FC2 = auto()
     #: The MLP norm output's autocast copies for the shared expert's GEMMs and gate: layer_costs (kept on an 8-bit

@@ -52,7 +52,7 @@ def _gpt2(f: ConfigFields, name: str, model_type: str) -> ModelSpec:
                          softmax_in_scores_dtype=True)
     mlp = MLPSpec(intermediate_size=f.integer("n_inner", 4 * hidden), gated=False, bias=True,
                   activation=f.text("activation_function", "gelu_new"))
-    layers = stack([(attn, mlp)] * f.integer("n_layer"))
+    layers = stack([(attn, mlp)] * f.integer("n_layer"), attention_output_local=True)
     # GPT2Model's ``drop`` (embd_pdrop), GPT2Attention's ``resid_dropout`` and GPT2MLP's ``dropout`` (resid_pdrop)
     return build_model(f, name, model_type, layers, tie_default=True, hidden=hidden, norm="layernorm",
                   norm_bias=True, position_embedding="learned",

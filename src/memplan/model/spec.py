@@ -198,6 +198,10 @@ class LayerSpec:
     pre_norms: bool = True
     #: Attention and MLP read the same input (GPT-J / GPT-NeoX parallel residual).
     parallel_residual: bool = False
+    #: The layer's forward holds the attention's output in a local through the MLP block (transformers'
+    #: ``GPT2Block``: ``attn_output`` beside ``hidden_states = attn_output + residual``; most families rebind
+    #: ``hidden_states`` and free it).
+    attention_output_local: bool = False
 
     def __post_init__(self) -> None:
         if (self.mlp is None) == (self.moe is None):
