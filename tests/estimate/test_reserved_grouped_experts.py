@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.estimate.test_reserved_mechanics import _schedule
+from tests.estimate.test_reserved_mechanics import _schedule, replayed_estimate
 
 MiB = 2**20
 FLAGS = {"framework": "torchtitan", "attention": "sdpa", "precision": "bf16-mixed", "optimizer": "adamw",
@@ -78,19 +78,8 @@ def test_the_combines_first_product_gradient_is_freed_and_the_second_lives_on() 
     # gradients, the first ``mul`` is freed before the down GEMM's backward, the second after its weight's gradient
     # (tprsv14, session 14: +7.44% -> -0.59% against the trace's simulated reserved)
     from memplan.alloc.schedule import STREAM_BITS
-    from memplan.estimate import reserved_replay
 
-    replays: list[reserved_replay.Replay] = []
-    real_finish = reserved_replay.Replay.finish
-
-    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        replays.append(self)
-        return real_finish(self, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reserved_replay.Replay, "finish", finish)
-        _schedule("deepseek-v2-lite", HF)
-    ops = replays[0].ops
+    ops = replayed_estimate("deepseek-v2-lite", HF)[0][0].ops
     size = [op >> STREAM_BITS if op >= 0 else -1 for op in ops]
     combines = [i for i in range(len(ops) - 4)
                 if size[i:i + 2] == [ROWS, ROWS] and ops[i + 2] == ~i and size[i + 3:i + 5] == [ROWS, ROWS]]
