@@ -12,8 +12,11 @@ in token order and sums the ``k`` picks, cast to the block input's dtype. A trac
    second summed to the weights' gradient) and, where the expert outputs are 16-bit but the routing weights fp32
    (Mixtral's router keeps its fp32 softmax), the first cast back to the experts' dtype
    (``mul_tensor_backward``). The product's dtype is the wider of the two: the three routed-rows gradients are fp32
-   there. The second gradient, the zeros and the expert outputs are then freed;
-2. the down GEMM: its input's gradient (and the weight's gradient), the first gradient and fc2's input freed;
+   there. The expert outputs, the first gradient made and the zeros are then freed, the second one living on (a
+   trace of deepseek-v2-lite cut to 4 layers, Hugging Face, SDPA, full recompute, s4096 x 2: the first ``mul`` freed
+   before the down GEMM's backward, the second after it; which of the two equal-sized blocks lives on decides where
+   the down weight's gradient lands);
+2. the down GEMM: its input's gradient (and the weight's gradient), the surviving gradient and fc2's input freed;
 3. ``act(gate) * up``: two gradients, the down GEMM's input gradient and ``act(gate)`` freed;
 4. the activation's backward (one), the first product gradient and fc1's output freed;
 5. ``chunk``'s backward: the two halves' gradients joined (``cat``, fc1-sized), the two freed;
@@ -208,10 +211,10 @@ def _combine(replay: Replay, widths: dict[str, int], saved: dict[TermRole, Block
     first, second = replay.take(routed), replay.take(routed)
     back = replay.take(widths["back"]) if widths["back"] != routed else None
     mark("combine")
-    replay.give(second, zeros, saved.pop(TermRole.EXPERT_OUTPUTS, None))
+    replay.give(saved.pop(TermRole.EXPERT_OUTPUTS, None), first, zeros)
     if back is None:
-        return first
-    replay.give(first)
+        return second
+    replay.give(second)
     return back
 
 

@@ -27,6 +27,7 @@ from memplan.estimate.reserved_forward import forward_layer, layer_blocks, recom
 from memplan.estimate.reserved_fsdp import FsdpSizes
 from memplan.estimate.reserved_grouped_experts import grouped_backward
 from memplan.estimate.reserved_mlp_backward import EXPERT_SLOT
+from memplan.estimate.reserved_fused_recompute import mlp_first
 from memplan.estimate.reserved_recompute import general_tensors, recompute_tensors
 from memplan.estimate.reserved_replay import Block, Replay, Templates, shared_templates
 from memplan.estimate.reserved_walked import walked_backward, walked_fused, walked_whole
@@ -228,11 +229,17 @@ def _general_backward(ctx: StageContext, visit: tuple[int, int, int],
         return
     tensors, layers, rest = again
     early, late = [*saved[0]], [*saved[1]]
+    walked = False
     for _ in range(layers):  # the checkpointed group's layers, one after the other
         held = forward_layer(replay, tensors, [], [], masked_fp32(ctx.run))
+        # a fused core's layer alone: its MLP's backward op by op (reserved_recompute)
+        walked = layers == 1 and mlp_first(ctx.run, (index, count, rest), held[3], replay, hooks)
         # the slots' tensors freed as backward_layer frees a layer's without the op-by-op plan
         early += [*held[0], *held[3][:6], *held[3][EXPERT_SLOT:]]
         late += [*held[1], *held[2], *held[3][6:EXPERT_SLOT]]
+    if walked:
+        replay.give(*early, *late, *saved[2])
+        return
     backward_layer(ctx.run, (index, kept, rest), (early, late, saved[2]), replay, hooks, count,
                    recomputed_softmax(ctx.run, index) if layers == 1 else None)
 

@@ -77,9 +77,16 @@ def op_by_op(run: RunContext) -> bool:
 def op_slots(role: TermRole, pieces: int, run: RunContext, whole: bool) -> list[int] | None:
     """The slot (index in :data:`SLOTS`) of each of the ``pieces`` tensors of a term of ``role``, or None when the
     plan does not apply to it: the gated MLP's fc1 output (gate, up, ``act(gate)``) and its fc2 input, of a
-    ``whole`` layer (none of its tensors dropped) in a job laid out :func:`op_by_op`."""
-    if not whole or not op_by_op(run):
+    ``whole`` layer (none of its tensors dropped) in a job laid out :func:`op_by_op`. Under tensor parallelism
+    (a whole-model job keeping its activations on the GPU) the gated MLP's alone: each rank holds its share of
+    the four intermediate-sized tensors (Hugging Face's plan splits gate and up column-wise, down row-wise; their
+    blocks are that share) and the full-width input gradients of gate and up, which :class:`MlpPlan` takes
+    (a trace of llama-3.2-1b at TP 2: 8 MiB ``mm`` of 2048 x 2048 in bf16 each); the eager core's plans keep
+    TP 1."""
+    if not whole or run.counts is not None or run.job.offload.activations:
         return None
+    if not whole_weights(run):
+        return _mlp_slots(role, pieces)
     expert = expert_index(role, pieces, run)
     return term_slots(role, pieces, run) if expert is None else [EXPERT_SLOT + expert]
 
@@ -92,14 +99,22 @@ def grouped_slots(role: TermRole, pieces: int) -> list[int] | None:
 
 def term_slots(role: TermRole, pieces: int, run: RunContext) -> list[int] | None:
     """:func:`op_slots` of a whole layer's term, whatever the job (None: not one of :data:`SLOTS`)."""
-    if role is TermRole.MLP_FC1 and pieces == 3:
-        return [0, 1, 2]
-    if role is TermRole.MLP_FC2 and pieces == 1:
-        return [3]
+    mlp = _mlp_slots(role, pieces)
+    if mlp is not None:
+        return mlp
     if role in _ATTENTION_SLOTS and pieces == 1 and run.shape.kernels == "eager":
         return [_ATTENTION_SLOTS[role]]
     if role is TermRole.SINK_SOFTMAX and pieces == 1 and run.shape.kernels == "eager":
         return [SINK_SLOT]
+    return None
+
+
+def _mlp_slots(role: TermRole, pieces: int) -> list[int] | None:
+    """The gated MLP's slots of a term of ``role`` (its fc1 output's three tensors, its fc2 input), else None."""
+    if role is TermRole.MLP_FC1 and pieces == 3:
+        return [0, 1, 2]
+    if role is TermRole.MLP_FC2 and pieces == 1:
+        return [3]
     return None
 
 
