@@ -191,13 +191,14 @@ def flag_jobs() -> Iterator[tuple[str, str, dict[str, Any]]]:
 #: keep their fingerprints (a job that sets one is taken whole): ``compile`` and ``compile_loss`` (issue 25,
 #: --compile, --compile-loss), ``reserved`` (issue 25, item 8), ``attention_dropout`` (session 11; None: the
 #: same as ``dropout``); dotted, a section's field: the DeepSpeed ZeRO-3 buffer settings a DeepSpeed config gives
-#: (session 14, None: DeepSpeed's defaults; the persistence thresholds and communication_data_type: helper ds3more14).
+#: (session 14, None: DeepSpeed's defaults; the persistence thresholds and communication_data_type: helper ds3more14;
+#: overlap_comm: the ZeRO-1/2 reduce buckets, lead).
 FIELDS_AT_DEFAULT_LEFT_OUT: tuple[tuple[str, object], ...] = (
     ("compile", False), ("attention_dropout", None), ("compile_loss", "auto"), ("reserved", "auto"),
     *((f"sharding.{name}", None) for name in ("reduce_bucket_size", "prefetch_bucket_size", "max_live_parameters",
                                               "max_reuse_distance", "sub_group_size", "contiguous_gradients",
                                               "param_persistence_threshold", "model_persistence_threshold",
-                                              "communication_data_type")))
+                                              "communication_data_type", "overlap_comm")))
 
 
 def _fingerprint(result: Any) -> dict[str, Any]:

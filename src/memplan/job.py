@@ -237,6 +237,9 @@ class Sharding:
     max_reuse_distance: int | None = None
     sub_group_size: int | None = None
     contiguous_gradients: bool | None = None
+    #: DeepSpeed ``overlap_comm`` (None: DeepSpeed's default, off below stage 3): ZeRO-1/2 double-buffers its reduce
+    #: bucket (:mod:`memplan.estimate.zero12_bucket`); ZeRO-3 keeps one bucket either way.
+    overlap_comm: bool | None = None
     param_persistence_threshold: int | Literal["auto"] | None = None
     model_persistence_threshold: int | None = None
     communication_data_type: str | None = None

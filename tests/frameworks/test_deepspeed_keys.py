@@ -144,7 +144,7 @@ def test_hf_args_deepspeed_object_is_reported_too() -> None:
     job, settings = hf_args_job(args, Job())
     assert job.framework == "deepspeed" and job.sharding.zero == 2
     got = {s.key: s.effect for s in settings if s.source == "--hf-args deepspeed"}
-    assert got == {"zero_optimization.stage": "modelled", "zero_optimization.overlap_comm": "not-modelled",
+    assert got == {"zero_optimization.stage": "modelled", "zero_optimization.overlap_comm": "modelled",
                    "wandb.enabled": "no-memory-effect"}
 
 

@@ -227,8 +227,8 @@ def communication_bytes(
     states: StateBytes,
     prec: ResolvedPrecision,
 ) -> int:
-    """Collective staging buffers one GPU keeps beside the model states (DeepSpeed's ZeRO-3 buffers:
-    :mod:`memplan.estimate.zero3_buffers`)."""
+    """Collective staging buffers one GPU keeps beside the model states (DeepSpeed's ZeRO buffers:
+    :mod:`memplan.estimate.zero3_buffers`, :mod:`memplan.estimate.zero12_bucket`)."""
     total = 0
     dp = job.parallel.data_parallel * job.parallel.cp
     if profile.ddp_bucket_copy and dp > 1 and job.sharding.zero == 0 and job.sharding.fsdp == "none":
@@ -243,8 +243,6 @@ def communication_bytes(
         # Not DeepSpeed's (memplan.estimate.zero3_buffers): DeepSpeed's own estimator's rule, 4 bytes per
         # parameter of the largest layer (16-bit gathered weights and gradients).
         total += 4 * max(params.largest_layer, params.root)
-    elif job.sharding.zero in (1, 2) and profile.reduce_bucket_elements:
-        total += min(profile.reduce_bucket_elements, params.total) * prec.grad_bytes
     return total
 
 

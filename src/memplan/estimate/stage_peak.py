@@ -34,6 +34,7 @@ from memplan.estimate import (
     pipeline_fsdp,
     recomputed_backward,
     zero3_buffers,
+    zero12_bucket,
 )
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
@@ -208,12 +209,14 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
                   forward: bool) -> tuple[list[Contribution], int]:
     """The collective buffers alive at each moment (the end of the forward: as at the loss), and
     their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`; DeepSpeed's
-    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`."""
+    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`."""
     run = ctx.run
     if pipeline_fsdp.applies(ctx, st):
         return _with_most(list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts)))
     if run.profile.zero3_buffers is not None and zero3_buffers.applies(run.job, run.profile, run.prec):
         return _with_most(zero3_buffers.contributions(ctx, st.params, st.states.optimizer_numel, forward))
+    if zero12_bucket.applies(run.job, run.profile):
+        return _with_most(zero12_bucket.contributions(ctx))
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings, head=head_unit(ctx))

@@ -204,6 +204,11 @@ def _zero3_buffers(section: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(contiguous, bool):
             raise ConfigError("zero_optimization.contiguous_gradients", "must be true or false", contiguous)
         out["contiguous_gradients"] = contiguous
+    overlap = section.get("overlap_comm")
+    if overlap is not None and overlap != "auto":
+        if not isinstance(overlap, bool):
+            raise ConfigError("zero_optimization.overlap_comm", "must be true or false", overlap)
+        out["overlap_comm"] = overlap
     return out
 
 

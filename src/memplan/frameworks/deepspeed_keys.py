@@ -190,6 +190,14 @@ _STAGE3: dict[str, tuple[Effect, str]] = {
     "communication_data_type": (_M, ("the ZeRO-3 reduce bucket's dtype, and the reduction's copy of the gradients "
                                 "it reduces in that dtype (memplan.estimate.zero3_buffers)")),
 }
+#: At ZeRO stages 1 and 2 (they win over :data:`KEYS` there): the reduce buckets :mod:`memplan.estimate.zero12_bucket`
+#: prices.
+_STAGE12: dict[str, tuple[Effect, str]] = {
+    _Z + "reduce_bucket_size": (_M, ("the ZeRO-1/2 gradient reduce bucket, set up by each backward at this size "
+                                "whatever the model's (\"auto\": Hugging Face's hidden_size^2)")),
+    _Z + "contiguous_gradients": (_M, "true (DeepSpeed's default): ZeRO-1/2 keeps the reduce bucket; false: none"),
+    _Z + "overlap_comm": (_M, "ZeRO-1/2 double-buffers the reduce bucket (DeepSpeed's default below stage 3: off)"),
+}
 #: At ZeRO stages 2 and 3 (they win over :data:`KEYS` there).
 _STAGE2_UP: dict[str, tuple[Effect, str]] = {
     "data_types.grad_accum_dtype": (_M, ("the gradients' dtype (--grad-dtype): DeepSpeed's gradient partitions "
@@ -272,7 +280,8 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
     known = known if known is not None else frozenset(deepspeed_key_list())
     if not _known(key, known):
         return _U, "not a DeepSpeed config key"
-    staged = (_STAGE3 if zero_stage == 3 else {}).get(key) or (_STAGE2_UP if zero_stage in (2, 3) else {}).get(key)
+    staged = ((_STAGE3 if zero_stage == 3 else _STAGE12 if zero_stage in (1, 2) else {}).get(key)
+              or (_STAGE2_UP if zero_stage in (2, 3) else {}).get(key))
     if staged is not None:
         effect, note = staged
         return effect, (f"\"auto\": {note}" if value == "auto" else note)

@@ -107,8 +107,6 @@ class FrameworkProfile:
     #: ``fully_shard(model.tok_embeddings)``, ``fully_shard([model.norm, model.output],
     #: reshard_after_forward=False)``; an untied head only).
     fsdp_outer_units: Literal["root", "embedding-and-head"] = "root"
-    #: DeepSpeed ZeRO-1/2 reduce bucket, elements (``reduce_bucket_size``, default 5e8).
-    reduce_bucket_elements: int = 0
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
     #: ``--zero 3`` is DeepSpeed's ZeRO-3, whose gathered parameters and reduce bucket are priced from the
@@ -342,7 +340,6 @@ DEEPSPEED = FrameworkProfile(
     default_optimizer_impl="fused",
     default_loss="fp32-logits",
     kernels="eager",
-    reduce_bucket_elements=DEEPSPEED_ZERO3.reduce_bucket_elements,
     zero3_buffers=DEEPSPEED_ZERO3,
     allgather_bucket_elements=500_000_000,
     activation_policies=("none", "full", "attention-core"),

@@ -1,0 +1,53 @@
+"""DeepSpeed ZeRO-1/2's reduce buckets (memplan.estimate.zero12_bucket): DeepSpeed's ``setup_buckets`` allocates
+``reduce_bucket_size`` elements whatever the model's size, twice with ``overlap_comm``, none without
+``contiguous_gradients``; ``"auto"`` is Hugging Face's hidden_size^2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memplan import estimate
+from memplan.inputs import JobRequest, load_job
+
+
+def _communication(tmp_path: Path, model: str, zero: int, **zero_keys: object) -> int:
+    config = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1,
+              "zero_optimization": {"stage": zero, **zero_keys}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    loaded = load_job(JobRequest(model=model, flags={"gpus": 8, "seq": 1024, "deepspeed_config": str(path)}))
+    stage = estimate(loaded.model, loaded.job).stages[0]
+    return stage.communication_bytes
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_a_small_model_gets_the_whole_bucket(zero: int, tmp_path: Path) -> None:
+    """gpt2 (124 M parameters) under DeepSpeed's default 5e8-element bucket: 5e8 bf16 elements, not its gradients'
+    size (the cap memplan had)."""
+    assert _communication(tmp_path, "gpt2", zero) == 500_000_000 * 2
+
+
+def test_the_config_s_size_overlap_and_contiguity(tmp_path: Path) -> None:
+    assert _communication(tmp_path, "gpt2", 2, reduce_bucket_size=50_000_000) == 50_000_000 * 2
+    assert _communication(tmp_path, "gpt2", 2, reduce_bucket_size=50_000_000, overlap_comm=True) == 2 * 50_000_000 * 2
+    assert _communication(tmp_path, "gpt2", 2, contiguous_gradients=False) == 0
+    assert _communication(tmp_path, "gpt2", 1, reduce_bucket_size="auto") == 768 * 768 * 2
+
+
+def test_overlap_comm_is_read_and_checked(tmp_path: Path) -> None:
+    from memplan.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="overlap_comm"):
+        _communication(tmp_path, "gpt2", 2, overlap_comm="yes")
+
+
+def test_the_bucket_is_one_sentence_of_the_ledger(tmp_path: Path) -> None:
+    config = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    loaded = load_job(JobRequest(model="gpt2", flags={"gpus": 8, "deepspeed_config": str(path)}))
+    result = estimate(loaded.model, loaded.job)
+    assert any("ZeRO-2 reduce buckets: 2 x reduce_bucket_size 500,000,000" in a for a in result.assumptions)
