@@ -345,7 +345,7 @@ def test_pasted_config_json(page: Any, server: str) -> None:
 
 
 def test_pasted_deepspeed_config_and_what_it_did_not_model(page: Any, server: str) -> None:
-    ds = {"zero_optimization": {"stage": 2, "overlap_comm": True}, "train_micro_batch_size_per_gpu": 2,
+    ds = {"zero_optimization": {"stage": 2, "allgather_bucket_size": 200_000_000}, "train_micro_batch_size_per_gpu": 2,
           "bf16": {"enabled": True}}
     open_page(page, server, "?model=llama-3.1-8b&gpu=h100-80gb&gpus=8")
     settled(page, gpus=8)
