@@ -56,7 +56,6 @@ from memplan.estimate.activations import (
     NORM_COMPUTE_BYTES,
     UNFUSED_ATTENTION,
     ActivationShape,
-    Term,
     divided,
     layer_terms,
 )

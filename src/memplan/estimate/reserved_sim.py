@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from memplan.estimate.context import RunContext, StageContext
+from memplan.estimate.context import StageContext
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.reserved_autocast import layer_cached_copies, layer_weight_copies
 from memplan.estimate.reserved_backward import eager_backward
