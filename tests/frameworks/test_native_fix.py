@@ -219,3 +219,22 @@ def test_a_quantized_base_reads_back_through_trl_s_flags(quantize: str, tmp_path
     assert native is not None and native.notes == ()
     back = _hf({**DIALECTS["hf"][1], **{s.key: s.value for s in native.settings}}, tmp_path)
     assert _figures(back) == _figures(qlora)
+
+
+def test_deepspeed_parameter_offload_reads_back(tmp_path: Path) -> None:
+    """ZeRO-3 with the parameters and optimizer states offloaded, in DeepSpeed's offload keys, read back as priced;
+    Megatron-LM, which has no parameter offload, says so."""
+    from dataclasses import replace
+
+    base = _deepspeed(DIALECTS["deepspeed"][1], tmp_path)
+    off = replace(base, sharding=replace(base.sharding, zero=3),
+                  offload=replace(base.offload, optimizer=True, params=True))
+    native = native_change(base, off)
+    assert native is not None and native.notes == ()
+    assert "zero_optimization.offload_param.device" in native.text()
+    back = _deepspeed({**DIALECTS["deepspeed"][1], **{s.key: s.value for s in native.settings}}, tmp_path)
+    assert _figures(back) == _figures(off)
+    mega = _megatron(DIALECTS["megatron"][1], tmp_path)
+    said = native_change(mega, replace(mega, sharding=replace(mega.sharding, zero=3),
+                                       offload=replace(mega.offload, params=True)))
+    assert said is not None and any("parameters in CPU memory" in n for n in said.notes)

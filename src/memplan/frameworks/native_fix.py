@@ -192,8 +192,10 @@ def _megatron(before: Job, after: Job, rank_layers: Sequence[int] | None = None)
                              "prices as ZeRO stage 3; PyTorch FSDP's own buffers were priced for this fix")
         if s1.distributed_optimizer and not s0.distributed_optimizer:
             out.append(NativeSetting("--use-distributed-optimizer", True))
-    if before.offload.optimizer != after.offload.optimizer:
+    if after.offload.optimizer and not before.offload.optimizer:
         out.append(NativeSetting("--optimizer-cpu-offload", True))
+    if after.offload.params and not before.offload.params:
+        notes.append("Megatron-LM has no setting that keeps the sharded parameters in CPU memory")
     notes += _finetune_notes(before, after, "Megatron-LM has no adapter setting (NeMo / Megatron-Bridge PEFT trains "
                                             "adapters on Megatron models)")
     notes += _loss_notes(before, after, "Megatron-LM")
@@ -216,7 +218,10 @@ def _deepspeed(before: Job, after: Job, rank_layers: Sequence[int] | None = None
     if before.sharding.zero != after.sharding.zero:
         out.append(NativeSetting("zero_optimization.stage", after.sharding.zero))
     if before.offload.optimizer != after.offload.optimizer:
-        out.append(NativeSetting("zero_optimization.offload_optimizer.device", "cpu"))
+        out.append(NativeSetting("zero_optimization.offload_optimizer.device", "cpu" if after.offload.optimizer
+                                 else "none"))
+    if before.offload.params != after.offload.params:
+        out.append(NativeSetting("zero_optimization.offload_param.device", "cpu" if after.offload.params else "none"))
     notes += _finetune_notes(before, after, "peft's LoraConfig in the training script (DeepSpeed's config has no "
                                             "adapter setting)")
     notes += _loss_notes(before, after, "DeepSpeed")
