@@ -172,3 +172,21 @@ def test_a_recomputed_pure_bf16_sink_layer(tmp_path: Path, flags: dict[str, obje
                      "optimizer": "adamw", "optimizer_impl": "foreach", "framework": "hf", **flags})
     stage = estimate(load_hf_config(path), job).stages[0]
     assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / traced - 1) <= 0.0025, before
+
+
+def test_a_flash_core_recomputes_no_sink_scores() -> None:
+    """HF selective on gpt-oss made again with a flash core: the checkpointed sink attention's moment prices no
+    eager sink locals (the s x s scores), so doubling the sequence does not quadruple the moment (review, session
+    14: the guard tested the layers' kernels, which are eager under flash too)."""
+    from memplan import estimate
+    from memplan.estimate.recomputed_backward import checkpointed_sink_forward
+
+    model = model_from_hf_config(SMALL, name="toy")
+    for attention, expected_zero in (("flash", True), ("eager", False)):
+        job = build_job({"seq": 1024, "mbs": 2, "precision": "bf16-mixed", "attention": attention,
+                         "framework": "hf", "recompute": "selective"})
+        assert estimate(model, job).peak_allocated_bytes > 0
+        from memplan.estimate.context import run_context
+
+        run = run_context(model, job, 0.1)
+        assert (checkpointed_sink_forward(run, 1, 0) == (0, 0)) is expected_zero, attention

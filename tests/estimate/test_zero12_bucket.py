@@ -10,17 +10,23 @@ from pathlib import Path
 import pytest
 
 from memplan import estimate
+from memplan.estimate.result import StageEstimate
 from memplan.inputs import JobRequest, load_job
 
 
-def _communication(tmp_path: Path, model: str, zero: int, **zero_keys: object) -> int:
-    config = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1,
-              "zero_optimization": {"stage": zero, **zero_keys}}
+def _stage(tmp_path: Path, model: str, zero: int, *, steps: int = 1, top: dict[str, object] | None = None,
+           **zero_keys: object) -> StageEstimate:
+    config = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": steps,
+              "zero_optimization": {"stage": zero, **zero_keys}, **(top or {})}
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(config))
     loaded = load_job(JobRequest(model=model, flags={"gpus": 8, "seq": 1024, "deepspeed_config": str(path)}))
-    stage = estimate(loaded.model, loaded.job).stages[0]
-    return stage.communication_bytes
+    return estimate(loaded.model, loaded.job).stages[0]
+
+
+def _communication(tmp_path: Path, model: str, zero: int, **zero_keys: object) -> int:
+    """The most the buckets hold at any moment of the step."""
+    return _stage(tmp_path, model, zero, **zero_keys).max_communication_bytes
 
 
 @pytest.mark.parametrize("zero", [1, 2])
@@ -51,3 +57,20 @@ def test_the_bucket_is_one_sentence_of_the_ledger(tmp_path: Path) -> None:
     loaded = load_job(JobRequest(model="gpt2", flags={"gpus": 8, "deepspeed_config": str(path)}))
     result = estimate(loaded.model, loaded.job)
     assert any("ZeRO-2 reduce buckets: 2 x reduce_bucket_size 500,000,000" in a for a in result.assumptions)
+
+
+def test_the_bucket_lives_in_the_backward_and_across_a_stage_1_accumulation(tmp_path: Path) -> None:
+    """Freed at the end of every backward at stage 2 (independent_gradient_partition_epilogue), at the accumulation
+    boundary at stage 1: the loss holds it only in a stage-1 step that accumulates."""
+    at2 = _stage(tmp_path, "gpt2", 2, reduce_bucket_size=50_000_000)
+    assert at2.peak_phase == "loss" and at2.communication_bytes == 0
+    at1 = _stage(tmp_path, "gpt2", 1, steps=4, reduce_bucket_size=50_000_000)
+    assert at1.peak_phase == "loss" and at1.communication_bytes == 50_000_000 * 2
+
+
+def test_the_bucket_s_dtype_and_bf16_optimizer(tmp_path: Path) -> None:
+    """With fp32 gradient accumulation the stage-2 bucket stays in the model's dtype; stage 1 with bf16 weights and
+    fp32 accumulation runs BF16_Optimizer, which has none (engine.py _do_optimizer_sanity_check)."""
+    fp32 = {"data_types": {"grad_accum_dtype": "fp32"}}
+    assert _stage(tmp_path, "gpt2", 2, top=fp32).max_communication_bytes == 500_000_000 * 2
+    assert _stage(tmp_path, "gpt2", 1, top=fp32).max_communication_bytes == 0

@@ -227,9 +227,11 @@ def checkpointed_sink_forward(run: RunContext, index: int, copies: int) -> tuple
     and, where the residual is wider than the compute dtype, the attention output's gradient cast by the residual
     add's backward. (0, 0) elsewhere."""
     layer, job = run.model.layers[index], run.job
-    if not (run.policy.kind.checkpoints_attention and layer.attention.sinks and run.shape.kernels == "eager"):
+    from memplan.estimate.activations import has_eager_core, output_gradient_bytes
+
+    # the sink forward's locals are an eager core's (a flash or SDPA core makes no score matrix)
+    if not (run.policy.kind.checkpoints_attention and layer.attention.sinks and has_eager_core(run.shape)):
         return 0, 0
-    from memplan.estimate.activations import output_gradient_bytes
     from memplan.estimate.gpt_oss_terms import sink_forward_extra
     from memplan.estimate.layer_costs import layer_blocks
     from memplan.estimate.reserved_mlp_backward import attention_split, layer_gradient_sizes, whole_weights

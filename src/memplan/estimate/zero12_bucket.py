@@ -2,12 +2,18 @@
 
 What ``--zero 1`` / ``--zero 2`` run where the profile's ZeRO is DeepSpeed's (``FrameworkProfile.zero3_buffers``:
 DeepSpeed, the Hugging Face Trainer through its integration). DeepSpeed 0.19.8, deepspeed/runtime/zero/
-stage_1_and_2.py ``setup_buckets``: with ``contiguous_gradients`` (DeepSpeed's default) each micro-step's backward
-allocates ``reduce_bucket_size`` elements (``torch.empty(int(self.reduce_bucket_size), ...)``, whatever the model's
-size) in ``_gradient_reduction_buffer_dtype()`` (the gradient accumulation dtype where gradients accumulate apart,
-else the model's), and a second one with ``overlap_comm`` (double buffering; DeepSpeed's default is off below stage 3,
-``DeepSpeedZeroConfig.overlap_comm_valid``). The buckets are cleared only when the next backward sets them up again,
-so they are alive for the whole step. ``"auto"``: Hugging Face's ``hidden_size^2`` (:mod:`memplan.profiles.zero3`).
+stage_1_and_2.py: with ``contiguous_gradients`` (DeepSpeed's default) the first gradient hook of a backward
+(``process_gradients`` -> ``setup_buckets``) allocates ``reduce_bucket_size`` elements (``torch.empty(int(
+self.reduce_bucket_size), ...)``, whatever the model's size), a second one with ``overlap_comm`` (double buffering;
+DeepSpeed's default is off below stage 3, ``DeepSpeedZeroConfig.overlap_comm_valid``), in
+``_gradient_reduction_buffer_dtype()``: the separate accumulation dtype where stage 1 keeps one
+(``use_grad_accum_attribute``), else the model's. ``_release_ipg_buffers`` frees them in
+``independent_gradient_partition_epilogue``: at the end of every backward at stage 2 (the engine's
+``allreduce_gradients``), at the accumulation boundary at stage 1 (``reduce_gradients``), so a stage-1 step with
+gradient accumulation keeps them through the next micro-batches' forwards; the optimizer step never holds them.
+Stage 1 with bf16 weights and fp32 accumulation runs DeepSpeed's ``BF16_Optimizer`` instead
+(engine.py ``_do_optimizer_sanity_check``), which allocates no reduce bucket. ``"auto"``: Hugging Face's
+``hidden_size^2`` (:mod:`memplan.profiles.zero3`).
 
 Before, memplan priced one bucket of ``min(reduce_bucket_size, every parameter)`` elements and read neither the
 config's size nor ``overlap_comm``: a model under 5e8 parameters got a bucket the size of its gradients.
@@ -44,9 +50,22 @@ def contributions(ctx: StageContext) -> list[Contribution]:
         elements, source = hf_auto_reduce_bucket(run.model.hidden_size), "Hugging Face's \"auto\""
     else:
         elements, source = int(sh.reduce_bucket_size), "the config"
+    prec, zero = run.prec, sh.zero
+    if zero == 1 and prec.grad != prec.param:
+        return [Contribution(COMMUNICATION, 0, note=(
+            f"DeepSpeed ZeRO-1 with {prec.param} weights and {prec.grad} gradient accumulation runs BF16_Optimizer "
+            "(DeepSpeed refuses the mix for other weights), which allocates no reduce bucket"))]
     buffers = 2 if sh.overlap_comm else 1
-    grad = run.prec.grad
-    return [Contribution(COMMUNICATION, buffers * elements * dtype_bytes(grad), note=(
-        f"DeepSpeed ZeRO-{sh.zero} reduce bucket{'s' if buffers > 1 else ''}: {buffers} x reduce_bucket_size "
-        f"{elements:,} elements ({source}) in {grad}, whatever the model's size, set up by each backward and kept "
-        f"until the next (contiguous_gradients; overlap_comm {'on: double buffered' if buffers > 1 else 'off'})"))]
+    accumulates = zero == 1 and _accumulation_steps(run.job) > 1
+    live = ("forward", "loss", "backward", "end of backward") if accumulates else ("backward", "end of backward")
+    return [Contribution(COMMUNICATION, buffers * elements * dtype_bytes(prec.param), live, note=(
+        f"DeepSpeed ZeRO-{zero} reduce bucket{'s' if buffers > 1 else ''}: {buffers} x reduce_bucket_size "
+        f"{elements:,} elements ({source}) in {prec.param}, whatever the model's size, from the backward's first "
+        "gradient to the end of "
+        + ("the last micro-batch's backward (kept across the accumulation)" if accumulates else "the backward")
+        + f" (contiguous_gradients; overlap_comm {'on: double buffered' if buffers > 1 else 'off'})"))]
+
+
+def _accumulation_steps(job: Job) -> int:
+    b, dp = job.batch, job.parallel.data_parallel
+    return (b.global_batch_size or b.micro_batch_size * dp) // (b.micro_batch_size * dp)
