@@ -253,6 +253,25 @@ class Sharding:
             _check_int("--fsdp-shard-size", self.fsdp_shard_size)
         if self.fsdp != "none" and self.zero not in (0, 3):
             raise JobConfigError("--fsdp", f"cannot be combined with --zero {self.zero}", self.fsdp)
+        self._check_deepspeed_keys()
+
+    def _check_deepspeed_keys(self) -> None:
+        """The DeepSpeed buffer settings as DeepSpeed's config takes them (the Python API reaches them without the
+        config reader): element counts whole and in range (``reduce_bucket_size`` above 0, ``"auto"`` where Hugging
+        Face fills it in), switches booleans, the communication dtype one DeepSpeed names."""
+        for name, least, auto in (("reduce_bucket_size", 1, True), ("prefetch_bucket_size", 0, True),
+                                  ("max_live_parameters", 0, False), ("max_reuse_distance", 0, False),
+                                  ("sub_group_size", 0, False), ("param_persistence_threshold", 0, True),
+                                  ("model_persistence_threshold", 0, False)):
+            value = getattr(self, name)
+            if value is not None and not (auto and value == "auto"):
+                _check_int(f"zero_optimization.{name}", value, minimum=least, maximum=10**15)
+        for name in ("contiguous_gradients", "overlap_comm"):
+            if getattr(self, name) not in (None, True, False):
+                raise JobConfigError(f"zero_optimization.{name}", "must be true or false", getattr(self, name))
+        if self.communication_data_type not in (None, "fp32", "fp16", "bf16"):
+            raise JobConfigError("communication_data_type", "must be fp32, fp16 or bf16",
+                                 self.communication_data_type)
 
 
 @frozen_dataclass(kw_only=True)

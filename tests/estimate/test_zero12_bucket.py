@@ -74,3 +74,15 @@ def test_the_bucket_s_dtype_and_bf16_optimizer(tmp_path: Path) -> None:
     fp32 = {"data_types": {"grad_accum_dtype": "fp32"}}
     assert _stage(tmp_path, "gpt2", 2, top=fp32).max_communication_bytes == 500_000_000 * 2
     assert _stage(tmp_path, "gpt2", 1, top=fp32).max_communication_bytes == 0
+
+
+def test_the_python_api_checks_the_deepspeed_settings() -> None:
+    """Sharding reached without the config reader refuses what DeepSpeed's config refuses (review, session 14)."""
+    from memplan.errors import JobConfigError
+    from memplan.job import Sharding
+
+    for fields in ({"reduce_bucket_size": -5}, {"reduce_bucket_size": 0}, {"sub_group_size": 1.5},
+                   {"max_live_parameters": "auto"}, {"overlap_comm": "yes"}, {"communication_data_type": "int8"}):
+        with pytest.raises(JobConfigError):
+            Sharding(zero=2, **fields)  # type: ignore[arg-type]
+    assert Sharding(zero=3, reduce_bucket_size="auto", prefetch_bucket_size=0).reduce_bucket_size == "auto"

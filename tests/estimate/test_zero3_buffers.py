@@ -45,7 +45,11 @@ def test_keys_are_read_with_deepspeed_names_auto_and_floats(tmp_path: Path) -> N
     assert job.sharding == Sharding(zero=3, reduce_bucket_size=50_000_000, prefetch_bucket_size="auto",
                                     max_live_parameters=100_000_000, max_reuse_distance=0, sub_group_size=100_000_000,
                                     contiguous_gradients=False, overlap_comm=True)
-    assert _job(tmp_path, {"stage3_max_live_parameters": "auto"}).sharding.max_live_parameters is None
+    # "auto" only where Hugging Face's integration fills it in (transformers/integrations/deepspeed.py); DeepSpeed
+    # refuses the string elsewhere, so memplan names the key instead of taking DeepSpeed's default silently
+    for key in ("stage3_max_live_parameters", "sub_group_size", "overlap_comm", "contiguous_gradients"):
+        with pytest.raises(ConfigError, match=f"zero_optimization.{key}"):
+            _job(tmp_path, {key: "auto"})
 
 
 @pytest.mark.parametrize("key, value", [("reduce_bucket_size", -1), ("reduce_bucket_size", 0),

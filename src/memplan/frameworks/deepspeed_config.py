@@ -185,7 +185,11 @@ def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], le
         return None
     value = section[name]
     if value == "auto":
-        return "auto" if field in _HF_AUTO else None
+        if field in _HF_AUTO:
+            return "auto"
+        raise ConfigError(f"zero_optimization.{name}", "\"auto\" is filled in by Hugging Face only for "
+                          "reduce_bucket_size, stage3_prefetch_bucket_size and stage3_param_persistence_threshold; "
+                          "DeepSpeed refuses it here", value)
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if field == "model_persistence_threshold" and number is not None and number == _NO_CAP:
         return None
@@ -199,16 +203,12 @@ def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], le
 def _zero3_buffers(section: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~memplan.job.Sharding` fields of the ZeRO-3 buffer keys in ``zero_optimization``."""
     out: dict[str, Any] = {field: _elements(section, field, names, least) for field, names, least in _ZERO3_KEYS}
-    contiguous = section.get("contiguous_gradients")
-    if contiguous is not None and contiguous != "auto":
-        if not isinstance(contiguous, bool):
-            raise ConfigError("zero_optimization.contiguous_gradients", "must be true or false", contiguous)
-        out["contiguous_gradients"] = contiguous
-    overlap = section.get("overlap_comm")
-    if overlap is not None and overlap != "auto":
-        if not isinstance(overlap, bool):
-            raise ConfigError("zero_optimization.overlap_comm", "must be true or false", overlap)
-        out["overlap_comm"] = overlap
+    for key in ("contiguous_gradients", "overlap_comm"):
+        value = section.get(key)
+        if value is not None:
+            if not isinstance(value, bool):  # "auto" too: Hugging Face fills in neither
+                raise ConfigError(f"zero_optimization.{key}", "must be true or false", value)
+            out[key] = value
     return out
 
 

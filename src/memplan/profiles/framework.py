@@ -109,9 +109,10 @@ class FrameworkProfile:
     fsdp_outer_units: Literal["root", "embedding-and-head"] = "root"
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
-    #: ``--zero 3`` is DeepSpeed's ZeRO-3, whose gathered parameters and reduce bucket are priced from the
-    #: job's DeepSpeed config keys or these defaults (:mod:`memplan.estimate.zero3_buffers`); None: another
-    #: ZeRO-3 (Megatron-FSDP's ``optim_grads_params``), priced by DeepSpeed's own estimator's largest-layer rule.
+    #: ``--zero N`` is DeepSpeed's ZeRO, whose buffers are priced from the job's DeepSpeed config keys or these
+    #: defaults (ZeRO-3's gathered parameters and bucket: :mod:`memplan.estimate.zero3_buffers`; ZeRO-1/2's reduce
+    #: buckets: :mod:`memplan.estimate.zero12_bucket`); None: another ZeRO (Megatron-FSDP's sharding strategies),
+    #: ZeRO-3 priced by DeepSpeed's own estimator's largest-layer rule.
     zero3_buffers: Zero3Defaults | None = None
     #: Optimizer offload also moves the gradient partition to CPU memory (DeepSpeed
     #: ZeRO-Offload, FSDP ``CPUOffloadPolicy``); Megatron's ``--optimizer-cpu-offload`` keeps its

@@ -21,7 +21,8 @@ from memplan.frozen import frozen_dataclass
 class Zero3Defaults:
     """DeepSpeed's values of the ZeRO-3 keys memplan prices (elements, not bytes)."""
 
-    #: ``reduce_bucket_size``: the gradient (IPG) bucket ZeRO-3 allocates once when the optimizer is built.
+    #: ``reduce_bucket_size``: the gradient (IPG) bucket ZeRO-3 allocates once when the optimizer is built, and
+    #: ZeRO-1/2 in each backward (:mod:`memplan.estimate.zero12_bucket`).
     reduce_bucket_elements: int = 500_000_000
     #: ``contiguous_gradients``: without it no bucket buffer is allocated (gradients are reduced in place).
     contiguous_gradients: bool = True
