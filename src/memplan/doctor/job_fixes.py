@@ -28,7 +28,7 @@ from memplan.doctor.message import OOMMessage
 from memplan.doctor.report import Fix
 from memplan.doctor.words import format_bytes
 from memplan.errors import ConfigError, UnsupportedError
-from memplan.frameworks.native_fix import native_change
+from memplan.frameworks.native_fix import NativeChange, native_change
 from memplan.job import FineTuning, Job, Recompute
 from memplan.profiles.framework import get_profile
 from memplan.tuning.peft_methods import LORA
@@ -206,19 +206,14 @@ def _combined(job: Job, singles: list[_Change], limit: int, peak_and_time: Calla
 
 
 def _same_run_once(job: Job, tried: list[tuple[_Change, int, float | None]]) -> list[
-        tuple[_Change, int, float | None]]:
-    """Drop a change whose settings in the framework's own terms are another's and that was priced otherwise (its
-    rendering says so in a note): Megatron-LM runs FSDP as Megatron-FSDP's sharding strategy, so ``--fsdp full``
-    and ``--zero 3`` are one Megatron run, priced as its arguments read back."""
+        tuple[_Change, int, float | None, NativeChange | None]]:
+    """Each tried change with its settings in the framework's own terms (:mod:`memplan.frameworks.native_fix`),
+    dropping a change whose settings are another's and that was priced otherwise (its rendering says so in a note):
+    Megatron-LM runs FSDP as Megatron-FSDP's sharding strategy, so ``--fsdp full`` and ``--zero 3`` are one Megatron
+    run, priced as its arguments read back."""
     natives = [native_change(job, change.apply(job)) for change, _, _ in tried]
     exact = {n.text() for n in natives if n is not None and not n.notes and n.settings}
-    return [t for t, n in zip(tried, natives, strict=True) if n is None or not n.notes or n.text() not in exact]
-
-
-def _native(job: Job, change: _Change) -> dict[str, Any] | None:
-    """The change in the job's framework's own settings (:mod:`memplan.frameworks.native_fix`)."""
-    native = native_change(job, change.apply(job))
-    return None if native is None else native.to_dict()
+    return [(*t, n) for t, n in zip(tried, natives, strict=True) if n is None or not n.notes or n.text() not in exact]
 
 
 def _hardware(gpu: str | None, msg: OOMMessage | None, notes: list[str]) -> Any:
@@ -289,7 +284,7 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
         single_fits = any(peak <= limit for _, peak, _ in tried)
         tried += _combined(job, [t[0] for t in tried], limit, peak_and_time, single_fits)
     fixes = []
-    for change, peak, seconds in _same_run_once(job, _one_micro_batch(tried, limit)):
+    for change, peak, seconds, native in _same_run_once(job, _one_micro_batch(tried, limit)):
         fits = peak <= limit
         if not change.priced:
             seconds = None
@@ -305,5 +300,5 @@ def job_fixes(loaded: Any, msg: OOMMessage | None, capacity: int | None, gpu: st
                          verified=fits, verified_by="estimate", verification=text, peak_bytes=peak,
                          limit_bytes=limit, step_time_s=seconds, base_step_time_s=base_time,
                          config_key=change.key, changes_training=change.changes_training,
-                         native=_native(job, change)))
+                         native=None if native is None else native.to_dict()))
     return fixes

@@ -25,7 +25,7 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.ledger import COMMUNICATION, Contribution
 from memplan.job import Job
 from memplan.profiles.framework import FrameworkProfile
-from memplan.profiles.zero3 import hf_auto_reduce_bucket
+from memplan.profiles.zero3 import keeps_bucket, reduce_bucket
 from memplan.units import dtype_bytes
 
 __all__ = ["applies", "contributions"]
@@ -41,22 +41,17 @@ def contributions(ctx: StageContext) -> list[Contribution]:
     run = ctx.run
     sh, d = run.job.sharding, run.profile.zero3_buffers
     assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO"
-    if not (d.contiguous_gradients if sh.contiguous_gradients is None else sh.contiguous_gradients):
+    if not keeps_bucket(sh, d):
         return [Contribution(COMMUNICATION, 0, note="DeepSpeed ZeRO-1/2 without contiguous_gradients: no reduce "
                                                     "bucket (gradients are reduced in place)")]
-    if sh.reduce_bucket_size is None:
-        elements, source = d.reduce_bucket_elements, "DeepSpeed's default"
-    elif sh.reduce_bucket_size == "auto":
-        elements, source = hf_auto_reduce_bucket(run.model.hidden_size), "Hugging Face's \"auto\""
-    else:
-        elements, source = int(sh.reduce_bucket_size), "the config"
+    elements, source = reduce_bucket(sh, d, run.model.hidden_size)
     prec, zero = run.prec, sh.zero
     if zero == 1 and prec.grad != prec.param:
         return [Contribution(COMMUNICATION, 0, note=(
             f"DeepSpeed ZeRO-1 with {prec.param} weights and {prec.grad} gradient accumulation runs BF16_Optimizer "
             "(DeepSpeed refuses the mix for other weights), which allocates no reduce bucket"))]
     buffers = 2 if sh.overlap_comm else 1
-    accumulates = zero == 1 and _accumulation_steps(run.job) > 1
+    accumulates = zero == 1 and run.job.num_microbatches > 1
     live = ("forward", "loss", "backward", "end of backward") if accumulates else ("backward", "end of backward")
     return [Contribution(COMMUNICATION, buffers * elements * dtype_bytes(prec.param), live, note=(
         f"DeepSpeed ZeRO-{zero} reduce bucket{'s' if buffers > 1 else ''}: {buffers} x reduce_bucket_size "
@@ -65,7 +60,3 @@ def contributions(ctx: StageContext) -> list[Contribution]:
         + ("the last micro-batch's backward (kept across the accumulation)" if accumulates else "the backward")
         + f" (contiguous_gradients; overlap_comm {'on: double buffered' if buffers > 1 else 'off'})"))]
 
-
-def _accumulation_steps(job: Job) -> int:
-    b, dp = job.batch, job.parallel.data_parallel
-    return (b.global_batch_size or b.micro_batch_size * dp) // (b.micro_batch_size * dp)

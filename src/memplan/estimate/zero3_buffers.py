@@ -62,7 +62,9 @@ from memplan.profiles.framework import FrameworkProfile, vocab_split
 from memplan.profiles.zero3 import (
     hf_auto_persistence_threshold,
     hf_auto_prefetch_bucket,
-    hf_auto_reduce_bucket,
+    keeps_bucket,
+    reduce_bucket,
+    setting,
 )
 from memplan.units import dtype_bytes
 
@@ -76,15 +78,6 @@ def applies(job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> boo
     """``--zero 3`` run by DeepSpeed (the profile's ZeRO is DeepSpeed's; not PyTorch FSDP, nor FSDP's cast copies)."""
     return (profile.zero3_buffers is not None and job.sharding.zero == 3 and job.sharding.fsdp == "none"
             and prec.weight_copies != "fsdp")
-
-
-def _setting(value: int | str | None, default: int, auto: int) -> tuple[int, str]:
-    """(elements, where they come from) of one key."""
-    if value is None:
-        return default, "DeepSpeed's default"
-    if value == "auto":
-        return auto, "Hugging Face's \"auto\""
-    return int(value), "the config"
 
 
 def module_unit(ctx: StageContext, params: StageParams) -> int:
@@ -141,7 +134,7 @@ def _persistent(ctx: StageContext) -> tuple[int, Contribution | None]:
     run = ctx.run
     sh, d = run.job.sharding, run.profile.zero3_buffers
     assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
-    threshold, where = _setting(sh.param_persistence_threshold, d.param_persistence_threshold,
+    threshold, where = setting(sh.param_persistence_threshold, d.param_persistence_threshold,
                                 hf_auto_persistence_threshold(run.model.hidden_size))
     elements = persistent_elements(model_numels(run.model), threshold, sh.model_persistence_threshold)
     if not elements:
@@ -209,10 +202,10 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     sh, d, hidden, prec = run.job.sharding, run.profile.zero3_buffers, run.model.hidden_size, run.prec
     assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
     c = dtype_bytes(prec.param)
-    prefetch, pf_from = _setting(sh.prefetch_bucket_size, d.prefetch_bucket_elements, hf_auto_prefetch_bucket(hidden))
-    live, live_from = _setting(sh.max_live_parameters, d.max_live_parameters, 0)
-    reuse, reuse_from = _setting(sh.max_reuse_distance, d.max_reuse_distance, 0)
-    bucket, bucket_from = _setting(sh.reduce_bucket_size, d.reduce_bucket_elements, hf_auto_reduce_bucket(hidden))
+    prefetch, pf_from = setting(sh.prefetch_bucket_size, d.prefetch_bucket_elements, hf_auto_prefetch_bucket(hidden))
+    live, live_from = setting(sh.max_live_parameters, d.max_live_parameters, 0)
+    reuse, reuse_from = setting(sh.max_reuse_distance, d.max_reuse_distance, 0)
+    bucket, bucket_from = reduce_bucket(sh, d, hidden)
     unit = module_unit(ctx, params)
     persistent, kept = _persistent(ctx)
     gathered = gathered_elements(max(0, params.total - persistent), unit, prefetch, live, reuse)
@@ -230,8 +223,8 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
             "before they are copied into the reduce bucket")),
     ]
     if not run.job.offload.optimizer:
-        out.append(_sub_group_gradient(ctx, partition, unit, _setting(sh.sub_group_size, d.sub_group_size, 0)))
+        out.append(_sub_group_gradient(ctx, partition, unit, setting(sh.sub_group_size, d.sub_group_size, 0)))
     out += [c for c in (kept, _conversions(ctx, params, bucket, unit)) if c is not None]
-    if not (d.contiguous_gradients if sh.contiguous_gradients is None else sh.contiguous_gradients):
+    if not keeps_bucket(sh, d):
         return out
     return out + [_bucket(ctx, bucket, bucket_from)]

@@ -84,12 +84,6 @@ def native_lines(native: dict[str, Any] | None) -> list[str]:
 
 # --- what changed, in the terms every dialect shares ---
 
-def _accumulation(job: Job) -> int:
-    b = job.batch
-    gbs = b.global_batch_size or b.micro_batch_size * job.parallel.data_parallel
-    return gbs // (b.micro_batch_size * job.parallel.data_parallel)
-
-
 def _batch(before: Job, after: Job, micro: str, total: str = "", steps: str = "") -> list[NativeSetting]:
     """The micro-batch under the dialect's key, and the global batch (``total``) or the accumulation steps."""
     if before.batch == after.batch:
@@ -98,7 +92,7 @@ def _batch(before: Job, after: Job, micro: str, total: str = "", steps: str = ""
     if total and after.batch.global_batch_size is not None:
         out.append(NativeSetting(total, after.batch.global_batch_size))
     if steps:
-        out.append(NativeSetting(steps, _accumulation(after)))
+        out.append(NativeSetting(steps, after.num_microbatches))
     return out
 
 

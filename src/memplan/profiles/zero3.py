@@ -14,6 +14,8 @@ true, ``stage3_prefetch_bucket_size`` 5e7, ``stage3_max_live_parameters`` 1e9, `
 
 from __future__ import annotations
 
+from typing import Any
+
 from memplan.frozen import frozen_dataclass
 
 
@@ -58,3 +60,23 @@ def hf_auto_prefetch_bucket(hidden: int) -> int:
 def hf_auto_persistence_threshold(hidden: int) -> int:
     """Hugging Face's ``"auto"`` ``stage3_param_persistence_threshold``: ``10 * hidden_size``."""
     return 10 * hidden
+
+
+def setting(value: int | str | None, default: int, auto: int) -> tuple[int, str]:
+    """(elements, where they come from) of one key: the config's value, Hugging Face's ``"auto"``, or DeepSpeed's
+    default."""
+    if value is None:
+        return default, "DeepSpeed's default"
+    if value == "auto":
+        return auto, "Hugging Face's \"auto\""
+    return int(value), "the config"
+
+
+def reduce_bucket(sharding: Any, defaults: Zero3Defaults, hidden: int) -> tuple[int, str]:
+    """``reduce_bucket_size`` of a job's sharding (a :class:`memplan.job.Sharding`) in elements, and its source."""
+    return setting(sharding.reduce_bucket_size, defaults.reduce_bucket_elements, hf_auto_reduce_bucket(hidden))
+
+
+def keeps_bucket(sharding: Any, defaults: Zero3Defaults) -> bool:
+    """``contiguous_gradients`` (the config's, else DeepSpeed's default): without it ZeRO keeps no reduce bucket."""
+    return defaults.contiguous_gradients if sharding.contiguous_gradients is None else sharding.contiguous_gradients
