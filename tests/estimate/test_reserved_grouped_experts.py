@@ -7,6 +7,8 @@ without offload (SDPA): +13.98% before, +7.44% after."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from tests.estimate.test_reserved_mechanics import _schedule, replayed_estimate
@@ -62,6 +64,11 @@ def test_a_checkpointed_group_keeps_its_block() -> None:
     events = _stretch({**FLAGS, "recompute_layers": 2}, "loss", "end of backward")
     big = [(kind, int(size)) for kind, size in events if int(size) >= ACT]  # type: ignore[call-overload]
     assert [("take", ROWS), ("take", ROWS), ("give", ROWS)] not in [big[i:i + 3] for i in range(len(big))]
+    # the one-block path instead: per MoE layer one block, larger than any tensor the walk lays out, taken and freed
+    walked = {ROWS, FC1, ACT, DOWN, GATE_UP}
+    block, count = Counter(size for kind, size in big if kind == "take" and size > FC1 and size not in walked
+                           ).most_common(1)[0]
+    assert count == MOE_LAYERS and big.count(("give", block)) == MOE_LAYERS
 
 
 def test_an_eager_core_keeps_the_general_path() -> None:

@@ -37,4 +37,7 @@ def test_a_recomputed_lora_layers_softmax_backward_is_laid_out_tensor_by_tensor(
 def test_a_checkpointed_group_keeps_its_block() -> None:
     # two layers in one checkpoint run their backward one after the other: not laid out (one block, as before)
     events = _backward({**QWEN3, "recompute_layers": 2})
-    assert max(int(size) for kind, size in events if kind == "take") > FP32  # type: ignore[call-overload]
+    blocks = [int(size) for kind, size in events if kind == "take" and int(size) > FP32]  # type: ignore[call-overload]
+    # one block per layer (36), all of one size, each freed: the ledger's transient, not the softmax's tensors
+    assert len(blocks) == 36 and len(set(blocks)) == 1
+    assert events.count(("give", blocks[0])) == 36

@@ -180,9 +180,21 @@ def test_save_job_round_trips_a_deepspeed_config(tmp_path: Path, cell: str) -> N
 
 
 def test_save_job_still_names_what_no_file_restores(tmp_path: Path) -> None:
+    # without a DeepSpeed config: no file is kept, so the setting is named without reloading
     loaded = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "zero": 3, "framework": "deepspeed"}))
     job = dataclasses.replace(loaded.job, sharding=dataclasses.replace(loaded.job.sharding, reduce_bucket_size=5))
     assert dump_job_file(loaded.model_ref, job, tmp_path / "job.yaml", reload=_reloaded) == ("sharding.reduce_bucket_size",)
+    # with one that sets a different bucket: the written file is loaded again, gives back the config's 5e7, not the
+    # job's 5, and the setting is still named (the reload's comparison, not the no-file shortcut)
+    path = _config(tmp_path, {"zero_optimization": CELLS["c"]})
+    loaded = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8}, deepspeed_config=str(path)))
+    job = dataclasses.replace(loaded.job, sharding=dataclasses.replace(loaded.job.sharding, reduce_bucket_size=5))
+    reloads: list[Path] = []
+    named = dump_job_file(loaded.model_ref, job, tmp_path / "job2.yaml", deepspeed_config=str(path),
+                          reload=lambda file: reloads.append(file) or _reloaded(file))
+    assert reloads == [tmp_path / "job2.yaml"]
+    assert named == ("sharding.reduce_bucket_size",)
+    assert _reloaded(tmp_path / "job2.yaml").sharding.reduce_bucket_size == 5e7
 
 
 def test_the_cli_saves_a_deepspeed_job_without_warning(tmp_path: Path) -> None:

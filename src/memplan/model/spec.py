@@ -199,8 +199,10 @@ class LayerSpec:
     #: Attention and MLP read the same input (GPT-J / GPT-NeoX parallel residual).
     parallel_residual: bool = False
     #: The layer's forward holds the attention's output in a local through the MLP block (transformers'
-    #: ``GPT2Block``: ``attn_output`` beside ``hidden_states = attn_output + residual``; most families rebind
-    #: ``hidden_states`` and free it).
+    #: ``GPT2Block``: ``attn_output`` beside ``hidden_states = attn_output + residual``). Read in transformers 5.24
+    #: for every family memplan builds: the others rebind the name to the sum and free it (Llama, Mistral, Qwen2/3,
+    #: Gemma 1-3, Phi-3, OLMo 2/3, Granite, SmolLM3, Mixtral, Qwen-MoE, DeepSeek-V2/V3, gpt-oss; GPT-NeoX's sequential
+    #: path rebinds ``attn_output`` to the sum and keeps the layer input, which the layer's checkpoint holds anyway).
     attention_output_local: bool = False
 
     def __post_init__(self) -> None:
