@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from memplan.errors import ConfigError
+from memplan.estimate import estimate
 from memplan.job import Batch, Job, Parallelism, Precision, Recompute, Sharding
 from memplan.inputs import JobRequest, load_job
 from memplan.jobfile import dump_job_file, load_job_file
@@ -102,6 +103,28 @@ def test_megatron_args_round_trip(tmp_path: Path) -> None:
     reloaded = load_job(JobRequest(job_file=str(out)))
     spec2, job2 = reloaded.model, reloaded.job
     assert job2 == job and spec2.hidden_size == spec.hidden_size
+
+
+def test_megatron_microbatch_group_size_round_trips(tmp_path: Path) -> None:
+    """``--microbatch-group-size-per-virtual-pipeline-stage`` has no memplan flag: the saved job keeps the launch
+    file, loading it again gives the setting back, so --save-job names nothing; without the file it is named."""
+    from memplan.commands.estimate import _reloaded
+
+    args = tmp_path / "args.yaml"
+    args.write_text("MODEL_ARGS:\n  --num-layers: 8\n  --hidden-size: 256\n  --num-attention-heads: 8\n"
+                    "  --seq-length: 512\n  --max-position-embeddings: 512\n  --micro-batch-size: 1\n"
+                    "  --global-batch-size: 64\n  --bf16: true\n  --pipeline-model-parallel-size: 2\n"
+                    "  --num-layers-per-virtual-pipeline-stage: 2\n"
+                    "  --microbatch-group-size-per-virtual-pipeline-stage: 4\n  --vocab-size: 1024\n")
+    loaded = load_job(JobRequest(flags={"gpus": 8}, megatron_args=str(args)))
+    assert loaded.job.parallel.microbatch_group_size == 4
+    out = tmp_path / "saved.yaml"
+    assert dump_job_file(None, loaded.job, out, megatron_args=str(args), reload=_reloaded) == ()
+    again = load_job(JobRequest(job_file=str(out)))
+    assert again.job == loaded.job
+    assert (estimate(again.model, again.job).peak_allocated_bytes
+            == estimate(loaded.model, loaded.job).peak_allocated_bytes)
+    assert dump_job_file("llama-3.1-8b", loaded.job, tmp_path / "bare.yaml") == ("parallel.microbatch_group_size",)
 
 
 def test_overrides_are_validated_with_the_file(tmp_path: Path) -> None:
