@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from memplan.alloc.schedule import STREAM_BITS
 from memplan.estimate.activations import UNFUSED_ATTENTION
 from memplan.estimate.context import RunContext
-from memplan.estimate.reserved_mlp_backward import MlpPlan, layer_gradient_sizes, mlp_plan
+from memplan.estimate.reserved_mlp_backward import MlpPlan, gated_walk, layer_gradient_sizes, mlp_plan
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_sinks import applies
 
@@ -66,13 +66,12 @@ def _weight_copies(run: RunContext, index: int, plan: MlpPlan) -> list[int]:
 def _mlp_backward(replay: Replay, walk: tuple[MlpPlan, list[Block | None]], slots: Sequence[Block | None],
                   made: Callable[[Sequence[int]], None]) -> None:
     """The gated MLP's backward as the trace runs it (see the module): ``walk`` the plan and the weight copies (down,
-    up, gate), ``slots`` the recomputed gate, up, ``act(gate)`` and product."""
-    plan, (down_copy, up_copy, gate_copy) = walk
-    gate, up, act, product = slots[:4]
-    down_grad, up_grad, gate_grad = plan.grads
-    size, hidden = plan.intermediate, plan.hidden
+    up, gate), ``slots`` the recomputed gate, up, ``act(gate)`` and product. Each projection: its weight's 16-bit
+    gradient, the input's gradient, the saved tensors and the copy freed, the fp32 gradient made, the 16-bit freed."""
+    plan, copies = walk
 
-    def projection(copy: Block | None, width: int, freed: Sequence[Block | None], position: int) -> Block | None:
+    def step(index: int, width: int, freed: Sequence[Block | None], position: int) -> Block | None:
+        copy = copies[index]
         half = replay.take(replay.ops[copy] >> STREAM_BITS if copy is not None else 0)
         grad_input = replay.take(width)
         replay.give(*freed, copy)
@@ -80,12 +79,4 @@ def _mlp_backward(replay: Replay, walk: tuple[MlpPlan, list[Block | None]], slot
         replay.give(half)
         return grad_input
 
-    grad_product = projection(down_copy, size, (product,), down_grad)
-    grad_act, grad_up = replay.take(size), replay.take(size)
-    replay.give(grad_product, up, act)
-    up_input = projection(up_copy, hidden, (grad_up,), up_grad)
-    grad_gate = replay.take(size)
-    replay.give(grad_act, gate)
-    gate_input = projection(gate_copy, hidden, (grad_gate,), gate_grad)
-    summed = replay.take(hidden)
-    replay.give(up_input, gate_input, summed)
+    gated_walk(replay, plan, slots, step)

@@ -199,29 +199,42 @@ def mlp_plan(run: RunContext, index: int, slots: Sequence[Block | None], count: 
     return MlpPlan(intermediate=sizes(slots[3]), hidden=hidden, grads=(down, up, gate))  # type: ignore[arg-type]
 
 
+#: One projection's step of the walk: ``(index, width, freed, position)``: the projection (0 down, 1 up, 2 gate),
+#: the bytes of its input's gradient, the saved tensors its backward frees and its weight gradient's position in
+#: the layer's list; returns the input's gradient (freed by the walk).
+Step = Callable[[int, int, Sequence[Block | None], int], Block | None]
+
+
 def mlp_backward(replay: Replay, plan: MlpPlan, slots: Sequence[Block | None],
                  made: Callable[[Sequence[int]], None]) -> None:
     """The MLP's backward op by op (see the module), its saved ``slots`` freed; ``made(positions)`` makes
     the weight gradients at those positions of the layer's gradient list (each projection's dequantized
     weight, :attr:`MlpPlan.dequantized`, taken before its input gradient and freed after it)."""
+
+    def step(_: int, width: int, freed: Sequence[Block | None], position: int) -> Block | None:
+        made((position,))
+        weight = replay.take(plan.dequantized)
+        grad_input = replay.take(width)
+        replay.give(weight, *freed)
+        return grad_input
+
+    gated_walk(replay, plan, slots, step)
+
+
+def gated_walk(replay: Replay, plan: MlpPlan, slots: Sequence[Block | None], step: Step) -> None:
+    """The gated MLP's backward op by op around its projections (see the module): ``slots`` the saved gate, up,
+    ``act(gate)`` and product; ``step`` lays out each projection's backward (weight gradient, input gradient,
+    its saved tensors freed), which differs between a kept layer (:func:`mlp_backward`) and a fused-core layer
+    recomputed whole (:mod:`~memplan.estimate.reserved_fused_recompute`: autocast's weight copies)."""
     gate, up, act, product = slots[:4]
     down_grad, up_grad, gate_grad = plan.grads
     size, hidden = plan.intermediate, plan.hidden
-    made((down_grad,))
-    weight = replay.take(plan.dequantized)
-    grad_product = replay.take(size)
-    replay.give(weight, product)
+    grad_product = step(0, size, (product,), down_grad)
     grad_act, grad_up = replay.take(size), replay.take(size)
     replay.give(grad_product, up, act)
-    made((up_grad,))
-    weight = replay.take(plan.dequantized)
-    up_input = replay.take(hidden)
-    replay.give(weight, grad_up)
+    up_input = step(1, hidden, (grad_up,), up_grad)
     grad_gate = replay.take(size)
     replay.give(grad_act, gate)
-    made((gate_grad,))
-    weight = replay.take(plan.dequantized)
-    gate_input = replay.take(hidden)
-    replay.give(weight, grad_gate)
+    gate_input = step(2, hidden, (grad_gate,), gate_grad)
     summed = replay.take(hidden)
     replay.give(up_input, gate_input, summed)
