@@ -174,6 +174,20 @@ def test_a_recomputed_pure_bf16_sink_layer(tmp_path: Path, flags: dict[str, obje
     assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / traced - 1) <= 0.0025, before
 
 
+def test_a_recomputed_fp32_lora_sink_layer_holds_its_module_input_once(tmp_path: Path) -> None:
+    """The grid's gpt_oss s1024 fp32 full cell with LoRA on every linear against its traced peak (layer 1's recomputed
+    sink forward): peft hands the fp32 pre-norm output to the q/k/v adapters' lora_A uncast, so the tensor they save
+    is the attention module's input the decoder layer binds (not one apart), and the pre-norm reads the checkpoint's
+    input, counted with what the layer keeps (helper gptoss15; +1.651% at 36c517b: both counted twice)."""
+    path = tmp_path / "gpt_oss.json"
+    path.write_text(json.dumps(GRID), encoding="utf-8")
+    job = build_job({"seq": 1024, "mbs": 2, "precision": "fp32", "attention": "eager", "recompute": "full",
+                     "optimizer": "adamw", "optimizer_impl": "foreach", "framework": "hf", "peft": "lora",
+                     "lora_targets": "all-linear"})
+    stage = estimate(load_hf_config(path), job).stages[0]
+    assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / 257_220_608 - 1) <= 0.001
+
+
 def test_a_flash_core_recomputes_no_sink_scores() -> None:
     """HF selective on gpt-oss made again with a flash core: the checkpointed sink attention's moment prices no
     eager sink locals (the s x s scores), so doubling the sequence does not quadruple the moment (review, session

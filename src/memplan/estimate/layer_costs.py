@@ -412,7 +412,7 @@ def sink_forward_transient(ctx: StageContext) -> int:
     if role is None:
         return 0
     shape, blocks = layer_blocks(run, layer, index) or (role_shape(run, role), ([], []))  # the role's terms
-    extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role), blocks[0], first_forward=True)
+    extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role), blocks[0])
     if not extra:
         return 0
     unsaved = 0 if any(t.keep == "input" for t in blocks[0]) else output_gradient_bytes(shape, run.model.hidden_size)

@@ -263,7 +263,8 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     backward (the layer's output gradient summed with the MLP block's input gradient, waiting for the attention
     block's: one hidden state in the residual dtype, :mod:`~memplan.estimate.made_gradients`), net of the
     checkpointed input where the recomputed forward reads it (``reread``: its saved tensors for the layer's role
-    count it again); the recomputed forward's own moment (gpt-oss's sink attention) is left whole, with the output
+    count it again); the recomputed forward's own moment (gpt-oss's sink attention) net of that input too (its
+    pre-norm reads the checkpoint's input, counted with what the layer keeps), with the output
     gradient beside it (the recompute starts once that gradient has arrived) and what the backward made before it
     first unpacked a saved tensor (:func:`~memplan.estimate.grouped_experts_backward.recompute_head_bytes`). Returns that
     figure and the input's bytes taken off (the moments of gradients made early are net of them too)."""
@@ -288,7 +289,7 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     # saved tensor's unpacking made: beside it
     forward = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
     back = 0 if reread else brought_back_input(run, index)  # under save_on_cpu, beside the recomputed forward
-    forward = forward and forward + gradient + recompute_head_bytes(layer, shape) + back
+    forward = forward and forward + gradient + recompute_head_bytes(layer, shape) + back - again
     tail = _lora_tail(run, index, shape, blocks[1])
     tail = tail and tail + gradient - again + back
     return max(transient - again, residual - again, forward, tail), again
