@@ -111,8 +111,8 @@ GRID = {**SMALL, "sliding_window": 128, "max_position_embeddings": 1024, "bos_to
 @pytest.mark.parametrize("flags, traced, before, tolerance", [
     ({"recompute": "full"}, 334_852_608, -0.0245, 0.005),
     ({"recompute": "none"}, 480_281_088, -0.0099, 0.005),
-    # still 0.35% short: the embedding's output, bound by the model's forward, which the frozen layer 0 does not save
-    ({"recompute": "none", "trainable": "layers.1"}, 245_744_640, -0.0099, 0.0045),
+    # the embedding's output, bound by the model's forward, which the frozen layer 0 does not save (helper gptoss15)
+    ({"recompute": "none", "trainable": "layers.1"}, 245_744_640, -0.0099, 0.001),
 ])
 def test_the_sink_forward_holds_the_rotated_projections_and_the_combine_gradient(
         tmp_path: Path, flags: dict[str, object], traced: int, before: float, tolerance: float) -> None:
@@ -136,8 +136,14 @@ def test_the_sink_forward_holds_the_rotated_projections_and_the_combine_gradient
     ({"seq": 1024}, 480_281_088, 0.001, -0.00167),
     # a trained layer on a frozen bf16 base: its input norm's fp32 ``weight * x_normed`` saves x_normed whole (the
     # peak: layer 1's sink forward at 1,024 tokens, the loss at 256)
-    ({"seq": 1024, "trainable": "layers.1"}, 245_744_640, 0.004, -0.00778),
+    # (and the embedding's output, bound by ``GptOssModel.forward``, which the frozen layer 0 saves none of: -0.351% at
+    # 36c517b, helper gptoss15)
+    ({"seq": 1024, "trainable": "layers.1"}, 245_744_640, 0.001, -0.00778),
     ({"seq": 256, "trainable": "layers.1"}, 58_987_520, 0.001, -0.00427),
+    # LoRA on every linear (helper gptoss15): the output projection's adapter is not made yet (its terms were counted
+    # at that moment, +1,089,536 B), the embedding's bf16 output is bound by the model's forward (-1,048,576 B):
+    # +0.043% at 36c517b
+    ({"seq": 1024, "peft": "lora", "lora_targets": "all-linear"}, 189_126_656, 0.0003, 0.00043),
     # Hugging Face's selective (the attention module checkpointed): the peak is layer 1's attention module made again
     # at its sink softmax's cast, the MLP block's saved tensors freed and its gradients made
     ({"seq": 256, "recompute": "selective"}, 96_516_096, 0.001, -0.01254),
