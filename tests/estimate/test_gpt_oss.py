@@ -194,6 +194,23 @@ def test_a_recomputed_fp32_lora_sink_layer_holds_its_module_input_once(tmp_path:
     assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / 257_220_608 - 1) <= 0.001
 
 
+@pytest.mark.parametrize("seq, traced, before", [(256, 40_212_992, -0.00587), (1024, 187_493_376, -0.01091)])
+def test_a_trained_norm_behind_a_trained_embedding_keeps_its_whole_fp32_x_normed(
+        tmp_path: Path, seq: int, traced: int, before: float) -> None:
+    """Pure bf16, the embedding and layer 1's input norm trained: the norm's input needs a gradient, its linears are
+    frozen; ``GptOssRMSNorm``'s ``weight * x_normed`` runs in fp32 and saves the whole fp32 ``x_normed`` (the
+    16-bit share was dropped on this path of partial_freeze.block_terms; session 14 mended the path where the input
+    needs none). At 1,024 tokens the peak is layer 1's sink forward, with the embedding's output bound by the model's
+    forward (the first layer's 16-bit RMSNorm saves its fp32 copy only). Helper gptoss15; ``before``: 36c517b."""
+    path = tmp_path / "gpt_oss.json"
+    path.write_text(json.dumps(GRID), encoding="utf-8")
+    job = build_job({"seq": seq, "mbs": 2, "precision": "bf16", "attention": "eager", "recompute": "none",
+                     "optimizer": "adamw", "optimizer_impl": "foreach", "framework": "hf",
+                     "trainable": "embed_tokens,layers.1.input_layernorm"})
+    stage = estimate(load_hf_config(path), job).stages[0]
+    assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / traced - 1) <= 0.001, before
+
+
 def test_a_flash_core_recomputes_no_sink_scores() -> None:
     """HF selective on gpt-oss made again with a flash core: the checkpointed sink attention's moment prices no
     eager sink locals (the s x s scores), so doubling the sequence does not quadruple the moment (review, session
