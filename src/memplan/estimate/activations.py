@@ -37,7 +37,7 @@ from memplan.estimate.gpt_oss_terms import (
     sink_softmax_terms,
     topk_router_terms,
 )
-from memplan.estimate.terms import Keep, Region, Term, TermRole
+from memplan.estimate.terms import ATTENTION_ADAPTER_TERMS, Keep, Region, Term, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, HiddenDropout, LayerSpec, MLPSpec, MoESpec
@@ -932,7 +932,7 @@ def softmax_backward_bytes(layer: LayerSpec, shape: ActivationShape, blocks: tup
     gradients = softmax_gradient_bytes(layer, shape)
     # an attention input projection's adapter keeps its tensors until that projection's backward, after the core's
     released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped
-                   and t.role is not TermRole.ATTENTION_INPUT_ADAPTER)
+                   and t.role not in ATTENTION_ADAPTER_TERMS)
     released += released_inputs
     released += sum(divided(t, shape) for t in attention
                     if t.role in (TermRole.OUTPUT_PROJECTION_INPUT, TermRole.SOFTMAX_CAST))
@@ -968,26 +968,26 @@ def norm_output_bytes(shape: ActivationShape) -> int:
 
 
 def recomputed_forward_transient(layer: LayerSpec, shape: ActivationShape, rest: list[Term],
-                                 attention: Sequence[Term] = (), *, first_forward: bool = False) -> int:
+                                 attention: Sequence[Term] = ()) -> int:
     """Bytes a recomputed layer's forward holds beyond everything the layer saves, at its worst moment
     (0 where :func:`backward_transient_bytes` covers it). Only gpt-oss's eager sink attention needs it:
     its masked scores, max-subtracted logits and rotated projections, while the MLP block (``rest``, the terms
     the layer's role saves there, less the q/k/v adapters' inputs: made with their projections, before the core)
     is not recomputed yet, nor the output projection's input (among the role's ``attention`` terms: made after
     the core). The attention module's input (the pre-norm's output) is bound by the decoder layer's forward
-    (``hidden_states = self.input_layernorm(...)``) until the module returns: where the role saves no
-    projection input (frozen projections: no norm-output term) it is a tensor apart, alive at that moment; in a
-    layer's first forward (``first_forward``) also where it is wider than the projections' inputs (an fp32 norm
-    output under ``torch.autocast``, which each projection casts to its own 16-bit copy: :func:`_module_input_apart`).
-    A recomputed forward leaves that one out: there it is the checkpoint's fp32 input, counted in the forward figure
-    and in what the layer keeps alike (measured: gpt_oss s1024 bf16-mixed full, within 0.03%)."""
+    (``hidden_states = self.input_layernorm(...)``) until the module returns: a tensor apart, alive at that moment,
+    where the role saves it nowhere (frozen projections: no norm-output term; nor q/k/v adapters whose lora_A peft
+    hands it uncast) or where it is wider than the projections' inputs (an fp32 norm output under
+    ``torch.autocast``, which each projection casts to its own 16-bit copy: :func:`_module_input_apart`), in the
+    first forward and in a recomputed one alike (there the checkpoint's input is the layer's, not this one)."""
     attn = layer.attention
     if not (attn.sinks and has_eager_core(shape)):
         return 0
-    later = [*(t for t in rest if t.role is not TermRole.ATTENTION_INPUT_ADAPTER),
+    later = [*(t for t in rest if t.role not in ATTENTION_ADAPTER_TERMS),
              *(t for t in attention if t.role is TermRole.OUTPUT_PROJECTION_INPUT)]
-    apart = (not any(t.role is TermRole.NORM_OUTPUT for t in attention)
-             or (first_forward and _module_input_apart(shape)))
+    saved = any(t.role is TermRole.NORM_OUTPUT for t in attention) or any(
+        t.role is TermRole.ATTENTION_MODULE_INPUT for t in rest)
+    apart = not saved or _module_input_apart(shape)
     bound = sum(divided(t, shape) for t in attention if t.keep == "attn_input") if apart else 0
     return max(0, divided(sink_forward_extra(attn, shape), shape) + bound - sum(divided(t, shape) for t in later))
 

@@ -118,7 +118,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
                               lora_bytes * tokens * m.in_features, "rep", keep, role=_input_role(a)))
         elif group and group not in shared:
             shared.add(group)
-            terms.append(Term(f"{group} (kept by lora_A)", compute_bytes * tokens * m.in_features, "rep", keep))
+            terms.append(Term(f"{group} (kept by lora_A)", compute_bytes * tokens * m.in_features, "rep", keep,
+                              role=TermRole.ATTENTION_MODULE_INPUT if name in ATTENTION_INPUT_LINEARS else TermRole.OTHER))
         if dropout and grad_in:
             terms.append(Term(f"{name} lora dropout mask", DROPOUT_MASK_BYTES * tokens * m.in_features, "rep", keep))
         terms.append(Term(f"{name} lora_B input (lora_A output)", lora_bytes * tokens * r, "rep", keep))
@@ -130,7 +131,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             terms += _dora_terms(a, tokens, grad_in=grad_in, dropout=dropout, autocast=autocast, bias_bytes=bias_bytes,
                                  byte_sizes=(compute_bytes, lora_bytes, adapter_bytes), keep=keep)
         if name in ATTENTION_INPUT_LINEARS:
-            terms[start:] = [replace(t, role=TermRole.ATTENTION_INPUT_ADAPTER) for t in terms[start:]]
+            terms[start:] = [t if t.role is TermRole.ATTENTION_MODULE_INPUT else
+                             replace(t, role=TermRole.ATTENTION_INPUT_ADAPTER) for t in terms[start:]]
     return terms
 
 

@@ -13,7 +13,7 @@ from dataclasses import field
 from typing import Any
 
 from memplan.estimate.activations import KEPT_BY, ActivationShape
-from memplan.estimate.finetune import base_in_compute_dtype, finetune_counts, is_finetune
+from memplan.estimate.finetune import base_in_compute_dtype, finetune_counts, frozen_bytes_per_element, is_finetune
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.partial_freeze import LayerFlow, layer_flows
 from memplan.estimate.precision import ResolvedPrecision, resolve_precision
@@ -166,7 +166,7 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         norm=model.norm,
         autocast=prec.weight_copies == "autocast" and not base16,
         autocast_ops=prec.weight_copies == "autocast",
-        expert_bytes=prec.act_bytes if base16 else _expert_bytes(profile, prec),
+        expert_bytes=prec.act_bytes if base16 else _expert_bytes(profile, prec, job),
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",
         moe_probs_at=profile.moe_probs_at,
@@ -177,12 +177,14 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
     )
 
 
-def _expert_bytes(profile: FrameworkProfile, prec: ResolvedPrecision) -> int:
+def _expert_bytes(profile: FrameworkProfile, prec: ResolvedPrecision, job: Job) -> int:
     """Bytes per element of routed-expert activations: HF's grouped experts (eager profiles) cast
     their input to the weights' dtype instead of following autocast (transformers
-    ``integrations/moe.py`` ``_grouped_mm``); fused kernels compute in the compute dtype."""
+    ``integrations/moe.py`` ``_grouped_mm``; in fine-tuning the frozen weights' dtype, a trained layer's experts
+    are priced in the trained dtype by :mod:`memplan.estimate.trained_dtypes`); fused kernels compute in the
+    compute dtype."""
     if profile.kernels == "eager" and prec.weight_copies == "autocast":
-        return dtype_bytes(prec.param)
+        return frozen_bytes_per_element(job) if is_finetune(job) else dtype_bytes(prec.param)
     return dtype_bytes(prec.compute)
 
 

@@ -1,4 +1,5 @@
-"""Mechanic: the embedding's output as a leaf that autograd keeps, under Hugging Face's checkpointing of a frozen embedding.
+"""Mechanic: the embedding's output as a leaf that autograd keeps, under Hugging Face's checkpointing of a frozen embedding;
+the same output bound by the model's forward, at the forward's own moment.
 
 ``PreTrainedModel.gradient_checkpointing_enable`` (transformers ``modeling_utils.py``) calls
 ``enable_input_require_grads``, a forward hook on the input embedding module that makes its output require grad, so
@@ -42,3 +43,30 @@ def leaf_apart_bytes(ctx: StageContext) -> int:
     if not (ctx.run.model.first_input_apart or ctx.run.shape.drops_embedding):
         return 0
     return input_leaf_bytes(ctx)
+
+
+def bound_embedding_output(ctx: StageContext) -> int:
+    """The embedding module's output beside the saved tensors at the stage's forward moment (its last layer's forward
+    temporaries: gpt-oss's sink attention, DoRA's weights), where the model's forward keeps it bound
+    (``FrameworkProfile.binds_embedding_output``: transformers' ``inputs_embeds``, alive until the model's forward
+    returns) and no saved tensor is it: the first layer is not recomputed and its role saves none of its input (a
+    frozen layer on a frozen embedding; a 16-bit eager RMSNorm, which saves its fp32 copy), or the first layer's input
+    is a new tensor made from it (:attr:`~memplan.model.spec.ModelSpec.first_input_apart`), and no input leaf is
+    counted (:func:`input_leaf_bytes`). One micro-batch's; 0 elsewhere."""
+    run, layout = ctx.run, ctx.layout
+    if not (run.profile.binds_embedding_output and layout.has_embedding and layout.layer_indices) or ctx.recomputed:
+        return 0
+    if input_leaf_bytes(ctx):
+        return 0
+    from memplan.estimate.layer_costs import layer_blocks
+    from memplan.estimate.recomputed_backward import checkpoint_input_bytes
+
+    index = layout.layer_indices[0]
+    found = layer_blocks(run, run.model.layers[index], index)
+    if found is not None and not run.model.first_input_apart:
+        shape, blocks = found
+        if checkpoint_input_bytes(blocks[0] + blocks[1], shape):
+            return 0  # the first layer saves it
+    trains = root_flow(run.model, run.job.finetune, True).embedding_trains if run.counts is not None else True
+    per_element = run.shape.residual_bytes if trains else frozen_bytes_per_element(run.job)
+    return run.shape.local_tokens * run.shape.hidden * per_element

@@ -146,11 +146,10 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     blocks = compiled_blocks(spec, shape) if compiled else _blocks(
         spec, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
         adapter_bytes=adapter_bytes, bias_bytes=bias_bytes)
-    mlp_saved = _mlp_saved(spec, shape, role) if spec.attention.sinks and not compiled else None
     # a recomputed layer on a base whose matmul saves nothing (4-bit) runs down_proj's backward before its
     # recompute
     first = policy.kind.checkpoints_layers and not quant_format(quantize_base).keeps_gemm_inputs
-    return _priced(spec, shape, policy, blocks, mlp_saved, offloaded,
+    return _priced(spec, shape, policy, blocks, offloaded,
                    None if compiled else _mlp_walked(spec, shape, blocks[1], role.flow, dequantized,
                                                      policy.kind.checkpoints_layers, first, frozen_cast,
                                                      adapter_bytes))
@@ -193,13 +192,6 @@ def per_tensor_offload(run: RunContext) -> bool:
     """Whether the job packs every tensor autograd saves to host memory as it is saved (``save_on_cpu``: the
     hf and torchtitan profiles)."""
     return run.job.offload.activations and run.profile.activation_offload == "per-tensor"
-
-
-def _mlp_saved(layer: LayerSpec, shape: ActivationShape, role: LayerRole) -> list[Term]:
-    """What the layer's MLP/MoE block itself saves for its role (no adapters: those of the attention
-    projections are alive while the attention block is recomputed)."""
-    rest = layer_terms_by_block(layer, shape)[1]
-    return rest if role.flow is None else block_terms(rest, shape, role.flow.mlp)
 
 
 def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quantize_base: str, autocast: bool,
@@ -246,10 +238,9 @@ def _int8_mlp_terms(layer: LayerSpec, rest: list[Term], shape: ActivationShape,
 
 
 def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
-            blocks: tuple[list[Term], list[Term]], mlp_saved: list[Term] | None = None,
-            offloaded: bool = False, frozen_mlp: int | None = None) -> LayerCosts:
-    """The layer's figures from its terms under the activation policy (``mlp_saved``: the MLP block's own
-    terms, where a recomputed layer's forward is priced apart; ``frozen_mlp``: the MLP block's backward
+            blocks: tuple[list[Term], list[Term]], offloaded: bool = False,
+            frozen_mlp: int | None = None) -> LayerCosts:
+    """The layer's figures from its terms under the activation policy (``frozen_mlp``: the MLP block's backward
     walked op by op, :func:`_mlp_walked`, None where the general rule prices it)."""
     kept_classes, dropped = kept_policy(policy)
     sized = [(divided(t, shape), t.keep, term_site(t)) for t in blocks[0] + blocks[1]]
@@ -264,8 +255,7 @@ def _priced(layer: LayerSpec, shape: ActivationShape, policy: ActivationPolicy,
     if policy.kind.checkpoints_layers:
         # a recomputed layer's forward runs again in its backward (gpt-oss's sink attention holds more then;
         # a layer a block-wise policy leaves alone is priced the same: at most its PV cast copy too high)
-        transient = max(transient, recomputed_forward_transient(layer, shape, blocks[1] if mlp_saved is None
-                                                                else mlp_saved, blocks[0]))
+        transient = max(transient, recomputed_forward_transient(layer, shape, blocks[1], blocks[0]))
     sac = sac_kept_terms(layer, shape) if policy.kind.per_op else None
     if policy.kind.per_op and sac is None:
         # MoE and MLA layers are not listed op by op: Megatron's selective accounting stands in.
@@ -399,8 +389,8 @@ def mtp_activation_bytes(run: RunContext) -> int:
 
 def sink_forward_transient(ctx: StageContext) -> int:
     """What the stage's last layer holds beyond its saved tensors in its forward, every layer's activations
-    kept (gpt-oss's eager sink attention: its masked scores and max-subtracted logits, the MLP block not run
-    yet; the layer's input, bound until the attention block's residual add, where its role saves it nowhere: a
+    kept (gpt-oss's eager sink attention: its masked scores and max-subtracted logits, the MLP block and the
+    output projection's adapters not run yet: the role's MLP-block terms, less the q/k/v adapters'; the layer's input, bound until the attention block's residual add, where its role saves it nowhere: a
     trained layer on a frozen base); 0 for other layers, and where layers are recomputed or the attention core is
     not kept."""
     run = ctx.run
@@ -412,7 +402,7 @@ def sink_forward_transient(ctx: StageContext) -> int:
     if role is None:
         return 0
     shape, blocks = layer_blocks(run, layer, index) or (role_shape(run, role), ([], []))  # the role's terms
-    extra = recomputed_forward_transient(layer, shape, _mlp_saved(layer, shape, role), blocks[0], first_forward=True)
+    extra = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
     if not extra:
         return 0
     unsaved = 0 if any(t.keep == "input" for t in blocks[0]) else output_gradient_bytes(shape, run.model.hidden_size)

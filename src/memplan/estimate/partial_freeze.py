@@ -382,6 +382,10 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
             if moe_term_kept(t.role, routing_grad=flow.routing_grad, experts_save=flow.experts_save):
                 out.append(t)
             continue
+        if mine and flow.norm_trains and beyond and t.role is TermRole.NORM_INPUT:
+            # the input-dtype part of the trained norm's fp32 normalized tensor, as where the input needs no gradient
+            out.append(Term(t.name, t.bytes, t.region, "body", site=t.site, role=t.role))
+            continue
         kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept or (
             kernel_keeps_input and t.role is TermRole.OUTPUT_PROJECTION_INPUT))
         if kept is not None:

@@ -71,7 +71,7 @@ from memplan.estimate.recomputed_tensors import (
     saved_tensors,
 )
 from memplan.estimate.sac import sac_kept_terms
-from memplan.estimate.terms import Term, TermRole
+from memplan.estimate.terms import ATTENTION_ADAPTER_TERMS, Term, TermRole
 from memplan.estimate.walk_copies import copy_plan
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ def brought_back_input(run: RunContext, index: int) -> int:
 def checkpointed_sink_forward(run: RunContext, index: int, copies: int) -> tuple[int, int]:
     """Hugging Face's selective recompute (the attention module checkpointed) of gpt-oss's eager sink attention:
     the module's forward made again where the attention block's backward starts, at its sink softmax's cast, above
-    the layer's kept tensors; and the layer's gradients made before it (0 where the backward does not make them).
+    the layer's kept tensors (with what the q, k and v projections' adapters save, made again before the core); and the layer's gradients made before it (0 where the backward does not make them).
 
     By then the MLP block's backward is done: its saved tensors are freed and its and the pre-MLP norm's gradients
     made. The recompute holds the attention block's dropped terms but the output projection's input (made after the
@@ -241,8 +241,10 @@ def checkpointed_sink_forward(run: RunContext, index: int, copies: int) -> tuple
         return 0, 0
     shape, (attention, mlp) = found
     attn, hidden, kept = layer.attention, run.model.hidden_size, run.kept_classes
+    # the q/k/v adapters' saved tensors (among the MLP-block terms) are made again with their projections, before the core
     again = sum(divided(t, shape) for t in attention
-                if t.keep not in kept and t.role is not TermRole.OUTPUT_PROJECTION_INPUT)
+                if t.keep not in kept and t.role is not TermRole.OUTPUT_PROJECTION_INPUT) + sum(
+        divided(t, shape) for t in mlp if t.keep not in kept and t.role in ATTENTION_ADAPTER_TERMS)
     freed = sum(divided(t, shape) for t in mlp if t.keep in kept)
     output = attn.num_heads * attn.v_head_dim * hidden
     cast = output_gradient_bytes(shape, hidden) * shape.act_bytes // shape.residual_bytes \
@@ -263,7 +265,8 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     backward (the layer's output gradient summed with the MLP block's input gradient, waiting for the attention
     block's: one hidden state in the residual dtype, :mod:`~memplan.estimate.made_gradients`), net of the
     checkpointed input where the recomputed forward reads it (``reread``: its saved tensors for the layer's role
-    count it again); the recomputed forward's own moment (gpt-oss's sink attention) is left whole, with the output
+    count it again); the recomputed forward's own moment (gpt-oss's sink attention) net of that input too (its
+    pre-norm reads the checkpoint's input, counted with what the layer keeps), with the output
     gradient beside it (the recompute starts once that gradient has arrived) and what the backward made before it
     first unpacked a saved tensor (:func:`~memplan.estimate.grouped_experts_backward.recompute_head_bytes`). Returns that
     figure and the input's bytes taken off (the moments of gradients made early are net of them too)."""
@@ -288,7 +291,7 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     # saved tensor's unpacking made: beside it
     forward = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
     back = 0 if reread else brought_back_input(run, index)  # under save_on_cpu, beside the recomputed forward
-    forward = forward and forward + gradient + recompute_head_bytes(layer, shape) + back
+    forward = forward and forward + gradient + recompute_head_bytes(layer, shape) + back - again
     tail = _lora_tail(run, index, shape, blocks[1])
     tail = tail and tail + gradient - again + back
     return max(transient - again, residual - again, forward, tail), again

@@ -8,6 +8,7 @@ from itertools import chain
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
+from memplan.estimate.input_leaf import bound_embedding_output
 from memplan.estimate.layer_costs import dora_transient, sink_forward_transient
 from memplan.estimate.layer_walk import LayerWalk, walk_layers
 from memplan.estimate.ledger import (
@@ -90,8 +91,10 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     ledger = Ledger(_BASE_PHASES + (("loss",) if ctx.layout.has_head else ()) + (("forward",) if forward else ()))
     comm, max_comm = communication(ctx, st, acts, forward)
     moment = backward_moment(ctx, st, walk, acts, loss)
+    # at that moment the model's forward keeps the embedding's output bound, where nothing saves it
+    at_forward = forward_extra and forward_extra + bound_embedding_output(ctx)
     ledger.extend(chain(st.contributions, stage_buffers(ctx),
-                        phase_contributions(ctx, st, walk, acts, loss, forward_extra, moment), comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
+                        phase_contributions(ctx, st, walk, acts, loss, at_forward, moment), comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
     inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0
     memory = graphs(ctx, ledger, walk, inputs)
     peak = ledger.peak()

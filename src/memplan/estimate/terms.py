@@ -121,6 +121,14 @@ class TermRole(Enum):
     #: What an adapter on an attention input projection (q, k, v) saves, among the MLP block's terms of a fine-tuning
     #: role: activations.softmax_backward_bytes (alive at the softmax backward: its linear's backward comes after).
     ATTENTION_INPUT_ADAPTER = auto()
+    #: ... the one of them that is the attention module's input itself (the pre-norm's output), which peft passes on
+    #: uncast to the q/k/v adapters' lora_A (fp32 adapters on fp32 activations; one tensor for the three):
+    #: activations.recomputed_forward_transient (not a tensor apart from what the layer saves).
+    ATTENTION_MODULE_INPUT = auto()
+
+
+#: What the adapters on the attention input projections save (:data:`TermRole.ATTENTION_INPUT_ADAPTER`).
+ATTENTION_ADAPTER_TERMS = frozenset({TermRole.ATTENTION_INPUT_ADAPTER, TermRole.ATTENTION_MODULE_INPUT})
 
 
 #: A pre-norm's terms (partial_freeze: the block's own norm).

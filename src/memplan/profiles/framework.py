@@ -249,6 +249,11 @@ class FrameworkProfile:
     #: MoE router weights stay fp32 under a lower-precision model (transformers
     #: ``_keep_in_fp32_modules_strict``).
     fp32_router_weights: bool = False
+    #: The model's forward keeps the embedding module's output bound until it returns (transformers'
+    #: ``LlamaModel.forward``, ``Qwen2Model``, ``Gemma2Model``, ``GptOssModel``...: the local ``inputs_embeds``, read
+    #: by the mask helpers, stays bound while ``hidden_states`` runs through the layers):
+    #: :func:`memplan.estimate.input_leaf.bound_embedding_output`.
+    binds_embedding_output: bool = False
     #: DeepSpeed activation checkpointing's ``partition_activations`` / ``cpu_checkpointing`` /
     #: contiguous buffers act on full recompute's kept inputs.
     deepspeed_checkpointing: bool = False
@@ -375,6 +380,7 @@ HF = FrameworkProfile(
     full_training_only_policies=("megatron-selective",),
     fit_shardings=("ddp", "fsdp-full", "fsdp-hybrid"),
     fp32_router_weights=True,
+    binds_embedding_output=True,
     features=frozenset({"zero-stages"}),
     zero_framework="deepspeed",
     zero3_buffers=DEEPSPEED_ZERO3,  # --zero runs DeepSpeed through the Trainer's integration
