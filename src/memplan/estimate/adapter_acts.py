@@ -224,7 +224,8 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
 
 
 def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual: int, mlp_input: int,
-                        byte_sizes: tuple[int, int, int], autocast: bool, mlp_terms: Sequence[Term] = ()) -> int:
+                        byte_sizes: tuple[int, int, int], autocast: bool, mlp_terms: Sequence[Term] = (),
+                        dropout: bool = False) -> int:
     """What a fully recomputed layer holds beyond its saved tensors at the worst moment of its recomputed forward that
     an adapter on the MLP's output projection makes (0 where no LoRA/DoRA adapter sits there): where the forward
     stops, or inside the MLP's input projection (:func:`_input_projection_moment`).
@@ -238,6 +239,7 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
     (``residual`` bytes: with the attention output a layer's forward keeps, less what the MLP's pre-norm saves). Beside them, what the backward made before it first unpacked a saved tensor (the
     recompute's trigger, :func:`_lora_head`). Where peft's cast is a no-op (adapters in the activations' dtype)
     ``lora_A`` saves that input itself and the MLP block's input is its group's kept input: neither is extra.
+    ``dropout`` (``--lora-dropout``): ``lora_A`` reads ``dropout(x)`` (:func:`_dropout_locals`).
     ``byte_sizes``: the activations', the adapters' and the frozen base weights' bytes per element; ``mlp_terms``:
     the layer's MLP-block terms (one rank: the tail applies on one tensor-parallel rank without FP8)."""
     act_bytes, adapter_bytes, _ = byte_sizes
@@ -246,15 +248,33 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
     if out is None:
         return 0
     size_in, size_out = tokens * out.module.in_features, tokens * out.module.out_features
-    cast = act_bytes != adapter_bytes
-    unsaved = residual + (mlp_input + size_in * (act_bytes + (adapter_bytes if autocast else 0)) if cast else 0)
+    unsaved, dropped = _dropout_locals(size_in, byte_sizes, autocast, dropout)
+    unsaved += residual + (mlp_input if dropout or act_bytes != adapter_bytes else 0)
     head = _lora_head(out, tokens, byte_sizes, autocast)
     if out.dora:
-        stop = unsaved + _dora_tail(out, tokens, byte_sizes, autocast)
+        stop = unsaved + _dora_tail(out, tokens, byte_sizes, autocast, dropped if dropout else None)
     else:
-        stop = head + unsaved + size_out * act_bytes
+        # with dropout, lora_A's forward (the dropout's output beside its copy, lora_B's weight copy not made yet)
+        copy = act_bytes * out.rank * out.module.out_features if dropped else 0
+        stop = head + unsaved + size_out * act_bytes + max(0, dropped - copy)
     return max(stop, _input_projection_moment(adapters, out, tokens=tokens, residual=residual, mlp_input=mlp_input,
-                                              byte_sizes=byte_sizes, autocast=autocast, mlp_terms=mlp_terms) + head)
+                                              byte_sizes=byte_sizes, autocast=autocast, mlp_terms=mlp_terms,
+                                              dropout=dropout) + head)
+
+
+def _dropout_locals(size_in: int, byte_sizes: tuple[int, int, int], autocast: bool, dropout: bool) -> tuple[int, int]:
+    """(what of the output projection's input no saved tensor stands for while its adapter runs, the dropout's output
+    beside ``lora_A``'s copy of it), ``size_in`` elements each. Without dropout: the input and peft's cast of it to the
+    adapters' dtype under autocast (``lora_A`` saves a 16-bit copy; without autocast the cast itself), nothing where
+    the cast is a no-op (``lora_A`` saves the input). With dropout ``lora_A`` saves ``dropout(x)`` (or, under autocast,
+    its 16-bit copy) instead: the input and its cast are both unsaved, and the dropout's output, a new tensor in the
+    adapters' dtype, lives beside the copy until ``lora_A`` returns (peft ``Linear.forward`` / DoRA's variant keep it
+    to the end of their forward, DoRA's base product reads it)."""
+    act_bytes, adapter_bytes, _ = byte_sizes
+    cast = act_bytes != adapter_bytes
+    if not dropout:
+        return (size_in * (act_bytes + (adapter_bytes if autocast else 0)) if cast else 0), 0
+    return size_in * (act_bytes + (adapter_bytes if cast else 0)), (size_in * adapter_bytes if cast and autocast else 0)
 
 
 def _lora_head(out: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
@@ -273,7 +293,7 @@ def _lora_head(out: Adapter, tokens: int, byte_sizes: tuple[int, int, int], auto
 
 def _input_projection_moment(adapters: tuple[Adapter, ...], out: Adapter, *, tokens: int, residual: int,
                              mlp_input: int, byte_sizes: tuple[int, int, int], autocast: bool,
-                             mlp_terms: Sequence[Term]) -> int:
+                             mlp_terms: Sequence[Term], dropout: bool = False) -> int:
     """The recomputed forward inside peft's ``Linear.forward`` of the MLP's last input projection carrying a LoRA
     adapter (``dense_h_to_4h``, ``up_proj``, ``c_fc``), beyond the layer's saved tensors, without the head: the base
     result (activations' dtype), ``lora_B``'s output and its product by ``scaling`` (the adapters' dtype without
@@ -289,9 +309,11 @@ def _input_projection_moment(adapters: tuple[Adapter, ...], out: Adapter, *, tok
     lora_bytes = act_bytes if autocast else adapter_bytes
     size_out = tokens * up.module.out_features
     made = size_out * (act_bytes + max(2 * lora_bytes, lora_bytes + max(act_bytes, lora_bytes)))
-    if act_bytes != adapter_bytes:
+    if dropout:
+        made += mlp_input + (tokens * up.module.in_features * adapter_bytes if act_bytes != adapter_bytes else 0)
+    elif act_bytes != adapter_bytes:
         made += mlp_input + (tokens * up.module.in_features * adapter_bytes if autocast else 0)
-    later = tokens * out.rank * lora_bytes
+    later = tokens * out.rank * lora_bytes + (DROPOUT_MASK_BYTES * tokens * out.module.in_features if dropout else 0)
     for t in mlp_terms:
         if t.role is TermRole.MLP_FC1:
             later += t.bytes // 3 if t.tensors == 3 and up.module.name.rpartition(".")[2] == "up_proj" else t.bytes
@@ -306,7 +328,8 @@ _SAVED_AFTER_FC1 = frozenset({TermRole.GELU_NEW, TermRole.MLP_FC2, TermRole.MLP_
                               TermRole.MLP_FC2_DORA_INPUT, TermRole.MLP_FC2_DORA_RESULTS})
 
 
-def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
+def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool,
+               dropped: int | None = None) -> int:
     """DoRA's own locals while the recompute ends in peft's ``DoraLinearLayer.forward``, at the worst of two moments
     (:func:`dora_forward_transient`'s tensors): ``lora_B(lora_A(eye))`` made while the fp32 identity lives, before
     ``lora_A``'s copy of the input, its output and ``lora_result`` (saved tensors not made yet); and the stop, after
@@ -315,7 +338,8 @@ def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autoca
     keeps) and the base weight cast to it; between them the weight norm's ``weight + scaling * lora_weight`` (two
     ``out x in`` tensors in the input's dtype, the adapters': traces of Llama and GPT-NeoX at fp32 and pure bf16 peak
     there) beside those locals, before ``lora_A``'s output and ``lora_result``. The head
-    (:func:`dora_output_backward`) beside all three."""
+    (:func:`dora_output_backward`) beside all three. ``dropped``: with ``--lora-dropout``, the dropout's output
+    beside its saved copy (:func:`_dropout_locals`; None without dropout): :func:`_dora_dropout_moments`."""
     act_bytes, adapter_bytes, base_bytes = byte_sizes
     i, o, r = a.module.in_features, a.module.out_features, a.rank
     lora_bytes = act_bytes if autocast else adapter_bytes
@@ -329,7 +353,31 @@ def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autoca
     weights = adapter_bytes * i * o + (adapter_bytes * i * o if base_bytes != adapter_bytes else 0)
     stop = kept + weights + tokens * o * max(adapter_bytes, act_bytes)
     norm = kept + weights + 2 * adapter_bytes * i * o - not_yet
-    return head + max(made, stop, norm)
+    if dropped is None:
+        return head + max(made, stop, norm)
+    beside, before, copy = _dora_dropout_moments(a, tokens, byte_sizes, autocast)
+    return head + dropped + beside + max(made - before, norm - before, stop, kept + weights + copy)
+
+
+def _dora_dropout_moments(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int],
+                          autocast: bool) -> tuple[int, int, int]:
+    """DoRA's forward with dropout (peft ``DoraLinearVariant.forward``: ``base_result=None``, ``F.linear(dropout(x),
+    weight)`` made again after ``lora_result``): (what is held beside every moment: the base layer's own result, no
+    longer the one DoRA saves, less, without autocast, the saved cast of the base weight, which is the weight-norm
+    step's ``weight.to(x.dtype)`` itself; what DoRA saves at ``F.linear``, not made before it: its base result and,
+    under autocast, the linear's 16-bit copy of the cast weight; the 16-bit copy autocast makes of the dropped-out input
+    for that linear, freed after it). A trace of the Llama toy under bf16-mixed peaks at that linear."""
+    act_bytes, adapter_bytes, _ = byte_sizes
+    i, o = a.module.in_features, a.module.out_features
+    lora_bytes = act_bytes if autocast else adapter_bytes
+    weight_cast = lora_bytes * i * o if autocast or act_bytes != lora_bytes else 0
+    base_saved = (act_bytes if autocast else adapter_bytes) * tokens * o
+    copy = act_bytes * tokens * i if autocast and act_bytes != adapter_bytes else 0
+    if autocast:
+        return tokens * o * act_bytes, base_saved + weight_cast, copy
+    return tokens * o * act_bytes - weight_cast, base_saved, 0
+
+
 
 
 def adapter_keep(a: Adapter) -> Keep:

@@ -303,7 +303,7 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
     forward again before the backward: no early stop) without FP8; else 0."""
     job, layer = run.job, run.model.layers[index]
     ft = job.finetune
-    if (run.counts is None or not ft.peft_kind.adapters or ft.lora_dropout or ft.quant_kind.quantizes or shape.dropout
+    if (run.counts is None or not ft.peft_kind.adapters or ft.quant_kind.quantizes or shape.dropout
             or layer.moe is not None or layer.num_post_norms or shape.kernels != "eager" or job.parallel.tp > 1
             or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
         return 0
@@ -321,7 +321,8 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
                                                     else 0),
                                mlp_input=tokens * hidden * norm_output_bytes(shape),
                                byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
-                               autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms)
+                               autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms,
+                               dropout=ft.lora_dropout > 0)
 
 
 def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> int:
