@@ -1,10 +1,10 @@
 """The locals of peft's LoRA forward on the MLP's output projection where a recomputed layer's forward stops
-(:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`; witnessed by tests/trace/test_lora_recompute_tail_trace.py)."""
+(:func:`~memplan.estimate.lora_recompute_tail.lora_recompute_tail`; witnessed by tests/trace/test_lora_recompute_tail_trace.py)."""
 
 from __future__ import annotations
 
 from memplan.estimate.activations import Term
-from memplan.estimate.adapter_acts import lora_recompute_tail
+from memplan.estimate.lora_recompute_tail import lora_recompute_tail
 from memplan.estimate.terms import TermRole
 from memplan.model.linears import LinearModule
 from memplan.peft.params import Adapter

@@ -3,7 +3,7 @@ projection's ``lora_B`` weight copy): there peft's ``Linear.forward`` locals (th
 cast, the base result), the MLP block's input, the residual stream's partial sum, the output gradient and the
 gradient of ``lora_B(...) * scaling`` are all alive beside the layer's saved tensors, its worst moment on the
 Llama and GPT-NeoX toys under eager attention (helper lorafull13;
-:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`)."""
+:func:`~memplan.estimate.lora_recompute_tail.lora_recompute_tail`)."""
 
 from __future__ import annotations
 

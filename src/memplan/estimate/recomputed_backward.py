@@ -296,7 +296,7 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
 
 def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: list[Term]) -> int:
     """What layer ``index``'s recomputed forward holds where it stops, at a LoRA or DoRA adapter on the MLP's output
-    projection or inside its input projection (:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`, which reads
+    projection or inside its input projection (:func:`~memplan.estimate.lora_recompute_tail.lora_recompute_tail`, which reads
     the MLP-block terms ``mlp_terms``; without the output gradient), for an
     eager dense layer on one rank without dropout, post-norms, a quantized base nor ``--lora-dropout``, checkpointed by
     the non-reentrant ``torch.utils.checkpoint`` (a reentrant checkpoint, DeepSpeed's among them, runs the whole
@@ -308,8 +308,8 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
             or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
         return 0
     from memplan.estimate.activations import norm_output_bytes
-    from memplan.estimate.adapter_acts import lora_recompute_tail
     from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+    from memplan.estimate.lora_recompute_tail import lora_recompute_tail
 
     tokens, hidden = shape.seq * shape.micro_batch, run.model.hidden_size
     # the residual stream's partial sum, unless the MLP's pre-norm saves that very tensor (a norm without an fp32 copy
