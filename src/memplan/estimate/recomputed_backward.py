@@ -297,8 +297,8 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
 def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: list[Term]) -> int:
     """What layer ``index``'s recomputed forward holds where it stops, at a LoRA or DoRA adapter on the MLP's output
     projection or inside its input projection (:func:`~memplan.estimate.lora_recompute_tail.lora_recompute_tail`, which reads
-    the MLP-block terms ``mlp_terms``; without the output gradient), for an
-    eager dense layer on one rank without dropout, post-norms, a quantized base nor ``--lora-dropout``, checkpointed by
+    the MLP-block terms ``mlp_terms``; without the output gradient; ``--lora-dropout`` priced there), for an
+    eager dense layer on one rank without dropout, post-norms nor a quantized base, checkpointed by
     the non-reentrant ``torch.utils.checkpoint`` (a reentrant checkpoint, DeepSpeed's among them, runs the whole
     forward again before the backward: no early stop) without FP8; else 0."""
     job, layer = run.job, run.model.layers[index]
