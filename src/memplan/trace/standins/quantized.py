@@ -101,7 +101,7 @@ class Linear4bitStandIn(nn.Linear):
         return self.weight.nbytes + sum(b.nbytes for b in self.buffers())
 
     @property
-    def W_q(self) -> torch.Tensor:  # noqa: N802 (peft's name)
+    def W_q(self) -> torch.Tensor:  # peft's name
         """The packed weight, under the name peft's ``dequantize_module_weight`` looks for (:meth:`dequantize`)."""
         return self.weight
 
@@ -170,7 +170,7 @@ class Linear8bitStandIn(nn.Linear):
         return self.weight.nbytes + self.SCB.nbytes
 
     @property
-    def W_q(self) -> torch.Tensor:  # noqa: N802 (peft's name)
+    def W_q(self) -> torch.Tensor:  # peft's name
         """The int8 weight, under the name peft's ``dequantize_module_weight`` looks for (:meth:`dequantize`)."""
         return self.weight
 
