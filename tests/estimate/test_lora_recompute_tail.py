@@ -115,3 +115,16 @@ def test_dora_dropout_autocast_llama_toy_peaks_at_the_dropped_out_base_product()
     locals_ = 262_144 + 262_144 + 786_432 + 1_572_864 + 262_144 + 1_572_864
     dora = 1_179_648 + 12_288 + 786_432 + 786_432 + 786_432
     assert _tail((Adapter(DOWN, 8, True),), dropout=True) == head + locals_ + dora
+
+
+def test_an_fp32_input_under_autocast_is_unsaved_without_a_cast() -> None:
+    # GPT-2's c_proj under autocast reads gelu_new's fp32 output (the GELU_NEW term: three fp32 tensors): peft's cast to
+    # the fp32 adapters is a no-op and lora_A saves a 16-bit copy, so the input (fp32) is the one unsaved tensor of it
+    c_proj = LinearModule("transformer.h.1.mlp.c_proj", 768, 256, layer=1)
+    gelu = Term("mlp gelu_new intermediates", 12 * TOKENS * 768, "rep", "body", role=TermRole.GELU_NEW, tensors=3)
+    fp32_input = lora_recompute_tail((Adapter(c_proj, 8, False),), tokens=TOKENS, residual=0, mlp_input=0,
+                                     byte_sizes=(2, 4, 2), autocast=True, mlp_terms=[gelu])
+    plain = lora_recompute_tail((Adapter(c_proj, 8, False),), tokens=TOKENS, residual=0, mlp_input=0,
+                                byte_sizes=(2, 4, 2), autocast=True)
+    # the 16-bit input and its fp32 cast, against the fp32 input alone
+    assert plain - fp32_input == TOKENS * 768 * (2 + 4) - TOKENS * 768 * 4

@@ -45,7 +45,9 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
     if out is None:
         return 0
     size_in, size_out = tokens * out.module.in_features, tokens * out.module.out_features
-    unsaved, dropped = _dropout_locals(size_in, byte_sizes, autocast, dropout)
+    gelu = next((t for t in mlp_terms if t.role is TermRole.GELU_NEW), None)
+    x_bytes = gelu.bytes // (gelu.tensors * size_in) if gelu is not None else act_bytes
+    unsaved, dropped = _dropout_locals(size_in, x_bytes, byte_sizes, autocast, dropout)
     unsaved += residual + (mlp_input if dropout or act_bytes != adapter_bytes else 0)
     head = _lora_head(out, tokens, byte_sizes, autocast)
     if out.dora:
@@ -59,19 +61,23 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
                                               dropout=dropout) + head)
 
 
-def _dropout_locals(size_in: int, byte_sizes: tuple[int, int, int], autocast: bool, dropout: bool) -> tuple[int, int]:
+def _dropout_locals(size_in: int, x_bytes: int, byte_sizes: tuple[int, int, int], autocast: bool,
+                    dropout: bool) -> tuple[int, int]:
     """(what of the output projection's input no saved tensor stands for while its adapter runs, the dropout's output
-    beside ``lora_A``'s copy of it), ``size_in`` elements each. Without dropout: the input and peft's cast of it to the
-    adapters' dtype under autocast (``lora_A`` saves a 16-bit copy; without autocast the cast itself), nothing where
-    the cast is a no-op (``lora_A`` saves the input). With dropout ``lora_A`` saves ``dropout(x)`` (or, under autocast,
-    its 16-bit copy) instead: the input and its cast are both unsaved, and the dropout's output, a new tensor in the
-    adapters' dtype, lives beside the copy until ``lora_A`` returns (peft ``Linear.forward`` / DoRA's variant keep it
-    to the end of their forward, DoRA's base product reads it)."""
+    beside ``lora_A``'s copy of it), ``size_in`` elements each; ``x_bytes``: the input's bytes per element (the
+    activations', or fp32 out of GPT-2's ``gelu_new`` under autocast). ``lora_A`` saves what it reads: peft's cast of
+    the input to the adapters' dtype (``_cast_input_dtype``; the input itself where that is a no-op) or, with dropout,
+    ``dropout(...)`` of it, a new tensor in the adapters' dtype; under autocast, with adapters in another dtype than
+    the compute dtype, its 16-bit copy instead. What it does not save is unsaved: the input, the cast, and with a copy
+    the dropout's output, alive until ``lora_A`` returns (peft ``Linear.forward``; DoRA's variant keeps it to the end of
+    its forward, whose base product reads it)."""
     act_bytes, adapter_bytes, _ = byte_sizes
-    cast = act_bytes != adapter_bytes
-    if not dropout:
-        return (size_in * (act_bytes + (adapter_bytes if autocast else 0)) if cast else 0), 0
-    return size_in * (act_bytes + (adapter_bytes if cast else 0)), (size_in * adapter_bytes if cast and autocast else 0)
+    cast = x_bytes != adapter_bytes
+    copies = autocast and adapter_bytes != act_bytes
+    read_itself = not dropout and not copies  # lora_A saves the tensor it reads: the cast, or the input
+    unsaved = (size_in * x_bytes if cast or not read_itself else 0) + (
+        size_in * adapter_bytes if cast and not read_itself else 0)
+    return unsaved, (size_in * adapter_bytes if dropout and copies else 0)
 
 
 def _lora_head(out: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
