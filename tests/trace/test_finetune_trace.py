@@ -308,6 +308,7 @@ def test_the_stand_ins_dequantize_as_peft_does_for_dora() -> None:
 
 @pytest.mark.parametrize("quant", ["nf4", "int8"])
 def test_dora_on_a_quantized_base_is_traced(tiny_llama: str, quant: str) -> None:
+    pytest.importorskip("bitsandbytes")  # peft defines its bitsandbytes LoRA layers only where it imports
     result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "dora", "--quantize-base", quant],
                            env=WIDE)
     assert result.exit_code == 0, result.output
