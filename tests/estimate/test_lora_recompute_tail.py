@@ -1,10 +1,10 @@
 """The locals of peft's LoRA forward on the MLP's output projection where a recomputed layer's forward stops
-(:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`; witnessed by tests/trace/test_lora_recompute_tail_trace.py)."""
+(:func:`~memplan.estimate.lora_recompute_tail.lora_recompute_tail`; witnessed by tests/trace/test_lora_recompute_tail_trace.py)."""
 
 from __future__ import annotations
 
 from memplan.estimate.activations import Term
-from memplan.estimate.adapter_acts import lora_recompute_tail
+from memplan.estimate.lora_recompute_tail import lora_recompute_tail
 from memplan.estimate.terms import TermRole
 from memplan.model.linears import LinearModule
 from memplan.peft.params import Adapter
@@ -14,9 +14,10 @@ Q = LinearModule("model.layers.1.self_attn.q_proj", 256, 256, layer=1)
 TOKENS, HIDDEN = 512, 256
 
 
-def _tail(adapters: tuple[Adapter, ...], act_bytes: int = 2, adapter_bytes: int = 4, autocast: bool = True) -> int:
+def _tail(adapters: tuple[Adapter, ...], act_bytes: int = 2, adapter_bytes: int = 4, autocast: bool = True,
+          dropout: bool = False) -> int:
     return lora_recompute_tail(adapters, tokens=TOKENS, residual=TOKENS * HIDDEN * 2, mlp_input=TOKENS * HIDDEN * 2,
-                               byte_sizes=(act_bytes, adapter_bytes, 2), autocast=autocast)
+                               byte_sizes=(act_bytes, adapter_bytes, 2), autocast=autocast, dropout=dropout)
 
 
 def test_autocast_llama_toy_matches_the_trace() -> None:
@@ -94,3 +95,36 @@ def test_pure_bf16_dora_llama_toy_peaks_at_the_weight_norm_step() -> None:
                                mlp_input=TOKENS * HIDDEN * 2, byte_sizes=(2, 4, 2), autocast=False)
     assert tail == (1_310_720 + 2 * 262_144 + 786_432 + 2_359_296 + 24_576 + 4 * 786_432
                     - (16_384 + 524_288))
+
+
+def test_lora_dropout_autocast_llama_toy_peaks_at_lora_a() -> None:
+    # the trace's extras at down_proj's lora_A matmul (memplan trace, Llama toy, bf16-mixed, --lora-dropout 0.1, event
+    # 2568) but the output gradient: the scaling product's gradient, the residual, the MLP input, the base result
+    # (262,144 each), the projection's input (786,432), its fp32 cast and the dropout's fp32 output (1,572,864 each);
+    # lora_B's 16-bit weight copy (4,096) not made yet
+    assert _tail((Adapter(DOWN, 8, False),), dropout=True) == 4 * 262_144 + 786_432 + 2 * 1_572_864 - 4_096
+
+
+def test_dora_dropout_autocast_llama_toy_peaks_at_the_dropped_out_base_product() -> None:
+    # the trace's extras at F.linear(dropout(x), weight) in down_proj's DoRA forward (Llama toy, bf16-mixed,
+    # --lora-dropout 0.1, event 4763) but the output gradient: the head's three tensors; the residual, the MLP input,
+    # the projection's input, its fp32 cast, the base layer's own result, the dropout's fp32 output; the identity's
+    # 16-bit copy and lora_A's output of it, lora_weight and the base weight cast to fp32, autocast's 16-bit copy of
+    # the dropped-out input for the linear
+    head = 524_288 + 262_144 + 524_288
+    locals_ = 262_144 + 262_144 + 786_432 + 1_572_864 + 262_144 + 1_572_864
+    dora = 1_179_648 + 12_288 + 786_432 + 786_432 + 786_432
+    assert _tail((Adapter(DOWN, 8, True),), dropout=True) == head + locals_ + dora
+
+
+def test_an_fp32_input_under_autocast_is_unsaved_without_a_cast() -> None:
+    # GPT-2's c_proj under autocast reads gelu_new's fp32 output (the GELU_NEW term: three fp32 tensors): peft's cast to
+    # the fp32 adapters is a no-op and lora_A saves a 16-bit copy, so the input (fp32) is the one unsaved tensor of it
+    c_proj = LinearModule("transformer.h.1.mlp.c_proj", 768, 256, layer=1)
+    gelu = Term("mlp gelu_new intermediates", 12 * TOKENS * 768, "rep", "body", role=TermRole.GELU_NEW, tensors=3)
+    fp32_input = lora_recompute_tail((Adapter(c_proj, 8, False),), tokens=TOKENS, residual=0, mlp_input=0,
+                                     byte_sizes=(2, 4, 2), autocast=True, mlp_terms=[gelu])
+    plain = lora_recompute_tail((Adapter(c_proj, 8, False),), tokens=TOKENS, residual=0, mlp_input=0,
+                                byte_sizes=(2, 4, 2), autocast=True)
+    # the 16-bit input and its fp32 cast, against the fp32 input alone
+    assert plain - fp32_input == TOKENS * 768 * (2 + 4) - TOKENS * 768 * 4

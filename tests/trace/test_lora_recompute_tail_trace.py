@@ -3,7 +3,7 @@ projection's ``lora_B`` weight copy): there peft's ``Linear.forward`` locals (th
 cast, the base result), the MLP block's input, the residual stream's partial sum, the output gradient and the
 gradient of ``lora_B(...) * scaling`` are all alive beside the layer's saved tensors, its worst moment on the
 Llama and GPT-NeoX toys under eager attention (helper lorafull13;
-:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`)."""
+:func:`~memplan.estimate.lora_recompute_tail.lora_recompute_tail`)."""
 
 from __future__ import annotations
 
@@ -88,3 +88,31 @@ def test_pure_lora_all_linear_full_recompute_peak(tmp_path: Path, model: str, pr
 def test_pure_dora_all_linear_full_recompute_peak(tmp_path: Path, model: str, precision: str, peft: str) -> None:
     error = _peak_error(tmp_path, model, "eager", "full", precision=precision, peft=peft, lora_targets="all-linear")
     assert abs(error) <= 0.002
+
+
+#: ``--lora-dropout`` (helper dora15): ``lora_A`` saves the dropped-out input (a 16-bit copy of it under autocast), so
+#: the output projection's input and peft's cast of it are both unsaved locals of the recompute, and the dropout's
+#: output lives beside ``lora_A``'s copy (LoRA: until ``lora_A`` returns; DoRA's variant: to the end of its forward,
+#: where ``F.linear(dropout(x), weight)`` is made again and autocast copies its input once more). At 36c517b (the tail
+#: refused dropout): llama dora bf16-mixed -6.36%, bf16 +0.51%, neox dora bf16-mixed -6.81%, llama lora bf16-mixed
+#: -12.98%, bf16 -7.63%, neox lora bf16-mixed -16.64%, llama dora fp32 -2.29%; the control llama lora fp32 -0.01%.
+@pytest.mark.parametrize("model, precision, peft, dropout", [
+    ("llama", "bf16-mixed", "dora", 0.1), ("llama", "bf16", "dora", 0.05), ("neox", "bf16-mixed", "dora", 0.1),
+    ("llama", "bf16-mixed", "lora", 0.1), ("llama", "bf16", "lora", 0.1), ("neox", "bf16-mixed", "lora", 0.1),
+    ("llama", "fp32", "dora", 0.1), ("llama", "fp32", "lora", 0.1),
+])
+def test_lora_dropout_full_recompute_peak(tmp_path: Path, model: str, precision: str, peft: str,
+                                          dropout: float) -> None:
+    error = _peak_error(tmp_path, model, "eager", "full", precision=precision, peft=peft, lora_targets="all-linear",
+                        lora_dropout=dropout)
+    assert abs(error) <= 0.001
+
+
+#: GPT-2 under autocast (helper dora15): ``gelu_new`` runs in fp32 (its ``pow`` is an fp32 autocast op), so ``c_proj``'s
+#: input is fp32, peft's cast to the fp32 adapters a no-op, and ``lora_A`` saves a 16-bit copy: the input alone is
+#: unsaved (the tail had counted it in 16 bits plus an fp32 cast). At 36c517b: dora +2.67%, dora --lora-dropout 0.1
+#: -4.18%, lora --lora-dropout 0.1 -1.72% (the first branch's dropout tail without this: +2.38% / +3.35%).
+@pytest.mark.parametrize("peft, dropout", [("dora", 0.0), ("dora", 0.1), ("lora", 0.1)])
+def test_gpt2_autocast_full_recompute_peak(tmp_path: Path, peft: str, dropout: float) -> None:
+    error = _peak_error(tmp_path, "gpt2", "eager", "full", peft=peft, lora_targets="all-linear", lora_dropout=dropout)
+    assert abs(error) <= 0.001

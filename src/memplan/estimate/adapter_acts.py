@@ -23,11 +23,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 from memplan.estimate.activations import DROPOUT_MASK_BYTES, ActivationShape, Term
 from memplan.estimate.terms import Keep, TermRole
+from memplan.frozen import frozen_dataclass
 from memplan.model.linears import ATTENTION_MODULES
 from memplan.peft.params import Adapter
 
@@ -72,6 +72,12 @@ def _input_role(adapter: Adapter) -> TermRole:
     return TermRole.OTHER
 
 
+def on_mlp_output(adapter: Adapter) -> bool:
+    """The adapter wraps a dense MLP's output projection (``down_proj``, ``dense_4h_to_h``, ``fc2``, GPT-2's
+    ``mlp.c_proj``)."""
+    return _input_role(adapter) is not TermRole.OTHER
+
+
 def _results_role(adapter: Adapter) -> TermRole:
     """The role of the base and LoRA results DoRA ``adapter`` saves: its own on a dense MLP's linear
     (:mod:`~memplan.estimate.mlp_backward_nodes` frees them at the magnitude's node)."""
@@ -84,12 +90,15 @@ def _results_role(adapter: Adapter) -> TermRole:
 
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
                   compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False,
-                  base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES, bias_bytes: int = 0) -> list[Term]:
+                  base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES, bias_bytes: int = 0,
+                  mlp_input_needs_grad: bool = True) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
     ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
     the attention norm's output save no weight copy and no dropout mask (autograd keeps what the
     input's gradient needs only when the input requires grad), and DoRA one scale vector less.
+    ``mlp_input_needs_grad=False``: the same for adapters reading the MLP block's input (a parallel-residual
+    layer's MLP reads the layer input: GPT-NeoX's first layer).
     ``uncast_input``: peft's bitsandbytes layers (``lora/bnb.py``) under CUDA autocast pass ``x`` on
     without the fp32 cast, so ``lora_A`` saves the 16-bit input itself, one tensor for the adapters
     that read the same input (q/k/v, gate/up). ``base_keeps_input`` (with ``uncast_input``): the
@@ -109,7 +118,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
         m, r, keep = a.module, a.rank, adapter_keep(a)
         name = m.name.rpartition(".")[2]
         start = len(terms)
-        grad_in = input_needs_grad or name not in ATTENTION_INPUT_LINEARS
+        grad_in = (input_needs_grad or name not in ATTENTION_INPUT_LINEARS) and (
+            mlp_input_needs_grad or name not in MLP_INPUT_LINEARS or not in_mlp_block(a))
         group = _shared_input(name, m.name, shape.attention) if uncast_input and not dropout else None
         if uncast_input and not dropout and base_keeps_input and grad_in:
             pass  # the base layer's saved input is lora_A's input
@@ -176,25 +186,69 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
     dequantized to the compute dtype first).
     """
     worst = 0
-    x_bytes = adapter_bytes  # peft casts the input to the adapters' dtype
     for a in adapters:
         if not a.dora or a.experts > 1 or m_is_parameter(a):
             continue
         i, o, r = a.module.in_features, a.module.out_features, a.rank
-        eye, eye_copy = adapter_bytes * i * i, (compute_bytes * i * i if autocast and compute_bytes != adapter_bytes else 0)
-        kept_eye = eye_copy or eye
-        product = (compute_bytes if autocast else adapter_bytes) * i * o
-        product_cast = x_bytes * i * o if product != x_bytes * i * o else 0
-        weight_cast = x_bytes * i * o if base_bytes != x_bytes else 0
-        combined = kept_eye + (product_cast or product) + weight_cast
+        step = dora_weight_norm(a, act_bytes=compute_bytes, adapter_bytes=adapter_bytes, base_bytes=base_bytes,
+                                autocast=autocast)
         # the input's cast, and under autocast the adapter weights' copies with lora_A's output in the compute dtype
-        beside = x_bytes * tokens * i if compute_bytes != x_bytes else 0
-        small = (compute_bytes * r * (2 * i + o) if eye_copy else adapter_bytes * r * i)
+        beside = adapter_bytes * tokens * i if compute_bytes != adapter_bytes else 0
+        copies = compute_bytes * r * (i + o) if step.eye_copy else 0
         worst = max(worst,
-                    beside + eye + eye_copy + small + product,  # lora_B's output while the identity lives
-                    beside + kept_eye + product + product_cast,  # the cast of the product
-                    beside + combined + 2 * x_bytes * i * o)  # scaling * lora_weight and the sum, for the norm
+                    beside + step.eye + step.eye_copy + step.eye_output + copies + step.lora_weight,  # lora_B's output
+                    beside + step.kept_eye + step.lora_weight + step.lora_weight_cast,  # the cast of the product
+                    beside + step.kept_eye + step.weights + step.scaled)  # scaling * lora_weight and the sum
     return worst
+
+
+@frozen_dataclass(kw_only=True)
+class DoraWeightNorm:
+    """The tensors of the weight-norm step peft's ``DoraLinearLayer.forward`` runs for one adapter (bytes each):
+    ``lora_weight = lora_B(lora_A(eye)).T`` (``get_lora_weight``), ``.to(x.dtype)``, the base weight
+    ``.to(x.dtype)`` and ``get_weight_norm``'s ``weight + scaling * lora_weight``. ``x`` is the input peft cast to the
+    adapters' dtype (``_cast_input_dtype``)."""
+
+    #: The ``in x in`` identity, in the adapters' dtype (``lora_A.weight.dtype``).
+    eye: int
+    #: Its 16-bit copy under autocast, which ``lora_A``'s graph keeps (0 without autocast or with 16-bit adapters).
+    eye_copy: int
+    #: ``lora_A``'s ``in x r`` output of the identity (``lora_B`` keeps it).
+    eye_output: int
+    #: ``lora_B``'s ``in x out`` output: ``lora_weight`` (in the compute dtype under autocast).
+    lora_weight: int
+    #: ``lora_weight.to(x.dtype)`` where that is not a no-op (0 otherwise).
+    lora_weight_cast: int
+    #: The base weight cast to ``x``'s dtype where it is held in another (0 otherwise).
+    base_cast: int
+    #: ``scaling * lora_weight`` and the sum ``weight + ...``: two ``out x in`` tensors in ``x``'s dtype.
+    scaled: int
+
+    @property
+    def kept_eye(self) -> int:
+        """The identity ``lora_A``'s graph keeps while ``lora_weight`` lives: its 16-bit copy, or itself."""
+        return self.eye_copy or self.eye
+
+    @property
+    def weights(self) -> int:
+        """``lora_weight`` in ``x``'s dtype (its cast, or itself) and the base weight in it (its cast, if any)."""
+        return (self.lora_weight_cast or self.lora_weight) + self.base_cast
+
+
+def dora_weight_norm(a: Adapter, *, act_bytes: int, adapter_bytes: int, base_bytes: int,
+                     autocast: bool) -> DoraWeightNorm:
+    """The weight-norm step's tensors of DoRA adapter ``a`` (:class:`DoraWeightNorm`): ``act_bytes``, ``adapter_bytes``
+    and ``base_bytes`` the activations', the adapters' and the base weight's bytes per element (a quantized base:
+    the dtype it is dequantized to), ``autocast`` the hf profile's mixed precision."""
+    i, o, r = a.module.in_features, a.module.out_features, a.rank
+    lora_bytes = act_bytes if autocast else adapter_bytes
+    lora_weight = lora_bytes * i * o
+    x_weight = adapter_bytes * i * o  # an out x in tensor in x's dtype
+    return DoraWeightNorm(eye=adapter_bytes * i * i,
+                          eye_copy=act_bytes * i * i if autocast and act_bytes != adapter_bytes else 0,
+                          eye_output=lora_bytes * i * r, lora_weight=lora_weight,
+                          lora_weight_cast=x_weight if lora_weight != x_weight else 0,
+                          base_cast=x_weight if base_bytes != adapter_bytes else 0, scaled=2 * x_weight)
 
 
 def dora_forward_before_output(adapters: tuple[Adapter, ...], **sizes: int | bool) -> int:
@@ -219,119 +273,17 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
     recomputed forward. With adapters in the compute dtype the casts are no-ops: the product alone."""
     for a in adapters:
         if a.dora and a.experts == 1 and not m_is_parameter(a) and a.module.name.endswith("." + last_linear):
-            size = tokens * a.module.out_features
-            casts = size * (adapter_bytes + compute_bytes) if adapter_bytes != compute_bytes else 0
-            return casts + size * adapter_bytes
+            return dora_head(a, tokens, act_bytes=compute_bytes, adapter_bytes=adapter_bytes)
     return 0
 
 
-def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual: int, mlp_input: int,
-                        byte_sizes: tuple[int, int, int], autocast: bool, mlp_terms: Sequence[Term] = ()) -> int:
-    """What a fully recomputed layer holds beyond its saved tensors at the worst moment of its recomputed forward that
-    an adapter on the MLP's output projection makes (0 where no LoRA/DoRA adapter sits there): where the forward
-    stops, or inside the MLP's input projection (:func:`_input_projection_moment`).
-
-    ``torch.utils.checkpoint``'s non-reentrant recompute stops once the last saved tensor is made again
-    (``_StopRecomputationError``), inside peft's ``Linear.forward`` of that projection (``tuners/lora/layer.py``),
-    whose locals are alive there: the base layer's result (``out`` wide; DoRA saves it), its input (``in`` wide; a
-    frozen base and ``lora_A``'s own copy leave it unsaved) and peft's cast of it to the adapters' dtype
-    (``_cast_input_dtype``; under autocast ``lora_A`` saves a 16-bit copy of it instead), the MLP block's input (the
-    norm's output, ``mlp_input`` bytes, unsaved for the same reason) and the residual stream's partial sum
-    (``residual`` bytes: with the attention output a layer's forward keeps, less what the MLP's pre-norm saves). Beside them, what the backward made before it first unpacked a saved tensor (the
-    recompute's trigger, :func:`_lora_head`). Where peft's cast is a no-op (adapters in the activations' dtype)
-    ``lora_A`` saves that input itself and the MLP block's input is its group's kept input: neither is extra.
-    ``byte_sizes``: the activations', the adapters' and the frozen base weights' bytes per element; ``mlp_terms``:
-    the layer's MLP-block terms (one rank: the tail applies on one tensor-parallel rank without FP8)."""
-    act_bytes, adapter_bytes, _ = byte_sizes
-    out = next((a for a in adapters if a.experts == 1 and not m_is_parameter(a)
-                and _input_role(a) is not TermRole.OTHER), None)
-    if out is None:
-        return 0
-    size_in, size_out = tokens * out.module.in_features, tokens * out.module.out_features
-    cast = act_bytes != adapter_bytes
-    unsaved = residual + (mlp_input + size_in * (act_bytes + (adapter_bytes if autocast else 0)) if cast else 0)
-    head = _lora_head(out, tokens, byte_sizes, autocast)
-    if out.dora:
-        stop = unsaved + _dora_tail(out, tokens, byte_sizes, autocast)
-    else:
-        stop = head + unsaved + size_out * act_bytes
-    return max(stop, _input_projection_moment(adapters, out, tokens=tokens, residual=residual, mlp_input=mlp_input,
-                                              byte_sizes=byte_sizes, autocast=autocast, mlp_terms=mlp_terms) + head)
-
-
-def _lora_head(out: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
-    """What the backward makes at the output projection's adapter ``out`` before it first unpacks a saved tensor: the
-    gradient of ``lora_B(...) * scaling`` and, with adapters in another dtype than the activations and no autocast,
-    the add's cast of the output gradient to the base result's dtype, waiting for the base's node (the cast of
-    ``result.to(torch_result_dtype)`` is freed once the product's node has read it: a trace of GPT-NeoX at pure bf16
-    holds the two); DoRA's head is :func:`dora_output_backward`'s."""
-    act_bytes, adapter_bytes, _ = byte_sizes
-    if out.dora:
-        return dora_output_backward((out,), last_linear=out.module.name.rpartition(".")[2], tokens=tokens,
-                                    compute_bytes=act_bytes, adapter_bytes=adapter_bytes)
-    lora_bytes = act_bytes if autocast else adapter_bytes
-    return tokens * out.module.out_features * (lora_bytes + (act_bytes if lora_bytes != act_bytes else 0))
-
-
-def _input_projection_moment(adapters: tuple[Adapter, ...], out: Adapter, *, tokens: int, residual: int,
-                             mlp_input: int, byte_sizes: tuple[int, int, int], autocast: bool,
-                             mlp_terms: Sequence[Term]) -> int:
-    """The recomputed forward inside peft's ``Linear.forward`` of the MLP's last input projection carrying a LoRA
-    adapter (``dense_h_to_4h``, ``up_proj``, ``c_fc``), beyond the layer's saved tensors, without the head: the base
-    result (activations' dtype), ``lora_B``'s output and its product by ``scaling`` (the adapters' dtype without
-    autocast: peft keeps the adapters in fp32 at pure 16 bits; or, at the add, the product and the sum in the wider
-    dtype), the MLP block's input and peft's cast of it (where that cast is not a no-op), the residual's partial sum;
-    less what the block saves later: the activation's saved tensors not made yet (a gated MLP's gate output and
-    ``act(gate)`` come before ``up_proj``), the output projection's saved tensors and its adapter's (``lora_A``'s
-    input, ``lora_B``'s, DoRA's results). 0 where no such adapter (or a DoRA one: its own forward) is there."""
-    ups = [a for a in adapters if a.module.name.rpartition(".")[2] in MLP_INPUT_LINEARS and a.experts == 1]
-    if not ups or ups[-1].dora:
-        return 0
-    up, (act_bytes, adapter_bytes, _) = ups[-1], byte_sizes
-    lora_bytes = act_bytes if autocast else adapter_bytes
-    size_out = tokens * up.module.out_features
-    made = size_out * (act_bytes + max(2 * lora_bytes, lora_bytes + max(act_bytes, lora_bytes)))
-    if act_bytes != adapter_bytes:
-        made += mlp_input + (tokens * up.module.in_features * adapter_bytes if autocast else 0)
-    later = tokens * out.rank * lora_bytes
-    for t in mlp_terms:
-        if t.role is TermRole.MLP_FC1:
-            later += t.bytes // 3 if t.tensors == 3 and up.module.name.rpartition(".")[2] == "up_proj" else t.bytes
-        elif t.role in _SAVED_AFTER_FC1:
-            later += t.bytes
-    return residual + made - later
-
-
-#: The MLP's saved tensors made after its activation's input: the ``gelu_new`` intermediates, the output projection's
-#: input (a trained one's) and its adapter's ``lora_A`` input and DoRA results.
-_SAVED_AFTER_FC1 = frozenset({TermRole.GELU_NEW, TermRole.MLP_FC2, TermRole.MLP_FC2_ADAPTER_INPUT,
-                              TermRole.MLP_FC2_DORA_INPUT, TermRole.MLP_FC2_DORA_RESULTS})
-
-
-def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
-    """DoRA's own locals while the recompute ends in peft's ``DoraLinearLayer.forward``, at the worst of two moments
-    (:func:`dora_forward_transient`'s tensors): ``lora_B(lora_A(eye))`` made while the fp32 identity lives, before
-    ``lora_A``'s copy of the input, its output and ``lora_result`` (saved tensors not made yet); and the stop, after
-    ``(mag_norm_scale - 1) * base_result`` (that product in the fp32 magnitude's dtype), where the locals still hold
-    ``lora_weight`` cast to the input's dtype (with the identity's 16-bit copy and ``lora_A``'s output its graph
-    keeps) and the base weight cast to it; between them the weight norm's ``weight + scaling * lora_weight`` (two
-    ``out x in`` tensors in the input's dtype, the adapters': traces of Llama and GPT-NeoX at fp32 and pure bf16 peak
-    there) beside those locals, before ``lora_A``'s output and ``lora_result``. The head
-    (:func:`dora_output_backward`) beside all three."""
-    act_bytes, adapter_bytes, base_bytes = byte_sizes
-    i, o, r = a.module.in_features, a.module.out_features, a.rank
-    lora_bytes = act_bytes if autocast else adapter_bytes
-    eye_copy = act_bytes * i * i if autocast and act_bytes != adapter_bytes else 0
-    kept = (eye_copy or adapter_bytes * i * i) + lora_bytes * i * r
-    head = dora_output_backward((a,), last_linear=a.module.name.rpartition(".")[2], tokens=tokens,
-                                compute_bytes=act_bytes, adapter_bytes=adapter_bytes)
-    not_yet = lora_bytes * tokens * (r + o) + (act_bytes * tokens * i if eye_copy else 0)
-    made = adapter_bytes * i * i + eye_copy + lora_bytes * i * r + lora_bytes * i * o - not_yet
-    # lora_weight in the input's (adapters') dtype: its cast, or itself where it is in that dtype already
-    weights = adapter_bytes * i * o + (adapter_bytes * i * o if base_bytes != adapter_bytes else 0)
-    stop = kept + weights + tokens * o * max(adapter_bytes, act_bytes)
-    norm = kept + weights + 2 * adapter_bytes * i * o - not_yet
-    return head + max(made, stop, norm)
+def dora_head(a: Adapter, tokens: int, *, act_bytes: int, adapter_bytes: int) -> int:
+    """:func:`dora_output_backward`'s three tensors for DoRA adapter ``a`` (``tokens`` x its ``out`` each): the output
+    gradient cast to the adapters' dtype and the add's cast back (where the two dtypes differ), the product by
+    ``scaling``'s gradient in the adapters' dtype."""
+    size = tokens * a.module.out_features
+    casts = size * (adapter_bytes + act_bytes) if adapter_bytes != act_bytes else 0
+    return casts + size * adapter_bytes
 
 
 def adapter_keep(a: Adapter) -> Keep:

@@ -214,7 +214,8 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
                                     input_needs_grad=role.flow is None or role.flow.attention.input_grad,
                                     # peft's cast to the fp32 adapters is a no-op on fp32 activations
                                     uncast_input=(role.quantized and autocast) or shape.act_bytes == adapter_bytes,
-                                    base_keeps_input=int8_base, adapter_bytes=adapter_bytes, bias_bytes=bias_bytes)
+                                    base_keeps_input=int8_base, adapter_bytes=adapter_bytes, bias_bytes=bias_bytes,
+                                    mlp_input_needs_grad=role.flow is None or role.flow.mlp.input_grad)
     return attention, rest
 
 

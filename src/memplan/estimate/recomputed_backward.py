@@ -299,20 +299,20 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
 
 def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: list[Term]) -> int:
     """What layer ``index``'s recomputed forward holds where it stops, at a LoRA or DoRA adapter on the MLP's output
-    projection or inside its input projection (:func:`~memplan.estimate.adapter_acts.lora_recompute_tail`, which reads
-    the MLP-block terms ``mlp_terms``; without the output gradient), for an
-    eager dense layer on one rank without dropout, post-norms, a quantized base nor ``--lora-dropout``, checkpointed by
+    projection or inside its input projection (:func:`~memplan.estimate.lora_recompute_tail.lora_recompute_tail`, which reads
+    the MLP-block terms ``mlp_terms``; without the output gradient; ``--lora-dropout`` priced there), for an
+    eager dense layer on one rank without dropout, post-norms nor a quantized base, checkpointed by
     the non-reentrant ``torch.utils.checkpoint`` (a reentrant checkpoint, DeepSpeed's among them, runs the whole
     forward again before the backward: no early stop) without FP8; else 0."""
     job, layer = run.job, run.model.layers[index]
     ft = job.finetune
-    if (run.counts is None or not ft.peft_kind.adapters or ft.lora_dropout or ft.quant_kind.quantizes or shape.dropout
+    if (run.counts is None or not ft.peft_kind.adapters or ft.quant_kind.quantizes or shape.dropout
             or layer.moe is not None or layer.num_post_norms or shape.kernels != "eager" or job.parallel.tp > 1
             or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
         return 0
     from memplan.estimate.activations import norm_output_bytes
-    from memplan.estimate.adapter_acts import lora_recompute_tail
     from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+    from memplan.estimate.lora_recompute_tail import lora_recompute_tail
 
     tokens, hidden = shape.seq * shape.micro_batch, run.model.hidden_size
     # the residual stream's partial sum, unless the MLP's pre-norm saves that very tensor (a norm without an fp32 copy
@@ -324,7 +324,8 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
                                                     else 0),
                                mlp_input=tokens * hidden * norm_output_bytes(shape),
                                byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
-                               autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms)
+                               autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms,
+                               dropout=ft.lora_dropout > 0)
 
 
 def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> int:

@@ -217,9 +217,6 @@ def _check_compile(job: Job, *, torchtitan_code: bool = False) -> None:
 
 
 def _check_finetune(job: Job) -> None:
-    if job.finetune.quant_kind.quantizes and job.finetune.peft_kind.magnitude:
-        raise ConfigError("--peft", "dora on a quantized base needs bitsandbytes' dequantization of the weight "
-                          "norm, which the tracer's stand-in does not run; trace --peft lora", job.finetune.peft)
     if (job.finetune.peft_kind.adapters or job.finetune.has_frozen) and job.parallel.world_size > 1:
         raise ConfigError("--gpus", "memplan trace runs fine-tuning (--peft, --trainable) on one rank; "
                           "estimate sharded fine-tuning with memplan estimate", job.parallel.world_size)

@@ -80,6 +80,7 @@ class Linear4bitStandIn(nn.Linear):
                               requires_grad=False)
         weight.unpacked_numel = numel  # type: ignore[attr-defined]  # peft counts 4-bit weights unpacked
         self.weight = weight
+        self.quant_dtype = linear.weight.dtype  # quant_state.dtype: the weight's dtype when it was quantized
         self.bias = linear.bias
         blocks = _blocks(numel, BLOCKSIZE)
         self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8 if double_quant else torch.float32,
@@ -98,6 +99,17 @@ class Linear4bitStandIn(nn.Linear):
     def storage_bytes(self) -> int:
         """Bytes the layer's quantized weight and quantization state hold (not the bias)."""
         return self.weight.nbytes + sum(b.nbytes for b in self.buffers())
+
+    @property
+    def W_q(self) -> torch.Tensor:  # peft's name
+        """The packed weight, under the name peft's ``dequantize_module_weight`` looks for (:meth:`dequantize`)."""
+        return self.weight
+
+    def dequantize(self) -> torch.Tensor:
+        """What peft's ``dequantize_module_weight`` returns for DoRA's weight norm (``utils/integrations.py``:
+        ``bnb.functional.dequantize_4bit(weight.data, weight.quant_state)``, in ``quant_state.dtype``, the weight's
+        dtype when it was quantized). peft calls a module's ``dequantize()`` where it has ``W_q``."""
+        return self.dequantized(self.quant_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -156,6 +168,17 @@ class Linear8bitStandIn(nn.Linear):
     def storage_bytes(self) -> int:
         """Bytes of the int8 weight and its row scales (not the bias)."""
         return self.weight.nbytes + self.SCB.nbytes
+
+    @property
+    def W_q(self) -> torch.Tensor:  # peft's name
+        """The int8 weight, under the name peft's ``dequantize_module_weight`` looks for (:meth:`dequantize`)."""
+        return self.weight
+
+    def dequantize(self) -> torch.Tensor:
+        """What peft's ``dequantize_bnb_weight`` returns for an 8-bit weight (``int8_vectorwise_dequant``: ``A *
+        stats.view(-1, 1) * 7.874e-3``, int8 times the fp32 row scales: an fp32 product, then the fp32 result)."""
+        product = self.weight * self.SCB.view(-1, 1)
+        return product * 7.874015718698502e-3
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _MatMul8bitLt.apply(x, self.weight, self)
