@@ -1,0 +1,108 @@
+"""DeepSpeed ZeRO-1/2's gradient and communication dtypes against DeepSpeed 0.19.8's engine: BF16_Optimizer's bf16
+gradients, grad_accum_dtype at stage 1, communication_data_type and reduce_scatter below stage 3, the bucket keys at
+stage 0 (docs/benchmarks.md, helper ds15; the engine on CPU, world size 1, tiny4 Llama, /tmp/ds15/witness.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memplan.estimate.engine import _stage_parts
+from memplan.estimate.memo import Same
+from memplan.frameworks.deepspeed_keys import deepspeed_settings
+from memplan.inputs import JobRequest, load_job
+from tests.estimate.test_zero3_dtypes import TINY4
+
+TOTAL = 3_676_416
+STATES = ("parameters", "gradients", "master", "optimizer")
+
+
+def _ledger(tmp_path: Path, config: dict, *, precision: str = "bf16", steps: int = 1):  # type: ignore[no-untyped-def]
+    (tmp_path / "config.json").write_text(json.dumps(TINY4))
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": steps, precision: {"enabled": True},
+          **config}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    loaded = load_job(JobRequest(model=str(tmp_path / "config.json"),
+                                 flags={"gpus": 1, "seq": 32, "deepspeed_config": str(tmp_path / "ds.json")}))
+    _, parts = _stage_parts(Same(loaded.model), loaded.job, 0.0)
+    return parts[0][2].ledger
+
+
+def _states(ledger, phase: str = "end of backward") -> int:  # type: ignore[no-untyped-def]
+    return sum(ledger.total(c, phase) for c in STATES)
+
+
+def _z(stage: int, **keys: object) -> dict:
+    return {"zero_optimization": {"stage": stage, "reduce_bucket_size": 100_000, **keys}}
+
+
+FP32_ACCUM = {"data_types": {"grad_accum_dtype": "fp32"}}
+
+#: (cell, config, precision, the engine's live storage bytes after the second backward, its largest reduce bucket
+#: bytes and the reduction's copy bytes at one collective of that backward).
+ENGINE = [
+    ("E1 ZeRO-1 bf16", _z(1), "bf16", 58_823_176, 200_000, 0),
+    ("E2 ZeRO-1 bf16 grad_accum fp32 (BF16_Optimizer)", {**_z(1), **FP32_ACCUM}, "bf16", 73_528_840, 0, 7_352_832),
+    ("E3 E2 + communication_data_type fp32", {**_z(1), **FP32_ACCUM, "communication_data_type": "fp32"}, "bf16",
+     73_528_840, 0, 0),
+    ("E4 ZeRO-1 fp16 grad_accum fp32", {**_z(1), **FP32_ACCUM}, "fp16", 66_176_008, 400_000, 512_000),
+    ("E5 ZeRO-1 bf16 communication_data_type fp32", {**_z(1), "communication_data_type": "fp32"}, "bf16",
+     58_823_176, 200_000, 1_024_000),
+    ("E6 ZeRO-2 bf16 communication_data_type fp32", {**_z(2), "communication_data_type": "fp32"}, "bf16",
+     58_823_176, 200_000, 1_024_000),
+    ("E7 ZeRO-1 bf16 reduce_scatter false", _z(1, reduce_scatter=False), "bf16", 58_823_176, 200_000, 0),
+    ("E8 ZeRO-2 bf16 reduce_scatter false", _z(2, reduce_scatter=False), "bf16", 58_823_176, 200_000, 0),
+]
+
+
+@pytest.mark.parametrize("cell, config, precision, after_backward, bucket, copy", ENGINE, ids=[c[0] for c in ENGINE])
+def test_zero_1_and_2_buffers_match_the_engine(tmp_path: Path, cell: str, config: dict, precision: str,
+                                               after_backward: int, bucket: int, copy: int) -> None:
+    ledger = _ledger(tmp_path, config, precision=precision)
+    # the engine's figure also holds the rotary inv_freq buffer, the input ids and the grad norm: 520 bytes
+    assert after_backward - 1024 <= _states(ledger) <= after_backward
+    assert max(ledger.total("communication", p) for p in ("backward", "end of backward")) == bucket
+    assert sum(c.nbytes for c in ledger.entries if "reduction: up to" in c.note) == copy
+
+
+def test_bf16_optimizer_keeps_bf16_gradients_beside_the_fp32_buffer(tmp_path: Path) -> None:
+    """2 B/param of bf16 param.grad from the backward to the step's zero_grad; the fp32 buffer the whole step."""
+    one = _ledger(tmp_path, {**_z(1), **FP32_ACCUM})
+    assert one.total("gradients", "end of backward") == (4 + 2) * TOTAL
+    assert one.total("gradients", "loss") == 4 * TOTAL  # the first micro-batch's forward: no bf16 gradients yet
+    assert one.total("gradients", "optimizer step") == 6 * TOTAL
+    accumulating = _ledger(tmp_path, {**_z(1), **FP32_ACCUM}, steps=4)
+    assert accumulating.total("gradients", "loss") == 6 * TOTAL  # zeroed, not freed, between micro-batches
+    # ZeRO-2 with fp32 accumulation runs the ZeRO optimizer: fp32 gradient partitions only
+    assert _ledger(tmp_path, {**_z(2), **FP32_ACCUM}).total("gradients", "end of backward") == 4 * TOTAL
+
+
+def test_grad_accum_dtype_and_communication_data_type_are_modelled_below_stage_3() -> None:
+    def effects(stage: int) -> dict[str, tuple[str, str]]:
+        config = {"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"},
+                  "zero_optimization": {"stage": stage, "reduce_scatter": False}}
+        return {s.key: (s.effect, s.note) for s in deepspeed_settings(config)}
+
+    for stage in (1, 2):
+        got = effects(stage)
+        assert got["data_types.grad_accum_dtype"][0] == "modelled"
+        assert got["communication_data_type"][0] == "modelled"
+        assert got["zero_optimization.reduce_scatter"][0] == "no-memory-effect"
+    assert "BF16_Optimizer" in effects(1)["data_types.grad_accum_dtype"][1]
+
+
+BUCKET_KEYS = {"reduce_bucket_size": 100_000, "contiguous_gradients": True, "overlap_comm": True,
+               "reduce_scatter": False, "allgather_bucket_size": 100_000}
+
+
+def test_stage_0_reads_no_bucket_key(tmp_path: Path) -> None:
+    """E10 / E11: stage 0 all-reduces in the engine's own 5e8-element buckets; each bucket key is read only by the ZeRO
+    optimizers, so the notes say so and the estimate does not move."""
+    settings = deepspeed_settings({"zero_optimization": {"stage": 0, **BUCKET_KEYS}})
+    for s in settings[1:]:
+        assert s.effect == "no-memory-effect" and "stage 0" in s.note and "ZeRO-1/2" not in s.note, s.key
+    plain = _ledger(tmp_path, {"zero_optimization": {"stage": 0}})
+    keyed = _ledger(tmp_path, {"zero_optimization": {"stage": 0, **BUCKET_KEYS}})
+    assert plain.allocated_at("backward") == keyed.allocated_at("backward")
