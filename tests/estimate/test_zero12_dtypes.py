@@ -106,3 +106,59 @@ def test_stage_0_reads_no_bucket_key(tmp_path: Path) -> None:
     plain = _ledger(tmp_path, {"zero_optimization": {"stage": 0}})
     keyed = _ledger(tmp_path, {"zero_optimization": {"stage": 0, **BUCKET_KEYS}})
     assert plain.allocated_at("backward") == keyed.allocated_at("backward")
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_hf_zero_is_deepspeed_s_engine_and_the_doctor_s_fix_is_that_job(zero: int) -> None:
+    """``--framework hf --zero N`` is the Hugging Face Trainer's DeepSpeed integration (docs/estimate.md's ``--zero``;
+    the profile's ``zero_framework``): priced byte for byte as ``--framework deepspeed --zero N``, with a sentence
+    saying so; the doctor's ZeRO fix for the hf job names that job and prices it the same."""
+    from memplan import estimate
+    from memplan.doctor import diagnose
+
+    def est(framework: str, stage: int):  # type: ignore[no-untyped-def]
+        loaded = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": framework, "zero": stage}))
+        return estimate(loaded.model, loaded.job)
+
+    hf, ds = est("hf", zero), est("deepspeed", zero)
+    assert (hf.peak_allocated_bytes, hf.peak_reserved_bytes, hf.stages) == (ds.peak_allocated_bytes,
+                                                                           ds.peak_reserved_bytes, ds.stages)
+    assert hf.assumptions[0].startswith(f"--framework hf --zero {zero}: the Hugging Face Trainer runs ZeRO through")
+    assert hf.assumptions[1:] == ds.assumptions
+    job = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": "hf"}))
+    fixes = diagnose(job=job, capacity_bytes=hf.peak_reserved_bytes * 2 // 3).fixes
+    fix = next(f for f in fixes if f.setting == f"--framework deepspeed --zero {zero}")
+    assert fix.peak_bytes == ds.peak_reserved_bytes == hf.peak_reserved_bytes
+
+
+def test_hf_zero_refuses_what_deepspeed_s_engine_refuses_naming_the_flag(tmp_path: Path) -> None:
+    """A Hugging Face setting DeepSpeed's profile does not run: one sentence naming --zero, the framework and the
+    rule, exit 2, from the flags, a job file and the server alike; --zero 3 with --fsdp stays PyTorch FSDP's."""
+    import subprocess
+    import sys
+
+    from memplan.errors import JobConfigError
+
+    flags = {"gpus": 8, "framework": "hf", "zero": 2, "recompute": "attention-module"}
+    loaded = load_job(JobRequest(model="llama-3.2-1b", flags=flags))
+    from memplan import estimate
+
+    with pytest.raises(JobConfigError, match=r"^--zero: 2 under --framework hf runs deepspeed's engine") as info:
+        estimate(loaded.model, loaded.job)
+    assert "\n" not in str(info.value) and "attention-module" in str(info.value)
+    run = subprocess.run([sys.executable, "-m", "memplan", "estimate", "llama-3.2-1b", "--gpus", "8", "--framework",
+                          "hf", "--zero", "2", "--recompute", "attention-module"], capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 2 and "--zero: 2 under --framework hf" in run.stderr + run.stdout
+    (tmp_path / "job.yaml").write_text("model: llama-3.2-1b\ngpus: 8\nframework: hf\nzero: 2\nrecompute: attention-module\n")
+    run = subprocess.run([sys.executable, "-m", "memplan", "estimate", "--job", str(tmp_path / "job.yaml")],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 2 and "--zero: 2 under --framework hf" in run.stderr + run.stdout
+    starlette = pytest.importorskip("starlette.testclient")
+    from memplan.serve import create_app
+
+    body = {"model": "llama-3.2-1b", "gpus": 8, "framework": "hf", "zero": 2, "recompute": "attention-module"}
+    response = starlette.TestClient(create_app()).post("/v1/estimate", json=body)
+    assert response.status_code == 400 and response.json()["error"]["field"] == "zero"
+    fsdp = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": "hf", "zero": 3, "fsdp": "full"}))
+    assert estimate(fsdp.model, fsdp.job).framework == "hf"
