@@ -162,3 +162,20 @@ def test_hf_zero_refuses_what_deepspeed_s_engine_refuses_naming_the_flag(tmp_pat
     assert response.status_code == 400 and response.json()["error"]["field"] == "zero"
     fsdp = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": "hf", "zero": 3, "fsdp": "full"}))
     assert estimate(fsdp.model, fsdp.job).framework == "hf"
+
+
+#: The engine's most live bytes at one collective of the second backward (ZeRO-1 reduces at the accumulation boundary,
+#: after the backward): the gradient partition (grads_in_partition, or the compact fp32 partition) is allocated whole
+#: at its first copy beside the full gradients not reduced yet.
+REDUCING = [("E1", _z(1), "bf16", 65_732_948), ("E4", {**_z(1), **FP32_ACCUM}, "fp16", 81_793_684),
+            ("E2", {**_z(1), **FP32_ACCUM}, "bf16", 80_881_680)]
+
+
+@pytest.mark.parametrize("cell, config, precision, measured", REDUCING, ids=[c[0] for c in REDUCING])
+def test_zero_1_reduction_holds_the_partition_beside_the_full_gradients(tmp_path: Path, cell: str, config: dict,
+                                                                        precision: str, measured: int) -> None:
+    ledger = _ledger(tmp_path, config, precision=precision)
+    mine = [c for c in ledger.entries if c.note.startswith("DeepSpeed ZeRO") and c.live_at("end of backward")
+            and c.category in ("communication", "temporary")]
+    got = _states(ledger) + sum(c.nbytes for c in mine)
+    assert measured * 0.999 <= got <= measured * 1.01  # E1: the head's 512,000 B were freed before the partition came

@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO-1/2's gradient buffers beside the model states on one GPU: the reduce (IPG) buckets, the reduction's
-copy in ``communication_data_type``, and ``BF16_Optimizer``'s 16-bit gradients.
+copy in ``communication_data_type``, ZeRO-1's gradient partition at the reduction, and ``BF16_Optimizer``'s 16-bit
+gradients.
 
 What ``--zero 1`` / ``--zero 2`` run where the profile's ZeRO is DeepSpeed's (``FrameworkProfile.zero3_buffers``:
 DeepSpeed, the Hugging Face Trainer through its integration). DeepSpeed 0.19.8:
@@ -20,6 +21,10 @@ DeepSpeed, the Hugging Face Trainer through its integration). DeepSpeed 0.19.8:
   bucket's, and copy the result back: ``min(P, max(bucket, largest parameter))`` elements in
   ``communication_data_type`` (the model's dtype by default, engine.py ``communication_data_type``) at each
   reduction. ``reduce_scatter: false`` allocates nothing more than ``true`` (measured, docs/benchmarks.md, ds15).
+* **ZeRO-1's gradient partition at the reduction**: the first ``copy_grads_in_partition`` allocates this GPU's whole
+  partition (``grads_in_partition``, ``torch.empty(total_size)`` in the model's dtype; with a separate fp32
+  accumulation dtype the compact fp32 partition, ``_build_compact_grad_partition_buffer``) while the full gradients
+  not reduced yet are still alive; at stage 2 the gradients are the partition already.
 * **BF16_Optimizer** (runtime/bf16_optimizer.py): ZeRO-1 with bf16 weights, ``grad_accum_dtype`` fp32 and no optimizer
   offload (engine.py ``_do_optimizer_sanity_check``) runs it instead of the ZeRO optimizer. It has no reduce bucket; its
   fp32 gradient buffer (``fp32_groups_gradients_flat``, the whole model on every GPU, allocated at init: the model
@@ -93,9 +98,23 @@ def contributions(ctx: StageContext, st: StageStates) -> list[Contribution]:
         + ("the last micro-batch's backward (kept across the accumulation)" if accumulates else "the backward")
         + f" (contiguous_gradients; overlap_comm {'on: double buffered' if buffers > 1 else 'off'})"))
     during = zero == 2 or sh.overlap_comm  # else at the accumulation boundary, after the backward
-    copy = _reduction_copy(ctx, min(st.params.total, max(elements, _largest_tensor(ctx))), dtype,
-                           ("backward", "end of backward") if during else ("end of backward",))
-    return [bucket] if copy is None else [bucket, copy]
+    when = ("backward", "end of backward") if during else ("end of backward",)
+    copy = _reduction_copy(ctx, min(st.params.total, max(elements, _largest_tensor(ctx))), dtype, when)
+    return [bucket, *([] if copy is None else [copy]), *_stage1_partition(ctx, st, when)]
+
+
+def _stage1_partition(ctx: StageContext, st: StageStates, live: tuple[str, ...]) -> list[Contribution]:
+    """ZeRO-1's gradient partition, allocated whole by the reduction beside the full gradients it has not freed yet:
+    ``grads_in_partition`` (``copy_grads_in_partition``, ``torch.empty(partition)`` in the model's dtype) or, with a
+    separate fp32 accumulation dtype, the compact fp32 partition (``_build_compact_grad_partition_buffer``); at
+    stage 2 the gradients are the partition already. Offloaded optimizers copy to host memory instead."""
+    run = ctx.run
+    if run.job.sharding.zero != 1 or run.job.offload.optimizer:
+        return []
+    numel = st.states.optimizer_numel
+    return [Contribution(TEMPORARY, numel * run.prec.grad_bytes, live, note=(
+        f"DeepSpeed ZeRO-1 reduction: this GPU's gradient partition ({numel:,} {run.prec.grad} elements) allocated "
+        "whole at its first copy, beside the full gradients not reduced yet"))]
 
 
 def _largest_tensor(ctx: StageContext) -> int:
