@@ -150,7 +150,8 @@ def test_hf_zero_refuses_what_deepspeed_s_engine_refuses_naming_the_flag(tmp_pat
                           "hf", "--zero", "2", "--recompute", "attention-module"], capture_output=True, text=True,
                          check=False)
     assert run.returncode == 2 and "--zero: 2 under --framework hf" in run.stderr + run.stdout
-    (tmp_path / "job.yaml").write_text("model: llama-3.2-1b\ngpus: 8\nframework: hf\nzero: 2\nrecompute: attention-module\n")
+    (tmp_path / "job.yaml").write_text("model: llama-3.2-1b\ngpus: 8\nframework: hf\nzero: 2\n"
+                                       "recompute: attention-module\n")
     run = subprocess.run([sys.executable, "-m", "memplan", "estimate", "--job", str(tmp_path / "job.yaml")],
                          capture_output=True, text=True, check=False)
     assert run.returncode == 2 and "--zero: 2 under --framework hf" in run.stderr + run.stdout

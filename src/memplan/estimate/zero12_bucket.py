@@ -8,8 +8,8 @@ DeepSpeed, the Hugging Face Trainer through its integration). DeepSpeed 0.19.8:
 * **Reduce buckets** (deepspeed/runtime/zero/stage_1_and_2.py): with ``contiguous_gradients`` (DeepSpeed's default)
   the first gradient hook of a backward (``process_gradients`` -> ``setup_buckets``) allocates ``reduce_bucket_size``
   elements (``torch.empty(int(self.reduce_bucket_size), ...)``, whatever the model's size), a second one with
-  ``overlap_comm`` (double buffering; DeepSpeed's default is off below stage 3, ``DeepSpeedZeroConfig.overlap_comm_valid``),
-  in ``_gradient_reduction_buffer_dtype()``: the separate accumulation dtype where stage 1 keeps one
+  ``overlap_comm`` (double buffering; DeepSpeed's default is off below stage 3,
+  ``DeepSpeedZeroConfig.overlap_comm_valid``), in ``_gradient_reduction_buffer_dtype()``: the separate accumulation dtype where stage 1 keeps one
   (``use_grad_accum_attribute``: ``gradient_accumulation_dtype`` differs from the model's), else the model's.
   ``_release_ipg_buffers`` frees them in ``independent_gradient_partition_epilogue``: at the end of every backward at
   stage 2 (the engine's ``allreduce_gradients``), at the accumulation boundary at stage 1 (``reduce_gradients``), so a

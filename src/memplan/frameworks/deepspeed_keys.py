@@ -94,12 +94,13 @@ KEYS: dict[str, tuple[Effect, str]] = {
     # The ZeRO optimizers' buckets: priced per stage (_STAGE12, _STAGE3), read by no stage-0 engine (_STAGE0).
     _Z + "reduce_bucket_size": (_U, "the ZeRO optimizers' gradient reduce bucket"),
     _Z + "allgather_bucket_size": (_U, "ZeRO-1/2 parameter all-gather bucket after the step; not priced"),
-    **_group(_U, "ZeRO: copies gradients into the preallocated reduce bucket (false: none)", _Z + "contiguous_gradients"),
+    **_group(_U, "ZeRO: copies gradients into the preallocated reduce bucket (false: none)",
+             _Z + "contiguous_gradients"),
     **_group(_U, "ZeRO: overlapping communication; not priced", _Z + "overlap_comm"),
     **_group(_U, "ZeRO-3: false reduces through the contiguous path (__avg_scatter_contiguous_grads); not priced",
              _Z + "reduce_scatter"),
-    **_group(_U, "ZeRO-1/2 reduction / all-gather collectives' grouping; not priced", _Z + "use_multi_rank_bucket_allreduce",
-             _Z + "allgather_partitions"),
+    **_group(_U, "ZeRO-1/2 reduction / all-gather collectives' grouping; not priced",
+             _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions"),
     **_group(_N, "the ZeRO-3 optimizer's sub-groups: read only at ZeRO stage 3", _Z + "sub_group_size"),
     **_group(_N, f"{_Z3}: read only at ZeRO stage 3", _Z + "prefetch_bucket_size", _Z + "stage3_prefetch_bucket_size",
              _Z + "max_live_parameters", _Z + "stage3_max_live_parameters", _Z + "max_reuse_distance",
@@ -214,7 +215,8 @@ _GRAD_ACCUM: dict[Any, tuple[Effect, str]] = {
              "fp32 gradient buffer of the whole model beside the bf16 param.grad (both priced); otherwise the ZeRO-1 "
              "optimizer's grad_accum gradients and its reduce bucket in this dtype")),
     2: (_M, "the gradients' dtype (--grad-dtype): DeepSpeed's gradient partitions (ZeRO-2's averaged_gradients)"),
-    3: (_M, "the gradients' dtype (--grad-dtype): DeepSpeed's gradient partitions (ZeRO-3's grad_partitions_flat_buffer)"),
+    3: (_M, ("the gradients' dtype (--grad-dtype): DeepSpeed's gradient partitions (ZeRO-3's "
+             "grad_partitions_flat_buffer)")),
 }
 
 #: Section rules: every key at or under the prefix not in :data:`KEYS` (longest prefix wins).
@@ -291,8 +293,8 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
     if not _known(key, known):
         return _U, "not a DeepSpeed config key"
     by_stage = _STAGE3 if zero_stage == 3 else _STAGE12 if zero_stage in (1, 2) else _STAGE0 if zero_stage == 0 else {}
-    staged = by_stage.get(key) or (_GRAD_ACCUM.get(zero_stage) if key == "data_types.grad_accum_dtype" and zero_stage in (1, 2, 3)
-                                        else None)
+    accum = key == "data_types.grad_accum_dtype" and zero_stage in (1, 2, 3)
+    staged = by_stage.get(key) or (_GRAD_ACCUM.get(zero_stage) if accum else None)
     if staged is not None:
         effect, note = staged
         return effect, (f"\"auto\": {note}" if value == "auto" else note)
