@@ -19,9 +19,15 @@ INPUT = S * B * H * C
 MiB = 1 << 20
 
 
+#: 8-way data parallelism: ZeRO-1's gradient partition, allocated whole at the reduction beside the full gradients
+#: (memplan.estimate.zero12_bucket), is an eighth of the model, so the peak stays where the switches act (at DP 1 it
+#: is all the model's gradients again and the end of the backward is the peak).
+DP = 8
+
+
 def _job(tp: int = 2, pp: int = 1, mode: str = "full", **switches: object) -> Job:
-    return Job(framework="deepspeed", parallel=Parallelism(world_size=tp * pp, tp=tp, pp=pp),
-               sharding=Sharding(zero=1), batch=Batch(micro_batch_size=B, seq_length=S, global_batch_size=B * 4),
+    return Job(framework="deepspeed", parallel=Parallelism(world_size=tp * pp * DP, tp=tp, pp=pp),
+               sharding=Sharding(zero=1), batch=Batch(micro_batch_size=B, seq_length=S, global_batch_size=B * 4 * DP),
                recompute=Recompute(mode=mode, **switches))  # type: ignore[arg-type]
 
 
@@ -126,8 +132,9 @@ def test_cli_flags_reach_the_estimate() -> None:
 
     from memplan.cli import app
 
-    args = ["estimate", "llama-3.2-1b", "--framework", "deepspeed", "--recompute", "full", "--gpus", "4", "--tp", "4",
-            "--zero", "1", "--mbs", str(B), "--seq", str(S), "--json"]
+    args = ["estimate", "llama-3.2-1b", "--framework", "deepspeed", "--recompute", "full", "--gpus", str(4 * DP),
+            "--tp", "4",
+            "--zero", "1", "--mbs", str(B), "--gbs", str(B * 4 * DP), "--seq", str(S), "--json"]  # as _job
     plain = json.loads(CliRunner().invoke(app, args).stdout)
     result = CliRunner().invoke(app, [*args, "--partition-activations", "--cpu-checkpointing",
                                       "--contiguous-checkpoints", "20"])

@@ -84,14 +84,17 @@ def test_values_auto_off_assumed_and_unknown() -> None:
               "compile": {"deepcompile": True}, "elasticity": {"enabled": False}, "zero_optimisation": {"stage": 3}}
     got = {s.key: (s.effect, s.note) for s in deepspeed_settings(config)}
     assert got["train_micro_batch_size_per_gpu"][0] == "modelled" and '"auto"' in got["train_micro_batch_size_per_gpu"][1]
-    assert got["zero_optimization.allgather_bucket_size"][0] == "not-modelled"
+    # stage 0 (the config names none): only DeepSpeed's ZeRO optimizers read the bucket keys (helper ds15)
+    assert got["zero_optimization.allgather_bucket_size"][0] == "no-memory-effect"
     assert '"auto"' in got["zero_optimization.allgather_bucket_size"][1]
-    assert got["zero_optimization.reduce_bucket_size"][0] == "modelled"
+    assert got["zero_optimization.reduce_bucket_size"][0] == "no-memory-effect"
     assert got["activation_checkpointing.cpu_checkpointing"][0] == "modelled"
     assert got["elasticity.enabled"][0] == "no-memory-effect"
     assert got["compile.deepcompile"][0] == "not-modelled"
     assert got["zero_optimisation.stage"] == ("not-modelled", "not a DeepSpeed config key")
-    assert deepspeed_settings({"zero_optimization": {"reduce_bucket_size": 2e8}})[0].effect == "not-modelled"
+    assert deepspeed_settings({"zero_optimization": {"reduce_bucket_size": 2e8}})[0].effect == "no-memory-effect"
+    stage1 = {"zero_optimization": {"stage": 1, "reduce_bucket_size": 2e8, "allgather_bucket_size": 2e8}}
+    assert [s.effect for s in deepspeed_settings(stage1)[1:]] == ["modelled", "not-modelled"]
     stage3 = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 2e8}}
     assert deepspeed_settings(stage3)[1].effect == "modelled"  # ZeRO-3's reduce bucket is priced at any size
 

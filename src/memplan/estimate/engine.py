@@ -25,6 +25,7 @@ from memplan.job import Job
 from memplan.jobcheck import validate_job_for_model
 from memplan.profiles import get_profile
 from memplan.profiles.defaults import default_settings
+from memplan.profiles.zero_engine import zero_engine
 from memplan.model.spec import ModelSpec
 from memplan.peft.params import FinetuneParams
 from memplan.settings import InputSetting
@@ -72,7 +73,7 @@ def estimate(
     allocation schedule (``simulated``); ``reserved`` overrides the job's ``--reserved`` (``auto``: the
     framework profile's ``default_reserved``).
     """
-    job = job or Job()
+    job, moved = zero_engine(job or Job())
     if not 0.0 <= fragmentation < 1.0:
         raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
     reserved = reserved_mode(job, reserved)
@@ -86,7 +87,7 @@ def estimate(
         peak_reserved_bytes=peak.peak_reserved_bytes,
         peak_stage=peak.stage,
         fragmentation=fragmentation if reserved == "fixed" else _simulated_share(peak),
-        assumptions=notes,
+        assumptions=notes if moved is None else (moved, *notes),
         total_parameters=model.total_parameters,
         trainable_params=counts.trainable if counts is not None else model.total_parameters,
         frozen_params=counts.frozen if counts is not None else 0,
@@ -150,7 +151,7 @@ def simulated_stage_reserved(model: ModelSpec, job: Job, stage: int,
     needs only the peak stage's figure: :attr:`Estimate.peak_reserved_bytes` is the reserved of the stage
     with the highest allocated, the same stage under either mode). Right after the job's fixed estimate
     the stage's figures are not built again (:func:`_stage_parts`)."""
-    _, parts = _stage_parts(Same(model), job, fragmentation)
+    _, parts = _stage_parts(Same(model), zero_engine(job)[0], fragmentation)
     figures, notes, inputs = next(part for part in parts if part[0].stage == stage)
     return simulate_stage(figures, notes, inputs)[0].peak_reserved_bytes
 

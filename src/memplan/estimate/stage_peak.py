@@ -216,7 +216,7 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
     if run.profile.zero3_buffers is not None and zero3_buffers.applies(run.job, run.profile, run.prec):
         return _with_most(zero3_buffers.contributions(ctx, st.params, st.states.optimizer_numel, forward))
     if zero12_bucket.applies(run.job, run.profile):
-        return _with_most(zero12_bucket.contributions(ctx))
+        return _with_most(zero12_bucket.contributions(ctx, st))
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings, head=head_unit(ctx))

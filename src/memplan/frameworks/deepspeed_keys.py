@@ -58,8 +58,8 @@ KEYS: dict[str, tuple[Effect, str]] = {
              "gradient_clipping", "prescale_gradients", "gradient_predivide_factor", "gradient_allreduce_op",
              "disable_allgather"),
     **_group(_N, "picks DeepSpeedCPUAdam for offloaded states (host memory)", "zero_force_ds_cpu_optimizer"),
-    **_group(_U, "the dtype of gradient all-reduce / reduce-scatter buffers (fp32 doubles a 16-bit bucket); "
-             "memplan prices ZeRO-1/2 buckets in the gradient dtype (priced at ZeRO-3)", "communication_data_type"),
+    **_group(_U, "without ZeRO the engine's all-reduce copies each bucket of gradients to this dtype; not priced "
+             "(priced at ZeRO stages 1 to 3)", "communication_data_type"),
     **_group(_U, "the dtype of DeepSpeed-Ulysses' sequence-parallel gradient reductions; not priced",
              "seq_parallel_communication_data_type"),
     **_group(_U, "sparse embedding gradients (smaller gradient all-reduce); memplan prices dense gradients",
@@ -86,21 +86,21 @@ KEYS: dict[str, tuple[Effect, str]] = {
              "torch_autocast.lower_precision_safe_modules"),
     **_group(_U, "dtype of parameters / buffers; memplan takes dtypes from the precision sections",
              "data_types.param_dtype", "data_types.buffer_dtype"),
-    "data_types.grad_accum_dtype": (_U, ("the gradients' dtype: priced (--grad-dtype) at ZeRO stages 2 and 3; at "
-                                    "stage 1 with bf16 DeepSpeed's BF16_Optimizer also keeps the 16-bit gradients "
-                                    "beside the fp32 ones (2 bytes per parameter, not priced)")),
+    "data_types.grad_accum_dtype": (_U, ("the gradients' dtype (--grad-dtype), read with ZeRO; DeepSpeed refuses a "
+                                    "dtype other than the model's without it")),
     **_group(_U, "NVIDIA apex AMP (its opt_level decides the weight copies); memplan prices DeepSpeed's own "
              "bf16/fp16 modes", "amp.enabled"),
     # ZeRO buffers and schedules memplan does not model (at ZeRO-3 some are priced: _STAGE3 below).
-    _Z + "reduce_bucket_size": (_U, ("ZeRO-1/2 gradient reduce bucket; memplan prices DeepSpeed's default 5e8 "
-                                "elements")),
+    # The ZeRO optimizers' buckets: priced per stage (_STAGE12, _STAGE3), read by no stage-0 engine (_STAGE0).
+    _Z + "reduce_bucket_size": (_U, "the ZeRO optimizers' gradient reduce bucket"),
     _Z + "allgather_bucket_size": (_U, "ZeRO-1/2 parameter all-gather bucket after the step; not priced"),
-    **_group(_U, "ZeRO-1/2: copies gradients into one preallocated buffer (false: no copy); memplan prices the "
-             "reduce bucket only", _Z + "contiguous_gradients"),
-    **_group(_U, "ZeRO-1/2: overlapping communication keeps a second reduce bucket and the gradients alive "
-             "longer; not priced", _Z + "overlap_comm"),
-    **_group(_U, "reduce-scatter vs all-reduce of gradients (all-reduce holds full gradients); not priced",
-             _Z + "reduce_scatter", _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions"),
+    **_group(_U, "ZeRO: copies gradients into the preallocated reduce bucket (false: none)",
+             _Z + "contiguous_gradients"),
+    **_group(_U, "ZeRO: overlapping communication; not priced", _Z + "overlap_comm"),
+    **_group(_U, "ZeRO-3: false reduces through the contiguous path (__avg_scatter_contiguous_grads); not priced",
+             _Z + "reduce_scatter"),
+    **_group(_U, "ZeRO-1/2 reduction / all-gather collectives' grouping; not priced",
+             _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions"),
     **_group(_N, "the ZeRO-3 optimizer's sub-groups: read only at ZeRO stage 3", _Z + "sub_group_size"),
     **_group(_N, f"{_Z3}: read only at ZeRO stage 3", _Z + "prefetch_bucket_size", _Z + "stage3_prefetch_bucket_size",
              _Z + "max_live_parameters", _Z + "stage3_max_live_parameters", _Z + "max_reuse_distance",
@@ -197,11 +197,26 @@ _STAGE12: dict[str, tuple[Effect, str]] = {
                                 "whatever the model's (\"auto\": Hugging Face's hidden_size^2)")),
     _Z + "contiguous_gradients": (_M, "true (DeepSpeed's default): ZeRO-1/2 keeps the reduce bucket; false: none"),
     _Z + "overlap_comm": (_M, "ZeRO-1/2 double-buffers the reduce bucket (DeepSpeed's default below stage 3: off)"),
+    "communication_data_type": (_M, ("each ZeRO-1/2 reduction copies its bucket (or one larger parameter; "
+                                "BF16_Optimizer: its whole fp32 gradient buffer) to this dtype where the gradients "
+                                "are in another (memplan.estimate.zero12_bucket)")),
+    _Z + "reduce_scatter": (_N, ("ZeRO-1/2 reduce each bucket through its copy in communication_data_type on both "
+                            "paths; false (all-reduce) allocates nothing more (measured on DeepSpeed 0.19.8)")),
 }
-#: At ZeRO stages 2 and 3 (they win over :data:`KEYS` there).
-_STAGE2_UP: dict[str, tuple[Effect, str]] = {
-    "data_types.grad_accum_dtype": (_M, ("the gradients' dtype (--grad-dtype): DeepSpeed's gradient partitions "
-                                    "(ZeRO-3's grad_partitions_flat_buffer, ZeRO-2's averaged_gradients)")),
+#: At ZeRO stage 0 (they win over :data:`KEYS` there): keys only DeepSpeed's ZeRO optimizers read.
+_STAGE0: dict[str, tuple[Effect, str]] = _group(
+    _N, ("read only by DeepSpeed's ZeRO optimizers (stages 1 to 3): at stage 0 the engine all-reduces the gradients "
+         "in buckets of its own fixed 5e8 elements (engine.py MEMORY_OPT_ALLREDUCE_SIZE), whatever this says"),
+    _Z + "reduce_bucket_size", _Z + "contiguous_gradients", _Z + "overlap_comm", _Z + "reduce_scatter",
+    _Z + "allgather_bucket_size", _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions")
+#: ``data_types.grad_accum_dtype`` per ZeRO stage (it wins over :data:`KEYS` there).
+_GRAD_ACCUM: dict[Any, tuple[Effect, str]] = {
+    1: (_M, ("the gradients' dtype (--grad-dtype): with bf16 weights and fp32, DeepSpeed's BF16_Optimizer keeps an "
+             "fp32 gradient buffer of the whole model beside the bf16 param.grad (both priced); otherwise the ZeRO-1 "
+             "optimizer's grad_accum gradients and its reduce bucket in this dtype")),
+    2: (_M, "the gradients' dtype (--grad-dtype): DeepSpeed's gradient partitions (ZeRO-2's averaged_gradients)"),
+    3: (_M, ("the gradients' dtype (--grad-dtype): DeepSpeed's gradient partitions (ZeRO-3's "
+             "grad_partitions_flat_buffer)")),
 }
 
 #: Section rules: every key at or under the prefix not in :data:`KEYS` (longest prefix wins).
@@ -249,9 +264,6 @@ _OFF: dict[str, Any] = {
     _Z + "cpu_offload_param": False, "torch_autocast.enabled": False, "amp.enabled": False,
     _Z + "offload_optimizer.ratio": 1.0,
 }
-#: Values equal to what memplan assumes (the deepspeed profile's 5e8-element reduce bucket, priced
-#: at ZeRO stages 1 and 2).
-_ASSUMED: dict[str, Any] = {_Z + "reduce_bucket_size": 500_000_000}
 #: Offload devices whose ``nvme`` value is only half modelled: the GPU side is exact (the states
 #: leave the GPU as with ``cpu``); the host side is not (disk behind pinned swap buffers).
 _NVME_DEVICE_KEYS = frozenset({_Z + "offload_optimizer.device", _Z + "offload_param.device"})
@@ -275,13 +287,14 @@ def _known(key: str, known: frozenset[str]) -> bool:
 def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None, zero_stage: Any = 0
              ) -> tuple[Effect, str]:
     """The effect of dotted ``key`` with ``value`` and why (see the module docstring); ``zero_stage``
-    is the config's ``zero_optimization.stage`` (at stage 3 the ZeRO-3 buffer keys are priced, below it
-    DeepSpeed's default reduce bucket)."""
+    is the config's ``zero_optimization.stage``: each ZeRO stage prices its own buffer keys (ZeRO-3's gathered
+    parameters and bucket, ZeRO-1/2's buckets and reduction copy); stage 0 reads none of them."""
     known = known if known is not None else frozenset(deepspeed_key_list())
     if not _known(key, known):
         return _U, "not a DeepSpeed config key"
-    staged = ((_STAGE3 if zero_stage == 3 else _STAGE12 if zero_stage in (1, 2) else {}).get(key)
-              or (_STAGE2_UP if zero_stage in (2, 3) else {}).get(key))
+    by_stage = _STAGE3 if zero_stage == 3 else _STAGE12 if zero_stage in (1, 2) else _STAGE0 if zero_stage == 0 else {}
+    accum = key == "data_types.grad_accum_dtype" and zero_stage in (1, 2, 3)
+    staged = by_stage.get(key) or (_GRAD_ACCUM.get(zero_stage) if accum else None)
     if staged is not None:
         effect, note = staged
         return effect, (f"\"auto\": {note}" if value == "auto" else note)
@@ -300,8 +313,6 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
         return _N, f"off ({note})"
     if key in _NVME_DEVICE_KEYS and value == "nvme":
         return _U, _NVME_NOTE
-    if key in _ASSUMED and value == _ASSUMED[key] and zero_stage in (0, 1, 2):
-        return _M, f"the value memplan assumes ({note})"
     return effect, note
 
 

@@ -214,7 +214,8 @@ class FrameworkProfile:
     partial_recompute: PartialRecompute = "none"
     #: The framework whose engine runs a ZeRO stage the user turns on here (None: this one). The Hugging Face
     #: Trainer hands ``--deepspeed`` to DeepSpeed's engine (its 16-bit weights, fp32 master and buckets), as
-    #: memplan's TrainingArguments reader does; the doctor prices such a fix under that framework.
+    #: memplan's TrainingArguments reader does; the doctor prices such a fix under that framework, and the estimator
+    #: prices the job's own ``--zero`` under it (:mod:`memplan.profiles.zero_engine`).
     zero_framework: str | None = None
     #: Its own validity rules, run on every job of this framework (``Job.__post_init__``) and on every
     #: job with a model (:func:`memplan.jobcheck.validate_job_for_model`); each raises ``JobConfigError``.

@@ -1,0 +1,39 @@
+"""The engine a ZeRO stage runs on: a framework whose ``--zero`` hands the model to another framework's engine.
+
+The Hugging Face Trainer runs ZeRO only through its DeepSpeed integration (``TrainingArguments(deepspeed=...)``:
+DeepSpeed's engine holds the 16-bit weights, the fp32 master weights and moments, the 16-bit gradients and its
+reduce buckets; the Trainer's own AMP and DDP are not used), so ``--framework hf --zero N`` is priced as
+``--framework deepspeed --zero N`` (the profile's ``zero_framework``), as memplan's TrainingArguments reader reads a
+``--deepspeed`` run and as the doctor's ZeRO fix names it. This is the one place the estimator moves such a job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from memplan.errors import JobConfigError
+from memplan.profiles.framework import get_profile
+
+__all__ = ["zero_engine"]
+
+
+def zero_engine(job: Any) -> tuple[Any, str | None]:
+    """(``job`` as the engine that runs its ZeRO stage sees it, the sentence saying so; None when it runs on its own
+    framework). ``job`` is a :class:`memplan.job.Job` (this layer sits below it); a setting that engine refuses is a
+    ``JobConfigError`` naming ``--zero``, the framework and the rule."""
+    sharding = job.sharding
+    if not sharding.zero or sharding.fsdp != "none":  # --zero 3 --fsdp: PyTorch FSDP's
+        return job, None
+    runner = get_profile(job.framework).zero_framework
+    if runner is None:
+        return job, None
+    named = f"--framework {job.framework} --zero {job.sharding.zero}"
+    try:
+        moved = dataclasses.replace(job, framework=runner)
+    except JobConfigError as exc:
+        raise JobConfigError("--zero", f"{job.sharding.zero} under --framework {job.framework} runs {runner}'s engine "
+                             f"(as --framework {runner}), which refuses this job ({exc})", job.sharding.zero) from None
+    return moved, (f"{named}: the Hugging Face Trainer runs ZeRO through its DeepSpeed integration, so the step is "
+                   f"priced as --framework {runner} --zero {job.sharding.zero} ({runner}'s engine: its 16-bit weights "
+                   "and gradients, fp32 master weights and moments, reduce buckets; not the Trainer's autocast)")
