@@ -10,7 +10,7 @@ skipped. Exit 1 on any violation.
 
     python benchmarks/sweep_monotone.py   # ~5 minutes on 2 cores
 """
-import itertools, sys
+import sys
 from memplan import estimate
 from memplan.errors import MemplanError
 from memplan.inputs import JobRequest, load_job

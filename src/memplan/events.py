@@ -32,11 +32,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
-import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Literal, NamedTuple

@@ -389,7 +389,7 @@ def run_bench(cfg: BenchConfig | None = None, *, progress: Callable[[str], None]
             statics = [v for v in cfg.timed if v in STATIC_POLICIES and v != "full"]
             static_peaks = fitting_statics(cfg, init, longest, budget, statics)
             timed = [v for v in cfg.timed if static_peaks.get(v, 0) <= budget * (1 + BUDGET_SLACK)]
-            say(f"static peaks on the longest batch (MiB): "
+            say("static peaks on the longest batch (MiB): "
                 + ", ".join(f"{v} {p / 2**20:,.0f}" for v, p in static_peaks.items()) + f"; timed {timed}")
             if cfg.interleave == "process":
                 runs += run_in_processes(cfg, timed, batches, budget, say)

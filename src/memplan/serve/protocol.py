@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import time
-from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
