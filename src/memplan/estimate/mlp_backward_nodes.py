@@ -40,11 +40,15 @@ is the worse; over at pure bf16). With the adapters in another dtype than the ac
 16 bits, fp32 adapters), peft's add ``result + lora_B(...) * scaling`` is in the adapters' dtype: its backward casts
 the output gradient back to the base result's dtype, and that cast waits for the base's node (traced on GPT-NeoX).
 
+DoRA adapters are walked too (helper dora14): each DoRA-adapted projection adds its magnitude's nodes
+(:func:`_dora_nodes`: the gradient cast to the magnitude's dtype where it differs, the products' gradients, then the
+adapter's saved results freed) before that projection's own node.
+
 Applies to a dense MLP under eager (PyTorch reference) kernels on one tensor-parallel rank: a gated MLP with
-separate gate and up projections whose fc1 term is its three tensors, fully trained, or frozen with a LoRA adapter on
-its output projection (a frozen one without is walked by :mod:`~memplan.estimate.frozen_mlp_backward`); a frozen
-plain one-op-activation MLP with a LoRA adapter on its output projection; GPT-2's ``gelu_new`` MLP, fully trained, or
-frozen with or without LoRA adapters (not DoRA on the output projection, not on a quantized base). Elsewhere (partly
+separate gate and up projections whose fc1 term is its three tensors, fully trained, or frozen with a LoRA or DoRA
+adapter on its output projection (a frozen one without is walked by :mod:`~memplan.estimate.frozen_mlp_backward`); a
+frozen plain one-op-activation MLP with a LoRA or DoRA adapter on its output projection; GPT-2's ``gelu_new`` MLP, fully
+trained, or frozen with or without LoRA adapters (not DoRA on its output projection); never on a quantized base. Elsewhere (partly
 trained blocks, a frozen gated MLP whose output projection has no adapter, a trained plain MLP) None, and the general
 rule stays.
 """

@@ -268,8 +268,11 @@ def unwalked_backward(run: RunContext, index: int, transient: int, reread: bool)
     count it again); the recomputed forward's own moment (gpt-oss's sink attention) net of that input too (its
     pre-norm reads the checkpoint's input, counted with what the layer keeps), with the output
     gradient beside it (the recompute starts once that gradient has arrived) and what the backward made before it
-    first unpacked a saved tensor (:func:`~memplan.estimate.grouped_experts_backward.recompute_head_bytes`). Returns that
-    figure and the input's bytes taken off (the moments of gradients made early are net of them too)."""
+    first unpacked a saved tensor (:func:`~memplan.estimate.grouped_experts_backward.recompute_head_bytes`); where the
+    recompute stops early at a LoRA/DoRA adapter of the MLP (:func:`_lora_tail`), that moment with the output gradient,
+    net of the input too. Under ``save_on_cpu`` (not ``reread``) both forward moments also hold the checkpoint's input
+    brought back to the GPU as a new tensor (:func:`brought_back_input`). Returns the largest of these and the input's
+    bytes taken off (the moments of gradients made early are net of them too)."""
     from memplan.estimate.activations import (
         output_gradient_bytes,
         recomputed_forward_transient,
