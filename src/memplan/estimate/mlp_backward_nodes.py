@@ -48,9 +48,9 @@ Applies to a dense MLP under eager (PyTorch reference) kernels on one tensor-par
 separate gate and up projections whose fc1 term is its three tensors, fully trained, or frozen with a LoRA or DoRA
 adapter on its output projection (a frozen one without is walked by :mod:`~memplan.estimate.frozen_mlp_backward`); a
 frozen plain one-op-activation MLP with a LoRA or DoRA adapter on its output projection; GPT-2's ``gelu_new`` MLP, fully
-trained, or frozen with or without LoRA adapters (not DoRA on its output projection); never on a quantized base. Elsewhere (partly
-trained blocks, a frozen gated MLP whose output projection has no adapter, a trained plain MLP) None, and the general
-rule stays.
+trained, or frozen with or without LoRA adapters (not DoRA on its output projection); never on a quantized
+base. Elsewhere (partly trained blocks, a frozen gated MLP whose output projection has no adapter, a trained
+plain MLP) None, and the general rule stays.
 """
 
 from __future__ import annotations
