@@ -487,3 +487,18 @@ def any_attention_saves(model: ModelSpec, ft: FineTuning, checkpointing: bool, l
     tables are saved)."""
     flows = layer_flows(model, ft, checkpointing)
     return any(flows[i].attention.saves for i in layers)
+
+
+@lru_cache(maxsize=256)
+def trained_tensors(model: ModelSpec, ft: FineTuning, index: int) -> tuple[bool, ...] | None:
+    """Per parameter tensor of layer ``index`` (:func:`~memplan.model.linears.model_parameters` order), whether
+    ``--trainable`` trains it fully (autograd makes its own gradient in the layer's backward); None where the layer
+    has no such tensor, or holds an adapter or a ``modules_to_save`` copy (their gradients are other tensors')."""
+    full, copies = trained_modules(model, ft), saved_modules(model, ft)
+    if any(a.module.layer == index for a in finetune_params(model, ft).adapters):
+        return None
+    params = [p for p in model_parameters(model) if p.layer == index]
+    if any(under(p.module, copies) for p in params):
+        return None
+    trained = tuple(under(p.module, full) for p in params)
+    return trained if any(trained) else None
