@@ -119,9 +119,9 @@ _LLAMA = {**_COMMON, "model_type": "llama", "hidden_size": 256, "intermediate_si
     (_LLAMA, {"trainable": "layers.1"}, 224_307_712, 0.0005, -0.00585),
     ({**_LLAMA, "model_type": "qwen2"}, {"trainable": "layers.1"}, 224_315_392, 0.0005, -0.00586),
     (_LLAMA, {"trainable": "layers.1", "precision": "bf16"}, 216_177_664, 0.0005, -0.00608),
-    # a trained embedding: the fp32 residual gradient (2 MiB) waits for the attention block's; the estimate's
-    # activations are 1 MiB over the trace's here (+0.30% left, not this moment's)
-    (_LLAMA, {"trainable": "embed_tokens,layers.1"}, 352_389_632, 0.0035, -0.00670),
+    # a trained embedding: the fp32 residual gradient (2 MiB) waits for the attention block's (the table's autocast
+    # copy the estimate counted, 1 MiB: tests/estimate/test_uncast_trained.py)
+    (_LLAMA, {"trainable": "embed_tokens,layers.1"}, 352_389_632, 0.0005, -0.00670),
 ])
 def test_a_partially_frozen_layers_softmax_backward_holds_its_trained_gradients(
         tmp_path: Path, config: dict[str, object], flags: dict[str, object], traced: int, tolerance: float,

@@ -70,7 +70,9 @@ def dora_moment_locals(ctx: StageContext, transient: int) -> int:
     layer_input = 0 if first or any(t.keep == "input" for t in attention) else hidden * shape.residual_bytes
     residual = 0 if any(t.role is TermRole.NORM_INPUT for t in kept) else hidden * shape.residual_bytes
     copied = autocast or lora_dtype != act_bytes  # lora_A reads a copy of the MLP's input, not the input itself
-    mlp_input = hidden * act_bytes if copied and not any(t.role is TermRole.NORM_OUTPUT for t in kept) else 0
+    # (the norm's output: its frozen 16-bit weight times the normalized input in the residual stream's dtype)
+    norm_output = hidden * max(act_bytes, shape.residual_bytes)
+    mlp_input = norm_output if copied and not any(t.role is TermRole.NORM_OUTPUT for t in kept) else 0
     masks = divided(forward_mask_term(run.model, run.shape), run.shape) if has_eager_core(shape) else 0
     return layer_input + residual + mlp_input + masks - _not_made(adapter, tokens, act_bytes if autocast else lora_dtype)
 
