@@ -105,3 +105,29 @@ def test_a_recomputed_layer_reads_its_checkpointed_input_and_holds_the_residual_
 
     peak = _estimate(tmp_path, _GPT2_V256, attention="eager", precision="bf16", recompute="full")
     assert abs(peak / 43_727_360 - 1) <= 0.001
+
+
+_COMMON = {"max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0, "rms_norm_eps": 1e-6}
+_LLAMA = {**_COMMON, "model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 8,
+          "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("config, flags, traced, tolerance, before", [
+    # the MLP's, post_attention_layernorm's and o_proj's fp32 gradients (2,622,464 B) beside the softmax backward,
+    # less the 16-bit copies of those linears' weights freed (1,310,720 B); the residual gradient is not (layer 0
+    # frozen: the layer's input needs none, so o_proj's backward consumed it)
+    (_LLAMA, {"trainable": "layers.1"}, 224_307_712, 0.0005, -0.00585),
+    ({**_LLAMA, "model_type": "qwen2"}, {"trainable": "layers.1"}, 224_315_392, 0.0005, -0.00586),
+    (_LLAMA, {"trainable": "layers.1", "precision": "bf16"}, 216_177_664, 0.0005, -0.00608),
+    # a trained embedding: the fp32 residual gradient (2 MiB) waits for the attention block's (the table's autocast
+    # copy the estimate counted, 1 MiB: tests/estimate/test_uncast_trained.py)
+    (_LLAMA, {"trainable": "embed_tokens,layers.1"}, 352_389_632, 0.0005, -0.00670),
+])
+def test_a_partially_frozen_layers_softmax_backward_holds_its_trained_gradients(
+        tmp_path: Path, config: dict[str, object], flags: dict[str, object], traced: int, tolerance: float,
+        before: float) -> None:
+    """Partial freezing (``--trainable``): the trained layer's own gradients made before its eager softmax backward
+    (memplan trace, bf16-mixed unless said, eager, 1,024 tokens x 2, AdamW foreach; the peak is that moment);
+    ``before``: the error at 83e1fcf, which counted none of them (helper bw15, session 15)."""
+    peak = _estimate(tmp_path, config, **{"seq": 1024, "attention": "eager", **flags})
+    assert abs(peak / traced - 1) <= tolerance

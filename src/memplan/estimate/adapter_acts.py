@@ -177,11 +177,14 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
     ``DoraLinearLayer.forward`` (peft ``tuners/lora/dora.py``) rebuilds the adapted weight on every
     call: ``lora_B(lora_A(eye(in)))`` — an fp32 ``in x in`` identity (under autocast also its 16-bit
     copy, which ``lora_A``'s graph keeps while the result lives; without autocast the graph keeps the
-    identity itself), autocast's copies of the two adapter weights, ``lora_A``'s ``in x r`` output and an
-    ``in x out`` product —, the product and the base weight cast to the fp32 input's dtype, then
-    ``weight + scaling * lora_weight`` (two fp32 ``out x in`` tensors) for the norm. All of it beside the
-    layer's input cast to the adapters' dtype (``_cast_input_dtype``, ``tokens x in``: peft casts it before
-    the DoRA call and frees it once ``lora_A`` has read it), which no saved tensor stands for.
+    identity itself), autocast's copies of the two adapter weights, ``lora_A``'s ``in x r`` output (``lora_B``'s
+    graph keeps it while the result lives) and an ``in x out`` product —, the product and the base weight cast to
+    the fp32 input's dtype, then ``weight + scaling * lora_weight`` (two fp32 ``out x in`` tensors) for the norm.
+    All of it beside one ``tokens x in`` tensor no saved tensor stands for: under autocast the input cast to the
+    adapters' dtype (``_cast_input_dtype``: peft casts it before the DoRA call and frees it once ``lora_A`` has
+    read it, saving autocast's 16-bit copy); without autocast the linear's own input (``lora_A`` saves the cast,
+    made before the step: a trace of a pure bf16 Llama toy with fp32 adapters holds it as an activation there,
+    beside the 16-bit input).
     ``base_bytes``: element size of the base weight as the layer holds it (a quantized base is
     dequantized to the compute dtype first).
     """
@@ -193,12 +196,12 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
         step = dora_weight_norm(a, act_bytes=compute_bytes, adapter_bytes=adapter_bytes, base_bytes=base_bytes,
                                 autocast=autocast)
         # the input's cast, and under autocast the adapter weights' copies with lora_A's output in the compute dtype
-        beside = adapter_bytes * tokens * i if compute_bytes != adapter_bytes else 0
+        beside = (adapter_bytes if autocast else compute_bytes) * tokens * i if compute_bytes != adapter_bytes else 0
         copies = compute_bytes * r * (i + o) if step.eye_copy else 0
         worst = max(worst,
                     beside + step.eye + step.eye_copy + step.eye_output + copies + step.lora_weight,  # lora_B's output
-                    beside + step.kept_eye + step.lora_weight + step.lora_weight_cast,  # the cast of the product
-                    beside + step.kept_eye + step.weights + step.scaled)  # scaling * lora_weight and the sum
+                    beside + step.kept_eye + step.eye_output + step.lora_weight + step.lora_weight_cast,  # its cast
+                    beside + step.kept_eye + step.eye_output + step.weights + step.scaled)  # scaling * it and the sum
     return worst
 
 

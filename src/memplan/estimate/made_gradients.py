@@ -21,7 +21,11 @@ done). Within a layer, two moments come after some of its own:
 - a dense MLP's backward node by node (:mod:`~memplan.estimate.mlp_backward_nodes`, helper mlpbwd13): the output
   projection's weight gradient before the activation's product (eager SwiGLU, GPT-2's ``gelu_new``).
 
-Only for a job that trains the whole model and keeps each gradient it makes whole on the GPU until the step (the
+Under partial freezing (``--trainable``, no adapter or copy in the layer, helper bw15) the softmax's moment holds the
+layer's trained tensors' gradients among those (a trace of a Llama toy training layers.1 alone: the MLP's, the norm's
+and o_proj's fp32 gradients, 2.5 MiB, beside the softmax's two 64 MiB gradients), the copies of the trained weights
+freed, and the residual stream's gradient only where the layer's input needs one (else the output projection's
+backward consumed it). Otherwise only for a job that trains the whole model and keeps each gradient it makes whole on the GPU until the step (the
 softmax's moment under tensor parallelism too, with each rank's share of the gradients, helper fnorm12; the
 experts' walk on one rank's whole weights only): not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own
 buffers), not moved to host memory with an offloaded optimizer, not consumed by an optimizer step in the backward. Recomputed layers the
@@ -43,7 +47,7 @@ from memplan.estimate.grouped_experts_backward import experts_figures, weight_gr
 from memplan.estimate.layer_costs import layer_blocks
 from memplan.estimate.memo import Same
 from memplan.estimate.mlp_backward_nodes import gradients_made
-from memplan.estimate.partial_freeze import is_norm
+from memplan.estimate.partial_freeze import is_norm, trained_tensors
 from memplan.model.linears import model_parameters
 from memplan.model.spec import LayerSpec
 from memplan.units import dtype_bytes
@@ -68,7 +72,8 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
     if layer.moe is None and not has_eager_core(run.shape):
         return mlp  # a dense layer under a fused or flash core: the MLP walk's moment only (no terms built)
 
-    found = layer_blocks(run, layer, index) if run.counts is None else None
+    trained = None if run.counts is None else _trained(run, index)
+    found = layer_blocks(run, layer, index) if run.counts is None or trained is not None else None
     if found is None:
         return 0
     shape, blocks = found
@@ -80,14 +85,16 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
         moments.append(experts.with_gradients)
     moments.append(transient + mlp)  # the MLP walk's gradients beside what the layer holds at its worst
     softmax = softmax_backward_bytes(layer, shape, blocks)
-    sizes = _gradient_sizes(run, index) if softmax else []
+    sizes = _gradient_sizes(run, index, trained) if softmax else []
     split = attention_split(run.model, index, len(sizes)) if softmax else None
     if split is not None:
         # the MLP block's, its norm's and the output projection's gradients are made; the residual stream's gradient
-        # (the layer's output gradient plus the MLP block's input gradient) waits for the attention block's; the
-        # autocast copies of the weights whose backward has run are freed
+        # (the layer's output gradient plus the MLP block's input gradient) waits for the attention block's, where
+        # the layer's input needs one (else the output projection's backward consumed it); the autocast copies of
+        # the weights whose backward has run are freed
         # (the copies a checkpointed region made again are in ``transient``: those not freed yet are beside too)
-        beside = (copies + output_gradient_bytes(shape, run.model.hidden_size)
+        waits = trained is None or run.flows is None or run.flows[index].attention.input_grad
+        beside = (copies + (output_gradient_bytes(shape, run.model.hidden_size) if waits else 0)
                   - _freed_copies(run, index, split[0], sizes))
         moments.append(softmax + sum(sizes[i] for i in split[0]) + beside)
     return max(0, max(moments) - transient)
@@ -112,18 +119,31 @@ def _copied(model: Same, index: int, eager_experts: bool) -> tuple[bool, ...]:
                  for p in model_parameters(model.obj) if p.layer == index)  # type: ignore[arg-type]
 
 
-def _gradient_sizes(run: RunContext, index: int) -> list[int]:
+def _trained(run: RunContext, index: int) -> tuple[bool, ...] | None:
+    """Under partial freezing (``--trainable``), which of layer ``index``'s parameter tensors train fully
+    (:func:`~memplan.estimate.partial_freeze.trained_tensors`); None where none does, the layer holds adapters or
+    copies, or its base is quantized."""
+    counts = run.counts
+    if counts is None or counts.layers[index].quantized:
+        return None
+    return trained_tensors(run.model, run.job.finetune, index)
+
+
+def _gradient_sizes(run: RunContext, index: int, trained: tuple[bool, ...] | None = None) -> list[int]:
     """Bytes of each of layer ``index``'s gradients on one rank, in parameter order: whole, or each tensor's share
     under tensor parallelism (:func:`~memplan.estimate.reserved_tp.rank_numel`: the linear weights split, the norms
     whole) and the routed experts' under expert parallelism (split by ep x etp, as the states are:
-    :func:`~memplan.estimate.states.layer_numel_on_rank`)."""
+    :func:`~memplan.estimate.states.layer_numel_on_rank`); 0 for a frozen tensor where ``trained`` says which
+    train."""
     from memplan.estimate.reserved_mlp_backward import layer_gradient_sizes
 
     par, grad_bytes = run.job.parallel, run.prec.grad_bytes
     if par.tp <= 1 and par.ep * par.expert_tp <= 1:
-        return layer_gradient_sizes(run.model, index, grad_bytes)
-    from memplan.estimate.reserved_tp import rank_numel
+        sizes = layer_gradient_sizes(run.model, index, grad_bytes)
+    else:
+        from memplan.estimate.reserved_tp import rank_numel
 
-    return [(tensor.numel // (par.ep * par.expert_tp) if tensor.routed_expert
-             else rank_numel(run.model, run.profile, par.tp, tensor)) * grad_bytes
-            for tensor in model_parameters(run.model) if tensor.layer == index]
+        sizes = [(tensor.numel // (par.ep * par.expert_tp) if tensor.routed_expert
+                  else rank_numel(run.model, run.profile, par.tp, tensor)) * grad_bytes
+                 for tensor in model_parameters(run.model) if tensor.layer == index]
+    return sizes if trained is None else [size if train else 0 for size, train in zip(sizes, trained)]

@@ -487,3 +487,41 @@ def any_attention_saves(model: ModelSpec, ft: FineTuning, checkpointing: bool, l
     tables are saved)."""
     flows = layer_flows(model, ft, checkpointing)
     return any(flows[i].attention.saves for i in layers)
+
+
+@lru_cache(maxsize=256)
+def trained_tensors(model: ModelSpec, ft: FineTuning, index: int) -> tuple[bool, ...] | None:
+    """Per parameter tensor of layer ``index`` (:func:`~memplan.model.linears.model_parameters` order), whether
+    ``--trainable`` trains it fully (autograd makes its own gradient in the layer's backward); None where the layer
+    has no such tensor, or holds an adapter or a ``modules_to_save`` copy (their gradients are other tensors')."""
+    full, copies = trained_modules(model, ft), saved_modules(model, ft)
+    if any(a.module.layer == index for a in finetune_params(model, ft).adapters):
+        return None
+    params = [p for p in model_parameters(model) if p.layer == index]
+    if any(under(p.module, copies) for p in params):
+        return None
+    trained = tuple(under(p.module, full) for p in params)
+    return trained if any(trained) else None
+
+
+@lru_cache(maxsize=256)
+def uncast_trained_numel(model: ModelSpec, ft: FineTuning, layers: tuple[int, ...], embedding: bool,
+                         final_norm: bool) -> int:
+    """Weights ``--trainable`` trains fully among ``layers`` (and the root's: an untied embedding table with
+    ``embedding``, the final norm with ``final_norm``) that autocast never casts: the norms' weights and the embedding
+    table (``F.embedding`` and the norms' products are not on torch.autocast's lower-precision list, so no 16-bit copy
+    is made, cached or saved; a tied table is the head's weight, which the head's linear casts). A trace of a gpt-oss
+    toy training embed_tokens and layers.1.input_layernorm (bf16-mixed) holds no 16-bit copy of either."""
+    if ft.resolved_trainable in ("all", "adapters"):
+        return 0
+    full, wanted = trained_modules(model, ft), set(layers)
+    total = 0
+    for p in model_parameters(model):
+        if not under(p.module, full):
+            continue
+        if p.layer is None:
+            table = embedding and _is_embedding(p.module) and not model.tie_word_embeddings
+            total += p.numel if table or (final_norm and is_norm(p.module)) else 0
+        elif p.layer in wanted and is_norm(p.module):
+            total += p.numel
+    return total

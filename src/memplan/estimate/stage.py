@@ -8,6 +8,7 @@ from itertools import chain
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
+from memplan.estimate.dora_forward_moment import dora_moment_locals
 from memplan.estimate.input_leaf import bound_embedding_output
 from memplan.estimate.layer_costs import dora_transient, sink_forward_transient
 from memplan.estimate.layer_walk import LayerWalk, walk_layers
@@ -83,7 +84,8 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     st = model_states(ctx)
     # the last layer's forward temporaries (DoRA's weights; gpt-oss's sink attention, 0 when recomputed):
     # not alive at once, so the larger
-    forward_extra = max(dora_transient(ctx) if st.ft is not None else 0, sink_forward_transient(ctx))
+    dora = dora_transient(ctx) if st.ft is not None else 0
+    forward_extra = max(dora, sink_forward_transient(ctx))
     walk = walk_layers(ctx, forward_extra)
     acts = stage_activations(ctx, walk, st.ft)
     loss = loss_part(ctx, acts, st)
@@ -92,7 +94,9 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     comm, max_comm = communication(ctx, st, acts, forward)
     moment = backward_moment(ctx, st, walk, acts, loss)
     # at that moment the model's forward keeps the embedding's output bound, where nothing saves it
-    at_forward = forward_extra and forward_extra + bound_embedding_output(ctx)
+    # and DoRA's step at the last layer's MLP output projection the tensors the modeling code binds there
+    at_forward = forward_extra and (forward_extra + bound_embedding_output(ctx)
+                                    + (dora_moment_locals(ctx, dora) if dora == forward_extra else 0))
     ledger.extend(chain(st.contributions, stage_buffers(ctx),
                         phase_contributions(ctx, st, walk, acts, loss, at_forward, moment), comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
     inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0

@@ -30,7 +30,7 @@ from memplan.estimate.layer_costs import (
     per_tensor_offload,
 )
 from memplan.estimate.layer_walk import LayerWalk
-from memplan.estimate.partial_freeze import any_attention_saves, uncopied_trained_numel
+from memplan.estimate.partial_freeze import any_attention_saves, uncast_trained_numel, uncopied_trained_numel
 from memplan.estimate.trained_dtypes import uncopied_expert_numel
 from memplan.frozen import frozen_dataclass
 from memplan.profiles.framework import head_rows_split
@@ -241,7 +241,8 @@ def _other_activations(ctx: StageContext, ft: StageFinetune | None, shared: int)
 def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
     """Of the stage's fully trained weights (``ft.full``, one rank), those whose autocast copy is not saved:
     the recomputed layers' (made again in the backward), those whose input needs no gradient
-    (:func:`memplan.estimate.partial_freeze.uncopied_trained_numel`) and, under eager kernels, HF's grouped
+    (:func:`memplan.estimate.partial_freeze.uncopied_trained_numel`), the norms and embedding table autocast never
+    casts (:func:`~memplan.estimate.partial_freeze.uncast_trained_numel`) and, under eager kernels, HF's grouped
     experts' (never copied: :func:`memplan.estimate.trained_dtypes.uncopied_expert_numel`); scaled to one
     rank as ``ft.full`` is."""
     run, counts = ctx.run, ctx.run.counts
@@ -252,7 +253,8 @@ def _uncopied(ctx: StageContext, ft: StageFinetune) -> int:
     ft_job = run.job.finetune
     own_layers = run.profile.kernels != "eager"
     numel = (uncopied_trained_numel(run.model, ft_job, run.policy.input_grads, kept, own_layers)
-             + sum(counts.layers[i].trained for i in recomputed))
+             + sum(counts.layers[i].trained for i in recomputed)
+             + uncast_trained_numel(run.model, ft_job, kept, ctx.layout.has_embedding, ctx.layout.has_head))
     if run.profile.kernels == "eager":
         numel += uncopied_expert_numel(run.model, ft_job, kept)
     if not numel:

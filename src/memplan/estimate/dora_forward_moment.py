@@ -1,0 +1,90 @@
+"""What the forward moment of DoRA's weight-norm step holds beside the layers' saved tensors and the step's own
+temporaries (:func:`~memplan.estimate.adapter_acts.dora_forward_transient`), where that step is the stage's last
+layer's MLP output projection (helper bw15, session 15).
+
+peft's ``DoraLinearLayer.forward`` rebuilds the adapted weight inside the linear's forward; the largest one (the
+``in x in`` identity) is the MLP output projection's (``down_proj``: its ``in`` is the intermediate size), the last
+linear of the layer, so every other tensor the layer saves exists by then. A trace of a Llama toy (hidden 1,024,
+intermediate 4,096, bf16-mixed, DoRA all-linear, 256 tokens x 2; peak at layer 1's ``down_proj`` ``lora_B(lora_A(eye))``)
+holds, beyond the step's temporaries and the saved tensors made by then, tensors the modeling code binds while the
+MLP runs, which nothing saves:
+
+- the layer's input, bound by the model's loop (``hidden_states = decoder_layer(hidden_states, ...)``), where the layer
+  saves none of it (a 16-bit eager RMSNorm saves its fp32 copy); the first layer's is the embedding's output
+  (:func:`~memplan.estimate.input_leaf.bound_embedding_output`);
+- the residual stream after the attention block (the decoder layer's ``residual``), where the MLP's norm saves its
+  fp32 copy instead;
+- the MLP block's input (the norm's output, the decoder layer's ``hidden_states`` while ``self.mlp`` runs), where the
+  adapters' ``lora_A`` save a copy of it (peft's cast to the adapters' dtype, autocast's 16-bit copy) and the frozen
+  base GEMMs save nothing;
+- eager attention's 4-D masks (:func:`~memplan.estimate.gpt_oss_terms.forward_mask_term`), alive until the model's
+  forward returns.
+
+And the output projection's own saved tensors made after the step are not there yet: ``lora_A``'s output, ``lora_B``'s
+result and the weight norm and scales (its ``lora_A`` input copy is: the projection's input, the MLP's product, stands
+for it, one tensor of that size). Not priced: a moment at another adapter (an attention-only DoRA job), a layer
+without a pre-MLP norm, with a parallel residual or an MoE block, ``--lora-dropout`` (peft's other DoRA path) and a quantized base.
+"""
+
+from __future__ import annotations
+
+from memplan.estimate.activations import divided, has_eager_core
+from memplan.estimate.adapter_acts import dora_forward_transient, m_is_parameter, on_mlp_output
+from memplan.estimate.context import StageContext
+from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.gpt_oss_terms import forward_mask_term
+from memplan.estimate.terms import TermRole
+from memplan.peft.params import Adapter
+
+__all__ = ["dora_moment_locals"]
+
+
+def dora_moment_locals(ctx: StageContext, transient: int) -> int:
+    """The bytes the module describes (the bound tensors less the output projection's tensors not made yet) at the
+    stage's DoRA forward moment, whose temporaries weigh ``transient``; 0 where it is not priced or not there."""
+    run = ctx.run
+    ft = run.job.finetune
+    if (not transient or ctx.recomputed or run.counts is None or ft.lora_dropout > 0 or ft.quant_kind.quantizes
+            or not ctx.layout.layer_indices):
+        return 0
+    index = ctx.layout.layer_indices[-1]
+    layer = run.model.layers[index]
+    adapter = _output_projection_adapter(run.counts.layer_adapters[index]) if layer.moe is None else None
+    autocast, act_bytes, lora_dtype = run.prec.weight_copies == "autocast", run.shape.act_bytes, adapter_bytes(run.job)
+    tokens = run.shape.seq * run.shape.micro_batch
+    if adapter is None or layer.parallel_residual or dora_forward_transient(
+            (adapter,), autocast=autocast, compute_bytes=act_bytes, base_bytes=frozen_bytes_per_element(run.job),
+            tokens=tokens, adapter_bytes=lora_dtype) != transient:
+        return 0
+    from memplan.estimate.layer_costs import layer_blocks
+
+    found = layer_blocks(run, layer, index)
+    if found is None:
+        return 0
+    shape, (attention, rest) = found
+    kept = [t for t in rest if t.keep in run.kept_classes]
+    if not any(t.role is TermRole.NORM_OTHER for t in rest):
+        return 0  # no pre-MLP norm saving a copy of its input (not priced)
+    hidden = shape.local_tokens * run.model.hidden_size
+    first = index == 0 and ctx.layout.has_embedding
+    layer_input = 0 if first or any(t.keep == "input" for t in attention) else hidden * shape.residual_bytes
+    residual = 0 if any(t.role is TermRole.NORM_INPUT for t in kept) else hidden * shape.residual_bytes
+    copied = autocast or lora_dtype != act_bytes  # lora_A reads a copy of the MLP's input, not the input itself
+    # (the norm's output: its frozen 16-bit weight times the normalized input in the residual stream's dtype)
+    norm_output = hidden * max(act_bytes, shape.residual_bytes)
+    mlp_input = norm_output if copied and not any(t.role is TermRole.NORM_OUTPUT for t in kept) else 0
+    masks = divided(forward_mask_term(run.model, run.shape), run.shape) if has_eager_core(shape) else 0
+    return layer_input + residual + mlp_input + masks - _not_made(adapter, tokens, act_bytes if autocast else lora_dtype)
+
+
+def _output_projection_adapter(adapters: tuple[Adapter, ...]) -> Adapter | None:
+    """The layer's DoRA adapter on its dense MLP's output projection (its last linear), or None."""
+    return next((a for a in adapters if a.dora and a.experts == 1 and not m_is_parameter(a) and on_mlp_output(a)),
+                None)
+
+
+def _not_made(a: Adapter, tokens: int, lora_bytes: int) -> int:
+    """The adapter's saved tensors made after its weight-norm step: ``lora_A``'s output, ``lora_B``'s result (both in
+    ``lora_bytes`` per element) and the fp32 weight norm and three scales' vectors (its input needs a gradient)."""
+    out = a.module.out_features
+    return lora_bytes * tokens * (a.rank + out) + 4 * 3 * out

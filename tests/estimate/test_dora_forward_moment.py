@@ -1,0 +1,36 @@
+"""The forward moment of DoRA's weight-norm step at the last layer's MLP output projection: the tensors transformers'
+modeling code binds there, less the projection's saved tensors not made yet
+(memplan.estimate.dora_forward_moment; helper bw15, session 15), and the one input-sized tensor beside the step
+(memplan.estimate.adapter_acts.dora_forward_transient)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memplan.estimate import estimate
+from memplan.jobflags import build_job
+from tests.estimate.test_bound_embedding import JOB, _model
+
+_DORA = {"peft": "dora", "lora_targets": "all-linear"}
+
+
+@pytest.mark.parametrize("family, flags, traced, before", [
+    # bf16-mixed, peak at layer 1's down_proj lora_B(lora_A(eye)): the layer's input (the model's loop), the
+    # residual and the MLP's input (the decoder layer's locals), the eager 4-D mask; lora_A's output, lora_B's result
+    # and the weight norm and scales of down_proj not made yet
+    ("llama", {}, 308_061_184, -0.0075),
+    ("qwen2", {}, 308_067_328, -0.0075),
+    ("llama", {"attention": "sdpa"}, 294_202_368, -0.0070),  # no 4-D mask
+    # pure bf16 with fp32 adapters (no autocast): lora_A saves peft's fp32 cast of the input, made before the step;
+    # the 16-bit input is the tensor beside; lora_A's output of the identity is kept while the weight is rebuilt
+    ("llama", {"precision": "bf16"}, 372_540_416, 0.0075),
+    ("llama", {"precision": "fp32"}, 450_538_496, 0.0033),  # one dtype: no cast, the input is lora_A's
+])
+def test_the_dora_forward_moment_is_the_traced_one(tmp_path: Path, family: str, flags: dict[str, object],
+                                                   traced: int, before: float) -> None:
+    """memplan trace of the llama_1k_v256 toy (256 tokens x 2, AdamW foreach, eager unless said); ``before``: the
+    error at 83e1fcf."""
+    stage = estimate(_model(tmp_path, family), build_job({**JOB, **_DORA, **flags})).stages[0]
+    assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / traced - 1) <= 0.0005
