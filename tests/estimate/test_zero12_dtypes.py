@@ -165,6 +165,23 @@ def test_hf_zero_refuses_what_deepspeed_s_engine_refuses_naming_the_flag(tmp_pat
     assert estimate(fsdp.model, fsdp.job).framework == "hf"
 
 
+def test_hf_zero_with_selective_means_hf_s_selective_and_is_refused() -> None:
+    """review of session 15: ``selective`` is the user's framework's policy (hf: the attention module), which
+    DeepSpeed's engine cannot run; the alias was resolved under the runner (the attention core), 71.7 against
+    164.8 GiB for llama-3.1-8b. The reserved mode is the runner's default too."""
+    from memplan import estimate
+    from memplan.errors import JobConfigError
+    from memplan.estimate.engine import reserved_mode
+
+    loaded = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": "hf", "zero": 1,
+                                                               "recompute": "selective"}))
+    with pytest.raises(JobConfigError, match=r"^--zero: 1 under --framework hf runs deepspeed's engine.*attention-module"):
+        estimate(loaded.model, loaded.job)
+    plain = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": "hf", "zero": 2}))
+    assert reserved_mode(plain.job) == "fixed" == reserved_mode(
+        load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": "deepspeed", "zero": 2})).job)
+
+
 #: The engine's most live bytes at one collective of the second backward (ZeRO-1 reduces at the accumulation boundary,
 #: after the backward): the gradient partition (grads_in_partition, or the compact fp32 partition) is allocated whole
 #: at its first copy beside the full gradients not reduced yet.

@@ -103,7 +103,8 @@ def reserved_mode(job: Job, reserved: str | None = None) -> str:
     pipeline parallelism: no witness checks the simulator's schedule of a pipeline stage (docs/benchmarks.md)."""
     mode = reserved if reserved is not None else job.reserved
     if mode == "auto":
-        mode = "fixed" if job.parallel.pp > 1 else get_profile(job.framework).default_reserved
+        runs = zero_engine(job)[0] if job.sharding.zero else job  # the engine that runs a ZeRO stage decides
+        mode = "fixed" if job.parallel.pp > 1 else get_profile(runs.framework).default_reserved
     if mode not in RESERVED_MODES:
         raise JobConfigError("--reserved", f"must be one of {', '.join(RESERVED_MODES)}", mode)
     return mode

@@ -376,7 +376,7 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
             elif t.role is TermRole.NORM_INPUT and ((stand_in and flow.linears_train) or (beyond and flow.norm_trains)):
                 # beside the GEMM input; or the input-dtype part of the trained norm's fp32 normalized tensor
                 # (gpt-oss's and Gemma's ``weight * x_normed`` in fp32), kept whole though the input is not
-                out.append(Term(t.name, t.bytes, t.region, "body", site=t.site, role=t.role))
+                out.append(_body_term(t))
             continue
         if flow.linears_train:
             if moe_term_kept(t.role, routing_grad=flow.routing_grad, experts_save=flow.experts_save):
@@ -384,7 +384,7 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
             continue
         if mine and flow.norm_trains and beyond and t.role is TermRole.NORM_INPUT:
             # the input-dtype part of the trained norm's fp32 normalized tensor, as where the input needs no gradient
-            out.append(Term(t.name, t.bytes, t.region, "body", site=t.site, role=t.role))
+            out.append(_body_term(t))
             continue
         kept = _frozen_term(t, shape, mine and flow.norm_trains and not has_normalized, gemm_inputs_kept or (
             kernel_keeps_input and t.role is TermRole.OUTPUT_PROJECTION_INPUT))
@@ -393,6 +393,12 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
                 continue  # kept only for a trained norm weight's gradient
             out.append(kept)
     return out
+
+
+def _body_term(t: Term) -> Term:
+    """``t`` kept in the layer's body (a norm-input term standing for its part of a trained norm's normalized
+    tensor, kept though the input is not)."""
+    return Term(t.name, t.bytes, t.region, "body", site=t.site, role=t.role)
 
 
 def unkeyed_query_terms(terms: list[Term], attn: AttentionSpec, shape: ActivationShape, flow: BlockFlow) -> list[Term]:

@@ -34,6 +34,7 @@ from memplan.estimate.stage_peak import (
     LossPart,
     backward_moment,
     communication,
+    forward_bindings,
     forward_peaks,
     graphs,
     loss_part,
@@ -95,10 +96,11 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     moment = backward_moment(ctx, st, walk, acts, loss)
     # at that moment the model's forward keeps the embedding's output bound, where nothing saves it
     # and DoRA's step at the last layer's MLP output projection the tensors the modeling code binds there
-    at_forward = forward_extra and (forward_extra + bound_embedding_output(ctx)
-                                    + (dora_moment_locals(ctx, dora) if dora == forward_extra else 0))
+    bound = bound_embedding_output(ctx) if forward_extra else 0
+    held = dora_moment_locals(ctx, dora) if forward_extra and dora == forward_extra else 0
     ledger.extend(chain(st.contributions, stage_buffers(ctx),
-                        phase_contributions(ctx, st, walk, acts, loss, at_forward, moment), comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
+                        phase_contributions(ctx, st, walk, acts, loss, forward_extra, moment),
+                        forward_bindings(bound, held) if bound or held else (), comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
     inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0
     memory = graphs(ctx, ledger, walk, inputs)
     peak = ledger.peak()

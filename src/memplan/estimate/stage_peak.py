@@ -117,6 +117,19 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
                     forward_logits=forward)
 
 
+def forward_bindings(bound: int, held: int) -> Iterator[Contribution]:
+    """What the modeling code keeps bound at the last layer's forward moment, beside its temporaries, each with its
+    sentence: the embedding's output (``bound``: :func:`~memplan.estimate.input_leaf.bound_embedding_output`) and, at
+    DoRA's step on the MLP's output projection, the tensors its decoder layer holds there (``held``:
+    :func:`~memplan.estimate.dora_forward_moment.dora_moment_locals`)."""
+    yield Contribution(TEMPORARY, bound, _FORWARD, note=(
+        f"the model's forward keeps the embedding's output bound until it returns (transformers' inputs_embeds): "
+        f"{bound / 2**20:,.1f} MiB at the last layer's forward, where no saved tensor holds it" if bound else ""))
+    yield Contribution(TEMPORARY, held, _FORWARD, note=(
+        f"DoRA's step on the last layer's MLP output projection: the tensors the decoder layer holds there and nothing "
+        f"saves (its input, the residual after attention, the MLP's input): {held / 2**20:,.1f} MiB" if held else ""))
+
+
 def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
                         loss: LossPart, forward_extra: int, moment: BackwardMoment) -> Iterator[Contribution]:
     """What is alive at each candidate moment beyond the model states and workspaces (``moment``: the backward's

@@ -29,6 +29,12 @@ def zero_engine(job: Any) -> tuple[Any, str | None]:
     if runner is None:
         return job, None
     named = f"--framework {job.framework} --zero {job.sharding.zero}"
+    if job.recompute.mode == "selective":  # the alias means the user's framework's policy, not the runner's
+        own = get_profile(job.framework).selective_policy
+        if own not in get_profile(runner).activation_policies:
+            raise JobConfigError("--zero", f"{job.sharding.zero} under --framework {job.framework} runs {runner}'s "
+                                 f"engine (as --framework {runner}), which cannot run --recompute selective as "
+                                 f"{job.framework} means it ({own})", job.sharding.zero)
     try:
         moved = dataclasses.replace(job, framework=runner)
     except JobConfigError as exc:
