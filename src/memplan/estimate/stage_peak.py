@@ -39,6 +39,7 @@ from memplan.estimate import (
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.backward_walk import head_gradients, no_grads_yet, walked_backward
+from memplan.estimate import step_gradients
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import (
     ABSENT,
@@ -123,8 +124,9 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
     worst step, :func:`backward_moment`)."""
     run, layout = ctx.run, ctx.layout
     job = run.job
-    absent = st.states.gradients if no_grads_yet(ctx) else 0
-    yield Contribution(ABSENT, absent, _FORWARDS)
+    absent = no_grads_yet(ctx)  # gradients freed after the previous step, not made again yet
+    yield Contribution(ABSENT, st.states.gradients if absent else 0, _FORWARDS,
+                       note=step_gradients.note(ctx) if absent else "")
     yield Contribution(LAYER_ACTIVATIONS, acts.layers, _FORWARDS)
     yield Contribution(ACTIVATIONS, acts.layers, ("loss", "forward"))
     yield Contribution(ACTIVATIONS, acts.other - acts.head_copy, _FORWARDS)

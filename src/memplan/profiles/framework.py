@@ -153,6 +153,11 @@ class FrameworkProfile:
     #: frees every gradient after the step, so none exist until the next backward makes them.
     #: Megatron and DeepSpeed keep persistent gradient buffers.
     frees_gradients: bool = False
+    #: The ZeRO stages (0: without ZeRO) whose engine frees every gradient after the step though the framework
+    #: keeps gradient buffers otherwise (:mod:`memplan.estimate.step_gradients`): DeepSpeed's ZeRO-1/2 optimizer and
+    #: its stage-0 FP16 optimizers (``zero_grad(set_to_none=True)`` after ``step``); ZeRO-3 keeps its flat gradient
+    #: partition buffer.
+    frees_gradients_zero: tuple[int, ...] = ()
     #: The activation policies this framework has (:mod:`memplan.policies`); others are refused.
     activation_policies: tuple[str, ...] = ("none", "full", "megatron-selective")
     #: What ``--recompute selective`` means here: ``megatron-selective`` (Megatron
@@ -352,6 +357,7 @@ DEEPSPEED = FrameworkProfile(
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
     fsdp_refusal="is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 for full sharding)",
+    frees_gradients_zero=(0, 1, 2),
     features=frozenset({"partition-activations", "cpu-checkpointing", "zero-stages"}),
     fit_shardings=("zero-1", "zero-2", "zero-3"),
     deepspeed_checkpointing=True,
