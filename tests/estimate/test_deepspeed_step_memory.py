@@ -59,3 +59,45 @@ def test_the_loss_holds_no_gradient_below_zero3(zero: int) -> None:
 def test_zero3_keeps_its_gradient_partition() -> None:
     stage = _one_b(3).stages[0]
     assert stage.gradients_absent_at_peak_bytes == 0
+
+
+def _lora_ledger(tmp_path: Path, stage: int):  # type: ignore[no-untyped-def]
+    from memplan.estimate.engine import _stage_parts
+    from memplan.estimate.memo import Same
+    from tests.estimate.test_zero3_dtypes import TINY4
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY4))
+    ds = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, **_z(stage)}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    loaded = load_job(JobRequest(model=str(tmp_path / "config.json"), flags={
+        "gpus": 1, "seq": 32, "deepspeed_config": str(tmp_path / "ds.json"), "peft": "lora", "lora_rank": 8,
+        "lora_targets": "q_proj,v_proj"}))
+    _, parts = _stage_parts(Same(loaded.model), loaded.job, 0.0)
+    return loaded.job, parts[0][2].ledger
+
+
+#: E14: tiny4 with LoRA r8 on q_proj and v_proj (32,768 adapter parameters), ZeRO-2 bf16: deepspeed.initialize casts
+#: peft's fp32 adapters to bf16; the engine holds 7,877,656 B after the backward and 7,812,120 B after the step
+#: (bf16 weights and adapters 7,418,368, the adapters' fp32 master 131,072 and moments 262,144, no gradient).
+ADAPTERS, ALL = 32_768, 3_709_184
+
+
+def test_deepspeed_casts_the_adapters_to_the_model_dtype(tmp_path: Path) -> None:
+    from memplan.job import resolved_adapter_dtype
+
+    job, ledger = _lora_ledger(tmp_path, 2)
+    assert resolved_adapter_dtype(job) == "bf16"
+    assert ledger.total("parameters") == 2 * ALL
+    assert ledger.total("master") == 4 * ADAPTERS
+    assert _states(ledger) == pytest.approx(7_877_656, rel=0.02)
+    assert _forward_states(ledger) == pytest.approx(7_812_120, rel=0.001)
+
+
+def test_zero3_under_zero_init_keeps_peft_fp32_adapters(tmp_path: Path) -> None:
+    """Measured: a model built under ``deepspeed.zero.Init`` keeps fp32 adapters through ``deepspeed.initialize``
+    (a plain model's are cast to bf16 at ZeRO-3 too); memplan's ZeRO-3 is the zero.Init one."""
+    from memplan.job import resolved_adapter_dtype
+
+    job, _ = _lora_ledger(tmp_path, 3)
+    assert resolved_adapter_dtype(job) == "fp32"

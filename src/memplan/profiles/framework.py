@@ -192,8 +192,12 @@ class FrameworkProfile:
     pipeline_split: PipelineSplit = "even-or-ceil"
     #: dtype of PEFT adapters when ``--adapter-dtype auto``: ``fp32`` is peft's default
     #: (``get_peft_model(autocast_adapter_dtype=True)`` upcasts bf16/fp16 adapters to fp32,
-    #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), which every profile here runs adapters with.
-    adapter_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``). ``model``: the engine casts every parameter to the
+    #: model's 16-bit dtype after peft (DeepSpeed's ``deepspeed.initialize`` -> ``_configure_distributed_model`` ->
+    #: ``_cast_module_mixed_precision``, runtime/engine.py; measured: fp32 before, bf16 after), except a model built
+    #: under ``zero.Init`` (ZeRO-3: the Hugging Face Trainer's ``from_pretrained``), whose parameters the engine does
+    #: not cast (:func:`memplan.job.resolved_adapter_dtype`).
+    adapter_dtype: Literal["fp32", "bf16", "fp16", "model"] = "fp32"
     #: What ``--compile`` compiles: ``blocks``, each transformer block on its own (torchtitan's
     #: ``apply_compile``, torchtune's ``compile_model``); ``model``, the whole model in one call (the Hugging Face
     #: Trainer's ``torch.compile(model)`` under ``torch_compile``, DeepSpeed's ``engine.compile()``); ``none``,
@@ -358,6 +362,7 @@ DEEPSPEED = FrameworkProfile(
     selective_policy="attention-core",
     fsdp_refusal="is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 for full sharding)",
     frees_gradients_zero=(0, 1, 2),
+    adapter_dtype="model",
     features=frozenset({"partition-activations", "cpu-checkpointing", "zero-stages"}),
     fit_shardings=("zero-1", "zero-2", "zero-3"),
     deepspeed_checkpointing=True,
