@@ -101,3 +101,28 @@ def test_zero3_under_zero_init_keeps_peft_fp32_adapters(tmp_path: Path) -> None:
 
     job, _ = _lora_ledger(tmp_path, 3)
     assert resolved_adapter_dtype(job) == "fp32"
+
+
+@pytest.mark.parametrize("config", [{"zero_optimization": {"stage": 0}},
+                                    {"zero_optimization": {"stage": 0, "reduce_bucket_size": 100_000}}],
+                         ids=["E10", "E11 bucket keys"])
+def test_stage0_flattens_the_gradients_for_its_all_reduce(tmp_path: Path, config: dict) -> None:
+    """E10: 7,352,832 B (all 3,676,416 bf16 gradients, below 5e8 elements) alive at the all-reduce, after the
+    backward; the engine holds 66,176,164 B then."""
+    ledger = _ledger(tmp_path, config)
+    assert ledger.total("communication", "end of backward") == 7_352_832
+    assert ledger.total("communication", "backward") == 0
+    assert _states(ledger) + ledger.total("communication", "end of backward") == pytest.approx(66_176_164, rel=0.02)
+
+
+def test_stage0_bucket_in_communication_data_type(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path, {"zero_optimization": {"stage": 0}, "communication_data_type": "fp32"})
+    assert ledger.total("temporary", "end of backward") == 4 * 3_676_416
+
+
+def test_stage0_communication_data_type_is_modelled() -> None:
+    from memplan.frameworks.deepspeed_keys import deepspeed_settings
+
+    got = {s.key: (s.effect, s.note) for s in deepspeed_settings({"communication_data_type": "fp32",
+                                                                   "zero_optimization": {"stage": 0}})}
+    assert got["communication_data_type"][0] == "modelled" and "ds_allreduce" in got["communication_data_type"][1]

@@ -29,6 +29,7 @@ from memplan.estimate.extras import (
 )
 from memplan.estimate import (
     compiled_loss,
+    ds_allreduce,
     final_norm_backward,
     loss_parallel,
     pipeline_fsdp,
@@ -211,7 +212,8 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
                   forward: bool) -> tuple[list[Contribution], int]:
     """The collective buffers alive at each moment (the end of the forward: as at the loss), and
     their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`; DeepSpeed's
-    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`."""
+    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`; without ZeRO:
+    :mod:`memplan.estimate.ds_allreduce`."""
     run = ctx.run
     if pipeline_fsdp.applies(ctx, st):
         return _with_most(list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts)))
@@ -219,6 +221,8 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
         return _with_most(zero3_buffers.contributions(ctx, st.params, st.states.optimizer_numel, forward))
     if zero12_bucket.applies(run.job, run.profile):
         return _with_most(zero12_bucket.contributions(ctx, st))
+    if run.profile.stage0_allreduce_elements and ds_allreduce.applies(run.job, run.profile):
+        return _with_most(ds_allreduce.contributions(ctx, st))
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings, head=head_unit(ctx))

@@ -109,6 +109,10 @@ class FrameworkProfile:
     fsdp_outer_units: Literal["root", "embedding-and-head"] = "root"
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
+    #: Without ZeRO, the engine's all-reduce flattens the gradients into buckets flushed once they hold more than
+    #: this many elements (DeepSpeed's ``allreduce_gradients`` -> ``allreduce_no_retain``, ``MEMORY_OPT_ALLREDUCE_SIZE``
+    #: 5e8; :mod:`memplan.estimate.ds_allreduce`); 0: no such copy.
+    stage0_allreduce_elements: int = 0
     #: ``--zero N`` is DeepSpeed's ZeRO, whose buffers are priced from the job's DeepSpeed config keys or these
     #: defaults (ZeRO-3's gathered parameters and bucket: :mod:`memplan.estimate.zero3_buffers`; ZeRO-1/2's reduce
     #: buckets: :mod:`memplan.estimate.zero12_bucket`); None: another ZeRO (Megatron-FSDP's sharding strategies),
@@ -358,6 +362,7 @@ DEEPSPEED = FrameworkProfile(
     kernels="eager",
     zero3_buffers=DEEPSPEED_ZERO3,
     allgather_bucket_elements=500_000_000,
+    stage0_allreduce_elements=500_000_000,
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
     fsdp_refusal="is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 for full sharding)",
