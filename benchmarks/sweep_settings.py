@@ -246,6 +246,7 @@ DEEPSPEED_ROWS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("bf16.enabled", {}, {"bf16.enabled": False}),
     ("bfloat16.enabled", {"bf16": None, "bfloat16.enabled": True}, {"bfloat16.enabled": False}),
     ("fp16.enabled", {"bf16.enabled": False}, {"fp16.enabled": True}),
+    ("communication_data_type", {}, {"communication_data_type": "fp32"}),
     ("optimizer.type", {}, {"optimizer.type": "SGD"}),
     ("optimizer.params.momentum", {"optimizer.type": "SGD", "optimizer.params.momentum": 0.9},
      {"optimizer.params.momentum": 0}),

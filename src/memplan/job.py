@@ -790,12 +790,14 @@ class FineTuning:
     frozen_dtype: str | None = knob(None, "--frozen-dtype", "dtype of frozen, unquantized weights. (default: the "
                                     "compute dtype, as a base loaded with torch_dtype=bfloat16)", panel=FINETUNE)
     #: ``auto``: the framework's (its profile's ``adapter_dtype``): fp32 as peft's
-    #: ``get_peft_model(autocast_adapter_dtype=True)`` upcasts 16-bit adapters; ``bf16`` is what torchtune
+    #: ``get_peft_model(autocast_adapter_dtype=True)`` upcasts 16-bit adapters (DeepSpeed's engine casts them back to
+    #: the model's dtype, :func:`resolved_adapter_dtype`); ``bf16`` is what torchtune
     #: keeps and what peft keeps with ``autocast_adapter_dtype=False`` on a bf16 base.
     adapter_dtype: AdapterDtype = knob("auto", "--adapter-dtype", "dtype of the adapters (lora_A/B, DoRA "
                                        "magnitudes): their weights, gradients, optimizer states and the "
                                        "activations they compute. auto: the framework's (fp32, peft's "
-                                       "autocast_adapter_dtype=True).", panel=FINETUNE)
+                                       "autocast_adapter_dtype=True; deepspeed below ZeRO-3: the model's dtype, "
+                                       "as deepspeed.initialize casts them).", panel=FINETUNE)
 
     def __post_init__(self) -> None:
         _check_choice("--peft", self.peft, get_args(PeftMethod))
@@ -1091,9 +1093,16 @@ def resolved_optimizer_impl(job: Job) -> str:
 
 
 def resolved_adapter_dtype(job: Job) -> str:
-    """The adapters' dtype: ``--adapter-dtype``, or the job's framework default for ``auto``."""
+    """The adapters' dtype: ``--adapter-dtype``, or the job's framework default for ``auto``; a default of ``model``
+    (the engine casts every parameter to the model's dtype) is the compute dtype, but fp32 (peft's) at ZeRO-3, whose
+    model is built under ``zero.Init`` and not cast (``is_zero_init_model``)."""
     dtype = job.finetune.adapter_dtype
-    return dtype if dtype != "auto" else get_profile(job.framework).adapter_dtype
+    if dtype != "auto":
+        return dtype
+    dtype = get_profile(job.framework).adapter_dtype
+    if dtype != "model":
+        return dtype
+    return "fp32" if job.sharding.zero == 3 else job.precision.compute_dtype
 
 
 def resolved_loss(job: Job) -> str:

@@ -141,7 +141,7 @@ def test_the_priced_keys_leave_the_unmodelled_list() -> None:
     assert at2["data_types.grad_accum_dtype"] == "modelled" and at2["communication_data_type"] == "modelled"
     assert at2["zero_optimization.stage3_param_persistence_threshold"] == "no-memory-effect"
     assert effects(1)["data_types.grad_accum_dtype"] == "modelled"  # BF16_Optimizer's bf16 gradients priced
-    assert effects(0)["communication_data_type"] == "not-modelled"  # the stage-0 engine's all-reduce copies
+    assert effects(0)["communication_data_type"] == "modelled"  # the stage-0 engine's all-reduce copy (dsfree15)
 
 
 #: ZeRO-1 and ZeRO-2 in the engine (tiny4, world size 1), bytes per parameter after the backward: 16-bit weights

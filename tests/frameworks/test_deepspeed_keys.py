@@ -50,6 +50,7 @@ _MODELLED_CASES = {
         ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}, _Z3),
     "zero_optimization.offload_param.device":
         ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}, _Z3),
+    "communication_data_type": ({"communication_data_type": "fp32"}, {}),
     "bf16.enabled": ({"bf16": {"enabled": True}}, {"bf16": {"enabled": False}}),
     "bfloat16.enabled": ({"bfloat16": {"enabled": True}}, {"bfloat16": {"enabled": False}}),
     "fp16.enabled": ({"fp16": {"enabled": True}}, {"fp16": {"enabled": False}}),

@@ -17,6 +17,7 @@ from memplan.estimate.mask_lifetime import mask_releases, released_masks
 from memplan.estimate.stage_activations import StageActivations, head_numel
 from memplan.estimate.stage_states import StageStates
 from memplan.estimate.states import layer_numel_on_rank
+from memplan.estimate.step_gradients import made_in_backward
 from memplan.model.params import final_norm_params
 
 
@@ -35,11 +36,10 @@ class WalkedBackward(NamedTuple):
     walked: bool
 
 
-def no_grads_yet(ctx: StageContext) -> bool:
-    """Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none during
-    the forward, the loss and the start of the backward of a step's only micro-batch; the backward
-    then builds them up while it frees activations: the head's gradient first."""
-    return ctx.profile.frees_gradients and ctx.job.num_microbatches == 1
+#: Frameworks that free gradients after each step (zero_grad(set_to_none=True)) hold none during the forward, the loss
+#: and the start of the backward of a step's only micro-batch; the backward then builds them up while it frees
+#: activations: the head's gradient first (:func:`memplan.estimate.step_gradients.made_in_backward`).
+no_grads_yet = made_in_backward
 
 
 def head_gradients(ctx: StageContext, st: StageStates) -> int:

@@ -177,6 +177,27 @@ def _auto_targets_note(model_type: str) -> str:
             "asks for target_modules), so these are memplan's choice: give --lora-targets to price yours")
 
 
+def _adapter_dtype_source(job: Job) -> str:
+    """Where the adapters' dtype comes from, and their gradients' and optimizer states' dtypes: theirs, or the
+    weights' fp32 master and moments where a 16-bit adapter is in the weights' dtype under a separate master copy
+    (:func:`memplan.estimate.states.state_bytes`)."""
+    from memplan.estimate.precision import resolve_precision
+    from memplan.profiles.framework import get_profile
+
+    profile = get_profile(job.framework)
+    dtype = resolved_adapter_dtype(job)
+    why = "(--adapter-dtype; peft's autocast_adapter_dtype=True gives fp32)"
+    if job.finetune.adapter_dtype == "auto" and profile.adapter_dtype == "model":
+        why = ("(--adapter-dtype auto: peft's fp32, as a ZeRO-3 model is built under zero.Init, whose parameters the "
+               "engine does not cast)" if job.sharding.zero == 3 else
+               "(--adapter-dtype auto: the engine casts every parameter to the model's dtype after peft, "
+               "deepspeed.initialize's _cast_module_mixed_precision)")
+    prec = resolve_precision(job, profile)
+    if prec.master and dtype_bytes(dtype) == prec.param_bytes:
+        return f"{why}, gradients in that dtype, a {prec.master} master copy and {prec.optimizer_state} optimizer state"
+    return f"{why}, gradients and optimizer state in that dtype"
+
+
 def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     """The PEFT and quantization facts an estimate used, one line each."""
     if not is_finetune(job):
@@ -189,8 +210,7 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     if ft.peft_kind.adapters:
         out.append(f"peft {ft.peft}: {len(counts.adapters)} adapters (rank {ft.lora_rank}"
                    + (f", pattern {ft.lora_rank_pattern}" if ft.lora_rank_pattern else "")
-                   + f") in {resolved_adapter_dtype(job)} (--adapter-dtype; peft's autocast_adapter_dtype=True "
-                   "gives fp32), gradients and optimizer state in that dtype; each saves its input cast to the "
+                   + f") in {resolved_adapter_dtype(job)} {_adapter_dtype_source(job)}; each saves its input cast to the "
                    "adapter dtype (a 16-bit copy under autocast), lora_A's output"
                    + (", its dropout mask" if ft.lora_dropout > 0 else "")
                    + (", and DoRA's base and LoRA results" if ft.peft_kind.magnitude else "")

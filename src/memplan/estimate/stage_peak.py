@@ -29,6 +29,7 @@ from memplan.estimate.extras import (
 )
 from memplan.estimate import (
     compiled_loss,
+    ds_allreduce,
     final_norm_backward,
     loss_parallel,
     pipeline_fsdp,
@@ -39,6 +40,7 @@ from memplan.estimate import (
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.backward_walk import head_gradients, no_grads_yet, walked_backward
+from memplan.estimate import step_gradients
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import (
     ABSENT,
@@ -136,8 +138,9 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
     worst step, :func:`backward_moment`)."""
     run, layout = ctx.run, ctx.layout
     job = run.job
-    absent = st.states.gradients if no_grads_yet(ctx) else 0
-    yield Contribution(ABSENT, absent, _FORWARDS)
+    absent = no_grads_yet(ctx)  # gradients freed after the previous step, not made again yet
+    yield Contribution(ABSENT, st.states.gradients if absent else 0, _FORWARDS,
+                       note=step_gradients.note(ctx) if absent else "")
     yield Contribution(LAYER_ACTIVATIONS, acts.layers, _FORWARDS)
     yield Contribution(ACTIVATIONS, acts.layers, ("loss", "forward"))
     yield Contribution(ACTIVATIONS, acts.other - acts.head_copy, _FORWARDS)
@@ -222,7 +225,8 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
                   forward: bool) -> tuple[list[Contribution], int]:
     """The collective buffers alive at each moment (the end of the forward: as at the loss), and
     their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`; DeepSpeed's
-    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`."""
+    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`; without ZeRO:
+    :mod:`memplan.estimate.ds_allreduce`."""
     run = ctx.run
     if pipeline_fsdp.applies(ctx, st):
         return _with_most(list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts)))
@@ -230,6 +234,8 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
         return _with_most(zero3_buffers.contributions(ctx, st.params, st.states.optimizer_numel, forward))
     if zero12_bucket.applies(run.job, run.profile):
         return _with_most(zero12_bucket.contributions(ctx, st))
+    if run.profile.stage0_allreduce_elements and ds_allreduce.applies(run.job, run.profile):
+        return _with_most(ds_allreduce.contributions(ctx, st))
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings, head=head_unit(ctx))

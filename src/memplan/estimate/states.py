@@ -346,8 +346,10 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
                           small: SmallTensors | None = None) -> StateBytes:
     """Model states when part of the model is frozen (:mod:`memplan.estimate.finetune`).
 
-    Fully trained weights follow the job's precision; adapters are fp32 with fp32 gradients and no
-    master copy; frozen weights have no gradient, master or optimizer state. ZeRO/FSDP divide each
+    Fully trained weights follow the job's precision; adapters keep their dtype's gradients and no
+    master copy, unless they are in the weights' dtype under a precision with a separate master copy (DeepSpeed
+    casts them to the model's 16 bits: its optimizer keeps their fp32 master and moments as for every weight);
+    frozen weights have no gradient, master or optimizer state. ZeRO/FSDP divide each
     over data parallelism as in full training (dense shard group). Offload is not applied here.
     """
     shards = _shard_sizes(job)
@@ -357,6 +359,8 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
         return _sharded(numel, 0, shards, on)
 
     adapter = adapter_bytes(job)
+    if prec.master_bytes and adapter == prec.param_bytes and ft.adapter:
+        ft = replace(ft, full=ft.full + ft.adapter, adapter=0)  # mastered like the trained weights
     base = frozen_bytes_per_element(job)
     frozen_bytes = ft.frozen * base + ft.quantized_bytes
     parameters = (share(ft.full, full_shard) * prec.param_bytes + share(ft.adapter, full_shard) * adapter

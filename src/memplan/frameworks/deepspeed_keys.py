@@ -58,8 +58,8 @@ KEYS: dict[str, tuple[Effect, str]] = {
              "gradient_clipping", "prescale_gradients", "gradient_predivide_factor", "gradient_allreduce_op",
              "disable_allgather"),
     **_group(_N, "picks DeepSpeedCPUAdam for offloaded states (host memory)", "zero_force_ds_cpu_optimizer"),
-    **_group(_U, "without ZeRO the engine's all-reduce copies each bucket of gradients to this dtype; not priced "
-             "(priced at ZeRO stages 1 to 3)", "communication_data_type"),
+    **_group(_M, "the gradients' reduction copies its bucket to this dtype where the gradients are in another "
+             "(priced per ZeRO stage)", "communication_data_type"),
     **_group(_U, "the dtype of DeepSpeed-Ulysses' sequence-parallel gradient reductions; not priced",
              "seq_parallel_communication_data_type"),
     **_group(_U, "sparse embedding gradients (smaller gradient all-reduce); memplan prices dense gradients",
@@ -208,7 +208,10 @@ _STAGE0: dict[str, tuple[Effect, str]] = _group(
     _N, ("read only by DeepSpeed's ZeRO optimizers (stages 1 to 3): at stage 0 the engine all-reduces the gradients "
          "in buckets of its own fixed 5e8 elements (engine.py MEMORY_OPT_ALLREDUCE_SIZE), whatever this says"),
     _Z + "reduce_bucket_size", _Z + "contiguous_gradients", _Z + "overlap_comm", _Z + "reduce_scatter",
-    _Z + "allgather_bucket_size", _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions")
+    _Z + "allgather_bucket_size", _Z + "use_multi_rank_bucket_allreduce", _Z + "allgather_partitions") | {
+    "communication_data_type": (_M, ("without ZeRO the engine's all-reduce copies its flattened bucket (up to 5e8 "
+                                     "elements and the tensor that passes them) to this dtype where the gradients "
+                                     "are in another (memplan.estimate.ds_allreduce)"))}
 #: ``data_types.grad_accum_dtype`` per ZeRO stage (it wins over :data:`KEYS` there).
 _GRAD_ACCUM: dict[Any, tuple[Effect, str]] = {
     1: (_M, ("the gradients' dtype (--grad-dtype): with bf16 weights and fp32, DeepSpeed's BF16_Optimizer keeps an "

@@ -109,6 +109,10 @@ class FrameworkProfile:
     fsdp_outer_units: Literal["root", "embedding-and-head"] = "root"
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
+    #: Without ZeRO, the engine's all-reduce flattens the gradients into buckets flushed once they hold more than
+    #: this many elements (DeepSpeed's ``allreduce_gradients`` -> ``allreduce_no_retain``, ``MEMORY_OPT_ALLREDUCE_SIZE``
+    #: 5e8; :mod:`memplan.estimate.ds_allreduce`); 0: no such copy.
+    stage0_allreduce_elements: int = 0
     #: ``--zero N`` is DeepSpeed's ZeRO, whose buffers are priced from the job's DeepSpeed config keys or these
     #: defaults (ZeRO-3's gathered parameters and bucket: :mod:`memplan.estimate.zero3_buffers`; ZeRO-1/2's reduce
     #: buckets: :mod:`memplan.estimate.zero12_bucket`); None: another ZeRO (Megatron-FSDP's sharding strategies),
@@ -153,6 +157,11 @@ class FrameworkProfile:
     #: frees every gradient after the step, so none exist until the next backward makes them.
     #: Megatron and DeepSpeed keep persistent gradient buffers.
     frees_gradients: bool = False
+    #: The ZeRO stages (0: without ZeRO) whose engine frees every gradient after the step though the framework
+    #: keeps gradient buffers otherwise (:mod:`memplan.estimate.step_gradients`): DeepSpeed's ZeRO-1/2 optimizer and
+    #: its stage-0 FP16 optimizers (``zero_grad(set_to_none=True)`` after ``step``); ZeRO-3 keeps its flat gradient
+    #: partition buffer.
+    frees_gradients_zero: tuple[int, ...] = ()
     #: The activation policies this framework has (:mod:`memplan.policies`); others are refused.
     activation_policies: tuple[str, ...] = ("none", "full", "megatron-selective")
     #: What ``--recompute selective`` means here: ``megatron-selective`` (Megatron
@@ -187,8 +196,12 @@ class FrameworkProfile:
     pipeline_split: PipelineSplit = "even-or-ceil"
     #: dtype of PEFT adapters when ``--adapter-dtype auto``: ``fp32`` is peft's default
     #: (``get_peft_model(autocast_adapter_dtype=True)`` upcasts bf16/fp16 adapters to fp32,
-    #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``), which every profile here runs adapters with.
-    adapter_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: peft/tuners/tuners_utils.py ``_cast_adapter_dtype``). ``model``: the engine casts every parameter to the
+    #: model's 16-bit dtype after peft (DeepSpeed's ``deepspeed.initialize`` -> ``_configure_distributed_model`` ->
+    #: ``_cast_module_mixed_precision``, runtime/engine.py; measured: fp32 before, bf16 after), except a model built
+    #: under ``zero.Init`` (ZeRO-3: the Hugging Face Trainer's ``from_pretrained``), whose parameters the engine does
+    #: not cast (:func:`memplan.job.resolved_adapter_dtype`).
+    adapter_dtype: Literal["fp32", "bf16", "fp16", "model"] = "fp32"
     #: What ``--compile`` compiles: ``blocks``, each transformer block on its own (torchtitan's
     #: ``apply_compile``, torchtune's ``compile_model``); ``model``, the whole model in one call (the Hugging Face
     #: Trainer's ``torch.compile(model)`` under ``torch_compile``, DeepSpeed's ``engine.compile()``); ``none``,
@@ -349,9 +362,12 @@ DEEPSPEED = FrameworkProfile(
     kernels="eager",
     zero3_buffers=DEEPSPEED_ZERO3,
     allgather_bucket_elements=500_000_000,
+    stage0_allreduce_elements=500_000_000,
     activation_policies=("none", "full", "attention-core"),
     selective_policy="attention-core",
     fsdp_refusal="is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 for full sharding)",
+    frees_gradients_zero=(0, 1, 2),
+    adapter_dtype="model",
     features=frozenset({"partition-activations", "cpu-checkpointing", "zero-stages"}),
     fit_shardings=("zero-1", "zero-2", "zero-3"),
     deepspeed_checkpointing=True,

@@ -1,0 +1,61 @@
+"""Whether the model states' gradients are freed after the optimizer step, and the moments of a one-micro-batch step
+they are then ``absent`` at (:mod:`memplan.estimate.stage_peak`).
+
+* ``zero_grad(set_to_none=True)`` after the step (PyTorch's and the Hugging Face Trainer's default, FSDP2): the
+  profile's ``frees_gradients``. The backward then makes them layer by layer
+  (:func:`memplan.estimate.backward_walk.walked_backward`).
+* DeepSpeed's engine (the profile's ``frees_gradients_zero``; DeepSpeed 0.19.8): at stages 1 and 2 the engine's
+  ``_take_model_step`` calls ``DeepSpeedZeroOptimizer.zero_grad(set_to_none=True)`` (runtime/zero/stage_1_and_2.py:
+  ``p.grad = None``, ``p.grad_accum = None``) and the reduction's ``_release_ipg_buffers`` has dropped the
+  contiguous partition; without ZeRO its FP16 optimizers do the same. Measured (docs/benchmarks.md, helper
+  dsfree15): after the step E1 (ZeRO-1), E9 (ZeRO-2), E10 (stage 0) and a LoRA ZeRO-2 engine hold no gradient.
+  Two gradient buffers persist and keep their bytes at every moment: ``BF16_Optimizer``'s fp32 buffer (ZeRO-1, bf16
+  weights, fp32 accumulation: ``fp32_groups_gradients_flat``, allocated at init; its bf16 ``param.grad`` are priced
+  from the backward to the step, :mod:`memplan.estimate.zero12_bucket`) and ZeRO-3's flat gradient partition
+  (runtime/zero/stage3.py ``grad_partitions_flat_buffer``, allocated at init): 3 is not in the tuple.
+* ZeRO-2's backward with ``contiguous_gradients`` (DeepSpeed's default) allocates this GPU's whole partition at its
+  first ``copy_grads_in_partition`` (``torch.empty(total_size)``), after the first reduce bucket fills; the gradients
+  before it sit in the bucket (priced as communication). The walk counts the partition's share of the gradients made
+  so far, as at ZeRO-1 (which makes the full gradients layer by layer and reduces at the boundary): on the GPU whose
+  partition holds the head, between that first reduction and the end of its partition's layers, it is low by the
+  partition less that share.
+"""
+
+from __future__ import annotations
+
+from memplan.estimate.context import StageContext
+from memplan.estimate.zero12_bucket import bf16_optimizer
+
+__all__ = ["freed_after_step", "made_in_backward", "note"]
+
+
+def freed_after_step(ctx: StageContext) -> bool:
+    """Whether no gradient of the model states outlives the optimizer step (see the module)."""
+    profile = ctx.profile
+    if profile.frees_gradients or not profile.frees_gradients_zero:
+        return profile.frees_gradients
+    job = ctx.job
+    if job.sharding.zero not in profile.frees_gradients_zero or job.sharding.fsdp != "none":
+        return False
+    return not bf16_optimizer(job, ctx.run.prec.param, ctx.run.prec.grad)
+
+
+def made_in_backward(ctx: StageContext) -> bool:
+    """Whether a step's only micro-batch holds no gradient at its forward and loss (they are ``absent`` there and at
+    the backward's start) and makes them layer by layer in its backward."""
+    profile = ctx.profile
+    if not (profile.frees_gradients or profile.frees_gradients_zero) or ctx.job.num_microbatches != 1:
+        return False  # the common case first: a framework that keeps its gradient buffers
+    return profile.frees_gradients or freed_after_step(ctx)
+
+
+def note(ctx: StageContext) -> str:
+    """The sentence for gradients a ZeRO stage's engine frees after the step where :func:`made_in_backward`; "" where
+    the profile frees them always (``frees_gradients``)."""
+    if ctx.profile.frees_gradients:
+        return ""
+    zero = ctx.job.sharding.zero
+    stage = f"ZeRO-{zero}" if zero else "without ZeRO"
+    return (f"{ctx.profile.name} {stage} frees every gradient after the optimizer step (zero_grad(set_to_none=True)): "
+            "a step's only micro-batch holds none at its forward and loss and makes them again layer by layer in its "
+            "backward")
