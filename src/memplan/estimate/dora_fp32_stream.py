@@ -21,7 +21,10 @@ Against the 16-bit stream, a block that reads the fp32 stream saves (:func:`fp32
   copy (no 16-bit input shared by the block), DoRA's saved base result in fp32. The attention's output projection
   reads the attention kernel's 16-bit output: its adapter is priced as on the 16-bit stream.
 
-The stream starts at the first DoRA-adapted linear whose output reaches the residual stream (not a q/k/v projection:
+A frozen base stored in fp32 (``--frozen-dtype fp32`` under ``*-mixed``) makes the same stream from the embedding on:
+every block reads it, with LoRA as with DoRA (:data:`FP32_STREAM`).
+
+The DoRA stream starts at the first DoRA-adapted linear whose output reaches the residual stream (not a q/k/v projection:
 the attention kernel, an autocast op, reads it and returns 16 bits). Its own layer: where it sits in the attention
 block (the output projection), the layer's MLP block reads the fp32 stream; where it sits in the MLP block, only the
 layers after it do (a DoRA adapter on a gate or up
@@ -38,10 +41,10 @@ from memplan.estimate.adapter_acts import feeds_attention, in_mlp_block, m_is_pa
 from memplan.estimate.terms import TermRole
 from memplan.peft.params import Adapter
 
-__all__ = ["adapter_input_bytes", "fp32_blocks", "fp32_stream_shape", "widened_terms"]
+__all__ = ["FP32_STREAM", "NO_FP32", "adapter_input_bytes", "fp32_blocks", "fp32_stream_shape", "widened_terms"]
 
-#: (attention block, MLP block) of a layer that reads the 16-bit stream only.
-NO_FP32 = (False, False)
+#: (attention block, MLP block) of a layer that reads the 16-bit stream only; of one whose blocks both read fp32.
+NO_FP32, FP32_STREAM = (False, False), (True, True)
 
 
 def _fp32_result(adapters: tuple[Adapter, ...]) -> bool:
@@ -55,7 +58,7 @@ def fp32_blocks(layer_adapters: tuple[tuple[Adapter, ...], ...], index: int) -> 
     """(attention block, MLP block) of layer ``index`` that read the fp32 stream, ``layer_adapters`` the adapters of
     every layer of a model whose quantized base runs under autocast with fp32 DoRA magnitudes."""
     if any(_fp32_result(adapters) for adapters in layer_adapters[:index]):
-        return True, True
+        return FP32_STREAM
     own = layer_adapters[index]
     return False, _fp32_result(tuple(a for a in own if not in_mlp_block(a)))
 
@@ -65,6 +68,8 @@ def fp32_stream_shape(shape: ActivationShape, blocks: tuple[bool, bool]) -> Acti
     return replace(shape, residual_bytes=NORM_COMPUTE_BYTES) if blocks[0] else shape
 
 
+#: A norm output's 16-bit copies, one per further linear reading it under autocast (``nn.Linear``s only).
+_AUTOCAST_INPUT_COPIES = frozenset({TermRole.NORM_COPIES, TermRole.SHARED_EXPERT_NORM_COPIES})
 #: Terms of a frozen gated MLP whose tensors are bitsandbytes outputs (or their activation) in the input's dtype.
 _MLP_OUTPUTS = frozenset({TermRole.MLP_FC1})
 
@@ -72,10 +77,13 @@ _MLP_OUTPUTS = frozenset({TermRole.MLP_FC1})
 def widened_terms(terms: list[Term], shape: ActivationShape, *, gemm_inputs: bool) -> list[Term]:
     """``terms`` of a block reading the fp32 stream: the MLP's gate/up/activation outputs in fp32 and, where the
     base keeps its GEMM inputs (``gemm_inputs``: bitsandbytes' 8-bit matmul), those in fp32 (the attention
-    kernel's output, which the output projection reads, stays 16-bit)."""
+    kernel's output, which the output projection reads, stays 16-bit); no autocast copies of a norm's output for
+    its other linears (the fp32 frozen base's shape prices them for ``nn.Linear`` layers)."""
     wide = NORM_COMPUTE_BYTES
     out = []
     for t in terms:
+        if t.role in _AUTOCAST_INPUT_COPIES:
+            continue  # bitsandbytes' linears are no autocast ops: no 16-bit copy of their input (fp32 weights' shape)
         fp32 = t.role in _MLP_OUTPUTS or (gemm_inputs and t.gemm_input and t.role is not TermRole.OUTPUT_PROJECTION_INPUT)
         out.append(replace(t, bytes=t.bytes * wide // shape.act_bytes) if fp32 and shape.act_bytes < wide else t)
     return out

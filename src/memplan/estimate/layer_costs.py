@@ -38,6 +38,7 @@ from memplan.estimate.compiled import compiled_blocks, compiled_layer
 from memplan.estimate.context import LayerCosts, RunContext, StageContext, kept_policy
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
 from memplan.estimate.dora_fp32_stream import (
+    FP32_STREAM,
     NO_FP32,
     adapter_input_bytes,
     fp32_blocks,
@@ -107,7 +108,7 @@ def _role(run: RunContext, index: int | None) -> LayerRole | None:
         return None
     return LayerRole(adapters=counts.layer_adapters[index], flow=flow,
                      quantized=bool(counts.layers[index].quantized),
-                     fp32=fp32_blocks(counts.layer_adapters, index) if _dora_fp32_results(run) else NO_FP32)
+                     fp32=_fp32_blocks(run, counts.layer_adapters, index))
 
 
 def layer_fp32_blocks(run: RunContext, index: int) -> tuple[bool, bool]:
@@ -116,12 +117,18 @@ def layer_fp32_blocks(run: RunContext, index: int) -> tuple[bool, bool]:
     return NO_FP32 if role is None else role.fp32
 
 
-def _dora_fp32_results(run: RunContext) -> bool:
-    """A DoRA-adapted quantized linear returns fp32 (:mod:`~memplan.estimate.dora_fp32_stream`): peft's bitsandbytes
-    layers under autocast, magnitudes wider than the 16-bit stream."""
+def _fp32_blocks(run: RunContext, adapters: tuple[tuple[Adapter, ...], ...], index: int) -> tuple[bool, bool]:
+    """The blocks of layer ``index`` reading an fp32 stream on a bitsandbytes base under autocast
+    (:mod:`~memplan.estimate.dora_fp32_stream`): every block of an fp32 frozen base (``--frozen-dtype fp32``: fp32 from
+    the embedding), else those after a DoRA-adapted linear whose fp32 magnitude is wider than the 16-bit stream."""
     ft, shape = run.job.finetune, run.shape
-    return (ft.peft_kind.magnitude and ft.quant_kind.quantizes and run.prec.weight_copies == "autocast"
-            and shape.residual_bytes < adapter_bytes(run.job))
+    if not (ft.quant_kind.quantizes and run.prec.weight_copies == "autocast" and shape.act_bytes < NORM_COMPUTE_BYTES):
+        return NO_FP32
+    if shape.residual_bytes >= NORM_COMPUTE_BYTES:
+        return FP32_STREAM
+    if ft.peft_kind.magnitude and shape.residual_bytes < adapter_bytes(run.job):
+        return fp32_blocks(adapters, index)
+    return NO_FP32
 
 
 def role_shape(run: RunContext, role: LayerRole) -> ActivationShape:
