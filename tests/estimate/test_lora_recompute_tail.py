@@ -128,3 +128,20 @@ def test_an_fp32_input_under_autocast_is_unsaved_without_a_cast() -> None:
                                 byte_sizes=(2, 4, 2), autocast=True)
     # the 16-bit input and its fp32 cast, against the fp32 input alone
     assert plain - fp32_input == TOKENS * 768 * (2 + 4) - TOKENS * 768 * 4
+
+
+def test_dora_on_the_fp32_stream_of_a_quantized_base_matches_the_trace() -> None:
+    # memplan trace, Llama toy, bf16-mixed, DoRA all-linear on nf4, full, layer 1 at its peak (event 4373,
+    # (mag_norm_scale - 1) * base_result): the MLP's fp32 product down_proj reads (1,572,864, unsaved: lora_A saves
+    # its 16-bit copy), the fp32 norm output (524,288), the head: the product by scaling's fp32 gradient alone (peft's
+    # bnb layer returns the fp32 sum uncast), the identity's 16-bit copy and lora_A's output of it, lora_weight and the
+    # dequantized weight cast to fp32 (786,432 each), the fp32 product; the residual is the MLP norm's saved input
+    adapters = (Adapter(DOWN, 8, True),)
+    trace = 1_572_864 + 524_288 + 524_288 + 1_179_648 + 12_288 + 2 * 786_432 + 524_288
+    kwargs = {"tokens": TOKENS, "residual": 0, "mlp_input": TOKENS * HIDDEN * 4, "byte_sizes": (2, 4, 2),
+              "autocast": True, "fp32_input": True}
+    assert lora_recompute_tail(adapters, **kwargs) == trace  # type: ignore[arg-type]
+    # an 8-bit base keeps the fp32 input and the MLP's input (MatMul8bitLt's ctx.tensors)
+    assert lora_recompute_tail(adapters, base_keeps_input=True, **kwargs) == trace - 1_572_864 - 524_288  # type: ignore[arg-type]
+    # LoRA's tail on the fp32 stream is not priced
+    assert lora_recompute_tail((Adapter(DOWN, 8, False),), **kwargs) == 0  # type: ignore[arg-type]

@@ -63,6 +63,18 @@ def _shared_input(name: str, module: str, attention: str) -> str | None:
 MLP_OUTPUT_LINEARS = frozenset({"down_proj", "dense_4h_to_h", "fc2"})
 
 
+def feeds_attention(a: Adapter) -> bool:
+    """The adapter wraps a linear reading the attention block's input norm (q/k/v), whose output the attention core
+    reads."""
+    return a.module.name.rpartition(".")[2] in ATTENTION_INPUT_LINEARS
+
+
+def on_attention_output(a: Adapter) -> bool:
+    """The adapter wraps the attention's output projection (``o_proj``, ``dense``, GPT-2's ``attn.c_proj``), which reads
+    the attention kernel's output."""
+    return a.module.name.rpartition(".")[2] in ATTENTION_OUTPUT_LINEARS or a.module.name.endswith("attn.c_proj")
+
+
 def _input_role(adapter: Adapter) -> TermRole:
     """The role of the lora_A input ``adapter`` saves: its own where it sits on the MLP's output projection
     (:mod:`~memplan.estimate.mlp_backward_nodes` frees it at that node)."""
@@ -91,7 +103,7 @@ def _results_role(adapter: Adapter) -> TermRole:
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
                   compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False,
                   base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES, bias_bytes: int = 0,
-                  mlp_input_needs_grad: bool = True) -> list[Term]:
+                  mlp_input_needs_grad: bool = True, input_bytes: int = 0) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
     ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
@@ -107,6 +119,9 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     compute dtype need no weight copy (autocast returns a weight already in its dtype as is).
     ``bias_bytes``: the frozen base's biases' bytes per element (``--frozen-dtype``); DoRA subtracts the bias from
     the base result (``base_result - bias``), which type promotion makes fp32 beside an fp32 bias.
+    ``input_bytes``: the adapters' input's bytes per element where it is wider than the compute dtype (a quantized
+    base's fp32 stream, :mod:`~memplan.estimate.dora_fp32_stream`): DoRA's base result, bitsandbytes' output in that
+    dtype, is saved in it.
     """
     tokens = shape.seq * shape.micro_batch
     terms: list[Term] = []
@@ -139,6 +154,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             terms.append(Term(f"{name} lora_A/lora_B 16-bit weight copies", compute_bytes * copies, "rep", keep))
         if a.dora:
             terms += _dora_terms(a, tokens, grad_in=grad_in, dropout=dropout, autocast=autocast, bias_bytes=bias_bytes,
+                                 input_bytes=input_bytes,
                                  byte_sizes=(compute_bytes, lora_bytes, adapter_bytes), keep=keep)
         if name in ATTENTION_INPUT_LINEARS:
             terms[start:] = [t if t.role is TermRole.ATTENTION_MODULE_INPUT else
@@ -147,19 +163,20 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
 
 
 def _dora_terms(a: Adapter, tokens: int, *, grad_in: bool, dropout: bool, autocast: bool, bias_bytes: int,
-                byte_sizes: tuple[int, int, int], keep: Keep) -> list[Term]:
+                byte_sizes: tuple[int, int, int], keep: Keep, input_bytes: int = 0) -> list[Term]:
     """What DoRA saves beside LoRA's tensors for adapter ``a`` (``byte_sizes``: the compute dtype's, lora_A/lora_B's
     tensors' and the adapters' bytes per element): weight_norm (fp32, kept by magnitude / weight_norm), the scale
     and scale - 1 (fp32), the base result and lora_B's result (adapter dtype) kept by the two products. With dropout
     peft recomputes the base product on the dropped-out input (``F.linear(x, W.to(x.dtype))``): its result is in the
     adapter dtype without autocast, and the linear keeps the cast weight. ``keep``: the terms' keep class (which
-    checkpoint, if any, makes them again: :func:`adapter_keep`)."""
+    checkpoint, if any, makes them again: :func:`adapter_keep`); ``input_bytes``: a wider input's (a quantized base
+    returns its input's dtype; with dropout the base product is an autocast ``F.linear``)."""
     compute_bytes, lora_bytes, adapter_bytes = byte_sizes
     m, name = a.module, a.module.name.rpartition(".")[2]
     scales = 3 if grad_in else 2
     base_bytes = adapter_bytes if dropout and not autocast else compute_bytes
-    if m.bias and not dropout:
-        base_bytes = max(base_bytes, bias_bytes)
+    if not dropout:
+        base_bytes = max(base_bytes, input_bytes, bias_bytes if m.bias else 0)
     terms = [Term(f"{name} DoRA weight norm and scales", 4 * scales * m.out_features, "rep", keep),
              Term(f"{name} DoRA base and LoRA results (magnitude gradient)",
                   (base_bytes + lora_bytes) * tokens * m.out_features, "rep", keep, role=_results_role(a))]

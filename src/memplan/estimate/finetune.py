@@ -26,8 +26,15 @@ from memplan.job import Job, resolved_adapter_dtype
 from memplan.model.linears import model_parameters
 from memplan.model.spec import ModelSpec
 from memplan.peft.default_targets import auto_targets, peft_has_default
-from memplan.peft.params import FinetuneParams, PartCounts, converts_moe_targets, finetune_params, saved_modules
-from memplan.units import dtype_bytes
+from memplan.peft.params import (
+    FinetuneParams,
+    PartCounts,
+    converts_moe_targets,
+    finetune_params,
+    saved_modules,
+)
+from memplan.units import dtype_bytes, normalize_dtype
+
 
 def adapter_bytes(job: Job) -> int:
     """Bytes per element of the adapters' weights, gradients and torch optimizer states
@@ -232,7 +239,18 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
                    "dtype, with gradients and optimizer moments in that dtype")
     if ft.quant_kind.quantizes:
         out.append(ft.quant_kind.sentence(ft.double_quant))
+        if normalize_dtype(job.precision.compute_dtype) != "fp32" and (
+                ft.peft_kind.magnitude or normalize_dtype(frozen_dtype) == "fp32"):
+            out.append(_FP32_STREAM_NOTE)
     return out
+
+
+#: The --explain sentence of a quantized base whose stream can be fp32 under autocast (:mod:`~memplan.estimate.
+#: dora_fp32_stream`).
+_FP32_STREAM_NOTE = ("under autocast peft's bitsandbytes layers return their sum uncast, so after a DoRA-adapted linear "
+                     "(fp32 magnitude; not q/k/v) or from an fp32 frozen embedding the residual stream is fp32 and "
+                     "bitsandbytes' outputs follow it: fp32 gate/up/activation outputs, one 16-bit lora_A copy per "
+                     "adapter, DoRA's fp32 base result")
 
 
 def head_activation_bytes_finetune(model: ModelSpec, job: Job, shape: ActivationShape, checkpointing: bool) -> int:

@@ -7,7 +7,8 @@ weight is cast again at every call, and the matmul's autograd node saves that co
 linear's input requires grad. No bias copy is saved (``addmm`` keeps none of its bias). So a frozen linear
 keeps its weight's 16-bit copy until its backward exactly where its input needs a gradient
 (:func:`memplan.estimate.partial_freeze.reads_a_gradient`); a 16-bit frozen base in the compute dtype makes no
-copy at all. Not here: quantized bases (bitsandbytes dequantizes instead), ``modules_to_save`` copies, HF's
+copy at all. Not here: quantized bases' decoder linears (bitsandbytes dequantizes instead; their unquantized head is
+cast), ``modules_to_save`` copies, HF's
 MoE routers and routed experts (no linear modules: HF's grouped experts cast their input, not their
 weights; a router's small copy is not priced), and linears inside a checkpointed region (which saves nothing
 of its forward; a fully recomputed layer's recompute makes its copies again: :func:`recomputed_frozen_copies`).
@@ -49,6 +50,16 @@ def casts_frozen(run: RunContext) -> bool:
                 or normalize_dtype(frozen_dtype) == normalize_dtype(job.precision.compute_dtype))
 
 
+def _casts_unquantized_head(run: RunContext) -> bool:
+    """A quantized base stored in another dtype than autocast's (``--frozen-dtype fp32``): bitsandbytes' decoder linears
+    dequantize instead, but the unquantized output head is an ``nn.Linear`` autocast casts at every call (helper dq15:
+    ``memplan trace``, nf4 base with an fp32 head, keeps its 16-bit copy)."""
+    ft = run.job.finetune
+    return (run.counts is not None and run.prec.weight_copies == "autocast" and ft.quant_kind.quantizes
+            and ft.frozen_dtype is not None
+            and normalize_dtype(ft.frozen_dtype) != normalize_dtype(run.job.precision.compute_dtype))
+
+
 def recomputed_frozen_copies(run: RunContext, index: int) -> int:
     """Numel (one rank: the tensor-parallel linears split) of the frozen weights' 16-bit copies a fully recomputed
     layer ``index``'s recompute makes and its linears' nodes keep until their backward (0 unless autocast casts
@@ -67,10 +78,11 @@ def frozen_weight_copies(ctx: StageContext, ft: StageFinetune) -> tuple[int, int
     recomputed layer's: :func:`recomputed_frozen_copies`)."""
     run, layout = ctx.run, ctx.layout
     counts = run.counts
-    if counts is None or not casts_frozen(run):
+    head_only = _casts_unquantized_head(run)
+    if counts is None or not (casts_frozen(run) or head_only):
         return 0, 0
     kind = run.policy.kind
-    kept = () if kind.per_op else tuple(i for i in layout.layer_indices if i not in ctx.recomputed)
+    kept = () if kind.per_op or head_only else tuple(i for i in layout.layer_indices if i not in ctx.recomputed)
     layers, head = _copied_numel(run.model, run.job.finetune, run.policy.input_grads, kept,
                                  own_layers=run.profile.kernels != "eager", skip_attention=kind.checkpoints_attention,
                                  head=layout.has_head)

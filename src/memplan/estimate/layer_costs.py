@@ -14,6 +14,7 @@ from typing import cast
 
 from memplan.estimate.activations import (
     KEPT_BY,
+    NORM_COMPUTE_BYTES,
     ActivationShape,
     Term,
     attention_backward_transient_bytes,
@@ -36,6 +37,14 @@ from memplan.estimate.autocast import (
 from memplan.estimate.compiled import compiled_blocks, compiled_layer
 from memplan.estimate.context import LayerCosts, RunContext, StageContext, kept_policy
 from memplan.estimate.cp_attention import cp_backward_extra_bytes
+from memplan.estimate.dora_fp32_stream import (
+    FP32_STREAM,
+    NO_FP32,
+    adapter_input_bytes,
+    fp32_blocks,
+    fp32_stream_shape,
+    widened_terms,
+)
 from memplan.estimate.ep_overlap import (
     LayerParts,
     attention_wgrad_held,
@@ -79,6 +88,9 @@ class LayerRole:
     adapters: tuple[Adapter, ...] = ()
     flow: LayerFlow | None = None
     quantized: bool = False
+    #: (attention block, MLP block) reading the fp32 stream a DoRA-adapted quantized linear starts under autocast
+    #: (:mod:`~memplan.estimate.dora_fp32_stream`).
+    fp32: tuple[bool, bool] = NO_FP32
 
 
 _FULL_TRAINING = LayerRole()
@@ -95,7 +107,28 @@ def _role(run: RunContext, index: int | None) -> LayerRole | None:
     if not flow.saves:
         return None
     return LayerRole(adapters=counts.layer_adapters[index], flow=flow,
-                     quantized=bool(counts.layers[index].quantized))
+                     quantized=bool(counts.layers[index].quantized),
+                     fp32=_fp32_blocks(run, counts.layer_adapters, index))
+
+
+def layer_fp32_blocks(run: RunContext, index: int) -> tuple[bool, bool]:
+    """(attention block, MLP block) of layer ``index`` that read DoRA's fp32 stream (:mod:`~memplan.estimate.dora_fp32_stream`)."""
+    role = _role(run, index)
+    return NO_FP32 if role is None else role.fp32
+
+
+def _fp32_blocks(run: RunContext, adapters: tuple[tuple[Adapter, ...], ...], index: int) -> tuple[bool, bool]:
+    """The blocks of layer ``index`` reading an fp32 stream on a bitsandbytes base under autocast
+    (:mod:`~memplan.estimate.dora_fp32_stream`): every block of an fp32 frozen base (``--frozen-dtype fp32``: fp32 from
+    the embedding), else those after a DoRA-adapted linear whose fp32 magnitude is wider than the 16-bit stream."""
+    ft, shape = run.job.finetune, run.shape
+    if not (ft.quant_kind.quantizes and run.prec.weight_copies == "autocast" and shape.act_bytes < NORM_COMPUTE_BYTES):
+        return NO_FP32
+    if shape.residual_bytes >= NORM_COMPUTE_BYTES:
+        return FP32_STREAM
+    if ft.peft_kind.magnitude and shape.residual_bytes < adapter_bytes(run.job):
+        return fp32_blocks(adapters, index)
+    return NO_FP32
 
 
 def role_shape(run: RunContext, role: LayerRole) -> ActivationShape:
@@ -103,7 +136,7 @@ def role_shape(run: RunContext, role: LayerRole) -> ActivationShape:
     experts and sinks in the trained weights' dtype (:mod:`memplan.estimate.trained_dtypes`)."""
     if role.flow is None:
         return run.shape
-    return trained_weights_shape(run.shape, role.flow, dtype_bytes(run.prec.param))
+    return trained_weights_shape(fp32_stream_shape(run.shape, role.fp32), role.flow, dtype_bytes(run.prec.param))
 
 
 def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> LayerCosts:
@@ -208,14 +241,23 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
         if autocast and not shape.autocast:
             extra = trained_norm_copies(layer, shape, role.flow)
             attention, rest = attention + extra[0], rest + extra[1]
-    if role.adapters:
-        rest = rest + adapter_terms(role.adapters, shape, autocast=autocast, dropout=lora_dropout,
-                                    compute_bytes=shape.act_bytes,
-                                    input_needs_grad=role.flow is None or role.flow.attention.input_grad,
-                                    # peft's cast to the fp32 adapters is a no-op on fp32 activations
-                                    uncast_input=(role.quantized and autocast) or shape.act_bytes == adapter_bytes,
-                                    base_keeps_input=int8_base, adapter_bytes=adapter_bytes, bias_bytes=bias_bytes,
-                                    mlp_input_needs_grad=role.flow is None or role.flow.mlp.input_grad)
+    if role.fp32[0]:
+        attention = widened_terms(attention, shape, gemm_inputs=int8_base)
+    if role.fp32[1]:
+        rest = widened_terms(rest, shape, gemm_inputs=int8_base)
+    for wide in (0, NORM_COMPUTE_BYTES):
+        # an fp32 input (a quantized base's fp32 stream): each lora_A casts its own 16-bit copy
+        adapters = tuple(a for a in role.adapters if adapter_input_bytes(a, role.fp32) == wide)
+        rest = rest + (adapter_terms(adapters, shape, autocast=autocast, dropout=lora_dropout,
+                                     compute_bytes=shape.act_bytes,
+                                     input_needs_grad=role.flow is None or role.flow.attention.input_grad,
+                                     # peft's cast to the fp32 adapters is a no-op on fp32 activations
+                                     uncast_input=not wide and ((role.quantized and autocast)
+                                                                or shape.act_bytes == adapter_bytes),
+                                     base_keeps_input=int8_base and not wide, adapter_bytes=adapter_bytes,
+                                     bias_bytes=bias_bytes, input_bytes=wide,
+                                     mlp_input_needs_grad=role.flow is None or role.flow.mlp.input_grad)
+                       if adapters else [])
     return attention, rest
 
 
@@ -419,8 +461,11 @@ def dora_recompute_head(run: RunContext, index: int) -> int:
     linears = layer_linears(layer, run.model.hidden_size, run.model.model_type)
     if not linears:
         return 0
+    # on DoRA's fp32 stream the MLP's output projection returns its fp32 sum uncast (dora_fp32_stream)
+    wide = layer_fp32_blocks(run, index)[1]
     return dora_output_backward(run.counts.layer_adapters[index], last_linear=linears[-1].name,
-                                tokens=run.shape.local_tokens, compute_bytes=run.shape.act_bytes,
+                                tokens=run.shape.local_tokens,
+                                compute_bytes=adapter_bytes(run.job) if wide else run.shape.act_bytes,
                                 adapter_bytes=adapter_bytes(run.job))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memplan.estimate.activations import DROPOUT_MASK_BYTES, Term
+from memplan.estimate.activations import DROPOUT_MASK_BYTES, NORM_COMPUTE_BYTES, Term
 from memplan.estimate.adapter_acts import (
     MLP_INPUT_LINEARS,
     dora_head,
@@ -23,7 +23,7 @@ __all__ = ["lora_recompute_tail"]
 
 def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual: int, mlp_input: int,
                         byte_sizes: tuple[int, int, int], autocast: bool, mlp_terms: Sequence[Term] = (),
-                        dropout: bool = False) -> int:
+                        dropout: bool = False, fp32_input: bool = False, base_keeps_input: bool = False) -> int:
     """What a fully recomputed layer holds beyond its saved tensors at the worst moment of its recomputed forward that
     an adapter on the MLP's output projection makes (0 where no LoRA/DoRA adapter sits there): where the forward
     stops, or inside the MLP's input projection (:func:`_input_projection_moment`).
@@ -39,17 +39,23 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
     ``lora_A`` saves that input itself and the MLP block's input is its group's kept input: neither is extra.
     ``dropout`` (``--lora-dropout``): ``lora_A`` reads ``dropout(x)`` (:func:`_dropout_locals`).
     ``byte_sizes``: the activations', the adapters' and the frozen base weights' bytes per element; ``mlp_terms``:
-    the layer's MLP-block terms (one rank: the tail applies on one tensor-parallel rank without FP8)."""
+    the layer's MLP-block terms (one rank: the tail applies on one tensor-parallel rank without FP8).
+    ``fp32_input``: the MLP reads DoRA's fp32 stream on a bitsandbytes base (:mod:`~memplan.estimate.dora_fp32_stream`):
+    a DoRA adapter there (LoRA's is not priced: 0) reads an fp32 input, which the base keeps (with the MLP block's
+    input) where ``base_keeps_input`` (bitsandbytes' 8-bit matmul), and returns fp32 uncast (peft's ``lora/bnb.py`` under autocast:
+    its head is the product by ``scaling``'s gradient alone)."""
     act_bytes, adapter_bytes, _ = byte_sizes
     out = next((a for a in adapters if a.experts == 1 and not m_is_parameter(a) and on_mlp_output(a)), None)
-    if out is None:
+    if out is None or (fp32_input and not out.dora):
         return 0
     size_in, size_out = tokens * out.module.in_features, tokens * out.module.out_features
     gelu = next((t for t in mlp_terms if t.role is TermRole.GELU_NEW), None)
     x_bytes = gelu.bytes // (gelu.tensors * size_in) if gelu is not None else act_bytes
-    unsaved, dropped = _dropout_locals(size_in, x_bytes, byte_sizes, autocast, dropout)
-    unsaved += residual + (mlp_input if dropout or act_bytes != adapter_bytes else 0)
-    head = _lora_head(out, tokens, byte_sizes, autocast)
+    unsaved, dropped = _dropout_locals(size_in, NORM_COMPUTE_BYTES if fp32_input else x_bytes, byte_sizes, autocast,
+                                       dropout)
+    unsaved += residual + (mlp_input if dropout or act_bytes != adapter_bytes else 0) - (
+        size_in * NORM_COMPUTE_BYTES + mlp_input if fp32_input and base_keeps_input else 0)  # the base keeps both
+    head = _lora_head(out, tokens, (adapter_bytes, *byte_sizes[1:]) if fp32_input else byte_sizes, autocast)
     if out.dora:
         stop = unsaved + head + _dora_tail(out, tokens, byte_sizes, autocast, dropped if dropout else None)
     else:

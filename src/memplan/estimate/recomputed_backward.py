@@ -309,7 +309,11 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
     forward again before the backward: no early stop) without FP8; else 0."""
     job, layer = run.job, run.model.layers[index]
     ft = job.finetune
-    if (run.counts is None or not ft.peft_kind.adapters or ft.quant_kind.quantizes or shape.dropout
+    from memplan.estimate.layer_costs import layer_fp32_blocks
+
+    # a quantized base: where the MLP reads DoRA's fp32 stream (:mod:`~memplan.estimate.dora_fp32_stream`) only
+    fp32 = layer_fp32_blocks(run, index)[1] if ft.quant_kind.quantizes else False
+    if (run.counts is None or not ft.peft_kind.adapters or (ft.quant_kind.quantizes and not fp32) or shape.dropout
             or layer.moe is not None or layer.num_post_norms or shape.kernels != "eager" or job.parallel.tp > 1
             or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
         return 0
@@ -319,23 +323,26 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
 
     tokens, hidden = shape.seq * shape.micro_batch, run.model.hidden_size
     # the residual stream's partial sum, unless the MLP's pre-norm saves that very tensor (a norm without an fp32 copy
-    # of its input: its input term counts it), and the attention's output where the layer's forward keeps it
+    # of its input: its input term counts it; an fp32 stream's), and the attention's output where the layer's forward
+    # keeps it
     kept = sum(divided(t, shape) for t in mlp_terms if t.role is TermRole.NORM_INPUT)
-    residual = max(0, tokens * hidden * shape.residual_bytes - kept)
+    residual = 0 if fp32 else max(0, tokens * hidden * shape.residual_bytes - kept)
     return lora_recompute_tail(run.counts.layer_adapters[index], tokens=tokens,
                                residual=residual + (tokens * hidden * shape.act_bytes if layer.attention_output_local
                                                     else 0),
-                               mlp_input=tokens * hidden * norm_output_bytes(shape),
+                               mlp_input=tokens * hidden * (NORM_COMPUTE_BYTES if fp32 else norm_output_bytes(shape)),
                                byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
                                autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms,
-                               dropout=ft.lora_dropout > 0)
+                               dropout=ft.lora_dropout > 0,
+                               fp32_input=fp32, base_keeps_input=ft.quant_kind.keeps_gemm_inputs)
 
 
 def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> int:
     """The DoRA forward temporaries (``forward_extra``: the stage's largest) that layer ``index``'s recompute holds
     beside its saved tensors: where the recompute stops inside DoRA on the MLP's output projection (:func:`_lora_tail`
     prices that projection's DoRA forward with what is made by then), the other adapters' only (a layer without
-    sinks: the tail's layers are dense); else ``forward_extra``."""
+    sinks: the tail's layers are dense), which run before the output projection saves its input and its adapter's
+    tensors (less those); else ``forward_extra``."""
     from memplan.estimate.layer_costs import layer_blocks
 
     found = layer_blocks(run, run.model.layers[index], index) if forward_extra and run.counts is not None else None
@@ -345,9 +352,16 @@ def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> 
     from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
 
     assert run.counts is not None
-    return dora_forward_before_output(run.counts.layer_adapters[index], autocast=run.prec.weight_copies == "autocast",
-                                      compute_bytes=run.shape.act_bytes, tokens=run.shape.seq * run.shape.micro_batch,
-                                      base_bytes=frozen_bytes_per_element(run.job), adapter_bytes=adapter_bytes(run.job))
+    later = sum(divided(t, found[0]) for t in found[1][1] if t.role in _OUTPUT_PROJECTION_SAVED)
+    return max(0, dora_forward_before_output(
+        run.counts.layer_adapters[index], autocast=run.prec.weight_copies == "autocast",
+        compute_bytes=run.shape.act_bytes, tokens=run.shape.seq * run.shape.micro_batch,
+        base_bytes=frozen_bytes_per_element(run.job), adapter_bytes=adapter_bytes(run.job)) - later)
+
+
+#: What the MLP's output projection and its adapter save (made after the layer's other adapters have run).
+_OUTPUT_PROJECTION_SAVED = frozenset({TermRole.MLP_FC2, TermRole.MLP_FC2_ADAPTER_INPUT, TermRole.MLP_FC2_DORA_INPUT,
+                                      TermRole.MLP_FC2_DORA_RESULTS})
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
