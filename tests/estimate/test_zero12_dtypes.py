@@ -4,6 +4,7 @@ stage 0 (docs/benchmarks.md, helper ds15; the engine on CPU, world size 1, tiny4
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -180,6 +181,39 @@ def test_hf_zero_with_selective_means_hf_s_selective_and_is_refused() -> None:
     plain = load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": "hf", "zero": 2}))
     assert reserved_mode(plain.job) == "fixed" == reserved_mode(
         load_job(JobRequest(model="llama-3.2-1b", flags={"gpus": 8, "framework": "deepspeed", "zero": 2})).job)
+
+
+def test_zero_1_with_overlap_comm_prices_no_partition_beside_the_full_gradients(tmp_path: Path) -> None:
+    """review of session 15: with overlap_comm each gradient moves into the bucket as it is made, so ZeRO-1's
+    partition never sits beside all the full gradients. The engine (ds15's witness, tiny4 Llama, stage 1, bucket 1e5,
+    overlap_comm) held at most 61,295,768 B at any collective of the backward, activations included; memplan's model
+    states and buffers at the end of the backward were 66,575,488 (+8.6%) with the partition. Without it they stay
+    under the engine's figure, which also holds the activations alive there."""
+    ledger = _ledger(tmp_path, _z(1, overlap_comm=True), precision="bf16")
+    assert not [c for c in ledger.entries if c.note.startswith("DeepSpeed ZeRO-1 reduction: this GPU's gradient partition")
+                and c.nbytes]
+    mine = [c for c in ledger.entries if c.note.startswith("DeepSpeed ZeRO") and c.live_at("end of backward")
+            and c.category in ("communication", "temporary")]
+    got = _states(ledger) + sum(c.nbytes for c in mine)
+    assert 61_295_768 * 0.95 <= got <= 61_295_768
+
+
+def test_the_reduction_copy_takes_the_largest_parameter_this_gpu_holds() -> None:
+    """review of session 15: the copy of a parameter larger than the bucket was the whole model's largest tensor on
+    every pipeline stage and tensor-parallel rank (llama-3.1-8b PP 4: the 525M-element embedding on stages without
+    it, 2.1 GB); it is the stage's largest, split by TP."""
+    def copies(flags: dict) -> list[int]:
+        loaded = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 16, "framework": "deepspeed", "zero": 1,
+                                                                   "precision": "bf16", **flags}))
+        job = dataclasses.replace(loaded.job, sharding=dataclasses.replace(
+            loaded.job.sharding, communication_data_type="fp32", reduce_bucket_size=16_777_216))
+        _, parts = _stage_parts(Same(loaded.model), job, 0.0)
+        return [max((c.nbytes // 4 for c in part[2].ledger.entries if "copied to fp32" in c.note), default=0)
+                for part in parts]
+
+    embedding, linear = 128_256 * 4_096, 14_336 * 4_096
+    assert copies({"pp": 4}) == [embedding, linear, linear, embedding]
+    assert copies({"tp": 4}) == [embedding // 4]
 
 
 #: The engine's most live bytes at one collective of the second backward (ZeRO-1 reduces at the accumulation boundary,

@@ -18,13 +18,16 @@ DeepSpeed, the Hugging Face Trainer through its integration). DeepSpeed 0.19.8:
 * **The reduction's copy**: both of DeepSpeed's paths, ``reduce_scatter`` true (``average_tensor`` ->
   ``allreduce_bucket``) and false (``gradient_reduction_w_predivide``), reduce a bucket's gradients (or alone a
   parameter larger than the bucket) through ``tensor.to(communication_data_type)`` where that dtype differs from the
-  bucket's, and copy the result back: ``min(P, max(bucket, largest parameter))`` elements in
+  bucket's, and copy the result back: ``min(P, max(bucket, largest parameter))`` elements (the largest this GPU holds:
+  its pipeline stage's, split by tensor parallelism, ``zero3_buffers.largest_tensor``) in
   ``communication_data_type`` (the model's dtype by default, engine.py ``communication_data_type``) at each
   reduction. ``reduce_scatter: false`` allocates nothing more than ``true`` (measured, docs/benchmarks.md, ds15).
 * **ZeRO-1's gradient partition at the reduction**: the first ``copy_grads_in_partition`` allocates this GPU's whole
   partition (``grads_in_partition``, ``torch.empty(total_size)`` in the model's dtype; with a separate fp32
   accumulation dtype the compact fp32 partition, ``_build_compact_grad_partition_buffer``) while the full gradients
-  not reduced yet are still alive; at stage 2 the gradients are the partition already.
+  not reduced yet are still alive; at stage 2 the gradients are the partition already. With ``overlap_comm`` the
+  reduction runs in the backward and each gradient's storage becomes a view of the bucket as it is made
+  (``process_gradients``), so the partition fills as the full gradients go: not priced beside them.
 * **BF16_Optimizer** (runtime/bf16_optimizer.py): ZeRO-1 with bf16 weights, ``grad_accum_dtype`` fp32 and no optimizer
   offload (engine.py ``_do_optimizer_sanity_check``) runs it instead of the ZeRO optimizer. It has no reduce bucket; its
   fp32 gradient buffer (``fp32_groups_gradients_flat``, the whole model on every GPU, allocated at init: the model
@@ -99,8 +102,11 @@ def contributions(ctx: StageContext, st: StageStates) -> list[Contribution]:
         + f" (contiguous_gradients; overlap_comm {'on: double buffered' if buffers > 1 else 'off'})"))
     during = zero == 2 or sh.overlap_comm  # else at the accumulation boundary, after the backward
     when = ("backward", "end of backward") if during else ("end of backward",)
-    copy = _reduction_copy(ctx, min(st.params.total, max(elements, _largest_tensor(ctx))), dtype, when)
-    return [bucket, *([] if copy is None else [copy]), *_stage1_partition(ctx, st, when)]
+    copy = _reduction_copy(ctx, st.params.total, elements, dtype, when)
+    # with overlap_comm each gradient moves into the bucket as it is made (its storage becomes a view of the bucket):
+    # the partition fills while the full gradients go, never beside them all (the gradients' bytes stand for it)
+    partition = [] if sh.overlap_comm else _stage1_partition(ctx, st, when)
+    return [bucket, *([] if copy is None else [copy]), *partition]
 
 
 def _stage1_partition(ctx: StageContext, st: StageStates, live: tuple[str, ...]) -> list[Contribution]:
@@ -117,19 +123,17 @@ def _stage1_partition(ctx: StageContext, st: StageStates, live: tuple[str, ...])
         "whole at its first copy, beside the full gradients not reduced yet"))]
 
 
-def _largest_tensor(ctx: StageContext) -> int:
-    from memplan.estimate.zero3_buffers import model_numels
+def _reduction_copy(ctx: StageContext, total: int, bucket: int, reduced: str,
+                    live: tuple[str, ...]) -> Contribution | None:
+    """The reduction's copy in ``communication_data_type`` where it differs from the dtype the gradients are reduced
+    in (``reduced``): a ``bucket``'s worth of this GPU's ``total`` gradients, or alone its largest parameter."""
+    from memplan.estimate.zero3_buffers import largest_tensor, reduced_elements
 
-    return max(model_numels(ctx.run.model), default=0)
-
-
-def _reduction_copy(ctx: StageContext, elements: int, reduced: str, live: tuple[str, ...]) -> Contribution | None:
-    """The reduction's copy of ``elements`` gradients in ``communication_data_type`` where it differs from the dtype
-    the gradients are reduced in (``reduced``)."""
     run = ctx.run
     comm = run.job.sharding.communication_data_type or run.prec.param
     if comm == reduced:
         return None
+    elements = reduced_elements(total, bucket, largest_tensor(ctx))
     return Contribution(TEMPORARY, elements * dtype_bytes(comm), live, note=(
         f"DeepSpeed ZeRO-{run.job.sharding.zero} reduction: up to {elements:,} {reduced} gradients copied to {comm} "
         "(communication_data_type) for the collective, "
@@ -148,5 +152,5 @@ def _bf16_optimizer(ctx: StageContext, st: StageStates) -> list[Contribution]:
         f"reduce bucket): the {prec.param} param.grad ({numel:,} elements) beside its {prec.grad} gradient buffer, "
         "from the backward to the step's zero_grad" + (" (zeroed, not freed, between micro-batches)"
                                                        if live == LIFETIME else "")))
-    copy = _reduction_copy(ctx, numel, prec.grad, ("end of backward",))  # the engine's all-reduce, the whole buffer
+    copy = _reduction_copy(ctx, numel, numel, prec.grad, ("end of backward",))  # the all-reduce: the whole buffer
     return [lp] if copy is None else [lp, copy]

@@ -120,6 +120,17 @@ def persistent_elements(numels: tuple[int, ...], param_threshold: int, model_thr
     return total
 
 
+def largest_tensor(ctx: StageContext) -> int:
+    """The largest parameter tensor this GPU holds (a tensor, not a module: stacked experts count per tensor): its
+    stage's layers' split by tensor parallelism, and the root's (embedding, head, final norm) split as the vocabulary
+    is, on a stage holding either end."""
+    run, layout = ctx.run, ctx.layout
+    tp, layers = run.job.parallel.tp, set(layout.layer_indices)
+    root = vocab_split(run.profile, tp) if layout.has_embedding or layout.has_head else 0
+    return max((t.numel // tp if t.layer is not None else t.numel // root for t in model_parameters(run.model)
+                if (t.layer in layers if t.layer is not None else root)), default=0)
+
+
 def model_numels(model: ModelSpec) -> tuple[int, ...]:
     """The model's parameter tensors' sizes in ``named_parameters`` order (the embedding, each layer's, the rest)."""
     tensors = list(enumerate(model_parameters(model)))
