@@ -227,8 +227,9 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
         if ft.lora_targets == "auto":
             out.append(_auto_targets_note(model.model_type))
         if ft.peft_kind.magnitude:
-            out.append("DoRA's forward temporaries (identity matrix, combined weight and its norm per layer) are "
-                       "not priced")
+            out.append("DoRA's forward temporaries (peft rebuilds the adapted weight on every forward: the identity "
+                       "matrix, lora_A's output of it, the combined weight and its norm) are priced at the stage's "
+                       "largest adapted linear, at the last layer's forward and where a recompute makes them again")
         if any(a.experts > 1 or a.module.name.endswith(".weight") for a in counts.adapters):
             out.append("adapters on fused MoE expert parameters and routers (peft ParamWrapper) are counted as "
                        "parameters; their merged-weight activations are not priced")
