@@ -121,9 +121,10 @@ def persistent_elements(numels: tuple[int, ...], param_threshold: int, model_thr
 
 
 def largest_tensor(ctx: StageContext) -> int:
-    """The largest parameter tensor this GPU holds (a tensor, not a module: stacked experts count per tensor): its
-    stage's layers' split by tensor parallelism, and the root's (embedding, head, final norm) split as the vocabulary
-    is, on a stage holding either end."""
+    """The largest parameter tensor this GPU holds (a tensor, not a module: transformers' stacked experts are one
+    tensor per projection): its stage's layers' split by tensor parallelism, and the root's (embedding, head, final
+    norm) split as the vocabulary is, on a stage holding either end. Stacked experts are not split by expert
+    parallelism here: an upper bound under EP."""
     run, layout = ctx.run, ctx.layout
     tp, layers = run.job.parallel.tp, set(layout.layer_indices)
     root = vocab_split(run.profile, tp) if layout.has_embedding or layout.has_head else 0
