@@ -216,6 +216,23 @@ def test_the_reduction_copy_takes_the_largest_parameter_this_gpu_holds() -> None
     assert copies({"tp": 4}) == [embedding // 4]
 
 
+def test_the_stage_0_all_reduce_bucket_passes_with_the_largest_tensor_this_gpu_holds() -> None:
+    """The flattened bucket without ZeRO (ds_allreduce): 5e8 elements and the tensor that passes them, this GPU's
+    largest (its stage's, split by TP), not the whole model's on every stage and rank; the whole model's gradients
+    where they are fewer."""
+    def buckets(model: str, flags: dict) -> list[int]:
+        loaded = load_job(JobRequest(model=model, flags={"framework": "deepspeed", "precision": "bf16", **flags}))
+        _, parts = _stage_parts(Same(loaded.model), loaded.job, 0.0)
+        return [max((c.nbytes // 2 for c in part[2].ledger.entries if "flattens up to" in c.note), default=0)
+                for part in parts]
+
+    gradients = [b for b in buckets("llama-3.1-8b", {"gpus": 4, "pp": 4})]
+    assert gradients[0] == 500_000_000 + 128_256 * 4_096  # the embedding passes the threshold on the first stage
+    assert gradients[1] == gradients[2] < gradients[0]  # a middle stage's gradients are fewer than 5e8 + its largest
+    moe = buckets("mixtral-8x7b", {"gpus": 16, "tp": 4})
+    assert moe == [500_000_000 + 8 * 2 * 14_336 * 4_096 // 4]  # the stacked gate-up experts, split by TP
+
+
 #: The engine's most live bytes at one collective of the second backward (ZeRO-1 reduces at the accumulation boundary,
 #: after the backward): the gradient partition (grads_in_partition, or the compact fp32 partition) is allocated whole
 #: at its first copy beside the full gradients not reduced yet.

@@ -5,7 +5,8 @@ DeepSpeed 0.19.8 (runtime/engine.py): without ZeRO the engine's ``allreduce_grad
 gradients (one dtype at a time) into buckets, flushing one once it holds more than ``MEMORY_OPT_ALLREDUCE_SIZE``
 (5e8) elements, and ``allreduce_bucket`` flattens each (``self.flatten(bucket)``: a new tensor), converts it to
 ``communication_data_type`` where that differs (another), all-reduces and copies the result back. So beside every
-gradient the end of the backward holds ``min(P, elements + largest tensor)`` gradients' copy. Measured (E10, world
+gradient the end of the backward holds ``min(P, elements + largest tensor)`` gradients' copy (this GPU's largest
+tensor: its stage's, split by TP). Measured (E10, world
 size 1, tiny4 Llama, docs/benchmarks.md, helper dsfree15): 7,352,832 B alive at the all-reduce, the whole bf16
 gradients; the bucket keys (``reduce_bucket_size``, ``contiguous_gradients``, ...) change nothing (E11, ds15).
 """
@@ -35,14 +36,15 @@ def applies(job: Job, profile: FrameworkProfile) -> bool:
 
 def contributions(ctx: StageContext, st: StageStates) -> list[Contribution]:
     """The flattened bucket (and its copy in ``communication_data_type``) at the end of the backward."""
-    from memplan.estimate.zero3_buffers import model_numels
+    from memplan.estimate.zero3_buffers import largest_tensor
 
     run = ctx.run
     prec = run.prec
     total = st.states.gradients // max(prec.grad_bytes, 1)
-    # the tensor that passes the threshold: the model's largest where it trains (adapters are small beside it)
+    # the tensor that passes the threshold: the largest this GPU holds where it trains (its stage's, split by tensor
+    # parallelism; adapters are small beside it)
     trains_weights = st.ft is None or bool(st.ft.full or st.ft.copies)
-    cap = run.profile.stage0_allreduce_elements + (max(model_numels(run.model), default=0) if trains_weights else 0)
+    cap = run.profile.stage0_allreduce_elements + (largest_tensor(ctx) if trains_weights else 0)
     elements = min(total, cap)
     out = [Contribution(COMMUNICATION, elements * prec.grad_bytes, _END, note=(
         f"DeepSpeed without ZeRO: the engine's all-reduce flattens up to {elements:,} {prec.grad} gradients into one "
