@@ -28,4 +28,3 @@ def format_bytes(value: int | None) -> str:
     if value >= GiB:
         return f"{sign}{value / GiB:.2f} GiB"
     return f"{sign}{value / MiB:.1f} MiB"
-

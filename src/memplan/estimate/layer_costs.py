@@ -245,7 +245,7 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
         attention = widened_terms(attention, shape, gemm_inputs=int8_base)
     if role.fp32[1]:
         rest = widened_terms(rest, shape, gemm_inputs=int8_base)
-    for wide in (0, NORM_COMPUTE_BYTES):
+    for wide in (0,) if role.fp32 == NO_FP32 else (0, NORM_COMPUTE_BYTES):
         # an fp32 input (a quantized base's fp32 stream): each lora_A casts its own 16-bit copy
         adapters = tuple(a for a in role.adapters if adapter_input_bytes(a, role.fp32) == wide)
         rest = rest + (adapter_terms(adapters, shape, autocast=autocast, dropout=lora_dropout,
@@ -441,10 +441,10 @@ def sink_forward_transient(ctx: StageContext) -> int:
         return 0
     index = ctx.layout.layer_indices[-1]
     layer = run.model.layers[index]
-    role = _role(run, index) if layer.attention.sinks else None
-    if role is None:
+    found = layer_blocks(run, layer, index) if layer.attention.sinks else None  # the role's terms
+    if found is None:
         return 0
-    shape, blocks = layer_blocks(run, layer, index) or (role_shape(run, role), ([], []))  # the role's terms
+    shape, blocks = found
     extra = recomputed_forward_transient(layer, shape, blocks[1], blocks[0])
     if not extra:
         return 0

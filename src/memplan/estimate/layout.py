@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from memplan.frozen import frozen_dataclass
 from memplan.job import Parallelism, default_uneven_split
+from memplan.profiles.partial_recompute import rank_layers
 from memplan.profiles.pipeline_split import rule_chunk_layers
 
 
@@ -59,7 +60,7 @@ def _rank_layer_counts(num_layers: int, par: Parallelism, chunks: tuple[int, ...
     """:func:`stage_layer_counts` given the chunks' layer counts (None: the even or uneven split)."""
     pp = par.pp
     if chunks is not None:
-        return tuple(sum(chunks[rank::pp]) for rank in range(pp))
+        return tuple(rank_layers(chunks, pp))
     if par.first_stage_layers is None and par.last_stage_layers is None:
         split = default_uneven_split(num_layers, pp) if num_layers % pp else None
         if split is not None:

@@ -15,7 +15,7 @@ from memplan.estimate.adapter_acts import (
     m_is_parameter,
     on_mlp_output,
 )
-from memplan.estimate.terms import TermRole
+from memplan.estimate.terms import SAVED_BY_OUTPUT_PROJECTION, TermRole
 from memplan.peft.params import Adapter
 
 __all__ = ["lora_recompute_tail"]
@@ -132,8 +132,7 @@ def _input_projection_moment(adapters: tuple[Adapter, ...], out: Adapter, *, tok
 
 #: The MLP's saved tensors made after its activation's input: the ``gelu_new`` intermediates, the output projection's
 #: input (a trained one's) and its adapter's ``lora_A`` input and DoRA results.
-_SAVED_AFTER_FC1 = frozenset({TermRole.GELU_NEW, TermRole.MLP_FC2, TermRole.MLP_FC2_ADAPTER_INPUT,
-                              TermRole.MLP_FC2_DORA_INPUT, TermRole.MLP_FC2_DORA_RESULTS})
+_SAVED_AFTER_FC1 = SAVED_BY_OUTPUT_PROJECTION | {TermRole.GELU_NEW}
 
 
 def _dora_tail(a: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool,

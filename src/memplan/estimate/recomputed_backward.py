@@ -71,7 +71,7 @@ from memplan.estimate.recomputed_tensors import (
     saved_tensors,
 )
 from memplan.estimate.sac import sac_kept_terms
-from memplan.estimate.terms import ATTENTION_ADAPTER_TERMS, Term, TermRole
+from memplan.estimate.terms import ATTENTION_ADAPTER_TERMS, SAVED_BY_OUTPUT_PROJECTION, Term, TermRole
 from memplan.estimate.walk_copies import copy_plan
 
 if TYPE_CHECKING:
@@ -352,16 +352,11 @@ def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> 
     from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
 
     assert run.counts is not None
-    later = sum(divided(t, found[0]) for t in found[1][1] if t.role in _OUTPUT_PROJECTION_SAVED)
+    later = sum(divided(t, found[0]) for t in found[1][1] if t.role in SAVED_BY_OUTPUT_PROJECTION)
     return max(0, dora_forward_before_output(
         run.counts.layer_adapters[index], autocast=run.prec.weight_copies == "autocast",
         compute_bytes=run.shape.act_bytes, tokens=run.shape.seq * run.shape.micro_batch,
         base_bytes=frozen_bytes_per_element(run.job), adapter_bytes=adapter_bytes(run.job)) - later)
-
-
-#: What the MLP's output projection and its adapter save (made after the layer's other adapters have run).
-_OUTPUT_PROJECTION_SAVED = frozenset({TermRole.MLP_FC2, TermRole.MLP_FC2_ADAPTER_INPUT, TermRole.MLP_FC2_DORA_INPUT,
-                                      TermRole.MLP_FC2_DORA_RESULTS})
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,

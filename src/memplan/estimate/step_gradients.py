@@ -46,7 +46,7 @@ def made_in_backward(ctx: StageContext) -> bool:
     profile = ctx.profile
     if not (profile.frees_gradients or profile.frees_gradients_zero) or ctx.job.num_microbatches != 1:
         return False  # the common case first: a framework that keeps its gradient buffers
-    return profile.frees_gradients or freed_after_step(ctx)
+    return freed_after_step(ctx)
 
 
 def note(ctx: StageContext) -> str:

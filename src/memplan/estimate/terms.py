@@ -12,7 +12,7 @@ from typing import Literal
 
 from memplan.frozen import frozen_dataclass
 
-__all__ = ["EXPERTS_OWN", "Keep", "NORM_TERMS", "NORMALIZED", "ROUTER", "Region", "Term", "TermRole"]
+__all__ = ["EXPERTS_OWN", "Keep", "NORM_TERMS", "NORMALIZED", "ROUTER", "Region", "SAVED_BY_OUTPUT_PROJECTION", "Term", "TermRole"]
 
 Region = Literal["tp", "sp", "rep"]
 Keep = Literal["input", "core", "attn", "attn_input", "body", "ckpt_input", "layer_ckpt_input"]
@@ -174,3 +174,8 @@ class Term:
     #: run, so each later node of the term holds no more above what is left (GPT-2's ``gelu_new``: its last product
     #: holds three fp32 tensors; its pow, five, after three of its saved tensors are gone).
     first_made: int = 2
+
+
+#: What the MLP's output projection and its adapters save: made after a recompute that stops before them.
+SAVED_BY_OUTPUT_PROJECTION = frozenset({TermRole.MLP_FC2, TermRole.MLP_FC2_ADAPTER_INPUT, TermRole.MLP_FC2_DORA_INPUT,
+                                        TermRole.MLP_FC2_DORA_RESULTS})

@@ -296,8 +296,7 @@ def classify(key: str, value: Any = None, *, known: frozenset[str] | None = None
     if not _known(key, known):
         return _U, "not a DeepSpeed config key"
     by_stage = _STAGE3 if zero_stage == 3 else _STAGE12 if zero_stage in (1, 2) else _STAGE0 if zero_stage == 0 else {}
-    accum = key == "data_types.grad_accum_dtype" and zero_stage in (1, 2, 3)
-    staged = by_stage.get(key) or (_GRAD_ACCUM.get(zero_stage) if accum else None)
+    staged = by_stage.get(key) or (_GRAD_ACCUM.get(zero_stage) if key == "data_types.grad_accum_dtype" else None)
     if staged is not None:
         effect, note = staged
         return effect, (f"\"auto\": {note}" if value == "auto" else note)
