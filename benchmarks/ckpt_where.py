@@ -10,7 +10,13 @@ F full), whether memplan metered the step and its planning seconds. The budget i
 
     PYTHONPATH=src python benchmarks/ckpt_where.py none,full,plain,sac OUT.json [STEPS]
 """
-import copy, json, resource, sys, time, os
+import copy
+import json
+import os
+import resource
+import sys
+import time
+
 import torch
 from memplan.ckpt.bench import BenchConfig, sample_lengths, _batches
 from memplan.ckpt.bench_setup import build_model, seed_memplan, MEMPLAN
@@ -25,7 +31,9 @@ steps = int(sys.argv[3]) if len(sys.argv) > 3 else 24
 cfg = BenchConfig(steps=steps)
 torch.set_num_threads(1)
 lengths = sample_lengths(cfg)
-m = build_model(cfg); init = copy.deepcopy(m.state_dict()); del m
+m = build_model(cfg)
+init = copy.deepcopy(m.state_dict())
+del m
 batches = _batches(cfg, lengths, cfg.seed + 1, cfg.batch_size)
 budget = 1748551616 if steps == 24 else int(os.environ.get("BUDGET", "0"))
 lanes = [make_lane(v, cfg, init, budget) for v in variants]
@@ -57,5 +65,6 @@ for i, b in enumerate(batches):
           rec.get("plain", [{}])[-1].get("modes", ""), flush=True)
 for lane in lanes:
     c = getattr(lane.model, "memplan_ckpt", None)
-    if c: c.release_meter()
+    if c:
+        c.release_meter()
 json.dump(dict(lengths=lengths, rec=rec, load=os.getloadavg()), open(out, "w"), indent=1)

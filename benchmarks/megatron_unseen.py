@@ -35,7 +35,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import accuracy_megatron as acc  # the shipped-reference scorer: same rules
+import accuracy_megatron as acc  # noqa: E402 - beside this file (sys.path above); the shipped-reference scorer: same rules
 
 DEFAULT_OUT = HERE / "results" / "megatron_unseen_gb200.json"
 GiB = 2**30

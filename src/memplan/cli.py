@@ -22,7 +22,7 @@ import typer
 
 from memplan.commands.common import app as _app
 
-__all__ = ["COMMAND_MODULES", "app", "main"]
+__all__ = ["COMMAND_MODULES", "app", "main"]  # noqa: F822 - ``app`` comes from the module __getattr__ below
 
 #: Modules under :mod:`memplan.commands` that register commands on :data:`app` when imported,
 #: in the order ``memplan --help`` lists them.

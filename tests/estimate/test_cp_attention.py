@@ -20,7 +20,7 @@ ARGS = {"--num-layers": 2, "--hidden-size": 512, "--num-attention-heads": 8, "--
 # local tokens 512 x 2; bf16 q: 8 heads x 64, k and v: 2 heads x 64
 Q = S // CP * B * 8 * 64 * 2
 K = S // CP * B * 2 * 64 * 2
-KV, O = 2 * K, Q
+KV, OUT = 2 * K, Q
 
 
 def _extra(kind: str, cp: int = CP) -> int:
@@ -35,7 +35,7 @@ def test_sizes() -> None:
     # allgather: dq, gathered k/v, full-sequence dk/dv, the reordered copy of dk
     assert _extra("allgather") == Q + CP * KV + CP * KV + CP * K
     # a2a: dout after its all-to-all, dq/dk/dv before the all-to-all back
-    assert _extra("a2a") == O + Q + KV
+    assert _extra("a2a") == OUT + Q + KV
     assert _extra("a2a+p2p") == _extra("a2a") + _extra("p2p")
     assert _extra("p2p", cp=1) == 0
 
@@ -49,7 +49,7 @@ def test_the_comm_type_changes_only_the_backward_working_set() -> None:
     p2p, a2a = _stage(), _stage(**{"--cp-comm-type": "a2a"})
     assert p2p.peak_phase == a2a.peak_phase == "backward"
     assert p2p.transformer_layer_activations_bytes == a2a.transformer_layer_activations_bytes
-    assert p2p.temporary_bytes - a2a.temporary_bytes == (Q + 4 * KV) - (O + Q + KV)
+    assert p2p.temporary_bytes - a2a.temporary_bytes == (Q + 4 * KV) - (OUT + Q + KV)
 
 
 def test_per_layer_types_take_each_layers_own() -> None:

@@ -134,7 +134,7 @@ def test_megatron_moe_arguments():
             "--expert-model-parallel-size": 2, "--mtp-num-layers": 1, "--fp8-format": "hybrid", "--bf16": True,
             "--moe-token-dispatcher-type": "alltoall", "--vocab-size": 1000, "--tokenizer-type": "HuggingFaceTokenizer"}
     model, job = from_megatron_args(args, gpus=4)
-    assert [l.is_moe for l in model.layers] == [False, True, True, True]
+    assert [layer.is_moe for layer in model.layers] == [False, True, True, True]
     moe = model.layers[1].moe
     assert (moe.num_experts, moe.top_k, moe.expert.intermediate_size, moe.shared_expert.intermediate_size) == (8, 2, 128, 256)
     assert job.parallel.ep == 2 and job.parallel.expert_tp == 1 and job.mtp_layers == 1

@@ -59,7 +59,7 @@ def jobs(draw: st.DrawFn, model: ModelSpec) -> Job:
     dp = draw(st.sampled_from([1, 2, 4]))
     ep = 1
     if model.is_moe:
-        experts = next(l.moe for l in model.layers if l.moe is not None).num_experts  # type: ignore[union-attr]
+        experts = next(layer.moe for layer in model.layers if layer.moe is not None).num_experts  # type: ignore[union-attr]
         ep = draw(st.sampled_from([e for e in _divisors(experts) if (dp * cp) % e == 0]))
     mbs = draw(st.integers(1, 3))
     microbatches = draw(st.integers(1, 4)) * (pp if vpp > 1 else 1)
@@ -143,9 +143,9 @@ def test_larger_micro_batch_never_decreases_activations(case: tuple[ModelSpec, J
     bigger = Batch(micro_batch_size=b.micro_batch_size + 1, seq_length=b.seq_length,
                    global_batch_size=(b.micro_batch_size + 1) * job.parallel.data_parallel * job.num_microbatches)
     small, large = estimate(model, job), estimate(model, _with(job, batch=bigger))
-    for s, l in zip(small.stages, large.stages):
-        assert l.activations_bytes >= s.activations_bytes
-        assert l.transformer_layer_activations_bytes >= s.transformer_layer_activations_bytes
+    for s, big in zip(small.stages, large.stages):
+        assert big.activations_bytes >= s.activations_bytes
+        assert big.transformer_layer_activations_bytes >= s.transformer_layer_activations_bytes
 
 
 @PROPERTY_SETTINGS

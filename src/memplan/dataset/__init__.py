@@ -41,7 +41,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["RULES", "Batching", "DatasetPeaks", "DatasetRequest", "Fields", "StepShapes", "TokenizerFiles",
-           "WorstStep", "analyze", "dataset_lengths", "find_tokenizer", "plan_steps", "step_peaks"]
+           "WorstStep", "analyze", "dataset_lengths", "find_tokenizer", "plan_steps", "step_peaks", "token_lengths"]
 
 
 @frozen_dataclass(kw_only=True)

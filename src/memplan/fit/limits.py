@@ -140,9 +140,12 @@ def max_micro_batch(
         if gbs % dp:
             raise FitError("--gbs", f"must be a multiple of dp={dp}", gbs)
         allowed = [d for d in range(1, gbs // dp + 1) if (gbs // dp) % d == 0]
-        values: Callable[[int], int | None] = lambda i: allowed[i - 1] if 1 <= i <= len(allowed) else None
+
+        def values(i: int) -> int | None:
+            return allowed[i - 1] if 1 <= i <= len(allowed) else None
     else:
-        values = lambda i: i if 1 <= i <= _MAX_MBS else None
+        def values(i: int) -> int | None:
+            return i if 1 <= i <= _MAX_MBS else None
 
     def with_value(v: int) -> Job:
         return dataclasses.replace(job, batch=dataclasses.replace(job.batch, micro_batch_size=v))
@@ -159,7 +162,9 @@ def max_seq_length(
         raise ConfigError("granularity", "must be at least 1", granularity)
     cp = job.parallel.cp
     step = granularity * (2 * cp if cp > 1 else 1)
-    values: Callable[[int], int | None] = lambda i: i * step if 1 <= i * step <= _MAX_SEQ else None
+
+    def values(i: int) -> int | None:
+        return i * step if 1 <= i * step <= _MAX_SEQ else None
 
     def with_value(v: int) -> Job:
         return dataclasses.replace(job, batch=dataclasses.replace(job.batch, seq_length=v))

@@ -140,10 +140,12 @@ def _facts(model: ModelSpec) -> _Facts:
     groups = model.layer_param_groups
     facts = _Facts(
         matmul2=tuple(2.0 * _layer_matmul_params(layer, hidden) for layer in layers),
-        attn_coeff=tuple(float(l.attention.num_heads * (l.attention.head_dim + l.attention.v_head_dim)) for l in layers),
-        window=tuple(l.attention.sliding_window for l in layers),
-        kv_dim=tuple(float(l.attention.num_kv_heads * (l.attention.head_dim + l.attention.v_head_dim)) for l in layers),
-        top_k=tuple(l.moe.top_k if l.moe is not None else 0 for l in layers),
+        attn_coeff=tuple(float(layer.attention.num_heads * (layer.attention.head_dim + layer.attention.v_head_dim))
+                         for layer in layers),
+        window=tuple(layer.attention.sliding_window for layer in layers),
+        kv_dim=tuple(float(layer.attention.num_kv_heads * (layer.attention.head_dim + layer.attention.v_head_dim))
+                     for layer in layers),
+        top_k=tuple(layer.moe.top_k if layer.moe is not None else 0 for layer in layers),
         params=(float(sum(g.tp_sharded for g in groups)), float(sum(g.replicated for g in groups)),
                 float(sum(g.expert for g in groups))),
     )

@@ -100,7 +100,7 @@ def final_norm_params(model: ModelSpec) -> int:
 
 def per_layer_param_counts(model: ModelSpec) -> tuple[int, ...]:
     """Total parameters of each decoder layer, in order."""
-    return tuple(layer_params(l, model.hidden_size, model.norm_bias).total for l in model.layers)
+    return tuple(layer_params(layer, model.hidden_size, model.norm_bias).total for layer in model.layers)
 
 
 def total_params(model: ModelSpec, *, include_mtp: bool = False) -> int:
