@@ -5,6 +5,7 @@ Run from the repository root (memplan installed, e.g. ``pip install -e .``)::
     python benchmarks/speed.py            # the table
     python benchmarks/speed.py --profile  # also cProfile the API loop (top functions)
     python benchmarks/speed.py --issue24 [--write] [--callgrind]  # the paired issue-24 measures (below)
+    python benchmarks/speed.py --finetune [--base DIR] [--write]  # new-job rates of fine-tuning jobs (below)
 
 Targets (docs/benchmarks.md): ``memplan estimate llama-3.1-8b`` < 0.5 s as a process;
 >= 5,000 API estimates per second on one core. Results are recorded in docs/benchmarks.md.
@@ -23,6 +24,11 @@ pairs (the commit before the work). The start-up depends on Python's bytecode ca
 ``PYTHONDONTWRITEBYTECODE`` set every memplan module is compiled from source on each start while
 the reference's site-packages modules have their cache; both conditions are measured.
 ``--write`` stores the result in ``benchmarks/results/speed_issue24.json``.
+
+``--finetune``: the same new-job rate (CPU time, every Job-keyed cache cleared before each call) and Python
+opcodes per new-job estimate for the fine-tuning jobs in :data:`FINETUNE_CELLS` (llama-3.1-8b, the hf profile,
+8 GPUs, seq 4096: LoRA and DoRA without and with full recompute, QLoRA nf4 with full recompute), which a fit
+search or the server prices by the hundred; ``--write`` stores ``benchmarks/results/speed_finetune.json``.
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ def deepseek_case() -> Callable[[], object]:
 
 
 RESULT = Path(__file__).resolve().parent / "results" / "speed_issue24.json"
+FINETUNE_RESULT = Path(__file__).resolve().parent / "results" / "speed_finetune.json"
 PAIRS = 11
 REFERENCE = ["-c", "import typer, rich, yaml"]
 ISSUE_ARGS = ["-m", "memplan", "estimate", "llama-3.1-8b", "--gpus", "8"]
@@ -190,6 +197,66 @@ def callgrind(trees: dict[str, str]) -> dict[str, object]:
     return out
 
 
+#: The fine-tuning cells of ``--finetune`` (job flags; llama-3.1-8b, hf, 8 GPUs, seq 4096).
+FINETUNE_CELLS = {
+    "LoRA, recompute none": {"peft": "lora", "recompute": "none"},
+    "LoRA, recompute full": {"peft": "lora", "recompute": "full"},
+    "DoRA, recompute none": {"peft": "dora", "recompute": "none"},
+    "DoRA, recompute full": {"peft": "dora", "recompute": "full"},
+    "QLoRA nf4, recompute full": {"peft": "lora", "quantize_base": "nf4", "recompute": "full"},
+}
+FINETUNE_CASE = """
+import json, sys, time
+from memplan import estimate, policies
+from memplan.estimate import engine
+from memplan.inputs import JobRequest, load_job
+flags = {"gpus": 8, "seq": 4096, "framework": "hf", **json.loads(sys.argv[1])}
+loaded = load_job(JobRequest(model="llama-3.1-8b", flags=flags))
+model, job = loaded.model, loaded.job
+memos = [getattr(getattr(m, n, None), "cache_clear", None)
+         for m, n in ((engine, "_stages"), (engine, "_stage_parts"), (policies, "resolve_policy"))]
+def new_job():
+    for memo in memos:
+        if memo is not None:
+            memo()
+    return estimate(model, job)
+for _ in range(2):
+    new_job()
+count = [0]
+def tracer(frame, event, arg):
+    frame.f_trace_opcodes = True
+    if event == "opcode":
+        count[0] += 1
+    return tracer
+sys.settrace(tracer)
+new_job()
+sys.settrace(None)
+calls, cpu = 0, time.process_time()
+while time.process_time() - cpu < 2.0:
+    for _ in range(5):
+        new_job()
+    calls += 5
+print(calls / (time.process_time() - cpu), count[0])
+"""
+
+
+def finetune_rates(trees: dict[str, str]) -> dict[str, object]:
+    """New-job calls/s (CPU time, 3 alternating runs) and opcodes per new-job estimate of each fine-tuning cell."""
+    out: dict[str, object] = {}
+    for name, flags in FINETUNE_CELLS.items():
+        cell: dict[str, dict[str, object]] = {tree: {"calls/s": []} for tree in trees}
+        for _ in range(3):
+            for tree, src in trees.items():
+                rate_s, opcodes = _timed(["-c", FINETUNE_CASE, json.dumps(flags)],
+                                         dict(os.environ, PYTHONPATH=src))[2].split()
+                cell[tree]["calls/s"].append(round(float(rate_s)))  # type: ignore[union-attr]
+                cell[tree]["opcodes per new-job estimate"] = int(opcodes)
+        out[name] = cell
+    out["machine"] = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+                      f"load average {os.getloadavg()[0]:.1f} at the end")
+    return out
+
+
 def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds of the child, its stdout) of one process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -254,7 +321,18 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"store the issue-24 result in {RESULT}")
     parser.add_argument("--callgrind", action="store_true",
                         help="with --issue24: also count instructions under valgrind's callgrind (a few minutes)")
+    parser.add_argument("--finetune", action="store_true", help="new-job rates of fine-tuning jobs")
     args = parser.parse_args()
+    if args.finetune:
+        trees = {"this tree": str(Path(__file__).resolve().parents[1] / "src")}
+        if args.base:
+            trees["base"] = args.base
+        result = finetune_rates(trees)
+        print(json.dumps(result, indent=1))
+        if args.write:
+            FINETUNE_RESULT.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                                   **result}, indent=1) + "\n")
+        return
     if args.issue24:
         trees = {"this tree": str(Path(__file__).resolve().parents[1] / "src")}
         if args.base:

@@ -216,9 +216,21 @@ def layer_blocks(run: RunContext, layer: LayerSpec,
     shape, ft = role_shape(run, role), run.job.finetune
     if compiled_layer(run, layer):
         return shape, compiled_blocks(layer, shape)
-    return shape, _blocks(layer, shape, role, quantize_base=ft.quantize_base,
-                          autocast=run.prec.weight_copies == "autocast", lora_dropout=ft.lora_dropout > 0,
-                          adapter_bytes=adapter_bytes(run.job), bias_bytes=frozen_bytes_per_element(run.job))
+    attention, rest = _role_blocks(Same(layer), shape, role, ft.quantize_base, run.prec.weight_copies == "autocast",
+                                   ft.lora_dropout > 0, adapter_bytes(run.job), frozen_bytes_per_element(run.job))
+    return shape, (list(attention), list(rest))
+
+
+@lru_cache(maxsize=4096)
+def _role_blocks(layer: Same, shape: ActivationShape, role: LayerRole, quantize_base: str, autocast: bool,
+                 lora_dropout: bool, adapter_bytes: int, bias_bytes: int) -> tuple[tuple[Term, ...], tuple[Term, ...]]:
+    """:func:`_blocks` of one layer kind in one role, memoised across layers and estimates as
+    :func:`_layer_figures` is (the key holds the layer itself, compared by identity): a recomputed fine-tuned
+    layer's moments ask for its terms up to four times, and building them is most of such an estimate's work."""
+    attention, rest = _blocks(cast(LayerSpec, layer.obj), shape, role, quantize_base=quantize_base,
+                              autocast=autocast, lora_dropout=lora_dropout, adapter_bytes=adapter_bytes,
+                              bias_bytes=bias_bytes)
+    return tuple(attention), tuple(rest)
 
 
 def per_tensor_offload(run: RunContext) -> bool:
