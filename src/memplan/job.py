@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 from memplan.errors import JobConfigError
 from memplan.frozen import frozen_dataclass
 from memplan.profiles import activation_policy_name, check_features, get_profile
+from memplan.profiles.zero3 import COMMUNICATION_DTYPES, MOST_ELEMENTS, ZERO_BUFFER_KEYS
 from memplan.optimizers import optimizer_kind
 from memplan.tuning import (ADAPTER_METHODS, QUANTIZING_FORMATS, PeftMethodKind, QuantFormat, either, peft_method,
                             quant_format)
@@ -259,18 +260,15 @@ class Sharding:
         """The DeepSpeed buffer settings as DeepSpeed's config takes them (the Python API reaches them without the
         config reader): element counts whole and in range (``reduce_bucket_size`` above 0, ``"auto"`` where Hugging
         Face fills it in), switches booleans, the communication dtype one DeepSpeed names."""
-        for name, least, auto in (("reduce_bucket_size", 1, True), ("prefetch_bucket_size", 0, True),
-                                  ("max_live_parameters", 0, False), ("max_reuse_distance", 0, False),
-                                  ("sub_group_size", 0, False), ("param_persistence_threshold", 0, True),
-                                  ("model_persistence_threshold", 0, False)):
+        for name, _, least, auto in ZERO_BUFFER_KEYS:
             value = getattr(self, name)
             if value is not None and not (auto and value == "auto"):
-                _check_int(f"zero_optimization.{name}", value, minimum=least, maximum=10**15)
+                _check_int(f"zero_optimization.{name}", value, minimum=least, maximum=MOST_ELEMENTS)
         for name in ("contiguous_gradients", "overlap_comm"):
             if getattr(self, name) not in (None, True, False):
                 raise JobConfigError(f"zero_optimization.{name}", "must be true or false", getattr(self, name))
-        if self.communication_data_type not in (None, "fp32", "fp16", "bf16"):
-            raise JobConfigError("communication_data_type", "must be fp32, fp16 or bf16",
+        if self.communication_data_type not in (None, *COMMUNICATION_DTYPES):
+            raise JobConfigError("communication_data_type", f"must be one of {', '.join(COMMUNICATION_DTYPES)}",
                                  self.communication_data_type)
 
 

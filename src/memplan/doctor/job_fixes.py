@@ -77,11 +77,9 @@ def _changes(job: Job) -> list[_Change]:
         if not (job.sharding.distributed_optimizer or job.sharding.zero):  # refused where Megatron's is not the framework
             out.append(_Change("Distributed optimizer (optimizer states sharded over data parallelism)",
                                "--distributed-optimizer", "distributed_optimizer", _sharded(distributed_optimizer=True)))
-        runner = get_profile(job.framework).zero_framework
-        through = " (DeepSpeed through --deepspeed)" if runner else ""
-        framework = f"--framework {runner} " if runner else ""
+        through = " (DeepSpeed through --deepspeed)" if get_profile(job.framework).zero_framework else ""
         for stage in range(job.sharding.zero + 1, 4):
-            out.append(_Change(f"ZeRO stage {stage}{through}", f"{framework}--zero {stage}", "zero", _zero(stage)))
+            out.append(_Change(f"ZeRO stage {stage}{through}", f"--zero {stage}", "zero", _sharded(zero=stage)))
         out.append(_Change("FSDP full sharding", "--fsdp full", "fsdp", _sharded(zero=0, fsdp="full")))
     if not job.offload.optimizer and (offload := _offload_change(job)) is not None:
         out.append(offload)
@@ -102,14 +100,6 @@ def _sharded(**fields: Any) -> Callable[[Job], Job]:
     return lambda job: replace(job, sharding=replace(job.sharding, **fields))
 
 
-def _zero(stage: int) -> Callable[[Job], Job]:
-    """The job at ZeRO ``stage``, under the framework whose engine runs it (the profile's ``zero_framework``)."""
-    def apply(job: Job) -> Job:
-        runner = get_profile(job.framework).zero_framework or job.framework
-        return replace(job, framework=runner, sharding=replace(job.sharding, zero=stage))
-    return apply
-
-
 def _offloaded(job: Job) -> Job:
     """Optimizer states offloaded; under FSDP the parameters too: PyTorch FSDP's CPU offload (``CPUOffloadPolicy``,
     ``CPUOffload(offload_params=True)``) moves the sharded parameters with the optimizer step, all or nothing."""
@@ -123,7 +113,7 @@ _OFFLOAD_SHARDINGS: tuple[tuple[str, str, Callable[[Job], Job]], ...] = (
     ("", "", lambda j: j),
     (" with the distributed optimizer", " --distributed-optimizer", _sharded(distributed_optimizer=True)),
     (" with FSDP full sharding", " --fsdp full", _sharded(fsdp="full")),
-    (" with ZeRO stage 1", " --zero 1", _zero(1)),
+    (" with ZeRO stage 1", " --zero 1", _sharded(zero=1)),
 )
 
 

@@ -88,9 +88,9 @@ class StageContext(Resolved):
     group: int
 
 
-def run_context(model: ModelSpec, job: Job, fragmentation: float) -> RunContext:
-    """The job's context (the job validated for the model already)."""
-    profile = get_profile(job.framework)
+def run_context(model: ModelSpec, job: Job, fragmentation: float, profile: FrameworkProfile | None = None) -> RunContext:
+    """The job's context (the job validated for the model already), under ``profile`` (None: its framework's)."""
+    profile = profile or get_profile(job.framework)
     prec = resolve_precision(job, profile)
     policy = _resolve_policy(job)
     kept_classes, dropped = kept_policy(policy)

@@ -36,7 +36,7 @@ def applies(job: Job, profile: FrameworkProfile) -> bool:
 
 def contributions(ctx: StageContext, st: StageStates) -> list[Contribution]:
     """The flattened bucket (and its copy in ``communication_data_type``) at the end of the backward."""
-    from memplan.estimate.zero3_buffers import largest_tensor
+    from memplan.estimate.zero3_buffers import communication_dtype, largest_tensor
 
     run = ctx.run
     prec = run.prec
@@ -50,7 +50,7 @@ def contributions(ctx: StageContext, st: StageStates) -> list[Contribution]:
         f"DeepSpeed without ZeRO: the engine's all-reduce flattens up to {elements:,} {prec.grad} gradients into one "
         f"bucket (allreduce_no_retain: {run.profile.stage0_allreduce_elements:,} elements and the tensor that passes "
         "them) after the backward, beside every gradient"))]
-    comm = run.job.sharding.communication_data_type or prec.grad
+    comm = communication_dtype(run)  # the model's dtype by default, as the gradients' at stage 0
     if comm != prec.grad and elements:
         out.append(Contribution(TEMPORARY, elements * dtype_bytes(comm), _END, note=(
             f"DeepSpeed without ZeRO: that bucket copied to {comm} (communication_data_type) for the all-reduce")))

@@ -25,7 +25,8 @@ from memplan.job import Job
 from memplan.jobcheck import validate_job_for_model
 from memplan.profiles import get_profile
 from memplan.profiles.defaults import default_settings
-from memplan.profiles.zero_engine import zero_engine
+from memplan.profiles.framework import FrameworkProfile
+from memplan.profiles.zero_engine import engine_profile, zero_engine
 from memplan.model.spec import ModelSpec
 from memplan.peft.params import FinetuneParams
 from memplan.settings import InputSetting
@@ -73,12 +74,13 @@ def estimate(
     allocation schedule (``simulated``); ``reserved`` overrides the job's ``--reserved`` (``auto``: the
     framework profile's ``default_reserved``).
     """
-    job, moved = zero_engine(job or Job())
+    given = job or Job()
+    job, moved = zero_engine(given)
     if not 0.0 <= fragmentation < 1.0:
         raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
     reserved = reserved_mode(job, reserved)
-    stages, notes, peak, counts, framework, compiled = _stages(Same(model), job, fragmentation,
-                                                               reserved == "simulated")
+    stages, notes, peak, counts, framework, compiled = _stages(
+        Same(model), job, fragmentation, reserved == "simulated", engine_profile(given.framework) if moved else None)
     return Estimate(
         model=model.name,
         framework=framework,
@@ -118,7 +120,8 @@ def _simulated_share(peak: StageEstimate) -> float:
 
 
 @lru_cache(maxsize=128)
-def _stages(model_key: Same, job: Job, fragmentation: float, simulate: bool = False) -> tuple[
+def _stages(model_key: Same, job: Job, fragmentation: float, simulate: bool = False,
+            runs_on: FrameworkProfile | None = None) -> tuple[
         tuple[StageEstimate, ...], tuple[str, ...], StageEstimate, FinetuneParams | None, str,
         tuple[InputSetting, ...]]:
     """(stages, assumption sentences, the peak stage, fine-tuning counts, framework, and under
@@ -128,8 +131,9 @@ def _stages(model_key: Same, job: Job, fragmentation: float, simulate: bool = Fa
     A pure function of immutable inputs (a frozen model spec, compared by identity, and a frozen
     ``Job``, by value), so it is memoised: a caller that estimates the same job again (a loop, the
     server, ``fit`` revisiting a candidate) gets the same figures without the walk; a job that
-    fails validation raises every time (exceptions are not memoised)."""
-    run, parts = _stage_parts(model_key, job, fragmentation)
+    fails validation raises every time (exceptions are not memoised). ``runs_on``: the profile a job moved to another
+    framework's ZeRO engine runs under (:func:`memplan.profiles.zero_engine.engine_profile`; None: its own)."""
+    run, parts = _stage_parts(model_key, job, fragmentation, runs_on)
     notes = run_notes(run)
     stages = []
     for stage, stage_notes, inputs in parts:
@@ -152,13 +156,14 @@ def simulated_stage_reserved(model: ModelSpec, job: Job, stage: int,
     needs only the peak stage's figure: :attr:`Estimate.peak_reserved_bytes` is the reserved of the stage
     with the highest allocated, the same stage under either mode). Right after the job's fixed estimate
     the stage's figures are not built again (:func:`_stage_parts`)."""
-    _, parts = _stage_parts(Same(model), zero_engine(job)[0], fragmentation)
+    runs, moved = zero_engine(job)
+    _, parts = _stage_parts(Same(model), runs, fragmentation, engine_profile(job.framework) if moved else None)
     figures, notes, inputs = next(part for part in parts if part[0].stage == stage)
     return simulate_stage(figures, notes, inputs)[0].peak_reserved_bytes
 
 
 @lru_cache(maxsize=8)
-def _stage_parts(model_key: Same, job: Job, fragmentation: float) -> tuple[
+def _stage_parts(model_key: Same, job: Job, fragmentation: float, runs_on: FrameworkProfile | None = None) -> tuple[
         RunContext, tuple[tuple[StageEstimate, list[str], StageParts], ...]]:
     """The job's context and per pipeline stage its fixed figures, their sentences and what its
     reserved-memory schedule is built from. Memoised for a few jobs only (a stage's parts hold its ledger
@@ -166,7 +171,7 @@ def _stage_parts(model_key: Same, job: Job, fragmentation: float) -> tuple[
     model = model_key.obj
     assert isinstance(model, ModelSpec)
     validate_job_for_model(job, model)
-    run = run_context(model, job, fragmentation)
+    run = run_context(model, job, fragmentation, runs_on)
     layouts = pipeline_layout(model.num_layers, job.parallel, job.num_microbatches, run.profile.pipeline_split)
     return run, tuple(stage_parts(stage_context(run, layout)) for layout in layouts)
 

@@ -127,14 +127,13 @@ def _reduction_copy(ctx: StageContext, total: int, bucket: int, reduced: str,
                     live: tuple[str, ...]) -> Contribution | None:
     """The reduction's copy in ``communication_data_type`` where it differs from the dtype the gradients are reduced
     in (``reduced``): a ``bucket``'s worth of this GPU's ``total`` gradients, or alone its largest parameter."""
-    from memplan.estimate.zero3_buffers import largest_tensor, reduced_elements
+    from memplan.estimate.zero3_buffers import largest_tensor, reduction_copy
 
     run = ctx.run
-    comm = run.job.sharding.communication_data_type or run.prec.param
+    elements, size, comm = reduction_copy(run, total, bucket, largest_tensor(ctx), reduced)
     if comm == reduced:
         return None
-    elements = reduced_elements(total, bucket, largest_tensor(ctx))
-    return Contribution(TEMPORARY, elements * dtype_bytes(comm), live, note=(
+    return Contribution(TEMPORARY, size, live, note=(
         f"DeepSpeed ZeRO-{run.job.sharding.zero} reduction: up to {elements:,} {reduced} gradients copied to {comm} "
         "(communication_data_type) for the collective, "
         + ("while the backward runs" if "backward" in live else "at the accumulation boundary after the backward")))

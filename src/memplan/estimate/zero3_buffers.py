@@ -50,7 +50,7 @@ gathered, so the window is filled to within one module of it; a sub-group is pri
 
 from __future__ import annotations
 
-from memplan.estimate.context import StageContext
+from memplan.estimate.context import RunContext, StageContext
 from memplan.estimate.ledger import COMMUNICATION, TEMPORARY, Contribution
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, layer_numel_on_rank
@@ -162,10 +162,24 @@ def reduced_elements(total: int, bucket: int, unit: int) -> int:
     return min(total, max(bucket, unit))
 
 
+def communication_dtype(run: RunContext) -> str:
+    """The dtype DeepSpeed's gradient collectives run in: ``communication_data_type``, else the model's (engine.py
+    ``communication_data_type``: fp16 or bf16 where enabled, else fp32); every stage reads it here."""
+    return run.job.sharding.communication_data_type or run.prec.param
+
+
+def reduction_copy(run: RunContext, total: int, bucket: int, unit: int, reduced: str) -> tuple[int, int, str]:
+    """(the gradients one reduction takes at most (:func:`reduced_elements`), the bytes of their copy in the
+    communication dtype, 0 where that is ``reduced``, the dtype they are reduced in, and that dtype): ZeRO-1/2's
+    ``average_tensor`` and ZeRO-3's ``__avg_scatter_grads`` both copy with ``tensor.to(communication_data_type)``."""
+    comm = communication_dtype(run)
+    elements = reduced_elements(total, bucket, unit)
+    return elements, (elements * dtype_bytes(comm) if comm != reduced else 0), comm
+
+
 def _bucket(ctx: StageContext, bucket: int, where: str) -> Contribution:
     """The reduce bucket in ``communication_data_type`` (the model's dtype by default)."""
-    run = ctx.run
-    comm = run.job.sharding.communication_data_type or run.prec.param
+    comm = communication_dtype(ctx.run)
     return Contribution(COMMUNICATION, dtype_bytes(comm) * bucket, note=(
         f"DeepSpeed ZeRO-3 reduce bucket: reduce_bucket_size {bucket:,} elements ({where}) in {comm} "
         f"(communication_data_type), allocated when the optimizer is built and kept (contiguous_gradients; "
@@ -177,12 +191,12 @@ def _conversions(ctx: StageContext, params: StageParams, bucket: int, unit: int)
     ``reduce_scatter`` takes): the bucket's gradients copied to ``communication_data_type`` where it differs from the
     parameters' dtype, and the scattered partitions to the gradient partitions' dtype where that differs."""
     run = ctx.run
-    comm, grad, param = run.job.sharding.communication_data_type or run.prec.param, run.prec.grad, run.prec.param
+    filled, copy, comm = reduction_copy(run, params.total, bucket, unit, run.prec.param)
+    grad, param = run.prec.grad, run.prec.param
     if comm == param and comm == grad:
         return None
-    filled = reduced_elements(params.total, bucket, unit)
     part = -(-filled // max(1, run.job.parallel.data_parallel * run.job.parallel.cp))
-    size = (dtype_bytes(comm) * filled if comm != param else 0) + (dtype_bytes(grad) * part if comm != grad else 0)
+    size = copy + (dtype_bytes(grad) * part if comm != grad else 0)
     return Contribution(TEMPORARY, size, ("backward", "end of backward"), (
         f"DeepSpeed ZeRO-3 reduction of up to {filled:,} gradient elements (a bucket, or one larger parameter): "
         + (f"their copy in {comm} (communication_data_type)" if comm != param else "")

@@ -34,8 +34,10 @@ from memplan.errors import ConfigError, UnsupportedError
 from memplan.frameworks.deepspeed_keys import deepspeed_settings
 from memplan.job import Batch, Job, Offload, Optimizer, Recompute, Sharding
 from memplan.optimizers import by_dialect
+from memplan.profiles.zero3 import COMMUNICATION_DTYPES, MOST_ELEMENTS, ZERO_BUFFER_KEYS
 from memplan.settings import InputSetting
 from memplan.textfile import read_text_file
+from memplan.units import normalize_dtype
 
 
 def read_deepspeed_config(path: str | Path) -> dict[str, Any]:
@@ -152,32 +154,17 @@ def _checkpointing(config: Mapping[str, Any], recompute: Recompute) -> Recompute
                                contiguous_checkpoints=contiguous)
 
 
-#: The ZeRO-3 buffer keys read into :class:`~memplan.job.Sharding` (field, the names DeepSpeed accepts: its
-#: ``stage3_`` alias first, the least value it accepts): deepspeed/runtime/zero/config.py declares
-#: ``reduce_bucket_size`` Field(gt=0) and the others Field(ge=0).
-_ZERO3_KEYS = (("reduce_bucket_size", ("reduce_bucket_size",), 1),
-               ("prefetch_bucket_size", ("stage3_prefetch_bucket_size", "prefetch_bucket_size"), 0),
-               ("max_live_parameters", ("stage3_max_live_parameters", "max_live_parameters"), 0),
-               ("max_reuse_distance", ("stage3_max_reuse_distance", "max_reuse_distance"), 0),
-               ("sub_group_size", ("sub_group_size",), 0),
-               ("param_persistence_threshold", ("stage3_param_persistence_threshold", "param_persistence_threshold"), 0),
-               ("model_persistence_threshold", ("stage3_model_persistence_threshold", "model_persistence_threshold"),
-                0))
-#: Beyond this a bucket size is a typo (a petabyte of 16-bit elements).
-_MOST_ELEMENTS = 10**15
-#: Keys whose ``"auto"`` Hugging Face's integration fills in (:mod:`memplan.profiles.zero3`); elsewhere "auto"
-#: leaves DeepSpeed's default.
-_HF_AUTO = frozenset({"reduce_bucket_size", "prefetch_bucket_size", "param_persistence_threshold"})
-#: DeepSpeed's names of the dtypes ``communication_data_type`` and ``data_types.grad_accum_dtype`` take
-#: (deepspeed/runtime/config.py ``DtypeEnum`` and ``get_communication_data_type``), as memplan's dtype names.
-_DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-           "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-           "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16"}
+#: DeepSpeed's spellings of the dtypes ``communication_data_type`` and ``data_types.grad_accum_dtype`` take
+#: (deepspeed/runtime/config.py ``DtypeEnum`` and ``get_communication_data_type``): memplan's names, torch's and
+#: ``torch.<torch's>``; :func:`memplan.units.normalize_dtype` names them.
+_DEEPSPEED_DTYPES = frozenset({"fp32", "float32", "float", "torch.float32", "fp16", "float16", "half", "torch.float16",
+                               "bf16", "bfloat16", "torch.bfloat16"})
 #: ``sys.maxsize``: DeepSpeed's default ``stage3_model_persistence_threshold`` is no cap at all.
 _NO_CAP = 2**63 - 1
 
 
-def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], least: int) -> int | str | None:
+def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], least: int,
+              hf_auto: bool) -> int | str | None:
     """A ZeRO-3 bucket size in elements as DeepSpeed's pydantic config reads it (an integer, or a float with no
     fraction such as ``5e8``); ``"auto"`` where Hugging Face fills it in, None when absent."""
     name = next((n for n in names if n in section), None)
@@ -185,7 +172,7 @@ def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], le
         return None
     value = section[name]
     if value == "auto":
-        if field in _HF_AUTO:
+        if hf_auto:
             return "auto"
         raise ConfigError(f"zero_optimization.{name}", "\"auto\" is filled in by Hugging Face only for "
                           "reduce_bucket_size, stage3_prefetch_bucket_size and stage3_param_persistence_threshold; "
@@ -193,7 +180,7 @@ def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], le
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if field == "model_persistence_threshold" and number is not None and number == _NO_CAP:
         return None
-    if number is None or not math.isfinite(number) or not least <= number <= _MOST_ELEMENTS or number % 1:
+    if number is None or not math.isfinite(number) or not least <= number <= MOST_ELEMENTS or number % 1:
         rule = "a positive" if least else "a non-negative"
         raise ConfigError(f"zero_optimization.{name}", f"must be {rule} whole number of elements up to 1e15 "
                           "(DeepSpeed's config refuses anything else; it sizes a ZeRO-3 buffer)", value)
@@ -202,7 +189,8 @@ def _elements(section: Mapping[str, Any], field: str, names: tuple[str, ...], le
 
 def _zero3_buffers(section: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`~memplan.job.Sharding` fields of the ZeRO-3 buffer keys in ``zero_optimization``."""
-    out: dict[str, Any] = {field: _elements(section, field, names, least) for field, names, least in _ZERO3_KEYS}
+    out: dict[str, Any] = {field: _elements(section, field, names, least, auto)
+                           for field, names, least, auto in ZERO_BUFFER_KEYS}
     for key in ("contiguous_gradients", "overlap_comm"):
         value = section.get(key)
         if value is not None:
@@ -216,7 +204,8 @@ def _dtype(value: Any, key: str, allowed: tuple[str, ...]) -> str | None:
     """A DeepSpeed dtype setting as memplan's dtype name; None when absent or ``"auto"``."""
     if value is None or value == "auto":
         return None
-    name = _DTYPES.get(value) if isinstance(value, str) else None
+    known = isinstance(value, str) and value in _DEEPSPEED_DTYPES
+    name = normalize_dtype(value.removeprefix("torch.")) if known else None
     if name not in allowed:
         raise ConfigError(key, f"must be one of {', '.join(allowed)} (DeepSpeed's names: fp32/float32, "
                           "fp16/float16/half, bf16/bfloat16)", value)
@@ -279,7 +268,7 @@ def job_with_deepspeed(config: Mapping[str, Any], job: Job) -> Job:
         job,
         framework="deepspeed",
         sharding=Sharding(zero=stage, **_zero3_buffers(zero_section), communication_data_type=_dtype(
-            config.get("communication_data_type"), "communication_data_type", ("fp32", "fp16", "bf16"))),
+            config.get("communication_data_type"), "communication_data_type", COMMUNICATION_DTYPES)),
         precision=precision,
         optimizer=optimizer,
         batch=batch,

@@ -18,6 +18,24 @@ from typing import Any
 
 from memplan.frozen import frozen_dataclass
 
+#: The ZeRO buffer keys a :class:`~memplan.job.Sharding` carries, as DeepSpeed's config takes them: (field, the names
+#: DeepSpeed accepts, its ``stage3_`` alias first, the least value it accepts, whether Hugging Face's integration fills
+#: in ``"auto"``). deepspeed/runtime/zero/config.py declares ``reduce_bucket_size`` Field(gt=0) and the others
+#: Field(ge=0); the config reader (:mod:`memplan.frameworks.deepspeed_config`) and ``Job``'s check read this table.
+ZERO_BUFFER_KEYS: tuple[tuple[str, tuple[str, ...], int, bool], ...] = (
+    ("reduce_bucket_size", ("reduce_bucket_size",), 1, True),
+    ("prefetch_bucket_size", ("stage3_prefetch_bucket_size", "prefetch_bucket_size"), 0, True),
+    ("max_live_parameters", ("stage3_max_live_parameters", "max_live_parameters"), 0, False),
+    ("max_reuse_distance", ("stage3_max_reuse_distance", "max_reuse_distance"), 0, False),
+    ("sub_group_size", ("sub_group_size",), 0, False),
+    ("param_persistence_threshold", ("stage3_param_persistence_threshold", "param_persistence_threshold"), 0, True),
+    ("model_persistence_threshold", ("stage3_model_persistence_threshold", "model_persistence_threshold"), 0, False),
+)
+#: Beyond this a bucket size is a typo (a petabyte of 16-bit elements).
+MOST_ELEMENTS = 10**15
+#: The dtypes ``communication_data_type`` takes, as memplan names them (DeepSpeed's ``get_communication_data_type``).
+COMMUNICATION_DTYPES = ("fp32", "fp16", "bf16")
+
 
 @frozen_dataclass(kw_only=True)
 class Zero3Defaults:
