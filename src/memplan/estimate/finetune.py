@@ -78,6 +78,12 @@ class StageFinetune:
     #: ``modules_to_save`` copies: peft deep-copies the frozen module, so they keep its dtype
     #: (``frozen_dtype``), and so do their gradients and torch optimizer moments.
     copies: int = 0
+    #: The most adapter parameters one decoder layer of the stage holds (numel): what an FSDP unit all-gathers
+    #: beside the layer's base weights.
+    layer_adapters: int = 0
+    #: The most trainable parameters one decoder layer of the stage holds (numel): the only ones FSDP makes
+    #: gradients for and reduce-scatters (``FSDPParamGroup.post_backward`` collects the parameters with a grad).
+    layer_trainable: int = 0
 
     @property
     def trainable(self) -> int:
@@ -109,6 +115,9 @@ def stage_finetune(model: ModelSpec, job: Job, layout: StageLayout, local_total:
         quantized_numel=int(sum(n for n, _ in quantized) * scale),
         largest_quantized=int(max((n for n, _ in quantized), default=0) * scale),
         trainable_tensors=_adapter_tensors(counts, layout, ft.peft_kind.magnitude) + _copy_tensors(model, job, layout),
+        layer_adapters=int(max((counts.layers[i].adapter for i in layout.layer_indices), default=0) * scale),
+        layer_trainable=int(max((p.trained + p.adapter + p.copies for p in parts[:len(layout.layer_indices)]),
+                                default=0) * scale),
     )
 
 
