@@ -207,6 +207,8 @@ def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
     (["--loss", "fused-linear", "--gpus", "2", "--fsdp", "2"], "--loss: the fused linear cross-entropy is traced"),
     (["--peft", "lora", "--quantize-base", "nf4", "--gpus", "2", "--fsdp", "2"], "--gpus: memplan trace runs fine-tuning"),
     (["--trainable", "layers.0", "--gpus", "2", "--fsdp", "2"], "--gpus: memplan trace runs fine-tuning"),
+    (["--peft", "lora", "--modules-to-save", "lm_head", "--gpus", "2", "--fsdp", "2"],
+     "--gpus: memplan trace runs fine-tuning"),
     (["--peft", "lora", "--lora-targets", "nothing_here"], "--lora-targets: peft cannot wrap this model"),
     (["--trainable", "no_such_module"], "--trainable: names no module of the model"),
     (["--peft", "lora", "--quantize-base", "nf4", "--trainable", "q_proj"],
