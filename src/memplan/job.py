@@ -793,7 +793,8 @@ class FineTuning:
     #: keeps and what peft keeps with ``autocast_adapter_dtype=False`` on a bf16 base.
     adapter_dtype: AdapterDtype = knob("auto", "--adapter-dtype", "dtype of the adapters (lora_A/B, DoRA "
                                        "magnitudes): their weights, gradients, optimizer states and the "
-                                       "activations they compute. auto: the framework's (fp32, peft's "
+                                       "activations they compute (under FSDP's mixed precision they compute "
+                                       "in its param dtype). auto: the framework's (fp32, peft's "
                                        "autocast_adapter_dtype=True; deepspeed below ZeRO-3: the model's dtype, "
                                        "as deepspeed.initialize casts them).", panel=FINETUNE)
 

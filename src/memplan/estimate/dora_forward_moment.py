@@ -31,7 +31,7 @@ from __future__ import annotations
 from memplan.estimate.activations import divided, has_eager_core
 from memplan.estimate.adapter_acts import dora_forward_transient, m_is_parameter, on_mlp_output
 from memplan.estimate.context import StageContext
-from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.finetune import adapter_compute_bytes, frozen_bytes_per_element
 from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.terms import TermRole
 from memplan.peft.params import Adapter
@@ -50,7 +50,8 @@ def dora_moment_locals(ctx: StageContext, transient: int) -> int:
     index = ctx.layout.layer_indices[-1]
     layer = run.model.layers[index]
     adapter = _output_projection_adapter(run.counts.layer_adapters[index]) if layer.moe is None else None
-    autocast, act_bytes, lora_dtype = run.prec.weight_copies == "autocast", run.shape.act_bytes, adapter_bytes(run.job)
+    autocast, act_bytes = run.prec.weight_copies == "autocast", run.shape.act_bytes
+    lora_dtype = adapter_compute_bytes(run.job, run.prec.weight_copies)
     tokens = run.shape.seq * run.shape.micro_batch
     if adapter is None or layer.parallel_residual or dora_forward_transient(
             (adapter,), autocast=autocast, compute_bytes=act_bytes, base_bytes=frozen_bytes_per_element(run.job),

@@ -235,15 +235,20 @@ def communication_bytes(
         total += states.gradients  # DDP's bucket copy of every gradient
     c = dtype_bytes(prec.compute)
     if job.sharding.fsdp != "none" or (job.sharding.zero == 3 and prec.weight_copies == "fsdp"):
-        # Unsharded compute-dtype blocks (computing + prefetched), the root module, and one
-        # block's unsharded gradient for its reduce-scatter.
-        total += profile.fsdp_live_blocks * params.largest_layer * c + params.root * c
-        total += params.largest_layer * prec.grad_bytes
+        # Unsharded compute-dtype blocks (computing + prefetched; a block's peft adapters with it), the root
+        # module, and one block's unsharded gradient (its trainable tensors') for its reduce-scatter.
+        total += profile.fsdp_live_blocks * _unsharded_block(params, c) + params.root * c
+        total += (params.largest_layer if params.layer_trainable is None else params.layer_trainable) * prec.grad_bytes
     elif job.sharding.zero == 3:
         # Not DeepSpeed's (memplan.estimate.zero3_buffers): DeepSpeed's own estimator's rule, 4 bytes per
         # parameter of the largest layer (16-bit gathered weights and gradients).
         total += 4 * max(params.largest_layer, params.root)
     return total
+
+
+def _unsharded_block(params: StageParams, compute_bytes: int) -> int:
+    """Bytes of the largest block's unsharded copy: its weights in the compute dtype and its peft adapters."""
+    return params.largest_layer * compute_bytes + params.layer_adapter_bytes
 
 
 def communication_by_phase(job: Job, profile: FrameworkProfile, params: StageParams, prec: ResolvedPrecision,
@@ -274,11 +279,11 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
     c = dtype_bytes(prec.compute)
     if head is not None:
         embedding = params.root - head
-        return {"loss": head * c, "backward": profile.fsdp_live_blocks * params.largest_layer * c,
+        return {"loss": head * c, "backward": profile.fsdp_live_blocks * _unsharded_block(params, c),
                 "end of backward": 2 * embedding * c, "optimizer step": 0}
     root = params.root * c
     root_grads = 0 if tied else root
-    return {"loss": root + params.largest_layer * c, "backward": held,
+    return {"loss": root + _unsharded_block(params, c), "backward": held,
             "end of backward": root + root_grads, "optimizer step": 0}
 
 

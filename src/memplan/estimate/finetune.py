@@ -42,6 +42,21 @@ def adapter_bytes(job: Job) -> int:
     return dtype_bytes(resolved_adapter_dtype(job))
 
 
+def adapter_compute_bytes(job: Job, weight_copies: str | None) -> int:
+    """Bytes per element the adapters compute in (what they save and make in a forward and backward): their own
+    (:func:`adapter_bytes`), but the compute dtype where FSDP's mixed precision casts the weights
+    (``weight_copies`` ``"fsdp"``, :attr:`memplan.estimate.precision.ResolvedPrecision.weight_copies`). FSDP2 casts
+    every sharded parameter whose dtype differs from ``MixedPrecisionPolicy.param_dtype`` to it for the unsharded
+    compute copy, trainable or not (``FSDPParam.init_dtype_attrs`` and ``init_all_gather_outputs``,
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py; FSDP1's ``MixedPrecision.param_dtype`` casts the flat
+    parameter alike), so peft's ``x.to(lora_A.weight.dtype)`` (``_cast_input_dtype``) leaves the 16-bit input as
+    it is, and lora_A/lora_B (and DoRA's magnitude) run and save in 16 bits. The sharded adapters, their gradients
+    after the reduce-scatter (``reduce_dtype`` then ``orig_dtype``) and optimizer states keep :func:`adapter_bytes`."""
+    if weight_copies == "fsdp":
+        return dtype_bytes(job.precision.compute_dtype)
+    return adapter_bytes(job)
+
+
 @frozen_dataclass
 class StageFinetune:
     """Numel (and quantized bytes) of one GPU of a stage, split by what trains."""
@@ -63,6 +78,12 @@ class StageFinetune:
     #: ``modules_to_save`` copies: peft deep-copies the frozen module, so they keep its dtype
     #: (``frozen_dtype``), and so do their gradients and torch optimizer moments.
     copies: int = 0
+    #: The most adapter parameters one decoder layer of the stage holds (numel): what an FSDP unit all-gathers
+    #: beside the layer's base weights.
+    layer_adapters: int = 0
+    #: The most trainable parameters one decoder layer of the stage holds (numel): the only ones FSDP makes
+    #: gradients for and reduce-scatters (``FSDPParamGroup.post_backward`` collects the parameters with a grad).
+    layer_trainable: int = 0
 
     @property
     def trainable(self) -> int:
@@ -94,6 +115,9 @@ def stage_finetune(model: ModelSpec, job: Job, layout: StageLayout, local_total:
         quantized_numel=int(sum(n for n, _ in quantized) * scale),
         largest_quantized=int(max((n for n, _ in quantized), default=0) * scale),
         trainable_tensors=_adapter_tensors(counts, layout, ft.peft_kind.magnitude) + _copy_tensors(model, job, layout),
+        layer_adapters=int(max((counts.layers[i].adapter for i in layout.layer_indices), default=0) * scale),
+        layer_trainable=int(max((p.trained + p.adapter + p.copies for p in parts[:len(layout.layer_indices)]),
+                                default=0) * scale),
     )
 
 
@@ -205,6 +229,21 @@ def _adapter_dtype_source(job: Job) -> str:
     return f"{why}, gradients and optimizer state in that dtype"
 
 
+def _fsdp_compute_note(job: Job) -> str:
+    """The sentence for adapters FSDP's mixed precision casts (:func:`adapter_compute_bytes`); empty elsewhere."""
+    from memplan.estimate.precision import resolve_precision
+    from memplan.profiles.framework import get_profile
+
+    copies = resolve_precision(job, get_profile(job.framework)).weight_copies
+    if adapter_compute_bytes(job, copies) == adapter_bytes(job):
+        return ""
+    compute = job.precision.compute_dtype
+    return (f"FSDP's mixed precision all-gathers the {resolved_adapter_dtype(job)} adapters in {compute} with the "
+            f"rest of each unit (MixedPrecisionPolicy.param_dtype), so they run and save in {compute}: peft's cast "
+            f"of the input to the adapter dtype is a no-op; the sharded adapters, their gradients after the "
+            f"reduce-scatter and their optimizer states stay {resolved_adapter_dtype(job)}")
+
+
 def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     """The PEFT and quantization facts an estimate used, one line each."""
     if not is_finetune(job):
@@ -226,6 +265,9 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
                    "shared input")
         if ft.lora_targets == "auto":
             out.append(_auto_targets_note(model.model_type))
+        fsdp_note = _fsdp_compute_note(job)
+        if fsdp_note:
+            out.append(fsdp_note)
         if ft.peft_kind.magnitude:
             out.append("DoRA's forward temporaries (peft rebuilds the adapted weight on every forward: the identity "
                        "matrix, lora_A's output of it, the combined weight and its norm) are priced at the stage's "

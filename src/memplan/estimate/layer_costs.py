@@ -54,7 +54,12 @@ from memplan.estimate.ep_overlap import (
     mlp_wgrad_held,
     shared_expert_overlap_bytes,
 )
-from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, frozen_bytes_per_element
+from memplan.estimate.finetune import (
+    adapter_bytes,
+    adapter_compute_bytes,
+    dequantized_element_bytes,
+    frozen_bytes_per_element,
+)
 from memplan.estimate.frozen_copies import casts_frozen, recomputed_frozen_copies
 from memplan.estimate.frozen_mlp_backward import frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
@@ -154,9 +159,10 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
         ft = run.job.finetune
         dequantized = dequantized_element_bytes(run.job, dtype_bytes(run.prec.compute)) if role.quantized \
             else 0
+        own = adapter_compute_bytes(run.job, run.prec.weight_copies)
         cached = run.cache[key] = _layer_figures(Same(layer), role_shape(run, role), run.policy, role,
                                                  ft.quantize_base, run.prec.weight_copies == "autocast",
-                                                 ft.lora_dropout > 0, adapter_bytes(run.job),
+                                                 ft.lora_dropout > 0, own,
                                                  compiled_layer(run, layer), per_tensor_offload(run),
                                                  dequantized, frozen_bytes_per_element(run.job),
                                                  role.flow is not None and casts_frozen(run))
@@ -217,7 +223,8 @@ def layer_blocks(run: RunContext, layer: LayerSpec,
     if compiled_layer(run, layer):
         return shape, compiled_blocks(layer, shape)
     attention, rest = _role_blocks(Same(layer), shape, role, ft.quantize_base, run.prec.weight_copies == "autocast",
-                                   ft.lora_dropout > 0, adapter_bytes(run.job), frozen_bytes_per_element(run.job))
+                                   ft.lora_dropout > 0, adapter_compute_bytes(run.job, run.prec.weight_copies),
+                                   frozen_bytes_per_element(run.job))
     return shape, (list(attention), list(rest))
 
 
@@ -478,7 +485,7 @@ def dora_recompute_head(run: RunContext, index: int) -> int:
     return dora_output_backward(run.counts.layer_adapters[index], last_linear=linears[-1].name,
                                 tokens=run.shape.local_tokens,
                                 compute_bytes=adapter_bytes(run.job) if wide else run.shape.act_bytes,
-                                adapter_bytes=adapter_bytes(run.job))
+                                adapter_bytes=adapter_compute_bytes(run.job, run.prec.weight_copies))
 
 
 def dora_transient(ctx: StageContext) -> int:
@@ -492,4 +499,5 @@ def dora_transient(ctx: StageContext) -> int:
     return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
                                   compute_bytes=run.shape.act_bytes,
                                   base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job),
-                                  tokens=run.shape.seq * run.shape.micro_batch, adapter_bytes=adapter_bytes(run.job))
+                                  tokens=run.shape.seq * run.shape.micro_batch,
+                                  adapter_bytes=adapter_compute_bytes(run.job, run.prec.weight_copies))

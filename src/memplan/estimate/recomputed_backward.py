@@ -318,7 +318,7 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
             or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
         return 0
     from memplan.estimate.activations import norm_output_bytes
-    from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+    from memplan.estimate.finetune import adapter_compute_bytes, frozen_bytes_per_element
     from memplan.estimate.lora_recompute_tail import lora_recompute_tail
 
     tokens, hidden = shape.seq * shape.micro_batch, run.model.hidden_size
@@ -331,7 +331,8 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
                                residual=residual + (tokens * hidden * shape.act_bytes if layer.attention_output_local
                                                     else 0),
                                mlp_input=tokens * hidden * (NORM_COMPUTE_BYTES if fp32 else norm_output_bytes(shape)),
-                               byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
+                               byte_sizes=(shape.act_bytes, adapter_compute_bytes(run.job, run.prec.weight_copies),
+                                           frozen_bytes_per_element(run.job)),
                                autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms,
                                dropout=ft.lora_dropout > 0,
                                fp32_input=fp32, base_keeps_input=ft.quant_kind.keeps_gemm_inputs)
@@ -349,14 +350,15 @@ def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> 
     if found is None or not _lora_tail(run, index, found[0], found[1][1]):
         return forward_extra
     from memplan.estimate.adapter_acts import dora_forward_before_output
-    from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+    from memplan.estimate.finetune import adapter_compute_bytes, frozen_bytes_per_element
 
     assert run.counts is not None
     later = sum(divided(t, found[0]) for t in found[1][1] if t.role in SAVED_BY_OUTPUT_PROJECTION)
     return max(0, dora_forward_before_output(
         run.counts.layer_adapters[index], autocast=run.prec.weight_copies == "autocast",
         compute_bytes=run.shape.act_bytes, tokens=run.shape.seq * run.shape.micro_batch,
-        base_bytes=frozen_bytes_per_element(run.job), adapter_bytes=adapter_bytes(run.job)) - later)
+        base_bytes=frozen_bytes_per_element(run.job),
+        adapter_bytes=adapter_compute_bytes(run.job, run.prec.weight_copies)) - later)
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,

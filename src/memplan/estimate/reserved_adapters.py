@@ -26,7 +26,7 @@ from __future__ import annotations
 from memplan.estimate.activations import DROPOUT_MASK_BYTES
 from memplan.estimate.adapter_acts import in_mlp_block, m_is_parameter
 from memplan.estimate.context import StageContext
-from memplan.estimate.finetune import adapter_bytes
+from memplan.estimate.finetune import adapter_compute_bytes
 from memplan.estimate.reserved_replay import Block, Replay
 from memplan.estimate.reserved_terms import ADAPTER, RELEASE
 from memplan.peft.params import Adapter
@@ -60,7 +60,8 @@ def with_adapters(ctx: StageContext, index: int, tensors: list[tuple[int, int, i
 def adapter_entries(ctx: StageContext, adapter: Adapter) -> list[tuple[int, int, int]]:
     """One adapter's forward as ``(size, ADAPTER, step)`` entries (the steps of zero size left out)."""
     run, shape = ctx.run, ctx.run.shape
-    tokens, compute, own = shape.seq * shape.micro_batch, shape.act_bytes, adapter_bytes(run.job)
+    tokens, compute = shape.seq * shape.micro_batch, shape.act_bytes
+    own = adapter_compute_bytes(run.job, run.prec.weight_copies)
     autocast = run.prec.weight_copies == "autocast"
     m = adapter.module
     # bitsandbytes' layers under autocast pass x on uncast; elsewhere peft casts it to the adapter dtype

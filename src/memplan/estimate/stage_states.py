@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.extras import optimizer_temporary_bytes
-from memplan.estimate.finetune import StageFinetune, finetune_assumptions, stage_finetune
+from memplan.estimate.finetune import StageFinetune, adapter_compute_bytes, finetune_assumptions, stage_finetune
 from memplan.estimate.ledger import (
     CPU,
     GRADIENTS,
@@ -30,6 +30,7 @@ from memplan.estimate.optimizers import (
     small_tensors_of_sizes,
 )
 from memplan.estimate.states import (
+    FinetuneStageParams,
     StageParams,
     StateBytes,
     device_step_counters,
@@ -66,6 +67,10 @@ def model_states(ctx: StageContext) -> StageStates:
     model, job = run.model, run.job
     params = stage_params(model, job, layout, run.vocab_rows, vocab_parallel=run.profile.vocab_parallel)
     ft = stage_finetune(model, job, layout, params.total) if run.finetune else None
+    if ft is not None:
+        params = FinetuneStageParams(**{f.name: getattr(params, f.name) for f in fields(params)},
+                                     layer_trainable=ft.layer_trainable,
+                                     layer_adapter_bytes=ft.layer_adapters * adapter_compute_bytes(job, run.prec.weight_copies))
     states = state_bytes(model, job, params, run.prec, offload_moves_gradients=run.profile.offload_moves_gradients,
                          step_counters=_step_counters(ctx, ft), small=_small(ctx, ft),
                          finetune=ft, **_weight_matrices(ctx, params, ft))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
+from typing import ClassVar
 
 from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
 from memplan.estimate.layout import StageLayout
@@ -54,6 +55,11 @@ class StageParams:
     fp32_routers: int = 0
     #: Of ``dense + expert``: the multi-token-prediction modules on this (last) stage, numel.
     mtp: int = 0
+    #: Full training (:class:`FinetuneStageParams` under fine-tuning, which sets them): no peft adapters beside
+    #: ``largest_layer``, whose every parameter an FSDP unit reduce-scatters. Class attributes, not fields, so a
+    #: full-training stage builds no more than it did.
+    layer_adapter_bytes: ClassVar[int] = 0
+    layer_trainable: ClassVar[int | None] = None
 
     @property
     def total(self) -> int:
@@ -157,6 +163,17 @@ def stage_params(model: ModelSpec, job: Job, stage: StageLayout, vocab_rows: int
                 root += vocab_local
     return StageParams(dense=dense + root, expert=expert, largest_layer=largest, root=root, gemm_weights=gemm,
                        gemm_expert=gemm_expert, mtp=mtp, fp32_routers=routers)
+
+
+@frozen_dataclass
+class FinetuneStageParams(StageParams):
+    """:class:`StageParams` of a fine-tuning stage (:func:`memplan.estimate.stage_states.model_states`)."""
+
+    #: The bytes of the largest decoder layer's peft adapters in its FSDP unit's unsharded copy (in the adapters'
+    #: compute dtype, :func:`memplan.estimate.finetune.adapter_compute_bytes`), which ``largest_layer`` does not count.
+    layer_adapter_bytes: int = 0  # type: ignore[misc]
+    #: The most trainable parameters of one decoder layer (numel), the only ones an FSDP unit reduce-scatters.
+    layer_trainable: int | None = None  # type: ignore[misc]
 
 
 @frozen_dataclass

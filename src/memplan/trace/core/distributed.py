@@ -94,7 +94,9 @@ def _forget_meshes() -> None:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks of a Hugging Face decoder (``model.layers``, ``transformer.h``, ...)."""
+    """The repeated blocks of a Hugging Face decoder (``model.layers``, ``transformer.h``, ...), also inside
+    a peft wrapper (``get_base_model``)."""
+    model = _unwrapped(model)
     for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers", "layers"):
         module: Any = model
         for part in path.split("."):
@@ -171,6 +173,12 @@ def _embedding_and_head(model: torch.nn.Module) -> tuple[Any, Any]:
     return (get_in() if callable(get_in) else None), (get_out() if callable(get_out) else None)
 
 
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model peft wraps (``PeftModel.get_base_model``), or ``model`` itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
 def _has(module: torch.nn.Module, path: str) -> bool:
     try:
         module.get_submodule(path)
@@ -208,6 +216,7 @@ def _outer_units(model: torch.nn.Module, options: TraceSetup) -> tuple[Any, list
     job = options.job
     if get_profile(job.framework).fsdp_outer_units != "embedding-and-head" or job.parallel.pp > 1:
         return None
+    model = _unwrapped(model)
     embedding, head = _embedding_and_head(model)
     if embedding is None or head is None or head.weight is embedding.weight:
         return None
