@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from memplan.estimate.engine import _stage_parts
+from memplan.estimate.engine import _on_engine, _stage_parts, layer_activation_costs
 from memplan.estimate.memo import Same
 from memplan.inputs import JobRequest, load_job
-from memplan.profiles.zero_engine import engine_profile, zero_engine
 from tests.trace.test_agreement_grid import _COMMON, CELLS, CONFIGS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,8 +53,7 @@ def _tiny_gpt_oss() -> list[Any]:
 
 def _terms(model: str, flags: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     loaded = load_job(JobRequest(model=model, flags={"framework": "hf", **flags}))
-    job, moved = zero_engine(loaded.job)
-    runs_on = engine_profile(loaded.job.framework) if moved else None
+    job, runs_on, _ = _on_engine(loaded.job)
     ledger = _stage_parts(Same(loaded.model), job, 0.1, runs_on)[1][0][2].ledger
     return {moment: tuple(ledger.total(term, moment) for term in _TERMS)
             + ((ledger.total("temporary", moment),) if moment == "forward" else ())
@@ -76,3 +74,15 @@ def test_zero_1_2_change_no_activation_term(tmp_path: Path, model: str, flags: d
         return
     plain = _terms(model, engine_precision)
     assert zero[1] == plain and zero[2] == plain
+
+
+def test_layer_activation_costs_price_a_zero_job_on_its_engine() -> None:
+    """The per-layer figures the library offers price an hf ``--zero`` job as :func:`estimate` does: on DeepSpeed's
+    engine (no autocast over a ``*-mixed`` job's 16-bit weights), not the Trainer's own AMP (the hf profile, before)."""
+    def costs(**flags: Any) -> tuple[int, int, int]:
+        loaded = load_job(JobRequest(model="llama-3.2-1b", flags={"framework": "hf", "gpus": 8, "seq": 2048, **flags}))
+        return layer_activation_costs(loaded.model, loaded.job, 3)
+
+    on_engine = costs(precision="bf16-mixed", zero=2)
+    assert on_engine == costs(precision="bf16")
+    assert on_engine != costs(precision="bf16-mixed")

@@ -74,13 +74,12 @@ def estimate(
     allocation schedule (``simulated``); ``reserved`` overrides the job's ``--reserved`` (``auto``: the
     framework profile's ``default_reserved``).
     """
-    given = job or Job()
-    job, moved = zero_engine(given)
+    job, runs_on, moved = _on_engine(job or Job())
     if not 0.0 <= fragmentation < 1.0:
         raise JobConfigError("--fragmentation", "must be in [0, 1)", fragmentation)
     reserved = reserved_mode(job, reserved)
     stages, notes, peak, counts, framework, compiled = _stages(
-        Same(model), job, fragmentation, reserved == "simulated", engine_profile(given.framework) if moved else None)
+        Same(model), job, fragmentation, reserved == "simulated", runs_on)
     return Estimate(
         model=model.name,
         framework=framework,
@@ -97,6 +96,13 @@ def estimate(
         gpu=gpu,
         settings=default_settings(get_profile(framework).unmodelled_defaults, job, tuple(settings)) + compiled,
     )
+
+
+def _on_engine(job: Job) -> tuple[Job, FrameworkProfile | None, str | None]:
+    """(``job`` as the engine that runs its ZeRO stage sees it, that engine's profile, the sentence saying so);
+    ``job``, None, None where it runs on its own framework (:mod:`memplan.profiles.zero_engine`)."""
+    runs, moved = zero_engine(job)
+    return runs, (engine_profile(job.framework) if moved else None), moved
 
 
 def reserved_mode(job: Job, reserved: str | None = None) -> str:
@@ -156,8 +162,8 @@ def simulated_stage_reserved(model: ModelSpec, job: Job, stage: int,
     needs only the peak stage's figure: :attr:`Estimate.peak_reserved_bytes` is the reserved of the stage
     with the highest allocated, the same stage under either mode). Right after the job's fixed estimate
     the stage's figures are not built again (:func:`_stage_parts`)."""
-    runs, moved = zero_engine(job)
-    _, parts = _stage_parts(Same(model), runs, fragmentation, engine_profile(job.framework) if moved else None)
+    runs, runs_on, _ = _on_engine(job)
+    _, parts = _stage_parts(Same(model), runs, fragmentation, runs_on)
     figures, notes, inputs = next(part for part in parts if part[0].stage == stage)
     return simulate_stage(figures, notes, inputs)[0].peak_reserved_bytes
 
@@ -178,6 +184,8 @@ def _stage_parts(model_key: Same, job: Job, fragmentation: float, runs_on: Frame
 
 def layer_activation_costs(model: ModelSpec, job: Job, index: int) -> tuple[int, int, int]:
     """(bytes kept under the job's recompute, bytes kept without recompute, backward transient) of
-    decoder layer ``index`` for one micro-batch on one rank: the per-layer figures the estimate sums."""
-    return layer_costs(run_context(model, job, DEFAULT_FRAGMENTATION), model.layers[index], index)[:3]
+    decoder layer ``index`` for one micro-batch on one rank: the per-layer figures the estimate sums (a ``--zero`` job
+    on the engine that runs it, as :func:`estimate` prices it)."""
+    runs, runs_on, _ = _on_engine(job)
+    return layer_costs(run_context(model, runs, DEFAULT_FRAGMENTATION, runs_on), model.layers[index], index)[:3]
 
