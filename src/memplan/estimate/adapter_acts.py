@@ -103,7 +103,8 @@ def _results_role(adapter: Adapter) -> TermRole:
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
                   compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False,
                   base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES, bias_bytes: int = 0,
-                  mlp_input_needs_grad: bool = True, input_bytes: int = 0) -> list[Term]:
+                  mlp_input_needs_grad: bool = True, input_bytes: int = 0,
+                  output_inputs_grad: tuple[bool, bool] = (True, True)) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
     ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
@@ -111,6 +112,9 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     input's gradient needs only when the input requires grad), and DoRA one scale vector less.
     ``mlp_input_needs_grad=False``: the same for adapters reading the MLP block's input (a parallel-residual
     layer's MLP reads the layer input: GPT-NeoX's first layer).
+    ``output_inputs_grad``: the inputs of the (attention, MLP) block's output projection need a gradient (something
+    before it in the block does); where one does not, its adapter saves no ``lora_A`` weight copy and its 8-bit base
+    keeps no input for ``lora_A`` to share (``base_keeps_input`` does not apply to it).
     ``uncast_input``: peft's bitsandbytes layers (``lora/bnb.py``) under CUDA autocast pass ``x`` on
     without the fp32 cast, so ``lora_A`` saves the 16-bit input itself, one tensor for the adapters
     that read the same input (q/k/v, gate/up). ``base_keeps_input`` (with ``uncast_input``): the
@@ -134,7 +138,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
         name = m.name.rpartition(".")[2]
         start = len(terms)
         grad_in = (input_needs_grad or name not in ATTENTION_INPUT_LINEARS) and (
-            mlp_input_needs_grad or name not in MLP_INPUT_LINEARS or not in_mlp_block(a))
+            mlp_input_needs_grad or name not in MLP_INPUT_LINEARS or not in_mlp_block(a)) and (
+            output_inputs_grad[0] or not on_attention_output(a)) and (output_inputs_grad[1] or not on_mlp_output(a))
         group = _shared_input(name, m.name, shape.attention) if uncast_input and not dropout else None
         if uncast_input and not dropout and base_keeps_input and grad_in:
             pass  # the base layer's saved input is lora_A's input

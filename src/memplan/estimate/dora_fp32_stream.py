@@ -28,7 +28,7 @@ The DoRA stream starts at the first DoRA-adapted linear whose output reaches the
 the attention kernel, an autocast op, reads it and returns 16 bits). Its own layer: where it sits in the attention
 block (the output projection), the layer's MLP block reads the fp32 stream; where it sits in the MLP block, only the
 layers after it do (a DoRA adapter on a gate or up
-projection alone makes the rest of that MLP fp32 as well: not priced). Checked against ``memplan trace`` (the
+projection alone makes the rest of that MLP fp32 as well: :mod:`~memplan.estimate.gated_mlp_outputs`). Checked against ``memplan trace`` (the
 stand-ins of :mod:`memplan.trace.standins.quantized` under peft's own bitsandbytes layers).
 """
 

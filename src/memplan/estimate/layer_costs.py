@@ -58,10 +58,17 @@ from memplan.estimate.finetune import adapter_bytes, dequantized_element_bytes, 
 from memplan.estimate.frozen_copies import casts_frozen, recomputed_frozen_copies
 from memplan.estimate.frozen_mlp_backward import frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
+from memplan.estimate.gated_mlp_outputs import gated_mlp_outputs
 from memplan.estimate.grouped_experts_backward import experts_figures
 from memplan.estimate.memo import Same
 from memplan.estimate.mlp_backward_nodes import MLP_WALKED, mlp_backward_nodes
-from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies, unkeyed_query_terms
+from memplan.estimate.partial_freeze import (
+    LayerFlow,
+    block_terms,
+    reads_a_gradient,
+    trained_norm_copies,
+    unkeyed_query_terms,
+)
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     recomputed_only_terms,
@@ -231,32 +238,37 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
             lora_dropout: bool, adapter_bytes: int, bias_bytes: int = 0) -> tuple[list[Term], list[Term]]:
     """(attention, rest) terms of the layer for its fine-tuning role."""
     attention, rest = layer_terms_by_block(layer, shape)
+    flow = role.flow
+    if flow is None:
+        return attention, rest  # full training: no adapters, no fp32 stream
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
-    if role.flow is not None:
-        attention = unkeyed_query_terms(block_terms(attention, shape, role.flow.attention, gemm_inputs_kept=int8_base),
-                                        layer.attention, shape, role.flow.attention)
-        rest = _int8_mlp_terms(layer, rest, shape, role.flow) if int8_base else block_terms(
-            rest, shape, role.flow.mlp)
-        if autocast and not shape.autocast:
-            extra = trained_norm_copies(layer, shape, role.flow)
-            attention, rest = attention + extra[0], rest + extra[1]
+    attention = unkeyed_query_terms(block_terms(attention, shape, flow.attention, gemm_inputs_kept=int8_base),
+                                    layer.attention, shape, flow.attention)
+    rest = _int8_mlp_terms(layer, rest, shape, flow) if int8_base else block_terms(rest, shape, flow.mlp)
+    if autocast and not shape.autocast:
+        extra = trained_norm_copies(layer, shape, flow)
+        attention, rest = attention + extra[0], rest + extra[1]
     if role.fp32[0]:
         attention = widened_terms(attention, shape, gemm_inputs=int8_base)
     if role.fp32[1]:
         rest = widened_terms(rest, shape, gemm_inputs=int8_base)
+    if not flow.mlp.linears_train:
+        rest = gated_mlp_outputs(rest, shape, role.adapters, input_grad=reads_a_gradient(flow.mlp, "gate_proj"),
+                                 gemm_inputs=int8_base, dora_fp32=role.quantized and autocast and not role.fp32[1]
+                                 and shape.residual_bytes < min(NORM_COMPUTE_BYTES, adapter_bytes))
+    outputs = (reads_a_gradient(flow.attention, "o_proj"), reads_a_gradient(flow.mlp, "down_proj"))
     for wide in (0,) if role.fp32 == NO_FP32 else (0, NORM_COMPUTE_BYTES):
         # an fp32 input (a quantized base's fp32 stream): each lora_A casts its own 16-bit copy
         adapters = tuple(a for a in role.adapters if adapter_input_bytes(a, role.fp32) == wide)
         rest = rest + (adapter_terms(adapters, shape, autocast=autocast, dropout=lora_dropout,
-                                     compute_bytes=shape.act_bytes,
-                                     input_needs_grad=role.flow is None or role.flow.attention.input_grad,
+                                     compute_bytes=shape.act_bytes, input_needs_grad=flow.attention.input_grad,
                                      # peft's cast to the fp32 adapters is a no-op on fp32 activations
                                      uncast_input=not wide and ((role.quantized and autocast)
                                                                 or shape.act_bytes == adapter_bytes),
                                      base_keeps_input=int8_base and not wide, adapter_bytes=adapter_bytes,
                                      bias_bytes=bias_bytes, input_bytes=wide,
-                                     mlp_input_needs_grad=role.flow is None or role.flow.mlp.input_grad)
+                                     mlp_input_needs_grad=flow.mlp.input_grad, output_inputs_grad=outputs)
                        if adapters else [])
     return attention, rest
 
