@@ -260,11 +260,20 @@ class DoraWeightNorm:
         return (self.lora_weight_cast or self.lora_weight) + self.base_cast
 
 
+def dora_base_bytes(*, quantized: bool, frozen_bytes: int) -> int:
+    """The ``base_bytes`` of :func:`dora_weight_norm`, one rule for every caller: the frozen base weight's bytes per
+    element (``frozen_bytes``: ``--frozen-dtype`` or the compute dtype), whose ``.to(x.dtype)`` is a no-op where the
+    adapters' dtype is the same; 0 for a quantized base: peft's ``dequantize_module_weight`` (``utils/integrations.py``)
+    returns a fresh weight (bitsandbytes' dequantization), which the cast to ``x``'s dtype replaces or keeps: one
+    ``out x in`` tensor in ``x``'s dtype either way."""
+    return 0 if quantized else frozen_bytes
+
+
 def dora_weight_norm(a: Adapter, *, act_bytes: int, adapter_bytes: int, base_bytes: int,
                      autocast: bool) -> DoraWeightNorm:
     """The weight-norm step's tensors of DoRA adapter ``a`` (:class:`DoraWeightNorm`): ``act_bytes``, ``adapter_bytes``
-    and ``base_bytes`` the activations', the adapters' and the base weight's bytes per element (a quantized base:
-    the dtype it is dequantized to), ``autocast`` the hf profile's mixed precision."""
+    and ``base_bytes`` the activations', the adapters' and the base weight's bytes per element (0: a quantized base,
+    dequantized into a fresh tensor: :func:`dora_base_bytes`), ``autocast`` the hf profile's mixed precision."""
     i, o, r = a.module.in_features, a.module.out_features, a.rank
     lora_bytes = act_bytes if autocast else adapter_bytes
     lora_weight = lora_bytes * i * o

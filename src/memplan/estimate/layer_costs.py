@@ -28,7 +28,12 @@ from memplan.estimate.activations import (
     output_gradient_bytes,
     recomputed_forward_transient,
 )
-from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, dora_output_backward
+from memplan.estimate.adapter_acts import (
+    adapter_terms,
+    dora_base_bytes,
+    dora_forward_transient,
+    dora_output_backward,
+)
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     checkpointed_module_copy_numel,
@@ -488,8 +493,8 @@ def dora_transient(ctx: StageContext) -> int:
         return 0
     layers = set(ctx.layout.layer_indices)
     adapters = tuple(a for a in run.counts.adapters if a.module.layer in layers)
-    quantized = run.job.finetune.quant_kind.quantizes
+    base_bytes = dora_base_bytes(quantized=run.job.finetune.quant_kind.quantizes,
+                                 frozen_bytes=frozen_bytes_per_element(run.job))
     return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
-                                  compute_bytes=run.shape.act_bytes,
-                                  base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job),
+                                  compute_bytes=run.shape.act_bytes, base_bytes=base_bytes,
                                   tokens=run.shape.seq * run.shape.micro_batch, adapter_bytes=adapter_bytes(run.job))

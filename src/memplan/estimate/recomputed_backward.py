@@ -318,6 +318,7 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
             or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
         return 0
     from memplan.estimate.activations import norm_output_bytes
+    from memplan.estimate.adapter_acts import dora_base_bytes
     from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
     from memplan.estimate.lora_recompute_tail import lora_recompute_tail
 
@@ -331,7 +332,8 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
                                residual=residual + (tokens * hidden * shape.act_bytes if layer.attention_output_local
                                                     else 0),
                                mlp_input=tokens * hidden * (NORM_COMPUTE_BYTES if fp32 else norm_output_bytes(shape)),
-                               byte_sizes=(shape.act_bytes, adapter_bytes(run.job), frozen_bytes_per_element(run.job)),
+                               byte_sizes=(shape.act_bytes, adapter_bytes(run.job), dora_base_bytes(
+                                   quantized=ft.quant_kind.quantizes, frozen_bytes=frozen_bytes_per_element(run.job))),
                                autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms,
                                dropout=ft.lora_dropout > 0,
                                fp32_input=fp32, base_keeps_input=ft.quant_kind.keeps_gemm_inputs)
@@ -348,7 +350,7 @@ def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> 
     found = layer_blocks(run, run.model.layers[index], index) if forward_extra and run.counts is not None else None
     if found is None or not _lora_tail(run, index, found[0], found[1][1]):
         return forward_extra
-    from memplan.estimate.adapter_acts import dora_forward_before_output
+    from memplan.estimate.adapter_acts import dora_base_bytes, dora_forward_before_output
     from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
 
     assert run.counts is not None
@@ -356,7 +358,9 @@ def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> 
     return max(0, dora_forward_before_output(
         run.counts.layer_adapters[index], autocast=run.prec.weight_copies == "autocast",
         compute_bytes=run.shape.act_bytes, tokens=run.shape.seq * run.shape.micro_batch,
-        base_bytes=frozen_bytes_per_element(run.job), adapter_bytes=adapter_bytes(run.job)) - later)
+        base_bytes=dora_base_bytes(quantized=run.job.finetune.quant_kind.quantizes,
+                                   frozen_bytes=frozen_bytes_per_element(run.job)),
+        adapter_bytes=adapter_bytes(run.job)) - later)
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
