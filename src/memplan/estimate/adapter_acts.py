@@ -132,7 +132,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     lora_bytes = compute_bytes if autocast else adapter_bytes
     shared: set[str] = set()
     for a in adapters:
-        if a.experts > 1 or m_is_parameter(a):
+        if not on_module(a):
             continue  # peft ParamWrapper: adds B @ A to the weight; not priced (stated in the assumptions)
         m, r, keep = a.module, a.rank, adapter_keep(a)
         name = m.name.rpartition(".")[2]
@@ -212,7 +212,7 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
     """
     worst = 0
     for a in adapters:
-        if not a.dora or a.experts > 1 or m_is_parameter(a):
+        if not module_dora(a):
             continue
         i, o, r = a.module.in_features, a.module.out_features, a.rank
         step = dora_weight_norm(a, act_bytes=compute_bytes, adapter_bytes=adapter_bytes, base_bytes=base_bytes,
@@ -294,7 +294,7 @@ def dora_forward_before_output(adapters: tuple[Adapter, ...], **sizes: int | boo
 
 
 def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tokens: int, compute_bytes: int,
-                         adapter_bytes: int = ADAPTER_BYTES) -> int:
+                         adapter_bytes: int = ADAPTER_BYTES, uncast: bool = False) -> int:
     """What the backward of a checkpointed layer whose last linear (``last_linear``, its name in the layer) carries
     DoRA makes before the layer's recompute starts.
 
@@ -304,19 +304,22 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
     those nodes first: the cast's backward makes the output gradient in the adapters' dtype, the add's backward
     casts it to the base result's dtype, and the product by ``scaling`` makes its own; only the next node
     unpacks a tensor saved inside the checkpoint, which starts the recompute, so the three stay beside the whole
-    recomputed forward. With adapters in the compute dtype the casts are no-ops: the product alone."""
+    recomputed forward. With adapters in the compute dtype the casts are no-ops: the product alone; likewise where
+    the sum is returned ``uncast`` (:func:`dora_head`)."""
     for a in adapters:
-        if a.dora and a.experts == 1 and not m_is_parameter(a) and a.module.name.endswith("." + last_linear):
-            return dora_head(a, tokens, act_bytes=compute_bytes, adapter_bytes=adapter_bytes)
+        if module_dora(a) and a.module.name.endswith("." + last_linear):
+            return dora_head(a, tokens, act_bytes=compute_bytes, adapter_bytes=adapter_bytes, uncast=uncast)
     return 0
 
 
-def dora_head(a: Adapter, tokens: int, *, act_bytes: int, adapter_bytes: int) -> int:
+def dora_head(a: Adapter, tokens: int, *, act_bytes: int, adapter_bytes: int, uncast: bool = False) -> int:
     """:func:`dora_output_backward`'s three tensors for DoRA adapter ``a`` (``tokens`` x its ``out`` each): the output
     gradient cast to the adapters' dtype and the add's cast back (where the two dtypes differ), the product by
-    ``scaling``'s gradient in the adapters' dtype."""
+    ``scaling``'s gradient in the adapters' dtype. ``uncast``: the sum is returned in the adapters' dtype (peft's
+    bitsandbytes layers under autocast, on DoRA's fp32 stream: :mod:`~memplan.estimate.dora_fp32_stream`), so
+    there is no cast: the product's gradient alone."""
     size = tokens * a.module.out_features
-    casts = size * (adapter_bytes + act_bytes) if adapter_bytes != act_bytes else 0
+    casts = size * (adapter_bytes + act_bytes) if adapter_bytes != act_bytes and not uncast else 0
     return casts + size * adapter_bytes
 
 
@@ -330,6 +333,17 @@ def in_mlp_block(a: Adapter) -> bool:
     """The adapter wraps a linear of the MLP block (``mlp.*`` in every family :mod:`memplan.model.linears` names,
     a shared expert's too), not the attention block's."""
     return ".mlp." in a.module.name
+
+
+def on_module(a: Adapter) -> bool:
+    """The adapter wraps one module's linear (peft's LoRA ``Linear``, what these modules price), not a parameter of
+    fused experts or a router (peft's ``ParamWrapper``)."""
+    return a.experts == 1 and not m_is_parameter(a)
+
+
+def module_dora(a: Adapter) -> bool:
+    """A DoRA adapter on one module's linear (:func:`on_module`): peft's ``DoraLinearLayer``."""
+    return a.dora and on_module(a)
 
 
 def m_is_parameter(adapter: Adapter) -> bool:

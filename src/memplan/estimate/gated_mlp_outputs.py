@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term
-from memplan.estimate.adapter_acts import in_mlp_block, m_is_parameter
+from memplan.estimate.adapter_acts import in_mlp_block, on_module
 from memplan.estimate.terms import TermRole
 from memplan.peft.params import Adapter
 
@@ -31,8 +31,7 @@ _GATE, _UP = "gate_proj", "up_proj"
 
 def _adapted(adapters: tuple[Adapter, ...], name: str) -> tuple[bool, bool]:
     """(an adapter sits on the MLP's ``name`` projection, it is DoRA)."""
-    found = [a for a in adapters if in_mlp_block(a) and a.experts == 1 and not m_is_parameter(a)
-             and a.module.name.rpartition(".")[2] == name]
+    found = [a for a in adapters if in_mlp_block(a) and on_module(a) and a.module.name.rpartition(".")[2] == name]
     return bool(found), any(a.dora for a in found)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import cast
+from typing import Any, cast
 
 from memplan.estimate.activations import (
     KEPT_BY,
@@ -47,6 +47,7 @@ from memplan.estimate.dora_fp32_stream import (
     NO_FP32,
     adapter_input_bytes,
     fp32_blocks,
+    fp32_start,
     fp32_stream_shape,
     widened_terms,
 )
@@ -139,8 +140,15 @@ def _fp32_blocks(run: RunContext, adapters: tuple[tuple[Adapter, ...], ...], ind
     if shape.residual_bytes >= NORM_COMPUTE_BYTES:
         return FP32_STREAM
     if ft.peft_kind.magnitude and shape.residual_bytes < adapter_bytes(run.job):
-        return fp32_blocks(adapters, index)
+        start = run.cache.get(_FP32_START)
+        if start is None:
+            start = run.cache[_FP32_START] = fp32_start(adapters)  # once per estimate, not per layer
+        return fp32_blocks(adapters, index, start)
     return NO_FP32
+
+
+#: The run's cache key of :func:`~memplan.estimate.dora_fp32_stream.fp32_start`.
+_FP32_START = "dora fp32 stream start"
 
 
 def role_shape(run: RunContext, role: LayerRole) -> ActivationShape:
@@ -482,8 +490,7 @@ def dora_recompute_head(run: RunContext, index: int) -> int:
     wide = layer_fp32_blocks(run, index)[1]
     return dora_output_backward(run.counts.layer_adapters[index], last_linear=linears[-1].name,
                                 tokens=run.shape.local_tokens,
-                                compute_bytes=adapter_bytes(run.job) if wide else run.shape.act_bytes,
-                                adapter_bytes=adapter_bytes(run.job))
+                                compute_bytes=run.shape.act_bytes, adapter_bytes=adapter_bytes(run.job), uncast=wide)
 
 
 def dora_transient(ctx: StageContext) -> int:
@@ -493,8 +500,13 @@ def dora_transient(ctx: StageContext) -> int:
         return 0
     layers = set(ctx.layout.layer_indices)
     adapters = tuple(a for a in run.counts.adapters if a.module.layer in layers)
-    base_bytes = dora_base_bytes(quantized=run.job.finetune.quant_kind.quantizes,
-                                 frozen_bytes=frozen_bytes_per_element(run.job))
-    return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
-                                  compute_bytes=run.shape.act_bytes, base_bytes=base_bytes,
-                                  tokens=run.shape.seq * run.shape.micro_batch, adapter_bytes=adapter_bytes(run.job))
+    return dora_forward_transient(adapters, **dora_forward_sizes(run))
+
+
+def dora_forward_sizes(run: RunContext) -> dict[str, Any]:
+    """The job's keyword arguments of :func:`~memplan.estimate.adapter_acts.dora_forward_transient` (autocast, the
+    activations', base weight's and adapters' bytes per element, one micro-batch's tokens), for each of its callers."""
+    return {"autocast": run.prec.weight_copies == "autocast", "compute_bytes": run.shape.act_bytes,
+            "base_bytes": dora_base_bytes(quantized=run.job.finetune.quant_kind.quantizes,
+                                          frozen_bytes=frozen_bytes_per_element(run.job)),
+            "tokens": run.shape.seq * run.shape.micro_batch, "adapter_bytes": adapter_bytes(run.job)}

@@ -345,22 +345,16 @@ def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> 
     prices that projection's DoRA forward with what is made by then), the other adapters' only (a layer without
     sinks: the tail's layers are dense), which run before the output projection saves its input and its adapter's
     tensors (less those); else ``forward_extra``."""
-    from memplan.estimate.layer_costs import layer_blocks
+    from memplan.estimate.layer_costs import dora_forward_sizes, layer_blocks
 
     found = layer_blocks(run, run.model.layers[index], index) if forward_extra and run.counts is not None else None
     if found is None or not _lora_tail(run, index, found[0], found[1][1]):
         return forward_extra
-    from memplan.estimate.adapter_acts import dora_base_bytes, dora_forward_before_output
-    from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
+    from memplan.estimate.adapter_acts import dora_forward_before_output
 
     assert run.counts is not None
     later = sum(divided(t, found[0]) for t in found[1][1] if t.role in SAVED_BY_OUTPUT_PROJECTION)
-    return max(0, dora_forward_before_output(
-        run.counts.layer_adapters[index], autocast=run.prec.weight_copies == "autocast",
-        compute_bytes=run.shape.act_bytes, tokens=run.shape.seq * run.shape.micro_batch,
-        base_bytes=dora_base_bytes(quantized=run.job.finetune.quant_kind.quantizes,
-                                   frozen_bytes=frozen_bytes_per_element(run.job)),
-        adapter_bytes=adapter_bytes(run.job)) - later)
+    return max(0, dora_forward_before_output(run.counts.layer_adapters[index], **dora_forward_sizes(run)) - later)
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
