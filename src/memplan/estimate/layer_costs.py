@@ -67,7 +67,7 @@ from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.gated_mlp_outputs import gated_mlp_outputs
 from memplan.estimate.grouped_experts_backward import experts_figures
 from memplan.estimate.memo import Same
-from memplan.estimate.mlp_backward_nodes import MLP_WALKED, mlp_backward_nodes
+from memplan.estimate.mlp_backward_nodes import MLP_WALKED, mlp_backward_nodes, quantized_dora_mlp
 from memplan.estimate.partial_freeze import (
     LayerFlow,
     block_terms,
@@ -221,6 +221,8 @@ def _mlp_walked(layer: LayerSpec, shape: ActivationShape, rest: list[Term], flow
         return frozen
     again = (layer.mlp.intermediate_size * shape.hidden // shape.tp * shape.act_bytes
              if frozen_cast and recomputed and layer.mlp is not None else 0)
+    if dequantized and flow is not None:
+        return quantized_dora_mlp(layer, shape, rest)
     nodes = mlp_backward_nodes(layer, shape, rest, flow, recomputed=recomputed, dequantized=dequantized,
                                frozen_copy=again, adapter_bytes=adapter_bytes)
     return None if nodes is None else nodes.transient
