@@ -107,14 +107,8 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
                   output_inputs_grad: tuple[bool, bool] = (True, True)) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
-    ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
-    the attention norm's output save no weight copy and no dropout mask (autograd keeps what the
-    input's gradient needs only when the input requires grad), and DoRA one scale vector less.
-    ``mlp_input_needs_grad=False``: the same for adapters reading the MLP block's input (a parallel-residual
-    layer's MLP reads the layer input: GPT-NeoX's first layer).
-    ``output_inputs_grad``: the inputs of the (attention, MLP) block's output projection need a gradient (something
-    before it in the block does); where one does not, its adapter saves no ``lora_A`` weight copy and its 8-bit base
-    keeps no input for ``lora_A`` to share (``base_keeps_input`` does not apply to it).
+    ``input_needs_grad``, ``mlp_input_needs_grad``, ``output_inputs_grad``: what of the layer's linears' inputs needs a
+    gradient (:func:`_reads_gradient`).
     ``uncast_input``: peft's bitsandbytes layers (``lora/bnb.py``) under CUDA autocast pass ``x`` on
     without the fp32 cast, so ``lora_A`` saves the 16-bit input itself, one tensor for the adapters
     that read the same input (q/k/v, gate/up). ``base_keeps_input`` (with ``uncast_input``): the
@@ -137,9 +131,7 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
         m, r, keep = a.module, a.rank, adapter_keep(a)
         name = m.name.rpartition(".")[2]
         start = len(terms)
-        grad_in = (input_needs_grad or name not in ATTENTION_INPUT_LINEARS) and (
-            mlp_input_needs_grad or name not in MLP_INPUT_LINEARS or not in_mlp_block(a)) and (
-            output_inputs_grad[0] or not on_attention_output(a)) and (output_inputs_grad[1] or not on_mlp_output(a))
+        grad_in = _reads_gradient(a, (input_needs_grad, mlp_input_needs_grad, *output_inputs_grad))
         group = _shared_input(name, m.name, shape.attention) if uncast_input and not dropout else None
         if uncast_input and not dropout and base_keeps_input and grad_in:
             pass  # the base layer's saved input is lora_A's input
@@ -165,6 +157,20 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             terms[start:] = [t if t.role is TermRole.ATTENTION_MODULE_INPUT else
                              replace(t, role=TermRole.ATTENTION_INPUT_ADAPTER) for t in terms[start:]]
     return terms
+
+
+def _reads_gradient(a: Adapter, grads: tuple[bool, bool, bool, bool]) -> bool:
+    """The input of the linear adapter ``a`` wraps needs a gradient, ``grads`` saying whether (the attention block's
+    input, the MLP block's input, the attention output projection's input, the MLP output projection's input) does.
+    Where it does not (the first layer, frozen embedding, no checkpointing; a parallel-residual layer's MLP reads the
+    layer input: GPT-NeoX's first layer; an output projection with nothing before it in its block needing one) the
+    adapter saves no ``lora_A`` weight copy and no dropout mask (autograd keeps what the input's gradient needs only
+    when the input requires grad), DoRA one scale vector less, and an 8-bit base keeps no input for ``lora_A`` to
+    share (``base_keeps_input`` does not apply)."""
+    name = a.module.name.rpartition(".")[2]
+    return ((grads[0] or name not in ATTENTION_INPUT_LINEARS)
+            and (grads[1] or name not in MLP_INPUT_LINEARS or not in_mlp_block(a))
+            and (grads[2] or not on_attention_output(a)) and (grads[3] or not on_mlp_output(a)))
 
 
 def _dora_terms(a: Adapter, tokens: int, *, grad_in: bool, dropout: bool, autocast: bool, bias_bytes: int,
