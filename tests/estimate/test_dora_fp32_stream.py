@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from memplan.estimate.dora_fp32_stream import adapter_input_bytes, fp32_blocks
+from memplan.estimate.dora_fp32_stream import adapter_input_bytes, fp32_start
+from memplan.estimate.dora_fp32_stream import fp32_blocks as _fp32_blocks
 from memplan.model.linears import LinearModule
 from memplan.peft.params import Adapter
 
@@ -10,6 +11,10 @@ from memplan.peft.params import Adapter
 def _adapter(name: str, dora: bool = True) -> Adapter:
     return Adapter(module=LinearModule(name=name, in_features=8, out_features=8, layer=int(name.split(".")[2]),
                                        bias=False), rank=2, dora=dora)
+
+
+def fp32_blocks(layers: tuple[tuple[Adapter, ...], ...], index: int) -> tuple[bool, bool]:
+    return _fp32_blocks(layers, index, fp32_start(layers))
 
 
 def test_the_stream_is_fp32_after_the_first_dora_adapter() -> None:
@@ -24,6 +29,7 @@ def test_the_stream_is_fp32_after_the_first_dora_adapter() -> None:
     assert [fp32_blocks(((), q, ()), i) for i in range(3)] == [(False, False)] * 3
     # LoRA's result comes back in the base's dtype
     assert fp32_blocks(((_adapter("model.layers.0.mlp.down_proj", dora=False),), ()), 1) == (False, False)
+    assert fp32_start(layers) == 0 and fp32_start(((), q, ())) == 3
 
 
 def test_the_output_projection_reads_the_16_bit_attention_output() -> None:

@@ -103,14 +103,12 @@ def _results_role(adapter: Adapter) -> TermRole:
 def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, autocast: bool, dropout: bool,
                   compute_bytes: int, input_needs_grad: bool = True, uncast_input: bool = False,
                   base_keeps_input: bool = False, adapter_bytes: int = ADAPTER_BYTES, bias_bytes: int = 0,
-                  mlp_input_needs_grad: bool = True, input_bytes: int = 0) -> list[Term]:
+                  mlp_input_needs_grad: bool = True, input_bytes: int = 0,
+                  output_inputs_grad: tuple[bool, bool] = (True, True)) -> list[Term]:
     """What the adapters of one decoder layer save for one micro-batch (undivided: TP = 1 assumed).
 
-    ``input_needs_grad=False`` (the first layer, frozen embedding, no checkpointing): adapters reading
-    the attention norm's output save no weight copy and no dropout mask (autograd keeps what the
-    input's gradient needs only when the input requires grad), and DoRA one scale vector less.
-    ``mlp_input_needs_grad=False``: the same for adapters reading the MLP block's input (a parallel-residual
-    layer's MLP reads the layer input: GPT-NeoX's first layer).
+    ``input_needs_grad``, ``mlp_input_needs_grad``, ``output_inputs_grad``: what of the layer's linears' inputs needs a
+    gradient (:func:`_reads_gradient`).
     ``uncast_input``: peft's bitsandbytes layers (``lora/bnb.py``) under CUDA autocast pass ``x`` on
     without the fp32 cast, so ``lora_A`` saves the 16-bit input itself, one tensor for the adapters
     that read the same input (q/k/v, gate/up). ``base_keeps_input`` (with ``uncast_input``): the
@@ -128,13 +126,12 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
     lora_bytes = compute_bytes if autocast else adapter_bytes
     shared: set[str] = set()
     for a in adapters:
-        if a.experts > 1 or m_is_parameter(a):
+        if not on_module(a):
             continue  # peft ParamWrapper: adds B @ A to the weight; not priced (stated in the assumptions)
         m, r, keep = a.module, a.rank, adapter_keep(a)
         name = m.name.rpartition(".")[2]
         start = len(terms)
-        grad_in = (input_needs_grad or name not in ATTENTION_INPUT_LINEARS) and (
-            mlp_input_needs_grad or name not in MLP_INPUT_LINEARS or not in_mlp_block(a))
+        grad_in = _reads_gradient(a, (input_needs_grad, mlp_input_needs_grad, *output_inputs_grad))
         group = _shared_input(name, m.name, shape.attention) if uncast_input and not dropout else None
         if uncast_input and not dropout and base_keeps_input and grad_in:
             pass  # the base layer's saved input is lora_A's input
@@ -160,6 +157,20 @@ def adapter_terms(adapters: tuple[Adapter, ...], shape: ActivationShape, *, auto
             terms[start:] = [t if t.role is TermRole.ATTENTION_MODULE_INPUT else
                              replace(t, role=TermRole.ATTENTION_INPUT_ADAPTER) for t in terms[start:]]
     return terms
+
+
+def _reads_gradient(a: Adapter, grads: tuple[bool, bool, bool, bool]) -> bool:
+    """The input of the linear adapter ``a`` wraps needs a gradient, ``grads`` saying whether (the attention block's
+    input, the MLP block's input, the attention output projection's input, the MLP output projection's input) does.
+    Where it does not (the first layer, frozen embedding, no checkpointing; a parallel-residual layer's MLP reads the
+    layer input: GPT-NeoX's first layer; an output projection with nothing before it in its block needing one) the
+    adapter saves no ``lora_A`` weight copy and no dropout mask (autograd keeps what the input's gradient needs only
+    when the input requires grad), DoRA one scale vector less, and an 8-bit base keeps no input for ``lora_A`` to
+    share (``base_keeps_input`` does not apply)."""
+    name = a.module.name.rpartition(".")[2]
+    return ((grads[0] or name not in ATTENTION_INPUT_LINEARS)
+            and (grads[1] or name not in MLP_INPUT_LINEARS or not in_mlp_block(a))
+            and (grads[2] or not on_attention_output(a)) and (grads[3] or not on_mlp_output(a)))
 
 
 def _dora_terms(a: Adapter, tokens: int, *, grad_in: bool, dropout: bool, autocast: bool, bias_bytes: int,
@@ -207,7 +218,7 @@ def dora_forward_transient(adapters: tuple[Adapter, ...], *, autocast: bool, com
     """
     worst = 0
     for a in adapters:
-        if not a.dora or a.experts > 1 or m_is_parameter(a):
+        if not module_dora(a):
             continue
         i, o, r = a.module.in_features, a.module.out_features, a.rank
         step = dora_weight_norm(a, act_bytes=compute_bytes, adapter_bytes=adapter_bytes, base_bytes=base_bytes,
@@ -255,11 +266,20 @@ class DoraWeightNorm:
         return (self.lora_weight_cast or self.lora_weight) + self.base_cast
 
 
+def dora_base_bytes(*, quantized: bool, frozen_bytes: int) -> int:
+    """The ``base_bytes`` of :func:`dora_weight_norm`, one rule for every caller: the frozen base weight's bytes per
+    element (``frozen_bytes``: ``--frozen-dtype`` or the compute dtype), whose ``.to(x.dtype)`` is a no-op where the
+    adapters' dtype is the same; 0 for a quantized base: peft's ``dequantize_module_weight`` (``utils/integrations.py``)
+    returns a fresh weight (bitsandbytes' dequantization), which the cast to ``x``'s dtype replaces or keeps: one
+    ``out x in`` tensor in ``x``'s dtype either way."""
+    return 0 if quantized else frozen_bytes
+
+
 def dora_weight_norm(a: Adapter, *, act_bytes: int, adapter_bytes: int, base_bytes: int,
                      autocast: bool) -> DoraWeightNorm:
     """The weight-norm step's tensors of DoRA adapter ``a`` (:class:`DoraWeightNorm`): ``act_bytes``, ``adapter_bytes``
-    and ``base_bytes`` the activations', the adapters' and the base weight's bytes per element (a quantized base:
-    the dtype it is dequantized to), ``autocast`` the hf profile's mixed precision."""
+    and ``base_bytes`` the activations', the adapters' and the base weight's bytes per element (0: a quantized base,
+    dequantized into a fresh tensor: :func:`dora_base_bytes`), ``autocast`` the hf profile's mixed precision."""
     i, o, r = a.module.in_features, a.module.out_features, a.rank
     lora_bytes = act_bytes if autocast else adapter_bytes
     lora_weight = lora_bytes * i * o
@@ -280,7 +300,7 @@ def dora_forward_before_output(adapters: tuple[Adapter, ...], **sizes: int | boo
 
 
 def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tokens: int, compute_bytes: int,
-                         adapter_bytes: int = ADAPTER_BYTES) -> int:
+                         adapter_bytes: int = ADAPTER_BYTES, uncast: bool = False) -> int:
     """What the backward of a checkpointed layer whose last linear (``last_linear``, its name in the layer) carries
     DoRA makes before the layer's recompute starts.
 
@@ -290,19 +310,22 @@ def dora_output_backward(adapters: tuple[Adapter, ...], *, last_linear: str, tok
     those nodes first: the cast's backward makes the output gradient in the adapters' dtype, the add's backward
     casts it to the base result's dtype, and the product by ``scaling`` makes its own; only the next node
     unpacks a tensor saved inside the checkpoint, which starts the recompute, so the three stay beside the whole
-    recomputed forward. With adapters in the compute dtype the casts are no-ops: the product alone."""
+    recomputed forward. With adapters in the compute dtype the casts are no-ops: the product alone; likewise where
+    the sum is returned ``uncast`` (:func:`dora_head`)."""
     for a in adapters:
-        if a.dora and a.experts == 1 and not m_is_parameter(a) and a.module.name.endswith("." + last_linear):
-            return dora_head(a, tokens, act_bytes=compute_bytes, adapter_bytes=adapter_bytes)
+        if module_dora(a) and a.module.name.endswith("." + last_linear):
+            return dora_head(a, tokens, act_bytes=compute_bytes, adapter_bytes=adapter_bytes, uncast=uncast)
     return 0
 
 
-def dora_head(a: Adapter, tokens: int, *, act_bytes: int, adapter_bytes: int) -> int:
+def dora_head(a: Adapter, tokens: int, *, act_bytes: int, adapter_bytes: int, uncast: bool = False) -> int:
     """:func:`dora_output_backward`'s three tensors for DoRA adapter ``a`` (``tokens`` x its ``out`` each): the output
     gradient cast to the adapters' dtype and the add's cast back (where the two dtypes differ), the product by
-    ``scaling``'s gradient in the adapters' dtype."""
+    ``scaling``'s gradient in the adapters' dtype. ``uncast``: the sum is returned in the adapters' dtype (peft's
+    bitsandbytes layers under autocast, on DoRA's fp32 stream: :mod:`~memplan.estimate.dora_fp32_stream`), so
+    there is no cast: the product's gradient alone."""
     size = tokens * a.module.out_features
-    casts = size * (adapter_bytes + act_bytes) if adapter_bytes != act_bytes else 0
+    casts = size * (adapter_bytes + act_bytes) if adapter_bytes != act_bytes and not uncast else 0
     return casts + size * adapter_bytes
 
 
@@ -316,6 +339,17 @@ def in_mlp_block(a: Adapter) -> bool:
     """The adapter wraps a linear of the MLP block (``mlp.*`` in every family :mod:`memplan.model.linears` names,
     a shared expert's too), not the attention block's."""
     return ".mlp." in a.module.name
+
+
+def on_module(a: Adapter) -> bool:
+    """The adapter wraps one module's linear (peft's LoRA ``Linear``, what these modules price), not a parameter of
+    fused experts or a router (peft's ``ParamWrapper``)."""
+    return a.experts == 1 and not m_is_parameter(a)
+
+
+def module_dora(a: Adapter) -> bool:
+    """A DoRA adapter on one module's linear (:func:`on_module`): peft's ``DoraLinearLayer``."""
+    return a.dora and on_module(a)
 
 
 def m_is_parameter(adapter: Adapter) -> bool:

@@ -28,7 +28,7 @@ The DoRA stream starts at the first DoRA-adapted linear whose output reaches the
 the attention kernel, an autocast op, reads it and returns 16 bits). Its own layer: where it sits in the attention
 block (the output projection), the layer's MLP block reads the fp32 stream; where it sits in the MLP block, only the
 layers after it do (a DoRA adapter on a gate or up
-projection alone makes the rest of that MLP fp32 as well: not priced). Checked against ``memplan trace`` (the
+projection alone makes the rest of that MLP fp32 as well: :mod:`~memplan.estimate.gated_mlp_outputs`). Checked against ``memplan trace`` (the
 stand-ins of :mod:`memplan.trace.standins.quantized` under peft's own bitsandbytes layers).
 """
 
@@ -37,11 +37,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, Term
-from memplan.estimate.adapter_acts import feeds_attention, in_mlp_block, m_is_parameter, on_attention_output
+from memplan.estimate.adapter_acts import feeds_attention, in_mlp_block, module_dora, on_attention_output
 from memplan.estimate.terms import TermRole
 from memplan.peft.params import Adapter
 
-__all__ = ["FP32_STREAM", "NO_FP32", "adapter_input_bytes", "fp32_blocks", "fp32_stream_shape", "widened_terms"]
+__all__ = ["FP32_STREAM", "NO_FP32", "adapter_input_bytes", "fp32_blocks", "fp32_start", "fp32_stream_shape",
+           "widened_terms"]
 
 #: (attention block, MLP block) of a layer that reads the 16-bit stream only; of one whose blocks both read fp32.
 NO_FP32, FP32_STREAM = (False, False), (True, True)
@@ -50,14 +51,21 @@ NO_FP32, FP32_STREAM = (False, False), (True, True)
 def _fp32_result(adapters: tuple[Adapter, ...]) -> bool:
     """One of ``adapters`` is DoRA on a (quantized) module linear whose fp32 result reaches the residual stream: not
     a q/k/v projection, whose output the attention kernel (an autocast op) reads and returns in 16 bits."""
-    return any(a.dora and a.experts == 1 and not m_is_parameter(a)
-               and not feeds_attention(a) for a in adapters)
+    return any(module_dora(a) and not feeds_attention(a) for a in adapters)
 
 
-def fp32_blocks(layer_adapters: tuple[tuple[Adapter, ...], ...], index: int) -> tuple[bool, bool]:
+def fp32_start(layer_adapters: tuple[tuple[Adapter, ...], ...]) -> int:
+    """The first layer holding a DoRA adapter whose fp32 result reaches the residual stream (``len(layer_adapters)``
+    if none), ``layer_adapters`` the adapters of every layer: read once per estimate by :func:`fp32_blocks`'s
+    callers."""
+    return next((i for i, adapters in enumerate(layer_adapters) if _fp32_result(adapters)), len(layer_adapters))
+
+
+def fp32_blocks(layer_adapters: tuple[tuple[Adapter, ...], ...], index: int, start: int) -> tuple[bool, bool]:
     """(attention block, MLP block) of layer ``index`` that read the fp32 stream, ``layer_adapters`` the adapters of
-    every layer of a model whose quantized base runs under autocast with fp32 DoRA magnitudes."""
-    if any(_fp32_result(adapters) for adapters in layer_adapters[:index]):
+    every layer of a model whose quantized base runs under autocast with fp32 DoRA magnitudes and ``start`` their
+    :func:`fp32_start`."""
+    if index > start:
         return FP32_STREAM
     own = layer_adapters[index]
     return False, _fp32_result(tuple(a for a in own if not in_mlp_block(a)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import cast
+from typing import Any, cast
 
 from memplan.estimate.activations import (
     KEPT_BY,
@@ -28,7 +28,12 @@ from memplan.estimate.activations import (
     output_gradient_bytes,
     recomputed_forward_transient,
 )
-from memplan.estimate.adapter_acts import adapter_terms, dora_forward_transient, dora_output_backward
+from memplan.estimate.adapter_acts import (
+    adapter_terms,
+    dora_base_bytes,
+    dora_forward_transient,
+    dora_output_backward,
+)
 from memplan.estimate.autocast import (
     attention_weight_copy_numel,
     checkpointed_module_copy_numel,
@@ -42,6 +47,7 @@ from memplan.estimate.dora_fp32_stream import (
     NO_FP32,
     adapter_input_bytes,
     fp32_blocks,
+    fp32_start,
     fp32_stream_shape,
     widened_terms,
 )
@@ -63,10 +69,17 @@ from memplan.estimate.finetune import (
 from memplan.estimate.frozen_copies import casts_frozen, recomputed_frozen_copies
 from memplan.estimate.frozen_mlp_backward import frozen_mlp_backward
 from memplan.estimate.gpt_oss_terms import forward_mask_term
+from memplan.estimate.gated_mlp_outputs import gated_mlp_outputs
 from memplan.estimate.grouped_experts_backward import experts_figures
 from memplan.estimate.memo import Same
-from memplan.estimate.mlp_backward_nodes import MLP_WALKED, mlp_backward_nodes
-from memplan.estimate.partial_freeze import LayerFlow, block_terms, trained_norm_copies, unkeyed_query_terms
+from memplan.estimate.mlp_backward_nodes import MLP_WALKED, mlp_backward_nodes, quantized_dora_mlp
+from memplan.estimate.partial_freeze import (
+    LayerFlow,
+    block_terms,
+    reads_a_gradient,
+    trained_norm_copies,
+    unkeyed_query_terms,
+)
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
     recomputed_only_terms,
@@ -132,8 +145,15 @@ def _fp32_blocks(run: RunContext, adapters: tuple[tuple[Adapter, ...], ...], ind
     if shape.residual_bytes >= NORM_COMPUTE_BYTES:
         return FP32_STREAM
     if ft.peft_kind.magnitude and shape.residual_bytes < adapter_bytes(run.job):
-        return fp32_blocks(adapters, index)
+        start = run.cache.get(_FP32_START)
+        if start is None:
+            start = run.cache[_FP32_START] = fp32_start(adapters)  # once per estimate, not per layer
+        return fp32_blocks(adapters, index, start)
     return NO_FP32
+
+
+#: The run's cache key of :func:`~memplan.estimate.dora_fp32_stream.fp32_start`.
+_FP32_START = "dora fp32 stream start"
 
 
 def role_shape(run: RunContext, role: LayerRole) -> ActivationShape:
@@ -207,6 +227,8 @@ def _mlp_walked(layer: LayerSpec, shape: ActivationShape, rest: list[Term], flow
         return frozen
     again = (layer.mlp.intermediate_size * shape.hidden // shape.tp * shape.act_bytes
              if frozen_cast and recomputed and layer.mlp is not None else 0)
+    if dequantized and flow is not None:
+        return quantized_dora_mlp(layer, shape, rest)
     nodes = mlp_backward_nodes(layer, shape, rest, flow, recomputed=recomputed, dequantized=dequantized,
                                frozen_copy=again, adapter_bytes=adapter_bytes)
     return None if nodes is None else nodes.transient
@@ -250,32 +272,37 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
             lora_dropout: bool, adapter_bytes: int, bias_bytes: int = 0) -> tuple[list[Term], list[Term]]:
     """(attention, rest) terms of the layer for its fine-tuning role."""
     attention, rest = layer_terms_by_block(layer, shape)
+    flow = role.flow
+    if flow is None:
+        return attention, rest  # full training: no adapters, no fp32 stream
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
-    if role.flow is not None:
-        attention = unkeyed_query_terms(block_terms(attention, shape, role.flow.attention, gemm_inputs_kept=int8_base),
-                                        layer.attention, shape, role.flow.attention)
-        rest = _int8_mlp_terms(layer, rest, shape, role.flow) if int8_base else block_terms(
-            rest, shape, role.flow.mlp)
-        if autocast and not shape.autocast:
-            extra = trained_norm_copies(layer, shape, role.flow)
-            attention, rest = attention + extra[0], rest + extra[1]
+    attention = unkeyed_query_terms(block_terms(attention, shape, flow.attention, gemm_inputs_kept=int8_base),
+                                    layer.attention, shape, flow.attention)
+    rest = _int8_mlp_terms(layer, rest, shape, flow) if int8_base else block_terms(rest, shape, flow.mlp)
+    if autocast and not shape.autocast:
+        extra = trained_norm_copies(layer, shape, flow)
+        attention, rest = attention + extra[0], rest + extra[1]
     if role.fp32[0]:
         attention = widened_terms(attention, shape, gemm_inputs=int8_base)
     if role.fp32[1]:
         rest = widened_terms(rest, shape, gemm_inputs=int8_base)
+    if not flow.mlp.linears_train:
+        rest = gated_mlp_outputs(rest, shape, role.adapters, input_grad=reads_a_gradient(flow.mlp, "gate_proj"),
+                                 gemm_inputs=int8_base, dora_fp32=role.quantized and autocast and not role.fp32[1]
+                                 and shape.residual_bytes < min(NORM_COMPUTE_BYTES, adapter_bytes))
+    outputs = (reads_a_gradient(flow.attention, "o_proj"), reads_a_gradient(flow.mlp, "down_proj"))
     for wide in (0,) if role.fp32 == NO_FP32 else (0, NORM_COMPUTE_BYTES):
         # an fp32 input (a quantized base's fp32 stream): each lora_A casts its own 16-bit copy
         adapters = tuple(a for a in role.adapters if adapter_input_bytes(a, role.fp32) == wide)
         rest = rest + (adapter_terms(adapters, shape, autocast=autocast, dropout=lora_dropout,
-                                     compute_bytes=shape.act_bytes,
-                                     input_needs_grad=role.flow is None or role.flow.attention.input_grad,
+                                     compute_bytes=shape.act_bytes, input_needs_grad=flow.attention.input_grad,
                                      # peft's cast to the fp32 adapters is a no-op on fp32 activations
                                      uncast_input=not wide and ((role.quantized and autocast)
                                                                 or shape.act_bytes == adapter_bytes),
                                      base_keeps_input=int8_base and not wide, adapter_bytes=adapter_bytes,
                                      bias_bytes=bias_bytes, input_bytes=wide,
-                                     mlp_input_needs_grad=role.flow is None or role.flow.mlp.input_grad)
+                                     mlp_input_needs_grad=flow.mlp.input_grad, output_inputs_grad=outputs)
                        if adapters else [])
     return attention, rest
 
@@ -484,8 +511,8 @@ def dora_recompute_head(run: RunContext, index: int) -> int:
     wide = layer_fp32_blocks(run, index)[1]
     return dora_output_backward(run.counts.layer_adapters[index], last_linear=linears[-1].name,
                                 tokens=run.shape.local_tokens,
-                                compute_bytes=adapter_bytes(run.job) if wide else run.shape.act_bytes,
-                                adapter_bytes=adapter_compute_bytes(run.job, run.prec.weight_copies))
+                                compute_bytes=run.shape.act_bytes,
+                                adapter_bytes=adapter_compute_bytes(run.job, run.prec.weight_copies), uncast=wide)
 
 
 def dora_transient(ctx: StageContext) -> int:
@@ -495,9 +522,14 @@ def dora_transient(ctx: StageContext) -> int:
         return 0
     layers = set(ctx.layout.layer_indices)
     adapters = tuple(a for a in run.counts.adapters if a.module.layer in layers)
-    quantized = run.job.finetune.quant_kind.quantizes
-    return dora_forward_transient(adapters, autocast=run.prec.weight_copies == "autocast",
-                                  compute_bytes=run.shape.act_bytes,
-                                  base_bytes=run.shape.act_bytes if quantized else frozen_bytes_per_element(run.job),
-                                  tokens=run.shape.seq * run.shape.micro_batch,
-                                  adapter_bytes=adapter_compute_bytes(run.job, run.prec.weight_copies))
+    return dora_forward_transient(adapters, **dora_forward_sizes(run))
+
+
+def dora_forward_sizes(run: RunContext) -> dict[str, Any]:
+    """The job's keyword arguments of :func:`~memplan.estimate.adapter_acts.dora_forward_transient` (autocast, the
+    activations', base weight's and adapters' bytes per element, one micro-batch's tokens), for each of its callers."""
+    return {"autocast": run.prec.weight_copies == "autocast", "compute_bytes": run.shape.act_bytes,
+            "base_bytes": dora_base_bytes(quantized=run.job.finetune.quant_kind.quantizes,
+                                          frozen_bytes=frozen_bytes_per_element(run.job)),
+            "tokens": run.shape.seq * run.shape.micro_batch,
+            "adapter_bytes": adapter_compute_bytes(run.job, run.prec.weight_copies)}

@@ -12,8 +12,8 @@ from memplan.estimate.adapter_acts import (
     MLP_INPUT_LINEARS,
     dora_head,
     dora_weight_norm,
-    m_is_parameter,
     on_mlp_output,
+    on_module,
 )
 from memplan.estimate.terms import SAVED_BY_OUTPUT_PROJECTION, TermRole
 from memplan.peft.params import Adapter
@@ -45,7 +45,7 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
     input) where ``base_keeps_input`` (bitsandbytes' 8-bit matmul), and returns fp32 uncast (peft's ``lora/bnb.py`` under autocast:
     its head is the product by ``scaling``'s gradient alone)."""
     act_bytes, adapter_bytes, _ = byte_sizes
-    out = next((a for a in adapters if a.experts == 1 and not m_is_parameter(a) and on_mlp_output(a)), None)
+    out = next((a for a in adapters if on_module(a) and on_mlp_output(a)), None)
     if out is None or (fp32_input and not out.dora):
         return 0
     size_in, size_out = tokens * out.module.in_features, tokens * out.module.out_features
@@ -55,7 +55,7 @@ def lora_recompute_tail(adapters: tuple[Adapter, ...], *, tokens: int, residual:
                                        dropout)
     unsaved += residual + (mlp_input if dropout or act_bytes != adapter_bytes else 0) - (
         size_in * NORM_COMPUTE_BYTES + mlp_input if fp32_input and base_keeps_input else 0)  # the base keeps both
-    head = _lora_head(out, tokens, (adapter_bytes, *byte_sizes[1:]) if fp32_input else byte_sizes, autocast)
+    head = _lora_head(out, tokens, byte_sizes, autocast, uncast=fp32_input)
     if out.dora:
         stop = unsaved + head + _dora_tail(out, tokens, byte_sizes, autocast, dropped if dropout else None)
     else:
@@ -86,15 +86,17 @@ def _dropout_locals(size_in: int, x_bytes: int, byte_sizes: tuple[int, int, int]
     return unsaved, (size_in * adapter_bytes if dropout and copies else 0)
 
 
-def _lora_head(out: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool) -> int:
+def _lora_head(out: Adapter, tokens: int, byte_sizes: tuple[int, int, int], autocast: bool,
+               uncast: bool = False) -> int:
     """What the backward makes at the output projection's adapter ``out`` before it first unpacks a saved tensor: the
     gradient of ``lora_B(...) * scaling`` and, with adapters in another dtype than the activations and no autocast,
     the add's cast of the output gradient to the base result's dtype, waiting for the base's node (the cast of
     ``result.to(torch_result_dtype)`` is freed once the product's node has read it: a trace of GPT-NeoX at pure bf16
-    holds the two); DoRA's head is :func:`~memplan.estimate.adapter_acts.dora_output_backward`'s."""
+    holds the two); DoRA's head is :func:`~memplan.estimate.adapter_acts.dora_output_backward`'s (``uncast``: on DoRA's
+    fp32 stream, :func:`~memplan.estimate.adapter_acts.dora_head`)."""
     act_bytes, adapter_bytes, _ = byte_sizes
     if out.dora:
-        return dora_head(out, tokens, act_bytes=act_bytes, adapter_bytes=adapter_bytes)
+        return dora_head(out, tokens, act_bytes=act_bytes, adapter_bytes=adapter_bytes, uncast=uncast)
     lora_bytes = act_bytes if autocast else adapter_bytes
     return tokens * out.module.out_features * (lora_bytes + (act_bytes if lora_bytes != act_bytes else 0))
 
@@ -110,7 +112,7 @@ def _input_projection_moment(adapters: tuple[Adapter, ...], out: Adapter, *, tok
     less what the block saves later: the activation's saved tensors not made yet (a gated MLP's gate output and
     ``act(gate)`` come before ``up_proj``), the output projection's saved tensors and its adapter's (``lora_A``'s
     input, ``lora_B``'s, DoRA's results). 0 where no such adapter (or a DoRA one: its own forward) is there."""
-    ups = [a for a in adapters if a.module.name.rpartition(".")[2] in MLP_INPUT_LINEARS and a.experts == 1]
+    ups = [a for a in adapters if a.module.name.rpartition(".")[2] in MLP_INPUT_LINEARS and on_module(a)]
     if not ups or ups[-1].dora:
         return 0
     up, (act_bytes, adapter_bytes, _) = ups[-1], byte_sizes

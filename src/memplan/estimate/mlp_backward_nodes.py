@@ -49,7 +49,8 @@ separate gate and up projections whose fc1 term is its three tensors, fully trai
 adapter on its output projection (a frozen one without is walked by :mod:`~memplan.estimate.frozen_mlp_backward`); a
 frozen plain one-op-activation MLP with a LoRA or DoRA adapter on its output projection; GPT-2's ``gelu_new`` MLP, fully
 trained, or frozen with or without LoRA adapters (not DoRA on its output projection); never on a quantized
-base. Elsewhere (partly trained blocks, a frozen gated MLP whose output projection has no adapter, a trained
+base, where a gated MLP with DoRA on its output projection prices its terms' first nodes less what the nodes before
+them freed (:func:`quantized_dora_mlp`). Elsewhere (partly trained blocks, a frozen gated MLP whose output projection has no adapter, a trained
 plain MLP) None, and the general rule stays.
 """
 
@@ -61,17 +62,18 @@ from memplan.estimate.activations import (
     ActivationShape,
     Term,
     divided,
+    first_node_bytes,
     layer_terms_by_block,
     node_bytes,
     output_gradient_bytes,
 )
 from memplan.estimate.memo import Same
 from memplan.estimate.partial_freeze import LayerFlow
-from memplan.estimate.terms import TermRole
+from memplan.estimate.terms import SAVED_BY_OUTPUT_PROJECTION, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.model.spec import LayerSpec, MLPSpec
 
-__all__ = ["MLP_WALKED", "MlpBackward", "gradients_made", "mlp_backward_nodes"]
+__all__ = ["MLP_WALKED", "MlpBackward", "gradients_made", "mlp_backward_nodes", "quantized_dora_mlp"]
 
 #: Activations (``hidden_act`` as transformers' ``ACT2CLS`` names them) that are one PyTorch op (``F.gelu``,
 #: ``F.silu``, ``relu``): their node makes one gradient and frees the one tensor they saved.
@@ -145,6 +147,27 @@ def mlp_backward_nodes(layer: LayerSpec, shape: ActivationShape, rest: list[Term
         nodes += _gated_nodes(one, hidden, fc1 // 3, temp, weights[1], ups) if mlp.gated else [
             (one, fc1 + one, 0), *ups[0]]
     return _walk(nodes)
+
+
+def quantized_dora_mlp(layer: LayerSpec, shape: ActivationShape, rest: list[Term]) -> int | None:
+    """A dense eager gated MLP on a quantized base with DoRA on its output projection (not walked node by node): the
+    general rule's first node of each of its saved terms beside the layer's saved tensors, less what the nodes
+    autograd ran before it freed: the activation's product (the fc1 term's node) runs after the output projection's
+    node and its DoRA magnitude's, which freed that projection's saved tensors
+    (:data:`~memplan.estimate.terms.SAVED_BY_OUTPUT_PROJECTION`: an 8-bit base's kept input, ``lora_A``'s input,
+    DoRA's results); the input projections' DoRA magnitude nodes run after the product's, which freed two of the fc1
+    term's three tensors as well. None where it does not apply (no DoRA there, not a three-tensor fc1 term, an MoE
+    block, fused kernels, TP > 1)."""
+    if layer.mlp is None or layer.moe is not None or shape.kernels != "eager" or shape.tp > 1:
+        return None
+    if not any(t.role is TermRole.MLP_FC2_DORA_RESULTS for t in rest):
+        return None
+    fc1 = next((t for t in rest if t.role is TermRole.MLP_FC1 and t.tensors == 3), None)
+    if fc1 is None:
+        return None
+    before = {TermRole.MLP_FC1: sum(divided(t, shape) for t in rest if t.role in SAVED_BY_OUTPUT_PROJECTION)}
+    before[TermRole.MLP_FC1_DORA_RESULTS] = before[TermRole.MLP_FC1] + 2 * divided(fc1, shape) // 3
+    return max((first_node_bytes(t, shape) - before.get(t.role, 0) for t in rest if t.role in MLP_WALKED), default=0)
 
 
 @lru_cache(maxsize=4096)

@@ -318,6 +318,7 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
             or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
         return 0
     from memplan.estimate.activations import norm_output_bytes
+    from memplan.estimate.adapter_acts import dora_base_bytes
     from memplan.estimate.finetune import adapter_compute_bytes, frozen_bytes_per_element
     from memplan.estimate.lora_recompute_tail import lora_recompute_tail
 
@@ -332,7 +333,8 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
                                                     else 0),
                                mlp_input=tokens * hidden * (NORM_COMPUTE_BYTES if fp32 else norm_output_bytes(shape)),
                                byte_sizes=(shape.act_bytes, adapter_compute_bytes(run.job, run.prec.weight_copies),
-                                           frozen_bytes_per_element(run.job)),
+                                           dora_base_bytes(quantized=ft.quant_kind.quantizes,
+                                                           frozen_bytes=frozen_bytes_per_element(run.job))),
                                autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms,
                                dropout=ft.lora_dropout > 0,
                                fp32_input=fp32, base_keeps_input=ft.quant_kind.keeps_gemm_inputs)
@@ -344,21 +346,16 @@ def recomputed_dora_forward(run: RunContext, index: int, forward_extra: int) -> 
     prices that projection's DoRA forward with what is made by then), the other adapters' only (a layer without
     sinks: the tail's layers are dense), which run before the output projection saves its input and its adapter's
     tensors (less those); else ``forward_extra``."""
-    from memplan.estimate.layer_costs import layer_blocks
+    from memplan.estimate.layer_costs import dora_forward_sizes, layer_blocks
 
     found = layer_blocks(run, run.model.layers[index], index) if forward_extra and run.counts is not None else None
     if found is None or not _lora_tail(run, index, found[0], found[1][1]):
         return forward_extra
     from memplan.estimate.adapter_acts import dora_forward_before_output
-    from memplan.estimate.finetune import adapter_compute_bytes, frozen_bytes_per_element
 
     assert run.counts is not None
     later = sum(divided(t, found[0]) for t in found[1][1] if t.role in SAVED_BY_OUTPUT_PROJECTION)
-    return max(0, dora_forward_before_output(
-        run.counts.layer_adapters[index], autocast=run.prec.weight_copies == "autocast",
-        compute_bytes=run.shape.act_bytes, tokens=run.shape.seq * run.shape.micro_batch,
-        base_bytes=frozen_bytes_per_element(run.job),
-        adapter_bytes=adapter_compute_bytes(run.job, run.prec.weight_copies)) - later)
+    return max(0, dora_forward_before_output(run.counts.layer_adapters[index], **dora_forward_sizes(run)) - later)
 
 
 def _walk(run: RunContext, index: int, copies: int, grads: Sequence[int] | None,
