@@ -40,8 +40,12 @@ DoRA path) and a quantized base.
 from __future__ import annotations
 
 from memplan.estimate.activations import divided, has_eager_core
-from memplan.estimate.adapter_acts import (ATTENTION_INPUT_LINEARS, dora_forward_transient, m_is_parameter,
-                                           on_mlp_output)
+from memplan.estimate.adapter_acts import (
+    ATTENTION_INPUT_LINEARS,
+    dora_forward_transient,
+    m_is_parameter,
+    on_mlp_output,
+)
 from memplan.estimate.context import StageContext
 from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
 from memplan.estimate.gpt_oss_terms import forward_mask_term
@@ -102,8 +106,8 @@ def _input_projection_moment(ctx: StageContext, index: int, transient: int) -> i
     ``hidden_states``) and the 4-D masks bound, less every tensor the layer saves but its pre-norm's and the
     projection's base result (made before the step); 0 where it is not there or not priced."""
     run = ctx.run
-    first = next((a for a in run.counts.layer_adapters[index] if a.module.name.rpartition(".")[2]  # type: ignore[union-attr]
-                  in ATTENTION_INPUT_LINEARS), None)
+    adapters = run.counts.layer_adapters[index]  # type: ignore[union-attr]
+    first = next((a for a in adapters if a.module.name.rpartition(".")[2] in ATTENTION_INPUT_LINEARS), None)
     autocast, act_bytes = run.prec.weight_copies == "autocast", run.shape.act_bytes
     tokens = run.shape.seq * run.shape.micro_batch
     if first is None or not first.dora or first.experts > 1 or dora_forward_transient(
@@ -115,7 +119,7 @@ def _input_projection_moment(ctx: StageContext, index: int, transient: int) -> i
     found = layer_blocks(run, run.model.layers[index], index)
     if found is None:
         return 0
-    shape, (attention, rest) = found
+    shape, (attention, _) = found
     made = [t for t in attention if t.keep in run.kept_classes and t.role in _MADE_BEFORE]
     hidden = shape.local_tokens * run.model.hidden_size
     layer_input = 0 if (index == 0 and ctx.layout.has_embedding) or any(t.keep == "input" for t in attention) \

@@ -11,14 +11,14 @@ Beside them the modeling code binds, none of it saved: the layer's input (the mo
 ``residual``), the pre-norm's output (the decoder layer's ``hidden_states``), the rotated q and k and the projected v
 (``LlamaAttention.forward``'s locals), ``repeat_kv``'s copies of k and v to every query head, and the 4-D masks
 (:func:`~memplan.estimate.gpt_oss_terms.forward_mask_term`), and RoPE's cos and sin tables where no attention block
-of the stage saves them (:func:`~memplan.estimate.extras.rope_table_bytes`). The saved tensors of the earlier layers exist; the
-layer's own (made after its core) and the later layers' do not yet, nor the autocast copies of their trained
-weights (autocast casts a weight where its linear first runs).
+of the stage saves them (:func:`~memplan.estimate.extras.rope_table_bytes`). The saved tensors of the earlier layers
+exist; the layer's own (made after its core) and the later layers' do not yet, nor the autocast copies of their
+trained weights (autocast casts a weight where its linear first runs).
 
 A trace of a Llama toy (hidden 256, 8 heads, 2 KV heads, 1,024 tokens x 2, bf16-mixed, eager; trainable
 ``layers.1.self_attn.o_proj,layers.1.mlp``) peaks at layer 1's ``_softmax`` with exactly these tensors beside the
 model states. Not priced (0): gpt-oss's sink attention (:func:`~memplan.estimate.layer_costs.sink_forward_transient`),
-soft-capped scores, MLA, recomputed layers and a core not kept.
+soft-capped scores, GPT-2's softmax in the scores' dtype, MLA, recomputed layers and a core not kept.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from memplan.estimate.context import StageContext
 from memplan.estimate.extras import rope_table_bytes
 from memplan.estimate.gpt_oss_terms import forward_mask_term
 from memplan.estimate.partial_freeze import any_attention_saves, uncast_trained_numel, uncopied_trained_numel
-from memplan.estimate.trained_dtypes import uncopied_expert_numel
 from memplan.estimate.terms import TermRole
+from memplan.estimate.trained_dtypes import uncopied_expert_numel
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import LayerSpec
 from memplan.units import dtype_bytes
@@ -86,8 +86,8 @@ def _core_locals(layer: LayerSpec, ctx: StageContext, first: bool) -> int:
     input is the embedding's output (counted apart: :func:`~memplan.estimate.input_leaf.bound_embedding_output`)."""
     run, attn = ctx.run, layer.attention
     shape = run.shape
-    if attn.sinks or attn.logit_softcap is not None or attention_kind(attn).latent:
-        return 0
+    if attn.sinks or attn.logit_softcap is not None or attn.softmax_in_scores_dtype or attention_kind(attn).latent:
+        return 0  # (GPT-2's softmax runs in the scores' dtype)
     c, tokens = shape.act_bytes, shape.seq * shape.micro_batch
     scores = attn.num_heads * shape.micro_batch * shape.seq * shape.kv_seq
     # masked scores, their fp32 copy where the compute dtype is narrower, the fp32 probabilities

@@ -9,8 +9,8 @@ from itertools import chain
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
 from memplan.estimate.dora_forward_moment import dora_moment_locals
-from memplan.estimate.input_leaf import bound_embedding_output
 from memplan.estimate.frozen_core_forward import frozen_core_forward
+from memplan.estimate.input_leaf import bound_embedding_output
 from memplan.estimate.layer_costs import dora_transient, sink_forward_transient
 from memplan.estimate.layer_walk import LayerWalk, walk_layers
 from memplan.estimate.ledger import (
