@@ -34,3 +34,33 @@ def test_the_dora_forward_moment_is_the_traced_one(tmp_path: Path, family: str, 
     error at 83e1fcf."""
     stage = estimate(_model(tmp_path, family), build_job({**JOB, **_DORA, **flags})).stages[0]
     assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / traced - 1) <= 0.0005
+
+
+_DORA_QV = {"peft": "dora", "lora_targets": "q_proj,v_proj"}
+
+
+@pytest.mark.parametrize("flags, traced, before", [
+    # peak in layer 1's MLP backward; the forward moment at q_proj's weight-norm step no longer carries the layer's
+    # saved tensors made after it (the trace: 118,133,248 B there)
+    ({}, 135_177_216, 0.06216),
+    ({"attention": "sdpa"}, 122_629_120, 0.06851),
+    ({"precision": "bf16"}, 141_952_000, 0.06670),
+])
+def test_dora_on_the_attention_inputs_moment_holds_what_is_made_by_then(tmp_path: Path, flags: dict[str, object],
+                                                                       traced: int, before: float) -> None:
+    """memplan trace of the llama_1k_v256 toy with DoRA on q_proj and v_proj (helper bw16); ``before``: the error at
+    23de8e3."""
+    stage = estimate(_model(tmp_path, "llama"), build_job({**JOB, **_DORA_QV, **flags})).stages[0]
+    assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / traced - 1) <= 0.0005
+
+
+def test_dora_on_the_attention_inputs_forward_moment_is_the_traced_one(tmp_path: Path) -> None:
+    """The forward moment itself (the ledger's forward phase, less the workspace) against the trace's total at layer
+    1's q_proj weight-norm sum (``weight + scaling * lora_weight``): 118,133,248 B."""
+    from memplan.estimate.engine import _stage_parts
+    from memplan.estimate.ledger import WORKSPACE
+    from memplan.estimate.memo import Same
+
+    _, parts = _stage_parts(Same(_model(tmp_path, "llama")), build_job({**JOB, **_DORA_QV}), 0.0)
+    ledger = parts[0][2].ledger
+    assert abs((ledger.allocated_at("forward") - ledger.total(WORKSPACE)) / 118_133_248 - 1) <= 0.001

@@ -926,9 +926,12 @@ def softmax_backward_bytes(layer: LayerSpec, shape: ActivationShape, blocks: tup
     """What an unfused eager core's softmax backward holds beyond the layer's saved tensors (one rank; 0 for a
     fused or flash core, or where what autograd has released by then outweighs it): see
     :func:`backward_transient_bytes`, whose arguments these are."""
-    if not eager_core_roles(layer, shape):
+    roles = eager_core_roles(layer, shape)
+    if not roles:
         return 0
     attention, rest = blocks
+    if not any(t.role in roles for t in attention):
+        return 0  # the core saves nothing (its q, k and v need no gradient): no softmax backward runs
     gradients = softmax_gradient_bytes(layer, shape)
     # an attention input projection's adapter keeps its tensors until that projection's backward, after the core's
     released = sum(divided(t, shape) for t in rest if t.keep != "input" and t.site not in dropped

@@ -22,21 +22,43 @@ MLP runs, which nothing saves:
 
 And the output projection's own saved tensors made after the step are not there yet: ``lora_A``'s output, ``lora_B``'s
 result and the weight norm and scales (its ``lora_A`` input copy is: the projection's input, the MLP's product, stands
-for it, one tensor of that size). Not priced: a moment at another adapter (an attention-only DoRA job), a layer
-without a pre-MLP norm, with a parallel residual or an MoE block, ``--lora-dropout`` (peft's other DoRA path) and a quantized base.
+for it, one tensor of that size).
+
+Where the stage's worst step is at the last layer's first adapted attention input projection (DoRA on q_proj and
+v_proj: the ``in x in`` identities are all ``hidden x hidden``, q's product the widest; helper bw16, session 16), the
+layer has made only its pre-norm's saved tensors and the projection's base result by then: every other tensor it saves
+(its attention core's, the MLP block's, the adapters' but for that base result) is not made yet, and the layer's input
+and the attention module's input (the pre-norm's output) are bound, with the masks. A trace of the Llama toy with
+DoRA on q,v (256 tokens x 2, bf16-mixed, eager) holds 118,133,248 B at q_proj's weight-norm sum (estimate 118,065,152);
+the moment was priced with every saved tensor of the layer (+25.5 MB), above the backward's peak (+6.2%).
+
+Not priced: a layer without a pre-MLP norm, with a parallel residual or an MoE block, an adapter on a later attention
+input projection whose step is the worst (the earlier projections' adapters made), ``--lora-dropout`` (peft's other
+DoRA path) and a quantized base.
 """
 
 from __future__ import annotations
 
 from memplan.estimate.activations import divided, has_eager_core
-from memplan.estimate.adapter_acts import dora_forward_transient, m_is_parameter, on_mlp_output
+from typing import Any
+
+from memplan.estimate.adapter_acts import (
+    ATTENTION_INPUT_LINEARS,
+    dora_forward_transient,
+    module_dora,
+    on_mlp_output,
+)
 from memplan.estimate.context import StageContext
-from memplan.estimate.finetune import adapter_compute_bytes, frozen_bytes_per_element
 from memplan.estimate.gpt_oss_terms import forward_mask_term
-from memplan.estimate.terms import TermRole
+from memplan.estimate.terms import NORM_TERMS, TermRole
 from memplan.peft.params import Adapter
 
 __all__ = ["dora_moment_locals"]
+
+#: The attention module's input kept by the pre-norm or the projections' adapters (made before the projections run).
+_MODULE_INPUTS = frozenset({TermRole.NORM_OUTPUT, TermRole.ATTENTION_MODULE_INPUT})
+#: An attention block's saved tensors made before its input projections run: its pre-norm's, the module's input.
+_MADE_BEFORE = NORM_TERMS | _MODULE_INPUTS
 
 
 def dora_moment_locals(ctx: StageContext, transient: int) -> int:
@@ -50,14 +72,15 @@ def dora_moment_locals(ctx: StageContext, transient: int) -> int:
     index = ctx.layout.layer_indices[-1]
     layer = run.model.layers[index]
     adapter = _output_projection_adapter(run.counts.layer_adapters[index]) if layer.moe is None else None
-    autocast, act_bytes = run.prec.weight_copies == "autocast", run.shape.act_bytes
-    lora_dtype = adapter_compute_bytes(run.job, run.prec.weight_copies)
-    tokens = run.shape.seq * run.shape.micro_batch
-    if adapter is None or layer.parallel_residual or dora_forward_transient(
-            (adapter,), autocast=autocast, compute_bytes=act_bytes, base_bytes=frozen_bytes_per_element(run.job),
-            tokens=tokens, adapter_bytes=lora_dtype) != transient:
+    from memplan.estimate.layer_costs import dora_forward_sizes, layer_blocks
+
+    sizes = dora_forward_sizes(run)  # as the stage's DoRA transient was priced (layer_costs.dora_transient)
+    autocast, act_bytes, lora_dtype = sizes["autocast"], sizes["compute_bytes"], sizes["adapter_bytes"]
+    tokens = sizes["tokens"]
+    if adapter is None or dora_forward_transient((adapter,), **sizes) != transient:
+        return _input_projection_moment(ctx, index, transient, sizes) if not layer.parallel_residual else 0
+    if layer.parallel_residual:
         return 0
-    from memplan.estimate.layer_costs import layer_blocks
 
     found = layer_blocks(run, layer, index)
     if found is None:
@@ -78,10 +101,37 @@ def dora_moment_locals(ctx: StageContext, transient: int) -> int:
     return layer_input + residual + mlp_input + masks - _not_made(adapter, tokens, act_bytes if autocast else lora_dtype)
 
 
+def _input_projection_moment(ctx: StageContext, index: int, transient: int, sizes: dict[str, Any]) -> int:
+    """At DoRA's step on layer ``index``'s first adapted attention input projection (q/k/v), where it is the stage's
+    worst (``transient``): the layer's input and the attention module's input (the decoder layer's ``residual`` and
+    ``hidden_states``) and the 4-D masks bound, less every tensor the layer saves but its pre-norm's and the
+    projection's base result (made before the step); 0 where it is not there or not priced."""
+    run = ctx.run
+    adapters = run.counts.layer_adapters[index]  # type: ignore[union-attr]
+    first = next((a for a in adapters if a.module.name.rpartition(".")[2] in ATTENTION_INPUT_LINEARS), None)
+    act_bytes, tokens = sizes["compute_bytes"], sizes["tokens"]
+    if first is None or not module_dora(first) or dora_forward_transient((first,), **sizes) != transient:
+        return 0
+    from memplan.estimate.layer_costs import layer_blocks, layer_costs
+
+    found = layer_blocks(run, run.model.layers[index], index)
+    if found is None:
+        return 0
+    shape, (attention, _) = found
+    made = [t for t in attention if t.keep in run.kept_classes and t.role in _MADE_BEFORE]
+    hidden = shape.local_tokens * run.model.hidden_size
+    layer_input = 0 if (index == 0 and ctx.layout.has_embedding) or any(t.keep == "input" for t in attention) \
+        else hidden * shape.residual_bytes
+    module_input = 0 if any(t.role in _MODULE_INPUTS for t in made) else hidden * max(act_bytes, shape.residual_bytes)
+    masks = divided(forward_mask_term(run.model, run.shape), run.shape) if has_eager_core(shape) else 0
+    not_made = (layer_costs(run, run.model.layers[index], index)[0] - sum(divided(t, shape) for t in made)
+                - act_bytes * tokens * first.module.out_features)  # the base result
+    return layer_input + module_input + masks - not_made
+
+
 def _output_projection_adapter(adapters: tuple[Adapter, ...]) -> Adapter | None:
     """The layer's DoRA adapter on its dense MLP's output projection (its last linear), or None."""
-    return next((a for a in adapters if a.dora and a.experts == 1 and not m_is_parameter(a) and on_mlp_output(a)),
-                None)
+    return next((a for a in adapters if module_dora(a) and on_mlp_output(a)), None)
 
 
 def _not_made(a: Adapter, tokens: int, lora_bytes: int) -> int:

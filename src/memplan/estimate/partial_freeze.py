@@ -72,6 +72,16 @@ class BlockFlow:
     frozen_experts: bool = False
     #: MLA's latents (``q``, ``kv``) whose down-projection trains or carries an adapter or copy.
     latents: frozenset[str] = frozenset()
+    #: The block's only fully trained linears are its output projection (``o_proj``, a dense MLP's ``down_proj``):
+    #: on an input needing no gradient, nothing before it needs one (it saves its own input alone).
+    output_linear_only: bool = False
+
+    @property
+    def inner_grad(self) -> bool:
+        """Something before the block's output projection needs a gradient (its input or norm does, an adapter or
+        copy reads its input, or a linear other than the output projection trains)."""
+        return (self.input_grad or self.norm_trains or self.adapted_input
+                or (self.linears_train and not self.output_linear_only))
 
     def latent_grad(self, role: TermRole) -> bool:
         """An MLA latent norm term (``role``) is kept: its latent needs a gradient (the block's input or a
@@ -200,6 +210,8 @@ class _Trainable:
     keys: frozenset[int] = frozenset()
     #: (layer, ``q`` / ``kv``): an MLA down-projection that trains, is copied or carries an adapter.
     latents: frozenset[tuple[int, str]] = frozenset()
+    #: Blocks with a fully trained linear that is not their output projection.
+    inner_linears: frozenset[tuple[int | None, str]] = frozenset()
 
 
 def _mark_attention_inputs(module: str, layer: int, keys: set[int], latents: set[tuple[int, str]]) -> None:
@@ -233,6 +245,7 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     other_mlp: set[int] = set()
     keys: set[int] = set()
     latents: set[tuple[int, str]] = set()
+    inner: set[tuple[int | None, str]] = set()
     for p in params:
         trains = everything or under(p.module, full)
         copied = under(p.module, copies)
@@ -255,6 +268,8 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
             _mark_attention_inputs(p.module, p.layer, keys, latents)
         if trains:
             (norms if is_norm(p.module) else linears).add(key)
+            if not is_norm(p.module) and p.module.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
+                inner.add(key)
         if copied:
             adapted.add(key)
             adapted_input.add(key)
@@ -270,7 +285,7 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     root_copies.update(m for m in copies if m == "lm_head")  # a tied head's copy has its own weight
     return _Trainable(frozenset(linears), frozenset(norms), frozenset(adapted), frozenset(adapted_input),
                       frozenset(root), frozenset(root_copies), frozenset(root_full), frozenset(experts),
-                      frozenset(sinks), frozenset(other_mlp), frozenset(keys), frozenset(latents))
+                      frozenset(sinks), frozenset(other_mlp), frozenset(keys), frozenset(latents), frozenset(inner))
 
 
 def _is_embedding(module: str) -> bool:
@@ -309,7 +324,8 @@ def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool, own_layer
                              only_experts=moe and index in t.experts and index not in t.other_mlp,
                              frozen_experts=moe and index not in t.experts,
                              keys_grad=grad or key in t.norms or index in t.keys,
-                             latents=frozenset(n for i, n in t.latents if i == index))
+                             latents=frozenset(n for i, n in t.latents if i == index),
+                             output_linear_only=not moe and key in t.linears and key not in t.inner_linears)
             parallel = model.layers[index].parallel_residual and not own_layers
             grad = layer_input_grad if parallel and block == "attention" else flow.saves
             blocks.append(flow)
@@ -355,6 +371,8 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
         return []  # nothing of the base path needs a gradient (the adapters' own terms are counted apart)
     if flow.input_grad and flow.linears_train and flow.norm_trains:
         return terms
+    if not flow.inner_grad:  # the output projection trains alone on an input needing no gradient: its input only
+        return [t for t in terms if t.role in _OUTPUT_LINEAR_INPUTS]
     own_norm = [t for t in terms if t.role in NORM_TERMS]
     has_normalized = any(t.role in NORMALIZED for t in own_norm)
     # an fp32 normalized tensor of a 16-bit input is priced as the norm-input term plus its excess (``beyond``)
@@ -379,6 +397,11 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
                 out.append(_body_term(t))
             continue
         if flow.linears_train:
+            if mine and t.role is TermRole.NORM_INPUT and not flow.norm_trains:
+                # a frozen norm keeps nothing for its weight's gradient: as behind frozen linears
+                kept = _frozen_term(t, shape, False, False)
+                out.extend([kept] if kept is not None else [])
+                continue
             if moe_term_kept(t.role, routing_grad=flow.routing_grad, experts_save=flow.experts_save):
                 out.append(t)
             continue
@@ -436,6 +459,8 @@ _KEY_LINEARS = frozenset({"k_proj", "qkv_proj", "c_attn", "query_key_value", "W_
                           "kv_a_proj_with_mqa", "kv_b_proj"})
 #: MLA's down-projections by the latent they make.
 _LATENT_DOWN = {"q_a_proj": "q", "kv_a_proj_with_mqa": "kv"}
+#: The roles of the terms holding a block's output projection's input (attention's, a dense MLP's).
+_OUTPUT_LINEAR_INPUTS = frozenset({TermRole.OUTPUT_PROJECTION_INPUT, TermRole.MLP_FC2})
 #: Linear layers that read their block's input (through its pre-norm).
 _BLOCK_INPUT_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa",
                                   "c_attn", "query_key_value", "gate_proj", "up_proj", "gate_up_proj", "c_fc",
@@ -448,7 +473,7 @@ def reads_a_gradient(flow: BlockFlow, linear: str) -> bool:
     (an output projection), where anything before it in the block does (an adapter or trained linear included)."""
     if linear.rpartition(".")[2] in _BLOCK_INPUT_LINEARS:
         return flow.input_grad or flow.norm_trains
-    return flow.input_grad or flow.norm_trains or flow.adapted_input or flow.linears_train
+    return flow.inner_grad
 
 
 @lru_cache(maxsize=256)
@@ -456,8 +481,8 @@ def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool
                            own_layers: bool = False) -> int:
     """Weights of fully trained linears among ``layers`` whose input needs no gradient: autocast casts them,
     but autograd keeps the 16-bit copy only for the input's gradient, so it is not saved (the linears
-    reading a block's input when nothing before them, the block's norm included, needs a gradient;
-    ``own_layers`` as for :func:`layer_flows`)."""
+    reading a block's input when nothing before them, the block's norm included, needs a gradient; an output
+    projection trained alone on such an input: :func:`reads_a_gradient`; ``own_layers`` as for :func:`layer_flows`)."""
     if ft.resolved_trainable == "all":
         return 0
     flows = layer_flows(model, ft, checkpointing, own_layers)
@@ -465,10 +490,10 @@ def uncopied_trained_numel(model: ModelSpec, ft: FineTuning, checkpointing: bool
     wanted = set(layers)
     total = 0
     for m in model_linears(model):
-        if m.layer not in wanted or m.name.rpartition(".")[2] not in _BLOCK_INPUT_LINEARS or not under(m.name, full):
+        if m.layer not in wanted or not under(m.name, full):
             continue
         flow = flows[m.layer].attention if block_of(m.name, frozenset()) == "attention" else flows[m.layer].mlp
-        if not (flow.input_grad or flow.norm_trains):
+        if not reads_a_gradient(flow, m.name):
             total += m.weight_numel
     return total
 
@@ -489,10 +514,11 @@ def trained_norm_copies(layer: LayerSpec, shape: ActivationShape, flow: LayerFlo
 
 
 def any_attention_saves(model: ModelSpec, ft: FineTuning, checkpointing: bool, layers: tuple[int, ...]) -> bool:
-    """Some attention block among ``layers`` records tensors under fine-tuning ``ft`` (so the shared RoPE
-    tables are saved)."""
+    """Some attention block among ``layers`` records tensors before its output projection under fine-tuning ``ft``
+    (RoPE's products save the shared tables where q or k needs a gradient; an output projection trained alone on an
+    input needing none saves its own input only)."""
     flows = layer_flows(model, ft, checkpointing)
-    return any(flows[i].attention.saves for i in layers)
+    return any(flows[i].attention.inner_grad for i in layers)
 
 
 @lru_cache(maxsize=256)

@@ -9,6 +9,7 @@ from itertools import chain
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
 from memplan.estimate.dora_forward_moment import dora_moment_locals
+from memplan.estimate.frozen_core_forward import frozen_core_forward
 from memplan.estimate.input_leaf import bound_embedding_output
 from memplan.estimate.layer_costs import dora_transient, sink_forward_transient
 from memplan.estimate.layer_walk import LayerWalk, walk_layers
@@ -85,8 +86,9 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     st = model_states(ctx)
     # the last layer's forward temporaries (DoRA's weights; gpt-oss's sink attention, 0 when recomputed):
     # not alive at once, so the larger
-    dora = dora_transient(ctx) if st.ft is not None else 0
-    forward_extra = max(dora, sink_forward_transient(ctx))
+    # (and a frozen eager core's forward moment under partial freezing)
+    dora, core = (dora_transient(ctx), frozen_core_forward(ctx)) if st.ft is not None else (0, 0)
+    forward_extra = max(dora, sink_forward_transient(ctx), core)
     walk = walk_layers(ctx, forward_extra)
     acts = stage_activations(ctx, walk, st.ft)
     loss = loss_part(ctx, acts, st)

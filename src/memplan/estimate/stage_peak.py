@@ -122,14 +122,17 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
 def forward_bindings(bound: int, held: int) -> Iterator[Contribution]:
     """What the modeling code keeps bound at the last layer's forward moment, beside its temporaries, each with its
     sentence: the embedding's output (``bound``: :func:`~memplan.estimate.input_leaf.bound_embedding_output`) and, at
-    DoRA's step on the MLP's output projection, the tensors its decoder layer holds there (``held``:
+    DoRA's step on the MLP's output projection or an attention input projection, the tensors its decoder layer holds
+    there less its saved tensors not made yet (``held``, negative where those outweigh:
     :func:`~memplan.estimate.dora_forward_moment.dora_moment_locals`)."""
     yield Contribution(TEMPORARY, bound, _FORWARD, note=(
         f"the model's forward keeps the embedding's output bound until it returns (transformers' inputs_embeds): "
         f"{bound / 2**20:,.1f} MiB at the last layer's forward, where no saved tensor holds it" if bound else ""))
     yield Contribution(TEMPORARY, held, _FORWARD, note=(
-        f"DoRA's step on the last layer's MLP output projection: the tensors the decoder layer holds there and nothing "
-        f"saves (its input, the residual after attention, the MLP's input): {held / 2**20:,.1f} MiB" if held else ""))
+        f"DoRA's weight-norm step in the last layer (its MLP output projection, or its first adapted attention input "
+        f"projection): the tensors the decoder layer binds there and nothing saves (its input, the block's input, the "
+        f"residual after attention, the masks), less that layer's saved tensors not made yet: {held / 2**20:+,.1f} MiB"
+        if held else ""))
 
 
 def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: StageActivations,
