@@ -361,7 +361,7 @@ def test_package_all_names_exist(package: str) -> None:
 #: :class:`~memplan.estimate.terms.TermRole` (issue 24: no dispatch on human labels).
 NAME_COMPARISONS_ALLOWED = {
     "a model parameter's or linear's name (LoRA targets' .weight, norms, lm_head, the MLP's linears)": {
-        ("memplan.estimate.adapter_acts", "adapter.module"), ("memplan.estimate.finetune", "a.module"),
+        ("memplan.estimate.adapter_acts", "adapter.module"),
         ("memplan.estimate.adapter_acts", "a.module"),
         ("memplan.estimate.reserved_tp", "tensor"), ("memplan.estimate.reserved_autocast", "m")},
     "the activation policy's name (none, full, ...)": {("memplan.estimate.compiled", "run.policy")},

@@ -18,6 +18,7 @@ What trains comes from :mod:`memplan.peft.params`; this module prices it on one 
 from __future__ import annotations
 
 from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, eager_norm_terms
+from memplan.estimate.adapter_acts import on_module
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.terms import NORMALIZED
@@ -272,7 +273,7 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
             out.append("DoRA's forward temporaries (peft rebuilds the adapted weight on every forward: the identity "
                        "matrix, lora_A's output of it, the combined weight and its norm) are priced at the stage's "
                        "largest adapted linear, at the last layer's forward and where a recompute makes them again")
-        if any(a.experts > 1 or a.module.name.endswith(".weight") for a in counts.adapters):
+        if not all(on_module(a) for a in counts.adapters):
             out.append("adapters on fused MoE expert parameters and routers (peft ParamWrapper) are counted as "
                        "parameters; their merged-weight activations are not priced")
     out.append("without checkpointing, layers before the first one with something trainable save nothing, and "
