@@ -31,7 +31,7 @@ from memplan.estimate.moe_freeze import is_routed_experts, is_sinks, moe_term_ke
 from memplan.estimate.terms import NORM_TERMS, NORMALIZED, TermRole
 from memplan.frozen import frozen_dataclass
 from memplan.job import FineTuning
-from memplan.model.linears import model_linears, model_parameters
+from memplan.model.linears import ParamTensor, model_linears, model_parameters
 from memplan.model.attention_kinds import attention_kind
 from memplan.model.spec import AttentionSpec, LayerSpec, ModelSpec
 from memplan.peft.params import finetune_params, saved_modules, trained_modules
@@ -224,15 +224,20 @@ def _mark_attention_inputs(module: str, layer: int, keys: set[int], latents: set
 
 
 @lru_cache(maxsize=64)
+def _module_names_by_layer(params: tuple[ParamTensor, ...]) -> dict[int | None, frozenset[str]]:
+    """The modules of each layer (None: outside the layers) that hold the model's parameters."""
+    by_layer: dict[int | None, set[str]] = {}
+    for p in params:
+        by_layer.setdefault(p.layer, set()).add(p.module)
+    return {k: frozenset(v) for k, v in by_layer.items()}
+
+
 def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     everything = ft.resolved_trainable == "all"
     full = trained_modules(model, ft)
     copies = saved_modules(model, ft)
-    names_by_layer: dict[int | None, set[str]] = {}
     params = model_parameters(model)
-    for p in params:
-        names_by_layer.setdefault(p.layer, set()).add(p.module)
-    names = {k: frozenset(v) for k, v in names_by_layer.items()}
+    names = _module_names_by_layer(params)
     linears: set[tuple[int | None, str]] = set()
     norms: set[tuple[int | None, str]] = set()
     adapted: set[tuple[int | None, str]] = set()
@@ -385,16 +390,7 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
             continue
         mine = t.role in NORM_TERMS
         if mine and not flow.input_grad:
-            # Nothing upstream needs a gradient: the norm keeps nothing for its input's; a trained linear
-            # keeps its input, and a trained norm (weight * x_normed) the normalized tensor.
-            stand_in = flow.norm_trains and not has_normalized  # x_normed in the 16-bit input dtype
-            reads = flow.linears_train and flow.routing_grad  # a trained linear (not the experts alone) reads it
-            if (t.gemm_input and (reads or stand_in)) or (flow.norm_trains and t.role in NORMALIZED):
-                out.append(t)
-            elif t.role is TermRole.NORM_INPUT and ((stand_in and flow.linears_train) or (beyond and flow.norm_trains)):
-                # beside the GEMM input; or the input-dtype part of the trained norm's fp32 normalized tensor
-                # (gpt-oss's and Gemma's ``weight * x_normed`` in fp32), kept whole though the input is not
-                out.append(_body_term(t))
+            out.extend(_norm_term_without_input_grad(t, flow, has_normalized, beyond))
             continue
         if flow.linears_train:
             if mine and t.role is TermRole.NORM_INPUT and not flow.norm_trains:
@@ -416,6 +412,22 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
                 continue  # kept only for a trained norm weight's gradient
             out.append(kept)
     return out
+
+
+def _norm_term_without_input_grad(t: Term, flow: BlockFlow, has_normalized: bool, beyond: bool) -> list[Term]:
+    """What the block's pre-norm term ``t`` keeps where nothing upstream needs a gradient: nothing for its input's; a
+    trained linear keeps its input, and a trained norm (``weight * x_normed``) the normalized tensor
+    (:func:`block_terms`: ``beyond``, the fp32 normalized tensor of a 16-bit input priced as the input term plus its
+    excess)."""
+    stand_in = flow.norm_trains and not has_normalized  # x_normed in the 16-bit input dtype
+    reads = flow.linears_train and flow.routing_grad  # a trained linear (not the experts alone) reads it
+    if (t.gemm_input and (reads or stand_in)) or (flow.norm_trains and t.role in NORMALIZED):
+        return [t]
+    if t.role is TermRole.NORM_INPUT and ((stand_in and flow.linears_train) or (beyond and flow.norm_trains)):
+        # beside the GEMM input; or the input-dtype part of the trained norm's fp32 normalized tensor
+        # (gpt-oss's and Gemma's ``weight * x_normed`` in fp32), kept whole though the input is not
+        return [_body_term(t)]
+    return []
 
 
 def _body_term(t: Term) -> Term:
