@@ -64,3 +64,18 @@ def test_dora_on_the_attention_inputs_forward_moment_is_the_traced_one(tmp_path:
     _, parts = _stage_parts(Same(_model(tmp_path, "llama")), build_job({**JOB, **_DORA_QV}), 0.0)
     ledger = parts[0][2].ledger
     assert abs((ledger.allocated_at("forward") - ledger.total(WORKSPACE)) / 118_133_248 - 1) <= 0.001
+
+
+@pytest.mark.parametrize("targets", ["q_proj,o_proj", "q_proj,k_proj,v_proj,o_proj"])
+def test_a_tie_with_the_output_projection_is_not_priced_at_q_proj(tmp_path: Path, targets: str) -> None:
+    """q_proj's and o_proj's weight-norm steps are the same size on the toy (hidden x hidden); o_proj's runs after the
+    attention core's tensors exist, so pricing the moment at q_proj's step (what the layer holds by then) put it below
+    the o_proj-only job's (the review of session 16: 187.8 against 199.3 MB). An adapter more never lowers it."""
+    from memplan.estimate.engine import _stage_parts
+    from memplan.estimate.memo import Same
+
+    def forward_moment(lora_targets: str) -> int:
+        job = build_job({**JOB, "peft": "dora", "lora_targets": lora_targets})
+        return _stage_parts(Same(_model(tmp_path, "llama")), job, 0.0)[1][0][2].ledger.allocated_at("forward")
+
+    assert forward_moment(targets) >= forward_moment("o_proj")

@@ -106,3 +106,19 @@ def test_states_stay_fp32(toy: str) -> None:
     adapters = 2 * (16 * (256 + 256) * 2 + 16 * (256 + 64) * 2 + 16 * (256 + 768) * 3)  # q,o; k,v; gate,up,down
     assert stage.highest_by_category()[Category.GRADIENT] == adapters * 4 // 2
     assert stage.highest_by_category()[Category.OPTIMIZER_STATE] == 2 * adapters * 4 // 2
+
+
+@pytest.mark.parametrize("peft", ["dora", "lora"])
+def test_a_frozen_fp32_base_computes_in_fsdps_param_dtype_too(toy: str, peft: str) -> None:
+    """FSDP2's unsharded copy takes ``param_dtype`` for every floating parameter, frozen ones too, so an fp32 frozen base
+    (``--frozen-dtype fp32``) runs as a bf16 one does: DoRA's ``weight.to(x.dtype)`` casts nothing and the activations
+    and forward temporaries are those of the bf16 base (the review of session 16: DoRA priced a 4-byte base cast)."""
+    from memplan.estimate.engine import _stage_parts
+    from memplan.estimate.memo import Same
+
+    def moments(frozen: str) -> dict[str, tuple[int, int]]:
+        loaded = _job(toy, peft=peft, frozen_dtype=frozen)
+        ledger = _stage_parts(Same(loaded.model), loaded.job, 0.1)[1][0][2].ledger
+        return {m: (ledger.total("activations", m), ledger.total("temporary", m)) for m in ("forward", "backward")}
+
+    assert moments("fp32") == moments("bf16")

@@ -33,15 +33,16 @@ DoRA on q,v (256 tokens x 2, bf16-mixed, eager) holds 118,133,248 B at q_proj's 
 the moment was priced with every saved tensor of the layer (+25.5 MB), above the backward's peak (+6.2%).
 
 Not priced: a layer without a pre-MLP norm, with a parallel residual or an MoE block, an adapter on a later attention
-input projection whose step is the worst (the earlier projections' adapters made), ``--lora-dropout`` (peft's other
-DoRA path) and a quantized base.
+input projection whose step is the worst (the earlier projections' adapters made), a first input projection whose step
+ties with a later one's (DoRA on q_proj and o_proj, both ``hidden x hidden``: the later step holds the attention core's
+tensors too; the review of session 16), ``--lora-dropout`` (peft's other DoRA path) and a quantized base.
 """
 
 from __future__ import annotations
 
-from memplan.estimate.activations import divided, has_eager_core
 from typing import Any
 
+from memplan.estimate.activations import divided, has_eager_core
 from memplan.estimate.adapter_acts import (
     ATTENTION_INPUT_LINEARS,
     dora_forward_transient,
@@ -112,6 +113,8 @@ def _input_projection_moment(ctx: StageContext, index: int, transient: int, size
     act_bytes, tokens = sizes["compute_bytes"], sizes["tokens"]
     if first is None or not module_dora(first) or dora_forward_transient((first,), **sizes) != transient:
         return 0
+    if any(a is not first and module_dora(a) and dora_forward_transient((a,), **sizes) == transient for a in adapters):
+        return 0  # a later step of the same size (o_proj on a hidden x hidden q_proj) holds more: not priced
     from memplan.estimate.layer_costs import layer_blocks, layer_costs
 
     found = layer_blocks(run, run.model.layers[index], index)

@@ -149,6 +149,16 @@ def frozen_bytes_per_element(job: Job) -> int:
     return dtype_bytes(job.finetune.frozen_dtype or job.precision.compute_dtype)
 
 
+def frozen_compute_bytes(job: Job, weight_copies: str | None) -> int:
+    """Bytes per element the frozen, unquantized weights compute in: their own (:func:`frozen_bytes_per_element`), but
+    the compute dtype where FSDP's mixed precision casts the weights (``weight_copies`` ``"fsdp"``): FSDP2's unsharded
+    copy takes ``MixedPrecisionPolicy.param_dtype`` for every floating parameter, trained or not, as
+    :func:`adapter_compute_bytes` says of the adapters (so DoRA's ``weight.to(x.dtype)`` casts nothing there)."""
+    if weight_copies == "fsdp":
+        return dtype_bytes(job.precision.compute_dtype)
+    return frozen_bytes_per_element(job)
+
+
 def is_finetune(job: Job) -> bool:
     """The job freezes something or adds adapters (:attr:`FineTuning.partial`)."""
     return job.finetune.partial

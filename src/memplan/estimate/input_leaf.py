@@ -17,7 +17,7 @@ the checkpointed inputs go to host memory and the leaf stays on the GPU whatever
 from __future__ import annotations
 
 from memplan.estimate.context import StageContext
-from memplan.estimate.finetune import frozen_bytes_per_element
+from memplan.estimate.finetune import frozen_compute_bytes
 from memplan.estimate.partial_freeze import root_flow
 
 #: The sentence --explain gives where the leaf is counted apart.
@@ -34,7 +34,8 @@ def input_leaf_bytes(ctx: StageContext) -> int:
         return 0
     if root_flow(run.model, run.job.finetune, True).embedding_trains:
         return 0
-    return run.shape.local_tokens * run.shape.hidden * frozen_bytes_per_element(run.job) * layout.inflight_microbatches
+    return (run.shape.local_tokens * run.shape.hidden * frozen_compute_bytes(run.job, run.prec.weight_copies)
+            * layout.inflight_microbatches)
 
 
 def leaf_apart_bytes(ctx: StageContext) -> int:
@@ -68,5 +69,5 @@ def bound_embedding_output(ctx: StageContext) -> int:
         if checkpoint_input_bytes(blocks[0] + blocks[1], shape):
             return 0  # the first layer saves it
     trains = root_flow(run.model, run.job.finetune, True).embedding_trains if run.counts is not None else True
-    per_element = run.shape.residual_bytes if trains else frozen_bytes_per_element(run.job)
+    per_element = run.shape.residual_bytes if trains else frozen_compute_bytes(run.job, run.prec.weight_copies)
     return run.shape.local_tokens * run.shape.hidden * per_element

@@ -64,7 +64,7 @@ from memplan.estimate.finetune import (
     adapter_bytes,
     adapter_compute_bytes,
     dequantized_element_bytes,
-    frozen_bytes_per_element,
+    frozen_compute_bytes,
 )
 from memplan.estimate.frozen_copies import casts_frozen, recomputed_frozen_copies
 from memplan.estimate.frozen_mlp_backward import frozen_mlp_backward
@@ -184,7 +184,7 @@ def layer_costs(run: RunContext, layer: LayerSpec, index: int | None = None) -> 
                                                  ft.quantize_base, run.prec.weight_copies == "autocast",
                                                  ft.lora_dropout > 0, own,
                                                  compiled_layer(run, layer), per_tensor_offload(run),
-                                                 dequantized, frozen_bytes_per_element(run.job),
+                                                 dequantized, frozen_compute_bytes(run.job, run.prec.weight_copies),
                                                  role.flow is not None and casts_frozen(run))
     return cached
 
@@ -246,7 +246,7 @@ def layer_blocks(run: RunContext, layer: LayerSpec,
         return shape, compiled_blocks(layer, shape)
     attention, rest = _role_blocks(Same(layer), shape, role, ft.quantize_base, run.prec.weight_copies == "autocast",
                                    ft.lora_dropout > 0, adapter_compute_bytes(run.job, run.prec.weight_copies),
-                                   frozen_bytes_per_element(run.job))
+                                   frozen_compute_bytes(run.job, run.prec.weight_copies))
     return shape, (list(attention), list(rest))
 
 
@@ -530,6 +530,6 @@ def dora_forward_sizes(run: RunContext) -> dict[str, Any]:
     activations', base weight's and adapters' bytes per element, one micro-batch's tokens), for each of its callers."""
     return {"autocast": run.prec.weight_copies == "autocast", "compute_bytes": run.shape.act_bytes,
             "base_bytes": dora_base_bytes(quantized=run.job.finetune.quant_kind.quantizes,
-                                          frozen_bytes=frozen_bytes_per_element(run.job)),
+                                          frozen_bytes=frozen_compute_bytes(run.job, run.prec.weight_copies)),
             "tokens": run.shape.seq * run.shape.micro_batch,
             "adapter_bytes": adapter_compute_bytes(run.job, run.prec.weight_copies)}

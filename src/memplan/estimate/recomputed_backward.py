@@ -318,11 +318,11 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
             or job.recompute.reentrant or job.precision.fp8 is not None or ds_checkpointing_applies(job, run.policy)):
         return 0
     from memplan.estimate.activations import norm_output_bytes
-    from memplan.estimate.adapter_acts import dora_base_bytes
-    from memplan.estimate.finetune import adapter_compute_bytes, frozen_bytes_per_element
+    from memplan.estimate.layer_costs import dora_forward_sizes
     from memplan.estimate.lora_recompute_tail import lora_recompute_tail
 
     tokens, hidden = shape.seq * shape.micro_batch, run.model.hidden_size
+    sizes = dora_forward_sizes(run)  # the adapters' and DoRA's base weight's bytes, as the forward prices them
     # the residual stream's partial sum, unless the MLP's pre-norm saves that very tensor (a norm without an fp32 copy
     # of its input: its input term counts it; an fp32 stream's), and the attention's output where the layer's forward
     # keeps it
@@ -332,9 +332,7 @@ def _lora_tail(run: RunContext, index: int, shape: ActivationShape, mlp_terms: l
                                residual=residual + (tokens * hidden * shape.act_bytes if layer.attention_output_local
                                                     else 0),
                                mlp_input=tokens * hidden * (NORM_COMPUTE_BYTES if fp32 else norm_output_bytes(shape)),
-                               byte_sizes=(shape.act_bytes, adapter_compute_bytes(run.job, run.prec.weight_copies),
-                                           dora_base_bytes(quantized=ft.quant_kind.quantizes,
-                                                           frozen_bytes=frozen_bytes_per_element(run.job))),
+                               byte_sizes=(shape.act_bytes, sizes["adapter_bytes"], sizes["base_bytes"]),
                                autocast=run.prec.weight_copies == "autocast", mlp_terms=mlp_terms,
                                dropout=ft.lora_dropout > 0,
                                fp32_input=fp32, base_keeps_input=ft.quant_kind.keeps_gemm_inputs)
