@@ -236,9 +236,10 @@ def communication_bytes(
     c = dtype_bytes(prec.compute)
     if job.sharding.fsdp != "none" or (job.sharding.zero == 3 and prec.weight_copies == "fsdp"):
         # Unsharded compute-dtype blocks (computing + prefetched; a block's peft adapters with it), the root
-        # module, and one block's unsharded gradient (its trainable tensors') for its reduce-scatter.
+        # module, and one block's unsharded gradient (its trainable tensors') for its reduce-scatter, in the
+        # reduce dtype.
         total += profile.fsdp_live_blocks * _unsharded_block(params, c) + params.root * c
-        total += (params.largest_layer if params.layer_trainable is None else params.layer_trainable) * prec.grad_bytes
+        total += (params.largest_layer if params.layer_trainable is None else params.layer_trainable) * prec.reduce_bytes
     elif job.sharding.zero == 3:
         # Not DeepSpeed's (memplan.estimate.zero3_buffers): DeepSpeed's own estimator's rule, 4 bytes per
         # parameter of the largest layer (16-bit gathered weights and gradients).
