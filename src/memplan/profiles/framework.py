@@ -416,9 +416,6 @@ HF = FrameworkProfile(
     # defaults to 2), with MixedPrecisionPolicy(param_dtype=reduce_dtype=bf16) and the forward under autocast
     fsdp_reduce_dtype="compute",
     fsdp_autocast=True,
-    # accelerate's fsdp2_prepare_model shards the input embedding as a unit and [final norm, head] as one kept
-    # unsharded after its forward (reshard_after_forward=False); a tied head joins the embedding in that unit
-    fsdp_outer_units="embedding-and-head",
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure
