@@ -236,9 +236,10 @@ def communication_bytes(
     c = dtype_bytes(prec.compute)
     if job.sharding.fsdp != "none" or (job.sharding.zero == 3 and prec.weight_copies == "fsdp"):
         # Unsharded compute-dtype blocks (computing + prefetched; a block's peft adapters with it), the root
-        # module, and one block's unsharded gradient (its trainable tensors') for its reduce-scatter.
+        # module, and one block's unsharded gradient (its trainable tensors') for its reduce-scatter, in the
+        # reduce dtype.
         total += profile.fsdp_live_blocks * _unsharded_block(params, c) + params.root * c
-        total += (params.largest_layer if params.layer_trainable is None else params.layer_trainable) * prec.grad_bytes
+        total += (params.largest_layer if params.layer_trainable is None else params.layer_trainable) * prec.reduce_bytes
     elif job.sharding.zero == 3:
         # Not DeepSpeed's (memplan.estimate.zero3_buffers): DeepSpeed's own estimator's rule, 4 bytes per
         # parameter of the largest layer (16-bit gathered weights and gradients).
@@ -258,10 +259,9 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
     FSDP2 (torch/distributed/fsdp/_fully_shard) keeps the root unit's unsharded parameters from
     its forward to the end of the backward and reshards each block after its forward and backward:
     at the loss, the root and the last block (prefetched for the backward) are unsharded; a
-    block's backward adds the next block's prefetch and the block's unsharded gradients for the
-    reduce-scatter (``held``); at the end of the backward the root's unsharded parameters and, for
-    an untied head, the root's unsharded gradients (in the compute dtype, before the reduce-scatter
-    casts them to fp32) — a tied embedding's gradients are the summed temporaries counted apart;
+    block's backward adds the next block's prefetch; at the end of the backward the root's unsharded
+    parameters and, for an untied head, the root's unsharded gradients (in the compute dtype, before the
+    reduce-scatter casts them to the reduce dtype) — a tied embedding's gradients are the summed temporaries counted apart;
     the optimizer step holds none.
 
     ``head``: the numel of the final norm and head when they are a unit apart from the embedding
@@ -272,7 +272,12 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
     While a block's backward computes, the block and the prefetched next one are unsharded; its
     reduce-scatter input (the gradients in the reduce dtype) is made only after that, once FSDP2's
     post-backward has resharded the block and the backward's temporaries are freed (torch
-    ``FSDPParamGroup.post_backward``, ``foreach_reduce``), so it is not priced beside them.
+    ``FSDPParamGroup.post_backward``, ``foreach_reduce``), so it is not priced beside them. It is kept
+    (``comm_ctx.reduce_scatter_states``, one buffer by default) until the next unit's post-backward, so a
+    later block's backward holds the previous block's; the backward moment priced is the first block's,
+    whose activations are all still saved, and before it only the root's unit (``root``: its
+    post-backward comes at the end of the backward) or torchtitan's head unit ran, neither a block's
+    reduce-scatter (``held``, the largest block's input, stays the category's bound outside FSDP2).
     """
     if job.sharding.fsdp == "none" or not profile.torch_optimizer:
         return {phase: held for phase in ("loss", "backward", "end of backward", "optimizer step")}
@@ -283,7 +288,8 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
                 "end of backward": 2 * embedding * c, "optimizer step": 0}
     root = params.root * c
     root_grads = 0 if tied else root
-    return {"loss": root + _unsharded_block(params, c), "backward": held,
+    return {"loss": root + _unsharded_block(params, c),
+            "backward": root + profile.fsdp_live_blocks * _unsharded_block(params, c),
             "end of backward": root + root_grads, "optimizer step": 0}
 
 

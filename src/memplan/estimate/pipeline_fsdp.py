@@ -84,7 +84,7 @@ def pipeline_fsdp_contributions(ctx: StageContext, st: StageStates,
     """The unsharded parameters, the accumulated unsharded gradients and the final reduce-scatter's
     input of one GPU of the stage, at each moment (the caller checked :func:`applies`)."""
     params = st.params
-    compute, reduce = dtype_bytes(ctx.prec.compute), ctx.prec.grad_bytes
+    compute, reduce = dtype_bytes(ctx.prec.compute), ctx.prec.reduce_bytes
     unsharded = params.total * compute
     accumulated = params.total * reduce
     layer_grad = params.largest_layer * compute  # the layer's gradient before it is added in
@@ -93,7 +93,7 @@ def pipeline_fsdp_contributions(ctx: StageContext, st: StageStates,
         f"defers the reduce-scatter to the last micro-batch): the stage's {params.total:,} parameters per GPU "
         f"stay unsharded in {ctx.prec.compute} from the first forward to the end of the backward"))
     yield Contribution(GRADIENTS, accumulated, ("loss", "end of backward"), note=(
-        f"their gradients accumulate unsharded in {ctx.prec.grad} over the micro-batches "
+        f"their gradients accumulate unsharded in {ctx.prec.reduce or ctx.prec.grad} over the micro-batches "
         f"(FSDP's unsharded_accumulated_grad); the sharded gradients exist only after the reduce-scatter"))
     yield Contribution(GRADIENTS, max(0, accumulated - _fewer_in_flight(ctx, acts)), ("backward",))
     yield Contribution(TEMPORARY, layer_grad, ("backward",))

@@ -27,6 +27,9 @@ class ResolvedPrecision:
     residual: str
     notes: tuple[str, ...]
 
+    #: dtype FSDP2 reduce-scatters the gradients in (``MixedPrecisionPolicy.reduce_dtype``); None: ``grad``.
+    reduce: str | None = None
+
     param_bytes: int = 0
     grad_bytes: int = 0
     #: 0 when there is no separate master copy.
@@ -40,6 +43,11 @@ class ResolvedPrecision:
         object.__setattr__(self, "master_bytes", dtype_bytes(self.master) if self.master else 0)
         object.__setattr__(self, "state_bytes", dtype_bytes(self.optimizer_state))
         object.__setattr__(self, "act_bytes", dtype_bytes(self.compute))
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per element of FSDP's reduce-scatter input (``reduce``, else ``grad``)."""
+        return dtype_bytes(self.reduce) if self.reduce else self.grad_bytes
 
 
 def _pytorch_mixed_weights(job: Job, profile: FrameworkProfile) -> str:
@@ -60,6 +68,7 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
     p = job.precision
     compute = p.compute_dtype
     notes: list[str] = []
+    reduce: str | None = None
     if not p.is_mixed:
         param = grad = state = compute
         master = None
@@ -96,6 +105,7 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
                 f"{p.name} ({profile.name}): sharded fp32 weights; FSDP all-gathers {compute} copies "
                 "of each block for its forward and backward"
             )
+            reduce = _fsdp_reduce(profile, compute, notes)
     grad, state, master = _explicit_dtypes(p, param, grad, state, master, notes)
     return ResolvedPrecision(
         param=param,
@@ -106,7 +116,19 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
         weight_copies=copies,
         residual=residual,
         notes=tuple(notes),
+        reduce=reduce,
     )
+
+
+def _fsdp_reduce(profile: FrameworkProfile, compute: str, notes: list[str]) -> str | None:
+    """The reduce-scatter's dtype where the profile's FSDP reduces in the compute dtype (accelerate's
+    ``MixedPrecisionPolicy(param_dtype=reduce_dtype)``, the forward under autocast), noted; None: the gradients'."""
+    if profile.fsdp_reduce_dtype != "compute":
+        return None
+    notes.append(f"FSDP reduce-scatters the gradients in {compute} (MixedPrecisionPolicy reduce_dtype) and casts "
+                 "the sharded ones to fp32" + (f"; the forward runs under torch.autocast({compute})"
+                                               if profile.fsdp_autocast else ""))
+    return compute
 
 
 def _explicit_dtypes(p: Precision, param: str, grad: str, state: str, master: str | None,

@@ -107,6 +107,17 @@ class FrameworkProfile:
     #: ``fully_shard(model.tok_embeddings)``, ``fully_shard([model.norm, model.output],
     #: reshard_after_forward=False)``; an untied head only).
     fsdp_outer_units: Literal["root", "embedding-and-head"] = "root"
+    #: The dtype FSDP2 reduce-scatters gradients in under ``*-mixed`` (``MixedPrecisionPolicy.reduce_dtype``).
+    #: ``grad``: the gradient dtype (torchtitan's ``mixed_precision_reduce`` float32). ``compute``: the 16-bit
+    #: compute dtype, as the parameters (accelerate's ``FullyShardedDataParallelPlugin.set_mixed_precision``:
+    #: ``param_dtype`` and ``reduce_dtype`` both the mixed-precision dtype); the sharded gradients are cast back
+    #: to the fp32 parameters' dtype after the reduce-scatter either way.
+    fsdp_reduce_dtype: Literal["grad", "compute"] = "grad"
+    #: Under FSDP's mixed precision the forward also runs under ``torch.autocast`` in the compute dtype
+    #: (accelerate's ``Accelerator.prepare_model`` wraps ``model.forward`` in its autocast context whenever
+    #: ``native_amp``, FSDP2 included). False: FSDP's ``MixedPrecisionPolicy`` alone casts (torchtitan's
+    #: ``maybe_enable_amp`` applies no autocast with FSDP).
+    fsdp_autocast: bool = False
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
     #: Without ZeRO, the engine's all-reduce flattens the gradients into buckets flushed once they hold more than
@@ -401,6 +412,10 @@ HF = FrameworkProfile(
     features=frozenset({"zero-stages"}),
     zero_framework="deepspeed",
     zero3_buffers=DEEPSPEED_ZERO3,  # --zero runs DeepSpeed through the Trainer's integration
+    # --fsdp: the Trainer's FSDP is accelerate's FSDP2 (transformers' TrainingArguments: fsdp_config "version"
+    # defaults to 2), with MixedPrecisionPolicy(param_dtype=reduce_dtype=bf16) and the forward under autocast
+    fsdp_reduce_dtype="compute",
+    fsdp_autocast=True,
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure

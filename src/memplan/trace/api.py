@@ -163,10 +163,10 @@ def _prepare(model: Any, options: TraceSetup, mesh: Any,
         built: BuiltModel = build_hf_model(model, options)
         if options.moe_routing == "balanced":
             static_routing(built.model)
-        apply_recompute(built.model, options.policy,
-                        cuda_autocast=options.device == "cuda" and options.mixed and options.fsdp == 1)
+        autocast = mesh is None or options.fsdp == 1 or options.fsdp_autocast
+        apply_recompute(built.model, options.policy, cuda_autocast=options.device == "cuda" and options.mixed and autocast)
         parallelize(built.model, options, mesh)
-        job = hf_step_job(built.model, options, autocast=mesh is None or options.fsdp == 1)
+        job = hf_step_job(built.model, options, autocast=autocast)
         name, heads = built.name, built.head_modules
     compiled = None
     if options.job.compile:  # each decoder layer as AOT autograd's partitioned graphs

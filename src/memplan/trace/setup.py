@@ -283,6 +283,22 @@ class TraceSetup:
         return self.job.precision.compute_dtype
 
     @property
+    def fsdp_reduce_dtype(self) -> str:
+        """The dtype FSDP2 reduce-scatters in under ``*-mixed`` (the framework's ``fsdp_reduce_dtype``: fp32,
+        torchtitan's; the compute dtype, accelerate's ``MixedPrecisionPolicy(param_dtype=reduce_dtype)``)."""
+        from memplan.profiles import get_profile
+
+        return self.compute_dtype if get_profile(self.job.framework).fsdp_reduce_dtype == "compute" else "fp32"
+
+    @property
+    def fsdp_autocast(self) -> bool:
+        """``*-mixed`` under FSDP also wraps the forward in ``torch.autocast`` (accelerate's ``prepare_model``;
+        the framework's ``fsdp_autocast``); torchtitan's FSDP policy casts alone."""
+        from memplan.profiles import get_profile
+
+        return self.mixed and get_profile(self.job.framework).fsdp_autocast
+
+    @property
     def optimizer(self) -> str:
         return self.job.optimizer.name
 

@@ -6,8 +6,10 @@ exactly the code rank 0 of an ``fsdp x tp`` job runs, with its real shard sizes,
 reduce-scatter buffers and DTensor redistributions.
 
 * ``--fsdp N``: FSDP2 ``fully_shard`` on every decoder layer and on the root, with a
-  ``MixedPrecisionPolicy`` (``*-mixed``: bf16/fp16 parameters for compute, fp32 gradient
-  reduction; no autocast), as torchtitan applies it.
+  ``MixedPrecisionPolicy`` (``*-mixed``: bf16/fp16 parameters for compute; the gradients reduced in
+  fp32 without autocast, as torchtitan applies it, or, for ``--framework hf``, in the compute dtype with
+  the forward under ``torch.autocast``, as accelerate's FSDP2 does: ``TraceSetup.fsdp_reduce_dtype`` /
+  ``fsdp_autocast``).
 * ``--tp N``: Hugging Face's tensor-parallel plan for Llama-style models (transformers
   ``base_model_tp_plan`` and ``_tp_plan``): ``ColwiseParallel`` q/k/v/gate/up projections,
   ``RowwiseParallel`` o/down projections, an untied head column-parallel with its logits gathered;
@@ -189,10 +191,12 @@ def _has(module: torch.nn.Module, path: str) -> bool:
 
 def _apply_fsdp(model: torch.nn.Module, layers: list[torch.nn.Module], mesh: Any, options: TraceSetup) -> None:
     """Each decoder layer a unit, the root the rest; under a framework whose profile shards the embedding and
-    the head as units of their own (torchtitan's ``apply_fsdp``), those two units as well."""
+    the head as units of their own (torchtitan's ``apply_fsdp``), those two units as well; the policy's reduce
+    dtype is the profile's (:attr:`TraceSetup.fsdp_reduce_dtype`)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[options.compute_dtype], reduce_dtype=torch.float32) \
+    policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[options.compute_dtype],
+                                  reduce_dtype=TORCH_DTYPES[options.fsdp_reduce_dtype]) \
         if options.mixed else MixedPrecisionPolicy()
     outer = _outer_units(model, options)
     if outer:
