@@ -108,6 +108,14 @@ FINETUNE_RESULT = Path(__file__).resolve().parent / "results" / "speed_finetune.
 PAIRS = 11
 REFERENCE = ["-c", "import typer, rich, yaml"]
 ISSUE_ARGS = ["-m", "memplan", "estimate", "llama-3.1-8b", "--gpus", "8"]
+#: Clears every cache keyed on a Job value before a "new job" (the snippet the rate and fine-tuning cases share).
+_CLEAR_JOB_MEMOS = """memos = [getattr(getattr(m, n, None), "cache_clear", None)
+         for m, n in ((engine, "_stages"), (engine, "_stage_parts"), (policies, "resolve_policy"))]
+def clear():
+    for memo in memos:
+        if memo is not None:
+            memo()
+"""
 RATE_CASE = """
 import time
 from memplan import Batch, Job, Parallelism, estimate, load_model
@@ -125,13 +133,7 @@ from memplan.estimate import engine
 # a new job: every cache keyed on a Job value is cleared (the estimator's per-job memo and the
 # resolved activation policy); caches keyed on the model, a layer kind at a shape or a pipeline
 # layout stay warm, as they do for any new job that shares them
-memos = [getattr(getattr(m, n, None), "cache_clear", None)
-         for m, n in ((engine, "_stages"), (engine, "_stage_parts"), (policies, "resolve_policy"))]
-def clear():
-    for memo in memos:
-        if memo is not None:
-            memo()
-count, cpu = 0, time.process_time()
+""" + _CLEAR_JOB_MEMOS + """count, cpu = 0, time.process_time()
 while time.process_time() - cpu < 2.0:
     for _ in range(20):
         clear()
@@ -213,22 +215,12 @@ from memplan.inputs import JobRequest, load_job
 flags = {"gpus": 8, "seq": 4096, "framework": "hf", **json.loads(sys.argv[1])}
 loaded = load_job(JobRequest(model="llama-3.1-8b", flags=flags))
 model, job = loaded.model, loaded.job
-memos = [getattr(getattr(m, n, None), "cache_clear", None)
-         for m, n in ((engine, "_stages"), (engine, "_stage_parts"), (policies, "resolve_policy"))]
-def new_job():
-    for memo in memos:
-        if memo is not None:
-            memo()
+""" + _CLEAR_JOB_MEMOS + """def new_job():
+    clear()
     return estimate(model, job)
 for _ in range(2):
     new_job()
-count = [0]
-def tracer(frame, event, arg):
-    frame.f_trace_opcodes = True
-    if event == "opcode":
-        count[0] += 1
-    return tracer
-sys.settrace(tracer)
+""" + "count = [0]" + OPCODE_CASE.split("count = [0]")[1].split("sys.settrace(tracer)")[0] + """sys.settrace(tracer)
 new_job()
 sys.settrace(None)
 calls, cpu = 0, time.process_time()
