@@ -21,6 +21,7 @@ from memplan.estimate.activations import NORM_COMPUTE_BYTES, ActivationShape, ea
 from memplan.estimate.adapter_acts import on_module
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.partial_freeze import root_flow
+from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.terms import NORMALIZED
 from memplan.frozen import frozen_dataclass
 from memplan.job import Job, resolved_adapter_dtype
@@ -219,11 +220,10 @@ def _auto_targets_note(model_type: str) -> str:
             "asks for target_modules), so these are memplan's choice: give --lora-targets to price yours")
 
 
-def _adapter_dtype_source(job: Job) -> str:
+def _adapter_dtype_source(job: Job, prec: ResolvedPrecision) -> str:
     """Where the adapters' dtype comes from, and their gradients' and optimizer states' dtypes: theirs, or the
     weights' fp32 master and moments where a 16-bit adapter is in the weights' dtype under a separate master copy
     (:func:`memplan.estimate.states.state_bytes`)."""
-    from memplan.estimate.precision import resolve_precision
     from memplan.profiles.framework import get_profile
 
     profile = get_profile(job.framework)
@@ -234,19 +234,14 @@ def _adapter_dtype_source(job: Job) -> str:
                "engine does not cast)" if job.sharding.zero == 3 else
                "(--adapter-dtype auto: the engine casts every parameter to the model's dtype after peft, "
                "deepspeed.initialize's _cast_module_mixed_precision)")
-    prec = resolve_precision(job, profile)
     if prec.master and dtype_bytes(dtype) == prec.param_bytes:
         return f"{why}, gradients in that dtype, a {prec.master} master copy and {prec.optimizer_state} optimizer state"
     return f"{why}, gradients and optimizer state in that dtype"
 
 
-def _fsdp_compute_note(job: Job) -> str:
+def _fsdp_compute_note(job: Job, prec: ResolvedPrecision) -> str:
     """The sentence for adapters FSDP's mixed precision casts (:func:`adapter_compute_bytes`); empty elsewhere."""
-    from memplan.estimate.precision import resolve_precision
-    from memplan.profiles.framework import get_profile
-
-    copies = resolve_precision(job, get_profile(job.framework)).weight_copies
-    if adapter_compute_bytes(job, copies) == adapter_bytes(job):
+    if adapter_compute_bytes(job, prec.weight_copies) == adapter_bytes(job):
         return ""
     compute = job.precision.compute_dtype
     return (f"FSDP's mixed precision all-gathers the {resolved_adapter_dtype(job)} adapters in {compute} with the "
@@ -255,8 +250,8 @@ def _fsdp_compute_note(job: Job) -> str:
             f"reduce-scatter and their optimizer states stay {resolved_adapter_dtype(job)}")
 
 
-def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
-    """The PEFT and quantization facts an estimate used, one line each."""
+def finetune_assumptions(model: ModelSpec, job: Job, prec: ResolvedPrecision) -> list[str]:
+    """The PEFT and quantization facts an estimate used, one line each (``prec``: the job's resolved precision)."""
     if not is_finetune(job):
         return []
     ft = job.finetune
@@ -267,7 +262,7 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
     if ft.peft_kind.adapters:
         out.append(f"peft {ft.peft}: {len(counts.adapters)} adapters (rank {ft.lora_rank}"
                    + (f", pattern {ft.lora_rank_pattern}" if ft.lora_rank_pattern else "")
-                   + f") in {resolved_adapter_dtype(job)} {_adapter_dtype_source(job)}; each saves its input cast to the "
+                   + f") in {resolved_adapter_dtype(job)} {_adapter_dtype_source(job, prec)}; each saves its input cast to the "
                    "adapter dtype (a 16-bit copy under autocast), lora_A's output"
                    + (", its dropout mask" if ft.lora_dropout > 0 else "")
                    + (", and DoRA's base and LoRA results" if ft.peft_kind.magnitude else "")
@@ -276,7 +271,7 @@ def finetune_assumptions(model: ModelSpec, job: Job) -> list[str]:
                    "shared input")
         if ft.lora_targets == "auto":
             out.append(_auto_targets_note(model.model_type))
-        fsdp_note = _fsdp_compute_note(job)
+        fsdp_note = _fsdp_compute_note(job, prec)
         if fsdp_note:
             out.append(fsdp_note)
         if ft.peft_kind.magnitude:

@@ -105,7 +105,7 @@ def _contributions(ctx: StageContext, states: StateBytes, step_temp: int) -> Ite
     yield Contribution(CPU, cpu, note=_offload_note(job))
     yield Contribution(TEMPORARY, step_temp, _STEP)
     if ctx.run.finetune:
-        for note in finetune_assumptions(ctx.model, job):
+        for note in finetune_assumptions(ctx.model, job, ctx.prec):
             yield Contribution(PARAMETERS, 0, note=note)
         yield Contribution(PARAMETERS, 0, note=trained_dtypes_note(ctx.model, job.finetune, ctx.shape,
                                                                    dtype_bytes(ctx.prec.param), ctx.prec.param))
