@@ -202,9 +202,9 @@ def _layer_figures(layer: Same, shape: ActivationShape, policy: ActivationPolicy
     ``frozen_cast``: autocast casts its frozen weights (stored in another dtype), so a recompute makes their 16-bit
     copies again (:func:`~memplan.estimate.frozen_copies.recomputed_frozen_copies`)."""
     spec = cast(LayerSpec, layer.obj)
-    blocks = compiled_blocks(spec, shape) if compiled else _blocks(
-        spec, shape, role, quantize_base=quantize_base, autocast=autocast, lora_dropout=lora_dropout,
-        adapter_bytes=adapter_bytes, bias_bytes=bias_bytes)
+    attention, rest = compiled_blocks(spec, shape) if compiled else _role_blocks(
+        layer, shape, role, quantize_base, autocast, lora_dropout, adapter_bytes, bias_bytes)
+    blocks = (list(attention), list(rest))
     # a recomputed layer on a base whose matmul saves nothing (4-bit) runs down_proj's backward before its
     # recompute
     first = policy.kind.checkpoints_layers and not quant_format(quantize_base).keeps_gemm_inputs
@@ -255,7 +255,8 @@ def _role_blocks(layer: Same, shape: ActivationShape, role: LayerRole, quantize_
                  lora_dropout: bool, adapter_bytes: int, bias_bytes: int) -> tuple[tuple[Term, ...], tuple[Term, ...]]:
     """:func:`_blocks` of one layer kind in one role, memoised across layers and estimates as
     :func:`_layer_figures` is (the key holds the layer itself, compared by identity): a recomputed fine-tuned
-    layer's moments ask for its terms up to four times, and building them is most of such an estimate's work."""
+    layer's moments ask for its terms up to four times beside :func:`_layer_figures`, and building them is most of such
+    an estimate's work."""
     attention, rest = _blocks(cast(LayerSpec, layer.obj), shape, role, quantize_base=quantize_base,
                               autocast=autocast, lora_dropout=lora_dropout, adapter_bytes=adapter_bytes,
                               bias_bytes=bias_bytes)
