@@ -13,7 +13,7 @@ import pytest
 
 from memplan import estimate, load_model
 from memplan.estimate import final_norm_backward
-from memplan.estimate.activations import softmax_backward_bytes
+from memplan.estimate.activations import output_gradient_bytes, softmax_backward_bytes
 from memplan.estimate.context import run_context, stage_context
 from memplan.estimate.final_norm_backward import final_norm_backward_bytes
 from memplan.estimate.layer_costs import layer_blocks
@@ -100,9 +100,23 @@ def test_sdpa_layer_makes_down_projs_gradient_before_the_mlp_product(configs: di
 
 @pytest.mark.parametrize("flags", [
     {"optimizer_in_backward": True, "optimizer": "adam"}, {"fsdp": "full", "gpus": 2},
-    {"peft": "lora", "lora_targets": "q_proj,v_proj"},
 ])
 def test_no_gradients_before_the_softmax_where_not_made_beside_it(configs: dict[str, str],
                                                                    flags: dict[str, object]) -> None:
     run, _ = _stage(configs["llama_v256"], **flags)
     assert early_gradients(run, run.model.layers[1], 1, 0) == 0
+
+
+@pytest.mark.parametrize("targets, made", [("q_proj,v_proj", 0), ("o_proj", 16 * (256 + 256))])
+def test_an_adapter_layers_softmax_holds_the_residual_gradient(configs: dict[str, str], targets: str,
+                                                               made: int) -> None:
+    """LoRA (r 16, fp32) on layer 0 too, so layer 1's input needs a gradient: beside the softmax's two gradients the
+    residual stream's waits (fp32 under autocast) with the gradients of the adapters made by then (o_proj's, not
+    q's or v's: after the core); no base weight's."""
+    run, _ = _stage(configs["llama_v256"], peft="lora", lora_rank=16, lora_targets=targets)
+    layer = run.model.layers[1]
+    found = layer_blocks(run, layer, 1)
+    assert found is not None
+    shape, blocks = found
+    expected = softmax_backward_bytes(layer, shape, blocks) + output_gradient_bytes(shape, 256) + 4 * made
+    assert early_gradients(run, layer, 1, 0) == expected

@@ -25,7 +25,11 @@ Under partial freezing (``--trainable``, no adapter or copy in the layer, helper
 layer's trained tensors' gradients among those (a trace of a Llama toy training layers.1 alone: the MLP's, the norm's
 and o_proj's fp32 gradients, 2.5 MiB, beside the softmax's two 64 MiB gradients), the copies of the trained weights
 freed, and the residual stream's gradient only where the layer's input needs one (else the output projection's
-backward consumed it). Otherwise only for a job that trains the whole model and keeps each gradient it makes whole on the GPU until the step (the
+backward consumed it). A layer carrying adapters on an unquantized base autocast does not cast (lead, session 17)
+holds, beside the softmax's gradients, those of the adapters whose backward has run (the MLP block's and o_proj's,
+in the adapters' dtype) and the residual stream's gradient where its input needs one (a trace of the Llama toy with
+LoRA or DoRA on q_proj,v_proj at 1,024 tokens x 2: 1 MiB beside the two 64 MiB gradients; the estimate had been
+-0.31% there). Otherwise only for a job that trains the whole model and keeps each gradient it makes whole on the GPU until the step (the
 softmax's moment under tensor parallelism too, with each rank's share of the gradients, helper fnorm12; the
 experts' walk on one rank's whole weights only): not sharded by ZeRO-2/3 or FSDP (their reduce-scatter has its own
 buffers), not moved to host memory with an offloaded optimizer, not consumed by an optimizer step in the backward. Recomputed layers the
@@ -47,7 +51,9 @@ from memplan.estimate.grouped_experts_backward import experts_figures, weight_gr
 from memplan.estimate.layer_costs import layer_blocks
 from memplan.estimate.memo import Same
 from memplan.estimate.mlp_backward_nodes import gradients_made
-from memplan.estimate.partial_freeze import is_norm, trained_tensors
+from memplan.estimate.finetune import adapter_bytes
+from memplan.estimate.frozen_copies import casts_frozen
+from memplan.estimate.partial_freeze import after_attention_core, is_norm, trained_tensors
 from memplan.model.linears import model_parameters
 from memplan.model.spec import LayerSpec
 from memplan.units import dtype_bytes
@@ -73,7 +79,9 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
         return mlp  # a dense layer under a fused or flash core: the MLP walk's moment only (no terms built)
 
     trained = None if run.counts is None else _trained(run, index)
-    found = layer_blocks(run, layer, index) if run.counts is None or trained is not None else None
+    if run.counts is not None and trained is None:
+        return _adapter_layer_moment(run, layer, index, transient, copies)
+    found = layer_blocks(run, layer, index)
     if found is None:
         return 0
     shape, blocks = found
@@ -98,6 +106,30 @@ def early_gradients(run: RunContext, layer: LayerSpec, index: int, transient: in
                   - _freed_copies(run, index, split[0], sizes))
         moments.append(softmax + sum(sizes[i] for i in split[0]) + beside)
     return max(0, max(moments) - transient)
+
+
+def _adapter_layer_moment(run: RunContext, layer: LayerSpec, index: int, transient: int, copies: int) -> int:
+    """The softmax backward's moment of a layer carrying adapters on an unquantized base whose frozen weights autocast
+    does not cast, beyond ``transient``: beside the softmax's gradients, those of the adapters whose backward has run
+    (the MLP block's and the output projection's, in the adapters' dtype) and the residual stream's gradient where
+    the layer's input needs one; 0 elsewhere (no eager softmax backward, or a quantized or cast base)."""
+    counts = run.counts
+    assert counts is not None
+    adapters = counts.layer_adapters[index]
+    if not adapters or counts.layers[index].quantized or casts_frozen(run):
+        return 0
+    found = layer_blocks(run, layer, index)
+    if found is None:
+        return 0
+    shape, blocks = found
+    softmax = softmax_backward_bytes(layer, shape, blocks)
+    if not softmax:
+        return 0
+    made = sum(a.numel for a in adapters
+               if not after_attention_core(f"{a.module.name.rpartition(f'.{index}.')[2]}.weight"))
+    waits = run.flows is None or run.flows[index].attention.input_grad
+    beside = copies + (output_gradient_bytes(shape, run.model.hidden_size) if waits else 0)
+    return max(0, softmax + made * adapter_bytes(run.job) + beside - transient)
 
 
 def _freed_copies(run: RunContext, index: int, made: list[int], sizes: list[int]) -> int:
