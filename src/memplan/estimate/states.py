@@ -218,7 +218,7 @@ def _shard_sizes(job: Job) -> tuple[int, int]:
         instances = sh.distributed_optimizer_instances
         return max(1, dense // instances), max(1, expert // instances)
     if sh.fsdp == "hybrid":
-        size = sh.fsdp_shard_size or min(dense, 8)
+        size = sh.hybrid_shard_size(dense)
         return min(size, dense), min(size, expert)
     return dense, expert
 
