@@ -1,6 +1,6 @@
 """``memplan trace --fsdp hybrid`` runs FSDP2 HSDP: ``fully_shard`` on a 2-D (``dp_replicate``, ``dp_shard``) mesh of
-the fake process group, each unit's reduce-scattered gradients all-reduced across the replicas: the agreement grid's
-``llama`` toy, bf16-mixed, sdpa, AdamW foreach, 2 iterations, ``--device cuda``."""
+the fake process group, each unit's reduce-scattered gradients all-reduced across the replicas. The estimate of the
+same jobs: tests/estimate/test_hsdp.py (``CELLS``, the traced peaks)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,7 @@ from memplan.errors import ConfigError
 from memplan.trace import trace
 from memplan.trace.compare import compare_with_estimate
 from tests.estimate.test_fsdp_adapter_dtype import LLAMA_TOY
-
-BASE = {"precision": "bf16-mixed", "attention": "sdpa", "optimizer": "adamw", "optimizer_impl": "foreach"}
-#: name -> (job flags, the trace's peak allocated in bytes).
-CELLS: dict[str, tuple[dict[str, object], int]] = {
-    # the witness's Y1 and Y3 (benchmarks/hsdp_witness.py): 2 replicas x 2 shards
-    "Y1": ({"seq": 256, "mbs": 2, "framework": "torchtitan", "recompute": "none", "gpus": 4, "fsdp": 2}, 41_908_224),
-    "Y3": ({"seq": 256, "mbs": 2, "framework": "hf", "recompute": "none", "gpus": 4, "fsdp": 2}, 44_465_152),
-    # hf, full recompute, a short sequence: the end of the backward sets the peak, where every unit holds its
-    # all-reduced bf16 shards beside the fp32 gradients
-    "hf_end": ({"seq": 32, "mbs": 1, "framework": "hf", "recompute": "full", "gpus": 4, "fsdp": 2}, 26_164_224),
-}
+from tests.estimate.test_hsdp import BASE, CELLS
 
 
 @pytest.fixture(scope="module")

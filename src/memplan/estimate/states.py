@@ -229,6 +229,12 @@ def _sharded(numel_dense: int, numel_expert: int, shards: tuple[int, int], on: b
     return -(-numel_dense // shards[0]) + -(-numel_expert // shards[1])
 
 
+def sharded_numel(job: Job, dense: int, expert: int) -> int:
+    """Elements of ``dense`` and ``expert`` parameters one GPU keeps when they are sharded as the job's
+    fully sharded states are (dense over the data-parallel group or its shard group, experts over theirs)."""
+    return _sharded(dense, expert, _shard_sizes(job), True)
+
+
 #: Bytes of one ``state["step"]`` tensor (float32 scalar) of torch.optim's Adam/AdamW.
 STEP_COUNTER_BYTES = 4
 
