@@ -256,6 +256,11 @@ class Sharding:
             raise JobConfigError("--fsdp", f"cannot be combined with --zero {self.zero}", self.fsdp)
         self._check_deepspeed_keys()
 
+    def hybrid_shard_size(self, ranks: int) -> int:
+        """Ranks a hybrid (HSDP) shard group asks for among ``ranks`` data-parallel ranks: ``--fsdp-shard-size``,
+        by default min(ranks, 8) (one node's GPUs)."""
+        return self.fsdp_shard_size or min(ranks, 8)
+
     def _check_deepspeed_keys(self) -> None:
         """The DeepSpeed buffer settings as DeepSpeed's config takes them (the Python API reaches them without the
         config reader): element counts whole and in range (``reduce_bucket_size`` above 0, ``"auto"`` where Hugging

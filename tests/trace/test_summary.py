@@ -63,7 +63,9 @@ def test_bad_options_name_the_flag(field: str, value: object) -> None:
     ({"offload_activations": True, "device": "cpu"}, "--offload-activations"), ({"gbs": 8}, "--gbs"),
     ({"loss": "fused"}, "--loss"), ({"optimizer": "adafactor"}, "--optimizer"),
     ({"mtp_layers": 1}, "--mtp-layers"), ({"grad_dtype": "bf16"}, "--grad-dtype"),
-    ({"framework": "torchtitan", "tp": 2}, "--tp"), ({"fsdp": 8, "gpus": 16}, "--fsdp"),
+    ({"framework": "torchtitan", "tp": 2}, "--tp"),
+    # hybrid sharding is traced (HSDP, tests/trace/test_hsdp_trace.py) over whole replicas of the shard group only
+    ({"fsdp": "hybrid", "fsdp_shard_size": 4, "gpus": 6}, "--fsdp-shard-size"),
 ])
 def test_settings_the_tracer_cannot_run_are_refused_by_flag(flags: dict[str, object], flag: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -31,6 +31,7 @@ from memplan.estimate import (
     compiled_loss,
     ds_allreduce,
     final_norm_backward,
+    hsdp,
     loss_parallel,
     pipeline_fsdp,
     recomputed_backward,
@@ -239,13 +240,17 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
         return _with_most(zero12_bucket.contributions(ctx, st))
     if run.profile.stage0_allreduce_elements and ds_allreduce.applies(run.job, run.profile):
         return _with_most(ds_allreduce.contributions(ctx, st))
+    head = head_unit(ctx)
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
-                                     tied=run.model.tie_word_embeddings, head=head_unit(ctx))
+                                     tied=run.model.tie_word_embeddings, head=head)
     out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward else (phase,))
            for phase, size in comm_at.items()]
     note = pipeline_fsdp.finetune_note(ctx, st)
-    return out + ([note] if note is not None else []), max(comm_at.values())
+    out += [note] if note is not None else []
+    # the backward's last unit: the embedding's where the head is a unit apart, else the root
+    held = hsdp.contributions(ctx, st, st.params.root - (head or 0)) if run.job.sharding.fsdp == "hybrid" else []
+    return _with_most(out + held) if held else (out, max(comm_at.values()))
 
 
 def _with_most(held: list[Contribution]) -> tuple[list[Contribution], int]:

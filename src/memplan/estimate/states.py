@@ -218,7 +218,7 @@ def _shard_sizes(job: Job) -> tuple[int, int]:
         instances = sh.distributed_optimizer_instances
         return max(1, dense // instances), max(1, expert // instances)
     if sh.fsdp == "hybrid":
-        size = sh.fsdp_shard_size or min(dense, 8)
+        size = sh.hybrid_shard_size(dense)
         return min(size, dense), min(size, expert)
     return dense, expert
 
@@ -227,6 +227,12 @@ def _sharded(numel_dense: int, numel_expert: int, shards: tuple[int, int], on: b
     if not on:
         return numel_dense + numel_expert
     return -(-numel_dense // shards[0]) + -(-numel_expert // shards[1])
+
+
+def sharded_numel(job: Job, dense: int, expert: int) -> int:
+    """Elements of ``dense`` and ``expert`` parameters one GPU keeps when they are sharded as the job's
+    fully sharded states are (dense over the data-parallel group or its shard group, experts over theirs)."""
+    return _sharded(dense, expert, _shard_sizes(job), True)
 
 
 #: Bytes of one ``state["step"]`` tensor (float32 scalar) of torch.optim's Adam/AdamW.

@@ -44,7 +44,7 @@ DEFAULT_TRACE_FRAMEWORK = "hf"
 #: Job fields the tracer executes, as (section, field); every other field must keep its default.
 _TRACED: frozenset[tuple[str | None, str]] = frozenset({
     ("parallel", "world_size"), ("parallel", "tp"), ("parallel", "dp"),
-    ("sharding", "fsdp"),
+    ("sharding", "fsdp"), ("sharding", "fsdp_shard_size"),
     ("batch", "micro_batch_size"), ("batch", "seq_length"), ("batch", "global_batch_size"), ("batch", "packing"),
     ("precision", "name"),
     ("optimizer", "name"), ("optimizer", "momentum"), ("optimizer", "implementation"),
@@ -179,8 +179,10 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
         raise ConfigError("--tp", "memplan trace applies Hugging Face's tensor-parallel plan; torchtitan's "
                           "(vocab-parallel embedding, sequence parallelism, loss parallelism) is estimated only: "
                           "trace it with --framework hf", par.tp)
-    if sharding.fsdp == "hybrid":
-        raise ConfigError("--fsdp", "hybrid sharding is not simulated by memplan trace (use full)", "hybrid")
+    if sharding.fsdp == "hybrid" and par.data_parallel % sharding.hybrid_shard_size(par.data_parallel):
+        raise ConfigError("--fsdp-shard-size", f"memplan trace simulates hybrid sharding over whole replicas: the shard "
+                          f"group must divide the data-parallel size {par.data_parallel}",
+                          sharding.hybrid_shard_size(par.data_parallel))
     if sharding.fsdp == "none" and par.data_parallel > 1:
         raise ConfigError("--gpus", f"memplan trace simulates FSDP and TP ranks: with --fsdp none the GPUs must "
                           f"equal --tp ({par.tp}); DDP replicas are estimated only", par.world_size)
@@ -340,8 +342,17 @@ class TraceSetup:
 
     @property
     def fsdp(self) -> int:
-        """FSDP ranks (1 = no FSDP)."""
-        return self.job.parallel.data_parallel if self.job.sharding.fsdp == "full" else 1
+        """FSDP ranks a parameter is sharded over: all data-parallel ranks under full sharding, one shard
+        group's under hybrid (1 = no FSDP)."""
+        sharding, dp = self.job.sharding, self.job.parallel.data_parallel
+        if sharding.fsdp == "hybrid":
+            return min(sharding.hybrid_shard_size(dp), dp)
+        return dp if sharding.fsdp == "full" else 1
+
+    @property
+    def fsdp_replicas(self) -> int:
+        """Replicas of the shard group under hybrid sharding (HSDP's replicate dimension; 1 otherwise)."""
+        return self.job.parallel.data_parallel // self.fsdp if self.job.sharding.fsdp == "hybrid" else 1
 
     @property
     def world_size(self) -> int:
@@ -366,7 +377,8 @@ class TraceSetup:
 
         return {"job": _json_ready(asdict(self.job)), "run": _json_ready(asdict(self.run)), "given": sorted(self.given),
                 "resolved": {"optimizer_impl": self.resolved_optimizer_impl, "attention": self.attention,
-                             "fsdp_ranks": self.fsdp, "tp_ranks": self.tp}}
+                             "fsdp_ranks": self.fsdp, "fsdp_replicas": self.fsdp_replicas,
+                             "tp_ranks": self.tp}}
 
 
 def _json_ready(value: Any) -> Any:

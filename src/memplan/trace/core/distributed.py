@@ -15,6 +15,10 @@ reduce-scatter buffers and DTensor redistributions.
   ``RowwiseParallel`` o/down projections, an untied head column-parallel with its logits gathered;
   the embedding (and a head tied to it) and the norms stay whole on every rank.
 * both: a 2-D mesh (``dp`` x ``tp``), TP inside each FSDP unit.
+* ``--fsdp hybrid``: HSDP, ``fully_shard`` on a 2-D (``dp_replicate``, ``dp_shard``) mesh: parameters sharded
+  within a shard group of ``--fsdp-shard-size`` ranks and replicated across the groups; each unit's gradients
+  reduce-scattered within the group, then all-reduced in place across the replicas (``foreach_reduce``), the
+  reduce-dtype output held by its unit (``FSDPParamGroup._all_reduce_state``) until the backward ends.
 """
 
 from __future__ import annotations
@@ -63,15 +67,28 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
     _forget_meshes()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=options.world_size)
     try:
-        if options.tp > 1 and options.fsdp > 1:
-            mesh = init_device_mesh("cpu", (options.fsdp, options.tp), mesh_dim_names=("dp", "tp"))
-        else:
-            mesh = init_device_mesh("cpu", (options.world_size,), mesh_dim_names=("tp" if options.tp > 1 else "dp",))
+        shape, names = _mesh_dims(options)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         with unrecorded_sharding_propagation():
             yield mesh
     finally:
         dist.destroy_process_group()
         _forget_meshes()
+
+
+def _mesh_dims(options: TraceSetup) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The world's mesh: ``dp`` (FSDP) and/or ``tp``; under hybrid sharding ``dp`` is two dimensions, the
+    shard group's replicas (``dp_replicate``) and its ranks (``dp_shard``), as torchtitan's and accelerate's
+    HSDP meshes (``fully_shard`` shards over the last, replicates over the first)."""
+    dims = [("dp_replicate", options.fsdp_replicas), ("dp_shard", options.fsdp)] if options.fsdp_replicas > 1 \
+        else [("dp", options.fsdp)]
+    dims = [(name, size) for name, size in [*dims, ("tp", options.tp)] if size > 1] or [("dp", options.world_size)]
+    return tuple(size for _, size in dims), tuple(name for name, _ in dims)
+
+
+def _dp_mesh(mesh: Any, options: TraceSetup) -> Any:
+    """The mesh ``fully_shard`` takes: 1-D over the FSDP ranks, or HSDP's 2-D (replicate, shard) mesh."""
+    return mesh["dp_replicate", "dp_shard"] if options.fsdp_replicas > 1 else mesh["dp"]
 
 
 def _forget_meshes() -> None:
@@ -131,7 +148,7 @@ def parallelize(model: torch.nn.Module, options: TraceSetup, mesh: Any,
             if blocks is None:
                 _apply_tp_head(model, mesh["tp"])
         if options.fsdp > 1:
-            _apply_fsdp(model, layers, mesh["dp"], options)
+            _apply_fsdp(model, layers, _dp_mesh(mesh, options), options)
 
 
 def _check_tp(model: torch.nn.Module, tp: int) -> None:
