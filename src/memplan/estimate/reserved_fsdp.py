@@ -39,12 +39,15 @@ comes before the reduce), the reduce-scatter's input (the root's unsharded gradi
 made, the gradients freed once copied in, the output made on the reduce-scatter stream; the input is held
 (``reduce_scatter_states``) to the end of the backward.
 
-torchtitan's outer units (``FrameworkProfile.fsdp_outer_units``, untied, no pipeline: the ledger's
-:func:`~memplan.estimate.stage_peak.head_unit`; ``memplan trace --framework torchtitan`` wraps them so): the
-embedding is a unit (unit 0) and the final norm and head another (the last), ``reshard_after_forward=False``;
-the root holds no parameters. The embedding's unit reshards after its forward; the head's is gathered after
-the blocks, its copy-out frees the last block's output and its own output is freed as the root's forward ends,
-before the loss (torchtitan computes it outside the model); its pre-backward hook fires once the logits'
+torchtitan's and accelerate's outer units (``FrameworkProfile.fsdp_outer_units``, untied, no pipeline: the
+ledger's :func:`~memplan.estimate.stage_peak.head_unit`; ``memplan trace --framework torchtitan`` and ``hf``
+wrap them so): the embedding is a unit (unit 0) and the final norm and head another (the last),
+``reshard_after_forward=False``; the root holds no parameters. The embedding's unit reshards after its forward;
+the head's is gathered after the blocks, its copy-out frees the last block's output and its own output is freed
+as the root's forward ends, before the loss, as where the trainer computes it on the model's output
+(torchtitan). Not modelled: where the model computes it (``FrameworkProfile.loss_in_model_forward``, the Hugging
+Face Trainer) that output lives through the loss's forward (the ledger prices it:
+:mod:`memplan.estimate.fsdp_loss_gather`), here freed before it; its pre-backward hook fires once the logits'
 gradient is made, after the loss's backward, and prefetches the last block; its post-backward (reshard, then
 reduce-scatter) comes after its gradients, its reduce-scatter input held through the last block's backward
 (``reduce_scatter_states``, one buffer); the first block prefetches the embedding's unit, whose copy-out frees
