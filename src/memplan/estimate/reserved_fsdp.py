@@ -11,7 +11,11 @@ trace of a ``--fsdp`` job shows (``memplan trace --fsdp N``, events by stream):
   its forward to its reshard in its post-backward, a block's freed after its forward and its backward), and
   a block's unsharded gradients in the compute dtype until its reduce-scatter;
 - its reduce-scatter stream: the reduce-scatter output, the rank's sharded gradients in the reduce
-  dtype, alive until the optimizer step's ``zero_grad``.
+  dtype, cast there to the gradients' dtype where the two differ (torch ``foreach_reduce``'s
+  ``_to_dtype_if_needed``: accelerate's bf16 reduce of fp32 gradients; the 16-bit output freed once cast),
+  alive until the optimizer step's ``zero_grad``. Not modelled: the reduce-scatter input is made in the reduce
+  dtype too; the schedule stages it in the gradients' dtype (staged in bf16 under ``hf``, the tied root-unit
+  cells of benchmarks/reserved_sim.py moved to -9.1% and -3.8% against their traces: cause not found).
 
 When each all-gather output is freed (torch 2.13 ``FSDPParamGroup.wait_for_unshard``, ``FSDPState._post_forward``
 and ``FSDPParamGroup._backward_prefetch``; a trace of ``--fsdp 2`` shows the same order):
@@ -99,6 +103,9 @@ class FsdpSizes:
     #: Whether the final norm and head are a unit apart from the embedding's (torchtitan's outer units): then
     #: unit 0 is the embedding's and the head's is the last one, after the blocks'.
     outer: bool = False
+    #: The reduce-scatter output's bytes per element against the sharded gradients' (numerator, denominator):
+    #: ``MixedPrecisionPolicy.reduce_dtype`` (``FrameworkProfile.fsdp_reduce_dtype``) against the gradient dtype.
+    reduce_scale: tuple[int, int] = (1, 1)
 
 
 def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
@@ -125,4 +132,4 @@ def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
     shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1
     scale = (max(shards, 1) * compute, max(prec.grad_bytes, 1)) if finetune else None
     return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1),
-                     scale, outer)
+                     scale, outer, (prec.reduce_bytes, max(prec.grad_bytes, 1)))
