@@ -59,13 +59,14 @@ def test_each_all_gather_output_is_freed_as_fsdp2_frees_it(tmp_path: Path) -> No
     copy-out (the last one's when the root's forward ends); in the backward the last layer gathered before the
     loss's backward, each layer's output freed by its copy-out, which then gathers the layer before: the two steps'
     all-gather stream as the trace makes it. The schedule used to free each output with its input right after the
-    copy-out (+1 +0 -0 -1 for the root)."""
+    copy-out (+1 +0 -0 -1 for the root). A tied head: one root unit holds the embedding and the head (the hf
+    profile's untied head is a unit apart, accelerate's ``fsdp2_prepare_model``)."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(_TOY), encoding="utf-8")
+    config.write_text(json.dumps({**_TOY, "tie_word_embeddings": True}), encoding="utf-8")
     traced = _traced(str(config))
-    root, layer = ["+1", "+0", "-1"], ["+3", "+2", "-3"]
-    forward = root + layer + ["-0"] + (layer + ["-2"]) * 2 + ["-2"]
-    backward = layer + (["-2"] + layer) * 2 + ["-2"]
+    root, layer = ["+2", "+0", "-2"], ["+3", "+1", "-3"]  # (the tied root's input ranks below a layer's output)
+    forward = root + layer + ["-0"] + (layer + ["-1"]) * 2 + ["-1"]
+    backward = layer + (["-1"] + layer) * 2 + ["-1"]
     assert traced == (forward + backward) * 2
     assert _scheduled(str(config)) == traced
 

@@ -11,7 +11,11 @@ trace of a ``--fsdp`` job shows (``memplan trace --fsdp N``, events by stream):
   its forward to its reshard in its post-backward, a block's freed after its forward and its backward), and
   a block's unsharded gradients in the compute dtype until its reduce-scatter;
 - its reduce-scatter stream: the reduce-scatter output, the rank's sharded gradients in the reduce
-  dtype, alive until the optimizer step's ``zero_grad``.
+  dtype, cast there to the gradients' dtype where the two differ (torch ``foreach_reduce``'s
+  ``_to_dtype_if_needed``: accelerate's bf16 reduce of fp32 gradients; the 16-bit output freed once cast),
+  alive until the optimizer step's ``zero_grad``. Not modelled: the reduce-scatter input is made in the reduce
+  dtype too; the schedule stages it in the gradients' dtype (staged in bf16 under ``hf``, the tied root-unit
+  cells of benchmarks/reserved_sim.py moved to -9.1% and -3.8% against their traces: cause not found).
 
 When each all-gather output is freed (torch 2.13 ``FSDPParamGroup.wait_for_unshard``, ``FSDPState._post_forward``
 and ``FSDPParamGroup._backward_prefetch``; a trace of ``--fsdp 2`` shows the same order):
@@ -39,12 +43,15 @@ comes before the reduce), the reduce-scatter's input (the root's unsharded gradi
 made, the gradients freed once copied in, the output made on the reduce-scatter stream; the input is held
 (``reduce_scatter_states``) to the end of the backward.
 
-torchtitan's outer units (``FrameworkProfile.fsdp_outer_units``, untied, no pipeline: the ledger's
-:func:`~memplan.estimate.stage_peak.head_unit`; ``memplan trace --framework torchtitan`` wraps them so): the
-embedding is a unit (unit 0) and the final norm and head another (the last), ``reshard_after_forward=False``;
-the root holds no parameters. The embedding's unit reshards after its forward; the head's is gathered after
-the blocks, its copy-out frees the last block's output and its own output is freed as the root's forward ends,
-before the loss (torchtitan computes it outside the model); its pre-backward hook fires once the logits'
+torchtitan's and accelerate's outer units (``FrameworkProfile.fsdp_outer_units``, untied, no pipeline: the
+ledger's :func:`~memplan.estimate.stage_peak.head_unit`; ``memplan trace --framework torchtitan`` and ``hf``
+wrap them so): the embedding is a unit (unit 0) and the final norm and head another (the last),
+``reshard_after_forward=False``; the root holds no parameters. The embedding's unit reshards after its forward;
+the head's is gathered after the blocks, its copy-out frees the last block's output and its own output is freed
+as the root's forward ends, before the loss, as where the trainer computes it on the model's output
+(torchtitan). Not modelled: where the model computes it (``FrameworkProfile.loss_in_model_forward``, the Hugging
+Face Trainer) that output lives through the loss's forward (the ledger prices it:
+:mod:`memplan.estimate.fsdp_loss_gather`), here freed before it; its pre-backward hook fires once the logits'
 gradient is made, after the loss's backward, and prefetches the last block; its post-backward (reshard, then
 reduce-scatter) comes after its gradients, its reduce-scatter input held through the last block's backward
 (``reduce_scatter_states``, one buffer); the first block prefetches the embedding's unit, whose copy-out frees
@@ -96,6 +103,9 @@ class FsdpSizes:
     #: Whether the final norm and head are a unit apart from the embedding's (torchtitan's outer units): then
     #: unit 0 is the embedding's and the head's is the last one, after the blocks'.
     outer: bool = False
+    #: The reduce-scatter output's bytes per element against the sharded gradients' (numerator, denominator):
+    #: ``MixedPrecisionPolicy.reduce_dtype`` (``FrameworkProfile.fsdp_reduce_dtype``) against the gradient dtype.
+    reduce_scale: tuple[int, int] = (1, 1)
 
 
 def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
@@ -122,4 +132,4 @@ def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
     shards = round(sum(unsharded[1]) / gather_input[1]) if len(units) > 1 and gather_input[1] else 1
     scale = (max(shards, 1) * compute, max(prec.grad_bytes, 1)) if finetune else None
     return FsdpSizes(gather_input, unsharded, grads, head, ctx.run.model.tie_word_embeddings, max(shards, 1),
-                     scale, outer)
+                     scale, outer, (prec.reduce_bytes, max(prec.grad_bytes, 1)))

@@ -203,7 +203,16 @@ class Replay:
             return [None]
         staged = self.take(sum(sharded) * fsdp.shards)
         self.give(*grads)
-        return [staged, *self.take_all(sharded, REDUCE_SCATTER_STREAM)]
+        return [staged, *self.reduced(fsdp, sharded)]
+
+    def reduced(self, fsdp: FsdpSizes, sharded: Sequence[int]) -> list[Block | None]:
+        """The reduce-scatter's output on its stream: in the reduce dtype, cast to the gradients' dtype
+        (torch ``foreach_reduce``'s ``_to_dtype_if_needed``) where they differ, the cast's source then freed."""
+        num, den = fsdp.reduce_scale
+        low = self.take(sum(sharded) * num // den, REDUCE_SCATTER_STREAM) if num != den else None
+        out = self.take_all(sharded, REDUCE_SCATTER_STREAM)
+        self.give(low)
+        return out
 
     def gradients(self, fsdp: FsdpSizes | None, grads: list[int], unit: int) -> list[Block | None]:
         """The gradients of ``unit`` made in its backward: under FSDP2 the unsharded ones until the
@@ -216,7 +225,7 @@ class Replay:
             self.give(*unsharded)
             return sharded
         unsharded = self.take_all(fsdp.unsharded[unit])
-        sharded = self.take_all(fsdp.sharded_grads[unit], REDUCE_SCATTER_STREAM)
+        sharded = self.reduced(fsdp, fsdp.sharded_grads[unit])
         self.give(*unsharded)
         return sharded
 

@@ -94,7 +94,7 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     loss = loss_part(ctx, acts, st)
     forward = forward_peaks(acts, forward_extra, ctx)
     ledger = Ledger(_BASE_PHASES + (("loss",) if ctx.layout.has_head else ()) + (("forward",) if forward else ()))
-    comm, max_comm = communication(ctx, st, acts, forward)
+    comm, max_comm = communication(ctx, st, acts, forward, loss)
     moment = backward_moment(ctx, st, walk, acts, loss)
     # at that moment the model's forward keeps the embedding's output bound, where nothing saves it
     # and DoRA's step at the last layer's MLP output projection the tensors the modeling code binds there

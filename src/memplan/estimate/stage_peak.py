@@ -27,6 +27,7 @@ from memplan.estimate.extras import (
     saved_logits_bytes,
     softcap_bytes,
 )
+from memplan.estimate.fsdp_loss_gather import loss_gather
 from memplan.estimate import (
     compiled_loss,
     ds_allreduce,
@@ -225,12 +226,13 @@ def backward_moment(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: S
     return layers, temp, moment.position, False
 
 
-def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
-                  forward: bool) -> tuple[list[Contribution], int]:
+def communication(ctx: StageContext, st: StageStates, acts: StageActivations, forward: bool,
+                  loss: LossPart) -> tuple[list[Contribution], int]:
     """The collective buffers alive at each moment (the end of the forward: as at the loss), and
     their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`; DeepSpeed's
     ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`; without ZeRO:
-    :mod:`memplan.estimate.ds_allreduce`."""
+    :mod:`memplan.estimate.ds_allreduce`; FSDP2's last all-gather output at a loss inside the model's forward:
+    :mod:`memplan.estimate.fsdp_loss_gather`."""
     run = ctx.run
     if pipeline_fsdp.applies(ctx, st):
         return _with_most(list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts)))
@@ -246,11 +248,34 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations,
                                      tied=run.model.tie_word_embeddings, head=head)
     out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward else (phase,))
            for phase, size in comm_at.items()]
+    most = max(comm_at.values())
+    gathered = last_gathered(ctx) if run.profile.loss_in_model_forward else 0
+    if gathered:
+        gather = loss_gather(gathered, loss.logits, loss.forward_logits, acts.autocast_cache)
+        out.append(Contribution(COMMUNICATION, gather.at_loss, ("loss",), note=gather.note))
+        most = max(most, comm_at["loss"] + gather.nbytes)
     note = pipeline_fsdp.finetune_note(ctx, st)
     out += [note] if note is not None else []
     # the backward's last unit: the embedding's where the head is a unit apart, else the root
     held = hsdp.contributions(ctx, st, st.params.root - (head or 0)) if run.job.sharding.fsdp == "hybrid" else []
-    return _with_most(out + held) if held else (out, max(comm_at.values()))
+    if held:
+        out, at_once = _with_most(out + held)
+        most = max(most, at_once)
+    return out, most
+
+
+def last_gathered(ctx: StageContext) -> int:
+    """Bytes of the forward's last FSDP2 unit's all-gather output when it is alive at the loss beside that unit's
+    unsharded parameters (:mod:`memplan.estimate.fsdp_loss_gather`): the [final norm, head] unit's where it is a
+    unit apart and stays unsharded after its forward (``head_unit``). 0 under one root unit (the last decoder
+    layer reshards after its forward: its all-gather output takes the place of its parameters, which the loss
+    moment's block already prices), where the loss runs outside the model's forward, and under pipeline
+    parallelism (the schedule calls the loss)."""
+    run = ctx.run
+    if run.job.sharding.fsdp == "none" or not (run.profile.torch_optimizer and run.profile.loss_in_model_forward):
+        return 0
+    head = head_unit(ctx)
+    return 0 if head is None else head * dtype_bytes(run.prec.compute)
 
 
 def _with_most(held: list[Contribution]) -> tuple[list[Contribution], int]:

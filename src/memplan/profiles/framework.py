@@ -118,6 +118,11 @@ class FrameworkProfile:
     #: ``native_amp``, FSDP2 included). False: FSDP's ``MixedPrecisionPolicy`` alone casts (torchtitan's
     #: ``maybe_enable_amp`` applies no autocast with FSDP).
     fsdp_autocast: bool = False
+    #: The loss is computed inside the model's forward (a Hugging Face causal LM given ``labels``, as the Trainer
+    #: calls it), so under FSDP2 the forward's last unit's all-gather output, freed at the root module's
+    #: post-forward, is alive through the loss's forward (:mod:`memplan.estimate.fsdp_loss_gather`). False: the
+    #: trainer computes it on the model's output (torchtitan's ``train.py``: ``loss_fn(pred, labels)``).
+    loss_in_model_forward: bool = False
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
     #: Without ZeRO, the engine's all-reduce flattens the gradients into buckets flushed once they hold more than
@@ -416,6 +421,10 @@ HF = FrameworkProfile(
     # defaults to 2), with MixedPrecisionPolicy(param_dtype=reduce_dtype=bf16) and the forward under autocast
     fsdp_reduce_dtype="compute",
     fsdp_autocast=True,
+    # accelerate's fsdp2_prepare_model shards the input embedding as a unit and [final norm, head] as one kept
+    # unsharded after its forward (reshard_after_forward=False); a tied head joins the embedding in that unit
+    fsdp_outer_units="embedding-and-head",
+    loss_in_model_forward=True,  # the Trainer passes labels; transformers' ForCausalLM computes the loss
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure

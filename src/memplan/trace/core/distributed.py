@@ -208,8 +208,8 @@ def _has(module: torch.nn.Module, path: str) -> bool:
 
 def _apply_fsdp(model: torch.nn.Module, layers: list[torch.nn.Module], mesh: Any, options: TraceSetup) -> None:
     """Each decoder layer a unit, the root the rest; under a framework whose profile shards the embedding and
-    the head as units of their own (torchtitan's ``apply_fsdp``), those two units as well; the policy's reduce
-    dtype is the profile's (:attr:`TraceSetup.fsdp_reduce_dtype`)."""
+    the head as units of their own (torchtitan's ``apply_fsdp``, accelerate's ``fsdp2_prepare_model``), those two
+    units as well; the policy's reduce dtype is the profile's (:attr:`TraceSetup.fsdp_reduce_dtype`)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[options.compute_dtype],

@@ -1,0 +1,52 @@
+"""PyTorch FSDP2's last all-gather output of the forward, alive at the loss when the loss runs inside the model.
+
+In the forward, FSDP2 keeps each unit's all-gather output (the flat buffer the collective writes, the unit's
+parameters in the compute dtype) past its copy-out into the unsharded parameters, so that the next unit's
+all-gather can overlap the copy-out: torch ``FSDPParamGroup.wait_for_unshard`` parks it in
+``comm_ctx.all_gather_state``, and frees it at the next unit's copy-out in the forward or, for the last unit, at
+the root module's post-forward (``FSDPState._post_forward`` of the iteration's forward root). Where the loss is
+computed inside the model's forward (a Hugging Face causal LM given ``labels``, as the Trainer calls it:
+``FrameworkProfile.loss_in_model_forward``), the last unit's output is therefore alive through the loss's forward.
+Under one root unit that unit is the last decoder layer, resharded after its forward: its output takes the place
+of its parameters, which the loss moment's unsharded block already prices. Where the final norm and the head are a
+unit of their own (``FrameworkProfile.fsdp_outer_units``), kept unsharded after its forward
+(``reshard_after_forward=False``), the output is alive beside that unit's unsharded parameters: the head's weight
+twice. Where the trainer computes the loss on the model's output (torchtitan's ``train.py``: ``loss_fn(pred,
+labels)``), the root's post-forward has freed it before.
+
+The loss moment of the ledger is the larger of the loss's forward and its backward (which holds more logits:
+:class:`~memplan.estimate.stage_peak.LossPart`'s ``logits`` against ``forward_logits``); the buffer is priced there
+as what it adds beyond that difference, after the autocast cache (alive in the loss's forward too) has taken its
+share of it.
+"""
+
+from __future__ import annotations
+
+from memplan.frozen import frozen_dataclass
+
+
+@frozen_dataclass
+class LossGather:
+    """The last unit's all-gather output at the loss: its bytes (the category's highest) and what it adds to the
+    loss moment's sum."""
+
+    nbytes: int = 0
+    at_loss: int = 0
+
+    @property
+    def note(self) -> str:
+        if not self.nbytes:
+            return ""
+        return (f"FSDP2 keeps the forward's last unit's all-gather output ({self.nbytes / 2**20:,.1f} MiB) until the "
+                f"root module's forward returns: alive through the loss computed inside the model's forward, "
+                f"{self.at_loss / 2**20:,.1f} MiB beyond the loss backward's larger logits")
+
+
+def loss_gather(gathered: int, logits: int, forward_logits: int, forward_cache: int) -> LossGather:
+    """``gathered``: the last unit's all-gather output, bytes (0: none alive at the loss); ``logits`` and
+    ``forward_logits``: what the loss's backward and its forward hold of the logits; ``forward_cache``: the
+    loss forward's other extra (autocast's cached copies), which the difference absorbs first."""
+    if not gathered:
+        return LossGather()
+    room = logits - forward_logits
+    return LossGather(gathered, max(0, gathered + forward_cache - room) - max(0, forward_cache - room))
