@@ -297,9 +297,9 @@ def memplan_cell(cell: str) -> dict[str, Any]:
         _, parts = _stage_parts(Same(loaded.model), loaded.job, 0.0)
     ledger = parts[0][2].ledger
 
-    def states(phase: str) -> int:  # the states and the buffers kept for the whole step (ZeRO-3's bucket)
+    def states(phase: str) -> int:  # the states and the buffers kept between steps (ZeRO-3's bucket, persistent)
         return (sum(ledger.total(c, phase) for c in STATES) - ledger.total("absent", phase)
-                + ledger.total("communication"))
+                + ledger.total("communication", "forward"))
 
     def at(phase: str) -> int:  # the CUDA workspaces memplan prices are no part of the CPU engine's census
         return ledger.allocated_at(phase) - ledger.total("workspace", phase)
