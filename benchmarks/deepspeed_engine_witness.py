@@ -297,9 +297,13 @@ def memplan_cell(cell: str) -> dict[str, Any]:
         _, parts = _stage_parts(Same(loaded.model), loaded.job, 0.0)
     ledger = parts[0][2].ledger
 
-    def states(phase: str) -> int:  # the states and the buffers kept between steps (ZeRO-3's bucket, persistent)
-        return (sum(ledger.total(c, phase) for c in STATES) - ledger.total("absent", phase)
-                + ledger.total("communication", "forward"))
+    # the buffers kept between steps, by their sentences: ZeRO-3's reduce bucket and persistent parameters
+    kept = ledger.total("communication") + sum(
+        c.nbytes for c in ledger.entries if c.category == "communication" and c.live
+        and ("ZeRO-3 reduce bucket:" in c.note or "persistent parameters:" in c.note))
+
+    def states(phase: str) -> int:
+        return sum(ledger.total(c, phase) for c in STATES) - ledger.total("absent", phase) + kept
 
     def at(phase: str) -> int:  # the CUDA workspaces memplan prices are no part of the CPU engine's census
         return ledger.allocated_at(phase) - ledger.total("workspace", phase)

@@ -17,13 +17,14 @@ from memplan.inputs import JobRequest, load_job
 from tests.estimate.test_zero3_dtypes import TINY4
 
 
-def _ledger(tmp_path: Path, stage: int, gpus: int, **keys: object):  # type: ignore[no-untyped-def]
+def _ledger(tmp_path: Path, stage: int, gpus: int, flags: dict | None = None,  # type: ignore[no-untyped-def]
+            **keys: object):
     (tmp_path / "config.json").write_text(json.dumps(TINY4))
     ds = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
           "zero_optimization": {"stage": stage, "reduce_bucket_size": 100_000, **keys}}
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     loaded = load_job(JobRequest(model=str(tmp_path / "config.json"), flags={
-        "gpus": gpus, "seq": 32, "deepspeed_config": str(tmp_path / "ds.json")}))
+        "gpus": gpus, "seq": 32, "deepspeed_config": str(tmp_path / "ds.json"), **(flags or {})}))
     _, parts = _stage_parts(Same(loaded.model), loaded.job, 0.0)
     return parts[0][2].ledger
 
@@ -83,3 +84,17 @@ def test_zero2_offload_keeps_a_device_staging_buffer(tmp_path: Path) -> None:
         + ledger.total("communication", "forward")
     assert after_step == pytest.approx(7_865_352, rel=0.001)
     assert _at(ledger, "backward") == pytest.approx(10_156_392, rel=0.02)
+
+
+#: Z4 (ZeRO-3 world 2) and Z5 (the same, zero.Init + LoRA r8 q_proj,v_proj): the most live in the forward, at the last
+#: layer's forward, holds the prefetch's flat all-gather buffer (the 2,625,536 non-persistent parameters, 5,251,072 B)
+#: beside every parameter's own gathered copy.
+FORWARD = [("Z4", None, 43_767_373), ("Z5 LoRA", {"peft": "lora", "lora_rank": 8, "lora_targets": "q_proj,v_proj"},
+                                      18_036_445)]
+
+
+@pytest.mark.parametrize("cell, flags, engine", FORWARD, ids=[c[0] for c in FORWARD])
+def test_zero3_forward_holds_the_prefetch_buffer(tmp_path: Path, cell: str, flags: dict | None, engine: int) -> None:
+    ledger = _ledger(tmp_path, 3, 2, flags)
+    assert max(_at(ledger, "forward"), _at(ledger, "loss")) == pytest.approx(engine, rel=0.02)
+    assert any("flat buffer of its last coalesced all-gather (2,625,536" in n for n in ledger.notes())

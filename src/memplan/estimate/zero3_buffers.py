@@ -37,6 +37,14 @@ Hugging Face's values from the hidden size), each in the parameters' dtype:
   ``stage3_model_persistence_threshold``) stay gathered on every GPU but for the optimizer step (``step``
   releases every parameter with ``_partition_all_parameters``; ``_post_step`` gathers them again); the gathered
   set above counts the other parameters.
+* **The coalesced all-gather's flat buffer** (partition_parameters.py ``all_gather_coalesced`` and
+  ``AllGatherCoalescedHandle.wait``): a prefetch all-gathers its parameters into one flat buffer and ``wait`` copies
+  each parameter out (``torch.cat``); every parameter of the call holds the same handle, so the flat buffer lives
+  until the last of them is fetched. At the end of the forward the last call's buffer waits for the head: at most
+  ``min(stage3_prefetch_bucket_size, stage3_max_live_parameters)`` and the parameter that crosses it, of the
+  parameters not kept persistent (measured, docs/benchmarks.md, helper zero17: Z4, 5,251,072 B at the last layer's
+  forward, the whole model's non-persistent parameters in one call). Not priced in the backward (Z4's backward holds
+  no such buffer beside the gathered set).
 * **One data-parallel rank** (partition_parameters.py ``all_gather_coalesced``): where every parameter's partition
   is the whole parameter, the engine points the parameter at its partition (``_no_gather_coalesced``): no
   gathered and no persistent copy (measured, docs/benchmarks.md, helper zero17: Z3).
@@ -178,6 +186,44 @@ _UNGATHERED = Contribution(COMMUNICATION, 0, note=(
     "or persistent parameters are priced"))
 
 
+def flat_gather_elements(ctx: StageContext, params: StageParams) -> int:
+    """The elements of the prefetcher's last coalesced all-gather still held at the end of the forward (see the
+    module): at most what one call fetches, ``min(stage3_prefetch_bucket_size, stage3_max_live_parameters)`` and the
+    parameter that crosses it, of the parameters not kept persistent; 0 on one data-parallel rank or with the
+    prefetcher off."""
+    run = ctx.run
+    sh, d = run.job.sharding, run.profile.zero3_buffers
+    if d is None or not applies(run.job, run.profile, run.prec) or _shards(run) == 1:
+        return 0
+    prefetch = setting(sh.prefetch_bucket_size, d.prefetch_bucket_elements, hf_auto_prefetch_bucket(
+        run.model.hidden_size))[0]
+    if prefetch <= 0:
+        return 0
+    live = setting(sh.max_live_parameters, d.max_live_parameters, 0)[0]
+    persistent = persistent_elements(model_numels(run.model), *_persistence(run))
+    return min(max(0, params.total - persistent), min(prefetch, live) + module_unit(ctx, params))
+
+
+def _persistence(run: RunContext) -> tuple[int, int | None]:
+    sh, d = run.job.sharding, run.profile.zero3_buffers
+    assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
+    threshold = setting(sh.param_persistence_threshold, d.param_persistence_threshold,
+                        hf_auto_persistence_threshold(run.model.hidden_size))[0]
+    return threshold, sh.model_persistence_threshold
+
+
+def _flat_gather(ctx: StageContext, params: StageParams) -> Contribution | None:
+    """The coalesced all-gather's flat buffer beside the parameters' own copies at the end of the forward."""
+    elements = flat_gather_elements(ctx, params)
+    if not elements:
+        return None
+    prec = ctx.run.prec.param
+    return Contribution(COMMUNICATION, dtype_bytes(prec) * elements, ("forward",), note=(
+        f"DeepSpeed ZeRO-3 prefetch: the flat buffer of its last coalesced all-gather ({elements:,} {prec} elements, "
+        "at most stage3_prefetch_bucket_size and one parameter) is held until every parameter it brought is used, "
+        "beside their own copies: alive at the end of the forward, freed once the head is fetched"))
+
+
 def reduced_elements(total: int, bucket: int, unit: int) -> int:
     """Gradients one reduction takes at most: a bucket's worth, or alone the parameter that does not fit in one."""
     return min(total, max(bucket, unit))
@@ -273,7 +319,8 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     ]
     if not run.job.offload.optimizer:
         out.append(_sub_group_gradient(ctx, partition, unit, setting(sh.sub_group_size, d.sub_group_size, 0)))
-    out += [c for c in (kept, _conversions(ctx, params, bucket, unit)) if c is not None]
+    out += [c for c in (kept, _conversions(ctx, params, bucket, unit), _flat_gather(ctx, params) if forward else None)
+            if c is not None]
     if not keeps_bucket(sh, d):
         return out
     return out + [_bucket(ctx, bucket, bucket_from)]
