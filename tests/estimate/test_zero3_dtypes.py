@@ -98,14 +98,21 @@ def test_persistent_parameters_match_deepspeeds_engine(tmp_path: Path, threshold
     assert persistent_elements(numels, threshold, None) == measured
 
 
-def test_persistence_threshold_is_priced_whole_step(tmp_path: Path) -> None:
+def test_persistence_threshold_is_priced_but_for_the_step(tmp_path: Path) -> None:
+    """Kept from the forward to the end of the backward; the step releases every parameter (``step`` ->
+    ``_partition_all_parameters``) and gathers the persistent ones again after it (``_post_step``): re-measured by
+    helper zero17 (Z4, world size 2: the step's most live is the states, the bucket and the fp32 sub-group gradient
+    with its flat copy, no persistent parameter; until session 17 this test held them at the step)."""
     assert persistent_elements((10, 20, 5), 30, 25) == 15  # the model cap skips the 20 and keeps the 5
     small = {"zero_optimization": {"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}}
-    step = [_ledger(_job(tmp_path, {"zero_optimization": {**small["zero_optimization"], **extra}})).total(
-        "communication", "optimizer step") for extra in ({}, {"stage3_param_persistence_threshold": 0},
-                                                         {"stage3_param_persistence_threshold": "auto"})]
-    assert step[0] - step[1] == 2 * PERSISTENT  # kept at the optimizer step too
-    assert step[2] == step[0]  # Hugging Face's 10 * 2,048 also keeps only the norms
+    ledgers = [_ledger(_job(tmp_path, {"zero_optimization": {**small["zero_optimization"], **extra}}))
+               for extra in ({}, {"stage3_param_persistence_threshold": 0},
+                             {"stage3_param_persistence_threshold": "auto"})]
+    step = [led.total("communication", "optimizer step") for led in ledgers]
+    loss = [led.total("communication", "loss") for led in ledgers]
+    assert step[0] == step[1] == step[2]  # none at the optimizer step
+    assert loss[0] - loss[1] == 2 * PERSISTENT
+    assert loss[2] == loss[0]  # Hugging Face's 10 * 2,048 also keeps only the norms
 
 
 @pytest.mark.parametrize("config, key", [({"data_types": {"grad_accum_dtype": "int8"}}, "data_types.grad_accum_dtype"),

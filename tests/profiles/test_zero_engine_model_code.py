@@ -73,7 +73,10 @@ def test_zero_1_2_change_no_activation_term(tmp_path: Path, model: str, flags: d
         assert "--zero" in str(exc) and flags["recompute"] in ("selective", "megatron-selective"), exc
         return
     plain = _terms(model, engine_precision)
-    assert zero[1] == plain and zero[2] == plain
+    assert zero[1] == plain
+    # ZeRO-2 holds its whole gradient partition from the backward's first reduction (helper zero17): its walked
+    # backward moment may stop at another layer, holding other layers' activations; its forward and loss are hf's
+    assert {k: v for k, v in zero[2].items() if k != "backward"} == {k: v for k, v in plain.items() if k != "backward"}
 
 
 def test_layer_activation_costs_price_a_zero_job_on_its_engine() -> None:

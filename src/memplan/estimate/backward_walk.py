@@ -17,7 +17,7 @@ from memplan.estimate.mask_lifetime import mask_releases, released_masks
 from memplan.estimate.stage_activations import StageActivations, head_numel
 from memplan.estimate.stage_states import StageStates
 from memplan.estimate.states import layer_numel_on_rank
-from memplan.estimate.step_gradients import made_in_backward
+from memplan.estimate.step_gradients import made_in_backward, whole_partition_after
 from memplan.model.params import final_norm_params
 
 
@@ -63,6 +63,7 @@ def walked_backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: S
         return WalkedBackward(acts.layers, acts.worst_backward + head_grads, None, False)
     per_param = st.states.gradients / max(st.params.total, 1)
     remaining, made = acts.layers, head_grads
+    whole_after, numel = whole_partition_after(ctx), int(head_grads / per_param) if per_param else 0
     best = WalkedBackward(acts.layers, head_grads, None, True)
     best_total = -1
     # a mask kind's last user in the backward is its lowest layer: below it the mask is gone
@@ -71,9 +72,12 @@ def walked_backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: S
         index, kept, worst = walk.per_layer[position]
         worst += walk.early_gradients.get(index, 0)  # the layer's own gradients made before its worst op
         held = remaining - released_masks(releases, index) if releases else remaining
+        if whole_after is not None and numel >= whole_after:
+            made = st.states.gradients  # ZeRO-2's contiguous partition, allocated whole: the later ones go into it
         if held + made + worst > best_total:
             best_total, best = held + made + worst, WalkedBackward(held, made + worst, position, True)
         remaining -= 0 if acts.per_tensor_offload else kept
         dense, expert = layer_numel_on_rank(ctx.model.layer_param_groups[index], ctx.job)
-        made += int((dense + expert) * per_param)
+        made += int((dense + expert) * per_param) if made < st.states.gradients else 0
+        numel += dense + expert
     return best

@@ -92,7 +92,7 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     walk = walk_layers(ctx, forward_extra)
     acts = stage_activations(ctx, walk, st.ft)
     loss = loss_part(ctx, acts, st)
-    forward = forward_peaks(acts, forward_extra, ctx)
+    forward = forward_peaks(acts, forward_extra, ctx, st)
     ledger = Ledger(_BASE_PHASES + (("loss",) if ctx.layout.has_head else ()) + (("forward",) if forward else ()))
     comm, max_comm = communication(ctx, st, acts, forward, loss)
     moment = backward_moment(ctx, st, walk, acts, loss)

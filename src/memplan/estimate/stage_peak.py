@@ -186,10 +186,12 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
         yield Contribution(ACTIVATIONS, 0, _BACKWARD, note=note)
 
 
-def forward_peaks(acts: StageActivations, forward_extra: int, ctx: StageContext) -> bool:
+def forward_peaks(acts: StageActivations, forward_extra: int, ctx: StageContext, st: StageStates) -> bool:
     """Whether the end of the forward is a candidate peak: DeepSpeed's contiguous checkpoint buffers
-    not yet filled, or the last layer's forward temporaries (DoRA's weights, gpt-oss's sink attention)."""
-    return bool(acts.unused_buffers) or bool(forward_extra and not ctx.recomputed)
+    not yet filled, ZeRO-3's last prefetch buffer, or the last layer's forward temporaries (DoRA's weights, gpt-oss's
+    sink attention)."""
+    return (bool(acts.unused_buffers) or bool(forward_extra and not ctx.recomputed)
+            or zero3_buffers.flat_gather_elements(ctx, st.params) > 0)
 
 
 def _backward(ctx: StageContext, walk: LayerWalk, moment: BackwardMoment) -> Iterator[Contribution]:

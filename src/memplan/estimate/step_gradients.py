@@ -15,18 +15,21 @@ they are then ``absent`` at (:mod:`memplan.estimate.stage_peak`).
   (runtime/zero/stage3.py ``grad_partitions_flat_buffer``, allocated at init): 3 is not in the tuple.
 * ZeRO-2's backward with ``contiguous_gradients`` (DeepSpeed's default) allocates this GPU's whole partition at its
   first ``copy_grads_in_partition`` (``torch.empty(total_size)``), after the first reduce bucket fills; the gradients
-  before it sit in the bucket (priced as communication). The walk counts the partition's share of the gradients made
-  so far, as at ZeRO-1 (which makes the full gradients layer by layer and reduces at the boundary): on the GPU whose
-  partition holds the head, between that first reduction and the end of its partition's layers, it is low by the
-  partition less that share.
+  before it sit in the bucket (priced as communication). On the GPU whose partition holds the head (the last rank;
+  at one data-parallel rank the partition is every gradient) that is the backward's first reduction: once the
+  gradients made reach ``reduce_bucket_size`` elements the walk holds the whole partition
+  (:func:`whole_partition_after`; measured, docs/benchmarks.md, helper zero17: Z1 at world size 1, Z2 at 2). ZeRO-1
+  makes the full gradients layer by layer and reduces at the boundary; the walk counts the partition's share of the
+  gradients made so far there.
 """
 
 from __future__ import annotations
 
 from memplan.estimate.context import StageContext
 from memplan.estimate.zero12_bucket import bf16_optimizer
+from memplan.profiles.zero3 import keeps_bucket, reduce_bucket
 
-__all__ = ["freed_after_step", "made_in_backward", "note"]
+__all__ = ["freed_after_step", "made_in_backward", "note", "whole_partition_after"]
 
 
 def freed_after_step(ctx: StageContext) -> bool:
@@ -49,6 +52,18 @@ def made_in_backward(ctx: StageContext) -> bool:
     return freed_after_step(ctx)
 
 
+def whole_partition_after(ctx: StageContext) -> int | None:
+    """The gradient elements a backward makes before DeepSpeed ZeRO-2 holds this GPU's whole contiguous gradient
+    partition (its first reduction, once ``reduce_bucket_size`` elements are made; see the module), None where the
+    walk counts the partition's share of the gradients made (other stages, ``contiguous_gradients`` off, the
+    optimizer offloaded: its partition is in host memory)."""
+    job, d = ctx.job, ctx.profile.zero3_buffers
+    if (d is None or job.sharding.zero != 2 or job.sharding.fsdp != "none" or job.offload.optimizer
+            or not keeps_bucket(job.sharding, d)):
+        return None
+    return reduce_bucket(job.sharding, d, ctx.model.hidden_size)[0]
+
+
 def note(ctx: StageContext) -> str:
     """The sentence for gradients a ZeRO stage's engine frees after the step where :func:`made_in_backward`; "" where
     the profile frees them always (``frees_gradients``)."""
@@ -56,6 +71,10 @@ def note(ctx: StageContext) -> str:
         return ""
     zero = ctx.job.sharding.zero
     stage = f"ZeRO-{zero}" if zero else "without ZeRO"
+    whole = whole_partition_after(ctx)
     return (f"{ctx.profile.name} {stage} frees every gradient after the optimizer step (zero_grad(set_to_none=True)): "
             "a step's only micro-batch holds none at its forward and loss and makes them again layer by layer in its "
-            "backward")
+            "backward" + ("" if whole is None else (
+                f"; ZeRO-2 allocates this GPU's whole gradient partition (contiguous_gradients) at the backward's "
+                f"first reduction, once {whole:,} gradient elements (reduce_bucket_size) are made, and the walk holds "
+                "it whole from then on (the GPU whose partition holds the head; the others allocate theirs later)")))

@@ -28,6 +28,17 @@ DeepSpeed, the Hugging Face Trainer through its integration). DeepSpeed 0.19.8:
   not reduced yet are still alive; at stage 2 the gradients are the partition already. With ``overlap_comm`` the
   reduction runs in the backward and each gradient's storage becomes a view of the bucket as it is made
   (``process_gradients``), so the partition fills as the full gradients go: not priced beside them.
+* **The optimizer step's fp32 gradient**: ``step`` flattens this GPU's gradient partition (a copy in the gradients'
+  dtype) and casts it to fp32 (``single_grad_partition``, the fp32 partition's ``.grad``), both alive at the cast
+  beside the gradient partition (freed after): ``partition x (4 + the gradients' bytes where not fp32)`` at the
+  optimizer step (measured, docs/benchmarks.md, helper zero17: Z1 world size 1, Z2 and Z6 world size 2). At stage 1
+  the backward's epilogue has cleared the full gradients by then (``_clear_param_grad_only``): the step holds the
+  partition only (the rest is ``absent`` there). An offloaded optimizer's gradients are in host memory already;
+  BF16_Optimizer's are its fp32 buffer.
+* **The offload staging buffer**: with ``offload_optimizer`` the optimizer keeps a device buffer of the largest
+  parameter's elements in the model's dtype (``temp_grad_buffer_for_gpu_offload``) from its construction on
+  (measured, helper zero17: Z7, 512,000 B for tiny4's 256,000-element head); in the backward the gradients one
+  reduction takes wait on the device beside it (a bucket's worth or the largest parameter).
 * **BF16_Optimizer** (runtime/bf16_optimizer.py): ZeRO-1 with bf16 weights, ``grad_accum_dtype`` fp32 and no optimizer
   offload (engine.py ``_do_optimizer_sanity_check``) runs it instead of the ZeRO optimizer. It has no reduce bucket; its
   fp32 gradient buffer (``fp32_groups_gradients_flat``, the whole model on every GPU, allocated at init: the model
@@ -51,7 +62,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memplan.estimate.context import StageContext
-from memplan.estimate.ledger import COMMUNICATION, GRADIENTS, LIFETIME, TEMPORARY, Contribution
+from memplan.estimate.ledger import ABSENT, COMMUNICATION, GRADIENTS, LIFETIME, TEMPORARY, Contribution
 from memplan.job import Job
 from memplan.profiles.framework import FrameworkProfile
 from memplan.profiles.zero3 import keeps_bucket, reduce_bucket
@@ -62,6 +73,8 @@ if TYPE_CHECKING:
 
 __all__ = ["applies", "bf16_optimizer", "contributions"]
 
+#: fp32: the step's gradient (DeepSpeed's ``single_partition_of_fp32_groups``' dtype).
+_FP32 = 4
 #: From the backward that makes them to the optimizer step that reads them.
 _BACKWARD_TO_STEP = ("backward", "end of backward", "optimizer step")
 
@@ -106,7 +119,50 @@ def contributions(ctx: StageContext, st: StageStates) -> list[Contribution]:
     # with overlap_comm each gradient moves into the bucket as it is made (its storage becomes a view of the bucket):
     # the partition fills while the full gradients go, never beside them all (the gradients' bytes stand for it)
     partition = [] if sh.overlap_comm else _stage1_partition(ctx, st, when)
-    return [bucket, *([] if copy is None else [copy]), *partition]
+    return [bucket, *([] if copy is None else [copy]), *partition, *_step_gradient(ctx, st),
+            *_offload_buffer(ctx, st)]
+
+
+def _offload_buffer(ctx: StageContext, st: StageStates) -> list[Contribution]:
+    """With the optimizer offloaded, the device buffer one gradient is staged in on its way to host memory
+    (stage_1_and_2.py ``temp_grad_buffer_for_gpu_offload``: the largest parameter's elements in the model's dtype,
+    allocated when the optimizer is built and kept)."""
+    from memplan.estimate.zero3_buffers import largest_tensor, reduced_elements
+
+    run = ctx.run
+    if not run.job.offload.optimizer:
+        return []
+    numel, sh, d = largest_tensor(ctx), run.job.sharding, run.profile.zero3_buffers
+    assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO"
+    waiting = reduced_elements(st.params.total, reduce_bucket(sh, d, run.model.hidden_size)[0], numel)
+    return [Contribution(COMMUNICATION, numel * run.prec.param_bytes, note=(
+        f"DeepSpeed ZeRO-{sh.zero} with the optimizer offloaded: a device buffer of the largest "
+        f"parameter ({numel:,} {run.prec.param} elements) stages each gradient on its way to host memory, kept for "
+        "the whole step")),
+            Contribution(TEMPORARY, waiting * run.prec.grad_bytes, ("backward",), note=(
+                f"DeepSpeed ZeRO-{sh.zero} with the optimizer offloaded: the gradients one reduction takes (up to "
+                f"{waiting:,} elements, a bucket or the largest parameter) wait on the device for it"))]
+
+
+def _step_gradient(ctx: StageContext, st: StageStates) -> list[Contribution]:
+    """The optimizer step's fp32 gradient partition (stage_1_and_2.py ``step``: ``flatten(averaged_gradients)
+    .to(fp32)``, the flat copy in the gradients' dtype and its fp32 cast alive together beside the gradient
+    partition, which is freed after); an offloaded optimizer's gradients are in host memory already."""
+    run = ctx.run
+    if run.job.offload.optimizer:
+        return []
+    numel, grad = st.states.optimizer_numel, run.prec.grad_bytes
+    per_element = _FP32 + (grad if grad != _FP32 else 0)
+    out = [Contribution(TEMPORARY, per_element * numel, ("optimizer step",), note=(
+        f"DeepSpeed ZeRO-{run.job.sharding.zero} optimizer step: this GPU's gradient partition ({numel:,} elements) "
+        f"flattened ({run.prec.grad}) and cast to fp32 for the optimizer, both alive at the cast"))]
+    others = st.states.gradients - numel * grad
+    if run.job.sharding.zero == 1 and others > 0:
+        out.append(Contribution(ABSENT, others, ("optimizer step",), note=(
+            "DeepSpeed ZeRO-1: the reduction at the end of the backward keeps only this GPU's gradient partition "
+            "(independent_gradient_partition_epilogue clears every param.grad), so the optimizer step holds no "
+            "other gradient")))
+    return out
 
 
 def _stage1_partition(ctx: StageContext, st: StageStates, live: tuple[str, ...]) -> list[Contribution]:

@@ -34,8 +34,20 @@ Hugging Face's values from the hidden size), each in the parameters' dtype:
   to ``gradient_accumulation_dtype`` where that differs; during the backward.
 * **Persistent parameters** (parameter_offload.py ``mark_persistent_parameters``): tensors of at most
   ``stage3_param_persistence_threshold`` elements (while their total stays within
-  ``stage3_model_persistence_threshold``) stay gathered on every GPU for the whole step; the gathered set above
-  counts the other parameters.
+  ``stage3_model_persistence_threshold``) stay gathered on every GPU but for the optimizer step (``step``
+  releases every parameter with ``_partition_all_parameters``; ``_post_step`` gathers them again); the gathered
+  set above counts the other parameters.
+* **The coalesced all-gather's flat buffer** (partition_parameters.py ``all_gather_coalesced`` and
+  ``AllGatherCoalescedHandle.wait``): a prefetch all-gathers its parameters into one flat buffer and ``wait`` copies
+  each parameter out (``torch.cat``); every parameter of the call holds the same handle, so the flat buffer lives
+  until the last of them is fetched. At the end of the forward the last call's buffer waits for the head: at most
+  ``min(stage3_prefetch_bucket_size, stage3_max_live_parameters)`` and the parameter that crosses it, of the
+  parameters not kept persistent (measured, docs/benchmarks.md, helper zero17: Z4, 5,251,072 B at the last layer's
+  forward, the whole model's non-persistent parameters in one call). Not priced in the backward (Z4's backward holds
+  no such buffer beside the gathered set).
+* **One data-parallel rank** (partition_parameters.py ``all_gather_coalesced``): where every parameter's partition
+  is the whole parameter, the engine points the parameter at its partition (``_no_gather_coalesced``): no
+  gathered and no persistent copy (measured, docs/benchmarks.md, helper zero17: Z3).
 
 Witness: DeepSpeed's real ZeRO-3 engine on CPU (world size 1, tiny Llama models; docs/benchmarks.md, helper
 zero3ds14): the bucket's bytes exactly, overlap_comm on and off alike, the gathered set's maximum within 2.0% (a
@@ -72,6 +84,9 @@ from memplan.units import dtype_bytes
 _FP32 = 4
 #: From the forward to the end of the backward (the optimizer step holds no gathered parameter).
 _GATHERED_LIVE = ("loss", "backward", "end of backward")
+#: Every moment but the optimizer step: ``step`` starts with ``_partition_all_parameters`` (persistent ones too) and
+#: ``_post_step`` gathers the persistent ones again (stage3.py; measured, docs/benchmarks.md, helper zero17: Z4).
+_PERSISTENT_LIVE = ("forward", "loss", "backward", "end of backward")
 
 
 def applies(job: Job, profile: FrameworkProfile, prec: ResolvedPrecision) -> bool:
@@ -142,7 +157,7 @@ def model_numels(model: ModelSpec) -> tuple[int, ...]:
 
 def _persistent(ctx: StageContext) -> tuple[int, Contribution | None]:
     """Small parameters kept whole on every GPU beside their partitions (``stage3_param_persistence_threshold``,
-    DeepSpeed's 1e5; Hugging Face's \"auto\" 10 x hidden), from the first forward on, the optimizer step included."""
+    DeepSpeed's 1e5; Hugging Face's \"auto\" 10 x hidden), from the first forward on, but for the optimizer step."""
     run = ctx.run
     sh, d = run.job.sharding, run.profile.zero3_buffers
     assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
@@ -152,9 +167,61 @@ def _persistent(ctx: StageContext) -> tuple[int, Contribution | None]:
     if not elements:
         return 0, None
     cap = "" if sh.model_persistence_threshold is None else f", at most {sh.model_persistence_threshold:,} in all"
-    return elements, Contribution(COMMUNICATION, dtype_bytes(run.prec.param) * elements, note=(
+    return elements, Contribution(COMMUNICATION, dtype_bytes(run.prec.param) * elements, _PERSISTENT_LIVE, note=(
         f"DeepSpeed ZeRO-3 persistent parameters: {elements:,} elements of tensors of at most {threshold:,} "
-        f"(stage3_param_persistence_threshold, {where}{cap}) stay gathered on every GPU ({run.prec.param})"))
+        f"(stage3_param_persistence_threshold, {where}{cap}) stay gathered on every GPU ({run.prec.param}) but for "
+        "the optimizer step, which releases every parameter first and gathers them again after"))
+
+
+def _shards(run: RunContext) -> int:
+    """The GPUs one parameter is partitioned over (DeepSpeed's data-parallel group)."""
+    return max(1, run.job.parallel.data_parallel * run.job.parallel.cp)
+
+
+#: One data-parallel rank: the partition is the whole parameter and nothing is gathered.
+_UNGATHERED = Contribution(COMMUNICATION, 0, note=(
+    "DeepSpeed ZeRO-3 on one data-parallel rank: each parameter's partition is the whole parameter, so the engine "
+    "points the parameter at its partition instead of all-gathering a copy (partition_parameters.py "
+    "all_gather_coalesced -> _no_gather_coalesced), and its persistent parameters are no copy either: no gathered "
+    "or persistent parameters are priced"))
+
+
+def flat_gather_elements(ctx: StageContext, params: StageParams) -> int:
+    """The elements of the prefetcher's last coalesced all-gather still held at the end of the forward (see the
+    module): at most what one call fetches, ``min(stage3_prefetch_bucket_size, stage3_max_live_parameters)`` and the
+    parameter that crosses it, of the parameters not kept persistent; 0 on one data-parallel rank or with the
+    prefetcher off."""
+    run = ctx.run
+    sh, d = run.job.sharding, run.profile.zero3_buffers
+    if d is None or not applies(run.job, run.profile, run.prec) or _shards(run) == 1:
+        return 0
+    prefetch = setting(sh.prefetch_bucket_size, d.prefetch_bucket_elements, hf_auto_prefetch_bucket(
+        run.model.hidden_size))[0]
+    if prefetch <= 0:
+        return 0
+    live = setting(sh.max_live_parameters, d.max_live_parameters, 0)[0]
+    persistent = persistent_elements(model_numels(run.model), *_persistence(run))
+    return min(max(0, params.total - persistent), min(prefetch, live) + module_unit(ctx, params))
+
+
+def _persistence(run: RunContext) -> tuple[int, int | None]:
+    sh, d = run.job.sharding, run.profile.zero3_buffers
+    assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
+    threshold = setting(sh.param_persistence_threshold, d.param_persistence_threshold,
+                        hf_auto_persistence_threshold(run.model.hidden_size))[0]
+    return threshold, sh.model_persistence_threshold
+
+
+def _flat_gather(ctx: StageContext, params: StageParams) -> Contribution | None:
+    """The coalesced all-gather's flat buffer beside the parameters' own copies at the end of the forward."""
+    elements = flat_gather_elements(ctx, params)
+    if not elements:
+        return None
+    prec = ctx.run.prec.param
+    return Contribution(COMMUNICATION, dtype_bytes(prec) * elements, ("forward",), note=(
+        f"DeepSpeed ZeRO-3 prefetch: the flat buffer of its last coalesced all-gather ({elements:,} {prec} elements, "
+        "at most stage3_prefetch_bucket_size and one parameter) is held until every parameter it brought is used, "
+        "beside their own copies: alive at the end of the forward, freed once the head is fetched"))
 
 
 def reduced_elements(total: int, bucket: int, unit: int) -> int:
@@ -212,8 +279,7 @@ def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: t
     parameter's partition (at most the largest module's)."""
     run = ctx.run
     size, where = setting
-    shards = max(1, run.job.parallel.data_parallel * run.job.parallel.cp)
-    elements = sub_group_elements(partition, size, -(-unit // shards))
+    elements = sub_group_elements(partition, size, -(-unit // _shards(run)))
     grad = dtype_bytes(run.prec.grad)
     per_element = _FP32 + (grad if grad != _FP32 else 0)
     return Contribution(TEMPORARY, per_element * elements, ("optimizer step",), (
@@ -233,24 +299,28 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     reuse, reuse_from = setting(sh.max_reuse_distance, d.max_reuse_distance, 0)
     bucket, bucket_from = reduce_bucket(sh, d, hidden)
     unit = module_unit(ctx, params)
-    persistent, kept = _persistent(ctx)
-    gathered = gathered_elements(max(0, params.total - persistent), unit, prefetch, live, reuse)
-    when = _GATHERED_LIVE + (("forward",) if forward else ())
-    out = [
-        Contribution(COMMUNICATION, c * gathered, when, (
-            f"DeepSpeed ZeRO-3 gathered parameters ({prec.param}): {gathered:,} of the {params.total - persistent:,} "
+    if _shards(run) == 1:
+        gathered, kept = _UNGATHERED, None
+    else:
+        persistent, kept = _persistent(ctx)
+        elements = gathered_elements(max(0, params.total - persistent), unit, prefetch, live, reuse)
+        gathered = Contribution(COMMUNICATION, c * elements, _GATHERED_LIVE + (("forward",) if forward else ()), (
+            f"DeepSpeed ZeRO-3 gathered parameters ({prec.param}): {elements:,} of the {params.total - persistent:,} "
             "elements not kept persistent, "
             f"the larger of the module computing ({unit:,}) with what the prefetcher fetches ahead up to "
             f"stage3_max_live_parameters {live:,} ({live_from}; stage3_prefetch_bucket_size {prefetch:,}, "
             f"{pf_from}, 0 turns it off) and the parameters kept for reuse, about half of stage3_max_reuse_distance "
-            f"{reuse:,} ({reuse_from}); from the forward to the end of the backward")),
+            f"{reuse:,} ({reuse_from}); from the forward to the end of the backward"))
+    out = [
+        gathered,
         Contribution(COMMUNICATION, c * unit, ("backward", "end of backward"), (
             f"DeepSpeed ZeRO-3: the gradients of the module whose backward runs ({unit:,} elements, {prec.param}) "
             "before they are copied into the reduce bucket")),
     ]
     if not run.job.offload.optimizer:
         out.append(_sub_group_gradient(ctx, partition, unit, setting(sh.sub_group_size, d.sub_group_size, 0)))
-    out += [c for c in (kept, _conversions(ctx, params, bucket, unit)) if c is not None]
+    out += [c for c in (kept, _conversions(ctx, params, bucket, unit), _flat_gather(ctx, params) if forward else None)
+            if c is not None]
     if not keeps_bucket(sh, d):
         return out
     return out + [_bucket(ctx, bucket, bucket_from)]
