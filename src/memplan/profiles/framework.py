@@ -118,6 +118,12 @@ class FrameworkProfile:
     #: ``native_amp``, FSDP2 included). False: FSDP's ``MixedPrecisionPolicy`` alone casts (torchtitan's
     #: ``maybe_enable_amp`` applies no autocast with FSDP).
     fsdp_autocast: bool = False
+    #: The model's forward returns its 16-bit floating outputs converted to fp32 whenever the 16-bit precision is
+    #: the trainer's own (accelerate's ``Accelerator.prepare_model`` under ``native_amp``, FSDP included, not
+    #: under DeepSpeed: ``convert_outputs_to_fp32`` in accelerate/utils/operations.py rebuilds the output with an
+    #: fp32 copy of the logits; the Trainer's ``compute_loss`` keeps only the loss). See
+    #: :mod:`memplan.estimate.fp32_outputs`.
+    fp32_outputs: bool = False
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
     #: Without ZeRO, the engine's all-reduce flattens the gradients into buckets flushed once they hold more than
@@ -416,6 +422,8 @@ HF = FrameworkProfile(
     # defaults to 2), with MixedPrecisionPolicy(param_dtype=reduce_dtype=bf16) and the forward under autocast
     fsdp_reduce_dtype="compute",
     fsdp_autocast=True,
+    # accelerate's prepare_model wraps model.forward in convert_outputs_to_fp32 under native_amp (bf16 / fp16)
+    fp32_outputs=True,
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure
