@@ -9,6 +9,7 @@ from itertools import chain
 from memplan.estimate.context import StageContext
 from memplan.estimate.cuda_graphs import GraphMemory, graph_count
 from memplan.estimate.dora_forward_moment import dora_moment_locals
+from memplan.estimate.fp32_outputs import contributions as fp32_outputs
 from memplan.estimate.frozen_core_forward import frozen_core_forward
 from memplan.estimate.input_leaf import bound_embedding_output
 from memplan.estimate.layer_costs import dora_transient, sink_forward_transient
@@ -102,7 +103,7 @@ def stage_parts(ctx: StageContext) -> tuple[StageEstimate, list[str], StageParts
     held = dora_moment_locals(ctx, dora) if forward_extra and dora == forward_extra else 0
     ledger.extend(chain(st.contributions, stage_buffers(ctx),
                         phase_contributions(ctx, st, walk, acts, loss, forward_extra, moment),
-                        forward_bindings(bound, held) if bound or held else (), comm))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
+                        forward_bindings(bound, held) if bound or held else (), comm, fp32_outputs(ctx)))  # one entry pass (the mechanics are pure: the order of the calls does not matter)
     inputs = ledger.total(INPUT, "loss") if ctx.layout.has_embedding or ctx.layout.has_head else 0
     memory = graphs(ctx, ledger, walk, inputs)
     peak = ledger.peak()

@@ -123,6 +123,12 @@ class FrameworkProfile:
     #: post-forward, is alive through the loss's forward (:mod:`memplan.estimate.fsdp_loss_gather`). False: the
     #: trainer computes it on the model's output (torchtitan's ``train.py``: ``loss_fn(pred, labels)``).
     loss_in_model_forward: bool = False
+    #: The model's forward returns its 16-bit floating outputs converted to fp32 whenever the 16-bit precision is
+    #: the trainer's own (accelerate's ``Accelerator.prepare_model`` under ``native_amp``, FSDP included, not
+    #: under DeepSpeed: ``convert_outputs_to_fp32`` in accelerate/utils/operations.py rebuilds the output with an
+    #: fp32 copy of the logits; the Trainer's ``compute_loss`` keeps only the loss). See
+    #: :mod:`memplan.estimate.fp32_outputs`.
+    fp32_outputs: bool = False
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
     #: Without ZeRO, the engine's all-reduce flattens the gradients into buckets flushed once they hold more than
@@ -425,6 +431,8 @@ HF = FrameworkProfile(
     # unsharded after its forward (reshard_after_forward=False); a tied head joins the embedding in that unit
     fsdp_outer_units="embedding-and-head",
     loss_in_model_forward=True,  # the Trainer passes labels; transformers' ForCausalLM computes the loss
+    # accelerate's prepare_model wraps model.forward in convert_outputs_to_fp32 under native_amp (bf16 / fp16)
+    fp32_outputs=True,
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from types import MethodType
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from memplan.trace.setup import TraceSetup
 __all__ = [
     "StepJob",
     "apply_recompute",
+    "convert_outputs_to_fp32",
     "hf_step_job",
     "local_tensor",
     "make_batch",
@@ -139,6 +141,7 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     batch = make_batch(vocab, options)
     optimizer = make_optimizer(model, options)
     autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
+    convert_outputs_to_fp32(model, options)
     if options.job.loss in ("fused-linear", "chunked"):
         from memplan.trace.standins.fused_loss import decoder_call_and_loss
 
@@ -146,6 +149,24 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
         return StepJob(model, batch, optimizer, loss_fn, autocast_dtype, cuda_autocast=options.device == "cuda",
                        call=call)
     return StepJob(model, batch, optimizer, hf_loss, autocast_dtype, cuda_autocast=options.device == "cuda")
+
+
+def convert_outputs_to_fp32(model: torch.nn.Module, options: TraceSetup) -> None:
+    """Wrap ``model.forward`` in accelerate's own ``convert_outputs_to_fp32`` where the job's trainer does: a 16-bit
+    precision on a framework whose profile says ``fp32_outputs`` (the HF Trainer: ``Accelerator.prepare_model`` under
+    ``native_amp``), not on DeepSpeed's engine (``--zero``). The output is rebuilt with fp32 copies of its 16-bit
+    floating tensors (the logits) while the 16-bit ones are still referenced; the loss alone leaves the step's
+    forward, so the copies die before the backward, as in the Trainer's ``compute_loss``."""
+    from memplan.profiles import get_profile
+    from memplan.profiles.zero_engine import zero_engine
+
+    if options.compute_dtype == "fp32" or not get_profile(zero_engine(options.job)[0].framework).fp32_outputs:
+        return
+    from accelerate.utils.operations import convert_outputs_to_fp32 as wrap
+
+    forward: Any = model.forward
+    func = getattr(forward, "__func__", None)
+    model.forward = MethodType(wrap(func), model) if func is not None else wrap(forward)  # type: ignore[method-assign]
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
