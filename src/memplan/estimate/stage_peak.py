@@ -105,8 +105,8 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     saved = saved_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
     forward = min(logits, loss_forward_logits_bytes(job, loss, shape, run.vocab_rows, held_softcap) * depths)
     if compiled_loss.priced(run):  # --compile with a compiled cross-entropy (one depth, eager losses aside)
-        logits, saved = compiled_loss.compiled_loss_bytes(shape, run.vocab_rows,
-                                                          softcap_bytes(shape, run.vocab_rows, softcap))
+        logits, saved = compiled_loss.compiled_loss_bytes(shape, run.vocab_rows, softcap_bytes(shape, run.vocab_rows, softcap),
+                                                          compiled_loss.loss_chunks(run))
         forward = saved
     cpu = bring_back = 0
     if acts.per_tensor_offload:
@@ -309,7 +309,7 @@ def _loss_notes(ctx: StageContext) -> list[str]:
     job = ctx.job
     loss = resolved_loss(job)
     out = [f"loss path '{loss}': logits of the newest micro-batch on the last stage"]
-    if loss in LOSS_NOTES:
+    if loss in LOSS_NOTES and not compiled_loss.priced(ctx.run):  # a compiled loss says what it keeps instead
         out.append(LOSS_NOTES[loss])
     if loss_parallel.applies(job, ctx.profile):
         out.append(loss_parallel.NOTE)
