@@ -208,6 +208,16 @@ def test_the_chunked_loss_runs_torchtunes_algorithm(tiny_llama: str) -> None:
     assert chunked.peak_allocated_bytes < whole.peak_allocated_bytes
 
 
+def test_the_cli_says_the_compiled_chunked_loss_runs_as_its_graphs(tiny_llama: str) -> None:
+    result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--loss", "chunked", "--compile", "--json"],
+                           env=WIDE)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert "loss" in data["compiled_layers"]
+    notes = [n for n in data["unmodelled_settings"] if n.startswith("--compile compiled model")]
+    assert len(notes) == 1 and "the embedding, final norm and head, which" in notes[0], notes
+
+
 def test_cli_json_has_the_counts_and_text_names_them(tiny_llama: str) -> None:
     result = runner.invoke(app, ["trace", tiny_llama, "--seq", "16", "--peft", "lora", "--json"], env=WIDE)
     assert result.exit_code == 0, result.output
