@@ -127,3 +127,16 @@ def test_a_compiled_chunked_loss_keeps_each_chunks_16_bit_logits_and_one_chunks_
 def test_the_fused_linear_loss_compiled_is_still_listed() -> None:
     notes = _loss("llama-3.2-1b", compile=True, loss="fused-linear")[2]
     assert any(n.startswith("--compile compiled loss = true: the 'fused-linear' loss") for n in notes), notes
+
+
+def test_a_trained_head_under_the_chunked_loss_has_its_per_chunk_backward() -> None:
+    """Full training with the chunked loss: the head's per-chunk backward (three weight-sized gradients beside the
+    chunks' logits gradients not yet used) is a moment of its own, said; a frozen head (LoRA) makes no weight
+    gradient there."""
+    model = load_model("llama-3.2-1b")
+    full = estimate(model, build_job({"framework": "hf", "seq": 2048, "compile": True, "loss": "chunked"}))
+    assert any("chunked loss with a trained head" in a for a in full.assumptions)
+    assert full.stages[0].peak_phase == "backward"
+    lora = estimate(model, build_job({"framework": "hf", "seq": 2048, "compile": True, "loss": "chunked",
+                                      "peft": "lora"}))
+    assert not any("chunked loss with a trained head" in a for a in lora.assumptions)

@@ -240,3 +240,21 @@ def test_the_compiled_chunked_loss_keeps_each_chunks_logits_and_two_fp32_values_
     assert sorted((t["shape"], t["dtype"]) for t in saved if not t["graph_input"]) == [([rows, 1], "float32")] * 2
     row = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}["logits"]
     assert row.estimated_bytes == CHUNKS * sum(t["bytes"] for t in saved if t["dtype"] != "int64")
+
+
+@pytest.mark.parametrize("name, precision, attention", [("llama_heavy", "bf16", "sdpa"),
+                                                         ("llama_heavy", "bf16-mixed", "sdpa"),
+                                                         ("gemma2_heavy", "bf16-mixed", "eager")])
+def test_the_compiled_chunked_loss_peak_agrees_where_the_heads_backward_sets_it(
+        config_paths: dict[str, str], name: str, precision: str, attention: str) -> None:
+    """A trained (tied) head under the compiled chunked loss: the peak is the head's per-chunk backward, where the
+    chunks' weight gradients are summed out of place beside the chunks' logits gradients not yet used (and Gemma 2's
+    saved tanh outputs of those chunks): memplan.estimate.chunked_head_backward (benchmarks/compiled_chunked_loss.py's
+    K4, K1, K5)."""
+    model = config_paths[name]
+    result = trace(model, seq=512, mbs=2, precision=precision, attention=attention, recompute="none",
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True,
+                   loss="chunked")
+    assert result.summary.peak_phase == "backward"
+    row = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}["peak allocated"]
+    assert abs(row.relative or 0.0) <= 0.01, (row.traced_bytes, row.estimated_bytes)
