@@ -107,3 +107,36 @@ def test_compile_loss_needs_compile() -> None:
     with pytest.raises(JobConfigError) as caught:
         build_job({"framework": "hf", "compile_loss": "on"})
     assert caught.value.field == "--compile-loss"
+
+
+def test_a_compiled_chunked_loss_keeps_each_chunks_16_bit_logits_and_one_chunks_gradient() -> None:
+    """torchtune compiles its chunked loss's per-chunk compute_cross_entropy: every chunk's 16-bit logits and two fp32
+    values per token are saved (no fp32 log-softmax), one chunk's gradient beside them at the loss; listed no more."""
+    tokens, vocab = 2048, load_model("llama-3.2-1b").vocab_size
+    at_loss, saved, notes = _loss("llama-3.2-1b", compile=True, loss="chunked")
+    assert saved == 2 * tokens * vocab + 8 * tokens and at_loss == saved + 2 * tokens * vocab // 8
+    assert not any("compiled loss" in n for n in notes), notes
+    eager = _loss("llama-3.2-1b", loss="chunked")
+    assert eager[1] == 4 * tokens * vocab  # the eager chunks' fp32 log-softmax
+    assert _loss("llama-3.2-1b", compile=True, loss="chunked", compile_loss="off")[:2] == eager[:2]
+    tokens, vocab = 2048, load_model("gemma-2-9b").vocab_size
+    at_loss, saved, _ = _loss("gemma-2-9b", compile=True, loss="chunked")  # the soft-capping's tanh output besides
+    assert saved == 2 * 2 * tokens * vocab + 8 * tokens and at_loss == saved + 2 * tokens * vocab // 8
+
+
+def test_the_fused_linear_loss_compiled_is_still_listed() -> None:
+    notes = _loss("llama-3.2-1b", compile=True, loss="fused-linear")[2]
+    assert any(n.startswith("--compile compiled loss = true: the 'fused-linear' loss") for n in notes), notes
+
+
+def test_a_trained_head_under_the_chunked_loss_has_its_per_chunk_backward() -> None:
+    """Full training with the chunked loss: the head's per-chunk backward (three weight-sized gradients beside the
+    chunks' logits gradients not yet used) is a moment of its own, said; a frozen head (LoRA) makes no weight
+    gradient there."""
+    model = load_model("llama-3.2-1b")
+    full = estimate(model, build_job({"framework": "hf", "seq": 2048, "compile": True, "loss": "chunked"}))
+    assert any("chunked loss with a trained head" in a for a in full.assumptions)
+    assert full.stages[0].peak_phase == "backward"
+    lora = estimate(model, build_job({"framework": "hf", "seq": 2048, "compile": True, "loss": "chunked",
+                                      "peft": "lora"}))
+    assert not any("chunked loss with a trained head" in a for a in lora.assumptions)

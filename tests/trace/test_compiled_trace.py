@@ -216,3 +216,45 @@ def test_the_compiled_loss_keeps_the_logits_and_two_fp32_values_per_token(config
     assert [t["dtype"] for t in stats] == ["float32", "float32"]
     row = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}["logits"]
     assert abs(row.relative or 0.0) <= 0.005, (row.traced_bytes, row.estimated_bytes)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+def test_the_compiled_chunked_loss_keeps_each_chunks_logits_and_two_fp32_values_per_token(
+        config_paths: dict[str, str], precision: str) -> None:
+    """torchtune's chunked loss compiled as torchtune compiles it (``compute_cross_entropy`` alone, per chunk): the
+    partitioner saves each chunk's logits in the compute dtype and an fp32 maximum and log of the sum per token, no
+    fp32 log-softmax; the estimate's saved logits are that set over every chunk (labels aside), priced in
+    memplan.estimate.compiled_loss. (The trace's logits row also holds what the head makes when it runs in the
+    loss, autocast's copies of its weight and input, which the estimate counts as activations.)"""
+    from memplan.trace.standins.chunked_loss import CHUNKS
+
+    model, seq, mbs = config_paths["llama"], 96, 2
+    result = trace(model, seq=seq, mbs=mbs, precision=precision, attention="sdpa", recompute="none",
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True,
+                   loss="chunked")
+    saved = result.compiled_layers[LOSS_PATH]
+    rows = mbs * seq // CHUNKS
+    logits_dtype = "float32" if precision == "fp32" else "bfloat16"
+    assert [(t["shape"], t["dtype"]) for t in saved if t["graph_input"] and t["dtype"] != "int64"] == \
+        [([rows, 2048], logits_dtype)]
+    assert sorted((t["shape"], t["dtype"]) for t in saved if not t["graph_input"]) == [([rows, 1], "float32")] * 2
+    row = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}["logits"]
+    assert row.estimated_bytes == CHUNKS * sum(t["bytes"] for t in saved if t["dtype"] != "int64")
+
+
+@pytest.mark.parametrize("name, precision, attention", [("llama_heavy", "bf16", "sdpa"),
+                                                         ("llama_heavy", "bf16-mixed", "sdpa"),
+                                                         ("gemma2_heavy", "bf16-mixed", "eager")])
+def test_the_compiled_chunked_loss_peak_agrees_where_the_heads_backward_sets_it(
+        config_paths: dict[str, str], name: str, precision: str, attention: str) -> None:
+    """A trained (tied) head under the compiled chunked loss: the peak is the head's per-chunk backward, where the
+    chunks' weight gradients are summed out of place beside the chunks' logits gradients not yet used (and Gemma 2's
+    saved tanh outputs of those chunks): memplan.estimate.chunked_head_backward (benchmarks/compiled_chunked_loss.py's
+    K4, K1, K5)."""
+    model = config_paths[name]
+    result = trace(model, seq=512, mbs=2, precision=precision, attention=attention, recompute="none",
+                   optimizer="adamw", optimizer_impl="foreach", device="cuda", iterations=2, compile=True,
+                   loss="chunked")
+    assert result.summary.peak_phase == "backward"
+    row = {r.category: r for r in compare_with_estimate(model, result.options, result.summary).rows}["peak allocated"]
+    assert abs(row.relative or 0.0) <= 0.01, (row.traced_bytes, row.estimated_bytes)

@@ -255,7 +255,7 @@ def _traced_compile_settings(setup: Any) -> tuple[Any, ...]:
     if not setup.job.compile or profile.compile_scope != "model":
         return ()
     parts = ("the embedding, final norm and head" if job_compiles_loss(setup.job, profile) and setup.job.loss in
-             ("auto", "fp32-logits") else "the embedding, final norm, head and loss")
+             ("auto", "fp32-logits", "chunked") else "the embedding, final norm, head and loss")
     return (InputSetting(source="--compile", key="compiled model", value=True, effect="not-modelled",
                          note=f"the decoder layers (and a compiled loss) run as the partitioner's graphs; {parts}, "
                               "which the framework compiles too, are traced eagerly"),)

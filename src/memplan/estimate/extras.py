@@ -109,7 +109,7 @@ def fused_linear_chunk_tokens(tokens: int, vocab_local: int, hidden: int) -> int
     return min(tokens, 1 << max(0, per - 1).bit_length())
 
 
-def _head_trains(job: Job) -> bool:
+def head_trains(job: Job) -> bool:
     ft = job.finetune
     trained = ft.resolved_trainable
     if trained == "all":
@@ -125,7 +125,7 @@ def fused_linear_bytes(job: Job, shape: ActivationShape, vocab_rows: int) -> int
     vocab_local = vocab_rows // (shape.vocab_tp or shape.tp)
     chunk = fused_linear_chunk_tokens(tokens, vocab_local, shape.hidden)
     weight_bytes = _FP32 if job.precision.name.endswith("-mixed") else shape.act_bytes
-    head_grad = weight_bytes * vocab_local * shape.hidden if _head_trains(job) else 0
+    head_grad = weight_bytes * vocab_local * shape.hidden if head_trains(job) else 0
     return shape.act_bytes * chunk * vocab_local + head_grad
 
 

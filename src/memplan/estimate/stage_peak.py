@@ -42,6 +42,7 @@ from memplan.estimate import (
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
 from memplan.estimate.backward_walk import head_gradients, no_grads_yet, walked_backward
+from memplan.estimate import chunked_head_backward
 from memplan.estimate import step_gradients
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.ledger import (
@@ -84,6 +85,9 @@ class LossPart:
     bring_back: int = 0
     #: Of ``logits``, what the loss's forward holds when it returns (its backward may hold more).
     forward_logits: int = 0
+    #: torchtune's chunked loss with a trained head: its per-chunk backward's temporaries beside every layer's
+    #: activations (:mod:`~memplan.estimate.chunked_head_backward`; 0: none).
+    head_backward: int = 0
 
 
 def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> LossPart:
@@ -107,8 +111,8 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     saved = saved_logits_bytes(job, loss, shape, run.vocab_rows, softcap) * depths
     forward = min(logits, loss_forward_logits_bytes(job, loss, shape, run.vocab_rows, held_softcap) * depths)
     if compiled_loss.priced(run):  # --compile with a compiled cross-entropy (one depth, eager losses aside)
-        logits, saved = compiled_loss.compiled_loss_bytes(shape, run.vocab_rows,
-                                                          softcap_bytes(shape, run.vocab_rows, softcap))
+        logits, saved = compiled_loss.compiled_loss_bytes(shape, run.vocab_rows, softcap_bytes(shape, run.vocab_rows, softcap),
+                                                          compiled_loss.loss_chunks(run))
         forward = saved
     cpu = bring_back = 0
     if acts.per_tensor_offload:
@@ -117,8 +121,11 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
         cpu, bring_back = saved + head, saved
         saved, head = _LOSS_SCALAR_BYTES * depths, 0
     head += deferred_wgrad_bytes(job, shape, run.vocab_rows)
+    # the head's per-chunk backward: what the final norm and the head saved still held (on the GPU)
+    chunked = chunked_head_backward.chunked_head_backward_bytes(run, head + acts.head_copy, held_softcap) \
+        if loss == "chunked" else 0
     return LossPart(logits=logits, saved_logits=saved, head=head, cpu=cpu, bring_back=bring_back,
-                    forward_logits=forward)
+                    forward_logits=forward, head_backward=chunked)
 
 
 def forward_bindings(bound: int, held: int) -> Iterator[Contribution]:
@@ -225,6 +232,8 @@ def backward_moment(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: S
     head_grads = head_gradients(ctx, st)
     if norm and acts.layers + head_grads + norm > layers + temp:
         return acts.layers, head_grads + norm, None, True
+    if loss.head_backward and acts.layers + loss.head_backward > layers + temp:  # torchtune's chunked loss's head
+        return acts.layers, loss.head_backward, None, False
     return layers, temp, moment.position, False
 
 
@@ -341,10 +350,12 @@ def _loss_notes(ctx: StageContext) -> list[str]:
     job = ctx.job
     loss = resolved_loss(job)
     out = [f"loss path '{loss}': logits of the newest micro-batch on the last stage"]
-    if loss in LOSS_NOTES:
+    if loss in LOSS_NOTES and not compiled_loss.priced(ctx.run):  # a compiled loss says what it keeps instead
         out.append(LOSS_NOTES[loss])
     if loss_parallel.applies(job, ctx.profile):
         out.append(loss_parallel.NOTE)
+    if loss == "chunked" and ctx.layout.has_head and chunked_head_backward.applies(ctx.run):
+        out.append(chunked_head_backward.NOTE)
     if job.mtp_layers:
         out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like "
                    "the last, a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")

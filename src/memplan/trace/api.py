@@ -177,6 +177,10 @@ def _prepare(model: Any, options: TraceSetup, mesh: Any,
             from memplan.trace.runners.compiled_loss import compile_loss
 
             compile_loss(job.model, compiled, quiet=mode.unrecorded)
+        elif _compiles_chunked_loss(options, job):  # torchtune's compute_cross_entropy, per chunk
+            from memplan.trace.runners.compiled_loss import compile_chunk_cross_entropy
+
+            compile_chunk_cross_entropy(job.loss_fn, compiled, quiet=mode.unrecorded)
     return name, job, heads, compiled
 
 
@@ -187,6 +191,15 @@ def _traces_compiled_loss(options: TraceSetup, job: StepJob) -> bool:
     from memplan.trace.run import hf_loss
 
     return job.loss_fn is hf_loss and job_compiles_loss(options.job, get_profile(options.job.framework))
+
+
+def _compiles_chunked_loss(options: TraceSetup, job: StepJob) -> bool:
+    """The job compiles its loss and the step's loss is torchtune's chunked cross-entropy."""
+    from memplan.estimate.compiled_loss import job_compiles_loss
+    from memplan.profiles import get_profile
+    from memplan.trace.standins.chunked_loss import ChunkedOutputLoss
+
+    return isinstance(job.loss_fn, ChunkedOutputLoss) and job_compiles_loss(options.job, get_profile(options.job.framework))
 
 
 def _trace_steps(mode: TracingFakeMode, job: StepJob, options: TraceSetup,

@@ -142,7 +142,13 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     optimizer = make_optimizer(model, options)
     autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
     convert_outputs_to_fp32(model, options)
-    if options.job.loss in ("fused-linear", "chunked"):
+    if options.job.loss == "chunked":  # torchtune's chunked-output cross-entropy
+        from memplan.trace.standins.chunked_loss import chunked_call_and_loss
+
+        call, chunked = chunked_call_and_loss(model)
+        return StepJob(model, batch, optimizer, chunked, autocast_dtype, cuda_autocast=options.device == "cuda",
+                       call=call)
+    if options.job.loss == "fused-linear":
         from memplan.trace.standins.fused_loss import decoder_call_and_loss
 
         call, loss_fn = decoder_call_and_loss(model)

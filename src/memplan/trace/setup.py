@@ -195,10 +195,12 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
         raise ConfigError("--optimizer", optimizer_kind(job.optimizer.name).untraceable, job.optimizer.name)
     _check_finetune(job)
     if job.loss not in ("auto", "fp32-logits", "fused-linear", "chunked"):
-        raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits) or a fused linear "
-                          "cross-entropy (fused-linear, chunked); other loss paths are estimated only", job.loss)
+        raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits), a fused linear "
+                          "cross-entropy (fused-linear) or torchtune's chunked-output cross-entropy (chunked); other "
+                          "loss paths are estimated only", job.loss)
     if job.loss in ("fused-linear", "chunked") and job.parallel.world_size > 1:
-        raise ConfigError("--loss", "the fused linear cross-entropy is traced on one rank only", job.loss)
+        kind = "fused linear" if job.loss == "fused-linear" else "chunked"
+        raise ConfigError("--loss", f"the {kind} cross-entropy is traced on one rank only", job.loss)
 
 
 def _check_compile(job: Job, *, torchtitan_code: bool = False) -> None:

@@ -21,7 +21,7 @@ import torch
 from memplan.errors import UnsupportedError
 from memplan.trace.runners.partitioner import CompiledLayers, Quiet, boxed_compiler, recording_partition, warm_up
 
-__all__ = ["LOSS_PATH", "compile_loss"]
+__all__ = ["LOSS_PATH", "compile_chunk_cross_entropy", "compile_loss"]
 
 #: The key of the loss's saved set in :class:`~memplan.trace.runners.partitioner.CompiledLayers`.
 LOSS_PATH = "loss"
@@ -57,6 +57,38 @@ def _traced(loss: Any, vocab_size: int, kwargs: dict[str, Any], state: dict[str,
 
     def fn(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor]:
         return (loss(logits, labels, vocab_size, **kwargs),)
+
+    return aot_function(fn, fw_compiler=boxed_compiler, bw_compiler=boxed_compiler, decompositions=select_decomp_table(),
+                        partition_fn=recording_partition(lambda saved: state.__setitem__("saved", saved)))
+
+
+def compile_chunk_cross_entropy(loss: Any, record: CompiledLayers, *, quiet: Quiet | None = None) -> None:
+    """Make the chunked loss's per-chunk cross-entropy (``loss.cross_entropy``: torchtune compiles only
+    ``compute_cross_entropy``) run as its partitioned graphs, one pair per chunk shape (equal chunks share it)."""
+    function = loss.cross_entropy
+    graphs: dict[Any, dict[str, Any]] = {}
+
+    def compiled(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        key = (tuple(logits.shape), logits.stride(), logits.dtype, tuple(labels.shape))
+        state = graphs.get(key)
+        if state is None:
+            state = graphs[key] = {}
+            state["fn"] = _traced_pair(function, state)
+            with quiet() if quiet is not None else contextlib.nullcontext():
+                warm_up(state["fn"], [], [logits, labels])
+        record.saved[LOSS_PATH] = state["saved"]
+        return state["fn"](logits, labels)[0]
+
+    loss.cross_entropy = compiled
+
+
+def _traced_pair(function: Any, state: dict[str, Any]) -> Any:
+    """``function(logits, labels)`` compiled by ``aot_function``; the saved set goes to ``state``."""
+    from torch._functorch.aot_autograd import aot_function
+    from torch._inductor.decomposition import select_decomp_table
+
+    def fn(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor]:
+        return (function(logits, labels),)
 
     return aot_function(fn, fw_compiler=boxed_compiler, bw_compiler=boxed_compiler, decompositions=select_decomp_table(),
                         partition_fn=recording_partition(lambda saved: state.__setitem__("saved", saved)))
