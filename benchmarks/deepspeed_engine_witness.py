@@ -77,6 +77,9 @@ class _Census:
         self.phase = "init"
         self.most: dict[str, tuple[int, str]] = {}
         self.at: dict[str, int] = {}
+        #: WITNESS_DETAIL: a function naming the live storages, and per phase its table at the phase's most live
+        self.namer: Any = None
+        self.detail: dict[str, dict[str, int]] = {}
 
     def live(self) -> int:
         import torch
@@ -98,12 +101,16 @@ class _Census:
             add(box.t)
         return sum(seen.values())
 
-    def note(self, where: str) -> None:
+    def note(self, where: str, key: str = "") -> None:
+        """Census now; ``key`` files it under a figure of its own (the phase's figure does not see it)."""
         if self.phase in ("init", "done"):
             return
+        phase = key or self.phase
         n = self.live()
-        if n > self.most.get(self.phase, (-1, ""))[0]:
-            self.most[self.phase] = (n, where)
+        if n > self.most.get(phase, (-1, ""))[0]:
+            self.most[phase] = (n, where)
+            if self.namer is not None:
+                self.detail[phase] = self.namer()
 
 
 class _Box:
@@ -187,6 +194,8 @@ def run_rank(cell: str, out: str) -> None:  # noqa: PLR0915 - one witness, read 
         census.host = _host_tensors(engine)
     gc.collect()
     census.at["init"] = census.live()
+    if os.environ.get("WITNESS_DETAIL"):
+        census.namer = lambda: _census_detail(engine, census)
     for name in ("all_reduce", "reduce_scatter_tensor"):
         _wrap(dist, name, census, f"dist.{name}")
     opt = engine.optimizer
@@ -199,6 +208,9 @@ def run_rank(cell: str, out: str) -> None:  # noqa: PLR0915 - one witness, read 
     for i, layer in enumerate(layers):
         layer.register_forward_hook(lambda *_a, i=i: census.note(f"layer {i} forward"))
         layer.register_full_backward_hook(lambda *_a, i=i: census.note(f"layer {i} backward"))
+        if os.environ.get("WITNESS_DETAIL"):  # a figure of its own: the layer's own parameters still gathered
+            layer.register_full_backward_pre_hook(
+                lambda *_a, i=i: census.note(f"layer {i} backward entry", "backward (layer entry)"))
     ids = torch.randint(0, TINY4["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(dist.get_rank()))
     with torch.autograd.graph.saved_tensors_hooks(lambda t: _box(census, t), lambda b: b.t):
         for step in range(2):
@@ -222,6 +234,8 @@ def run_rank(cell: str, out: str) -> None:  # noqa: PLR0915 - one witness, read 
         _debug(engine, census)
     result = {"rank": dist.get_rank(), "optimizer": type(opt).__name__, **census.at,
               **{k: v[0] for k, v in census.most.items()}, "where": {k: v[1] for k, v in census.most.items()}}
+    if census.detail:
+        result["detail"] = census.detail
     if lora:
         adapters = [p for n, p in engine.module.named_parameters() if "lora_" in n]
         result["adapter dtype"] = str(adapters[0].dtype)
@@ -250,6 +264,56 @@ def _debug(engine: Any, census: _Census) -> None:
                 sizes[ptr] = (obj.untyped_storage().nbytes(), f"{obj.dtype} {tuple(obj.shape)}")
     for ptr, (n, what) in sorted(sizes.items(), key=lambda kv: -kv[1][0]):
         print(f"{n:>12,} {what:30} {names.get(ptr, '?')}", file=sys.stderr)
+
+
+def _census_detail(engine: Any, census: _Census) -> dict[str, int]:
+    """WITNESS_DETAIL: the live storages by what holds them (bytes per kind; each gathered parameter and each
+    parameter's gradient by name): a parameter's gathered copy (``param.data`` while ZeRO-3 has it available), its
+    partition (``ds_tensor``), its ``.grad``, the optimizer's flat buffers and moments by attribute, the rest by
+    dtype and shape (autograd's saved tensors and the activations among them)."""
+    import torch
+
+    names: dict[int, str] = {}
+    for name, p in engine.module.named_parameters():
+        ptr = p.data.untyped_storage().data_ptr() if p.data.numel() else 0
+        short = name.replace("base_model.model.", "")
+        if ptr:
+            names[ptr] = f"gathered {short}" if hasattr(p, "ds_tensor") else f"param {short}"
+        if getattr(p, "ds_tensor", None) is not None and p.ds_tensor.numel():
+            names.setdefault(p.ds_tensor.untyped_storage().data_ptr(), "partition (bf16/fp32 ds_tensor)")
+        if p.grad is not None:
+            names.setdefault(p.grad.untyped_storage().data_ptr(), f"grad {short}")
+    for owner, prefix in ((engine.optimizer, "opt"), (getattr(engine.optimizer, "optimizer", None), "inner")):
+        for attr, value in vars(owner or object()).items():
+            items = value if isinstance(value, (list, tuple)) else (
+                list(value.values()) if isinstance(value, dict) else [value])
+            for item in items:
+                for t in (item if isinstance(item, (list, tuple)) else [item]):
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr():
+                        names.setdefault(t.untyped_storage().data_ptr(), f"{prefix}.{attr}")
+    for state in engine.optimizer.optimizer.state.values():
+        for t in state.values():
+            if isinstance(t, torch.Tensor) and t.numel() > 1:
+                names.setdefault(t.untyped_storage().data_ptr(), "optimizer moments")
+    seen: dict[int, tuple[int, str]] = {}
+
+    def add(t: Any, kind: str) -> None:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            try:
+                s = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                return
+            if s.data_ptr() and s.data_ptr() not in census.host and s.data_ptr() not in seen:
+                seen[s.data_ptr()] = (s.nbytes(), names.get(s.data_ptr(), f"{kind} {t.dtype}"))
+
+    for obj in gc.get_objects():
+        add(obj, "other")
+    for box in list(census.saved):
+        add(box.t, "saved")
+    table: dict[str, int] = {}
+    for nbytes, what in seen.values():
+        table[what] = table.get(what, 0) + nbytes
+    return dict(sorted(table.items(), key=lambda kv: -kv[1]))
 
 
 def _box(census: _Census, t: Any) -> _Box:
@@ -325,10 +389,11 @@ def main(argv: list[str]) -> None:
         results[cell]["memplan"] = memplan_cell(cell)
         row = results[cell]
         print(f"{cell} {TITLES[cell]} ({row['engine'][0]['optimizer']})")
-        for fig in FIGURES:  # memplan prices the worst GPU: against the rank holding the most
+        entry = ("backward (layer entry)",) if any("backward (layer entry)" in r for r in row["engine"]) else ()
+        for fig in FIGURES + entry:  # memplan prices the worst GPU: against the rank holding the most
             e0 = max(row["engine"], key=lambda r, fig=fig: r.get(fig, 0))
             eng = " / ".join(f"{r.get(fig, 0):,}" for r in row["engine"])
-            mp = row["memplan"].get(fig)
+            mp = row["memplan"].get(fig if fig != "backward (layer entry)" else "backward")
             rel = f"{(mp - e0[fig]) / e0[fig]:+.2%}" if mp and e0.get(fig) else ""
             where = f"rank {e0['rank']} " * (len(row["engine"]) > 1) + e0["where"].get(fig, "")
             print(f"  {fig:15} engine {eng:>26} {where:42} memplan {mp or 0:>12,} {rel}")

@@ -209,6 +209,19 @@ def dequantizing_op_bytes(counts: FinetuneParams, job: Job, index: int, shape: A
                for numel, rows in zip(part.quantized, part.quantized_rows, strict=True)) // job.parallel.tp
 
 
+def zero3_flat_master(job: Job, prec: ResolvedPrecision) -> bool:
+    """DeepSpeed's ZeRO-3 optimizer (the profile's ZeRO is DeepSpeed's, ``--zero 3``, not FSDP) steps an fp32 flat
+    copy of every trained partition (stage3.py ``fp32_partitioned_groups_flat``, made with ``.float()``) and keeps
+    the gradient partitions in ``gradient_accumulation_dtype`` (``grad_partitions_flat_buffer``, the model's dtype
+    by default), whatever the trained parameter's own dtype: fp32 adapters too (measured, docs/benchmarks.md, helper
+    zlora17: Z5's fp32 LoRA tensors, a 65,536 B master and a bf16 gradient partition per rank)."""
+    from memplan.profiles.framework import get_profile
+
+    sh = job.sharding
+    return (get_profile(job.framework).zero3_buffers is not None and sh.zero == 3 and sh.fsdp == "none"
+            and prec.weight_copies != "fsdp")
+
+
 def _auto_targets_note(model_type: str) -> str:
     """What ``--lora-targets auto`` adapted, and where that choice comes from."""
     names = ",".join(auto_targets(model_type))
@@ -236,6 +249,10 @@ def _adapter_dtype_source(job: Job, prec: ResolvedPrecision) -> str:
                "deepspeed.initialize's _cast_module_mixed_precision)")
     if prec.master and dtype_bytes(dtype) == prec.param_bytes:
         return f"{why}, gradients in that dtype, a {prec.master} master copy and {prec.optimizer_state} optimizer state"
+    if zero3_flat_master(job, prec):
+        return (f"{why}; DeepSpeed ZeRO-3's optimizer keeps an fp32 master copy of their partition "
+                f"(fp32_partitioned_groups_flat) and their gradient partition in {prec.grad} "
+                "(gradient_accumulation_dtype), optimizer state in that dtype")
     return f"{why}, gradients and optimizer state in that dtype"
 
 

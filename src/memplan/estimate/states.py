@@ -12,7 +12,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import ClassVar
 
-from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element
+from memplan.estimate.finetune import StageFinetune, adapter_bytes, frozen_bytes_per_element, zero3_flat_master
 from memplan.estimate.layout import StageLayout
 from memplan.estimate.memo import Same
 from memplan.estimate.optimizers import (  # noqa: F401  (ADAM8BIT_BLOCK, optimizer_state_bytes: re-exported)
@@ -364,6 +364,10 @@ def _offloaded(on_gpu: StateBytes, off: Offload, moves_gradients: bool) -> State
                    cpu_parameters=cpu_params, cpu_gradients=cpu_grads, cpu_optimizer=cpu_opt)
 
 
+#: DeepSpeed ZeRO-3's flat master copy is fp32 whatever the parameter's dtype.
+_FP32_MASTER = 4
+
+
 def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec: ResolvedPrecision,
                           ft: StageFinetune, sharded: tuple[bool, bool, bool], step_counters: int,
                           small: SmallTensors | None = None) -> StateBytes:
@@ -371,7 +375,8 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
 
     Fully trained weights follow the job's precision; adapters keep their dtype's gradients and no
     master copy, unless they are in the weights' dtype under a precision with a separate master copy (DeepSpeed
-    casts them to the model's 16 bits: its optimizer keeps their fp32 master and moments as for every weight);
+    casts them to the model's 16 bits: its optimizer keeps their fp32 master and moments as for every weight) or
+    DeepSpeed's ZeRO-3 steps them (:func:`zero3_flat_master`: an fp32 master, gradients in the gradients' dtype);
     frozen weights have no gradient, master or optimizer state. ZeRO/FSDP divide each
     over data parallelism as in full training (dense shard group). Offload is not applied here.
     """
@@ -384,14 +389,17 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
     adapter = adapter_bytes(job)
     if prec.master_bytes and adapter == prec.param_bytes and ft.adapter:
         ft = replace(ft, full=ft.full + ft.adapter, adapter=0)  # mastered like the trained weights
+    adapter_grad, adapter_master = adapter, 0
+    if ft.adapter and zero3_flat_master(job, prec):
+        adapter_grad, adapter_master = prec.grad_bytes, _FP32_MASTER
     base = frozen_bytes_per_element(job)
     frozen_bytes = ft.frozen * base + ft.quantized_bytes
     parameters = (share(ft.full, full_shard) * prec.param_bytes + share(ft.adapter, full_shard) * adapter
                   + share(ft.copies, full_shard) * base
                   + (-(-frozen_bytes // shards[0]) if full_shard else frozen_bytes))
-    gradients = (share(ft.full, grad_shard) * prec.grad_bytes + share(ft.adapter, grad_shard) * adapter
+    gradients = (share(ft.full, grad_shard) * prec.grad_bytes + share(ft.adapter, grad_shard) * adapter_grad
                  + share(ft.copies, grad_shard) * base)
-    master = share(ft.full, opt_shard) * prec.master_bytes
+    master = share(ft.full, opt_shard) * prec.master_bytes + share(ft.adapter, opt_shard) * adapter_master
     o_numel = share(ft.trainable, opt_shard)
     stepped = share(ft.full + ft.adapter, opt_shard)
     shard_small = small.scaled(stepped / max(ft.full + ft.adapter, 1)) if small is not None else None

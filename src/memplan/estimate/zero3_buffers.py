@@ -63,10 +63,11 @@ gathered, so the window is filled to within one module of it; a sub-group is pri
 from __future__ import annotations
 
 from memplan.estimate.context import RunContext, StageContext
+from memplan.estimate.finetune import adapter_bytes
 from memplan.estimate.ledger import COMMUNICATION, TEMPORARY, Contribution
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, layer_numel_on_rank
-from memplan.job import Job
+from memplan.job import Job, resolved_adapter_dtype
 from memplan.model.linears import layer_linears, model_parameters
 from memplan.model.params import embedding_params
 from memplan.model.spec import ModelSpec
@@ -163,14 +164,54 @@ def _persistent(ctx: StageContext) -> tuple[int, Contribution | None]:
     assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO-3"
     threshold, where = setting(sh.param_persistence_threshold, d.param_persistence_threshold,
                                 hf_auto_persistence_threshold(run.model.hidden_size))
-    elements = persistent_elements(model_numels(run.model), threshold, sh.model_persistence_threshold)
-    if not elements:
+    cap_all = sh.model_persistence_threshold
+    elements = persistent_elements(model_numels(run.model), threshold, cap_all)
+    adapters = persistent_elements(adapter_numels(run), threshold, None if cap_all is None else cap_all - elements)
+    if not elements and not adapters:
         return 0, None
-    cap = "" if sh.model_persistence_threshold is None else f", at most {sh.model_persistence_threshold:,} in all"
-    return elements, Contribution(COMMUNICATION, dtype_bytes(run.prec.param) * elements, _PERSISTENT_LIVE, note=(
+    cap = "" if cap_all is None else f", at most {cap_all:,} in all"
+    dtype = resolved_adapter_dtype(run.job)
+    peft = (f" and {adapters:,} elements of peft adapter tensors in their {dtype} (peft adds them after zero.Init; "
+            "deepspeed.initialize partitions and marks them like the rest; adapter tensors above the threshold are "
+            "not priced as gathered)") if adapters else ""
+    nbytes = dtype_bytes(run.prec.param) * elements + adapter_bytes(run.job) * adapters
+    return elements, Contribution(COMMUNICATION, nbytes, _PERSISTENT_LIVE, note=(
         f"DeepSpeed ZeRO-3 persistent parameters: {elements:,} elements of tensors of at most {threshold:,} "
-        f"(stage3_param_persistence_threshold, {where}{cap}) stay gathered on every GPU ({run.prec.param}) but for "
-        "the optimizer step, which releases every parameter first and gathers them again after"))
+        f"(stage3_param_persistence_threshold, {where}{cap}) stay gathered on every GPU ({run.prec.param}){peft} but "
+        "for the optimizer step, which releases every parameter first and gathers them again after"))
+
+
+def adapter_numels(run: RunContext) -> tuple[int, ...]:
+    """The peft adapter tensors' sizes (lora_A ``(E*r, in)``, lora_B ``(out, E*r)``, DoRA's magnitude); none under
+    full training."""
+    if run.counts is None:
+        return ()
+    out: list[int] = []
+    for a in run.counts.adapters:
+        m, r = a.module, a.experts * a.rank
+        out += [r * m.in_features, r * m.out_features] + ([m.out_features] if a.dora else [])
+    return tuple(out)
+
+
+def _only_adapters_train(run: RunContext) -> bool:
+    """Fine-tuning where nothing of the base model trains (peft adapters only, no ``modules_to_save`` copy)."""
+    counts = run.counts
+    return counts is not None and not counts.root.trained and not counts.root.copies and not any(
+        p.trained or p.copies for p in counts.layers)
+
+
+def frozen_root_elements(run: RunContext) -> int:
+    """The embedding's and head's elements not kept persistent when they train nothing, which no layer's backward
+    holds gathered (partition_parameters.py / partitioned_param_coordinator.py): a frozen embedding's output needs no
+    gradient, so no backward hook fetches it and the trace has no later use (released after the forward); the head's
+    backward runs first and releases it. 0 under full training or with the root trained (measured, docs/
+    benchmarks.md, helper zlora17: Z5 at a layer's backward entry holds neither)."""
+    counts = run.counts
+    if counts is None or counts.root.trainable:
+        return 0
+    split = vocab_split(run.profile, run.job.parallel.tp)
+    root = tuple(t.numel // split for t in model_parameters(run.model) if t.layer is None)
+    return sum(root) - persistent_elements(root, *_persistence(run))
 
 
 def _shards(run: RunContext) -> int:
@@ -288,6 +329,32 @@ def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: t
         "gradient partition"))
 
 
+def _frozen_root_backward(gathered: Contribution, backward: int, frozen: int, c: int) -> list[Contribution]:
+    """The gathered set, the backward's without a frozen embedding and head (:func:`frozen_root_elements`)."""
+    if not frozen or backward * c >= gathered.nbytes:
+        return [gathered]
+    forward = tuple(p for p in gathered.live if p in ("forward", "loss"))
+    return [gathered._replace(live=forward), Contribution(COMMUNICATION, c * backward, ("backward", "end of backward"), (
+        f"DeepSpeed ZeRO-3 in the backward with the embedding and head frozen: {backward:,} elements gathered, "
+        f"without their {frozen:,} (a frozen embedding has no backward to fetch it for and is released after the "
+        "forward; the head's backward runs first and releases it)"))]
+
+
+def _module_gradient(run: RunContext, unit: int, c: int) -> Contribution:
+    """The gradients of the module whose backward runs before DeepSpeed copies them into the bucket: the largest
+    module's, or where only peft adapters train, the largest adapter tensor's, split by tensor parallelism as its
+    base linear (frozen modules make none; measured, docs/benchmarks.md, helper zlora17: Z5)."""
+    if _only_adapters_train(run):
+        largest = max(adapter_numels(run), default=0) // run.job.parallel.tp
+        dtype = resolved_adapter_dtype(run.job)
+        return Contribution(COMMUNICATION, adapter_bytes(run.job) * largest, ("backward", "end of backward"), (
+            f"DeepSpeed ZeRO-3 with only peft adapters training: the frozen modules make no gradient; the largest "
+            f"adapter tensor's ({largest:,} elements, {dtype}) before it is copied into the reduce bucket"))
+    return Contribution(COMMUNICATION, c * unit, ("backward", "end of backward"), (
+        f"DeepSpeed ZeRO-3: the gradients of the module whose backward runs ({unit:,} elements, {run.prec.param}) "
+        "before they are copied into the reduce bucket"))
+
+
 def contributions(ctx: StageContext, params: StageParams, partition: int, forward: bool) -> list[Contribution]:
     """The buffers as contributions, each with its sentence (``partition``: the elements this GPU's optimizer steps)."""
     run = ctx.run
@@ -300,7 +367,8 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     bucket, bucket_from = reduce_bucket(sh, d, hidden)
     unit = module_unit(ctx, params)
     if _shards(run) == 1:
-        gathered, kept = _UNGATHERED, None
+        out = [_UNGATHERED]
+        kept = None
     else:
         persistent, kept = _persistent(ctx)
         elements = gathered_elements(max(0, params.total - persistent), unit, prefetch, live, reuse)
@@ -311,12 +379,9 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
             f"stage3_max_live_parameters {live:,} ({live_from}; stage3_prefetch_bucket_size {prefetch:,}, "
             f"{pf_from}, 0 turns it off) and the parameters kept for reuse, about half of stage3_max_reuse_distance "
             f"{reuse:,} ({reuse_from}); from the forward to the end of the backward"))
-    out = [
-        gathered,
-        Contribution(COMMUNICATION, c * unit, ("backward", "end of backward"), (
-            f"DeepSpeed ZeRO-3: the gradients of the module whose backward runs ({unit:,} elements, {prec.param}) "
-            "before they are copied into the reduce bucket")),
-    ]
+        frozen = frozen_root_elements(run)
+        out = _frozen_root_backward(gathered, min(elements, max(0, params.total - persistent - frozen)), frozen, c)
+    out.append(_module_gradient(run, unit, c))
     if not run.job.offload.optimizer:
         out.append(_sub_group_gradient(ctx, partition, unit, setting(sh.sub_group_size, d.sub_group_size, 0)))
     out += [c for c in (kept, _conversions(ctx, params, bucket, unit), _flat_gather(ctx, params) if forward else None)
