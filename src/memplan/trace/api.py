@@ -185,12 +185,13 @@ def _prepare(model: Any, options: TraceSetup, mesh: Any,
 
 
 def _traces_compiled_loss(options: TraceSetup, job: StepJob) -> bool:
-    """The job compiles its loss and the step's loss is the Hugging Face model's own (``hf_loss``)."""
+    """The job compiles its loss and the step's loss is the Hugging Face model's own (``hf_loss``, or the same
+    after the forward: ``LossAfterForward``)."""
     from memplan.estimate.compiled_loss import job_compiles_loss
     from memplan.profiles import get_profile
-    from memplan.trace.run import hf_loss
+    from memplan.trace.run import LossAfterForward, hf_loss
 
-    return job.loss_fn is hf_loss and job_compiles_loss(options.job, get_profile(options.job.framework))
+    return (job.loss_fn is hf_loss or isinstance(job.loss_fn, LossAfterForward)) and job_compiles_loss(options.job, get_profile(options.job.framework))
 
 
 def _compiles_chunked_loss(options: TraceSetup, job: StepJob) -> bool:

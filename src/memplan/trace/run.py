@@ -20,11 +20,13 @@ from memplan.errors import UnsupportedError
 from memplan.optimizers import optimizer_kind
 from memplan.optimizers.kind import TraceRequest
 from memplan.policies import ActivationPolicy
+from memplan.profiles import get_profile
 from memplan.trace.build import TORCH_DTYPES
 from memplan.trace.core.recorder import HOST, AllocationRecorder
 from memplan.trace.setup import TraceSetup
 
 __all__ = [
+    "LossAfterForward",
     "StepJob",
     "apply_recompute",
     "convert_outputs_to_fp32",
@@ -69,6 +71,24 @@ class StepJob:
 def hf_loss(output: Any, batch: Any) -> torch.Tensor:
     """The loss a Hugging Face causal LM computes itself when given ``labels``."""
     return output.loss
+
+
+@dataclass(frozen=True)
+class LossAfterForward:
+    """The same causal-LM loss (the model's ``loss_function``), computed on the logits after the model's forward
+    has returned, as a trainer that calls ``loss_fn(model(inputs), labels)`` does (torchtitan's ``train.py``:
+    ``pred = model(inputs)``, then ``self.loss_fn(pred, labels)``): under FSDP2 the root's post-forward has then
+    run (its last parked all-gather output freed) before the loss. The model is called without ``labels``."""
+
+    model: torch.nn.Module
+    vocab_size: int
+
+    def __call__(self, output: Any, batch: Any) -> torch.Tensor:
+        return self.model.loss_function(logits=output.logits, labels=batch["labels"], vocab_size=self.vocab_size)
+
+    def call(self, labels: torch.Tensor, **inputs: Any) -> Any:
+        """The model's forward without the labels (its logits, no loss)."""
+        return self.model(**inputs)
 
 
 #: ``--packing``: documents per row of a packed batch (equal lengths; the memory does not depend on it).
@@ -154,6 +174,10 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
         call, loss_fn = decoder_call_and_loss(model)
         return StepJob(model, batch, optimizer, loss_fn, autocast_dtype, cuda_autocast=options.device == "cuda",
                        call=call)
+    if options.job.sharding.fsdp != "none" and not get_profile(options.job.framework).loss_in_model_forward:
+        after = LossAfterForward(model, vocab)  # FSDP2's root post-forward before the loss (the estimate's field)
+        return StepJob(model, batch, optimizer, after, autocast_dtype, cuda_autocast=options.device == "cuda",
+                       call=after.call)
     return StepJob(model, batch, optimizer, hf_loss, autocast_dtype, cuda_autocast=options.device == "cuda")
 
 
