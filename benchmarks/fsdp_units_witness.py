@@ -67,6 +67,17 @@ def measure(name: str, folder: Path) -> dict[str, object]:
     return _rows(str(path), result)
 
 
+def row_texts(rows: dict[str, object]) -> list[str]:
+    """``category traced / estimated (relative)`` for each compared row (dict values) of one cell."""
+    out = []
+    for category, row in rows.items():
+        if isinstance(row, dict):
+            rel = row["relative"]
+            out.append(f"{category} {row['traced']:,} / {row['estimated']:,} "
+                       f"({'—' if rel is None else f'{100 * rel:+.3f}%'})")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated cell names (default: all)")
@@ -77,12 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             results[name] = measure(name, Path(tmp))
-            cells = []
-            for category, row in results[name].items():
-                rel = row["relative"]
-                cells.append(f"{category} {row['traced']:,} / {row['estimated']:,} "
-                             f"({'—' if rel is None else f'{100 * rel:+.3f}%'})")
-            print(f"{name}: " + "; ".join(cells), flush=True)
+            print(f"{name}: " + "; ".join(row_texts(results[name])), flush=True)
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from fsdp_units_witness import measure  # noqa: E402
+from fsdp_units_witness import measure, row_texts  # noqa: E402
 
 from memplan.trace import trace  # noqa: E402
 from memplan.trace.compare import compare_with_estimate  # noqa: E402
@@ -61,12 +61,7 @@ def main() -> None:
             results[name] = measure_grid(grid[name], Path(tmp)) if name in grid else measure(name, Path(tmp))
             cells = [str(results[name].get("cell", "")), f"passes={results[name]['passes']}"] \
                 if name in grid else []
-            for category, row in results[name].items():
-                if isinstance(row, dict):
-                    rel = row["relative"]
-                    cells.append(f"{category} {row['traced']:,} / {row['estimated']:,} "
-                                 f"({'—' if rel is None else f'{100 * rel:+.3f}%'})")
-            print(f"{name}: " + "; ".join(cells), flush=True)
+            print(f"{name}: " + "; ".join(cells + row_texts(results[name])), flush=True)
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 

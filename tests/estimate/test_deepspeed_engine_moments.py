@@ -98,3 +98,22 @@ def test_zero3_forward_holds_the_prefetch_buffer(tmp_path: Path, cell: str, flag
     ledger = _ledger(tmp_path, 3, 2, flags)
     assert max(_at(ledger, "forward"), _at(ledger, "loss")) == pytest.approx(engine, rel=0.02)
     assert any("flat buffer of its last coalesced all-gather (2,625,536" in n for n in ledger.notes())
+
+
+def test_zero3_one_rank_with_offloaded_parameters_gathers_copies(tmp_path: Path) -> None:
+    """At one data-parallel rank the engine points a parameter at its partition, unless the partitions are in host
+    memory (``offload_param``): then ``NoGatherHandle`` copies each fetched one to the GPU, a gathered copy as on more
+    ranks (review of session 17's merges: the one-rank rule had dropped them for offloaded parameters too)."""
+    on_gpu = _ledger(tmp_path, 3, 1)
+    offloaded = _ledger(tmp_path, 3, 1, {"offload_params": True})
+    assert on_gpu.total("communication", "backward") < offloaded.total("communication", "backward")
+    assert not any("points the parameter at its partition" in note for note in offloaded.notes())
+    assert any("points the parameter at its partition" in note for note in on_gpu.notes())
+
+
+def test_zero2_offload_waits_for_one_gradient_not_a_bucket(tmp_path: Path) -> None:
+    """With contiguous gradients each gradient is copied into the reduce bucket and becomes a view of it: one raw
+    gradient waits at a time (at most the largest parameter: tiny4's head, 256,000 elements), however large the
+    bucket (review of session 17's merges: a 1e6-element bucket had priced 1e6 waiting elements)."""
+    ledger = _ledger(tmp_path, 2, 1, {"offload_optimizer": True}, reduce_bucket_size=1_000_000)
+    assert any("at most the largest parameter, 256,000 elements" in note for note in ledger.notes())

@@ -127,21 +127,22 @@ def _offload_buffer(ctx: StageContext, st: StageStates) -> list[Contribution]:
     """With the optimizer offloaded, the device buffer one gradient is staged in on its way to host memory
     (stage_1_and_2.py ``temp_grad_buffer_for_gpu_offload``: the largest parameter's elements in the model's dtype,
     allocated when the optimizer is built and kept)."""
-    from memplan.estimate.zero3_buffers import largest_tensor, reduced_elements
+    from memplan.estimate.zero3_buffers import largest_tensor
 
     run = ctx.run
     if not run.job.offload.optimizer:
         return []
-    numel, sh, d = largest_tensor(ctx), run.job.sharding, run.profile.zero3_buffers
-    assert d is not None, "applies() checks the profile runs DeepSpeed's ZeRO"
-    waiting = reduced_elements(st.params.total, reduce_bucket(sh, d, run.model.hidden_size)[0], numel)
+    numel, sh = largest_tensor(ctx), run.job.sharding
+    # with contiguous gradients (the only case here: keeps_bucket) each gradient is copied into the reduce bucket and
+    # becomes a view of it (stage_1_and_2.py, reduce_ipg_grads): one raw gradient waits at a time, at most the largest
+    waiting = numel
     return [Contribution(COMMUNICATION, numel * run.prec.param_bytes, note=(
         f"DeepSpeed ZeRO-{sh.zero} with the optimizer offloaded: a device buffer of the largest "
         f"parameter ({numel:,} {run.prec.param} elements) stages each gradient on its way to host memory, kept for "
         "the whole step")),
             Contribution(TEMPORARY, waiting * run.prec.grad_bytes, ("backward",), note=(
-                f"DeepSpeed ZeRO-{sh.zero} with the optimizer offloaded: the gradients one reduction takes (up to "
-                f"{waiting:,} elements, a bucket or the largest parameter) wait on the device for it"))]
+                f"DeepSpeed ZeRO-{sh.zero} with the optimizer offloaded: a gradient waits on the device before its copy "
+                f"into the reduce bucket (at most the largest parameter, {waiting:,} elements)"))]
 
 
 def _step_gradient(ctx: StageContext, st: StageStates) -> list[Contribution]:

@@ -219,7 +219,15 @@ def _shards(run: RunContext) -> int:
     return max(1, run.job.parallel.data_parallel * run.job.parallel.cp)
 
 
-#: One data-parallel rank: the partition is the whole parameter and nothing is gathered.
+def _points_at_partition(run: RunContext) -> bool:
+    """One data-parallel rank with the partitions on the GPU: the engine points each parameter at its partition.
+    With ``offload_param`` the partitions are in host memory (``_partition_param`` moves them to ``remote_device``,
+    persistent ones excepted) and ``NoGatherHandle`` copies each fetched one to the GPU: a gathered copy as on more
+    ranks (partition_parameters.py, DeepSpeed 0.19.8)."""
+    return _shards(run) == 1 and not run.job.offload.params
+
+
+#: One data-parallel rank, partitions on the GPU: the partition is the whole parameter and nothing is gathered.
 _UNGATHERED = Contribution(COMMUNICATION, 0, note=(
     "DeepSpeed ZeRO-3 on one data-parallel rank: each parameter's partition is the whole parameter, so the engine "
     "points the parameter at its partition instead of all-gathering a copy (partition_parameters.py "
@@ -366,7 +374,7 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
     reuse, reuse_from = setting(sh.max_reuse_distance, d.max_reuse_distance, 0)
     bucket, bucket_from = reduce_bucket(sh, d, hidden)
     unit = module_unit(ctx, params)
-    if _shards(run) == 1:
+    if _points_at_partition(run):
         out = [_UNGATHERED]
         kept = None
     else:
