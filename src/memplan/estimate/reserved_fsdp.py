@@ -44,7 +44,7 @@ made, the gradients freed once copied in, the output made on the reduce-scatter 
 (``reduce_scatter_states``) to the end of the backward.
 
 torchtitan's and accelerate's outer units (``FrameworkProfile.fsdp_outer_units``, untied, no pipeline: the
-ledger's :func:`~memplan.estimate.stage_peak.head_unit`; ``memplan trace --framework torchtitan`` and ``hf``
+ledger's :func:`~memplan.estimate.fsdp_units.head_unit`; ``memplan trace --framework torchtitan`` and ``hf``
 wrap them so): the embedding is a unit (unit 0) and the final norm and head another (the last),
 ``reshard_after_forward=False``; the root holds no parameters. The embedding's unit reshards after its forward;
 the head's is gathered after the blocks, its copy-out frees the last block's output and its own output is freed
@@ -113,7 +113,7 @@ def fsdp_sizes(ctx: StageContext, ledger: Ledger, units: list[list[int]],
                head: int | None, finetune: bool = False) -> FsdpSizes | None:
     """The FSDP2 sizes of the stage's schedule, or None when the job does not run FSDP2 (``head``: the
     numel of the head unit when the final norm and head are a unit apart from the embedding,
-    :func:`~memplan.estimate.stage_peak.head_unit`; ``finetune``: only some tensors train)."""
+    :func:`~memplan.estimate.fsdp_units.head_unit`; ``finetune``: only some tensors train)."""
     job, prec = ctx.run.job, ctx.run.prec
     if job.sharding.fsdp == "none" or not ctx.run.profile.torch_optimizer:
         return None

@@ -68,7 +68,8 @@ from memplan.estimate.ledger import (
     Ledger,
 )
 from memplan.estimate.stage_activations import StageActivations, head_numel
-from memplan.estimate.stage_peak import LossPart, head_unit
+from memplan.estimate.fsdp_units import head_unit
+from memplan.estimate.stage_peak import LossPart
 from memplan.estimate.states import STEP_COUNTER_BYTES, device_step_counters
 
 #: Training steps replayed (the first allocates what later steps find cached).

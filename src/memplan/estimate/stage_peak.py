@@ -27,7 +27,8 @@ from memplan.estimate.extras import (
     saved_logits_bytes,
     softcap_bytes,
 )
-from memplan.estimate.fsdp_loss_gather import loss_gather
+from memplan.estimate.fsdp_loss_gather import last_gathered, loss_gather
+from memplan.estimate.fsdp_units import head_unit
 from memplan.estimate import (
     compiled_loss,
     ds_allreduce,
@@ -61,7 +62,6 @@ from memplan.estimate.stage_activations import StageActivations
 from memplan.estimate.stage_states import StageStates
 from memplan.frozen import frozen_dataclass
 from memplan.job import resolved_loss
-from memplan.model.params import embedding_params, final_norm_params
 from memplan.profiles.framework import vocab_split
 from memplan.units import dtype_bytes
 
@@ -275,38 +275,11 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations, fo
     return out, most
 
 
-def last_gathered(ctx: StageContext) -> int:
-    """Bytes of the forward's last FSDP2 unit's all-gather output when it is alive at the loss beside that unit's
-    unsharded parameters (:mod:`memplan.estimate.fsdp_loss_gather`): the [final norm, head] unit's where it is a
-    unit apart and stays unsharded after its forward (``head_unit``). 0 under one root unit (the last decoder
-    layer reshards after its forward: its all-gather output takes the place of its parameters, which the loss
-    moment's block already prices), where the loss runs outside the model's forward, and under pipeline
-    parallelism (the schedule calls the loss)."""
-    run = ctx.run
-    if run.job.sharding.fsdp == "none" or not (run.profile.torch_optimizer and run.profile.loss_in_model_forward):
-        return 0
-    head = head_unit(ctx)
-    return 0 if head is None else head * dtype_bytes(run.prec.compute)
-
-
 def _with_most(held: list[Contribution]) -> tuple[list[Contribution], int]:
     """``held`` and the most of its communication buffers alive at one moment."""
     most = max(sum(c.nbytes for c in held if c.category == COMMUNICATION and c.live_at(phase))
                for phase in ("loss", "backward", "end of backward", "optimizer step"))
     return held, most
-
-
-def head_unit(ctx: StageContext) -> int | None:
-    """Numel of the final norm and untied head on this GPU when FSDP shards them as a unit apart from
-    the embedding (``FrameworkProfile.fsdp_outer_units``); None when one root unit holds both, and under
-    pipeline parallelism, where torchtitan keeps the embedding unsharded after its forward too."""
-    run = ctx.run
-    if (run.profile.fsdp_outer_units != "embedding-and-head" or run.model.tie_word_embeddings
-            or run.job.parallel.pp > 1):
-        return None
-    if not ctx.layout.has_head:
-        return 0
-    return final_norm_params(run.model) + embedding_params(run.model, run.vocab_rows) // max(run.job.parallel.tp, 1)
 
 
 #: A stage without CUDA graphs (graph_memory's figures for ``--cuda-graph-impl none``).
