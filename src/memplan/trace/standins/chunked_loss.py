@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from memplan.errors import UnsupportedError
+from memplan.trace.standins.fused_loss import decoder_call
 
 __all__ = ["CHUNKS", "ChunkedOutputLoss", "chunk_cross_entropy", "chunked_call_and_loss"]
 
@@ -70,14 +70,7 @@ class ChunkedOutputLoss:
 def chunked_call_and_loss(model: torch.nn.Module) -> tuple[Callable[..., Any], ChunkedOutputLoss]:
     """What the step calls instead of ``model(**batch)`` (its decoder, without labels) and the chunked loss of
     the decoder's output; through peft's wrapper too."""
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
-    head = base.get_output_embeddings() if callable(getattr(base, "get_output_embeddings", None)) else None
-    if decoder is None or head is None:
-        raise UnsupportedError("--loss chunked needs a transformers causal LM with get_decoder() and an output head")
+    call, base, head = decoder_call(
+        model, "--loss chunked needs a transformers causal LM with get_decoder() and an output head")
     softcap = getattr(getattr(base, "config", None), "final_logit_softcapping", None)
-
-    def call(**batch: Any) -> Any:
-        return decoder(**{k: v for k, v in batch.items() if k != "labels"})
-
     return call, ChunkedOutputLoss(head, softcap)

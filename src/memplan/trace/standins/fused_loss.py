@@ -19,7 +19,7 @@ import torch
 
 from memplan.errors import UnsupportedError
 
-__all__ = ["FusedLinearCrossEntropy", "chunk_tokens", "decoder_call_and_loss", "fused_linear_cross_entropy"]
+__all__ = ["FusedLinearCrossEntropy", "chunk_tokens", "decoder_call", "decoder_call_and_loss", "fused_linear_cross_entropy"]
 
 
 def _next_pow2(n: int) -> int:
@@ -71,18 +71,29 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
     return FusedLinearCrossEntropy.apply(flat, weight, labels.reshape(-1))
 
 
-def decoder_call_and_loss(model: torch.nn.Module) -> tuple[Callable[..., Any], Callable[[Any, Any], torch.Tensor]]:
-    """What the step calls instead of ``model(**batch)`` (its decoder, without labels) and the loss
-    computed from the decoder's output and the batch's labels; through peft's wrapper too."""
+def decoder_call(model: torch.nn.Module, needs: str) -> tuple[Callable[..., Any], torch.nn.Module, torch.nn.Module]:
+    """(what the step calls instead of ``model(**batch)``: its decoder, without labels; the transformers model under
+    peft's wrapper; its output head) for a loss computed outside the model from the decoder's output; ``needs``:
+    the refusal's sentence where the model has no decoder or head."""
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     decoder = base.get_decoder() if callable(getattr(base, "get_decoder", None)) else None
     head = base.get_output_embeddings() if callable(getattr(base, "get_output_embeddings", None)) else None
-    if decoder is None or head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
-        raise UnsupportedError("--loss fused-linear needs a transformers causal LM with get_decoder() and an output "
-                               "head with a weight")
+    if decoder is None or head is None:
+        raise UnsupportedError(needs)
 
     def call(**batch: Any) -> Any:
         return decoder(**{k: v for k, v in batch.items() if k != "labels"})
+
+    return call, base, head
+
+
+def decoder_call_and_loss(model: torch.nn.Module) -> tuple[Callable[..., Any], Callable[[Any, Any], torch.Tensor]]:
+    """What the step calls instead of ``model(**batch)`` (its decoder, without labels) and the loss
+    computed from the decoder's output and the batch's labels; through peft's wrapper too."""
+    needs = "--loss fused-linear needs a transformers causal LM with get_decoder() and an output head with a weight"
+    call, _, head = decoder_call(model, needs)
+    if not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise UnsupportedError(needs)
 
     def loss(output: Any, batch: Any) -> torch.Tensor:
         labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
