@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memplan.estimate.fsdp_units import head_unit
 from memplan.frozen import frozen_dataclass
 from memplan.units import dtype_bytes
 
@@ -59,15 +58,15 @@ def loss_gather(gathered: int, logits: int, forward_logits: int, forward_cache: 
     return LossGather(gathered, max(0, gathered + forward_cache - room) - max(0, forward_cache - room))
 
 
-def last_gathered(ctx: StageContext) -> int:
+def last_gathered(ctx: StageContext, head: int | None) -> int:
     """Bytes of the forward's last FSDP2 unit's all-gather output when it is alive at the loss beside that unit's
     unsharded parameters (:mod:`memplan.estimate.fsdp_loss_gather`): the [final norm, head] unit's where it is a
-    unit apart and stays unsharded after its forward (``head_unit``). 0 under one root unit (the last decoder
-    layer reshards after its forward: its all-gather output takes the place of its parameters, which the loss
-    moment's block already prices), where the loss runs outside the model's forward, and under pipeline
+    unit apart and stays unsharded after its forward (``head``, its elements:
+    :func:`~memplan.estimate.fsdp_units.head_unit`). 0 under one root unit (the last decoder layer reshards
+    after its forward: its all-gather output takes the place of its parameters, which the loss moment's block
+    already prices), where the loss runs outside the model's forward, and under pipeline
     parallelism (the schedule calls the loss)."""
     run = ctx.run
     if run.job.sharding.fsdp == "none" or not (run.profile.torch_optimizer and run.profile.loss_in_model_forward):
         return 0
-    head = head_unit(ctx)
     return 0 if head is None else head * dtype_bytes(run.prec.compute)

@@ -260,7 +260,7 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations, fo
     out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward else (phase,))
            for phase, size in comm_at.items()]
     most = max(comm_at.values())
-    gathered = last_gathered(ctx) if run.profile.loss_in_model_forward else 0
+    gathered = last_gathered(ctx, head) if run.profile.loss_in_model_forward else 0  # (the default job's fast path)
     if gathered:
         gather = loss_gather(gathered, loss.logits, loss.forward_logits, acts.autocast_cache)
         out.append(Contribution(COMMUNICATION, gather.at_loss, ("loss",), note=gather.note))

@@ -73,8 +73,6 @@ if TYPE_CHECKING:
 
 __all__ = ["applies", "bf16_optimizer", "contributions"]
 
-#: fp32: the step's gradient (DeepSpeed's ``single_partition_of_fp32_groups``' dtype).
-_FP32 = 4
 #: From the backward that makes them to the optimizer step that reads them.
 _BACKWARD_TO_STEP = ("backward", "end of backward", "optimizer step")
 
@@ -152,9 +150,10 @@ def _step_gradient(ctx: StageContext, st: StageStates) -> list[Contribution]:
     run = ctx.run
     if run.job.offload.optimizer:
         return []
+    from memplan.estimate.zero3_buffers import flat_fp32_bytes
+
     numel, grad = st.states.optimizer_numel, run.prec.grad_bytes
-    per_element = _FP32 + (grad if grad != _FP32 else 0)
-    out = [Contribution(TEMPORARY, per_element * numel, ("optimizer step",), note=(
+    out = [Contribution(TEMPORARY, flat_fp32_bytes(grad) * numel, ("optimizer step",), note=(
         f"DeepSpeed ZeRO-{run.job.sharding.zero} optimizer step: this GPU's gradient partition ({numel:,} elements) "
         f"flattened ({run.prec.grad}) and cast to fp32 for the optimizer, both alive at the cast"))]
     others = st.states.gradients - numel * grad

@@ -321,6 +321,12 @@ def _conversions(ctx: StageContext, params: StageParams, bucket: int, unit: int)
            if comm != grad else "")))
 
 
+def flat_fp32_bytes(grad_bytes: int) -> int:
+    """Bytes per element where a DeepSpeed step flattens gradients (a copy in their dtype) and casts the copy to fp32,
+    both alive at the cast (``flatten(...).to(fp32)``; one fp32 tensor where the gradients are fp32 already)."""
+    return _FP32 + (grad_bytes if grad_bytes != _FP32 else 0)
+
+
 def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: tuple[int, str]) -> Contribution:
     """The optimizer step's fp32 gradient of its largest sub-group, made from the flattened 16-bit gradient partition
     (stage3.py ``_prepare_fp32_grad_for_sub_group``: ``flatten(...).to(fp32)``, both alive at that instant); a
@@ -329,9 +335,7 @@ def _sub_group_gradient(ctx: StageContext, partition: int, unit: int, setting: t
     run = ctx.run
     size, where = setting
     elements = sub_group_elements(partition, size, -(-unit // _shards(run)))
-    grad = dtype_bytes(run.prec.grad)
-    per_element = _FP32 + (grad if grad != _FP32 else 0)
-    return Contribution(TEMPORARY, per_element * elements, ("optimizer step",), (
+    return Contribution(TEMPORARY, flat_fp32_bytes(dtype_bytes(run.prec.grad)) * elements, ("optimizer step",), (
         f"DeepSpeed ZeRO-3 optimizer step: the fp32 gradient of its largest sub-group ({elements:,} of the partition's "
         f"{partition:,} elements; sub_group_size {size:,}, {where}) made from a flat {run.prec.grad} copy of the "
         "gradient partition"))
