@@ -9,6 +9,13 @@ llama (tests/trace/test_agreement_grid.py ``CONFIGS["llama"]``), seq 256, mbs 2,
 * Y4 8 ranks: 2 replicas x 4 shards; Y5 8 ranks: 4 replicas x 2 shards;
 * controls ``<cell>_full<N>``: the same job with ``--fsdp full`` over N ranks (the shard group's size, and all ranks).
 
+Fine-tuning cells (helper hybridft18, session 18, fixed before they were run): the same toy, seq, mbs, precision,
+attention and optimizer, ``--framework hf`` unless said, peft adapters r 8 on a bf16-mixed FSDP2 job:
+
+* V1 LoRA q,v, 2 replicas x 2 shards (4 ranks); V2 V1 with full recompute; V3 LoRA all-linear 2 x 2;
+* V4 DoRA q,v 2 x 2; V5 V1 under ``--framework torchtitan``; V6 V1 at 2 replicas x 4 shards (8 ranks);
+* controls ``<cell>_full<N>``: the same job with ``--fsdp full`` over the shard group's N ranks.
+
 A refusal (the trace before hybrid was traced) is a result here. Usage::
 
     PYTHONPATH=src python benchmarks/hsdp_witness.py OUT.json [NAME ...]
@@ -45,6 +52,17 @@ HYBRID: dict[str, dict[str, Any]] = {
     "Y4": {**_BASE, "gpus": 8, "fsdp": 4},
     "Y5": {**_BASE, "gpus": 8, "fsdp": 2},
 }
+_LORA = {"framework": "hf", "recompute": "none", "gpus": 4, "fsdp": 2, "peft": "lora", "lora_rank": 8,
+         "lora_targets": "q_proj,v_proj"}
+#: the fine-tuning cells (hybridft18): peft adapters under hybrid sharding
+FINETUNE: dict[str, dict[str, Any]] = {
+    "V1": _LORA,
+    "V2": {**_LORA, "recompute": "full"},
+    "V3": {**_LORA, "lora_targets": "all-linear"},
+    "V4": {**_LORA, "peft": "dora"},
+    "V5": {**_LORA, "framework": "torchtitan"},
+    "V6": {**_LORA, "gpus": 8, "fsdp": 4},
+}
 
 
 def _controls() -> dict[str, dict[str, Any]]:
@@ -52,10 +70,12 @@ def _controls() -> dict[str, dict[str, Any]]:
     for name, flags in HYBRID.items():
         for ranks in (flags["fsdp"], flags["gpus"]):
             out[f"{name}_full{ranks}"] = {**flags, "gpus": ranks, "fsdp": ranks}
+    for name, flags in FINETUNE.items():
+        out[f"{name}_full{flags['fsdp']}"] = {**flags, "gpus": flags["fsdp"]}
     return out
 
 
-CELLS = {**HYBRID, **_controls()}
+CELLS = {**HYBRID, **FINETUNE, **_controls()}
 CATEGORIES = ("parameter", "gradient", "optimizer_state", "communication", "activation", "logits", "peak allocated")
 
 
@@ -68,7 +88,7 @@ def run_cell(path: str, flags: dict[str, Any]) -> dict[str, Any]:
     est = estimate(load_model(path), build_job({"seq": 256, "precision": "bf16-mixed", "attention": "sdpa",
                                                 "recompute": recompute, **job}))
     # the peak the comparison reads: less the library workspaces a fake-tensor trace never allocates
-    out: dict[str, Any] = {"estimate": est.peak_allocated_bytes,
+    out: dict[str, Any] = {"estimate": est.peak_allocated_bytes, "estimate_reserved": est.peak_reserved_bytes,
                            "estimate_compared": est.peak_allocated_bytes - est.stages[0].workspace_bytes}
     try:
         result = trace(path, seq=256, precision="bf16-mixed", attention="sdpa", recompute=recompute,
@@ -76,6 +96,8 @@ def run_cell(path: str, flags: dict[str, Any]) -> dict[str, Any]:
         rows = {r.category: r for r in compare_with_estimate(path, result.options, result.summary).rows}
         out.update({c: {"traced": rows[c].traced_bytes, "estimated": rows[c].estimated_bytes,
                         "rel": rows[c].relative} for c in CATEGORIES if c in rows})
+        reserved = result.summary.reserved
+        out["trace_reserved"] = reserved.peak_reserved_bytes if reserved is not None else None
     except MemplanError as error:
         out["error"] = f"{type(error).__name__}: {error}"[:400]
     out.update(seconds=round(time.time() - start, 1), flags={**job, "recompute": recompute})
