@@ -224,8 +224,8 @@ def _check_finetune(job: Job) -> None:
     ft = job.finetune
     if (ft.peft_kind.adapters or ft.has_frozen) and job.parallel.world_size > 1 and not _sharded_adapters(job):
         raise ConfigError("--gpus", "memplan trace runs fine-tuning (--peft, --trainable) on one rank, and peft "
-                          "adapters alone on an unquantized base under --fsdp full without --tp; estimate the rest with "
-                          "memplan estimate", job.parallel.world_size)
+                          "adapters alone on an unquantized base under --fsdp full or hybrid without --tp; estimate the "
+                          "rest with memplan estimate", job.parallel.world_size)
     for flag, on in (("--optimizer-in-backward", job.optimizer.in_backward),
                      ("--offload-activations", job.offload.activations)):
         if on and job.parallel.world_size > 1:
@@ -236,11 +236,14 @@ def _check_finetune(job: Job) -> None:
 def _sharded_adapters(job: Job) -> bool:
     """peft adapters alone trained on an unquantized base, FSDP2-sharded without TP: peft wraps the model first,
     then each block is ``fully_shard``-ed (accelerate's ``fsdp2_prepare_model`` order), adapters and frozen base
-    together. Not a ``modules_to_save`` copy or a ``--trainable`` module beside them: FSDP2 wants one dtype for a
-    unit's trainable parameters (accelerate upcasts them to fp32 first, which the trace does not)."""
+    together; under ``--fsdp hybrid`` on HSDP's 2-D mesh, each unit's adapter gradients reduce-scattered within the
+    shard group and all-reduced across the replicas. Not a ``modules_to_save`` copy or a ``--trainable`` module
+    beside them: FSDP2 wants one dtype for a unit's trainable parameters (accelerate upcasts them to fp32 first,
+    which the trace does not)."""
     ft = job.finetune
     return (ft.peft_kind.adapters and not ft.quant_kind.quantizes and job.parallel.tp == 1
-            and job.sharding.fsdp == "full" and ft.resolved_trainable == "adapters" and not ft.modules_to_save)
+            and job.sharding.fsdp in ("full", "hybrid") and ft.resolved_trainable == "adapters"
+            and not ft.modules_to_save)
 
 
 @dataclass(frozen=True)
