@@ -21,7 +21,8 @@ A refusal (the trace before hybrid was traced) is a result here. Usage::
     PYTHONPATH=src python benchmarks/hsdp_witness.py OUT.json [NAME ...]
 
 Run it against another tree by pointing PYTHONPATH at that tree's ``src`` (the before/after columns of
-docs/benchmarks.md). Results: benchmarks/results/hsdp_witness.json.
+docs/benchmarks.md). Results: benchmarks/results/hsdp_witness.json (the Y cells),
+benchmarks/results/hsdp_finetune_witness.json (the V cells).
 """
 
 from __future__ import annotations
