@@ -4,7 +4,8 @@ stops at, which the reserved-memory schedule checks the ledger in (:mod:`memplan
 A backward that starts without gradients (``zero_grad(set_to_none=True)``, one micro-batch in flight, one
 model chunk) visits the layers last to first; when it reaches a layer, the later layers have released what
 they kept and made their gradients. Where a layer keeps less than its gradients weigh (recompute, short
-sequences, ``save_on_cpu``) the worst layer is the first one, otherwise the last one.
+sequences, ``save_on_cpu``) the worst layer is the first one, otherwise the last one. Under FSDP2 each layer's step
+holds FSDP's own tensors too (:mod:`~memplan.estimate.fsdp_block_backward`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from memplan.estimate.context import StageContext
+from memplan.estimate.fsdp_block_backward import block_backward
 from memplan.estimate.layer_walk import LayerWalk
 from memplan.estimate.mask_lifetime import mask_releases, released_masks
 from memplan.estimate.stage_activations import StageActivations, head_numel
@@ -58,9 +60,10 @@ def walked_backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: S
     run, layout = ctx.run, ctx.layout
     grads_yet = no_grads_yet(ctx)
     head_grads = head_gradients(ctx, st)
+    fsdp = block_backward(ctx, st, walk)  # FSDP2's own tensors at each block's backward
     if not (grads_yet and layout.inflight_microbatches == 1 and len(layout.chunks) == 1
             and (not run.job.offload.activations or acts.per_tensor_offload)):
-        return WalkedBackward(acts.layers, acts.worst_backward + head_grads, None, False)
+        return WalkedBackward(acts.layers, acts.worst_backward + head_grads + (fsdp.last if fsdp else 0), None, False)
     per_param = st.states.gradients / max(st.params.total, 1)
     remaining, made = acts.layers, head_grads
     whole_after, numel = whole_partition_after(ctx), int(head_grads / per_param) if per_param else 0
@@ -68,9 +71,10 @@ def walked_backward(ctx: StageContext, st: StageStates, walk: LayerWalk, acts: S
     best_total = -1
     # a mask kind's last user in the backward is its lowest layer: below it the mask is gone
     releases = mask_releases(run.model, layout.layer_indices, acts.masks) if acts.masks else ()
+    early = walk.early_gradients if fsdp is None else fsdp.early(walk.early_gradients)
     for position in range(len(walk.per_layer) - 1, -1, -1):
         index, kept, worst = walk.per_layer[position]
-        worst += walk.early_gradients.get(index, 0)  # the layer's own gradients made before its worst op
+        worst += early.get(index, 0)  # the layer's own gradients made before its worst op (and FSDP2's tensors)
         held = remaining - released_masks(releases, index) if releases else remaining
         if whole_after is not None and numel >= whole_after:
             made = st.states.gradients  # ZeRO-2's contiguous partition, allocated whole: the later ones go into it

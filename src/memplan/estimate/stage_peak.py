@@ -33,6 +33,7 @@ from memplan.estimate import (
     compiled_loss,
     ds_allreduce,
     final_norm_backward,
+    fsdp_block_backward,
     hsdp,
     loss_parallel,
     pipeline_fsdp,
@@ -167,6 +168,9 @@ def phase_contributions(ctx: StageContext, st: StageStates, walk: LayerWalk, act
     yield Contribution(TEMPORARY, acts.autocast_cache, _FORWARD)
     yield from (Contribution(LOGITS, 0, _LOSS, note=note) for note in _loss_notes(ctx))
     yield from _backward(ctx, walk, moment)
+    fsdp = fsdp_block_backward.block_backward(ctx, st, walk)  # FSDP2's tensors at a block's backward: the sentence
+    if fsdp is not None:
+        yield from fsdp.contributions(moment[2])
     # the last layer's forward temporaries (DoRA's weights, gpt-oss's sink attention),
     # the layers' activations held
     yield Contribution(TEMPORARY, forward_extra if not ctx.recomputed else 0, _FORWARD)
