@@ -11,6 +11,7 @@ AdamW foreach, mbs 2, 2 traced iterations; figure: peak allocated, estimate vs `
   W2a a trained eager core's forward moment (the q/k/v projections of every layer trained, the rest frozen),
   W2b the same for layer 1's q/k/v only, W2c DoRA on k_proj,v_proj (the weight-norm step at a later q/k/v
   projection), W2d DoRA on q_proj,o_proj (a q/o tie).
+- W3 (added after the first look): the gate and up projections trained, down_proj frozen.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ CELLS.update({
                                                           "layers.1.self_attn.v_proj"}),
     "W2c DoRA k_proj,v_proj": (*_W2, {"peft": "dora", "lora_targets": "k_proj,v_proj"}),
     "W2d DoRA q_proj,o_proj": (*_W2, {"peft": "dora", "lora_targets": "q_proj,o_proj"}),
+    # added after the first look (W2a's cause, a frozen output projection beside trained linears, in the MLP block)
+    "W3 trainable gate_proj,up_proj": (*_W2, {"trainable": "gate_proj,up_proj"}),
 })
 
 
