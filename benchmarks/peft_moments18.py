@@ -12,6 +12,8 @@ AdamW foreach, mbs 2, 2 traced iterations; figure: peak allocated, estimate vs `
   W2b the same for layer 1's q/k/v only, W2c DoRA on k_proj,v_proj (the weight-norm step at a later q/k/v
   projection), W2d DoRA on q_proj,o_proj (a q/o tie).
 - W3 (added after the first look): the gate and up projections trained, down_proj frozen.
+- W4-W6 (added after the first look, W2's cells peaking at the loss): W2a at 1,024 tokens; W2c and W2d on the
+  llama_1k_v256 toy (hidden 1,024, 256 tokens), where bw16 judged DoRA's forward moment.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ CELLS.update({
     "W2d DoRA q_proj,o_proj": (*_W2, {"peft": "dora", "lora_targets": "q_proj,o_proj"}),
     # added after the first look (W2a's cause, a frozen output projection beside trained linears, in the MLP block)
     "W3 trainable gate_proj,up_proj": (*_W2, {"trainable": "gate_proj,up_proj"}),
+    # added after the first look: W2's cells peak at the loss, so none judges the moment it names; where the
+    # moments are the peak (bw16's shapes): 1,024 tokens on the toy llama, and the llama_1k_v256 toy (hidden 1,024)
+    "W4 trainable q_proj,k_proj,v_proj s1024": ("llama", 1024, "bf16-mixed", "eager", "none",
+                                                {"trainable": "q_proj,k_proj,v_proj"}),
+    "W5 DoRA k_proj,v_proj llama_1k_v256": ("llama_1k_v256", 256, "bf16-mixed", "eager", "none",
+                                            {"peft": "dora", "lora_targets": "k_proj,v_proj"}),
+    "W6 DoRA q_proj,o_proj llama_1k_v256": ("llama_1k_v256", 256, "bf16-mixed", "eager", "none",
+                                            {"peft": "dora", "lora_targets": "q_proj,o_proj"}),
 })
 
 
