@@ -59,3 +59,48 @@ def test_offload_never_above_none_with_early_gradients() -> None:
         return estimate(loaded.model, loaded.job).peak_allocated_bytes
 
     assert peak(True) <= peak(False)
+
+
+def test_eager_softmax_node_holds_the_value_gradient() -> None:
+    """Eager attention under save_on_cpu (Mistral 7B, LoRA on q/v, 4,096 tokens): the softmax backward holds its
+    two fp32 gradients of the probabilities, the layer's output gradient and the values' gradient the PV matmul's
+    backward made just before, one per query head (repeat_kv's sum runs later) in 16 bits: the values were in
+    host memory, so the PV node released nothing on the GPU beside it (the trace of the agreement grid's
+    llama_v256 cell: 524,288 B at layer 1's _softmax_backward_data)."""
+    from memplan.estimate.activations import output_gradient_bytes
+
+    ctx = _ctx("mistral-7b", {**_FULL, "attention": "eager", "peft": "lora", "lora_targets": "q_proj,v_proj"})
+    figures = offloaded_backward(ctx.run, 0)
+    assert figures is not None
+    softmax = 2 * 32 * 4096 * 4096 * 4
+    value_gradient = 32 * 4096 * 128 * 2
+    assert figures.transient == softmax + value_gradient + output_gradient_bytes(ctx.run.shape, 4096)
+
+
+def test_value_gradient_split_by_tensor_parallelism() -> None:
+    """Under TP 2 each rank holds half the heads' value gradient, as its softmax gradients."""
+    from memplan.estimate.activations import output_gradient_bytes
+
+    ctx = _ctx("mistral-7b", {**_FULL, "attention": "eager", "tp": 2, "gpus": 2})
+    figures = offloaded_backward(ctx.run, 0)
+    assert figures is not None
+    worst = figures.transient - output_gradient_bytes(ctx.run.shape, 4096)
+    assert worst == (2 * 32 * 4096 * 4096 * 4 + 32 * 4096 * 128 * 2) // 2
+
+
+def test_frozen_experts_weight_node() -> None:
+    """Mixtral 8x7B, LoRA on q/v (frozen bf16 experts), 1,024 tokens under save_on_cpu: the largest tensor a layer
+    brings back is its stacked gate_up weight (the stage's bring-back); at that weight's grouped GEMM backward the
+    MLP block holds beside it the gradient of the GEMM's output (one routed tokens x 2 x 14,336 tensor) and the
+    routed tokens' input gradient it makes, not two of the output's size (the agreement grid's qwen3_moe_wide LoRA
+    cell: +2.20% before)."""
+    from memplan.estimate.activations import output_gradient_bytes
+    from memplan.estimate.offload_weights import largest_saved_weight
+
+    ctx = _ctx("mixtral-8x7b", {**_FULL, "seq": 1024, "peft": "lora", "lora_targets": "q_proj,v_proj"})
+    routed = 1024 * 2
+    assert largest_saved_weight(ctx.run, [0]) == 8 * 2 * 14336 * 4096 * 2 > largest_saved_term(ctx.run, [0])
+    figures = offloaded_backward(ctx.run, 0)
+    assert figures is not None
+    grad_out, grad_in = routed * 2 * 14336 * 2, routed * 4096 * 2
+    assert figures.transient == grad_out + grad_in + output_gradient_bytes(ctx.run.shape, 4096)

@@ -76,9 +76,9 @@ from memplan.estimate.mlp_backward_nodes import MLP_WALKED, mlp_backward_nodes, 
 from memplan.estimate.partial_freeze import (
     LayerFlow,
     block_terms,
+    core_factor_terms,
     reads_a_gradient,
     trained_norm_copies,
-    unkeyed_query_terms,
 )
 from memplan.estimate.recompute_modules import (
     checkpoint_input_terms,
@@ -278,7 +278,7 @@ def _blocks(layer: LayerSpec, shape: ActivationShape, role: LayerRole, *, quanti
         return attention, rest  # full training: no adapters, no fp32 stream
     # bitsandbytes' 8-bit matmul keeps its input (ctx.tensors) like a trainable linear layer.
     int8_base = role.quantized and quant_format(quantize_base).keeps_gemm_inputs
-    attention = unkeyed_query_terms(block_terms(attention, shape, flow.attention, gemm_inputs_kept=int8_base),
+    attention = core_factor_terms(block_terms(attention, shape, flow.attention, gemm_inputs_kept=int8_base),
                                     layer.attention, shape, flow.attention)
     rest = _int8_mlp_terms(layer, rest, shape, flow) if int8_base else block_terms(rest, shape, flow.mlp)
     if autocast and not shape.autocast:

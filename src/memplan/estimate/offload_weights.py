@@ -41,13 +41,19 @@ def _layer_weight(run: RunContext, index: int) -> int:
     layer = model.layers[index]
     tp = job.parallel.tp
     dense = max((m.weight_numel for m in layer_linears(layer, model.hidden_size, model.model_type)), default=0) // tp
-    experts = 0
-    if layer.moe is not None:
-        _, expert_numel = layer_numel_on_rank(model.layer_param_groups[index], job)
-        part, whole = _largest_share(run, layer.moe.expert.gated)
-        experts = expert_numel * part // whole
-    dense_bytes, expert_bytes = _saved_bytes(run)
-    return max(dense * dense_bytes, experts * expert_bytes)
+    dense_bytes, _ = _saved_bytes(run)
+    return max(dense * dense_bytes, largest_expert_weight(run, index))
+
+
+def largest_expert_weight(run: RunContext, index: int) -> int:
+    """Bytes of the largest stacked routed-experts weight layer ``index``'s grouped GEMMs save (one rank; 0 for
+    a dense layer)."""
+    model, layer = run.model, run.model.layers[index]
+    if layer.moe is None:
+        return 0
+    _, expert_numel = layer_numel_on_rank(model.layer_param_groups[index], run.job)
+    part, whole = _largest_share(run, layer.moe.expert.gated)
+    return expert_numel * part // whole * _saved_bytes(run)[1]
 
 
 def _largest_share(run: RunContext, gated: bool) -> tuple[int, int]:

@@ -38,7 +38,7 @@ from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
 __all__ = ["BlockFlow", "LayerFlow", "RootFlow", "after_attention_core", "any_attention_saves", "block_of", "block_terms", "is_norm", "layer_flows",
            "reads_a_gradient", "root_flow", "trained_norm_copies", "uncopied_trained_numel", "under",
-           "unkeyed_query_terms"]
+           "unkeyed_query_terms", "core_factor_terms"]
 
 #: Per-layer norms that belong to the attention block although their name is not under it: the
 #: pre-attention norm, and Gemma 2's post-attention norm (its MLP has a ``pre_feedforward_layernorm``).
@@ -68,6 +68,15 @@ class BlockFlow:
     #: The attention's keys need a gradient: the block's input or norm does, or a linear making the keys trains
     #: or carries an adapter (eager attention's ``q @ k^T`` saves q only for the keys' gradient).
     keys_grad: bool = True
+    #: The attention's queries need a gradient (as ``keys_grad``, for the linears making the queries): ``q @ k^T``
+    #: saves the keys only for the queries' gradient.
+    queries_grad: bool = True
+    #: The attention's values need a gradient (as ``keys_grad``, for the linears making the values): the PV matmul
+    #: saves the probabilities only for the values' gradient.
+    values_grad: bool = True
+    #: The block's output projection (``o_proj``, a dense MLP's ``down_proj``) trains fully or is copied: it saves
+    #: its input (False only for a frozen one of a known name).
+    output_linear_trains: bool = True
     #: An MoE block whose routed experts are frozen.
     frozen_experts: bool = False
     #: MLA's latents (``q``, ``kv``) whose down-projection trains or carries an adapter or copy.
@@ -208,17 +217,25 @@ class _Trainable:
     other_mlp: frozenset[int] = frozenset()
     #: Layers where a linear making the attention's keys trains, is copied or carries an adapter.
     keys: frozenset[int] = frozenset()
+    #: ... the attention's queries, and its values.
+    queries: frozenset[int] = frozenset()
+    values: frozenset[int] = frozenset()
+    #: Blocks whose output projection (a name in ``_BLOCK_OUTPUT_LINEARS``) is frozen and not copied.
+    frozen_outputs: frozenset[tuple[int | None, str]] = frozenset()
     #: (layer, ``q`` / ``kv``): an MLA down-projection that trains, is copied or carries an adapter.
     latents: frozenset[tuple[int, str]] = frozenset()
     #: Blocks with a fully trained linear that is not their output projection.
     inner_linears: frozenset[tuple[int | None, str]] = frozenset()
 
 
-def _mark_attention_inputs(module: str, layer: int, keys: set[int], latents: set[tuple[int, str]]) -> None:
-    """Record that ``module`` (trained, copied or adapted) gives the layer's keys or an MLA latent a gradient."""
+def _mark_attention_inputs(module: str, layer: int, factors: dict[str, set[int]], latents: set[tuple[int, str]]
+                           ) -> None:
+    """Record that ``module`` (trained, copied or adapted) gives the layer's keys, queries or values (``factors``
+    by name) or an MLA latent a gradient."""
     name = module.rpartition(".")[2]
-    if name in _KEY_LINEARS:
-        keys.add(layer)
+    for factor, linears in _FACTOR_LINEARS.items():
+        if name in linears:
+            factors[factor].add(layer)
     if name in _LATENT_DOWN:
         latents.add((layer, _LATENT_DOWN[name]))
 
@@ -230,6 +247,22 @@ def _module_names_by_layer(params: tuple[ParamTensor, ...]) -> dict[int | None, 
     for p in params:
         by_layer.setdefault(p.layer, set()).add(p.module)
     return {k: frozenset(v) for k, v in by_layer.items()}
+
+
+def _mark_adapters(model: ModelSpec, ft: FineTuning, names: dict[int | None, frozenset[str]],
+                   sets: tuple[set[str], set[tuple[int | None, str]], set[tuple[int | None, str]]],
+                   factors: dict[str, set[int]], latents: set[tuple[int, str]]) -> None:
+    """Record the adapters' modules: ``sets`` (root modules, adapted blocks, blocks adapted at their input)."""
+    root, adapted, adapted_input = sets
+    for m in (a.module for a in finetune_params(model, ft).adapters):
+        if m.layer is None:
+            root.add(m.name)
+            continue
+        key = (m.layer, block_of(m.name, names[m.layer]))
+        adapted.add(key)
+        _mark_attention_inputs(m.name, m.layer, factors, latents)
+        if m.name.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
+            adapted_input.add(key)
 
 
 def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
@@ -248,9 +281,10 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
     experts: set[int] = set()
     sinks: set[int] = set()
     other_mlp: set[int] = set()
-    keys: set[int] = set()
+    factors: dict[str, set[int]] = {"keys": set(), "queries": set(), "values": set()}
     latents: set[tuple[int, str]] = set()
     inner: set[tuple[int | None, str]] = set()
+    frozen_outputs: set[tuple[int | None, str]] = set()
     for p in params:
         trains = everything or under(p.module, full)
         copied = under(p.module, copies)
@@ -270,27 +304,23 @@ def _trainable(model: ModelSpec, ft: FineTuning) -> _Trainable:
             continue
         key = (p.layer, block_of(p.module, names[p.layer]))
         if trains or copied:
-            _mark_attention_inputs(p.module, p.layer, keys, latents)
+            _mark_attention_inputs(p.module, p.layer, factors, latents)
         if trains:
             (norms if is_norm(p.module) else linears).add(key)
             if not is_norm(p.module) and p.module.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
                 inner.add(key)
+        elif not copied and p.module.rpartition(".")[2] in _BLOCK_OUTPUT_LINEARS:
+            frozen_outputs.add(key)
         if copied:
             adapted.add(key)
             adapted_input.add(key)
-    for m in (a.module for a in finetune_params(model, ft).adapters):
-        if m.layer is None:
-            root.add(m.name)
-            continue
-        key = (m.layer, block_of(m.name, names[m.layer]))
-        adapted.add(key)
-        _mark_attention_inputs(m.name, m.layer, keys, latents)
-        if m.name.rpartition(".")[2] not in _BLOCK_OUTPUT_LINEARS:
-            adapted_input.add(key)
+    _mark_adapters(model, ft, names, (root, adapted, adapted_input), factors, latents)
     root_copies.update(m for m in copies if m == "lm_head")  # a tied head's copy has its own weight
     return _Trainable(frozenset(linears), frozenset(norms), frozenset(adapted), frozenset(adapted_input),
                       frozenset(root), frozenset(root_copies), frozenset(root_full), frozenset(experts),
-                      frozenset(sinks), frozenset(other_mlp), frozenset(keys), frozenset(latents), frozenset(inner))
+                      frozenset(sinks), frozenset(other_mlp), frozenset(factors["keys"]),
+                      frozenset(factors["queries"]), frozenset(factors["values"]), frozenset(frozen_outputs),
+                      frozenset(latents), frozenset(inner))
 
 
 def _is_embedding(module: str) -> bool:
@@ -329,6 +359,9 @@ def layer_flows(model: ModelSpec, ft: FineTuning, checkpointing: bool, own_layer
                              only_experts=moe and index in t.experts and index not in t.other_mlp,
                              frozen_experts=moe and index not in t.experts,
                              keys_grad=grad or key in t.norms or index in t.keys,
+                             queries_grad=grad or key in t.norms or index in t.queries,
+                             values_grad=grad or key in t.norms or index in t.values,
+                             output_linear_trains=key not in t.frozen_outputs,
                              latents=frozenset(n for i, n in t.latents if i == index),
                              output_linear_only=not moe and key in t.linears and key not in t.inner_linears)
             parallel = model.layers[index].parallel_residual and not own_layers
@@ -393,6 +426,9 @@ def block_terms(terms: list[Term], shape: ActivationShape, flow: BlockFlow, *,
             out.extend(_norm_term_without_input_grad(t, flow, has_normalized, beyond))
             continue
         if flow.linears_train:
+            if t.role in _OUTPUT_LINEAR_INPUTS and not flow.output_linear_trains and not (
+                    gemm_inputs_kept or (kernel_keeps_input and t.role is TermRole.OUTPUT_PROJECTION_INPUT)):
+                continue  # a frozen output projection keeps no input, whatever else of the block trains
             if mine and t.role is TermRole.NORM_INPUT and not flow.norm_trains:
                 # a frozen norm keeps nothing for its weight's gradient: as behind frozen linears
                 kept = _frozen_term(t, shape, False, False)
@@ -448,6 +484,37 @@ def unkeyed_query_terms(terms: list[Term], attn: AttentionSpec, shape: Activatio
                  role=t.role) if t.role is TermRole.QKV else t for t in terms]
 
 
+def core_factor_terms(terms: list[Term], attn: AttentionSpec, shape: ActivationShape, flow: BlockFlow) -> list[Term]:
+    """An unfused attention core's two matmuls where a factor needs no gradient: each saves a factor only for the
+    other's gradient (``matmul``'s backward). Keys needing none: q is not saved (:func:`unkeyed_query_terms`).
+    Queries needing none (DoRA/LoRA on k_proj,v_proj where the block's input needs none): ``q @ k^T`` saves no
+    keys, neither the rotated k (the ``q, k, v`` term loses its bytes) nor ``repeat_kv``'s copies of them (the
+    repeated term loses the keys' share). Values needing none (LoRA on q_proj,o_proj there): the PV matmul saves
+    no probabilities, so the 16-bit cast of the fp32 softmax output (made for it) is not kept; the softmax keeps
+    its own output for its backward. A trace of the llama toy (eager, bf16-mixed) holds in layer 0 two repeat_kv
+    copies and no cast with DoRA on q_proj,o_proj, and no copy of the keys with DoRA on k_proj,v_proj."""
+    terms = unkeyed_query_terms(terms, attn, shape, flow)
+    if shape.attention not in UNFUSED_ATTENTION or attention_kind(attn).latent:
+        return terms
+    if not flow.values_grad:
+        terms = [t for t in terms if t.role is not TermRole.SOFTMAX_CAST]
+    if flow.queries_grad or attn.qk_norm:
+        return terms
+    k = shape.act_bytes * shape.seq * shape.micro_batch * attn.num_kv_heads * attn.head_dim
+    out = []
+    for t in terms:
+        if t.role is TermRole.QKV:
+            t = Term(f"{t.name} (no k: the queries need no gradient)", t.bytes - k, t.region, t.keep, site=t.site,
+                     role=t.role)
+        elif t.role is TermRole.REPEATED_KV:
+            t = Term(f"{t.name} (values only)", t.bytes * attn.v_head_dim // (attn.head_dim + attn.v_head_dim),
+                     t.region, t.keep, site=t.site, role=t.role)
+        elif t.role is TermRole.KEYS_CAST:
+            continue
+        out.append(t)
+    return out
+
+
 def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gemm_inputs_kept: bool) -> Term | None:
     """A term of a block whose linears are frozen (input needing a gradient): None when not saved."""
     if t.gemm_input:
@@ -469,6 +536,11 @@ def _frozen_term(t: Term, shape: ActivationShape, normalized_stand_in: bool, gem
 #: Linear layers whose output holds the attention's keys (fused q/k/v projections included).
 _KEY_LINEARS = frozenset({"k_proj", "qkv_proj", "c_attn", "query_key_value", "W_pack", "wk", "wqkv",
                           "kv_a_proj_with_mqa", "kv_b_proj"})
+_FUSED_QKV = frozenset({"qkv_proj", "c_attn", "query_key_value", "W_pack", "wqkv"})
+#: ... the keys', the queries' and the values' linears (MLA's latents are left to ``_LATENT_DOWN``).
+_FACTOR_LINEARS = {"keys": _KEY_LINEARS,
+                   "queries": _FUSED_QKV | {"q_proj", "wq", "q_a_proj", "q_b_proj"},
+                   "values": _FUSED_QKV | {"v_proj", "wv", "kv_a_proj_with_mqa", "kv_b_proj"}}
 #: MLA's down-projections by the latent they make.
 _LATENT_DOWN = {"q_a_proj": "q", "kv_a_proj_with_mqa": "kv"}
 #: The roles of the terms holding a block's output projection's input (attention's, a dense MLP's).
