@@ -47,11 +47,39 @@ CELLS: dict[str, tuple[int, int, dict[str, Any], bool]] = {
     "Z5": (3, 2, {}, True),
     "Z6": (1, 2, {}, False),
     "Z7": (2, 1, {"offload_optimizer": {"device": "cpu"}}, False),
+    # helper zero18, session 18 (fixed before any behaviour change; base f30d0e2)
+    "Z8": (3, 2, {"stage3_prefetch_bucket_size": 2_000_000}, False),
+    "Z9": (2, 2, {}, False),
+    "Z10": (3, 2, {"stage3_param_persistence_threshold": 1_000}, True),
+    "Z11": (3, 2, {}, True),
+    # Z11 is ill-posed on the engine (stage3.py _create_fp16_partitions_with_defragmentation asserts one dtype over
+    # the trained partitions: peft's fp32 adapters beside the bf16 copy of the zero.Init'd head); beside it, the
+    # adapters kept in the base's bf16 (peft ``autocast_adapter_dtype=False``; memplan ``--adapter-dtype bf16``)
+    "Z11b": (3, 2, {}, True),
 }
+#: cell: more of the run than CELLS says: ``groups`` (the HF Trainer's decay / no-decay parameter groups,
+#: ``Trainer.get_decay_parameter_names``), ``modules_to_save`` (peft's, beside the LoRA adapters)
+OPTIONS: dict[str, dict[str, Any]] = {"Z9": {"groups": True}, "Z11": {"modules_to_save": ["lm_head"]},
+                                       "Z11b": {"modules_to_save": ["lm_head"], "adapter_dtype": "bf16"}}
 TITLES = {"Z1": "ZeRO-2 bf16, world 1", "Z2": "ZeRO-2 bf16, world 2", "Z3": "ZeRO-3 bf16, world 1",
           "Z4": "ZeRO-3 bf16, world 2", "Z5": "ZeRO-3 bf16 zero.Init + LoRA r8 q,v, world 2",
-          "Z6": "ZeRO-1 bf16, world 2", "Z7": "ZeRO-2 bf16 offload_optimizer cpu, world 1"}
+          "Z6": "ZeRO-1 bf16, world 2", "Z7": "ZeRO-2 bf16 offload_optimizer cpu, world 1",
+          "Z8": "ZeRO-3 bf16 stage3_prefetch_bucket_size 2e6 (2+ layers per prefetch), world 2",
+          "Z9": "ZeRO-2 bf16, the HF Trainer's two parameter groups (decay / no-decay), world 2",
+          "Z10": "ZeRO-3 bf16 zero.Init + LoRA r8 q,v, stage3_param_persistence_threshold 1e3 (adapters not "
+                 "persistent), world 2",
+          "Z11": "ZeRO-3 bf16 zero.Init + LoRA r8 q,v + modules_to_save lm_head, world 2",
+          "Z11b": "ZeRO-3 bf16 zero.Init + LoRA r8 q,v in bf16 + modules_to_save lm_head, world 2"}
 FIGURES = ("init", "forward", "backward", "after backward", "step", "after step")
+#: Figures of their own (helper zero18), each the moment a memplan figure prices: ``loss (inside)`` at the exit of
+#: ``cross_entropy`` (its fp32 input and log-softmax still alive; memplan's ``loss`` moment), ``backward (layer
+#: entry)`` at each decoder layer's backward pre-hook (its parameters gathered, its activations alive; memplan's
+#: ``backward``), ``end of backward`` inside the engine's reduction epilogue (ZeRO-1/2's ``reduce_gradients`` /
+#: ``overlapping_partition_gradients_reduce_epilogue``, ZeRO-3's ``independent_gradient_partition_epilogue``, and each
+#: ``copy_grads_in_partition`` there; memplan's ``end of backward``).
+EXTRA = ("loss (inside)", "backward (layer entry)", "end of backward")
+#: memplan's figure for each extra one
+PRICED = {"loss (inside)": "loss", "backward (layer entry)": "backward", "end of backward": "end of backward"}
 
 
 def ds_config(cell: str) -> dict[str, Any]:
@@ -80,6 +108,8 @@ class _Census:
         #: WITNESS_DETAIL: a function naming the live storages, and per phase its table at the phase's most live
         self.namer: Any = None
         self.detail: dict[str, dict[str, int]] = {}
+        #: set inside the reduction epilogue: every census there is filed under this figure too
+        self.also = ""
 
     def live(self) -> int:
         import torch
@@ -105,12 +135,12 @@ class _Census:
         """Census now; ``key`` files it under a figure of its own (the phase's figure does not see it)."""
         if self.phase in ("init", "done"):
             return
-        phase = key or self.phase
         n = self.live()
-        if n > self.most.get(phase, (-1, ""))[0]:
-            self.most[phase] = (n, where)
-            if self.namer is not None:
-                self.detail[phase] = self.namer()
+        for phase in {key or self.phase, self.also} - {""}:
+            if n > self.most.get(phase, (-1, ""))[0]:
+                self.most[phase] = (n, where)
+                if self.namer is not None:
+                    self.detail[phase] = self.namer()
 
 
 class _Box:
@@ -132,6 +162,59 @@ def _wrap(obj: Any, name: str, census: _Census, label: str) -> None:
         return out
 
     setattr(obj, name, wrapped)
+
+
+def _wrap_epilogue(obj: Any, name: str, census: _Census) -> None:
+    """Census at the entry and exit of the reduction epilogue ``name``, and file every census inside it under
+    ``end of backward`` too."""
+    fn = getattr(obj, name, None)
+    if fn is None:
+        return
+
+    def wrapped(*a: Any, **k: Any) -> Any:
+        outer = census.also  # (the epilogues call one another)
+        census.also = "end of backward" if census.phase == "backward" else outer
+        census.note(f"{name} entry")
+        try:
+            out = fn(*a, **k)
+            census.note(f"{name} exit")
+        finally:
+            census.also = outer
+        return out
+
+    setattr(obj, name, wrapped)
+
+
+def _wrap_inside_epilogue(obj: Any, name: str, census: _Census) -> None:
+    """Census at the entry and exit of ``name`` only while the reduction epilogue runs (its own figure)."""
+    fn = getattr(obj, name, None)
+    if fn is None:
+        return
+
+    def wrapped(*a: Any, **k: Any) -> Any:
+        if census.also:
+            census.note(f"{name} entry", census.also)
+        out = fn(*a, **k)
+        if census.also:
+            census.note(f"{name} exit", census.also)
+        return out
+
+    setattr(obj, name, wrapped)
+
+
+def _watch_loss(census: _Census) -> None:
+    """Census at the exit of ``torch.nn.functional.cross_entropy`` (HF's loss calls it by attribute), its fp32
+    input still alive in the caller's frame and the log-softmax output saved: a figure of its own."""
+    import torch.nn.functional as F
+
+    ce = F.cross_entropy
+
+    def cross_entropy(*a: Any, **k: Any) -> Any:
+        out = ce(*a, **k)
+        census.note("cross_entropy exit", "loss (inside)")
+        return out
+
+    F.cross_entropy = cross_entropy
 
 
 def _watch_casts(census: _Census) -> None:
@@ -175,6 +258,7 @@ def run_rank(cell: str, out: str) -> None:  # noqa: PLR0915 - one witness, read 
     from transformers import LlamaConfig, LlamaForCausalLM
 
     stage, world, extra, lora = CELLS[cell]
+    options = OPTIONS.get(cell, {})
     torch.manual_seed(0)
     config = ds_config(cell)
     deepspeed.init_distributed(dist_backend="gloo")
@@ -184,11 +268,22 @@ def run_rank(cell: str, out: str) -> None:  # noqa: PLR0915 - one witness, read 
             model = LlamaForCausalLM(cfg)
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                 modules_to_save=options.get("modules_to_save")),
+                               autocast_adapter_dtype=options.get("adapter_dtype") != "bf16")
     else:
         model = LlamaForCausalLM(cfg)
     census = _Census()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if options.get("groups"):  # the HF Trainer's create_optimizer: weight decay on all but biases and norms
+        from transformers import Trainer
+
+        decay = set(Trainer.get_decay_parameter_names(None, model))  # (it reads no attribute of the Trainer)
+        groups = [{"params": [p for n, p in trained if n in decay], "weight_decay": 0.0},
+                  {"params": [p for n, p in trained if n not in decay], "weight_decay": 0.0}]
+        optimizer = torch.optim.AdamW(groups, lr=1e-4)
+    else:
+        optimizer = torch.optim.AdamW([p for _, p in trained], lr=1e-4)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     if extra.get("offload_optimizer"):
         census.host = _host_tensors(engine)
@@ -203,14 +298,19 @@ def run_rank(cell: str, out: str) -> None:  # noqa: PLR0915 - one witness, read 
                  "_optimizer_step", "_prepare_fp32_grad_for_sub_group", "flatten", "flatten_dense_tensors_aligned"):
         _wrap(opt, name, census, name)
     _wrap(opt.optimizer, "step", census, "inner optimizer step")
+    for name in ("reduce_gradients", "overlapping_partition_gradients_reduce_epilogue",
+                 "independent_gradient_partition_epilogue"):
+        _wrap_epilogue(opt, name, census)
+    _wrap_inside_epilogue(opt, "copy_grads_in_partition", census)
     _watch_casts(census)
+    _watch_loss(census)
     layers = [m for n, m in engine.module.named_modules() if type(m).__name__ == "LlamaDecoderLayer"]
     for i, layer in enumerate(layers):
         layer.register_forward_hook(lambda *_a, i=i: census.note(f"layer {i} forward"))
         layer.register_full_backward_hook(lambda *_a, i=i: census.note(f"layer {i} backward"))
-        if os.environ.get("WITNESS_DETAIL"):  # a figure of its own: the layer's own parameters still gathered
-            layer.register_full_backward_pre_hook(
-                lambda *_a, i=i: census.note(f"layer {i} backward entry", "backward (layer entry)"))
+        # a figure of its own: the layer's own parameters still gathered (helper zlora17; always since zero18)
+        layer.register_full_backward_pre_hook(
+            lambda *_a, i=i: census.note(f"layer {i} backward entry", "backward (layer entry)"))
     ids = torch.randint(0, TINY4["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(dist.get_rank()))
     with torch.autograd.graph.saved_tensors_hooks(lambda t: _box(census, t), lambda b: b.t):
         for step in range(2):
@@ -334,7 +434,7 @@ def engine_cell(cell: str) -> list[dict[str, Any]]:
                    "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}
             procs.append(subprocess.Popen([sys.executable, __file__, "--rank", cell, f"{tmp}/{rank}.json"], env=env,
                                           stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/{rank}.err", "w")))
-        codes = [p.wait(timeout=600) for p in procs]
+        codes = [p.wait(timeout=float(os.environ.get("WITNESS_TIMEOUT", "1800"))) for p in procs]
         if any(codes):
             raise RuntimeError(f"{cell}: {codes}\n" + Path(f"{tmp}/0.err").read_text()[-3000:])
         return [json.loads(Path(f"{tmp}/{r}.json").read_text()) for r in range(world)]
@@ -351,12 +451,17 @@ def memplan_cell(cell: str) -> dict[str, Any]:
     from memplan.inputs import JobRequest, load_job
 
     _, world, _, lora = CELLS[cell]
+    options = OPTIONS.get(cell, {})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(TINY4))
         (Path(tmp) / "ds.json").write_text(json.dumps(ds_config(cell)))
         flags: dict[str, Any] = {"gpus": world, "seq": SEQ, "deepspeed_config": str(Path(tmp) / "ds.json")}
         if lora:
             flags.update(peft="lora", lora_rank=8, lora_targets="q_proj,v_proj")
+        if options.get("modules_to_save"):
+            flags["modules_to_save"] = ",".join(options["modules_to_save"])
+        if options.get("adapter_dtype"):
+            flags["adapter_dtype"] = options["adapter_dtype"]
         loaded = load_job(JobRequest(model=str(Path(tmp) / "config.json"), flags=flags))
         _, parts = _stage_parts(Same(loaded.model), loaded.job, 0.0)
     ledger = parts[0][2].ledger
@@ -373,7 +478,8 @@ def memplan_cell(cell: str) -> dict[str, Any]:
         return ledger.allocated_at(phase) - ledger.total("workspace", phase)
 
     return {"forward": max(at("forward"), at("loss")), "backward": at("backward"), "after backward": states("end of backward"),
-            "step": at("optimizer step"), "after step": states("forward"), "peak": ledger.peak().phase}
+            "step": at("optimizer step"), "after step": states("forward"), "peak": ledger.peak().phase,
+            "loss": at("loss"), "end of backward": at("end of backward")}
 
 
 def main(argv: list[str]) -> None:
@@ -389,11 +495,11 @@ def main(argv: list[str]) -> None:
         results[cell]["memplan"] = memplan_cell(cell)
         row = results[cell]
         print(f"{cell} {TITLES[cell]} ({row['engine'][0]['optimizer']})")
-        entry = ("backward (layer entry)",) if any("backward (layer entry)" in r for r in row["engine"]) else ()
-        for fig in FIGURES + entry:  # memplan prices the worst GPU: against the rank holding the most
+        extra = tuple(fig for fig in EXTRA if any(fig in r for r in row["engine"]))
+        for fig in FIGURES + extra:  # memplan prices the worst GPU: against the rank holding the most
             e0 = max(row["engine"], key=lambda r, fig=fig: r.get(fig, 0))
             eng = " / ".join(f"{r.get(fig, 0):,}" for r in row["engine"])
-            mp = row["memplan"].get(fig if fig != "backward (layer entry)" else "backward")
+            mp = row["memplan"].get(PRICED.get(fig, fig))
             rel = f"{(mp - e0[fig]) / e0[fig]:+.2%}" if mp and e0.get(fig) else ""
             where = f"rank {e0['rank']} " * (len(row["engine"]) > 1) + e0["where"].get(fig, "")
             print(f"  {fig:15} engine {eng:>26} {where:42} memplan {mp or 0:>12,} {rel}")

@@ -40,6 +40,8 @@ from memplan.estimate import (
     recomputed_backward,
     zero3_buffers,
     zero12_bucket,
+    zero12_offload_staging,
+    zero12_step_gradient,
 )
 from memplan.estimate.finetune import head_activation_bytes_finetune
 from memplan.estimate.partial_freeze import root_flow
@@ -245,7 +247,8 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations, fo
                   loss: LossPart) -> tuple[list[Contribution], int]:
     """The collective buffers alive at each moment (the end of the forward: as at the loss), and
     their most during the step; FSDP under a pipeline schedule: :mod:`memplan.estimate.pipeline_fsdp`; DeepSpeed's
-    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`; without ZeRO:
+    ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`,
+    :mod:`memplan.estimate.zero12_step_gradient`, :mod:`memplan.estimate.zero12_offload_staging`; without ZeRO:
     :mod:`memplan.estimate.ds_allreduce`; FSDP2's last all-gather output at a loss inside the model's forward:
     :mod:`memplan.estimate.fsdp_loss_gather`."""
     run = ctx.run
@@ -254,7 +257,8 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations, fo
     if run.profile.zero3_buffers is not None and zero3_buffers.applies(run.job, run.profile, run.prec):
         return _with_most(zero3_buffers.contributions(ctx, st.params, st.states.optimizer_numel, forward))
     if zero12_bucket.applies(run.job, run.profile):
-        return _with_most(zero12_bucket.contributions(ctx, st))
+        return _with_most(zero12_bucket.contributions(ctx, st) + zero12_step_gradient.contributions(ctx, st)
+                          + zero12_offload_staging.contributions(ctx, st))
     if run.profile.stage0_allreduce_elements and ds_allreduce.applies(run.job, run.profile):
         return _with_most(ds_allreduce.contributions(ctx, st))
     head = head_unit(ctx)

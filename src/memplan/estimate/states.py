@@ -368,6 +368,17 @@ def _offloaded(on_gpu: StateBytes, off: Offload, moves_gradients: bool) -> State
 _FP32_MASTER = 4
 
 
+def _mastered_like_weights(ft: StageFinetune, prec: ResolvedPrecision, adapter: int, base: int) -> StageFinetune:
+    """Under a precision with a separate master copy (DeepSpeed's engine), adapters in the weights' dtype and peft
+    ``modules_to_save`` copies in it (``base``: the frozen base's bytes per element) are mastered like the trained
+    weights: an fp32 master and fp32 moments (stage3.py ``_create_fp32_partitions``; measured, helper zero18: Z11b)."""
+    if prec.master_bytes and adapter == prec.param_bytes and ft.adapter:
+        ft = replace(ft, full=ft.full + ft.adapter, adapter=0)
+    if prec.master_bytes and base == prec.param_bytes and ft.copies:
+        ft = replace(ft, full=ft.full + ft.copies, copies=0)
+    return ft
+
+
 def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec: ResolvedPrecision,
                           ft: StageFinetune, sharded: tuple[bool, bool, bool], step_counters: int,
                           small: SmallTensors | None = None) -> StateBytes:
@@ -375,7 +386,8 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
 
     Fully trained weights follow the job's precision; adapters keep their dtype's gradients and no
     master copy, unless they are in the weights' dtype under a precision with a separate master copy (DeepSpeed
-    casts them to the model's 16 bits: its optimizer keeps their fp32 master and moments as for every weight) or
+    casts them to the model's 16 bits: its optimizer keeps their fp32 master and moments as for every weight; so for
+    peft's ``modules_to_save`` copies in the weights' dtype, which otherwise keep the frozen base's dtype) or
     DeepSpeed's ZeRO-3 steps them (:func:`zero3_flat_master`: an fp32 master, gradients in the gradients' dtype);
     frozen weights have no gradient, master or optimizer state. ZeRO/FSDP divide each
     over data parallelism as in full training (dense shard group). Offload is not applied here.
@@ -386,13 +398,11 @@ def _finetune_state_bytes(model: ModelSpec, job: Job, params: StageParams, prec:
     def share(numel: int, on: bool) -> int:
         return _sharded(numel, 0, shards, on)
 
-    adapter = adapter_bytes(job)
-    if prec.master_bytes and adapter == prec.param_bytes and ft.adapter:
-        ft = replace(ft, full=ft.full + ft.adapter, adapter=0)  # mastered like the trained weights
+    adapter, base = adapter_bytes(job), frozen_bytes_per_element(job)
+    ft = _mastered_like_weights(ft, prec, adapter, base)
     adapter_grad, adapter_master = adapter, 0
     if ft.adapter and zero3_flat_master(job, prec):
         adapter_grad, adapter_master = prec.grad_bytes, _FP32_MASTER
-    base = frozen_bytes_per_element(job)
     frozen_bytes = ft.frozen * base + ft.quantized_bytes
     parameters = (share(ft.full, full_shard) * prec.param_bytes + share(ft.adapter, full_shard) * adapter
                   + share(ft.copies, full_shard) * base

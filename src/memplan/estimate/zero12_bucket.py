@@ -1,6 +1,7 @@
-"""DeepSpeed ZeRO-1/2's gradient buffers beside the model states on one GPU: the reduce (IPG) buckets, the reduction's
+"""DeepSpeed ZeRO-1/2's reduction buffers beside the model states on one GPU: the reduce (IPG) buckets, the reduction's
 copy in ``communication_data_type``, ZeRO-1's gradient partition at the reduction, and ``BF16_Optimizer``'s 16-bit
-gradients.
+gradients. The optimizer step's fp32 gradient is :mod:`memplan.estimate.zero12_step_gradient`'s, the offload staging
+buffer :mod:`memplan.estimate.zero12_offload_staging`'s.
 
 What ``--zero 1`` / ``--zero 2`` run where the profile's ZeRO is DeepSpeed's (``FrameworkProfile.zero3_buffers``:
 DeepSpeed, the Hugging Face Trainer through its integration). DeepSpeed 0.19.8:
@@ -28,17 +29,6 @@ DeepSpeed, the Hugging Face Trainer through its integration). DeepSpeed 0.19.8:
   not reduced yet are still alive; at stage 2 the gradients are the partition already. With ``overlap_comm`` the
   reduction runs in the backward and each gradient's storage becomes a view of the bucket as it is made
   (``process_gradients``), so the partition fills as the full gradients go: not priced beside them.
-* **The optimizer step's fp32 gradient**: ``step`` flattens this GPU's gradient partition (a copy in the gradients'
-  dtype) and casts it to fp32 (``single_grad_partition``, the fp32 partition's ``.grad``), both alive at the cast
-  beside the gradient partition (freed after): ``partition x (4 + the gradients' bytes where not fp32)`` at the
-  optimizer step (measured, docs/benchmarks.md, helper zero17: Z1 world size 1, Z2 and Z6 world size 2). At stage 1
-  the backward's epilogue has cleared the full gradients by then (``_clear_param_grad_only``): the step holds the
-  partition only (the rest is ``absent`` there). An offloaded optimizer's gradients are in host memory already;
-  BF16_Optimizer's are its fp32 buffer.
-* **The offload staging buffer**: with ``offload_optimizer`` the optimizer keeps a device buffer of the largest
-  parameter's elements in the model's dtype (``temp_grad_buffer_for_gpu_offload``) from its construction on
-  (measured, helper zero17: Z7, 512,000 B for tiny4's 256,000-element head); in the backward the gradients one
-  reduction takes wait on the device beside it (a bucket's worth or the largest parameter).
 * **BF16_Optimizer** (runtime/bf16_optimizer.py): ZeRO-1 with bf16 weights, ``grad_accum_dtype`` fp32 and no optimizer
   offload (engine.py ``_do_optimizer_sanity_check``) runs it instead of the ZeRO optimizer. It has no reduce bucket; its
   fp32 gradient buffer (``fp32_groups_gradients_flat``, the whole model on every GPU, allocated at init: the model
@@ -62,7 +52,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memplan.estimate.context import StageContext
-from memplan.estimate.ledger import ABSENT, COMMUNICATION, GRADIENTS, LIFETIME, TEMPORARY, Contribution
+from memplan.estimate.ledger import COMMUNICATION, GRADIENTS, LIFETIME, TEMPORARY, Contribution
 from memplan.job import Job
 from memplan.profiles.framework import FrameworkProfile
 from memplan.profiles.zero3 import keeps_bucket, reduce_bucket
@@ -71,7 +61,7 @@ from memplan.units import dtype_bytes
 if TYPE_CHECKING:
     from memplan.estimate.stage_states import StageStates
 
-__all__ = ["applies", "bf16_optimizer", "contributions"]
+__all__ = ["applies", "bf16_optimizer", "contributions", "runs_zero_optimizer"]
 
 #: From the backward that makes them to the optimizer step that reads them.
 _BACKWARD_TO_STEP = ("backward", "end of backward", "optimizer step")
@@ -87,8 +77,17 @@ def bf16_optimizer(job: Job, param: str, grad: str) -> bool:
     return job.sharding.zero == 1 and param == "bf16" and grad == "fp32" and not job.offload.optimizer
 
 
+def runs_zero_optimizer(ctx: StageContext) -> bool:
+    """DeepSpeed's ZeRO-1/2 optimizer with its contiguous reduce buckets (not BF16_Optimizer, not without
+    ``contiguous_gradients``): where the step's fp32 gradient and the offload staging buffer are priced."""
+    run = ctx.run
+    d = run.profile.zero3_buffers
+    return (d is not None and not bf16_optimizer(run.job, run.prec.param, run.prec.grad)
+            and keeps_bucket(run.job.sharding, d))
+
+
 def contributions(ctx: StageContext, st: StageStates) -> list[Contribution]:
-    """The buffers of the step, each with its sentence."""
+    """The reduction's buffers of the step, each with its sentence."""
     run = ctx.run
     prec = run.prec
     if bf16_optimizer(run.job, prec.param, prec.grad):
@@ -117,52 +116,7 @@ def contributions(ctx: StageContext, st: StageStates) -> list[Contribution]:
     # with overlap_comm each gradient moves into the bucket as it is made (its storage becomes a view of the bucket):
     # the partition fills while the full gradients go, never beside them all (the gradients' bytes stand for it)
     partition = [] if sh.overlap_comm else _stage1_partition(ctx, st, when)
-    return [bucket, *([] if copy is None else [copy]), *partition, *_step_gradient(ctx, st),
-            *_offload_buffer(ctx, st)]
-
-
-def _offload_buffer(ctx: StageContext, st: StageStates) -> list[Contribution]:
-    """With the optimizer offloaded, the device buffer one gradient is staged in on its way to host memory
-    (stage_1_and_2.py ``temp_grad_buffer_for_gpu_offload``: the largest parameter's elements in the model's dtype,
-    allocated when the optimizer is built and kept)."""
-    from memplan.estimate.zero3_buffers import largest_tensor
-
-    run = ctx.run
-    if not run.job.offload.optimizer:
-        return []
-    numel, sh = largest_tensor(ctx), run.job.sharding
-    # with contiguous gradients (the only case here: keeps_bucket) each gradient is copied into the reduce bucket and
-    # becomes a view of it (stage_1_and_2.py, reduce_ipg_grads): one raw gradient waits at a time, at most the largest
-    waiting = numel
-    return [Contribution(COMMUNICATION, numel * run.prec.param_bytes, note=(
-        f"DeepSpeed ZeRO-{sh.zero} with the optimizer offloaded: a device buffer of the largest "
-        f"parameter ({numel:,} {run.prec.param} elements) stages each gradient on its way to host memory, kept for "
-        "the whole step")),
-            Contribution(TEMPORARY, waiting * run.prec.grad_bytes, ("backward",), note=(
-                f"DeepSpeed ZeRO-{sh.zero} with the optimizer offloaded: a gradient waits on the device before its copy "
-                f"into the reduce bucket (at most the largest parameter, {waiting:,} elements)"))]
-
-
-def _step_gradient(ctx: StageContext, st: StageStates) -> list[Contribution]:
-    """The optimizer step's fp32 gradient partition (stage_1_and_2.py ``step``: ``flatten(averaged_gradients)
-    .to(fp32)``, the flat copy in the gradients' dtype and its fp32 cast alive together beside the gradient
-    partition, which is freed after); an offloaded optimizer's gradients are in host memory already."""
-    run = ctx.run
-    if run.job.offload.optimizer:
-        return []
-    from memplan.estimate.zero3_buffers import flat_fp32_bytes
-
-    numel, grad = st.states.optimizer_numel, run.prec.grad_bytes
-    out = [Contribution(TEMPORARY, flat_fp32_bytes(grad) * numel, ("optimizer step",), note=(
-        f"DeepSpeed ZeRO-{run.job.sharding.zero} optimizer step: this GPU's gradient partition ({numel:,} elements) "
-        f"flattened ({run.prec.grad}) and cast to fp32 for the optimizer, both alive at the cast"))]
-    others = st.states.gradients - numel * grad
-    if run.job.sharding.zero == 1 and others > 0:
-        out.append(Contribution(ABSENT, others, ("optimizer step",), note=(
-            "DeepSpeed ZeRO-1: the reduction at the end of the backward keeps only this GPU's gradient partition "
-            "(independent_gradient_partition_epilogue clears every param.grad), so the optimizer step holds no "
-            "other gradient")))
-    return out
+    return [bucket, *([] if copy is None else [copy]), *partition]
 
 
 def _stage1_partition(ctx: StageContext, st: StageStates, live: tuple[str, ...]) -> list[Contribution]:

@@ -16,8 +16,10 @@ Hugging Face's values from the hidden size), each in the parameters' dtype:
   the two, at most every parameter: ``min(P, max(U + min(max_live, P - U), reuse / 2))``, ``U`` the largest module
   fetched at once (DeepSpeed's own estimator's "largest layer": the most parameters one module owns, a linear, a
   layer's stacked experts or the embedding, the same size as an untied head), with
-  the prefetch term 0 when prefetching is off. Alive from the forward to the end of the backward; the backward
-  releases each module for good, so the optimizer step holds none.
+  the prefetch term 0 when prefetching is off. Alive from the forward through the backward; the backward releases
+  each module after its own backward, so when the backward's epilogue reduces the last bucket
+  (``independent_gradient_partition_epilogue``) none is gathered but the persistent ones (measured, docs/benchmarks.md,
+  helper zero18: Z8 and Z10 at the epilogue's entry), and the optimizer step holds none.
 * **The computing module's gradients**: autograd makes them in the parameters' dtype before DeepSpeed copies them
   into the bucket (stage3.py ``__add_grad_to_ipg_bucket``, l. 1621-1640): ``U`` elements during the backward.
 * **The optimizer step's sub-group gradient**: the gradient partitions stay in the model's dtype
@@ -83,8 +85,9 @@ from memplan.units import dtype_bytes
 
 #: fp32: the optimizer's master weights and the step's gradient (``master_weights_and_grads_dtype``).
 _FP32 = 4
-#: From the forward to the end of the backward (the optimizer step holds no gathered parameter).
-_GATHERED_LIVE = ("loss", "backward", "end of backward")
+#: From the forward through the backward: each module is released after its own backward, so the end of the backward
+#: (the epilogue's last reduction) and the optimizer step hold no gathered parameter.
+_GATHERED_LIVE = ("loss", "backward")
 #: Every moment but the optimizer step: ``step`` starts with ``_partition_all_parameters`` (persistent ones too) and
 #: ``_post_step`` gathers the persistent ones again (stage3.py; measured, docs/benchmarks.md, helper zero17: Z4).
 _PERSISTENT_LIVE = ("forward", "loss", "backward", "end of backward")
@@ -346,7 +349,7 @@ def _frozen_root_backward(gathered: Contribution, backward: int, frozen: int, c:
     if not frozen or backward * c >= gathered.nbytes:
         return [gathered]
     forward = tuple(p for p in gathered.live if p in ("forward", "loss"))
-    return [gathered._replace(live=forward), Contribution(COMMUNICATION, c * backward, ("backward", "end of backward"), (
+    return [gathered._replace(live=forward), Contribution(COMMUNICATION, c * backward, ("backward",), (
         f"DeepSpeed ZeRO-3 in the backward with the embedding and head frozen: {backward:,} elements gathered, "
         f"without their {frozen:,} (a frozen embedding has no backward to fetch it for and is released after the "
         "forward; the head's backward runs first and releases it)"))]
@@ -390,7 +393,8 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
             f"the larger of the module computing ({unit:,}) with what the prefetcher fetches ahead up to "
             f"stage3_max_live_parameters {live:,} ({live_from}; stage3_prefetch_bucket_size {prefetch:,}, "
             f"{pf_from}, 0 turns it off) and the parameters kept for reuse, about half of stage3_max_reuse_distance "
-            f"{reuse:,} ({reuse_from}); from the forward to the end of the backward"))
+            f"{reuse:,} ({reuse_from}); from the forward through the backward, none left at its end (each module is "
+            "released after its own backward)"))
         frozen = frozen_root_elements(run)
         out = _frozen_root_backward(gathered, min(elements, max(0, params.total - persistent - frozen)), frozen, c)
     out.append(_module_gradient(run, unit, c))
