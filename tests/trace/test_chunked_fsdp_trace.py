@@ -42,3 +42,16 @@ def test_head_autocast_copies_are_activations(tmp_path: Path) -> None:
     assert abs(rows["logits"].relative) < 0.01  # type: ignore[attr-defined]
     assert abs(rows["peak allocated"].relative) < 0.01  # type: ignore[attr-defined]
 
+
+def test_accelerate_wraps_fsdp_at_one_rank(tmp_path: Path) -> None:
+    """``--framework hf --fsdp full --gpus 1``: accelerate's launcher runs FSDP2 at one process too
+    (``FrameworkProfile.fsdp_at_one_rank``), as the estimate prices it (at f30d0e2 traced unwrapped: -9.35%)."""
+    rows = _rows(tmp_path, "llama", framework="hf", fsdp="full", gpus=1)
+    assert rows["communication"].traced_bytes > 0  # type: ignore[attr-defined]
+    assert abs(rows["peak allocated"].relative) < 0.001  # type: ignore[attr-defined]
+
+
+def test_torchtitan_runs_one_rank_unwrapped(tmp_path: Path) -> None:
+    """torchtitan's ``ParallelDims.fsdp_enabled`` is ``dp_shard > 1``: no FSDP at one rank."""
+    rows = _rows(tmp_path, "llama", framework="torchtitan", fsdp="full", gpus=1)
+    assert rows["communication"].traced_bytes == 0  # type: ignore[attr-defined]

@@ -354,6 +354,16 @@ class TraceSetup:
         return dp if sharding.fsdp == "full" else 1
 
     @property
+    def fsdp_wrapped(self) -> bool:
+        """FSDP2 wraps the model: over more than one rank, or at one where the framework wraps it there too
+        (``FrameworkProfile.fsdp_at_one_rank``: accelerate under its launcher)."""
+        from memplan.profiles import get_profile
+
+        if self.fsdp > 1:
+            return True
+        return self.job.sharding.fsdp != "none" and get_profile(self.job.framework).fsdp_at_one_rank
+
+    @property
     def fsdp_replicas(self) -> int:
         """Replicas of the shard group under hybrid sharding (HSDP's replicate dimension; 1 otherwise)."""
         return self.job.parallel.data_parallel // self.fsdp if self.job.sharding.fsdp == "hybrid" else 1
