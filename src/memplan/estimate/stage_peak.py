@@ -27,7 +27,7 @@ from memplan.estimate.extras import (
     saved_logits_bytes,
     softcap_bytes,
 )
-from memplan.estimate.fsdp_loss_gather import last_gathered, loss_gather
+from memplan.estimate.fsdp_loss_gather import CHUNKED_NOTE, chunked_loss_block, last_gathered, loss_gather
 from memplan.estimate.fsdp_units import head_unit
 from memplan.estimate import (
     compiled_loss,
@@ -127,6 +127,7 @@ def loss_part(ctx: StageContext, acts: StageActivations, st: StageStates) -> Los
     # the head's per-chunk backward: what the final norm and the head saved still held (on the GPU)
     chunked = chunked_head_backward.chunked_head_backward_bytes(run, head + acts.head_copy, held_softcap) \
         if loss == "chunked" else 0
+    chunked += chunked_head_backward.fsdp_buffers_shift(ctx, st) if chunked else 0  # FSDP2's buffers there
     return LossPart(logits=logits, saved_logits=saved, head=head, cpu=cpu, bring_back=bring_back,
                     forward_logits=forward, head_backward=chunked)
 
@@ -269,6 +270,10 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations, fo
            for phase, size in comm_at.items()]
     most = max(comm_at.values())
     gathered = last_gathered(ctx, head) if run.profile.loss_in_model_forward else 0  # (the default job's fast path)
+    block = chunked_loss_block(ctx, head, comm_at["loss"], st.params.root * dtype_bytes(run.prec.compute)) \
+        if run.job.sharding.fsdp != "none" and run.profile.torch_optimizer else 0
+    if block:
+        out.append(Contribution(COMMUNICATION, -block, ("loss",), note=CHUNKED_NOTE))
     if gathered:
         gather = loss_gather(gathered, loss.logits, loss.forward_logits, acts.autocast_cache)
         out.append(Contribution(COMMUNICATION, gather.at_loss, ("loss",), note=gather.note))
@@ -337,6 +342,7 @@ def _loss_notes(ctx: StageContext) -> list[str]:
         out.append(loss_parallel.NOTE)
     if loss == "chunked" and ctx.layout.has_head and chunked_head_backward.applies(ctx.run):
         out.append(chunked_head_backward.NOTE)
+        out += [chunked_head_backward.FSDP_NOTE] if job.sharding.fsdp != "none" and ctx.profile.torch_optimizer else []
     if job.mtp_layers:
         out.append(f"{job.mtp_layers} multi-token-prediction module(s) on the last stage: a decoder layer shaped like "
                    "the last, a 2h->h projection, norms, their own logits and loss, and a copy of the embedding")

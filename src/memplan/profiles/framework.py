@@ -123,6 +123,13 @@ class FrameworkProfile:
     #: post-forward, is alive through the loss's forward (:mod:`memplan.estimate.fsdp_loss_gather`). False: the
     #: trainer computes it on the model's output (torchtitan's ``train.py``: ``loss_fn(pred, labels)``).
     loss_in_model_forward: bool = False
+    #: ``--fsdp`` wraps the model with FSDP2 at one data-parallel rank too: accelerate under its launcher
+    #: (``accelerate launch --use_fsdp`` starts torchrun, which sets ``LOCAL_RANK``, so ``PartialState``'s
+    #: ``_prepare_backend`` says ``MULTI_GPU`` and ``AcceleratorState`` turns it into ``FSDP`` whatever the world
+    #: size; ``fsdp2_prepare_model`` calls ``fully_shard`` with no size test). False: torchtitan's
+    #: ``ParallelDims.fsdp_enabled`` is ``dp_shard > 1`` (or context parallelism), so one rank runs unwrapped.
+    #: Read by ``memplan trace`` (a fake process group of one rank); the estimate prices FSDP2 whenever ``--fsdp``.
+    fsdp_at_one_rank: bool = False
     #: The model's forward returns its 16-bit floating outputs converted to fp32 whenever the 16-bit precision is
     #: the trainer's own (accelerate's ``Accelerator.prepare_model`` under ``native_amp``, FSDP included, not
     #: under DeepSpeed: ``convert_outputs_to_fp32`` in accelerate/utils/operations.py rebuilds the output with an
@@ -431,6 +438,7 @@ HF = FrameworkProfile(
     # unsharded after its forward (reshard_after_forward=False); a tied head joins the embedding in that unit
     fsdp_outer_units="embedding-and-head",
     loss_in_model_forward=True,  # the Trainer passes labels; transformers' ForCausalLM computes the loss
+    fsdp_at_one_rank=True,  # accelerate's launcher runs FSDP2 at --num_processes 1 too
     # accelerate's prepare_model wraps model.forward in convert_outputs_to_fp32 under native_amp (bf16 / fp16)
     fp32_outputs=True,
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36

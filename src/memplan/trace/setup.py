@@ -198,9 +198,11 @@ def _check_ranks(job: Job, *, torchtitan_code: bool = False) -> None:
         raise ConfigError("--loss", "memplan trace runs the model's own loss (fp32 logits), a fused linear "
                           "cross-entropy (fused-linear) or torchtune's chunked-output cross-entropy (chunked); other "
                           "loss paths are estimated only", job.loss)
-    if job.loss in ("fused-linear", "chunked") and job.parallel.world_size > 1:
-        kind = "fused linear" if job.loss == "fused-linear" else "chunked"
-        raise ConfigError("--loss", f"the {kind} cross-entropy is traced on one rank only", job.loss)
+    if job.loss == "fused-linear" and job.parallel.world_size > 1:
+        raise ConfigError("--loss", "the fused linear cross-entropy is traced on one rank only", job.loss)
+    if job.loss == "chunked" and (job.parallel.tp > 1 or job.parallel.pp > 1):
+        raise ConfigError("--loss", "the chunked cross-entropy is traced on one rank or on FSDP ranks (no --tp or "
+                          "--pp)", job.loss)
 
 
 def _check_compile(job: Job, *, torchtitan_code: bool = False) -> None:
@@ -353,6 +355,16 @@ class TraceSetup:
         if sharding.fsdp == "hybrid":
             return min(sharding.hybrid_shard_size(dp), dp)
         return dp if sharding.fsdp == "full" else 1
+
+    @property
+    def fsdp_wrapped(self) -> bool:
+        """FSDP2 wraps the model: over more than one rank, or at one where the framework wraps it there too
+        (``FrameworkProfile.fsdp_at_one_rank``: accelerate under its launcher)."""
+        from memplan.profiles import get_profile
+
+        if self.fsdp > 1:
+            return True
+        return self.job.sharding.fsdp != "none" and get_profile(self.job.framework).fsdp_at_one_rank
 
     @property
     def fsdp_replicas(self) -> int:

@@ -52,7 +52,7 @@ def simulated_ranks(options: TraceSetup) -> Iterator[Any]:
     :func:`~memplan.trace.core.tracker.unrecorded_sharding_propagation`), and DTensor's caches of
     results that hold a device mesh are emptied on the way in and out (:func:`_forget_meshes`).
     """
-    if options.world_size == 1:
+    if options.world_size == 1 and not options.fsdp_wrapped:
         yield None
         return
     import torch.distributed as dist
@@ -147,7 +147,7 @@ def parallelize(model: torch.nn.Module, options: TraceSetup, mesh: Any,
             _apply_tp(layers, mesh["tp"])
             if blocks is None:
                 _apply_tp_head(model, mesh["tp"])
-        if options.fsdp > 1:
+        if options.fsdp_wrapped:
             _apply_fsdp(model, layers, _dp_mesh(mesh, options), options)
 
 

@@ -138,12 +138,15 @@ def track_resize(recorder: AllocationRecorder) -> Iterator[None]:
 
     FSDP2 allocates a parameter's unsharded storage with ``torch.empty`` the first time
     (``FSDPParam.init_all_gather_outputs``) and by ``resize_`` afterwards; both become
-    ``communication`` once ``FSDPParam.alloc_all_gather_outputs`` has run.
+    ``communication`` once ``FSDPParam.alloc_all_gather_outputs`` has run, or, at one rank (where
+    ``FSDPParamGroup.wait_for_unshard`` copies the shard into them without that call), once
+    ``init_all_gather_outputs`` has.
     """
     from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
 
     original = torch.UntypedStorage.resize_
     original_alloc = FSDPParam.alloc_all_gather_outputs
+    original_init = FSDPParam.init_all_gather_outputs
 
     def resize_(storage: Any, size: int) -> Any:
         result = original(storage, size)
@@ -155,13 +158,21 @@ def track_resize(recorder: AllocationRecorder) -> Iterator[None]:
         for tensor in fsdp_param.all_gather_outputs:
             recorder.mark(tensor.untyped_storage(), _COMMUNICATION)
 
+    def init_all_gather_outputs(fsdp_param: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(fsdp_param, *args, **kwargs)
+        for tensor in fsdp_param.all_gather_outputs:
+            if tensor.untyped_storage().nbytes():
+                recorder.mark(tensor.untyped_storage(), _COMMUNICATION)
+
     torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
     FSDPParam.alloc_all_gather_outputs = alloc_all_gather_outputs  # type: ignore[method-assign]
+    FSDPParam.init_all_gather_outputs = init_all_gather_outputs  # type: ignore[method-assign]
     try:
         yield
     finally:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
         FSDPParam.alloc_all_gather_outputs = original_alloc  # type: ignore[method-assign]
+        FSDPParam.init_all_gather_outputs = original_init  # type: ignore[method-assign]
 
 
 @contextmanager

@@ -8,6 +8,13 @@ and takes a summed cross-entropy (``compute_cross_entropy``), then divides the t
 labelled tokens. Gemma 2's final soft-capping runs on each chunk after the head, as the model's forward does
 on the whole logits.
 
+The head runs inside the model's forward (torchtune's ``TransformerDecoder.forward`` returns the chunks; its
+recipes call the loss on them afterwards): the step calls the model itself with its forward, for that call, made
+the decoder and the chunked head (:func:`chunked_call_and_loss`). So FSDP2's hooks on the root run around decoder
+and head (the root's pre-forward first; its post-forward frees the forward's last all-gather output before the
+loss), the head's unit (accelerate's and torchtitan's [final norm, head]) is all-gathered by its own hooks at its
+first chunk, and the trace's module paths are the root's (the head's autocast copies are filed under the head).
+
 ``--compile``: torchtune compiles only ``compute_cross_entropy`` (its ``compile_loss`` calls the loss's
 ``apply_compile_strategy``); :func:`memplan.trace.runners.compiled_loss.compile_chunk_cross_entropy` replaces
 :attr:`ChunkedOutputLoss.cross_entropy` with that function as its partitioned graphs.
@@ -54,8 +61,8 @@ class ChunkedOutputLoss:
             out.append(logits)
         return out
 
-    def __call__(self, output: Any, batch: Any) -> torch.Tensor:
-        chunks = self.logits(output.last_hidden_state)
+    def __call__(self, chunks: list[torch.Tensor], batch: Any) -> torch.Tensor:
+        """The loss of the model's output (the chunks of :meth:`logits`)."""
         labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=_IGNORE)[..., 1:]
         count = (labels != _IGNORE).sum()
         pieces = [piece.reshape(-1) for piece in labels.tensor_split(CHUNKS, dim=1)]
@@ -68,9 +75,25 @@ class ChunkedOutputLoss:
 
 
 def chunked_call_and_loss(model: torch.nn.Module) -> tuple[Callable[..., Any], ChunkedOutputLoss]:
-    """What the step calls instead of ``model(**batch)`` (its decoder, without labels) and the chunked loss of
-    the decoder's output; through peft's wrapper too."""
-    call, base, head = decoder_call(
+    """What the step calls instead of ``model(**batch)`` (the model, its forward for that call the decoder
+    without labels and the chunked head) and the chunked loss of the model's output; through peft's wrapper too."""
+    decoder, base, head = decoder_call(
         model, "--loss chunked needs a transformers causal LM with get_decoder() and an output head")
     softcap = getattr(getattr(base, "config", None), "final_logit_softcapping", None)
-    return call, ChunkedOutputLoss(head, softcap)
+    loss = ChunkedOutputLoss(head, softcap)
+
+    def forward(**batch: Any) -> list[torch.Tensor]:
+        return loss.logits(decoder(**batch).last_hidden_state)
+
+    def call(**batch: Any) -> list[torch.Tensor]:
+        own = model.__dict__.get("forward")  # accelerate's fp32 wrapper, where set: not torchtune's output
+        model.forward = forward  # type: ignore[method-assign]
+        try:
+            return model(**batch)
+        finally:
+            if own is None:
+                del model.forward
+            else:
+                model.forward = own  # type: ignore[method-assign]
+
+    return call, loss
