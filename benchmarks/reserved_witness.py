@@ -82,7 +82,7 @@ def retrace(key: str, path: Path) -> None:
     """Trace one recorded cell again with today's ``memplan trace`` and replace its record in ``path`` (the other
     cells kept as recorded); the cell says when (``retraced``)."""
     recorded = json.loads(path.read_text())
-    cells = {c.key: c for c in (*grid.GRID, *FINETUNE)}
+    cells = {c.key: c for c in (*grid.GRID, *FINETUNE, *(c for chosen, _ in _SETS.values() for c in chosen))}
     index = next(i for i, c in enumerate(recorded["cells"]) if c["key"] == key)
     result = grid.measure(cells[key])
     result["retraced"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
