@@ -52,19 +52,23 @@ def _rows(model: str, result: object) -> dict[str, object]:
     return out
 
 
-def measure(name: str, folder: Path) -> dict[str, object]:
+def traced(name: str, folder: Path) -> tuple[str, object]:
+    """The model reference and ``memplan trace``'s result of one named cell (toy configs written to ``folder``)."""
     if name in ("G1", "G2"):
         cell = _grid_cell("torchtitan" if name == "G1" else "hf")
         result = trace(cell.model_ref, seq=cell.seq, mbs=cell.mbs, precision=cell.precision,
                        attention=cell.attention, recompute=cell.recompute, optimizer="adamw",
                        optimizer_impl=cell.optimizer_impl, device="cuda", iterations=2, fsdp=cell.fsdp,
                        tp=cell.tp, framework=cell.framework, **dict(cell.flags))
-        return _rows(cell.model_ref, result)
+        return cell.model_ref, result
     vocab, framework, recompute, extra = TOYS[name]
     path = folder / f"v{vocab}.json"
     path.write_text(json.dumps({**LLAMA_TOY, "vocab_size": vocab}), encoding="utf-8")
-    result = trace(str(path), framework=framework, recompute=recompute, **TOY_FLAGS, **extra)
-    return _rows(str(path), result)
+    return str(path), trace(str(path), framework=framework, recompute=recompute, **TOY_FLAGS, **extra)
+
+
+def measure(name: str, folder: Path) -> dict[str, object]:
+    return _rows(*traced(name, folder))
 
 
 def row_texts(rows: dict[str, object]) -> list[str]:

@@ -13,6 +13,7 @@ estimate with both files.
     PYTHONPATH=src python benchmarks/reserved_witness.py --set gemma-offload  # agreement_reserved_gemma_offload.json
     PYTHONPATH=src python benchmarks/reserved_witness.py --set offload-check  # agreement_reserved_offload_check.json
     PYTHONPATH=src python benchmarks/reserved_witness.py --set fsdp-hold  # agreement_reserved_fsdp_hold.json
+    PYTHONPATH=src python benchmarks/reserved_witness.py --retrace KEY  # one arch cell again, in place
 """
 
 from __future__ import annotations
@@ -77,11 +78,28 @@ _SETS = {"gemma-offload": (GEMMA_OFFLOAD, "agreement_reserved_gemma_offload.json
          "fsdp-hold": (FSDP_HOLD, "agreement_reserved_fsdp_hold.json")}
 
 
+def retrace(key: str, path: Path) -> None:
+    """Trace one recorded cell again with today's ``memplan trace`` and replace its record in ``path`` (the other
+    cells kept as recorded); the cell says when (``retraced``)."""
+    recorded = json.loads(path.read_text())
+    cells = {c.key: c for c in (*grid.GRID, *FINETUNE, *(c for chosen, _ in _SETS.values() for c in chosen))}
+    index = next(i for i, c in enumerate(recorded["cells"]) if c["key"] == key)
+    result = grid.measure(cells[key])
+    result["retraced"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
+    print(f"{key}: {result['seconds']} s, reserved {result['reserved']}", flush=True)
+    recorded["cells"][index] = result
+    path.write_text(json.dumps(recorded, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--set", choices=("arch", *_SETS), default="arch")
+    parser.add_argument("--retrace", default="", help="re-trace this one cell of the set's file and replace its record")
     args = parser.parse_args()
+    if args.retrace:
+        retrace(args.retrace, args.out or DEFAULT_OUT)
+        return
     if args.out is None:
         args.out = DEFAULT_OUT if args.set == "arch" else DEFAULT_OUT.with_name(_SETS[args.set][1])
     cells = {c.key: c for c in grid.GRID}

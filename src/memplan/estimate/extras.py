@@ -238,7 +238,7 @@ def communication_bytes(
         # Unsharded compute-dtype blocks (computing + prefetched; a block's peft adapters with it), the root
         # module, and one block's unsharded gradient (its trainable tensors') for its reduce-scatter, in the
         # reduce dtype.
-        total += profile.fsdp_live_blocks * _unsharded_block(params, c) + params.root * c
+        total += profile.fsdp_live_blocks * unsharded_block(params, c) + params.root * c
         total += (params.largest_layer if params.layer_trainable is None else params.layer_trainable) * prec.reduce_bytes
     elif job.sharding.zero == 3:
         # Not DeepSpeed's (memplan.estimate.zero3_buffers): DeepSpeed's own estimator's rule, 4 bytes per
@@ -247,7 +247,7 @@ def communication_bytes(
     return total
 
 
-def _unsharded_block(params: StageParams, compute_bytes: int) -> int:
+def unsharded_block(params: StageParams, compute_bytes: int) -> int:
     """Bytes of the largest block's unsharded copy: its weights in the compute dtype and its peft adapters."""
     return params.largest_layer * compute_bytes + params.layer_adapter_bytes
 
@@ -284,12 +284,12 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
     c = dtype_bytes(prec.compute)
     if head is not None:
         embedding = params.root - head
-        return {"loss": head * c, "backward": profile.fsdp_live_blocks * _unsharded_block(params, c),
+        return {"loss": head * c, "backward": profile.fsdp_live_blocks * unsharded_block(params, c),
                 "end of backward": 2 * embedding * c, "optimizer step": 0}
     root = params.root * c
     root_grads = 0 if tied else root
-    return {"loss": root + _unsharded_block(params, c),
-            "backward": root + profile.fsdp_live_blocks * _unsharded_block(params, c),
+    return {"loss": root + unsharded_block(params, c),
+            "backward": root + profile.fsdp_live_blocks * unsharded_block(params, c),
             "end of backward": root + root_grads, "optimizer step": 0}
 
 

@@ -13,9 +13,10 @@ trace of a ``--fsdp`` job shows (``memplan trace --fsdp N``, events by stream):
 - its reduce-scatter stream: the reduce-scatter output, the rank's sharded gradients in the reduce
   dtype, cast there to the gradients' dtype where the two differ (torch ``foreach_reduce``'s
   ``_to_dtype_if_needed``: accelerate's bf16 reduce of fp32 gradients; the 16-bit output freed once cast),
-  alive until the optimizer step's ``zero_grad``. Not modelled: the reduce-scatter input is made in the reduce
-  dtype too; the schedule stages it in the gradients' dtype (staged in bf16 under ``hf``, the tied root-unit
-  cells of benchmarks/reserved_sim.py moved to -9.1% and -3.8% against their traces: cause not found).
+  alive until the optimizer step's ``zero_grad``. The reduce-scatter input (on the default stream) is made in
+  the reduce dtype too (``reduce_scatter_comm.allocate(..., dtype=reduce_dtype)``): an outer unit's is staged so
+  (the tied root-unit cells that fell to -9.1% and -3.8% when fsdphead17 first tried it had witnesses recorded
+  before accelerate's units; against today's traces they are +0.72% and +0.28%: helper fsdpcomm18).
 
 When each all-gather output is freed (torch 2.13 ``FSDPParamGroup.wait_for_unshard``, ``FSDPState._post_forward``
 and ``FSDPParamGroup._backward_prefetch``; a trace of ``--fsdp 2`` shows the same order):

@@ -201,7 +201,8 @@ class Replay:
         sharded = fsdp.sharded_grads[unit] if sharded is None else sharded
         if not grads:  # no parameter of the unit has a gradient: its reshard alone
             return [None]
-        staged = self.take(sum(sharded) * fsdp.shards)
+        num, den = fsdp.reduce_scale  # the input in the reduce dtype, as the output (foreach_reduce)
+        staged = self.take(sum(sharded) * fsdp.shards * num // den)
         self.give(*grads)
         return [staged, *self.reduced(fsdp, sharded)]
 

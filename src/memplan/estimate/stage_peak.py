@@ -27,6 +27,7 @@ from memplan.estimate.extras import (
     saved_logits_bytes,
     softcap_bytes,
 )
+from memplan.estimate.fsdp_forward_gather import forward_gathers
 from memplan.estimate.fsdp_loss_gather import CHUNKED_NOTE, chunked_loss_block, last_gathered, loss_gather
 from memplan.estimate.fsdp_units import head_unit
 from memplan.estimate import (
@@ -251,7 +252,7 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations, fo
     ZeRO-3: :mod:`memplan.estimate.zero3_buffers`; its ZeRO-1/2: :mod:`memplan.estimate.zero12_bucket`,
     :mod:`memplan.estimate.zero12_step_gradient`, :mod:`memplan.estimate.zero12_offload_staging`; without ZeRO:
     :mod:`memplan.estimate.ds_allreduce`; FSDP2's last all-gather output at a loss inside the model's forward:
-    :mod:`memplan.estimate.fsdp_loss_gather`."""
+    :mod:`memplan.estimate.fsdp_loss_gather`; its forward's copy-outs: :mod:`memplan.estimate.fsdp_forward_gather`."""
     run = ctx.run
     if pipeline_fsdp.applies(ctx, st):
         return _with_most(list(pipeline_fsdp.pipeline_fsdp_contributions(ctx, st, acts)))
@@ -266,9 +267,12 @@ def communication(ctx: StageContext, st: StageStates, acts: StageActivations, fo
     comm_at = communication_by_phase(run.job, run.profile, st.params, run.prec,
                                      communication_bytes(run.job, run.profile, st.params, st.states, run.prec),
                                      tied=run.model.tie_word_embeddings, head=head)
-    out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward else (phase,))
-           for phase, size in comm_at.items()]
-    most = max(comm_at.values())
+    gathers = forward_gathers(ctx, st.params, head)
+    out = [Contribution(COMMUNICATION, size, (phase, "forward") if phase == "loss" and forward and not gathers.most
+                        else (phase,)) for phase, size in comm_at.items()]
+    if gathers.most:  # the last layer's forward: its parameters and all-gather output beside the kept units
+        out.append(Contribution(COMMUNICATION, gathers.last_layer, ("forward",), note=gathers.note))
+    most = max(*comm_at.values(), gathers.most)
     gathered = last_gathered(ctx, head) if run.profile.loss_in_model_forward else 0  # (the default job's fast path)
     block = chunked_loss_block(ctx, head, comm_at["loss"], st.params.root * dtype_bytes(run.prec.compute)) \
         if run.job.sharding.fsdp != "none" and run.profile.torch_optimizer else 0

@@ -223,6 +223,11 @@ def _shard_sizes(job: Job) -> tuple[int, int]:
     return dense, expert
 
 
+def dense_shard_ranks(job: Job) -> int:
+    """Ranks the dense parameters are sharded over (the data-parallel group, or its shard group)."""
+    return _shard_sizes(job)[0]
+
+
 def _sharded(numel_dense: int, numel_expert: int, shards: tuple[int, int], on: bool) -> int:
     if not on:
         return numel_dense + numel_expert
