@@ -123,6 +123,13 @@ class FrameworkProfile:
     #: post-forward, is alive through the loss's forward (:mod:`memplan.estimate.fsdp_loss_gather`). False: the
     #: trainer computes it on the model's output (torchtitan's ``train.py``: ``loss_fn(pred, labels)``).
     loss_in_model_forward: bool = False
+    #: The loss the trainer computes on the model's output. ``model``: the model's own ``loss_function``
+    #: (transformers' causal-LM loss: the labels shifted inside it, the mean over them). ``token-sum``:
+    #: torchtitan's ``cross_entropy_loss`` (torchtitan/components/loss.py: the logits flattened and upcast to
+    #: fp32, the labels as the data loader shifted them, ``reduction="sum"``), divided in ``train.py``'s
+    #: ``forward_backward_step`` by the step's count of valid tokens (a number after the data-parallel
+    #: all-reduce). ``memplan trace`` runs it after the model's forward.
+    trainer_loss: Literal["model", "token-sum"] = "model"
     #: The model's forward returns its 16-bit floating outputs converted to fp32 whenever the 16-bit precision is
     #: the trainer's own (accelerate's ``Accelerator.prepare_model`` under ``native_amp``, FSDP included, not
     #: under DeepSpeed: ``convert_outputs_to_fp32`` in accelerate/utils/operations.py rebuilds the output with an
@@ -358,6 +365,7 @@ TORCHTITAN = FrameworkProfile(
     pipeline_split="embedding-output-weighted",
     pipeline_fsdp_unsharded=True,
     fsdp_outer_units="embedding-and-head",
+    trainer_loss="token-sum",
     dtensor_loss_parallel=True,
     fit_tensor_parallel=True,
     fit_pipelines=True,
