@@ -36,6 +36,7 @@ __all__ = [
     "make_optimizer",
     "register_state",
     "run_iterations",
+    "token_sum_cross_entropy",
 ]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -75,20 +76,37 @@ def hf_loss(output: Any, batch: Any) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LossAfterForward:
-    """The same causal-LM loss (the model's ``loss_function``), computed on the logits after the model's forward
-    has returned, as a trainer that calls ``loss_fn(model(inputs), labels)`` does (torchtitan's ``train.py``:
-    ``pred = model(inputs)``, then ``self.loss_fn(pred, labels)``): under FSDP2 the root's post-forward has then
-    run (its last parked all-gather output freed) before the loss. The model is called without ``labels``."""
+    """The causal-LM loss computed on the logits after the model's forward has returned, as a trainer that calls
+    ``loss_fn(model(inputs), labels)`` does (torchtitan's ``train.py``: ``pred = model(inputs)``, then
+    ``self.loss_fn(pred, labels)``): under FSDP2 the root's post-forward has then run (its last parked all-gather
+    output freed) before the loss. The model is called without ``labels``.
+
+    ``token_sum``: the model's ``loss_function`` is torchtitan's summed cross-entropy
+    (:func:`token_sum_cross_entropy`, set by :func:`hf_step_job`) and the sum is divided by the count of tokens, as
+    torchtitan's ``forward_backward_step`` divides ``loss_sum`` by ``global_valid_tokens`` (every label is valid here).
+    Not modelled: the 0-dim count tensors torchtitan's ``train_step`` keeps on the device (512 B each)."""
 
     model: torch.nn.Module
     vocab_size: int
+    token_sum: bool = False
 
     def __call__(self, output: Any, batch: Any) -> torch.Tensor:
-        return self.model.loss_function(logits=output.logits, labels=batch["labels"], vocab_size=self.vocab_size)
+        labels = batch["labels"]
+        if self.token_sum:
+            return self.model.loss_function(output.logits, labels, self.vocab_size) / float(labels.numel())
+        return self.model.loss_function(logits=output.logits, labels=labels, vocab_size=self.vocab_size)
 
     def call(self, labels: torch.Tensor, **inputs: Any) -> Any:
         """The model's forward without the labels (its logits, no loss)."""
         return self.model(**inputs)
+
+
+def token_sum_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, **_: Any) -> torch.Tensor:
+    """torchtitan's ``cross_entropy_loss`` (torchtitan/components/loss.py) in the signature of a Hugging Face model's
+    ``loss_function``: batch and sequence dimensions flattened, the logits upcast to fp32, the labels used as given
+    (torchtitan's data loader shifts them), summed over the tokens (-100 ignored)."""
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum",
+                                             ignore_index=-100)
 
 
 #: ``--packing``: documents per row of a packed batch (equal lengths; the memory does not depend on it).
@@ -152,7 +170,8 @@ def apply_recompute(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_au
 
 
 def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool = True) -> StepJob:
-    """A Hugging Face causal LM's step: token batch, the job's optimizer, autocast for ``*-mixed``.
+    """A Hugging Face causal LM's step: token batch, the job's optimizer, autocast for ``*-mixed`` (and for
+    ``bf16`` / ``fp16`` where the trainer autocasts over 16-bit weights: :attr:`TraceSetup.autocast`).
 
     ``autocast=False`` when FSDP's mixed-precision policy casts the parameters instead.
     """
@@ -160,7 +179,7 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     vocab = int(config.vocab_size)
     batch = make_batch(vocab, options)
     optimizer = make_optimizer(model, options)
-    autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
+    autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.autocast and autocast else None
     convert_outputs_to_fp32(model, options)
     if options.job.loss == "chunked":  # torchtune's chunked-output cross-entropy
         from memplan.trace.standins.chunked_loss import chunked_call_and_loss
@@ -174,8 +193,13 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
         call, loss_fn = decoder_call_and_loss(model)
         return StepJob(model, batch, optimizer, loss_fn, autocast_dtype, cuda_autocast=options.device == "cuda",
                        call=call)
-    if options.job.sharding.fsdp != "none" and not get_profile(options.job.framework).loss_in_model_forward:
-        after = LossAfterForward(model, vocab)  # FSDP2's root post-forward before the loss (the estimate's field)
+    profile = get_profile(options.job.framework)
+    token_sum = profile.trainer_loss == "token-sum"
+    if token_sum or (options.job.sharding.fsdp != "none" and not profile.loss_in_model_forward):
+        # FSDP2's root post-forward before the loss (the estimate's field); torchtitan's own loss
+        if token_sum:
+            model.loss_function = token_sum_cross_entropy  # type: ignore[assignment]
+        after = LossAfterForward(model, vocab, token_sum)
         return StepJob(model, batch, optimizer, after, autocast_dtype, cuda_autocast=options.device == "cuda",
                        call=after.call)
     return StepJob(model, batch, optimizer, hf_loss, autocast_dtype, cuda_autocast=options.device == "cuda")
