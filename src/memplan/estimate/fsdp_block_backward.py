@@ -5,7 +5,10 @@ torch 2.13's ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``:
 - the block's weight gradients are made on its unsharded parameters, in the compute dtype (``unsharded_param.grad``),
   and stay there until the block's ``post_backward`` hands them to ``foreach_reduce``: a dense MLP's output
   projection's weight gradient is alive at the MLP's worst node (the walk of
-  :func:`~memplan.estimate.mlp_backward_nodes.gradients_made`, in the compute dtype);
+  :func:`~memplan.estimate.mlp_backward_nodes.gradients_made`, in the compute dtype); an MoE block's transformers
+  grouped experts' down and gate-up weights' gradients at their walk's worst op
+  (:mod:`~memplan.estimate.grouped_experts_backward`, in the compute dtype; helper moefsdp18: a trace of the grid's
+  ``qwen3_moe_wide`` toy under full recompute holds both, 25 MiB, in layer 0's gate-up grouped GEMM's backward);
 - ``post_backward`` pops the oldest ``comm_ctx.reduce_scatter_states`` (``reduce_scatter_max_input_buffers``, 1 by
   default) only when the next unit's gradients are reduced, so the reduce-scatter input (the unit's whole gradients in
   the reduce dtype) of the unit whose backward ran before is alive through a block's backward: the head unit's before
@@ -13,7 +16,8 @@ torch 2.13's ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``:
   end), the block after it before any other. Under expert parallelism torchtitan shards a layer's routed experts as
   a unit of their own (``parallelize.py`` ``apply_fsdp``), whose post-backward comes before the block's: the block
   after it holds only its dense part's input by then (the experts' own input, alive through the attention's backward,
-  is not priced);
+  is not priced, nor are the experts' unsharded gradients under expert parallelism: ``memplan trace`` refuses
+  ``--ep``, so no witness);
 - ``pre_backward``'s ``_backward_prefetch`` unshards the unit whose forward ran before: for the first decoder layer
   that is the embedding's unit under the outer units, and nothing under one root unit (already unsharded), where
   :func:`~memplan.estimate.extras.communication_by_phase` prices another block at every block's backward.
@@ -107,8 +111,9 @@ def block_backward(ctx: StageContext, st: StageStates, walk: LayerWalk) -> Block
 
 
 def _made(ctx: StageContext, index: int, compute: int) -> int:
-    """Layer ``index``'s unsharded gradients made before its backward's worst op, beyond it (the dense MLP's walk),
-    where the layer walk has none of its own (a recomputed layer walked op by op counts them)."""
+    """Layer ``index``'s unsharded gradients made before its backward's worst op, beyond it (the dense MLP's walk, or
+    an MoE layer's grouped experts' walk), where the layer walk has none of its own (a recomputed layer walked op
+    by op counts them)."""
     run = ctx.run
     from memplan.estimate.compiled import compiled_layer
     from memplan.estimate.reserved_mlp_backward import whole_weights
@@ -116,4 +121,31 @@ def _made(ctx: StageContext, index: int, compute: int) -> int:
     layer = run.model.layers[index]
     if not whole_weights(run) or compiled_layer(run, layer):
         return 0
+    if layer.moe is not None:
+        return _experts_made(ctx, index, compute)
     return gradients_made(Same(layer), run.shape, run.policy.kind.checkpoints_layers, compute)
+
+
+def _experts_made(ctx: StageContext, index: int, compute: int) -> int:
+    """An MoE layer's grouped experts' unsharded weight gradients (compute dtype) at their walk's worst op beyond the
+    layer's backward transient (:mod:`~memplan.estimate.grouped_experts_backward`: the down weight's gradient made
+    before ``act(gate) * up``'s backward, the gate-up weight's beside the dispatched rows' gradient); 0 where the
+    whole walk does not apply (expert parallelism, another experts implementation)."""
+    from memplan.estimate.grouped_experts_backward import experts_figures, weight_gradient_bytes
+    from memplan.estimate.layer_costs import layer_blocks, layer_costs
+    from memplan.estimate.recomputed_backward import unwalked_backward
+
+    run = ctx.run
+    layer = run.model.layers[index]
+    found = layer_blocks(run, layer, index)
+    if found is None:
+        return 0
+    shape, blocks = found
+    experts = experts_figures(layer, shape, blocks[1], run.dropped, run.policy.kind.checkpoints_layers,
+                              weight_gradient_bytes(layer, run.model.hidden_size, compute))
+    if experts is None or not experts.walked:
+        return 0
+    transient = layer_costs(run, layer, index)[2]
+    if index in ctx.recomputed and not run.policy.partial:  # (net of the checkpointed input, as the walk's figure)
+        transient = sum(unwalked_backward(run, index, transient, not run.job.offload.activations))
+    return max(0, experts.with_gradients - transient)
