@@ -18,7 +18,10 @@ torch 2.13's ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``:
   after it holds only its dense part's input by then (the experts' own input, alive through the attention's backward,
   is not priced, nor are the experts' unsharded gradients under expert parallelism: ``memplan trace`` refuses
   ``--ep``, so no witness);
-- ``pre_backward``'s ``_backward_prefetch`` unshards the unit whose forward ran before: for the first decoder layer
+- ``pre_backward`` waits for its own all-gather first (``wait_for_unshard``: the copy-out fills the unsharded
+  parameters while the all-gather output lives, two blocks, before the block's working set: at the first layer
+  that moment can outweigh the prefetch's, helper moefsdp18's ``qwen3_moe_wide`` toy), then its
+  ``_backward_prefetch`` unshards the unit whose forward ran before: for the first decoder layer
   that is the embedding's unit under the outer units, and nothing under one root unit (already unsharded), where
   :func:`~memplan.estimate.extras.communication_by_phase` prices another block at every block's backward.
 
@@ -94,15 +97,21 @@ def block_backward(ctx: StageContext, st: StageStates, walk: LayerWalk) -> Block
     held = (head or 0) * reduce
     experts_in_block = run.job.parallel.ep <= 1  # (else the routed experts are a unit of their own: see the module)
     by_layer: dict[int, int] = {}
-    for index, _, _ in reversed(walk.per_layer):
-        by_layer[index] = (0 if index in walk.early_gradients else _made(ctx, index, compute)) + held
+    own = 0  # the first layer's backward's own bytes at its worst (the walk's, its early gradients, these made)
+    for index, _, worst in reversed(walk.per_layer):
+        made = _made(ctx, index, compute) if index not in walk.early_gradients else 0
+        by_layer[index], own = made + held, worst + walk.early_gradients.get(index, 0) + made
         dense, expert = layer_numel_on_rank(ctx.model.layer_param_groups[index], run.job)
         held = (dense + (expert if experts_in_block else 0)) * reduce
     first, last = walk.per_layer[0][0], walk.per_layer[-1][0]
     block = st.params.largest_layer * compute
     embedding = (st.params.root - head) * compute if head is not None and ctx.layout.has_embedding else 0
-    prefetch = embedding - (run.profile.fsdp_live_blocks - 1) * block
-    by_layer[first] += prefetch
+    gathered = embedding - (run.profile.fsdp_live_blocks - 1) * block
+    # the first layer's pre-backward copy-out holds its all-gather output beside its unsharded block (the two blocks
+    # communication_by_phase prices) before its working set: where that moment outweighs the prefetch's, it is the one
+    copy_out = own + gathered < 0 and first != last
+    prefetch = 0 if copy_out else gathered
+    by_layer[first] += -own if copy_out else gathered
     return BlockBackward(by_layer, prefetch, by_layer[last] - (prefetch if last == first else 0), (
         "FSDP2 at a block's backward: its weight gradients made so far, unsharded in the compute dtype until its "
         "post-backward reduce-scatters them, and the previous unit's reduce-scatter input (its gradients in the "
