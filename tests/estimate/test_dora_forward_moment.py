@@ -79,3 +79,22 @@ def test_a_tie_with_the_output_projection_is_not_priced_at_q_proj(tmp_path: Path
         return _stage_parts(Same(_model(tmp_path, "llama")), job, 0.0)[1][0][2].ledger.allocated_at("forward")
 
     assert forward_moment(targets) >= forward_moment("o_proj")
+
+
+@pytest.mark.parametrize("targets", ["q_proj,o_proj", "o_proj"])
+def test_the_output_projection_step_holds_the_attention_block_not_the_mlp(tmp_path: Path, targets: str) -> None:
+    """DoRA on q_proj,o_proj (a tie) or o_proj alone on the llama_1k_v256 toy: the moment is o_proj's step, where
+    the attention block's saved tensors exist and the MLP block's (fc1 output, its norm's fp32 copy: about 14 MiB)
+    do not (helper qknorm18). The trace of q_proj,o_proj: forward maximum 133,075,968 B at layer 1's o_proj DoRA step,
+    peak 136,452,096 B in layer 1's MLP backward; the estimate had peaked at that forward moment (144,855,040 B,
+    +6.158% at ca4aa10, every tensor of the layer counted)."""
+    from memplan.estimate.engine import _stage_parts
+    from memplan.estimate.ledger import WORKSPACE
+    from memplan.estimate.memo import Same
+
+    job = build_job({**JOB, "peft": "dora", "lora_targets": targets})
+    ledger = _stage_parts(Same(_model(tmp_path, "llama")), job, 0.0)[1][0][2].ledger
+    assert ledger.allocated_at("forward") - ledger.total(WORKSPACE) <= 133_075_968
+    if targets == "q_proj,o_proj":
+        stage = estimate(_model(tmp_path, "llama"), job).stages[0]
+        assert abs((stage.peak_allocated_bytes - stage.workspace_bytes) / 136_452_096 - 1) <= 0.0015

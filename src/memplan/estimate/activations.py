@@ -390,7 +390,7 @@ def _attention_rest_terms(attn: AttentionSpec, shape: ActivationShape) -> list[T
         if shape.kernels == "eager":  # and each eager RMSNorm's fp32 1/rms, per head and token
             per = "per head and token" if attn.qk_norm_per_head else "per token"
             terms.append(Term(f"q, k norms 1/rms (fp32, {per})", NORM_COMPUTE_BYTES * tokens * attn.qk_norm_rows,
-                              "tp", "attn"))
+                              "tp", "attn", role=TermRole.QK_NORMS_RSTD))
     heads_scores = attn.num_heads * b * s * shape.kv_seq
     if shape.attention in UNFUSED_ATTENTION:
         core = _eager_core_terms(attn, shape, heads_scores)

@@ -32,10 +32,17 @@ and the attention module's input (the pre-norm's output) are bound, with the mas
 DoRA on q,v (256 tokens x 2, bf16-mixed, eager) holds 118,133,248 B at q_proj's weight-norm sum (estimate 118,065,152);
 the moment was priced with every saved tensor of the layer (+25.5 MB), above the backward's peak (+6.2%).
 
+Where the worst step is the attention output projection's (DoRA on o_proj, alone or tying with q_proj's, both
+``hidden x hidden``: the later step holds the attention core's tensors too; the review of session 16), the moment is
+o_proj's step: the attention block's saved tensors and its adapters' made (o_proj's own after its step not), the MLP
+block's not (helper qknorm18, session 18). A trace of the toy with DoRA on q_proj,o_proj holds 133,075,968 B at
+layer 1's o_proj DoRA combine, its forward maximum; the moment had been priced with every saved tensor of the layer
+(the MLP's ~14 MiB too: 144,855,040 B, above the backward peak, +6.2%); now 131,463,168 B (the attention
+forward's bound locals, q, k, v and o_proj's input, and the combine's fp32 products are not counted).
+
 Not priced: a layer without a pre-MLP norm, with a parallel residual or an MoE block, an adapter on a later attention
-input projection whose step is the worst (the earlier projections' adapters made), a first input projection whose step
-ties with a later one's (DoRA on q_proj and o_proj, both ``hidden x hidden``: the later step holds the attention core's
-tensors too; the review of session 16), ``--lora-dropout`` (peft's other DoRA path) and a quantized base.
+input projection whose step is the worst (the earlier projections' adapters made), a step tying with an MLP
+projection's, ``--lora-dropout`` (peft's other DoRA path) and a quantized base.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from memplan.estimate.adapter_acts import (
     ATTENTION_INPUT_LINEARS,
     dora_forward_transient,
     module_dora,
+    on_attention_output,
     on_mlp_output,
 )
 from memplan.estimate.context import StageContext
@@ -106,29 +114,39 @@ def _input_projection_moment(ctx: StageContext, index: int, transient: int, size
     """At DoRA's step on layer ``index``'s first adapted attention input projection (q/k/v), where it is the stage's
     worst (``transient``): the layer's input and the attention module's input (the decoder layer's ``residual`` and
     ``hidden_states``) and the 4-D masks bound, less every tensor the layer saves but its pre-norm's and the
-    projection's base result (made before the step); 0 where it is not there or not priced."""
+    projection's base result (made before the step); 0 where it is not there or not priced. Where the attention output
+    projection's step is the worst (DoRA on o_proj, alone or tying with q_proj's, both ``hidden x hidden``), that later
+    step is the moment: the attention block's saved tensors and its adapters' are made but the output projection's own
+    made after its step (:func:`_not_made`), the MLP block's are not."""
     run = ctx.run
     adapters = run.counts.layer_adapters[index]  # type: ignore[union-attr]
     first = next((a for a in adapters if a.module.name.rpartition(".")[2] in ATTENTION_INPUT_LINEARS), None)
     act_bytes, tokens = sizes["compute_bytes"], sizes["tokens"]
-    if first is None or not module_dora(first) or dora_forward_transient((first,), **sizes) != transient:
-        return 0
-    if any(a is not first and module_dora(a) and dora_forward_transient((a,), **sizes) == transient for a in adapters):
-        return 0  # a later step of the same size (o_proj on a hidden x hidden q_proj) holds more: not priced
+    worst = [a for a in adapters if module_dora(a) and dora_forward_transient((a,), **sizes) == transient]
+    tie = next((a for a in worst if on_attention_output(a)), None)  # the attention's last worst step
+    if (tie is None and (first not in worst or len(worst) > 1)) or any(
+            not on_attention_output(a) and a.module.name.rpartition(".")[2] not in ATTENTION_INPUT_LINEARS
+            for a in worst):
+        return 0  # not there, or a later step of the same size (an input projection's, the MLP's): not priced
     from memplan.estimate.layer_costs import layer_blocks, layer_costs
 
     found = layer_blocks(run, run.model.layers[index], index)
     if found is None:
         return 0
-    shape, (attention, _) = found
-    made = [t for t in attention if t.keep in run.kept_classes and t.role in _MADE_BEFORE]
+    shape, (attention, rest) = found
+    made = [t for t in attention if t.keep in run.kept_classes and (tie is not None or t.role in _MADE_BEFORE)]
+    if tie is not None:  # the output projection's step: the attention block's and its adapters' tensors made
+        made += [t for t in rest if t.keep in run.kept_classes and t.keep == "attn"]
     hidden = shape.local_tokens * run.model.hidden_size
     layer_input = 0 if (index == 0 and ctx.layout.has_embedding) or any(t.keep == "input" for t in attention) \
         else hidden * shape.residual_bytes
     module_input = 0 if any(t.role in _MODULE_INPUTS for t in made) else hidden * max(act_bytes, shape.residual_bytes)
     masks = divided(forward_mask_term(run.model, run.shape), run.shape) if has_eager_core(shape) else 0
-    not_made = (layer_costs(run, run.model.layers[index], index)[0] - sum(divided(t, shape) for t in made)
-                - act_bytes * tokens * first.module.out_features)  # the base result
+    not_made = layer_costs(run, run.model.layers[index], index)[0] - sum(divided(t, shape) for t in made)
+    if tie is None:
+        not_made -= act_bytes * tokens * first.module.out_features  # type: ignore[union-attr]  # the base result
+    else:  # the output projection's own tensors made after its step
+        not_made += _not_made(tie, tokens, act_bytes if sizes["autocast"] else sizes["adapter_bytes"])
     return layer_input + module_input + masks - not_made
 
 

@@ -38,7 +38,7 @@ from memplan.peft.params import finetune_params, saved_modules, trained_modules
 
 __all__ = ["BlockFlow", "LayerFlow", "RootFlow", "after_attention_core", "any_attention_saves", "block_of", "block_terms", "is_norm", "layer_flows",
            "reads_a_gradient", "root_flow", "trained_norm_copies", "uncopied_trained_numel", "under",
-           "unkeyed_query_terms", "core_factor_terms"]
+           "unkeyed_query_terms", "core_factor_terms", "qk_norm_share_terms"]
 
 #: Per-layer norms that belong to the attention block although their name is not under it: the
 #: pre-attention norm, and Gemma 2's post-attention norm (its MLP has a ``pre_feedforward_layernorm``).
@@ -484,6 +484,36 @@ def unkeyed_query_terms(terms: list[Term], attn: AttentionSpec, shape: Activatio
                  role=t.role) if t.role is TermRole.QKV else t for t in terms]
 
 
+#: The q/k norms' terms whose bytes go with the q and k widths (rows for the 1/rms).
+_QK_NORM_ROLES = frozenset({TermRole.QK_NORMS, TermRole.QK_NORMS_FP32, TermRole.QK_NORMS_RSTD})
+
+
+def qk_norm_share_terms(terms: list[Term], attn: AttentionSpec, flow: BlockFlow) -> list[Term]:
+    """The per-head q/k norms (Qwen3, OLMo 2, Gemma 3) where the keys or the queries need no gradient (LoRA on
+    q_proj,v_proj or k_proj,v_proj where the block's input needs none, no norm of the block trained): such a norm's
+    input needs no gradient and its weight is frozen, so it saves nothing (neither its fp32 input copy nor its
+    1/rms); the q/k norm terms keep the other factor's share (widths for the tensors, rows for the 1/rms). A trace
+    of the qwen3_moe toy (LoRA q,v, int8 base) holds in layer 0 q_norm's fp32 copy and 1/rms only."""
+    if not attn.qk_norm or (flow.keys_grad and flow.queries_grad):
+        return terms
+    q_width, k_width = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+    q_rows, k_rows = (attn.num_heads, attn.num_kv_heads) if attn.qk_norm_per_head else (1, 1)
+    kept = (q_width * flow.queries_grad + k_width * flow.keys_grad, q_width + k_width)
+    kept_rows = (q_rows * flow.queries_grad + k_rows * flow.keys_grad, q_rows + k_rows)
+    which = "keys" if not flow.keys_grad else "queries"
+    which = "keys nor queries" if not (flow.keys_grad or flow.queries_grad) else which
+    out = []
+    for t in terms:
+        if t.role in _QK_NORM_ROLES:
+            num, den = kept_rows if t.role is TermRole.QK_NORMS_RSTD else kept
+            if num == 0:
+                continue
+            t = Term(f"{t.name} (no {which} norm: they need no gradient)", t.bytes * num // den, t.region, t.keep,
+                     site=t.site, role=t.role)
+        out.append(t)
+    return out
+
+
 def core_factor_terms(terms: list[Term], attn: AttentionSpec, shape: ActivationShape, flow: BlockFlow) -> list[Term]:
     """An unfused attention core's two matmuls where a factor needs no gradient: each saves a factor only for the
     other's gradient (``matmul``'s backward). Keys needing none: q is not saved (:func:`unkeyed_query_terms`).
@@ -493,7 +523,7 @@ def core_factor_terms(terms: list[Term], attn: AttentionSpec, shape: ActivationS
     no probabilities, so the 16-bit cast of the fp32 softmax output (made for it) is not kept; the softmax keeps
     its own output for its backward. A trace of the llama toy (eager, bf16-mixed) holds in layer 0 two repeat_kv
     copies and no cast with DoRA on q_proj,o_proj, and no copy of the keys with DoRA on k_proj,v_proj."""
-    terms = unkeyed_query_terms(terms, attn, shape, flow)
+    terms = unkeyed_query_terms(qk_norm_share_terms(terms, attn, flow), attn, shape, flow)
     if shape.attention not in UNFUSED_ATTENTION or attention_kind(attn).latent:
         return terms
     if not flow.values_grad:

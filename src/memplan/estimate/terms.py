@@ -46,6 +46,9 @@ class TermRole(Enum):
     #: The per-head q/k norms' fp32 input copies and fp32 normalized tensors (Gemma 3's eager norms):
     #: partial_freeze (among :data:`NORMALIZED`: a frozen norm keeps none of it).
     QK_NORMS_FP32 = auto()
+    #: The per-head q/k norms' fp32 1/rms (eager norms): partial_freeze (the share of the factors needing a
+    #: gradient, :func:`~memplan.estimate.partial_freeze.qk_norm_share_terms`).
+    QK_NORMS_RSTD = auto()
     #: The query, key and value tensors: reserved_terms (one tensor each unless fused).
     QKV = auto()
     #: The per-head q/k norms' saved input and normalized tensor: partial_freeze (frozen blocks).
