@@ -1004,6 +1004,7 @@ class Job:
         for rule in profile.job_rules:  # the framework's own assertions (Megatron's transformer_config.py)
             rule(self)
         self._check_sharding(profile.fsdp_refusal)
+        self._check_trained_dtypes(profile.one_trained_dtype_zero)
         if self.optimizer.in_backward and self.num_microbatches > 1:
             raise JobConfigError("--optimizer-in-backward", "cannot accumulate gradients over micro-batches (each "
                                  "gradient is freed by its step); drop --gbs or set it to mbs*dp",
@@ -1019,6 +1020,21 @@ class Job:
                                  f"--zero {sh.zero}")
         if sh.fsdp != "none" and fsdp_refusal is not None:
             raise JobConfigError("--fsdp", fsdp_refusal, f"--framework {self.framework}")
+
+    def _check_trained_dtypes(self, stages: tuple[int, ...]) -> None:
+        """An engine that flattens every trained partition into one buffer of one dtype at these ZeRO ``stages``
+        (the profile's ``one_trained_dtype_zero``) cannot take adapters beside ``modules_to_save`` copies of
+        another dtype (the copies keep the frozen base's)."""
+        sh, ft = self.sharding, self.finetune
+        if sh.zero not in stages or sh.fsdp != "none" or self.offload.params or not ft.modules_to_save:
+            return
+        adapters, copies = resolved_adapter_dtype(self), ft.frozen_dtype or self.precision.compute_dtype
+        if adapters != copies:
+            raise JobConfigError(
+                "--adapter-dtype", f"{adapters} adapters beside {copies} --modules-to-save copies ({ft.modules_to_save})"
+                f" cannot run under --framework {self.framework} --zero {sh.zero}: its engine moves all trained "
+                "parameters into one flat buffer of one dtype (DeepSpeed asserts it in deepspeed.initialize); give "
+                f"--adapter-dtype {copies}, or --offload-params", self.finetune.adapter_dtype)
 
     def _check_offload(self) -> None:
         sh, off = self.sharding, self.offload

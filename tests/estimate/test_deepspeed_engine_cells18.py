@@ -67,3 +67,16 @@ def test_modules_to_save_copy_keeps_an_fp32_master_and_moments(tmp_path: Path) -
         states = sum(ledger.total(c, phase) for c in ("parameters", "gradients", "master", "optimizer"))
         assert states - ledger.total("absent", phase) + kept == pytest.approx(8_354_397, rel=0.02)
     assert ledger.total("master", "forward") >= 128_000 * 4  # the copy's partition (256,000 / 2 ranks) in fp32
+
+
+def test_modules_to_save_head_copy_backward_holds_its_gradient_not_the_root(tmp_path: Path) -> None:
+    """Z11b at a layer's backward entry (helper zero18b): the engine holds neither the frozen embedding nor the head
+    gathered (the copy replaces the head, its backward runs first and releases it) but the head copy's whole bf16
+    gradient, 512,000 B: 14,452,205 B; its reduction epilogue 8,354,409 B. memplan kept the full-training gathered
+    set there: 15,414,720 (+6.66%), and the 512,000 B at the epilogue (8,865,856, +6.12%)."""
+    flags = {**LORA, "modules_to_save": "lm_head", "adapter_dtype": "bf16"}
+    ledger = _ledger(tmp_path, 3, 2, flags)
+    assert _at(ledger, "backward") == pytest.approx(14_452_205, rel=0.02)
+    assert _at(ledger, "end of backward") == pytest.approx(8_354_409, rel=0.02)
+    copy = [c for c in ledger.entries if "modules_to_save copy's whole gradient" in c.note]
+    assert [(c.nbytes, c.live) for c in copy] == [(512_000, ("backward",))]

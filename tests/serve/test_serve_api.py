@@ -517,3 +517,14 @@ def test_serve_help_names_the_serve_extra() -> None:
     result = runner.invoke(cli, ["serve", "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0
     assert "pip install 'memplan[serve]'" in result.output
+
+
+def test_estimate_refuses_what_deepspeed_zero3_refuses(client: httpx.Client) -> None:
+    """fp32 adapters beside a bf16 ``modules_to_save`` copy under ZeRO-3 (``deepspeed.initialize`` asserts one dtype
+    over the trained parameters): the server's error is the CLI's refusal (cell Z11, helper zero18b)."""
+    body = {"model": "llama-3.2-1b", "framework": "deepspeed", "zero": 3, "precision": "bf16-mixed", "gpus": 2,
+            "peft": "lora", "modules_to_save": "lm_head"}
+    error = _error(client.post("/v1/estimate", json=body), 400)
+    assert "--modules-to-save" in error["message"] and "one dtype" in error["message"], error
+    body["adapter_dtype"] = "bf16"
+    assert client.post("/v1/estimate", json=body).status_code == 200

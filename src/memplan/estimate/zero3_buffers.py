@@ -65,7 +65,7 @@ gathered, so the window is filled to within one module of it; a sub-group is pri
 from __future__ import annotations
 
 from memplan.estimate.context import RunContext, StageContext
-from memplan.estimate.finetune import adapter_bytes
+from memplan.estimate.finetune import adapter_bytes, frozen_bytes_per_element
 from memplan.estimate.ledger import COMMUNICATION, TEMPORARY, Contribution
 from memplan.estimate.precision import ResolvedPrecision
 from memplan.estimate.states import StageParams, layer_numel_on_rank
@@ -73,6 +73,7 @@ from memplan.job import Job, resolved_adapter_dtype
 from memplan.model.linears import layer_linears, model_parameters
 from memplan.model.params import embedding_params
 from memplan.model.spec import ModelSpec
+from memplan.peft.params import saved_modules
 from memplan.profiles.framework import FrameworkProfile, vocab_split
 from memplan.profiles.zero3 import (
     hf_auto_persistence_threshold,
@@ -208,9 +209,12 @@ def frozen_root_elements(run: RunContext) -> int:
     holds gathered (partition_parameters.py / partitioned_param_coordinator.py): a frozen embedding's output needs no
     gradient, so no backward hook fetches it and the trace has no later use (released after the forward); the head's
     backward runs first and releases it. 0 under full training or with the root trained (measured, docs/
-    benchmarks.md, helper zlora17: Z5 at a layer's backward entry holds neither)."""
+    benchmarks.md, helper zlora17: Z5 at a layer's backward entry holds neither). A peft ``modules_to_save`` copy
+    training leaves them frozen all the same: the copy replaces the original in the forward (the original is never
+    gathered), a head copy's backward runs first and releases it, an embedding copy's runs after every layer's
+    (measured, helper zero18b: Z11b at a layer's backward entry holds neither the embedding nor the head)."""
     counts = run.counts
-    if counts is None or counts.root.trainable:
+    if counts is None or counts.root.trained or counts.root.adapter:
         return 0
     split = vocab_split(run.profile, run.job.parallel.tp)
     root = tuple(t.numel // split for t in model_parameters(run.model) if t.layer is None)
@@ -352,22 +356,51 @@ def _frozen_root_backward(gathered: Contribution, backward: int, frozen: int, c:
     return [gathered._replace(live=forward), Contribution(COMMUNICATION, c * backward, ("backward",), (
         f"DeepSpeed ZeRO-3 in the backward with the embedding and head frozen: {backward:,} elements gathered, "
         f"without their {frozen:,} (a frozen embedding has no backward to fetch it for and is released after the "
-        "forward; the head's backward runs first and releases it)"))]
+        "forward; the head's backward runs first and releases it; a modules_to_save copy replaces its original, "
+        "which is never gathered, and is released after its own backward)"))]
 
 
-def _module_gradient(run: RunContext, unit: int, c: int) -> Contribution:
+def _module_gradient(run: RunContext, unit: int, c: int) -> list[Contribution]:
     """The gradients of the module whose backward runs before DeepSpeed copies them into the bucket: the largest
     module's, or where only peft adapters train, the largest adapter tensor's, split by tensor parallelism as its
-    base linear (frozen modules make none; measured, docs/benchmarks.md, helper zlora17: Z5)."""
-    if _only_adapters_train(run):
+    base linear (frozen modules make none; measured, docs/benchmarks.md, helper zlora17: Z5); beside the adapters a
+    ``modules_to_save`` copy's whole gradient, through the backward (:func:`_copy_gradient`)."""
+    if _only_adapters_train(run) or _only_adapters_and_copies_train(run):
         largest = max(adapter_numels(run), default=0) // run.job.parallel.tp
         dtype = resolved_adapter_dtype(run.job)
-        return Contribution(COMMUNICATION, adapter_bytes(run.job) * largest, ("backward", "end of backward"), (
-            f"DeepSpeed ZeRO-3 with only peft adapters training: the frozen modules make no gradient; the largest "
+        adapters = Contribution(COMMUNICATION, adapter_bytes(run.job) * largest, ("backward", "end of backward"), (
+            f"DeepSpeed ZeRO-3 with only peft adapters (and modules_to_save copies) training: the frozen modules make "
+            "no gradient; the largest "
             f"adapter tensor's ({largest:,} elements, {dtype}) before it is copied into the reduce bucket"))
-    return Contribution(COMMUNICATION, c * unit, ("backward", "end of backward"), (
+        return [adapters] + ([] if _only_adapters_train(run) else [_copy_gradient(run)])
+    return [Contribution(COMMUNICATION, c * unit, ("backward", "end of backward"), (
         f"DeepSpeed ZeRO-3: the gradients of the module whose backward runs ({unit:,} elements, {run.prec.param}) "
-        "before they are copied into the reduce bucket"))
+        "before they are copied into the reduce bucket"))]
+
+
+def _only_adapters_and_copies_train(run: RunContext) -> bool:
+    """Fine-tuning where peft adapters and ``modules_to_save`` copies of the embedding or head train, no base
+    parameter (a decoder layer's copy keeps the largest module's gradient: not measured)."""
+    counts = run.counts
+    return counts is not None and not counts.root.trained and not any(p.trained or p.copies for p in counts.layers)
+
+
+def _copy_gradient(run: RunContext) -> Contribution:
+    """The largest ``modules_to_save`` copy's whole gradient in the copy's dtype (the frozen base's), held from its
+    backward through the layers' (measured, docs/benchmarks.md, helper zero18b: Z11b's head copy, 512,000 B of bf16
+    at each layer's backward entry, gone in the reduction epilogue); split as its original (TP, vocabulary)."""
+    split = vocab_split(run.profile, run.job.parallel.tp)
+    tensors = model_parameters(run.model)
+    sizes = [0]
+    for module in saved_modules(run.model, run.job.finetune):
+        mine = [t for t in tensors if t.module == module or t.module.startswith(module + ".")]
+        numel = sum(t.numel // (run.job.parallel.tp if t.layer is not None else split) for t in mine)
+        sizes.append(numel or (embedding_params(run.model) // split if module == "lm_head" else 0))  # a tied head
+    nbytes = frozen_bytes_per_element(run.job)
+    return Contribution(COMMUNICATION, nbytes * max(sizes), ("backward",), (
+        f"DeepSpeed ZeRO-3: the largest peft modules_to_save copy's whole gradient ({max(sizes):,} elements, "
+        f"{nbytes} B each, the frozen base's dtype), held from the copy's backward through the layers' and reduced "
+        "in the epilogue"))
 
 
 def contributions(ctx: StageContext, params: StageParams, partition: int, forward: bool) -> list[Contribution]:
@@ -397,7 +430,7 @@ def contributions(ctx: StageContext, params: StageParams, partition: int, forwar
             "released after its own backward)"))
         frozen = frozen_root_elements(run)
         out = _frozen_root_backward(gathered, min(elements, max(0, params.total - persistent - frozen)), frozen, c)
-    out.append(_module_gradient(run, unit, c))
+    out += _module_gradient(run, unit, c)
     if not run.job.offload.optimizer:
         out.append(_sub_group_gradient(ctx, partition, unit, setting(sh.sub_group_size, d.sub_group_size, 0)))
     out += [c for c in (kept, _conversions(ctx, params, bucket, unit), _flat_gather(ctx, params) if forward else None)

@@ -204,6 +204,13 @@ class FrameworkProfile:
     #: its stage-0 FP16 optimizers (``zero_grad(set_to_none=True)`` after ``step``); ZeRO-3 keeps its flat gradient
     #: partition buffer.
     frees_gradients_zero: tuple[int, ...] = ()
+    #: The ZeRO stages whose engine moves every trained parameter's partition into one flat buffer of one dtype
+    #: when the weights stay on the GPU: DeepSpeed ZeRO-3 (stage3.py ``_create_fp16_partitions_with_defragmentation``
+    #: -> zero/utils.py ``defragment`` asserts a single dtype; its model is built under ``zero.Init`` and not cast,
+    #: so peft's fp32 adapters meet 16-bit ``modules_to_save`` copies). ZeRO-1/2 cast every parameter to the 16-bit
+    #: dtype first (``_cast_module_mixed_precision``); with ``offload_param`` ZeRO-3 copies into a CPU buffer of its
+    #: dtype instead. A job whose trained tensors differ in dtype there is refused (``Job._check_trained_dtypes``).
+    one_trained_dtype_zero: tuple[int, ...] = ()
     #: The activation policies this framework has (:mod:`memplan.policies`); others are refused.
     activation_policies: tuple[str, ...] = ("none", "full", "megatron-selective")
     #: What ``--recompute selective`` means here: ``megatron-selective`` (Megatron
@@ -418,6 +425,7 @@ DEEPSPEED = FrameworkProfile(
     selective_policy="attention-core",
     fsdp_refusal="is PyTorch FSDP; DeepSpeed shards parameters with ZeRO (use --zero 3 for full sharding)",
     frees_gradients_zero=(0, 1, 2),
+    one_trained_dtype_zero=(3,),
     adapter_dtype="model",
     features=frozenset({"partition-activations", "cpu-checkpointing", "zero-stages"}),
     fit_shardings=("zero-1", "zero-2", "zero-3"),
