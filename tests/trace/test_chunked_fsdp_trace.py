@@ -52,9 +52,12 @@ def test_accelerate_wraps_fsdp_at_one_rank(tmp_path: Path) -> None:
 
 
 def test_torchtitan_runs_one_rank_unwrapped(tmp_path: Path) -> None:
-    """torchtitan's ``ParallelDims.fsdp_enabled`` is ``dp_shard > 1``: no FSDP at one rank."""
+    """torchtitan's ``ParallelDims.fsdp_enabled`` is ``dp_shard > 1``: no FSDP at one rank; the estimate prices the
+    job unwrapped too (``memplan.profiles.unwrapped_fsdp``; at int18 it priced FSDP2's buffers: -9.43%)."""
     rows = _rows(tmp_path, "llama", framework="torchtitan", fsdp="full", gpus=1)
     assert rows["communication"].traced_bytes == 0  # type: ignore[attr-defined]
+    assert rows["communication"].estimated_bytes == 0  # type: ignore[attr-defined]
+    assert abs(rows["peak allocated"].relative) < 0.001  # type: ignore[attr-defined]
 
 
 def test_one_rank_unsharded_parameters_are_communication(tmp_path: Path) -> None:

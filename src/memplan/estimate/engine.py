@@ -26,6 +26,7 @@ from memplan.jobcheck import validate_job_for_model
 from memplan.profiles import get_profile
 from memplan.profiles.defaults import default_settings
 from memplan.profiles.framework import FrameworkProfile
+from memplan.profiles.unwrapped_fsdp import unwrapped
 from memplan.profiles.zero_engine import engine_profile, zero_engine
 from memplan.model.spec import ModelSpec
 from memplan.peft.params import FinetuneParams
@@ -99,8 +100,13 @@ def estimate(
 
 
 def _on_engine(job: Job) -> tuple[Job, FrameworkProfile | None, str | None]:
-    """(``job`` as the engine that runs its ZeRO stage sees it, that engine's profile, the sentence saying so);
-    ``job``, None, None where it runs on its own framework (:mod:`memplan.profiles.zero_engine`)."""
+    """(``job`` as its framework runs it, the profile of the engine that runs its ZeRO stage, the sentence saying
+    so); ``job``, None, None where it runs as given (:mod:`memplan.profiles.unwrapped_fsdp`: ``--fsdp`` over one
+    rank where the framework does not wrap there; :mod:`memplan.profiles.zero_engine`)."""
+    if job.sharding.fsdp != "none":  # --fsdp over one rank where the framework does not wrap there
+        runs, moved = unwrapped(job)
+        if moved is not None:
+            return runs, None, moved
     runs, moved = zero_engine(job)
     return runs, (engine_profile(job.framework) if moved else None), moved
 

@@ -128,8 +128,10 @@ class FrameworkProfile:
     #: ``_prepare_backend`` says ``MULTI_GPU`` and ``AcceleratorState`` turns it into ``FSDP`` whatever the world
     #: size; ``fsdp2_prepare_model`` calls ``fully_shard`` with no size test). False: torchtitan's
     #: ``ParallelDims.fsdp_enabled`` is ``dp_shard > 1`` (or context parallelism), so one rank runs unwrapped.
-    #: Read by ``memplan trace`` (a fake process group of one rank); the estimate prices FSDP2 whenever ``--fsdp``.
-    fsdp_at_one_rank: bool = False
+    #: Read by ``memplan trace`` (whether to call ``fully_shard`` on a fake process group of one rank) and by the
+    #: estimate, which prices a job that is not wrapped as ``--fsdp none`` (:mod:`memplan.profiles.unwrapped_fsdp`).
+    #: True by default (what FSDP2 itself does given one rank), False where a framework is known not to wrap.
+    fsdp_at_one_rank: bool = True
     #: The loss the trainer computes on the model's output. ``model``: the model's own ``loss_function``
     #: (transformers' causal-LM loss: the labels shifted inside it, the mean over them). ``token-sum``:
     #: torchtitan's ``cross_entropy_loss`` (torchtitan/components/loss.py: the logits flattened and upcast to
@@ -374,6 +376,7 @@ MEGATRON = FrameworkProfile(
 TORCHTITAN = FrameworkProfile(
     activation_offload="per-tensor",
     name="torchtitan",
+    fsdp_at_one_rank=False,  # ParallelDims.fsdp_enabled: dp_shard > 1 or cp > 1
     compile_scope="blocks",
     compiles_loss=True,
     description=(

@@ -372,11 +372,9 @@ class TraceSetup:
     def fsdp_wrapped(self) -> bool:
         """FSDP2 wraps the model: over more than one rank, or at one where the framework wraps it there too
         (``FrameworkProfile.fsdp_at_one_rank``: accelerate under its launcher)."""
-        from memplan.profiles import get_profile
+        from memplan.profiles.unwrapped_fsdp import wraps_fsdp
 
-        if self.fsdp > 1:
-            return True
-        return self.job.sharding.fsdp != "none" and get_profile(self.job.framework).fsdp_at_one_rank
+        return self.fsdp > 1 or wraps_fsdp(self.job)
 
     @property
     def fsdp_replicas(self) -> int:
