@@ -1023,15 +1023,18 @@ class Job:
 
     def _check_trained_dtypes(self, stages: tuple[int, ...]) -> None:
         """An engine that flattens every trained partition into one buffer of one dtype at these ZeRO ``stages``
-        (the profile's ``one_trained_dtype_zero``) cannot take adapters beside ``modules_to_save`` copies of
-        another dtype (the copies keep the frozen base's)."""
+        (the profile's ``one_trained_dtype_zero``) cannot take adapters beside ``modules_to_save`` copies or
+        ``--trainable`` base weights of another dtype (both keep the base's dtype)."""
         sh, ft = self.sharding, self.finetune
-        if sh.zero not in stages or sh.fsdp != "none" or self.offload.params or not ft.modules_to_save:
+        beside = ft.modules_to_save or (ft.peft_kind.adapters and ft.resolved_trainable != "adapters")
+        if sh.zero not in stages or sh.fsdp != "none" or self.offload.params or not beside:
             return
         adapters, copies = resolved_adapter_dtype(self), ft.frozen_dtype or self.precision.compute_dtype
         if adapters != copies:
+            what = (f"--modules-to-save copies ({ft.modules_to_save})" if ft.modules_to_save
+                    else f"--trainable base weights ({ft.resolved_trainable})")
             raise JobConfigError(
-                "--adapter-dtype", f"{adapters} adapters beside {copies} --modules-to-save copies ({ft.modules_to_save})"
+                "--adapter-dtype", f"{adapters} adapters beside {copies} {what}"
                 f" cannot run under --framework {self.framework} --zero {sh.zero}: its engine moves all trained "
                 "parameters into one flat buffer of one dtype (DeepSpeed asserts it in deepspeed.initialize); give "
                 f"--adapter-dtype {copies}, or --offload-params", self.finetune.adapter_dtype)

@@ -56,3 +56,12 @@ def test_fsdp_only_setting_refused_with_the_rule() -> None:
                                       "--gpus", "1", "--offload-params", "--offload-optimizer"])
     assert result.exit_code == 2, result.output
     assert "--fsdp" in result.output and "one rank" in result.output and "Traceback" not in result.output
+
+
+def test_torchtitan_replicate_keeps_ddp_bucket_copies() -> None:
+    """torchtitan's data parallelism without FSDP (a hybrid group of one, or ``--fsdp none``) is ``replicate``:
+    DistributedDataParallel with ``gradient_as_bucket_view=False``, one bucket copy of every gradient (int18 priced
+    none; review of session 18). One rank has no DDP."""
+    replicated = estimate(MODEL, _job("torchtitan", "hybrid", 4, shard=1)).stages[0]
+    assert replicated.communication_bytes == replicated.gradients_bytes > 0
+    assert estimate(MODEL, _job("torchtitan", "none", 1)).stages[0].communication_bytes == 0

@@ -71,3 +71,14 @@ def test_what_the_engine_runs_is_priced(tmp_path: Path, args: list[str]) -> None
     config, _ = _files(tmp_path, 3)
     result = _run(config, "--framework", "deepspeed", "--precision", "bf16-mixed", *args, *LORA)
     assert result.exit_code == 0, result.output
+
+
+def test_fp32_adapters_beside_trained_bf16_base_weights_are_refused_at_zero3() -> None:
+    """The same assertion holds for ``--trainable`` base weights beside the adapters (defragment takes every trained
+    partition); int18 priced this job (review of session 18). bf16 adapters beside them run."""
+    base = ["estimate", "llama-3.2-1b", "--framework", "deepspeed", "--zero", "3", "--gpus", "2", "--peft", "lora",
+            "--trainable", "norm", "--precision", "bf16-mixed"]
+    refused = CliRunner().invoke(app, base)
+    assert refused.exit_code == 2, refused.output
+    assert "--trainable base weights (norm)" in refused.output and "Traceback" not in refused.output
+    assert CliRunner().invoke(app, [*base, "--adapter-dtype", "bf16"]).exit_code == 0

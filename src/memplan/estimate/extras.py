@@ -272,12 +272,11 @@ def communication_by_phase(job: Job, profile: FrameworkProfile, params: StagePar
     While a block's backward computes, the block and the prefetched next one are unsharded; its
     reduce-scatter input (the gradients in the reduce dtype) is made only after that, once FSDP2's
     post-backward has resharded the block and the backward's temporaries are freed (torch
-    ``FSDPParamGroup.post_backward``, ``foreach_reduce``), so it is not priced beside them. It is kept
+    ``FSDPParamGroup.post_backward``, ``foreach_reduce``), so it is not priced beside them here. It is kept
     (``comm_ctx.reduce_scatter_states``, one buffer by default) until the next unit's post-backward, so a
-    later block's backward holds the previous block's; the backward moment priced is the first block's,
-    whose activations are all still saved, and before it only the root's unit (``root``: its
-    post-backward comes at the end of the backward) or torchtitan's head unit ran, neither a block's
-    reduce-scatter (``held``, the largest block's input, stays the category's bound outside FSDP2).
+    later block's backward holds the previous block's: that held input, with the block's unsharded gradients
+    made so far, is priced per layer by :mod:`memplan.estimate.fsdp_block_backward`, not in this category's
+    phases (``held``, the largest block's input, stays the category's bound outside FSDP2).
     """
     if job.sharding.fsdp == "none" or not profile.torch_optimizer:
         return {phase: held for phase in ("loss", "backward", "end of backward", "optimizer step")}

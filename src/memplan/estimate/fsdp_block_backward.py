@@ -47,6 +47,8 @@ from memplan.units import dtype_bytes
 __all__ = ["BlockBackward", "block_backward"]
 
 _PHASE = ("backward",)
+_EP_NOTE = ("; not modelled under expert parallelism: the routed experts' own FSDP2 unit (their reduce-scatter input "
+            "during the attention's backward and their unsharded gradients; memplan trace refuses --ep, no witness)")
 _FINETUNE_NOTE = ("FSDP2 under fine-tuning: the adapters' unsharded gradients and the previous unit's reduce-scatter "
                   "input at a block's backward are not priced")
 
@@ -116,7 +118,8 @@ def block_backward(ctx: StageContext, st: StageStates, walk: LayerWalk) -> Block
         "FSDP2 at a block's backward: its weight gradients made so far, unsharded in the compute dtype until its "
         "post-backward reduce-scatters them, and the previous unit's reduce-scatter input (its gradients in the "
         "reduce dtype, kept until the next unit's post-backward); at the first layer's backward the prefetched "
-        f"unit is {'the embedding' if head is not None else 'none (the root unit is unsharded)'}, not another block"))
+        f"unit is {'the embedding' if head is not None else 'none (the root unit is unsharded)'}, not another block"
+        + ("" if experts_in_block else _EP_NOTE)))
 
 
 def _made(ctx: StageContext, index: int, compute: int) -> int:
