@@ -48,16 +48,3 @@ def test_zero_runs_deepspeeds_engine_without_autocast(tmp_path) -> None:
                      "gpus": 2})
     result = estimate(load_model(str(path)), job)
     assert not any("accelerate's native_amp" in a for a in result.assumptions)
-
-
-def test_fine_tuning_under_the_same_autocast_is_said_not_modelled() -> None:
-    """Never silent: a pure-bf16 LoRA job under the Trainer runs the same autocast, which is not priced; the result
-    says so (int18 said nothing), and a job whose trainer runs no such autocast says neither sentence."""
-    model = load_model("llama-3.2-1b")
-    lora = estimate(model, build_job({"framework": "hf", "precision": "bf16", "peft": "lora"}))
-    assert any(note.startswith("not modelled: the trainer's --bf16 runs the forward under torch.autocast")
-               for note in lora.assumptions)
-    for flags in ({"framework": "torchtitan", "precision": "bf16", "peft": "lora"},
-                  {"framework": "hf", "precision": "bf16-mixed", "peft": "lora"}):
-        quiet = estimate(model, build_job(flags))
-        assert not any("torch.autocast(bf16) over the bf16 model" in note for note in quiet.assumptions)

@@ -76,9 +76,8 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
         copies = None
         residual = compute
         notes.append(f"pure {compute}: weights, gradients and optimizer moments all in {compute}")
-        said = pure_autocast.sentence(job, profile)
-        if said is not None:
-            notes.append(said)
+        if pure_autocast.applies(job, profile):
+            notes.append(pure_autocast.note(job))
     elif profile.mixed_weights == "master-copy":
         param = compute
         grad = profile.mixed_grad_dtype or compute

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from memplan.job import Job
     from memplan.profiles.framework import FrameworkProfile
 
-__all__ = ["applies", "note", "sentence"]
+__all__ = ["applies", "note"]
 
 
 def applies(job: Job, profile: FrameworkProfile) -> bool:
@@ -40,17 +40,3 @@ def note(job: Job) -> str:
     return (f"{dtype} weights under the trainer's --{dtype} (accelerate's native_amp): the forward still runs under "
             f"torch.autocast({dtype}), so ops on CUDA autocast's fp32 lists (layer_norm, pow, softmax without a "
             f"dtype) return fp32 from {dtype} inputs; no weight copies (the weights are {dtype} already)")
-
-
-def sentence(job: Job, profile: FrameworkProfile) -> str | None:
-    """What the assumptions say of a pure 16-bit job under ``profile``: :func:`note` where :func:`applies`; under
-    fine-tuning, where the trainer runs the same autocast, that it is not modelled; None where the trainer runs none."""
-    if applies(job, profile):
-        return note(job)
-    precision = job.precision
-    if not (profile.autocast_16bit_weights and not precision.is_mixed and precision.compute_dtype != "fp32"):
-        return None
-    dtype = precision.compute_dtype
-    return (f"not modelled: the trainer's --{dtype} runs the forward under torch.autocast({dtype}) over the {dtype} "
-            "model (accelerate's native_amp) also when fine-tuning; the adapters and the frozen base are priced "
-            "without that autocast (ops on its fp32 lists, such as layer_norm, pow and softmax, return fp32 under it)")
