@@ -363,7 +363,7 @@ def test_combined_fixes_keep_the_training_before_lora() -> None:
 
 
 @pytest.mark.parametrize(("framework", "needs"), [("megatron", "--distributed-optimizer"), ("deepspeed", "--zero 1"),
-                                                  ("hf", "--fsdp full"), ("torchtitan", "--fsdp full")])
+                                                  ("hf", "--fsdp full")])
 def test_optimizer_offload_comes_with_the_sharding_it_needs(framework: str, needs: str) -> None:
     """Full training of llama-3.1-8b on one 80 GB GPU: optimizer offload fits, with the sharding each framework's
     offload needs (a job without one is refused), and ranks before LoRA, which changes what trains."""
@@ -371,6 +371,13 @@ def test_optimizer_offload_comes_with_the_sharding_it_needs(framework: str, need
     first = diagnose(job=job, gpu="h100-80gb").fixes[0]
     assert first.verified and not first.changes_training
     assert "--offload-optimizer" in first.setting and needs in first.setting
+
+
+def test_no_optimizer_offload_where_torchtitan_cannot_shard() -> None:
+    """torchtitan wraps FSDP2 only over two or more shard ranks (memplan.profiles.unwrapped_fsdp), so at one GPU its
+    CPU offload cannot run: the doctor does not offer it (session 18; it offered --fsdp full --offload-optimizer)."""
+    job = load_job(JobRequest(model="llama-3.1-8b", flags={"gpus": 1, "framework": "torchtitan"}))
+    assert not any("--offload" in f.setting for f in diagnose(job=job, gpu="h100-80gb").fixes)
 
 
 def test_the_distributed_optimizer_is_a_fix_where_megatron_runs_it() -> None:

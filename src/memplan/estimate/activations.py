@@ -119,9 +119,6 @@ class ActivationShape:
     #: The forward runs under ``torch.autocast`` (the profile realises ``*-mixed`` by it), also where the
     #: weights are 16-bit already (a 16-bit frozen base): autocast's fp32 ops (softmax) run in fp32.
     autocast_ops: bool = False
-    #: Full training under autocast over 16-bit weights (:mod:`memplan.estimate.pure_autocast`): an eager LayerNorm's
-    #: 16-bit input is not kept beside autocast's fp32 copy, so the copy adds only its excess over the input dtype.
-    norm_copy_replaces_input: bool = False
     #: Bytes per element of the routed experts' activations (0: ``act_bytes``). HF's grouped
     #: experts (transformers ``integrations/moe.py`` ``_grouped_mm``) are not autocast ops: they
     #: cast the input to the weights' dtype, so under autocast they run in fp32.
@@ -323,8 +320,7 @@ def _layernorm_autocast_copy(shape: ActivationShape, prefix: str, input_bytes: i
     if not shape.autocast_ops or input_bytes >= NORM_COMPUTE_BYTES:
         return []
     sbh = shape.seq * shape.micro_batch * shape.hidden
-    extra = NORM_COMPUTE_BYTES - input_bytes if shape.norm_copy_replaces_input else NORM_COMPUTE_BYTES
-    return [Term(f"{prefix} norm fp32 input (autocast's copy, saved by the LayerNorm)", extra * sbh,
+    return [Term(f"{prefix} norm fp32 input (autocast's copy, saved by the LayerNorm)", NORM_COMPUTE_BYTES * sbh,
                  "sp", "body", site=site, role=TermRole.NORM_OTHER)]
 
 

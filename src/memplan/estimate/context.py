@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any
 
-from memplan.estimate import pure_autocast
 from memplan.estimate.activations import KEPT_BY, ActivationShape
 from memplan.estimate.finetune import base_in_compute_dtype, finetune_counts, frozen_bytes_per_element, is_finetune
 from memplan.estimate.layout import StageLayout
@@ -144,7 +143,6 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
     seq_local = job.batch.seq_length // par.cp
     base16 = base_in_compute_dtype(model, job)
     code = model_code(job)
-    pure = profile.autocast_16bit_weights and pure_autocast.applies(job, profile)
     return ActivationShape(
         seq=seq_local,
         kv_seq=seq_local,
@@ -167,8 +165,7 @@ def activation_shape(model: ModelSpec, job: Job, profile: FrameworkProfile, prec
         ep=par.ep,
         norm=model.norm,
         autocast=prec.weight_copies == "autocast" and not base16,
-        autocast_ops=prec.weight_copies == "autocast" or pure,
-        norm_copy_replaces_input=pure,
+        autocast_ops=prec.weight_copies == "autocast",
         expert_bytes=prec.act_bytes if base16 else _expert_bytes(profile, prec, job),
         norm_fp32_scale=model.norm_fp32_scale,
         rope=model.position_embedding == "rope",

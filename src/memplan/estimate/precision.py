@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from memplan.frozen import frozen_dataclass
-from memplan.estimate import pure_autocast
 from memplan.job import Job, Precision
 from memplan.profiles import FrameworkProfile
 from memplan.units import dtype_bytes
@@ -76,8 +75,6 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
         copies = None
         residual = compute
         notes.append(f"pure {compute}: weights, gradients and optimizer moments all in {compute}")
-        if pure_autocast.applies(job, profile):
-            notes.append(pure_autocast.note(job))
     elif profile.mixed_weights == "master-copy":
         param = compute
         grad = profile.mixed_grad_dtype or compute

@@ -6,7 +6,7 @@ workspaces) the difference is a field here, with its source, never a bare factor
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from memplan.errors import JobConfigError
 from memplan.frozen import frozen_dataclass
@@ -145,12 +145,6 @@ class FrameworkProfile:
     #: fp32 copy of the logits; the Trainer's ``compute_loss`` keeps only the loss). See
     #: :mod:`memplan.estimate.fp32_outputs`.
     fp32_outputs: bool = False
-    #: A 16-bit precision without an fp32 master (``bf16`` / ``fp16``: the model loaded in that dtype) still runs
-    #: the forward under ``torch.autocast`` in it: accelerate's ``native_amp`` follows the trainer's ``--bf16`` /
-    #: ``--fp16``, not the weights' dtype (``Accelerator.__init__``), and ``prepare_model`` wraps ``model.forward``
-    #: in its autocast context beside ``convert_outputs_to_fp32`` (accelerate/accelerator.py); not under DeepSpeed.
-    #: Ops on CUDA autocast's fp32 lists then return fp32 from 16-bit inputs (:mod:`memplan.estimate.pure_autocast`).
-    autocast_16bit_weights: bool = False
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
     #: Without ZeRO, the engine's all-reduce flattens the gradients into buckets flushed once they hold more than
@@ -323,14 +317,6 @@ class FrameworkProfile:
     #: contiguous buffers act on full recompute's kept inputs.
     deepspeed_checkpointing: bool = False
 
-    def pure_autocast(self, job: Any) -> bool:
-        """``job`` (a :class:`memplan.job.Job`) trains every weight in a 16-bit precision without an fp32 master and
-        this trainer still runs its forward under ``torch.autocast`` (``autocast_16bit_weights``). Fine-tuning is left
-        out (not modelled: adapters and frozen bases under that autocast, :mod:`memplan.estimate.pure_autocast`)."""
-        precision = job.precision
-        return (self.autocast_16bit_weights and not precision.is_mixed and precision.compute_dtype != "fp32"
-                and not job.finetune.partial)
-
     @property
     def local_transformer_impl(self) -> bool:
         """``--transformer-impl local`` runs here (its feature): torch matmuls instead of Transformer
@@ -477,7 +463,6 @@ HF = FrameworkProfile(
     fsdp_at_one_rank=True,  # accelerate's launcher runs FSDP2 at --num_processes 1 too
     # accelerate's prepare_model wraps model.forward in convert_outputs_to_fp32 under native_amp (bf16 / fp16)
     fp32_outputs=True,
-    autocast_16bit_weights=True,  # the same native_amp runs autocast over a bf16 / fp16 model (--bf16 + torch_dtype)
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure

@@ -164,7 +164,7 @@ def _prepare(model: Any, options: TraceSetup, mesh: Any,
         if options.moe_routing == "balanced":
             static_routing(built.model)
         autocast = mesh is None or options.fsdp == 1 or options.fsdp_autocast
-        apply_recompute(built.model, options.policy, cuda_autocast=options.device == "cuda" and options.autocast and autocast)
+        apply_recompute(built.model, options.policy, cuda_autocast=options.device == "cuda" and options.mixed and autocast)
         parallelize(built.model, options, mesh)
         job = hf_step_job(built.model, options, autocast=autocast)
         name, heads = built.name, built.head_modules

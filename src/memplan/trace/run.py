@@ -170,8 +170,7 @@ def apply_recompute(model: torch.nn.Module, policy: ActivationPolicy, *, cuda_au
 
 
 def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool = True) -> StepJob:
-    """A Hugging Face causal LM's step: token batch, the job's optimizer, autocast for ``*-mixed`` (and for
-    ``bf16`` / ``fp16`` where the trainer autocasts over 16-bit weights: :attr:`TraceSetup.autocast`).
+    """A Hugging Face causal LM's step: token batch, the job's optimizer, autocast for ``*-mixed``.
 
     ``autocast=False`` when FSDP's mixed-precision policy casts the parameters instead.
     """
@@ -179,7 +178,7 @@ def hf_step_job(model: torch.nn.Module, options: TraceSetup, *, autocast: bool =
     vocab = int(config.vocab_size)
     batch = make_batch(vocab, options)
     optimizer = make_optimizer(model, options)
-    autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.autocast and autocast else None
+    autocast_dtype = TORCH_DTYPES[options.compute_dtype] if options.mixed and autocast else None
     convert_outputs_to_fp32(model, options)
     if options.job.loss == "chunked":  # torchtune's chunked-output cross-entropy
         from memplan.trace.standins.chunked_loss import chunked_call_and_loss

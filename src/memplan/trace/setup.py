@@ -300,24 +300,12 @@ class TraceSetup:
         return self.compute_dtype if get_profile(self.job.framework).fsdp_reduce_dtype == "compute" else "fp32"
 
     @property
-    def autocast(self) -> bool:
-        """The forward runs under ``torch.autocast`` in the compute dtype: ``*-mixed``, or a 16-bit precision where
-        the engine that runs the job autocasts over 16-bit weights too (its profile's ``autocast_16bit_weights``:
-        accelerate's ``native_amp`` under the HF Trainer's ``--bf16`` / ``--fp16``; not DeepSpeed's, ``--zero``)."""
-        from memplan.profiles import get_profile
-        from memplan.profiles.zero_engine import zero_engine
-
-        if self.mixed:
-            return True
-        return get_profile(zero_engine(self.job)[0].framework).pure_autocast(self.job)
-
-    @property
     def fsdp_autocast(self) -> bool:
-        """The forward's autocast also runs under FSDP (accelerate's ``prepare_model``; the framework's
-        ``fsdp_autocast``); torchtitan's FSDP policy casts alone."""
+        """``*-mixed`` under FSDP also wraps the forward in ``torch.autocast`` (accelerate's ``prepare_model``;
+        the framework's ``fsdp_autocast``); torchtitan's FSDP policy casts alone."""
         from memplan.profiles import get_profile
 
-        return self.autocast and get_profile(self.job.framework).fsdp_autocast
+        return self.mixed and get_profile(self.job.framework).fsdp_autocast
 
     @property
     def optimizer(self) -> str:
