@@ -75,6 +75,10 @@ def resolve_precision(job: Job, profile: FrameworkProfile) -> ResolvedPrecision:
         copies = None
         residual = compute
         notes.append(f"pure {compute}: weights, gradients and optimizer moments all in {compute}")
+        if profile.autocast_16bit_weights and compute != "fp32":
+            notes.append(f"not modelled: the trainer's --{compute} runs the forward under torch.autocast({compute}) "
+                         f"over the {compute} model too (accelerate's native_amp), where ops on autocast's fp32 lists "
+                         "(layer_norm, pow, softmax without a dtype) return fp32; priced without that autocast")
     elif profile.mixed_weights == "master-copy":
         param = compute
         grad = profile.mixed_grad_dtype or compute

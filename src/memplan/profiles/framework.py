@@ -145,6 +145,12 @@ class FrameworkProfile:
     #: fp32 copy of the logits; the Trainer's ``compute_loss`` keeps only the loss). See
     #: :mod:`memplan.estimate.fp32_outputs`.
     fp32_outputs: bool = False
+    #: The trainer runs its forward under ``torch.autocast`` also when the weights are 16-bit (``bf16`` / ``fp16``
+    #: without an fp32 master): accelerate sets ``native_amp`` from the trainer's ``mixed_precision``, not from the
+    #: weights' dtype (``Accelerator.__init__``; not under DeepSpeed), and ``prepare_model`` wraps the forward in
+    #: autocast. Not modelled (ops on CUDA autocast's fp32 lists return fp32 there): said in the assumptions
+    #: (:func:`memplan.estimate.precision.resolve_precision`). Measured by helper tracefid18 (docs/benchmarks.md).
+    autocast_16bit_weights: bool = False
     #: DeepSpeed ZeRO-1/2 all-gather bucket, elements (``allgather_bucket_size``, default 5e8).
     allgather_bucket_elements: int = 0
     #: Without ZeRO, the engine's all-reduce flattens the gradients into buckets flushed once they hold more than
@@ -463,6 +469,7 @@ HF = FrameworkProfile(
     fsdp_at_one_rank=True,  # accelerate's launcher runs FSDP2 at --num_processes 1 too
     # accelerate's prepare_model wraps model.forward in convert_outputs_to_fp32 under native_amp (bf16 / fp16)
     fp32_outputs=True,
+    autocast_16bit_weights=True,  # the same native_amp runs autocast over a bf16 / fp16 model (--bf16 + torch_dtype)
     # the allocator simulator on the estimate's schedule: the loops the trace runs (the reserved grid's 36
     # cells within 3%, the published PEFT runs' median 3.8%, fixed 4.2%); Megatron's and DeepSpeed's own
     # buffers have no such witness, and fit's default searches (megatron) stay on the fixed figure
