@@ -350,11 +350,10 @@ class TraceSetup:
     @property
     def fsdp(self) -> int:
         """FSDP ranks a parameter is sharded over: all data-parallel ranks under full sharding, one shard
-        group's under hybrid (1 = no FSDP)."""
-        sharding, dp = self.job.sharding, self.job.parallel.data_parallel
-        if sharding.fsdp == "hybrid":
-            return min(sharding.hybrid_shard_size(dp), dp)
-        return dp if sharding.fsdp == "full" else 1
+        group's under hybrid (1 = no FSDP): :func:`memplan.profiles.unwrapped_fsdp.shard_group`, the estimate's."""
+        from memplan.profiles.unwrapped_fsdp import shard_group
+
+        return shard_group(self.job)
 
     @property
     def fsdp_wrapped(self) -> bool:
